@@ -1,0 +1,388 @@
+/*
+ * ops_transformer.h -- the one public header of the ops-transformer library.
+ *
+ * A hardware-affine operator library for transformer models: fused norms, RoPE,
+ * gated activations, softmax / cross-entropy, flash attention and linear layers on
+ * DLPack tensors, with a CPU backend (C11 + OpenMP) and a CUDA backend.
+ *
+ * Conventions (they hold for every op below unless the op says otherwise):
+ *  - Every call returns an ot_status. On failure ot_last_error() names the op, the
+ *    argument and what was expected, and no output has been written.
+ *  - Tensors are borrowed `const DLTensor *` views for the duration of the call.
+ *    Strides are in elements; NULL strides mean contiguous row-major. The last
+ *    dimension of every floating-point tensor must be contiguous (stride 1); the
+ *    leading dimensions may be strided where an op says "rows may be strided".
+ *  - Storage dtypes: float32, float16, bfloat16. All inputs and outputs of one op
+ *    share one storage dtype unless the op says otherwise (statistics such as rstd,
+ *    mean and lse are always float32). Accumulation is float32.
+ *  - Every tensor must live on the context's device, and its data pointer (data +
+ *    byte_offset) must be aligned to its element size.
+ *  - Outputs are allocated by the caller. An output may alias an input only where
+ *    the op says so (exactly the same view); partial overlap is rejected.
+ *  - Work is enqueued on the context's stream and never synchronized inside an op
+ *    (the CPU backend runs synchronously on the calling thread and its OpenMP team).
+ *  - "[..., H]" means any number of leading dimensions that are flattened into rows.
+ */
+#ifndef OPS_TRANSFORMER_H
+#define OPS_TRANSFORMER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------ */
+/* Export macro and version                                                        */
+/* ------------------------------------------------------------------------------ */
+
+#if defined(OT_STATIC_DEFINE)
+#define OT_API
+#elif defined(_WIN32)
+#ifdef OT_BUILDING_LIBRARY
+#define OT_API __declspec(dllexport)
+#else
+#define OT_API __declspec(dllimport)
+#endif
+#else
+#define OT_API __attribute__((visibility("default")))
+#endif
+
+#define OT_VERSION_MAJOR 0
+#define OT_VERSION_MINOR 1
+#define OT_VERSION_PATCH 0
+/* OT_VERSION_NUMBER is MAJOR * 10000 + MINOR * 100 + PATCH, as ot_version() returns. */
+#define OT_VERSION_NUMBER (OT_VERSION_MAJOR * 10000 + OT_VERSION_MINOR * 100 + OT_VERSION_PATCH)
+
+/* The version of the library actually linked (compare with OT_VERSION_NUMBER). */
+OT_API int ot_version(void);
+/* "MAJOR.MINOR.PATCH", static storage. */
+OT_API const char *ot_version_string(void);
+
+/* ------------------------------------------------------------------------------ */
+/* Status and errors                                                               */
+/* ------------------------------------------------------------------------------ */
+
+typedef enum ot_status {
+  OT_OK = 0,
+  OT_ERR_INVALID_ARGUMENT = 1, /* a tensor or parameter broke the op's contract     */
+  OT_ERR_UNSUPPORTED = 2,      /* valid, but this backend / build cannot do it      */
+  OT_ERR_OOM = 3,              /* host or device memory could not be obtained       */
+  OT_ERR_NO_DEVICE = 4,        /* the requested device does not exist / not built   */
+  OT_ERR_BACKEND = 5,          /* the CUDA runtime, cuBLASLt or BLAS reported error */
+  OT_ERR_INTERNAL = 6          /* a bug in this library: please report it           */
+} ot_status;
+
+/* A static English name for a status, e.g. "invalid argument". Never NULL. */
+OT_API const char *ot_status_string(ot_status status);
+
+/* The message of the last failed call on this thread, e.g.
+ * "ot_rmsnorm_forward: x: dtype float16 does not match weight dtype bfloat16".
+ * Empty string when no call on this thread has failed. Valid until the next failing
+ * call on the same thread. Successful calls do not clear it. */
+OT_API const char *ot_last_error(void);
+
+/* ------------------------------------------------------------------------------ */
+/* Context                                                                         */
+/* ------------------------------------------------------------------------------ */
+
+typedef struct ot_context ot_context;
+
+typedef struct ot_context_options {
+  /* kDLCPU or kDLCUDA. */
+  DLDeviceType device_type;
+  /* CUDA device ordinal; 0 for the CPU. */
+  int device_id;
+  /* CUDA: the cudaStream_t on which work is enqueued (NULL = the legacy default
+   * stream). Ignored on the CPU. May be changed later with ot_context_set_stream. */
+  void *stream;
+  /* CPU: OpenMP threads per op; 0 = the OpenMP default (OMP_NUM_THREADS). */
+  int num_threads;
+} ot_context_options;
+
+/* Default options: the CPU, all threads. */
+OT_API ot_context_options ot_context_default_options(void);
+
+/* Create a context. `options` NULL means ot_context_default_options().
+ * OT_ERR_NO_DEVICE when the device type was not built in or the device is absent. */
+OT_API ot_status ot_context_create(const ot_context_options *options, ot_context **out);
+
+/* Destroy a context; NULL is accepted and does nothing. */
+OT_API void ot_context_destroy(ot_context *ctx);
+
+/* Change the stream used by later calls (CUDA contexts; a no-op on the CPU). */
+OT_API ot_status ot_context_set_stream(ot_context *ctx, void *stream);
+
+/* The device a context runs on. */
+OT_API DLDevice ot_context_device(const ot_context *ctx);
+
+/* Whether this build has the CUDA backend compiled in (1) or not (0). */
+OT_API int ot_has_cuda(void);
+
+/* ------------------------------------------------------------------------------ */
+/* RMSNorm and LayerNorm, with an optional fused residual add                      */
+/* ------------------------------------------------------------------------------ */
+/*
+ * Shapes: x, residual, out, residual_out: [..., H]; weight, bias: [H];
+ * rstd, mean: float32 with x's leading shape (one value per row), contiguous.
+ * Rows may be strided (last dimension contiguous).
+ *
+ * Without residual (residual == NULL): h = x.
+ * With residual: h = x + residual (rounded to the storage dtype), written to
+ * residual_out (required), and the norm is taken of that rounded h.
+ *   RMSNorm:   out = h * rstd * weight,            rstd = 1 / sqrt(mean(h^2) + eps)
+ *   LayerNorm: out = (h - mean) * rstd * weight + bias, rstd = 1 / sqrt(var(h) + eps)
+ * weight NULL means 1, bias NULL means 0. rstd / mean NULL means "do not save".
+ * out may alias x; residual_out may alias x or residual.
+ */
+OT_API ot_status ot_rmsnorm_forward(ot_context *ctx, const DLTensor *x, const DLTensor *residual,
+                                    const DLTensor *weight, float eps, const DLTensor *out,
+                                    const DLTensor *residual_out, const DLTensor *rstd);
+
+/*
+ * Backward of ot_rmsnorm_forward.
+ *  dy:           [..., H] gradient of out.
+ *  dresidual_out:[..., H] or NULL: gradient reaching residual_out from elsewhere (the
+ *                residual stream); it is added to dx.
+ *  h:            [..., H] the normalized input (x, or residual_out when fused).
+ *  rstd:         float32 [rows] as saved by the forward, or NULL to recompute it.
+ *  dx:           [..., H] gradient of h; with the fused residual it is also the
+ *                gradient of x and of residual (they are equal). dx may alias dy.
+ *  dweight:      [H] or NULL (must be NULL when weight is NULL); overwritten.
+ */
+OT_API ot_status ot_rmsnorm_backward(ot_context *ctx, const DLTensor *dy,
+                                     const DLTensor *dresidual_out, const DLTensor *h,
+                                     const DLTensor *weight, const DLTensor *rstd, float eps,
+                                     const DLTensor *dx, const DLTensor *dweight);
+
+OT_API ot_status ot_layernorm_forward(ot_context *ctx, const DLTensor *x, const DLTensor *residual,
+                                      const DLTensor *weight, const DLTensor *bias, float eps,
+                                      const DLTensor *out, const DLTensor *residual_out,
+                                      const DLTensor *mean, const DLTensor *rstd);
+
+/* As ot_rmsnorm_backward; mean and rstd are both given or both NULL (recomputed).
+ * dweight: [H] or NULL (must be NULL when weight is NULL); dbias: [H] or NULL
+ * (the sum over rows of dy). Both overwritten. */
+OT_API ot_status ot_layernorm_backward(ot_context *ctx, const DLTensor *dy,
+                                       const DLTensor *dresidual_out, const DLTensor *h,
+                                       const DLTensor *weight, const DLTensor *mean,
+                                       const DLTensor *rstd, float eps, const DLTensor *dx,
+                                       const DLTensor *dweight, const DLTensor *dbias);
+
+/* ------------------------------------------------------------------------------ */
+/* Rotary position embedding (RoPE)                                                */
+/* ------------------------------------------------------------------------------ */
+
+typedef enum ot_rope_mode {
+  /* GPT-NeoX / Llama: pairs (i, i + rotary_dim/2), "rotate half". */
+  OT_ROPE_NEOX = 0,
+  /* GPT-J: pairs (2i, 2i + 1), interleaved. */
+  OT_ROPE_GPTJ = 1
+} ot_rope_mode;
+
+typedef struct ot_rope_params {
+  ot_rope_mode mode;
+  /* Number of leading features of each head that are rotated (even, <= head_dim);
+   * 0 means head_dim. The rest of the head is copied unchanged. */
+  int rotary_dim;
+  /* Base of the frequencies: inv_freq[i] = theta^(-2i / rotary_dim). E.g. 10000. */
+  float theta;
+  /* Llama-3 frequency scaling; disabled when llama3_factor <= 0. Typical values:
+   * factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position 8192. */
+  float llama3_factor;
+  float llama3_low_freq_factor;
+  float llama3_high_freq_factor;
+  int llama3_original_max_position;
+} ot_rope_params;
+
+/* Defaults: NEOX, full head, theta 10000, no scaling. */
+OT_API ot_rope_params ot_rope_default_params(void);
+
+/*
+ * Rotate q and k by the angles of their tokens' positions, in one call.
+ *  q:         [tokens, heads_q, head_dim] or [batch, seq, heads_q, head_dim]
+ *  k:         same leading shape as q with heads_k heads, or NULL (q only)
+ *  positions: int32 or int64, [tokens] (or [batch, seq]), values >= 0
+ *  cos_sin_cache: NULL to compute cos/sin from params (theta, scaling) in float32;
+ *             or float32 [max_position, rotary_dim]: row p holds cos(p * f_i) for
+ *             i < rotary_dim/2 followed by sin(p * f_i); then positions must be
+ *             < max_position and theta / scaling are ignored.
+ *  q_out, k_out: same shapes as q, k. In place when q_out is q (same view), likewise k.
+ *  Token and head dimensions may be strided (last dimension contiguous).
+ * The backward (gradient) is the rotation by the opposite angle: ot_rope_backward
+ * takes dq_out / dk_out in place of q / k and writes dq / dk.
+ */
+OT_API ot_status ot_rope_forward(ot_context *ctx, const ot_rope_params *params, const DLTensor *q,
+                                 const DLTensor *k, const DLTensor *positions,
+                                 const DLTensor *cos_sin_cache, const DLTensor *q_out,
+                                 const DLTensor *k_out);
+
+OT_API ot_status ot_rope_backward(ot_context *ctx, const ot_rope_params *params,
+                                  const DLTensor *dq_out, const DLTensor *dk_out,
+                                  const DLTensor *positions, const DLTensor *cos_sin_cache,
+                                  const DLTensor *dq, const DLTensor *dk);
+
+/* ------------------------------------------------------------------------------ */
+/* Gated activations: SwiGLU and GeGLU                                             */
+/* ------------------------------------------------------------------------------ */
+
+typedef enum ot_glu_kind {
+  OT_GLU_SWIGLU = 0,    /* out = silu(gate) * up                                 */
+  OT_GLU_GEGLU = 1,     /* out = gelu(gate) * up, exact (erf) GELU               */
+  OT_GLU_GEGLU_TANH = 2 /* out = gelu_tanh(gate) * up, the tanh approximation     */
+} ot_glu_kind;
+
+/*
+ * Two layouts:
+ *  - up != NULL: gate and up are [..., F]; out is [..., F].
+ *  - up == NULL: gate is [..., 2F] holding gate in its first F features and up in
+ *    its last F features (the output of a fused gate+up projection); out [..., F].
+ * Rows may be strided.
+ */
+OT_API ot_status ot_glu_forward(ot_context *ctx, ot_glu_kind kind, const DLTensor *gate,
+                                const DLTensor *up, const DLTensor *out);
+
+/* Backward: dgate / dup with the shapes of gate / up (with up == NULL, dup must be
+ * NULL and dgate is [..., 2F] holding both halves). dgate may alias gate and dup may
+ * alias up (recompute in place, as activation checkpointing wants). */
+OT_API ot_status ot_glu_backward(ot_context *ctx, ot_glu_kind kind, const DLTensor *dout,
+                                 const DLTensor *gate, const DLTensor *up, const DLTensor *dgate,
+                                 const DLTensor *dup);
+
+/* ------------------------------------------------------------------------------ */
+/* Softmax and cross-entropy                                                        */
+/* ------------------------------------------------------------------------------ */
+
+/* Softmax over the last dimension. x, out: [..., N]; out may alias x. Rows may be
+ * strided. */
+OT_API ot_status ot_softmax_forward(ot_context *ctx, const DLTensor *x, const DLTensor *out);
+
+/* dx = y * (dy - sum(dy * y)), with y the forward's output. dx may alias dy. */
+OT_API ot_status ot_softmax_backward(ot_context *ctx, const DLTensor *dy, const DLTensor *y,
+                                     const DLTensor *dx);
+
+typedef enum ot_reduction {
+  OT_REDUCTION_MEAN = 0, /* sum over non-ignored rows / number of non-ignored rows */
+  OT_REDUCTION_SUM = 1,
+  OT_REDUCTION_NONE = 2 /* one loss per row; ignored rows get 0 */
+} ot_reduction;
+
+typedef struct ot_cross_entropy_params {
+  int64_t ignore_index;   /* rows whose label equals this contribute nothing (-100) */
+  float label_smoothing;  /* in [0, 1]: loss = (1-s) * nll + s * mean_j(-log p_j)   */
+  ot_reduction reduction;
+} ot_cross_entropy_params;
+
+/* Defaults: ignore_index -100, no smoothing, mean. */
+OT_API ot_cross_entropy_params ot_cross_entropy_default_params(void);
+
+/*
+ * Cross-entropy of logits against integer labels (the semantics of
+ * torch.nn.functional.cross_entropy, including label smoothing).
+ *  logits: [N, V] (rows may be strided) float32 / float16 / bfloat16
+ *  labels: int32 or int64 [N], each in [0, V) or equal to ignore_index
+ *  loss:   float32; [] or [1] for MEAN / SUM, [N] for NONE. With MEAN and no
+ *          non-ignored row the loss is NaN (as torch).
+ *  lse:    float32 [N] or NULL: log-sum-exp of each row, for the backward.
+ */
+OT_API ot_status ot_cross_entropy_forward(ot_context *ctx, const ot_cross_entropy_params *params,
+                                          const DLTensor *logits, const DLTensor *labels,
+                                          const DLTensor *loss, const DLTensor *lse);
+
+/*
+ * dlogits = dloss * d(loss)/d(logits). dloss is float32 with loss's shape.
+ * lse is as saved by the forward, or NULL to recompute. dlogits: [N, V] in logits'
+ * dtype; it may alias logits (the gradient overwrites the logits, saving memory).
+ */
+OT_API ot_status ot_cross_entropy_backward(ot_context *ctx, const ot_cross_entropy_params *params,
+                                           const DLTensor *dloss, const DLTensor *logits,
+                                           const DLTensor *labels, const DLTensor *lse,
+                                           const DLTensor *dlogits);
+
+/* ------------------------------------------------------------------------------ */
+/* Attention                                                                       */
+/* ------------------------------------------------------------------------------ */
+
+typedef struct ot_attention_params {
+  /* Multiplies q.k before the softmax; 0 means 1 / sqrt(head_dim). */
+  float softmax_scale;
+  /* Causal mask, aligned to the bottom-right corner: query i of a sequence with
+   * Sq queries and Sk keys sees key j iff j <= i + (Sk - Sq). When Sq > Sk the first
+   * Sq - Sk queries see no key: their output is 0 and their lse is -inf. */
+  int causal;
+  /* Sliding window, in the same bottom-right frame: query i sees key j iff
+   * i + (Sk - Sq) - window_left <= j <= i + (Sk - Sq) + window_right.
+   * A negative value means unbounded on that side. causal is window_right = 0. */
+  int window_left;
+  int window_right;
+  /* Tanh soft-capping of the scores: s = softcap * tanh(s / softcap) applied after
+   * the scale; 0 disables. */
+  float softcap;
+  /* Backward: make dq (and dk/dv with GQA) accumulation bitwise deterministic. The
+   * CPU backend is always deterministic. */
+  int deterministic;
+} ot_attention_params;
+
+/* Defaults: scale 1/sqrt(D), not causal, no window, no softcap. */
+OT_API ot_attention_params ot_attention_default_params(void);
+
+/*
+ * Flash attention: out = softmax(scale * q k^T + mask) v, computed in tiles with an
+ * online softmax; the Sq x Sk score matrix is never materialized.
+ *
+ * Dense (BSHD) layout, cu_seqlens_q == cu_seqlens_k == NULL:
+ *   q, out: [B, Sq, Hq, D]; k, v: [B, Sk, Hkv, D]; lse: float32 [B, Hq, Sq]
+ * Packed variable-length (THD) layout, cu_seqlens_q and cu_seqlens_k int32 [B+1]:
+ *   q, out: [Tq, Hq, D]; k, v: [Tk, Hkv, D]; lse: float32 [Hq, Tq]
+ *   sequence b holds query rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 (likewise k);
+ *   cu_seqlens start at 0, never decrease, and end at Tq (Tk). A sequence may be
+ *   empty or of length 1; the cu_seqlens tensors must be readable by the host on
+ *   the CPU backend (on the CUDA backend they live on the device).
+ * Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA): query head h reads kv head
+ * h / (Hq / Hkv). Sequence and head dimensions may be strided; D contiguous.
+ * lse (natural log of the softmax denominator, including the scale) may be NULL
+ * when no backward follows. out must not overlap q, k or v.
+ */
+OT_API ot_status ot_attention_forward(ot_context *ctx, const ot_attention_params *params,
+                                      const DLTensor *q, const DLTensor *k, const DLTensor *v,
+                                      const DLTensor *cu_seqlens_q, const DLTensor *cu_seqlens_k,
+                                      const DLTensor *out, const DLTensor *lse);
+
+/*
+ * Backward from the saved lse: writes dq, dk, dv (shapes of q, k, v; overwritten).
+ * out and dout: the forward's output and its gradient. params must equal the
+ * forward's. With GQA dk / dv sum the gradients of the query heads sharing a kv head.
+ */
+OT_API ot_status ot_attention_backward(ot_context *ctx, const ot_attention_params *params,
+                                       const DLTensor *q, const DLTensor *k, const DLTensor *v,
+                                       const DLTensor *out, const DLTensor *dout,
+                                       const DLTensor *lse, const DLTensor *cu_seqlens_q,
+                                       const DLTensor *cu_seqlens_k, const DLTensor *dq,
+                                       const DLTensor *dk, const DLTensor *dv);
+
+/* ------------------------------------------------------------------------------ */
+/* Linear layer                                                                    */
+/* ------------------------------------------------------------------------------ */
+
+/*
+ * y = x W^T + b.  x: [..., K]; weight: [N, K]; bias: [N] or NULL; y: [..., N].
+ * x and y rows may be strided; weight must be contiguous. All one dtype; accumulation
+ * in float32 (the CPU backend converts bf16 / fp16 blocks to float32 and calls BLAS).
+ */
+OT_API ot_status ot_linear_forward(ot_context *ctx, const DLTensor *x, const DLTensor *weight,
+                                   const DLTensor *bias, const DLTensor *y);
+
+/* dx = dy W (or NULL), dweight = dy^T x (or NULL), dbias = sum over rows of dy (or
+ * NULL). Outputs are overwritten, not accumulated. */
+OT_API ot_status ot_linear_backward(ot_context *ctx, const DLTensor *dy, const DLTensor *x,
+                                    const DLTensor *weight, const DLTensor *dx,
+                                    const DLTensor *dweight, const DLTensor *dbias);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OPS_TRANSFORMER_H */
