@@ -1,0 +1,183 @@
+/* glu.c -- ot_glu_forward / ot_glu_backward: validation and dispatch. */
+#include <inttypes.h>
+
+#include "backend.h"
+#include "glu.h"
+
+static ot_status check_kind(const char *op, ot_glu_kind kind) {
+  if ((int)kind < (int)OT_GLU_SWIGLU || (int)kind > (int)OT_GLU_GEGLU_TANH)
+    return ot_error(OT_ERR_INVALID_ARGUMENT, op,
+                    "kind: %d is not an ot_glu_kind (0 SWIGLU, 1 GEGLU, 2 GEGLU_TANH)",
+                    (int)kind);
+  return OT_OK;
+}
+
+/* Row views that step by one row stride S and use disjoint column windows of each
+ * period (e.g. the gate and up halves of one fused [rows, 2F] buffer, as torch's
+ * chunk(2, -1) gives them) never touch the same element, although their byte
+ * extents interleave. Only meaningful for rows > 1: a single row's extent is exact. */
+static bool rows_interleave_disjoint(const ot_view *a, const ot_rows *ra, const ot_view *b,
+                                     const ot_rows *rb) {
+  if (a->dtype != b->dtype || ra->rows != rb->rows || ra->rows <= 1) return false;
+  if (ra->row_stride != rb->row_stride) return false;
+  int64_t es = (int64_t)ot_dtype_size(a->dtype);
+  int64_t diff = (int64_t)((intptr_t)b->data - (intptr_t)a->data);
+  if (diff % es) return false;
+  int64_t s = ra->row_stride, d = (diff / es) % s;
+  if (d < 0) d += s;
+  /* a covers [0, ca) and b covers [d, d + cb) of every period of length s. */
+  return d >= ra->cols && d + rb->cols <= s;
+}
+
+static ot_status check_out(const char *op, const char *out_name, const ot_view *out,
+                           const ot_rows *out_rows, const char *in_name, const ot_view *in,
+                           const ot_rows *in_rows, bool allow_exact) {
+  if (!ot_view_present(out) || !ot_view_present(in)) return OT_OK;
+  if (rows_interleave_disjoint(out, out_rows, in, in_rows)) return OT_OK;
+  return ot_check_no_overlap(op, out_name, out, in_name, in, allow_exact);
+}
+
+/* out / dout shape in the fused layout: gate's leading dims and F. */
+static ot_status check_half_shape(const char *op, const char *name, const ot_view *v,
+                                  const ot_view *gate, int64_t F) {
+  OT_TRY(ot_check_ndim(op, name, v, gate->ndim, gate->ndim));
+  for (int i = 0; i < gate->ndim - 1; i++)
+    OT_TRY(ot_check_dim(op, name, v, i, gate->shape[i], "the leading dimensions of gate"));
+  return ot_check_dim(op, name, v, gate->ndim - 1, F,
+                      "F, half of gate's last dimension in the fused layout");
+}
+
+/* gate (and up when present): float, [..., F] or fused [..., 2F]; returns F. */
+static ot_status check_gate_up(const char *op, const ot_context *ctx, const DLTensor *gate,
+                               const DLTensor *up, ot_view *g, ot_rows *gr, ot_view *u,
+                               ot_rows *ur, int64_t *F) {
+  OT_TRY(ot_view_of(op, "gate", ctx, gate, g));
+  OT_TRY(ot_check_float(op, "gate", g));
+  OT_TRY(ot_as_rows(op, "gate", g, gr));
+  OT_TRY(ot_view_of_optional(op, "up", ctx, up, u));
+  if (ot_view_present(u)) {
+    OT_TRY(ot_check_dtype(op, "up", u, g->dtype, "gate"));
+    OT_TRY(ot_check_same_shape(op, "up", u, "gate", g));
+    OT_TRY(ot_as_rows(op, "up", u, ur));
+    *F = gr->cols;
+  } else {
+    if (gr->cols % 2)
+      return ot_error(OT_ERR_INVALID_ARGUMENT, op,
+                      "gate: last dimension %" PRId64
+                      " is odd; with up == NULL gate holds the gate and up halves [..., 2F] "
+                      "and must be even",
+                      gr->cols);
+    *F = gr->cols / 2;
+    memset(ur, 0, sizeof *ur);
+  }
+  return OT_OK;
+}
+
+ot_status ot_glu_forward(ot_context *ctx, ot_glu_kind kind, const DLTensor *gate,
+                         const DLTensor *up, const DLTensor *out) {
+  static const char op[] = "ot_glu_forward";
+  if (!ctx) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ctx: is NULL");
+  OT_TRY(check_kind(op, kind));
+  ot_view g, u, o;
+  ot_rows gr, ur, orow;
+  int64_t F = 0;
+  OT_TRY(check_gate_up(op, ctx, gate, up, &g, &gr, &u, &ur, &F));
+  OT_TRY(ot_view_of(op, "out", ctx, out, &o));
+  OT_TRY(ot_check_dtype(op, "out", &o, g.dtype, "gate"));
+  if (ot_view_present(&u)) OT_TRY(ot_check_same_shape(op, "out", &o, "gate", &g));
+  else OT_TRY(check_half_shape(op, "out", &o, &g, F));
+  OT_TRY(ot_as_rows(op, "out", &o, &orow));
+  OT_TRY(check_out(op, "out", &o, &orow, "gate", &g, &gr, false));
+  OT_TRY(check_out(op, "out", &o, &orow, "up", &u, &ur, false));
+
+  ot_glu_forward_args a;
+  a.kind = kind;
+  a.dtype = g.dtype;
+  a.rows = gr.rows;
+  a.F = F;
+  a.gate = g.data;
+  a.gate_stride = gr.row_stride;
+  if (ot_view_present(&u)) {
+    a.up = u.data;
+    a.up_stride = ur.row_stride;
+  } else {
+    a.up = ot_ptr(g.data, g.dtype, F);
+    a.up_stride = gr.row_stride;
+  }
+  a.out = o.data;
+  a.out_stride = orow.row_stride;
+  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  return ot_cpu_glu_forward(ctx, &a);
+}
+
+ot_status ot_glu_backward(ot_context *ctx, ot_glu_kind kind, const DLTensor *dout,
+                          const DLTensor *gate, const DLTensor *up, const DLTensor *dgate,
+                          const DLTensor *dup) {
+  static const char op[] = "ot_glu_backward";
+  if (!ctx) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ctx: is NULL");
+  OT_TRY(check_kind(op, kind));
+  ot_view d, g, u, dg, du;
+  ot_rows dr, gr, ur, dgr, dur;
+  int64_t F = 0;
+  OT_TRY(ot_view_of(op, "dout", ctx, dout, &d));
+  OT_TRY(ot_check_float(op, "dout", &d));
+  OT_TRY(ot_as_rows(op, "dout", &d, &dr));
+  OT_TRY(check_gate_up(op, ctx, gate, up, &g, &gr, &u, &ur, &F));
+  OT_TRY(ot_check_dtype(op, "gate", &g, d.dtype, "dout"));
+  bool fused = !ot_view_present(&u);
+  if (fused) OT_TRY(check_half_shape(op, "dout", &d, &g, F));
+  else OT_TRY(ot_check_same_shape(op, "dout", &d, "gate", &g));
+
+  OT_TRY(ot_view_of(op, "dgate", ctx, dgate, &dg));
+  OT_TRY(ot_check_dtype(op, "dgate", &dg, d.dtype, "dout"));
+  OT_TRY(ot_check_same_shape(op, "dgate", &dg, "gate", &g));
+  OT_TRY(ot_as_rows(op, "dgate", &dg, &dgr));
+  if (fused) {
+    if (dup)
+      return ot_error(OT_ERR_INVALID_ARGUMENT, op,
+                      "dup: must be NULL when up is NULL (fused layout: dgate [..., 2F] holds "
+                      "both halves)");
+    du.ndim = -1;
+    memset(&dur, 0, sizeof dur);
+  } else {
+    if (!dup)
+      return ot_error(OT_ERR_INVALID_ARGUMENT, op,
+                      "dup: tensor is NULL (required when up is given)");
+    OT_TRY(ot_view_of(op, "dup", ctx, dup, &du));
+    OT_TRY(ot_check_dtype(op, "dup", &du, d.dtype, "dout"));
+    OT_TRY(ot_check_same_shape(op, "dup", &du, "up", &u));
+    OT_TRY(ot_as_rows(op, "dup", &du, &dur));
+  }
+  OT_TRY(check_out(op, "dgate", &dg, &dgr, "dout", &d, &dr, false));
+  OT_TRY(check_out(op, "dgate", &dg, &dgr, "gate", &g, &gr, true));
+  OT_TRY(check_out(op, "dgate", &dg, &dgr, "up", &u, &ur, false));
+  OT_TRY(check_out(op, "dgate", &dg, &dgr, "dup", &du, &dur, false));
+  OT_TRY(check_out(op, "dup", &du, &dur, "dout", &d, &dr, false));
+  OT_TRY(check_out(op, "dup", &du, &dur, "gate", &g, &gr, false));
+  OT_TRY(check_out(op, "dup", &du, &dur, "up", &u, &ur, true));
+
+  ot_glu_backward_args a;
+  a.kind = kind;
+  a.dtype = d.dtype;
+  a.rows = dr.rows;
+  a.F = F;
+  a.dout = d.data;
+  a.dout_stride = dr.row_stride;
+  a.gate = g.data;
+  a.gate_stride = gr.row_stride;
+  a.dgate = dg.data;
+  a.dgate_stride = dgr.row_stride;
+  if (fused) {
+    a.up = ot_ptr(g.data, g.dtype, F);
+    a.up_stride = gr.row_stride;
+    a.dup = ot_ptr(dg.data, dg.dtype, F);
+    a.dup_stride = dgr.row_stride;
+  } else {
+    a.up = u.data;
+    a.up_stride = ur.row_stride;
+    a.dup = du.data;
+    a.dup_stride = dur.row_stride;
+  }
+  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  return ot_cpu_glu_backward(ctx, &a);
+}
