@@ -1,0 +1,144 @@
+/*
+ * rope.c -- rotary position embedding on the CPU.
+ *
+ * Parallel over tokens. For each token the rd/2 (cos, sin) pairs are made once and
+ * reused by every head of q and k; each head row's first rd features are converted to
+ * float32 scratch, rotated and stored back; features [rd, D) are copied when the
+ * output is another tensor and left alone in place.
+ *
+ * Angles: pos * inv_freq[i] is formed and reduced modulo 2*pi in float64, and only the
+ * reduced angle (in [-pi, pi]) goes through float32 cosf / sinf. A float32 product
+ * would be off by up to ulp(65536) / 2 = 0.004 rad at position 65535; the reduced
+ * float32 angle is off by at most 1.2e-7 rad at any position.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "core/rope.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define ROPE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ROPE_CLONES
+#endif
+
+/* Below this many rotated features per call the OpenMP fork costs more than it saves. */
+#define ROPE_PARALLEL_MIN_WORK 16384
+
+/* x, y: [rd] = [x1 (half) | x2 (half)]; pair i is (x1[i], x2[i]). */
+ROPE_CLONES static void rotate_neox(float *restrict y, const float *restrict x,
+                                    const float *restrict c, const float *restrict s,
+                                    int64_t half) {
+  for (int64_t i = 0; i < half; i++) {
+    float x1 = x[i], x2 = x[i + half];
+    y[i] = x1 * c[i] - x2 * s[i];
+    y[i + half] = x2 * c[i] + x1 * s[i];
+  }
+}
+
+/* x, y: [rd] with pair i at (2i, 2i + 1). */
+ROPE_CLONES static void rotate_gptj(float *restrict y, const float *restrict x,
+                                    const float *restrict c, const float *restrict s,
+                                    int64_t half) {
+  for (int64_t i = 0; i < half; i++) {
+    float x1 = x[2 * i], x2 = x[2 * i + 1];
+    y[2 * i] = x1 * c[i] - x2 * s[i];
+    y[2 * i + 1] = x2 * c[i] + x1 * s[i];
+  }
+}
+
+/* c, s: [rd/2] for one position; the backward negates s (rotation by -angle). */
+static void token_cos_sin(const ot_rope_args *a, const double *inv_freq, int64_t pos,
+                          float *restrict c, float *restrict s) {
+  const int64_t half = a->rotary_dim / 2;
+  if (a->cos_sin_cache) {
+    const float *row = a->cos_sin_cache + pos * a->rotary_dim;
+    for (int64_t i = 0; i < half; i++) {
+      c[i] = row[i];
+      s[i] = row[half + i];
+    }
+  } else {
+    const double two_pi = 6.283185307179586476925, inv_two_pi = 0.15915494309189533577;
+    const double p = (double)pos;
+    for (int64_t i = 0; i < half; i++) {
+      double ang = p * inv_freq[i];
+      ang -= two_pi * nearbyint(ang * inv_two_pi);
+      float af = (float)ang;
+      c[i] = cosf(af);
+      s[i] = sinf(af);
+    }
+  }
+  if (a->inverse)
+    for (int64_t i = 0; i < half; i++) s[i] = -s[i];
+}
+
+/* All heads of one token of `in` -> `out`. x, y: float32 scratch of rd elements. */
+static void rotate_token_heads(const ot_rope_args *a, const ot_rope_heads *in,
+                               const ot_rope_heads *out, int64_t b, int64_t t,
+                               const float *c, const float *s, float *x, float *y) {
+  const int64_t es = (int64_t)ot_dtype_size(a->dtype);
+  const int64_t rd = a->rotary_dim, half = rd / 2, pass = a->head_dim - rd;
+  const char *src0 = (const char *)in->data + (b * in->stride_b + t * in->stride_s) * es;
+  char *dst0 = (char *)out->data + (b * out->stride_b + t * out->stride_s) * es;
+  for (int64_t h = 0; h < in->heads; h++) {
+    const char *src = src0 + h * in->stride_h * es;
+    char *dst = dst0 + h * out->stride_h * es;
+    ot_load_f32(x, src, a->dtype, rd);
+    if (a->mode == OT_ROPE_GPTJ)
+      rotate_gptj(y, x, c, s, half);
+    else
+      rotate_neox(y, x, c, s, half);
+    ot_store_f32(dst, y, a->dtype, rd);
+    if (pass > 0 && dst != src) memcpy(dst + rd * es, src + rd * es, (size_t)(pass * es));
+  }
+}
+
+ot_status ot_cpu_rope(ot_context *ctx, const ot_rope_args *a) {
+  static const char *op = "ot_rope";
+  const int64_t tokens = a->batch * a->seq;
+  const int64_t rd = a->rotary_dim, half = rd / 2;
+
+  double *inv_freq = NULL;
+  if (!a->cos_sin_cache) {
+    inv_freq = (double *)malloc((size_t)half * sizeof *inv_freq);
+    if (!inv_freq) return ot_error(OT_ERR_OOM, op, "cannot allocate %" PRId64 " frequencies", half);
+    ot_rope_inv_freq(a, inv_freq);
+  }
+
+  const int64_t work = tokens * (a->q.heads + a->k.heads) * rd;
+  int nt = work >= ROPE_PARALLEL_MIN_WORK ? ctx->num_threads : 1;
+  if (nt > tokens) nt = (int)tokens;
+  if (nt < 1) nt = 1;
+  /* per thread: cos [half], sin [half], x [rd], y [rd] */
+  const int64_t per_thread = 2 * half + 2 * rd;
+  float *scratch = (float *)malloc((size_t)(nt * per_thread) * sizeof *scratch);
+  if (!scratch) {
+    free(inv_freq);
+    return ot_error(OT_ERR_OOM, op, "cannot allocate %d x %" PRId64 " floats of scratch", nt,
+                    per_thread);
+  }
+
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int64_t i = 0; i < tokens; i++) {
+#ifdef _OPENMP
+    float *c = scratch + (int64_t)omp_get_thread_num() * per_thread;
+#else
+    float *c = scratch;
+#endif
+    float *s = c + half, *x = s + half, *y = x + rd;
+    const int64_t b = i / a->seq, t = i % a->seq;
+    const int64_t pos =
+        ot_load_index(a->positions, a->pos_dtype, b * a->pos_stride_b + t * a->pos_stride_s);
+    token_cos_sin(a, inv_freq, pos, c, s);
+    rotate_token_heads(a, &a->q, &a->q_out, b, t, c, s, x, y);
+    if (a->k.data) rotate_token_heads(a, &a->k, &a->k_out, b, t, c, s, x, y);
+  }
+
+  free(scratch);
+  free(inv_freq);
+  return OT_OK;
+}
