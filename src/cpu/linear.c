@@ -1,0 +1,352 @@
+/*
+ * linear.c -- CPU kernels of the linear layer through BLAS (cblas_sgemm).
+ *
+ * float32 storage: sgemm runs directly on the caller's buffers (row strides become
+ * the leading dimensions). float16 / bfloat16 storage: blocks of the operands are
+ * converted to float32 panels (bounded scratch, about 32 MB at most for realistic
+ * K), multiplied by sgemm into a float32 block, and rounded once to the output dtype.
+ *
+ * sgemm is always called from the calling thread, never inside an OpenMP region:
+ * OpenBLAS threads it itself (with ctx->num_threads threads while the op runs). The
+ * OpenMP team only converts panels and reduces dbias.
+ */
+#include <limits.h>
+#include <stdlib.h>
+
+#include <cblas.h>
+
+#include "core/linear.h"
+
+/* Scratch budget per panel, in float32 elements: the weight-side panel may take
+ * PANEL_BIG (16 MB), the activation-side panel and the float32 output block
+ * PANEL_SMALL (8 MB) each. Panels never go below MIN_PANEL rows, so that sgemm keeps
+ * a useful shape even for very large K. */
+#define PANEL_BIG ((int64_t)1 << 22)
+#define PANEL_SMALL ((int64_t)1 << 21)
+#define MIN_PANEL 16
+
+/* Below this many elements a conversion runs on one thread (team start-up costs more). */
+#define PAR_MIN_ELEMS 32768
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Rows of a panel so that rows * row_len <= budget, clamped to [MIN_PANEL, total]. */
+static int64_t panel_rows(int64_t budget, int64_t row_len, int64_t total) {
+  return min64(total, max64(MIN_PANEL, budget / max64(row_len, 1)));
+}
+
+/* dst[r, 0:cols] (float32, leading dim ld_dst) = src[r * src_stride + 0:cols]. */
+static void load_block(const ot_context *ctx, float *dst, int64_t ld_dst, const void *src,
+                       int64_t src_stride, ot_dtype d, int64_t rows, int64_t cols) {
+#pragma omp parallel for num_threads(ctx->num_threads) if (rows * cols >= PAR_MIN_ELEMS) \
+    schedule(static)
+  for (int64_t r = 0; r < rows; r++)
+    ot_load_f32(dst + r * ld_dst, ot_ptr((void *)src, d, r * src_stride), d, cols);
+}
+
+/* dst[r * dst_stride + 0:cols] = round(src[r, 0:cols]) (float32, leading dim ld_src). */
+static void store_block(const ot_context *ctx, void *dst, int64_t dst_stride, const float *src,
+                        int64_t ld_src, ot_dtype d, int64_t rows, int64_t cols) {
+#pragma omp parallel for num_threads(ctx->num_threads) if (rows * cols >= PAR_MIN_ELEMS) \
+    schedule(static)
+  for (int64_t r = 0; r < rows; r++)
+    ot_store_f32(ot_ptr(dst, d, r * dst_stride), src + r * ld_src, d, cols);
+}
+
+/* Every row of dst [rows, cols] (row stride dst_stride) becomes a copy of `row` (cols
+ * elements of the same dtype), or zero when row is NULL (all-zero bits are 0.0 in
+ * every storage dtype). */
+static void fill_rows(void *dst, int64_t dst_stride, const void *row, ot_dtype d, int64_t rows,
+                      int64_t cols) {
+  size_t es = ot_dtype_size(d);
+  for (int64_t r = 0; r < rows; r++) {
+    void *p = ot_ptr(dst, d, r * dst_stride);
+    if (row) memcpy(p, row, (size_t)cols * es);
+    else memset(p, 0, (size_t)cols * es);
+  }
+}
+
+static bool fits_int(int64_t v) { return v <= INT_MAX; }
+
+/* OpenBLAS keeps one global thread count; use the context's for the call and put the
+ * caller's back afterwards. Other BLAS builds keep their own threading. */
+typedef struct blas_threads {
+  int prev;
+} blas_threads;
+
+static blas_threads blas_threads_enter(const ot_context *ctx) {
+  blas_threads t = {0};
+#ifdef OPENBLAS_VERSION
+  t.prev = openblas_get_num_threads();
+  if (t.prev != ctx->num_threads) openblas_set_num_threads(ctx->num_threads);
+#else
+  (void)ctx;
+#endif
+  return t;
+}
+
+static void blas_threads_leave(const ot_context *ctx, blas_threads t) {
+#ifdef OPENBLAS_VERSION
+  if (t.prev != ctx->num_threads) openblas_set_num_threads(t.prev);
+#else
+  (void)ctx;
+  (void)t;
+#endif
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Forward: y [M, N] = x [M, K] W[N, K]^T + b                                         */
+
+static void forward_f32(const ot_linear_forward_args *a) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  float beta = 0.0f;
+  if (a->bias) {
+    fill_rows(a->y, a->y_stride, a->bias, OT_F32, M, N);
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f,
+              (const float *)a->x, (int)a->x_stride, (const float *)a->weight, (int)K, beta,
+              (float *)a->y, (int)a->y_stride);
+}
+
+/* Weight panels [nb, K] outside, x panels [mb, K] inside; the x panel is converted
+ * again for every weight panel unless all of x fits in one panel. */
+static ot_status forward_lowp(const ot_context *ctx, const ot_linear_forward_args *a) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  const ot_dtype d = a->dtype;
+  const int64_t NB = panel_rows(PANEL_BIG, K, N);
+  const int64_t MB = min64(panel_rows(PANEL_SMALL, K, M), panel_rows(PANEL_SMALL, NB, M));
+  float *wp = (float *)malloc((size_t)(NB * K) * sizeof(float));
+  float *xp = (float *)malloc((size_t)(MB * K) * sizeof(float));
+  float *yb = (float *)malloc((size_t)(MB * NB) * sizeof(float));
+  float *bias = a->bias ? (float *)malloc((size_t)N * sizeof(float)) : NULL;
+  ot_status st = OT_OK;
+  if (!wp || !xp || !yb || (a->bias && !bias)) {
+    st = ot_error(OT_ERR_OOM, "ot_linear_forward", "cannot allocate %lld bytes of scratch",
+                  (long long)((NB * K + MB * K + MB * NB + N) * (int64_t)sizeof(float)));
+    goto done;
+  }
+  if (bias) ot_load_f32(bias, a->bias, d, N);
+  int64_t x_loaded = -1; /* m0 of the x panel held in xp */
+  for (int64_t n0 = 0; n0 < N; n0 += NB) {
+    const int64_t nb = min64(NB, N - n0);
+    load_block(ctx, wp, K, ot_ptr((void *)a->weight, d, n0 * K), K, d, nb, K);
+    for (int64_t m0 = 0; m0 < M; m0 += MB) {
+      const int64_t mb = min64(MB, M - m0);
+      if (x_loaded != m0) {
+        load_block(ctx, xp, K, ot_ptr((void *)a->x, d, m0 * a->x_stride), a->x_stride, d, mb,
+                   K);
+        x_loaded = m0;
+      }
+      float beta = 0.0f;
+      if (bias) {
+        for (int64_t r = 0; r < mb; r++) memcpy(yb + r * nb, bias + n0, (size_t)nb * sizeof(float));
+        beta = 1.0f;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)mb, (int)nb, (int)K, 1.0f, xp,
+                  (int)K, wp, (int)K, beta, yb, (int)nb);
+      store_block(ctx, ot_ptr(a->y, d, m0 * a->y_stride + n0), a->y_stride, yb, nb, d, mb, nb);
+    }
+  }
+done:
+  free(wp);
+  free(xp);
+  free(yb);
+  free(bias);
+  return st;
+}
+
+ot_status ot_cpu_linear_forward(ot_context *ctx, const ot_linear_forward_args *a) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  if (M == 0 || N == 0) return OT_OK;
+  if (K == 0) { /* the empty sum: y = bias, or 0 */
+    fill_rows(a->y, a->y_stride, a->bias, a->dtype, M, N);
+    return OT_OK;
+  }
+  if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(a->x_stride) ||
+      !fits_int(a->y_stride))
+    return ot_error(OT_ERR_UNSUPPORTED, "ot_linear_forward",
+                    "x, y: sizes and row strides above 2^31 - 1 are not supported by BLAS");
+  blas_threads bt = blas_threads_enter(ctx);
+  ot_status st = OT_OK;
+  if (a->dtype == OT_F32) forward_f32(a);
+  else st = forward_lowp(ctx, a);
+  blas_threads_leave(ctx, bt);
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Backward                                                                          */
+
+/* The scratch of one backward call, allocated in one piece before any output is
+ * written (an allocation failure then leaves every output untouched). */
+typedef struct bwd_scratch {
+  int64_t dx_nb, dx_mb;  /* dx: weight panel rows, row panel rows */
+  int64_t dw_mb;         /* dweight: row panel rows */
+  int db_threads;        /* dbias: partial sums */
+  float *dx_w, *dx_dy, *dx_acc;   /* [dx_nb, K], [dx_mb, dx_nb], [dx_mb, K] */
+  float *dw_dy, *dw_x, *dw_acc;   /* [dw_mb, N], [dw_mb, K], [N, K] */
+  float *db_part;                 /* [db_threads, 2, N] */
+  void *block;
+} bwd_scratch;
+
+static ot_status bwd_scratch_alloc(const ot_context *ctx, const ot_linear_backward_args *a,
+                                   bool need_dx, bool need_dw, bool need_db, bwd_scratch *s) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  const bool lowp = a->dtype != OT_F32;
+  int64_t n_dx_w = 0, n_dx_dy = 0, n_dx_acc = 0, n_dw_dy = 0, n_dw_x = 0, n_dw_acc = 0, n_db = 0;
+  memset(s, 0, sizeof *s);
+  if (need_dx && lowp) {
+    s->dx_nb = panel_rows(PANEL_BIG, K, N);
+    s->dx_mb = min64(panel_rows(PANEL_SMALL, K, M), panel_rows(PANEL_SMALL, s->dx_nb, M));
+    n_dx_w = s->dx_nb * K;
+    n_dx_dy = s->dx_mb * s->dx_nb;
+    n_dx_acc = s->dx_mb * K;
+  }
+  if (need_dw && lowp) {
+    s->dw_mb = panel_rows(PANEL_BIG, N + K, M);
+    n_dw_dy = s->dw_mb * N;
+    n_dw_x = s->dw_mb * K;
+    n_dw_acc = N * K;
+  }
+  if (need_db) {
+    /* at least 64 rows per thread: fewer do not pay for the team */
+    s->db_threads = (int)max64(1, min64(ctx->num_threads, M / 64));
+    n_db = 2 * (int64_t)s->db_threads * N;
+  }
+  const int64_t total = n_dx_w + n_dx_dy + n_dx_acc + n_dw_dy + n_dw_x + n_dw_acc + n_db;
+  if (total == 0) return OT_OK;
+  float *p = (float *)malloc((size_t)total * sizeof(float));
+  if (!p)
+    return ot_error(OT_ERR_OOM, "ot_linear_backward", "cannot allocate %lld bytes of scratch",
+                    (long long)(total * (int64_t)sizeof(float)));
+  s->block = p;
+  s->dx_w = p; p += n_dx_w;
+  s->dx_dy = p; p += n_dx_dy;
+  s->dx_acc = p; p += n_dx_acc;
+  s->dw_dy = p; p += n_dw_dy;
+  s->dw_x = p; p += n_dw_x;
+  s->dw_acc = p; p += n_dw_acc;
+  s->db_part = p;
+  return OT_OK;
+}
+
+/* dbias [N] = sum over the M rows of dy, float32 accumulation: task t sums a
+ * contiguous range of rows into its own [N] partial, then the partials are added in
+ * task order (the result does not depend on the team size). */
+static void dbias_rows(const ot_context *ctx, const ot_linear_backward_args *a,
+                       const bwd_scratch *s) {
+  const int64_t M = a->rows, N = a->out_features;
+  const ot_dtype d = a->dtype;
+  const int T = s->db_threads;
+  float *part = s->db_part;
+#pragma omp parallel for num_threads(T) schedule(static, 1)
+  for (int t = 0; t < T; t++) {
+    float *acc = part + 2 * (int64_t)t * N, *row = acc + N;
+    const int64_t r0 = M * t / T, r1 = M * (t + 1) / T;
+    for (int64_t j = 0; j < N; j++) acc[j] = 0.0f;
+    for (int64_t r = r0; r < r1; r++) {
+      ot_load_f32(row, ot_ptr((void *)a->dy, d, r * a->dy_stride), d, N);
+      for (int64_t j = 0; j < N; j++) acc[j] += row[j];
+    }
+  }
+  for (int t = 1; t < T; t++)
+    for (int64_t j = 0; j < N; j++) part[j] += part[2 * (int64_t)t * N + j];
+  ot_store_f32(a->dbias, part, d, N);
+}
+
+static void dx_f32(const ot_linear_backward_args *a) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)N, 1.0f,
+              (const float *)a->dy, (int)a->dy_stride, (const float *)a->weight, (int)K, 0.0f,
+              (float *)a->dx, (int)a->dx_stride);
+}
+
+static void dweight_f32(const ot_linear_backward_args *a) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)M, 1.0f,
+              (const float *)a->dy, (int)a->dy_stride, (const float *)a->x, (int)a->x_stride,
+              0.0f, (float *)a->dweight, (int)K);
+}
+
+/* dx [M, K] = dy [M, N] W [N, K]: row panels of float32 accumulators [mb, K] outside,
+ * the reduction over N in weight panels [nb, K] inside (beta = 1 after the first). The
+ * weight panel is converted again for every row panel unless W fits in one panel. */
+static void dx_lowp(const ot_context *ctx, const ot_linear_backward_args *a,
+                    const bwd_scratch *s) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  const ot_dtype d = a->dtype;
+  const int64_t NB = s->dx_nb, MB = s->dx_mb;
+  int64_t w_loaded = -1; /* n0 of the weight panel held in dx_w */
+  for (int64_t m0 = 0; m0 < M; m0 += MB) {
+    const int64_t mb = min64(MB, M - m0);
+    for (int64_t n0 = 0; n0 < N; n0 += NB) {
+      const int64_t nb = min64(NB, N - n0);
+      if (w_loaded != n0) {
+        load_block(ctx, s->dx_w, K, ot_ptr((void *)a->weight, d, n0 * K), K, d, nb, K);
+        w_loaded = n0;
+      }
+      load_block(ctx, s->dx_dy, nb, ot_ptr((void *)a->dy, d, m0 * a->dy_stride + n0),
+                 a->dy_stride, d, mb, nb);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)mb, (int)K, (int)nb, 1.0f,
+                  s->dx_dy, (int)nb, s->dx_w, (int)K, n0 ? 1.0f : 0.0f, s->dx_acc, (int)K);
+    }
+    store_block(ctx, ot_ptr(a->dx, d, m0 * a->dx_stride), a->dx_stride, s->dx_acc, K, d, mb, K);
+  }
+}
+
+/* dweight [N, K] = dy^T x, summed over row panels of dy [mb, N] and x [mb, K] into one
+ * float32 [N, K] accumulator (the size of the output), rounded once at the end. */
+static void dweight_lowp(const ot_context *ctx, const ot_linear_backward_args *a,
+                         const bwd_scratch *s) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  const ot_dtype d = a->dtype;
+  const int64_t MB = s->dw_mb;
+  for (int64_t m0 = 0; m0 < M; m0 += MB) {
+    const int64_t mb = min64(MB, M - m0);
+    load_block(ctx, s->dw_dy, N, ot_ptr((void *)a->dy, d, m0 * a->dy_stride), a->dy_stride, d,
+               mb, N);
+    load_block(ctx, s->dw_x, K, ot_ptr((void *)a->x, d, m0 * a->x_stride), a->x_stride, d, mb,
+               K);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)mb, 1.0f,
+                s->dw_dy, (int)N, s->dw_x, (int)K, m0 ? 1.0f : 0.0f, s->dw_acc, (int)K);
+  }
+  store_block(ctx, a->dweight, K, s->dw_acc, K, d, N, K);
+}
+
+ot_status ot_cpu_linear_backward(ot_context *ctx, const ot_linear_backward_args *a) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  const ot_dtype d = a->dtype;
+  /* Which outputs need a product (BLAS); the others are empty or empty sums. */
+  const bool gemm_dx = a->dx && M > 0 && K > 0 && N > 0;
+  const bool gemm_dw = a->dweight && N > 0 && K > 0 && M > 0;
+  const bool sum_db = a->dbias && N > 0 && M > 0;
+  if ((gemm_dx || gemm_dw) &&
+      (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(a->x_stride) ||
+       !fits_int(a->dy_stride) || !fits_int(a->dx_stride)))
+    return ot_error(OT_ERR_UNSUPPORTED, "ot_linear_backward",
+                    "dy, x, dx: sizes and row strides above 2^31 - 1 are not supported by BLAS");
+  bwd_scratch s;
+  OT_TRY(bwd_scratch_alloc(ctx, a, gemm_dx, gemm_dw, sum_db, &s));
+
+  /* The empty sums: dx = 0 when N = 0; dweight, dbias = 0 when M = 0. */
+  if (a->dx && M > 0 && K > 0 && N == 0) fill_rows(a->dx, a->dx_stride, NULL, d, M, K);
+  if (a->dweight && N > 0 && K > 0 && M == 0) fill_rows(a->dweight, K, NULL, d, N, K);
+  if (a->dbias && N > 0 && M == 0) fill_rows(a->dbias, N, NULL, d, 1, N);
+
+  if (gemm_dx || gemm_dw) {
+    blas_threads bt = blas_threads_enter(ctx);
+    if (d == OT_F32) {
+      if (gemm_dx) dx_f32(a);
+      if (gemm_dw) dweight_f32(a);
+    } else {
+      if (gemm_dx) dx_lowp(ctx, a, &s);
+      if (gemm_dw) dweight_lowp(ctx, a, &s);
+    }
+    blas_threads_leave(ctx, bt);
+  }
+  if (sum_db) dbias_rows(ctx, a, &s);
+  free(s.block);
+  return OT_OK;
+}
