@@ -9,17 +9,11 @@
 #include <math.h>
 
 #include "core/glu.h"
-#include "fast_exp.h"
+#include "vec_math.h"
 
 #define OT_GLU_CHUNK 512
 /* Below this many elements the OpenMP team costs more than it saves. */
 #define OT_GLU_PARALLEL_MIN 32768
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-#define OT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define OT_CLONES
-#endif
 
 /* sqrt(2/pi) and the cubic coefficient of the tanh GELU; 1/sqrt(2); 1/sqrt(2 pi). */
 #define GELU_K0 0.7978845608028654f

@@ -1,0 +1,88 @@
+/*
+ * softmax.c -- CPU kernels of softmax over the last dimension, forward and backward.
+ *
+ * Forward, per row of [rows, cols]: the row is converted once to float32 scratch
+ * (cols floats per thread), then max, exp(x - max) with its sum, scale, store: one
+ * read, one exp and one write per element. Backward streams the row twice in
+ * chunks (sum(dy * y), then dx), so it needs no heap scratch; each chunk is loaded
+ * before it is stored, which keeps dx == dy in place safe.
+ */
+#include <stdlib.h>
+
+#include "core/softmax.h"
+#include "vec_math.h"
+
+#define OT_SOFTMAX_CHUNK 1024
+#define OT_SOFTMAX_PARALLEL_MIN 32768
+
+OT_CLONES static void scale_inplace(float *restrict x, int64_t n, float s) {
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* dx = y * (dy - dot), written over dy's scratch. */
+OT_CLONES static void softmax_grad_chunk(float *restrict dy, const float *restrict y, int64_t n,
+                                         float dot) {
+  for (int64_t i = 0; i < n; i++) dy[i] = y[i] * (dy[i] - dot);
+}
+
+static char *row_at(const void *base, ot_dtype d, int64_t row, int64_t stride) {
+  return (char *)base + row * stride * (int64_t)ot_dtype_size(d);
+}
+
+ot_status ot_cpu_softmax_forward(ot_context *ctx, const ot_softmax_forward_args *a) {
+  if (a->rows == 0 || a->cols == 0) return OT_OK;
+  const ot_dtype dt = a->dtype;
+  int oom = 0;
+#pragma omp parallel num_threads(ctx->num_threads) \
+    if (a->rows * a->cols >= OT_SOFTMAX_PARALLEL_MIN && a->rows > 1)
+  {
+    float *buf = (float *)malloc((size_t)a->cols * sizeof(float));
+    if (!buf) {
+#pragma omp atomic write
+      oom = 1;
+    }
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < a->rows; r++) {
+      if (!buf) continue;
+      ot_load_f32(buf, row_at(a->x, dt, r, a->x_stride), dt, a->cols);
+      float m = ot_vec_max(buf, a->cols);
+      double sum = ot_vec_exp_sum_inplace(buf, a->cols, m);
+      scale_inplace(buf, a->cols, (float)(1.0 / sum));
+      ot_store_f32(row_at(a->out, dt, r, a->out_stride), buf, dt, a->cols);
+    }
+    free(buf);
+  }
+  if (oom)
+    return ot_error(OT_ERR_OOM, "ot_softmax_forward",
+                    "cannot allocate %lld bytes of row scratch",
+                    (long long)(a->cols * (int64_t)sizeof(float)));
+  return OT_OK;
+}
+
+ot_status ot_cpu_softmax_backward(ot_context *ctx, const ot_softmax_backward_args *a) {
+  const ot_dtype dt = a->dtype;
+  const int64_t es = (int64_t)ot_dtype_size(dt), n = a->cols;
+#pragma omp parallel for num_threads(ctx->num_threads) schedule(static) \
+    if (a->rows * a->cols >= OT_SOFTMAX_PARALLEL_MIN)
+  for (int64_t r = 0; r < a->rows; r++) {
+    float dy[OT_SOFTMAX_CHUNK], y[OT_SOFTMAX_CHUNK];
+    const char *dyr = row_at(a->dy, dt, r, a->dy_stride);
+    const char *yr = row_at(a->y, dt, r, a->y_stride);
+    char *dxr = row_at(a->dx, dt, r, a->dx_stride);
+    double dot = 0.0;
+    for (int64_t c = 0; c < n; c += OT_SOFTMAX_CHUNK) {
+      int64_t k = n - c < OT_SOFTMAX_CHUNK ? n - c : OT_SOFTMAX_CHUNK;
+      ot_load_f32(dy, dyr + c * es, dt, k);
+      ot_load_f32(y, yr + c * es, dt, k);
+      dot += ot_vec_dot(dy, y, k);
+    }
+    for (int64_t c = 0; c < n; c += OT_SOFTMAX_CHUNK) {
+      int64_t k = n - c < OT_SOFTMAX_CHUNK ? n - c : OT_SOFTMAX_CHUNK;
+      ot_load_f32(dy, dyr + c * es, dt, k);
+      ot_load_f32(y, yr + c * es, dt, k);
+      softmax_grad_chunk(dy, y, k, (float)dot);
+      ot_store_f32(dxr + c * es, dy, dt, k);
+    }
+  }
+  return OT_OK;
+}
