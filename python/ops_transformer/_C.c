@@ -1,0 +1,603 @@
+/*
+ * _C.c -- the CPython extension module that binds the ops-transformer C API.
+ *
+ * One thin wrapper per public op: the arguments arrive positionally (METH_FASTCALL),
+ * tensors are turned into stack DLTensors without copying, the op runs, and a failed
+ * status raises ops_transformer.Error carrying ot_last_error()'s message. Outputs are
+ * allocated by the Python layer (ops.py); nothing here allocates tensor memory.
+ *
+ * Tensor arguments may be:
+ *  - None: passed to the op as NULL;
+ *  - a torch.Tensor (fast path, torch is not linked: data_ptr(), shape, stride(),
+ *    dtype and the device are read through their Python attributes);
+ *  - any other DLPack producer (NumPy arrays, ...): its __dlpack__() capsule is
+ *    borrowed for the call and released by the capsule's own destructor.
+ *
+ * Every wrapper takes the CUDA stream (an int, 0 = the legacy default stream) as its
+ * first argument; it is applied to the context of the tensors' device. CPU calls run
+ * without the GIL, so other Python threads progress while a kernel runs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <string.h>
+
+#include <ops_transformer.h>
+
+#define MAX_DIMS 8 /* the library's limit (OT_MAX_DIMS) */
+#define MAX_CUDA_DEVICES 64
+
+/* A tensor argument converted to a DLTensor; `keep` owns what the view borrows. */
+typedef struct tensor_arg {
+  DLTensor t;
+  int64_t shape[MAX_DIMS];
+  int64_t strides[MAX_DIMS];
+  PyObject *keep;
+  int present;
+} tensor_arg;
+
+static PyObject *ot_error_type;    /* ops_transformer.Error (subclass of RuntimeError) */
+static PyObject *torch_tensor_type; /* torch.Tensor, once _register_torch was called */
+static PyObject *torch_dtype_map;   /* {torch.dtype: (DLDataTypeCode, bits)} */
+static ot_context *cpu_context;
+static ot_context *cuda_contexts[MAX_CUDA_DEVICES];
+
+static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cuda, *s_is_cpu, *s_device,
+    *s_get_device, *s_dlpack, *s_status;
+
+/* ---------------------------------------------------------------------------------- */
+/* Errors                                                                             */
+/* ---------------------------------------------------------------------------------- */
+
+static void raise_error(const char *message, const char *status) {
+  PyObject *msg = PyUnicode_FromString(message);
+  if (!msg) return;
+  PyObject *exc = PyObject_CallOneArg(ot_error_type, msg);
+  Py_DECREF(msg);
+  if (!exc) return;
+  PyObject *st = PyUnicode_FromString(status);
+  if (st) {
+    PyObject_SetAttr(exc, s_status, st);
+    Py_DECREF(st);
+  }
+  PyErr_SetObject(ot_error_type, exc);
+  Py_DECREF(exc);
+}
+
+static PyObject *raise_status(ot_status status) {
+  const char *msg = ot_last_error();
+  raise_error(msg && *msg ? msg : ot_status_string(status), ot_status_string(status));
+  return NULL;
+}
+
+static int arg_error(const char *op, int index, const char *what) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s: argument %d: %s", op, index, what);
+  raise_error(buf, ot_status_string(OT_ERR_INVALID_ARGUMENT));
+  return -1;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Tensors                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+static int int64_tuple(PyObject *seq, int64_t *out, int *n) {
+  PyObject *fast = PySequence_Fast(seq, "expected a sequence");
+  if (!fast) return -1;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+  if (len > MAX_DIMS) {
+    Py_DECREF(fast);
+    *n = (int)len;
+    return 1;
+  }
+  PyObject **items = PySequence_Fast_ITEMS(fast);
+  for (Py_ssize_t i = 0; i < len; i++) {
+    out[i] = PyLong_AsLongLong(items[i]);
+    if (out[i] == -1 && PyErr_Occurred()) {
+      Py_DECREF(fast);
+      return -1;
+    }
+  }
+  *n = (int)len;
+  Py_DECREF(fast);
+  return 0;
+}
+
+static int from_torch(const char *op, int index, PyObject *obj, tensor_arg *a) {
+  /* dtype */
+  PyObject *dtype = PyObject_GetAttr(obj, s_dtype);
+  if (!dtype) return -1;
+  PyObject *code = torch_dtype_map ? PyDict_GetItemWithError(torch_dtype_map, dtype) : NULL;
+  if (!code) {
+    if (!PyErr_Occurred()) {
+      PyObject *r = PyObject_Str(dtype);
+      char buf[160];
+      snprintf(buf, sizeof buf, "dtype %s is not supported (float32, float16, bfloat16, "
+               "int32, int64)", r ? PyUnicode_AsUTF8(r) : "?");
+      Py_XDECREF(r);
+      PyErr_Clear();
+      Py_DECREF(dtype);
+      return arg_error(op, index, buf);
+    }
+    Py_DECREF(dtype);
+    return -1;
+  }
+  a->t.dtype.code = (uint8_t)PyLong_AsLong(PyTuple_GET_ITEM(code, 0));
+  a->t.dtype.bits = (uint8_t)PyLong_AsLong(PyTuple_GET_ITEM(code, 1));
+  a->t.dtype.lanes = 1;
+  Py_DECREF(dtype);
+
+  /* device */
+  PyObject *is_cuda = PyObject_GetAttr(obj, s_is_cuda);
+  if (!is_cuda) return -1;
+  int cuda = is_cuda == Py_True;
+  Py_DECREF(is_cuda);
+  if (cuda) {
+    PyObject *dev = PyObject_CallMethodNoArgs(obj, s_get_device);
+    if (!dev) return -1;
+    a->t.device.device_type = kDLCUDA;
+    a->t.device.device_id = (int32_t)PyLong_AsLong(dev);
+    Py_DECREF(dev);
+  } else {
+    PyObject *is_cpu = PyObject_GetAttr(obj, s_is_cpu);
+    if (!is_cpu) return -1;
+    int cpu = is_cpu == Py_True;
+    Py_DECREF(is_cpu);
+    if (!cpu) {
+      PyObject *dev = PyObject_GetAttr(obj, s_device);
+      PyObject *r = dev ? PyObject_Str(dev) : NULL;
+      char buf[160];
+      snprintf(buf, sizeof buf, "device %s is not supported (cpu or cuda)",
+               r ? PyUnicode_AsUTF8(r) : "?");
+      Py_XDECREF(r);
+      Py_XDECREF(dev);
+      PyErr_Clear();
+      return arg_error(op, index, buf);
+    }
+    a->t.device.device_type = kDLCPU;
+    a->t.device.device_id = 0;
+  }
+
+  /* shape and strides */
+  PyObject *shape = PyObject_GetAttr(obj, s_shape);
+  if (!shape) return -1;
+  int ndim = 0, ndim2 = 0;
+  int rc = int64_tuple(shape, a->shape, &ndim);
+  Py_DECREF(shape);
+  if (rc < 0) return -1;
+  if (rc > 0) return arg_error(op, index, "more than 8 dimensions");
+  PyObject *stride = PyObject_CallMethodNoArgs(obj, s_stride);
+  if (!stride) return -1;
+  rc = int64_tuple(stride, a->strides, &ndim2);
+  Py_DECREF(stride);
+  if (rc < 0) return -1;
+
+  PyObject *ptr = PyObject_CallMethodNoArgs(obj, s_data_ptr);
+  if (!ptr) return -1;
+  a->t.data = PyLong_AsVoidPtr(ptr);
+  Py_DECREF(ptr);
+  if (PyErr_Occurred()) return -1;
+  a->t.ndim = ndim;
+  a->t.shape = a->shape;
+  a->t.strides = a->strides;
+  a->t.byte_offset = 0;
+  return 0;
+}
+
+static int from_dlpack(const char *op, int index, PyObject *obj, tensor_arg *a) {
+  PyObject *meth = PyObject_GetAttr(obj, s_dlpack);
+  if (!meth) {
+    PyErr_Clear();
+    char buf[200];
+    snprintf(buf, sizeof buf, "expected a tensor (torch.Tensor, NumPy array or a DLPack "
+             "producer) or None, got %s", Py_TYPE(obj)->tp_name);
+    return arg_error(op, index, buf);
+  }
+  PyObject *capsule = PyObject_CallNoArgs(meth);
+  Py_DECREF(meth);
+  if (!capsule) return -1;
+  DLManagedTensor *m = (DLManagedTensor *)PyCapsule_GetPointer(capsule, "dltensor");
+  if (!m) {
+    Py_DECREF(capsule);
+    return -1;
+  }
+  /* The capsule is not renamed "used_dltensor": its destructor frees the tensor when
+   * `keep` is released after the call. */
+  a->keep = capsule;
+  a->t = m->dl_tensor;
+  if (a->t.ndim > MAX_DIMS) return arg_error(op, index, "more than 8 dimensions");
+  return 0;
+}
+
+/* Converts args[index] (a tensor or None). */
+static int tensor_from(const char *op, int index, PyObject *obj, tensor_arg *a) {
+  memset(&a->t, 0, sizeof a->t);
+  a->keep = NULL;
+  a->present = 0;
+  if (obj == Py_None) return 0;
+  a->present = 1;
+  if (torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)torch_tensor_type))
+    return from_torch(op, index, obj, a);
+  return from_dlpack(op, index, obj, a);
+}
+
+static const DLTensor *T(const tensor_arg *a) { return a->present ? &a->t : NULL; }
+
+/* ---------------------------------------------------------------------------------- */
+/* Argument parsing: a format of one letter per argument after the stream:            */
+/*   T tensor or None, f float, i int, L int64                                        */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct call {
+  const char *op;
+  ot_context *ctx;
+  int ntensors;
+  tensor_arg tensors[12];
+  double f[8];
+  long long i[8];
+} call;
+
+static void call_release(call *c) {
+  for (int k = 0; k < c->ntensors; k++) Py_CLEAR(c->tensors[k].keep);
+}
+
+static ot_context *context_for(const char *op, DLDevice dev, PyObject *stream) {
+  if (dev.device_type == kDLCPU) return cpu_context;
+  if (dev.device_id < 0 || dev.device_id >= MAX_CUDA_DEVICES) {
+    arg_error(op, 0, "CUDA device ordinal out of range");
+    return NULL;
+  }
+  ot_context *ctx = cuda_contexts[dev.device_id];
+  if (!ctx) {
+    ot_context_options opt = ot_context_default_options();
+    opt.device_type = kDLCUDA;
+    opt.device_id = dev.device_id;
+    ot_status st = ot_context_create(&opt, &ctx);
+    if (st != OT_OK) {
+      raise_status(st);
+      return NULL;
+    }
+    cuda_contexts[dev.device_id] = ctx;
+  }
+  void *s = PyLong_AsVoidPtr(stream);
+  if (PyErr_Occurred()) return NULL;
+  ot_status st = ot_context_set_stream(ctx, s);
+  if (st != OT_OK) {
+    raise_status(st);
+    return NULL;
+  }
+  return ctx;
+}
+
+static int parse(call *c, const char *op, const char *fmt, PyObject *const *args,
+                 Py_ssize_t nargs) {
+  Py_ssize_t want = (Py_ssize_t)strlen(fmt) + 1;
+  c->op = op;
+  c->ntensors = 0;
+  c->ctx = NULL;
+  if (nargs != want) {
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", op, want, nargs);
+    return -1;
+  }
+  int nf = 0, ni = 0;
+  const tensor_arg *first = NULL;
+  for (Py_ssize_t k = 1; k < want; k++) {
+    PyObject *o = args[k];
+    switch (fmt[k - 1]) {
+      case 'T': {
+        tensor_arg *a = &c->tensors[c->ntensors++];
+        if (tensor_from(op, (int)k, o, a) < 0) return -1;
+        if (a->present && !first) first = a;
+        break;
+      }
+      case 'f':
+        c->f[nf] = PyFloat_AsDouble(o);
+        if (c->f[nf] == -1.0 && PyErr_Occurred()) return -1;
+        nf++;
+        break;
+      case 'i':
+      case 'L':
+        c->i[ni] = PyLong_AsLongLong(o);
+        if (c->i[ni] == -1 && PyErr_Occurred()) return -1;
+        ni++;
+        break;
+      default:
+        PyErr_SetString(PyExc_SystemError, "bad format");
+        return -1;
+    }
+  }
+  DLDevice dev = {kDLCPU, 0};
+  if (first) dev = first->t.device;
+  c->ctx = context_for(op, dev, args[0]);
+  return c->ctx ? 0 : -1;
+}
+
+/* Runs EXPR (an ot_status expression) with the GIL released on the CPU. */
+#define RUN(c, EXPR)                                                   \
+  do {                                                                 \
+    ot_status st_;                                                     \
+    if (ot_context_device((c).ctx).device_type == kDLCPU) {            \
+      Py_BEGIN_ALLOW_THREADS st_ = (EXPR);                             \
+      Py_END_ALLOW_THREADS                                             \
+    } else {                                                           \
+      st_ = (EXPR);                                                    \
+    }                                                                  \
+    call_release(&(c));                                                \
+    if (st_ != OT_OK) return raise_status(st_);                        \
+    Py_RETURN_NONE;                                                    \
+  } while (0)
+
+#define PARSE(c, op, fmt)                                   \
+  call c;                                                   \
+  if (parse(&c, op, fmt, args, nargs) < 0) {                \
+    call_release(&c);                                       \
+    return NULL;                                            \
+  }
+
+#define TS(c, k) T(&(c).tensors[k])
+
+/* ---------------------------------------------------------------------------------- */
+/* Ops                                                                                */
+/* ---------------------------------------------------------------------------------- */
+
+/* (stream, x, residual, weight, eps, out, residual_out, rstd) */
+static PyObject *py_rmsnorm_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "rmsnorm_forward", "TTTfTTT");
+  RUN(c, ot_rmsnorm_forward(c.ctx, TS(c, 0), TS(c, 1), TS(c, 2), (float)c.f[0], TS(c, 3),
+                            TS(c, 4), TS(c, 5)));
+}
+
+/* (stream, dy, dresidual_out, h, weight, rstd, eps, dx, dweight) */
+static PyObject *py_rmsnorm_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "rmsnorm_backward", "TTTTTfTT");
+  RUN(c, ot_rmsnorm_backward(c.ctx, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3), TS(c, 4),
+                             (float)c.f[0], TS(c, 5), TS(c, 6)));
+}
+
+/* (stream, x, residual, weight, bias, eps, out, residual_out, mean, rstd) */
+static PyObject *py_layernorm_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "layernorm_forward", "TTTTfTTTT");
+  RUN(c, ot_layernorm_forward(c.ctx, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3), (float)c.f[0],
+                              TS(c, 4), TS(c, 5), TS(c, 6), TS(c, 7)));
+}
+
+/* (stream, dy, dresidual_out, h, weight, mean, rstd, eps, dx, dweight, dbias) */
+static PyObject *py_layernorm_backward(PyObject *self, PyObject *const *args,
+                                       Py_ssize_t nargs) {
+  PARSE(c, "layernorm_backward", "TTTTTTfTTT");
+  RUN(c, ot_layernorm_backward(c.ctx, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3), TS(c, 4),
+                               TS(c, 5), (float)c.f[0], TS(c, 6), TS(c, 7), TS(c, 8)));
+}
+
+static ot_rope_params rope_params(const call *c) {
+  ot_rope_params p = ot_rope_default_params();
+  p.mode = (ot_rope_mode)c->i[0];
+  p.rotary_dim = (int)c->i[1];
+  p.theta = (float)c->f[0];
+  p.llama3_factor = (float)c->f[1];
+  p.llama3_low_freq_factor = (float)c->f[2];
+  p.llama3_high_freq_factor = (float)c->f[3];
+  p.llama3_original_max_position = (int)c->i[2];
+  return p;
+}
+
+/* (stream, mode, rotary_dim, theta, l3_factor, l3_low, l3_high, l3_orig_max,
+ *  q, k, positions, cos_sin_cache, q_out, k_out) */
+static PyObject *py_rope_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "rope_forward", "iiffffiTTTTTT");
+  ot_rope_params p = rope_params(&c);
+  RUN(c, ot_rope_forward(c.ctx, &p, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3), TS(c, 4),
+                         TS(c, 5)));
+}
+
+/* (stream, mode, ..., dq_out, dk_out, positions, cos_sin_cache, dq, dk) */
+static PyObject *py_rope_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "rope_backward", "iiffffiTTTTTT");
+  ot_rope_params p = rope_params(&c);
+  RUN(c, ot_rope_backward(c.ctx, &p, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3), TS(c, 4),
+                          TS(c, 5)));
+}
+
+/* (stream, kind, gate, up, out) */
+static PyObject *py_glu_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "glu_forward", "iTTT");
+  RUN(c, ot_glu_forward(c.ctx, (ot_glu_kind)c.i[0], TS(c, 0), TS(c, 1), TS(c, 2)));
+}
+
+/* (stream, kind, dout, gate, up, dgate, dup) */
+static PyObject *py_glu_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "glu_backward", "iTTTTT");
+  RUN(c, ot_glu_backward(c.ctx, (ot_glu_kind)c.i[0], TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3),
+                         TS(c, 4)));
+}
+
+/* (stream, x, out) */
+static PyObject *py_softmax_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "softmax_forward", "TT");
+  RUN(c, ot_softmax_forward(c.ctx, TS(c, 0), TS(c, 1)));
+}
+
+/* (stream, dy, y, dx) */
+static PyObject *py_softmax_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "softmax_backward", "TTT");
+  RUN(c, ot_softmax_backward(c.ctx, TS(c, 0), TS(c, 1), TS(c, 2)));
+}
+
+static ot_cross_entropy_params ce_params(const call *c) {
+  ot_cross_entropy_params p = ot_cross_entropy_default_params();
+  p.ignore_index = (int64_t)c->i[0];
+  p.label_smoothing = (float)c->f[0];
+  p.reduction = (ot_reduction)c->i[1];
+  return p;
+}
+
+/* (stream, ignore_index, label_smoothing, reduction, logits, labels, loss, lse) */
+static PyObject *py_cross_entropy_forward(PyObject *self, PyObject *const *args,
+                                          Py_ssize_t nargs) {
+  PARSE(c, "cross_entropy_forward", "LfiTTTT");
+  ot_cross_entropy_params p = ce_params(&c);
+  RUN(c, ot_cross_entropy_forward(c.ctx, &p, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3)));
+}
+
+/* (stream, ignore_index, label_smoothing, reduction, dloss, logits, labels, lse, dlogits) */
+static PyObject *py_cross_entropy_backward(PyObject *self, PyObject *const *args,
+                                           Py_ssize_t nargs) {
+  PARSE(c, "cross_entropy_backward", "LfiTTTTT");
+  ot_cross_entropy_params p = ce_params(&c);
+  RUN(c, ot_cross_entropy_backward(c.ctx, &p, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3),
+                                   TS(c, 4)));
+}
+
+static ot_attention_params attn_params(const call *c) {
+  ot_attention_params p = ot_attention_default_params();
+  p.softmax_scale = (float)c->f[0];
+  p.causal = (int)c->i[0];
+  p.window_left = (int)c->i[1];
+  p.window_right = (int)c->i[2];
+  p.softcap = (float)c->f[1];
+  p.deterministic = (int)c->i[3];
+  return p;
+}
+
+/* (stream, scale, causal, window_left, window_right, softcap, deterministic,
+ *  q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse) */
+static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "attention_forward", "fiiifiTTTTTTT");
+  ot_attention_params p = attn_params(&c);
+  RUN(c, ot_attention_forward(c.ctx, &p, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3), TS(c, 4),
+                              TS(c, 5), TS(c, 6)));
+}
+
+/* (stream, params..., q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, dq, dk, dv) */
+static PyObject *py_attention_backward(PyObject *self, PyObject *const *args,
+                                       Py_ssize_t nargs) {
+  PARSE(c, "attention_backward", "fiiifiTTTTTTTTTTT");
+  ot_attention_params p = attn_params(&c);
+  RUN(c, ot_attention_backward(c.ctx, &p, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3), TS(c, 4),
+                               TS(c, 5), TS(c, 6), TS(c, 7), TS(c, 8), TS(c, 9), TS(c, 10)));
+}
+
+/* (stream, x, weight, bias, y) */
+static PyObject *py_linear_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "linear_forward", "TTTT");
+  RUN(c, ot_linear_forward(c.ctx, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3)));
+}
+
+/* (stream, dy, x, weight, dx, dweight, dbias) */
+static PyObject *py_linear_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "linear_backward", "TTTTTT");
+  RUN(c, ot_linear_backward(c.ctx, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3), TS(c, 4),
+                            TS(c, 5)));
+}
+
+/* A call that converts its tensors and returns without running an op: measures the
+ * binding's own cost (bench_binding.py). (stream, a, b, c, d) */
+static PyObject *py_noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "noop", "TTTT");
+  call_release(&c);
+  Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Module                                                                             */
+/* ---------------------------------------------------------------------------------- */
+
+static PyObject *py_register_torch(PyObject *self, PyObject *args) {
+  PyObject *type, *map;
+  if (!PyArg_ParseTuple(args, "OO!", &type, &PyDict_Type, &map)) return NULL;
+  if (!PyType_Check(type)) {
+    PyErr_SetString(PyExc_TypeError, "expected torch.Tensor");
+    return NULL;
+  }
+  Py_XSETREF(torch_tensor_type, Py_NewRef(type));
+  Py_XSETREF(torch_dtype_map, Py_NewRef(map));
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_last_error(PyObject *self, PyObject *unused) {
+  return PyUnicode_FromString(ot_last_error());
+}
+
+static PyObject *py_has_cuda(PyObject *self, PyObject *unused) {
+  return PyBool_FromLong(ot_has_cuda());
+}
+
+static PyObject *py_version(PyObject *self, PyObject *unused) {
+  return PyUnicode_FromString(ot_version_string());
+}
+
+#define FAST(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
+
+static PyMethodDef methods[] = {
+    FAST("rmsnorm_forward", py_rmsnorm_forward, NULL),
+    FAST("rmsnorm_backward", py_rmsnorm_backward, NULL),
+    FAST("layernorm_forward", py_layernorm_forward, NULL),
+    FAST("layernorm_backward", py_layernorm_backward, NULL),
+    FAST("rope_forward", py_rope_forward, NULL),
+    FAST("rope_backward", py_rope_backward, NULL),
+    FAST("glu_forward", py_glu_forward, NULL),
+    FAST("glu_backward", py_glu_backward, NULL),
+    FAST("softmax_forward", py_softmax_forward, NULL),
+    FAST("softmax_backward", py_softmax_backward, NULL),
+    FAST("cross_entropy_forward", py_cross_entropy_forward, NULL),
+    FAST("cross_entropy_backward", py_cross_entropy_backward, NULL),
+    FAST("attention_forward", py_attention_forward, NULL),
+    FAST("attention_backward", py_attention_backward, NULL),
+    FAST("linear_forward", py_linear_forward, NULL),
+    FAST("linear_backward", py_linear_backward, NULL),
+    FAST("noop", py_noop, "Converts four tensor arguments and does nothing (benchmarks)."),
+    {"_register_torch", py_register_torch, METH_VARARGS,
+     "_register_torch(torch.Tensor, {dtype: (dlpack_code, bits)}): enable the fast path."},
+    {"last_error", py_last_error, METH_NOARGS, "ot_last_error() of this thread."},
+    {"has_cuda", py_has_cuda, METH_NOARGS, "Whether the library was built with CUDA."},
+    {"version", py_version, METH_NOARGS, "The linked library's version string."},
+    {NULL, NULL, 0, NULL}};
+
+static void module_free(void *m) {
+  ot_context_destroy(cpu_context);
+  cpu_context = NULL;
+  for (int k = 0; k < MAX_CUDA_DEVICES; k++) {
+    ot_context_destroy(cuda_contexts[k]);
+    cuda_contexts[k] = NULL;
+  }
+}
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "ops_transformer._C",
+                                        "CPython binding of the ops-transformer C API.", -1,
+                                        methods, NULL, NULL, NULL, module_free};
+
+#define INTERN(var, s) \
+  if (!(var = PyUnicode_InternFromString(s))) return NULL
+
+PyMODINIT_FUNC PyInit__C(void) {
+  INTERN(s_data_ptr, "data_ptr");
+  INTERN(s_shape, "shape");
+  INTERN(s_stride, "stride");
+  INTERN(s_dtype, "dtype");
+  INTERN(s_is_cuda, "is_cuda");
+  INTERN(s_is_cpu, "is_cpu");
+  INTERN(s_device, "device");
+  INTERN(s_get_device, "get_device");
+  INTERN(s_dlpack, "__dlpack__");
+  INTERN(s_status, "status");
+
+  PyObject *m = PyModule_Create(&module_def);
+  if (!m) return NULL;
+  ot_error_type = PyErr_NewExceptionWithDoc(
+      "ops_transformer.Error",
+      "An ops-transformer call failed; the message is the C library's ot_last_error(),\n"
+      "and `status` names the ot_status (e.g. 'invalid argument').",
+      PyExc_RuntimeError, NULL);
+  if (!ot_error_type || PyModule_AddObjectRef(m, "Error", ot_error_type) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  ot_status st = ot_context_create(NULL, &cpu_context);
+  if (st != OT_OK) {
+    raise_status(st);
+    Py_DECREF(m);
+    return NULL;
+  }
+  PyModule_AddIntConstant(m, "VERSION_NUMBER", ot_version());
+  return m;
+}

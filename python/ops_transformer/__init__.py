@@ -1,0 +1,43 @@
+"""ops_transformer: fused transformer operators in C / CUDA, for PyTorch and NumPy.
+
+    >>> import torch, ops_transformer as ot
+    >>> x = torch.randn(4, 64)
+    >>> y = ot.rms_norm(x, torch.ones(64))
+
+Functions (see each docstring for shapes): rms_norm, layer_norm (both with a fused
+residual add), rope, swiglu, geglu, softmax, cross_entropy, attention (dense BSHD and
+packed varlen), linear, and the plain bindings of their backward ops (``*_backward``).
+With torch installed each op is also ``torch.ops.ops_transformer.<name>``, with fake
+implementations (torch.compile) and autograd through the library's backward ops.
+
+Errors raise :class:`Error` (a RuntimeError) with the C library's message.
+Options: :data:`config`.
+"""
+
+from . import _C
+from ._C import Error
+from .config import config
+from .ops import *  # noqa: F401,F403
+from .ops import __all__ as _ops_all
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:
+    _torch = None
+if _torch is not None:
+    from . import _torch_ops  # noqa: F401  (registers torch.ops.ops_transformer.*)
+
+__version__ = _C.version()
+
+
+def has_cuda():
+    """Whether the bundled library was built with the CUDA backend."""
+    return _C.has_cuda()
+
+
+def last_error():
+    """The C library's ot_last_error() of this thread ('' if nothing failed)."""
+    return _C.last_error()
+
+
+__all__ = ["Error", "config", "has_cuda", "last_error", "__version__"] + list(_ops_all)
