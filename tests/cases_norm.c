@@ -17,9 +17,12 @@
  *  - residual_out: exact (x + residual is computed in float32 and rounded once, as the
  *    reference does).
  *  - mean / rstd (float32): k = 1.
- *  - dx (backward): k = 2: the result is a difference of terms of the size of g * rstd
- *    (cancellation), then rounded to storage.
- *  - dweight / dbias: k = 4: sums over up to 33 rows of float32 terms, then rounded.
+ *  - dx (backward): k = 1: a difference of terms of the size of g * rstd (some
+ *    cancellation, float32 row sums), then one rounding to storage.
+ *  - dweight / dbias: k = 2: sums over up to 33 rows in float32 (per-thread partials),
+ *    then one rounding; the factor leaves room for other reduction orders (CUDA).
+ *  All of these pass with k = 0.5 on the CPU (checked over several seeds), so the
+ *  margin is about 2x (4x for dweight / dbias).
  *  - gradient mode: tol_for(float32, 10) against finite differences (step 1e-5).
  */
 #include <math.h>
@@ -284,15 +287,15 @@ static void run_backward(test_run *tr, const bwd_case *c) {
                                   dl_or_null(rstd), (float)EPS, tb_dl(dx), dl_or_null(dw));
   if (tr_ok(tr, st, op_name(c->ln, true))) {
     tb_sync(dx);
-    check_close(tr, "dx", dx, ref_dx, tol_for(c->dt, 2));
+    check_close(tr, "dx", dx, ref_dx, tol_for(c->dt, 1));
     if (dx_before) check_gaps(tr, "dx", dx, dx_before);
     if (dw) {
       tb_sync(dw);
-      check_close(tr, "dweight", dw, ref_dw, tol_for(c->dt, 4));
+      check_close(tr, "dweight", dw, ref_dw, tol_for(c->dt, 2));
     }
     if (db) {
       tb_sync(db);
-      check_close(tr, "dbias", db, ref_db, tol_for(c->dt, 4));
+      check_close(tr, "dbias", db, ref_db, tol_for(c->dt, 2));
     }
   }
   tr_end(tr);
