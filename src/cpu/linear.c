@@ -14,6 +14,9 @@
 #include <stdlib.h>
 
 #include <cblas.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "core/linear.h"
 
@@ -36,11 +39,25 @@ static int64_t panel_rows(int64_t budget, int64_t row_len, int64_t total) {
   return min64(total, max64(MIN_PANEL, budget / max64(row_len, 1)));
 }
 
+/* Threads for the panel conversions between sgemm calls. With the pthread build of
+ * OpenBLAS (Debian's default) an OpenMP team left spinning after a conversion competes
+ * with OpenBLAS's own threads for the cores during the next sgemm (measured 5x slower
+ * on 2 cores: 28 ms instead of 5 ms for bf16 [64, 1024] x [1024, 1024]), so the
+ * conversions stay on the calling thread there; they are O(size of the operands)
+ * against the O(M N K) product. With OpenBLAS built on OpenMP, or another BLAS, the
+ * context's team converts. */
+static int convert_threads(const ot_context *ctx) {
+#ifdef OPENBLAS_VERSION
+  if (openblas_get_parallel() == OPENBLAS_THREAD) return 1;
+#endif
+  return ctx->num_threads;
+}
+
 /* dst[r, 0:cols] (float32, leading dim ld_dst) = src[r * src_stride + 0:cols]. */
 static void load_block(const ot_context *ctx, float *dst, int64_t ld_dst, const void *src,
                        int64_t src_stride, ot_dtype d, int64_t rows, int64_t cols) {
-#pragma omp parallel for num_threads(ctx->num_threads) if (rows * cols >= PAR_MIN_ELEMS) \
-    schedule(static)
+#pragma omp parallel for num_threads(convert_threads(ctx)) \
+    if (rows * cols >= PAR_MIN_ELEMS) schedule(static)
   for (int64_t r = 0; r < rows; r++)
     ot_load_f32(dst + r * ld_dst, ot_ptr((void *)src, d, r * src_stride), d, cols);
 }
@@ -48,8 +65,8 @@ static void load_block(const ot_context *ctx, float *dst, int64_t ld_dst, const 
 /* dst[r * dst_stride + 0:cols] = round(src[r, 0:cols]) (float32, leading dim ld_src). */
 static void store_block(const ot_context *ctx, void *dst, int64_t dst_stride, const float *src,
                         int64_t ld_src, ot_dtype d, int64_t rows, int64_t cols) {
-#pragma omp parallel for num_threads(ctx->num_threads) if (rows * cols >= PAR_MIN_ELEMS) \
-    schedule(static)
+#pragma omp parallel for num_threads(convert_threads(ctx)) \
+    if (rows * cols >= PAR_MIN_ELEMS) schedule(static)
   for (int64_t r = 0; r < rows; r++)
     ot_store_f32(ot_ptr(dst, d, r * dst_stride), src + r * ld_src, d, cols);
 }
@@ -108,6 +125,74 @@ static void forward_f32(const ot_linear_forward_args *a) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f,
               (const float *)a->x, (int)a->x_stride, (const float *)a->weight, (int)K, beta,
               (float *)a->y, (int)a->y_stride);
+}
+
+/* Few rows (decoding): the product is bound by reading W, so W is read once in its
+ * storage dtype, one row at a time converted to float32 in a per-thread [K] buffer,
+ * and dotted with the M float32 rows of x; no BLAS, no float32 copy of W. */
+#define SMALL_M 8
+
+/* out[m * out_stride] = dot(x[m, 0:K], w[0:K]) for m < M; 16 partial sums so that the
+ * loop vectorizes without reassociation flags. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void dot_rows(const float *x, int64_t M, int64_t K, const float *w, float *out,
+                     int64_t out_stride) {
+  for (int64_t m = 0; m < M; m++) {
+    const float *xm = x + m * K;
+    float acc[16] = {0};
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16)
+      for (int j = 0; j < 16; j++) acc[j] += xm[k + j] * w[k + j];
+    float s = 0.0f;
+    for (; k < K; k++) s += xm[k] * w[k];
+    for (int j = 0; j < 16; j++) s += acc[j];
+    out[m * out_stride] = s;
+  }
+}
+
+static ot_status forward_small_m(const ot_context *ctx, const ot_linear_forward_args *a) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  const ot_dtype d = a->dtype;
+  const int T = ctx->num_threads;
+  /* x [M, K], then per thread: one weight row [K] and the outputs of a column block
+   * [M, NBLK] (columns of y are written a block at a time, rows contiguous). */
+  enum { NBLK = 64 };
+  const int64_t per_thread = K + M * NBLK;
+  float *buf = (float *)malloc((size_t)(M * K + T * per_thread) * sizeof(float));
+  if (!buf)
+    return ot_error(OT_ERR_OOM, "ot_linear_forward", "cannot allocate %lld bytes of scratch",
+                    (long long)((M * K + T * per_thread) * (int64_t)sizeof(float)));
+  float *xf = buf;
+  for (int64_t m = 0; m < M; m++)
+    ot_load_f32(xf + m * K, ot_ptr((void *)a->x, d, m * a->x_stride), d, K);
+  const int64_t nblocks = (N + NBLK - 1) / NBLK;
+#pragma omp parallel num_threads(T)
+  {
+#ifdef _OPENMP
+    const int t = omp_get_thread_num();
+#else
+    const int t = 0;
+#endif
+    float *wrow = buf + M * K + t * per_thread, *yblk = wrow + K;
+    float bias[NBLK];
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+      const int64_t n0 = blk * NBLK, nb = min64(NBLK, N - n0);
+      if (a->bias) ot_load_f32(bias, ot_ptr((void *)a->bias, d, n0), d, nb);
+      for (int64_t j = 0; j < nb; j++) {
+        ot_load_f32(wrow, ot_ptr((void *)a->weight, d, (n0 + j) * K), d, K);
+        dot_rows(xf, M, K, wrow, yblk + j, NBLK);
+      }
+      for (int64_t m = 0; m < M; m++) {
+        float *ym = yblk + m * NBLK;
+        if (a->bias)
+          for (int64_t j = 0; j < nb; j++) ym[j] += bias[j];
+        ot_store_f32(ot_ptr(a->y, d, m * a->y_stride + n0), ym, d, nb);
+      }
+    }
+  }
+  free(buf);
+  return OT_OK;
 }
 
 /* Weight panels [nb, K] outside, x panels [mb, K] inside; the x panel is converted
@@ -171,6 +256,7 @@ ot_status ot_cpu_linear_forward(ot_context *ctx, const ot_linear_forward_args *a
   blas_threads bt = blas_threads_enter(ctx);
   ot_status st = OT_OK;
   if (a->dtype == OT_F32) forward_f32(a);
+  else if (M <= SMALL_M) st = forward_small_m(ctx, a);
   else st = forward_lowp(ctx, a);
   blas_threads_leave(ctx, bt);
   return st;
