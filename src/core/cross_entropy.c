@@ -28,8 +28,8 @@ static ot_status check_loss_shape(const char *op, const char *name, const ot_vie
   } else {
     if (!(v->ndim == 0 || (v->ndim == 1 && v->shape[0] == 1)))
       return ot_error(OT_ERR_INVALID_ARGUMENT, op,
-                      "%s: expected shape [] or [1] for reduction %s, got %d dimensions of "
-                      "%" PRId64 " elements",
+                      "%s: expected shape [] or [1] for reduction %s, got %d dimension(s) and "
+                      "%" PRId64 " element(s)",
                       name, red == OT_REDUCTION_MEAN ? "MEAN" : "SUM", v->ndim, v->numel);
     *stride = 0;
   }

@@ -20,6 +20,15 @@
 #include <stdint.h>
 #include <string.h>
 
+/* GCC will not turn a float comparison into a vector select while it must preserve
+ * floating-point exception flags (-ftrapping-math, the default), so the clamps and
+ * selects below would keep every loop that uses them scalar. Nothing here reads the
+ * flags and the results are unchanged (no reassociation, no finite-math
+ * assumptions), so files that include this header drop that guarantee. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 /* Runtime dispatch of hot static functions to AVX-512 / AVX2 (the library is built
  * without -march=native). Off under the sanitizers, which do not mix with ifuncs. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
