@@ -1,0 +1,670 @@
+/*
+ * attention.c -- CPU flash attention, forward and backward (C11 + OpenMP + BLAS).
+ *
+ * Forward: one task per (sequence, query head, tile of ATT_BQ queries), scheduled
+ * dynamically, heaviest (last, under a causal mask) tiles first. A task walks the key
+ * tiles (ATT_BK keys) that some of its rows can see, with an online softmax:
+ *     S = scale * Q K^T        [bq, bk]   (sgemm)
+ *     softcap, mask (boundary tiles only), running max m / sum l, rescale O
+ *     O += P V                 [bq, D]    (sgemm)
+ * so the Sq x Sk score matrix never exists. bf16 / f16 tiles are converted to float32
+ * once per tile (K transposed to [D, bk] so that every product is a row-broadcast GEMM).
+ *
+ * Backward, from the saved lse (P = exp(S - lse) is recomputed per tile):
+ *   pass 0: delta_i = sum_d dout_i * out_i                 per (row, head)
+ *   pass 1: dK, dV per (sequence, kv head, key tile), summing over the query heads of
+ *           the group and the query tiles that see the keys;
+ *   pass 2: dQ per (sequence, query head, query tile).
+ * Each output element is owned by one task, so the result is race-free and bitwise
+ * deterministic, at the price of recomputing S and dP once more in pass 2.
+ *
+ * The tile products use the register-blocked micro-kernel below (AVX-512 when the CPU
+ * has it, plain C otherwise), not the BLAS: the tiles are small, the calls are made
+ * from inside the OpenMP team, and the system OpenBLAS picks a generic SSE3 kernel on
+ * CPUs it does not recognize (measured: 8 GFLOP/s against ~100 for this kernel).
+ */
+#include <math.h>
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "core/attention.h"
+
+#define ATT_BQ 64  /* query rows per tile */
+#define ATT_BK 128 /* keys per tile */
+
+/* ---- vectorizable elementwise helpers ---------------------------------------------- */
+
+#define OT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* exp(x) to ~1 ulp for x in [-87, 88] (clamped outside), branch-free so that loops over
+ * it vectorize: x = n ln2 + r, |r| <= ln2/2, exp(r) by its Taylor series to r^7. */
+static inline float att_exp(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+  float t = x * 1.44269504088896341f + round_magic;
+  float n = t - round_magic;
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187e-06f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t ni = (int32_t)n;
+  union {
+    int32_t i;
+    float f;
+  } two_n;
+  two_n.i = (ni + 127) << 23;
+  return p * two_n.f;
+}
+
+OT_CLONES static float row_max(const float *restrict s, int64_t n) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+/* s[j] = exp(s[j] - m); returns the sum. */
+OT_CLONES static float row_exp_sum(float *restrict s, int64_t n, float m) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; j++) {
+    float e = att_exp(s[j] - m);
+    s[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+/* t[j] = tanh(s[j] / cap), s[j] = cap * t[j]; t may be NULL (forward). */
+OT_CLONES static void row_softcap(float *restrict s, float *restrict t, int64_t n, float cap) {
+  float inv = 2.0f / cap;
+#pragma omp simd
+  for (int64_t j = 0; j < n; j++) {
+    float th = 1.0f - 2.0f / (att_exp(s[j] * inv) + 1.0f);
+    s[j] = cap * th;
+    if (t) t[j] = th;
+  }
+}
+
+OT_CLONES static void row_scale(float *restrict o, int64_t n, float alpha) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; j++) o[j] *= alpha;
+}
+
+/* dS = P * (dP - delta) [* (1 - t^2) under softcap], in place in dp. */
+OT_CLONES static void row_ds(float *restrict dp, const float *restrict p, const float *restrict t,
+                             int64_t n, float delta) {
+  if (t) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) dp[j] = p[j] * (dp[j] - delta) * (1.0f - t[j] * t[j]);
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) dp[j] = p[j] * (dp[j] - delta);
+  }
+}
+
+/* ---- tile GEMM ------------------------------------------------------------------------ */
+
+/*
+ * C[m, n] (row stride ldc) = (accumulate ? C : 0) + alpha * A B, where
+ * A(i, p) = a[i * ars + p * acs] (so A or A^T may be given) and B is row-major [k, n]
+ * with row stride ldb. Every product of the attention tiles has this form once K and
+ * V are stored transposed where needed.
+ */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define ATT_X86 1
+
+/* MR rows x 32 columns of C held in 2*MR zmm registers; columns past n are masked. */
+#define ATT_MK_AVX512(MR)                                                                \
+  do {                                                                                   \
+    __m512 c0[MR], c1[MR];                                                               \
+    for (int r = 0; r < MR; r++) c0[r] = c1[r] = _mm512_setzero_ps();                    \
+    const float *ap = a + i * ars;                                                       \
+    const float *bp = b + j;                                                             \
+    for (int64_t p = 0; p < k; p++) {                                                    \
+      __m512 b0 = _mm512_maskz_loadu_ps(m0, bp);                                         \
+      __m512 b1 = _mm512_maskz_loadu_ps(m1, bp + 16);                                    \
+      for (int r = 0; r < MR; r++) {                                                     \
+        __m512 av = _mm512_set1_ps(ap[r * ars]);                                         \
+        c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);                                          \
+        c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);                                          \
+      }                                                                                  \
+      ap += acs;                                                                         \
+      bp += ldb;                                                                         \
+    }                                                                                    \
+    for (int r = 0; r < MR; r++) {                                                       \
+      float *cp = c + (i + r) * ldc + j;                                                 \
+      __m512 v0 = _mm512_mul_ps(va, c0[r]), v1 = _mm512_mul_ps(va, c1[r]);               \
+      if (accumulate) {                                                                  \
+        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cp));                           \
+        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cp + 16));                      \
+      }                                                                                  \
+      _mm512_mask_storeu_ps(cp, m0, v0);                                                 \
+      _mm512_mask_storeu_ps(cp + 16, m1, v1);                                            \
+    }                                                                                    \
+  } while (0)
+
+__attribute__((target("avx512f"))) static void gemm_avx512(int64_t m, int64_t n, int64_t k,
+                                                           float alpha, const float *a,
+                                                           int64_t ars, int64_t acs,
+                                                           const float *b, int64_t ldb,
+                                                           bool accumulate, float *c,
+                                                           int64_t ldc) {
+  const __m512 va = _mm512_set1_ps(alpha);
+  /* Column panels outer: a [k, 32] panel of B stays in L1 across the row blocks. */
+  for (int64_t j = 0; j < n; j += 32) {
+    int64_t nj = n - j;
+    __mmask16 m0 = nj >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nj) - 1u);
+    __mmask16 m1 = nj >= 32 ? (__mmask16)0xffff
+                            : (nj > 16 ? (__mmask16)((1u << (nj - 16)) - 1u) : (__mmask16)0);
+    int64_t i = 0;
+    for (; i + 8 <= m; i += 8) ATT_MK_AVX512(8);
+    for (; i + 4 <= m; i += 4) ATT_MK_AVX512(4);
+    for (; i < m; i++) ATT_MK_AVX512(1);
+  }
+}
+
+static bool cpu_has_avx512(void) {
+  static int cached = -1; /* benign race: every thread computes the same value */
+  if (cached < 0) {
+    __builtin_cpu_init();
+    cached = __builtin_cpu_supports("avx512f") ? 1 : 0;
+  }
+  return cached == 1;
+}
+#endif
+
+/* Portable path: C row by C row, vectorized over n. */
+OT_CLONES static void gemm_generic(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                                   int64_t ars, int64_t acs, const float *b, int64_t ldb,
+                                   bool accumulate, float *c, int64_t ldc) {
+  float acc[256];
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j0 = 0; j0 < n; j0 += 256) {
+      int64_t nj = n - j0 < 256 ? n - j0 : 256;
+      for (int64_t j = 0; j < nj; j++) acc[j] = 0.0f;
+      for (int64_t p = 0; p < k; p++) {
+        float av = a[i * ars + p * acs];
+        const float *bp = b + p * ldb + j0;
+#pragma omp simd
+        for (int64_t j = 0; j < nj; j++) acc[j] += av * bp[j];
+      }
+      float *cp = c + i * ldc + j0;
+      if (accumulate) {
+        for (int64_t j = 0; j < nj; j++) cp[j] += alpha * acc[j];
+      } else {
+        for (int64_t j = 0; j < nj; j++) cp[j] = alpha * acc[j];
+      }
+    }
+}
+
+static void att_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t ars,
+                     int64_t acs, const float *b, int64_t ldb, bool accumulate, float *c,
+                     int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+#ifdef ATT_X86
+  if (cpu_has_avx512()) {
+    gemm_avx512(m, n, k, alpha, a, ars, acs, b, ldb, accumulate, c, ldc);
+    return;
+  }
+#endif
+  gemm_generic(m, n, k, alpha, a, ars, acs, b, ldb, accumulate, c, ldc);
+}
+
+/* ---- shapes of a task ------------------------------------------------------------- */
+
+typedef struct att_task {
+  int64_t b;    /* sequence */
+  int64_t tile; /* tile index along the sequence (query or key tiles) */
+} att_task;
+
+/* Tiles of size `tile` over every sequence's queries (use_k = 0) or keys (1), longest
+ * work first: tiles are listed from the end of each sequence, where a causal mask makes
+ * them heaviest. Returns the count; *out is malloc'd (NULL with count 0 is fine). */
+static int64_t make_tasks(const ot_attention_args *a, bool use_k, int64_t tile, att_task **out,
+                          bool *oom) {
+  int64_t n = 0, maxt = 0;
+  for (int64_t b = 0; b < a->batch; b++) {
+    int64_t q0, sq, k0, sk;
+    ot_attn_seq(a, b, &q0, &sq, &k0, &sk);
+    int64_t len = use_k ? sk : sq;
+    int64_t nt = (len + tile - 1) / tile;
+    n += nt;
+    if (nt > maxt) maxt = nt;
+  }
+  *out = NULL;
+  *oom = false;
+  if (n == 0) return 0;
+  att_task *t = (att_task *)malloc((size_t)n * sizeof *t);
+  if (!t) {
+    *oom = true;
+    return 0;
+  }
+  /* Round-robin over sequences by descending tile index keeps big tiles first. */
+  int64_t k = 0;
+  for (int64_t r = maxt - 1; r >= 0; r--)
+    for (int64_t b = 0; b < a->batch; b++) {
+      int64_t q0, sq, k0, sk;
+      ot_attn_seq(a, b, &q0, &sq, &k0, &sk);
+      int64_t len = use_k ? sk : sq;
+      if (r < (len + tile - 1) / tile) t[k++] = (att_task){b, r};
+    }
+  *out = t;
+  return n;
+}
+
+static inline char *elem(const ot_attn_operand *o, ot_dtype dt, int64_t b, int64_t tok,
+                         int64_t h) {
+  return (char *)o->data +
+         (b * o->batch_stride + tok * o->tok_stride + h * o->head_stride) *
+             (int64_t)ot_dtype_size(dt);
+}
+
+/* n rows of D elements at `src` (row stride in elements) into dense float32 dst. */
+static void load_rows(float *dst, const char *src, int64_t tok_stride, ot_dtype dt, int64_t n,
+                      int64_t d) {
+  int64_t bytes = tok_stride * (int64_t)ot_dtype_size(dt);
+  for (int64_t r = 0; r < n; r++) ot_load_f32(dst + r * d, src + r * bytes, dt, d);
+}
+
+/* n rows of D elements into float32 dst transposed: dst[x * ldt + r] = row r, elem x.
+ * `tmp` holds one row of D floats. */
+static void load_rows_t(float *dst, int64_t ldt, const char *src, int64_t tok_stride,
+                        ot_dtype dt, int64_t n, int64_t d, float *tmp) {
+  int64_t bytes = tok_stride * (int64_t)ot_dtype_size(dt);
+  for (int64_t r = 0; r < n; r++) {
+    ot_load_f32(tmp, src + r * bytes, dt, d);
+    for (int64_t x = 0; x < d; x++) dst[x * ldt + r] = tmp[x];
+  }
+}
+
+static void store_rows(char *dst, int64_t tok_stride, const float *src, ot_dtype dt, int64_t n,
+                       int64_t d) {
+  int64_t bytes = tok_stride * (int64_t)ot_dtype_size(dt);
+  for (int64_t r = 0; r < n; r++) ot_store_f32(dst + r * bytes, src + r * d, dt, d);
+}
+
+/* Visible key range of rows i0 .. i0+bq-1: per row (lo[r] > hi[r] when empty) and the
+ * union [*kmin, *kmax]; returns false when no row sees a key. */
+static bool tile_key_ranges(const ot_attention_args *a, int64_t i0, int64_t bq, int64_t sq,
+                            int64_t sk, int64_t *lo, int64_t *hi, int64_t *kmin, int64_t *kmax) {
+  bool any = false;
+  *kmin = sk;
+  *kmax = -1;
+  for (int64_t r = 0; r < bq; r++) {
+    ot_attn_key_range(a, i0 + r, sq, sk, &lo[r], &hi[r]);
+    if (lo[r] > hi[r]) continue;
+    any = true;
+    if (lo[r] < *kmin) *kmin = lo[r];
+    if (hi[r] > *kmax) *kmax = hi[r];
+  }
+  return any;
+}
+
+static inline int thread_id(void) {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+typedef struct fwd_scratch {
+  float *q;     /* [BQ, D] */
+  float *kt;    /* [D, BK] K transposed */
+  float *v;     /* [BK, D] */
+  float *s;     /* [BQ, BK] scores, then probabilities */
+  float *o;     /* [BQ, D] unnormalized output */
+  float *m, *l; /* [BQ] running max and sum */
+  float *tmp;   /* [D] */
+  int64_t *lo, *hi;
+} fwd_scratch;
+
+static size_t fwd_scratch_floats(int64_t d) {
+  return (size_t)(2 * ATT_BQ * d + 2 * ATT_BK * d + ATT_BQ * ATT_BK + 2 * ATT_BQ + d) +
+         (size_t)(4 * ATT_BQ); /* lo/hi as int64 = 2 floats each */
+}
+
+static fwd_scratch fwd_scratch_at(float *base, int64_t d) {
+  fwd_scratch w;
+  w.q = base;
+  w.o = w.q + ATT_BQ * d;
+  w.kt = w.o + ATT_BQ * d;
+  w.v = w.kt + ATT_BK * d;
+  w.s = w.v + ATT_BK * d;
+  w.m = w.s + ATT_BQ * ATT_BK;
+  w.l = w.m + ATT_BQ;
+  w.lo = (int64_t *)(void *)(w.l + ATT_BQ);
+  w.hi = w.lo + ATT_BQ;
+  w.tmp = (float *)(void *)(w.hi + ATT_BQ);
+  return w;
+}
+
+static void fwd_tile(const ot_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t bq,
+                     fwd_scratch *w) {
+  const int64_t d = a->d;
+  const ot_dtype dt = a->dtype;
+  int64_t q0, sq, k0, sk;
+  ot_attn_seq(a, b, &q0, &sq, &k0, &sk);
+  const int64_t g = h / (a->hq / a->hkv);
+  int64_t kmin, kmax;
+  bool any = tile_key_ranges(a, i0, bq, sq, sk, w->lo, w->hi, &kmin, &kmax);
+
+  for (int64_t r = 0; r < bq; r++) {
+    w->m[r] = -INFINITY;
+    w->l[r] = 0.0f;
+  }
+  for (int64_t x = 0; x < bq * d; x++) w->o[x] = 0.0f;
+
+  if (any) {
+    /* Even float32 operands are copied: packed tiles avoid the cache-set conflicts of
+     * rows a token stride (H * D elements) apart. */
+    load_rows(w->q, elem(&a->q, dt, b, q0 + i0, h), a->q.tok_stride, dt, bq, d);
+    for (int64_t kt = kmin; kt <= kmax; kt += ATT_BK) {
+      int64_t bk = kmax + 1 - kt < ATT_BK ? kmax + 1 - kt : ATT_BK;
+      load_rows_t(w->kt, ATT_BK, elem(&a->k, dt, b, k0 + kt, g), a->k.tok_stride, dt, bk, d,
+                  w->tmp);
+      load_rows(w->v, elem(&a->v, dt, b, k0 + kt, g), a->v.tok_stride, dt, bk, d);
+      /* S = scale * Q K^T   [bq, bk] */
+      att_gemm(bq, bk, d, a->scale, w->q, d, 1, w->kt, ATT_BK, false, w->s, ATT_BK);
+      for (int64_t r = 0; r < bq; r++) {
+        float *srow = w->s + r * ATT_BK;
+        int64_t jl = w->lo[r] > kt ? w->lo[r] - kt : 0;
+        int64_t jh = w->hi[r] < kt + bk - 1 ? w->hi[r] - kt : bk - 1;
+        if (jl > jh) {
+          for (int64_t j = 0; j < bk; j++) srow[j] = 0.0f;
+          continue;
+        }
+        /* Masked columns of a boundary row become exact zeros of P. */
+        for (int64_t j = 0; j < jl; j++) srow[j] = 0.0f;
+        for (int64_t j = jh + 1; j < bk; j++) srow[j] = 0.0f;
+        int64_t n = jh - jl + 1;
+        if (a->softcap > 0) row_softcap(srow + jl, NULL, n, a->softcap);
+        float mx = row_max(srow + jl, n);
+        float m_new = mx > w->m[r] ? mx : w->m[r];
+        float alpha = w->m[r] == -INFINITY ? 0.0f : att_exp(w->m[r] - m_new);
+        float sum = row_exp_sum(srow + jl, n, m_new);
+        w->l[r] = w->l[r] * alpha + sum;
+        if (alpha != 1.0f) row_scale(w->o + r * d, d, alpha);
+        w->m[r] = m_new;
+      }
+      /* O += P V   [bq, D] */
+      att_gemm(bq, d, bk, 1.0f, w->s, ATT_BK, 1, w->v, d, true, w->o, d);
+    }
+  }
+
+  float *lse = a->lse.data ? (float *)(void *)elem(&a->lse, OT_F32, b, q0 + i0, h) : NULL;
+  for (int64_t r = 0; r < bq; r++) {
+    float l = w->l[r];
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    row_scale(w->o + r * d, d, inv);
+    if (lse) lse[r * a->lse.tok_stride] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
+  }
+  store_rows(elem(&a->out, dt, b, q0 + i0, h), a->out.tok_stride, w->o, dt, bq, d);
+}
+
+ot_status ot_cpu_attention_forward(ot_context *ctx, const ot_attention_args *a) {
+  bool oom;
+  att_task *tasks;
+  int64_t nt = make_tasks(a, false, ATT_BQ, &tasks, &oom);
+  if (oom) return ot_error(OT_ERR_OOM, "ot_attention_forward", "cannot allocate the task list");
+  if (nt == 0 || a->hq == 0) {
+    free(tasks);
+    return OT_OK;
+  }
+  int nthreads = ctx->num_threads > 0 ? ctx->num_threads : 1;
+  size_t per = fwd_scratch_floats(a->d) + 16; /* + 16: keep each thread's block 64-byte apart */
+  float *scratch = (float *)malloc(per * (size_t)nthreads * sizeof(float));
+  if (!scratch) {
+    free(tasks);
+    return ot_error(OT_ERR_OOM, "ot_attention_forward", "cannot allocate %zu bytes of scratch",
+                    per * (size_t)nthreads * sizeof(float));
+  }
+  int64_t total = nt * a->hq;
+#pragma omp parallel num_threads(nthreads)
+  {
+    fwd_scratch w = fwd_scratch_at(scratch + per * (size_t)thread_id(), a->d);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < total; t++) {
+      const att_task *tk = &tasks[t / a->hq];
+      int64_t h = t % a->hq;
+      int64_t q0, sq, k0, sk;
+      ot_attn_seq(a, tk->b, &q0, &sq, &k0, &sk);
+      int64_t i0 = tk->tile * ATT_BQ;
+      int64_t bq = sq - i0 < ATT_BQ ? sq - i0 : ATT_BQ;
+      fwd_tile(a, tk->b, h, i0, bq, &w);
+    }
+  }
+  free(scratch);
+  free(tasks);
+  return OT_OK;
+}
+
+/* ---- backward ----------------------------------------------------------------------- */
+
+typedef struct bwd_scratch {
+  float *q, *dout;   /* [BQ, D] */
+  float *k;          /* [BK, D] */
+  float *kt, *vt;    /* [D, BK] */
+  float *s, *dp, *t; /* [BQ, BK]: P, dP then dS, tanh of the softcap */
+  float *acc1;       /* [max(BQ, BK), D]: dq or dk */
+  float *acc2;       /* [BK, D]: dv */
+  float *lse, *delta;/* [BQ] */
+  float *tmp;        /* [D] */
+  int64_t *lo, *hi;  /* [BQ] */
+} bwd_scratch;
+
+#define ATT_BMAX (ATT_BQ > ATT_BK ? ATT_BQ : ATT_BK)
+
+static size_t bwd_scratch_floats(int64_t d) {
+  return (size_t)(2 * ATT_BQ * d + 3 * ATT_BK * d + 3 * ATT_BQ * ATT_BK + ATT_BMAX * d +
+                  ATT_BK * d + 2 * ATT_BQ + d + 4 * ATT_BQ);
+}
+
+static bwd_scratch bwd_scratch_at(float *base, int64_t d) {
+  bwd_scratch w;
+  w.q = base;
+  w.dout = w.q + ATT_BQ * d;
+  w.k = w.dout + ATT_BQ * d;
+  w.kt = w.k + ATT_BK * d;
+  w.vt = w.kt + ATT_BK * d;
+  w.s = w.vt + ATT_BK * d;
+  w.dp = w.s + ATT_BQ * ATT_BK;
+  w.t = w.dp + ATT_BQ * ATT_BK;
+  w.acc1 = w.t + ATT_BQ * ATT_BK;
+  w.acc2 = w.acc1 + ATT_BMAX * d;
+  w.lse = w.acc2 + ATT_BK * d;
+  w.delta = w.lse + ATT_BQ;
+  w.tmp = w.delta + ATT_BQ;
+  w.lo = (int64_t *)(void *)(w.tmp + d);
+  w.hi = w.lo + ATT_BQ;
+  return w;
+}
+
+/* Row index of token i of sequence b in the [Hq, rows] delta buffer. */
+static inline int64_t delta_row(const ot_attention_args *a, int64_t b, int64_t q0, int64_t i) {
+  return a->cu_q ? q0 + i : b * a->sq + i;
+}
+
+/* Loads the query-side tile (q, dout, lse, delta) of rows i0 .. i0+bq-1, head h. */
+static void bwd_load_q(const ot_attention_args *a, const float *delta, int64_t rows, int64_t b,
+                       int64_t h, int64_t q0, int64_t i0, int64_t bq, bwd_scratch *w) {
+  const ot_dtype dt = a->dtype;
+  load_rows(w->q, elem(&a->q, dt, b, q0 + i0, h), a->q.tok_stride, dt, bq, a->d);
+  load_rows(w->dout, elem(&a->dout, dt, b, q0 + i0, h), a->dout.tok_stride, dt, bq, a->d);
+  const float *lse = (const float *)(const void *)elem(&a->lse, OT_F32, b, q0 + i0, h);
+  const float *dl = delta + h * rows + delta_row(a, b, q0, i0);
+  for (int64_t r = 0; r < bq; r++) {
+    w->lse[r] = lse[r * a->lse.tok_stride];
+    w->delta[r] = dl[r];
+  }
+}
+
+/* For the loaded q tile (rows i0..) and k/v tile (keys kt..): P into w->s and dS
+ * (without the factor scale) into w->dp. */
+static void bwd_p_ds(const ot_attention_args *a, int64_t i0, int64_t bq, int64_t kt, int64_t bk,
+                     int64_t sq, int64_t sk, bwd_scratch *w) {
+  const int64_t d = a->d;
+  /* S = scale * Q K^T, dP = dO V^T   [bq, bk] */
+  att_gemm(bq, bk, d, a->scale, w->q, d, 1, w->kt, ATT_BK, false, w->s, ATT_BK);
+  att_gemm(bq, bk, d, 1.0f, w->dout, d, 1, w->vt, ATT_BK, false, w->dp, ATT_BK);
+  float *t = a->softcap > 0 ? w->t : NULL;
+  for (int64_t r = 0; r < bq; r++) {
+    float *srow = w->s + r * ATT_BK;
+    int64_t lo, hi;
+    ot_attn_key_range(a, i0 + r, sq, sk, &lo, &hi);
+    int64_t jl = lo > kt ? lo - kt : 0;
+    int64_t jh = hi < kt + bk - 1 ? hi - kt : bk - 1;
+    if (jl > jh || w->lse[r] == -INFINITY) {
+      jl = 0;
+      jh = -1;
+    }
+    for (int64_t j = 0; j < jl; j++) srow[j] = 0.0f;
+    for (int64_t j = jh + 1 > jl ? jh + 1 : jl; j < bk; j++) srow[j] = 0.0f;
+    int64_t n = jh - jl + 1;
+    if (n > 0) {
+      if (t) row_softcap(srow + jl, t + r * ATT_BK + jl, n, a->softcap);
+      row_exp_sum(srow + jl, n, w->lse[r]);
+      row_ds(w->dp + r * ATT_BK + jl, srow + jl, t ? t + r * ATT_BK + jl : NULL, n, w->delta[r]);
+    }
+    float *dprow = w->dp + r * ATT_BK;
+    for (int64_t j = 0; j < jl; j++) dprow[j] = 0.0f;
+    for (int64_t j = jh + 1 > jl ? jh + 1 : jl; j < bk; j++) dprow[j] = 0.0f;
+  }
+}
+
+/* Pass 1: dk, dv of keys kt .. kt+bk-1 of kv head g. */
+static void bwd_kv_tile(const ot_attention_args *a, const float *delta, int64_t rows, int64_t b,
+                        int64_t g, int64_t kt, int64_t bk, bwd_scratch *w) {
+  const int64_t d = a->d;
+  const ot_dtype dt = a->dtype;
+  int64_t q0, sq, k0, sk;
+  ot_attn_seq(a, b, &q0, &sq, &k0, &sk);
+  load_rows_t(w->kt, ATT_BK, elem(&a->k, dt, b, k0 + kt, g), a->k.tok_stride, dt, bk, d, w->tmp);
+  load_rows_t(w->vt, ATT_BK, elem(&a->v, dt, b, k0 + kt, g), a->v.tok_stride, dt, bk, d, w->tmp);
+  for (int64_t x = 0; x < bk * d; x++) w->acc1[x] = w->acc2[x] = 0.0f;
+  /* Rows i that see a key of [kt, kt + bk - 1]: hi(i) >= kt and lo(i) <= kt + bk - 1. */
+  int64_t off = sk - sq;
+  int64_t imin = a->window_right < 0 ? 0 : kt - off - a->window_right;
+  int64_t imax = a->window_left < 0 ? sq - 1 : kt + bk - 1 - off + a->window_left;
+  if (imin < 0) imin = 0;
+  if (imax > sq - 1) imax = sq - 1;
+  int64_t group = a->hq / a->hkv;
+  for (int64_t h = g * group; h < (g + 1) * group; h++)
+    for (int64_t i0 = imin; i0 <= imax; i0 += ATT_BQ) {
+      int64_t bq = imax + 1 - i0 < ATT_BQ ? imax + 1 - i0 : ATT_BQ;
+      bwd_load_q(a, delta, rows, b, h, q0, i0, bq, w);
+      bwd_p_ds(a, i0, bq, kt, bk, sq, sk, w);
+      /* dV += P^T dO; dK += scale * dS^T Q   ([bk, D]) */
+      att_gemm(bk, d, bq, 1.0f, w->s, 1, ATT_BK, w->dout, d, true, w->acc2, d);
+      att_gemm(bk, d, bq, a->scale, w->dp, 1, ATT_BK, w->q, d, true, w->acc1, d);
+    }
+  store_rows(elem(&a->dk, dt, b, k0 + kt, g), a->dk.tok_stride, w->acc1, dt, bk, d);
+  store_rows(elem(&a->dv, dt, b, k0 + kt, g), a->dv.tok_stride, w->acc2, dt, bk, d);
+}
+
+/* Pass 2: dq of rows i0 .. i0+bq-1 of head h. */
+static void bwd_q_tile(const ot_attention_args *a, const float *delta, int64_t rows, int64_t b,
+                       int64_t h, int64_t i0, int64_t bq, bwd_scratch *w) {
+  const int64_t d = a->d;
+  const ot_dtype dt = a->dtype;
+  int64_t q0, sq, k0, sk;
+  ot_attn_seq(a, b, &q0, &sq, &k0, &sk);
+  const int64_t g = h / (a->hq / a->hkv);
+  for (int64_t x = 0; x < bq * d; x++) w->acc1[x] = 0.0f;
+  int64_t kmin, kmax;
+  if (tile_key_ranges(a, i0, bq, sq, sk, w->lo, w->hi, &kmin, &kmax)) {
+    bwd_load_q(a, delta, rows, b, h, q0, i0, bq, w);
+    for (int64_t kt = kmin; kt <= kmax; kt += ATT_BK) {
+      int64_t bk = kmax + 1 - kt < ATT_BK ? kmax + 1 - kt : ATT_BK;
+      const char *ksrc = elem(&a->k, dt, b, k0 + kt, g);
+      load_rows(w->k, ksrc, a->k.tok_stride, dt, bk, d);
+      load_rows_t(w->kt, ATT_BK, ksrc, a->k.tok_stride, dt, bk, d, w->tmp);
+      load_rows_t(w->vt, ATT_BK, elem(&a->v, dt, b, k0 + kt, g), a->v.tok_stride, dt, bk, d,
+                  w->tmp);
+      bwd_p_ds(a, i0, bq, kt, bk, sq, sk, w);
+      /* dQ += scale * dS K   ([bq, D]) */
+      att_gemm(bq, d, bk, a->scale, w->dp, ATT_BK, 1, w->k, d, true, w->acc1, d);
+    }
+  }
+  store_rows(elem(&a->dq, dt, b, q0 + i0, h), a->dq.tok_stride, w->acc1, dt, bq, d);
+}
+
+ot_status ot_cpu_attention_backward(ot_context *ctx, const ot_attention_args *a) {
+  static const char *op = "ot_attention_backward";
+  const int64_t d = a->d;
+  int64_t rows = a->cu_q ? a->cu_q[a->batch] : a->batch * a->sq;
+  bool oom_q, oom_k;
+  att_task *qtasks, *ktasks;
+  int64_t nq = make_tasks(a, false, ATT_BQ, &qtasks, &oom_q);
+  int64_t nk = make_tasks(a, true, ATT_BK, &ktasks, &oom_k);
+  int nthreads = ctx->num_threads > 0 ? ctx->num_threads : 1;
+  size_t per = bwd_scratch_floats(d) + 16;
+  float *scratch = (float *)malloc(per * (size_t)nthreads * sizeof(float));
+  float *delta = (float *)malloc((size_t)(rows * a->hq + 1) * sizeof(float));
+  if (oom_q || oom_k || !scratch || !delta) {
+    free(qtasks);
+    free(ktasks);
+    free(scratch);
+    free(delta);
+    return ot_error(OT_ERR_OOM, op, "cannot allocate the scratch memory");
+  }
+  const ot_dtype dt = a->dtype;
+#pragma omp parallel num_threads(nthreads)
+  {
+    bwd_scratch w = bwd_scratch_at(scratch + per * (size_t)thread_id(), d);
+    /* pass 0: delta[h, row] = dout . out */
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < a->batch * a->hq; bh++) {
+      int64_t b = bh / a->hq, h = bh % a->hq;
+      int64_t q0, sq, k0, sk;
+      ot_attn_seq(a, b, &q0, &sq, &k0, &sk);
+      for (int64_t i = 0; i < sq; i++) {
+        ot_load_f32(w.q, elem(&a->out, dt, b, q0 + i, h), dt, d);
+        ot_load_f32(w.dout, elem(&a->dout, dt, b, q0 + i, h), dt, d);
+        float s = 0.0f;
+        for (int64_t x = 0; x < d; x++) s += w.q[x] * w.dout[x];
+        delta[h * rows + delta_row(a, b, q0, i)] = s;
+      }
+    }
+    /* pass 1: dk, dv */
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < nk * a->hkv; t++) {
+      const att_task *tk = &ktasks[t / a->hkv];
+      int64_t g = t % a->hkv;
+      int64_t q0, sq, k0, sk;
+      ot_attn_seq(a, tk->b, &q0, &sq, &k0, &sk);
+      int64_t kt = tk->tile * ATT_BK;
+      int64_t bk = sk - kt < ATT_BK ? sk - kt : ATT_BK;
+      bwd_kv_tile(a, delta, rows, tk->b, g, kt, bk, &w);
+    }
+    /* pass 2: dq */
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < nq * a->hq; t++) {
+      const att_task *tk = &qtasks[t / a->hq];
+      int64_t h = t % a->hq;
+      int64_t q0, sq, k0, sk;
+      ot_attn_seq(a, tk->b, &q0, &sq, &k0, &sk);
+      int64_t i0 = tk->tile * ATT_BQ;
+      int64_t bq = sq - i0 < ATT_BQ ? sq - i0 : ATT_BQ;
+      bwd_q_tile(a, delta, rows, tk->b, h, i0, bq, &w);
+    }
+  }
+  free(scratch);
+  free(delta);
+  free(qtasks);
+  free(ktasks);
+  return OT_OK;
+}
