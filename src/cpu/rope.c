@@ -20,8 +20,10 @@
 
 #include "core/rope.h"
 
+/* Runtime dispatch to AVX-512 / AVX2+F16C code for the row loops (the library is
+ * built for baseline x86-64 unless OT_NATIVE). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define ROPE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define ROPE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define ROPE_CLONES
 #endif
@@ -29,26 +31,52 @@
 /* Below this many rotated features per call the OpenMP fork costs more than it saves. */
 #define ROPE_PARALLEL_MIN_WORK 16384
 
-/* x, y: [rd] = [x1 (half) | x2 (half)]; pair i is (x1[i], x2[i]). */
-ROPE_CLONES static void rotate_neox(float *restrict y, const float *restrict x,
-                                    const float *restrict c, const float *restrict s,
-                                    int64_t half) {
-  for (int64_t i = 0; i < half; i++) {
-    float x1 = x[i], x2 = x[i + half];
-    y[i] = x1 * c[i] - x2 * s[i];
-    y[i + half] = x2 * c[i] + x1 * s[i];
+/* x: [n] float32 <- one head row in storage dtype d. */
+ROPE_CLONES static void load_row(float *restrict x, const void *restrict src, ot_dtype d,
+                                 int64_t n) {
+  if (d == OT_F32) {
+    const float *in = (const float *)src;
+    for (int64_t i = 0; i < n; i++) x[i] = in[i];
+  } else if (d == OT_BF16) {
+    const uint16_t *in = (const uint16_t *)src;
+    for (int64_t i = 0; i < n; i++) x[i] = ot_bf16_to_f32(in[i]);
+  } else {
+    const uint16_t *in = (const uint16_t *)src;
+    for (int64_t i = 0; i < n; i++) x[i] = ot_f16_to_f32(in[i]);
   }
 }
 
-/* x, y: [rd] with pair i at (2i, 2i + 1). */
-ROPE_CLONES static void rotate_gptj(float *restrict y, const float *restrict x,
-                                    const float *restrict c, const float *restrict s,
-                                    int64_t half) {
-  for (int64_t i = 0; i < half; i++) {
-    float x1 = x[2 * i], x2 = x[2 * i + 1];
-    y[2 * i] = x1 * c[i] - x2 * s[i];
-    y[2 * i + 1] = x2 * c[i] + x1 * s[i];
-  }
+#define ROPE_STORE_F32(v) (v)
+/* One loop per (storage, mode); x, y pairs: NEOX (i, i + half), GPTJ (2i, 2i + 1). */
+#define ROPE_ROTATE_LOOPS(T, STORE)                                  \
+  do {                                                               \
+    T *restrict o = (T *)dst;                                        \
+    if (mode == OT_ROPE_GPTJ) {                                      \
+      for (int64_t i = 0; i < half; i++) {                           \
+        float x1 = x[2 * i], x2 = x[2 * i + 1];                      \
+        o[2 * i] = STORE(x1 * c[i] - x2 * s[i]);                     \
+        o[2 * i + 1] = STORE(x2 * c[i] + x1 * s[i]);                 \
+      }                                                              \
+    } else {                                                         \
+      for (int64_t i = 0; i < half; i++) {                           \
+        float x1 = x[i], x2 = x[i + half];                           \
+        o[i] = STORE(x1 * c[i] - x2 * s[i]);                         \
+        o[i + half] = STORE(x2 * c[i] + x1 * s[i]);                  \
+      }                                                              \
+    }                                                                \
+  } while (0)
+
+/* dst: the first 2 * half features of one output head row <- x rotated by (c, s).
+ * dst may be the row x was loaded from (in place): x is a copy. */
+ROPE_CLONES static void rotate_store(void *restrict dst, const float *restrict x,
+                                     const float *restrict c, const float *restrict s,
+                                     int64_t half, ot_dtype d, ot_rope_mode mode) {
+  if (d == OT_F32)
+    ROPE_ROTATE_LOOPS(float, ROPE_STORE_F32);
+  else if (d == OT_BF16)
+    ROPE_ROTATE_LOOPS(uint16_t, ot_f32_to_bf16);
+  else
+    ROPE_ROTATE_LOOPS(uint16_t, ot_f32_to_f16);
 }
 
 /* c, s: [rd/2] for one position; the backward negates s (rotation by -angle). */
@@ -76,10 +104,10 @@ static void token_cos_sin(const ot_rope_args *a, const double *inv_freq, int64_t
     for (int64_t i = 0; i < half; i++) s[i] = -s[i];
 }
 
-/* All heads of one token of `in` -> `out`. x, y: float32 scratch of rd elements. */
+/* All heads of one token of `in` -> `out`. x: float32 scratch of rd elements. */
 static void rotate_token_heads(const ot_rope_args *a, const ot_rope_heads *in,
                                const ot_rope_heads *out, int64_t b, int64_t t,
-                               const float *c, const float *s, float *x, float *y) {
+                               const float *c, const float *s, float *x) {
   const int64_t es = (int64_t)ot_dtype_size(a->dtype);
   const int64_t rd = a->rotary_dim, half = rd / 2, pass = a->head_dim - rd;
   const char *src0 = (const char *)in->data + (b * in->stride_b + t * in->stride_s) * es;
@@ -87,12 +115,8 @@ static void rotate_token_heads(const ot_rope_args *a, const ot_rope_heads *in,
   for (int64_t h = 0; h < in->heads; h++) {
     const char *src = src0 + h * in->stride_h * es;
     char *dst = dst0 + h * out->stride_h * es;
-    ot_load_f32(x, src, a->dtype, rd);
-    if (a->mode == OT_ROPE_GPTJ)
-      rotate_gptj(y, x, c, s, half);
-    else
-      rotate_neox(y, x, c, s, half);
-    ot_store_f32(dst, y, a->dtype, rd);
+    load_row(x, src, a->dtype, rd);
+    rotate_store(dst, x, c, s, half, a->dtype, a->mode);
     if (pass > 0 && dst != src) memcpy(dst + rd * es, src + rd * es, (size_t)(pass * es));
   }
 }
@@ -113,8 +137,8 @@ ot_status ot_cpu_rope(ot_context *ctx, const ot_rope_args *a) {
   int nt = work >= ROPE_PARALLEL_MIN_WORK ? ctx->num_threads : 1;
   if (nt > tokens) nt = (int)tokens;
   if (nt < 1) nt = 1;
-  /* per thread: cos [half], sin [half], x [rd], y [rd] */
-  const int64_t per_thread = 2 * half + 2 * rd;
+  /* per thread: cos [half], sin [half], x [rd] */
+  const int64_t per_thread = 2 * half + rd;
   float *scratch = (float *)malloc((size_t)(nt * per_thread) * sizeof *scratch);
   if (!scratch) {
     free(inv_freq);
@@ -129,13 +153,13 @@ ot_status ot_cpu_rope(ot_context *ctx, const ot_rope_args *a) {
 #else
     float *c = scratch;
 #endif
-    float *s = c + half, *x = s + half, *y = x + rd;
+    float *s = c + half, *x = s + half;
     const int64_t b = i / a->seq, t = i % a->seq;
     const int64_t pos =
         ot_load_index(a->positions, a->pos_dtype, b * a->pos_stride_b + t * a->pos_stride_s);
     token_cos_sin(a, inv_freq, pos, c, s);
-    rotate_token_heads(a, &a->q, &a->q_out, b, t, c, s, x, y);
-    if (a->k.data) rotate_token_heads(a, &a->k, &a->k_out, b, t, c, s, x, y);
+    rotate_token_heads(a, &a->q, &a->q_out, b, t, c, s, x);
+    if (a->k.data) rotate_token_heads(a, &a->k, &a->k_out, b, t, c, s, x);
   }
 
   free(scratch);
