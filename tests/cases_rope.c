@@ -27,7 +27,7 @@ static void ref_inv_freq(const ot_rope_params *p, int64_t rd, double *f) {
     if (p->llama3_factor > 0) {
       double factor = p->llama3_factor, low = p->llama3_low_freq_factor;
       double high = p->llama3_high_freq_factor, orig = p->llama3_original_max_position;
-      double wavelen = 2 * M_PI / freq;
+      double wavelen = 2 * 3.14159265358979323846 / freq;
       if (wavelen < orig / high) {
         /* high frequency: kept */
       } else if (wavelen > orig / low) {
