@@ -261,6 +261,7 @@ static ot_status rope(const rope_names *nm, bool inverse, ot_context *ctx,
 
   ot_rope_args a;
   memset(&a, 0, sizeof a);
+  a.op = op;
   a.dtype = q.dtype;
   a.mode = params->mode;
   a.inverse = inverse;

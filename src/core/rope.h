@@ -25,6 +25,7 @@ typedef struct ot_rope_heads {
 } ot_rope_heads;
 
 typedef struct ot_rope_args {
+  const char *op;      /* "ot_rope_forward" / "ot_rope_backward", for messages */
   ot_dtype dtype;      /* storage of q, k, q_out, k_out */
   ot_rope_mode mode;
   bool inverse;        /* rotate by -angle (the backward) */

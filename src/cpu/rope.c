@@ -122,7 +122,7 @@ static void rotate_token_heads(const ot_rope_args *a, const ot_rope_heads *in,
 }
 
 ot_status ot_cpu_rope(ot_context *ctx, const ot_rope_args *a) {
-  static const char *op = "ot_rope";
+  const char *op = a->op;
   const int64_t tokens = a->batch * a->seq;
   const int64_t rd = a->rotary_dim, half = rd / 2;
 
