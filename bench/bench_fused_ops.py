@@ -1,0 +1,744 @@
+#!/usr/bin/env python3
+"""bench_fused_ops.py -- correctness checks and benchmarks of the CUDA fused ops
+(RMSNorm, LayerNorm, RoPE, SwiGLU/GeGLU; forward and backward) against torch.
+
+Our kernels are called through bench/fused_ops_shim.c (ctypes, raw device pointers
+of torch tensors, torch's current stream), so this runs without the Python frontend.
+
+  python3 bench/bench_fused_ops.py --shim build/libfused_ops_shim.so --check [--small]
+  python3 bench/bench_fused_ops.py --shim ... --bench [--json bench/results/fused_ops.json]
+
+--check compares every op with a float64 torch reference on odd shapes, strided
+rows, fp32/fp16/bf16, in place and out of place, with NaN-poisoned outputs.
+--bench follows shared/BENCH.md: copy bandwidth measured in the same run, each case
+against torch eager, torch's fused function and torch.compile of the eager
+composite; CUDA events around batches of calls, warm-up, median of >= 20; two input
+sets alternate (each > L2 at the benchmark sizes). Bytes = inputs read once +
+outputs written once.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+DT = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
+C = ctypes
+i64, vp, f32, f64, cint = C.c_int64, C.c_void_p, C.c_float, C.c_double, C.c_int
+
+
+class Shim:
+    def __init__(self, path):
+        self.lib = C.CDLL(path)
+        L = self.lib
+        L.shim_init.argtypes = [cint]
+        L.shim_last_error.restype = C.c_char_p
+        L.shim_norm_forward.argtypes = [cint, vp, cint, i64, i64, vp, i64, vp, i64, vp, vp, f32,
+                                        vp, i64, vp, i64, vp, vp]
+        L.shim_norm_backward.argtypes = [cint, vp, cint, i64, i64, vp, i64, vp, i64, vp, i64, vp,
+                                         vp, vp, f32, vp, i64, vp, vp]
+        L.shim_rope.argtypes = [vp, cint, cint, cint, i64, i64, i64, i64, C.POINTER(vp),
+                                C.POINTER(i64), C.POINTER(i64), vp, cint, i64, i64, vp, i64, f64,
+                                f64, f64, f64, f64]
+        L.shim_glu_forward.argtypes = [vp, cint, cint, i64, i64, vp, i64, vp, i64, vp, i64]
+        L.shim_glu_backward.argtypes = [vp, cint, cint, i64, i64, vp, i64, vp, i64, vp, i64, vp,
+                                        i64, vp, i64]
+        st = L.shim_init(torch.cuda.current_device())
+        if st != 0:
+            raise RuntimeError("shim_init: " + L.shim_last_error().decode())
+
+    def check(self, st, what):
+        if st != 0:
+            raise RuntimeError(f"{what}: status {st}: {self.lib.shim_last_error().decode()}")
+
+
+def P(t):
+    return None if t is None else t.data_ptr()
+
+
+def RS(t):
+    return 0 if t is None else t.stride(0)
+
+
+def stream():
+    return torch.cuda.current_stream().cuda_stream
+
+
+# ---------------------------------------------------------------------------------------
+# Calls (each returns a zero-argument closure with its ctypes arguments bound, so that
+# timing loops pay no argument marshalling beyond the ctypes call itself)
+
+def norm_fwd_call(S, layer, x, res, w, b, eps, out, rout, mean, rstd):
+    rows, cols = x.shape
+    args = (layer, stream(), DT[x.dtype], rows, cols, P(x), RS(x), P(res), RS(res), P(w), P(b),
+            eps, P(out), RS(out), P(rout), RS(rout), P(mean), P(rstd))
+    f = S.lib.shim_norm_forward
+    return lambda: S.check(f(*args), "norm_forward")
+
+
+def norm_bwd_call(S, layer, dy, dres, h, w, mean, rstd, eps, dx, dw, db):
+    rows, cols = h.shape
+    args = (layer, stream(), DT[h.dtype], rows, cols, P(dy), RS(dy), P(dres), RS(dres), P(h),
+            RS(h), P(w), P(mean), P(rstd), eps, P(dx), RS(dx), P(dw), P(db))
+    f = S.lib.shim_norm_backward
+    return lambda: S.check(f(*args), "norm_backward")
+
+
+def _heads4(t):
+    """[B, S, H, D] or [T, H, D] -> (heads, (stride_b, stride_s, stride_h))"""
+    if t is None:
+        return 0, (0, 0, 0)
+    if t.dim() == 4:
+        return t.shape[2], (t.stride(0), t.stride(1), t.stride(2))
+    return t.shape[1], (0, t.stride(0), t.stride(1))
+
+
+def rope_call(S, q, k, q_out, k_out, pos, cache, mode=0, rotary_dim=0, theta=10000.0,
+              inverse=False, llama3=None):
+    if q.dim() == 4:
+        B, Sq, _, D = q.shape
+    else:
+        B, (Sq, _, D) = 1, q.shape
+    rd = rotary_dim or D
+    ts = [q, k, q_out, k_out]
+    ptrs = (vp * 4)(*[P(t) for t in ts])
+    heads = (i64 * 4)()
+    strides = (i64 * 12)()
+    for i, t in enumerate(ts):
+        h, s = _heads4(t)
+        heads[i] = h
+        strides[3 * i:3 * i + 3] = s
+    if pos.dim() == 2:
+        psb, pss = pos.stride(0), pos.stride(1)
+    else:
+        psb, pss = 0, pos.stride(0)
+    l3 = llama3 or (0.0, 1.0, 4.0, 8192.0)
+    args = (stream(), DT[q.dtype], mode, int(inverse), B, Sq, D, rd, ptrs, heads, strides, P(pos),
+            int(pos.dtype == torch.int64), psb, pss, P(cache),
+            0 if cache is None else cache.shape[0], theta, *l3)
+    f = S.lib.shim_rope
+    keep = (ptrs, heads, strides)  # noqa: F841 (keep the ctypes arrays alive)
+    return lambda: S.check(f(*args), "rope") if keep else None
+
+
+def glu_fwd_call(S, kind, gate, up, out):
+    rows, Fd = out.shape
+    args = (stream(), kind, DT[gate.dtype], rows, Fd, P(gate), RS(gate), P(up), RS(up), P(out),
+            RS(out))
+    f = S.lib.shim_glu_forward
+    return lambda: S.check(f(*args), "glu_forward")
+
+
+def glu_bwd_call(S, kind, dout, gate, up, dgate, dup):
+    rows, Fd = dout.shape
+    args = (stream(), kind, DT[gate.dtype], rows, Fd, P(dout), RS(dout), P(gate), RS(gate), P(up),
+            RS(up), P(dgate), RS(dgate), P(dup), RS(dup))
+    f = S.lib.shim_glu_backward
+    return lambda: S.check(f(*args), "glu_backward")
+
+
+# ---------------------------------------------------------------------------------------
+# float64 references
+
+def ref_norm(layer, h, w, b, eps):
+    h = h.double()
+    if layer:
+        mu = h.mean(-1, keepdim=True)
+        var = ((h - mu) ** 2).mean(-1, keepdim=True)
+        y = (h - mu) / torch.sqrt(var + eps)
+    else:
+        y = h / torch.sqrt((h * h).mean(-1, keepdim=True) + eps)
+    if w is not None:
+        y = y * w.double()
+    if b is not None:
+        y = y + b.double()
+    return y
+
+
+def inv_freq_ref(rd, theta, llama3=None):
+    f = [theta ** (-(2 * i) / rd) for i in range(rd // 2)]
+    if llama3 and llama3[0] > 0:
+        fac, low, high, orig = llama3
+        out = []
+        for x in f:
+            wl = 2 * math.pi / x
+            if wl < orig / high:
+                out.append(x)
+            elif wl > orig / low:
+                out.append(x / fac)
+            else:
+                s = (orig / wl - low) / (high - low)
+                out.append((1 - s) * x / fac + s * x)
+        f = out
+    return torch.tensor(f, dtype=torch.float64)
+
+
+def ref_rope(x, pos, rd, mode, inv_freq, inverse):
+    """x: [B, S, H, D] (double), pos: [B, S]"""
+    x = x.double().clone()
+    ang = pos.double()[..., None] * inv_freq.to(x.device)  # [B, S, rd/2]
+    c, s = torch.cos(ang)[:, :, None, :], torch.sin(ang)[:, :, None, :]
+    if inverse:
+        s = -s
+    if mode == 0:
+        x1, x2 = x[..., :rd // 2].clone(), x[..., rd // 2:rd].clone()
+        x[..., :rd // 2] = x1 * c - x2 * s
+        x[..., rd // 2:rd] = x2 * c + x1 * s
+    else:
+        x1, x2 = x[..., 0:rd:2].clone(), x[..., 1:rd:2].clone()
+        x[..., 0:rd:2] = x1 * c - x2 * s
+        x[..., 1:rd:2] = x2 * c + x1 * s
+    return x
+
+
+def act_ref(kind, g):
+    g = g.double()
+    if kind == 0:
+        return g * torch.sigmoid(g)
+    if kind == 1:
+        return 0.5 * g * (1 + torch.erf(g / math.sqrt(2)))
+    return 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+
+
+# ---------------------------------------------------------------------------------------
+# checks
+
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+
+
+class Checker:
+    def __init__(self):
+        self.passed = 0
+        self.failed = []
+
+    def close(self, name, got, ref, tol):
+        got = got.double()
+        ref = ref.double()
+        if not torch.isfinite(got).all():
+            self.failed.append(f"{name}: non-finite output ({(~torch.isfinite(got)).sum().item()})")
+            return
+        num = (got - ref).norm().item()
+        den = ref.norm().item() + 1e-30
+        rel = num / den
+        mx = (got - ref).abs().max().item() / (ref.abs().max().item() + 1e-30)
+        if rel > tol or mx > 8 * tol:
+            self.failed.append(f"{name}: rel err {rel:.3e} max {mx:.3e} > tol {tol:.1e}")
+        else:
+            self.passed += 1
+
+    def equal(self, name, got, ref):
+        if not torch.equal(got, ref):
+            self.failed.append(f"{name}: not bit-equal (max diff "
+                               f"{(got.double() - ref.double()).abs().max().item():.3e})")
+        else:
+            self.passed += 1
+
+
+def rnd(*shape, dtype, lo=-2.0, hi=2.0):
+    return (torch.rand(*shape, device="cuda", dtype=torch.float32) * (hi - lo) + lo).to(dtype)
+
+
+def strided_rows(rows, cols, dtype, pad):
+    """[rows, cols] view with row stride cols + pad (pad 0: contiguous)."""
+    base = rnd(rows, cols + pad, dtype=dtype)
+    return base[:, :cols]
+
+
+def nan_like(t):
+    return torch.full_like(t, float("nan"))
+
+
+def check_norms(S, ck, small):
+    shapes = [(37, 7), (5, 1000), (64, 4096), (3, 4104), (9, 40000)] + ([] if small else
+                                                                         [(300, 8192), (17, 12288)])
+    eps = 1e-5
+    for layer in (0, 1):
+        nm = "layernorm" if layer else "rmsnorm"
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for (rows, cols) in shapes:
+                for fused in (False, True):
+                    for pad in ((0, 8) if cols % 8 == 0 else (0, 3)):
+                        tag = f"{nm} {str(dtype)[6:]} {rows}x{cols} res={int(fused)} pad={pad}"
+                        x = strided_rows(rows, cols, dtype, pad)
+                        r = strided_rows(rows, cols, dtype, pad) if fused else None
+                        w = rnd(cols, dtype=dtype, lo=0.5, hi=1.5)
+                        b = rnd(cols, dtype=dtype) if layer else None
+                        out = nan_like(x)
+                        rout = nan_like(x) if fused else None
+                        mean = torch.full((rows,), float("nan"), device="cuda") if layer else None
+                        rstd = torch.full((rows,), float("nan"), device="cuda")
+                        norm_fwd_call(S, layer, x, r, w, b, eps, out, rout, mean, rstd)()
+                        h = (x.double() + r.double()).to(dtype) if fused else x
+                        if fused:
+                            ck.equal(tag + " residual_out", rout, h)
+                        ck.close(tag + " out", out, ref_norm(layer, h, w, b, eps), TOL[dtype])
+                        hd = h.double()
+                        if layer:
+                            mu = hd.mean(-1)
+                            # shifted: the mean of random data is near 0, so compare absolutely
+                            ck.close(tag + " mean", mean.double() + 3, mu + 3, 1e-6)
+                            var = ((hd - mu[:, None]) ** 2).mean(-1)
+                        else:
+                            var = (hd * hd).mean(-1)
+                        ck.close(tag + " rstd", rstd, 1 / torch.sqrt(var + eps), 1e-5)
+                        # backward (saved stats, and recomputed on the fused variant)
+                        dy = strided_rows(rows, cols, dtype, pad)
+                        dres = strided_rows(rows, cols, dtype, pad) if fused else None
+                        dx = nan_like(dy)
+                        dw = torch.full((cols,), float("nan"), device="cuda", dtype=dtype)
+                        db = torch.full((cols,), float("nan"), device="cuda", dtype=dtype) if layer else None
+                        use_stats = not fused
+                        norm_bwd_call(S, layer, dy, dres, h, w, mean if use_stats else None,
+                                      rstd if use_stats else None, eps, dx, dw, db)()
+                        hh = h.double().clone().requires_grad_(True)
+                        wd = w.double().clone().requires_grad_(True)
+                        bd = b.double().clone().requires_grad_(True) if layer else None
+                        y = ref_norm(layer, hh, wd, bd, eps)
+                        gr = torch.autograd.grad(y, [hh, wd] + ([bd] if layer else []), dy.double())
+                        dxr = gr[0] + (dres.double() if fused else 0)
+                        ck.close(tag + " dx", dx, dxr, TOL[dtype] * 2)
+                        ck.close(tag + " dweight", dw, gr[1], TOL[dtype] * 2)
+                        if layer:
+                            ck.close(tag + " dbias", db, gr[2], TOL[dtype] * 2)
+            # in place: out = x, residual_out = residual, dx = dy
+            rows, cols = 33, 4096
+            x = rnd(rows, cols, dtype=dtype)
+            r = rnd(rows, cols, dtype=dtype)
+            w = rnd(cols, dtype=dtype, lo=0.5, hi=1.5)
+            b = rnd(cols, dtype=dtype) if layer else None
+            h = (x.double() + r.double()).to(dtype)
+            ref = ref_norm(layer, h, w, b, eps)
+            norm_fwd_call(S, layer, x, r, w, b, eps, x, r, None, None)()
+            ck.equal(f"{nm} {dtype} in-place residual_out", r, h)
+            ck.close(f"{nm} {dtype} in-place out", x, ref, TOL[dtype])
+            dy = rnd(rows, cols, dtype=dtype)
+            hh = h.double().clone().requires_grad_(True)
+            y = ref_norm(layer, hh, w, b, eps)
+            (gx,) = torch.autograd.grad(y, [hh], dy.double())
+            norm_bwd_call(S, layer, dy, None, h, w, None, None, eps, dy, None, None)()
+            ck.close(f"{nm} {dtype} in-place dx", dy, gx, TOL[dtype] * 2)
+            # no weight / no bias
+            x = rnd(rows, cols, dtype=dtype)
+            out = nan_like(x)
+            norm_fwd_call(S, layer, x, None, None, None, eps, out, None, None, None)()
+            ck.close(f"{nm} {dtype} no-weight out", out, ref_norm(layer, x, None, None, eps), TOL[dtype])
+
+
+def check_rope(S, ck, small):
+    configs = [
+        # (B, S, Hq, Hk, D, rd, mode)
+        (2, 37, 4, 2, 128, 128, 0), (2, 37, 4, 2, 128, 128, 1), (1, 50, 3, 1, 64, 32, 0),
+        (1, 50, 3, 1, 64, 32, 1), (2, 9, 2, 2, 80, 80, 0), (1, 11, 2, 1, 6, 4, 0),
+        (1, 11, 2, 1, 6, 4, 1), (1, 7, 2, 0, 96, 64, 0), (3, 5, 2, 1, 36, 36, 0),
+    ]
+    for (B, Sq, Hq, Hk, D, rd, mode) in configs:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for packed in (False, True):
+                for use_cache in (False, True):
+                    for inverse in (False, True):
+                        for in_place in (False, True):
+                            tag = (f"rope B{B} S{Sq} H{Hq}/{Hk} D{D} rd{rd} mode{mode} "
+                                   f"{str(dtype)[6:]} packed={int(packed)} cache={int(use_cache)} "
+                                   f"inv={int(inverse)} inplace={int(in_place)}")
+                            if packed:  # q and k views into one [B, S, Hq + 2Hk, D] buffer
+                                qkv = rnd(B, Sq, Hq + 2 * Hk, D, dtype=dtype)
+                                q, k = qkv[:, :, :Hq], (qkv[:, :, Hq:Hq + Hk] if Hk else None)
+                            else:
+                                q = rnd(B, Sq, Hq, D, dtype=dtype)
+                                k = rnd(B, Sq, Hk, D, dtype=dtype) if Hk else None
+                            pos = torch.randint(0, 70000, (B, Sq), device="cuda",
+                                                dtype=torch.int64 if use_cache else torch.int32)
+                            llama3 = (8.0, 1.0, 4.0, 8192.0) if (D == 128 and not use_cache) else None
+                            invf = inv_freq_ref(rd, 10000.0, llama3)
+                            cache = None
+                            if use_cache:
+                                pos = pos % 4096
+                                ang = torch.arange(4096, dtype=torch.float64)[:, None] * invf
+                                cache = torch.cat([torch.cos(ang), torch.sin(ang)], 1).float().cuda()
+                            qr = ref_rope(q, pos, rd, mode, invf, inverse)
+                            kr = ref_rope(k, pos, rd, mode, invf, inverse) if k is not None else None
+                            if in_place:
+                                qo, ko = q, k
+                            else:
+                                qo = nan_like(q)
+                                ko = nan_like(k) if k is not None else None
+                            rope_call(S, q, k, qo, ko, pos, cache, mode, rd, 10000.0, inverse,
+                                      llama3)()
+                            ck.close(tag + " q", qo, qr, TOL[dtype])
+                            if k is not None:
+                                ck.close(tag + " k", ko, kr, TOL[dtype])
+                            if in_place and packed and Hk:  # v untouched
+                                pass
+
+
+def check_glu(S, ck, small):
+    shapes = [(13, 7), (5, 1000), (64, 4096), (7, 2050)] + ([] if small else [(100, 8192)])
+    for kind in (0, 1, 2):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for (rows, Fd) in shapes:
+                for fused in (False, True):
+                    tag = f"glu kind{kind} {str(dtype)[6:]} {rows}x{Fd} fused={int(fused)}"
+                    if fused:
+                        gu = rnd(rows, 2 * Fd, dtype=dtype, lo=-4, hi=4)
+                        g, u = gu[:, :Fd], gu[:, Fd:]
+                    else:
+                        g = strided_rows(rows, Fd, dtype, 8)
+                        u = rnd(rows, Fd, dtype=dtype)
+                    out = nan_like(u)
+                    glu_fwd_call(S, kind, g, u, out)()
+                    ck.close(tag + " out", out, act_ref(kind, g) * u.double(), TOL[dtype])
+                    dout = rnd(rows, Fd, dtype=dtype)
+                    gd = g.double().clone().requires_grad_(True)
+                    ud = u.double().clone().requires_grad_(True)
+                    dg_r, du_r = torch.autograd.grad(act_ref(kind, gd) * ud, [gd, ud], dout.double())
+                    if fused:  # in place into the packed buffer (activation recompute style)
+                        glu_bwd_call(S, kind, dout, g, u, g, u)()
+                        dg, du = g, u
+                    else:
+                        dg, du = nan_like(g), nan_like(u)
+                        glu_bwd_call(S, kind, dout, g, u, dg, du)()
+                    ck.close(tag + " dgate", dg, dg_r, TOL[dtype] * 2)
+                    ck.close(tag + " dup", du, du_r, TOL[dtype] * 2)
+
+
+# ---------------------------------------------------------------------------------------
+# benchmarks
+
+def time_ms(fns, iters=25, inner=5, warmup=3):
+    """median over `iters` of (events around `inner` calls) / inner; fns alternate."""
+    n = len(fns)
+    for i in range(warmup * n):
+        fns[i % n]()
+    torch.cuda.synchronize()
+    ts = []
+    k = 0
+    for _ in range(iters):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(inner):
+            fns[k % n]()
+            k += 1
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) / inner)
+    return statistics.median(ts)
+
+
+def copy_bandwidth():
+    x = torch.empty(2 * 1024 ** 3 // 2, dtype=torch.bfloat16, device="cuda").uniform_()
+    y = torch.empty_like(x)
+    ms = time_ms([lambda: y.copy_(x)], iters=20, inner=3)
+    return 2 * x.numel() * 2 / (ms * 1e-3) / 1e12
+
+
+def hf_rms(x, w, eps):
+    dt = x.dtype
+    h = x.to(torch.float32)
+    var = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(var + eps)
+    return w * h.to(dt)
+
+
+def hf_rms_res(x, r, w, eps):
+    h = x + r
+    return hf_rms(h, w, eps), h
+
+
+def eager_ln(x, w, b, eps):
+    dt = x.dtype
+    h = x.float()
+    mu = h.mean(-1, keepdim=True)
+    var = (h - mu).pow(2).mean(-1, keepdim=True)
+    return ((h - mu) * torch.rsqrt(var + eps) * w.float() + b.float()).to(dt)
+
+
+def eager_ln_res(x, r, w, b, eps):
+    h = x + r
+    return eager_ln(h, w, b, eps), h
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def hf_rope(q, k, cos_c, sin_c, pos):
+    cos = cos_c[pos].unsqueeze(-2).to(q.dtype)
+    sin = sin_c[pos].unsqueeze(-2).to(q.dtype)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def eager_swiglu(g, u):
+    return g * torch.sigmoid(g) * u
+
+
+def bench_all(S, args):
+    torch.manual_seed(0)
+    rows_list = [16384]
+    H_list = [4096, 8192]
+    dtype = torch.bfloat16
+    eps = 1e-6
+    results = []
+    copy_tbps = copy_bandwidth()
+    print(f"copy bandwidth: {copy_tbps:.3f} TB/s", flush=True)
+    comp = {} if args.no_compile else None
+
+    def compiled(name, fn):
+        if comp is None:
+            return None
+        if name not in comp:
+            comp[name] = torch.compile(fn, dynamic=False)
+        return comp[name]
+
+    def row(op, case, nbytes, ours_ms, peers_ms):
+        ours = nbytes / (ours_ms * 1e-3) / 1e12
+        peers = {k: nbytes / (v * 1e-3) / 1e12 for k, v in peers_ms.items() if v is not None}
+        best = max(peers.values()) if peers else None
+        r = {"op": op, "case": case, "metric": "TB/s", "ours": round(ours, 3),
+             "ours_ms": round(ours_ms, 4),
+             "peers": {k: round(v, 3) for k, v in peers.items()},
+             "ratio_best_peer": round(ours / best, 3) if best else None,
+             "fraction_of_ceiling": round(ours / copy_tbps, 3)}
+        results.append(r)
+        pk = ", ".join(f"{k} {v:.2f}" for k, v in r["peers"].items())
+        print(f"{op:24s} {case:18s} ours {ours:5.2f} TB/s ({r['fraction_of_ceiling']*100:4.1f}% copy)"
+              f"  x{r['ratio_best_peer']}  | {pk}", flush=True)
+
+    def safe(fn):
+        try:
+            return fn()
+        except Exception as e:  # a peer failing must not stop the benchmark
+            print("  peer failed:", type(e).__name__, str(e)[:200], flush=True)
+            return None
+
+    for N in rows_list:
+        for H in H_list:
+            case = f"{N // 1024}k x {H} bf16"
+            E = 2  # bytes per element
+            sets = []
+            for _ in range(2):
+                sets.append(dict(x=rnd(N, H, dtype=dtype), r=rnd(N, H, dtype=dtype),
+                                 dy=rnd(N, H, dtype=dtype)))
+            w = rnd(H, dtype=dtype, lo=0.5, hi=1.5)
+            bvec = rnd(H, dtype=dtype)
+            outs = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
+            routs = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
+            rstd = torch.empty(N, device="cuda")
+            mean = torch.empty(N, device="cuda")
+            dws = torch.empty(H, dtype=dtype, device="cuda")
+            dbs = torch.empty(H, dtype=dtype, device="cuda")
+
+            for layer in (0, 1):
+                nm = "layernorm" if layer else "rmsnorm"
+                bb = bvec if layer else None
+                mm = mean if layer else None
+                # forward, unfused
+                ours = [norm_fwd_call(S, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)
+                        for i, s in enumerate(sets)]
+                t_ours = time_ms(ours)
+                if layer:
+                    peers = {
+                        "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln(s["x"], w, bvec, eps) for s in sets])),
+                        "torch F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"], (H,), w, bvec, eps) for s in sets])),
+                    }
+                    c = compiled(f"ln{H}", eager_ln)
+                else:
+                    peers = {
+                        "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms(s["x"], w, eps) for s in sets])),
+                        "torch F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"], (H,), w, eps) for s in sets])),
+                    }
+                    c = compiled(f"rms{H}", hf_rms)
+                if c is not None:
+                    peers["torch.compile eager"] = safe(lambda: time_ms(
+                        [lambda s=s: c(s["x"], w, bvec, eps) if layer else c(s["x"], w, eps) for s in sets]))
+                row(f"{nm}_fwd", case, 2 * N * H * E, t_ours, peers)
+
+                # forward with residual
+                ours = [norm_fwd_call(S, layer, s["x"], s["r"], w, bb, eps, outs[i], routs[i], mm, rstd)
+                        for i, s in enumerate(sets)]
+                t_ours = time_ms(ours)
+                if layer:
+                    peers = {
+                        "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln_res(s["x"], s["r"], w, bvec, eps) for s in sets])),
+                        "torch add + F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"] + s["r"], (H,), w, bvec, eps) for s in sets])),
+                    }
+                    c = compiled(f"lnres{H}", eager_ln_res)
+                else:
+                    peers = {
+                        "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms_res(s["x"], s["r"], w, eps) for s in sets])),
+                        "torch add + F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"] + s["r"], (H,), w, eps) for s in sets])),
+                    }
+                    c = compiled(f"rmsres{H}", hf_rms_res)
+                if c is not None:
+                    peers["torch.compile eager"] = safe(lambda: time_ms(
+                        [lambda s=s: c(s["x"], s["r"], w, bvec, eps) if layer else c(s["x"], s["r"], w, eps)
+                         for s in sets]))
+                row(f"{nm}_residual_fwd", case, 4 * N * H * E, t_ours, peers)
+
+                # backward: dx, dweight (+ dbias), saved statistics
+                for i, s in enumerate(sets):
+                    norm_fwd_call(S, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)()
+                ours = [norm_bwd_call(S, layer, s["dy"], None, s["x"], w, mm, rstd, eps, routs[i], dws,
+                                      dbs if layer else None) for i, s in enumerate(sets)]
+                t_ours = time_ms(ours)
+
+                def torch_bwd(fn):
+                    gs = []
+                    for s in sets:
+                        xx = s["x"].detach().clone().requires_grad_(True)
+                        ww = w.detach().clone().requires_grad_(True)
+                        bb2 = bvec.detach().clone().requires_grad_(True)
+                        y = fn(xx, ww, bb2)
+                        ins = [xx, ww, bb2] if layer else [xx, ww]
+                        gs.append(lambda y=y, ins=ins, dy=s["dy"]: torch.autograd.grad(
+                            y, ins, dy, retain_graph=True))
+                    return time_ms(gs)
+                if layer:
+                    peers = {"torch F.layer_norm autograd": safe(lambda: torch_bwd(
+                        lambda xx, ww, b2: F.layer_norm(xx, (H,), ww, b2, eps)))}
+                else:
+                    peers = {"torch F.rms_norm autograd": safe(lambda: torch_bwd(
+                        lambda xx, ww, b2: F.rms_norm(xx, (H,), ww, eps)))}
+                row(f"{nm}_bwd", case, 3 * N * H * E, t_ours, peers)
+                torch.cuda.empty_cache()
+
+            # SwiGLU, F = H (separate gate / up tensors)
+            ours = [glu_fwd_call(S, 0, s["x"], s["r"], outs[i]) for i, s in enumerate(sets)]
+            t_ours = time_ms(ours)
+            peers = {
+                "torch eager": safe(lambda: time_ms([lambda s=s: eager_swiglu(s["x"], s["r"]) for s in sets])),
+                "torch F.silu(g)*u": safe(lambda: time_ms([lambda s=s: F.silu(s["x"]) * s["r"] for s in sets])),
+            }
+            c = compiled(f"swiglu{H}", eager_swiglu)
+            if c is not None:
+                peers["torch.compile eager"] = safe(lambda: time_ms([lambda s=s: c(s["x"], s["r"]) for s in sets]))
+            row("swiglu_fwd", case, 3 * N * H * E, t_ours, peers)
+
+            dg = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
+            ours = [glu_bwd_call(S, 0, s["dy"], s["x"], s["r"], outs[i], dg[i]) for i, s in enumerate(sets)]
+            t_ours = time_ms(ours)
+
+            def swiglu_autograd():
+                gs = []
+                for s in sets:
+                    gg = s["x"].detach().clone().requires_grad_(True)
+                    uu = s["r"].detach().clone().requires_grad_(True)
+                    y = F.silu(gg) * uu
+                    gs.append(lambda y=y, ins=[gg, uu], dy=s["dy"]: torch.autograd.grad(y, ins, dy, retain_graph=True))
+                return time_ms(gs)
+            row("swiglu_bwd", case, 5 * N * H * E, t_ours, {"torch F.silu(g)*u autograd": safe(swiglu_autograd)})
+            del dg
+            torch.cuda.empty_cache()
+
+            # RoPE: q [N, H/128, 128], k [N, 8, 128], NeoX, positions int64, cos/sin cache
+            D = 128
+            Hq, Hk = H // D, 8
+            rsets = []
+            for _ in range(2):
+                rsets.append(dict(q=rnd(N, Hq, D, dtype=dtype), k=rnd(N, Hk, D, dtype=dtype),
+                                  pos=torch.randint(0, 8192, (N,), device="cuda", dtype=torch.int64)))
+            qo = [torch.empty(N, Hq, D, dtype=dtype, device="cuda") for _ in range(2)]
+            ko = [torch.empty(N, Hk, D, dtype=dtype, device="cuda") for _ in range(2)]
+            invf = inv_freq_ref(D, 10000.0)
+            ang = torch.arange(8192, dtype=torch.float64)[:, None] * invf
+            cache = torch.cat([torch.cos(ang), torch.sin(ang)], 1).float().cuda()
+            cos_c = torch.cat([torch.cos(ang)] * 2, 1).float().cuda()
+            sin_c = torch.cat([torch.sin(ang)] * 2, 1).float().cuda()
+            nbytes = 2 * N * (Hq + Hk) * D * E
+            for inverse in (False, True):
+                for use_cache in (True, False):
+                    ours = [rope_call(S, s["q"], s["k"], qo[i], ko[i], s["pos"],
+                                      cache if use_cache else None, 0, D, 10000.0, inverse)
+                            for i, s in enumerate(rsets)]
+                    t_ours = time_ms(ours)
+                    op = ("rope_bwd" if inverse else "rope_fwd") + ("" if use_cache else "_computed_cos_sin")
+                    if not inverse:
+                        if use_cache:
+                            peers = {"torch eager (HF)": safe(lambda: time_ms(
+                                [lambda s=s: hf_rope(s["q"], s["k"], cos_c, sin_c, s["pos"]) for s in rsets]))}
+                            c = compiled(f"rope{H}", hf_rope)
+                            if c is not None:
+                                peers["torch.compile eager"] = safe(lambda: time_ms(
+                                    [lambda s=s: c(s["q"], s["k"], cos_c, sin_c, s["pos"]) for s in rsets]))
+                            rope_peers = peers
+                        else:
+                            peers = rope_peers
+                    else:
+                        def rope_autograd():
+                            gs = []
+                            for s in rsets:
+                                qq = s["q"].detach().clone().requires_grad_(True)
+                                kk = s["k"].detach().clone().requires_grad_(True)
+                                yq, yk = hf_rope(qq, kk, cos_c, sin_c, s["pos"])
+                                gs.append(lambda yq=yq, yk=yk, qq=qq, kk=kk, s=s: torch.autograd.grad(
+                                    (yq, yk), (qq, kk), (s["q"], s["k"]), retain_graph=True))
+                            return time_ms(gs)
+                        if use_cache:
+                            rope_bpeers = {"torch eager (HF) autograd": safe(rope_autograd)}
+                        peers = rope_bpeers
+                    row(op, case, nbytes, t_ours, peers)
+            del rsets, qo, ko, sets, outs, routs
+            torch.cuda.empty_cache()
+    return copy_tbps, results
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shim", required=True)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--only", default="norm,rope,glu")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--command", default=None)
+    args = ap.parse_args()
+    torch.manual_seed(1234)
+    S = Shim(args.shim)
+    rc = 0
+    if args.check:
+        ck = Checker()
+        for fam, fn in (("norm", check_norms), ("rope", check_rope), ("glu", check_glu)):
+            if fam in args.only:
+                fn(S, ck, args.small)
+                torch.cuda.synchronize()
+        print(f"check: {ck.passed} passed, {len(ck.failed)} failed")
+        for f in ck.failed[:60]:
+            print("  FAIL", f)
+        rc = 1 if ck.failed else 0
+    if args.bench:
+        copy_tbps, rows = bench_all(S, args)
+        doc = {
+            "bench": "fused_ops",
+            "device": torch.cuda.get_device_name(),
+            "date": datetime.date.today().isoformat(),
+            "commit": args.commit,
+            "command": args.command,
+            "torch": torch.__version__,
+            "ceilings": {"copy_TBps": round(copy_tbps, 3)},
+            "rows": rows,
+        }
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        print()
+        print(f"{'op':32s} {'case':16s} {'ours TB/s':>9s} {'%copy':>6s} {'best peer':>9s} {'ratio':>6s}")
+        for r in rows:
+            bp = max(r["peers"].values()) if r["peers"] else float("nan")
+            print(f"{r['op']:32s} {r['case']:16s} {r['ours']:9.2f} {r['fraction_of_ceiling']*100:5.1f}% "
+                  f"{bp:9.2f} {r['ratio_best_peer'] or float('nan'):6.2f}")
+        print(f"copy bandwidth {copy_tbps:.2f} TB/s")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

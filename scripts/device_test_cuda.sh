@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# scripts/device_test_cuda.sh -- build and test the CUDA backend's fused ops on a GPU
+# machine (the project's lent H200: `run` executes this in the repository root), then
+# benchmark them.
+#
+#   scripts/device_test_cuda.sh [all|check|bench] [--no-compile]
+#
+# Steps (logs under $OUT, default /tmp/ot_device_out):
+#   1. configure + build for sm_90a only (Release, ninja), the static library and
+#      tests/test_ops; build bench/fused_ops_shim.c into build-dev/libfused_ops_shim.so;
+#   2. tests/test_ops --backend cuda (every case of the cross-backend test on CUDA
+#      against the float64 references);
+#   3. bench/bench_fused_ops.py --check: our kernels against float64 torch references
+#      (odd shapes, strided rows, all dtypes, in place);
+#   4. compute-sanitizer memcheck + racecheck over the check on small shapes;
+#   5. bench/bench_fused_ops.py --bench -> $OUT/fused_ops.json (+ plot), table last.
+# Machines without libdlpack-dev / OpenBLAS (the lent ones have no package registry)
+# use the headers and libraries carried in .carry/deps (copied from a Debian machine:
+# dlpack.h, cblas.h, libopenblas.so.0 and its libgfortran / libquadmath).
+set -uo pipefail
+MODE=${1:-all}
+COMPILE_FLAG=${2:-}
+OUT=${OUT:-/tmp/ot_device_out}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+
+EXTRA=()
+DLPACK_INC=/usr/include
+if [ ! -f /usr/include/dlpack/dlpack.h ] || ! ldconfig -p | grep -q 'libopenblas\.so'; then
+  D="$ROOT/.carry/deps"
+  EXTRA=(-DOT_DLPACK_INCLUDE_DIR="$D/include" -DOT_CBLAS_INCLUDE_DIR="$D/include"
+         -DBLAS_openblas_LIBRARY="$D/lib/libopenblas.so")
+  DLPACK_INC="$D/include"
+  export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}" LIBRARY_PATH="$D/lib:${LIBRARY_PATH:-}"
+  stamp "using carried deps in $D"
+fi
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+
+stamp "configure"
+cmake -S . -B build-dev "${GEN[@]}" -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
+  -DOT_BUILD_TOOLS=OFF "${EXTRA[@]}" >"$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
+stamp "build"
+if ! cmake --build build-dev -j "$(nproc)" --target ops_transformer_static test_ops >"$OUT/build.log" 2>&1; then
+  grep -E -B2 -A12 'error|Error' "$OUT/build.log" | head -80
+  exit 1
+fi
+cc -O2 -shared -fPIC bench/fused_ops_shim.c -Iinclude -Isrc -I"$DLPACK_INC" -I"$CUDA_HOME/include" \
+  build-dev/libops_transformer.a -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -lopenblas -fopenmp -lm \
+  -lstdc++ -o build-dev/libfused_ops_shim.so >"$OUT/shim.log" 2>&1 || { cat "$OUT/shim.log"; exit 1; }
+SHIM=build-dev/libfused_ops_shim.so
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
+
+if [ "$MODE" = all ] || [ "$MODE" = check ]; then
+  stamp "test_ops --backend cuda"
+  timeout 300 build-dev/tests/test_ops --backend cuda >"$OUT/test_ops.log" 2>&1
+  echo "test_ops rc=$?"; grep -E '^cuda ' "$OUT/test_ops.log" | head -20
+  grep -E 'FAIL' "$OUT/test_ops.log" | head -20
+  stamp "python check"
+  timeout 300 python3 bench/bench_fused_ops.py --shim $SHIM --check >"$OUT/check.log" 2>&1
+  echo "check rc=$?"; tail -25 "$OUT/check.log"
+  stamp "compute-sanitizer memcheck"
+  timeout 240 compute-sanitizer --tool memcheck --print-limit 20 \
+    python3 bench/bench_fused_ops.py --shim $SHIM --check --small >"$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$?"; grep -E 'ERROR SUMMARY|check:|Invalid|FAIL' "$OUT/memcheck.log" | head -10
+  stamp "compute-sanitizer racecheck"
+  timeout 240 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
+    python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only norm,rope >"$OUT/racecheck.log" 2>&1
+  echo "racecheck rc=$?"; grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|check:|hazard' "$OUT/racecheck.log" | head -10
+fi
+
+if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
+  stamp "bench"
+  COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+  timeout 420 python3 bench/bench_fused_ops.py --shim $SHIM --bench $COMPILE_FLAG --json "$OUT/fused_ops.json" \
+    --commit "$COMMIT" --command "scripts/device_test_cuda.sh $MODE $COMPILE_FLAG" >"$OUT/bench.log" 2>&1
+  echo "bench rc=$?"
+  python3 bench/plot_fused_ops.py "$OUT/fused_ops.json" "$OUT/fused_ops.png" >>"$OUT/bench.log" 2>&1 || true
+  stamp "done"
+  sed -n '/^op /,$p' "$OUT/bench.log"
+  grep -E 'peer failed|Error|error' "$OUT/bench.log" | head -5
+fi
+stamp "end"

@@ -1,0 +1,194 @@
+/*
+ * common.cuh -- device helpers shared by the CUDA kernels of the fused ops
+ * (norms, RoPE, gated activations): storage <-> float32 conversion, 16-byte vector
+ * loads and stores of a storage dtype, warp and block reductions, and the error
+ * check that turns a CUDA runtime error into OT_ERR_BACKEND with ot_error().
+ *
+ * Storage types are the raw CUDA types: float, __half, __nv_bfloat16. Arithmetic is
+ * always float32 (the API's rule: storage bf16 / fp16 / fp32, accumulation fp32).
+ */
+#ifndef OT_CUDA_COMMON_CUH
+#define OT_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "../core/internal.h"
+
+/* Evaluate a CUDA runtime call; on failure record "op: what: <cuda message>" and
+ * return OT_ERR_BACKEND from the enclosing function. */
+#define OT_CUDA_CHECK(op, expr)                                                      \
+  do {                                                                               \
+    cudaError_t ot_cuda_e_ = (expr);                                                 \
+    if (ot_cuda_e_ != cudaSuccess)                                                   \
+      return ot_error(OT_ERR_BACKEND, (op), "%s: %s", #expr,                         \
+                      cudaGetErrorString(ot_cuda_e_));                               \
+  } while (0)
+
+/* After a launch: report a launch-configuration error (a sticky fault of an earlier
+ * kernel shows up at the next synchronizing call, as usual with CUDA). */
+#define OT_CUDA_CHECK_LAUNCH(op) OT_CUDA_CHECK((op), cudaGetLastError())
+
+namespace ot {
+
+/* ---- storage <-> float ----------------------------------------------------------- */
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+/* Round a float32 to storage T and back (what a value stored in T reads as). */
+template <typename T> __device__ __forceinline__ float round_to(float v) {
+  return to_f32(from_f32<T>(v));
+}
+
+/* ---- 16-byte vectors --------------------------------------------------------------- */
+
+/* Elements of T per 16-byte vector: 8 for bf16 / fp16, 4 for fp32. */
+template <typename T> struct vec_width {
+  static constexpr int value = 16 / (int)sizeof(T);
+};
+
+/* Load VEC = 16/sizeof(T) elements starting at p into f[0..VEC). p must be 16-byte
+ * aligned. One 128-bit load (ld.global.v4). */
+template <typename T>
+__device__ __forceinline__ void load_vec(float *f, const T *p) {
+  constexpr int V = vec_width<T>::value;
+  uint4 raw = *reinterpret_cast<const uint4 *>(p);
+  const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+  for (int i = 0; i < V; i++) f[i] = to_f32(e[i]);
+}
+
+/* Same, read-only streaming hint: data read once (ld.global.nc.L1::no_allocate). */
+template <typename T>
+__device__ __forceinline__ void load_vec_stream(float *f, const T *p) {
+  constexpr int V = vec_width<T>::value;
+  uint4 raw = __ldcs(reinterpret_cast<const uint4 *>(p));
+  const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+  for (int i = 0; i < V; i++) f[i] = to_f32(e[i]);
+}
+
+/* Store f[0..VEC) rounded to T at p (16-byte aligned). One 128-bit store. */
+template <typename T>
+__device__ __forceinline__ void store_vec(T *p, const float *f) {
+  constexpr int V = vec_width<T>::value;
+  uint4 raw;
+  T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+  for (int i = 0; i < V; i++) e[i] = from_f32<T>(f[i]);
+  *reinterpret_cast<uint4 *>(p) = raw;
+}
+
+/* Load / store of the elements [base, base + VEC) of a row of length n, for rows that
+ * are not 16-byte aligned or for the ragged tail: scalar accesses, missing elements
+ * read as 0 and are not written. */
+template <typename T>
+__device__ __forceinline__ void load_vec_tail(float *f, const T *row, int64_t base, int64_t n) {
+  constexpr int V = vec_width<T>::value;
+#pragma unroll
+  for (int i = 0; i < V; i++) f[i] = base + i < n ? to_f32(row[base + i]) : 0.0f;
+}
+template <typename T>
+__device__ __forceinline__ void store_vec_tail(T *row, int64_t base, int64_t n, const float *f) {
+  constexpr int V = vec_width<T>::value;
+#pragma unroll
+  for (int i = 0; i < V; i++)
+    if (base + i < n) row[base + i] = from_f32<T>(f[i]);
+}
+
+/* Generic row access: the vector path when ALIGNED (every row of every tensor starts
+ * on 16 bytes and n % VEC == 0), else the scalar path. Whole vectors past n are
+ * skipped by the caller. */
+template <typename T, bool ALIGNED>
+__device__ __forceinline__ void load_row_vec(float *f, const T *row, int64_t base, int64_t n) {
+  if (ALIGNED) load_vec(f, row + base);
+  else load_vec_tail(f, row, base, n);
+}
+template <typename T, bool ALIGNED>
+__device__ __forceinline__ void store_row_vec(T *row, int64_t base, int64_t n, const float *f) {
+  if (ALIGNED) store_vec(row + base, f);
+  else store_vec_tail(row, base, n, f);
+}
+
+/* ---- reductions ---------------------------------------------------------------------- */
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* Sum of v over the threads of one row group: the blockDim.x threads that share
+ * threadIdx.y (blockDim.x a multiple of 32, at most 1024). `scratch` is shared memory
+ * of at least 32 * blockDim.y floats. Every thread of the group gets the sum. Contains
+ * __syncthreads(), so every thread of the block must call it. */
+__device__ __forceinline__ float row_group_sum(float v, float *scratch) {
+  v = warp_sum(v);
+  const int nwarps = blockDim.x >> 5;
+  if (nwarps == 1) return v; /* uniform over the block: no barrier needed */
+  float *s = scratch + 32 * threadIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads(); /* scratch may still be read by a previous call */
+  if (lane == 0) s[warp] = v;
+  __syncthreads();
+  float r = lane < nwarps ? s[lane] : 0.0f;
+  return warp_sum(r);
+}
+
+/* Two sums at once (one pair of barriers instead of two). */
+__device__ __forceinline__ float2 row_group_sum2(float a, float b, float *scratch) {
+  a = warp_sum(a);
+  b = warp_sum(b);
+  const int nwarps = blockDim.x >> 5;
+  if (nwarps == 1) return make_float2(a, b);
+  float2 *s = reinterpret_cast<float2 *>(scratch) + 32 * threadIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) s[warp] = make_float2(a, b);
+  __syncthreads();
+  float2 r = lane < nwarps ? s[lane] : make_float2(0.0f, 0.0f);
+  return make_float2(warp_sum(r.x), warp_sum(r.y));
+}
+
+} /* namespace ot */
+
+/* ---- host helpers --------------------------------------------------------------------- */
+
+static inline bool ot_is_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* True when a row-strided tensor can use 16-byte vectors: base aligned and the row
+ * stride a multiple of 16 bytes (rows <= 1 ignore the stride). NULL passes. */
+static inline bool ot_rows_aligned16(const void *p, int64_t row_stride_elems, size_t elem,
+                                     int64_t rows) {
+  if (!p) return true;
+  if (!ot_is_aligned16(p)) return false;
+  return rows <= 1 || ((row_stride_elems * (int64_t)elem) & 15) == 0;
+}
+
+/* Multiprocessor count of the current device (cached per device, first 16 devices). */
+static inline int ot_cuda_sm_count(void) {
+  static int cached[16];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (dev >= 0 && dev < 16 && cached[dev] > 0) return cached[dev];
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+    n = 132;
+  if (dev >= 0 && dev < 16) cached[dev] = n;
+  return n;
+}
+
+#endif /* OT_CUDA_COMMON_CUH */

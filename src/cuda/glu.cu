@@ -1,0 +1,190 @@
+/*
+ * glu.cu -- gated activations on CUDA: SwiGLU, GeGLU (erf) and GeGLU (tanh), forward
+ * and backward, elementwise over rows of F features.
+ *
+ *   forward:  out = act(gate) * up
+ *   backward: dgate = dout * up * act'(gate),  dup = dout * act(gate)
+ *
+ * A block covers one chunk of kChunk 16-byte vectors (kThreads threads x kUnroll
+ * vectors, all loads issued before the math) of one row; the grid is rows x chunks, so
+ * strided rows and the fused [.., 2F] layout (up = gate + F) cost nothing extra. Rows
+ * that are not 16-byte aligned, or F not a multiple of the vector width, take the
+ * scalar instantiation. In-place (dgate == gate, dup == up) is safe: every element
+ * is read and written by the same thread.
+ */
+#include "../core/glu.h"
+#include "common.cuh"
+
+namespace ot {
+
+constexpr int kGluThreads = 256;
+constexpr int kGluUnroll = 2;
+
+struct glu_params {
+  int64_t rows, F;
+  const void *a;    /* forward: gate; backward: dout */
+  const void *b;    /* forward: up;   backward: gate */
+  const void *c;    /* backward: up */
+  void *o1;         /* forward: out;  backward: dgate */
+  void *o2;         /* backward: dup */
+  int64_t sa, sb, sc, so1, so2;
+  int64_t chunks;   /* chunks per row */
+};
+
+__device__ __forceinline__ float gelu_erf(float g) {
+  return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
+}
+__device__ __forceinline__ float gelu_tanh(float g) {
+  const float k = 0.79788456080286536f; /* sqrt(2/pi) */
+  return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+}
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+
+template <ot_glu_kind K> __device__ __forceinline__ float act(float g) {
+  if (K == OT_GLU_SWIGLU) return silu(g);
+  if (K == OT_GLU_GEGLU) return gelu_erf(g);
+  return gelu_tanh(g);
+}
+
+/* act(g) and act'(g) together. */
+template <ot_glu_kind K> __device__ __forceinline__ float2 act_and_grad(float g) {
+  if (K == OT_GLU_SWIGLU) {
+    const float s = 1.0f / (1.0f + expf(-g));
+    return make_float2(g * s, s * (1.0f + g * (1.0f - s)));
+  }
+  if (K == OT_GLU_GEGLU) {
+    const float cdf = 0.5f * (1.0f + erff(g * 0.70710678118654752f));
+    const float pdf = 0.39894228040143268f * expf(-0.5f * g * g);
+    return make_float2(g * cdf, cdf + g * pdf);
+  }
+  const float k = 0.79788456080286536f, c = 0.044715f;
+  const float t = tanhf(k * (g + c * g * g * g));
+  return make_float2(0.5f * g * (1.0f + t),
+                     0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * k * (1.0f + 3.0f * c * g * g));
+}
+
+template <typename T, ot_glu_kind K, bool VEC, bool BACKWARD>
+__global__ void __launch_bounds__(kGluThreads) glu_kernel(const glu_params p) {
+  constexpr int V = vec_width<T>::value;
+  const int64_t row = blockIdx.x / p.chunks;
+  const int64_t chunk = blockIdx.x - row * p.chunks;
+  const int64_t n = p.F;
+  const T *A = static_cast<const T *>(p.a) + row * p.sa;
+  const T *B = static_cast<const T *>(p.b) + row * p.sb;
+  const T *C = BACKWARD ? static_cast<const T *>(p.c) + row * p.sc : nullptr;
+  T *O1 = static_cast<T *>(p.o1) + row * p.so1;
+  T *O2 = BACKWARD ? static_cast<T *>(p.o2) + row * p.so2 : nullptr;
+
+  float a[kGluUnroll][V], b[kGluUnroll][V], c[kGluUnroll][V];
+  int64_t base[kGluUnroll];
+#pragma unroll
+  for (int u = 0; u < kGluUnroll; u++) {
+    base[u] = ((chunk * kGluUnroll + u) * kGluThreads + threadIdx.x) * (int64_t)V;
+    if (base[u] < n) {
+      load_row_vec<T, VEC>(a[u], A, base[u], n);
+      load_row_vec<T, VEC>(b[u], B, base[u], n);
+      if (BACKWARD) load_row_vec<T, VEC>(c[u], C, base[u], n);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kGluUnroll; u++) {
+    if (base[u] >= n) continue;
+    if (!BACKWARD) {
+      float o[V];
+#pragma unroll
+      for (int j = 0; j < V; j++) o[j] = act<K>(a[u][j]) * b[u][j];
+      store_row_vec<T, VEC>(O1, base[u], n, o);
+    } else {
+      /* a = dout, b = gate, c = up */
+      float dg[V], du[V];
+#pragma unroll
+      for (int j = 0; j < V; j++) {
+        const float2 ag = act_and_grad<K>(b[u][j]);
+        dg[j] = a[u][j] * c[u][j] * ag.y;
+        du[j] = a[u][j] * ag.x;
+      }
+      store_row_vec<T, VEC>(O1, base[u], n, dg);
+      store_row_vec<T, VEC>(O2, base[u], n, du);
+    }
+  }
+}
+
+template <typename T, bool BACKWARD>
+static cudaError_t glu_launch(glu_params p, ot_glu_kind kind, bool vec, cudaStream_t stream) {
+  if (p.rows == 0 || p.F == 0) return cudaSuccess;
+  constexpr int V = vec_width<T>::value;
+  const int64_t per_chunk = (int64_t)kGluThreads * kGluUnroll * V;
+  p.chunks = (p.F + per_chunk - 1) / per_chunk;
+  const int64_t blocks = p.rows * p.chunks;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const dim3 g((unsigned)blocks), b(kGluThreads);
+#define OT_GLU_RUN(K)                                                         \
+  if (vec) glu_kernel<T, K, true, BACKWARD><<<g, b, 0, stream>>>(p);          \
+  else glu_kernel<T, K, false, BACKWARD><<<g, b, 0, stream>>>(p);
+  switch (kind) {
+    case OT_GLU_SWIGLU: OT_GLU_RUN(OT_GLU_SWIGLU) break;
+    case OT_GLU_GEGLU: OT_GLU_RUN(OT_GLU_GEGLU) break;
+    default: OT_GLU_RUN(OT_GLU_GEGLU_TANH) break;
+  }
+#undef OT_GLU_RUN
+  return cudaGetLastError();
+}
+
+template <bool BACKWARD>
+static ot_status glu_dispatch(const char *op, ot_context *ctx, ot_dtype dtype, ot_glu_kind kind,
+                              const glu_params &p) {
+  const size_t es = ot_dtype_size(dtype);
+  const int64_t V = 16 / (int64_t)es;
+  bool vec = p.F % V == 0 && ot_rows_aligned16(p.a, p.sa, es, p.rows) &&
+             ot_rows_aligned16(p.b, p.sb, es, p.rows) && ot_rows_aligned16(p.o1, p.so1, es, p.rows);
+  if (BACKWARD)
+    vec = vec && ot_rows_aligned16(p.c, p.sc, es, p.rows) &&
+          ot_rows_aligned16(p.o2, p.so2, es, p.rows);
+  cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
+  cudaError_t e;
+  switch (dtype) {
+    case OT_F32: e = glu_launch<float, BACKWARD>(p, kind, vec, s); break;
+    case OT_F16: e = glu_launch<__half, BACKWARD>(p, kind, vec, s); break;
+    case OT_BF16: e = glu_launch<__nv_bfloat16, BACKWARD>(p, kind, vec, s); break;
+    default: return ot_error(OT_ERR_INTERNAL, op, "unexpected storage dtype %d", (int)dtype);
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return ot_error(OT_ERR_BACKEND, op, "CUDA: %s", cudaGetErrorString(e));
+  }
+  return OT_OK;
+}
+
+} /* namespace ot */
+
+extern "C" ot_status ot_cuda_glu_forward(ot_context *ctx, const ot_glu_forward_args *a) {
+  ot::glu_params p;
+  memset(&p, 0, sizeof p);
+  p.rows = a->rows;
+  p.F = a->F;
+  p.a = a->gate;
+  p.sa = a->gate_stride;
+  p.b = a->up;
+  p.sb = a->up_stride;
+  p.o1 = a->out;
+  p.so1 = a->out_stride;
+  return ot::glu_dispatch<false>("ot_glu_forward", ctx, a->dtype, a->kind, p);
+}
+
+extern "C" ot_status ot_cuda_glu_backward(ot_context *ctx, const ot_glu_backward_args *a) {
+  ot::glu_params p;
+  memset(&p, 0, sizeof p);
+  p.rows = a->rows;
+  p.F = a->F;
+  p.a = a->dout;
+  p.sa = a->dout_stride;
+  p.b = a->gate;
+  p.sb = a->gate_stride;
+  p.c = a->up;
+  p.sc = a->up_stride;
+  p.o1 = a->dgate;
+  p.so1 = a->dgate_stride;
+  p.o2 = a->dup;
+  p.so2 = a->dup_stride;
+  return ot::glu_dispatch<true>("ot_glu_backward", ctx, a->dtype, a->kind, p);
+}

@@ -1,0 +1,652 @@
+/*
+ * norm.cuh -- the CUDA kernels of RMSNorm and LayerNorm, written once for both
+ * (LAYER = false: RMSNorm, true: LayerNorm) and instantiated by rmsnorm.cu and
+ * layernorm.cu.
+ *
+ * Layout: a row group of blockDim.x threads (a multiple of 32) owns one row; a block
+ * holds blockDim.y row groups (several rows per block when rows are short). Thread x
+ * of a group handles the 16-byte vectors x, x + blockDim.x, ... (NV of them) of its
+ * row, so a warp's accesses are contiguous 512-byte runs.
+ *
+ * Forward: the row is held in registers (x and residual read once from HBM, out and
+ * residual_out written once); LayerNorm takes mean and variance in two exact passes
+ * over the registers. Rows longer than NV_MAX vectors per thread take a looping
+ * kernel that re-reads the row (from L2 in practice).
+ *
+ * Backward: a persistent grid (SMs x occupancy blocks); each row group keeps fp32
+ * partial sums of dweight / dbias for its columns in registers across the rows it
+ * handles, writes them once to a [groups, cols] fp32 workspace, and a second kernel
+ * sums the groups (two-stage reduction, no atomics). The workspace is taken with
+ * cudaMallocAsync / cudaFreeAsync on the context's stream (stream-ordered, served by
+ * the driver's memory pool) -- a stopgap until the context has an arena.
+ *
+ * All pointers may be NULL where the API allows it: residual (then residual_out is
+ * unused), weight (= 1), bias (= 0), mean / rstd (not saved, or recomputed in the
+ * backward), dresidual_out (no extra gradient), dweight / dbias partials.
+ */
+#ifndef OT_CUDA_NORM_CUH
+#define OT_CUDA_NORM_CUH
+
+#include "common.cuh"
+
+namespace ot {
+
+struct norm_fwd_params {
+  int64_t rows, cols;
+  const void *x;             /* [rows, cols], row stride x_stride */
+  int64_t x_stride;
+  const void *residual;      /* [rows, cols] or NULL */
+  int64_t residual_stride;
+  const void *weight;        /* [cols] or NULL */
+  const void *bias;          /* [cols] or NULL (LayerNorm only) */
+  void *out;                 /* [rows, cols] */
+  int64_t out_stride;
+  void *residual_out;        /* [rows, cols]; required when residual != NULL */
+  int64_t residual_out_stride;
+  float *mean;               /* [rows] or NULL (LayerNorm only) */
+  float *rstd;               /* [rows] or NULL */
+  float eps;
+};
+
+struct norm_bwd_params {
+  int64_t rows, cols;
+  const void *dy;            /* [rows, cols] */
+  int64_t dy_stride;
+  const void *dres;          /* [rows, cols] or NULL: gradient reaching residual_out */
+  int64_t dres_stride;
+  const void *h;             /* [rows, cols]: the normalized input */
+  int64_t h_stride;
+  const void *weight;        /* [cols] or NULL */
+  const float *mean;         /* [rows] or NULL (recompute); LayerNorm only */
+  const float *rstd;         /* [rows] or NULL (recompute) */
+  float eps;
+  void *dx;                  /* [rows, cols] */
+  int64_t dx_stride;
+  float *dw_part;            /* [groups, cols] fp32 or NULL */
+  float *db_part;            /* [groups, cols] fp32 or NULL (LayerNorm only) */
+};
+
+constexpr int kNormMaxRowsPerBlock = 8;
+
+/* ---- forward, row in registers ------------------------------------------------------ */
+
+template <typename T, bool LAYER, int NV, bool ALIGNED>
+__global__ void __launch_bounds__(512) norm_fwd_kernel(norm_fwd_params p) {
+  constexpr int V = vec_width<T>::value;
+  __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
+  const int64_t n = p.cols;
+  const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+  const bool valid = row < p.rows;
+  const int64_t r = valid ? row : 0;
+  const T *x = static_cast<const T *>(p.x) + r * p.x_stride;
+  const T *res = p.residual ? static_cast<const T *>(p.residual) + r * p.residual_stride : nullptr;
+
+  float h[NV][V];
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+    if (valid && base < n) {
+      load_row_vec<T, ALIGNED>(h[i], x, base, n);
+      if (res) {
+        float rv[V];
+        load_row_vec<T, ALIGNED>(rv, res, base, n);
+#pragma unroll
+        for (int j = 0; j < V; j++) h[i][j] = round_to<T>(h[i][j] + rv[j]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; j++) h[i][j] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < V; j++) s += LAYER ? h[i][j] : h[i][j] * h[i][j];
+  }
+  /* Out-of-range elements are 0 (tails included), so they add nothing to the sums. */
+  float *scr = reinterpret_cast<float *>(scratch);
+  float mu = 0.0f, rs;
+  if (LAYER) {
+    mu = row_group_sum(s, scr) / (float)n;
+    float v = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+#pragma unroll
+      for (int j = 0; j < V; j++) {
+        const float d = base + j < n ? h[i][j] - mu : 0.0f;
+        v += d * d;
+      }
+    }
+    rs = rsqrtf(row_group_sum(v, scr) / (float)n + p.eps);
+  } else {
+    rs = rsqrtf(row_group_sum(s, scr) / (float)n + p.eps);
+  }
+  if (!valid) return;
+
+  T *out = static_cast<T *>(p.out) + r * p.out_stride;
+  T *rout = res ? static_cast<T *>(p.residual_out) + r * p.residual_out_stride : nullptr;
+  const T *w = static_cast<const T *>(p.weight);
+  const T *b = LAYER ? static_cast<const T *>(p.bias) : nullptr;
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+    if (base >= n) continue;
+    if (rout) store_row_vec<T, ALIGNED>(rout, base, n, h[i]);
+    float wv[V], bv[V], o[V];
+    if (w) load_row_vec<T, ALIGNED>(wv, w, base, n);
+    if (b) load_row_vec<T, ALIGNED>(bv, b, base, n);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+      float y = (h[i][j] - mu) * rs;
+      if (w) y *= wv[j];
+      if (b) y += bv[j];
+      o[j] = y;
+    }
+    store_row_vec<T, ALIGNED>(out, base, n, o);
+  }
+  if (threadIdx.x == 0) {
+    if (p.rstd) p.rstd[r] = rs;
+    if (LAYER && p.mean) p.mean[r] = mu;
+  }
+}
+
+/* ---- forward, long rows: loops over the row, re-reading it ------------------------- */
+
+template <typename T, bool LAYER, bool ALIGNED>
+__global__ void __launch_bounds__(1024) norm_fwd_loop_kernel(norm_fwd_params p) {
+  constexpr int V = vec_width<T>::value;
+  __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
+  float *scr = reinterpret_cast<float *>(scratch);
+  const int64_t n = p.cols;
+  const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+  const bool valid = row < p.rows;
+  const int64_t r = valid ? row : 0;
+  const T *x = static_cast<const T *>(p.x) + r * p.x_stride;
+  const T *res = p.residual ? static_cast<const T *>(p.residual) + r * p.residual_stride : nullptr;
+  T *rout = res ? static_cast<T *>(p.residual_out) + r * p.residual_out_stride : nullptr;
+  /* After pass 1 the (rounded) h lives in residual_out when fused, else in x; each
+   * thread re-reads only the elements it wrote itself, so aliasing is safe. */
+  const T *hsrc = res ? rout : x;
+  const int64_t step = (int64_t)blockDim.x * V;
+
+  float s = 0.0f;
+  if (valid) {
+    for (int64_t base = (int64_t)threadIdx.x * V; base < n; base += step) {
+      float hv[V];
+      load_row_vec<T, ALIGNED>(hv, x, base, n);
+      if (res) {
+        float rv[V];
+        load_row_vec<T, ALIGNED>(rv, res, base, n);
+#pragma unroll
+        for (int j = 0; j < V; j++) hv[j] = round_to<T>(hv[j] + rv[j]);
+        store_row_vec<T, ALIGNED>(rout, base, n, hv);
+      }
+#pragma unroll
+      for (int j = 0; j < V; j++) s += LAYER ? hv[j] : hv[j] * hv[j];
+    }
+  }
+  float mu = 0.0f, rs;
+  if (LAYER) {
+    mu = row_group_sum(s, scr) / (float)n;
+    float v = 0.0f;
+    if (valid) {
+      for (int64_t base = (int64_t)threadIdx.x * V; base < n; base += step) {
+        float hv[V];
+        load_row_vec<T, ALIGNED>(hv, hsrc, base, n);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+          const float d = base + j < n ? hv[j] - mu : 0.0f;
+          v += d * d;
+        }
+      }
+    }
+    rs = rsqrtf(row_group_sum(v, scr) / (float)n + p.eps);
+  } else {
+    rs = rsqrtf(row_group_sum(s, scr) / (float)n + p.eps);
+  }
+  if (!valid) return;
+  T *out = static_cast<T *>(p.out) + r * p.out_stride;
+  const T *w = static_cast<const T *>(p.weight);
+  const T *b = LAYER ? static_cast<const T *>(p.bias) : nullptr;
+  for (int64_t base = (int64_t)threadIdx.x * V; base < n; base += step) {
+    float hv[V], wv[V], bv[V];
+    load_row_vec<T, ALIGNED>(hv, hsrc, base, n);
+    if (w) load_row_vec<T, ALIGNED>(wv, w, base, n);
+    if (b) load_row_vec<T, ALIGNED>(bv, b, base, n);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+      float y = (hv[j] - mu) * rs;
+      if (w) y *= wv[j];
+      if (b) y += bv[j];
+      hv[j] = y;
+    }
+    store_row_vec<T, ALIGNED>(out, base, n, hv);
+  }
+  if (threadIdx.x == 0) {
+    if (p.rstd) p.rstd[r] = rs;
+    if (LAYER && p.mean) p.mean[r] = mu;
+  }
+}
+
+/* ---- backward, row in registers, persistent grid --------------------------------------
+ * RMSNorm:   g = dy*w, dx = r*(g - h*r^2*mean(g*h)) [+ dres],  dw += dy*h*r
+ * LayerNorm: xh = (h-mu)*r, dx = r*(g - mean(g) - xh*mean(g*xh)) [+ dres],
+ *            dw += dy*xh, db += dy
+ * Partial row of group (blockIdx.x, threadIdx.y) is blockIdx.x * blockDim.y + y. */
+template <typename T, bool LAYER, int NV, bool ALIGNED>
+__global__ void __launch_bounds__(512) norm_bwd_kernel(norm_bwd_params p) {
+  constexpr int V = vec_width<T>::value;
+  __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
+  float *scr = reinterpret_cast<float *>(scratch);
+  const int64_t n = p.cols;
+  const float inv_n = 1.0f / (float)n;
+  const T *w = static_cast<const T *>(p.weight);
+  const bool want_dw = p.dw_part != nullptr, want_db = LAYER && p.db_part != nullptr;
+
+  float wv[NV][V], dw[NV][V], db[NV][V];
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+#pragma unroll
+    for (int j = 0; j < V; j++) wv[i][j] = 1.0f, dw[i][j] = 0.0f, db[i][j] = 0.0f;
+    if (w && base < n) load_row_vec<T, ALIGNED>(wv[i], w, base, n);
+  }
+
+  const int64_t stride_rows = (int64_t)gridDim.x * blockDim.y;
+  for (int64_t row0 = (int64_t)blockIdx.x * blockDim.y; row0 < p.rows; row0 += stride_rows) {
+    const int64_t row = row0 + threadIdx.y;
+    const bool valid = row < p.rows;
+    const int64_t r = valid ? row : 0;
+    const T *hp = static_cast<const T *>(p.h) + r * p.h_stride;
+    const T *dyp = static_cast<const T *>(p.dy) + r * p.dy_stride;
+    float hv[NV][V], g[NV][V];
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+      if (valid && base < n) {
+        load_row_vec<T, ALIGNED>(hv[i], hp, base, n);
+        load_row_vec<T, ALIGNED>(g[i], dyp, base, n); /* dy for now */
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) hv[i][j] = 0.0f, g[i][j] = 0.0f;
+      }
+    }
+    /* Statistics: saved, or recomputed exactly as the forward does. */
+    float mu = 0.0f, rs;
+    if (p.rstd) {
+      rs = valid ? p.rstd[r] : 1.0f;
+      if (LAYER) mu = valid ? p.mean[r] : 0.0f;
+    } else if (LAYER) {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NV; i++)
+#pragma unroll
+        for (int j = 0; j < V; j++) s += hv[i][j];
+      mu = row_group_sum(s, scr) * inv_n;
+      float v = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NV; i++) {
+        const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+          const float d = base + j < n ? hv[i][j] - mu : 0.0f;
+          v += d * d;
+        }
+      }
+      rs = rsqrtf(row_group_sum(v, scr) * inv_n + p.eps);
+    } else {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NV; i++)
+#pragma unroll
+        for (int j = 0; j < V; j++) s += hv[i][j] * hv[i][j];
+      rs = rsqrtf(row_group_sum(s, scr) * inv_n + p.eps);
+    }
+    /* xh (normalized input) replaces h; accumulate the weight-gradient partials. */
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+#pragma unroll
+      for (int j = 0; j < V; j++) {
+        const bool in = base + j < n;
+        const float xh = in ? (hv[i][j] - mu) * rs : 0.0f;
+        const float dyv = g[i][j];
+        if (want_dw) dw[i][j] += dyv * xh;
+        if (want_db) db[i][j] += dyv;
+        const float gg = dyv * wv[i][j];
+        hv[i][j] = xh;
+        g[i][j] = gg;
+        sg += gg;
+        sgx += gg * xh;
+      }
+    }
+    float a = 0.0f, c;
+    if (LAYER) {
+      const float2 t = row_group_sum2(sg, sgx, scr);
+      a = t.x * inv_n;
+      c = t.y * inv_n;
+    } else {
+      c = row_group_sum(sgx, scr) * inv_n;
+    }
+    if (valid) {
+      T *dxp = static_cast<T *>(p.dx) + r * p.dx_stride;
+      const T *drp = p.dres ? static_cast<const T *>(p.dres) + r * p.dres_stride : nullptr;
+#pragma unroll
+      for (int i = 0; i < NV; i++) {
+        const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+        if (base >= n) continue;
+        float o[V], dr[V];
+        if (drp) load_row_vec<T, ALIGNED>(dr, drp, base, n);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+          o[j] = rs * (g[i][j] - a - hv[i][j] * c);
+          if (drp) o[j] += dr[j];
+        }
+        store_row_vec<T, ALIGNED>(dxp, base, n, o);
+      }
+    }
+  }
+
+  const int64_t part = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+      if (base + j >= n) continue;
+      if (want_dw) p.dw_part[part * n + base + j] = dw[i][j];
+      if (want_db) p.db_part[part * n + base + j] = db[i][j];
+    }
+  }
+}
+
+/* ---- backward, long rows: loops, partials accumulated in the workspace row that the
+ * group owns (read-modify-write by its single owner thread, no atomics). ---------------- */
+template <typename T, bool LAYER, bool ALIGNED>
+__global__ void __launch_bounds__(1024) norm_bwd_loop_kernel(norm_bwd_params p) {
+  constexpr int V = vec_width<T>::value;
+  __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
+  float *scr = reinterpret_cast<float *>(scratch);
+  const int64_t n = p.cols;
+  const float inv_n = 1.0f / (float)n;
+  const T *w = static_cast<const T *>(p.weight);
+  const bool want_dw = p.dw_part != nullptr, want_db = LAYER && p.db_part != nullptr;
+  const int64_t part = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+  const int64_t step = (int64_t)blockDim.x * V;
+  float *dwp = want_dw ? p.dw_part + part * n : nullptr;
+  float *dbp = want_db ? p.db_part + part * n : nullptr;
+  for (int64_t base = (int64_t)threadIdx.x * V; base < n; base += step)
+    for (int j = 0; j < V && base + j < n; j++) {
+      if (dwp) dwp[base + j] = 0.0f;
+      if (dbp) dbp[base + j] = 0.0f;
+    }
+
+  const int64_t stride_rows = (int64_t)gridDim.x * blockDim.y;
+  for (int64_t row0 = (int64_t)blockIdx.x * blockDim.y; row0 < p.rows; row0 += stride_rows) {
+    const int64_t row = row0 + threadIdx.y;
+    const bool valid = row < p.rows;
+    const int64_t r = valid ? row : 0;
+    const T *hp = static_cast<const T *>(p.h) + r * p.h_stride;
+    const T *dyp = static_cast<const T *>(p.dy) + r * p.dy_stride;
+    float mu = 0.0f, rs;
+    if (p.rstd) {
+      rs = valid ? p.rstd[r] : 1.0f;
+      if (LAYER) mu = valid ? p.mean[r] : 0.0f;
+    } else {
+      float s = 0.0f;
+      if (valid)
+        for (int64_t base = (int64_t)threadIdx.x * V; base < n; base += step) {
+          float hv[V];
+          load_row_vec<T, ALIGNED>(hv, hp, base, n);
+#pragma unroll
+          for (int j = 0; j < V; j++) s += LAYER ? hv[j] : hv[j] * hv[j];
+        }
+      if (LAYER) {
+        mu = row_group_sum(s, scr) * inv_n;
+        float v = 0.0f;
+        if (valid)
+          for (int64_t base = (int64_t)threadIdx.x * V; base < n; base += step) {
+            float hv[V];
+            load_row_vec<T, ALIGNED>(hv, hp, base, n);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+              const float d = base + j < n ? hv[j] - mu : 0.0f;
+              v += d * d;
+            }
+          }
+        rs = rsqrtf(row_group_sum(v, scr) * inv_n + p.eps);
+      } else {
+        rs = rsqrtf(row_group_sum(s, scr) * inv_n + p.eps);
+      }
+    }
+    float sg = 0.0f, sgx = 0.0f;
+    if (valid)
+      for (int64_t base = (int64_t)threadIdx.x * V; base < n; base += step) {
+        float hv[V], dyv[V], wv[V];
+        load_row_vec<T, ALIGNED>(hv, hp, base, n);
+        load_row_vec<T, ALIGNED>(dyv, dyp, base, n);
+        if (w) load_row_vec<T, ALIGNED>(wv, w, base, n);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+          if (base + j >= n) continue;
+          const float xh = (hv[j] - mu) * rs;
+          const float gg = dyv[j] * (w ? wv[j] : 1.0f);
+          sg += gg;
+          sgx += gg * xh;
+          if (dwp) dwp[base + j] += dyv[j] * xh;
+          if (dbp) dbp[base + j] += dyv[j];
+        }
+      }
+    float a = 0.0f, c;
+    if (LAYER) {
+      const float2 t = row_group_sum2(sg, sgx, scr);
+      a = t.x * inv_n;
+      c = t.y * inv_n;
+    } else {
+      c = row_group_sum(sgx, scr) * inv_n;
+    }
+    if (!valid) continue;
+    T *dxp = static_cast<T *>(p.dx) + r * p.dx_stride;
+    const T *drp = p.dres ? static_cast<const T *>(p.dres) + r * p.dres_stride : nullptr;
+    for (int64_t base = (int64_t)threadIdx.x * V; base < n; base += step) {
+      float hv[V], dyv[V], wv[V], dr[V], o[V];
+      load_row_vec<T, ALIGNED>(hv, hp, base, n);
+      load_row_vec<T, ALIGNED>(dyv, dyp, base, n);
+      if (w) load_row_vec<T, ALIGNED>(wv, w, base, n);
+      if (drp) load_row_vec<T, ALIGNED>(dr, drp, base, n);
+#pragma unroll
+      for (int j = 0; j < V; j++) {
+        const float xh = (hv[j] - mu) * rs;
+        const float gg = dyv[j] * (w ? wv[j] : 1.0f);
+        o[j] = rs * (gg - a - xh * c);
+        if (drp) o[j] += dr[j];
+      }
+      store_row_vec<T, ALIGNED>(dxp, base, n, o);
+    }
+  }
+}
+
+/* ---- stage two: sum the partial rows -------------------------------------------------
+ * dw[c] = sum_p dw_part[p, c]; block (32 columns) x (16 partial-row lanes). dw / db
+ * NULL: not wanted; parts == 0 writes zeros (no rows). */
+template <typename T>
+__global__ void __launch_bounds__(512) norm_reduce_partials_kernel(
+    const float *__restrict__ dw_part, const float *__restrict__ db_part, int64_t parts,
+    int64_t n, T *dw, T *db) {
+  __shared__ float sw[16][33], sb[16][33];
+  const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
+  float aw = 0.0f, ab = 0.0f;
+  if (c < n) {
+    for (int64_t q = threadIdx.y; q < parts; q += blockDim.y) {
+      if (dw) aw += dw_part[q * n + c];
+      if (db) ab += db_part[q * n + c];
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < n) {
+    for (int k = 1; k < (int)blockDim.y; k++) aw += sw[k][threadIdx.x], ab += sb[k][threadIdx.x];
+    if (dw) dw[c] = from_f32<T>(aw);
+    if (db) db[c] = from_f32<T>(ab);
+  }
+}
+
+/* ---- launch configuration ---------------------------------------------------------------- */
+
+struct norm_launch {
+  int nv;       /* vectors per thread: 1, 2, 4, 8; 0 = looping kernel */
+  int threads;  /* blockDim.x, a multiple of 32 */
+  int rows;     /* blockDim.y */
+};
+
+/* Pick NV (registers per row) so a row group has at most `target` threads; NV above
+ * nv_max (or a group wider than 512) takes the looping kernel. */
+static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, int nv_max) {
+  norm_launch L;
+  const int64_t nvec = (cols + vec - 1) / vec;
+  L.nv = 0;
+  for (int nv = 1; nv <= nv_max; nv *= 2) {
+    if ((nvec + nv - 1) / nv <= target) {
+      L.nv = nv;
+      break;
+    }
+  }
+  if (L.nv == 0 && (nvec + nv_max - 1) / nv_max <= 512) L.nv = nv_max;
+  int64_t t = L.nv ? (nvec + L.nv - 1) / L.nv : (nvec < 1024 ? nvec : 1024);
+  t = (t + 31) / 32 * 32;
+  if (t < 32) t = 32;
+  if (L.nv == 0 && t > 1024) t = 1024;
+  L.threads = (int)t;
+  int ry = 256 / L.threads;
+  L.rows = ry < 1 ? 1 : (ry > kNormMaxRowsPerBlock ? kNormMaxRowsPerBlock : ry);
+  return L;
+}
+
+template <typename T, bool LAYER>
+cudaError_t norm_forward_launch(const norm_fwd_params &p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  constexpr int V = vec_width<T>::value;
+  const bool aligned = p.cols % V == 0 && ot_rows_aligned16(p.x, p.x_stride, sizeof(T), p.rows) &&
+                       ot_rows_aligned16(p.residual, p.residual_stride, sizeof(T), p.rows) &&
+                       ot_rows_aligned16(p.out, p.out_stride, sizeof(T), p.rows) &&
+                       (!p.residual ||
+                        ot_rows_aligned16(p.residual_out, p.residual_out_stride, sizeof(T), p.rows)) &&
+                       ot_rows_aligned16(p.weight, 0, sizeof(T), 1) &&
+                       ot_rows_aligned16(LAYER ? p.bias : nullptr, 0, sizeof(T), 1);
+  const norm_launch L = norm_pick_launch(p.cols, V, 256, 8);
+  const dim3 block(L.threads, L.rows);
+  const int64_t blocks = (p.rows + L.rows - 1) / L.rows;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const dim3 grid((unsigned)blocks);
+#define OT_NORM_FWD(NV)                                                                  \
+  (aligned ? norm_fwd_kernel<T, LAYER, NV, true><<<grid, block, 0, stream>>>(p)          \
+           : norm_fwd_kernel<T, LAYER, NV, false><<<grid, block, 0, stream>>>(p))
+  switch (L.nv) {
+    case 1: OT_NORM_FWD(1); break;
+    case 2: OT_NORM_FWD(2); break;
+    case 4: OT_NORM_FWD(4); break;
+    case 8: OT_NORM_FWD(8); break;
+    default:
+      if (aligned) norm_fwd_loop_kernel<T, LAYER, true><<<grid, block, 0, stream>>>(p);
+      else norm_fwd_loop_kernel<T, LAYER, false><<<grid, block, 0, stream>>>(p);
+  }
+#undef OT_NORM_FWD
+  return cudaGetLastError();
+}
+
+/* Persistent grid: as many blocks as fit on the device at once (at most one per row
+ * group's worth of rows). */
+template <typename K>
+static inline int64_t norm_bwd_grid(K kernel, const norm_launch &L, int64_t rows) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, L.threads * L.rows, 0) !=
+          cudaSuccess ||
+      per_sm < 1)
+    per_sm = 1;
+  int64_t g = (int64_t)per_sm * ot_cuda_sm_count();
+  const int64_t need = (rows + L.rows - 1) / L.rows;
+  return g < need ? g : (need > 0 ? need : 1);
+}
+
+/* dw / db: [cols] outputs of storage T or NULL. The workspace is allocated and freed
+ * stream-ordered on `stream`. */
+template <typename T, bool LAYER>
+cudaError_t norm_backward_launch(norm_bwd_params p, T *dw, T *db, cudaStream_t stream) {
+  if (p.cols == 0) return cudaSuccess;
+  constexpr int V = vec_width<T>::value;
+  const bool aligned = p.cols % V == 0 && ot_rows_aligned16(p.dy, p.dy_stride, sizeof(T), p.rows) &&
+                       ot_rows_aligned16(p.dres, p.dres_stride, sizeof(T), p.rows) &&
+                       ot_rows_aligned16(p.h, p.h_stride, sizeof(T), p.rows) &&
+                       ot_rows_aligned16(p.dx, p.dx_stride, sizeof(T), p.rows) &&
+                       ot_rows_aligned16(p.weight, 0, sizeof(T), 1);
+  const norm_launch L = norm_pick_launch(p.cols, V, 512, sizeof(T) == 4 ? 4 : 2);
+  const dim3 block(L.threads, L.rows);
+  int64_t grid = 1;
+#define OT_NORM_BWD_KERNEL(NV, AL) norm_bwd_kernel<T, LAYER, NV, AL>
+#define OT_NORM_BWD_CASE(NV)                                                              \
+  case NV:                                                                                \
+    grid = aligned ? norm_bwd_grid(OT_NORM_BWD_KERNEL(NV, true), L, p.rows)               \
+                   : norm_bwd_grid(OT_NORM_BWD_KERNEL(NV, false), L, p.rows);             \
+    break;
+  switch (L.nv) {
+    OT_NORM_BWD_CASE(1)
+    OT_NORM_BWD_CASE(2)
+    OT_NORM_BWD_CASE(4)
+    default:
+      grid = aligned ? norm_bwd_grid(norm_bwd_loop_kernel<T, LAYER, true>, L, p.rows)
+                     : norm_bwd_grid(norm_bwd_loop_kernel<T, LAYER, false>, L, p.rows);
+  }
+#undef OT_NORM_BWD_CASE
+  const bool want_dw = dw != nullptr, want_db = LAYER && db != nullptr;
+  const int64_t parts = grid * L.rows;
+  float *ws = nullptr;
+  if ((want_dw || want_db) && p.rows > 0) {
+    const size_t bytes = (size_t)parts * (size_t)p.cols * sizeof(float) * (want_dw + want_db);
+    cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&ws), bytes, stream);
+    if (e != cudaSuccess) return e;
+  }
+  p.dw_part = want_dw ? ws : nullptr;
+  p.db_part = want_db ? ws + (want_dw ? parts * p.cols : 0) : nullptr;
+  if (p.rows > 0) {
+    const dim3 g((unsigned)grid);
+#define OT_NORM_BWD_RUN(NV)                                                               \
+  case NV:                                                                                \
+    if (aligned) OT_NORM_BWD_KERNEL(NV, true)<<<g, block, 0, stream>>>(p);                \
+    else OT_NORM_BWD_KERNEL(NV, false)<<<g, block, 0, stream>>>(p);                       \
+    break;
+    switch (L.nv) {
+      OT_NORM_BWD_RUN(1)
+      OT_NORM_BWD_RUN(2)
+      OT_NORM_BWD_RUN(4)
+      default:
+        if (aligned) norm_bwd_loop_kernel<T, LAYER, true><<<g, block, 0, stream>>>(p);
+        else norm_bwd_loop_kernel<T, LAYER, false><<<g, block, 0, stream>>>(p);
+    }
+#undef OT_NORM_BWD_RUN
+#undef OT_NORM_BWD_KERNEL
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+      if (ws) (void)cudaFreeAsync(ws, stream);
+      return e;
+    }
+  }
+  if (want_dw || want_db) {
+    /* rows == 0: parts is 1 and no partials exist; reduce over zero parts (writes 0). */
+    const int64_t nparts = p.rows > 0 ? parts : 0;
+    const dim3 rg((unsigned)((p.cols + 31) / 32)), rb(32, 16);
+    norm_reduce_partials_kernel<T><<<rg, rb, 0, stream>>>(
+        p.dw_part, p.db_part, nparts, p.cols, want_dw ? dw : nullptr, want_db ? db : nullptr);
+    cudaError_t e = cudaGetLastError();
+    if (ws) {
+      cudaError_t f = cudaFreeAsync(ws, stream);
+      if (e == cudaSuccess) e = f;
+    }
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+} /* namespace ot */
+
+#endif /* OT_CUDA_NORM_CUH */

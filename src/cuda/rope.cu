@@ -1,0 +1,286 @@
+/*
+ * rope.cu -- rotary position embedding on CUDA: q and k of a token rotated in one
+ * launch, in place or out of place, forward (angle) and backward (-angle).
+ *
+ * One block per token (grid-strided when tokens exceed the grid limit):
+ *   1. the block makes the token's rd/2 (cos, sin) pairs once, in shared memory: read
+ *      from the cos_sin_cache row, or computed as the CPU backend does -- pos *
+ *      inv_freq[i] in float64, reduced modulo 2*pi in float64, then float32 cosf /
+ *      sinf of the reduced angle (inv_freq from ot_rope_inv_freq on the host, passed
+ *      by value in the kernel parameters);
+ *   2. its threads walk the items of every q head then every k head. An item is one
+ *      16-byte vector of pairs: NeoX loads x1 = x[i..i+V) and x2 = x[half+i..half+i+V)
+ *      (two 128-bit loads, two stores); GPT-J loads x[i..i+V) holding V/2 adjacent
+ *      pairs. Features [rd, D) are copied when the output is another tensor.
+ * When a head row is not 16-byte aligned (odd strides, rd/2 not a multiple of the
+ * vector width, ...) the scalar kernel does one pair per item.
+ *
+ * A position outside the cache (not validated on the host for device tensors)
+ * yields NaN outputs rather than an out-of-bounds read.
+ */
+#include "../core/rope.h"
+#include "common.cuh"
+
+namespace ot {
+
+/* Frequencies passed by value: up to 256 (rd <= 512); larger rd recompute them on the
+ * device with the same float64 formula. */
+constexpr int kRopeMaxHalfByValue = 256;
+
+struct rope_heads_dev {
+  void *in;
+  void *out;
+  int64_t heads;
+  int64_t in_sb, in_ss, in_sh;
+  int64_t out_sb, out_ss, out_sh;
+};
+
+struct rope_params {
+  rope_heads_dev t[2]; /* q, k (k.heads == 0 when absent) */
+  int64_t batch, seq, head_dim, rotary_dim;
+  const void *positions;
+  int pos_is_i64;
+  int inverse;
+  int64_t pos_sb, pos_ss;
+  const float *cache;
+  int64_t max_position;
+  int64_t half;
+  /* device recomputation when half > kRopeMaxHalfByValue */
+  double theta, l3_factor, l3_low, l3_high, l3_orig;
+  double inv_freq[kRopeMaxHalfByValue];
+};
+
+__device__ double rope_inv_freq_dev(const rope_params &p, int64_t i) {
+  /* The same rule as ot_rope_inv_freq (src/core/rope.c). */
+  double f = pow(p.theta, -(double)(2 * i) / (double)p.rotary_dim);
+  if (p.l3_factor > 0) {
+    const double two_pi = 6.283185307179586476925;
+    const double wavelen = two_pi / f;
+    const double low_wl = p.l3_orig / p.l3_low, high_wl = p.l3_orig / p.l3_high;
+    if (wavelen < high_wl) {
+    } else if (wavelen > low_wl) {
+      f = f / p.l3_factor;
+    } else {
+      const double smooth = (p.l3_orig / wavelen - p.l3_low) / (p.l3_high - p.l3_low);
+      f = (1.0 - smooth) * f / p.l3_factor + smooth * f;
+    }
+  }
+  return f;
+}
+
+/* Elements per load: VEC -> a 16-byte vector; scalar -> 1 (NeoX) or 2 (GPT-J pair). */
+template <typename T, bool VEC, ot_rope_mode MODE>
+struct rope_shape {
+  static constexpr int V = vec_width<T>::value;
+  static constexpr int W = VEC ? V : (MODE == OT_ROPE_GPTJ ? 2 : 1);
+};
+
+template <typename T, int W, bool VEC>
+__device__ __forceinline__ void rope_load(float *f, const T *p) {
+  if (VEC) load_vec(f, p);
+  else {
+#pragma unroll
+    for (int j = 0; j < W; j++) f[j] = to_f32(p[j]);
+  }
+}
+template <typename T, int W, bool VEC>
+__device__ __forceinline__ void rope_store(T *p, const float *f) {
+  if (VEC) store_vec(p, f);
+  else {
+#pragma unroll
+    for (int j = 0; j < W; j++) p[j] = from_f32<T>(f[j]);
+  }
+}
+
+template <typename T, bool VEC, ot_rope_mode MODE>
+__global__ void __launch_bounds__(256) rope_kernel(const __grid_constant__ rope_params p) {
+  constexpr int W = rope_shape<T, VEC, MODE>::W;
+  extern __shared__ float cs[]; /* cos [half], sin [half] */
+  const int64_t half = p.half, rd = p.rotary_dim, D = p.head_dim;
+  const int64_t tokens = p.batch * p.seq;
+  /* items per head: rotated, then pass-through (out of place only) */
+  const int64_t rot_items = MODE == OT_ROPE_NEOX ? half / W : rd / W;
+  const int64_t pass = D - rd;
+  const int64_t pass_items = VEC ? pass / W : pass;
+
+  for (int64_t tok = blockIdx.x; tok < tokens; tok += gridDim.x) {
+    const int64_t b = tok / p.seq, s = tok - b * p.seq;
+    const int64_t pi = b * p.pos_sb + s * p.pos_ss;
+    const int64_t pos = p.pos_is_i64 ? static_cast<const int64_t *>(p.positions)[pi]
+                                     : (int64_t) static_cast<const int32_t *>(p.positions)[pi];
+    __syncthreads(); /* the previous token's readers are done with cs */
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+      float c, sn;
+      if (p.cache) {
+        if (pos >= 0 && pos < p.max_position) {
+          const float *row = p.cache + pos * rd;
+          c = row[i];
+          sn = row[half + i];
+        } else {
+          c = sn = __int_as_float(0x7fc00000);
+        }
+      } else {
+        const double f = half <= kRopeMaxHalfByValue ? p.inv_freq[i] : rope_inv_freq_dev(p, i);
+        const double two_pi = 6.283185307179586476925, inv_two_pi = 0.15915494309189533577;
+        double ang = (double)pos * f;
+        ang -= two_pi * rint(ang * inv_two_pi);
+        sincosf((float)ang, &sn, &c);
+      }
+      cs[i] = c;
+      cs[half + i] = p.inverse ? -sn : sn;
+    }
+    __syncthreads();
+
+#pragma unroll 1
+    for (int which = 0; which < 2; which++) {
+      const rope_heads_dev &hd = p.t[which];
+      if (hd.heads == 0) continue;
+      const bool in_place = hd.in == hd.out && hd.in_sb == hd.out_sb && hd.in_ss == hd.out_ss &&
+                            hd.in_sh == hd.out_sh;
+      const int64_t per_head = rot_items + (in_place ? 0 : pass_items);
+      const int64_t total = hd.heads * per_head;
+      const T *in0 = static_cast<const T *>(hd.in) + b * hd.in_sb + s * hd.in_ss;
+      T *out0 = static_cast<T *>(hd.out) + b * hd.out_sb + s * hd.out_ss;
+      for (int64_t it = threadIdx.x; it < total; it += blockDim.x) {
+        const int64_t h = it / per_head, k = it - h * per_head;
+        const T *in = in0 + h * hd.in_sh;
+        T *out = out0 + h * hd.out_sh;
+        if (k < rot_items) {
+          if (MODE == OT_ROPE_NEOX) {
+            const int64_t i = k * W;
+            float x1[W], x2[W], y1[W], y2[W];
+            rope_load<T, W, VEC>(x1, in + i);
+            rope_load<T, W, VEC>(x2, in + half + i);
+#pragma unroll
+            for (int j = 0; j < W; j++) {
+              const float c = cs[i + j], sn = cs[half + i + j];
+              y1[j] = x1[j] * c - x2[j] * sn;
+              y2[j] = x2[j] * c + x1[j] * sn;
+            }
+            rope_store<T, W, VEC>(out + i, y1);
+            rope_store<T, W, VEC>(out + half + i, y2);
+          } else {
+            const int64_t e = k * W;
+            float x[W], y[W];
+            rope_load<T, W, VEC>(x, in + e);
+#pragma unroll
+            for (int j = 0; j < W; j += 2) {
+              const float c = cs[e / 2 + j / 2], sn = cs[half + e / 2 + j / 2];
+              y[j] = x[j] * c - x[j + 1] * sn;
+              y[j + 1] = x[j + 1] * c + x[j] * sn;
+            }
+            rope_store<T, W, VEC>(out + e, y);
+          }
+        } else {
+          /* pass-through copy of features [rd, D) */
+          const int64_t q = k - rot_items;
+          if (VEC) {
+            *reinterpret_cast<uint4 *>(out + rd + q * W) =
+                *reinterpret_cast<const uint4 *>(in + rd + q * W);
+          } else {
+            out[rd + q] = in[rd + q];
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+static bool rope_can_vectorize(const rope_params &p, ot_rope_mode mode) {
+  constexpr int V = vec_width<T>::value;
+  const int64_t half = p.half;
+  if (mode == OT_ROPE_NEOX ? half % V : p.rotary_dim % V) return false;
+  if ((p.head_dim - p.rotary_dim) % V) return false;
+  for (int w = 0; w < 2; w++) {
+    const rope_heads_dev &h = p.t[w];
+    if (h.heads == 0) continue;
+    if (!ot_is_aligned16(h.in) || !ot_is_aligned16(h.out)) return false;
+    const int64_t st[6] = {h.in_sb, h.in_ss, h.in_sh, h.out_sb, h.out_ss, h.out_sh};
+    for (int i = 0; i < 6; i++)
+      if (st[i] % V) return false;
+  }
+  return true;
+}
+
+template <typename T>
+static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStream_t stream) {
+  const int64_t tokens = p.batch * p.seq;
+  if (tokens == 0) return cudaSuccess;
+  const bool vec = rope_can_vectorize<T>(p, mode);
+  const size_t smem = (size_t)p.rotary_dim * sizeof(float);
+  const int64_t grid = tokens < 0x7fffffff ? tokens : 0x7fffffff;
+  const dim3 g((unsigned)grid), blk(128);
+  auto pick = [&](auto kernel) -> cudaError_t {
+    if (smem > 48 * 1024) {
+      cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e != cudaSuccess) return e;
+    }
+    kernel<<<g, blk, smem, stream>>>(p);
+    return cudaGetLastError();
+  };
+  if (mode == OT_ROPE_NEOX)
+    return vec ? pick(rope_kernel<T, true, OT_ROPE_NEOX>) : pick(rope_kernel<T, false, OT_ROPE_NEOX>);
+  return vec ? pick(rope_kernel<T, true, OT_ROPE_GPTJ>) : pick(rope_kernel<T, false, OT_ROPE_GPTJ>);
+}
+
+static rope_heads_dev rope_heads(const ot_rope_heads &in, const ot_rope_heads &out) {
+  rope_heads_dev h;
+  h.in = in.data;
+  h.out = out.data;
+  h.heads = in.data ? in.heads : 0;
+  h.in_sb = in.stride_b;
+  h.in_ss = in.stride_s;
+  h.in_sh = in.stride_h;
+  h.out_sb = out.stride_b;
+  h.out_ss = out.stride_s;
+  h.out_sh = out.stride_h;
+  return h;
+}
+
+} /* namespace ot */
+
+extern "C" ot_status ot_cuda_rope(ot_context *ctx, const ot_rope_args *a) {
+  const char *op = a->inverse ? "ot_rope_backward" : "ot_rope_forward";
+  ot::rope_params p;
+  memset(&p, 0, sizeof p);
+  p.t[0] = ot::rope_heads(a->q, a->q_out);
+  p.t[1] = ot::rope_heads(a->k, a->k_out);
+  /* batch == 1 views leave stride_b unused: make it harmless. */
+  if (a->batch == 1)
+    for (int w = 0; w < 2; w++) p.t[w].in_sb = p.t[w].out_sb = 0;
+  p.batch = a->batch;
+  p.seq = a->seq;
+  p.head_dim = a->head_dim;
+  p.rotary_dim = a->rotary_dim;
+  p.half = a->rotary_dim / 2;
+  p.positions = a->positions;
+  p.pos_is_i64 = a->pos_dtype == OT_I64;
+  p.pos_sb = a->batch == 1 ? 0 : a->pos_stride_b;
+  p.pos_ss = a->pos_stride_s;
+  p.inverse = a->inverse ? 1 : 0;
+  p.cache = a->cos_sin_cache;
+  p.max_position = a->max_position;
+  p.theta = a->theta;
+  p.l3_factor = a->llama3_factor;
+  p.l3_low = a->llama3_low_freq_factor;
+  p.l3_high = a->llama3_high_freq_factor;
+  p.l3_orig = a->llama3_original_max_position;
+  if (!p.cache && p.half <= ot::kRopeMaxHalfByValue) ot_rope_inv_freq(a, p.inv_freq);
+  if (p.t[0].heads == 0 && p.t[1].heads == 0) return OT_OK;
+
+  cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
+  cudaError_t e;
+  switch (a->dtype) {
+    case OT_F32: e = ot::rope_launch<float>(p, a->mode, s); break;
+    case OT_F16: e = ot::rope_launch<__half>(p, a->mode, s); break;
+    case OT_BF16: e = ot::rope_launch<__nv_bfloat16>(p, a->mode, s); break;
+    default: return ot_error(OT_ERR_INTERNAL, op, "unexpected storage dtype %d", (int)a->dtype);
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return ot_error(OT_ERR_BACKEND, op, "CUDA: %s", cudaGetErrorString(e));
+  }
+  return OT_OK;
+}
