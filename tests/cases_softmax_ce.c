@@ -35,6 +35,12 @@ static tbuf *new1d(const backend *be, DLDataType dt, int64_t n) {
   return tb_new(be, dt, 1, shape);
 }
 
+/* [n] with element stride `stride` (1: contiguous). */
+static tbuf *new1d_s(const backend *be, DLDataType dt, int64_t n, int64_t stride) {
+  int64_t shape[1] = {n}, strides[1] = {stride};
+  return tb_new_strided(be, dt, 1, shape, strides);
+}
+
 /* softmax of x[0..n) in float64 into y. */
 static void softmax_ref(const double *x, double *y, int64_t n) {
   double m = -INFINITY, s = 0.0;
@@ -54,16 +60,20 @@ static const sm_shape sm_shapes[] = {
     {64, 129, 1},
 };
 
+/* masked: every third element of a row except its first is -inf (an attention mask). */
 static void case_softmax_forward(test_run *tr, DLDataType dt, const sm_shape *s, double range,
-                                 bool inplace) {
-  if (!tr_begin(tr, "softmax fwd %s %lldx%lld pad=%lld range=%g%s", dt_name(dt),
+                                 bool inplace, bool masked) {
+  if (!tr_begin(tr, "softmax fwd %s %lldx%lld pad=%lld range=%g%s%s", dt_name(dt),
                 (long long)s->rows, (long long)s->cols, (long long)s->pad, range,
-                inplace ? " inplace" : ""))
+                inplace ? " inplace" : "", masked ? " masked" : ""))
     return;
   rng r = tr_rng(tr);
   tbuf *x = new2d(tr->be, dt, s->rows, s->cols, s->pad);
   tbuf *o = inplace ? x : new2d(tr->be, dt, s->rows, s->cols, s->pad ? s->pad + 1 : 0);
   tb_fill_uniform(x, &r, -range, range);
+  if (masked)
+    for (int64_t i = 0; i < x->numel; i++)
+      if (i % s->cols && i % 3 == 0) tb_set(x, i, -INFINITY);
   double *xv = tb_to_f64(x), *ref = malloc((size_t)x->numel * sizeof *ref);
   for (int64_t i = 0; i < s->rows; i++) softmax_ref(xv + i * s->cols, ref + i * s->cols, s->cols);
   if (tr_ok(tr, ot_softmax_forward(tr->be->ctx, tb_dl(x), tb_dl(o)), "ot_softmax_forward")) {
@@ -199,13 +209,14 @@ typedef struct ce_case {
   bool with_lse; /* forward: save lse; backward: pass the saved lse */
   bool inplace;  /* backward: dlogits is logits */
   bool loss_1d;  /* MEAN / SUM: loss shape [1] rather than [] */
+  int64_t stride1d; /* element stride of labels, lse and NONE's loss / dloss (0 = 1) */
 } ce_case;
 
 /* Inputs of a case: logits in [-30, 30], labels with ignored rows per the mode. */
 static tbuf *ce_setup(test_run *tr, const ce_case *c, rng *r, tbuf **labels, int64_t **lab) {
   tbuf *z = new2d(tr->be, c->dt, c->N, c->V, c->pad);
   tb_fill_uniform(z, r, -30.0, 30.0);
-  *labels = new1d(tr->be, c->label_dt, c->N);
+  *labels = new1d_s(tr->be, c->label_dt, c->N, c->stride1d ? c->stride1d : 1);
   *lab = malloc((size_t)(c->N + 1) * sizeof **lab);
   for (int64_t i = 0; i < c->N; i++) {
     int64_t y = rng_int(r, 0, c->V - 1);
@@ -217,7 +228,8 @@ static tbuf *ce_setup(test_run *tr, const ce_case *c, rng *r, tbuf **labels, int
 }
 
 static tbuf *new_loss(test_run *tr, const ce_case *c) {
-  if (c->red == OT_REDUCTION_NONE) return new1d(tr->be, DT_F32, c->N);
+  if (c->red == OT_REDUCTION_NONE)
+    return new1d_s(tr->be, DT_F32, c->N, c->stride1d ? c->stride1d : 1);
   int64_t one[1] = {1};
   return tb_new(tr->be, DT_F32, c->loss_1d ? 1 : 0, one);
 }
@@ -231,17 +243,18 @@ static ot_cross_entropy_params params_of(const ce_case *c) {
 }
 
 static void case_ce_forward(test_run *tr, const ce_case *c) {
-  if (!tr_begin(tr, "ce fwd %s labels=%s %lldx%lld pad=%lld %s s=%g %s ign=%lld%s%s",
+  if (!tr_begin(tr, "ce fwd %s labels=%s %lldx%lld pad=%lld %s s=%g %s ign=%lld%s%s%s",
                 dt_name(c->dt), dt_name(c->label_dt), (long long)c->N, (long long)c->V,
                 (long long)c->pad, red_name(c->red), c->smoothing, ign_name(c->ign),
                 (long long)c->ignore_index, c->with_lse ? " lse" : "",
-                c->loss_1d ? " loss[1]" : ""))
+                c->loss_1d ? " loss[1]" : "", c->stride1d > 1 ? " strided-1d" : ""))
     return;
   rng r = tr_rng(tr);
   tbuf *labels;
   int64_t *lab;
   tbuf *z = ce_setup(tr, c, &r, &labels, &lab);
-  tbuf *loss = new_loss(tr, c), *lse = c->with_lse ? new1d(tr->be, DT_F32, c->N) : NULL;
+  tbuf *loss = new_loss(tr, c);
+  tbuf *lse = c->with_lse ? new1d_s(tr->be, DT_F32, c->N, c->stride1d ? c->stride1d : 1) : NULL;
   ce_problem pb = {c->N, c->V, lab, params_of(c)};
   double *zv = tb_to_f64(z), *ref_loss = malloc((size_t)(c->N + 1) * sizeof *ref_loss);
   double *ref_lse = malloc((size_t)(c->N + 1) * sizeof *ref_lse);
@@ -271,10 +284,10 @@ static void case_ce_forward(test_run *tr, const ce_case *c) {
 }
 
 static void case_ce_backward(test_run *tr, const ce_case *c) {
-  if (!tr_begin(tr, "ce bwd %s labels=%s %lldx%lld pad=%lld %s s=%g %s%s%s", dt_name(c->dt),
+  if (!tr_begin(tr, "ce bwd %s labels=%s %lldx%lld pad=%lld %s s=%g %s%s%s%s", dt_name(c->dt),
                 dt_name(c->label_dt), (long long)c->N, (long long)c->V, (long long)c->pad,
                 red_name(c->red), c->smoothing, ign_name(c->ign), c->with_lse ? " lse" : "",
-                c->inplace ? " inplace" : ""))
+                c->inplace ? " inplace" : "", c->stride1d > 1 ? " strided-1d" : ""))
     return;
   rng r = tr_rng(tr);
   tbuf *labels;
@@ -291,7 +304,7 @@ static void case_ce_backward(test_run *tr, const ce_case *c) {
     /* The lse a forward would save (float32 rounding of the exact value). */
     double *rlse = malloc((size_t)(c->N + 1) * sizeof *rlse), *rl = malloc((size_t)(c->N + 1) * sizeof *rl);
     ce_rows_ref(&pb, zv, rlse, rl);
-    lse = new1d(tr->be, DT_F32, c->N);
+    lse = new1d_s(tr->be, DT_F32, c->N, c->stride1d ? c->stride1d : 1);
     for (int64_t i = 0; i < c->N; i++) tb_set(lse, i, rlse[i]);
     free(rlse);
     free(rl);
@@ -347,6 +360,7 @@ static void run_ce_table(test_run *tr) {
           c.with_lse = n % 4 != 3;
           c.inplace = n % 3 == 1;
           c.loss_1d = n % 2 == 1;
+          c.stride1d = n % 7 == 5 ? 3 : 1;
           case_ce_forward(tr, &c);
           case_ce_backward(tr, &c);
         }
@@ -653,8 +667,8 @@ static void run(test_run *tr) {
   const size_t ns = sizeof sm_shapes / sizeof sm_shapes[0];
   for (int t = 0; t < 3; t++)
     for (size_t i = 0; i < ns; i++) {
-      case_softmax_forward(tr, *dtypes[t], &sm_shapes[i], i % 2 ? 30.0 : 3.0, false);
-      case_softmax_forward(tr, *dtypes[t], &sm_shapes[i], 30.0, true);
+      case_softmax_forward(tr, *dtypes[t], &sm_shapes[i], i % 2 ? 30.0 : 3.0, false, i % 3 == 2);
+      case_softmax_forward(tr, *dtypes[t], &sm_shapes[i], 30.0, true, false);
       case_softmax_backward(tr, *dtypes[t], &sm_shapes[i], i % 2 == 0);
     }
   run_ce_table(tr);
