@@ -1,6 +1,780 @@
-/* cases_attention.c -- cases of the attention op family (to be filled in). */
+/*
+ * cases_attention.c -- ot_attention_forward / ot_attention_backward against a plain
+ * float64 reference (full score row per query), dense BSHD and varlen THD layouts,
+ * GQA / MQA, causal and sliding-window masks, softcap, packed-qkv strided views, and
+ * bad inputs. --grad: backward against finite differences of the float64 forward.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "harness.h"
 
-static void run(test_run *tr) { (void)tr; }
+/* ---- the problem and its float64 reference ---------------------------------------- */
+
+#define MAX_SEQ 16
+
+/* Token rows of q are [qs[b], qs[b] + ql[b]) in logical order [Tq, Hq, D] (dense:
+ * qs[b] = b * Sq), likewise k / v. */
+typedef struct ref_prob {
+  int nseq;
+  int64_t qs[MAX_SEQ], ql[MAX_SEQ], ks[MAX_SEQ], kl[MAX_SEQ];
+  int64_t tq, tk;
+  int hq, hkv, d;
+  double scale, cap;
+  int causal, wl, wr;
+  bool varlen;
+} ref_prob;
+
+static bool visible(const ref_prob *p, int64_t i, int64_t j, int64_t sq, int64_t sk) {
+  int64_t off = sk - sq;
+  if (p->causal && j > i + off) return false;
+  if (p->wl >= 0 && j < i + off - p->wl) return false;
+  if (p->wr >= 0 && j > i + off + p->wr) return false;
+  return true;
+}
+
+static int64_t lse_index(const ref_prob *p, int b, int h, int64_t i) {
+  return p->varlen ? (int64_t)h * p->tq + p->qs[b] + i : ((int64_t)b * p->hq + h) * p->ql[b] + i;
+}
+
+/* Scores of row (b, h, i) over all keys: s[j] (after softcap), raw tanh in t[j],
+ * vis[j]; returns the number of visible keys. */
+static int64_t ref_scores(const ref_prob *p, const double *q, const double *k, int b, int h,
+                          int64_t i, double *s, double *t, bool *vis) {
+  int g = h / (p->hq / p->hkv), d = p->d;
+  const double *qr = q + ((p->qs[b] + i) * p->hq + h) * d;
+  int64_t n = 0;
+  for (int64_t j = 0; j < p->kl[b]; j++) {
+    vis[j] = visible(p, i, j, p->ql[b], p->kl[b]);
+    if (!vis[j]) continue;
+    n++;
+    const double *kr = k + ((p->ks[b] + j) * p->hkv + g) * d;
+    double dot = 0;
+    for (int x = 0; x < d; x++) dot += qr[x] * kr[x];
+    double v = p->scale * dot;
+    if (p->cap > 0) {
+      t[j] = tanh(v / p->cap);
+      v = p->cap * t[j];
+    } else {
+      t[j] = 0;
+    }
+    s[j] = v;
+  }
+  return n;
+}
+
+/* Softmax of the visible scores into pr; returns lse. */
+static double ref_softmax(const double *s, const bool *vis, int64_t n, double *pr) {
+  double m = -INFINITY, sum = 0;
+  for (int64_t j = 0; j < n; j++)
+    if (vis[j] && s[j] > m) m = s[j];
+  for (int64_t j = 0; j < n; j++) {
+    pr[j] = vis[j] ? exp(s[j] - m) : 0;
+    sum += pr[j];
+  }
+  for (int64_t j = 0; j < n; j++) pr[j] /= sum;
+  return m + log(sum);
+}
+
+static int64_t max_kl(const ref_prob *p) {
+  int64_t m = 1;
+  for (int b = 0; b < p->nseq; b++)
+    if (p->kl[b] > m) m = p->kl[b];
+  return m;
+}
+
+static void ref_forward(const ref_prob *p, const double *q, const double *k, const double *v,
+                        double *out, double *lse) {
+  int64_t mk = max_kl(p);
+  double *s = malloc(mk * sizeof *s), *t = malloc(mk * sizeof *t), *pr = malloc(mk * sizeof *pr);
+  bool *vis = malloc(mk * sizeof *vis);
+  int d = p->d;
+  for (int b = 0; b < p->nseq; b++)
+    for (int h = 0; h < p->hq; h++) {
+      int g = h / (p->hq / p->hkv);
+      for (int64_t i = 0; i < p->ql[b]; i++) {
+        double *o = out + ((p->qs[b] + i) * p->hq + h) * d;
+        int64_t n = ref_scores(p, q, k, b, h, i, s, t, vis);
+        for (int x = 0; x < d; x++) o[x] = 0;
+        if (n == 0) {
+          if (lse) lse[lse_index(p, b, h, i)] = -INFINITY;
+          continue;
+        }
+        double l = ref_softmax(s, vis, p->kl[b], pr);
+        if (lse) lse[lse_index(p, b, h, i)] = l;
+        for (int64_t j = 0; j < p->kl[b]; j++) {
+          if (!vis[j]) continue;
+          const double *vr = v + ((p->ks[b] + j) * p->hkv + g) * d;
+          for (int x = 0; x < d; x++) o[x] += pr[j] * vr[x];
+        }
+      }
+    }
+  free(s);
+  free(t);
+  free(pr);
+  free(vis);
+}
+
+/* Analytic float64 backward: dq, dk, dv (zeroed here). */
+static void ref_backward(const ref_prob *p, const double *q, const double *k, const double *v,
+                         const double *dout, double *dq, double *dk, double *dv) {
+  int64_t mk = max_kl(p);
+  double *s = malloc(mk * sizeof *s), *t = malloc(mk * sizeof *t), *pr = malloc(mk * sizeof *pr);
+  double *dp = malloc(mk * sizeof *dp);
+  bool *vis = malloc(mk * sizeof *vis);
+  int d = p->d;
+  memset(dq, 0, (size_t)(p->tq * p->hq * d) * sizeof *dq);
+  memset(dk, 0, (size_t)(p->tk * p->hkv * d) * sizeof *dk);
+  memset(dv, 0, (size_t)(p->tk * p->hkv * d) * sizeof *dv);
+  for (int b = 0; b < p->nseq; b++)
+    for (int h = 0; h < p->hq; h++) {
+      int g = h / (p->hq / p->hkv);
+      for (int64_t i = 0; i < p->ql[b]; i++) {
+        int64_t n = ref_scores(p, q, k, b, h, i, s, t, vis);
+        if (n == 0) continue;
+        ref_softmax(s, vis, p->kl[b], pr);
+        const double *qr = q + ((p->qs[b] + i) * p->hq + h) * d;
+        const double *dor = dout + ((p->qs[b] + i) * p->hq + h) * d;
+        double *dqr = dq + ((p->qs[b] + i) * p->hq + h) * d;
+        double delta = 0;
+        for (int64_t j = 0; j < p->kl[b]; j++) {
+          dp[j] = 0;
+          if (!vis[j]) continue;
+          const double *vr = v + ((p->ks[b] + j) * p->hkv + g) * d;
+          for (int x = 0; x < d; x++) dp[j] += dor[x] * vr[x];
+          delta += pr[j] * dp[j];
+        }
+        for (int64_t j = 0; j < p->kl[b]; j++) {
+          if (!vis[j]) continue;
+          double ds = pr[j] * (dp[j] - delta);
+          if (p->cap > 0) ds *= 1 - t[j] * t[j];
+          int64_t kr = ((p->ks[b] + j) * p->hkv + g) * d;
+          for (int x = 0; x < d; x++) {
+            dqr[x] += p->scale * ds * k[kr + x];
+            dk[kr + x] += p->scale * ds * qr[x];
+            dv[kr + x] += pr[j] * dor[x];
+          }
+        }
+      }
+    }
+  free(s);
+  free(t);
+  free(pr);
+  free(dp);
+  free(vis);
+}
+
+/* ---- cases --------------------------------------------------------------------------- */
+
+typedef struct acase {
+  const char *name;
+  int b, sq, sk, hq, hkv, d;
+  int causal, wl, wr;
+  float cap, scale;      /* scale 0: default 1/sqrt(D) */
+  int nseq;              /* > 0: varlen with these lengths */
+  int lq[MAX_SEQ], lk[MAX_SEQ];
+  bool packed;           /* q, k, v (and dq, dk, dv) as slices of one packed buffer */
+  bool strided_out;      /* out / dout with padded token and head strides */
+  bool bwd;              /* also check the backward */
+} acase;
+
+/* Forward cases (wl / wr: -1 unbounded). Sizes keep the float64 reference cheap. */
+static const acase fwd_cases[] = {
+    {"basic B2 S128 H4 D64", 2, 128, 128, 4, 4, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"length 1", 1, 1, 1, 2, 2, 8, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"D1", 1, 9, 9, 2, 1, 1, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"S17 D72 GQA4", 2, 17, 17, 8, 2, 72, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"S1000 D32 MQA4 causal", 1, 1000, 1000, 4, 1, 32, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"S4097 D8 H2/1", 1, 4097, 4097, 2, 1, 8, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"S300 D128 GQA8 causal window 31", 1, 300, 300, 8, 1, 128, 1, 31, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"causal Sq<Sk 37x100", 2, 37, 100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"causal Sq>Sk 100x37 (empty rows)", 1, 100, 37, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"noncausal Sq!=Sk 50x129 D80", 2, 50, 129, 2, 2, 80, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"window left 16", 1, 200, 200, 2, 1, 64, 0, 16, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"window right 5", 1, 150, 150, 2, 2, 64, 0, -1, 5, 0, 0, 0, {0}, {0}, false, false, false},
+    {"window 7/3 Sq<Sk", 1, 90, 120, 4, 2, 40, 0, 7, 3, 0, 0, 0, {0}, {0}, false, false, true},
+    {"window 0/0 diagonal", 1, 70, 70, 2, 1, 16, 0, 0, 0, 0, 0, 0, {0}, {0}, false, false, false},
+    {"causal + window right 5", 1, 80, 96, 2, 1, 24, 1, 9, 5, 0, 0, 0, {0}, {0}, false, false, false},
+    {"window Sq>Sk 130x20 3/2", 1, 130, 20, 2, 1, 16, 0, 3, 2, 0, 0, 0, {0}, {0}, false, false, true},
+    {"softcap 5 scale 0.3 D256", 1, 70, 70, 2, 1, 256, 0, -1, -1, 5.0f, 0.3f, 0, {0}, {0}, false, false, true},
+    {"custom scale 0.05 D256 causal", 2, 33, 33, 2, 2, 256, 1, -1, -1, 0, 0.05f, 0, {0}, {0}, false, false, false},
+    {"MQA H16 D8 S65", 1, 65, 65, 16, 1, 8, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"varlen causal", 0, 0, 0, 4, 2, 64, 1, -1, -1, 0, 0, 5, {5, 0, 1, 37, 130}, {7, 0, 1, 37, 100}, false, false, true},
+    {"varlen noncausal q/k lengths differ", 0, 0, 0, 4, 1, 72, 0, -1, -1, 0, 0, 4, {3, 64, 1, 65}, {70, 1, 9, 65}, false, false, true},
+    {"varlen empty k or q", 0, 0, 0, 2, 2, 16, 0, -1, -1, 0, 0, 4, {6, 0, 3, 2}, {0, 5, 4, 2}, false, false, true},
+    {"varlen window softcap", 0, 0, 0, 4, 2, 32, 1, 12, -1, 8.0f, 0, 3, {40, 1, 77}, {50, 1, 77}, false, false, true},
+    {"packed qkv B2 S100 GQA2 causal", 2, 100, 100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, true, true, true},
+    {"packed qkv varlen", 0, 0, 0, 4, 1, 48, 0, 20, 4, 0, 0, 3, {17, 1, 80}, {17, 1, 80}, true, true, true},
+    {"strided out B3 S33 D128", 3, 33, 45, 2, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, true, false},
+};
+
+/* Gradient-mode cases: tiny shapes, float32 storage. */
+static const acase grad_cases[] = {
+    {"grad plain", 1, 5, 5, 4, 2, 4, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"grad causal", 1, 5, 5, 4, 2, 4, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"grad window 1/1", 1, 5, 5, 4, 2, 4, 0, 1, 1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"grad softcap", 1, 5, 5, 4, 2, 4, 0, -1, -1, 2.0f, 0.9f, 0, {0}, {0}, false, false, true},
+    {"grad causal window softcap", 1, 5, 5, 4, 2, 4, 1, 2, -1, 1.5f, 0.7f, 0, {0}, {0}, false, false, true},
+    {"grad causal Sq<Sk", 1, 3, 5, 4, 1, 4, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"grad causal Sq>Sk", 1, 5, 3, 2, 2, 4, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"grad varlen", 0, 0, 0, 2, 1, 4, 1, -1, -1, 0, 0, 3, {3, 1, 2}, {4, 0, 2}, false, false, true},
+    {"grad packed qkv", 2, 4, 4, 2, 1, 3, 0, 1, -1, 0, 0, 0, {0}, {0}, true, false, true},
+};
+
+/* ---- test tensors for one case ----------------------------------------------------- */
+
+/* A view into a parent tbuf: shares host / device memory (bytes = 0 so it never
+ * uploads or downloads by itself: do that through the parent). Free with free(). */
+static tbuf *tb_view(tbuf *parent, int ndim, const int64_t *shape, const int64_t *strides,
+                     int64_t elem_offset) {
+  tbuf *b = calloc(1, sizeof *b);
+  *b = *parent;
+  size_t off = (size_t)elem_offset * dt_size(parent->t.dtype);
+  b->host = (char *)parent->host + off;
+  b->dev = (char *)parent->dev + off;
+  b->bytes = 0;
+  b->numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    b->shape[i] = shape[i];
+    b->strides[i] = strides[i];
+    b->numel *= shape[i];
+  }
+  b->t.data = b->dev;
+  b->t.ndim = ndim;
+  b->t.shape = b->shape;
+  b->t.strides = b->strides;
+  b->t.byte_offset = 0;
+  return b;
+}
+
+typedef struct prob {
+  ref_prob rp;
+  DLDataType dt;
+  tbuf *q, *k, *v, *out, *lse, *cu_q, *cu_k;
+  tbuf *dout, *dq, *dk, *dv;
+  tbuf *qkv, *dqkv; /* parents of packed views */
+  bool views;       /* q, k, v, dq, dk, dv are views */
+  ot_attention_params params;
+} prob;
+
+static void prob_free(prob *P) {
+  if (P->views) {
+    free(P->q), free(P->k), free(P->v);
+    free(P->dq), free(P->dk), free(P->dv);
+  } else {
+    tb_free(P->q), tb_free(P->k), tb_free(P->v);
+    tb_free(P->dq), tb_free(P->dk), tb_free(P->dv);
+  }
+  tb_free(P->qkv), tb_free(P->dqkv);
+  tb_free(P->out), tb_free(P->lse), tb_free(P->cu_q), tb_free(P->cu_k), tb_free(P->dout);
+}
+
+/* Shape [.., S, H, D] of a token-major operand: dense {B, S, H, D}, varlen {T, H, D}. */
+static int op_shape(const prob *P, bool is_q, int64_t *sh) {
+  const ref_prob *p = &P->rp;
+  int h = is_q ? p->hq : p->hkv;
+  if (p->varlen) {
+    sh[0] = is_q ? p->tq : p->tk, sh[1] = h, sh[2] = p->d;
+    return 3;
+  }
+  sh[0] = p->nseq, sh[1] = is_q ? p->ql[0] : p->kl[0], sh[2] = h, sh[3] = p->d;
+  return 4;
+}
+
+/* A padded strided tensor of that shape: token stride H * D + 8, head stride D + 3. */
+static tbuf *new_padded(const backend *be, DLDataType dt, int nd, const int64_t *sh) {
+  int64_t st[4];
+  st[nd - 1] = 1;
+  st[nd - 2] = sh[nd - 1] + 3;
+  st[nd - 3] = sh[nd - 2] * st[nd - 2] + 8;
+  if (nd == 4) st[0] = sh[1] * st[1];
+  return tb_new_strided(be, dt, nd, sh, st);
+}
+
+static void prob_make(test_run *tr, const acase *c, DLDataType dt, bool with_bwd, prob *P,
+                      rng *r) {
+  memset(P, 0, sizeof *P);
+  ref_prob *p = &P->rp;
+  P->dt = dt;
+  p->varlen = c->nseq > 0;
+  p->nseq = p->varlen ? c->nseq : c->b;
+  p->tq = p->tk = 0;
+  for (int b = 0; b < p->nseq; b++) {
+    p->ql[b] = p->varlen ? c->lq[b] : c->sq;
+    p->kl[b] = p->varlen ? c->lk[b] : c->sk;
+    p->qs[b] = p->tq;
+    p->ks[b] = p->tk;
+    p->tq += p->ql[b];
+    p->tk += p->kl[b];
+  }
+  p->hq = c->hq, p->hkv = c->hkv, p->d = c->d;
+  p->scale = c->scale != 0 ? (double)c->scale : 1.0 / sqrt((double)c->d);
+  p->cap = c->cap;
+  p->causal = c->causal, p->wl = c->wl, p->wr = c->wr;
+  P->params = ot_attention_default_params();
+  P->params.softmax_scale = c->scale;
+  P->params.softcap = c->cap;
+  P->params.causal = c->causal;
+  P->params.window_left = c->wl;
+  P->params.window_right = c->wr;
+
+  const backend *be = tr->be;
+  int64_t qsh[4], ksh[4];
+  int nd = op_shape(P, true, qsh);
+  op_shape(P, false, ksh);
+  if (c->packed) {
+    /* qkv [.., S, Hq + 2 Hkv, D]: q heads, then k heads, then v heads (needs Sq == Sk). */
+    int64_t psh[4];
+    memcpy(psh, qsh, sizeof psh);
+    psh[nd - 2] = p->hq + 2 * p->hkv;
+    P->qkv = tb_new(be, dt, nd, psh);
+    tb_fill_uniform(P->qkv, r, -1, 1);
+    int64_t pst[4];
+    pst[nd - 1] = 1, pst[nd - 2] = p->d, pst[nd - 3] = psh[nd - 2] * p->d;
+    if (nd == 4) pst[0] = psh[1] * pst[1];
+    P->views = true;
+    P->q = tb_view(P->qkv, nd, qsh, pst, 0);
+    P->k = tb_view(P->qkv, nd, ksh, pst, (int64_t)p->hq * p->d);
+    P->v = tb_view(P->qkv, nd, ksh, pst, (int64_t)(p->hq + p->hkv) * p->d);
+    if (with_bwd) {
+      P->dqkv = tb_new(be, dt, nd, psh);
+      P->dq = tb_view(P->dqkv, nd, qsh, pst, 0);
+      P->dk = tb_view(P->dqkv, nd, ksh, pst, (int64_t)p->hq * p->d);
+      P->dv = tb_view(P->dqkv, nd, ksh, pst, (int64_t)(p->hq + p->hkv) * p->d);
+    }
+  } else {
+    P->q = tb_new(be, dt, nd, qsh);
+    P->k = tb_new(be, dt, nd, ksh);
+    P->v = tb_new(be, dt, nd, ksh);
+    tb_fill_uniform(P->q, r, -2, 2);
+    tb_fill_uniform(P->k, r, -1, 1);
+    tb_fill_uniform(P->v, r, -1, 1);
+    if (with_bwd) {
+      P->dq = tb_new(be, dt, nd, qsh);
+      P->dk = tb_new(be, dt, nd, ksh);
+      P->dv = tb_new(be, dt, nd, ksh);
+    }
+  }
+  P->out = c->strided_out ? new_padded(be, dt, nd, qsh) : tb_new(be, dt, nd, qsh);
+  if (with_bwd) {
+    P->dout = c->strided_out ? new_padded(be, dt, nd, qsh) : tb_new(be, dt, nd, qsh);
+    tb_fill_uniform(P->dout, r, -1, 1);
+  }
+  if (p->varlen) {
+    int64_t lsh[2] = {p->hq, p->tq};
+    P->lse = tb_new(be, DT_F32, 2, lsh);
+    int64_t csh[1] = {p->nseq + 1};
+    P->cu_q = tb_new(be, DT_I32, 1, csh);
+    P->cu_k = tb_new(be, DT_I32, 1, csh);
+    for (int b = 0; b <= p->nseq; b++) {
+      tb_set(P->cu_q, b, b < p->nseq ? (double)p->qs[b] : (double)p->tq);
+      tb_set(P->cu_k, b, b < p->nseq ? (double)p->ks[b] : (double)p->tk);
+    }
+  } else {
+    int64_t lsh[3] = {p->nseq, p->hq, p->ql[0]};
+    P->lse = tb_new(be, DT_F32, 3, lsh);
+  }
+}
+
+static void prob_upload_inputs(prob *P) {
+  if (P->qkv) tb_dl(P->qkv);
+}
+
+static ot_status run_forward(test_run *tr, prob *P) {
+  prob_upload_inputs(P);
+  return ot_attention_forward(tr->be->ctx, &P->params, tb_dl(P->q), tb_dl(P->k), tb_dl(P->v),
+                              P->cu_q ? tb_dl(P->cu_q) : NULL, P->cu_k ? tb_dl(P->cu_k) : NULL,
+                              tb_dl(P->out), tb_dl(P->lse));
+}
+
+static ot_status run_backward(test_run *tr, prob *P) {
+  prob_upload_inputs(P);
+  if (P->dqkv) tb_dl(P->dqkv);
+  return ot_attention_backward(tr->be->ctx, &P->params, tb_dl(P->q), tb_dl(P->k), tb_dl(P->v),
+                               tb_dl(P->out), tb_dl(P->dout), tb_dl(P->lse),
+                               P->cu_q ? tb_dl(P->cu_q) : NULL, P->cu_k ? tb_dl(P->cu_k) : NULL,
+                               tb_dl(P->dq), tb_dl(P->dk), tb_dl(P->dv));
+}
+
+static void sync_outputs(prob *P) {
+  tb_sync(P->out);
+  tb_sync(P->lse);
+  if (P->dqkv) tb_sync(P->dqkv);
+  else if (P->dq) tb_sync(P->dq), tb_sync(P->dk), tb_sync(P->dv);
+}
+
+/* Tolerances (see the report in the suite's commit): forward out is a convex
+ * combination of v (|v| < 1) computed in float32 from the exact stored inputs, so its
+ * error is the storage rounding of out plus a few float32 ulps of the online softmax:
+ * k = 1 for bf16 / f16, k = 4 for float32 (long rows, polynomial exp). lse is float32
+ * for every dtype: tol_for(f32, 4). Gradients sum up to Sq (or Sk) products and use
+ * the stored (rounded) out for delta: k = 2 for bf16 / f16 and k = 8 for float32. */
+static tol out_tol(DLDataType dt) { return tol_for(dt, dt.bits == 32 ? 4 : 1); }
+static tol grad_tol(DLDataType dt) { return tol_for(dt, dt.bits == 32 ? 8 : 2); }
+
+static const DLDataType *all_dtypes[] = {&DT_F32, &DT_F16, &DT_BF16};
+
+static void run_case(test_run *tr, const acase *c, DLDataType dt) {
+  bool bwd = c->bwd;
+  if (!tr_begin(tr, "attention %s %s%s", c->name, dt_name(dt), bwd ? " +bwd" : "")) return;
+  rng r = tr_rng(tr);
+  prob P;
+  prob_make(tr, c, dt, bwd, &P, &r);
+  const ref_prob *p = &P.rp;
+  int64_t nq = p->tq * p->hq * p->d, nk = p->tk * p->hkv * p->d;
+  double *q = tb_to_f64(P.q), *k = tb_to_f64(P.k), *v = tb_to_f64(P.v);
+  double *out = malloc((nq + 1) * sizeof *out), *lse = malloc((p->tq * p->hq + 1) * sizeof *lse);
+  ref_forward(p, q, k, v, out, lse);
+  if (tr_ok(tr, run_forward(tr, &P), "ot_attention_forward")) {
+    sync_outputs(&P);
+    check_close(tr, "out", P.out, out, out_tol(dt));
+    check_close(tr, "lse", P.lse, lse, tol_for(DT_F32, 4));
+    if (bwd) {
+      double *dout = tb_to_f64(P.dout);
+      double *dq = malloc((nq + 1) * sizeof *dq), *dk = malloc((nk + 1) * sizeof *dk),
+             *dv = malloc((nk + 1) * sizeof *dv);
+      ref_backward(p, q, k, v, dout, dq, dk, dv);
+      if (tr_ok(tr, run_backward(tr, &P), "ot_attention_backward")) {
+        sync_outputs(&P);
+        check_close(tr, "dq", P.dq, dq, grad_tol(dt));
+        check_close(tr, "dk", P.dk, dk, grad_tol(dt));
+        check_close(tr, "dv", P.dv, dv, grad_tol(dt));
+        if (P.dqkv) {
+          /* The packed dqkv buffer is exactly covered by dq, dk, dv: nothing poisoned left. */
+          for (int64_t i = 0; i < P.dqkv->numel; i++)
+            if (isnan(tb_get(P.dqkv, i))) {
+              tr_fail(tr, "dqkv element %lld not written", (long long)i);
+              break;
+            }
+        }
+      }
+      free(dout), free(dq), free(dk), free(dv);
+    }
+  }
+  free(q), free(k), free(v), free(out), free(lse);
+  prob_free(&P);
+  tr_end(tr);
+}
+
+/* Determinism and the stability of repeated calls: forward and backward twice give
+ * bitwise identical results. */
+static void run_repeat_case(test_run *tr) {
+  if (!tr_begin(tr, "attention repeat is bitwise identical")) return;
+  acase c = {"rep", 2, 150, 170, 8, 2, 64, 1, 40, -1, 0, 0, 0, {0}, {0}, false, false, true};
+  rng r = tr_rng(tr);
+  prob P;
+  prob_make(tr, &c, DT_F32, true, &P, &r);
+  void *s[4] = {0};
+  for (int rep = 0; rep < 2 && !tr->case_failed; rep++) {
+    if (!tr_ok(tr, run_forward(tr, &P), "forward") || !tr_ok(tr, run_backward(tr, &P), "backward"))
+      break;
+    sync_outputs(&P);
+    tbuf *o[4] = {P.out, P.dq, P.dk, P.dv};
+    for (int i = 0; i < 4; i++) {
+      if (rep == 0) s[i] = tb_snapshot(o[i]);
+      else if (!tb_unchanged(o[i], s[i])) tr_fail(tr, "output %d differs between two runs", i);
+    }
+  }
+  for (int i = 0; i < 4; i++) free(s[i]);
+  prob_free(&P);
+  tr_end(tr);
+}
+
+/* ---- gradient mode ------------------------------------------------------------------- */
+
+typedef struct fd_state {
+  const ref_prob *p;
+  int64_t nq, nk;
+} fd_state;
+
+static void fd_forward(void *state, const double *in, double *out) {
+  fd_state *s = state;
+  ref_forward(s->p, in, in + s->nq, in + s->nq + s->nk, out, NULL);
+}
+
+static void run_grad_case(test_run *tr, const acase *c) {
+  if (!tr_begin(tr, "attention %s f32", c->name)) return;
+  rng r = tr_rng(tr);
+  prob P;
+  prob_make(tr, c, DT_F32, true, &P, &r);
+  const ref_prob *p = &P.rp;
+  int64_t nq = p->tq * p->hq * p->d, nk = p->tk * p->hkv * p->d;
+  double *in = malloc((nq + 2 * nk) * sizeof *in);
+  double *q = tb_to_f64(P.q), *k = tb_to_f64(P.k), *v = tb_to_f64(P.v), *dout = tb_to_f64(P.dout);
+  memcpy(in, q, nq * sizeof *in);
+  memcpy(in + nq, k, nk * sizeof *in);
+  memcpy(in + nq + nk, v, nk * sizeof *in);
+  double *grad = malloc((nq + 2 * nk) * sizeof *grad);
+  fd_state st = {p, nq, nk};
+  fd_vjp(fd_forward, &st, in, nq + 2 * nk, nq, dout, grad, 1e-5);
+  tol t = tol_for(DT_F32, 4);
+  if (tr_ok(tr, run_forward(tr, &P), "ot_attention_forward") &&
+      tr_ok(tr, run_backward(tr, &P), "ot_attention_backward")) {
+    sync_outputs(&P);
+    check_close(tr, "dq vs finite differences", P.dq, grad, t);
+    check_close(tr, "dk vs finite differences", P.dk, grad + nq, t);
+    check_close(tr, "dv vs finite differences", P.dv, grad + nq + nk, t);
+  }
+  free(in), free(q), free(k), free(v), free(dout), free(grad);
+  prob_free(&P);
+  tr_end(tr);
+}
+
+/* ---- bad inputs ------------------------------------------------------------------------ */
+
+typedef enum bad_kind {
+  BAD_HQ_NOT_MULTIPLE,
+  BAD_D_MISMATCH,
+  BAD_V_SHAPE,
+  BAD_ONLY_CU_Q,
+  BAD_CU_DECREASING,
+  BAD_CU_END,
+  BAD_CU_START,
+  BAD_CU_DTYPE,
+  BAD_LSE_SHAPE,
+  BAD_LSE_DTYPE,
+  BAD_OUT_OVERLAPS_Q,
+  BAD_K_DTYPE,
+  BAD_Q_INT,
+  BAD_Q_MISALIGNED,
+  BAD_OUT_MISALIGNED,
+  BAD_K_LAST_STRIDE,
+  BAD_V_NULL,
+  BAD_Q_DATA_NULL,
+  BAD_Q_RANK,
+  BAD_SOFTCAP,
+  BAD_PARAMS_NULL,
+  BAD_OUT_SELF_OVERLAP,
+  BAD_COUNT
+} bad_kind;
+
+static const char *bad_names[] = {
+    "Hq not a multiple of Hkv", "D mismatch", "v shape", "only cu_seqlens_q",
+    "cu_seqlens decreasing", "cu_seqlens end != T", "cu_seqlens start != 0",
+    "cu_seqlens int64", "lse shape", "lse dtype", "out overlaps q", "k dtype", "q int32",
+    "q misaligned", "out misaligned", "k last dim strided", "v NULL", "q data NULL",
+    "q rank", "negative softcap", "params NULL", "out stride 0"};
+
+/* One bad argument per case, for forward (which_op 0) or backward (1); `arg` is the
+ * name the message must contain. */
+static void run_bad_case(test_run *tr, bad_kind kind, int which_op) {
+  const char *opname = which_op ? "ot_attention_backward" : "ot_attention_forward";
+  if (!tr_begin(tr, "%s bad input: %s", opname, bad_names[kind])) return;
+  bool varlen = kind >= BAD_ONLY_CU_Q && kind <= BAD_CU_DTYPE;
+  acase c = {"bad", 2, 12, 12, 4, 2, 16, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true};
+  if (varlen) {
+    c.nseq = 3;
+    int l[3] = {4, 0, 7};
+    memcpy(c.lq, l, sizeof l);
+    memcpy(c.lk, l, sizeof l);
+  }
+  DLDataType dt = kind == BAD_OUT_MISALIGNED ? DT_BF16 : DT_F32;
+  rng r = tr_rng(tr);
+  prob P;
+  prob_make(tr, &c, dt, true, &P, &r);
+  /* A valid out / lse for the backward's inputs. */
+  tb_fill_uniform(P.out, &r, -1, 1);
+  tb_fill_uniform(P.lse, &r, 1, 2);
+  const ot_attention_params *params = &P.params;
+  DLTensor q = *tb_dl(P.q), k = *tb_dl(P.k), v = *tb_dl(P.v), out = *tb_dl(P.out),
+           lse = *tb_dl(P.lse), dout = *tb_dl(P.dout), dq = *tb_dl(P.dq);
+  DLTensor cuq, cuk;
+  const DLTensor *pv = &v, *pcuq = NULL, *pcuk = NULL;
+  if (varlen) cuq = *tb_dl(P.cu_q), cuk = *tb_dl(P.cu_k), pcuq = &cuq, pcuk = &cuk;
+  int64_t shape_a[4], strides_a[4];
+  tbuf *extra = NULL;
+  const char *arg = NULL;
+  switch (kind) {
+    case BAD_HQ_NOT_MULTIPLE:
+      /* k / v with 3 heads for 4 query heads. */
+      memcpy(shape_a, P.k->shape, sizeof shape_a);
+      shape_a[2] = 3;
+      extra = tb_new(tr->be, dt, 4, shape_a);
+      tb_fill_uniform(extra, &r, -1, 1);
+      k = *tb_dl(extra), v = *tb_dl(extra);
+      arg = "k";
+      break;
+    case BAD_D_MISMATCH:
+      memcpy(shape_a, P.k->shape, sizeof shape_a);
+      shape_a[3] = 8;
+      extra = tb_new(tr->be, dt, 4, shape_a);
+      tb_fill_uniform(extra, &r, -1, 1);
+      k = *tb_dl(extra);
+      arg = "k";
+      break;
+    case BAD_V_SHAPE:
+      memcpy(shape_a, P.k->shape, sizeof shape_a);
+      shape_a[1] = 11;
+      extra = tb_new(tr->be, dt, 4, shape_a);
+      tb_fill_uniform(extra, &r, -1, 1);
+      v = *tb_dl(extra);
+      arg = "v";
+      break;
+    case BAD_ONLY_CU_Q: pcuk = NULL, arg = "cu_seqlens_k"; break;
+    case BAD_CU_DECREASING:
+      tb_set(P.cu_q, 2, 2); /* {0, 4, 2, 11} */
+      cuq = *tb_dl(P.cu_q);
+      arg = "cu_seqlens_q[2]";
+      break;
+    case BAD_CU_END:
+      tb_set(P.cu_k, 3, 10);
+      cuk = *tb_dl(P.cu_k);
+      arg = "cu_seqlens_k[3]";
+      break;
+    case BAD_CU_START:
+      tb_set(P.cu_q, 0, 1);
+      cuq = *tb_dl(P.cu_q);
+      arg = "cu_seqlens_q[0]";
+      break;
+    case BAD_CU_DTYPE: {
+      int64_t sh[1] = {4};
+      extra = tb_new(tr->be, DT_I64, 1, sh);
+      for (int i = 0; i < 4; i++) tb_set(extra, i, tb_get(P.cu_q, i));
+      cuq = *tb_dl(extra);
+      arg = "cu_seqlens_q";
+      break;
+    }
+    case BAD_LSE_SHAPE: {
+      int64_t sh[3] = {2, 4, 11};
+      extra = tb_new(tr->be, DT_F32, 3, sh);
+      lse = *tb_dl(extra);
+      arg = "lse";
+      break;
+    }
+    case BAD_LSE_DTYPE:
+      extra = tb_new(tr->be, DT_F16, 3, P.lse->shape);
+      lse = *tb_dl(extra);
+      arg = "lse";
+      break;
+    case BAD_OUT_OVERLAPS_Q:
+      /* out starts 16 elements into q: partial overlap. */
+      if (which_op) dq.byte_offset = 16 * 4, dq.data = q.data, arg = "dq";
+      else out.byte_offset = 16 * 4, out.data = q.data, arg = "out";
+      break;
+    case BAD_K_DTYPE:
+      extra = tb_new(tr->be, DT_F16, 4, P.k->shape);
+      tb_fill_uniform(extra, &r, -1, 1);
+      k = *tb_dl(extra);
+      arg = "k";
+      break;
+    case BAD_Q_INT:
+      extra = tb_new(tr->be, DT_I32, 4, P.q->shape);
+      q = *tb_dl(extra);
+      arg = "q";
+      break;
+    case BAD_Q_MISALIGNED: q.byte_offset = 2, arg = "q"; break;
+    case BAD_OUT_MISALIGNED:
+      if (which_op) dq.byte_offset = 1, arg = "dq";
+      else out.byte_offset = 1, arg = "out";
+      break;
+    case BAD_K_LAST_STRIDE:
+      memcpy(shape_a, P.k->shape, sizeof shape_a);
+      strides_a[3] = 2, strides_a[2] = 2 * shape_a[3], strides_a[1] = strides_a[2] * shape_a[2],
+      strides_a[0] = strides_a[1] * shape_a[1];
+      extra = tb_new_strided(tr->be, dt, 4, shape_a, strides_a);
+      tb_fill_uniform(extra, &r, -1, 1);
+      k = *tb_dl(extra);
+      arg = "k";
+      break;
+    case BAD_V_NULL: pv = NULL, arg = "v"; break;
+    case BAD_Q_DATA_NULL: q.data = NULL, arg = "q"; break;
+    case BAD_Q_RANK: q.ndim = 3, arg = "q"; break;
+    case BAD_SOFTCAP: P.params.softcap = -1.0f, arg = "softcap"; break;
+    case BAD_PARAMS_NULL: params = NULL, arg = "params"; break;
+    case BAD_OUT_SELF_OVERLAP:
+      /* token stride 0: every token writes the same row. */
+      memcpy(strides_a, P.out->strides, sizeof strides_a);
+      strides_a[1] = 0;
+      if (which_op) dq.strides = strides_a, arg = "dq";
+      else out.strides = strides_a, arg = "out";
+      break;
+    default: break;
+  }
+  void *snaps[5];
+  tbuf *outs[5] = {P.out, P.lse, P.dq, P.dk, P.dv};
+  for (int i = 0; i < 5; i++) snaps[i] = tb_snapshot(outs[i]);
+  ot_status st;
+  if (which_op)
+    st = ot_attention_backward(tr->be->ctx, params, &q, &k, pv, &out, &dout, &lse, pcuq, pcuk,
+                               &dq, tb_dl(P.dk), tb_dl(P.dv));
+  else
+    st = ot_attention_forward(tr->be->ctx, params, &q, &k, pv, pcuq, pcuk, &out, &lse);
+  tr_expect_error(tr, st, OT_ERR_INVALID_ARGUMENT, opname, arg);
+  /* The forward's out / lse are the backward's inputs: only the op's outputs count. */
+  int first = which_op ? 2 : 0, last = which_op ? 5 : 2;
+  for (int i = first; i < last; i++)
+    if (!tb_unchanged(outs[i], snaps[i])) tr_fail(tr, "output %d written on failure", i);
+  for (int i = 0; i < 5; i++) free(snaps[i]);
+  tb_free(extra);
+  prob_free(&P);
+  tr_end(tr);
+}
+
+/* Backward-only argument checks. */
+static void run_bad_bwd_extra(test_run *tr) {
+  static const char *names[] = {"lse NULL", "dq overlaps dout", "dk shape", "dout dtype",
+                                "dv overlaps dk"};
+  for (int which = 0; which < 5; which++) {
+    if (!tr_begin(tr, "ot_attention_backward bad input: %s", names[which])) continue;
+    acase c = {"bad", 1, 9, 9, 4, 2, 16, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true};
+    rng r = tr_rng(tr);
+    prob P;
+    prob_make(tr, &c, DT_F32, true, &P, &r);
+    tb_fill_uniform(P.out, &r, -1, 1);
+    tb_fill_uniform(P.lse, &r, 1, 2);
+    DLTensor dout = *tb_dl(P.dout), dq = *tb_dl(P.dq), dk = *tb_dl(P.dk), dv = *tb_dl(P.dv);
+    const DLTensor *lse = tb_dl(P.lse);
+    tbuf *extra = NULL;
+    const char *arg = names[which];
+    switch (which) {
+      case 0: lse = NULL, arg = "lse"; break;
+      case 1: dq.data = dout.data, dq.byte_offset = 4, arg = "dq"; break;
+      case 2: {
+        int64_t sh[4] = {1, 9, 4, 16};
+        extra = tb_new(tr->be, DT_F32, 4, sh);
+        dk = *tb_dl(extra);
+        arg = "dk";
+        break;
+      }
+      case 3:
+        extra = tb_new(tr->be, DT_BF16, 4, P.dout->shape);
+        tb_fill_uniform(extra, &r, -1, 1);
+        dout = *tb_dl(extra);
+        arg = "dout";
+        break;
+      case 4: dv = dk, arg = "dv"; break;
+    }
+    void *snaps[3];
+    tbuf *outs[3] = {P.dq, P.dk, P.dv};
+    for (int i = 0; i < 3; i++) snaps[i] = tb_snapshot(outs[i]);
+    ot_status st = ot_attention_backward(tr->be->ctx, &P.params, tb_dl(P.q), tb_dl(P.k),
+                                         tb_dl(P.v), tb_dl(P.out), &dout, lse, NULL, NULL, &dq,
+                                         &dk, &dv);
+    tr_expect_error(tr, st, OT_ERR_INVALID_ARGUMENT, "ot_attention_backward", arg);
+    for (int i = 0; i < 3; i++) {
+      if (!tb_unchanged(outs[i], snaps[i])) tr_fail(tr, "output %d written on failure", i);
+      free(snaps[i]);
+    }
+    tb_free(extra);
+    prob_free(&P);
+    tr_end(tr);
+  }
+}
+
+static void run(test_run *tr) {
+  if (tr->grad) {
+    for (size_t i = 0; i < sizeof grad_cases / sizeof grad_cases[0]; i++)
+      run_grad_case(tr, &grad_cases[i]);
+    return;
+  }
+  for (size_t i = 0; i < sizeof fwd_cases / sizeof fwd_cases[0]; i++)
+    for (int d = 0; d < 3; d++) run_case(tr, &fwd_cases[i], *all_dtypes[d]);
+  run_repeat_case(tr);
+  for (int k = 0; k < BAD_COUNT; k++)
+    for (int which = 0; which < 2; which++) run_bad_case(tr, (bad_kind)k, which);
+  run_bad_bwd_extra(tr);
+}
 
 const test_suite suite_attention = {"attention", run};
