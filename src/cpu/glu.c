@@ -21,6 +21,34 @@
 #define INV_SQRT2 0.7071067811865476f
 #define INV_SQRT_2PI 0.3989422804014327f
 
+/* Phi(x), the standard normal CDF, branch-free so GeGLU's loops vectorize (libm's
+ * erfcf is a call). With t = |x| / sqrt2 and u = 1 / (1 + t/2):
+ *   erfc(t) = u exp(-t^2 + P(s)),  s = (2u - 7/6) / (5/6) in [-1, 1] for t in [0, 10],
+ * P a degree-10 polynomial (Chebyshev interpolant of log(erfc(t) / u) + t^2, fitted
+ * for this file; max error 1e-8 in the exponent, 1.5e-7 evaluated in float32). Both
+ * tails are accurate in relative terms; the rounding of x^2 / 2 sets the error, which
+ * grows with x^2: measured 7e-7 for |x| < 3, 2e-6 for |x| < 6 (libm's erfcf is ~1 ulp
+ * but made GeGLU about 7x slower). Absolute error 1.5e-7. Beyond t = 10, exp underflows to 0. */
+static inline float normal_cdf(float x) {
+  float t = fabsf(x) * INV_SQRT2;
+  float u = 1.0f / (1.0f + 0.5f * t);
+  float s = (2.0f * u - 7.0f / 6.0f) * (6.0f / 5.0f);
+  float p = -2.413217420e-05f;
+  p = p * s + 5.488488707e-05f;
+  p = p * s + 1.330719282e-04f;
+  p = p * s + -5.343771746e-04f;
+  p = p * s + -2.787787610e-04f;
+  p = p * s + 3.707520304e-03f;
+  p = p * s + -1.044538672e-03f;
+  p = p * s + -2.947034941e-02f;
+  p = p * s + 1.574494621e-02f;
+  p = p * s + 5.703071040e-01f;
+  p = p * s + -5.585953511e-01f;
+  /* t^2 = x^2 / 2 with a single rounding */
+  float half_erfc = 0.5f * u * ot_exp_f32(p - 0.5f * (x * x));
+  return x < 0.0f ? half_erfc : 1.0f - half_erfc;
+}
+
 /* gelu_tanh(g) = 0.5 g (1 + tanh(u)) = g * sigmoid(2u): the sigmoid form has no
  * cancellation for negative g, unlike 1 + tanh(u). */
 OT_CLONES static void glu_forward_chunk(ot_glu_kind kind, const float *restrict g,
@@ -30,8 +58,7 @@ OT_CLONES static void glu_forward_chunk(ot_glu_kind kind, const float *restrict 
       for (int i = 0; i < n; i++) out[i] = g[i] / (1.0f + ot_exp_f32(-g[i])) * u[i];
       break;
     case OT_GLU_GEGLU:
-      /* Phi(g) = 0.5 erfc(-g / sqrt2), accurate in relative terms for negative g. */
-      for (int i = 0; i < n; i++) out[i] = g[i] * (0.5f * erfcf(-g[i] * INV_SQRT2)) * u[i];
+      for (int i = 0; i < n; i++) out[i] = g[i] * normal_cdf(g[i]) * u[i];
       break;
     case OT_GLU_GEGLU_TANH:
       for (int i = 0; i < n; i++) {
@@ -57,7 +84,7 @@ OT_CLONES static void glu_backward_chunk(ot_glu_kind kind, const float *restrict
       break;
     case OT_GLU_GEGLU:
       for (int i = 0; i < n; i++) {
-        float x = g[i], cdf = 0.5f * erfcf(-x * INV_SQRT2);
+        float x = g[i], cdf = normal_cdf(x);
         float pdf = INV_SQRT_2PI * ot_exp_f32(-0.5f * x * x);
         dg[i] = dout[i] * u[i] * (cdf + x * pdf);
         du[i] = dout[i] * x * cdf;
