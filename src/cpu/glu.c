@@ -27,8 +27,9 @@
  * P a degree-10 polynomial (Chebyshev interpolant of log(erfc(t) / u) + t^2, fitted
  * for this file; max error 1e-8 in the exponent, 1.5e-7 evaluated in float32). Both
  * tails are accurate in relative terms; the rounding of x^2 / 2 sets the error, which
- * grows with x^2: measured 7e-7 for |x| < 3, 2e-6 for |x| < 6 (libm's erfcf is ~1 ulp
- * but made GeGLU about 7x slower). Absolute error 1.5e-7. Beyond t = 10, exp underflows to 0. */
+ * grows with x^2: measured 7e-7 for |x| < 3, 2e-6 for |x| < 6; absolute error 1.5e-7.
+ * (libm's erfcf is ~1 ulp but made GeGLU about 7x slower.) Beyond t = 10, exp
+ * underflows to 0. */
 static inline float normal_cdf(float x) {
   float t = fabsf(x) * INV_SQRT2;
   float u = 1.0f / (1.0f + 0.5f * t);
