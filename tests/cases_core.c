@@ -1,9 +1,67 @@
 /* cases_core.c -- context, version, status and error reporting. */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
+
+/* Private row conversions of the library (src/core/dtype.c), reached through the
+ * static library: they sit under every CPU kernel, with SIMD paths picked at run time. */
+typedef enum { T_F32 = 1, T_F16 = 2, T_BF16 = 3 } t_dtype; /* mirrors ot_dtype */
+void ot_load_f32(float *dst, const void *src, int d, int64_t n);
+void ot_store_f32(void *dst, const float *src, int d, int64_t n);
+
+/* Every 16-bit pattern loads as the harness's scalar conversion says, and random floats
+ * (plus the special values) store rounded to nearest even, at lengths that exercise the
+ * vector bodies and their tails. */
+static void check_conversions(test_run *tr, DLDataType dt, int d) {
+  enum { N = 65536 };
+  uint16_t *bits = malloc(N * sizeof *bits);
+  float *f = malloc(N * sizeof *f);
+  for (int i = 0; i < N; i++) bits[i] = (uint16_t)i;
+  ot_load_f32(f, bits, d, N);
+  int64_t one[1] = {1};
+  tbuf *probe = tb_new(NULL, dt, 1, one);
+  for (int i = 0; i < N; i++) {
+    memcpy(probe->host, &bits[i], 2);
+    double want = tb_get(probe, 0);
+    if (!(want == f[i] || (want != want && f[i] != f[i]))) {
+      tr_fail(tr, "%s load of 0x%04x: got %.9g, expected %.9g", dt_name(dt), i, f[i], want);
+      break;
+    }
+  }
+  rng r = tr_rng(tr);
+  float specials[] = {0.0f, -0.0f, 1e-8f, -3e-6f, 65504.0f, 70000.0f, 1e30f, -1e-40f};
+  for (int i = 0; i < N; i++) {
+    float v = (float)(rng_normal(&r) * (i % 7 == 0 ? 1e4 : 3.0));
+    if (i < (int)(sizeof specials / sizeof specials[0])) v = specials[i];
+    f[i] = v;
+  }
+  for (int len = 1; len <= 37; len += 9) {
+    ot_store_f32(bits, f, d, len);
+    for (int i = 0; i < len; i++) {
+      memcpy(probe->host, &bits[i], 2);
+      double got = tb_get(probe, 0), want = dt_round(dt, f[i]);
+      if (!(got == want || (got != got && want != want))) {
+        tr_fail(tr, "%s store of %.9g (len %d): got %.9g, expected %.9g", dt_name(dt), f[i], len, got, want);
+        break;
+      }
+    }
+  }
+  ot_store_f32(bits, f, d, N);
+  for (int i = 0; i < N; i++) {
+    memcpy(probe->host, &bits[i], 2);
+    double got = tb_get(probe, 0), want = dt_round(dt, f[i]);
+    if (!(got == want || (got != got && want != want))) {
+      tr_fail(tr, "%s store of %.9g: got %.9g, expected %.9g", dt_name(dt), f[i], got, want);
+      break;
+    }
+  }
+  tb_free(probe);
+  free(bits);
+  free(f);
+}
 
 static void *other_thread(void *arg) {
   (void)arg;
@@ -22,6 +80,14 @@ static void run(test_run *tr) {
     char want[32];
     snprintf(want, sizeof want, "%d.%d.%d", OT_VERSION_MAJOR, OT_VERSION_MINOR, OT_VERSION_PATCH);
     if (strcmp(ot_version_string(), want)) tr_fail(tr, "ot_version_string() %s != %s", ot_version_string(), want);
+    tr_end(tr);
+  }
+  if (tr_begin(tr, "row conversions float16")) {
+    check_conversions(tr, DT_F16, T_F16);
+    tr_end(tr);
+  }
+  if (tr_begin(tr, "row conversions bfloat16")) {
+    check_conversions(tr, DT_BF16, T_BF16);
     tr_end(tr);
   }
   if (tr_begin(tr, "status strings")) {

@@ -105,15 +105,79 @@ uint16_t ot_f32_to_f16_slow(float f) {
   return (uint16_t)(sign | half_man);
 }
 
+/* Row conversions. They sit on every CPU kernel's hot path, and the library is built
+ * for baseline x86-64, so the loops are compiled several times and picked at run time:
+ * bf16 is integer shifts that vectorize under any ISA level; fp16 uses the F16C
+ * conversion instructions where the CPU has them (GCC does not vectorize _Float16
+ * conversions by itself). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define OT_ROW_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define OT_HAVE_F16C_PATH 1
+#else
+#define OT_ROW_CLONES
+#define OT_HAVE_F16C_PATH 0
+#endif
+
+OT_ROW_CLONES static void load_bf16(float *restrict dst, const uint16_t *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u = (uint32_t)s[i] << 16;
+    memcpy(&dst[i], &u, sizeof u);
+  }
+}
+
+OT_ROW_CLONES static void store_bf16(uint16_t *restrict o, const float *restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &src[i], sizeof u);
+    /* NaN keeps its sign and becomes quiet; others round to nearest even. */
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x0040u;
+    o[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  }
+}
+
+#if OT_HAVE_F16C_PATH
+__attribute__((target("avx2,f16c"))) static void load_f16_f16c(float *restrict dst,
+                                                                const uint16_t *restrict s,
+                                                                int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+  for (; i < n; i++) dst[i] = ot_f16_to_f32(s[i]);
+}
+
+__attribute__((target("avx2,f16c"))) static void store_f16_f16c(uint16_t *restrict o,
+                                                                 const float *restrict src,
+                                                                 int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i *)(o + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; i++) o[i] = ot_f32_to_f16(src[i]);
+}
+
+static int have_f16c(void) {
+  static int cached = -1;
+  if (cached < 0) {
+    __builtin_cpu_init();
+    cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  }
+  return cached;
+}
+#endif
+
 void ot_load_f32(float *restrict dst, const void *restrict src, ot_dtype d, int64_t n) {
   switch (d) {
     case OT_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
-    case OT_BF16: {
-      const uint16_t *s = (const uint16_t *)src;
-      for (int64_t i = 0; i < n; i++) dst[i] = ot_bf16_to_f32(s[i]);
-      break;
-    }
+    case OT_BF16: load_bf16(dst, (const uint16_t *)src, n); break;
     case OT_F16: {
+#if OT_HAVE_F16C_PATH
+      if (have_f16c()) {
+        load_f16_f16c(dst, (const uint16_t *)src, n);
+        break;
+      }
+#endif
       const uint16_t *s = (const uint16_t *)src;
       for (int64_t i = 0; i < n; i++) dst[i] = ot_f16_to_f32(s[i]);
       break;
@@ -125,12 +189,14 @@ void ot_load_f32(float *restrict dst, const void *restrict src, ot_dtype d, int6
 void ot_store_f32(void *restrict dst, const float *restrict src, ot_dtype d, int64_t n) {
   switch (d) {
     case OT_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
-    case OT_BF16: {
-      uint16_t *o = (uint16_t *)dst;
-      for (int64_t i = 0; i < n; i++) o[i] = ot_f32_to_bf16(src[i]);
-      break;
-    }
+    case OT_BF16: store_bf16((uint16_t *)dst, src, n); break;
     case OT_F16: {
+#if OT_HAVE_F16C_PATH
+      if (have_f16c()) {
+        store_f16_f16c((uint16_t *)dst, src, n);
+        break;
+      }
+#endif
       uint16_t *o = (uint16_t *)dst;
       for (int64_t i = 0; i < n; i++) o[i] = ot_f32_to_f16(src[i]);
       break;
