@@ -6,9 +6,13 @@
  * converted to float32 panels (bounded scratch, about 32 MB at most for realistic
  * K), multiplied by sgemm into a float32 block, and rounded once to the output dtype.
  *
+ * float16 / bfloat16 forward with at most SMALL_M rows (decoding) skips BLAS: it reads
+ * the weight once in its storage dtype (see forward_small_m).
+ *
  * sgemm is always called from the calling thread, never inside an OpenMP region:
  * OpenBLAS threads it itself (with ctx->num_threads threads while the op runs). The
- * OpenMP team only converts panels and reduces dbias.
+ * OpenMP team converts panels (not with the pthread OpenBLAS, see convert_threads),
+ * runs the small-M forward and reduces dbias.
  */
 #include <limits.h>
 #include <stdlib.h>
