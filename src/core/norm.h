@@ -132,8 +132,9 @@ static inline void ot_norm_load_row(float *restrict dst, const void *restrict sr
     const uint16_t *s = (const uint16_t *)src;
     for (int64_t i = 0; i < n; i++) dst[i] = ot_bf16_to_f32(s[i]);
   } else {
-    const uint16_t *s = (const uint16_t *)src;
-    for (int64_t i = 0; i < n; i++) dst[i] = ot_f16_to_f32(s[i]);
+    /* GCC does not vectorize _Float16 conversions; the shared row conversion has the
+     * F16C path. */
+    ot_load_f32(dst, src, d, n);
   }
 }
 
@@ -147,8 +148,7 @@ static inline void ot_norm_store_row(void *restrict dst, const float *restrict s
     uint16_t *o = (uint16_t *)dst;
     for (int64_t i = 0; i < n; i++) o[i] = ot_f32_to_bf16(src[i]);
   } else {
-    uint16_t *o = (uint16_t *)dst;
-    for (int64_t i = 0; i < n; i++) o[i] = ot_f32_to_f16(src[i]);
+    ot_store_f32(dst, src, d, n);
   }
 }
 
