@@ -38,9 +38,10 @@
 
 #define OT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
-/* exp(x) to ~1 ulp for x in [-87, 88] (clamped outside), branch-free so that loops over
- * it vectorize: x = n ln2 + r, |r| <= ln2/2, exp(r) by its Taylor series to r^7. */
+/* exp(x) to ~1 ulp for x in [-87, 88] (0 below, clamped above), branch-free so that loops
+ * over it vectorize: x = n ln2 + r, |r| <= ln2/2, exp(r) by its Taylor series to r^7. */
 static inline float att_exp(float x) {
+  float x_in = x;
   x = x < -87.0f ? -87.0f : x;
   x = x > 88.0f ? 88.0f : x;
   const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
@@ -62,14 +63,8 @@ static inline float att_exp(float x) {
     float f;
   } two_n;
   two_n.i = (ni + 127) << 23;
-  return p * two_n.f;
-}
-
-OT_CLONES static float row_max(const float *restrict s, int64_t n) {
-  float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
-  return m;
+  /* Masked scores are -inf: their weight must be exactly 0. */
+  return x_in < -87.0f ? 0.0f : p * two_n.f;
 }
 
 /* s[j] = exp(s[j] - m); returns the sum. */
@@ -278,13 +273,29 @@ static void load_rows(float *dst, const char *src, int64_t tok_stride, ot_dtype 
 }
 
 /* n rows of D elements into float32 dst transposed: dst[x * ldt + r] = row r, elem x.
- * `tmp` holds one row of D floats. */
+ * Blocks of 16 rows go through `tmp` ([16, D] floats) so that the transposing loop
+ * writes 16 contiguous floats per x instead of scattering single floats. */
+OT_CLONES static void transpose_block(float *restrict dst, int64_t ldt, const float *restrict tmp,
+                                      int64_t nr, int64_t d) {
+  if (nr == 16) {
+    for (int64_t x = 0; x < d; x++) {
+      float *o = dst + x * ldt;
+#pragma omp simd
+      for (int64_t r = 0; r < 16; r++) o[r] = tmp[r * d + x];
+    }
+  } else {
+    for (int64_t x = 0; x < d; x++)
+      for (int64_t r = 0; r < nr; r++) dst[x * ldt + r] = tmp[r * d + x];
+  }
+}
+
 static void load_rows_t(float *dst, int64_t ldt, const char *src, int64_t tok_stride,
                         ot_dtype dt, int64_t n, int64_t d, float *tmp) {
   int64_t bytes = tok_stride * (int64_t)ot_dtype_size(dt);
-  for (int64_t r = 0; r < n; r++) {
-    ot_load_f32(tmp, src + r * bytes, dt, d);
-    for (int64_t x = 0; x < d; x++) dst[x * ldt + r] = tmp[x];
+  for (int64_t r0 = 0; r0 < n; r0 += 16) {
+    int64_t nr = n - r0 < 16 ? n - r0 : 16;
+    for (int64_t r = 0; r < nr; r++) ot_load_f32(tmp + r * d, src + (r0 + r) * bytes, dt, d);
+    transpose_block(dst + r0, ldt, tmp, nr, d);
   }
 }
 
@@ -321,35 +332,91 @@ static inline int thread_id(void) {
 
 /* ---- forward ------------------------------------------------------------------------ */
 
+/*
+ * The forward works on transposed score tiles S^T [bk, bq] = scale * K Q^T: Q^T is
+ * built once per task and K, V are used as stored (converted to float32), so no tile
+ * is transposed inside the key loop, and the softmax statistics of the bq queries are
+ * updated with loops that run along a row of S^T, i.e. vectorized over queries.
+ */
 typedef struct fwd_scratch {
-  float *q;     /* [BQ, D] */
-  float *kt;    /* [D, BK] K transposed */
-  float *v;     /* [BK, D] */
-  float *s;     /* [BQ, BK] scores, then probabilities */
+  float *qt;    /* [D, BQ] Q transposed */
+  float *k, *v; /* [BK, D] */
+  float *st;    /* [BK, BQ] scores, then probabilities, transposed */
   float *o;     /* [BQ, D] unnormalized output */
   float *m, *l; /* [BQ] running max and sum */
-  float *tmp;   /* [D] */
+  float *mu, *alpha; /* [BQ] max used for this tile's exp, rescale factor */
+  float *tmp;   /* [16, D] */
   int64_t *lo, *hi;
 } fwd_scratch;
 
 static size_t fwd_scratch_floats(int64_t d) {
-  return (size_t)(2 * ATT_BQ * d + 2 * ATT_BK * d + ATT_BQ * ATT_BK + 2 * ATT_BQ + d) +
+  return (size_t)(2 * ATT_BQ * d + 2 * ATT_BK * d + ATT_BQ * ATT_BK + 4 * ATT_BQ + 16 * d) +
          (size_t)(4 * ATT_BQ); /* lo/hi as int64 = 2 floats each */
 }
 
 static fwd_scratch fwd_scratch_at(float *base, int64_t d) {
   fwd_scratch w;
-  w.q = base;
-  w.o = w.q + ATT_BQ * d;
-  w.kt = w.o + ATT_BQ * d;
-  w.v = w.kt + ATT_BK * d;
-  w.s = w.v + ATT_BK * d;
-  w.m = w.s + ATT_BQ * ATT_BK;
+  w.qt = base;
+  w.o = w.qt + ATT_BQ * d;
+  w.k = w.o + ATT_BQ * d;
+  w.v = w.k + ATT_BK * d;
+  w.st = w.v + ATT_BK * d;
+  w.m = w.st + ATT_BQ * ATT_BK;
   w.l = w.m + ATT_BQ;
-  w.lo = (int64_t *)(void *)(w.l + ATT_BQ);
+  w.mu = w.l + ATT_BQ;
+  w.alpha = w.mu + ATT_BQ;
+  w.lo = (int64_t *)(void *)(w.alpha + ATT_BQ);
   w.hi = w.lo + ATT_BQ;
   w.tmp = (float *)(void *)(w.hi + ATT_BQ);
   return w;
+}
+
+/* Online-softmax step on S^T [bk, bq] (row stride ATT_BQ): softcap, mask
+ * (when `masked`: key kt + r is visible to query c iff lo[c] <= kt + r <= hi[c]),
+ * running max / sum, and P^T in place. alpha[c] is the factor for row c of O. */
+OT_CLONES static void fwd_softmax_tile(float *restrict st, int64_t bk, int64_t bq, int64_t kt,
+                                       bool masked, float cap, const int64_t *restrict lo,
+                                       const int64_t *restrict hi, float *restrict m,
+                                       float *restrict l, float *restrict mu,
+                                       float *restrict alpha) {
+  for (int64_t r = 0; r < bk; r++) {
+    float *row = st + r * ATT_BQ;
+    if (cap > 0) {
+      float inv = 2.0f / cap;
+#pragma omp simd
+      for (int64_t c = 0; c < bq; c++) row[c] = cap * (1.0f - 2.0f / (att_exp(row[c] * inv) + 1.0f));
+    }
+    if (masked) {
+      int64_t key = kt + r;
+#pragma omp simd
+      for (int64_t c = 0; c < bq; c++) row[c] = (lo[c] <= key && key <= hi[c]) ? row[c] : -INFINITY;
+    }
+  }
+  for (int64_t c = 0; c < bq; c++) alpha[c] = -INFINITY; /* tile max, for now */
+  for (int64_t r = 0; r < bk; r++) {
+    const float *row = st + r * ATT_BQ;
+#pragma omp simd
+    for (int64_t c = 0; c < bq; c++) alpha[c] = row[c] > alpha[c] ? row[c] : alpha[c];
+  }
+#pragma omp simd
+  for (int64_t c = 0; c < bq; c++) {
+    float mn = alpha[c] > m[c] ? alpha[c] : m[c];
+    /* A query with no visible key yet keeps m = -inf; exp against 0 then gives 0. */
+    float base = mn == -INFINITY ? 0.0f : mn;
+    alpha[c] = att_exp(m[c] - base);
+    mu[c] = base;
+    m[c] = mn;
+    l[c] *= alpha[c];
+  }
+  for (int64_t r = 0; r < bk; r++) {
+    float *row = st + r * ATT_BQ;
+#pragma omp simd
+    for (int64_t c = 0; c < bq; c++) {
+      float p = att_exp(row[c] - mu[c]);
+      row[c] = p;
+      l[c] += p;
+    }
+  }
 }
 
 static void fwd_tile(const ot_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t bq,
@@ -369,39 +436,31 @@ static void fwd_tile(const ot_attention_args *a, int64_t b, int64_t h, int64_t i
   for (int64_t x = 0; x < bq * d; x++) w->o[x] = 0.0f;
 
   if (any) {
+    /* Query rows whose range is empty must never see a key: make their range empty
+     * in the kt frame too (lo > every key). */
+    int64_t lo_max = -1, hi_min = sk;
+    for (int64_t r = 0; r < bq; r++) {
+      if (w->lo[r] > w->hi[r]) w->lo[r] = sk, w->hi[r] = -1;
+      if (w->lo[r] > lo_max) lo_max = w->lo[r];
+      if (w->hi[r] < hi_min) hi_min = w->hi[r];
+    }
     /* Even float32 operands are copied: packed tiles avoid the cache-set conflicts of
      * rows a token stride (H * D elements) apart. */
-    load_rows(w->q, elem(&a->q, dt, b, q0 + i0, h), a->q.tok_stride, dt, bq, d);
+    load_rows_t(w->qt, ATT_BQ, elem(&a->q, dt, b, q0 + i0, h), a->q.tok_stride, dt, bq, d,
+                w->tmp);
     for (int64_t kt = kmin; kt <= kmax; kt += ATT_BK) {
       int64_t bk = kmax + 1 - kt < ATT_BK ? kmax + 1 - kt : ATT_BK;
-      load_rows_t(w->kt, ATT_BK, elem(&a->k, dt, b, k0 + kt, g), a->k.tok_stride, dt, bk, d,
-                  w->tmp);
+      load_rows(w->k, elem(&a->k, dt, b, k0 + kt, g), a->k.tok_stride, dt, bk, d);
       load_rows(w->v, elem(&a->v, dt, b, k0 + kt, g), a->v.tok_stride, dt, bk, d);
-      /* S = scale * Q K^T   [bq, bk] */
-      att_gemm(bq, bk, d, a->scale, w->q, d, 1, w->kt, ATT_BK, false, w->s, ATT_BK);
-      for (int64_t r = 0; r < bq; r++) {
-        float *srow = w->s + r * ATT_BK;
-        int64_t jl = w->lo[r] > kt ? w->lo[r] - kt : 0;
-        int64_t jh = w->hi[r] < kt + bk - 1 ? w->hi[r] - kt : bk - 1;
-        if (jl > jh) {
-          for (int64_t j = 0; j < bk; j++) srow[j] = 0.0f;
-          continue;
-        }
-        /* Masked columns of a boundary row become exact zeros of P. */
-        for (int64_t j = 0; j < jl; j++) srow[j] = 0.0f;
-        for (int64_t j = jh + 1; j < bk; j++) srow[j] = 0.0f;
-        int64_t n = jh - jl + 1;
-        if (a->softcap > 0) row_softcap(srow + jl, NULL, n, a->softcap);
-        float mx = row_max(srow + jl, n);
-        float m_new = mx > w->m[r] ? mx : w->m[r];
-        float alpha = w->m[r] == -INFINITY ? 0.0f : att_exp(w->m[r] - m_new);
-        float sum = row_exp_sum(srow + jl, n, m_new);
-        w->l[r] = w->l[r] * alpha + sum;
-        if (alpha != 1.0f) row_scale(w->o + r * d, d, alpha);
-        w->m[r] = m_new;
-      }
-      /* O += P V   [bq, D] */
-      att_gemm(bq, d, bk, 1.0f, w->s, ATT_BK, 1, w->v, d, true, w->o, d);
+      /* S^T = scale * K Q^T   [bk, bq] */
+      att_gemm(bk, bq, d, a->scale, w->k, d, 1, w->qt, ATT_BQ, false, w->st, ATT_BQ);
+      bool masked = lo_max > kt || hi_min < kt + bk - 1;
+      fwd_softmax_tile(w->st, bk, bq, kt, masked, a->softcap, w->lo, w->hi, w->m, w->l, w->mu,
+                       w->alpha);
+      for (int64_t r = 0; r < bq; r++)
+        if (w->alpha[r] != 1.0f) row_scale(w->o + r * d, d, w->alpha[r]);
+      /* O += P V   [bq, D], P read transposed from S^T */
+      att_gemm(bq, d, bk, 1.0f, w->st, 1, ATT_BQ, w->v, d, true, w->o, d);
     }
   }
 
@@ -462,7 +521,7 @@ typedef struct bwd_scratch {
   float *acc1;       /* [max(BQ, BK), D]: dq or dk */
   float *acc2;       /* [BK, D]: dv */
   float *lse, *delta;/* [BQ] */
-  float *tmp;        /* [D] */
+  float *tmp;        /* [16, D] */
   int64_t *lo, *hi;  /* [BQ] */
 } bwd_scratch;
 
@@ -470,7 +529,7 @@ typedef struct bwd_scratch {
 
 static size_t bwd_scratch_floats(int64_t d) {
   return (size_t)(2 * ATT_BQ * d + 3 * ATT_BK * d + 3 * ATT_BQ * ATT_BK + ATT_BMAX * d +
-                  ATT_BK * d + 2 * ATT_BQ + d + 4 * ATT_BQ);
+                  ATT_BK * d + 2 * ATT_BQ + 16 * d + 4 * ATT_BQ);
 }
 
 static bwd_scratch bwd_scratch_at(float *base, int64_t d) {
@@ -488,7 +547,7 @@ static bwd_scratch bwd_scratch_at(float *base, int64_t d) {
   w.lse = w.acc2 + ATT_BK * d;
   w.delta = w.lse + ATT_BQ;
   w.tmp = w.delta + ATT_BQ;
-  w.lo = (int64_t *)(void *)(w.tmp + d);
+  w.lo = (int64_t *)(void *)(w.tmp + 16 * d);
   w.hi = w.lo + ATT_BQ;
   return w;
 }
