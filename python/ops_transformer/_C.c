@@ -13,14 +13,16 @@
  *  - any other DLPack producer (NumPy arrays, ...): its __dlpack__() capsule is
  *    borrowed for the call and released by the capsule's own destructor.
  *
- * Every wrapper takes the CUDA stream (an int, 0 = the legacy default stream) as its
- * first argument; it is applied to the context of the tensors' device. CPU calls run
+ * Every wrapper takes the CUDA stream as its first argument: an int (0 = the legacy
+ * default stream), or None for torch's current stream of the tensors' device (looked
+ * up only for CUDA tensors); it is applied to the context of that device. CPU calls run
  * without the GIL, so other Python threads progress while a kernel runs.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <string.h>
+#include <time.h>
 
 #include <ops_transformer.h>
 
@@ -39,10 +41,11 @@ typedef struct tensor_arg {
 static PyObject *ot_error_type;    /* ops_transformer.Error (subclass of RuntimeError) */
 static PyObject *torch_tensor_type; /* torch.Tensor, once _register_torch was called */
 static PyObject *torch_dtype_map;   /* {torch.dtype: (DLDataTypeCode, bits)} */
+static PyObject *torch_stream_of;   /* device ordinal -> torch's current cudaStream_t */
 static ot_context *cpu_context;
 static ot_context *cuda_contexts[MAX_CUDA_DEVICES];
 
-static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cuda, *s_is_cpu, *s_device,
+static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cpu, *s_device,
     *s_get_device, *s_dlpack, *s_status;
 
 /* ---------------------------------------------------------------------------------- */
@@ -127,17 +130,15 @@ static int from_torch(const char *op, int index, PyObject *obj, tensor_arg *a) {
   a->t.dtype.lanes = 1;
   Py_DECREF(dtype);
 
-  /* device */
-  PyObject *is_cuda = PyObject_GetAttr(obj, s_is_cuda);
-  if (!is_cuda) return -1;
-  int cuda = is_cuda == Py_True;
-  Py_DECREF(is_cuda);
-  if (cuda) {
-    PyObject *dev = PyObject_CallMethodNoArgs(obj, s_get_device);
-    if (!dev) return -1;
+  /* device: get_device() is -1 on the CPU (and on devices other than CUDA, which
+   * is_cpu tells apart), the ordinal on CUDA. */
+  PyObject *dev_index = PyObject_CallMethodNoArgs(obj, s_get_device);
+  if (!dev_index) return -1;
+  long ordinal = PyLong_AsLong(dev_index);
+  Py_DECREF(dev_index);
+  if (ordinal >= 0) {
     a->t.device.device_type = kDLCUDA;
-    a->t.device.device_id = (int32_t)PyLong_AsLong(dev);
-    Py_DECREF(dev);
+    a->t.device.device_id = (int32_t)ordinal;
   } else {
     PyObject *is_cpu = PyObject_GetAttr(obj, s_is_cpu);
     if (!is_cpu) return -1;
@@ -259,7 +260,21 @@ static ot_context *context_for(const char *op, DLDevice dev, PyObject *stream) {
     }
     cuda_contexts[dev.device_id] = ctx;
   }
+  /* stream None: torch's current stream of that device. */
+  PyObject *owned = NULL;
+  if (stream == Py_None) {
+    if (!torch_stream_of) {
+      arg_error(op, 0, "a CUDA tensor needs an explicit stream without torch");
+      return NULL;
+    }
+    PyObject *ord = PyLong_FromLong(dev.device_id);
+    if (!ord) return NULL;
+    owned = stream = PyObject_CallOneArg(torch_stream_of, ord);
+    Py_DECREF(ord);
+    if (!stream) return NULL;
+  }
   void *s = PyLong_AsVoidPtr(stream);
+  Py_XDECREF(owned);
   if (PyErr_Occurred()) return NULL;
   ot_status st = ot_context_set_stream(ctx, s);
   if (st != OT_OK) {
@@ -498,19 +513,50 @@ static PyObject *py_noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs
   Py_RETURN_NONE;
 }
 
+/* The C-side baseline of bench_binding.py: the mean time in ns of one call of
+ * ot_softmax_forward (which = 0) or ot_rmsnorm_forward (which = 1) on a float32
+ * [1, n] tensor, made from C in a loop of `iters` calls. */
+static PyObject *py_bench_c_call(PyObject *self, PyObject *args) {
+  int which, n, iters;
+  if (!PyArg_ParseTuple(args, "iii", &which, &n, &iters)) return NULL;
+  if (n < 1 || n > 1 << 20 || iters < 1) {
+    PyErr_SetString(PyExc_ValueError, "bad size");
+    return NULL;
+  }
+  float *x = PyMem_Calloc((size_t)n * 3, sizeof(float));
+  if (!x) return PyErr_NoMemory();
+  for (int i = 0; i < n; i++) x[i] = (float)i / (float)n, x[n + i] = 1.0f;
+  int64_t shape[2] = {1, n}, wshape[1] = {n};
+  DLTensor tx = {x, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, shape, NULL, 0};
+  DLTensor tw = {x + n, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, wshape, NULL, 0};
+  DLTensor to = {x + 2 * n, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, shape, NULL, 0};
+  ot_status st = OT_OK;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int k = 0; k < iters && st == OT_OK; k++)
+    st = which == 0 ? ot_softmax_forward(cpu_context, &tx, &to)
+                    : ot_rmsnorm_forward(cpu_context, &tx, NULL, &tw, 1e-6f, &to, NULL, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  PyMem_Free(x);
+  if (st != OT_OK) return raise_status(st);
+  double ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / iters;
+  return PyFloat_FromDouble(ns);
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* Module                                                                             */
 /* ---------------------------------------------------------------------------------- */
 
 static PyObject *py_register_torch(PyObject *self, PyObject *args) {
-  PyObject *type, *map;
-  if (!PyArg_ParseTuple(args, "OO!", &type, &PyDict_Type, &map)) return NULL;
+  PyObject *type, *map, *stream_of;
+  if (!PyArg_ParseTuple(args, "OO!O", &type, &PyDict_Type, &map, &stream_of)) return NULL;
   if (!PyType_Check(type)) {
     PyErr_SetString(PyExc_TypeError, "expected torch.Tensor");
     return NULL;
   }
   Py_XSETREF(torch_tensor_type, Py_NewRef(type));
   Py_XSETREF(torch_dtype_map, Py_NewRef(map));
+  Py_XSETREF(torch_stream_of, Py_NewRef(stream_of));
   Py_RETURN_NONE;
 }
 
@@ -547,7 +593,10 @@ static PyMethodDef methods[] = {
     FAST("linear_backward", py_linear_backward, NULL),
     FAST("noop", py_noop, "Converts four tensor arguments and does nothing (benchmarks)."),
     {"_register_torch", py_register_torch, METH_VARARGS,
-     "_register_torch(torch.Tensor, {dtype: (dlpack_code, bits)}): enable the fast path."},
+     "_register_torch(torch.Tensor, {dtype: (dlpack_code, bits)}, stream_of): enable the\n"
+     "torch fast path; stream_of(ordinal) returns torch's current CUDA stream as an int."},
+    {"_bench_c_call", py_bench_c_call, METH_VARARGS,
+     "_bench_c_call(which, n, iters) -> ns per C call (0 softmax, 1 rmsnorm; [1, n] f32)."},
     {"last_error", py_last_error, METH_NOARGS, "ot_last_error() of this thread."},
     {"has_cuda", py_has_cuda, METH_NOARGS, "Whether the library was built with CUDA."},
     {"version", py_version, METH_NOARGS, "The linked library's version string."},
@@ -574,7 +623,6 @@ PyMODINIT_FUNC PyInit__C(void) {
   INTERN(s_shape, "shape");
   INTERN(s_stride, "stride");
   INTERN(s_dtype, "dtype");
-  INTERN(s_is_cuda, "is_cuda");
   INTERN(s_is_cpu, "is_cpu");
   INTERN(s_device, "device");
   INTERN(s_get_device, "get_device");

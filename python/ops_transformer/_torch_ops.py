@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from . import _C
-from .ops import _stream
 
 _LIB = "ops_transformer"
 
@@ -50,7 +49,7 @@ def rms_norm(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     h = torch.empty_like(out) if residual is not None else None
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
-    _C.rmsnorm_forward(_stream(x), x, residual, weight, eps, out, h, rstd)
+    _C.rmsnorm_forward(None, x, residual, weight, eps, out, h, rstd)
     return out, _none0(h, x), rstd
 
 
@@ -68,7 +67,7 @@ def rms_norm_backward(dy: Tensor, dresidual_out: Optional[Tensor], h: Tensor,
     h, weight = map(_last_dim_contiguous, (h, weight))
     dx = torch.empty_like(h, memory_format=torch.contiguous_format)
     dw = torch.empty_like(weight) if weight is not None else None
-    _C.rmsnorm_backward(_stream(dy), dy, dresidual_out, h, weight, rstd, eps, dx, dw)
+    _C.rmsnorm_backward(None, dy, dresidual_out, h, weight, rstd, eps, dx, dw)
     return dx, _none0(dw, h)
 
 
@@ -109,7 +108,7 @@ def layer_norm(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
     h = torch.empty_like(out) if residual is not None else None
     mean = x.new_empty(x.shape[:-1], dtype=torch.float32)
     rstd = torch.empty_like(mean)
-    _C.layernorm_forward(_stream(x), x, residual, weight, bias, eps, out, h, mean, rstd)
+    _C.layernorm_forward(None, x, residual, weight, bias, eps, out, h, mean, rstd)
     return out, _none0(h, x), mean, rstd
 
 
@@ -129,7 +128,7 @@ def layer_norm_backward(dy: Tensor, dresidual_out: Optional[Tensor], h: Tensor,
     dx = torch.empty_like(h, memory_format=torch.contiguous_format)
     dw = torch.empty_like(weight) if weight is not None else None
     db = h.new_empty(h.shape[-1:]) if need_dbias else None
-    _C.layernorm_backward(_stream(dy), dy, dresidual_out, h, weight, mean, rstd, eps, dx,
+    _C.layernorm_backward(None, dy, dresidual_out, h, weight, mean, rstd, eps, dx,
                           dw, db)
     return dx, _none0(dw, h), _none0(db, h)
 
@@ -174,7 +173,7 @@ def rope(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Optio
     q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
     qo = torch.empty_like(q, memory_format=torch.contiguous_format)
     ko = torch.empty_like(k, memory_format=torch.contiguous_format) if k is not None else None
-    _C.rope_forward(_stream(q), mode, rotary_dim, theta, llama3_factor, llama3_low, llama3_high,
+    _C.rope_forward(None, mode, rotary_dim, theta, llama3_factor, llama3_low, llama3_high,
                     llama3_original_max_position, q, k, positions, cos_sin_cache, qo, ko)
     return qo, _none0(ko, q)
 
@@ -194,7 +193,7 @@ def rope_backward(dq_out: Tensor, dk_out: Optional[Tensor], positions: Tensor,
                   llama3_original_max_position: int) -> tuple[Tensor, Tensor]:
     dq = torch.empty_like(dq_out)
     dk = torch.empty_like(dk_out) if dk_out is not None else None
-    _C.rope_backward(_stream(dq_out), mode, rotary_dim, theta, llama3_factor, llama3_low,
+    _C.rope_backward(None, mode, rotary_dim, theta, llama3_factor, llama3_low,
                      llama3_high, llama3_original_max_position, dq_out, dk_out, positions,
                      cos_sin_cache, dq, dk)
     return dq, _none0(dk, dq_out)
@@ -237,7 +236,7 @@ def _glu_out_shape(gate, up):
 def glu(gate: Tensor, up: Optional[Tensor], kind: int) -> Tensor:
     gate, up = _last_dim_contiguous(gate), _last_dim_contiguous(up)
     out = gate.new_empty(_glu_out_shape(gate, up))
-    _C.glu_forward(_stream(gate), kind, gate, up, out)
+    _C.glu_forward(None, kind, gate, up, out)
     return out
 
 
@@ -252,7 +251,7 @@ def glu_backward(dout: Tensor, gate: Tensor, up: Optional[Tensor],
     dgate = torch.empty_like(gate, memory_format=torch.contiguous_format)
     dup = torch.empty_like(up, memory_format=torch.contiguous_format) if up is not None \
         else None
-    _C.glu_backward(_stream(dout), kind, dout, gate, up, dgate, dup)
+    _C.glu_backward(None, kind, dout, gate, up, dgate, dup)
     return dgate, _none0(dup, gate)
 
 
@@ -287,7 +286,7 @@ glu.register_autograd(_glu_bwd, setup_context=_glu_setup)
 def softmax(x: Tensor) -> Tensor:
     x = _last_dim_contiguous(x)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _C.softmax_forward(_stream(x), x, out)
+    _C.softmax_forward(None, x, out)
     return out
 
 
@@ -299,7 +298,7 @@ def _(x):
 @torch.library.custom_op(f"{_LIB}::softmax_backward", mutates_args=())
 def softmax_backward(dy: Tensor, y: Tensor) -> Tensor:
     dx = torch.empty_like(y, memory_format=torch.contiguous_format)
-    _C.softmax_backward(_stream(dy), dy, y, dx)
+    _C.softmax_backward(None, dy, y, dx)
     return dx
 
 
@@ -330,7 +329,7 @@ def cross_entropy(logits: Tensor, labels: Tensor, ignore_index: int, label_smoot
     logits = _last_dim_contiguous(logits)
     loss = logits.new_empty(_ce_loss_shape(logits, reduction), dtype=torch.float32)
     lse = logits.new_empty(logits.shape[:1], dtype=torch.float32)
-    _C.cross_entropy_forward(_stream(logits), ignore_index, label_smoothing, reduction, logits,
+    _C.cross_entropy_forward(None, ignore_index, label_smoothing, reduction, logits,
                              labels, loss, lse)
     return loss, lse
 
@@ -346,7 +345,7 @@ def cross_entropy_backward(dloss: Tensor, logits: Tensor, labels: Tensor, lse: T
                            ignore_index: int, label_smoothing: float,
                            reduction: int) -> Tensor:
     dlogits = torch.empty_like(logits, memory_format=torch.contiguous_format)
-    _C.cross_entropy_backward(_stream(logits), ignore_index, label_smoothing, reduction,
+    _C.cross_entropy_backward(None, ignore_index, label_smoothing, reduction,
                               dloss, logits, labels, lse, dlogits)
     return dlogits
 
@@ -390,7 +389,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     q, k, v = map(_last_dim_contiguous, (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
-    _C.attention_forward(_stream(q), softmax_scale, causal, window_left, window_right, softcap,
+    _C.attention_forward(None, softmax_scale, causal, window_left, window_right, softcap,
                          deterministic, q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse)
     return out, lse
 
@@ -409,7 +408,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    _C.attention_backward(_stream(q), softmax_scale, causal, window_left, window_right, softcap,
+    _C.attention_backward(None, softmax_scale, causal, window_left, window_right, softcap,
                           deterministic, q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k,
                           dq, dk, dv)
     return dq, dk, dv
@@ -446,7 +445,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     x = _last_dim_contiguous(x)
     weight = weight.contiguous()
     y = x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
-    _C.linear_forward(_stream(x), x, weight, bias, y)
+    _C.linear_forward(None, x, weight, bias, y)
     return y
 
 
@@ -461,7 +460,7 @@ def linear_backward(dy: Tensor, x: Tensor, weight: Tensor, need_dx: bool, need_d
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else None
     dw = torch.empty_like(weight) if need_dweight else None
     db = dy.new_empty(dy.shape[-1:]) if need_dbias else None
-    _C.linear_backward(_stream(dy), dy, x, weight, dx, dw, db)
+    _C.linear_backward(None, dy, x, weight, dx, dw, db)
     return _none0(dx, x), _none0(dw, x), _none0(db, x)
 
 

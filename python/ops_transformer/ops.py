@@ -16,6 +16,10 @@ Two paths lead to the C library:
 
 The ``*_backward`` functions are the plain bindings of the backward ops.
 
+The first argument of every ``_C`` call is the CUDA stream: None, as passed here,
+means torch's current stream of the tensors' device (looked up by ``_C`` only for
+CUDA tensors).
+
 Layout rules are the C API's: the last dimension of every floating-point tensor must
 be contiguous; leading dimensions may be strided where the header says so.
 """
@@ -54,7 +58,8 @@ if _torch is not None:
         _torch.int32: (0, 32), _torch.int64: (0, 64), _torch.float64: (2, 64),
         _torch.int8: (0, 8), _torch.uint8: (1, 8), _torch.int16: (0, 16),
     }
-    _C._register_torch(_torch.Tensor, _DLPACK_CODES)
+    _C._register_torch(_torch.Tensor, _DLPACK_CODES,
+                       lambda ordinal: _torch.cuda.current_stream(ordinal).cuda_stream)
 else:
     _Tensor = ()
     _ARRAY_TYPES = (_np.ndarray,)
@@ -72,13 +77,6 @@ def _arr(x, name="x"):
         return _torch.from_dlpack(x) if _torch is not None else _np.from_dlpack(x)
     raise Error(f"ops_transformer: {name}: expected a torch.Tensor, a NumPy array or a "
                 f"DLPack producer, got {type(x).__name__}")
-
-
-def _stream(t):
-    """The CUDA stream to enqueue on: torch's current stream of t's device."""
-    if isinstance(t, _Tensor) and t.is_cuda:
-        return _torch.cuda.current_stream(t.device).cuda_stream
-    return 0
 
 
 def _empty(ref, shape, float32=False):
@@ -100,14 +98,11 @@ def _autograd(*ts):
     """Whether the call goes through the torch custom op (autograd or compile)."""
     if _torch is None:
         return False
-    if _is_compiling():
-        return True
-    if not _is_grad_enabled():
-        return False
-    for t in ts:
-        if isinstance(t, _Tensor) and t.requires_grad:
-            return True
-    return False
+    if _is_grad_enabled():
+        for t in ts:
+            if isinstance(t, _Tensor) and t.requires_grad:
+                return True
+    return _is_compiling()
 
 
 def _no_out(op, **outs):
@@ -155,7 +150,7 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None, out=None, residual_out=
         out = _empty_like(x)
     if residual is not None and residual_out is None:
         residual_out = _empty_like(x)
-    _C.rmsnorm_forward(_stream(x), x, residual, weight, eps, out, residual_out, None)
+    _C.rmsnorm_forward(None, x, residual, weight, eps, out, residual_out, None)
     return (out, residual_out) if residual is not None else out
 
 
@@ -169,7 +164,7 @@ def rms_norm_backward(dy, h, weight=None, rstd=None, eps=1e-6, *, dresidual_out=
     """
     dx = _empty_like(dy) if dx is None else dx
     dw = _empty(weight, weight.shape) if (weight is not None and need_dweight) else None
-    _C.rmsnorm_backward(_stream(dy), dy, dresidual_out, h, weight, rstd, eps, dx, dw)
+    _C.rmsnorm_backward(None, dy, dresidual_out, h, weight, rstd, eps, dx, dw)
     return dx, dw
 
 
@@ -203,7 +198,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, residual=None, out=None,
         out = _empty_like(x)
     if residual is not None and residual_out is None:
         residual_out = _empty_like(x)
-    _C.layernorm_forward(_stream(x), x, residual, weight, bias, eps, out, residual_out,
+    _C.layernorm_forward(None, x, residual, weight, bias, eps, out, residual_out,
                          None, None)
     return (out, residual_out) if residual is not None else out
 
@@ -219,7 +214,7 @@ def layer_norm_backward(dy, h, weight=None, mean=None, rstd=None, eps=1e-5, *,
     H = dy.shape[-1]
     dw = _empty(weight, weight.shape) if (weight is not None and need_dweight) else None
     db = _empty(dy, (H,)) if need_dbias else None
-    _C.layernorm_backward(_stream(dy), dy, dresidual_out, h, weight, mean, rstd, eps, dx,
+    _C.layernorm_backward(None, dy, dresidual_out, h, weight, mean, rstd, eps, dx,
                           dw, db)
     return dx, dw, db
 
@@ -286,7 +281,7 @@ def rope(q, k, positions, *, rotary_dim=0, theta=10000.0, interleaved=False,
         q_out = _empty_like(q)
     if k is not None and k_out is None:
         k_out = _empty_like(k)
-    _C.rope_forward(_stream(q), *args, q, k, positions, cos_sin_cache, q_out, k_out)
+    _C.rope_forward(None, *args, q, k, positions, cos_sin_cache, q_out, k_out)
     return (q_out, k_out) if k is not None else q_out
 
 
@@ -296,7 +291,7 @@ def rope_backward(dq_out, dk_out, positions, *, rotary_dim=0, theta=10000.0,
     args = _rope_args(interleaved, rotary_dim, theta, llama3_scaling)
     dq = _empty_like(dq_out)
     dk = _empty_like(dk_out) if dk_out is not None else None
-    _C.rope_backward(_stream(dq_out), *args, dq_out, dk_out, positions, cos_sin_cache, dq, dk)
+    _C.rope_backward(None, *args, dq_out, dk_out, positions, cos_sin_cache, dq, dk)
     return dq, dk
 
 
@@ -315,7 +310,7 @@ def _glu(kind, name, gate, up, out):
             out = _empty(gate, tuple(gate.shape[:-1]) + (gate.shape[-1] // 2,))
         else:
             out = _empty_like(gate)
-    _C.glu_forward(_stream(gate), kind, gate, up, out)
+    _C.glu_forward(None, kind, gate, up, out)
     return out
 
 
@@ -348,7 +343,7 @@ def glu_backward(dout, gate, up=None, *, kind=GLU_SWIGLU):
     ``up=None`` dgate holds both halves ([..., 2F]) and dup is None."""
     dgate = _empty_like(gate)
     dup = _empty_like(up) if up is not None else None
-    _C.glu_backward(_stream(dout), kind, dout, gate, up, dgate, dup)
+    _C.glu_backward(None, kind, dout, gate, up, dgate, dup)
     return dgate, dup
 
 
@@ -364,14 +359,14 @@ def softmax(x, *, out=None):
         return _ops().softmax(x)
     if out is None:
         out = _empty_like(x)
-    _C.softmax_forward(_stream(x), x, out)
+    _C.softmax_forward(None, x, out)
     return out
 
 
 def softmax_backward(dy, y, *, dx=None):
     """``dx = y * (dy - sum(dy * y))``; y is the forward's output."""
     dx = _empty_like(dy) if dx is None else dx
-    _C.softmax_backward(_stream(dy), dy, y, dx)
+    _C.softmax_backward(None, dy, y, dx)
     return dx
 
 
@@ -413,7 +408,7 @@ def cross_entropy(logits, labels, *, ignore_index=-100, label_smoothing=0.0,
                                        float(label_smoothing), red)
     else:
         loss = _empty(logits, (logits.shape[0],) if red == 2 else (), float32=True)
-        _C.cross_entropy_forward(_stream(logits), ignore_index, label_smoothing, red, logits,
+        _C.cross_entropy_forward(None, ignore_index, label_smoothing, red, logits,
                                  labels, loss, None)
     if red == 2 and loss.shape != lead:
         loss = loss.reshape(lead)
@@ -426,7 +421,7 @@ def cross_entropy_backward(dloss, logits, labels, lse=None, *, ignore_index=-100
     dtype. ``dloss`` is float32 with the loss's shape; ``lse`` float32 [N] or None."""
     red = _reduction(reduction)
     dlogits = _empty_like(logits) if dlogits is None else dlogits
-    _C.cross_entropy_backward(_stream(logits), ignore_index, label_smoothing, red, dloss,
+    _C.cross_entropy_backward(None, ignore_index, label_smoothing, red, dloss,
                               logits, labels, lse, dlogits)
     return dlogits
 
@@ -482,7 +477,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=None, softcap
             lse = _empty(q, (q.shape[0], q.shape[2], q.shape[1]), float32=True)
         else:
             lse = _empty(q, (q.shape[1], q.shape[0]), float32=True)
-    _C.attention_forward(_stream(q), *args, q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse)
+    _C.attention_forward(None, *args, q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse)
     return (out, lse) if return_lse else out
 
 
@@ -493,7 +488,7 @@ def attention_backward(q, k, v, out, dout, lse, *, causal=False, softmax_scale=N
     the parameters must equal the forward's."""
     args = _attn_args(softmax_scale, causal, window, softcap, deterministic)
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
-    _C.attention_backward(_stream(q), *args, q, k, v, out, dout, lse, cu_seqlens_q,
+    _C.attention_backward(None, *args, q, k, v, out, dout, lse, cu_seqlens_q,
                           cu_seqlens_k, dq, dk, dv)
     return dq, dk, dv
 
@@ -513,7 +508,7 @@ def linear(x, weight, bias=None, *, out=None):
         return _ops().linear(x, weight, bias)
     if out is None:
         out = _empty(x, tuple(x.shape[:-1]) + (weight.shape[0],))
-    _C.linear_forward(_stream(x), x, weight, bias, out)
+    _C.linear_forward(None, x, weight, bias, out)
     return out
 
 
@@ -523,5 +518,5 @@ def linear_backward(dy, x, weight, *, need_dx=True, need_dweight=True, need_dbia
     dx = _empty_like(x) if need_dx else None
     dw = _empty_like(weight) if need_dweight else None
     db = _empty(dy, (dy.shape[-1],)) if need_dbias else None
-    _C.linear_backward(_stream(dy), dy, x, weight, dx, dw, db)
+    _C.linear_backward(None, dy, x, weight, dx, dw, db)
     return dx, dw, db
