@@ -163,6 +163,7 @@ __attribute__((target("avx512f"))) static void gemm_avx512(int64_t m, int64_t n,
     __mmask16 m1 = nj >= 32 ? (__mmask16)0xffff
                             : (nj > 16 ? (__mmask16)((1u << (nj - 16)) - 1u) : (__mmask16)0);
     int64_t i = 0;
+    for (; i + 12 <= m; i += 12) ATT_MK_AVX512(12);
     for (; i + 8 <= m; i += 8) ATT_MK_AVX512(8);
     for (; i + 4 <= m; i += 4) ATT_MK_AVX512(4);
     for (; i < m; i++) ATT_MK_AVX512(1);
