@@ -101,6 +101,7 @@ def main():
     B, H, S, D = (1, 16, 2048, 128) if not args.quick else (1, 4, 512, 64)
     R, C = (8192, 4096) if not args.quick else (1024, 1024)
 
+    load_before = os.getloadavg()
     rows = []
     for dname, tdt in dtypes.items():
         es = torch.empty((), dtype=tdt).element_size()
@@ -158,6 +159,7 @@ def main():
         "commit": git_commit(),
         "command": command.strip(),
         "threads": args.threads,
+        "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "torch": torch.__version__,
         "ceilings": {},
         "rows": rows,
@@ -172,7 +174,9 @@ def main():
              f"`torch.set_num_threads`), torch {torch.__version__}, commit "
              f"`{record['commit'][:10]}`, library built as `scripts/run.sh` builds it (Release, "
              f"no `-march=native`).",
-             f"Command: `{record['command']}` (raw record: `bench/results/cpu_ops.json`). "
+             f"Command: `{record['command']}` (raw record: `{os.path.relpath(args.out, ROOT)}`; "
+             f"1-minute load average {record['loadavg_1m_before_after'][0]} before, "
+             f"{record['loadavg_1m_before_after'][1]} after). "
              "Ours is timed by `ot-bench` (median after a warm-up, and checked against a float64 "
              "reference in the same run); torch is timed in the script (median of >= 5 runs after a "
              "warm-up). Rates: attention 4·B·H·S²·D FLOPs (halved for causal), RMSNorm bytes read "
