@@ -105,8 +105,8 @@ cmake --build "$WORK/ex-cmake" >/dev/null
 echo "--- find_package build:"
 "$WORK/ex-cmake/example"
 mkdir -p "$WORK/ex-pc"
-LIBDIR=$(cd "$WORK/prefix" && ls -d lib*/pkgconfig | head -1)
-PKG_CONFIG_PATH="$WORK/prefix/$LIBDIR" make -s -C "$WORK/ex-pc" -f "$ROOT/examples/c/Makefile"
+PCDIR=$(dirname "$(find "$WORK/prefix" -name ops_transformer.pc | head -1)")
+PKG_CONFIG_PATH="$PCDIR" make -s -C "$WORK/ex-pc" -f "$ROOT/examples/c/Makefile"
 echo "--- pkg-config build:"
 "$WORK/ex-pc/example"
 rm -rf "$WORK"
