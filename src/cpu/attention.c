@@ -115,7 +115,8 @@ OT_CLONES static void row_ds(float *restrict dp, const float *restrict p, const 
  * with row stride ldb. Every product of the attention tiles has this form once K and
  * V are stored transposed where needed.
  */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* -DOT_ATT_NO_AVX512 builds the portable path only (to test it on an AVX-512 CPU). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(OT_ATT_NO_AVX512)
 #include <immintrin.h>
 #define ATT_X86 1
 
