@@ -408,6 +408,45 @@ def check_glu(S, ck, small):
                     ck.close(tag + " dup", du, du_r, TOL[dtype] * 2)
 
 
+def sanitize_run(S):
+    """Our kernels only (no references), small shapes covering every kernel variant:
+    for compute-sanitizer racecheck, where torch's own kernels would be slow."""
+    for dtype in (torch.float32, torch.bfloat16):
+        for (rows, cols, pad) in ((9, 7, 3), (5, 1000, 0), (6, 4096, 8), (3, 8192, 0),
+                                  (3, 40000, 0), (2, 20000, 0)):
+            for layer in (0, 1):
+                x = strided_rows(rows, cols, dtype, pad)
+                r = strided_rows(rows, cols, dtype, pad)
+                w = rnd(cols, dtype=dtype)
+                b = rnd(cols, dtype=dtype) if layer else None
+                out, rout = nan_like(x), nan_like(x)
+                mean = torch.empty(rows, device="cuda") if layer else None
+                rstd = torch.empty(rows, device="cuda")
+                norm_fwd_call(S, layer, x, r, w, b, 1e-5, out, rout, mean, rstd)()
+                norm_fwd_call(S, layer, x, None, w, b, 1e-5, out, None, mean, rstd)()
+                dx = nan_like(x)
+                dw = torch.empty(cols, dtype=dtype, device="cuda")
+                db = torch.empty(cols, dtype=dtype, device="cuda") if layer else None
+                norm_bwd_call(S, layer, r, x, out, w, None, None, 1e-5, dx, dw, db)()
+                norm_bwd_call(S, layer, r, None, out, w, mean, rstd, 1e-5, dx, dw, db)()
+        for (D, rd, mode) in ((128, 128, 0), (128, 128, 1), (64, 32, 0), (6, 4, 1)):
+            q = rnd(2, 5, 4, D, dtype=dtype)
+            k = rnd(2, 5, 2, D, dtype=dtype)
+            pos = torch.randint(0, 100, (2, 5), device="cuda")
+            ang = torch.arange(128, dtype=torch.float64)[:, None] * inv_freq_ref(rd, 1e4)
+            cache = torch.cat([torch.cos(ang), torch.sin(ang)], 1).float().cuda()
+            rope_call(S, q, k, nan_like(q), nan_like(k), pos, None, mode, rd)()
+            rope_call(S, q, k, q, k, pos, cache, mode, rd, inverse=True)()
+        for (rows, Fd) in ((3, 7), (4, 4096), (2, 2050)):
+            g, u = rnd(rows, Fd, dtype=dtype), rnd(rows, Fd, dtype=dtype)
+            out = nan_like(g)
+            for kind in (0, 1, 2):
+                glu_fwd_call(S, kind, g, u, out)()
+                glu_bwd_call(S, kind, out, g, u, nan_like(g), nan_like(u))()
+    torch.cuda.synchronize()
+    print("sanitize run: done")
+
+
 # ---------------------------------------------------------------------------------------
 # benchmarks
 
@@ -489,7 +528,7 @@ def bench_all(S, args):
     results = []
     copy_tbps = copy_bandwidth()
     print(f"copy bandwidth: {copy_tbps:.3f} TB/s", flush=True)
-    comp = {} if args.no_compile else None
+    comp = None if args.no_compile else {}
 
     def compiled(name, fn):
         if comp is None:
@@ -697,6 +736,7 @@ def main():
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--only", default="norm,rope,glu")
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--sanitize", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--commit", default=None)
@@ -715,6 +755,8 @@ def main():
         for f in ck.failed[:60]:
             print("  FAIL", f)
         rc = 1 if ck.failed else 0
+    if args.sanitize:
+        sanitize_run(S)
     if args.bench:
         copy_tbps, rows = bench_all(S, args)
         doc = {

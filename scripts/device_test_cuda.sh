@@ -12,7 +12,8 @@
 #      against the float64 references);
 #   3. bench/bench_fused_ops.py --check: our kernels against float64 torch references
 #      (odd shapes, strided rows, all dtypes, in place);
-#   4. compute-sanitizer memcheck + racecheck over the check on small shapes;
+#   4. compute-sanitizer memcheck over the check on small shapes, racecheck over our
+#      kernels alone (--sanitize: every kernel variant, no torch references);
 #   5. bench/bench_fused_ops.py --bench -> $OUT/fused_ops.json (+ plot), table last.
 # Machines without libdlpack-dev / OpenBLAS (the lent ones have no package registry)
 # use the headers and libraries carried in .carry/deps (copied from a Debian machine:
@@ -22,8 +23,10 @@ MODE=${1:-all}
 COMPILE_FLAG=${2:-}
 OUT=${OUT:-/tmp/ot_device_out}
 mkdir -p "$OUT"
+LOGS=build-dev/logs   # build logs stay on the machine ($OUT brings back at most 8 files)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -44,17 +47,17 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 
 stamp "configure"
 cmake -S . -B build-dev "${GEN[@]}" -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
-  -DOT_BUILD_TOOLS=OFF "${EXTRA[@]}" >"$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
+  -DOT_BUILD_TOOLS=OFF "${EXTRA[@]}" >"$LOGS/cmake.log" 2>&1 || { tail -40 "$LOGS/cmake.log"; exit 1; }
 stamp "build"
-if ! cmake --build build-dev -j "$(nproc)" --target ops_transformer_static test_ops >"$OUT/build.log" 2>&1; then
-  grep -E -B2 -A12 'error|Error' "$OUT/build.log" | head -80
+if ! cmake --build build-dev -j "$(nproc)" --target ops_transformer_static test_ops >"$LOGS/build.log" 2>&1; then
+  grep -E -B2 -A12 'error|Error' "$LOGS/build.log" | head -80
   exit 1
 fi
 cc -O2 -shared -fPIC bench/fused_ops_shim.c -Iinclude -Isrc -I"$DLPACK_INC" -I"$CUDA_HOME/include" \
   build-dev/libops_transformer.a -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -lopenblas -fopenmp -lm \
-  -lstdc++ -o build-dev/libfused_ops_shim.so >"$OUT/shim.log" 2>&1 || { cat "$OUT/shim.log"; exit 1; }
+  -lstdc++ -o build-dev/libfused_ops_shim.so >"$LOGS/shim.log" 2>&1 || { cat "$LOGS/shim.log"; exit 1; }
 SHIM=build-dev/libfused_ops_shim.so
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$LOGS/gpu.txt"
 
 if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   stamp "test_ops --backend cuda"
@@ -65,13 +68,13 @@ if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   timeout 300 python3 bench/bench_fused_ops.py --shim $SHIM --check >"$OUT/check.log" 2>&1
   echo "check rc=$?"; tail -25 "$OUT/check.log"
   stamp "compute-sanitizer memcheck"
-  timeout 240 compute-sanitizer --tool memcheck --print-limit 20 \
+  timeout 200 compute-sanitizer --tool memcheck --print-limit 20 \
     python3 bench/bench_fused_ops.py --shim $SHIM --check --small >"$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$?"; grep -E 'ERROR SUMMARY|check:|Invalid|FAIL' "$OUT/memcheck.log" | head -10
   stamp "compute-sanitizer racecheck"
-  timeout 240 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
-    python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only norm,rope >"$OUT/racecheck.log" 2>&1
-  echo "racecheck rc=$?"; grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|check:|hazard' "$OUT/racecheck.log" | head -10
+  timeout 200 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
+    python3 bench/bench_fused_ops.py --shim $SHIM --sanitize >"$OUT/racecheck.log" 2>&1
+  echo "racecheck rc=$?"; grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|sanitize run|hazard' "$OUT/racecheck.log" | head -10
 fi
 
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then

@@ -123,6 +123,48 @@ __device__ __forceinline__ void store_row_vec(T *row, int64_t base, int64_t n, c
   else store_vec_tail(row, base, n, f);
 }
 
+/* A 16-byte register holding VEC storage elements, loaded now and unpacked later
+ * (half the registers of the float32 form for 16-bit types). */
+struct alignas(16) raw16 {
+  uint4 u;
+};
+
+/* Load the VEC elements [base, base + VEC) of `row` into r when `in`, else zeros.
+ * STREAM: data read once (ld.global.cs, evict-first); otherwise a plain load (weights
+ * that every row re-reads stay in L2). Unaligned rows load element by element. */
+template <typename T, bool ALIGNED, bool STREAM>
+__device__ __forceinline__ void load_raw(raw16 &r, const T *row, int64_t base, int64_t n,
+                                         bool in) {
+  constexpr int V = vec_width<T>::value;
+  r.u = make_uint4(0u, 0u, 0u, 0u);
+  if (!in) return;
+  if (ALIGNED) {
+    const uint4 *q = reinterpret_cast<const uint4 *>(row + base);
+    r.u = STREAM ? __ldcs(q) : *q;
+  } else {
+    T *e = reinterpret_cast<T *>(&r.u);
+#pragma unroll
+    for (int i = 0; i < V; i++)
+      if (base + i < n) e[i] = row[base + i];
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack(float *f, const raw16 &r) {
+  constexpr int V = vec_width<T>::value;
+  const T *e = reinterpret_cast<const T *>(&r.u);
+#pragma unroll
+  for (int i = 0; i < V; i++) f[i] = to_f32(e[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ void pack(raw16 &r, const float *f) {
+  constexpr int V = vec_width<T>::value;
+  T *e = reinterpret_cast<T *>(&r.u);
+#pragma unroll
+  for (int i = 0; i < V; i++) e[i] = from_f32<T>(f[i]);
+}
+
 /* ---- reductions ---------------------------------------------------------------------- */
 
 __device__ __forceinline__ float warp_sum(float v) {

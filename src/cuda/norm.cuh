@@ -68,10 +68,11 @@ struct norm_bwd_params {
 
 constexpr int kNormMaxRowsPerBlock = 8;
 
-/* ---- forward, row in registers ------------------------------------------------------ */
-
+/* ---- forward, row in registers ------------------------------------------------------
+ * x (+ residual), weight and bias loads are all issued before the reduction, and
+ * residual_out is stored before it too, so each row costs one memory round trip. */
 template <typename T, bool LAYER, int NV, bool ALIGNED>
-__global__ void __launch_bounds__(512) norm_fwd_kernel(norm_fwd_params p) {
+__global__ void __launch_bounds__(512, NV <= 2 ? 2 : 1) norm_fwd_kernel(norm_fwd_params p) {
   constexpr int V = vec_width<T>::value;
   __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
   const int64_t n = p.cols;
@@ -80,26 +81,39 @@ __global__ void __launch_bounds__(512) norm_fwd_kernel(norm_fwd_params p) {
   const int64_t r = valid ? row : 0;
   const T *x = static_cast<const T *>(p.x) + r * p.x_stride;
   const T *res = p.residual ? static_cast<const T *>(p.residual) + r * p.residual_stride : nullptr;
+  const T *w = static_cast<const T *>(p.weight);
+  const T *b = LAYER ? static_cast<const T *>(p.bias) : nullptr;
 
-  float h[NV][V];
-  float s = 0.0f;
+  raw16 xr[NV], rr[NV], wr[NV], br[NV];
 #pragma unroll
   for (int i = 0; i < NV; i++) {
     const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
-    if (valid && base < n) {
-      load_row_vec<T, ALIGNED>(h[i], x, base, n);
-      if (res) {
-        float rv[V];
-        load_row_vec<T, ALIGNED>(rv, res, base, n);
+    const bool in = valid && base < n;
+    load_raw<T, ALIGNED, true>(xr[i], x, base, n, in);
+    if (res) load_raw<T, ALIGNED, true>(rr[i], res, base, n, in);
+    if (w) load_raw<T, ALIGNED, false>(wr[i], w, base, n, in);
+    if (b) load_raw<T, ALIGNED, false>(br[i], b, base, n, in);
+  }
+  /* h stays packed in storage form (exact: with the residual it is rounded to T
+   * anyway), halving the registers a row needs for 16-bit types. */
+  T *rout = res ? static_cast<T *>(p.residual_out) + r * p.residual_out_stride : nullptr;
+  float s = 0.0f;
 #pragma unroll
-        for (int j = 0; j < V; j++) h[i][j] = round_to<T>(h[i][j] + rv[j]);
-      }
-    } else {
+  for (int i = 0; i < NV; i++) {
+    float hv[V];
+    unpack<T>(hv, xr[i]);
+    if (res) {
+      float rv[V];
+      unpack<T>(rv, rr[i]);
 #pragma unroll
-      for (int j = 0; j < V; j++) h[i][j] = 0.0f;
+      for (int j = 0; j < V; j++) hv[j] += rv[j];
+      pack<T>(xr[i], hv);
+      unpack<T>(hv, xr[i]);
+      const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+      if (valid && base < n) store_row_vec<T, ALIGNED>(rout, base, n, hv);
     }
 #pragma unroll
-    for (int j = 0; j < V; j++) s += LAYER ? h[i][j] : h[i][j] * h[i][j];
+    for (int j = 0; j < V; j++) s += LAYER ? hv[j] : hv[j] * hv[j];
   }
   /* Out-of-range elements are 0 (tails included), so they add nothing to the sums. */
   float *scr = reinterpret_cast<float *>(scratch);
@@ -110,9 +124,11 @@ __global__ void __launch_bounds__(512) norm_fwd_kernel(norm_fwd_params p) {
 #pragma unroll
     for (int i = 0; i < NV; i++) {
       const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+      float hv[V];
+      unpack<T>(hv, xr[i]);
 #pragma unroll
       for (int j = 0; j < V; j++) {
-        const float d = base + j < n ? h[i][j] - mu : 0.0f;
+        const float d = base + j < n ? hv[j] - mu : 0.0f;
         v += d * d;
       }
     }
@@ -123,20 +139,17 @@ __global__ void __launch_bounds__(512) norm_fwd_kernel(norm_fwd_params p) {
   if (!valid) return;
 
   T *out = static_cast<T *>(p.out) + r * p.out_stride;
-  T *rout = res ? static_cast<T *>(p.residual_out) + r * p.residual_out_stride : nullptr;
-  const T *w = static_cast<const T *>(p.weight);
-  const T *b = LAYER ? static_cast<const T *>(p.bias) : nullptr;
 #pragma unroll
   for (int i = 0; i < NV; i++) {
     const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
     if (base >= n) continue;
-    if (rout) store_row_vec<T, ALIGNED>(rout, base, n, h[i]);
-    float wv[V], bv[V], o[V];
-    if (w) load_row_vec<T, ALIGNED>(wv, w, base, n);
-    if (b) load_row_vec<T, ALIGNED>(bv, b, base, n);
+    float hv[V], wv[V], bv[V], o[V];
+    unpack<T>(hv, xr[i]);
+    if (w) unpack<T>(wv, wr[i]);
+    if (b) unpack<T>(bv, br[i]);
 #pragma unroll
     for (int j = 0; j < V; j++) {
-      float y = (h[i][j] - mu) * rs;
+      float y = (hv[j] - mu) * rs;
       if (w) y *= wv[j];
       if (b) y += bv[j];
       o[j] = y;
@@ -231,9 +244,12 @@ __global__ void __launch_bounds__(1024) norm_fwd_loop_kernel(norm_fwd_params p) 
  * RMSNorm:   g = dy*w, dx = r*(g - h*r^2*mean(g*h)) [+ dres],  dw += dy*h*r
  * LayerNorm: xh = (h-mu)*r, dx = r*(g - mean(g) - xh*mean(g*xh)) [+ dres],
  *            dw += dy*xh, db += dy
- * Partial row of group (blockIdx.x, threadIdx.y) is blockIdx.x * blockDim.y + y. */
+ * h and dy stay packed in storage form (raw 16-byte registers) and are unpacked in
+ * each pass; the next row's h and dy are loaded while the current row is reduced, so
+ * a row's loads are always in flight. Partial row of group (blockIdx.x, threadIdx.y)
+ * is blockIdx.x * blockDim.y + y. */
 template <typename T, bool LAYER, int NV, bool ALIGNED>
-__global__ void __launch_bounds__(512) norm_bwd_kernel(norm_bwd_params p) {
+__global__ void __launch_bounds__(512, NV <= 1 ? 2 : 1) norm_bwd_kernel(norm_bwd_params p) {
   constexpr int V = vec_width<T>::value;
   __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
   float *scr = reinterpret_cast<float *>(scratch);
@@ -242,32 +258,41 @@ __global__ void __launch_bounds__(512) norm_bwd_kernel(norm_bwd_params p) {
   const T *w = static_cast<const T *>(p.weight);
   const bool want_dw = p.dw_part != nullptr, want_db = LAYER && p.db_part != nullptr;
 
-  float wv[NV][V], dw[NV][V], db[NV][V];
-#pragma unroll
-  for (int i = 0; i < NV; i++) {
-    const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
-#pragma unroll
-    for (int j = 0; j < V; j++) wv[i][j] = 1.0f, dw[i][j] = 0.0f, db[i][j] = 0.0f;
-    if (w && base < n) load_row_vec<T, ALIGNED>(wv[i], w, base, n);
-  }
-
+  raw16 wr[NV], hc[NV], dc[NV], hn[NV], dn[NV];
+  float dw[NV][V], db[NV][V];
   const int64_t stride_rows = (int64_t)gridDim.x * blockDim.y;
-  for (int64_t row0 = (int64_t)blockIdx.x * blockDim.y; row0 < p.rows; row0 += stride_rows) {
+  int64_t row0 = (int64_t)blockIdx.x * blockDim.y;
+  {
     const int64_t row = row0 + threadIdx.y;
     const bool valid = row < p.rows;
-    const int64_t r = valid ? row : 0;
-    const T *hp = static_cast<const T *>(p.h) + r * p.h_stride;
-    const T *dyp = static_cast<const T *>(p.dy) + r * p.dy_stride;
-    float hv[NV][V], g[NV][V];
+    const T *hp = static_cast<const T *>(p.h) + (valid ? row : 0) * p.h_stride;
+    const T *dyp = static_cast<const T *>(p.dy) + (valid ? row : 0) * p.dy_stride;
 #pragma unroll
     for (int i = 0; i < NV; i++) {
       const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
-      if (valid && base < n) {
-        load_row_vec<T, ALIGNED>(hv[i], hp, base, n);
-        load_row_vec<T, ALIGNED>(g[i], dyp, base, n); /* dy for now */
-      } else {
 #pragma unroll
-        for (int j = 0; j < V; j++) hv[i][j] = 0.0f, g[i][j] = 0.0f;
+      for (int j = 0; j < V; j++) dw[i][j] = 0.0f, db[i][j] = 0.0f;
+      load_raw<T, ALIGNED, false>(wr[i], w, base, n, w != nullptr && base < n);
+      load_raw<T, ALIGNED, true>(hc[i], hp, base, n, valid && base < n);
+      load_raw<T, ALIGNED, true>(dc[i], dyp, base, n, valid && base < n);
+    }
+  }
+
+  for (; row0 < p.rows; row0 += stride_rows) {
+    const int64_t row = row0 + threadIdx.y;
+    const bool valid = row < p.rows;
+    const int64_t r = valid ? row : 0;
+    /* prefetch the next row of this group */
+    {
+      const int64_t nrow = row + stride_rows;
+      const bool nvalid = nrow < p.rows;
+      const T *hp = static_cast<const T *>(p.h) + (nvalid ? nrow : 0) * p.h_stride;
+      const T *dyp = static_cast<const T *>(p.dy) + (nvalid ? nrow : 0) * p.dy_stride;
+#pragma unroll
+      for (int i = 0; i < NV; i++) {
+        const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+        load_raw<T, ALIGNED, true>(hn[i], hp, base, n, nvalid && base < n);
+        load_raw<T, ALIGNED, true>(dn[i], dyp, base, n, nvalid && base < n);
       }
     }
     /* Statistics: saved, or recomputed exactly as the forward does. */
@@ -278,17 +303,22 @@ __global__ void __launch_bounds__(512) norm_bwd_kernel(norm_bwd_params p) {
     } else if (LAYER) {
       float s = 0.0f;
 #pragma unroll
-      for (int i = 0; i < NV; i++)
+      for (int i = 0; i < NV; i++) {
+        float hv[V];
+        unpack<T>(hv, hc[i]);
 #pragma unroll
-        for (int j = 0; j < V; j++) s += hv[i][j];
+        for (int j = 0; j < V; j++) s += hv[j];
+      }
       mu = row_group_sum(s, scr) * inv_n;
       float v = 0.0f;
 #pragma unroll
       for (int i = 0; i < NV; i++) {
         const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+        float hv[V];
+        unpack<T>(hv, hc[i]);
 #pragma unroll
         for (int j = 0; j < V; j++) {
-          const float d = base + j < n ? hv[i][j] - mu : 0.0f;
+          const float d = base + j < n ? hv[j] - mu : 0.0f;
           v += d * d;
         }
       }
@@ -296,26 +326,30 @@ __global__ void __launch_bounds__(512) norm_bwd_kernel(norm_bwd_params p) {
     } else {
       float s = 0.0f;
 #pragma unroll
-      for (int i = 0; i < NV; i++)
+      for (int i = 0; i < NV; i++) {
+        float hv[V];
+        unpack<T>(hv, hc[i]);
 #pragma unroll
-        for (int j = 0; j < V; j++) s += hv[i][j] * hv[i][j];
+        for (int j = 0; j < V; j++) s += hv[j] * hv[j];
+      }
       rs = rsqrtf(row_group_sum(s, scr) * inv_n + p.eps);
     }
-    /* xh (normalized input) replaces h; accumulate the weight-gradient partials. */
+    /* weight-gradient partials and the two row sums */
     float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; i++) {
       const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
+      float hv[V], dyv[V], wv[V];
+      unpack<T>(hv, hc[i]);
+      unpack<T>(dyv, dc[i]);
+      if (w) unpack<T>(wv, wr[i]);
 #pragma unroll
       for (int j = 0; j < V; j++) {
         const bool in = base + j < n;
-        const float xh = in ? (hv[i][j] - mu) * rs : 0.0f;
-        const float dyv = g[i][j];
-        if (want_dw) dw[i][j] += dyv * xh;
-        if (want_db) db[i][j] += dyv;
-        const float gg = dyv * wv[i][j];
-        hv[i][j] = xh;
-        g[i][j] = gg;
+        const float xh = in ? (hv[j] - mu) * rs : 0.0f;
+        if (want_dw) dw[i][j] += dyv[j] * xh;
+        if (want_db) db[i][j] += dyv[j];
+        const float gg = w ? dyv[j] * wv[j] : dyv[j];
         sg += gg;
         sgx += gg * xh;
       }
@@ -335,16 +369,23 @@ __global__ void __launch_bounds__(512) norm_bwd_kernel(norm_bwd_params p) {
       for (int i = 0; i < NV; i++) {
         const int64_t base = ((int64_t)threadIdx.x + (int64_t)i * blockDim.x) * V;
         if (base >= n) continue;
-        float o[V], dr[V];
+        float hv[V], dyv[V], wv[V], o[V], dr[V];
+        unpack<T>(hv, hc[i]);
+        unpack<T>(dyv, dc[i]);
+        if (w) unpack<T>(wv, wr[i]);
         if (drp) load_row_vec<T, ALIGNED>(dr, drp, base, n);
 #pragma unroll
         for (int j = 0; j < V; j++) {
-          o[j] = rs * (g[i][j] - a - hv[i][j] * c);
+          const float xh = (hv[j] - mu) * rs;
+          const float gg = w ? dyv[j] * wv[j] : dyv[j];
+          o[j] = rs * (gg - a - xh * c);
           if (drp) o[j] += dr[j];
         }
         store_row_vec<T, ALIGNED>(dxp, base, n, o);
       }
     }
+#pragma unroll
+    for (int i = 0; i < NV; i++) hc[i] = hn[i], dc[i] = dn[i];
   }
 
   const int64_t part = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
@@ -534,7 +575,8 @@ cudaError_t norm_forward_launch(const norm_fwd_params &p, cudaStream_t stream) {
                         ot_rows_aligned16(p.residual_out, p.residual_out_stride, sizeof(T), p.rows)) &&
                        ot_rows_aligned16(p.weight, 0, sizeof(T), 1) &&
                        ot_rows_aligned16(LAYER ? p.bias : nullptr, 0, sizeof(T), 1);
-  const norm_launch L = norm_pick_launch(p.cols, V, 256, 8);
+  const norm_launch L =
+      norm_pick_launch(p.cols, V, (p.cols + V - 1) / V > 512 ? 512 : 256, 8);
   const dim3 block(L.threads, L.rows);
   const int64_t blocks = (p.rows + L.rows - 1) / L.rows;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
