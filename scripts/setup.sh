@@ -7,7 +7,7 @@
 #   Debian packages (apt-get, only those missing): a C toolchain, CMake, pkg-config,
 #   DLPack headers, OpenBLAS, OpenMP, python3-venv.
 #   CUDA: nvcc from PATH, else /usr/local/cuda/bin, else $CUDA_HOME/bin, else (when
-#   OT_SETUP_PIP_CUDA=1) from PyPI into a private venv. Exports OT_NVCC (empty when no
+#   OT_SETUP_PIP_CUDA=1; =force skips the search) from PyPI into a private venv. Exports OT_NVCC (empty when no
 #   CUDA compiler was found) and, for the PyPI fallback, CUDAToolkit_ROOT.
 
 ot_setup_main() {
@@ -35,7 +35,9 @@ ot_setup_main() {
 
   # The CUDA compiler.
   OT_NVCC=""
-  if command -v nvcc >/dev/null 2>&1; then
+  if [ "${OT_SETUP_PIP_CUDA:-0}" = force ]; then
+    :  # skip the search: test the PyPI fallback
+  elif command -v nvcc >/dev/null 2>&1; then
     OT_NVCC=$(command -v nvcc)
   else
     local d
@@ -48,7 +50,7 @@ ot_setup_main() {
       fi
     done
   fi
-  if [ -z "$OT_NVCC" ] && [ "${OT_SETUP_PIP_CUDA:-0}" = 1 ]; then
+  if [ -z "$OT_NVCC" ] && [ "${OT_SETUP_PIP_CUDA:-0}" != 0 ]; then
     ot_setup_pip_cuda || return 1
   fi
   export OT_NVCC
@@ -61,35 +63,29 @@ ot_setup_main() {
   fi
 }
 
-# nvcc, headers, cudart and cuBLASLt from PyPI (CUDA 12 wheels) into a venv outside
-# the repository. The wheels lay the toolkit out in several folders; they are linked
-# into one tree that looks like /usr/local/cuda so CMake's CUDA language and
-# FindCUDAToolkit accept it.
+# nvcc, headers, cudart and cuBLASLt from PyPI (NVIDIA's CUDA 13 wheels, which all install
+# into one toolkit-shaped tree, site-packages/nvidia/cu13/{bin,include,lib}) into a venv
+# outside the repository. CMake's CUDA language and FindCUDAToolkit accept that tree once
+# it has lib64 and the unversioned .so link names.
 ot_setup_pip_cuda() {
   local venv="${OT_CUDA_VENV:-$HOME/.cache/ops_transformer/cuda-venv}"
-  local root="$venv/cuda"
-  if [ ! -x "$root/bin/nvcc" ]; then
+  local root
+  root=$(ls -d "$venv"/lib/python3*/site-packages/nvidia/cu13 2>/dev/null | head -1)
+  if [ -z "$root" ] || [ ! -x "$root/bin/nvcc" ]; then
     echo "setup: installing the CUDA compiler from PyPI into $venv"
     python3 -m venv "$venv" || return 1
-    "$venv/bin/pip" install -q nvidia-cuda-nvcc-cu12 nvidia-cuda-runtime-cu12 \
-      nvidia-cublas-cu12 nvidia-cuda-cccl-cu12 || return 1
-    local nv
-    nv=$("$venv/bin/python" -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0] + "/x"))') || return 1
-    rm -rf "$root" && mkdir -p "$root/include" "$root/lib64"
-    ln -s "$nv/cuda_nvcc/bin" "$root/bin"
-    ln -s "$nv/cuda_nvcc/nvvm" "$root/nvvm"
-    local sub f
-    for sub in cuda_nvcc cuda_runtime cublas cuda_cccl; do
-      for f in "$nv/$sub"/include/*; do [ -e "$f" ] && ln -sf "$f" "$root/include/"; done
-      for f in "$nv/$sub"/lib/*; do [ -e "$f" ] && ln -sf "$f" "$root/lib64/"; done
-    done
-    # The wheels ship only versioned shared objects: add the link names.
-    for f in "$root"/lib64/lib*.so.*; do
-      local base="${f##*/}"; base="${base%%.so.*}.so"
-      [ -e "$root/lib64/$base" ] || ln -s "$f" "$root/lib64/$base"
-    done
-    ln -s lib64 "$root/lib"
+    "$venv/bin/pip" install -q nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cublas \
+      nvidia-cuda-cccl nvidia-nvvm || return 1
+    root=$(ls -d "$venv"/lib/python3*/site-packages/nvidia/cu13 | head -1)
+    [ -x "$root/bin/nvcc" ] || { echo "setup: no nvcc in $root/bin" >&2; return 1; }
   fi
+  [ -e "$root/lib64" ] || ln -s lib "$root/lib64"
+  local f base
+  for f in "$root"/lib/lib*.so.*; do
+    [ -e "$f" ] || continue
+    base="${f##*/}"; base="${base%%.so.*}.so"
+    [ -e "$root/lib/$base" ] || ln -s "${f##*/}" "$root/lib/$base"
+  done
   export PATH="$root/bin:$PATH" CUDAToolkit_ROOT="$root" CUDACXX="$root/bin/nvcc"
   OT_NVCC="$root/bin/nvcc"
 }
