@@ -8,8 +8,9 @@
  *
  * Tensor arguments may be:
  *  - None: passed to the op as NULL;
- *  - a torch.Tensor (fast path, torch is not linked: data_ptr(), shape, stride(),
- *    dtype and the device are read through their Python attributes);
+ *  - a torch.Tensor (fast path, torch is not linked): exported with torch's C++
+ *    torch._C._to_dlpack when available, else data_ptr(), shape, stride(), dtype and
+ *    the device are read through their Python attributes;
  *  - any other DLPack producer (NumPy arrays, ...): its __dlpack__() capsule is
  *    borrowed for the call and released by the capsule's own destructor.
  *
@@ -42,6 +43,7 @@ static PyObject *ot_error_type;    /* ops_transformer.Error (subclass of Runtime
 static PyObject *torch_tensor_type; /* torch.Tensor, once _register_torch was called */
 static PyObject *torch_dtype_map;   /* {torch.dtype: (DLDataTypeCode, bits)} */
 static PyObject *torch_stream_of;   /* device ordinal -> torch's current cudaStream_t */
+static PyObject *torch_to_dlpack;   /* torch._C._to_dlpack, or NULL */
 static ot_context *cpu_context;
 static ot_context *cuda_contexts[MAX_CUDA_DEVICES];
 
@@ -217,8 +219,25 @@ static int tensor_from(const char *op, int index, PyObject *obj, tensor_arg *a) 
   a->present = 0;
   if (obj == Py_None) return 0;
   a->present = 1;
-  if (torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)torch_tensor_type))
+  if (torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)torch_tensor_type)) {
+    /* torch's C++ DLPack export reads everything in one call, faster than the five
+     * attribute reads of from_torch; from_torch remains for what it refuses (meta
+     * tensors, odd dtypes) and explains why. */
+    if (torch_to_dlpack) {
+      PyObject *capsule = PyObject_CallOneArg(torch_to_dlpack, obj);
+      if (capsule) {
+        DLManagedTensor *m = (DLManagedTensor *)PyCapsule_GetPointer(capsule, "dltensor");
+        if (m && m->dl_tensor.ndim <= MAX_DIMS) {
+          a->keep = capsule;
+          a->t = m->dl_tensor;
+          return 0;
+        }
+        Py_DECREF(capsule);
+      }
+      PyErr_Clear();
+    }
     return from_torch(op, index, obj, a);
+  }
   return from_dlpack(op, index, obj, a);
 }
 
@@ -515,10 +534,12 @@ static PyObject *py_noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 
 /* The C-side baseline of bench_binding.py: the mean time in ns of one call of
  * ot_softmax_forward (which = 0) or ot_rmsnorm_forward (which = 1) on a float32
- * [1, n] tensor, made from C in a loop of `iters` calls. */
+ * [1, n] tensor, made from C in a loop of `iters` calls; wall-clock time, or the
+ * calling thread's CPU time when thread_clock is true. */
 static PyObject *py_bench_c_call(PyObject *self, PyObject *args) {
-  int which, n, iters;
-  if (!PyArg_ParseTuple(args, "iii", &which, &n, &iters)) return NULL;
+  int which, n, iters, thread_clock = 0;
+  if (!PyArg_ParseTuple(args, "iii|p", &which, &n, &iters, &thread_clock)) return NULL;
+  clockid_t clock = thread_clock ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC;
   if (n < 1 || n > 1 << 20 || iters < 1) {
     PyErr_SetString(PyExc_ValueError, "bad size");
     return NULL;
@@ -532,11 +553,11 @@ static PyObject *py_bench_c_call(PyObject *self, PyObject *args) {
   DLTensor to = {x + 2 * n, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, shape, NULL, 0};
   ot_status st = OT_OK;
   struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  clock_gettime(clock, &t0);
   for (int k = 0; k < iters && st == OT_OK; k++)
     st = which == 0 ? ot_softmax_forward(cpu_context, &tx, &to)
                     : ot_rmsnorm_forward(cpu_context, &tx, NULL, &tw, 1e-6f, &to, NULL, NULL);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
+  clock_gettime(clock, &t1);
   PyMem_Free(x);
   if (st != OT_OK) return raise_status(st);
   double ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / iters;
@@ -548,8 +569,9 @@ static PyObject *py_bench_c_call(PyObject *self, PyObject *args) {
 /* ---------------------------------------------------------------------------------- */
 
 static PyObject *py_register_torch(PyObject *self, PyObject *args) {
-  PyObject *type, *map, *stream_of;
-  if (!PyArg_ParseTuple(args, "OO!O", &type, &PyDict_Type, &map, &stream_of)) return NULL;
+  PyObject *type, *map, *stream_of, *to_dlpack = Py_None;
+  if (!PyArg_ParseTuple(args, "OO!O|O", &type, &PyDict_Type, &map, &stream_of, &to_dlpack))
+    return NULL;
   if (!PyType_Check(type)) {
     PyErr_SetString(PyExc_TypeError, "expected torch.Tensor");
     return NULL;
@@ -557,6 +579,8 @@ static PyObject *py_register_torch(PyObject *self, PyObject *args) {
   Py_XSETREF(torch_tensor_type, Py_NewRef(type));
   Py_XSETREF(torch_dtype_map, Py_NewRef(map));
   Py_XSETREF(torch_stream_of, Py_NewRef(stream_of));
+  Py_CLEAR(torch_to_dlpack);
+  if (to_dlpack != Py_None) torch_to_dlpack = Py_NewRef(to_dlpack);
   Py_RETURN_NONE;
 }
 
@@ -594,9 +618,11 @@ static PyMethodDef methods[] = {
     FAST("noop", py_noop, "Converts four tensor arguments and does nothing (benchmarks)."),
     {"_register_torch", py_register_torch, METH_VARARGS,
      "_register_torch(torch.Tensor, {dtype: (dlpack_code, bits)}, stream_of): enable the\n"
-     "torch fast path; stream_of(ordinal) returns torch's current CUDA stream as an int."},
+     "torch fast path; stream_of(ordinal) returns torch's current CUDA stream as an int;\n"
+     "to_dlpack (optional) is torch._C._to_dlpack."},
     {"_bench_c_call", py_bench_c_call, METH_VARARGS,
-     "_bench_c_call(which, n, iters) -> ns per C call (0 softmax, 1 rmsnorm; [1, n] f32)."},
+     "_bench_c_call(which, n, iters, thread_clock=False) -> ns per C call\n"
+     "(0 softmax, 1 rmsnorm; [1, n] float32)."},
     {"last_error", py_last_error, METH_NOARGS, "ot_last_error() of this thread."},
     {"has_cuda", py_has_cuda, METH_NOARGS, "Whether the library was built with CUDA."},
     {"version", py_version, METH_NOARGS, "The linked library's version string."},

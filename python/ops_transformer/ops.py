@@ -59,7 +59,8 @@ if _torch is not None:
         _torch.int8: (0, 8), _torch.uint8: (1, 8), _torch.int16: (0, 16),
     }
     _C._register_torch(_torch.Tensor, _DLPACK_CODES,
-                       lambda ordinal: _torch.cuda.current_stream(ordinal).cuda_stream)
+                       lambda ordinal: _torch.cuda.current_stream(ordinal).cuda_stream,
+                       getattr(_torch._C, "_to_dlpack", None))
 else:
     _Tensor = ()
     _ARRAY_TYPES = (_np.ndarray,)
