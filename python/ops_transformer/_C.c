@@ -524,14 +524,6 @@ static PyObject *py_linear_backward(PyObject *self, PyObject *const *args, Py_ss
                             TS(c, 5)));
 }
 
-/* A call that converts its tensors and returns without running an op: measures the
- * binding's own cost (bench_binding.py). (stream, a, b, c, d) */
-static PyObject *py_noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  PARSE(c, "noop", "TTTT");
-  call_release(&c);
-  Py_RETURN_NONE;
-}
-
 /* The C-side baseline of bench_binding.py: the mean time in ns of one call of
  * ot_softmax_forward (which = 0) or ot_rmsnorm_forward (which = 1) on a float32
  * [1, n] tensor, made from C in a loop of `iters` calls; wall-clock time, or the
@@ -615,7 +607,6 @@ static PyMethodDef methods[] = {
     FAST("attention_backward", py_attention_backward, NULL),
     FAST("linear_forward", py_linear_forward, NULL),
     FAST("linear_backward", py_linear_backward, NULL),
-    FAST("noop", py_noop, "Converts four tensor arguments and does nothing (benchmarks)."),
     {"_register_torch", py_register_torch, METH_VARARGS,
      "_register_torch(torch.Tensor, {dtype: (dlpack_code, bits)}, stream_of): enable the\n"
      "torch fast path; stream_of(ordinal) returns torch's current CUDA stream as an int;\n"

@@ -121,3 +121,31 @@ def test_config():
         assert c.fused_attention is True
     assert "matmul_precision" in c.describe()
     assert c.as_dict()["memory_allocator"] == "torch"
+
+
+def test_threads_share_the_cpu_context():
+    # CPU calls release the GIL: several Python threads run ops at once, and an error
+    # in one thread does not leak into another (ot_last_error is thread-local).
+    import threading
+
+    x = torch.randn(64, 256)
+    expected = torch.softmax(x, -1)
+    failures = []
+
+    def work(i):
+        try:
+            for _ in range(50):
+                if i % 2:
+                    torch.testing.assert_close(ot.softmax(x), expected)
+                else:
+                    with pytest.raises(ot.Error, match="ot_softmax_forward"):
+                        ot.softmax(x.double())
+        except BaseException as e:  # noqa: BLE001
+            failures.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
