@@ -180,7 +180,14 @@ def main():
              "Ours is timed by `ot-bench` (median after a warm-up, and checked against a float64 "
              "reference in the same run); torch is timed in the script (median of >= 5 runs after a "
              "warm-up). Rates: attention 4·B·H·S²·D FLOPs (halved for causal), RMSNorm bytes read "
-             "+ written once.", "",
+             "+ written once.",
+             ]
+    if max(record["loadavg_1m_before_after"]) > 0.5 * (os.cpu_count() or 1):
+        lines += ["", f"**Caveat: the machine was busy with other work during this run (load "
+                  f"average {max(record['loadavg_1m_before_after'])} on {os.cpu_count()} cores); "
+                  "both sides ran in the same window, but the numbers are noisy and torch's "
+                  "thread pool suffers more from oversubscription. Rerun on an idle machine.**"]
+    lines += ["",
              "| op | case | ours | ours ms | torch | torch ms | ours / best torch |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
