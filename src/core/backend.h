@@ -22,6 +22,15 @@ void ot_cuda_context_release(ot_context *ctx);
 /* The status to return from an op that has no CUDA kernel yet. */
 ot_status ot_cuda_not_implemented(const char *op);
 
+/* Call a CUDA entry point: `return OT_CUDA_CALL(op, ot_cuda_rope, ctx, &args);`. In builds
+ * without CUDA no CUDA context can exist, and the entry points are not compiled, so the
+ * call becomes the "not implemented" status and the symbol is never referenced. */
+#ifdef OT_HAVE_CUDA
+#define OT_CUDA_CALL(op, fn, ...) fn(__VA_ARGS__)
+#else
+#define OT_CUDA_CALL(op, fn, ...) ot_cuda_not_implemented(op)
+#endif
+
 #ifdef __cplusplus
 }
 #endif

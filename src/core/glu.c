@@ -106,7 +106,7 @@ ot_status ot_glu_forward(ot_context *ctx, ot_glu_kind kind, const DLTensor *gate
   }
   a.out = o.data;
   a.out_stride = orow.row_stride;
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_glu_forward, ctx, &a);
   return ot_cpu_glu_forward(ctx, &a);
 }
 
@@ -178,6 +178,6 @@ ot_status ot_glu_backward(ot_context *ctx, ot_glu_kind kind, const DLTensor *dou
     a.dup = du.data;
     a.dup_stride = dur.row_stride;
   }
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_glu_backward, ctx, &a);
   return ot_cpu_glu_backward(ctx, &a);
 }

@@ -156,7 +156,9 @@ static ot_status norm_forward(const char *op, bool layernorm, ot_context *ctx,
   a.rstd = ot_view_present(&vrstd) ? (float *)vrstd.data : NULL;
   if (a.rows == 0) return OT_OK;
 
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx))
+    return layernorm ? OT_CUDA_CALL(op, ot_cuda_layernorm_forward, ctx, &a)
+                     : OT_CUDA_CALL(op, ot_cuda_rmsnorm_forward, ctx, &a);
   return layernorm ? ot_cpu_layernorm_forward(ctx, &a) : ot_cpu_rmsnorm_forward(ctx, &a);
 }
 
@@ -230,7 +232,9 @@ static ot_status norm_backward(const char *op, bool layernorm, ot_context *ctx,
   a.dweight = ot_view_present(&vdw) ? vdw.data : NULL;
   a.dbias = ot_view_present(&vdb) ? vdb.data : NULL;
 
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx))
+    return layernorm ? OT_CUDA_CALL(op, ot_cuda_layernorm_backward, ctx, &a)
+                     : OT_CUDA_CALL(op, ot_cuda_rmsnorm_backward, ctx, &a);
   return layernorm ? ot_cpu_layernorm_backward(ctx, &a) : ot_cpu_rmsnorm_backward(ctx, &a);
 }
 

@@ -311,7 +311,7 @@ static ot_status rope(const rope_names *nm, bool inverse, ot_context *ctx,
       }
   }
 
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_rope, ctx, &a);
   return ot_cpu_rope(ctx, &a);
 }
 
