@@ -297,6 +297,13 @@ bool tr_ok(test_run *tr, ot_status st, const char *what) {
 bool tr_expect_error(test_run *tr, ot_status st, ot_status want, const char *contains1,
                      const char *contains2) {
   const char *msg = ot_last_error();
+  /* An op without a kernel on this backend yet cannot check what its kernel would
+   * check (values that live on the device, e.g. labels or cu_seqlens): skip, as tr_ok. */
+  if (st == OT_ERR_UNSUPPORTED && want != OT_ERR_UNSUPPORTED && tr->be->is_cuda &&
+      strstr(msg, "has no kernel for this op yet")) {
+    tr->case_skipped = true;
+    return false;
+  }
   if (st != want) {
     tr_fail(tr, "expected status '%s', got '%s' (%s)", ot_status_string(want),
             ot_status_string(st), st == OT_OK ? "no error" : msg);
