@@ -21,17 +21,23 @@ from . import _C
 _LIB = "ops_transformer"
 
 
+def _dense(t):
+    # contiguous() keeps the strides of an empty tensor (e.g. an expanded [0, H]
+    # gradient with stride 0), which the C library's stride check refuses.
+    return t.new_empty(t.shape) if t.numel() == 0 else t.contiguous()
+
+
 def _last_dim_contiguous(t):
     if t is None:
         return None
     if t.dim() > 0 and t.stride(-1) != 1:
-        return t.contiguous()
+        return _dense(t)
     return t
 
 
 def _grad(t):
     """Autograd's incoming gradient, densified (it may be expanded or strided)."""
-    return None if t is None else t.contiguous()
+    return None if t is None else _dense(t)
 
 
 def _none0(t, like):

@@ -164,3 +164,15 @@ def test_numpy_inputs():
     np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5)
     y16 = ot.layer_norm(x.astype(np.float16))
     assert y16.dtype == np.float16
+
+
+def test_zero_rows():
+    x = torch.randn(0, 8, requires_grad=True)
+    w = torch.ones(8, requires_grad=True)
+    y = ot.rms_norm(x, w)
+    assert y.shape == (0, 8)
+    y.sum().backward()
+    assert x.grad.shape == (0, 8)
+    assert torch.equal(w.grad, torch.zeros(8))
+    with torch.no_grad():
+        assert ot.layer_norm(torch.randn(0, 3, 8)).shape == (0, 3, 8)
