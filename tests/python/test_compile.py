@@ -58,3 +58,20 @@ def test_custom_ops_registered_with_fake_impls():
     logits = torch.randn(5, 7, requires_grad=True)
     torch.library.opcheck(torch.ops.ops_transformer.cross_entropy.default,
                           (logits, torch.randint(0, 7, (5,)), -100, 0.0, 0))
+
+
+def test_dynamo_graph_holds_the_custom_ops():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=backend, fullgraph=True)
+    def f(x, w):
+        return ot.softmax(ot.rms_norm(x, w))
+
+    x, w = torch.randn(2, 8), torch.randn(8)
+    assert_close(f(x, w), torch.softmax(F.rms_norm(x, (8,), w, 1e-6), -1))
+    targets = " ".join(str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function")
+    assert "ops_transformer.rms_norm" in targets and "ops_transformer.softmax" in targets
