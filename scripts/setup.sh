@@ -54,6 +54,17 @@ ot_setup_main() {
     ot_setup_pip_cuda || return 1
   fi
   export OT_NVCC
+  # OpenBLAS picks its kernels from the CPU model; under some hypervisors the model is
+  # hidden and it falls back to generic SSE3 kernels ("Prescott"), 4-8x slower. Name the
+  # kernel family from the CPU's flags unless the caller chose one.
+  if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -r /proc/cpuinfo ]; then
+    if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
+    elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
+  fi
+  # A GPU to run on (the main job builds the CUDA backend only when one is visible).
+  OT_GPU=""
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then OT_GPU=1; fi
+  export OT_GPU
   if [ -n "$OT_NVCC" ]; then
     echo "setup: ok (nvcc: $OT_NVCC, $("$OT_NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
   else
