@@ -5,65 +5,6 @@
 #include "attention.h"
 #include "backend.h"
 
-/* Outputs are written by many threads: reject views whose elements can coincide (a
- * zero or too small stride). Sufficient test: sorted by stride, every dim of size > 1
- * steps past the whole extent of the dims inside it. */
-static ot_status check_no_self_overlap(const char *op, const char *name, const ot_view *v) {
-  int idx[OT_MAX_DIMS], n = 0;
-  for (int i = 0; i < v->ndim; i++)
-    if (v->shape[i] > 1) idx[n++] = i;
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && v->stride[idx[j]] < v->stride[idx[j - 1]]; j--) {
-      int t = idx[j];
-      idx[j] = idx[j - 1];
-      idx[j - 1] = t;
-    }
-  int64_t extent = 0; /* last element offset reachable by the inner dims */
-  for (int i = 0; i < n; i++) {
-    int d = idx[i];
-    if (v->stride[d] <= extent)
-      return ot_error(OT_ERR_INVALID_ARGUMENT, op,
-                      "%s: dimension %d has stride %" PRId64
-                      " that makes elements overlap (an output needs distinct elements)",
-                      name, d, v->stride[d]);
-    extent += (v->shape[d] - 1) * v->stride[d];
-  }
-  return OT_OK;
-}
-
-/* Slices of one packed [.., S, H_total, D] buffer (q, k, v of a qkv projection, or dq,
- * dk, dv of its gradient) interleave: their extents overlap, their elements do not.
- * Both views put each token's heads in [o, o + E) modulo the token stride T (outer
- * strides are multiples of T), so disjoint circular intervals mean disjoint elements. */
-static bool interleaved_disjoint(const ot_view *a, const ot_view *b) {
-  if (a->dtype != b->dtype || a->ndim != b->ndim || a->ndim < 3) return false;
-  int tok = a->ndim - 3;
-  int64_t t = a->stride[tok];
-  if (t <= 0 || b->stride[tok] != t) return false;
-  const ot_view *vs[2] = {a, b};
-  int64_t e[2];
-  for (int n = 0; n < 2; n++) {
-    for (int i = 0; i < tok; i++)
-      if (vs[n]->shape[i] > 1 && vs[n]->stride[i] % t != 0) return false;
-    e[n] = 1;
-    for (int i = tok + 1; i < vs[n]->ndim; i++) e[n] += (vs[n]->shape[i] - 1) * vs[n]->stride[i];
-    if (e[n] > t) return false;
-  }
-  int64_t es = (int64_t)ot_dtype_size(a->dtype);
-  int64_t bytes = (int64_t)((intptr_t)b->data - (intptr_t)a->data);
-  if (bytes % es != 0) return false;
-  int64_t r = (bytes / es) % t;
-  if (r < 0) r += t;
-  return r >= e[0] && r + e[1] <= t;
-}
-
-/* ot_check_no_overlap, except that interleaved slices of one packed buffer pass. */
-static ot_status check_disjoint(const char *op, const char *out_name, const ot_view *out,
-                                const char *in_name, const ot_view *in) {
-  if (ot_view_present(out) && ot_view_present(in) && interleaved_disjoint(out, in)) return OT_OK;
-  return ot_check_no_overlap(op, out_name, out, in_name, in, false);
-}
-
 /* A [.., S, H, D] floating operand of dtype `dt`, same shape as `ref` when ref != NULL. */
 static ot_status check_operand(const char *op, const char *name, const ot_context *ctx,
                                const DLTensor *t, int ndim, ot_dtype dt, const char *dt_ref,
@@ -75,7 +16,7 @@ static ot_status check_operand(const char *op, const char *name, const ot_contex
   OT_TRY(ot_check_ndim(op, name, v, ndim, ndim));
   if (shape_ref) OT_TRY(ot_check_same_shape(op, name, v, shape_ref_name, shape_ref));
   OT_TRY(ot_check_last_contiguous(op, name, v));
-  if (output) OT_TRY(check_no_self_overlap(op, name, v));
+  if (output) OT_TRY(ot_check_no_self_overlap(op, name, v));
   return OT_OK;
 }
 
@@ -237,13 +178,13 @@ ot_status ot_attention_forward(ot_context *ctx, const ot_attention_params *param
   OT_TRY(check_common(op, ctx, params, q, k, v, cu_seqlens_q, cu_seqlens_k, &qv, &kv, &vv, &a));
   bool varlen = a.cu_q != NULL;
   OT_TRY(check_operand(op, "out", ctx, out, qv.ndim, qv.dtype, "q", "q", &qv, true, &ov));
-  OT_TRY(check_disjoint(op, "out", &ov, "q", &qv));
-  OT_TRY(check_disjoint(op, "out", &ov, "k", &kv));
-  OT_TRY(check_disjoint(op, "out", &ov, "v", &vv));
+  OT_TRY(ot_check_no_overlap(op, "out", &ov, "q", &qv, false));
+  OT_TRY(ot_check_no_overlap(op, "out", &ov, "k", &kv, false));
+  OT_TRY(ot_check_no_overlap(op, "out", &ov, "v", &vv, false));
   lv.ndim = -1;
   if (lse) {
     OT_TRY(check_lse(op, ctx, lse, &qv, varlen, &lv));
-    OT_TRY(check_no_self_overlap(op, "lse", &lv));
+    OT_TRY(ot_check_no_self_overlap(op, "lse", &lv));
     OT_TRY(ot_check_no_overlap(op, "lse", &lv, "q", &qv, false));
     OT_TRY(ot_check_no_overlap(op, "lse", &lv, "k", &kv, false));
     OT_TRY(ot_check_no_overlap(op, "lse", &lv, "v", &vv, false));
@@ -278,9 +219,9 @@ ot_status ot_attention_backward(ot_context *ctx, const ot_attention_params *para
   const ot_view *outs[] = {&dqv, &dkv, &dvv};
   for (int o = 0; o < 3; o++) {
     for (int i = 0; i < 6; i++)
-      OT_TRY(check_disjoint(op, out_names[o], outs[o], in_names[i], ins[i]));
+      OT_TRY(ot_check_no_overlap(op, out_names[o], outs[o], in_names[i], ins[i], false));
     for (int j = 0; j < o; j++)
-      OT_TRY(check_disjoint(op, out_names[o], outs[o], out_names[j], outs[j]));
+      OT_TRY(ot_check_no_overlap(op, out_names[o], outs[o], out_names[j], outs[j], false));
   }
   a.out = operand(&ov, varlen);
   a.dout = operand(&dov, varlen);

@@ -12,31 +12,6 @@ static ot_status check_kind(const char *op, ot_glu_kind kind) {
   return OT_OK;
 }
 
-/* Row views that step by one row stride S and use disjoint column windows of each
- * period (e.g. the gate and up halves of one fused [rows, 2F] buffer, as torch's
- * chunk(2, -1) gives them) never touch the same element, although their byte
- * extents interleave. Only meaningful for rows > 1: a single row's extent is exact. */
-static bool rows_interleave_disjoint(const ot_view *a, const ot_rows *ra, const ot_view *b,
-                                     const ot_rows *rb) {
-  if (a->dtype != b->dtype || ra->rows != rb->rows || ra->rows <= 1) return false;
-  if (ra->row_stride != rb->row_stride) return false;
-  int64_t es = (int64_t)ot_dtype_size(a->dtype);
-  int64_t diff = (int64_t)((intptr_t)b->data - (intptr_t)a->data);
-  if (diff % es) return false;
-  int64_t s = ra->row_stride, d = (diff / es) % s;
-  if (d < 0) d += s;
-  /* a covers [0, ca) and b covers [d, d + cb) of every period of length s. */
-  return d >= ra->cols && d + rb->cols <= s;
-}
-
-static ot_status check_out(const char *op, const char *out_name, const ot_view *out,
-                           const ot_rows *out_rows, const char *in_name, const ot_view *in,
-                           const ot_rows *in_rows, bool allow_exact) {
-  if (!ot_view_present(out) || !ot_view_present(in)) return OT_OK;
-  if (rows_interleave_disjoint(out, out_rows, in, in_rows)) return OT_OK;
-  return ot_check_no_overlap(op, out_name, out, in_name, in, allow_exact);
-}
-
 /* out / dout shape in the fused layout: gate's leading dims and F. */
 static ot_status check_half_shape(const char *op, const char *name, const ot_view *v,
                                   const ot_view *gate, int64_t F) {
@@ -87,8 +62,8 @@ ot_status ot_glu_forward(ot_context *ctx, ot_glu_kind kind, const DLTensor *gate
   if (ot_view_present(&u)) OT_TRY(ot_check_same_shape(op, "out", &o, "gate", &g));
   else OT_TRY(check_half_shape(op, "out", &o, &g, F));
   OT_TRY(ot_as_rows(op, "out", &o, &orow));
-  OT_TRY(check_out(op, "out", &o, &orow, "gate", &g, &gr, false));
-  OT_TRY(check_out(op, "out", &o, &orow, "up", &u, &ur, false));
+  OT_TRY(ot_check_no_overlap(op, "out", &o, "gate", &g, false));
+  OT_TRY(ot_check_no_overlap(op, "out", &o, "up", &u, false));
 
   ot_glu_forward_args a;
   a.kind = kind;
@@ -148,13 +123,13 @@ ot_status ot_glu_backward(ot_context *ctx, ot_glu_kind kind, const DLTensor *dou
     OT_TRY(ot_check_same_shape(op, "dup", &du, "up", &u));
     OT_TRY(ot_as_rows(op, "dup", &du, &dur));
   }
-  OT_TRY(check_out(op, "dgate", &dg, &dgr, "dout", &d, &dr, false));
-  OT_TRY(check_out(op, "dgate", &dg, &dgr, "gate", &g, &gr, true));
-  OT_TRY(check_out(op, "dgate", &dg, &dgr, "up", &u, &ur, false));
-  OT_TRY(check_out(op, "dgate", &dg, &dgr, "dup", &du, &dur, false));
-  OT_TRY(check_out(op, "dup", &du, &dur, "dout", &d, &dr, false));
-  OT_TRY(check_out(op, "dup", &du, &dur, "gate", &g, &gr, false));
-  OT_TRY(check_out(op, "dup", &du, &dur, "up", &u, &ur, true));
+  OT_TRY(ot_check_no_overlap(op, "dgate", &dg, "dout", &d, false));
+  OT_TRY(ot_check_no_overlap(op, "dgate", &dg, "gate", &g, true));
+  OT_TRY(ot_check_no_overlap(op, "dgate", &dg, "up", &u, false));
+  OT_TRY(ot_check_no_overlap(op, "dgate", &dg, "dup", &du, false));
+  OT_TRY(ot_check_no_overlap(op, "dup", &du, "dout", &d, false));
+  OT_TRY(ot_check_no_overlap(op, "dup", &du, "gate", &g, false));
+  OT_TRY(ot_check_no_overlap(op, "dup", &du, "up", &u, true));
 
   ot_glu_backward_args a;
   a.kind = kind;

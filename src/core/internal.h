@@ -142,10 +142,13 @@ void ot_view_extent(const ot_view *v, uintptr_t *lo, uintptr_t *hi);
 /* True when a and b describe exactly the same elements (same data, dtype, shape,
  * strides). */
 bool ot_view_same(const ot_view *a, const ot_view *b);
-/* Reject partial overlap of output `out` with `in`. When allow_exact is true, an
- * exactly identical view is accepted (in-place). Absent views pass. */
+/* Reject an output `out` that shares elements with `in`. When allow_exact is true, an
+ * exactly identical view is accepted (in-place). Views whose byte ranges interleave but
+ * provably share no element (slices of one packed buffer) pass. Absent views pass. */
 ot_status ot_check_no_overlap(const char *op, const char *out_name, const ot_view *out,
                               const char *in_name, const ot_view *in, bool allow_exact);
+/* Reject an output whose own elements coincide (a zero or too small stride). */
+ot_status ot_check_no_self_overlap(const char *op, const char *name, const ot_view *v);
 
 /* ------------------------------------------------------------------------------ */
 /* Scalar conversions (float32 is the compute type)                                */

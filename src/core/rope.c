@@ -40,86 +40,6 @@ void ot_rope_inv_freq(const ot_rope_args *a, double *inv_freq) {
 }
 
 /* ------------------------------------------------------------------------------ */
-/* Overlap of head-row views                                                       */
-
-/* Outputs are written once per (token, head) row: rows of D elements must not share
- * elements. Sufficient condition: sorted by stride, each dimension of size > 1 steps
- * over everything the dimensions inside it can reach. */
-static ot_status check_rows_disjoint(const char *op, const char *name, const ot_view *v) {
-  if (v->numel == 0) return OT_OK;
-  int n = v->ndim - 1; /* dims [0, n): leading dims and heads */
-  int order[OT_MAX_DIMS];
-  int m = 0;
-  for (int i = 0; i < n; i++)
-    if (v->shape[i] > 1) order[m++] = i;
-  for (int i = 1; i < m; i++) /* insertion sort by stride, at most 3 entries */
-    for (int j = i; j > 0 && v->stride[order[j]] < v->stride[order[j - 1]]; j--) {
-      int t = order[j];
-      order[j] = order[j - 1];
-      order[j - 1] = t;
-    }
-  int64_t reach = v->shape[v->ndim - 1];
-  for (int i = 0; i < m; i++) {
-    int d = order[i];
-    if (v->stride[d] < reach)
-      return ot_error(OT_ERR_INVALID_ARGUMENT, op,
-                      "%s: dimension %d has stride %" PRId64 " but must step over %" PRId64
-                      " elements (its rows would overlap each other)",
-                      name, d, v->stride[d], reach);
-    reach += v->stride[d] * (v->shape[d] - 1);
-  }
-  return OT_OK;
-}
-
-static int64_t gcd64(int64_t a, int64_t b) {
-  while (b) {
-    int64_t t = a % b;
-    a = b;
-    b = t;
-  }
-  return a;
-}
-
-/* Whether two [..., heads, D] views of one dtype provably share no element although
- * their byte ranges interleave, as q, k and v sliced from one packed [T, Hq + 2Hk, D]
- * tensor do. Every token offset of either view is a multiple of P, the gcd of their
- * token strides, so modulo P each view lives in one interval of length
- * span = (heads - 1) * stride_h + D; disjoint intervals mean disjoint views. */
-static bool heads_disjoint(const ot_view *a, const ot_view *b) {
-  if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
-  int n = a->ndim;
-  int64_t p = 0;
-  for (int i = 0; i < n - 2; i++) {
-    if (a->shape[i] > 1) p = gcd64(p, a->stride[i]);
-    if (b->shape[i] > 1) p = gcd64(p, b->stride[i]);
-  }
-  if (p <= 0) return false;
-  int64_t span_a = a->shape[n - 2] > 1 ? (a->shape[n - 2] - 1) * a->stride[n - 2] : 0;
-  int64_t span_b = b->shape[n - 2] > 1 ? (b->shape[n - 2] - 1) * b->stride[n - 2] : 0;
-  span_a += a->shape[n - 1];
-  span_b += b->shape[n - 1];
-  if (span_a + span_b > p) return false;
-  int64_t es = (int64_t)ot_dtype_size(a->dtype);
-  int64_t diff = (int64_t)((intptr_t)b->data - (intptr_t)a->data);
-  if (diff % es) return false;
-  int64_t x = ((diff / es) % p + p) % p;
-  return x >= span_a && x + span_b <= p;
-}
-
-/* Like ot_check_no_overlap, but also accepts interleaved views that share no element. */
-static ot_status check_heads_no_overlap(const char *op, const char *out_name, const ot_view *out,
-                                        const char *in_name, const ot_view *in,
-                                        bool allow_exact) {
-  if (!ot_view_present(out) || !ot_view_present(in)) return OT_OK;
-  uintptr_t a0, a1, b0, b1;
-  ot_view_extent(out, &a0, &a1);
-  ot_view_extent(in, &b0, &b1);
-  if (a0 == a1 || b0 == b1 || a1 <= b0 || b1 <= a0) return OT_OK;
-  if (heads_disjoint(out, in)) return OT_OK;
-  return ot_check_no_overlap(op, out_name, out, in_name, in, allow_exact);
-}
-
-/* ------------------------------------------------------------------------------ */
 /* Validation                                                                      */
 
 static ot_status check_heads_tensor(const char *op, const char *name, const ot_view *v,
@@ -231,7 +151,7 @@ static ot_status rope(const rope_names *nm, bool inverse, ot_context *ctx,
   OT_TRY(ot_check_dtype(op, nm->q_out, &q_out, q.dtype, nm->q));
   OT_TRY(ot_check_same_shape(op, nm->q_out, &q_out, nm->q, &q));
   OT_TRY(ot_check_last_contiguous(op, nm->q_out, &q_out));
-  OT_TRY(check_rows_disjoint(op, nm->q_out, &q_out));
+  OT_TRY(ot_check_no_self_overlap(op, nm->q_out, &q_out));
 
   OT_TRY(ot_view_of_optional(op, nm->k_out, ctx, k_out_t, &k_out));
   if (ot_view_present(&k) && !ot_view_present(&k_out))
@@ -244,16 +164,16 @@ static ot_status rope(const rope_names *nm, bool inverse, ot_context *ctx,
     OT_TRY(ot_check_dtype(op, nm->k_out, &k_out, k.dtype, nm->k));
     OT_TRY(ot_check_same_shape(op, nm->k_out, &k_out, nm->k, &k));
     OT_TRY(ot_check_last_contiguous(op, nm->k_out, &k_out));
-    OT_TRY(check_rows_disjoint(op, nm->k_out, &k_out));
+    OT_TRY(ot_check_no_self_overlap(op, nm->k_out, &k_out));
   }
 
   /* In place only as exactly the same view; q / k / outputs may interleave in one
    * packed buffer as long as they share no element. */
-  OT_TRY(check_heads_no_overlap(op, nm->q_out, &q_out, nm->q, &q, true));
-  OT_TRY(check_heads_no_overlap(op, nm->q_out, &q_out, nm->k, &k, false));
-  OT_TRY(check_heads_no_overlap(op, nm->q_out, &q_out, nm->k_out, &k_out, false));
-  OT_TRY(check_heads_no_overlap(op, nm->k_out, &k_out, nm->k, &k, true));
-  OT_TRY(check_heads_no_overlap(op, nm->k_out, &k_out, nm->q, &q, false));
+  OT_TRY(ot_check_no_overlap(op, nm->q_out, &q_out, nm->q, &q, true));
+  OT_TRY(ot_check_no_overlap(op, nm->q_out, &q_out, nm->k, &k, false));
+  OT_TRY(ot_check_no_overlap(op, nm->q_out, &q_out, nm->k_out, &k_out, false));
+  OT_TRY(ot_check_no_overlap(op, nm->k_out, &k_out, nm->k, &k, true));
+  OT_TRY(ot_check_no_overlap(op, nm->k_out, &k_out, nm->q, &q, false));
   OT_TRY(ot_check_no_overlap(op, nm->q_out, &q_out, "positions", &pos, false));
   OT_TRY(ot_check_no_overlap(op, nm->q_out, &q_out, "cos_sin_cache", &cache, false));
   OT_TRY(ot_check_no_overlap(op, nm->k_out, &k_out, "positions", &pos, false));
