@@ -418,14 +418,21 @@ static inline int thread_id(void) {
  * is transposed inside the key loop, and the softmax statistics of the bq queries are
  * updated with loops that run along a row of S^T, i.e. vectorized over queries.
  */
+/* A task covers ATT_NSUB query tiles of ATT_BQ rows ("sub-tiles") and, for each key
+ * tile, runs them one after the other: the K/V tile is fetched from L3 once and reused
+ * from L2 (measured at S = 2048, D = 128, one thread: with every K/V tile hot the
+ * forward was 13% faster than with each query tile streaming the head's 2 MiB of K/V). */
+#define ATT_NSUB 4
+
 typedef struct fwd_scratch {
+  /* Per sub-tile u, at offset u * ATT_BQ * D (qt, ot) or u * ATT_BQ (the others): */
   float *qt;    /* [D, BQ] Q transposed */
-  float *st;    /* [BK, BQ] scores, then probabilities, transposed */
   float *ot;    /* [D, BQ] unnormalized output, transposed */
   float *m, *l; /* [BQ] running max and sum */
   float *mu, *alpha; /* [BQ] max used for this tile's exp, rescale factor */
+  int64_t *lo, *hi;  /* [BQ] visible key range per row */
+  float *st;    /* [BK, BQ] scores, then probabilities, transposed */
   float *tmp;   /* [16, D] */
-  int64_t *lo, *hi;
   /* K/V tile cache, `nslots` direct-mapped slots (key tile t -> slot t % nslots):
    *   kc[slot] = K^T of the tile [D, BK], vc[slot] = V of the tile [BK, D], float32;
    *   tag[slot] = (sequence, kv head, tile) it holds, {-1, ...} when empty.
@@ -458,9 +465,10 @@ static int64_t fwd_cache_slots(const ot_attention_args *a) {
 }
 
 static size_t fwd_scratch_floats(int64_t d, int64_t nslots) {
-  return (size_t)(2 * ATT_BQ * d + ATT_BQ * ATT_BK + 4 * ATT_BQ + 16 * d) +
-         (size_t)(4 * ATT_BQ) /* lo/hi as int64 = 2 floats each */ +
-         (size_t)(nslots * 2 * ATT_BK * d) + (size_t)(nslots * 6) /* tags, 3 int64 */;
+  return (size_t)(ATT_NSUB * (2 * ATT_BQ * d + 4 * ATT_BQ)) +
+         (size_t)(ATT_NSUB * 4 * ATT_BQ) /* lo/hi as int64 = 2 floats each */ +
+         (size_t)(ATT_BQ * ATT_BK + 16 * d) + (size_t)(nslots * 2 * ATT_BK * d) +
+         (size_t)(nslots * 6) /* tags, 3 int64 */;
 }
 
 static fwd_scratch fwd_scratch_at(float *base, int64_t d, int64_t nslots) {
@@ -468,15 +476,15 @@ static fwd_scratch fwd_scratch_at(float *base, int64_t d, int64_t nslots) {
   w.kc = base; /* first: the caller keeps base 64-byte aligned */
   w.vc = w.kc + nslots * ATT_BK * d;
   w.qt = w.vc + nslots * ATT_BK * d;
-  w.ot = w.qt + ATT_BQ * d;
-  w.st = w.ot + ATT_BQ * d;
+  w.ot = w.qt + ATT_NSUB * ATT_BQ * d;
+  w.st = w.ot + ATT_NSUB * ATT_BQ * d;
   w.m = w.st + ATT_BQ * ATT_BK;
-  w.l = w.m + ATT_BQ;
-  w.mu = w.l + ATT_BQ;
-  w.alpha = w.mu + ATT_BQ;
-  w.lo = (int64_t *)(void *)(w.alpha + ATT_BQ);
-  w.hi = w.lo + ATT_BQ;
-  w.tag = w.hi + ATT_BQ;
+  w.l = w.m + ATT_NSUB * ATT_BQ;
+  w.mu = w.l + ATT_NSUB * ATT_BQ;
+  w.alpha = w.mu + ATT_NSUB * ATT_BQ;
+  w.lo = (int64_t *)(void *)(w.alpha + ATT_NSUB * ATT_BQ);
+  w.hi = w.lo + ATT_NSUB * ATT_BQ;
+  w.tag = w.hi + ATT_NSUB * ATT_BQ;
   w.tmp = (float *)(void *)(w.tag + 3 * nslots);
   w.nslots = nslots;
   for (int64_t s = 0; s < nslots; s++) w.tag[3 * s] = -1;
@@ -608,78 +616,115 @@ __attribute__((target("avx512f"))) static void fwd_softmax_full64(float *restric
 }
 #endif
 
-static void fwd_tile(const ot_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t bq,
+/* State of sub-tile u of a task: rows i0 .. i0+bq-1 and the keys they see. */
+typedef struct fwd_sub {
+  float *qt, *ot, *m, *l, *mu, *alpha;
+  int64_t *lo, *hi;
+  int64_t i0, bq;
+  int64_t kmin, kmax;     /* union of the rows' key ranges */
+  int64_t lo_max, hi_min; /* a key tile inside [lo_max, hi_min] needs no mask */
+  bool any;               /* some row sees a key */
+} fwd_sub;
+
+/* Rows i0 .. i0+rows-1 (rows <= ATT_NSUB * ATT_BQ) of query head h of sequence b. */
+static void fwd_tile(const ot_attention_args *a, int64_t b, int64_t h, int64_t i0, int64_t rows,
                      fwd_scratch *w) {
   const int64_t d = a->d;
   const ot_dtype dt = a->dtype;
   int64_t q0, sq, k0, sk;
   ot_attn_seq(a, b, &q0, &sq, &k0, &sk);
   const int64_t g = h / (a->hq / a->hkv);
-  int64_t kmin, kmax;
-  bool any = tile_key_ranges(a, i0, bq, sq, sk, w->lo, w->hi, &kmin, &kmax);
+  const int64_t nsub = (rows + ATT_BQ - 1) / ATT_BQ;
+  fwd_sub sub[ATT_NSUB];
+  int64_t kmin = sk, kmax = -1;
 
-  for (int64_t r = 0; r < ATT_BQ; r++) {
-    w->m[r] = -INFINITY;
-    w->l[r] = 0.0f;
-    w->alpha[r] = 0.0f; /* columns >= bq keep it: the softmax only updates c < bq */
-  }
-  for (int64_t x = 0; x < ATT_BQ * d; x++) w->ot[x] = 0.0f;
-
-  if (any) {
+  for (int64_t u = 0; u < nsub; u++) {
+    fwd_sub *t = &sub[u];
+    t->qt = w->qt + u * ATT_BQ * d;
+    t->ot = w->ot + u * ATT_BQ * d;
+    t->m = w->m + u * ATT_BQ;
+    t->l = w->l + u * ATT_BQ;
+    t->mu = w->mu + u * ATT_BQ;
+    t->alpha = w->alpha + u * ATT_BQ;
+    t->lo = w->lo + u * ATT_BQ;
+    t->hi = w->hi + u * ATT_BQ;
+    t->i0 = i0 + u * ATT_BQ;
+    t->bq = rows - u * ATT_BQ < ATT_BQ ? rows - u * ATT_BQ : ATT_BQ;
+    t->any = tile_key_ranges(a, t->i0, t->bq, sq, sk, t->lo, t->hi, &t->kmin, &t->kmax);
+    for (int64_t r = 0; r < ATT_BQ; r++) {
+      t->m[r] = -INFINITY;
+      t->l[r] = 0.0f;
+      t->alpha[r] = 0.0f; /* columns >= bq keep it: the softmax only updates c < bq */
+    }
+    for (int64_t x = 0; x < ATT_BQ * d; x++) t->ot[x] = 0.0f;
+    if (!t->any) continue;
+    if (t->kmin < kmin) kmin = t->kmin;
+    if (t->kmax > kmax) kmax = t->kmax;
     /* Query rows whose range is empty must never see a key: make their range empty
      * in the kt frame too (lo > every key). */
-    int64_t lo_max = -1, hi_min = sk;
-    for (int64_t r = 0; r < bq; r++) {
-      if (w->lo[r] > w->hi[r]) w->lo[r] = sk, w->hi[r] = -1;
-      if (w->lo[r] > lo_max) lo_max = w->lo[r];
-      if (w->hi[r] < hi_min) hi_min = w->hi[r];
+    t->lo_max = -1;
+    t->hi_min = sk;
+    for (int64_t r = 0; r < t->bq; r++) {
+      if (t->lo[r] > t->hi[r]) t->lo[r] = sk, t->hi[r] = -1;
+      if (t->lo[r] > t->lo_max) t->lo_max = t->lo[r];
+      if (t->hi[r] < t->hi_min) t->hi_min = t->hi[r];
     }
     /* Even float32 operands are copied: packed tiles avoid the cache-set conflicts of
      * rows a token stride (H * D elements) apart. */
-    load_rows_t(w->qt, ATT_BQ, elem(&a->q, dt, b, q0 + i0, h), a->q.tok_stride, dt, bq, d,
-                w->tmp);
+    load_rows_t(t->qt, ATT_BQ, elem(&a->q, dt, b, q0 + t->i0, h), a->q.tok_stride, dt, t->bq,
+                d, w->tmp);
     /* A partial tile's missing queries are zeros: finite scores, never stored. */
-    if (bq < ATT_BQ)
+    if (t->bq < ATT_BQ)
       for (int64_t x = 0; x < d; x++)
-        for (int64_t c = bq; c < ATT_BQ; c++) w->qt[x * ATT_BQ + c] = 0.0f;
-    /* Key tiles aligned to ATT_BK (the cache's unit); keys of a tile outside a row's
-     * range are masked like any other. */
-    for (int64_t kt = kmin / ATT_BK * ATT_BK; kt <= kmax; kt += ATT_BK) {
-      int64_t bk = kmax + 1 - kt < ATT_BK ? kmax + 1 - kt : ATT_BK; /* keys used */
-      const float *kT, *v;
-      fwd_kv_tile(a, b, g, k0, sk, kt, w, &kT, &v);
+        for (int64_t c = t->bq; c < ATT_BQ; c++) t->qt[x * ATT_BQ + c] = 0.0f;
+  }
+
+  /* Key tiles aligned to ATT_BK (the cache's unit); keys of a tile outside a row's
+   * range are masked like any other. */
+  for (int64_t kt = kmin / ATT_BK * ATT_BK; kt <= kmax; kt += ATT_BK) {
+    const float *kT, *v;
+    fwd_kv_tile(a, b, g, k0, sk, kt, w, &kT, &v);
+    for (int64_t u = 0; u < nsub; u++) {
+      fwd_sub *t = &sub[u];
+      if (!t->any || kt > t->kmax || kt + ATT_BK <= t->kmin) continue;
+      int64_t bk = t->kmax + 1 - kt < ATT_BK ? t->kmax + 1 - kt : ATT_BK; /* keys used */
       /* S^T = scale * K Q^T   [bk, bq], K read from K^T [D, BK] */
-      att_gemm64(bk, d, a->scale, kT, ATT_BK, w->qt, NULL, w->st);
-      bool masked = lo_max > kt || hi_min < kt + bk - 1;
+      att_gemm64(bk, d, a->scale, kT, ATT_BK, t->qt, NULL, w->st);
+      bool masked = t->lo_max > kt || t->hi_min < kt + bk - 1;
 #ifdef ATT_X86
-      if (!masked && bq == ATT_BQ && !(a->softcap > 0) && cpu_has_avx512())
-        fwd_softmax_full64(w->st, bk, w->m, w->l, w->alpha);
+      if (!masked && t->bq == ATT_BQ && !(a->softcap > 0) && cpu_has_avx512())
+        fwd_softmax_full64(w->st, bk, t->m, t->l, t->alpha);
       else
 #endif
-        fwd_softmax_tile(w->st, bk, bq, kt, masked, a->softcap, w->lo, w->hi, w->m, w->l,
-                         w->mu, w->alpha);
+        fwd_softmax_tile(w->st, bk, t->bq, kt, masked, a->softcap, t->lo, t->hi, t->m, t->l,
+                         t->mu, t->alpha);
       /* O^T = O^T diag(alpha) + V^T P^T   [D, bq] */
-      att_gemm64(d, bk, 1.0f, v, d, w->st, w->alpha, w->ot);
+      att_gemm64(d, bk, 1.0f, v, d, w->st, t->alpha, t->ot);
     }
   }
 
-  float *lse = a->lse.data ? (float *)(void *)elem(&a->lse, OT_F32, b, q0 + i0, h) : NULL;
-  for (int64_t r = 0; r < bq; r++) {
-    float l = w->l[r];
-    w->alpha[r] = l > 0.0f ? 1.0f / l : 0.0f;
-    if (lse) lse[r * a->lse.tok_stride] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
-  }
-  /* Normalized rows of O, 16 at a time through tmp [16, D]. */
-  char *out = elem(&a->out, dt, b, q0 + i0, h);
-  for (int64_t r0 = 0; r0 < bq; r0 += 16) {
-    int64_t nr = bq - r0 < 16 ? bq - r0 : 16;
-    for (int64_t x = 0; x < d; x++)
-      for (int64_t r = 0; r < nr; r++)
-        w->tmp[r * d + x] = w->ot[x * ATT_BQ + r0 + r] * w->alpha[r0 + r];
-    store_rows(out + r0 * a->out.tok_stride * (int64_t)ot_dtype_size(dt), a->out.tok_stride,
-               w->tmp, dt, nr, d);
+  for (int64_t u = 0; u < nsub; u++) {
+    fwd_sub *t = &sub[u];
+    float *lse = a->lse.data ? (float *)(void *)elem(&a->lse, OT_F32, b, q0 + t->i0, h) : NULL;
+    for (int64_t r = 0; r < t->bq; r++) {
+      float l = t->l[r];
+      t->alpha[r] = l > 0.0f ? 1.0f / l : 0.0f;
+      if (lse) lse[r * a->lse.tok_stride] = l > 0.0f ? t->m[r] + logf(l) : -INFINITY;
+    }
+    /* Normalized rows of O, 16 at a time through tmp [16, D]. */
+    char *out = elem(&a->out, dt, b, q0 + t->i0, h);
+    for (int64_t r0 = 0; r0 < t->bq; r0 += 16) {
+      int64_t nr = t->bq - r0 < 16 ? t->bq - r0 : 16;
+      for (int64_t x = 0; x < d; x++)
+        for (int64_t r = 0; r < nr; r++)
+          w->tmp[r * d + x] = t->ot[x * ATT_BQ + r0 + r] * t->alpha[r0 + r];
+      store_rows(out + r0 * a->out.tok_stride * (int64_t)ot_dtype_size(dt), a->out.tok_stride,
+                 w->tmp, dt, nr, d);
+    }
   }
 }
+
+#define ATT_FQ (ATT_NSUB * ATT_BQ) /* query rows per forward task */
 
 typedef struct fwd_task {
   int64_t b, h, tile;
@@ -695,7 +740,7 @@ ot_status ot_cpu_attention_forward(ot_context *ctx, const ot_attention_args *a) 
   for (int64_t b = 0; b < a->batch; b++) {
     int64_t q0, sq, k0, sk;
     ot_attn_seq(a, b, &q0, &sq, &k0, &sk);
-    total += (sq + ATT_BQ - 1) / ATT_BQ * a->hq;
+    total += (sq + ATT_FQ - 1) / ATT_FQ * a->hq;
   }
   if (total == 0) return OT_OK;
   fwd_task *tasks = (fwd_task *)malloc((size_t)total * sizeof *tasks);
@@ -705,7 +750,7 @@ ot_status ot_cpu_attention_forward(ot_context *ctx, const ot_attention_args *a) 
     int64_t q0, sq, k0, sk;
     ot_attn_seq(a, b, &q0, &sq, &k0, &sk);
     for (int64_t h = 0; h < a->hq; h++)
-      for (int64_t tile = (sq + ATT_BQ - 1) / ATT_BQ - 1; tile >= 0; tile--)
+      for (int64_t tile = (sq + ATT_FQ - 1) / ATT_FQ - 1; tile >= 0; tile--)
         tasks[n++] = (fwd_task){b, h, tile};
   }
   int nthreads = ctx->num_threads > 0 ? ctx->num_threads : 1;
@@ -726,9 +771,9 @@ ot_status ot_cpu_attention_forward(ot_context *ctx, const ot_attention_args *a) 
       const fwd_task *tk = &tasks[t];
       int64_t q0, sq, k0, sk;
       ot_attn_seq(a, tk->b, &q0, &sq, &k0, &sk);
-      int64_t i0 = tk->tile * ATT_BQ;
-      int64_t bq = sq - i0 < ATT_BQ ? sq - i0 : ATT_BQ;
-      fwd_tile(a, tk->b, tk->h, i0, bq, &w);
+      int64_t i0 = tk->tile * ATT_FQ;
+      int64_t rows = sq - i0 < ATT_FQ ? sq - i0 : ATT_FQ;
+      fwd_tile(a, tk->b, tk->h, i0, rows, &w);
     }
   }
   free(scratch);
