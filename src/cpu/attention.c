@@ -563,11 +563,12 @@ OT_CLONES static void fwd_softmax_tile(float *restrict st, int64_t bk, int64_t b
 }
 
 #ifdef ATT_X86
-/* att_exp on 16 lanes: 2^n by vscalefps instead of exponent-field arithmetic; same
- * range reduction and polynomial, same 0 below -87 (so masked -inf scores give 0). */
+/* att_exp on 16 lanes for x <= 0 (every softmax argument is a score minus a max):
+ * 2^n by vscalefps instead of exponent-field arithmetic; same range reduction and
+ * polynomial, same 0 below -87, so masked -inf scores give exactly 0. No clamping:
+ * lanes below -87 (even -inf, where r is NaN) are zeroed by the final mask. */
 __attribute__((target("avx512f"))) static inline __m512 att_exp16(__m512 x) {
   __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
   __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
