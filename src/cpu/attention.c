@@ -1,14 +1,15 @@
 /*
  * attention.c -- CPU flash attention, forward and backward (C11 + OpenMP + BLAS).
  *
- * Forward: one task per (sequence, query head, tile of ATT_BQ queries), scheduled
- * dynamically, heaviest (last, under a causal mask) tiles first. A task walks the key
- * tiles (ATT_BK keys) that some of its rows can see, with an online softmax:
- *     S = scale * Q K^T        [bq, bk]   (sgemm)
- *     softcap, mask (boundary tiles only), running max m / sum l, rescale O
- *     O += P V                 [bq, D]    (sgemm)
- * so the Sq x Sk score matrix never exists. bf16 / f16 tiles are converted to float32
- * once per tile (K transposed to [D, bk] so that every product is a row-broadcast GEMM).
+ * Forward: one task per (sequence, query head, ATT_NSUB tiles of ATT_BQ queries),
+ * head-major, scheduled dynamically, heaviest (last, under a causal mask) tiles of a
+ * head first. A task walks the key tiles (ATT_BK keys) that some of its rows can see
+ * and runs each of its query tiles on it, with an online softmax, all transposed:
+ *     S^T = scale * K Q^T      [bk, bq]   (gemm64)
+ *     softcap, mask (boundary tiles only), running max m / sum l
+ *     O^T = O^T diag(alpha) + V^T P^T   [D, bq]   (gemm64)
+ * so the Sq x Sk score matrix never exists. K (as K^T) and V tiles are converted to
+ * float32 into a per-thread cache that the following tasks of the same head reuse.
  *
  * Backward, from the saved lse (P = exp(S - lse) is recomputed per tile):
  *   pass 0: delta_i = sum_d dout_i * out_i                 per (row, head)
@@ -448,7 +449,7 @@ typedef struct fwd_scratch {
 
 /* Cache slots per thread: every key tile of the longest sequence when that stays under
  * ATT_CACHE_BYTES per thread (S = 2048, D = 128: 2 MiB), else as many as fit (>= 1). */
-#define ATT_CACHE_BYTES ((int64_t)8 << 20)
+#define ATT_CACHE_BYTES ((int64_t)4 << 20)
 
 static int64_t fwd_cache_slots(const ot_attention_args *a) {
   int64_t skmax = 0;
