@@ -450,6 +450,9 @@ def sanitize_run(S):
 # ---------------------------------------------------------------------------------------
 # benchmarks
 
+SLEEP_CYCLES = 2_000_000 if hasattr(torch.cuda, "_sleep") else 0  # ~1 ms at 1.98 GHz
+
+
 def time_ms(fns, iters=25, inner=5, warmup=3):
     """median over `iters` of (events around `inner` calls) / inner; fns alternate."""
     n = len(fns)
@@ -461,6 +464,12 @@ def time_ms(fns, iters=25, inner=5, warmup=3):
     for _ in range(iters):
         s = torch.cuda.Event(enable_timing=True)
         e = torch.cuda.Event(enable_timing=True)
+        # A blocking kernel first (as nvbench does): the host queues the `inner` calls
+        # while the GPU spins, so the events time the GPU work, not the host's launch
+        # latency of the first call (~10 us of ctypes / Python per call). Same for every
+        # variant and peer.
+        if SLEEP_CYCLES:
+            torch.cuda._sleep(SLEEP_CYCLES)
         s.record()
         for _ in range(inner):
             fns[k % n]()
@@ -537,7 +546,26 @@ def bench_all(S, args):
             comp[name] = torch.compile(fn, dynamic=False)
         return comp[name]
 
-    def row(op, case, nbytes, ours_ms, peers_ms):
+    def variants(calls, envs):
+        """Time `calls` (ours) under each {name: {ENV: value}} setting of the kernels'
+        tuning knobs (read by src/cuda/norm.cuh at each call)."""
+        out = {}
+        for name, env in envs.items():
+            for k, v in env.items():
+                os.environ[k] = v
+            try:
+                out[name] = time_ms(calls)
+            finally:
+                for k in env:
+                    os.environ.pop(k, None)
+        return out
+
+    FWD_VARIANTS = {"old (f46b949)": {"OT_NORM_FWD_IMPL": "old"},
+                    "v2 maxnv16": {"OT_NORM_FWD_MAXNV": "16"}}
+    BWD_VARIANTS = {"old (f46b949)": {"OT_NORM_BWD_IMPL": "old"},
+                    "v2 nv2": {"OT_NORM_BWD_NV": "2"}}
+
+    def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):
         ours = nbytes / (ours_ms * 1e-3) / 1e12
         peers = {k: nbytes / (v * 1e-3) / 1e12 for k, v in peers_ms.items() if v is not None}
         best = max(peers.values()) if peers else None
@@ -546,8 +574,12 @@ def bench_all(S, args):
              "peers": {k: round(v, 3) for k, v in peers.items()},
              "ratio_best_peer": round(ours / best, 3) if best else None,
              "fraction_of_ceiling": round(ours / copy_tbps, 3)}
+        if var_ms:
+            r["variants"] = {k: round(nbytes / (v * 1e-3) / 1e12, 3) for k, v in var_ms.items()}
         results.append(r)
         pk = ", ".join(f"{k} {v:.2f}" for k, v in r["peers"].items())
+        if var_ms:
+            pk += " || variants: " + ", ".join(f"{k} {v:.2f}" for k, v in r["variants"].items())
         print(f"{op:24s} {case:18s} ours {ours:5.2f} TB/s ({r['fraction_of_ceiling']*100:4.1f}% copy)"
               f"  x{r['ratio_best_peer']}  | {pk}", flush=True)
 
@@ -583,6 +615,7 @@ def bench_all(S, args):
                 ours = [norm_fwd_call(S, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)
                         for i, s in enumerate(sets)]
                 t_ours = time_ms(ours)
+                var_ms = variants(ours, FWD_VARIANTS)
                 if layer:
                     peers = {
                         "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln(s["x"], w, bvec, eps) for s in sets])),
@@ -598,12 +631,13 @@ def bench_all(S, args):
                 if c is not None:
                     peers["torch.compile eager"] = safe(lambda: time_ms(
                         [lambda s=s: c(s["x"], w, bvec, eps) if layer else c(s["x"], w, eps) for s in sets]))
-                row(f"{nm}_fwd", case, 2 * N * H * E, t_ours, peers)
+                row(f"{nm}_fwd", case, 2 * N * H * E, t_ours, peers, var_ms)
 
                 # forward with residual
                 ours = [norm_fwd_call(S, layer, s["x"], s["r"], w, bb, eps, outs[i], routs[i], mm, rstd)
                         for i, s in enumerate(sets)]
                 t_ours = time_ms(ours)
+                var_ms = variants(ours, FWD_VARIANTS)
                 if layer:
                     peers = {
                         "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln_res(s["x"], s["r"], w, bvec, eps) for s in sets])),
@@ -620,7 +654,7 @@ def bench_all(S, args):
                     peers["torch.compile eager"] = safe(lambda: time_ms(
                         [lambda s=s: c(s["x"], s["r"], w, bvec, eps) if layer else c(s["x"], s["r"], w, eps)
                          for s in sets]))
-                row(f"{nm}_residual_fwd", case, 4 * N * H * E, t_ours, peers)
+                row(f"{nm}_residual_fwd", case, 4 * N * H * E, t_ours, peers, var_ms)
 
                 # backward: dx, dweight (+ dbias), saved statistics
                 for i, s in enumerate(sets):
@@ -628,6 +662,7 @@ def bench_all(S, args):
                 ours = [norm_bwd_call(S, layer, s["dy"], None, s["x"], w, mm, rstd, eps, routs[i], dws,
                                       dbs if layer else None) for i, s in enumerate(sets)]
                 t_ours = time_ms(ours)
+                var_ms = variants(ours, BWD_VARIANTS)
 
                 def torch_bwd(fn):
                     gs = []
@@ -646,7 +681,7 @@ def bench_all(S, args):
                 else:
                     peers = {"torch F.rms_norm autograd": safe(lambda: torch_bwd(
                         lambda xx, ww, b2: F.rms_norm(xx, (H,), ww, eps)))}
-                row(f"{nm}_bwd", case, 3 * N * H * E, t_ours, peers)
+                row(f"{nm}_bwd", case, 3 * N * H * E, t_ours, peers, var_ms)
                 torch.cuda.empty_cache()
 
             # SwiGLU, F = H (separate gate / up tensors)
@@ -767,6 +802,8 @@ def main():
             "command": args.command,
             "torch": torch.__version__,
             "ceilings": {"copy_TBps": round(copy_tbps, 3)},
+            "timing": ("CUDA events around 5 calls after a ~1 ms torch.cuda._sleep (host launch "
+                       "latency hidden), median of 25, two input sets alternating"),
             "rows": rows,
         }
         if args.json:

@@ -27,6 +27,9 @@
 #ifndef OT_CUDA_NORM_CUH
 #define OT_CUDA_NORM_CUH
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "common.cuh"
 
 namespace ot {
@@ -533,6 +536,298 @@ __global__ void __launch_bounds__(512) norm_reduce_partials_kernel(
   }
 }
 
+/* Make the compiler forget what a packed register holds, so that the float32 values
+ * unpacked from it in an earlier pass are not kept alive (CSE) across a reduction:
+ * unpacking again costs a few integer ops, keeping them costs the registers that
+ * would otherwise hold more bytes in flight. */
+__device__ __forceinline__ void opaque(raw16 &r) {
+  asm volatile("" : "+r"(r.u.x), "+r"(r.u.y), "+r"(r.u.z), "+r"(r.u.w));
+}
+
+/* ---- forward v2: aligned rows, many bytes in flight per thread ------------------------
+ * The forward is bound by how many bytes each SM keeps in flight (loads issued, not yet
+ * returned); measured on the H200 (f46b949): 32 KB/SM gave ~70% of copy bandwidth, 64 KB
+ * ~81%. So this version gives each thread many 16-byte vectors of the row (NV up to 32:
+ * a warp owns a whole 4096- or 8192-wide bf16 row, and reduces it with shuffles only,
+ * no barrier; TPR = blockDim.x is a compile-time constant, so the NV addresses of a
+ * row are one register plus immediates) and keeps only the row in registers: weight and bias are read after the
+ * reduction (L1 hits: every row of the SM reads the same ones), so the registers hold
+ * data that is in flight from HBM. Rows are 16-byte aligned and cols % VEC == 0. */
+template <typename T, bool LAYER, int NV, bool RES, int TPR>
+__global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(norm_fwd_params p) {
+  constexpr int V = vec_width<T>::value;
+  __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
+  float *scr = reinterpret_cast<float *>(scratch);
+  const int64_t n = p.cols;
+  const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+  const bool valid = row < p.rows;
+  const int64_t r = valid ? row : 0;
+  const T *x = static_cast<const T *>(p.x) + r * p.x_stride;
+  const T *res = RES ? static_cast<const T *>(p.residual) + r * p.residual_stride : nullptr;
+
+  raw16 xr[NV];
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int base = ((int)threadIdx.x + i * TPR) * V;
+    load_raw<T, true, true>(xr[i], x, base, n, valid && base < n);
+  }
+  float s = 0.0f;
+  if (RES) {
+    raw16 rr[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int base = ((int)threadIdx.x + i * TPR) * V;
+      load_raw<T, true, true>(rr[i], res, base, n, valid && base < n);
+    }
+    T *rout = static_cast<T *>(p.residual_out) + r * p.residual_out_stride;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int base = ((int)threadIdx.x + i * TPR) * V;
+      float hv[V], rv[V];
+      unpack<T>(hv, xr[i]);
+      unpack<T>(rv, rr[i]);
+#pragma unroll
+      for (int j = 0; j < V; j++) hv[j] += rv[j];
+      pack<T>(xr[i], hv); /* h rounded to storage: what residual_out holds */
+      if (valid && base < n) *reinterpret_cast<uint4 *>(rout + base) = xr[i].u;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    float hv[V];
+    unpack<T>(hv, xr[i]);
+#pragma unroll
+    for (int j = 0; j < V; j++) s += LAYER ? hv[j] : hv[j] * hv[j];
+  }
+  /* Out-of-range vectors are 0, so they add nothing to the sums. */
+  float mu = 0.0f, rs;
+  if (LAYER) {
+    mu = row_group_sum(s, scr) / (float)n;
+    float v = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int base = ((int)threadIdx.x + i * TPR) * V;
+      float hv[V];
+      opaque(xr[i]);
+      unpack<T>(hv, xr[i]);
+      if (base < n) {
+#pragma unroll
+        for (int j = 0; j < V; j++) v += (hv[j] - mu) * (hv[j] - mu);
+      }
+    }
+    rs = rsqrtf(row_group_sum(v, scr) / (float)n + p.eps);
+  } else {
+    rs = rsqrtf(row_group_sum(s, scr) / (float)n + p.eps);
+  }
+  if (!valid) return;
+
+  const T *w = static_cast<const T *>(p.weight);
+  const T *b = LAYER ? static_cast<const T *>(p.bias) : nullptr;
+  T *out = static_cast<T *>(p.out) + r * p.out_stride;
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int base = ((int)threadIdx.x + i * TPR) * V;
+    if (base >= n) continue;
+    float hv[V], wv[V], bv[V], o[V];
+    opaque(xr[i]);
+    unpack<T>(hv, xr[i]);
+    if (w) load_vec(wv, w + base);
+    if (b) load_vec(bv, b + base);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+      float y = (hv[j] - mu) * rs;
+      if (w) y *= wv[j];
+      if (b) y += bv[j];
+      o[j] = y;
+    }
+    store_vec(out + base, o);
+  }
+  if (threadIdx.x == 0) {
+    if (p.rstd) p.rstd[r] = rs;
+    if (LAYER && p.mean) p.mean[r] = mu;
+  }
+}
+
+/* ---- backward v2: aligned rows, persistent grid, a ring of D rows in flight ------------
+ * One row group per block (blockDim.y == 1, so every barrier is block-uniform). Block b
+ * handles rows b, b + G, b + 2G, ... (G = gridDim.x); h and dy of the next D - 1 rows
+ * are always in flight while the current row is reduced and written: buffer s of the
+ * ring (s = k mod D, an index that is static because the loop is unrolled by D) is
+ * refilled with row k + D as soon as row k is done. dweight / dbias partials stay in
+ * fp32 registers over all rows of the block and are written once (row b of the
+ * workspace). The register budget goes to the ring, not to the accumulators: with
+ * NV = 1 (4096 bf16, 512 threads) D = 6 keeps 5 rows (80 KB) in flight per SM. */
+template <typename T, bool LAYER, int NV, int D>
+__global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) {
+  constexpr int V = vec_width<T>::value;
+  __shared__ float2 scratch[32];
+  float *scr = reinterpret_cast<float *>(scratch);
+  const int64_t n = p.cols;
+  const float inv_n = 1.0f / (float)n;
+  const T *w = static_cast<const T *>(p.weight);
+  const bool want_dw = p.dw_part != nullptr, want_db = LAYER && p.db_part != nullptr;
+  const int64_t G = gridDim.x;
+
+  /* weight: 16-byte loads per use (L1 hits), not registers; WREG keeps it in registers */
+  constexpr bool WREG = NV == 1;
+  raw16 wr[NV], hb[D][NV], gb[D][NV];
+  float dw[NV][V], db[NV][V];
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int base = ((int)threadIdx.x + i * (int)blockDim.x) * V;
+#pragma unroll
+    for (int j = 0; j < V; j++) dw[i][j] = 0.0f, db[i][j] = 0.0f;
+    if (WREG) load_raw<T, true, false>(wr[i], w, base, n, w != nullptr && base < n);
+  }
+#pragma unroll
+  for (int s = 0; s < D; s++) {
+    const int64_t row = (int64_t)blockIdx.x + (int64_t)s * G;
+    const bool valid = row < p.rows;
+    const T *hp = static_cast<const T *>(p.h) + (valid ? row : 0) * p.h_stride;
+    const T *dyp = static_cast<const T *>(p.dy) + (valid ? row : 0) * p.dy_stride;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int base = ((int)threadIdx.x + i * (int)blockDim.x) * V;
+      load_raw<T, true, true>(hb[s][i], hp, base, n, valid && base < n);
+      load_raw<T, true, true>(gb[s][i], dyp, base, n, valid && base < n);
+    }
+  }
+
+  for (int64_t row0 = blockIdx.x; row0 < p.rows; row0 += (int64_t)D * G) {
+#pragma unroll
+    for (int s = 0; s < D; s++) {
+      const int64_t row = row0 + (int64_t)s * G;
+      if (row >= p.rows) break; /* block-uniform */
+      raw16 drr[NV];
+      if (p.dres) {
+        const T *drp = static_cast<const T *>(p.dres) + row * p.dres_stride;
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+          const int base = ((int)threadIdx.x + i * (int)blockDim.x) * V;
+          load_raw<T, true, true>(drr[i], drp, base, n, base < n);
+        }
+      }
+      /* statistics: saved, or recomputed exactly as the forward v2 does */
+      float mu = 0.0f, rs;
+      if (p.rstd) {
+        rs = p.rstd[row];
+        if (LAYER) mu = p.mean[row];
+      } else {
+        float sm = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+          float hv[V];
+          unpack<T>(hv, hb[s][i]);
+#pragma unroll
+          for (int j = 0; j < V; j++) sm += LAYER ? hv[j] : hv[j] * hv[j];
+        }
+        if (LAYER) {
+          mu = row_group_sum(sm, scr) * inv_n;
+          float v = 0.0f;
+#pragma unroll
+          for (int i = 0; i < NV; i++) {
+            const int base = ((int)threadIdx.x + i * (int)blockDim.x) * V;
+            float hv[V];
+            opaque(hb[s][i]);
+            unpack<T>(hv, hb[s][i]);
+            if (base < n) {
+#pragma unroll
+              for (int j = 0; j < V; j++) v += (hv[j] - mu) * (hv[j] - mu);
+            }
+          }
+          rs = rsqrtf(row_group_sum(v, scr) * inv_n + p.eps);
+        } else {
+          rs = rsqrtf(row_group_sum(sm, scr) * inv_n + p.eps);
+        }
+      }
+      float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NV; i++) {
+        const int base = ((int)threadIdx.x + i * (int)blockDim.x) * V;
+        if (base >= n) continue;
+        float hv[V], dyv[V], wv[V];
+        opaque(hb[s][i]);
+        unpack<T>(hv, hb[s][i]);
+        unpack<T>(dyv, gb[s][i]);
+        if (w) {
+          if (WREG) unpack<T>(wv, wr[i]);
+          else load_vec(wv, w + base);
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+          const float xh = (hv[j] - mu) * rs;
+          dw[i][j] += dyv[j] * xh;
+          if (LAYER) db[i][j] += dyv[j];
+          const float gg = w ? dyv[j] * wv[j] : dyv[j];
+          sg += gg;
+          sgx += gg * xh;
+        }
+      }
+      float a = 0.0f, c;
+      if (LAYER) {
+        const float2 t = row_group_sum2(sg, sgx, scr);
+        a = t.x * inv_n;
+        c = t.y * inv_n;
+      } else {
+        c = row_group_sum(sgx, scr) * inv_n;
+      }
+      T *dxp = static_cast<T *>(p.dx) + row * p.dx_stride;
+#pragma unroll
+      for (int i = 0; i < NV; i++) {
+        const int base = ((int)threadIdx.x + i * (int)blockDim.x) * V;
+        if (base >= n) continue;
+        float hv[V], dyv[V], wv[V], o[V], dr[V];
+        opaque(hb[s][i]);
+        opaque(gb[s][i]);
+        unpack<T>(hv, hb[s][i]);
+        unpack<T>(dyv, gb[s][i]);
+        if (w) {
+          if (WREG) unpack<T>(wv, wr[i]);
+          else load_vec(wv, w + base);
+        }
+        if (p.dres) unpack<T>(dr, drr[i]);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+          const float xh = (hv[j] - mu) * rs;
+          const float gg = w ? dyv[j] * wv[j] : dyv[j];
+          o[j] = rs * (gg - a - xh * c);
+          if (p.dres) o[j] += dr[j];
+        }
+        store_vec(dxp + base, o);
+      }
+      /* refill this ring slot with row + D*G */
+      const int64_t nrow = row + (int64_t)D * G;
+      if (nrow < p.rows) {
+        const T *hp = static_cast<const T *>(p.h) + nrow * p.h_stride;
+        const T *dyp = static_cast<const T *>(p.dy) + nrow * p.dy_stride;
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+          const int base = ((int)threadIdx.x + i * (int)blockDim.x) * V;
+          load_raw<T, true, true>(hb[s][i], hp, base, n, base < n);
+          load_raw<T, true, true>(gb[s][i], dyp, base, n, base < n);
+        }
+      }
+    }
+  }
+
+  const int64_t part = blockIdx.x;
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int base = ((int)threadIdx.x + i * (int)blockDim.x) * V;
+    if (base >= n) continue;
+    if (want_dw) {
+      float4 *q = reinterpret_cast<float4 *>(p.dw_part + part * n + base);
+#pragma unroll
+      for (int j = 0; j < V; j += 4) q[j / 4] = make_float4(dw[i][j], dw[i][j + 1], dw[i][j + 2], dw[i][j + 3]);
+    }
+    if (want_db) {
+      float4 *q = reinterpret_cast<float4 *>(p.db_part + part * n + base);
+#pragma unroll
+      for (int j = 0; j < V; j += 4) q[j / 4] = make_float4(db[i][j], db[i][j + 1], db[i][j + 2], db[i][j + 3]);
+    }
+  }
+}
+
 /* ---- launch configuration ---------------------------------------------------------------- */
 
 struct norm_launch {
@@ -564,6 +859,86 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
   return L;
 }
 
+/* Tuning knobs read from the environment at each call (benchmarking only; unset in
+ * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels), OT_NORM_FWD_MAXNV=16 (cap the
+ * vectors per thread of forward v2 at 16), OT_NORM_BWD_IMPL=old, OT_NORM_BWD_NV=1|2. */
+static inline int norm_env_int(const char *name, int dflt) {
+  const char *s = getenv(name);
+  return s && *s ? atoi(s) : dflt;
+}
+static inline bool norm_env_is(const char *name, const char *val) {
+  const char *s = getenv(name);
+  return s && strcmp(s, val) == 0;
+}
+
+/* Forward v2 shape (aligned rows only): the narrowest row group (32, 64, 128, 256
+ * threads) whose threads hold the row in NV <= budget vectors each; budget 32 vectors
+ * of x (16 with the residual, whose vectors are held too). nv = 0: not covered. */
+static inline norm_launch norm_pick_fwd_v2(int64_t cols, int vec, bool res) {
+  norm_launch L = {0, 32, 1};
+  if (norm_env_is("OT_NORM_FWD_IMPL", "old")) return L;
+  int budget = res ? 16 : 32;
+  if (norm_env_int("OT_NORM_FWD_MAXNV", 32) == 16) budget = 16; /* 16 or 32 only */
+  const int64_t nvec = cols / vec;
+  for (int tpr = 32; tpr <= 256; tpr *= 2) {
+    const int64_t need = (nvec + tpr - 1) / tpr;
+    int nv = 1;
+    while (nv < need) nv *= 2;
+    if (nv <= budget) {
+      if (tpr > 32) nv = budget; /* the instantiations of the wider groups */
+      L.nv = nv;
+      L.threads = tpr;
+      L.rows = L.threads >= 128 ? 1 : 128 / L.threads;
+      return L;
+    }
+  }
+  return L;
+}
+
+template <typename T, bool LAYER>
+cudaError_t norm_fwd_v2_launch(const norm_fwd_params &p, const norm_launch &L,
+                               cudaStream_t stream) {
+  const dim3 block(L.threads, L.rows);
+  const int64_t blocks = (p.rows + L.rows - 1) / L.rows;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const dim3 grid((unsigned)blocks);
+#define OT_NORM_FWD2(NV, RES, TPR) norm_fwd_v2_kernel<T, LAYER, NV, RES, TPR><<<grid, block, 0, stream>>>(p)
+  const bool res = p.residual != nullptr;
+  if (L.threads <= 32) {
+    switch (L.nv) {
+      case 1: res ? OT_NORM_FWD2(1, true, 32) : OT_NORM_FWD2(1, false, 32); break;
+      case 2: res ? OT_NORM_FWD2(2, true, 32) : OT_NORM_FWD2(2, false, 32); break;
+      case 4: res ? OT_NORM_FWD2(4, true, 32) : OT_NORM_FWD2(4, false, 32); break;
+      case 8: res ? OT_NORM_FWD2(8, true, 32) : OT_NORM_FWD2(8, false, 32); break;
+      case 16: res ? OT_NORM_FWD2(16, true, 32) : OT_NORM_FWD2(16, false, 32); break;
+      case 32: if (res) return cudaErrorInvalidConfiguration;
+        OT_NORM_FWD2(32, false, 32); break;
+      default: return cudaErrorInvalidConfiguration;
+    }
+  } else {
+    /* wider groups only when a warp's budget is not enough: NV is then the budget */
+    const int tpr = L.threads <= 64 ? 64 : L.threads <= 128 ? 128 : 256;
+    if (L.nv != 16 && (L.nv != 32 || res)) return cudaErrorInvalidConfiguration;
+    const bool n32 = L.nv == 32;
+    switch (tpr) {
+      case 64:
+        res ? OT_NORM_FWD2(16, true, 64)
+            : (n32 ? OT_NORM_FWD2(32, false, 64) : OT_NORM_FWD2(16, false, 64));
+        break;
+      case 128:
+        res ? OT_NORM_FWD2(16, true, 128)
+            : (n32 ? OT_NORM_FWD2(32, false, 128) : OT_NORM_FWD2(16, false, 128));
+        break;
+      default:
+        res ? OT_NORM_FWD2(16, true, 256)
+            : (n32 ? OT_NORM_FWD2(32, false, 256) : OT_NORM_FWD2(16, false, 256));
+        break;
+    }
+  }
+#undef OT_NORM_FWD2
+  return cudaGetLastError();
+}
+
 template <typename T, bool LAYER>
 cudaError_t norm_forward_launch(const norm_fwd_params &p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
@@ -575,6 +950,10 @@ cudaError_t norm_forward_launch(const norm_fwd_params &p, cudaStream_t stream) {
                         ot_rows_aligned16(p.residual_out, p.residual_out_stride, sizeof(T), p.rows)) &&
                        ot_rows_aligned16(p.weight, 0, sizeof(T), 1) &&
                        ot_rows_aligned16(LAYER ? p.bias : nullptr, 0, sizeof(T), 1);
+  if (aligned) {
+    const norm_launch L2 = norm_pick_fwd_v2(p.cols, V, p.residual != nullptr);
+    if (L2.nv) return norm_fwd_v2_launch<T, LAYER>(p, L2, stream);
+  }
   const norm_launch L =
       norm_pick_launch(p.cols, V, (p.cols + V - 1) / V > 512 ? 512 : 256, 8);
   const dim3 block(L.threads, L.rows);
@@ -622,6 +1001,43 @@ cudaError_t norm_backward_launch(norm_bwd_params p, T *dw, T *db, cudaStream_t s
                        ot_rows_aligned16(p.h, p.h_stride, sizeof(T), p.rows) &&
                        ot_rows_aligned16(p.dx, p.dx_stride, sizeof(T), p.rows) &&
                        ot_rows_aligned16(p.weight, 0, sizeof(T), 1);
+  /* v2 (ring of rows in flight): aligned rows of at most 1024 vectors (bf16/fp16 8192,
+   * fp32 4096); NV = 1 (D = 6) up to 512 vectors, else NV = 2 (D = 3). */
+  const int64_t nvec = p.cols / V;
+  if (aligned && p.rows > 0 && nvec <= 1024 && !norm_env_is("OT_NORM_BWD_IMPL", "old")) {
+    /* LayerNorm's db partials leave the 16-bit NV = 2 kernel room for D = 2 only
+     * within 128 registers (D = 3 spills) */
+    constexpr int kD2 = (LAYER && sizeof(T) == 2) ? 2 : 3;
+    int nv = nvec <= 512 ? 1 : 2;
+    if (norm_env_int("OT_NORM_BWD_NV", 0) == 2) nv = 2;
+    const int threads = (int)(((nvec + nv - 1) / nv + 31) / 32 * 32);
+    const norm_launch L2 = {nv, threads, 1};
+    const int64_t grid2 = nv == 1 ? norm_bwd_grid(norm_bwd_v2_kernel<T, LAYER, 1, 6>, L2, p.rows)
+                                  : norm_bwd_grid(norm_bwd_v2_kernel<T, LAYER, 2, kD2>, L2, p.rows);
+    const bool want_dw2 = dw != nullptr, want_db2 = LAYER && db != nullptr;
+    float *ws2 = nullptr;
+    if (want_dw2 || want_db2) {
+      const size_t bytes = (size_t)grid2 * (size_t)p.cols * sizeof(float) * (want_dw2 + want_db2);
+      cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&ws2), bytes, stream);
+      if (e != cudaSuccess) return e;
+    }
+    p.dw_part = want_dw2 ? ws2 : nullptr;
+    p.db_part = want_db2 ? ws2 + (want_dw2 ? grid2 * p.cols : 0) : nullptr;
+    if (nv == 1) norm_bwd_v2_kernel<T, LAYER, 1, 6><<<(unsigned)grid2, threads, 0, stream>>>(p);
+    else norm_bwd_v2_kernel<T, LAYER, 2, kD2><<<(unsigned)grid2, threads, 0, stream>>>(p);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && (want_dw2 || want_db2)) {
+      const dim3 rg((unsigned)((p.cols + 31) / 32)), rb(32, 16);
+      norm_reduce_partials_kernel<T><<<rg, rb, 0, stream>>>(
+          p.dw_part, p.db_part, grid2, p.cols, want_dw2 ? dw : nullptr, want_db2 ? db : nullptr);
+      e = cudaGetLastError();
+    }
+    if (ws2) {
+      cudaError_t f = cudaFreeAsync(ws2, stream);
+      if (e == cudaSuccess) e = f;
+    }
+    return e;
+  }
   const norm_launch L = norm_pick_launch(p.cols, V, 512, sizeof(T) == 4 ? 4 : 2);
   const dim3 block(L.threads, L.rows);
   int64_t grid = 1;
