@@ -224,7 +224,9 @@ static void att_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *
  * colscale[c] scales column c: the online softmax's rescale of O^T rides on the store.
  * With 64 columns a 6 x 64 register block (24 accumulators) reads each A element
  * once per product and needs 4 vector loads + 6 broadcasts per 24 FMAs, fewer loads
- * per FMA than the 12 x 32 block above, and no masks.
+ * per FMA than the 12 x 32 block above, and no masks. Measured on one core of the
+ * 2-core AVX-512 VM (S = 2048, D = 128, float32): ~173 GFLOP/s alone (a pure FMA loop
+ * reaches ~170), ~160 inside the forward, where the two products are ~87% of the time.
  */
 #ifdef ATT_X86
 #define ATT_MK64(MR)                                                                     \
@@ -441,7 +443,7 @@ typedef struct fwd_scratch {
    * kv head) in a row and converts each key tile once per head instead of once per
    * query tile (measured at S=2048, D=128: the per-tile copies were ~10% of the time,
    * more for bf16). K is cached transposed so that the score kernel's broadcasts of
-   * K(key i..i+11, dim p) read 12 adjacent floats of one row of K^T. */
+   * K(key i..i+5, dim p) read 6 adjacent floats of one row of K^T. */
   float *kc, *vc;
   int64_t *tag; /* [nslots][3] */
   int64_t nslots;
