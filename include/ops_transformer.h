@@ -381,6 +381,72 @@ OT_API ot_status ot_linear_backward(ot_context *ctx, const DLTensor *dy, const D
                                     const DLTensor *weight, const DLTensor *dx,
                                     const DLTensor *dweight, const DLTensor *dbias);
 
+/* ============================================================================== */
+/* Memory: arena                                                                   */
+/* ============================================================================== */
+/*
+ * One reservation of device (or host) memory, made once at create, carved into
+ * allocations on demand without calling the system allocator again: the library's
+ * answer to cudaMalloc on the hot path.
+ *  - Every block starts on a 256-byte boundary and its size is rounded up to a
+ *    multiple of 256 (stats count the rounded sizes).
+ *  - Free blocks sit in segregated free lists by size class (powers of two of 256
+ *    bytes); an allocation takes the first fitting block of the smallest class that
+ *    has one and splits off the rest. A freed block merges with its free neighbours
+ *    at once (boundary tags), so freeing everything leaves one block again.
+ *  - Exhaustion returns OT_ERR_OOM with the request size and the largest free block in
+ *    the message; no live allocation is moved or disturbed, and the arena stays usable.
+ *  - The bookkeeping always lives on the host, also for device memory.
+ *  - Thread safety: every call takes the arena's mutex, so any threads may share one
+ *    arena. (The data of the blocks is of course not protected.)
+ * Stream ordering (CUDA arenas; the CPU backend ignores streams, its work is
+ * synchronous): a block freed with ot_arena_free(a, p, s) is tagged with s. An
+ * allocation on the same stream s may reuse it immediately (work on s is ordered, so
+ * later kernels on s run after the last use). An allocation on another stream does not
+ * see it until ot_arena_synchronize(a), which synchronizes the device and clears every
+ * tag. Free neighbours merge when their tags are equal or one is untagged (the merged
+ * block keeps the tag: conservative). The stream given to ot_arena_alloc is recorded
+ * nowhere else; a block may be used on any stream as long as the caller orders it.
+ */
+
+typedef struct ot_arena ot_arena;
+
+typedef struct ot_arena_stats {
+  size_t reserved;        /* bytes of the reservation (a multiple of 256) */
+  size_t in_use;          /* bytes in live blocks */
+  size_t peak;            /* the largest in_use since create */
+  size_t free_total;      /* reserved - in_use */
+  size_t largest_free;    /* the largest block free now (ignoring stream tags) */
+  double fragmentation;   /* 1 - largest_free / free_total; 0 when nothing is free */
+  uint64_t live_blocks;   /* allocations not yet freed */
+  uint64_t free_blocks;   /* free blocks (1 when everything is free and coalesced) */
+  uint64_t num_allocs;    /* successful ot_arena_alloc calls since create */
+  uint64_t num_frees;     /* successful ot_arena_free calls since create */
+  uint64_t num_failed;    /* ot_arena_alloc calls that returned OT_ERR_OOM */
+} ot_arena_stats;
+
+/* Reserve `reserve_bytes` (rounded up to 256, >= 1) on ctx's device: host memory on a
+ * CPU context, cudaMalloc'd device memory on a CUDA context. The arena remembers the
+ * device, not the context (the context may be destroyed first). */
+OT_API ot_status ot_arena_create(ot_context *ctx, size_t reserve_bytes, ot_arena **out);
+
+/* Release the reservation; NULL is accepted and does nothing. Live blocks die with it. */
+OT_API void ot_arena_destroy(ot_arena *arena);
+
+/* A block of `bytes` (>= 1) for use on `stream` (a cudaStream_t; NULL on the CPU or
+ * for the legacy default stream). *ptr is written only on success. */
+OT_API ot_status ot_arena_alloc(ot_arena *arena, size_t bytes, void *stream, void **ptr);
+
+/* Return a block obtained from ot_arena_alloc of this arena; `stream` is the stream of
+ * its last use. A pointer that is not a live block is an error (nothing changes). */
+OT_API ot_status ot_arena_free(ot_arena *arena, void *ptr, void *stream);
+
+/* CUDA: cudaDeviceSynchronize, then make every free block available to every stream.
+ * CPU: clears the tags (a no-op unless tests turned stream ordering on). */
+OT_API ot_status ot_arena_synchronize(ot_arena *arena);
+
+OT_API ot_status ot_arena_get_stats(ot_arena *arena, ot_arena_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -161,5 +161,6 @@ extern const test_suite suite_glu;
 extern const test_suite suite_softmax_ce;
 extern const test_suite suite_attention;
 extern const test_suite suite_linear;
+extern const test_suite suite_memory;
 
 #endif /* OT_TEST_HARNESS_H */

@@ -1,0 +1,49 @@
+/*
+ * arena.h -- private side of the arena allocator (ot_arena) and the backend hooks that
+ * obtain and release its one reservation.
+ *
+ * The arena's bookkeeping always lives on the host, whatever memory it manages: blocks
+ * are host records (offset, size) in an address-ordered doubly linked list (the
+ * boundary tags), free blocks are also in one of OT_ARENA_CLASSES segregated free lists
+ * (class c holds sizes in [2^c, 2^(c+1)) units of OT_ARENA_ALIGN bytes), and live blocks
+ * are found from their pointer through a hash table keyed by offset.
+ */
+#ifndef OT_CORE_ARENA_H
+#define OT_CORE_ARENA_H
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OT_ARENA_ALIGN 256
+#define OT_ARENA_CLASSES 48
+
+/* The reservation of `bytes` on `device`: host memory (aligned_alloc, 256-byte aligned)
+ * or device memory (cudaMalloc). `op` names the caller for messages. */
+ot_status ot_reserve_memory(const char *op, DLDevice device, size_t bytes, void **ptr);
+void ot_release_memory(DLDevice device, void *ptr);
+/* Copy bytes between two buffers of `ctx`'s device, ordered on its stream. */
+ot_status ot_device_copy(const char *op, ot_context *ctx, void *dst, const void *src,
+                         size_t bytes);
+
+/* CUDA backend (src/cuda/arena.cu). */
+ot_status ot_cuda_reserve(const char *op, int device_id, size_t bytes, void **ptr);
+void ot_cuda_release(int device_id, void *ptr);
+ot_status ot_cuda_copy(const char *op, ot_context *ctx, void *dst, const void *src, size_t bytes);
+ot_status ot_cuda_synchronize(const char *op, int device_id);
+
+/* Tests: make a host arena honour streams as a CUDA arena does (see ot_arena_free in
+ * ops_transformer.h), so the stream-ordering rules run under the CPU tests. */
+void ot_arena_set_stream_ordered(ot_arena *arena, bool on);
+/* Walk every structure and check its invariants (the blocks tile the reservation,
+ * no two free neighbours that may merge, free lists and hash table agree with the
+ * blocks, counters add up). Returns true when consistent; else writes why into msg. */
+bool ot_arena_check(ot_arena *arena, char *msg, size_t msg_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OT_CORE_ARENA_H */
