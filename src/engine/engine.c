@@ -1,0 +1,397 @@
+/* engine.c -- the Llama-family forward: prefill over packed prompts and decode steps,
+ * built only from the public ops on the engine's context.
+ *
+ * One layer, T tokens (residual stream x_res [T, H]; delta [T, H] is the last
+ * sub-block's output, added to x_res by the next norm's fused residual path):
+ *   normed, x_res = rmsnorm(delta + x_res)            (layer 0: rmsnorm(x_res))
+ *   qkv    = normed Wqkv^T (+ b)                     [T, (Hq + 2 Hkv) D], one GEMM
+ *   q, k   = rope(q, k) in place on strided views of qkv
+ *   K/V of the T tokens -> the cache
+ *   attn   = attention(q, K, V) causal               prefill: packed varlen over qkv;
+ *                                                     decode: q against the cache
+ *   delta  = attn Wo^T
+ *   normed, x_res = rmsnorm(delta + x_res)
+ *   gate_up = normed Wgu^T                           [T, 2F], one GEMM
+ *   delta  = swiglu(gate_up) Wdown^T
+ * then the final norm and lm_head on each sequence's last token only. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+ote_engine_options ote_engine_default_options(void) {
+  ote_engine_options o;
+  memset(&o, 0, sizeof o);
+  o.dtype = OTE_F32;
+  o.max_seqs = 1;
+  o.max_len = 0;
+  o.device_type = kDLCPU;
+  return o;
+}
+
+const ote_config *ote_engine_config(const ote_engine *e) { return &e->cfg; }
+
+ote_memory ote_engine_memory(const ote_engine *e) {
+  ote_memory m = {e->weight_bytes, e->kv.bytes, e->act_bytes};
+  return m;
+}
+
+int ote_seq_len(const ote_engine *e, int seq_id) {
+  if (!e || seq_id < 0 || seq_id >= e->kv.max_seqs) return 0;
+  return e->kv.len[seq_id];
+}
+
+static void free_activations(ote_engine *e) {
+  ote_dev_free(&e->dev, e->x_res);
+  free(e->positions_host);
+  free(e->cu_host);
+  free(e->logits_stage);
+  e->x_res = NULL;
+  e->positions_host = e->cu_host = NULL;
+  e->logits_stage = NULL;
+  e->act_tokens = 0;
+  e->act_bytes = 0;
+}
+
+void ote_engine_destroy(ote_engine *e) {
+  if (!e) return;
+  free_activations(e);
+  ote_kv_destroy(&e->kv, &e->dev);
+  ote_weights_free(e);
+  ot_context_destroy(e->ctx);
+  free(e);
+}
+
+/* Activations for T tokens, one device block carved into the buffers. */
+static ot_status ensure_activations(ote_engine *e, int T) {
+  if (T <= e->act_tokens) return OT_OK;
+  free_activations(e);
+  const ote_config *c = &e->cfg;
+  size_t es = ote_dtype_size(e->opt.dtype), t = (size_t)T, S = (size_t)e->opt.max_seqs;
+  size_t H = (size_t)c->hidden, D = (size_t)c->head_dim;
+  size_t qkv = (size_t)(c->heads + 2 * c->kv_heads) * D, F = (size_t)c->ffn, V = (size_t)c->vocab;
+  struct { void **p; size_t bytes; } parts[] = {
+      {&e->x_res, t * H * es},       {&e->delta, t * H * es},     {&e->normed, t * H * es},
+      {&e->qkv, t * qkv * es},       {&e->attn, t * (size_t)c->heads * D * es},
+      {&e->gate_up, t * 2 * F * es}, {&e->mlp, t * F * es},       {&e->last_res, S * H * es},
+      {&e->last_delta, S * H * es},  {&e->last_norm, S * H * es}, {&e->logits, S * V * es},
+      {(void **)&e->positions_dev, t * 4}, {(void **)&e->cu_dev, (S + 1) * 4},
+  };
+  size_t n = sizeof parts / sizeof parts[0], total = 0;
+  for (size_t i = 0; i < n; i++) total += (parts[i].bytes + 255) / 256 * 256;
+  void *block = NULL;
+  OTE_TRY(ote_dev_alloc(&e->dev, total, &block));
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    *parts[i].p = (char *)block + off;
+    off += (parts[i].bytes + 255) / 256 * 256;
+  }
+  /* x_res is the first part: freeing it frees the block */
+  e->positions_host = malloc(t * 4);
+  e->cu_host = malloc((S + 1) * 4);
+  e->logits_stage = malloc(S * V * es);
+  e->act_tokens = T;
+  e->act_bytes = total;
+  if (!e->positions_host || !e->cu_host || !e->logits_stage) {
+    free_activations(e);
+    return ote_error(OT_ERR_OOM, "engine: out of host memory");
+  }
+  return OT_OK;
+}
+
+static ot_status engine_create(const ote_config *cfg, const ote_engine_options *opt,
+                               ote_engine **out) {
+  *out = NULL;
+  ote_engine_options o = opt ? *opt : ote_engine_default_options();
+  if (!ote_dtype_eq(o.dtype, OTE_F32) && !ote_dtype_eq(o.dtype, OTE_BF16) &&
+      !ote_dtype_eq(o.dtype, OTE_F16))
+    return ote_error(OT_ERR_INVALID_ARGUMENT, "engine: dtype must be float32, float16 or bfloat16");
+  if (o.max_seqs <= 0) o.max_seqs = 1;
+  if (o.max_len <= 0) o.max_len = cfg->max_position < 4096 ? cfg->max_position : 4096;
+  if (o.max_len > cfg->max_position)
+    return ote_error(OT_ERR_INVALID_ARGUMENT,
+                     "engine: max_len %d exceeds the model's max_position_embeddings %d", o.max_len,
+                     cfg->max_position);
+  ote_engine *e = calloc(1, sizeof *e);
+  if (!e) return ote_error(OT_ERR_OOM, "engine: out of memory");
+  e->cfg = *cfg;
+  e->opt = o;
+  e->dev.dev.device_type = o.device_type;
+  e->dev.dev.device_id = o.device_id;
+  ot_context_options co = ot_context_default_options();
+  co.device_type = o.device_type;
+  co.device_id = o.device_id;
+  co.num_threads = o.num_threads;
+  ot_status st = ot_context_create(&co, &e->ctx);
+  if (st != OT_OK) {
+    free(e);
+    return ote_op_error(st, "engine: ot_context_create");
+  }
+  *out = e;
+  return OT_OK;
+}
+
+static ot_status engine_finish(ote_engine *e) {
+  const ote_config *c = &e->cfg;
+  return ote_kv_create(&e->kv, &e->dev, c->layers, e->opt.max_seqs, e->opt.max_len, c->kv_heads,
+                       c->head_dim, e->opt.dtype);
+}
+
+ot_status ote_engine_load(const char *dir, const ote_engine_options *opt, ote_engine **out) {
+  *out = NULL;
+  ote_config cfg;
+  OTE_TRY(ote_config_load(dir, &cfg));
+  ote_st_set set;
+  OTE_TRY(ote_st_open_dir(&set, dir));
+  ote_engine *e = NULL;
+  ot_status st = engine_create(&cfg, opt, &e);
+  if (st == OT_OK) st = ote_weights_load(e, &set, dir);
+  ote_st_close(&set); /* the weights are copies: the mappings can go */
+  if (st == OT_OK) st = engine_finish(e);
+  if (st != OT_OK) {
+    ote_engine_destroy(e);
+    return st;
+  }
+  *out = e;
+  return OT_OK;
+}
+
+ot_status ote_engine_random(const ote_config *cfg, uint64_t seed, const ote_engine_options *opt,
+                            ote_engine **out) {
+  *out = NULL;
+  ote_engine *e = NULL;
+  OTE_TRY(engine_create(cfg, opt, &e));
+  ot_status st = ote_weights_random(e, seed);
+  if (st == OT_OK) st = engine_finish(e);
+  if (st != OT_OK) {
+    ote_engine_destroy(e);
+    return st;
+  }
+  *out = e;
+  return OT_OK;
+}
+
+/* ---- the forward ---------------------------------------------------------------- */
+
+#define OP(call, what, layer)                                                     \
+  do {                                                                           \
+    ot_status op_st_ = (call);                                                   \
+    if (op_st_ != OT_OK) {                                                       \
+      char op_what_[96];                                                         \
+      snprintf(op_what_, sizeof op_what_, "engine: layer %d: %s", (layer), what); \
+      return ote_op_error(op_st_, op_what_);                                     \
+    }                                                                            \
+  } while (0)
+
+static ot_status rmsnorm(ote_engine *e, void *x, void *residual, void *weight, void *out,
+                         int64_t rows, int layer, const char *what) {
+  const ote_config *c = &e->cfg;
+  int64_t xs[2] = {rows, c->hidden}, ws[1] = {c->hidden};
+  ote_view vx, vr, vw, vo;
+  ote_view_set(&vx, &e->dev, x, e->opt.dtype, 2, xs, NULL);
+  ote_view_set(&vw, &e->dev, weight, e->opt.dtype, 1, ws, NULL);
+  ote_view_set(&vo, &e->dev, out, e->opt.dtype, 2, xs, NULL);
+  if (residual) ote_view_set(&vr, &e->dev, residual, e->opt.dtype, 2, xs, NULL);
+  OP(ot_rmsnorm_forward(e->ctx, &vx.t, residual ? &vr.t : NULL, &vw.t, c->rms_eps, &vo.t,
+                        residual ? &vr.t : NULL, NULL),
+     what, layer);
+  return OT_OK;
+}
+
+/* y [rows, n] = x [rows, k] W^T (+ b) */
+static ot_status linear(ote_engine *e, void *x, int64_t rows, int64_t k, void *w, void *b, int64_t n,
+                        void *y, int layer, const char *what) {
+  int64_t xs[2] = {rows, k}, wsh[2] = {n, k}, bs[1] = {n}, ys[2] = {rows, n};
+  ote_view vx, vw, vb, vy;
+  ote_view_set(&vx, &e->dev, x, e->opt.dtype, 2, xs, NULL);
+  ote_view_set(&vw, &e->dev, w, e->opt.dtype, 2, wsh, NULL);
+  ote_view_set(&vy, &e->dev, y, e->opt.dtype, 2, ys, NULL);
+  if (b) ote_view_set(&vb, &e->dev, b, e->opt.dtype, 1, bs, NULL);
+  OP(ot_linear_forward(e->ctx, &vx.t, &vw.t, b ? &vb.t : NULL, &vy.t), what, layer);
+  return OT_OK;
+}
+
+static ot_rope_params rope_params(const ote_config *c) {
+  ot_rope_params p = ot_rope_default_params();
+  p.mode = OT_ROPE_NEOX;
+  p.theta = c->rope_theta;
+  if (c->rope_llama3_factor > 0) {
+    p.llama3_factor = c->rope_llama3_factor;
+    p.llama3_low_freq_factor = c->rope_low_freq_factor;
+    p.llama3_high_freq_factor = c->rope_high_freq_factor;
+    p.llama3_original_max_position = c->rope_original_max_position;
+  }
+  return p;
+}
+
+/* The batch of one forward: n sequences, T tokens, rows cu[i] .. cu[i+1] of sequence i. */
+typedef struct batch {
+  int n, T;
+  const int *seq;
+  const int32_t *cu; /* host */
+  int prefill;
+} batch;
+
+static ot_status attention_block(ote_engine *e, const batch *b, int l) {
+  const ote_config *c = &e->cfg;
+  size_t es = ote_dtype_size(e->opt.dtype);
+  int64_t D = c->head_dim, Hq = c->heads, Hkv = c->kv_heads, cols = (Hq + 2 * Hkv) * D;
+  char *qkv = e->qkv;
+  /* q / k / v: strided views of the fused projection's output */
+  int64_t qs[3] = {b->T, Hq, D}, ks[3] = {b->T, Hkv, D}, st3[3] = {cols, D, 1}, ps[1] = {b->T};
+  ote_view vq, vk, vv, vpos;
+  ote_view_set(&vq, &e->dev, qkv, e->opt.dtype, 3, qs, st3);
+  ote_view_set(&vk, &e->dev, qkv + (size_t)(Hq * D) * es, e->opt.dtype, 3, ks, st3);
+  ote_view_set(&vv, &e->dev, qkv + (size_t)((Hq + Hkv) * D) * es, e->opt.dtype, 3, ks, st3);
+  ote_view_set(&vpos, &e->dev, e->positions_dev, OTE_I32, 1, ps, NULL);
+  ot_rope_params rp = rope_params(c);
+  OP(ot_rope_forward(e->ctx, &rp, &vq.t, &vk.t, &vpos.t, NULL, &vq.t, &vk.t), "rope", l);
+
+  for (int i = 0; i < b->n; i++) {
+    size_t row0 = (size_t)b->cu[i];
+    OTE_TRY(ote_kv_write(&e->kv, &e->dev, l, b->seq[i], b->cu[i + 1] - b->cu[i],
+                         qkv + (row0 * (size_t)cols + (size_t)(Hq * D)) * es,
+                         qkv + (row0 * (size_t)cols + (size_t)((Hq + Hkv) * D)) * es, (size_t)cols));
+  }
+
+  ot_attention_params ap = ot_attention_default_params();
+  ap.causal = 1;
+  if (c->sliding_window > 0) ap.window_left = c->sliding_window - 1;
+  if (b->prefill) {
+    /* fresh sequences: attention over each prompt's own tokens, packed */
+    int64_t cs[1] = {b->n + 1};
+    ote_view vcu, vo;
+    ote_view_set(&vcu, &e->dev, e->cu_dev, OTE_I32, 1, cs, NULL);
+    ote_view_set(&vo, &e->dev, e->attn, e->opt.dtype, 3, qs, NULL);
+    OP(ot_attention_forward(e->ctx, &ap, &vq.t, &vk.t, &vv.t, &vcu.t, &vcu.t, &vo.t, NULL),
+       "attention (prefill)", l);
+  } else {
+    /* one query per sequence against its cached keys (the paged decode kernel takes the
+     * whole batch in one call once the paged cache is in) */
+    for (int i = 0; i < b->n; i++) {
+      int n_keys = e->kv.len[b->seq[i]] + 1;
+      int64_t q4[4] = {1, 1, Hq, D}, q4s[4] = {cols, cols, D, 1};
+      ote_view vq1, vo1, vk1, vv1;
+      ote_view_set(&vq1, &e->dev, qkv + (size_t)i * (size_t)cols * es, e->opt.dtype, 4, q4, q4s);
+      ote_view_set(&vo1, &e->dev, (char *)e->attn + (size_t)(i * Hq * D) * es, e->opt.dtype, 4, q4,
+                   NULL);
+      ote_kv_view(&e->kv, &e->dev, l, b->seq[i], n_keys, &vk1, &vv1);
+      OP(ot_attention_forward(e->ctx, &ap, &vq1.t, &vk1.t, &vv1.t, NULL, NULL, &vo1.t, NULL),
+         "attention (decode)", l);
+    }
+  }
+  const ote_layer_weights *w = &e->w.layer[l];
+  return linear(e, e->attn, b->T, Hq * D, w->o, w->o_bias, c->hidden, e->delta, l, "o_proj");
+}
+
+static ot_status forward(ote_engine *e, const batch *b, const int32_t *tokens, float *logits) {
+  const ote_config *c = &e->cfg;
+  size_t es = ote_dtype_size(e->opt.dtype), H = (size_t)c->hidden;
+  int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
+  OTE_TRY(ensure_activations(e, b->T));
+  for (int i = 0; i < b->n; i++)
+    for (int t = b->cu[i]; t < b->cu[i + 1]; t++)
+      e->positions_host[t] = e->kv.len[b->seq[i]] + (t - b->cu[i]);
+  OTE_TRY(ote_dev_upload(&e->dev, e->positions_dev, e->positions_host, (size_t)b->T * 4));
+  OTE_TRY(ote_dev_upload(&e->dev, e->cu_dev, b->cu, (size_t)(b->n + 1) * 4));
+  OTE_TRY(ote_dev_gather_rows(&e->dev, e->x_res, e->w.embed, tokens, b->T, H * es));
+
+  for (int l = 0; l < c->layers; l++) {
+    const ote_layer_weights *w = &e->w.layer[l];
+    OTE_TRY(rmsnorm(e, l ? e->delta : e->x_res, l ? e->x_res : NULL, w->attn_norm, e->normed, b->T,
+                    l, "input_layernorm"));
+    OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->qkv, w->qkv_bias, cols, e->qkv, l, "qkv_proj"));
+    OTE_TRY(attention_block(e, b, l));
+    OTE_TRY(rmsnorm(e, e->delta, e->x_res, w->mlp_norm, e->normed, b->T, l,
+                    "post_attention_layernorm"));
+    OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->gate_up, NULL, 2 * F, e->gate_up, l,
+                   "gate_up_proj"));
+    int64_t gs[2] = {b->T, 2 * F}, ms[2] = {b->T, F};
+    ote_view vg, vm;
+    ote_view_set(&vg, &e->dev, e->gate_up, e->opt.dtype, 2, gs, NULL);
+    ote_view_set(&vm, &e->dev, e->mlp, e->opt.dtype, 2, ms, NULL);
+    OP(ot_glu_forward(e->ctx, OT_GLU_SWIGLU, &vg.t, NULL, &vm.t), "swiglu", l);
+    OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, (int64_t)H, e->delta, l, "down_proj"));
+  }
+  for (int i = 0; i < b->n; i++) e->kv.len[b->seq[i]] += b->cu[i + 1] - b->cu[i];
+
+  /* the last token of each sequence: final norm and lm_head */
+  for (int i = 0; i < b->n; i++) {
+    size_t r = (size_t)(b->cu[i + 1] - 1);
+    OTE_TRY(ote_dev_copy_2d(&e->dev, (char *)e->last_delta + i * H * es, H * es,
+                            (char *)e->delta + r * H * es, H * es, H * es, 1));
+    OTE_TRY(ote_dev_copy_2d(&e->dev, (char *)e->last_res + i * H * es, H * es,
+                            (char *)e->x_res + r * H * es, H * es, H * es, 1));
+  }
+  OTE_TRY(rmsnorm(e, e->last_delta, e->last_res, e->w.final_norm, e->last_norm, b->n, c->layers,
+                  "final norm"));
+  OTE_TRY(linear(e, e->last_norm, b->n, (int64_t)H, e->w.lm_head, NULL, c->vocab, e->logits,
+                 c->layers, "lm_head"));
+  size_t nv = (size_t)b->n * (size_t)c->vocab;
+  OTE_TRY(ote_dev_download(&e->dev, e->logits_stage, e->logits, nv * es));
+  OTE_TRY(ote_dev_sync(&e->dev));
+  ote_convert(logits, OTE_F32, e->logits_stage, e->opt.dtype, nv);
+  return OT_OK;
+}
+
+static ot_status check_batch(const ote_engine *e, int n, const int *seq, const int32_t *tokens,
+                             int T, const char *what) {
+  if (n <= 0 || n > e->opt.max_seqs)
+    return ote_error(OT_ERR_INVALID_ARGUMENT, "%s: %d sequences (1 .. max_seqs %d)", what, n,
+                     e->opt.max_seqs);
+  for (int i = 0; i < n; i++) {
+    if (seq[i] < 0 || seq[i] >= e->opt.max_seqs)
+      return ote_error(OT_ERR_INVALID_ARGUMENT, "%s: sequence slot %d out of range (0 .. %d)", what,
+                       seq[i], e->opt.max_seqs - 1);
+    for (int j = 0; j < i; j++)
+      if (seq[j] == seq[i])
+        return ote_error(OT_ERR_INVALID_ARGUMENT, "%s: sequence slot %d given twice", what, seq[i]);
+  }
+  for (int t = 0; t < T; t++)
+    if (tokens[t] < 0 || tokens[t] >= e->cfg.vocab)
+      return ote_error(OT_ERR_INVALID_ARGUMENT, "%s: token id %d out of range (0 .. %d)", what,
+                       tokens[t], e->cfg.vocab - 1);
+  return OT_OK;
+}
+
+ot_status ote_prefill(ote_engine *e, int n, const int *seq, const int32_t *tokens,
+                      const int32_t *cu, float *logits) {
+  if (!e || !seq || !tokens || !cu || !logits)
+    return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: NULL argument");
+  if (n <= 0 || n > e->opt.max_seqs || cu[0] != 0)
+    return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: bad batch (n %d, cu_seqlens[0] %d)", n,
+                     n > 0 ? cu[0] : 0);
+  for (int i = 0; i < n; i++) {
+    int len = cu[i + 1] - cu[i];
+    if (len <= 0 || len > e->opt.max_len)
+      return ote_error(OT_ERR_INVALID_ARGUMENT,
+                       "ote_prefill: prompt %d has %d tokens (1 .. max_len %d)", i, len,
+                       e->opt.max_len);
+  }
+  OTE_TRY(check_batch(e, n, seq, tokens, cu[n], "ote_prefill"));
+  for (int i = 0; i < n; i++) e->kv.len[seq[i]] = 0;
+  batch b = {n, cu[n], seq, cu, 1};
+  return forward(e, &b, tokens, logits);
+}
+
+ot_status ote_decode(ote_engine *e, int n, const int *seq, const int32_t *tokens, float *logits) {
+  if (!e || !seq || !tokens || !logits)
+    return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_decode: NULL argument");
+  OTE_TRY(check_batch(e, n, seq, tokens, n, "ote_decode"));
+  for (int i = 0; i < n; i++) {
+    int len = e->kv.len[seq[i]];
+    if (len == 0)
+      return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_decode: sequence slot %d has no prompt", seq[i]);
+    if (len >= e->opt.max_len)
+      return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_decode: sequence slot %d is full (max_len %d)",
+                       seq[i], e->opt.max_len);
+  }
+  int32_t *cu = malloc(sizeof *cu * (size_t)(n + 1));
+  if (!cu) return ote_error(OT_ERR_OOM, "engine: out of memory");
+  for (int i = 0; i <= n; i++) cu[i] = i;
+  batch b = {n, n, seq, cu, 0};
+  ot_status st = forward(e, &b, tokens, logits);
+  free(cu);
+  return st;
+}
