@@ -447,6 +447,108 @@ OT_API ot_status ot_arena_synchronize(ot_arena *arena);
 
 OT_API ot_status ot_arena_get_stats(ot_arena *arena, ot_arena_stats *stats);
 
+/* ============================================================================== */
+/* Memory: paged KV cache                                                          */
+/* ============================================================================== */
+/*
+ * A pool of pages, allocated once at create, each holding `block_size` tokens of every
+ * layer's keys and values. Page p of layer l is, for K and for V separately,
+ *     [heads_kv, block_size, head_dim]      ("HND": head-major inside the page)
+ * so a layer's K is one tensor [num_pages, heads_kv, block_size, head_dim] (likewise V;
+ * ot_kv_cache_layer returns both as DLTensors). Head-major pages make the keys of one kv
+ * head in one page a single contiguous run of block_size * head_dim elements, which is
+ * what a decode kernel that owns a kv head reads (one 16-byte-vector burst or one TMA
+ * box per page, also for small head_dim); appending one token writes heads_kv runs of
+ * head_dim elements, which is cheap.
+ *
+ * Sequences are handles (int64 ids) with a block table: the pages holding their tokens
+ * in order; token t of a sequence lives in page table[t / block_size], slot
+ * t % block_size. Pages are reference counted: ot_kv_cache_fork shares every page of
+ * the source with the new sequence (prefix sharing, beam search, parallel sampling).
+ * Copy-on-write: a shared page is never written. Full pages are never written again
+ * anyway; the partially filled last page stays shared after a fork and is copied (its
+ * filled slots, all layers, K and V) by the first ot_kv_cache_reserve that extends a
+ * sequence whose last page is shared -- so a fork costs no copy until one side grows.
+ *
+ * Token slots are allocated by ot_kv_cache_reserve (the sequence's length grows at
+ * once) and written afterwards by ot_kv_append for each layer. The kernels never see
+ * the cache object, only a CSR page table (ot_kv_cache_page_table) of the batch:
+ *     indptr         int32 [batch + 1]    pages of sequence b: indices[indptr[b] .. indptr[b+1])
+ *     indices        int32 [indptr[batch]]
+ *     last_page_len  int32 [batch]        tokens in the last page: 1..block_size (0 only
+ *                                         for a sequence with no page)
+ * so length_b = (pages_b - 1) * block_size + last_page_len[b].
+ *
+ * The cache's bookkeeping is host-side and not thread-safe: one thread (the scheduler)
+ * manages sequences. On CUDA contexts the pages are device memory and the copies of
+ * copy-on-write are enqueued on the context's stream (the context must outlive the
+ * cache).
+ */
+
+typedef struct ot_kv_cache ot_kv_cache;
+
+typedef struct ot_kv_cache_params {
+  int num_layers;    /* >= 1 */
+  int64_t num_pages; /* pages in the pool (each page serves every layer), >= 1 */
+  int block_size;    /* tokens per page, 1..256 */
+  int heads_kv;      /* >= 1 */
+  int head_dim;      /* >= 1 */
+  DLDataType dtype;  /* float32, float16 or bfloat16 */
+} ot_kv_cache_params;
+
+typedef struct ot_kv_cache_info {
+  int num_layers, block_size, heads_kv, head_dim;
+  int64_t num_pages;     /* total */
+  int64_t free_pages;    /* not referenced by any sequence */
+  int64_t shared_pages;  /* referenced by 2 or more sequences */
+  int64_t num_sequences; /* live sequences */
+  size_t bytes;          /* bytes of page storage, all layers, K and V */
+} ot_kv_cache_info;
+
+/* Create a pool for `params` on ctx's device. The pages come from `arena` when it is
+ * not NULL (it must be on ctx's device and is not released before the cache), else from
+ * the cache's own reservation. Page contents start undefined. */
+OT_API ot_status ot_kv_cache_create(ot_context *ctx, const ot_kv_cache_params *params,
+                                    ot_arena *arena, ot_kv_cache **out);
+/* NULL is accepted. */
+OT_API void ot_kv_cache_destroy(ot_kv_cache *cache);
+
+/* The pages of one layer: k_pages and v_pages are filled as views
+ * [num_pages, heads_kv, block_size, head_dim] (contiguous; shape storage belongs to the
+ * cache and lives as long as it). */
+OT_API ot_status ot_kv_cache_layer(ot_kv_cache *cache, int layer, DLTensor *k_pages,
+                                   DLTensor *v_pages);
+
+/* A new empty sequence (no page yet). */
+OT_API ot_status ot_kv_cache_add_sequence(ot_kv_cache *cache, int64_t *seq_id);
+
+/* Grow sequence seq_ids[i] by num_tokens[i] >= 0 token slots, for i < n, allocating
+ * pages (and copying a shared partial last page, see above). All or nothing: when the
+ * pool lacks pages, OT_ERR_OOM says how many were needed and free, and no sequence
+ * changes. The ids must be distinct. */
+OT_API ot_status ot_kv_cache_reserve(ot_kv_cache *cache, int n, const int64_t *seq_ids,
+                                     const int64_t *num_tokens);
+
+/* Drop a sequence: its pages lose one reference (and return to the pool at zero). */
+OT_API ot_status ot_kv_cache_free_sequence(ot_kv_cache *cache, int64_t seq_id);
+
+/* A new sequence sharing every page (and the length) of src_seq. */
+OT_API ot_status ot_kv_cache_fork(ot_kv_cache *cache, int64_t src_seq, int64_t *new_seq);
+
+/* Length in tokens and number of pages of a sequence (either pointer may be NULL). */
+OT_API ot_status ot_kv_cache_seq_length(const ot_kv_cache *cache, int64_t seq_id,
+                                        int64_t *num_tokens, int64_t *num_pages);
+
+/* The CSR page table of the batch seq_ids[0 .. n) into host arrays: indptr [n + 1],
+ * indices [indices_capacity >= total pages of the batch], last_page_len [n]. Copy them
+ * to the device for CUDA kernels. Valid until the next reserve / free / fork. */
+OT_API ot_status ot_kv_cache_page_table(const ot_kv_cache *cache, int n,
+                                        const int64_t *seq_ids, int32_t *indptr,
+                                        int32_t *indices, int64_t indices_capacity,
+                                        int32_t *last_page_len);
+
+OT_API ot_status ot_kv_cache_get_info(const ot_kv_cache *cache, ot_kv_cache_info *info);
+
 #ifdef __cplusplus
 }
 #endif

@@ -349,6 +349,366 @@ out:
   tr_end(tr);
 }
 
+/* ---- KV block pool ------------------------------------------------------------------- */
+
+bool ot_kv_cache_check(const ot_kv_cache *cache, char *msg, size_t msg_size);
+
+static ot_kv_cache_params kv_params(int layers, int64_t pages, int bs, int hkv, int d,
+                                    DLDataType dt) {
+  ot_kv_cache_params p;
+  memset(&p, 0, sizeof p);
+  p.num_layers = layers, p.num_pages = pages, p.block_size = bs, p.heads_kv = hkv;
+  p.head_dim = d, p.dtype = dt;
+  return p;
+}
+
+static void kv_bad_args(test_run *tr) {
+  if (!tr_begin(tr, "kv cache bad arguments")) return;
+  ot_context *ctx = tr->be->ctx;
+  ot_kv_cache *c = (ot_kv_cache *)(uintptr_t)0x99;
+  ot_kv_cache_params p = kv_params(2, 8, 16, 2, 8, DT_F32);
+  struct {
+    const char *field, *want;
+    ot_kv_cache_params p;
+  } bad[] = {
+      {"params.num_layers", ">= 1", kv_params(0, 8, 16, 2, 8, DT_F32)},
+      {"params.num_pages", "1 .. 2^31-1", kv_params(2, 0, 16, 2, 8, DT_F32)},
+      {"params.block_size", "1 .. 256", kv_params(2, 8, 257, 2, 8, DT_F32)},
+      {"params.block_size", "1 .. 256", kv_params(2, 8, 0, 2, 8, DT_F32)},
+      {"params.heads_kv", ">= 1", kv_params(2, 8, 16, 0, 8, DT_F32)},
+      {"params.head_dim", ">= 1", kv_params(2, 8, 16, 2, 0, DT_F32)},
+      {"params.dtype", "float32, float16 or bfloat16", kv_params(2, 8, 16, 2, 8, DT_I32)},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    tr_expect_error(tr, ot_kv_cache_create(ctx, &bad[i].p, NULL, &c), OT_ERR_INVALID_ARGUMENT,
+                    bad[i].field, bad[i].want);
+  tr_expect_error(tr, ot_kv_cache_create(NULL, &p, NULL, &c), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_create: ctx", NULL);
+  tr_expect_error(tr, ot_kv_cache_create(ctx, NULL, NULL, &c), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_create: params", NULL);
+  /* A pool that does not fit its arena. */
+  ot_arena *a = NULL;
+  if (tr_ok(tr, ot_arena_create(ctx, 4096, &a), "arena"))
+    tr_expect_error(tr, ot_kv_cache_create(ctx, &p, a, &c), OT_ERR_OOM, "ot_kv_cache_create: arena",
+                    "largest free block");
+  if (c != (ot_kv_cache *)(uintptr_t)0x99) tr_fail(tr, "out written by a failing create");
+  c = NULL;
+  ot_kv_cache_destroy(NULL);
+  if (!tr_ok(tr, ot_kv_cache_create(ctx, &p, NULL, &c), "create")) goto out;
+  int64_t s0 = -1, s1 = -1, junk = 77;
+  tr_ok(tr, ot_kv_cache_add_sequence(c, &s0), "add");
+  tr_ok(tr, ot_kv_cache_add_sequence(c, &s1), "add");
+  int64_t ids[2] = {s0, s0}, toks[2] = {3, 4}, bad_tok[1] = {-1}, missing[1] = {12345};
+  tr_expect_error(tr, ot_kv_cache_reserve(c, 2, ids, toks), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_reserve: seq_ids[1]", "appears twice");
+  tr_expect_error(tr, ot_kv_cache_reserve(c, 1, ids, bad_tok), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_reserve: num_tokens[0]", "expected 0");
+  tr_expect_error(tr, ot_kv_cache_reserve(c, 1, missing, toks), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_reserve: seq_ids[0]", "not a live sequence");
+  int64_t big[2] = {8 * 16 - 10, 11}, both[2] = {s0, s1};
+  tr_expect_error(tr, ot_kv_cache_reserve(c, 2, both, big), OT_ERR_OOM,
+                  "needs 9 pages", "8 of 8 are free; no sequence was changed");
+  int64_t len = -1;
+  ot_kv_cache_seq_length(c, s0, &len, NULL);
+  if (len != 0) tr_fail(tr, "a failed reserve changed the length to %lld", (long long)len);
+  tr_expect_error(tr, ot_kv_cache_fork(c, 999, &junk), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_fork: src_seq", "not a live sequence");
+  tr_expect_error(tr, ot_kv_cache_free_sequence(c, -1), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_free_sequence: seq_id", NULL);
+  if (junk != 77) tr_fail(tr, "new_seq written by a failing fork");
+  DLTensor kt, vt;
+  tr_expect_error(tr, ot_kv_cache_layer(c, 2, &kt, &vt), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_layer: layer", "0 .. 1");
+  int64_t one[1] = {20};
+  tr_ok(tr, ot_kv_cache_reserve(c, 1, &s0, one), "reserve 20");
+  int32_t indptr[3] = {-5, -5, -5}, indices[1] = {-5}, lpl[2] = {-5, -5};
+  tr_expect_error(tr, ot_kv_cache_page_table(c, 2, both, indptr, indices, 1, lpl),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_cache_page_table: indices_capacity",
+                  "needs 2");
+  if (indptr[0] != -5 || indices[0] != -5 || lpl[0] != -5)
+    tr_fail(tr, "a failing page_table wrote its outputs");
+  tr_ok(tr, ot_kv_cache_free_sequence(c, s1), "free");
+  tr_expect_error(tr, ot_kv_cache_free_sequence(c, s1), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_free_sequence: seq_id", "not a live sequence");
+out:
+  ot_kv_cache_destroy(c);
+  ot_arena_destroy(a);
+  tr_end(tr);
+}
+
+/* The value stored in element (layer, k/v, head, dim) of a token with tag t: unique and
+ * exact in float32 for t < 2^17. */
+static float kv_value(int64_t t, int l, int kv, int h, int x) {
+  return (float)(t * 128 + (((l * 2 + kv) * 4 + h) * 4 + x));
+}
+
+typedef struct shadow_seq {
+  bool live;
+  int64_t len;
+  int64_t *tags; /* the tag of each token */
+  int64_t cap;
+} shadow_seq;
+
+/* Every token of every live sequence, read through the exported page table, holds the
+ * values written for it; the cache's own invariants hold; info agrees. */
+static bool kv_verify(test_run *tr, ot_kv_cache *c, const ot_kv_cache_params *p,
+                      shadow_seq *sh, int nsh, const char *when) {
+  char msg[256];
+  if (!ot_kv_cache_check(c, msg, sizeof msg)) {
+    tr_fail(tr, "%s: %s", when, msg);
+    return false;
+  }
+  int64_t ids[64];
+  int n = 0;
+  for (int i = 0; i < nsh; i++)
+    if (sh[i].live) ids[n++] = i;
+  int32_t indptr[65], lpl[64];
+  int32_t *indices = malloc((size_t)p->num_pages * 64 * sizeof *indices);
+  bool ok = tr_ok(tr, ot_kv_cache_page_table(c, n, ids, indptr, indices, p->num_pages * 64, lpl),
+                  "page_table");
+  ot_kv_cache_info info;
+  ot_kv_cache_get_info(c, &info);
+  char *seen = calloc((size_t)p->num_pages, 1);
+  int64_t distinct = 0;
+  for (int b = 0; ok && b < n; b++) {
+    const shadow_seq *s = &sh[ids[b]];
+    int64_t np = indptr[b + 1] - indptr[b];
+    int64_t len = np ? (np - 1) * p->block_size + lpl[b] : 0;
+    if (len != s->len || (np && (lpl[b] < 1 || lpl[b] > p->block_size)) || (!np && lpl[b])) {
+      tr_fail(tr, "%s: sequence %lld: length %lld from the table, expected %lld", when,
+              (long long)ids[b], (long long)len, (long long)s->len);
+      ok = false;
+      break;
+    }
+    for (int64_t j = 0; j < np; j++)
+      if (!seen[indices[indptr[b] + j]]++) distinct++;
+    for (int l = 0; ok && l < p->num_layers; l++) {
+      DLTensor kt, vt;
+      ot_kv_cache_layer(c, l, &kt, &vt);
+      for (int kv = 0; ok && kv < 2; kv++) {
+        const float *base = (const float *)(kv ? vt.data : kt.data);
+        for (int64_t t = 0; ok && t < s->len; t++) {
+          int32_t pg = indices[indptr[b] + t / p->block_size];
+          int64_t slot = t % p->block_size;
+          for (int h = 0; h < p->heads_kv && ok; h++)
+            for (int x = 0; x < p->head_dim; x++) {
+              float got = base[((pg * (int64_t)p->heads_kv + h) * p->block_size + slot) *
+                                   p->head_dim + x];
+              if (got != kv_value(s->tags[t], l, kv, h, x)) {
+                tr_fail(tr, "%s: sequence %lld token %lld layer %d %s head %d dim %d: %g, "
+                        "expected %g", when, (long long)ids[b], (long long)t, l, kv ? "v" : "k",
+                        h, x, got, kv_value(s->tags[t], l, kv, h, x));
+                ok = false;
+                break;
+              }
+            }
+        }
+      }
+    }
+  }
+  if (ok && (info.free_pages != p->num_pages - distinct || info.num_sequences != n)) {
+    tr_fail(tr, "%s: info says %lld free pages and %lld sequences; tables use %lld pages of "
+            "%lld, %d sequences", when, (long long)info.free_pages, (long long)info.num_sequences,
+            (long long)distinct, (long long)p->num_pages, n);
+    ok = false;
+  }
+  free(indices);
+  free(seen);
+  return ok;
+}
+
+/* Random add / reserve (1-3 sequences at once, sometimes too many tokens) / fork / free,
+ * writing each new token's values into its pages (host float32) as ot_kv_append would,
+ * and checking everything after every operation. */
+static void kv_property(test_run *tr, int bs, int64_t pages, int ops) {
+  if (!tr_begin(tr, "kv cache random operations: block_size %d, %lld pages, %d ops", bs,
+                (long long)pages, ops))
+    return;
+  rng r = tr_rng(tr);
+  ot_kv_cache_params p = kv_params(2, pages, bs, 2, 4, DT_F32);
+  ot_kv_cache *c = NULL;
+  ot_arena *a = NULL;
+  /* Half the runs take the pages from an arena. */
+  if (bs % 2 == 0 && !tr_ok(tr, ot_arena_create(tr->be->ctx, 1 << 20, &a), "arena")) goto out;
+  if (!tr_ok(tr, ot_kv_cache_create(tr->be->ctx, &p, a, &c), "create")) goto out;
+  enum { MAXS = 64 };
+  shadow_seq sh[MAXS];
+  memset(sh, 0, sizeof sh);
+  int64_t next_tag = 1;
+  int counts[5] = {0};
+  for (int op = 0; op < ops && !tr->case_failed; op++) {
+    int nlive = 0;
+    int64_t live_ids[MAXS];
+    for (int i = 0; i < MAXS; i++)
+      if (sh[i].live) live_ids[nlive++] = i;
+    int kind = (int)rng_int(&r, 0, 9);
+    char when[96];
+    if (nlive == 0 || (kind == 0 && nlive < MAXS - 1)) {
+      int64_t id;
+      if (!tr_ok(tr, ot_kv_cache_add_sequence(c, &id), "add")) break;
+      if (id < 0 || id >= MAXS || sh[id].live) {
+        tr_fail(tr, "add returned id %lld (live or out of the expected range)", (long long)id);
+        break;
+      }
+      sh[id].live = true;
+      sh[id].len = 0;
+      counts[0]++;
+      snprintf(when, sizeof when, "op %d add %lld", op, (long long)id);
+    } else if (kind <= 5) {
+      int n = (int)rng_int(&r, 1, nlive < 3 ? nlive : 3);
+      int64_t ids[3], toks[3];
+      for (int i = 0; i < n; i++) {
+        int j = (int)rng_int(&r, i, nlive - 1);
+        int64_t t = live_ids[i];
+        live_ids[i] = live_ids[j], live_ids[j] = t;
+        ids[i] = live_ids[i];
+        toks[i] = rng_int(&r, 0, 3) == 0 ? rng_int(&r, 0, 3 * bs) : rng_int(&r, 0, 3);
+        if (rng_int(&r, 0, 29) == 0) toks[i] = pages * bs; /* certainly too many */
+      }
+      ot_kv_cache_info before;
+      ot_kv_cache_get_info(c, &before);
+      ot_status st = ot_kv_cache_reserve(c, n, ids, toks);
+      if (st == OT_ERR_OOM) {
+        counts[4]++;
+        ot_kv_cache_info after;
+        ot_kv_cache_get_info(c, &after);
+        if (after.free_pages != before.free_pages || after.shared_pages != before.shared_pages)
+          tr_fail(tr, "a failed reserve changed the pool");
+        snprintf(when, sizeof when, "op %d failed reserve", op);
+      } else {
+        if (!tr_ok(tr, st, "reserve")) break;
+        counts[1]++;
+        for (int i = 0; i < n; i++) {
+          shadow_seq *s = &sh[ids[i]];
+          if (s->len + toks[i] > s->cap) {
+            s->cap = (s->len + toks[i]) * 2 + 8;
+            s->tags = realloc(s->tags, (size_t)s->cap * sizeof *s->tags);
+          }
+          /* write the new tokens through the table, as an append kernel would */
+          int32_t indptr[2], lpl[1];
+          int64_t npg = (s->len + toks[i] + bs - 1) / bs;
+          int32_t *ind = malloc((size_t)(npg + 1) * sizeof *ind);
+          ot_kv_cache_page_table(c, 1, &ids[i], indptr, ind, npg, lpl);
+          for (int l = 0; l < 2; l++) {
+            DLTensor kt, vt;
+            ot_kv_cache_layer(c, l, &kt, &vt);
+            for (int64_t t = s->len; t < s->len + toks[i]; t++) {
+              int32_t pg = ind[t / bs];
+              for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < 2; h++)
+                  for (int x = 0; x < 4; x++)
+                    ((float *)(kv ? vt.data : kt.data))[((pg * 2 + h) * (int64_t)bs + t % bs) * 4 + x] =
+                        kv_value(next_tag + t, l, kv, h, x);
+            }
+          }
+          for (int64_t t = s->len; t < s->len + toks[i]; t++) s->tags[t] = next_tag + t;
+          next_tag += s->len + toks[i];
+          s->len += toks[i];
+          free(ind);
+        }
+        snprintf(when, sizeof when, "op %d reserve %d sequences", op, n);
+      }
+    } else if (kind <= 7 && nlive < MAXS - 1) {
+      int64_t src = live_ids[rng_int(&r, 0, nlive - 1)], id;
+      if (!tr_ok(tr, ot_kv_cache_fork(c, src, &id), "fork")) break;
+      if (id < 0 || id >= MAXS || sh[id].live) {
+        tr_fail(tr, "fork returned id %lld", (long long)id);
+        break;
+      }
+      sh[id].live = true;
+      sh[id].len = sh[src].len;
+      if (sh[id].cap < sh[src].len + 1) {
+        sh[id].cap = sh[src].len + 8;
+        sh[id].tags = realloc(sh[id].tags, (size_t)sh[id].cap * sizeof *sh[id].tags);
+      }
+      memcpy(sh[id].tags, sh[src].tags, (size_t)sh[src].len * sizeof *sh[id].tags);
+      counts[2]++;
+      snprintf(when, sizeof when, "op %d fork %lld -> %lld", op, (long long)src, (long long)id);
+    } else {
+      int64_t id = live_ids[rng_int(&r, 0, nlive - 1)];
+      if (!tr_ok(tr, ot_kv_cache_free_sequence(c, id), "free")) break;
+      sh[id].live = false;
+      counts[3]++;
+      snprintf(when, sizeof when, "op %d free %lld", op, (long long)id);
+    }
+    if (next_tag > (1 << 16)) next_tag = 1; /* keep values exact; old tags may repeat, harmless */
+    if (!kv_verify(tr, c, &p, sh, MAXS, when)) break;
+  }
+  if (tr->verbose)
+    printf("     %d adds, %d reserves, %d forks, %d frees, %d pool-exhausted reserves\n",
+           counts[0], counts[1], counts[2], counts[3], counts[4]);
+  if (counts[4] == 0 && ops >= 500) tr_fail(tr, "no reserve ever exhausted the pool");
+  for (int i = 0; i < MAXS; i++) {
+    if (sh[i].live) tr_ok(tr, ot_kv_cache_free_sequence(c, i), "final free");
+    free(sh[i].tags);
+  }
+  ot_kv_cache_info info;
+  ot_kv_cache_get_info(c, &info);
+  if (!tr->case_failed && (info.free_pages != pages || info.num_sequences != 0))
+    tr_fail(tr, "after freeing all: %lld free pages of %lld", (long long)info.free_pages,
+            (long long)pages);
+out:
+  ot_kv_cache_destroy(c);
+  if (a) {
+    ot_arena_stats s;
+    ot_arena_get_stats(a, &s);
+    if (s.in_use != 0) tr_fail(tr, "the cache did not return its arena block");
+  }
+  ot_arena_destroy(a);
+  tr_end(tr);
+}
+
+/* Fork, then append to both sides: the shared partial page is copied once, full pages
+ * stay shared, and neither side sees the other's new tokens (checked by kv_verify in
+ * the property test; here the page accounting is exact). */
+static void kv_cow(test_run *tr) {
+  if (!tr_begin(tr, "kv cache fork copy-on-write accounting")) return;
+  ot_kv_cache_params p = kv_params(1, 10, 4, 1, 2, DT_BF16);
+  ot_kv_cache *c = NULL;
+  if (!tr_ok(tr, ot_kv_cache_create(tr->be->ctx, &p, NULL, &c), "create")) goto out;
+  int64_t a, b, n10 = 10, n1 = 1;
+  ot_kv_cache_add_sequence(c, &a);
+  ot_kv_cache_reserve(c, 1, &a, &n10); /* 3 pages, last holds 2 */
+  tr_ok(tr, ot_kv_cache_fork(c, a, &b), "fork");
+  ot_kv_cache_info info;
+  ot_kv_cache_get_info(c, &info);
+  if (info.free_pages != 7 || info.shared_pages != 3)
+    tr_fail(tr, "after fork: %lld free, %lld shared", (long long)info.free_pages,
+            (long long)info.shared_pages);
+  int32_t ip[3], ind[8], lpl[2], ip2[3], ind2[8], lpl2[2];
+  int64_t both[2] = {a, b};
+  ot_kv_cache_page_table(c, 2, both, ip, ind, 8, lpl);
+  tr_ok(tr, ot_kv_cache_reserve(c, 1, &b, &n1), "append to the fork");
+  ot_kv_cache_get_info(c, &info);
+  if (info.free_pages != 6 || info.shared_pages != 2)
+    tr_fail(tr, "after the first append: %lld free, %lld shared (expected 6, 2)",
+            (long long)info.free_pages, (long long)info.shared_pages);
+  ot_kv_cache_page_table(c, 2, both, ip2, ind2, 8, lpl2);
+  if (ind2[0] != ind[0] || ind2[1] != ind[1] || ind2[2] != ind[2] || ind2[3] != ind[3] ||
+      ind2[4] != ind[4] || ind2[5] == ind[5] || lpl2[0] != 2 || lpl2[1] != 3)
+    tr_fail(tr, "tables after copy-on-write: a {%d %d %d} b {%d %d %d}", ind2[0], ind2[1],
+            ind2[2], ind2[3], ind2[4], ind2[5]);
+  /* The source now owns its last page alone: appending to it copies nothing. */
+  tr_ok(tr, ot_kv_cache_reserve(c, 1, &a, &n1), "append to the source");
+  ot_kv_cache_get_info(c, &info);
+  if (info.free_pages != 6) tr_fail(tr, "append to the sole owner took a page");
+  /* Forking at a page boundary shares only full pages: no copy on append. */
+  int64_t d, n2 = 1;
+  ot_kv_cache_reserve(c, 1, &a, &n2); /* a: 12 tokens, 3 full pages */
+  ot_kv_cache_fork(c, a, &d);
+  ot_kv_cache_get_info(c, &info);
+  int64_t before = info.free_pages;
+  ot_kv_cache_reserve(c, 1, &d, &n1);
+  ot_kv_cache_get_info(c, &info);
+  if (info.free_pages != before - 1) tr_fail(tr, "append after a boundary fork took %lld pages",
+                                             (long long)(before - info.free_pages));
+  char msg[200];
+  if (!ot_kv_cache_check(c, msg, sizeof msg)) tr_fail(tr, "%s", msg);
+out:
+  ot_kv_cache_destroy(c);
+  tr_end(tr);
+}
+
 /* ---- the suite -------------------------------------------------------------------- */
 
 static void run_memory(test_run *tr) {
@@ -360,6 +720,12 @@ static void run_memory(test_run *tr) {
   arena_stress(tr, 1 << 20, 20000, 20000, true);
   arena_streams(tr);
   arena_threads(tr);
+  kv_bad_args(tr);
+  kv_cow(tr);
+  kv_property(tr, 1, 160, 1500);
+  kv_property(tr, 4, 60, 1500);
+  kv_property(tr, 16, 64, 1500);
+  kv_property(tr, 3, 300, 800);
 }
 
 const test_suite suite_memory = {"memory", run_memory};

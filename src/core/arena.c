@@ -376,6 +376,8 @@ ot_status ot_arena_get_stats(ot_arena *a, ot_arena_stats *s) {
   return OT_OK;
 }
 
+DLDevice ot_arena_device(const ot_arena *a) { return a->device; }
+
 void ot_arena_set_stream_ordered(ot_arena *a, bool on) { a->stream_ordered = on; }
 
 #define CHECK(cond, ...)                     \

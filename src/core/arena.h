@@ -34,6 +34,9 @@ void ot_cuda_release(int device_id, void *ptr);
 ot_status ot_cuda_copy(const char *op, ot_context *ctx, void *dst, const void *src, size_t bytes);
 ot_status ot_cuda_synchronize(const char *op, int device_id);
 
+/* The device of the arena's reservation. */
+DLDevice ot_arena_device(const ot_arena *arena);
+
 /* Tests: make a host arena honour streams as a CUDA arena does (see ot_arena_free in
  * ops_transformer.h), so the stream-ordering rules run under the CPU tests. */
 void ot_arena_set_stream_ordered(ot_arena *arena, bool on);
