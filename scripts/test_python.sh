@@ -18,7 +18,7 @@ PY="$VENV/bin/python"
 if [ ! -x "$PY" ]; then
   python3 -m venv "$VENV"
 fi
-if ! "$PY" -c "import torch, numpy, pytest, scikit_build_core, cffi" 2>/dev/null; then
+if ! "$PY" -c "import torch, numpy, pytest, scikit_build_core, cffi, transformers" 2>/dev/null; then
   echo "--- installing torch, numpy, pytest, scikit-build-core, cffi into $VENV"
   "$PY" -m pip install -q --upgrade pip
   # torch's CPU-only wheels are much smaller; where that index cannot be reached the
@@ -26,7 +26,7 @@ if ! "$PY" -c "import torch, numpy, pytest, scikit_build_core, cffi" 2>/dev/null
   "$PY" -m pip install -q --retries 0 --timeout 20 \
       --index-url https://download.pytorch.org/whl/cpu torch 2>/dev/null \
     || "$PY" -m pip install -q torch
-  "$PY" -m pip install -q numpy pytest "scikit-build-core>=0.10" cffi
+  "$PY" -m pip install -q numpy pytest "scikit-build-core>=0.10" cffi transformers safetensors
 fi
 
 echo "--- pip install . (OT_CUDA=${OT_PY_CUDA:-OFF})"

@@ -1,0 +1,341 @@
+"""The engine (src/engine, tools/ot-run) against HF transformers on the same weights.
+
+A tiny random LlamaForCausalLM (also Qwen2 and Mistral) is saved with save_pretrained
+(safetensors) into a temporary directory; ot-run loads it, prefills the prompts (several
+prompts of different lengths: the packed varlen path), decodes 32 greedy steps and dumps
+the float32 logits of every step (--dump-logits). HF runs the same prompts one by one with
+its KV cache. Logits agree within the storage dtype's tolerance and greedy tokens are
+identical. Broken model directories fail with a message naming the file and the tensor.
+
+ot-run is found at $OT_RUN, else build/tools/ot-run (scripts/test.sh builds build/ with
+the tools before it runs the Python tests).
+"""
+
+import json
+import os
+import pathlib
+import random
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402  (installed with transformers)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+OT_RUN = os.environ.get("OT_RUN") or str(ROOT / "build" / "tools" / "ot-run")
+if not os.access(OT_RUN, os.X_OK):
+    pytest.skip(f"ot-run not built ({OT_RUN} missing: build build/ with -DOT_BUILD_TOOLS=ON, as "
+                "scripts/test.sh does, or set OT_RUN)", allow_module_level=True)
+
+NEW_TOKENS = 33  # the prefill's token, then 32 decode steps
+PROMPTS = [[1, 17, 42, 99, 3, 250, 7], [5, 6, 200, 31, 8, 9, 10, 11, 12, 13, 100], [77]]
+ENV = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+
+
+def run_ot(model_dir, *args, prompts=PROMPTS, dump=None, check=True, dtype="f32"):
+    cmd = [OT_RUN, "--model", str(model_dir), "--threads", "1", "--dtype", dtype, "--ignore-eos",
+           "--max-new-tokens", str(NEW_TOKENS)]
+    for p in prompts:
+        cmd += ["--prompt-ids", ",".join(map(str, p))]
+    if dump:
+        cmd += ["--dump-logits", str(dump)]
+    cmd += list(args)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode >= 0, f"ot-run crashed (signal {-r.returncode}): {r.stderr}"
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def parse_tokens(stdout):
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("seq ") and " generated:" in line:
+            i = int(line.split()[1])
+            out[i] = [int(x) for x in line.split(":", 1)[1].split()]
+    return [out[i] for i in sorted(out)]
+
+
+def init_weights(model, seed=0):
+    """Weights of O(1) logits (HF's default init gives near-ties that make greedy fragile)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif "embed" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+
+
+def make_model(kind="llama", kv_heads=2, tie=False, bias=False, rope=None, sliding_window=None):
+    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=256,
+                  max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=tie)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(attention_bias=bias, **common)
+        if rope:
+            cfg.rope_parameters = rope
+        model = transformers.LlamaForCausalLM(cfg)
+    elif kind == "qwen2":
+        cfg = transformers.Qwen2Config(**common)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    elif kind == "mistral":
+        cfg = transformers.MistralConfig(sliding_window=sliding_window, **common)
+        model = transformers.MistralForCausalLM(cfg)
+    else:
+        raise ValueError(kind)
+    init_weights(model)
+    return model.eval()
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt, steps=NEW_TOKENS):
+    """Greedy tokens and the float32 logits of each step (prefill's last position first)."""
+    out = model(torch.tensor([prompt]), use_cache=True)
+    past, logits, tokens = out.past_key_values, [], []
+    for i in range(steps):
+        lg = out.logits[0, -1].float()
+        logits.append(lg)
+        tok = int(torch.argmax(lg))
+        tokens.append(tok)
+        if i + 1 < steps:
+            out = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+    return tokens, torch.stack(logits)
+
+
+def reference(model_dir, dtype):
+    """The saved model read back by HF (rotary inv_freq recomputed in float32, as a fresh
+    load has it; .half() / .to() on a live model would round that buffer too)."""
+    cls = getattr(transformers, json.loads((model_dir / "config.json").read_text())["architectures"][0])
+    return cls.from_pretrained(model_dir, dtype=dtype).eval()
+
+
+def compare(model_dir, model, tmp_path, dtype="f32", atol=1e-4, rtol=1e-4, prompts=PROMPTS,
+            ref_dtype=None):
+    """ot-run on model_dir against HF on the same files (in ref_dtype: the engine's dtype
+    unless given)."""
+    ref_model = reference(model_dir, ref_dtype or {"f32": torch.float32, "bf16": torch.bfloat16}[dtype])
+    dump = tmp_path / "logits.bin"
+    r = run_ot(model_dir, dump=dump, dtype=dtype, prompts=prompts)
+    tokens = parse_tokens(r.stdout)
+    V = model.config.vocab_size
+    got = np.fromfile(dump, dtype=np.float32).reshape(NEW_TOKENS, len(prompts), V)
+    for s, p in enumerate(prompts):
+        ref_tokens, ref_logits = hf_greedy(ref_model, p)
+        if dtype == "f32":
+            assert tokens[s] == ref_tokens, f"prompt {s}: greedy tokens differ"
+            torch.testing.assert_close(torch.from_numpy(got[:, s].copy()), ref_logits,
+                                       atol=atol, rtol=rtol)
+            continue
+        # bf16: tokens may part at a near-tie; logits compared while the tokens agree,
+        # and a parting must be a near-tie of the reference.
+        n = 0
+        while n < NEW_TOKENS and tokens[s][n] == ref_tokens[n]:
+            n += 1
+        torch.testing.assert_close(torch.from_numpy(got[: min(n + 1, NEW_TOKENS), s].copy()),
+                                   ref_logits[: n + 1], atol=atol, rtol=rtol)
+        if n < NEW_TOKENS:
+            top = torch.topk(ref_logits[n], 2).values
+            assert float(top[0] - top[1]) < 2 * atol, (
+                f"prompt {s}: greedy tokens part at step {n} without a near-tie")
+        assert n >= 8, f"prompt {s}: tokens agree for only {n} steps"
+    return r
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4], ids=["gqa", "mha"])
+def test_llama_f32_matches_hf(tmp_path, kv_heads):
+    model = make_model(kv_heads=kv_heads)
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    r = compare(tmp_path / "m", model, tmp_path)
+    assert "time to first token" in r.stdout and "tokens/s" in r.stdout
+    assert "memory: weights" in r.stdout
+
+
+def test_llama_bf16_matches_hf(tmp_path):
+    model = make_model().to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    compare(tmp_path / "m", model, tmp_path, dtype="bf16", atol=0.1, rtol=0.05)
+
+
+def test_fp16_file_into_f32_engine(tmp_path):
+    """float16 tensors converted to float32 at load: HF in float32 on the rounded weights."""
+    model = make_model().half()
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    compare(tmp_path / "m", model, tmp_path)
+
+
+def test_bf16_file_into_f32_engine_sharded(tmp_path):
+    model = make_model(kv_heads=1).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "m", safe_serialization=True, max_shard_size="40KB")
+    assert (tmp_path / "m" / "model.safetensors.index.json").exists()
+    assert len(list((tmp_path / "m").glob("*.safetensors"))) > 1
+    compare(tmp_path / "m", model, tmp_path)
+
+
+def test_tied_embeddings_and_attention_bias(tmp_path):
+    model = make_model(tie=True, bias=True)
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    assert "lm_head.weight" not in load_file(tmp_path / "m" / "model.safetensors")
+    compare(tmp_path / "m", model, tmp_path)
+
+
+def test_llama3_rope_scaling(tmp_path):
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    model = make_model(rope=rope)
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert "llama3" in json.dumps(cfg)
+    compare(tmp_path / "m", model, tmp_path)
+
+
+def test_qwen2_qkv_bias(tmp_path):
+    model = make_model(kind="qwen2")
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    compare(tmp_path / "m", model, tmp_path)
+
+
+def test_mistral_sliding_window(tmp_path):
+    model = make_model(kind="mistral", sliding_window=6)
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    compare(tmp_path / "m", model, tmp_path)
+
+
+def test_sampling_is_seeded(tmp_path):
+    model = make_model()
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    args = ["--temperature", "0.8", "--top-k", "50", "--top-p", "0.9"]
+    a = parse_tokens(run_ot(tmp_path / "m", *args, "--seed", "7").stdout)
+    b = parse_tokens(run_ot(tmp_path / "m", *args, "--seed", "7").stdout)
+    c = parse_tokens(run_ot(tmp_path / "m", *args, "--seed", "8").stdout)
+    assert a == b and a != c
+    assert all(0 <= t < 256 for seq in a for t in seq)
+
+
+def test_stop_tokens(tmp_path):
+    model = make_model()
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    full = parse_tokens(run_ot(tmp_path / "m").stdout)[0]
+    stop = full[5]
+    cut = parse_tokens(run_ot(tmp_path / "m", "--stop-ids", str(stop)).stdout)[0]
+    assert cut == full[: full.index(stop) + 1]
+
+
+def test_random_weights_tiny():
+    r = subprocess.run([OT_RUN, "--config", "tiny", "--random-weights", "--seed", "1",
+                        "--prompt-ids", "1,2,3", "--max-new-tokens", "8", "--threads", "1",
+                        "--batch", "2"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stderr
+    toks = parse_tokens(r.stdout)
+    assert len(toks) == 2 and toks[0] == toks[1] and len(toks[0]) == 8
+
+
+# ---- broken model directories: a clear message, never a crash -------------------------
+
+
+@pytest.fixture
+def good_dir(tmp_path):
+    model = make_model()
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    return tmp_path / "m"
+
+
+def expect_error(model_dir, *needles):
+    r = run_ot(model_dir, check=False, prompts=[[1, 2, 3]])
+    assert r.returncode == 1, f"expected a failure: {r.stdout} {r.stderr}"
+    for n in needles:
+        assert n in r.stderr, f"{n!r} not in: {r.stderr}"
+    return r.stderr
+
+
+def test_missing_tensor(good_dir):
+    f = good_dir / "model.safetensors"
+    t = load_file(f)
+    del t["model.layers.1.mlp.up_proj.weight"]
+    save_file(t, f)
+    expect_error(good_dir, "missing tensor model.layers.1.mlp.up_proj.weight", "[128, 64]")
+
+
+def test_wrong_shape(good_dir):
+    f = good_dir / "model.safetensors"
+    t = load_file(f)
+    t["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(16, 64)
+    save_file(t, f)
+    expect_error(good_dir, "model.safetensors", "model.layers.0.self_attn.k_proj.weight",
+                 "shape [16, 64]", "[32, 64]")
+
+
+def test_unsupported_dtype(good_dir):
+    f = good_dir / "model.safetensors"
+    t = load_file(f)
+    t["model.norm.weight"] = torch.ones(64, dtype=torch.int32)
+    save_file(t, f)
+    expect_error(good_dir, "model.norm.weight", "dtype I32")
+
+
+def test_truncated_file(good_dir):
+    f = good_dir / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    expect_error(good_dir, "model.safetensors", "truncated")
+
+
+def test_garbled_header(good_dir):
+    f = good_dir / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[8:20] = b"}}}}garbage!"
+    f.write_bytes(bytes(data))
+    expect_error(good_dir, "model.safetensors", "not a valid JSON object")
+
+
+def test_unknown_architecture(good_dir):
+    cfg = json.loads((good_dir / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    cfg["model_type"] = "gpt2"
+    (good_dir / "config.json").write_text(json.dumps(cfg))
+    expect_error(good_dir, "config.json", "unknown architecture \"GPT2LMHeadModel\"")
+
+
+def test_bad_config(good_dir):
+    (good_dir / "config.json").write_text("{\"hidden_size\": 64,")
+    expect_error(good_dir, "config.json", "not valid JSON")
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64}
+    (good_dir / "config.json").write_text(json.dumps(cfg))
+    expect_error(good_dir, "config.json", "missing required field \"num_hidden_layers\"")
+
+
+def test_no_weights(good_dir):
+    (good_dir / "model.safetensors").unlink()
+    expect_error(good_dir, "no *.safetensors files")
+
+
+def test_fuzz_truncations_and_flips(good_dir):
+    """Truncations at many lengths and byte flips in the header: exit 1 with a message
+    (or 0 when a flip is harmless), never a crash."""
+    f = good_dir / "model.safetensors"
+    data = f.read_bytes()
+    hlen = int.from_bytes(data[:8], "little")
+    rng = random.Random(0)
+    cuts = [0, 1, 7, 8, 9, 8 + hlen // 2, 8 + hlen, 8 + hlen + 1, len(data) - 1]
+    cuts += [rng.randrange(len(data)) for _ in range(8)]
+    for cut in cuts:
+        f.write_bytes(data[:cut])
+        r = run_ot(good_dir, check=False, prompts=[[1, 2]])
+        assert r.returncode == 1 and "model.safetensors" in r.stderr, (cut, r.stderr)
+    for _ in range(25):
+        b = bytearray(data)
+        for _ in range(3):
+            b[rng.randrange(8 + hlen)] = rng.randrange(256)
+        f.write_bytes(bytes(b))
+        r = run_ot(good_dir, check=False, prompts=[[1, 2]])
+        assert r.returncode in (0, 1), r.stderr
+        if r.returncode == 1:
+            assert r.stderr.startswith("ot-run: ") and len(r.stderr) > 20, r.stderr
