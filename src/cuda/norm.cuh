@@ -620,8 +620,16 @@ __global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(nor
     rs = rsqrtf(row_group_sum(s, scr) / (float)n + p.eps);
   }
   if (!valid) return;
+  if (!p.out) { /* statistics only (the backward's recompute: the same bits as here) */
+    if (threadIdx.x == 0) {
+      if (p.rstd) p.rstd[r] = rs;
+      if (LAYER && p.mean) p.mean[r] = mu;
+    }
+    return;
+  }
 
   const T *w = static_cast<const T *>(p.weight);
+  const float nmr = -mu * rs; /* y = h * rs + nmr: one FMA per element */
   const T *b = LAYER ? static_cast<const T *>(p.bias) : nullptr;
   T *out = static_cast<T *>(p.out) + r * p.out_stride;
 #pragma unroll
@@ -635,9 +643,10 @@ __global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(nor
     if (b) load_vec(bv, b + base);
 #pragma unroll
     for (int j = 0; j < V; j++) {
-      float y = (hv[j] - mu) * rs;
-      if (w) y *= wv[j];
-      if (b) y += bv[j];
+      float y = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
+      if (w && b) y = fmaf(y, wv[j], bv[j]);
+      else if (w) y *= wv[j];
+      else if (b) y += bv[j];
       o[j] = y;
     }
     store_vec(out + base, o);
@@ -740,6 +749,7 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
           rs = rsqrtf(row_group_sum(sm, scr) * inv_n + p.eps);
         }
       }
+      const float nmr = -mu * rs;
       float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
       for (int i = 0; i < NV; i++) {
@@ -755,12 +765,12 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
         }
 #pragma unroll
         for (int j = 0; j < V; j++) {
-          const float xh = (hv[j] - mu) * rs;
+          const float xh = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
           dw[i][j] += dyv[j] * xh;
           if (LAYER) db[i][j] += dyv[j];
           const float gg = w ? dyv[j] * wv[j] : dyv[j];
           sg += gg;
-          sgx += gg * xh;
+          sgx = fmaf(gg, xh, sgx);
         }
       }
       float a = 0.0f, c;
@@ -771,6 +781,8 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
       } else {
         c = row_group_sum(sgx, scr) * inv_n;
       }
+      /* dx = rs * (gg - a - xh * c) = gg * rs + (xh * k1 + k0) */
+      const float k1 = -rs * c, k0 = -rs * a;
       T *dxp = static_cast<T *>(p.dx) + row * p.dx_stride;
 #pragma unroll
       for (int i = 0; i < NV; i++) {
@@ -788,9 +800,9 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
         if (p.dres) unpack<T>(dr, drr[i]);
 #pragma unroll
         for (int j = 0; j < V; j++) {
-          const float xh = (hv[j] - mu) * rs;
+          const float xh = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
           const float gg = w ? dyv[j] * wv[j] : dyv[j];
-          o[j] = rs * (gg - a - xh * c);
+          o[j] = fmaf(gg, rs, LAYER ? fmaf(xh, k1, k0) : xh * k1);
           if (p.dres) o[j] += dr[j];
         }
         store_vec(dxp + base, o);
@@ -860,8 +872,9 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
 }
 
 /* Tuning knobs read from the environment at each call (benchmarking only; unset in
- * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels), OT_NORM_FWD_MAXNV=16 (cap the
- * vectors per thread of forward v2 at 16), OT_NORM_BWD_IMPL=old, OT_NORM_BWD_NV=1|2. */
+ * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels), OT_NORM_FWD_MAXNV=8 (at most 8
+ * vectors per thread in forward v2, default 16), OT_NORM_BWD_IMPL=old|v2 (v2 up to
+ * 1024 vectors), OT_NORM_BWD_NV=1 (v2 with one vector per thread, D = 6). */
 static inline int norm_env_int(const char *name, int dflt) {
   const char *s = getenv(name);
   return s && *s ? atoi(s) : dflt;
@@ -874,11 +887,12 @@ static inline bool norm_env_is(const char *name, const char *val) {
 /* Forward v2 shape (aligned rows only): the narrowest row group (32, 64, 128, 256
  * threads) whose threads hold the row in NV <= budget vectors each; budget 32 vectors
  * of x (16 with the residual, whose vectors are held too). nv = 0: not covered. */
-static inline norm_launch norm_pick_fwd_v2(int64_t cols, int vec, bool res) {
+static inline norm_launch norm_pick_fwd_v2(int64_t cols, int vec) {
   norm_launch L = {0, 32, 1};
   if (norm_env_is("OT_NORM_FWD_IMPL", "old")) return L;
-  int budget = res ? 16 : 32;
-  if (norm_env_int("OT_NORM_FWD_MAXNV", 32) == 16) budget = 16; /* 16 or 32 only */
+  /* The budget is the same with and without the residual, so the fused forward and
+   * the unfused one over residual_out reduce in the same order (same bits). */
+  const int budget = norm_env_int("OT_NORM_FWD_MAXNV", 16) == 8 ? 8 : 16;
   const int64_t nvec = cols / vec;
   for (int tpr = 32; tpr <= 256; tpr *= 2) {
     const int64_t need = (nvec + tpr - 1) / tpr;
@@ -911,29 +925,21 @@ cudaError_t norm_fwd_v2_launch(const norm_fwd_params &p, const norm_launch &L,
       case 4: res ? OT_NORM_FWD2(4, true, 32) : OT_NORM_FWD2(4, false, 32); break;
       case 8: res ? OT_NORM_FWD2(8, true, 32) : OT_NORM_FWD2(8, false, 32); break;
       case 16: res ? OT_NORM_FWD2(16, true, 32) : OT_NORM_FWD2(16, false, 32); break;
-      case 32: if (res) return cudaErrorInvalidConfiguration;
-        OT_NORM_FWD2(32, false, 32); break;
       default: return cudaErrorInvalidConfiguration;
     }
   } else {
     /* wider groups only when a warp's budget is not enough: NV is then the budget */
-    const int tpr = L.threads <= 64 ? 64 : L.threads <= 128 ? 128 : 256;
-    if (L.nv != 16 && (L.nv != 32 || res)) return cudaErrorInvalidConfiguration;
-    const bool n32 = L.nv == 32;
-    switch (tpr) {
-      case 64:
-        res ? OT_NORM_FWD2(16, true, 64)
-            : (n32 ? OT_NORM_FWD2(32, false, 64) : OT_NORM_FWD2(16, false, 64));
-        break;
-      case 128:
-        res ? OT_NORM_FWD2(16, true, 128)
-            : (n32 ? OT_NORM_FWD2(32, false, 128) : OT_NORM_FWD2(16, false, 128));
-        break;
-      default:
-        res ? OT_NORM_FWD2(16, true, 256)
-            : (n32 ? OT_NORM_FWD2(32, false, 256) : OT_NORM_FWD2(16, false, 256));
-        break;
+    if (L.nv != 8 && L.nv != 16) return cudaErrorInvalidConfiguration;
+    const bool n16 = L.nv == 16;
+#define OT_NORM_FWD2_W(TPR)                                                              \
+  (n16 ? (res ? OT_NORM_FWD2(16, true, TPR) : OT_NORM_FWD2(16, false, TPR))              \
+       : (res ? OT_NORM_FWD2(8, true, TPR) : OT_NORM_FWD2(8, false, TPR)))
+    switch (L.threads) {
+      case 64: OT_NORM_FWD2_W(64); break;
+      case 128: OT_NORM_FWD2_W(128); break;
+      default: OT_NORM_FWD2_W(256); break;
     }
+#undef OT_NORM_FWD2_W
   }
 #undef OT_NORM_FWD2
   return cudaGetLastError();
@@ -951,7 +957,7 @@ cudaError_t norm_forward_launch(const norm_fwd_params &p, cudaStream_t stream) {
                        ot_rows_aligned16(p.weight, 0, sizeof(T), 1) &&
                        ot_rows_aligned16(LAYER ? p.bias : nullptr, 0, sizeof(T), 1);
   if (aligned) {
-    const norm_launch L2 = norm_pick_fwd_v2(p.cols, V, p.residual != nullptr);
+    const norm_launch L2 = norm_pick_fwd_v2(p.cols, V);
     if (L2.nv) return norm_fwd_v2_launch<T, LAYER>(p, L2, stream);
   }
   const norm_launch L =
@@ -993,7 +999,52 @@ static inline int64_t norm_bwd_grid(K kernel, const norm_launch &L, int64_t rows
 /* dw / db: [cols] outputs of storage T or NULL. The workspace is allocated and freed
  * stream-ordered on `stream`. */
 template <typename T, bool LAYER>
+cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStream_t stream);
+
+/* The backward entry. Without saved statistics, and where the forward takes v2, the
+ * statistics are first computed by the forward v2 kernel itself (statistics-only
+ * mode, one extra read of h), so that the backward that recomputes them gives the same
+ * bits as the one that is given the forward's. */
+template <typename T, bool LAYER>
 cudaError_t norm_backward_launch(norm_bwd_params p, T *dw, T *db, cudaStream_t stream) {
+  if (p.cols == 0) return cudaSuccess;
+  constexpr int V = vec_width<T>::value;
+  float *stats = nullptr;
+  if (!p.rstd && p.rows > 0 && p.cols % V == 0 &&
+      ot_rows_aligned16(p.h, p.h_stride, sizeof(T), p.rows)) {
+    const norm_launch L = norm_pick_fwd_v2(p.cols, V);
+    if (L.nv) {
+      cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&stats),
+                                      (size_t)p.rows * 2 * sizeof(float), stream);
+      if (e != cudaSuccess) return e;
+      norm_fwd_params f;
+      memset(&f, 0, sizeof f);
+      f.rows = p.rows;
+      f.cols = p.cols;
+      f.x = p.h;
+      f.x_stride = p.h_stride;
+      f.mean = LAYER ? stats : nullptr;
+      f.rstd = stats + p.rows;
+      f.eps = p.eps;
+      e = norm_fwd_v2_launch<T, LAYER>(f, L, stream);
+      if (e != cudaSuccess) {
+        (void)cudaFreeAsync(stats, stream);
+        return e;
+      }
+      p.rstd = stats + p.rows;
+      p.mean = LAYER ? stats : nullptr;
+    }
+  }
+  cudaError_t e = norm_backward_launch_impl<T, LAYER>(p, dw, db, stream);
+  if (stats) {
+    cudaError_t f = cudaFreeAsync(stats, stream);
+    if (e == cudaSuccess) e = f;
+  }
+  return e;
+}
+
+template <typename T, bool LAYER>
+cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStream_t stream) {
   if (p.cols == 0) return cudaSuccess;
   constexpr int V = vec_width<T>::value;
   const bool aligned = p.cols % V == 0 && ot_rows_aligned16(p.dy, p.dy_stride, sizeof(T), p.rows) &&
@@ -1001,15 +1052,19 @@ cudaError_t norm_backward_launch(norm_bwd_params p, T *dw, T *db, cudaStream_t s
                        ot_rows_aligned16(p.h, p.h_stride, sizeof(T), p.rows) &&
                        ot_rows_aligned16(p.dx, p.dx_stride, sizeof(T), p.rows) &&
                        ot_rows_aligned16(p.weight, 0, sizeof(T), 1);
-  /* v2 (ring of rows in flight): aligned rows of at most 1024 vectors (bf16/fp16 8192,
-   * fp32 4096); NV = 1 (D = 6) up to 512 vectors, else NV = 2 (D = 3). */
   const int64_t nvec = p.cols / V;
-  if (aligned && p.rows > 0 && nvec <= 1024 && !norm_env_is("OT_NORM_BWD_IMPL", "old")) {
+  /* Measured (H200, 16k rows bf16): at 4096, v2 with NV = 2 (256 threads, 2 blocks per
+   * SM) 2.59 TB/s against 2.08 with NV = 1 (512 threads, 1 block) and 1.94 for the
+   * f46b949 kernel; at 8192 (NV = 2, 512 threads, 1 block per SM) v2 lost to that kernel
+   * (2.38 vs 2.54): one block per SM leaves its barriers uncovered. So v2 takes rows of
+   * at most 512 vectors, with NV = 2. OT_NORM_BWD_IMPL=v2 forces it up to 1024. */
+  const int vmax = norm_env_is("OT_NORM_BWD_IMPL", "v2") ? 1024 : 512;
+  if (aligned && p.rows > 0 && nvec <= vmax && !norm_env_is("OT_NORM_BWD_IMPL", "old")) {
     /* LayerNorm's db partials leave the 16-bit NV = 2 kernel room for D = 2 only
      * within 128 registers (D = 3 spills) */
     constexpr int kD2 = (LAYER && sizeof(T) == 2) ? 2 : 3;
-    int nv = nvec <= 512 ? 1 : 2;
-    if (norm_env_int("OT_NORM_BWD_NV", 0) == 2) nv = 2;
+    int nv = 2;
+    if (norm_env_int("OT_NORM_BWD_NV", 0) == 1 && nvec <= 512) nv = 1;
     const int threads = (int)(((nvec + nv - 1) / nv + 31) / 32 * 32);
     const norm_launch L2 = {nv, threads, 1};
     const int64_t grid2 = nv == 1 ? norm_bwd_grid(norm_bwd_v2_kernel<T, LAYER, 1, 6>, L2, p.rows)
