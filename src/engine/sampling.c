@@ -2,7 +2,6 @@
  * optional top-k and top-p (nucleus) filtering, drawn from a seeded splitmix64 stream
  * (the same seed gives the same tokens). */
 #include <math.h>
-#include <stdlib.h>
 
 #include "internal.h"
 
@@ -27,12 +26,28 @@ static int argmax(const float *x, int n) {
   return best;
 }
 
-static const float *g_sort_p;
-/* descending probability, ties by index (a total order: reproducible) */
-static int cmp_desc(const void *a, const void *b) {
-  int i = *(const int *)a, j = *(const int *)b;
-  if (g_sort_p[i] != g_sort_p[j]) return g_sort_p[i] > g_sort_p[j] ? -1 : 1;
-  return i - j;
+/* idx before jdx: higher probability first, ties by the lower index (a total order, so the
+ * same logits always give the same ranking). */
+static int before(const float *p, int i, int j) { return p[i] > p[j] || (p[i] == p[j] && i < j); }
+
+static void sift_down(const float *p, int *idx, int root, int n) {
+  for (;;) {
+    int c = 2 * root + 1;
+    if (c >= n) return;
+    if (c + 1 < n && before(p, idx[c], idx[c + 1])) c++;
+    if (!before(p, idx[root], idx[c])) return;
+    int t = idx[root]; idx[root] = idx[c]; idx[c] = t;
+    root = c;
+  }
+}
+
+/* Heap sort of idx[0..n) into ranking order (no globals, no recursion). */
+static void rank_by_prob(const float *p, int *idx, int n) {
+  for (int i = n / 2 - 1; i >= 0; i--) sift_down(p, idx, i, n);
+  for (int end = n - 1; end > 0; end--) {
+    int t = idx[0]; idx[0] = idx[end]; idx[end] = t;
+    sift_down(p, idx, 0, end);
+  }
 }
 
 int ote_sample(ote_sampler *s, const float *logits, int vocab, float *p, int *idx) {
@@ -47,8 +62,7 @@ int ote_sample(ote_sampler *s, const float *logits, int vocab, float *p, int *id
   int n = vocab;
   int filter = (s->top_k > 0 && s->top_k < vocab) || (s->top_p > 0 && s->top_p < 1);
   if (filter) {
-    g_sort_p = p; /* the sort is not reentrant across threads; sampling runs on one */
-    qsort(idx, (size_t)vocab, sizeof *idx, cmp_desc);
+    rank_by_prob(p, idx, vocab);
     if (s->top_k > 0 && s->top_k < n) n = s->top_k;
     if (s->top_p > 0 && s->top_p < 1) {
       double total = 0, cum = 0;
