@@ -126,7 +126,7 @@ static ot_status engine_create(const ote_config *cfg, const ote_engine_options *
   ot_status st = ot_context_create(&co, &e->ctx);
   if (st != OT_OK) {
     free(e);
-    return ote_op_error(st, "engine: ot_context_create");
+    return ote_op_error(st, "engine");
   }
   *out = e;
   return OT_OK;
