@@ -549,6 +549,64 @@ OT_API ot_status ot_kv_cache_page_table(const ot_kv_cache *cache, int n,
 
 OT_API ot_status ot_kv_cache_get_info(const ot_kv_cache *cache, ot_kv_cache_info *info);
 
+/* ============================================================================== */
+/* Memory: append and attention through the page table                             */
+/* ============================================================================== */
+
+/* One layer's pages and a batch's page table (see ot_kv_cache above). On the CPU the
+ * three int32 tables must be host-readable; they are bounds-checked on every call. */
+typedef struct ot_paged_kv {
+  const DLTensor *k_pages;       /* [num_pages, heads_kv, block_size, head_dim], contiguous */
+  const DLTensor *v_pages;       /* same shape and dtype */
+  const DLTensor *indptr;        /* int32 [batch + 1], indptr[0] = 0, non-decreasing */
+  const DLTensor *indices;       /* int32 [>= indptr[batch]], each in [0, num_pages) */
+  const DLTensor *last_page_len; /* int32 [batch] */
+} ot_paged_kv;
+
+/*
+ * Write the new tokens' keys and values into their pages, optionally rotating k (and
+ * q) by RoPE first, in one call. The new tokens of sequence b are the LAST n_b tokens
+ * of its page table (the slots ot_kv_cache_reserve just added), n_b from cu_seqlens_new:
+ *   cu_seqlens_new int32 [batch + 1] (host-readable on the CPU), n_b <= length_b
+ *   k_new, v_new   [T_new, heads_kv, head_dim] in the pages' dtype; rows may be strided
+ *   rope           NULL: k is written as given; else the RoPE of ot_rope_forward
+ *                  (computed cos / sin, no table) is applied to k before it is stored
+ *   positions      int32 / int64 [T_new] or NULL: the RoPE position of each new token;
+ *                  NULL means its index in its sequence (length_b - n_b + i)
+ *   q, q_out       [T_new, heads_q, head_dim] or both NULL: q rotated into q_out (which
+ *                  may be q itself, in place); only with rope
+ * k_new and v_new are not modified. Only the slots of the new tokens are written.
+ */
+OT_API ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv,
+                              const DLTensor *cu_seqlens_new, const DLTensor *k_new,
+                              const DLTensor *v_new, const ot_rope_params *rope,
+                              const DLTensor *positions, const DLTensor *q,
+                              const DLTensor *q_out);
+
+/*
+ * Attention of new query tokens over the keys and values in the page table: decode
+ * (1 or a few query tokens per sequence, e.g. speculative decoding) and chunked prefill
+ * (a chunk of new tokens, already appended, attending to the cached context and to
+ * themselves) in one op.
+ *   q, out   [T_q, heads_q, head_dim]; sequence b's queries are rows
+ *            cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 (int32 [batch + 1], host-readable
+ *            on the CPU); heads_q a multiple of heads_kv (GQA)
+ *   lse      float32 [heads_q, T_q] or NULL (natural log, scale included, as
+ *            ot_attention_forward's varlen lse)
+ * The masks are exactly those of ot_attention_forward for a sequence with Sq = n_b
+ * queries and Sk = length_b keys (bottom-right aligned): with causal, query i sees key
+ * j iff j <= i + length_b - n_b, i.e. the queries are the last n_b tokens of the
+ * sequence. Windows and softcap as there; rows that see no key give out = 0, lse = -inf.
+ * The CPU backend splits each sequence's keys (flash-decoding) so that at least
+ * 2 x threads tasks of (sequence, kv head, key split) exist, computes the query heads of
+ * a GQA group together, and merges the splits by their lse. out must not overlap q or
+ * the pages.
+ */
+OT_API ot_status ot_paged_attention(ot_context *ctx, const ot_attention_params *params,
+                                    const DLTensor *q, const DLTensor *cu_seqlens_q,
+                                    const ot_paged_kv *kv, const DLTensor *out,
+                                    const DLTensor *lse);
+
 #ifdef __cplusplus
 }
 #endif

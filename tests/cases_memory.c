@@ -709,6 +709,462 @@ out:
   tr_end(tr);
 }
 
+/* ---- paged attention and append ---------------------------------------------------- */
+
+int64_t ot_paged_num_splits(int64_t batch, int64_t hkv, int64_t len, int threads);
+
+#define PMAX 8
+
+typedef struct pcase {
+  const char *name;
+  int b;
+  int len[PMAX]; /* keys of each sequence (context including the new tokens) */
+  int sq[PMAX];  /* queries of each sequence */
+  int hq, hkv, d, bs;
+  int causal, wl, wr;
+  float cap, scale;
+} pcase;
+
+/* A batch's pages: a random layout (a permutation of the pool, spare pages), unused
+ * slots and spare pages NaN so that a read past a sequence's end shows. */
+typedef struct paged {
+  int b, hkv, d, bs;
+  int64_t len[PMAX], npages;
+  tbuf *kp, *vp, *indptr, *indices, *lpl;
+  double *k, *v; /* gathered float64 [b][len][hkv][d] at koff[b] */
+  int64_t koff[PMAX + 1];
+  ot_paged_kv kv;
+} paged;
+
+static int64_t page_elem(const paged *P, int32_t page, int64_t h, int64_t slot) {
+  return ((page * (int64_t)P->hkv + h) * P->bs + slot) * P->d;
+}
+
+static void paged_make(test_run *tr, paged *P, DLDataType dt, int b, const int *len, int hkv,
+                       int d, int bs, rng *r) {
+  memset(P, 0, sizeof *P);
+  P->b = b, P->hkv = hkv, P->d = d, P->bs = bs;
+  int64_t need = 0;
+  P->koff[0] = 0;
+  for (int i = 0; i < b; i++) {
+    P->len[i] = len[i];
+    need += (len[i] + bs - 1) / bs;
+    P->koff[i + 1] = P->koff[i] + len[i];
+  }
+  P->npages = need + rng_int(r, 0, 5) + 1;
+  int64_t psh[4] = {P->npages, hkv, bs, d};
+  P->kp = tb_new(tr->be, dt, 4, psh);
+  P->vp = tb_new(tr->be, dt, 4, psh);
+  tb_poison(P->kp);
+  tb_poison(P->vp);
+  int64_t ish[1] = {b + 1}, xsh[1] = {need > 0 ? need : 1}, lsh[1] = {b};
+  P->indptr = tb_new(tr->be, DT_I32, 1, ish);
+  P->indices = tb_new(tr->be, DT_I32, 1, xsh);
+  P->lpl = tb_new(tr->be, DT_I32, 1, lsh);
+  int32_t *perm = malloc((size_t)P->npages * sizeof *perm);
+  for (int64_t i = 0; i < P->npages; i++) perm[i] = (int32_t)i;
+  for (int64_t i = P->npages - 1; i > 0; i--) {
+    int64_t j = rng_int(r, 0, i);
+    int32_t t = perm[i];
+    perm[i] = perm[j], perm[j] = t;
+  }
+  int64_t at = 0, total = P->koff[b];
+  P->k = malloc((size_t)(total * hkv * d + 1) * sizeof *P->k);
+  P->v = malloc((size_t)(total * hkv * d + 1) * sizeof *P->v);
+  tb_set(P->indptr, 0, 0);
+  for (int i = 0; i < b; i++) {
+    int64_t np = (len[i] + bs - 1) / bs;
+    for (int64_t j = 0; j < np; j++) tb_set(P->indices, at + j, perm[at + j]);
+    for (int64_t t = 0; t < len[i]; t++) {
+      int32_t page = perm[at + t / bs];
+      for (int h = 0; h < hkv; h++)
+        for (int x = 0; x < d; x++) {
+          int64_t e = page_elem(P, page, h, t % bs) + x, g = ((P->koff[i] + t) * hkv + h) * d + x;
+          tb_set(P->kp, e, rng_uniform(r, -1, 1));
+          tb_set(P->vp, e, rng_uniform(r, -1, 1));
+          P->k[g] = tb_get(P->kp, e);
+          P->v[g] = tb_get(P->vp, e);
+        }
+    }
+    at += np;
+    tb_set(P->indptr, i + 1, (double)at);
+    tb_set(P->lpl, i, np ? (double)(len[i] - (np - 1) * bs) : 0);
+  }
+  free(perm);
+  P->kv.k_pages = tb_dl(P->kp);
+  P->kv.v_pages = tb_dl(P->vp);
+  P->kv.indptr = tb_dl(P->indptr);
+  P->kv.indices = tb_dl(P->indices);
+  P->kv.last_page_len = tb_dl(P->lpl);
+}
+
+static void paged_free(paged *P) {
+  tb_free(P->kp), tb_free(P->vp), tb_free(P->indptr), tb_free(P->indices), tb_free(P->lpl);
+  free(P->k), free(P->v);
+}
+
+/* float64 attention of the queries of each sequence over its gathered keys, with the
+ * bottom-right masks of ot_attention_forward (Sq = sq_b, Sk = len_b). */
+static void paged_ref(const pcase *c, const paged *P, const double *q, const int64_t *qoff,
+                      double *out, double *lse, int64_t tq) {
+  int d = c->d, group = c->hq / c->hkv;
+  double scale = c->scale != 0 ? (double)c->scale : 1.0 / sqrt((double)d);
+  int64_t maxl = 1;
+  for (int b = 0; b < c->b; b++)
+    if (c->len[b] > maxl) maxl = c->len[b];
+  double *s = malloc((size_t)maxl * sizeof *s);
+  for (int b = 0; b < c->b; b++)
+    for (int64_t i = 0; i < c->sq[b]; i++)
+      for (int h = 0; h < c->hq; h++) {
+        int g = h / group;
+        const double *qr = q + ((qoff[b] + i) * c->hq + h) * d;
+        double *o = out + ((qoff[b] + i) * c->hq + h) * d;
+        int64_t diag = i + c->len[b] - c->sq[b];
+        double m = -INFINITY;
+        for (int64_t j = 0; j < c->len[b]; j++) {
+          bool vis = !(c->causal && j > diag) && !(c->wl >= 0 && j < diag - c->wl) &&
+                     !(c->wr >= 0 && j > diag + c->wr);
+          if (!vis) {
+            s[j] = -INFINITY;
+            continue;
+          }
+          const double *kr = P->k + ((P->koff[b] + j) * c->hkv + g) * d;
+          double dot = 0;
+          for (int x = 0; x < d; x++) dot += qr[x] * kr[x];
+          s[j] = scale * dot;
+          if (c->cap > 0) s[j] = c->cap * tanh(s[j] / c->cap);
+          if (s[j] > m) m = s[j];
+        }
+        for (int x = 0; x < d; x++) o[x] = 0;
+        if (m == -INFINITY) {
+          lse[(int64_t)h * tq + qoff[b] + i] = -INFINITY;
+          continue;
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < c->len[b]; j++) {
+          if (s[j] == -INFINITY) continue;
+          double p = exp(s[j] - m);
+          sum += p;
+          const double *vr = P->v + ((P->koff[b] + j) * c->hkv + g) * d;
+          for (int x = 0; x < d; x++) o[x] += p * vr[x];
+        }
+        for (int x = 0; x < d; x++) o[x] /= sum;
+        lse[(int64_t)h * tq + qoff[b] + i] = m + log(sum);
+      }
+  free(s);
+}
+
+static void paged_case(test_run *tr, const pcase *c, DLDataType dt) {
+  if (!tr_begin(tr, "paged attention %s %s", c->name, dt_name(dt))) return;
+  rng r = tr_rng(tr);
+  paged P;
+  paged_make(tr, &P, dt, c->b, c->len, c->hkv, c->d, c->bs, &r);
+  int64_t qoff[PMAX + 1] = {0};
+  for (int b = 0; b < c->b; b++) qoff[b + 1] = qoff[b] + c->sq[b];
+  int64_t tq = qoff[c->b];
+  int64_t qsh[3] = {tq, c->hq, c->d}, lsh[2] = {c->hq, tq}, csh[1] = {c->b + 1};
+  tbuf *q = tb_new(tr->be, dt, 3, qsh), *out = tb_new(tr->be, dt, 3, qsh);
+  tbuf *lse = tb_new(tr->be, DT_F32, 2, lsh), *cu = tb_new(tr->be, DT_I32, 1, csh);
+  tb_fill_uniform(q, &r, -2, 2);
+  tb_poison(out);
+  tb_poison(lse);
+  for (int b = 0; b <= c->b; b++) tb_set(cu, b, (double)qoff[b]);
+  double *qd = tb_to_f64(q);
+  double *ro = malloc((size_t)(tq * c->hq * c->d + 1) * sizeof *ro);
+  double *rl = malloc((size_t)(tq * c->hq + 1) * sizeof *rl);
+  paged_ref(c, &P, qd, qoff, ro, rl, tq);
+  ot_attention_params prm = ot_attention_default_params();
+  prm.causal = c->causal, prm.window_left = c->wl, prm.window_right = c->wr;
+  prm.softcap = c->cap, prm.softmax_scale = c->scale;
+  if (tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out),
+                                   tb_dl(lse)),
+            "ot_paged_attention")) {
+    tb_sync(out);
+    tb_sync(lse);
+    check_close(tr, "out", out, ro, tol_for(dt, dt.bits == 32 ? 4 : 1));
+    check_close(tr, "lse", lse, rl, tol_for(DT_F32, 4));
+    /* lse == NULL gives the same out, bit for bit */
+    void *snap = tb_snapshot(out);
+    tb_poison(out);
+    if (tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out),
+                                     NULL),
+              "without lse")) {
+      tb_sync(out);
+      if (!tb_unchanged(out, snap)) tr_fail(tr, "out differs when lse is NULL");
+    }
+    free(snap);
+  }
+  free(qd), free(ro), free(rl);
+  tb_free(q), tb_free(out), tb_free(lse), tb_free(cu);
+  paged_free(&P);
+  tr_end(tr);
+}
+
+#define NOW -1
+static const pcase paged_cases[] = {
+    /* name, b, len, sq, hq, hkv, d, bs, causal, wl, wr, cap, scale */
+    {"decode B4 bs16 MHA", 4, {1, 17, 300, 1000}, {1, 1, 1, 1}, 4, 4, 64, 16, 1, -1, -1, 0, 0},
+    {"decode B4 bs1 GQA4", 4, {1, 2, 33, 129}, {1, 1, 1, 1}, 8, 2, 32, 1, 1, -1, -1, 0, 0},
+    {"decode B3 bs64 GQA8 D128", 3, {500, 64, 65}, {1, 1, 1}, 8, 1, 128, 64, 1, -1, -1, 0, 0},
+    {"decode B1 bs256 GQA4 ctx 3000 (splits)", 1, {3000}, {1}, 8, 2, 64, 256, 1, -1, -1, 0, 0},
+    {"decode B2 bs16 GQA2 D80 ctx 2049", 2, {2049, 700}, {1, 1}, 4, 2, 80, 16, 1, -1, -1, 0, 0},
+    {"speculative 4 queries bs16 GQA2", 3, {100, 4, 257}, {4, 4, 4}, 4, 2, 64, 16, 1, -1, -1, 0, 0},
+    {"speculative 3 queries bs256 GQA3", 2, {600, 3}, {3, 3}, 6, 2, 16, 256, 1, -1, -1, 0, 0},
+    {"chunked prefill 100 of 612 bs16 GQA2", 1, {612}, {100}, 4, 2, 64, 16, 1, -1, -1, 0, 0},
+    {"prefill from empty 130 bs64", 2, {130, 77}, {130, 77}, 2, 1, 32, 64, 1, -1, -1, 0, 0},
+    {"chunked prefill batch bs1 GQA8", 3, {40, 90, 7}, {9, 90, 2}, 8, 1, 16, 1, 1, -1, -1, 0, 0},
+    {"non-causal decode bs16", 2, {50, 333}, {2, 1}, 2, 2, 24, 16, 0, -1, -1, 0, 0},
+    {"window 50 + softcap 10 bs16", 2, {400, 30}, {3, 30}, 4, 1, 32, 16, 1, 50, -1, 10.0f, 0},
+    {"window 7/2 non-causal scale 0.2", 1, {300}, {5}, 2, 1, 40, 16, 0, 7, 2, 0, 0.2f},
+    {"causal sq > len (empty rows)", 2, {3, 10}, {5, 4}, 2, 1, 16, 16, 1, -1, -1, 0, 0},
+    {"empty sequences", 4, {0, 5, 0, 9}, {0, 1, 1, 0}, 2, 2, 8, 4, 1, -1, -1, 0, 0},
+    {"D1 bs3", 2, {10, 4}, {1, 2}, 3, 1, 1, 3, 1, -1, -1, 0, 0},
+};
+static const pcase paged_long[] = {
+    {"decode B1 ctx 4096 Hq32 Hkv8 D128 bs16", 1, {4096}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
+    {"decode B1 ctx 65536 Hq8 Hkv1 D64 bs256", 1, {65536}, {1}, 8, 1, 64, 256, 1, -1, -1, 0, 0},
+};
+
+/* The split choice: at batch 1 (and few kv heads) work is split so that >= 2 x threads
+ * tasks exist; large batches are not split; short contexts are never cut below 128. */
+static void paged_splits(test_run *tr) {
+  if (!tr_begin(tr, "paged attention split choice")) return;
+  struct {
+    int64_t b, hkv, len;
+    int threads;
+    int64_t want;
+  } cs[] = {{1, 1, 3000, 2, 4}, {1, 8, 65536, 2, 1}, {1, 1, 65536, 16, 32}, {1, 2, 200, 8, 2},
+            {64, 8, 4096, 16, 1}, {1, 1, 100, 8, 1}, {2, 1, 1000, 2, 2}};
+  for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+    int64_t s = ot_paged_num_splits(cs[i].b, cs[i].hkv, cs[i].len, cs[i].threads);
+    if (s != cs[i].want)
+      tr_fail(tr, "batch %lld hkv %lld len %lld threads %d: %lld splits, expected %lld",
+              (long long)cs[i].b, (long long)cs[i].hkv, (long long)cs[i].len, cs[i].threads,
+              (long long)s, (long long)cs[i].want);
+  }
+  tr_end(tr);
+}
+
+/* ot_kv_append: the new tokens' slots hold k (rotated when asked, bit for bit what
+ * ot_rope_forward gives) and v; every other element of the pages is unchanged. */
+static void append_case(test_run *tr, DLDataType dt, int bs, int rope_mode, bool with_q,
+                        bool explicit_pos, bool strided) {
+  if (!tr_begin(tr, "kv append %s bs%d rope %s%s%s%s", dt_name(dt), bs,
+                rope_mode < 0 ? "off" : rope_mode == 0 ? "neox" : "gptj", with_q ? " +q" : "",
+                explicit_pos ? " positions" : "", strided ? " strided k/v" : ""))
+    return;
+  rng r = tr_rng(tr);
+  enum { B = 4 };
+  int len[B] = {1, 37, 5 * bs + 1, 2 * bs}, nnew[B] = {1, 37, 3, 0};
+  const int hkv = 2, hq = 4, d = 16;
+  paged P;
+  paged_make(tr, &P, dt, B, len, hkv, d, bs, &r);
+  /* the old content of every slot is random (not NaN) so that "unchanged" means bits */
+  for (int64_t i = 0; i < P.kp->numel; i++) {
+    tb_set(P.kp, i, rng_uniform(&r, -1, 1));
+    tb_set(P.vp, i, rng_uniform(&r, -1, 1));
+  }
+  int64_t cu_v[B + 1] = {0};
+  for (int b = 0; b < B; b++) cu_v[b + 1] = cu_v[b] + nnew[b];
+  int64_t T = cu_v[B];
+  int64_t ksh[3] = {T, hkv, d}, kst[3] = {hkv * (d + 5) + 3, d + 5, 1}, qsh[3] = {T, hq, d};
+  int64_t csh[1] = {B + 1}, psh[1] = {T};
+  tbuf *kn = strided ? tb_new_strided(tr->be, dt, 3, ksh, kst) : tb_new(tr->be, dt, 3, ksh);
+  tbuf *vn = strided ? tb_new_strided(tr->be, dt, 3, ksh, kst) : tb_new(tr->be, dt, 3, ksh);
+  tbuf *cu = tb_new(tr->be, DT_I32, 1, csh), *pos = tb_new(tr->be, DT_I32, 1, psh);
+  tbuf *q = tb_new(tr->be, dt, 3, qsh), *qo = tb_new(tr->be, dt, 3, qsh);
+  tbuf *kexp = tb_new(tr->be, dt, 3, ksh), *qexp = tb_new(tr->be, dt, 3, qsh);
+  tb_fill_uniform(kn, &r, -1, 1);
+  tb_fill_uniform(vn, &r, -1, 1);
+  tb_fill_uniform(q, &r, -1, 1);
+  tb_poison(qo);
+  for (int b = 0; b <= B; b++) tb_set(cu, b, (double)cu_v[b]);
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < nnew[b]; i++)
+      tb_set(pos, cu_v[b] + i, explicit_pos ? (double)rng_int(&r, 0, 100000)
+                                            : (double)(len[b] - nnew[b] + i));
+  ot_rope_params rp = ot_rope_default_params();
+  rp.mode = rope_mode == 1 ? OT_ROPE_GPTJ : OT_ROPE_NEOX;
+  rp.rotary_dim = 12;
+  /* expected rotated k and q from the public rope op */
+  if (rope_mode >= 0) {
+    if (!tr_ok(tr, ot_rope_forward(tr->be->ctx, &rp, tb_dl(q), tb_dl(kn), tb_dl(pos), NULL,
+                                   tb_dl(qexp), tb_dl(kexp)),
+               "reference rope"))
+      goto out;
+    tb_sync(qexp), tb_sync(kexp);
+  } else {
+    for (int64_t i = 0; i < kn->numel; i++) tb_set(kexp, i, tb_get(kn, i));
+  }
+  void *ks = tb_snapshot(P.kp), *vs = tb_snapshot(P.vp);
+  ot_status st = ot_kv_append(tr->be->ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn),
+                              rope_mode >= 0 ? &rp : NULL, explicit_pos ? tb_dl(pos) : NULL,
+                              with_q ? tb_dl(q) : NULL, with_q ? tb_dl(qo) : NULL);
+  if (tr_ok(tr, st, "ot_kv_append")) {
+    tb_sync(P.kp), tb_sync(P.vp), tb_sync(qo);
+    char *is_new = calloc((size_t)P.kp->numel, 1);
+    for (int b = 0; b < B; b++) {
+      int64_t base = (int64_t)tb_get(P.indptr, b);
+      for (int i = 0; i < nnew[b]; i++) {
+        int64_t t = len[b] - nnew[b] + i, row = cu_v[b] + i;
+        int32_t page = (int32_t)tb_get(P.indices, base + t / bs);
+        for (int h = 0; h < hkv; h++)
+          for (int x = 0; x < d; x++) {
+            int64_t e = page_elem(&P, page, h, t % bs) + x, src = (row * hkv + h) * d + x;
+            is_new[e] = 1;
+            double gk = tb_get(P.kp, e), gv = tb_get(P.vp, e);
+            if (gk != tb_get(kexp, src) || gv != tb_get(vn, src)) {
+              tr_fail(tr, "seq %d token %lld head %d dim %d: k %g v %g, expected %g %g", b,
+                      (long long)t, h, x, gk, gv, tb_get(kexp, src), tb_get(vn, src));
+              b = B, i = nnew[b - 1], h = hkv;
+              break;
+            }
+          }
+      }
+    }
+    size_t es = dt_size(dt);
+    for (int64_t e = 0; e < P.kp->numel && !tr->case_failed; e++)
+      if (!is_new[e] && (memcmp((char *)P.kp->host + e * es, (char *)ks + e * es, es) ||
+                         memcmp((char *)P.vp->host + e * es, (char *)vs + e * es, es)))
+        tr_fail(tr, "page element %lld that is no new token's slot changed", (long long)e);
+    if (with_q && !tr->case_failed)
+      for (int64_t i = 0; i < qo->numel; i++)
+        if (tb_get(qo, i) != tb_get(qexp, i)) {
+          tr_fail(tr, "q_out[%lld] = %g, rope gives %g", (long long)i, tb_get(qo, i),
+                  tb_get(qexp, i));
+          break;
+        }
+    free(is_new);
+  }
+  free(ks), free(vs);
+out:
+  tb_free(kn), tb_free(vn), tb_free(cu), tb_free(pos), tb_free(q), tb_free(qo);
+  tb_free(kexp), tb_free(qexp);
+  paged_free(&P);
+  tr_end(tr);
+}
+
+/* Bad arguments of ot_kv_append and ot_paged_attention: the expected message, and the
+ * pages / outputs untouched. */
+static void paged_bad_args(test_run *tr) {
+  if (!tr_begin(tr, "paged ops bad arguments")) return;
+  rng r = tr_rng(tr);
+  ot_context *ctx = tr->be->ctx;
+  int len[2] = {10, 1};
+  paged P;
+  paged_make(tr, &P, DT_F32, 2, len, 2, 8, 4, &r);
+  for (int64_t i = 0; i < P.kp->numel; i++) tb_set(P.kp, i, 1.5), tb_set(P.vp, i, 2.5);
+  int64_t ksh[3] = {3, 2, 8}, qsh[3] = {3, 4, 8}, q5[3] = {3, 5, 8}, csh[1] = {3}, c2[1] = {2};
+  int64_t lsh[2] = {4, 3}, lbad[2] = {3, 4}, psh[1] = {3}, p4[1] = {4};
+  tbuf *kn = tb_new(tr->be, DT_F32, 3, ksh), *vn = tb_new(tr->be, DT_F32, 3, ksh);
+  tbuf *vh = tb_new(tr->be, DT_F16, 3, ksh), *k3 = tb_new(tr->be, DT_F32, 3, qsh);
+  tbuf *cu = tb_new(tr->be, DT_I32, 1, csh), *cu_short = tb_new(tr->be, DT_I32, 1, c2);
+  tbuf *cu_big = tb_new(tr->be, DT_I32, 1, csh), *pos4 = tb_new(tr->be, DT_I32, 1, p4);
+  tbuf *q = tb_new(tr->be, DT_F32, 3, qsh), *qq5 = tb_new(tr->be, DT_F32, 3, q5);
+  tbuf *out = tb_new(tr->be, DT_F32, 3, qsh), *lse = tb_new(tr->be, DT_F32, 2, lsh);
+  tbuf *lse_bad = tb_new(tr->be, DT_F32, 2, lbad), *pos = tb_new(tr->be, DT_I32, 1, psh);
+  tb_fill_uniform(kn, &r, -1, 1), tb_fill_uniform(vn, &r, -1, 1), tb_fill_uniform(vh, &r, -1, 1);
+  tb_fill_uniform(k3, &r, -1, 1), tb_fill_uniform(q, &r, -1, 1), tb_fill_uniform(qq5, &r, -1, 1);
+  tb_poison(out), tb_poison(lse), tb_poison(lse_bad);
+  int cuv[3] = {0, 2, 3}, cub[3] = {0, 1, 3};
+  for (int i = 0; i < 3; i++) tb_set(cu, i, cuv[i]), tb_set(cu_big, i, cub[i]), tb_set(pos, i, i);
+  tb_set(cu_short, 0, 0), tb_set(cu_short, 1, 3);
+  void *ks = tb_snapshot(P.kp), *vs = tb_snapshot(P.vp), *os = tb_snapshot(out),
+       *ls = tb_snapshot(lse);
+  ot_rope_params rp = ot_rope_default_params(), bad_rp = rp;
+  bad_rp.theta = 0;
+  ot_attention_params ap = ot_attention_default_params(), bad_ap = ap;
+  bad_ap.softcap = -1;
+  /* append */
+  tr_expect_error(tr, ot_kv_append(ctx, NULL, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: kv: is NULL", NULL);
+  tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu_big), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: cu_seqlens_new: sequence 1 appends 2",
+                  "holds only 1");
+  tb_set(cu_big, 1, 2), tb_set(cu_big, 2, 6);
+  tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu_big), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: cu_seqlens_new: cu_seqlens_new[2] = 6",
+                  "expected 3");
+  tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu_short), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: cu_seqlens_new: shape", NULL);
+  tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(k3), tb_dl(vn), NULL, NULL, NULL, NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: k_new", "heads_kv of kv.k_pages");
+  tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vh), NULL, NULL, NULL, NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: v_new", "float16");
+  tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, tb_dl(pos), NULL, NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: positions: is given but rope is NULL", NULL);
+  tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), &rp, NULL, tb_dl(q), NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: q_out: is NULL but q is given", NULL);
+  tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), &rp, tb_dl(pos4), NULL, NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: positions", "T_new");
+  tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), &bad_rp, NULL, NULL, NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: rope: ot_rope_forward: params.theta", NULL);
+  {
+    /* k_new that lives inside the pages */
+    DLTensor inside = *tb_dl(kn);
+    inside.data = P.kp->dev;
+    tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), &inside, tb_dl(vn), NULL, NULL, NULL, NULL),
+                    OT_ERR_INVALID_ARGUMENT, "ot_kv_append: kv.k_pages", "k_new");
+  }
+  /* page table */
+  tb_set(P.indices, 1, 999);
+  P.kv.indices = tb_dl(P.indices);
+  tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: kv.indices: indices[1] = 999", "num_pages");
+  tr_expect_error(tr, ot_paged_attention(ctx, &ap, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out), NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: kv.indices: indices[1] = 999", NULL);
+  tb_set(P.indices, 1, 0);
+  int32_t lpl0 = (int32_t)tb_get(P.lpl, 0);
+  tb_set(P.lpl, 0, 0);
+  P.kv.indices = tb_dl(P.indices);
+  P.kv.last_page_len = tb_dl(P.lpl);
+  tr_expect_error(tr, ot_paged_attention(ctx, &ap, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out), NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: kv.last_page_len: last_page_len[0] = 0",
+                  "1 .. block_size");
+  tb_set(P.lpl, 0, lpl0);
+  P.kv.last_page_len = tb_dl(P.lpl);
+  int32_t ip1 = (int32_t)tb_get(P.indptr, 1);
+  tb_set(P.indptr, 1, 100);
+  P.kv.indptr = tb_dl(P.indptr);
+  tr_expect_error(tr, ot_paged_attention(ctx, &ap, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out), NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: kv.indptr: indptr[1] = 100",
+                  "entries of kv.indices");
+  tb_set(P.indptr, 1, ip1);
+  P.kv.indptr = tb_dl(P.indptr);
+  /* attention */
+  tr_expect_error(tr, ot_paged_attention(ctx, &bad_ap, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out), NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: params.softcap", NULL);
+  tr_expect_error(tr, ot_paged_attention(ctx, &ap, tb_dl(qq5), tb_dl(cu), &P.kv, tb_dl(out), NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: q: 5 query heads", "multiple");
+  tr_expect_error(tr, ot_paged_attention(ctx, &ap, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(q), NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: out", "q");
+  tr_expect_error(tr, ot_paged_attention(ctx, &ap, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out), tb_dl(lse_bad)),
+                  OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: lse", "heads_q");
+  tr_expect_error(tr, ot_paged_attention(ctx, &ap, tb_dl(q), tb_dl(cu_short), &P.kv, tb_dl(out), tb_dl(lse)),
+                  OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: cu_seqlens_q: shape", NULL);
+  tr_expect_error(tr, ot_paged_attention(ctx, &ap, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(vh), NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: out", "float16");
+  tb_sync(P.kp), tb_sync(P.vp), tb_sync(out), tb_sync(lse);
+  if (!tb_unchanged(P.kp, ks) || !tb_unchanged(P.vp, vs)) tr_fail(tr, "a failing call wrote pages");
+  if (!tb_unchanged(out, os) || !tb_unchanged(lse, ls)) tr_fail(tr, "a failing call wrote out / lse");
+  /* and the valid call works */
+  if (tr_ok(tr, ot_paged_attention(ctx, &ap, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out), tb_dl(lse)),
+            "valid call")) {
+    tb_sync(out);
+    for (int64_t i = 0; i < out->numel; i++)
+      if (!isfinite(tb_get(out, i))) {
+        tr_fail(tr, "valid call left out[%lld] = %g", (long long)i, tb_get(out, i));
+        break;
+      }
+  }
+  free(ks), free(vs), free(os), free(ls);
+  tb_free(kn), tb_free(vn), tb_free(vh), tb_free(k3), tb_free(cu), tb_free(cu_short);
+  tb_free(cu_big), tb_free(pos4), tb_free(q), tb_free(qq5), tb_free(out), tb_free(lse);
+  tb_free(lse_bad), tb_free(pos);
+  paged_free(&P);
+  tr_end(tr);
+}
+
 /* ---- the suite -------------------------------------------------------------------- */
 
 static void run_memory(test_run *tr) {
@@ -726,6 +1182,22 @@ static void run_memory(test_run *tr) {
   kv_property(tr, 4, 60, 1500);
   kv_property(tr, 16, 64, 1500);
   kv_property(tr, 3, 300, 800);
+  paged_splits(tr);
+  for (size_t i = 0; i < sizeof paged_cases / sizeof paged_cases[0]; i++)
+    for (int t = 0; t < 3; t++) {
+      const DLDataType dts[3] = {DT_F32, DT_F16, DT_BF16};
+      if (t > 0 && i % 3 != 0) continue; /* every case in f32, every third in all dtypes */
+      paged_case(tr, &paged_cases[i], dts[t]);
+    }
+  paged_case(tr, &paged_long[0], DT_BF16);
+  paged_case(tr, &paged_long[1], DT_BF16);
+  paged_bad_args(tr);
+  append_case(tr, DT_F32, 16, -1, false, false, false);
+  append_case(tr, DT_BF16, 1, -1, false, false, true);
+  append_case(tr, DT_F16, 4, 0, true, false, false);
+  append_case(tr, DT_BF16, 16, 1, true, true, true);
+  append_case(tr, DT_F32, 64, 0, false, false, false);
+  append_case(tr, DT_F32, 256, 0, true, true, false);
 }
 
 const test_suite suite_memory = {"memory", run_memory};
