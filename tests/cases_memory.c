@@ -1165,6 +1165,143 @@ static void paged_bad_args(test_run *tr) {
   tr_end(tr);
 }
 
+/* End to end, as an engine drives it: a pool in an arena, two layers; sequence A is
+ * prefilled in chunks, forked into B, and both decode a few steps as one batch. Each
+ * step reserves slots, exports the page table, appends k / v with RoPE (q too) for both
+ * layers, and runs ot_paged_attention; the oracle is ot_attention_forward (varlen,
+ * causal) on dense copies of the same rotated keys, so the two CPU paths must agree. */
+typedef struct dense_seq {
+  int64_t len;
+  float *k[2], *v[2]; /* per layer [len, hkv, d], the stored (rounded) values */
+} dense_seq;
+
+static void e2e_case(test_run *tr, DLDataType dt, int bs) {
+  if (!tr_begin(tr, "kv cache + append + paged attention end to end %s bs%d", dt_name(dt), bs))
+    return;
+  rng r = tr_rng(tr);
+  enum { HQ = 4, HKV = 2, D = 32, L = 2, MAXLEN = 128 };
+  ot_context *ctx = tr->be->ctx;
+  ot_arena *arena = NULL;
+  ot_kv_cache *cache = NULL;
+  dense_seq ds[2];
+  memset(ds, 0, sizeof ds);
+  for (int i = 0; i < 2; i++)
+    for (int l = 0; l < L; l++) {
+      ds[i].k[l] = malloc(MAXLEN * HKV * D * sizeof(float));
+      ds[i].v[l] = malloc(MAXLEN * HKV * D * sizeof(float));
+    }
+  if (!tr_ok(tr, ot_arena_create(ctx, 8 << 20, &arena), "arena")) goto out;
+  ot_kv_cache_params kp = kv_params(L, 2 * MAXLEN / bs + 4, bs, HKV, D, dt);
+  if (!tr_ok(tr, ot_kv_cache_create(ctx, &kp, arena, &cache), "cache")) goto out;
+  int64_t seq[2];
+  ot_kv_cache_add_sequence(cache, &seq[0]);
+  ot_rope_params rp = ot_rope_default_params();
+  /* steps: chunks of A's prefill, then decode of A and B together */
+  const int chunks[] = {20, 21, 9};
+  const int nsteps = 3 + 5;
+  for (int step = 0; step < nsteps && !tr->case_failed; step++) {
+    int nb = step < 3 ? 1 : 2;
+    if (step == 3) {
+      if (!tr_ok(tr, ot_kv_cache_fork(cache, seq[0], &seq[1]), "fork")) break;
+      ds[1].len = ds[0].len;
+      for (int l = 0; l < L; l++) {
+        memcpy(ds[1].k[l], ds[0].k[l], (size_t)ds[0].len * HKV * D * sizeof(float));
+        memcpy(ds[1].v[l], ds[0].v[l], (size_t)ds[0].len * HKV * D * sizeof(float));
+      }
+    }
+    int64_t ntok[2] = {step < 3 ? chunks[step] : 1, 1};
+    if (step >= 3 && step % 2 == 0) ntok[1] = 2; /* B takes 2 tokens (speculative) */
+    if (!tr_ok(tr, ot_kv_cache_reserve(cache, nb, seq, ntok), "reserve")) break;
+    int32_t indptr[3], indices[2 * MAXLEN], lpl[2];
+    if (!tr_ok(tr, ot_kv_cache_page_table(cache, nb, seq, indptr, indices, 2 * MAXLEN, lpl), "table")) break;
+    int64_t T = ntok[0] + (nb > 1 ? ntok[1] : 0);
+    int64_t ksh[3] = {T, HKV, D}, qsh[3] = {T, HQ, D}, csh[1] = {nb + 1}, ish[1] = {nb + 1};
+    int64_t xsh[1] = {indptr[nb]}, lsh[1] = {nb}, lse_sh[2] = {HQ, T};
+    tbuf *tip = tb_new(tr->be, DT_I32, 1, ish), *tix = tb_new(tr->be, DT_I32, 1, xsh);
+    tbuf *tlp = tb_new(tr->be, DT_I32, 1, lsh), *cu = tb_new(tr->be, DT_I32, 1, csh);
+    for (int i = 0; i <= nb; i++) tb_set(tip, i, indptr[i]);
+    for (int i = 0; i < indptr[nb]; i++) tb_set(tix, i, indices[i]);
+    for (int i = 0; i < nb; i++) tb_set(tlp, i, lpl[i]);
+    tb_set(cu, 0, 0), tb_set(cu, 1, (double)ntok[0]);
+    if (nb > 1) tb_set(cu, 2, (double)T);
+    for (int l = 0; l < L && !tr->case_failed; l++) {
+      DLTensor kpages, vpages;
+      ot_kv_cache_layer(cache, l, &kpages, &vpages);
+      ot_paged_kv kv = {&kpages, &vpages, tb_dl(tip), tb_dl(tix), tb_dl(tlp)};
+      tbuf *kn = tb_new(tr->be, dt, 3, ksh), *vn = tb_new(tr->be, dt, 3, ksh);
+      tbuf *q = tb_new(tr->be, dt, 3, qsh), *out = tb_new(tr->be, dt, 3, qsh);
+      tbuf *out2 = tb_new(tr->be, dt, 3, qsh), *lse = tb_new(tr->be, DT_F32, 2, lse_sh);
+      tbuf *lse2 = tb_new(tr->be, DT_F32, 2, lse_sh), *krot = tb_new(tr->be, dt, 3, ksh);
+      tbuf *pos = tb_new(tr->be, DT_I64, 1, ksh);
+      tb_fill_uniform(kn, &r, -1, 1), tb_fill_uniform(vn, &r, -1, 1), tb_fill_uniform(q, &r, -2, 2);
+      tb_poison(out), tb_poison(out2), tb_poison(lse), tb_poison(lse2);
+      /* the dense oracle's keys: rope of k_new at the sequence positions */
+      for (int b = 0, row = 0; b < nb; b++)
+        for (int i = 0; i < ntok[b]; i++) tb_set(pos, row++, (double)(ds[b].len + i));
+      tr_ok(tr, ot_rope_forward(ctx, &rp, tb_dl(kn), NULL, tb_dl(pos), NULL, tb_dl(krot), NULL),
+            "oracle rope");
+      tb_sync(krot);
+      if (!tr_ok(tr, ot_kv_append(ctx, &kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), &rp, NULL, tb_dl(q),
+                                  tb_dl(q)),
+                 "ot_kv_append"))
+        goto step_done;
+      tb_sync(q);
+      for (int b = 0, row = 0; b < nb; b++)
+        for (int i = 0; i < ntok[b]; i++, row++)
+          for (int e = 0; e < HKV * D; e++) {
+            ds[b].k[l][(ds[b].len + i) * HKV * D + e] = (float)tb_get(krot, row * HKV * D + e);
+            ds[b].v[l][(ds[b].len + i) * HKV * D + e] = (float)tb_get(vn, row * HKV * D + e);
+          }
+      ot_attention_params ap = ot_attention_default_params();
+      ap.causal = 1;
+      if (!tr_ok(tr, ot_paged_attention(ctx, &ap, tb_dl(q), tb_dl(cu), &kv, tb_dl(out), tb_dl(lse)),
+                 "ot_paged_attention"))
+        goto step_done;
+      {
+        /* dense varlen oracle */
+        int64_t tk = ds[0].len + ntok[0] + (nb > 1 ? ds[1].len + ntok[1] : 0);
+        int64_t dsh[3] = {tk, HKV, D};
+        tbuf *dk = tb_new(tr->be, dt, 3, dsh), *dv = tb_new(tr->be, dt, 3, dsh);
+        tbuf *cuk = tb_new(tr->be, DT_I32, 1, csh);
+        int64_t at = 0;
+        tb_set(cuk, 0, 0);
+        for (int b = 0; b < nb; b++) {
+          int64_t n = (ds[b].len + ntok[b]) * HKV * D;
+          for (int64_t e = 0; e < n; e++) {
+            tb_set(dk, at + e, ds[b].k[l][e]);
+            tb_set(dv, at + e, ds[b].v[l][e]);
+          }
+          at += n;
+          tb_set(cuk, b + 1, (double)(at / (HKV * D)));
+        }
+        if (tr_ok(tr, ot_attention_forward(ctx, &ap, tb_dl(q), tb_dl(dk), tb_dl(dv), tb_dl(cu),
+                                           tb_dl(cuk), tb_dl(out2), tb_dl(lse2)),
+                  "oracle attention")) {
+          tb_sync(out), tb_sync(out2), tb_sync(lse), tb_sync(lse2);
+          double *ref = tb_to_f64(out2), *lref = tb_to_f64(lse2);
+          check_close(tr, "out vs ot_attention_forward", out, ref, tol_for(dt, dt.bits == 32 ? 4 : 1));
+          check_close(tr, "lse vs ot_attention_forward", lse, lref, tol_for(DT_F32, 4));
+          free(ref), free(lref);
+        }
+        tb_free(dk), tb_free(dv), tb_free(cuk);
+      }
+    step_done:
+      tb_free(kn), tb_free(vn), tb_free(q), tb_free(out), tb_free(out2), tb_free(lse);
+      tb_free(lse2), tb_free(krot), tb_free(pos);
+    }
+    for (int b = 0; b < nb; b++) ds[b].len += ntok[b];
+    tb_free(tip), tb_free(tix), tb_free(tlp), tb_free(cu);
+    char msg[200];
+    if (!ot_kv_cache_check(cache, msg, sizeof msg)) tr_fail(tr, "cache: %s", msg);
+  }
+out:
+  ot_kv_cache_destroy(cache);
+  ot_arena_destroy(arena);
+  for (int i = 0; i < 2; i++)
+    for (int l = 0; l < L; l++) free(ds[i].k[l]), free(ds[i].v[l]);
+  tr_end(tr);
+}
+
 /* ---- the suite -------------------------------------------------------------------- */
 
 static void run_memory(test_run *tr) {
@@ -1198,6 +1335,9 @@ static void run_memory(test_run *tr) {
   append_case(tr, DT_BF16, 16, 1, true, true, true);
   append_case(tr, DT_F32, 64, 0, false, false, false);
   append_case(tr, DT_F32, 256, 0, true, true, false);
+  e2e_case(tr, DT_F32, 16);
+  e2e_case(tr, DT_BF16, 1);
+  e2e_case(tr, DT_F16, 4);
 }
 
 const test_suite suite_memory = {"memory", run_memory};
