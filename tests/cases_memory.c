@@ -621,7 +621,7 @@ static void kv_property(test_run *tr, int bs, int64_t pages, int ops) {
         sh[id].cap = sh[src].len + 8;
         sh[id].tags = realloc(sh[id].tags, (size_t)sh[id].cap * sizeof *sh[id].tags);
       }
-      memcpy(sh[id].tags, sh[src].tags, (size_t)sh[src].len * sizeof *sh[id].tags);
+      if (sh[src].len) memcpy(sh[id].tags, sh[src].tags, (size_t)sh[src].len * sizeof *sh[id].tags);
       counts[2]++;
       snprintf(when, sizeof when, "op %d fork %lld -> %lld", op, (long long)src, (long long)id);
     } else {
