@@ -20,7 +20,5 @@ echo "build (OT_CUDA=$CUDA): $(($(date +%s) - t0))s" >&2
 ./build/tools/ot-bench "$@"
 echo
 echo "--- ot-run: the engine on the tiny configuration (random weights), greedy"
-# Passive OpenMP waiting: a decode step is many small ops, and spinning OpenMP threads beside
-# OpenBLAS's own threads made it 5x slower on a 2-core machine (44 vs 225 tokens/s).
-OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} exec ./build/tools/ot-run --config tiny --random-weights --seed 1 --prompt-ids 1,2,3,4,5,6,7,8 \
+exec ./build/tools/ot-run --config tiny --random-weights --seed 1 --prompt-ids 1,2,3,4,5,6,7,8 \
   --max-new-tokens 32

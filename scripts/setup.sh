@@ -11,7 +11,7 @@
 #   CUDA compiler was found) and, for the PyPI fallback, CUDAToolkit_ROOT.
 
 ot_setup_main() {
-  local pkgs=(build-essential cmake pkg-config libdlpack-dev libopenblas-dev libomp-dev libcjson-dev
+  local pkgs=(build-essential cmake pkg-config libdlpack-dev libopenblas-dev libopenblas-openmp-dev libomp-dev libcjson-dev
               python3-venv git)
   local missing=() p
   if command -v dpkg >/dev/null 2>&1; then
