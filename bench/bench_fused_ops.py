@@ -561,9 +561,8 @@ def bench_all(S, args):
         return out
 
     FWD_VARIANTS = {"old (f46b949)": {"OT_NORM_FWD_IMPL": "old"},
-                    "v2 maxnv8": {"OT_NORM_FWD_MAXNV": "8"}}
+                    "v2 maxnv16": {"OT_NORM_FWD_MAXNV": "16"}}
     BWD_VARIANTS = {"old (f46b949)": {"OT_NORM_BWD_IMPL": "old"},
-                    "v2 forced": {"OT_NORM_BWD_IMPL": "v2"},
                     "v2 nv1": {"OT_NORM_BWD_NV": "1"}}
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):

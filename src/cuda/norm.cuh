@@ -872,9 +872,9 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
 }
 
 /* Tuning knobs read from the environment at each call (benchmarking only; unset in
- * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels), OT_NORM_FWD_MAXNV=8 (at most 8
- * vectors per thread in forward v2, default 16), OT_NORM_BWD_IMPL=old|v2 (v2 up to
- * 1024 vectors), OT_NORM_BWD_NV=1 (v2 with one vector per thread, D = 6). */
+ * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels), OT_NORM_FWD_MAXNV=16 (up to 16
+ * vectors per thread in forward v2, default 8), OT_NORM_BWD_IMPL=old,
+ * OT_NORM_BWD_NV=1 (v2 with one vector per thread, D = 6). */
 static inline int norm_env_int(const char *name, int dflt) {
   const char *s = getenv(name);
   return s && *s ? atoi(s) : dflt;
@@ -892,7 +892,10 @@ static inline norm_launch norm_pick_fwd_v2(int64_t cols, int vec) {
   if (norm_env_is("OT_NORM_FWD_IMPL", "old")) return L;
   /* The budget is the same with and without the residual, so the fused forward and
    * the unfused one over residual_out reduce in the same order (same bits). */
-  const int budget = norm_env_int("OT_NORM_FWD_MAXNV", 16) == 8 ? 8 : 16;
+  /* Measured (H200, 16k rows bf16, f607cff): budget 8 beats 16 everywhere, most for
+   * LayerNorm (4096: 3.60 vs 2.95 TB/s; 8192: 3.81 vs 3.08): the smaller register
+   * footprint gives more warps per SM to cover the reductions' latency. */
+  const int budget = norm_env_int("OT_NORM_FWD_MAXNV", 8) == 16 ? 16 : 8;
   const int64_t nvec = cols / vec;
   for (int tpr = 32; tpr <= 256; tpr *= 2) {
     const int64_t need = (nvec + tpr - 1) / tpr;
@@ -1053,12 +1056,11 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
                        ot_rows_aligned16(p.dx, p.dx_stride, sizeof(T), p.rows) &&
                        ot_rows_aligned16(p.weight, 0, sizeof(T), 1);
   const int64_t nvec = p.cols / V;
-  /* Measured (H200, 16k rows bf16): at 4096, v2 with NV = 2 (256 threads, 2 blocks per
-   * SM) 2.59 TB/s against 2.08 with NV = 1 (512 threads, 1 block) and 1.94 for the
-   * f46b949 kernel; at 8192 (NV = 2, 512 threads, 1 block per SM) v2 lost to that kernel
-   * (2.38 vs 2.54): one block per SM leaves its barriers uncovered. So v2 takes rows of
-   * at most 512 vectors, with NV = 2. OT_NORM_BWD_IMPL=v2 forces it up to 1024. */
-  const int vmax = norm_env_is("OT_NORM_BWD_IMPL", "v2") ? 1024 : 512;
+  /* Measured (H200, 16k rows bf16, f607cff): at 4096, v2 with NV = 2 (256 threads, 2
+   * blocks per SM) 2.70 TB/s (RMS) against 2.04 with NV = 1 (512 threads, 1 block) and
+   * 1.98 for the f46b949 kernel; at 8192 (NV = 2, 512 threads, 1 block per SM) 2.53 /
+   * 2.44 (RMS / LayerNorm) against 2.51 / 2.25. */
+  const int vmax = 1024;
   if (aligned && p.rows > 0 && nvec <= vmax && !norm_env_is("OT_NORM_BWD_IMPL", "old")) {
     /* LayerNorm's db partials leave the 16-bit NV = 2 kernel room for D = 2 only
      * within 128 registers (D = 3 spills) */
