@@ -607,6 +607,52 @@ OT_API ot_status ot_paged_attention(ot_context *ctx, const ot_attention_params *
                                     const ot_paged_kv *kv, const DLTensor *out,
                                     const DLTensor *lse);
 
+/* ============================================================================== */
+/* Memory: tracker                                                                 */
+/* ============================================================================== */
+/*
+ * Process-wide counters of the memory the library hands out, by tag and by op name:
+ * every arena block (ot_arena_alloc counts as OT_MEMORY_OTHER under op "(none)";
+ * ot_arena_alloc_tagged says what and for whom) and every KV pool (OT_MEMORY_KV_CACHE,
+ * op "ot_kv_cache_create": the pool's bytes, from its own reservation or from an arena
+ * block). Arena reservations themselves are not counted (ot_arena_get_stats has them),
+ * so nothing is counted twice. Sizes are the allocator's (rounded to 256 bytes). Any
+ * thread may read the counters at any time (one mutex). The names of the first 127
+ * distinct ops get their own counters; later names share "(other)". Op names are
+ * compared on their first 63 characters.
+ */
+
+typedef enum ot_memory_tag {
+  OT_MEMORY_WEIGHTS = 0,
+  OT_MEMORY_KV_CACHE = 1,
+  OT_MEMORY_ACTIVATIONS = 2,
+  OT_MEMORY_WORKSPACE = 3,
+  OT_MEMORY_OTHER = 4
+} ot_memory_tag;
+#define OT_MEMORY_NUM_TAGS 5
+
+typedef struct ot_memory_counter {
+  size_t current;  /* bytes held now */
+  size_t peak;     /* the largest current since start or ot_memory_reset_peaks */
+  uint64_t allocs; /* allocations recorded */
+  uint64_t frees;  /* releases recorded */
+} ot_memory_counter;
+
+/* ot_arena_alloc that records the block under `tag` and `op` (any name, e.g. the op or
+ * the model part that asked; NULL = "(none)"). ot_arena_free releases it under the same. */
+OT_API ot_status ot_arena_alloc_tagged(ot_arena *arena, size_t bytes, void *stream,
+                                       ot_memory_tag tag, const char *op, void **ptr);
+
+OT_API ot_status ot_memory_tag_counter(ot_memory_tag tag, ot_memory_counter *out);
+/* The counter of an op name (all zeros for a name never recorded). */
+OT_API ot_status ot_memory_op_counter(const char *op, ot_memory_counter *out);
+/* The op names recorded so far: ot_memory_op_name(i) for i < ot_memory_op_count()
+ * (static storage; NULL out of range). */
+OT_API int ot_memory_op_count(void);
+OT_API const char *ot_memory_op_name(int i);
+/* Set every peak to its current value (start of a traced window). */
+OT_API void ot_memory_reset_peaks(void);
+
 #ifdef __cplusplus
 }
 #endif

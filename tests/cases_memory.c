@@ -1302,6 +1302,105 @@ out:
   tr_end(tr);
 }
 
+/* ---- memory tracker -------------------------------------------------------------------- */
+
+static ot_memory_counter tag_now(ot_memory_tag t) {
+  ot_memory_counter c;
+  ot_memory_tag_counter(t, &c);
+  return c;
+}
+
+static ot_memory_counter op_now(const char *op) {
+  ot_memory_counter c;
+  ot_memory_op_counter(op, &c);
+  return c;
+}
+
+/* The tracker is process-wide: the checks compare deltas, under op names of their own. */
+static void tracker_case(test_run *tr) {
+  if (!tr_begin(tr, "memory tracker: tags, ops, peaks, arena and pool")) return;
+  ot_context *ctx = tr->be->ctx;
+  ot_arena *a = NULL, *a2 = NULL;
+  ot_kv_cache *c1 = NULL, *c2 = NULL;
+  if (!tr_ok(tr, ot_arena_create(ctx, 1 << 20, &a), "arena")) goto out;
+  ot_memory_counter w0 = tag_now(OT_MEMORY_WEIGHTS), act0 = tag_now(OT_MEMORY_ACTIVATIONS);
+  ot_memory_counter o0 = tag_now(OT_MEMORY_OTHER), kv0 = tag_now(OT_MEMORY_KV_CACHE);
+  ot_memory_counter ws0 = tag_now(OT_MEMORY_WORKSPACE);
+  void *pw = NULL, *pa = NULL, *po = NULL, *px = (void *)(uintptr_t)0x42;
+  tr_ok(tr, ot_arena_alloc_tagged(a, 1000, NULL, OT_MEMORY_WEIGHTS, "tracker test: embed", &pw), "w");
+  tr_ok(tr, ot_arena_alloc_tagged(a, 300, NULL, OT_MEMORY_ACTIVATIONS, "tracker test: mlp", &pa), "a");
+  tr_ok(tr, ot_arena_alloc(a, 10, NULL, &po), "plain");
+  if (tag_now(OT_MEMORY_WEIGHTS).current - w0.current != 1024 ||
+      tag_now(OT_MEMORY_ACTIVATIONS).current - act0.current != 512 ||
+      tag_now(OT_MEMORY_OTHER).current - o0.current != 256)
+    tr_fail(tr, "tag deltas: weights %zu, activations %zu, other %zu (expected 1024, 512, 256)",
+            tag_now(OT_MEMORY_WEIGHTS).current - w0.current,
+            tag_now(OT_MEMORY_ACTIVATIONS).current - act0.current,
+            tag_now(OT_MEMORY_OTHER).current - o0.current);
+  ot_memory_counter e = op_now("tracker test: embed");
+  if (e.current != 1024 || e.allocs != 1 || e.frees != 0 || e.peak != 1024)
+    tr_fail(tr, "op counter: current %zu allocs %llu", e.current, (unsigned long long)e.allocs);
+  bool listed = false;
+  for (int i = 0; i < ot_memory_op_count(); i++)
+    if (ot_memory_op_name(i) && !strcmp(ot_memory_op_name(i), "tracker test: mlp")) listed = true;
+  if (!listed) tr_fail(tr, "op name not listed by ot_memory_op_name");
+  if (ot_memory_op_name(-1) || ot_memory_op_name(ot_memory_op_count())) tr_fail(tr, "op name out of range not NULL");
+  /* peaks: a transient workspace block */
+  ot_memory_reset_peaks();
+  void *tmp = NULL;
+  tr_ok(tr, ot_arena_alloc_tagged(a, 4096, NULL, OT_MEMORY_WORKSPACE, "tracker test: ws", &tmp), "ws");
+  tr_ok(tr, ot_arena_free(a, tmp, NULL), "ws free");
+  ot_memory_counter ws = tag_now(OT_MEMORY_WORKSPACE), wso = op_now("tracker test: ws");
+  if (ws.current != ws0.current || ws.peak != ws0.current + 4096 || wso.peak != 4096 ||
+      wso.current != 0 || wso.frees != 1)
+    tr_fail(tr, "workspace after a transient block: current %zu (was %zu), peak %zu", ws.current,
+            ws0.current, ws.peak);
+  /* bad arguments */
+  tr_expect_error(tr, ot_arena_alloc_tagged(a, 8, NULL, (ot_memory_tag)7, "x", &px),
+                  OT_ERR_INVALID_ARGUMENT, "ot_arena_alloc_tagged: tag: 7", "0 .. 4");
+  if (px != (void *)(uintptr_t)0x42) tr_fail(tr, "ptr written by a failing tagged alloc");
+  ot_memory_counter dummy;
+  tr_expect_error(tr, ot_memory_tag_counter((ot_memory_tag)-1, &dummy), OT_ERR_INVALID_ARGUMENT,
+                  "ot_memory_tag_counter: tag", NULL);
+  tr_expect_error(tr, ot_memory_op_counter(NULL, &dummy), OT_ERR_INVALID_ARGUMENT,
+                  "ot_memory_op_counter: op", NULL);
+  ot_memory_counter never = op_now("tracker test: never used");
+  if (never.current || never.allocs) tr_fail(tr, "an unknown op has counts");
+  /* frees return the counters */
+  ot_arena_free(a, pw, NULL), ot_arena_free(a, pa, NULL), ot_arena_free(a, po, NULL);
+  if (tag_now(OT_MEMORY_WEIGHTS).current != w0.current ||
+      tag_now(OT_MEMORY_ACTIVATIONS).current != act0.current ||
+      tag_now(OT_MEMORY_OTHER).current != o0.current)
+    tr_fail(tr, "counters not back after the frees");
+  /* KV pools: own reservation and arena block, both under kv_cache */
+  ot_kv_cache_params kp = kv_params(3, 10, 16, 2, 64, DT_BF16);
+  ot_memory_counter kop0 = op_now("ot_kv_cache_create");
+  if (!tr_ok(tr, ot_kv_cache_create(ctx, &kp, NULL, &c1), "pool")) goto out;
+  if (!tr_ok(tr, ot_kv_cache_create(ctx, &kp, a, &c2), "pool in arena")) goto out;
+  ot_kv_cache_info info;
+  ot_kv_cache_get_info(c1, &info);
+  if (tag_now(OT_MEMORY_KV_CACHE).current - kv0.current != 2 * info.bytes ||
+      op_now("ot_kv_cache_create").current - kop0.current != 2 * info.bytes)
+    tr_fail(tr, "kv_cache delta %zu, expected 2 x %zu",
+            tag_now(OT_MEMORY_KV_CACHE).current - kv0.current, info.bytes);
+  ot_kv_cache_destroy(c1), ot_kv_cache_destroy(c2);
+  c1 = c2 = NULL;
+  if (tag_now(OT_MEMORY_KV_CACHE).current != kv0.current) tr_fail(tr, "kv_cache not back to 0");
+  /* an arena destroyed with live tagged blocks releases their counts */
+  if (tr_ok(tr, ot_arena_create(ctx, 8192, &a2), "arena 2")) {
+    void *p1;
+    ot_arena_alloc_tagged(a2, 5000, NULL, OT_MEMORY_WEIGHTS, "tracker test: embed", &p1);
+    ot_arena_destroy(a2);
+    a2 = NULL;
+    if (tag_now(OT_MEMORY_WEIGHTS).current != w0.current || op_now("tracker test: embed").current)
+      tr_fail(tr, "arena destroy did not release its live blocks' counts");
+  }
+out:
+  ot_kv_cache_destroy(c1), ot_kv_cache_destroy(c2);
+  ot_arena_destroy(a), ot_arena_destroy(a2);
+  tr_end(tr);
+}
+
 /* ---- the suite -------------------------------------------------------------------- */
 
 static void run_memory(test_run *tr) {
@@ -1338,6 +1437,7 @@ static void run_memory(test_run *tr) {
   e2e_case(tr, DT_F32, 16);
   e2e_case(tr, DT_BF16, 1);
   e2e_case(tr, DT_F16, 4);
+  tracker_case(tr);
 }
 
 const test_suite suite_memory = {"memory", run_memory};

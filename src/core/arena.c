@@ -15,6 +15,7 @@
 
 #include "arena.h"
 #include "backend.h"
+#include "memory_tracker.h"
 
 typedef struct arena_block {
   size_t off, size;
@@ -23,6 +24,8 @@ typedef struct arena_block {
   struct arena_block *hnext;         /* hash chain (live blocks) / spare list */
   void *stream;                      /* free blocks: stream of the last free, or NULL */
   bool free;
+  int8_t tag;                        /* live blocks: ot_memory_tag and op index (tracker) */
+  int16_t op;
 } arena_block;
 
 struct ot_arena {
@@ -238,6 +241,7 @@ void ot_arena_destroy(ot_arena *a) {
   if (!a) return;
   for (arena_block *b = a->head, *n; b; b = n) {
     n = b->next;
+    if (!b->free) ot_memory_record((ot_memory_tag)b->tag, b->op, b->size, -1);
     free(b);
   }
   for (arena_block *b = a->spare, *n; b; b = n) {
@@ -250,11 +254,15 @@ void ot_arena_destroy(ot_arena *a) {
   free(a);
 }
 
-ot_status ot_arena_alloc(ot_arena *a, size_t bytes, void *stream, void **ptr) {
-  static const char *op = "ot_arena_alloc";
+static ot_status arena_alloc(const char *op, ot_arena *a, size_t bytes, void *stream,
+                             ot_memory_tag tag, const char *op_name, void **ptr) {
   if (!a) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "arena: is NULL");
   if (!ptr) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ptr: is NULL");
   if (bytes == 0) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "bytes: 0, expected >= 1");
+  if ((int)tag < 0 || (int)tag >= OT_MEMORY_NUM_TAGS)
+    return ot_error(OT_ERR_INVALID_ARGUMENT, op, "tag: %d, expected 0 .. %d", (int)tag,
+                    OT_MEMORY_NUM_TAGS - 1);
+  const int op_index = ot_memory_op_index(op_name);
   pthread_mutex_lock(&a->lock);
   size_t size = bytes > a->reserved ? a->reserved + OT_ARENA_ALIGN
                                     : (bytes + OT_ARENA_ALIGN - 1) / OT_ARENA_ALIGN * OT_ARENA_ALIGN;
@@ -290,6 +298,9 @@ ot_status ot_arena_alloc(ot_arena *a, size_t bytes, void *stream, void **ptr) {
   }
   b->free = false;
   b->stream = NULL;
+  b->tag = (int8_t)tag;
+  b->op = (int16_t)op_index;
+  ot_memory_record(tag, op_index, size, +1);
   hash_maybe_grow(a);
   hash_insert(a, b);
   a->live++;
@@ -299,6 +310,15 @@ ot_status ot_arena_alloc(ot_arena *a, size_t bytes, void *stream, void **ptr) {
   *ptr = a->base + b->off;
   pthread_mutex_unlock(&a->lock);
   return OT_OK;
+}
+
+ot_status ot_arena_alloc(ot_arena *a, size_t bytes, void *stream, void **ptr) {
+  return arena_alloc("ot_arena_alloc", a, bytes, stream, OT_MEMORY_OTHER, NULL, ptr);
+}
+
+ot_status ot_arena_alloc_tagged(ot_arena *a, size_t bytes, void *stream, ot_memory_tag tag,
+                                const char *op, void **ptr) {
+  return arena_alloc("ot_arena_alloc_tagged", a, bytes, stream, tag, op, ptr);
 }
 
 ot_status ot_arena_free(ot_arena *a, void *ptr, void *stream) {
@@ -320,6 +340,7 @@ ot_status ot_arena_free(ot_arena *a, void *ptr, void *stream) {
   a->live--;
   a->nfrees++;
   a->in_use -= b->size;
+  ot_memory_record((ot_memory_tag)b->tag, b->op, b->size, -1);
   b->free = true;
   b->stream = a->stream_ordered ? stream : NULL;
   b = coalesce(a, b);

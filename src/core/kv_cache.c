@@ -11,6 +11,7 @@
 #include "arena.h"
 #include "backend.h"
 #include "kv_cache.h"
+#include "memory_tracker.h"
 
 typedef struct kv_seq {
   bool live;
@@ -39,6 +40,7 @@ struct ot_kv_cache {
   int64_t nfree_ids;
   uint32_t *mark;        /* [nseqs] scratch for duplicate detection */
   uint32_t epoch;        /* the mark of the current ot_kv_cache_reserve call */
+  size_t bytes;          /* of the page storage (what the tracker counts) */
 };
 
 static ot_status check_seq(const char *op, const char *name, const ot_kv_cache *c, int64_t id) {
@@ -101,7 +103,8 @@ ot_status ot_kv_cache_create(ot_context *ctx, const ot_kv_cache_params *params, 
                     p->num_pages);
   }
   void *base = NULL;
-  ot_status st = arena ? ot_arena_alloc(arena, total, ctx->stream, &base)
+  ot_status st = arena ? ot_arena_alloc_tagged(arena, total, ctx->stream, OT_MEMORY_KV_CACHE,
+                                               op, &base)
                        : ot_reserve_memory(op, ctx->device, total, &base);
   if (st != OT_OK) {
     free(c->refcount), free(c->free_stack), free(c);
@@ -124,6 +127,9 @@ ot_status ot_kv_cache_create(ot_context *ctx, const ot_kv_cache_params *params, 
   /* Pop order: page 0 first (the stack's top is the end of the array). */
   for (int64_t i = 0; i < p->num_pages; i++) c->free_stack[i] = (int32_t)(p->num_pages - 1 - i);
   c->nfree = p->num_pages;
+  c->bytes = total;
+  /* An arena block is recorded by the arena; an own reservation is recorded here. */
+  if (!arena) ot_memory_record(OT_MEMORY_KV_CACHE, ot_memory_op_index(op), total, +1);
   *out = c;
   return OT_OK;
 }
@@ -134,8 +140,12 @@ void ot_kv_cache_destroy(ot_kv_cache *c) {
   free(c->seqs);
   free(c->free_ids);
   free(c->mark);
-  if (c->arena) (void)ot_arena_free(c->arena, c->base, c->ctx->stream);
-  else ot_release_memory(c->ctx->device, c->base);
+  if (c->arena) {
+    (void)ot_arena_free(c->arena, c->base, c->ctx->stream);
+  } else {
+    ot_release_memory(c->ctx->device, c->base);
+    ot_memory_record(OT_MEMORY_KV_CACHE, ot_memory_op_index("ot_kv_cache_create"), c->bytes, -1);
+  }
   free(c->refcount);
   free(c->free_stack);
   free(c);
