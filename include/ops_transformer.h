@@ -205,7 +205,9 @@ OT_API ot_rope_params ot_rope_default_params(void);
  * Rotate q and k by the angles of their tokens' positions, in one call.
  *  q:         [tokens, heads_q, head_dim] or [batch, seq, heads_q, head_dim]
  *  k:         same leading shape as q with heads_k heads, or NULL (q only)
- *  positions: int32 or int64, [tokens] (or [batch, seq]), values >= 0
+ *  positions: int32 or int64, [tokens] (or [batch, seq]), values >= 0 (checked on the
+ *             CPU backend; on CUDA they stay on the device and are not checked, which
+ *             would need a synchronization: a position beyond the cache gives NaN rows)
  *  cos_sin_cache: NULL to compute cos/sin from params (theta, scaling) in float32;
  *             or float32 [max_position, rotary_dim]: row p holds cos(p * f_i) for
  *             i < rotary_dim/2 followed by sin(p * f_i); then positions must be

@@ -600,7 +600,7 @@ static void bad_forward(test_run *tr, bool ln) {
         tres.shape = tout.shape = trout.shape = sh;
         tres.strides = tout.strides = trout.strides = NULL;
         break;
-      case 19: tx.device.device_type = kDLCUDA; break;
+      case 19: tx.device.device_type = tx.device.device_type == kDLCPU ? kDLCUDA : kDLCPU; break;
       case 20: eps = -1e-5f; break;
       case 21: eps = NAN; break;
       case 22: eps = INFINITY; break;

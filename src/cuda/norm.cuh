@@ -352,7 +352,10 @@ __global__ void __launch_bounds__(512, NV <= 1 ? 2 : 1) norm_bwd_kernel(norm_bwd
         const float xh = in ? (hv[j] - mu) * rs : 0.0f;
         if (want_dw) dw[i][j] += dyv[j] * xh;
         if (want_db) db[i][j] += dyv[j];
-        const float gg = w ? dyv[j] * wv[j] : dyv[j];
+        /* __fmul_rn everywhere g = dy * w is formed: the sums and dx must see the same
+         * rounded product. A product contracted into an FMA in dx keeps its rounding error,
+         * which rstd amplifies (a constant row has rstd = 1/sqrt(eps)). */
+        const float gg = w ? __fmul_rn(dyv[j], wv[j]) : dyv[j];
         sg += gg;
         sgx += gg * xh;
       }
@@ -380,7 +383,7 @@ __global__ void __launch_bounds__(512, NV <= 1 ? 2 : 1) norm_bwd_kernel(norm_bwd
 #pragma unroll
         for (int j = 0; j < V; j++) {
           const float xh = (hv[j] - mu) * rs;
-          const float gg = w ? dyv[j] * wv[j] : dyv[j];
+          const float gg = w ? __fmul_rn(dyv[j], wv[j]) : dyv[j];
           o[j] = rs * (gg - a - xh * c);
           if (drp) o[j] += dr[j];
         }
@@ -474,7 +477,7 @@ __global__ void __launch_bounds__(1024) norm_bwd_loop_kernel(norm_bwd_params p) 
         for (int j = 0; j < V; j++) {
           if (base + j >= n) continue;
           const float xh = (hv[j] - mu) * rs;
-          const float gg = dyv[j] * (w ? wv[j] : 1.0f);
+          const float gg = w ? __fmul_rn(dyv[j], wv[j]) : dyv[j];
           sg += gg;
           sgx += gg * xh;
           if (dwp) dwp[base + j] += dyv[j] * xh;
@@ -501,7 +504,7 @@ __global__ void __launch_bounds__(1024) norm_bwd_loop_kernel(norm_bwd_params p) 
 #pragma unroll
       for (int j = 0; j < V; j++) {
         const float xh = (hv[j] - mu) * rs;
-        const float gg = dyv[j] * (w ? wv[j] : 1.0f);
+        const float gg = w ? __fmul_rn(dyv[j], wv[j]) : dyv[j];
         o[j] = rs * (gg - a - xh * c);
         if (drp) o[j] += dr[j];
       }
@@ -768,7 +771,7 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
           const float xh = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
           dw[i][j] += dyv[j] * xh;
           if (LAYER) db[i][j] += dyv[j];
-          const float gg = w ? dyv[j] * wv[j] : dyv[j];
+          const float gg = w ? __fmul_rn(dyv[j], wv[j]) : dyv[j];
           sg += gg;
           sgx = fmaf(gg, xh, sgx);
         }
@@ -801,7 +804,7 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
 #pragma unroll
         for (int j = 0; j < V; j++) {
           const float xh = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
-          const float gg = w ? dyv[j] * wv[j] : dyv[j];
+          const float gg = w ? __fmul_rn(dyv[j], wv[j]) : dyv[j];
           o[j] = fmaf(gg, rs, LAYER ? fmaf(xh, k1, k0) : xh * k1);
           if (p.dres) o[j] += dr[j];
         }
