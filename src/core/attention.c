@@ -84,13 +84,7 @@ static ot_attn_operand lse_operand(const ot_view *v, bool varlen) {
   return o;
 }
 
-/* Validation shared by forward and backward: params, q, k, v, cu_seqlens; fills the
- * shape part of `a` and the views of q, k, v. */
-static ot_status check_common(const char *op, ot_context *ctx, const ot_attention_params *p,
-                              const DLTensor *q, const DLTensor *k, const DLTensor *v,
-                              const DLTensor *cu_q, const DLTensor *cu_k, ot_view *qv,
-                              ot_view *kv, ot_view *vv, ot_attention_args *a) {
-  memset(a, 0, sizeof *a);
+ot_status ot_attention_check_params(const char *op, const ot_attention_params *p) {
   if (!p) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "params: is NULL");
   if (!isfinite(p->softmax_scale))
     return ot_error(OT_ERR_INVALID_ARGUMENT, op, "params.softmax_scale: %g is not finite",
@@ -99,6 +93,25 @@ static ot_status check_common(const char *op, ot_context *ctx, const ot_attentio
     return ot_error(OT_ERR_INVALID_ARGUMENT, op,
                     "params.softcap: %g, expected 0 (off) or a finite positive value",
                     (double)p->softcap);
+  return OT_OK;
+}
+
+void ot_attention_resolve_params(const ot_attention_params *p, int64_t head_dim, float *scale,
+                                 float *softcap, int64_t *window_left, int64_t *window_right) {
+  *scale = p->softmax_scale != 0.0f ? p->softmax_scale : (float)(1.0 / sqrt((double)head_dim));
+  *softcap = p->softcap;
+  *window_left = p->window_left < 0 ? -1 : p->window_left;
+  *window_right = p->causal ? 0 : (p->window_right < 0 ? -1 : p->window_right);
+}
+
+/* Validation shared by forward and backward: params, q, k, v, cu_seqlens; fills the
+ * shape part of `a` and the views of q, k, v. */
+static ot_status check_common(const char *op, ot_context *ctx, const ot_attention_params *p,
+                              const DLTensor *q, const DLTensor *k, const DLTensor *v,
+                              const DLTensor *cu_q, const DLTensor *cu_k, ot_view *qv,
+                              ot_view *kv, ot_view *vv, ot_attention_args *a) {
+  memset(a, 0, sizeof *a);
+  OT_TRY(ot_attention_check_params(op, p));
   if ((cu_q == NULL) != (cu_k == NULL))
     return ot_error(OT_ERR_INVALID_ARGUMENT, op,
                     "%s: is NULL but %s is given (give both for varlen, or neither)",
@@ -140,10 +153,7 @@ static ot_status check_common(const char *op, ot_context *ctx, const ot_attentio
     a->sq = qv->shape[1];
     a->sk = kv->shape[1];
   }
-  a->scale = p->softmax_scale != 0.0f ? p->softmax_scale : (float)(1.0 / sqrt((double)d));
-  a->softcap = p->softcap;
-  a->window_left = p->window_left < 0 ? -1 : p->window_left;
-  a->window_right = p->causal ? 0 : (p->window_right < 0 ? -1 : p->window_right);
+  ot_attention_resolve_params(p, d, &a->scale, &a->softcap, &a->window_left, &a->window_right);
   a->q = operand(qv, varlen);
   a->k = operand(kv, varlen);
   a->v = operand(vv, varlen);

@@ -69,6 +69,12 @@ static inline void ot_attn_key_range(const ot_attention_args *a, int64_t i, int6
   *hi = h > sk - 1 ? sk - 1 : h;
 }
 
+/* The parameter checks and the resolution of defaults (scale 0 -> 1/sqrt(D); causal ->
+ * window_right 0; negative windows -> -1) shared by the dense and the paged attention. */
+ot_status ot_attention_check_params(const char *op, const ot_attention_params *p);
+void ot_attention_resolve_params(const ot_attention_params *p, int64_t head_dim, float *scale,
+                                 float *softcap, int64_t *window_left, int64_t *window_right);
+
 ot_status ot_cpu_attention_forward(ot_context *ctx, const ot_attention_args *a);
 ot_status ot_cpu_attention_backward(ot_context *ctx, const ot_attention_args *a);
 ot_status ot_cuda_attention_forward(ot_context *ctx, const ot_attention_args *a);

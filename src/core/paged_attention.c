@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "attention.h"
 #include "backend.h"
 #include "paged_attention.h"
 
@@ -238,14 +239,7 @@ ot_status ot_paged_attention(ot_context *ctx, const ot_attention_params *p, cons
                              const DLTensor *out, const DLTensor *lse) {
   static const char *op = "ot_paged_attention";
   if (!ctx) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ctx: is NULL");
-  if (!p) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "params: is NULL");
-  if (!isfinite(p->softmax_scale))
-    return ot_error(OT_ERR_INVALID_ARGUMENT, op, "params.softmax_scale: %g is not finite",
-                    (double)p->softmax_scale);
-  if (!isfinite(p->softcap) || p->softcap < 0)
-    return ot_error(OT_ERR_INVALID_ARGUMENT, op,
-                    "params.softcap: %g, expected 0 (off) or a finite positive value",
-                    (double)p->softcap);
+  OT_TRY(ot_attention_check_params(op, p));
   ot_view kp, vp, qv, cu, ov, lv;
   ot_paged_table t;
   OT_TRY(check_paged(op, ctx, kv, &kp, &vp, &t));
@@ -297,9 +291,6 @@ ot_status ot_paged_attention(ot_context *ctx, const ot_attention_params *p, cons
     a.lse_head_stride = lv.stride[0];
     a.lse_tok_stride = lv.stride[1];
   }
-  a.scale = p->softmax_scale != 0.0f ? p->softmax_scale : (float)(1.0 / sqrt((double)t.d));
-  a.softcap = p->softcap;
-  a.window_left = p->window_left < 0 ? -1 : p->window_left;
-  a.window_right = p->causal ? 0 : (p->window_right < 0 ? -1 : p->window_right);
+  ot_attention_resolve_params(p, t.d, &a.scale, &a.softcap, &a.window_left, &a.window_right);
   return ot_cpu_paged_attention(ctx, &a);
 }
