@@ -34,11 +34,13 @@ OT_CUDA=${OT_PY_CUDA:-OFF} "$PY" -m pip install -q --no-build-isolation --no-dep
   >"$TMP/ot_pip_install.log" 2>&1 \
   || { cat "$TMP/ot_pip_install.log"; exit 1; }
 
-echo "--- docs/PYTHON.md example"
-awk '/^<!-- example.py -->/{f=1; next} f && /^```python$/{p=1; next} p && /^```$/{exit} p' \
-  docs/PYTHON.md >"$TMP/ot_python_example.py"
-[ -s "$TMP/ot_python_example.py" ] || { echo "no example in docs/PYTHON.md"; exit 1; }
-(cd "$TMP" && "$PY" ot_python_example.py)
+for doc in README.md docs/PYTHON.md; do
+  echo "--- $doc Python example"
+  awk '/^<!-- example.py -->/{f=1; next} f && /^```python$/{p=1; next} p && /^```$/{exit} p' \
+    "$doc" >"$TMP/ot_python_example.py"
+  [ -s "$TMP/ot_python_example.py" ] || { echo "no example in $doc"; exit 1; }
+  (cd "$TMP" && "$PY" ot_python_example.py)
+done
 
 echo "--- binding overhead (short run; python -m ops_transformer.bench_binding for real)"
 (cd "$TMP" && "$PY" -m ops_transformer.bench_binding --iters 300)
