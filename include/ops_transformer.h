@@ -285,7 +285,10 @@ OT_API ot_cross_entropy_params ot_cross_entropy_default_params(void);
  * Cross-entropy of logits against integer labels (the semantics of
  * torch.nn.functional.cross_entropy, including label smoothing).
  *  logits: [N, V] (rows may be strided) float32 / float16 / bfloat16
- *  labels: int32 or int64 [N], each in [0, V) or equal to ignore_index
+ *  labels: int32 or int64 [N], each in [0, V) or equal to ignore_index (checked on
+ *          the CPU backend; on CUDA they stay on the device and are not checked, which
+ *          would need a synchronization: a label out of range gives a NaN loss row, so
+ *          a NaN MEAN / SUM, and a NaN gradient row)
  *  loss:   float32; [] or [1] for MEAN / SUM, [N] for NONE. With MEAN and no
  *          non-ignored row the loss is NaN (as torch).
  *  lse:    float32 [N] or NULL: log-sum-exp of each row, for the backward.

@@ -524,19 +524,23 @@ static void case_ce_bad(test_run *tr) {
   t = *tb_dl(lab);
   t.data = NULL;
   tr_expect_error(tr, FWD(&p, tb_dl(z), &t, tb_dl(loss0), NULL), E, F1, "labels");
-  /* labels out of range: row 3 holds V, then row 2 holds -5 */
-  tb_set(lab, 3, (double)V);
-  tr_expect_error(tr, FWD(&p, tb_dl(z), tb_dl(lab), tb_dl(loss0), tb_dl(lse)), E, "labels",
-                  "row 3");
-  tr_expect_error(tr, BWD(&p, tb_dl(dl0), tb_dl(z), tb_dl(lab), NULL, tb_dl(dz)), E, B1,
-                  "row 3");
-  tb_set(lab, 3, 1);
-  tb_set(lab, 2, -5);
-  tr_expect_error(tr, FWD(&p, tb_dl(z), tb_dl(lab), tb_dl(loss0), tb_dl(lse)), E, "labels",
-                  "-5");
-  tr_expect_error(tr, BWD(&p, tb_dl(dl0), tb_dl(z), tb_dl(lab), NULL, tb_dl(z)), E, "labels",
-                  "row 2");
-  tb_set(lab, 2, 4);
+  /* labels out of range: row 3 holds V, then row 2 holds -5. Label values are checked
+   * on the host only: on CUDA they live on the device and are not checked (the header
+   * states the contract: NaN rows), so these calls would succeed there. */
+  if (!tr->be->is_cuda) {
+    tb_set(lab, 3, (double)V);
+    tr_expect_error(tr, FWD(&p, tb_dl(z), tb_dl(lab), tb_dl(loss0), tb_dl(lse)), E, "labels",
+                    "row 3");
+    tr_expect_error(tr, BWD(&p, tb_dl(dl0), tb_dl(z), tb_dl(lab), NULL, tb_dl(dz)), E, B1,
+                    "row 3");
+    tb_set(lab, 3, 1);
+    tb_set(lab, 2, -5);
+    tr_expect_error(tr, FWD(&p, tb_dl(z), tb_dl(lab), tb_dl(loss0), tb_dl(lse)), E, "labels",
+                    "-5");
+    tr_expect_error(tr, BWD(&p, tb_dl(dl0), tb_dl(z), tb_dl(lab), NULL, tb_dl(z)), E, "labels",
+                    "row 2");
+    tb_set(lab, 2, 4);
+  }
   tr_expect_error(tr, BWD(&p, tb_dl(lossN), tb_dl(z), tb_dl(lab), NULL, tb_dl(dz)), E, B1, "dloss");
   tr_expect_error(tr, BWD(&p, NULL, tb_dl(z), tb_dl(lab), NULL, tb_dl(dz)), E, B1, "dloss");
   tr_expect_error(tr, BWD(&p, tb_dl(dl0), tb_dl(z), tb_dl(lab), NULL, tb_dl(dz16)), E, B1,

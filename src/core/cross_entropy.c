@@ -62,7 +62,9 @@ static ot_status check_inputs(const char *op, const ot_context *ctx, const DLTen
 }
 
 /* Every label in [0, V) or ignore_index; counts the others. Reads host memory, so
- * only on the CPU backend (a CUDA kernel checks on the device). */
+ * only on the CPU backend: on CUDA the labels stay on the device, the kernels count
+ * the non-ignored rows there and a label out of range gives a NaN loss row (checking
+ * would need a synchronization; the public header states the contract). */
 static ot_status check_labels(const char *op, const ot_view *yv, int64_t V, int64_t ignore,
                               int64_t *count) {
   int64_t n = yv->shape[0], c = 0;
@@ -119,13 +121,17 @@ ot_status ot_cross_entropy_forward(ot_context *ctx, const ot_cross_entropy_param
   OT_TRY(ot_check_no_overlap(op, "loss", &ov, "lse", &sv, false));
   OT_TRY(ot_check_no_overlap(op, "lse", &sv, "logits", &lv, false));
   OT_TRY(ot_check_no_overlap(op, "lse", &sv, "labels", &yv, false));
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
 
   ot_cross_entropy_args a;
   fill_common(&a, &p, &lv, &lr, &yv, &sv);
-  OT_TRY(check_labels(op, &yv, lr.cols, p.ignore_index, &a.count));
   a.loss = (float *)ov.data;
   a.loss_stride = loss_stride;
+  if (ot_ctx_is_cuda(ctx)) {
+    /* labels are device memory: counted (for MEAN) on the device, not validated */
+    a.count = -1;
+    return OT_CUDA_CALL(op, ot_cuda_cross_entropy_forward, ctx, &a);
+  }
+  OT_TRY(check_labels(op, &yv, lr.cols, p.ignore_index, &a.count));
   return ot_cpu_cross_entropy_forward(ctx, &a);
 }
 
@@ -151,14 +157,17 @@ ot_status ot_cross_entropy_backward(ot_context *ctx, const ot_cross_entropy_para
   OT_TRY(ot_check_no_overlap(op, "dlogits", &gv, "labels", &yv, false));
   OT_TRY(ot_check_no_overlap(op, "dlogits", &gv, "lse", &sv, false));
   OT_TRY(ot_check_no_overlap(op, "dlogits", &gv, "dloss", &dv, false));
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
 
   ot_cross_entropy_args a;
   fill_common(&a, &p, &lv, &lr, &yv, &sv);
-  OT_TRY(check_labels(op, &yv, lr.cols, p.ignore_index, &a.count));
   a.dloss = (const float *)dv.data;
   a.dloss_stride = dloss_stride;
   a.dlogits = gv.data;
   a.dlogits_stride = gr.row_stride;
+  if (ot_ctx_is_cuda(ctx)) {
+    a.count = -1; /* as in the forward: the device counts, labels are not validated */
+    return OT_CUDA_CALL(op, ot_cuda_cross_entropy_backward, ctx, &a);
+  }
+  OT_TRY(check_labels(op, &yv, lr.cols, p.ignore_index, &a.count));
   return ot_cpu_cross_entropy_backward(ctx, &a);
 }

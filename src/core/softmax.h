@@ -35,13 +35,14 @@ typedef struct ot_cross_entropy_args {
   int64_t N, V;
   const void *logits; /* [N, V] at logits_stride */
   int64_t logits_stride;
-  const void *labels; /* int32 / int64 [N] at labels_stride, validated in range */
+  const void *labels; /* int32 / int64 [N] at labels_stride; validated in range on
+                         the CPU backend only (device memory on CUDA) */
   ot_dtype labels_dtype;
   int64_t labels_stride;
   int64_t ignore_index;
   float label_smoothing;
   ot_reduction reduction;
-  int64_t count; /* rows whose label is not ignore_index */
+  int64_t count; /* rows whose label is not ignore_index; -1 on CUDA (counted there) */
   float *lse;    /* [N] at lse_stride, or NULL (forward: not saved; backward: recompute) */
   int64_t lse_stride;
   float *loss; /* forward: [N] at loss_stride for NONE, else one value */
