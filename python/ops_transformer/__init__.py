@@ -10,6 +10,9 @@ packed varlen), linear, and the plain bindings of their backward ops (``*_backwa
 With torch installed each op is also ``torch.ops.ops_transformer.<name>``, with fake
 implementations (torch.compile) and autograd through the library's backward ops.
 
+With torch: ``patch_llama`` / ``patch_model`` / ``unpatch`` route a HF transformers
+Llama / Mistral / Qwen2 model through these ops (``ops_transformer.patch``).
+
 Errors raise :class:`Error` (a RuntimeError) with the C library's message.
 Options: :data:`config`.
 """
@@ -26,6 +29,7 @@ except ImportError:
     _torch = None
 if _torch is not None:
     from . import _torch_ops  # noqa: F401  (registers torch.ops.ops_transformer.*)
+    from .patch import patch_llama, patch_model, unpatch  # noqa: F401  (HF transformers)
 
 __version__ = _C.version()
 
@@ -41,3 +45,5 @@ def last_error():
 
 
 __all__ = ["Error", "config", "has_cuda", "last_error", "__version__"] + list(_ops_all)
+if _torch is not None:
+    __all__ += ["patch_llama", "patch_model", "unpatch"]
