@@ -50,6 +50,10 @@ class Shim:
         L.shim_glu_forward.argtypes = [vp, cint, cint, i64, i64, vp, i64, vp, i64, vp, i64]
         L.shim_glu_backward.argtypes = [vp, cint, cint, i64, i64, vp, i64, vp, i64, vp, i64, vp,
                                         i64, vp, i64]
+        L.shim_ce_forward.argtypes = [vp, cint, i64, i64, vp, i64, vp, i64, cint, i64, f32, cint,
+                                      vp, i64, vp, i64]
+        L.shim_ce_backward.argtypes = [vp, cint, i64, i64, vp, i64, vp, i64, vp, i64, cint, i64,
+                                       f32, cint, vp, i64, vp, i64]
         st = L.shim_init(torch.cuda.current_device())
         if st != 0:
             raise RuntimeError("shim_init: " + L.shim_last_error().decode())
@@ -142,6 +146,25 @@ def glu_bwd_call(S, kind, dout, gate, up, dgate, dup):
             RS(up), P(dgate), RS(dgate), P(dup), RS(dup))
     f = S.lib.shim_glu_backward
     return lambda: S.check(f(*args), "glu_backward")
+
+
+def ce_fwd_call(S, z, labels, loss, lse, reduction=0, smoothing=0.0, ignore=-100):
+    """reduction 0 MEAN, 1 SUM, 2 NONE (loss [N]); lse [N] or None."""
+    N, V = z.shape
+    args = (stream(), DT[z.dtype], N, V, P(z), RS(z), P(labels), labels.stride(0),
+            int(labels.dtype == torch.int64), ignore, smoothing, reduction, P(loss),
+            loss.stride(0) if reduction == 2 else 0, P(lse), RS(lse))
+    f = S.lib.shim_ce_forward
+    return lambda: S.check(f(*args), "ce_forward")
+
+
+def ce_bwd_call(S, dloss, z, labels, lse, dz, reduction=0, smoothing=0.0, ignore=-100):
+    N, V = z.shape
+    args = (stream(), DT[z.dtype], N, V, P(dloss), dloss.stride(0) if reduction == 2 else 0,
+            P(z), RS(z), P(labels), labels.stride(0), int(labels.dtype == torch.int64), ignore,
+            smoothing, reduction, P(lse), RS(lse), P(dz), RS(dz))
+    f = S.lib.shim_ce_backward
+    return lambda: S.check(f(*args), "ce_backward")
 
 
 # ---------------------------------------------------------------------------------------
@@ -408,6 +431,37 @@ def check_glu(S, ck, small):
                     ck.close(tag + " dup", du, du_r, TOL[dtype] * 2)
 
 
+def check_ce(S, ck, small):
+    """Cross-entropy against torch's F.cross_entropy in float64 (loss, lse, dlogits),
+    strided rows, ignored rows, label smoothing, every reduction, in place."""
+    shapes = [(4, 7, 1), (5, 1000, 0), (3, 32003, 3)] + ([] if small else [(64, 4096, 8), (2, 131072, 0)])
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for (N, V, pad) in shapes:
+            for red in (0, 1, 2):
+                for sm in (0.0, 0.1):
+                    tag = f"ce {str(dtype)[6:]} {N}x{V} pad={pad} red={red} s={sm}"
+                    z = strided_rows(N, V, dtype, pad)
+                    z.mul_(8)
+                    y = torch.randint(0, V, (N,), device="cuda",
+                                      dtype=torch.int64 if red != 1 else torch.int32)
+                    y[1::3] = -100
+                    zd = z.double().clone().requires_grad_(True)
+                    rname = ("mean", "sum", "none")[red]
+                    lref = F.cross_entropy(zd, y.long(), reduction=rname, label_smoothing=sm)
+                    loss = torch.full((N,) if red == 2 else (), float("nan"), device="cuda")
+                    lse = torch.full((N,), float("nan"), device="cuda")
+                    ce_fwd_call(S, z, y, loss, lse, red, sm)()
+                    ck.close(tag + " loss", loss, lref.detach(), 1e-5)
+                    ck.close(tag + " lse", lse, torch.logsumexp(zd.detach(), 1), 1e-6)
+                    dloss = torch.rand((N,) if red == 2 else (), device="cuda") + 0.5
+                    (gref,) = torch.autograd.grad(lref, [zd], dloss.double())
+                    inplace = red == 1
+                    dz = z if inplace else nan_like(z)
+                    ce_bwd_call(S, dloss, z, y, lse if sm == 0.0 else None, dz, red, sm)()
+                    ck.close(tag + f" dlogits{' inplace' if inplace else ''}", dz, gref,
+                             TOL[dtype] * 2)
+
+
 def sanitize_run(S):
     """Our kernels only (no references), small shapes covering every kernel variant:
     for compute-sanitizer racecheck, where torch's own kernels would be slow."""
@@ -443,6 +497,16 @@ def sanitize_run(S):
             for kind in (0, 1, 2):
                 glu_fwd_call(S, kind, g, u, out)()
                 glu_bwd_call(S, kind, out, g, u, nan_like(g), nan_like(u))()
+        for (N, V, pad) in ((4, 7, 1), (3, 5000, 3), (2, 40000, 0)):
+            z = strided_rows(N, V, dtype, pad)
+            y = torch.randint(0, V, (N,), device="cuda")
+            y[1] = -100
+            lse = torch.empty(N, device="cuda")
+            for red in (0, 1, 2):
+                loss = torch.empty((N,) if red == 2 else (), device="cuda")
+                ce_fwd_call(S, z, y, loss, lse, red, 0.1)()
+                ce_bwd_call(S, torch.ones_like(loss), z, y, None, nan_like(z), red, 0.1)()
+                ce_bwd_call(S, torch.ones_like(loss), z, y, lse, z, red, 0.1)()
     torch.cuda.synchronize()
     print("sanitize run: done")
 
@@ -577,6 +641,7 @@ def bench_all(S, args):
         if var_ms:
             r["variants"] = {k: round(nbytes / (v * 1e-3) / 1e12, 3) for k, v in var_ms.items()}
         results.append(r)
+        write_doc(args, copy_tbps, results)
         pk = ", ".join(f"{k} {v:.2f}" for k, v in r["peers"].items())
         if var_ms:
             pk += " || variants: " + ", ".join(f"{k} {v:.2f}" for k, v in r["variants"].items())
@@ -590,6 +655,8 @@ def bench_all(S, args):
             print("  peer failed:", type(e).__name__, str(e)[:200], flush=True)
             return None
 
+    if args.ce_first:
+        bench_ce(S, args, copy_tbps, results, row, safe)
     for N in rows_list:
         for H in H_list:
             case = f"{N // 1024}k x {H} bf16"
@@ -761,7 +828,91 @@ def bench_all(S, args):
                     row(op, case, nbytes, t_ours, peers)
             del rsets, qo, ko, sets, outs, routs
             torch.cuda.empty_cache()
+    if not args.ce_first:
+        bench_ce(S, args, copy_tbps, results, row, safe)
     return copy_tbps, results
+
+
+def bench_ce(S, args, copy_tbps, results, row, safe):
+    """Cross-entropy, 16k tokens, bf16 logits, MEAN, no smoothing. Ours: forward saving
+    lse, then the backward in place (dlogits = logits). Peer: F.cross_entropy on the bf16
+    logits (+ autograd backward). Bytes: forward reads the logits once; forward +
+    backward reads them twice and writes the gradient once."""
+    N, E = 16384, 2
+    for V in (32768, 131072):
+        case = f"16k x {V // 1024}k bf16"
+        try:
+            zs = [torch.randn(N, V, device="cuda", dtype=torch.bfloat16).mul_(3) for _ in range(2)]
+            ys = [torch.randint(0, V, (N,), device="cuda") for _ in range(2)]
+        except Exception as e:
+            print("  ce setup failed:", type(e).__name__, str(e)[:200], flush=True)
+            return
+        lse = torch.empty(N, device="cuda")
+        loss = torch.empty((), device="cuda")
+        dloss = torch.ones((), device="cuda")
+        fw = [ce_fwd_call(S, zs[i], ys[i], loss, lse) for i in range(2)]
+        t_f = time_ms(fw)
+        row("cross_entropy_fwd", case, N * V * E, t_f,
+            {"torch F.cross_entropy": safe(lambda: time_ms(
+                [lambda i=i: F.cross_entropy(zs[i], ys[i]) for i in range(2)]))})
+        steps = []
+        for i in range(2):
+            f, b = fw[i], ce_bwd_call(S, dloss, zs[i], ys[i], lse, zs[i])
+            steps.append(lambda f=f, b=b: (f(), b()))
+        t_fb = time_ms(steps)
+
+        def torch_fb():
+            fns = []
+            for i in range(2):
+                zz = zs[i].detach().requires_grad_(True)
+
+                def step(zz=zz, y=ys[i]):
+                    torch.autograd.grad(F.cross_entropy(zz, y), [zz])
+                fns.append(step)
+            t = time_ms(fns)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fns[0]()
+            torch.cuda.synchronize()
+            return t, (torch.cuda.max_memory_allocated() - base) / 1e9
+        tp = safe(torch_fb)
+        row("cross_entropy_fwd_bwd", case, 3 * N * V * E, t_fb,
+            {"torch F.cross_entropy autograd": tp[0] if tp else None})
+        if tp:
+            ours_gb = 2 * N * 4 / 1e9  # lse (kept for the backward) + the row-loss scratch
+            results.append({"op": "cross_entropy_fwd_bwd_extra_memory", "case": case,
+                            "metric": "GB peak", "ours": round(ours_gb, 6),
+                            "peers": {"torch F.cross_entropy autograd": round(tp[1], 3)},
+                            "ratio_best_peer": round(tp[1] / ours_gb, 1),
+                            "note": "ours: N*4 B lse + N*4 B stream-ordered scratch, gradient "
+                                    "in place (counted, not measured: cudaMallocAsync is outside "
+                                    "torch's allocator); torch: max_memory_allocated over one "
+                                    "forward + backward minus the allocated before"})
+            write_doc(args, copy_tbps, results)
+            print(f"{'cross_entropy extra memory':24s} {case:18s} ours {ours_gb:.4f} GB | torch "
+                  f"{tp[1]:.2f} GB", flush=True)
+        del zs, ys
+        torch.cuda.empty_cache()
+
+
+def write_doc(args, copy_tbps, rows):
+    if not args.json:
+        return
+    doc = {
+        "bench": "fused_ops",
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.date.today().isoformat(),
+        "commit": args.commit,
+        "command": args.command,
+        "torch": torch.__version__,
+        "ceilings": {"copy_TBps": round(copy_tbps, 3)},
+        "timing": ("CUDA events around 5 calls after a ~1 ms torch.cuda._sleep (host launch "
+                   "latency hidden), median of 25, two input sets alternating"),
+        "rows": rows,
+    }
+    with open(args.json, "w") as f:
+        json.dump(doc, f, indent=1)
 
 
 def main():
@@ -769,10 +920,11 @@ def main():
     ap.add_argument("--shim", required=True)
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--small", action="store_true")
-    ap.add_argument("--only", default="norm,rope,glu")
+    ap.add_argument("--only", default="norm,rope,glu,ce")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sanitize", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--ce-first", action="store_true", help="cross-entropy rows first")
     ap.add_argument("--json", default=None)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--command", default=None)
@@ -782,7 +934,8 @@ def main():
     rc = 0
     if args.check:
         ck = Checker()
-        for fam, fn in (("norm", check_norms), ("rope", check_rope), ("glu", check_glu)):
+        for fam, fn in (("norm", check_norms), ("rope", check_rope), ("glu", check_glu),
+                        ("ce", check_ce)):
             if fam in args.only:
                 fn(S, ck, args.small)
                 torch.cuda.synchronize()
@@ -794,24 +947,12 @@ def main():
         sanitize_run(S)
     if args.bench:
         copy_tbps, rows = bench_all(S, args)
-        doc = {
-            "bench": "fused_ops",
-            "device": torch.cuda.get_device_name(),
-            "date": datetime.date.today().isoformat(),
-            "commit": args.commit,
-            "command": args.command,
-            "torch": torch.__version__,
-            "ceilings": {"copy_TBps": round(copy_tbps, 3)},
-            "timing": ("CUDA events around 5 calls after a ~1 ms torch.cuda._sleep (host launch "
-                       "latency hidden), median of 25, two input sets alternating"),
-            "rows": rows,
-        }
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=1)
+        write_doc(args, copy_tbps, rows)
         print()
         print(f"{'op':32s} {'case':16s} {'ours TB/s':>9s} {'%copy':>6s} {'best peer':>9s} {'ratio':>6s}")
         for r in rows:
+            if r.get("metric") != "TB/s":
+                continue
             bp = max(r["peers"].values()) if r["peers"] else float("nan")
             print(f"{r['op']:32s} {r['case']:16s} {r['ours']:9.2f} {r['fraction_of_ceiling']*100:5.1f}% "
                   f"{bp:9.2f} {r['ratio_best_peer'] or float('nan'):6.2f}")

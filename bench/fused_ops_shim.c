@@ -3,7 +3,7 @@
  * the CUDA kernels of the fused ops on raw device pointers (torch tensors), without
  * the Python frontend and independently of the core's dispatch.
  *
- * It fills the validated argument structs of src/core/{norm,rope,glu}.h and calls the
+ * It fills the validated argument structs of src/core/{norm,rope,glu,softmax}.h and calls the
  * backend entry points ot_cuda_* directly (the public API validates first and then
  * calls the same functions once the dispatch is wired). Benchmark-only: the caller is
  * trusted to pass consistent shapes. Linked against the static library:
@@ -17,6 +17,7 @@
 #include "core/glu.h"
 #include "core/norm.h"
 #include "core/rope.h"
+#include "core/softmax.h"
 
 #define SHIM_API __attribute__((visibility("default")))
 
@@ -166,4 +167,52 @@ SHIM_API int shim_glu_backward(void *stream, int kind, int dtype, int64_t rows, 
   a.dup_stride = dus;
   g_ctx->stream = stream;
   return (int)ot_cuda_glu_backward(g_ctx, &a);
+}
+
+/* Cross-entropy: reduction 0 MEAN, 1 SUM, 2 NONE; loss / dloss stride 0 for MEAN / SUM;
+ * lse NULL or [N] at lse_stride. */
+static void ce_fill(ot_cross_entropy_args *a, int dtype, int64_t N, int64_t V, const void *z,
+                    int64_t zs, const void *labels, int64_t ys, int labels_i64, int64_t ignore,
+                    float smoothing, int reduction, float *lse, int64_t lses) {
+  memset(a, 0, sizeof *a);
+  a->dtype = (ot_dtype)dtype;
+  a->N = N;
+  a->V = V;
+  a->logits = z;
+  a->logits_stride = zs;
+  a->labels = labels;
+  a->labels_dtype = labels_i64 ? OT_I64 : OT_I32;
+  a->labels_stride = ys;
+  a->ignore_index = ignore;
+  a->label_smoothing = smoothing;
+  a->reduction = (ot_reduction)reduction;
+  a->count = -1;
+  a->lse = lse;
+  a->lse_stride = lses;
+}
+
+SHIM_API int shim_ce_forward(void *stream, int dtype, int64_t N, int64_t V, const void *z,
+                             int64_t zs, const void *labels, int64_t ys, int labels_i64,
+                             int64_t ignore, float smoothing, int reduction, float *loss,
+                             int64_t loss_stride, float *lse, int64_t lses) {
+  ot_cross_entropy_args a;
+  ce_fill(&a, dtype, N, V, z, zs, labels, ys, labels_i64, ignore, smoothing, reduction, lse, lses);
+  a.loss = loss;
+  a.loss_stride = loss_stride;
+  g_ctx->stream = stream;
+  return (int)ot_cuda_cross_entropy_forward(g_ctx, &a);
+}
+
+SHIM_API int shim_ce_backward(void *stream, int dtype, int64_t N, int64_t V, const float *dloss,
+                              int64_t dloss_stride, const void *z, int64_t zs, const void *labels,
+                              int64_t ys, int labels_i64, int64_t ignore, float smoothing,
+                              int reduction, float *lse, int64_t lses, void *dz, int64_t dzs) {
+  ot_cross_entropy_args a;
+  ce_fill(&a, dtype, N, V, z, zs, labels, ys, labels_i64, ignore, smoothing, reduction, lse, lses);
+  a.dloss = dloss;
+  a.dloss_stride = dloss_stride;
+  a.dlogits = dz;
+  a.dlogits_stride = dzs;
+  g_ctx->stream = stream;
+  return (int)ot_cuda_cross_entropy_backward(g_ctx, &a);
 }

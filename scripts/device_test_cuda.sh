@@ -12,7 +12,7 @@
 #      against the float64 references);
 #   3. bench/bench_fused_ops.py --check: our kernels against float64 torch references
 #      (odd shapes, strided rows, all dtypes, in place);
-#   4. compute-sanitizer memcheck over the norm checks on small shapes, racecheck over our
+#   4. compute-sanitizer memcheck over the norm and cross-entropy checks on small shapes, racecheck over our
 #      kernels alone (--sanitize: every kernel variant, no torch references);
 #   5. bench/bench_fused_ops.py --bench -> $OUT/fused_ops.json (+ plot), table last.
 # Machines without libdlpack-dev / OpenBLAS (the lent ones have no package registry)
@@ -69,7 +69,7 @@ if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   echo "check rc=$?"; tail -25 "$OUT/check.log"
   stamp "compute-sanitizer memcheck"
   timeout 200 compute-sanitizer --tool memcheck --print-limit 20 \
-    python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only norm >"$OUT/memcheck.log" 2>&1
+    python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only norm,ce >"$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$?"; grep -E 'ERROR SUMMARY|check:|Invalid|FAIL' "$OUT/memcheck.log" | head -10
   stamp "compute-sanitizer racecheck"
   timeout 200 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
