@@ -11,7 +11,9 @@ With torch installed each op is also ``torch.ops.ops_transformer.<name>``, with 
 implementations (torch.compile) and autograd through the library's backward ops.
 
 With torch: ``patch_llama`` / ``patch_model`` / ``unpatch`` route a HF transformers
-Llama / Mistral / Qwen2 model through these ops (``ops_transformer.patch``).
+Llama / Mistral / Qwen2 model through these ops (``ops_transformer.patch``);
+``custom_op(replace="torch.nn.functional.scaled_dot_product_attention")`` puts a
+function (the built-in ``sdpa``) in place of a torch function (``ops_transformer.replace``).
 
 Errors raise :class:`Error` (a RuntimeError) with the C library's message.
 Options: :data:`config`.
@@ -30,6 +32,7 @@ except ImportError:
 if _torch is not None:
     from . import _torch_ops  # noqa: F401  (registers torch.ops.ops_transformer.*)
     from .patch import patch_llama, patch_model, unpatch  # noqa: F401  (HF transformers)
+    from .replace import Unsupported, custom_op, sdpa  # noqa: F401
 
 __version__ = _C.version()
 
@@ -46,4 +49,4 @@ def last_error():
 
 __all__ = ["Error", "config", "has_cuda", "last_error", "__version__"] + list(_ops_all)
 if _torch is not None:
-    __all__ += ["patch_llama", "patch_model", "unpatch"]
+    __all__ += ["patch_llama", "patch_model", "unpatch", "custom_op", "sdpa", "Unsupported"]

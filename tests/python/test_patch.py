@@ -191,3 +191,114 @@ def test_patched_model_has_no_graph_breaks(ids):
     ot.patch_model(model)
     explanation = torch._dynamo.explain(model)(ids, labels=ids)
     assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+# ---------------------------------------------------------------------------------
+# custom_op(replace="torch.nn.functional.scaled_dot_product_attention")
+# ---------------------------------------------------------------------------------
+
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+
+
+def qkv(Hq=4, Hk=4, Sq=12, Sk=12, D=16, dtype=torch.float32):
+    g = torch.Generator().manual_seed(2)
+    return (torch.randn(2, Hq, Sq, D, generator=g, dtype=dtype).requires_grad_(),
+            torch.randn(2, Hk, Sk, D, generator=g, dtype=dtype).requires_grad_(),
+            torch.randn(2, Hk, Sk, D, generator=g, dtype=dtype).requires_grad_())
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(is_causal=True), dict(scale=0.3),
+                                dict(is_causal=True, enable_gqa=True, Hk=2),
+                                dict(Sq=5, Sk=9)])
+def test_sdpa_replacement_matches_torch(kw, calls):
+    kw = dict(kw)
+    shape = {k: kw.pop(k) for k in ("Hk", "Sq", "Sk") if k in kw}
+    torch_sdpa = F.scaled_dot_product_attention
+    q, k, v = qkv(**shape)
+    ref = torch_sdpa(q, k, v, **kw)
+    dref = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    with ot.custom_op(replace=SDPA) as r:
+        assert F.scaled_dot_product_attention is not torch_sdpa
+        assert r.installed
+        out = F.scaled_dot_product_attention(q, k, v, **kw)
+    assert F.scaled_dot_product_attention is torch_sdpa           # restored on exit
+    assert calls["attention"] == 1                                 # the library ran
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+    dout = torch.autograd.grad(out.square().sum(), (q, k, v))
+    for a, b in zip(dout, dref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_sdpa_float_mask_falls_back_logged_once(caplog, calls):
+    from ops_transformer import replace as ot_replace
+    ot_replace._LOGGED.clear()
+    q, k, v = qkv()
+    mask = torch.randn(12, 12)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with caplog.at_level(logging.WARNING, logger="ops_transformer"):
+        with ot.custom_op(replace=SDPA):
+            out1 = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out2 = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            dropped = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert calls.get("attention", 0) == 0
+    assert torch.equal(out1, ref) and torch.equal(out2, ref)
+    assert dropped.shape == ref.shape
+    msgs = [r.getMessage() for r in caplog.records]
+    assert sum("attn_mask" in m for m in msgs) == 1, msgs        # once for two calls
+    assert sum("dropout_p" in m for m in msgs) == 1, msgs
+
+
+def test_custom_op_decorator_install_restore(calls):
+    torch_sdpa = F.scaled_dot_product_attention
+    seen = []
+
+    @ot.custom_op(replace=SDPA)
+    def my_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                scale=None, enable_gqa=False):
+        seen.append(is_causal)
+        if not is_causal:
+            raise ot.Unsupported("only causal calls")
+        return ot.sdpa(query, key, value, is_causal=True, scale=scale, enable_gqa=enable_gqa)
+
+    try:
+        assert F.scaled_dot_product_attention is not torch_sdpa and my_sdpa.installed
+        q, k, v = qkv()
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.testing.assert_close(out, torch_sdpa(q, k, v, is_causal=True), rtol=2e-5,
+                                   atol=2e-5)
+        full = F.scaled_dot_product_attention(q, k, v)              # -> torch's function
+        assert torch.equal(full, torch_sdpa(q, k, v))
+        assert seen == [True, False] and calls["attention"] == 1
+        assert my_sdpa.__name__ == "my_sdpa"
+    finally:
+        my_sdpa.restore()
+    assert F.scaled_dot_product_attention is torch_sdpa and not my_sdpa.installed
+    with my_sdpa:                                   # a Replacement is a context manager too
+        assert F.scaled_dot_product_attention is not torch_sdpa
+    assert F.scaled_dot_product_attention is torch_sdpa
+
+
+def test_custom_op_bad_target_and_context_restores_on_error():
+    torch_sdpa = F.scaled_dot_product_attention
+    with pytest.raises(ValueError):
+        ot.custom_op(replace="torch.nn.functional.no_such_function")
+    with pytest.raises(ValueError, match="built-in"):
+        with ot.custom_op(replace="torch.nn.functional.softmax"):
+            pass
+    with pytest.raises(KeyError):
+        with ot.custom_op(replace=SDPA):
+            raise KeyError("boom")
+    assert F.scaled_dot_product_attention is torch_sdpa
+
+
+def test_sdpa_replacement_in_hf_sdpa_model(ids, calls):
+    # transformers' "sdpa" attention calls torch.nn.functional.scaled_dot_product_attention
+    # at call time, so the replacement serves an unpatched HF model too.
+    model = tiny_llama()
+    loss0, logits0, g0 = loss_and_grads(model, ids)
+    with ot.custom_op(replace=SDPA):
+        loss1, logits1, g1 = loss_and_grads(model, ids)
+    assert calls["attention"] == 2
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+    assert_grads_close(g0, g1)
