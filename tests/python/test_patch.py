@@ -326,3 +326,14 @@ def test_patched_bf16_close_to_float32(ids, mode):
         err_hf = (g_hf[n].float() - g32[n]).abs().max().item() / scale
         err_ot = (g_ot[n].float() - g32[n]).abs().max().item() / scale
         assert err_ot <= max(2 * err_hf, 0.02), (n, err_ot, err_hf)
+
+
+def test_patched_with_gradient_checkpointing(ids):
+    model = tiny_llama()
+    model.train()
+    loss0, _, g0 = loss_and_grads(model, ids)
+    model.gradient_checkpointing_enable()
+    ot.patch_model(model)
+    loss1, _, g1 = loss_and_grads(model, ids, use_cache=False)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+    assert_grads_close(g0, g1)
