@@ -754,6 +754,7 @@ def bench_all(S, args):
             # SwiGLU, F = H (separate gate / up tensors)
             ours = [glu_fwd_call(S, 0, s["x"], s["r"], outs[i]) for i, s in enumerate(sets)]
             t_ours = time_ms(ours)
+            glu_var = variants(ours, {"old (256 thr x 2 vec)": {"OT_GLU_FWD_IMPL": "old"}})
             peers = {
                 "torch eager": safe(lambda: time_ms([lambda s=s: eager_swiglu(s["x"], s["r"]) for s in sets])),
                 "torch F.silu(g)*u": safe(lambda: time_ms([lambda s=s: F.silu(s["x"]) * s["r"] for s in sets])),
@@ -761,7 +762,7 @@ def bench_all(S, args):
             c = compiled(f"swiglu{H}", eager_swiglu)
             if c is not None:
                 peers["torch.compile eager"] = safe(lambda: time_ms([lambda s=s: c(s["x"], s["r"]) for s in sets]))
-            row("swiglu_fwd", case, 3 * N * H * E, t_ours, peers)
+            row("swiglu_fwd", case, 3 * N * H * E, t_ours, peers, glu_var)
 
             dg = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
             ours = [glu_bwd_call(S, 0, s["dy"], s["x"], s["r"], outs[i], dg[i]) for i, s in enumerate(sets)]
