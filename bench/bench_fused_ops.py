@@ -674,6 +674,35 @@ def bench_all(S, args):
             dws = torch.empty(H, dtype=dtype, device="cuda")
             dbs = torch.empty(H, dtype=dtype, device="cuda")
 
+            # SwiGLU, F = H (separate gate / up tensors)
+            ours = [glu_fwd_call(S, 0, s["x"], s["r"], outs[i]) for i, s in enumerate(sets)]
+            t_ours = time_ms(ours)
+            glu_var = variants(ours, {"old (256 thr x 2 vec)": {"OT_GLU_FWD_IMPL": "old"}})
+            peers = {
+                "torch eager": safe(lambda: time_ms([lambda s=s: eager_swiglu(s["x"], s["r"]) for s in sets])),
+                "torch F.silu(g)*u": safe(lambda: time_ms([lambda s=s: F.silu(s["x"]) * s["r"] for s in sets])),
+            }
+            c = compiled(f"swiglu{H}", eager_swiglu)
+            if c is not None:
+                peers["torch.compile eager"] = safe(lambda: time_ms([lambda s=s: c(s["x"], s["r"]) for s in sets]))
+            row("swiglu_fwd", case, 3 * N * H * E, t_ours, peers, glu_var)
+
+            dg = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
+            ours = [glu_bwd_call(S, 0, s["dy"], s["x"], s["r"], outs[i], dg[i]) for i, s in enumerate(sets)]
+            t_ours = time_ms(ours)
+
+            def swiglu_autograd():
+                gs = []
+                for s in sets:
+                    gg = s["x"].detach().clone().requires_grad_(True)
+                    uu = s["r"].detach().clone().requires_grad_(True)
+                    y = F.silu(gg) * uu
+                    gs.append(lambda y=y, ins=[gg, uu], dy=s["dy"]: torch.autograd.grad(y, ins, dy, retain_graph=True))
+                return time_ms(gs)
+            row("swiglu_bwd", case, 5 * N * H * E, t_ours, {"torch F.silu(g)*u autograd": safe(swiglu_autograd)})
+            del dg
+            torch.cuda.empty_cache()
+
             for layer in (0, 1):
                 nm = "layernorm" if layer else "rmsnorm"
                 bb = bvec if layer else None
@@ -751,34 +780,6 @@ def bench_all(S, args):
                 row(f"{nm}_bwd", case, 3 * N * H * E, t_ours, peers, var_ms)
                 torch.cuda.empty_cache()
 
-            # SwiGLU, F = H (separate gate / up tensors)
-            ours = [glu_fwd_call(S, 0, s["x"], s["r"], outs[i]) for i, s in enumerate(sets)]
-            t_ours = time_ms(ours)
-            glu_var = variants(ours, {"old (256 thr x 2 vec)": {"OT_GLU_FWD_IMPL": "old"}})
-            peers = {
-                "torch eager": safe(lambda: time_ms([lambda s=s: eager_swiglu(s["x"], s["r"]) for s in sets])),
-                "torch F.silu(g)*u": safe(lambda: time_ms([lambda s=s: F.silu(s["x"]) * s["r"] for s in sets])),
-            }
-            c = compiled(f"swiglu{H}", eager_swiglu)
-            if c is not None:
-                peers["torch.compile eager"] = safe(lambda: time_ms([lambda s=s: c(s["x"], s["r"]) for s in sets]))
-            row("swiglu_fwd", case, 3 * N * H * E, t_ours, peers, glu_var)
-
-            dg = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
-            ours = [glu_bwd_call(S, 0, s["dy"], s["x"], s["r"], outs[i], dg[i]) for i, s in enumerate(sets)]
-            t_ours = time_ms(ours)
-
-            def swiglu_autograd():
-                gs = []
-                for s in sets:
-                    gg = s["x"].detach().clone().requires_grad_(True)
-                    uu = s["r"].detach().clone().requires_grad_(True)
-                    y = F.silu(gg) * uu
-                    gs.append(lambda y=y, ins=[gg, uu], dy=s["dy"]: torch.autograd.grad(y, ins, dy, retain_graph=True))
-                return time_ms(gs)
-            row("swiglu_bwd", case, 5 * N * H * E, t_ours, {"torch F.silu(g)*u autograd": safe(swiglu_autograd)})
-            del dg
-            torch.cuda.empty_cache()
 
             # RoPE: q [N, H/128, 128], k [N, 8, 128], NeoX, positions int64, cos/sin cache
             D = 128
@@ -925,7 +926,8 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sanitize", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--ce-first", action="store_true", help="cross-entropy rows first")
+    ap.add_argument("--ce-last", dest="ce_first", action="store_false",
+                    help="cross-entropy rows last (default: first, the newest kernels first)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--command", default=None)
