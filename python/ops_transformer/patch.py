@@ -26,15 +26,17 @@ of instances, the model's ``loss_function`` and ``config._attn_implementation`` 
   HF's label shift, ``ignore_index=-100`` and ``num_items_in_batch``.
 
 Falls back to HF's implementation (logged once per reason, logger
-``"ops_transformer"``): padded batches and packed sequences (any materialized
-attention mask: the call goes to transformers' SDPA attention with that mask),
+``"ops_transformer"``): padded batches (any materialized attention mask: the call
+goes to transformers' SDPA attention with that mask),
 attention dropout in training, a cache with a query/key length mismatch other than
-one-token decode, mixed dtypes in a norm or an MLP.
+one-token decode, mixed dtypes in a norm or an MLP. Packed batches (position ids
+restarting inside a row, no attention mask, ``use_cache=False`` -- when HF itself
+detects packing) run the library's varlen attention instead of HF's block-diagonal
+mask, except under torch.compile (the split is data-dependent: HF's mask then).
 
 Not done yet (issue 8): a fused linear + cross-entropy that never materializes the
 logits does not exist in the library -- the lm_head still writes the full
-[tokens, vocab] logits and only the loss itself is fused; varlen attention for
-packed batches (position-id resets) falls back to SDPA; patching classes before
+[tokens, vocab] logits and only the loss itself is fused; patching classes before
 construction.
 """
 
@@ -69,9 +71,28 @@ class _State:
     # returns None even under torch.compile, where HF would materialize a causal mask
     # (its packed-sequence detection cannot read position ids while tracing).
     trivial_mask = False
+    # int32 cu_seqlens [segments + 1] over the flattened [B * S] tokens while a patched
+    # base model runs a packed batch (position ids restarting inside a row, no mask,
+    # no cache): attention then runs the library's varlen path instead of HF's
+    # block-diagonal SDPA mask.
+    cu_seqlens = None
 
 
 _STATE = _State()
+
+
+def _packed_cu_seqlens(position_ids, batch):
+    """cu_seqlens of the sequences packed in position_ids ([1 or B, S]) as HF's
+    find_packed_sequence_indices splits them (a new sequence where the position does
+    not increase by one), or None when no row holds more than one sequence."""
+    pos = position_ids.expand(batch, -1)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[:, 1:] = torch.diff(pos, dim=-1) != 1
+    if int(starts.sum()) == batch:
+        return None
+    idx = torch.nonzero(starts.reshape(-1)).reshape(-1)
+    end = torch.tensor([pos.numel()], device=idx.device, dtype=idx.dtype)
+    return torch.cat([idx, end]).to(torch.int32)
 
 
 # ---------------------------------------------------------------------------------
@@ -168,8 +189,12 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
     q, k = _ops.rope(q, k, pos, cos_sin_cache=cs)
     if cache is None and attention_mask is None:
         # [B, S, H, D] throughout: no transposes, no repeated k/v heads
+        cu = _STATE.cu_seqlens
+        if cu is not None:           # packed sequences: [B * S, H, D] varlen
+            q, k, v = q.reshape(B * S, -1, D), k.reshape(B * S, -1, D), v.reshape(B * S, -1, D)
         o = _ops.attention(q, k, v, causal=getattr(self, "is_causal", True),
-                           softmax_scale=self.scaling, window=_window(_sliding_window(self)))
+                           softmax_scale=self.scaling, window=_window(_sliding_window(self)),
+                           cu_seqlens_q=cu, cu_seqlens_k=cu)
     else:
         # HF's cache layout is [B, H, S, D]; the interface function takes it as views
         k, v = k.transpose(1, 2), v.transpose(1, 2)
@@ -181,17 +206,30 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
 
 
 def _base_model_forward(self, *args, **kwargs):
-    trivial = (len(args) <= 1 and kwargs.get("attention_mask") is None
-               and kwargs.get("position_ids") is None and kwargs.get("cache") is None
-               and kwargs.get("past_key_values") is None)
-    if not trivial:
+    no_cache = kwargs.get("cache") is None and kwargs.get("past_key_values") is None
+    plain = len(args) <= 1 and kwargs.get("attention_mask") is None and no_cache
+    cu = None
+    if plain and kwargs.get("position_ids") is not None:
+        use_cache = kwargs.get("use_cache")
+        if use_cache is None:
+            use_cache = getattr(self.config, "use_cache", False)
+        # HF looks for packed sequences only without a cache (it creates one when
+        # use_cache); under torch.compile the split is data-dependent: HF's mask then.
+        if use_cache or torch.compiler.is_compiling():
+            plain = False
+        else:
+            ref = args[0] if args else kwargs.get("input_ids")
+            if ref is None:
+                ref = kwargs.get("inputs_embeds")
+            cu = _packed_cu_seqlens(kwargs["position_ids"], ref.shape[0])
+    if not plain:
         return self._ot_orig_forward(*args, **kwargs)
-    prev = _STATE.trivial_mask
-    _STATE.trivial_mask = True
+    prev = _STATE.trivial_mask, _STATE.cu_seqlens
+    _STATE.trivial_mask, _STATE.cu_seqlens = True, cu
     try:
         return self._ot_orig_forward(*args, **kwargs)
     finally:
-        _STATE.trivial_mask = prev
+        _STATE.trivial_mask, _STATE.cu_seqlens = prev
 
 
 # ---------------------------------------------------------------------------------
@@ -217,9 +255,18 @@ def ot_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         if sliding_window is None and hasattr(module, "config"):
             sliding_window = _sliding_window(module)
-        o = _ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                           causal=bool(causal), softmax_scale=scaling,
-                           window=_window(sliding_window), softcap=float(softcap or 0.0))
+        q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        cu = _STATE.cu_seqlens
+        if cu is not None and Sq == Sk and q.shape[0] * Sq == int(cu[-1]):
+            B = q.shape[0]
+            q, k, v = (t.reshape(B * Sq, t.shape[2], t.shape[3]) for t in (q, k, v))
+        else:
+            cu = None
+        o = _ops.attention(q, k, v, causal=bool(causal), softmax_scale=scaling,
+                           window=_window(sliding_window), softcap=float(softcap or 0.0),
+                           cu_seqlens_q=cu, cu_seqlens_k=cu)
+        if cu is not None:
+            o = o.view(query.shape[0], Sq, o.shape[1], o.shape[2])
         return o, None
     _log_once("attn_fallback:" + reason.split(" ")[0],
               f"attention with {reason}: transformers' SDPA attention used")

@@ -360,3 +360,22 @@ def test_train_llama_example_runs(tmp_path):
                                rtol=1e-4, atol=0)
     s = mod.main(["--steps", "2", "--bf16", "--no-progress", "--device", "cpu"])
     assert s["dtype"] == "bf16"
+
+
+def test_packed_sequences_run_varlen(ids, calls):
+    # Row 0 packs sequences of 6, 7 and 3 tokens; row 1 is one sequence. HF (no cache)
+    # detects the packing from the position ids and masks block-diagonally; the patched
+    # model runs the library's varlen attention with the same split.
+    model = tiny_llama()
+    pos = torch.stack([torch.cat([torch.arange(6), torch.arange(7), torch.arange(3)]),
+                       torch.arange(S)])
+    assert ot_patch._packed_cu_seqlens(pos, B).tolist() == [0, 6, 13, 16, 32]
+    assert ot_patch._packed_cu_seqlens(torch.arange(S)[None], B) is None
+    loss0, logits0, g0 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
+    ot.patch_model(model)
+    loss1, logits1, g1 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
+    assert calls["attention"] == 2
+    torch.testing.assert_close(logits1, logits0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+    assert_grads_close(g0, g1)
+    assert ot_patch._STATE.cu_seqlens is None and not ot_patch._STATE.trivial_mask
