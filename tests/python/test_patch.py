@@ -63,8 +63,21 @@ def assert_grads_close(g_ref, g, rtol=1e-5):
         assert err <= rtol * max(scale, 1e-6) + 1e-7, f"{n}: max err {err}, max |g| {scale}"
 
 
-def test_patched_matches_hf_loss_and_grads(ids, calls):
-    model = tiny_llama()
+def tiny_family(family):
+    torch.manual_seed(0)
+    import transformers as tf
+    cfg_cls, model_cls = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+                          "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+                          "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM)}[family]
+    cfg = cfg_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=V,
+                  max_position_embeddings=128)
+    return model_cls(cfg).float()
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_patched_matches_hf_loss_and_grads(ids, calls, family):
+    model = tiny_family(family)
     loss0, logits0, g0 = loss_and_grads(model, ids)
     ot.patch_llama(model)
     assert ot_patch.is_patched(model)
