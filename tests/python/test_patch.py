@@ -392,3 +392,54 @@ def test_packed_sequences_run_varlen(ids, calls):
     torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
     assert_grads_close(g0, g1)
     assert ot_patch._STATE.cu_seqlens is None and not ot_patch._STATE.trivial_mask
+
+
+# ---------------------------------------------------------------------------------
+# DDP and FSDP2 (2 CPU processes, gloo): the patched layers are ordinary torch ops to them
+# ---------------------------------------------------------------------------------
+
+def _dist_worker(rank, world, mode, init_file, out_file):
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        model = ot.patch_model(tiny_llama())
+        ids = torch.randint(0, V, (2 * world, S), generator=torch.Generator().manual_seed(1))
+        mine = ids[2 * rank:2 * rank + 2]
+        if mode == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+            ddp = DistributedDataParallel(model)    # kept alive through backward
+            ddp(mine, labels=mine).loss.backward()
+            grads = {n: p.grad for n, p in model.named_parameters()}
+        else:
+            from torch.distributed.fsdp import fully_shard
+            for layer in model.model.layers:
+                fully_shard(layer)
+            fully_shard(model)
+            model(mine, labels=mine).loss.backward()
+            grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        if rank == 0:
+            torch.save({n: g.detach().clone() for n, g in grads.items()}, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+def test_patched_model_under_ddp_and_fsdp2(tmp_path, mode):
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    out = tmp_path / "grads.pt"
+    mp.spawn(_dist_worker, args=(2, mode, str(tmp_path / "init"), str(out)), nprocs=2)
+    # reference: the unpatched model, one process, the mean of the two shards' gradients
+    model = tiny_llama()
+    ids = torch.randint(0, V, (4, S), generator=torch.Generator().manual_seed(1))
+    ref = {}
+    for r in range(2):
+        model.zero_grad(set_to_none=True)
+        model(ids[2 * r:2 * r + 2], labels=ids[2 * r:2 * r + 2]).loss.backward()
+        for n, p in model.named_parameters():
+            ref[n] = ref.get(n, 0) + p.grad / 2
+    assert_grads_close(ref, torch.load(out))
