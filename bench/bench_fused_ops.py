@@ -677,7 +677,7 @@ def bench_all(S, args):
             # SwiGLU, F = H (separate gate / up tensors)
             ours = [glu_fwd_call(S, 0, s["x"], s["r"], outs[i]) for i, s in enumerate(sets)]
             t_ours = time_ms(ours)
-            glu_var = variants(ours, {"old (256 thr x 2 vec)": {"OT_GLU_FWD_IMPL": "old"}})
+            glu_var = variants(ours, {"v2 (64-256 thr x 4 vec)": {"OT_GLU_FWD_IMPL": "v2"}})
             peers = {
                 "torch eager": safe(lambda: time_ms([lambda s=s: eager_swiglu(s["x"], s["r"]) for s in sets])),
                 "torch F.silu(g)*u": safe(lambda: time_ms([lambda s=s: F.silu(s["x"]) * s["r"] for s in sets])),

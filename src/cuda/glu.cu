@@ -12,11 +12,15 @@
  * scalar instantiation. In-place (dgate == gate, dup == up) is safe: every element
  * is read and written by the same thread.
  *
- * The forward over aligned rows takes v2 (glu_fwd_v2_kernel): the narrowest block of
- * 64 / 128 / 256 threads whose threads cover the row with kGluV2NV vectors each, all of
- * them loaded (raw, evict-first) before the math, with compile-time strides; and SwiGLU
- * uses the approximate exp and division (see silu). OT_GLU_FWD_IMPL=old selects the
- * first kernel for comparison.
+ * SwiGLU uses the approximate exp and division (see silu): with expf and the IEEE
+ * division this kernel measured 85% / 88% of copy bandwidth (run of d2db26c), with the
+ * approximate ones 94% / 98% (H200, 16k x 4096 / 8192 bf16, run of 0168742: 4.03 / 4.18
+ * TB/s, copy 4.28;
+ * torch.compile 4.26 / 4.33). A forward v2
+ * (glu_fwd_v2_kernel: the narrowest block of 64 / 128 / 256 threads covering the row
+ * with kGluV2NV = 4 vectors of gate and of up per thread, all loaded raw before the
+ * math) measured slower in the same run (3.85 / 3.93 TB/s), so it is opt-in
+ * (OT_GLU_FWD_IMPL=v2), kept as the benchmark's variant.
  */
 #include <stdlib.h>
 
@@ -27,10 +31,11 @@ namespace ot {
 
 constexpr int kGluThreads = 256;
 
-/* OT_GLU_FWD_IMPL=old: the first forward (for the benchmark's comparison). */
-static inline bool glu_env_old() {
+/* OT_GLU_FWD_IMPL=v2: the forward v2 below (kept for the benchmark's comparison; the
+ * default is glu_kernel, measured faster). */
+static inline bool glu_env_v2() {
   const char *s = getenv("OT_GLU_FWD_IMPL");
-  return s && s[0] == 'o' && s[1] == 'l' && s[2] == 'd' && !s[3];
+  return s && s[0] == 'v' && s[1] == '2' && !s[2];
 }
 constexpr int kGluUnroll = 2;
 
@@ -203,7 +208,7 @@ static cudaError_t glu_fwd_v2_launch(glu_params p, ot_glu_kind kind, cudaStream_
 template <typename T, bool BACKWARD>
 static cudaError_t glu_launch(glu_params p, ot_glu_kind kind, bool vec, cudaStream_t stream) {
   if (p.rows == 0 || p.F == 0) return cudaSuccess;
-  if (!BACKWARD && vec && !glu_env_old()) return glu_fwd_v2_launch<T>(p, kind, stream);
+  if (!BACKWARD && vec && glu_env_v2()) return glu_fwd_v2_launch<T>(p, kind, stream);
   constexpr int V = vec_width<T>::value;
   const int64_t per_chunk = (int64_t)kGluThreads * kGluUnroll * V;
   p.chunks = (p.F + per_chunk - 1) / per_chunk;
