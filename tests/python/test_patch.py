@@ -443,3 +443,21 @@ def test_patched_model_under_ddp_and_fsdp2(tmp_path, mode):
         for n, p in model.named_parameters():
             ref[n] = ref.get(n, 0) + p.grad / 2
     assert_grads_close(ref, torch.load(out))
+
+
+def test_sdpa_replacement_compiles_fullgraph(calls):
+    torch._dynamo.reset()
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
+
+    q, k, v = qkv()
+    ref = f(q, k, v)
+    dref = torch.autograd.grad(ref, (q, k, v))
+    with ot.custom_op(replace=SDPA):
+        out = torch.compile(f, fullgraph=True)(q, k, v)
+        dout = torch.autograd.grad(out, (q, k, v))
+    assert calls["attention"] >= 1
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(dout, dref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
