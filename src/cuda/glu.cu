@@ -14,13 +14,12 @@
  *
  * SwiGLU uses the approximate exp and division (see silu): with expf and the IEEE
  * division this kernel measured 85% / 88% of copy bandwidth (run of d2db26c), with the
- * approximate ones 94% / 98% (H200, 16k x 4096 / 8192 bf16, run of 0168742: 4.03 / 4.18
- * TB/s, copy 4.28;
- * torch.compile 4.26 / 4.33). A forward v2
- * (glu_fwd_v2_kernel: the narrowest block of 64 / 128 / 256 threads covering the row
- * with kGluV2NV = 4 vectors of gate and of up per thread, all loaded raw before the
- * math) measured slower in the same run (3.85 / 3.93 TB/s), so it is opt-in
- * (OT_GLU_FWD_IMPL=v2), kept as the benchmark's variant.
+ * approximate ones 94% / 98% (H200, 16k x 4096 / 8192 bf16, run of 0168742: 4.03 /
+ * 4.18 TB/s, copy 4.28; torch.compile 4.26 / 4.33). A forward v2 (glu_fwd_v2_kernel:
+ * the narrowest block of 64 / 128 / 256 threads covering the row with kGluV2NV = 4
+ * vectors of gate and of up per thread, all loaded raw before the math) measured
+ * slower in the same run (3.85 / 3.93 TB/s), so it is opt-in (OT_GLU_FWD_IMPL=v2),
+ * kept as the benchmark's variant.
  */
 #include <stdlib.h>
 
