@@ -5,7 +5,8 @@
     >>> loss = model(input_ids, labels=input_ids).loss
     >>> ot.unpatch(model)            # everything back as it was
 
-What :func:`patch_model` replaces, on the given *instance* (parameters, buffers and
+What :func:`patch_model` replaces, on the given *instance* (or on every instance of a
+given class constructed afterwards: ``patch_model(LlamaForCausalLM)``; parameters, buffers and
 ``state_dict`` are untouched; modules keep their identity; only ``forward`` attributes
 of instances, the model's ``loss_function`` and ``config._attn_implementation`` change):
 
@@ -36,8 +37,7 @@ mask, except under torch.compile (the split is data-dependent: HF's mask then).
 
 Not done yet (issue 8): a fused linear + cross-entropy that never materializes the
 logits does not exist in the library -- the lm_head still writes the full
-[tokens, vocab] logits and only the loss itself is fused; patching classes before
-construction.
+[tokens, vocab] logits and only the loss itself is fused.
 """
 
 from __future__ import annotations
@@ -363,7 +363,9 @@ def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rop
                 swiglu=True, loss=True):
     """Route a HF ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``
     (or their base ``*Model``) through ops_transformer's ops, in place; returns the
-    model. Each keyword turns one replacement off (``rope=False`` keeps HF's rotary
+    model. Given the class instead (``patch_model(LlamaForCausalLM)``, before
+    construction), every instance of exactly that class constructed afterwards --
+    ``from_pretrained`` included -- is patched at the end of its ``__init__``. Each keyword turns one replacement off (``rope=False`` keeps HF's rotary
     code and its own attention interface call; ``attention=False`` keeps HF's attention
     entirely). See the module docstring for what is replaced and when HF's code still
     runs. :func:`unpatch` restores the model exactly.
@@ -372,6 +374,10 @@ def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rop
     the library yet: the logits are still computed by the lm_head; only the loss is
     ops_transformer's.
     """
+    if isinstance(model, type):
+        return _patch_class(model, dict(rms_norm=rms_norm, fuse_residual=fuse_residual,
+                                        attention=attention, rope=rope, swiglu=swiglu,
+                                        loss=loss))
     if is_patched(model):
         raise RuntimeError("ops_transformer.patch_model: the model is already patched "
                            "(ops_transformer.unpatch first)")
@@ -405,6 +411,44 @@ def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rop
     return model
 
 
+def _patch_class(cls, options):
+    """Patch every instance of cls constructed from now on (at the end of its
+    __init__, so from_pretrained's instances too); unpatch(cls) stops it."""
+    if "_ot_class_patch" in cls.__dict__:
+        raise RuntimeError(f"ops_transformer.patch_model: {cls.__name__} is already patched "
+                           "(ops_transformer.unpatch first)")
+    config_cls = getattr(cls, "config_class", None)
+    mtype = getattr(config_cls, "model_type", None)
+    if mtype not in SUPPORTED_MODEL_TYPES:
+        raise NotImplementedError(f"ops_transformer.patch_model: {cls.__name__}: model_type "
+                                  f"{mtype!r} is not supported (supported: "
+                                  f"{', '.join(SUPPORTED_MODEL_TYPES)})")
+    own_init = cls.__dict__.get("__init__", _MISSING)
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if type(self) is cls and not is_patched(self):
+            patch_model(self, **options)
+
+    __init__.__wrapped__ = init
+    cls.__init__ = __init__
+    cls._ot_class_patch = own_init
+    return cls
+
+
+def _unpatch_class(cls):
+    if "_ot_class_patch" not in cls.__dict__:
+        raise RuntimeError(f"ops_transformer.unpatch: {cls.__name__} is not patched")
+    own_init = cls.__dict__["_ot_class_patch"]
+    if own_init is _MISSING:
+        del cls.__init__
+    else:
+        cls.__init__ = own_init
+    del cls._ot_class_patch
+    return cls
+
+
 def patch_llama(model, **kwargs):
     """:func:`patch_model` for Llama-family models (Llama, Mistral, Qwen2)."""
     return patch_model(model, **kwargs)
@@ -412,7 +456,10 @@ def patch_llama(model, **kwargs):
 
 def unpatch(model):
     """Undo :func:`patch_model`: instance forwards, loss function and attention
-    implementation back to what they were. Returns the model."""
+    implementation back to what they were. Returns the model. For a class: instances
+    constructed afterwards are no longer patched (existing ones stay as they are)."""
+    if isinstance(model, type):
+        return _unpatch_class(model)
     log = getattr(model, "_ot_patch_log", None)
     if log is None:
         raise RuntimeError("ops_transformer.unpatch: the model is not patched")

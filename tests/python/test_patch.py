@@ -461,3 +461,30 @@ def test_sdpa_replacement_compiles_fullgraph(calls):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     for a, b in zip(dout, dref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_patch_class_before_construction(ids, tmp_path, calls):
+    ref_model = tiny_llama()
+    loss0, logits0, g0 = loss_and_grads(ref_model, ids)
+    ref_model.save_pretrained(tmp_path / "tiny")
+    own_init = LlamaForCausalLM.__dict__.get("__init__")
+    ot.patch_llama(LlamaForCausalLM)
+    try:
+        with pytest.raises(RuntimeError, match="already patched"):
+            ot.patch_llama(LlamaForCausalLM)
+        built = tiny_llama()                        # constructed after the class patch
+        loaded = LlamaForCausalLM.from_pretrained(tmp_path / "tiny").float()
+        for model in (built, loaded):
+            assert ot_patch.is_patched(model)
+            assert model.config._attn_implementation == "ops_transformer"
+            loss1, logits1, g1 = loss_and_grads(model, ids)
+            torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+            assert_grads_close(g0, g1)
+        assert calls["attention"] == 4
+    finally:
+        ot.unpatch(LlamaForCausalLM)
+    assert LlamaForCausalLM.__dict__.get("__init__") is own_init
+    assert not ot_patch.is_patched(tiny_llama())
+    assert ot_patch.is_patched(built)               # existing instances stay patched
+    with pytest.raises(RuntimeError, match="not patched"):
+        ot.unpatch(LlamaForCausalLM)
