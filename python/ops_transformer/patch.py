@@ -43,6 +43,7 @@ logits does not exist in the library -- the lm_head still writes the full
 from __future__ import annotations
 
 import logging
+import threading
 import types
 
 import torch
@@ -65,20 +66,33 @@ def _log_once(key, msg):
         logger.warning("ops_transformer: %s", msg)
 
 
-class _State:
-    # True while a patched base model runs a call that needs no attention mask (no
-    # padding mask, no position ids, no cache): the registered mask function then
-    # returns None even under torch.compile, where HF would materialize a causal mask
-    # (its packed-sequence detection cannot read position ids while tracing).
+class _TraceState:
+    # Read and written only while torch.compile traces (dynamo models the writes; a
+    # threading.local would break its guards): True while a patched base model traces
+    # a call that needs no attention mask (no padding mask, no position ids, no cache).
+    # The registered mask function then returns None where HF would materialize a
+    # causal mask (its packed-sequence detection cannot read position ids while
+    # tracing).
     trivial_mask = False
-    # int32 cu_seqlens [segments + 1] over the flattened [B * S] tokens while a patched
-    # base model runs a packed batch (position ids restarting inside a row, no mask,
-    # no cache): attention then runs the library's varlen path instead of HF's
-    # block-diagonal SDPA mask.
-    cu_seqlens = None
 
 
-_STATE = _State()
+_TRACE = _TraceState()
+# Eager calls, per thread: no_mask (the mask function returns None) and cu_seqlens
+# (int32 [segments + 1] over the flattened [B * S] tokens of a packed batch: attention
+# runs the library's varlen path instead of HF's block-diagonal SDPA mask).
+_LOCAL = threading.local()
+
+
+def _no_mask():
+    if torch.compiler.is_compiling():
+        return _TRACE.trivial_mask
+    return getattr(_LOCAL, "no_mask", False)
+
+
+def _cu_seqlens():
+    if torch.compiler.is_compiling():
+        return None
+    return getattr(_LOCAL, "cu_seqlens", None)
 
 
 def _packed_cu_seqlens(position_ids, batch):
@@ -189,7 +203,7 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
     q, k = _ops.rope(q, k, pos, cos_sin_cache=cs)
     if cache is None and attention_mask is None:
         # [B, S, H, D] throughout: no transposes, no repeated k/v heads
-        cu = _STATE.cu_seqlens
+        cu = _cu_seqlens()
         if cu is not None:           # packed sequences: [B * S, H, D] varlen
             q, k, v = q.reshape(B * S, -1, D), k.reshape(B * S, -1, D), v.reshape(B * S, -1, D)
         o = _ops.attention(q, k, v, causal=getattr(self, "is_causal", True),
@@ -224,12 +238,19 @@ def _base_model_forward(self, *args, **kwargs):
             cu = _packed_cu_seqlens(kwargs["position_ids"], ref.shape[0])
     if not plain:
         return self._ot_orig_forward(*args, **kwargs)
-    prev = _STATE.trivial_mask, _STATE.cu_seqlens
-    _STATE.trivial_mask, _STATE.cu_seqlens = True, cu
+    if torch.compiler.is_compiling():
+        prev = _TRACE.trivial_mask
+        _TRACE.trivial_mask = True
+        try:
+            return self._ot_orig_forward(*args, **kwargs)
+        finally:
+            _TRACE.trivial_mask = prev
+    prev = getattr(_LOCAL, "no_mask", False), getattr(_LOCAL, "cu_seqlens", None)
+    _LOCAL.no_mask, _LOCAL.cu_seqlens = True, cu
     try:
         return self._ot_orig_forward(*args, **kwargs)
     finally:
-        _STATE.trivial_mask, _STATE.cu_seqlens = prev
+        _LOCAL.no_mask, _LOCAL.cu_seqlens = prev
 
 
 # ---------------------------------------------------------------------------------
@@ -256,7 +277,7 @@ def ot_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
         if sliding_window is None and hasattr(module, "config"):
             sliding_window = _sliding_window(module)
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-        cu = _STATE.cu_seqlens
+        cu = _cu_seqlens()
         if cu is not None and Sq == Sk and q.shape[0] * Sq == int(cu[-1]):
             B = q.shape[0]
             q, k, v = (t.reshape(B * Sq, t.shape[2], t.shape[3]) for t in (q, k, v))
@@ -278,7 +299,7 @@ def ot_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
 def ot_attention_mask(*args, **kwargs):
     """transformers mask-interface function: None when the patched model knows no mask
     is needed, otherwise transformers' SDPA mask (None where it can skip it)."""
-    if _STATE.trivial_mask:
+    if _no_mask():
         return None
     from transformers.masking_utils import sdpa_mask
     return sdpa_mask(*args, **kwargs)

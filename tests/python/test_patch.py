@@ -192,7 +192,9 @@ def test_torch_compile_patched_model(ids, calls):
     loss0, _, g0 = loss_and_grads(model, ids)
     ot.patch_model(model)
     compiled = torch.compile(model, fullgraph=False)
-    loss1, _, g1 = loss_and_grads(model, ids, call=compiled)
+    # use_cache=False: no kv cache, so only the patch's no-mask flag keeps HF from
+    # materializing a causal mask while tracing (and the call from falling back)
+    loss1, _, g1 = loss_and_grads(model, ids, call=compiled, use_cache=False)
     assert calls.get("attention", 0) >= 1          # traced through the library's op
     torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
     assert_grads_close(g0, g1, rtol=1e-4)
@@ -202,8 +204,10 @@ def test_patched_model_has_no_graph_breaks(ids):
     torch._dynamo.reset()
     model = tiny_llama()
     ot.patch_model(model)
-    explanation = torch._dynamo.explain(model)(ids, labels=ids)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
+    for kw in ({}, {"use_cache": False}):
+        torch._dynamo.reset()
+        explanation = torch._dynamo.explain(model)(ids, labels=ids, **kw)
+        assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
 # ---------------------------------------------------------------------------------
@@ -391,7 +395,7 @@ def test_packed_sequences_run_varlen(ids, calls):
     torch.testing.assert_close(logits1, logits0, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
     assert_grads_close(g0, g1)
-    assert ot_patch._STATE.cu_seqlens is None and not ot_patch._STATE.trivial_mask
+    assert ot_patch._cu_seqlens() is None and not ot_patch._no_mask()
 
 
 # ---------------------------------------------------------------------------------
@@ -488,3 +492,36 @@ def test_patch_class_before_construction(ids, tmp_path, calls):
     assert ot_patch.is_patched(built)               # existing instances stay patched
     with pytest.raises(RuntimeError, match="not patched"):
         ot.unpatch(LlamaForCausalLM)
+
+
+def test_threads_do_not_share_mask_state(ids):
+    # One thread runs packed batches (varlen), another padded ones (HF's mask): the
+    # patch's per-call state is per thread, so neither sees the other's.
+    import threading
+    model = tiny_llama()
+    mask = torch.ones(B, S, dtype=torch.long)
+    mask[1, :5] = 0
+    pos = torch.stack([torch.cat([torch.arange(6), torch.arange(10)]), torch.arange(S)])
+    with torch.no_grad():
+        ref_pad = model(ids, attention_mask=mask).logits
+        ref_pack = model(ids, position_ids=pos, use_cache=False).logits
+    ot.patch_model(model)
+    errors = []
+
+    def run(kw, ref, keep):
+        try:
+            with torch.no_grad():
+                for _ in range(10):
+                    out = model(ids, **kw).logits
+                    torch.testing.assert_close(out[keep], ref[keep], rtol=1e-5, atol=1e-5)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(dict(attention_mask=mask), ref_pad,
+                                                  mask.bool())),
+               threading.Thread(target=run, args=(dict(position_ids=pos, use_cache=False),
+                                                  ref_pack, torch.ones(B, S, dtype=torch.bool)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
