@@ -67,6 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip", type=int, default=None,
+                   help="steps left out of the tokens/s average (default 1; 3 with --compile)")
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--json", help="write the summary (and the loss curve) to this file")
     p.add_argument("--no-progress", action="store_true", help="plain log lines, no tqdm bar")
@@ -225,19 +227,21 @@ def main(argv=None):
         bar.close()
     wall = time.perf_counter() - t_start
 
-    # tokens/s over the steps after the first (compilation, allocator warm-up)
-    timed = step_times[1:] or step_times
+    # tokens/s over the steps after the first few (compilation, allocator warm-up)
+    skip = args.skip if args.skip is not None else (3 if args.compile else 1)
+    timed = step_times[skip:] or step_times[-1:]
     tok_s = tok_per_step * len(timed) / sum(timed)
     summary = dict(config=args.config, params=n_params, patched=args.patched,
                    attn=None if args.patched else args.attn, compile=args.compile,
                    dtype=dtype, device=str(device), batch=args.batch, seq=args.seq,
-                   grad_accum=args.grad_accum, steps=args.steps, tokens_per_s=tok_s,
+                   grad_accum=args.grad_accum, steps=args.steps, timed_steps=len(timed),
+                   tokens_per_s=tok_s,
                    peak_memory_gb=peak_memory_gb(device),
                    peak_memory_kind="torch.cuda.max_memory_allocated" if device.type ==
                    "cuda" else "process max RSS", first_loss=losses[0], final_loss=losses[-1],
                    wall_s=wall, losses=losses)
     print(f"done: {args.steps} steps in {wall:.1f} s, loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
-          f"{tok_s:,.0f} tok/s (steps 2..), peak memory {summary['peak_memory_gb']:.2f} GB "
+          f"{tok_s:,.0f} tok/s (steps {min(skip, args.steps - 1) + 1}..), peak memory {summary['peak_memory_gb']:.2f} GB "
           f"({summary['peak_memory_kind']})")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
