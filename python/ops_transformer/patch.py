@@ -19,9 +19,11 @@ of instances, the model's ``loss_function`` and ``config._attn_implementation`` 
   every HF rope type -- default, llama3, yarn, dynamic... -- is reproduced), and the
   attention is :func:`ops_transformer.attention` in [B, S, H, D] layout (no transposes,
   GQA without repeating k/v, causal, sliding window for Mistral / Qwen2). The
-  attention function is also registered with transformers' attention interface as
-  ``"ops_transformer"`` and the model's ``config._attn_implementation`` set to it,
-  which serves the calls the fast path leaves (a kv cache: generation);
+  attention function is also registered with transformers' attention and mask
+  interfaces as ``"ops_transformer"`` and the model's ``config._attn_implementation``
+  set to it: with a kv cache (generation, or HF's default ``use_cache`` in training) the
+  patched forward updates the cache in HF's [B, H, S, D] layout and calls it, and it
+  serves HF's own attention forward when ``rope=False``;
 * every MLP with a SiLU activation: ``down(swiglu(gate(x), up(x)))``;
 * the loss: ``model.loss_function`` becomes :func:`ops_transformer.cross_entropy` with
   HF's label shift, ``ignore_index=-100`` and ``num_items_in_batch``.
