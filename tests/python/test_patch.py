@@ -525,3 +525,20 @@ def test_threads_do_not_share_mask_state(ids):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("opts", [dict(rope=False), dict(attention=False),
+                                  dict(fuse_residual=False, loss=False, swiglu=False)])
+def test_patch_options(ids, calls, opts):
+    model = tiny_llama()
+    loss0, logits0, g0 = loss_and_grads(model, ids)
+    ot.patch_model(model, **opts)
+    loss1, logits1, g1 = loss_and_grads(model, ids)
+    assert ("rope" in calls) == (opts.get("rope", True) and opts.get("attention", True))
+    assert ("attention" in calls) == opts.get("attention", True)
+    assert ("cross_entropy" in calls) == opts.get("loss", True)
+    assert ("swiglu" in calls) == opts.get("swiglu", True)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+    assert_grads_close(g0, g1)
+    ot.unpatch(model)
+    assert model.config._attn_implementation == "sdpa"
