@@ -175,15 +175,6 @@ static inline void ot_norm_block(int64_t rows, int t, int nt, int64_t *r0, int64
   *r1 = rows * (t + 1) / nt;
 }
 
-/* Threads worth using: at most one per 16K elements, and the context's count. */
-static inline int ot_norm_threads(const ot_context *ctx, int64_t rows, int64_t cols) {
-  int64_t by_work = (rows * cols) / 16384 + 1;
-  int64_t nt = ctx->num_threads;
-  if (nt > rows) nt = rows;
-  if (nt > by_work) nt = by_work;
-  return nt < 1 ? 1 : (int)nt;
-}
-
 /* Floats of scratch rounded up to a 64-byte multiple, so that threads' blocks do not
  * share cache lines. */
 static inline int64_t ot_norm_pad(int64_t n) { return (n + 15) / 16 * 16; }

@@ -31,6 +31,7 @@
 #endif
 
 #include "core/attention.h"
+#include "cpu/threads.h"
 
 #define ATT_BQ 64  /* query rows per tile */
 #define ATT_BK 128 /* keys per tile */
@@ -740,11 +741,12 @@ ot_status ot_cpu_attention_forward(ot_context *ctx, const ot_attention_args *a) 
   /* Tasks (sequence, query head, query tile), head-major so that a thread's consecutive
    * tasks share the kv head (and its cached K/V tiles); within a head the last query
    * tiles first, as they see the most keys under a causal mask. */
-  int64_t total = 0;
+  int64_t total = 0, pairs = 0; /* pairs: (query, key) of all sequences, mask ignored */
   for (int64_t b = 0; b < a->batch; b++) {
     int64_t q0, sq, k0, sk;
     ot_attn_seq(a, b, &q0, &sq, &k0, &sk);
     total += (sq + ATT_FQ - 1) / ATT_FQ * a->hq;
+    pairs += sq * sk;
   }
   if (total == 0) return OT_OK;
   fwd_task *tasks = (fwd_task *)malloc((size_t)total * sizeof *tasks);
@@ -757,7 +759,9 @@ ot_status ot_cpu_attention_forward(ot_context *ctx, const ot_attention_args *a) 
       for (int64_t tile = (sq + ATT_FQ - 1) / ATT_FQ - 1; tile >= 0; tile--)
         tasks[n++] = (fwd_task){b, h, tile};
   }
-  int nthreads = ctx->num_threads > 0 ? ctx->num_threads : 1;
+  /* work: FLOPs / 8 (QK^T and PV: 4 D per pair and head; see cpu/threads.h). Every
+   * task's result is independent of the thread running it. */
+  int nthreads = ot_cpu_threads_cap(ctx, 4 * a->d * a->hq * pairs / 8, total);
   int64_t nslots = fwd_cache_slots(a);
   /* Rounded to 16 floats: each thread's block starts 64-byte aligned. */
   size_t per = (fwd_scratch_floats(a->d, nslots) + 15) / 16 * 16;
@@ -767,7 +771,7 @@ ot_status ot_cpu_attention_forward(ot_context *ctx, const ot_attention_args *a) 
     return ot_error(OT_ERR_OOM, op, "cannot allocate %zu bytes of scratch",
                     per * (size_t)nthreads * sizeof(float));
   }
-#pragma omp parallel num_threads(nthreads)
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
     fwd_scratch w = fwd_scratch_at(scratch + per * (size_t)thread_id(), a->d, nslots);
 #pragma omp for schedule(dynamic, 1)
@@ -943,7 +947,18 @@ ot_status ot_cpu_attention_backward(ot_context *ctx, const ot_attention_args *a)
   att_task *qtasks, *ktasks;
   int64_t nq = make_tasks(a, false, ATT_BQ, &qtasks, &oom_q);
   int64_t nk = make_tasks(a, true, ATT_BK, &ktasks, &oom_k);
-  int nthreads = ctx->num_threads > 0 ? ctx->num_threads : 1;
+  /* work: FLOPs / 8 (5 products of 2 D per (query, key) pair and head, mask ignored;
+   * see cpu/threads.h), at most the largest pass's task count */
+  int64_t pairs = 0;
+  for (int64_t b = 0; b < a->batch; b++) {
+    int64_t q0, sq, k0, sk;
+    ot_attn_seq(a, b, &q0, &sq, &k0, &sk);
+    pairs += sq * sk;
+  }
+  int64_t most = a->batch * a->hq;
+  if (nk * a->hkv > most) most = nk * a->hkv;
+  if (nq * a->hq > most) most = nq * a->hq;
+  int nthreads = ot_cpu_threads_cap(ctx, 10 * d * a->hq * pairs / 8, most);
   size_t per = bwd_scratch_floats(d) + 16;
   float *scratch = (float *)malloc(per * (size_t)nthreads * sizeof(float));
   float *delta = (float *)malloc((size_t)(rows * a->hq + 1) * sizeof(float));
@@ -955,7 +970,7 @@ ot_status ot_cpu_attention_backward(ot_context *ctx, const ot_attention_args *a)
     return ot_error(OT_ERR_OOM, op, "cannot allocate the scratch memory");
   }
   const ot_dtype dt = a->dtype;
-#pragma omp parallel num_threads(nthreads)
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
     bwd_scratch w = bwd_scratch_at(scratch + per * (size_t)thread_id(), d);
     /* pass 0: delta[h, row] = dout . out */

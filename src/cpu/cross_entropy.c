@@ -15,10 +15,10 @@
 #include <stdlib.h>
 
 #include "core/softmax.h"
+#include "cpu/threads.h"
 #include "vec_math.h"
 
 #define OT_CE_CHUNK 2048
-#define OT_CE_PARALLEL_MIN 32768
 
 /* x[i] = g * x[i] + c in place. */
 OT_CLONES static void axpb_inplace(float *restrict x, int64_t n, float g, float c) {
@@ -75,8 +75,8 @@ ot_status ot_cpu_cross_entropy_forward(ot_context *ctx, const ot_cross_entropy_a
                       "cannot allocate %lld bytes for the per-row losses",
                       (long long)(N * (int64_t)sizeof(double)));
   }
-#pragma omp parallel for num_threads(ctx->num_threads) schedule(dynamic, 4) \
-    if (N * a->V >= OT_CE_PARALLEL_MIN && N > 1)
+  const int nt = ot_cpu_threads_cap(ctx, N * a->V, N);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 4) if (nt > 1)
   for (int64_t r = 0; r < N; r++) {
     int64_t y = label_of(a, r);
     bool ignored = y == a->ignore_index;
@@ -107,8 +107,8 @@ ot_status ot_cpu_cross_entropy_backward(ot_context *ctx, const ot_cross_entropy_
   const ot_dtype dt = a->dtype;
   const int64_t N = a->N, V = a->V, es = (int64_t)ot_dtype_size(dt);
   const double s = a->label_smoothing;
-#pragma omp parallel for num_threads(ctx->num_threads) schedule(dynamic, 4) \
-    if (N * V >= OT_CE_PARALLEL_MIN && N > 1)
+  const int nt = ot_cpu_threads_cap(ctx, N * V, N);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 4) if (nt > 1)
   for (int64_t r = 0; r < N; r++) {
     float buf[OT_CE_CHUNK];
     char *out = (char *)a->dlogits + r * a->dlogits_stride * es;

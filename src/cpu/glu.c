@@ -9,11 +9,10 @@
 #include <math.h>
 
 #include "core/glu.h"
+#include "cpu/threads.h"
 #include "vec_math.h"
 
 #define OT_GLU_CHUNK 512
-/* Below this many elements the OpenMP team costs more than it saves. */
-#define OT_GLU_PARALLEL_MIN 32768
 
 /* sqrt(2/pi) and the cubic coefficient of the tanh GELU; 1/sqrt(2); 1/sqrt(2 pi). */
 #define GELU_K0 0.7978845608028654f
@@ -112,8 +111,8 @@ static const char *row_ptr(const void *base, ot_dtype d, int64_t row, int64_t st
 ot_status ot_cpu_glu_forward(ot_context *ctx, const ot_glu_forward_args *a) {
   const int64_t nch = (a->F + OT_GLU_CHUNK - 1) / OT_GLU_CHUNK, tasks = a->rows * nch;
   const ot_dtype dt = a->dtype;
-#pragma omp parallel for num_threads(ctx->num_threads) schedule(static) \
-    if (a->rows * a->F >= OT_GLU_PARALLEL_MIN)
+  const int nt = ot_cpu_threads_cap(ctx, a->rows * a->F, tasks);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int64_t t = 0; t < tasks; t++) {
     float g[OT_GLU_CHUNK], u[OT_GLU_CHUNK], o[OT_GLU_CHUNK];
     int64_t r = t / nch, c = (t % nch) * OT_GLU_CHUNK;
@@ -129,8 +128,8 @@ ot_status ot_cpu_glu_forward(ot_context *ctx, const ot_glu_forward_args *a) {
 ot_status ot_cpu_glu_backward(ot_context *ctx, const ot_glu_backward_args *a) {
   const int64_t nch = (a->F + OT_GLU_CHUNK - 1) / OT_GLU_CHUNK, tasks = a->rows * nch;
   const ot_dtype dt = a->dtype;
-#pragma omp parallel for num_threads(ctx->num_threads) schedule(static) \
-    if (a->rows * a->F >= OT_GLU_PARALLEL_MIN)
+  const int nt = ot_cpu_threads_cap(ctx, a->rows * a->F, tasks);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int64_t t = 0; t < tasks; t++) {
     float d[OT_GLU_CHUNK], g[OT_GLU_CHUNK], u[OT_GLU_CHUNK], dg[OT_GLU_CHUNK], du[OT_GLU_CHUNK];
     int64_t r = t / nch, c = (t % nch) * OT_GLU_CHUNK;

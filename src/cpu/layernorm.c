@@ -18,6 +18,7 @@
 #endif
 
 #include "core/norm.h"
+#include "cpu/threads.h"
 
 static inline void ln_stats(const float *h, int64_t n, float eps, float *mean, float *rstd) {
   float mu = ot_norm_sum(h, n) / (float)n;
@@ -57,7 +58,7 @@ static void ln_forward_rows(const ot_norm_forward_args *a, int64_t r0, int64_t r
 
 ot_status ot_cpu_layernorm_forward(ot_context *ctx, const ot_norm_forward_args *a) {
   int64_t n = a->cols, pad = ot_norm_pad(n);
-  int nt = ot_norm_threads(ctx, a->rows, n);
+  int nt = ot_cpu_threads_cap(ctx, a->rows * n, a->rows);
   /* [weight | bias | thread 0: h, tmp | thread 1: h, tmp | ...] */
   float *buf = (float *)malloc((size_t)(pad * (2 + 2 * (int64_t)nt)) * sizeof(float));
   if (!buf) return ot_error(OT_ERR_OOM, "ot_layernorm_forward", "cannot allocate CPU scratch");
@@ -70,7 +71,7 @@ ot_status ot_cpu_layernorm_forward(ot_context *ctx, const ot_norm_forward_args *
     ot_norm_load_row(buf + pad, a->bias, a->dtype, n);
     b = buf + pad;
   }
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
   {
     int t = thread_id();
     int64_t r0, r1;
@@ -120,7 +121,7 @@ static void ln_backward_rows(const ot_norm_backward_args *a, int64_t r0, int64_t
 
 ot_status ot_cpu_layernorm_backward(ot_context *ctx, const ot_norm_backward_args *a) {
   int64_t n = a->cols, pad = ot_norm_pad(n);
-  int nt = ot_norm_threads(ctx, a->rows, n);
+  int nt = ot_cpu_threads_cap(ctx, a->rows * n, a->rows);
   /* [weight | thread t: g, xhat, dweight partial, dbias partial] */
   int64_t per_thread = 4 * pad;
   float *buf = (float *)malloc((size_t)(pad + per_thread * nt) * sizeof(float));
@@ -130,7 +131,7 @@ ot_status ot_cpu_layernorm_backward(ot_context *ctx, const ot_norm_backward_args
     ot_norm_load_row(buf, a->weight, a->dtype, n);
     w = buf;
   }
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
   {
     int t = thread_id();
     int64_t r0, r1;

@@ -23,6 +23,7 @@
 #endif
 
 #include "core/linear.h"
+#include "cpu/threads.h"
 
 /* Scratch budget per panel, in float32 elements: the weight-side panel may take
  * PANEL_BIG (16 MB), the activation-side panel and the float32 output block
@@ -31,9 +32,6 @@
 #define PANEL_BIG ((int64_t)1 << 22)
 #define PANEL_SMALL ((int64_t)1 << 21)
 #define MIN_PANEL 16
-
-/* Below this many elements a conversion runs on one thread (team start-up costs more). */
-#define PAR_MIN_ELEMS 32768
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -51,18 +49,18 @@ static int64_t panel_rows(int64_t budget, int64_t row_len, int64_t total) {
  * conversions stay on the calling thread there; they are O(size of the operands)
  * against the O(M N K) product. With OpenBLAS built on OpenMP, or another BLAS, the
  * context's team converts. */
-static int convert_threads(const ot_context *ctx) {
+static int convert_threads(const ot_context *ctx, int64_t rows, int64_t cols) {
 #ifdef OPENBLAS_VERSION
   if (openblas_get_parallel() == OPENBLAS_THREAD) return 1;
 #endif
-  return ctx->num_threads;
+  return ot_cpu_threads_cap(ctx, rows * cols, rows);
 }
 
 /* dst[r, 0:cols] (float32, leading dim ld_dst) = src[r * src_stride + 0:cols]. */
 static void load_block(const ot_context *ctx, float *dst, int64_t ld_dst, const void *src,
                        int64_t src_stride, ot_dtype d, int64_t rows, int64_t cols) {
-#pragma omp parallel for num_threads(convert_threads(ctx)) \
-    if (rows * cols >= PAR_MIN_ELEMS) schedule(static)
+  const int nt = convert_threads(ctx, rows, cols);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t r = 0; r < rows; r++)
     ot_load_f32(dst + r * ld_dst, ot_ptr((void *)src, d, r * src_stride), d, cols);
 }
@@ -70,8 +68,8 @@ static void load_block(const ot_context *ctx, float *dst, int64_t ld_dst, const 
 /* dst[r * dst_stride + 0:cols] = round(src[r, 0:cols]) (float32, leading dim ld_src). */
 static void store_block(const ot_context *ctx, void *dst, int64_t dst_stride, const float *src,
                         int64_t ld_src, ot_dtype d, int64_t rows, int64_t cols) {
-#pragma omp parallel for num_threads(convert_threads(ctx)) \
-    if (rows * cols >= PAR_MIN_ELEMS) schedule(static)
+  const int nt = convert_threads(ctx, rows, cols);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t r = 0; r < rows; r++)
     ot_store_f32(ot_ptr(dst, d, r * dst_stride), src + r * ld_src, d, cols);
 }
@@ -158,7 +156,8 @@ static void dot_rows(const float *x, int64_t M, int64_t K, const float *w, float
 static ot_status forward_small_m(const ot_context *ctx, const ot_linear_forward_args *a) {
   const int64_t M = a->rows, K = a->in_features, N = a->out_features;
   const ot_dtype d = a->dtype;
-  const int T = ctx->num_threads;
+  /* work: FLOPs / 8 (see cpu/threads.h) */
+  const int T = ot_cpu_threads_cap(ctx, 2 * M * N * K / 8, (N + 63) / 64);
   /* x [M, K], then per thread: one weight row [K] and the outputs of a column block
    * [M, NBLK] (columns of y are written a block at a time, rows contiguous). */
   enum { NBLK = 64 };
@@ -173,7 +172,7 @@ static ot_status forward_small_m(const ot_context *ctx, const ot_linear_forward_
   const int64_t nblocks = (N + NBLK - 1) / NBLK;
   /* dynamic: a thread that loses its core (to OpenBLAS's or another team's spinning
    * threads on a small machine) does not hold back the others. */
-#pragma omp parallel num_threads(T)
+#pragma omp parallel num_threads(T) if (T > 1)
   {
 #ifdef _OPENMP
     const int t = omp_get_thread_num();
@@ -334,7 +333,9 @@ static void dbias_rows(const ot_context *ctx, const ot_linear_backward_args *a,
   const ot_dtype d = a->dtype;
   const int T = s->db_threads;
   float *part = s->db_part;
-#pragma omp parallel for num_threads(T) schedule(static, 1)
+  /* T tasks (the partition, as before); the team only as large as the work pays for */
+  const int nt = ot_cpu_threads_cap(ctx, M * N, T);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static, 1)
   for (int t = 0; t < T; t++) {
     float *acc = part + 2 * (int64_t)t * N, *row = acc + N;
     const int64_t r0 = M * t / T, r1 = M * (t + 1) / T;

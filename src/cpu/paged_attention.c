@@ -21,6 +21,7 @@
 #endif
 
 #include "core/paged_attention.h"
+#include "cpu/threads.h"
 
 #define PA_KC 64 /* keys gathered per chunk */
 #define PA_RB 32 /* query rows (token, head) per row block */
@@ -31,7 +32,8 @@ ot_status ot_cpu_kv_append(ot_context *ctx, const ot_kv_append_args *a) {
   const ot_paged_table *t = &a->kv;
   const int64_t tokens = a->cu_new[t->batch];
   const size_t row_bytes = (size_t)t->d * ot_dtype_size(a->dtype);
-  const int nt = tokens * t->hkv * t->d >= (1 << 16) ? ctx->num_threads : 1;
+  /* work: elements copied (K and V) */
+  const int nt = ot_cpu_threads_cap(ctx, 2 * tokens * t->hkv * t->d, t->batch);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int64_t b = 0; b < t->batch; b++) {
     const int64_t n = (int64_t)a->cu_new[b + 1] - a->cu_new[b], len = ot_paged_len(t, b);
@@ -193,10 +195,11 @@ ot_status ot_cpu_paged_attention(ot_context *ctx, const ot_paged_attention_args 
   const int threads = ctx->num_threads > 0 ? ctx->num_threads : 1;
   pa_seq *S = (pa_seq *)malloc((size_t)(B > 0 ? B : 1) * sizeof *S);
   if (!S) return ot_error(OT_ERR_OOM, op, "cannot allocate the plan of %" PRId64 " sequences", B);
-  int64_t ntasks = 0, ws_entries = 0;
+  int64_t ntasks = 0, ws_entries = 0, pairs = 0;
   for (int64_t b = 0; b < B; b++) {
     S[b].sq = (int64_t)a->cu_q[b + 1] - a->cu_q[b];
     S[b].len = ot_paged_len(t, b);
+    pairs += S[b].sq * S[b].len;
     S[b].splits = S[b].sq > 0 ? ot_paged_num_splits(B, t->hkv, S[b].len, threads) : 0;
     S[b].chunk = S[b].splits ? (S[b].len + S[b].splits - 1) / S[b].splits : 0;
     S[b].ws = ws_entries;
@@ -221,8 +224,10 @@ ot_status ot_cpu_paged_attention(ot_context *ctx, const ot_paged_attention_args 
         int64_t k0 = s * S[b].chunk, k1 = k0 + S[b].chunk;
         tasks[k++] = (pa_task){b, g, s, k0, k1 < S[b].len ? k1 : S[b].len};
       }
-  int nt = threads;
-  if (nt > ntasks) nt = ntasks > 0 ? (int)ntasks : 1;
+  /* The splits follow the context's thread count (as they did: results unchanged); the
+   * team follows the work, FLOPs / 8 (4 D per (query, key) pair and query head; see
+   * cpu/threads.h). */
+  const int nt = ot_cpu_threads_cap(ctx, 4 * d * a->hq * pairs / 8, ntasks);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
 #ifdef _OPENMP
@@ -235,7 +240,8 @@ ot_status ot_cpu_paged_attention(ot_context *ctx, const ot_paged_attention_args 
   }
   /* Merge the splits: one (query, head) row at a time, in split order (deterministic). */
   if (ws_entries) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    const int mt = ot_cpu_threads_cap(ctx, ws_entries * d, B);
+#pragma omp parallel for num_threads(mt) schedule(static) if (mt > 1)
     for (int64_t b = 0; b < B; b++) {
       if (S[b].splits < 2) continue;
 #ifdef _OPENMP

@@ -17,6 +17,7 @@
 #endif
 
 #include "core/norm.h"
+#include "cpu/threads.h"
 
 static inline float rms_rstd(const float *h, int64_t n, float eps) {
   return 1.0f / sqrtf(ot_norm_sum_sq(h, 0.0f, n) / (float)n + eps);
@@ -51,7 +52,7 @@ static void rms_forward_rows(const ot_norm_forward_args *a, int64_t r0, int64_t 
 
 ot_status ot_cpu_rmsnorm_forward(ot_context *ctx, const ot_norm_forward_args *a) {
   int64_t n = a->cols, pad = ot_norm_pad(n);
-  int nt = ot_norm_threads(ctx, a->rows, n);
+  int nt = ot_cpu_threads_cap(ctx, a->rows * n, a->rows);
   /* [weight | thread 0: h, tmp | thread 1: h, tmp | ...] */
   float *buf = (float *)malloc((size_t)(pad * (1 + 2 * (int64_t)nt)) * sizeof(float));
   if (!buf) return ot_error(OT_ERR_OOM, "ot_rmsnorm_forward", "cannot allocate CPU scratch");
@@ -60,7 +61,7 @@ ot_status ot_cpu_rmsnorm_forward(ot_context *ctx, const ot_norm_forward_args *a)
     ot_norm_load_row(buf, a->weight, a->dtype, n);
     w = buf;
   }
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
   {
     int t = thread_id();
     int64_t r0, r1;
@@ -100,7 +101,7 @@ static void rms_backward_rows(const ot_norm_backward_args *a, int64_t r0, int64_
 
 ot_status ot_cpu_rmsnorm_backward(ot_context *ctx, const ot_norm_backward_args *a) {
   int64_t n = a->cols, pad = ot_norm_pad(n);
-  int nt = ot_norm_threads(ctx, a->rows, n);
+  int nt = ot_cpu_threads_cap(ctx, a->rows * n, a->rows);
   /* [weight | thread t: g, h, dweight partial] */
   int64_t per_thread = 3 * pad;
   float *buf = (float *)malloc((size_t)(pad + per_thread * nt) * sizeof(float));
@@ -110,7 +111,7 @@ ot_status ot_cpu_rmsnorm_backward(ot_context *ctx, const ot_norm_backward_args *
     ot_norm_load_row(buf, a->weight, a->dtype, n);
     w = buf;
   }
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
   {
     int t = thread_id();
     int64_t r0, r1;

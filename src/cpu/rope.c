@@ -19,6 +19,7 @@
 #endif
 
 #include "core/rope.h"
+#include "cpu/threads.h"
 
 /* Runtime dispatch to AVX-512 / AVX2+F16C code for the row loops (the library is
  * built for baseline x86-64 unless OT_NATIVE). */
@@ -27,9 +28,6 @@
 #else
 #define ROPE_CLONES
 #endif
-
-/* Below this many rotated features per call the OpenMP fork costs more than it saves. */
-#define ROPE_PARALLEL_MIN_WORK 16384
 
 /* x: [n] float32 <- one head row in storage dtype d. */
 ROPE_CLONES static void load_row(float *restrict x, const void *restrict src, ot_dtype d,
@@ -134,9 +132,7 @@ ot_status ot_cpu_rope(ot_context *ctx, const ot_rope_args *a) {
   }
 
   const int64_t work = tokens * (a->q.heads + a->k.heads) * rd;
-  int nt = work >= ROPE_PARALLEL_MIN_WORK ? ctx->num_threads : 1;
-  if (nt > tokens) nt = (int)tokens;
-  if (nt < 1) nt = 1;
+  const int nt = ot_cpu_threads_cap(ctx, work, tokens);
   /* per thread: cos [half], sin [half], x [rd] */
   const int64_t per_thread = 2 * half + rd;
   float *scratch = (float *)malloc((size_t)(nt * per_thread) * sizeof *scratch);

@@ -10,10 +10,10 @@
 #include <stdlib.h>
 
 #include "core/softmax.h"
+#include "cpu/threads.h"
 #include "vec_math.h"
 
 #define OT_SOFTMAX_CHUNK 1024
-#define OT_SOFTMAX_PARALLEL_MIN 32768
 
 OT_CLONES static void scale_inplace(float *restrict x, int64_t n, float s) {
   for (int64_t i = 0; i < n; i++) x[i] *= s;
@@ -33,8 +33,8 @@ ot_status ot_cpu_softmax_forward(ot_context *ctx, const ot_softmax_forward_args 
   if (a->rows == 0 || a->cols == 0) return OT_OK;
   const ot_dtype dt = a->dtype;
   int oom = 0;
-#pragma omp parallel num_threads(ctx->num_threads) \
-    if (a->rows * a->cols >= OT_SOFTMAX_PARALLEL_MIN && a->rows > 1)
+  const int nt = ot_cpu_threads_cap(ctx, a->rows * a->cols, a->rows);
+#pragma omp parallel num_threads(nt) if (nt > 1)
   {
     float *buf = (float *)malloc((size_t)a->cols * sizeof(float));
     if (!buf) {
@@ -62,8 +62,8 @@ ot_status ot_cpu_softmax_forward(ot_context *ctx, const ot_softmax_forward_args 
 ot_status ot_cpu_softmax_backward(ot_context *ctx, const ot_softmax_backward_args *a) {
   const ot_dtype dt = a->dtype;
   const int64_t es = (int64_t)ot_dtype_size(dt), n = a->cols;
-#pragma omp parallel for num_threads(ctx->num_threads) schedule(static) \
-    if (a->rows * a->cols >= OT_SOFTMAX_PARALLEL_MIN)
+  const int nt = ot_cpu_threads_cap(ctx, a->rows * a->cols, a->rows);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int64_t r = 0; r < a->rows; r++) {
     float dy[OT_SOFTMAX_CHUNK], y[OT_SOFTMAX_CHUNK];
     const char *dyr = row_at(a->dy, dt, r, a->dy_stride);
