@@ -1,23 +1,29 @@
 /*
  * threads.h -- how many OpenMP threads a CPU kernel call is worth.
  *
- * Opening a parallel region costs a fork/join (a few microseconds with every thread
- * on a core), and on a loaded machine with few cores a thread of the team that lost
- * its core stalls the whole region for a scheduler slice (measured on 2 loaded cores:
- * a [1, 64] op or a one-token decode attention call took 0.4-12 ms instead of
- * 1-30 us in a two-thread region; tiny-model decode 10-40 tokens/s with two threads
- * against ~120 with one). So a call goes parallel only when its work pays for that.
+ * Opening a parallel region costs a fork/join (about 1 us with every thread on a
+ * core), and on a loaded machine with few cores a thread of the team that lost its
+ * core stalls the whole region until it is scheduled again. Measured on 2 cores with
+ * load 1-2.5 from other processes, float32, two threads against the team chosen here
+ * (mean of 400 calls of a small C loop over the public API):
+ *   attention decode, 1 query, 8 heads, D 32, 40 keys:  84 us -> 32 us (one thread;
+ *     median 23 -> 31 us: an idle machine loses that much)
+ *   same, 256 keys:                                    441 us -> 183 us (one thread)
+ *   softmax 16x2048:  107 us -> 44 us;  SwiGLU 16x2048: 85 us -> 43 us (one thread)
+ * while on an idle machine a second thread saves at best ~10-15 us on these calls.
+ * So a call goes parallel only when its work pays for that.
  *
  * The rule, one for every kernel (the grain of torch's at::parallel_for):
  *   work = elements of the op's main operand (memory-bound ops: norms, rope, GLU,
  *          softmax, cross-entropy, conversions, copies), or FLOPs / 8 for the
- *          compute-bound ones (attention, the small-M linear);
+ *          compute-bound ones (attention, paged attention, the small-M linear;
+ *          attention counts every (query, key) pair, the mask ignored);
  *   threads = 1 when work <= OT_CPU_GRAIN, else min(num_threads, ceil(work / GRAIN)):
- *          every thread gets at least about a grain of work.
- * 32768 units is ~10-30 us of one thread for the memory-bound kernels (float32,
- * measured: softmax 16x2048 33 us, SwiGLU 28 us, RMSNorm 10 us on one thread), where
- * a second thread saved at best 2-15 us on an idle machine and cost milliseconds on a
- * loaded one.
+ *          every thread gets about a grain of work or more.
+ * 32768 units is ~10-30 us of one thread (float32, one thread: softmax 16x2048 32 us,
+ * SwiGLU 28 us, RMSNorm 10 us; a decode attention call of 8 x 40 x 32 is 5K units and
+ * 28 us: decode attention is slower per FLOP than the prefill tiles, so it stays on one
+ * thread up to 256 keys at that head count, 16 keys with 32 heads of 128).
  *
  * Results do not change: the kernels whose results were independent of the thread
  * count stay so, and where a split is visible in the rounding (the linear dbias tasks,
