@@ -3,15 +3,16 @@
  *
  * Opening a parallel region costs a fork/join (about 1 us with every thread on a
  * core), and on a loaded machine with few cores a thread of the team that lost its
- * core stalls the whole region until it is scheduled again. Measured on 2 cores with
- * load 1-2.5 from other processes, float32, two threads against the team chosen here
- * (mean of 400 calls of a small C loop over the public API):
- *   attention decode, 1 query, 8 heads, D 32, 40 keys:  84 us -> 32 us (one thread;
- *     median 23 -> 31 us: an idle machine loses that much)
- *   same, 256 keys:                                    441 us -> 183 us (one thread)
- *   softmax 16x2048:  107 us -> 44 us;  SwiGLU 16x2048: 85 us -> 43 us (one thread)
- * while on an idle machine a second thread saves at best ~10-15 us on these calls.
- * So a call goes parallel only when its work pays for that.
+ * core stalls the whole region until it is scheduled again. Measured on 2 cores,
+ * float32, the mean of 400 calls of a small C loop over the public API, two threads
+ * against the team chosen here (one thread for all of these):
+ *                                                 one busy process   idle
+ *   attention decode, 1 query, 8 heads of 32, 40 keys:   84 -> 32 us   24 -> 39 us
+ *   the same with 256 keys:                             441 -> 183 us 112 -> 179 us
+ *   softmax 16x2048 (32K elements):                     107 -> 44 us   24 -> 38 us
+ *   SwiGLU 16x2048:                                      85 -> 43 us   23 -> 34 us
+ * So a call goes parallel only when its work pays for a possible stall, at the price
+ * of some microseconds per call near the grain on an idle machine.
  *
  * The rule, one for every kernel (the grain of torch's at::parallel_for):
  *   work = elements of the op's main operand (memory-bound ops: norms, rope, GLU,
@@ -22,8 +23,16 @@
  *          every thread gets about a grain of work or more.
  * 32768 units is ~10-30 us of one thread (float32, one thread: softmax 16x2048 32 us,
  * SwiGLU 28 us, RMSNorm 10 us; a decode attention call of 8 x 40 x 32 is 5K units and
- * 28 us: decode attention is slower per FLOP than the prefill tiles, so it stays on one
- * thread up to 256 keys at that head count, 16 keys with 32 heads of 128).
+ * 28 us: decode attention is slower per FLOP than prefill, its query tiles being 64
+ * rows whatever the query count; it stays on one thread up to 256 keys at that head
+ * count, 16 keys with 32 heads of 128).
+ *
+ * What the grain does not fix: a tiny model's decode step (ot-run --config tiny, bf16,
+ * 2 threads) still has its GEMVs above the grain (gate/up 90K units, down 45K, the LM
+ * head 2M), and with one busy process on a 2-core machine each of those regions still
+ * waits for a descheduled thread: ~180-220 tokens/s before and after this rule, even
+ * with a grain of 256K, against ~340 with one thread or ~310 with
+ * OMP_WAIT_POLICY=passive (idle: ~510 before, ~490 after).
  *
  * Results do not change: the kernels whose results were independent of the thread
  * count stay so, and where a split is visible in the rounding (the linear dbias tasks,
@@ -39,7 +48,10 @@
 
 #include "core/internal.h"
 
+/* Overridable at build time (-DOT_CPU_GRAIN=N) for experiments. */
+#ifndef OT_CPU_GRAIN
 #define OT_CPU_GRAIN ((int64_t)32768)
+#endif
 
 static inline int ot_cpu_threads(const ot_context *ctx, int64_t work) {
   const int64_t nt = ctx->num_threads;
