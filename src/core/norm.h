@@ -54,6 +54,16 @@ typedef struct ot_norm_backward_args {
 
 ot_status ot_cpu_rmsnorm_forward(ot_context *ctx, const ot_norm_forward_args *a);
 ot_status ot_cpu_rmsnorm_backward(ot_context *ctx, const ot_norm_backward_args *a);
+
+/* The CPU backward's row function: rows [r0, r1) with the thread's scratch s (2 padded
+ * rows), the float32 weight (or NULL) and the thread's dweight / dbias partials (NULL
+ * when not wanted) to accumulate into. */
+typedef void (*ot_norm_backward_rows_fn)(const ot_norm_backward_args *a, int64_t r0, int64_t r1,
+                                         float *s, const float *w, float *dw, float *db);
+/* Splits rows over threads, runs rows_fn, adds the partials in thread order and rounds
+ * them into a->dweight / a->dbias (src/cpu/norm_backward.c). */
+ot_status ot_cpu_norm_backward_driver(ot_context *ctx, const ot_norm_backward_args *a,
+                                      const char *op, ot_norm_backward_rows_fn rows_fn);
 ot_status ot_cpu_layernorm_forward(ot_context *ctx, const ot_norm_forward_args *a);
 ot_status ot_cpu_layernorm_backward(ot_context *ctx, const ot_norm_backward_args *a);
 

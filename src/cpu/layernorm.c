@@ -120,40 +120,5 @@ static void ln_backward_rows(const ot_norm_backward_args *a, int64_t r0, int64_t
 }
 
 ot_status ot_cpu_layernorm_backward(ot_context *ctx, const ot_norm_backward_args *a) {
-  int64_t n = a->cols, pad = ot_norm_pad(n);
-  int nt = ot_cpu_threads_cap(ctx, a->rows * n, a->rows);
-  /* [weight | thread t: g, xhat, dweight partial, dbias partial] */
-  int64_t per_thread = 4 * pad;
-  float *buf = (float *)malloc((size_t)(pad + per_thread * nt) * sizeof(float));
-  if (!buf) return ot_error(OT_ERR_OOM, "ot_layernorm_backward", "cannot allocate CPU scratch");
-  const float *w = NULL;
-  if (a->weight) {
-    ot_norm_load_row(buf, a->weight, a->dtype, n);
-    w = buf;
-  }
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-    int t = thread_id();
-    int64_t r0, r1;
-    ot_norm_block(a->rows, t, nt, &r0, &r1);
-    float *s = buf + pad + per_thread * t;
-    float *dw = a->dweight ? s + 2 * pad : NULL;
-    float *db = a->dbias ? s + 3 * pad : NULL;
-    if (dw) memset(dw, 0, (size_t)n * sizeof(float));
-    if (db) memset(db, 0, (size_t)n * sizeof(float));
-    ln_backward_rows(a, r0, r1, s, w, dw, db);
-  }
-  /* Fixed order over the threads' partials: deterministic for a given count. */
-  for (int k = 0; k < 2; k++) {
-    void *dst = k == 0 ? a->dweight : a->dbias;
-    if (!dst) continue;
-    float *p0 = buf + pad + (2 + k) * pad;
-    for (int t = 1; t < nt; t++) {
-      const float *pt = buf + pad + per_thread * t + (2 + k) * pad;
-      for (int64_t i = 0; i < n; i++) p0[i] += pt[i];
-    }
-    ot_norm_store_row(dst, p0, a->dtype, n);
-  }
-  free(buf);
-  return OT_OK;
+  return ot_cpu_norm_backward_driver(ctx, a, "ot_layernorm_backward", ln_backward_rows);
 }

@@ -75,7 +75,8 @@ ot_status ot_cpu_rmsnorm_forward(ot_context *ctx, const ot_norm_forward_args *a)
 /* s: scratch [2][H]; dw: this thread's partial dweight [H] or NULL. */
 OT_NORM_CLONES
 static void rms_backward_rows(const ot_norm_backward_args *a, int64_t r0, int64_t r1, float *s,
-                              const float *w, float *dw) {
+                              const float *w, float *dw, float *db) {
+  (void)db; /* RMSNorm has no bias */
   int64_t n = a->cols;
   float *g = s, *h = s + ot_norm_pad(n);
   size_t es = ot_dtype_size(a->dtype);
@@ -100,36 +101,5 @@ static void rms_backward_rows(const ot_norm_backward_args *a, int64_t r0, int64_
 }
 
 ot_status ot_cpu_rmsnorm_backward(ot_context *ctx, const ot_norm_backward_args *a) {
-  int64_t n = a->cols, pad = ot_norm_pad(n);
-  int nt = ot_cpu_threads_cap(ctx, a->rows * n, a->rows);
-  /* [weight | thread t: g, h, dweight partial] */
-  int64_t per_thread = 3 * pad;
-  float *buf = (float *)malloc((size_t)(pad + per_thread * nt) * sizeof(float));
-  if (!buf) return ot_error(OT_ERR_OOM, "ot_rmsnorm_backward", "cannot allocate CPU scratch");
-  const float *w = NULL;
-  if (a->weight) {
-    ot_norm_load_row(buf, a->weight, a->dtype, n);
-    w = buf;
-  }
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-    int t = thread_id();
-    int64_t r0, r1;
-    ot_norm_block(a->rows, t, nt, &r0, &r1);
-    float *s = buf + pad + per_thread * t;
-    float *dw = a->dweight ? s + 2 * pad : NULL;
-    if (dw) memset(dw, 0, (size_t)n * sizeof(float));
-    rms_backward_rows(a, r0, r1, s, w, dw);
-  }
-  if (a->dweight) {
-    /* Fixed order over the threads' partials: deterministic for a given count. */
-    float *dw0 = buf + pad + 2 * pad;
-    for (int t = 1; t < nt; t++) {
-      const float *dwt = buf + pad + per_thread * t + 2 * pad;
-      for (int64_t i = 0; i < n; i++) dw0[i] += dwt[i];
-    }
-    ot_norm_store_row(a->dweight, dw0, a->dtype, n);
-  }
-  free(buf);
-  return OT_OK;
+  return ot_cpu_norm_backward_driver(ctx, a, "ot_rmsnorm_backward", rms_backward_rows);
 }
