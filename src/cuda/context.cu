@@ -1,7 +1,11 @@
 /* context.cu -- CUDA backend: device checks and per-context state. */
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <stdlib.h>
+
 #include "../core/backend.h"
+#include "cuda_state.h"
 
 extern "C" ot_status ot_cuda_context_init(ot_context *ctx) {
   static const char *op = "ot_context_create";
@@ -19,8 +23,57 @@ extern "C" ot_status ot_cuda_context_init(ot_context *ctx) {
   if (e != cudaSuccess)
     return ot_error(OT_ERR_BACKEND, op, "cudaSetDevice(%d): %s", ctx->device.device_id,
                     cudaGetErrorString(e));
-  ctx->cuda = NULL;
+  ot_cuda_state *st = (ot_cuda_state *)calloc(1, sizeof *st);
+  if (!st) return ot_error(OT_ERR_OOM, op, "allocating the CUDA context state (%zu bytes)", sizeof *st);
+  st->device = ctx->device.device_id;
+  int v = 0;
+  if ((e = cudaDeviceGetAttribute(&st->cc_major, cudaDevAttrComputeCapabilityMajor, st->device)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&st->cc_minor, cudaDevAttrComputeCapabilityMinor, st->device)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, st->device)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, st->device)) != cudaSuccess) {
+    free(st);
+    return ot_error(OT_ERR_BACKEND, op, "cudaDeviceGetAttribute: %s", cudaGetErrorString(e));
+  }
+  st->smem_optin = (size_t)v;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, st->device) == cudaSuccess)
+    st->l2_bytes = (size_t)v;
+  ctx->cuda = st;
   return OT_OK;
 }
 
-extern "C" void ot_cuda_context_release(ot_context *ctx) { (void)ctx; }
+extern "C" void *ot_cuda_scratch(ot_context *ctx, size_t bytes, const char *op) {
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (bytes <= st->scratch_bytes) return st->scratch;
+  size_t want = st->scratch_bytes * 2 > bytes ? st->scratch_bytes * 2 : bytes;
+  want = (want + 255) & ~(size_t)255;
+  if (st->scratch) {
+    cudaError_t e = cudaStreamSynchronize((cudaStream_t)ctx->stream);
+    if (e != cudaSuccess) {
+      ot_error(OT_ERR_BACKEND, op, "cudaStreamSynchronize before growing scratch: %s", cudaGetErrorString(e));
+      return NULL;
+    }
+    cudaFree(st->scratch);
+    st->scratch = NULL;
+    st->scratch_bytes = 0;
+  }
+  cudaError_t e = cudaMalloc(&st->scratch, want);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    st->scratch = NULL;
+    ot_error(OT_ERR_OOM, op, "device scratch of %zu bytes: %s", want, cudaGetErrorString(e));
+    return NULL;
+  }
+  st->scratch_bytes = want;
+  return st->scratch;
+}
+
+extern "C" void ot_cuda_context_release(ot_context *ctx) {
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (!st) return;
+  if (st->scratch || st->cublaslt_workspace) cudaStreamSynchronize((cudaStream_t)ctx->stream);
+  if (st->scratch) cudaFree(st->scratch);
+  if (st->cublaslt_workspace) cudaFree(st->cublaslt_workspace);
+  if (st->cublaslt) cublasLtDestroy((cublasLtHandle_t)st->cublaslt);
+  free(st);
+  ctx->cuda = NULL;
+}
