@@ -386,6 +386,113 @@ OT_API ot_status ot_linear_backward(ot_context *ctx, const DLTensor *dy, const D
                                     const DLTensor *weight, const DLTensor *dx,
                                     const DLTensor *dweight, const DLTensor *dbias);
 
+/* ------------------------------------------------------------------------------ */
+/* Fused linear + cross-entropy (the LM head's loss without the logits)            */
+/* ------------------------------------------------------------------------------ */
+
+typedef struct ot_linear_cross_entropy_params {
+  ot_cross_entropy_params ce; /* ignore_index, label_smoothing, reduction (as there) */
+  /* Tokens per chunk; 0 = the default: as many tokens as fit 256 MiB of logits in the
+   * storage dtype (e.g. 1024 tokens for a 128k vocabulary in bfloat16), at least 1. */
+  int64_t chunk_tokens;
+} ot_linear_cross_entropy_params;
+
+/* Defaults: ot_cross_entropy_default_params(), chunk_tokens 0. */
+OT_API ot_linear_cross_entropy_params ot_linear_cross_entropy_default_params(void);
+
+/*
+ * loss = cross_entropy(hidden W^T, labels) and, in the same call when dhidden and / or
+ * dweight are given, the gradients of that loss (d loss / d loss = 1: scale them by the
+ * upstream gradient yourself), without ever holding the [T, V] logits: the tokens are
+ * processed in chunks of C = chunk_tokens rows; per chunk
+ *     logits_c = hidden_c W^T          [C, V] in the storage dtype (GEMM: cuBLASLt on
+ *                                      CUDA, BLAS on the CPU, as ot_linear_forward)
+ *     row losses (and lse) of logits_c (the ot_cross_entropy kernels, reduction NONE)
+ *     dlogits_c = d loss / d logits_c  written over logits_c (ot_cross_entropy_backward)
+ *     dhidden_c = dlogits_c W          (GEMM)
+ *     dweight  += dlogits_c^T hidden_c (GEMM with beta = 1 after the first chunk)
+ * The numbers are those of torch.nn.functional.linear followed by F.cross_entropy in
+ * the same dtype: the logits are rounded to the storage dtype before the softmax, and
+ * the gradient of the logits is rounded before the two backward GEMMs.
+ *  hidden:  [T, H] (rows may be strided) float32 / float16 / bfloat16
+ *  weight:  [V, H] contiguous, hidden's dtype
+ *  labels:  int32 / int64 [T], each in [0, V) or ignore_index (checked on the CPU; on
+ *           CUDA an out-of-range label gives NaN, as ot_cross_entropy_forward)
+ *  loss:    float32, [] or [1] for MEAN / SUM, [T] for NONE (gradients are not
+ *           available with NONE: dhidden and dweight must then be NULL)
+ *  dhidden: [T, H] in hidden's dtype, or NULL (rows may be strided)
+ *  dweight: [V, H] contiguous, in hidden's dtype or float32, or NULL. Accumulated over
+ *           the chunks by the GEMM: in a 16-bit dtype each chunk's sum is rounded into
+ *           it (error grows with the number of chunks); float32 accumulates exactly
+ *           as one GEMM would.
+ *  workspace: a contiguous tensor of any dtype with at least
+ *           ot_linear_cross_entropy_workspace_size() bytes, aligned to 256 bytes, or
+ *           NULL: then the op allocates it itself (malloc on the CPU, cudaMallocAsync
+ *           on the context's stream on CUDA) and frees it before returning.
+ * Extra memory (peak, beyond the arguments): the workspace, which is
+ *     C * V * sizeof(storage)   the logits of one chunk (reused by the next)
+ *   + C * 4 + T * 4 + 256       lse of a chunk, row losses, scalars (+ alignment)
+ * plus the cuBLASLt workspace of the context (32 MiB, once per context) on CUDA. The CPU
+ * backend also converts operand panels to float32 inside its GEMMs (bounded, about
+ * 32 MB) and, when dweight is requested, a float32 panel of at most 2^21 floats.
+ * Outputs must not overlap inputs or each other. MEAN divides by the number of
+ * non-ignored tokens (NaN loss and zero gradients when there is none, as torch).
+ */
+OT_API ot_status ot_linear_cross_entropy(ot_context *ctx,
+                                         const ot_linear_cross_entropy_params *params,
+                                         const DLTensor *hidden, const DLTensor *weight,
+                                         const DLTensor *labels, const DLTensor *loss,
+                                         const DLTensor *dhidden, const DLTensor *dweight,
+                                         const DLTensor *workspace);
+
+/* Bytes of workspace for T tokens, hidden size H, vocabulary V and storage `dtype`
+ * (the chunk size resolved as above); the same on every backend. */
+OT_API ot_status ot_linear_cross_entropy_workspace_size(
+    const ot_linear_cross_entropy_params *params, int64_t tokens, int64_t hidden_size,
+    int64_t vocab_size, DLDataType dtype, size_t *bytes);
+
+/* ------------------------------------------------------------------------------ */
+/* Optimizer: AdamW over many tensors                                              */
+/* ------------------------------------------------------------------------------ */
+
+typedef struct ot_adamw_params {
+  float lr;           /* learning rate, >= 0 */
+  float beta1, beta2; /* in [0, 1) */
+  float eps;          /* >= 0 */
+  float weight_decay; /* >= 0, decoupled: p *= 1 - lr * weight_decay */
+  int64_t step;       /* the step this update makes, >= 1 (1 for the first): bias
+                         corrections 1 - beta^step */
+} ot_adamw_params;
+
+/* Defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2, step 1 (those
+ * of torch.optim.AdamW). */
+OT_API ot_adamw_params ot_adamw_default_params(void);
+
+/*
+ * One AdamW step (torch.optim.AdamW's update, amsgrad and maximize off) over n >= 0
+ * tensors, each of any shape and size (contiguous, numel may differ, 1 element is
+ * fine), in a few kernel launches on CUDA (a table of chunks of every tensor):
+ *     w    = master[i] if given, else params[i] (computed in float32)
+ *     w   *= 1 - lr * weight_decay
+ *     m    = beta1 m + (1 - beta1) g          (exp_avg[i])
+ *     v    = beta2 v + (1 - beta2) g^2        (exp_avg_sq[i])
+ *     w   -= (lr / (1 - beta1^step)) m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+ *     master[i] = w (float32); params[i] = w rounded to its dtype
+ *  params[i]:      float32 / float16 / bfloat16, one dtype for all i
+ *  grads[i]:       params[i]'s shape, params' dtype or float32 (one dtype for all i)
+ *  exp_avg[i], exp_avg_sq[i]: params[i]'s shape, float32 or params' dtype (one dtype
+ *                  for all of them)
+ *  master_params:  NULL, or an array whose entries are all NULL or all float32 tensors
+ *                  of params[i]'s shape (fp32 master weights of low-precision params)
+ * Everything is updated in place; grads are only read. No tensor may overlap another
+ * one of the call (the same tensor passed twice included).
+ */
+OT_API ot_status ot_adamw_step(ot_context *ctx, const ot_adamw_params *params, int n,
+                               const DLTensor *const *param_tensors,
+                               const DLTensor *const *grads, const DLTensor *const *exp_avg,
+                               const DLTensor *const *exp_avg_sq,
+                               const DLTensor *const *master_params);
+
 /* ============================================================================== */
 /* Memory: arena                                                                   */
 /* ============================================================================== */
