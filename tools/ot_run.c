@@ -27,7 +27,8 @@ static void usage(FILE *f) {
           "              [--prompt-ids 1,2,3]... [--batch N] [--max-new-tokens N]\n"
           "              [--temperature T] [--top-k K] [--top-p P] [--seed N]\n"
           "              [--stop-ids a,b] [--ignore-eos] [--dtype f32|bf16|f16] [--threads N]\n"
-          "              [--device cpu|cuda] [--dump-logits FILE] [--quiet]\n"
+          "              [--device cpu|cuda] [--kv-block N] [--no-cuda-graph]\n"
+          "              [--dump-logits FILE] [--quiet]\n"
           "  --config NAME      a named configuration: %s\n"
           "  --model DIR        a HF directory: config.json + *.safetensors (sharded or not)\n"
           "  --random-weights   random weights from --seed (default 1)\n"
@@ -58,12 +59,17 @@ static int parse_ids(const char *s, int32_t **out) {
   return v ? n : -1;
 }
 
+/* --dump-logits: the float32 logits of every step, appended */
+static void dump_logits(void *user, int n_live, const float *logits, int vocab) {
+  fwrite(logits, sizeof *logits, (size_t)n_live * (size_t)vocab, (FILE *)user);
+}
+
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
 int main(int argc, char **argv) {
   const char *config = NULL, *model = NULL, *dump = NULL, *stop_arg = NULL, *device = "cpu";
   int random_weights = 0, max_new = 32, top_k = 0, threads = 0, batch = 0, ignore_eos = 0,
-      quiet = 0;
+      quiet = 0, kv_block = 16, no_graph = 0;
   float temperature = 0, top_p = 1;
   unsigned long long seed = 1;
   DLDataType dtype = {kDLFloat, 32, 1};
@@ -94,6 +100,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--quiet")) quiet = 1;
     else if (!strcmp(a, "--dump-logits")) { NEEDV(); dump = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
+    else if (!strcmp(a, "--kv-block")) { NEEDV(); kv_block = atoi(v); }
+    else if (!strcmp(a, "--no-cuda-graph")) no_graph = 1;
     else if (!strcmp(a, "--dtype")) {
       NEEDV();
       if (!strcmp(v, "f32") || !strcmp(v, "float32")) dtype = (DLDataType){kDLFloat, 32, 1};
@@ -165,6 +173,8 @@ int main(int argc, char **argv) {
   opt.max_seqs = S;
   opt.max_len = max_prompt + (max_new > 0 ? max_new : 1);
   opt.num_threads = threads;
+  opt.kv_block_size = kv_block;
+  opt.cuda_graphs = !no_graph;
   if (!strcmp(device, "cuda")) opt.device_type = kDLCUDA;
   else if (strcmp(device, "cpu")) { fprintf(stderr, "ot-run: --device %s: cpu or cuda\n", device); return 2; }
 
@@ -175,7 +185,6 @@ int main(int argc, char **argv) {
   if (st != OT_OK) { fprintf(stderr, "ot-run: %s\n", ote_last_error()); return 1; }
   double t_load = now_ms() - t0;
   const ote_config *c = ote_engine_config(e);
-  int V = c->vocab;
   if (!quiet)
     printf("model: %s (%d layers, hidden %d, heads %d/%d x %d, ffn %d, vocab %d; %.1fM parameters), "
            "%s weights, %s, %s\n",
@@ -184,16 +193,12 @@ int main(int argc, char **argv) {
            random_weights ? "random" : "loaded",
            dtype.code == kDLBfloat ? "bfloat16" : dtype.bits == 16 ? "float16" : "float32", device);
 
-  int32_t *tokens = malloc(sizeof *tokens * (size_t)(total > S ? total : S));
+  int32_t *tokens = malloc(sizeof *tokens * (size_t)(total > 0 ? total : 1));
   int32_t *cu = malloc(sizeof *cu * (size_t)(S + 1));
-  int *seq = malloc(sizeof *seq * (size_t)S), *live = malloc(sizeof *live * (size_t)S);
-  int32_t *gen = malloc(sizeof *gen * (size_t)S * (size_t)(max_new + 1));
+  int32_t *gen = malloc(sizeof *gen * (size_t)S * (size_t)(max_new > 0 ? max_new : 1));
   int *n_gen = calloc((size_t)S, sizeof *n_gen);
-  float *logits = malloc(sizeof *logits * (size_t)S * (size_t)V);
-  float *sp = malloc(sizeof *sp * (size_t)V);
-  int *si = malloc(sizeof *si * (size_t)V);
   FILE *df = dump ? fopen(dump, "wb") : NULL;
-  if (!tokens || !cu || !seq || !live || !gen || !n_gen || !logits || !sp || !si || (dump && !df)) {
+  if (!tokens || !cu || !gen || !n_gen || (dump && !df)) {
     fprintf(stderr, "ot-run: out of memory or cannot write %s\n", dump ? dump : "");
     return 1;
   }
@@ -202,71 +207,47 @@ int main(int argc, char **argv) {
     int p = i % n_prompts;
     memcpy(tokens + cu[i], prompts[p], sizeof *tokens * (size_t)prompt_len[p]);
     cu[i + 1] = cu[i] + prompt_len[p];
-    seq[i] = i;
   }
   ote_sampler sampler;
   ote_sampler_init(&sampler, temperature, top_k, top_p, seed);
-
-  int n_live = 0, rc = 0;
-  double t_first = 0, t_decode = 0;
-  long decode_tokens = 0, steps = 0;
-  if (max_new > 0) {
-    t0 = now_ms();
-    st = ote_prefill(e, S, seq, tokens, cu, logits);
-    if (st != OT_OK) { fprintf(stderr, "ot-run: %s\n", ote_last_error()); return 1; }
-    for (int i = 0; i < S; i++) {
-      int tok = ote_sample(&sampler, logits + (size_t)i * V, V, sp, si);
-      gen[(size_t)i * (size_t)(max_new + 1) + (size_t)n_gen[i]++] = tok;
-      int stopped = n_gen[i] >= max_new;
-      for (int s = 0; s < n_stop; s++) stopped |= tok == stop[s];
-      if (!stopped) live[n_live++] = i;
-    }
-    t_first = now_ms() - t0;
-    if (df) fwrite(logits, sizeof *logits, (size_t)S * (size_t)V, df);
-
-    t0 = now_ms();
-    while (n_live > 0) {
-      for (int j = 0; j < n_live; j++) {
-        int i = live[j];
-        tokens[j] = gen[(size_t)i * (size_t)(max_new + 1) + (size_t)n_gen[i] - 1];
-      }
-      st = ote_decode(e, n_live, live, tokens, logits);
-      if (st != OT_OK) { fprintf(stderr, "ot-run: %s\n", ote_last_error()); rc = 1; break; }
-      if (df) fwrite(logits, sizeof *logits, (size_t)n_live * (size_t)V, df);
-      steps++;
-      decode_tokens += n_live;
-      int m = 0;
-      for (int j = 0; j < n_live; j++) {
-        int i = live[j];
-        int tok = ote_sample(&sampler, logits + (size_t)j * V, V, sp, si);
-        gen[(size_t)i * (size_t)(max_new + 1) + (size_t)n_gen[i]++] = tok;
-        int stopped = n_gen[i] >= max_new;
-        for (int s = 0; s < n_stop; s++) stopped |= tok == stop[s];
-        if (!stopped) live[m++] = i;
-      }
-      n_live = m;
-    }
-    t_decode = now_ms() - t0;
+  ote_gen_stats gs;
+  memset(&gs, 0, sizeof gs);
+  gs.load_ms = t_load;
+  int rc = 0;
+  st = ote_generate(e, S, tokens, cu, max_new, &sampler, stop, n_stop, gen, n_gen,
+                    df ? dump_logits : NULL, df, &gs);
+  if (st != OT_OK) {
+    fprintf(stderr, "ot-run: %s\n", ote_last_error());
+    rc = 1;
   }
   if (df) fclose(df);
 
   for (int i = 0; i < S; i++) {
     printf("seq %d generated:", i);
-    for (int t = 0; t < n_gen[i]; t++) printf(" %d", gen[(size_t)i * (size_t)(max_new + 1) + (size_t)t]);
+    for (int t = 0; t < n_gen[i]; t++) printf(" %d", gen[(size_t)i * (size_t)max_new + (size_t)t]);
     printf("\n");
   }
   ote_memory mem = ote_engine_memory(e);
   if (!quiet) {
     printf("load: %.1f ms\n", t_load);
-    printf("time to first token: %.2f ms (prefill of %d tokens in %d sequences)\n", t_first, total, S);
-    printf("decode: %ld steps, %ld tokens in %.2f ms: %.1f tokens/s\n", steps, decode_tokens,
-           t_decode, t_decode > 0 ? (double)decode_tokens * 1e3 / t_decode : 0.0);
-    printf("memory: weights %.2f MiB, kv cache %.2f MiB, activations %.2f MiB\n", mib(mem.weights),
+    printf("time to first token: %.2f ms (prefill of %d tokens in %d sequences)\n",
+           gs.first_token_ms, total, S);
+    printf("decode: %ld steps, %ld tokens in %.2f ms: %.1f tokens/s", gs.decode_steps,
+           gs.decode_tokens, gs.decode_ms,
+           gs.decode_ms > 0 ? (double)gs.decode_tokens * 1e3 / gs.decode_ms : 0.0);
+    if (opt.device_type == kDLCUDA)
+      printf(" (CUDA graph: %s)", gs.cuda_graph ? "on"
+                                  : *ote_decode_graph_note(e) ? ote_decode_graph_note(e) : "off");
+    printf("\n");
+    printf("memory: weights %.2f MiB, kv cache %.2f MiB, activations %.2f MiB", mib(mem.weights),
            mib(mem.kv_cache), mib(mem.activations));
+    ot_memory_counter ws;
+    if (ot_memory_tag_counter(OT_MEMORY_WORKSPACE, &ws) == OT_OK && ws.peak)
+      printf(", library workspace %.2f MiB (peak)", mib(ws.peak));
+    printf("\n");
   }
   ote_engine_destroy(e);
   for (int i = 0; i < n_prompts; i++) free(prompts[i]);
-  free(stop); free(tokens); free(cu); free(seq); free(live); free(gen); free(n_gen);
-  free(logits); free(sp); free(si);
+  free(stop); free(tokens); free(cu); free(gen); free(n_gen);
   return rc;
 }

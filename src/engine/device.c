@@ -17,6 +17,13 @@ static ot_status cuda_check(cudaError_t err, const char *what) {
                    "engine: %s: %s", what, cudaGetErrorString(err));
 }
 #define STREAM(d) ((cudaStream_t)(d)->stream)
+/* device_kernels.cu */
+int ote_cuda_embed(void *dst, const void *table, const int32_t *ids, int n, size_t row_bytes,
+                   void *stream);
+int ote_cuda_argmax(int32_t *out, const void *logits, int dtype_code, int dtype_bits, int n,
+                    int vocab, void *stream);
+int ote_cuda_fill_random(void *dst, size_t n, int code, int bits, uint64_t seed,
+                         uint64_t tensor_id, float a, float constant, void *stream);
 #else
 static ot_status no_cuda(const char *what) {
   return ote_error(OT_ERR_NO_DEVICE, "engine: %s: built without the CUDA backend", what);
@@ -128,4 +135,134 @@ ot_status ote_dev_sync(const ote_device *d) {
 #else
   return no_cuda("sync");
 #endif
+}
+
+ot_status ote_dev_upload_async(const ote_device *d, void *dst, const void *src, size_t bytes) {
+  if (!bytes) return OT_OK;
+  if (on_cpu(d)) {
+    if (dst != src) memcpy(dst, src, bytes);
+    return OT_OK;
+  }
+#ifdef OT_HAVE_CUDA
+  return cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, STREAM(d)), "upload");
+#else
+  return no_cuda("upload");
+#endif
+}
+
+ot_status ote_dev_stream_create(ote_device *d) {
+  d->stream = NULL;
+  if (on_cpu(d)) return OT_OK;
+#ifdef OT_HAVE_CUDA
+  OTE_TRY(cuda_check(cudaSetDevice(d->dev.device_id), "cudaSetDevice"));
+  cudaStream_t s;
+  OTE_TRY(cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
+  d->stream = s;
+  return OT_OK;
+#else
+  return no_cuda("stream");
+#endif
+}
+
+void ote_dev_stream_destroy(ote_device *d) {
+#ifdef OT_HAVE_CUDA
+  if (d->stream) {
+    cudaStreamSynchronize(STREAM(d));
+    cudaStreamDestroy(STREAM(d));
+  }
+#endif
+  d->stream = NULL;
+}
+
+ot_status ote_dev_embed(const ote_device *d, void *dst, const void *table, const int32_t *ids,
+                        int n, size_t row_bytes) {
+  if (n <= 0) return OT_OK;
+  if (on_cpu(d)) {
+    for (int i = 0; i < n; i++)
+      memcpy((char *)dst + (size_t)i * row_bytes, (const char *)table + (size_t)ids[i] * row_bytes,
+             row_bytes);
+    return OT_OK;
+  }
+#ifdef OT_HAVE_CUDA
+  return cuda_check((cudaError_t)ote_cuda_embed(dst, table, ids, n, row_bytes, d->stream),
+                    "embedding gather");
+#else
+  return no_cuda("embed");
+#endif
+}
+
+ot_status ote_dev_argmax(const ote_device *d, int32_t *out, const void *logits, DLDataType dt,
+                         int n, int vocab) {
+  if (on_cpu(d)) return ote_error(OT_ERR_INTERNAL, "engine: device argmax on the CPU");
+#ifdef OT_HAVE_CUDA
+  return cuda_check(
+      (cudaError_t)ote_cuda_argmax(out, logits, dt.code, dt.bits, n, vocab, d->stream), "argmax");
+#else
+  (void)out, (void)logits, (void)dt, (void)n, (void)vocab;
+  return no_cuda("argmax");
+#endif
+}
+
+ot_status ote_graph_begin(const ote_device *d) {
+#ifdef OT_HAVE_CUDA
+  return cuda_check(cudaStreamBeginCapture(STREAM(d), cudaStreamCaptureModeThreadLocal),
+                    "cudaStreamBeginCapture");
+#else
+  (void)d;
+  return no_cuda("graph");
+#endif
+}
+
+ot_status ote_graph_end(const ote_device *d, void **exec) {
+  *exec = NULL;
+#ifdef OT_HAVE_CUDA
+  cudaGraph_t g = NULL;
+  cudaError_t err = cudaStreamEndCapture(STREAM(d), &g);
+  if (err != cudaSuccess || !g) {
+    (void)cudaGetLastError();
+    if (g) cudaGraphDestroy(g);
+    return cuda_check(err != cudaSuccess ? err : cudaErrorUnknown, "cudaStreamEndCapture");
+  }
+  cudaGraphExec_t x = NULL;
+  err = cudaGraphInstantiateWithFlags(&x, g, 0);
+  cudaGraphDestroy(g);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cuda_check(err, "cudaGraphInstantiate");
+  }
+  *exec = x;
+  return OT_OK;
+#else
+  (void)d;
+  return no_cuda("graph");
+#endif
+}
+
+ot_status ote_graph_launch(const ote_device *d, void *exec) {
+#ifdef OT_HAVE_CUDA
+  return cuda_check(cudaGraphLaunch((cudaGraphExec_t)exec, STREAM(d)), "cudaGraphLaunch");
+#else
+  (void)d, (void)exec;
+  return no_cuda("graph");
+#endif
+}
+
+void ote_graph_destroy(void *exec) {
+#ifdef OT_HAVE_CUDA
+  if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+#else
+  (void)exec;
+#endif
+}
+
+ot_status ote_dev_fill_random(const ote_device *d, void *dst, size_t n, DLDataType dt,
+                              uint64_t seed, uint64_t tensor_id, float a, float constant) {
+#ifdef OT_HAVE_CUDA
+  if (!on_cpu(d))
+    return cuda_check((cudaError_t)ote_cuda_fill_random(dst, n, dt.code, dt.bits, seed, tensor_id,
+                                                        a, constant, d->stream),
+                      "random weights");
+#endif
+  (void)dst, (void)n, (void)dt, (void)seed, (void)tensor_id, (void)a, (void)constant;
+  return ote_error(OT_ERR_INTERNAL, "engine: device random fill on the CPU");
 }

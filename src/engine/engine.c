@@ -5,15 +5,22 @@
  * sub-block's output, added to x_res by the next norm's fused residual path):
  *   normed, x_res = rmsnorm(delta + x_res)            (layer 0: rmsnorm(x_res))
  *   qkv    = normed Wqkv^T (+ b)                     [T, (Hq + 2 Hkv) D], one GEMM
- *   q, k   = rope(q, k) in place on strided views of qkv
- *   K/V of the T tokens -> the cache
- *   attn   = attention(q, K, V) causal               prefill: packed varlen over qkv;
- *                                                     decode: q against the cache
+ *   prefill: q, k = rope(q, k) in place on strided views of qkv; K/V -> the paged cache
+ *            (ot_kv_append); attn = ot_attention_forward(q, k, v) causal, packed varlen
+ *   decode:  ot_kv_append rotates k into its page and q in place (RoPE fused, positions
+ *            from the page table); attn = ot_paged_attention(q, pages) for the batch
  *   delta  = attn Wo^T
  *   normed, x_res = rmsnorm(delta + x_res)
  *   gate_up = normed Wgu^T                           [T, 2F], one GEMM
  *   delta  = swiglu(gate_up) Wdown^T
- * then the final norm and lm_head on each sequence's last token only. */
+ * then the final norm and lm_head on each sequence's last token only.
+ *
+ * CUDA: everything is enqueued on the engine's own stream; weights, the KV pool and one
+ * activation block are allocated at load / first use, never per step. A decode step of a
+ * batch size that already ran once eagerly is captured into a CUDA graph (embedding lookup
+ * through lm_head, and the argmax when greedy); later steps of that size refresh the
+ * graph's inputs -- token ids and the page table, in device buffers of fixed address --
+ * with asynchronous copies and replay it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +34,8 @@ ote_engine_options ote_engine_default_options(void) {
   o.max_seqs = 1;
   o.max_len = 0;
   o.device_type = kDLCPU;
+  o.kv_block_size = 16;
+  o.cuda_graphs = 1;
   return o;
 }
 
@@ -42,30 +51,57 @@ int ote_seq_len(const ote_engine *e, int seq_id) {
   return e->kv.len[seq_id];
 }
 
+void ote_seq_free(ote_engine *e, int seq_id) {
+  if (!e || seq_id < 0 || seq_id >= e->kv.max_seqs) return;
+  ote_kv_drop(&e->kv, 1, &seq_id);
+}
+
+int ote_decode_graph_active(const ote_engine *e) { return e && e->graph_active; }
+const char *ote_decode_graph_note(const ote_engine *e) { return e ? e->graph_note : ""; }
+
+static void drop_graphs(ote_engine *e) {
+  if (!e->graph) return;
+  for (int n = 0; n <= e->opt.max_seqs; n++) {
+    ote_graph_destroy(e->graph[n]);
+    e->graph[n] = NULL;
+    e->warm[n] = 0;
+  }
+  e->graph_active = 0;
+}
+
 static void free_activations(ote_engine *e) {
-  ote_dev_free(&e->dev, e->x_res);
+  drop_graphs(e);
+  ote_dev_free(&e->dev, e->act_block);
   free(e->positions_host);
   free(e->cu_host);
   free(e->logits_stage);
-  e->x_res = NULL;
+  free(e->logits_host);
+  e->act_block = NULL;
   e->positions_host = e->cu_host = NULL;
   e->logits_stage = NULL;
+  e->logits_host = NULL;
   e->act_tokens = 0;
   e->act_bytes = 0;
 }
 
 void ote_engine_destroy(ote_engine *e) {
   if (!e) return;
+  if (e->dev.stream) (void)ote_dev_sync(&e->dev);
   free_activations(e);
+  free(e->graph);
+  free(e->warm);
   ote_kv_destroy(&e->kv, &e->dev);
+  ote_dev_free(&e->dev, e->cu_dec_dev);
   ote_weights_free(e);
   ot_context_destroy(e->ctx);
+  ote_dev_stream_destroy(&e->dev);
   free(e);
 }
 
 /* Activations for T tokens, one device block carved into the buffers. */
 static ot_status ensure_activations(ote_engine *e, int T) {
   if (T <= e->act_tokens) return OT_OK;
+  if (e->dev.stream) OTE_TRY(ote_dev_sync(&e->dev)); /* the old block may still be read */
   free_activations(e);
   const ote_config *c = &e->cfg;
   size_t es = ote_dtype_size(e->opt.dtype), t = (size_t)T, S = (size_t)e->opt.max_seqs;
@@ -77,23 +113,23 @@ static ot_status ensure_activations(ote_engine *e, int T) {
       {&e->gate_up, t * 2 * F * es}, {&e->mlp, t * F * es},       {&e->last_res, S * H * es},
       {&e->last_delta, S * H * es},  {&e->last_norm, S * H * es}, {&e->logits, S * V * es},
       {(void **)&e->positions_dev, t * 4}, {(void **)&e->cu_dev, (S + 1) * 4},
+      {(void **)&e->tokens_dev, t * 4},    {(void **)&e->argmax_dev, S * 4},
   };
   size_t n = sizeof parts / sizeof parts[0], total = 0;
   for (size_t i = 0; i < n; i++) total += (parts[i].bytes + 255) / 256 * 256;
-  void *block = NULL;
-  OTE_TRY(ote_dev_alloc(&e->dev, total, &block));
+  OTE_TRY(ote_dev_alloc(&e->dev, total, &e->act_block));
   size_t off = 0;
   for (size_t i = 0; i < n; i++) {
-    *parts[i].p = (char *)block + off;
+    *parts[i].p = (char *)e->act_block + off;
     off += (parts[i].bytes + 255) / 256 * 256;
   }
-  /* x_res is the first part: freeing it frees the block */
   e->positions_host = malloc(t * 4);
   e->cu_host = malloc((S + 1) * 4);
   e->logits_stage = malloc(S * V * es);
+  e->logits_host = malloc(S * V * sizeof(float));
   e->act_tokens = T;
   e->act_bytes = total;
-  if (!e->positions_host || !e->cu_host || !e->logits_stage) {
+  if (!e->positions_host || !e->cu_host || !e->logits_stage || !e->logits_host) {
     free_activations(e);
     return ote_error(OT_ERR_OOM, "engine: out of host memory");
   }
@@ -107,8 +143,11 @@ static ot_status engine_create(const ote_config *cfg, const ote_engine_options *
   if (!ote_dtype_eq(o.dtype, OTE_F32) && !ote_dtype_eq(o.dtype, OTE_BF16) &&
       !ote_dtype_eq(o.dtype, OTE_F16))
     return ote_error(OT_ERR_INVALID_ARGUMENT, "engine: dtype must be float32, float16 or bfloat16");
+  if (o.device_type != kDLCPU && o.device_type != kDLCUDA)
+    return ote_error(OT_ERR_INVALID_ARGUMENT, "engine: device must be the CPU or CUDA");
   if (o.max_seqs <= 0) o.max_seqs = 1;
   if (o.max_len <= 0) o.max_len = cfg->max_position < 4096 ? cfg->max_position : 4096;
+  if (o.kv_block_size <= 0) o.kv_block_size = 16;
   if (o.max_len > cfg->max_position)
     return ote_error(OT_ERR_INVALID_ARGUMENT,
                      "engine: max_len %d exceeds the model's max_position_embeddings %d", o.max_len,
@@ -119,14 +158,33 @@ static ot_status engine_create(const ote_config *cfg, const ote_engine_options *
   e->opt = o;
   e->dev.dev.device_type = o.device_type;
   e->dev.dev.device_id = o.device_id;
-  ot_context_options co = ot_context_default_options();
-  co.device_type = o.device_type;
-  co.device_id = o.device_id;
-  co.num_threads = o.num_threads;
-  ot_status st = ot_context_create(&co, &e->ctx);
+  e->graph = calloc((size_t)o.max_seqs + 1, sizeof *e->graph);
+  e->warm = calloc((size_t)o.max_seqs + 1, 1);
+  e->graphs_off = o.device_type != kDLCUDA || !o.cuda_graphs;
+  if (o.device_type == kDLCUDA && !o.cuda_graphs)
+    snprintf(e->graph_note, sizeof e->graph_note, "off (option)");
+  if (!e->graph || !e->warm) {
+    free(e->graph), free(e->warm), free(e);
+    return ote_error(OT_ERR_OOM, "engine: out of memory");
+  }
+  ot_status st = OT_OK;
+  if (o.device_type == kDLCUDA) {
+    if (!ot_has_cuda()) st = ote_error(OT_ERR_NO_DEVICE, "engine: the library was built without CUDA");
+    if (st == OT_OK) st = ote_dev_stream_create(&e->dev);
+  }
+  if (st == OT_OK) {
+    ot_context_options co = ot_context_default_options();
+    co.device_type = o.device_type;
+    co.device_id = o.device_id;
+    co.num_threads = o.num_threads;
+    co.stream = e->dev.stream;
+    st = ot_context_create(&co, &e->ctx);
+    if (st != OT_OK) st = ote_op_error(st, "engine");
+  }
   if (st != OT_OK) {
-    free(e);
-    return ote_op_error(st, "engine");
+    ote_dev_stream_destroy(&e->dev);
+    free(e->graph), free(e->warm), free(e);
+    return st;
   }
   *out = e;
   return OT_OK;
@@ -134,8 +192,16 @@ static ot_status engine_create(const ote_config *cfg, const ote_engine_options *
 
 static ot_status engine_finish(ote_engine *e) {
   const ote_config *c = &e->cfg;
-  return ote_kv_create(&e->kv, &e->dev, c->layers, e->opt.max_seqs, e->opt.max_len, c->kv_heads,
-                       c->head_dim, e->opt.dtype);
+  OTE_TRY(ote_kv_create(&e->kv, e->ctx, &e->dev, c->layers, e->opt.max_seqs, e->opt.max_len,
+                        c->kv_heads, c->head_dim, e->opt.dtype, e->opt.kv_block_size));
+  int S = e->opt.max_seqs;
+  int32_t *cu = malloc(sizeof *cu * (size_t)(S + 1));
+  if (!cu) return ote_error(OT_ERR_OOM, "engine: out of memory");
+  for (int i = 0; i <= S; i++) cu[i] = i;
+  ot_status st = ote_dev_alloc(&e->dev, sizeof *cu * (size_t)(S + 1), (void **)&e->cu_dec_dev);
+  if (st == OT_OK) st = ote_dev_upload(&e->dev, e->cu_dec_dev, cu, sizeof *cu * (size_t)(S + 1));
+  free(cu);
+  return st;
 }
 
 ot_status ote_engine_load(const char *dir, const ote_engine_options *opt, ote_engine **out) {
@@ -225,11 +291,12 @@ static ot_rope_params rope_params(const ote_config *c) {
   return p;
 }
 
-/* The batch of one forward: n sequences, T tokens, rows cu[i] .. cu[i+1] of sequence i. */
+/* The batch of one forward: n sequences, T tokens, rows cu[i] .. cu[i+1] of sequence i
+ * (host); prefill: fresh sequences (cu_dev holds cu); decode: one token each. */
 typedef struct batch {
   int n, T;
   const int *seq;
-  const int32_t *cu; /* host */
+  const int32_t *cu;
   int prefill;
 } batch;
 
@@ -240,63 +307,46 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l) {
   char *qkv = e->qkv;
   /* q / k / v: strided views of the fused projection's output */
   int64_t qs[3] = {b->T, Hq, D}, ks[3] = {b->T, Hkv, D}, st3[3] = {cols, D, 1}, ps[1] = {b->T};
-  ote_view vq, vk, vv, vpos;
+  int64_t cs[1] = {b->n + 1};
+  ote_view vq, vk, vv, vpos, vcu, vo;
   ote_view_set(&vq, &e->dev, qkv, e->opt.dtype, 3, qs, st3);
   ote_view_set(&vk, &e->dev, qkv + (size_t)(Hq * D) * es, e->opt.dtype, 3, ks, st3);
   ote_view_set(&vv, &e->dev, qkv + (size_t)((Hq + Hkv) * D) * es, e->opt.dtype, 3, ks, st3);
-  ote_view_set(&vpos, &e->dev, e->positions_dev, OTE_I32, 1, ps, NULL);
+  ote_view_set(&vcu, &e->dev, b->prefill ? e->cu_dev : e->cu_dec_dev, OTE_I32, 1, cs, NULL);
+  ote_view_set(&vo, &e->dev, e->attn, e->opt.dtype, 3, qs, NULL);
   ot_rope_params rp = rope_params(c);
-  OP(ot_rope_forward(e->ctx, &rp, &vq.t, &vk.t, &vpos.t, NULL, &vq.t, &vk.t), "rope", l);
-
-  for (int i = 0; i < b->n; i++) {
-    size_t row0 = (size_t)b->cu[i];
-    OTE_TRY(ote_kv_write(&e->kv, &e->dev, l, b->seq[i], b->cu[i + 1] - b->cu[i],
-                         qkv + (row0 * (size_t)cols + (size_t)(Hq * D)) * es,
-                         qkv + (row0 * (size_t)cols + (size_t)((Hq + Hkv) * D)) * es, (size_t)cols));
-  }
-
+  ot_paged_kv kv;
+  ote_kv_paged(&e->kv, l, &kv);
   ot_attention_params ap = ot_attention_default_params();
   ap.causal = 1;
   if (c->sliding_window > 0) ap.window_left = c->sliding_window - 1;
+
   if (b->prefill) {
-    /* fresh sequences: attention over each prompt's own tokens, packed */
-    int64_t cs[1] = {b->n + 1};
-    ote_view vcu, vo;
-    ote_view_set(&vcu, &e->dev, e->cu_dev, OTE_I32, 1, cs, NULL);
-    ote_view_set(&vo, &e->dev, e->attn, e->opt.dtype, 3, qs, NULL);
+    /* fresh sequences: rotate q and k in place, store k and v in their pages, and attend
+     * over each prompt's own tokens, packed */
+    ote_view_set(&vpos, &e->dev, e->positions_dev, OTE_I32, 1, ps, NULL);
+    OP(ot_rope_forward(e->ctx, &rp, &vq.t, &vk.t, &vpos.t, NULL, &vq.t, &vk.t), "rope", l);
+    OP(ot_kv_append(e->ctx, &kv, &vcu.t, &vk.t, &vv.t, NULL, NULL, NULL, NULL), "kv append", l);
     OP(ot_attention_forward(e->ctx, &ap, &vq.t, &vk.t, &vv.t, &vcu.t, &vcu.t, &vo.t, NULL),
        "attention (prefill)", l);
   } else {
-    /* one query per sequence against its cached keys (the paged decode kernel takes the
-     * whole batch in one call once the paged cache is in) */
-    for (int i = 0; i < b->n; i++) {
-      int n_keys = e->kv.len[b->seq[i]] + 1;
-      int64_t q4[4] = {1, 1, Hq, D}, q4s[4] = {cols, cols, D, 1};
-      ote_view vq1, vo1, vk1, vv1;
-      ote_view_set(&vq1, &e->dev, qkv + (size_t)i * (size_t)cols * es, e->opt.dtype, 4, q4, q4s);
-      ote_view_set(&vo1, &e->dev, (char *)e->attn + (size_t)(i * Hq * D) * es, e->opt.dtype, 4, q4,
-                   NULL);
-      ote_kv_view(&e->kv, &e->dev, l, b->seq[i], n_keys, &vk1, &vv1);
-      OP(ot_attention_forward(e->ctx, &ap, &vq1.t, &vk1.t, &vv1.t, NULL, NULL, &vo1.t, NULL),
-         "attention (decode)", l);
-    }
+    /* one token per sequence: RoPE fused into the append (positions from the page
+     * table), then the batch's queries against its pages in one call */
+    OP(ot_kv_append(e->ctx, &kv, &vcu.t, &vk.t, &vv.t, &rp, NULL, &vq.t, &vq.t), "kv append", l);
+    OP(ot_paged_attention(e->ctx, &ap, &vq.t, &vcu.t, &kv, &vo.t, NULL), "paged attention", l);
   }
   const ote_layer_weights *w = &e->w.layer[l];
   return linear(e, e->attn, b->T, Hq * D, w->o, w->o_bias, c->hidden, e->delta, l, "o_proj");
 }
 
-static ot_status forward(ote_engine *e, const batch *b, const int32_t *tokens, float *logits) {
+/* Embedding lookup (ids already in tokens_dev) through the logits [n, V] in e->logits
+ * (and, when argmax, the ids in argmax_dev): every op on the engine's stream, no host
+ * synchronization -- the body of a decode graph. */
+static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
   const ote_config *c = &e->cfg;
   size_t es = ote_dtype_size(e->opt.dtype), H = (size_t)c->hidden;
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
-  OTE_TRY(ensure_activations(e, b->T));
-  for (int i = 0; i < b->n; i++)
-    for (int t = b->cu[i]; t < b->cu[i + 1]; t++)
-      e->positions_host[t] = e->kv.len[b->seq[i]] + (t - b->cu[i]);
-  OTE_TRY(ote_dev_upload(&e->dev, e->positions_dev, e->positions_host, (size_t)b->T * 4));
-  OTE_TRY(ote_dev_upload(&e->dev, e->cu_dev, b->cu, (size_t)(b->n + 1) * 4));
-  OTE_TRY(ote_dev_gather_rows(&e->dev, e->x_res, e->w.embed, tokens, b->T, H * es));
-
+  OTE_TRY(ote_dev_embed(&e->dev, e->x_res, e->w.embed, e->tokens_dev, b->T, H * es));
   for (int l = 0; l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
     OTE_TRY(rmsnorm(e, l ? e->delta : e->x_res, l ? e->x_res : NULL, w->attn_norm, e->normed, b->T,
@@ -314,25 +364,89 @@ static ot_status forward(ote_engine *e, const batch *b, const int32_t *tokens, f
     OP(ot_glu_forward(e->ctx, OT_GLU_SWIGLU, &vg.t, NULL, &vm.t), "swiglu", l);
     OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, (int64_t)H, e->delta, l, "down_proj"));
   }
-  for (int i = 0; i < b->n; i++) e->kv.len[b->seq[i]] += b->cu[i + 1] - b->cu[i];
-
-  /* the last token of each sequence: final norm and lm_head */
-  for (int i = 0; i < b->n; i++) {
-    size_t r = (size_t)(b->cu[i + 1] - 1);
-    OTE_TRY(ote_dev_copy_2d(&e->dev, (char *)e->last_delta + i * H * es, H * es,
-                            (char *)e->delta + r * H * es, H * es, H * es, 1));
-    OTE_TRY(ote_dev_copy_2d(&e->dev, (char *)e->last_res + i * H * es, H * es,
-                            (char *)e->x_res + r * H * es, H * es, H * es, 1));
+  /* the last token of each sequence: final norm and lm_head (decode: every row is one) */
+  void *last_delta = e->delta, *last_res = e->x_res;
+  if (b->prefill) {
+    for (int i = 0; i < b->n; i++) {
+      size_t r = (size_t)(b->cu[i + 1] - 1);
+      OTE_TRY(ote_dev_copy_2d(&e->dev, (char *)e->last_delta + i * H * es, H * es,
+                              (char *)e->delta + r * H * es, H * es, H * es, 1));
+      OTE_TRY(ote_dev_copy_2d(&e->dev, (char *)e->last_res + i * H * es, H * es,
+                              (char *)e->x_res + r * H * es, H * es, H * es, 1));
+    }
+    last_delta = e->last_delta;
+    last_res = e->last_res;
   }
-  OTE_TRY(rmsnorm(e, e->last_delta, e->last_res, e->w.final_norm, e->last_norm, b->n, c->layers,
+  OTE_TRY(rmsnorm(e, last_delta, last_res, e->w.final_norm, e->last_norm, b->n, c->layers,
                   "final norm"));
   OTE_TRY(linear(e, e->last_norm, b->n, (int64_t)H, e->w.lm_head, NULL, c->vocab, e->logits,
                  c->layers, "lm_head"));
-  size_t nv = (size_t)b->n * (size_t)c->vocab;
-  OTE_TRY(ote_dev_download(&e->dev, e->logits_stage, e->logits, nv * es));
-  OTE_TRY(ote_dev_sync(&e->dev));
-  ote_convert(logits, OTE_F32, e->logits_stage, e->opt.dtype, nv);
+  if (argmax && e->dev.dev.device_type != kDLCPU)
+    OTE_TRY(ote_dev_argmax(&e->dev, e->argmax_dev, e->logits, e->opt.dtype, b->n, c->vocab));
   return OT_OK;
+}
+
+/* Decode through a CUDA graph where possible: the first step of a batch size runs
+ * eagerly (the ops create their lazy workspaces), the second captures and replays, later
+ * ones replay. A failed capture turns graphs off for the engine (the note says why) and
+ * the step runs eagerly. */
+static ot_status decode_body(ote_engine *e, const batch *b, int argmax) {
+  int n = b->n;
+  e->graph_active = 0;
+  if (e->graphs_off || !e->warm[n]) {
+    OTE_TRY(forward_body(e, b, argmax));
+    e->warm[n] = 1;
+    return OT_OK;
+  }
+  /* the argmax is part of the graph: bit 1 of warm[n] says whether graph[n] has it */
+  if (e->graph[n] && ((e->warm[n] >> 1) & 1) != argmax) {
+    ote_graph_destroy(e->graph[n]);
+    e->graph[n] = NULL;
+  }
+  if (!e->graph[n]) {
+    OTE_TRY(ote_graph_begin(&e->dev));
+    ot_status st = forward_body(e, b, argmax);
+    char why[256] = "";
+    if (st != OT_OK) snprintf(why, sizeof why, "%s", ote_last_error());
+    void *exec = NULL;
+    ot_status st2 = ote_graph_end(&e->dev, &exec);
+    if (st == OT_OK && st2 != OT_OK) snprintf(why, sizeof why, "%s", ote_last_error());
+    if (!exec || st != OT_OK) {
+      ote_graph_destroy(exec);
+      e->graphs_off = 1;
+      snprintf(e->graph_note, sizeof e->graph_note, "off: capture failed: %.200s", why);
+      return forward_body(e, b, argmax);
+    }
+    e->graph[n] = exec;
+    e->warm[n] = (unsigned char)(1 | (argmax << 1));
+  }
+  OTE_TRY(ote_graph_launch(&e->dev, e->graph[n]));
+  e->graph_active = 1;
+  return OT_OK;
+}
+
+/* logits (float32 [n, V]) and / or next (argmax ids [n]) to the host. */
+static ot_status fetch(ote_engine *e, int n, float *logits, int32_t *next) {
+  const ote_config *c = &e->cfg;
+  size_t es = ote_dtype_size(e->opt.dtype), nv = (size_t)n * (size_t)c->vocab;
+  if (logits) {
+    OTE_TRY(ote_dev_download(&e->dev, e->logits_stage, e->logits, nv * es));
+    ote_convert(logits, OTE_F32, e->logits_stage, e->opt.dtype, nv);
+  }
+  if (next) {
+    if (e->dev.dev.device_type == kDLCPU) {
+      float *lf = logits;
+      if (!lf) {
+        ote_convert(e->logits_host, OTE_F32, e->logits, e->opt.dtype, nv);
+        lf = e->logits_host;
+      }
+      for (int i = 0; i < n; i++) next[i] = ote_sample(NULL, lf + (size_t)i * c->vocab, c->vocab,
+                                                       NULL, NULL);
+    } else {
+      OTE_TRY(ote_dev_download(&e->dev, next, e->argmax_dev, (size_t)n * 4));
+    }
+  }
+  return ote_dev_sync(&e->dev);
 }
 
 static ot_status check_batch(const ote_engine *e, int n, const int *seq, const int32_t *tokens,
@@ -355,9 +469,9 @@ static ot_status check_batch(const ote_engine *e, int n, const int *seq, const i
   return OT_OK;
 }
 
-ot_status ote_prefill(ote_engine *e, int n, const int *seq, const int32_t *tokens,
-                      const int32_t *cu, float *logits) {
-  if (!e || !seq || !tokens || !cu || !logits)
+static ot_status prefill(ote_engine *e, int n, const int *seq, const int32_t *tokens,
+                         const int32_t *cu, float *logits, int32_t *next) {
+  if (!e || !seq || !tokens || !cu || (!logits && !next))
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: NULL argument");
   if (n <= 0 || n > e->opt.max_seqs || cu[0] != 0)
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: bad batch (n %d, cu_seqlens[0] %d)", n,
@@ -370,13 +484,35 @@ ot_status ote_prefill(ote_engine *e, int n, const int *seq, const int32_t *token
                        e->opt.max_len);
   }
   OTE_TRY(check_batch(e, n, seq, tokens, cu[n], "ote_prefill"));
-  for (int i = 0; i < n; i++) e->kv.len[seq[i]] = 0;
-  batch b = {n, cu[n], seq, cu, 1};
-  return forward(e, &b, tokens, logits);
+  int T = cu[n];
+  OTE_TRY(ensure_activations(e, T));
+  int32_t *lens = e->cu_host; /* scratch until the forward */
+  for (int i = 0; i < n; i++) lens[i] = cu[i + 1] - cu[i];
+  OTE_TRY(ote_kv_reset(&e->kv, n, seq));
+  ot_status st = ote_kv_reserve(&e->kv, &e->dev, n, seq, lens);
+  if (st == OT_OK) {
+    for (int i = 0; i < n; i++)
+      for (int t = cu[i]; t < cu[i + 1]; t++) e->positions_host[t] = t - cu[i];
+    st = ote_dev_upload_async(&e->dev, e->positions_dev, e->positions_host, (size_t)T * 4);
+  }
+  if (st == OT_OK) st = ote_dev_upload_async(&e->dev, e->cu_dev, cu, (size_t)(n + 1) * 4);
+  if (st == OT_OK) st = ote_dev_upload_async(&e->dev, e->tokens_dev, tokens, (size_t)T * 4);
+  batch b = {n, T, seq, cu, 1};
+  if (st == OT_OK) st = forward_body(e, &b, next != NULL);
+  if (st == OT_OK) st = fetch(e, n, logits, next);
+  if (st != OT_OK) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ote_last_error());
+    if (e->dev.stream) (void)ote_dev_sync(&e->dev);
+    ote_kv_drop(&e->kv, n, seq);
+    ote_error(st, "%s", msg);
+  }
+  return st;
 }
 
-ot_status ote_decode(ote_engine *e, int n, const int *seq, const int32_t *tokens, float *logits) {
-  if (!e || !seq || !tokens || !logits)
+static ot_status decode(ote_engine *e, int n, const int *seq, const int32_t *tokens, float *logits,
+                        int32_t *next) {
+  if (!e || !seq || !tokens || (!logits && !next))
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_decode: NULL argument");
   OTE_TRY(check_batch(e, n, seq, tokens, n, "ote_decode"));
   for (int i = 0; i < n; i++) {
@@ -387,11 +523,43 @@ ot_status ote_decode(ote_engine *e, int n, const int *seq, const int32_t *tokens
       return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_decode: sequence slot %d is full (max_len %d)",
                        seq[i], e->opt.max_len);
   }
-  int32_t *cu = malloc(sizeof *cu * (size_t)(n + 1));
-  if (!cu) return ote_error(OT_ERR_OOM, "engine: out of memory");
-  for (int i = 0; i <= n; i++) cu[i] = i;
-  batch b = {n, n, seq, cu, 0};
-  ot_status st = forward(e, &b, tokens, logits);
-  free(cu);
+  OTE_TRY(ensure_activations(e, n));
+  int32_t *ones = e->cu_host;
+  for (int i = 0; i < n; i++) ones[i] = 1;
+  ot_status st = ote_kv_reserve(&e->kv, &e->dev, n, seq, ones);
+  if (st == OT_OK) st = ote_dev_upload_async(&e->dev, e->tokens_dev, tokens, (size_t)n * 4);
+  batch b = {n, n, seq, NULL, 0};
+  if (st == OT_OK) st = decode_body(e, &b, next != NULL && e->dev.dev.device_type != kDLCPU);
+  if (st == OT_OK) st = fetch(e, n, logits, next);
+  if (st != OT_OK) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ote_last_error());
+    if (e->dev.stream) (void)ote_dev_sync(&e->dev);
+    ote_kv_drop(&e->kv, n, seq); /* their caches are no longer consistent */
+    ote_error(st, "%s (the batch's sequences were emptied)", msg);
+  }
   return st;
+}
+
+ot_status ote_prefill(ote_engine *e, int n, const int *seq, const int32_t *tokens,
+                      const int32_t *cu, float *logits) {
+  if (!logits) return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: NULL argument");
+  return prefill(e, n, seq, tokens, cu, logits, NULL);
+}
+
+ot_status ote_prefill_greedy(ote_engine *e, int n, const int *seq, const int32_t *tokens,
+                             const int32_t *cu, int32_t *next) {
+  if (!next) return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill_greedy: NULL argument");
+  return prefill(e, n, seq, tokens, cu, NULL, next);
+}
+
+ot_status ote_decode(ote_engine *e, int n, const int *seq, const int32_t *tokens, float *logits) {
+  if (!logits) return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_decode: NULL argument");
+  return decode(e, n, seq, tokens, logits, NULL);
+}
+
+ot_status ote_decode_greedy(ote_engine *e, int n, const int *seq, const int32_t *tokens,
+                            int32_t *next) {
+  if (!next) return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_decode_greedy: NULL argument");
+  return decode(e, n, seq, tokens, NULL, next);
 }

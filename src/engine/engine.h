@@ -7,10 +7,12 @@
  *   config.c       model configuration: config.json (cJSON) or a named configuration
  *   safetensors.c  the safetensors reader (mmap'ed files, sharded directories)
  *   weights.c      HF tensor names -> fused engine weights, dtype conversion, random init
- *   kv_cache.c     K/V of past tokens (contiguous per sequence; a paged cache replaces it)
- *   forward.c      prefill (packed varlen) and decode over a batch of sequences
+ *   kv_cache.c     K/V of past tokens in the library's paged pool (ot_kv_cache)
+ *   engine.c       prefill (packed varlen) and decode (paged; a CUDA graph per batch size)
+ *   generate.c     the generation loop (ot-run, the Python binding)
  *   sampling.c     greedy / temperature / top-k / top-p with a seeded RNG
  *   device.c       the few memory operations that differ between the CPU and a GPU
+ *   device_kernels.cu  CUDA: embedding lookup, argmax, random weights on the device
  *
  * Errors: every function returns an ot_status; ote_last_error() (thread-local) says what
  * failed, naming the file and the tensor for weight problems. Nothing aborts.
@@ -78,6 +80,8 @@ typedef struct ote_engine_options {
   int num_threads;      /* CPU: OpenMP threads per op, 0 = default                    */
   DLDeviceType device_type;
   int device_id;
+  int kv_block_size;    /* tokens per page of the paged KV cache, 0 = 16                */
+  int cuda_graphs;      /* CUDA: replay the decode step as a graph (default 1)          */
 } ote_engine_options;
 
 ote_engine_options ote_engine_default_options(void);
@@ -90,7 +94,8 @@ ot_status ote_engine_random(const ote_config *cfg, uint64_t seed, const ote_engi
 void ote_engine_destroy(ote_engine *e);
 const ote_config *ote_engine_config(const ote_engine *e);
 
-/* Bytes held, by tag. */
+/* Bytes held, by tag (workspace: the library's per-context cuBLASLt workspace and
+ * scratch are not visible here; ot_memory_tag_counter has what the library tracks). */
 typedef struct ote_memory {
   size_t weights, kv_cache, activations;
 } ote_memory;
@@ -106,6 +111,15 @@ ot_status ote_prefill(ote_engine *e, int n_seqs, const int *seq_ids, const int32
 /* One decode step: token[i] is appended to sequence seq_ids[i]; logits as above. */
 ot_status ote_decode(ote_engine *e, int n_seqs, const int *seq_ids, const int32_t *tokens,
                      float *logits);
+/* As ote_prefill / ote_decode, but greedy: next[i] = the argmax of sequence i's logits
+ * (the lowest index among equal maxima, as ote_sample with temperature 0), computed on
+ * the device (CUDA: only the ids are copied to the host). */
+ot_status ote_prefill_greedy(ote_engine *e, int n_seqs, const int *seq_ids, const int32_t *tokens,
+                             const int32_t *cu_seqlens, int32_t *next);
+ot_status ote_decode_greedy(ote_engine *e, int n_seqs, const int *seq_ids, const int32_t *tokens,
+                            int32_t *next);
+/* Empties a sequence slot (its pages go back to the pool). */
+void ote_seq_free(ote_engine *e, int seq_id);
 /* Tokens held for a sequence slot. */
 int ote_seq_len(const ote_engine *e, int seq_id);
 
@@ -120,6 +134,45 @@ void ote_sampler_init(ote_sampler *s, float temperature, int top_k, float top_p,
 /* Picks a token from logits[0..vocab); scratch: vocab floats + vocab ints (may be NULL
  * for greedy). */
 int ote_sample(ote_sampler *s, const float *logits, int vocab, float *scratch_p, int *scratch_i);
+
+/* Generation of a batch of prompts: prefill together, then one decode step per live
+ * sequence until each has max_new tokens or produced a stop id. Sequence i uses slot i
+ * (n_prompts <= max_seqs). out: [n_prompts, max_new] tokens, n_out[i] the count. With a
+ * greedy sampler and no on_logits callback the argmax runs on the device.
+ * on_logits (or NULL): called after every step with the float32 logits of the step's
+ * live sequences [n_live, vocab]. */
+typedef struct ote_gen_stats {
+  double load_ms;          /* not set by ote_generate */
+  double first_token_ms;   /* prefill + sampling of the first token (time to first token) */
+  double decode_ms;        /* every decode step, sampling included */
+  long decode_steps, decode_tokens;
+  int cuda_graph;          /* whether decode steps replayed a CUDA graph                   */
+} ote_gen_stats;
+typedef void (*ote_logits_fn)(void *user, int n_live, const float *logits, int vocab);
+ot_status ote_generate(ote_engine *e, int n_prompts, const int32_t *tokens,
+                       const int32_t *cu_seqlens, int max_new, const ote_sampler *sampler,
+                       const int32_t *stop_ids, int n_stop, int32_t *out, int *n_out,
+                       ote_logits_fn on_logits, void *user, ote_gen_stats *stats);
+
+/* Whether the last decode step was a graph replay; why graphs are off ("" when they are
+ * on or were never tried). */
+int ote_decode_graph_active(const ote_engine *e);
+const char *ote_decode_graph_note(const ote_engine *e);
+
+/* Convenience for bindings (ctypes), the options as scalars: a model directory with its
+ * weights (seed 0), or a model directory's / named configuration's shape with random
+ * weights from seed. dtype "f32" / "bf16" / "f16", device "cpu" / "cuda" / "cuda:N".
+ * OTE_CUDA_GRAPHS=0 in the environment turns the decode graphs off. */
+ot_status ote_engine_open(const char *model_dir, const char *config_name, uint64_t seed,
+                          const char *dtype, const char *device, int max_seqs, int max_len,
+                          int num_threads, ote_engine **out);
+/* Copies the weight HF calls `name` (e.g. "model.layers.3.self_attn.k_proj.weight") in the
+ * engine's storage dtype into dst (engine's device memory: a device pointer on CUDA) of
+ * exactly its size in bytes: a peer (HF transformers) can run on the same weights. */
+ot_status ote_engine_export(ote_engine *e, const char *name, void *dst, size_t dst_bytes);
+/* The configuration's main numbers: layers, hidden, heads, kv_heads, head_dim, ffn, vocab,
+ * max_position, eos (first id or -1) into v[0..9). */
+void ote_engine_shape(const ote_engine *e, int64_t v[9]);
 
 #ifdef __cplusplus
 }

@@ -48,6 +48,31 @@ ot_status ote_dev_copy_2d(const ote_device *d, void *dst, size_t dpitch, const v
 ot_status ote_dev_gather_rows(const ote_device *d, void *dst, const void *table,
                               const int32_t *ids, int n, size_t row_bytes);
 ot_status ote_dev_sync(const ote_device *d);
+/* Enqueued copy host -> device (no synchronization; the host buffer may be reused at once:
+ * pageable memory is staged by the runtime before the call returns). */
+ot_status ote_dev_upload_async(const ote_device *d, void *dst, const void *src_host, size_t bytes);
+/* CUDA: the engine's own stream (non-blocking; graphs are captured on it). */
+ot_status ote_dev_stream_create(ote_device *d);
+void ote_dev_stream_destroy(ote_device *d);
+/* dst[i] = table[ids[i]] for i < n with the ids in device memory (CUDA: a kernel, so that
+ * the decode graph contains the embedding lookup; CPU: the host loop). */
+ot_status ote_dev_embed(const ote_device *d, void *dst, const void *table, const int32_t *ids_dev,
+                        int n, size_t row_bytes);
+/* out[i] = argmax of row i of logits [n, vocab] (storage dtype; first index of the maximum),
+ * on the device (int32 out in device memory). */
+ot_status ote_dev_argmax(const ote_device *d, int32_t *out_dev, const void *logits, DLDataType dt,
+                         int n, int vocab);
+/* CUDA: weights.c's random values computed on the device (a = std * sqrt(3); a == 0 fills
+ * `constant`), equal to the host's. */
+ot_status ote_dev_fill_random(const ote_device *d, void *dst, size_t n, DLDataType dt,
+                              uint64_t seed, uint64_t tensor_id, float a, float constant);
+/* CUDA graphs of the decode step: capture on the device's stream (thread-local mode),
+ * instantiate, replay. */
+ot_status ote_graph_begin(const ote_device *d);
+/* Ends the capture; *exec is NULL when the capture failed (why: ote_last_error). */
+ot_status ote_graph_end(const ote_device *d, void **exec);
+ot_status ote_graph_launch(const ote_device *d, void *exec);
+void ote_graph_destroy(void *exec);
 
 /* ---- DLTensor views with their own shape / stride storage ----------------------- */
 typedef struct ote_view {
@@ -106,25 +131,44 @@ typedef struct ote_weights {
   ote_layer_weights *layer; /* [layers]                       */
 } ote_weights;
 
-/* ---- KV cache: contiguous [max_len, Hkv, D] per (layer, sequence) for now; a paged
- * cache (ot_kv_cache) replaces it behind the same calls. ------------------------------ */
+/* ---- KV cache: the library's paged pool (ot_kv_cache) ------------------------------
+ * Engine sequence slots 0 .. max_seqs-1 map to pool sequences; the pool holds
+ * max_seqs * ceil(max_len / block_size) pages, so every slot can reach max_len. Each
+ * forward builds the CSR page table of its batch (host arrays) and copies it to device
+ * buffers of fixed capacity (the same addresses every step: a captured decode graph reads
+ * them). On the CPU the "device" tables are the host tables. */
 typedef struct ote_kv_cache {
-  int layers, max_seqs, max_len, kv_heads, head_dim;
+  ot_kv_cache *pool;
+  int layers, max_seqs, max_len, kv_heads, head_dim, block_size, pages_per_seq;
   DLDataType dtype;
-  void *k, *v;   /* [layers, max_seqs, max_len, Hkv, D] */
-  int *len;      /* [max_seqs] tokens held              */
-  size_t bytes;
+  int64_t *handle;  /* [max_seqs] pool sequence of a slot, -1 when empty */
+  int *len;         /* [max_seqs] tokens held */
+  size_t bytes;     /* of the pages */
+  DLTensor *k_pages, *v_pages; /* [layers] views from ot_kv_cache_layer */
+  /* the batch's page table */
+  int n;            /* sequences in it */
+  int32_t *indptr_h, *indices_h, *last_h; /* host [max_seqs+1], [capacity], [max_seqs] */
+  void *table_d;    /* one device block: indptr, indices, last_page_len (NULL on the CPU) */
+  int32_t *indptr_d, *indices_d, *last_d;
+  int64_t capacity; /* max_seqs * pages_per_seq */
+  int64_t *ids, *add; /* [max_seqs] scratch of ote_kv_reserve */
+  int64_t shape_indptr[1], shape_indices[1], shape_last[1];
+  DLTensor t_indptr, t_indices, t_last;
 } ote_kv_cache;
-ot_status ote_kv_create(ote_kv_cache *c, const ote_device *d, int layers, int max_seqs, int max_len,
-                        int kv_heads, int head_dim, DLDataType dt);
+ot_status ote_kv_create(ote_kv_cache *c, ot_context *ctx, const ote_device *d, int layers,
+                        int max_seqs, int max_len, int kv_heads, int head_dim, DLDataType dt,
+                        int block_size);
 void ote_kv_destroy(ote_kv_cache *c, const ote_device *d);
-/* Writes n tokens of layer at positions len(seq) .. len(seq)+n-1; k, v are rows of
- * Hkv*D elements with row pitch src_pitch elements. len is not advanced. */
-ot_status ote_kv_write(ote_kv_cache *c, const ote_device *d, int layer, int seq, int n,
-                       const void *k, const void *v, size_t src_pitch);
-/* Views [1, n, Hkv, D] of the first n tokens of (layer, seq). */
-void ote_kv_view(ote_kv_cache *c, const ote_device *d, int layer, int seq, int n, ote_view *k,
-                 ote_view *v);
+/* Empties the slots (prefill: fresh sequences). */
+ot_status ote_kv_reset(ote_kv_cache *c, int n, const int *seq);
+/* Reserves n_new[i] token slots for seq[i] (len grows at once) and stages the batch's
+ * page table: host arrays, then an asynchronous copy to the device tables. */
+ot_status ote_kv_reserve(ote_kv_cache *c, const ote_device *d, int n, const int *seq,
+                         const int32_t *n_new);
+/* Undoes a reserve whose forward failed: drops the slots (their contents are gone). */
+void ote_kv_drop(ote_kv_cache *c, int n, const int *seq);
+/* The pages of layer and the staged table, for ot_kv_append / ot_paged_attention. */
+void ote_kv_paged(ote_kv_cache *c, int layer, ot_paged_kv *kv);
 
 /* ---- the engine ----------------------------------------------------------------- */
 struct ote_engine {
@@ -137,15 +181,26 @@ struct ote_engine {
   int n_weight_blocks, cap_weight_blocks;
   size_t weight_bytes;
   ote_kv_cache kv;
-  /* activations, sized for act_tokens rows */
+  /* activations, one device block sized for act_tokens rows (grown by a longer prefill,
+   * which drops the decode graphs: they hold its addresses) */
   int act_tokens;
   size_t act_bytes;
+  void *act_block;
   void *x_res, *delta, *normed, *qkv, *attn, *gate_up, *mlp, *last_res, *last_delta, *last_norm,
       *logits;
-  float *logits_host; /* [max_seqs, V] float32 */
-  void *logits_stage; /* host copy of logits in the storage dtype */
-  int32_t *positions_dev, *cu_dev;
+  int32_t *positions_dev, *cu_dev, *tokens_dev, *argmax_dev;
+  float *logits_host;   /* [max_seqs, V] float32 */
+  void *logits_stage;   /* host copy of logits in the storage dtype */
   int32_t *positions_host, *cu_host;
+  /* decode: cu_seqlens 0, 1, .., max_seqs (any prefix is a batch's), in device memory */
+  int32_t *cu_dec_dev;
+  /* CUDA graphs of the decode step, by batch size: graph[n] (NULL until captured);
+   * warm[n]: a step of n ran eagerly (lazy workspaces of the ops exist); graphs_off:
+   * disabled (option, or a capture failed: note says why) */
+  void **graph;
+  unsigned char *warm;
+  int graphs_off, graph_active;
+  char graph_note[256];
 };
 
 ot_status ote_weights_load(ote_engine *e, const ote_st_set *set, const char *dir);

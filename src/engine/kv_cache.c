@@ -1,64 +1,161 @@
-/* kv_cache.c -- K/V of past tokens: one contiguous [max_len, Hkv, D] block per (layer,
- * sequence slot). Deliberately small: the paged cache (ot_kv_cache, block tables) takes
- * its place behind ote_kv_write / ote_kv_view. */
+/* kv_cache.c -- the engine's K/V of past tokens in the library's paged pool (ot_kv_cache):
+ * slots -> pool sequences, token slots reserved before each forward, and the CSR page table
+ * of the batch staged in buffers of fixed capacity and address (host on the CPU, device on
+ * CUDA), so that a decode step captured in a CUDA graph finds this step's table where the
+ * capture saw last step's. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 
-static size_t block_elems(const ote_kv_cache *c) {
-  return (size_t)c->max_len * (size_t)c->kv_heads * (size_t)c->head_dim;
-}
-
-ot_status ote_kv_create(ote_kv_cache *c, const ote_device *d, int layers, int max_seqs, int max_len,
-                        int kv_heads, int head_dim, DLDataType dt) {
+ot_status ote_kv_create(ote_kv_cache *c, ot_context *ctx, const ote_device *d, int layers,
+                        int max_seqs, int max_len, int kv_heads, int head_dim, DLDataType dt,
+                        int block_size) {
   memset(c, 0, sizeof *c);
+  if (block_size <= 0) block_size = 16;
+  if (block_size > 256)
+    return ote_error(OT_ERR_INVALID_ARGUMENT, "engine: kv block size %d (1 .. 256)", block_size);
   c->layers = layers;
   c->max_seqs = max_seqs;
   c->max_len = max_len;
   c->kv_heads = kv_heads;
   c->head_dim = head_dim;
   c->dtype = dt;
-  size_t bytes = block_elems(c) * (size_t)layers * (size_t)max_seqs * ote_dtype_size(dt);
-  ot_status st = ote_dev_alloc(d, bytes, &c->k);
-  if (st == OT_OK) st = ote_dev_alloc(d, bytes, &c->v);
+  c->block_size = block_size;
+  c->pages_per_seq = (max_len + block_size - 1) / block_size;
+  c->capacity = (int64_t)max_seqs * c->pages_per_seq;
+  ot_kv_cache_params p = {layers, c->capacity, block_size, kv_heads, head_dim, dt};
+  ot_status st = ot_kv_cache_create(ctx, &p, NULL, &c->pool);
+  if (st != OT_OK) return ote_op_error(st, "engine: kv cache");
+  c->handle = malloc(sizeof *c->handle * (size_t)max_seqs);
   c->len = calloc((size_t)max_seqs, sizeof *c->len);
-  if (st == OT_OK && !c->len) st = ote_error(OT_ERR_OOM, "engine: out of memory");
-  if (st != OT_OK) {
+  c->k_pages = calloc((size_t)layers, sizeof *c->k_pages);
+  c->v_pages = calloc((size_t)layers, sizeof *c->v_pages);
+  c->indptr_h = malloc(sizeof(int32_t) * (size_t)(max_seqs + 1));
+  c->indices_h = malloc(sizeof(int32_t) * (size_t)c->capacity);
+  c->last_h = malloc(sizeof(int32_t) * (size_t)max_seqs);
+  c->ids = malloc(sizeof *c->ids * (size_t)max_seqs);
+  c->add = malloc(sizeof *c->add * (size_t)max_seqs);
+  if (!c->ids || !c->add || !c->handle || !c->len || !c->k_pages || !c->v_pages || !c->indptr_h || !c->indices_h ||
+      !c->last_h) {
     ote_kv_destroy(c, d);
-    return st;
+    return ote_error(OT_ERR_OOM, "engine: out of memory");
   }
-  c->bytes = 2 * bytes;
+  for (int i = 0; i < max_seqs; i++) c->handle[i] = -1;
+  for (int l = 0; l < layers; l++) {
+    st = ot_kv_cache_layer(c->pool, l, &c->k_pages[l], &c->v_pages[l]);
+    if (st != OT_OK) {
+      ote_kv_destroy(c, d);
+      return ote_op_error(st, "engine: kv cache layer");
+    }
+  }
+  ot_kv_cache_info info;
+  if (ot_kv_cache_get_info(c->pool, &info) == OT_OK) c->bytes = info.bytes;
+  if (d->dev.device_type == kDLCPU) {
+    c->indptr_d = c->indptr_h;
+    c->indices_d = c->indices_h;
+    c->last_d = c->last_h;
+  } else {
+    size_t a = ((size_t)(max_seqs + 1) * 4 + 255) / 256 * 256;
+    size_t b = ((size_t)c->capacity * 4 + 255) / 256 * 256;
+    st = ote_dev_alloc(d, a + b + (size_t)max_seqs * 4, &c->table_d);
+    if (st != OT_OK) {
+      ote_kv_destroy(c, d);
+      return st;
+    }
+    c->indptr_d = c->table_d;
+    c->indices_d = (int32_t *)((char *)c->table_d + a);
+    c->last_d = (int32_t *)((char *)c->table_d + a + b);
+  }
   return OT_OK;
 }
 
 void ote_kv_destroy(ote_kv_cache *c, const ote_device *d) {
-  ote_dev_free(d, c->k);
-  ote_dev_free(d, c->v);
+  ot_kv_cache_destroy(c->pool);
+  ote_dev_free(d, c->table_d);
+  free(c->handle);
   free(c->len);
+  free(c->k_pages);
+  free(c->v_pages);
+  free(c->indptr_h);
+  free(c->indices_h);
+  free(c->last_h);
+  free(c->ids);
+  free(c->add);
   memset(c, 0, sizeof *c);
 }
 
-static char *block(const ote_kv_cache *c, void *base, int layer, int seq) {
-  size_t idx = (size_t)layer * (size_t)c->max_seqs + (size_t)seq;
-  return (char *)base + idx * block_elems(c) * ote_dtype_size(c->dtype);
+ot_status ote_kv_reset(ote_kv_cache *c, int n, const int *seq) {
+  for (int i = 0; i < n; i++) {
+    int s = seq[i];
+    if (c->handle[s] >= 0) {
+      ot_status st = ot_kv_cache_free_sequence(c->pool, c->handle[s]);
+      if (st != OT_OK) return ote_op_error(st, "engine: kv cache");
+      c->handle[s] = -1;
+    }
+    c->len[s] = 0;
+    ot_status st = ot_kv_cache_add_sequence(c->pool, &c->handle[s]);
+    if (st != OT_OK) return ote_op_error(st, "engine: kv cache");
+  }
+  return OT_OK;
 }
 
-ot_status ote_kv_write(ote_kv_cache *c, const ote_device *d, int layer, int seq, int n,
-                       const void *k, const void *v, size_t src_pitch) {
-  if (c->len[seq] + n > c->max_len)
-    return ote_error(OT_ERR_INVALID_ARGUMENT,
-                     "engine: sequence slot %d would hold %d tokens, more than max_len %d", seq,
-                     c->len[seq] + n, c->max_len);
-  size_t es = ote_dtype_size(c->dtype), row = (size_t)c->kv_heads * (size_t)c->head_dim * es;
-  size_t off = (size_t)c->len[seq] * row;
-  OTE_TRY(ote_dev_copy_2d(d, block(c, c->k, layer, seq) + off, row, k, src_pitch * es, row, (size_t)n));
-  return ote_dev_copy_2d(d, block(c, c->v, layer, seq) + off, row, v, src_pitch * es, row, (size_t)n);
+void ote_kv_drop(ote_kv_cache *c, int n, const int *seq) {
+  for (int i = 0; i < n; i++) {
+    int s = seq[i];
+    if (c->handle[s] >= 0) (void)ot_kv_cache_free_sequence(c->pool, c->handle[s]);
+    c->handle[s] = -1;
+    c->len[s] = 0;
+  }
 }
 
-void ote_kv_view(ote_kv_cache *c, const ote_device *d, int layer, int seq, int n, ote_view *k,
-                 ote_view *v) {
-  int64_t shape[4] = {1, n, c->kv_heads, c->head_dim};
-  ote_view_set(k, d, block(c, c->k, layer, seq), c->dtype, 4, shape, NULL);
-  ote_view_set(v, d, block(c, c->v, layer, seq), c->dtype, 4, shape, NULL);
+ot_status ote_kv_reserve(ote_kv_cache *c, const ote_device *d, int n, const int *seq,
+                         const int32_t *n_new) {
+  int64_t *ids = c->ids, *add = c->add;
+  for (int i = 0; i < n; i++) {
+    int s = seq[i];
+    if (c->handle[s] < 0)
+      return ote_error(OT_ERR_INVALID_ARGUMENT, "engine: sequence slot %d has no prompt", s);
+    if (c->len[s] + n_new[i] > c->max_len)
+      return ote_error(OT_ERR_INVALID_ARGUMENT,
+                       "engine: sequence slot %d would hold %d tokens, more than max_len %d", s,
+                       c->len[s] + n_new[i], c->max_len);
+    ids[i] = c->handle[s];
+    add[i] = n_new[i];
+  }
+  ot_status st = ot_kv_cache_reserve(c->pool, n, ids, add);
+  if (st != OT_OK) return ote_op_error(st, "engine: kv cache reserve");
+  for (int i = 0; i < n; i++) c->len[seq[i]] += n_new[i];
+  st = ot_kv_cache_page_table(c->pool, n, ids, c->indptr_h, c->indices_h, c->capacity, c->last_h);
+  if (st != OT_OK) return ote_op_error(st, "engine: kv cache page table");
+  c->n = n;
+  if (d->dev.device_type != kDLCPU) {
+    OTE_TRY(ote_dev_upload_async(d, c->indptr_d, c->indptr_h, (size_t)(n + 1) * 4));
+    OTE_TRY(ote_dev_upload_async(d, c->indices_d, c->indices_h, (size_t)c->indptr_h[n] * 4));
+    OTE_TRY(ote_dev_upload_async(d, c->last_d, c->last_h, (size_t)n * 4));
+  }
+  return OT_OK;
+}
+
+static void vec_i32(DLTensor *t, int64_t *shape, void *data, DLDevice dev, int64_t n) {
+  memset(t, 0, sizeof *t);
+  shape[0] = n;
+  t->data = data;
+  t->device = dev;
+  t->ndim = 1;
+  t->dtype = (DLDataType){kDLInt, 32, 1};
+  t->shape = shape;
+}
+
+void ote_kv_paged(ote_kv_cache *c, int layer, ot_paged_kv *kv) {
+  DLDevice dev = c->k_pages[layer].device;
+  vec_i32(&c->t_indptr, c->shape_indptr, c->indptr_d, dev, c->n + 1);
+  /* the whole capacity: a fixed shape, whatever the batch's page count */
+  vec_i32(&c->t_indices, c->shape_indices, c->indices_d, dev, c->capacity);
+  vec_i32(&c->t_last, c->shape_last, c->last_d, dev, c->n);
+  kv->k_pages = &c->k_pages[layer];
+  kv->v_pages = &c->v_pages[layer];
+  kv->indptr = &c->t_indptr;
+  kv->indices = &c->t_indices;
+  kv->last_page_len = &c->t_last;
 }

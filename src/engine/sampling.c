@@ -51,7 +51,7 @@ static void rank_by_prob(const float *p, int *idx, int n) {
 }
 
 int ote_sample(ote_sampler *s, const float *logits, int vocab, float *p, int *idx) {
-  if (s->temperature <= 0 || s->top_k == 1 || !p || !idx) return argmax(logits, vocab);
+  if (!s || s->temperature <= 0 || s->top_k == 1 || !p || !idx) return argmax(logits, vocab);
   float mx = logits[argmax(logits, vocab)];
   double sum = 0;
   for (int i = 0; i < vocab; i++) {

@@ -154,6 +154,9 @@ static ot_status random_new(ote_engine *e, uint64_t seed, uint64_t tensor_id, si
                             float constant, void **out) {
   OTE_TRY(weight_new(e, n, out));
   enum { CHUNK = 1 << 14 };
+  if (e->dev.dev.device_type != kDLCPU) /* the same values, computed on the device */
+    return ote_dev_fill_random(&e->dev, *out, n, e->opt.dtype, seed, tensor_id,
+                               std == 0 ? 0.0f : std * sqrtf(3.0f), constant);
   size_t chunks = (n + CHUNK - 1) / CHUNK;
   float a = std * sqrtf(3.0f);
   ot_status st = OT_OK;
@@ -207,4 +210,57 @@ ot_status ote_weights_random(ote_engine *e, uint64_t seed) {
     OTE_TRY(random_new(e, seed, id++, H * F, s, 0, &w->down));
   }
   return OT_OK;
+}
+
+/* ---- export: a HF-named tensor out of the fused weights (for peers on the same weights) */
+
+ot_status ote_engine_export(ote_engine *e, const char *name, void *dst, size_t dst_bytes) {
+  if (!e || !name || !dst) return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_engine_export: NULL argument");
+  const ote_config *c = &e->cfg;
+  size_t H = (size_t)c->hidden, D = (size_t)c->head_dim, F = (size_t)c->ffn, V = (size_t)c->vocab;
+  size_t q_rows = (size_t)c->heads * D, kv_rows = (size_t)c->kv_heads * D;
+  const char *src = NULL;
+  size_t elems = 0;
+  int l = -1, used = 0;
+  char suffix[128] = "";
+  if (!strcmp(name, "model.embed_tokens.weight")) {
+    src = e->w.embed, elems = V * H;
+  } else if (!strcmp(name, "model.norm.weight")) {
+    src = e->w.final_norm, elems = H;
+  } else if (!strcmp(name, "lm_head.weight")) {
+    src = e->w.lm_head, elems = V * H;
+  } else if (sscanf(name, "model.layers.%d.%n", &l, &used) == 1 && used > 0 && l >= 0 &&
+             l < c->layers && strlen(name + used) < sizeof suffix) {
+    strcpy(suffix, name + used);
+    const ote_layer_weights *w = &e->w.layer[l];
+    size_t es = ote_dtype_size(e->opt.dtype);
+    struct { const char *n; const void *p; size_t off, elems; } m[] = {
+        {"input_layernorm.weight", w->attn_norm, 0, H},
+        {"post_attention_layernorm.weight", w->mlp_norm, 0, H},
+        {"self_attn.q_proj.weight", w->qkv, 0, q_rows * H},
+        {"self_attn.k_proj.weight", w->qkv, q_rows * H, kv_rows * H},
+        {"self_attn.v_proj.weight", w->qkv, (q_rows + kv_rows) * H, kv_rows * H},
+        {"self_attn.q_proj.bias", w->qkv_bias, 0, q_rows},
+        {"self_attn.k_proj.bias", w->qkv_bias, q_rows, kv_rows},
+        {"self_attn.v_proj.bias", w->qkv_bias, q_rows + kv_rows, kv_rows},
+        {"self_attn.o_proj.weight", w->o, 0, H * q_rows},
+        {"self_attn.o_proj.bias", w->o_bias, 0, H},
+        {"mlp.gate_proj.weight", w->gate_up, 0, F * H},
+        {"mlp.up_proj.weight", w->gate_up, F * H, F * H},
+        {"mlp.down_proj.weight", w->down, 0, H * F},
+    };
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+      if (!strcmp(suffix, m[i].n) && m[i].p) {
+        src = (const char *)m[i].p + m[i].off * es;
+        elems = m[i].elems;
+      }
+  }
+  if (!src) return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_engine_export: no tensor %s", name);
+  size_t bytes = elems * ote_dtype_size(e->opt.dtype);
+  if (dst_bytes != bytes)
+    return ote_error(OT_ERR_INVALID_ARGUMENT,
+                     "ote_engine_export: %s has %zu bytes (%s), the destination %zu", name, bytes,
+                     ote_dtype_name(e->opt.dtype), dst_bytes);
+  OTE_TRY(ote_dev_copy_2d(&e->dev, dst, bytes, src, bytes, bytes, 1));
+  return ote_dev_sync(&e->dev);
 }
