@@ -25,8 +25,21 @@ of instances, the model's ``loss_function`` and ``config._attn_implementation`` 
   patched forward updates the cache in HF's [B, H, S, D] layout and calls it, and it
   serves HF's own attention forward when ``rope=False``;
 * every MLP with a SiLU activation: ``down(swiglu(gate(x), up(x)))``;
-* the loss: ``model.loss_function`` becomes :func:`ops_transformer.cross_entropy` with
-  HF's label shift, ``ignore_index=-100`` and ``num_items_in_batch``.
+* the LM head + loss, in training with labels (``model.training`` and ``labels`` given,
+  or ``skip_logits=True`` in the call; ``skip_logits=False`` keeps the logits): the
+  model's and the ``lm_head``'s ``forward`` are patched so that HF's forward runs
+  without labels, the lm_head hands its input over instead of computing logits, and
+  the loss is :func:`lm_head_loss` -- a fused linear + cross-entropy that never
+  materializes the [tokens, vocab] logits (the library's
+  ``ops_transformer.linear_cross_entropy`` where this build has it and it runs on the
+  device, otherwise chunks of tokens through torch's GEMM and the library's
+  cross-entropy kernels, the gradients computed in the forward), with HF's label
+  shift, ``ignore_index=-100``, ``shift_labels`` and ``num_items_in_batch``. The output
+  then has ``loss`` and no ``logits`` (as Liger-Kernel's). Not fused (logged once):
+  ``logits_to_keep``, ``return_dict=False``, an lm_head with a bias, autocast;
+* the loss otherwise (eval, or logits requested): ``model.loss_function`` becomes
+  :func:`ops_transformer.cross_entropy` with HF's label shift, ``ignore_index=-100``
+  and ``num_items_in_batch``.
 
 Falls back to HF's implementation (logged once per reason, logger
 ``"ops_transformer"``): padded batches (any materialized attention mask: the call
@@ -36,10 +49,6 @@ one-token decode, mixed dtypes in a norm or an MLP. Packed batches (position ids
 restarting inside a row, no attention mask, ``use_cache=False`` -- when HF itself
 detects packing) run the library's varlen attention instead of HF's block-diagonal
 mask, except under torch.compile (the split is data-dependent: HF's mask then).
-
-Not done yet (issue 8): a fused linear + cross-entropy that never materializes the
-logits does not exist in the library -- the lm_head still writes the full
-[tokens, vocab] logits and only the loss itself is fused.
 """
 
 from __future__ import annotations
@@ -53,7 +62,8 @@ import torch.nn.functional as F
 
 from . import ops as _ops
 
-__all__ = ["patch_model", "patch_llama", "unpatch", "is_patched", "ATTN_IMPLEMENTATION"]
+__all__ = ["patch_model", "patch_llama", "unpatch", "is_patched", "lm_head_loss",
+           "ATTN_IMPLEMENTATION"]
 
 ATTN_IMPLEMENTATION = "ops_transformer"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -76,6 +86,9 @@ class _TraceState:
     # causal mask (its packed-sequence detection cannot read position ids while
     # tracing).
     trivial_mask = False
+    # The list the patched lm_head appends its input to while a patched causal-LM forward
+    # computes the fused loss (None otherwise); in eager, _LOCAL.lm_capture.
+    lm_capture = None
 
 
 _TRACE = _TraceState()
@@ -345,6 +358,263 @@ def ot_causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignor
 
 
 # ---------------------------------------------------------------------------------
+# Fused LM head + loss (the logits are never materialized)
+# ---------------------------------------------------------------------------------
+
+# Logits elements per chunk of the fallback below: 2^27 (256 MiB in bfloat16), as the
+# library's ot_linear_cross_entropy picks its default chunk.
+_LM_CHUNK_ELEMS = 1 << 27
+
+
+def _lm_chunk_rows(tokens, vocab):
+    rows = _LM_CHUNK_ELEMS // max(int(vocab), 1)
+    if rows >= 256:
+        rows -= rows % 128              # GEMM-friendly row counts (4096 at a 32k vocab)
+    return max(1, min(int(tokens), rows))
+
+
+@torch.library.custom_op("ops_transformer::lm_head_loss_chunked", mutates_args=())
+def _lm_head_loss_chunked(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                          scale: torch.Tensor, ignore_index: int, chunk_rows: int,
+                          need_dhidden: bool, need_dweight: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sum over tokens of cross_entropy(hidden W^T, labels) * scale, and (computed here,
+    in the forward, as the loss is a scalar) its gradients for hidden and weight, in
+    chunks of chunk_rows tokens: logits_c = hidden_c W^T (torch's GEMM), the library's
+    cross-entropy forward and backward on them (the gradient written over the chunk's
+    logits), dhidden_c = dlogits_c W, dweight += dlogits_c^T hidden_c."""
+    from . import _C
+    hidden = hidden.contiguous()
+    weight = weight.contiguous()
+    T = hidden.shape[0]
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    part = torch.empty((), dtype=torch.float32, device=hidden.device)
+    scale = scale.to(device=hidden.device, dtype=torch.float32).reshape(())
+    dh = torch.empty_like(hidden) if need_dhidden else hidden.new_empty(0)
+    dw = torch.empty_like(weight) if need_dweight else hidden.new_empty(0)
+    grads = need_dhidden or need_dweight
+    lse = None
+    for s in range(0, T, chunk_rows):
+        e = min(T, s + chunk_rows)
+        h, lab = hidden[s:e], labels[s:e]
+        logits = torch.mm(h, weight.t())
+        if grads:
+            if lse is None or lse.shape[0] != e - s:
+                lse = torch.empty(e - s, dtype=torch.float32, device=hidden.device)
+            _C.cross_entropy_forward(None, ignore_index, 0.0, 1, logits, lab, part, lse)
+            total += part
+            # d(scale * sum)/d logits, written over the logits
+            _C.cross_entropy_backward(None, ignore_index, 0.0, 1, scale, logits, lab, lse,
+                                      logits)
+            if need_dhidden:
+                torch.mm(logits, weight, out=dh[s:e])
+            if need_dweight:
+                if s == 0:
+                    torch.mm(logits.t(), h, out=dw)
+                else:
+                    dw.addmm_(logits.t(), h)
+        else:
+            _C.cross_entropy_forward(None, ignore_index, 0.0, 1, logits, lab, part, None)
+            total += part
+        del logits
+    return total * scale, dh, dw
+
+
+@_lm_head_loss_chunked.register_fake
+def _(hidden, weight, labels, scale, ignore_index, chunk_rows, need_dhidden, need_dweight):
+    loss = hidden.new_empty((), dtype=torch.float32)
+    dh = torch.empty_like(hidden, memory_format=torch.contiguous_format) if need_dhidden \
+        else hidden.new_empty(0)
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dweight \
+        else hidden.new_empty(0)
+    return loss, dh, dw
+
+
+def _lm_loss_setup(ctx, inputs, output):
+    ctx.need = inputs[6], inputs[7]
+    ctx.save_for_backward(output[1], output[2])
+    ctx.mark_non_differentiable(output[1], output[2])
+
+
+def _lm_loss_bwd(ctx, gloss, gdh, gdw):
+    dh, dw = ctx.saved_tensors
+    # The gradients were computed for an upstream gradient of 1; scale them by the
+    # actual one (exact for 1 and powers of two, as in gradient accumulation by 2^k;
+    # otherwise rounded to the storage dtype once).
+    g = gloss.to(dh.dtype)
+    return (dh * g if ctx.need[0] else None, dw * g if ctx.need[1] else None,
+            None, None, None, None, None, None)
+
+
+_lm_head_loss_chunked.register_autograd(_lm_loss_bwd, setup_context=_lm_loss_setup)
+
+
+def _library_lce():
+    """The library's fused linear + cross-entropy (ops_transformer.linear_cross_entropy),
+    or None when this build does not have it."""
+    return getattr(_ops, "linear_cross_entropy", None)
+
+
+_LCE_OK = {}      # device type -> whether the library's op runs and agrees there
+
+
+def _library_lce_usable(device):
+    """Whether ops_transformer.linear_cross_entropy exists, runs on `device` and agrees
+    with the chunked path on a small input (checked once per device type, eagerly; under
+    torch.compile the answer of an earlier eager call -- patch_model makes one -- or
+    False)."""
+    key = device.type
+    if key in _LCE_OK:
+        return _LCE_OK[key]
+    fn = _library_lce()
+    if fn is None:
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    ok = False
+    try:
+        g = torch.Generator().manual_seed(0)
+        h = torch.randn(5, 16, generator=g).to(device).requires_grad_(True)
+        w = torch.randn(40, 16, generator=g).to(device).requires_grad_(True)
+        lab = torch.tensor([3, -100, 39, 0, 7], device=device)
+        loss = fn(h, w, lab, ignore_index=-100, reduction="sum")
+        loss.backward()
+        h2, w2 = h.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+        ref = F.cross_entropy(h2 @ w2.t(), lab, ignore_index=-100, reduction="sum")
+        ref.backward()
+        ok = bool(torch.allclose(loss.detach().float(), ref.detach(), rtol=1e-4, atol=1e-4)
+                  and torch.allclose(h.grad, h2.grad, rtol=1e-3, atol=1e-4)
+                  and torch.allclose(w.grad, w2.grad, rtol=1e-3, atol=1e-4))
+        if not ok:
+            _log_once("lce_mismatch", f"ops_transformer.linear_cross_entropy disagrees with "
+                      f"torch on {key}: the chunked fallback is used")
+    except Exception as e:  # noqa: BLE001  (not implemented on this backend, other API)
+        _log_once("lce_fail:" + key, f"ops_transformer.linear_cross_entropy unusable on "
+                  f"{key} ({type(e).__name__}: {e}): the chunked fallback is used")
+    _LCE_OK[key] = ok
+    return ok
+
+
+def lm_head_loss(hidden, weight, labels, *, ignore_index=-100, num_items_in_batch=None,
+                 shift_labels=None, chunk_rows=None, impl="auto"):
+    """HF's causal-LM loss of ``hidden @ weight.T`` without materializing the logits.
+
+    hidden: [..., S, H]; weight: [V, H] (the lm_head's); labels: [..., S] (shifted left
+    by one here, as HF does, unless ``shift_labels`` is given); mean over non-ignored
+    tokens, or the sum divided by ``num_items_in_batch``. ``impl``: ``"library"``
+    (ops_transformer.linear_cross_entropy), ``"chunked"`` (torch's GEMMs per chunk of
+    tokens + the library's cross-entropy kernels, gradients computed in the forward), or
+    ``"auto"``: the library's op where it runs on this device, otherwise chunked.
+    Returns a float32 scalar."""
+    if shift_labels is None:
+        labels = F.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:]
+    H = hidden.shape[-1]
+    hidden = hidden.reshape(-1, H)
+    shift_labels = shift_labels.reshape(-1).to(hidden.device)
+    reduction = "mean" if num_items_in_batch is None else "sum"
+    if impl == "library" or (impl == "auto" and _library_lce_usable(hidden.device)):
+        loss = _library_lce()(hidden, weight, shift_labels, ignore_index=ignore_index,
+                              reduction=reduction)
+        if num_items_in_batch is not None:
+            if torch.is_tensor(num_items_in_batch):
+                num_items_in_batch = num_items_in_batch.to(loss.device)
+            loss = loss / num_items_in_batch
+        return loss
+    if impl not in ("auto", "chunked", "library"):
+        raise ValueError(f"ops_transformer.lm_head_loss: impl={impl!r}, expected 'auto', "
+                         "'library' or 'chunked'")
+    if num_items_in_batch is None:
+        scale = 1.0 / (shift_labels != ignore_index).sum().to(torch.float32)
+    elif torch.is_tensor(num_items_in_batch):
+        scale = 1.0 / num_items_in_batch.to(device=hidden.device, dtype=torch.float32)
+    else:
+        scale = torch.full((), 1.0 / num_items_in_batch, dtype=torch.float32,
+                           device=hidden.device)
+    grad = torch.is_grad_enabled()
+    rows = chunk_rows or _lm_chunk_rows(hidden.shape[0], weight.shape[0])
+    loss, _, _ = _lm_head_loss_chunked(hidden, weight, shift_labels, scale, int(ignore_index),
+                                       int(rows), bool(grad and hidden.requires_grad),
+                                       bool(grad and weight.requires_grad))
+    return loss
+
+
+def _lm_capture():
+    if torch.compiler.is_compiling():
+        return _TRACE.lm_capture
+    return getattr(_LOCAL, "lm_capture", None)
+
+
+def _lm_head_forward(self, hidden_states):
+    box = _lm_capture()
+    if box is not None:
+        # The patched causal-LM forward computes the loss from these hidden states with
+        # the fused op; HF's forward gets an empty [..., 0] tensor as its logits.
+        box.append(hidden_states)
+        return hidden_states.new_empty(tuple(hidden_states.shape[:-1]) + (0,))
+    return self._ot_orig_forward(hidden_states)
+
+
+def _fused_loss_reason(self, args, kwargs):
+    """Why this call cannot use the fused LM-head loss (None when it can)."""
+    if len(args) > 1:
+        return "positional arguments beyond input_ids"
+    if kwargs.get("return_dict") is False:
+        return "return_dict=False"
+    ltk = kwargs.get("logits_to_keep", kwargs.get("num_logits_to_keep", 0))
+    if not (isinstance(ltk, int) and ltk == 0):
+        return "logits_to_keep"
+    head = self.lm_head
+    if not getattr(head, "_ot_patched", False) or getattr(head, "bias", None) is not None:
+        return "an lm_head with a bias"
+    dev = head.weight.device
+    if torch.is_autocast_enabled(dev.type) if dev.type in ("cpu", "cuda") else False:
+        return "autocast"
+    for k in ("label_smoothing",):
+        if kwargs.get(k):
+            return k
+    return None
+
+
+def _causal_lm_forward(self, *args, **kwargs):
+    labels = kwargs.get("labels")
+    skip = kwargs.pop("skip_logits", None)
+    if skip is None:
+        skip = self.training and labels is not None
+    if not skip or labels is None:
+        return self._ot_orig_forward(*args, **kwargs)
+    reason = _fused_loss_reason(self, args, kwargs)
+    if reason is not None:
+        _log_once("lm_loss:" + reason, f"fused LM-head loss not used ({reason}): the logits "
+                  "are materialized")
+        return self._ot_orig_forward(*args, **kwargs)
+    kwargs["labels"] = None
+    box = []
+    compiling = torch.compiler.is_compiling()
+    state = _TRACE if compiling else _LOCAL
+    prev = getattr(state, "lm_capture", None)
+    state.lm_capture = box
+    try:
+        out = self._ot_orig_forward(*args, **kwargs)
+    finally:
+        state.lm_capture = prev
+    if len(box) != 1:
+        raise RuntimeError("ops_transformer: the patched lm_head was not called exactly once "
+                           f"in {type(self).__name__}.forward ({len(box)} calls)")
+    hidden = box[0]
+    weight = self.lm_head.weight
+    if hidden.dtype != weight.dtype:
+        hidden = hidden.to(weight.dtype)
+    loss = lm_head_loss(hidden, weight, labels,
+                        ignore_index=kwargs.get("ignore_index", -100),
+                        num_items_in_batch=kwargs.get("num_items_in_batch"),
+                        shift_labels=kwargs.get("shift_labels"),
+                        impl=getattr(self, "_ot_lm_loss_impl", "auto"))
+    fields = {k: v for k, v in out.items() if k not in ("loss", "logits")}
+    return type(out)(loss=loss, logits=None, **fields)
+
+
+# ---------------------------------------------------------------------------------
 # patch / unpatch
 # ---------------------------------------------------------------------------------
 
@@ -383,7 +653,7 @@ def is_patched(model):
 
 
 def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rope=True,
-                swiglu=True, loss=True):
+                swiglu=True, loss=True, fused_lm_loss=True, lm_loss_impl="auto"):
     """Route a HF ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``
     (or their base ``*Model``) through ops_transformer's ops, in place; returns the
     model. Given the class instead (``patch_model(LlamaForCausalLM)``, before
@@ -393,14 +663,18 @@ def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rop
     entirely). See the module docstring for what is replaced and when HF's code still
     runs. :func:`unpatch` restores the model exactly.
 
-    Fused linear + cross-entropy (the loss without materializing the logits) is not in
-    the library yet: the logits are still computed by the lm_head; only the loss is
-    ops_transformer's.
+    ``fused_lm_loss=False`` keeps the lm_head (logits materialized, the loss still the
+    library's cross-entropy); ``lm_loss_impl`` picks the fused loss's implementation
+    (``"auto"``, ``"library"``, ``"chunked"``: see :func:`lm_head_loss`).
     """
     if isinstance(model, type):
         return _patch_class(model, dict(rms_norm=rms_norm, fuse_residual=fuse_residual,
                                         attention=attention, rope=rope, swiglu=swiglu,
-                                        loss=loss))
+                                        loss=loss, fused_lm_loss=fused_lm_loss,
+                                        lm_loss_impl=lm_loss_impl))
+    if lm_loss_impl not in ("auto", "library", "chunked"):
+        raise ValueError(f"ops_transformer.patch_model: lm_loss_impl={lm_loss_impl!r}, "
+                         "expected 'auto', 'library' or 'chunked'")
     if is_patched(model):
         raise RuntimeError("ops_transformer.patch_model: the model is already patched "
                            "(ops_transformer.unpatch first)")
@@ -430,6 +704,18 @@ def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rop
     if loss and hasattr(model, "lm_head"):
         log.append(("loss", model, model.__dict__.get("_loss_function", _MISSING)))
         model.loss_function = ot_causal_lm_loss
+        head = model.lm_head
+        if fused_lm_loss and isinstance(head, torch.nn.Linear) and head.bias is None:
+            _set_forward(head, _lm_head_forward, log)
+            _set_forward(model, _causal_lm_forward, log)
+            log.append(("attr", model, "_ot_lm_loss_impl"))
+            model._ot_lm_loss_impl = lm_loss_impl
+            if lm_loss_impl == "auto":       # decided eagerly (torch.compile reuses it)
+                devices = {head.weight.device.type}
+                if torch.cuda.is_available():
+                    devices.add("cuda")
+                for d in sorted(devices):
+                    _library_lce_usable(torch.device(d))
     model._ot_patch_log = log
     return model
 
@@ -495,6 +781,8 @@ def unpatch(model):
             del obj._ot_patched
         elif what == "attn_impl":
             obj._attn_implementation = old
+        elif what == "attr":
+            obj.__dict__.pop(old, None)
         elif what == "loss":
             if old is _MISSING:
                 del obj._loss_function
