@@ -11,25 +11,43 @@ Options (the first value listed is the default):
 
 ``memory_allocator``: ``"torch"`` | ``"arena"``
     Where the frontend's output and workspace tensors come from. ``"torch"``: torch's
-    caching allocator (NumPy's for NumPy inputs). ``"arena"``: the library's own
-    arena allocator -- not built yet, so setting it raises ``NotImplementedError``.
+    caching allocator (NumPy's for NumPy inputs); the CUDA backend's own temporaries
+    (split-K / attention scratch, the cuBLASLt workspace) come from a per-context
+    growable ``cudaMalloc`` block (src/cuda/context.cu). ``"arena"`` -- the library's
+    ``ot_arena`` (include/ops_transformer.h) serving both -- needs two things the
+    library does not have yet: a C entry point giving a context an arena for its
+    scratch (``ot_context_options`` has no arena field) and an exported
+    ``alloc(size, device, stream)`` / ``free(ptr, size, device, stream)`` pair over
+    ``ot_arena_alloc`` / ``ot_arena_free`` for ``torch.cuda.memory.CUDAPluggableAllocator``
+    (so torch's outputs can come from a ``torch.cuda.MemPool`` on it). Setting it
+    raises ``NotImplementedError`` until then.
 
-``matmul_precision``: ``"highest"`` | ``"high"`` | ``"medium"``
-    Precision of the products inside ``linear`` (and of future GEMM-based ops), in
-    torch's vocabulary. ``"highest"``: float32 products and accumulation -- what every
-    backend does today. ``"high"`` (TF32) and ``"medium"`` (bf16 products) would let the
-    CUDA backend use faster tensor-core modes; no backend has them yet, so setting them
-    raises ``NotImplementedError`` rather than being silently ignored.
+``matmul_precision``: ``"highest"`` | ``"high"`` | ``"medium"`` (``"tf32"`` = ``"high"``)
+    Precision of float32 matrix products, in torch's vocabulary, applied when set to
+    both torch and the library: ``torch.set_float32_matmul_precision(value)`` (``"high"``
+    and ``"medium"`` let torch's float32 GEMMs -- the patched model's projections and
+    the fused LM-head loss's chunk GEMMs -- use TF32 / bf16 tensor cores; torch sets
+    ``torch.backends.cuda.matmul.allow_tf32`` from it) and, for the library's own GEMMs
+    (``linear``, ``linear_cross_entropy`` on CUDA, cuBLASLt), the environment variable
+    ``OT_MATMUL_ALLOW_TF32`` that src/cuda/gemm.h reads when a GEMM runs: ``"1"``
+    (CUBLAS_COMPUTE_32F_FAST_TF32) for ``"high"`` and ``"medium"`` (the library has no
+    bf16-product mode: ``"medium"`` is TF32 there), unset for ``"highest"``. The CPU
+    backend always multiplies in float32. bfloat16 / float16 inputs are unaffected.
 
 ``fused_attention``: ``True`` | ``False``
-    ``True``: ``attention`` runs the library's flash-attention kernel (the scores are
-    never materialized). ``False`` would select an unfused reference path for
-    debugging; there is none yet, so setting ``False`` raises ``NotImplementedError``.
+    ``True``: the patched models' attention runs the library's flash-attention kernel
+    (the scores are never materialized) where the library has it for the device,
+    dtype and head dim (probed once; torch's SDPA otherwise). ``False``: the patched
+    attention calls torch's ``scaled_dot_product_attention`` instead (the q/k/v
+    projections, RoPE and the rest stay the library's) -- for debugging or comparing.
+    ``ops_transformer.attention`` itself always runs the library's kernel.
 
 ``persistent_kv_cache``: ``False`` | ``True``
-    ``True`` would keep the paged KV cache's block pool alive between generate()
-    calls. The paged KV cache is not built yet: setting ``True`` raises
-    ``NotImplementedError``.
+    Read by ``ops_transformer.engine`` (the Python wrapper of the C engine, src/engine)
+    when it creates a generator: ``True`` keeps the paged KV cache's block pool alive
+    between ``generate()`` calls instead of freeing it after each. Without that module
+    in this build, setting ``True`` raises ``NotImplementedError`` (nothing would read
+    it).
 
 Invalid values raise ``ValueError`` (or ``TypeError`` for a wrong type); unknown
 names raise ``AttributeError``.
@@ -43,7 +61,10 @@ __all__ = ["Config", "config"]
 
 
 class _Option:
-    def __init__(self, name, kind, default, allowed, supported, subsystem, doc):
+    def __init__(self, name, kind, default, allowed, supported, subsystem, doc,
+                 apply=None, aliases=None):
+        self.apply = apply          # apply(value): the option's effect outside this object
+        self.aliases = aliases or {}
         self.name = name
         self.kind = kind            # bool or str
         self.default = default
@@ -53,6 +74,7 @@ class _Option:
         self.doc = doc
 
     def validate(self, value):
+        value = self.aliases.get(value, value) if isinstance(value, str) else value
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise TypeError(f"ops_transformer.config.{self.name}: expected a bool, got "
@@ -63,27 +85,52 @@ class _Option:
         if value not in self.allowed:
             raise ValueError(f"ops_transformer.config.{self.name}: {value!r}, expected one of "
                              f"{', '.join(repr(a) for a in self.allowed)}")
-        if value not in self.supported:
+        supported = self.supported() if callable(self.supported) else self.supported
+        if value not in supported:
             raise NotImplementedError(
                 f"ops_transformer.config.{self.name}={value!r} needs {self.subsystem}, which "
                 f"this version of ops_transformer does not have yet (supported: "
-                f"{', '.join(repr(a) for a in self.supported)})")
+                f"{', '.join(repr(a) for a in supported)})")
         return value
+
+
+def _apply_matmul_precision(value):
+    import os
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        torch.set_float32_matmul_precision(value)
+    if value == "highest":
+        os.environ.pop("OT_MATMUL_ALLOW_TF32", None)
+    else:
+        os.environ["OT_MATMUL_ALLOW_TF32"] = "1"
+
+
+def _kv_cache_values():
+    import importlib.util
+    try:
+        has_engine = importlib.util.find_spec("ops_transformer.engine") is not None
+    except (ImportError, ValueError):
+        has_engine = False
+    return (False, True) if has_engine else (False,)
 
 
 _OPTIONS = {
     o.name: o for o in [
         _Option("memory_allocator", str, "torch", ("torch", "arena"), ("torch",),
-                "the library's arena allocator",
+                "the library's arena behind the CUDA contexts' scratch and a "
+                "CUDAPluggableAllocator over ot_arena_alloc (see the module docstring)",
                 "where outputs and workspace are allocated"),
         _Option("matmul_precision", str, "highest", ("highest", "high", "medium"),
-                ("highest",), "a TF32 / bf16 tensor-core GEMM path in a backend",
-                "precision of the products inside linear"),
-        _Option("fused_attention", bool, True, (True, False), (True,),
-                "an unfused reference attention path",
-                "attention runs the flash-attention kernel"),
-        _Option("persistent_kv_cache", bool, False, (False, True), (False,),
-                "the paged KV cache (block pool)",
+                ("highest", "high", "medium"), "",
+                "precision of float32 matrix products (torch's and the library's GEMMs)",
+                apply=_apply_matmul_precision, aliases={"tf32": "high"}),
+        _Option("fused_attention", bool, True, (True, False), (True, False), "",
+                "patched attention: the library's flash kernel (True) or torch's SDPA"),
+        _Option("persistent_kv_cache", bool, False, (False, True), _kv_cache_values,
+                "ops_transformer.engine (the Python wrapper of the C engine)",
                 "keep the KV block pool alive between generate() calls"),
     ]
 }
@@ -109,19 +156,26 @@ class Config:
         if opt is None:
             raise AttributeError(f"ops_transformer.config has no option {name!r} (options: "
                                  f"{', '.join(_OPTIONS)})")
-        self._values[name] = opt.validate(value)
+        self._store({name: opt.validate(value)})
 
     def __dir__(self):
         return list(_OPTIONS) + ["set", "override", "as_dict", "reset", "describe"]
 
     def set(self, **options):
         """Set several options at once; all are validated before any is changed."""
+        checked = {}
         for name, value in options.items():
             opt = _OPTIONS.get(name)
             if opt is None:
                 raise AttributeError(f"ops_transformer.config has no option {name!r}")
-            opt.validate(value)
-        self._values.update(options)
+            checked[name] = opt.validate(value)
+        self._store(checked)
+
+    def _store(self, values):
+        for name, value in values.items():
+            self._values[name] = value
+            if _OPTIONS[name].apply is not None:
+                _OPTIONS[name].apply(value)
 
     @contextlib.contextmanager
     def override(self, **options):
@@ -131,22 +185,22 @@ class Config:
         try:
             yield self
         finally:
-            self._values.clear()
-            self._values.update(saved)
+            self._store(saved)
 
     def as_dict(self):
         return dict(self._values)
 
     def reset(self):
         """Back to the defaults."""
-        self._values.update({n: o.default for n, o in _OPTIONS.items()})
+        self._store({n: o.default for n, o in _OPTIONS.items()})
 
     def describe(self):
         """One line per option: name, value, allowed values, effect."""
         lines = []
         for n, o in _OPTIONS.items():
+            sup = o.supported() if callable(o.supported) else o.supported
             lines.append(f"{n} = {self._values[n]!r}  (allowed {list(o.allowed)}, supported "
-                         f"{list(o.supported)}): {o.doc}")
+                         f"{list(sup)}): {o.doc}")
         return "\n".join(lines)
 
     def __repr__(self):

@@ -61,6 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ops as _ops
+from .config import config as _config
 
 __all__ = ["patch_model", "patch_llama", "unpatch", "is_patched", "lm_head_loss",
            "ATTN_IMPLEMENTATION"]
@@ -125,6 +126,210 @@ def _packed_cu_seqlens(position_ids, batch):
 
 
 # ---------------------------------------------------------------------------------
+# Which library ops run on a device (probed once per device type / dtype / shape kind)
+# ---------------------------------------------------------------------------------
+
+# (op, device type, dtype, extra) -> bool. A build's CUDA backend may lack an op (or a
+# dtype / head dim of it): the patched layers then keep torch's code for that op (logged
+# once) instead of failing. Probed eagerly on tiny inputs against torch (forward and
+# backward); while torch.compile traces, an op not probed yet counts as usable.
+_USABLE = {}
+
+
+def _close(a, b, tol):
+    a, b = a.detach().float(), b.detach().float()
+    return bool(torch.isfinite(a).all()) and \
+        float((a - b).abs().max()) <= tol * max(float(b.abs().max()), 1e-3)
+
+
+def _probe_tensors(device, dtype, *shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g).to(device=device, dtype=dtype).requires_grad_(True)
+            for s in shapes]
+
+
+def _fwd_bwd(fn, xs):
+    out = fn(*xs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    g = torch.Generator().manual_seed(7)
+    loss = sum((o.float() * torch.randn(o.shape, generator=g).to(o.device)).sum() for o in outs)
+    grads = torch.autograd.grad(loss, xs)
+    return list(outs) + list(grads)
+
+
+def _probe(name, device, dtype, extra, ours, ref, shapes):
+    tol = 1e-3 if dtype == torch.float32 else 3e-2
+    xs = _probe_tensors(device, dtype, *shapes)
+    got = _fwd_bwd(ours, xs)
+    want = _fwd_bwd(ref, [x.detach().float().requires_grad_(True) for x in xs])
+    return all(_close(a, b, tol) for a, b in zip(got, want))
+
+
+def _ref_rms(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _ref_rope(q, k, pos, cache):
+    half = q.shape[-1] // 2
+    cos, sin = cache[pos, :half].unsqueeze(-2), cache[pos, half:].unsqueeze(-2)
+
+    def rot(t):
+        t1, t2 = t[..., :half], t[..., half:]
+        return torch.cat([t1 * cos - t2 * sin, t2 * cos + t1 * sin], dim=-1)
+    return rot(q), rot(k)
+
+
+def _ref_attention(q, k, v, causal, scale, window):
+    """[B, S, H, D] attention in float32 with torch (bottom-right causal alignment)."""
+    Hq, Hk = q.shape[2], k.shape[2]
+    k = k.repeat_interleave(Hq // Hk, dim=2)
+    v = v.repeat_interleave(Hq // Hk, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    Sq, Sk = q.shape[1], k.shape[1]
+    i = torch.arange(Sq, device=q.device)[:, None] + (Sk - Sq)
+    j = torch.arange(Sk, device=q.device)[None, :]
+    keep = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
+    if causal:
+        keep &= j <= i
+    if window is not None:
+        keep &= (j >= i - window[0]) & (j <= i + window[1])
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v.float())
+
+
+def _usable(op, device, dtype, extra=()):
+    key = (op, device.type, dtype, extra)
+    ok = _USABLE.get(key)
+    if ok is not None:
+        return ok
+    if torch.compiler.is_compiling():
+        return True
+    if device.type == "cpu" and not (op == "attention" and not _fused_attention()):
+        ok = True                                 # the CPU backend has every op
+    else:
+        ok = False
+        try:
+            ok = _run_probe(op, device, dtype, extra)
+            if not ok:
+                _log_once("probe:" + repr(key), f"ops_transformer.{op} ({device.type}, "
+                          f"{dtype}, {extra}) disagrees with torch on a small input: "
+                          "torch's code is used for it")
+        except Exception as e:  # noqa: BLE001  (not implemented on this backend / dtype)
+            _log_once("probe:" + repr(key), f"ops_transformer.{op} unusable on "
+                      f"{device.type} ({dtype}, {extra}): {type(e).__name__}: "
+                      f"{str(e)[:200]}: torch's code is used for it")
+    _USABLE[key] = ok
+    return ok
+
+
+def _run_probe(op, device, dtype, extra):
+    with torch.enable_grad():
+        if op == "rms_norm":
+            return _probe(op, device, dtype, extra,
+                          lambda x, w: _ops.rms_norm(x, w, 1e-6), _ref_rms, [(37, 72), (72,)])
+        if op == "rms_norm_residual":
+            return _probe(op, device, dtype, extra,
+                          lambda x, r, w: _ops.rms_norm(x, w, 1e-6, residual=r),
+                          lambda x, r, w: (_ref_rms(x + r, w), x + r),
+                          [(37, 72), (37, 72), (72,)])
+        if op == "swiglu":
+            return _probe(op, device, dtype, extra, _ops.swiglu,
+                          lambda g, u: F.silu(g) * u, [(37, 72), (37, 72)])
+        if op == "rope":
+            D = extra[0]
+            cache = torch.cat([torch.cos(torch.arange(40.)[:, None] * torch.rand(D // 2)),
+                               torch.sin(torch.arange(40.)[:, None] * torch.rand(D // 2))],
+                              -1).to(device)
+            pos = torch.arange(37, device=device).view(1, 37)
+            return _probe(op, device, dtype, extra,
+                          lambda q, k: _ops.rope(q, k, pos, cos_sin_cache=cache),
+                          lambda q, k: _ref_rope(q, k, pos, cache),
+                          [(1, 37, 4, D), (1, 37, 2, D)])
+        if op == "cross_entropy":
+            lab = torch.randint(0, 300, (37,), generator=torch.Generator().manual_seed(3))
+            lab[5] = -100
+            lab = lab.to(device)
+            return _probe(op, device, dtype, extra,
+                          lambda x: _ops.cross_entropy(x, lab),
+                          lambda x: F.cross_entropy(x.float(), lab), [(37, 300)])
+        if op == "attention":
+            D, ratio, causal, window = extra
+            scale = D ** -0.5
+            return _probe(op, device, dtype, extra,
+                          lambda q, k, v: _ops.attention(q, k, v, causal=causal,
+                                                         softmax_scale=scale, window=window),
+                          lambda q, k, v: _ref_attention(q, k, v, causal, scale, window),
+                          [(2, 77, 2 * ratio, D), (2, 77, 2, D), (2, 77, 2, D)])
+    raise ValueError(op)
+
+
+def _fused_attention():
+    return _config.fused_attention
+
+
+def _attention_ok(q, k, causal, window):
+    """Whether ops_transformer.attention serves this call ([B, S, H, D] q / k)."""
+    if not _fused_attention():
+        return False
+    extra = (q.shape[-1], q.shape[-2] // k.shape[-2], bool(causal),
+             None if window is None else tuple(window))
+    return _usable("attention", q.device, q.dtype, extra)
+
+
+def _torch_attention(q, k, v, causal, scale, window, cu_seqlens=None):
+    """torch's SDPA on [B, S, H, D] (or packed [T, H, D] with cu_seqlens) tensors, for
+    config.fused_attention=False and devices / dtypes the library's attention lacks:
+    returns [B, S, H, D] (or [T, H, D])."""
+    if cu_seqlens is not None:
+        outs = []
+        bounds = cu_seqlens.tolist()
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            outs.append(_torch_attention(q[None, s:e], k[None, s:e], v[None, s:e], causal,
+                                         scale, window)[0])
+        return torch.cat(outs, 0)
+    Sq, Sk = q.shape[1], k.shape[1]
+    mask = None
+    if window is not None or (causal and Sq != Sk):
+        i = torch.arange(Sq, device=q.device)[:, None] + (Sk - Sq)
+        j = torch.arange(Sk, device=q.device)[None, :]
+        mask = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
+        if causal:
+            mask &= j <= i
+        if window is not None:
+            mask &= (j >= i - window[0]) & (j <= i + window[1])
+        causal = False
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=mask, is_causal=bool(causal), scale=scale,
+                                       enable_gqa=q.shape[2] != k.shape[2])
+    return o.transpose(1, 2)
+
+
+def _attention(q, k, v, causal, scale, window, cu_seqlens=None):
+    if _attention_ok(q, k, causal, window):
+        return _ops.attention(q, k, v, causal=causal, softmax_scale=scale, window=window,
+                              cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens)
+    if not _fused_attention():
+        _log_once("attn_unfused", "config.fused_attention=False: torch's SDPA attention used")
+    return _torch_attention(q, k, v, causal, scale, window, cu_seqlens)
+
+
+def probe_device(device, dtype=torch.bfloat16, head_dims=(64, 128)):
+    """Probe the library's ops on `device` / `dtype` now (eagerly; patch_model calls it
+    for the model's device and for CUDA when present) and return {op: usable}."""
+    device = torch.device(device)
+    res = {}
+    for op in ("rms_norm", "rms_norm_residual", "swiglu", "cross_entropy"):
+        res[op] = _usable(op, device, dtype)
+    for D in head_dims:
+        res[f"rope D={D}"] = _usable("rope", device, dtype, (D,))
+        for ratio in (1, 4):
+            res[f"attention D={D} gqa={ratio}"] = _usable(
+                "attention", device, dtype, (D, ratio, True, None)) if _fused_attention() \
+                else False
+    return res
+
+
+# ---------------------------------------------------------------------------------
 # Replacement forwards
 # ---------------------------------------------------------------------------------
 
@@ -134,6 +339,8 @@ def _rms_norm_forward(self, hidden_states):
         _log_once("rms_dtype", f"{type(self).__name__}: input dtype {hidden_states.dtype} != "
                   f"weight dtype {w.dtype}: HF's RMSNorm used")
         return self._ot_orig_forward(hidden_states)
+    if not _usable("rms_norm", hidden_states.device, hidden_states.dtype):
+        return self._ot_orig_forward(hidden_states)
     return _ops.rms_norm(hidden_states, w, self.variance_epsilon)
 
 
@@ -141,7 +348,8 @@ def _add_rms_norm(x, residual, norm):
     """(norm(residual + x), residual + x), fused when the norm is patched."""
     w = getattr(norm, "weight", None)
     if (getattr(norm, "_ot_patched", False) and w is not None
-            and x.dtype == residual.dtype == w.dtype and x.shape == residual.shape):
+            and x.dtype == residual.dtype == w.dtype and x.shape == residual.shape
+            and _usable("rms_norm_residual", x.device, x.dtype)):
         return _ops.rms_norm(x, w, norm.variance_epsilon, residual=residual)
     h = residual + x
     return norm(h), h
@@ -168,6 +376,8 @@ def _mlp_forward(self, x):
     g, u = self.gate_proj(x), self.up_proj(x)
     if g.dtype != u.dtype:
         _log_once("mlp_dtype", f"{type(self).__name__}: gate/up dtypes differ: HF's MLP used")
+        return self.down_proj(self.act_fn(g) * u)
+    if not _usable("swiglu", g.device, g.dtype):
         return self.down_proj(self.act_fn(g) * u)
     return self.down_proj(_ops.swiglu(g, u))
 
@@ -204,7 +414,9 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
         cos, sin = position_embeddings
         B, S = hidden_states.shape[:2]
         fast = (cos.dim() == 3 and cos.shape[-1] == self.head_dim and cos.shape[1] == S
-                and cos.shape[0] in (1, B))
+                and cos.shape[0] in (1, B)
+                and _usable("rope", hidden_states.device, hidden_states.dtype,
+                            (self.head_dim,)))
     if not fast:
         if dropout:
             _log_once("attn_dropout", "attention dropout > 0: transformers' SDPA attention used")
@@ -221,9 +433,8 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
         cu = _cu_seqlens()
         if cu is not None:           # packed sequences: [B * S, H, D] varlen
             q, k, v = q.reshape(B * S, -1, D), k.reshape(B * S, -1, D), v.reshape(B * S, -1, D)
-        o = _ops.attention(q, k, v, causal=getattr(self, "is_causal", True),
-                           softmax_scale=self.scaling, window=_window(_sliding_window(self)),
-                           cu_seqlens_q=cu, cu_seqlens_k=cu)
+        o = _attention(q, k, v, getattr(self, "is_causal", True), self.scaling,
+                       _window(_sliding_window(self)), cu)
     else:
         # HF's cache layout is [B, H, S, D]; the interface function takes it as views
         k, v = k.transpose(1, 2), v.transpose(1, 2)
@@ -298,9 +509,12 @@ def ot_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
             q, k, v = (t.reshape(B * Sq, t.shape[2], t.shape[3]) for t in (q, k, v))
         else:
             cu = None
-        o = _ops.attention(q, k, v, causal=bool(causal), softmax_scale=scaling,
-                           window=_window(sliding_window), softcap=float(softcap or 0.0),
-                           cu_seqlens_q=cu, cu_seqlens_k=cu)
+        if softcap:
+            o = _ops.attention(q, k, v, causal=bool(causal), softmax_scale=scaling,
+                               window=_window(sliding_window), softcap=float(softcap),
+                               cu_seqlens_q=cu, cu_seqlens_k=cu)
+        else:
+            o = _attention(q, k, v, bool(causal), scaling, _window(sliding_window), cu)
         if cu is not None:
             o = o.view(query.shape[0], Sq, o.shape[1], o.shape[2])
         return o, None
@@ -349,6 +563,14 @@ def ot_causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignor
         shift_labels = labels[..., 1:]
     logits = logits.reshape(-1, vocab_size)
     shift_labels = shift_labels.reshape(-1).to(logits.device)
+    if not _usable("cross_entropy", logits.device, logits.dtype):
+        loss = F.cross_entropy(logits.float(), shift_labels, ignore_index=ignore_index,
+                               reduction="mean" if num_items_in_batch is None else "sum")
+        if num_items_in_batch is None:
+            return loss
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        return loss / num_items_in_batch
     if num_items_in_batch is None:
         return _ops.cross_entropy(logits, shift_labels, ignore_index=ignore_index)
     loss = _ops.cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction="sum")
@@ -573,6 +795,8 @@ def _fused_loss_reason(self, args, kwargs):
     for k in ("label_smoothing",):
         if kwargs.get(k):
             return k
+    if not _usable("cross_entropy", dev, head.weight.dtype):
+        return "the library's cross-entropy is unusable on this device"
     return None
 
 
@@ -717,7 +941,34 @@ def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rop
                 for d in sorted(devices):
                     _library_lce_usable(torch.device(d))
     model._ot_patch_log = log
+    _probe_model_devices(model)
     return model
+
+
+def _probe_model_devices(model):
+    """Probe the library's ops eagerly (torch.compile then reuses the answers) on the
+    model's device and on CUDA when present, for the model's dtype and head dim."""
+    try:
+        p = next(model.parameters())
+    except StopIteration:
+        return
+    cfg = model.config
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    ratio = cfg.num_attention_heads // (getattr(cfg, "num_key_value_heads", None)
+                                        or cfg.num_attention_heads)
+    devices = {p.device}
+    if torch.cuda.is_available():
+        devices.add(torch.device("cuda", torch.cuda.current_device()))
+    dtypes = {p.dtype, torch.bfloat16}
+    for dev in devices:
+        if dev.type == "cpu":
+            continue
+        for dt in dtypes:
+            for op in ("rms_norm", "rms_norm_residual", "swiglu", "cross_entropy"):
+                _usable(op, dev, dt)
+            _usable("rope", dev, dt, (D,))
+            if _fused_attention():
+                _usable("attention", dev, dt, (D, ratio, True, None))
 
 
 def _patch_class(cls, options):
