@@ -16,6 +16,7 @@ import os
 import pathlib
 import random
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -339,3 +340,121 @@ def test_fuzz_truncations_and_flips(good_dir):
         assert r.returncode in (0, 1), r.stderr
         if r.returncode == 1:
             assert r.stderr.startswith("ot-run: ") and len(r.stderr) > 20, r.stderr
+
+
+def test_paged_block_sizes_agree(tmp_path):
+    """Pages of 1, 3 and 16 tokens (sequences spanning many pages, partial last pages): the
+    same logits and tokens as the default."""
+    model = make_model()
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    base = None
+    for bs in ["16", "1", "3"]:
+        dump = tmp_path / f"l{bs}.bin"
+        toks = parse_tokens(run_ot(tmp_path / "m", "--kv-block", bs, dump=dump).stdout)
+        got = np.fromfile(dump, dtype=np.float32)
+        if base is None:
+            base = (toks, got)
+            continue
+        assert toks == base[0], f"block size {bs}"
+        np.testing.assert_allclose(got, base[1], rtol=1e-5, atol=1e-5)
+
+
+# ---- the Python binding (python/ops_transformer/engine.py, ctypes over libot_engine.so) --
+
+
+def _engine_module():
+    """engine.py from the source tree (it needs nothing else of the package), with
+    libot_engine.so beside the ot-run being tested unless OT_ENGINE_LIB says otherwise."""
+    import importlib.util
+    lib = pathlib.Path(OT_RUN).resolve().parents[1] / "src" / "engine" / "libot_engine.so"
+    if not os.environ.get("OT_ENGINE_LIB"):
+        if not lib.exists():
+            pytest.skip(f"{lib} not built")
+        os.environ["OT_ENGINE_LIB"] = str(lib)
+    spec = importlib.util.spec_from_file_location(
+        "ot_engine_py", ROOT / "python" / "ops_transformer" / "engine.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["ot_engine_py"] = mod  # (dataclasses look their module up there)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_python_engine_matches_ot_run_and_hf(tmp_path):
+    eng_mod = _engine_module()
+    model = make_model()
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    dump = tmp_path / "logits.bin"
+    ref_tokens = parse_tokens(run_ot(tmp_path / "m", dump=dump).stdout)
+    with eng_mod.Engine.from_pretrained(tmp_path / "m", max_seqs=len(PROMPTS), threads=1) as eng:
+        assert (eng.layers, eng.hidden, eng.vocab) == (2, 64, 256)
+        out = eng.generate(PROMPTS, NEW_TOKENS, stop=[], return_logits=True)
+        assert out.tokens == ref_tokens
+        got = np.concatenate([s.reshape(-1) for s in out.logits])
+        np.testing.assert_array_equal(got, np.fromfile(dump, dtype=np.float32))
+        assert out.first_token_ms > 0 and out.decode_ms > 0 and out.tokens_per_s > 0
+        assert out.decode_steps == NEW_TOKENS - 1
+        assert out.decode_tokens == len(PROMPTS) * (NEW_TOKENS - 1)
+        # greedy on the device path (argmax inside the engine) gives the same tokens
+        assert eng.generate(PROMPTS, NEW_TOKENS, stop=[]).tokens == ref_tokens
+        # prefill / decode steps by hand against HF
+        ref = reference(tmp_path / "m", torch.float32)
+        lg = eng.prefill([PROMPTS[1]], seqs=[2])
+        hf_tok, hf_logits = hf_greedy(ref, PROMPTS[1], steps=4)
+        np.testing.assert_allclose(lg[0], hf_logits[0].numpy(), rtol=1e-4, atol=1e-4)
+        tok = int(lg[0].argmax())
+        for i in range(1, 4):
+            ids = eng.decode([tok], seqs=[2], greedy=True)
+            assert tok == hf_tok[i - 1]
+            tok = ids[0]
+        assert eng.seq_len(2) == len(PROMPTS[1]) + 3
+        mem = eng.memory()
+        assert mem["weights"] > 0 and mem["kv_cache"] > 0 and mem["activations"] > 0
+
+
+def test_python_engine_random_and_sampling():
+    eng_mod = _engine_module()
+    assert "llama-13b" in eng_mod.config_names() and "llama3-8b" in eng_mod.config_names()
+    eng = eng_mod.Engine.random("test-gqa", seed=3, max_seqs=2, dtype="bf16", threads=1)
+    a = eng.generate([[1, 2, 3], [4]], 12, temperature=0.9, top_k=20, seed=5)
+    b = eng.generate([[1, 2, 3], [4]], 12, temperature=0.9, top_k=20, seed=5)
+    c = eng.generate([[1, 2, 3], [4]], 12, temperature=0.9, top_k=20, seed=6)
+    assert a.tokens == b.tokens and a.tokens != c.tokens
+    assert [len(t) for t in a.tokens] == [12, 12]
+    g = eng.generate([1, 2, 3], 6)  # one prompt as a flat list
+    assert len(g.tokens) == 1 and len(g.tokens[0]) == 6 and g.text is None
+    with pytest.raises(ValueError):
+        eng_mod.Engine.random("test-gqa", seed=0)
+    eng.close()
+
+
+def test_python_engine_text_with_tokenizer(tmp_path):
+    eng_mod = _engine_module()
+    tokenizers = pytest.importorskip("tokenizers")
+    model = make_model()
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    vocab = {f"w{i}": i for i in range(256)}
+    vocab["[UNK]"] = 0
+    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tk.decoder = tokenizers.decoders.WordPiece()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]").save_pretrained(
+        tmp_path / "m")
+    eng = eng_mod.Engine.from_pretrained(tmp_path / "m", threads=1)
+    out = eng.generate("w1 w17 w42", 5, stop=[])
+    ids = eng.generate([1, 17, 42], 5, stop=[]).tokens
+    assert out.tokens == ids and out.text is not None and len(out.text) == 1
+    assert out.text[0].split() == [f"w{t}" for t in ids[0]]
+
+
+def test_python_engine_errors(good_dir):
+    eng_mod = _engine_module()
+    (good_dir / "model.safetensors").unlink()
+    with pytest.raises(eng_mod.EngineError, match="no \\*.safetensors files"):
+        eng_mod.Engine.from_pretrained(good_dir)
+    eng = eng_mod.Engine.random("test-gqa", seed=1, threads=1)
+    with pytest.raises(eng_mod.EngineError, match="token id 999 out of range"):
+        eng.generate([1, 999], 4)
+    with pytest.raises(eng_mod.EngineError, match="has no prompt"):
+        eng.decode([1], seqs=[0], greedy=True)
+    with pytest.raises(eng_mod.EngineError, match="text prompts need a tokenizer"):
+        eng.generate("hello", 4)
