@@ -1,11 +1,552 @@
-/* attention_fwd_sm90.cu -- Hopper (sm_90a) flash attention forward. Under construction:
- * until its kernels land it covers no call, and the portable kernel runs. */
+/*
+ * attention_fwd_sm90.cu -- Hopper (sm_90a) flash attention forward, dense BSHD, bf16/fp16,
+ * head dim 64 / 128 / 256, causal and sliding-window masks (bottom-right), GQA, lse.
+ *
+ * The FlashAttention-3 recipe, written from the PTX ISA (notes: shared/notes/hopper-attention.md):
+ *  - one CTA per (128-query tile, query head, batch); 3 warpgroups of 128 threads:
+ *    WG0 = producer (one thread issues TMA loads; the WG gives registers back with
+ *    setmaxnreg.dec 24), WG1/WG2 = consumers (setmaxnreg.inc 240), 64 query rows each;
+ *  - Q (128 rows) once, then K and V tiles of Bc keys into 2-stage shared-memory rings
+ *    (separate K and V rings, V one tile behind K), each stage completed on an mbarrier
+ *    by the TMA transaction count and released by the consumers through an "empty" mbarrier;
+ *  - S = Q K^T with wgmma SS (both operands in smem, 128B swizzle, K-major), O += P V with
+ *    wgmma RS (P converted in registers from the S accumulators, V MN-major);
+ *  - intra-warpgroup overlap: step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to
+ *    back, then does the softmax of S_j while the P V wgmma runs;
+ *  - pingpong between the two consumer WGs (named barriers 8 and 9): a WG issues its
+ *    GEMMs only when the other has issued its own, so one WG's softmax (MUFU bound)
+ *    runs under the other's GEMMs.
+ * Key tiles are visited from the last (diagonal) one down, so the masked tiles come first;
+ * only tiles that cross the sequence end or a mask edge pay for the element mask.
+ * TMA reads the 5-D view {64, S, D/64, H, B} of each BSHD operand so that one box fills
+ * [D/64][rows][64] with the 128B swizzle; rows past the sequence end read as zero and the
+ * mask gives their scores -inf. O is written from registers (rows < Sq only).
+ *
+ * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
+ * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
+ * other than cc 9.0.
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
 #include "../attention_sm90.h"
+#include "../common.cuh"
+#include "../cuda_state.h"
+#include "wgmma_ops.cuh"
+
+namespace ot {
+namespace sm90 {
+
+constexpr int kBr = 128;          /* query rows per CTA (2 consumer WGs x 64) */
+constexpr int kThreads = 384;     /* producer WG + 2 consumer WGs */
+constexpr int kStages = 2;
+
+template <int D, int BC> struct fwd_smem {
+  static constexpr int q_bytes = kBr * D * 2;
+  static constexpr int kv_bytes = BC * D * 2;              /* one K or V stage */
+  static constexpr int q_off = 0;
+  static constexpr int k_off = q_bytes;
+  static constexpr int v_off = k_off + kStages * kv_bytes;
+  static constexpr int bar_off = v_off + kStages * kv_bytes;
+  static constexpr int bytes = bar_off + 128 + 1024;       /* barriers + alignment slack */
+  static_assert(BC % 16 == 0 && BC <= 256, "key tile");
+  static_assert(q_bytes % 1024 == 0 && kv_bytes % 1024 == 0, "swizzle atoms are 1024 B");
+};
+
+struct fwd_params {
+  void *out;
+  float *lse;
+  int64_t o_bs, o_ts, o_hs;       /* elements */
+  int64_t l_bs, l_ts, l_hs;
+  int sq, sk, hq, group;          /* group = hq / hkv */
+  int wl, wr;                     /* -1 unbounded */
+  float scale, scale_log2;
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];" ::"r"(dst),
+      "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+/* Tie registers to this point of the instruction stream: the compiler may neither read
+ * them before nor keep them past it (used after wgmma.wait_group, whose operands the
+ * compiler does not know about). */
+template <int N> __device__ __forceinline__ void reg_fence(float *r) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void reg_fence(uint32_t *r) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+__device__ __forceinline__ void named_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+/* 128B-swizzle shared-memory matrix descriptor (LBO / SBO in bytes). */
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+template <bool F16> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if (F16)
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ int floor_div(int a, int b) {
+  int q = a / b;
+  return (a % b != 0 && (a < 0)) ? q - 1 : q;
+}
+
+template <typename T> struct is_half { static constexpr bool value = false; };
+template <> struct is_half<__half> { static constexpr bool value = true; };
+
+/* Barrier slots in shared memory (8 bytes each). */
+enum { BAR_Q = 0, BAR_FULL_K = 1, BAR_EMPTY_K = 3, BAR_FULL_V = 5, BAR_EMPTY_V = 7 };
+constexpr int kSchedBar = 8;          /* named barriers 8, 9: pingpong turns of consumer 0, 1 */
+constexpr int kEmptyCount = 8;        /* lane 0 of each consumer warp releases a stage */
+
+template <typename T, int D, int BC>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
+                         const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v, const fwd_params p) {
+  using L = fwd_smem<D, BC>;
+  constexpr bool F16 = is_half<T>::value;
+  constexpr int NS = BC / 2;    /* S accumulators per thread */
+  constexpr int NP = BC / 4;    /* P registers (2 x 16-bit) */
+  constexpr int NO = D / 2;     /* O accumulators */
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  const uint32_t s_base = smem_u32(smem);
+  const uint32_t s_bar = s_base + L::bar_off;
+  auto bar = [&](int i) { return s_bar + 8u * (uint32_t)i; };
+
+  const int m_block = p.wr >= 0 ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int off = p.sk - p.sq;   /* bottom-right alignment of the masks */
+  /* Key tiles [n_min, n_max) that any row of this query tile sees. */
+  const int row_last = min(m_block * kBr + kBr - 1, p.sq - 1);
+  int n_max = (p.sk + BC - 1) / BC;
+  if (p.wr >= 0) n_max = min(n_max, floor_div(row_last + off + p.wr, BC) + 1);
+  int n_min = 0;
+  if (p.wl >= 0) n_min = max(0, floor_div(m_block * kBr + off - p.wl, BC));
+  const int n_iters = n_max - n_min;
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    mbar_init(bar(BAR_Q), 1);
+    for (int s = 0; s < kStages; s++) {
+      mbar_init(bar(BAR_FULL_K + s), 1);
+      mbar_init(bar(BAR_FULL_V + s), 1);
+      mbar_init(bar(BAR_EMPTY_K + s), kEmptyCount);
+      mbar_init(bar(BAR_EMPTY_V + s), kEmptyCount);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    /* ---------------- producer ---------------- */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (tid != 0 || n_iters <= 0) return;
+    const int kvh = head / p.group;
+    mbar_expect_tx(bar(BAR_Q), (uint32_t)L::q_bytes);
+    tma_load_5d(s_base + L::q_off, &tm_q, bar(BAR_Q), 0, m_block * kBr, 0, head, batch);
+    for (int it = 0; it <= n_iters; it++) {
+      if (it < n_iters) {
+        const int s = it % kStages;
+        mbar_wait(bar(BAR_EMPTY_K + s), ((it / kStages) & 1) ^ 1);
+        mbar_expect_tx(bar(BAR_FULL_K + s), (uint32_t)L::kv_bytes);
+        tma_load_5d(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s), 0,
+                    (n_max - 1 - it) * BC, 0, kvh, batch);
+      }
+      if (it > 0) {
+        const int iv = it - 1, s = iv % kStages;
+        mbar_wait(bar(BAR_EMPTY_V + s), ((iv / kStages) & 1) ^ 1);
+        mbar_expect_tx(bar(BAR_FULL_V + s), (uint32_t)L::kv_bytes);
+        tma_load_5d(s_base + L::v_off + s * L::kv_bytes, &tm_v, bar(BAR_FULL_V + s), 0,
+                    (n_max - 1 - iv) * BC, 0, kvh, batch);
+      }
+    }
+    return;
+  }
+
+  /* ---------------- consumers ---------------- */
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int c = wg - 1;                  /* consumer index 0 / 1 */
+  const int t = tid % 128;
+  const int warp = t / 32, lane = t % 32, g = lane / 4, q4 = lane % 4;
+  const int row0 = m_block * kBr + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
+  const bool releaser = lane == 0;
+
+  float o[NO];
+#pragma unroll
+  for (int i = 0; i < NO; i++) o[i] = 0.f;
+  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+
+  if (n_iters > 0) {
+    float s[NS];
+    uint32_t pr[NP];
+    float alpha[2] = {1.f, 1.f};
+    const float cl2 = p.scale_log2;
+    /* Visible key range of the two rows (sequence frame), for the element mask. */
+    int hi[2], lo[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int r = row0 + 8 * h;
+      hi[h] = p.wr >= 0 ? min(p.sk - 1, r + off + p.wr) : p.sk - 1;
+      lo[h] = p.wl >= 0 ? r + off - p.wl : INT32_MIN;
+    }
+    const int tile_row_first = m_block * kBr;
+    auto needs_mask = [&](int n) {
+      return (n + 1) * BC > p.sk ||
+             (p.wr >= 0 && (n + 1) * BC - 1 > tile_row_first + off + p.wr) ||
+             (p.wl >= 0 && n * BC < row_last + off - p.wl);
+    };
+    const uint64_t q_desc =
+        make_desc(s_base + L::q_off + c * 64 * 128, 16, 1024);
+    auto issue_qk = [&](int stage) {
+      const uint64_t k_desc = make_desc(s_base + L::k_off + stage * L::kv_bytes, 16, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t oq = (kk / 4) * (kBr * 128) + (kk % 4) * 32;
+        const uint32_t ok = (kk / 4) * (BC * 128) + (kk % 4) * 32;
+        wgmma_ss<BC, F16>::run(s, q_desc + (oq >> 4), k_desc + (ok >> 4), kk > 0);
+      }
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int stage) {
+      const uint64_t v_desc =
+          make_desc(s_base + L::v_off + stage * L::kv_bytes, BC * 128, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; kk++)
+        wgmma_rs<D, F16>::run(o, &pr[4 * kk], v_desc + ((kk * 2048) >> 4), 1);
+      wgmma_commit();
+    };
+    /* Mask, then the online softmax of one S tile: s becomes P (unnormalised, fp32),
+     * alpha the factor that rescales O from the previous row max to the new one. */
+    auto softmax = [&](int n, bool mask) {
+      if (mask) {
+        const int col0 = n * BC + 2 * q4;
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+          const int col = col0 + 8 * (i >> 2) + (i & 1);
+          const int h = (i >> 1) & 1;
+          if (col > hi[h] || col < lo[h]) s[i] = -INFINITY;
+        }
+      }
+      float mx[2] = {m_r[0], m_r[1]};
+#pragma unroll
+      for (int i = 0; i < NS; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+      float sum[2] = {0.f, 0.f}, ms[2];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        /* A row that has seen only masked keys keeps max -inf: use 0 so that
+         * exp2(-inf - 0) = 0 instead of NaN. */
+        ms[h] = mx[h] == -INFINITY ? 0.f : mx[h] * cl2;
+        alpha[h] = m_r[h] == -INFINITY ? 0.f : ex2(m_r[h] * cl2 - ms[h]);
+        m_r[h] = mx[h];
+      }
+#pragma unroll
+      for (int i = 0; i < NS; i++) {
+        const int h = (i >> 1) & 1;
+        s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
+        sum[h] += s[i];
+      }
+#pragma unroll
+      for (int h = 0; h < 2; h++) l_r[h] = l_r[h] * alpha[h] + sum[h];
+    };
+    auto convert_p = [&]() {
+#pragma unroll
+      for (int i = 0; i < NP; i++) pr[i] = pack2<F16>(s[2 * i], s[2 * i + 1]);
+    };
+    auto rescale_o = [&]() {
+#pragma unroll
+      for (int i = 0; i < NO; i++) o[i] *= alpha[(i >> 1) & 1];
+    };
+    const int my_bar = kSchedBar + c, other_bar = kSchedBar + 1 - c;
+    if (c == 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
+
+    /* prologue: S_0, softmax -> P_0 */
+    mbar_wait(bar(BAR_Q), 0);
+    mbar_wait(bar(BAR_FULL_K + 0), 0);
+    named_sync(my_bar, 256);
+    issue_qk(0);
+    named_arrive(other_bar, 256);
+    wgmma_wait<0>();
+    reg_fence<NS>(s);
+    if (releaser) mbar_arrive(bar(BAR_EMPTY_K + 0));
+    softmax(n_max - 1, needs_mask(n_max - 1));
+    convert_p();
+
+    for (int it = 1; it < n_iters; it++) {
+      const int n = n_max - 1 - it;
+      const int sk_ = it % kStages, pk = (it / kStages) & 1;
+      const int iv = it - 1, sv = iv % kStages, pv = (iv / kStages) & 1;
+      mbar_wait(bar(BAR_FULL_K + sk_), pk);
+      named_sync(my_bar, 256);
+      issue_qk(sk_);
+      rescale_o();
+      mbar_wait(bar(BAR_FULL_V + sv), pv);
+      issue_pv(sv);
+      named_arrive(other_bar, 256);
+      wgmma_wait<1>();
+      reg_fence<NS>(s);
+      if (releaser) mbar_arrive(bar(BAR_EMPTY_K + sk_));
+      softmax(n, needs_mask(n));
+      wgmma_wait<0>();
+      reg_fence<NO>(o);
+      reg_fence<NP>(pr);
+      if (releaser) mbar_arrive(bar(BAR_EMPTY_V + sv));
+      convert_p();
+    }
+    {
+      const int iv = n_iters - 1, sv = iv % kStages, pv = (iv / kStages) & 1;
+      mbar_wait(bar(BAR_FULL_V + sv), pv);
+      named_sync(my_bar, 256);
+      rescale_o();
+      issue_pv(sv);
+      named_arrive(other_bar, 256);
+      wgmma_wait<0>();
+      reg_fence<NO>(o);
+      reg_fence<NP>(pr);
+      if (releaser) mbar_arrive(bar(BAR_EMPTY_V + sv));
+    }
+    /* consumer 1 arrived once more on consumer 0's turn barrier (at the start) */
+    if (c == 0) named_sync(kSchedBar, 256);
+  }
+
+  /* ---------------- epilogue: O / l, lse ---------------- */
+  float inv[2], lse[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float l = l_r[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[h] = l > 0.f ? 1.f / l : 0.f;
+    lse[h] = l > 0.f ? m_r[h] * p.scale + logf(l) : -INFINITY;
+  }
+  T *out = (T *)p.out + (int64_t)batch * p.o_bs + (int64_t)head * p.o_hs;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = row0 + 8 * h;
+    if (r >= p.sq) continue;
+    T *orow = out + (int64_t)r * p.o_ts + 2 * q4;
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+      const uint32_t v = pack2<F16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+      *(uint32_t *)(orow + 8 * j) = v;
+    }
+    if (p.lse && q4 == 0)
+      p.lse[(int64_t)batch * p.l_bs + (int64_t)head * p.l_hs + (int64_t)r * p.l_ts] = lse[h];
+  }
+}
+
+#else
+template <typename T, int D, int BC>
+__global__ void attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
+                                     const __grid_constant__ CUtensorMap tm_k,
+                                     const __grid_constant__ CUtensorMap tm_v,
+                                     const fwd_params p) {}
+#endif
+
+/* ---------------- host ---------------- */
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    void *f = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                         cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
+  }
+  return fn;
+}
+
+/* The 5-D view {64, S, D/64, H, B} of a BSHD operand, box {64, rows, D/64, 1, 1}. */
+static bool encode_map(CUtensorMap *map, const ot_attn_operand *x, ot_dtype dt, int64_t batch,
+                       int64_t s, int64_t h, int64_t d, int rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
+  if (!fn) return false;
+  const int64_t es = 2;
+  cuuint64_t dims[5] = {64, (cuuint64_t)s, (cuuint64_t)(d / 64), (cuuint64_t)h,
+                        (cuuint64_t)batch};
+  /* A size-1 dimension's stride is never used; give it a legal value. */
+  int64_t hs = h > 1 ? x->head_stride * es : 16;
+  int64_t bs = batch > 1 ? x->batch_stride * es : 16;
+  cuuint64_t strides[4] = {(cuuint64_t)(x->tok_stride * es), 128, (cuuint64_t)hs,
+                           (cuuint64_t)bs};
+  cuuint32_t box[5] = {64, (cuuint32_t)rows, (cuuint32_t)(d / 64), 1, 1};
+  cuuint32_t estr[5] = {1, 1, 1, 1, 1};
+  CUresult r = fn(map, dt == OT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                  5, x->data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+static bool tma_ok(const ot_attn_operand *x, int64_t batch, int64_t h) {
+  const int64_t es = 2;
+  if (((uintptr_t)x->data & 15) != 0) return false;
+  if ((x->tok_stride * es) % 16 != 0 || x->tok_stride <= 0) return false;
+  if (h > 1 && ((x->head_stride * es) % 16 != 0 || x->head_stride <= 0)) return false;
+  if (batch > 1 && ((x->batch_stride * es) % 16 != 0 || x->batch_stride <= 0)) return false;
+  const int64_t lim = (int64_t)1 << 40;
+  return x->tok_stride * es < lim && x->head_stride * es < lim && x->batch_stride * es < lim;
+}
+
+template <typename T, int D, int BC>
+static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
+                        const fwd_params *p) {
+  static const char *op = "attention_forward";
+  using L = fwd_smem<D, BC>;
+  auto kern = attn_fwd_sm90_kernel<T, D, BC>;
+  OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         L::bytes));
+  dim3 grid((unsigned)((a->sq + kBr - 1) / kBr), (unsigned)a->hq, (unsigned)a->batch);
+  kern<<<grid, kThreads, L::bytes, (cudaStream_t)ctx->stream>>>(maps[0], maps[1], maps[2], *p);
+  OT_CUDA_CHECK_LAUNCH(op);
+  return OT_OK;
+}
+
+/* Key-tile width per head dim (and mask): the largest tile whose S, P and O registers fit
+ * the consumers' 240 and whose 2-stage K/V rings fit shared memory (FA3's choices). */
+template <typename T>
+static ot_status dispatch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
+                          const fwd_params *p, bool masked) {
+  switch (a->d) {
+    case 64:
+      return masked ? launch<T, 64, 128>(ctx, a, maps, p) : launch<T, 64, 192>(ctx, a, maps, p);
+    case 128:
+      return masked ? launch<T, 128, 128>(ctx, a, maps, p) : launch<T, 128, 176>(ctx, a, maps, p);
+    default:
+      return launch<T, 256, 80>(ctx, a, maps, p);
+  }
+}
+
+static int key_tile(int64_t d, bool masked) {
+  return d == 64 ? (masked ? 128 : 192) : d == 128 ? (masked ? 128 : 176) : 80;
+}
+
+}  // namespace sm90
+}  // namespace ot
 
 extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_attention_args *a,
                                                     bool *handled) {
-  (void)ctx;
-  (void)a;
+  using namespace ot::sm90;
   *handled = false;
-  return OT_OK;
+  /* Opt-in until verified on the device: OT_ATTN_SM90=1 enables the kernel. */
+  const char *env = getenv("OT_ATTN_SM90");
+  if (!env || env[0] != '1') return OT_OK;
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (!st || st->cc_major != 9 || st->cc_minor != 0) return OT_OK;
+  if (a->dtype != OT_BF16 && a->dtype != OT_F16) return OT_OK;
+  if (a->d != 64 && a->d != 128 && a->d != 256) return OT_OK;
+  if (a->cu_q || a->cu_k || a->softcap != 0.f) return OT_OK;
+  if (a->sq <= 0 || a->sk <= 0 || a->batch <= 0) return OT_OK;
+  /* int32 index arithmetic in the kernel: row + (sk - sq) + window stays below 2^31. */
+  if (a->sq > (1 << 28) || a->sk > (1 << 28) || a->hq > 65535 || a->batch > 65535) return OT_OK;
+  if (a->hkv <= 0 || a->hq % a->hkv != 0) return OT_OK;
+  if (!tma_ok(&a->q, a->batch, a->hq) || !tma_ok(&a->k, a->batch, a->hkv) ||
+      !tma_ok(&a->v, a->batch, a->hkv))
+    return OT_OK;
+  /* O is written as 2-element (4-byte) words. */
+  if (((uintptr_t)a->out.data & 3) != 0 || (a->out.tok_stride & 1) || (a->out.head_stride & 1) ||
+      (a->out.batch_stride & 1))
+    return OT_OK;
+  /* The tile choice only. OT_ATTN_SM90_TILE=small: the masked tiles for every call (for
+   * tile measurements in the benchmark). */
+  const char *tile = getenv("OT_ATTN_SM90_TILE");
+  const bool masked = a->window_left >= 0 || a->window_right >= 0 || (tile && tile[0] == 's');
+  const int bc = key_tile(a->d, masked);
+  CUtensorMap maps[3];
+  if (!encode_map(&maps[0], &a->q, a->dtype, a->batch, a->sq, a->hq, a->d, kBr) ||
+      !encode_map(&maps[1], &a->k, a->dtype, a->batch, a->sk, a->hkv, a->d, bc) ||
+      !encode_map(&maps[2], &a->v, a->dtype, a->batch, a->sk, a->hkv, a->d, bc))
+    return OT_OK;
+  fwd_params p;
+  memset(&p, 0, sizeof p);
+  p.out = a->out.data;
+  p.o_bs = a->out.batch_stride;
+  p.o_ts = a->out.tok_stride;
+  p.o_hs = a->out.head_stride;
+  p.lse = (float *)a->lse.data;
+  p.l_bs = a->lse.batch_stride;
+  p.l_ts = a->lse.tok_stride;
+  p.l_hs = a->lse.head_stride;
+  p.sq = (int)a->sq;
+  p.sk = (int)a->sk;
+  p.hq = (int)a->hq;
+  p.group = (int)(a->hq / a->hkv);
+  /* A window wider than both sequences is no window. */
+  p.wl = a->window_left > a->sq + a->sk ? -1 : (int)a->window_left;
+  p.wr = a->window_right > a->sq + a->sk ? -1 : (int)a->window_right;
+  p.scale = a->scale;
+  p.scale_log2 = a->scale * 1.4426950408889634f;
+  *handled = true;
+  return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, masked)
+                             : dispatch<__half>(ctx, a, maps, &p, masked);
 }

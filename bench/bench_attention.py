@@ -1,0 +1,472 @@
+#!/usr/bin/env python3
+"""bench_attention.py -- correctness checks and benchmark of the CUDA flash attention
+(the Hopper sm_90a forward kernel, and forward + backward through the public API)
+against torch SDPA (cuDNN and flash backends).
+
+Our kernels are called through bench/attention_shim.c (ctypes, raw device pointers of
+torch tensors, torch's current stream), independently of the Python frontend.
+
+  python3 bench/bench_attention.py --shim build/libattention_shim.so --check
+  python3 bench/bench_attention.py --shim ... --sanitize      (small cases, no reference)
+  python3 bench/bench_attention.py --shim ... --bench --json bench/results/attention.json
+
+--check: the Hopper forward on random inputs against a float64 torch reference (GQA,
+causal / sliding windows with Sq != Sk, lengths that are not tile multiples, 1-token
+sequences, strided layouts: packed qkv, BHSD, padded rows), outputs NaN-poisoned and
+surrounded by NaN guards that must survive; lse too. Configurations the kernel does not
+cover must come back handled=false with the output untouched.
+--bench: shared/BENCH.md. bf16, D 64/128/256, S 1k/4k/16k, causal and not, batch*seq = 32k
+tokens, heads*D = 2048. FLOPs 4*B*H*Sq*Sk*D (half for causal), backward 2.5x forward.
+cuBLAS bf16 GEMM 8192^3 measured in the same run is the ceiling. CUDA events, warm-up,
+median of >= 20 timed calls, ours and peers interleaved per case.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+os.environ.setdefault("OT_ATTN_SM90", "1")  # the Hopper kernel is opt-in until verified
+
+C = ctypes
+i64, vp, f32, cint = C.c_int64, C.c_void_p, C.c_float, C.c_int
+I64x3 = i64 * 3
+DT = {torch.float16: 2, torch.bfloat16: 3}
+
+
+class Shim:
+    def __init__(self, path):
+        L = self.lib = C.CDLL(path)
+        L.shim_init.argtypes = [cint]
+        L.shim_last_error.restype = C.c_char_p
+        L.shim_attn_sm90.argtypes = [vp, cint, i64, i64, i64, i64, i64, i64, f32, i64, i64,
+                                     vp, I64x3, vp, I64x3, vp, I64x3, vp, I64x3, vp, I64x3,
+                                     C.POINTER(cint)]
+        L.shim_attn_fwd.argtypes = [vp, cint, i64, i64, i64, i64, i64, i64, cint, vp, vp, vp,
+                                    vp, vp]
+        L.shim_attn_bwd.argtypes = [vp, cint, i64, i64, i64, i64, i64, i64, cint, vp, vp, vp,
+                                    vp, vp, vp, vp, vp, vp]
+        st = L.shim_init(torch.cuda.current_device())
+        if st != 0:
+            raise RuntimeError("shim_init: " + L.shim_last_error().decode())
+
+    def err(self):
+        return self.lib.shim_last_error().decode()
+
+
+def stream():
+    return torch.cuda.current_stream().cuda_stream
+
+
+def bshd_strides(t):
+    """(batch, token, head) element strides of a [B, S, H, D] view."""
+    return I64x3(t.stride(0), t.stride(1), t.stride(2))
+
+
+def sm90_call(S, q, k, v, out, lse, scale, wl=-1, wr=-1):
+    """Closure calling the Hopper kernel on [B,S,H,D] views; lse is a [B,H,S] view or None."""
+    B, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    ls = I64x3(lse.stride(0), lse.stride(2), lse.stride(1)) if lse is not None else I64x3(0, 0, 0)
+    args = (None, DT[q.dtype], B, hq, hkv, d, sq, sk, scale, wl, wr,
+            q.data_ptr(), bshd_strides(q), k.data_ptr(), bshd_strides(k), v.data_ptr(),
+            bshd_strides(v), out.data_ptr(), bshd_strides(out),
+            lse.data_ptr() if lse is not None else None, ls)
+    handled = cint(0)
+
+    def f():
+        st = S.lib.shim_attn_sm90(stream(), *args[1:], C.byref(handled))
+        if st != 0:
+            raise RuntimeError("sm90 forward: " + S.err())
+        return bool(handled.value)
+    return f
+
+
+# ---------------------------------------------------------------------------------------
+# reference
+
+def reference(q, k, v, scale, wl, wr):
+    """float64 out [B,Sq,Hq,D] and lse [B,Hq,Sq] with the library's bottom-right masks."""
+    B, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    qd = q.double().transpose(1, 2)
+    kd = k.double().transpose(1, 2).repeat_interleave(g, dim=1)
+    vd = v.double().transpose(1, 2).repeat_interleave(g, dim=1)
+    s = torch.matmul(qd, kd.transpose(-1, -2)) * scale
+    i = torch.arange(sq, device=q.device).view(-1, 1) + (sk - sq)
+    j = torch.arange(sk, device=q.device).view(1, -1)
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if wr >= 0:
+        ok &= j <= i + wr
+    if wl >= 0:
+        ok &= j >= i - wl
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    p = torch.nan_to_num(p, nan=0.0)
+    out = torch.matmul(p, vd).transpose(1, 2)
+    return out, lse
+
+
+def rnd(shape, dtype):
+    return (torch.randn(shape, device="cuda", dtype=torch.float32)).to(dtype)
+
+
+def make_qkv(B, sq, sk, hq, hkv, d, dtype, layout):
+    """q, k, v as [B,S,H,D] views in the given memory layout."""
+    if layout == "bshd":
+        return rnd((B, sq, hq, d), dtype), rnd((B, sk, hkv, d), dtype), rnd((B, sk, hkv, d), dtype)
+    if layout == "bhsd":
+        f = lambda s, h: rnd((B, h, s, d), dtype).transpose(1, 2)
+        return f(sq, hq), f(sk, hkv), f(sk, hkv)
+    if layout == "packed":  # one qkv tensor [B, S, 3, H, D] (needs sq == sk, hq == hkv)
+        qkv = rnd((B, sq, 3, hq, d), dtype)
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    if layout == "padded":  # rows padded by 8 elements after D, heads interleaved
+        f = lambda s, h: rnd((B, s, h, d + 8), dtype)[..., :d]
+        return f(sq, hq), f(sk, hkv), f(sk, hkv)
+    raise ValueError(layout)
+
+
+def guarded(shape, dtype, pad):
+    """A NaN-filled view of `shape` inside a larger NaN buffer (pad elements on the last
+    dim of each row); returns (view, buffer)."""
+    buf = torch.full(shape[:-1] + (shape[-1] + pad,), float("nan"), device="cuda", dtype=dtype)
+    return buf[..., : shape[-1]], buf
+
+
+class Checker:
+    def __init__(self):
+        self.fails = 0
+        self.n = 0
+
+    def report(self, name, ok, msg):
+        self.n += 1
+        if not ok:
+            self.fails += 1
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {msg}", flush=True)
+
+
+def check_case(S, ck, B, sq, sk, hq, hkv, d, dtype=torch.bfloat16, wl=-1, wr=-1, scale=None,
+               layout="bshd", expect_handled=True, with_lse=True):
+    torch.manual_seed(1000 + sq * 7 + sk * 13 + d + hq + wl * 3 + wr * 5)
+    q, k, v = make_qkv(B, sq, sk, hq, hkv, d, dtype, layout)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out, obuf = guarded((B, sq, hq, d), dtype, 8)
+    lse_t, lbuf = guarded((B, hq, sq), torch.float32, 4)
+    name = (f"{str(dtype)[6:]} B{B} sq{sq} sk{sk} h{hq}/{hkv} d{d} wl{wl} wr{wr} "
+            f"scale{scale:.3g} {layout}{'' if with_lse else ' nolse'}")
+    handled = sm90_call(S, q, k, v, out, lse_t if with_lse else None, scale, wl, wr)()
+    torch.cuda.synchronize()
+    if not expect_handled:
+        ck.report(name, not handled and bool(torch.isnan(obuf).all()),
+                  f"handled={handled} (expected false, output untouched)")
+        return
+    if not handled:
+        ck.report(name, False, "not handled")
+        return
+    ref, ref_lse = reference(q, k, v, scale, wl, wr)
+    err = (out.double() - ref).abs()
+    bf = dtype == torch.bfloat16
+    atol, rtol = (1.2e-2, 1.2e-2) if bf else (2e-3, 2e-3)
+    tol = atol + rtol * ref.abs()
+    bad = ~(err <= tol)
+    guard_ok = bool(torch.isnan(obuf[..., d:]).all())
+    msg = f"max err {err.max().item():.2e}"
+    ok = not bool(bad.any()) and guard_ok
+    if not guard_ok:
+        msg += " (guard overwritten)"
+    if with_lse:
+        finite = torch.isfinite(ref_lse)
+        lerr = (lse_t.double() - ref_lse).abs()
+        lok = bool((lerr[finite] <= 1e-3 + 1e-4 * ref_lse[finite].abs()).all()) and bool(
+            (lse_t[~finite] == float("-inf")).all()) and bool(torch.isnan(lbuf[..., sq:]).all())
+        msg += f", lse max err {lerr[finite].max().item() if finite.any() else 0:.2e}"
+        ok = ok and lok
+    if bad.any():
+        idx = bad.nonzero()[0].tolist()
+        msg += f", first bad at {idx}: got {out[tuple(idx)].item()} ref {ref[tuple(idx)].item()}"
+    ck.report(name, ok, msg)
+
+
+def run_checks(S, small=False):
+    ck = Checker()
+    bf, fp = torch.bfloat16, torch.float16
+    if small:
+        for d in (64, 128, 256):
+            check_case(S, ck, 1, 150, 200, 2, 1, d, wr=0)
+            check_case(S, ck, 1, 130, 190, 2, 2, d)
+        return ck
+    for d in (64, 128, 256):
+        for wr in (-1, 0):
+            check_case(S, ck, 2, 1000, 1000, 4, 2, d, wr=wr)
+            check_case(S, ck, 1, 333, 517, 2, 1, d, wr=wr)
+            check_case(S, ck, 1, 517, 333, 2, 2, d, wr=wr)
+        check_case(S, ck, 1, 200, 300, 4, 4, d, dtype=fp, wr=0)
+        check_case(S, ck, 1, 257, 129, 2, 1, d, dtype=fp)
+    # tiny and degenerate lengths
+    for d in (64, 128):
+        check_case(S, ck, 3, 1, 77, 4, 2, d)
+        check_case(S, ck, 3, 1, 77, 4, 2, d, wr=0)
+        check_case(S, ck, 2, 77, 1, 4, 2, d)
+        check_case(S, ck, 2, 77, 1, 4, 2, d, wr=0)   # most rows see no key
+        check_case(S, ck, 1, 1, 1, 1, 1, d)
+        check_case(S, ck, 1, 300, 100, 2, 2, d, wr=0)
+    # sliding windows
+    for d in (64, 128, 256):
+        check_case(S, ck, 1, 700, 700, 2, 1, d, wl=64, wr=0)
+        check_case(S, ck, 1, 600, 650, 2, 2, d, wl=100, wr=37)
+        check_case(S, ck, 1, 500, 400, 2, 2, d, wl=-1, wr=150)
+        check_case(S, ck, 1, 450, 450, 2, 2, d, wl=90, wr=-1)
+    # long sequences (many ring phases), MQA, custom scale, no lse
+    check_case(S, ck, 1, 4096, 4096, 2, 1, 128)
+    check_case(S, ck, 1, 4096, 4096, 2, 1, 128, wr=0)
+    check_case(S, ck, 1, 3000, 5000, 4, 1, 64, wr=0, scale=0.3)
+    check_case(S, ck, 1, 2048, 2048, 2, 2, 256, wr=0, with_lse=False)
+    # layouts
+    for d in (64, 128):
+        check_case(S, ck, 2, 300, 300, 4, 4, d, layout="packed", wr=0)
+        check_case(S, ck, 2, 300, 400, 4, 2, d, layout="bhsd")
+        check_case(S, ck, 2, 300, 400, 4, 2, d, layout="padded", wr=0)
+    # not covered: must decline and write nothing
+    check_case(S, ck, 1, 100, 100, 2, 2, 96, expect_handled=False)
+    check_case(S, ck, 1, 100, 100, 2, 2, 32, expect_handled=False)
+    return ck
+
+
+def check_api(S, ck):
+    """Forward (+ backward when available) through the public API on one small case."""
+    B, s, h, d = 2, 300, 4, 128
+    for causal in (0, 1):
+        q, k, v = make_qkv(B, s, s, h, h, d, torch.bfloat16, "bshd")
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((B, h, s), float("nan"), device="cuda")
+        st = S.lib.shim_attn_fwd(stream(), 3, B, h, h, d, s, s, causal, q.data_ptr(),
+                                 k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
+        torch.cuda.synchronize()
+        if st != 0:
+            print(f"api forward not available: {S.err()}")
+            return False
+        ref, _ = reference(q, k, v, 1 / math.sqrt(d), -1, 0 if causal else -1)
+        err = (out.double() - ref).abs().max().item()
+        ck.report(f"api forward causal={causal}", err < 2e-2, f"max err {err:.2e}")
+    return True
+
+
+# ---------------------------------------------------------------------------------------
+# benchmark
+
+def time_ms(fn, iters=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def gemm_tflops():
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = time_ms(lambda: torch.matmul(a, b), iters=20, warmup=5)
+    return 2 * 8192 ** 3 / ms / 1e9
+
+
+def bench(S, args):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    gemm = gemm_tflops()
+    print(f"cuBLAS bf16 GEMM 8192^3: {gemm:.0f} TFLOP/s", flush=True)
+    rows = []
+    api_fwd = api_bwd = None  # probed on the first case
+    dims = [int(x) for x in args.dims.split(",")]
+    seqs = [int(x) for x in args.seqs.split(",")]
+    for d in dims:
+        for s in seqs:
+            for causal in (False, True):
+                B, H = 32768 // s, 2048 // d
+                q, k, v = make_qkv(B, s, s, H, H, d, torch.bfloat16, "bshd")
+                out = torch.empty_like(q)
+                lse = torch.empty(B, H, s, device="cuda")
+                flops = 4 * B * H * s * s * d / (2 if causal else 1)
+                case = f"D{d} S{s} {'causal' if causal else 'full'} bf16 B{B} H{H}"
+                f_ours = sm90_call(S, q, k, v, out, lse, 1 / math.sqrt(d), -1, 0 if causal else -1)
+                if not f_ours():
+                    print(f"{case}: sm90 kernel did not take the call")
+                    continue
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                peers_f, peers_fb = {}, {}
+                for name, be in (("torch SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
+                                 ("torch SDPA flash", SDPBackend.FLASH_ATTENTION)):
+                    try:
+                        with sdpa_kernel([be]):
+                            fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                            peers_f[name] = flops / time_ms(fn) / 1e9
+                            qg, kg, vg = (x.detach().clone().requires_grad_() for x in (qt, kt, vt))
+                            do = torch.randn_like(qt)
+
+                            def fb():
+                                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                                o.backward(do)
+                            peers_fb[name] = 3.5 * flops / time_ms(fb) / 1e9
+                    except Exception as e:  # backend unavailable for this shape
+                        print(f"{case}: {name} failed: {str(e)[:100]}")
+                ours_f = flops / time_ms(f_ours) / 1e9
+                if not causal and d in (64, 128):  # the smaller key tile, for the record
+                    os.environ["OT_ATTN_SM90_TILE"] = "small"
+                    print(f"  variant small tile {case}: {flops / time_ms(f_ours) / 1e9:.1f}")
+                    del os.environ["OT_ATTN_SM90_TILE"]
+                # forward + backward through the public API (the dispatcher and fa80's kernels)
+                ours_fb = None
+                if api_bwd is not False:
+                    dq, dk, dv, do = (torch.empty_like(x) for x in (q, k, v, q))
+                    do.normal_()
+
+                    def api_fb():
+                        st = S.lib.shim_attn_fwd(stream(), 3, B, H, H, d, s, s, int(causal),
+                                                 q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                 out.data_ptr(), lse.data_ptr())
+                        st = st or S.lib.shim_attn_bwd(stream(), 3, B, H, H, d, s, s, int(causal),
+                                                       q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                       out.data_ptr(), do.data_ptr(), lse.data_ptr(),
+                                                       dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+                        if st != 0:
+                            raise RuntimeError(S.err())
+                    try:
+                        api_fb()
+                        api_bwd = True
+                        ours_fb = 3.5 * flops / time_ms(api_fb) / 1e9
+                    except RuntimeError as e:
+                        print(f"forward+backward through the API not available: {e}")
+                        api_bwd = False
+                for op, ours, peers in (("attention_fwd", ours_f, peers_f),
+                                        ("attention_fwd_bwd", ours_fb, peers_fb)):
+                    if ours is None:
+                        continue
+                    best = max(peers.values()) if peers else None
+                    rows.append({"op": op, "case": case, "metric": "TFLOP/s",
+                                 "ours": round(ours, 1),
+                                 "peers": {k_: round(v_, 1) for k_, v_ in peers.items()},
+                                 "ratio_best_peer": round(ours / best, 3) if best else None,
+                                 "fraction_of_ceiling": round(ours / gemm, 3)})
+                    r = rows[-1]
+                    print(f"{op:18s} {case:34s} ours {r['ours']:6.1f}  " +
+                          "  ".join(f"{k_.split()[-1]} {v_:6.1f}" for k_, v_ in r["peers"].items()) +
+                          f"  ratio {r['ratio_best_peer']}  of-gemm {r['fraction_of_ceiling']}",
+                          flush=True)
+                del q, k, v, out, lse
+                torch.cuda.empty_cache()
+    return gemm, rows
+
+
+def plot(doc, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in doc["rows"] if r["op"] == "attention_fwd"]
+    dims = sorted({int(r["case"].split()[0][1:]) for r in rows})
+    fig, axes = plt.subplots(1, len(dims), figsize=(5 * len(dims), 4), squeeze=False)
+    for ax, d in zip(axes[0], dims):
+        for causal, ls in (("full", "-"), ("causal", "--")):
+            sel = [r for r in rows if r["case"].startswith(f"D{d} ") and f" {causal} " in r["case"]]
+            xs = [int(r["case"].split()[1][1:]) for r in sel]
+            ax.plot(xs, [r["ours"] for r in sel], "o" + ls, color="C0", label=f"ours {causal}")
+            for i, peer in enumerate(("torch SDPA cuDNN", "torch SDPA flash")):
+                ax.plot(xs, [r["peers"].get(peer, float("nan")) for r in sel], "s" + ls,
+                        color=f"C{i + 1}", label=f"{peer.split()[-1]} {causal}")
+        ax.axhline(doc["ceilings"]["gemm_bf16_TFLOPs"], color="gray", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"attention forward bf16, D={d}")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("TFLOP/s")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def markdown(doc):
+    """The PERFORMANCE.md table of a result file."""
+    lines = ["| op | case | ours | cuDNN | flash | ours / best peer | of GEMM |",
+             "|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        pe = r["peers"]
+        f = lambda x: "-" if x is None else f"{x:.0f}"
+        lines.append(f"| {'fwd' if r['op'] == 'attention_fwd' else 'fwd+bwd'} | {r['case']} | "
+                     f"{r['ours']:.0f} | {f(pe.get('torch SDPA cuDNN'))} | "
+                     f"{f(pe.get('torch SDPA flash'))} | {r['ratio_best_peer']:.2f} | "
+                     f"{r['fraction_of_ceiling']:.2f} |")
+    return "\n".join(lines)
+
+
+def sanitize(S):
+    """Each kernel variant once on small shapes (for compute-sanitizer), no reference."""
+    for d in (64, 128, 256):
+        for wr in (-1, 0):
+            q, k, v = make_qkv(1, 150, 200, 2, 1, d, torch.bfloat16, "bshd")
+            out = torch.empty_like(q)
+            lse = torch.empty(1, 2, 150, device="cuda")
+            h = sm90_call(S, q, k, v, out, lse, 0.125, -1, wr)()
+            torch.cuda.synchronize()
+            print(f"sanitize run d{d} wr{wr} handled={h} finite={bool(torch.isfinite(out).all())}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shim")
+    ap.add_argument("--table", help="print the markdown table of this result file and exit")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--sanitize", action="store_true")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--dims", default="128,64,256")
+    ap.add_argument("--seqs", default="1024,4096,16384")
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--command", default=" ".join(sys.argv))
+    args = ap.parse_args()
+    if args.table:
+        with open(args.table) as f:
+            print(markdown(json.load(f)))
+        return 0
+    S = Shim(args.shim)
+    rc = 0
+    if args.sanitize:
+        sanitize(S)
+    if args.check:
+        ck = run_checks(S, args.small)
+        if not args.small:
+            check_api(S, ck)
+        print(f"check: {ck.n - ck.fails}/{ck.n} passed, {ck.fails} failed")
+        rc = 1 if ck.fails else 0
+    if args.bench:
+        gemm, rows = bench(S, args)
+        doc = {"bench": "attention", "device": torch.cuda.get_device_name(),
+               "date": datetime.date.today().isoformat(), "commit": args.commit,
+               "command": args.command, "ceilings": {"gemm_bf16_TFLOPs": round(gemm, 1)},
+               "rows": rows}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        if args.plot:
+            try:
+                plot(doc, args.plot)
+            except Exception as e:
+                print(f"plot failed: {e}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
