@@ -425,8 +425,8 @@ OT_API ot_linear_cross_entropy_params ot_linear_cross_entropy_default_params(voi
  *           the chunks by the GEMM: in a 16-bit dtype each chunk's sum is rounded into
  *           it (error grows with the number of chunks); float32 accumulates exactly
  *           as one GEMM would.
- *  workspace: a contiguous tensor of any dtype with at least
- *           ot_linear_cross_entropy_workspace_size() bytes, aligned to 256 bytes, or
+ *  workspace: a contiguous tensor (any dtype the library accepts, e.g. int32) of at
+ *           least ot_linear_cross_entropy_workspace_size() bytes, 16-byte aligned, or
  *           NULL: then the op allocates it itself (malloc on the CPU, cudaMallocAsync
  *           on the context's stream on CUDA) and frees it before returning.
  * Extra memory (peak, beyond the arguments): the workspace, which is

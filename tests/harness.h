@@ -162,5 +162,7 @@ extern const test_suite suite_softmax_ce;
 extern const test_suite suite_attention;
 extern const test_suite suite_linear;
 extern const test_suite suite_memory;
+extern const test_suite suite_adamw;
+extern const test_suite suite_linear_ce;
 
 #endif /* OT_TEST_HARNESS_H */

@@ -79,7 +79,7 @@ ot_status ot_linear_forward(ot_context *ctx, const DLTensor *x, const DLTensor *
   a.bias = ot_view_present(&bv) ? bv.data : NULL;
   a.y = yv.data;
   a.y_stride = yr.row_stride;
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_linear_forward, ctx, &a);
   return ot_cpu_linear_forward(ctx, &a);
 }
 
@@ -151,6 +151,6 @@ ot_status ot_linear_backward(ot_context *ctx, const DLTensor *dy, const DLTensor
   a.dx_stride = dxr.row_stride;
   a.dweight = ot_view_present(&dwv) ? dwv.data : NULL;
   a.dbias = ot_view_present(&dbv) ? dbv.data : NULL;
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_linear_backward, ctx, &a);
   return ot_cpu_linear_backward(ctx, &a);
 }

@@ -45,7 +45,7 @@ typedef struct ot_linear_backward_args {
 ot_status ot_cpu_linear_forward(ot_context *ctx, const ot_linear_forward_args *a);
 ot_status ot_cpu_linear_backward(ot_context *ctx, const ot_linear_backward_args *a);
 
-/* Defined by the CUDA backend (a later issue). */
+/* Defined by the CUDA backend (src/cuda/linear.cu). */
 ot_status ot_cuda_linear_forward(ot_context *ctx, const ot_linear_forward_args *a);
 ot_status ot_cuda_linear_backward(ot_context *ctx, const ot_linear_backward_args *a);
 

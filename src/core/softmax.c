@@ -24,7 +24,7 @@ ot_status ot_softmax_forward(ot_context *ctx, const DLTensor *x, const DLTensor 
   a.x_stride = xr.row_stride;
   a.out = ov.data;
   a.out_stride = orow.row_stride;
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_softmax_forward, ctx, &a);
   return ot_cpu_softmax_forward(ctx, &a);
 }
 
@@ -58,6 +58,6 @@ ot_status ot_softmax_backward(ot_context *ctx, const DLTensor *dy, const DLTenso
   a.y_stride = yr.row_stride;
   a.dx = dxv.data;
   a.dx_stride = dxr.row_stride;
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_softmax_backward, ctx, &a);
   return ot_cpu_softmax_backward(ctx, &a);
 }

@@ -1,0 +1,204 @@
+/*
+ * adamw.cu -- AdamW over many tensors in few launches (multi-tensor apply).
+ *
+ * The host cuts every tensor into chunks of kAdamwChunk elements and packs a launch
+ * table (passed by value as the kernel's argument, under the classic 4 KB parameter
+ * limit): up to kAdamwTensors tensors (their five pointers, numel, a 16-byte alignment
+ * flag) and up to kAdamwBlocks (tensor slot, chunk index) entries, one CUDA block per
+ * entry. A table is launched when either list is full; a tensor whose chunks do not fit
+ * continues in the next table. 0.5 B parameters in chunks of 64K elements are ~7.6K
+ * blocks, ~17 launches; a list of many small tensors (norm weights, biases) takes one
+ * launch per kAdamwTensors tensors.
+ *
+ * Per element the update of src/cpu/adamw.c (adamw_update), in float32, with the
+ * hyperparameters the core derived in float64 (decay, step size, sqrt of the second
+ * bias correction). Elements are handled four at a time with one vector load per
+ * tensor (8 bytes for 16-bit dtypes, 16 for float32) when every pointer of the tensor
+ * is 16-byte aligned; otherwise, and for the tail of a tensor, one at a time.
+ */
+#include "../core/adamw.h"
+#include "common.cuh"
+
+namespace ot {
+
+constexpr int kAdamwTensors = 32;
+constexpr int kAdamwBlocks = 448;
+constexpr int64_t kAdamwChunk = (int64_t)1 << 16;
+constexpr int kAdamwThreads = 512;
+
+struct adamw_table {
+  void *param[kAdamwTensors];
+  const void *grad[kAdamwTensors];
+  void *m[kAdamwTensors];
+  void *v[kAdamwTensors];
+  float *master[kAdamwTensors];
+  int64_t numel[kAdamwTensors];
+  int32_t chunk[kAdamwBlocks];
+  uint8_t tensor[kAdamwBlocks];
+  uint8_t aligned[kAdamwTensors];
+};
+static_assert(sizeof(adamw_table) + 64 <= 4096, "kernel parameter limit");
+
+struct adamw_hyper {
+  float beta1, beta2, eps, decay, step_size, bc2_sqrt;
+};
+
+/* Four elements at p (aligned to 4 elements) as float32, and back. */
+template <typename T> struct vec4_of;
+template <> struct vec4_of<float> { using type = float4; };
+template <> struct vec4_of<__half> { using type = uint2; };
+template <> struct vec4_of<__nv_bfloat16> { using type = uint2; };
+
+template <typename T>
+__device__ __forceinline__ void load4(float *f, const T *p) {
+  typename vec4_of<T>::type r = *reinterpret_cast<const typename vec4_of<T>::type *>(p);
+  const T *e = reinterpret_cast<const T *>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; i++) f[i] = to_f32(e[i]);
+}
+template <typename T>
+__device__ __forceinline__ void store4(T *p, const float *f) {
+  typename vec4_of<T>::type r;
+  T *e = reinterpret_cast<T *>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; i++) e[i] = from_f32<T>(f[i]);
+  *reinterpret_cast<typename vec4_of<T>::type *>(p) = r;
+}
+
+__device__ __forceinline__ void adamw_update(float &w, float &m, float &v, float g,
+                                             const adamw_hyper &h) {
+  const float ww = w * h.decay;
+  const float mm = h.beta1 * m + (1.0f - h.beta1) * g;
+  const float vv = h.beta2 * v + (1.0f - h.beta2) * g * g;
+  const float denom = sqrtf(vv) / h.bc2_sqrt + h.eps;
+  w = ww - h.step_size * (mm / denom);
+  m = mm;
+  v = vv;
+}
+
+template <typename P, typename G, typename S, bool MASTER>
+__global__ void __launch_bounds__(kAdamwThreads) adamw_kernel(adamw_table tab, adamw_hyper h) {
+  const int t = tab.tensor[blockIdx.x];
+  const int64_t n = tab.numel[t];
+  const int64_t start = (int64_t)tab.chunk[blockIdx.x] * kAdamwChunk;
+  const int64_t end = start + kAdamwChunk < n ? start + kAdamwChunk : n;
+  P *param = static_cast<P *>(tab.param[t]);
+  const G *grad = static_cast<const G *>(tab.grad[t]);
+  S *m = static_cast<S *>(tab.m[t]);
+  S *v = static_cast<S *>(tab.v[t]);
+  float *master = tab.master[t];
+  int64_t i = start + (int64_t)threadIdx.x * 4;
+  if (tab.aligned[t]) {
+    for (; i + 4 <= end; i += (int64_t)blockDim.x * 4) {
+      float w[4], g[4], mm[4], vv[4];
+      if (MASTER) load4(w, master + i);
+      else load4(w, param + i);
+      load4(g, grad + i);
+      load4(mm, m + i);
+      load4(vv, v + i);
+#pragma unroll
+      for (int k = 0; k < 4; k++) adamw_update(w[k], mm[k], vv[k], g[k], h);
+      store4(m + i, mm);
+      store4(v + i, vv);
+      if (MASTER) store4(master + i, w);
+      store4(param + i, w);
+    }
+    /* i is now past the last whole group of this thread: the ragged tail (< 4 elements,
+     * only at the tensor's end) goes to the thread whose group straddles it */
+    if (i < end) {
+      for (int64_t j = i; j < end; j++) {
+        float w = MASTER ? master[j] : to_f32(param[j]);
+        float mm = to_f32(m[j]), vv = to_f32(v[j]);
+        adamw_update(w, mm, vv, to_f32(grad[j]), h);
+        m[j] = from_f32<S>(mm);
+        v[j] = from_f32<S>(vv);
+        if (MASTER) master[j] = w;
+        param[j] = from_f32<P>(w);
+      }
+    }
+    return;
+  }
+  for (int64_t j = start + threadIdx.x; j < end; j += blockDim.x) {
+    float w = MASTER ? master[j] : to_f32(param[j]);
+    float mm = to_f32(m[j]), vv = to_f32(v[j]);
+    adamw_update(w, mm, vv, to_f32(grad[j]), h);
+    m[j] = from_f32<S>(mm);
+    v[j] = from_f32<S>(vv);
+    if (MASTER) master[j] = w;
+    param[j] = from_f32<P>(w);
+  }
+}
+
+typedef void (*adamw_fn)(adamw_table, adamw_hyper);
+
+template <typename P, typename G, typename S>
+static adamw_fn pick_master(bool master) {
+  return master ? adamw_kernel<P, G, S, true> : adamw_kernel<P, G, S, false>;
+}
+template <typename P, typename G>
+static adamw_fn pick_state(bool s32, bool master) {
+  return s32 ? pick_master<P, G, float>(master) : pick_master<P, G, P>(master);
+}
+template <typename P>
+static adamw_fn pick_grad(bool g32, bool s32, bool master) {
+  return g32 ? pick_state<P, float>(s32, master) : pick_state<P, P>(s32, master);
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+} /* namespace ot */
+
+extern "C" ot_status ot_cuda_adamw_step(ot_context *ctx, const ot_adamw_args *a) {
+  static const char op[] = "ot_adamw_step";
+  using namespace ot;
+  const bool g32 = a->grad_dtype == OT_F32, s32 = a->state_dtype == OT_F32;
+  adamw_fn fn;
+  switch (a->param_dtype) {
+    case OT_F32: fn = pick_grad<float>(true, true, a->has_master); break;
+    case OT_F16: fn = pick_grad<__half>(g32, s32, a->has_master); break;
+    case OT_BF16: fn = pick_grad<__nv_bfloat16>(g32, s32, a->has_master); break;
+    default: return ot_error(OT_ERR_INTERNAL, op, "unexpected dtype %d", (int)a->param_dtype);
+  }
+  adamw_hyper h = {a->beta1, a->beta2, a->eps, a->decay, a->step_size, a->bc2_sqrt};
+  cudaStream_t st = (cudaStream_t)ctx->stream;
+  adamw_table tab;
+  memset(&tab, 0, sizeof tab);
+  int nt = 0, nb = 0;
+  for (int i = 0; i < a->n; i++) {
+    const ot_adamw_tensor *t = &a->tensors[i];
+    if (t->numel == 0) continue;
+    const int64_t chunks = (t->numel + kAdamwChunk - 1) / kAdamwChunk;
+    for (int64_t c = 0; c < chunks; c++) {
+      if (c == 0 || nt == 0) { /* (re)enter the tensor into the table */
+        if (nt == kAdamwTensors) {
+          fn<<<nb, kAdamwThreads, 0, st>>>(tab, h);
+          OT_CUDA_CHECK_LAUNCH(op);
+          nt = nb = 0;
+        }
+        tab.param[nt] = t->param;
+        tab.grad[nt] = t->grad;
+        tab.m[nt] = t->exp_avg;
+        tab.v[nt] = t->exp_avg_sq;
+        tab.master[nt] = t->master;
+        tab.numel[nt] = t->numel;
+        tab.aligned[nt] = aligned16(t->param) && aligned16(t->grad) && aligned16(t->exp_avg) &&
+                          aligned16(t->exp_avg_sq) && (!t->master || aligned16(t->master));
+        nt++;
+      }
+      tab.tensor[nb] = (uint8_t)(nt - 1);
+      tab.chunk[nb] = (int32_t)c;
+      nb++;
+      if (nb == kAdamwBlocks) {
+        fn<<<nb, kAdamwThreads, 0, st>>>(tab, h);
+        OT_CUDA_CHECK_LAUNCH(op);
+        nb = 0;
+        nt = 0; /* the current tensor re-enters at slot 0 if it has chunks left */
+      }
+    }
+  }
+  if (nb > 0) {
+    fn<<<nb, kAdamwThreads, 0, st>>>(tab, h);
+    OT_CUDA_CHECK_LAUNCH(op);
+  }
+  return OT_OK;
+}
