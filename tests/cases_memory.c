@@ -925,6 +925,68 @@ static const pcase paged_long[] = {
     {"decode B1 ctx 65536 Hq8 Hkv1 D64 bs256", 1, {65536}, {1}, 8, 1, 64, 256, 1, -1, -1, 0, 0},
 };
 
+/* CUDA: the tensor-core kernel's shapes (bf16 / fp16, head_dim 64 / 128): page sizes 1,
+ * 16, 64, 256, GQA ratios 1 to 16 (tiles of 16 rows: group x queries), contexts 1 .. 64k,
+ * speculative and prefill chunks, masks; the f32 runs of the same cases take the
+ * fallback kernel. */
+static const pcase paged_cuda_cases[] = {
+    {"cuda decode B5 bs16 GQA4 Hq32 D128", 5, {1, 15, 16, 17, 1000}, {1, 1, 1, 1, 1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda decode B3 bs1 MHA D64", 3, {1, 2, 300}, {1, 1, 1}, 4, 4, 64, 1, 1, -1, -1, 0, 0},
+    {"cuda decode B3 bs64 GQA8 D128", 3, {64, 65, 4000}, {1, 1, 1}, 16, 2, 128, 64, 1, -1, -1, 0, 0},
+    {"cuda decode B3 bs256 GQA2 D128", 3, {1, 257, 3000}, {1, 1, 1}, 4, 2, 128, 256, 1, -1, -1, 0, 0},
+    {"cuda decode GQA16 D64 bs16", 2, {33, 700}, {1, 1}, 32, 2, 64, 16, 1, -1, -1, 0, 0},
+    {"cuda decode GQA3 D128 bs3 (scalar pages)", 2, {100, 31}, {1, 1}, 6, 2, 128, 3, 1, -1, -1, 0, 0},
+    {"cuda speculative 3 queries GQA4 D128", 3, {100, 3, 2000}, {3, 3, 3}, 8, 2, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda speculative 5 queries GQA4 D64 (2 tiles)", 2, {517, 5}, {5, 5}, 8, 2, 64, 16, 1, -1, -1, 0, 0},
+    {"cuda chunked prefill 100 of 612 GQA4 D128", 1, {612}, {100}, 8, 2, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda prefill from empty GQA3 D64 bs64", 2, {130, 77}, {130, 77}, 6, 2, 64, 64, 1, -1, -1, 0, 0},
+    {"cuda window 50 softcap 10 D128", 2, {400, 30}, {3, 30}, 8, 2, 128, 16, 1, 50, -1, 10.0f, 0},
+    {"cuda non-causal window 7/2 D64 scale 0.2", 1, {300}, {5}, 4, 1, 64, 16, 0, 7, 2, 0, 0.2f},
+    {"cuda mixed batch with empty sequences", 6, {0, 5, 0, 9, 1, 260}, {0, 1, 1, 0, 2, 1}, 8, 2, 128, 4, 1, -1, -1, 0, 0},
+    {"cuda causal sq > len D64", 2, {3, 10}, {5, 4}, 4, 2, 64, 16, 1, -1, -1, 0, 0},
+};
+static const pcase paged_cuda_long[] = {
+    {"cuda decode B1 ctx 65536 Hq32 Hkv8 D128 bs16", 1, {65536}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda decode B2 ctx 20000 GQA2 D64 bs1", 2, {20000, 7}, {1, 1}, 4, 2, 64, 1, 1, -1, -1, 0, 0},
+    {"cuda decode B1 ctx 33000 GQA8 D128 bs256 spec 2", 1, {33000}, {2}, 8, 1, 128, 256, 1, -1, -1, 0, 0},
+};
+
+/* CUDA OT_DEBUG: a page id out of range is reported (not read) by both kernels and by
+ * the append. */
+static void paged_debug_case(test_run *tr, DLDataType dt, int d) {
+  if (!tr_begin(tr, "paged OT_DEBUG page-id check %s D%d", dt_name(dt), d)) return;
+  rng r = tr_rng(tr);
+  int len[2] = {40, 9}, sq[2] = {1, 1};
+  paged P;
+  paged_make(tr, &P, dt, 2, len, 2, d, 16, &r);
+  tb_set(P.indices, 1, (double)(P.npages + 3));
+  int64_t qsh[3] = {2, 4, d}, csh[1] = {3}, ksh[3] = {2, 2, d};
+  tbuf *q = tb_new(tr->be, dt, 3, qsh), *out = tb_new(tr->be, dt, 3, qsh);
+  tbuf *cu = tb_new(tr->be, DT_I32, 1, csh), *kn = tb_new(tr->be, dt, 3, ksh);
+  tbuf *vn = tb_new(tr->be, dt, 3, ksh);
+  tb_fill_uniform(q, &r, -1, 1), tb_fill_uniform(kn, &r, -1, 1), tb_fill_uniform(vn, &r, -1, 1);
+  tb_set(cu, 0, 0), tb_set(cu, 1, sq[0]), tb_set(cu, 2, sq[0] + sq[1]);
+  setenv("OT_DEBUG", "1", 1);
+  ot_attention_params prm = ot_attention_default_params();
+  prm.causal = 1;
+  tr_expect_error(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out), NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: kv.indices", "indices[1]");
+  /* the append writes the last token of sequence 0: slot 39 in page entry 2 (fine), so
+   * make entry 2 bad as well */
+  tb_set(P.indices, 2, -7.0);
+  tb_set(cu, 1, 1), tb_set(cu, 2, 2);
+  tr_expect_error(tr, ot_kv_append(tr->be->ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: kv.indices", "= -7");
+  tb_set(P.indices, 1, 0), tb_set(P.indices, 2, 1);
+  tb_set(P.lpl, 1, 17.0); /* last_page_len > block_size */
+  tr_expect_error(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out), NULL),
+                  OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: kv.last_page_len", "= 17");
+  unsetenv("OT_DEBUG");
+  tb_free(q), tb_free(out), tb_free(cu), tb_free(kn), tb_free(vn);
+  paged_free(&P);
+  tr_end(tr);
+}
+
 /* The split choice: at batch 1 (and few kv heads) work is split so that >= 2 x threads
  * tasks exist; large batches are not split; short contexts are never cut below 128. */
 static void paged_splits(test_run *tr) {
@@ -1403,8 +1465,41 @@ out:
 
 /* ---- the suite -------------------------------------------------------------------- */
 
+/* CUDA: the kernels (attention both paths, forced splits, append, OT_DEBUG); the arena,
+ * pool and tracker tests write blocks with the host and run on the CPU backend. */
+static void run_memory_cuda(test_run *tr) {
+  const DLDataType dts[3] = {DT_F32, DT_F16, DT_BF16};
+  for (size_t i = 0; i < sizeof paged_cases / sizeof paged_cases[0]; i++)
+    for (int t = 0; t < 3; t++)
+      if (t == 0 || i % 3 == 0) paged_case(tr, &paged_cases[i], dts[t]);
+  for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++) {
+    paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
+    if (i % 4 == 0) paged_case(tr, &paged_cuda_cases[i], DT_F32);
+  }
+  /* the split-KV merge with a forced count on multi-token tiles and windows */
+  setenv("OT_PAGED_SPLITS", "7", 1);
+  for (size_t i = 6; i < 12; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16);
+  unsetenv("OT_PAGED_SPLITS");
+  for (size_t i = 0; i < sizeof paged_cuda_long / sizeof paged_cuda_long[0]; i++)
+    paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);
+  paged_case(tr, &paged_long[1], DT_BF16);
+  append_case(tr, DT_F32, 16, -1, false, false, false);
+  append_case(tr, DT_BF16, 1, -1, false, false, true);
+  append_case(tr, DT_F16, 4, 0, true, false, false);
+  append_case(tr, DT_BF16, 16, 1, true, true, true);
+  append_case(tr, DT_F32, 64, 0, false, false, false);
+  append_case(tr, DT_F32, 256, 0, true, true, false);
+  append_case(tr, DT_BF16, 16, 0, true, false, false);
+  paged_debug_case(tr, DT_BF16, 128);
+  paged_debug_case(tr, DT_F32, 16);
+}
+
 static void run_memory(test_run *tr) {
-  if (tr->be->is_cuda || tr->grad) return; /* host-written blocks; no gradients here */
+  if (tr->grad) return; /* no gradients here */
+  if (tr->be->is_cuda) {
+    run_memory_cuda(tr);
+    return;
+  }
   arena_bad_args(tr);
   arena_exhaustion(tr);
   arena_stress(tr, 4 << 20, 40000, 64 << 10, false);

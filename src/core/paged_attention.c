@@ -56,6 +56,7 @@ static ot_status check_paged(const char *op, const ot_context *ctx, const ot_pag
   t->bs = kp->shape[2];
   t->d = kp->shape[3];
   t->batch = batch;
+  t->num_indices = ix.shape[0];
   t->indptr = (const int32_t *)ip.data;
   t->indices = (const int32_t *)ix.data;
   t->last_page_len = (const int32_t *)lp.data;
@@ -129,6 +130,74 @@ static ot_status check_tokens(const char *op, const char *name, const ot_context
 
 /* ---- ot_kv_append --------------------------------------------------------------------- */
 
+/* The CUDA path: RoPE and the scatter in one kernel. The rope parameters are validated
+ * by ot_rope_forward itself on zero-token views of the same tensors (its checks, its
+ * messages), then handed to the kernel as an ot_rope_args. */
+static ot_status kv_append_cuda(ot_context *ctx, const ot_paged_kv *kv, const ot_paged_table *t,
+                                ot_dtype dt, const int32_t *cu, const ot_view *kn,
+                                const ot_view *vn, const ot_rope_params *rope,
+                                const ot_view *pv, const ot_view *qv, const ot_view *qo) {
+  static const char *op = "ot_kv_append";
+  ot_kv_append_args a;
+  memset(&a, 0, sizeof a);
+  a.dtype = dt;
+  a.kv = *t;
+  a.cu_new = cu;
+  a.tokens = kn->shape[0];
+  a.k_new = kn->data;
+  a.k_tok_stride = kn->stride[0];
+  a.k_head_stride = kn->stride[1];
+  a.v_new = vn->data;
+  a.v_tok_stride = vn->stride[0];
+  a.v_head_stride = vn->stride[1];
+  ot_rope_args ra;
+  memset(&ra, 0, sizeof ra);
+  if (rope) {
+    DLDataType edt = kv->k_pages->dtype;
+    int64_t ksh[3] = {0, t->hkv, t->d}, qsh[3] = {0, ot_view_present(qv) ? qv->shape[1] : 1, t->d};
+    int64_t psh[1] = {0};
+    DLTensor k0 = {kn->data, ctx->device, 3, edt, ksh, NULL, 0};
+    DLTensor ko = {t->k_pages, ctx->device, 3, edt, ksh, NULL, 0};
+    DLTensor q0 = {ot_view_present(qv) ? qv->data : NULL, ctx->device, 3, edt, qsh, NULL, 0};
+    DLTensor qo0 = {ot_view_present(qo) ? qo->data : NULL, ctx->device, 3, edt, qsh, NULL, 0};
+    DLTensor p0 = {kn->data, ctx->device, 1, {kDLInt, 64, 1}, psh, NULL, 0};
+    ot_status st = ot_view_present(qv) ? ot_rope_forward(ctx, rope, &q0, &k0, &p0, NULL, &qo0, &ko)
+                                       : ot_rope_forward(ctx, rope, &k0, NULL, &p0, NULL, &ko, NULL);
+    if (st != OT_OK) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", ot_last_error());
+      return ot_error(st, op, "rope: %s", msg);
+    }
+    ra.op = op;
+    ra.dtype = dt;
+    ra.mode = rope->mode;
+    ra.head_dim = t->d;
+    ra.rotary_dim = rope->rotary_dim ? rope->rotary_dim : t->d;
+    ra.theta = rope->theta;
+    ra.llama3_factor = rope->llama3_factor > 0 ? rope->llama3_factor : 0.0;
+    ra.llama3_low_freq_factor = rope->llama3_low_freq_factor;
+    ra.llama3_high_freq_factor = rope->llama3_high_freq_factor;
+    ra.llama3_original_max_position = rope->llama3_original_max_position;
+    a.rope = &ra;
+    if (ot_view_present(qv)) {
+      a.hq = qv->shape[1];
+      a.q = qv->data;
+      a.q_tok_stride = qv->stride[0];
+      a.q_head_stride = qv->stride[1];
+      a.q_out = qo->data;
+      a.qo_tok_stride = qo->stride[0];
+      a.qo_head_stride = qo->stride[1];
+    }
+    if (ot_view_present(pv)) {
+      a.positions = pv->data;
+      a.pos_dtype = pv->dtype;
+      a.pos_stride = pv->stride[0];
+    }
+  }
+  if (a.tokens == 0) return OT_OK;
+  return OT_CUDA_CALL(op, ot_cuda_kv_append, ctx, &a);
+}
+
 ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv, const DLTensor *cu_seqlens_new,
                        const DLTensor *k_new, const DLTensor *v_new, const ot_rope_params *rope,
                        const DLTensor *positions, const DLTensor *q, const DLTensor *q_out) {
@@ -183,7 +252,8 @@ ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv, const DLTensor *c
     OT_TRY(ot_check_no_overlap(op, "kv.k_pages", &kp, in_names[i], ins[i], false));
     OT_TRY(ot_check_no_overlap(op, "kv.v_pages", &vp, in_names[i], ins[i], false));
   }
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx)) return kv_append_cuda(ctx, kv, &t, kp.dtype, c, &kn, &vn, rope, &pv,
+                                                 &qv, &qo);
 
   ot_kv_append_args a;
   memset(&a, 0, sizeof a);
@@ -272,8 +342,6 @@ ot_status ot_paged_attention(ot_context *ctx, const ot_attention_params *p, cons
       OT_TRY(ot_check_no_overlap(op, "lse", &lv, in_names[i], ins[i], false));
     OT_TRY(ot_check_no_overlap(op, "lse", &lv, "out", &ov, false));
   }
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
-
   ot_paged_attention_args a;
   memset(&a, 0, sizeof a);
   a.dtype = qv.dtype;
@@ -292,5 +360,7 @@ ot_status ot_paged_attention(ot_context *ctx, const ot_attention_params *p, cons
     a.lse_tok_stride = lv.stride[1];
   }
   ot_attention_resolve_params(p, t.d, &a.scale, &a.softcap, &a.window_left, &a.window_right);
+  a.tokens = tokens;
+  if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_paged_attention, ctx, &a);
   return ot_cpu_paged_attention(ctx, &a);
 }

@@ -12,6 +12,7 @@
 #define OT_CORE_PAGED_ATTENTION_H
 
 #include "internal.h"
+#include "rope.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,6 +22,7 @@ typedef struct ot_paged_table {
   void *k_pages, *v_pages;  /* contiguous [num_pages, hkv, bs, d] */
   int64_t num_pages, hkv, bs, d;
   int64_t batch;
+  int64_t num_indices;      /* entries of indices (CUDA OT_DEBUG bound checks) */
   const int32_t *indptr;    /* [batch + 1]; host pointers on the CPU, device on CUDA */
   const int32_t *indices;
   const int32_t *last_page_len;
@@ -45,6 +47,18 @@ typedef struct ot_kv_append_args {
   const int32_t *cu_new;         /* [batch + 1] */
   const void *k_new, *v_new;     /* [T_new, hkv, d] rows with these element strides */
   int64_t k_tok_stride, k_head_stride, v_tok_stride, v_head_stride;
+  /* CUDA only (the CPU path rotates through ot_rope_forward first): RoPE fused into
+   * the scatter. rope == NULL: no rotation. rope->q / q_out / k / k_out / positions
+   * are not used; the fields below say where q, q_out and the positions are. */
+  const ot_rope_args *rope;
+  int64_t tokens;                /* T_new */
+  int64_t hq;                    /* q heads, 0 without q */
+  const void *q;
+  void *q_out;
+  int64_t q_tok_stride, q_head_stride, qo_tok_stride, qo_head_stride;
+  const void *positions;         /* [T_new] or NULL: index in the sequence */
+  ot_dtype pos_dtype;
+  int64_t pos_stride;
 } ot_kv_append_args;
 
 typedef struct ot_paged_attention_args {
@@ -62,10 +76,13 @@ typedef struct ot_paged_attention_args {
   float softcap;                 /* 0: off */
   int64_t window_left;           /* -1 unbounded */
   int64_t window_right;          /* -1 unbounded; causal resolved to 0 */
+  int64_t tokens;                /* T_q */
 } ot_paged_attention_args;
 
 ot_status ot_cpu_kv_append(ot_context *ctx, const ot_kv_append_args *a);
 ot_status ot_cpu_paged_attention(ot_context *ctx, const ot_paged_attention_args *a);
+ot_status ot_cuda_kv_append(ot_context *ctx, const ot_kv_append_args *a);
+ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_attention_args *a);
 
 /* The CPU backend's choice of key splits for sequence b of a batch (exposed for tests
  * and for the CUDA planner to mirror): at least 2 x threads tasks of (sequence, kv head,

@@ -18,14 +18,14 @@
  * A position outside the cache (not validated on the host for device tensors)
  * yields NaN outputs rather than an out-of-bounds read.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "../core/rope.h"
 #include "common.cuh"
+#include "rope.cuh"
 
 namespace ot {
-
-/* Frequencies passed by value: up to 256 (rd <= 512); larger rd recompute them on the
- * device with the same float64 formula. */
-constexpr int kRopeMaxHalfByValue = 256;
 
 struct rope_heads_dev {
   void *in;
@@ -49,24 +49,6 @@ struct rope_params {
   double theta, l3_factor, l3_low, l3_high, l3_orig;
   double inv_freq[kRopeMaxHalfByValue];
 };
-
-__device__ double rope_inv_freq_dev(const rope_params &p, int64_t i) {
-  /* The same rule as ot_rope_inv_freq (src/core/rope.c). */
-  double f = pow(p.theta, -(double)(2 * i) / (double)p.rotary_dim);
-  if (p.l3_factor > 0) {
-    const double two_pi = 6.283185307179586476925;
-    const double wavelen = two_pi / f;
-    const double low_wl = p.l3_orig / p.l3_low, high_wl = p.l3_orig / p.l3_high;
-    if (wavelen < high_wl) {
-    } else if (wavelen > low_wl) {
-      f = f / p.l3_factor;
-    } else {
-      const double smooth = (p.l3_orig / wavelen - p.l3_low) / (p.l3_high - p.l3_low);
-      f = (1.0 - smooth) * f / p.l3_factor + smooth * f;
-    }
-  }
-  return f;
-}
 
 /* Elements per load: VEC -> a 16-byte vector; scalar -> 1 (NeoX) or 2 (GPT-J pair). */
 template <typename T, bool VEC, ot_rope_mode MODE>
@@ -120,11 +102,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const __grid_constant__ rope_
           c = sn = __int_as_float(0x7fc00000);
         }
       } else {
-        const double f = half <= kRopeMaxHalfByValue ? p.inv_freq[i] : rope_inv_freq_dev(p, i);
-        const double two_pi = 6.283185307179586476925, inv_two_pi = 0.15915494309189533577;
-        double ang = (double)pos * f;
-        ang -= two_pi * rint(ang * inv_two_pi);
-        sincosf((float)ang, &sn, &c);
+        rope_cos_sin(p, pos, i, &c, &sn);
       }
       cs[i] = c;
       cs[half + i] = p.inverse ? -sn : sn;
@@ -153,9 +131,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const __grid_constant__ rope_
             rope_load<T, W, VEC>(x2, in + half + i);
 #pragma unroll
             for (int j = 0; j < W; j++) {
-              const float c = cs[i + j], sn = cs[half + i + j];
-              y1[j] = x1[j] * c - x2[j] * sn;
-              y2[j] = x2[j] * c + x1[j] * sn;
+              rope_rotate(x1[j], x2[j], cs[i + j], cs[half + i + j], &y1[j], &y2[j]);
             }
             rope_store<T, W, VEC>(out + i, y1);
             rope_store<T, W, VEC>(out + half + i, y2);
@@ -165,9 +141,8 @@ __global__ void __launch_bounds__(256) rope_kernel(const __grid_constant__ rope_
             rope_load<T, W, VEC>(x, in + e);
 #pragma unroll
             for (int j = 0; j < W; j += 2) {
-              const float c = cs[e / 2 + j / 2], sn = cs[half + e / 2 + j / 2];
-              y[j] = x[j] * c - x[j + 1] * sn;
-              y[j + 1] = x[j + 1] * c + x[j] * sn;
+              rope_rotate(x[j], x[j + 1], cs[e / 2 + j / 2], cs[half + e / 2 + j / 2], &y[j],
+                          &y[j + 1]);
             }
             rope_store<T, W, VEC>(out + e, y);
           }
@@ -203,10 +178,155 @@ static bool rope_can_vectorize(const rope_params &p, ot_rope_mode mode) {
   return true;
 }
 
+/* ---- token-parallel kernel: a warp per token, cos / sin in registers -------------------
+ * For 16-byte-aligned rows whose rotated part has IPH = (NeoX: half, GPT-J: rd) / VEC
+ * items per head, IPH a power of two <= 32 (head_dim 64..256 in 16-bit types), and no
+ * pass-through copy (rd == head_dim, or in place). Lane = hl * IPH + item: the lane
+ * owns item `item` of every HPW = 32 / IPH-th head of the token (q heads, then k heads,
+ * one list), so its cos / sin (NP pairs) are made once per token, in registers, and
+ * reused for all its heads; a warp pass covers HPW whole head rows, contiguous; U
+ * passes have their loads in flight before the first rotation. No shared memory, no
+ * barrier, no 64-bit division per item (the v1 kernel's costs). The rotation and the
+ * cos / sin are v1's expressions (rope.cuh), so both kernels give the same bits. */
+template <typename T, ot_rope_mode MODE, int IPH>
+__global__ void __launch_bounds__(256, 2) rope_warp_kernel(const __grid_constant__ rope_params p) {
+  constexpr int V = vec_width<T>::value;
+  constexpr int HPW = 32 / IPH;
+  constexpr int U = 8;
+  constexpr int NP = MODE == OT_ROPE_NEOX ? V : V / 2; /* pairs per item */
+  const int lane = threadIdx.x & 31, item = lane % IPH, hl = lane / IPH;
+  const int64_t half = p.half, rd = p.rotary_dim;
+  const int64_t tokens = p.batch * p.seq;
+  const int64_t hq = p.t[0].heads, hall = hq + p.t[1].heads;
+  const int64_t i0 = (int64_t)item * NP; /* first pair of the item */
+  const int64_t e0 = (int64_t)item * V;  /* first element of the item (of x1 for NeoX) */
+  const int wpb = blockDim.x >> 5;
+  extern __shared__ float rope_cs[]; /* [warps][rd] */
+  float *cs = rope_cs + (threadIdx.x >> 5) * rd;
+  for (int64_t tok = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); tok < tokens;
+       tok += (int64_t)gridDim.x * wpb) {
+    const int64_t b = tok / p.seq, s = tok - b * p.seq;
+    const int64_t pi = b * p.pos_sb + s * p.pos_ss;
+    const int64_t pos = p.pos_is_i64 ? static_cast<const int64_t *>(p.positions)[pi]
+                                     : (int64_t) static_cast<const int32_t *>(p.positions)[pi];
+    /* the token's cos / sin, made once by the warp's lanes (half / 32 pairs each) into
+     * the warp's slice of shared memory: [cos 0..half) [sin 0..half) */
+    __syncwarp(); /* the previous token's readers are done */
+    for (int64_t i = lane; i < half; i += 32) {
+      float c, sn;
+      if (p.cache) {
+        if (pos >= 0 && pos < p.max_position) {
+          const float *row = p.cache + pos * rd;
+          c = row[i];
+          sn = row[half + i];
+        } else {
+          c = sn = __int_as_float(0x7fc00000);
+        }
+      } else {
+        rope_cos_sin(p, pos, i, &c, &sn);
+      }
+      cs[i] = c;
+      cs[half + i] = p.inverse ? -sn : sn;
+    }
+    __syncwarp();
+    /* head h of the token (q heads, then k heads): element e0 of its row */
+    auto head = [&](int64_t h, const T **in, T **out) {
+      const bool isk = h >= hq;
+      const rope_heads_dev &hd = p.t[isk ? 1 : 0];
+      const int64_t hh = isk ? h - hq : h;
+      *in = static_cast<const T *>(hd.in) + b * hd.in_sb + s * hd.in_ss + hh * hd.in_sh + e0;
+      *out = static_cast<T *>(hd.out) + b * hd.out_sb + s * hd.out_ss + hh * hd.out_sh + e0;
+    };
+    for (int64_t h0 = hl; h0 < hall; h0 += HPW * U) {
+      raw16 x1[U], x2[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t h = h0 + u * HPW;
+        if (h < hall) {
+          const T *in;
+          T *out;
+          head(h, &in, &out);
+          x1[u].u = __ldcs(reinterpret_cast<const uint4 *>(in));
+          if (MODE == OT_ROPE_NEOX) x2[u].u = __ldcs(reinterpret_cast<const uint4 *>(in + half));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t h = h0 + u * HPW;
+        if (h >= hall) break;
+        const T *in;
+        T *out;
+        head(h, &in, &out);
+        float a[V], y1[V], c[NP], sn[NP];
+        if (NP % 4 == 0) { /* 16-byte shared loads: i0 and half are multiples of 4 */
+#pragma unroll
+          for (int j = 0; j < NP; j += 4) {
+            const float4 cv = *reinterpret_cast<const float4 *>(cs + i0 + j);
+            const float4 sv = *reinterpret_cast<const float4 *>(cs + half + i0 + j);
+            c[j] = cv.x, c[j + 1] = cv.y, c[j + 2] = cv.z, c[j + 3] = cv.w;
+            sn[j] = sv.x, sn[j + 1] = sv.y, sn[j + 2] = sv.z, sn[j + 3] = sv.w;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < NP; j++) c[j] = cs[i0 + j], sn[j] = cs[half + i0 + j];
+        }
+        unpack<T>(a, x1[u]);
+        if (MODE == OT_ROPE_NEOX) {
+          float bv[V], y2[V];
+          unpack<T>(bv, x2[u]);
+#pragma unroll
+          for (int j = 0; j < V; j++) rope_rotate(a[j], bv[j], c[j], sn[j], &y1[j], &y2[j]);
+          store_vec(out, y1);
+          store_vec(out + half, y2);
+        } else {
+#pragma unroll
+          for (int j = 0; j < V; j += 2)
+            rope_rotate(a[j], a[j + 1], c[j / 2], sn[j / 2], &y1[j], &y1[j + 1]);
+          store_vec(out, y1);
+        }
+      }
+    }
+  }
+}
+
+/* The warp kernel's items per head for this call, or 0 when it does not apply. */
+template <typename T>
+static int rope_warp_iph(const rope_params &p, ot_rope_mode mode) {
+  constexpr int V = vec_width<T>::value;
+  if (!rope_can_vectorize<T>(p, mode)) return 0;
+  const int64_t iph = (mode == OT_ROPE_NEOX ? p.half : p.rotary_dim) / V;
+  if (iph != 4 && iph != 8 && iph != 16) return 0;
+  if (p.rotary_dim != p.head_dim) {
+    for (int w = 0; w < 2; w++) {
+      const rope_heads_dev &h = p.t[w];
+      if (h.heads && !(h.in == h.out && h.in_sb == h.out_sb && h.in_ss == h.out_ss &&
+                       h.in_sh == h.out_sh))
+        return 0; /* out of place: features [rd, D) must be copied (v1 does) */
+    }
+  }
+  const char *env = getenv("OT_ROPE_IMPL");
+  if (env && strcmp(env, "v1") == 0) return 0;
+  return (int)iph;
+}
+
 template <typename T>
 static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStream_t stream) {
   const int64_t tokens = p.batch * p.seq;
   if (tokens == 0) return cudaSuccess;
+  const int iph = rope_warp_iph<T>(p, mode);
+  if (iph) {
+    const int64_t blocks = (tokens + 7) / 8;
+    const dim3 g2((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff)), b2(256);
+    const size_t sm2 = 8 * (size_t)p.rotary_dim * sizeof(float); /* rd <= 512: 16 KB */
+#define OT_ROPE_WARP(M)                                                                  \
+  (iph == 4 ? rope_warp_kernel<T, M, 4><<<g2, b2, sm2, stream>>>(p)                      \
+            : iph == 8 ? rope_warp_kernel<T, M, 8><<<g2, b2, sm2, stream>>>(p)           \
+                       : rope_warp_kernel<T, M, 16><<<g2, b2, sm2, stream>>>(p))
+    if (mode == OT_ROPE_NEOX) OT_ROPE_WARP(OT_ROPE_NEOX);
+    else OT_ROPE_WARP(OT_ROPE_GPTJ);
+#undef OT_ROPE_WARP
+    return cudaGetLastError();
+  }
   const bool vec = rope_can_vectorize<T>(p, mode);
   const size_t smem = (size_t)p.rotary_dim * sizeof(float);
   const int64_t grid = tokens < 0x7fffffff ? tokens : 0x7fffffff;
