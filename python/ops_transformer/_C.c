@@ -524,6 +524,114 @@ static PyObject *py_linear_backward(PyObject *self, PyObject *const *args, Py_ss
                             TS(c, 5)));
 }
 
+/* (stream, ignore_index, label_smoothing, reduction, chunk_tokens, hidden, weight, labels,
+ *  loss, dhidden, dweight, workspace) */
+static PyObject *py_linear_cross_entropy(PyObject *self, PyObject *const *args,
+                                         Py_ssize_t nargs) {
+  PARSE(c, "linear_cross_entropy", "LfiLTTTTTTT");
+  ot_linear_cross_entropy_params p = ot_linear_cross_entropy_default_params();
+  p.ce = ce_params(&c);
+  p.chunk_tokens = (int64_t)c.i[2];
+  RUN(c, ot_linear_cross_entropy(c.ctx, &p, TS(c, 0), TS(c, 1), TS(c, 2), TS(c, 3), TS(c, 4),
+                                 TS(c, 5), TS(c, 6)));
+}
+
+/* (tokens, hidden_size, vocab_size, dtype_code, dtype_bits, chunk_tokens) -> bytes */
+static PyObject *py_linear_cross_entropy_workspace_size(PyObject *self, PyObject *args) {
+  long long T, H, V, chunk;
+  int code, bits;
+  if (!PyArg_ParseTuple(args, "LLLiiL", &T, &H, &V, &code, &bits, &chunk)) return NULL;
+  ot_linear_cross_entropy_params p = ot_linear_cross_entropy_default_params();
+  p.chunk_tokens = chunk;
+  DLDataType dt = {(uint8_t)code, (uint8_t)bits, 1};
+  size_t bytes = 0;
+  ot_status st = ot_linear_cross_entropy_workspace_size(&p, T, H, V, dt, &bytes);
+  if (st != OT_OK) return raise_status(st);
+  return PyLong_FromSize_t(bytes);
+}
+
+/* (stream, lr, beta1, beta2, eps, weight_decay, step, params, grads, exp_avg, exp_avg_sq,
+ *  master_params or None): the lists are sequences of tensors of equal length. */
+static PyObject *py_adamw_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  static const char op[] = "adamw_step";
+  if (nargs != 12) {
+    PyErr_Format(PyExc_TypeError, "%s() takes 12 arguments (%zd given)", op, nargs);
+    return NULL;
+  }
+  ot_adamw_params hp = ot_adamw_default_params();
+  double f[5];
+  for (int k = 0; k < 5; k++) {
+    f[k] = PyFloat_AsDouble(args[1 + k]);
+    if (f[k] == -1.0 && PyErr_Occurred()) return NULL;
+  }
+  hp.lr = (float)f[0];
+  hp.beta1 = (float)f[1];
+  hp.beta2 = (float)f[2];
+  hp.eps = (float)f[3];
+  hp.weight_decay = (float)f[4];
+  hp.step = (int64_t)PyLong_AsLongLong(args[6]);
+  if (hp.step == -1 && PyErr_Occurred()) return NULL;
+  const int nlists = args[11] == Py_None ? 4 : 5;
+  PyObject *fast[5] = {NULL, NULL, NULL, NULL, NULL};
+  Py_ssize_t n = -1;
+  for (int l = 0; l < nlists; l++) {
+    fast[l] = PySequence_Fast(args[7 + l], "adamw_step: expected a sequence of tensors");
+    if (!fast[l]) goto fail_lists;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(fast[l]);
+    if (n >= 0 && len != n) {
+      PyErr_Format(PyExc_ValueError, "adamw_step: list %d has %zd tensors, list 0 has %zd", l,
+                   len, n);
+      goto fail_lists;
+    }
+    n = len;
+  }
+  if (n > INT32_MAX) {
+    PyErr_SetString(PyExc_ValueError, "adamw_step: too many tensors");
+    goto fail_lists;
+  }
+  {
+    tensor_arg *ta = (tensor_arg *)calloc((size_t)(n * nlists + 1), sizeof *ta);
+    const DLTensor **dl = (const DLTensor **)calloc((size_t)(n * 5 + 1), sizeof *dl);
+    ot_context *ctx = NULL;
+    ot_status st = OT_OK;
+    int ok = ta && dl;
+    if (!ok) PyErr_NoMemory();
+    for (int l = 0; ok && l < nlists; l++)
+      for (Py_ssize_t i = 0; ok && i < n; i++) {
+        tensor_arg *a = &ta[l * n + i];
+        if (tensor_from(op, 7 + l, PySequence_Fast_GET_ITEM(fast[l], i), a) < 0) ok = 0;
+        else dl[l * n + i] = T(a);
+      }
+    if (ok && n > 0) {
+      DLDevice dev = ta[0].present ? ta[0].t.device : (DLDevice){kDLCPU, 0};
+      ctx = context_for(op, dev, args[0]);
+      ok = ctx != NULL;
+    }
+    if (ok) {
+      if (n == 0) ctx = cpu_context;
+      const DLTensor *const *lists[5] = {dl, dl + n, dl + 2 * n, dl + 3 * n,
+                                         nlists == 5 ? dl + 4 * n : NULL};
+      if (ot_context_device(ctx).device_type == kDLCPU) {
+        Py_BEGIN_ALLOW_THREADS st = ot_adamw_step(ctx, &hp, (int)n, lists[0], lists[1],
+                                                  lists[2], lists[3], lists[4]);
+        Py_END_ALLOW_THREADS
+      } else {
+        st = ot_adamw_step(ctx, &hp, (int)n, lists[0], lists[1], lists[2], lists[3], lists[4]);
+      }
+    }
+    for (Py_ssize_t k = 0; ta && k < n * nlists; k++) Py_CLEAR(ta[k].keep);
+    free(ta);
+    free(dl);
+    for (int l = 0; l < 5; l++) Py_XDECREF(fast[l]);
+    if (!ok) return NULL;
+    if (st != OT_OK) return raise_status(st);
+    Py_RETURN_NONE;
+  }
+fail_lists:
+  for (int l = 0; l < 5; l++) Py_XDECREF(fast[l]);
+  return NULL;
+}
+
 /* The C-side baseline of bench_binding.py: the mean time in ns of one call of
  * ot_softmax_forward (which = 0) or ot_rmsnorm_forward (which = 1) on a float32
  * [1, n] tensor, made from C in a loop of `iters` calls; wall-clock time, or the
@@ -607,6 +715,10 @@ static PyMethodDef methods[] = {
     FAST("attention_backward", py_attention_backward, NULL),
     FAST("linear_forward", py_linear_forward, NULL),
     FAST("linear_backward", py_linear_backward, NULL),
+    FAST("linear_cross_entropy", py_linear_cross_entropy, NULL),
+    {"linear_cross_entropy_workspace_size", py_linear_cross_entropy_workspace_size, METH_VARARGS,
+     "Bytes of workspace of ot_linear_cross_entropy (T, H, V, dtype code, bits, chunk)."},
+    FAST("adamw_step", py_adamw_step, NULL),
     {"_register_torch", py_register_torch, METH_VARARGS,
      "_register_torch(torch.Tensor, {dtype: (dlpack_code, bits)}, stream_of): enable the\n"
      "torch fast path; stream_of(ordinal) returns torch's current CUDA stream as an int;\n"

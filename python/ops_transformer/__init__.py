@@ -6,7 +6,8 @@
 
 Functions (see each docstring for shapes): rms_norm, layer_norm (both with a fused
 residual add), rope, swiglu, geglu, softmax, cross_entropy, attention (dense BSHD and
-packed varlen), linear, and the plain bindings of their backward ops (``*_backward``).
+packed varlen), linear, linear_cross_entropy (the LM head's loss without the
+logits), adamw_step, and the plain bindings of their backward ops (``*_backward``).
 With torch installed each op is also ``torch.ops.ops_transformer.<name>``, with fake
 implementations (torch.compile) and autograd through the library's backward ops.
 
@@ -33,6 +34,7 @@ if _torch is not None:
     from . import _torch_ops  # noqa: F401  (registers torch.ops.ops_transformer.*)
     from .patch import patch_llama, patch_model, unpatch  # noqa: F401  (HF transformers)
     from .replace import Unsupported, custom_op, sdpa  # noqa: F401
+    from . import optim  # noqa: F401  (ops_transformer.optim.AdamW)
 
 __version__ = _C.version()
 

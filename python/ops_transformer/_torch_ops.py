@@ -495,3 +495,59 @@ def _linear_bwd(ctx, dy):
 
 
 linear.register_autograd(_linear_bwd, setup_context=_linear_setup)
+
+
+# ---------------------------------------------------------------------------------
+# Fused linear + cross-entropy: the gradients are computed in the forward call (the
+# logits never exist); the backward scales them by the incoming gradient.
+# ---------------------------------------------------------------------------------
+
+@torch.library.custom_op(f"{_LIB}::linear_cross_entropy", mutates_args=())
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int,
+                         label_smoothing: float, reduction: int, chunk_tokens: int,
+                         need_dhidden: bool, need_dweight: bool,
+                         accumulate_fp32: bool) -> tuple[Tensor, Tensor, Tensor]:
+    from .ops import _lce_workspace
+    hidden = _last_dim_contiguous(hidden)
+    weight = weight.contiguous()
+    loss = hidden.new_empty(_ce_loss_shape(hidden, reduction), dtype=torch.float32)
+    dh = torch.empty_like(hidden, memory_format=torch.contiguous_format) if need_dhidden \
+        else hidden.new_empty(0)
+    dw = (torch.empty_like(weight, dtype=torch.float32) if accumulate_fp32
+          else torch.empty_like(weight)) if need_dweight else hidden.new_empty(0)
+    ws = _lce_workspace(hidden, weight.shape[0], chunk_tokens)
+    _C.linear_cross_entropy(None, ignore_index, label_smoothing, reduction, chunk_tokens,
+                            hidden, weight, labels, loss, dh if need_dhidden else None,
+                            dw if need_dweight else None, ws)
+    del ws
+    if need_dweight and accumulate_fp32:
+        dw = dw.to(weight.dtype)
+    return loss, dh, dw
+
+
+@linear_cross_entropy.register_fake
+def _(hidden, weight, labels, ignore_index, label_smoothing, reduction, chunk_tokens,
+      need_dhidden, need_dweight, accumulate_fp32):
+    loss = hidden.new_empty(_ce_loss_shape(hidden, reduction), dtype=torch.float32)
+    dh = torch.empty_like(hidden, memory_format=torch.contiguous_format) if need_dhidden \
+        else hidden.new_empty(0)
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dweight \
+        else hidden.new_empty(0)
+    return loss, dh, dw
+
+
+def _lce_setup(ctx, inputs, output):
+    ctx.need = (inputs[7], inputs[8])
+    ctx.save_for_backward(output[1], output[2])
+    ctx.mark_non_differentiable(output[1], output[2])
+
+
+def _lce_bwd(ctx, dloss, ddh, ddw):
+    dh, dw = ctx.saved_tensors
+    g = _grad(dloss).to(torch.float32)
+    gh = (dh * g).to(dh.dtype) if ctx.need[0] else None
+    gw = (dw * g).to(dw.dtype) if ctx.need[1] else None
+    return gh, gw, None, None, None, None, None, None, None, None
+
+
+linear_cross_entropy.register_autograd(_lce_bwd, setup_context=_lce_setup)

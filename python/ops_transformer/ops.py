@@ -41,6 +41,7 @@ __all__ = [
     "rope", "rope_backward", "swiglu", "geglu", "glu_backward",
     "softmax", "softmax_backward", "cross_entropy", "cross_entropy_backward",
     "attention", "attention_backward", "linear", "linear_backward",
+    "linear_cross_entropy", "adamw_step",
 ]
 
 # ot_glu_kind, ot_reduction, ot_rope_mode
@@ -521,3 +522,86 @@ def linear_backward(dy, x, weight, *, need_dx=True, need_dweight=True, need_dbia
     db = _empty(dy, (dy.shape[-1],)) if need_dbias else None
     _C.linear_backward(None, dy, x, weight, dx, dw, db)
     return dx, dw, db
+
+
+# ---------------------------------------------------------------------------------
+# Fused linear + cross-entropy
+# ---------------------------------------------------------------------------------
+
+def _lce_workspace(hidden, V, chunk_tokens):
+    """The op's workspace as an int32 tensor of hidden's kind and device."""
+    code, bits = _DLPACK_CODES[hidden.dtype] if not isinstance(hidden, _np.ndarray) \
+        else ((4, 16) if str(hidden.dtype) == "bfloat16" else (2, hidden.dtype.itemsize * 8))
+    n = _C.linear_cross_entropy_workspace_size(hidden.shape[0], hidden.shape[1], V, code, bits,
+                                               int(chunk_tokens))
+    if isinstance(hidden, _np.ndarray):
+        return _np.empty((n + 3) // 4, dtype=_np.int32)
+    return hidden.new_empty(((n + 3) // 4,), dtype=_torch.int32)
+
+
+def linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, label_smoothing=0.0,
+                         reduction="mean", chunk_tokens=0, accumulate_fp32=False):
+    """``cross_entropy(hidden @ weight.T, labels)`` without materializing the logits.
+
+    The tokens are processed in chunks of ``chunk_tokens`` rows (0: as many as fit
+    256 MiB of logits); per chunk the logits GEMM, the cross-entropy and -- when autograd
+    needs them -- the gradients of hidden and weight are computed at once, in the
+    forward call (the backward only scales them by the incoming gradient). Extra memory:
+    chunk x V logits in hidden's dtype plus O(T) floats.
+
+    Parameters
+    ----------
+    hidden : tensor [..., H] (float32 / float16 / bfloat16)
+    weight : tensor [V, H], hidden's dtype (the LM head / tied embedding)
+    labels : int32 / int64 tensor with hidden's leading shape
+    ignore_index, label_smoothing, reduction : as :func:`cross_entropy` (gradients need
+        'mean' or 'sum')
+    chunk_tokens : int, tokens per chunk (0 = default)
+    accumulate_fp32 : bool, accumulate weight's gradient in float32 (an extra V x H
+        float32 buffer) instead of rounding each chunk's sum into weight's dtype
+
+    Returns
+    -------
+    loss : float32, 0-d for 'mean' / 'sum', labels' shape for 'none'.
+    """
+    hidden = _arr(hidden, "hidden")
+    weight = _arr(weight, "weight")
+    labels = _arr(labels, "labels")
+    red = _reduction(reduction)
+    lead = tuple(labels.shape)
+    if hidden.ndim != 2:
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        labels = labels.reshape(-1)
+    if _autograd(hidden, weight):
+        need_dh = bool(hidden.requires_grad)
+        need_dw = bool(weight.requires_grad)
+        if red == 2 and (need_dh or need_dw):
+            raise Error("ops_transformer.linear_cross_entropy: reduction='none' has no "
+                        "gradient; use 'mean' or 'sum'")
+        loss, _, _ = _ops().linear_cross_entropy(hidden, weight, labels, int(ignore_index),
+                                                 float(label_smoothing), red,
+                                                 int(chunk_tokens), need_dh, need_dw,
+                                                 bool(accumulate_fp32))
+    else:
+        loss = _empty(hidden, (hidden.shape[0],) if red == 2 else (), float32=True)
+        ws = _lce_workspace(hidden, weight.shape[0], chunk_tokens)
+        _C.linear_cross_entropy(None, ignore_index, label_smoothing, red, chunk_tokens,
+                                hidden, weight, labels, loss, None, None, ws)
+    if red == 2 and loss.shape != lead:
+        loss = loss.reshape(lead)
+    return loss
+
+
+# ---------------------------------------------------------------------------------
+# Optimizer step
+# ---------------------------------------------------------------------------------
+
+def adamw_step(params, grads, exp_avg, exp_avg_sq, *, lr, betas=(0.9, 0.999), eps=1e-8,
+               weight_decay=1e-2, step, master_params=None):
+    """One AdamW step (``torch.optim.AdamW``'s update) over lists of tensors, in place,
+    in a few kernel launches: see ``ot_adamw_step`` in the C header for the dtypes.
+    ``step`` is the number of this step (1 for the first); ``master_params`` an optional
+    list of float32 master weights of low-precision ``params``."""
+    _C.adamw_step(None, float(lr), float(betas[0]), float(betas[1]), float(eps),
+                  float(weight_decay), int(step), list(params), list(grads), list(exp_avg),
+                  list(exp_avg_sq), None if master_params is None else list(master_params))

@@ -1,0 +1,78 @@
+"""ops_transformer.optim.AdamW against torch.optim.AdamW (CPU)."""
+
+import pytest
+import torch
+
+import ops_transformer as ot
+import ops_transformer.optim
+
+
+def _params(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(1,), (3,), (17, 5), (70000,), (2, 3, 4)]
+    return [torch.randn(s, generator=g).to(dtype).requires_grad_() for s in shapes]
+
+
+def _grads(params, step):
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(p.shape, generator=g).to(p.dtype) for p in params]
+
+
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_adamw_matches_torch_fp32(wd):
+    ours = _params()
+    ref = [p.detach().clone().requires_grad_() for p in ours]
+    kw = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-6, weight_decay=wd)
+    o1 = ops_transformer.optim.AdamW(ours, **kw)
+    o2 = torch.optim.AdamW(ref, foreach=False, **kw)
+    for step in range(5):
+        for p, q, g in zip(ours, ref, _grads(ours, step)):
+            p.grad = g.clone()
+            q.grad = g.clone()
+        o1.step()
+        o2.step()
+    for p, q in zip(ours, ref):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+        s1, s2 = o1.state[p], o2.state[q]
+        torch.testing.assert_close(s1["exp_avg"], s2["exp_avg"], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(s1["exp_avg_sq"], s2["exp_avg_sq"], rtol=1e-5, atol=1e-9)
+        assert s1["step"] == 5
+
+
+def test_adamw_master_weights_bf16():
+    ours = _params(torch.bfloat16)
+    ref = [p.detach().float().requires_grad_() for p in ours]
+    kw = dict(lr=1e-2, weight_decay=0.01)
+    o1 = ops_transformer.optim.AdamW(ours, master_weights=True, **kw)
+    o2 = torch.optim.AdamW(ref, foreach=False, **kw)
+    for step in range(3):
+        for p, q, g in zip(ours, ref, _grads(ours, step)):
+            p.grad = g.clone()
+            q.grad = g.float()
+        o1.step()
+        o2.step()
+    for p, q in zip(ours, ref):
+        m = o1.state[p]["master"]
+        assert m.dtype == torch.float32
+        torch.testing.assert_close(m, q.detach(), rtol=1e-5, atol=1e-6)
+        assert torch.equal(p.detach(), m.to(torch.bfloat16))
+
+
+def test_adamw_skips_params_without_grad_and_groups():
+    a, b = torch.randn(4, requires_grad=True), torch.randn(3, requires_grad=True)
+    before = b.detach().clone()
+    opt = ops_transformer.optim.AdamW([{"params": [a]}, {"params": [b], "lr": 0.5}])
+    a.grad = torch.randn(4)
+    opt.step()
+    assert torch.equal(b.detach(), before)
+    assert opt.state[a]["step"] == 1 and len(opt.state[b]) == 0
+
+
+def test_adamw_step_errors():
+    p = torch.randn(4)
+    with pytest.raises(ot.Error, match="beta1"):
+        ot.adamw_step([p], [p.clone()], [torch.zeros(4)], [torch.zeros(4)], lr=1e-3,
+                      betas=(1.0, 0.9), step=1)
+    with pytest.raises(ot.Error, match="grads\\[0\\]"):
+        ot.adamw_step([p], [torch.zeros(5)], [torch.zeros(4)], [torch.zeros(4)], lr=1e-3,
+                      step=1)
