@@ -59,12 +59,12 @@ if [ $rc -eq 124 ]; then echo "SMOKE TIMED OUT (hang)"; exit 2; fi
 
 if has check; then
   stamp "check"
-  timeout 150 $B --check >"$OUT/check.log" 2>&1
+  timeout 100 $B --check >"$OUT/check.log" 2>&1
   echo "check rc=$?"; grep -E 'FAIL|check:|Error|error' "$OUT/check.log" | head -40
 fi
 if has bench; then
   stamp "bench"
-  timeout 240 $B --bench --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
+  timeout 170 $B --bench --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
     --command "scripts/device_bench_attention.sh $COMMIT $STEPS" >"$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E 'GEMM|attention_fwd|variant|failed|Error|not available' "$OUT/bench.log" | cut -c1-150
 fi
@@ -75,9 +75,9 @@ if has res; then
   cat "$OUT/res.txt" | cut -c1-200
 fi
 if has sanitize; then
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${TOOLS:-memcheck racecheck synccheck}; do
     stamp "compute-sanitizer $tool"
-    timeout 90 compute-sanitizer --tool $tool --print-limit 10 $B --sanitize >"$OUT/$tool.log" 2>&1
+    timeout 60 compute-sanitizer --tool $tool --print-limit 10 $B --sanitize >"$OUT/$tool.log" 2>&1
     echo "$tool rc=$?"; grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize run|Invalid|hazard' "$OUT/$tool.log" | head -8
   done
 fi

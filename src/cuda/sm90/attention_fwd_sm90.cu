@@ -62,6 +62,7 @@ struct fwd_params {
   int64_t o_bs, o_ts, o_hs;       /* elements */
   int64_t l_bs, l_ts, l_hs;
   int sq, sk, hq, group;          /* group = hq / hkv */
+  int batch, num_m;               /* num_m = ceil(sq / 128) query tiles */
   int wl, wr;                     /* -1 unbounded */
   float scale, scale_log2;
 };
@@ -154,9 +155,32 @@ template <typename T> struct is_half { static constexpr bool value = false; };
 template <> struct is_half<__half> { static constexpr bool value = true; };
 
 /* Barrier slots in shared memory (8 bytes each). */
-enum { BAR_Q = 0, BAR_FULL_K = 1, BAR_EMPTY_K = 3, BAR_FULL_V = 5, BAR_EMPTY_V = 7 };
+enum { BAR_FULL_Q = 0, BAR_EMPTY_Q = 1, BAR_FULL_K = 2, BAR_EMPTY_K = 4, BAR_FULL_V = 6,
+       BAR_EMPTY_V = 8 };
 constexpr int kSchedBar = 8;          /* named barriers 8, 9: pingpong turns of consumer 0, 1 */
 constexpr int kEmptyCount = 8;        /* lane 0 of each consumer warp releases a stage */
+
+/* Tile t of the launch: m fastest (the CTAs running at once share K/V in L2); with a
+ * right-bounded mask (causal) the longest query tiles of a head first. */
+struct tile_info {
+  int m_block, head, batch, n_min, n_max, row_last;
+};
+template <int BC>
+__device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
+  tile_info ti;
+  const int mi = t % p.num_m, hb = t / p.num_m;
+  ti.m_block = p.wr >= 0 ? p.num_m - 1 - mi : mi;
+  ti.head = hb % p.hq;
+  ti.batch = hb / p.hq;
+  const int off = p.sk - p.sq;   /* bottom-right alignment of the masks */
+  /* Key tiles [n_min, n_max) that any row of this query tile sees. */
+  ti.row_last = min(ti.m_block * kBr + kBr - 1, p.sq - 1);
+  ti.n_max = (p.sk + BC - 1) / BC;
+  if (p.wr >= 0) ti.n_max = min(ti.n_max, floor_div(ti.row_last + off + p.wr, BC) + 1);
+  ti.n_min = 0;
+  if (p.wl >= 0) ti.n_min = max(0, floor_div(ti.m_block * kBr + off - p.wl, BC));
+  return ti;
+}
 
 template <typename T, int D, int BC>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -173,22 +197,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t s_base = smem_u32(smem);
   const uint32_t s_bar = s_base + L::bar_off;
   auto bar = [&](int i) { return s_bar + 8u * (uint32_t)i; };
-
-  const int m_block = p.wr >= 0 ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int off = p.sk - p.sq;   /* bottom-right alignment of the masks */
-  /* Key tiles [n_min, n_max) that any row of this query tile sees. */
-  const int row_last = min(m_block * kBr + kBr - 1, p.sq - 1);
-  int n_max = (p.sk + BC - 1) / BC;
-  if (p.wr >= 0) n_max = min(n_max, floor_div(row_last + off + p.wr, BC) + 1);
-  int n_min = 0;
-  if (p.wl >= 0) n_min = max(0, floor_div(m_block * kBr + off - p.wl, BC));
-  const int n_iters = n_max - n_min;
+  const int n_tiles = p.num_m * p.hq * p.batch;
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   if (tid == 0) {
-    mbar_init(bar(BAR_Q), 1);
+    mbar_init(bar(BAR_FULL_Q), 1);
+    mbar_init(bar(BAR_EMPTY_Q), kEmptyCount);
     for (int s = 0; s < kStages; s++) {
       mbar_init(bar(BAR_FULL_K + s), 1);
       mbar_init(bar(BAR_FULL_V + s), 1);
@@ -199,28 +214,40 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  /* Ring positions run on across the tiles of a persistent CTA: kv counts K (and V) tiles
+   * loaded so far, qn the query tiles. Producer and consumers advance them identically. */
   if (wg == 0) {
     /* ---------------- producer ---------------- */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (tid != 0 || n_iters <= 0) return;
-    const int kvh = head / p.group;
-    mbar_expect_tx(bar(BAR_Q), (uint32_t)L::q_bytes);
-    tma_load_5d(s_base + L::q_off, &tm_q, bar(BAR_Q), 0, m_block * kBr, 0, head, batch);
-    for (int it = 0; it <= n_iters; it++) {
-      if (it < n_iters) {
-        const int s = it % kStages;
-        mbar_wait(bar(BAR_EMPTY_K + s), ((it / kStages) & 1) ^ 1);
-        mbar_expect_tx(bar(BAR_FULL_K + s), (uint32_t)L::kv_bytes);
-        tma_load_5d(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s), 0,
-                    (n_max - 1 - it) * BC, 0, kvh, batch);
+    if (tid != 0) return;
+    int kv = 0, qn = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+      const tile_info ti = decode_tile<BC>(p, t);
+      const int n_iters = ti.n_max - ti.n_min;
+      if (n_iters <= 0) continue;
+      const int kvh = ti.head / p.group;
+      if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
+      mbar_expect_tx(bar(BAR_FULL_Q), (uint32_t)L::q_bytes);
+      tma_load_5d(s_base + L::q_off, &tm_q, bar(BAR_FULL_Q), 0, ti.m_block * kBr, 0, ti.head,
+                  ti.batch);
+      qn++;
+      for (int it = 0; it <= n_iters; it++) {
+        if (it < n_iters) {
+          const int g = kv + it, s = g % kStages;
+          mbar_wait(bar(BAR_EMPTY_K + s), ((g / kStages) & 1) ^ 1);
+          mbar_expect_tx(bar(BAR_FULL_K + s), (uint32_t)L::kv_bytes);
+          tma_load_5d(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s), 0,
+                      (ti.n_max - 1 - it) * BC, 0, kvh, ti.batch);
+        }
+        if (it > 0) {
+          const int g = kv + it - 1, s = g % kStages;
+          mbar_wait(bar(BAR_EMPTY_V + s), ((g / kStages) & 1) ^ 1);
+          mbar_expect_tx(bar(BAR_FULL_V + s), (uint32_t)L::kv_bytes);
+          tma_load_5d(s_base + L::v_off + s * L::kv_bytes, &tm_v, bar(BAR_FULL_V + s), 0,
+                      (ti.n_max - it) * BC, 0, kvh, ti.batch);
+        }
       }
-      if (it > 0) {
-        const int iv = it - 1, s = iv % kStages;
-        mbar_wait(bar(BAR_EMPTY_V + s), ((iv / kStages) & 1) ^ 1);
-        mbar_expect_tx(bar(BAR_FULL_V + s), (uint32_t)L::kv_bytes);
-        tma_load_5d(s_base + L::v_off + s * L::kv_bytes, &tm_v, bar(BAR_FULL_V + s), 0,
-                    (n_max - 1 - iv) * BC, 0, kvh, batch);
-      }
+      kv += n_iters;
     }
     return;
   }
@@ -228,178 +255,189 @@ __global__ void __launch_bounds__(kThreads, 1)
   /* ---------------- consumers ---------------- */
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
   const int c = wg - 1;                  /* consumer index 0 / 1 */
-  const int t = tid % 128;
-  const int warp = t / 32, lane = t % 32, g = lane / 4, q4 = lane % 4;
-  const int row0 = m_block * kBr + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
+  const int t128 = tid % 128;
+  const int warp = t128 / 32, lane = t128 % 32, g = lane / 4, q4 = lane % 4;
   const bool releaser = lane == 0;
+  const float cl2 = p.scale_log2;
+  const int off = p.sk - p.sq;
+  const int my_bar = kSchedBar + c, other_bar = kSchedBar + 1 - c;
+  if (c == 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
+  int kv = 0, qn = 0;
 
-  float o[NO];
+  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    const tile_info ti = decode_tile<BC>(p, t);
+    const int n_iters = ti.n_max - ti.n_min, n_max = ti.n_max;
+    const int row0 = ti.m_block * kBr + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
+    float o[NO];
 #pragma unroll
-  for (int i = 0; i < NO; i++) o[i] = 0.f;
-  float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    for (int i = 0; i < NO; i++) o[i] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
 
-  if (n_iters > 0) {
-    float s[NS];
-    uint32_t pr[NP];
-    float alpha[2] = {1.f, 1.f};
-    const float cl2 = p.scale_log2;
-    /* Visible key range of the two rows (sequence frame), for the element mask. */
-    int hi[2], lo[2];
+    if (n_iters > 0) {
+      float s[NS];
+      uint32_t pr[NP];
+      float alpha[2] = {1.f, 1.f};
+      /* Visible key range of the two rows (sequence frame), for the element mask. */
+      int hi[2], lo[2];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int r = row0 + 8 * h;
+        hi[h] = p.wr >= 0 ? min(p.sk - 1, r + off + p.wr) : p.sk - 1;
+        lo[h] = p.wl >= 0 ? r + off - p.wl : INT32_MIN;
+      }
+      const int tile_row_first = ti.m_block * kBr, row_last = ti.row_last;
+      auto needs_mask = [&](int n) {
+        return (n + 1) * BC > p.sk ||
+               (p.wr >= 0 && (n + 1) * BC - 1 > tile_row_first + off + p.wr) ||
+               (p.wl >= 0 && n * BC < row_last + off - p.wl);
+      };
+      const uint64_t q_desc = make_desc(s_base + L::q_off + c * 64 * 128, 16, 1024);
+      auto issue_qk = [&](int stage) {
+        const uint64_t k_desc = make_desc(s_base + L::k_off + stage * L::kv_bytes, 16, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+          const uint32_t oq = (kk / 4) * (kBr * 128) + (kk % 4) * 32;
+          const uint32_t ok = (kk / 4) * (BC * 128) + (kk % 4) * 32;
+          wgmma_ss<BC, F16>::run(s, q_desc + (oq >> 4), k_desc + (ok >> 4), kk > 0);
+        }
+        wgmma_commit();
+      };
+      auto issue_pv = [&](int stage) {
+        const uint64_t v_desc =
+            make_desc(s_base + L::v_off + stage * L::kv_bytes, BC * 128, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++)
+          wgmma_rs<D, F16>::run(o, &pr[4 * kk], v_desc + ((kk * 2048) >> 4), 1);
+        wgmma_commit();
+      };
+      /* Mask, then the online softmax of one S tile: s becomes P (unnormalised, fp32),
+       * alpha the factor that rescales O from the previous row max to the new one. */
+      auto softmax = [&](int n, bool mask) {
+        if (mask) {
+          const int col0 = n * BC + 2 * q4;
+#pragma unroll
+          for (int i = 0; i < NS; i++) {
+            const int col = col0 + 8 * (i >> 2) + (i & 1);
+            const int h = (i >> 1) & 1;
+            if (col > hi[h] || col < lo[h]) s[i] = -INFINITY;
+          }
+        }
+        float mx[2] = {m_r[0], m_r[1]};
+#pragma unroll
+        for (int i = 0; i < NS; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+        float sum[2] = {0.f, 0.f}, ms[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+          /* A row that has seen only masked keys keeps max -inf: use 0 so that
+           * exp2(-inf - 0) = 0 instead of NaN. */
+          ms[h] = mx[h] == -INFINITY ? 0.f : mx[h] * cl2;
+          alpha[h] = m_r[h] == -INFINITY ? 0.f : ex2(m_r[h] * cl2 - ms[h]);
+          m_r[h] = mx[h];
+        }
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+          const int h = (i >> 1) & 1;
+          s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
+          sum[h] += s[i];
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) l_r[h] = l_r[h] * alpha[h] + sum[h];
+      };
+      auto convert_p = [&]() {
+#pragma unroll
+        for (int i = 0; i < NP; i++) pr[i] = pack2<F16>(s[2 * i], s[2 * i + 1]);
+      };
+      auto rescale_o = [&]() {
+#pragma unroll
+        for (int i = 0; i < NO; i++) o[i] *= alpha[(i >> 1) & 1];
+      };
+
+      /* prologue: S_0, softmax -> P_0 */
+      {
+        const int sk_ = kv % kStages, pk = (kv / kStages) & 1;
+        mbar_wait(bar(BAR_FULL_Q), qn & 1);
+        mbar_wait(bar(BAR_FULL_K + sk_), pk);
+        named_sync(my_bar, 256);
+        issue_qk(sk_);
+        named_arrive(other_bar, 256);
+        wgmma_wait<0>();
+        reg_fence<NS>(s);
+        if (releaser) mbar_arrive(bar(BAR_EMPTY_K + sk_));
+        softmax(n_max - 1, needs_mask(n_max - 1));
+        convert_p();
+      }
+      for (int it = 1; it < n_iters; it++) {
+        const int n = n_max - 1 - it;
+        const int gk = kv + it, sk_ = gk % kStages, pk = (gk / kStages) & 1;
+        const int gv = gk - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
+        mbar_wait(bar(BAR_FULL_K + sk_), pk);
+        named_sync(my_bar, 256);
+        issue_qk(sk_);
+        rescale_o();
+        mbar_wait(bar(BAR_FULL_V + sv), pv);
+        issue_pv(sv);
+        named_arrive(other_bar, 256);
+        wgmma_wait<1>();
+        reg_fence<NS>(s);
+        if (releaser) mbar_arrive(bar(BAR_EMPTY_K + sk_));
+        softmax(n, needs_mask(n));
+        wgmma_wait<0>();
+        reg_fence<NO>(o);
+        reg_fence<NP>(pr);
+        if (releaser) mbar_arrive(bar(BAR_EMPTY_V + sv));
+        convert_p();
+      }
+      /* Every Q K^T of this tile has completed: the producer may load the next Q. */
+      if (releaser) mbar_arrive(bar(BAR_EMPTY_Q));
+      {
+        const int gv = kv + n_iters - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
+        mbar_wait(bar(BAR_FULL_V + sv), pv);
+        named_sync(my_bar, 256);
+        rescale_o();
+        issue_pv(sv);
+        named_arrive(other_bar, 256);
+        wgmma_wait<0>();
+        reg_fence<NO>(o);
+        reg_fence<NP>(pr);
+        if (releaser) mbar_arrive(bar(BAR_EMPTY_V + sv));
+      }
+      kv += n_iters;
+      qn++;
+    }
+
+    /* ---------------- epilogue: O / l, lse ---------------- */
+    float inv[2], lse[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float l = l_r[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv[h] = l > 0.f ? 1.f / l : 0.f;
+      lse[h] = l > 0.f ? m_r[h] * p.scale + logf(l) : -INFINITY;
+    }
+    T *out = (T *)p.out + (int64_t)ti.batch * p.o_bs + (int64_t)ti.head * p.o_hs;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const int r = row0 + 8 * h;
-      hi[h] = p.wr >= 0 ? min(p.sk - 1, r + off + p.wr) : p.sk - 1;
-      lo[h] = p.wl >= 0 ? r + off - p.wl : INT32_MIN;
+      if (r >= p.sq) continue;
+      T *orow = out + (int64_t)r * p.o_ts + 2 * q4;
+#pragma unroll
+      for (int j = 0; j < D / 8; j++) {
+        const uint32_t v = pack2<F16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+        *(uint32_t *)(orow + 8 * j) = v;
+      }
+      if (p.lse && q4 == 0)
+        p.lse[(int64_t)ti.batch * p.l_bs + (int64_t)ti.head * p.l_hs + (int64_t)r * p.l_ts] =
+            lse[h];
     }
-    const int tile_row_first = m_block * kBr;
-    auto needs_mask = [&](int n) {
-      return (n + 1) * BC > p.sk ||
-             (p.wr >= 0 && (n + 1) * BC - 1 > tile_row_first + off + p.wr) ||
-             (p.wl >= 0 && n * BC < row_last + off - p.wl);
-    };
-    const uint64_t q_desc =
-        make_desc(s_base + L::q_off + c * 64 * 128, 16, 1024);
-    auto issue_qk = [&](int stage) {
-      const uint64_t k_desc = make_desc(s_base + L::k_off + stage * L::kv_bytes, 16, 1024);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; kk++) {
-        const uint32_t oq = (kk / 4) * (kBr * 128) + (kk % 4) * 32;
-        const uint32_t ok = (kk / 4) * (BC * 128) + (kk % 4) * 32;
-        wgmma_ss<BC, F16>::run(s, q_desc + (oq >> 4), k_desc + (ok >> 4), kk > 0);
-      }
-      wgmma_commit();
-    };
-    auto issue_pv = [&](int stage) {
-      const uint64_t v_desc =
-          make_desc(s_base + L::v_off + stage * L::kv_bytes, BC * 128, 1024);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; kk++)
-        wgmma_rs<D, F16>::run(o, &pr[4 * kk], v_desc + ((kk * 2048) >> 4), 1);
-      wgmma_commit();
-    };
-    /* Mask, then the online softmax of one S tile: s becomes P (unnormalised, fp32),
-     * alpha the factor that rescales O from the previous row max to the new one. */
-    auto softmax = [&](int n, bool mask) {
-      if (mask) {
-        const int col0 = n * BC + 2 * q4;
-#pragma unroll
-        for (int i = 0; i < NS; i++) {
-          const int col = col0 + 8 * (i >> 2) + (i & 1);
-          const int h = (i >> 1) & 1;
-          if (col > hi[h] || col < lo[h]) s[i] = -INFINITY;
-        }
-      }
-      float mx[2] = {m_r[0], m_r[1]};
-#pragma unroll
-      for (int i = 0; i < NS; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-      float sum[2] = {0.f, 0.f}, ms[2];
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        /* A row that has seen only masked keys keeps max -inf: use 0 so that
-         * exp2(-inf - 0) = 0 instead of NaN. */
-        ms[h] = mx[h] == -INFINITY ? 0.f : mx[h] * cl2;
-        alpha[h] = m_r[h] == -INFINITY ? 0.f : ex2(m_r[h] * cl2 - ms[h]);
-        m_r[h] = mx[h];
-      }
-#pragma unroll
-      for (int i = 0; i < NS; i++) {
-        const int h = (i >> 1) & 1;
-        s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
-        sum[h] += s[i];
-      }
-#pragma unroll
-      for (int h = 0; h < 2; h++) l_r[h] = l_r[h] * alpha[h] + sum[h];
-    };
-    auto convert_p = [&]() {
-#pragma unroll
-      for (int i = 0; i < NP; i++) pr[i] = pack2<F16>(s[2 * i], s[2 * i + 1]);
-    };
-    auto rescale_o = [&]() {
-#pragma unroll
-      for (int i = 0; i < NO; i++) o[i] *= alpha[(i >> 1) & 1];
-    };
-    const int my_bar = kSchedBar + c, other_bar = kSchedBar + 1 - c;
-    if (c == 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
-
-    /* prologue: S_0, softmax -> P_0 */
-    mbar_wait(bar(BAR_Q), 0);
-    mbar_wait(bar(BAR_FULL_K + 0), 0);
-    named_sync(my_bar, 256);
-    issue_qk(0);
-    named_arrive(other_bar, 256);
-    wgmma_wait<0>();
-    reg_fence<NS>(s);
-    if (releaser) mbar_arrive(bar(BAR_EMPTY_K + 0));
-    softmax(n_max - 1, needs_mask(n_max - 1));
-    convert_p();
-
-    for (int it = 1; it < n_iters; it++) {
-      const int n = n_max - 1 - it;
-      const int sk_ = it % kStages, pk = (it / kStages) & 1;
-      const int iv = it - 1, sv = iv % kStages, pv = (iv / kStages) & 1;
-      mbar_wait(bar(BAR_FULL_K + sk_), pk);
-      named_sync(my_bar, 256);
-      issue_qk(sk_);
-      rescale_o();
-      mbar_wait(bar(BAR_FULL_V + sv), pv);
-      issue_pv(sv);
-      named_arrive(other_bar, 256);
-      wgmma_wait<1>();
-      reg_fence<NS>(s);
-      if (releaser) mbar_arrive(bar(BAR_EMPTY_K + sk_));
-      softmax(n, needs_mask(n));
-      wgmma_wait<0>();
-      reg_fence<NO>(o);
-      reg_fence<NP>(pr);
-      if (releaser) mbar_arrive(bar(BAR_EMPTY_V + sv));
-      convert_p();
-    }
-    {
-      const int iv = n_iters - 1, sv = iv % kStages, pv = (iv / kStages) & 1;
-      mbar_wait(bar(BAR_FULL_V + sv), pv);
-      named_sync(my_bar, 256);
-      rescale_o();
-      issue_pv(sv);
-      named_arrive(other_bar, 256);
-      wgmma_wait<0>();
-      reg_fence<NO>(o);
-      reg_fence<NP>(pr);
-      if (releaser) mbar_arrive(bar(BAR_EMPTY_V + sv));
-    }
-    /* consumer 1 arrived once more on consumer 0's turn barrier (at the start) */
-    if (c == 0) named_sync(kSchedBar, 256);
   }
-
-  /* ---------------- epilogue: O / l, lse ---------------- */
-  float inv[2], lse[2];
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    float l = l_r[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[h] = l > 0.f ? 1.f / l : 0.f;
-    lse[h] = l > 0.f ? m_r[h] * p.scale + logf(l) : -INFINITY;
-  }
-  T *out = (T *)p.out + (int64_t)batch * p.o_bs + (int64_t)head * p.o_hs;
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int r = row0 + 8 * h;
-    if (r >= p.sq) continue;
-    T *orow = out + (int64_t)r * p.o_ts + 2 * q4;
-#pragma unroll
-    for (int j = 0; j < D / 8; j++) {
-      const uint32_t v = pack2<F16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
-      *(uint32_t *)(orow + 8 * j) = v;
-    }
-    if (p.lse && q4 == 0)
-      p.lse[(int64_t)batch * p.l_bs + (int64_t)head * p.l_hs + (int64_t)r * p.l_ts] = lse[h];
-  }
+  /* consumer 1 arrived once more on consumer 0's turn barrier (at the start) */
+  if (c == 0) named_sync(kSchedBar, 256);
 }
-
 #else
 template <typename T, int D, int BC>
 __global__ void attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
@@ -466,7 +504,14 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   auto kern = attn_fwd_sm90_kernel<T, D, BC>;
   OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          L::bytes));
-  dim3 grid((unsigned)((a->sq + kBr - 1) / kBr), (unsigned)a->hq, (unsigned)a->batch);
+  /* Unmasked tiles all cost the same: one persistent CTA per SM walks them round-robin,
+   * its epilogue overlapping the loads of its next tile. Masked (causal, window) tiles
+   * differ: one CTA per tile, longest first, and the hardware's block scheduler
+   * balances them. */
+  const int64_t n_tiles = (int64_t)p->num_m * p->hq * p->batch;
+  const int sms = ot_cuda_state_of(ctx)->sm_count;
+  const bool persistent = p->wl < 0 && p->wr < 0 && !getenv("OT_ATTN_SM90_NONPERSISTENT");
+  const unsigned grid = (unsigned)(persistent && n_tiles > sms ? sms : n_tiles);
   kern<<<grid, kThreads, L::bytes, (cudaStream_t)ctx->stream>>>(maps[0], maps[1], maps[2], *p);
   OT_CUDA_CHECK_LAUNCH(op);
   return OT_OK;
@@ -510,6 +555,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   /* int32 index arithmetic in the kernel: row + (sk - sq) + window stays below 2^31. */
   if (a->sq > (1 << 28) || a->sk > (1 << 28) || a->hq > 65535 || a->batch > 65535) return OT_OK;
   if (a->hkv <= 0 || a->hq % a->hkv != 0) return OT_OK;
+  if ((a->sq + kBr - 1) / kBr * a->hq * a->batch >= ((int64_t)1 << 31)) return OT_OK;
   if (!tma_ok(&a->q, a->batch, a->hq) || !tma_ok(&a->k, a->batch, a->hkv) ||
       !tma_ok(&a->v, a->batch, a->hkv))
     return OT_OK;
@@ -540,6 +586,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   p.sq = (int)a->sq;
   p.sk = (int)a->sk;
   p.hq = (int)a->hq;
+  p.batch = (int)a->batch;
+  p.num_m = (int)((a->sq + kBr - 1) / kBr);
   p.group = (int)(a->hq / a->hkv);
   /* A window wider than both sequences is no window. */
   p.wl = a->window_left > a->sq + a->sk ? -1 : (int)a->window_left;
