@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# scripts/device_lin.sh -- CUDA linear, softmax, AdamW and fused linear + cross-entropy on
+# the lent GPU machine (`run` executes this in the repository root; carry [".carry"] for
+# the dlpack / OpenBLAS deps, plus the prebuilt folder if any).
+#
+#   scripts/device_lin.sh [--prebuilt DIR] [COMMIT]
+#
+# Steps (logs under $OUT, default /tmp/ot_device_out; the summary table is printed last):
+#   1. build libops_transformer.so + tests/test_ops for sm_90a (scripts/device_build.sh,
+#      or inline when absent), or take DIR/libops_transformer.so and DIR/test_ops built
+#      elsewhere with the same nvcc (scripts/device_prebuild_lin: see --prebuilt below);
+#   2. test_ops --backend cuda --suite linear / softmax_ce / adamw / linear_ce (every case
+#      against the float64 references);
+#   3. compute-sanitizer memcheck on small cases of each of these kernels;
+#   4. bench/bench_linear_ce.py -> $OUT/linear_ce.json;
+#   5. summary: test and sanitizer lines, then the benchmark table.
+# OT_LIN_SKIP_SAN=1 skips step 3, OT_LIN_ONLY=<families> limits the benchmark.
+set -uo pipefail
+PREBUILT=""
+if [ "${1:-}" = "--prebuilt" ]; then PREBUILT=$2; shift 2; fi
+COMMIT=${1:-unknown}
+OUT=${OUT:-/tmp/ot_device_out}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+export PYTHONUNBUFFERED=1
+stamp "commit $COMMIT"
+
+deps() { # dlpack / OpenBLAS from .carry/deps where the system lacks them
+  if [ ! -f /usr/include/dlpack/dlpack.h ] || ! ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so'; then
+    D="$ROOT/.carry/deps"
+    DEPS_CMAKE=(-DOT_DLPACK_INCLUDE_DIR="$D/include" -DOT_CBLAS_INCLUDE_DIR="$D/include"
+                -DBLAS_openblas_LIBRARY="$D/lib/libopenblas.so")
+    export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}" LIBRARY_PATH="$D/lib:${LIBRARY_PATH:-}"
+  else
+    DEPS_CMAKE=()
+  fi
+}
+
+if [ -n "$PREBUILT" ]; then
+  deps
+  TEST=$PREBUILT/test_ops
+  LIB=$PREBUILT/libops_transformer.so
+  chmod +x "$TEST" 2>/dev/null
+else
+  stamp "build (sm_90a)"
+  TARGETS="ops_transformer ops_transformer_static test_ops"
+  if [ -f scripts/device_build.sh ]; then
+    source scripts/device_build.sh
+    ot_device_build build-dev "$TARGETS" || { echo "BUILD FAILED"; exit 1; }
+  else
+    deps
+    mkdir -p build-dev/logs
+    GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+    cmake -S . -B build-dev "${GEN[@]}" -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
+      -DOT_BUILD_TOOLS=OFF "${DEPS_CMAKE[@]}" >build-dev/logs/cmake.log 2>&1 ||
+      { tail -30 build-dev/logs/cmake.log; exit 1; }
+    TL=(); for t in $TARGETS; do TL+=(--target "$t"); done
+    cmake --build build-dev -j "$(nproc)" "${TL[@]}" >build-dev/logs/build.log 2>&1 ||
+      { grep -E -B2 -A12 'error' build-dev/logs/build.log | head -60; exit 1; }
+  fi
+  TEST=build-dev/tests/test_ops
+  LIB=build-dev/libops_transformer.so
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+
+stamp "test_ops --backend cuda"
+TLOG="$OUT/lin_tests.log"
+: >"$TLOG"
+for s in linear softmax_ce adamw linear_ce; do
+  timeout 180 "$TEST" --backend cuda --suite "$s" >>"$TLOG" 2>&1
+  echo "test_ops --suite $s rc=$?" >>"$TLOG"
+done
+
+SLOG="$OUT/lin_sanitize.log"
+: >"$SLOG"
+if [ "${OT_LIN_SKIP_SAN:-0}" != 1 ]; then
+  stamp "compute-sanitizer memcheck"
+  san() { # suite filter
+    echo "== memcheck $1 '$2'" >>"$SLOG"
+    timeout 90 compute-sanitizer --tool memcheck --print-limit 10 \
+      "$TEST" --backend cuda --suite "$1" --filter "$2" >>"$SLOG" 2>&1
+    echo "   memcheck $1 '$2' rc=$? $(grep -E 'ERROR SUMMARY' "$SLOG" | tail -1)" >>"$SLOG"
+  }
+  san linear "[17] K=64 N=33"
+  san linear "[3] K=70 N=130"
+  san softmax_ce "softmax fwd"
+  san softmax_ce "softmax bwd"
+  san adamw "many"
+  san linear_ce "T=37 H=24"
+  san linear_ce "T=7 H=16"
+fi
+
+stamp "bench/bench_linear_ce.py"
+python3 bench/bench_linear_ce.py --lib "$LIB" --only "${OT_LIN_ONLY:-linear_ce,adamw,linear,softmax}" \
+  --json "$OUT/linear_ce.json" --commit "$COMMIT" \
+  --command "bash scripts/device_lin.sh $COMMIT" >"$OUT/lin_bench.log" 2>&1
+echo "bench rc=$?" >>"$OUT/lin_bench.log"
+
+stamp "summary"
+echo "---- tests (CUDA)"
+grep -E '^FAIL' "$TLOG" | head -20
+grep -E '^cuda |rc=' "$TLOG"
+echo "---- sanitizer"
+grep -E '^   memcheck' "$SLOG"
+echo "---- benchmark"
+cat "$OUT/lin_bench.log"
