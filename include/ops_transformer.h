@@ -375,13 +375,19 @@ OT_API ot_status ot_attention_backward(ot_context *ctx, const ot_attention_param
 /*
  * y = x W^T + b.  x: [..., K]; weight: [N, K]; bias: [N] or NULL; y: [..., N].
  * x and y rows may be strided; weight must be contiguous. All one dtype; accumulation
- * in float32 (the CPU backend converts bf16 / fp16 blocks to float32 and calls BLAS).
+ * in float32 (the CPU backend converts bf16 / fp16 blocks to float32 and calls BLAS; the
+ * CUDA backend calls cuBLASLt with the bias fused into the GEMM's epilogue).
+ * float32 on CUDA: full float32 products unless the environment variable
+ * OT_MATMUL_ALLOW_TF32=1 is set when the op runs (then TF32 tensor cores, as torch's
+ * allow_tf32; read at every call, it also applies to ot_linear_cross_entropy).
  */
 OT_API ot_status ot_linear_forward(ot_context *ctx, const DLTensor *x, const DLTensor *weight,
                                    const DLTensor *bias, const DLTensor *y);
 
 /* dx = dy W (or NULL), dweight = dy^T x (or NULL), dbias = sum over rows of dy (or
- * NULL). Outputs are overwritten, not accumulated. */
+ * NULL). Outputs are overwritten, not accumulated. On CUDA dbias comes from the dweight
+ * GEMM's epilogue (cuBLASLt BGRADB) when both are asked and cuBLASLt offers it, else
+ * from a column-sum kernel (float32, fixed order). */
 OT_API ot_status ot_linear_backward(ot_context *ctx, const DLTensor *dy, const DLTensor *x,
                                     const DLTensor *weight, const DLTensor *dx,
                                     const DLTensor *dweight, const DLTensor *dbias);

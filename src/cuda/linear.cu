@@ -217,7 +217,9 @@ extern "C" ot_status ot_cuda_gemm(ot_context *ctx, const char *op, const ot_gemm
     int count = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, ds.op, ds.a, ds.b, ds.d, ds.d,
                                                       ds.pref, 1, &res, &count);
-    if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
+    /* an epilogue cuBLASLt cannot do here (any status) means: fall back */
+    if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED &&
+        g->epilogue == OT_GEMM_PLAIN)
       return lt_fail(op, "AlgoGetHeuristic", s);
     found = s == CUBLAS_STATUS_SUCCESS && count > 0;
     if (found) algo = res.algo;
