@@ -32,8 +32,6 @@ import sys
 import torch
 import torch.nn.functional as F
 
-os.environ.setdefault("OT_ATTN_SM90", "1")  # the Hopper kernel is opt-in until verified
-
 C = ctypes
 i64, vp, f32, cint = C.c_int64, C.c_void_p, C.c_float, C.c_int
 I64x3 = i64 * 3

@@ -543,9 +543,9 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                                                     bool *handled) {
   using namespace ot::sm90;
   *handled = false;
-  /* Opt-in until verified on the device: OT_ATTN_SM90=1 enables the kernel. */
+  /* OT_ATTN_SM90=0 turns the Hopper kernel off (the portable kernel runs). */
   const char *env = getenv("OT_ATTN_SM90");
-  if (!env || env[0] != '1') return OT_OK;
+  if (env && env[0] == '0') return OT_OK;
   ot_cuda_state *st = ot_cuda_state_of(ctx);
   if (!st || st->cc_major != 9 || st->cc_minor != 0) return OT_OK;
   if (a->dtype != OT_BF16 && a->dtype != OT_F16) return OT_OK;
