@@ -207,6 +207,10 @@ class Engine:
     def seq_len(self, seq: int) -> int:
         return self._lib.ote_seq_len(self._e, seq)
 
+    def free(self, seq: int):
+        """Empty a sequence slot (its KV pages go back to the pool)."""
+        self._lib.ote_seq_free(self._e, seq)
+
     @property
     def cuda_graph(self) -> bool:
         """Whether the last decode step replayed a CUDA graph."""

@@ -1,0 +1,514 @@
+#!/usr/bin/env python3
+"""bench_engine.py -- the engine (src/engine, libot_engine.so through
+python/ops_transformer/engine.py) on CUDA: correctness against HF transformers on the same
+weights, then time to first token and decode speed against HF and the rooflines.
+
+  python3 bench/bench_engine.py --check                  # small config, engine vs HF (GPU)
+  python3 bench/bench_engine.py --bench --json bench/results/engine.json \
+      [--shapes llama3-8b,llama-13b] [--hf-compile] [--commit SHA --command "..."]
+
+libot_engine.so: $OT_ENGINE_LIB, else the build folders of this tree (engine.py's rule).
+
+--check: a small Llama (GQA, head_dim 128) with weights of O(1) logits, bf16, saved with
+save_pretrained into a temporary folder and loaded by both: three prompts of different
+lengths prefilled together (packed varlen), 32 greedy decode steps (paged KV, CUDA graph);
+logits of every step within bf16 tolerance of HF's, greedy tokens identical (a parting
+allowed only at a near-tie of HF's logits, as tests/python/test_engine.py does on the
+CPU), and the engine with graphs off gives the same tokens and logits as with them.
+
+--bench (shared/BENCH.md): per shape, bf16 random weights made by the engine on the GPU
+and copied into a HF LlamaForCausalLM built from the same config on the GPU (sdpa), so
+both run the same weights and nothing is written to disk.
+  TTFT: a 2048-token prompt at batch 1 (prefill + the first token's argmax), median of 5.
+  decode: batch 1 and 16 at context 2048: per-step wall time (each step ends with the
+  next tokens on the host), median of 20 steps after 3 warm-up steps (the engine captures
+  its CUDA graph in the 2nd).
+  Peers: HF eager (sdpa, DynamicCache); with --hf-compile also HF with a static cache and
+  torch.compile (mode reduce-overhead) for decode.
+  Ceilings measured in the same run: bf16 GEMM rate (torch.mm 8192^3) for prefill
+  (FLOPs = 2 * non-embedding parameters * tokens + causal attention 2 * L * Hq * S^2 * D
+  + the lm_head of the last token), read bandwidth (a sum over 4 GiB) for decode (bytes =
+  every weight once + the K/V of the batch's context once per step).
+Rows are written after each measurement (a run cut short keeps what it measured).
+"""
+import argparse
+import datetime
+import gc
+import importlib.util
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEV = "cuda"  # --device cpu: a dry run of the script on a small shape (no GPU)
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_ms(fn, reps, inner=1):
+    """median over reps of (fn run inner times) / inner: CUDA events on the GPU."""
+    ts = []
+    for _ in range(reps):
+        if DEV == "cuda":
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(inner):
+                fn()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e) / inner)
+        else:
+            t = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            ts.append((time.perf_counter() - t) * 1e3 / inner)
+    return statistics.median(ts)
+
+
+def engine_module():
+    spec = importlib.util.spec_from_file_location(
+        "ot_engine_py", ROOT / "python" / "ops_transformer" / "engine.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["ot_engine_py"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+E = engine_module()
+
+SHAPES = {
+    # name: (engine named config, layers, hidden, heads, kv_heads, ffn, vocab, theta)
+    "llama-13b": dict(layers=40, hidden=5120, heads=40, kv_heads=40, ffn=13824, vocab=32000,
+                      theta=10000.0, max_pos=4096),
+    "llama3-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256,
+                      theta=500000.0, max_pos=8192),
+    # the dry run's shape (--device cpu)
+    "test-gqa": dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256,
+                     theta=10000.0, max_pos=2048),
+}
+
+
+def hf_config(s, **kw):
+    import transformers
+    cfg = transformers.LlamaConfig(
+        hidden_size=s["hidden"], intermediate_size=s["ffn"], num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+        vocab_size=s["vocab"], max_position_embeddings=s["max_pos"], rms_norm_eps=1e-5,
+        tie_word_embeddings=False, **kw)
+    try:
+        cfg.rope_parameters = {"rope_type": "default", "rope_theta": s["theta"]}
+    except Exception:
+        cfg.rope_theta = s["theta"]
+    return cfg
+
+
+def hf_model_on_gpu(cfg):
+    """A LlamaForCausalLM built directly on the GPU in bf16 (sdpa attention)."""
+    import transformers
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(DEV):
+            try:
+                m = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa",
+                                                               dtype=torch.bfloat16)
+            except TypeError:
+                m = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa",
+                                                               torch_dtype=torch.bfloat16)
+    finally:
+        torch.set_default_dtype(old)
+    return m.eval()
+
+
+def copy_weights(eng, model):
+    sync()
+    n = 0
+    for name, p in model.named_parameters():
+        eng.export(name, p.data_ptr(), p.numel() * p.element_size())
+        n += 1
+    return n
+
+
+# ---- correctness ----------------------------------------------------------------------
+
+
+def init_weights(model, seed=0):
+    """O(1) logits (HF's default init gives near-ties that make greedy fragile)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                v = 1 + 0.1 * torch.randn(p.shape, generator=g)
+            elif "embed" in name:
+                v = torch.randn(p.shape, generator=g)
+            else:
+                v = torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5
+            p.copy_(v.to(p.dtype))
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt, steps):
+    dev = next(model.parameters()).device
+    out = model(torch.tensor([prompt], device=dev), use_cache=True)
+    past, logits, tokens = out.past_key_values, [], []
+    for i in range(steps):
+        lg = out.logits[0, -1].float()
+        logits.append(lg)
+        tok = int(torch.argmax(lg))
+        tokens.append(tok)
+        if i + 1 < steps:
+            out = model(torch.tensor([[tok]], device=dev), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+    return tokens, torch.stack(logits).cpu()
+
+
+def check(args):
+    import transformers
+    steps = 33  # the prefill's token and 32 decode steps
+    s = dict(layers=2, hidden=512, heads=4, kv_heads=2, ffn=1024, vocab=512, theta=10000.0,
+             max_pos=512)
+    cfg = hf_config(s)
+    model = transformers.LlamaForCausalLM(cfg)
+    init_weights(model)
+    model = model.to(torch.bfloat16)
+    prompts = [[1, 17, 42, 99, 3, 250, 7], [5, 6, 200, 31, 8, 9, 10, 11, 12, 13, 100] * 12, [77]]
+    failures = []
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d, safe_serialization=True)
+        ref = transformers.LlamaForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+        ref = ref.to(args.device).eval()
+        results = {}
+        for graphs in ("1", "0"):
+            os.environ["OTE_CUDA_GRAPHS"] = graphs
+            with E.Engine.from_pretrained(d, dtype="bf16", device=args.device,
+                                          max_seqs=len(prompts), max_len=256) as eng:
+                results[graphs] = eng.generate(prompts, steps, stop=[], return_logits=True)
+                results[graphs + "greedy"] = eng.generate(prompts, steps, stop=[])
+                note = eng.cuda_graph_note
+        os.environ.pop("OTE_CUDA_GRAPHS", None)
+    r = results["1"]
+    print(f"engine: decode CUDA graph {'on' if r.cuda_graph else 'off'} {note}")
+    if not r.cuda_graph and args.device == "cuda":
+        failures.append(f"decode did not replay a CUDA graph ({note})")
+    # per-step logits [n_live, V]: every prompt is live for all steps (no stop ids)
+    got = torch.stack([torch.from_numpy(x) for x in r.logits])  # [steps, n, V]
+    atol, rtol = 0.1, 0.05
+    worst = 0.0
+    for i, p in enumerate(prompts):
+        ref_tokens, ref_logits = hf_greedy(ref, p, steps)
+        toks = r.tokens[i]
+        n = 0
+        while n < steps and toks[n] == ref_tokens[n]:
+            n += 1
+        cmp = got[: min(n + 1, steps), i]
+        err = (cmp - ref_logits[: n + 1]).abs()
+        worst = max(worst, float(err.max()))
+        try:
+            torch.testing.assert_close(cmp, ref_logits[: n + 1], atol=atol, rtol=rtol)
+        except AssertionError as ex:
+            failures.append(f"prompt {i} (len {len(p)}): logits: {str(ex).splitlines()[0:3]}")
+        if n < steps:
+            top = torch.topk(ref_logits[n], 2).values
+            gap = float(top[0] - top[1])
+            print(f"prompt {i}: tokens part at step {n} (HF top-2 gap {gap:.3f})")
+            if gap >= 2 * atol:
+                failures.append(f"prompt {i}: greedy tokens part at step {n} without a near-tie")
+        print(f"prompt {i} (len {len(p)}): {n}/{steps} greedy tokens equal HF, "
+              f"max |logit diff| {float(err.max()):.4f}")
+    if results["1greedy"].tokens != r.tokens:
+        failures.append("device argmax tokens differ from the host's argmax of the logits")
+    g0 = results["0"]
+    if g0.tokens != r.tokens:
+        failures.append("graph off: tokens differ from graph on")
+    d = max(float(abs(a - b).max()) for a, b in zip(g0.logits, r.logits))
+    print(f"graph on vs off: max |logit diff| {d}")
+    if d != 0.0:
+        failures.append(f"graph on vs off: logits differ by {d}")
+    print(f"check: max |logit diff| vs HF {worst:.4f}; "
+          f"{'PASS' if not failures else 'FAIL'}")
+    for f in failures:
+        print("  FAIL", f)
+    return {"max_abs_logit_diff_vs_hf": round(worst, 4), "failures": failures,
+            "graph": r.cuda_graph}
+
+
+# ---- benchmark ------------------------------------------------------------------------
+
+
+def gemm_tflops():
+    n = 8192 if DEV == "cuda" else 512
+    a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync()
+    return 2 * n ** 3 / (timed_ms(lambda: a @ b, 10, 3) * 1e-3) / 1e12
+
+
+def read_tbps():
+    n = 2 * 1024 ** 3 if DEV == "cuda" else 1 << 24
+    x = torch.empty(n, device=DEV, dtype=torch.bfloat16).uniform_()
+    for _ in range(2):
+        x.sum()
+    sync()
+    bw = x.numel() * 2 / (timed_ms(lambda: x.sum(), 10) * 1e-3) / 1e12
+    del x
+    return bw
+
+
+def wall(fn):
+    sync()
+    t = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - t) * 1e3
+
+
+def params(s):
+    H, L, F, V = s["hidden"], s["layers"], s["ffn"], s["vocab"]
+    D = H // s["heads"]
+    qkv = (s["heads"] + 2 * s["kv_heads"]) * D
+    layer = qkv * H + H * s["heads"] * D + 3 * F * H + 2 * H
+    return layer * L + H, 2 * V * H  # non-embedding (with the final norm), embed + lm_head
+
+
+def prefill_flops(s, S):
+    nonemb, _ = params(s)
+    D = s["hidden"] // s["heads"]
+    attn = 2 * s["layers"] * s["heads"] * S * S * D  # 4 * L * H * S^2 * D / 2 (causal)
+    return 2 * nonemb * S + attn + 2 * s["vocab"] * s["hidden"]
+
+
+def decode_bytes(s, B, ctx):
+    nonemb, emb = params(s)
+    D = s["hidden"] // s["heads"]
+    kv = B * ctx * s["layers"] * 2 * s["kv_heads"] * D * 2
+    return (nonemb + emb // 2) * 2 + kv  # lm_head read; the embedding's B rows are negligible
+
+
+def engine_times(eng, s, prompt_len, batches, steps, warm):
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    prompt = torch.randint(0, s["vocab"], (prompt_len,), generator=g).tolist()
+    ttft = [wall(lambda: eng.prefill([prompt], greedy=True)) for _ in range(6)][1:]
+    out["ttft_ms"] = statistics.median(ttft)
+    for B in batches:
+        prompts = [torch.randint(0, s["vocab"], (prompt_len,), generator=g).tolist()
+                   for _ in range(B)]
+        nxt = eng.prefill(prompts, greedy=True)
+        ts = []
+        for i in range(warm + steps):
+            t = time.perf_counter()
+            nxt = eng.decode(nxt, greedy=True)
+            ts.append((time.perf_counter() - t) * 1e3)
+        out[f"decode_ms_b{B}"] = statistics.median(ts[warm:])
+        out[f"graph_b{B}"] = eng.cuda_graph
+        for i in range(B):
+            eng.free(i)
+    return out
+
+
+@torch.no_grad()
+def hf_times(model, s, prompt_len, batches, steps, warm, compile_decode):
+    import transformers
+    g = torch.Generator().manual_seed(2)
+    out = {}
+    prompt = torch.randint(0, s["vocab"], (1, prompt_len), generator=g).to(DEV)
+
+    def prefill_once():
+        o = model(prompt, use_cache=True, logits_to_keep=1)
+        o.logits[:, -1].argmax(-1).cpu()
+
+    ttft = [wall(prefill_once) for _ in range(6)][1:]
+    out["ttft_ms"] = statistics.median(ttft)
+    for B in batches:
+        ids = torch.randint(0, s["vocab"], (B, prompt_len), generator=g).to(DEV)
+        o = model(ids, use_cache=True, logits_to_keep=1)
+        cache = o.past_key_values
+        tok = o.logits[:, -1].argmax(-1, keepdim=True)
+        del o
+        ts = []
+        for i in range(warm + steps):
+            t = time.perf_counter()
+            o = model(tok, past_key_values=cache, use_cache=True)
+            tok = o.logits[:, -1].argmax(-1, keepdim=True)
+            tok.cpu()
+            ts.append((time.perf_counter() - t) * 1e3)
+        out[f"decode_ms_b{B}"] = statistics.median(ts[warm:])
+        del cache, o, tok
+        gc.collect()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    if compile_decode:
+        for B in batches:
+            try:
+                out[f"compiled_decode_ms_b{B}"] = hf_compiled_decode(model, s, prompt_len, B, steps)
+            except Exception as ex:  # report, keep the run going
+                print(f"HF static cache + torch.compile, batch {B}: failed: {ex}")
+    return out
+
+
+@torch.no_grad()
+def hf_compiled_decode(model, s, prompt_len, B, steps):
+    import transformers
+    cache = transformers.StaticCache(config=model.config, max_cache_len=prompt_len + steps + 8)
+    ids = torch.randint(0, s["vocab"], (B, prompt_len)).to(DEV)
+    o = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
+              cache_position=torch.arange(prompt_len, device=DEV))
+    tok = o.logits[:, -1].argmax(-1, keepdim=True)
+    step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    ts = []
+    for i in range(steps + 3):
+        pos = torch.tensor([prompt_len + i], device=DEV)
+        t = time.perf_counter()
+        o = step(tok, past_key_values=cache, use_cache=True, cache_position=pos)
+        tok = o.logits[:, -1].argmax(-1, keepdim=True)
+        tok.cpu()
+        ts.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ts[3:])
+
+
+def bench(args, doc, save):
+    gemm = gemm_tflops()
+    rbw = read_tbps()
+    doc["ceilings"] = {"gemm_bf16_TFLOPs": round(gemm, 1), "read_TBps": round(rbw, 3)}
+    print(f"ceilings: bf16 GEMM {gemm:.0f} TFLOP/s, read {rbw:.2f} TB/s", flush=True)
+    save()
+    P = args.prompt_len
+    for name in args.shapes.split(","):
+        s = SHAPES[name]
+        t0 = time.perf_counter()
+        eng = E.Engine.random(name, seed=1, dtype="bf16", device=DEV, max_seqs=max(args.batches),
+                              max_len=P + args.steps + 8)
+        model = hf_model_on_gpu(hf_config(s))
+        copy_weights(eng, model)
+        print(f"{name}: engine + HF on the same weights in {time.perf_counter() - t0:.1f} s; "
+              f"engine memory {eng.memory()}", flush=True)
+        ours = engine_times(eng, s, P, args.batches, args.steps, 3)
+        mem = eng.memory()
+        eng.close()
+        del eng
+        print(f"{name}: engine {ours}", flush=True)
+        hf = {}
+        if not args.no_hf:
+            try:
+                hf = hf_times(model, s, P, args.batches, args.steps, 3, args.hf_compile)
+            except torch.cuda.OutOfMemoryError as ex:
+                print(f"{name}: HF out of memory: {ex}")
+            print(f"{name}: HF {hf}", flush=True)
+        del model
+        gc.collect()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+
+        # rows: TTFT as prompt tokens/s, decode as tokens/s
+        flops = prefill_flops(s, P)
+        roof_ms = flops / (gemm * 1e12) * 1e3
+        ttft_rate = P / (ours["ttft_ms"] * 1e-3)
+        peers = {}
+        if "ttft_ms" in hf:
+            peers["HF transformers (sdpa)"] = round(P / (hf["ttft_ms"] * 1e-3), 1)
+        row = {"op": "engine_prefill", "case": f"{name} bf16, {P}-token prompt, batch 1 (TTFT)",
+               "metric": "tokens/s", "ours": round(ttft_rate, 1), "peers": peers,
+               "ratio_best_peer": round(ttft_rate / max(peers.values()), 3) if peers else None,
+               "fraction_of_ceiling": round(roof_ms / ours["ttft_ms"], 3),
+               "ttft_ms": round(ours["ttft_ms"], 2),
+               "peer_ttft_ms": {k: round(P / v * 1e3, 2) for k, v in peers.items()},
+               "roofline_ms": round(roof_ms, 2), "memory_bytes": mem}
+        doc["rows"].append(row)
+        for B in args.batches:
+            ms = ours[f"decode_ms_b{B}"]
+            rate = B / (ms * 1e-3)
+            ceil = B / (decode_bytes(s, B, P) / (rbw * 1e12))
+            peers = {}
+            if f"decode_ms_b{B}" in hf:
+                peers["HF transformers (sdpa, eager)"] = round(B / (hf[f"decode_ms_b{B}"] * 1e-3), 1)
+            if f"compiled_decode_ms_b{B}" in hf:
+                peers["HF static cache + torch.compile"] = round(
+                    B / (hf[f"compiled_decode_ms_b{B}"] * 1e-3), 1)
+            doc["rows"].append({
+                "op": "engine_decode", "case": f"{name} bf16, batch {B}, context {P}",
+                "metric": "tokens/s", "ours": round(rate, 1), "peers": peers,
+                "ratio_best_peer": round(rate / max(peers.values()), 3) if peers else None,
+                "fraction_of_ceiling": round(rate / ceil, 3), "step_ms": round(ms, 3),
+                "roofline_tokens_per_s": round(ceil, 1), "cuda_graph": ours[f"graph_b{B}"]})
+        save()
+
+
+def table(doc):
+    lines = ["| case | ours | best peer | ours / peer | fraction of roofline |",
+             "|---|---|---|---|---|"]
+    for r in doc.get("rows", []):
+        if r["op"] == "engine_prefill":
+            ours = f"TTFT {r['ttft_ms']:.1f} ms ({r['ours']:.0f} tok/s)"
+            bp = (f"{min(r['peer_ttft_ms'].values()):.1f} ms ({max(r['peer_ttft_ms'], key=r['peer_ttft_ms'].get)})"
+                  if r["peer_ttft_ms"] else "-")
+        else:
+            ours = f"{r['ours']:.1f} tok/s ({r['step_ms']:.2f} ms/step)"
+            bp = (f"{max(r['peers'].values()):.1f} tok/s ({max(r['peers'], key=r['peers'].get)})"
+                  if r["peers"] else "-")
+        ratio = f"{r['ratio_best_peer']:.2f}x" if r["ratio_best_peer"] else "-"
+        lines.append(f"| {r['case']} | {ours} | {bp} | {ratio} | {r['fraction_of_ceiling']*100:.0f}% |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of the script (--shapes test-gqa)")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--shapes", default="llama3-8b,llama-13b")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--prompt-len", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--hf-compile", action="store_true")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--table", default=None, help="write the markdown table here too")
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--command", default=None)
+    args = ap.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",")]
+    global DEV
+    DEV = args.device
+    torch.manual_seed(0)
+    doc = {"bench": "engine",
+           "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+           "date": datetime.date.today().isoformat(), "commit": args.commit,
+           "command": args.command or " ".join(sys.argv), "torch": torch.__version__,
+           "timing": ("wall clock per call (each ends with the next tokens on the host), "
+                      "TTFT median of 5 after 1 warm-up, decode median of "
+                      f"{args.steps} steps after 3 warm-up steps"),
+           "rows": []}
+
+    def save():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+
+    rc = 0
+    if args.check:
+        doc["check"] = check(args)
+        rc = 1 if doc["check"]["failures"] else 0
+        save()
+    if args.bench:
+        bench(args, doc, save)
+        t = table(doc)
+        if args.table:
+            pathlib.Path(args.table).write_text(t + "\n")
+        print()
+        print(t)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
