@@ -485,6 +485,9 @@ static ot_status prefill(ote_engine *e, int n, const int *seq, const int32_t *to
   }
   OTE_TRY(check_batch(e, n, seq, tokens, cu[n], "ote_prefill"));
   int T = cu[n];
+  /* the ops' context scratch may grow in a prefill (freeing the old buffer a decode graph
+   * still points to): decode graphs are captured again after every prefill */
+  drop_graphs(e);
   OTE_TRY(ensure_activations(e, T));
   int32_t *lens = e->cu_host; /* scratch until the forward */
   for (int i = 0; i < n; i++) lens[i] = cu[i + 1] - cu[i];

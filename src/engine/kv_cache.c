@@ -150,8 +150,10 @@ static void vec_i32(DLTensor *t, int64_t *shape, void *data, DLDevice dev, int64
 void ote_kv_paged(ote_kv_cache *c, int layer, ot_paged_kv *kv) {
   DLDevice dev = c->k_pages[layer].device;
   vec_i32(&c->t_indptr, c->shape_indptr, c->indptr_d, dev, c->n + 1);
-  /* the whole capacity: a fixed shape, whatever the batch's page count */
-  vec_i32(&c->t_indices, c->shape_indices, c->indices_d, dev, c->capacity);
+  /* n * pages_per_seq entries: a shape fixed for a batch size (a captured graph's kernels
+   * keep the launch plan made from it) that also tells the paged kernel the sequences'
+   * largest length (max_len), from which it plans its key splits */
+  vec_i32(&c->t_indices, c->shape_indices, c->indices_d, dev, (int64_t)c->n * c->pages_per_seq);
   vec_i32(&c->t_last, c->shape_last, c->last_d, dev, c->n);
   kv->k_pages = &c->k_pages[layer];
   kv->v_pages = &c->v_pages[layer];

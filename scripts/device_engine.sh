@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# scripts/device_engine.sh -- the engine (src/engine) on the lent GPU machine, in one call:
+#   1. the library + libot_engine.so + ot-run for sm_90a: unpacked from a prebuilt
+#      .devcarry-engine/engine.tar.gz when it is carried (see `pack` below), else built
+#      there (Ninja; dlpack / OpenBLAS from .carry/deps through scripts/device_build.sh,
+#      cJSON from .carry/cjson)
+#   2. ot-run on the GPU (tiny config, batch 4): TTFT, tokens/s, CUDA graph, memory
+#   3. bench/bench_engine.py --check: logits and greedy tokens vs HF transformers (bf16)
+#   4. bench/bench_engine.py --bench -> $OUT/engine.json (+ engine_table.md), table last
+#
+#   device run:  bash scripts/device_engine.sh run COMMIT [bench args...]
+#                (carry [".carry"], or [".devcarry-engine"] with a prebuilt pack)
+#   here:        bash scripts/device_engine.sh pack BUILD_DIR
+#                BUILD_DIR configured with -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a
+#                -DOT_BUILD_TOOLS=ON (Release); builds ot-run + ot_engine_shared there and
+#                packs them with their runtime libraries (OpenBLAS, cJSON) so the device's
+#                time is not spent compiling.
+# Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
+# arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+MODE=${1:-run}
+shift || true
+
+if [ "$MODE" = pack ]; then
+  set -e
+  BUILD=${1:?usage: device_engine.sh pack BUILD_DIR}
+  CARRY=$ROOT/.devcarry-engine
+  mkdir -p "$ROOT/.git/info"
+  grep -qx '/.devcarry-engine/' "$ROOT/.git/info/exclude" 2>/dev/null ||
+    echo '/.devcarry-engine/' >>"$ROOT/.git/info/exclude"
+  cmake --build "$BUILD" -j "$(nproc)" --target ot-run ot_engine_shared
+  rm -rf "$CARRY/stage" && mkdir -p "$CARRY/stage/lib"
+  cp "$BUILD/tools/ot-run" "$CARRY/stage/"
+  cp -a "$BUILD"/libops_transformer.so* "$BUILD/src/engine/libot_engine.so" "$CARRY/stage/lib/"
+  cp -a .carry/deps/lib/libopenblas.so.0 .carry/deps/lib/libgfortran.so.5 \
+    .carry/deps/lib/libquadmath.so.0 .carry/cjson/lib/libcjson.so.1* "$CARRY/stage/lib/"
+  tar czf "$CARRY/engine.tar.gz" -C "$CARRY/stage" .
+  rm -rf "$CARRY/stage"
+  git rev-parse HEAD >"$CARRY/commit.txt" 2>/dev/null || true
+  ls -la "$CARRY"
+  exit 0
+fi
+
+COMMIT=${1:-unknown}
+shift || true
+OUTD=${OUT:-$ROOT/out-engine}
+mkdir -p "$OUTD"
+T0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - T0))s] $*"; }
+SUMMARY=()
+
+# ---- 1. binaries -----------------------------------------------------------------------
+BIN=$ROOT/build-dev-engine
+if [ -f .devcarry-engine/engine.tar.gz ]; then
+  stamp "unpacking the prebuilt engine ($(cat .devcarry-engine/commit.txt 2>/dev/null))"
+  mkdir -p "$BIN/pack" && tar xzf .devcarry-engine/engine.tar.gz -C "$BIN/pack"
+  export LD_LIBRARY_PATH="$BIN/pack/lib:${LD_LIBRARY_PATH:-}"
+  OT_RUN=$BIN/pack/ot-run
+  export OT_ENGINE_LIB=$BIN/pack/lib/libot_engine.so
+else
+  stamp "building (sm_90a) into build-dev-engine"
+  # shellcheck source=device_build.sh
+  source scripts/device_build.sh # EXTRA (carried dlpack / OpenBLAS), LD paths, CUDA_HOME
+  CJ=()
+  if [ ! -f /usr/include/cjson/cJSON.h ]; then
+    CJ=(-DOT_CJSON_INCLUDE_DIR="$ROOT/.carry/cjson/include"
+        -DOT_CJSON_LIBRARY="$ROOT/.carry/cjson/lib/libcjson.so")
+    export LD_LIBRARY_PATH="$ROOT/.carry/cjson/lib:${LD_LIBRARY_PATH:-}"
+  fi
+  gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  if ! cmake -S . -B "$BIN" "${gen[@]}" -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
+      -DOT_BUILD_TOOLS=ON -DOT_BUILD_TESTS=OFF "${EXTRA[@]}" "${CJ[@]}" >"$OUTD/cmake.log" 2>&1; then
+    tail -30 "$OUTD/cmake.log"; exit 1
+  fi
+  if ! cmake --build "$BIN" -j "$(nproc)" --target ot-run ot_engine_shared >"$OUTD/build.log" 2>&1; then
+    grep -E -B2 -A10 'error|Error' "$OUTD/build.log" | head -60; exit 1
+  fi
+  OT_RUN=$BIN/tools/ot-run
+  export OT_ENGINE_LIB=$BIN/src/engine/libot_engine.so
+fi
+stamp "binaries ready"
+
+# ---- 2. ot-run on the GPU ----------------------------------------------------------------
+if "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 --batch 4 \
+    --prompt-ids 1,2,3,4,5,6,7,8 --max-new-tokens 64 --ignore-eos >"$OUTD/ot_run.txt" 2>&1; then
+  SUMMARY+=("ot-run cuda: $(grep -E '^decode' "$OUTD/ot_run.txt")")
+else
+  SUMMARY+=("ot-run cuda FAILED: $(tail -2 "$OUTD/ot_run.txt")")
+fi
+tail -4 "$OUTD/ot_run.txt"
+stamp "ot-run done"
+
+# ---- 3. correctness vs HF ----------------------------------------------------------------
+if [ "${ENGINE_SKIP_CHECK:-0}" != 1 ]; then
+  python3 bench/bench_engine.py --check --json "$OUTD/engine_check.json" >"$OUTD/check.txt" 2>&1
+  rc=$?
+  grep -vE "Warning|warn\(|forward_call|deprecated|it/s\]" "$OUTD/check.txt" | tail -12
+  SUMMARY+=("check vs HF: $(grep -E '^check:' "$OUTD/check.txt" || echo "rc $rc, see check.txt")")
+  stamp "check done (rc $rc)"
+fi
+
+# ---- 4. benchmark ------------------------------------------------------------------------
+CMD="bash scripts/device_engine.sh run $COMMIT $*"
+# shellcheck disable=SC2086
+python3 bench/bench_engine.py --bench --shapes "${ENGINE_SHAPES:-llama3-8b,llama-13b}" \
+  --json "$OUTD/engine.json" --table "$OUTD/engine_table.md" --commit "$COMMIT" --command "$CMD" \
+  ${ENGINE_BENCH_ARGS:-} "$@" >"$OUTD/bench.txt" 2>&1
+rc=$?
+grep -vE "Warning|warn\(|forward_call|deprecated|it/s\]" "$OUTD/bench.txt" | grep -vE '^\|' | tail -14
+stamp "bench done (rc $rc)"
+
+echo
+echo "=== summary"
+printf '%s\n' "${SUMMARY[@]}"
+echo "=== engine table (bench/results/engine.json: copy \$OUT/engine.json)"
+cat "$OUTD/engine_table.md" 2>/dev/null || echo "(no table: see bench.txt)"
