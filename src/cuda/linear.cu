@@ -44,7 +44,7 @@ struct gemm_key {
 
 struct gemm_entry {
   gemm_key key;
-  cublasLtMatmulAlgo_t algo;
+  cublasLtMatmulAlgo_t algo = {};
   bool used;
   bool supported; /* false: cuBLASLt returned no algorithm */
 };
@@ -142,8 +142,8 @@ struct lt_descs {
 
 extern "C" ot_status ot_cuda_gemm(ot_context *ctx, const char *op, const ot_gemm *g) {
   using namespace ot;
-  cublasLtHandle_t handle;
-  void *ws;
+  cublasLtHandle_t handle = nullptr;
+  void *ws = nullptr;
   OT_TRY(lt_state(ctx, op, &handle, &ws));
   const ot_cuda_state *cs = ot_cuda_state_of(ctx);
   const bool tf32 = g->ab == OT_F32 && allow_tf32();
@@ -190,7 +190,7 @@ extern "C" ot_status ot_cuda_gemm(ot_context *ctx, const char *op, const ot_gemm
                                                 g->transb ? g->k : g->n, g->ldb));
   LT_TRY("layout D", cublasLtMatrixLayoutCreate(&ds.d, td, g->m, g->n, g->ldd));
 
-  cublasLtMatmulAlgo_t algo;
+  cublasLtMatmulAlgo_t algo = {};
   bool found = false, known = false;
   const uint64_t h = key_hash(key);
   pthread_mutex_lock(&g_cache_mu);
