@@ -1,0 +1,55 @@
+/*
+ * decode_shim.c -- ctypes shim for bench/bench_decode.py: ot_paged_attention (the
+ * public op: validation + the CUDA kernels) on raw device pointers of torch tensors, on
+ * torch's current stream. Benchmark-only: shapes are trusted to be consistent.
+ *   cc -O2 -shared -fPIC bench/decode_shim.c -Iinclude -I<dlpack> build/libops_transformer.a \
+ *      -lcudart -lcublasLt -lopenblas -fopenmp -lm -lstdc++ -o libdecode_shim.so
+ * dtype codes: 1 float32, 2 float16, 3 bfloat16.
+ */
+#include <string.h>
+
+#include "ops_transformer.h"
+
+#define SHIM_API __attribute__((visibility("default")))
+
+static ot_context *g_ctx;
+
+SHIM_API int shim_init(int device) {
+  if (g_ctx) return 0;
+  ot_context_options o = ot_context_default_options();
+  o.device_type = kDLCUDA;
+  o.device_id = device;
+  return (int)ot_context_create(&o, &g_ctx);
+}
+
+SHIM_API const char *shim_last_error(void) { return ot_last_error(); }
+
+static DLDataType dt_of(int code) {
+  DLDataType t = {kDLFloat, 32, 1};
+  if (code == 2) t.bits = 16;
+  if (code == 3) t.code = kDLBfloat, t.bits = 16;
+  return t;
+}
+
+/* q, out [tq, hq, d]; pages [num_pages, hkv, bs, d]; int32 tables; lse float32 [hq, tq]
+ * or NULL. */
+SHIM_API int shim_paged_attention(void *stream, int dtype, int64_t tq, int64_t hq, int64_t hkv,
+                                  int64_t d, int64_t num_pages, int64_t bs, int64_t batch,
+                                  int64_t num_indices, void *q, void *cu_q, void *k_pages,
+                                  void *v_pages, void *indptr, void *indices, void *lpl,
+                                  void *out, void *lse, int causal) {
+  DLDevice dev = {kDLCUDA, 0};
+  DLDataType fdt = dt_of(dtype), i32 = {kDLInt, 32, 1}, f32 = {kDLFloat, 32, 1};
+  int64_t qsh[3] = {tq, hq, d}, psh[4] = {num_pages, hkv, bs, d}, cush[1] = {batch + 1};
+  int64_t ish[1] = {num_indices}, lsh[1] = {batch}, lsesh[2] = {hq, tq};
+  DLTensor tq_ = {q, dev, 3, fdt, qsh, NULL, 0}, to = {out, dev, 3, fdt, qsh, NULL, 0};
+  DLTensor tk = {k_pages, dev, 4, fdt, psh, NULL, 0}, tv = {v_pages, dev, 4, fdt, psh, NULL, 0};
+  DLTensor tcu = {cu_q, dev, 1, i32, cush, NULL, 0}, tip = {indptr, dev, 1, i32, cush, NULL, 0};
+  DLTensor tix = {indices, dev, 1, i32, ish, NULL, 0}, tl = {lpl, dev, 1, i32, lsh, NULL, 0};
+  DLTensor tlse = {lse, dev, 2, f32, lsesh, NULL, 0};
+  ot_paged_kv kv = {&tk, &tv, &tip, &tix, &tl};
+  ot_attention_params p = ot_attention_default_params();
+  p.causal = causal;
+  ot_context_set_stream(g_ctx, stream);
+  return (int)ot_paged_attention(g_ctx, &p, &tq_, &tcu, &kv, &to, lse ? &tlse : NULL);
+}

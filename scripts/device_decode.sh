@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# scripts/device_decode.sh [COMMIT] -- issue 6 on the lent GPU: the memory suite's CUDA
+# cases (paged attention, kv append, OT_DEBUG checks), compute-sanitizer memcheck +
+# racecheck over small paged / append cases, then bench/bench_decode.py (decode vs SDPA,
+# arena vs cudaMalloc / cudaMallocAsync) -> $OUT/decode.json + decode.png; table last.
+#
+# Binaries come prebuilt (this machine has no GPU but the same CUDA 13 and an older
+# glibc): scripts/device_decode.sh --pack here builds build-paged (sm_90a, Release) and
+# packs tests/test_ops, libdecode_shim.so, arena_bench and the carried OpenBLAS/dlpack
+# deps into .devcarry-paged/ (run with carry [".devcarry-paged"]). When the prebuilt
+# test_ops does not start on the device, it builds there with scripts/device_build.sh.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+CARRY=.devcarry-paged
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+
+if [ "${1:-}" = "--pack" ]; then
+  set -e
+  B=${2:-build-paged}
+  cmake --build "$B" -j2 --target ops_transformer_static test_ops
+  INC=(-Iinclude -Isrc -I.carry/deps/include -I"$CUDA_HOME/include")
+  LIBS=("$B/libops_transformer.a" -L"$CUDA_HOME/lib64" -L.carry/deps/lib -lcudart -lcublasLt
+        -lopenblas -fopenmp -lm -lstdc++)
+  cc -O2 -shared -fPIC bench/decode_shim.c "${INC[@]}" "${LIBS[@]}" -o "$B/libdecode_shim.so"
+  cc -O2 bench/arena_bench.c "${INC[@]}" "${LIBS[@]}" -o "$B/arena_bench"
+  mkdir -p "$CARRY/stage/tests"
+  grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude
+  cp "$B/tests/test_ops" "$CARRY/stage/tests/"
+  cp "$B/libdecode_shim.so" "$B/arena_bench" "$CARRY/stage/"
+  tar czf "$CARRY/prebuilt.tar.gz" -C "$CARRY/stage" tests/test_ops libdecode_shim.so arena_bench
+  tar czf "$CARRY/deps.tar.gz" -C .carry/deps lib include
+  rm -rf "$CARRY/stage"
+  git rev-parse HEAD >"$CARRY/commit.txt"
+  ls -la "$CARRY"
+  exit 0
+fi
+
+COMMIT=${1:-$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)}
+OUT=${OUT:-/tmp/ot_decode_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+
+mkdir -p .carry/deps build-dec
+[ -d .carry/deps/lib ] || tar xzf "$CARRY/deps.tar.gz" -C .carry/deps
+export LD_LIBRARY_PATH="$ROOT/.carry/deps/lib:${LD_LIBRARY_PATH:-}"
+tar xzf "$CARRY/prebuilt.tar.gz" -C build-dec
+if ! build-dec/tests/test_ops --help >/dev/null 2>&1; then
+  stamp "prebuilt test_ops does not start here ($(build-dec/tests/test_ops --help 2>&1 | head -1)): building"
+  source scripts/device_build.sh
+  ot_device_build build-dec "ops_transformer_static test_ops" || exit 1
+  INC=(-Iinclude -Isrc -I.carry/deps/include -I"$CUDA_HOME/include")
+  LIBS=(build-dec/libops_transformer.a -L"$CUDA_HOME/lib64" -L.carry/deps/lib -lcudart -lcublasLt
+        -lopenblas -fopenmp -lm -lstdc++)
+  cc -O2 -shared -fPIC bench/decode_shim.c "${INC[@]}" "${LIBS[@]}" -o build-dec/libdecode_shim.so
+  cc -O2 bench/arena_bench.c "${INC[@]}" "${LIBS[@]}" -o build-dec/arena_bench
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+
+stamp "test_ops --backend cuda --suite memory"
+timeout 120 build-dec/tests/test_ops --backend cuda --suite memory >"$OUT/test_memory.log" 2>&1
+echo "memory rc=$?"; grep -E '^cuda ' "$OUT/test_memory.log"; grep -E 'FAIL' "$OUT/test_memory.log" | head -20
+timeout 60 build-dec/tests/test_ops --backend cuda --suite rope >"$OUT/test_rope.log" 2>&1
+echo "rope rc=$?"; grep -E '^cuda ' "$OUT/test_rope.log"; grep -E 'FAIL' "$OUT/test_rope.log" | head -5
+
+stamp "compute-sanitizer"
+for f in speculative "kv append" "OT_DEBUG"; do
+  timeout 45 compute-sanitizer --tool memcheck --print-limit 10 build-dec/tests/test_ops \
+    --backend cuda --suite memory --filter "$f" >"$OUT/memcheck_${f// /_}.log" 2>&1
+  echo "memcheck [$f] rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_${f// /_}.log") $(grep -E '^cuda ' "$OUT/memcheck_${f// /_}.log")"
+done
+timeout 60 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 10 \
+  build-dec/tests/test_ops --backend cuda --suite memory --filter speculative >"$OUT/racecheck.log" 2>&1
+echo "racecheck rc=$?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tr '\n' ' ') $(grep -E '^cuda ' "$OUT/racecheck.log")"
+
+stamp "bench_decode"
+CMD="bash scripts/device_decode.sh $COMMIT (run tool, nvidia-h200, carry [\".devcarry-paged\"])"
+timeout 170 python3 bench/bench_decode.py --shim build-dec/libdecode_shim.so --arena-bin build-dec/arena_bench \
+  --check --json "$OUT/decode.json" --commit "$COMMIT" --command "$CMD" >"$OUT/bench.log" 2>&1
+echo "bench rc=$?"
+python3 bench/plot_decode.py "$OUT/decode.json" "$OUT/decode.png" >>"$OUT/bench.log" 2>&1 || echo "plot failed"
+stamp "done"
+grep -E '^check' "$OUT/bench.log"
+tail -14 "$OUT/bench.log"
