@@ -7,6 +7,8 @@
 #   2. ot-run on the GPU (tiny config, batch 4): TTFT, tokens/s, CUDA graph, memory
 #   3. bench/bench_engine.py --check: logits and greedy tokens vs HF transformers (bf16)
 #   4. bench/bench_engine.py --bench -> $OUT/engine.json (+ engine_table.md), table last
+#   5. weight streaming (--offload) of llama2-7b: TTFT, tokens/s, the measured H2D bandwidth
+#      and layer time, and the prefetch distance the rule asks for (ENGINE_OFFLOAD_BIG=0: skip)
 #
 #   device run:  bash scripts/device_engine.sh run COMMIT [bench args...]
 #                (carry [".carry"], or [".devcarry-engine"] with a prebuilt pack)
@@ -91,6 +93,18 @@ else
   SUMMARY+=("ot-run cuda FAILED: $(tail -2 "$OUTD/ot_run.txt")")
 fi
 tail -4 "$OUTD/ot_run.txt"
+# weight streaming: the same tokens as with resident weights (same ops, same order)
+if OTE_OFFLOAD_RING=2 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 --batch 4 \
+    --prompt-ids 1,2,3,4,5,6,7,8 --max-new-tokens 64 --ignore-eos --offload \
+    >"$OUTD/ot_run_offload.txt" 2>&1; then
+  if diff <(grep '^seq' "$OUTD/ot_run.txt") <(grep '^seq' "$OUTD/ot_run_offload.txt") >/dev/null; then
+    SUMMARY+=("offload (tiny, ring 2): tokens equal resident; $(grep -E '^offload' "$OUTD/ot_run_offload.txt")")
+  else
+    SUMMARY+=("offload (tiny): tokens DIFFER from resident weights")
+  fi
+else
+  SUMMARY+=("offload FAILED: $(tail -2 "$OUTD/ot_run_offload.txt")")
+fi
 stamp "ot-run done"
 
 # ---- 3. correctness vs HF ----------------------------------------------------------------
@@ -111,6 +125,16 @@ python3 bench/bench_engine.py --bench --shapes "${ENGINE_SHAPES:-llama3-8b,llama
 rc=$?
 grep -vE "Warning|warn\(|forward_call|deprecated|it/s\]" "$OUTD/bench.txt" | grep -vE '^\|' | tail -14
 stamp "bench done (rc $rc)"
+
+# ---- 5. weight streaming at a real size (after the benchmark: optional) -----------------
+if [ "${ENGINE_OFFLOAD_BIG:-1}" = 1 ]; then
+  P=$(seq -s, 1 128)
+  OTE_OFFLOAD_RING=${ENGINE_OFFLOAD_RING:-4} timeout 120 "$OT_RUN" --config llama2-7b --random-weights \
+    --device cuda --dtype bf16 --prompt-ids "$P" --max-new-tokens 8 --ignore-eos --offload \
+    >"$OUTD/ot_run_offload_7b.txt" 2>&1
+  SUMMARY+=("offload llama2-7b: $(grep -E '^(time to first|decode|offload)' "$OUTD/ot_run_offload_7b.txt" | tr '\n' ' ' || tail -1 "$OUTD/ot_run_offload_7b.txt")")
+  stamp "offload 7b done"
+fi
 
 echo
 echo "=== summary"

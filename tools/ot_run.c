@@ -27,12 +27,15 @@ static void usage(FILE *f) {
           "              [--prompt-ids 1,2,3]... [--batch N] [--max-new-tokens N]\n"
           "              [--temperature T] [--top-k K] [--top-p P] [--seed N]\n"
           "              [--stop-ids a,b] [--ignore-eos] [--dtype f32|bf16|f16] [--threads N]\n"
-          "              [--device cpu|cuda] [--kv-block N] [--no-cuda-graph]\n"
+          "              [--device cpu|cuda] [--kv-block N] [--no-cuda-graph] [--offload]\n"
           "              [--dump-logits FILE] [--quiet]\n"
           "  --config NAME      a named configuration: %s\n"
           "  --model DIR        a HF directory: config.json + *.safetensors (sharded or not)\n"
           "  --random-weights   random weights from --seed (default 1)\n"
-          "  --dump-logits FILE float32 logits of every step, [steps][live sequences][vocab]\n",
+          "  --dump-logits FILE float32 logits of every step, [steps][live sequences][vocab]\n"
+          "  --kv-block N       tokens per page of the paged KV cache (default 16)\n"
+          "  --offload          CUDA: stream the layers' weights from pinned host memory through\n"
+          "                     a ring of device slots (OTE_OFFLOAD_RING slots, default 2)\n",
           ote_config_names());
 }
 
@@ -69,7 +72,8 @@ static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 int main(int argc, char **argv) {
   const char *config = NULL, *model = NULL, *dump = NULL, *stop_arg = NULL, *device = "cpu";
   int random_weights = 0, max_new = 32, top_k = 0, threads = 0, batch = 0, ignore_eos = 0,
-      quiet = 0, kv_block = 16, no_graph = 0;
+      quiet = 0, kv_block = 16, no_graph = 0,
+      offload = 0;
   float temperature = 0, top_p = 1;
   unsigned long long seed = 1;
   DLDataType dtype = {kDLFloat, 32, 1};
@@ -102,6 +106,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
     else if (!strcmp(a, "--kv-block")) { NEEDV(); kv_block = atoi(v); }
     else if (!strcmp(a, "--no-cuda-graph")) no_graph = 1;
+    else if (!strcmp(a, "--offload")) offload = 1;
     else if (!strcmp(a, "--dtype")) {
       NEEDV();
       if (!strcmp(v, "f32") || !strcmp(v, "float32")) dtype = (DLDataType){kDLFloat, 32, 1};
@@ -175,6 +180,7 @@ int main(int argc, char **argv) {
   opt.num_threads = threads;
   opt.kv_block_size = kv_block;
   opt.cuda_graphs = !no_graph;
+  opt.offload = offload;
   if (!strcmp(device, "cuda")) opt.device_type = kDLCUDA;
   else if (strcmp(device, "cpu")) { fprintf(stderr, "ot-run: --device %s: cpu or cuda\n", device); return 2; }
 
@@ -244,7 +250,15 @@ int main(int argc, char **argv) {
     ot_memory_counter ws;
     if (ot_memory_tag_counter(OT_MEMORY_WORKSPACE, &ws) == OT_OK && ws.peak)
       printf(", library workspace %.2f MiB (peak)", mib(ws.peak));
+    if (mem.weights_host)
+      printf(", streamed weights %.2f MiB in pinned host memory, ring %.2f MiB",
+             mib(mem.weights_host), mib(mem.offload_ring));
     printf("\n");
+    if (offload) {
+      char rep[512];
+      ote_engine_offload_report(e, rep, sizeof rep);
+      printf("offload: %s\n", rep);
+    }
   }
   ote_engine_destroy(e);
   for (int i = 0; i < n_prompts; i++) free(prompts[i]);

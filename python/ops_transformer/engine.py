@@ -48,7 +48,8 @@ class _Stats(ctypes.Structure):
 
 class _Memory(ctypes.Structure):
     _fields_ = [("weights", ctypes.c_size_t), ("kv_cache", ctypes.c_size_t),
-                ("activations", ctypes.c_size_t)]
+                ("activations", ctypes.c_size_t), ("weights_host", ctypes.c_size_t),
+                ("offload_ring", ctypes.c_size_t)]
 
 
 _LOGITS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int,
@@ -200,9 +201,11 @@ class Engine:
 
     # ---- facts ------------------------------------------------------------------------
     def memory(self) -> dict:
-        """Bytes held by tag: weights, kv_cache, activations."""
+        """Bytes held by tag: weights (device), kv_cache, activations; with weight
+        streaming also weights_host (pinned) and offload_ring (device slots)."""
         m = self._lib.ote_engine_memory(self._e)
-        return {"weights": m.weights, "kv_cache": m.kv_cache, "activations": m.activations}
+        return {"weights": m.weights, "kv_cache": m.kv_cache, "activations": m.activations,
+                "weights_host": m.weights_host, "offload_ring": m.offload_ring}
 
     def seq_len(self, seq: int) -> int:
         return self._lib.ote_seq_len(self._e, seq)

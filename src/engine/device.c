@@ -100,8 +100,9 @@ ot_status ote_dev_copy_2d(const ote_device *d, void *dst, size_t dpitch, const v
     return OT_OK;
   }
 #ifdef OT_HAVE_CUDA
-  return cuda_check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
-                                      cudaMemcpyDeviceToDevice, STREAM(d)),
+  /* cudaMemcpyDefault: either side may be pinned host memory (weight streaming) */
+  return cuda_check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault,
+                                      STREAM(d)),
                     "copy_2d");
 #else
   return no_cuda("copy_2d");

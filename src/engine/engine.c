@@ -36,13 +36,15 @@ ote_engine_options ote_engine_default_options(void) {
   o.device_type = kDLCPU;
   o.kv_block_size = 16;
   o.cuda_graphs = 1;
+  o.offload = 0;
   return o;
 }
 
 const ote_config *ote_engine_config(const ote_engine *e) { return &e->cfg; }
 
 ote_memory ote_engine_memory(const ote_engine *e) {
-  ote_memory m = {e->weight_bytes, e->kv.bytes, e->act_bytes};
+  ote_memory m = {e->weight_bytes, e->kv.bytes, e->act_bytes, e->weight_host_bytes,
+                  e->off.on ? e->off.layer_bytes * (size_t)e->off.ring : 0};
   return m;
 }
 
@@ -54,6 +56,11 @@ int ote_seq_len(const ote_engine *e, int seq_id) {
 void ote_seq_free(ote_engine *e, int seq_id) {
   if (!e || seq_id < 0 || seq_id >= e->kv.max_seqs) return;
   ote_kv_drop(&e->kv, 1, &seq_id);
+}
+
+void ote_engine_offload_report(const ote_engine *e, char *buf, size_t len) {
+  if (!e || !buf || !len) return;
+  ote_offload_report(e, buf, len);
 }
 
 int ote_decode_graph_active(const ote_engine *e) { return e && e->graph_active; }
@@ -93,6 +100,7 @@ void ote_engine_destroy(ote_engine *e) {
   ote_kv_destroy(&e->kv, &e->dev);
   ote_dev_free(&e->dev, e->cu_dec_dev);
   ote_weights_free(e);
+  ote_offload_free(e);
   ot_context_destroy(e->ctx);
   ote_dev_stream_destroy(&e->dev);
   free(e);
@@ -145,6 +153,10 @@ static ot_status engine_create(const ote_config *cfg, const ote_engine_options *
     return ote_error(OT_ERR_INVALID_ARGUMENT, "engine: dtype must be float32, float16 or bfloat16");
   if (o.device_type != kDLCPU && o.device_type != kDLCUDA)
     return ote_error(OT_ERR_INVALID_ARGUMENT, "engine: device must be the CPU or CUDA");
+  if (o.offload && o.device_type != kDLCUDA)
+    return ote_error(OT_ERR_INVALID_ARGUMENT,
+                     "engine: weight streaming (offload) is for CUDA devices: on the CPU the "
+                     "weights are in host memory already");
   if (o.max_seqs <= 0) o.max_seqs = 1;
   if (o.max_len <= 0) o.max_len = cfg->max_position < 4096 ? cfg->max_position : 4096;
   if (o.kv_block_size <= 0) o.kv_block_size = 16;
@@ -185,6 +197,13 @@ static ot_status engine_create(const ote_config *cfg, const ote_engine_options *
     ote_dev_stream_destroy(&e->dev);
     free(e->graph), free(e->warm), free(e);
     return st;
+  }
+  if (o.offload && o.device_type == kDLCUDA) {
+    st = ote_offload_init(e); /* before the weights: their pinned layer blocks */
+    if (st != OT_OK) {
+      ote_engine_destroy(e);
+      return st;
+    }
   }
   *out = e;
   return OT_OK;
@@ -300,7 +319,8 @@ typedef struct batch {
   int prefill;
 } batch;
 
-static ot_status attention_block(ote_engine *e, const batch *b, int l) {
+static ot_status attention_block(ote_engine *e, const batch *b, int l,
+                                 const ote_layer_weights *w) {
   const ote_config *c = &e->cfg;
   size_t es = ote_dtype_size(e->opt.dtype);
   int64_t D = c->head_dim, Hq = c->heads, Hkv = c->kv_heads, cols = (Hq + 2 * Hkv) * D;
@@ -335,7 +355,6 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l) {
     OP(ot_kv_append(e->ctx, &kv, &vcu.t, &vk.t, &vv.t, &rp, NULL, &vq.t, &vq.t), "kv append", l);
     OP(ot_paged_attention(e->ctx, &ap, &vq.t, &vcu.t, &kv, &vo.t, NULL), "paged attention", l);
   }
-  const ote_layer_weights *w = &e->w.layer[l];
   return linear(e, e->attn, b->T, Hq * D, w->o, w->o_bias, c->hidden, e->delta, l, "o_proj");
 }
 
@@ -347,12 +366,18 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
   size_t es = ote_dtype_size(e->opt.dtype), H = (size_t)c->hidden;
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   OTE_TRY(ote_dev_embed(&e->dev, e->x_res, e->w.embed, e->tokens_dev, b->T, H * es));
+  if (e->off.on) OTE_TRY(ote_offload_prime(e));
   for (int l = 0; l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
+    ote_layer_weights streamed;
+    if (e->off.on) { /* this layer's slot of the ring, once its copy has landed */
+      OTE_TRY(ote_offload_layer_begin(e, l, &streamed));
+      w = &streamed;
+    }
     OTE_TRY(rmsnorm(e, l ? e->delta : e->x_res, l ? e->x_res : NULL, w->attn_norm, e->normed, b->T,
                     l, "input_layernorm"));
     OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->qkv, w->qkv_bias, cols, e->qkv, l, "qkv_proj"));
-    OTE_TRY(attention_block(e, b, l));
+    OTE_TRY(attention_block(e, b, l, w));
     OTE_TRY(rmsnorm(e, e->delta, e->x_res, w->mlp_norm, e->normed, b->T, l,
                     "post_attention_layernorm"));
     OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->gate_up, NULL, 2 * F, e->gate_up, l,
@@ -363,6 +388,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     ote_view_set(&vm, &e->dev, e->mlp, e->opt.dtype, 2, ms, NULL);
     OP(ot_glu_forward(e->ctx, OT_GLU_SWIGLU, &vg.t, NULL, &vm.t), "swiglu", l);
     OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, (int64_t)H, e->delta, l, "down_proj"));
+    if (e->off.on) OTE_TRY(ote_offload_layer_end(e, l));
   }
   /* the last token of each sequence: final norm and lm_head (decode: every row is one) */
   void *last_delta = e->delta, *last_res = e->x_res;
@@ -446,7 +472,9 @@ static ot_status fetch(ote_engine *e, int n, float *logits, int32_t *next) {
       OTE_TRY(ote_dev_download(&e->dev, next, e->argmax_dev, (size_t)n * 4));
     }
   }
-  return ote_dev_sync(&e->dev);
+  OTE_TRY(ote_dev_sync(&e->dev));
+  ote_offload_measure(e);
+  return OT_OK;
 }
 
 static ot_status check_batch(const ote_engine *e, int n, const int *seq, const int32_t *tokens,

@@ -82,6 +82,8 @@ typedef struct ote_engine_options {
   int device_id;
   int kv_block_size;    /* tokens per page of the paged KV cache, 0 = 16                */
   int cuda_graphs;      /* CUDA: replay the decode step as a graph (default 1)          */
+  int offload;          /* CUDA: stream the layers' weights from pinned host memory
+                         * (offload.c; ring size OTE_OFFLOAD_RING, default 2)         */
 } ote_engine_options;
 
 ote_engine_options ote_engine_default_options(void);
@@ -98,6 +100,8 @@ const ote_config *ote_engine_config(const ote_engine *e);
  * scratch are not visible here; ot_memory_tag_counter has what the library tracks). */
 typedef struct ote_memory {
   size_t weights, kv_cache, activations;
+  size_t weights_host;  /* offload: the streamed layers in pinned host memory */
+  size_t offload_ring;  /* offload: the device ring of layer slots               */
 } ote_memory;
 ote_memory ote_engine_memory(const ote_engine *e);
 
@@ -153,6 +157,10 @@ ot_status ote_generate(ote_engine *e, int n_prompts, const int32_t *tokens,
                        const int32_t *cu_seqlens, int max_new, const ote_sampler *sampler,
                        const int32_t *stop_ids, int n_stop, int32_t *out, int *n_out,
                        ote_logits_fn on_logits, void *user, ote_gen_stats *stats);
+
+/* Weight streaming: the ring, prefetch distance, measured H2D bandwidth and layer
+ * compute time, and the distance the rule asks for ("off" without --offload). */
+void ote_engine_offload_report(const ote_engine *e, char *buf, size_t len);
 
 /* Whether the last decode step was a graph replay; why graphs are off ("" when they are
  * on or were never tried). */

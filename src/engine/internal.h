@@ -170,6 +170,28 @@ void ote_kv_drop(ote_kv_cache *c, int n, const int *seq);
 /* The pages of layer and the staged table, for ot_kv_append / ot_paged_attention. */
 void ote_kv_paged(ote_kv_cache *c, int layer, ot_paged_kv *kv);
 
+/* ---- weight streaming (offload.c) ---------------------------------------------------- */
+typedef struct ote_offload {
+  int on, ring, primed;
+  size_t layer_bytes;
+  void **host;       /* [layers] pinned blocks */
+  void *ring_dev;    /* ring * layer_bytes */
+  int *slot_layer;   /* [ring] layer held (or on its way), -1 */
+  void *copy_stream;
+  void **ready, **free_ev; /* [ring] cudaEvent_t */
+  void **t_ev;       /* [layers + 1] timing events of the compute stream */
+  double h2d_GBps;
+  float layer_ms;
+} ote_offload;
+size_t ote_offload_layer_bytes(const ote_config *c, size_t es);
+ot_status ote_offload_init(ote_engine *e);
+void ote_offload_free(ote_engine *e);
+ot_status ote_offload_prime(ote_engine *e);
+ot_status ote_offload_layer_begin(ote_engine *e, int l, ote_layer_weights *w);
+ot_status ote_offload_layer_end(ote_engine *e, int l);
+void ote_offload_measure(ote_engine *e);
+void ote_offload_report(const ote_engine *e, char *buf, size_t len);
+
 /* ---- the engine ----------------------------------------------------------------- */
 struct ote_engine {
   ote_config cfg;
@@ -179,7 +201,11 @@ struct ote_engine {
   ote_weights w;
   void **weight_blocks; /* every weight allocation, for freeing */
   int n_weight_blocks, cap_weight_blocks;
-  size_t weight_bytes;
+  size_t weight_bytes;     /* on the device */
+  size_t weight_host_bytes; /* streamed layers in pinned host memory (offload) */
+  char *carve;              /* offload, while loading layer l: its host block ... */
+  size_t carve_off;         /* ... and the bytes used of it */
+  ote_offload off;
   ote_kv_cache kv;
   /* activations, one device block sized for act_tokens rows (grown by a longer prefill,
    * which drops the decode graphs: they hold its addresses) */

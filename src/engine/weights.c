@@ -13,6 +13,15 @@
 
 /* Allocates a weight of n elements on the engine's device, registered for freeing. */
 static ot_status weight_new(ote_engine *e, size_t n, void **out) {
+  if (e->carve) { /* a streamed layer: its part of the layer's pinned block */
+    size_t b = (n * ote_dtype_size(e->opt.dtype) + 255) / 256 * 256;
+    if (e->carve_off + b > e->off.layer_bytes)
+      return ote_error(OT_ERR_INTERNAL, "engine: offload: layer block overflow");
+    *out = e->carve + e->carve_off;
+    e->carve_off += b;
+    e->weight_host_bytes += b;
+    return OT_OK;
+  }
   if (e->n_weight_blocks == e->cap_weight_blocks) {
     int cap = e->cap_weight_blocks ? 2 * e->cap_weight_blocks : 64;
     void **g = realloc(e->weight_blocks, sizeof *g * (size_t)cap);
@@ -27,6 +36,12 @@ static ot_status weight_new(ote_engine *e, size_t n, void **out) {
   return OT_OK;
 }
 
+/* With weight streaming, layer l's tensors are carved from its pinned host block. */
+static void layer_carve(ote_engine *e, int l) {
+  e->carve = e->off.on ? (char *)e->off.host[l] : NULL;
+  e->carve_off = 0;
+}
+
 void ote_weights_free(ote_engine *e) {
   for (int i = 0; i < e->n_weight_blocks; i++) ote_dev_free(&e->dev, e->weight_blocks[i]);
   free(e->weight_blocks);
@@ -35,6 +50,7 @@ void ote_weights_free(ote_engine *e) {
   free(e->w.layer);
   memset(&e->w, 0, sizeof e->w);
   e->weight_bytes = 0;
+  e->weight_host_bytes = 0;
 }
 
 /* n values of src_dtype -> elements [offset, offset + n) of the device tensor dst. */
@@ -42,7 +58,7 @@ static ot_status put_values(ote_engine *e, void *dst, size_t offset, const void 
                             DLDataType src_dtype, size_t n) {
   size_t es = ote_dtype_size(e->opt.dtype);
   char *d = (char *)dst + offset * es;
-  if (e->dev.dev.device_type == kDLCPU) {
+  if (e->dev.dev.device_type == kDLCPU || e->carve) { /* host memory */
     ote_convert(d, e->opt.dtype, src, src_dtype, n);
     return OT_OK;
   }
@@ -115,6 +131,7 @@ ot_status ote_weights_load(ote_engine *e, const ote_st_set *set, const char *dir
 #define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), n)
   for (int l = 0; l < c->layers; l++) {
     ote_layer_weights *w = &e->w.layer[l];
+    layer_carve(e, l);
     OTE_TRY(load_new(&L, NAME("input_layernorm.weight"), H, 0, &w->attn_norm));
     OTE_TRY(load_new(&L, NAME("post_attention_layernorm.weight"), H, 0, &w->mlp_norm));
     OTE_TRY(weight_new(e, (size_t)(qkv_rows * H), &w->qkv));
@@ -136,6 +153,7 @@ ot_status ote_weights_load(ote_engine *e, const ote_st_set *set, const char *dir
     OTE_TRY(load_into(&L, NAME("mlp.up_proj.weight"), F, H, w->gate_up, (size_t)(F * H)));
     OTE_TRY(load_new(&L, NAME("mlp.down_proj.weight"), H, F, &w->down));
   }
+  e->carve = NULL;
 #undef NAME
   return OT_OK;
 }
@@ -154,7 +172,7 @@ static ot_status random_new(ote_engine *e, uint64_t seed, uint64_t tensor_id, si
                             float constant, void **out) {
   OTE_TRY(weight_new(e, n, out));
   enum { CHUNK = 1 << 14 };
-  if (e->dev.dev.device_type != kDLCPU) /* the same values, computed on the device */
+  if (e->dev.dev.device_type != kDLCPU && !e->carve) /* the same values, on the device */
     return ote_dev_fill_random(&e->dev, *out, n, e->opt.dtype, seed, tensor_id,
                                std == 0 ? 0.0f : std * sqrtf(3.0f), constant);
   size_t chunks = (n + CHUNK - 1) / CHUNK;
@@ -200,6 +218,7 @@ ot_status ote_weights_random(ote_engine *e, uint64_t seed) {
     OTE_TRY(random_new(e, seed, id++, V * H, s, 0, &e->w.lm_head));
   for (int l = 0; l < c->layers; l++) {
     ote_layer_weights *w = &e->w.layer[l];
+    layer_carve(e, l);
     OTE_TRY(random_new(e, seed, id++, H, 0, 1.0f, &w->attn_norm));
     OTE_TRY(random_new(e, seed, id++, H, 0, 1.0f, &w->mlp_norm));
     OTE_TRY(random_new(e, seed, id++, qkv_rows * H, s, 0, &w->qkv));
@@ -209,6 +228,7 @@ ot_status ote_weights_random(ote_engine *e, uint64_t seed) {
     OTE_TRY(random_new(e, seed, id++, 2 * F * H, s, 0, &w->gate_up));
     OTE_TRY(random_new(e, seed, id++, H * F, s, 0, &w->down));
   }
+  e->carve = NULL;
   return OT_OK;
 }
 
