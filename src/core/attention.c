@@ -148,6 +148,8 @@ static ot_status check_common(const char *op, ot_context *ctx, const ot_attentio
     a->batch = cq.shape[0] - 1;
     a->cu_q = (const int32_t *)cq.data;
     a->cu_k = (const int32_t *)ck.data;
+    a->tq = qv->shape[0];
+    a->tk = kv->shape[0];
   } else {
     a->batch = qv->shape[0];
     a->sq = qv->shape[1];
@@ -202,7 +204,7 @@ ot_status ot_attention_forward(ot_context *ctx, const ot_attention_params *param
   }
   a.out = operand(&ov, varlen);
   a.lse = lse_operand(&lv, varlen);
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_attention_forward, ctx, &a);
   return ot_cpu_attention_forward(ctx, &a);
 }
 
@@ -239,6 +241,6 @@ ot_status ot_attention_backward(ot_context *ctx, const ot_attention_params *para
   a.dq = operand(&dqv, varlen);
   a.dk = operand(&dkv, varlen);
   a.dv = operand(&dvv, varlen);
-  if (ot_ctx_is_cuda(ctx)) return ot_cuda_not_implemented(op);
+  if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_attention_backward, ctx, &a);
   return ot_cpu_attention_backward(ctx, &a);
 }

@@ -33,6 +33,8 @@ typedef struct ot_attention_args {
   int64_t sq, sk;           /* dense sequence lengths; unused for varlen */
   const int32_t *cu_q;      /* varlen: host int32 [batch + 1]; NULL for dense */
   const int32_t *cu_k;
+  int64_t tq, tk;           /* varlen: tokens of q and of k (rows of the THD tensors), the
+                             * bounds the CUDA kernels check cu_seqlens against; 0 for dense */
   float scale;              /* resolved: never 0 */
   float softcap;            /* 0: off */
   int64_t window_left;      /* resolved: -1 unbounded, else >= 0 */
