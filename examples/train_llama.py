@@ -9,7 +9,8 @@ ops_transformer (``--patched``, the default) or as HF runs it (``--no-patched``)
 
 Data: random tokens (default), or a local text file: tokenized with a local HF
 tokenizer when ``--tokenizer`` names one (a folder or a cached name; nothing is
-downloaded), bytes (tokens 0..255) otherwise. Training: AdamW, optional bf16
+downloaded), bytes (tokens 0..255) otherwise. Training: AdamW (``ops_transformer.optim.AdamW`` where
+this build has it for the device, else torch's; ``--optim``), optional bf16
 parameters (``--bf16``) or CPU/CUDA autocast (``--autocast``), gradient accumulation,
 activation checkpointing, torch.compile. Logs loss, tokens/s and peak memory per step
 (a progress bar when tqdm is installed) and a summary; ``--json`` writes it to a file.
@@ -59,6 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--steps", type=int, default=20, help="optimizer steps")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--optim", choices=["auto", "ot", "torch"], default="auto",
+                   help="ops_transformer.optim.AdamW (ot), torch's AdamW (fused on CUDA), or "
+                        "auto: ot where this build has it for the device, else torch")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--warmup", type=int, default=0, help="linear LR warmup steps")
     p.add_argument("--bf16", action="store_true", help="bfloat16 parameters and activations")
@@ -130,6 +134,45 @@ def sync(device):
 
 
 # ---------------------------------------------------------------------------------
+# Optimizer
+# ---------------------------------------------------------------------------------
+
+def _ot_adamw_works(device, dtype):
+    """Whether ops_transformer.optim.AdamW exists and steps a tensor on this device /
+    dtype like torch's AdamW (a build may lack its CUDA kernel)."""
+    try:
+        from ops_transformer.optim import AdamW
+        g = torch.Generator().manual_seed(0)
+        p0 = torch.randn(1000, generator=g).to(device=device, dtype=dtype)
+        grad = torch.randn(1000, generator=g).to(device=device, dtype=dtype)
+        a, b = p0.clone().requires_grad_(), p0.clone().requires_grad_()
+        a.grad, b.grad = grad.clone(), grad.clone()
+        opt_a = AdamW([a], lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95))
+        opt_b = torch.optim.AdamW([b], lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95))
+        for _ in range(2):
+            opt_a.step()
+            opt_b.step()
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        return bool(torch.allclose(a.detach().float(), b.detach().float(), rtol=tol, atol=tol))
+    except Exception as e:  # noqa: BLE001  (not in this build, or not on this device)
+        print(f"ops_transformer.optim.AdamW not usable here ({type(e).__name__}: "
+              f"{str(e)[:120]}): torch's AdamW")
+        return False
+
+
+def make_optimizer(model, args, device):
+    dtype = next(model.parameters()).dtype
+    use_ot = args.optim == "ot" or (args.optim == "auto" and _ot_adamw_works(device, dtype))
+    kw = dict(lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
+    if use_ot:
+        from ops_transformer.optim import AdamW
+        return AdamW(model.parameters(), **kw), "ops_transformer.optim.AdamW"
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(model.parameters(), fused=fused, **kw), \
+        "torch.optim.AdamW" + (" (fused)" if fused else "")
+
+
+# ---------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------
 
@@ -165,9 +208,7 @@ def main(argv=None):
     if args.patched:
         ot.patch_llama(model)
     fwd = torch.compile(model) if args.compile else model
-    fused = device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                            betas=(0.9, 0.95), fused=fused)
+    opt, opt_name = make_optimizer(model, args, device)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / args.warmup) if args.warmup else 1.0)
 
@@ -176,7 +217,8 @@ def main(argv=None):
         (" + torch.compile" if args.compile else "")
     dtype = "bf16" if args.bf16 else ("fp32 + bf16 autocast" if args.autocast else "fp32")
     print(f"model: {args.config} ({n_params / 1e6:.1f} M parameters), {mode}, {dtype}, "
-          f"device {device}, batch {args.batch} x seq {args.seq} x accum {args.grad_accum}")
+          f"device {device}, batch {args.batch} x seq {args.seq} x accum {args.grad_accum}, "
+          f"optimizer {opt_name}")
 
     data = batches(tokens, args, config.vocab_size, device, gen)
     tok_per_step = args.batch * args.seq * args.grad_accum
@@ -234,6 +276,7 @@ def main(argv=None):
     summary = dict(config=args.config, params=n_params, patched=args.patched,
                    attn=None if args.patched else args.attn, compile=args.compile,
                    dtype=dtype, device=str(device), batch=args.batch, seq=args.seq,
+                   optimizer=opt_name,
                    grad_accum=args.grad_accum, steps=args.steps, timed_steps=len(timed),
                    tokens_per_s=tok_s,
                    peak_memory_gb=peak_memory_gb(device),

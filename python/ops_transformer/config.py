@@ -43,11 +43,12 @@ Options (the first value listed is the default):
     ``ops_transformer.attention`` itself always runs the library's kernel.
 
 ``persistent_kv_cache``: ``False`` | ``True``
-    Read by ``ops_transformer.engine`` (the Python wrapper of the C engine, src/engine)
-    when it creates a generator: ``True`` keeps the paged KV cache's block pool alive
-    between ``generate()`` calls instead of freeing it after each. Without that module
-    in this build, setting ``True`` raises ``NotImplementedError`` (nothing would read
-    it).
+    For ``ops_transformer.engine`` (the Python wrapper of the C engine, src/engine):
+    ``True`` keeps the paged KV cache's block pool alive between ``generate()`` calls
+    instead of freeing it after each. Accepted only when the engine module reads it
+    (it then sets ``READS_PERSISTENT_KV_CACHE = True``); today's engine module does not
+    (its pool lives as long as the ``Engine`` object), so setting ``True`` raises
+    ``NotImplementedError`` rather than being silently ignored.
 
 Invalid values raise ``ValueError`` (or ``TypeError`` for a wrong type); unknown
 names raise ``AttributeError``.
@@ -109,12 +110,13 @@ def _apply_matmul_precision(value):
 
 
 def _kv_cache_values():
-    import importlib.util
+    # True only where the engine module says it reads the option (its module attribute
+    # READS_PERSISTENT_KV_CACHE); otherwise True would be silently ignored.
     try:
-        has_engine = importlib.util.find_spec("ops_transformer.engine") is not None
-    except (ImportError, ValueError):
-        has_engine = False
-    return (False, True) if has_engine else (False,)
+        from . import engine
+    except Exception:  # noqa: BLE001  (no engine module / its library in this build)
+        return (False,)
+    return (False, True) if getattr(engine, "READS_PERSISTENT_KV_CACHE", False) else (False,)
 
 
 _OPTIONS = {
@@ -130,7 +132,7 @@ _OPTIONS = {
         _Option("fused_attention", bool, True, (True, False), (True, False), "",
                 "patched attention: the library's flash kernel (True) or torch's SDPA"),
         _Option("persistent_kv_cache", bool, False, (False, True), _kv_cache_values,
-                "ops_transformer.engine (the Python wrapper of the C engine)",
+                "ops_transformer.engine reading it (READS_PERSISTENT_KV_CACHE)",
                 "keep the KV block pool alive between generate() calls"),
     ]
 }

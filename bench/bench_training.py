@@ -1,0 +1,541 @@
+#!/usr/bin/env python3
+"""bench_training.py -- a HF transformers LlamaForCausalLM training step (forward,
+backward, AdamW) in bf16, as HF runs it and patched with ops_transformer: tokens/s and
+peak memory, plus loss curves of the two from the same initialization and data.
+
+  python3 bench/bench_training.py [--json bench/results/training.json] [--budget-s 300]
+  python3 bench/bench_training.py --quick --device cpu     # smoke test (tiny model)
+
+Variants per case: HF eager attention, HF sdpa, HF sdpa + torch.compile, patched
+(ops_transformer.patch_llama), patched + torch.compile. Cases (shared/BASELINE.md):
+0.54b (hidden 2048, 8 layers, vocab 32000) at batch 4 x 2048; 1.5b (hidden 2048, 16
+layers, 32 / 8 heads, vocab 128256) at 4 x 2048; long context: 0.54b at 1 x 16384.
+
+Robustness: every group of cases runs in its own subprocess with a timeout (a crash
+or hang loses that group only; torch.compile state does not leak between variants);
+each case is in try/except (an out-of-memory is recorded as "oom"); the whole run
+keeps to --budget-s (cases that would not fit are recorded as "skipped (budget)");
+the JSON file is rewritten after every group, so an interrupted run keeps its rows.
+
+Method: parameters, gradients and AdamW states (torch fused AdamW for every variant)
+in bf16, use_cache=False, random tokens, labels = inputs. Warm-up steps (3, 5 with
+torch.compile) then timed steps with a device synchronization around them; tokens/s =
+tokens of the timed steps / their wall time; peak memory = torch.cuda.max_memory_allocated
+over the timed steps (parameters, gradients, optimizer states and activations), reset
+after the warm-up. Model FLOPs per token: 6 N (N = non-embedding parameters + the LM
+head) + 6 L S d (causal attention, forward + backward), reported as model TFLOP/s and
+as a fraction of a bf16 GEMM (8192^3) measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from train_llama import CONFIGS  # noqa: E402  (tiny, 0.54b, 1.5b: one definition)
+
+VARIANTS = {
+    "hf_eager": "HF eager",
+    "hf_sdpa": "HF sdpa",
+    "hf_sdpa_compile": "HF sdpa + torch.compile",
+    "patched": "patched",
+    "patched_compile": "patched + torch.compile",
+}
+
+
+def case_name(cfg, batch, seq):
+    return f"{cfg} bf16 {batch}x{seq}"
+
+
+def plan(quick):
+    """Groups of cases, most important first; each group is one subprocess."""
+    if quick:
+        c = dict(cfg="tiny", batch=2, seq=64)
+        return [
+            [dict(c, variant="hf_sdpa"), dict(c, variant="patched"),
+             dict(c, variant="hf_eager")],
+            [dict(kind="curve", cfg="tiny", batch=2, seq=64)],
+            [dict(c, variant="patched_compile")],
+            [dict(c, variant="hf_sdpa_compile")],
+        ]
+    a = dict(cfg="0.54b", batch=4, seq=2048)
+    b = dict(cfg="1.5b", batch=4, seq=2048)
+    lc = dict(cfg="0.54b", batch=1, seq=16384)
+    return [
+        [dict(kind="ceiling"), dict(a, variant="hf_sdpa"), dict(a, variant="patched")],
+        [dict(b, variant="hf_sdpa"), dict(b, variant="patched")],
+        [dict(lc, variant="hf_sdpa"), dict(lc, variant="patched")],
+        [dict(kind="curve", cfg="0.54b", batch=4, seq=2048)],
+        [dict(a, variant="hf_sdpa_compile")],
+        [dict(a, variant="patched_compile")],
+        [dict(a, variant="hf_eager"), dict(lc, variant="hf_eager")],
+        [dict(b, variant="hf_sdpa_compile")],
+        [dict(b, variant="patched_compile")],
+    ]
+
+
+# ---------------------------------------------------------------------------------
+# Worker (one subprocess per group)
+# ---------------------------------------------------------------------------------
+
+def _flops_per_token(cfg, seq):
+    h, L, f, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], \
+        cfg["vocab_size"]
+    kvh = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
+    per_layer = 2 * h * h + 2 * h * kvh + 3 * h * f        # q, o, k, v, gate, up, down
+    n = L * per_layer + V * h                                # + lm_head
+    return 6 * n + 6 * L * seq * h                           # causal attention: half of 12
+
+
+def _build(case, device, dtype, seed):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = dict(CONFIGS[case["cfg"]])
+    variant = case.get("variant", "patched")
+    attn = "eager" if variant == "hf_eager" else "sdpa"
+    config = LlamaConfig(**cfg, max_position_embeddings=max(case["seq"], 128),
+                         tie_word_embeddings=False, attn_implementation=attn,
+                         use_cache=False)
+    torch.manual_seed(seed)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(prev)
+    model.train()
+    info = {}
+    if variant.startswith("patched"):
+        import ops_transformer as ot
+        from ops_transformer import patch as ot_patch
+        ot.patch_llama(model)
+        info["lm_loss_impl"] = "library" if ot_patch._library_lce_usable(device) \
+            else "chunked"
+    fwd = torch.compile(model) if variant.endswith("_compile") else model
+    return model, fwd, cfg, info
+
+
+def _optimizer(model, device):
+    import torch
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
+                             betas=(0.9, 0.95), fused=fused)
+
+
+def _sync(device):
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _step(fwd, model, opt, x):
+    loss = fwd(input_ids=x, labels=x).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def run_case(case, args, device, dtype):
+    import torch
+    variant = case["variant"]
+    res = dict(case=case_name(case["cfg"], case["batch"], case["seq"]), variant=variant,
+               label=VARIANTS[variant], cfg=case["cfg"], batch=case["batch"], seq=case["seq"])
+    model = opt = fwd = None
+    try:
+        t0 = time.perf_counter()
+        model, fwd, cfg, info = _build(case, device, dtype, args.seed)
+        res.update(info)
+        res["params"] = sum(p.numel() for p in model.parameters())
+        opt = _optimizer(model, device)
+        gen = torch.Generator().manual_seed(args.seed + 1)
+        V = cfg["vocab_size"]
+        data = [torch.randint(0, V, (case["batch"], case["seq"]), generator=gen).to(device)
+                for _ in range(2)]
+        compiled = variant.endswith("_compile")
+        warm = (5 if compiled else 3) if not args.quick else 2
+        steps = args.steps if not args.quick else 2
+        for i in range(warm):
+            loss = _step(fwd, model, opt, data[i % 2])
+        _sync(device)
+        res["warmup_s"] = time.perf_counter() - t0
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        _sync(device)
+        t1 = time.perf_counter()
+        for i in range(steps):
+            loss = _step(fwd, model, opt, data[i % 2])
+        _sync(device)
+        dt = time.perf_counter() - t1
+        tokens = case["batch"] * case["seq"] * steps
+        res.update(status="ok", steps=steps, step_ms=dt / steps * 1e3,
+                   tokens_per_s=tokens / dt, loss=float(loss))
+        res["model_TFLOPs"] = res["tokens_per_s"] * _flops_per_token(cfg, case["seq"]) / 1e12
+        if variant.startswith("patched"):
+            from ops_transformer import patch as ot_patch
+            res["library_ops"] = {f"{k[0]}{' ' + str(k[3]) if k[3] else ''}": v
+                                  for k, v in ot_patch._USABLE.items()
+                                  if k[1] == device.type and k[2] == dtype}
+        if device.type == "cuda":
+            res["peak_GB"] = torch.cuda.max_memory_allocated(device) / 1e9
+    except torch.OutOfMemoryError as e:
+        res.update(status="oom", error=str(e).split("\n")[0][:300])
+    except Exception as e:  # noqa: BLE001  (recorded; the next case runs)
+        msg = f"{type(e).__name__}: {e}".split("\n")[0][:400]
+        if "out of memory" in msg.lower():
+            res.update(status="oom", error=msg)
+        else:
+            res.update(status="error", error=msg)
+            traceback.print_exc(limit=6)
+    finally:
+        del model, opt, fwd
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        try:
+            torch._dynamo.reset()
+        except Exception:  # noqa: BLE001
+            pass
+    return res
+
+
+def run_curve(case, args, device, dtype):
+    """HF sdpa and patched, same initialization and data, --curve-steps steps each."""
+    import torch
+    steps = args.curve_steps if not args.quick else 8
+    out = dict(kind="curve", case=case_name(case["cfg"], case["batch"], case["seq"]),
+               steps=steps, lr=3e-4)
+    for variant in ("hf_sdpa", "patched"):
+        c = dict(case, variant=variant)
+        model = opt = None
+        try:
+            model, fwd, cfg, _ = _build(c, device, dtype, args.seed)
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1,
+                                    betas=(0.9, 0.95), fused=device.type == "cuda")
+            gen = torch.Generator().manual_seed(args.seed + 2)
+            losses = []
+            for _ in range(steps):
+                x = torch.randint(0, cfg["vocab_size"] // 8, (case["batch"], case["seq"]),
+                                  generator=gen).to(device)
+                # a learnable stream: every other token repeats the one before
+                x[:, 1::2] = x[:, 0::2]
+                losses.append(_step(fwd, model, opt, x))
+            out[variant] = [float(v) for v in torch.stack(losses).cpu()]
+        except Exception as e:  # noqa: BLE001
+            out[variant + "_error"] = f"{type(e).__name__}: {e}".split("\n")[0][:300]
+        finally:
+            del model, opt
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if "hf_sdpa" in out and "patched" in out:
+        out["max_abs_diff"] = max(abs(a - b) for a, b in zip(out["hf_sdpa"], out["patched"]))
+    return out
+
+
+def run_ceiling(device):
+    import torch
+    if device.type != "cuda":
+        return dict(kind="ceiling")
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return dict(kind="ceiling", gemm_bf16_TFLOPs=2 * n ** 3 / times[len(times) // 2] / 1e12)
+
+
+def worker(args):
+    import torch
+    device = torch.device(args.device)
+    dtype = torch.bfloat16
+    for case in json.loads(args.worker):
+        kind = case.get("kind", "step")
+        if kind == "ceiling":
+            res = run_ceiling(device)
+        elif kind == "curve":
+            res = run_curve(case, args, device, dtype)
+        else:
+            res = run_case(case, args, device, dtype)
+        print("RESULT " + json.dumps(res), flush=True)
+
+
+# ---------------------------------------------------------------------------------
+# Parent: runs the groups, writes the JSON after each, prints the table last
+# ---------------------------------------------------------------------------------
+
+def _estimate_s(group, quick):
+    """Rough seconds a group needs on the H200 (start-up, model build, compile)."""
+    if quick:
+        return 20
+    s = 15
+    for c in group:
+        if c.get("kind") == "curve":
+            s += 30
+        elif c.get("kind") == "ceiling":
+            s += 3
+        else:
+            big = c["cfg"] == "1.5b"
+            s += (90 if big else 60) if c["variant"].endswith("_compile") else (15 if big else 8)
+    return s
+
+
+def build_record(runs, curve, ceiling, args):
+    rows = []
+    by = {}
+    for r in runs:
+        by.setdefault(r["case"], {})[r["variant"]] = r
+    gemm = (ceiling or {}).get("gemm_bf16_TFLOPs")
+    for case, vs in by.items():
+        peers_tok = {VARIANTS[v]: vs[v]["tokens_per_s"] for v in ("hf_eager", "hf_sdpa",
+                                                                   "hf_sdpa_compile")
+                     if v in vs and vs[v].get("status") == "ok"}
+        peers_mem = {VARIANTS[v]: vs[v]["peak_GB"] for v in ("hf_eager", "hf_sdpa",
+                                                             "hf_sdpa_compile")
+                     if v in vs and vs[v].get("status") == "ok" and "peak_GB" in vs[v]}
+        for ours in ("patched", "patched_compile"):
+            r = vs.get(ours)
+            if r is None:
+                continue
+            row = dict(op=f"train_step ({VARIANTS[ours]})", case=case, metric="tokens/s",
+                       ours=r.get("tokens_per_s") if r.get("status") == "ok" else None,
+                       status=r.get("status"), peers=peers_tok)
+            if row["ours"] and peers_tok:
+                row["ratio_best_peer"] = row["ours"] / max(peers_tok.values())
+                row["ratio_hf_sdpa"] = row["ours"] / peers_tok["HF sdpa"] \
+                    if "HF sdpa" in peers_tok else None
+            if row["ours"] and gemm:
+                row["fraction_of_ceiling"] = r["model_TFLOPs"] / gemm
+            rows.append(row)
+            if "peak_GB" in r or peers_mem:
+                mrow = dict(op=f"train_step ({VARIANTS[ours]})", case=case, metric="GB peak",
+                            ours=r.get("peak_GB"), status=r.get("status"), peers=peers_mem)
+                if mrow["ours"] and peers_mem:
+                    mrow["ratio_best_peer"] = min(peers_mem.values()) / mrow["ours"]
+                    mrow["ratio_hf_sdpa"] = mrow["ours"] / peers_mem["HF sdpa"] \
+                        if "HF sdpa" in peers_mem else None
+                rows.append(mrow)
+    ceilings = {}
+    if gemm:
+        ceilings["gemm_bf16_TFLOPs"] = gemm
+    return dict(bench="training", device=args.device_name, date=str(datetime.date.today()),
+                commit=args.commit, command=args.command, ceilings=ceilings, rows=rows,
+                runs=runs, loss_curve=curve)
+
+
+def table(record):
+    lines = ["case                   variant                     status   tok/s      "
+             "x HF sdpa  peak GB  x HF sdpa  TFLOP/s"]
+    by = {}
+    for r in record["runs"]:
+        by.setdefault(r["case"], []).append(r)
+    for case, rs in by.items():
+        base = next((r for r in rs if r["variant"] == "hf_sdpa" and r.get("status") == "ok"),
+                    None)
+        for r in rs:
+            ok = r.get("status") == "ok"
+            tok = r.get("tokens_per_s") if ok else None
+            mem = r.get("peak_GB") if ok else None
+            xt = tok / base["tokens_per_s"] if tok and base else None
+            xm = mem / base["peak_GB"] if mem and base and base.get("peak_GB") else None
+
+            def f(v, fmt):
+                return format(v, fmt) if v is not None else "-"
+            lines.append(f"{case:22s} {r['label']:27s} {str(r.get('status'))[:8]:8s} "
+                         f"{f(tok, ',.0f'):>10s} {f(xt, '.2f'):>9s} {f(mem, '.2f'):>8s} "
+                         f"{f(xm, '.2f'):>9s} {f(r.get('model_TFLOPs') if ok else None, '.0f'):>8s}")
+            if not ok and r.get("error"):
+                lines.append(f"{'':22s}   {r['error'][:150]}")
+    c = record.get("loss_curve")
+    if c:
+        if "max_abs_diff" in c:
+            lines.append(f"loss curve ({c['case']}, {c['steps']} steps): HF {c['hf_sdpa'][0]:.3f}"
+                         f" -> {c['hf_sdpa'][-1]:.3f}, patched {c['patched'][0]:.3f} -> "
+                         f"{c['patched'][-1]:.3f}, max |diff| {c['max_abs_diff']:.4f}")
+        else:
+            lines.append(f"loss curve: {json.dumps(c)[:300]}")
+    return "\n".join(lines)
+
+
+def markdown(path):
+    """The docs/PERFORMANCE.md table of a training.json."""
+    with open(path) as f:
+        rec = json.load(f)
+    out = [f"{rec.get('device')}, {rec.get('date')}, commit {str(rec.get('commit'))[:10]}, "
+           f"`{rec.get('command')}`; bf16 parameters / gradients / AdamW states (torch fused "
+           "AdamW), use_cache=False, random tokens; tokens/s over the timed steps after "
+           "warm-up; peak = torch.cuda.max_memory_allocated over the timed steps.", ""]
+    gemm = (rec.get("ceilings") or {}).get("gemm_bf16_TFLOPs")
+    out += ["| case | variant | tokens/s | x HF sdpa | peak GB | x HF sdpa | model TFLOP/s"
+            + (f" (of {gemm:.0f} GEMM)" if gemm else "") + " |",
+            "|---|---|---|---|---|---|---|"]
+    by = {}
+    for r in rec.get("runs", []):
+        by.setdefault(r["case"], []).append(r)
+    for case, rs in by.items():
+        base = next((r for r in rs if r["variant"] == "hf_sdpa" and r.get("status") == "ok"),
+                    None)
+        for r in rs:
+            if r.get("status") != "ok":
+                out.append(f"| {case} | {r['label']} | {r.get('status')} | | | | |")
+                continue
+            xt = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+            mem = r.get("peak_GB")
+            xm = mem / base["peak_GB"] if base and mem and base.get("peak_GB") else None
+            out.append(f"| {case} | {r['label']} | {r['tokens_per_s'] / 1e3:,.1f} k | "
+                       f"{'' if xt is None else f'{xt:.2f}x'} | "
+                       f"{'' if mem is None else f'{mem:.1f}'} | "
+                       f"{'' if xm is None else f'{xm:.2f}x'} | {r['model_TFLOPs']:.0f} |")
+    c = rec.get("loss_curve") or {}
+    if "max_abs_diff" in c:
+        out += ["", f"Loss curves ({c['case']}, {c['steps']} steps, AdamW lr {c.get('lr')}, "
+                f"same initialization and data): HF {c['hf_sdpa'][0]:.3f} -> "
+                f"{c['hf_sdpa'][-1]:.3f}, patched {c['patched'][0]:.3f} -> "
+                f"{c['patched'][-1]:.3f}; largest difference at any step "
+                f"{c['max_abs_diff']:.4f}."]
+    ops = next((r.get("library_ops") for r in rec.get("runs", []) if r.get("library_ops")),
+               None)
+    if ops:
+        bad = [k for k, v in ops.items() if not v]
+        out += ["", "Library ops used by the patched model (probed on the device): "
+                + ", ".join(k for k, v in ops.items() if v)
+                + (f"; torch's code for: {', '.join(bad)}" if bad else "") + "."]
+    print("\n".join(out))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny model, 2+2 steps (smoke test)")
+    p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
+    p.add_argument("--budget-s", type=float, default=300.0, help="total wall-time budget")
+    p.add_argument("--steps", type=int, default=6, help="timed steps per case")
+    p.add_argument("--curve-steps", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=os.path.join(ROOT, "bench", "results", "training.json"))
+    p.add_argument("--plot", default=None, help="loss-curve PNG (bench/plot_training.py)")
+    p.add_argument("--commit", default="unknown")
+    p.add_argument("--command", default=None)
+    p.add_argument("--only", default=None, help="comma-separated group indices to run")
+    p.add_argument("--markdown", default=None, metavar="JSON",
+                   help="print the docs/PERFORMANCE.md table of a training.json and exit")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.markdown:
+        return markdown(args.markdown)
+    if args.device is None:
+        import torch
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.worker is not None:
+        return worker(args)
+
+    import torch
+    args.device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") \
+        else "CPU"
+    args.command = args.command or "python3 bench/bench_training.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    t_start = time.time()
+    groups = plan(args.quick)
+    if args.only:
+        keep = {int(i) for i in args.only.split(",")}
+        groups = [g for i, g in enumerate(groups) if i in keep]
+    runs, curve, ceiling = [], None, None
+
+    def save():
+        record = build_record(runs, curve, ceiling, args)
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=1)
+        os.replace(tmp, args.json)
+        return record
+
+    for gi, group in enumerate(groups):
+        left = args.budget_s - (time.time() - t_start)
+        need = _estimate_s(group, args.quick)
+        if left < min(need, 0.6 * need + 10):
+            print(f"[{time.time() - t_start:5.0f}s] group {gi}: skipped (budget: {left:.0f} s "
+                  f"left, ~{need} s needed)", flush=True)
+            for c in group:
+                if c.get("kind", "step") == "step":
+                    runs.append(dict(case=case_name(c["cfg"], c["batch"], c["seq"]),
+                                     variant=c["variant"], label=VARIANTS[c["variant"]],
+                                     status="skipped (budget)"))
+            save()
+            continue
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(group),
+               "--device", args.device, "--steps", str(args.steps), "--curve-steps",
+               str(args.curve_steps), "--seed", str(args.seed)] + (["--quick"] if args.quick
+                                                                   else [])
+        print(f"[{time.time() - t_start:5.0f}s] group {gi}: "
+              f"{[c.get('variant', c.get('kind')) for c in group]} "
+              f"({group[-1].get('cfg', '')}), timeout {left:.0f} s", flush=True)
+        got = []
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(left, 10))
+            out, err, rc = proc.stdout, proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err, rc = "timeout", "timeout"
+        for line in out.splitlines():
+            if line.startswith("RESULT "):
+                got.append(json.loads(line[7:]))
+            elif line.strip():
+                print("   " + line[:300])
+        done = len(got)
+        for r in got:
+            if r.get("kind") == "curve":
+                curve = r
+            elif r.get("kind") == "ceiling":
+                ceiling = r
+            else:
+                runs.append(r)
+                print(f"   {r['case']:22s} {r['label']:27s} {r.get('status')} "
+                      f"{r.get('tokens_per_s', 0):,.0f} tok/s {r.get('peak_GB', 0):.2f} GB "
+                      f"{r.get('error', '')[:200]}", flush=True)
+        if done < len(group):
+            why = "timeout" if rc == "timeout" else f"worker exit {rc}"
+            tail = (err or "").strip().splitlines()[-6:]
+            print(f"   group {gi} incomplete ({why}): " + " | ".join(tail)[:800], flush=True)
+            for c in group[done:]:
+                if c.get("kind", "step") == "step":
+                    runs.append(dict(case=case_name(c["cfg"], c["batch"], c["seq"]),
+                                     variant=c["variant"], label=VARIANTS[c["variant"]],
+                                     status="timeout" if rc == "timeout" else "crashed",
+                                     error=" | ".join(tail)[-300:]))
+        elif rc not in (0, "timeout") and err:
+            print("   stderr: " + " | ".join(err.strip().splitlines()[-3:])[:400])
+        save()
+    record = save()
+    if args.plot and curve and "patched" in curve:
+        try:
+            subprocess.run([sys.executable, os.path.join(ROOT, "bench", "plot_training.py"),
+                            args.json, args.plot], check=False, timeout=60)
+        except Exception as e:  # noqa: BLE001
+            print(f"plot failed: {e}")
+    print(f"[{time.time() - t_start:5.0f}s] done; {args.json}")
+    print(table(record))
+    return record
+
+
+if __name__ == "__main__":
+    main()

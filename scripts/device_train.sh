@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# scripts/device_train.sh -- the PyTorch integration on the GPU machine (issue 8):
+# build the Python extension with the CUDA backend, run the CUDA cases of the Python
+# tests and examples/train_llama.py on CUDA, then bench/bench_training.py (HF
+# LlamaForCausalLM training, patched vs HF).
+#
+#   bash scripts/device_train.sh [commit-sha]        # `run` with carry [".carry"]
+#
+# Environment: OT_TRAIN_BUDGET_S (whole script, default 400 s; the benchmark gets what
+# the build and the tests leave, at least 120 s), OT_TRAIN_SKIP_TESTS=1, OUT (default
+# /tmp/ot_train_out). Results under $OUT: training.json (bench/results/training.json
+# format), training_loss.png (docs/img/training_loss.png), training.md (the table for
+# docs/PERFORMANCE.md), pytest.log, bench.log. The table is printed last.
+set -uo pipefail
+T0=$(date +%s)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-/tmp/ot_train_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+BUDGET=${OT_TRAIN_BUDGET_S:-400}
+COMMIT=${1:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+PY=$(command -v python3)
+
+stamp "python: $PY $("$PY" -c 'import sys, torch, transformers; print(sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)' 2>&1)"
+PYINC=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+if [ ! -f "$PYINC/Python.h" ]; then
+  echo "device_train: no Python.h in $PYINC: cannot build the extension"; exit 1
+fi
+
+# 1. the library + ops_transformer._C with CUDA (sm_90a), as pip would build them
+stamp "build (build-train, sm_90a)"
+# shellcheck source=device_build.sh
+source scripts/device_build.sh
+if ! ot_device_build build-train "ot_python_ext" -DSKBUILD=ON -DPython_EXECUTABLE="$PY" \
+     -DOT_BUILD_TESTS=OFF; then
+  echo "device_train: build failed"; exit 1
+fi
+PKG=build-train/pkg/ops_transformer
+rm -rf build-train/pkg && mkdir -p "$PKG"
+cp python/ops_transformer/*.py "$PKG/"
+cp build-train/_C*.so "$PKG/" && cp -L build-train/libops_transformer.so* "$PKG/" 2>/dev/null
+export PYTHONPATH="$ROOT/build-train/pkg${PYTHONPATH:+:$PYTHONPATH}"
+stamp "built; probe of the library's ops on CUDA (bf16):"
+timeout 120 "$PY" - <<'PYEOF' 2>&1 | tail -20
+import torch, ops_transformer as ot
+from ops_transformer import patch
+print("has_cuda", ot.has_cuda(), torch.cuda.get_device_name(0))
+for k, v in patch.probe_device("cuda", torch.bfloat16).items():
+    print(f"  {k:28s} {'ok' if v else 'NOT USABLE (torch code used)'}")
+print("  fused linear_cross_entropy:", patch._library_lce_usable(torch.device("cuda")))
+PYEOF
+
+# 2. the CUDA cases of the Python tests (the CPU ones run in CI)
+if [ "${OT_TRAIN_SKIP_TESTS:-0}" != 1 ]; then
+  stamp "pytest (CUDA cases)"
+  timeout 150 "$PY" -m pytest -q -p no:cacheprovider -k "cuda" \
+    tests/python/test_lm_loss.py tests/python/test_config.py tests/python/test_patch.py \
+    >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -15
+fi
+
+# 3. the example on CUDA: 0.54b, bf16, AdamW (ops_transformer's where it runs), 2-step accumulation
+stamp "examples/train_llama.py (0.54b, bf16, CUDA)"
+timeout 120 "$PY" examples/train_llama.py --config 0.54b --batch 4 --seq 2048 --bf16 --grad-accum 2 \
+  --steps 4 --no-progress --device cuda --json "$OUT/train_llama.json" >"$OUT/train_llama.log" 2>&1
+echo "train_llama rc=$?"; grep -E "^(model|done|ops_transformer.optim)" "$OUT/train_llama.log" | head -4
+
+# 4. the benchmark, with what is left of the budget
+LEFT=$(( BUDGET - ($(date +%s) - T0) ))
+[ "$LEFT" -lt 120 ] && LEFT=120
+stamp "bench_training (budget ${LEFT} s)"
+timeout $(( LEFT + 30 )) "$PY" bench/bench_training.py --budget-s "$LEFT" --json "$OUT/training.json" \
+  --plot "$OUT/training_loss.png" --commit "$COMMIT" --command "bash scripts/device_train.sh" \
+  >"$OUT/bench.log" 2>&1
+echo "bench rc=$?"
+"$PY" bench/bench_training.py --markdown "$OUT/training.json" >"$OUT/training.md" 2>&1 || true
+stamp "done"
+sed -n '/^case /,$p' "$OUT/bench.log"
