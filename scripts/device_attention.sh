@@ -29,10 +29,20 @@ export OT_ATTN_IMPL=portable
 stamp "commit $COMMIT"
 
 if [ -n "$PREBUILT" ]; then
+  # DIR/bin.tar.xz (xz shrinks the fatbins ~4x: the carry limit) or the binaries themselves
+  if [ -f "$PREBUILT/bin.tar.xz" ]; then
+    mkdir -p /tmp/ot_prebuilt && tar -xJf "$PREBUILT/bin.tar.xz" -C /tmp/ot_prebuilt && PREBUILT=/tmp/ot_prebuilt
+  fi
   TEST=$PREBUILT/test_ops
   TIMING=$PREBUILT/attn_portable_timing
   chmod +x "$TEST" "$TIMING" 2>/dev/null
-else
+  if ldd "$TEST" "$TIMING" | grep -q 'not found'; then
+    ldd "$TEST" | grep 'not found'
+    echo "prebuilt binaries miss libraries here: building instead"
+    PREBUILT=""
+  fi
+fi
+if [ -z "$PREBUILT" ]; then
   stamp "build"
   ot_device_build ops_transformer_static test_ops || exit 1
   cc -O2 bench/attn_portable_timing.c -Iinclude -I"$DLPACK_INC" -I"$CUDA_HOME/include" \

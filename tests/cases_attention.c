@@ -457,9 +457,9 @@ static void run_case(test_run *tr, const acase *c, DLDataType dt) {
   int64_t nq = p->tq * p->hq * p->d, nk = p->tk * p->hkv * p->d;
   double *q = tb_to_f64(P.q), *k = tb_to_f64(P.k), *v = tb_to_f64(P.v);
   double *out = malloc((nq + 1) * sizeof *out), *lse = malloc((p->tq * p->hq + 1) * sizeof *lse);
-  ref_forward(p, q, k, v, out, lse);
   if (tr_ok(tr, run_forward(tr, &P), "ot_attention_forward")) {
     sync_outputs(&P);
+    ref_forward(p, q, k, v, out, lse); /* after the call: no reference for skipped cases */
     check_close(tr, "out", P.out, out, out_tol(dt));
     check_close(tr, "lse", P.lse, lse, tol_for(DT_F32, 4));
     if (bwd) {
