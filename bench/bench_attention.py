@@ -153,14 +153,30 @@ class Checker:
 
 
 def check_case(S, ck, B, sq, sk, hq, hkv, d, dtype=torch.bfloat16, wl=-1, wr=-1, scale=None,
-               layout="bshd", expect_handled=True, with_lse=True):
+               layout="bshd", expect_handled=True, with_lse=True, env=None):
     torch.manual_seed(1000 + sq * 7 + sk * 13 + d + hq + wl * 3 + wr * 5)
+    env = env or {}
+    saved = {k_: os.environ.get(k_) for k_ in env}
+    os.environ.update(env)
+    try:
+        _check_case(S, ck, B, sq, sk, hq, hkv, d, dtype, wl, wr, scale, layout, expect_handled,
+                    with_lse, " ".join(f"{k_[14:]}={v_}" for k_, v_ in env.items()))
+    finally:
+        for k_, v_ in saved.items():
+            if v_ is None:
+                os.environ.pop(k_, None)
+            else:
+                os.environ[k_] = v_
+
+
+def _check_case(S, ck, B, sq, sk, hq, hkv, d, dtype, wl, wr, scale, layout, expect_handled,
+                with_lse, tag):
     q, k, v = make_qkv(B, sq, sk, hq, hkv, d, dtype, layout)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     out, obuf = guarded((B, sq, hq, d), dtype, 8)
     lse_t, lbuf = guarded((B, hq, sq), torch.float32, 4)
     name = (f"{str(dtype)[6:]} B{B} sq{sq} sk{sk} h{hq}/{hkv} d{d} wl{wl} wr{wr} "
-            f"scale{scale:.3g} {layout}{'' if with_lse else ' nolse'}")
+            f"scale{scale:.3g} {layout}{'' if with_lse else ' nolse'} {tag}")
     handled = sm90_call(S, q, k, v, out, lse_t if with_lse else None, scale, wl, wr)()
     torch.cuda.synchronize()
     if not expect_handled:
@@ -228,6 +244,24 @@ def run_checks(S, small=False):
     check_case(S, ck, 1, 4096, 4096, 2, 1, 128, wr=0)
     check_case(S, ck, 1, 3000, 5000, 4, 1, 64, wr=0, scale=0.3)
     check_case(S, ck, 1, 2048, 2048, 2, 2, 256, wr=0, with_lse=False)
+    # more tiles than SMs: persistent CTAs (rings and the Q barrier across tiles), causal
+    # tiles with no visible key among them (Sq > Sk), sections of heads (the last one short)
+    for d in (64, 128, 256):
+        for wr in (-1, 0):
+            check_case(S, ck, 4, 1000, 1000, 8, 2, d, wr=wr)
+        check_case(S, ck, 3, 700, 300, 16, 4, d, wr=0)
+    check_case(S, ck, 1, 4096, 8192, 5, 5, 256, wr=0)
+    check_case(S, ck, 2, 1500, 1500, 12, 3, 128, wl=200, wr=0)
+    # the other settings of the switches
+    for d in (64, 128, 256):
+        check_case(S, ck, 2, 333, 517, 4, 2, d, wr=0, env={"OT_ATTN_SM90_GRID": "3"})
+        check_case(S, ck, 2, 517, 333, 4, 2, d, env={"OT_ATTN_SM90_GRID": "5"})
+    for d in (64, 128):
+        check_case(S, ck, 4, 1000, 1100, 8, 2, d, wr=0, env={"OT_ATTN_SM90_EXP": "mufu"})
+        check_case(S, ck, 4, 1000, 1100, 8, 2, d, env={"OT_ATTN_SM90_EXP": "poly"})
+        check_case(S, ck, 1, 300, 100, 2, 2, d, wr=0, env={"OT_ATTN_SM90_EXP": "poly"})
+        check_case(S, ck, 4, 1000, 900, 8, 2, d, wr=0, env={"OT_ATTN_SM90_NONPERSISTENT": "1"})
+        check_case(S, ck, 4, 1000, 900, 8, 2, d, env={"OT_ATTN_SM90_TILE": "small"})
     # layouts
     for d in (64, 128):
         check_case(S, ck, 2, 300, 300, 4, 4, d, layout="packed", wr=0)
@@ -276,6 +310,20 @@ def time_ms(fn, iters=20, warmup=3):
     return statistics.median(ts)
 
 
+def variant_envs(d, s, causal):
+    """Other settings of the Hopper kernel timed on the same inputs (OT_ATTN_SM90_* switches of
+    src/cuda/sm90/attention_fwd_sm90.cu), for the record and for choosing the defaults."""
+    v = []
+    if s >= 4096 and d in (64, 128):
+        v.append(("exp mufu only", {"OT_ATTN_SM90_EXP": "mufu"}) if d == 64 else
+                 ("exp 1/4 poly", {"OT_ATTN_SM90_EXP": "poly"}))
+    if causal or s >= 16384:
+        v.append(("one CTA per tile", {"OT_ATTN_SM90_NONPERSISTENT": "1"}))
+    if not causal and d == 64 and s <= 4096:
+        v.append(("key tile 128", {"OT_ATTN_SM90_TILE": "small"}))
+    return v
+
+
 def gemm_tflops():
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -322,10 +370,21 @@ def bench(S, args):
                     except Exception as e:  # backend unavailable for this shape
                         print(f"{case}: {name} failed: {str(e)[:100]}")
                 ours_f = flops / time_ms(f_ours) / 1e9
-                if not causal and d in (64, 128):  # the smaller key tile, for the record
-                    os.environ["OT_ATTN_SM90_TILE"] = "small"
-                    print(f"  variant small tile {case}: {flops / time_ms(f_ours) / 1e9:.1f}")
-                    del os.environ["OT_ATTN_SM90_TILE"]
+                variants = {}
+                if not args.no_variants:
+                    for vname, env in variant_envs(d, s, causal):
+                        old = {k_: os.environ.get(k_) for k_ in env}
+                        os.environ.update(env)
+                        try:
+                            variants[vname] = round(flops / time_ms(f_ours) / 1e9, 1)
+                        finally:
+                            for k_, v_ in old.items():
+                                if v_ is None:
+                                    os.environ.pop(k_, None)
+                                else:
+                                    os.environ[k_] = v_
+                        print(f"  variant {vname:28s} {case}: {variants[vname]:.1f} (default {ours_f:.1f})",
+                              flush=True)
                 # forward + backward through the public API (the dispatcher and fa80's kernels)
                 ours_fb = None
                 if api_bwd is not False:
@@ -359,6 +418,8 @@ def bench(S, args):
                                  "peers": {k_: round(v_, 1) for k_, v_ in peers.items()},
                                  "ratio_best_peer": round(ours / best, 3) if best else None,
                                  "fraction_of_ceiling": round(ours / gemm, 3)})
+                    if op == "attention_fwd" and variants:
+                        rows[-1]["variants"] = variants
                     r = rows[-1]
                     print(f"{op:18s} {case:34s} ours {r['ours']:6.1f}  " +
                           "  ".join(f"{k_.split()[-1]} {v_:6.1f}" for k_, v_ in r["peers"].items()) +
@@ -409,7 +470,9 @@ def markdown(doc):
 
 
 def sanitize(S):
-    """Each kernel variant once on small shapes (for compute-sanitizer), no reference."""
+    """Each kernel variant once on small shapes (for compute-sanitizer), no reference; the
+    persistent multi-tile path with 2 CTAs."""
+    os.environ["OT_ATTN_SM90_GRID"] = "2"
     for d in (64, 128, 256):
         for wr in (-1, 0):
             q, k, v = make_qkv(1, 150, 200, 2, 1, d, torch.bfloat16, "bshd")
@@ -430,6 +493,7 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--dims", default="128,64,256")
     ap.add_argument("--seqs", default="1024,4096,16384")
+    ap.add_argument("--no-variants", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     ap.add_argument("--commit", default="unknown")

@@ -29,6 +29,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -63,6 +64,8 @@ struct fwd_params {
   int64_t l_bs, l_ts, l_hs;
   int sq, sk, hq, group;          /* group = hq / hkv */
   int batch, num_m;               /* num_m = ceil(sq / 128) query tiles */
+  int sect;                       /* > 0: sectioned tile order (see decode_tile) */
+  int exp_poly;                   /* 1: a quarter of the exponentials by ex2_poly */
   int wl, wr;                     /* -1 unbounded */
   float scale, scale_log2;
 };
@@ -133,6 +136,19 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+/* 2^x on the FMA pipe, for a share of the softmax's exponentials (the MUFU unit does 16
+ * per SM and clock, and at head dim 64 it is as busy as the tensor cores): x = j + f with
+ * j = round(x) (the 1.5 * 2^23 trick), 2^f on [-0.5, 0.5] by a cubic fitted for relative
+ * error (1.0e-4, far below the bf16 / fp16 rounding of P), j added to the exponent field.
+ * x <= 0 here. x = -inf (a masked score) gives 2^-126 rather than 0: negligible next to
+ * the row max's 1, and a row with no visible key is recognised by its max instead. */
+__device__ __forceinline__ float ex2_poly(float x) {
+  x = fmaxf(x, -126.f);
+  const float t = x + 12582912.f;
+  const float f = x - (t - 12582912.f);
+  const float p = fmaf(fmaf(fmaf(0.05500898f, f, 0.24221105f), f, 0.69328292f), f, 1.f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
 /* 128B-swizzle shared-memory matrix descriptor (LBO / SBO in bytes). */
 __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
@@ -168,7 +184,19 @@ struct tile_info {
 template <int BC>
 __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
   tile_info ti;
-  const int mi = t % p.num_m, hb = t / p.num_m;
+  int mi, hb;
+  if (p.sect > 0) {
+    /* Sections of p.sect (head, batch) pairs whose K/V fit in L2 together; inside a
+     * section the longest query tiles of all its heads first, so that the persistent
+     * CTAs' round-robin turns get tiles of similar length. */
+    const int per = p.sect * p.num_m, sec = t / per, hb0 = sec * p.sect;
+    const int cnt = min(p.sect, p.hq * p.batch - hb0), w = t - sec * per;
+    mi = w / cnt;
+    hb = hb0 + w % cnt;
+  } else {
+    mi = t % p.num_m;
+    hb = t / p.num_m;
+  }
   ti.m_block = p.wr >= 0 ? p.num_m - 1 - mi : mi;
   ti.head = hb % p.hq;
   ti.batch = hb / p.hq;
@@ -338,11 +366,21 @@ __global__ void __launch_bounds__(kThreads, 1)
           alpha[h] = m_r[h] == -INFINITY ? 0.f : ex2(m_r[h] * cl2 - ms[h]);
           m_r[h] = mx[h];
         }
+        if (p.exp_poly) {   /* 2 of every 8 exponentials on the FMA pipe */
 #pragma unroll
-        for (int i = 0; i < NS; i++) {
-          const int h = (i >> 1) & 1;
-          s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
-          sum[h] += s[i];
+          for (int i = 0; i < NS; i++) {
+            const int h = (i >> 1) & 1;
+            const float x = fmaf(s[i], cl2, -ms[h]);
+            s[i] = (i & 7) >= 6 ? ex2_poly(x) : ex2(x);
+            sum[h] += s[i];
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < NS; i++) {
+            const int h = (i >> 1) & 1;
+            s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
+            sum[h] += s[i];
+          }
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) l_r[h] = l_r[h] * alpha[h] + sum[h];
@@ -416,6 +454,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float l = l_r[h];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if (m_r[h] == -INFINITY) l = 0.f;   /* no visible key (ex2_poly(-inf) is not 0) */
       inv[h] = l > 0.f ? 1.f / l : 0.f;
       lse[h] = l > 0.f ? m_r[h] * p.scale + logf(l) : -INFINITY;
     }
@@ -504,15 +543,31 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   auto kern = attn_fwd_sm90_kernel<T, D, BC>;
   OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          L::bytes));
-  /* Unmasked tiles all cost the same: one persistent CTA per SM walks them round-robin,
-   * its epilogue overlapping the loads of its next tile. Masked (causal, window) tiles
-   * differ: one CTA per tile, longest first, and the hardware's block scheduler
-   * balances them. */
-  const int64_t n_tiles = (int64_t)p->num_m * p->hq * p->batch;
-  const int sms = ot_cuda_state_of(ctx)->sm_count;
-  const bool persistent = p->wl < 0 && p->wr < 0 && !getenv("OT_ATTN_SM90_NONPERSISTENT");
-  const unsigned grid = (unsigned)(persistent && n_tiles > sms ? sms : n_tiles);
-  kern<<<grid, kThreads, L::bytes, (cudaStream_t)ctx->stream>>>(maps[0], maps[1], maps[2], *p);
+  /* One persistent CTA per SM walks the tiles round-robin, its epilogue overlapping the
+   * loads of its next tile. Unmasked tiles all cost the same and go m-fastest (the CTAs
+   * running together share one head's K/V in L2). Masked (causal) tiles differ: they go
+   * in L2-sized sections of heads, longest tiles first inside a section, so that each
+   * round of the round-robin hands out tiles of similar length.
+   * OT_ATTN_SM90_NONPERSISTENT=1: one CTA per tile instead (m fastest, longest first per
+   * head, the hardware's block scheduler balancing). */
+  fwd_params q = *p;
+  const int64_t n_tiles = (int64_t)q.num_m * q.hq * q.batch;
+  /* OT_ATTN_SM90_GRID=n: at most n persistent CTAs (tests the multi-tile path on small
+   * shapes, e.g. under compute-sanitizer). */
+  const char *gs = getenv("OT_ATTN_SM90_GRID");
+  const int sms = gs && atoi(gs) > 0 ? atoi(gs) : ot_cuda_state_of(ctx)->sm_count;
+  const bool persistent = !getenv("OT_ATTN_SM90_NONPERSISTENT") && n_tiles > sms;
+  const bool masked = q.wl >= 0 || q.wr >= 0;
+  q.sect = 0;
+  if (persistent && masked) {
+    const int64_t kv_bytes = 2 * (int64_t)q.sk * D * (int64_t)sizeof(T);
+    const int64_t budget = (int64_t)24 << 20;   /* of the 50 MB L2 */
+    int64_t sect = budget / (kv_bytes > 0 ? kv_bytes : 1);
+    const int64_t nhb = (int64_t)q.hq * q.batch;
+    q.sect = (int)(sect < 1 ? 1 : sect > nhb ? nhb : sect);
+  }
+  const unsigned grid = (unsigned)(persistent ? sms : n_tiles);
+  kern<<<grid, kThreads, L::bytes, (cudaStream_t)ctx->stream>>>(maps[0], maps[1], maps[2], q);
   OT_CUDA_CHECK_LAUNCH(op);
   return OT_OK;
 }
@@ -594,6 +649,10 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   p.wr = a->window_right > a->sq + a->sk ? -1 : (int)a->window_right;
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
+  /* OT_ATTN_SM90_EXP=mufu|poly overrides the default (poly at head dim 64, where the
+   * exponentials are the bottleneck). */
+  const char *ex = getenv("OT_ATTN_SM90_EXP");
+  p.exp_poly = ex ? ex[0] == 'p' : a->d == 64;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, masked)
                              : dispatch<__half>(ctx, a, maps, &p, masked);
