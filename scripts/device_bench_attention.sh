@@ -64,7 +64,7 @@ if has check; then
 fi
 if has bench; then
   stamp "bench"
-  timeout 170 $B --bench --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
+  timeout 150 $B --bench --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
     --command "scripts/device_bench_attention.sh $COMMIT $STEPS" >"$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E 'GEMM|attention_fwd|variant|failed|Error|not available' "$OUT/bench.log" | cut -c1-150
 fi
@@ -77,7 +77,7 @@ fi
 if has sanitize; then
   for tool in ${TOOLS:-memcheck racecheck synccheck}; do
     stamp "compute-sanitizer $tool"
-    timeout 60 compute-sanitizer --tool $tool --print-limit 10 $B --sanitize >"$OUT/$tool.log" 2>&1
+    timeout 40 compute-sanitizer --tool $tool --print-limit 10 $B --sanitize >"$OUT/$tool.log" 2>&1
     echo "$tool rc=$?"; grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize run|Invalid|hazard' "$OUT/$tool.log" | head -8
   done
 fi
