@@ -58,7 +58,8 @@ BIN=$ROOT/build-dev-engine
 if [ -f .devcarry-engine/engine.tar.gz ]; then
   stamp "unpacking the prebuilt engine ($(cat .devcarry-engine/commit.txt 2>/dev/null))"
   mkdir -p "$BIN/pack" && tar xzf .devcarry-engine/engine.tar.gz -C "$BIN/pack"
-  export LD_LIBRARY_PATH="$BIN/pack/lib:${LD_LIBRARY_PATH:-}"
+  CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+  export LD_LIBRARY_PATH="$BIN/pack/lib:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
   OT_RUN=$BIN/pack/ot-run
   export OT_ENGINE_LIB=$BIN/pack/lib/libot_engine.so
 else
