@@ -7,12 +7,15 @@
 #
 # Steps (logs under $OUT, default /tmp/ot_device_out; the summary table is printed last):
 #   1. build libops_transformer.so + tests/test_ops for sm_90a (scripts/device_build.sh,
-#      or inline when absent), or take DIR/libops_transformer.so and DIR/test_ops built
-#      elsewhere with the same nvcc (scripts/device_prebuild_lin: see --prebuilt below);
+#      or inline when absent), or, with --prebuilt DIR, take DIR/test_ops and
+#      DIR/libops_transformer.so built elsewhere with the same nvcc, or DIR/prebuilt.tar.gz
+#      holding them and the OpenBLAS runtime (libopenblas.so.0, libgfortran.so.5,
+#      libquadmath.so.0): then carry only DIR (e.g. [".devcarry-lin"]);
 #   2. test_ops --backend cuda --suite linear / softmax_ce / adamw / linear_ce (every case
 #      against the float64 references);
-#   3. compute-sanitizer memcheck on small cases of each of these kernels;
-#   4. bench/bench_linear_ce.py -> $OUT/linear_ce.json;
+#   3. bench/bench_linear_ce.py -> $OUT/linear_ce.json;
+#   4. compute-sanitizer memcheck on small cases of each of these kernels (last: a time
+#      limit cuts it rather than the benchmark);
 #   5. summary: test and sanitizer lines, then the benchmark table.
 # OT_LIN_SKIP_SAN=1 skips step 3, OT_LIN_ONLY=<families> limits the benchmark.
 set -uo pipefail
@@ -40,7 +43,13 @@ deps() { # dlpack / OpenBLAS from .carry/deps where the system lacks them
 }
 
 if [ -n "$PREBUILT" ]; then
-  deps
+  if [ -f "$PREBUILT/prebuilt.tar.gz" ]; then # test_ops, the .so and the OpenBLAS runtime
+    mkdir -p /tmp/ot_lin_prebuilt && tar xzf "$PREBUILT/prebuilt.tar.gz" -C /tmp/ot_lin_prebuilt
+    PREBUILT=/tmp/ot_lin_prebuilt
+    export LD_LIBRARY_PATH="$PREBUILT:${LD_LIBRARY_PATH:-}"
+  else
+    deps
+  fi
   TEST=$PREBUILT/test_ops
   LIB=$PREBUILT/libops_transformer.so
   chmod +x "$TEST" 2>/dev/null
@@ -74,13 +83,19 @@ for s in linear softmax_ce adamw linear_ce; do
   echo "test_ops --suite $s rc=$?" >>"$TLOG"
 done
 
+stamp "bench/bench_linear_ce.py"
+python3 bench/bench_linear_ce.py --lib "$LIB" --only "${OT_LIN_ONLY:-linear_ce,adamw,linear,softmax}" \
+  --json "$OUT/linear_ce.json" --commit "$COMMIT" \
+  --command "bash scripts/device_lin.sh $COMMIT" >"$OUT/lin_bench.log" 2>&1
+echo "bench rc=$?" >>"$OUT/lin_bench.log"
+
 SLOG="$OUT/lin_sanitize.log"
 : >"$SLOG"
 if [ "${OT_LIN_SKIP_SAN:-0}" != 1 ]; then
   stamp "compute-sanitizer memcheck"
   san() { # suite filter
     echo "== memcheck $1 '$2'" >>"$SLOG"
-    timeout 90 compute-sanitizer --tool memcheck --print-limit 10 \
+    timeout ${OT_LIN_SAN_TIMEOUT:-60} compute-sanitizer --tool memcheck --print-limit 10 \
       "$TEST" --backend cuda --suite "$1" --filter "$2" >>"$SLOG" 2>&1
     echo "   memcheck $1 '$2' rc=$? $(grep -E 'ERROR SUMMARY' "$SLOG" | tail -1)" >>"$SLOG"
   }
@@ -92,12 +107,6 @@ if [ "${OT_LIN_SKIP_SAN:-0}" != 1 ]; then
   san linear_ce "T=37 H=24"
   san linear_ce "T=7 H=16"
 fi
-
-stamp "bench/bench_linear_ce.py"
-python3 bench/bench_linear_ce.py --lib "$LIB" --only "${OT_LIN_ONLY:-linear_ce,adamw,linear,softmax}" \
-  --json "$OUT/linear_ce.json" --commit "$COMMIT" \
-  --command "bash scripts/device_lin.sh $COMMIT" >"$OUT/lin_bench.log" 2>&1
-echo "bench rc=$?" >>"$OUT/lin_bench.log"
 
 stamp "summary"
 echo "---- tests (CUDA)"
