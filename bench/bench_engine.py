@@ -497,7 +497,13 @@ def main():
 
     rc = 0
     if args.check:
-        doc["check"] = check(args)
+        try:
+            doc["check"] = check(args)
+        except Exception as ex:  # recorded; the benchmark still runs
+            import traceback
+            traceback.print_exc()
+            doc["check"] = {"failures": [f"{type(ex).__name__}: {ex}"]}
+            print(f"check: FAIL ({type(ex).__name__}: {ex})")
         rc = 1 if doc["check"]["failures"] else 0
         save()
     if args.bench:

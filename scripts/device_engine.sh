@@ -6,7 +6,7 @@
 #      cJSON from .carry/cjson)
 #   2. ot-run on the GPU (tiny config, batch 4): TTFT, tokens/s, CUDA graph, memory
 #   3. bench/bench_engine.py --check: logits and greedy tokens vs HF transformers (bf16)
-#   4. bench/bench_engine.py --bench -> $OUT/engine.json (+ engine_table.md), table last
+#   4. --bench (same process) -> $OUT/engine.json (+ engine_table.md), table last
 #   5. weight streaming (--offload) of llama2-7b: TTFT, tokens/s, the measured H2D bandwidth
 #      and layer time, and the prefetch distance the rule asks for (ENGINE_OFFLOAD_BIG=0: skip)
 #
@@ -108,24 +108,19 @@ else
 fi
 stamp "ot-run done"
 
-# ---- 3. correctness vs HF ----------------------------------------------------------------
-if [ "${ENGINE_SKIP_CHECK:-0}" != 1 ]; then
-  python3 bench/bench_engine.py --check --json "$OUTD/engine_check.json" >"$OUTD/check.txt" 2>&1
-  rc=$?
-  grep -vE "Warning|warn\(|forward_call|deprecated|it/s\]" "$OUTD/check.txt" | tail -12
-  SUMMARY+=("check vs HF: $(grep -E '^check:' "$OUTD/check.txt" || echo "rc $rc, see check.txt")")
-  stamp "check done (rc $rc)"
-fi
-
-# ---- 4. benchmark ------------------------------------------------------------------------
+# ---- 3 + 4. correctness vs HF, then the benchmark (one Python process: one torch start) --
 CMD="bash scripts/device_engine.sh run $COMMIT $*"
+CHECK=(--check)
+[ "${ENGINE_SKIP_CHECK:-0}" = 1 ] && CHECK=()
+export PYTHONUNBUFFERED=1
 # shellcheck disable=SC2086
-python3 bench/bench_engine.py --bench --shapes "${ENGINE_SHAPES:-llama3-8b,llama-13b}" \
+python3 bench/bench_engine.py "${CHECK[@]}" --bench --shapes "${ENGINE_SHAPES:-llama3-8b,llama-13b}" \
   --json "$OUTD/engine.json" --table "$OUTD/engine_table.md" --commit "$COMMIT" --command "$CMD" \
-  ${ENGINE_BENCH_ARGS:-} "$@" >"$OUTD/bench.txt" 2>&1
-rc=$?
-grep -vE "Warning|warn\(|forward_call|deprecated|it/s\]" "$OUTD/bench.txt" | grep -vE '^\|' | tail -14
-stamp "bench done (rc $rc)"
+  ${ENGINE_BENCH_ARGS:-} "$@" 2>&1 | tee "$OUTD/bench.txt" |
+  grep --line-buffered -vE "Warning|warn\(|forward_call|deprecated|it/s\]|^\|"
+rc=${PIPESTATUS[0]}
+SUMMARY+=("check vs HF: $(grep -E '^check:' "$OUTD/bench.txt" || echo "none (rc $rc, see bench.txt)")")
+stamp "check + bench done (rc $rc)"
 
 # ---- 5. weight streaming at a real size (after the benchmark: optional) -----------------
 if [ "${ENGINE_OFFLOAD_BIG:-1}" = 1 ]; then
