@@ -6,7 +6,7 @@
 #
 # Steps (logs under $OUT, default /tmp/ot_device_out; a summary is printed last):
 #   1. build tests/test_ops and bench/attn_portable_timing.c for sm_90a through
-#      scripts/device_build.sh (carried deps), or, with --prebuilt DIR, take
+#      scripts/device_build.sh (carried deps, build-dev/), or, with --prebuilt DIR, take
 #      DIR/test_ops and DIR/attn_portable_timing built elsewhere with the same nvcc
 #      (saves the build's minutes of device time);
 #   2. OT_ATTN_IMPL=portable test_ops --backend cuda --suite attention (every case of the
@@ -21,8 +21,14 @@ if [ "${1:-}" = "--prebuilt" ]; then PREBUILT=$2; shift 2; fi
 COMMIT=${1:-unknown}
 OUT=${OUT:-/tmp/ot_device_out}
 mkdir -p "$OUT"
-source "$(dirname "$0")/device_build.sh"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+source scripts/device_build.sh   # ot_device_deps / ot_device_build (shared with the other device scripts)
+ot_device_deps || exit 1         # carried OpenBLAS on LD_LIBRARY_PATH when the machine lacks it
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+export LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
+LOGS=build-dev/logs
+mkdir -p "$LOGS"
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 export OT_ATTN_IMPL=portable
@@ -44,8 +50,8 @@ if [ -n "$PREBUILT" ]; then
 fi
 if [ -z "$PREBUILT" ]; then
   stamp "build"
-  ot_device_build ops_transformer_static test_ops || exit 1
-  cc -O2 bench/attn_portable_timing.c -Iinclude -I"$DLPACK_INC" -I"$CUDA_HOME/include" \
+  ot_device_build build-dev "ops_transformer_static test_ops" || exit 1
+  cc -O2 bench/attn_portable_timing.c -Iinclude -I"$OT_DEVICE_DLPACK_INCLUDE" -I"$CUDA_HOME/include" \
     build-dev/libops_transformer.a -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -lopenblas -fopenmp \
     -lm -lstdc++ -o build-dev/attn_portable_timing >"$LOGS/timing_build.log" 2>&1 ||
     { cat "$LOGS/timing_build.log"; exit 1; }
