@@ -544,6 +544,21 @@ def time_ms(fns, iters=25, inner=5, warmup=3):
     return statistics.median(ts)
 
 
+def variants_ms(calls, envs):
+    """Time `calls` (ours) under each {name: {ENV: value}} setting of the kernels'
+    tuning knobs (read by src/cuda/norm.cuh, rope.cu, glu.cu at each call)."""
+    out = {}
+    for name, env in envs.items():
+        for k, v in env.items():
+            os.environ[k] = v
+        try:
+            out[name] = time_ms(calls)
+        finally:
+            for k in env:
+                os.environ.pop(k, None)
+    return out
+
+
 def copy_bandwidth():
     x = torch.empty(2 * 1024 ** 3 // 2, dtype=torch.bfloat16, device="cuda").uniform_()
     y = torch.empty_like(x)
@@ -610,24 +625,20 @@ def bench_all(S, args):
             comp[name] = torch.compile(fn, dynamic=False)
         return comp[name]
 
-    def variants(calls, envs):
-        """Time `calls` (ours) under each {name: {ENV: value}} setting of the kernels'
-        tuning knobs (read by src/cuda/norm.cuh at each call)."""
-        out = {}
-        for name, env in envs.items():
-            for k, v in env.items():
-                os.environ[k] = v
-            try:
-                out[name] = time_ms(calls)
-            finally:
-                for k in env:
-                    os.environ.pop(k, None)
-        return out
+    variants = variants_ms
 
-    FWD_VARIANTS = {"old (f46b949)": {"OT_NORM_FWD_IMPL": "old"},
-                    "v2 maxnv16": {"OT_NORM_FWD_MAXNV": "16"}}
-    BWD_VARIANTS = {"old (f46b949)": {"OT_NORM_BWD_IMPL": "old"},
-                    "v2 nv1": {"OT_NORM_BWD_NV": "1"}}
+    # The default is forward v3 / backward v3 (cp.async rings, src/cuda/norm.cuh) and the
+    # warp-per-token RoPE kernel; the variants are the previous defaults and the ring
+    # depths around the automatic choice.
+    FWD_VARIANTS = {"v2": {"OT_NORM_FWD_IMPL": "v2"},
+                    "v3 S=3": {"OT_NORM_FWD_STAGES": "3"},
+                    "v3 S=4": {"OT_NORM_FWD_STAGES": "4"}}
+    BWD_VARIANTS = {"v2": {"OT_NORM_BWD_IMPL": "v2"},
+                    "v3 nv4": {"OT_NORM_BWD_V3NV": "4"},
+                    "v3 S=2": {"OT_NORM_BWD_STAGES": "2"},
+                    "v3 S=6": {"OT_NORM_BWD_STAGES": "6"}}
+    ROPE_VARIANTS = {"v1 (block per token)": {"OT_ROPE_IMPL": "v1"}}
+    only = set(args.only.split(","))
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):
         ours = nbytes / (ours_ms * 1e-3) / 1e12
@@ -655,7 +666,7 @@ def bench_all(S, args):
             print("  peer failed:", type(e).__name__, str(e)[:200], flush=True)
             return None
 
-    if args.ce_first:
+    if args.ce_first and "ce" in only:
         bench_ce(S, args, copy_tbps, results, row, safe)
     for N in rows_list:
         for H in H_list:
@@ -675,35 +686,10 @@ def bench_all(S, args):
             dbs = torch.empty(H, dtype=dtype, device="cuda")
 
             # SwiGLU, F = H (separate gate / up tensors)
-            ours = [glu_fwd_call(S, 0, s["x"], s["r"], outs[i]) for i, s in enumerate(sets)]
-            t_ours = time_ms(ours)
-            glu_var = variants(ours, {"v2 (64-256 thr x 4 vec)": {"OT_GLU_FWD_IMPL": "v2"}})
-            peers = {
-                "torch eager": safe(lambda: time_ms([lambda s=s: eager_swiglu(s["x"], s["r"]) for s in sets])),
-                "torch F.silu(g)*u": safe(lambda: time_ms([lambda s=s: F.silu(s["x"]) * s["r"] for s in sets])),
-            }
-            c = compiled(f"swiglu{H}", eager_swiglu)
-            if c is not None:
-                peers["torch.compile eager"] = safe(lambda: time_ms([lambda s=s: c(s["x"], s["r"]) for s in sets]))
-            row("swiglu_fwd", case, 3 * N * H * E, t_ours, peers, glu_var)
+            if "glu" in only:
+                bench_glu(S, N, H, case, sets, outs, row, safe, compiled)
 
-            dg = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
-            ours = [glu_bwd_call(S, 0, s["dy"], s["x"], s["r"], outs[i], dg[i]) for i, s in enumerate(sets)]
-            t_ours = time_ms(ours)
-
-            def swiglu_autograd():
-                gs = []
-                for s in sets:
-                    gg = s["x"].detach().clone().requires_grad_(True)
-                    uu = s["r"].detach().clone().requires_grad_(True)
-                    y = F.silu(gg) * uu
-                    gs.append(lambda y=y, ins=[gg, uu], dy=s["dy"]: torch.autograd.grad(y, ins, dy, retain_graph=True))
-                return time_ms(gs)
-            row("swiglu_bwd", case, 5 * N * H * E, t_ours, {"torch F.silu(g)*u autograd": safe(swiglu_autograd)})
-            del dg
-            torch.cuda.empty_cache()
-
-            for layer in (0, 1):
+            for layer in ((0, 1) if "norm" in only else ()):
                 nm = "layernorm" if layer else "rmsnorm"
                 bb = bvec if layer else None
                 mm = mean if layer else None
@@ -796,12 +782,13 @@ def bench_all(S, args):
             cos_c = torch.cat([torch.cos(ang)] * 2, 1).float().cuda()
             sin_c = torch.cat([torch.sin(ang)] * 2, 1).float().cuda()
             nbytes = 2 * N * (Hq + Hk) * D * E
-            for inverse in (False, True):
+            for inverse in ((False, True) if "rope" in only else ()):
                 for use_cache in (True, False):
                     ours = [rope_call(S, s["q"], s["k"], qo[i], ko[i], s["pos"],
                                       cache if use_cache else None, 0, D, 10000.0, inverse)
                             for i, s in enumerate(rsets)]
                     t_ours = time_ms(ours)
+                    var_ms = variants(ours, ROPE_VARIANTS)
                     op = ("rope_bwd" if inverse else "rope_fwd") + ("" if use_cache else "_computed_cos_sin")
                     if not inverse:
                         if use_cache:
@@ -827,12 +814,45 @@ def bench_all(S, args):
                         if use_cache:
                             rope_bpeers = {"torch eager (HF) autograd": safe(rope_autograd)}
                         peers = rope_bpeers
-                    row(op, case, nbytes, t_ours, peers)
+                    row(op, case, nbytes, t_ours, peers, var_ms)
             del rsets, qo, ko, sets, outs, routs
             torch.cuda.empty_cache()
-    if not args.ce_first:
+    if not args.ce_first and "ce" in only:
         bench_ce(S, args, copy_tbps, results, row, safe)
     return copy_tbps, results
+
+
+def bench_glu(S, N, H, case, sets, outs, row, safe, compiled):
+    """SwiGLU forward and backward at F = H (separate gate / up tensors)."""
+    dtype, E = torch.bfloat16, 2
+    variants = variants_ms
+    ours = [glu_fwd_call(S, 0, s["x"], s["r"], outs[i]) for i, s in enumerate(sets)]
+    t_ours = time_ms(ours)
+    glu_var = variants(ours, {"v2 (64-256 thr x 4 vec)": {"OT_GLU_FWD_IMPL": "v2"}})
+    peers = {
+        "torch eager": safe(lambda: time_ms([lambda s=s: eager_swiglu(s["x"], s["r"]) for s in sets])),
+        "torch F.silu(g)*u": safe(lambda: time_ms([lambda s=s: F.silu(s["x"]) * s["r"] for s in sets])),
+    }
+    c = compiled(f"swiglu{H}", eager_swiglu)
+    if c is not None:
+        peers["torch.compile eager"] = safe(lambda: time_ms([lambda s=s: c(s["x"], s["r"]) for s in sets]))
+    row("swiglu_fwd", case, 3 * N * H * E, t_ours, peers, glu_var)
+
+    dg = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
+    ours = [glu_bwd_call(S, 0, s["dy"], s["x"], s["r"], outs[i], dg[i]) for i, s in enumerate(sets)]
+    t_ours = time_ms(ours)
+
+    def swiglu_autograd():
+        gs = []
+        for s in sets:
+            gg = s["x"].detach().clone().requires_grad_(True)
+            uu = s["r"].detach().clone().requires_grad_(True)
+            y = F.silu(gg) * uu
+            gs.append(lambda y=y, ins=[gg, uu], dy=s["dy"]: torch.autograd.grad(y, ins, dy, retain_graph=True))
+        return time_ms(gs)
+    row("swiglu_bwd", case, 5 * N * H * E, t_ours, {"torch F.silu(g)*u autograd": safe(swiglu_autograd)})
+    del dg
+    torch.cuda.empty_cache()
 
 
 def bench_ce(S, args, copy_tbps, results, row, safe):

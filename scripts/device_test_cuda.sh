@@ -12,12 +12,24 @@
 #      against the float64 references);
 #   3. bench/bench_fused_ops.py --check: our kernels against float64 torch references
 #      (odd shapes, strided rows, all dtypes, in place);
-#   4. compute-sanitizer memcheck over the norm and cross-entropy checks on small shapes, racecheck over our
-#      kernels alone (--sanitize: every kernel variant, no torch references);
-#   5. bench/bench_fused_ops.py --bench -> $OUT/fused_ops.json (+ plot), table last.
+#   4. bench/bench_fused_ops.py --bench -> $OUT/fused_ops.json (+ plot) and its table;
+#   5. compute-sanitizer memcheck over the norm and cross-entropy checks on small
+#      shapes, racecheck over our kernels alone (--sanitize: every kernel variant, no
+#      torch references) -- last, so that a time limit cuts them, not the benchmark.
 # Machines without libdlpack-dev / OpenBLAS (the lent ones have no package registry)
 # use the headers and libraries carried in .carry/deps (copied from a Debian machine:
 # dlpack.h, cblas.h, libopenblas.so.0 and its libgfortran / libquadmath).
+#
+# Environment (all optional):
+#   OT_PREBUILT=DIR   skip the build: DIR holds prebuilt.tar.gz and deps.tar.gz made by
+#                     scripts/device_prebuild.sh on a machine without a GPU (carry DIR
+#                     instead of .carry: no device time spent compiling)
+#   OT_SUITES="norm rope"   test_ops suites to run (default: all)
+#   OT_ONLY=norm,rope       families for the python check, memcheck and benchmark
+#                           (default: norm,rope,glu,ce)
+#   OT_MEMCHECK_ONLY        families under compute-sanitizer memcheck (default norm,ce)
+#   OT_COMMIT               the commit recorded in the JSON (the device copy has no .git)
+#   OT_BENCH_FLAGS          extra flags for the benchmark (e.g. --no-compile)
 set -uo pipefail
 MODE=${1:-all}
 COMPILE_FLAG=${2:-}
@@ -31,61 +43,84 @@ export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 
-EXTRA=()
-DLPACK_INC=/usr/include
-if [ ! -f /usr/include/dlpack/dlpack.h ] || ! ldconfig -p | grep -q 'libopenblas\.so'; then
-  D="$ROOT/.carry/deps"
-  EXTRA=(-DOT_DLPACK_INCLUDE_DIR="$D/include" -DOT_CBLAS_INCLUDE_DIR="$D/include"
-         -DBLAS_openblas_LIBRARY="$D/lib/libopenblas.so")
-  DLPACK_INC="$D/include"
-  export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}" LIBRARY_PATH="$D/lib:${LIBRARY_PATH:-}"
-  stamp "using carried deps in $D"
-fi
-CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
-GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
+if [ -n "${OT_PREBUILT:-}" ]; then
+  stamp "prebuilt binaries from $OT_PREBUILT"
+  mkdir -p build-dev/deps
+  tar xzf "$OT_PREBUILT/prebuilt.tar.gz" -C build-dev || exit 1
+  tar xzf "$OT_PREBUILT/deps.tar.gz" -C build-dev/deps || exit 1
+  CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+  export LD_LIBRARY_PATH="$ROOT/build-dev/deps:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
+else
+  EXTRA=()
+  DLPACK_INC=/usr/include
+  if [ ! -f /usr/include/dlpack/dlpack.h ] || ! ldconfig -p | grep -q 'libopenblas\.so'; then
+    D="$ROOT/.carry/deps"
+    EXTRA=(-DOT_DLPACK_INCLUDE_DIR="$D/include" -DOT_CBLAS_INCLUDE_DIR="$D/include"
+           -DBLAS_openblas_LIBRARY="$D/lib/libopenblas.so")
+    DLPACK_INC="$D/include"
+    export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}" LIBRARY_PATH="$D/lib:${LIBRARY_PATH:-}"
+    stamp "using carried deps in $D"
+  fi
+  CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+  GEN=()
+  command -v ninja >/dev/null && GEN=(-G Ninja)
 
-stamp "configure"
-cmake -S . -B build-dev "${GEN[@]}" -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
-  -DOT_BUILD_TOOLS=OFF "${EXTRA[@]}" >"$LOGS/cmake.log" 2>&1 || { tail -40 "$LOGS/cmake.log"; exit 1; }
-stamp "build"
-if ! cmake --build build-dev -j "$(nproc)" --target ops_transformer_static test_ops >"$LOGS/build.log" 2>&1; then
-  grep -E -B2 -A12 'error|Error' "$LOGS/build.log" | head -80
-  exit 1
+  stamp "configure"
+  cmake -S . -B build-dev "${GEN[@]}" -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
+    -DOT_BUILD_TOOLS=OFF "${EXTRA[@]}" >"$LOGS/cmake.log" 2>&1 || { tail -40 "$LOGS/cmake.log"; exit 1; }
+  stamp "build"
+  if ! cmake --build build-dev -j "$(nproc)" --target ops_transformer_static test_ops >"$LOGS/build.log" 2>&1; then
+    grep -E -B2 -A12 'error|Error' "$LOGS/build.log" | head -80
+    exit 1
+  fi
+  cc -O2 -shared -fPIC bench/fused_ops_shim.c -Iinclude -Isrc -I"$DLPACK_INC" -I"$CUDA_HOME/include" \
+    build-dev/libops_transformer.a -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -lopenblas -fopenmp -lm \
+    -lstdc++ -o build-dev/libfused_ops_shim.so >"$LOGS/shim.log" 2>&1 || { cat "$LOGS/shim.log"; exit 1; }
 fi
-cc -O2 -shared -fPIC bench/fused_ops_shim.c -Iinclude -Isrc -I"$DLPACK_INC" -I"$CUDA_HOME/include" \
-  build-dev/libops_transformer.a -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -lopenblas -fopenmp -lm \
-  -lstdc++ -o build-dev/libfused_ops_shim.so >"$LOGS/shim.log" 2>&1 || { cat "$LOGS/shim.log"; exit 1; }
 SHIM=build-dev/libfused_ops_shim.so
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$LOGS/gpu.txt"
 
+# Order: tests and float64 checks, then the benchmark, then the sanitizers (the slowest
+# step last, so that a time limit cuts it rather than the benchmark).
 if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   stamp "test_ops --backend cuda"
-  timeout 300 build-dev/tests/test_ops --backend cuda >"$OUT/test_ops.log" 2>&1
-  echo "test_ops rc=$?"; grep -E '^cuda ' "$OUT/test_ops.log" | head -20
+  if [ -n "${OT_SUITES:-}" ]; then
+    : >"$OUT/test_ops.log"
+    for s in $OT_SUITES; do
+      timeout 300 build-dev/tests/test_ops --backend cuda --suite "$s" >>"$OUT/test_ops.log" 2>&1
+      echo "test_ops --suite $s rc=$?"
+    done
+  else
+    timeout 300 build-dev/tests/test_ops --backend cuda >"$OUT/test_ops.log" 2>&1
+    echo "test_ops rc=$?"
+  fi
+  grep -E '^cuda ' "$OUT/test_ops.log" | head -20
   grep -E 'FAIL' "$OUT/test_ops.log" | head -20
   stamp "python check"
-  timeout 300 python3 bench/bench_fused_ops.py --shim $SHIM --check >"$OUT/check.log" 2>&1
+  timeout 300 python3 bench/bench_fused_ops.py --shim $SHIM --check --only "${OT_ONLY:-norm,rope,glu,ce}" >"$OUT/check.log" 2>&1
   echo "check rc=$?"; tail -25 "$OUT/check.log"
-  stamp "compute-sanitizer memcheck"
-  timeout 200 compute-sanitizer --tool memcheck --print-limit 20 \
-    python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only norm,ce >"$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$?"; grep -E 'ERROR SUMMARY|check:|Invalid|FAIL' "$OUT/memcheck.log" | head -10
-  stamp "compute-sanitizer racecheck"
-  timeout 200 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
-    python3 bench/bench_fused_ops.py --shim $SHIM --sanitize >"$OUT/racecheck.log" 2>&1
-  echo "racecheck rc=$?"; grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|sanitize run|hazard' "$OUT/racecheck.log" | head -10
 fi
 
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   stamp "bench"
-  COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-  timeout 420 python3 bench/bench_fused_ops.py --shim $SHIM --bench $COMPILE_FLAG --json "$OUT/fused_ops.json" \
+  COMMIT=${OT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+  timeout 420 python3 bench/bench_fused_ops.py --shim $SHIM --bench $COMPILE_FLAG ${OT_BENCH_FLAGS:-} --only "${OT_ONLY:-norm,rope,glu,ce}" --json "$OUT/fused_ops.json" \
     --commit "$COMMIT" --command "scripts/device_test_cuda.sh $MODE $COMPILE_FLAG" >"$OUT/bench.log" 2>&1
   echo "bench rc=$?"
   python3 bench/plot_fused_ops.py "$OUT/fused_ops.json" "$OUT/fused_ops.png" >>"$OUT/bench.log" 2>&1 || true
-  stamp "done"
+  stamp "bench done"
   sed -n '/^op /,$p' "$OUT/bench.log"
   grep -E 'peer failed|Error|error' "$OUT/bench.log" | head -5
+fi
+
+if [ "$MODE" = all ] || [ "$MODE" = check ]; then
+  stamp "compute-sanitizer memcheck"
+  timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --print-limit 20 \
+    python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only "${OT_MEMCHECK_ONLY:-norm,ce}" >"$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$?"; grep -E 'ERROR SUMMARY|check:|Invalid|FAIL' "$OUT/memcheck.log" | head -10
+  stamp "compute-sanitizer racecheck"
+  timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
+    python3 bench/bench_fused_ops.py --shim $SHIM --sanitize >"$OUT/racecheck.log" 2>&1
+  echo "racecheck rc=$?"; grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|sanitize run|hazard' "$OUT/racecheck.log" | head -10
 fi
 stamp "end"

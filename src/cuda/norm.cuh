@@ -20,6 +20,12 @@
  * cudaMallocAsync / cudaFreeAsync on the context's stream (stream-ordered, served by
  * the driver's memory pool) -- a stopgap until the context has an arena.
  *
+ * Generations (all kept: the benchmark times them side by side through the env knobs
+ * below): v1 (f46b949, any alignment: the fallback), v2 (aligned rows, more bytes in
+ * flight per thread, register rings), v3 (aligned rows, the default: v2's arithmetic
+ * with the rows staged in shared memory by per-thread cp.async rings on a persistent
+ * grid, so the bytes in flight per SM are bounded by shared memory, not registers).
+ *
  * All pointers may be NULL where the API allows it: residual (then residual_out is
  * unused), weight (= 1), bias (= 0), mean / rstd (not saved, or recomputed in the
  * backward), dresidual_out (no extra gradient), dweight / dbias partials.
@@ -514,16 +520,19 @@ __global__ void __launch_bounds__(1024) norm_bwd_loop_kernel(norm_bwd_params p) 
 }
 
 /* ---- stage two: sum the partial rows -------------------------------------------------
- * dw[c] = sum_p dw_part[p, c]; block (32 columns) x (16 partial-row lanes). dw / db
- * NULL: not wanted; parts == 0 writes zeros (no rows). */
+ * dw[c] = sum_p dw_part[p, c]; block (32 columns) x (32 partial-row lanes), each lane's
+ * loads unrolled by 4 so a lane has its ~parts/32 loads in flight at once (the kernel is
+ * a few L2 round trips, not a loop of them). dw / db NULL: not wanted; parts == 0
+ * writes zeros (no rows). */
 template <typename T>
-__global__ void __launch_bounds__(512) norm_reduce_partials_kernel(
+__global__ void __launch_bounds__(1024) norm_reduce_partials_kernel(
     const float *__restrict__ dw_part, const float *__restrict__ db_part, int64_t parts,
     int64_t n, T *dw, T *db) {
-  __shared__ float sw[16][33], sb[16][33];
+  __shared__ float sw[32][33], sb[32][33];
   const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
   float aw = 0.0f, ab = 0.0f;
   if (c < n) {
+#pragma unroll 4
     for (int64_t q = threadIdx.y; q < parts; q += blockDim.y) {
       if (dw) aw += dw_part[q * n + c];
       if (db) ab += db_part[q * n + c];
@@ -547,41 +556,18 @@ __device__ __forceinline__ void opaque(raw16 &r) {
   asm volatile("" : "+r"(r.u.x), "+r"(r.u.y), "+r"(r.u.z), "+r"(r.u.w));
 }
 
-/* ---- forward v2: aligned rows, many bytes in flight per thread ------------------------
- * The forward is bound by how many bytes each SM keeps in flight (loads issued, not yet
- * returned); measured on the H200 (f46b949): 32 KB/SM gave ~70% of copy bandwidth, 64 KB
- * ~81%. So this version gives each thread many 16-byte vectors of the row (NV up to 32:
- * a warp owns a whole 4096- or 8192-wide bf16 row, and reduces it with shuffles only,
- * no barrier; TPR = blockDim.x is a compile-time constant, so the NV addresses of a
- * row are one register plus immediates) and keeps only the row in registers: weight and bias are read after the
- * reduction (L1 hits: every row of the SM reads the same ones), so the registers hold
- * data that is in flight from HBM. Rows are 16-byte aligned and cols % VEC == 0. */
+/* The per-row work of forward v2 / v3 once the thread's NV vectors of x (and of the
+ * residual) are in registers: residual add and store, the statistics, out. Both
+ * kernels call it with the same thread-to-vector map (vector x + i * TPR), so they
+ * give the same bits. valid: the row exists (the barriers are passed either way). */
 template <typename T, bool LAYER, int NV, bool RES, int TPR>
-__global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(norm_fwd_params p) {
+__device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&xr)[NV],
+                                             const raw16 (&rr)[NV], int64_t r, bool valid,
+                                             float *scr) {
   constexpr int V = vec_width<T>::value;
-  __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
-  float *scr = reinterpret_cast<float *>(scratch);
   const int64_t n = p.cols;
-  const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
-  const bool valid = row < p.rows;
-  const int64_t r = valid ? row : 0;
-  const T *x = static_cast<const T *>(p.x) + r * p.x_stride;
-  const T *res = RES ? static_cast<const T *>(p.residual) + r * p.residual_stride : nullptr;
-
-  raw16 xr[NV];
-#pragma unroll
-  for (int i = 0; i < NV; i++) {
-    const int base = ((int)threadIdx.x + i * TPR) * V;
-    load_raw<T, true, true>(xr[i], x, base, n, valid && base < n);
-  }
   float s = 0.0f;
   if (RES) {
-    raw16 rr[NV];
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-      const int base = ((int)threadIdx.x + i * TPR) * V;
-      load_raw<T, true, true>(rr[i], res, base, n, valid && base < n);
-    }
     T *rout = static_cast<T *>(p.residual_out) + r * p.residual_out_stride;
 #pragma unroll
     for (int i = 0; i < NV; i++) {
@@ -658,6 +644,177 @@ __global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(nor
     if (p.rstd) p.rstd[r] = rs;
     if (LAYER && p.mean) p.mean[r] = mu;
   }
+}
+
+/* ---- forward v2: aligned rows, many bytes in flight per thread ------------------------
+ * The forward is bound by how many bytes each SM keeps in flight (loads issued, not yet
+ * returned); measured on the H200 (f46b949): 32 KB/SM gave ~70% of copy bandwidth, 64 KB
+ * ~81%. So this version gives each thread many 16-byte vectors of the row (NV up to 32:
+ * a warp owns a whole 4096- or 8192-wide bf16 row, and reduces it with shuffles only,
+ * no barrier; TPR = blockDim.x is a compile-time constant, so the NV addresses of a
+ * row are one register plus immediates) and keeps only the row in registers: weight and bias are read after the
+ * reduction (L1 hits: every row of the SM reads the same ones), so the registers hold
+ * data that is in flight from HBM. Rows are 16-byte aligned and cols % VEC == 0. */
+template <typename T, bool LAYER, int NV, bool RES, int TPR>
+__global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(norm_fwd_params p) {
+  constexpr int V = vec_width<T>::value;
+  __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
+  float *scr = reinterpret_cast<float *>(scratch);
+  const int64_t n = p.cols;
+  const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+  const bool valid = row < p.rows;
+  const int64_t r = valid ? row : 0;
+  const T *x = static_cast<const T *>(p.x) + r * p.x_stride;
+  const T *res = RES ? static_cast<const T *>(p.residual) + r * p.residual_stride : nullptr;
+
+  raw16 xr[NV], rr[NV];
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int base = ((int)threadIdx.x + i * TPR) * V;
+    load_raw<T, true, true>(xr[i], x, base, n, valid && base < n);
+  }
+  if (RES) {
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int base = ((int)threadIdx.x + i * TPR) * V;
+      load_raw<T, true, true>(rr[i], res, base, n, valid && base < n);
+    }
+  }
+  norm_fwd_row<T, LAYER, NV, RES, TPR>(p, xr, rr, r, valid, scr);
+}
+
+/* ---- cp.async rings (sm_80+) ------------------------------------------------------------
+ * v3 kernels stage rows in shared memory with cp.async (16 bytes per thread, L2 only):
+ * the bytes in flight per SM are then bounded by shared memory (up to 227 KB on the
+ * H200), not by the registers that hold loads in flight in v2. Each thread copies only
+ * the vectors it reads back itself, so the ring needs no barrier: cp.async.wait_group
+ * makes a thread's own copies visible to it. A stage is refilled one iteration after it
+ * was read into registers, whose values the previous row's stores have consumed. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* wait until at most n (1..7, uniform) groups are pending */
+__device__ __forceinline__ void cp_async_wait(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+  }
+}
+
+/* ---- forward v3: v2's row work, persistent grid, a cp.async ring of S rows ---------------
+ * One row per block (blockDim = (TPR, 1)); block b handles rows b, b + G, ...; rows
+ * b + G .. b + (S-1) G are in flight in shared memory ([S][NT][NV][TPR] 16-byte vectors,
+ * NT = 1 or 2 with the residual) while row b is reduced and written. No wave tail, and
+ * the loads of the next rows overlap the reduction and the stores of this one. */
+template <typename T, bool LAYER, int NV, bool RES, int TPR>
+__global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v3_kernel(norm_fwd_params p, int S) {
+  constexpr int V = vec_width<T>::value;
+  constexpr int NT = RES ? 2 : 1;
+  extern __shared__ uint4 ring[];
+  __shared__ float2 scratch[32];
+  float *scr = reinterpret_cast<float *>(scratch);
+  const int64_t n = p.cols;
+  const int64_t G = gridDim.x;
+  const int tid = threadIdx.x;
+  auto issue = [&](int64_t row, int stage) {
+    if (row < p.rows) {
+      uint4 *st = ring + (size_t)stage * NT * NV * TPR + tid;
+      const T *x = static_cast<const T *>(p.x) + row * p.x_stride;
+      const T *res = RES ? static_cast<const T *>(p.residual) + row * p.residual_stride : nullptr;
+#pragma unroll
+      for (int i = 0; i < NV; i++) {
+        const int base = (tid + i * TPR) * V;
+        if (base < n) {
+          cp_async16(st + i * TPR, x + base);
+          if (RES) cp_async16(st + (NV + i) * TPR, res + base);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  for (int s = 0; s + 1 < S; s++) issue((int64_t)blockIdx.x + (int64_t)s * G, s);
+  int stage = 0;
+  for (int64_t row = blockIdx.x; row < p.rows; row += G) {
+    issue(row + (int64_t)(S - 1) * G, stage == 0 ? S - 1 : stage - 1);
+    cp_async_wait(S - 1);
+    raw16 xr[NV], rr[NV];
+    const uint4 *st = ring + (size_t)stage * NT * NV * TPR + tid;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const bool in = (tid + i * TPR) * V < n;
+      xr[i].u = in ? st[i * TPR] : make_uint4(0u, 0u, 0u, 0u);
+      if (RES) rr[i].u = in ? st[(NV + i) * TPR] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    norm_fwd_row<T, LAYER, NV, RES, TPR>(p, xr, rr, row, true, scr);
+    stage = stage + 1 == S ? 0 : stage + 1;
+  }
+  cp_async_wait(0);
+}
+
+/* ---- pieces shared by backward v2 and v3 (the same arithmetic, so the same bits) ---- */
+
+/* One vector's terms: dweight / dbias partials and the two row sums. g = dy * w with
+ * __fmul_rn everywhere it is formed: the sums and dx must see the same rounded product
+ * (a product contracted into an FMA in dx keeps its rounding error, which rstd
+ * amplifies: a constant row has rstd = 1/sqrt(eps)). */
+template <bool LAYER, int V>
+__device__ __forceinline__ void norm_bwd_terms(const float *hv, const float *dyv, const float *wv,
+                                               bool has_w, float rs, float nmr, float *dw,
+                                               float *db, float &sg, float &sgx) {
+#pragma unroll
+  for (int j = 0; j < V; j++) {
+    const float xh = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
+    dw[j] = fmaf(dyv[j], xh, dw[j]);
+    if (LAYER) db[j] += dyv[j];
+    const float gg = has_w ? __fmul_rn(dyv[j], wv[j]) : dyv[j];
+    sg += gg;
+    sgx = fmaf(gg, xh, sgx);
+  }
+}
+
+/* The row's a = mean(g) (LayerNorm) and c = mean(g * xh), block-wide. */
+template <bool LAYER>
+__device__ __forceinline__ void norm_bwd_row_sums(float sg, float sgx, float *scr, float inv_n,
+                                                  float &a, float &c) {
+  a = 0.0f;
+  if (LAYER) {
+    const float2 t = row_group_sum2(sg, sgx, scr);
+    a = t.x * inv_n;
+    c = t.y * inv_n;
+  } else {
+    c = row_group_sum(sgx, scr) * inv_n;
+  }
+}
+
+/* dx = rs * (g - a - xh * c) = g * rs + (xh * k1 + k0), k1 = -rs * c, k0 = -rs * a,
+ * plus dres when given. */
+template <bool LAYER, int V>
+__device__ __forceinline__ void norm_bwd_dx(const float *hv, const float *dyv, const float *wv,
+                                            bool has_w, const float *dr, float rs, float nmr,
+                                            float k1, float k0, float *o) {
+#pragma unroll
+  for (int j = 0; j < V; j++) {
+    const float xh = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
+    const float gg = has_w ? __fmul_rn(dyv[j], wv[j]) : dyv[j];
+    o[j] = fmaf(gg, rs, LAYER ? fmaf(xh, k1, k0) : xh * k1);
+    if (dr) o[j] += dr[j];
+  }
+}
+
+/* A thread's V partial sums of one column vector into the fp32 workspace row. */
+template <int V>
+__device__ __forceinline__ void norm_store_partials(float *dst, const float *v) {
+  float4 *q = reinterpret_cast<float4 *>(dst);
+#pragma unroll
+  for (int j = 0; j < V; j += 4) q[j / 4] = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
 }
 
 /* ---- backward v2: aligned rows, persistent grid, a ring of D rows in flight ------------
@@ -766,25 +923,10 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
           if (WREG) unpack<T>(wv, wr[i]);
           else load_vec(wv, w + base);
         }
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-          const float xh = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
-          dw[i][j] += dyv[j] * xh;
-          if (LAYER) db[i][j] += dyv[j];
-          const float gg = w ? __fmul_rn(dyv[j], wv[j]) : dyv[j];
-          sg += gg;
-          sgx = fmaf(gg, xh, sgx);
-        }
+        norm_bwd_terms<LAYER, V>(hv, dyv, wv, w != nullptr, rs, nmr, dw[i], db[i], sg, sgx);
       }
-      float a = 0.0f, c;
-      if (LAYER) {
-        const float2 t = row_group_sum2(sg, sgx, scr);
-        a = t.x * inv_n;
-        c = t.y * inv_n;
-      } else {
-        c = row_group_sum(sgx, scr) * inv_n;
-      }
-      /* dx = rs * (gg - a - xh * c) = gg * rs + (xh * k1 + k0) */
+      float a, c;
+      norm_bwd_row_sums<LAYER>(sg, sgx, scr, inv_n, a, c);
       const float k1 = -rs * c, k0 = -rs * a;
       T *dxp = static_cast<T *>(p.dx) + row * p.dx_stride;
 #pragma unroll
@@ -801,13 +943,7 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
           else load_vec(wv, w + base);
         }
         if (p.dres) unpack<T>(dr, drr[i]);
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-          const float xh = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
-          const float gg = w ? __fmul_rn(dyv[j], wv[j]) : dyv[j];
-          o[j] = fmaf(gg, rs, LAYER ? fmaf(xh, k1, k0) : xh * k1);
-          if (p.dres) o[j] += dr[j];
-        }
+        norm_bwd_dx<LAYER, V>(hv, dyv, wv, w != nullptr, p.dres ? dr : nullptr, rs, nmr, k1, k0, o);
         store_vec(dxp + base, o);
       }
       /* refill this ring slot with row + D*G */
@@ -830,16 +966,129 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
   for (int i = 0; i < NV; i++) {
     const int base = ((int)threadIdx.x + i * (int)blockDim.x) * V;
     if (base >= n) continue;
-    if (want_dw) {
-      float4 *q = reinterpret_cast<float4 *>(p.dw_part + part * n + base);
+    if (want_dw) norm_store_partials<V>(p.dw_part + part * n + base, dw[i]);
+    if (want_db) norm_store_partials<V>(p.db_part + part * n + base, db[i]);
+  }
+}
+
+/* ---- backward v3: v2's arithmetic, h / dy (/ dres) staged by a cp.async ring -----------
+ * One row group per block (blockDim = (TPR, 1), TPR = ceil(nvec / NV) rounded to a warp),
+ * persistent grid, block b handles rows b, b + G, ...; rows b + G .. b + (S-1) G of h
+ * and dy (and dres) are in flight in shared memory ([S][NT][NV][TPR] 16-byte vectors)
+ * while row b is reduced and its dx written: S - 1 rows per block, 2 or 3 blocks per SM,
+ * so ~130-190 KB in flight per SM instead of the ~64 KB that v2's register ring holds.
+ * The dx pass reads h and dy again from the ring (two shared loads per vector) rather
+ * than keeping their floats alive across the reduction: 64 registers (16-bit, NV = 2)
+ * against v2's 128, so 4 blocks of 256 threads fit an SM. Saved statistics only (the
+ * launcher computes them first when the caller has none); rstd / mean of the next row
+ * are loaded one row ahead. dweight / dbias partials in fp32 registers, written once
+ * per block. */
+template <typename T, bool LAYER, int NV>
+__global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int S) {
+  constexpr int V = vec_width<T>::value;
+  extern __shared__ uint4 ring[];
+  __shared__ float2 scratch[32];
+  float *scr = reinterpret_cast<float *>(scratch);
+  const int64_t n = p.cols;
+  const float inv_n = 1.0f / (float)n;
+  const T *w = static_cast<const T *>(p.weight);
+  const int64_t G = gridDim.x;
+  const int tid = threadIdx.x, tpr = blockDim.x;
+  const int NT = p.dres ? 3 : 2;
+  const size_t stage_vecs = (size_t)NT * NV * tpr;
+
+  auto issue = [&](int64_t row, int stage) {
+    if (row < p.rows) {
+      uint4 *st = ring + stage * stage_vecs + tid;
+      const T *hp = static_cast<const T *>(p.h) + row * p.h_stride;
+      const T *dyp = static_cast<const T *>(p.dy) + row * p.dy_stride;
+      const T *drp = p.dres ? static_cast<const T *>(p.dres) + row * p.dres_stride : nullptr;
 #pragma unroll
-      for (int j = 0; j < V; j += 4) q[j / 4] = make_float4(dw[i][j], dw[i][j + 1], dw[i][j + 2], dw[i][j + 3]);
+      for (int i = 0; i < NV; i++) {
+        const int64_t base = (int64_t)(tid + i * tpr) * V;
+        if (base < n) {
+          cp_async16(st + i * tpr, hp + base);
+          cp_async16(st + (NV + i) * tpr, dyp + base);
+          if (drp) cp_async16(st + (2 * NV + i) * tpr, drp + base);
+        }
+      }
     }
-    if (want_db) {
-      float4 *q = reinterpret_cast<float4 *>(p.db_part + part * n + base);
+    cp_async_commit();
+  };
+
+  float dw[NV][V], db[NV][V];
 #pragma unroll
-      for (int j = 0; j < V; j += 4) q[j / 4] = make_float4(db[i][j], db[i][j + 1], db[i][j + 2], db[i][j + 3]);
+  for (int i = 0; i < NV; i++) {
+#pragma unroll
+    for (int j = 0; j < V; j++) dw[i][j] = 0.0f, db[i][j] = 0.0f;
+  }
+  for (int s = 0; s + 1 < S; s++) issue((int64_t)blockIdx.x + (int64_t)s * G, s);
+  float rs_n = 0.0f, mu_n = 0.0f;
+  if ((int64_t)blockIdx.x < p.rows) {
+    rs_n = p.rstd[blockIdx.x];
+    if (LAYER) mu_n = p.mean[blockIdx.x];
+  }
+  int stage = 0;
+  for (int64_t row = blockIdx.x; row < p.rows; row += G) {
+    const float rs = rs_n, mu = mu_n;
+    if (row + G < p.rows) {
+      rs_n = p.rstd[row + G];
+      if (LAYER) mu_n = p.mean[row + G];
     }
+    issue(row + (int64_t)(S - 1) * G, stage == 0 ? S - 1 : stage - 1);
+    cp_async_wait(S - 1);
+    const uint4 *st = ring + stage * stage_vecs + tid;
+    float sg = 0.0f, sgx = 0.0f;
+    const float nmr = -mu * rs;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int64_t base = (int64_t)(tid + i * tpr) * V;
+      if (base >= n) continue;
+      raw16 hr, dr;
+      hr.u = st[i * tpr];
+      dr.u = st[(NV + i) * tpr];
+      float hv[V], gv[V], wv[V];
+      unpack<T>(hv, hr);
+      unpack<T>(gv, dr);
+      if (w) load_vec(wv, w + base);
+      norm_bwd_terms<LAYER, V>(hv, gv, wv, w != nullptr, rs, nmr, dw[i], db[i], sg, sgx);
+    }
+    float a, c;
+    norm_bwd_row_sums<LAYER>(sg, sgx, scr, inv_n, a, c);
+    /* dx: h and dy are read again from the ring (cheaper than keeping their floats
+     * alive across the reduction) */
+    const float k1 = -rs * c, k0 = -rs * a;
+    T *dxp = static_cast<T *>(p.dx) + row * p.dx_stride;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int64_t base = (int64_t)(tid + i * tpr) * V;
+      if (base >= n) continue;
+      raw16 hr, gr;
+      hr.u = st[i * tpr];
+      gr.u = st[(NV + i) * tpr];
+      float hv[V], gv[V], wv[V], o[V], dr[V];
+      unpack<T>(hv, hr);
+      unpack<T>(gv, gr);
+      if (w) load_vec(wv, w + base);
+      if (p.dres) {
+        raw16 t;
+        t.u = st[(2 * NV + i) * tpr];
+        unpack<T>(dr, t);
+      }
+      norm_bwd_dx<LAYER, V>(hv, gv, wv, w != nullptr, p.dres ? dr : nullptr, rs, nmr, k1, k0, o);
+      store_vec(dxp + base, o);
+    }
+    stage = stage + 1 == S ? 0 : stage + 1;
+  }
+  cp_async_wait(0);
+
+  const int64_t part = blockIdx.x;
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int64_t base = (int64_t)(tid + i * tpr) * V;
+    if (base >= n) continue;
+    if (p.dw_part) norm_store_partials<V>(p.dw_part + part * n + base, dw[i]);
+    if (LAYER && p.db_part) norm_store_partials<V>(p.db_part + part * n + base, db[i]);
   }
 }
 
@@ -875,9 +1124,12 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
 }
 
 /* Tuning knobs read from the environment at each call (benchmarking only; unset in
- * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels), OT_NORM_FWD_MAXNV=16 (up to 16
- * vectors per thread in forward v2, default 8), OT_NORM_BWD_IMPL=old,
- * OT_NORM_BWD_NV=1 (v2 with one vector per thread, D = 6). */
+ * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels) | v2 (register rows, one
+ * block per row or two) | v3 (persistent, cp.async ring; default), OT_NORM_FWD_MAXNV=16
+ * (up to 16 vectors per thread in forward v2 / v3, default 8), OT_NORM_FWD_STAGES=S (v3
+ * ring depth, default: as below), OT_NORM_BWD_IMPL=old | v2 | v3 (default),
+ * OT_NORM_BWD_NV=1 (v2 with one vector per thread, D = 6), OT_NORM_BWD_V3NV=4 (v3 with
+ * four vectors per thread), OT_NORM_BWD_STAGES=S (v3 ring depth). */
 static inline int norm_env_int(const char *name, int dflt) {
   const char *s = getenv(name);
   return s && *s ? atoi(s) : dflt;
@@ -951,6 +1203,138 @@ cudaError_t norm_fwd_v2_launch(const norm_fwd_params &p, const norm_launch &L,
   return cudaGetLastError();
 }
 
+/* Shared memory of the current device (cached per device, first 16 devices): per SM,
+ * and the most one block may opt in to. */
+static inline void norm_smem_limits(int *per_sm, int *optin) {
+  static int c_sm[16], c_opt[16];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
+  if (dev >= 0 && dev < 16 && c_sm[dev] > 0) {
+    *per_sm = c_sm[dev];
+    *optin = c_opt[dev];
+    return;
+  }
+  int a = 0, b = 0;
+  if (cudaDeviceGetAttribute(&a, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev < 0 ? 0 : dev) !=
+          cudaSuccess || a <= 0)
+    a = 100 * 1024;
+  if (cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev < 0 ? 0 : dev) !=
+          cudaSuccess || b <= 0)
+    b = 48 * 1024;
+  if (dev >= 0 && dev < 16) c_sm[dev] = a, c_opt[dev] = b;
+  *per_sm = a;
+  *optin = b;
+}
+
+/* Raise a kernel's dynamic shared memory limit to `optin`, once per kernel (a small
+ * table of the kernels done; a race only repeats the same call). */
+static inline bool norm_raise_smem_limit(const void *kernel, int optin) {
+  static const void *done[64];
+  static int ndone;
+  const int k = ndone < 64 ? ndone : 64;
+  for (int i = 0; i < k; i++)
+    if (done[i] == kernel) return true;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) !=
+      cudaSuccess)
+    return false;
+  const int slot = ndone;
+  if (slot < 64) done[slot] = kernel, ndone = slot + 1;
+  return true;
+}
+
+/* Launch geometry of a v3 (ring) kernel: S stages of stage_bytes each, as many blocks
+ * per SM as registers and shared memory allow. Without S from the environment, S fills
+ * the shared memory that the blocks which registers allow per SM leave each (1 KB per
+ * block is the driver's), clamped to [2, 8]: more stages in flight or more blocks, the
+ * same bytes per SM. ok = false: the ring does not fit (the caller takes v2). The
+ * kernel's dynamic shared memory limit is raised to the device's opt-in maximum. */
+struct norm_ring {
+  bool ok;
+  int stages;
+  size_t smem;
+  int64_t grid;
+};
+template <typename K>
+static inline norm_ring norm_ring_config(K kernel, int threads, size_t stage_bytes, int64_t rows,
+                                         int env_stages) {
+  norm_ring R = {false, 0, 0, 0};
+  int per_sm_smem = 0, optin = 0;
+  norm_smem_limits(&per_sm_smem, &optin);
+  if (stage_bytes * 2 > (size_t)optin) return R;
+  if (!norm_raise_smem_limit(reinterpret_cast<const void *>(kernel), optin)) return R;
+  int S = env_stages;
+  if (S < 2 || S > 8) {
+    int b0 = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b0, kernel, threads, 0) != cudaSuccess ||
+        b0 < 1)
+      return R;
+    size_t per_block = (size_t)per_sm_smem / (size_t)b0;
+    per_block = per_block > 1024 ? per_block - 1024 : 0;
+    if (per_block > (size_t)optin) per_block = (size_t)optin;
+    S = (int)(per_block / stage_bytes);
+    S = S < 2 ? 2 : (S > 8 ? 8 : S);
+  }
+  while (S > 2 && (size_t)S * stage_bytes > (size_t)optin) S--;
+  R.stages = S;
+  R.smem = (size_t)S * stage_bytes;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, R.smem) !=
+          cudaSuccess ||
+      per_sm < 1)
+    return R;
+  const int64_t g = (int64_t)per_sm * ot_cuda_sm_count();
+  R.grid = g < rows ? g : rows;
+  R.ok = R.grid > 0;
+  return R;
+}
+
+/* Forward v3 on v2's shape L (one row per block here). Returns cudaErrorNotSupported
+ * when the ring does not fit, for the caller to take v2. */
+template <typename T, bool LAYER>
+cudaError_t norm_fwd_v3_launch(const norm_fwd_params &p, const norm_launch &L,
+                               cudaStream_t stream) {
+  const bool res = p.residual != nullptr;
+  const size_t stage = (size_t)(res ? 2 : 1) * L.nv * L.threads * 16;
+  const int env_s = norm_env_int("OT_NORM_FWD_STAGES", 0);
+  auto go = [&](auto kernel) -> cudaError_t {
+    const norm_ring R = norm_ring_config(kernel, L.threads, stage, p.rows, env_s);
+    if (!R.ok) return cudaErrorNotSupported;
+    kernel<<<(unsigned)R.grid, L.threads, R.smem, stream>>>(p, R.stages);
+    return cudaGetLastError();
+  };
+#define OT_NORM_FWD3(NV, TPR)                                                            \
+  (res ? go(norm_fwd_v3_kernel<T, LAYER, NV, true, TPR>)                                 \
+       : go(norm_fwd_v3_kernel<T, LAYER, NV, false, TPR>))
+  if (L.threads <= 32) {
+    switch (L.nv) {
+      case 1: return OT_NORM_FWD3(1, 32);
+      case 2: return OT_NORM_FWD3(2, 32);
+      case 4: return OT_NORM_FWD3(4, 32);
+      case 8: return OT_NORM_FWD3(8, 32);
+      default: return cudaErrorNotSupported;
+    }
+  }
+  if (L.nv != 8) return cudaErrorNotSupported;
+  switch (L.threads) {
+    case 64: return OT_NORM_FWD3(8, 64);
+    case 128: return OT_NORM_FWD3(8, 128);
+    default: return OT_NORM_FWD3(8, 256);
+  }
+#undef OT_NORM_FWD3
+}
+
+/* The aligned forward: v3 unless OT_NORM_FWD_IMPL=v2 (or the ring does not fit). Both
+ * give the same bits (same thread-to-vector map and summation order). */
+template <typename T, bool LAYER>
+cudaError_t norm_fwd_fast_launch(const norm_fwd_params &p, const norm_launch &L,
+                                 cudaStream_t stream) {
+  if (!norm_env_is("OT_NORM_FWD_IMPL", "v2")) {
+    const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(p, L, stream);
+    if (e != cudaErrorNotSupported) return e;
+  }
+  return norm_fwd_v2_launch<T, LAYER>(p, L, stream);
+}
+
 template <typename T, bool LAYER>
 cudaError_t norm_forward_launch(const norm_fwd_params &p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
@@ -964,7 +1348,7 @@ cudaError_t norm_forward_launch(const norm_fwd_params &p, cudaStream_t stream) {
                        ot_rows_aligned16(LAYER ? p.bias : nullptr, 0, sizeof(T), 1);
   if (aligned) {
     const norm_launch L2 = norm_pick_fwd_v2(p.cols, V);
-    if (L2.nv) return norm_fwd_v2_launch<T, LAYER>(p, L2, stream);
+    if (L2.nv) return norm_fwd_fast_launch<T, LAYER>(p, L2, stream);
   }
   const norm_launch L =
       norm_pick_launch(p.cols, V, (p.cols + V - 1) / V > 512 ? 512 : 256, 8);
@@ -1032,7 +1416,7 @@ cudaError_t norm_backward_launch(norm_bwd_params p, T *dw, T *db, cudaStream_t s
       f.mean = LAYER ? stats : nullptr;
       f.rstd = stats + p.rows;
       f.eps = p.eps;
-      e = norm_fwd_v2_launch<T, LAYER>(f, L, stream);
+      e = norm_fwd_fast_launch<T, LAYER>(f, L, stream);
       if (e != cudaSuccess) {
         (void)cudaFreeAsync(stats, stream);
         return e;
@@ -1044,6 +1428,34 @@ cudaError_t norm_backward_launch(norm_bwd_params p, T *dw, T *db, cudaStream_t s
   cudaError_t e = norm_backward_launch_impl<T, LAYER>(p, dw, db, stream);
   if (stats) {
     cudaError_t f = cudaFreeAsync(stats, stream);
+    if (e == cudaSuccess) e = f;
+  }
+  return e;
+}
+
+/* Run `launch(q)` with q = p plus [parts, cols] fp32 dweight / dbias partial workspaces
+ * (stream-ordered allocation), then sum the partials into dw / db. */
+template <typename T, bool LAYER, typename F>
+cudaError_t norm_bwd_with_partials(norm_bwd_params p, T *dw, T *db, int64_t parts,
+                                   cudaStream_t stream, F launch) {
+  const bool want_dw = dw != nullptr, want_db = LAYER && db != nullptr;
+  float *ws = nullptr;
+  if (want_dw || want_db) {
+    const size_t bytes = (size_t)parts * (size_t)p.cols * sizeof(float) * (want_dw + want_db);
+    cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&ws), bytes, stream);
+    if (e != cudaSuccess) return e;
+  }
+  p.dw_part = want_dw ? ws : nullptr;
+  p.db_part = want_db ? ws + (want_dw ? parts * p.cols : 0) : nullptr;
+  cudaError_t e = launch(p);
+  if (e == cudaSuccess && (want_dw || want_db)) {
+    const dim3 rg((unsigned)((p.cols + 31) / 32)), rb(32, 32);
+    norm_reduce_partials_kernel<T><<<rg, rb, 0, stream>>>(
+        p.dw_part, p.db_part, parts, p.cols, want_dw ? dw : nullptr, want_db ? db : nullptr);
+    e = cudaGetLastError();
+  }
+  if (ws) {
+    cudaError_t f = cudaFreeAsync(ws, stream);
     if (e == cudaSuccess) e = f;
   }
   return e;
@@ -1063,6 +1475,23 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
    * blocks per SM) 2.70 TB/s (RMS) against 2.04 with NV = 1 (512 threads, 1 block) and
    * 1.98 for the f46b949 kernel; at 8192 (NV = 2, 512 threads, 1 block per SM) 2.53 /
    * 2.44 (RMS / LayerNorm) against 2.51 / 2.25. */
+  if (aligned && p.rows > 0 && p.rstd && (!LAYER || p.mean) && nvec <= 2048 &&
+      !norm_env_is("OT_NORM_BWD_IMPL", "old") && !norm_env_is("OT_NORM_BWD_IMPL", "v2")) {
+    const int nv = nvec > 1024 || norm_env_int("OT_NORM_BWD_V3NV", 2) == 4 ? 4 : 2;
+    const int threads = (int)(((nvec + nv - 1) / nv + 31) / 32 * 32);
+    const size_t stage = (size_t)(p.dres ? 3 : 2) * nv * threads * 16;
+    const int env_s = norm_env_int("OT_NORM_BWD_STAGES", 0);
+    auto go = [&](auto kernel) -> cudaError_t {
+      const norm_ring R = norm_ring_config(kernel, threads, stage, p.rows, env_s);
+      if (!R.ok) return cudaErrorNotSupported;
+      return norm_bwd_with_partials<T, LAYER>(p, dw, db, R.grid, stream, [&](const norm_bwd_params &q) {
+        kernel<<<(unsigned)R.grid, threads, R.smem, stream>>>(q, R.stages);
+        return cudaGetLastError();
+      });
+    };
+    const cudaError_t e = nv == 4 ? go(norm_bwd_v3_kernel<T, LAYER, 4>) : go(norm_bwd_v3_kernel<T, LAYER, 2>);
+    if (e != cudaErrorNotSupported) return e;
+  }
   const int vmax = 1024;
   if (aligned && p.rows > 0 && nvec <= vmax && !norm_env_is("OT_NORM_BWD_IMPL", "old")) {
     /* LayerNorm's db partials leave the 16-bit NV = 2 kernel room for D = 2 only
@@ -1074,29 +1503,11 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
     const norm_launch L2 = {nv, threads, 1};
     const int64_t grid2 = nv == 1 ? norm_bwd_grid(norm_bwd_v2_kernel<T, LAYER, 1, 6>, L2, p.rows)
                                   : norm_bwd_grid(norm_bwd_v2_kernel<T, LAYER, 2, kD2>, L2, p.rows);
-    const bool want_dw2 = dw != nullptr, want_db2 = LAYER && db != nullptr;
-    float *ws2 = nullptr;
-    if (want_dw2 || want_db2) {
-      const size_t bytes = (size_t)grid2 * (size_t)p.cols * sizeof(float) * (want_dw2 + want_db2);
-      cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&ws2), bytes, stream);
-      if (e != cudaSuccess) return e;
-    }
-    p.dw_part = want_dw2 ? ws2 : nullptr;
-    p.db_part = want_db2 ? ws2 + (want_dw2 ? grid2 * p.cols : 0) : nullptr;
-    if (nv == 1) norm_bwd_v2_kernel<T, LAYER, 1, 6><<<(unsigned)grid2, threads, 0, stream>>>(p);
-    else norm_bwd_v2_kernel<T, LAYER, 2, kD2><<<(unsigned)grid2, threads, 0, stream>>>(p);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && (want_dw2 || want_db2)) {
-      const dim3 rg((unsigned)((p.cols + 31) / 32)), rb(32, 16);
-      norm_reduce_partials_kernel<T><<<rg, rb, 0, stream>>>(
-          p.dw_part, p.db_part, grid2, p.cols, want_dw2 ? dw : nullptr, want_db2 ? db : nullptr);
-      e = cudaGetLastError();
-    }
-    if (ws2) {
-      cudaError_t f = cudaFreeAsync(ws2, stream);
-      if (e == cudaSuccess) e = f;
-    }
-    return e;
+    return norm_bwd_with_partials<T, LAYER>(p, dw, db, grid2, stream, [&](const norm_bwd_params &q) {
+      if (nv == 1) norm_bwd_v2_kernel<T, LAYER, 1, 6><<<(unsigned)grid2, threads, 0, stream>>>(q);
+      else norm_bwd_v2_kernel<T, LAYER, 2, kD2><<<(unsigned)grid2, threads, 0, stream>>>(q);
+      return cudaGetLastError();
+    });
   }
   const norm_launch L = norm_pick_launch(p.cols, V, 512, sizeof(T) == 4 ? 4 : 2);
   const dim3 block(L.threads, L.rows);
@@ -1152,7 +1563,7 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
   if (want_dw || want_db) {
     /* rows == 0: parts is 1 and no partials exist; reduce over zero parts (writes 0). */
     const int64_t nparts = p.rows > 0 ? parts : 0;
-    const dim3 rg((unsigned)((p.cols + 31) / 32)), rb(32, 16);
+    const dim3 rg((unsigned)((p.cols + 31) / 32)), rb(32, 32);
     norm_reduce_partials_kernel<T><<<rg, rb, 0, stream>>>(
         p.dw_part, p.db_part, nparts, p.cols, want_dw ? dw : nullptr, want_db ? db : nullptr);
     cudaError_t e = cudaGetLastError();
