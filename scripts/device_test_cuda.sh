@@ -27,7 +27,9 @@
 #   OT_SUITES="norm rope"   test_ops suites to run (default: all)
 #   OT_ONLY=norm,rope       families for the python check, memcheck and benchmark
 #                           (default: norm,rope,glu,ce)
+#   OT_CHECK_ONLY           families for the python check (default: OT_ONLY)
 #   OT_MEMCHECK_ONLY        families under compute-sanitizer memcheck (default norm,ce)
+#   OT_SANITIZE_TIMEOUT     seconds per sanitizer run (default 200)
 #   OT_COMMIT               the commit recorded in the JSON (the device copy has no .git)
 #   OT_BENCH_FLAGS          extra flags for the benchmark (e.g. --no-compile)
 set -uo pipefail
@@ -97,7 +99,7 @@ if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   grep -E '^cuda ' "$OUT/test_ops.log" | head -20
   grep -E 'FAIL' "$OUT/test_ops.log" | head -20
   stamp "python check"
-  timeout 300 python3 bench/bench_fused_ops.py --shim $SHIM --check --only "${OT_ONLY:-norm,rope,glu,ce}" >"$OUT/check.log" 2>&1
+  timeout 300 python3 bench/bench_fused_ops.py --shim $SHIM --check --only "${OT_CHECK_ONLY:-${OT_ONLY:-norm,rope,glu,ce}}" >"$OUT/check.log" 2>&1
   echo "check rc=$?"; tail -25 "$OUT/check.log"
 fi
 
