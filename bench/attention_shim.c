@@ -8,7 +8,8 @@
  * Benchmark and check use only: the caller passes consistent shapes. Linked against the
  * static library:
  *   cc -O2 -shared -fPIC bench/attention_shim.c -Iinclude -Isrc -I<dlpack> \
- *      build/libops_transformer.a -lcudart -lcublasLt -lopenblas -lgomp -lm -lstdc++ -o libattention_shim.so
+ *      build/libops_transformer.a -lcudart -lcublasLt -lopenblas -lgomp -lm -lstdc++ \
+ *      -o libattention_shim.so
  * dtype codes are the core's ot_dtype: 2 float16, 3 bfloat16.
  */
 #include <stdbool.h>

@@ -4,7 +4,8 @@
 # forward kernel, check it against float64 references, benchmark it against torch SDPA
 # (cuDNN, flash), run compute-sanitizer on small cases, report registers / spills.
 #
-#   scripts/device_bench_attention.sh [COMMIT] [STEPS]     STEPS: comma list of
+#   [BENCH_ARGS=--no-variants] [TOOLS="memcheck"] scripts/device_bench_attention.sh [COMMIT] [STEPS]
+#       STEPS: comma list of
 #       check,bench,sanitize,res (default all); logs and results under $OUT.
 #
 # A shim built beforehand (build-fa90/libattention_shim.so, carried) is used when it
@@ -64,7 +65,7 @@ if has check; then
 fi
 if has bench; then
   stamp "bench"
-  timeout 150 $B --bench --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
+  timeout 150 $B --bench ${BENCH_ARGS:-} --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
     --command "scripts/device_bench_attention.sh $COMMIT $STEPS" >"$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E 'GEMM|attention_fwd|variant|failed|Error|not available' "$OUT/bench.log" | cut -c1-150
 fi

@@ -3,7 +3,8 @@
  * head dim 64 / 128 / 256, causal and sliding-window masks (bottom-right), GQA, lse.
  *
  * The FlashAttention-3 recipe, written from the PTX ISA (notes: shared/notes/hopper-attention.md):
- *  - one CTA per (128-query tile, query head, batch); 3 warpgroups of 128 threads:
+ *  - work unit: a (128-query tile, query head, batch); a CTA of 3 warpgroups (128 threads
+ *    each) walks such tiles (persistent, one CTA per SM; see launch for the order):
  *    WG0 = producer (one thread issues TMA loads; the WG gives registers back with
  *    setmaxnreg.dec 24), WG1/WG2 = consumers (setmaxnreg.inc 240), 64 query rows each;
  *  - Q (128 rows) once, then K and V tiles of Bc keys into 2-stage shared-memory rings
@@ -21,6 +22,14 @@
  * TMA reads the 5-D view {64, S, D/64, H, B} of each BSHD operand so that one box fills
  * [D/64][rows][64] with the 128B swizzle; rows past the sequence end read as zero and the
  * mask gives their scores -inf. O is written from registers (rows < Sq only).
+ *
+ * Ring phases (K, V, Q) and the pingpong turns run on across a CTA's tiles; the Q stage is
+ * released once a tile's last Q K^T completes, so the next tile's Q and K load during the
+ * last P V and the epilogue.
+ *
+ * Switches (environment, read per call; for measurements and tests): OT_ATTN_SM90=0 off,
+ * OT_ATTN_SM90_TILE=small|wide, OT_ATTN_SM90_NONPERSISTENT=1, OT_ATTN_SM90_GRID=n (cap on
+ * persistent CTAs), OT_ATTN_SM90_EXP=poly (a quarter of the exponentials on the FMA pipe).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -556,8 +565,13 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
    * shapes, e.g. under compute-sanitizer). */
   const char *gs = getenv("OT_ATTN_SM90_GRID");
   const int sms = gs && atoi(gs) > 0 ? atoi(gs) : ot_cuda_state_of(ctx)->sm_count;
-  const bool persistent = !getenv("OT_ATTN_SM90_NONPERSISTENT") && n_tiles > sms;
   const bool masked = q.wl >= 0 || q.wr >= 0;
+  /* Masked tiles with long sequences (> 64 query tiles) go one CTA per tile: the static
+   * round-robin then balances worse than the hardware's block scheduler (H200, causal
+   * S = 16k: D128 543 vs 556 TFLOP/s, D256 460 vs 684), while up to S = 8k persistence
+   * wins (S = 4k causal: D128 565 vs 467, D256 624 vs 571; run of 90616f4). */
+  const bool persistent = !getenv("OT_ATTN_SM90_NONPERSISTENT") && n_tiles > sms &&
+                          (!masked || q.num_m <= 64);
   q.sect = 0;
   if (persistent && masked) {
     const int64_t kv_bytes = 2 * (int64_t)q.sk * D * (int64_t)sizeof(T);
@@ -576,19 +590,21 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
  * the consumers' 240 and whose 2-stage K/V rings fit shared memory (FA3's choices). */
 template <typename T>
 static ot_status dispatch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
-                          const fwd_params *p, bool masked) {
+                          const fwd_params *p, bool small_tile) {
   switch (a->d) {
     case 64:
-      return masked ? launch<T, 64, 128>(ctx, a, maps, p) : launch<T, 64, 192>(ctx, a, maps, p);
+      return small_tile ? launch<T, 64, 128>(ctx, a, maps, p)
+                        : launch<T, 64, 192>(ctx, a, maps, p);
     case 128:
-      return masked ? launch<T, 128, 128>(ctx, a, maps, p) : launch<T, 128, 176>(ctx, a, maps, p);
+      return small_tile ? launch<T, 128, 128>(ctx, a, maps, p)
+                        : launch<T, 128, 176>(ctx, a, maps, p);
     default:
       return launch<T, 256, 80>(ctx, a, maps, p);
   }
 }
 
-static int key_tile(int64_t d, bool masked) {
-  return d == 64 ? (masked ? 128 : 192) : d == 128 ? (masked ? 128 : 176) : 80;
+static int key_tile(int64_t d, bool small_tile) {
+  return d == 64 ? (small_tile ? 128 : 192) : d == 128 ? (small_tile ? 128 : 176) : 80;
 }
 
 }  // namespace sm90
@@ -618,11 +634,14 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   if (((uintptr_t)a->out.data & 3) != 0 || (a->out.tok_stride & 1) || (a->out.head_stride & 1) ||
       (a->out.batch_stride & 1))
     return OT_OK;
-  /* The tile choice only. OT_ATTN_SM90_TILE=small: the masked tiles for every call (for
-   * tile measurements in the benchmark). */
+  /* The tile choice only: the smaller key tile (that of masked calls) also for short key
+   * sequences, where the wide tile's extra per-tile cost is not amortised (S = 1k: D64 369
+   * vs 348 TFLOP/s, D128 503 vs 492; at S = 4k the wide tile wins, D128 650 vs 584).
+   * OT_ATTN_SM90_TILE=small|wide forces one for every call. */
   const char *tile = getenv("OT_ATTN_SM90_TILE");
-  const bool masked = a->window_left >= 0 || a->window_right >= 0 || (tile && tile[0] == 's');
-  const int bc = key_tile(a->d, masked);
+  const bool small_tile = tile ? tile[0] == 's'
+                               : a->window_left >= 0 || a->window_right >= 0 || a->sk <= 2048;
+  const int bc = key_tile(a->d, small_tile);
   CUtensorMap maps[3];
   if (!encode_map(&maps[0], &a->q, a->dtype, a->batch, a->sq, a->hq, a->d, kBr) ||
       !encode_map(&maps[1], &a->k, a->dtype, a->batch, a->sk, a->hkv, a->d, bc) ||
@@ -649,11 +668,12 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   p.wr = a->window_right > a->sq + a->sk ? -1 : (int)a->window_right;
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
-  /* OT_ATTN_SM90_EXP=mufu|poly overrides the default (poly at head dim 64, where the
-   * exponentials are the bottleneck). */
+  /* OT_ATTN_SM90_EXP=poly: a quarter of the exponentials by ex2_poly. Off by default:
+   * measured (run of 90616f4) it lost at D128 (S = 4k: 545 vs 651 TFLOP/s) and was within
+   * +-4% at D64 (S = 4k +3%, S = 16k -4%): the FMA pipe has no room to spare either. */
   const char *ex = getenv("OT_ATTN_SM90_EXP");
-  p.exp_poly = ex ? ex[0] == 'p' : a->d == 64;
+  p.exp_poly = ex && ex[0] == 'p';
   *handled = true;
-  return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, masked)
-                             : dispatch<__half>(ctx, a, maps, &p, masked);
+  return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, small_tile)
+                             : dispatch<__half>(ctx, a, maps, &p, small_tile);
 }
