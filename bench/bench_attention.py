@@ -427,7 +427,19 @@ def bench(S, args):
                           flush=True)
                 del q, k, v, out, lse
                 torch.cuda.empty_cache()
+                if args.json:  # what is done so far survives a timeout
+                    write_json(args, gemm, rows)
     return gemm, rows
+
+
+def write_json(args, gemm, rows):
+    doc = {"bench": "attention", "device": torch.cuda.get_device_name(),
+           "date": datetime.date.today().isoformat(), "commit": args.commit,
+           "command": args.command, "ceilings": {"gemm_bf16_TFLOPs": round(gemm, 1)},
+           "rows": rows}
+    with open(args.json, "w") as f:
+        json.dump(doc, f, indent=1)
+    return doc
 
 
 def plot(doc, path):
@@ -515,13 +527,8 @@ def main():
         rc = 1 if ck.fails else 0
     if args.bench:
         gemm, rows = bench(S, args)
-        doc = {"bench": "attention", "device": torch.cuda.get_device_name(),
-               "date": datetime.date.today().isoformat(), "commit": args.commit,
-               "command": args.command, "ceilings": {"gemm_bf16_TFLOPs": round(gemm, 1)},
-               "rows": rows}
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=1)
+        doc = write_json(args, gemm, rows) if args.json else {
+            "ceilings": {"gemm_bf16_TFLOPs": gemm}, "rows": rows}
         if args.plot:
             try:
                 plot(doc, args.plot)
