@@ -2,14 +2,16 @@
  * softmax.cu -- softmax over the last dimension on CUDA, forward and backward,
  * bf16 / fp16 / fp32 storage, float32 arithmetic, rows of any length and stride.
  *
- * One row per group of blockDim.x threads: a warp per row (blockDim.y = 4 rows per
- * block) for rows of up to 32 x 4 16-byte vectors, a block of 64..512 threads per row
- * up to 512 x 4 vectors (16K bf16 / 8K fp32 elements). In those two the row stays in
- * registers as packed 16-byte vectors (NV per thread), so it is read once and written
- * once. Longer rows use a block of 512 threads that streams the row twice (NV = 0):
+ * One row per group of blockDim.x threads: for rows of up to 32 x 4 16-byte vectors a
+ * group of 1..32 lanes (the power of two >= the row's vectors, at most a warp; blocks of
+ * 256 threads hold 256 / blockDim.x rows: a 128-column bf16 row takes 16 lanes, two rows
+ * per warp), then a block of 64..512 threads per row up to 512 x 4 vectors (16K bf16 /
+ * 8K fp32 elements). In those two the row stays in registers as packed 16-byte vectors
+ * (NV per thread), so it is read once and written once. Longer rows use a block of 512 threads that streams the row twice (NV = 0):
  *   forward  pass 1: each thread keeps an online (max m, sum exp(x - m)) pair over its
  *            16-byte vectors (rescaled when m grows: one pass, no separate max pass);
- *            the group merges the pairs (shuffles, then shared memory);
+ *            the group takes the max of the m (shuffles, then shared memory), each
+ *            thread rescales its sum once, and the sums are added;
  *            pass 2: re-read, write exp(x - m) / sum.
  *   backward pass 1: dot = sum(dy * y); pass 2: dx = y (dy - dot).
  * Each element is written by the thread that read it, after the group's reduction, so
@@ -25,7 +27,7 @@
 namespace ot {
 
 constexpr float kSmLog2e = 1.4426950408889634f;
-constexpr int kSmWarpRows = 4;      /* rows per block in the warp-per-row layout */
+constexpr int kSmGroupThreads = 256; /* threads per block in the sub-warp layout */
 constexpr int kSmMaxNV = 4;         /* cached vectors per thread */
 constexpr int kSmMaxThreads = 512;  /* per row */
 
@@ -39,34 +41,44 @@ struct sm_params {
   int64_t os;
 };
 
-__device__ __forceinline__ void sm_merge(float &m, float &s, float om, float os) {
-  const float M = fmaxf(m, om);
-  if (M == -INFINITY) return;
-  s = s * exp2f((m - M) * kSmLog2e) + os * exp2f((om - M) * kSmLog2e);
-  m = M;
+/* Sum of v over the blockDim.x threads of a row (every thread gets it). The groups of
+ * blockDim.x < 32 lanes are aligned inside their warp, so xor offsets below blockDim.x
+ * stay in the group; blockDim.x > 32 only with blockDim.y == 1. Every thread of the
+ * block calls it (full-mask shuffles, barriers). */
+__device__ __forceinline__ float sm_group_sum(float v) {
+  for (int o = blockDim.x < 32 ? blockDim.x >> 1 : 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (blockDim.x <= 32) return v;
+  __shared__ float red[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < nw ? red[lane] : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
-/* Merge the (m, s) pairs of the blockDim.x threads of a row (every thread gets the
- * result). blockDim.x > 32 only with blockDim.y == 1. */
+/* Merge the (m, s) pairs of a row's threads: the group max M first (shuffles of fmaxf),
+ * then each thread rescales its sum once, s exp(m - M), and the sums are added -- one
+ * exponential per thread instead of one per merge step. */
 __device__ __forceinline__ void sm_group_merge(float &m, float &s) {
+  float M = m;
+  for (int o = blockDim.x < 32 ? blockDim.x >> 1 : 16; o > 0; o >>= 1)
+    M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  if (blockDim.x > 32) {
+    __shared__ float red_m[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) red_m[warp] = M;
+    __syncthreads();
+    M = lane < nw ? red_m[lane] : -INFINITY;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
-    sm_merge(m, s, om, os);
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
   }
-  if (blockDim.x <= 32) return;
-  __shared__ float2 red[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  if (lane == 0) red[warp] = make_float2(m, s);
-  __syncthreads();
-  float2 r = lane < nw ? red[lane] : make_float2(-INFINITY, 0.0f);
-  m = r.x;
-  s = r.y;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, s, o);
-    sm_merge(m, s, om, os);
-  }
+  /* m = -inf (nothing seen): s is 0 and exp2f(-inf) is 0 */
+  s = M == -INFINITY ? 0.0f : s * exp2f((m - M) * kSmLog2e);
+  m = M;
+  s = sm_group_sum(s);
 }
 
 /* Absorb VEC values (the ones at index >= n masked out) into (m, s). */
@@ -92,9 +104,10 @@ template <typename T, bool AL, int NV>
 __global__ void __launch_bounds__(512) softmax_fwd_kernel(sm_params p) {
   constexpr int VEC = vec_width<T>::value;
   const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
-  if (row >= p.rows) return; /* whole warps (warp layout) or never (block layout) */
-  const T *x = static_cast<const T *>(p.a) + row * p.as;
-  T *out = static_cast<T *>(p.out) + row * p.os;
+  /* no early return: every lane takes part in the group's shuffles */
+  const bool valid = row < p.rows;
+  const T *x = static_cast<const T *>(p.a) + (valid ? row : 0) * p.as;
+  T *out = static_cast<T *>(p.out) + (valid ? row : 0) * p.os;
   const int64_t n = p.cols, step = (int64_t)blockDim.x * VEC;
   float m = -INFINITY, s = 0.0f;
   raw16 cache[NV > 0 ? NV : 1];
@@ -102,12 +115,12 @@ __global__ void __launch_bounds__(512) softmax_fwd_kernel(sm_params p) {
 #pragma unroll
     for (int i = 0; i < NV; i++) {
       const int64_t base = (int64_t)threadIdx.x * VEC + i * step;
-      load_raw<T, AL, true>(cache[i], x, base, n, base < n);
+      load_raw<T, AL, true>(cache[i], x, base, n, valid && base < n);
       float f[VEC];
       unpack<T>(f, cache[i]);
-      sm_absorb<VEC>(m, s, f, base, n);
+      sm_absorb<VEC>(m, s, f, base, valid ? n : 0);
     }
-  } else {
+  } else if (valid) {
     for (int64_t base = (int64_t)threadIdx.x * VEC; base < n; base += step) {
       raw16 r;
       load_raw<T, AL, false>(r, x, base, n, true);
@@ -129,9 +142,9 @@ __global__ void __launch_bounds__(512) softmax_fwd_kernel(sm_params p) {
 #pragma unroll
     for (int i = 0; i < NV; i++) {
       const int64_t base = (int64_t)threadIdx.x * VEC + i * step;
-      if (base < n) emit(cache[i], base);
+      if (valid && base < n) emit(cache[i], base);
     }
-  } else {
+  } else if (valid) {
     for (int64_t base = (int64_t)threadIdx.x * VEC; base < n; base += step) {
       raw16 r;
       load_raw<T, AL, true>(r, x, base, n, true);
@@ -140,25 +153,15 @@ __global__ void __launch_bounds__(512) softmax_fwd_kernel(sm_params p) {
   }
 }
 
-/* Sum over the blockDim.x threads of a row (blockDim.x > 32 only with blockDim.y == 1). */
-__device__ __forceinline__ float sm_group_sum(float v) {
-  v = warp_sum(v);
-  if (blockDim.x <= 32) return v;
-  __shared__ float red[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  return warp_sum(lane < nw ? red[lane] : 0.0f);
-}
-
 template <typename T, bool AL, int NV>
 __global__ void __launch_bounds__(512) softmax_bwd_kernel(sm_params p) {
   constexpr int VEC = vec_width<T>::value;
   const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
-  if (row >= p.rows) return;
-  const T *dy = static_cast<const T *>(p.a) + row * p.as;
-  const T *y = static_cast<const T *>(p.b) + row * p.bs;
-  T *dx = static_cast<T *>(p.out) + row * p.os;
+  const bool valid = row < p.rows; /* as in the forward: no early return */
+  const int64_t r = valid ? row : 0;
+  const T *dy = static_cast<const T *>(p.a) + r * p.as;
+  const T *y = static_cast<const T *>(p.b) + r * p.bs;
+  T *dx = static_cast<T *>(p.out) + r * p.os;
   const int64_t n = p.cols, step = (int64_t)blockDim.x * VEC;
   raw16 cdy[NV > 0 ? NV : 1], cy[NV > 0 ? NV : 1];
   float dot = 0.0f;
@@ -173,11 +176,11 @@ __global__ void __launch_bounds__(512) softmax_bwd_kernel(sm_params p) {
 #pragma unroll
     for (int i = 0; i < NV; i++) {
       const int64_t base = (int64_t)threadIdx.x * VEC + i * step;
-      load_raw<T, AL, true>(cdy[i], dy, base, n, base < n);
-      load_raw<T, AL, true>(cy[i], y, base, n, base < n);
+      load_raw<T, AL, true>(cdy[i], dy, base, n, valid && base < n);
+      load_raw<T, AL, true>(cy[i], y, base, n, valid && base < n);
       absorb(cdy[i], cy[i]);
     }
-  } else {
+  } else if (valid) {
     for (int64_t base = (int64_t)threadIdx.x * VEC; base < n; base += step) {
       raw16 a, b;
       load_raw<T, AL, false>(a, dy, base, n, true);
@@ -198,9 +201,9 @@ __global__ void __launch_bounds__(512) softmax_bwd_kernel(sm_params p) {
 #pragma unroll
     for (int i = 0; i < NV; i++) {
       const int64_t base = (int64_t)threadIdx.x * VEC + i * step;
-      if (base < n) emit(cdy[i], cy[i], base);
+      if (valid && base < n) emit(cdy[i], cy[i], base);
     }
-  } else {
+  } else if (valid) {
     for (int64_t base = (int64_t)threadIdx.x * VEC; base < n; base += step) {
       raw16 a, b;
       load_raw<T, AL, true>(a, dy, base, n, true);
@@ -222,7 +225,10 @@ struct sm_shape {
 };
 
 static sm_shape sm_shape_for(int64_t nvec) {
-  if (nvec <= 32 * kSmMaxNV) return {32, kSmWarpRows, pow2_at_least((nvec + 31) / 32)};
+  if (nvec <= 32 * kSmMaxNV) {
+    const int bx = nvec < 32 ? pow2_at_least(nvec) : 32;
+    return {bx, kSmGroupThreads / bx, pow2_at_least((nvec + bx - 1) / bx)};
+  }
   if (nvec <= (int64_t)kSmMaxThreads * kSmMaxNV) {
     int bx = pow2_at_least((nvec + kSmMaxNV - 1) / kSmMaxNV);
     if (bx < 64) bx = 64;
