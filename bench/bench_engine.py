@@ -233,6 +233,24 @@ def check(args):
     print(f"graph on vs off: max |logit diff| {d}")
     if d != 0.0:
         failures.append(f"graph on vs off: logits differ by {d}")
+    # random weights made on the GPU equal the CPU's bit for bit (same splitmix64 streams)
+    if args.device == "cuda":
+        a = E.Engine.random("test-gqa", seed=7, dtype="bf16", device="cuda")
+        b = E.Engine.random("test-gqa", seed=7, dtype="bf16", device="cpu", threads=1)
+        for name, shape in [("model.embed_tokens.weight", (256, 64)),
+                            ("model.layers.1.self_attn.k_proj.weight", (32, 64)),
+                            ("model.layers.0.mlp.down_proj.weight", (64, 128)),
+                            ("model.norm.weight", (64,))]:
+            ta = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+            tb = torch.empty(shape, dtype=torch.bfloat16)
+            a.export(name, ta.data_ptr(), ta.numel() * 2)
+            b.export(name, tb.data_ptr(), tb.numel() * 2)
+            if not torch.equal(ta.cpu(), tb):
+                failures.append(f"random weights: {name} differs between the GPU and the CPU")
+        a.close()
+        b.close()
+        print("random weights on the GPU == CPU: "
+              f"{'yes' if not any('random weights' in f for f in failures) else 'NO'}")
     print(f"check: max |logit diff| vs HF {worst:.4f}; "
           f"{'PASS' if not failures else 'FAIL'}")
     for f in failures:
