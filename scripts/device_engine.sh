@@ -55,6 +55,7 @@ SUMMARY=()
 
 # ---- 1. binaries -----------------------------------------------------------------------
 BIN=$ROOT/build-dev-engine
+PREBUILT=0
 if [ -f .devcarry-engine/engine.tar.gz ]; then
   stamp "unpacking the prebuilt engine ($(cat .devcarry-engine/commit.txt 2>/dev/null))"
   mkdir -p "$BIN/pack" && tar xzf .devcarry-engine/engine.tar.gz -C "$BIN/pack"
@@ -62,7 +63,13 @@ if [ -f .devcarry-engine/engine.tar.gz ]; then
   export LD_LIBRARY_PATH="$BIN/pack/lib:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
   OT_RUN=$BIN/pack/ot-run
   export OT_ENGINE_LIB=$BIN/pack/lib/libot_engine.so
-else
+  if "$OT_RUN" --help >/dev/null 2>"$OUTD/prebuilt.err"; then
+    PREBUILT=1
+  else
+    stamp "the prebuilt ot-run does not start here ($(head -c 300 "$OUTD/prebuilt.err")): building"
+  fi
+fi
+if [ "$PREBUILT" = 0 ]; then
   stamp "building (sm_90a) into build-dev-engine"
   # shellcheck source=device_build.sh
   source scripts/device_build.sh # EXTRA (carried dlpack / OpenBLAS), LD paths, CUDA_HOME
