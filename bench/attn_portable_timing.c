@@ -3,8 +3,10 @@
  * OT_ATTN_IMPL=portable for the sm_80+ kernels on a Hopper device) for
  * scripts/device_attention.sh. Dense BSHD bf16, random inputs in [-1, 1].
  *
- *   attn_portable_timing B H S D causal(0|1) [iters]
+ *   attn_portable_timing B H S D causal(0|1) [iters [VAR=VALUE ...]]
  *
+ * Each VAR=VALUE (e.g. OT_ATTN_FWD_CFG=2, tile-shape sweeps of a -DOT_ATTN_TUNING build)
+ * is set in turn and both passes are timed again under it.
  * Prints one line per pass: milliseconds (median of iters) and TFLOP/s counted as
  * FlashAttention does (forward 4 B H S^2 D, halved when causal; forward + backward
  * 3.5x that: the backward is 2.5 forwards' worth of products).
@@ -87,6 +89,17 @@ int main(int argc, char **argv) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0), cudaEventCreate(&e1);
   float *ms = malloc(sizeof(float) * (iters > 0 ? iters : 1));
+  int nset = argc > 7 ? argc - 7 : 1;
+  for (int set = 0; set < nset; set++) {
+  const char *label = argc > 7 ? argv[7 + set] : "default";
+  if (argc > 7) {
+    char name[64];
+    const char *eq = strchr(label, '=');
+    if (!eq || eq - label >= (int)sizeof name) continue;
+    memcpy(name, label, (size_t)(eq - label));
+    name[eq - label] = 0;
+    setenv(name, eq + 1, 1);
+  }
   for (int pass = 0; pass < 2; pass++) {
     for (int it = -3; it < iters; it++) {
       cudaEventRecord(e0, NULL);
@@ -108,9 +121,10 @@ int main(int argc, char **argv) {
     }
     qsort(ms, iters, sizeof *ms, cmp);
     double t = ms[iters / 2], f = pass ? 3.5 * flops : flops;
-    printf("ours %s B=%lld H=%lld S=%lld D=%lld causal=%d: %.3f ms, %.1f TFLOP/s\n",
+    printf("ours %s B=%lld H=%lld S=%lld D=%lld causal=%d [%s]: %.3f ms, %.1f TFLOP/s\n",
            pass ? "fwd+bwd" : "fwd", (long long)B, (long long)H, (long long)S, (long long)D, causal,
-           t, f / (t * 1e-3) / 1e12);
+           label, t, f / (t * 1e-3) / 1e12);
+  }
   }
   free(ms);
   ot_context_destroy(ctx);

@@ -2,7 +2,7 @@
 # scripts/device_attention.sh -- test and time the portable (sm_80+) CUDA flash attention
 # on the lent GPU machine (`run` executes this in the repository root).
 #
-#   scripts/device_attention.sh [--prebuilt DIR] [COMMIT]
+#   scripts/device_attention.sh [--prebuilt DIR] [--sweep] [COMMIT]
 #
 # Steps (logs under $OUT, default /tmp/ot_device_out; a summary is printed last):
 #   1. build tests/test_ops and bench/attn_portable_timing.c for sm_90a through
@@ -13,11 +13,15 @@
 #      suite, the CUDA grid included, against the float64 references);
 #   3. compute-sanitizer memcheck, racecheck and synccheck on a few small cases;
 #   4. timing: B=2 H=16 S=4096 D=128 bf16, forward and forward+backward, causal and not,
-#      ours (portable) against torch SDPA (flash and cuDNN backends).
+#      ours (portable) against torch SDPA (flash and cuDNN backends);
+#   --sweep (binaries built with -DOT_ATTN_TUNING): time the other D = 128 tile shapes
+#      (OT_ATTN_FWD_CFG / OT_ATTN_BWD_CFG = 1..5) and run the D128 test cases under each.
 # OT_ATTN_IMPL=portable forces the portable kernels even where the Hopper forward exists.
 set -uo pipefail
 PREBUILT=""
 if [ "${1:-}" = "--prebuilt" ]; then PREBUILT=$2; shift 2; fi
+SWEEP=0
+if [ "${1:-}" = "--sweep" ]; then SWEEP=1; shift; fi
 COMMIT=${1:-unknown}
 OUT=${OUT:-/tmp/ot_device_out}
 mkdir -p "$OUT"
@@ -84,7 +88,24 @@ san synccheck "cuda S17 D96"
 san synccheck "varlen D256"
 
 stamp "timing (ours, portable)"
-for c in 0 1; do timeout 60 "$TIMING" 2 16 4096 128 $c 20 2>&1 | tee -a "$OUT/attn_timing.log"; done
+SETS=()
+if [ "$SWEEP" = 1 ]; then
+  SETS=(OT_ATTN_FWD_CFG=0)
+  for k in 1 2 3 4 5; do SETS+=(OT_ATTN_FWD_CFG=$k); done
+  SETS+=(OT_ATTN_FWD_CFG=0)
+  for k in 1 2 3 4; do SETS+=(OT_ATTN_BWD_CFG=$k); done
+  SETS+=(OT_ATTN_BWD_CFG=0)
+fi
+for c in 0 1; do timeout 90 "$TIMING" 2 16 4096 128 $c 20 "${SETS[@]}" 2>&1 | tee -a "$OUT/attn_timing.log"; done
+if [ "$SWEEP" = 1 ]; then
+  stamp "D128 cases under each tile shape"
+  for k in 1 2 3 4 5; do
+    OT_ATTN_FWD_CFG=$k OT_ATTN_BWD_CFG=$k timeout 60 "$TEST" --backend cuda --suite attention \
+      --filter "D128 GQA" >"$OUT/attn_sweep_tests.log" 2>&1
+    echo "cfg $k: rc=$? $(tail -1 "$OUT/attn_sweep_tests.log")" | tee -a "$OUT/attn_timing.log"
+    grep -A3 '^FAIL' "$OUT/attn_sweep_tests.log" | head -8
+  done
+fi
 stamp "timing (torch SDPA)"
 timeout 90 python3 - <<'PY' 2>&1 | tee -a "$OUT/attn_timing.log"
 import torch, torch.nn.functional as F

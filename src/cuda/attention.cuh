@@ -254,8 +254,22 @@ template <typename T, int ROWS, int D, int DP, int NTHREADS>
 __device__ __forceinline__ void load_tile(T *s, const Op &o, int b, int64_t first, int head,
                                           int nrows, int d, bool vec, int tid) {
   constexpr int CH = D / 8; /* 16-byte chunks per row */
-  if (vec) {
+  if (vec && NTHREADS % CH == 0) {
+    /* Each thread keeps one column chunk and steps over rows: one pointer increment a
+     * copy instead of the row / column / 64-bit address arithmetic of the loop below. */
+    constexpr int RS = NTHREADS / CH;
+    const int x = (tid % CH) * 8;
+    int r = tid / CH;
+    const T *src = row_ptr<T>(o, b, first + r, head) + x;
+    const int64_t step = (int64_t)RS * o.ts;
+    const T *base = reinterpret_cast<const T *>(o.p);
 #pragma unroll
+    for (int k = 0; k < (ROWS + RS - 1) / RS; k++, r += RS, src += step) {
+      if (ROWS % RS != 0 && r >= ROWS) break;
+      const bool in = r < nrows && x < d;
+      cp_async16(s + r * DP + x, in ? src : base, in ? 16 : 0);
+    }
+  } else if (vec) {
     for (int c = tid; c < ROWS * CH; c += NTHREADS) {
       int r = c / CH, x = (c % CH) * 8;
       bool in = r < nrows && x < d;

@@ -19,6 +19,7 @@
  * (DA = 128 columns each, S and dP recomputed per half) to stay inside 255 registers.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "attention.cuh"
 #include "cuda_state.h"
@@ -26,20 +27,19 @@
 namespace ot {
 namespace attn {
 
-template <int D> struct bwd_cfg {
-  static constexpr int DA = D <= 128 ? D : 128; /* accumulated columns per block */
-  static constexpr int NW = 4;                  /* warps: 64 keys (dkdv) / queries (dq) */
-  static constexpr int BQ = D <= 64 ? 64 : 32;  /* dkdv: queries per tile */
-  static constexpr int BN = D <= 128 ? 64 : 32; /* dq: keys per tile */
+/* Tile shapes. dK/dV kernel: NW warps (16 NW keys a block), BQ queries a tile. dQ kernel:
+ * NW warps (16 NW queries a block), BN keys a tile. DA = accumulated columns a block. */
+template <int NW_, int BQ_> struct kvcfg {
+  static constexpr int NW = NW_, BQ = BQ_;
 };
-
-template <int D> static constexpr size_t dkdv_smem() {
-  return (size_t)(2 * 16 * bwd_cfg<D>::NW + 4 * bwd_cfg<D>::BQ) * (D + 8) * 2 +
-         (size_t)4 * bwd_cfg<D>::BQ * sizeof(float);
-}
-template <int D> static constexpr size_t dq_smem() {
-  return (size_t)(2 * 16 * bwd_cfg<D>::NW + 4 * bwd_cfg<D>::BN) * (D + 8) * 2;
-}
+template <int NW_, int BN_> struct qcfg {
+  static constexpr int NW = NW_, BN = BN_;
+};
+template <int D> struct bwd_da {
+  static constexpr int DA = D <= 128 ? D : 128;
+};
+template <int D> struct dkdv_cfg : kvcfg<4, (D <= 64 ? 64 : 32)> {};
+template <int D> struct dq_cfg : qcfg<4, (D <= 128 ? 64 : 32)> {};
 
 /* Compact index of (sequence b, query head h, row i of the sequence) in delta. */
 __device__ __forceinline__ int64_t delta_idx(const Params &P, int b, int h, int q0, int i) {
@@ -72,10 +72,10 @@ __global__ void bwd_pre_kernel(const Params P) {
 
 /* ---- dK, dV ---------------------------------------------------------------------------- */
 
-template <typename T, int D>
-__global__ void __launch_bounds__(bwd_cfg<D>::NW * 32)
+template <typename T, int D, class C>
+__global__ void __launch_bounds__(C::NW * 32)
     bwd_dkdv_kernel(const Params P) {
-  constexpr int NW = bwd_cfg<D>::NW, BQ = bwd_cfg<D>::BQ, DA = bwd_cfg<D>::DA, NTH = NW * 32;
+  constexpr int NW = C::NW, BQ = C::BQ, DA = bwd_da<D>::DA, NTH = NW * 32;
   constexpr int BK = 16 * NW, DP = D + 8;
   constexpr int NT_Q = BQ / 8, KS_D = D / 16, KS_Q = BQ / 16, NT_A = DA / 8;
   constexpr int NCOL = D / DA;
@@ -211,10 +211,10 @@ __global__ void __launch_bounds__(bwd_cfg<D>::NW * 32)
 
 /* ---- dQ -------------------------------------------------------------------------------- */
 
-template <typename T, int D>
-__global__ void __launch_bounds__(bwd_cfg<D>::NW * 32)
+template <typename T, int D, class C>
+__global__ void __launch_bounds__(C::NW * 32)
     bwd_dq_kernel(const Params P) {
-  constexpr int NW = bwd_cfg<D>::NW, BN = bwd_cfg<D>::BN, DA = bwd_cfg<D>::DA, NTH = NW * 32;
+  constexpr int NW = C::NW, BN = C::BN, DA = bwd_da<D>::DA, NTH = NW * 32;
   constexpr int BM = 16 * NW, DP = D + 8;
   constexpr int NT_N = BN / 8, KS_D = D / 16, KS_N = BN / 16, NT_A = DA / 8;
   constexpr int NCOL = D / DA;
@@ -322,36 +322,50 @@ __global__ void __launch_bounds__(bwd_cfg<D>::NW * 32)
   store_rows16<T, DA, DP>(stg, P.dq, b, (int64_t)q0 + wrow0, head, wrows, c0, P.d, P.vec, lane);
 }
 
-template <typename T, int D>
+template <typename T, int D, class CK, class CQ>
 static cudaError_t launch_bwd(const Params &P, int64_t rows_total, cudaStream_t stream) {
-  constexpr int NW = bwd_cfg<D>::NW, B16 = 16 * NW, NCOL = D / bwd_cfg<D>::DA;
+  constexpr int NCOL = D / bwd_da<D>::DA, BK = 16 * CK::NW, BM = 16 * CQ::NW;
   int64_t warps = rows_total * P.hq;
   if (warps > 0) bwd_pre_kernel<T><<<(unsigned)((warps + 7) / 8), 256, 0, stream>>>(P);
-  constexpr size_t s1 = dkdv_smem<D>(), s2 = dq_smem<D>();
-  cudaError_t e = cudaFuncSetAttribute(bwd_dkdv_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
+  constexpr size_t s1 = (size_t)(2 * BK + 4 * CK::BQ) * (D + 8) * 2 + (size_t)4 * CK::BQ * sizeof(float);
+  constexpr size_t s2 = (size_t)(2 * BM + 4 * CQ::BN) * (D + 8) * 2;
+  cudaError_t e = cudaFuncSetAttribute(bwd_dkdv_kernel<T, D, CK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
   if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(bwd_dq_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
+  e = cudaFuncSetAttribute(bwd_dq_kernel<T, D, CQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
   if (e != cudaSuccess) return e;
   dim3 g1, g2;
   if (P.cu_q) {
-    g1 = dim3((unsigned)(P.tk / B16 + P.batch + 1), (unsigned)(P.hkv * NCOL), 1);
-    g2 = dim3((unsigned)(P.tq / B16 + P.batch + 1), (unsigned)(P.hq * NCOL), 1);
+    g1 = dim3((unsigned)(P.tk / BK + P.batch + 1), (unsigned)(P.hkv * NCOL), 1);
+    g2 = dim3((unsigned)(P.tq / BM + P.batch + 1), (unsigned)(P.hq * NCOL), 1);
   } else {
-    g1 = dim3((unsigned)((P.sk + B16 - 1) / B16), (unsigned)(P.hkv * NCOL), (unsigned)P.batch);
-    g2 = dim3((unsigned)((P.sq + B16 - 1) / B16), (unsigned)(P.hq * NCOL), (unsigned)P.batch);
+    g1 = dim3((unsigned)((P.sk + BK - 1) / BK), (unsigned)(P.hkv * NCOL), (unsigned)P.batch);
+    g2 = dim3((unsigned)((P.sq + BM - 1) / BM), (unsigned)(P.hq * NCOL), (unsigned)P.batch);
   }
-  if (g1.x > 0) bwd_dkdv_kernel<T, D><<<g1, NW * 32, s1, stream>>>(P);
-  if (g2.x > 0) bwd_dq_kernel<T, D><<<g2, NW * 32, s2, stream>>>(P);
+  if (g1.x > 0) bwd_dkdv_kernel<T, D, CK><<<g1, CK::NW * 32, s1, stream>>>(P);
+  if (g2.x > 0) bwd_dq_kernel<T, D, CQ><<<g2, CQ::NW * 32, s2, stream>>>(P);
   return cudaGetLastError();
 }
 
 template <typename T>
 static cudaError_t launch_bwd_d(const Params &P, int dpad, int64_t rows_total, cudaStream_t s) {
   switch (dpad) {
-    case 64: return launch_bwd<T, 64>(P, rows_total, s);
+    case 64: return launch_bwd<T, 64, dkdv_cfg<64>, dq_cfg<64>>(P, rows_total, s);
     case 96:
-    case 128: return launch_bwd<T, 128>(P, rows_total, s);
-    default: return launch_bwd<T, 256>(P, rows_total, s);
+    case 128: {
+#ifdef OT_ATTN_TUNING
+      /* Tuning builds only (-DOT_ATTN_TUNING): OT_ATTN_BWD_CFG=k picks other tile shapes. */
+      const char *v = getenv("OT_ATTN_BWD_CFG");
+      switch (v ? atoi(v) : 0) {
+        case 1: return launch_bwd<T, 128, kvcfg<4, 64>, qcfg<4, 32>>(P, rows_total, s);
+        case 2: return launch_bwd<T, 128, kvcfg<8, 32>, qcfg<8, 64>>(P, rows_total, s);
+        case 3: return launch_bwd<T, 128, kvcfg<8, 16>, qcfg<8, 32>>(P, rows_total, s);
+        case 4: return launch_bwd<T, 128, kvcfg<4, 16>, qcfg<2, 64>>(P, rows_total, s);
+        default: break;
+      }
+#endif
+      return launch_bwd<T, 128, dkdv_cfg<128>, dq_cfg<128>>(P, rows_total, s);
+    }
+    default: return launch_bwd<T, 256, dkdv_cfg<256>, dq_cfg<256>>(P, rows_total, s);
   }
 }
 

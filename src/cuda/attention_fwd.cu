@@ -26,24 +26,19 @@
 namespace ot {
 namespace attn {
 
-/* Tile shapes per padded head dim: NW warps of MT m16 tiles (BM = 16 MT NW query rows),
- * BN keys a tile. */
-template <int D> struct fwd_cfg {
-  static constexpr int NW = 4;
-  static constexpr int MT = D <= 128 ? 2 : 1;
-  static constexpr int BN = D <= 64 ? 64 : 32;
-  static constexpr int BM = 16 * MT * NW;
+/* A forward tile shape: NW warps of MT m16 tiles (BM = 16 MT NW query rows), BN keys a
+ * key tile. */
+template <int NW_, int MT_, int BN_> struct fcfg {
+  static constexpr int NW = NW_, MT = MT_, BN = BN_, BM = 16 * MT_ * NW_;
 };
+/* The shapes used per padded head dim (measured: docs/ATTENTION.md). */
+template <int D> struct fwd_cfg : fcfg<4, (D <= 128 ? 2 : 1), (D <= 64 ? 64 : 32)> {};
 
-template <int D> static constexpr size_t fwd_smem() {
-  return (size_t)(fwd_cfg<D>::BM + 4 * fwd_cfg<D>::BN) * (D + 8) * 2;
-}
-
-template <typename T, int D>
-__global__ void __launch_bounds__(fwd_cfg<D>::NW * 32)
+template <typename T, int D, class C>
+__global__ void __launch_bounds__(C::NW * 32)
     fwd_kernel(const Params P) {
-  constexpr int NW = fwd_cfg<D>::NW, MT = fwd_cfg<D>::MT, BN = fwd_cfg<D>::BN, NTH = NW * 32;
-  constexpr int BM = fwd_cfg<D>::BM, DP = D + 8, WR = 16 * MT; /* rows a warp */
+  constexpr int NW = C::NW, MT = C::MT, BN = C::BN, NTH = NW * 32;
+  constexpr int BM = C::BM, DP = D + 8, WR = 16 * MT; /* rows a warp */
   constexpr int NT_S = BN / 8, KS_D = D / 16, NT_O = D / 8, KS_N = BN / 16;
   extern __shared__ uint4 smem_raw[];
   T *sQ = reinterpret_cast<T *>(smem_raw);
@@ -246,30 +241,87 @@ __global__ void fwd_combine_kernel(const Params P) {
         wsum > 0.0f ? mx + logf(wsum) : -INFINITY;
 }
 
-template <typename T, int D>
-static cudaError_t launch_fwd(const Params &P, int64_t rows_total, cudaStream_t stream) {
-  constexpr int NW = fwd_cfg<D>::NW, BM = fwd_cfg<D>::BM;
-  constexpr size_t smem = fwd_smem<D>();
-  cudaError_t e = cudaFuncSetAttribute(fwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e != cudaSuccess) return e;
-  dim3 grid;
-  if (P.cu_q) grid = dim3((unsigned)(P.tq / BM + P.batch + 1), (unsigned)P.hq, (unsigned)P.nsplit);
-  else grid = dim3((unsigned)((P.sq + BM - 1) / BM), (unsigned)P.hq, (unsigned)(P.batch * P.nsplit));
-  fwd_kernel<T, D><<<grid, NW * 32, smem, stream>>>(P);
-  if (P.nsplit > 1) {
-    int64_t warps = rows_total * P.hq;
-    fwd_combine_kernel<T><<<(unsigned)((warps + 7) / 8), 256, 0, stream>>>(P);
+/* Split-KV choice, scratch, launches for tile shape C. Split-KV when the (sequence,
+ * head, query tile) blocks fill less than one wave: enough splits for ~1 wave, at least 2
+ * key tiles per split. For varlen the mean key length Tk / batch stands for the
+ * sequences' lengths (cu_seqlens stay on the device). */
+template <typename T, int D, class C>
+static ot_status launch_fwd(ot_context *ctx, const ot_attention_args *a, Params &P,
+                            int64_t rows_total, const char *op) {
+  constexpr int NW = C::NW, BM = C::BM, BN = C::BN;
+  const bool varlen = a->cu_q != NULL;
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  int64_t blocks = varlen ? (a->tq + BM - 1) / BM * a->hq : (a->sq + BM - 1) / BM * a->hq * a->batch;
+  if (varlen && blocks < a->batch * a->hq) blocks = a->batch * a->hq;
+  int64_t klen = varlen ? a->tk / (a->batch > 0 ? a->batch : 1) : a->sk;
+  int sms = st ? st->sm_count : 132;
+  int nsplit = 1;
+  if (blocks < sms && klen >= 4 * BN) {
+    int64_t by_sm = (sms + blocks - 1) / blocks, by_len = klen / (2 * BN);
+    int64_t n = by_sm < by_len ? by_sm : by_len;
+    nsplit = (int)(n > 64 ? 64 : n);
+    if (nsplit < 1) nsplit = 1;
   }
-  return cudaGetLastError();
+  const char *ns = getenv("OT_ATTN_SPLITS"); /* testing: force a split count */
+  if (ns && atoi(ns) > 0) nsplit = atoi(ns) > 64 ? 64 : atoi(ns);
+  if (!varlen && a->batch * nsplit > 65535) nsplit = 1;
+  P.nsplit = nsplit;
+  if (nsplit > 1) {
+    size_t n_o = (size_t)nsplit * rows_total * a->hq;
+    size_t bytes = n_o * D * sizeof(float) + n_o * sizeof(float) + 256;
+    char *scr = (char *)ot_cuda_scratch(ctx, bytes, op);
+    if (!scr) return OT_ERR_OOM;
+    P.part_o = (float *)scr;
+    P.part_lse = (float *)(scr + ((n_o * D * sizeof(float) + 255) & ~(size_t)255));
+    P.part_dpad = D;
+  }
+  cudaStream_t stream = (cudaStream_t)ctx->stream;
+  constexpr size_t smem = (size_t)(BM + 4 * BN) * (D + 8) * 2;
+  cudaError_t e = cudaFuncSetAttribute(fwd_kernel<T, D, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e == cudaSuccess) {
+    dim3 grid;
+    if (P.cu_q) grid = dim3((unsigned)(P.tq / BM + P.batch + 1), (unsigned)P.hq, (unsigned)P.nsplit);
+    else grid = dim3((unsigned)((P.sq + BM - 1) / BM), (unsigned)P.hq, (unsigned)(P.batch * P.nsplit));
+    fwd_kernel<T, D, C><<<grid, NW * 32, smem, stream>>>(P);
+    if (P.nsplit > 1) {
+      int64_t warps = rows_total * P.hq;
+      fwd_combine_kernel<T><<<(unsigned)((warps + 7) / 8), 256, 0, stream>>>(P);
+    }
+    e = cudaGetLastError();
+  }
+  if (e != cudaSuccess)
+    return ot_error(OT_ERR_BACKEND, op, "flash attention forward launch: %s", cudaGetErrorString(e));
+  return OT_OK;
 }
 
+#ifdef OT_ATTN_TUNING
+/* Tuning builds (-DOT_ATTN_TUNING, never in CI): OT_ATTN_FWD_CFG=k picks another tile shape
+ * for D = 128 bf16, for scripts/device_attention.sh's sweep. */
+static int tuning_choice(const char *var) {
+  const char *v = getenv(var);
+  return v ? atoi(v) : 0;
+}
+#endif
+
 template <typename T>
-static cudaError_t launch_fwd_d(const Params &P, int dpad, int64_t rows_total, cudaStream_t s) {
+static ot_status launch_fwd_d(ot_context *ctx, const ot_attention_args *a, Params &P, int dpad,
+                              int64_t rows_total, const char *op) {
   switch (dpad) {
-    case 64: return launch_fwd<T, 64>(P, rows_total, s);
-    case 96: return launch_fwd<T, 96>(P, rows_total, s);
-    case 128: return launch_fwd<T, 128>(P, rows_total, s);
-    default: return launch_fwd<T, 256>(P, rows_total, s);
+    case 64: return launch_fwd<T, 64, fwd_cfg<64>>(ctx, a, P, rows_total, op);
+    case 96: return launch_fwd<T, 96, fwd_cfg<96>>(ctx, a, P, rows_total, op);
+    case 128:
+#ifdef OT_ATTN_TUNING
+      switch (tuning_choice("OT_ATTN_FWD_CFG")) {
+        case 1: return launch_fwd<T, 128, fcfg<4, 2, 64>>(ctx, a, P, rows_total, op);
+        case 2: return launch_fwd<T, 128, fcfg<8, 1, 64>>(ctx, a, P, rows_total, op);
+        case 3: return launch_fwd<T, 128, fcfg<4, 1, 64>>(ctx, a, P, rows_total, op);
+        case 4: return launch_fwd<T, 128, fcfg<8, 2, 32>>(ctx, a, P, rows_total, op);
+        case 5: return launch_fwd<T, 128, fcfg<4, 1, 32>>(ctx, a, P, rows_total, op);
+        default: break;
+      }
+#endif
+      return launch_fwd<T, 128, fwd_cfg<128>>(ctx, a, P, rows_total, op);
+    default: return launch_fwd<T, 256, fwd_cfg<256>>(ctx, a, P, rows_total, op);
   }
 }
 
@@ -337,40 +389,6 @@ extern "C" ot_status ot_cuda_attention_forward(ot_context *ctx, const ot_attenti
   const bool varlen = a->cu_q != NULL;
   const int64_t rows_total = varlen ? a->tq : a->batch * a->sq;
   if (rows_total == 0 || a->batch == 0) return OT_OK;
-  cudaStream_t stream = (cudaStream_t)ctx->stream;
-
-  /* Split-KV when the (sequence, head, query tile) blocks fill less than one wave:
-   * enough splits for ~1 wave, at least 2 key tiles per split. For varlen the mean
-   * key length Tk / batch stands for the sequences' lengths (cu_seqlens stay on the
-   * device). */
-  const int bm = dpad <= 128 ? 128 : 64, bn = dpad <= 64 ? 64 : 32; /* fwd_cfg's BM, BN */
-  int64_t blocks = varlen ? (a->tq + bm - 1) / bm * a->hq : (a->sq + bm - 1) / bm * a->hq * a->batch;
-  if (varlen && blocks < a->batch * a->hq) blocks = a->batch * a->hq;
-  int64_t klen = varlen ? a->tk / (a->batch > 0 ? a->batch : 1) : a->sk;
-  int sms = st ? st->sm_count : 132;
-  int nsplit = 1;
-  if (blocks < sms && klen >= 4 * bn) {
-    int64_t by_sm = (sms + blocks - 1) / blocks, by_len = klen / (2 * bn);
-    int64_t n = by_sm < by_len ? by_sm : by_len;
-    nsplit = (int)(n > 64 ? 64 : n);
-    if (nsplit < 1) nsplit = 1;
-  }
-  const char *ns = getenv("OT_ATTN_SPLITS"); /* testing: force a split count */
-  if (ns && atoi(ns) > 0) nsplit = atoi(ns) > 64 ? 64 : atoi(ns);
-  if (!varlen && a->batch * nsplit > 65535) nsplit = 1;
-  P.nsplit = nsplit;
-  if (nsplit > 1) {
-    size_t n_o = (size_t)nsplit * rows_total * a->hq;
-    size_t bytes = n_o * dpad * sizeof(float) + n_o * sizeof(float) + 256;
-    char *scr = (char *)ot_cuda_scratch(ctx, bytes, op);
-    if (!scr) return OT_ERR_OOM;
-    P.part_o = (float *)scr;
-    P.part_lse = (float *)(scr + ((n_o * dpad * sizeof(float) + 255) & ~(size_t)255));
-    P.part_dpad = dpad;
-  }
-  cudaError_t e = a->dtype == OT_BF16 ? launch_fwd_d<__nv_bfloat16>(P, dpad, rows_total, stream)
-                                      : launch_fwd_d<__half>(P, dpad, rows_total, stream);
-  if (e != cudaSuccess)
-    return ot_error(OT_ERR_BACKEND, op, "flash attention forward launch: %s", cudaGetErrorString(e));
-  return OT_OK;
+  return a->dtype == OT_BF16 ? launch_fwd_d<__nv_bfloat16>(ctx, a, P, dpad, rows_total, op)
+                              : launch_fwd_d<__half>(ctx, a, P, dpad, rows_total, op);
 }
