@@ -1226,20 +1226,25 @@ static inline void norm_smem_limits(int *per_sm, int *optin) {
   *optin = b;
 }
 
-/* Raise a kernel's dynamic shared memory limit to `optin`, once per kernel (a small
- * table of the kernels done; a race only repeats the same call). */
-static inline bool norm_raise_smem_limit(const void *kernel, int optin) {
+/* Raise a kernel's dynamic shared memory limit to what `optin` leaves beside its static
+ * shared memory, once per kernel (a small table of the kernels done; a race only
+ * repeats the same calls). Returns that limit in bytes, 0 on failure. */
+static inline int norm_raise_smem_limit(const void *kernel, int optin) {
   static const void *done[64];
+  static int limit[64];
   static int ndone;
   const int k = ndone < 64 ? ndone : 64;
   for (int i = 0; i < k; i++)
-    if (done[i] == kernel) return true;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) !=
-      cudaSuccess)
-    return false;
+    if (done[i] == kernel) return limit[i];
+  cudaFuncAttributes fa;
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return 0;
+  const int dyn = optin - (int)fa.sharedSizeBytes;
+  if (dyn <= 0 ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn) != cudaSuccess)
+    return 0;
   const int slot = ndone;
-  if (slot < 64) done[slot] = kernel, ndone = slot + 1;
-  return true;
+  if (slot < 64) done[slot] = kernel, limit[slot] = dyn, ndone = slot + 1;
+  return dyn;
 }
 
 /* Launch geometry of a v3 (ring) kernel: S stages of stage_bytes each, as many blocks
@@ -1260,8 +1265,8 @@ static inline norm_ring norm_ring_config(K kernel, int threads, size_t stage_byt
   norm_ring R = {false, 0, 0, 0};
   int per_sm_smem = 0, optin = 0;
   norm_smem_limits(&per_sm_smem, &optin);
+  optin = norm_raise_smem_limit(reinterpret_cast<const void *>(kernel), optin);
   if (stage_bytes * 2 > (size_t)optin) return R;
-  if (!norm_raise_smem_limit(reinterpret_cast<const void *>(kernel), optin)) return R;
   int S = env_stages;
   if (S < 2 || S > 8) {
     int b0 = 0;
