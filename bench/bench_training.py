@@ -7,7 +7,8 @@ peak memory, plus loss curves of the two from the same initialization and data.
   python3 bench/bench_training.py --quick --device cpu     # smoke test (tiny model)
 
 Variants per case: HF eager attention, HF sdpa, HF sdpa + torch.compile, patched
-(ops_transformer.patch_llama), patched + torch.compile. Cases (shared/BASELINE.md):
+(ops_transformer.patch_llama), patched + torch.compile, and patched with torch's SDPA
+attention (config.fused_attention=False: the attention kernel's share). Cases (shared/BASELINE.md):
 0.54b (hidden 2048, 8 layers, vocab 32000) at batch 4 x 2048; 1.5b (hidden 2048, 16
 layers, 32 / 8 heads, vocab 128256) at 4 x 2048; long context: 0.54b at 1 x 16384.
 
@@ -50,6 +51,7 @@ VARIANTS = {
     "hf_sdpa_compile": "HF sdpa + torch.compile",
     "patched": "patched",
     "patched_compile": "patched + torch.compile",
+    "patched_torch_attn": "patched, torch SDPA attention",
 }
 
 
@@ -72,8 +74,10 @@ def plan(quick):
     b = dict(cfg="1.5b", batch=4, seq=2048)
     lc = dict(cfg="0.54b", batch=1, seq=16384)
     return [
-        [dict(kind="ceiling"), dict(a, variant="hf_sdpa"), dict(a, variant="patched")],
-        [dict(b, variant="hf_sdpa"), dict(b, variant="patched")],
+        [dict(kind="ceiling"), dict(a, variant="hf_sdpa"), dict(a, variant="patched"),
+         dict(a, variant="patched_torch_attn")],
+        [dict(b, variant="hf_sdpa"), dict(b, variant="patched"),
+         dict(b, variant="patched_torch_attn")],
         [dict(lc, variant="hf_sdpa"), dict(lc, variant="patched")],
         [dict(kind="curve", cfg="0.54b", batch=4, seq=2048)],
         [dict(a, variant="hf_sdpa_compile")],
@@ -119,6 +123,9 @@ def _build(case, device, dtype, seed):
     if variant.startswith("patched"):
         import ops_transformer as ot
         from ops_transformer import patch as ot_patch
+        # patched_torch_attn: everything patched but the attention, which stays torch's
+        # SDPA (config.fused_attention=False) -- separates the attention kernel's share
+        ot.config.fused_attention = variant != "patched_torch_attn"
         ot.patch_llama(model)
         info["lm_loss_impl"] = "library" if ot_patch._library_lce_usable(device) \
             else "chunked"
@@ -313,7 +320,7 @@ def build_record(runs, curve, ceiling, args):
         peers_mem = {VARIANTS[v]: vs[v]["peak_GB"] for v in ("hf_eager", "hf_sdpa",
                                                              "hf_sdpa_compile")
                      if v in vs and vs[v].get("status") == "ok" and "peak_GB" in vs[v]}
-        for ours in ("patched", "patched_compile"):
+        for ours in ("patched", "patched_compile", "patched_torch_attn"):
             r = vs.get(ours)
             if r is None:
                 continue

@@ -689,7 +689,7 @@ def _library_lce_usable(device):
     if key in _LCE_OK:
         return _LCE_OK[key]
     fn = _library_lce()
-    if fn is None:
+    if fn is None or key not in ("cpu", "cuda"):
         return False
     if torch.compiler.is_compiling():
         return False
@@ -935,7 +935,7 @@ def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rop
             log.append(("attr", model, "_ot_lm_loss_impl"))
             model._ot_lm_loss_impl = lm_loss_impl
             if lm_loss_impl == "auto":       # decided eagerly (torch.compile reuses it)
-                devices = {head.weight.device.type}
+                devices = {head.weight.device.type} & {"cpu", "cuda"}   # not meta
                 if torch.cuda.is_available():
                     devices.add("cuda")
                 for d in sorted(devices):
@@ -961,7 +961,7 @@ def _probe_model_devices(model):
         devices.add(torch.device("cuda", torch.cuda.current_device()))
     dtypes = {p.dtype, torch.bfloat16}
     for dev in devices:
-        if dev.type == "cpu":
+        if dev.type != "cuda":       # the CPU backend has every op; meta runs nothing
             continue
         for dt in dtypes:
             for op in ("rms_norm", "rms_norm_residual", "swiglu", "cross_entropy"):
