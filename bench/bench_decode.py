@@ -117,7 +117,7 @@ def sdpa_grouped(q, k, v):
     """Decode GQA as Hkv heads of `group` query rows (exact for one query token)."""
     b = q.shape[0]
     qg = q.view(b, HKV, HQ // HKV, D)
-    return F.scaled_dot_product_attention(qg, k, v).view(b, HQ, D)
+    return F.scaled_dot_product_attention(qg, k, v).reshape(b, HQ, D)
 
 
 def check(shim):

@@ -762,6 +762,8 @@ OT_API ot_status ot_arena_alloc_tagged(ot_arena *arena, size_t bytes, void *stre
                                        ot_memory_tag tag, const char *op, void **ptr);
 
 OT_API ot_status ot_memory_tag_counter(ot_memory_tag tag, ot_memory_counter *out);
+/* All tags together: its peak is the peak of the sum (not the sum of the tags' peaks). */
+OT_API ot_status ot_memory_total_counter(ot_memory_counter *out);
 /* The counter of an op name (all zeros for a name never recorded). */
 OT_API ot_status ot_memory_op_counter(const char *op, ot_memory_counter *out);
 /* The op names recorded so far: ot_memory_op_name(i) for i < ot_memory_op_count()

@@ -960,6 +960,7 @@ static void paged_debug_case(test_run *tr, DLDataType dt, int d) {
   paged P;
   paged_make(tr, &P, dt, 2, len, 2, d, 16, &r);
   tb_set(P.indices, 1, (double)(P.npages + 3));
+  tb_dl(P.indices); /* P.kv holds the DLTensors: upload the edited tables */
   int64_t qsh[3] = {2, 4, d}, csh[1] = {3}, ksh[3] = {2, 2, d};
   tbuf *q = tb_new(tr->be, dt, 3, qsh), *out = tb_new(tr->be, dt, 3, qsh);
   tbuf *cu = tb_new(tr->be, DT_I32, 1, csh), *kn = tb_new(tr->be, dt, 3, ksh);
@@ -974,11 +975,13 @@ static void paged_debug_case(test_run *tr, DLDataType dt, int d) {
   /* the append writes the last token of sequence 0: slot 39 in page entry 2 (fine), so
    * make entry 2 bad as well */
   tb_set(P.indices, 2, -7.0);
+  tb_dl(P.indices);
   tb_set(cu, 1, 1), tb_set(cu, 2, 2);
   tr_expect_error(tr, ot_kv_append(tr->be->ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, NULL),
                   OT_ERR_INVALID_ARGUMENT, "ot_kv_append: kv.indices", "= -7");
   tb_set(P.indices, 1, 0), tb_set(P.indices, 2, 1);
   tb_set(P.lpl, 1, 17.0); /* last_page_len > block_size */
+  tb_dl(P.indices), tb_dl(P.lpl);
   tr_expect_error(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out), NULL),
                   OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: kv.last_page_len", "= 17");
   unsetenv("OT_DEBUG");
@@ -1078,12 +1081,12 @@ static void append_case(test_run *tr, DLDataType dt, int bs, int rope_mode, bool
             if (gk != tb_get(kexp, src) || gv != tb_get(vn, src)) {
               tr_fail(tr, "seq %d token %lld head %d dim %d: k %g v %g, expected %g %g", b,
                       (long long)t, h, x, gk, gv, tb_get(kexp, src), tb_get(vn, src));
-              b = B, i = nnew[b - 1], h = hkv;
-              break;
+              goto checked_new; /* the first mismatch is enough */
             }
           }
       }
     }
+  checked_new:
     size_t es = dt_size(dt);
     for (int64_t e = 0; e < P.kp->numel && !tr->case_failed; e++)
       if (!is_new[e] && (memcmp((char *)P.kp->host + e * es, (char *)ks + e * es, es) ||
@@ -1409,15 +1412,25 @@ static void tracker_case(test_run *tr) {
   if (ot_memory_op_name(-1) || ot_memory_op_name(ot_memory_op_count())) tr_fail(tr, "op name out of range not NULL");
   /* peaks: a transient workspace block */
   ot_memory_reset_peaks();
+  ot_memory_counter tot0;
+  tr_ok(tr, ot_memory_total_counter(&tot0), "total");
   void *tmp = NULL;
   tr_ok(tr, ot_arena_alloc_tagged(a, 4096, NULL, OT_MEMORY_WORKSPACE, "tracker test: ws", &tmp), "ws");
   tr_ok(tr, ot_arena_free(a, tmp, NULL), "ws free");
+  ot_memory_counter tot1;
+  tr_ok(tr, ot_memory_total_counter(&tot1), "total");
+  if (tot1.current != tot0.current || tot1.peak != tot0.current + 4096 ||
+      tot1.allocs != tot0.allocs + 1 || tot1.frees != tot0.frees + 1)
+    tr_fail(tr, "total after a transient block: current %zu (was %zu), peak %zu", tot1.current,
+            tot0.current, tot1.peak);
   ot_memory_counter ws = tag_now(OT_MEMORY_WORKSPACE), wso = op_now("tracker test: ws");
   if (ws.current != ws0.current || ws.peak != ws0.current + 4096 || wso.peak != 4096 ||
       wso.current != 0 || wso.frees != 1)
     tr_fail(tr, "workspace after a transient block: current %zu (was %zu), peak %zu", ws.current,
             ws0.current, ws.peak);
   /* bad arguments */
+  tr_expect_error(tr, ot_memory_total_counter(NULL), OT_ERR_INVALID_ARGUMENT,
+                  "ot_memory_total_counter: out", NULL);
   tr_expect_error(tr, ot_arena_alloc_tagged(a, 8, NULL, (ot_memory_tag)7, "x", &px),
                   OT_ERR_INVALID_ARGUMENT, "ot_arena_alloc_tagged: tag: 7", "0 .. 4");
   if (px != (void *)(uintptr_t)0x42) tr_fail(tr, "ptr written by a failing tagged alloc");

@@ -684,6 +684,132 @@ static PyObject *py_register_torch(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* Memory: tracker counters and arenas (ops_transformer.profiler)                      */
+/* ---------------------------------------------------------------------------------- */
+
+static PyObject *counter_tuple(const ot_memory_counter *c) {
+  return Py_BuildValue("(KKKK)", (unsigned long long)c->current, (unsigned long long)c->peak,
+                       (unsigned long long)c->allocs, (unsigned long long)c->frees);
+}
+
+/* memory_counters() -> {"tags": {name: (current, peak, allocs, frees)}, "ops": {...}} */
+static PyObject *py_memory_counters(PyObject *self, PyObject *unused) {
+  static const char *tag_names[OT_MEMORY_NUM_TAGS] = {"weights", "kv_cache", "activations",
+                                                      "workspace", "other"};
+  PyObject *tags = PyDict_New(), *ops = PyDict_New(), *out = NULL;
+  if (!tags || !ops) goto done;
+  for (int t = 0; t < OT_MEMORY_NUM_TAGS; t++) {
+    ot_memory_counter c;
+    if (ot_memory_tag_counter((ot_memory_tag)t, &c) != OT_OK) {
+      raise_status(OT_ERR_INTERNAL);
+      goto done;
+    }
+    PyObject *v = counter_tuple(&c);
+    if (!v || PyDict_SetItemString(tags, tag_names[t], v) < 0) {
+      Py_XDECREF(v);
+      goto done;
+    }
+    Py_DECREF(v);
+  }
+  for (int i = 0, n = ot_memory_op_count(); i < n; i++) {
+    const char *name = ot_memory_op_name(i);
+    ot_memory_counter c;
+    if (!name || ot_memory_op_counter(name, &c) != OT_OK) continue;
+    PyObject *v = counter_tuple(&c);
+    if (!v || PyDict_SetItemString(ops, name, v) < 0) {
+      Py_XDECREF(v);
+      goto done;
+    }
+    Py_DECREF(v);
+  }
+  ot_memory_counter tot;
+  ot_memory_total_counter(&tot);
+  PyObject *total = counter_tuple(&tot);
+  if (!total) goto done;
+  out = Py_BuildValue("{sOsOsO}", "tags", tags, "ops", ops, "total", total);
+  Py_DECREF(total);
+done:
+  Py_XDECREF(tags);
+  Py_XDECREF(ops);
+  return out;
+}
+
+static PyObject *py_memory_reset_peaks(PyObject *self, PyObject *unused) {
+  ot_memory_reset_peaks();
+  Py_RETURN_NONE;
+}
+
+#define ARENA_CAPSULE "ops_transformer.arena"
+
+static void arena_capsule_free(PyObject *cap) {
+  ot_arena_destroy((ot_arena *)PyCapsule_GetPointer(cap, ARENA_CAPSULE));
+}
+
+/* arena_create(reserve_bytes, device=-1) -> capsule (device -1: host, else CUDA ordinal) */
+static PyObject *py_arena_create(PyObject *self, PyObject *args) {
+  unsigned long long bytes;
+  int device = -1;
+  if (!PyArg_ParseTuple(args, "K|i", &bytes, &device)) return NULL;
+  DLDevice dev = {device < 0 ? kDLCPU : kDLCUDA, device < 0 ? 0 : device};
+  PyObject *zero = PyLong_FromLong(0);
+  if (!zero) return NULL;
+  ot_context *ctx = context_for("arena_create", dev, zero);
+  Py_DECREF(zero);
+  if (!ctx) return NULL;
+  ot_arena *a = NULL;
+  ot_status st = ot_arena_create(ctx, (size_t)bytes, &a);
+  if (st != OT_OK) return raise_status(st);
+  PyObject *cap = PyCapsule_New(a, ARENA_CAPSULE, arena_capsule_free);
+  if (!cap) ot_arena_destroy(a);
+  return cap;
+}
+
+/* arena_alloc(arena, bytes, tag, op=None) -> address; arena_free(arena, address) */
+static PyObject *py_arena_alloc(PyObject *self, PyObject *args) {
+  PyObject *cap;
+  unsigned long long bytes;
+  int tag;
+  const char *op = NULL;
+  if (!PyArg_ParseTuple(args, "OKi|z", &cap, &bytes, &tag, &op)) return NULL;
+  ot_arena *a = (ot_arena *)PyCapsule_GetPointer(cap, ARENA_CAPSULE);
+  if (!a) return NULL;
+  void *p = NULL;
+  ot_status st = ot_arena_alloc_tagged(a, (size_t)bytes, NULL, (ot_memory_tag)tag, op, &p);
+  if (st != OT_OK) return raise_status(st);
+  return PyLong_FromVoidPtr(p);
+}
+
+static PyObject *py_arena_free(PyObject *self, PyObject *args) {
+  PyObject *cap, *addr;
+  if (!PyArg_ParseTuple(args, "OO", &cap, &addr)) return NULL;
+  ot_arena *a = (ot_arena *)PyCapsule_GetPointer(cap, ARENA_CAPSULE);
+  if (!a) return NULL;
+  void *p = PyLong_AsVoidPtr(addr);
+  if (PyErr_Occurred()) return NULL;
+  ot_status st = ot_arena_free(a, p, NULL);
+  if (st != OT_OK) return raise_status(st);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_arena_stats(PyObject *self, PyObject *cap) {
+  ot_arena *a = (ot_arena *)PyCapsule_GetPointer(cap, ARENA_CAPSULE);
+  if (!a) return NULL;
+  ot_arena_stats s;
+  ot_status st = ot_arena_get_stats(a, &s);
+  if (st != OT_OK) return raise_status(st);
+  return Py_BuildValue("{sKsKsKsKsKsdsKsKsKsKsK}", "reserved", (unsigned long long)s.reserved,
+                       "in_use", (unsigned long long)s.in_use, "peak",
+                       (unsigned long long)s.peak, "free_total",
+                       (unsigned long long)s.free_total, "largest_free",
+                       (unsigned long long)s.largest_free, "fragmentation", s.fragmentation,
+                       "live_blocks", (unsigned long long)s.live_blocks, "free_blocks",
+                       (unsigned long long)s.free_blocks, "num_allocs",
+                       (unsigned long long)s.num_allocs, "num_frees",
+                       (unsigned long long)s.num_frees, "num_failed",
+                       (unsigned long long)s.num_failed);
+}
+
 static PyObject *py_last_error(PyObject *self, PyObject *unused) {
   return PyUnicode_FromString(ot_last_error());
 }
@@ -726,6 +852,16 @@ static PyMethodDef methods[] = {
     {"_bench_c_call", py_bench_c_call, METH_VARARGS,
      "_bench_c_call(which, n, iters, thread_clock=False) -> ns per C call\n"
      "(0 softmax, 1 rmsnorm; [1, n] float32)."},
+    {"memory_counters", py_memory_counters, METH_NOARGS,
+     "The C memory tracker: {'tags': {tag: (current, peak, allocs, frees)}, 'ops': {...},\n"
+     "'total': (...)}."},
+    {"memory_reset_peaks", py_memory_reset_peaks, METH_NOARGS, "ot_memory_reset_peaks()."},
+    {"arena_create", py_arena_create, METH_VARARGS,
+     "arena_create(reserve_bytes, device=-1) -> arena (device -1: host, else CUDA ordinal)."},
+    {"arena_alloc", py_arena_alloc, METH_VARARGS,
+     "arena_alloc(arena, bytes, tag, op=None) -> address (ot_arena_alloc_tagged)."},
+    {"arena_free", py_arena_free, METH_VARARGS, "arena_free(arena, address)."},
+    {"arena_stats", py_arena_stats, METH_O, "ot_arena_get_stats as a dict."},
     {"last_error", py_last_error, METH_NOARGS, "ot_last_error() of this thread."},
     {"has_cuda", py_has_cuda, METH_NOARGS, "Whether the library was built with CUDA."},
     {"version", py_version, METH_NOARGS, "The linked library's version string."},

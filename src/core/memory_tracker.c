@@ -14,6 +14,7 @@
 
 static pthread_mutex_t tracker_lock = PTHREAD_MUTEX_INITIALIZER;
 static ot_memory_counter tag_counters[OT_MEMORY_NUM_TAGS];
+static ot_memory_counter total_counter; /* every tag together (its peak is the true peak) */
 static ot_memory_counter op_counters[OT_MEMORY_MAX_OPS];
 static char op_names[OT_MEMORY_MAX_OPS][OT_MEMORY_OP_NAME];
 static int op_count;
@@ -53,6 +54,7 @@ static void bump(ot_memory_counter *c, size_t bytes, int sign) {
 void ot_memory_record(ot_memory_tag tag, int op_index, size_t bytes, int sign) {
   pthread_mutex_lock(&tracker_lock);
   bump(&tag_counters[tag], bytes, sign);
+  bump(&total_counter, bytes, sign);
   if (op_index >= 0 && op_index < OT_MEMORY_MAX_OPS) bump(&op_counters[op_index], bytes, sign);
   pthread_mutex_unlock(&tracker_lock);
 }
@@ -65,6 +67,14 @@ ot_status ot_memory_tag_counter(ot_memory_tag tag, ot_memory_counter *out) {
   if (!out) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "out: is NULL");
   pthread_mutex_lock(&tracker_lock);
   *out = tag_counters[tag];
+  pthread_mutex_unlock(&tracker_lock);
+  return OT_OK;
+}
+
+ot_status ot_memory_total_counter(ot_memory_counter *out) {
+  if (!out) return ot_error(OT_ERR_INVALID_ARGUMENT, "ot_memory_total_counter", "out: is NULL");
+  pthread_mutex_lock(&tracker_lock);
+  *out = total_counter;
   pthread_mutex_unlock(&tracker_lock);
   return OT_OK;
 }
@@ -98,6 +108,7 @@ const char *ot_memory_op_name(int i) {
 void ot_memory_reset_peaks(void) {
   pthread_mutex_lock(&tracker_lock);
   for (int t = 0; t < OT_MEMORY_NUM_TAGS; t++) tag_counters[t].peak = tag_counters[t].current;
+  total_counter.peak = total_counter.current;
   for (int i = 0; i < op_count; i++) op_counters[i].peak = op_counters[i].current;
   pthread_mutex_unlock(&tracker_lock);
 }

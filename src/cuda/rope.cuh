@@ -52,11 +52,13 @@ __device__ __forceinline__ void rope_cos_sin(const P &p, int64_t pos, int64_t i,
   sincosf((float)ang, sn, c);
 }
 
-/* NeoX: (x1, x2) = (x[i], x[half + i]); GPT-J: (x[2i], x[2i + 1]). Same formula. */
+/* NeoX: (x1, x2) = (x[i], x[half + i]); GPT-J: (x[2i], x[2i + 1]). Same formula. The
+ * rounding steps are spelled out (a product, then one FMA) so that no kernel's
+ * contraction choice can make the two callers differ in the last bit. */
 __device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float sn, float *y1,
                                             float *y2) {
-  *y1 = x1 * c - x2 * sn;
-  *y2 = x2 * c + x1 * sn;
+  *y1 = __fmaf_rn(x1, c, -__fmul_rn(x2, sn));
+  *y2 = __fmaf_rn(x2, c, __fmul_rn(x1, sn));
 }
 
 } /* namespace ot */
