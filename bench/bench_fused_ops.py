@@ -627,16 +627,16 @@ def bench_all(S, args):
 
     variants = variants_ms
 
-    # The default is forward v3 / backward v3 (cp.async rings, src/cuda/norm.cuh) and the
-    # warp-per-token RoPE kernel; the variants are the previous defaults and the ring
-    # depths around the automatic choice.
-    FWD_VARIANTS = {"v2": {"OT_NORM_FWD_IMPL": "v2"},
-                    "v3 S=3": {"OT_NORM_FWD_STAGES": "3"},
-                    "v3 S=4": {"OT_NORM_FWD_STAGES": "4"}}
+    # Defaults (src/cuda/norm.cuh): forward v2, backward v3 (cp.async ring; RMSNorm 2
+    # vectors per thread and a 2-row ring, LayerNorm 4 vectors and the automatic ring),
+    # RoPE's warp-per-token kernel. The variants: the other generations and the ring
+    # shapes around the defaults.
+    FWD_VARIANTS = {"v3 (automatic ring)": {"OT_NORM_FWD_IMPL": "v3"},
+                    "v3 S=4": {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_FWD_STAGES": "4"}}
     BWD_VARIANTS = {"v2": {"OT_NORM_BWD_IMPL": "v2"},
-                    "v3 nv4": {"OT_NORM_BWD_V3NV": "4"},
-                    "v3 S=2": {"OT_NORM_BWD_STAGES": "2"},
-                    "v3 S=6": {"OT_NORM_BWD_STAGES": "6"}}
+                    "v3 nv2 S=2": {"OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "2"},
+                    "v3 nv4 automatic ring": {"OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "0"},
+                    "v3 nv4 S=2": {"OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "2"}}
     ROPE_VARIANTS = {"v1 (block per token)": {"OT_ROPE_IMPL": "v1"}}
     only = set(args.only.split(","))
 

@@ -22,9 +22,10 @@
  *
  * Generations (all kept: the benchmark times them side by side through the env knobs
  * below): v1 (f46b949, any alignment: the fallback), v2 (aligned rows, more bytes in
- * flight per thread, register rings), v3 (aligned rows, the default: v2's arithmetic
- * with the rows staged in shared memory by per-thread cp.async rings on a persistent
- * grid, so the bytes in flight per SM are bounded by shared memory, not registers).
+ * flight per thread, register rings; the forward's default), v3 (aligned rows, the
+ * backward's default, opt-in for the forward: v2's arithmetic with the rows staged in
+ * shared memory by per-thread cp.async rings on a persistent grid, so the bytes in
+ * flight per SM are bounded by shared memory, not registers).
  *
  * All pointers may be NULL where the API allows it: residual (then residual_out is
  * unused), weight (= 1), bias (= 0), mean / rstd (not saved, or recomputed in the
@@ -1125,11 +1126,11 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
 
 /* Tuning knobs read from the environment at each call (benchmarking only; unset in
  * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels) | v2 (register rows, one
- * block per row or two) | v3 (persistent, cp.async ring; default), OT_NORM_FWD_MAXNV=16
- * (up to 16 vectors per thread in forward v2 / v3, default 8), OT_NORM_FWD_STAGES=S (v3
- * ring depth, default: as below), OT_NORM_BWD_IMPL=old | v2 | v3 (default),
- * OT_NORM_BWD_NV=1 (v2 with one vector per thread, D = 6), OT_NORM_BWD_V3NV=4 (v3 with
- * four vectors per thread), OT_NORM_BWD_STAGES=S (v3 ring depth). */
+ * block per row or two; default) | v3 (persistent, cp.async ring), OT_NORM_FWD_MAXNV=16
+ * (up to 16 vectors per thread in forward v2, default 8), OT_NORM_FWD_STAGES=S (v3 ring
+ * depth, default: automatic), OT_NORM_BWD_IMPL=old | v2 | v3 (default),
+ * OT_NORM_BWD_NV=1 (v2 with one vector per thread, D = 6), OT_NORM_BWD_V3NV=2 | 4 (v3
+ * vectors per thread), OT_NORM_BWD_STAGES=S (v3 ring depth; 0 = automatic). */
 static inline int norm_env_int(const char *name, int dflt) {
   const char *s = getenv(name);
   return s && *s ? atoi(s) : dflt;
@@ -1328,12 +1329,18 @@ cudaError_t norm_fwd_v3_launch(const norm_fwd_params &p, const norm_launch &L,
 #undef OT_NORM_FWD3
 }
 
-/* The aligned forward: v3 unless OT_NORM_FWD_IMPL=v2 (or the ring does not fit). Both
- * give the same bits (same thread-to-vector map and summation order). */
+/* The aligned forward: v2, or v3 with OT_NORM_FWD_IMPL=v3 (v2 where its ring does not
+ * fit). Both give the same bits (same thread-to-vector map and summation order).
+ * Measured (H200, 16k rows bf16, run of 179a3ae, TB/s, copy 4.29): v2 / v3 with the
+ * automatic ring / v3 S=3 / v3 S=4 -- RMSNorm 4096 3.78 / 3.28 / 3.06 / 2.84, 8192
+ * 3.91 / 3.61 / 3.39 / 3.36; LayerNorm 4096 3.62 / 2.89 / 2.64 / 2.34, 8192 3.83 /
+ * 3.19 / 2.87 / 2.77; with the residual v2 also ahead by 0.3-0.6. The ring adds a
+ * shared-memory round trip per vector and a persistent block loses v2's many short
+ * blocks in flight per SM; v3 stays opt-in. */
 template <typename T, bool LAYER>
 cudaError_t norm_fwd_fast_launch(const norm_fwd_params &p, const norm_launch &L,
                                  cudaStream_t stream) {
-  if (!norm_env_is("OT_NORM_FWD_IMPL", "v2")) {
+  if (norm_env_is("OT_NORM_FWD_IMPL", "v3")) {
     const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(p, L, stream);
     if (e != cudaErrorNotSupported) return e;
   }
@@ -1479,13 +1486,23 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
   /* Measured (H200, 16k rows bf16, f607cff): at 4096, v2 with NV = 2 (256 threads, 2
    * blocks per SM) 2.70 TB/s (RMS) against 2.04 with NV = 1 (512 threads, 1 block) and
    * 1.98 for the f46b949 kernel; at 8192 (NV = 2, 512 threads, 1 block per SM) 2.53 /
-   * 2.44 (RMS / LayerNorm) against 2.51 / 2.25. */
+   * 2.44 (RMS / LayerNorm) against 2.51 / 2.25.
+   * v3 (run of 179a3ae, TB/s at 4096 / 8192; v2 2.73 / 2.56 RMS, 2.56 / 2.47 LN):
+   *   RMSNorm   NV=2 S=2 3.25 / 3.51, NV=2 automatic S (3) 3.18 / 3.44, S=6 2.81 / 2.83,
+   *             NV=4 2.99 / 3.26;
+   *   LayerNorm NV=4 automatic S 2.81 / 3.10, NV=2 S=2 2.83 / 2.99, NV=2 automatic
+   *             2.55 / 2.30, S=6 2.71 / 2.75.
+   * So: RMSNorm NV = 2 with a 2-row ring (more blocks, fewer rows each: the bytes in
+   * flight stopped being the limit, the per-row work did), LayerNorm NV = 4 (its db
+   * partials double the accumulators; 4 vectors per thread halve the threads that
+   * repeat the per-row reduction) with the automatic ring. */
   if (aligned && p.rows > 0 && p.rstd && (!LAYER || p.mean) && nvec <= 2048 &&
       !norm_env_is("OT_NORM_BWD_IMPL", "old") && !norm_env_is("OT_NORM_BWD_IMPL", "v2")) {
-    const int nv = nvec > 1024 || norm_env_int("OT_NORM_BWD_V3NV", 2) == 4 ? 4 : 2;
+    const int env_nv = norm_env_int("OT_NORM_BWD_V3NV", LAYER ? 4 : 2);
+    const int nv = nvec > 1024 || env_nv == 4 ? 4 : 2;
     const int threads = (int)(((nvec + nv - 1) / nv + 31) / 32 * 32);
     const size_t stage = (size_t)(p.dres ? 3 : 2) * nv * threads * 16;
-    const int env_s = norm_env_int("OT_NORM_BWD_STAGES", 0);
+    const int env_s = norm_env_int("OT_NORM_BWD_STAGES", LAYER ? 0 : 2);
     auto go = [&](auto kernel) -> cudaError_t {
       const norm_ring R = norm_ring_config(kernel, threads, stage, p.rows, env_s);
       if (!R.ok) return cudaErrorNotSupported;
