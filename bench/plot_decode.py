@@ -4,6 +4,7 @@ against SDPA cuDNN / flash on a contiguous cache and gather + SDPA, in TB/s of K
 with the measured read bandwidth as a line.
 
   python3 bench/plot_decode.py bench/results/decode.json docs/img/decode.png
+  python3 bench/plot_decode.py bench/results/decode.json --markdown   # the PERFORMANCE.md table
 """
 import json
 import sys
@@ -42,5 +43,34 @@ def main(src, dst):
     fig.savefig(dst, dpi=110)
 
 
+def markdown(src):
+    doc = json.load(open(src))
+    read = doc["ceilings"]["read_TBps"]
+    print(f"Read ceiling (torch.sum over 4 GiB bf16, same run): {read:.2f} TB/s.\n")
+    print("| case | ours TB/s (us) | % of read | SDPA cuDNN | SDPA flash | gather + SDPA "
+          "| x cuDNN | x gather |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in doc["rows"]:
+        if r["op"] != "paged_decode":
+            continue
+        p = r["peers"]
+        g = lambda k: f"{p[k]:.2f}" if k in p else "n/a"  # noqa: E731
+        print(f"| {r['case'].split(' bf16')[0]} | {r['ours']:.2f} ({r['ours_us']:.0f}) | "
+              f"{r['fraction_of_ceiling']:.0%} | {g('torch SDPA cuDNN (contiguous)')} | "
+              f"{g('torch SDPA flash (contiguous)')} | {g('paged gather + SDPA')} | "
+              f"{r['ratio_cudnn'] if r['ratio_cudnn'] is not None else 'n/a'} | "
+              f"{r['ratio_gather']} |")
+    for r in doc["rows"]:
+        if r["op"] == "arena_alloc_free":
+            pn = r["peers_ns_per_pair"]
+            print(f"\nArena ({r['case']}): {r['ours_ns_per_pair']:.0f} ns per alloc + free; "
+                  f"cudaMalloc / cudaFree {pn['cudaMalloc/cudaFree']:.0f} ns "
+                  f"({r['ratio_cudamalloc']}x slower); cudaMallocAsync / cudaFreeAsync (pool kept) "
+                  f"{pn['cudaMallocAsync/cudaFreeAsync (pool kept)']:.0f} ns.")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if len(sys.argv) > 2 and sys.argv[2] == "--markdown":
+        markdown(sys.argv[1])
+    else:
+        main(sys.argv[1], sys.argv[2])

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# scripts/device_decode.sh [COMMIT] -- issue 6 on the lent GPU: the memory suite's CUDA
+# scripts/device_decode.sh [COMMIT] -- (DECODE_MODE=all|test|bench, default all) issue 6 on
+# the lent GPU: the memory suite's CUDA
 # cases (paged attention, kv append, OT_DEBUG checks), compute-sanitizer memcheck +
 # racecheck over small paged / append cases, then bench/bench_decode.py (decode vs SDPA,
 # arena vs cudaMalloc / cudaMallocAsync) -> $OUT/decode.json + decode.png; table last.
@@ -61,6 +62,8 @@ if ! build-dec/tests/test_ops --help 2>&1 | grep -q '^usage:'; then
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 
+MODE=${DECODE_MODE:-all}
+if [ "$MODE" != bench ]; then
 stamp "test_ops --backend cuda --suite memory"
 timeout 150 build-dec/tests/test_ops --backend cuda --suite memory >"$OUT/test.log" 2>&1
 echo "memory rc=$?"; grep -E '^cuda ' "$OUT/test.log"; grep -E 'FAIL' "$OUT/test.log" | head -20
@@ -82,12 +85,14 @@ done
 echo "racecheck rc=$?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$LOGS/racecheck.log" | tr '\n' ' ') $(grep -E '^cuda ' "$LOGS/racecheck.log")"
 [ -f "$LOGS/racecheck.log" ] && { echo "=== racecheck"; head -c 200000 "$LOGS/racecheck.log"; } >>"$OUT/san.log"
 
+fi
+if [ "$MODE" != test ]; then
 stamp "bench_decode"
 CMD="bash scripts/device_decode.sh $COMMIT (run tool, nvidia-h200, carry [\".devcarry-paged\"])"
 timeout 170 python3 bench/bench_decode.py --shim build-dec/libdecode_shim.so --arena-bin build-dec/arena_bench \
   --check --json "$OUT/decode.json" --commit "$COMMIT" --command "$CMD" >"$OUT/bench.log" 2>&1
 echo "bench rc=$?"
 python3 bench/plot_decode.py "$OUT/decode.json" "$OUT/decode.png" >>"$OUT/bench.log" 2>&1 || echo "plot failed"
+fi
 stamp "done"
-grep -E '^check' "$OUT/bench.log"
-tail -14 "$OUT/bench.log"
+[ -f "$OUT/bench.log" ] && { grep -E '^check' "$OUT/bench.log"; tail -14 "$OUT/bench.log"; }
