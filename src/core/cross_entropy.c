@@ -65,17 +65,17 @@ static ot_status check_inputs(const char *op, const ot_context *ctx, const DLTen
  * only on the CPU backend: on CUDA the labels stay on the device, the kernels count
  * the non-ignored rows there and a label out of range gives a NaN loss row (checking
  * would need a synchronization; the public header states the contract). */
-static ot_status check_labels(const char *op, const ot_view *yv, int64_t V, int64_t ignore,
-                              int64_t *count) {
+ot_status ot_cross_entropy_check_labels(const char *op, const ot_view *yv, int64_t V,
+                                        int64_t ignore, const char *unit, int64_t *count) {
   int64_t n = yv->shape[0], c = 0;
   for (int64_t i = 0; i < n; i++) {
     int64_t y = ot_load_index(yv->data, yv->dtype, i * yv->stride[0]);
     if (y == ignore) continue;
     if (y < 0 || y >= V)
       return ot_error(OT_ERR_INVALID_ARGUMENT, op,
-                      "labels: row %" PRId64 " has label %" PRId64 ", outside [0, %" PRId64
+                      "labels: %s %" PRId64 " has label %" PRId64 ", outside [0, %" PRId64
                       ") and not ignore_index (%" PRId64 ")",
-                      i, y, V, ignore);
+                      unit, i, y, V, ignore);
     c++;
   }
   *count = c;
@@ -131,7 +131,7 @@ ot_status ot_cross_entropy_forward(ot_context *ctx, const ot_cross_entropy_param
     a.count = -1;
     return OT_CUDA_CALL(op, ot_cuda_cross_entropy_forward, ctx, &a);
   }
-  OT_TRY(check_labels(op, &yv, lr.cols, p.ignore_index, &a.count));
+  OT_TRY(ot_cross_entropy_check_labels(op, &yv, lr.cols, p.ignore_index, "row", &a.count));
   return ot_cpu_cross_entropy_forward(ctx, &a);
 }
 
@@ -168,6 +168,6 @@ ot_status ot_cross_entropy_backward(ot_context *ctx, const ot_cross_entropy_para
     a.count = -1; /* as in the forward: the device counts, labels are not validated */
     return OT_CUDA_CALL(op, ot_cuda_cross_entropy_backward, ctx, &a);
   }
-  OT_TRY(check_labels(op, &yv, lr.cols, p.ignore_index, &a.count));
+  OT_TRY(ot_cross_entropy_check_labels(op, &yv, lr.cols, p.ignore_index, "row", &a.count));
   return ot_cpu_cross_entropy_backward(ctx, &a);
 }

@@ -53,23 +53,6 @@ ot_status ot_linear_cross_entropy_workspace_size(const ot_linear_cross_entropy_p
 }
 
 /* Every label in [0, V) or ignore_index; counts the others (host labels: CPU only). */
-static ot_status check_labels(const char *op, const ot_view *yv, int64_t V, int64_t ignore,
-                              int64_t *count) {
-  int64_t n = yv->shape[0], c = 0;
-  for (int64_t i = 0; i < n; i++) {
-    int64_t y = ot_load_index(yv->data, yv->dtype, i * yv->stride[0]);
-    if (y == ignore) continue;
-    if (y < 0 || y >= V)
-      return ot_error(OT_ERR_INVALID_ARGUMENT, op,
-                      "labels: token %" PRId64 " has label %" PRId64 ", outside [0, %" PRId64
-                      ") and not ignore_index (%" PRId64 ")",
-                      i, y, V, ignore);
-    c++;
-  }
-  *count = c;
-  return OT_OK;
-}
-
 ot_status ot_linear_cross_entropy(ot_context *ctx, const ot_linear_cross_entropy_params *params,
                                   const DLTensor *hidden, const DLTensor *weight,
                                   const DLTensor *labels, const DLTensor *loss,
@@ -185,6 +168,6 @@ ot_status ot_linear_cross_entropy(ot_context *ctx, const ot_linear_cross_entropy
     a.count = -1;
     return OT_CUDA_CALL(op, ot_cuda_linear_cross_entropy, ctx, &a);
   }
-  OT_TRY(check_labels(op, &yv, V, p.ce.ignore_index, &a.count));
+  OT_TRY(ot_cross_entropy_check_labels(op, &yv, V, p.ce.ignore_index, "token", &a.count));
   return ot_cpu_linear_cross_entropy(ctx, &a);
 }

@@ -55,6 +55,11 @@ typedef struct ot_cross_entropy_args {
 
 ot_status ot_cpu_softmax_forward(ot_context *ctx, const ot_softmax_forward_args *a);
 ot_status ot_cpu_softmax_backward(ot_context *ctx, const ot_softmax_backward_args *a);
+/* Labels (host-readable) in [0, V) or equal to ignore: *count = the labels not ignored.
+ * An error names the first bad entry ("labels: <unit> i has label y, outside ..."). */
+ot_status ot_cross_entropy_check_labels(const char *op, const ot_view *yv, int64_t V,
+                                        int64_t ignore, const char *unit, int64_t *count);
+
 ot_status ot_cpu_cross_entropy_forward(ot_context *ctx, const ot_cross_entropy_args *a);
 ot_status ot_cpu_cross_entropy_backward(ot_context *ctx, const ot_cross_entropy_args *a);
 ot_status ot_cuda_softmax_forward(ot_context *ctx, const ot_softmax_forward_args *a);
