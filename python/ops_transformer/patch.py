@@ -204,7 +204,7 @@ def _usable(op, device, dtype, extra=()):
         return ok
     if torch.compiler.is_compiling():
         return True
-    if device.type == "cpu" and not (op == "attention" and not _fused_attention()):
+    if device.type == "cpu":
         ok = True                                 # the CPU backend has every op
     else:
         ok = False
