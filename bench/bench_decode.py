@@ -23,12 +23,16 @@ import argparse
 import ctypes
 import datetime
 import json
-import statistics
+import os
 import subprocess
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fused_ops import time_ms as _time_ms  # noqa: E402
 
 C = ctypes
 i64, vp, cint = C.c_int64, C.c_void_p, C.c_int
@@ -59,25 +63,10 @@ class Shim:
             raise RuntimeError("ot_paged_attention: " + self.lib.shim_last_error().decode())
 
 
-SLEEP_CYCLES = 2_000_000 if hasattr(torch.cuda, "_sleep") else 0
-
-
 def time_ms(fn, iters=25, inner=5, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if SLEEP_CYCLES:
-            torch.cuda._sleep(SLEEP_CYCLES)
-        s.record()
-        for _ in range(inner):
-            fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) / inner)
-    return statistics.median(ts)
+    """bench_fused_ops.time_ms (a ~1 ms torch.cuda._sleep, then events around `inner`
+    calls; median of `iters`) for one function."""
+    return _time_ms([fn], iters=iters, inner=inner, warmup=warmup)
 
 
 def read_ceiling():

@@ -1478,6 +1478,17 @@ out:
 
 /* ---- the suite -------------------------------------------------------------------- */
 
+/* The append cases of both backends: page sizes 1 .. 256, rope off / NeoX / GPT-J, with
+ * and without q, explicit positions, strided k / v. */
+static void append_cases(test_run *tr) {
+  append_case(tr, DT_F32, 16, -1, false, false, false);
+  append_case(tr, DT_BF16, 1, -1, false, false, true);
+  append_case(tr, DT_F16, 4, 0, true, false, false);
+  append_case(tr, DT_BF16, 16, 1, true, true, true);
+  append_case(tr, DT_F32, 64, 0, false, false, false);
+  append_case(tr, DT_F32, 256, 0, true, true, false);
+}
+
 /* CUDA: the kernels (attention both paths, forced splits, append, OT_DEBUG); the arena,
  * pool and tracker tests write blocks with the host and run on the CPU backend. */
 static void run_memory_cuda(test_run *tr) {
@@ -1496,12 +1507,7 @@ static void run_memory_cuda(test_run *tr) {
   for (size_t i = 0; i < sizeof paged_cuda_long / sizeof paged_cuda_long[0]; i++)
     paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);
   paged_case(tr, &paged_long[1], DT_BF16);
-  append_case(tr, DT_F32, 16, -1, false, false, false);
-  append_case(tr, DT_BF16, 1, -1, false, false, true);
-  append_case(tr, DT_F16, 4, 0, true, false, false);
-  append_case(tr, DT_BF16, 16, 1, true, true, true);
-  append_case(tr, DT_F32, 64, 0, false, false, false);
-  append_case(tr, DT_F32, 256, 0, true, true, false);
+  append_cases(tr);
   append_case(tr, DT_BF16, 16, 0, true, false, false);
   paged_debug_case(tr, DT_BF16, 128);
   paged_debug_case(tr, DT_F32, 16);
@@ -1536,12 +1542,7 @@ static void run_memory(test_run *tr) {
   paged_case(tr, &paged_long[0], DT_BF16);
   paged_case(tr, &paged_long[1], DT_BF16);
   paged_bad_args(tr);
-  append_case(tr, DT_F32, 16, -1, false, false, false);
-  append_case(tr, DT_BF16, 1, -1, false, false, true);
-  append_case(tr, DT_F16, 4, 0, true, false, false);
-  append_case(tr, DT_BF16, 16, 1, true, true, true);
-  append_case(tr, DT_F32, 64, 0, false, false, false);
-  append_case(tr, DT_F32, 256, 0, true, true, false);
+  append_cases(tr);
   e2e_case(tr, DT_F32, 16);
   e2e_case(tr, DT_BF16, 1);
   e2e_case(tr, DT_F16, 4);

@@ -130,6 +130,29 @@ static ot_status check_tokens(const char *op, const char *name, const ot_context
 
 /* ---- ot_kv_append --------------------------------------------------------------------- */
 
+/* The arguments both backends take: table, cu_seqlens_new, k_new / v_new rows. */
+static void append_args_init(ot_kv_append_args *a, ot_dtype dt, const ot_paged_table *t,
+                             const int32_t *cu, const ot_view *kn, const ot_view *vn) {
+  memset(a, 0, sizeof *a);
+  a->dtype = dt;
+  a->kv = *t;
+  a->cu_new = cu;
+  a->tokens = kn->shape[0];
+  a->k_new = kn->data;
+  a->k_tok_stride = kn->stride[0];
+  a->k_head_stride = kn->stride[1];
+  a->v_new = vn->data;
+  a->v_tok_stride = vn->stride[0];
+  a->v_head_stride = vn->stride[1];
+}
+
+/* ot_rope_forward's failure re-reported under ot_kv_append ("ot_kv_append: rope: ..."). */
+static ot_status rope_failed(ot_status st, const char *op) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", ot_last_error());
+  return ot_error(st, op, "rope: %s", msg);
+}
+
 /* The CUDA path: RoPE and the scatter in one kernel. The rope parameters are validated
  * by ot_rope_forward itself on zero-token views of the same tensors (its checks, its
  * messages), then handed to the kernel as an ot_rope_args. */
@@ -139,17 +162,7 @@ static ot_status kv_append_cuda(ot_context *ctx, const ot_paged_kv *kv, const ot
                                 const ot_view *pv, const ot_view *qv, const ot_view *qo) {
   static const char *op = "ot_kv_append";
   ot_kv_append_args a;
-  memset(&a, 0, sizeof a);
-  a.dtype = dt;
-  a.kv = *t;
-  a.cu_new = cu;
-  a.tokens = kn->shape[0];
-  a.k_new = kn->data;
-  a.k_tok_stride = kn->stride[0];
-  a.k_head_stride = kn->stride[1];
-  a.v_new = vn->data;
-  a.v_tok_stride = vn->stride[0];
-  a.v_head_stride = vn->stride[1];
+  append_args_init(&a, dt, t, cu, kn, vn);
   ot_rope_args ra;
   memset(&ra, 0, sizeof ra);
   if (rope) {
@@ -163,11 +176,7 @@ static ot_status kv_append_cuda(ot_context *ctx, const ot_paged_kv *kv, const ot
     DLTensor p0 = {kn->data, ctx->device, 1, {kDLInt, 64, 1}, psh, NULL, 0};
     ot_status st = ot_view_present(qv) ? ot_rope_forward(ctx, rope, &q0, &k0, &p0, NULL, &qo0, &ko)
                                        : ot_rope_forward(ctx, rope, &k0, NULL, &p0, NULL, &ko, NULL);
-    if (st != OT_OK) {
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", ot_last_error());
-      return ot_error(st, op, "rope: %s", msg);
-    }
+    if (st != OT_OK) return rope_failed(st, op);
     ra.op = op;
     ra.dtype = dt;
     ra.mode = rope->mode;
@@ -256,16 +265,7 @@ ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv, const DLTensor *c
                                                  &qv, &qo);
 
   ot_kv_append_args a;
-  memset(&a, 0, sizeof a);
-  a.dtype = kp.dtype;
-  a.kv = t;
-  a.cu_new = c;
-  a.k_new = kn.data;
-  a.k_tok_stride = kn.stride[0];
-  a.k_head_stride = kn.stride[1];
-  a.v_new = vn.data;
-  a.v_tok_stride = vn.stride[0];
-  a.v_head_stride = vn.stride[1];
+  append_args_init(&a, kp.dtype, &t, c, &kn, &vn);
   if (!rope || tokens == 0) return ot_cpu_kv_append(ctx, &a);
 
   /* RoPE through ot_rope_forward itself (its validation, its kernel): k_new is rotated
@@ -289,10 +289,8 @@ ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv, const DLTensor *c
   ot_status st = q ? ot_rope_forward(ctx, rope, q, k_new, pos_arg, NULL, q_out, &rot_t)
                    : ot_rope_forward(ctx, rope, k_new, NULL, pos_arg, NULL, &rot_t, NULL);
   if (st != OT_OK) {
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", ot_last_error());
     free(k_rot), free(pos);
-    return ot_error(st, op, "rope: %s", msg);
+    return rope_failed(st, op);
   }
   a.k_new = k_rot;
   a.k_tok_stride = t.hkv * t.d;
