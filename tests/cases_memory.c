@@ -1086,7 +1086,7 @@ static void append_case(test_run *tr, DLDataType dt, int bs, int rope_mode, bool
           }
       }
     }
-  checked_new:
+  checked_new:;
     size_t es = dt_size(dt);
     for (int64_t e = 0; e < P.kp->numel && !tr->case_failed; e++)
       if (!is_new[e] && (memcmp((char *)P.kp->host + e * es, (char *)ks + e * es, es) ||
