@@ -404,6 +404,28 @@ def _rope_cache(cos, sin, B, S):
     return cache, pos
 
 
+_OLD_STYLE_UPDATE = {}
+
+
+def _cache_update(cache, k, v, layer_idx, cos, sin, kwargs):
+    """cache.update as the installed transformers calls it: ``update(k, v, idx,
+    kwargs=kwargs)`` (5.2x) or ``update(k, v, idx, cache_kwargs)`` with cos / sin /
+    cache_position (earlier versions, whose update has a ``cache_kwargs`` parameter)."""
+    cls = type(cache)
+    old = _OLD_STYLE_UPDATE.get(cls)
+    if old is None:
+        import inspect
+        try:
+            old = "cache_kwargs" in inspect.signature(cls.update).parameters
+        except (TypeError, ValueError):
+            old = False
+        _OLD_STYLE_UPDATE[cls] = old
+    if old:
+        return cache.update(k, v, layer_idx, {"sin": sin, "cos": cos,
+                                              "cache_position": kwargs.get("cache_position")})
+    return cache.update(k, v, layer_idx, kwargs=kwargs)
+
+
 def _attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None,
                        cache=None, past_key_values=None, **kwargs):
     if cache is None:
@@ -439,7 +461,7 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
         # HF's cache layout is [B, H, S, D]; the interface function takes it as views
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
-            k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+            k, v = _cache_update(cache, k, v, self.layer_idx, cos, sin, kwargs)
         o, _ = ot_attention_forward(self, q.transpose(1, 2), k, v, attention_mask,
                                     scaling=self.scaling, sliding_window=_sliding_window(self))
     return self.o_proj(o.reshape(B, S, -1)), None
