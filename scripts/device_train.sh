@@ -6,7 +6,8 @@
 #
 #   bash scripts/device_train.sh [commit-sha]        # `run` with carry [".carry"]
 #
-# Environment: OT_TRAIN_BUDGET_S (whole script, default 420 s; the benchmark gets what
+# Environment: OT_TRAIN_BUILD_DIR (default build-dev), OT_TRAIN_BENCH_ARGS (extra
+# bench_training.py arguments, e.g. "--quick --device cpu" for a dry run), OT_TRAIN_BUDGET_S (whole script, default 420 s; the benchmark gets what
 # the build, the tests and the example leave, at least 120 s), OT_TRAIN_SKIP_TESTS=1, OUT (default
 # /tmp/ot_train_out). Results under $OUT: training.json (bench/results/training.json
 # format), training_loss.png (docs/img/training_loss.png), training.md (the table for
@@ -35,18 +36,19 @@ fi
 stamp "build (build-dev, sm_90a: target ops_transformer) + _C"
 # shellcheck source=device_build.sh
 source scripts/device_build.sh
-if ! ot_device_build build-dev "ops_transformer"; then
+BD=${OT_TRAIN_BUILD_DIR:-build-dev}
+if ! ot_device_build "$BD" "ops_transformer"; then
   echo "device_train: build failed"; exit 1
 fi
 PKG=build-train/pkg/ops_transformer
 rm -rf build-train/pkg && mkdir -p "$PKG"
 cp python/ops_transformer/*.py "$PKG/"
-cp -a build-dev/libops_transformer.so* "$PKG/"
+cp -a "$BD"/libops_transformer.so* "$PKG/"
 EXT=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 if ! cc -O2 -shared -fPIC -Wall -Wno-unused-parameter python/ops_transformer/_C.c -Iinclude \
-     -I"$OT_DEVICE_DLPACK_INCLUDE" -I"$PYINC" -Lbuild-dev -lops_transformer -Wl,-rpath,'$ORIGIN' \
-     -o "$PKG/_C$EXT" >build-dev/logs/ext.log 2>&1; then
-  cat build-dev/logs/ext.log; echo "device_train: extension build failed"; exit 1
+     -I"$OT_DEVICE_DLPACK_INCLUDE" -I"$PYINC" -L"$BD" -lops_transformer -Wl,-rpath,'$ORIGIN' \
+     -o "$PKG/_C$EXT" >"$BD/logs/ext.log" 2>&1; then
+  cat "$BD/logs/ext.log"; echo "device_train: extension build failed"; exit 1
 fi
 export PYTHONPATH="$ROOT/build-train/pkg${PYTHONPATH:+:$PYTHONPATH}"
 stamp "built; probe of the library's ops on CUDA (bf16):"
@@ -81,6 +83,7 @@ LEFT=$(( BUDGET - ($(date +%s) - T0) ))
 stamp "bench_training (budget ${LEFT} s)"
 timeout $(( LEFT + 30 )) "$PY" bench/bench_training.py --budget-s "$LEFT" --json "$OUT/training.json" \
   --plot "$OUT/training_loss.png" --commit "$COMMIT" --command "bash scripts/device_train.sh" \
+  ${OT_TRAIN_BENCH_ARGS:-} \
   >"$OUT/bench.log" 2>&1
 echo "bench rc=$?"
 "$PY" bench/bench_training.py --markdown "$OUT/training.json" >"$OUT/training.md" 2>&1 || true
