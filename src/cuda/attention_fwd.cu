@@ -4,8 +4,8 @@
  * pipeline over key / value tiles), and the forward dispatcher: on sm_90 devices the
  * Hopper kernel (sm90/attention_fwd_sm90.cu) is asked first unless OT_ATTN_IMPL=portable.
  *
- * One block = BM = 16 * NW query rows of one (sequence, query head); warp w owns rows
- * [16w, 16w + 16). Per key tile of BN keys:  S = Q K^T (registers), scale / softcap /
+ * One block = BM = 16 * MT * NW query rows of one (sequence, query head); warp w owns MT
+ * m16 tiles of consecutive rows. Per key tile of BN keys:  S = Q K^T (registers), scale / softcap /
  * mask, online softmax in the log2 domain, O += P V with P converted in registers to
  * the A operand. Small problems (fewer blocks than SMs) split the key range over
  * blocks (split-KV): each split writes a normalized fp32 partial and its lse, a second
