@@ -37,6 +37,7 @@ from bench_fused_ops import time_ms as _time_ms  # noqa: E402
 C = ctypes
 i64, vp, cint = C.c_int64, C.c_void_p, C.c_int
 HQ, HKV, D = 32, 8, 128
+DEV = "cuda"
 SHAPES = [(1, 65536), (16, 4096), (64, 1024), (64, 4096)]
 PAGES = [16, 64]
 
@@ -70,7 +71,7 @@ def time_ms(fn, iters=25, inner=5, warmup=3):
 
 
 def read_ceiling():
-    x = torch.randn(2 << 30, device="cuda", dtype=torch.bfloat16)  # 4 GiB
+    x = torch.randn(2 << 30, device=DEV, dtype=torch.bfloat16)  # 4 GiB
     ms = time_ms(lambda: torch.sum(x, dtype=torch.float32), iters=15, inner=2)
     tbps = x.numel() * 2 / (ms * 1e-3) / 1e12
     del x
@@ -79,16 +80,16 @@ def read_ceiling():
 
 
 def make_case(b, ctx, bs, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=DEV).manual_seed(seed)
     npb = (ctx + bs - 1) // bs
     P = b * npb + 3
-    kp = torch.randn(P, HKV, bs, D, device="cuda", dtype=dtype, generator=g)
-    vp_ = torch.randn(P, HKV, bs, D, device="cuda", dtype=dtype, generator=g)
-    perm = torch.randperm(P, device="cuda", generator=g)[: b * npb].to(torch.int32)
-    indptr = torch.arange(0, b * npb + 1, npb, device="cuda", dtype=torch.int32)
-    lpl = torch.full((b,), ctx - (npb - 1) * bs, device="cuda", dtype=torch.int32)
-    q = torch.randn(b, HQ, D, device="cuda", dtype=dtype, generator=g)
-    cu = torch.arange(0, b + 1, device="cuda", dtype=torch.int32)
+    kp = torch.randn(P, HKV, bs, D, device=DEV, dtype=dtype, generator=g)
+    vp_ = torch.randn(P, HKV, bs, D, device=DEV, dtype=dtype, generator=g)
+    perm = torch.randperm(P, device=DEV, generator=g)[: b * npb].to(torch.int32)
+    indptr = torch.arange(0, b * npb + 1, npb, device=DEV, dtype=torch.int32)
+    lpl = torch.full((b,), ctx - (npb - 1) * bs, device=DEV, dtype=torch.int32)
+    q = torch.randn(b, HQ, D, device=DEV, dtype=dtype, generator=g)
+    cu = torch.arange(0, b + 1, device=DEV, dtype=torch.int32)
     return dict(kp=kp, vp=vp_, indices=perm, indptr=indptr, lpl=lpl, q=q, cu=cu, npb=npb)
 
 
@@ -136,7 +137,7 @@ def bench(shim, ceiling):
         peers_contig = {}
         for name, be in (("torch SDPA cuDNN (contiguous)", SDPBackend.CUDNN_ATTENTION),
                          ("torch SDPA flash (contiguous)", SDPBackend.FLASH_ATTENTION)):
-            qx = torch.randn(b, HQ, D, device="cuda", dtype=torch.bfloat16)
+            qx = torch.randn(b, HQ, D, device=DEV, dtype=torch.bfloat16)
             try:
                 with sdpa_kernel([be]):
                     peers_contig[name] = (time_ms(lambda: sdpa_grouped(qx, kc, vc)),
@@ -161,10 +162,11 @@ def bench(shim, ceiling):
             ref = gather_sdpa().float()
             call()
             err = (out.float() - ref).abs().max().item()
-            peers = {k: round(nbytes / (v[0] * 1e-3) / 1e12, 3) for k, v in peers_contig.items()}
-            peers["paged gather + SDPA"] = round(nbytes / (ms_g * 1e-3) / 1e12, 3)
+            raw = {k: nbytes / (v[0] * 1e-3) / 1e12 for k, v in peers_contig.items()}
+            raw["paged gather + SDPA"] = nbytes / (ms_g * 1e-3) / 1e12
+            peers = {k: round(v, 3) for k, v in raw.items()}
             tb = nbytes / (ms * 1e-3) / 1e12
-            best = max(peers.values())
+            best = max(raw.values())
             rows.append({
                 "op": "paged_decode",
                 "case": f"B{b} x ctx {ctx} page {bs} bf16 Hq{HQ} Hkv{HKV} D{D}",
@@ -175,9 +177,9 @@ def bench(shim, ceiling):
                 "peers_us": {k: round(v[0] * 1e3, 1) for k, v in peers_contig.items()} |
                             {"paged gather + SDPA": round(ms_g * 1e3, 1)},
                 "ratio_best_peer": round(tb / best, 3),
-                "ratio_cudnn": round(tb / peers["torch SDPA cuDNN (contiguous)"], 3)
-                if "torch SDPA cuDNN (contiguous)" in peers else None,
-                "ratio_gather": round(tb / peers["paged gather + SDPA"], 3),
+                "ratio_cudnn": round(tb / raw["torch SDPA cuDNN (contiguous)"], 3)
+                if "torch SDPA cuDNN (contiguous)" in raw else None,
+                "ratio_gather": round(tb / raw["paged gather + SDPA"], 3),
                 "fraction_of_ceiling": round(tb / ceiling, 3),
                 "max_abs_err_vs_sdpa": float(f"{err:.3e}"),
             })
