@@ -228,3 +228,40 @@ def test_fused_loss_with_gradient_checkpointing(ids):
     assert out1.logits is None
     torch.testing.assert_close(out1.loss, out0.loss, rtol=1e-5, atol=1e-6)
     assert_grads_close(g0, g1, rtol=2e-5)
+
+
+def test_patched_training_saves_less_and_no_logits():
+    # What autograd keeps for the backward (activations: parameters excluded), counted by
+    # storage: the patched model keeps less than half of HF's here (no [tokens, vocab]
+    # logits, RMSNorm without float32 intermediates, the MLP's swiglu output recomputed
+    # in the backward), and no tensor as large as the logits.
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, vocab_size=4096,
+                      max_position_embeddings=512)
+    model = LlamaForCausalLM(cfg)
+    model.train()
+    ids = torch.randint(0, 4096, (2, 256), generator=torch.Generator().manual_seed(1))
+
+    def saved(model):
+        params = {p.data_ptr() for p in model.parameters()}
+        storages = {}
+
+        def pack(t):
+            if t.numel() and t.data_ptr() not in params:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        model.zero_grad(set_to_none=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        return storages, loss.detach()
+
+    hf, loss0 = saved(model)
+    ot.patch_model(model)
+    ours, loss1 = saved(model)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-6)
+    logits_bytes = ids.numel() * cfg.vocab_size * 4
+    assert max(hf.values()) >= logits_bytes            # HF keeps the logits
+    assert max(ours.values()) < logits_bytes / 2       # (the largest: dweight, V x H)
+    assert sum(ours.values()) < 0.6 * sum(hf.values()), (sum(ours.values()), sum(hf.values()))
