@@ -153,6 +153,11 @@ def bench(shim, ceiling):
             call = lambda: shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
                                       c["indices"], c["lpl"], out)
             ms = time_ms(call)
+            os.environ["OT_PAGED_PREFETCH"] = "1"  # opt-in variant (read at each call)
+            try:
+                ms_pf = time_ms(call)
+            finally:
+                os.environ.pop("OT_PAGED_PREFETCH", None)
 
             def gather_sdpa():
                 k, v = gather(c, b, ctx, bs)
@@ -173,6 +178,8 @@ def bench(shim, ceiling):
                 "metric": "TB/s",
                 "ours": round(tb, 3),
                 "ours_us": round(ms * 1e3, 1),
+                "variants": {"OT_PAGED_PREFETCH=1 (L2 bulk prefetch of the next step)":
+                             round(nbytes / (ms_pf * 1e-3) / 1e12, 3)},
                 "peers": peers,
                 "peers_us": {k: round(v[0] * 1e3, 1) for k, v in peers_contig.items()} |
                             {"paged gather + SDPA": round(ms_g * 1e3, 1)},
@@ -184,7 +191,8 @@ def bench(shim, ceiling):
                 "max_abs_err_vs_sdpa": float(f"{err:.3e}"),
             })
             r = rows[-1]
-            print(f"{r['case']:<44} ours {r['ours']:.3f} TB/s ({r['ours_us']} us) "
+            print(f"{r['case']:<44} ours {r['ours']:.3f} TB/s ({r['ours_us']} us; prefetch "
+                  f"{list(r['variants'].values())[0]:.3f}) "
                   f"{r['fraction_of_ceiling']:.1%} of read; peers {peers}; err {err:.1e}", flush=True)
             del c, out
             torch.cuda.empty_cache()

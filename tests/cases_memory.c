@@ -1500,9 +1500,14 @@ static void run_memory_cuda(test_run *tr) {
     paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
     if (i % 4 == 0) paged_case(tr, &paged_cuda_cases[i], DT_F32);
   }
-  /* the split-KV merge with a forced count on multi-token tiles and windows */
+  /* the split-KV merge with a forced count on multi-token tiles and windows, with the
+   * opt-in L2 prefetch on (a hint: results must not change) */
   setenv("OT_PAGED_SPLITS", "7", 1);
+  setenv("OT_PAGED_PREFETCH", "1", 1);
   for (size_t i = 6; i < 12; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16);
+  paged_case(tr, &paged_cuda_cases[1], DT_BF16); /* page size 1 */
+  paged_case(tr, &paged_cuda_cases[5], DT_F16);  /* page size 3 */
+  unsetenv("OT_PAGED_PREFETCH");
   unsetenv("OT_PAGED_SPLITS");
   for (size_t i = 0; i < sizeof paged_cuda_long / sizeof paged_cuda_long[0]; i++)
     paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);

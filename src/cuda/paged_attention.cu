@@ -21,7 +21,8 @@
  *             thread's B fragment is 16-byte runs of 4 keys (one __byte_perm per pair);
  *             8 threads read 128 contiguous bytes of one key.
  *     Both K and V loads of a step are issued before any math (16 x 16 B per thread in
- *     flight); with 2-3 CTAs per SM that is 64-96 KB in flight per SM.
+ *     flight); with 2 CTAs per SM (~200 registers) that is 64 KB in flight per SM. Opt-in
+ *     (OT_PAGED_PREFETCH=1, sm_90): an L2 bulk prefetch of the next step besides.
  *   - Online softmax in fp32 (base 2, scale folded in), P rounded to the input type for
  *     the PV mma (the FA2 register trick: the S accumulators of two key blocks are the A
  *     fragment of P). The 4 warps' (m, l, O) merge through shared memory at the end.
@@ -75,6 +76,7 @@ struct pa_params {
   float *part_o;      /* [splits][tq * hq][d] */
   float *part_lse;    /* [splits][tq * hq] */
   int *err;           /* OT_DEBUG flag or NULL */
+  int prefetch;       /* sm_90: L2 bulk prefetch of the warp's next step (OT_PAGED_PREFETCH=1) */
 };
 
 /* ---- fragment helpers -------------------------------------------------------------------- */
@@ -227,6 +229,21 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
     for (int u = 0; u < 4; u++) {
       const int kb = ib + (u * kPaWarps + warp) * kPaStep;
       if (kb >= ie) break;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      /* opt-in: the warp's next step (same iteration, page ids staged) into L2, one key row
+       * per lane (lanes 0-15 K, 16-31 V) -- more bytes in flight at no register cost */
+      if (p.prefetch && u + 1 < 4) {
+        const int key = kb + kPaWarps * kPaStep + (lane & 15);
+        if (key < ie) {
+          const int pl = (p.bs_shift >= 0 ? key >> p.bs_shift : key / p.bs) - pfirst;
+          const int slot = p.bs_shift >= 0 ? key & (p.bs - 1) : key % p.bs;
+          const T *src = (lane < 16 ? kbase : vbase) + s_pid[pl] * page_stride + slot * D;
+          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src),
+                       "r"((unsigned)(D * sizeof(T)))
+                       : "memory");
+        }
+      }
+#endif
       /* issue every load of the step first */
       uint4 kr[2][KC], vr[4][VH];
 #pragma unroll
@@ -606,6 +623,10 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
   p.wl = a->window_left;
   p.wr = a->window_right;
   p.splits = 1;
+  {
+    const char *pf = getenv("OT_PAGED_PREFETCH");
+    p.prefetch = pf && pf[0] == '1' && ot_cuda_state_of(ctx)->cc_major >= 9;
+  }
   const bool debug = ot_paged_debug();
   /* the tensor-core path: 16-bit types, head_dim 64 / 128, 16-byte aligned q rows and
    * pages (the pages are contiguous, so their base decides) */
