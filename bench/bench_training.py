@@ -67,8 +67,7 @@ def plan(quick):
             [dict(c, variant="hf_sdpa"), dict(c, variant="patched"),
              dict(c, variant="hf_eager")],
             [dict(kind="curve", cfg="tiny", batch=2, seq=64)],
-            [dict(c, variant="patched_compile")],
-            [dict(c, variant="hf_sdpa_compile")],
+            [dict(c, variant="hf_sdpa_compile"), dict(c, variant="patched_compile")],
         ]
     a = dict(cfg="0.54b", batch=4, seq=2048)
     b = dict(cfg="1.5b", batch=4, seq=2048)
@@ -80,11 +79,10 @@ def plan(quick):
          dict(b, variant="patched_torch_attn")],
         [dict(lc, variant="hf_sdpa"), dict(lc, variant="patched")],
         [dict(kind="curve", cfg="0.54b", batch=4, seq=2048)],
-        [dict(a, variant="hf_sdpa_compile")],
-        [dict(a, variant="patched_compile")],
+        # the compiled pair of a config in one group: one compile mode for both
+        [dict(a, variant="hf_sdpa_compile"), dict(a, variant="patched_compile")],
+        [dict(b, variant="hf_sdpa_compile"), dict(b, variant="patched_compile")],
         [dict(a, variant="hf_eager"), dict(lc, variant="hf_eager")],
-        [dict(b, variant="hf_sdpa_compile")],
-        [dict(b, variant="patched_compile")],
     ]
 
 
@@ -101,7 +99,7 @@ def _flops_per_token(cfg, seq):
     return 6 * n + 6 * L * seq * h                           # causal attention: half of 12
 
 
-def _build(case, device, dtype, seed):
+def _build(case, device, dtype, seed, compile_mode="model"):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = dict(CONFIGS[case["cfg"]])
@@ -129,7 +127,17 @@ def _build(case, device, dtype, seed):
         ot.patch_llama(model)
         info["lm_loss_impl"] = "library" if ot_patch._library_lce_usable(device) \
             else "chunked"
-    fwd = torch.compile(model) if variant.endswith("_compile") else model
+    fwd = model
+    if variant.endswith("_compile"):
+        if compile_mode == "layers":
+            # regional compilation: each decoder layer (one compiled graph serves all
+            # of them), the LM head and loss stay eager -- compiles in a fraction of the
+            # time of the whole model
+            for layer in model.model.layers:
+                layer.compile()
+        else:
+            fwd = torch.compile(model)
+        info["compile_mode"] = compile_mode
     return model, fwd, cfg, info
 
 
@@ -162,8 +170,10 @@ def run_case(case, args, device, dtype):
     model = opt = fwd = None
     try:
         t0 = time.perf_counter()
-        model, fwd, cfg, info = _build(case, device, dtype, args.seed)
+        model, fwd, cfg, info = _build(case, device, dtype, args.seed, args.compile_mode)
         res.update(info)
+        if info.get("compile_mode") == "layers":
+            res["label"] += " (per layer)"
         res["params"] = sum(p.numel() for p in model.parameters())
         opt = _optimizer(model, device)
         gen = torch.Generator().manual_seed(args.seed + 1)
@@ -291,7 +301,7 @@ def worker(args):
 # Parent: runs the groups, writes the JSON after each, prints the table last
 # ---------------------------------------------------------------------------------
 
-def _estimate_s(group, quick):
+def _estimate_s(group, quick, compile_mode="model"):
     """Rough seconds a group needs on the H200 (start-up, model build, compile)."""
     if quick:
         return 20
@@ -303,7 +313,10 @@ def _estimate_s(group, quick):
             s += 3
         else:
             big = c["cfg"] == "1.5b"
-            s += (90 if big else 60) if c["variant"].endswith("_compile") else (15 if big else 8)
+            if c["variant"].endswith("_compile"):
+                s += (90 if big else 60) if compile_mode == "model" else 30
+            else:
+                s += 15 if big else 8
     return s
 
 
@@ -351,7 +364,7 @@ def build_record(runs, curve, ceiling, args):
 
 
 def table(record):
-    lines = ["case                   variant                     status   tok/s      "
+    lines = ["case                   variant                               status   tok/s      "
              "x HF sdpa  peak GB  x HF sdpa  TFLOP/s"]
     by = {}
     for r in record["runs"]:
@@ -368,7 +381,7 @@ def table(record):
 
             def f(v, fmt):
                 return format(v, fmt) if v is not None else "-"
-            lines.append(f"{case:22s} {r['label']:27s} {str(r.get('status'))[:8]:8s} "
+            lines.append(f"{case:22s} {r['label']:37s} {str(r.get('status'))[:8]:8s} "
                          f"{f(tok, ',.0f'):>10s} {f(xt, '.2f'):>9s} {f(mem, '.2f'):>8s} "
                          f"{f(xm, '.2f'):>9s} {f(r.get('model_TFLOPs') if ok else None, '.0f'):>8s}")
             if not ok and r.get("error"):
@@ -443,6 +456,10 @@ def main(argv=None):
     p.add_argument("--commit", default="unknown")
     p.add_argument("--command", default=None)
     p.add_argument("--only", default=None, help="comma-separated group indices to run")
+    p.add_argument("--compile-mode", choices=["auto", "model", "layers"], default="auto",
+                   help="torch.compile the whole model, or each decoder layer (regional: "
+                        "a much shorter compile; LM head and loss eager), or auto: the "
+                        "whole model where the budget left allows, else layers")
     p.add_argument("--markdown", default=None, metavar="JSON",
                    help="print the docs/PERFORMANCE.md table of a training.json and exit")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -478,7 +495,10 @@ def main(argv=None):
 
     for gi, group in enumerate(groups):
         left = args.budget_s - (time.time() - t_start)
-        need = _estimate_s(group, args.quick)
+        mode = args.compile_mode
+        if mode == "auto":
+            mode = "model" if left >= _estimate_s(group, args.quick, "model") else "layers"
+        need = _estimate_s(group, args.quick, mode)
         if left < min(need, 0.6 * need + 10):
             print(f"[{time.time() - t_start:5.0f}s] group {gi}: skipped (budget: {left:.0f} s "
                   f"left, ~{need} s needed)", flush=True)
@@ -490,7 +510,8 @@ def main(argv=None):
             save()
             continue
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(group),
-               "--device", args.device, "--steps", str(args.steps), "--curve-steps",
+               "--device", args.device, "--compile-mode", mode,
+               "--steps", str(args.steps), "--curve-steps",
                str(args.curve_steps), "--seed", str(args.seed)] + (["--quick"] if args.quick
                                                                    else [])
         print(f"[{time.time() - t_start:5.0f}s] group {gi}: "
@@ -516,7 +537,7 @@ def main(argv=None):
                 ceiling = r
             else:
                 runs.append(r)
-                print(f"   {r['case']:22s} {r['label']:27s} {r.get('status')} "
+                print(f"   {r['case']:22s} {r['label']:37s} {r.get('status')} "
                       f"{r.get('tokens_per_s', 0):,.0f} tok/s {r.get('peak_GB', 0):.2f} GB "
                       f"{r.get('error', '')[:200]}", flush=True)
         if done < len(group):
