@@ -77,7 +77,8 @@ def plan(quick):
          dict(a, variant="patched_torch_attn")],
         [dict(b, variant="hf_sdpa"), dict(b, variant="patched"),
          dict(b, variant="patched_torch_attn")],
-        [dict(lc, variant="hf_sdpa"), dict(lc, variant="patched")],
+        [dict(lc, variant="hf_sdpa"), dict(lc, variant="patched"),
+         dict(lc, variant="patched_torch_attn")],
         [dict(kind="curve", cfg="0.54b", batch=4, seq=2048)],
         # the compiled pair of a config in one group: one compile mode for both
         [dict(a, variant="hf_sdpa_compile"), dict(a, variant="patched_compile")],
