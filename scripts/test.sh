@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh -- everything CI checks (`bash .ci/run` calls this):
 #   1. set-up (scripts/setup.sh)
-#   2. the README's C example is examples/c/example.c, byte for byte
+#   2. the README's C example is examples/c/example.c, byte for byte; docs/ENVIRONMENT.md
+#      names every OT_* environment variable (scripts/check_env_docs.sh)
 #   3. build/ : the library, tests and tools with the CUDA backend (sm_80, sm_90a);
 #      ctest
 #   4. build-asan/ : CPU-only build under AddressSanitizer + UBSan; ctest
@@ -38,6 +39,10 @@ if ! diff -u examples/c/example.c "${TMPDIR:-/tmp}/ot_readme_example.c"; then
   echo "README.md's example (the \`\`\`c block after <!-- example.c -->) differs from examples/c/example.c"
   exit 1
 fi
+stage_end
+
+stage_begin "docs/ENVIRONMENT.md lists every OT_* variable"
+bash scripts/check_env_docs.sh
 stage_end
 
 CUDA=${OT_CUDA:-ON}
