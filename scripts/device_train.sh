@@ -6,7 +6,8 @@
 #
 #   bash scripts/device_train.sh [commit-sha]        # `run` with carry [".carry"]
 #
-# Environment: OT_TRAIN_BUILD_DIR (default build-dev), OT_TRAIN_BENCH_ARGS (extra
+# Environment: OT_TRAIN_PREBUILT (a folder made by --pack: use its library, build nothing),
+# OT_TRAIN_BUILD_DIR (default build-dev), OT_TRAIN_BENCH_ARGS (extra
 # bench_training.py arguments, e.g. "--quick --device cpu" for a dry run), OT_TRAIN_BUDGET_S (whole script, default 420 s; the benchmark gets what
 # the build, the tests and the example leave, at least 120 s), OT_TRAIN_SKIP_TESTS=1, OUT (default
 # /tmp/ot_train_out). Results under $OUT: training.json (bench/results/training.json
@@ -16,6 +17,21 @@ set -uo pipefail
 T0=$(date +%s)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+if [ "${1:-}" = "--pack" ]; then
+  # scripts/device_train.sh --pack BUILD_DIR [CARRY_DIR]: build the shared library here
+  # (BUILD_DIR configured with -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a) and pack it for carry;
+  # then run with OT_TRAIN_PREBUILT=CARRY_DIR and carry [".carry", "CARRY_DIR"].
+  set -e
+  B=${2:?usage: device_train.sh --pack BUILD_DIR [CARRY_DIR]}
+  C=${3:-.devcarry-train}
+  cmake --build "$B" -j "$(nproc)" --target ops_transformer
+  mkdir -p "$C"
+  grep -qx "/$C/" .git/info/exclude 2>/dev/null || echo "/$C/" >>.git/info/exclude
+  tar czf "$C/libops.tar.gz" -C "$B" $(cd "$B" && ls libops_transformer.so*)
+  git rev-parse --short HEAD >"$C/commit.txt"
+  ls -la "$C"
+  exit 0
+fi
 OUT=${OUT:-/tmp/ot_train_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -37,7 +53,14 @@ stamp "build (build-dev, sm_90a: target ops_transformer) + _C"
 # shellcheck source=device_build.sh
 source scripts/device_build.sh
 BD=${OT_TRAIN_BUILD_DIR:-build-dev}
-if ! ot_device_build "$BD" "ops_transformer"; then
+if [ -n "${OT_TRAIN_PREBUILT:-}" ] && [ -f "$OT_TRAIN_PREBUILT/libops.tar.gz" ]; then
+  # libops_transformer.so built off the device (sm_90a, same CUDA 13) by
+  # `scripts/device_train.sh --pack BUILD_DIR`: the device spends no time compiling
+  mkdir -p "$BD/logs"
+  tar xzf "$OT_TRAIN_PREBUILT/libops.tar.gz" -C "$BD"
+  ot_device_deps || exit 1
+  stamp "prebuilt library from $OT_TRAIN_PREBUILT ($(cat "$OT_TRAIN_PREBUILT/commit.txt" 2>/dev/null))"
+elif ! ot_device_build "$BD" "ops_transformer"; then
   echo "device_train: build failed"; exit 1
 fi
 PKG=build-train/pkg/ops_transformer
