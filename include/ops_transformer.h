@@ -350,6 +350,19 @@ OT_API ot_attention_params ot_attention_default_params(void);
  * h / (Hq / Hkv). Sequence and head dimensions may be strided; D contiguous.
  * lse (natural log of the softmax denominator, including the scale) may be NULL
  * when no backward follows. out must not overlap q, k or v.
+ *
+ * CUDA backend (docs/ATTENTION.md): float16 / bfloat16 only (float32 returns
+ * OT_ERR_UNSUPPORTED: convert, or use a CPU context), head_dim <= 256, compute
+ * capability 8.0 or newer, heads and batch <= 65535, fewer than 2^30 tokens per
+ * sequence (dense) or in total (varlen); beyond these OT_ERR_UNSUPPORTED and nothing is
+ * written. Tensor-core kernels (mma.sync on sm_80+, and on a 9.0 device a TMA / wgmma
+ * forward for head_dim 64 / 128 / 256 without softcap or varlen, when the build includes
+ * sm_90a). Varlen cu_seqlens stay on the device and are not read by the host: a
+ * sequence whose offsets are out of range (negative, decreasing, past Tq / Tk) is
+ * skipped -- nothing is read or written for it -- instead of raising an error. Scratch
+ * for split-KV partials comes from the context (ot_context's device scratch, grown on
+ * demand). The CUDA backward is always deterministic (fixed summation order for dq and
+ * for the GQA sums of dk / dv), whatever params.deterministic says.
  */
 OT_API ot_status ot_attention_forward(ot_context *ctx, const ot_attention_params *params,
                                       const DLTensor *q, const DLTensor *k, const DLTensor *v,
