@@ -287,6 +287,24 @@ static void bad_inputs(test_run *tr, DLDataType dt) {
   size_t bytes;
   tr_expect_error(tr, ot_linear_cross_entropy_workspace_size(&p, 4, 4, 4, DT_I32, &bytes), E,
                   "ot_linear_cross_entropy_workspace_size", "dtype");
+  /* sizes whose workspace would wrap size_t: refused, not a wrapped (small) answer */
+  b = p;
+  b.chunk_tokens = (int64_t)1 << 40;
+  tr_expect_error(tr, ot_linear_cross_entropy_workspace_size(&b, (int64_t)1 << 40, 4,
+                                                            (int64_t)1 << 40, dt, &bytes),
+                  E, "ot_linear_cross_entropy_workspace_size", "chunk_tokens");
+  tr_expect_error(tr, ot_linear_cross_entropy_workspace_size(&p, 4, 4, (int64_t)1 << 62, dt,
+                                                            &bytes),
+                  E, "ot_linear_cross_entropy_workspace_size", "vocab_size");
+  {
+    /* H = 0: a [2^61, 0] weight holds no memory; its logits would (row = 2^61 x elem) */
+    int64_t h0[2] = {6, 0}, w0[2] = {(int64_t)1 << 61, 0};
+    tbuf *hz = tb_new(be, dt, 2, h0), *wz = tb_new(be, dt, 2, w0);
+    tr_expect_error(tr, ot_linear_cross_entropy(ctx, &p, tb_dl(hz), tb_dl(wz), tb_dl(y), tb_dl(loss), NULL, NULL, NULL), E, F, "weight");
+    if (!tb_unchanged(loss, s_loss)) tr_fail(tr, "loss was written (huge V)");
+    tb_free(hz);
+    tb_free(wz);
+  }
   free(s_loss);
   free(s_dh);
   free(s_dw);

@@ -27,6 +27,30 @@ static ot_status check_params(const char *op, const ot_linear_cross_entropy_para
   return OT_OK;
 }
 
+/* The workspace's sizes without wrapping: one row of logits (V * elem), one chunk's logits
+ * (chunk * V * elem, what the GEMM / memset writes) and the per-token arrays (4 T) stay
+ * below lim = 2^59 bytes, so the layout's sum fits size_t and int64_t. A zero-size weight
+ * [V, 0] holds no memory, so V is not bounded by the tensors themselves. */
+static ot_status check_sizes(const char *op, const char *t_name, int64_t T, const char *v_name,
+                             int64_t V, size_t es, int64_t chunk_tokens) {
+  const int64_t lim = (int64_t)1 << 59;
+  if (V > lim / (int64_t)es)
+    return ot_error(OT_ERR_INVALID_ARGUMENT, op,
+                    "%s: vocabulary V = %" PRId64 " is too large (a row of logits would be "
+                    "%" PRId64 " x %zu bytes)",
+                    v_name, V, V, es);
+  if (T > lim / 4)
+    return ot_error(OT_ERR_INVALID_ARGUMENT, op, "%s: %" PRId64 " tokens is too many", t_name,
+                    T);
+  const int64_t chunk = ot_lce_chunk(chunk_tokens, T, V, es);
+  if (V > 0 && chunk > lim / (V * (int64_t)es))
+    return ot_error(OT_ERR_INVALID_ARGUMENT, op,
+                    "params.chunk_tokens: a chunk of %" PRId64 " tokens x V = %" PRId64
+                    " logits does not fit the address space (choose fewer tokens per chunk)",
+                    chunk, V);
+  return OT_OK;
+}
+
 ot_status ot_linear_cross_entropy_workspace_size(const ot_linear_cross_entropy_params *params,
                                                  int64_t tokens, int64_t hidden_size,
                                                  int64_t vocab_size, DLDataType dtype,
@@ -46,6 +70,7 @@ ot_status ot_linear_cross_entropy_workspace_size(const ot_linear_cross_entropy_p
                     "dtype: %s is not a storage dtype (float32, float16, bfloat16)",
                     ot_dl_dtype_name(dtype));
   size_t es = ot_dtype_size(d);
+  OT_TRY(check_sizes(op, "tokens", tokens, "vocab_size", vocab_size, es, p.chunk_tokens));
   *bytes = ot_lce_layout_of(tokens, vocab_size, ot_lce_chunk(p.chunk_tokens, tokens, vocab_size, es),
                             es)
                .total;
@@ -115,6 +140,7 @@ ot_status ot_linear_cross_entropy(ot_context *ctx, const ot_linear_cross_entropy
     OT_TRY(ot_check_contiguous(op, "dweight", &dwv));
   }
   const size_t es = ot_dtype_size(hv.dtype);
+  OT_TRY(check_sizes(op, "hidden", T, "weight", V, es, p.chunk_tokens));
   const int64_t chunk = ot_lce_chunk(p.chunk_tokens, T, V, es);
   const ot_lce_layout lay = ot_lce_layout_of(T, V, chunk, es);
   OT_TRY(ot_view_of_optional(op, "workspace", ctx, workspace, &wsv));
