@@ -143,6 +143,25 @@ static void run(test_run *tr) {
     if (strcmp(before, ot_last_error())) tr_fail(tr, "message changed by another thread: \"%s\" -> \"%s\"", before, ot_last_error());
     tr_end(tr);
   }
+  if (tr_begin(tr, "shapes whose size overflows int64")) {
+    /* [2^33, 2^33] (2^66 elements: the product wrapped to 0, so the op "succeeded") and a
+     * strided view reaching past 2^63 bytes: refused before any kernel sees them */
+    ot_context *c = NULL;
+    if (!tr_ok(tr, ot_context_create(NULL, &c), "ot_context_create")) { tr_end(tr); return; }
+    float buf[4] = {1, 2, 3, 4}, out[4] = {0, 0, 0, 0};
+    int64_t big[2] = {(int64_t)1 << 33, (int64_t)1 << 33}, two[2] = {2, 2};
+    int64_t wide[2] = {(int64_t)1 << 62, 1};
+    DLTensor x = {buf, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, big, NULL, 0};
+    DLTensor y = {out, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, big, NULL, 0};
+    tr_expect_error(tr, ot_softmax_forward(c, &x, &y), OT_ERR_INVALID_ARGUMENT, "ot_softmax_forward", "x");
+    DLTensor xs = {buf, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, two, wide, 0};
+    DLTensor ys = {out, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, two, NULL, 0};
+    tr_expect_error(tr, ot_softmax_forward(c, &xs, &ys), OT_ERR_INVALID_ARGUMENT, "ot_softmax_forward", "x");
+    for (int i = 0; i < 4; i++)
+      if (out[i] != 0) tr_fail(tr, "out[%d] was written", i);
+    ot_context_destroy(c);
+    tr_end(tr);
+  }
 }
 
 const test_suite suite_core = {"core", run};

@@ -51,21 +51,41 @@ ot_status ot_view_of(const char *op, const char *name, const ot_context *ctx, co
                     "%s: tensor is on device %s:%d but the context runs on %s:%d", name,
                     device_name(t->device.device_type), t->device.device_id,
                     device_name(want), ctx->device.device_id);
-  int64_t numel = 1;
+  /* Element counts and offsets stay below 2^59 (bytes below 2^63 for every dtype), so
+   * that no size computed from a view -- here, in the checks or in a kernel -- wraps. The
+   * product of the non-zero dimensions is bounded too: the contiguous strides of an empty
+   * tensor are products of its other dimensions. */
+  const int64_t lim = (int64_t)1 << 59;
+  int64_t numel = 1, span = 1;
   for (int i = 0; i < t->ndim; i++) {
     if (t->shape[i] < 0)
       return ot_error(OT_ERR_INVALID_ARGUMENT, op, "%s: shape[%d] = %" PRId64 " is negative",
                       name, i, t->shape[i]);
     v->shape[i] = t->shape[i];
+    if (t->shape[i] > 1 && span > lim / t->shape[i])
+      return ot_error(OT_ERR_INVALID_ARGUMENT, op,
+                      "%s: shape[%d] = %" PRId64 ": the product of the dimensions exceeds 2^59 "
+                      "elements",
+                      name, i, t->shape[i]);
+    if (t->shape[i] > 1) span *= t->shape[i];
     numel *= t->shape[i];
   }
   if (t->strides) {
+    int64_t reach = 0; /* the largest element offset: sum of (shape - 1) * stride */
     for (int i = 0; i < t->ndim; i++) {
       if (t->strides[i] < 0 && t->shape[i] > 1)
         return ot_error(OT_ERR_INVALID_ARGUMENT, op,
                         "%s: stride[%d] = %" PRId64 " is negative (not supported)", name, i,
                         t->strides[i]);
       v->stride[i] = t->strides[i];
+      if (numel > 0 && t->shape[i] > 1 && t->strides[i] > 0) {
+        if (t->strides[i] > (lim - reach) / (t->shape[i] - 1))
+          return ot_error(OT_ERR_INVALID_ARGUMENT, op,
+                          "%s: stride[%d] = %" PRId64 " with shape[%d] = %" PRId64
+                          " reaches past 2^59 elements",
+                          name, i, t->strides[i], i, t->shape[i]);
+        reach += (t->shape[i] - 1) * t->strides[i];
+      }
     }
   } else {
     int64_t s = 1;
