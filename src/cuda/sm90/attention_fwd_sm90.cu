@@ -496,18 +496,22 @@ __global__ void attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
 
 /* ---------------- host ---------------- */
 
+static PFN_cuTensorMapEncodeTiled_v12000 query_encode_fn(void) {
+  void *f = NULL;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                       &q) == cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
+    return (PFN_cuTensorMapEncodeTiled_v12000)f;
+  (void)cudaGetLastError();
+  return NULL;
+}
+
+/* The driver's encoder, looked up once: a function-local static is initialized exactly
+ * once even when threads race here (C++11), unlike a "tried" flag set before the
+ * pointer, which let a second thread see tried && fn == NULL and skip this kernel. */
 static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-  static bool tried = false;
-  if (!tried) {
-    tried = true;
-    void *f = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                         cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
-  }
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = query_encode_fn();
   return fn;
 }
 
@@ -614,6 +618,15 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                                                     bool *handled) {
   using namespace ot::sm90;
   *handled = false;
+  /* Built without sm_90a (e.g. OT_CUDA_ARCHS=80) the kernel is the empty stub of the
+   * #else branch above, which a 9.0 device would run from the sm_80 PTX, writing nothing:
+   * never take this path then (OT_HAVE_SM90A comes from CMakeLists.txt). */
+#ifdef OT_HAVE_SM90A
+  const bool built_sm90a = true;
+#else
+  const bool built_sm90a = false;
+#endif
+  if (!built_sm90a) return OT_OK;
   /* OT_ATTN_SM90=0 turns the Hopper kernel off (the portable kernel runs). */
   const char *env = getenv("OT_ATTN_SM90");
   if (env && env[0] == '0') return OT_OK;
