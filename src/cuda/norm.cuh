@@ -34,6 +34,7 @@
 #ifndef OT_CUDA_NORM_CUH
 #define OT_CUDA_NORM_CUH
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1228,23 +1229,46 @@ static inline void norm_smem_limits(int *per_sm, int *optin) {
 }
 
 /* Raise a kernel's dynamic shared memory limit to what `optin` leaves beside its static
- * shared memory, once per kernel (a small table of the kernels done; a race only
- * repeats the same calls). Returns that limit in bytes, 0 on failure. */
+ * shared memory, once per (device, kernel): the attribute belongs to the current device,
+ * so a second GPU needs its own call. A small table of the pairs done, under a lock
+ * (contexts on several threads may launch norms at once). Returns that limit in bytes, 0
+ * on failure. */
 static inline int norm_raise_smem_limit(const void *kernel, int optin) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   static const void *done[64];
-  static int limit[64];
+  static int done_dev[64], limit[64];
   static int ndone;
-  const int k = ndone < 64 ? ndone : 64;
-  for (int i = 0; i < k; i++)
-    if (done[i] == kernel) return limit[i];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  int known = 0;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < ndone; i++)
+    if (done[i] == kernel && done_dev[i] == dev) {
+      known = limit[i];
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  if (known > 0) return known;
   cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return 0;
-  const int dyn = optin - (int)fa.sharedSizeBytes;
-  if (dyn <= 0 ||
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn) != cudaSuccess)
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+    (void)cudaGetLastError(); /* the caller falls back to v2 and checks its launch */
     return 0;
-  const int slot = ndone;
-  if (slot < 64) done[slot] = kernel, limit[slot] = dyn, ndone = slot + 1;
+  }
+  const int dyn = optin - (int)fa.sharedSizeBytes;
+  if (dyn <= 0) return 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  pthread_mutex_lock(&mu);
+  if (ndone < 64) {
+    done[ndone] = kernel;
+    done_dev[ndone] = dev;
+    limit[ndone] = dyn;
+    ndone++;
+  }
+  pthread_mutex_unlock(&mu);
   return dyn;
 }
 

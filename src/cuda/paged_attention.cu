@@ -485,10 +485,12 @@ __global__ void __launch_bounds__(128) pa_simple_kernel(const __grid_constant__ 
 
 /* ---- host side -------------------------------------------------------------------------- */
 
+/* CTAs of pa_mma_kernel<T, D> per SM on the context's device (cached per device, first
+ * 16 devices: occupancy differs between GPU models). */
 template <typename T, int D>
-static int pa_ctas_per_sm() {
-  static int cached = 0;
-  if (cached > 0) return cached;
+static int pa_ctas_per_sm(int dev) {
+  static int cached[16];
+  if (dev >= 0 && dev < 16 && cached[dev] > 0) return cached[dev];
   int n = 0;
   const size_t smem = (size_t)kPaWarps * 16 * D * sizeof(float);
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, pa_mma_kernel<T, D>, kPaThreads, smem) !=
@@ -496,7 +498,7 @@ static int pa_ctas_per_sm() {
     (void)cudaGetLastError();
     n = 1;
   }
-  cached = n;
+  if (dev >= 0 && dev < 16) cached[dev] = n;
   return n;
 }
 
@@ -548,7 +550,8 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const 
   const int64_t qps = (p.tq + p.batch - 1) / p.batch;
   const int64_t tiles_est = p.batch * ((qps * p.group + 15) / 16);
   const int64_t est_len = p.num_indices * p.bs / p.batch;
-  const int64_t slots = (int64_t)ot_cuda_state_of(ctx)->sm_count * pa_ctas_per_sm<T, D>();
+  const ot_cuda_state *cs = ot_cuda_state_of(ctx);
+  const int64_t slots = (int64_t)cs->sm_count * pa_ctas_per_sm<T, D>(cs->device);
   int splits = pa_plan_splits(tiles_est * p.hkv, est_len, slots);
   if (splits > 65535) splits = 65535;
   const char *env = getenv("OT_PAGED_SPLITS"); /* benchmarking / tests: force a count */
