@@ -74,6 +74,23 @@ __device__ __forceinline__ bool seq_of(const Params &P, int b, int &q0, int &sq,
   return true;
 }
 
+/* Kernels with one warp per (token row, head) over all query rows of the batch (the
+ * split-KV merge, the backward's delta): rows_total is Tq (varlen) or B * Sq; this warp's
+ * row, head, and its sequence b / token tok within it (varlen: b = 0, tok = the packed
+ * row). false for the warps past the end (whole warps: callers may shuffle after it). */
+__device__ __forceinline__ bool warp_row_head(const Params &P, int64_t &rows_total, int64_t &row,
+                                              int &head, int &b, int64_t &tok) {
+  rows_total = P.cu_q ? P.tq : (int64_t)P.batch * P.sq;
+  const int64_t w = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (w >= rows_total * P.hq) return false;
+  row = w / P.hq;
+  head = (int)(w % P.hq);
+  b = 0;
+  tok = row;
+  if (!P.cu_q) b = (int)(row / P.sq), tok = row % P.sq;
+  return true;
+}
+
 /* Varlen tile mapping without a host read of cu_seqlens: sequence b's tiles of TILE
  * rows take the virtual indices [cu[b] / TILE + b, cu[b] / TILE + b + ceil(len / TILE)),
  * which never overlap and stay below total / TILE + batch + 1 (the grid's size).

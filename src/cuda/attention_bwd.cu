@@ -55,15 +55,10 @@ __device__ __forceinline__ float lse_at(const Params &P, int b, int h, int64_t t
 /* delta = rowsum(dO * O): one warp per (token row, head). */
 template <typename T>
 __global__ void bwd_pre_kernel(const Params P) {
-  const int64_t rows_total = P.cu_q ? P.tq : (int64_t)P.batch * P.sq;
-  const int64_t w = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  int64_t rows_total, row, tok;
+  int head, b;
+  if (!warp_row_head(P, rows_total, row, head, b, tok)) return;
   const int lane = threadIdx.x & 31;
-  if (w >= rows_total * P.hq) return;
-  const int64_t row = w / P.hq;
-  const int head = (int)(w % P.hq);
-  int b = 0;
-  int64_t tok = row;
-  if (!P.cu_q) b = (int)(row / P.sq), tok = row % P.sq;
   const T *o = row_ptr<T>(P.o, b, tok, head), *dout = row_ptr<T>(P.dout, b, tok, head);
   float s = 0.0f;
   for (int c = lane; c < P.d; c += 32) s += to_f32(o[c]) * to_f32(dout[c]);

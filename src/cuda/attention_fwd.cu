@@ -212,15 +212,10 @@ __global__ void __launch_bounds__(C::NW * 32)
 /* Merge the split-KV partials: one warp per (row, head). */
 template <typename T>
 __global__ void fwd_combine_kernel(const Params P) {
-  const int64_t rows_total = P.cu_q ? P.tq : (int64_t)P.batch * P.sq;
-  const int64_t w = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  int64_t rows_total, row, tok;
+  int head, b;
+  if (!warp_row_head(P, rows_total, row, head, b, tok)) return;
   const int lane = threadIdx.x & 31;
-  if (w >= rows_total * P.hq) return;
-  const int64_t row = w / P.hq;
-  const int head = (int)(w % P.hq);
-  int b = 0;
-  int64_t tok = row;
-  if (!P.cu_q) b = (int)(row / P.sq), tok = row % P.sq;
   float mx = -INFINITY;
   for (int s = 0; s < P.nsplit; s++) mx = fmaxf(mx, P.part_lse[(s * rows_total + row) * P.hq + head]);
   float wsum = 0.0f;
