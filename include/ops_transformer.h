@@ -113,7 +113,13 @@ OT_API ot_status ot_context_create(const ot_context_options *options, ot_context
 /* Destroy a context; NULL is accepted and does nothing. */
 OT_API void ot_context_destroy(ot_context *ctx);
 
-/* Change the stream used by later calls (CUDA contexts; a no-op on the CPU). */
+/* Change the stream used by later calls (CUDA contexts; a no-op on the CPU). A CUDA
+ * context's device scratch and cuBLASLt workspace serve all of its streams: once an op
+ * has created them, switching to another stream makes that stream wait (an event, no host
+ * synchronization) for the work already enqueued on the previous one -- except while
+ * either stream captures a CUDA graph, where the caller orders them. For independent
+ * concurrent streams use one context per stream. OT_ERR_BACKEND (stream unchanged) when
+ * CUDA refuses the event. */
 OT_API ot_status ot_context_set_stream(ot_context *ctx, void *stream);
 
 /* The device a context runs on. */

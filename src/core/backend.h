@@ -18,6 +18,10 @@ extern "C" {
 /* Check the device exists, make it current, create per-context state. */
 ot_status ot_cuda_context_init(ot_context *ctx);
 void ot_cuda_context_release(ot_context *ctx);
+/* Make `stream` the context's stream; when the context holds device buffers that its
+ * ops share (scratch, cuBLASLt workspace), the new stream first waits for the work
+ * already enqueued on the old one. */
+ot_status ot_cuda_context_set_stream(ot_context *ctx, void *stream);
 
 /* The status to return from an op that has no CUDA kernel yet. */
 ot_status ot_cuda_not_implemented(const char *op);

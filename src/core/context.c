@@ -66,6 +66,8 @@ void ot_context_destroy(ot_context *ctx) {
 
 ot_status ot_context_set_stream(ot_context *ctx, void *stream) {
   if (!ctx) return ot_error(OT_ERR_INVALID_ARGUMENT, "ot_context_set_stream", "ctx: is NULL");
+  if (stream == ctx->stream) return OT_OK;
+  if (ot_ctx_is_cuda(ctx)) return ot_cuda_context_set_stream(ctx, stream);
   ctx->stream = stream;
   return OT_OK;
 }

@@ -9,6 +9,10 @@ ot_status ot_cuda_context_init(ot_context *ctx) {
                   "no CUDA backend (configure with -DOT_CUDA=ON)");
 }
 void ot_cuda_context_release(ot_context *ctx) { (void)ctx; }
+ot_status ot_cuda_context_set_stream(ot_context *ctx, void *stream) {
+  ctx->stream = stream; /* no CUDA context exists in such a build */
+  return OT_OK;
+}
 #endif
 
 ot_status ot_cuda_not_implemented(const char *op) {

@@ -67,6 +67,53 @@ extern "C" void *ot_cuda_scratch(ot_context *ctx, size_t bytes, const char *op) 
   return st->scratch;
 }
 
+/* The scratch and the cuBLASLt workspace belong to the context, not to a stream: an op
+ * enqueued on the new stream must not reuse them while a kernel of the old stream still
+ * does (the Python binding gives one context per device the caller's current stream at
+ * every call). An event recorded on the old stream, waited on by the new one, orders
+ * them; nothing is needed (and nothing costs) before the context has such buffers. */
+extern "C" ot_status ot_cuda_context_set_stream(ot_context *ctx, void *stream) {
+  static const char *op = "ot_context_set_stream";
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (st && (st->scratch || st->cublaslt_workspace)) {
+    int prev = -1;
+    if (cudaGetDevice(&prev) == cudaSuccess && prev != st->device) (void)cudaSetDevice(st->device);
+    /* Not while either stream captures a graph (torch's CUDA graphs): an event recorded
+     * outside the capture, or on the legacy stream during a global-mode capture, would
+     * invalidate it. An unknown status counts as capturing (switch as before). */
+    bool capturing = false;
+    void *const ss[2] = {ctx->stream, stream};
+    for (int i = 0; i < 2; i++) {
+      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing((cudaStream_t)ss[i], &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        capturing = true;
+      } else if (cs != cudaStreamCaptureStatusNone) {
+        capturing = true;
+      }
+    }
+    cudaError_t e = cudaSuccess;
+    if (!capturing && !st->switch_event) {
+      cudaEvent_t ev;
+      e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+      if (e == cudaSuccess) st->switch_event = ev;
+    }
+    if (!capturing && e == cudaSuccess)
+      e = cudaEventRecord((cudaEvent_t)st->switch_event, (cudaStream_t)ctx->stream);
+    if (!capturing && e == cudaSuccess)
+      e = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)st->switch_event, 0);
+    if (prev >= 0 && prev != st->device) (void)cudaSetDevice(prev);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return ot_error(OT_ERR_BACKEND, op, "ordering stream %p after the previous stream %p: %s "
+                      "(the context keeps the previous stream)", stream, ctx->stream,
+                      cudaGetErrorString(e));
+    }
+  }
+  ctx->stream = stream;
+  return OT_OK;
+}
+
 extern "C" void ot_cuda_context_release(ot_context *ctx) {
   ot_cuda_state *st = ot_cuda_state_of(ctx);
   if (!st) return;
@@ -74,6 +121,7 @@ extern "C" void ot_cuda_context_release(ot_context *ctx) {
   if (st->scratch) cudaFree(st->scratch);
   if (st->cublaslt_workspace) cudaFree(st->cublaslt_workspace);
   if (st->cublaslt) cublasLtDestroy((cublasLtHandle_t)st->cublaslt);
+  if (st->switch_event) cudaEventDestroy((cudaEvent_t)st->switch_event);
   free(st);
   ctx->cuda = NULL;
 }

@@ -34,6 +34,10 @@ typedef struct ot_cuda_state {
    * demand by ot_cuda_scratch, freed with the context. Stream-ordered use only. */
   void *scratch;
   size_t scratch_bytes;
+  /* cudaEvent_t (timing off), created by the first stream switch that needs it: the
+   * scratch and the cuBLASLt workspace are shared by every stream the context is given,
+   * so ot_context_set_stream orders the new stream after the old one's enqueued work. */
+  void *switch_event;
 } ot_cuda_state;
 
 static inline ot_cuda_state *ot_cuda_state_of(const ot_context *ctx) {
