@@ -16,7 +16,9 @@
  *    share one storage dtype unless the op says otherwise (statistics such as rstd,
  *    mean and lse are always float32). Accumulation is float32.
  *  - Every tensor must live on the context's device, and its data pointer (data +
- *    byte_offset) must be aligned to its element size.
+ *    byte_offset) must be aligned to its element size. A tensor has at most 8
+ *    dimensions; its element count and its largest element offset (the sum of
+ *    (shape - 1) * stride) must stay below 2^59, so that no size computed from it wraps.
  *  - Outputs are allocated by the caller. An output may alias an input only where
  *    the op says so (exactly the same view); partial overlap is rejected.
  *  - Work is enqueued on the context's stream and never synchronized inside an op
@@ -511,6 +513,13 @@ OT_API ot_adamw_params ot_adamw_default_params(void);
  *                  of params[i]'s shape (fp32 master weights of low-precision params)
  * Everything is updated in place; grads are only read. No tensor may overlap another
  * one of the call (the same tensor passed twice included).
+ * Backends: CPU (OpenMP over chunks of all the tensors) and CUDA (tables of up to 32
+ * tensors / 448 chunks of 64k elements passed as kernel parameters: no device memory).
+ * Errors: OT_ERR_INVALID_ARGUMENT naming the list and position (e.g. "grads[3]") for a
+ * NULL list or entry, a shape, dtype or contiguity mismatch, an overlap, or a params
+ * field out of range (lr, eps, weight_decay finite and >= 0, betas in [0, 1),
+ * step >= 1); nothing is updated then. Host memory: a table of about 100 bytes per
+ * tensor for the duration of the call (OT_ERR_OOM when it cannot be allocated).
  */
 OT_API ot_status ot_adamw_step(ot_context *ctx, const ot_adamw_params *params, int n,
                                const DLTensor *const *param_tensors,
