@@ -23,6 +23,11 @@
  *    the op says so (exactly the same view); partial overlap is rejected.
  *  - Work is enqueued on the context's stream and never synchronized inside an op
  *    (the CPU backend runs synchronously on the calling thread and its OpenMP team).
+ *    Exceptions on CUDA: the first use of a context's cuBLASLt workspace and each growth
+ *    of its scratch (split-KV partials, attention backward's delta) allocate device
+ *    memory (cudaMalloc, after synchronizing the stream when the old scratch is freed),
+ *    and the OT_DEBUG table checks read a flag back (docs/ENVIRONMENT.md). A warm-up call
+ *    at the largest shape avoids the first two in a timed or captured region.
  *  - "[..., H]" means any number of leading dimensions that are flattened into rows.
  */
 #ifndef OPS_TRANSFORMER_H
