@@ -80,6 +80,31 @@ __device__ __forceinline__ void rope_store(T *p, const float *f) {
   }
 }
 
+/* The token's cos / sin into cs: cs[i] = cos, cs[half + i] = sin (negated for the
+ * inverse rotation) for the pairs i = first, first + step, ... < half; from the cache row
+ * of position pos (NaN for a position outside the cache) or computed (rope.cuh). Shared
+ * by the block-per-token and the warp kernels (the caller synchronizes around it). */
+__device__ __forceinline__ void rope_fill_cs(const rope_params &p, int64_t pos, int64_t half,
+                                             int64_t rd, float *cs, int64_t first,
+                                             int64_t step) {
+  for (int64_t i = first; i < half; i += step) {
+    float c, sn;
+    if (p.cache) {
+      if (pos >= 0 && pos < p.max_position) {
+        const float *row = p.cache + pos * rd;
+        c = row[i];
+        sn = row[half + i];
+      } else {
+        c = sn = __int_as_float(0x7fc00000);
+      }
+    } else {
+      rope_cos_sin(p, pos, i, &c, &sn);
+    }
+    cs[i] = c;
+    cs[half + i] = p.inverse ? -sn : sn;
+  }
+}
+
 template <typename T, bool VEC, ot_rope_mode MODE>
 __global__ void __launch_bounds__(256) rope_kernel(const __grid_constant__ rope_params p) {
   constexpr int W = rope_shape<T, VEC, MODE>::W;
@@ -97,22 +122,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const __grid_constant__ rope_
     const int64_t pos = p.pos_is_i64 ? static_cast<const int64_t *>(p.positions)[pi]
                                      : (int64_t) static_cast<const int32_t *>(p.positions)[pi];
     __syncthreads(); /* the previous token's readers are done with cs */
-    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      float c, sn;
-      if (p.cache) {
-        if (pos >= 0 && pos < p.max_position) {
-          const float *row = p.cache + pos * rd;
-          c = row[i];
-          sn = row[half + i];
-        } else {
-          c = sn = __int_as_float(0x7fc00000);
-        }
-      } else {
-        rope_cos_sin(p, pos, i, &c, &sn);
-      }
-      cs[i] = c;
-      cs[half + i] = p.inverse ? -sn : sn;
-    }
+    rope_fill_cs(p, pos, half, rd, cs, threadIdx.x, blockDim.x);
     __syncthreads();
 
 #pragma unroll 1
@@ -218,22 +228,7 @@ __global__ void __launch_bounds__(256, 2) rope_warp_kernel(const __grid_constant
     /* the token's cos / sin, made once by the warp's lanes (half / 32 pairs each) into
      * the warp's slice of shared memory: [cos 0..half) [sin 0..half) */
     __syncwarp(); /* the previous token's readers are done */
-    for (int64_t i = lane; i < half; i += 32) {
-      float c, sn;
-      if (p.cache) {
-        if (pos >= 0 && pos < p.max_position) {
-          const float *row = p.cache + pos * rd;
-          c = row[i];
-          sn = row[half + i];
-        } else {
-          c = sn = __int_as_float(0x7fc00000);
-        }
-      } else {
-        rope_cos_sin(p, pos, i, &c, &sn);
-      }
-      cs[i] = c;
-      cs[half + i] = p.inverse ? -sn : sn;
-    }
+    rope_fill_cs(p, pos, half, rd, cs, lane, 32);
     __syncwarp();
     /* head h of the token (q heads, then k heads): element e0 of its row */
     auto head = [&](int64_t h, const T **in, T **out) {
