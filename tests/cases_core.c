@@ -143,6 +143,24 @@ static void run(test_run *tr) {
     if (strcmp(before, ot_last_error())) tr_fail(tr, "message changed by another thread: \"%s\" -> \"%s\"", before, ot_last_error());
     tr_end(tr);
   }
+  if (tr_begin(tr, "an error message may quote the previous one")) {
+    /* ot_kv_cache_create reports an arena failure as "... (<the arena's message>)", passing
+     * ot_last_error() into the formatting of the new message: the same buffer */
+    ot_context *c = NULL;
+    ot_arena *a = NULL;
+    if (!tr_ok(tr, ot_context_create(NULL, &c), "ot_context_create")) { tr_end(tr); return; }
+    if (tr_ok(tr, ot_arena_create(c, 4096, &a), "ot_arena_create")) {
+      ot_kv_cache_params kp = {1, 64, 16, 4, 64, {kDLFloat, 32, 1}}; /* 512 KiB > 4 KiB */
+      ot_kv_cache *kc = NULL;
+      tr_expect_error(tr, ot_kv_cache_create(c, &kp, a, &kc), OT_ERR_OOM, "ot_kv_cache_create",
+                      "arena: cannot hold the pool");
+      if (!strstr(ot_last_error(), "(ot_arena_alloc_tagged: "))
+        tr_fail(tr, "the arena's own message is not quoted intact: \"%s\"", ot_last_error());
+      ot_arena_destroy(a);
+    }
+    ot_context_destroy(c);
+    tr_end(tr);
+  }
   if (tr_begin(tr, "shapes whose size overflows int64")) {
     /* [2^33, 2^33] (2^66 elements: the product wrapped to 0, so the op "succeeded") and a
      * strided view reaching past 2^63 bytes: refused before any kernel sees them */

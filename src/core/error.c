@@ -22,15 +22,20 @@ const char *ot_status_string(ot_status status) {
 
 const char *ot_last_error(void) { return ot_last_error_buf; }
 
+/* Formatted into a local buffer first: an argument may be ot_last_error() itself (a
+ * message that quotes the failure it wraps), which writing in place would overwrite. */
 ot_status ot_error(ot_status status, const char *op, const char *fmt, ...) {
-  int n = snprintf(ot_last_error_buf, OT_ERROR_CAP, "%s: ", op ? op : "ops_transformer");
+  char buf[OT_ERROR_CAP];
+  int n = snprintf(buf, OT_ERROR_CAP, "%s: ", op ? op : "ops_transformer");
   if (n < 0) n = 0;
   if (n < OT_ERROR_CAP) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ot_last_error_buf + n, (size_t)(OT_ERROR_CAP - n), fmt, ap);
+    vsnprintf(buf + n, (size_t)(OT_ERROR_CAP - n), fmt, ap);
     va_end(ap);
   }
+  buf[OT_ERROR_CAP - 1] = '\0';
+  memcpy(ot_last_error_buf, buf, OT_ERROR_CAP);
   return status;
 }
 
