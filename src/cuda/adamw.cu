@@ -76,6 +76,19 @@ __device__ __forceinline__ void adamw_update(float &w, float &m, float &v, float
   v = vv;
 }
 
+/* Element j, one at a time (unaligned tensors and the ragged tail of aligned ones). */
+template <typename P, typename G, typename S, bool MASTER>
+__device__ __forceinline__ void adamw_elem(P *param, const G *grad, S *m, S *v, float *master,
+                                           int64_t j, const adamw_hyper &h) {
+  float w = MASTER ? master[j] : to_f32(param[j]);
+  float mm = to_f32(m[j]), vv = to_f32(v[j]);
+  adamw_update(w, mm, vv, to_f32(grad[j]), h);
+  m[j] = from_f32<S>(mm);
+  v[j] = from_f32<S>(vv);
+  if (MASTER) master[j] = w;
+  param[j] = from_f32<P>(w);
+}
+
 template <typename P, typename G, typename S, bool MASTER>
 __global__ void __launch_bounds__(kAdamwThreads) adamw_kernel(adamw_table tab, adamw_hyper h) {
   const int t = tab.tensor[blockIdx.x];
@@ -106,27 +119,13 @@ __global__ void __launch_bounds__(kAdamwThreads) adamw_kernel(adamw_table tab, a
     /* i is now past the last whole group of this thread: the ragged tail (< 4 elements,
      * only at the tensor's end) goes to the thread whose group straddles it */
     if (i < end) {
-      for (int64_t j = i; j < end; j++) {
-        float w = MASTER ? master[j] : to_f32(param[j]);
-        float mm = to_f32(m[j]), vv = to_f32(v[j]);
-        adamw_update(w, mm, vv, to_f32(grad[j]), h);
-        m[j] = from_f32<S>(mm);
-        v[j] = from_f32<S>(vv);
-        if (MASTER) master[j] = w;
-        param[j] = from_f32<P>(w);
-      }
+      for (int64_t j = i; j < end; j++)
+        adamw_elem<P, G, S, MASTER>(param, grad, m, v, master, j, h);
     }
     return;
   }
-  for (int64_t j = start + threadIdx.x; j < end; j += blockDim.x) {
-    float w = MASTER ? master[j] : to_f32(param[j]);
-    float mm = to_f32(m[j]), vv = to_f32(v[j]);
-    adamw_update(w, mm, vv, to_f32(grad[j]), h);
-    m[j] = from_f32<S>(mm);
-    v[j] = from_f32<S>(vv);
-    if (MASTER) master[j] = w;
-    param[j] = from_f32<P>(w);
-  }
+  for (int64_t j = start + threadIdx.x; j < end; j += blockDim.x)
+    adamw_elem<P, G, S, MASTER>(param, grad, m, v, master, j, h);
 }
 
 typedef void (*adamw_fn)(adamw_table, adamw_hyper);
