@@ -193,7 +193,8 @@ def check(args):
                                           max_seqs=len(prompts), max_len=256) as eng:
                 results[graphs] = eng.generate(prompts, steps, stop=[], return_logits=True)
                 results[graphs + "greedy"] = eng.generate(prompts, steps, stop=[])
-                note = eng.cuda_graph_note
+                if graphs == "1":
+                    note = eng.cuda_graph_note
         os.environ.pop("OTE_CUDA_GRAPHS", None)
     r = results["1"]
     print(f"engine: decode CUDA graph {'on' if r.cuda_graph else 'off'} {note}")
