@@ -1017,6 +1017,12 @@ def _probe_model_devices(model):
     if torch.cuda.is_available():
         devices.add(torch.device("cuda", torch.cuda.current_device()))
     dtypes = {p.dtype, torch.bfloat16}
+    # the attention keys the layers will ask for: a config-wide sliding window (Mistral,
+    # Qwen2) is part of the key, and a probe made inside the first forward would run
+    # there (under torch.compile it would not run at all)
+    windows = {None}
+    if getattr(cfg, "sliding_window", None):
+        windows.add(_window(cfg.sliding_window))
     for dev in devices:
         if dev.type != "cuda":       # the CPU backend has every op; meta runs nothing
             continue
@@ -1025,7 +1031,8 @@ def _probe_model_devices(model):
                 _usable(op, dev, dt)
             _usable("rope", dev, dt, (D,))
             if _fused_attention():
-                _usable("attention", dev, dt, (D, ratio, True, None))
+                for window in windows:
+                    _usable("attention", dev, dt, (D, ratio, True, window))
 
 
 def _patch_class(cls, options):
