@@ -41,6 +41,10 @@ Options (the first value listed is the default):
     attention calls torch's ``scaled_dot_product_attention`` instead (the q/k/v
     projections, RoPE and the rest stay the library's) -- for debugging or comparing.
     ``ops_transformer.attention`` itself always runs the library's kernel.
+    Measured on the H200 (docs/PERFORMANCE.md, "Training (CUDA)"): the library's
+    forward runs at cuDNN's speed but its backward is still the portable kernel (about
+    0.3x cuDNN's), so for *training* on Hopper ``False`` is faster today (0.54 B Llama:
+    168 k vs 141 k tokens/s); for inference keep ``True``.
 
 ``persistent_kv_cache``: ``False`` | ``True``
     For ``ops_transformer.engine`` (the Python wrapper of the C engine, src/engine):
