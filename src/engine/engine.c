@@ -420,6 +420,16 @@ static ot_status decode_body(ote_engine *e, const batch *b, int argmax) {
   int n = b->n;
   e->graph_active = 0;
   if (e->graphs_off || !e->warm[n]) {
+    /* This eager step may grow the context's scratch (a new batch size can need more
+     * split-KV partials), freeing the buffer that the graphs of other batch sizes were
+     * captured with: destroy those graphs (their sizes stay warm, so their next step
+     * captures again; scratch only grows, so that capture allocates nothing). */
+    if (!e->graphs_off)
+      for (int m = 0; m <= e->opt.max_seqs; m++) {
+        ote_graph_destroy(e->graph[m]);
+        e->graph[m] = NULL;
+        e->warm[m] &= 1;
+      }
     OTE_TRY(forward_body(e, b, argmax));
     e->warm[n] = 1;
     return OT_OK;
