@@ -34,8 +34,12 @@ Options (the first value listed is the default):
     bf16-product mode: ``"medium"`` is TF32 there), unset for ``"highest"``. The CPU
     backend always multiplies in float32. bfloat16 / float16 inputs are unaffected.
 
-``fused_attention``: ``True`` | ``False``
-    ``True``: the patched models' attention runs the library's flash-attention kernel
+``fused_attention``: ``"auto"`` (default) | ``True`` | ``False``
+    ``"auto"``: the library's kernel, except for attention that autograd will
+    differentiate on a CUDA device, which goes to torch's SDPA: the library's CUDA
+    backward is still the portable kernel, slower than cuDNN's (measured below), so
+    ``"auto"`` is what the measurements say is fastest; it follows them as the kernels
+    improve. ``True``: the patched models' attention runs the library's flash-attention kernel
     (the scores are never materialized) where the library has it for the device,
     dtype and head dim (probed once; torch's SDPA otherwise). ``False``: the patched
     attention calls torch's ``scaled_dot_product_attention`` instead (the q/k/v
@@ -43,8 +47,8 @@ Options (the first value listed is the default):
     ``ops_transformer.attention`` itself always runs the library's kernel.
     Measured on the H200 (docs/PERFORMANCE.md, "Training (CUDA)"): the library's
     forward runs at cuDNN's speed but its backward is still the portable kernel (about
-    0.3x cuDNN's), so for *training* on Hopper ``False`` is faster today (0.54 B Llama:
-    168 k vs 141 k tokens/s); for inference keep ``True``.
+    0.3x cuDNN's): a 0.54 B Llama trains at 141 k tokens/s with ``True`` and 168 k with
+    torch's SDPA inside the patched model, which is what ``"auto"`` picks in training.
 
 ``persistent_kv_cache``: ``False`` | ``True``
     For ``ops_transformer.engine`` (the Python wrapper of the C engine, src/engine):
@@ -80,11 +84,13 @@ class _Option:
 
     def validate(self, value):
         value = self.aliases.get(value, value) if isinstance(value, str) else value
-        if self.kind is bool:
+        if self.kind is bool and value != "auto":
             if not isinstance(value, bool):
-                raise TypeError(f"ops_transformer.config.{self.name}: expected a bool, got "
-                                f"{type(value).__name__}")
-        elif not isinstance(value, str):
+                others = [repr(a) for a in self.allowed if not isinstance(a, bool)]
+                raise TypeError(f"ops_transformer.config.{self.name}: expected a bool"
+                                f"{''.join(' or ' + o for o in others)}, got "
+                                f"{type(value).__name__} {value!r}")
+        elif self.kind is not bool and not isinstance(value, str):
             raise TypeError(f"ops_transformer.config.{self.name}: expected a str, got "
                             f"{type(value).__name__}")
         if value not in self.allowed:
@@ -133,8 +139,10 @@ _OPTIONS = {
                 ("highest", "high", "medium"), "",
                 "precision of float32 matrix products (torch's and the library's GEMMs)",
                 apply=_apply_matmul_precision, aliases={"tf32": "high"}),
-        _Option("fused_attention", bool, True, (True, False), (True, False), "",
-                "patched attention: the library's flash kernel (True) or torch's SDPA"),
+        _Option("fused_attention", bool, "auto", ("auto", True, False), ("auto", True, False), "",
+                "patched attention: the library's flash kernel (True), torch's SDPA "
+                "(False), or the library's except where autograd differentiates it on "
+                "CUDA ('auto')"),
         _Option("persistent_kv_cache", bool, False, (False, True), _kv_cache_values,
                 "ops_transformer.engine reading it (READS_PERSISTENT_KV_CACHE)",
                 "keep the KV block pool alive between generate() calls"),

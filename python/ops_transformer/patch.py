@@ -267,9 +267,17 @@ def _fused_attention():
     return _config.fused_attention
 
 
+def _auto_torch_backward(q, k):
+    """fused_attention='auto' and autograd will differentiate this CUDA attention: the
+    library's CUDA attention backward is the portable kernel, about 0.3x cuDNN's on the
+    H200 (docs/PERFORMANCE.md), so torch's SDPA serves the call."""
+    return (_config.fused_attention == "auto" and q.device.type == "cuda"
+            and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+
+
 def _attention_ok(q, k, causal, window):
     """Whether ops_transformer.attention serves this call ([B, S, H, D] q / k)."""
-    if not _fused_attention():
+    if not _fused_attention() or _auto_torch_backward(q, k):
         return False
     extra = (q.shape[-1], q.shape[-2] // k.shape[-2], bool(causal),
              None if window is None else tuple(window))
@@ -310,6 +318,9 @@ def _attention(q, k, v, causal, scale, window, cu_seqlens=None):
                               cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens)
     if not _fused_attention():
         _log_once("attn_unfused", "config.fused_attention=False: torch's SDPA attention used")
+    elif _auto_torch_backward(q, k):
+        _log_once("attn_auto", "config.fused_attention='auto': torch's SDPA for attention "
+                  "differentiated on CUDA (the library's CUDA attention backward is slower)")
     return _torch_attention(q, k, v, causal, scale, window, cu_seqlens)
 
 

@@ -179,3 +179,51 @@ def test_memory_allocator_arena_not_yet():
     with pytest.raises(NotImplementedError, match="arena"):
         ot.config.memory_allocator = "arena"
     assert ot.config.memory_allocator == "torch"
+
+
+def test_fused_attention_auto_routes_cuda_backward_to_torch():
+    """'auto' (the default): the library's attention, except where autograd will
+    differentiate it on CUDA (torch's SDPA there, measured faster while the library's
+    CUDA attention backward is the portable kernel)."""
+    from types import SimpleNamespace as NS
+    assert ot.config.fused_attention == "auto"
+    cuda = NS(device=torch.device("cuda"), requires_grad=True)
+    cuda_nograd = NS(device=torch.device("cuda"), requires_grad=False)
+    cpu = NS(device=torch.device("cpu"), requires_grad=True)
+    assert ot_patch._auto_torch_backward(cuda, cuda)
+    assert ot_patch._auto_torch_backward(cuda_nograd, cuda)      # k needs the backward
+    assert not ot_patch._auto_torch_backward(cuda_nograd, cuda_nograd)
+    assert not ot_patch._auto_torch_backward(cpu, cpu)             # the CPU backward is ours
+    with torch.no_grad():
+        assert not ot_patch._auto_torch_backward(cuda, cuda)       # inference: ours
+    for explicit in (True, False):
+        with ot.config.override(fused_attention=explicit):
+            assert not ot_patch._auto_torch_backward(cuda, cuda)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_attention_auto_with_grad(device, monkeypatch):
+    """A patched model in training under 'auto': the library's attention on the CPU,
+    torch's SDPA on CUDA; the loss is the same either way."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                      max_position_embeddings=128)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype)
+    ids = torch.randint(0, 256, (2, 16), device=device)
+    ref = model(ids, labels=ids).loss.float().item()
+    ot.patch_llama(model)
+    n = {"attention": 0}
+    orig = ot.ops.attention
+
+    def spy(*a, **k):
+        n["attention"] += 1
+        return orig(*a, **k)
+    monkeypatch.setattr(ot.ops, "attention", spy)
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    assert abs(loss.float().item() - ref) <= (2e-2 if dtype == torch.bfloat16 else 1e-4) * abs(ref)
+    assert n["attention"] == (0 if device == "cuda" else 2)
+    ot.unpatch(model)

@@ -105,7 +105,7 @@ def test_numpy_and_dlpack_producers():
 def test_config():
     c = ot.config
     assert c.as_dict() == {"memory_allocator": "torch", "matmul_precision": "highest",
-                           "fused_attention": True, "persistent_kv_cache": False}
+                           "fused_attention": "auto", "persistent_kv_cache": False}
     c.matmul_precision = "highest"
     with pytest.raises(ValueError, match="expected one of"):
         c.matmul_precision = "fastest"
@@ -116,8 +116,11 @@ def test_config():
     # (the effects of the other values: tests/python/test_config.py)
     with pytest.raises(NotImplementedError, match="does not have yet"):
         c.memory_allocator = "arena"
+    with pytest.raises(TypeError, match="expected a bool or 'auto', got str 'always'"):
+        c.fused_attention = "always"
     with c.override(fused_attention=True):
         assert c.fused_attention is True
+    assert c.fused_attention == "auto"
     assert "matmul_precision" in c.describe()
     assert c.as_dict()["memory_allocator"] == "torch"
 
