@@ -88,20 +88,24 @@ class AdamW(torch.optim.Optimizer):
                     raise RuntimeError("ops_transformer.optim.AdamW needs contiguous "
                                        "parameters")
                 state = self._init_state(p, group["master_weights"])
-                state["step"] += 1
                 g = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
                 has_master = "master" in state
+                # the step this update is (bias correction); the state counts it only
+                # once the update ran, so a call that fails leaves the count as it was
                 key = (p.device, p.dtype, g.dtype, state["exp_avg"].dtype, has_master,
-                       state["step"])
-                b = buckets.setdefault(key, ([], [], [], [], []))
+                       state["step"] + 1)
+                b = buckets.setdefault(key, ([], [], [], [], [], []))
                 b[0].append(p)
                 b[1].append(g)
                 b[2].append(state["exp_avg"])
                 b[3].append(state["exp_avg_sq"])
                 if has_master:
                     b[4].append(state["master"])
-            for key, (ps, gs, ms, vs, ws) in buckets.items():
+                b[5].append(state)
+            for key, (ps, gs, ms, vs, ws, states) in buckets.items():
                 _C.adamw_step(None, lr, float(beta1), float(beta2), float(group["eps"]),
                               float(group["weight_decay"]), key[-1], ps, gs, ms, vs,
                               ws if key[4] else None)
+                for state in states:
+                    state["step"] = key[-1]
         return loss

@@ -76,3 +76,27 @@ def test_adamw_step_errors():
     with pytest.raises(ot.Error, match="grads\\[0\\]"):
         ot.adamw_step([p], [torch.zeros(5)], [torch.zeros(4)], [torch.zeros(4)], lr=1e-3,
                       step=1)
+
+
+def test_adamw_failed_step_leaves_state():
+    """A step the library refuses (a bad hyper-parameter reaches ot_adamw_step) changes
+    neither the parameters nor the step count: the next good step is step 1, as in
+    torch.optim.AdamW."""
+    params = _params()
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    opt = ops_transformer.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.999))
+    ref_opt = torch.optim.AdamW(ref, lr=1e-2, betas=(0.9, 0.999))
+    for p, r, g in zip(params, ref, _grads(params, 0)):
+        p.grad, r.grad = g.clone(), g.clone()
+    before = [p.detach().clone() for p in params]
+    opt.param_groups[0]["betas"] = (1.5, 0.999)          # refused by the library
+    with pytest.raises(ot.Error, match="beta1"):
+        opt.step()
+    assert all(opt.state[p]["step"] == 0 for p in params)
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    opt.param_groups[0]["betas"] = (0.9, 0.999)
+    opt.step()
+    ref_opt.step()
+    assert all(opt.state[p]["step"] == 1 for p in params)
+    for p, r in zip(params, ref):
+        torch.testing.assert_close(p, r, rtol=1e-6, atol=1e-7)
