@@ -18,21 +18,7 @@
 #include "core/attention.h"
 #include "cuda/attention_sm90.h"
 
-#define SHIM_API __attribute__((visibility("default")))
-
-static ot_context *g_ctx;
-static int g_dev;
-
-SHIM_API int shim_init(int device) {
-  if (g_ctx) return 0;
-  ot_context_options o = ot_context_default_options();
-  o.device_type = kDLCUDA;
-  o.device_id = device;
-  g_dev = device;
-  return (int)ot_context_create(&o, &g_ctx);
-}
-
-SHIM_API const char *shim_last_error(void) { return ot_last_error(); }
+#include "shim_common.h"
 
 static ot_attn_operand operand(void *p, const int64_t *st) {
   ot_attn_operand x;
@@ -81,17 +67,7 @@ static DLTensor tensor(void *p, int dtype, int ndim, int64_t *shape) {
   t.device.device_type = kDLCUDA;
   t.device.device_id = g_dev;
   t.ndim = ndim;
-  if (dtype == 1) {
-    t.dtype.code = kDLFloat;
-    t.dtype.bits = 32;
-  } else if (dtype == 2) {
-    t.dtype.code = kDLFloat;
-    t.dtype.bits = 16;
-  } else {
-    t.dtype.code = kDLBfloat;
-    t.dtype.bits = 16;
-  }
-  t.dtype.lanes = 1;
+  t.dtype = shim_dtype(dtype);
   t.shape = shape;
   t.strides = NULL; /* contiguous */
   return t;

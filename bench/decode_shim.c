@@ -10,26 +10,7 @@
 
 #include "ops_transformer.h"
 
-#define SHIM_API __attribute__((visibility("default")))
-
-static ot_context *g_ctx;
-
-SHIM_API int shim_init(int device) {
-  if (g_ctx) return 0;
-  ot_context_options o = ot_context_default_options();
-  o.device_type = kDLCUDA;
-  o.device_id = device;
-  return (int)ot_context_create(&o, &g_ctx);
-}
-
-SHIM_API const char *shim_last_error(void) { return ot_last_error(); }
-
-static DLDataType dt_of(int code) {
-  DLDataType t = {kDLFloat, 32, 1};
-  if (code == 2) t.bits = 16;
-  if (code == 3) t.code = kDLBfloat, t.bits = 16;
-  return t;
-}
+#include "shim_common.h"
 
 /* q, out [tq, hq, d]; pages [num_pages, hkv, bs, d]; int32 tables; lse float32 [hq, tq]
  * or NULL. */
@@ -38,8 +19,8 @@ SHIM_API int shim_paged_attention(void *stream, int dtype, int64_t tq, int64_t h
                                   int64_t num_indices, void *q, void *cu_q, void *k_pages,
                                   void *v_pages, void *indptr, void *indices, void *lpl,
                                   void *out, void *lse, int causal) {
-  DLDevice dev = {kDLCUDA, 0};
-  DLDataType fdt = dt_of(dtype), i32 = {kDLInt, 32, 1}, f32 = {kDLFloat, 32, 1};
+  DLDevice dev = {kDLCUDA, g_dev};
+  DLDataType fdt = shim_dtype(dtype), i32 = {kDLInt, 32, 1}, f32 = {kDLFloat, 32, 1};
   int64_t qsh[3] = {tq, hq, d}, psh[4] = {num_pages, hkv, bs, d}, cush[1] = {batch + 1};
   int64_t ish[1] = {num_indices}, lsh[1] = {batch}, lsesh[2] = {hq, tq};
   DLTensor tq_ = {q, dev, 3, fdt, qsh, NULL, 0}, to = {out, dev, 3, fdt, qsh, NULL, 0};

@@ -19,19 +19,7 @@
 #include "core/rope.h"
 #include "core/softmax.h"
 
-#define SHIM_API __attribute__((visibility("default")))
-
-static ot_context *g_ctx;
-
-SHIM_API int shim_init(int device) {
-  if (g_ctx) return 0;
-  ot_context_options o = ot_context_default_options();
-  o.device_type = kDLCUDA;
-  o.device_id = device;
-  return (int)ot_context_create(&o, &g_ctx);
-}
-
-SHIM_API const char *shim_last_error(void) { return ot_last_error(); }
+#include "shim_common.h"
 
 SHIM_API int shim_norm_forward(int layer, void *stream, int dtype, int64_t rows, int64_t cols,
                                const void *x, int64_t xs, const void *res, int64_t rs,
