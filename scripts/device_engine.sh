@@ -72,22 +72,16 @@ fi
 if [ "$PREBUILT" = 0 ]; then
   stamp "building (sm_90a) into build-dev-engine"
   # shellcheck source=device_build.sh
-  source scripts/device_build.sh # EXTRA (carried dlpack / OpenBLAS), LD paths, CUDA_HOME
+  source scripts/device_build.sh # ot_device_build: carried dlpack / OpenBLAS, LD paths
   CJ=()
   if [ ! -f /usr/include/cjson/cJSON.h ]; then
     CJ=(-DOT_CJSON_INCLUDE_DIR="$ROOT/.carry/cjson/include"
         -DOT_CJSON_LIBRARY="$ROOT/.carry/cjson/lib/libcjson.so")
     export LD_LIBRARY_PATH="$ROOT/.carry/cjson/lib:${LD_LIBRARY_PATH:-}"
   fi
-  gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  if ! cmake -S . -B "$BIN" "${gen[@]}" -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
-      -DOT_BUILD_TOOLS=ON -DOT_BUILD_TESTS=OFF "${EXTRA[@]}" "${CJ[@]}" >"$OUTD/cmake.log" 2>&1; then
-    tail -30 "$OUTD/cmake.log"; exit 1
-  fi
-  if ! cmake --build "$BIN" -j "$(nproc)" --target ot-run ot_engine_shared >"$OUTD/build.log" 2>&1; then
-    grep -E -B2 -A10 'error|Error' "$OUTD/build.log" | head -60; exit 1
-  fi
+  # (logs: $BIN/logs; the later -D arguments override ot_device_build's OT_BUILD_TOOLS=OFF)
+  ot_device_build "$BIN" "ot-run ot_engine_shared" -DOT_BUILD_TOOLS=ON -DOT_BUILD_TESTS=OFF \
+    "${CJ[@]}" || exit 1
   OT_RUN=$BIN/tools/ot-run
   export OT_ENGINE_LIB=$BIN/src/engine/libot_engine.so
 fi
