@@ -29,20 +29,10 @@ SHIM=${SHIM:-build-fa90/libattention_shim.so}
 
 if ! python3 -c "import ctypes,sys; ctypes.CDLL(sys.argv[1])" "$SHIM" 2>"$OUT/shim_load.log"; then
   stamp "carried shim does not load ($(head -c 200 "$OUT/shim_load.log")); building"
-  EXTRA=()
-  DLPACK_INC=/usr/include
-  if [ ! -f /usr/include/dlpack/dlpack.h ] || ! ldconfig -p | grep -q 'libopenblas\.so'; then
-    EXTRA=(-DOT_DLPACK_INCLUDE_DIR="$D/include" -DOT_CBLAS_INCLUDE_DIR="$D/include"
-           -DBLAS_openblas_LIBRARY="$D/lib/libopenblas.so")
-    DLPACK_INC="$D/include"
-    export LIBRARY_PATH="$D/lib:${LIBRARY_PATH:-}"
-  fi
-  GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
-  mkdir -p build-dev
-  cmake -S . -B build-dev "${GEN[@]}" -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
-    -DOT_BUILD_TOOLS=OFF "${EXTRA[@]}" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-  cmake --build build-dev -j "$(nproc)" --target ops_transformer_static >"$OUT/build.log" 2>&1 ||
-    { grep -E -A12 'error' "$OUT/build.log" | head -60; exit 1; }
+  # shellcheck source=device_build.sh
+  source scripts/device_build.sh   # carried dlpack / OpenBLAS where the machine lacks them
+  ot_device_build build-dev ops_transformer_static || exit 1
+  DLPACK_INC=$OT_DEVICE_DLPACK_INCLUDE
   SHIM=build-dev/libattention_shim.so
   cc -O2 -shared -fPIC bench/attention_shim.c -Iinclude -Isrc -I"$DLPACK_INC" -I"$CUDA_HOME/include" \
     build-dev/libops_transformer.a -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -L"$D/lib" -lopenblas \

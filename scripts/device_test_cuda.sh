@@ -53,28 +53,12 @@ if [ -n "${OT_PREBUILT:-}" ]; then
   CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
   export LD_LIBRARY_PATH="$ROOT/build-dev/deps:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
 else
-  EXTRA=()
-  DLPACK_INC=/usr/include
-  if [ ! -f /usr/include/dlpack/dlpack.h ] || ! ldconfig -p | grep -q 'libopenblas\.so'; then
-    D="$ROOT/.carry/deps"
-    EXTRA=(-DOT_DLPACK_INCLUDE_DIR="$D/include" -DOT_CBLAS_INCLUDE_DIR="$D/include"
-           -DBLAS_openblas_LIBRARY="$D/lib/libopenblas.so")
-    DLPACK_INC="$D/include"
-    export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}" LIBRARY_PATH="$D/lib:${LIBRARY_PATH:-}"
-    stamp "using carried deps in $D"
-  fi
+  # shellcheck source=device_build.sh
+  source scripts/device_build.sh   # carried dlpack / OpenBLAS where the machine lacks them
   CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
-  GEN=()
-  command -v ninja >/dev/null && GEN=(-G Ninja)
-
-  stamp "configure"
-  cmake -S . -B build-dev "${GEN[@]}" -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
-    -DOT_BUILD_TOOLS=OFF "${EXTRA[@]}" >"$LOGS/cmake.log" 2>&1 || { tail -40 "$LOGS/cmake.log"; exit 1; }
-  stamp "build"
-  if ! cmake --build build-dev -j "$(nproc)" --target ops_transformer_static test_ops >"$LOGS/build.log" 2>&1; then
-    grep -E -B2 -A12 'error|Error' "$LOGS/build.log" | head -80
-    exit 1
-  fi
+  stamp "configure + build"
+  ot_device_build build-dev "ops_transformer_static test_ops" || exit 1
+  DLPACK_INC=$OT_DEVICE_DLPACK_INCLUDE
   cc -O2 -shared -fPIC bench/fused_ops_shim.c -Iinclude -Isrc -I"$DLPACK_INC" -I"$CUDA_HOME/include" \
     build-dev/libops_transformer.a -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -lopenblas -fopenmp -lm \
     -lstdc++ -o build-dev/libfused_ops_shim.so >"$LOGS/shim.log" 2>&1 || { cat "$LOGS/shim.log"; exit 1; }
