@@ -6,8 +6,8 @@
 #   scripts/device_lin.sh [--prebuilt DIR] [COMMIT]
 #
 # Steps (logs under $OUT, default /tmp/ot_device_out; the summary table is printed last):
-#   1. build libops_transformer.so + tests/test_ops for sm_90a (scripts/device_build.sh,
-#      or inline when absent), or, with --prebuilt DIR, take DIR/test_ops and
+#   1. build libops_transformer.so + tests/test_ops for sm_90a (scripts/device_build.sh),
+#      or, with --prebuilt DIR, take DIR/test_ops and
 #      DIR/libops_transformer.so built elsewhere with the same nvcc, or DIR/prebuilt.tar.gz
 #      holding them and the OpenBLAS runtime (libopenblas.so.0, libgfortran.so.5,
 #      libquadmath.so.0): then carry only DIR (e.g. [".devcarry-lin"]);
@@ -31,16 +31,8 @@ stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1
 stamp "commit $COMMIT"
 
-deps() { # dlpack / OpenBLAS from .carry/deps where the system lacks them
-  if [ ! -f /usr/include/dlpack/dlpack.h ] || ! ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so'; then
-    D="$ROOT/.carry/deps"
-    DEPS_CMAKE=(-DOT_DLPACK_INCLUDE_DIR="$D/include" -DOT_CBLAS_INCLUDE_DIR="$D/include"
-                -DBLAS_openblas_LIBRARY="$D/lib/libopenblas.so")
-    export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}" LIBRARY_PATH="$D/lib:${LIBRARY_PATH:-}"
-  else
-    DEPS_CMAKE=()
-  fi
-}
+# shellcheck source=device_build.sh
+source scripts/device_build.sh   # ot_device_deps / ot_device_build: carried dlpack / OpenBLAS
 
 if [ -n "$PREBUILT" ]; then
   if [ -f "$PREBUILT/prebuilt.tar.gz" ]; then # test_ops, the .so and the OpenBLAS runtime
@@ -48,7 +40,7 @@ if [ -n "$PREBUILT" ]; then
     PREBUILT=/tmp/ot_lin_prebuilt
     export LD_LIBRARY_PATH="$PREBUILT:${LD_LIBRARY_PATH:-}"
   else
-    deps
+    ot_device_deps || exit 1
   fi
   TEST=$PREBUILT/test_ops
   LIB=$PREBUILT/libops_transformer.so
@@ -56,20 +48,7 @@ if [ -n "$PREBUILT" ]; then
 else
   stamp "build (sm_90a)"
   TARGETS="ops_transformer ops_transformer_static test_ops"
-  if [ -f scripts/device_build.sh ]; then
-    source scripts/device_build.sh
-    ot_device_build build-dev "$TARGETS" || { echo "BUILD FAILED"; exit 1; }
-  else
-    deps
-    mkdir -p build-dev/logs
-    GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
-    cmake -S . -B build-dev "${GEN[@]}" -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release \
-      -DOT_BUILD_TOOLS=OFF "${DEPS_CMAKE[@]}" >build-dev/logs/cmake.log 2>&1 ||
-      { tail -30 build-dev/logs/cmake.log; exit 1; }
-    TL=(); for t in $TARGETS; do TL+=(--target "$t"); done
-    cmake --build build-dev -j "$(nproc)" "${TL[@]}" >build-dev/logs/build.log 2>&1 ||
-      { grep -E -B2 -A12 'error' build-dev/logs/build.log | head -60; exit 1; }
-  fi
+  ot_device_build build-dev "$TARGETS" || { echo "BUILD FAILED"; exit 1; }
   TEST=build-dev/tests/test_ops
   LIB=build-dev/libops_transformer.so
 fi
