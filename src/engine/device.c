@@ -1,5 +1,5 @@
 /* device.c -- the memory operations of the engine that are not ops: allocation, host <->
- * device copies, 2-D copies (K/V append) and row gathers (embedding lookup).
+ * device copies, 2-D copies, the embedding lookup and argmax kernels' launches, and graphs.
  * CPU: plain memory. CUDA (built when the library has the CUDA backend): the runtime API on
  * the engine's stream. Allocation happens at load and when the activations grow, never per
  * step; uploads and downloads synchronize the stream (their host buffers are reused). */
@@ -107,26 +107,6 @@ ot_status ote_dev_copy_2d(const ote_device *d, void *dst, size_t dpitch, const v
 #else
   return no_cuda("copy_2d");
 #endif
-}
-
-ot_status ote_dev_gather_rows(const ote_device *d, void *dst, const void *table,
-                              const int32_t *ids, int n, size_t row_bytes) {
-  for (int i = 0; i < n; i++) {
-    char *to = (char *)dst + (size_t)i * row_bytes;
-    const char *from = (const char *)table + (size_t)ids[i] * row_bytes;
-    if (on_cpu(d)) {
-      memcpy(to, from, row_bytes);
-      continue;
-    }
-#ifdef OT_HAVE_CUDA
-    /* one copy per token (an embedding-gather kernel would take the ids on the device) */
-    OTE_TRY(cuda_check(cudaMemcpyAsync(to, from, row_bytes, cudaMemcpyDeviceToDevice, STREAM(d)),
-                       "gather_rows"));
-#else
-    return no_cuda("gather_rows");
-#endif
-  }
-  return OT_OK;
 }
 
 ot_status ote_dev_sync(const ote_device *d) {

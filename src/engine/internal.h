@@ -44,9 +44,6 @@ ot_status ote_dev_download(const ote_device *d, void *dst_host, const void *src,
 /* rows x width bytes, with pitches in bytes (device to device). */
 ot_status ote_dev_copy_2d(const ote_device *d, void *dst, size_t dpitch, const void *src,
                           size_t spitch, size_t width, size_t rows);
-/* dst[i] = table[ids[i]] (rows of row_bytes); ids on the host. */
-ot_status ote_dev_gather_rows(const ote_device *d, void *dst, const void *table,
-                              const int32_t *ids, int n, size_t row_bytes);
 ot_status ote_dev_sync(const ote_device *d);
 /* Enqueued copy host -> device (no synchronization; the host buffer may be reused at once:
  * pageable memory is staged by the runtime before the call returns). */
