@@ -465,14 +465,21 @@ static ot_status decode_body(ote_engine *e, const batch *b, int argmax) {
 static ot_status fetch(ote_engine *e, int n, float *logits, int32_t *next) {
   const ote_config *c = &e->cfg;
   size_t es = ote_dtype_size(e->opt.dtype), nv = (size_t)n * (size_t)c->vocab;
-  if (logits) {
-    OTE_TRY(ote_dev_download(&e->dev, e->logits_stage, e->logits, nv * es));
-    ote_convert(logits, OTE_F32, e->logits_stage, e->opt.dtype, nv);
+  int cpu = e->dev.dev.device_type == kDLCPU;
+  if (logits) { /* on the CPU the logits are host memory already: no staging copy */
+    const void *src = e->logits;
+    if (!cpu) {
+      OTE_TRY(ote_dev_download(&e->dev, e->logits_stage, e->logits, nv * es));
+      src = e->logits_stage;
+    }
+    ote_convert(logits, OTE_F32, src, e->opt.dtype, nv);
   }
   if (next) {
-    if (e->dev.dev.device_type == kDLCPU) {
-      float *lf = logits;
-      if (!lf) {
+    if (cpu) {
+      const float *lf = logits;
+      if (!lf && ote_dtype_eq(e->opt.dtype, OTE_F32)) {
+        lf = e->logits;
+      } else if (!lf) {
         ote_convert(e->logits_host, OTE_F32, e->logits, e->opt.dtype, nv);
         lf = e->logits_host;
       }
