@@ -440,7 +440,23 @@ def _window(sliding_window):
 
 
 def _rope_cache(cos, sin, B, S):
-    """HF's cos / sin [Bc, S, D] (Bc = 1 or B) as ot.rope's cos_sin_cache + positions."""
+    """HF's cos / sin [Bc, S, D] (Bc = 1 or B) as ot.rope's cos_sin_cache + positions.
+    Every layer of a forward gets the same cos / sin tensors: in eager the result for the
+    last (cos, sin, B) of this thread (unmodified since, no autograd) is reused instead of
+    rebuilt per layer."""
+    if torch.compiler.is_compiling() or cos.requires_grad or sin.requires_grad:
+        return _build_rope_cache(cos, sin, B, S)
+    key = (cos, sin, cos._version, sin._version, B)
+    last = getattr(_LOCAL, "rope_cache", None)
+    if (last is not None and last[0] is cos and last[1] is sin
+            and last[2:5] == key[2:]):
+        return last[5], last[6]
+    cache, pos = _build_rope_cache(cos, sin, B, S)
+    _LOCAL.rope_cache = key + (cache, pos)
+    return cache, pos
+
+
+def _build_rope_cache(cos, sin, B, S):
     D = cos.shape[-1]
     half = D // 2
     cache = torch.cat([cos[..., :half], sin[..., :half]], dim=-1).to(torch.float32)

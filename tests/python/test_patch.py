@@ -592,3 +592,23 @@ def test_patch_options(ids, calls, opts):
     assert_grads_close(g0, g1)
     ot.unpatch(model)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_rope_cache_reused_across_layers_only_for_the_same_tensors():
+    """The per-forward rope cache is built once for the cos / sin every layer gets, and
+    rebuilt for other tensors, another batch, an in-place change or autograd inputs."""
+    torch.manual_seed(0)
+    cos, sin = torch.randn(1, 8, 16), torch.randn(1, 8, 16)
+    c1, p1 = ot_patch._rope_cache(cos, sin, 2, 8)
+    c2, p2 = ot_patch._rope_cache(cos, sin, 2, 8)
+    assert c2 is c1 and p2 is p1
+    want_c, want_p = ot_patch._build_rope_cache(cos, sin, 2, 8)
+    assert torch.equal(c1, want_c) and torch.equal(p1, want_p)
+    assert ot_patch._rope_cache(cos, sin, 3, 8)[1].shape == (3, 8)
+    assert ot_patch._rope_cache(cos.clone(), sin, 3, 8)[0] is not c1
+    c3, _ = ot_patch._rope_cache(cos, sin, 2, 8)
+    cos.mul_(2)
+    c4, _ = ot_patch._rope_cache(cos, sin, 2, 8)
+    assert c4 is not c3 and torch.equal(c4, ot_patch._build_rope_cache(cos, sin, 2, 8)[0])
+    g = cos.clone().requires_grad_(True)
+    assert ot_patch._rope_cache(g, sin, 2, 8)[0] is not ot_patch._rope_cache(g, sin, 2, 8)[0]
