@@ -5,15 +5,16 @@
 #include "backend.h"
 #include "softmax.h"
 
-static ot_status check_params(const char *op, const ot_cross_entropy_params *p) {
+ot_status ot_cross_entropy_check_params(const char *op, const char *name,
+                                        const ot_cross_entropy_params *p) {
   if ((int)p->reduction < (int)OT_REDUCTION_MEAN || (int)p->reduction > (int)OT_REDUCTION_NONE)
     return ot_error(OT_ERR_INVALID_ARGUMENT, op,
-                    "params.reduction: %d is not an ot_reduction (0 MEAN, 1 SUM, 2 NONE)",
+                    "%s.reduction: %d is not an ot_reduction (0 MEAN, 1 SUM, 2 NONE)", name,
                     (int)p->reduction);
   float s = p->label_smoothing;
   if (!(s >= 0.0f && s <= 1.0f))
     return ot_error(OT_ERR_INVALID_ARGUMENT, op,
-                    "params.label_smoothing: %g is not a finite value in [0, 1]", (double)s);
+                    "%s.label_smoothing: %g is not a finite value in [0, 1]", name, (double)s);
   return OT_OK;
 }
 
@@ -109,7 +110,7 @@ ot_status ot_cross_entropy_forward(ot_context *ctx, const ot_cross_entropy_param
   static const char op[] = "ot_cross_entropy_forward";
   if (!ctx) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ctx: is NULL");
   ot_cross_entropy_params p = params ? *params : ot_cross_entropy_default_params();
-  OT_TRY(check_params(op, &p));
+  OT_TRY(ot_cross_entropy_check_params(op, "params", &p));
   ot_view lv, yv, sv, ov;
   ot_rows lr;
   int64_t loss_stride = 0;
@@ -142,7 +143,7 @@ ot_status ot_cross_entropy_backward(ot_context *ctx, const ot_cross_entropy_para
   static const char op[] = "ot_cross_entropy_backward";
   if (!ctx) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ctx: is NULL");
   ot_cross_entropy_params p = params ? *params : ot_cross_entropy_default_params();
-  OT_TRY(check_params(op, &p));
+  OT_TRY(ot_cross_entropy_check_params(op, "params", &p));
   ot_view lv, yv, sv, dv, gv;
   ot_rows lr, gr;
   int64_t dloss_stride = 0;

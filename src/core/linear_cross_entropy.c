@@ -12,14 +12,7 @@ ot_linear_cross_entropy_params ot_linear_cross_entropy_default_params(void) {
 }
 
 static ot_status check_params(const char *op, const ot_linear_cross_entropy_params *p) {
-  if ((int)p->ce.reduction < (int)OT_REDUCTION_MEAN || (int)p->ce.reduction > (int)OT_REDUCTION_NONE)
-    return ot_error(OT_ERR_INVALID_ARGUMENT, op,
-                    "params.ce.reduction: %d is not an ot_reduction (0 MEAN, 1 SUM, 2 NONE)",
-                    (int)p->ce.reduction);
-  float s = p->ce.label_smoothing;
-  if (!(s >= 0.0f && s <= 1.0f))
-    return ot_error(OT_ERR_INVALID_ARGUMENT, op,
-                    "params.ce.label_smoothing: %g is not a finite value in [0, 1]", (double)s);
+  OT_TRY(ot_cross_entropy_check_params(op, "params.ce", &p->ce));
   if (p->chunk_tokens < 0)
     return ot_error(OT_ERR_INVALID_ARGUMENT, op,
                     "params.chunk_tokens: %" PRId64 " is negative (0 = default)",

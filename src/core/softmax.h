@@ -55,6 +55,11 @@ typedef struct ot_cross_entropy_args {
 
 ot_status ot_cpu_softmax_forward(ot_context *ctx, const ot_softmax_forward_args *a);
 ot_status ot_cpu_softmax_backward(ot_context *ctx, const ot_softmax_backward_args *a);
+/* reduction is an ot_reduction and label_smoothing in [0, 1]; errors name `name`.field
+ * ("params" for ot_cross_entropy_*, "params.ce" for ot_linear_cross_entropy). */
+ot_status ot_cross_entropy_check_params(const char *op, const char *name,
+                                        const ot_cross_entropy_params *p);
+
 /* Labels (host-readable) in [0, V) or equal to ignore: *count = the labels not ignored.
  * An error names the first bad entry ("labels: <unit> i has label y, outside ..."). */
 ot_status ot_cross_entropy_check_labels(const char *op, const ot_view *yv, int64_t V,
