@@ -251,16 +251,6 @@ __device__ __forceinline__ float logit2(float x, float cap, float inv_cap, float
   return x * scale_log2;
 }
 
-/* Max / sum over the 4 threads of a quad (one row of a C fragment). */
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
 /* ---- tile loads ---------------------------------------------------------------------- */
 
 /* Rows [0, ROWS) of a tile into smem (pitch DP): row r is global row `first + r` of

@@ -5,7 +5,7 @@
  *   A (16 x 16, row): a[0] = (row g, k 2t..2t+1), a[1] = (g + 8, 2t..), a[2] = (g, 2t+8..),
  *                     a[3] = (g + 8, 2t+8..);  B (16 x 8, col): b0 = (k 2t..2t+1, n g),
  *                     b1 = (k 2t+8.., n g);  C: c[0..1] = (g, 2t..2t+1), c[2..3] = (g + 8, ..)
- * with g = lane / 4, t = lane % 4.
+ * with g = lane / 4, t = lane % 4. quad_max / quad_sum reduce one C row over its quad.
  */
 #ifndef OT_CUDA_MMA_CUH
 #define OT_CUDA_MMA_CUH
@@ -45,6 +45,16 @@ template <> struct mma_m16n8k16<__half> {
     return *reinterpret_cast<uint32_t *>(&v);
   }
 };
+
+/* Max / sum over the 4 threads of a quad (one row of a C fragment). */
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
 
 } /* namespace ot */
 

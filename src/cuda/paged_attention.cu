@@ -302,8 +302,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
             v[nb * 2 + e] = x;
             mx = fmaxf(mx, x);
           }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = quad_max(mx);
         const float m_new = fmaxf(m_run[rr], mx);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;
         const float alpha = exp2f(m_run[rr] - m_use);
@@ -337,8 +336,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
   /* merge the warps: row sums over the quad, then (m, l, O) through shared memory */
 #pragma unroll
   for (int rr = 0; rr < 2; rr++) {
-    l_run[rr] += __shfl_xor_sync(0xffffffffu, l_run[rr], 1);
-    l_run[rr] += __shfl_xor_sync(0xffffffffu, l_run[rr], 2);
+    l_run[rr] = quad_sum(l_run[rr]);
   }
   if (tq4 == 0) {
     s_m[warp][g] = m_run[0], s_m[warp][g + 8] = m_run[1];
