@@ -31,7 +31,8 @@ typedef struct ot_attention_args {
   int64_t batch;            /* B (dense) or number of sequences (varlen) */
   int64_t hq, hkv, d;       /* query heads, kv heads, head_dim */
   int64_t sq, sk;           /* dense sequence lengths; unused for varlen */
-  const int32_t *cu_q;      /* varlen: host int32 [batch + 1]; NULL for dense */
+  const int32_t *cu_q;      /* varlen: int32 [batch + 1] in the context's memory (device
+                             * memory on CUDA); NULL for dense */
   const int32_t *cu_k;
   int64_t tq, tk;           /* varlen: tokens of q and of k (rows of the THD tensors), the
                              * bounds the CUDA kernels check cu_seqlens against; 0 for dense */
