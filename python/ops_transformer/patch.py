@@ -53,7 +53,6 @@ mask, except under torch.compile (the split is data-dependent: HF's mask then).
 
 from __future__ import annotations
 
-import logging
 import threading
 import types
 
@@ -62,6 +61,7 @@ import torch.nn.functional as F
 
 from . import ops as _ops
 from .config import config as _config
+from .replace import _LOGGED, _log_once  # noqa: F401  (one logged-once set for the package)
 
 __all__ = ["patch_model", "patch_llama", "unpatch", "is_patched", "lm_head_loss",
            "ATTN_IMPLEMENTATION"]
@@ -69,14 +69,6 @@ __all__ = ["patch_model", "patch_llama", "unpatch", "is_patched", "lm_head_loss"
 ATTN_IMPLEMENTATION = "ops_transformer"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
-logger = logging.getLogger("ops_transformer")
-_LOGGED = set()
-
-
-def _log_once(key, msg):
-    if key not in _LOGGED:
-        _LOGGED.add(key)
-        logger.warning("ops_transformer: %s", msg)
 
 
 class _TraceState:
