@@ -77,15 +77,6 @@ DLDevice ot_context_device(const ot_context *ctx) {
   return ctx ? ctx->device : d;
 }
 
-bool ot_debug_enabled(void) {
-  static int cached = -1;
-  if (cached < 0) {
-    const char *e = getenv("OT_DEBUG");
-    cached = (e && e[0] && e[0] != '0') ? 1 : 0;
-  }
-  return cached == 1;
-}
-
 /* Parameter defaults ----------------------------------------------------------- */
 
 ot_rope_params ot_rope_default_params(void) {

@@ -205,9 +205,6 @@ static inline void *ot_ptr(void *base, ot_dtype d, int64_t elem_offset) {
   return (char *)base + elem_offset * (int64_t)ot_dtype_size(d);
 }
 
-/* OT_DEBUG=1 in the environment (read once). */
-bool ot_debug_enabled(void);
-
 #ifdef __cplusplus
 }
 #endif
