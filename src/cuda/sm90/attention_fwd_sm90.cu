@@ -45,6 +45,7 @@
 #include "../attention_sm90.h"
 #include "../common.cuh"
 #include "../cuda_state.h"
+#include "sm90_common.cuh"
 #include "wgmma_ops.cuh"
 
 namespace ot {
@@ -81,70 +82,6 @@ struct fwd_params {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
-                                            int c0, int c1, int c2, int c3, int c4) {
-  asm volatile(
-      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];" ::"r"(dst),
-      "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-/* Tie registers to this point of the instruction stream: the compiler may neither read
- * them before nor keep them past it (used after wgmma.wait_group, whose operands the
- * compiler does not know about). */
-template <int N> __device__ __forceinline__ void reg_fence(float *r) {
-#pragma unroll
-  for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N> __device__ __forceinline__ void reg_fence(uint32_t *r) {
-#pragma unroll
-  for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
-}
-__device__ __forceinline__ void named_sync(int id, int n) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 /* 2^x on the FMA pipe, for a share of the softmax's exponentials (the MUFU unit does 16
  * per SM and clock, and at head dim 64 it is as busy as the tensor cores): x = j + f with
  * j = round(x) (the 1.5 * 2^23 trick), 2^f on [-0.5, 0.5] by a cubic fitted for relative
@@ -158,26 +95,10 @@ __device__ __forceinline__ float ex2_poly(float x) {
   const float p = fmaf(fmaf(fmaf(0.05500898f, f, 0.24221105f), f, 0.69328292f), f, 1.f);
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
-/* 128B-swizzle shared-memory matrix descriptor (LBO / SBO in bytes). */
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
-         ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
-template <bool F16> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t r;
-  if (F16)
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 __device__ __forceinline__ int floor_div(int a, int b) {
   int q = a / b;
   return (a % b != 0 && (a < 0)) ? q - 1 : q;
 }
-
-template <typename T> struct is_half { static constexpr bool value = false; };
-template <> struct is_half<__half> { static constexpr bool value = true; };
 
 /* Barrier slots in shared memory (8 bytes each). */
 enum { BAR_FULL_Q = 0, BAR_EMPTY_Q = 1, BAR_FULL_K = 2, BAR_EMPTY_K = 4, BAR_FULL_V = 6,
@@ -496,57 +417,6 @@ __global__ void attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
 
 /* ---------------- host ---------------- */
 
-static PFN_cuTensorMapEncodeTiled_v12000 query_encode_fn(void) {
-  void *f = NULL;
-  cudaDriverEntryPointQueryResult q;
-  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                       &q) == cudaSuccess &&
-      q == cudaDriverEntryPointSuccess)
-    return (PFN_cuTensorMapEncodeTiled_v12000)f;
-  (void)cudaGetLastError();
-  return NULL;
-}
-
-/* The driver's encoder, looked up once: a function-local static is initialized exactly
- * once even when threads race here (C++11), unlike a "tried" flag set before the
- * pointer, which let a second thread see tried && fn == NULL and skip this kernel. */
-static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = query_encode_fn();
-  return fn;
-}
-
-/* The 5-D view {64, S, D/64, H, B} of a BSHD operand, box {64, rows, D/64, 1, 1}. */
-static bool encode_map(CUtensorMap *map, const ot_attn_operand *x, ot_dtype dt, int64_t batch,
-                       int64_t s, int64_t h, int64_t d, int rows) {
-  PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
-  if (!fn) return false;
-  const int64_t es = 2;
-  cuuint64_t dims[5] = {64, (cuuint64_t)s, (cuuint64_t)(d / 64), (cuuint64_t)h,
-                        (cuuint64_t)batch};
-  /* A size-1 dimension's stride is never used; give it a legal value. */
-  int64_t hs = h > 1 ? x->head_stride * es : 16;
-  int64_t bs = batch > 1 ? x->batch_stride * es : 16;
-  cuuint64_t strides[4] = {(cuuint64_t)(x->tok_stride * es), 128, (cuuint64_t)hs,
-                           (cuuint64_t)bs};
-  cuuint32_t box[5] = {64, (cuuint32_t)rows, (cuuint32_t)(d / 64), 1, 1};
-  cuuint32_t estr[5] = {1, 1, 1, 1, 1};
-  CUresult r = fn(map, dt == OT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                  5, x->data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
-}
-
-static bool tma_ok(const ot_attn_operand *x, int64_t batch, int64_t h) {
-  const int64_t es = 2;
-  if (((uintptr_t)x->data & 15) != 0) return false;
-  if ((x->tok_stride * es) % 16 != 0 || x->tok_stride <= 0) return false;
-  if (h > 1 && ((x->head_stride * es) % 16 != 0 || x->head_stride <= 0)) return false;
-  if (batch > 1 && ((x->batch_stride * es) % 16 != 0 || x->batch_stride <= 0)) return false;
-  const int64_t lim = (int64_t)1 << 40;
-  return x->tok_stride * es < lim && x->head_stride * es < lim && x->batch_stride * es < lim;
-}
 
 template <typename T, int D, int BC>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
