@@ -7,6 +7,7 @@ operand, so one wrapper per (N, operand form, dtype) is spelled out here instead
 """
 SS_N = [64, 80, 128, 176, 192]     # S = Q K^T: N = Bc (key tile)
 RS_N = [64, 128, 256]              # O += P V:  N = D (head dim)
+SST_N = [64]                       # backward dQ = dS K: A and B MN-major (N = 64 columns)
 TYPES = [("bf16", False), ("f16", True)]
 
 
@@ -14,16 +15,16 @@ def regs(n, start):
     return ", ".join("%%%d" % (start + i) for i in range(n))
 
 
-def ss(n, t, f16):
+def ss(n, t, f16, trans=False):
     na = n // 2
     lines = []
-    lines.append("template <> struct wgmma_ss<%d, %s> {" % (n, "true" if f16 else "false"))
+    lines.append("template <> struct wgmma_ss%s<%d, %s> {" % ("_t" if trans else "", n, "true" if f16 else "false"))
     lines.append("  static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db, int scale_d) {")
     lines.append("    asm volatile(")
     lines.append('        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % (na + 2))
     lines.append('        "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s "' % (n, t, t))
     lines.append('        "{%s}, "' % regs(na, 0))
-    lines.append('        "%%%d, %%%d, p, 1, 1, 0, 0;\\n}\\n"' % (na, na + 1))
+    lines.append('        "%%%d, %%%d, p, 1, 1, %s;\\n}\\n"' % (na, na + 1, "1, 1" if trans else "0, 0"))
     outs = ", ".join('"+f"(d[%d])' % i for i in range(na))
     lines.append("        : %s" % outs)
     lines.append('        : "l"(da), "l"(db), "r"(scale_d));')
@@ -60,6 +61,8 @@ print(" * wgmma_ss<N, F16>::run(d, desc_a, desc_b, scale_d): D[64 x N] (+)= A[64
 print(" *   A and B in shared memory (K-major, no transpose), f32 accumulators d[N/2].")
 print(" * wgmma_rs<N, F16>::run(d, a, desc_b, scale_d): same with A in four b32 registers and B")
 print(" *   MN-major (imm-trans-b = 1). scale_d == 0 overwrites d (D = A B).")
+print(" * wgmma_ss_t<N, F16>::run(d, desc_a, desc_b, scale_d): as wgmma_ss with A and B both")
+print(" *   MN-major (imm-trans-a = imm-trans-b = 1).")
 print(" * F16: false = bf16 inputs, true = fp16 inputs. Only valid on sm_90a. */")
 print("#ifndef OT_CUDA_SM90_WGMMA_OPS_CUH")
 print("#define OT_CUDA_SM90_WGMMA_OPS_CUH")
@@ -68,12 +71,15 @@ print("namespace ot {")
 print("namespace sm90 {")
 print("template <int N, bool F16> struct wgmma_ss;")
 print("template <int N, bool F16> struct wgmma_rs;")
+print("template <int N, bool F16> struct wgmma_ss_t;")
 print("#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)")
 for t, f16 in TYPES:
     for n in SS_N:
         print(ss(n, t, f16))
     for n in RS_N:
         print(rs(n, t, f16))
+    for n in SST_N:
+        print(ss(n, t, f16, trans=True))
 print("#endif")
 print("}  // namespace sm90")
 print("}  // namespace ot")
