@@ -241,6 +241,7 @@ ot_status ot_attention_backward(ot_context *ctx, const ot_attention_params *para
   a.dq = operand(&dqv, varlen);
   a.dk = operand(&dkv, varlen);
   a.dv = operand(&dvv, varlen);
+  a.deterministic = params->deterministic != 0;
   if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_attention_backward, ctx, &a);
   return ot_cpu_attention_backward(ctx, &a);
 }

@@ -44,6 +44,7 @@ typedef struct ot_attention_args {
   ot_attn_operand lse;      /* float32 */
   /* backward only */
   ot_attn_operand dout, dq, dk, dv;
+  int deterministic;        /* params.deterministic: bitwise repeatable dq (no atomics) */
 } ot_attention_args;
 
 /* Sequence b's token offsets and lengths. */
