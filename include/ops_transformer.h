@@ -551,13 +551,18 @@ OT_API ot_status ot_adamw_step(ot_context *ctx, const ot_adamw_params *params, i
  *  - Thread safety: every call takes the arena's mutex, so any threads may share one
  *    arena. (The data of the blocks is of course not protected.)
  * Stream ordering (CUDA arenas; the CPU backend ignores streams, its work is
- * synchronous): a block freed with ot_arena_free(a, p, s) is tagged with s. An
- * allocation on the same stream s may reuse it immediately (work on s is ordered, so
- * later kernels on s run after the last use). An allocation on another stream does not
- * see it until ot_arena_synchronize(a), which synchronizes the device and clears every
- * tag. Free neighbours merge when their tags are equal or one is untagged (the merged
- * block keeps the tag: conservative). The stream given to ot_arena_alloc is recorded
- * nowhere else; a block may be used on any stream as long as the caller orders it.
+ * synchronous): a block freed with ot_arena_free(a, p, s) is tagged with s (NULL, the
+ * legacy default stream, is a stream like the others: non-blocking streams are not
+ * ordered after it). An allocation on the same stream s may reuse it immediately (work
+ * on s is ordered, so later kernels on s run after the last use). An allocation on
+ * another stream t takes such blocks only when nothing else fits: t then waits for s
+ * (an event recorded on s at that moment, after every use of what was freed there; no
+ * host synchronization) and the blocks become t's. While t or s captures a CUDA graph
+ * that wait is impossible and the request fails with OT_ERR_OOM instead.
+ * ot_arena_synchronize(a) synchronizes the device and clears every tag. Free neighbours
+ * merge when their tags are equal or one is untagged (the merged block keeps the tag:
+ * conservative). The stream given to ot_arena_alloc is recorded nowhere else; a block
+ * may be used on any stream as long as the caller orders it.
  */
 
 typedef struct ot_arena ot_arena;
@@ -597,6 +602,26 @@ OT_API ot_status ot_arena_free(ot_arena *arena, void *ptr, void *stream);
 OT_API ot_status ot_arena_synchronize(ot_arena *arena);
 
 OT_API ot_status ot_arena_get_stats(ot_arena *arena, ot_arena_stats *stats);
+
+/* Serve a CUDA context's temporaries from `arena` (NULL: back to the context's own
+ * buffers). While set, every op's device temporaries -- split-KV / split-K partials and
+ * other scratch, cross-entropy row losses, the fused loss's workspace -- are blocks taken
+ * from the arena on the context's stream when the op needs them and given back,
+ * stream-ordered, when the op returns (tracker: OT_MEMORY_WORKSPACE under the op's name);
+ * the cuBLASLt workspace (32 MiB) is one block taken here, at once, and held until
+ * detach. An op whose temporaries do not fit fails with OT_ERR_OOM, "<op>: scratch from
+ * the context's arena: cannot allocate <n> bytes ...: the largest free block is <m>
+ * bytes ...", before writing any output; no block of the arena is disturbed.
+ *  - The arena must be on the context's device (else OT_ERR_INVALID_ARGUMENT) and stay
+ *    alive while attached: detach or destroy the context before destroying the arena.
+ *    Several contexts (streams) may share one arena: a request that fits only in blocks
+ *    another stream freed makes its stream wait for that stream (an event) and takes them.
+ *  - Ops enqueued while the stream captures a CUDA graph keep their blocks (the graph
+ *    reuses them at each replay) until detach or destroy: do not replay such a graph after.
+ *  - OT_ERR_OOM (nothing changed) when the arena has no room for the cuBLASLt workspace.
+ *  - CPU contexts: OT_ERR_UNSUPPORTED (their ops' temporaries are per-call host
+ *    allocations). */
+OT_API ot_status ot_context_set_arena(ot_context *ctx, ot_arena *arena);
 
 /* ============================================================================== */
 /* Memory: paged KV cache                                                          */

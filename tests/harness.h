@@ -164,5 +164,6 @@ extern const test_suite suite_linear;
 extern const test_suite suite_memory;
 extern const test_suite suite_adamw;
 extern const test_suite suite_linear_ce;
+extern const test_suite suite_arena;
 
 #endif /* OT_TEST_HARNESS_H */

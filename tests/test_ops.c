@@ -16,7 +16,7 @@
 
 static const test_suite *const suites[] = {
     &suite_core, &suite_norm, &suite_rope, &suite_glu, &suite_softmax_ce, &suite_attention,
-    &suite_linear, &suite_memory, &suite_adamw, &suite_linear_ce,
+    &suite_linear, &suite_memory, &suite_adamw, &suite_linear_ce, &suite_arena,
 };
 
 int main(int argc, char **argv) {

@@ -42,6 +42,10 @@ struct ot_arena {
   arena_block *spare;
   size_t in_use, peak;
   uint64_t live, nfree_blocks, nallocs, nfrees, nfailed;
+  /* Cross-stream reuse (see ot_arena_wait_fn in arena.h): NULL = only after
+   * ot_arena_synchronize; CUDA arenas order the streams with an event. */
+  ot_arena_wait_fn wait;
+  uint64_t nwaits;
 };
 
 /* ---- size classes and free lists ----------------------------------------------- */
@@ -166,22 +170,30 @@ static arena_block *coalesce(ot_arena *a, arena_block *b) {
   return b;
 }
 
-static bool usable(const ot_arena *a, const arena_block *b, void *stream) {
-  return !a->stream_ordered || b->stream == NULL || b->stream == stream;
+/* The tag of a stream in a stream-ordered arena: NULL, the legacy default stream, is a
+ * stream like any other (cudaStreamLegacy's handle value), since work on a non-blocking
+ * stream is not ordered after it; a tag of NULL means "free of any stream". */
+static void *stream_tag(const ot_arena *a, void *stream) {
+  if (!a->stream_ordered) return NULL;
+  return stream ? stream : OT_ARENA_LEGACY_STREAM;
+}
+
+static bool usable(const ot_arena *a, const arena_block *b, void *tag) {
+  return !a->stream_ordered || b->stream == NULL || b->stream == tag;
 }
 
 /* The first usable block of >= size: within the request's own class by first fit, then
  * the first usable block of any larger class (every block there fits). */
-static arena_block *find_fit(ot_arena *a, size_t size, void *stream) {
+static arena_block *find_fit(ot_arena *a, size_t size, void *tag) {
   int c0 = size_class(size);
   for (arena_block *b = a->free_lists[c0]; b; b = b->fnext)
-    if (b->size >= size && usable(a, b, stream)) return b;
+    if (b->size >= size && usable(a, b, tag)) return b;
   uint64_t mask = c0 + 1 < 64 ? a->nonempty & ~((2ull << c0) - 1) : 0;
   while (mask) {
     int c = __builtin_ctzll(mask);
     mask &= mask - 1;
     for (arena_block *b = a->free_lists[c]; b; b = b->fnext)
-      if (usable(a, b, stream)) return b;
+      if (usable(a, b, tag)) return b;
   }
   return NULL;
 }
@@ -195,6 +207,56 @@ static size_t largest_free_locked(const ot_arena *a) {
     return m;
   }
   return 0;
+}
+
+/* Merge every run of adjacent free blocks whose tags allow it (after tags changed). */
+static void merge_free_runs(ot_arena *a) {
+  for (arena_block *b = a->head; b; b = b->next) {
+    if (!b->free) continue;
+    void *tag;
+    while (b->next && b->next->free && tags_merge(b->stream, b->next->stream, &tag)) {
+      arena_block *n = b->next;
+      list_remove(a, n);
+      list_remove(a, b);
+      b->size += n->size;
+      b->stream = tag;
+      b->next = n->next;
+      if (b->next) b->next->prev = b;
+      block_recycle(a, n);
+      list_push(a, b);
+    }
+  }
+}
+
+/* The largest run of adjacent free blocks, whatever their tags: what a request could
+ * get if every stream's frees were ordered before it. */
+static size_t largest_free_run(const ot_arena *a) {
+  size_t best = 0, run = 0;
+  for (const arena_block *b = a->head; b; b = b->next) {
+    run = b->free ? run + b->size : 0;
+    if (run > best) best = run;
+  }
+  return best;
+}
+
+/* Cross-stream reuse for a request of `size` on stream tag `tag` that found no usable
+ * block: when the free blocks of every stream together would have a fitting run, make
+ * `tag` wait (a->wait: an event recorded on each other stream now, which is after every
+ * use of the blocks freed there) and retag those blocks to `tag`, then merge. Retagged,
+ * not untagged: a third stream must in turn wait for `tag`. Returns false (nothing
+ * changed) when it would not help or a wait failed / is impossible (graph capture). */
+static bool adopt_other_streams(ot_arena *a, const char *op, size_t size, void *tag) {
+  if (!a->stream_ordered || !a->wait || largest_free_run(a) < size) return false;
+  for (arena_block *b = a->head; b; b = b->next) {
+    if (!b->free || !b->stream || b->stream == tag) continue;
+    void *other = b->stream;
+    if (a->wait(op, a->device, tag, other) != OT_OK) return false;
+    a->nwaits++;
+    for (arena_block *c = b; c; c = c->next)
+      if (c->free && c->stream == other) c->stream = tag;
+  }
+  merge_free_runs(a);
+  return true;
 }
 
 /* ---- public API ------------------------------------------------------------------ */
@@ -220,6 +282,7 @@ ot_status ot_arena_create(ot_context *ctx, size_t reserve_bytes, ot_arena **out)
   }
   a->device = ctx->device;
   a->stream_ordered = ot_ctx_is_cuda(ctx);
+  if (ot_ctx_is_cuda(ctx)) a->wait = ot_arena_cuda_wait;
   void *base = NULL;
   ot_status st = ot_reserve_memory(op, a->device, reserved, &base);
   if (st != OT_OK) {
@@ -254,8 +317,8 @@ void ot_arena_destroy(ot_arena *a) {
   free(a);
 }
 
-static ot_status arena_alloc(const char *op, ot_arena *a, size_t bytes, void *stream,
-                             ot_memory_tag tag, const char *op_name, void **ptr) {
+static ot_status arena_alloc(const char *op, const char *what, ot_arena *a, size_t bytes,
+                             void *stream, ot_memory_tag tag, const char *op_name, void **ptr) {
   if (!a) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "arena: is NULL");
   if (!ptr) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ptr: is NULL");
   if (bytes == 0) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "bytes: 0, expected >= 1");
@@ -264,21 +327,25 @@ static ot_status arena_alloc(const char *op, ot_arena *a, size_t bytes, void *st
                     OT_MEMORY_NUM_TAGS - 1);
   const int op_index = ot_memory_op_index(op_name);
   pthread_mutex_lock(&a->lock);
+  void *stag = stream_tag(a, stream);
   size_t size = bytes > a->reserved ? a->reserved + OT_ARENA_ALIGN
                                     : (bytes + OT_ARENA_ALIGN - 1) / OT_ARENA_ALIGN * OT_ARENA_ALIGN;
-  arena_block *b = size <= a->reserved ? find_fit(a, size, stream) : NULL;
+  arena_block *b = size <= a->reserved ? find_fit(a, size, stag) : NULL;
+  if (!b && size <= a->reserved && adopt_other_streams(a, op, size, stag))
+    b = find_fit(a, size, stag);
   arena_block *rest = NULL;
   if (b && b->size > size && !(rest = block_new(a))) b = NULL; /* no record for the split */
   if (!b) {
     size_t largest = largest_free_locked(a), free_total = a->reserved - a->in_use;
     size_t reserved = a->reserved, in_use = a->in_use;
-    bool tagged = a->stream_ordered && largest >= size;
+    bool tagged = a->stream_ordered && largest_free_run(a) >= size;
     a->nfailed++;
     pthread_mutex_unlock(&a->lock);
     return ot_error(OT_ERR_OOM, op,
-                    "bytes: cannot allocate %zu bytes (%zu rounded): the largest free block is "
+                    "%s: cannot allocate %zu bytes (%zu rounded): the largest free block is "
                     "%zu bytes (%zu free of %zu reserved, %zu in use)%s",
-                    bytes, size > reserved ? bytes : size, largest, free_total, reserved, in_use,
+                    what, bytes, size > reserved ? bytes : size, largest, free_total, reserved,
+                    in_use,
                     tagged ? "; blocks freed on other streams wait for ot_arena_synchronize"
                            : "");
   }
@@ -313,12 +380,17 @@ static ot_status arena_alloc(const char *op, ot_arena *a, size_t bytes, void *st
 }
 
 ot_status ot_arena_alloc(ot_arena *a, size_t bytes, void *stream, void **ptr) {
-  return arena_alloc("ot_arena_alloc", a, bytes, stream, OT_MEMORY_OTHER, NULL, ptr);
+  return arena_alloc("ot_arena_alloc", "bytes", a, bytes, stream, OT_MEMORY_OTHER, NULL, ptr);
 }
 
 ot_status ot_arena_alloc_tagged(ot_arena *a, size_t bytes, void *stream, ot_memory_tag tag,
                                 const char *op, void **ptr) {
-  return arena_alloc("ot_arena_alloc_tagged", a, bytes, stream, tag, op, ptr);
+  return arena_alloc("ot_arena_alloc_tagged", "bytes", a, bytes, stream, tag, op, ptr);
+}
+
+ot_status ot_arena_alloc_for(const char *op, const char *what, ot_arena *a, size_t bytes,
+                             void *stream, ot_memory_tag tag, void **ptr) {
+  return arena_alloc(op, what, a, bytes, stream, tag, op, ptr);
 }
 
 ot_status ot_arena_free(ot_arena *a, void *ptr, void *stream) {
@@ -342,7 +414,7 @@ ot_status ot_arena_free(ot_arena *a, void *ptr, void *stream) {
   a->in_use -= b->size;
   ot_memory_record((ot_memory_tag)b->tag, b->op, b->size, -1);
   b->free = true;
-  b->stream = a->stream_ordered ? stream : NULL;
+  b->stream = stream_tag(a, stream);
   b = coalesce(a, b);
   list_push(a, b);
   pthread_mutex_unlock(&a->lock);
@@ -359,19 +431,7 @@ ot_status ot_arena_synchronize(ot_arena *a) {
   /* Clear every tag, then merge the runs of free blocks that tags kept apart. */
   for (arena_block *b = a->head; b; b = b->next)
     if (b->free) b->stream = NULL;
-  for (arena_block *b = a->head; b; b = b->next) {
-    if (!b->free) continue;
-    while (b->next && b->next->free) {
-      arena_block *n = b->next;
-      list_remove(a, n);
-      list_remove(a, b);
-      b->size += n->size;
-      b->next = n->next;
-      if (b->next) b->next->prev = b;
-      block_recycle(a, n);
-      list_push(a, b);
-    }
-  }
+  merge_free_runs(a);
   pthread_mutex_unlock(&a->lock);
   return OT_OK;
 }
@@ -399,7 +459,32 @@ ot_status ot_arena_get_stats(ot_arena *a, ot_arena_stats *s) {
 
 DLDevice ot_arena_device(const ot_arena *a) { return a->device; }
 
+ot_status ot_context_set_arena(ot_context *ctx, ot_arena *arena) {
+  static const char *op = "ot_context_set_arena";
+  if (!ctx) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ctx: is NULL");
+  if (!ot_ctx_is_cuda(ctx))
+    return ot_error(OT_ERR_UNSUPPORTED, op,
+                    "ctx: a CPU context (its ops' temporaries are per-call host allocations; "
+                    "arenas serve CUDA contexts)");
+  if (arena && (arena->device.device_type != kDLCUDA ||
+                arena->device.device_id != ctx->device.device_id))
+    return ot_error(OT_ERR_INVALID_ARGUMENT, op,
+                    "arena: reserved on %s device %d, the context runs on CUDA device %d",
+                    arena->device.device_type == kDLCUDA ? "CUDA" : "host",
+                    arena->device.device_id, ctx->device.device_id);
+  return OT_CUDA_CALL(op, ot_cuda_context_set_arena, ctx, arena);
+}
+
 void ot_arena_set_stream_ordered(ot_arena *a, bool on) { a->stream_ordered = on; }
+
+void ot_arena_set_wait(ot_arena *a, ot_arena_wait_fn wait) { a->wait = wait; }
+
+uint64_t ot_arena_num_waits(ot_arena *a) {
+  pthread_mutex_lock(&a->lock);
+  uint64_t n = a->nwaits;
+  pthread_mutex_unlock(&a->lock);
+  return n;
+}
 
 #define CHECK(cond, ...)                     \
   do {                                       \
@@ -479,6 +564,10 @@ void ot_release_memory(DLDevice device, void *ptr) {
     return;
   }
   free(ptr);
+}
+
+ot_status ot_arena_cuda_wait(const char *op, DLDevice device, void *waiter, void *producer) {
+  return OT_CUDA_CALL(op, ot_cuda_stream_wait, op, device.device_id, waiter, producer);
 }
 
 ot_status ot_device_copy(const char *op, ot_context *ctx, void *dst, const void *src,

@@ -19,6 +19,23 @@ extern "C" {
 
 #define OT_ARENA_ALIGN 256
 #define OT_ARENA_CLASSES 48
+/* The tag of blocks freed on the legacy default stream (NULL): cudaStreamLegacy's value. */
+#define OT_ARENA_LEGACY_STREAM ((void *)(uintptr_t)1)
+
+/* Make stream `waiter` wait for the work enqueued so far on stream `producer` (both of
+ * `device`), without blocking the host. A stream-ordered arena calls it when a request on
+ * `waiter` fits only in blocks freed on other streams (see ot_arena_free in the public
+ * header); non-OK (nothing changed) makes that request fail with OT_ERR_OOM. */
+typedef ot_status (*ot_arena_wait_fn)(const char *op, DLDevice device, void *waiter,
+                                      void *producer);
+/* CUDA arenas' wait: an event recorded on `producer`, waited on by `waiter`; refused while
+ * either stream captures a graph. */
+ot_status ot_arena_cuda_wait(const char *op, DLDevice device, void *waiter, void *producer);
+
+/* ot_arena_alloc_tagged for the library's own temporaries: the block is recorded under
+ * `tag` and op name `op`, and an OOM message reads "<op>: <what>: cannot allocate ...". */
+ot_status ot_arena_alloc_for(const char *op, const char *what, ot_arena *arena, size_t bytes,
+                             void *stream, ot_memory_tag tag, void **ptr);
 
 /* The reservation of `bytes` on `device`: host memory (aligned_alloc, 256-byte aligned)
  * or device memory (cudaMalloc). `op` names the caller for messages. */
@@ -33,6 +50,9 @@ ot_status ot_cuda_reserve(const char *op, int device_id, size_t bytes, void **pt
 void ot_cuda_release(int device_id, void *ptr);
 ot_status ot_cuda_copy(const char *op, ot_context *ctx, void *dst, const void *src, size_t bytes);
 ot_status ot_cuda_synchronize(const char *op, int device_id);
+ot_status ot_cuda_stream_wait(const char *op, int device_id, void *waiter, void *producer);
+/* ot_context_set_arena on a CUDA context (src/cuda/context.cu). */
+ot_status ot_cuda_context_set_arena(ot_context *ctx, ot_arena *arena);
 
 /* The device of the arena's reservation. */
 DLDevice ot_arena_device(const ot_arena *arena);
@@ -40,6 +60,10 @@ DLDevice ot_arena_device(const ot_arena *arena);
 /* Tests: make a host arena honour streams as a CUDA arena does (see ot_arena_free in
  * ops_transformer.h), so the stream-ordering rules run under the CPU tests. */
 void ot_arena_set_stream_ordered(ot_arena *arena, bool on);
+/* Tests: replace the cross-stream wait (NULL: other streams' blocks only after
+ * ot_arena_synchronize, the host arenas' default), and count the waits made. */
+void ot_arena_set_wait(ot_arena *arena, ot_arena_wait_fn wait);
+uint64_t ot_arena_num_waits(ot_arena *arena);
 /* Walk every structure and check its invariants (the blocks tile the reservation,
  * no two free neighbours that may merge, free lists and hash table agree with the
  * blocks, counters add up). Returns true when consistent; else writes why into msg. */

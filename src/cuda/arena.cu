@@ -50,3 +50,33 @@ extern "C" ot_status ot_cuda_synchronize(const char *op, int device_id) {
                     cudaGetErrorString(e));
   return OT_OK;
 }
+
+/* Cross-stream reuse of arena blocks: `waiter` waits for everything enqueued on `producer`
+ * so far (which includes every use of the blocks freed there), host not blocked. An event
+ * per wait, destroyed at once (CUDA releases it when the wait no longer needs it).
+ * Refused while either stream captures a graph: an event recorded outside the capture
+ * cannot order it. */
+extern "C" ot_status ot_cuda_stream_wait(const char *op, int device_id, void *waiter,
+                                         void *producer) {
+  int prev = -1;
+  if (cudaGetDevice(&prev) == cudaSuccess && prev != device_id) (void)cudaSetDevice(device_id);
+  cudaStream_t w = (cudaStream_t)waiter, p = (cudaStream_t)producer;
+  cudaError_t e = cudaSuccess;
+  for (cudaStream_t s : {w, p}) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (e == cudaSuccess) e = cudaStreamIsCapturing(s, &cs);
+    if (e == cudaSuccess && cs != cudaStreamCaptureStatusNone) e = cudaErrorStreamCaptureUnsupported;
+  }
+  cudaEvent_t ev = nullptr;
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(ev, p);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(w, ev, 0);
+  if (ev) (void)cudaEventDestroy(ev);
+  if (prev >= 0 && prev != device_id) (void)cudaSetDevice(prev);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return ot_error(OT_ERR_BACKEND, op, "ordering stream %p after stream %p for arena reuse: %s",
+                    waiter, producer, cudaGetErrorString(e));
+  }
+  return OT_OK;
+}

@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include "../core/arena.h"
 #include "../core/backend.h"
 #include "cuda_state.h"
 
@@ -41,8 +42,168 @@ extern "C" ot_status ot_cuda_context_init(ot_context *ctx) {
   return OT_OK;
 }
 
+/* ---- temporaries from the context's arena ------------------------------------------ */
+
+/* A block for the running op on the context's stream, remembered for ot_cuda_op_end. */
+static ot_status arena_take(ot_context *ctx, size_t bytes, const char *op, const char *what,
+                            void **ptr) {
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (st->ntemps == OT_CUDA_MAX_TEMPS)
+    return ot_error(OT_ERR_INTERNAL, op, "%s: more than %d arena temporaries in one op", what,
+                    OT_CUDA_MAX_TEMPS);
+  if (st->ntemps > 0 && st->temps_stream != ctx->stream)
+    return ot_error(OT_ERR_INTERNAL, op, "%s: the context's stream changed inside an op", what);
+  void *p = NULL;
+  OT_TRY(ot_arena_alloc_for(op, what, st->arena, bytes, ctx->stream, OT_MEMORY_WORKSPACE, &p));
+  st->temps[st->ntemps++] = p;
+  st->temps_stream = ctx->stream;
+  *ptr = p;
+  return OT_OK;
+}
+
+/* Keep a block past its op (graph capture) until detach / destroy. */
+static bool keep_block(ot_cuda_state *st, void *p) {
+  if (st->nkept == st->kept_cap) {
+    int cap = st->kept_cap ? 2 * st->kept_cap : 16;
+    void **k = (void **)realloc(st->kept, (size_t)cap * sizeof *k);
+    if (!k) return false;
+    st->kept = k;
+    st->kept_cap = cap;
+  }
+  st->kept[st->nkept++] = p;
+  return true;
+}
+
+static bool stream_capturing(void *stream) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing((cudaStream_t)stream, &cs) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true; /* unknown: keep the blocks (safe) */
+  }
+  return cs != cudaStreamCaptureStatusNone;
+}
+
+/* The op's temporaries go back to the arena, ordered after the work the op enqueued on its
+ * stream (a later request on the same stream reuses them at once; another stream first
+ * waits for this one, see the arena's stream rules). While the stream captures a graph the
+ * blocks stay with the context: the graph's kernels will write them again at each replay. */
+extern "C" ot_status ot_cuda_op_end(ot_context *ctx, ot_status status) {
+  if (!ctx || !ctx->cuda) return status;
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (st->ntemps == 0) return status;
+  const bool capturing = stream_capturing(st->temps_stream);
+  for (int i = 0; i < st->ntemps; i++)
+    if (!capturing || !keep_block(st, st->temps[i]))
+      (void)ot_arena_free(st->arena, st->temps[i], st->temps_stream);
+  st->ntemps = 0;
+  st->arena_scratch = NULL;
+  st->arena_scratch_bytes = 0;
+  return status;
+}
+
+extern "C" ot_status ot_cuda_temp_alloc(ot_context *ctx, size_t bytes, const char *op,
+                                        const char *what, void **ptr) {
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (st->arena) return arena_take(ctx, bytes, op, what, ptr);
+  void *p = NULL;
+  cudaError_t e = cudaMallocAsync(&p, bytes, (cudaStream_t)ctx->stream);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return ot_error(OT_ERR_OOM, op, "%s: cudaMallocAsync of %zu bytes: %s", what, bytes,
+                    cudaGetErrorString(e));
+  }
+  *ptr = p;
+  return OT_OK;
+}
+
+extern "C" ot_status ot_cuda_temp_free(ot_context *ctx, void *ptr, const char *op) {
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (!ptr) return OT_OK;
+  if (st->arena) {
+    for (int i = 0; i < st->ntemps; i++)
+      if (st->temps[i] == ptr) {
+        st->temps[i] = st->temps[--st->ntemps];
+        if (stream_capturing(ctx->stream) && keep_block(st, ptr)) return OT_OK;
+        return ot_arena_free(st->arena, ptr, ctx->stream);
+      }
+    return ot_error(OT_ERR_INTERNAL, op, "ot_cuda_temp_free: %p is not a temporary of this op",
+                    ptr);
+  }
+  cudaError_t e = cudaFreeAsync(ptr, (cudaStream_t)ctx->stream);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return ot_error(OT_ERR_BACKEND, op, "cudaFreeAsync: %s", cudaGetErrorString(e));
+  }
+  return OT_OK;
+}
+
+/* Gives every block the context holds of its arena back (kept graph blocks, the cuBLASLt
+ * workspace), on the context's stream. */
+static void arena_detach(ot_context *ctx) {
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (!st->arena) return;
+  for (int i = 0; i < st->nkept; i++) (void)ot_arena_free(st->arena, st->kept[i], ctx->stream);
+  st->nkept = 0;
+  if (st->lt_workspace_from_arena) {
+    (void)ot_arena_free(st->arena, st->cublaslt_workspace, ctx->stream);
+    st->cublaslt_workspace = NULL;
+    st->cublaslt_workspace_bytes = 0;
+    st->lt_workspace_from_arena = false;
+  }
+  st->arena = NULL;
+}
+
+/* Attach: the cuBLASLt workspace becomes a block of the new arena at once (so that a
+ * too-small arena fails here, not in the middle of a model), taken before anything is
+ * changed; the growable scratch and a cudaMalloc'd workspace are freed. Detach (NULL):
+ * the blocks go back and the context's own buffers are created again when needed. */
+extern "C" ot_status ot_cuda_context_set_arena(ot_context *ctx, ot_arena *arena) {
+  static const char *op = "ot_context_set_arena";
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (arena == st->arena) return OT_OK;
+  void *ws = NULL;
+  if (arena)
+    OT_TRY(ot_arena_alloc_for(op, "arena: the cuBLASLt workspace", arena,
+                              OT_CUDA_LT_WORKSPACE_BYTES, ctx->stream, OT_MEMORY_WORKSPACE, &ws));
+  arena_detach(ctx);
+  if (arena) {
+    if (st->scratch || st->cublaslt_workspace) {
+      /* cudaFree waits for the device anyway; be explicit about this stream's work. */
+      (void)cudaStreamSynchronize((cudaStream_t)ctx->stream);
+      if (st->scratch) cudaFree(st->scratch);
+      if (st->cublaslt_workspace) cudaFree(st->cublaslt_workspace);
+      st->scratch = NULL;
+      st->scratch_bytes = 0;
+    }
+    st->cublaslt_workspace = ws;
+    st->cublaslt_workspace_bytes = OT_CUDA_LT_WORKSPACE_BYTES;
+    st->lt_workspace_from_arena = true;
+    st->arena = arena;
+  }
+  return OT_OK;
+}
+
+/* ---- the context's own growable scratch --------------------------------------------- */
+
 extern "C" void *ot_cuda_scratch(ot_context *ctx, size_t bytes, const char *op) {
   ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (st->arena) {
+    /* One scratch block per op, as without an arena: reused while it is large enough,
+     * else given back (ordered after the work already enqueued with it) for a larger one. */
+    if (st->arena_scratch && bytes <= st->arena_scratch_bytes) return st->arena_scratch;
+    if (st->arena_scratch) {
+      void *old = st->arena_scratch;
+      st->arena_scratch = NULL;
+      st->arena_scratch_bytes = 0;
+      if (ot_cuda_temp_free(ctx, old, op) != OT_OK) return NULL;
+    }
+    void *p = NULL;
+    if (arena_take(ctx, bytes ? bytes : 1, op, "scratch from the context's arena", &p) != OT_OK)
+      return NULL;
+    st->arena_scratch = p;
+    st->arena_scratch_bytes = bytes;
+    return p;
+  }
   if (bytes <= st->scratch_bytes) return st->scratch;
   size_t want = st->scratch_bytes * 2 > bytes ? st->scratch_bytes * 2 : bytes;
   want = (want + 255) & ~(size_t)255;
@@ -117,6 +278,8 @@ extern "C" ot_status ot_cuda_context_set_stream(ot_context *ctx, void *stream) {
 extern "C" void ot_cuda_context_release(ot_context *ctx) {
   ot_cuda_state *st = ot_cuda_state_of(ctx);
   if (!st) return;
+  arena_detach(ctx); /* before the arena is gone: the caller destroys it after the context */
+  free(st->kept);
   if (st->scratch || st->cublaslt_workspace) cudaStreamSynchronize((cudaStream_t)ctx->stream);
   if (st->scratch) cudaFree(st->scratch);
   if (st->cublaslt_workspace) cudaFree(st->cublaslt_workspace);

@@ -36,6 +36,7 @@
 
 #include "../core/softmax.h"
 #include "common.cuh"
+#include "cuda_state.h"
 
 namespace ot {
 
@@ -393,13 +394,8 @@ extern "C" ot_status ot_cuda_cross_entropy_forward(ot_context *ctx,
     p.loss = a->loss;
     p.losss = a->loss_stride;
   } else if (a->N > 0) {
-    cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&scratch),
-                                    (size_t)a->N * sizeof(float), st);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return ot_error(OT_ERR_OOM, op, "cudaMallocAsync of %lld bytes for the row losses: %s",
-                      (long long)(a->N * (int64_t)sizeof(float)), cudaGetErrorString(e));
-    }
+    OT_TRY(ot_cuda_temp_alloc(ctx, (size_t)a->N * sizeof(float), op, "the row losses",
+                              reinterpret_cast<void **>(&scratch)));
     p.loss = scratch;
     p.losss = 1;
   }
@@ -410,7 +406,7 @@ extern "C" ot_status ot_cuda_cross_entropy_forward(ot_context *ctx,
       case OT_F16: e = ce_forward_launch<__half>(p, st); break;
       case OT_BF16: e = ce_forward_launch<__nv_bfloat16>(p, st); break;
       default:
-        if (scratch) (void)cudaFreeAsync(scratch, st);
+        (void)ot_cuda_temp_free(ctx, scratch, op);
         return ot_error(OT_ERR_INTERNAL, op, "unexpected storage dtype %d", (int)a->dtype);
     }
   }
@@ -421,8 +417,8 @@ extern "C" ot_status ot_cuda_cross_entropy_forward(ot_context *ctx,
     e = cudaGetLastError();
   }
   if (scratch) {
-    cudaError_t f = cudaFreeAsync(scratch, st);
-    if (e == cudaSuccess) e = f;
+    ot_status f = ot_cuda_temp_free(ctx, scratch, op);
+    if (e == cudaSuccess && f != OT_OK) return f;
   }
   return e == cudaSuccess ? OT_OK : ce_fail(op, e);
 }
@@ -441,11 +437,8 @@ extern "C" ot_status ot_cuda_cross_entropy_backward(ot_context *ctx,
   float *scratch = nullptr;
   cudaError_t e = cudaSuccess;
   if (a->reduction == OT_REDUCTION_MEAN) {
-    e = cudaMallocAsync(reinterpret_cast<void **>(&scratch), sizeof(float), st);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return ot_error(OT_ERR_OOM, op, "cudaMallocAsync of 4 bytes: %s", cudaGetErrorString(e));
-    }
+    OT_TRY(ot_cuda_temp_alloc(ctx, sizeof(float), op, "the mean's scale",
+                              reinterpret_cast<void **>(&scratch)));
     ce_reduce_kernel<false><<<1, kCeReduceThreads, 0, st>>>(
         nullptr, a->N, a->labels, p.labels64, a->labels_stride, a->ignore_index,
         (int)a->reduction, a->dloss, scratch);
@@ -458,13 +451,13 @@ extern "C" ot_status ot_cuda_cross_entropy_backward(ot_context *ctx,
       case OT_F16: e = ce_backward_launch<__half>(p, st); break;
       case OT_BF16: e = ce_backward_launch<__nv_bfloat16>(p, st); break;
       default:
-        if (scratch) (void)cudaFreeAsync(scratch, st);
+        (void)ot_cuda_temp_free(ctx, scratch, op);
         return ot_error(OT_ERR_INTERNAL, op, "unexpected storage dtype %d", (int)a->dtype);
     }
   }
   if (scratch) {
-    cudaError_t f = cudaFreeAsync(scratch, st);
-    if (e == cudaSuccess) e = f;
+    ot_status f = ot_cuda_temp_free(ctx, scratch, op);
+    if (e == cudaSuccess && f != OT_OK) return f;
   }
   return e == cudaSuccess ? OT_OK : ce_fail(op, e);
 }

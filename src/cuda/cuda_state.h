@@ -12,6 +12,7 @@
 #ifndef OT_CUDA_STATE_H
 #define OT_CUDA_STATE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "../core/internal.h"
@@ -19,6 +20,12 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Arena temporaries one op may hold at once (ot_cuda_scratch / ot_cuda_temp_alloc calls). */
+#define OT_CUDA_MAX_TEMPS 8
+/* The cuBLASLt workspace's size: src/cuda/linear.cu passes kLtWorkspaceBytes to cuBLASLt,
+ * which must not exceed this (the block an arena gives it; checked there). */
+#define OT_CUDA_LT_WORKSPACE_BYTES ((size_t)32 << 20)
 
 typedef struct ot_cuda_state {
   int device;            /* CUDA ordinal */
@@ -38,6 +45,20 @@ typedef struct ot_cuda_state {
    * scratch and the cuBLASLt workspace are shared by every stream the context is given,
    * so ot_context_set_stream orders the new stream after the old one's enqueued work. */
   void *switch_event;
+  /* ot_context_set_arena: while set, temporaries come from this arena instead of the
+   * buffers above. `temps` are the blocks taken by the op now running (on `temps_stream`),
+   * given back by ot_cuda_op_end; `kept` are blocks of ops enqueued while the stream
+   * captured a CUDA graph (the graph may replay them), given back at detach / destroy.
+   * The cuBLASLt workspace is one block of the arena held while it is set. */
+  ot_arena *arena;
+  void *temps[OT_CUDA_MAX_TEMPS];
+  int ntemps;
+  void *arena_scratch; /* the op's ot_cuda_scratch block (one of temps) and its size */
+  size_t arena_scratch_bytes;
+  void *temps_stream;
+  void **kept;
+  int nkept, kept_cap;
+  bool lt_workspace_from_arena;
 } ot_cuda_state;
 
 static inline ot_cuda_state *ot_cuda_state_of(const ot_context *ctx) {
@@ -46,8 +67,19 @@ static inline ot_cuda_state *ot_cuda_state_of(const ot_context *ctx) {
 
 /* At least `bytes` of device scratch for this context (256-byte aligned), valid until the
  * next call on the same context; growing synchronizes the context's stream first so that
- * no kernel still reads the old buffer. Returns NULL after recording the error. */
+ * no kernel still reads the old buffer. With an arena (ot_context_set_arena): a block of
+ * the arena taken on the context's stream, valid until the op returns (ot_cuda_op_end
+ * gives it back, stream-ordered; later calls of the same op get other blocks). Returns
+ * NULL after recording the error (OT_ERR_OOM naming op, size and the largest free block). */
 void *ot_cuda_scratch(ot_context *ctx, size_t bytes, const char *op);
+
+/* A temporary of `bytes` for the running op, used on the context's stream: from the
+ * context's arena when it has one (`what` names it in the OOM message), else
+ * cudaMallocAsync on the stream. Give it back with ot_cuda_temp_free (stream-ordered;
+ * with an arena also done by ot_cuda_op_end if the op returns first). */
+ot_status ot_cuda_temp_alloc(ot_context *ctx, size_t bytes, const char *op, const char *what,
+                             void **ptr);
+ot_status ot_cuda_temp_free(ot_context *ctx, void *ptr, const char *op);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,7 @@
 #include "../core/linear_cross_entropy.h"
 #include "../core/softmax.h"
 #include "common.cuh"
+#include "cuda_state.h"
 #include "gemm.h"
 
 namespace ot {
@@ -99,12 +100,8 @@ extern "C" ot_status ot_cuda_linear_cross_entropy(ot_context *ctx, const ot_lce_
   char *ws = (char *)a->workspace;
   bool own = false;
   if (!ws) {
-    cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&ws), lay.total, st);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return ot_error(OT_ERR_OOM, op, "cudaMallocAsync of a %zu-byte workspace: %s", lay.total,
-                      cudaGetErrorString(e));
-    }
+    OT_TRY(ot_cuda_temp_alloc(ctx, lay.total, op, "workspace",
+                              reinterpret_cast<void **>(&ws)));
     own = true;
   }
   void *logits = ws + lay.logits;
@@ -195,8 +192,8 @@ extern "C" ot_status ot_cuda_linear_cross_entropy(ot_context *ctx, const ot_lce_
     e = cudaGetLastError();
   }
   if (own) {
-    cudaError_t f = cudaFreeAsync(ws, st);
-    if (e == cudaSuccess) e = f;
+    ot_status f = ot_cuda_temp_free(ctx, ws, op);
+    if (s == OT_OK && e == cudaSuccess) s = f;
   }
   if (s != OT_OK) return s;
   return e == cudaSuccess ? OT_OK : lce_fail(op, e);
