@@ -32,6 +32,8 @@
 namespace ot {
 
 constexpr size_t kLtWorkspaceBytes = (size_t)32 << 20;
+/* An arena gives the workspace a block of OT_CUDA_LT_WORKSPACE_BYTES (ot_context_set_arena). */
+static_assert(kLtWorkspaceBytes <= OT_CUDA_LT_WORKSPACE_BYTES, "the arena's cuBLASLt block is too small");
 
 /* ---- heuristic cache -------------------------------------------------------------- */
 
