@@ -46,6 +46,13 @@ static PyObject *torch_stream_of;   /* device ordinal -> torch's current cudaStr
 static PyObject *torch_to_dlpack;   /* torch._C._to_dlpack, or NULL */
 static ot_context *cpu_context;
 static ot_context *cuda_contexts[MAX_CUDA_DEVICES];
+/* ot_context_set_arena of each CUDA context: the arena's capsule (kept alive while
+ * attached), and the size of the arena a context gets on its next use when
+ * config.memory_allocator == "arena" (0: none). */
+static PyObject *cuda_context_arenas[MAX_CUDA_DEVICES];
+static size_t context_arena_bytes;
+#define ARENA_CAPSULE "ops_transformer.arena"
+static void arena_capsule_free(PyObject *cap);
 
 static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cpu, *s_device,
     *s_get_device, *s_dlpack, *s_status;
@@ -261,6 +268,37 @@ static void call_release(call *c) {
   for (int k = 0; k < c->ntensors; k++) Py_CLEAR(c->tensors[k].keep);
 }
 
+/* Give CUDA context `ctx` (device d) a new arena of context_arena_bytes. */
+static int attach_new_arena(ot_context *ctx, int d) {
+  ot_arena *a = NULL;
+  ot_status st = ot_arena_create(ctx, context_arena_bytes, &a);
+  if (st == OT_OK) {
+    st = ot_context_set_arena(ctx, a);
+    if (st != OT_OK) ot_arena_destroy(a);
+  }
+  if (st != OT_OK) {
+    raise_status(st);
+    return -1;
+  }
+  PyObject *cap = PyCapsule_New(a, ARENA_CAPSULE, arena_capsule_free);
+  if (!cap) {
+    ot_context_set_arena(ctx, NULL);
+    ot_arena_destroy(a);
+    return -1;
+  }
+  cuda_context_arenas[d] = cap;
+  return 0;
+}
+
+/* Detach every CUDA context's arena (each is destroyed with its last reference). */
+static void detach_context_arenas(void) {
+  for (int d = 0; d < MAX_CUDA_DEVICES; d++) {
+    if (!cuda_context_arenas[d]) continue;
+    if (cuda_contexts[d]) ot_context_set_arena(cuda_contexts[d], NULL);
+    Py_CLEAR(cuda_context_arenas[d]);
+  }
+}
+
 static ot_context *context_for(const char *op, DLDevice dev, PyObject *stream) {
   if (dev.device_type == kDLCPU) return cpu_context;
   if (dev.device_id < 0 || dev.device_id >= MAX_CUDA_DEVICES) {
@@ -300,6 +338,9 @@ static ot_context *context_for(const char *op, DLDevice dev, PyObject *stream) {
     raise_status(st);
     return NULL;
   }
+  if (context_arena_bytes && !cuda_context_arenas[dev.device_id] &&
+      attach_new_arena(ctx, dev.device_id) < 0)
+    return NULL;
   return ctx;
 }
 
@@ -740,8 +781,6 @@ static PyObject *py_memory_reset_peaks(PyObject *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-#define ARENA_CAPSULE "ops_transformer.arena"
-
 static void arena_capsule_free(PyObject *cap) {
   ot_arena_destroy((ot_arena *)PyCapsule_GetPointer(cap, ARENA_CAPSULE));
 }
@@ -810,6 +849,24 @@ static PyObject *py_arena_stats(PyObject *self, PyObject *cap) {
                        (unsigned long long)s.num_failed);
 }
 
+/* context_arena_policy(bytes): CUDA contexts' temporaries from an arena of `bytes` each
+ * (created on a context's next use; 0: none). Existing arenas are detached first. */
+static PyObject *py_context_arena_policy(PyObject *self, PyObject *arg) {
+  unsigned long long bytes = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred()) return NULL;
+  detach_context_arenas();
+  context_arena_bytes = (size_t)bytes;
+  Py_RETURN_NONE;
+}
+
+/* context_arena(device) -> the arena capsule of CUDA device `device`'s context, or None. */
+static PyObject *py_context_arena(PyObject *self, PyObject *arg) {
+  long d = PyLong_AsLong(arg);
+  if (PyErr_Occurred()) return NULL;
+  if (d < 0 || d >= MAX_CUDA_DEVICES || !cuda_context_arenas[d]) Py_RETURN_NONE;
+  return Py_NewRef(cuda_context_arenas[d]);
+}
+
 static PyObject *py_last_error(PyObject *self, PyObject *unused) {
   return PyUnicode_FromString(ot_last_error());
 }
@@ -862,6 +919,11 @@ static PyMethodDef methods[] = {
      "arena_alloc(arena, bytes, tag, op=None) -> address (ot_arena_alloc_tagged)."},
     {"arena_free", py_arena_free, METH_VARARGS, "arena_free(arena, address)."},
     {"arena_stats", py_arena_stats, METH_O, "ot_arena_get_stats as a dict."},
+    {"context_arena_policy", py_context_arena_policy, METH_O,
+     "context_arena_policy(bytes): CUDA contexts take their temporaries from an arena of "
+     "`bytes` (ot_context_set_arena), created on next use; 0: none."},
+    {"context_arena", py_context_arena, METH_O,
+     "context_arena(device) -> the arena of that CUDA device's context, or None."},
     {"last_error", py_last_error, METH_NOARGS, "ot_last_error() of this thread."},
     {"has_cuda", py_has_cuda, METH_NOARGS, "Whether the library was built with CUDA."},
     {"version", py_version, METH_NOARGS, "The linked library's version string."},
@@ -871,8 +933,9 @@ static void module_free(void *m) {
   ot_context_destroy(cpu_context);
   cpu_context = NULL;
   for (int k = 0; k < MAX_CUDA_DEVICES; k++) {
-    ot_context_destroy(cuda_contexts[k]);
+    ot_context_destroy(cuda_contexts[k]); /* gives its arena's blocks back first */
     cuda_contexts[k] = NULL;
+    Py_CLEAR(cuda_context_arenas[k]);
   }
 }
 

@@ -10,17 +10,25 @@
 Options (the first value listed is the default):
 
 ``memory_allocator``: ``"torch"`` | ``"arena"``
-    Where the frontend's output and workspace tensors come from. ``"torch"``: torch's
-    caching allocator (NumPy's for NumPy inputs); the CUDA backend's own temporaries
-    (split-K / attention scratch, the cuBLASLt workspace) come from a per-context
-    growable ``cudaMalloc`` block (src/cuda/context.cu). ``"arena"`` -- the library's
-    ``ot_arena`` (include/ops_transformer.h) serving both -- needs two things the
-    library does not have yet: a C entry point giving a context an arena for its
-    scratch (``ot_context_options`` has no arena field) and an exported
-    ``alloc(size, device, stream)`` / ``free(ptr, size, device, stream)`` pair over
-    ``ot_arena_alloc`` / ``ot_arena_free`` for ``torch.cuda.memory.CUDAPluggableAllocator``
-    (so torch's outputs can come from a ``torch.cuda.MemPool`` on it). Setting it
-    raises ``NotImplementedError`` until then.
+    Where the CUDA backend's own temporaries come from -- split-KV / split-K partials and
+    other op scratch, cross-entropy row losses, the fused LM-head loss's workspace, the
+    cuBLASLt workspace. ``"torch"``: per-context buffers (a growable ``cudaMalloc`` block,
+    ``cudaMallocAsync``; src/cuda/context.cu). ``"arena"``: each CUDA context the frontend
+    uses gets an ``ot_arena`` of ``memory_arena_bytes`` on its device (reserved once, at the
+    context's next use) and ``ot_context_set_arena``: every op takes its temporaries from
+    it on the op's stream and gives them back when it returns (the cuBLASLt workspace,
+    32 MiB, stays taken while attached), so the library never calls ``cudaMalloc`` after
+    that reservation and ``profiler.MemoryTracker`` reports the temporaries under the
+    ``workspace`` tag and the op's name. An op whose temporaries do not fit raises
+    ``ops_transformer.Error`` (status "out of memory") naming the op, the request and the
+    largest free block: raise ``memory_arena_bytes``. Output tensors are still torch's
+    (its caching allocator); CPU ops are not affected (their temporaries are per-call host
+    allocations). Changing either option detaches the arenas (they are freed; new ones are
+    made on next use). ``profiler.context_arena_stats(device)`` reads one.
+
+``memory_arena_bytes``: an int >= 64 MiB (default 512 MiB)
+    The size of each CUDA context's arena under ``memory_allocator="arena"`` (it must hold
+    the 32 MiB cuBLASLt workspace plus the largest set of temporaries one op needs).
 
 ``matmul_precision``: ``"highest"`` | ``"high"`` | ``"medium"`` (``"tf32"`` = ``"high"``)
     Precision of float32 matrix products, in torch's vocabulary, applied when set to
@@ -71,8 +79,9 @@ __all__ = ["Config", "config"]
 
 class _Option:
     def __init__(self, name, kind, default, allowed, supported, subsystem, doc,
-                 apply=None, aliases=None):
+                 apply=None, aliases=None, minimum=None):
         self.apply = apply          # apply(value): the option's effect outside this object
+        self.minimum = minimum      # int options: the smallest value
         self.aliases = aliases or {}
         self.name = name
         self.kind = kind            # bool or str
@@ -84,6 +93,14 @@ class _Option:
 
     def validate(self, value):
         value = self.aliases.get(value, value) if isinstance(value, str) else value
+        if self.kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"ops_transformer.config.{self.name}: expected an int, got "
+                                f"{type(value).__name__} {value!r}")
+            if value < self.minimum:
+                raise ValueError(f"ops_transformer.config.{self.name}: {value}, expected >= "
+                                 f"{self.minimum}")
+            return value
         if self.kind is bool and value != "auto":
             if not isinstance(value, bool):
                 others = [repr(a) for a in self.allowed if not isinstance(a, bool)]
@@ -119,6 +136,18 @@ def _apply_matmul_precision(value):
         os.environ["OT_MATMUL_ALLOW_TF32"] = "1"
 
 
+def _apply_arena(_value=None):
+    # Both memory options: the C binding's policy for the CUDA contexts (arenas are made
+    # on each context's next use, so setting the options reserves nothing yet).
+    from . import _C
+    values = config._values if "config" in globals() else {}
+    on = values.get("memory_allocator", "torch") == "arena"
+    _C.context_arena_policy(values.get("memory_arena_bytes", _ARENA_DEFAULT) if on else 0)
+
+
+_ARENA_DEFAULT = 512 << 20
+
+
 def _kv_cache_values():
     # True only where the engine module says it reads the option (its module attribute
     # READS_PERSISTENT_KV_CACHE); otherwise True would be silently ignored.
@@ -131,10 +160,13 @@ def _kv_cache_values():
 
 _OPTIONS = {
     o.name: o for o in [
-        _Option("memory_allocator", str, "torch", ("torch", "arena"), ("torch",),
-                "the library's arena behind the CUDA contexts' scratch and a "
-                "CUDAPluggableAllocator over ot_arena_alloc (see the module docstring)",
-                "where outputs and workspace are allocated"),
+        _Option("memory_allocator", str, "torch", ("torch", "arena"), ("torch", "arena"), "",
+                "where the CUDA backend's temporaries (scratch, workspaces) come from: "
+                "per-context buffers ('torch') or an ot_arena per context ('arena')",
+                apply=_apply_arena),
+        _Option("memory_arena_bytes", int, _ARENA_DEFAULT, None, None, "",
+                "size of each CUDA context's arena under memory_allocator='arena'",
+                apply=_apply_arena, minimum=64 << 20),
         _Option("matmul_precision", str, "highest", ("highest", "high", "medium"),
                 ("highest", "high", "medium"), "",
                 "precision of float32 matrix products (torch's and the library's GEMMs)",
@@ -212,6 +244,9 @@ class Config:
         """One line per option: name, value, allowed values, effect."""
         lines = []
         for n, o in _OPTIONS.items():
+            if o.kind is int:
+                lines.append(f"{n} = {self._values[n]!r}  (an int >= {o.minimum}): {o.doc}")
+                continue
             sup = o.supported() if callable(o.supported) else o.supported
             lines.append(f"{n} = {self._values[n]!r}  (allowed {list(o.allowed)}, supported "
                          f"{list(sup)}): {o.doc}")

@@ -27,13 +27,35 @@ window count too.
 feed the tracker) for code that manages raw buffers from Python.
 """
 import contextlib
+import weakref
 
 from . import _C
 
 TAGS = ("weights", "kv_cache", "activations", "workspace", "other")
 _TAG_INDEX = {t: i for i, t in enumerate(TAGS)}
 
-__all__ = ["MemoryTracker", "Arena", "TAGS", "counters"]
+__all__ = ["MemoryTracker", "Arena", "TAGS", "counters", "context_arena_stats"]
+
+_ARENAS = weakref.WeakSet()  # every live Arena, for the device section of a report
+
+
+def context_arena_stats(device=None):
+    """Stats (as :meth:`Arena.stats`) of the arena that CUDA device `device`'s context
+    takes its temporaries from (``config.memory_allocator = "arena"``), or None when it
+    has none (not in arena mode, or no op ran on that device since)."""
+    if device is None:
+        import torch
+        device = torch.cuda.current_device()
+    cap = _C.context_arena(int(device))
+    return None if cap is None else _C.arena_stats(cap)
+
+
+def _arena_reserved(dev):
+    """Bytes reserved on CUDA device `dev` by the arenas the frontend knows: Arena
+    objects and the contexts' arenas."""
+    total = sum(a.stats()["reserved"] for a in list(_ARENAS) if a.device == dev)
+    ctx = context_arena_stats(dev)
+    return total + (ctx["reserved"] if ctx else 0)
 
 
 def counters():
@@ -101,8 +123,10 @@ class MemoryTracker:
         torch, dev = _torch_cuda(self.device)
         if torch is not None:
             torch.cuda.synchronize(dev)
+            free, total = torch.cuda.mem_get_info(dev)
             self._t0 = {"allocated": torch.cuda.memory_allocated(dev),
-                        "reserved": torch.cuda.memory_reserved(dev), "device": dev}
+                        "reserved": torch.cuda.memory_reserved(dev), "device": dev,
+                        "used": total - free, "arenas": _arena_reserved(dev)}
             torch.cuda.reset_peak_memory_stats(dev)
         else:
             self._t0 = None
@@ -115,7 +139,9 @@ class MemoryTracker:
             dev = self._t0["device"]
             torch.cuda.synchronize(dev)
             st = torch.cuda.memory_stats(dev)
-            self._t1 = {"allocated": torch.cuda.memory_allocated(dev),
+            free, total = torch.cuda.mem_get_info(dev)
+            self._t1 = {"used": total - free, "arenas": _arena_reserved(dev),
+                        "allocated": torch.cuda.memory_allocated(dev),
                         "reserved": torch.cuda.memory_reserved(dev),
                         "peak_allocated": torch.cuda.max_memory_allocated(dev),
                         "peak_reserved": torch.cuda.max_memory_reserved(dev),
@@ -141,7 +167,8 @@ class MemoryTracker:
                "allocs": c1["total"]["allocs"] - c0["total"]["allocs"],
                "frees": c1["total"]["frees"] - c0["total"]["frees"],
                "by_tag": by_tag, "by_op": by_op}
-        out = {"library": lib, "torch": None, "combined_peak_upper_bound_bytes": lib["peak_bytes"]}
+        out = {"library": lib, "torch": None, "device": None,
+               "combined_peak_upper_bound_bytes": lib["peak_bytes"]}
         if self._t1 is not None:
             t0, t1 = self._t0, self._t1
             out["torch"] = {
@@ -156,6 +183,16 @@ class MemoryTracker:
                 "ooms": t1["ooms"],
             }
             out["combined_peak_upper_bound_bytes"] = lib["peak_bytes"] + t1["peak_allocated"]
+            # What the device saw (cudaMemGetInfo), against what the two allocators
+            # reserved in the window: the arenas' reservations and torch's segments.
+            used = t1["used"] - t0["used"]
+            arenas = t1["arenas"] - t0["arenas"]
+            torch_res = t1["reserved"] - t0["reserved"]
+            out["device"] = {"used_start_bytes": t0["used"], "used_end_bytes": t1["used"],
+                             "used_delta_bytes": used,
+                             "arena_reserved_delta_bytes": arenas,
+                             "torch_reserved_delta_bytes": torch_res,
+                             "unaccounted_bytes": used - arenas - torch_res}
         return out
 
     def format_report(self):
@@ -182,6 +219,12 @@ class MemoryTracker:
                          f"{mib(t['peak_allocated_bytes'])} MiB ({mib(t['peak_above_start_bytes'])}"
                          f" MiB above start), peak reserved {mib(t['peak_reserved_bytes'])} MiB, "
                          f"{t['alloc_retries']} retries, {t['ooms']} OOMs")
+        d = r["device"]
+        if d is not None:
+            lines.append(f"device (cudaMemGetInfo): used {mib(d['used_delta_bytes'])} MiB more at "
+                         f"the end = arenas {mib(d['arena_reserved_delta_bytes'])} + torch "
+                         f"segments {mib(d['torch_reserved_delta_bytes'])} + unaccounted "
+                         f"{mib(d['unaccounted_bytes'])} MiB")
         lines.append(f"combined peak (upper bound): {mib(r['combined_peak_upper_bound_bytes'])} MiB")
         return "\n".join(lines)
 
@@ -193,7 +236,41 @@ class Arena:
     aligned blocks as integer addresses; tagged allocations feed the tracker."""
 
     def __init__(self, reserve_bytes, device=None):
+        self.device = None if device is None else int(device)
         self._a = _C.arena_create(int(reserve_bytes), -1 if device is None else int(device))
+        _ARENAS.add(self)
+
+    def tensor(self, shape, dtype, tag="other", op=None):
+        """A torch tensor of `shape` / `dtype` whose storage is a block of this arena
+        (host memory: a CPU tensor; else on cuda:`device`), recorded under `tag` / `op`.
+        Uninitialized. The block is given back when the tensor and every view of it are
+        gone (freed on the legacy default stream: synchronize other streams first)."""
+        import torch
+        shape = tuple(int(n) for n in shape)
+        esize = torch.empty((), dtype=dtype).element_size()
+        nbytes = esize
+        for n in shape:
+            nbytes *= n
+        addr = self.alloc(max(nbytes, 1), tag, op)
+        typestr = {torch.float32: "<f4", torch.float16: "<f2", torch.bfloat16: "<i2",
+                   torch.int32: "<i4", torch.int64: "<i8", torch.uint8: "|u1"}.get(dtype)
+        if typestr is None:
+            self.free(addr)
+            raise ValueError(f"Arena.tensor: dtype {dtype} is not supported")
+        iface = {"shape": shape, "typestr": typestr, "data": (addr, False), "version": 3,
+                 "strides": None}
+        holder = _Block()
+        if self.device is None:
+            import numpy as np
+            holder.__array_interface__ = iface
+            t = torch.from_numpy(np.asarray(holder))
+        else:
+            holder.__cuda_array_interface__ = iface
+            t = torch.as_tensor(holder, device=f"cuda:{self.device}")
+        if dtype == torch.bfloat16:
+            t = t.view(torch.bfloat16)
+        weakref.finalize(holder, _C.arena_free, self._a, addr)
+        return t
 
     def alloc(self, nbytes, tag="other", op=None):
         if tag not in _TAG_INDEX:
@@ -205,3 +282,7 @@ class Arena:
 
     def stats(self):
         return _C.arena_stats(self._a)
+
+
+class _Block:
+    """Carries an arena block's array interface; its finalizer frees the block."""

@@ -175,12 +175,6 @@ def test_persistent_kv_cache_routes_to_the_engine():
     assert "persistent_kv_cache" in ot.config.describe()
 
 
-def test_memory_allocator_arena_not_yet():
-    with pytest.raises(NotImplementedError, match="arena"):
-        ot.config.memory_allocator = "arena"
-    assert ot.config.memory_allocator == "torch"
-
-
 def test_fused_attention_auto_routes_cuda_backward_to_torch():
     """'auto' (the default): the library's attention, except where autograd will
     differentiate it on CUDA (torch's SDPA there, measured faster while the library's
