@@ -104,8 +104,9 @@ def test_numpy_and_dlpack_producers():
 
 def test_config():
     c = ot.config
-    assert c.as_dict() == {"memory_allocator": "torch", "matmul_precision": "highest",
-                           "fused_attention": "auto", "persistent_kv_cache": False}
+    assert c.as_dict() == {"memory_allocator": "torch", "memory_arena_bytes": 512 << 20,
+                           "matmul_precision": "highest", "fused_attention": "auto",
+                           "persistent_kv_cache": False}
     c.matmul_precision = "highest"
     with pytest.raises(ValueError, match="expected one of"):
         c.matmul_precision = "fastest"
@@ -114,8 +115,8 @@ def test_config():
     with pytest.raises(AttributeError, match="no option"):
         c.memory_allocater = "torch"
     # (the effects of the other values: tests/python/test_config.py)
-    with pytest.raises(NotImplementedError, match="does not have yet"):
-        c.memory_allocator = "arena"
+    with pytest.raises(ValueError, match="memory_arena_bytes: 0, expected >= "):
+        c.memory_arena_bytes = 0
     with pytest.raises(TypeError, match="expected a bool or 'auto', got str 'always'"):
         c.fused_attention = "always"
     with c.override(fused_attention=True):
