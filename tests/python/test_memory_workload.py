@@ -163,7 +163,8 @@ def test_llama_trace_adds_up(device):
             4 if cfg[0] == torch.float32 else 2))
         assert lib["peak_bytes"] >= lib["start_bytes"] + m.weight_bytes + m.cache_bytes
         if device == "cpu":
-            assert r["torch"] is None and r["device"] is None
+            if not torch.cuda.is_initialized():  # else a CUDA test ran before in this process
+                assert r["torch"] is None and r["device"] is None
             return
 
         # CUDA, arena mode: every op's temporaries came from the context's arena and went
