@@ -6,7 +6,8 @@
  *   attn_portable_timing B H S D causal(0|1) [iters [VAR=VALUE ...]]
  *
  * Each VAR=VALUE (e.g. OT_ATTN_FWD_CFG=2, tile-shape sweeps of a -DOT_ATTN_TUNING build)
- * is set in turn and both passes are timed again under it.
+ * is set in turn and both passes are timed again under it; deterministic=0|1 sets
+ * params.deterministic instead (the Hopper backward or the portable one).
  * Prints one line per pass: milliseconds (median of iters) and TFLOP/s counted as
  * FlashAttention does (forward 4 B H S^2 D, halved when causal; forward + backward
  * 3.5x that: the backward is 2.5 forwards' worth of products).
@@ -98,7 +99,10 @@ int main(int argc, char **argv) {
     if (!eq || eq - label >= (int)sizeof name) continue;
     memcpy(name, label, (size_t)(eq - label));
     name[eq - label] = 0;
-    setenv(name, eq + 1, 1);
+    if (strcmp(name, "deterministic") == 0)  /* params.deterministic, not a variable */
+      p.deterministic = atoi(eq + 1);
+    else
+      setenv(name, eq + 1, 1);
   }
   for (int pass = 0; pass < 2; pass++) {
     for (int it = -3; it < iters; it++) {

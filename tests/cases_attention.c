@@ -178,6 +178,7 @@ typedef struct acase {
   bool packed;           /* q, k, v (and dq, dk, dv) as slices of one packed buffer */
   bool strided_out;      /* out / dout with padded token and head strides */
   bool bwd;              /* also check the backward */
+  bool det;              /* params.deterministic (CUDA: the portable backward, no atomics) */
 } acase;
 
 /* Forward cases (wl / wr: -1 unbounded). Sizes keep the float64 reference cheap. */
@@ -239,6 +240,15 @@ static const acase cuda_cases[] = {
     {"cuda varlen D256 noncausal", 0, 0, 0, 2, 1, 256, 0, -1, -1, 0, 0, 3, {70, 1, 130}, {65, 3, 200}, false, false, true},
     {"cuda varlen decode D96 (split-KV)", 0, 0, 0, 4, 1, 96, 1, -1, -1, 0, 0, 3, {1, 1, 1}, {1500, 1, 700}, false, false, true},
     {"cuda packed qkv D128 GQA2 causal", 2, 300, 300, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, true, true, true},
+    /* The Hopper backward's shapes (D64 / D128, causal or not, GQA 1 / 4 / 8, tails of the
+     * 128-key and 64-query tiles, Sq != Sk), and its deterministic = 1 alternative. */
+    {"cuda S4097 D64 H2/1 causal", 1, 4097, 4097, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda S1000 D128 GQA1 B2 noncausal", 2, 1000, 1000, 2, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda Sq17 Sk1000 D128 GQA4 noncausal", 1, 17, 1000, 4, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda causal Sq>Sk 1000x100 D64 GQA8", 1, 1000, 100, 8, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda S129 D64 MQA8 B2 causal", 2, 129, 129, 8, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda S300 D128 GQA4 causal deterministic", 1, 300, 300, 8, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true, true},
+    {"cuda S200 D64 noncausal deterministic", 2, 200, 200, 2, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true, true},
 };
 
 /* Gradient-mode cases: tiny shapes, float32 storage. */
@@ -350,6 +360,7 @@ static void prob_make(test_run *tr, const acase *c, DLDataType dt, bool with_bwd
   P->params.causal = c->causal;
   P->params.window_left = c->wl;
   P->params.window_right = c->wr;
+  P->params.deterministic = c->det;
 
   const backend *be = tr->be;
   int64_t qsh[4], ksh[4];
@@ -804,13 +815,14 @@ static void run_bad_bwd_extra(test_run *tr) {
   }
 }
 
-/* CUDA: the forward (split-KV and unsplit) and the backward (no atomics) are bitwise
- * repeatable in bf16. */
+/* CUDA: the forward (split-KV and unsplit) and the backward with params.deterministic
+ * (no atomics) are bitwise repeatable in bf16. */
 static void run_repeat_case_cuda(test_run *tr, const acase *c) {
   if (!tr_begin(tr, "attention repeat is bitwise identical (%s bf16)", c->name)) return;
   rng r = tr_rng(tr);
   prob P;
   prob_make(tr, c, DT_BF16, true, &P, &r);
+  P.params.deterministic = 1;
   void *s[5] = {0};
   for (int rep = 0; rep < 2 && !tr->case_failed; rep++) {
     if (!tr_ok(tr, run_forward(tr, &P), "forward") || !tr_ok(tr, run_backward(tr, &P), "backward"))

@@ -12,8 +12,10 @@
 #include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "../../core/attention.h"
+#include "../cuda_state.h"
 
 namespace ot {
 namespace sm90 {
@@ -104,6 +106,22 @@ template <bool F16> __device__ __forceinline__ uint32_t pack2(float lo, float hi
 #endif
 
 /* ---------------- host ---------------- */
+
+/* Whether a Hopper attention kernel may run for ctx: built with sm_90a (otherwise the
+ * kernels are the empty stubs, which a 9.0 device would run from the sm_80 PTX, writing
+ * nothing; OT_HAVE_SM90A comes from CMakeLists.txt), not turned off by OT_ATTN_SM90=0,
+ * and a compute capability 9.0 device. */
+static inline bool sm90_attention_enabled(ot_context *ctx) {
+#ifdef OT_HAVE_SM90A
+  const char *env = getenv("OT_ATTN_SM90");
+  if (env && env[0] == '0') return false;
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  return st && st->cc_major == 9 && st->cc_minor == 0;
+#else
+  (void)ctx;
+  return false;
+#endif
+}
 
 static inline PFN_cuTensorMapEncodeTiled_v12000 query_encode_fn(void) {
   void *f = NULL;

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# scripts/device_attention_bwd_sm90.sh -- the Hopper (sm_90a) attention backward on the lent
+# H200 (`run` executes this in the repository root): tests through the dispatcher, compute-
+# sanitizer on small cases, and the attention benchmark (fwd and fwd+bwd vs torch SDPA).
+#
+#   [PRE=DIR] scripts/device_attention_bwd_sm90.sh [COMMIT] [STEPS]
+#     STEPS: comma list of smoke,test,sanitize,bench (default all); logs under $OUT.
+#     PRE (default .bwd90carry, carried): bin.tar.xz with test_ops and libattention_shim.so
+#     built here for sm_90a (cmake -DOT_CUDA_ARCHS=90a; see the prebuild lines below) and
+#     deps.tar.xz (OpenBLAS + Fortran runtime of .carry/deps/lib), so that the device's time
+#     is not spent compiling. Without it: ot_device_build (needs carry [".carry"]).
+#   Prebuild (here): cmake --build B --target ops_transformer_static test_ops; cc -shared
+#     bench/attention_shim.c ... -o B/libattention_shim.so (as scripts/device_bench_attention.sh);
+#     tar cJf .bwd90carry/bin.tar.xz -C B tests/test_ops libattention_shim.so.
+set -uo pipefail
+COMMIT=${1:-unknown}
+STEPS=${2:-smoke,test,sanitize,bench}
+OUT=${OUT:-/tmp/ot_device_out}
+PRE=${PRE:-.bwd90carry}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+BIN=/tmp/ot_bwd90_bin
+mkdir -p "$BIN/lib"
+if [ -f "$PRE/bin.tar.xz" ]; then
+  tar -xJf "$PRE/bin.tar.xz" -C "$BIN" && tar -xJf "$PRE/deps.tar.xz" -C "$BIN/lib"
+  export LD_LIBRARY_PATH="$BIN/lib:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
+  TEST=$BIN/tests/test_ops
+  SHIM=$BIN/libattention_shim.so
+else
+  stamp "no prebuilt binaries: building"
+  # shellcheck source=device_build.sh
+  source scripts/device_build.sh
+  ot_device_build build-dev "ops_transformer_static test_ops" || exit 1
+  cc -O2 -shared -fPIC bench/attention_shim.c -Iinclude -Isrc -I"$OT_DEVICE_DLPACK_INCLUDE" \
+    -I"$CUDA_HOME/include" build-dev/libops_transformer.a -L"$CUDA_HOME/lib64" -lcudart \
+    -lcublasLt -lopenblas -fopenmp -lm -lstdc++ -o build-dev/libattention_shim.so || exit 1
+  export LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
+  TEST=build-dev/tests/test_ops
+  SHIM=build-dev/libattention_shim.so
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+A="$TEST --backend cuda --suite attention"
+
+# A hang (a wrong barrier phase or byte count) must not eat the device time.
+if has smoke; then
+  stamp "smoke"
+  timeout 30 $A --filter "cuda S128 D128 GQA1" >"$OUT/smoke.log" 2>&1
+  rc=$?; tail -4 "$OUT/smoke.log"
+  if [ $rc -eq 124 ]; then echo "SMOKE TIMED OUT (hang)"; exit 2; fi
+fi
+if has test; then
+  stamp "tests (Hopper backward through the dispatcher)"
+  timeout ${TEST_LIMIT:-200} $A -v >"$OUT/tests.log" 2>&1
+  echo "test_ops rc=$?"
+  grep -E -A3 '^FAIL' "$OUT/tests.log" | head -40
+  echo "tests: $(grep -c '^ok ' "$OUT/tests.log") ok, $(grep -c '^FAIL' "$OUT/tests.log") FAIL"
+fi
+if has sanitize; then
+  SAN="$OUT/sanitize.log"
+  : >"$SAN"
+  san() { # tool filter [args]
+    echo "== $1 / $2" >>"$SAN"
+    timeout 60 compute-sanitizer --tool "$1" --print-limit 10 "${@:3}" $A --filter "$2" >>"$SAN" 2>&1
+    echo "   $1 '$2' rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$SAN" | tail -1)"
+  }
+  stamp "compute-sanitizer"
+  san memcheck "cuda S129 D64 MQA8"
+  san memcheck "cuda Sq17 Sk1000 D128"
+  san racecheck "cuda S128 D64 GQA1 causal" --racecheck-report all
+  san synccheck "cuda S128 D128 GQA1"
+fi
+if has bench; then
+  stamp "bench"
+  timeout ${BENCH_LIMIT:-150} python3 bench/bench_attention.py --shim "$SHIM" --bench ${BENCH_ARGS:-} \
+    --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
+    --command "scripts/device_attention_bwd_sm90.sh $COMMIT $STEPS" >"$OUT/bench.log" 2>&1
+  echo "bench rc=$?"; grep -E 'GEMM|attention_f|failed|Error|not available' "$OUT/bench.log" | cut -c1-160
+fi
+stamp "end"

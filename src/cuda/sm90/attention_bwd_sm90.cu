@@ -1,0 +1,482 @@
+/*
+ * attention_bwd_sm90.cu -- Hopper (sm_90a) flash attention backward, dense BSHD, bf16/fp16,
+ * head dim 64 / 128, non-causal or causal (bottom-right), GQA / MQA, any Sq / Sk.
+ *
+ * The FlashAttention-3 backward's structure, written from the PTX ISA with the forward's
+ * building blocks (sm90_common.cuh):
+ *  - prep kernel: Dsum = rowsum(dO * O) and lse2 = lse * log2(e) (+inf for rows with no
+ *    visible key and for the padding rows up to a multiple of 64), fp32, [B][Hq][Sq_pad];
+ *    the fp32 dQ accumulator [B][Hq][Sq_pad][D] is zeroed (all in context scratch);
+ *  - main kernel: one CTA per (block of 128 keys, kv head, batch), 3 warpgroups:
+ *    WG0 = producer (one thread: K and V of the block once, then Q, dO tiles of 64 queries
+ *    by TMA and their lse2 / Dsum by bulk copies into a 2-stage ring on mbarriers; the WG
+ *    gives registers back with setmaxnreg.dec 24), WG1 / WG2 = consumers of 64 keys each
+ *    (setmaxnreg.inc 240) holding dK and dV in fp32 registers across every query tile of
+ *    every query head of the GQA group (the group sum is in registers: deterministic);
+ *    per query tile:
+ *        S^T = K Q^T, dP^T = V dO^T               (wgmma SS, both K-major)
+ *        P^T = exp2(S^T scale log2e - lse2),  dS^T = P^T (dP^T - Dsum)
+ *        dV += P^T dO,  dK += dS^T Q              (wgmma RS: P^T / dS^T from registers,
+ *                                                 dO / Q MN-major through the descriptor)
+ *        dS^T -> shared memory (bf16/fp16, 128B swizzle, double-buffered), then
+ *        dQ_part = dS K                           (wgmma SS, A and B MN-major): D = 128 splits
+ *                                                 the 128 columns between the two WGs, D = 64
+ *                                                 the 128 keys; added to the accumulator with
+ *                                                 float2 atomics (red.global.add.v2.f32);
+ *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype.
+ * The atomics make dQ's summation order vary between runs (not bitwise repeatable):
+ * params.deterministic = 1 routes to the portable backward instead (attention_bwd.cu).
+ *
+ * Not covered here (handled = false; the portable kernel runs): windows other than causal,
+ * softcap, varlen, head dims other than 64 / 128, fp32, strides TMA cannot express,
+ * devices other than cc 9.0, deterministic = 1. Switches: OT_ATTN_SM90=0 (also turns the
+ * Hopper forward off), OT_ATTN_IMPL=portable (the dispatcher in attention_bwd.cu).
+ */
+#include <cuda.h>
+#include <math.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../attention_sm90.h"
+#include "../common.cuh"
+#include "../cuda_state.h"
+#include "sm90_common.cuh"
+#include "wgmma_ops.cuh"
+
+namespace ot {
+namespace sm90 {
+namespace bwd {
+
+constexpr int kBk = 128;        /* keys per CTA (2 consumer WGs x 64) */
+constexpr int kBq = 64;         /* queries per tile */
+constexpr int kThreads = 384;   /* producer WG + 2 consumer WGs */
+constexpr int kStages = 2;
+
+template <int D> struct bwd_smem {
+  static constexpr int kv_bytes = kBk * D * 2;   /* K or V of the block */
+  static constexpr int q_bytes = kBq * D * 2;    /* one Q or dO stage */
+  static constexpr int ds_bytes = kBk * kBq * 2; /* one dS^T buffer */
+  static constexpr int k_off = 0;
+  static constexpr int v_off = kv_bytes;
+  static constexpr int q_off = 2 * kv_bytes;
+  static constexpr int do_off = q_off + kStages * q_bytes;
+  static constexpr int ds_off = do_off + kStages * q_bytes;
+  static constexpr int lse_off = ds_off + 2 * ds_bytes;
+  static constexpr int dsum_off = lse_off + kStages * kBq * 4;
+  static constexpr int bar_off = dsum_off + kStages * kBq * 4;
+  static constexpr int bytes = bar_off + 64 + 1024; /* barriers + alignment slack */
+  static_assert(kv_bytes % 1024 == 0 && q_bytes % 1024 == 0, "swizzle atoms are 1024 B");
+};
+
+/* Barrier slots (8 bytes each). */
+enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages };
+
+struct bwd_params {
+  void *dk, *dv;
+  int64_t dk_bs, dk_ts, dk_hs, dv_bs, dv_ts, dv_hs; /* elements */
+  const float *lse2, *dsum;                         /* [B][Hq][sq_pad] */
+  float *dq_acc;                                    /* [B][Hq][sq_pad][D] */
+  int sq, sk, sq_pad, hq, group, causal;
+  float scale, scale_log2;
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+constexpr int kEmptyCount = 8;  /* lane 0 of each consumer warp releases a stage */
+constexpr int kDsBar = 1;       /* named barrier: both consumers' dS^T are in shared memory */
+
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(dst), "l"((uint64_t)src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+/* Generic-proxy shared-memory writes (dS^T) made visible to the async proxy (wgmma). */
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
+                         const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v,
+                         const __grid_constant__ CUtensorMap tm_do, const bwd_params p) {
+  using L = bwd_smem<D>;
+  constexpr bool F16 = is_half<T>::value;
+  constexpr int NA = D / 2;   /* dK, dV accumulators per thread */
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  const uint32_t s_base = smem_u32(smem);
+  const uint32_t s_bar = s_base + L::bar_off;
+  auto bar = [&](int i) { return s_bar + 8u * (uint32_t)i; };
+
+  const int kvh = blockIdx.y, b = blockIdx.z;
+  const int kb = blockIdx.x * kBk;
+  const int off = p.sk - p.sq;        /* bottom-right alignment of the causal mask */
+  const int m_hi = p.sq_pad / kBq;
+  int m_lo = 0;
+  if (p.causal) {                     /* queries i < kb - off see no key of the block */
+    const int imin = kb - off;
+    m_lo = imin <= 0 ? 0 : min(imin / kBq, m_hi);
+  }
+  const int nm = m_hi - m_lo;
+  const int n_it = nm * p.group;      /* query tiles x query heads of the group */
+  /* The key blocks of a head start their query-tile walk at different tiles, so that the
+   * CTAs running together add into different rows of the dQ accumulator. */
+  const int rot = nm > 0 ? (int)(blockIdx.x % (unsigned)nm) : 0;
+  auto tile_of = [&](int it) {
+    const int r = it % nm + rot;
+    return m_lo + (r >= nm ? r - nm : r);
+  };
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    mbar_init(bar(BAR_KV), 1);
+    for (int s = 0; s < kStages; s++) {
+      mbar_init(bar(BAR_FULL + s), 1);
+      mbar_init(bar(BAR_EMPTY + s), kEmptyCount);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    /* ---------------- producer ---------------- */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (tid != 0 || n_it == 0) return;
+    mbar_expect_tx(bar(BAR_KV), 2u * L::kv_bytes);
+    tma_load_5d(s_base + L::k_off, &tm_k, bar(BAR_KV), 0, kb, 0, kvh, b);
+    tma_load_5d(s_base + L::v_off, &tm_v, bar(BAR_KV), 0, kb, 0, kvh, b);
+    for (int it = 0; it < n_it; it++) {
+      const int s = it % kStages;
+      mbar_wait(bar(BAR_EMPTY + s), ((it / kStages) & 1) ^ 1);
+      const int h = kvh * p.group + it / nm, m = tile_of(it);
+      mbar_expect_tx(bar(BAR_FULL + s), 2u * L::q_bytes + 2u * kBq * 4);
+      tma_load_5d(s_base + L::q_off + s * L::q_bytes, &tm_q, bar(BAR_FULL + s), 0, m * kBq, 0, h,
+                  b);
+      tma_load_5d(s_base + L::do_off + s * L::q_bytes, &tm_do, bar(BAR_FULL + s), 0, m * kBq, 0,
+                  h, b);
+      const int64_t row = ((int64_t)b * p.hq + h) * p.sq_pad + (int64_t)m * kBq;
+      bulk_load(s_base + L::lse_off + s * kBq * 4, p.lse2 + row, kBq * 4, bar(BAR_FULL + s));
+      bulk_load(s_base + L::dsum_off + s * kBq * 4, p.dsum + row, kBq * 4, bar(BAR_FULL + s));
+    }
+    return;
+  }
+
+  /* ---------------- consumers ---------------- */
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int c = wg - 1;               /* consumer 0 / 1: keys kb + 64 c .. + 63 */
+  const int t128 = tid % 128;
+  const int warp = t128 / 32, lane = t128 % 32, g = lane / 4, q4 = lane % 4;
+  const float cl2 = p.scale_log2;
+  const int key0 = kb + c * 64 + warp * 16 + g;   /* this thread's keys: key0, key0 + 8 */
+  float dk[NA], dv[NA];
+#pragma unroll
+  for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
+
+  if (n_it > 0) mbar_wait(bar(BAR_KV), 0);
+  const uint32_t k_base = s_base + L::k_off, v_base = s_base + L::v_off;
+  /* This WG's 64 rows of K / V as the K-major A operand of S^T / dP^T. */
+  const uint64_t ka_desc = make_desc(k_base + c * 64 * 128, 16, 1024);
+  const uint64_t va_desc = make_desc(v_base + c * 64 * 128, 16, 1024);
+
+  for (int it = 0; it < n_it; it++) {
+    const int s = it % kStages;
+    const int h = kvh * p.group + it / nm, m = tile_of(it);
+    const int i0 = m * kBq;
+    const uint32_t q_base = s_base + L::q_off + s * L::q_bytes;
+    const uint32_t do_base = s_base + L::do_off + s * L::q_bytes;
+    mbar_wait(bar(BAR_FULL + s), (it / kStages) & 1);
+
+    /* S^T = K Q^T and dP^T = V dO^T: [64 keys x 64 queries], K-major operands. */
+    float st[32], dpt[32];
+    /* acc [64 x 64] = A B^T over D, A this WG's 64 rows of K or V, B a [64][D] stage. */
+    auto gemm_kmajor = [&](float *acc, uint64_t a_desc, uint32_t b_base) {
+      const uint64_t b_desc = make_desc(b_base, 16, 1024);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t oa = (kk / 4) * (kBk * 128) + (kk % 4) * 32;
+        const uint32_t ob = (kk / 4) * (kBq * 128) + (kk % 4) * 32;
+        wgmma_ss<64, F16>::run(acc, a_desc + (oa >> 4), b_desc + (ob >> 4), kk > 0);
+      }
+      wgmma_commit();
+    };
+    wgmma_fence();
+    gemm_kmajor(st, ka_desc, q_base);
+    gemm_kmajor(dpt, va_desc, do_base);
+    /* Accumulator element i: key key0 + 8 ((i >> 1) & 1), query i0 + 8 (i >> 2) + 2 q4 + (i & 1). */
+    const float *lse_s = (const float *)(smem + L::lse_off + s * kBq * 4);
+    const float *dsum_s = (const float *)(smem + L::dsum_off + s * kBq * 4);
+    const bool mask = (p.causal && kb + kBk - 1 > i0 + off) || kb + kBk > p.sk;
+    wgmma_wait<1>();
+    reg_fence<32>(st);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const float2 l = *(const float2 *)(lse_s + 8 * j + 2 * q4);
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int i = 4 * j + e;
+        st[i] = ex2(fmaf(st[i], cl2, -((e & 1) ? l.y : l.x)));
+        if (mask) {
+          const int key = key0 + 8 * (e >> 1), q = i0 + 8 * j + 2 * q4 + (e & 1);
+          if (key >= p.sk || (p.causal && key > q + off)) st[i] = 0.f;
+        }
+      }
+    }
+    wgmma_wait<0>();
+    reg_fence<32>(dpt);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const float2 dd = *(const float2 *)(dsum_s + 8 * j + 2 * q4);
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int i = 4 * j + e;
+        dpt[i] = st[i] * (dpt[i] - ((e & 1) ? dd.y : dd.x));
+      }
+    }
+    uint32_t pp[16], pds[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      pp[i] = pack2<F16>(st[2 * i], st[2 * i + 1]);
+      pds[i] = pack2<F16>(dpt[2 * i], dpt[2 * i + 1]);
+    }
+    /* dS^T into buffer it & 1: [128 keys][64 queries], 128 B rows, 128B swizzle (16-byte
+     * chunk j of row r at chunk j ^ (r & 7)). pds[2 j + hh]: key row 8 hh, queries 8 j + 2 q4. */
+    {
+      uint8_t *dsb = smem + L::ds_off + (it & 1) * L::ds_bytes;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+          const int r = c * 64 + warp * 16 + g + 8 * hh;
+          *(uint32_t *)(dsb + r * 128 + ((j ^ (r & 7)) << 4) + 4 * q4) = pds[2 * j + hh];
+        }
+    }
+    /* dV += P^T dO, dK += dS^T Q: B = dO / Q [64 queries][D], MN-major. */
+    {
+      const uint64_t dob = make_desc(do_base, kBq * 128, 1024);
+      const uint64_t qb = make_desc(q_base, kBq * 128, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBq / 16; kk++)
+        wgmma_rs<D, F16>::run(dv, &pp[4 * kk], dob + ((kk * 2048) >> 4), 1);
+#pragma unroll
+      for (int kk = 0; kk < kBq / 16; kk++)
+        wgmma_rs<D, F16>::run(dk, &pds[4 * kk], qb + ((kk * 2048) >> 4), 1);
+      wgmma_commit();
+    }
+    fence_proxy_async();
+    named_sync(kDsBar, 256);
+    /* dQ_part [64 queries x 64 columns] = dS K: A = dS^T buffer (MN-major), B = K (MN-major).
+     * D = 128: this WG's 64 columns over all 128 keys; D = 64: all columns over its keys. */
+    float dq[32];
+    {
+      const uint32_t ds_base = s_base + L::ds_off + (it & 1) * L::ds_bytes;
+      constexpr int NK = D == 128 ? kBk / 16 : 64 / 16;
+      const int k16_0 = D == 128 ? 0 : c * 4;
+      const uint32_t kcol = D == 128 ? c * (kBk * 128) : 0;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < NK; kk++) {
+        const uint32_t o = (uint32_t)(k16_0 + kk) * 2048;
+        wgmma_ss_t<64, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
+                                 make_desc(k_base + kcol + o, kBk * 128, 1024), kk > 0);
+      }
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+    reg_fence<NA>(dk);
+    reg_fence<NA>(dv);
+    reg_fence<32>(dq);
+    reg_fence<16>(pp);
+    reg_fence<16>(pds);
+    if (lane == 0) mbar_arrive(bar(BAR_EMPTY + s));
+    /* dq element i: query i0 + warp 16 + g + 8 ((i >> 1) & 1), column col0 + 8 (i >> 2) + 2 q4. */
+    {
+      const int col0 = D == 128 ? c * 64 : 0;
+      float *acc = p.dq_acc + (((int64_t)b * p.hq + h) * p.sq_pad + i0 + warp * 16 + g) * D +
+                   col0 + 2 * q4;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+          atomicAdd((float2 *)(acc + hh * 8 * D + 8 * j),
+                    make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]));
+    }
+  }
+
+  /* ---------------- epilogue: dK = scale dS^T Q, dV ---------------- */
+  T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + 2 * q4;
+  T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs + 2 * q4;
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int key = key0 + 8 * hh;
+    if (key >= p.sk) continue;
+    T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+      *(uint32_t *)(kr + 8 * j) =
+          pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
+      *(uint32_t *)(vr + 8 * j) = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+    }
+  }
+}
+#else
+template <typename T, int D>
+__global__ void attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
+                                     const __grid_constant__ CUtensorMap tm_k,
+                                     const __grid_constant__ CUtensorMap tm_v,
+                                     const __grid_constant__ CUtensorMap tm_do,
+                                     const bwd_params p) {}
+#endif
+
+/* lse2 and Dsum per (batch, query head, row < sq_pad): one warp a row. */
+template <typename T>
+__global__ void bwd_prep_kernel(const ot_attn_operand o, const ot_attn_operand dout,
+                                const ot_attn_operand lse, float *lse2, float *dsum, int sq,
+                                int sq_pad, int hq, int d, int64_t rows) {
+  const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int i = (int)(r % sq_pad), h = (int)((r / sq_pad) % hq);
+  const int64_t b = r / ((int64_t)sq_pad * hq);
+  float s = 0.f, l2 = INFINITY;
+  if (i < sq) {
+    const T *orow = (const T *)o.data + b * o.batch_stride + (int64_t)i * o.tok_stride +
+                    (int64_t)h * o.head_stride;
+    const T *drow = (const T *)dout.data + b * dout.batch_stride + (int64_t)i * dout.tok_stride +
+                    (int64_t)h * dout.head_stride;
+    for (int cc = lane; cc < d; cc += 32) s += to_f32(orow[cc]) * to_f32(drow[cc]);
+#pragma unroll
+    for (int w = 16; w > 0; w >>= 1) s += __shfl_xor_sync(0xffffffffu, s, w);
+    const float x = ((const float *)lse.data)[b * lse.batch_stride + (int64_t)h * lse.head_stride +
+                                             (int64_t)i * lse.tok_stride];
+    l2 = x == -INFINITY ? INFINITY : x * 1.4426950408889634f;
+  }
+  if (lane == 0) {
+    lse2[r] = l2;
+    dsum[r] = s;
+  }
+}
+
+/* dQ = scale * accumulator: one thread per 2 elements, columns fastest, then heads. */
+template <typename T>
+__global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int sq_pad, int hq,
+                              int d, float scale, int64_t pairs) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < pairs; t += stride) {
+    const int c2 = (int)(t % (d / 2));
+    int64_t u = t / (d / 2);
+    const int h = (int)(u % hq);
+    u /= hq;
+    const int i = (int)(u % sq);
+    const int64_t b = u / sq;
+    const float2 v =
+        *(const float2 *)(acc + ((b * hq + h) * sq_pad + i) * (int64_t)d + 2 * c2);
+    T *dst = (T *)dq.data + b * dq.batch_stride + (int64_t)i * dq.tok_stride +
+             (int64_t)h * dq.head_stride + 2 * c2;
+    dst[0] = from_f32<T>(v.x * scale);
+    dst[1] = from_f32<T>(v.y * scale);
+  }
+}
+
+template <typename T, int D>
+static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
+                        const bwd_params &p, int64_t rows) {
+  static const char *op = "ot_attention_backward";
+  using L = bwd_smem<D>;
+  cudaStream_t stream = (cudaStream_t)ctx->stream;
+  OT_CUDA_CHECK(op, cudaMemsetAsync(p.dq_acc, 0, (size_t)rows * D * sizeof(float), stream));
+  bwd_prep_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
+      a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, D, rows);
+  OT_CUDA_CHECK_LAUNCH(op);
+  auto kern = attn_bwd_sm90_kernel<T, D>;
+  OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         L::bytes));
+  dim3 grid((unsigned)((p.sk + kBk - 1) / kBk), (unsigned)a->hkv, (unsigned)a->batch);
+  kern<<<grid, kThreads, L::bytes, stream>>>(maps[0], maps[1], maps[2], maps[3], p);
+  OT_CUDA_CHECK_LAUNCH(op);
+  const int64_t pairs = a->batch * a->hq * a->sq * (D / 2);
+  const int64_t blocks = (pairs + 255) / 256;
+  bwd_dq_kernel<T><<<(unsigned)(blocks < 65536 * 4 ? blocks : 65536 * 4), 256, 0, stream>>>(
+      p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D, p.scale, pairs);
+  OT_CUDA_CHECK_LAUNCH(op);
+  return OT_OK;
+}
+
+/* Written in 2-element (4-byte) words from registers. */
+static bool words_ok(const ot_attn_operand *x) {
+  return ((uintptr_t)x->data & 3) == 0 && !(x->tok_stride & 1) && !(x->head_stride & 1) &&
+         !(x->batch_stride & 1);
+}
+
+}  // namespace bwd
+}  // namespace sm90
+}  // namespace ot
+
+extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_attention_args *a,
+                                                     bool *handled) {
+  using namespace ot::sm90;
+  using namespace ot::sm90::bwd;
+  static const char *op = "ot_attention_backward";
+  *handled = false;
+  if (!sm90_attention_enabled(ctx) || a->deterministic) return OT_OK;
+  if (a->dtype != OT_BF16 && a->dtype != OT_F16) return OT_OK;
+  if (a->d != 64 && a->d != 128) return OT_OK;
+  if (a->cu_q || a->cu_k || a->softcap != 0.f) return OT_OK;
+  /* No window, or causal (window_right 0, window_left unbounded). */
+  if (a->window_left >= 0 || a->window_right > 0) return OT_OK;
+  if (a->sq <= 0 || a->sk <= 0 || a->batch <= 0) return OT_OK;
+  if (a->sq > (1 << 28) || a->sk > (1 << 28) || a->hq > 65535 || a->hkv > 65535 ||
+      a->batch > 65535)
+    return OT_OK;
+  if (a->hkv <= 0 || a->hq % a->hkv != 0) return OT_OK;
+  if (!tma_ok(&a->q, a->batch, a->hq) || !tma_ok(&a->k, a->batch, a->hkv) ||
+      !tma_ok(&a->v, a->batch, a->hkv) || !tma_ok(&a->dout, a->batch, a->hq))
+    return OT_OK;
+  if (!words_ok(&a->dq) || !words_ok(&a->dk) || !words_ok(&a->dv)) return OT_OK;
+  const int64_t sq_pad = (a->sq + kBq - 1) / kBq * kBq;
+  const int64_t rows = a->batch * a->hq * sq_pad;
+  CUtensorMap maps[4];
+  if (!encode_map(&maps[0], &a->q, a->dtype, a->batch, a->sq, a->hq, a->d, kBq) ||
+      !encode_map(&maps[1], &a->k, a->dtype, a->batch, a->sk, a->hkv, a->d, kBk) ||
+      !encode_map(&maps[2], &a->v, a->dtype, a->batch, a->sk, a->hkv, a->d, kBk) ||
+      !encode_map(&maps[3], &a->dout, a->dtype, a->batch, a->sq, a->hq, a->d, kBq))
+    return OT_OK;
+  *handled = true;
+  /* Scratch: dQ accumulator, then lse2 and Dsum (each a multiple of 256 bytes). */
+  const size_t acc_bytes = (size_t)rows * a->d * sizeof(float);
+  const size_t vec_bytes = (size_t)rows * sizeof(float);
+  uint8_t *ws = (uint8_t *)ot_cuda_scratch(ctx, acc_bytes + 2 * vec_bytes, op);
+  if (!ws) return OT_ERR_OOM;
+  bwd_params p;
+  memset(&p, 0, sizeof p);
+  p.dk = a->dk.data;
+  p.dk_bs = a->dk.batch_stride;
+  p.dk_ts = a->dk.tok_stride;
+  p.dk_hs = a->dk.head_stride;
+  p.dv = a->dv.data;
+  p.dv_bs = a->dv.batch_stride;
+  p.dv_ts = a->dv.tok_stride;
+  p.dv_hs = a->dv.head_stride;
+  p.dq_acc = (float *)ws;
+  p.lse2 = (const float *)(ws + acc_bytes);
+  p.dsum = (const float *)(ws + acc_bytes + vec_bytes);
+  p.sq = (int)a->sq;
+  p.sk = (int)a->sk;
+  p.sq_pad = (int)sq_pad;
+  p.hq = (int)a->hq;
+  p.group = (int)(a->hq / a->hkv);
+  p.causal = a->window_right == 0;
+  p.scale = a->scale;
+  p.scale_log2 = a->scale * 1.4426950408889634f;
+  if (a->d == 64)
+    return a->dtype == OT_BF16 ? launch<__nv_bfloat16, 64>(ctx, a, maps, p, rows)
+                               : launch<__half, 64>(ctx, a, maps, p, rows);
+  return a->dtype == OT_BF16 ? launch<__nv_bfloat16, 128>(ctx, a, maps, p, rows)
+                             : launch<__half, 128>(ctx, a, maps, p, rows);
+}
