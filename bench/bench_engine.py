@@ -195,6 +195,9 @@ def check(args):
                 results[graphs + "greedy"] = eng.generate(prompts, steps, stop=[])
                 if graphs == "1":
                     note = eng.cuda_graph_note
+                    # one prompt alone: its prefill takes the dense attention layout
+                    results["single"] = eng.generate([prompts[1]], steps, stop=[],
+                                                     return_logits=True)
         os.environ.pop("OTE_CUDA_GRAPHS", None)
     r = results["1"]
     print(f"engine: decode CUDA graph {'on' if r.cuda_graph else 'off'} {note}")
@@ -204,26 +207,28 @@ def check(args):
     got = torch.stack([torch.from_numpy(x) for x in r.logits])  # [steps, n, V]
     atol, rtol = 0.1, 0.05
     worst = 0.0
-    for i, p in enumerate(prompts):
+    single = torch.stack([torch.from_numpy(x) for x in results["single"].logits])
+    cases = [(i, p, r.tokens[i], got[:, i], "") for i, p in enumerate(prompts)]
+    cases.append((1, prompts[1], results["single"].tokens[0], single[:, 0], " alone"))
+    for i, p, toks, got_i, label in cases:
         ref_tokens, ref_logits = hf_greedy(ref, p, steps)
-        toks = r.tokens[i]
         n = 0
         while n < steps and toks[n] == ref_tokens[n]:
             n += 1
-        cmp = got[: min(n + 1, steps), i]
+        cmp = got_i[: min(n + 1, steps)]
         err = (cmp - ref_logits[: n + 1]).abs()
         worst = max(worst, float(err.max()))
         try:
             torch.testing.assert_close(cmp, ref_logits[: n + 1], atol=atol, rtol=rtol)
         except AssertionError as ex:
-            failures.append(f"prompt {i} (len {len(p)}): logits: {str(ex).splitlines()[0:3]}")
+            failures.append(f"prompt {i}{label} (len {len(p)}): logits: {str(ex).splitlines()[0:3]}")
         if n < steps:
             top = torch.topk(ref_logits[n], 2).values
             gap = float(top[0] - top[1])
-            print(f"prompt {i}: tokens part at step {n} (HF top-2 gap {gap:.3f})")
+            print(f"prompt {i}{label}: tokens part at step {n} (HF top-2 gap {gap:.3f})")
             if gap >= 2 * atol:
-                failures.append(f"prompt {i}: greedy tokens part at step {n} without a near-tie")
-        print(f"prompt {i} (len {len(p)}): {n}/{steps} greedy tokens equal HF, "
+                failures.append(f"prompt {i}{label}: greedy tokens part at step {n} without a near-tie")
+        print(f"prompt {i}{label} (len {len(p)}): {n}/{steps} greedy tokens equal HF, "
               f"max |logit diff| {float(err.max()):.4f}")
     if results["1greedy"].tokens != r.tokens:
         failures.append("device argmax tokens differ from the host's argmax of the logits")
@@ -333,6 +338,30 @@ def engine_times(eng, s, prompt_len, batches, steps, warm):
         out[f"graph_b{B}"] = eng.cuda_graph
         for i in range(B):
             eng.free(i)
+    if DEV == "cuda" and 1 in batches:
+        # the same decode with every linear on cuBLASLt (OT_LINEAR_GEMV=0, read when the
+        # graph is captured): what the small-M kernel buys, in this run
+        os.environ["OT_LINEAR_GEMV"] = "0"
+        try:
+            nxt = eng.prefill([prompt], greedy=True)
+            ts = []
+            for i in range(warm + steps):
+                t = time.perf_counter()
+                nxt = eng.decode(nxt, greedy=True)
+                ts.append((time.perf_counter() - t) * 1e3)
+            out["decode_ms_b1_cublaslt"] = statistics.median(ts[warm:])
+            eng.free(0)
+        finally:
+            del os.environ["OT_LINEAR_GEMV"]
+        # where the time goes: every op timed with events (eager, enqueued behind a spin)
+        eng.set_profile(True)
+        nxt = eng.prefill([prompt], greedy=True)
+        for i in range(6):
+            nxt = eng.decode(nxt, greedy=True)
+        out["profile"] = eng.profile_report()
+        eng.set_profile(False)
+        eng.free(0)
+        print(out["profile"], flush=True)
     return out
 
 
@@ -368,11 +397,29 @@ def hf_times(model, s, prompt_len, batches, steps, warm, compile_decode):
         if DEV == "cuda":
             torch.cuda.empty_cache()
     if compile_decode:
-        for B in batches:
+        import signal
+
+        def _timeout(signum, frame):
+            raise TimeoutError(f"over the {compile_decode[1]} s time box")
+
+        for B in compile_decode[0]:
+            old = signal.signal(signal.SIGALRM, _timeout)
+            signal.alarm(compile_decode[1])
+            t0 = time.perf_counter()
             try:
                 out[f"compiled_decode_ms_b{B}"] = hf_compiled_decode(model, s, prompt_len, B, steps)
+                print(f"HF static cache + torch.compile, batch {B}: "
+                      f"{out[f'compiled_decode_ms_b{B}']:.2f} ms/step "
+                      f"(compile + run {time.perf_counter() - t0:.0f} s)", flush=True)
             except Exception as ex:  # report, keep the run going
-                print(f"HF static cache + torch.compile, batch {B}: failed: {ex}")
+                out[f"compiled_decode_failed_b{B}"] = f"{type(ex).__name__}: {ex}"[:300]
+                print(f"HF static cache + torch.compile, batch {B}: skipped: "
+                      f"{type(ex).__name__}: {str(ex)[:300]}", flush=True)
+            finally:
+                signal.alarm(0)
+                signal.signal(signal.SIGALRM, old)
+            gc.collect()
+            torch.cuda.empty_cache()
     return out
 
 
@@ -420,7 +467,9 @@ def bench(args, doc, save):
         hf = {}
         if not args.no_hf:
             try:
-                hf = hf_times(model, s, P, args.batches, args.steps, 3, args.hf_compile)
+                hf = hf_times(model, s, P, args.batches, args.steps, 3,
+                              (args.hf_compile_batches, args.hf_compile_timeout)
+                              if args.hf_compile and name in args.hf_compile_shapes else None)
             except torch.cuda.OutOfMemoryError as ex:
                 print(f"{name}: HF out of memory: {ex}")
             print(f"{name}: HF {hf}", flush=True)
@@ -442,7 +491,8 @@ def bench(args, doc, save):
                "fraction_of_ceiling": round(roof_ms / ours["ttft_ms"], 3),
                "ttft_ms": round(ours["ttft_ms"], 2),
                "peer_ttft_ms": {k: round(P / v * 1e3, 2) for k, v in peers.items()},
-               "roofline_ms": round(roof_ms, 2), "memory_bytes": mem}
+               "roofline_ms": round(roof_ms, 2), "memory_bytes": mem,
+               "profile_ms_per_forward": ours.get("profile")}
         doc["rows"].append(row)
         for B in args.batches:
             ms = ours[f"decode_ms_b{B}"]
@@ -460,6 +510,11 @@ def bench(args, doc, save):
                 "ratio_best_peer": round(rate / max(peers.values()), 3) if peers else None,
                 "fraction_of_ceiling": round(rate / ceil, 3), "step_ms": round(ms, 3),
                 "roofline_tokens_per_s": round(ceil, 1), "cuda_graph": ours[f"graph_b{B}"]})
+            if B == 1 and "decode_ms_b1_cublaslt" in ours:
+                doc["rows"][-1]["step_ms_all_cublaslt"] = round(ours["decode_ms_b1_cublaslt"], 3)
+            for k in ("compiled_decode_failed_b%d" % B,):
+                if k in hf:
+                    doc["rows"][-1]["hf_compile_skipped"] = hf[k]
         save()
 
 
@@ -490,6 +545,11 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--hf-compile", action="store_true")
+    ap.add_argument("--hf-compile-batches", default="1",
+                    help="batches for HF static cache + torch.compile (default 1)")
+    ap.add_argument("--hf-compile-shapes", default="llama3-8b")
+    ap.add_argument("--hf-compile-timeout", type=int, default=120,
+                    help="seconds per batch for compile + run; over it the peer is skipped")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--table", default=None, help="write the markdown table here too")
@@ -497,6 +557,8 @@ def main():
     ap.add_argument("--command", default=None)
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.hf_compile_batches = [int(b) for b in args.hf_compile_batches.split(",")]
+    args.hf_compile_shapes = args.hf_compile_shapes.split(",")
     global DEV
     DEV = args.device
     torch.manual_seed(0)

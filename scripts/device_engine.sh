@@ -7,8 +7,13 @@
 #   2. ot-run on the GPU (tiny config, batch 4): TTFT, tokens/s, CUDA graph, memory
 #   3. bench/bench_engine.py --check: logits and greedy tokens vs HF transformers (bf16)
 #   4. --bench (same process) -> $OUT/engine.json (+ engine_table.md), table last
-#   5. weight streaming (--offload) of llama2-7b: TTFT, tokens/s, the measured H2D bandwidth
-#      and layer time, and the prefetch distance the rule asks for (ENGINE_OFFLOAD_BIG=0: skip)
+#   5. weight streaming (--offload) of llama3-8b with a device budget of 2/3 of its weights
+#      (the model is 1.5x the budget): TTFT, tokens/s, the measured H2D bandwidth, the copy
+#      bound and the prefetch distance the rule asks for (ENGINE_OFFLOAD_BIG=0: skip); runs
+#      before 3 + 4 (the benchmark may use up the time limit)
+#   0. with a pack that has them: test_ops --suite linear on CUDA (the small-M kernel's
+#      cases), compute-sanitizer memcheck over its bf16 cases, and
+#      bench/engine_linear_bench.c (small-M kernel vs cuBLASLt at the engine's shapes)
 #
 #   device run:  bash scripts/device_engine.sh run COMMIT [bench args...]
 #                (carry [".carry"], or [".devcarry-engine"] with a prebuilt pack)
@@ -35,6 +40,13 @@ if [ "$MODE" = pack ]; then
   cmake --build "$BUILD" -j "$(nproc)" --target ot-run ot_engine_shared
   rm -rf "$CARRY/stage" && mkdir -p "$CARRY/stage/lib"
   cp "$BUILD/tools/ot-run" "$CARRY/stage/"
+  # the linear tests and the small-M benchmark (optional: a build with tests)
+  if cmake --build "$BUILD" -j "$(nproc)" --target test_ops; then
+    cp "$BUILD/tests/test_ops" "$CARRY/stage/"
+  fi
+  CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+  cc -O2 -std=c11 bench/engine_linear_bench.c -Iinclude -I"$CUDA_HOME/include" -L"$BUILD" \
+    -lops_transformer -L"$CUDA_HOME/lib64" -lcudart -o "$CARRY/stage/engine_linear_bench"
   cp -a "$BUILD"/libops_transformer.so* "$BUILD/src/engine/libot_engine.so" "$CARRY/stage/lib/"
   cp -a .carry/deps/lib/libopenblas.so.0 .carry/deps/lib/libgfortran.so.5 \
     .carry/deps/lib/libquadmath.so.0 .carry/cjson/lib/libcjson.so.1* "$CARRY/stage/lib/"
@@ -87,6 +99,28 @@ if [ "$PREBUILT" = 0 ]; then
 fi
 stamp "binaries ready"
 
+# ---- 0. the small-M linear kernel: tests, memcheck, benchmark (prebuilt pack only) -------
+if [ "$PREBUILT" = 1 ] && [ -x "$BIN/pack/test_ops" ]; then
+  if timeout 60 "$BIN/pack/test_ops" --backend cuda --suite linear >"$OUTD/test_linear.log" 2>&1; then
+    SUMMARY+=("test_ops linear (cuda): $(tail -1 "$OUTD/test_linear.log")")
+  else
+    SUMMARY+=("test_ops linear (cuda) FAILED: $(grep -m3 -i fail "$OUTD/test_linear.log" | tr '\n' ' ')")
+  fi
+  if command -v compute-sanitizer >/dev/null; then
+    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/pack/test_ops" \
+      --backend cuda --suite linear --filter "bf16 x[1" >"$OUTD/memcheck_linear.log" 2>&1
+    SUMMARY+=("memcheck linear bf16 M=1.. (rc $?): $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_linear.log" | tail -1) $(tail -1 "$OUTD/memcheck_linear.log" | head -c 200)")
+  fi
+  stamp "linear tests done"
+fi
+if [ "$PREBUILT" = 1 ] && [ -x "$BIN/pack/engine_linear_bench" ]; then
+  timeout 60 "$BIN/pack/engine_linear_bench" --json "$OUTD/linear_small_m.json" \
+    >"$OUTD/linear_small_m.txt" 2>&1
+  SUMMARY+=("small-M linear bench rc $?: $OUTD/linear_small_m.txt")
+  cat "$OUTD/linear_small_m.txt"
+  stamp "linear bench done"
+fi
+
 # ---- 2. ot-run on the GPU ----------------------------------------------------------------
 if "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 --batch 4 \
     --prompt-ids 1,2,3,4,5,6,7,8 --max-new-tokens 64 --ignore-eos >"$OUTD/ot_run.txt" 2>&1; then
@@ -109,29 +143,29 @@ else
 fi
 stamp "ot-run done"
 
+# ---- 5. weight streaming at a real size: llama3-8b, device budget 2/3 of its weights -----
+if [ "${ENGINE_OFFLOAD_BIG:-1}" = 1 ]; then
+  P=$(seq -s, 1 128)
+  OTE_OFFLOAD_RING=${ENGINE_OFFLOAD_RING:-2} timeout 90 "$OT_RUN" --config llama3-8b --random-weights \
+    --device cuda --dtype bf16 --prompt-ids "$P" --max-new-tokens 8 --ignore-eos --offload \
+    --offload-budget "${ENGINE_OFFLOAD_BUDGET:-0.6667x}" >"$OUTD/ot_run_offload_8b.txt" 2>&1
+  SUMMARY+=("offload llama3-8b (rc $?): $(grep -E '^(time to first|decode|memory|offload)' "$OUTD/ot_run_offload_8b.txt" | tr '\n' ' ' || tail -1 "$OUTD/ot_run_offload_8b.txt")")
+  stamp "offload 8b done"
+fi
+
 # ---- 3 + 4. correctness vs HF, then the benchmark (one Python process: one torch start) --
 CMD="bash scripts/device_engine.sh run $COMMIT $*"
 CHECK=(--check)
 [ "${ENGINE_SKIP_CHECK:-0}" = 1 ] && CHECK=()
 export PYTHONUNBUFFERED=1
 # shellcheck disable=SC2086
-python3 bench/bench_engine.py "${CHECK[@]}" --bench --shapes "${ENGINE_SHAPES:-llama3-8b,llama-13b}" \
+timeout "${ENGINE_BENCH_TIMEOUT:-900}" python3 bench/bench_engine.py "${CHECK[@]}" --bench --shapes "${ENGINE_SHAPES:-llama3-8b,llama-13b}" \
   --json "$OUTD/engine.json" --table "$OUTD/engine_table.md" --commit "$COMMIT" --command "$CMD" \
   ${ENGINE_BENCH_ARGS:-} "$@" 2>&1 | tee "$OUTD/bench.txt" |
   grep --line-buffered -vE "Warning|warn\(|forward_call|deprecated|it/s\]|^\|"
 rc=${PIPESTATUS[0]}
 SUMMARY+=("check vs HF: $(grep -E '^check:' "$OUTD/bench.txt" || echo "none (rc $rc, see bench.txt)")")
 stamp "check + bench done (rc $rc)"
-
-# ---- 5. weight streaming at a real size (after the benchmark: optional) -----------------
-if [ "${ENGINE_OFFLOAD_BIG:-1}" = 1 ]; then
-  P=$(seq -s, 1 128)
-  OTE_OFFLOAD_RING=${ENGINE_OFFLOAD_RING:-4} timeout 120 "$OT_RUN" --config llama2-7b --random-weights \
-    --device cuda --dtype bf16 --prompt-ids "$P" --max-new-tokens 8 --ignore-eos --offload \
-    >"$OUTD/ot_run_offload_7b.txt" 2>&1
-  SUMMARY+=("offload llama2-7b: $(grep -E '^(time to first|decode|offload)' "$OUTD/ot_run_offload_7b.txt" | tr '\n' ' ' || tail -1 "$OUTD/ot_run_offload_7b.txt")")
-  stamp "offload 7b done"
-fi
 
 echo
 echo "=== summary"

@@ -129,11 +129,13 @@ static const char *shape_name(const lin_case *c, char *buf, size_t n) {
   return buf;
 }
 
-static void forward_case(test_run *tr, DLDataType dt, const lin_case *c, bool with_bias) {
+/* tag: "" or the implementation forced (small-M cases), part of the case's name */
+static void forward_case_tag(test_run *tr, DLDataType dt, const lin_case *c, bool with_bias,
+                             const char *tag) {
   char lead[48];
-  if (!tr_begin(tr, "forward %s x%s K=%lld N=%lld%s pad=%lld/%lld", dt_name(dt),
+  if (!tr_begin(tr, "forward %s x%s K=%lld N=%lld%s pad=%lld/%lld%s", dt_name(dt),
                 shape_name(c, lead, sizeof lead), (long long)c->K, (long long)c->N,
-                with_bias ? " bias" : "", (long long)c->x_pad, (long long)c->y_pad))
+                with_bias ? " bias" : "", (long long)c->x_pad, (long long)c->y_pad, tag))
     return;
   const backend *be = tr->be;
   rng r = tr_rng(tr);
@@ -171,6 +173,39 @@ static void forward_case(test_run *tr, DLDataType dt, const lin_case *c, bool wi
   tb_free(b);
   tb_free(y);
   tr_end(tr);
+}
+
+static void forward_case(test_run *tr, DLDataType dt, const lin_case *c, bool with_bias) {
+  forward_case_tag(tr, dt, c, with_bias, "");
+}
+
+/* Few rows (decode): the CUDA backend's matrix-vector kernel for M <= 16 (src/cuda/linear.cu)
+ * -- 16-byte vector path (K a multiple of the vector, aligned rows), scalar path (odd K,
+ * x rows padded off alignment), split-K (few columns, long K: float32 partials summed in a
+ * second kernel), M = 1 .. 16 and a 3-D x. Run with the automatic dispatch, and on CUDA
+ * forced on and off with OT_LINEAR_GEMV. */
+static const lin_case small_m_cases[] = {
+    {1, 0, 4096, 256, 0, 0},  {1, 0, 4104, 40, 0, 0},  {1, 0, 8, 1, 0, 0},
+    {1, 0, 12000, 7, 0, 0},   {2, 0, 1000, 96, 0, 0},  {3, 0, 77, 65, 0, 0},
+    {4, 0, 1024, 1000, 8, 3}, {5, 0, 256, 129, 1, 0},  {7, 0, 640, 2050, 0, 1},
+    {8, 0, 2048, 33, 0, 0},   {9, 0, 520, 300, 0, 2},  {2, 3, 128, 72, 0, 0},
+    {13, 0, 999, 31, 5, 0},   {16, 0, 4096, 64, 0, 0}, {16, 0, 33, 17, 0, 0},
+    {3, 0, 8200, 24, 0, 0},   {2, 0, 3001, 5, 0, 0},   {16, 0, 6000, 10, 0, 3},
+};
+#define N_SMALL_M_CASES (sizeof small_m_cases / sizeof small_m_cases[0])
+
+static void small_m_forward(test_run *tr, DLDataType dt) {
+  for (size_t i = 0; i < N_SMALL_M_CASES; i++) {
+    const lin_case *c = &small_m_cases[i];
+    forward_case(tr, dt, c, i % 2 == 0);
+    if (!tr->be->is_cuda) continue;
+    setenv("OT_LINEAR_GEMV", "1", 1);
+    forward_case_tag(tr, dt, c, true, " gemv");
+    forward_case_tag(tr, dt, c, false, " gemv");
+    setenv("OT_LINEAR_GEMV", "0", 1);
+    forward_case_tag(tr, dt, c, i % 2 != 0, " cublaslt");
+    unsetenv("OT_LINEAR_GEMV");
+  }
 }
 
 enum { OUT_DX = 1, OUT_DW = 2, OUT_DB = 4, OUT_ALL = 7 };
@@ -506,6 +541,7 @@ static void run(test_run *tr) {
       forward_case(tr, dts[d], &cases[i], true);
       forward_case(tr, dts[d], &cases[i], false);
     }
+    small_m_forward(tr, dts[d]);
     for (size_t i = 0; i < N_CASES; i++) {
       backward_case(tr, dts[d], &cases[i], OUT_ALL);
       /* the subsets on the small and the strided shapes */

@@ -28,6 +28,7 @@ static void usage(FILE *f) {
           "              [--temperature T] [--top-k K] [--top-p P] [--seed N]\n"
           "              [--stop-ids a,b] [--ignore-eos] [--dtype f32|bf16|f16] [--threads N]\n"
           "              [--device cpu|cuda] [--kv-block N] [--no-cuda-graph] [--offload]\n"
+          "              [--offload-budget GB | FRACTIONx]\n"
           "              [--dump-logits FILE] [--quiet]\n"
           "  --config NAME      a named configuration: %s\n"
           "  --model DIR        a HF directory: config.json + *.safetensors (sharded or not)\n"
@@ -35,7 +36,10 @@ static void usage(FILE *f) {
           "  --dump-logits FILE float32 logits of every step, [steps][live sequences][vocab]\n"
           "  --kv-block N       tokens per page of the paged KV cache (default 16)\n"
           "  --offload          CUDA: stream the layers' weights from pinned host memory through\n"
-          "                     a ring of device slots (OTE_OFFLOAD_RING slots, default 2)\n",
+          "                     a ring of device slots (OTE_OFFLOAD_RING slots, default 2)\n"
+          "  --offload-budget B with --offload: device memory for all weights, in GB (1e9 bytes)\n"
+          "                     or as a fraction of the model's weights (0.67x); the first layers\n"
+          "                     that fit stay resident, the others stream (default: all stream)\n",
           ote_config_names());
 }
 
@@ -74,6 +78,7 @@ int main(int argc, char **argv) {
   int random_weights = 0, max_new = 32, top_k = 0, threads = 0, batch = 0, ignore_eos = 0,
       quiet = 0, kv_block = 16, no_graph = 0,
       offload = 0;
+  const char *budget_arg = NULL;
   float temperature = 0, top_p = 1;
   unsigned long long seed = 1;
   DLDataType dtype = {kDLFloat, 32, 1};
@@ -107,6 +112,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--kv-block")) { NEEDV(); kv_block = atoi(v); }
     else if (!strcmp(a, "--no-cuda-graph")) no_graph = 1;
     else if (!strcmp(a, "--offload")) offload = 1;
+    else if (!strcmp(a, "--offload-budget")) { NEEDV(); budget_arg = v; }
     else if (!strcmp(a, "--dtype")) {
       NEEDV();
       if (!strcmp(v, "f32") || !strcmp(v, "float32")) dtype = (DLDataType){kDLFloat, 32, 1};
@@ -181,6 +187,18 @@ int main(int argc, char **argv) {
   opt.kv_block_size = kv_block;
   opt.cuda_graphs = !no_graph;
   opt.offload = offload;
+  if (budget_arg) {
+    char *end = NULL;
+    double b = strtod(budget_arg, &end);
+    if (!(b > 0) || (*end && strcmp(end, "x"))) {
+      fprintf(stderr, "ot-run: --offload-budget %s: expected GB (10.5) or a fraction (0.67x)\n",
+              budget_arg);
+      return 2;
+    }
+    size_t es = dtype.bits / 8;
+    opt.offload_budget = *end == 'x' ? (size_t)(b * (double)ote_config_param_count(&cfg) * (double)es)
+                                     : (size_t)(b * 1e9);
+  }
   if (!strcmp(device, "cuda")) opt.device_type = kDLCUDA;
   else if (strcmp(device, "cpu")) { fprintf(stderr, "ot-run: --device %s: cpu or cuda\n", device); return 2; }
 

@@ -100,6 +100,8 @@ def _load():
         "ote_decode_graph_active": (I, [P]),
         "ote_decode_graph_note": (S, [P]),
         "ote_engine_export": (I, [P, S, P, ctypes.c_size_t]),
+        "ote_engine_set_profile": (None, [P, I]),
+        "ote_engine_profile_report": (None, [P, ctypes.c_char_p, ctypes.c_size_t]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
@@ -222,6 +224,16 @@ class Engine:
     @property
     def cuda_graph_note(self) -> str:
         return self._lib.ote_decode_graph_note(self._e).decode()
+
+    def set_profile(self, on: bool):
+        """CUDA: time every op of each forward (eagerly, with events); clears the sums."""
+        self._lib.ote_engine_set_profile(self._e, 1 if on else 0)
+
+    def profile_report(self) -> str:
+        """Mean milliseconds per forward by kind of op, per phase (see set_profile)."""
+        buf = ctypes.create_string_buffer(4096)
+        self._lib.ote_engine_profile_report(self._e, buf, len(buf))
+        return buf.value.decode()
 
     # ---- tokens -----------------------------------------------------------------------
     def tokenizer(self):

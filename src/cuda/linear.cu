@@ -324,6 +324,211 @@ static cudaError_t column_sum_any(ot_dtype d, const void *dy, int64_t ds, int64_
   }
 }
 
+/* ---- small-M linear (decode): y [M, N] = x [M, K] W [N, K]^T (+ b), M <= 16 ----------
+ * At a few rows the layer is a matrix-vector product bound by reading W once; cuBLASLt's
+ * tensor-core tiles waste most of their width there. One warp per output column n (a row
+ * of W): each lane streams 16-byte vectors of W's row (ld.global.cs, kGemvUnroll of them
+ * in flight), multiplies them with the same K positions of the MT rows of x (plain loads:
+ * x is small and every warp of the block reads it, so it stays in L1 / L2) in float32,
+ * then a warp-shuffle sum; the bias is added in float32 before the one rounding to T.
+ * When N gives too few warps to keep every SM streaming, K is split over grid.y: float32
+ * partials [splits, M, N] in the context's scratch and a second kernel that sums them in
+ * split order (deterministic) and applies the bias. VEC: K a multiple of the vector width
+ * and x / W rows 16-byte aligned; otherwise a scalar path (one element per lane). */
+constexpr int kGemvWarps = 4;   /* warps per block: small blocks, so N = 4096 spreads evenly */
+constexpr int kGemvUnroll = 4;  /* W vectors in flight per lane */
+constexpr int kGemvMaxM = 16;
+constexpr int kGemvAutoMaxM = 4; /* where the auto dispatch uses it (see gemv_wanted) */
+
+template <typename T, int MT, bool VEC>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_kernel(const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
+                const T *__restrict__ bias, T *__restrict__ y, int64_t ys, float *__restrict__ part,
+                int M, int64_t K, int64_t N, int64_t klen) {
+  const int lane = threadIdx.x & 31;
+  const int64_t n = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (n >= N) return;
+  const int64_t kb = (int64_t)blockIdx.y * klen;
+  const int64_t ke = kb + klen < K ? kb + klen : K;
+  const T *wr = w + n * K;
+  float acc[MT];
+#pragma unroll
+  for (int m = 0; m < MT; m++) acc[m] = 0.0f;
+  if (VEC) {
+    constexpr int V = vec_width<T>::value;
+    constexpr int64_t step = 32 * V;
+    for (int64_t k0 = kb + (int64_t)lane * V; k0 < ke; k0 += step * kGemvUnroll) {
+      raw16 wv[kGemvUnroll];
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; u++)
+        load_raw<T, true, true>(wv[u], wr, k0 + u * step, ke, k0 + u * step < ke);
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; u++) {
+        const int64_t k = k0 + u * step;
+        if (k < ke) {
+          float wf[V];
+          unpack<T>(wf, wv[u]);
+#pragma unroll
+          for (int m = 0; m < MT; m++)
+            if (m < M) {
+              raw16 xv;
+              load_raw<T, true, false>(xv, x + (int64_t)m * xs, k, ke, true);
+              float xf[V];
+              unpack<T>(xf, xv);
+#pragma unroll
+              for (int i = 0; i < V; i++) acc[m] = fmaf(wf[i], xf[i], acc[m]);
+            }
+        }
+      }
+    }
+  } else {
+    for (int64_t k0 = kb + lane; k0 < ke; k0 += 32 * kGemvUnroll) {
+      float wf[kGemvUnroll];
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; u++) {
+        const int64_t k = k0 + u * 32;
+        wf[u] = k < ke ? to_f32(wr[k]) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; u++) {
+        const int64_t k = k0 + u * 32;
+        if (k < ke)
+#pragma unroll
+          for (int m = 0; m < MT; m++)
+            if (m < M) acc[m] = fmaf(wf[u], to_f32(x[(int64_t)m * xs + k]), acc[m]);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < MT; m++) acc[m] = warp_sum(acc[m]);
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+    if (lane == m && m < M) { /* lane m writes row m */
+      if (part) {
+        part[((int64_t)blockIdx.y * M + m) * N + n] = acc[m];
+      } else {
+        const float b = bias ? to_f32(bias[n]) : 0.0f;
+        y[(int64_t)m * ys + n] = from_f32<T>(acc[m] + b);
+      }
+    }
+}
+
+/* y[m, n] = sum over splits of part[s, m, n] (in order) + bias[n], rounded to T. */
+template <typename T>
+__global__ void gemv_reduce_kernel(const float *__restrict__ part, int splits, int M, int64_t N,
+                                   const T *__restrict__ bias, T *__restrict__ y, int64_t ys) {
+  const int64_t total = (int64_t)M * N;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t m = i / N, n = i - m * N;
+    float s = 0.0f;
+    for (int p = 0; p < splits; p++) s += part[(int64_t)p * total + i];
+    if (bias) s += to_f32(bias[n]);
+    y[m * ys + n] = from_f32<T>(s);
+  }
+}
+
+template <typename T, int MT>
+static void gemv_launch_mt(bool vec, dim3 grid, cudaStream_t st, const ot_linear_forward_args *a,
+                           float *part, int64_t klen) {
+  const T *x = (const T *)a->x, *w = (const T *)a->weight, *b = (const T *)a->bias;
+  T *y = (T *)a->y;
+  const int M = (int)a->rows;
+  if (vec)
+    gemv_kernel<T, MT, true><<<grid, kGemvWarps * 32, 0, st>>>(
+        x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features, a->out_features, klen);
+  else
+    gemv_kernel<T, MT, false><<<grid, kGemvWarps * 32, 0, st>>>(
+        x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features, a->out_features, klen);
+}
+
+template <typename T>
+static cudaError_t gemv_launch(bool vec, dim3 grid, cudaStream_t st,
+                               const ot_linear_forward_args *a, float *part, int64_t klen) {
+  const int64_t M = a->rows;
+  if (M <= 1) gemv_launch_mt<T, 1>(vec, grid, st, a, part, klen);
+  else if (M <= 2) gemv_launch_mt<T, 2>(vec, grid, st, a, part, klen);
+  else if (M <= 4) gemv_launch_mt<T, 4>(vec, grid, st, a, part, klen);
+  else if (M <= 8) gemv_launch_mt<T, 8>(vec, grid, st, a, part, klen);
+  else gemv_launch_mt<T, 16>(vec, grid, st, a, part, klen);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || !part) return e;
+  const int64_t total = M * a->out_features;
+  int64_t blocks = (total + 255) / 256;
+  if (blocks > 4096) blocks = 4096;
+  gemv_reduce_kernel<T><<<(unsigned)blocks, 256, 0, st>>>(part, (int)grid.y, (int)M,
+                                                          a->out_features, (const T *)a->bias,
+                                                          (T *)a->y, a->y_stride);
+  return cudaGetLastError();
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Whether the small-M kernel runs this forward. OT_LINEAR_GEMV: "0" never, "1" for every
+ * M <= 16 (any K, alignment, dtype: the tests use it), unset / other: auto -- bfloat16 /
+ * float16, M <= kGemvAutoMaxM and 16-byte vectors possible, where it reads W at close to
+ * the memory bandwidth and cuBLASLt does not (docs/ENGINE.md has the measurements). */
+static bool gemv_wanted(const ot_linear_forward_args *a, bool *vec) {
+  const size_t es = ot_dtype_size(a->dtype);
+  const int64_t V = 16 / (int64_t)es;
+  *vec = a->in_features % V == 0 && aligned16(a->x) && aligned16(a->weight) &&
+         (a->rows == 1 || ((size_t)a->x_stride * es) % 16 == 0);
+  if (a->rows > kGemvMaxM) return false;
+  const char *e = getenv("OT_LINEAR_GEMV");
+  if (e && e[0] == '0') return false;
+  if (e && e[0] == '1') return true;
+  return a->dtype != OT_F32 && a->rows <= kGemvAutoMaxM && *vec;
+}
+
+static ot_status gemv_forward(ot_context *ctx, const char *op, const ot_linear_forward_args *a,
+                              bool vec) {
+  const ot_cuda_state *cs = ot_cuda_state_of(ctx);
+  cudaStream_t st = (cudaStream_t)ctx->stream;
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  const int64_t chunk = (vec ? 32 * (16 / (int64_t)ot_dtype_size(a->dtype)) : 32) * kGemvUnroll;
+  /* split K when the columns give fewer than ~16 warps per SM, each split >= 2 chunks */
+  const int64_t want = (int64_t)(cs->sm_count > 0 ? cs->sm_count : 100) * 16;
+  int64_t splits = 1;
+  if (N < want) {
+    splits = (want + N - 1) / N;
+    int64_t most = K / (2 * chunk);
+    if (splits > most) splits = most;
+    if (splits > 64) splits = 64;
+    if (splits < 1) splits = 1;
+  }
+  float *part = nullptr;
+  if (splits > 1) {
+    const size_t need = (size_t)(splits * M * N) * sizeof(float);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    (void)cudaStreamIsCapturing(st, &cap);
+    if (cap != cudaStreamCaptureStatusNone && need > cs->scratch_bytes) {
+      splits = 1; /* growing the scratch synchronizes the stream: not inside a capture */
+    } else {
+      part = (float *)ot_cuda_scratch(ctx, need, op);
+      if (!part) return OT_ERR_BACKEND;
+    }
+  }
+  int64_t klen = K;
+  if (splits > 1) {
+    klen = ((K + splits - 1) / splits + chunk - 1) / chunk * chunk;
+    splits = (K + klen - 1) / klen;
+    if (splits <= 1) {
+      part = nullptr;
+      klen = K;
+      splits = 1;
+    }
+  }
+  dim3 grid((unsigned)((N + kGemvWarps - 1) / kGemvWarps), (unsigned)splits, 1);
+  cudaError_t e;
+  switch (a->dtype) {
+    case OT_F16: e = gemv_launch<__half>(vec, grid, st, a, part, klen); break;
+    case OT_BF16: e = gemv_launch<__nv_bfloat16>(vec, grid, st, a, part, klen); break;
+    default: e = gemv_launch<float>(vec, grid, st, a, part, klen); break;
+  }
+  OT_CUDA_CHECK(op, e);
+  return OT_OK;
+}
+
 } /* namespace ot */
 
 extern "C" ot_status ot_cuda_linear_forward(ot_context *ctx, const ot_linear_forward_args *a) {
@@ -336,6 +541,8 @@ extern "C" ot_status ot_cuda_linear_forward(ot_context *ctx, const ot_linear_for
     OT_CUDA_CHECK(op, fill_rows_any(a->dtype, a->y, a->y_stride, a->bias, M, N, st));
     return OT_OK;
   }
+  bool vec = false;
+  if (gemv_wanted(a, &vec)) return gemv_forward(ctx, op, a, vec);
   ot_gemm g;
   memset(&g, 0, sizeof g);
   g.transa = true;

@@ -24,6 +24,7 @@ int ote_cuda_argmax(int32_t *out, const void *logits, int dtype_code, int dtype_
                     int vocab, void *stream);
 int ote_cuda_fill_random(void *dst, size_t n, int code, int bits, uint64_t seed,
                          uint64_t tensor_id, float a, float constant, void *stream);
+int ote_cuda_spin(long long ns, void *stream);
 #else
 static ot_status no_cuda(const char *what) {
   return ote_error(OT_ERR_NO_DEVICE, "engine: %s: built without the CUDA backend", what);
@@ -128,6 +129,47 @@ ot_status ote_dev_upload_async(const ote_device *d, void *dst, const void *src, 
   return cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, STREAM(d)), "upload");
 #else
   return no_cuda("upload");
+#endif
+}
+
+ot_status ote_dev_download_async(const ote_device *d, void *dst, const void *src, size_t bytes) {
+  if (!bytes) return OT_OK;
+  if (on_cpu(d)) {
+    if (dst != src) memcpy(dst, src, bytes);
+    return OT_OK;
+  }
+#ifdef OT_HAVE_CUDA
+  return cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, STREAM(d)),
+                    "download");
+#else
+  return no_cuda("download");
+#endif
+}
+
+ot_status ote_dev_host_alloc(const ote_device *d, size_t bytes, void **out) {
+  *out = NULL;
+  size_t sz = bytes ? (bytes + 255) / 256 * 256 : 256;
+  if (on_cpu(d)) {
+    void *p = aligned_alloc(64, sz);
+    if (!p) return ote_error(OT_ERR_OOM, "engine: cannot allocate %zu bytes of host memory", bytes);
+    *out = p;
+    return OT_OK;
+  }
+#ifdef OT_HAVE_CUDA
+  return cuda_check(cudaHostAlloc(out, sz, cudaHostAllocPortable), "cudaHostAlloc");
+#else
+  return no_cuda("host alloc");
+#endif
+}
+
+void ote_dev_host_free(const ote_device *d, void *p) {
+  if (!p) return;
+  if (on_cpu(d)) {
+    free(p);
+    return;
+  }
+#ifdef OT_HAVE_CUDA
+  cudaFreeHost(p);
 #endif
 }
 
@@ -246,4 +288,57 @@ ot_status ote_dev_fill_random(const ote_device *d, void *dst, size_t n, DLDataTy
 #endif
   (void)dst, (void)n, (void)dt, (void)seed, (void)tensor_id, (void)a, (void)constant;
   return ote_error(OT_ERR_INTERNAL, "engine: device random fill on the CPU");
+}
+
+/* ---- profiling (engine.c, OTE_PROFILE) ---------------------------------------------- */
+
+ot_status ote_dev_event_create(const ote_device *d, void **ev) {
+  *ev = NULL;
+  if (on_cpu(d)) return OT_OK;
+#ifdef OT_HAVE_CUDA
+  cudaEvent_t e;
+  OTE_TRY(cuda_check(cudaEventCreate(&e), "cudaEventCreate"));
+  *ev = e;
+  return OT_OK;
+#else
+  return no_cuda("event");
+#endif
+}
+
+void ote_dev_event_destroy(void *ev) {
+#ifdef OT_HAVE_CUDA
+  if (ev) cudaEventDestroy((cudaEvent_t)ev);
+#else
+  (void)ev;
+#endif
+}
+
+ot_status ote_dev_event_record(const ote_device *d, void *ev) {
+  if (on_cpu(d) || !ev) return OT_OK;
+#ifdef OT_HAVE_CUDA
+  return cuda_check(cudaEventRecord((cudaEvent_t)ev, STREAM(d)), "cudaEventRecord");
+#else
+  return no_cuda("event");
+#endif
+}
+
+float ote_dev_event_ms(void *a, void *b) {
+#ifdef OT_HAVE_CUDA
+  float ms = 0;
+  if (a && b && cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b) == cudaSuccess) return ms;
+  (void)cudaGetLastError();
+#else
+  (void)a, (void)b;
+#endif
+  return 0;
+}
+
+ot_status ote_dev_spin(const ote_device *d, long long ns) {
+  if (on_cpu(d)) return OT_OK;
+#ifdef OT_HAVE_CUDA
+  return cuda_check((cudaError_t)ote_cuda_spin(ns, d->stream), "spin");
+#else
+  (void)ns;
+  return no_cuda("spin");
+#endif
 }

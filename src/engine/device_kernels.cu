@@ -141,3 +141,18 @@ extern "C" int ote_cuda_fill_random(void *dst, size_t n, int code, int bits, uin
     ote_random_kernel<__half><<<grid, 256, 0, s>>>((__half *)dst, n, seed, tensor_id, a, constant);
   return (int)cudaGetLastError();
 }
+
+/* Profiling (OTE_PROFILE): hold the stream for `ns` nanoseconds so that the host enqueues
+ * a whole forward before the GPU starts it -- the events between the ops then time the
+ * kernels back to back, not the host's launch rate. */
+__global__ void ote_spin_kernel(long long ns) {
+  long long t0 = clock64();
+  /* clock64 counts SM cycles: ~2 GHz, so ns * 2 cycles is at least ns nanoseconds */
+  while (clock64() - t0 < ns * 2) {
+  }
+}
+
+extern "C" int ote_cuda_spin(long long ns, void *stream) {
+  ote_spin_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(ns);
+  return (int)cudaGetLastError();
+}

@@ -18,9 +18,11 @@
  * CUDA: everything is enqueued on the engine's own stream; weights, the KV pool and one
  * activation block are allocated at load / first use, never per step. A decode step of a
  * batch size that already ran once eagerly is captured into a CUDA graph (embedding lookup
- * through lm_head, and the argmax when greedy); later steps of that size refresh the
- * graph's inputs -- token ids and the page table, in device buffers of fixed address --
- * with asynchronous copies and replay it. */
+ * through lm_head, and the argmax when greedy); later steps of that size write the
+ * graph's inputs -- token ids and the page table -- into a pinned host block and replay it:
+ * the graph begins with the one copy of that block into device memory of fixed address and
+ * ends with the copy of the argmax ids into pinned memory, so a step is one graph launch
+ * and one stream synchronization. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,8 +99,12 @@ void ote_engine_destroy(ote_engine *e) {
   free_activations(e);
   free(e->graph);
   free(e->warm);
+  for (int i = 0; i < e->prof_cap; i++) ote_dev_event_destroy(e->prof_ev[i]);
+  free(e->prof_ev);
+  free(e->prof_kind);
   ote_kv_destroy(&e->kv, &e->dev);
   ote_dev_free(&e->dev, e->cu_dec_dev);
+  ote_dev_host_free(&e->dev, e->next_h);
   ote_weights_free(e);
   ote_offload_free(e);
   ot_context_destroy(e->ctx);
@@ -218,6 +224,7 @@ static ot_status engine_finish(ote_engine *e) {
   if (!cu) return ote_error(OT_ERR_OOM, "engine: out of memory");
   for (int i = 0; i <= S; i++) cu[i] = i;
   ot_status st = ote_dev_alloc(&e->dev, sizeof *cu * (size_t)(S + 1), (void **)&e->cu_dec_dev);
+  if (st == OT_OK) st = ote_dev_host_alloc(&e->dev, sizeof(int32_t) * (size_t)S, (void **)&e->next_h);
   if (st == OT_OK) st = ote_dev_upload(&e->dev, e->cu_dec_dev, cu, sizeof *cu * (size_t)(S + 1));
   free(cu);
   return st;
@@ -310,6 +317,68 @@ static ot_rope_params rope_params(const ote_config *c) {
   return p;
 }
 
+/* ---- per-op profile ---------------------------------------------------------------- */
+
+/* An event after the op of `kind` (profile on, CUDA); errors only cost the sample. */
+static void prof_mark(ote_engine *e, int kind) {
+  if (!e->prof_on || e->prof_n >= e->prof_cap) return;
+  if (ote_dev_event_record(&e->dev, e->prof_ev[e->prof_n]) != OT_OK) return;
+  e->prof_kind[e->prof_n++] = (unsigned char)kind;
+}
+
+/* The forward's op times into the sums (after the stream synchronized). */
+static void prof_collect(ote_engine *e) {
+  if (!e->prof_on || e->prof_n < 2) return;
+  for (int i = 1; i < e->prof_n; i++)
+    e->prof_ms[e->prof_phase][e->prof_kind[i]] += ote_dev_event_ms(e->prof_ev[i - 1], e->prof_ev[i]);
+  e->prof_forwards[e->prof_phase]++;
+  e->prof_n = 0;
+}
+
+void ote_engine_set_profile(ote_engine *e, int on) {
+  if (!e || e->dev.dev.device_type == kDLCPU) return;
+  if (on && !e->prof_ev) {
+    int cap = 12 * e->cfg.layers + 32;
+    e->prof_ev = calloc((size_t)cap, sizeof *e->prof_ev);
+    e->prof_kind = calloc((size_t)cap, 1);
+    if (!e->prof_ev || !e->prof_kind) return;
+    for (int i = 0; i < cap; i++) {
+      if (ote_dev_event_create(&e->dev, &e->prof_ev[i]) != OT_OK) break;
+      e->prof_cap = i + 1;
+    }
+  }
+  (void)ote_dev_sync(&e->dev);
+  drop_graphs(e); /* profiled steps run eagerly; graphs are captured again after */
+  memset(e->prof_ms, 0, sizeof e->prof_ms);
+  memset(e->prof_forwards, 0, sizeof e->prof_forwards);
+  e->prof_n = 0;
+  e->prof_on = on && e->prof_cap > 0;
+}
+
+void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
+  static const char *names[OTE_PROF_KINDS] = {"embed+inputs", "rmsnorm", "qkv_proj", "rope+kv_append",
+                                              "attention", "o_proj", "gate_up_proj", "swiglu",
+                                              "down_proj", "final norm+lm_head", "other"};
+  if (!e || !buf || !len) return;
+  size_t o = 0;
+  buf[0] = 0;
+  for (int p = 0; p < 2; p++) {
+    int n = e->prof_forwards[p];
+    if (!n) continue;
+    double tot = 0;
+    for (int k = 0; k < OTE_PROF_KINDS; k++) tot += e->prof_ms[p][k];
+    int w = snprintf(buf + o, len - o, "%s%s, ms per forward (mean of %d): total %.3f",
+                     o ? "\n" : "", p ? "decode" : "prefill", n, tot / n);
+    if (w < 0 || (size_t)w >= len - o) return;
+    o += (size_t)w;
+    for (int k = 0; k < OTE_PROF_KINDS; k++) {
+      w = snprintf(buf + o, len - o, "; %s %.3f", names[k], e->prof_ms[p][k] / n);
+      if (w < 0 || (size_t)w >= len - o) return;
+      o += (size_t)w;
+    }
+  }
+}
+
 /* The batch of one forward: n sequences, T tokens, rows cu[i] .. cu[i+1] of sequence i
  * (host); prefill: fresh sequences (cu_dev holds cu); decode: one token each. */
 typedef struct batch {
@@ -347,15 +416,35 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
     ote_view_set(&vpos, &e->dev, e->positions_dev, OTE_I32, 1, ps, NULL);
     OP(ot_rope_forward(e->ctx, &rp, &vq.t, &vk.t, &vpos.t, NULL, &vq.t, &vk.t), "rope", l);
     OP(ot_kv_append(e->ctx, &kv, &vcu.t, &vk.t, &vv.t, NULL, NULL, NULL, NULL), "kv append", l);
-    OP(ot_attention_forward(e->ctx, &ap, &vq.t, &vk.t, &vv.t, &vcu.t, &vcu.t, &vo.t, NULL),
-       "attention (prefill)", l);
+    prof_mark(e, OTE_PROF_ROPE_KV);
+    if (b->n == 1) {
+      /* one prompt: the dense [1, T, H, D] layout over the same strided memory, which the
+       * library's Hopper kernel takes (varlen runs the portable one) */
+      int64_t q4[4] = {1, b->T, Hq, D}, k4[4] = {1, b->T, Hkv, D};
+      int64_t s4[4] = {b->T * cols, cols, D, 1};
+      ote_view dq, dk, dv, dout;
+      ote_view_set(&dq, &e->dev, qkv, e->opt.dtype, 4, q4, s4);
+      ote_view_set(&dk, &e->dev, qkv + (size_t)(Hq * D) * es, e->opt.dtype, 4, k4, s4);
+      ote_view_set(&dv, &e->dev, qkv + (size_t)((Hq + Hkv) * D) * es, e->opt.dtype, 4, k4, s4);
+      ote_view_set(&dout, &e->dev, e->attn, e->opt.dtype, 4, q4, NULL);
+      OP(ot_attention_forward(e->ctx, &ap, &dq.t, &dk.t, &dv.t, NULL, NULL, &dout.t, NULL),
+         "attention (prefill)", l);
+    } else {
+      OP(ot_attention_forward(e->ctx, &ap, &vq.t, &vk.t, &vv.t, &vcu.t, &vcu.t, &vo.t, NULL),
+         "attention (prefill)", l);
+    }
+    prof_mark(e, OTE_PROF_ATTN);
   } else {
     /* one token per sequence: RoPE fused into the append (positions from the page
      * table), then the batch's queries against its pages in one call */
     OP(ot_kv_append(e->ctx, &kv, &vcu.t, &vk.t, &vv.t, &rp, NULL, &vq.t, &vq.t), "kv append", l);
+    prof_mark(e, OTE_PROF_ROPE_KV);
     OP(ot_paged_attention(e->ctx, &ap, &vq.t, &vcu.t, &kv, &vo.t, NULL), "paged attention", l);
+    prof_mark(e, OTE_PROF_ATTN);
   }
-  return linear(e, e->attn, b->T, Hq * D, w->o, w->o_bias, c->hidden, e->delta, l, "o_proj");
+  OTE_TRY(linear(e, e->attn, b->T, Hq * D, w->o, w->o_bias, c->hidden, e->delta, l, "o_proj"));
+  prof_mark(e, OTE_PROF_O);
+  return OT_OK;
 }
 
 /* Embedding lookup (ids already in tokens_dev) through the logits [n, V] in e->logits
@@ -365,7 +454,17 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
   const ote_config *c = &e->cfg;
   size_t es = ote_dtype_size(e->opt.dtype), H = (size_t)c->hidden;
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
-  OTE_TRY(ote_dev_embed(&e->dev, e->x_res, e->w.embed, e->tokens_dev, b->T, H * es));
+  e->prof_phase = b->prefill ? 0 : 1;
+  if (e->prof_on) { /* the host enqueues the forward while the GPU waits */
+    e->prof_n = 0;
+    OTE_TRY(ote_dev_spin(&e->dev, 8000000));
+    prof_mark(e, OTE_PROF_OTHER);
+  }
+  if (!b->prefill) /* the step's token ids and page table: one copy from the pinned block */
+    OTE_TRY(ote_kv_push(&e->kv, &e->dev, b->n));
+  OTE_TRY(ote_dev_embed(&e->dev, e->x_res, e->w.embed, b->prefill ? e->tokens_dev : e->kv.tok_d,
+                        b->T, H * es));
+  prof_mark(e, OTE_PROF_EMBED);
   if (e->off.on) OTE_TRY(ote_offload_prime(e));
   for (int l = 0; l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
@@ -376,18 +475,24 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     }
     OTE_TRY(rmsnorm(e, l ? e->delta : e->x_res, l ? e->x_res : NULL, w->attn_norm, e->normed, b->T,
                     l, "input_layernorm"));
+    prof_mark(e, OTE_PROF_NORM);
     OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->qkv, w->qkv_bias, cols, e->qkv, l, "qkv_proj"));
+    prof_mark(e, OTE_PROF_QKV);
     OTE_TRY(attention_block(e, b, l, w));
     OTE_TRY(rmsnorm(e, e->delta, e->x_res, w->mlp_norm, e->normed, b->T, l,
                     "post_attention_layernorm"));
+    prof_mark(e, OTE_PROF_NORM);
     OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->gate_up, NULL, 2 * F, e->gate_up, l,
                    "gate_up_proj"));
+    prof_mark(e, OTE_PROF_GATE_UP);
     int64_t gs[2] = {b->T, 2 * F}, ms[2] = {b->T, F};
     ote_view vg, vm;
     ote_view_set(&vg, &e->dev, e->gate_up, e->opt.dtype, 2, gs, NULL);
     ote_view_set(&vm, &e->dev, e->mlp, e->opt.dtype, 2, ms, NULL);
     OP(ot_glu_forward(e->ctx, OT_GLU_SWIGLU, &vg.t, NULL, &vm.t), "swiglu", l);
+    prof_mark(e, OTE_PROF_SWIGLU);
     OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, (int64_t)H, e->delta, l, "down_proj"));
+    prof_mark(e, OTE_PROF_DOWN);
     if (e->off.on) OTE_TRY(ote_offload_layer_end(e, l));
   }
   /* the last token of each sequence: final norm and lm_head (decode: every row is one) */
@@ -407,8 +512,12 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
                   "final norm"));
   OTE_TRY(linear(e, e->last_norm, b->n, (int64_t)H, e->w.lm_head, NULL, c->vocab, e->logits,
                  c->layers, "lm_head"));
-  if (argmax && e->dev.dev.device_type != kDLCPU)
+  prof_mark(e, OTE_PROF_HEAD);
+  if (argmax && e->dev.dev.device_type != kDLCPU) {
     OTE_TRY(ote_dev_argmax(&e->dev, e->argmax_dev, e->logits, e->opt.dtype, b->n, c->vocab));
+    OTE_TRY(ote_dev_download_async(&e->dev, e->next_h, e->argmax_dev, (size_t)b->n * 4));
+    prof_mark(e, OTE_PROF_OTHER);
+  }
   return OT_OK;
 }
 
@@ -419,6 +528,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
 static ot_status decode_body(ote_engine *e, const batch *b, int argmax) {
   int n = b->n;
   e->graph_active = 0;
+  if (e->prof_on) return forward_body(e, b, argmax); /* eager, timed op by op */
   if (e->graphs_off || !e->warm[n]) {
     /* This eager step may grow the context's scratch (a new batch size can need more
      * split-KV partials), freeing the buffer that the graphs of other batch sizes were
@@ -485,11 +595,11 @@ static ot_status fetch(ote_engine *e, int n, float *logits, int32_t *next) {
       }
       for (int i = 0; i < n; i++) next[i] = ote_sample(NULL, lf + (size_t)i * c->vocab, c->vocab,
                                                        NULL, NULL);
-    } else {
-      OTE_TRY(ote_dev_download(&e->dev, next, e->argmax_dev, (size_t)n * 4));
     }
   }
   OTE_TRY(ote_dev_sync(&e->dev));
+  prof_collect(e);
+  if (next && !cpu) memcpy(next, e->next_h, (size_t)n * 4); /* landed with the forward */
   ote_offload_measure(e);
   return OT_OK;
 }
@@ -537,7 +647,8 @@ static ot_status prefill(ote_engine *e, int n, const int *seq, const int32_t *to
   int32_t *lens = e->cu_host; /* scratch until the forward */
   for (int i = 0; i < n; i++) lens[i] = cu[i + 1] - cu[i];
   OTE_TRY(ote_kv_reset(&e->kv, n, seq));
-  ot_status st = ote_kv_reserve(&e->kv, &e->dev, n, seq, lens);
+  ot_status st = ote_kv_reserve(&e->kv, n, seq, lens);
+  if (st == OT_OK) st = ote_kv_push(&e->kv, &e->dev, n);
   if (st == OT_OK) {
     for (int i = 0; i < n; i++)
       for (int t = cu[i]; t < cu[i + 1]; t++) e->positions_host[t] = t - cu[i];
@@ -574,8 +685,10 @@ static ot_status decode(ote_engine *e, int n, const int *seq, const int32_t *tok
   OTE_TRY(ensure_activations(e, n));
   int32_t *ones = e->cu_host;
   for (int i = 0; i < n; i++) ones[i] = 1;
-  ot_status st = ote_kv_reserve(&e->kv, &e->dev, n, seq, ones);
-  if (st == OT_OK) st = ote_dev_upload_async(&e->dev, e->tokens_dev, tokens, (size_t)n * 4);
+  /* the page table and the token ids go to the host block; the step's forward copies them
+   * (inside the decode graph when one replays) */
+  ot_status st = ote_kv_reserve(&e->kv, n, seq, ones);
+  if (st == OT_OK) memcpy(e->kv.tok_h, tokens, (size_t)n * 4);
   batch b = {n, n, seq, NULL, 0};
   if (st == OT_OK) st = decode_body(e, &b, next != NULL && e->dev.dev.device_type != kDLCPU);
   if (st == OT_OK) st = fetch(e, n, logits, next);

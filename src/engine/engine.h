@@ -84,6 +84,9 @@ typedef struct ote_engine_options {
   int cuda_graphs;      /* CUDA: replay the decode step as a graph (default 1)          */
   int offload;          /* CUDA: stream the layers' weights from pinned host memory
                          * (offload.c; ring size OTE_OFFLOAD_RING, default 2)         */
+  size_t offload_budget; /* with offload: device bytes for all weights (embeddings,
+                         * lm_head, resident layers, the ring); the first layers that fit
+                         * stay resident, the rest stream. 0: every layer streams      */
 } ote_engine_options;
 
 ote_engine_options ote_engine_default_options(void);
@@ -165,6 +168,13 @@ void ote_engine_offload_report(const ote_engine *e, char *buf, size_t len);
 /* Whether the last decode step was a graph replay; why graphs are off ("" when they are
  * on or were never tried). */
 int ote_decode_graph_active(const ote_engine *e);
+/* Per-op profile (CUDA): on, every forward runs eagerly behind a short spin kernel (the
+ * host enqueues it whole first) with a timing event after each op; the report gives, per
+ * phase (prefill / decode), the mean milliseconds per forward of each kind of op
+ * (rmsnorm, qkv_proj, rope + kv append, attention, o_proj, gate_up, swiglu, down, lm_head,
+ * ...). Turning it on or off clears the sums and the decode graphs. */
+void ote_engine_set_profile(ote_engine *e, int on);
+void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len);
 const char *ote_decode_graph_note(const ote_engine *e);
 
 /* Convenience for bindings (ctypes), the options as scalars: a model directory with its

@@ -48,6 +48,11 @@ ot_status ote_dev_sync(const ote_device *d);
 /* Enqueued copy host -> device (no synchronization; the host buffer may be reused at once:
  * pageable memory is staged by the runtime before the call returns). */
 ot_status ote_dev_upload_async(const ote_device *d, void *dst, const void *src_host, size_t bytes);
+/* Enqueued copy device -> host (pinned host memory: may be captured into a graph). */
+ot_status ote_dev_download_async(const ote_device *d, void *dst_host, const void *src, size_t bytes);
+/* Host memory the device copies from / to inside a graph: pinned on CUDA, plain on the CPU. */
+ot_status ote_dev_host_alloc(const ote_device *d, size_t bytes, void **out);
+void ote_dev_host_free(const ote_device *d, void *p);
 /* CUDA: the engine's own stream (non-blocking; graphs are captured on it). */
 ot_status ote_dev_stream_create(ote_device *d);
 void ote_dev_stream_destroy(ote_device *d);
@@ -70,6 +75,13 @@ ot_status ote_graph_begin(const ote_device *d);
 ot_status ote_graph_end(const ote_device *d, void **exec);
 ot_status ote_graph_launch(const ote_device *d, void *exec);
 void ote_graph_destroy(void *exec);
+/* Profiling: timing events on the device's stream (NULL on the CPU), and a kernel that
+ * holds the stream for ns nanoseconds. */
+ot_status ote_dev_event_create(const ote_device *d, void **ev);
+void ote_dev_event_destroy(void *ev);
+ot_status ote_dev_event_record(const ote_device *d, void *ev);
+float ote_dev_event_ms(void *a, void *b);
+ot_status ote_dev_spin(const ote_device *d, long long ns);
 
 /* ---- DLTensor views with their own shape / stride storage ----------------------- */
 typedef struct ote_view {
@@ -131,9 +143,14 @@ typedef struct ote_weights {
 /* ---- KV cache: the library's paged pool (ot_kv_cache) ------------------------------
  * Engine sequence slots 0 .. max_seqs-1 map to pool sequences; the pool holds
  * max_seqs * ceil(max_len / block_size) pages, so every slot can reach max_len. Each
- * forward builds the CSR page table of its batch (host arrays) and copies it to device
- * buffers of fixed capacity (the same addresses every step: a captured decode graph reads
- * them). On the CPU the "device" tables are the host tables. */
+ * forward builds the CSR page table of its batch on the host and ote_kv_push copies it to
+ * a device block of fixed address (a captured decode graph reads it there). The block,
+ * mirrored by a pinned host block of the same layout, holds
+ *   tokens [max_seqs] | indptr [max_seqs + 1] | last_page_len [max_seqs] | indices [capacity]
+ * (segments 256-byte aligned), so that the inputs of a decode step of n sequences -- its
+ * token ids and its page table -- are one prefix of push_bytes(n) bytes: one copy, which
+ * the decode graph contains (a copy from pinned memory reads it at replay time). On the
+ * CPU the "device" block is the host block. */
 typedef struct ote_kv_cache {
   ot_kv_cache *pool;
   int layers, max_seqs, max_len, kv_heads, head_dim, block_size, pages_per_seq;
@@ -142,11 +159,12 @@ typedef struct ote_kv_cache {
   int *len;         /* [max_seqs] tokens held */
   size_t bytes;     /* of the pages */
   DLTensor *k_pages, *v_pages; /* [layers] views from ot_kv_cache_layer */
-  /* the batch's page table */
+  /* the batch's page table (and, for a decode step, its token ids) */
   int n;            /* sequences in it */
-  int32_t *indptr_h, *indices_h, *last_h; /* host [max_seqs+1], [capacity], [max_seqs] */
-  void *table_d;    /* one device block: indptr, indices, last_page_len (NULL on the CPU) */
-  int32_t *indptr_d, *indices_d, *last_d;
+  void *table_h, *table_d; /* the block: pinned host / device (the same on the CPU) */
+  size_t off_indices, table_bytes;
+  int32_t *tok_h, *indptr_h, *indices_h, *last_h;
+  int32_t *tok_d, *indptr_d, *indices_d, *last_d;
   int64_t capacity; /* max_seqs * pages_per_seq */
   int64_t *ids, *add; /* [max_seqs] scratch of ote_kv_reserve */
   int64_t shape_indptr[1], shape_indices[1], shape_last[1];
@@ -158,10 +176,13 @@ ot_status ote_kv_create(ote_kv_cache *c, ot_context *ctx, const ote_device *d, i
 void ote_kv_destroy(ote_kv_cache *c, const ote_device *d);
 /* Empties the slots (prefill: fresh sequences). */
 ot_status ote_kv_reset(ote_kv_cache *c, int n, const int *seq);
-/* Reserves n_new[i] token slots for seq[i] (len grows at once) and stages the batch's
- * page table: host arrays, then an asynchronous copy to the device tables. */
-ot_status ote_kv_reserve(ote_kv_cache *c, const ote_device *d, int n, const int *seq,
-                         const int32_t *n_new);
+/* Reserves n_new[i] token slots for seq[i] (len grows at once) and builds the batch's
+ * page table in the host block (ote_kv_push copies it). */
+ot_status ote_kv_reserve(ote_kv_cache *c, int n, const int *seq, const int32_t *n_new);
+/* Enqueues the one copy of the host block's first push_bytes(n) bytes (token ids of a
+ * decode step and the page table of n sequences) to the device block (CUDA; nothing on
+ * the CPU). The size depends on n only: a decode graph of n sequences contains it. */
+ot_status ote_kv_push(const ote_kv_cache *c, const ote_device *d, int n);
 /* Undoes a reserve whose forward failed: drops the slots (their contents are gone). */
 void ote_kv_drop(ote_kv_cache *c, int n, const int *seq);
 /* The pages of layer and the staged table, for ot_kv_append / ot_paged_attention. */
@@ -170,8 +191,9 @@ void ote_kv_paged(ote_kv_cache *c, int layer, ot_paged_kv *kv);
 /* ---- weight streaming (offload.c) ---------------------------------------------------- */
 typedef struct ote_offload {
   int on, ring, primed;
+  int first;         /* layers 0 .. first-1 resident (budget), first .. L-1 streamed */
   size_t layer_bytes;
-  void **host;       /* [layers] pinned blocks */
+  void **host;       /* [layers] pinned blocks of the streamed layers (NULL: resident) */
   void *ring_dev;    /* ring * layer_bytes */
   int *slot_layer;   /* [ring] layer held (or on its way), -1 */
   void *copy_stream;
@@ -190,6 +212,9 @@ void ote_offload_measure(ote_engine *e);
 void ote_offload_report(const ote_engine *e, char *buf, size_t len);
 
 /* ---- the engine ----------------------------------------------------------------- */
+enum { OTE_PROF_EMBED, OTE_PROF_NORM, OTE_PROF_QKV, OTE_PROF_ROPE_KV, OTE_PROF_ATTN,
+       OTE_PROF_O, OTE_PROF_GATE_UP, OTE_PROF_SWIGLU, OTE_PROF_DOWN, OTE_PROF_HEAD,
+       OTE_PROF_OTHER, OTE_PROF_KINDS };
 struct ote_engine {
   ote_config cfg;
   ote_engine_options opt;
@@ -212,6 +237,7 @@ struct ote_engine {
   void *x_res, *delta, *normed, *qkv, *attn, *gate_up, *mlp, *last_res, *last_delta, *last_norm,
       *logits;
   int32_t *positions_dev, *cu_dev, *tokens_dev, *argmax_dev;
+  int32_t *next_h;      /* [max_seqs] pinned: the argmax ids, copied by the forward */
   float *logits_host;   /* [max_seqs, V] float32 */
   void *logits_stage;   /* host copy of logits in the storage dtype */
   int32_t *positions_host, *cu_host;
@@ -224,6 +250,14 @@ struct ote_engine {
   unsigned char *warm;
   int graphs_off, graph_active;
   char graph_note[256];
+  /* per-op profile (ote_engine_set_profile / OTE_PROFILE=1, CUDA): every forward runs
+   * eagerly behind a spin kernel, with an event after each op; prof_kind[i] is the op
+   * that ended at event i. Sums per phase (0 prefill, 1 decode) and op kind. */
+  int prof_on, prof_phase, prof_n, prof_cap;
+  void **prof_ev;
+  unsigned char *prof_kind;
+  double prof_ms[2][OTE_PROF_KINDS];
+  int prof_forwards[2];
 };
 
 ot_status ote_weights_load(ote_engine *e, const ote_st_set *set, const char *dir);

@@ -1,8 +1,9 @@
 /* kv_cache.c -- the engine's K/V of past tokens in the library's paged pool (ot_kv_cache):
  * slots -> pool sequences, token slots reserved before each forward, and the CSR page table
- * of the batch staged in buffers of fixed capacity and address (host on the CPU, device on
- * CUDA), so that a decode step captured in a CUDA graph finds this step's table where the
- * capture saw last step's. */
+ * of the batch built in a pinned host block and copied (one copy, ote_kv_push) into a device
+ * block of fixed address (on the CPU the host block itself), so that a decode step captured
+ * in a CUDA graph -- the copy included -- finds this step's table where the capture saw
+ * last step's. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,13 +32,9 @@ ot_status ote_kv_create(ote_kv_cache *c, ot_context *ctx, const ote_device *d, i
   c->len = calloc((size_t)max_seqs, sizeof *c->len);
   c->k_pages = calloc((size_t)layers, sizeof *c->k_pages);
   c->v_pages = calloc((size_t)layers, sizeof *c->v_pages);
-  c->indptr_h = malloc(sizeof(int32_t) * (size_t)(max_seqs + 1));
-  c->indices_h = malloc(sizeof(int32_t) * (size_t)c->capacity);
-  c->last_h = malloc(sizeof(int32_t) * (size_t)max_seqs);
   c->ids = malloc(sizeof *c->ids * (size_t)max_seqs);
   c->add = malloc(sizeof *c->add * (size_t)max_seqs);
-  if (!c->ids || !c->add || !c->handle || !c->len || !c->k_pages || !c->v_pages || !c->indptr_h || !c->indices_h ||
-      !c->last_h) {
+  if (!c->ids || !c->add || !c->handle || !c->len || !c->k_pages || !c->v_pages) {
     ote_kv_destroy(c, d);
     return ote_error(OT_ERR_OOM, "engine: out of memory");
   }
@@ -51,35 +48,38 @@ ot_status ote_kv_create(ote_kv_cache *c, ot_context *ctx, const ote_device *d, i
   }
   ot_kv_cache_info info;
   if (ot_kv_cache_get_info(c->pool, &info) == OT_OK) c->bytes = info.bytes;
-  if (d->dev.device_type == kDLCPU) {
-    c->indptr_d = c->indptr_h;
-    c->indices_d = c->indices_h;
-    c->last_d = c->last_h;
-  } else {
-    size_t a = ((size_t)(max_seqs + 1) * 4 + 255) / 256 * 256;
-    size_t b = ((size_t)c->capacity * 4 + 255) / 256 * 256;
-    st = ote_dev_alloc(d, a + b + (size_t)max_seqs * 4, &c->table_d);
-    if (st != OT_OK) {
-      ote_kv_destroy(c, d);
-      return st;
-    }
-    c->indptr_d = c->table_d;
-    c->indices_d = (int32_t *)((char *)c->table_d + a);
-    c->last_d = (int32_t *)((char *)c->table_d + a + b);
+  /* the table block: tokens | indptr | last_page_len | indices (see internal.h) */
+  size_t a = ((size_t)max_seqs * 4 + 255) / 256 * 256;
+  size_t b = ((size_t)(max_seqs + 1) * 4 + 255) / 256 * 256;
+  c->off_indices = 2 * a + b;
+  c->table_bytes = c->off_indices + (size_t)c->capacity * 4;
+  st = ote_dev_host_alloc(d, c->table_bytes, &c->table_h);
+  if (st == OT_OK && d->dev.device_type == kDLCPU) c->table_d = c->table_h;
+  else if (st == OT_OK) st = ote_dev_alloc(d, c->table_bytes, &c->table_d);
+  if (st != OT_OK) {
+    ote_kv_destroy(c, d);
+    return st;
   }
+  memset(c->table_h, 0, c->table_bytes);
+  c->tok_h = (int32_t *)c->table_h;
+  c->indptr_h = (int32_t *)((char *)c->table_h + a);
+  c->last_h = (int32_t *)((char *)c->table_h + a + b);
+  c->indices_h = (int32_t *)((char *)c->table_h + c->off_indices);
+  c->tok_d = (int32_t *)c->table_d;
+  c->indptr_d = (int32_t *)((char *)c->table_d + a);
+  c->last_d = (int32_t *)((char *)c->table_d + a + b);
+  c->indices_d = (int32_t *)((char *)c->table_d + c->off_indices);
   return OT_OK;
 }
 
 void ote_kv_destroy(ote_kv_cache *c, const ote_device *d) {
   ot_kv_cache_destroy(c->pool);
-  ote_dev_free(d, c->table_d);
+  if (c->table_d != c->table_h) ote_dev_free(d, c->table_d);
+  ote_dev_host_free(d, c->table_h);
   free(c->handle);
   free(c->len);
   free(c->k_pages);
   free(c->v_pages);
-  free(c->indptr_h);
-  free(c->indices_h);
-  free(c->last_h);
   free(c->ids);
   free(c->add);
   memset(c, 0, sizeof *c);
@@ -109,8 +109,7 @@ void ote_kv_drop(ote_kv_cache *c, int n, const int *seq) {
   }
 }
 
-ot_status ote_kv_reserve(ote_kv_cache *c, const ote_device *d, int n, const int *seq,
-                         const int32_t *n_new) {
+ot_status ote_kv_reserve(ote_kv_cache *c, int n, const int *seq, const int32_t *n_new) {
   int64_t *ids = c->ids, *add = c->add;
   for (int i = 0; i < n; i++) {
     int s = seq[i];
@@ -129,12 +128,14 @@ ot_status ote_kv_reserve(ote_kv_cache *c, const ote_device *d, int n, const int 
   st = ot_kv_cache_page_table(c->pool, n, ids, c->indptr_h, c->indices_h, c->capacity, c->last_h);
   if (st != OT_OK) return ote_op_error(st, "engine: kv cache page table");
   c->n = n;
-  if (d->dev.device_type != kDLCPU) {
-    OTE_TRY(ote_dev_upload_async(d, c->indptr_d, c->indptr_h, (size_t)(n + 1) * 4));
-    OTE_TRY(ote_dev_upload_async(d, c->indices_d, c->indices_h, (size_t)c->indptr_h[n] * 4));
-    OTE_TRY(ote_dev_upload_async(d, c->last_d, c->last_h, (size_t)n * 4));
-  }
   return OT_OK;
+}
+
+ot_status ote_kv_push(const ote_kv_cache *c, const ote_device *d, int n) {
+  if (d->dev.device_type == kDLCPU) return OT_OK;
+  /* n sequences use at most n * pages_per_seq entries of indices */
+  size_t bytes = c->off_indices + (size_t)n * (size_t)c->pages_per_seq * 4;
+  return ote_dev_upload_async(d, c->table_d, c->table_h, bytes);
 }
 
 static void vec_i32(DLTensor *t, int64_t *shape, void *data, DLDevice dev, int64_t n) {

@@ -17,7 +17,11 @@
  * compute stream (events around every layer of the last forward); R is capped by the ring
  * budget (OTE_OFFLOAD_RING slots, default 2: double buffering) and by L. ote_offload_report
  * prints the measured numbers and the distance the rule asks for.
- * With R == L every layer stays resident after the first step (no copies).
+ * With a budget (options.offload_budget: device bytes for every weight), the first layers
+ * that fit beside the embeddings, lm_head and the ring stay resident and only the last
+ * S = L - first layers stream, through a ring over those S (slot (l - first) % R); a step
+ * then copies S layers, and the copy bound is S * layer bytes / H2D bandwidth.
+ * With R == S every layer stays resident after the first step (no copies).
  * Decode graphs are off while streaming (the graph would have to contain both streams). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +61,20 @@ ot_status ote_offload_init(ote_engine *e) {
   o->layer_bytes = ote_offload_layer_bytes(c, ote_dtype_size(e->opt.dtype));
   const char *env = getenv("OTE_OFFLOAD_RING");
   o->ring = env && atoi(env) > 0 ? atoi(env) : 2;
-  if (o->ring > c->layers) o->ring = c->layers;
+  o->first = 0;
+  if (e->opt.offload_budget > 0) {
+    size_t es = ote_dtype_size(e->opt.dtype), H = (size_t)c->hidden, V = (size_t)c->vocab;
+    size_t fixed = r256(V * H * es) * (c->tie_word_embeddings ? 1 : 2) + r256(H * es);
+    size_t ring_b = o->layer_bytes * (size_t)o->ring, b = e->opt.offload_budget;
+    size_t fit = b > fixed + ring_b ? (b - fixed - ring_b) / o->layer_bytes : 0;
+    o->first = fit < (size_t)c->layers ? (int)fit : c->layers;
+  }
+  int S = c->layers - o->first;
+  if (S == 0) { /* everything fits: nothing to stream */
+    o->ring = 0;
+    return OT_OK;
+  }
+  if (o->ring > S) o->ring = S;
   o->host = calloc((size_t)c->layers, sizeof *o->host);
   o->slot_layer = malloc(sizeof *o->slot_layer * (size_t)o->ring);
   o->ready = calloc((size_t)o->ring, sizeof *o->ready);
@@ -66,7 +83,7 @@ ot_status ote_offload_init(ote_engine *e) {
   if (!o->host || !o->slot_layer || !o->ready || !o->free_ev || !o->t_ev)
     return ote_error(OT_ERR_OOM, "engine: out of memory");
   for (int s = 0; s < o->ring; s++) o->slot_layer[s] = -1;
-  for (int l = 0; l < c->layers; l++)
+  for (int l = o->first; l < c->layers; l++)
     OTE_TRY(ck(cudaHostAlloc(&o->host[l], o->layer_bytes, cudaHostAllocPortable),
                "pinned host memory for a layer"));
   OTE_TRY(ck(cudaMalloc(&o->ring_dev, o->layer_bytes * (size_t)o->ring), "the ring of layer slots"));
@@ -123,7 +140,7 @@ void ote_offload_free(ote_engine *e) {
 /* Enqueue the copy of layer l into its slot (after the slot's previous layer is done). */
 static ot_status issue_copy(ote_engine *e, int l) {
   ote_offload *o = &e->off;
-  int s = l % o->ring;
+  int s = (l - o->first) % o->ring;
   if (o->slot_layer[s] == l) return OT_OK; /* already there (R == L) */
   cudaStream_t cs = (cudaStream_t)o->copy_stream;
   if (o->slot_layer[s] >= 0) OTE_TRY(ck(cudaStreamWaitEvent(cs, (cudaEvent_t)o->free_ev[s], 0), "wait"));
@@ -141,7 +158,7 @@ ot_status ote_offload_prime(ote_engine *e) {
 #ifdef OT_HAVE_CUDA
   ote_offload *o = &e->off;
   if (!o->on || o->primed) return OT_OK;
-  for (int l = 0; l < o->ring; l++) OTE_TRY(issue_copy(e, l));
+  for (int l = o->first; l < o->first + o->ring; l++) OTE_TRY(issue_copy(e, l));
   o->primed = 1;
   return OT_OK;
 #else
@@ -155,11 +172,16 @@ ot_status ote_offload_prime(ote_engine *e) {
 ot_status ote_offload_layer_begin(ote_engine *e, int l, ote_layer_weights *w) {
 #ifdef OT_HAVE_CUDA
   ote_offload *o = &e->off;
-  int s = l % o->ring;
+  const ote_layer_weights *h = &e->w.layer[l];
+  if (l < o->first) { /* resident */
+    if (l == 0) OTE_TRY(ck(cudaEventRecord((cudaEvent_t)o->t_ev[0], CS(e)), "record"));
+    *w = *h;
+    return OT_OK;
+  }
+  int s = (l - o->first) % o->ring;
   if (o->slot_layer[s] != l) OTE_TRY(issue_copy(e, l)); /* not prefetched (first use) */
   OTE_TRY(ck(cudaStreamWaitEvent(CS(e), (cudaEvent_t)o->ready[s], 0), "wait"));
   if (l == 0) OTE_TRY(ck(cudaEventRecord((cudaEvent_t)o->t_ev[0], CS(e)), "record"));
-  const ote_layer_weights *h = &e->w.layer[l];
   char *base = (char *)o->ring_dev + (size_t)s * o->layer_bytes, *hb = (char *)o->host[l];
 #define TR(p) ((p) ? (void *)(base + ((char *)(p) - hb)) : NULL)
   w->attn_norm = TR(h->attn_norm);
@@ -182,10 +204,11 @@ ot_status ote_offload_layer_begin(ote_engine *e, int l, ote_layer_weights *w) {
 ot_status ote_offload_layer_end(ote_engine *e, int l) {
 #ifdef OT_HAVE_CUDA
   ote_offload *o = &e->off;
-  int s = l % o->ring, L = e->cfg.layers;
-  OTE_TRY(ck(cudaEventRecord((cudaEvent_t)o->free_ev[s], CS(e)), "record"));
+  int L = e->cfg.layers, S = L - o->first, i = l - o->first;
   OTE_TRY(ck(cudaEventRecord((cudaEvent_t)o->t_ev[l + 1], CS(e)), "record"));
-  if (o->ring < L) OTE_TRY(issue_copy(e, (l + o->ring) % L));
+  if (i < 0) return OT_OK; /* resident */
+  OTE_TRY(ck(cudaEventRecord((cudaEvent_t)o->free_ev[i % o->ring], CS(e)), "record"));
+  if (o->ring < S) OTE_TRY(issue_copy(e, o->first + (i + o->ring) % S));
   return OT_OK;
 #else
   (void)e, (void)l;
@@ -210,7 +233,7 @@ void ote_offload_measure(ote_engine *e) {
     cudaStream_t cs = (cudaStream_t)o->copy_stream;
     cudaStreamSynchronize(cs);
     cudaEvent_t a = (cudaEvent_t)o->t_ev[0], b = (cudaEvent_t)o->t_ev[1];
-    int s = 0, l = o->slot_layer[0] >= 0 ? o->slot_layer[0] : 0;
+    int s = 0, l = o->slot_layer[0] >= 0 ? o->slot_layer[0] : o->first;
     cudaEventRecord(a, cs);
     cudaMemcpyAsync((char *)o->ring_dev + (size_t)s * o->layer_bytes, o->host[l], o->layer_bytes,
                     cudaMemcpyHostToDevice, cs);
@@ -233,12 +256,13 @@ void ote_offload_report(const ote_engine *e, char *buf, size_t len) {
   }
   double t_copy = o->h2d_GBps > 0 ? (double)o->layer_bytes / (o->h2d_GBps * 1e9) * 1e3 : 0;
   int want = o->layer_ms > 0 ? (int)(t_copy / o->layer_ms + 0.999) : -1;
+  int S = e->cfg.layers - o->first;
   snprintf(buf, len,
-           "ring of %d layer slots (%.1f MiB each; prefetch distance %d layers), H2D %.1f GB/s "
-           "(%.2f ms per layer), layer compute %.3f ms (last step): the rule wants %d layers "
-           "ahead%s",
-           o->ring, (double)o->layer_bytes / 1048576.0, o->ring - 1, o->h2d_GBps, t_copy,
-           o->layer_ms, want,
+           "%d layers resident, %d streamed; ring of %d layer slots (%.1f MiB each; prefetch "
+           "distance %d layers), H2D %.1f GB/s (%.2f ms per layer; copy bound %.2f ms per "
+           "forward), layer compute %.3f ms (last step): the rule wants %d layers ahead%s",
+           o->first, S, o->ring, (double)o->layer_bytes / 1048576.0, o->ring - 1, o->h2d_GBps,
+           t_copy, t_copy * S, o->layer_ms, want,
            want >= 0 && want > o->ring - 1 ? " (copy-bound: raise OTE_OFFLOAD_RING if memory allows)"
                                           : "");
 }

@@ -38,7 +38,7 @@ static ot_status weight_new(ote_engine *e, size_t n, void **out) {
 
 /* With weight streaming, layer l's tensors are carved from its pinned host block. */
 static void layer_carve(ote_engine *e, int l) {
-  e->carve = e->off.on ? (char *)e->off.host[l] : NULL;
+  e->carve = e->off.on ? (char *)e->off.host[l] : NULL; /* NULL: a resident layer */
   e->carve_off = 0;
 }
 
