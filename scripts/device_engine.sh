@@ -101,13 +101,14 @@ stamp "binaries ready"
 
 # ---- 0. the small-M linear kernel: tests, memcheck, benchmark (prebuilt pack only) -------
 if [ "$PREBUILT" = 1 ] && [ -x "$BIN/pack/test_ops" ]; then
-  if timeout 60 "$BIN/pack/test_ops" --backend cuda --suite linear >"$OUTD/test_linear.log" 2>&1; then
+  if timeout "${ENGINE_TEST_TIMEOUT:-60}" "$BIN/pack/test_ops" --backend cuda --suite linear \
+      --filter "${ENGINE_TEST_FILTER:-forward}" >"$OUTD/test_linear.log" 2>&1; then
     SUMMARY+=("test_ops linear (cuda): $(tail -1 "$OUTD/test_linear.log")")
   else
     SUMMARY+=("test_ops linear (cuda) FAILED: $(grep -m3 -i fail "$OUTD/test_linear.log" | tr '\n' ' ')")
   fi
   if command -v compute-sanitizer >/dev/null; then
-    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/pack/test_ops" \
+    timeout "${ENGINE_MEMCHECK_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/pack/test_ops" \
       --backend cuda --suite linear --filter "bf16 x[1" >"$OUTD/memcheck_linear.log" 2>&1
     SUMMARY+=("memcheck linear bf16 M=1.. (rc $?): $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_linear.log" | tail -1) $(tail -1 "$OUTD/memcheck_linear.log" | head -c 200)")
   fi
@@ -145,9 +146,9 @@ stamp "ot-run done"
 
 # ---- 5. weight streaming at a real size: llama3-8b, device budget 2/3 of its weights -----
 if [ "${ENGINE_OFFLOAD_BIG:-1}" = 1 ]; then
-  P=$(seq -s, 1 128)
+  P=$(seq -s, 1 64)
   OTE_OFFLOAD_RING=${ENGINE_OFFLOAD_RING:-2} timeout 90 "$OT_RUN" --config llama3-8b --random-weights \
-    --device cuda --dtype bf16 --prompt-ids "$P" --max-new-tokens 8 --ignore-eos --offload \
+    --device cuda --dtype bf16 --prompt-ids "$P" --max-new-tokens 6 --ignore-eos --offload \
     --offload-budget "${ENGINE_OFFLOAD_BUDGET:-0.6667x}" >"$OUTD/ot_run_offload_8b.txt" 2>&1
   SUMMARY+=("offload llama3-8b (rc $?): $(grep -E '^(time to first|decode|memory|offload)' "$OUTD/ot_run_offload_8b.txt" | tr '\n' ' ' || tail -1 "$OUTD/ot_run_offload_8b.txt")")
   stamp "offload 8b done"
