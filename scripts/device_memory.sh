@@ -3,7 +3,8 @@
 # traced memory workload, on the GPU machine (issues 6 and 8):
 #   1. test_ops --backend cuda --suite arena (ot_context_set_arena: ops' scratch from the
 #      arena, OOMs, detach; cross-stream reuse with events), then the suites whose CUDA
-#      temporaries changed path (memory, softmax_ce, linear_ce) as a regression;
+#      temporaries changed path (softmax_ce, linear_ce; OT_MEM_EXTRA_SUITES="memory ..."
+#      adds more) as a regression;
 #   2. ops_transformer._C compiled against the carried library (the device's python);
 #      pytest of tests/python/test_config_arena.py, test_memory_workload.py (CUDA case
 #      prints its MemoryTracker report), test_profiler.py.
@@ -43,12 +44,12 @@ export LD_LIBRARY_PATH="$M/lib:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 stamp "test_ops --backend cuda --suite arena"
-timeout 60 "$M/test_ops" --backend cuda --suite arena -v >"$OUT/c_arena.log" 2>&1
+timeout 40 "$M/test_ops" --backend cuda --suite arena -v >"$OUT/c_arena.log" 2>&1
 echo "rc $?" >>"$OUT/c_arena.log"
 grep -E "^(ok|FAIL|skip)|passed|rc " "$OUT/c_arena.log"
-for s in softmax_ce linear_ce memory; do
+for s in softmax_ce linear_ce ${OT_MEM_EXTRA_SUITES:-}; do
   stamp "test_ops --backend cuda --suite $s"
-  timeout 60 "$M/test_ops" --backend cuda --suite "$s" >"$OUT/c_$s.log" 2>&1
+  timeout 30 "$M/test_ops" --backend cuda --suite "$s" >"$OUT/c_$s.log" 2>&1
   echo "rc $?" >>"$OUT/c_$s.log"
   grep -E "^FAIL|passed,|rc " "$OUT/c_$s.log" | tail -3
 done
@@ -66,7 +67,7 @@ if ! cc -O2 -shared -fPIC -Wall -Wno-unused-parameter python/ops_transformer/_C.
   cat "$OUT/ext.log"; echo "extension build failed"; exit 1
 fi
 stamp "pytest (config arena, memory workload, profiler)"
-PYTHONPATH="$M/pkg" timeout 150 "$PY" -m pytest -q -s -p no:cacheprovider \
+PYTHONPATH="$M/pkg" timeout 90 "$PY" -m pytest -q -s -p no:cacheprovider \
   tests/python/test_config_arena.py tests/python/test_memory_workload.py \
   tests/python/test_profiler.py >"$OUT/pytest.log" 2>&1
 echo "rc $?" >>"$OUT/pytest.log"
