@@ -40,6 +40,8 @@ HQ, HKV, D = 32, 8, 128
 DEV = "cuda"
 SHAPES = [(1, 65536), (16, 4096), (64, 1024), (64, 4096)]
 PAGES = [16, 64]
+# forced split counts timed as variants of a row (TB/s), to check the planner's choice
+SWEEP = {(1, 65536): [16, 66], (16, 4096): [1, 4], (64, 1024): [2]}
 
 
 class Shim:
@@ -153,11 +155,13 @@ def bench(shim, ceiling):
             call = lambda: shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
                                       c["indices"], c["lpl"], out)
             ms = time_ms(call)
-            os.environ["OT_PAGED_PREFETCH"] = "1"  # opt-in variant (read at each call)
-            try:
-                ms_pf = time_ms(call)
-            finally:
-                os.environ.pop("OT_PAGED_PREFETCH", None)
+            variants = {}
+            for ns in SWEEP.get((b, ctx), []):  # forced split counts (read at each call)
+                os.environ["OT_PAGED_SPLITS"] = str(ns)
+                try:
+                    variants[f"OT_PAGED_SPLITS={ns}"] = round(nbytes / (time_ms(call) * 1e-3) / 1e12, 3)
+                finally:
+                    os.environ.pop("OT_PAGED_SPLITS", None)
 
             def gather_sdpa():
                 k, v = gather(c, b, ctx, bs)
@@ -178,8 +182,7 @@ def bench(shim, ceiling):
                 "metric": "TB/s",
                 "ours": round(tb, 3),
                 "ours_us": round(ms * 1e3, 1),
-                "variants": {"OT_PAGED_PREFETCH=1 (L2 bulk prefetch of the next step)":
-                             round(nbytes / (ms_pf * 1e-3) / 1e12, 3)},
+                "variants": variants,
                 "peers": peers,
                 "peers_us": {k: round(v[0] * 1e3, 1) for k, v in peers_contig.items()} |
                             {"paged gather + SDPA": round(ms_g * 1e3, 1)},
@@ -191,8 +194,8 @@ def bench(shim, ceiling):
                 "max_abs_err_vs_sdpa": float(f"{err:.3e}"),
             })
             r = rows[-1]
-            print(f"{r['case']:<44} ours {r['ours']:.3f} TB/s ({r['ours_us']} us; prefetch "
-                  f"{list(r['variants'].values())[0]:.3f}) "
+            print(f"{r['case']:<44} ours {r['ours']:.3f} TB/s ({r['ours_us']} us; forced splits "
+                  f"{variants}) "
                   f"{r['fraction_of_ceiling']:.1%} of read; peers {peers}; err {err:.1e}", flush=True)
             del c, out
             torch.cuda.empty_cache()
@@ -228,11 +231,21 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--profile-case", metavar="B,CTX,PAGE",
+                    help="only call ours 4 times on this case (a target for ncu) and exit")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default="")
     args = ap.parse_args()
     torch.manual_seed(0)
     shim = Shim(args.shim)
+    if args.profile_case:
+        b, ctx, bs = (int(x) for x in args.profile_case.split(","))
+        c = make_case(b, ctx, bs, seed=5)
+        out = torch.empty_like(c["q"])
+        for _ in range(4):
+            shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"], c["indices"], c["lpl"], out)
+        torch.cuda.synchronize()
+        raise SystemExit(0)
     ok = True
     if args.check:
         ok = check(shim)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/device_decode.sh [COMMIT] -- (DECODE_MODE=all|test|bench, default all) issue 6 on
-# the lent GPU: the memory suite's CUDA
+# the lent GPU (NCU_CASE=B,CTX,PAGE adds one ncu profile of the main kernel): the memory suite's CUDA
 # cases (paged attention, kv append, OT_DEBUG checks), compute-sanitizer memcheck +
 # racecheck over small paged / append cases, then bench/bench_decode.py (decode vs SDPA,
 # arena vs cudaMalloc / cudaMallocAsync) -> $OUT/decode.json + decode.png; table last.
@@ -96,6 +96,14 @@ timeout 170 python3 bench/bench_decode.py --shim build-dec/libdecode_shim.so --a
   --check --json "$OUT/decode.json" --commit "$COMMIT" --command "$CMD" >"$OUT/bench.log" 2>&1
 echo "bench rc=$?"
 python3 bench/plot_decode.py "$OUT/decode.json" "$OUT/decode.png" >>"$OUT/bench.log" 2>&1 || echo "plot failed"
+fi
+if [ -n "${NCU_CASE:-}" ]; then  # e.g. NCU_CASE=16,4096,16: one main-kernel launch under ncu
+  stamp "ncu $NCU_CASE"
+  timeout 60 ncu --clock-control none --kernel-name regex:pa_mma_kernel --launch-skip 2 \
+    --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section LaunchStats --section Occupancy python3 bench/bench_decode.py \
+    --shim build-dec/libdecode_shim.so --profile-case "$NCU_CASE" >"$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Duration|Achieved Occupancy|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu.txt" | head -12
 fi
 stamp "done"
 [ -f "$OUT/bench.log" ] && { grep -E '^check' "$OUT/bench.log"; tail -14 "$OUT/bench.log"; }

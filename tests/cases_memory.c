@@ -949,6 +949,8 @@ static const pcase paged_cuda_long[] = {
     {"cuda decode B1 ctx 65536 Hq32 Hkv8 D128 bs16", 1, {65536}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda decode B2 ctx 20000 GQA2 D64 bs1", 2, {20000, 7}, {1, 1}, 4, 2, 64, 1, 1, -1, -1, 0, 0},
     {"cuda decode B1 ctx 33000 GQA8 D128 bs256 spec 2", 1, {33000}, {2}, 8, 1, 128, 256, 1, -1, -1, 0, 0},
+    {"cuda decode B3 ctx 5000 GQA4 D128 bs1", 3, {5000, 31, 2500}, {1, 1, 1}, 16, 4, 128, 1, 1, -1, -1, 0, 0},
+    {"cuda decode B2 ctx 9000 GQA1 D128 bs7 window 3000", 2, {9000, 4099}, {1, 3}, 4, 4, 128, 7, 1, 3000, -1, 0, 0},
 };
 
 /* CUDA OT_DEBUG: a page id out of range is reported (not read) by both kernels and by
@@ -1500,14 +1502,17 @@ static void run_memory_cuda(test_run *tr) {
     paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
     if (i % 4 == 0) paged_case(tr, &paged_cuda_cases[i], DT_F32);
   }
-  /* the split-KV merge with a forced count on multi-token tiles and windows, with the
-   * opt-in L2 prefetch on (a hint: results must not change) */
+  /* the split-KV merge with a forced count on multi-token tiles and windows */
   setenv("OT_PAGED_SPLITS", "7", 1);
-  setenv("OT_PAGED_PREFETCH", "1", 1);
   for (size_t i = 6; i < 12; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16);
   paged_case(tr, &paged_cuda_cases[1], DT_BF16); /* page size 1 */
   paged_case(tr, &paged_cuda_cases[5], DT_F16);  /* page size 3 */
-  unsetenv("OT_PAGED_PREFETCH");
+  /* more splits than the merge kernel's 4 warps x 32 take in one round (empty splits at
+   * the end: chunks are >= 256 keys), D 128 pages of 16 and D 64 pages of 1 */
+  setenv("OT_PAGED_SPLITS", "300", 1);
+  paged_case(tr, &paged_cuda_long[0], DT_BF16);
+  setenv("OT_PAGED_SPLITS", "150", 1);
+  paged_case(tr, &paged_cuda_long[1], DT_F16);
   unsetenv("OT_PAGED_SPLITS");
   for (size_t i = 0; i < sizeof paged_cuda_long / sizeof paged_cuda_long[0]; i++)
     paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);

@@ -8,31 +8,39 @@
  *     head of the group) pairs, token-major (row = token * group + head); a tile is 16 of
  *     them, so the group's heads (and a few speculative tokens) share every K / V load.
  *     grid.x enumerates tile slots (at most batch + ceil(T_q * group / 16)); each CTA finds
- *     its sequence with a warp-wide prefix sum over cu_seqlens_q (the host never reads the
- *     device tables, so the launch is graph-capturable and needs no synchronization).
- *   - A CTA has 4 warps; the key range of its split is walked 256 keys per iteration
- *     (page ids of those keys staged in shared memory once), warp w taking the 16-key
- *     steps w, w + 4, w + 8, w + 12. Each warp loads K and V straight from the pages into
- *     mma fragments with 128-bit loads (no shared-memory staging):
+ *     its sequence with a warp-wide prefix sum over cu_seqlens_q, each lane summing a
+ *     contiguous run of sequences (the host never reads the device tables, so the launch
+ *     is graph-capturable and needs no synchronization).
+ *   - A CTA has 4 warps; the key range of its split is cut into 16-key steps, warp w
+ *     taking steps w, w + 4, w + 8, ... Each warp streams its steps through its own ring
+ *     of kPaStages shared-memory stages with cp.async (16 B per copy, a half-warp per
+ *     256-byte key row, K and V of a step = 8 KB at D 128): while it computes step t,
+ *     steps t + 1 .. t + kPaStages - 1 are in flight (2 x 8 KB per warp, 128 KB per SM
+ *     at 2 CTAs per SM for D 128). Warp-private stages need only __syncwarp. The page ids
+ *     of a step are loaded one step ahead (lane l: the page of key l of the step) and
+ *     handed to the copying lanes with shuffles, so the table lookup is off the critical
+ *     path; keys past the split's end are zero-filled (no read).
+ *   - Shared layout: a stage is 16 K rows then 16 V rows of D elements; 16-byte chunk c of
+ *     key row k sits at chunk c ^ f(k), f(k) = ((k & 1) << 2) ^ (k & 6) (low 3 bits), so
+ *     each quarter-warp's 128-bit reads below touch 8 distinct 4-bank groups.
  *       QK^T: the head_dim axis is permuted so a thread's 16-byte run of a key (8 features)
  *             is the B fragment of two k-steps, with q loaded through the same permutation;
  *             the 4 threads of a quad read 64 contiguous bytes of one key.
  *       PV:   output column n of n-tile j is feature (j / 8) * 64 + n * 8 + j % 8, so a
- *             thread's B fragment is 16-byte runs of 4 keys (one __byte_perm per pair);
- *             8 threads read 128 contiguous bytes of one key.
- *     Both K and V loads of a step are issued before any math (16 x 16 B per thread in
- *     flight); with 2 CTAs per SM (~200 registers) that is 64 KB in flight per SM. Opt-in
- *     (OT_PAGED_PREFETCH=1, sm_90): an L2 bulk prefetch of the next step besides.
+ *             thread's B fragment is 16-byte runs of 4 keys (one __byte_perm per pair).
  *   - Online softmax in fp32 (base 2, scale folded in), P rounded to the input type for
  *     the PV mma (the FA2 register trick: the S accumulators of two key blocks are the A
- *     fragment of P). The 4 warps' (m, l, O) merge through shared memory at the end.
+ *     fragment of P). The 4 warps' (m, l, O) merge through shared memory (the ring's
+ *     space) at the end.
  *   - One split: out and lse are written directly. Several: normalized O_s (fp32) and
- *     lse_s go to context scratch and a merge kernel combines them
- *     (O = sum_s exp(lse_s - lse) O_s), skipping empty splits (lse_s = -inf).
+ *     lse_s go to context scratch and a merge kernel (one CTA per (token, q head), the
+ *     splits spread over its 4 warps) combines them (O = sum_s exp(lse_s - lse) O_s);
+ *     on sm_90 it is launched as a programmatic dependent of the main kernel (PDL), whose
+ *     CTAs signal after their key loop, so its launch overlaps the main kernel's tail.
  *   - Splits: chosen on the host from the estimated tiles (batch, T_q, group), heads_kv,
  *     the context estimated from the size of kv.indices, and SMs x CTAs per SM (occupancy
  *     queried once): the fewest splits within 2% of the best wave-quantized cost, never
- *     chunks under 256 keys. Batch 1 x 64k with 8 kv heads gets ~49 splits on 132 SMs.
+ *     chunks under 256 keys. Batch 1 x 64k with 8 kv heads gets 33 splits on 132 SMs.
  * Masks (causal bottom-right, windows), softcap and empty rows as ot_attention_forward.
  *
  * Fallback kernel (float32, other head dims, misaligned q): one warp per (token, q head),
@@ -44,6 +52,7 @@
 #include <math.h>
 
 #include "../core/paged_attention.h"
+#include "attention.cuh"
 #include "common.cuh"
 #include "cuda_state.h"
 #include "mma.cuh"
@@ -53,11 +62,18 @@ namespace ot {
 
 constexpr int kPaWarps = 4;
 constexpr int kPaThreads = 32 * kPaWarps;
-constexpr int kPaStep = 16;                          /* keys per warp step */
-constexpr int kPaIter = kPaStep * kPaWarps * 4;      /* keys per CTA iteration: 256 */
-constexpr int kPaMaxPages = kPaIter + 2;             /* page ids staged per iteration */
+constexpr int kPaStep = 16;       /* keys per warp step */
+constexpr int kPaMinChunk = 256;  /* fewest keys of a split */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+/* Ring stages per warp: 96 KB of K / V per CTA at D 128 (2 CTAs per SM), 80 KB at D 64. */
+template <int D> struct pa_cfg {
+  static constexpr int kStages = D == 128 ? 3 : 5;
+  static constexpr size_t kStageBytes = 2 * kPaStep * D * 2; /* K + V, 16-bit elements */
+  static constexpr size_t kSmem = kPaWarps * kStages * kStageBytes;
+  static_assert(kSmem >= (size_t)kPaWarps * 16 * D * sizeof(float), "epilogue fits the ring");
+};
 
 struct pa_params {
   const void *k_pages, *v_pages;
@@ -76,7 +92,6 @@ struct pa_params {
   float *part_o;      /* [splits][tq * hq][d] */
   float *part_lse;    /* [splits][tq * hq] */
   int *err;           /* OT_DEBUG flag or NULL */
-  int prefetch;       /* sm_90: L2 bulk prefetch of the warp's next step (OT_PAGED_PREFETCH=1) */
 };
 
 /* ---- fragment helpers -------------------------------------------------------------------- */
@@ -90,37 +105,53 @@ __device__ __forceinline__ uint32_t pair_of(const uint4 &a, const uint4 &b, int 
   return __byte_perm(u4_word(a, e >> 1), u4_word(b, e >> 1), (e & 1) ? 0x7632 : 0x5410);
 }
 
+/* The swizzle of a stage row: chunk c of key row k (0..15) sits at chunk c ^ pa_swz(k). */
+__device__ __forceinline__ int pa_swz(int k) { return ((k & 1) << 2) ^ (k & 6); }
+
+/* Tiles (of 16 rows) of sequence b; 0 when cu_seqlens_q fails the debug check. */
+__device__ __forceinline__ int64_t pa_tiles_of(const pa_params &p, int64_t b) {
+  if (!paged_cu_ok(p.cu_q, b, p.batch, p.tq, p.err)) return 0;
+  const int64_t n = (int64_t)p.cu_q[b + 1] - p.cu_q[b];
+  return n > 0 ? (n * p.group + 15) / 16 : 0;
+}
+
 /* The tile slot x -> (sequence, tile within it) by a warp-wide prefix sum of
- * ceil(n_b * group / 16). Returns false when the slot has no tile. */
+ * ceil(n_b * group / 16), lane l summing sequences [l * per, (l + 1) * per) so that all
+ * loads of cu_seqlens_q are issued together. Returns false when the slot has no tile. */
 __device__ __forceinline__ bool pa_find_tile(const pa_params &p, int64_t x, int64_t *b_out,
                                              int64_t *tile_out) {
   const int lane = threadIdx.x & 31;
-  int64_t base = 0;
-  for (int64_t b0 = 0; b0 < p.batch; b0 += 32) {
-    const int64_t b = b0 + lane;
-    int64_t nt = 0;
-    if (b < p.batch && paged_cu_ok(p.cu_q, b, p.batch, p.tq, p.err)) {
-      const int64_t n = (int64_t)p.cu_q[b + 1] - p.cu_q[b];
-      nt = n > 0 ? (n * p.group + 15) / 16 : 0;
-    }
-    int64_t incl = nt;
+  const int64_t per = (p.batch + 31) / 32;
+  const int64_t b0 = lane * per;
+  const int64_t b1 = b0 + per < p.batch ? b0 + per : p.batch;
+  int64_t mine = 0;
+#pragma unroll 4
+  for (int64_t b = b0; b < b1; b++) mine += pa_tiles_of(p, b);
+  int64_t incl = mine;
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += v;
-    }
-    const int64_t total = __shfl_sync(0xffffffffu, incl, 31);
-    if (x < base + total) {
-      const unsigned hit = __ballot_sync(0xffffffffu, x < base + incl);
-      const int l = __ffs(hit) - 1;
-      const int64_t excl = __shfl_sync(0xffffffffu, incl - nt, l);
-      *b_out = b0 + l;
-      *tile_out = x - base - excl;
-      return true;
-    }
-    base += total;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
   }
-  return false;
+  const int64_t total = __shfl_sync(0xffffffffu, incl, 31);
+  if (x >= total) return false;
+  const unsigned hit = __ballot_sync(0xffffffffu, x < incl);
+  const int l = __ffs(hit) - 1;
+  int64_t bsel = 0, tsel = 0;
+  if (lane == l) {
+    int64_t base = incl - mine;
+    for (int64_t b = b0; b < b1; b++) {
+      const int64_t nt = pa_tiles_of(p, b);
+      if (x < base + nt) {
+        bsel = b, tsel = x - base;
+        break;
+      }
+      base += nt;
+    }
+  }
+  *b_out = __shfl_sync(0xffffffffu, bsel, l);
+  *tile_out = __shfl_sync(0xffffffffu, tsel, l);
+  return true;
 }
 
 /* ---- the tensor-core kernel ------------------------------------------------------------- */
@@ -131,9 +162,11 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
   constexpr int KS = D / 16;   /* k-steps of QK */
   constexpr int NT = D / 8;    /* n-tiles of PV */
   constexpr int VH = D / 64;   /* 16-byte runs of a key per thread (PV) */
-  __shared__ int32_t s_pid[kPaMaxPages];
+  constexpr int S = pa_cfg<D>::kStages;
+  constexpr int CR = D / 8;                 /* 16-byte chunks of a key row */
+  constexpr int NJ = kPaStep * CR / 32;     /* K (and V) chunks per lane per step */
   __shared__ float s_m[kPaWarps][16], s_l[kPaWarps][16];
-  extern __shared__ float s_o[]; /* [warps][16][D] */
+  extern __shared__ __align__(16) unsigned char pa_smem[]; /* rings; [warps][16][D] floats at the end */
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq4 = lane & 3;
@@ -169,7 +202,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
   /* this split's keys: the sequence cut into `splits` chunks of >= 256 keys (a multiple
    * of 64), so splits past the end of a short sequence are empty */
   int64_t chunk = (len + p.splits - 1) / p.splits;
-  chunk = chunk < kPaIter ? kPaIter : (chunk + 63) / 64 * 64;
+  chunk = chunk < kPaMinChunk ? kPaMinChunk : (chunk + 63) / 64 * 64;
   int64_t k_lo = split * chunk, k_hi = k_lo + chunk;
   {
     const int64_t dfirst = tok_first + len - nq, dlast = tok_last + len - nq;
@@ -179,6 +212,52 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
     if (k_hi > hi) k_hi = hi;
     if (k_hi > len) k_hi = len;
   }
+  const int kl = (int)k_lo, kh = (int)k_hi;
+  const int steps = kh > kl ? (kh - kl + kPaStep - 1) / kPaStep : 0;
+  const int nst = steps > warp ? (steps - warp + kPaWarps - 1) / kPaWarps : 0; /* this warp's */
+
+  const int64_t head_stride = (int64_t)p.bs * D; /* elements between kv heads of a page */
+  const T *kbase = static_cast<const T *>(p.k_pages) + (int64_t)kvh * head_stride;
+  const T *vbase = static_cast<const T *>(p.v_pages) + (int64_t)kvh * head_stride;
+  const int64_t page_stride = (int64_t)p.hkv * head_stride;
+
+  /* page id of key (lane & 15) of this warp's step t (0 past the split's end) */
+  auto load_pid = [&](int t) -> int {
+    const int key = kl + (t * kPaWarps + warp) * kPaStep + (lane & 15);
+    if (t >= nst || key >= kh) return 0;
+    const int64_t e = page0 + (p.bs_shift >= 0 ? key >> p.bs_shift : key / p.bs);
+    int pg = p.indices[e];
+    if (p.err && (pg < 0 || pg >= p.num_pages)) {
+      paged_flag(p.err, kPagedBadIndex, b, e, pg);
+      pg = 0;
+    }
+    return pg;
+  };
+  T *ring = reinterpret_cast<T *>(pa_smem) + (size_t)warp * S * 2 * kPaStep * D;
+  /* step t's K and V rows into stage t % S: lane copies chunk lane % CR of rows
+   * lane / CR + j * 32 / CR; pid = this lane's page id register for step t */
+  auto issue = [&](int t, int pid) {
+    const int kb = kl + (t * kPaWarps + warp) * kPaStep;
+    T *st = ring + (size_t)(t % S) * 2 * kPaStep * D;
+    const int c = lane % CR;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      const int kr = lane / CR + j * (32 / CR);
+      const int pg = __shfl_sync(0xffffffffu, pid, kr);
+      const int key = kb + kr;
+      const int slot = p.bs_shift >= 0 ? key & (p.bs - 1) : key % p.bs;
+      const int64_t off = (int64_t)pg * page_stride + (int64_t)slot * D + c * 8;
+      const int n = key < kh ? 16 : 0;
+      const int pc = (c ^ pa_swz(kr)) * 8;
+      attn::cp_async16(st + kr * D + pc, n ? kbase + off : kbase, n);
+      attn::cp_async16(st + (kPaStep + kr) * D + pc, n ? vbase + off : vbase, n);
+    }
+  };
+
+  /* start the ring: page ids of steps 0 .. S-1 (independent loads), copies of 0 .. S-2 */
+  int pq[S];
+#pragma unroll
+  for (int s = 0; s < S; s++) pq[s] = load_pid(s);
 
   /* q fragments: row g / g + 8, features c*32 + tq4*8 + [0, 8) per run c */
   uint32_t qa[KS][4];
@@ -199,6 +278,12 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
       qa[2 * c + 1][2 + rr] = v.w;
     }
   }
+#pragma unroll
+  for (int s = 0; s < S - 1; s++) {
+    if (s < nst) issue(s, pq[s]);
+    attn::cp_async_commit();
+  }
+  int pid_next = pq[S - 1];
 
   float acc[NT][4];
 #pragma unroll
@@ -206,138 +291,105 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const float qk_scale = p.softcap > 0 ? p.scale / p.softcap : p.scale * kLog2e;
   const float cap2 = p.softcap * kLog2e;
-  const int64_t head_stride = (int64_t)p.bs * D; /* elements between kv heads of a page */
-  const T *kbase = static_cast<const T *>(p.k_pages) + (int64_t)kvh * head_stride;
-  const T *vbase = static_cast<const T *>(p.v_pages) + (int64_t)kvh * head_stride;
-  const int64_t page_stride = (int64_t)p.hkv * head_stride;
 
-  for (int ib = (int)k_lo; ib < (int)k_hi; ib += kPaIter) {
-    const int ie = ib + kPaIter < (int)k_hi ? ib + kPaIter : (int)k_hi;
-    const int pfirst = p.bs_shift >= 0 ? ib >> p.bs_shift : ib / p.bs;
-    const int plast = p.bs_shift >= 0 ? (ie - 1) >> p.bs_shift : (ie - 1) / p.bs;
-    __syncthreads(); /* previous iteration's readers of s_pid are done */
-    for (int i = threadIdx.x; i <= plast - pfirst; i += blockDim.x) {
-      int32_t pg = p.indices[page0 + pfirst + i];
-      if (p.err && (pg < 0 || pg >= p.num_pages)) {
-        paged_flag(p.err, kPagedBadIndex, b, page0 + pfirst + i, pg);
-        pg = 0;
-      }
-      s_pid[i] = pg;
-    }
-    __syncthreads();
 #pragma unroll 1
-    for (int u = 0; u < 4; u++) {
-      const int kb = ib + (u * kPaWarps + warp) * kPaStep;
-      if (kb >= ie) break;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      /* opt-in: the warp's next step (same iteration, page ids staged) into L2, one key row
-       * per lane (lanes 0-15 K, 16-31 V) -- more bytes in flight at no register cost */
-      if (p.prefetch && u + 1 < 4) {
-        const int key = kb + kPaWarps * kPaStep + (lane & 15);
-        if (key < ie) {
-          const int pl = (p.bs_shift >= 0 ? key >> p.bs_shift : key / p.bs) - pfirst;
-          const int slot = p.bs_shift >= 0 ? key & (p.bs - 1) : key % p.bs;
-          const T *src = (lane < 16 ? kbase : vbase) + s_pid[pl] * page_stride + slot * D;
-          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src),
-                       "r"((unsigned)(D * sizeof(T)))
-                       : "memory");
-        }
+  for (int t = 0; t < nst; t++) {
+    /* keep S - 1 steps in flight: issue step t + S - 1 (its page ids came one step ago),
+     * load the page ids of step t + S, then wait for step t */
+    if (t + S - 1 < nst) issue(t + S - 1, pid_next);
+    attn::cp_async_commit();
+    pid_next = load_pid(t + S);
+    attn::cp_async_wait<S - 1>();
+    __syncwarp();
+    const int kb = kl + (t * kPaWarps + warp) * kPaStep;
+    const T *st = ring + (size_t)(t % S) * 2 * kPaStep * D;
+    uint4 kr[2][KC], vr[4][VH];
+#pragma unroll
+    for (int nb = 0; nb < 2; nb++) {
+      const int r = nb * 8 + g;
+#pragma unroll
+      for (int c = 0; c < KC; c++)
+        kr[nb][c] = *reinterpret_cast<const uint4 *>(st + r * D + ((c * 4 + tq4) ^ pa_swz(r)) * 8);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int r = tq4 * 2 + (e & 1) + (e >> 1) * 8;
+#pragma unroll
+      for (int h = 0; h < VH; h++)
+        vr[e][h] = *reinterpret_cast<const uint4 *>(st + (kPaStep + r) * D +
+                                                    ((g + 8 * h) ^ pa_swz(r)) * 8);
+    }
+    __syncwarp(); /* every lane has read the stage before a later issue overwrites it */
+    /* S = q k^T for the 16 keys: two n-blocks of 8 */
+    float s[2][4];
+#pragma unroll
+    for (int nb = 0; nb < 2; nb++) {
+      s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+      for (int c = 0; c < KC; c++) {
+        mma_m16n8k16<T>::run(s[nb], qa[2 * c], kr[nb][c].x, kr[nb][c].y);
+        mma_m16n8k16<T>::run(s[nb], qa[2 * c + 1], kr[nb][c].z, kr[nb][c].w);
       }
-#endif
-      /* issue every load of the step first */
-      uint4 kr[2][KC], vr[4][VH];
+    }
+    /* scale, softcap, mask, online softmax (base 2) */
+    uint32_t pa[4];
 #pragma unroll
-      for (int nb = 0; nb < 2; nb++) {
-        const int key = kb + nb * 8 + g;
-        if (key < ie) {
-          const int pl = (p.bs_shift >= 0 ? key >> p.bs_shift : key / p.bs) - pfirst;
-          const int slot = p.bs_shift >= 0 ? key & (p.bs - 1) : key % p.bs;
-          const T *kp = kbase + s_pid[pl] * page_stride + slot * D + tq4 * 8;
+    for (int rr = 0; rr < 2; rr++) {
+      float v[4];
+      float mx = -INFINITY;
 #pragma unroll
-          for (int c = 0; c < KC; c++) kr[nb][c] = *reinterpret_cast<const uint4 *>(kp + c * 32);
-        } else {
+      for (int nb = 0; nb < 2; nb++)
 #pragma unroll
-          for (int c = 0; c < KC; c++) kr[nb][c] = make_uint4(0u, 0u, 0u, 0u);
+        for (int e = 0; e < 2; e++) {
+          const int key = kb + nb * 8 + tq4 * 2 + e;
+          float x = s[nb][2 * rr + e] * qk_scale;
+          if (p.softcap > 0) x = cap2 * tanhf(x);
+          if (key < r_lo[rr] || key > r_hi[rr] || key >= kh) x = -INFINITY;
+          v[nb * 2 + e] = x;
+          mx = fmaxf(mx, x);
         }
-      }
+      mx = quad_max(mx);
+      const float m_new = fmaxf(m_run[rr], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = exp2f(m_run[rr] - m_use);
+      float ps = 0.f;
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const int key = kb + tq4 * 2 + (e & 1) + (e >> 1) * 8;
-        if (key < ie) {
-          const int pl = (p.bs_shift >= 0 ? key >> p.bs_shift : key / p.bs) - pfirst;
-          const int slot = p.bs_shift >= 0 ? key & (p.bs - 1) : key % p.bs;
-          const T *vp = vbase + s_pid[pl] * page_stride + slot * D + g * 8;
-#pragma unroll
-          for (int h = 0; h < VH; h++) vr[e][h] = *reinterpret_cast<const uint4 *>(vp + h * 64);
-        } else {
-#pragma unroll
-          for (int h = 0; h < VH; h++) vr[e][h] = make_uint4(0u, 0u, 0u, 0u);
-        }
+        v[e] = exp2f(v[e] - m_use);
+        ps += v[e];
       }
-      /* S = q k^T for the 16 keys: two n-blocks of 8 */
-      float s[2][4];
-#pragma unroll
-      for (int nb = 0; nb < 2; nb++) {
-        s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
-#pragma unroll
-        for (int c = 0; c < KC; c++) {
-          mma_m16n8k16<T>::run(s[nb], qa[2 * c], kr[nb][c].x, kr[nb][c].y);
-          mma_m16n8k16<T>::run(s[nb], qa[2 * c + 1], kr[nb][c].z, kr[nb][c].w);
-        }
-      }
-      /* scale, softcap, mask, online softmax (base 2) */
-      uint32_t pa[4];
-#pragma unroll
-      for (int rr = 0; rr < 2; rr++) {
-        float v[4];
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nb = 0; nb < 2; nb++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            const int key = kb + nb * 8 + tq4 * 2 + e;
-            float x = s[nb][2 * rr + e] * qk_scale;
-            if (p.softcap > 0) x = cap2 * tanhf(x);
-            if (key < r_lo[rr] || key > r_hi[rr] || key >= ie) x = -INFINITY;
-            v[nb * 2 + e] = x;
-            mx = fmaxf(mx, x);
-          }
-        mx = quad_max(mx);
-        const float m_new = fmaxf(m_run[rr], mx);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = exp2f(m_run[rr] - m_use);
-        float ps = 0.f;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          v[e] = exp2f(v[e] - m_use);
-          ps += v[e];
-        }
-        l_run[rr] = l_run[rr] * alpha + ps;
-        m_run[rr] = m_new;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-          acc[j][2 * rr] *= alpha;
-          acc[j][2 * rr + 1] *= alpha;
-        }
-        pa[rr] = mma_m16n8k16<T>::pack(v[0], v[1]);      /* keys tq4*2, +1      (n-block 0) */
-        pa[2 + rr] = mma_m16n8k16<T>::pack(v[2], v[3]);  /* keys 8 + tq4*2, +1  (n-block 1) */
-      }
-      /* O += P V */
+      l_run[rr] = l_run[rr] * alpha + ps;
+      m_run[rr] = m_new;
 #pragma unroll
       for (int j = 0; j < NT; j++) {
-        const int h = j >> 3, e = j & 7;
-        const uint32_t b0 = pair_of(vr[0][h], vr[1][h], e);
-        const uint32_t b1 = pair_of(vr[2][h], vr[3][h], e);
-        mma_m16n8k16<T>::run(acc[j], pa, b0, b1);
+        acc[j][2 * rr] *= alpha;
+        acc[j][2 * rr + 1] *= alpha;
       }
+      pa[rr] = mma_m16n8k16<T>::pack(v[0], v[1]);      /* keys tq4*2, +1      (n-block 0) */
+      pa[2 + rr] = mma_m16n8k16<T>::pack(v[2], v[3]);  /* keys 8 + tq4*2, +1  (n-block 1) */
+    }
+    /* O += P V */
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      const int h = j >> 3, e = j & 7;
+      const uint32_t b0 = pair_of(vr[0][h], vr[1][h], e);
+      const uint32_t b1 = pair_of(vr[2][h], vr[3][h], e);
+      mma_m16n8k16<T>::run(acc[j], pa, b0, b1);
     }
   }
+  attn::cp_async_wait<0>(); /* (only empty groups can be left) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /* the merge kernel (a programmatic dependent when splits > 1) may start launching */
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 
   /* merge the warps: row sums over the quad, then (m, l, O) through shared memory */
 #pragma unroll
   for (int rr = 0; rr < 2; rr++) {
     l_run[rr] = quad_sum(l_run[rr]);
   }
+  __syncthreads(); /* every warp is done with its ring: the space becomes s_o */
+  float *s_o = reinterpret_cast<float *>(pa_smem); /* [warps][16][D] */
   if (tq4 == 0) {
     s_m[warp][g] = m_run[0], s_m[warp][g + 8] = m_run[1];
     s_l[warp][g] = l_run[0], s_l[warp][g + 8] = l_run[1];
@@ -382,35 +434,89 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
   }
 }
 
-/* ---- merge of the splits: one warp per (token, q head) row ----------------------------- */
-
-template <typename T>
-__global__ void __launch_bounds__(128) pa_merge_kernel(const __grid_constant__ pa_params p) {
-  const int64_t row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= p.tq * p.hq) return;
-  const int64_t tok = row / p.hq, head = row - tok * p.hq;
+/* ---- merge of the splits: one CTA per (token, q head) row -------------------------------- *
+ * lse = log sum_s exp(lse_s) (a block reduction over the splits), then warp w sums
+ * exp(lse_s - lse) O_s over splits s = w, w + 4, ... (lane: D / 32 features, the weights
+ * of 32 splits at a time loaded by the lanes and broadcast with shuffles, the O_s loads
+ * independent), and the 4 partial sums add through shared memory. */
+template <typename T, int D>
+__global__ void __launch_bounds__(kPaThreads) pa_merge_kernel(const __grid_constant__ pa_params p) {
+  constexpr int V = D / 32; /* features per lane */
+  __shared__ float s_red[kPaWarps];
+  __shared__ float s_acc[kPaWarps][D];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* the main kernel's partials */
+#endif
+  const int64_t row = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t rs = p.tq * p.hq;
-  float M = -INFINITY;
-  for (int s = 0; s < p.splits; s++) M = fmaxf(M, p.part_lse[s * rs + row]);
-  float L = 0.f;
+  const float *pl = p.part_lse + row;
+  /* M = max_s lse_s */
+  float m = -INFINITY;
+  for (int s = threadIdx.x; s < p.splits; s += kPaThreads) m = fmaxf(m, pl[s * rs]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) s_red[warp] = m;
+  __syncthreads();
+  float M = s_red[0];
+#pragma unroll
+  for (int w = 1; w < kPaWarps; w++) M = fmaxf(M, s_red[w]);
+  __syncthreads();
+  /* L = sum_s exp(lse_s - M) */
+  float l = 0.f;
   if (M != -INFINITY)
-    for (int s = 0; s < p.splits; s++) {
-      const float ls = p.part_lse[s * rs + row];
-      if (ls != -INFINITY) L += expf(ls - M);
+    for (int s = threadIdx.x; s < p.splits; s += kPaThreads) {
+      const float ls = pl[s * rs];
+      if (ls != -INFINITY) l += expf(ls - M);
     }
+  l = warp_sum(l);
+  if (lane == 0) s_red[warp] = l;
+  __syncthreads();
+  float L = 0.f;
+#pragma unroll
+  for (int w = 0; w < kPaWarps; w++) L += s_red[w];
   const float lse = M != -INFINITY ? M + logf(L) : -INFINITY;
-  T *o = static_cast<T *>(p.out) + tok * p.o_ts + head * p.o_hs;
-  for (int dd = lane; dd < p.d; dd += 32) {
-    float acc = 0.f;
-    if (M != -INFINITY)
-      for (int s = 0; s < p.splits; s++) {
-        const float ls = p.part_lse[s * rs + row];
-        if (ls != -INFINITY) acc += expf(ls - lse) * p.part_o[(s * rs + row) * p.d + dd];
+  /* warp w: splits w, w + 4, ...; 32 of them per round */
+  float acc[V];
+#pragma unroll
+  for (int v = 0; v < V; v++) acc[v] = 0.f;
+  if (M != -INFINITY) {
+    const float *po = p.part_o + row * D + lane * V;
+    for (int s0 = warp; s0 < p.splits; s0 += 32 * kPaWarps) {
+      const int sl = s0 + lane * kPaWarps;
+      float wl = 0.f;
+      if (sl < p.splits) {
+        const float ls = pl[(int64_t)sl * rs];
+        wl = ls != -INFINITY ? expf(ls - lse) : 0.f;
       }
-    o[dd] = from_f32<T>(acc);
+      const int n = (p.splits - s0 + kPaWarps - 1) / kPaWarps; /* splits of this round */
+#pragma unroll 8
+      for (int i = 0; i < 32; i++) {
+        if (i >= n) break;
+        const float w = __shfl_sync(0xffffffffu, wl, i);
+        const float *src = po + (int64_t)(s0 + i * kPaWarps) * rs * D;
+        if constexpr (V == 4) {
+          const float4 o = *reinterpret_cast<const float4 *>(src);
+          acc[0] += w * o.x, acc[1] += w * o.y, acc[2] += w * o.z, acc[3] += w * o.w;
+        } else {
+          const float2 o = *reinterpret_cast<const float2 *>(src);
+          acc[0] += w * o.x, acc[1] += w * o.y;
+        }
+      }
+    }
   }
-  if (p.lse && lane == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
+#pragma unroll
+  for (int v = 0; v < V; v++) s_acc[warp][lane * V + v] = acc[v];
+  __syncthreads();
+  const int64_t tok = row / p.hq, head = row - tok * p.hq;
+  T *o = static_cast<T *>(p.out) + tok * p.o_ts + head * p.o_hs;
+  for (int dd = threadIdx.x; dd < D; dd += kPaThreads) {
+    float a = 0.f;
+#pragma unroll
+    for (int w = 0; w < kPaWarps; w++) a += s_acc[w][dd];
+    o[dd] = from_f32<T>(a);
+  }
+  if (p.lse && threadIdx.x == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
 }
 
 /* ---- fallback: one warp per (token, q head) -------------------------------------------- */
@@ -483,14 +589,22 @@ __global__ void __launch_bounds__(128) pa_simple_kernel(const __grid_constant__ 
 
 /* ---- host side -------------------------------------------------------------------------- */
 
-/* CTAs of pa_mma_kernel<T, D> per SM on the context's device (cached per device, first
- * 16 devices: occupancy differs between GPU models). */
+/* The kernel's shared-memory attributes (dynamic size past 48 KB, the largest carveout so
+ * that 2 CTAs fit an SM) and its CTAs per SM on the context's device, both once per
+ * device (first 16 devices: occupancy differs between GPU models). 0 on failure. */
 template <typename T, int D>
 static int pa_ctas_per_sm(int dev) {
   static int cached[16];
   if (dev >= 0 && dev < 16 && cached[dev] > 0) return cached[dev];
+  const size_t smem = pa_cfg<D>::kSmem;
+  if (cudaFuncSetAttribute(pa_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem) != cudaSuccess ||
+      cudaFuncSetAttribute(pa_mma_kernel<T, D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
   int n = 0;
-  const size_t smem = (size_t)kPaWarps * 16 * D * sizeof(float);
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, pa_mma_kernel<T, D>, kPaThreads, smem) !=
           cudaSuccess || n < 1) {
     (void)cudaGetLastError();
@@ -501,9 +615,9 @@ static int pa_ctas_per_sm(int dev) {
 }
 
 /* Splits per sequence: the fewest within 2% of the best wave-quantized cost
- * ceil(base * s / slots) / s, chunks of at least 256 keys (a CTA iteration). */
+ * ceil(base * s / slots) / s, chunks of at least 256 keys. */
 static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots) {
-  int64_t max_s = est_len / kPaIter;
+  int64_t max_s = est_len / kPaMinChunk;
   if (max_s < 1) max_s = 1;
   if (max_s > 1024) max_s = 1024;
   double best = 1e30;
@@ -519,11 +633,12 @@ static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots) {
 }
 
 /* Context scratch for the OT_DEBUG flag (first 256 bytes, cleared) and the split
- * partials after it; p.err / p.part_* point into it. */
+ * partials after it (part_o 256-byte aligned: the merge reads it in float4 / float2);
+ * p.err / p.part_* point into it. */
 static ot_status pa_scratch(ot_context *ctx, pa_params &p, bool debug, size_t partial_bytes,
                             const char *op) {
   if (!debug && partial_bytes == 0) return OT_OK;
-  char *scr = (char *)ot_cuda_scratch(ctx, 256 + partial_bytes, op);
+  char *scr = (char *)ot_cuda_scratch(ctx, 256 + partial_bytes + (partial_bytes ? 256 : 0), op);
   if (!scr) return OT_ERR_OOM;
   if (debug) {
     p.err = (int *)scr;
@@ -531,8 +646,9 @@ static ot_status pa_scratch(ot_context *ctx, pa_params &p, bool debug, size_t pa
   }
   if (partial_bytes) {
     const size_t rs = (size_t)p.tq * p.hq;
+    const size_t lse_bytes = ((size_t)p.splits * rs * sizeof(float) + 255) / 256 * 256;
     p.part_lse = (float *)(scr + 256);
-    p.part_o = p.part_lse + (size_t)p.splits * rs;
+    p.part_o = (float *)(scr + 256 + lse_bytes);
   }
   return OT_OK;
 }
@@ -544,12 +660,16 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const 
   if (tiles_upper > 0x7fffffff || p.hkv > 65535)
     return ot_error(OT_ERR_UNSUPPORTED, op, "grid too large (%lld tiles x %d kv heads)",
                     (long long)tiles_upper, p.hkv);
+  const ot_cuda_state *cs = ot_cuda_state_of(ctx);
+  const int per_sm = pa_ctas_per_sm<T, D>(cs->device);
+  if (per_sm < 1)
+    return ot_error(OT_ERR_BACKEND, op, "cannot give the decode kernel %zu bytes of shared memory",
+                    pa_cfg<D>::kSmem);
   /* estimates for the plan: equal queries per sequence, keys from the table's size */
   const int64_t qps = (p.tq + p.batch - 1) / p.batch;
   const int64_t tiles_est = p.batch * ((qps * p.group + 15) / 16);
   const int64_t est_len = p.num_indices * p.bs / p.batch;
-  const ot_cuda_state *cs = ot_cuda_state_of(ctx);
-  const int64_t slots = (int64_t)cs->sm_count * pa_ctas_per_sm<T, D>(cs->device);
+  const int64_t slots = (int64_t)cs->sm_count * per_sm;
   int splits = pa_plan_splits(tiles_est * p.hkv, est_len, slots);
   if (splits > 65535) splits = 65535;
   const char *env = getenv("OT_PAGED_SPLITS"); /* benchmarking / tests: force a count */
@@ -557,17 +677,24 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const 
   p.splits = splits;
   const size_t partial = splits > 1 ? (size_t)splits * p.tq * p.hq * (D + 1) * sizeof(float) : 0;
   OT_TRY(pa_scratch(ctx, p, debug, partial, op));
-  const size_t smem = (size_t)kPaWarps * 16 * D * sizeof(float);
-  if (smem > 48 * 1024)
-    OT_CUDA_CHECK(op, cudaFuncSetAttribute(pa_mma_kernel<T, D>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   const dim3 grid((unsigned)tiles_upper, (unsigned)p.hkv, (unsigned)splits);
-  pa_mma_kernel<T, D><<<grid, kPaThreads, smem, s>>>(p);
+  pa_mma_kernel<T, D><<<grid, kPaThreads, pa_cfg<D>::kSmem, s>>>(p);
   OT_CUDA_CHECK_LAUNCH(op);
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
-    pa_merge_kernel<T><<<(unsigned)((rows + 3) / 4), 128, 0, s>>>(p);
-    OT_CUDA_CHECK_LAUNCH(op);
+    if (rows > 0x7fffffff)
+      return ot_error(OT_ERR_UNSUPPORTED, op, "merge grid too large (%lld rows)", (long long)rows);
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3((unsigned)rows);
+    cfg.blockDim = dim3(kPaThreads);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = cs->cc_major >= 9 ? 1 : 0; /* PDL: sm_90 (the kernel waits with griddepcontrol) */
+    OT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, pa_merge_kernel<T, D>, p));
   }
   return OT_OK;
 }
@@ -624,10 +751,6 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
   p.wl = a->window_left;
   p.wr = a->window_right;
   p.splits = 1;
-  {
-    const char *pf = getenv("OT_PAGED_PREFETCH");
-    p.prefetch = pf && pf[0] == '1' && ot_cuda_state_of(ctx)->cc_major >= 9;
-  }
   const bool debug = ot_paged_debug();
   /* the tensor-core path: 16-bit types, head_dim 64 / 128, 16-byte aligned q rows and
    * pages (the pages are contiguous, so their base decides) */
