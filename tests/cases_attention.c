@@ -178,7 +178,6 @@ typedef struct acase {
   bool packed;           /* q, k, v (and dq, dk, dv) as slices of one packed buffer */
   bool strided_out;      /* out / dout with padded token and head strides */
   bool bwd;              /* also check the backward */
-  bool det;              /* params.deterministic (CUDA: the portable backward, no atomics) */
 } acase;
 
 /* Forward cases (wl / wr: -1 unbounded). Sizes keep the float64 reference cheap. */
@@ -241,14 +240,18 @@ static const acase cuda_cases[] = {
     {"cuda varlen decode D96 (split-KV)", 0, 0, 0, 4, 1, 96, 1, -1, -1, 0, 0, 3, {1, 1, 1}, {1500, 1, 700}, false, false, true},
     {"cuda packed qkv D128 GQA2 causal", 2, 300, 300, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, true, true, true},
     /* The Hopper backward's shapes (D64 / D128, causal or not, GQA 1 / 4 / 8, tails of the
-     * 128-key and 64-query tiles, Sq != Sk), and its deterministic = 1 alternative. */
+     * 128-key and 64-query tiles, Sq != Sk). */
     {"cuda S4097 D64 H2/1 causal", 1, 4097, 4097, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda S1000 D128 GQA1 B2 noncausal", 2, 1000, 1000, 2, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda Sq17 Sk1000 D128 GQA4 noncausal", 1, 17, 1000, 4, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda causal Sq>Sk 1000x100 D64 GQA8", 1, 1000, 100, 8, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda S129 D64 MQA8 B2 causal", 2, 129, 129, 8, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
-    {"cuda S300 D128 GQA4 causal deterministic", 1, 300, 300, 8, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true, true},
-    {"cuda S200 D64 noncausal deterministic", 2, 200, 200, 2, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true, true},
+};
+
+/* CUDA cases run with params.deterministic = 1 (the portable backward, no atomics). */
+static const acase cuda_det_cases[] = {
+    {"cuda S300 D128 GQA4 causal deterministic", 1, 300, 300, 8, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda S200 D64 noncausal deterministic", 2, 200, 200, 2, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
 };
 
 /* Gradient-mode cases: tiny shapes, float32 storage. */
@@ -360,7 +363,6 @@ static void prob_make(test_run *tr, const acase *c, DLDataType dt, bool with_bwd
   P->params.causal = c->causal;
   P->params.window_left = c->wl;
   P->params.window_right = c->wr;
-  P->params.deterministic = c->det;
 
   const backend *be = tr->be;
   int64_t qsh[4], ksh[4];
@@ -458,12 +460,13 @@ static tol grad_tol(DLDataType dt) { return tol_for(dt, dt.bits == 32 ? 8 : 2); 
 
 static const DLDataType *all_dtypes[] = {&DT_F32, &DT_F16, &DT_BF16};
 
-static void run_case(test_run *tr, const acase *c, DLDataType dt) {
+static void run_case_det(test_run *tr, const acase *c, DLDataType dt, bool det) {
   bool bwd = c->bwd;
   if (!tr_begin(tr, "attention %s %s%s", c->name, dt_name(dt), bwd ? " +bwd" : "")) return;
   rng r = tr_rng(tr);
   prob P;
   prob_make(tr, c, dt, bwd, &P, &r);
+  P.params.deterministic = det;
   const ref_prob *p = &P.rp;
   int64_t nq = p->tq * p->hq * p->d, nk = p->tk * p->hkv * p->d;
   double *q = tb_to_f64(P.q), *k = tb_to_f64(P.k), *v = tb_to_f64(P.v);
@@ -499,6 +502,8 @@ static void run_case(test_run *tr, const acase *c, DLDataType dt) {
   prob_free(&P);
   tr_end(tr);
 }
+
+static void run_case(test_run *tr, const acase *c, DLDataType dt) { run_case_det(tr, c, dt, false); }
 
 /* Determinism and the stability of repeated calls: forward and backward twice give
  * bitwise identical results. */
@@ -851,6 +856,8 @@ static void run(test_run *tr) {
   if (tr->be->is_cuda) {
     for (size_t i = 0; i < sizeof cuda_cases / sizeof cuda_cases[0]; i++)
       run_case(tr, &cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
+    for (size_t i = 0; i < sizeof cuda_det_cases / sizeof cuda_det_cases[0]; i++)
+      run_case_det(tr, &cuda_det_cases[i], i % 2 ? DT_F16 : DT_BF16, true);
     static const acase rep[] = {
         {"split-KV", 1, 3, 2000, 8, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
         {"unsplit", 4, 300, 300, 16, 4, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
