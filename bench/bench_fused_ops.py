@@ -279,8 +279,10 @@ def nan_like(t):
 
 
 def check_norms(S, ck, small):
+    # (3001, 4096): more rows than the persistent kernels' grids hold, so each block
+    # loops (backward v3 with R = 2 rows per iteration and an odd row count, forward v4)
     shapes = [(37, 7), (5, 1000), (64, 4096), (3, 4104), (9, 40000)] + ([] if small else
-                                                                         [(300, 8192), (17, 12288)])
+                                                                         [(300, 8192), (17, 12288), (3001, 4096)])
     eps = 1e-5
     for layer in (0, 1):
         nm = "layernorm" if layer else "rmsnorm"
@@ -462,9 +464,27 @@ def check_ce(S, ck, small):
                              TOL[dtype] * 2)
 
 
+# Kernel selections (src/cuda/norm.cuh, rope.cu) that --sanitize and OT_VARIANT_ENV
+# runs cover besides the defaults: forward v4, backward v3 with R = 1, RoPE warp v2.
+ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v4", "OT_NORM_BWD_ROWS": "1", "OT_ROPE_IMPL": "v2"}
+
+
 def sanitize_run(S):
     """Our kernels only (no references), small shapes covering every kernel variant:
-    for compute-sanitizer racecheck, where torch's own kernels would be slow."""
+    for compute-sanitizer racecheck, where torch's own kernels would be slow. The norm
+    and RoPE part runs again under ALT_KERNELS."""
+    sanitize_once(S, True)
+    os.environ.update(ALT_KERNELS)
+    try:
+        sanitize_once(S, False)
+    finally:
+        for k in ALT_KERNELS:
+            os.environ.pop(k, None)
+    torch.cuda.synchronize()
+    print("sanitize run: done")
+
+
+def sanitize_once(S, all_families):
     for dtype in (torch.float32, torch.bfloat16):
         for (rows, cols, pad) in ((9, 7, 3), (5, 1000, 0), (6, 4096, 8), (3, 8192, 0),
                                   (3, 40000, 0), (2, 20000, 0)):
@@ -491,6 +511,8 @@ def sanitize_run(S):
             cache = torch.cat([torch.cos(ang), torch.sin(ang)], 1).float().cuda()
             rope_call(S, q, k, nan_like(q), nan_like(k), pos, None, mode, rd)()
             rope_call(S, q, k, q, k, pos, cache, mode, rd, inverse=True)()
+        if not all_families:
+            continue
         for (rows, Fd) in ((3, 7), (4, 4096), (2, 2050)):
             g, u = rnd(rows, Fd, dtype=dtype), rnd(rows, Fd, dtype=dtype)
             out = nan_like(g)
@@ -507,8 +529,6 @@ def sanitize_run(S):
                 ce_fwd_call(S, z, y, loss, lse, red, 0.1)()
                 ce_bwd_call(S, torch.ones_like(loss), z, y, None, nan_like(z), red, 0.1)()
                 ce_bwd_call(S, torch.ones_like(loss), z, y, lse, z, red, 0.1)()
-    torch.cuda.synchronize()
-    print("sanitize run: done")
 
 
 # ---------------------------------------------------------------------------------------
@@ -627,17 +647,26 @@ def bench_all(S, args):
 
     variants = variants_ms
 
-    # Defaults (src/cuda/norm.cuh): forward v2, backward v3 (cp.async ring; RMSNorm 2
-    # vectors per thread and a 2-row ring, LayerNorm 4 vectors and the automatic ring),
-    # RoPE's warp-per-token kernel. The variants: the other generations and the ring
-    # shapes around the defaults.
-    FWD_VARIANTS = {"v3 (automatic ring)": {"OT_NORM_FWD_IMPL": "v3"},
-                    "v3 S=4": {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_FWD_STAGES": "4"}}
+    # Defaults (src/cuda/norm.cuh): forward v2, backward v3 (cp.async ring) with R = 2 rows
+    # per iteration (RMSNorm 2 vectors per thread and a 2-stage ring, LayerNorm 4 vectors
+    # and the automatic ring), RoPE's warp kernel v3. The variants: the other generations,
+    # rows per block / per iteration and the ring shapes around the defaults. Forward v4
+    # (persistent, the next row in registers) covers the unfused forward only: with the
+    # residual its variants run v2.
+    FWD_VARIANTS = {"v4 (persistent)": {"OT_NORM_FWD_IMPL": "v4"},
+                    "v4 1 row/block": {"OT_NORM_FWD_IMPL": "v4", "OT_NORM_FWD_ROWS": "1"},
+                    "v2 1 row/block": {"OT_NORM_FWD_ROWS": "1"},
+                    "v3 (automatic ring)": {"OT_NORM_FWD_IMPL": "v3"}}
     BWD_VARIANTS = {"v2": {"OT_NORM_BWD_IMPL": "v2"},
-                    "v3 nv2 S=2": {"OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "2"},
-                    "v3 nv4 automatic ring": {"OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "0"},
-                    "v3 nv4 S=2": {"OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "2"}}
-    ROPE_VARIANTS = {"v1 (block per token)": {"OT_ROPE_IMPL": "v1"}}
+                    "R=1 nv2 S=2": {"OT_NORM_BWD_ROWS": "1", "OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "2"},
+                    "R=1 nv4 automatic ring": {"OT_NORM_BWD_ROWS": "1", "OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "0"},
+                    "R=2 nv2 S=2": {"OT_NORM_BWD_ROWS": "2", "OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "2"},
+                    "R=2 nv2 S=3": {"OT_NORM_BWD_ROWS": "2", "OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "3"},
+                    "R=2 nv2 automatic ring": {"OT_NORM_BWD_ROWS": "2", "OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "0"},
+                    "R=2 nv4 S=2": {"OT_NORM_BWD_ROWS": "2", "OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "2"},
+                    "R=2 nv4 automatic ring": {"OT_NORM_BWD_ROWS": "2", "OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "0"}}
+    ROPE_VARIANTS = {"v1 (block per token)": {"OT_ROPE_IMPL": "v1"},
+                     "v2 (warp per token)": {"OT_ROPE_IMPL": "v2"}}
     only = set(args.only.split(","))
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):

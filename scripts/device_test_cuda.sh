@@ -32,6 +32,9 @@
 #   OT_SANITIZE_TIMEOUT     seconds per sanitizer run (default 200)
 #   OT_COMMIT               the commit recorded in the JSON (the device copy has no .git)
 #   OT_BENCH_FLAGS          extra flags for the benchmark (e.g. --no-compile)
+#   OT_VARIANT_ENV          "VAR=value ..." of opt-in kernel selections (e.g. the
+#                           ALT_KERNELS of bench_fused_ops.py): test_ops, the python
+#                           check and memcheck run a second time under them
 set -uo pipefail
 MODE=${1:-all}
 COMPILE_FLAG=${2:-}
@@ -82,9 +85,22 @@ if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   fi
   grep -E '^cuda ' "$OUT/test_ops.log" | head -20
   grep -E 'FAIL' "$OUT/test_ops.log" | head -20
+  if [ -n "${OT_VARIANT_ENV:-}" ]; then
+    for s in ${OT_SUITES:-norm rope}; do
+      # shellcheck disable=SC2086
+      env $OT_VARIANT_ENV timeout 300 build-dev/tests/test_ops --backend cuda --suite "$s" >>"$OUT/test_ops_variant.log" 2>&1
+      echo "test_ops --suite $s ($OT_VARIANT_ENV) rc=$?"
+    done
+    grep -E '^cuda |FAIL' "$OUT/test_ops_variant.log" | head -20
+  fi
   stamp "python check"
   timeout 300 python3 bench/bench_fused_ops.py --shim $SHIM --check --only "${OT_CHECK_ONLY:-${OT_ONLY:-norm,rope,glu,ce}}" >"$OUT/check.log" 2>&1
   echo "check rc=$?"; tail -25 "$OUT/check.log"
+  if [ -n "${OT_VARIANT_ENV:-}" ]; then
+    # shellcheck disable=SC2086
+    env $OT_VARIANT_ENV timeout 300 python3 bench/bench_fused_ops.py --shim $SHIM --check --only "${OT_CHECK_ONLY:-${OT_ONLY:-norm,rope,glu,ce}}" >"$OUT/check_variant.log" 2>&1
+    echo "check ($OT_VARIANT_ENV) rc=$?"; grep -E '^check:|FAIL' "$OUT/check_variant.log" | head -20
+  fi
 fi
 
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
@@ -104,6 +120,12 @@ if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --print-limit 20 \
     python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only "${OT_MEMCHECK_ONLY:-norm,ce}" >"$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$?"; grep -E 'ERROR SUMMARY|check:|Invalid|FAIL' "$OUT/memcheck.log" | head -10
+  if [ -n "${OT_VARIANT_ENV:-}" ]; then
+    # shellcheck disable=SC2086
+    env $OT_VARIANT_ENV timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --print-limit 20 \
+      python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only "${OT_MEMCHECK_ONLY:-norm,ce}" >"$OUT/memcheck_variant.log" 2>&1
+    echo "memcheck ($OT_VARIANT_ENV) rc=$?"; grep -E 'ERROR SUMMARY|check:|Invalid|FAIL' "$OUT/memcheck_variant.log" | head -10
+  fi
   stamp "compute-sanitizer racecheck"
   timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
     python3 bench/bench_fused_ops.py --shim $SHIM --sanitize >"$OUT/racecheck.log" 2>&1

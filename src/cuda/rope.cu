@@ -194,6 +194,43 @@ static bool rope_can_vectorize(const rope_params &p, ot_rope_mode mode) {
   return true;
 }
 
+/* One item of a warp kernel: the lane's NP cos / sin of pairs i0.. from the warp's cs
+ * ([cos 0..half) [sin 0..half)), the rotation of the item x1 (NeoX: and its partner x2
+ * at + half) and the stores at out. */
+template <typename T, ot_rope_mode MODE>
+__device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, int64_t i0,
+                                               const raw16 &x1, const raw16 &x2, T *out) {
+  constexpr int V = vec_width<T>::value;
+  constexpr int NP = MODE == OT_ROPE_NEOX ? V : V / 2; /* pairs per item */
+  float a[V], y1[V], c[NP], sn[NP];
+  if (NP % 4 == 0) { /* 16-byte shared loads: i0 and half are multiples of 4 */
+#pragma unroll
+    for (int j = 0; j < NP; j += 4) {
+      const float4 cv = *reinterpret_cast<const float4 *>(cs + i0 + j);
+      const float4 sv = *reinterpret_cast<const float4 *>(cs + half + i0 + j);
+      c[j] = cv.x, c[j + 1] = cv.y, c[j + 2] = cv.z, c[j + 3] = cv.w;
+      sn[j] = sv.x, sn[j + 1] = sv.y, sn[j + 2] = sv.z, sn[j + 3] = sv.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < NP; j++) c[j] = cs[i0 + j], sn[j] = cs[half + i0 + j];
+  }
+  unpack<T>(a, x1);
+  if (MODE == OT_ROPE_NEOX) {
+    float bv[V], y2[V];
+    unpack<T>(bv, x2);
+#pragma unroll
+    for (int j = 0; j < V; j++) rope_rotate(a[j], bv[j], c[j], sn[j], &y1[j], &y2[j]);
+    store_vec(out, y1);
+    store_vec(out + half, y2);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; j += 2)
+      rope_rotate(a[j], a[j + 1], c[j / 2], sn[j / 2], &y1[j], &y1[j + 1]);
+    store_vec(out, y1);
+  }
+}
+
 /* ---- token-parallel kernel: a warp per token, cos / sin in registers -------------------
  * For 16-byte-aligned rows whose rotated part has IPH = (NeoX: half, GPT-J: rd) / VEC
  * items per head, IPH a power of two <= 32 (head_dim 64..256 in 16-bit types), and no
@@ -258,35 +295,91 @@ __global__ void __launch_bounds__(256, 2) rope_warp_kernel(const __grid_constant
         const T *in;
         T *out;
         head(h, &in, &out);
-        float a[V], y1[V], c[NP], sn[NP];
-        if (NP % 4 == 0) { /* 16-byte shared loads: i0 and half are multiples of 4 */
-#pragma unroll
-          for (int j = 0; j < NP; j += 4) {
-            const float4 cv = *reinterpret_cast<const float4 *>(cs + i0 + j);
-            const float4 sv = *reinterpret_cast<const float4 *>(cs + half + i0 + j);
-            c[j] = cv.x, c[j + 1] = cv.y, c[j + 2] = cv.z, c[j + 3] = cv.w;
-            sn[j] = sv.x, sn[j + 1] = sv.y, sn[j + 2] = sv.z, sn[j + 3] = sv.w;
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < NP; j++) c[j] = cs[i0 + j], sn[j] = cs[half + i0 + j];
-        }
-        unpack<T>(a, x1[u]);
-        if (MODE == OT_ROPE_NEOX) {
-          float bv[V], y2[V];
-          unpack<T>(bv, x2[u]);
-#pragma unroll
-          for (int j = 0; j < V; j++) rope_rotate(a[j], bv[j], c[j], sn[j], &y1[j], &y2[j]);
-          store_vec(out, y1);
-          store_vec(out + half, y2);
-        } else {
-#pragma unroll
-          for (int j = 0; j < V; j += 2)
-            rope_rotate(a[j], a[j + 1], c[j / 2], sn[j / 2], &y1[j], &y1[j + 1]);
-          store_vec(out, y1);
-        }
+        rope_warp_item<T, MODE>(cs, half, i0, x1[u], x2[u], out);
       }
     }
+  }
+}
+
+/* ---- warp kernel v3: the same lane map and arithmetic, fewer serial round trips ---------
+ * rope_warp_kernel's per-token chain is serial: position -> cos / sin (a second load,
+ * from the cache) -> the head loads -> rotation -> stores, and with 40 heads (U = 8
+ * passes of HPW heads per batch) a second, half-filled batch of loads. Here:
+ *   - the token's first batch of head loads is issued before its cos / sin are made
+ *     (the loads depend on the token only), so the cache reads overlap them;
+ *   - the next token's position is loaded one token ahead;
+ *   - the passes are split into equal batches of at most U (40 heads: one batch of 10
+ *     passes; 72 heads: two of 9), so no batch is a short tail.
+ * Same cos / sin (rope_fill_cs) and rotation (rope.cuh) as v1 / v2: the same bits. */
+template <typename T, ot_rope_mode MODE, int IPH, int U>
+__global__ void __launch_bounds__(256, 2) rope_warp3_kernel(const __grid_constant__ rope_params p) {
+  constexpr int V = vec_width<T>::value;
+  constexpr int HPW = 32 / IPH;
+  constexpr int NP = MODE == OT_ROPE_NEOX ? V : V / 2; /* pairs per item */
+  const int lane = threadIdx.x & 31, item = lane % IPH, hl = lane / IPH;
+  const int64_t half = p.half, rd = p.rotary_dim;
+  const int64_t tokens = p.batch * p.seq;
+  const int64_t hq = p.t[0].heads, hall = hq + p.t[1].heads;
+  const int64_t i0 = (int64_t)item * NP;
+  const int64_t e0 = (int64_t)item * V;
+  const int wpb = blockDim.x >> 5;
+  extern __shared__ float rope_cs[]; /* [warps][rd] */
+  float *cs = rope_cs + (threadIdx.x >> 5) * rd;
+  const int passes = (int)((hall + HPW - 1) / HPW);
+  const int nb = (passes + U - 1) / U;
+  const int ub = (passes + nb - 1) / nb; /* passes per batch, <= U */
+  const int64_t tstep = (int64_t)gridDim.x * wpb;
+  auto position = [&](int64_t t) -> int64_t {
+    const int64_t b = t / p.seq, s = t - b * p.seq;
+    const int64_t pi = b * p.pos_sb + s * p.pos_ss;
+    return p.pos_is_i64 ? static_cast<const int64_t *>(p.positions)[pi]
+                        : (int64_t) static_cast<const int32_t *>(p.positions)[pi];
+  };
+  int64_t tok = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5);
+  int64_t pos = tok < tokens ? position(tok) : 0;
+  for (; tok < tokens; tok += tstep) {
+    const int64_t b = tok / p.seq, s = tok - b * p.seq;
+    auto head = [&](int64_t h, const T **in, T **out) {
+      const bool isk = h >= hq;
+      const rope_heads_dev &hd = p.t[isk ? 1 : 0];
+      const int64_t hh = isk ? h - hq : h;
+      *in = static_cast<const T *>(hd.in) + b * hd.in_sb + s * hd.in_ss + hh * hd.in_sh + e0;
+      *out = static_cast<T *>(hd.out) + b * hd.out_sb + s * hd.out_ss + hh * hd.out_sh + e0;
+    };
+    int64_t npos = 0;
+    for (int bi = 0; bi < nb; bi++) {
+      const int64_t hb = hl + (int64_t)bi * ub * HPW; /* this lane's first head of the batch */
+      const int cnt = ub < passes - bi * ub ? ub : passes - bi * ub;
+      raw16 x1[U], x2[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t h = hb + u * HPW;
+        if (u < cnt && h < hall) {
+          const T *in;
+          T *out;
+          head(h, &in, &out);
+          x1[u].u = __ldcs(reinterpret_cast<const uint4 *>(in));
+          if (MODE == OT_ROPE_NEOX) x2[u].u = __ldcs(reinterpret_cast<const uint4 *>(in + half));
+        }
+      }
+      if (bi == 0) {
+        /* the next token's position, then this token's cos / sin, while the loads fly */
+        if (tok + tstep < tokens) npos = position(tok + tstep);
+        __syncwarp(); /* the previous token's readers are done */
+        rope_fill_cs(p, pos, half, rd, cs, lane, 32);
+        __syncwarp();
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t h = hb + u * HPW;
+        if (u >= cnt || h >= hall) break;
+        const T *in;
+        T *out;
+        head(h, &in, &out);
+        rope_warp_item<T, MODE>(cs, half, i0, x1[u], x2[u], out);
+      }
+    }
+    pos = npos;
   }
 }
 
@@ -310,11 +403,28 @@ static int rope_warp_iph(const rope_params &p, ot_rope_mode mode) {
   return (int)iph;
 }
 
+#ifndef OT_ROPE_U3
+#define OT_ROPE_U3 8
+#endif
 template <typename T>
 static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStream_t stream) {
   const int64_t tokens = p.batch * p.seq;
   if (tokens == 0) return cudaSuccess;
   const int iph = rope_warp_iph<T>(p, mode);
+  const char *impl = getenv("OT_ROPE_IMPL");
+  if (iph && !(impl && strcmp(impl, "v2") == 0)) {
+    const int64_t blocks = (tokens + 7) / 8;
+    const dim3 g2((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff)), b2(256);
+    const size_t sm2 = 8 * (size_t)p.rotary_dim * sizeof(float);
+#define OT_ROPE_WARP3(M, U)                                                              \
+  (iph == 4 ? rope_warp3_kernel<T, M, 4, U><<<g2, b2, sm2, stream>>>(p)                  \
+            : iph == 8 ? rope_warp3_kernel<T, M, 8, U><<<g2, b2, sm2, stream>>>(p)       \
+                       : rope_warp3_kernel<T, M, 16, U><<<g2, b2, sm2, stream>>>(p))
+    if (mode == OT_ROPE_NEOX) OT_ROPE_WARP3(OT_ROPE_NEOX, OT_ROPE_U3);
+    else OT_ROPE_WARP3(OT_ROPE_GPTJ, OT_ROPE_U3);
+#undef OT_ROPE_WARP3
+    return cudaGetLastError();
+  }
   if (iph) {
     const int64_t blocks = (tokens + 7) / 8;
     const dim3 g2((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff)), b2(256);
