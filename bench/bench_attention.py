@@ -155,11 +155,24 @@ class Checker:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {msg}", flush=True)
 
 
+def broken_variant(env):
+    """The env setting of a variant that hung in the device script's smoke step
+    (OT_BENCH_BROKEN="KEY=VAL,..."), or None."""
+    broken = [x for x in os.environ.get("OT_BENCH_BROKEN", "").split(",") if x]
+    for k_, v_ in env.items():
+        if f"{k_}={v_}" in broken:
+            return f"{k_}={v_}"
+    return None
+
+
 def check_case(S, ck, B, sq, sk, hq, hkv, d, dtype=None, wl=-1, wr=-1, scale=None,
                layout="bshd", expect_handled=True, with_lse=True, env=None):
     dtype = dtype or torch.bfloat16
     torch.manual_seed(1000 + sq * 7 + sk * 13 + d + hq + wl * 3 + wr * 5)
     env = env or {}
+    if broken_variant(env):
+        ck.report(f"d{d} sq{sq} sk{sk} {env}", False, f"not run: {broken_variant(env)} hung in smoke")
+        return
     saved = {k_: os.environ.get(k_) for k_ in env}
     os.environ.update(env)
     try:
@@ -266,6 +279,39 @@ def run_checks(S, small=False):
         check_case(S, ck, 1, 300, 100, 2, 2, d, wr=0, env={"OT_ATTN_SM90_EXP": "poly"})
         check_case(S, ck, 4, 1000, 900, 8, 2, d, wr=0, env={"OT_ATTN_SM90_NONPERSISTENT": "1"})
         check_case(S, ck, 4, 1000, 900, 8, 2, d, env={"OT_ATTN_SM90_TILE": "small"})
+    # head dim 64: 3 consumer warpgroups (192-row tiles, the default except for masked calls
+    # of at most 64 query tiles) and 2 (OT_ATTN_SM90_WG forces either)
+    wg2, wg3 = {"OT_ATTN_SM90_WG": "2"}, {"OT_ATTN_SM90_WG": "3"}
+    for wr in (-1, 0):
+        check_case(S, ck, 2, 1000, 1000, 4, 2, 64, wr=wr, env=wg3)
+        check_case(S, ck, 1, 333, 517, 2, 1, 64, wr=wr, env=wg3)
+        check_case(S, ck, 1, 517, 333, 2, 2, 64, wr=wr, env=wg3)
+        check_case(S, ck, 4, 1000, 1000, 8, 2, 64, wr=wr, env=wg3)
+        check_case(S, ck, 4, 1000, 1000, 8, 2, 64, wr=wr, env=wg2)
+        check_case(S, ck, 1, 9000, 9000, 2, 1, 64, wr=wr)
+    check_case(S, ck, 1, 200, 300, 4, 4, 64, dtype=fp, wr=0, env=wg3)
+    check_case(S, ck, 1, 257, 129, 2, 1, 64, dtype=fp, env=wg3)
+    check_case(S, ck, 2, 77, 1, 4, 2, 64, wr=0, env=wg3)
+    check_case(S, ck, 1, 1, 1, 1, 1, 64, env=wg3)
+    check_case(S, ck, 1, 700, 700, 2, 1, 64, wl=64, wr=0, env=wg3)
+    check_case(S, ck, 1, 600, 650, 2, 2, 64, wl=100, wr=37, env=wg3)
+    check_case(S, ck, 1, 3000, 5000, 4, 1, 64, wr=0, scale=0.3, env=wg3)
+    check_case(S, ck, 3, 700, 300, 16, 4, 64, wr=0, env={**wg3, "OT_ATTN_SM90_GRID": "3"})
+    check_case(S, ck, 2, 333, 517, 4, 2, 64, env={**wg3, "OT_ATTN_SM90_GRID": "3"})
+    check_case(S, ck, 2, 517, 333, 4, 2, 64, wr=0, env={**wg3, "OT_ATTN_SM90_GRID": "5"})
+    check_case(S, ck, 2, 300, 400, 4, 2, 64, layout="padded", wr=0, env=wg3)
+    check_case(S, ck, 2, 300, 300, 4, 4, 64, layout="packed", env=wg3)
+    check_case(S, ck, 4, 1000, 900, 8, 2, 64, wr=0, env={**wg3, "OT_ATTN_SM90_NONPERSISTENT": "1"})
+    # head dim 128 with 3 consumer warpgroups (192 x 80 tiles, OT_ATTN_SM90_WG=3)
+    for wr in (-1, 0):
+        check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=wr, env=wg3)
+        check_case(S, ck, 1, 333, 517, 2, 1, 128, wr=wr, env=wg3)
+        check_case(S, ck, 1, 517, 333, 2, 2, 128, wr=wr, env=wg3)
+        check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=wr, env={**wg3, "OT_ATTN_SM90_GRID": "7"})
+    check_case(S, ck, 1, 200, 300, 4, 4, 128, dtype=fp, wr=0, env=wg3)
+    check_case(S, ck, 1, 600, 650, 2, 2, 128, wl=100, wr=37, env=wg3)
+    check_case(S, ck, 2, 77, 1, 4, 2, 128, wr=0, env=wg3)
+    check_case(S, ck, 1, 4096, 4096, 2, 1, 128, env=wg3)
     # layouts
     for d in (64, 128):
         check_case(S, ck, 2, 300, 300, 4, 4, d, layout="packed", wr=0)
@@ -314,18 +360,21 @@ def time_ms(fn, iters=20, warmup=3):
     return statistics.median(ts)
 
 
+WG2 = {"OT_ATTN_SM90_WG": "2"}
+WG3 = {"OT_ATTN_SM90_WG": "3"}
+
+
 def variant_envs(d, s, causal):
     """Other settings of the Hopper kernel timed on the same inputs (OT_ATTN_SM90_* switches of
-    src/cuda/sm90/attention_fwd_sm90.cu), for the record and for choosing the defaults."""
+    src/cuda/sm90/attention_fwd_sm90.cu), for the record and for choosing the defaults.
+    Variants that hung in the smoke step (OT_BENCH_BROKEN) are left out."""
     v = []
-    if s >= 4096 and d in (64, 128):
-        v.append(("exp mufu only", {"OT_ATTN_SM90_EXP": "mufu"}) if d == 64 else
-                 ("exp 1/4 poly", {"OT_ATTN_SM90_EXP": "poly"}))
-    if causal or s >= 16384:
-        v.append(("one CTA per tile", {"OT_ATTN_SM90_NONPERSISTENT": "1"}))
-    if not causal and d == 64 and s <= 4096:
-        v.append(("key tile 128", {"OT_ATTN_SM90_TILE": "small"}))
-    return v
+    if d == 64:
+        v.append(("2 consumer WGs", WG2))
+        v.append(("3 consumer WGs", WG3))
+    if d == 128 and s >= 4096:
+        v.append(("3 consumer WGs, 192x80", WG3))
+    return [(n, e) for n, e in v if not broken_variant(e)]
 
 
 def gemm_tflops():
@@ -364,6 +413,8 @@ def bench(S, args):
                         with sdpa_kernel([be]):
                             fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
                             peers_f[name] = flops / time_ms(fn) / 1e9
+                            if args.fwd_only:
+                                continue
                             qg, kg, vg = (x.detach().clone().requires_grad_() for x in (qt, kt, vt))
                             do = torch.randn_like(qt)
 
@@ -391,7 +442,7 @@ def bench(S, args):
                               flush=True)
                 # forward + backward through the public API (the dispatcher and fa80's kernels)
                 ours_fb = None
-                if api_bwd is not False:
+                if api_bwd is not False and not args.fwd_only:
                     dq, dk, dv, do = (torch.empty_like(x) for x in (q, k, v, q))
                     do.normal_()
 
@@ -485,18 +536,67 @@ def markdown(doc):
     return "\n".join(lines)
 
 
+SMOKE = [("default", None, {}),
+         ("2 consumer WGs", "OT_ATTN_SM90_WG=2", {**WG2, "OT_ATTN_SM90_GRID": "2"}),
+         ("3 consumer WGs", "OT_ATTN_SM90_WG=3", {**WG3, "OT_ATTN_SM90_GRID": "2"})]
+
+
+def smoke(S, seconds=20):
+    """The small checks under each variant, one process: a variant whose kernel hangs (a wrong
+    barrier phase) is named on stdout (HUNG KEY=VAL) and the process exits with 3, so that the
+    device script can run the rest without it (OT_BENCH_BROKEN)."""
+    import threading
+    rc = 0
+    for name, key, env in SMOKE:
+        if key and broken_variant({key.split("=")[0]: key.split("=")[1]}):
+            continue
+        timer = threading.Timer(seconds, lambda k=key: (print(f"HUNG {k}", flush=True), os._exit(3)))
+        timer.start()
+        old = {k_: os.environ.get(k_) for k_ in env}
+        os.environ.update(env)
+        try:
+            ck = run_checks(S, small=True)
+        finally:
+            for k_, v_ in old.items():
+                if v_ is None:
+                    os.environ.pop(k_, None)
+                else:
+                    os.environ[k_] = v_
+        timer.cancel()
+        print(f"smoke {name}: {ck.n - ck.fails}/{ck.n} passed", flush=True)
+        rc = rc or (1 if ck.fails else 0)
+    return rc
+
+
 def sanitize(S):
     """Each kernel variant once on small shapes (for compute-sanitizer), no reference; the
     persistent multi-tile path with 2 CTAs."""
     os.environ["OT_ATTN_SM90_GRID"] = "2"
-    for d in (64, 128, 256):
-        for wr in (-1, 0):
-            q, k, v = make_qkv(1, 150, 200, 2, 1, d, torch.bfloat16, "bshd")
-            out = torch.empty_like(q)
-            lse = torch.empty(1, 2, 150, device="cuda")
-            h = sm90_call(S, q, k, v, out, lse, 0.125, -1, wr)()
-            torch.cuda.synchronize()
-            print(f"sanitize run d{d} wr{wr} handled={h} finite={bool(torch.isfinite(out).all())}")
+    for env in ({}, WG3, WG2):
+        if broken_variant(env):
+            continue
+        os.environ.update(env)
+        for d in ((64,) if env.get("OT_ATTN_SM90_WG") else (64, 128, 256)):
+            for wr in (-1, 0):
+                q, k, v = make_qkv(1, 150 if wr < 0 else 450, 200, 2, 1, d, torch.bfloat16, "bshd")
+                out = torch.empty_like(q)
+                lse = torch.empty(1, 2, q.shape[1], device="cuda")
+                h = sm90_call(S, q, k, v, out, lse, 0.125, -1, wr)()
+                torch.cuda.synchronize()
+                print(f"sanitize run {env} d{d} wr{wr} handled={h} "
+                      f"finite={bool(torch.isfinite(out).all())}")
+        for k_ in env:
+            os.environ.pop(k_, None)
+
+
+def profile_one(S):
+    """One forward call of the benchmark's D128 S4k non-causal case (for ncu -c 1)."""
+    B, H, s, d = 8, 16, 4096, 128
+    q, k, v = make_qkv(B, s, s, H, H, d, torch.bfloat16, "bshd")
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, s, device="cuda")
+    sm90_call(S, q, k, v, out, lse, 1 / math.sqrt(d))()
+    torch.cuda.synchronize()
 
 
 def main():
@@ -510,6 +610,9 @@ def main():
     ap.add_argument("--dims", default="128,64,256")
     ap.add_argument("--seqs", default="1024,4096,16384")
     ap.add_argument("--no-variants", action="store_true")
+    ap.add_argument("--fwd-only", action="store_true", help="no forward + backward timings")
+    ap.add_argument("--smoke", action="store_true", help="small checks under every variant")
+    ap.add_argument("--profile-one", action="store_true", help="one D128 S4k call (for ncu)")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     ap.add_argument("--commit", default="unknown")
@@ -521,6 +624,10 @@ def main():
         return 0
     S = Shim(args.shim)
     rc = 0
+    if args.smoke:
+        rc = smoke(S)
+    if args.profile_one:
+        profile_one(S)
     if args.sanitize:
         sanitize(S)
     if args.check:

@@ -51,12 +51,22 @@
 namespace ot {
 namespace sm90 {
 
-constexpr int kBr = 128;          /* query rows per CTA (2 consumer WGs x 64) */
-constexpr int kThreads = 384;     /* producer WG + 2 consumer WGs */
+constexpr int kBr = 128;          /* the smallest query tile (bound on the tile count) */
 constexpr int kStages = 2;
 
-template <int D, int BC> struct fwd_smem {
-  static constexpr int q_bytes = kBr * D * 2;
+/* NC consumer warpgroups of 64 query rows each (2, or 3 at head dim 64 as FA3 does): a
+ * CTA of NC + 1 warpgroups covers 64 * NC query rows. */
+template <int NC> struct fwd_cfg {
+  static constexpr int br = 64 * NC;
+  static constexpr int threads = 128 * (NC + 1);
+  /* setmaxnreg: the producer keeps 24, the consumers share the rest of the 64K file. */
+  static constexpr int cons_regs = NC == 2 ? 240 : 160;
+  static_assert(NC == 2 || NC == 3, "2 or 3 consumer warpgroups");
+  static_assert(24 * 128 + cons_regs * 128 * NC <= 65536, "register file");
+};
+
+template <int D, int BC, int NC> struct fwd_smem {
+  static constexpr int q_bytes = fwd_cfg<NC>::br * D * 2;
   static constexpr int kv_bytes = BC * D * 2;              /* one K or V stage */
   static constexpr int q_off = 0;
   static constexpr int k_off = q_bytes;
@@ -103,15 +113,14 @@ __device__ __forceinline__ int floor_div(int a, int b) {
 /* Barrier slots in shared memory (8 bytes each). */
 enum { BAR_FULL_Q = 0, BAR_EMPTY_Q = 1, BAR_FULL_K = 2, BAR_EMPTY_K = 4, BAR_FULL_V = 6,
        BAR_EMPTY_V = 8 };
-constexpr int kSchedBar = 8;          /* named barriers 8, 9: pingpong turns of consumer 0, 1 */
-constexpr int kEmptyCount = 8;        /* lane 0 of each consumer warp releases a stage */
+constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of consumer c */
 
 /* Tile t of the launch: m fastest (the CTAs running at once share K/V in L2); with a
  * right-bounded mask (causal) the longest query tiles of a head first. */
 struct tile_info {
   int m_block, head, batch, n_min, n_max, row_last;
 };
-template <int BC>
+template <int BC, int BR>
 __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
   tile_info ti;
   int mi, hb;
@@ -132,20 +141,22 @@ __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
   ti.batch = hb / p.hq;
   const int off = p.sk - p.sq;   /* bottom-right alignment of the masks */
   /* Key tiles [n_min, n_max) that any row of this query tile sees. */
-  ti.row_last = min(ti.m_block * kBr + kBr - 1, p.sq - 1);
+  ti.row_last = min(ti.m_block * BR + BR - 1, p.sq - 1);
   ti.n_max = (p.sk + BC - 1) / BC;
   if (p.wr >= 0) ti.n_max = min(ti.n_max, floor_div(ti.row_last + off + p.wr, BC) + 1);
   ti.n_min = 0;
-  if (p.wl >= 0) ti.n_min = max(0, floor_div(ti.m_block * kBr + off - p.wl, BC));
+  if (p.wl >= 0) ti.n_min = max(0, floor_div(ti.m_block * BR + off - p.wl, BC));
   return ti;
 }
 
-template <typename T, int D, int BC>
-__global__ void __launch_bounds__(kThreads, 1)
+template <typename T, int D, int BC, int NC>
+__global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fwd_params p) {
-  using L = fwd_smem<D, BC>;
+  using L = fwd_smem<D, BC, NC>;
+  constexpr int BR = fwd_cfg<NC>::br;
+  constexpr int kEmptyCount = 4 * NC;   /* lane 0 of each consumer warp releases a stage */
   constexpr bool F16 = is_half<T>::value;
   constexpr int NS = BC / 2;    /* S accumulators per thread */
   constexpr int NP = BC / 4;    /* P registers (2 x 16-bit) */
@@ -180,13 +191,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid != 0) return;
     int kv = 0, qn = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-      const tile_info ti = decode_tile<BC>(p, t);
+      const tile_info ti = decode_tile<BC, BR>(p, t);
       const int n_iters = ti.n_max - ti.n_min;
       if (n_iters <= 0) continue;
       const int kvh = ti.head / p.group;
       if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
       mbar_expect_tx(bar(BAR_FULL_Q), (uint32_t)L::q_bytes);
-      tma_load_5d(s_base + L::q_off, &tm_q, bar(BAR_FULL_Q), 0, ti.m_block * kBr, 0, ti.head,
+      tma_load_5d(s_base + L::q_off, &tm_q, bar(BAR_FULL_Q), 0, ti.m_block * BR, 0, ti.head,
                   ti.batch);
       qn++;
       for (int it = 0; it <= n_iters; it++) {
@@ -211,21 +222,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   /* ---------------- consumers ---------------- */
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-  const int c = wg - 1;                  /* consumer index 0 / 1 */
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(fwd_cfg<NC>::cons_regs) : "memory");
+  const int c = wg - 1;                  /* consumer index 0 .. NC-1 */
   const int t128 = tid % 128;
   const int warp = t128 / 32, lane = t128 % 32, g = lane / 4, q4 = lane % 4;
   const bool releaser = lane == 0;
   const float cl2 = p.scale_log2;
   const int off = p.sk - p.sq;
-  const int my_bar = kSchedBar + c, other_bar = kSchedBar + 1 - c;
-  if (c == 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
+  /* The pingpong turn passes round the consumers 0 -> 1 (-> 2) -> 0: each waits for its
+   * turn (barrier 8 + c: its 128 threads and the 128 of the consumer before it) and hands
+   * it on once its GEMMs are issued. */
+  const int my_bar = kSchedBar + c,
+            other_bar = NC == 2 ? kSchedBar + 1 - c : kSchedBar + (c + 1) % NC;
+  if (c == NC - 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
   int kv = 0, qn = 0;
 
   for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-    const tile_info ti = decode_tile<BC>(p, t);
+    const tile_info ti = decode_tile<BC, BR>(p, t);
     const int n_iters = ti.n_max - ti.n_min, n_max = ti.n_max;
-    const int row0 = ti.m_block * kBr + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
+    const int row0 = ti.m_block * BR + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
     float o[NO];
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
@@ -243,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         hi[h] = p.wr >= 0 ? min(p.sk - 1, r + off + p.wr) : p.sk - 1;
         lo[h] = p.wl >= 0 ? r + off - p.wl : INT32_MIN;
       }
-      const int tile_row_first = ti.m_block * kBr, row_last = ti.row_last;
+      const int tile_row_first = ti.m_block * BR, row_last = ti.row_last;
       auto needs_mask = [&](int n) {
         return (n + 1) * BC > p.sk ||
                (p.wr >= 0 && (n + 1) * BC - 1 > tile_row_first + off + p.wr) ||
@@ -255,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
-          const uint32_t oq = (kk / 4) * (kBr * 128) + (kk % 4) * 32;
+          const uint32_t oq = (kk / 4) * (BR * 128) + (kk % 4) * 32;
           const uint32_t ok = (kk / 4) * (BC * 128) + (kk % 4) * 32;
           wgmma_ss<BC, F16>::run(s, q_desc + (oq >> 4), k_desc + (ok >> 4), kk > 0);
         }
@@ -404,11 +419,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             lse[h];
     }
   }
-  /* consumer 1 arrived once more on consumer 0's turn barrier (at the start) */
+  /* consumer NC-1 arrived once more on consumer 0's turn barrier (at the start) */
   if (c == 0) named_sync(kSchedBar, 256);
 }
 #else
-template <typename T, int D, int BC>
+template <typename T, int D, int BC, int NC>
 __global__ void attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                                      const __grid_constant__ CUtensorMap tm_k,
                                      const __grid_constant__ CUtensorMap tm_v,
@@ -418,12 +433,12 @@ __global__ void attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
 /* ---------------- host ---------------- */
 
 
-template <typename T, int D, int BC>
+template <typename T, int D, int BC, int NC>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                         const fwd_params *p) {
   static const char *op = "attention_forward";
-  using L = fwd_smem<D, BC>;
-  auto kern = attn_fwd_sm90_kernel<T, D, BC>;
+  using L = fwd_smem<D, BC, NC>;
+  auto kern = attn_fwd_sm90_kernel<T, D, BC, NC>;
   OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          L::bytes));
   /* One persistent CTA per SM walks the tiles round-robin, its epilogue overlapping the
@@ -455,7 +470,8 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
     q.sect = (int)(sect < 1 ? 1 : sect > nhb ? nhb : sect);
   }
   const unsigned grid = (unsigned)(persistent ? sms : n_tiles);
-  kern<<<grid, kThreads, L::bytes, (cudaStream_t)ctx->stream>>>(maps[0], maps[1], maps[2], q);
+  kern<<<grid, fwd_cfg<NC>::threads, L::bytes, (cudaStream_t)ctx->stream>>>(maps[0], maps[1],
+                                                                            maps[2], q);
   OT_CUDA_CHECK_LAUNCH(op);
   return OT_OK;
 }
@@ -464,20 +480,26 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
  * the consumers' 240 and whose 2-stage K/V rings fit shared memory (FA3's choices). */
 template <typename T>
 static ot_status dispatch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
-                          const fwd_params *p, bool small_tile) {
+                          const fwd_params *p, bool small_tile, int nc) {
   switch (a->d) {
     case 64:
-      return small_tile ? launch<T, 64, 128>(ctx, a, maps, p)
-                        : launch<T, 64, 192>(ctx, a, maps, p);
+      if (nc == 3) return launch<T, 64, 128, 3>(ctx, a, maps, p);
+      return small_tile ? launch<T, 64, 128, 2>(ctx, a, maps, p)
+                        : launch<T, 64, 192, 2>(ctx, a, maps, p);
     case 128:
-      return small_tile ? launch<T, 128, 128>(ctx, a, maps, p)
-                        : launch<T, 128, 176>(ctx, a, maps, p);
+      if (nc == 3) return launch<T, 128, 80, 3>(ctx, a, maps, p);
+      return small_tile ? launch<T, 128, 128, 2>(ctx, a, maps, p)
+                        : launch<T, 128, 176, 2>(ctx, a, maps, p);
     default:
-      return launch<T, 256, 80>(ctx, a, maps, p);
+      return launch<T, 256, 80, 2>(ctx, a, maps, p);
   }
 }
 
-static int key_tile(int64_t d, bool small_tile) {
+/* 3 consumer warpgroups (192-row tiles) hold 160 registers each: S, P and O of a 128-key
+ * tile at head dim 64 (64 + 32 + 32) fit, a 192-key one would not; at head dim 128 an
+ * 80-key tile (40 + 20 + 64). */
+static int key_tile(int64_t d, bool small_tile, int nc) {
+  if (nc == 3) return d == 64 ? 128 : 80;
   return d == 64 ? (small_tile ? 128 : 192) : d == 128 ? (small_tile ? 128 : 176) : 80;
 }
 
@@ -524,9 +546,21 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const char *tile = getenv("OT_ATTN_SM90_TILE");
   const bool small_tile = tile ? tile[0] == 's'
                                : a->window_left >= 0 || a->window_right >= 0 || a->sk <= 2048;
-  const int bc = key_tile(a->d, small_tile);
+  /* Head dim 64: 3 consumer warpgroups (192 query rows, 128 keys; FA3's shape) except
+   * for masked calls of at most 64 query tiles of 128 (the persistent causal regime),
+   * where 2 consumers with sectioned tile order were faster (device run of wip-49ebe35, H200,
+   * causal S = 1k / 4k: 236 / 321 vs 215 / 305 TFLOP/s; non-causal S = 4k 417 vs 363,
+   * causal 16k 408 vs 347). OT_ATTN_SM90_WG=2|3 forces one (3 at head dim 128 too:
+   * 192 x 80 tiles). */
+  const char *wgs = getenv("OT_ATTN_SM90_WG");
+  const bool masked_call = (a->window_left >= 0 && a->window_left <= a->sq + a->sk) ||
+                           (a->window_right >= 0 && a->window_right <= a->sq + a->sk);
+  int nc = a->d == 64 && (!masked_call || (a->sq + kBr - 1) / kBr > 64) ? 3 : 2;
+  if (a->d <= 128 && wgs && (wgs[0] == '2' || wgs[0] == '3')) nc = wgs[0] - '0';
+  const int br = 64 * nc;
+  const int bc = key_tile(a->d, small_tile, nc);
   CUtensorMap maps[3];
-  if (!encode_map(&maps[0], &a->q, a->dtype, a->batch, a->sq, a->hq, a->d, kBr) ||
+  if (!encode_map(&maps[0], &a->q, a->dtype, a->batch, a->sq, a->hq, a->d, br) ||
       !encode_map(&maps[1], &a->k, a->dtype, a->batch, a->sk, a->hkv, a->d, bc) ||
       !encode_map(&maps[2], &a->v, a->dtype, a->batch, a->sk, a->hkv, a->d, bc))
     return OT_OK;
@@ -544,7 +578,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   p.sk = (int)a->sk;
   p.hq = (int)a->hq;
   p.batch = (int)a->batch;
-  p.num_m = (int)((a->sq + kBr - 1) / kBr);
+  p.num_m = (int)((a->sq + br - 1) / br);
   p.group = (int)(a->hq / a->hkv);
   /* A window wider than both sequences is no window. */
   p.wl = a->window_left > a->sq + a->sk ? -1 : (int)a->window_left;
@@ -557,6 +591,6 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const char *ex = getenv("OT_ATTN_SM90_EXP");
   p.exp_poly = ex && ex[0] == 'p';
   *handled = true;
-  return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, small_tile)
-                             : dispatch<__half>(ctx, a, maps, &p, small_tile);
+  return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, small_tile, nc)
+                             : dispatch<__half>(ctx, a, maps, &p, small_tile, nc);
 }
