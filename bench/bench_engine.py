@@ -455,8 +455,10 @@ def bench(args, doc, save):
         t0 = time.perf_counter()
         eng = E.Engine.random(name, seed=1, dtype="bf16", device=DEV, max_seqs=max(args.batches),
                               max_len=P + args.steps + 8)
-        model = hf_model_on_gpu(hf_config(s))
-        copy_weights(eng, model)
+        model = None
+        if not args.no_hf:
+            model = hf_model_on_gpu(hf_config(s))
+            copy_weights(eng, model)
         print(f"{name}: engine + HF on the same weights in {time.perf_counter() - t0:.1f} s; "
               f"engine memory {eng.memory()}", flush=True)
         ours = engine_times(eng, s, P, args.batches, args.steps, 3)

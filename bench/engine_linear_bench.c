@@ -116,7 +116,10 @@ int main(int argc, char **argv) {
       double g = time_us(ctx, st, &tx, &tw, &ty, "1");
       double l = time_us(ctx, st, &tx, &tw, &ty, "0");
       double bytes = (double)s->N * (double)s->K * 2;
-      const char *pick = M <= 4 ? "gemv" : "cublaslt"; /* linear.cu's automatic rule */
+      /* linear.cu's automatic rule (bf16: M == 1 and a small or lm_head-sized weight) */
+      const double nk = (double)s->N * (double)s->K;
+      const char *pick = M == 1 && (nk < 3.0 * (1 << 23) || nk >= (double)(1 << 28)) ? "gemv"
+                                                                                   : "cublaslt";
       printf("%-10s %-10s %3lld %10.1f %10.1f %9.0f %9.0f %8s\n", s->model, s->name, (long long)M, g,
              l, bytes / (g * 1e3), bytes / (l * 1e3), pick);
       if (jf)

@@ -338,7 +338,6 @@ static cudaError_t column_sum_any(ot_dtype d, const void *dy, int64_t ds, int64_
 constexpr int kGemvWarps = 4;   /* warps per block: small blocks, so N = 4096 spreads evenly */
 constexpr int kGemvUnroll = 4;  /* W vectors in flight per lane */
 constexpr int kGemvMaxM = 16;
-constexpr int kGemvAutoMaxM = 4; /* where the auto dispatch uses it (see gemv_wanted) */
 
 template <typename T, int MT, bool VEC>
 __global__ void __launch_bounds__(kGemvWarps * 32)
@@ -465,9 +464,13 @@ static cudaError_t gemv_launch(bool vec, dim3 grid, cudaStream_t st,
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* Whether the small-M kernel runs this forward. OT_LINEAR_GEMV: "0" never, "1" for every
- * M <= 16 (any K, alignment, dtype: the tests use it), unset / other: auto -- bfloat16 /
- * float16, M <= kGemvAutoMaxM and 16-byte vectors possible, where it reads W at close to
- * the memory bandwidth and cuBLASLt does not (docs/ENGINE.md has the measurements). */
+ * M <= 16 (any K, alignment, dtype: the tests use it), unset / other: auto -- where it beat
+ * cuBLASLt on the H200 (bench/engine_linear_bench.c, bf16, run of 51babbf; docs/ENGINE.md):
+ * bfloat16 / float16, one row, 16-byte vectors, and a weight either small (N K < 1.5 2^24:
+ * 4096 x 4096 in 11.7 us against cuBLASLt's 16.6) or of lm_head size (N K >= 2^28: 128256
+ * x 4096 in 242 us against 249). Between those both read W at 3.2-4.0 TB/s and cuBLASLt
+ * was 1-4% ahead; at M >= 2 cuBLASLt's tensor-core kernels read W once for all rows and
+ * this kernel's per-row x loads and float32 FMAs made it 10-75% slower (M = 2 .. 16). */
 static bool gemv_wanted(const ot_linear_forward_args *a, bool *vec) {
   const size_t es = ot_dtype_size(a->dtype);
   const int64_t V = 16 / (int64_t)es;
@@ -477,7 +480,9 @@ static bool gemv_wanted(const ot_linear_forward_args *a, bool *vec) {
   const char *e = getenv("OT_LINEAR_GEMV");
   if (e && e[0] == '0') return false;
   if (e && e[0] == '1') return true;
-  return a->dtype != OT_F32 && a->rows <= kGemvAutoMaxM && *vec;
+  const int64_t nk = a->in_features * a->out_features;
+  return a->dtype != OT_F32 && a->rows == 1 && *vec &&
+         (nk < ((int64_t)3 << 23) || nk >= ((int64_t)1 << 28));
 }
 
 static ot_status gemv_forward(ot_context *ctx, const char *op, const ot_linear_forward_args *a,
