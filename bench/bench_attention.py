@@ -21,6 +21,7 @@ cuBLAS bf16 GEMM 8192^3 measured in the same run is the ceiling. CUDA events, wa
 median of >= 20 timed calls, ours and peers interleaved per case.
 """
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
@@ -165,6 +166,21 @@ def broken_variant(env):
     return None
 
 
+@contextlib.contextmanager
+def env_set(env):
+    """The OT_ATTN_SM90_* switches of env set for the duration (the kernel reads them per call)."""
+    saved = {k_: os.environ.get(k_) for k_ in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k_, v_ in saved.items():
+            if v_ is None:
+                os.environ.pop(k_, None)
+            else:
+                os.environ[k_] = v_
+
+
 def check_case(S, ck, B, sq, sk, hq, hkv, d, dtype=None, wl=-1, wr=-1, scale=None,
                layout="bshd", expect_handled=True, with_lse=True, env=None):
     dtype = dtype or torch.bfloat16
@@ -173,17 +189,9 @@ def check_case(S, ck, B, sq, sk, hq, hkv, d, dtype=None, wl=-1, wr=-1, scale=Non
     if broken_variant(env):
         ck.report(f"d{d} sq{sq} sk{sk} {env}", False, f"not run: {broken_variant(env)} hung in smoke")
         return
-    saved = {k_: os.environ.get(k_) for k_ in env}
-    os.environ.update(env)
-    try:
+    with env_set(env):
         _check_case(S, ck, B, sq, sk, hq, hkv, d, dtype, wl, wr, scale, layout, expect_handled,
                     with_lse, " ".join(f"{k_[14:]}={v_}" for k_, v_ in env.items()))
-    finally:
-        for k_, v_ in saved.items():
-            if v_ is None:
-                os.environ.pop(k_, None)
-            else:
-                os.environ[k_] = v_
 
 
 def _check_case(S, ck, B, sq, sk, hq, hkv, d, dtype, wl, wr, scale, layout, expect_handled,
@@ -302,16 +310,6 @@ def run_checks(S, small=False):
     check_case(S, ck, 2, 300, 400, 4, 2, 64, layout="padded", wr=0, env=wg3)
     check_case(S, ck, 2, 300, 300, 4, 4, 64, layout="packed", env=wg3)
     check_case(S, ck, 4, 1000, 900, 8, 2, 64, wr=0, env={**wg3, "OT_ATTN_SM90_NONPERSISTENT": "1"})
-    # head dim 128 with 3 consumer warpgroups (192 x 80 tiles, OT_ATTN_SM90_WG=3)
-    for wr in (-1, 0):
-        check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=wr, env=wg3)
-        check_case(S, ck, 1, 333, 517, 2, 1, 128, wr=wr, env=wg3)
-        check_case(S, ck, 1, 517, 333, 2, 2, 128, wr=wr, env=wg3)
-        check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=wr, env={**wg3, "OT_ATTN_SM90_GRID": "7"})
-    check_case(S, ck, 1, 200, 300, 4, 4, 128, dtype=fp, wr=0, env=wg3)
-    check_case(S, ck, 1, 600, 650, 2, 2, 128, wl=100, wr=37, env=wg3)
-    check_case(S, ck, 2, 77, 1, 4, 2, 128, wr=0, env=wg3)
-    check_case(S, ck, 1, 4096, 4096, 2, 1, 128, env=wg3)
     # layouts
     for d in (64, 128):
         check_case(S, ck, 2, 300, 300, 4, 4, d, layout="packed", wr=0)
@@ -372,8 +370,6 @@ def variant_envs(d, s, causal):
     if d == 64:
         v.append(("2 consumer WGs", WG2))
         v.append(("3 consumer WGs", WG3))
-    if d == 128 and s >= 4096:
-        v.append(("3 consumer WGs, 192x80", WG3))
     return [(n, e) for n, e in v if not broken_variant(e)]
 
 
@@ -428,16 +424,8 @@ def bench(S, args):
                 variants = {}
                 if not args.no_variants:
                     for vname, env in variant_envs(d, s, causal):
-                        old = {k_: os.environ.get(k_) for k_ in env}
-                        os.environ.update(env)
-                        try:
+                        with env_set(env):
                             variants[vname] = round(flops / time_ms(f_ours) / 1e9, 1)
-                        finally:
-                            for k_, v_ in old.items():
-                                if v_ is None:
-                                    os.environ.pop(k_, None)
-                                else:
-                                    os.environ[k_] = v_
                         print(f"  variant {vname:28s} {case}: {variants[vname]:.1f} (default {ours_f:.1f})",
                               flush=True)
                 # forward + backward through the public API (the dispatcher and fa80's kernels)
@@ -552,16 +540,8 @@ def smoke(S, seconds=20):
             continue
         timer = threading.Timer(seconds, lambda k=key: (print(f"HUNG {k}", flush=True), os._exit(3)))
         timer.start()
-        old = {k_: os.environ.get(k_) for k_ in env}
-        os.environ.update(env)
-        try:
+        with env_set(env):
             ck = run_checks(S, small=True)
-        finally:
-            for k_, v_ in old.items():
-                if v_ is None:
-                    os.environ.pop(k_, None)
-                else:
-                    os.environ[k_] = v_
         timer.cancel()
         print(f"smoke {name}: {ck.n - ck.fails}/{ck.n} passed", flush=True)
         rc = rc or (1 if ck.fails else 0)
@@ -575,18 +555,16 @@ def sanitize(S):
     for env in ({}, WG3, WG2):
         if broken_variant(env):
             continue
-        os.environ.update(env)
         for d in ((64,) if env.get("OT_ATTN_SM90_WG") else (64, 128, 256)):
             for wr in (-1, 0):
                 q, k, v = make_qkv(1, 150 if wr < 0 else 450, 200, 2, 1, d, torch.bfloat16, "bshd")
                 out = torch.empty_like(q)
                 lse = torch.empty(1, 2, q.shape[1], device="cuda")
-                h = sm90_call(S, q, k, v, out, lse, 0.125, -1, wr)()
+                with env_set(env):
+                    h = sm90_call(S, q, k, v, out, lse, 0.125, -1, wr)()
                 torch.cuda.synchronize()
                 print(f"sanitize run {env} d{d} wr{wr} handled={h} "
                       f"finite={bool(torch.isfinite(out).all())}")
-        for k_ in env:
-            os.environ.pop(k_, None)
 
 
 def profile_one(S):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/device_bench_attention.sh -- on a Hopper machine (the project's lent H200: `run`
 # executes this in the repository root): smoke-test every variant of the sm_90a forward
-# kernel, check it against float64 references, run the C attention suite under the
-# variants, benchmark it against torch SDPA (cuDNN, flash), compute-sanitizer memcheck.
+# kernel, check it against float64 references, benchmark it against torch SDPA (cuDNN,
+# flash), run the C attention suite (cuda cases), compute-sanitizer memcheck, optionally
+# one ncu profile of the D128 S = 4k launch.
 #
 #   [BENCH_ARGS="--fwd-only ..."] [TOOLS="memcheck"] [CARRY=DIR] \
 #     scripts/device_bench_attention.sh [COMMIT] [STEPS]
@@ -10,14 +11,19 @@
 #       smoke,check,tests,bench,sanitize);
 #       logs and results under $OUT.
 #
-# CARRY (default .devcarry-fwd90, made by scripts/device_prebuild_attention.sh on the
-# build machine): libattention_shim.so, test_ops.xz (sm_90a) and deps.tar.gz (OpenBLAS
-# and its Fortran runtime). Without it (or when the shim does not load) the static
-# library is built here (sm_90a only) and the shim linked; the C suite then needs a
-# test_ops build too (STEPS without "tests" skips it).
+# CARRY (default .devcarry-fwd90, git-ignored through .git/info/exclude; pass it in
+# `run`'s carry) holds what was built on the build machine with the device's nvcc major
+# version: libattention_shim.so (bench/attention_shim.c linked against an sm_90a
+# libops_transformer.a, as the fallback below links it), test_ops.xz (tests/test_ops of
+# that build, xz -6: the carry limit) and deps.tar.gz (libopenblas.so.0, libgfortran.so.5,
+# libquadmath.so.0 from .carry/deps/lib). Without it (or when the shim does not load) the
+# static library is built here (sm_90a only; NO_BUILD=1 stops instead) and the C suite is
+# skipped.
 #
 # Variants (OT_ATTN_SM90_* switches) run first in one smoke process; one that hangs is
 # named (HUNG KEY=VAL), left out of the later steps (OT_BENCH_BROKEN) and reported.
+# Step time limits: SMOKE_TIMEOUT, CHECK_TIMEOUT, BENCH_TIMEOUT, TEST_TIMEOUT, SAN_TIMEOUT,
+# NCU_TIMEOUT (seconds); TEST_MORE="VAR=VAL ..." runs the C suite once more with those.
 set -uo pipefail
 COMMIT=${1:-unknown}
 STEPS=${2:-smoke,check,tests,bench,sanitize}
@@ -90,8 +96,7 @@ if has bench; then
     --command "scripts/device_bench_attention.sh $COMMIT $STEPS" >"$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E 'GEMM|attention_fwd|variant|failed|Error|not available' "$OUT/bench.log" | cut -c1-150
 fi
-# The C suite (float64 CPU oracle), after the benchmark: the defaults, then with few
-# persistent CTAs (the multi-tile paths).
+# The C suite (float64 CPU oracle), after the benchmark (it would disturb the timings).
 if has tests && [ -n "$TEST_OPS" ]; then
   stamp "C suite"
   for envs in "" ${TEST_MORE:+"$TEST_MORE"}; do

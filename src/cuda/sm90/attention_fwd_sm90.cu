@@ -3,20 +3,22 @@
  * head dim 64 / 128 / 256, causal and sliding-window masks (bottom-right), GQA, lse.
  *
  * The FlashAttention-3 recipe, written from the PTX ISA (notes: shared/notes/hopper-attention.md):
- *  - work unit: a (128-query tile, query head, batch); a CTA of 3 warpgroups (128 threads
- *    each) walks such tiles (persistent, one CTA per SM; see launch for the order):
- *    WG0 = producer (one thread issues TMA loads; the WG gives registers back with
- *    setmaxnreg.dec 24), WG1/WG2 = consumers (setmaxnreg.inc 240), 64 query rows each;
- *  - Q (128 rows) once, then K and V tiles of Bc keys into 2-stage shared-memory rings
+ *  - work unit: a (64 * NC-query tile, query head, batch); a CTA of NC + 1 warpgroups
+ *    (128 threads each) walks such tiles (persistent, one CTA per SM; see launch for the
+ *    order): WG0 = producer (one thread issues TMA loads; the WG gives registers back with
+ *    setmaxnreg.dec 24), WG1..WGNC = consumers, 64 query rows each. NC = 2 (setmaxnreg.inc
+ *    240) everywhere but head dim 64, which uses NC = 3 (160 registers, 128-key tiles;
+ *    FA3's 192-row shape) except for masked calls of at most 64 query tiles;
+ *  - Q (64 * NC rows) once, then K and V tiles of Bc keys into 2-stage shared-memory rings
  *    (separate K and V rings, V one tile behind K), each stage completed on an mbarrier
  *    by the TMA transaction count and released by the consumers through an "empty" mbarrier;
  *  - S = Q K^T with wgmma SS (both operands in smem, 128B swizzle, K-major), O += P V with
  *    wgmma RS (P converted in registers from the S accumulators, V MN-major);
  *  - intra-warpgroup overlap: step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to
  *    back, then does the softmax of S_j while the P V wgmma runs;
- *  - pingpong between the two consumer WGs (named barriers 8 and 9): a WG issues its
- *    GEMMs only when the other has issued its own, so one WG's softmax (MUFU bound)
- *    runs under the other's GEMMs.
+ *  - pingpong between the consumer WGs (named barriers 8 + c, a turn passed round
+ *    0 -> 1 (-> 2) -> 0): a WG issues its GEMMs only when the one before it has issued its
+ *    own, so one WG's softmax (MUFU bound) runs under the others' GEMMs.
  * Key tiles are visited from the last (diagonal) one down, so the masked tiles come first;
  * only tiles that cross the sequence end or a mask edge pay for the element mask.
  * TMA reads the 5-D view {64, S, D/64, H, B} of each BSHD operand so that one box fills
@@ -29,7 +31,8 @@
  *
  * Switches (environment, read per call; for measurements and tests): OT_ATTN_SM90=0 off,
  * OT_ATTN_SM90_TILE=small|wide, OT_ATTN_SM90_NONPERSISTENT=1, OT_ATTN_SM90_GRID=n (cap on
- * persistent CTAs), OT_ATTN_SM90_EXP=poly (a quarter of the exponentials on the FMA pipe).
+ * persistent CTAs), OT_ATTN_SM90_EXP=poly (a quarter of the exponentials on the FMA pipe),
+ * OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -487,7 +490,6 @@ static ot_status dispatch(ot_context *ctx, const ot_attention_args *a, const CUt
       return small_tile ? launch<T, 64, 128, 2>(ctx, a, maps, p)
                         : launch<T, 64, 192, 2>(ctx, a, maps, p);
     case 128:
-      if (nc == 3) return launch<T, 128, 80, 3>(ctx, a, maps, p);
       return small_tile ? launch<T, 128, 128, 2>(ctx, a, maps, p)
                         : launch<T, 128, 176, 2>(ctx, a, maps, p);
     default:
@@ -496,10 +498,11 @@ static ot_status dispatch(ot_context *ctx, const ot_attention_args *a, const CUt
 }
 
 /* 3 consumer warpgroups (192-row tiles) hold 160 registers each: S, P and O of a 128-key
- * tile at head dim 64 (64 + 32 + 32) fit, a 192-key one would not; at head dim 128 an
- * 80-key tile (40 + 20 + 64). */
+ * tile at head dim 64 (64 + 32 + 32) fit, a 192-key one would not. (At head dim 128 only
+ * an 80-key tile fits, 40 + 20 + 64: measured 558 vs 644 TFLOP/s at S = 4k, H200, run of
+ * d610a26, so D128 keeps 2 consumers.) */
 static int key_tile(int64_t d, bool small_tile, int nc) {
-  if (nc == 3) return d == 64 ? 128 : 80;
+  if (nc == 3) return 128;
   return d == 64 ? (small_tile ? 128 : 192) : d == 128 ? (small_tile ? 128 : 176) : 80;
 }
 
@@ -547,16 +550,15 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const bool small_tile = tile ? tile[0] == 's'
                                : a->window_left >= 0 || a->window_right >= 0 || a->sk <= 2048;
   /* Head dim 64: 3 consumer warpgroups (192 query rows, 128 keys; FA3's shape) except
-   * for masked calls of at most 64 query tiles of 128 (the persistent causal regime),
-   * where 2 consumers with sectioned tile order were faster (device run of wip-49ebe35, H200,
-   * causal S = 1k / 4k: 236 / 321 vs 215 / 305 TFLOP/s; non-causal S = 4k 417 vs 363,
-   * causal 16k 408 vs 347). OT_ATTN_SM90_WG=2|3 forces one (3 at head dim 128 too:
-   * 192 x 80 tiles). */
+   * for masked calls of at most 64 query tiles of 128 (the persistent causal regime, with
+   * sectioned tile order). H200, run of d610a26, TFLOP/s with 3 vs 2: non-causal S = 4k
+   * 504 vs 411, 16k 474 vs 433, causal 16k 478 vs 418; but causal S = 1k / 4k 260 / 354
+   * vs 284 / 397. OT_ATTN_SM90_WG=2|3 forces one. */
   const char *wgs = getenv("OT_ATTN_SM90_WG");
   const bool masked_call = (a->window_left >= 0 && a->window_left <= a->sq + a->sk) ||
                            (a->window_right >= 0 && a->window_right <= a->sq + a->sk);
   int nc = a->d == 64 && (!masked_call || (a->sq + kBr - 1) / kBr > 64) ? 3 : 2;
-  if (a->d <= 128 && wgs && (wgs[0] == '2' || wgs[0] == '3')) nc = wgs[0] - '0';
+  if (a->d == 64 && wgs && (wgs[0] == '2' || wgs[0] == '3')) nc = wgs[0] - '0';
   const int br = 64 * nc;
   const int bc = key_tile(a->d, small_tile, nc);
   CUtensorMap maps[3];
