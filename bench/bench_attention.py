@@ -191,7 +191,7 @@ def check_case(S, ck, B, sq, sk, hq, hkv, d, dtype=None, wl=-1, wr=-1, scale=Non
         return
     with env_set(env):
         _check_case(S, ck, B, sq, sk, hq, hkv, d, dtype, wl, wr, scale, layout, expect_handled,
-                    with_lse, " ".join(f"{k_[14:]}={v_}" for k_, v_ in env.items()))
+                    with_lse, " ".join(f"{k_[13:]}={v_}" for k_, v_ in env.items()))
 
 
 def _check_case(S, ck, B, sq, sk, hq, hkv, d, dtype, wl, wr, scale, layout, expect_handled,
