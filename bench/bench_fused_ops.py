@@ -279,8 +279,8 @@ def nan_like(t):
 
 
 def check_norms(S, ck, small):
-    # (3001, 4096): more rows than the persistent kernels' grids hold, so each block
-    # loops (backward v3 with R = 2 rows per iteration and an odd row count, forward v4)
+    # (3001, 4096): more rows than the persistent backward's grid holds, so each block
+    # loops over several rows (and its ring wraps)
     shapes = [(37, 7), (5, 1000), (64, 4096), (3, 4104), (9, 40000)] + ([] if small else
                                                                          [(300, 8192), (17, 12288), (3001, 4096)])
     eps = 1e-5
@@ -464,9 +464,10 @@ def check_ce(S, ck, small):
                              TOL[dtype] * 2)
 
 
-# Kernel selections (src/cuda/norm.cuh, rope.cu) that --sanitize and OT_VARIANT_ENV
-# runs cover besides the defaults: forward v4, backward v3 with R = 1, RoPE warp v2.
-ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v4", "OT_NORM_BWD_ROWS": "1", "OT_ROPE_IMPL": "v2"}
+# Opt-in kernel selections (src/cuda/norm.cuh, rope.cu) that --sanitize covers besides
+# the defaults (device_test_cuda.sh's OT_VARIANT_ENV runs the tests under such a set):
+# forward v3, backward v2, RoPE warp kernel v2.
+ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL": "v2"}
 
 
 def sanitize_run(S):
@@ -647,24 +648,17 @@ def bench_all(S, args):
 
     variants = variants_ms
 
-    # Defaults (src/cuda/norm.cuh): forward v2, backward v3 (cp.async ring) with R = 2 rows
-    # per iteration (RMSNorm 2 vectors per thread and a 2-stage ring, LayerNorm 4 vectors
-    # and the automatic ring), RoPE's warp kernel v3. The variants: the other generations,
-    # rows per block / per iteration and the ring shapes around the defaults. Forward v4
-    # (persistent, the next row in registers) covers the unfused forward only: with the
-    # residual its variants run v2.
-    FWD_VARIANTS = {"v4 (persistent)": {"OT_NORM_FWD_IMPL": "v4"},
-                    "v4 1 row/block": {"OT_NORM_FWD_IMPL": "v4", "OT_NORM_FWD_ROWS": "1"},
-                    "v2 1 row/block": {"OT_NORM_FWD_ROWS": "1"},
-                    "v3 (automatic ring)": {"OT_NORM_FWD_IMPL": "v3"}}
+    # Defaults (src/cuda/norm.cuh): forward v2, backward v3 (cp.async ring; RMSNorm 2
+    # vectors per thread and a 2-row ring, LayerNorm 4 vectors and the automatic ring),
+    # RoPE's warp kernel v3. The variants: the other generations and the ring shapes
+    # around the defaults. (The run of 4005b7c also timed forward v4, rows per block and
+    # the backward with 2 rows per iteration: all slower, removed; docs/PERFORMANCE.md.)
+    FWD_VARIANTS = {"v3 (automatic ring)": {"OT_NORM_FWD_IMPL": "v3"}}
     BWD_VARIANTS = {"v2": {"OT_NORM_BWD_IMPL": "v2"},
-                    "R=1 nv2 S=2": {"OT_NORM_BWD_ROWS": "1", "OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "2"},
-                    "R=1 nv4 automatic ring": {"OT_NORM_BWD_ROWS": "1", "OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "0"},
-                    "R=2 nv2 S=2": {"OT_NORM_BWD_ROWS": "2", "OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "2"},
-                    "R=2 nv2 S=3": {"OT_NORM_BWD_ROWS": "2", "OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "3"},
-                    "R=2 nv2 automatic ring": {"OT_NORM_BWD_ROWS": "2", "OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "0"},
-                    "R=2 nv4 S=2": {"OT_NORM_BWD_ROWS": "2", "OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "2"},
-                    "R=2 nv4 automatic ring": {"OT_NORM_BWD_ROWS": "2", "OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "0"}}
+                    "v3 nv2 S=2": {"OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "2"},
+                    "v3 nv2 automatic ring": {"OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "0"},
+                    "v3 nv4 automatic ring": {"OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "0"},
+                    "v3 nv4 S=2": {"OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "2"}}
     ROPE_VARIANTS = {"v1 (block per token)": {"OT_ROPE_IMPL": "v1"},
                      "v2 (warp per token)": {"OT_ROPE_IMPL": "v2"}}
     only = set(args.only.split(","))

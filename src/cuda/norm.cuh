@@ -685,48 +685,6 @@ __global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(nor
   norm_fwd_row<T, LAYER, NV, RES, TPR>(p, xr, rr, r, valid, scr);
 }
 
-/* ---- forward v4: v2's row work on a persistent grid, the next row in registers --------
- * Without the residual only (with it, two rows of x and residual would not fit the
- * registers). blockDim = (TPR, RY): row group y of block b takes rows b * RY + y,
- * b * RY + y + G * RY, ... (G = gridDim.x); the loop is block-uniform (a group past the
- * last row passes the barriers with valid = false). The next row's x is loaded into a
- * second register set before this row is reduced and written, so each group always has
- * a row in flight while it computes, and no block is launched per row (v2 launches
- * rows / RY short blocks). Same per-row code as v2 (norm_fwd_row): the same bits. */
-template <typename T, bool LAYER, int NV, int TPR>
-__global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v4_kernel(norm_fwd_params p) {
-  constexpr int V = vec_width<T>::value;
-  __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
-  float *scr = reinterpret_cast<float *>(scratch);
-  const int64_t n = p.cols;
-  const int64_t step = (int64_t)gridDim.x * blockDim.y;
-  int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
-  raw16 xr[NV], xn[NV];
-  {
-    const bool valid = row < p.rows;
-    const T *x = static_cast<const T *>(p.x) + (valid ? row : 0) * p.x_stride;
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-      const int base = ((int)threadIdx.x + i * TPR) * V;
-      load_raw<T, true, true>(xr[i], x, base, n, valid && base < n);
-    }
-  }
-  for (int64_t row0 = (int64_t)blockIdx.x * blockDim.y; row0 < p.rows; row0 += step, row += step) {
-    const bool valid = row < p.rows;
-    const int64_t nrow = row + step;
-    const bool nvalid = nrow < p.rows;
-    const T *xnp = static_cast<const T *>(p.x) + (nvalid ? nrow : 0) * p.x_stride;
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-      const int base = ((int)threadIdx.x + i * TPR) * V;
-      load_raw<T, true, true>(xn[i], xnp, base, n, nvalid && base < n);
-    }
-    norm_fwd_row<T, LAYER, NV, false, TPR>(p, xr, xr, valid ? row : 0, valid, scr);
-#pragma unroll
-    for (int i = 0; i < NV; i++) xr[i] = xn[i];
-  }
-}
-
 /* ---- cp.async rings (sm_80+) ------------------------------------------------------------
  * v3 kernels stage rows in shared memory with cp.async (16 bytes per thread, L2 only):
  * the bytes in flight per SM are then bounded by shared memory (up to 227 KB on the
@@ -1015,87 +973,49 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
   }
 }
 
-/* Four sums at once (one pair of barriers): the two row sums of two rows (LayerNorm's
- * backward with R = 2 rows per iteration). Each component is reduced in the same order
- * as row_group_sum / row_group_sum2 (common.cuh), so a row's sums do not depend on R.
- * scratch: 32 float4 (one row group per block). */
-__device__ __forceinline__ float4 norm_row_sum4(float4 v, float4 *scratch) {
-  v.x = warp_sum(v.x);
-  v.y = warp_sum(v.y);
-  v.z = warp_sum(v.z);
-  v.w = warp_sum(v.w);
-  const int nwarps = blockDim.x >> 5;
-  if (nwarps == 1) return v;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float4 r = lane < nwarps ? scratch[lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  return make_float4(warp_sum(r.x), warp_sum(r.y), warp_sum(r.z), warp_sum(r.w));
-}
-
 /* ---- backward v3: v2's arithmetic, h / dy (/ dres) staged by a cp.async ring -----------
  * One row group per block (blockDim = (TPR, 1), TPR = ceil(nvec / NV) rounded to a warp),
- * persistent grid; an iteration handles R adjacent rows (R = 1 or 2): block b takes the
- * row groups b, b + G, ... of R rows each. The next S - 1 groups of h and dy (and dres)
- * are in flight in shared memory ([S][R][NT][NV][TPR] 16-byte vectors) while this one is
- * reduced and its dx written. The dx pass reads h and dy again from the ring (two
- * shared loads per vector) rather than keeping their floats alive across the reduction:
- * 64 registers (RMSNorm, 16-bit, NV = 2, R = 1) against v2's 128. With R = 2 the two
- * rows' sums share one block reduction (one pair of barriers for two rows instead of
- * two pairs) and the two rows' independent work interleaves in each thread; a row's
- * dx is the same bits either way (the same per-thread order and reduction tree). Saved
- * statistics only (the launcher computes them first when the caller has none); the
- * statistics of the next group are loaded one group ahead. dweight / dbias partials in
- * fp32 registers, written once per block. */
-template <typename T, bool LAYER, int NV, int R>
-__device__ __forceinline__ void norm_bwd_v3_body(const norm_bwd_params &p, int S) {
+ * persistent grid, block b handles rows b, b + G, ...; rows b + G .. b + (S-1) G of h
+ * and dy (and dres) are in flight in shared memory ([S][NT][NV][TPR] 16-byte vectors)
+ * while row b is reduced and its dx written: S - 1 rows per block, 2 or 3 blocks per SM,
+ * so ~130-190 KB in flight per SM instead of the ~64 KB that v2's register ring holds.
+ * The dx pass reads h and dy again from the ring (two shared loads per vector) rather
+ * than keeping their floats alive across the reduction: 64 registers (16-bit, NV = 2)
+ * against v2's 128, so 4 blocks of 256 threads fit an SM. Saved statistics only (the
+ * launcher computes them first when the caller has none); rstd / mean of the next row
+ * are loaded one row ahead. dweight / dbias partials in fp32 registers, written once
+ * per block. */
+template <typename T, bool LAYER, int NV>
+__global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int S) {
   constexpr int V = vec_width<T>::value;
   extern __shared__ uint4 ring[];
-  __shared__ float4 scratch4[32];
-  float *scr = reinterpret_cast<float *>(scratch4);
+  __shared__ float2 scratch[32];
+  float *scr = reinterpret_cast<float *>(scratch);
   const int64_t n = p.cols;
   const float inv_n = 1.0f / (float)n;
   const T *w = static_cast<const T *>(p.weight);
   const int64_t G = gridDim.x;
-  const int64_t groups = (p.rows + R - 1) / R;
   const int tid = threadIdx.x, tpr = blockDim.x;
   const int NT = p.dres ? 3 : 2;
-  const size_t row_vecs = (size_t)NT * NV * tpr;
-  const size_t stage_vecs = (size_t)R * row_vecs;
+  const size_t stage_vecs = (size_t)NT * NV * tpr;
 
-  auto issue = [&](int64_t g, int stage) {
+  auto issue = [&](int64_t row, int stage) {
+    if (row < p.rows) {
+      uint4 *st = ring + stage * stage_vecs + tid;
+      const T *hp = static_cast<const T *>(p.h) + row * p.h_stride;
+      const T *dyp = static_cast<const T *>(p.dy) + row * p.dy_stride;
+      const T *drp = p.dres ? static_cast<const T *>(p.dres) + row * p.dres_stride : nullptr;
 #pragma unroll
-    for (int k = 0; k < R; k++) {
-      const int64_t row = g * R + k;
-      if (g < groups && row < p.rows) {
-        uint4 *st = ring + stage * stage_vecs + k * row_vecs + tid;
-        const T *hp = static_cast<const T *>(p.h) + row * p.h_stride;
-        const T *dyp = static_cast<const T *>(p.dy) + row * p.dy_stride;
-        const T *drp = p.dres ? static_cast<const T *>(p.dres) + row * p.dres_stride : nullptr;
-#pragma unroll
-        for (int i = 0; i < NV; i++) {
-          const int64_t base = (int64_t)(tid + i * tpr) * V;
-          if (base < n) {
-            cp_async16(st + i * tpr, hp + base);
-            cp_async16(st + (NV + i) * tpr, dyp + base);
-            if (drp) cp_async16(st + (2 * NV + i) * tpr, drp + base);
-          }
+      for (int i = 0; i < NV; i++) {
+        const int64_t base = (int64_t)(tid + i * tpr) * V;
+        if (base < n) {
+          cp_async16(st + i * tpr, hp + base);
+          cp_async16(st + (NV + i) * tpr, dyp + base);
+          if (drp) cp_async16(st + (2 * NV + i) * tpr, drp + base);
         }
       }
     }
     cp_async_commit();
-  };
-  auto stats = [&](int64_t g, float *rs, float *mu) {
-#pragma unroll
-    for (int k = 0; k < R; k++) {
-      const int64_t row = g * R + k;
-      rs[k] = 0.0f, mu[k] = 0.0f;
-      if (g < groups && row < p.rows) {
-        rs[k] = p.rstd[row];
-        if (LAYER) mu[k] = p.mean[row];
-      }
-    }
   };
 
   float dw[NV][V], db[NV][V];
@@ -1105,78 +1025,60 @@ __device__ __forceinline__ void norm_bwd_v3_body(const norm_bwd_params &p, int S
     for (int j = 0; j < V; j++) dw[i][j] = 0.0f, db[i][j] = 0.0f;
   }
   for (int s = 0; s + 1 < S; s++) issue((int64_t)blockIdx.x + (int64_t)s * G, s);
-  float rs_n[R], mu_n[R];
-  stats(blockIdx.x, rs_n, mu_n);
+  float rs_n = 0.0f, mu_n = 0.0f;
+  if ((int64_t)blockIdx.x < p.rows) {
+    rs_n = p.rstd[blockIdx.x];
+    if (LAYER) mu_n = p.mean[blockIdx.x];
+  }
   int stage = 0;
-  for (int64_t g = blockIdx.x; g < groups; g += G) {
-    float rs[R], mu[R];
-#pragma unroll
-    for (int k = 0; k < R; k++) rs[k] = rs_n[k], mu[k] = mu_n[k];
-    stats(g + G, rs_n, mu_n);
-    issue(g + (int64_t)(S - 1) * G, stage == 0 ? S - 1 : stage - 1);
+  for (int64_t row = blockIdx.x; row < p.rows; row += G) {
+    const float rs = rs_n, mu = mu_n;
+    if (row + G < p.rows) {
+      rs_n = p.rstd[row + G];
+      if (LAYER) mu_n = p.mean[row + G];
+    }
+    issue(row + (int64_t)(S - 1) * G, stage == 0 ? S - 1 : stage - 1);
     cp_async_wait(S - 1);
-    float sg[R], sgx[R];
+    const uint4 *st = ring + stage * stage_vecs + tid;
+    float sg = 0.0f, sgx = 0.0f;
+    const float nmr = -mu * rs;
 #pragma unroll
-    for (int k = 0; k < R; k++) {
-      sg[k] = 0.0f, sgx[k] = 0.0f;
-      if (g * R + k >= p.rows) continue; /* block-uniform */
-      const uint4 *st = ring + stage * stage_vecs + k * row_vecs + tid;
-      const float nmr = -mu[k] * rs[k];
-#pragma unroll
-      for (int i = 0; i < NV; i++) {
-        const int64_t base = (int64_t)(tid + i * tpr) * V;
-        if (base >= n) continue;
-        raw16 hr, dr;
-        hr.u = st[i * tpr];
-        dr.u = st[(NV + i) * tpr];
-        float hv[V], gv[V], wv[V];
-        unpack<T>(hv, hr);
-        unpack<T>(gv, dr);
-        if (w) load_vec(wv, w + base);
-        norm_bwd_terms<LAYER, V>(hv, gv, wv, w != nullptr, rs[k], nmr, dw[i], db[i], sg[k], sgx[k]);
-      }
+    for (int i = 0; i < NV; i++) {
+      const int64_t base = (int64_t)(tid + i * tpr) * V;
+      if (base >= n) continue;
+      raw16 hr, dr;
+      hr.u = st[i * tpr];
+      dr.u = st[(NV + i) * tpr];
+      float hv[V], gv[V], wv[V];
+      unpack<T>(hv, hr);
+      unpack<T>(gv, dr);
+      if (w) load_vec(wv, w + base);
+      norm_bwd_terms<LAYER, V>(hv, gv, wv, w != nullptr, rs, nmr, dw[i], db[i], sg, sgx);
     }
-    float a[R], c[R];
-    if (R == 1) {
-      norm_bwd_row_sums<LAYER>(sg[0], sgx[0], scr, inv_n, a[0], c[0]);
-    } else if (!LAYER) {
-      const float2 t = row_group_sum2(sgx[0], sgx[R - 1], scr);
-      a[0] = a[R - 1] = 0.0f;
-      c[0] = t.x * inv_n, c[R - 1] = t.y * inv_n;
-    } else {
-      const float4 t = norm_row_sum4(make_float4(sg[0], sgx[0], sg[R - 1], sgx[R - 1]), scratch4);
-      a[0] = t.x * inv_n, c[0] = t.y * inv_n;
-      a[R - 1] = t.z * inv_n, c[R - 1] = t.w * inv_n;
-    }
+    float a, c;
+    norm_bwd_row_sums<LAYER>(sg, sgx, scr, inv_n, a, c);
     /* dx: h and dy are read again from the ring (cheaper than keeping their floats
      * alive across the reduction) */
+    const float k1 = -rs * c, k0 = -rs * a;
+    T *dxp = static_cast<T *>(p.dx) + row * p.dx_stride;
 #pragma unroll
-    for (int k = 0; k < R; k++) {
-      const int64_t row = g * R + k;
-      if (row >= p.rows) continue;
-      const uint4 *st = ring + stage * stage_vecs + k * row_vecs + tid;
-      const float nmr = -mu[k] * rs[k];
-      const float k1 = -rs[k] * c[k], k0 = -rs[k] * a[k];
-      T *dxp = static_cast<T *>(p.dx) + row * p.dx_stride;
-#pragma unroll
-      for (int i = 0; i < NV; i++) {
-        const int64_t base = (int64_t)(tid + i * tpr) * V;
-        if (base >= n) continue;
-        raw16 hr, gr;
-        hr.u = st[i * tpr];
-        gr.u = st[(NV + i) * tpr];
-        float hv[V], gv[V], wv[V], o[V], dr[V];
-        unpack<T>(hv, hr);
-        unpack<T>(gv, gr);
-        if (w) load_vec(wv, w + base);
-        if (p.dres) {
-          raw16 t;
-          t.u = st[(2 * NV + i) * tpr];
-          unpack<T>(dr, t);
-        }
-        norm_bwd_dx<LAYER, V>(hv, gv, wv, w != nullptr, p.dres ? dr : nullptr, rs[k], nmr, k1, k0, o);
-        store_vec(dxp + base, o);
+    for (int i = 0; i < NV; i++) {
+      const int64_t base = (int64_t)(tid + i * tpr) * V;
+      if (base >= n) continue;
+      raw16 hr, gr;
+      hr.u = st[i * tpr];
+      gr.u = st[(NV + i) * tpr];
+      float hv[V], gv[V], wv[V], o[V], dr[V];
+      unpack<T>(hv, hr);
+      unpack<T>(gv, gr);
+      if (w) load_vec(wv, w + base);
+      if (p.dres) {
+        raw16 t;
+        t.u = st[(2 * NV + i) * tpr];
+        unpack<T>(dr, t);
       }
+      norm_bwd_dx<LAYER, V>(hv, gv, wv, w != nullptr, p.dres ? dr : nullptr, rs, nmr, k1, k0, o);
+      store_vec(dxp + base, o);
     }
     stage = stage + 1 == S ? 0 : stage + 1;
   }
@@ -1190,19 +1092,6 @@ __device__ __forceinline__ void norm_bwd_v3_body(const norm_bwd_params &p, int S
     if (p.dw_part) norm_store_partials<V>(p.dw_part + part * n + base, dw[i]);
     if (LAYER && p.db_part) norm_store_partials<V>(p.db_part + part * n + base, db[i]);
   }
-}
-
-template <typename T, bool LAYER, int NV, int R>
-__global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int S) {
-  norm_bwd_v3_body<T, LAYER, NV, R>(p, S);
-}
-
-/* The same kernel for blocks of at most 256 threads with registers capped for 3 blocks
- * per SM (80): RMSNorm with R = 2 takes ~97 registers uncapped, which leaves 2 blocks of
- * 256 threads per SM (OT_NORM_BWD_CAP=1 selects it; measured side by side). */
-template <typename T, bool LAYER, int NV, int R>
-__global__ void __launch_bounds__(256, 3) norm_bwd_v3_cap_kernel(norm_bwd_params p, int S) {
-  norm_bwd_v3_body<T, LAYER, NV, R>(p, S);
 }
 
 /* ---- launch configuration ---------------------------------------------------------------- */
@@ -1472,59 +1361,11 @@ cudaError_t norm_fwd_v3_launch(const norm_fwd_params &p, const norm_launch &L,
  * 3.19 / 2.87 / 2.77; with the residual v2 also ahead by 0.3-0.6. The ring adds a
  * shared-memory round trip per vector and a persistent block loses v2's many short
  * blocks in flight per SM; v3 stays opt-in. */
-/* Forward v4 on v2's shape L, without the residual: a persistent grid of as many blocks
- * as fit (RY row groups each), at most one per RY rows. cudaErrorNotSupported: not
- * covered (the caller takes v2). */
 template <typename T, bool LAYER>
-cudaError_t norm_fwd_v4_launch(const norm_fwd_params &p, const norm_launch &L,
-                               cudaStream_t stream) {
-  if (p.residual) return cudaErrorNotSupported;
-  const dim3 block(L.threads, L.rows);
-  auto go = [&](auto kernel) -> cudaError_t {
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, L.threads * L.rows, 0) !=
-            cudaSuccess ||
-        per_sm < 1) {
-      (void)cudaGetLastError();
-      return cudaErrorNotSupported;
-    }
-    const int64_t need = (p.rows + L.rows - 1) / L.rows;
-    int64_t g = (int64_t)per_sm * ot_cuda_sm_count();
-    if (g > need) g = need;
-    kernel<<<(unsigned)g, block, 0, stream>>>(p);
-    return cudaGetLastError();
-  };
-  if (L.threads <= 32) {
-    switch (L.nv) {
-      case 1: return go(norm_fwd_v4_kernel<T, LAYER, 1, 32>);
-      case 2: return go(norm_fwd_v4_kernel<T, LAYER, 2, 32>);
-      case 4: return go(norm_fwd_v4_kernel<T, LAYER, 4, 32>);
-      case 8: return go(norm_fwd_v4_kernel<T, LAYER, 8, 32>);
-      default: return cudaErrorNotSupported;
-    }
-  }
-  if (L.nv != 8) return cudaErrorNotSupported;
-  switch (L.threads) {
-    case 64: return go(norm_fwd_v4_kernel<T, LAYER, 8, 64>);
-    case 128: return go(norm_fwd_v4_kernel<T, LAYER, 8, 128>);
-    default: return go(norm_fwd_v4_kernel<T, LAYER, 8, 256>);
-  }
-}
-
-template <typename T, bool LAYER>
-cudaError_t norm_fwd_fast_launch(const norm_fwd_params &p, const norm_launch &L0,
+cudaError_t norm_fwd_fast_launch(const norm_fwd_params &p, const norm_launch &L,
                                  cudaStream_t stream) {
-  norm_launch L = L0;
-  /* OT_NORM_FWD_ROWS: row groups per block (v2 / v4; default: 128 threads' worth) */
-  const int ry = norm_env_int("OT_NORM_FWD_ROWS", 0);
-  if (ry >= 1 && ry <= kNormMaxRowsPerBlock && ry * L.threads <= (L.threads >= 128 ? L.threads : 128))
-    L.rows = ry; /* within the kernels' launch bounds */
   if (norm_env_is("OT_NORM_FWD_IMPL", "v3")) {
-    const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(p, L0, stream);
-    if (e != cudaErrorNotSupported) return e;
-  }
-  if (norm_env_is("OT_NORM_FWD_IMPL", "v4")) {
-    const cudaError_t e = norm_fwd_v4_launch<T, LAYER>(p, L, stream);
+    const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(p, L, stream);
     if (e != cudaErrorNotSupported) return e;
   }
   return norm_fwd_v2_launch<T, LAYER>(p, L, stream);
@@ -1683,27 +1524,18 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
       !norm_env_is("OT_NORM_BWD_IMPL", "old") && !norm_env_is("OT_NORM_BWD_IMPL", "v2")) {
     const int env_nv = norm_env_int("OT_NORM_BWD_V3NV", LAYER ? 4 : 2);
     const int nv = nvec > 1024 || env_nv == 4 ? 4 : 2;
-    const int rr = norm_env_int("OT_NORM_BWD_ROWS", 2) == 1 ? 1 : 2;
-    const int64_t groups = (p.rows + rr - 1) / rr;
     const int threads = (int)(((nvec + nv - 1) / nv + 31) / 32 * 32);
-    const size_t stage = (size_t)rr * (p.dres ? 3 : 2) * nv * threads * 16;
+    const size_t stage = (size_t)(p.dres ? 3 : 2) * nv * threads * 16;
     const int env_s = norm_env_int("OT_NORM_BWD_STAGES", LAYER ? 0 : 2);
     auto go = [&](auto kernel) -> cudaError_t {
-      const norm_ring R = norm_ring_config(kernel, threads, stage, groups, env_s);
+      const norm_ring R = norm_ring_config(kernel, threads, stage, p.rows, env_s);
       if (!R.ok) return cudaErrorNotSupported;
       return norm_bwd_with_partials<T, LAYER>(p, dw, db, R.grid, stream, [&](const norm_bwd_params &q) {
         kernel<<<(unsigned)R.grid, threads, R.smem, stream>>>(q, R.stages);
         return cudaGetLastError();
       });
     };
-    cudaError_t e = cudaErrorNotSupported;
-    if constexpr (!LAYER) {
-      if (rr == 2 && nv == 2 && threads <= 256 && norm_env_int("OT_NORM_BWD_CAP", 0) == 1)
-        e = go(norm_bwd_v3_cap_kernel<T, LAYER, 2, 2>);
-    }
-    if (e == cudaErrorNotSupported)
-      e = rr == 2 ? (nv == 4 ? go(norm_bwd_v3_kernel<T, LAYER, 4, 2>) : go(norm_bwd_v3_kernel<T, LAYER, 2, 2>))
-                  : (nv == 4 ? go(norm_bwd_v3_kernel<T, LAYER, 4, 1>) : go(norm_bwd_v3_kernel<T, LAYER, 2, 1>));
+    const cudaError_t e = nv == 4 ? go(norm_bwd_v3_kernel<T, LAYER, 4>) : go(norm_bwd_v3_kernel<T, LAYER, 2>);
     if (e != cudaErrorNotSupported) return e;
   }
   const int vmax = 1024;
