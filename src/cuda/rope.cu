@@ -16,10 +16,12 @@
  * vector width, ...) the scalar kernel does one pair per item.
  *
  * The default for aligned rows with 4, 8 or 16 items per head and no pass-through copy
- * (head_dim 64-256 in 16-bit types) is rope_warp_kernel: a warp per token, cos / sin
- * once per warp, 8 head-passes of loads in flight per lane, no block barrier and no
- * 64-bit division per item -- 82-85% of copy bandwidth on the H200 against 76-81% for
- * the block-per-token kernel (docs/PERFORMANCE.md); OT_ROPE_IMPL=v1 selects the latter.
+ * (head_dim 64-256 in 16-bit types) is rope_warp3_kernel: a warp per token, cos / sin
+ * once per warp, up to 8 head-passes of loads in flight per lane, no block barrier and
+ * no 64-bit division per item, the head loads issued before the token's cos / sin are
+ * made -- 83-86% of copy bandwidth on the H200 (run of 4005b7c) against 82-86% for the
+ * first warp kernel (OT_ROPE_IMPL=v2) and 76-82% for the block-per-token kernel
+ * (OT_ROPE_IMPL=v1); docs/PERFORMANCE.md.
  *
  * A position outside the cache (not validated on the host for device tensors)
  * yields NaN outputs rather than an out-of-bounds read.
