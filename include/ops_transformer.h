@@ -340,7 +340,8 @@ typedef struct ot_attention_params {
    * the scale; 0 disables. */
   float softcap;
   /* Backward: make dq (and dk/dv with GQA) accumulation bitwise deterministic. The
-   * CPU backend is always deterministic. */
+   * CPU backend and the portable CUDA backward always are; the Hopper CUDA backward
+   * accumulates dq with atomics unless this is set (docs/ATTENTION.md gives the cost). */
   int deterministic;
 } ot_attention_params;
 
@@ -374,8 +375,11 @@ OT_API ot_attention_params ot_attention_default_params(void);
  * sequence whose offsets are out of range (negative, decreasing, past Tq / Tk) is
  * skipped -- nothing is read or written for it -- instead of raising an error. Scratch
  * for split-KV partials comes from the context (ot_context's device scratch, grown on
- * demand). The CUDA backward is always deterministic (fixed summation order for dq and
- * for the GQA sums of dk / dv), whatever params.deterministic says.
+ * demand). CUDA backward: on a 9.0 device (build with sm_90a) a TMA / wgmma kernel for
+ * head_dim 64 / 128, dense, causal or no window, no softcap, which adds dq up with fp32
+ * atomics (not bitwise repeatable; dk / dv are); params.deterministic = 1 runs the
+ * portable backward instead (fixed summation order for dq and for the GQA sums of
+ * dk / dv), as every other call does.
  */
 OT_API ot_status ot_attention_forward(ot_context *ctx, const ot_attention_params *params,
                                       const DLTensor *q, const DLTensor *k, const DLTensor *v,

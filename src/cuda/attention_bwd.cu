@@ -12,7 +12,10 @@
  *   dq:   one block per (sequence, query head, BM queries); warp w owns 16 queries:
  *             S = Q K^T, dP = dO V^T, dS = P (dP - delta),  dQ += dS K.
  *
- * Every output element has exactly one owner, so the backward is bitwise deterministic
+ * On a 9.0 device the Hopper backward (sm90/attention_bwd_sm90.cu) is asked first, unless
+ * OT_ATTN_IMPL=portable or params.deterministic (it accumulates dq with atomics).
+ *
+ * Every output element has exactly one owner, so this backward is bitwise deterministic
  * and needs no fp32 dQ accumulator nor atomics. The price is recomputing S and dP in the
  * dq kernel: 7 tile products instead of the 5 of an atomic-dQ backward (~1.4x the
  * tensor-core work). Head dims above 128 split the accumulated columns over two blocks
@@ -20,8 +23,10 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attention.cuh"
+#include "attention_sm90.h"
 #include "cuda_state.h"
 
 namespace ot {
@@ -373,6 +378,16 @@ using namespace ot::attn;
 
 extern "C" ot_status ot_cuda_attention_backward(ot_context *ctx, const ot_attention_args *a) {
   static const char *op = "ot_attention_backward";
+  /* The Hopper backward first (not deterministic: atomics for dq), unless
+   * OT_ATTN_IMPL=portable; it declines (handled = false) what it does not cover. */
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  const char *impl = getenv("OT_ATTN_IMPL");
+  const bool portable = impl && strcmp(impl, "portable") == 0;
+  if (!portable && !a->deterministic && st && st->cc_major == 9) {
+    bool handled = false;
+    ot_status s = ot_cuda_attention_backward_sm90(ctx, a, &handled);
+    if (s != OT_OK || handled) return s;
+  }
   Params P;
   int dpad;
   OT_TRY(ot_cuda_attention_params(ctx, a, op, &P, &dpad));
