@@ -4,7 +4,8 @@
 # sanitizer on small cases, and the attention benchmark (fwd and fwd+bwd vs torch SDPA).
 #
 #   [PRE=DIR] scripts/device_attention_bwd_sm90.sh [COMMIT] [STEPS]
-#     STEPS: comma list of smoke,test,sanitize,bench (default all); logs under $OUT.
+#     STEPS: comma list of smoke,test,sanitize,bench,timing (default all); logs under $OUT.
+#     BENCH_PY: the bench script to run (default bench/bench_attention.py).
 #     PRE (default .bwd90carry, carried): bin.tar.xz with test_ops and libattention_shim.so
 #     built here for sm_90a (cmake -DOT_CUDA_ARCHS=90a; see the prebuild lines below) and
 #     deps.tar.xz (OpenBLAS + Fortran runtime of .carry/deps/lib), so that the device's time
@@ -14,7 +15,7 @@
 #     tar cJf .bwd90carry/bin.tar.xz -C B tests/test_ops libattention_shim.so.
 set -uo pipefail
 COMMIT=${1:-unknown}
-STEPS=${2:-smoke,test,sanitize,bench}
+STEPS=${2:-smoke,test,sanitize,bench,timing}
 OUT=${OUT:-/tmp/ot_device_out}
 PRE=${PRE:-.bwd90carry}
 mkdir -p "$OUT"
@@ -77,9 +78,18 @@ if has sanitize; then
 fi
 if has bench; then
   stamp "bench"
-  timeout ${BENCH_LIMIT:-150} python3 bench/bench_attention.py --shim "$SHIM" --bench ${BENCH_ARGS:-} \
+  timeout ${BENCH_LIMIT:-150} python3 ${BENCH_PY:-bench/bench_attention.py} --shim "$SHIM" --bench ${BENCH_ARGS:-} \
     --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
     --command "scripts/device_attention_bwd_sm90.sh $COMMIT $STEPS" >"$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E 'GEMM|attention_f|failed|Error|not available' "$OUT/bench.log" | cut -c1-160
+fi
+# Backward alone, Hopper (deterministic=0) against the portable one (deterministic=1):
+# fwd+bwd ms of attn_portable_timing (bin.tar.xz may hold it) minus its fwd ms.
+if has timing && [ -x "$BIN/attn_portable_timing" ]; then
+  stamp "timing deterministic=0|1"
+  for c in 0 1; do
+    timeout 60 "$BIN/attn_portable_timing" 8 16 4096 128 $c 10 deterministic=0 deterministic=1 2>&1 |
+      tee -a "$OUT/timing.log"
+  done
 fi
 stamp "end"
