@@ -4,7 +4,9 @@
 # sanitizer on small cases, and the attention benchmark (fwd and fwd+bwd vs torch SDPA).
 #
 #   [PRE=DIR] scripts/device_attention_bwd_sm90.sh [COMMIT] [STEPS]
-#     STEPS: comma list of smoke,test,sanitize,bench,timing (default all); logs under $OUT.
+#     STEPS: comma list of smoke,test,test_atomic,sanitize,bench,timing (default all but
+#     test_atomic); logs under $OUT. TIMING_SHAPES: "B,H,S,D ..." (default 8,16,4096,128);
+#     TIMING_SETS: the VAR=VALUE settings timed in turn (default deterministic=0 deterministic=1).
 #     BENCH_PY: the bench script to run (default bench/bench_attention.py).
 #     PRE (default .bwd90carry, carried): bin.tar.xz with test_ops and libattention_shim.so
 #     built here for sm_90a (cmake -DOT_CUDA_ARCHS=90a; see the prebuild lines below) and
@@ -62,6 +64,13 @@ if has test; then
   grep -E -A3 '^FAIL' "$OUT/tests.log" | head -40
   echo "tests: $(grep -c '^ok ' "$OUT/tests.log") ok, $(grep -c '^FAIL' "$OUT/tests.log") FAIL"
 fi
+if has test_atomic; then   # the CUDA cases again with the dQ atomics of the Hopper backward
+  stamp "tests, OT_ATTN_SM90_BWD_DQ=atomic"
+  OT_ATTN_SM90_BWD_DQ=atomic timeout ${TEST_LIMIT:-200} $A -v --filter cuda >"$OUT/tests_atomic.log" 2>&1
+  echo "test_ops rc=$?"
+  grep -E -A3 '^FAIL' "$OUT/tests_atomic.log" | head -20
+  echo "tests: $(grep -c '^ok ' "$OUT/tests_atomic.log") ok, $(grep -c '^FAIL' "$OUT/tests_atomic.log") FAIL"
+fi
 if has sanitize; then
   SAN="$OUT/sanitize.log"
   : >"$SAN"
@@ -87,9 +96,11 @@ fi
 # fwd+bwd ms of attn_portable_timing (bin.tar.xz may hold it) minus its fwd ms.
 if has timing && [ -x "$BIN/attn_portable_timing" ]; then
   stamp "timing deterministic=0|1"
-  for c in 0 1; do
-    timeout 60 "$BIN/attn_portable_timing" 8 16 4096 128 $c 10 deterministic=0 deterministic=1 2>&1 |
-      tee -a "$OUT/timing.log"
+  for shape in ${TIMING_SHAPES:-8,16,4096,128}; do
+    for c in 0 1; do
+      timeout 60 "$BIN/attn_portable_timing" ${shape//,/ } $c 10 ${TIMING_SETS:-deterministic=0 deterministic=1} 2>&1 |
+        tee -a "$OUT/timing.log"
+    done
   done
 fi
 stamp "end"

@@ -52,6 +52,7 @@ constexpr int kBk = 128;        /* keys per CTA (2 consumer WGs x 64) */
 constexpr int kBq = 64;         /* queries per tile */
 constexpr int kThreads = 384;   /* producer WG + 2 consumer WGs */
 constexpr int kStages = 2;
+constexpr int kDqTile = 64 * 64;  /* floats of one consumer's dQ partial (64 queries x 64) */
 
 template <int D> struct bwd_smem {
   static constexpr int kv_bytes = kBk * D * 2;   /* K or V of the block */
@@ -62,7 +63,8 @@ template <int D> struct bwd_smem {
   static constexpr int q_off = 2 * kv_bytes;
   static constexpr int do_off = q_off + kStages * q_bytes;
   static constexpr int ds_off = do_off + kStages * q_bytes;
-  static constexpr int lse_off = ds_off + 2 * ds_bytes;
+  static constexpr int dqs_off = ds_off + 2 * ds_bytes;  /* dQ staging, 16 KB a consumer */
+  static constexpr int lse_off = dqs_off + 2 * kDqTile * 4;
   static constexpr int dsum_off = lse_off + kStages * kBq * 4;
   static constexpr int bar_off = dsum_off + kStages * kBq * 4;
   static constexpr int bytes = bar_off + 64 + 1024; /* barriers + alignment slack */
@@ -78,6 +80,8 @@ struct bwd_params {
   const float *lse2, *dsum;                         /* [B][Hq][sq_pad] */
   float *dq_acc;                                    /* [B][Hq][sq_pad][D] */
   int sq, sk, sq_pad, hq, group, causal;
+  int num_m;                                        /* sq_pad / 64 */
+  int dq_bulk;                                      /* 1: dQ partials by bulk reduce-add */
   float scale, scale_log2;
 };
 
@@ -93,12 +97,21 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_
       ::"r"(dst), "l"((uint64_t)src), "r"(bytes), "r"(bar)
       : "memory");
 }
+/* global[dst .. + bytes) += shared[src ..) (fp32, by the TMA unit), then wait until the
+ * shared-memory side has been read. */
+__device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n"
+      "cp.async.bulk.wait_group.read 0;\n" ::"l"((uint64_t)dst), "r"(src), "r"(bytes)
+      : "memory");
+}
 /* Generic-proxy shared-memory writes (dS^T) made visible to the async proxy (wgmma). */
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-template <typename T, int D>
+template <typename T, int D, bool DQB>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k,
@@ -296,7 +309,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     reg_fence<16>(pds);
     if (lane == 0) mbar_arrive(bar(BAR_EMPTY + s));
     /* dq element i: query i0 + warp 16 + g + 8 ((i >> 1) & 1), column col0 + 8 (i >> 2) + 2 q4. */
-    {
+    if (DQB) {
+      /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) to
+       * shared memory, then one bulk reduce-add into the accumulator's tile of the same
+       * order, [b][h][m][D / 64][4096] (bwd_dq_kernel undoes the order). The staging
+       * buffer is free again: its previous bulk read was waited for before this
+       * iteration's dS barrier. */
+      float4 *stg = (float4 *)(smem + L::dqs_off + c * kDqTile * 4);
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        stg[j * 128 + t128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      fence_proxy_async();
+      if (c == 0)
+        named_sync(kDsBar + 1, 128);
+      else
+        named_sync(kDsBar + 2, 128);
+      if (t128 == 0) {
+        const int64_t tile = (((int64_t)b * p.hq + h) * p.num_m + m) * (D / 64) + (D == 128 ? c : 0);
+        bulk_reduce_add(p.dq_acc + tile * kDqTile, s_base + L::dqs_off + c * kDqTile * 4,
+                        kDqTile * 4);
+      }
+    } else {
       const int col0 = D == 128 ? c * 64 : 0;
       float *acc = p.dq_acc + (((int64_t)b * p.hq + h) * p.sq_pad + i0 + warp * 16 + g) * D +
                    col0 + 2 * q4;
@@ -308,6 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]));
     }
   }
+  if (DQB && t128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 
   /* ---------------- epilogue: dK = scale dS^T Q, dV ---------------- */
   T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + 2 * q4;
@@ -326,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 #else
-template <typename T, int D>
+template <typename T, int D, bool DQB>
 __global__ void attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                                      const __grid_constant__ CUtensorMap tm_k,
                                      const __grid_constant__ CUtensorMap tm_v,
@@ -366,7 +400,7 @@ __global__ void bwd_prep_kernel(const ot_attn_operand o, const ot_attn_operand d
 /* dQ = scale * accumulator: one thread per 2 elements, columns fastest, then heads. */
 template <typename T>
 __global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int sq_pad, int hq,
-                              int d, float scale, int64_t pairs) {
+                              int d, float scale, int bulk, int64_t pairs) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < pairs; t += stride) {
     const int c2 = (int)(t % (d / 2));
@@ -375,8 +409,16 @@ __global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int 
     u /= hq;
     const int i = (int)(u % sq);
     const int64_t b = u / sq;
-    const float2 v =
-        *(const float2 *)(acc + ((b * hq + h) * sq_pad + i) * (int64_t)d + 2 * c2);
+    int64_t src;
+    if (bulk) {   /* fragment order of the kernel's dQ tiles (see dq_bulk there) */
+      const int r = i % 64, col = 2 * c2, cc = col % 64;
+      const int t = (r / 16) * 32 + (r % 8) * 4 + (cc % 8) / 2;
+      const int64_t tile = ((b * hq + h) * (sq_pad / 64) + i / 64) * (d / 64) + col / 64;
+      src = tile * kDqTile + ((cc / 8) * 128 + t) * 4 + 2 * ((r / 8) % 2);
+    } else {
+      src = ((b * hq + h) * sq_pad + i) * (int64_t)d + 2 * c2;
+    }
+    const float2 v = *(const float2 *)(acc + src);
     T *dst = (T *)dq.data + b * dq.batch_stride + (int64_t)i * dq.tok_stride +
              (int64_t)h * dq.head_stride + 2 * c2;
     dst[0] = from_f32<T>(v.x * scale);
@@ -394,7 +436,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   bwd_prep_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
       a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, D, rows);
   OT_CUDA_CHECK_LAUNCH(op);
-  auto kern = attn_bwd_sm90_kernel<T, D>;
+  auto kern = p.dq_bulk ? attn_bwd_sm90_kernel<T, D, true> : attn_bwd_sm90_kernel<T, D, false>;
   OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          L::bytes));
   dim3 grid((unsigned)((p.sk + kBk - 1) / kBk), (unsigned)a->hkv, (unsigned)a->batch);
@@ -403,7 +445,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   const int64_t pairs = a->batch * a->hq * a->sq * (D / 2);
   const int64_t blocks = (pairs + 255) / 256;
   bwd_dq_kernel<T><<<(unsigned)(blocks < 65536 * 4 ? blocks : 65536 * 4), 256, 0, stream>>>(
-      p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D, p.scale, pairs);
+      p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D, p.scale, p.dq_bulk, pairs);
   OT_CUDA_CHECK_LAUNCH(op);
   return OT_OK;
 }
@@ -472,6 +514,11 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   p.hq = (int)a->hq;
   p.group = (int)(a->hq / a->hkv);
   p.causal = a->window_right == 0;
+  p.num_m = (int)(sq_pad / kBq);
+  /* OT_ATTN_SM90_BWD_DQ=atomic: dQ partials by float2 atomics from registers instead of
+   * bulk reduce-adds of shared-memory tiles. */
+  const char *dqm = getenv("OT_ATTN_SM90_BWD_DQ");
+  p.dq_bulk = !(dqm && dqm[0] == 'a');
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
   if (a->d == 64)
