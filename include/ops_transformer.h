@@ -564,9 +564,9 @@ OT_API ot_status ot_adamw_step(ot_context *ctx, const ot_adamw_params *params, i
  * host synchronization) and the blocks become t's. While t or s captures a CUDA graph
  * that wait is impossible and the request fails with OT_ERR_OOM instead.
  * ot_arena_synchronize(a) synchronizes the device and clears every tag. Free neighbours
- * merge when their tags are equal or one is untagged (the merged block keeps the tag:
- * conservative). The stream given to ot_arena_alloc is recorded nowhere else; a block
- * may be used on any stream as long as the caller orders it.
+ * merge when their tags are equal (so never-used memory stays free of any stream). The
+ * stream given to ot_arena_alloc is recorded nowhere else; a block may be used on any
+ * stream as long as the caller orders it.
  */
 
 typedef struct ot_arena ot_arena;

@@ -133,6 +133,17 @@ static void arena_cross_stream_rules(test_run *tr) {
       break;
     }
   tr_ok(tr, ot_arena_free(a, live, S(4)), "free live");
+  /* a block freed on a stream does not taint its never-used neighbour: another stream
+   * takes the untagged rest without waiting */
+  tr_ok(tr, ot_arena_synchronize(a), "synchronize");
+  tr_ok(tr, ot_arena_alloc(a, 1024, S(2), &p), "1024 on s2");
+  tr_ok(tr, ot_arena_free(a, p, S(2)), "free on s2");
+  nwait_calls = 0;
+  if (tr_ok(tr, ot_arena_alloc(a, 3072, S(3), &q), "s3 takes the untagged rest")) {
+    if (nwait_calls != 0) tr_fail(tr, "s3 waited for s2 to take never-used memory");
+    if ((char *)q != (char *)p + 1024) tr_fail(tr, "s3 did not get the untagged rest");
+    tr_ok(tr, ot_arena_free(a, q, S(3)), "free");
+  }
   /* NULL is the legacy stream: freed there, another stream must wait for it */
   tr_ok(tr, ot_arena_synchronize(a), "synchronize");
   tr_ok(tr, ot_arena_alloc(a, 4096, NULL, &p), "on NULL");
@@ -416,6 +427,84 @@ out:
   tr_end(tr);
 }
 
+/* CUDA graphs: an op captured (global mode, as torch captures) takes its temporary from
+ * never-used memory of the arena (the warm-up's block is tagged with another stream, and
+ * no wait is possible inside a capture), keeps it after the op (the graph writes it at
+ * every launch), and the launched graph computes what the op computes; detach gives the
+ * kept block back. */
+static void context_arena_graph(test_run *tr) {
+  if (!tr_begin(tr, "context arena: an op captured in a CUDA graph (CUDA)")) return;
+  ot_context *ctx = tr->be->ctx;
+  rng r = tr_rng(tr);
+  ot_arena *a = NULL;
+  cudaStream_t cs = NULL;
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  const int64_t N = 4096, V = 64;
+  const size_t lt = (size_t)32 << 20;
+  tbuf *lg = tb_new(tr->be, DT_F32, 2, (int64_t[]){N, V});
+  tbuf *lb = tb_new(tr->be, DT_I64, 1, (int64_t[]){N});
+  tbuf *ref = tb_new(tr->be, DT_F32, 1, (int64_t[]){1});
+  tbuf *loss = tb_new(tr->be, DT_F32, 1, (int64_t[]){1});
+  tb_fill_uniform(lg, &r, -3, 3);
+  for (int64_t i = 0; i < N; i++) tb_set(lb, i, (double)rng_int(&r, 0, V - 1));
+  tb_poison(ref), tb_poison(loss);
+  ot_cross_entropy_params cp = ot_cross_entropy_default_params();
+  const DLTensor *dlg = tb_dl(lg), *dlb = tb_dl(lb), *dref = tb_dl(ref), *dloss = tb_dl(loss);
+  if (!tr_ok(tr, ot_cross_entropy_forward(ctx, &cp, dlg, dlb, dref, NULL), "reference")) goto out;
+  if (!tr_ok(tr, ot_arena_create(ctx, lt + (1 << 20), &a), "arena") ||
+      !tr_ok(tr, ot_context_set_arena(ctx, a), "attach"))
+    goto out;
+  /* warm-up on the legacy stream: its block goes back tagged with that stream */
+  if (!tr_ok(tr, ot_cross_entropy_forward(ctx, &cp, dlg, dlb, dloss, NULL), "warm-up")) goto detach;
+  cudaDeviceSynchronize();
+  if (cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking) != cudaSuccess ||
+      !tr_ok(tr, ot_context_set_stream(ctx, cs), "set stream"))
+    goto detach;
+  if (cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal) != cudaSuccess) {
+    tr_fail(tr, "cudaStreamBeginCapture");
+    goto detach;
+  }
+  ot_status st = ot_cross_entropy_forward(ctx, &cp, dlg, dlb, dloss, NULL);
+  cudaError_t e = cudaStreamEndCapture(cs, &graph);
+  if (!tr_ok(tr, st, "captured op") || e != cudaSuccess) {
+    if (e != cudaSuccess) tr_fail(tr, "cudaStreamEndCapture: %s", cudaGetErrorString(e));
+    goto detach;
+  }
+  ot_arena_stats s;
+  ot_arena_get_stats(a, &s);
+  if (s.in_use != lt + 16384 || s.live_blocks != 2)
+    tr_fail(tr, "after the capture: in_use %zu, %llu live blocks (expected the workspace and "
+            "the graph's 16384-byte block)", s.in_use, (unsigned long long)s.live_blocks);
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+    tr_fail(tr, "cudaGraphInstantiate");
+    goto detach;
+  }
+  tb_poison(loss);
+  dloss = tb_dl(loss);
+  for (int i = 0; i < 3; i++) cudaGraphLaunch(exec, cs);
+  cudaStreamSynchronize(cs);
+  tb_sync(ref), tb_sync(loss);
+  if (memcmp(ref->host, loss->host, 4))
+    tr_fail(tr, "graph launch: loss %.9g, the op gives %.9g", ((float *)loss->host)[0],
+            ((float *)ref->host)[0]);
+detach:
+  ot_context_set_stream(ctx, NULL);
+  tr_ok(tr, ot_context_set_arena(ctx, NULL), "detach");
+  if (a) {
+    ot_arena_get_stats(a, &s);
+    if (s.in_use != 0) tr_fail(tr, "after detach %zu bytes still in use", s.in_use);
+  }
+out:
+  cudaDeviceSynchronize();
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  if (cs) cudaStreamDestroy(cs);
+  ot_arena_destroy(a);
+  tb_free(lg), tb_free(lb), tb_free(ref), tb_free(loss);
+  tr_end(tr);
+}
+
 /* CUDA: the real cross-stream wait. Stream A fills the arena with a block, writes it
  * (a long memset), frees it on A; stream B then allocates: it must get the block only
  * after waiting for A -- its own write, enqueued after the wait, must land last. */
@@ -462,6 +551,7 @@ static void run_arena(test_run *tr) {
   if (tr->be->is_cuda) {
 #ifdef OT_TEST_CUDA
     context_arena_cuda(tr);
+    context_arena_graph(tr);
     arena_cuda_streams(tr);
 #endif
     return;

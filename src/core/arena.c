@@ -137,10 +137,12 @@ static void block_recycle(ot_arena *a, arena_block *b) {
   a->spare = b;
 }
 
-/* Whether free blocks tagged s and t may merge, and the tag of the result. */
+/* Whether free blocks tagged s and t may merge, and the tag of the result: only equal
+ * tags. A block freed on a stream does not taint an untagged neighbour (which any stream,
+ * also one capturing a CUDA graph, may take without waiting). */
 static bool tags_merge(void *s, void *t, void **merged) {
-  if (s && t && s != t) return false;
-  *merged = s ? s : t;
+  if (s != t) return false;
+  *merged = s;
   return true;
 }
 

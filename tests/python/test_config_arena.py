@@ -127,3 +127,39 @@ def test_cuda_arena_across_streams():
             torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
         st = profiler.context_arena_stats(torch.cuda.current_device())
         assert st["in_use"] == 32 << 20 and st["num_failed"] == 0
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_cuda_graph_capture_in_arena_mode():
+    """torch.cuda.graph over a library op that takes a temporary: the capture takes it from
+    never-used arena memory and keeps it for the graph; replays recompute the op."""
+    g = torch.Generator(device="cuda").manual_seed(2)
+    logits = torch.randn(4096, 64, device="cuda", generator=g)
+    labels = torch.randint(0, 64, (4096,), device="cuda", generator=g)
+    dev = torch.cuda.current_device()
+    with ot.config.override(memory_allocator="arena", memory_arena_bytes=64 << 20):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ot.cross_entropy(logits, labels)  # warm-up: makes the context's arena
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        before = profiler.context_arena_stats(dev)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss = ot.cross_entropy(logits, labels)
+        kept = profiler.context_arena_stats(dev)
+        assert kept["in_use"] == before["in_use"] + 4096 * 4, (before, kept)
+        for _ in range(2):
+            logits.copy_(torch.randn(4096, 64, device="cuda", generator=g))
+            graph.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits, labels),
+                                       atol=1e-5, rtol=1e-5)
+        # an op outside the graph does not take the graph's block
+        other = ot.cross_entropy(logits * 2, labels)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(other, torch.nn.functional.cross_entropy(logits * 2, labels),
+                                   atol=1e-5, rtol=1e-5)
+        del graph
