@@ -137,37 +137,33 @@ static void block_recycle(ot_arena *a, arena_block *b) {
   a->spare = b;
 }
 
-/* Whether free blocks tagged s and t may merge, and the tag of the result: only equal
- * tags. A block freed on a stream does not taint an untagged neighbour (which any stream,
- * also one capturing a CUDA graph, may take without waiting). */
-static bool tags_merge(void *s, void *t, void **merged) {
-  if (s != t) return false;
-  *merged = s;
-  return true;
+/* Whether free neighbours a (before) and b may merge: only with equal stream tags, so a
+ * block freed on a stream does not taint an untagged neighbour (which any stream, also
+ * one capturing a CUDA graph, may take without waiting). */
+static bool mergeable(const arena_block *a, const arena_block *b) {
+  return a && b && a->free && b->free && a->stream == b->stream;
+}
+
+/* Append b->next, already out of every list, to b. */
+static void absorb_next(ot_arena *a, arena_block *b) {
+  arena_block *n = b->next;
+  b->size += n->size;
+  b->next = n->next;
+  if (b->next) b->next->prev = b;
+  block_recycle(a, n);
 }
 
 /* Merge free block b (not in any list) with its free neighbours; returns the result,
  * still in no list. */
 static arena_block *coalesce(ot_arena *a, arena_block *b) {
-  void *tag;
-  arena_block *n = b->next;
-  if (n && n->free && tags_merge(b->stream, n->stream, &tag)) {
-    list_remove(a, n);
-    b->size += n->size;
-    b->stream = tag;
-    b->next = n->next;
-    if (b->next) b->next->prev = b;
-    block_recycle(a, n);
+  if (mergeable(b, b->next)) {
+    list_remove(a, b->next);
+    absorb_next(a, b);
   }
-  arena_block *p = b->prev;
-  if (p && p->free && tags_merge(p->stream, b->stream, &tag)) {
-    list_remove(a, p);
-    p->size += b->size;
-    p->stream = tag;
-    p->next = b->next;
-    if (p->next) p->next->prev = p;
-    block_recycle(a, b);
-    b = p;
+  if (mergeable(b->prev, b)) {
+    b = b->prev;
+    list_remove(a, b);
+    absorb_next(a, b);
   }
   return b;
 }
@@ -213,21 +209,13 @@ static size_t largest_free_locked(const ot_arena *a) {
 
 /* Merge every run of adjacent free blocks whose tags allow it (after tags changed). */
 static void merge_free_runs(ot_arena *a) {
-  for (arena_block *b = a->head; b; b = b->next) {
-    if (!b->free) continue;
-    void *tag;
-    while (b->next && b->next->free && tags_merge(b->stream, b->next->stream, &tag)) {
-      arena_block *n = b->next;
-      list_remove(a, n);
+  for (arena_block *b = a->head; b; b = b->next)
+    while (mergeable(b, b->next)) {
+      list_remove(a, b->next);
       list_remove(a, b);
-      b->size += n->size;
-      b->stream = tag;
-      b->next = n->next;
-      if (b->next) b->next->prev = b;
-      block_recycle(a, n);
+      absorb_next(a, b);
       list_push(a, b);
     }
-  }
 }
 
 /* The largest run of adjacent free blocks, whatever their tags: what a request could
@@ -510,9 +498,8 @@ bool ot_arena_check(ot_arena *a, char *msg, size_t msg_size) {
           b->size);
     if (b->free) {
       nfree++;
-      void *t;
-      CHECK(!(prev && prev->free && tags_merge(prev->stream, b->stream, &t)),
-            "free blocks at %zu and %zu were not coalesced", prev ? prev->off : 0, b->off);
+      CHECK(!mergeable(prev, b), "free blocks at %zu and %zu were not coalesced",
+            prev ? prev->off : 0, b->off);
       const arena_block *f = a->free_lists[size_class(b->size)];
       while (f && f != b) f = f->fnext;
       CHECK(f == b, "free block at %zu is not in the list of its class", b->off);
