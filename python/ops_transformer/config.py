@@ -24,7 +24,10 @@ Options (the first value listed is the default):
     largest free block: raise ``memory_arena_bytes``. Output tensors are still torch's
     (its caching allocator); CPU ops are not affected (their temporaries are per-call host
     allocations). Changing either option detaches the arenas (they are freed; new ones are
-    made on next use). ``profiler.context_arena_stats(device)`` reads one.
+    made on next use). ``profiler.context_arena_stats(device)`` reads one. Before capturing
+    a CUDA graph run one library op on the device (torch's usual warm-up): the arena's
+    reservation is a ``cudaMalloc``, which a capture does not allow; captured ops keep
+    their temporaries for the graph until the arena is detached.
 
 ``memory_arena_bytes``: an int >= 64 MiB (default 512 MiB)
     The size of each CUDA context's arena under ``memory_allocator="arena"`` (it must hold
