@@ -1514,6 +1514,17 @@ static void run_memory_cuda(test_run *tr) {
   setenv("OT_PAGED_SPLITS", "150", 1);
   paged_case(tr, &paged_cuda_long[1], DT_F16);
   unsetenv("OT_PAGED_SPLITS");
+  /* the deep ring (D 128, 7 stages, 1 CTA per SM): planned and forced splits */
+  setenv("OT_PAGED_STAGES", "7", 1);
+  for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
+    if (paged_cuda_cases[i].d == 128) paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_BF16 : DT_F16);
+  paged_case(tr, &paged_cuda_long[0], DT_BF16);
+  paged_case(tr, &paged_cuda_long[3], DT_BF16);
+  setenv("OT_PAGED_SPLITS", "7", 1);
+  paged_case(tr, &paged_cuda_cases[6], DT_BF16);
+  paged_case(tr, &paged_cuda_long[4], DT_F16);
+  unsetenv("OT_PAGED_SPLITS");
+  unsetenv("OT_PAGED_STAGES");
   for (size_t i = 0; i < sizeof paged_cuda_long / sizeof paged_cuda_long[0]; i++)
     paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);
   paged_case(tr, &paged_long[1], DT_BF16);

@@ -7,19 +7,23 @@
  *   - Work item = (row tile, kv head, key split). A sequence's rows are its (query token,
  *     head of the group) pairs, token-major (row = token * group + head); a tile is 16 of
  *     them, so the group's heads (and a few speculative tokens) share every K / V load.
- *     grid.x enumerates tile slots (at most batch + ceil(T_q * group / 16)); each CTA finds
- *     its sequence with a warp-wide prefix sum over cu_seqlens_q, each lane summing a
- *     contiguous run of sequences (the host never reads the device tables, so the launch
- *     is graph-capturable and needs no synchronization).
+ * *     The 1-D grid enumerates (tile slot, kv head, split), the slot slowest, over at most
+ *     batch + ceil(T_q * group / 16) slots (the host does not know the tiles: the slots
+ *     past them, dispatched last, exit at once); each CTA finds its sequence with a
+ *     warp-wide prefix sum over cu_seqlens_q, each lane summing a contiguous run of
+ *     sequences (the host never reads the device tables, so the launch is
+ *     graph-capturable and needs no synchronization).
  *   - A CTA has 4 warps; the key range of its split is cut into 16-key steps, warp w
  *     taking steps w, w + 4, w + 8, ... Each warp streams its steps through its own ring
- *     of kPaStages shared-memory stages with cp.async (16 B per copy, a half-warp per
+ *     of S shared-memory stages with cp.async (16 B per copy, a half-warp per
  *     256-byte key row, K and V of a step = 8 KB at D 128): while it computes step t,
- *     steps t + 1 .. t + kPaStages - 1 are in flight (2 x 8 KB per warp, 128 KB per SM
+ *     steps t + 1 .. t + S - 1 are in flight (2 x 8 KB per warp, 128 KB per SM
  *     at 2 CTAs per SM for D 128). Warp-private stages need only __syncwarp. The page ids
- *     of a step are loaded one step ahead (lane l: the page of key l of the step) and
- *     handed to the copying lanes with shuffles, so the table lookup is off the critical
- *     path; keys past the split's end are zero-filled (no read).
+ *     of a step are loaded kPaPidAhead (4) steps before its copies are issued (lane l: the
+ *     page of key l of the step) and handed to the copying lanes with shuffles: under a
+ *     saturated memory system a load takes microseconds, and page ids loaded one step
+ *     ahead paced the loop (1.5-2 us per step); keys past the split's end are
+ *     zero-filled (no read).
  *   - Shared layout: a stage is 16 K rows then 16 V rows of D elements; 16-byte chunk c of
  *     key row k sits at chunk c ^ f(k), f(k) = ((k & 1) << 2) ^ (k & 6) (low 3 bits), so
  *     each quarter-warp's 128-bit reads below touch 8 distinct 4-bank groups.
@@ -39,8 +43,12 @@
  *     CTAs signal after their key loop, so its launch overlaps the main kernel's tail.
  *   - Splits: chosen on the host from the estimated tiles (batch, T_q, group), heads_kv,
  *     the context estimated from the size of kv.indices, and SMs x CTAs per SM (occupancy
- *     queried once): the fewest splits within 2% of the best wave-quantized cost, never
- *     chunks under 256 keys. Batch 1 x 64k with 8 kv heads gets 33 splits on 132 SMs.
+ *     queried once): the fewest splits within 2% of the best wave-quantized time
+ *     (waves x keys per chunk, chunks >= 256 keys and a multiple of 64, launching only the
+ *     splits that chunk leaves non-empty). Batch 1 x 64k with 8 kv heads gets 32 splits of
+ *     2048 keys on 132 SMs x 2 CTAs.
+ *   - Ring depth: 3 stages at D 128 (2 CTAs per SM) by default; OT_PAGED_STAGES=7 gives
+ *     7 (224 KB, 1 CTA per SM: 192 KB in flight per SM instead of 128).
  * Masks (causal bottom-right, windows), softcap and empty rows as ot_attention_forward.
  *
  * Fallback kernel (float32, other head dims, misaligned q): one warp per (token, q head),
@@ -64,12 +72,14 @@ constexpr int kPaWarps = 4;
 constexpr int kPaThreads = 32 * kPaWarps;
 constexpr int kPaStep = 16;       /* keys per warp step */
 constexpr int kPaMinChunk = 256;  /* fewest keys of a split */
+constexpr int kPaPidAhead = 4;    /* steps between a page-id load and its use */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-/* Ring stages per warp: 96 KB of K / V per CTA at D 128 (2 CTAs per SM), 80 KB at D 64. */
-template <int D> struct pa_cfg {
-  static constexpr int kStages = D == 128 ? 3 : 5;
+/* Ring stages per warp S: at D 128 3 (96 KB of K / V per CTA, 2 CTAs per SM) or, with
+ * OT_PAGED_STAGES=7, 7 (224 KB, 1 CTA per SM, 6 of 7 stages in flight); 5 at D 64 (80 KB). */
+template <int D, int S> struct pa_cfg {
+  static constexpr int kStages = S;
   static constexpr size_t kStageBytes = 2 * kPaStep * D * 2; /* K + V, 16-bit elements */
   static constexpr size_t kSmem = kPaWarps * kStages * kStageBytes;
   static_assert(kSmem >= (size_t)kPaWarps * 16 * D * sizeof(float), "epilogue fits the ring");
@@ -108,25 +118,51 @@ __device__ __forceinline__ uint32_t pair_of(const uint4 &a, const uint4 &b, int 
 /* The swizzle of a stage row: chunk c of key row k (0..15) sits at chunk c ^ pa_swz(k). */
 __device__ __forceinline__ int pa_swz(int k) { return ((k & 1) << 2) ^ (k & 6); }
 
-/* Tiles (of 16 rows) of sequence b; 0 when cu_seqlens_q fails the debug check. */
-__device__ __forceinline__ int64_t pa_tiles_of(const pa_params &p, int64_t b) {
+/* Tiles (of 16 rows) of sequence b with cu_seqlens_q[b] = c0, [b + 1] = c1; 0 when
+ * cu_seqlens_q fails the debug check. */
+__device__ __forceinline__ int64_t pa_tiles_of(const pa_params &p, int64_t b, int32_t c0,
+                                               int32_t c1) {
   if (!paged_cu_ok(p.cu_q, b, p.batch, p.tq, p.err)) return 0;
-  const int64_t n = (int64_t)p.cu_q[b + 1] - p.cu_q[b];
+  const int64_t n = (int64_t)c1 - c0;
   return n > 0 ? (n * p.group + 15) / 16 : 0;
 }
 
+/* A CTA's sequence b, its tile, and (when `have`) its table entries cu_seqlens_q[b],
+ * [b + 1], indptr[b], [b + 1], last_page_len[b]. */
+struct pa_seq {
+  int64_t b, tile;
+  int32_t cu0, cu1, ip0, ip1, lpl;
+  bool have;
+};
+
 /* The tile slot x -> (sequence, tile within it) by a warp-wide prefix sum of
  * ceil(n_b * group / 16), lane l summing sequences [l * per, (l + 1) * per) so that all
- * loads of cu_seqlens_q are issued together. Returns false when the slot has no tile. */
-__device__ __forceinline__ bool pa_find_tile(const pa_params &p, int64_t x, int64_t *b_out,
-                                             int64_t *tile_out) {
+ * loads of cu_seqlens_q are issued together. For batch <= 64 (per <= 2) the lanes load
+ * their sequences' indptr / last_page_len entries in the same round, which saves the
+ * kernel one dependent load before its page ids. Returns false when the slot has no tile. */
+__device__ __forceinline__ bool pa_find_tile(const pa_params &p, int64_t x, pa_seq *q) {
   const int lane = threadIdx.x & 31;
   const int64_t per = (p.batch + 31) / 32;
   const int64_t b0 = lane * per;
   const int64_t b1 = b0 + per < p.batch ? b0 + per : p.batch;
+  const bool small = per <= 2;
+  int32_t c0[2] = {0, 0}, c1[2] = {0, 0}, i0[2] = {0, 0}, i1[2] = {0, 0}, ll[2] = {0, 0};
   int64_t mine = 0;
+  if (small) {
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+      if (b0 + j < b1) {
+        const int64_t b = b0 + j;
+        c0[j] = p.cu_q[b], c1[j] = p.cu_q[b + 1];
+        i0[j] = p.indptr[b], i1[j] = p.indptr[b + 1], ll[j] = p.lpl[b];
+      }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+      if (b0 + j < b1) mine += pa_tiles_of(p, b0 + j, c0[j], c1[j]);
+  } else {
 #pragma unroll 4
-  for (int64_t b = b0; b < b1; b++) mine += pa_tiles_of(p, b);
+    for (int64_t b = b0; b < b1; b++) mine += pa_tiles_of(p, b, p.cu_q[b], p.cu_q[b + 1]);
+  }
   int64_t incl = mine;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -138,31 +174,53 @@ __device__ __forceinline__ bool pa_find_tile(const pa_params &p, int64_t x, int6
   const unsigned hit = __ballot_sync(0xffffffffu, x < incl);
   const int l = __ffs(hit) - 1;
   int64_t bsel = 0, tsel = 0;
+  int32_t v[5] = {0, 0, 0, 0, 0};
   if (lane == l) {
     int64_t base = incl - mine;
-    for (int64_t b = b0; b < b1; b++) {
-      const int64_t nt = pa_tiles_of(p, b);
-      if (x < base + nt) {
-        bsel = b, tsel = x - base;
-        break;
+    if (small) {
+      bool found = false;
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+        if (!found && b0 + j < b1) {
+          const int64_t nt = pa_tiles_of(p, b0 + j, c0[j], c1[j]);
+          if (x < base + nt) {
+            found = true;
+            bsel = b0 + j, tsel = x - base;
+            v[0] = c0[j], v[1] = c1[j], v[2] = i0[j], v[3] = i1[j], v[4] = ll[j];
+          }
+          base += nt;
+        }
+    } else {
+      for (int64_t b = b0; b < b1; b++) {
+        const int64_t nt = pa_tiles_of(p, b, p.cu_q[b], p.cu_q[b + 1]);
+        if (x < base + nt) {
+          bsel = b, tsel = x - base;
+          break;
+        }
+        base += nt;
       }
-      base += nt;
     }
   }
-  *b_out = __shfl_sync(0xffffffffu, bsel, l);
-  *tile_out = __shfl_sync(0xffffffffu, tsel, l);
+  q->b = __shfl_sync(0xffffffffu, bsel, l);
+  q->tile = __shfl_sync(0xffffffffu, tsel, l);
+  q->cu0 = __shfl_sync(0xffffffffu, v[0], l);
+  q->cu1 = __shfl_sync(0xffffffffu, v[1], l);
+  q->ip0 = __shfl_sync(0xffffffffu, v[2], l);
+  q->ip1 = __shfl_sync(0xffffffffu, v[3], l);
+  q->lpl = __shfl_sync(0xffffffffu, v[4], l);
+  q->have = small;
   return true;
 }
 
 /* ---- the tensor-core kernel ------------------------------------------------------------- */
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_constant__ pa_params p) {
+template <typename T, int D, int S>
+__global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
+    pa_mma_kernel(const __grid_constant__ pa_params p) {
   constexpr int KC = D / 32;   /* 16-byte runs of a key per quad thread (QK) */
   constexpr int KS = D / 16;   /* k-steps of QK */
   constexpr int NT = D / 8;    /* n-tiles of PV */
   constexpr int VH = D / 64;   /* 16-byte runs of a key per thread (PV) */
-  constexpr int S = pa_cfg<D>::kStages;
   constexpr int CR = D / 8;                 /* 16-byte chunks of a key row */
   constexpr int NJ = kPaStep * CR / 32;     /* K (and V) chunks per lane per step */
   __shared__ float s_m[kPaWarps][16], s_l[kPaWarps][16];
@@ -170,15 +228,25 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq4 = lane & 3;
-  const int kvh = blockIdx.y, split = blockIdx.z;
+  /* block id -> (tile slot, kv head, split), the slot slowest: slots past the real tiles
+   * (the grid's upper bound) are dispatched last */
+  const int64_t bid = blockIdx.x;
+  const int split = (int)(bid % p.splits);
+  const int kvh = (int)((bid / p.splits) % p.hkv);
+  const int64_t slot_x = bid / ((int64_t)p.splits * p.hkv);
 
-  int64_t b, tile;
-  if (!pa_find_tile(p, blockIdx.x, &b, &tile)) return;
-  const int64_t len = paged_seq_len(p.indptr, p.lpl, b, p.bs, p.num_indices, p.err);
+  pa_seq sq;
+  if (!pa_find_tile(p, slot_x, &sq)) return;
+  const int64_t b = sq.b, tile = sq.tile;
+  if (!sq.have) {
+    sq.cu0 = p.cu_q[b], sq.cu1 = p.cu_q[b + 1];
+    sq.ip0 = p.indptr[b], sq.ip1 = p.indptr[b + 1], sq.lpl = p.lpl[b];
+  }
+  const int64_t len = paged_seq_len_of(sq.ip0, sq.ip1, sq.lpl, b, p.bs, p.num_indices, p.err);
   if (len < 0) return;
-  const int64_t q0 = p.cu_q[b], nq = (int64_t)p.cu_q[b + 1] - q0;
+  const int64_t q0 = sq.cu0, nq = (int64_t)sq.cu1 - q0;
   const int64_t rows = nq * p.group;
-  const int64_t page0 = p.indptr[b];
+  const int64_t page0 = sq.ip0;
 
   /* this thread's two rows (g, g + 8): validity and visible key range */
   int r_lo[2], r_hi[2]; /* keys fit int32 (lengths come from int32 tables) */
@@ -226,7 +294,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
     const int key = kl + (t * kPaWarps + warp) * kPaStep + (lane & 15);
     if (t >= nst || key >= kh) return 0;
     const int64_t e = page0 + (p.bs_shift >= 0 ? key >> p.bs_shift : key / p.bs);
-    int pg = p.indices[e];
+    int pg = __ldg(p.indices + e);
     if (p.err && (pg < 0 || pg >= p.num_pages)) {
       paged_flag(p.err, kPagedBadIndex, b, e, pg);
       pg = 0;
@@ -254,10 +322,12 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
     }
   };
 
-  /* start the ring: page ids of steps 0 .. S-1 (independent loads), copies of 0 .. S-2 */
-  int pq[S];
+  /* start the ring: page ids of steps 0 .. S-2+A (independent loads; A = kPaPidAhead),
+   * copies of steps 0 .. S-2 */
+  constexpr int A = kPaPidAhead;
+  int pq[S - 1 + A];
 #pragma unroll
-  for (int s = 0; s < S; s++) pq[s] = load_pid(s);
+  for (int s = 0; s < S - 1 + A; s++) pq[s] = load_pid(s);
 
   /* q fragments: row g / g + 8, features c*32 + tq4*8 + [0, 8) per run c */
   uint32_t qa[KS][4];
@@ -283,7 +353,9 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
     if (s < nst) issue(s, pq[s]);
     attn::cp_async_commit();
   }
-  int pid_next = pq[S - 1];
+  int pw[A]; /* page ids of steps t + S - 1 .. t + S - 2 + A */
+#pragma unroll
+  for (int i = 0; i < A; i++) pw[i] = pq[S - 1 + i];
 
   float acc[NT][4];
 #pragma unroll
@@ -294,11 +366,15 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
 
 #pragma unroll 1
   for (int t = 0; t < nst; t++) {
-    /* keep S - 1 steps in flight: issue step t + S - 1 (its page ids came one step ago),
-     * load the page ids of step t + S, then wait for step t */
-    if (t + S - 1 < nst) issue(t + S - 1, pid_next);
+    /* keep S - 1 steps in flight: issue step t + S - 1 (its page ids were loaded A steps
+     * ago: under a saturated memory system a load takes microseconds, so a page id
+     * loaded one step ahead would pace the loop), load those of step t + S - 1 + A, then
+     * wait for step t */
+    if (t + S - 1 < nst) issue(t + S - 1, pw[0]);
     attn::cp_async_commit();
-    pid_next = load_pid(t + S);
+#pragma unroll
+    for (int i = 0; i < A - 1; i++) pw[i] = pw[i + 1];
+    pw[A - 1] = load_pid(t + S - 1 + A);
     attn::cp_async_wait<S - 1>();
     __syncwarp();
     const int kb = kl + (t * kPaWarps + warp) * kPaStep;
@@ -321,15 +397,18 @@ __global__ void __launch_bounds__(kPaThreads, 2) pa_mma_kernel(const __grid_cons
     }
     __syncwarp(); /* every lane has read the stage before a later issue overwrites it */
     /* S = q k^T for the 16 keys: two n-blocks of 8 */
-    float s[2][4];
+    float s[2][4], s2[2][4]; /* two accumulators per n-block: half-length mma chains */
 #pragma unroll
     for (int nb = 0; nb < 2; nb++) {
-      s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; i++) s[nb][i] = s2[nb][i] = 0.f;
 #pragma unroll
       for (int c = 0; c < KC; c++) {
         mma_m16n8k16<T>::run(s[nb], qa[2 * c], kr[nb][c].x, kr[nb][c].y);
-        mma_m16n8k16<T>::run(s[nb], qa[2 * c + 1], kr[nb][c].z, kr[nb][c].w);
+        mma_m16n8k16<T>::run(s2[nb], qa[2 * c + 1], kr[nb][c].z, kr[nb][c].w);
       }
+#pragma unroll
+      for (int i = 0; i < 4; i++) s[nb][i] += s2[nb][i];
     }
     /* scale, softcap, mask, online softmax (base 2) */
     uint32_t pa[4];
@@ -592,20 +671,21 @@ __global__ void __launch_bounds__(128) pa_simple_kernel(const __grid_constant__ 
 /* The kernel's shared-memory attributes (dynamic size past 48 KB, the largest carveout so
  * that 2 CTAs fit an SM) and its CTAs per SM on the context's device, both once per
  * device (first 16 devices: occupancy differs between GPU models). 0 on failure. */
-template <typename T, int D>
+template <typename T, int D, int S>
 static int pa_ctas_per_sm(int dev) {
-  static int cached[16];
-  if (dev >= 0 && dev < 16 && cached[dev] > 0) return cached[dev];
-  const size_t smem = pa_cfg<D>::kSmem;
-  if (cudaFuncSetAttribute(pa_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  static int cached[16]; /* > 0: CTAs per SM; -1: the shared memory is not available */
+  if (dev >= 0 && dev < 16 && cached[dev] != 0) return cached[dev] > 0 ? cached[dev] : 0;
+  const size_t smem = pa_cfg<D, S>::kSmem;
+  if (cudaFuncSetAttribute(pa_mma_kernel<T, D, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            (int)smem) != cudaSuccess ||
-      cudaFuncSetAttribute(pa_mma_kernel<T, D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      cudaFuncSetAttribute(pa_mma_kernel<T, D, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
                            (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
     (void)cudaGetLastError();
+    if (dev >= 0 && dev < 16) cached[dev] = -1;
     return 0;
   }
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, pa_mma_kernel<T, D>, kPaThreads, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, pa_mma_kernel<T, D, S>, kPaThreads, smem) !=
           cudaSuccess || n < 1) {
     (void)cudaGetLastError();
     n = 1;
@@ -614,20 +694,34 @@ static int pa_ctas_per_sm(int dev) {
   return n;
 }
 
-/* Splits per sequence: the fewest within 2% of the best wave-quantized cost
- * ceil(base * s / slots) / s, chunks of at least 256 keys. */
+/* The kernel's chunk for s splits of len keys (>= 256, a multiple of 64) and the splits
+ * that chunk leaves non-empty. */
+static int64_t pa_chunk(int64_t len, int64_t s, int64_t *nonempty) {
+  int64_t chunk = (len + s - 1) / s;
+  chunk = chunk < kPaMinChunk ? kPaMinChunk : (chunk + 63) / 64 * 64;
+  *nonempty = len > 0 ? (len + chunk - 1) / chunk : 1;
+  return chunk;
+}
+
+/* Splits per sequence: among s = 1 .. len / 256, the wave-quantized time
+ * ceil(base * s' / slots) * chunk(s) (s' = the non-empty splits of that chunk), the fewest
+ * splits within 2% of the best; returns s' (so no split is empty at the estimated len). */
 static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots) {
   int64_t max_s = est_len / kPaMinChunk;
   if (max_s < 1) max_s = 1;
   if (max_s > 1024) max_s = 1024;
   double best = 1e30;
   for (int64_t s = 1; s <= max_s; s++) {
-    const double c = (double)((base * s + slots - 1) / slots) / (double)s;
+    int64_t ne;
+    const int64_t chunk = pa_chunk(est_len, s, &ne);
+    const double c = (double)((base * ne + slots - 1) / slots) * (double)chunk;
     if (c < best) best = c;
   }
   for (int64_t s = 1; s <= max_s; s++) {
-    const double c = (double)((base * s + slots - 1) / slots) / (double)s;
-    if (c <= best * 1.02) return (int)s;
+    int64_t ne;
+    const int64_t chunk = pa_chunk(est_len, s, &ne);
+    const double c = (double)((base * ne + slots - 1) / slots) * (double)chunk;
+    if (c <= best * 1.02) return (int)ne;
   }
   return 1;
 }
@@ -653,18 +747,15 @@ static ot_status pa_scratch(ot_context *ctx, pa_params &p, bool debug, size_t pa
   return OT_OK;
 }
 
-template <typename T, int D>
+template <typename T, int D, int S>
 static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const char *op) {
   cudaStream_t s = (cudaStream_t)ctx->stream;
   const int64_t tiles_upper = p.batch + (p.tq * p.group + 15) / 16;
-  if (tiles_upper > 0x7fffffff || p.hkv > 65535)
-    return ot_error(OT_ERR_UNSUPPORTED, op, "grid too large (%lld tiles x %d kv heads)",
-                    (long long)tiles_upper, p.hkv);
   const ot_cuda_state *cs = ot_cuda_state_of(ctx);
-  const int per_sm = pa_ctas_per_sm<T, D>(cs->device);
+  const int per_sm = pa_ctas_per_sm<T, D, S>(cs->device);
   if (per_sm < 1)
     return ot_error(OT_ERR_BACKEND, op, "cannot give the decode kernel %zu bytes of shared memory",
-                    pa_cfg<D>::kSmem);
+                    pa_cfg<D, S>::kSmem);
   /* estimates for the plan: equal queries per sequence, keys from the table's size */
   const int64_t qps = (p.tq + p.batch - 1) / p.batch;
   const int64_t tiles_est = p.batch * ((qps * p.group + 15) / 16);
@@ -676,9 +767,13 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const 
   if (env && atoi(env) > 0) splits = atoi(env) < 65535 ? atoi(env) : 65535;
   p.splits = splits;
   const size_t partial = splits > 1 ? (size_t)splits * p.tq * p.hq * (D + 1) * sizeof(float) : 0;
+  const double ctas_d = (double)tiles_upper * p.hkv * splits;
+  const int64_t ctas = ctas_d <= 0x7fffffff ? tiles_upper * p.hkv * splits : 0;
+  if (ctas_d > 0x7fffffff)
+    return ot_error(OT_ERR_UNSUPPORTED, op, "grid too large (%lld tiles x %d kv heads x %d splits)",
+                    (long long)tiles_upper, p.hkv, splits);
   OT_TRY(pa_scratch(ctx, p, debug, partial, op));
-  const dim3 grid((unsigned)tiles_upper, (unsigned)p.hkv, (unsigned)splits);
-  pa_mma_kernel<T, D><<<grid, kPaThreads, pa_cfg<D>::kSmem, s>>>(p);
+  pa_mma_kernel<T, D, S><<<(unsigned)ctas, kPaThreads, pa_cfg<D, S>::kSmem, s>>>(p);
   OT_CUDA_CHECK_LAUNCH(op);
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
@@ -712,8 +807,15 @@ template <typename T>
 static ot_status pa_dispatch(ot_context *ctx, pa_params &p, bool mma_ok, bool debug,
                              const char *op) {
   if constexpr (sizeof(T) == 2) {
-    if (mma_ok && p.d == 64) return pa_launch_mma<T, 64>(ctx, p, debug, op);
-    if (mma_ok && p.d == 128) return pa_launch_mma<T, 128>(ctx, p, debug, op);
+    if (mma_ok && p.d == 64) return pa_launch_mma<T, 64, 5>(ctx, p, debug, op);
+    if (mma_ok && p.d == 128) {
+      /* OT_PAGED_STAGES=7: the deep ring (where the device has 224 KB of shared memory
+       * per block; else the default) */
+      const char *st = getenv("OT_PAGED_STAGES");
+      if (st && atoi(st) == 7 && pa_ctas_per_sm<T, 128, 7>(ot_cuda_state_of(ctx)->device) > 0)
+        return pa_launch_mma<T, 128, 7>(ctx, p, debug, op);
+      return pa_launch_mma<T, 128, 3>(ctx, p, debug, op);
+    }
   }
   return pa_launch_simple<T>(ctx, p, debug, op);
 }

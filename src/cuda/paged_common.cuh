@@ -41,13 +41,12 @@ __device__ __forceinline__ void paged_flag(int *err, int code, int64_t seq, int6
   }
 }
 
-/* Length in tokens of sequence b; under debug checks indptr / last_page_len of b and
- * returns -1 after flagging a bad entry. */
-__device__ __forceinline__ int64_t paged_seq_len(const int32_t *indptr, const int32_t *lpl,
-                                                 int64_t b, int bs, int64_t num_indices,
-                                                 int *err) {
-  const int32_t lo = indptr[b], hi = indptr[b + 1];
-  const int32_t np = hi - lo, l = lpl[b];
+/* Length in tokens of sequence b from its entries indptr[b] = lo, indptr[b + 1] = hi and
+ * last_page_len[b] = l (paged_seq_len_of) or from the tables (paged_seq_len); under debug
+ * checks them and returns -1 after flagging a bad entry. */
+__device__ __forceinline__ int64_t paged_seq_len_of(int32_t lo, int32_t hi, int32_t l, int64_t b,
+                                                    int bs, int64_t num_indices, int *err) {
+  const int32_t np = hi - lo;
   if (err) {
     if (lo < 0 || hi < lo || hi > num_indices || (b == 0 && lo != 0)) {
       paged_flag(err, kPagedBadIndptr, b, b + 1, hi);
@@ -59,6 +58,11 @@ __device__ __forceinline__ int64_t paged_seq_len(const int32_t *indptr, const in
     }
   }
   return np ? (int64_t)(np - 1) * bs + l : 0;
+}
+__device__ __forceinline__ int64_t paged_seq_len(const int32_t *indptr, const int32_t *lpl,
+                                                 int64_t b, int bs, int64_t num_indices,
+                                                 int *err) {
+  return paged_seq_len_of(indptr[b], indptr[b + 1], lpl[b], b, bs, num_indices, err);
 }
 
 /* The sequence b of packed token `tok` (cu[b] <= tok < cu[b + 1]), cu of batch + 1
