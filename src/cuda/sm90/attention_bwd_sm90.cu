@@ -22,7 +22,9 @@
  *        dQ_part = dS K                           (wgmma SS, A and B MN-major): D = 128 splits
  *                                                 the 128 columns between the two WGs, D = 64
  *                                                 the 128 keys; added to the accumulator with
- *                                                 float2 atomics (red.global.add.v2.f32);
+ *                                                 float2 atomics (red.global.add.v2.f32), or
+ *                                                 (OT_ATTN_SM90_BWD_DQ=bulk, slower) staged in
+ *                                                 shared memory and bulk reduce-added;
  *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype.
  * The atomics make dQ's summation order vary between runs (not bitwise repeatable):
  * params.deterministic = 1 routes to the portable backward instead (attention_bwd.cu).
@@ -515,10 +517,12 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   p.group = (int)(a->hq / a->hkv);
   p.causal = a->window_right == 0;
   p.num_m = (int)(sq_pad / kBq);
-  /* OT_ATTN_SM90_BWD_DQ=atomic: dQ partials by float2 atomics from registers instead of
-   * bulk reduce-adds of shared-memory tiles. */
+  /* OT_ATTN_SM90_BWD_DQ=bulk: dQ partials by bulk reduce-adds of shared-memory tiles
+   * instead of float2 atomics from registers. Off: measured slower (H200 run of f66ef60,
+   * fwd+bwd S = 4k: D128 402 vs 413 TFLOP/s, causal 347 vs 386, D64 282 vs 297), and its
+   * D128 instance spills 4 bytes. */
   const char *dqm = getenv("OT_ATTN_SM90_BWD_DQ");
-  p.dq_bulk = !(dqm && dqm[0] == 'a');
+  p.dq_bulk = dqm && dqm[0] == 'b';
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
   if (a->d == 64)
