@@ -83,7 +83,7 @@ struct bwd_params {
   float *dq_acc;                                    /* [B][Hq][sq_pad][D] */
   int sq, sk, sq_pad, hq, group, causal;
   int num_m;                                        /* sq_pad / 64 */
-  int dq_bulk;                                      /* 1: dQ partials by bulk reduce-add */
+  int dq_mode;                                      /* the kernel's MODE (bwd_dq_kernel: 1 bulk) */
   float scale, scale_log2;
 };
 
@@ -108,12 +108,24 @@ __device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32
       "cp.async.bulk.wait_group.read 0;\n" ::"l"((uint64_t)dst), "r"(src), "r"(bytes)
       : "memory");
 }
+/* Named barrier of one consumer warpgroup (ids 2, 3; 1 is kDsBar). */
+__device__ __forceinline__ void wg_sync(int c) {
+  if (c == 0)
+    named_sync(kDsBar + 1, 128);
+  else
+    named_sync(kDsBar + 2, 128);
+}
 /* Generic-proxy shared-memory writes (dS^T) made visible to the async proxy (wgmma). */
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-template <typename T, int D, bool DQB>
+/* MODE 0: dQ by float2 atomics (D = 128: the 64 columns of a consumer over all 128 keys,
+ * after a barrier of both consumers; D = 64: all columns over the consumer's own keys);
+ * 1: the same partials by bulk reduce-adds of shared-memory tiles; 2 (D = 128): all 128
+ * columns over the consumer's own 64 keys (no barrier between the consumers, twice the
+ * atomics). */
+template <typename T, int D, int MODE>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k,
@@ -122,6 +134,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   using L = bwd_smem<D>;
   constexpr bool F16 = is_half<T>::value;
   constexpr int NA = D / 2;   /* dK, dV accumulators per thread */
+  constexpr bool DQB = MODE == 1;
+  constexpr bool OWN = D == 64 || MODE == 2;   /* dQ over the consumer's own keys */
+  constexpr int NQ = OWN ? D : 64;             /* dQ columns of a consumer */
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -285,20 +300,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
     }
     fence_proxy_async();
-    named_sync(kDsBar, 256);
-    /* dQ_part [64 queries x 64 columns] = dS K: A = dS^T buffer (MN-major), B = K (MN-major).
-     * D = 128: this WG's 64 columns over all 128 keys; D = 64: all columns over its keys. */
-    float dq[32];
+    if (!OWN) {
+      named_sync(kDsBar, 256);
+    } else {   /* only this WG's rows of dS^T are read (by this WG) */
+      wg_sync(c);
+      if (D == 128) {   /* P^T / dS^T fragments die before the 64 dQ accumulators live */
+        wgmma_wait<0>();
+        reg_fence<NA>(dk);
+        reg_fence<NA>(dv);
+        reg_fence<16>(pp);
+        reg_fence<16>(pds);
+      }
+    }
+    /* dQ_part [64 queries x NQ columns] = dS K: A = dS^T buffer (MN-major), B = K (MN-major):
+     * the WG's 64 columns over all 128 keys, or (OWN) all columns over its 64 keys. */
+    float dq[NQ / 2];
     {
       const uint32_t ds_base = s_base + L::ds_off + (it & 1) * L::ds_bytes;
-      constexpr int NK = D == 128 ? kBk / 16 : 64 / 16;
-      const int k16_0 = D == 128 ? 0 : c * 4;
-      const uint32_t kcol = D == 128 ? c * (kBk * 128) : 0;
+      constexpr int NK = OWN ? 64 / 16 : kBk / 16;
+      const int k16_0 = OWN ? c * 4 : 0;
+      const uint32_t kcol = OWN ? 0 : c * (kBk * 128);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < NK; kk++) {
         const uint32_t o = (uint32_t)(k16_0 + kk) * 2048;
-        wgmma_ss_t<64, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
+        wgmma_ss_t<NQ, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
                                  make_desc(k_base + kcol + o, kBk * 128, 1024), kk > 0);
       }
       wgmma_commit();
@@ -306,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     reg_fence<NA>(dk);
     reg_fence<NA>(dv);
-    reg_fence<32>(dq);
+    reg_fence<NQ / 2>(dq);
     reg_fence<16>(pp);
     reg_fence<16>(pds);
     if (lane == 0) mbar_arrive(bar(BAR_EMPTY + s));
@@ -322,21 +348,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = 0; j < 8; j++)
         stg[j * 128 + t128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       fence_proxy_async();
-      if (c == 0)
-        named_sync(kDsBar + 1, 128);
-      else
-        named_sync(kDsBar + 2, 128);
+      wg_sync(c);
       if (t128 == 0) {
         const int64_t tile = (((int64_t)b * p.hq + h) * p.num_m + m) * (D / 64) + (D == 128 ? c : 0);
         bulk_reduce_add(p.dq_acc + tile * kDqTile, s_base + L::dqs_off + c * kDqTile * 4,
                         kDqTile * 4);
       }
     } else {
-      const int col0 = D == 128 ? c * 64 : 0;
+      const int col0 = OWN ? 0 : c * 64;
       float *acc = p.dq_acc + (((int64_t)b * p.hq + h) * p.sq_pad + i0 + warp * 16 + g) * D +
                    col0 + 2 * q4;
 #pragma unroll
-      for (int j = 0; j < 8; j++)
+      for (int j = 0; j < NQ / 8; j++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++)
           atomicAdd((float2 *)(acc + hh * 8 * D + 8 * j),
@@ -362,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 #else
-template <typename T, int D, bool DQB>
+template <typename T, int D, int MODE>
 __global__ void attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                                      const __grid_constant__ CUtensorMap tm_k,
                                      const __grid_constant__ CUtensorMap tm_v,
@@ -412,7 +435,7 @@ __global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int 
     const int i = (int)(u % sq);
     const int64_t b = u / sq;
     int64_t src;
-    if (bulk) {   /* fragment order of the kernel's dQ tiles (see dq_bulk there) */
+    if (bulk) {   /* fragment order of the kernel's dQ tiles (MODE 1 there) */
       const int r = i % 64, col = 2 * c2, cc = col % 64;
       const int t = (r / 16) * 32 + (r % 8) * 4 + (cc % 8) / 2;
       const int64_t tile = ((b * hq + h) * (sq_pad / 64) + i / 64) * (d / 64) + col / 64;
@@ -438,7 +461,9 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   bwd_prep_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
       a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, D, rows);
   OT_CUDA_CHECK_LAUNCH(op);
-  auto kern = p.dq_bulk ? attn_bwd_sm90_kernel<T, D, true> : attn_bwd_sm90_kernel<T, D, false>;
+  auto kern = p.dq_mode == 1   ? attn_bwd_sm90_kernel<T, D, 1>
+              : p.dq_mode == 2 ? attn_bwd_sm90_kernel<T, D, (D == 128 ? 2 : 0)>
+                               : attn_bwd_sm90_kernel<T, D, 0>;
   OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          L::bytes));
   dim3 grid((unsigned)((p.sk + kBk - 1) / kBk), (unsigned)a->hkv, (unsigned)a->batch);
@@ -447,7 +472,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   const int64_t pairs = a->batch * a->hq * a->sq * (D / 2);
   const int64_t blocks = (pairs + 255) / 256;
   bwd_dq_kernel<T><<<(unsigned)(blocks < 65536 * 4 ? blocks : 65536 * 4), 256, 0, stream>>>(
-      p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D, p.scale, p.dq_bulk, pairs);
+      p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D, p.scale, p.dq_mode == 1, pairs);
   OT_CUDA_CHECK_LAUNCH(op);
   return OT_OK;
 }
@@ -520,9 +545,10 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   /* OT_ATTN_SM90_BWD_DQ=bulk: dQ partials by bulk reduce-adds of shared-memory tiles
    * instead of float2 atomics from registers. Off: measured slower (H200 run of f66ef60,
    * fwd+bwd S = 4k: D128 402 vs 413 TFLOP/s, causal 347 vs 386, D64 282 vs 297), and its
-   * D128 instance spills 4 bytes. */
+   * D128 instance spills 4 bytes. OT_ATTN_SM90_BWD_DQ=own (D = 128): each consumer's dQ
+   * over its own keys, all columns (MODE 2). */
   const char *dqm = getenv("OT_ATTN_SM90_BWD_DQ");
-  p.dq_bulk = dqm && dqm[0] == 'b';
+  p.dq_mode = dqm && dqm[0] == 'b' ? 1 : dqm && dqm[0] == 'o' ? 2 : 0;
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
   if (a->d == 64)
