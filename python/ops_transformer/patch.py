@@ -79,9 +79,6 @@ class _TraceState:
     # causal mask (its packed-sequence detection cannot read position ids while
     # tracing).
     trivial_mask = False
-    # The list the patched lm_head appends its input to while a patched causal-LM forward
-    # computes the fused loss (None otherwise); in eager, _LOCAL.lm_capture.
-    lm_capture = None
 
 
 _TRACE = _TraceState()
@@ -261,8 +258,9 @@ def _fused_attention():
 
 def _auto_torch_backward(q, k):
     """fused_attention='auto' and autograd will differentiate this CUDA attention: the
-    library's CUDA attention backward is the portable kernel, about 0.3x cuDNN's on the
-    H200 (docs/PERFORMANCE.md), so torch's SDPA serves the call."""
+    library's forward + backward is slower than torch's SDPA (cuDNN) there -- on the H200
+    about 0.8x with the Hopper backward (D 64 / 128), 0.3x with the portable one
+    (docs/PERFORMANCE.md) -- so torch's SDPA serves the call."""
     return (_config.fused_attention == "auto" and q.device.type == "cuda"
             and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
 
@@ -837,14 +835,12 @@ def lm_head_loss(hidden, weight, labels, *, ignore_index=-100, num_items_in_batc
     return loss
 
 
-def _lm_capture():
-    if torch.compiler.is_compiling():
-        return _TRACE.lm_capture
-    return getattr(_LOCAL, "lm_capture", None)
-
-
 def _lm_head_forward(self, hidden_states):
-    box = _lm_capture()
+    # The list a patched causal-LM forward computing the fused loss hangs on its lm_head
+    # (None otherwise). Module state, not thread or trace state: after a graph break the
+    # causal-LM forward and the lm_head may run one eagerly and the other compiled, and
+    # both must see the same list.
+    box = self._ot_capture
     if box is not None:
         # The patched causal-LM forward computes the loss from these hidden states with
         # the fused op; HF's forward gets an empty [..., 0] tensor as its logits.
@@ -890,14 +886,13 @@ def _causal_lm_forward(self, *args, **kwargs):
         return self._ot_orig_forward(*args, **kwargs)
     kwargs["labels"] = None
     box = []
-    compiling = torch.compiler.is_compiling()
-    state = _TRACE if compiling else _LOCAL
-    prev = getattr(state, "lm_capture", None)
-    state.lm_capture = box
+    head = self.lm_head
+    prev = head._ot_capture
+    head._ot_capture = box
     try:
         out = self._ot_orig_forward(*args, **kwargs)
     finally:
-        state.lm_capture = prev
+        head._ot_capture = prev
     if len(box) != 1:
         raise RuntimeError("ops_transformer: the patched lm_head was not called exactly once "
                            f"in {type(self).__name__}.forward ({len(box)} calls)")
@@ -1007,6 +1002,8 @@ def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rop
         head = model.lm_head
         if fused_lm_loss and isinstance(head, torch.nn.Linear) and head.bias is None:
             _set_forward(head, _lm_head_forward, log)
+            log.append(("attr", head, "_ot_capture"))
+            head._ot_capture = None
             _set_forward(model, _causal_lm_forward, log)
             log.append(("attr", model, "_ot_lm_loss_impl"))
             model._ot_lm_loss_impl = lm_loss_impl

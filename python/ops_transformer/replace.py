@@ -52,6 +52,10 @@ class Unsupported(Exception):
 
 
 def _log_once(key, msg):
+    # Not while torch.compile traces: a logging call is a graph break (and a break inside
+    # a patched layer splits the model's graph); the first eager call logs it.
+    if torch.compiler.is_compiling():
+        return
     if key not in _LOGGED:
         _LOGGED.add(key)
         logger.warning("ops_transformer: %s", msg)

@@ -87,6 +87,17 @@ def calls(monkeypatch):
                 counts[_name] = counts.get(_name, 0) + 1
             return _orig(*a, **k)
         monkeypatch.setattr(mod, name, spy)
+    # The patch probes each op once per device / dtype (on CUDA too when a GPU is
+    # present, whatever the model's device): those calls are not the model's.
+    run_probe = ot_patch._run_probe
+
+    def uncounted_probe(*a, **k):
+        prev, _UNCOUNTED[0] = _UNCOUNTED[0], True
+        try:
+            return run_probe(*a, **k)
+        finally:
+            _UNCOUNTED[0] = prev
+    monkeypatch.setattr(ot_patch, "_run_probe", uncounted_probe)
     return counts
 
 
@@ -244,6 +255,46 @@ def test_torch_compile_patched_model(ids, calls, device):
         assert calls.get("attention", 0) >= 1      # traced through the library's op
     torch.testing.assert_close(loss1, loss0, rtol=GRAD_RTOL[device], atol=0)
     assert_grads_close(g0, g1, rtol=1e-4)
+
+
+def test_compiled_fused_loss_survives_a_graph_break(ids, calls):
+    """A graph break in user code (here in the MLP) splits the compiled forward: the
+    causal-LM forward and its lm_head then run one eagerly and one compiled; the fused
+    loss must still find the lm_head's input (it failed with 'not called exactly once')."""
+    torch._dynamo.reset()
+    model = tiny_llama(num_hidden_layers=1)
+    loss0, _, g0 = loss_and_grads(model, ids)
+    ot.patch_model(model)
+    mlp = model.model.layers[0].mlp
+    patched_mlp = mlp.forward
+
+    def breaking_mlp(x):
+        torch._dynamo.graph_break()
+        return patched_mlp(x)
+    mlp.forward = breaking_mlp
+    try:
+        loss1, _, g1 = loss_and_grads(model, ids, call=torch.compile(model), use_cache=False)
+    finally:
+        mlp.forward = patched_mlp
+    assert calls.get("lm_head_loss", 0) == 1
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+    assert_grads_close(g0, g1, rtol=1e-4)
+
+
+def test_log_once_is_no_graph_break(ids):
+    """config.fused_attention=False logs once from inside the patched attention: under
+    torch.compile that call must not break the graph (it did: logging is a graph break)."""
+    torch._dynamo.reset()
+    model = tiny_llama()
+    ot.patch_model(model)
+    ot_patch._LOGGED.clear()
+    prev = ot.config.fused_attention
+    ot.config.fused_attention = False
+    try:
+        explanation = torch._dynamo.explain(model)(ids, labels=ids, use_cache=False)
+    finally:
+        ot.config.fused_attention = prev
+    assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
 def test_patched_model_has_no_graph_breaks(ids):
@@ -467,10 +518,14 @@ def _dist_worker(rank, world, mode, init_file, out_file):
             ddp(mine, labels=mine).loss.backward()
             grads = {n: p.grad for n, p in model.named_parameters()}
         else:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
+            # a CPU mesh: without one FSDP2 takes the accelerator's when a GPU is present
+            # (both ranks on one GPU over gloo: process 0 died with SIGSEGV on the H200)
+            mesh = init_device_mesh("cpu", (world,))
             for layer in model.model.layers:
-                fully_shard(layer)
-            fully_shard(model)
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
             model(mine, labels=mine).loss.backward()
             grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
         if rank == 0:

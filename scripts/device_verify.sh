@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# scripts/device_verify.sh -- the whole GPU regression in one device call: every suite of
+# tests/test_ops on the CUDA backend (float64 oracles), then the Python tests (their CUDA
+# cases run where a GPU is present) against the same library, and the engine's tests.
+#
+# Build here (no GPU), pack, then run on the device with carry [".devcarry-verify"]:
+#   cmake -S . -B build-verify -G Ninja -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release
+#   cmake --build build-verify --target ops_transformer test_ops ot_engine_shared
+#   bash scripts/device_verify.sh --pack build-verify
+#   bash scripts/device_verify.sh [COMMIT]          # on the device; logs under $OUT
+# Environment: OT_VERIFY_PYTESTS (default: all of tests/python), OT_VERIFY_C_TIMEOUT (s, 200),
+# OT_VERIFY_PY_TIMEOUT (s, 200), OT_VERIFY_SAN: compute-sanitizer runs over test_ops filters,
+# "tool|filter;tool|filter" (40 s each; default: none).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+CARRY=.devcarry-verify
+if [ "${1:-}" = "--pack" ]; then
+  set -e
+  B=${2:?usage: device_verify.sh --pack BUILD_DIR}
+  grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude
+  S=$(mktemp -d)
+  mkdir -p "$S/lib" "$S/include" "$CARRY"
+  cp -a "$B"/libops_transformer.so* "$S/lib/"
+  cp "$B/tests/test_ops" "$S/"
+  find "$B" -name 'libot_engine.so' -exec cp {} "$S/lib/" \; -quit
+  DEPS=$ROOT/.carry/deps
+  cp -a "$DEPS"/lib/libopenblas.so* "$DEPS"/lib/libgfortran.so.5 "$DEPS"/lib/libquadmath.so.0 "$S/lib/"
+  if [ -f /usr/include/dlpack/dlpack.h ]; then cp -r /usr/include/dlpack "$S/include/"
+  else cp -r "$DEPS/include/dlpack" "$S/include/"; fi
+  git rev-parse HEAD >"$S/commit.txt"
+  tar czf "$CARRY/verify.tar.gz" -C "$S" .
+  rm -rf "$S"
+  ls -la "$CARRY"
+  exit 0
+fi
+OUT=${OUT:-/tmp/ot_verify_out}
+mkdir -p "$OUT"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+M=/tmp/ot_verify
+rm -rf "$M" && mkdir -p "$M" && tar xzf "$CARRY/verify.tar.gz" -C "$M" || { echo "no $CARRY/verify.tar.gz"; exit 1; }
+export LD_LIBRARY_PATH="$M/lib:${LD_LIBRARY_PATH:-}"
+echo "library built from $(cat "$M/commit.txt"); tree ${1:-?}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+stamp "test_ops --backend cuda (every suite)"
+timeout "${OT_VERIFY_C_TIMEOUT:-200}" "$M/test_ops" --backend cuda >"$OUT/test_ops_cuda.log" 2>&1
+echo "rc $?" >>"$OUT/test_ops_cuda.log"
+grep -E "^FAIL" "$OUT/test_ops_cuda.log" | head -20
+tail -3 "$OUT/test_ops_cuda.log"
+
+IFS=';' read -ra SANS <<<"${OT_VERIFY_SAN:-}"
+for item in "${SANS[@]}"; do
+  tool=${item%%|*} filter=${item#*|}
+  stamp "compute-sanitizer $tool '$filter'"
+  timeout 40 compute-sanitizer --tool "$tool" --print-limit 10 "$M/test_ops" --backend cuda \
+    --filter "$filter" >>"$OUT/sanitize.log" 2>&1
+  echo "   rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)"
+done
+
+stamp "_C against the carried library"
+PY=$(command -v python3)
+PKG=$M/pkg/ops_transformer
+mkdir -p "$PKG"
+cp python/ops_transformer/*.py "$PKG/"
+[ -f "$M/lib/libot_engine.so" ] && cp "$M/lib/libot_engine.so" "$PKG/"
+EXT=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+PYINC=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+if ! cc -O2 -shared -fPIC -Wall -Wno-unused-parameter python/ops_transformer/_C.c -Iinclude \
+     -I"$M/include" -I"$PYINC" -L"$M/lib" -lops_transformer -Wl,-rpath,"$M/lib" \
+     -o "$PKG/_C$EXT" >"$OUT/ext.log" 2>&1; then
+  cat "$OUT/ext.log"; echo "extension build failed"; exit 1
+fi
+stamp "pytest ${OT_VERIFY_PYTESTS:-tests/python}"
+# shellcheck disable=SC2086
+PYTHONPATH="$M/pkg" timeout "${OT_VERIFY_PY_TIMEOUT:-200}" "$PY" -m pytest -q -p no:cacheprovider \
+  -rs ${OT_VERIFY_PYTESTS:-tests/python} >"$OUT/pytest.log" 2>&1
+echo "rc $?" >>"$OUT/pytest.log"
+grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
+tail -3 "$OUT/pytest.log"
+stamp "done"
