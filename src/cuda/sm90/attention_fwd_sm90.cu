@@ -513,20 +513,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                                                     bool *handled) {
   using namespace ot::sm90;
   *handled = false;
-  /* Built without sm_90a (e.g. OT_CUDA_ARCHS=80) the kernel is the empty stub of the
-   * #else branch above, which a 9.0 device would run from the sm_80 PTX, writing nothing:
-   * never take this path then (OT_HAVE_SM90A comes from CMakeLists.txt). */
-#ifdef OT_HAVE_SM90A
-  const bool built_sm90a = true;
-#else
-  const bool built_sm90a = false;
-#endif
-  if (!built_sm90a) return OT_OK;
-  /* OT_ATTN_SM90=0 turns the Hopper kernel off (the portable kernel runs). */
-  const char *env = getenv("OT_ATTN_SM90");
-  if (env && env[0] == '0') return OT_OK;
-  ot_cuda_state *st = ot_cuda_state_of(ctx);
-  if (!st || st->cc_major != 9 || st->cc_minor != 0) return OT_OK;
+  /* A build with sm_90a, OT_ATTN_SM90 not 0, a 9.0 device (sm90_common.cuh). */
+  if (!sm90_attention_enabled(ctx)) return OT_OK;
   if (a->dtype != OT_BF16 && a->dtype != OT_F16) return OT_OK;
   if (a->d != 64 && a->d != 128 && a->d != 256) return OT_OK;
   if (a->cu_q || a->cu_k || a->softcap != 0.f) return OT_OK;
