@@ -6,7 +6,8 @@
 # arena vs cudaMalloc / cudaMallocAsync) -> $OUT/decode.json + decode.png; table last.
 #
 # Binaries come prebuilt (this machine has no GPU but the same CUDA 13 and an older
-# glibc): scripts/device_decode.sh --pack here builds build-paged (sm_90a, Release) and
+# glibc): scripts/device_decode.sh --pack [BUILD_DIR] here builds BUILD_DIR (default
+# build-paged; configured sm_90a Release when it has no build.ninja yet) and
 # packs tests/test_ops, libdecode_shim.so, arena_bench and the carried OpenBLAS/dlpack
 # deps into .devcarry-paged/ (run with carry [".devcarry-paged"]). When the prebuilt
 # test_ops does not start on the device, it builds there with scripts/device_build.sh.
@@ -19,6 +20,7 @@ CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 if [ "${1:-}" = "--pack" ]; then
   set -e
   B=${2:-build-paged}
+  [ -f "$B/build.ninja" ] || cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOT_CUDA_ARCHS=90a
   cmake --build "$B" -j2 --target ops_transformer_static test_ops
   INC=(-Iinclude -Isrc -I.carry/deps/include -I"$CUDA_HOME/include")
   LIBS=("$B/libops_transformer.a" -L"$CUDA_HOME/lib64" -L.carry/deps/lib -lcudart -lcublasLt
