@@ -163,6 +163,9 @@ static ot_status engine_create(const ote_config *cfg, const ote_engine_options *
     return ote_error(OT_ERR_INVALID_ARGUMENT,
                      "engine: weight streaming (offload) is for CUDA devices: on the CPU the "
                      "weights are in host memory already");
+  if (o.offload_budget && !o.offload)
+    return ote_error(OT_ERR_INVALID_ARGUMENT,
+                     "engine: offload_budget is for weight streaming: set offload as well");
   if (o.max_seqs <= 0) o.max_seqs = 1;
   if (o.max_len <= 0) o.max_len = cfg->max_position < 4096 ? cfg->max_position : 4096;
   if (o.kv_block_size <= 0) o.kv_block_size = 16;
