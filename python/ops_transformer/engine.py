@@ -85,7 +85,8 @@ def _load():
     sig = {
         "ote_last_error": (S, []),
         "ote_config_names": (S, []),
-        "ote_engine_open": (I, [S, S, U64, S, S, I, I, I, ctypes.POINTER(P)]),
+        "ote_engine_open": (I, [S, S, U64, S, S, I, I, I, I, ctypes.c_size_t,
+                                ctypes.POINTER(P)]),
         "ote_engine_destroy": (None, [P]),
         "ote_engine_shape": (None, [P, ctypes.POINTER(ctypes.c_int64)]),
         "ote_engine_memory": (_Memory, [P]),
@@ -141,18 +142,25 @@ class Engine:
     """One loaded model. ``dtype``: "f32", "bf16" or "f16" (storage of weights,
     activations and KV cache); ``device``: "cpu" or "cuda" ("cuda:N");
     ``max_seqs``: sequences per batch; ``max_len``: tokens per sequence (prompt and
-    generated; 0 = min(max_position, 4096)); ``threads``: CPU threads (0 = OpenMP's)."""
+    generated; 0 = min(max_position, 4096)); ``threads``: CPU threads (0 = OpenMP's);
+    ``offload`` (CUDA): stream the layers' weights from pinned host memory;
+    ``offload_budget``: with offload, device bytes for all weights -- the first layers
+    that fit stay resident, the others stream (0: every layer streams)."""
 
     def __init__(self, model_dir=None, *, config=None, seed=0, dtype="f32", device="cpu",
-                 max_seqs=1, max_len=0, threads=0, tokenizer=None):
+                 max_seqs=1, max_len=0, threads=0, offload=False, offload_budget=0,
+                 tokenizer=None):
         if (model_dir is None) == (config is None):
             raise ValueError("give a model directory or config=<name>")
+        if offload_budget < 0:
+            raise ValueError("offload_budget is a number of bytes (>= 0)")
         self._lib = _load()
         self._e = ctypes.c_void_p()
         st = self._lib.ote_engine_open(
             None if model_dir is None else str(model_dir).encode(),
             None if config is None else config.encode(), int(seed), dtype.encode(),
-            device.encode(), int(max_seqs), int(max_len), int(threads), ctypes.byref(self._e))
+            device.encode(), int(max_seqs), int(max_len), int(threads), int(bool(offload)),
+            int(offload_budget), ctypes.byref(self._e))
         if st != 0:
             raise EngineError(self._lib.ote_last_error().decode())
         v = (ctypes.c_int64 * 9)()

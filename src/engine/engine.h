@@ -179,11 +179,12 @@ const char *ote_decode_graph_note(const ote_engine *e);
 
 /* Convenience for bindings (ctypes), the options as scalars: a model directory with its
  * weights (seed 0), or a model directory's / named configuration's shape with random
- * weights from seed. dtype "f32" / "bf16" / "f16", device "cpu" / "cuda" / "cuda:N".
+ * weights from seed. dtype "f32" / "bf16" / "f16", device "cpu" / "cuda" / "cuda:N";
+ * offload, offload_budget as in ote_engine_options.
  * OTE_CUDA_GRAPHS=0 in the environment turns the decode graphs off. */
 ot_status ote_engine_open(const char *model_dir, const char *config_name, uint64_t seed,
                           const char *dtype, const char *device, int max_seqs, int max_len,
-                          int num_threads, ote_engine **out);
+                          int num_threads, int offload, size_t offload_budget, ote_engine **out);
 /* Copies the weight HF calls `name` (e.g. "model.layers.3.self_attn.k_proj.weight") in the
  * engine's storage dtype into dst (engine's device memory: a device pointer on CUDA) of
  * exactly its size in bytes: a peer (HF transformers) can run on the same weights. */

@@ -96,7 +96,7 @@ done:
 
 ot_status ote_engine_open(const char *model_dir, const char *config_name, uint64_t seed,
                           const char *dtype, const char *device, int max_seqs, int max_len,
-                          int num_threads, ote_engine **out) {
+                          int num_threads, int offload, size_t offload_budget, ote_engine **out) {
   if (!out) return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_engine_open: out is NULL");
   *out = NULL;
   if (!model_dir == !config_name)
@@ -114,6 +114,8 @@ ot_status ote_engine_open(const char *model_dir, const char *config_name, uint64
   o.max_seqs = max_seqs;
   o.max_len = max_len;
   o.num_threads = num_threads;
+  o.offload = offload;
+  o.offload_budget = offload_budget;
   const char *g = getenv("OTE_CUDA_GRAPHS");
   if (g && !strcmp(g, "0")) o.cuda_graphs = 0;
   if (model_dir && !config_name && seed == 0) return ote_engine_load(model_dir, &o, out);

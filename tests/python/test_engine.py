@@ -458,3 +458,17 @@ def test_python_engine_errors(good_dir):
         eng.decode([1], seqs=[0], greedy=True)
     with pytest.raises(eng_mod.EngineError, match="text prompts need a tokenizer"):
         eng.generate("hello", 4)
+
+
+def test_offload_options(good_dir):
+    """Weight streaming's options reach the engine from Python and ot-run; on the CPU they
+    fail with the engine's message (a budget alone, or offload off CUDA)."""
+    eng_mod = _engine_module()
+    with pytest.raises(eng_mod.EngineError, match="offload_budget is for weight streaming"):
+        eng_mod.Engine.random("test-gqa", seed=1, threads=1, offload_budget=1 << 30)
+    with pytest.raises(eng_mod.EngineError, match=r"weight streaming \(offload\) is for CUDA"):
+        eng_mod.Engine.random("test-gqa", seed=1, threads=1, offload=True, offload_budget=1 << 30)
+    with pytest.raises(ValueError):
+        eng_mod.Engine.random("test-gqa", seed=1, offload=True, offload_budget=-1)
+    r = run_ot(good_dir, "--offload-budget", "1", check=False)
+    assert r.returncode == 1 and "offload_budget is for weight streaming" in r.stderr
