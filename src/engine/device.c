@@ -290,7 +290,7 @@ ot_status ote_dev_fill_random(const ote_device *d, void *dst, size_t n, DLDataTy
   return ote_error(OT_ERR_INTERNAL, "engine: device random fill on the CPU");
 }
 
-/* ---- profiling (engine.c, OTE_PROFILE) ---------------------------------------------- */
+/* ---- profiling (engine.c, ote_engine_set_profile) ----------------------------------- */
 
 ot_status ote_dev_event_create(const ote_device *d, void **ev) {
   *ev = NULL;

@@ -142,7 +142,7 @@ extern "C" int ote_cuda_fill_random(void *dst, size_t n, int code, int bits, uin
   return (int)cudaGetLastError();
 }
 
-/* Profiling (OTE_PROFILE): hold the stream for `ns` nanoseconds so that the host enqueues
+/* Profiling (ote_engine_set_profile): hold the stream for `ns` nanoseconds so that the host enqueues
  * a whole forward before the GPU starts it -- the events between the ops then time the
  * kernels back to back, not the host's launch rate. */
 __global__ void ote_spin_kernel(long long ns) {

@@ -45,8 +45,9 @@ ot_status ote_dev_download(const ote_device *d, void *dst_host, const void *src,
 ot_status ote_dev_copy_2d(const ote_device *d, void *dst, size_t dpitch, const void *src,
                           size_t spitch, size_t width, size_t rows);
 ot_status ote_dev_sync(const ote_device *d);
-/* Enqueued copy host -> device (no synchronization; the host buffer may be reused at once:
- * pageable memory is staged by the runtime before the call returns). */
+/* Enqueued copy host -> device (no synchronization). Pageable memory may be reused at once
+ * (the runtime stages it before the call returns); pinned memory (ote_dev_host_alloc) is
+ * read when the copy runs: keep it unchanged until the stream is synchronized. */
 ot_status ote_dev_upload_async(const ote_device *d, void *dst, const void *src_host, size_t bytes);
 /* Enqueued copy device -> host (pinned host memory: may be captured into a graph). */
 ot_status ote_dev_download_async(const ote_device *d, void *dst_host, const void *src, size_t bytes);
@@ -148,7 +149,7 @@ typedef struct ote_weights {
  * mirrored by a pinned host block of the same layout, holds
  *   tokens [max_seqs] | indptr [max_seqs + 1] | last_page_len [max_seqs] | indices [capacity]
  * (segments 256-byte aligned), so that the inputs of a decode step of n sequences -- its
- * token ids and its page table -- are one prefix of push_bytes(n) bytes: one copy, which
+ * token ids and its page table -- are one prefix of the block (ote_kv_push): one copy, which
  * the decode graph contains (a copy from pinned memory reads it at replay time). On the
  * CPU the "device" block is the host block. */
 typedef struct ote_kv_cache {
@@ -179,9 +180,12 @@ ot_status ote_kv_reset(ote_kv_cache *c, int n, const int *seq);
 /* Reserves n_new[i] token slots for seq[i] (len grows at once) and builds the batch's
  * page table in the host block (ote_kv_push copies it). */
 ot_status ote_kv_reserve(ote_kv_cache *c, int n, const int *seq, const int32_t *n_new);
-/* Enqueues the one copy of the host block's first push_bytes(n) bytes (token ids of a
- * decode step and the page table of n sequences) to the device block (CUDA; nothing on
- * the CPU). The size depends on n only: a decode graph of n sequences contains it. */
+/* Enqueues the one copy of the host block's first off_indices + n * pages_per_seq * 4
+ * bytes (token ids of a decode step and the page table of n sequences) to the device block
+ * (CUDA; nothing on the CPU). The size depends on n only: a decode graph of n sequences
+ * contains it. The copy (or the graph's) reads the pinned block when it runs: one block
+ * suffices because every prefill / decode step synchronizes the stream (fetch) before it
+ * returns, so the next step's ote_kv_reserve writes it only after the last read. */
 ot_status ote_kv_push(const ote_kv_cache *c, const ote_device *d, int n);
 /* Undoes a reserve whose forward failed: drops the slots (their contents are gone). */
 void ote_kv_drop(ote_kv_cache *c, int n, const int *seq);
@@ -250,7 +254,7 @@ struct ote_engine {
   unsigned char *warm;
   int graphs_off, graph_active;
   char graph_note[256];
-  /* per-op profile (ote_engine_set_profile / OTE_PROFILE=1, CUDA): every forward runs
+  /* per-op profile (ote_engine_set_profile, CUDA): every forward runs
    * eagerly behind a spin kernel, with an event after each op; prof_kind[i] is the op
    * that ended at event i. Sums per phase (0 prefill, 1 decode) and op kind. */
   int prof_on, prof_phase, prof_n, prof_cap;
