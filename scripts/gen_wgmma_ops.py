@@ -7,7 +7,7 @@ operand, so one wrapper per (N, operand form, dtype) is spelled out here instead
 """
 SS_N = [64, 80, 128, 176, 192]     # S = Q K^T: N = Bc (key tile)
 RS_N = [64, 128, 256]              # O += P V:  N = D (head dim)
-SST_N = [64, 128]                  # backward dQ = dS K: A and B MN-major (N = dQ columns)
+SST_N = [64]                       # backward dQ = dS K: A and B MN-major (N = dQ columns)
 TYPES = [("bf16", False), ("f16", True)]
 
 

@@ -22,9 +22,7 @@
  *        dQ_part = dS K                           (wgmma SS, A and B MN-major): D = 128 splits
  *                                                 the 128 columns between the two WGs, D = 64
  *                                                 the 128 keys; added to the accumulator with
- *                                                 float2 atomics (red.global.add.v2.f32), or
- *                                                 (OT_ATTN_SM90_BWD_DQ=bulk, slower) staged in
- *                                                 shared memory and bulk reduce-added;
+ *                                                 float2 atomics (red.global.add.v2.f32);
  *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype.
  * The atomics make dQ's summation order vary between runs (not bitwise repeatable):
  * params.deterministic = 1 routes to the portable backward instead (attention_bwd.cu).
@@ -54,7 +52,6 @@ constexpr int kBk = 128;        /* keys per CTA (2 consumer WGs x 64) */
 constexpr int kBq = 64;         /* queries per tile */
 constexpr int kThreads = 384;   /* producer WG + 2 consumer WGs */
 constexpr int kStages = 2;
-constexpr int kDqTile = 64 * 64;  /* floats of one consumer's dQ partial (64 queries x 64) */
 
 template <int D> struct bwd_smem {
   static constexpr int kv_bytes = kBk * D * 2;   /* K or V of the block */
@@ -65,8 +62,7 @@ template <int D> struct bwd_smem {
   static constexpr int q_off = 2 * kv_bytes;
   static constexpr int do_off = q_off + kStages * q_bytes;
   static constexpr int ds_off = do_off + kStages * q_bytes;
-  static constexpr int dqs_off = ds_off + 2 * ds_bytes;  /* dQ staging, 16 KB a consumer */
-  static constexpr int lse_off = dqs_off + 2 * kDqTile * 4;
+  static constexpr int lse_off = ds_off + 2 * ds_bytes;
   static constexpr int dsum_off = lse_off + kStages * kBq * 4;
   static constexpr int bar_off = dsum_off + kStages * kBq * 4;
   static constexpr int bytes = bar_off + 64 + 1024; /* barriers + alignment slack */
@@ -82,8 +78,6 @@ struct bwd_params {
   const float *lse2, *dsum;                         /* [B][Hq][sq_pad] */
   float *dq_acc;                                    /* [B][Hq][sq_pad][D] */
   int sq, sk, sq_pad, hq, group, causal;
-  int num_m;                                        /* sq_pad / 64 */
-  int dq_mode;                                      /* the kernel's MODE (bwd_dq_kernel: 1 bulk) */
   float scale, scale_log2;
 };
 
@@ -99,15 +93,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_
       ::"r"(dst), "l"((uint64_t)src), "r"(bytes), "r"(bar)
       : "memory");
 }
-/* global[dst .. + bytes) += shared[src ..) (fp32, by the TMA unit), then wait until the
- * shared-memory side has been read. */
-__device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-      "cp.async.bulk.commit_group;\n"
-      "cp.async.bulk.wait_group.read 0;\n" ::"l"((uint64_t)dst), "r"(src), "r"(bytes)
-      : "memory");
-}
 /* Named barrier of one consumer warpgroup (ids 2, 3; 1 is kDsBar). */
 __device__ __forceinline__ void wg_sync(int c) {
   if (c == 0)
@@ -120,12 +105,9 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-/* MODE 0: dQ by float2 atomics (D = 128: the 64 columns of a consumer over all 128 keys,
- * after a barrier of both consumers; D = 64: all columns over the consumer's own keys);
- * 1: the same partials by bulk reduce-adds of shared-memory tiles; 2 (D = 128): all 128
- * columns over the consumer's own 64 keys (no barrier between the consumers, twice the
- * atomics). */
-template <typename T, int D, int MODE>
+/* dQ by float2 atomics: at D = 128 the 64 columns of a consumer over all 128 keys, after a
+ * barrier of both consumers; at D = 64 all columns over the consumer's own keys. */
+template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k,
@@ -134,9 +116,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   using L = bwd_smem<D>;
   constexpr bool F16 = is_half<T>::value;
   constexpr int NA = D / 2;   /* dK, dV accumulators per thread */
-  constexpr bool DQB = MODE == 1;
-  constexpr bool OWN = D == 64 || MODE == 2;   /* dQ over the consumer's own keys */
-  constexpr int NQ = OWN ? D : 64;             /* dQ columns of a consumer */
+  constexpr bool OWN = D == 64;   /* dQ over the consumer's own keys */
+  constexpr int NQ = 64;          /* dQ columns of a consumer: all (D = 64) or half (D = 128) */
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -304,13 +285,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_sync(kDsBar, 256);
     } else {   /* only this WG's rows of dS^T are read (by this WG) */
       wg_sync(c);
-      if (D == 128) {   /* P^T / dS^T fragments die before the 64 dQ accumulators live */
-        wgmma_wait<0>();
-        reg_fence<NA>(dk);
-        reg_fence<NA>(dv);
-        reg_fence<16>(pp);
-        reg_fence<16>(pds);
-      }
     }
     /* dQ_part [64 queries x NQ columns] = dS K: A = dS^T buffer (MN-major), B = K (MN-major):
      * the WG's 64 columns over all 128 keys, or (OWN) all columns over its 64 keys. */
@@ -337,24 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     reg_fence<16>(pds);
     if (lane == 0) mbar_arrive(bar(BAR_EMPTY + s));
     /* dq element i: query i0 + warp 16 + g + 8 ((i >> 1) & 1), column col0 + 8 (i >> 2) + 2 q4. */
-    if (DQB) {
-      /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) to
-       * shared memory, then one bulk reduce-add into the accumulator's tile of the same
-       * order, [b][h][m][D / 64][4096] (bwd_dq_kernel undoes the order). The staging
-       * buffer is free again: its previous bulk read was waited for before this
-       * iteration's dS barrier. */
-      float4 *stg = (float4 *)(smem + L::dqs_off + c * kDqTile * 4);
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-        stg[j * 128 + t128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-      fence_proxy_async();
-      wg_sync(c);
-      if (t128 == 0) {
-        const int64_t tile = (((int64_t)b * p.hq + h) * p.num_m + m) * (D / 64) + (D == 128 ? c : 0);
-        bulk_reduce_add(p.dq_acc + tile * kDqTile, s_base + L::dqs_off + c * kDqTile * 4,
-                        kDqTile * 4);
-      }
-    } else {
+    {
       const int col0 = OWN ? 0 : c * 64;
       float *acc = p.dq_acc + (((int64_t)b * p.hq + h) * p.sq_pad + i0 + warp * 16 + g) * D +
                    col0 + 2 * q4;
@@ -366,7 +323,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                     make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]));
     }
   }
-  if (DQB && t128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 
   /* ---------------- epilogue: dK = scale dS^T Q, dV ---------------- */
   T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + 2 * q4;
@@ -385,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 #else
-template <typename T, int D, int MODE>
+template <typename T, int D>
 __global__ void attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                                      const __grid_constant__ CUtensorMap tm_k,
                                      const __grid_constant__ CUtensorMap tm_v,
@@ -425,7 +381,7 @@ __global__ void bwd_prep_kernel(const ot_attn_operand o, const ot_attn_operand d
 /* dQ = scale * accumulator: one thread per 2 elements, columns fastest, then heads. */
 template <typename T>
 __global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int sq_pad, int hq,
-                              int d, float scale, int bulk, int64_t pairs) {
+                              int d, float scale, int64_t pairs) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < pairs; t += stride) {
     const int c2 = (int)(t % (d / 2));
@@ -434,15 +390,7 @@ __global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int 
     u /= hq;
     const int i = (int)(u % sq);
     const int64_t b = u / sq;
-    int64_t src;
-    if (bulk) {   /* fragment order of the kernel's dQ tiles (MODE 1 there) */
-      const int r = i % 64, col = 2 * c2, cc = col % 64;
-      const int t = (r / 16) * 32 + (r % 8) * 4 + (cc % 8) / 2;
-      const int64_t tile = ((b * hq + h) * (sq_pad / 64) + i / 64) * (d / 64) + col / 64;
-      src = tile * kDqTile + ((cc / 8) * 128 + t) * 4 + 2 * ((r / 8) % 2);
-    } else {
-      src = ((b * hq + h) * sq_pad + i) * (int64_t)d + 2 * c2;
-    }
+    const int64_t src = ((b * hq + h) * sq_pad + i) * (int64_t)d + 2 * c2;
     const float2 v = *(const float2 *)(acc + src);
     T *dst = (T *)dq.data + b * dq.batch_stride + (int64_t)i * dq.tok_stride +
              (int64_t)h * dq.head_stride + 2 * c2;
@@ -461,9 +409,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   bwd_prep_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
       a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, D, rows);
   OT_CUDA_CHECK_LAUNCH(op);
-  auto kern = p.dq_mode == 1   ? attn_bwd_sm90_kernel<T, D, 1>
-              : p.dq_mode == 2 ? attn_bwd_sm90_kernel<T, D, (D == 128 ? 2 : 0)>
-                               : attn_bwd_sm90_kernel<T, D, 0>;
+  auto kern = attn_bwd_sm90_kernel<T, D>;
   OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          L::bytes));
   dim3 grid((unsigned)((p.sk + kBk - 1) / kBk), (unsigned)a->hkv, (unsigned)a->batch);
@@ -472,7 +418,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   const int64_t pairs = a->batch * a->hq * a->sq * (D / 2);
   const int64_t blocks = (pairs + 255) / 256;
   bwd_dq_kernel<T><<<(unsigned)(blocks < 65536 * 4 ? blocks : 65536 * 4), 256, 0, stream>>>(
-      p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D, p.scale, p.dq_mode == 1, pairs);
+      p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D, p.scale, pairs);
   OT_CUDA_CHECK_LAUNCH(op);
   return OT_OK;
 }
@@ -541,14 +487,9 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   p.hq = (int)a->hq;
   p.group = (int)(a->hq / a->hkv);
   p.causal = a->window_right == 0;
-  p.num_m = (int)(sq_pad / kBq);
-  /* OT_ATTN_SM90_BWD_DQ=bulk: dQ partials by bulk reduce-adds of shared-memory tiles
-   * instead of float2 atomics from registers. Off: measured slower (H200 run of f66ef60,
-   * fwd+bwd S = 4k: D128 402 vs 413 TFLOP/s, causal 347 vs 386, D64 282 vs 297), and its
-   * D128 instance spills 4 bytes. OT_ATTN_SM90_BWD_DQ=own (D = 128): each consumer's dQ
-   * over its own keys, all columns (MODE 2). */
-  const char *dqm = getenv("OT_ATTN_SM90_BWD_DQ");
-  p.dq_mode = dqm && dqm[0] == 'b' ? 1 : dqm && dqm[0] == 'o' ? 2 : 0;
+  /* dQ by atomics only: staging it in shared memory with one bulk reduce-add per tile
+   * (00d0a38) and, at D = 128, each consumer's dQ over its own keys (2139dbc) measured
+   * slower (docs/ATTENTION.md) and were removed. */
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
   if (a->d == 64)
