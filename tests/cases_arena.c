@@ -43,13 +43,15 @@ enum { NS = 4 };
 static uint64_t vclock[NS + 1][NS + 1]; /* vclock[t][s]: how far t is ordered after s */
 static int nwait_calls;
 static bool wait_fails;
+static int wait_refused_from; /* refuse the n-th wait call and later ones (0: none) */
 
 static int stream_no(void *s) { return s ? (int)(uintptr_t)s : 1; } /* NULL: legacy = 1 */
 
 static ot_status recording_wait(const char *op, DLDevice device, void *waiter, void *producer) {
   (void)device;
   nwait_calls++;
-  if (wait_fails) return ot_error(OT_ERR_BACKEND, op, "test: wait refused");
+  if (wait_fails || (wait_refused_from && nwait_calls >= wait_refused_from))
+    return ot_error(OT_ERR_BACKEND, op, "test: wait refused");
   int t = stream_no(waiter), s = stream_no(producer);
   if (t < 1 || t > NS || s < 1 || s > NS) return ot_error(OT_ERR_INTERNAL, op, "test: stream");
   for (int i = 1; i <= NS; i++)
@@ -61,6 +63,7 @@ static void clocks_reset(void) {
   memset(vclock, 0, sizeof vclock);
   nwait_calls = 0;
   wait_fails = false;
+  wait_refused_from = 0;
 }
 
 #define S(n) ((void *)(uintptr_t)(n))
@@ -238,6 +241,60 @@ static void arena_cross_stream_stress(test_run *tr, int ops) {
   if (st.free_blocks != 1 || st.in_use != 0) tr_fail(tr, "not one free block at the end");
 out:
   free(free_stream), free(free_clock);
+  ot_arena_destroy(a);
+  tr_end(tr);
+}
+
+/* A stream's freed block and its never-used (untagged) neighbour stay apart (tags differ),
+ * yet together they serve a request of that stream, or of another one after its wait: a
+ * request that fits the free run is no OOM. Without a wait hook (host arenas) the same
+ * stream still may, another stream may not. */
+static void arena_tagged_and_untagged_run(test_run *tr) {
+  if (!tr_begin(tr, "arena: a request over a stream's block and the untagged rest")) return;
+  ot_arena *a = NULL;
+  clocks_reset();
+  void *p = NULL, *q = NULL;
+  if (!tr_ok(tr, ot_arena_create(tr->be->ctx, 4096, &a), "create")) goto out;
+  ot_arena_set_stream_ordered(a, true);
+  tr_ok(tr, ot_arena_alloc(a, 1024, S(2), &p), "1024 on s2");
+  tr_ok(tr, ot_arena_free(a, p, S(2)), "free on s2");
+  if (tr_ok(tr, ot_arena_alloc(a, 4096, S(2), &q), "s2 takes all, no wait hook")) {
+    if (q != p) tr_fail(tr, "the run does not start at the freed block");
+    tr_ok(tr, ot_arena_free(a, q, S(2)), "free");
+  }
+  consistent(tr, a, "same stream");
+  /* the never-used rest, made apart again; s3 cannot wait without a hook */
+  tr_ok(tr, ot_arena_synchronize(a), "synchronize");
+  tr_ok(tr, ot_arena_alloc(a, 1024, S(2), &p), "1024 on s2");
+  tr_ok(tr, ot_arena_free(a, p, S(2)), "free on s2");
+  tr_expect_error(tr, ot_arena_alloc(a, 4096, S(3), &q), OT_ERR_OOM, "cannot allocate 4096",
+                  "ot_arena_synchronize");
+  ot_arena_set_wait(a, recording_wait);
+  if (tr_ok(tr, ot_arena_alloc(a, 4096, S(3), &q), "s3 takes all after one wait")) {
+    if (nwait_calls != 1) tr_fail(tr, "%d waits, expected 1", nwait_calls);
+    tr_ok(tr, ot_arena_free(a, q, S(3)), "free");
+  }
+  consistent(tr, a, "other stream");
+  /* [s4][s2][s3][live]: s4 asks for 3072, the wait for s2 succeeds, the one for s3 is
+   * refused: OOM, and s2's block, now s4's, is merged with s4's own */
+  tr_ok(tr, ot_arena_synchronize(a), "synchronize");
+  void *b4[4] = {NULL, NULL, NULL, NULL};
+  for (int i = 0; i < 4; i++) tr_ok(tr, ot_arena_alloc(a, 1024, S(4), &b4[i]), "quarter");
+  tr_ok(tr, ot_arena_free(a, b4[0], S(4)), "free on s4");
+  tr_ok(tr, ot_arena_free(a, b4[1], S(2)), "free on s2");
+  tr_ok(tr, ot_arena_free(a, b4[2], S(3)), "free on s3");
+  nwait_calls = 0;
+  wait_refused_from = 2;
+  tr_expect_error(tr, ot_arena_alloc(a, 3072, S(4), &q), OT_ERR_OOM, "cannot allocate 3072", NULL);
+  wait_refused_from = 0;
+  consistent(tr, a, "a refused second wait");
+  if (tr_ok(tr, ot_arena_alloc(a, 2048, S(4), &q), "s4 reuses the adopted block")) {
+    if (nwait_calls != 2) tr_fail(tr, "%d wait calls, expected 2", nwait_calls);
+    if (q != b4[0]) tr_fail(tr, "s4 did not get its own and the adopted block");
+    tr_ok(tr, ot_arena_free(a, q, S(4)), "free");
+  }
+  tr_ok(tr, ot_arena_free(a, b4[3], S(4)), "free");
+out:
   ot_arena_destroy(a);
   tr_end(tr);
 }
@@ -558,6 +615,7 @@ static void run_arena(test_run *tr) {
   }
   arena_cross_stream_rules(tr);
   arena_cross_stream_stress(tr, 30000);
+  arena_tagged_and_untagged_run(tr);
   arena_library_request(tr);
 }
 

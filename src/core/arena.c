@@ -229,24 +229,62 @@ static size_t largest_free_run(const ot_arena *a) {
   return best;
 }
 
+/* The first run of adjacent free blocks usable by `tag` (its own, or untagged) that holds
+ * `size`, made one free block of `tag`; NULL when there is none. Tags keep such runs
+ * apart (a block freed on a stream beside never-used memory), so find_fit misses them.
+ * Giving an untagged block a tag needs no wait. */
+static arena_block *claim_run(ot_arena *a, size_t size, void *tag) {
+  if (!a->stream_ordered) return NULL; /* untagged only: runs are merged already */
+  size_t run = 0;
+  arena_block *start = NULL;
+  for (arena_block *b = a->head; b; b = b->next) {
+    if (!b->free || !usable(a, b, tag)) {
+      run = 0;
+      continue;
+    }
+    if (run == 0) start = b;
+    run += b->size;
+    if (run < size) continue;
+    const arena_block *end = b->next;
+    list_remove(a, start);
+    start->stream = tag;
+    while (start->next != end) {
+      list_remove(a, start->next);
+      absorb_next(a, start);
+    }
+    if (mergeable(start, start->next)) { /* the block after the run was `tag`'s */
+      list_remove(a, start->next);
+      absorb_next(a, start);
+    }
+    list_push(a, start);
+    return start;
+  }
+  return NULL;
+}
+
 /* Cross-stream reuse for a request of `size` on stream tag `tag` that found no usable
- * block: when the free blocks of every stream together would have a fitting run, make
+ * run: when the free blocks of every stream together would have a fitting run, make
  * `tag` wait (a->wait: an event recorded on each other stream now, which is after every
  * use of the blocks freed there) and retag those blocks to `tag`, then merge. Retagged,
- * not untagged: a third stream must in turn wait for `tag`. Returns false (nothing
- * changed) when it would not help or a wait failed / is impossible (graph capture). */
+ * not untagged: a third stream must in turn wait for `tag`. Returns false when it would
+ * not help or a wait failed / is impossible (graph capture); the streams already waited
+ * for stay adopted. */
 static bool adopt_other_streams(ot_arena *a, const char *op, size_t size, void *tag) {
   if (!a->stream_ordered || !a->wait || largest_free_run(a) < size) return false;
+  bool ok = true;
   for (arena_block *b = a->head; b; b = b->next) {
     if (!b->free || !b->stream || b->stream == tag) continue;
     void *other = b->stream;
-    if (a->wait(op, a->device, tag, other) != OT_OK) return false;
+    if (a->wait(op, a->device, tag, other) != OT_OK) {
+      ok = false;
+      break;
+    }
     a->nwaits++;
     for (arena_block *c = b; c; c = c->next)
       if (c->free && c->stream == other) c->stream = tag;
   }
   merge_free_runs(a);
-  return true;
+  return ok;
 }
 
 /* ---- public API ------------------------------------------------------------------ */
@@ -320,9 +358,15 @@ static ot_status arena_alloc(const char *op, const char *what, ot_arena *a, size
   void *stag = stream_tag(a, stream);
   size_t size = bytes > a->reserved ? a->reserved + OT_ARENA_ALIGN
                                     : (bytes + OT_ARENA_ALIGN - 1) / OT_ARENA_ALIGN * OT_ARENA_ALIGN;
-  arena_block *b = size <= a->reserved ? find_fit(a, size, stag) : NULL;
-  if (!b && size <= a->reserved && adopt_other_streams(a, op, size, stag))
+  arena_block *b = NULL;
+  if (size <= a->reserved) {
     b = find_fit(a, size, stag);
+    if (!b) b = claim_run(a, size, stag);
+    if (!b && adopt_other_streams(a, op, size, stag)) {
+      b = find_fit(a, size, stag);
+      if (!b) b = claim_run(a, size, stag);
+    }
+  }
   arena_block *rest = NULL;
   if (b && b->size > size && !(rest = block_new(a))) b = NULL; /* no record for the split */
   if (!b) {
