@@ -458,16 +458,20 @@ ot_status ot_arena_free(ot_arena *a, void *ptr, void *stream) {
 ot_status ot_arena_synchronize(ot_arena *a) {
   static const char *op = "ot_arena_synchronize";
   if (!a) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "arena: is NULL");
-  if (a->device.device_type == kDLCUDA) {
-    OT_TRY(OT_CUDA_CALL(op, ot_cuda_synchronize, op, a->device.device_id));
-  }
+  /* Locked across the device synchronization: a block another thread frees after it
+   * began may still be used by work it did not wait for, and must keep its tag. */
   pthread_mutex_lock(&a->lock);
-  /* Clear every tag, then merge the runs of free blocks that tags kept apart. */
-  for (arena_block *b = a->head; b; b = b->next)
-    if (b->free) b->stream = NULL;
-  merge_free_runs(a);
+  ot_status st = OT_OK;
+  if (a->device.device_type == kDLCUDA)
+    st = OT_CUDA_CALL(op, ot_cuda_synchronize, op, a->device.device_id);
+  if (st == OT_OK) {
+    /* Clear every tag, then merge the runs of free blocks that tags kept apart. */
+    for (arena_block *b = a->head; b; b = b->next)
+      if (b->free) b->stream = NULL;
+    merge_free_runs(a);
+  }
   pthread_mutex_unlock(&a->lock);
-  return OT_OK;
+  return st;
 }
 
 ot_status ot_arena_get_stats(ot_arena *a, ot_arena_stats *s) {
