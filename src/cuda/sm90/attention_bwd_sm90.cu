@@ -405,13 +405,14 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   static const char *op = "ot_attention_backward";
   using L = bwd_smem<D>;
   cudaStream_t stream = (cudaStream_t)ctx->stream;
+  /* Host-side and not stream-ordered: first, so that a failure enqueues nothing. */
+  auto kern = attn_bwd_sm90_kernel<T, D>;
+  OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         L::bytes));
   OT_CUDA_CHECK(op, cudaMemsetAsync(p.dq_acc, 0, (size_t)rows * D * sizeof(float), stream));
   bwd_prep_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
       a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, D, rows);
   OT_CUDA_CHECK_LAUNCH(op);
-  auto kern = attn_bwd_sm90_kernel<T, D>;
-  OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         L::bytes));
   dim3 grid((unsigned)((p.sk + kBk - 1) / kBk), (unsigned)a->hkv, (unsigned)a->batch);
   kern<<<grid, kThreads, L::bytes, stream>>>(maps[0], maps[1], maps[2], maps[3], p);
   OT_CUDA_CHECK_LAUNCH(op);
