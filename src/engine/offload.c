@@ -250,8 +250,9 @@ void ote_offload_measure(ote_engine *e) {
 
 void ote_offload_report(const ote_engine *e, char *buf, size_t len) {
   const ote_offload *o = &e->off;
-  if (!o->on) {
-    snprintf(buf, len, "off");
+  if (!o->on) { /* not asked for, or the budget holds every layer */
+    snprintf(buf, len, e->opt.offload ? "every layer resident (the budget holds all the weights)"
+                                      : "off");
     return;
   }
   double t_copy = o->h2d_GBps > 0 ? (double)o->layer_bytes / (o->h2d_GBps * 1e9) * 1e3 : 0;
