@@ -514,9 +514,8 @@ def bench(args, doc, save):
                 "roofline_tokens_per_s": round(ceil, 1), "cuda_graph": ours[f"graph_b{B}"]})
             if B == 1 and "decode_ms_b1_cublaslt" in ours:
                 doc["rows"][-1]["step_ms_all_cublaslt"] = round(ours["decode_ms_b1_cublaslt"], 3)
-            for k in ("compiled_decode_failed_b%d" % B,):
-                if k in hf:
-                    doc["rows"][-1]["hf_compile_skipped"] = hf[k]
+            if f"compiled_decode_failed_b{B}" in hf:
+                doc["rows"][-1]["hf_compile_skipped"] = hf[f"compiled_decode_failed_b{B}"]
         save()
 
 
