@@ -23,7 +23,10 @@
 #                packs them with their runtime libraries (OpenBLAS, cJSON) so the device's
 #                time is not spent compiling.
 # Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
-# arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1.
+# arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1;
+# step 5: ENGINE_OFFLOAD_BIG=0 (skip), ENGINE_OFFLOAD_BUDGET (default 0.6667x),
+# ENGINE_OFFLOAD_RING (default 2); step 0: ENGINE_TEST_FILTER (default forward); time
+# limits in seconds: ENGINE_TEST_TIMEOUT, ENGINE_MEMCHECK_TIMEOUT (60), ENGINE_BENCH_TIMEOUT (900).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
