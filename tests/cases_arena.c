@@ -337,9 +337,11 @@ static void context_arena_bad_args(test_run *tr) {
   tr_expect_error(tr, ot_context_set_arena(NULL, NULL), OT_ERR_INVALID_ARGUMENT,
                   "ot_context_set_arena: ctx", NULL);
   if (!tr->be->is_cuda) {
-    if (tr_ok(tr, ot_arena_create(tr->be->ctx, 4096, &a), "arena"))
-      tr_expect_error(tr, ot_context_set_arena(tr->be->ctx, a), OT_ERR_UNSUPPORTED,
-                      "ot_context_set_arena: ctx: a CPU context", NULL);
+    /* a host arena attaches and detaches (the CPU cases below use it) */
+    if (tr_ok(tr, ot_arena_create(tr->be->ctx, 4096, &a), "arena")) {
+      tr_ok(tr, ot_context_set_arena(tr->be->ctx, a), "attach a host arena");
+      tr_ok(tr, ot_context_set_arena(tr->be->ctx, NULL), "detach");
+    }
   } else {
     ot_context *cpu = NULL;
     if (tr_ok(tr, ot_context_create(NULL, &cpu), "cpu context") &&
@@ -347,6 +349,13 @@ static void context_arena_bad_args(test_run *tr) {
       tr_expect_error(tr, ot_context_set_arena(tr->be->ctx, a), OT_ERR_INVALID_ARGUMENT,
                       "ot_context_set_arena: arena: reserved on host device 0",
                       "CUDA device 0");
+    /* and a device arena on a CPU context */
+    ot_arena *dev = NULL;
+    if (cpu && tr_ok(tr, ot_arena_create(tr->be->ctx, 4096, &dev), "device arena"))
+      tr_expect_error(tr, ot_context_set_arena(cpu, dev), OT_ERR_INVALID_ARGUMENT,
+                      "ot_context_set_arena: arena: reserved on CUDA device 0",
+                      "the context runs on the CPU");
+    ot_arena_destroy(dev);
     ot_context_destroy(cpu);
   }
   ot_arena_destroy(a);
@@ -602,6 +611,8 @@ out:
 }
 #endif
 
+void arena_cpu_ops(test_run *tr);
+
 static void run_arena(test_run *tr) {
   if (tr->grad) return;
   context_arena_bad_args(tr);
@@ -617,6 +628,7 @@ static void run_arena(test_run *tr) {
   arena_cross_stream_stress(tr, 30000);
   arena_tagged_and_untagged_run(tr);
   arena_library_request(tr);
+  arena_cpu_ops(tr); /* cases_arena_cpu.c: CPU ops' temporaries from a host arena */
 }
 
 const test_suite suite_arena = {"arena", run_arena};

@@ -500,10 +500,17 @@ DLDevice ot_arena_device(const ot_arena *a) { return a->device; }
 ot_status ot_context_set_arena(ot_context *ctx, ot_arena *arena) {
   static const char *op = "ot_context_set_arena";
   if (!ctx) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ctx: is NULL");
-  if (!ot_ctx_is_cuda(ctx))
-    return ot_error(OT_ERR_UNSUPPORTED, op,
-                    "ctx: a CPU context (its ops' temporaries are per-call host allocations; "
-                    "arenas serve CUDA contexts)");
+  if (!ot_ctx_is_cuda(ctx)) {
+    /* CPU: ops take their temporaries from the arena (src/cpu/temp.h) and give each
+     * back before they return, so attach and detach hold nothing. */
+    if (arena && arena->device.device_type != kDLCPU)
+      return ot_error(OT_ERR_INVALID_ARGUMENT, op,
+                      "arena: reserved on CUDA device %d, the context runs on the CPU (a CPU "
+                      "context takes a host arena: ot_arena_create on a CPU context)",
+                      arena->device.device_id);
+    ctx->host_arena = arena;
+    return OT_OK;
+  }
   if (arena && (arena->device.device_type != kDLCUDA ||
                 arena->device.device_id != ctx->device.device_id))
     return ot_error(OT_ERR_INVALID_ARGUMENT, op,

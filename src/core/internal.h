@@ -34,6 +34,7 @@ struct ot_context {
   void *stream;       /* cudaStream_t on CUDA contexts */
   int num_threads;    /* CPU: OpenMP threads, >= 1 */
   void *cuda;         /* backend-private state (cuBLASLt handle, workspace, ...) */
+  ot_arena *host_arena; /* CPU: ot_context_set_arena, the ops' temporaries (cpu/temp.h) */
 };
 
 static inline bool ot_ctx_is_cuda(const ot_context *ctx) {

@@ -44,6 +44,11 @@ typedef struct ot_linear_backward_args {
 
 ot_status ot_cpu_linear_forward(ot_context *ctx, const ot_linear_forward_args *a);
 ot_status ot_cpu_linear_backward(ot_context *ctx, const ot_linear_backward_args *a);
+/* Bytes of the one CPU temporary (cpu/temp.h) each call takes (0: none); the fused
+ * linear + cross-entropy checks that its chunks' calls will find them. */
+size_t ot_cpu_linear_forward_temp_bytes(const ot_context *ctx, const ot_linear_forward_args *a);
+size_t ot_cpu_linear_backward_temp_bytes(const ot_context *ctx,
+                                         const ot_linear_backward_args *a);
 
 /* Defined by the CUDA backend (src/cuda/linear.cu). */
 ot_status ot_cuda_linear_forward(ot_context *ctx, const ot_linear_forward_args *a);

@@ -13,6 +13,7 @@
 
 #include "core/adamw.h"
 #include "cpu/threads.h"
+#include "cpu/temp.h"
 
 #define OT_ADAMW_CHUNK ((int64_t)1 << 16)
 #define OT_ADAMW_BLOCK 512
@@ -46,10 +47,9 @@ static void update_block(const ot_adamw_args *a, const ot_adamw_tensor *t, int64
 
 ot_status ot_cpu_adamw_step(ot_context *ctx, const ot_adamw_args *a) {
   /* chunk table: first chunk index of each tensor */
-  int64_t *first = (int64_t *)malloc((size_t)(a->n + 1) * sizeof *first);
-  if (!first)
-    return ot_error(OT_ERR_OOM, "ot_adamw_step", "cannot allocate a table of %d entries",
-                    a->n + 1);
+  int64_t *first = (int64_t *)ot_cpu_temp_alloc(ctx, "ot_adamw_step", "the chunk table",
+                                                 (size_t)(a->n + 1) * sizeof *first);
+  if (!first) return OT_ERR_OOM;
   first[0] = 0;
   for (int i = 0; i < a->n; i++)
     first[i + 1] = first[i] + (a->tensors[i].numel + OT_ADAMW_CHUNK - 1) / OT_ADAMW_CHUNK;
@@ -70,6 +70,6 @@ ot_status ot_cpu_adamw_step(ot_context *ctx, const ot_adamw_args *a) {
     for (int64_t off = start; off < end; off += OT_ADAMW_BLOCK)
       update_block(a, t, off, end - off < OT_ADAMW_BLOCK ? end - off : OT_ADAMW_BLOCK);
   }
-  free(first);
+  ot_cpu_temp_free(ctx, first);
   return OT_OK;
 }

@@ -32,6 +32,7 @@
 
 #include "core/attention.h"
 #include "cpu/threads.h"
+#include "cpu/temp.h"
 
 #define ATT_BQ 64  /* query rows per tile */
 #define ATT_BK 128 /* keys per tile */
@@ -309,9 +310,10 @@ typedef struct att_task {
 
 /* Tiles of size `tile` over every sequence's queries (use_k = 0) or keys (1), longest
  * work first: tiles are listed from the end of each sequence, where a causal mask makes
- * them heaviest. Returns the count; *out is malloc'd (NULL with count 0 is fine). */
-static int64_t make_tasks(const ot_attention_args *a, bool use_k, int64_t tile, att_task **out,
-                          bool *oom) {
+ * them heaviest. Returns the count; *out is an ot_cpu_temp_alloc block (NULL with count 0
+ * is fine; on failure *oom is set and the error recorded). */
+static int64_t make_tasks(const ot_context *ctx, const ot_attention_args *a, bool use_k,
+                          int64_t tile, att_task **out, bool *oom) {
   int64_t n = 0, maxt = 0;
   for (int64_t b = 0; b < a->batch; b++) {
     int64_t q0, sq, k0, sk;
@@ -324,7 +326,8 @@ static int64_t make_tasks(const ot_attention_args *a, bool use_k, int64_t tile, 
   *out = NULL;
   *oom = false;
   if (n == 0) return 0;
-  att_task *t = (att_task *)malloc((size_t)n * sizeof *t);
+  att_task *t = (att_task *)ot_cpu_temp_alloc(ctx, "ot_attention_backward", "the task list",
+                                              (size_t)n * sizeof *t);
   if (!t) {
     *oom = true;
     return 0;
@@ -749,8 +752,9 @@ ot_status ot_cpu_attention_forward(ot_context *ctx, const ot_attention_args *a) 
     pairs += sq * sk;
   }
   if (total == 0) return OT_OK;
-  fwd_task *tasks = (fwd_task *)malloc((size_t)total * sizeof *tasks);
-  if (!tasks) return ot_error(OT_ERR_OOM, op, "cannot allocate the task list");
+  fwd_task *tasks = (fwd_task *)ot_cpu_temp_alloc(ctx, op, "the task list",
+                                                  (size_t)total * sizeof *tasks);
+  if (!tasks) return OT_ERR_OOM;
   int64_t n = 0;
   for (int64_t b = 0; b < a->batch; b++) {
     int64_t q0, sq, k0, sk;
@@ -765,11 +769,11 @@ ot_status ot_cpu_attention_forward(ot_context *ctx, const ot_attention_args *a) 
   int64_t nslots = fwd_cache_slots(a);
   /* Rounded to 16 floats: each thread's block starts 64-byte aligned. */
   size_t per = (fwd_scratch_floats(a->d, nslots) + 15) / 16 * 16;
-  float *scratch = (float *)aligned_alloc(64, per * (size_t)nthreads * sizeof(float));
+  float *scratch = (float *)ot_cpu_temp_alloc(ctx, op, "CPU scratch",
+                                              per * (size_t)nthreads * sizeof(float));
   if (!scratch) {
-    free(tasks);
-    return ot_error(OT_ERR_OOM, op, "cannot allocate %zu bytes of scratch",
-                    per * (size_t)nthreads * sizeof(float));
+    ot_cpu_temp_free(ctx, tasks);
+    return OT_ERR_OOM;
   }
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
@@ -784,8 +788,8 @@ ot_status ot_cpu_attention_forward(ot_context *ctx, const ot_attention_args *a) 
       fwd_tile(a, tk->b, tk->h, i0, rows, &w);
     }
   }
-  free(scratch);
-  free(tasks);
+  ot_cpu_temp_free(ctx, scratch);
+  ot_cpu_temp_free(ctx, tasks);
   return OT_OK;
 }
 
@@ -945,8 +949,9 @@ ot_status ot_cpu_attention_backward(ot_context *ctx, const ot_attention_args *a)
   int64_t rows = a->cu_q ? a->cu_q[a->batch] : a->batch * a->sq;
   bool oom_q, oom_k;
   att_task *qtasks, *ktasks;
-  int64_t nq = make_tasks(a, false, ATT_BQ, &qtasks, &oom_q);
-  int64_t nk = make_tasks(a, true, ATT_BK, &ktasks, &oom_k);
+  int64_t nq = make_tasks(ctx, a, false, ATT_BQ, &qtasks, &oom_q);
+  int64_t nk = oom_q ? 0 : make_tasks(ctx, a, true, ATT_BK, &ktasks, &oom_k);
+  if (oom_q) ktasks = NULL, oom_k = false;
   /* work: FLOPs / 8 (5 products of 2 D per (query, key) pair and head, mask ignored;
    * see cpu/threads.h), at most the largest pass's task count */
   int64_t pairs = 0;
@@ -960,14 +965,18 @@ ot_status ot_cpu_attention_backward(ot_context *ctx, const ot_attention_args *a)
   if (nq * a->hq > most) most = nq * a->hq;
   int nthreads = ot_cpu_threads_cap(ctx, 10 * d * a->hq * pairs / 8, most);
   size_t per = bwd_scratch_floats(d) + 16;
-  float *scratch = (float *)malloc(per * (size_t)nthreads * sizeof(float));
-  float *delta = (float *)malloc((size_t)(rows * a->hq + 1) * sizeof(float));
-  if (oom_q || oom_k || !scratch || !delta) {
-    free(qtasks);
-    free(ktasks);
-    free(scratch);
-    free(delta);
-    return ot_error(OT_ERR_OOM, op, "cannot allocate the scratch memory");
+  float *scratch = NULL, *delta = NULL;
+  if (!oom_q && !oom_k)
+    scratch = (float *)ot_cpu_temp_alloc(ctx, op, "CPU scratch",
+                                         per * (size_t)nthreads * sizeof(float));
+  if (scratch)
+    delta = (float *)ot_cpu_temp_alloc(ctx, op, "the row deltas",
+                                       (size_t)(rows * a->hq + 1) * sizeof(float));
+  if (!delta) { /* the first failure's error is recorded */
+    ot_cpu_temp_free(ctx, qtasks);
+    ot_cpu_temp_free(ctx, ktasks);
+    ot_cpu_temp_free(ctx, scratch);
+    return OT_ERR_OOM;
   }
   const ot_dtype dt = a->dtype;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
@@ -1010,9 +1019,9 @@ ot_status ot_cpu_attention_backward(ot_context *ctx, const ot_attention_args *a)
       bwd_q_tile(a, delta, rows, tk->b, h, i0, bq, &w);
     }
   }
-  free(scratch);
-  free(delta);
-  free(qtasks);
-  free(ktasks);
+  ot_cpu_temp_free(ctx, scratch);
+  ot_cpu_temp_free(ctx, delta);
+  ot_cpu_temp_free(ctx, qtasks);
+  ot_cpu_temp_free(ctx, ktasks);
   return OT_OK;
 }

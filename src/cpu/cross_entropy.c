@@ -17,6 +17,7 @@
 #include "core/softmax.h"
 #include "cpu/threads.h"
 #include "vec_math.h"
+#include "cpu/temp.h"
 
 #define OT_CE_CHUNK 2048
 
@@ -69,11 +70,9 @@ ot_status ot_cpu_cross_entropy_forward(ot_context *ctx, const ot_cross_entropy_a
   /* Per-row losses for the ordered reduction (MEAN / SUM). */
   double *row_loss = NULL;
   if (!none) {
-    row_loss = (double *)malloc((size_t)(N > 0 ? N : 1) * sizeof *row_loss);
-    if (!row_loss)
-      return ot_error(OT_ERR_OOM, "ot_cross_entropy_forward",
-                      "cannot allocate %lld bytes for the per-row losses",
-                      (long long)(N * (int64_t)sizeof(double)));
+    row_loss = (double *)ot_cpu_temp_alloc(ctx, "ot_cross_entropy_forward", "the row losses",
+                                           (size_t)N * sizeof *row_loss);
+    if (!row_loss) return OT_ERR_OOM;
   }
   const int nt = ot_cpu_threads_cap(ctx, N * a->V, N);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 4) if (nt > 1)
@@ -96,7 +95,7 @@ ot_status ot_cpu_cross_entropy_forward(ot_context *ctx, const ot_cross_entropy_a
   if (!none) {
     double total = 0.0;
     for (int64_t r = 0; r < N; r++) total += row_loss[r];
-    free(row_loss);
+    ot_cpu_temp_free(ctx, row_loss);
     if (a->reduction == OT_REDUCTION_MEAN) total = a->count > 0 ? total / (double)a->count : NAN;
     a->loss[0] = (float)total;
   }

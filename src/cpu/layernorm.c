@@ -19,6 +19,7 @@
 
 #include "core/norm.h"
 #include "cpu/threads.h"
+#include "cpu/temp.h"
 
 static inline void ln_stats(const float *h, int64_t n, float eps, float *mean, float *rstd) {
   float mu = ot_norm_sum(h, n) / (float)n;
@@ -60,8 +61,9 @@ ot_status ot_cpu_layernorm_forward(ot_context *ctx, const ot_norm_forward_args *
   int64_t n = a->cols, pad = ot_norm_pad(n);
   int nt = ot_cpu_threads_cap(ctx, a->rows * n, a->rows);
   /* [weight | bias | thread 0: h, tmp | thread 1: h, tmp | ...] */
-  float *buf = (float *)malloc((size_t)(pad * (2 + 2 * (int64_t)nt)) * sizeof(float));
-  if (!buf) return ot_error(OT_ERR_OOM, "ot_layernorm_forward", "cannot allocate CPU scratch");
+  float *buf = (float *)ot_cpu_temp_alloc(ctx, "ot_layernorm_forward", "CPU scratch",
+                                          (size_t)(pad * (2 + 2 * (int64_t)nt)) * sizeof(float));
+  if (!buf) return OT_ERR_OOM;
   const float *w = NULL, *b = NULL;
   if (a->weight) {
     ot_norm_load_row(buf, a->weight, a->dtype, n);
@@ -78,7 +80,7 @@ ot_status ot_cpu_layernorm_forward(ot_context *ctx, const ot_norm_forward_args *
     ot_norm_block(a->rows, t, nt, &r0, &r1);
     ln_forward_rows(a, r0, r1, buf + pad * (2 + 2 * (int64_t)t), w, b);
   }
-  free(buf);
+  ot_cpu_temp_free(ctx, buf);
   return OT_OK;
 }
 

@@ -24,6 +24,7 @@
 
 #include "core/linear.h"
 #include "cpu/threads.h"
+#include "cpu/temp.h"
 
 /* Scratch budget per panel, in float32 elements: the weight-side panel may take
  * PANEL_BIG (16 MB), the activation-side panel and the float32 output block
@@ -153,19 +154,50 @@ static void dot_rows(const float *x, int64_t M, int64_t K, const float *w, float
   }
 }
 
+/* forward_small_m: columns of y per block; its team (work: FLOPs / 8, see
+ * cpu/threads.h). */
+enum { NBLK = 64 };
+static int small_m_threads(const ot_context *ctx, const ot_linear_forward_args *a) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  return ot_cpu_threads_cap(ctx, 2 * M * N * K / 8, (N + 63) / 64);
+}
+
+/* forward_lowp's panels: rows of the weight (NB) and x (MB) panels, and the float32
+ * elements of each part of its one block [weight panel | x panel | y panel | bias], each
+ * part 64-byte aligned. */
+typedef struct lowp_plan {
+  int64_t NB, MB, nw, nx, ny, nbias;
+} lowp_plan;
+static lowp_plan lowp_plan_of(const ot_linear_forward_args *a) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  lowp_plan p;
+  p.NB = panel_rows(PANEL_BIG, K, N);
+  p.MB = min64(panel_rows(PANEL_SMALL, K, M), panel_rows(PANEL_SMALL, p.NB, M));
+  p.nw = (p.NB * K + 15) / 16 * 16;
+  p.nx = (p.MB * K + 15) / 16 * 16;
+  p.ny = (p.MB * p.NB + 15) / 16 * 16;
+  p.nbias = a->bias ? N : 0;
+  return p;
+}
+
+size_t ot_cpu_linear_forward_temp_bytes(const ot_context *ctx, const ot_linear_forward_args *a) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  if (M == 0 || N == 0 || K == 0 || a->dtype == OT_F32) return 0;
+  if (M <= SMALL_M) return (size_t)(M * K + small_m_threads(ctx, a) * (K + M * NBLK)) * 4;
+  const lowp_plan p = lowp_plan_of(a);
+  return (size_t)(p.nw + p.nx + p.ny + p.nbias) * sizeof(float);
+}
+
 static ot_status forward_small_m(const ot_context *ctx, const ot_linear_forward_args *a) {
   const int64_t M = a->rows, K = a->in_features, N = a->out_features;
   const ot_dtype d = a->dtype;
-  /* work: FLOPs / 8 (see cpu/threads.h) */
-  const int T = ot_cpu_threads_cap(ctx, 2 * M * N * K / 8, (N + 63) / 64);
+  const int T = small_m_threads(ctx, a);
   /* x [M, K], then per thread: one weight row [K] and the outputs of a column block
    * [M, NBLK] (columns of y are written a block at a time, rows contiguous). */
-  enum { NBLK = 64 };
   const int64_t per_thread = K + M * NBLK;
-  float *buf = (float *)malloc((size_t)(M * K + T * per_thread) * sizeof(float));
-  if (!buf)
-    return ot_error(OT_ERR_OOM, "ot_linear_forward", "cannot allocate %lld bytes of scratch",
-                    (long long)((M * K + T * per_thread) * (int64_t)sizeof(float)));
+  float *buf = (float *)ot_cpu_temp_alloc(ctx, "ot_linear_forward", "CPU scratch",
+                                          (size_t)(M * K + T * per_thread) * sizeof(float));
+  if (!buf) return OT_ERR_OOM;
   float *xf = buf;
   for (int64_t m = 0; m < M; m++)
     ot_load_f32(xf + m * K, ot_ptr((void *)a->x, d, m * a->x_stride), d, K);
@@ -197,7 +229,7 @@ static ot_status forward_small_m(const ot_context *ctx, const ot_linear_forward_
       }
     }
   }
-  free(buf);
+  ot_cpu_temp_free(ctx, buf);
   return OT_OK;
 }
 
@@ -206,18 +238,12 @@ static ot_status forward_small_m(const ot_context *ctx, const ot_linear_forward_
 static ot_status forward_lowp(const ot_context *ctx, const ot_linear_forward_args *a) {
   const int64_t M = a->rows, K = a->in_features, N = a->out_features;
   const ot_dtype d = a->dtype;
-  const int64_t NB = panel_rows(PANEL_BIG, K, N);
-  const int64_t MB = min64(panel_rows(PANEL_SMALL, K, M), panel_rows(PANEL_SMALL, NB, M));
-  float *wp = (float *)malloc((size_t)(NB * K) * sizeof(float));
-  float *xp = (float *)malloc((size_t)(MB * K) * sizeof(float));
-  float *yb = (float *)malloc((size_t)(MB * NB) * sizeof(float));
-  float *bias = a->bias ? (float *)malloc((size_t)N * sizeof(float)) : NULL;
-  ot_status st = OT_OK;
-  if (!wp || !xp || !yb || (a->bias && !bias)) {
-    st = ot_error(OT_ERR_OOM, "ot_linear_forward", "cannot allocate %lld bytes of scratch",
-                  (long long)((NB * K + MB * K + MB * NB + N) * (int64_t)sizeof(float)));
-    goto done;
-  }
+  const lowp_plan p = lowp_plan_of(a);
+  const int64_t NB = p.NB, MB = p.MB;
+  float *wp = (float *)ot_cpu_temp_alloc(ctx, "ot_linear_forward", "CPU scratch",
+                                         (size_t)(p.nw + p.nx + p.ny + p.nbias) * sizeof(float));
+  if (!wp) return OT_ERR_OOM;
+  float *xp = wp + p.nw, *yb = xp + p.nx, *bias = a->bias ? yb + p.ny : NULL;
   if (bias) ot_load_f32(bias, a->bias, d, N);
   int64_t x_loaded = -1; /* m0 of the x panel held in xp */
   for (int64_t n0 = 0; n0 < N; n0 += NB) {
@@ -240,12 +266,8 @@ static ot_status forward_lowp(const ot_context *ctx, const ot_linear_forward_arg
       store_block(ctx, ot_ptr(a->y, d, m0 * a->y_stride + n0), a->y_stride, yb, nb, d, mb, nb);
     }
   }
-done:
-  free(wp);
-  free(xp);
-  free(yb);
-  free(bias);
-  return st;
+  ot_cpu_temp_free(ctx, wp);
+  return OT_OK;
 }
 
 ot_status ot_cpu_linear_forward(ot_context *ctx, const ot_linear_forward_args *a) {
@@ -283,9 +305,23 @@ typedef struct bwd_scratch {
   void *block;
 } bwd_scratch;
 
-static ot_status bwd_scratch_alloc(const ot_context *ctx, const ot_linear_backward_args *a,
-                                   bool need_dx, bool need_dw, bool need_db, bwd_scratch *s) {
+/* Which backward outputs need a product (BLAS) or a sum; the others are empty or empty
+ * sums. */
+static void bwd_needs(const ot_linear_backward_args *a, bool *gemm_dx, bool *gemm_dw,
+                      bool *sum_db) {
   const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  *gemm_dx = a->dx && M > 0 && K > 0 && N > 0;
+  *gemm_dw = a->dweight && N > 0 && K > 0 && M > 0;
+  *sum_db = a->dbias && N > 0 && M > 0;
+}
+
+/* Fills s's panel sizes, and its pointers into `block` unless NULL; returns the float32
+ * elements of the block. */
+static int64_t bwd_scratch_layout(const ot_context *ctx, const ot_linear_backward_args *a,
+                                  bwd_scratch *s, float *block) {
+  const int64_t M = a->rows, K = a->in_features, N = a->out_features;
+  bool need_dx, need_dw, need_db;
+  bwd_needs(a, &need_dx, &need_dw, &need_db);
   const bool lowp = a->dtype != OT_F32;
   int64_t n_dx_w = 0, n_dx_dy = 0, n_dx_acc = 0, n_dw_dy = 0, n_dw_x = 0, n_dw_acc = 0, n_db = 0;
   memset(s, 0, sizeof *s);
@@ -308,11 +344,8 @@ static ot_status bwd_scratch_alloc(const ot_context *ctx, const ot_linear_backwa
     n_db = 2 * (int64_t)s->db_threads * N;
   }
   const int64_t total = n_dx_w + n_dx_dy + n_dx_acc + n_dw_dy + n_dw_x + n_dw_acc + n_db;
-  if (total == 0) return OT_OK;
-  float *p = (float *)malloc((size_t)total * sizeof(float));
-  if (!p)
-    return ot_error(OT_ERR_OOM, "ot_linear_backward", "cannot allocate %lld bytes of scratch",
-                    (long long)(total * (int64_t)sizeof(float)));
+  float *p = block;
+  if (!p) return total;
   s->block = p;
   s->dx_w = p; p += n_dx_w;
   s->dx_dy = p; p += n_dx_dy;
@@ -321,6 +354,24 @@ static ot_status bwd_scratch_alloc(const ot_context *ctx, const ot_linear_backwa
   s->dw_x = p; p += n_dw_x;
   s->dw_acc = p; p += n_dw_acc;
   s->db_part = p;
+  return total;
+}
+
+size_t ot_cpu_linear_backward_temp_bytes(const ot_context *ctx,
+                                         const ot_linear_backward_args *a) {
+  bwd_scratch s;
+  return (size_t)bwd_scratch_layout(ctx, a, &s, NULL) * sizeof(float);
+}
+
+/* The scratch of one backward call in one block (none when it needs none). */
+static ot_status bwd_scratch_alloc(const ot_context *ctx, const ot_linear_backward_args *a,
+                                   bwd_scratch *s) {
+  const int64_t total = bwd_scratch_layout(ctx, a, s, NULL);
+  if (total == 0) return OT_OK;
+  float *p = (float *)ot_cpu_temp_alloc(ctx, "ot_linear_backward", "CPU scratch",
+                                        (size_t)total * sizeof(float));
+  if (!p) return OT_ERR_OOM;
+  bwd_scratch_layout(ctx, a, s, p);
   return OT_OK;
 }
 
@@ -412,17 +463,15 @@ static void dweight_lowp(const ot_context *ctx, const ot_linear_backward_args *a
 ot_status ot_cpu_linear_backward(ot_context *ctx, const ot_linear_backward_args *a) {
   const int64_t M = a->rows, K = a->in_features, N = a->out_features;
   const ot_dtype d = a->dtype;
-  /* Which outputs need a product (BLAS); the others are empty or empty sums. */
-  const bool gemm_dx = a->dx && M > 0 && K > 0 && N > 0;
-  const bool gemm_dw = a->dweight && N > 0 && K > 0 && M > 0;
-  const bool sum_db = a->dbias && N > 0 && M > 0;
+  bool gemm_dx, gemm_dw, sum_db;
+  bwd_needs(a, &gemm_dx, &gemm_dw, &sum_db);
   if ((gemm_dx || gemm_dw) &&
       (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(a->x_stride) ||
        !fits_int(a->dy_stride) || !fits_int(a->dx_stride)))
     return ot_error(OT_ERR_UNSUPPORTED, "ot_linear_backward",
                     "dy, x, dx: sizes and row strides above 2^31 - 1 are not supported by BLAS");
   bwd_scratch s;
-  OT_TRY(bwd_scratch_alloc(ctx, a, gemm_dx, gemm_dw, sum_db, &s));
+  OT_TRY(bwd_scratch_alloc(ctx, a, &s));
 
   /* The empty sums: dx = 0 when N = 0; dweight, dbias = 0 when M = 0. */
   if (a->dx && M > 0 && K > 0 && N == 0) fill_rows(a->dx, a->dx_stride, NULL, d, M, K);
@@ -441,6 +490,6 @@ ot_status ot_cpu_linear_backward(ot_context *ctx, const ot_linear_backward_args 
     blas_threads_leave(ctx, bt);
   }
   if (sum_db) dbias_rows(ctx, a, &s);
-  free(s.block);
+  ot_cpu_temp_free(ctx, s.block);
   return OT_OK;
 }

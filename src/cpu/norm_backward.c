@@ -13,6 +13,7 @@
 
 #include "core/norm.h"
 #include "cpu/threads.h"
+#include "cpu/temp.h"
 
 ot_status ot_cpu_norm_backward_driver(ot_context *ctx, const ot_norm_backward_args *a,
                                       const char *op, ot_norm_backward_rows_fn rows_fn) {
@@ -20,8 +21,9 @@ ot_status ot_cpu_norm_backward_driver(ot_context *ctx, const ot_norm_backward_ar
   int nt = ot_cpu_threads_cap(ctx, a->rows * n, a->rows);
   int64_t per_thread = 4 * pad;
   /* [weight | thread t: 4 rows] */
-  float *buf = (float *)malloc((size_t)(pad + per_thread * nt) * sizeof(float));
-  if (!buf) return ot_error(OT_ERR_OOM, op, "cannot allocate CPU scratch");
+  float *buf = (float *)ot_cpu_temp_alloc(ctx, op, "CPU scratch",
+                                          (size_t)(pad + per_thread * nt) * sizeof(float));
+  if (!buf) return OT_ERR_OOM;
   const float *w = NULL;
   if (a->weight) {
     ot_norm_load_row(buf, a->weight, a->dtype, n);
@@ -53,6 +55,6 @@ ot_status ot_cpu_norm_backward_driver(ot_context *ctx, const ot_norm_backward_ar
     }
     ot_norm_store_row(dst, p0, a->dtype, n);
   }
-  free(buf);
+  ot_cpu_temp_free(ctx, buf);
   return OT_OK;
 }

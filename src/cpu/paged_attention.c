@@ -22,6 +22,7 @@
 
 #include "core/paged_attention.h"
 #include "cpu/threads.h"
+#include "cpu/temp.h"
 
 #define PA_KC 64 /* keys gathered per chunk */
 #define PA_RB 32 /* query rows (token, head) per row block */
@@ -193,8 +194,8 @@ ot_status ot_cpu_paged_attention(ot_context *ctx, const ot_paged_attention_args 
   const ot_paged_table *t = &a->kv;
   const int64_t B = t->batch, d = t->d;
   const int threads = ctx->num_threads > 0 ? ctx->num_threads : 1;
-  pa_seq *S = (pa_seq *)malloc((size_t)(B > 0 ? B : 1) * sizeof *S);
-  if (!S) return ot_error(OT_ERR_OOM, op, "cannot allocate the plan of %" PRId64 " sequences", B);
+  pa_seq *S = (pa_seq *)ot_cpu_temp_alloc(ctx, op, "the plan", (size_t)B * sizeof *S);
+  if (!S) return OT_ERR_OOM;
   int64_t ntasks = 0, ws_entries = 0, pairs = 0;
   for (int64_t b = 0; b < B; b++) {
     S[b].sq = (int64_t)a->cu_q[b + 1] - a->cu_q[b];
@@ -206,16 +207,23 @@ ot_status ot_cpu_paged_attention(ot_context *ctx, const ot_paged_attention_args 
     if (S[b].splits > 1) ws_entries += S[b].splits * S[b].sq * a->hq;
     ntasks += S[b].splits * t->hkv;
   }
-  pa_task *tasks = (pa_task *)malloc((size_t)(ntasks > 0 ? ntasks : 1) * sizeof *tasks);
-  float *ws_o = ws_entries ? (float *)malloc((size_t)(ws_entries * d) * sizeof(float)) : NULL;
-  float *ws_lse = ws_entries ? (float *)malloc((size_t)ws_entries * sizeof(float)) : NULL;
+  /* One block: [tasks | split partials: out [ws_entries, d], lse [ws_entries] | per thread
+   * scratch], each part 64-byte aligned. */
   const int64_t per_thread = 2 * PA_KC * d + 2 * PA_RB * d + PA_KC;
-  float *scratch = (float *)malloc((size_t)(threads * per_thread) * sizeof(float));
-  if (!tasks || !scratch || (ws_entries && (!ws_o || !ws_lse))) {
-    free(S), free(tasks), free(ws_o), free(ws_lse), free(scratch);
-    return ot_error(OT_ERR_OOM, op, "cannot allocate the workspace (%" PRId64 " partial rows)",
-                    ws_entries);
+  const size_t tasks_bytes = ((size_t)ntasks * sizeof(pa_task) + 63) / 64 * 64,
+               o_bytes = ((size_t)(ws_entries * d) * sizeof(float) + 63) / 64 * 64,
+               lse_bytes = ((size_t)ws_entries * sizeof(float) + 63) / 64 * 64;
+  char *block = (char *)ot_cpu_temp_alloc(
+      ctx, op, "the workspace",
+      tasks_bytes + o_bytes + lse_bytes + (size_t)(threads * per_thread) * sizeof(float));
+  if (!block) {
+    ot_cpu_temp_free(ctx, S);
+    return OT_ERR_OOM;
   }
+  pa_task *tasks = (pa_task *)block;
+  float *ws_o = ws_entries ? (float *)(block + tasks_bytes) : NULL;
+  float *ws_lse = ws_entries ? (float *)(block + tasks_bytes + o_bytes) : NULL;
+  float *scratch = (float *)(block + tasks_bytes + o_bytes + lse_bytes);
   /* Tasks by sequence, kv head, split; dynamic scheduling balances unequal lengths. */
   int64_t k = 0;
   for (int64_t b = 0; b < B; b++)
@@ -273,6 +281,7 @@ ot_status ot_cpu_paged_attention(ot_context *ctx, const ot_paged_attention_args 
         }
     }
   }
-  free(S), free(tasks), free(ws_o), free(ws_lse), free(scratch);
+  ot_cpu_temp_free(ctx, block);
+  ot_cpu_temp_free(ctx, S);
   return OT_OK;
 }

@@ -18,6 +18,7 @@
 
 #include "core/norm.h"
 #include "cpu/threads.h"
+#include "cpu/temp.h"
 
 static inline float rms_rstd(const float *h, int64_t n, float eps) {
   return 1.0f / sqrtf(ot_norm_sum_sq(h, 0.0f, n) / (float)n + eps);
@@ -54,8 +55,9 @@ ot_status ot_cpu_rmsnorm_forward(ot_context *ctx, const ot_norm_forward_args *a)
   int64_t n = a->cols, pad = ot_norm_pad(n);
   int nt = ot_cpu_threads_cap(ctx, a->rows * n, a->rows);
   /* [weight | thread 0: h, tmp | thread 1: h, tmp | ...] */
-  float *buf = (float *)malloc((size_t)(pad * (1 + 2 * (int64_t)nt)) * sizeof(float));
-  if (!buf) return ot_error(OT_ERR_OOM, "ot_rmsnorm_forward", "cannot allocate CPU scratch");
+  float *buf = (float *)ot_cpu_temp_alloc(ctx, "ot_rmsnorm_forward", "CPU scratch",
+                                          (size_t)(pad * (1 + 2 * (int64_t)nt)) * sizeof(float));
+  if (!buf) return OT_ERR_OOM;
   const float *w = NULL;
   if (a->weight) {
     ot_norm_load_row(buf, a->weight, a->dtype, n);
@@ -68,7 +70,7 @@ ot_status ot_cpu_rmsnorm_forward(ot_context *ctx, const ot_norm_forward_args *a)
     ot_norm_block(a->rows, t, nt, &r0, &r1);
     rms_forward_rows(a, r0, r1, buf + pad * (1 + 2 * (int64_t)t), w);
   }
-  free(buf);
+  ot_cpu_temp_free(ctx, buf);
   return OT_OK;
 }
 

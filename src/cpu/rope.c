@@ -20,6 +20,7 @@
 
 #include "core/rope.h"
 #include "cpu/threads.h"
+#include "cpu/temp.h"
 
 /* Runtime dispatch to AVX-512 / AVX2+F16C code for the row loops (the library is
  * built for baseline x86-64 unless OT_NATIVE). */
@@ -126,8 +127,8 @@ ot_status ot_cpu_rope(ot_context *ctx, const ot_rope_args *a) {
 
   double *inv_freq = NULL;
   if (!a->cos_sin_cache) {
-    inv_freq = (double *)malloc((size_t)half * sizeof *inv_freq);
-    if (!inv_freq) return ot_error(OT_ERR_OOM, op, "cannot allocate %" PRId64 " frequencies", half);
+    inv_freq = (double *)ot_cpu_temp_alloc(ctx, op, "the frequencies", (size_t)half * sizeof *inv_freq);
+    if (!inv_freq) return OT_ERR_OOM;
     ot_rope_inv_freq(a, inv_freq);
   }
 
@@ -135,11 +136,11 @@ ot_status ot_cpu_rope(ot_context *ctx, const ot_rope_args *a) {
   const int nt = ot_cpu_threads_cap(ctx, work, tokens);
   /* per thread: cos [half], sin [half], x [rd] */
   const int64_t per_thread = 2 * half + rd;
-  float *scratch = (float *)malloc((size_t)(nt * per_thread) * sizeof *scratch);
+  float *scratch = (float *)ot_cpu_temp_alloc(ctx, op, "CPU scratch",
+                                              (size_t)(nt * per_thread) * sizeof *scratch);
   if (!scratch) {
-    free(inv_freq);
-    return ot_error(OT_ERR_OOM, op, "cannot allocate %d x %" PRId64 " floats of scratch", nt,
-                    per_thread);
+    ot_cpu_temp_free(ctx, inv_freq);
+    return OT_ERR_OOM;
   }
 
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
@@ -158,7 +159,7 @@ ot_status ot_cpu_rope(ot_context *ctx, const ot_rope_args *a) {
     if (a->k.data) rotate_token_heads(a, &a->k, &a->k_out, b, t, c, s, x);
   }
 
-  free(scratch);
-  free(inv_freq);
+  ot_cpu_temp_free(ctx, scratch);
+  ot_cpu_temp_free(ctx, inv_freq);
   return OT_OK;
 }

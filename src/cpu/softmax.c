@@ -8,8 +8,12 @@
  * before it is stored, which keeps dx == dy in place safe.
  */
 #include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "core/softmax.h"
+#include "cpu/temp.h"
 #include "cpu/threads.h"
 #include "vec_math.h"
 
@@ -32,30 +36,29 @@ static char *row_at(const void *base, ot_dtype d, int64_t row, int64_t stride) {
 ot_status ot_cpu_softmax_forward(ot_context *ctx, const ot_softmax_forward_args *a) {
   if (a->rows == 0 || a->cols == 0) return OT_OK;
   const ot_dtype dt = a->dtype;
-  int oom = 0;
   const int nt = ot_cpu_threads_cap(ctx, a->rows * a->cols, a->rows);
+  /* One row of float32 per thread (64-byte aligned), taken before the parallel region. */
+  const int64_t ld = (a->cols + 15) / 16 * 16;
+  float *bufs = (float *)ot_cpu_temp_alloc(ctx, "ot_softmax_forward", "the row scratch",
+                                           (size_t)(ld * nt) * sizeof(float));
+  if (!bufs) return OT_ERR_OOM;
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
-    float *buf = (float *)malloc((size_t)a->cols * sizeof(float));
-    if (!buf) {
-#pragma omp atomic write
-      oom = 1;
-    }
+#ifdef _OPENMP
+    float *buf = bufs + ld * omp_get_thread_num();
+#else
+    float *buf = bufs;
+#endif
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a->rows; r++) {
-      if (!buf) continue;
       ot_load_f32(buf, row_at(a->x, dt, r, a->x_stride), dt, a->cols);
       float m = ot_vec_max(buf, a->cols);
       double sum = ot_vec_exp_sum_inplace(buf, a->cols, m);
       scale_inplace(buf, a->cols, (float)(1.0 / sum));
       ot_store_f32(row_at(a->out, dt, r, a->out_stride), buf, dt, a->cols);
     }
-    free(buf);
   }
-  if (oom)
-    return ot_error(OT_ERR_OOM, "ot_softmax_forward",
-                    "cannot allocate %lld bytes of row scratch",
-                    (long long)(a->cols * (int64_t)sizeof(float)));
+  ot_cpu_temp_free(ctx, bufs);
   return OT_OK;
 }
 
