@@ -472,3 +472,19 @@ def test_offload_options(good_dir):
         eng_mod.Engine.random("test-gqa", seed=1, offload=True, offload_budget=-1)
     r = run_ot(good_dir, "--offload-budget", "1", check=False)
     assert r.returncode == 1 and "offload_budget is for weight streaming" in r.stderr
+
+
+def test_profile_is_a_noop_on_the_cpu():
+    """set_profile / profile_report through ctypes: on the CPU the profile stays off (the
+    report is empty) and the tokens are those of an engine that never asked for it."""
+    eng_mod = _engine_module()
+    ref = eng_mod.Engine.random("test-gqa", seed=2, threads=1, max_seqs=2)
+    want = ref.generate([[1, 2, 3], [4]], 6).tokens
+    ref.close()
+    eng = eng_mod.Engine.random("test-gqa", seed=2, threads=1, max_seqs=2)
+    eng.set_profile(True)
+    assert eng.generate([[1, 2, 3], [4]], 6).tokens == want
+    assert eng.profile_report() == ""
+    eng.set_profile(False)
+    assert eng.generate([[1, 2, 3], [4]], 6).tokens == want
+    eng.close()
