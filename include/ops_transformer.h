@@ -607,9 +607,9 @@ OT_API ot_status ot_arena_synchronize(ot_arena *arena);
 
 OT_API ot_status ot_arena_get_stats(ot_arena *arena, ot_arena_stats *stats);
 
-/* Serve a CUDA context's temporaries from `arena` (NULL: back to the context's own
- * buffers). While set, every op's device temporaries -- split-KV / split-K partials and
- * other scratch, cross-entropy row losses, the fused loss's workspace -- are blocks taken
+/* Serve a context's temporaries from `arena` (NULL: back to the context's own
+ * buffers / malloc). CUDA contexts: while set, every op's device temporaries --
+ * split-KV / split-K partials and other scratch, cross-entropy row losses, the fused loss's workspace -- are blocks taken
  * from the arena on the context's stream when the op needs them and given back,
  * stream-ordered, when the op returns (tracker: OT_MEMORY_WORKSPACE under the op's name);
  * the cuBLASLt workspace (32 MiB) is one block taken here, at once, and held until
@@ -618,13 +618,19 @@ OT_API ot_status ot_arena_get_stats(ot_arena *arena, ot_arena_stats *stats);
  * bytes ...", before writing any output; no block of the arena is disturbed.
  *  - The arena must be on the context's device (else OT_ERR_INVALID_ARGUMENT) and stay
  *    alive while attached: detach or destroy the context before destroying the arena.
+ *    A host arena on a CUDA context, or a device arena on a CPU context, is
+ *    OT_ERR_INVALID_ARGUMENT naming `arena`.
  *    Several contexts (streams) may share one arena: a request that fits only in blocks
  *    another stream freed makes its stream wait for that stream (an event) and takes them.
  *  - Ops enqueued while the stream captures a CUDA graph keep their blocks (the graph
  *    reuses them at each replay) until detach or destroy: do not replay such a graph after.
  *  - OT_ERR_OOM (nothing changed) when the arena has no room for the cuBLASLt workspace.
- *  - CPU contexts: OT_ERR_UNSUPPORTED (their ops' temporaries are per-call host
- *    allocations). */
+ *  - CPU contexts (a host arena: ot_arena_create on a CPU context): every op takes its
+ *    temporaries (scratch, task lists, partials, the fused loss's workspace and panels)
+ *    as blocks of the arena before it writes any output and gives them back before it
+ *    returns, so attaching holds nothing; too small: OT_ERR_OOM "<op>: <what>: cannot
+ *    allocate <n> bytes ...: the largest free block is <m> bytes ...", nothing written.
+ *    Results are bit-identical with and without. Without an arena: malloc per call. */
 OT_API ot_status ot_context_set_arena(ot_context *ctx, ot_arena *arena);
 
 /* ============================================================================== */
