@@ -156,9 +156,8 @@ def bench(shim, ceiling):
                                       c["indices"], c["lpl"], out)
             ms = time_ms(call)
             variants = {}
-            # forced split counts and the deep ring (environment read at each call)
-            for var, val in [("OT_PAGED_STAGES", "7")] + [("OT_PAGED_SPLITS", str(n))
-                                                          for n in SWEEP.get((b, ctx), [])]:
+            # forced split counts (environment read at each call)
+            for var, val in [("OT_PAGED_SPLITS", str(n)) for n in SWEEP.get((b, ctx), [])]:
                 os.environ[var] = val
                 try:
                     variants[f"{var}={val}"] = round(nbytes / (time_ms(call) * 1e-3) / 1e12, 3)

@@ -1507,6 +1507,7 @@ static void run_memory_cuda(test_run *tr) {
   for (size_t i = 6; i < 12; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16);
   paged_case(tr, &paged_cuda_cases[1], DT_BF16); /* page size 1 */
   paged_case(tr, &paged_cuda_cases[5], DT_F16);  /* page size 3 */
+  paged_case(tr, &paged_cuda_long[4], DT_F16);   /* page size 7, window, 2 tokens */
   /* more splits than the merge kernel's 4 warps x 32 take in one round (empty splits at
    * the end: chunks are >= 256 keys), D 128 pages of 16 and D 64 pages of 1 */
   setenv("OT_PAGED_SPLITS", "300", 1);
@@ -1514,17 +1515,6 @@ static void run_memory_cuda(test_run *tr) {
   setenv("OT_PAGED_SPLITS", "150", 1);
   paged_case(tr, &paged_cuda_long[1], DT_F16);
   unsetenv("OT_PAGED_SPLITS");
-  /* the deep ring (D 128, 7 stages, 1 CTA per SM): planned and forced splits */
-  setenv("OT_PAGED_STAGES", "7", 1);
-  for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
-    if (paged_cuda_cases[i].d == 128) paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_BF16 : DT_F16);
-  paged_case(tr, &paged_cuda_long[0], DT_BF16);
-  paged_case(tr, &paged_cuda_long[3], DT_BF16);
-  setenv("OT_PAGED_SPLITS", "7", 1);
-  paged_case(tr, &paged_cuda_cases[6], DT_BF16);
-  paged_case(tr, &paged_cuda_long[4], DT_F16);
-  unsetenv("OT_PAGED_SPLITS");
-  unsetenv("OT_PAGED_STAGES");
   for (size_t i = 0; i < sizeof paged_cuda_long / sizeof paged_cuda_long[0]; i++)
     paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);
   paged_case(tr, &paged_long[1], DT_BF16);

@@ -47,8 +47,9 @@
  *     (waves x keys per chunk, chunks >= 256 keys and a multiple of 64, launching only the
  *     splits that chunk leaves non-empty). Batch 1 x 64k with 8 kv heads gets 32 splits of
  *     2048 keys on 132 SMs x 2 CTAs.
- *   - Ring depth: 3 stages at D 128 (2 CTAs per SM) by default; OT_PAGED_STAGES=7 gives
- *     7 (224 KB, 1 CTA per SM: 192 KB in flight per SM instead of 128).
+ *   - Ring depth: 3 stages at D 128 (2 CTAs per SM), 5 at D 64. A 7-stage ring at D 128
+ *     (224 KB, 1 CTA per SM: 192 KB in flight per SM instead of 128) measured slower at
+ *     every shape (docs/PERFORMANCE.md) and was removed.
  * Masks (causal bottom-right, windows), softcap and empty rows as ot_attention_forward.
  *
  * Fallback kernel (float32, other head dims, misaligned q): one warp per (token, q head),
@@ -76,8 +77,8 @@ constexpr int kPaPidAhead = 4;    /* steps between a page-id load and its use */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-/* Ring stages per warp S: at D 128 3 (96 KB of K / V per CTA, 2 CTAs per SM) or, with
- * OT_PAGED_STAGES=7, 7 (224 KB, 1 CTA per SM, 6 of 7 stages in flight); 5 at D 64 (80 KB). */
+/* Ring stages per warp S: 3 at D 128 (96 KB of K / V per CTA, 2 CTAs per SM), 5 at D 64
+ * (80 KB). */
 template <int D, int S> struct pa_cfg {
   static constexpr int kStages = S;
   static constexpr size_t kStageBytes = 2 * kPaStep * D * 2; /* K + V, 16-bit elements */
@@ -808,14 +809,7 @@ static ot_status pa_dispatch(ot_context *ctx, pa_params &p, bool mma_ok, bool de
                              const char *op) {
   if constexpr (sizeof(T) == 2) {
     if (mma_ok && p.d == 64) return pa_launch_mma<T, 64, 5>(ctx, p, debug, op);
-    if (mma_ok && p.d == 128) {
-      /* OT_PAGED_STAGES=7: the deep ring (where the device has 224 KB of shared memory
-       * per block; else the default) */
-      const char *st = getenv("OT_PAGED_STAGES");
-      if (st && atoi(st) == 7 && pa_ctas_per_sm<T, 128, 7>(ot_cuda_state_of(ctx)->device) > 0)
-        return pa_launch_mma<T, 128, 7>(ctx, p, debug, op);
-      return pa_launch_mma<T, 128, 3>(ctx, p, debug, op);
-    }
+    if (mma_ok && p.d == 128) return pa_launch_mma<T, 128, 3>(ctx, p, debug, op);
   }
   return pa_launch_simple<T>(ctx, p, debug, op);
 }
