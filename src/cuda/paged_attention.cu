@@ -695,6 +695,26 @@ static int pa_ctas_per_sm(int dev) {
   return n;
 }
 
+/* Whether the merge kernel may be launched as a programmatic dependent (PDL) of the main
+ * kernel on this device: only its code compiled for sm_90+ waits for the main kernel
+ * (griddepcontrol.wait); code JIT-compiled from older PTX (a build without sm_90 code, or
+ * a newer GPU that cannot run the sm_90a binary) does not, and could read the partials
+ * before they are written. Once per device (first 16 devices). */
+template <typename T, int D>
+static bool pa_merge_pdl(const ot_cuda_state *cs) {
+  static int cached[16]; /* 1: yes, -1: no */
+  const int dev = cs->device;
+  if (dev >= 0 && dev < 16 && cached[dev] != 0) return cached[dev] > 0;
+  cudaFuncAttributes fa;
+  bool ok = false;
+  if (cs->cc_major >= 9) {
+    if (cudaFuncGetAttributes(&fa, pa_merge_kernel<T, D>) == cudaSuccess) ok = fa.ptxVersion >= 90;
+    else (void)cudaGetLastError();
+  }
+  if (dev >= 0 && dev < 16) cached[dev] = ok ? 1 : -1;
+  return ok;
+}
+
 /* The kernel's chunk for s splits of len keys (>= 256, a multiple of 64) and the splits
  * that chunk leaves non-empty. */
 static int64_t pa_chunk(int64_t len, int64_t s, int64_t *nonempty) {
@@ -789,7 +809,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const 
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = cs->cc_major >= 9 ? 1 : 0; /* PDL: sm_90 (the kernel waits with griddepcontrol) */
+    cfg.numAttrs = pa_merge_pdl<T, D>(cs) ? 1 : 0;
     OT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, pa_merge_kernel<T, D>, p));
   }
   return OT_OK;
