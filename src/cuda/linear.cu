@@ -510,7 +510,7 @@ static ot_status gemv_forward(ot_context *ctx, const char *op, const ot_linear_f
       splits = 1; /* growing the scratch synchronizes the stream: not inside a capture */
     } else {
       part = (float *)ot_cuda_scratch(ctx, need, op);
-      if (!part) return OT_ERR_BACKEND;
+      if (!part) return OT_ERR_OOM; /* recorded by ot_cuda_scratch */
     }
   }
   int64_t klen = K;
