@@ -147,29 +147,24 @@ ot_status ote_dev_download_async(const ote_device *d, void *dst, const void *src
 }
 
 ot_status ote_dev_host_alloc(const ote_device *d, size_t bytes, void **out) {
+  if (on_cpu(d)) return ote_dev_alloc(d, bytes, out); /* the device is the host */
   *out = NULL;
-  size_t sz = bytes ? (bytes + 255) / 256 * 256 : 256;
-  if (on_cpu(d)) {
-    void *p = aligned_alloc(64, sz);
-    if (!p) return ote_error(OT_ERR_OOM, "engine: cannot allocate %zu bytes of host memory", bytes);
-    *out = p;
-    return OT_OK;
-  }
 #ifdef OT_HAVE_CUDA
-  return cuda_check(cudaHostAlloc(out, sz, cudaHostAllocPortable), "cudaHostAlloc");
+  return cuda_check(cudaHostAlloc(out, bytes ? (bytes + 255) / 256 * 256 : 256,
+                                  cudaHostAllocPortable),
+                    "cudaHostAlloc");
 #else
   return no_cuda("host alloc");
 #endif
 }
 
 void ote_dev_host_free(const ote_device *d, void *p) {
-  if (!p) return;
   if (on_cpu(d)) {
-    free(p);
+    ote_dev_free(d, p);
     return;
   }
 #ifdef OT_HAVE_CUDA
-  cudaFreeHost(p);
+  if (p) cudaFreeHost(p);
 #endif
 }
 
