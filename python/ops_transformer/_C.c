@@ -850,10 +850,13 @@ static PyObject *py_arena_stats(PyObject *self, PyObject *cap) {
 }
 
 /* context_arena_policy(bytes): CUDA contexts' temporaries from an arena of `bytes` each
- * (created on a context's next use; 0: none). Existing arenas are detached first. */
+ * (created on a context's next use; 0: none). A change detaches the existing arenas
+ * first; the current policy again changes nothing (config stores every option when an
+ * override ends, and a detach there would free blocks a captured graph still uses). */
 static PyObject *py_context_arena_policy(PyObject *self, PyObject *arg) {
   unsigned long long bytes = PyLong_AsUnsignedLongLong(arg);
   if (PyErr_Occurred()) return NULL;
+  if ((size_t)bytes == context_arena_bytes) Py_RETURN_NONE;
   detach_context_arenas();
   context_arena_bytes = (size_t)bytes;
   Py_RETURN_NONE;

@@ -163,3 +163,23 @@ def test_cuda_graph_capture_in_arena_mode():
         torch.testing.assert_close(other, torch.nn.functional.cross_entropy(logits * 2, labels),
                                    atol=1e-5, rtol=1e-5)
         del graph
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_cuda_arena_kept_when_the_policy_is_unchanged():
+    """Leaving an override of other options stores every option again: the contexts' arenas
+    stay attached (a detach would free the blocks a captured graph keeps), as they do when
+    an option is set to its current value."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    logits = torch.randn(256, 64, device="cuda", generator=g)
+    labels = torch.randint(0, 64, (256,), device="cuda", generator=g)
+    dev = torch.cuda.current_device()
+    with ot.config.override(memory_allocator="arena", memory_arena_bytes=64 << 20):
+        ot.cross_entropy(logits, labels)  # makes the context's arena
+        arena = _C.context_arena(dev)
+        assert arena is not None
+        with ot.config.override(matmul_precision="high"):
+            pass
+        ot.config.memory_arena_bytes = 64 << 20
+        assert _C.context_arena(dev) is arena
+    assert _C.context_arena(dev) is None
