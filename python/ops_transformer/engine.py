@@ -234,7 +234,8 @@ class Engine:
         return self._lib.ote_decode_graph_note(self._e).decode()
 
     def set_profile(self, on: bool):
-        """CUDA: time every op of each forward (eagerly, with events); clears the sums."""
+        """CUDA: time every op of each forward (eagerly, with events); clears the sums and
+        the decode graphs (captured again once it is off). A no-op on the CPU."""
         self._lib.ote_engine_set_profile(self._e, 1 if on else 0)
 
     def profile_report(self) -> str:
