@@ -466,8 +466,8 @@ def check_ce(S, ck, small):
 
 # Opt-in kernel selections (src/cuda/norm.cuh, rope.cu) that --sanitize covers besides
 # the defaults (device_test_cuda.sh's OT_VARIANT_ENV runs the tests under such a set):
-# forward v3, backward v2, RoPE warp kernel v2.
-ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL": "v2"}
+# forward v3, backward v2, RoPE's block-per-token kernel v1 on rows the warp kernel takes.
+ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL": "v1"}
 
 
 def sanitize_run(S):
@@ -659,8 +659,7 @@ def bench_all(S, args):
                     "v3 nv2 automatic ring": {"OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "0"},
                     "v3 nv4 automatic ring": {"OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "0"},
                     "v3 nv4 S=2": {"OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "2"}}
-    ROPE_VARIANTS = {"v1 (block per token)": {"OT_ROPE_IMPL": "v1"},
-                     "v2 (warp per token)": {"OT_ROPE_IMPL": "v2"}}
+    ROPE_VARIANTS = {"v1 (block per token)": {"OT_ROPE_IMPL": "v1"}}
     only = set(args.only.split(","))
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):

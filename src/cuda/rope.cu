@@ -20,7 +20,7 @@
  * once per warp, up to 8 head-passes of loads in flight per lane, no block barrier and
  * no 64-bit division per item, the head loads issued before the token's cos / sin are
  * made -- 83-86% of copy bandwidth on the H200 (run of 4005b7c) against 82-86% for the
- * first warp kernel (OT_ROPE_IMPL=v2) and 76-82% for the block-per-token kernel
+ * first warp kernel (v2, since removed) and 76-82% for the block-per-token kernel
  * (OT_ROPE_IMPL=v1); docs/PERFORMANCE.md.
  *
  * A position outside the cache (not validated on the host for device tensors)
@@ -233,86 +233,23 @@ __device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, in
   }
 }
 
-/* ---- token-parallel kernel: a warp per token, cos / sin in registers -------------------
+/* ---- token-parallel kernel: a warp per token -------------------------------------------
  * For 16-byte-aligned rows whose rotated part has IPH = (NeoX: half, GPT-J: rd) / VEC
  * items per head, IPH a power of two <= 32 (head_dim 64..256 in 16-bit types), and no
  * pass-through copy (rd == head_dim, or in place). Lane = hl * IPH + item: the lane
  * owns item `item` of every HPW = 32 / IPH-th head of the token (q heads, then k heads,
- * one list), so its cos / sin (NP pairs) are made once per token, in registers, and
- * reused for all its heads; a warp pass covers HPW whole head rows, contiguous; U
- * passes have their loads in flight before the first rotation. No shared memory, no
- * barrier, no 64-bit division per item (the v1 kernel's costs). The rotation and the
- * cos / sin are v1's expressions (rope.cuh), so both kernels give the same bits. */
-template <typename T, ot_rope_mode MODE, int IPH>
-__global__ void __launch_bounds__(256, 2) rope_warp_kernel(const __grid_constant__ rope_params p) {
-  constexpr int V = vec_width<T>::value;
-  constexpr int HPW = 32 / IPH;
-  constexpr int U = 8;
-  constexpr int NP = MODE == OT_ROPE_NEOX ? V : V / 2; /* pairs per item */
-  const int lane = threadIdx.x & 31, item = lane % IPH, hl = lane / IPH;
-  const int64_t half = p.half, rd = p.rotary_dim;
-  const int64_t tokens = p.batch * p.seq;
-  const int64_t hq = p.t[0].heads, hall = hq + p.t[1].heads;
-  const int64_t i0 = (int64_t)item * NP; /* first pair of the item */
-  const int64_t e0 = (int64_t)item * V;  /* first element of the item (of x1 for NeoX) */
-  const int wpb = blockDim.x >> 5;
-  extern __shared__ float rope_cs[]; /* [warps][rd] */
-  float *cs = rope_cs + (threadIdx.x >> 5) * rd;
-  for (int64_t tok = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); tok < tokens;
-       tok += (int64_t)gridDim.x * wpb) {
-    const int64_t b = tok / p.seq, s = tok - b * p.seq;
-    const int64_t pi = b * p.pos_sb + s * p.pos_ss;
-    const int64_t pos = p.pos_is_i64 ? static_cast<const int64_t *>(p.positions)[pi]
-                                     : (int64_t) static_cast<const int32_t *>(p.positions)[pi];
-    /* the token's cos / sin, made once by the warp's lanes (half / 32 pairs each) into
-     * the warp's slice of shared memory: [cos 0..half) [sin 0..half) */
-    __syncwarp(); /* the previous token's readers are done */
-    rope_fill_cs(p, pos, half, rd, cs, lane, 32);
-    __syncwarp();
-    /* head h of the token (q heads, then k heads): element e0 of its row */
-    auto head = [&](int64_t h, const T **in, T **out) {
-      const bool isk = h >= hq;
-      const rope_heads_dev &hd = p.t[isk ? 1 : 0];
-      const int64_t hh = isk ? h - hq : h;
-      *in = static_cast<const T *>(hd.in) + b * hd.in_sb + s * hd.in_ss + hh * hd.in_sh + e0;
-      *out = static_cast<T *>(hd.out) + b * hd.out_sb + s * hd.out_ss + hh * hd.out_sh + e0;
-    };
-    for (int64_t h0 = hl; h0 < hall; h0 += HPW * U) {
-      raw16 x1[U], x2[U];
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t h = h0 + u * HPW;
-        if (h < hall) {
-          const T *in;
-          T *out;
-          head(h, &in, &out);
-          x1[u].u = __ldcs(reinterpret_cast<const uint4 *>(in));
-          if (MODE == OT_ROPE_NEOX) x2[u].u = __ldcs(reinterpret_cast<const uint4 *>(in + half));
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t h = h0 + u * HPW;
-        if (h >= hall) break;
-        const T *in;
-        T *out;
-        head(h, &in, &out);
-        rope_warp_item<T, MODE>(cs, half, i0, x1[u], x2[u], out);
-      }
-    }
-  }
-}
-
-/* ---- warp kernel v3: the same lane map and arithmetic, fewer serial round trips ---------
- * rope_warp_kernel's per-token chain is serial: position -> cos / sin (a second load,
- * from the cache) -> the head loads -> rotation -> stores, and with 40 heads (U = 8
- * passes of HPW heads per batch) a second, half-filled batch of loads. Here:
+ * one list); the token's cos / sin are made once per warp into the warp's slice of
+ * shared memory ([cos 0..half) [sin 0..half), ordered by __syncwarp only) and reused for
+ * all its heads; a warp pass covers HPW whole head rows, contiguous. No block barrier
+ * and no 64-bit division per item (the v1 kernel's costs). Against the first warp kernel
+ * (v2, removed after the run of 4005b7c measured it 0-3% slower) the per-token chain
+ * position -> cos / sin -> head loads -> rotation -> stores is shortened:
  *   - the token's first batch of head loads is issued before its cos / sin are made
  *     (the loads depend on the token only), so the cache reads overlap them;
  *   - the next token's position is loaded one token ahead;
- *   - the passes are split into equal batches of at most U (40 heads: one batch of 10
- *     passes; 72 heads: two of 9), so no batch is a short tail.
- * Same cos / sin (rope_fill_cs) and rotation (rope.cuh) as v1 / v2: the same bits. */
+ *   - the passes are split into equal batches of at most U (U = 8, 40 heads at 4 per
+ *     pass: two batches of 5 passes rather than 8 + 2), so no batch is a short tail.
+ * Same cos / sin (rope_fill_cs) and rotation (rope.cuh) as v1: the same bits. */
 template <typename T, ot_rope_mode MODE, int IPH, int U>
 __global__ void __launch_bounds__(256, 2) rope_warp3_kernel(const __grid_constant__ rope_params p) {
   constexpr int V = vec_width<T>::value;
@@ -405,39 +342,24 @@ static int rope_warp_iph(const rope_params &p, ot_rope_mode mode) {
   return (int)iph;
 }
 
-#ifndef OT_ROPE_U3
-#define OT_ROPE_U3 8
-#endif
+constexpr int kRopeWarpU = 8; /* passes of head loads in flight per batch (warp kernel) */
+
 template <typename T>
 static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStream_t stream) {
   const int64_t tokens = p.batch * p.seq;
   if (tokens == 0) return cudaSuccess;
   const int iph = rope_warp_iph<T>(p, mode);
-  const char *impl = getenv("OT_ROPE_IMPL");
-  if (iph && !(impl && strcmp(impl, "v2") == 0)) {
-    const int64_t blocks = (tokens + 7) / 8;
-    const dim3 g2((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff)), b2(256);
-    const size_t sm2 = 8 * (size_t)p.rotary_dim * sizeof(float);
-#define OT_ROPE_WARP3(M, U)                                                              \
-  (iph == 4 ? rope_warp3_kernel<T, M, 4, U><<<g2, b2, sm2, stream>>>(p)                  \
-            : iph == 8 ? rope_warp3_kernel<T, M, 8, U><<<g2, b2, sm2, stream>>>(p)       \
-                       : rope_warp3_kernel<T, M, 16, U><<<g2, b2, sm2, stream>>>(p))
-    if (mode == OT_ROPE_NEOX) OT_ROPE_WARP3(OT_ROPE_NEOX, OT_ROPE_U3);
-    else OT_ROPE_WARP3(OT_ROPE_GPTJ, OT_ROPE_U3);
-#undef OT_ROPE_WARP3
-    return cudaGetLastError();
-  }
   if (iph) {
     const int64_t blocks = (tokens + 7) / 8;
     const dim3 g2((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff)), b2(256);
     const size_t sm2 = 8 * (size_t)p.rotary_dim * sizeof(float); /* rd <= 512: 16 KB */
-#define OT_ROPE_WARP(M)                                                                  \
-  (iph == 4 ? rope_warp_kernel<T, M, 4><<<g2, b2, sm2, stream>>>(p)                      \
-            : iph == 8 ? rope_warp_kernel<T, M, 8><<<g2, b2, sm2, stream>>>(p)           \
-                       : rope_warp_kernel<T, M, 16><<<g2, b2, sm2, stream>>>(p))
-    if (mode == OT_ROPE_NEOX) OT_ROPE_WARP(OT_ROPE_NEOX);
-    else OT_ROPE_WARP(OT_ROPE_GPTJ);
-#undef OT_ROPE_WARP
+#define OT_ROPE_WARP3(M, U)                                                              \
+  (iph == 4 ? rope_warp3_kernel<T, M, 4, U><<<g2, b2, sm2, stream>>>(p)                  \
+            : iph == 8 ? rope_warp3_kernel<T, M, 8, U><<<g2, b2, sm2, stream>>>(p)       \
+                       : rope_warp3_kernel<T, M, 16, U><<<g2, b2, sm2, stream>>>(p))
+    if (mode == OT_ROPE_NEOX) OT_ROPE_WARP3(OT_ROPE_NEOX, kRopeWarpU);
+    else OT_ROPE_WARP3(OT_ROPE_GPTJ, kRopeWarpU);
+#undef OT_ROPE_WARP3
     return cudaGetLastError();
   }
   const bool vec = rope_can_vectorize<T>(p, mode);
