@@ -8,6 +8,7 @@
  * sequences). All prompts are prefilled together (packed, varlen), then decoded one token
  * per live sequence per step. Exit status: 0, or 1 with the engine's message on stderr. */
 #define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,8 +197,10 @@ int main(int argc, char **argv) {
       return 2;
     }
     size_t es = dtype.bits / 8;
-    opt.offload_budget = *end == 'x' ? (size_t)(b * (double)ote_config_param_count(&cfg) * (double)es)
-                                     : (size_t)(b * 1e9);
+    double bytes = *end == 'x' ? b * (double)ote_config_param_count(&cfg) * (double)es : b * 1e9;
+    /* a budget at or above SIZE_MAX (inf, 1e300) means "no limit": the conversion of such a
+     * double to size_t would be undefined */
+    opt.offload_budget = bytes >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bytes;
   }
   if (!strcmp(device, "cuda")) opt.device_type = kDLCUDA;
   else if (strcmp(device, "cpu")) { fprintf(stderr, "ot-run: --device %s: cpu or cuda\n", device); return 2; }
