@@ -6,8 +6,22 @@
 #include "../core/arena.h"
 #include "../core/backend.h"
 
+/* The calling thread's current device is the caller's (torch's, in Python): the
+ * functions below that need another device switch to it and back. */
+static int switch_device(int device_id) {
+  int prev = -1;
+  if (cudaGetDevice(&prev) == cudaSuccess && prev != device_id) (void)cudaSetDevice(device_id);
+  return prev;
+}
+
+static void restore_device(int prev, int device_id) {
+  if (prev >= 0 && prev != device_id) (void)cudaSetDevice(prev);
+}
+
 extern "C" ot_status ot_cuda_reserve(const char *op, int device_id, size_t bytes, void **ptr) {
-  cudaError_t e = cudaSetDevice(device_id);
+  int prev = -1;
+  cudaError_t e = cudaGetDevice(&prev);
+  if (e == cudaSuccess && prev != device_id) e = cudaSetDevice(device_id);
   if (e != cudaSuccess)
     return ot_error(OT_ERR_BACKEND, op, "cudaSetDevice(%d): %s", device_id, cudaGetErrorString(e));
   void *p = NULL;
@@ -16,19 +30,20 @@ extern "C" ot_status ot_cuda_reserve(const char *op, int device_id, size_t bytes
     (void)cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     (void)cudaMemGetInfo(&free_b, &total_b);
+    restore_device(prev, device_id);
     return ot_error(e == cudaErrorMemoryAllocation ? OT_ERR_OOM : OT_ERR_BACKEND, op,
                     "cudaMalloc(%zu bytes) on device %d: %s (%zu of %zu bytes free)", bytes,
                     device_id, cudaGetErrorString(e), free_b, total_b);
   }
+  restore_device(prev, device_id);
   *ptr = p;
   return OT_OK;
 }
 
 extern "C" void ot_cuda_release(int device_id, void *ptr) {
-  int prev = 0;
-  if (cudaGetDevice(&prev) == cudaSuccess && prev != device_id) (void)cudaSetDevice(device_id);
+  int prev = switch_device(device_id);
   (void)cudaFree(ptr);
-  if (prev != device_id) (void)cudaSetDevice(prev);
+  restore_device(prev, device_id);
 }
 
 extern "C" ot_status ot_cuda_copy(const char *op, ot_context *ctx, void *dst, const void *src,
@@ -43,8 +58,11 @@ extern "C" ot_status ot_cuda_copy(const char *op, ot_context *ctx, void *dst, co
 }
 
 extern "C" ot_status ot_cuda_synchronize(const char *op, int device_id) {
-  cudaError_t e = cudaSetDevice(device_id);
+  int prev = -1;
+  cudaError_t e = cudaGetDevice(&prev);
+  if (e == cudaSuccess && prev != device_id) e = cudaSetDevice(device_id);
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  restore_device(prev, device_id);
   if (e != cudaSuccess)
     return ot_error(OT_ERR_BACKEND, op, "cudaDeviceSynchronize on device %d: %s", device_id,
                     cudaGetErrorString(e));
@@ -58,8 +76,7 @@ extern "C" ot_status ot_cuda_synchronize(const char *op, int device_id) {
  * cannot order it. */
 extern "C" ot_status ot_cuda_stream_wait(const char *op, int device_id, void *waiter,
                                          void *producer) {
-  int prev = -1;
-  if (cudaGetDevice(&prev) == cudaSuccess && prev != device_id) (void)cudaSetDevice(device_id);
+  int prev = switch_device(device_id);
   cudaStream_t w = (cudaStream_t)waiter, p = (cudaStream_t)producer;
   cudaError_t e = cudaSuccess;
   for (cudaStream_t s : {w, p}) {
@@ -72,7 +89,7 @@ extern "C" ot_status ot_cuda_stream_wait(const char *op, int device_id, void *wa
   if (e == cudaSuccess) e = cudaEventRecord(ev, p);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(w, ev, 0);
   if (ev) (void)cudaEventDestroy(ev);
-  if (prev >= 0 && prev != device_id) (void)cudaSetDevice(prev);
+  restore_device(prev, device_id);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return ot_error(OT_ERR_BACKEND, op, "ordering stream %p after stream %p for arena reuse: %s",
