@@ -5,7 +5,7 @@
 #
 #   [PRE=DIR] scripts/device_attention_bwd_sm90.sh [COMMIT] [STEPS]
 #     STEPS: comma list of smoke,test,test_alt,sanitize,bench,timing (default all but
-#     test_alt: the CUDA cases under ALT_ENV, default OT_ATTN_SM90_BWD_DQ=bulk); logs under $OUT. TIMING_SHAPES: "B,H,S,D ..." (default 8,16,4096,128);
+#     test_alt: the CUDA cases under ALT_ENV, default OT_ATTN_SM90=0: the portable kernels); logs under $OUT. TIMING_SHAPES: "B,H,S,D ..." (default 8,16,4096,128);
 #     TIMING_SETS: the VAR=VALUE settings timed in turn (default deterministic=0 deterministic=1).
 #     BENCH_PY: the bench script to run (default bench/bench_attention.py).
 #     PRE (default .bwd90carry, carried): bin.tar.xz with test_ops and libattention_shim.so
@@ -64,8 +64,8 @@ if has test; then
   grep -E -A3 '^FAIL' "$OUT/tests.log" | head -40
   echo "tests: $(grep -c '^ok ' "$OUT/tests.log") ok, $(grep -c '^FAIL' "$OUT/tests.log") FAIL"
 fi
-if has test_alt; then   # the CUDA cases again under ALT_ENV (another setting of the backward)
-  ALT_ENV=${ALT_ENV:-OT_ATTN_SM90_BWD_DQ=bulk}
+if has test_alt; then   # the CUDA cases again under ALT_ENV (default: the portable path)
+  ALT_ENV=${ALT_ENV:-OT_ATTN_SM90=0}
   stamp "tests, $ALT_ENV"
   env "$ALT_ENV" timeout ${TEST_LIMIT:-200} $A -v --filter cuda >"$OUT/tests_alt.log" 2>&1
   echo "test_ops rc=$?"
