@@ -254,6 +254,17 @@ static const acase cuda_det_cases[] = {
     {"cuda S200 D64 noncausal deterministic", 2, 200, 200, 2, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
 };
 
+/* CUDA cases run with OT_ATTN_IMPL=sm90: shapes the Hopper kernels take (forward: bf16 /
+ * fp16, D 64 / 128 / 256, no varlen or softcap; backward: D 64 / 128, causal or none). */
+static const acase cuda_sm90_cases[] = {
+    {"cuda hopper-only S128 D128 GQA1", 2, 128, 128, 4, 4, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only S1000 D64 GQA8 causal", 1, 1000, 1000, 8, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only causal Sq<Sk 100x1000 D128 GQA4", 1, 100, 1000, 8, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only S129 D64 MQA8 B2", 2, 129, 129, 8, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only S300 D256 GQA4 causal fwd", 1, 300, 300, 4, 1, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only S1000 D128 window 128/0 fwd", 1, 1000, 1000, 4, 2, 128, 0, 128, 0, 0, 0, 0, {0}, {0}, false, false, false},
+};
+
 /* Gradient-mode cases: tiny shapes, float32 storage. */
 static const acase grad_cases[] = {
     {"grad plain", 1, 5, 5, 4, 2, 4, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
@@ -460,6 +471,24 @@ static tol grad_tol(DLDataType dt) { return tol_for(dt, dt.bits == 32 ? 8 : 2); 
 
 static const DLDataType *all_dtypes[] = {&DT_F32, &DT_F16, &DT_BF16};
 
+/* While true (the OT_ATTN_IMPL=sm90 pass), a CUDA OT_ERR_UNSUPPORTED is a failure unless
+ * no Hopper kernel can run here at all (then the case is skipped): with the variable set,
+ * a call the Hopper kernels decline fails instead of silently running the portable kernel,
+ * whose results would pass the same checks. */
+static bool require_sm90;
+
+static bool attn_ok(test_run *tr, ot_status st, const char *what) {
+  if (require_sm90 && st == OT_ERR_UNSUPPORTED) {
+    if (strstr(ot_last_error(), "no Hopper attention kernel here")) {
+      tr->case_skipped = true;
+      return false;
+    }
+    tr_fail(tr, "%s: the Hopper kernel did not take the call: %s", what, ot_last_error());
+    return false;
+  }
+  return tr_ok(tr, st, what);
+}
+
 static void run_case_det(test_run *tr, const acase *c, DLDataType dt, bool det) {
   bool bwd = c->bwd;
   if (!tr_begin(tr, "attention %s %s%s", c->name, dt_name(dt), bwd ? " +bwd" : "")) return;
@@ -471,7 +500,7 @@ static void run_case_det(test_run *tr, const acase *c, DLDataType dt, bool det) 
   int64_t nq = p->tq * p->hq * p->d, nk = p->tk * p->hkv * p->d;
   double *q = tb_to_f64(P.q), *k = tb_to_f64(P.k), *v = tb_to_f64(P.v);
   double *out = malloc((nq + 1) * sizeof *out), *lse = malloc((p->tq * p->hq + 1) * sizeof *lse);
-  if (tr_ok(tr, run_forward(tr, &P), "ot_attention_forward")) {
+  if (attn_ok(tr, run_forward(tr, &P), "ot_attention_forward")) {
     sync_outputs(&P);
     ref_forward(p, q, k, v, out, lse); /* after the call: no reference for skipped cases */
     check_close(tr, "out", P.out, out, out_tol(dt));
@@ -481,7 +510,7 @@ static void run_case_det(test_run *tr, const acase *c, DLDataType dt, bool det) 
       double *dq = malloc((nq + 1) * sizeof *dq), *dk = malloc((nk + 1) * sizeof *dk),
              *dv = malloc((nk + 1) * sizeof *dv);
       ref_backward(p, q, k, v, dout, dq, dk, dv);
-      if (tr_ok(tr, run_backward(tr, &P), "ot_attention_backward")) {
+      if (attn_ok(tr, run_backward(tr, &P), "ot_attention_backward")) {
         sync_outputs(&P);
         check_close(tr, "dq", P.dq, dq, grad_tol(dt));
         check_close(tr, "dk", P.dk, dk, grad_tol(dt));
@@ -844,6 +873,38 @@ static void run_repeat_case_cuda(test_run *tr, const acase *c) {
   tr_end(tr);
 }
 
+/* OT_ATTN_IMPL=sm90 and a call the Hopper forward does not take (softcap): a clear
+ * OT_ERR_UNSUPPORTED, not the portable kernel; skipped where no Hopper kernel can run. */
+static void run_sm90_refusal_case(test_run *tr) {
+  static const acase c = {"softcap", 1, 65, 65, 2, 1, 128, 0, -1, -1, 30.0f, 0, 0, {0}, {0}, false, false, false};
+  if (!tr_begin(tr, "attention OT_ATTN_IMPL=sm90 refuses a call the Hopper forward does not take (softcap)"))
+    return;
+  rng r = tr_rng(tr);
+  prob P;
+  prob_make(tr, &c, DT_BF16, false, &P, &r);
+  ot_status st = run_forward(tr, &P);
+  if (st == OT_ERR_UNSUPPORTED && strstr(ot_last_error(), "no Hopper attention kernel here"))
+    tr->case_skipped = true;
+  else
+    tr_expect_error(tr, st, OT_ERR_UNSUPPORTED, "OT_ATTN_IMPL=sm90", "does not cover");
+  prob_free(&P);
+  tr_end(tr);
+}
+
+static void run_sm90_required(test_run *tr) {
+  const char *prev = getenv("OT_ATTN_IMPL");
+  char *saved = prev ? strdup(prev) : NULL;
+  setenv("OT_ATTN_IMPL", "sm90", 1);
+  require_sm90 = true;
+  for (size_t i = 0; i < sizeof cuda_sm90_cases / sizeof cuda_sm90_cases[0]; i++)
+    run_case(tr, &cuda_sm90_cases[i], i % 2 ? DT_F16 : DT_BF16);
+  require_sm90 = false;
+  run_sm90_refusal_case(tr);
+  if (saved) setenv("OT_ATTN_IMPL", saved, 1);
+  else unsetenv("OT_ATTN_IMPL");
+  free(saved);
+}
+
 static void run(test_run *tr) {
   if (tr->grad) {
     for (size_t i = 0; i < sizeof grad_cases / sizeof grad_cases[0]; i++)
@@ -863,6 +924,7 @@ static void run(test_run *tr) {
         {"unsplit", 4, 300, 300, 16, 4, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     };
     for (int i = 0; i < 2; i++) run_repeat_case_cuda(tr, &rep[i]);
+    run_sm90_required(tr);
   }
   for (int k = 0; k < BAD_COUNT; k++)
     for (int which = 0; which < 2; which++) run_bad_case(tr, (bad_kind)k, which);

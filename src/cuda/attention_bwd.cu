@@ -381,13 +381,13 @@ extern "C" ot_status ot_cuda_attention_backward(ot_context *ctx, const ot_attent
   /* The Hopper backward first (not deterministic: atomics for dq), unless
    * OT_ATTN_IMPL=portable; it declines (handled = false) what it does not cover. */
   ot_cuda_state *st = ot_cuda_state_of(ctx);
-  const char *impl = getenv("OT_ATTN_IMPL");
-  const bool portable = impl && strcmp(impl, "portable") == 0;
-  if (!portable && !a->deterministic && st && st->cc_major == 9) {
+  const ot_attn_impl impl = ot_cuda_attention_impl();
+  if (impl != OT_ATTN_IMPL_PORTABLE && !a->deterministic && st && st->cc_major == 9) {
     bool handled = false;
     ot_status s = ot_cuda_attention_backward_sm90(ctx, a, &handled);
     if (s != OT_OK || handled) return s;
   }
+  if (impl == OT_ATTN_IMPL_SM90) return ot_cuda_attention_sm90_refusal(ctx, op, "backward", a);
   Params P;
   int dpad;
   OT_TRY(ot_cuda_attention_params(ctx, a, op, &P, &dpad));

@@ -374,13 +374,13 @@ ot_status ot_cuda_attention_params(ot_context *ctx, const ot_attention_args *a, 
 extern "C" ot_status ot_cuda_attention_forward(ot_context *ctx, const ot_attention_args *a) {
   static const char *op = "ot_attention_forward";
   ot_cuda_state *st = ot_cuda_state_of(ctx);
-  const char *impl = getenv("OT_ATTN_IMPL");
-  bool portable = impl && strcmp(impl, "portable") == 0;
-  if (!portable && st && st->cc_major == 9) {
+  const ot_attn_impl impl = ot_cuda_attention_impl();
+  if (impl != OT_ATTN_IMPL_PORTABLE && st && st->cc_major == 9) {
     bool handled = false;
     ot_status s = ot_cuda_attention_forward_sm90(ctx, a, &handled);
     if (s != OT_OK || handled) return s;
   }
+  if (impl == OT_ATTN_IMPL_SM90) return ot_cuda_attention_sm90_refusal(ctx, op, "forward", a);
   Params P;
   int dpad;
   OT_TRY(ot_cuda_attention_params(ctx, a, op, &P, &dpad));

@@ -509,6 +509,26 @@ static int key_tile(int64_t d, bool small_tile, int nc) {
 }  // namespace sm90
 }  // namespace ot
 
+extern "C" bool ot_cuda_attention_sm90_available(ot_context *ctx) {
+  return ot::sm90::sm90_attention_enabled(ctx);
+}
+
+extern "C" ot_status ot_cuda_attention_sm90_refusal(ot_context *ctx, const char *op,
+                                                    const char *which,
+                                                    const ot_attention_args *a) {
+  if (!ot::sm90::sm90_attention_enabled(ctx))
+    return ot_error(OT_ERR_UNSUPPORTED, op,
+                    "OT_ATTN_IMPL=sm90: no Hopper attention kernel here (it needs a build with "
+                    "90a in OT_CUDA_ARCHS, a compute capability 9.0 device and OT_ATTN_SM90 "
+                    "unset or not 0)");
+  return ot_error(OT_ERR_UNSUPPORTED, op,
+                  "OT_ATTN_IMPL=sm90: the Hopper %s does not cover this call (head dim %d, "
+                  "%s%s%s%s; docs/ATTENTION.md lists what it takes)",
+                  which, (int)a->d, a->dtype == OT_BF16 ? "bf16" : a->dtype == OT_F16 ? "fp16" : "fp32",
+                  a->cu_q ? ", varlen" : "", a->softcap != 0.f ? ", softcap" : "",
+                  a->deterministic ? ", deterministic" : "");
+}
+
 extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_attention_args *a,
                                                     bool *handled) {
   using namespace ot::sm90;
