@@ -8,7 +8,8 @@
 #   cmake --build build-verify --target ops_transformer test_ops ot_engine_shared
 #   bash scripts/device_verify.sh --pack build-verify
 #   bash scripts/device_verify.sh [COMMIT]          # on the device; logs under $OUT
-# Environment: OT_VERIFY_PYTESTS (default: all of tests/python), OT_VERIFY_C_TIMEOUT (s, 200),
+# Environment: OT_VERIFY_SUITES (test_ops suites, space-separated; default: every suite),
+# OT_VERIFY_PYTESTS (pytest arguments; default: all of tests/python), OT_VERIFY_C_TIMEOUT (s, 200),
 # OT_VERIFY_PY_TIMEOUT (s, 200), OT_VERIFY_SAN: compute-sanitizer runs over test_ops filters,
 # "tool|filter;tool|filter" (40 s each; default: none).
 set -uo pipefail
@@ -44,11 +45,21 @@ export LD_LIBRARY_PATH="$M/lib:${LD_LIBRARY_PATH:-}"
 echo "library built from $(cat "$M/commit.txt"); tree ${1:-?}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
-stamp "test_ops --backend cuda (every suite)"
-timeout "${OT_VERIFY_C_TIMEOUT:-200}" "$M/test_ops" --backend cuda >"$OUT/test_ops_cuda.log" 2>&1
-echo "rc $?" >>"$OUT/test_ops_cuda.log"
+if [ -z "${OT_VERIFY_SUITES:-}" ]; then
+  stamp "test_ops --backend cuda (every suite)"
+  timeout "${OT_VERIFY_C_TIMEOUT:-200}" "$M/test_ops" --backend cuda >"$OUT/test_ops_cuda.log" 2>&1
+  echo "rc $?" >>"$OUT/test_ops_cuda.log"
+else
+  : >"$OUT/test_ops_cuda.log"
+  for s in $OT_VERIFY_SUITES; do
+    stamp "test_ops --backend cuda --suite $s"
+    timeout "${OT_VERIFY_C_TIMEOUT:-200}" "$M/test_ops" --backend cuda --suite "$s" -v \
+      >>"$OUT/test_ops_cuda.log" 2>&1
+    echo "rc $? (suite $s)" >>"$OUT/test_ops_cuda.log"
+  done
+fi
 grep -E "^FAIL" "$OUT/test_ops_cuda.log" | head -20
-tail -3 "$OUT/test_ops_cuda.log"
+grep -E "passed,|^rc " "$OUT/test_ops_cuda.log" | tail -12
 
 IFS=';' read -ra SANS <<<"${OT_VERIFY_SAN:-}"
 for item in "${SANS[@]}"; do
