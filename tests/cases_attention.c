@@ -892,17 +892,13 @@ static void run_sm90_refusal_case(test_run *tr) {
 }
 
 static void run_sm90_required(test_run *tr) {
-  const char *prev = getenv("OT_ATTN_IMPL");
-  char *saved = prev ? strdup(prev) : NULL;
-  setenv("OT_ATTN_IMPL", "sm90", 1);
+  env_saved impl = env_set("OT_ATTN_IMPL", "sm90");
   require_sm90 = true;
   for (size_t i = 0; i < sizeof cuda_sm90_cases / sizeof cuda_sm90_cases[0]; i++)
     run_case(tr, &cuda_sm90_cases[i], i % 2 ? DT_F16 : DT_BF16);
   require_sm90 = false;
   run_sm90_refusal_case(tr);
-  if (saved) setenv("OT_ATTN_IMPL", saved, 1);
-  else unsetenv("OT_ATTN_IMPL");
-  free(saved);
+  env_restore(&impl);
 }
 
 static void run(test_run *tr) {

@@ -199,12 +199,12 @@ static void small_m_forward(test_run *tr, DLDataType dt) {
     const lin_case *c = &small_m_cases[i];
     forward_case(tr, dt, c, i % 2 == 0);
     if (!tr->be->is_cuda) continue;
-    setenv("OT_LINEAR_GEMV", "1", 1);
+    env_saved gemv = env_set("OT_LINEAR_GEMV", "1");
     forward_case_tag(tr, dt, c, true, " gemv");
     forward_case_tag(tr, dt, c, false, " gemv");
     setenv("OT_LINEAR_GEMV", "0", 1);
     forward_case_tag(tr, dt, c, i % 2 != 0, " cublaslt");
-    unsetenv("OT_LINEAR_GEMV");
+    env_restore(&gemv);
   }
 }
 

@@ -969,7 +969,7 @@ static void paged_debug_case(test_run *tr, DLDataType dt, int d) {
   tbuf *vn = tb_new(tr->be, dt, 3, ksh);
   tb_fill_uniform(q, &r, -1, 1), tb_fill_uniform(kn, &r, -1, 1), tb_fill_uniform(vn, &r, -1, 1);
   tb_set(cu, 0, 0), tb_set(cu, 1, sq[0]), tb_set(cu, 2, sq[0] + sq[1]);
-  setenv("OT_DEBUG", "1", 1);
+  env_saved debug = env_set("OT_DEBUG", "1");
   ot_attention_params prm = ot_attention_default_params();
   prm.causal = 1;
   tr_expect_error(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out), NULL),
@@ -986,7 +986,7 @@ static void paged_debug_case(test_run *tr, DLDataType dt, int d) {
   tb_dl(P.indices), tb_dl(P.lpl);
   tr_expect_error(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out), NULL),
                   OT_ERR_INVALID_ARGUMENT, "ot_paged_attention: kv.last_page_len", "= 17");
-  unsetenv("OT_DEBUG");
+  env_restore(&debug);
   tb_free(q), tb_free(out), tb_free(cu), tb_free(kn), tb_free(vn);
   paged_free(&P);
   tr_end(tr);
@@ -1503,7 +1503,7 @@ static void run_memory_cuda(test_run *tr) {
     if (i % 4 == 0) paged_case(tr, &paged_cuda_cases[i], DT_F32);
   }
   /* the split-KV merge with a forced count on multi-token tiles and windows */
-  setenv("OT_PAGED_SPLITS", "7", 1);
+  env_saved splits = env_set("OT_PAGED_SPLITS", "7");
   for (size_t i = 6; i < 12; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16);
   paged_case(tr, &paged_cuda_cases[1], DT_BF16); /* page size 1 */
   paged_case(tr, &paged_cuda_cases[5], DT_F16);  /* page size 3 */
@@ -1514,7 +1514,7 @@ static void run_memory_cuda(test_run *tr) {
   paged_case(tr, &paged_cuda_long[0], DT_BF16);
   setenv("OT_PAGED_SPLITS", "150", 1);
   paged_case(tr, &paged_cuda_long[1], DT_F16);
-  unsetenv("OT_PAGED_SPLITS");
+  env_restore(&splits);
   for (size_t i = 0; i < sizeof paged_cuda_long / sizeof paged_cuda_long[0]; i++)
     paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);
   paged_case(tr, &paged_long[1], DT_BF16);

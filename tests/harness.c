@@ -294,6 +294,21 @@ bool tr_ok(test_run *tr, ot_status st, const char *what) {
   return false;
 }
 
+env_saved env_set(const char *name, const char *value) {
+  const char *prev = getenv(name);
+  env_saved s = {name, prev ? strdup(prev) : NULL};
+  if (value) setenv(name, value, 1);
+  else unsetenv(name);
+  return s;
+}
+
+void env_restore(env_saved *saved) {
+  if (saved->value) setenv(saved->name, saved->value, 1);
+  else unsetenv(saved->name);
+  free(saved->value);
+  saved->value = NULL;
+}
+
 bool tr_expect_error(test_run *tr, ot_status st, ot_status want, const char *contains1,
                      const char *contains2) {
   const char *msg = ot_last_error();

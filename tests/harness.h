@@ -119,6 +119,17 @@ rng tr_rng(const test_run *tr);
  * case skipped instead. Returns true when the op ran. */
 bool tr_ok(test_run *tr, ot_status st, const char *what);
 /* Expect status `want` and a last-error message that contains each non-NULL string. */
+/* Environment overrides for cases that switch a kernel through its OT_* variable (read per
+ * call by the library): env_set sets `name` (value NULL: unsets it) and returns what was
+ * there, env_restore puts that back -- so a run under a caller's own setting (a device
+ * script's variant pass, say) keeps it for the cases after. */
+typedef struct env_saved {
+  const char *name;
+  char *value; /* NULL: was unset */
+} env_saved;
+env_saved env_set(const char *name, const char *value);
+void env_restore(env_saved *saved);
+
 bool tr_expect_error(test_run *tr, ot_status st, ot_status want, const char *contains1,
                      const char *contains2);
 
