@@ -309,6 +309,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     reg_fence<NQ / 2>(dq);
     reg_fence<16>(pp);
     reg_fence<16>(pds);
+    /* Every lane's reads of the stage (lse2 / Dsum) are ordered before lane 0's release:
+     * without the __syncwarp the producer's next bulk copy into the stage races with
+     * them (compute-sanitizer racecheck). */
+    __syncwarp();
     if (lane == 0) mbar_arrive(bar(BAR_EMPTY + s));
     /* dq element i: query i0 + warp 16 + g + 8 ((i >> 1) & 1), column col0 + 8 (i >> 2) + 2 q4. */
     {
