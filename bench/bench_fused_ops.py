@@ -466,15 +466,17 @@ def check_ce(S, ck, small):
 
 # Opt-in kernel selections (src/cuda/norm.cuh, rope.cu) that --sanitize covers besides
 # the defaults (device_test_cuda.sh's OT_VARIANT_ENV runs the tests under such a set):
-# forward v3, backward v2, RoPE's block-per-token kernel v1 on rows the warp kernel takes.
+# forward v3, backward v2, RoPE's block-per-token kernel v1 on rows the warp and bulk-copy
+# kernels take. (The defaults on the H200 are the bulk-copy kernels where they apply.)
 ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL": "v1"}
 
 
-def sanitize_run(S):
+def sanitize_run(S, only="norm,rope,glu,ce"):
     """Our kernels only (no references), small shapes covering every kernel variant:
     for compute-sanitizer racecheck, where torch's own kernels would be slow. The norm
-    and RoPE part runs again under ALT_KERNELS."""
-    sanitize_once(S, True)
+    and RoPE part runs again under ALT_KERNELS. `only`: SwiGLU / cross-entropy kernels
+    only when named there ("glu", "ce")."""
+    sanitize_once(S, "glu" in only or "ce" in only)
     os.environ.update(ALT_KERNELS)
     try:
         sanitize_once(S, False)
@@ -648,18 +650,27 @@ def bench_all(S, args):
 
     variants = variants_ms
 
-    # Defaults (src/cuda/norm.cuh): forward v2, backward v3 (cp.async ring; RMSNorm 2
-    # vectors per thread and a 2-row ring, LayerNorm 4 vectors and the automatic ring),
-    # RoPE's warp kernel v3. The variants: the other generations and the ring shapes
-    # around the defaults. (The run of 4005b7c also timed forward v4, rows per block and
-    # the backward with 2 rows per iteration: all slower, removed; docs/PERFORMANCE.md.)
-    FWD_VARIANTS = {"v3 (automatic ring)": {"OT_NORM_FWD_IMPL": "v3"}}
-    BWD_VARIANTS = {"v2": {"OT_NORM_BWD_IMPL": "v2"},
-                    "v3 nv2 S=2": {"OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "2"},
-                    "v3 nv2 automatic ring": {"OT_NORM_BWD_V3NV": "2", "OT_NORM_BWD_STAGES": "0"},
-                    "v3 nv4 automatic ring": {"OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "0"},
-                    "v3 nv4 S=2": {"OT_NORM_BWD_V3NV": "4", "OT_NORM_BWD_STAGES": "2"}}
-    ROPE_VARIANTS = {"v1 (block per token)": {"OT_ROPE_IMPL": "v1"}}
+    # Defaults (src/cuda/norm.cuh, rope.cu): the bulk-copy (TMA) kernels where they apply
+    # (sm_90, rows of 4-16 KB; forward: a warp per row, 3 slots per warp; backward: v3's
+    # block-per-row shape, RMSNorm 2 vectors per thread with register partials, LayerNorm
+    # 2 vectors with shared-memory partials, automatic ring; RoPE: a warp per token, 3
+    # slots). The variants: the previous defaults (forward v2, backward v3 with its ring
+    # shape, RoPE warp kernel v3) and the TMA kernels' shapes around the defaults. (Earlier
+    # runs timed forward v3 / v4, rows per block, backward v2 and 2 rows per iteration:
+    # all slower; docs/PERFORMANCE.md.)
+    FWD_VARIANTS = {"v2": {"OT_NORM_FWD_IMPL": "v2"},
+                    "tma S=2": {"OT_NORM_FWD_STAGES": "2"},
+                    "tma S=4": {"OT_NORM_FWD_STAGES": "4"}}
+    BWD_VARIANTS = {"v3": {"OT_NORM_BWD_IMPL": "v3"},
+                    "tma nv4": {"OT_NORM_BWD_TMA_NV": "4"},
+                    "tma nv2 reg partials": {"OT_NORM_BWD_TMA_NV": "2", "OT_NORM_BWD_PSMEM": "0"},
+                    "tma nv2 smem partials": {"OT_NORM_BWD_TMA_NV": "2", "OT_NORM_BWD_PSMEM": "1"},
+                    "tma nv4 reg partials": {"OT_NORM_BWD_TMA_NV": "4", "OT_NORM_BWD_PSMEM": "0"},
+                    "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"},
+                    "tma S=4": {"OT_NORM_BWD_TMA_STAGES": "4"}}
+    ROPE_VARIANTS = {"v3 (warp kernel)": {"OT_ROPE_IMPL": "v3"},
+                     "tma S=2": {"OT_ROPE_STAGES": "2"},
+                     "tma S=4": {"OT_ROPE_STAGES": "4"}}
     only = set(args.only.split(","))
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):
@@ -989,7 +1000,7 @@ def main():
             print("  FAIL", f)
         rc = 1 if ck.failed else 0
     if args.sanitize:
-        sanitize_run(S)
+        sanitize_run(S, args.only)
     if args.bench:
         copy_tbps, rows = bench_all(S, args)
         write_doc(args, copy_tbps, rows)

@@ -30,6 +30,8 @@
 #   OT_CHECK_ONLY           families for the python check (default: OT_ONLY)
 #   OT_MEMCHECK_ONLY        families under compute-sanitizer memcheck (default norm,ce)
 #   OT_SANITIZE_TIMEOUT     seconds per sanitizer run (default 200)
+#   OT_TEST_TIMEOUT         seconds per test_ops suite and per python check (default 300)
+#   OT_BENCH_TIMEOUT        seconds for the benchmark (default 420)
 #   OT_COMMIT               the commit recorded in the JSON (the device copy has no .git)
 #   OT_BENCH_FLAGS          extra flags for the benchmark (e.g. --no-compile)
 #   OT_VARIANT_ENV          "VAR=value ..." of opt-in kernel selections (e.g. the
@@ -76,11 +78,11 @@ if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   if [ -n "${OT_SUITES:-}" ]; then
     : >"$OUT/test_ops.log"
     for s in $OT_SUITES; do
-      timeout 300 build-dev/tests/test_ops --backend cuda --suite "$s" >>"$OUT/test_ops.log" 2>&1
+      timeout "${OT_TEST_TIMEOUT:-300}" build-dev/tests/test_ops --backend cuda --suite "$s" >>"$OUT/test_ops.log" 2>&1
       echo "test_ops --suite $s rc=$?"
     done
   else
-    timeout 300 build-dev/tests/test_ops --backend cuda >"$OUT/test_ops.log" 2>&1
+    timeout "${OT_TEST_TIMEOUT:-300}" build-dev/tests/test_ops --backend cuda >"$OUT/test_ops.log" 2>&1
     echo "test_ops rc=$?"
   fi
   grep -E '^cuda ' "$OUT/test_ops.log" | head -20
@@ -88,17 +90,17 @@ if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   if [ -n "${OT_VARIANT_ENV:-}" ]; then
     for s in ${OT_SUITES:-norm rope}; do
       # shellcheck disable=SC2086
-      env $OT_VARIANT_ENV timeout 300 build-dev/tests/test_ops --backend cuda --suite "$s" >>"$OUT/test_ops_variant.log" 2>&1
+      env $OT_VARIANT_ENV timeout "${OT_TEST_TIMEOUT:-300}" build-dev/tests/test_ops --backend cuda --suite "$s" >>"$OUT/test_ops_variant.log" 2>&1
       echo "test_ops --suite $s ($OT_VARIANT_ENV) rc=$?"
     done
     grep -E '^cuda |FAIL' "$OUT/test_ops_variant.log" | head -20
   fi
   stamp "python check"
-  timeout 300 python3 bench/bench_fused_ops.py --shim $SHIM --check --only "${OT_CHECK_ONLY:-${OT_ONLY:-norm,rope,glu,ce}}" >"$OUT/check.log" 2>&1
+  timeout "${OT_TEST_TIMEOUT:-300}" python3 bench/bench_fused_ops.py --shim $SHIM --check --only "${OT_CHECK_ONLY:-${OT_ONLY:-norm,rope,glu,ce}}" >"$OUT/check.log" 2>&1
   echo "check rc=$?"; tail -25 "$OUT/check.log"
   if [ -n "${OT_VARIANT_ENV:-}" ]; then
     # shellcheck disable=SC2086
-    env $OT_VARIANT_ENV timeout 300 python3 bench/bench_fused_ops.py --shim $SHIM --check --only "${OT_CHECK_ONLY:-${OT_ONLY:-norm,rope,glu,ce}}" >"$OUT/check_variant.log" 2>&1
+    env $OT_VARIANT_ENV timeout "${OT_TEST_TIMEOUT:-300}" python3 bench/bench_fused_ops.py --shim $SHIM --check --only "${OT_CHECK_ONLY:-${OT_ONLY:-norm,rope,glu,ce}}" >"$OUT/check_variant.log" 2>&1
     echo "check ($OT_VARIANT_ENV) rc=$?"; grep -E '^check:|FAIL' "$OUT/check_variant.log" | head -20
   fi
 fi
@@ -106,7 +108,7 @@ fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   stamp "bench"
   COMMIT=${OT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-  timeout 420 python3 bench/bench_fused_ops.py --shim $SHIM --bench $COMPILE_FLAG ${OT_BENCH_FLAGS:-} --only "${OT_ONLY:-norm,rope,glu,ce}" --json "$OUT/fused_ops.json" \
+  timeout "${OT_BENCH_TIMEOUT:-420}" python3 bench/bench_fused_ops.py --shim $SHIM --bench $COMPILE_FLAG ${OT_BENCH_FLAGS:-} --only "${OT_ONLY:-norm,rope,glu,ce}" --json "$OUT/fused_ops.json" \
     --commit "$COMMIT" --command "scripts/device_test_cuda.sh $MODE $COMPILE_FLAG" >"$OUT/bench.log" 2>&1
   echo "bench rc=$?"
   python3 bench/plot_fused_ops.py "$OUT/fused_ops.json" "$OUT/fused_ops.png" >>"$OUT/bench.log" 2>&1 || true
@@ -128,7 +130,7 @@ if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   fi
   stamp "compute-sanitizer racecheck"
   timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
-    python3 bench/bench_fused_ops.py --shim $SHIM --sanitize >"$OUT/racecheck.log" 2>&1
+    python3 bench/bench_fused_ops.py --shim $SHIM --sanitize --only "${OT_ONLY:-norm,rope,glu,ce}" >"$OUT/racecheck.log" 2>&1
   echo "racecheck rc=$?"; grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|sanitize run|hazard' "$OUT/racecheck.log" | head -10
 fi
 stamp "end"

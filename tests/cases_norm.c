@@ -408,68 +408,71 @@ static bool same_bytes(tbuf *a, tbuf *b) {
  * the backward with saved statistics equals the backward that recomputes them; two
  * backward runs give the same dweight / dbias. */
 static void consistency(test_run *tr) {
+  /* H = 2056: rows of 4-16 KB, which the CUDA backend's bulk-copy kernels take */
+  static const int64_t CH[] = {1000, 2056};
   for (int ln = 0; ln < 2; ln++)
-    for (size_t d = 0; d < 3; d++) {
-      DLDataType dt = *DTYPES[d];
-      const int64_t R = 33, H = 1000, shape[2] = {R, H}; /* > 16K elements: 2+ threads */
-      if (!tr_begin(tr, "%s %s fused == unfused, saved == recomputed stats, deterministic",
-                    ln ? "layernorm" : "rmsnorm", dt_name(dt)))
-        continue;
-      const backend *be = tr->be;
-      ot_context *ctx = be->ctx;
-      rng r = tr_rng(tr);
-      tbuf *x = new_act(be, dt, 2, shape, 0, &r, -2, 2), *res = new_act(be, dt, 2, shape, 0, &r, -2, 2);
-      tbuf *w = tb_new(be, dt, 1, &H), *b = tb_new(be, dt, 1, &H);
-      tb_fill_uniform(w, &r, -1.5, 1.5);
-      tb_fill_uniform(b, &r, -1, 1);
-      tbuf *out1 = tb_new(be, dt, 2, shape), *out2 = tb_new(be, dt, 2, shape);
-      tbuf *rout = tb_new(be, dt, 2, shape);
-      tbuf *mean = tb_new(be, DT_F32, 1, &R), *rstd = tb_new(be, DT_F32, 1, &R);
-      tbuf *dy = new_act(be, dt, 2, shape, 0, &r, -1, 1);
-      tbuf *dx1 = tb_new(be, dt, 2, shape), *dx2 = tb_new(be, dt, 2, shape);
-      tbuf *dw1 = tb_new(be, dt, 1, &H), *dw2 = tb_new(be, dt, 1, &H);
-      tbuf *db1 = tb_new(be, dt, 1, &H), *db2 = tb_new(be, dt, 1, &H);
-      const float eps = 1e-5f;
-      bool ok;
-      if (ln) {
-        ok = tr_ok(tr, ot_layernorm_forward(ctx, tb_dl(x), tb_dl(res), tb_dl(w), tb_dl(b), eps,
-                                            tb_dl(out1), tb_dl(rout), tb_dl(mean), tb_dl(rstd)),
-                   "fused forward") &&
-             tr_ok(tr, ot_layernorm_forward(ctx, tb_dl(rout), NULL, tb_dl(w), tb_dl(b), eps,
-                                            tb_dl(out2), NULL, NULL, NULL),
-                   "unfused forward") &&
-             tr_ok(tr, ot_layernorm_backward(ctx, tb_dl(dy), NULL, tb_dl(rout), tb_dl(w),
-                                             tb_dl(mean), tb_dl(rstd), eps, tb_dl(dx1),
-                                             tb_dl(dw1), tb_dl(db1)),
-                   "backward saved") &&
-             tr_ok(tr, ot_layernorm_backward(ctx, tb_dl(dy), NULL, tb_dl(rout), tb_dl(w), NULL,
-                                             NULL, eps, tb_dl(dx2), tb_dl(dw2), tb_dl(db2)),
-                   "backward recomputed");
-      } else {
-        ok = tr_ok(tr, ot_rmsnorm_forward(ctx, tb_dl(x), tb_dl(res), tb_dl(w), eps, tb_dl(out1),
-                                          tb_dl(rout), tb_dl(rstd)),
-                   "fused forward") &&
-             tr_ok(tr, ot_rmsnorm_forward(ctx, tb_dl(rout), NULL, tb_dl(w), eps, tb_dl(out2),
-                                          NULL, NULL),
-                   "unfused forward") &&
-             tr_ok(tr, ot_rmsnorm_backward(ctx, tb_dl(dy), NULL, tb_dl(rout), tb_dl(w),
-                                           tb_dl(rstd), eps, tb_dl(dx1), tb_dl(dw1)),
-                   "backward saved") &&
-             tr_ok(tr, ot_rmsnorm_backward(ctx, tb_dl(dy), NULL, tb_dl(rout), tb_dl(w), NULL,
-                                           eps, tb_dl(dx2), tb_dl(dw2)),
-                   "backward recomputed");
+    for (size_t d = 0; d < 3; d++)
+      for (size_t hi = 0; hi < 2; hi++) {
+        DLDataType dt = *DTYPES[d];
+        const int64_t R = 33, H = CH[hi], shape[2] = {R, H}; /* > 16K elements: 2+ threads */
+        if (!tr_begin(tr, "%s %s H=%lld fused == unfused, saved == recomputed stats, deterministic",
+                      ln ? "layernorm" : "rmsnorm", dt_name(dt), (long long)H))
+          continue;
+        const backend *be = tr->be;
+        ot_context *ctx = be->ctx;
+        rng r = tr_rng(tr);
+        tbuf *x = new_act(be, dt, 2, shape, 0, &r, -2, 2), *res = new_act(be, dt, 2, shape, 0, &r, -2, 2);
+        tbuf *w = tb_new(be, dt, 1, &H), *b = tb_new(be, dt, 1, &H);
+        tb_fill_uniform(w, &r, -1.5, 1.5);
+        tb_fill_uniform(b, &r, -1, 1);
+        tbuf *out1 = tb_new(be, dt, 2, shape), *out2 = tb_new(be, dt, 2, shape);
+        tbuf *rout = tb_new(be, dt, 2, shape);
+        tbuf *mean = tb_new(be, DT_F32, 1, &R), *rstd = tb_new(be, DT_F32, 1, &R);
+        tbuf *dy = new_act(be, dt, 2, shape, 0, &r, -1, 1);
+        tbuf *dx1 = tb_new(be, dt, 2, shape), *dx2 = tb_new(be, dt, 2, shape);
+        tbuf *dw1 = tb_new(be, dt, 1, &H), *dw2 = tb_new(be, dt, 1, &H);
+        tbuf *db1 = tb_new(be, dt, 1, &H), *db2 = tb_new(be, dt, 1, &H);
+        const float eps = 1e-5f;
+        bool ok;
+        if (ln) {
+          ok = tr_ok(tr, ot_layernorm_forward(ctx, tb_dl(x), tb_dl(res), tb_dl(w), tb_dl(b), eps,
+                                              tb_dl(out1), tb_dl(rout), tb_dl(mean), tb_dl(rstd)),
+                     "fused forward") &&
+               tr_ok(tr, ot_layernorm_forward(ctx, tb_dl(rout), NULL, tb_dl(w), tb_dl(b), eps,
+                                              tb_dl(out2), NULL, NULL, NULL),
+                     "unfused forward") &&
+               tr_ok(tr, ot_layernorm_backward(ctx, tb_dl(dy), NULL, tb_dl(rout), tb_dl(w),
+                                               tb_dl(mean), tb_dl(rstd), eps, tb_dl(dx1),
+                                               tb_dl(dw1), tb_dl(db1)),
+                     "backward saved") &&
+               tr_ok(tr, ot_layernorm_backward(ctx, tb_dl(dy), NULL, tb_dl(rout), tb_dl(w), NULL,
+                                               NULL, eps, tb_dl(dx2), tb_dl(dw2), tb_dl(db2)),
+                     "backward recomputed");
+        } else {
+          ok = tr_ok(tr, ot_rmsnorm_forward(ctx, tb_dl(x), tb_dl(res), tb_dl(w), eps, tb_dl(out1),
+                                            tb_dl(rout), tb_dl(rstd)),
+                     "fused forward") &&
+               tr_ok(tr, ot_rmsnorm_forward(ctx, tb_dl(rout), NULL, tb_dl(w), eps, tb_dl(out2),
+                                            NULL, NULL),
+                     "unfused forward") &&
+               tr_ok(tr, ot_rmsnorm_backward(ctx, tb_dl(dy), NULL, tb_dl(rout), tb_dl(w),
+                                             tb_dl(rstd), eps, tb_dl(dx1), tb_dl(dw1)),
+                     "backward saved") &&
+               tr_ok(tr, ot_rmsnorm_backward(ctx, tb_dl(dy), NULL, tb_dl(rout), tb_dl(w), NULL,
+                                             eps, tb_dl(dx2), tb_dl(dw2)),
+                     "backward recomputed");
+        }
+        if (ok) {
+          if (!same_bytes(out1, out2)) tr_fail(tr, "fused out != unfused out on residual_out");
+          if (!same_bytes(dx1, dx2)) tr_fail(tr, "dx with saved stats != dx recomputed");
+          if (!same_bytes(dw1, dw2)) tr_fail(tr, "dweight with saved stats != recomputed");
+          if (ln && !same_bytes(db1, db2)) tr_fail(tr, "dbias differs between two runs");
+        }
+        tr_end(tr);
+        tb_free(x), tb_free(res), tb_free(w), tb_free(b), tb_free(out1), tb_free(out2);
+        tb_free(rout), tb_free(mean), tb_free(rstd), tb_free(dy), tb_free(dx1), tb_free(dx2);
+        tb_free(dw1), tb_free(dw2), tb_free(db1), tb_free(db2);
       }
-      if (ok) {
-        if (!same_bytes(out1, out2)) tr_fail(tr, "fused out != unfused out on residual_out");
-        if (!same_bytes(dx1, dx2)) tr_fail(tr, "dx with saved stats != dx recomputed");
-        if (!same_bytes(dw1, dw2)) tr_fail(tr, "dweight with saved stats != recomputed");
-        if (ln && !same_bytes(db1, db2)) tr_fail(tr, "dbias differs between two runs");
-      }
-      tr_end(tr);
-      tb_free(x), tb_free(res), tb_free(w), tb_free(b), tb_free(out1), tb_free(out2);
-      tb_free(rout), tb_free(mean), tb_free(rstd), tb_free(dy), tb_free(dx1), tb_free(dx2);
-      tb_free(dw1), tb_free(dw2), tb_free(db1), tb_free(db2);
-    }
 
   /* Zero rows: a no-op forward; the backward writes zeros to dweight / dbias. */
   for (int ln = 0; ln < 2; ln++) {

@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bulk_copy.cuh"
 #include "common.cuh"
 
 namespace ot {
@@ -558,6 +559,23 @@ __device__ __forceinline__ void opaque(raw16 &r) {
   asm volatile("" : "+r"(r.u.x), "+r"(r.u.y), "+r"(r.u.z), "+r"(r.u.w));
 }
 
+/* out = (h - mu) * rs * w + b per element, as y = h * rs + nmr (nmr = -mu * rs, one FMA)
+ * then one FMA with weight and bias: the expression of forward v2 / v3 and the bulk-copy
+ * forward alike. has_w / has_b false: 1 / 0. */
+template <bool LAYER, int V>
+__device__ __forceinline__ void norm_fwd_out(const float *hv, const float *wv, const float *bv,
+                                             bool has_w, bool has_b, float rs, float nmr,
+                                             float *o) {
+#pragma unroll
+  for (int j = 0; j < V; j++) {
+    float y = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
+    if (has_w && has_b) y = fmaf(y, wv[j], bv[j]);
+    else if (has_w) y *= wv[j];
+    else if (has_b) y += bv[j];
+    o[j] = y;
+  }
+}
+
 /* The per-row work of forward v2 / v3 once the thread's NV vectors of x (and of the
  * residual) are in registers: residual add and store, the statistics, out. Both
  * kernels call it with the same thread-to-vector map (vector x + i * TPR), so they
@@ -632,14 +650,7 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
     unpack<T>(hv, xr[i]);
     if (w) load_vec(wv, w + base);
     if (b) load_vec(bv, b + base);
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-      float y = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
-      if (w && b) y = fmaf(y, wv[j], bv[j]);
-      else if (w) y *= wv[j];
-      else if (b) y += bv[j];
-      o[j] = y;
-    }
+    norm_fwd_out<LAYER, V>(hv, wv, bv, w != nullptr, b != nullptr, rs, nmr, o);
     store_vec(out + base, o);
   }
   if (threadIdx.x == 0) {
@@ -973,6 +984,16 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
   }
 }
 
+/* The saved statistics of `row` into rs / mu (left as they are past the last row). */
+template <bool LAYER>
+__device__ __forceinline__ void norm_stats_of(const norm_bwd_params &p, int64_t row, float &rs,
+                                              float &mu) {
+  if (row < p.rows) {
+    rs = p.rstd[row];
+    if (LAYER) mu = p.mean[row];
+  }
+}
+
 /* ---- backward v3: v2's arithmetic, h / dy (/ dres) staged by a cp.async ring -----------
  * One row group per block (blockDim = (TPR, 1), TPR = ceil(nvec / NV) rounded to a warp),
  * persistent grid, block b handles rows b, b + G, ...; rows b + G .. b + (S-1) G of h
@@ -1026,17 +1047,11 @@ __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int
   }
   for (int s = 0; s + 1 < S; s++) issue((int64_t)blockIdx.x + (int64_t)s * G, s);
   float rs_n = 0.0f, mu_n = 0.0f;
-  if ((int64_t)blockIdx.x < p.rows) {
-    rs_n = p.rstd[blockIdx.x];
-    if (LAYER) mu_n = p.mean[blockIdx.x];
-  }
+  norm_stats_of<LAYER>(p, blockIdx.x, rs_n, mu_n);
   int stage = 0;
   for (int64_t row = blockIdx.x; row < p.rows; row += G) {
     const float rs = rs_n, mu = mu_n;
-    if (row + G < p.rows) {
-      rs_n = p.rstd[row + G];
-      if (LAYER) mu_n = p.mean[row + G];
-    }
+    norm_stats_of<LAYER>(p, row + G, rs_n, mu_n); /* one row ahead */
     issue(row + (int64_t)(S - 1) * G, stage == 0 ? S - 1 : stage - 1);
     cp_async_wait(S - 1);
     const uint4 *st = ring + stage * stage_vecs + tid;
@@ -1092,6 +1107,326 @@ __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int
     if (p.dw_part) norm_store_partials<V>(p.dw_part + part * n + base, dw[i]);
     if (LAYER && p.db_part) norm_store_partials<V>(p.db_part + part * n + base, db[i]);
   }
+}
+
+/* ---- bulk-copy (TMA) kernels, sm_90 --------------------------------------------------
+ * The rows are staged in shared memory by 1-D bulk copies (bulk_copy.cuh): one thread
+ * issues a whole row per tensor, completing on the slot's mbarrier, so the bytes in
+ * flight per SM are bounded by shared memory (~220 KB on the H200), cost no registers
+ * and no per-16-byte load instructions (v3's per-thread cp.async rings issue one per
+ * vector, v2's register rows cap the bytes in flight by occupancy). Rows are 16-byte
+ * aligned and cols * sizeof(T) is a multiple of 16 (the bulk copy's rules); the host
+ * takes v2 / v3 otherwise. */
+constexpr int kNormTmaMaxWarps = 16, kNormTmaMaxStages = 4;
+
+/* Sum over a row staged in shared memory (xs, nvec 16-byte vectors), lane's vectors
+ * lane, lane + 32, ...: of h when !SQUARE, of (h - mu)^2 when SQUARE (mu = 0: h^2, exact). */
+template <typename T, bool SQUARE>
+__device__ __forceinline__ float norm_slot_sum(const uint4 *xs, int lane, int nvec, float mu) {
+  constexpr int V = vec_width<T>::value;
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int i = lane; i < nvec; i += 32) {
+    raw16 a;
+    a.u = xs[i];
+    float hv[V];
+    unpack<T>(hv, a);
+#pragma unroll
+    for (int j = 0; j < V; j++) acc += SQUARE ? (hv[j] - mu) * (hv[j] - mu) : hv[j];
+  }
+  return acc;
+}
+
+/* V fp32 partials of vector idx in a [V/4][nvec] float4 array in shared memory. */
+template <int V>
+__device__ __forceinline__ void norm_psm_load(float *f, const float4 *a, int nvec, int idx) {
+#pragma unroll
+  for (int q = 0; q < V / 4; q++) {
+    const float4 t = a[(size_t)q * nvec + idx];
+    f[4 * q] = t.x, f[4 * q + 1] = t.y, f[4 * q + 2] = t.z, f[4 * q + 3] = t.w;
+  }
+}
+template <int V>
+__device__ __forceinline__ void norm_psm_store(float4 *a, int nvec, int idx, const float *f) {
+#pragma unroll
+  for (int q = 0; q < V / 4; q++)
+    a[(size_t)q * nvec + idx] = make_float4(f[4 * q], f[4 * q + 1], f[4 * q + 2], f[4 * q + 3]);
+}
+
+/* Forward: a warp per row. One block per SM (the ring fills shared memory) of W warps;
+ * warp w of block b owns rows w * G + b + k * G * W (G = gridDim.x: the last, partial
+ * round of rows spreads over all SMs), each through its own ring of S slots (x, and the
+ * residual, of one row). Lane 0 refills a slot with the warp's row S rounds ahead as
+ * soon as the warp is done with it; weight and bias are bulk-copied into shared memory
+ * once per block. Lane l handles the vectors l, l + 32, ... of the row (a warp reads
+ * 512 contiguous bytes of shared memory per instruction, conflict-free), sums them,
+ * reduces with shuffles only (no block barrier), and writes out from the shared copy:
+ * two passes over shared memory (three for LayerNorm), no row in registers. With the
+ * residual, h = x + residual rounded to T replaces x in the slot (and goes to
+ * residual_out), so the fused forward and the unfused one over residual_out reduce the
+ * same values in the same order (same bits). p.out == NULL: statistics only. */
+template <typename T, bool LAYER, bool RES>
+__global__ void __launch_bounds__(kNormTmaMaxWarps * 32, 1)
+    norm_fwd_tma_kernel(norm_fwd_params p, int S) {
+#ifdef OT_BULK_COPY_DEVICE
+  constexpr int V = vec_width<T>::value;
+  constexpr int NT = RES ? 2 : 1;
+  extern __shared__ __align__(128) uint4 tma_smem[];
+  __shared__ uint64_t bars[kNormTmaMaxWarps * kNormTmaMaxStages + 1];
+  const int nvec = (int)(p.cols / V);
+  const uint32_t rb = (uint32_t)nvec * 16u;
+  const float fn = (float)p.cols;
+  const int W = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const bool hw = p.out && p.weight, hb = LAYER && p.out && p.bias;
+  const uint4 *ws = tma_smem;
+  const uint4 *bs = tma_smem + (hw ? nvec : 0);
+  uint4 *ring = tma_smem + (hw ? nvec : 0) + (hb ? nvec : 0) + (size_t)warp * S * NT * nvec;
+  uint64_t *bar = bars + warp * kNormTmaMaxStages;
+  uint64_t *wbar = bars + kNormTmaMaxWarps * kNormTmaMaxStages;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < W * kNormTmaMaxStages; i++) bulk_bar_init(bars + i, 1);
+    bulk_bar_init(wbar, 1);
+    bulk_bar_init_fence();
+  }
+  __syncthreads();
+  const int64_t G = gridDim.x, stride = G * W;
+  const int64_t first = (int64_t)warp * G + blockIdx.x;
+  const T *x = static_cast<const T *>(p.x);
+  const T *res = static_cast<const T *>(p.residual);
+  auto issue = [&](int64_t row, int s) {
+    uint4 *dst = ring + (size_t)s * NT * nvec;
+    bulk_bar_expect(bar + s, NT * rb);
+    bulk_load(dst, x + row * p.x_stride, rb, bar + s);
+    if (RES) bulk_load(dst + nvec, res + row * p.residual_stride, rb, bar + s);
+  };
+  if (lane == 0) {
+    if (warp == 0 && (hw || hb)) {
+      bulk_bar_expect(wbar, (hw ? rb : 0u) + (hb ? rb : 0u));
+      if (hw) bulk_load((void *)ws, p.weight, rb, wbar);
+      if (hb) bulk_load((void *)bs, p.bias, rb, wbar);
+    }
+    for (int s = 0; s < S; s++) {
+      const int64_t row = first + (int64_t)s * stride;
+      if (row < p.rows) issue(row, s);
+    }
+  }
+  if (hw || hb) bulk_bar_wait(wbar, 0);
+  int s = 0;
+  uint32_t ph = 0;
+  for (int64_t row = first; row < p.rows; row += stride) {
+    bulk_bar_wait(bar + s, ph);
+    uint4 *xs = ring + (size_t)s * NT * nvec;
+    float sum = 0.0f;
+    if (RES) {
+      const uint4 *rsm = xs + nvec;
+      T *rout = static_cast<T *>(p.residual_out) + row * p.residual_out_stride;
+#pragma unroll 4
+      for (int i = lane; i < nvec; i += 32) {
+        raw16 a, b;
+        a.u = xs[i];
+        b.u = rsm[i];
+        float hv[V], rv[V];
+        unpack<T>(hv, a);
+        unpack<T>(rv, b);
+#pragma unroll
+        for (int j = 0; j < V; j++) hv[j] += rv[j];
+        pack<T>(a, hv); /* h rounded to storage: what residual_out holds */
+        xs[i] = a.u;
+        *reinterpret_cast<uint4 *>(rout + (int64_t)i * V) = a.u;
+        unpack<T>(hv, a);
+#pragma unroll
+        for (int j = 0; j < V; j++) sum += LAYER ? hv[j] : hv[j] * hv[j];
+      }
+    } else {
+      sum = norm_slot_sum<T, !LAYER>(xs, lane, nvec, 0.0f);
+    }
+    sum = warp_sum(sum);
+    float mu = 0.0f, rs;
+    if (LAYER) {
+      mu = sum / fn;
+      rs = rsqrtf(warp_sum(norm_slot_sum<T, true>(xs, lane, nvec, mu)) / fn + p.eps);
+    } else {
+      rs = rsqrtf(sum / fn + p.eps);
+    }
+    if (p.out) {
+      const float nmr = -mu * rs; /* y = h * rs + nmr: one FMA per element */
+      T *out = static_cast<T *>(p.out) + row * p.out_stride;
+#pragma unroll 4
+      for (int i = lane; i < nvec; i += 32) {
+        raw16 a, wr, br;
+        a.u = xs[i];
+        float hv[V], wv[V], bv[V], o[V];
+        unpack<T>(hv, a);
+        if (hw) {
+          wr.u = ws[i];
+          unpack<T>(wv, wr);
+        }
+        if (hb) {
+          br.u = bs[i];
+          unpack<T>(bv, br);
+        }
+        norm_fwd_out<LAYER, V>(hv, wv, bv, hw, hb, rs, nmr, o);
+        store_vec(out + (int64_t)i * V, o);
+      }
+    }
+    if (lane == 0) {
+      if (p.rstd) p.rstd[row] = rs;
+      if (LAYER && p.mean) p.mean[row] = mu;
+    }
+    /* the warp is done with the slot (RES wrote h into it: order those generic writes
+     * before the bulk copy that overwrites them) */
+    if (RES) bulk_fence_proxy();
+    __syncwarp();
+    if (lane == 0) {
+      const int64_t nr = row + (int64_t)S * stride;
+      if (nr < p.rows) issue(nr, s);
+    }
+    if (++s == S) s = 0, ph ^= 1u;
+  }
+#endif
+}
+
+/* Vector idx of a staged row's h and dy (shared memory) unpacked, and of the weight
+ * (global, L1 hits; untouched when w is NULL). */
+template <typename T>
+__device__ __forceinline__ void norm_bwd_slot_vec(const uint4 *hs, const uint4 *gs, const T *w,
+                                                  int idx, float *hv, float *gv, float *wv) {
+  constexpr int V = vec_width<T>::value;
+  raw16 hr, gr;
+  hr.u = hs[idx];
+  gr.u = gs[idx];
+  unpack<T>(hv, hr);
+  unpack<T>(gv, gr);
+  if (w) load_vec(wv, w + (int64_t)idx * V);
+}
+
+/* Backward: v3's block-per-row shape and arithmetic (one row group of TPR threads per
+ * block, thread t owns the vectors t + i * TPR, i < NV, so the dweight / dbias partials
+ * of its columns stay with it over all rows of the block), persistent grid (block b:
+ * rows b, b + G, ...), with h, dy (and dres) of the next S - 1 rows staged by bulk
+ * copies into a ring of S slots. Thread 0 refills the previous row's slot right after
+ * the current row's sums barrier (every thread has then finished the previous row's dx
+ * pass, the slot's last reader). PSMEM: the fp32 partials live in shared memory
+ * ([V/4][nvec] float4 per partial, each thread read-modify-writes only its own, in
+ * rows order) instead of registers: fewer registers per thread, more blocks per SM.
+ * Saved statistics only (the launcher computes them first when the caller has none). */
+template <typename T, bool LAYER, int NV, bool PSMEM>
+__global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, int S) {
+#ifdef OT_BULK_COPY_DEVICE
+  constexpr int V = vec_width<T>::value;
+  extern __shared__ __align__(128) uint4 tma_smem[];
+  __shared__ uint64_t bars[kNormTmaMaxStages];
+  __shared__ float2 scratch[32];
+  float *scr = reinterpret_cast<float *>(scratch);
+  const int nvec = (int)(p.cols / V);
+  const uint32_t rb = (uint32_t)nvec * 16u;
+  const float inv_n = 1.0f / (float)p.cols;
+  const T *w = static_cast<const T *>(p.weight);
+  const int64_t G = gridDim.x;
+  const int tid = threadIdx.x, tpr = blockDim.x;
+  const int NT = p.dres ? 3 : 2;
+  const bool want_dw = p.dw_part != nullptr, want_db = LAYER && p.db_part != nullptr;
+  float4 *pdw = reinterpret_cast<float4 *>(tma_smem + (size_t)S * NT * nvec);
+  float4 *pdb = pdw + (size_t)(V / 4) * nvec;
+  if (tid == 0) {
+    for (int i = 0; i < S; i++) bulk_bar_init(bars + i, 1);
+    bulk_bar_init_fence();
+  }
+  auto issue = [&](int64_t row, int s) {
+    uint4 *dst = tma_smem + (size_t)s * NT * nvec;
+    bulk_bar_expect(bars + s, (uint32_t)NT * rb);
+    bulk_load(dst, static_cast<const T *>(p.h) + row * p.h_stride, rb, bars + s);
+    bulk_load(dst + nvec, static_cast<const T *>(p.dy) + row * p.dy_stride, rb, bars + s);
+    if (p.dres)
+      bulk_load(dst + 2 * nvec, static_cast<const T *>(p.dres) + row * p.dres_stride, rb, bars + s);
+  };
+  float dw[NV][V], db[NV][V];
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int idx = tid + i * tpr;
+#pragma unroll
+    for (int j = 0; j < V; j++) dw[i][j] = 0.0f, db[i][j] = 0.0f;
+    if (PSMEM && idx < nvec) {
+      norm_psm_store<V>(pdw, nvec, idx, dw[i]);
+      if (LAYER) norm_psm_store<V>(pdb, nvec, idx, db[i]);
+    }
+  }
+  __syncthreads(); /* the barriers are initialized */
+  if (tid == 0)
+    for (int s = 0; s < S; s++) {
+      const int64_t row = (int64_t)blockIdx.x + (int64_t)s * G;
+      if (row < p.rows) issue(row, s);
+    }
+  float rs_n = 0.0f, mu_n = 0.0f;
+  norm_stats_of<LAYER>(p, blockIdx.x, rs_n, mu_n);
+  int s = 0;
+  uint32_t ph = 0;
+  for (int64_t row = blockIdx.x; row < p.rows; row += G) {
+    const float rs = rs_n, mu = mu_n;
+    norm_stats_of<LAYER>(p, row + G, rs_n, mu_n); /* one row ahead */
+    bulk_bar_wait(bars + s, ph);
+    const uint4 *hs = tma_smem + (size_t)s * NT * nvec, *gs = hs + nvec, *ds = gs + nvec;
+    float sg = 0.0f, sgx = 0.0f;
+    const float nmr = -mu * rs;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int idx = tid + i * tpr;
+      if (idx >= nvec) continue;
+      float hv[V], gv[V], wv[V];
+      norm_bwd_slot_vec<T>(hs, gs, w, idx, hv, gv, wv);
+      if (PSMEM) {
+        float a[V], b[V];
+        norm_psm_load<V>(a, pdw, nvec, idx);
+        if (LAYER) norm_psm_load<V>(b, pdb, nvec, idx);
+        norm_bwd_terms<LAYER, V>(hv, gv, wv, w != nullptr, rs, nmr, a, b, sg, sgx);
+        norm_psm_store<V>(pdw, nvec, idx, a);
+        if (LAYER) norm_psm_store<V>(pdb, nvec, idx, b);
+      } else {
+        norm_bwd_terms<LAYER, V>(hv, gv, wv, w != nullptr, rs, nmr, dw[i], db[i], sg, sgx);
+      }
+    }
+    float a, c;
+    norm_bwd_row_sums<LAYER>(sg, sgx, scr, inv_n, a, c);
+    if (tpr == 32) __syncwarp();
+    /* every thread is past the previous row's dx pass: refill its slot */
+    if (tid == 0 && row != (int64_t)blockIdx.x) {
+      const int ps = s == 0 ? S - 1 : s - 1;
+      const int64_t nr = row - G + (int64_t)S * G;
+      if (nr < p.rows) issue(nr, ps);
+    }
+    const float k1 = -rs * c, k0 = -rs * a;
+    T *dxp = static_cast<T *>(p.dx) + row * p.dx_stride;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int idx = tid + i * tpr;
+      if (idx >= nvec) continue;
+      float hv[V], gv[V], wv[V], o[V], dr[V];
+      norm_bwd_slot_vec<T>(hs, gs, w, idx, hv, gv, wv);
+      if (p.dres) {
+        raw16 t;
+        t.u = ds[idx];
+        unpack<T>(dr, t);
+      }
+      norm_bwd_dx<LAYER, V>(hv, gv, wv, w != nullptr, p.dres ? dr : nullptr, rs, nmr, k1, k0, o);
+      store_vec(dxp + (int64_t)idx * V, o);
+    }
+    if (++s == S) s = 0, ph ^= 1u;
+  }
+
+  const int64_t part = blockIdx.x;
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int idx = tid + i * tpr;
+    if (idx >= nvec) continue;
+    const int64_t base = (int64_t)idx * V;
+    if (PSMEM) {
+      norm_psm_load<V>(dw[i], pdw, nvec, idx);
+      if (LAYER) norm_psm_load<V>(db[i], pdb, nvec, idx);
+    }
+    if (want_dw) norm_store_partials<V>(p.dw_part + part * p.cols + base, dw[i]);
+    if (want_db) norm_store_partials<V>(p.db_part + part * p.cols + base, db[i]);
+  }
+#endif
 }
 
 /* ---- launch configuration ---------------------------------------------------------------- */
@@ -1229,47 +1564,10 @@ static inline void norm_smem_limits(int *per_sm, int *optin) {
 }
 
 /* Raise a kernel's dynamic shared memory limit to what `optin` leaves beside its static
- * shared memory, once per (device, kernel): the attribute belongs to the current device,
- * so a second GPU needs its own call. A small table of the pairs done, under a lock
- * (contexts on several threads may launch norms at once). Returns that limit in bytes, 0
- * on failure. */
+ * shared memory, once per (device, kernel): ot_raise_dyn_smem (bulk_copy.cuh). Returns
+ * that limit in bytes, 0 on failure. */
 static inline int norm_raise_smem_limit(const void *kernel, int optin) {
-  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  static const void *done[64];
-  static int done_dev[64], limit[64];
-  static int ndone;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  int known = 0;
-  pthread_mutex_lock(&mu);
-  for (int i = 0; i < ndone; i++)
-    if (done[i] == kernel && done_dev[i] == dev) {
-      known = limit[i];
-      break;
-    }
-  pthread_mutex_unlock(&mu);
-  if (known > 0) return known;
-  cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
-    (void)cudaGetLastError(); /* the caller falls back to v2 and checks its launch */
-    return 0;
-  }
-  const int dyn = optin - (int)fa.sharedSizeBytes;
-  if (dyn <= 0) return 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  pthread_mutex_lock(&mu);
-  if (ndone < 64) {
-    done[ndone] = kernel;
-    done_dev[ndone] = dev;
-    limit[ndone] = dyn;
-    ndone++;
-  }
-  pthread_mutex_unlock(&mu);
-  return dyn;
+  return ot_raise_dyn_smem(kernel, optin);
 }
 
 /* Launch geometry of a v3 (ring) kernel: S stages of stage_bytes each, as many blocks
@@ -1316,6 +1614,67 @@ static inline norm_ring norm_ring_config(K kernel, int threads, size_t stage_byt
   R.grid = g < rows ? g : rows;
   R.ok = R.grid > 0;
   return R;
+}
+
+/* ---- bulk-copy (TMA) launch configuration -------------------------------------------------
+ * Eligible: rows of 4-16 KB (bf16 / fp16 2048-8192 columns, fp32 1024-4096; below, v2's
+ * several rows per block suit better and were not measured against it), a device and a
+ * build that run the sm_90 code, OT_NORM_FWD_IMPL / OT_NORM_BWD_IMPL unset or "tma".
+ * The forward's eligibility does not depend on the residual, so the fused forward and the
+ * unfused one over residual_out take the same kernel (same bits); the ring of the
+ * residual's kernel (two rows per slot) fits whenever the plain one does. */
+static inline bool norm_tma_rows_ok(int64_t cols, size_t elem) {
+  const int64_t rb = cols * (int64_t)elem;
+  return rb % 16 == 0 && rb >= 4096 && rb <= 16384;
+}
+
+/* Once per device whether the bulk-copy kernels run their sm_90 code (probe: one of them;
+ * all are compiled the same). */
+template <typename K>
+static inline bool norm_tma_device_ok(K probe) {
+  static int cached[16]; /* 1 yes, -1 no */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (dev >= 0 && dev < 16 && cached[dev]) return cached[dev] > 0;
+  const bool ok = ot_bulk_kernel_ok(reinterpret_cast<const void *>(probe));
+  if (dev >= 0 && dev < 16) cached[dev] = ok ? 1 : -1;
+  return ok;
+}
+
+/* Forward: one block of W warps per SM, S slots per warp (OT_NORM_FWD_STAGES = 2..4,
+ * default 3); W fills the shared memory that weight and bias leave (at most 16), and
+ * the grid is the SMs (fewer when the rows do not fill them). cudaErrorNotSupported:
+ * not eligible, or the ring does not fit (the caller takes v2). */
+template <typename T, bool LAYER>
+cudaError_t norm_fwd_tma_launch(const norm_fwd_params &p, cudaStream_t stream) {
+  if (!norm_tma_rows_ok(p.cols, sizeof(T))) return cudaErrorNotSupported;
+  if (!norm_tma_device_ok(norm_fwd_tma_kernel<T, LAYER, false>)) return cudaErrorNotSupported;
+  const bool res = p.residual != nullptr;
+  const size_t rb = (size_t)p.cols * sizeof(T);
+  const size_t wb = (p.out && p.weight ? rb : 0) + (LAYER && p.out && p.bias ? rb : 0);
+  const size_t sb = (res ? 2 : 1) * rb;
+  int S = norm_env_int("OT_NORM_FWD_STAGES", 3);
+  S = S < 2 ? 2 : (S > kNormTmaMaxStages ? kNormTmaMaxStages : S);
+  auto go = [&](auto kernel) -> cudaError_t {
+    int per_sm = 0, optin = 0;
+    norm_smem_limits(&per_sm, &optin);
+    const int dyn = norm_raise_smem_limit(reinterpret_cast<const void *>(kernel), optin);
+    if (dyn <= 0 || (size_t)dyn < wb + (size_t)S * sb) return cudaErrorNotSupported;
+    int64_t W = (int64_t)(((size_t)dyn - wb) / ((size_t)S * sb));
+    W = W > kNormTmaMaxWarps ? kNormTmaMaxWarps : W;
+    const int env_w = norm_env_int("OT_NORM_FWD_WARPS", 0);
+    if (env_w >= 1 && env_w < W) W = env_w;
+    int64_t G = (p.rows + W - 1) / W;
+    const int64_t sms = ot_cuda_sm_count();
+    G = G < sms ? G : sms;
+    const size_t smem = wb + (size_t)W * S * sb;
+    kernel<<<(unsigned)G, (unsigned)(W * 32), smem, stream>>>(p, S);
+    return cudaGetLastError();
+  };
+  return res ? go(norm_fwd_tma_kernel<T, LAYER, true>) : go(norm_fwd_tma_kernel<T, LAYER, false>);
 }
 
 /* Forward v3 on v2's shape L (one row per block here). Returns cudaErrorNotSupported
@@ -1366,6 +1725,9 @@ cudaError_t norm_fwd_fast_launch(const norm_fwd_params &p, const norm_launch &L,
                                  cudaStream_t stream) {
   if (norm_env_is("OT_NORM_FWD_IMPL", "v3")) {
     const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(p, L, stream);
+    if (e != cudaErrorNotSupported) return e;
+  } else if (!norm_env_is("OT_NORM_FWD_IMPL", "v2")) {
+    const cudaError_t e = norm_fwd_tma_launch<T, LAYER>(p, stream);
     if (e != cudaErrorNotSupported) return e;
   }
   return norm_fwd_v2_launch<T, LAYER>(p, L, stream);
@@ -1497,6 +1859,64 @@ cudaError_t norm_bwd_with_partials(norm_bwd_params p, T *dw, T *db, int64_t part
   return e;
 }
 
+/* Backward with bulk-copy rings: TPR = nvec / NV threads rounded to a warp (NV from
+ * OT_NORM_BWD_TMA_NV = 2 | 4, default 2), partials in
+ * shared memory for LayerNorm (OT_NORM_BWD_PSMEM = 0 | 1), S slots per block
+ * (OT_NORM_BWD_TMA_STAGES = 2..4; default: what the blocks that registers allow per SM
+ * leave of shared memory, at most 4), as many blocks as fit per SM. */
+template <typename T, bool LAYER>
+cudaError_t norm_bwd_tma_launch(const norm_bwd_params &p, T *dw, T *db, cudaStream_t stream) {
+  constexpr int V = vec_width<T>::value;
+  if (!norm_tma_device_ok(norm_bwd_tma_kernel<T, LAYER, 2, false>)) return cudaErrorNotSupported;
+  const int64_t nvec = p.cols / V;
+  int nv = norm_env_int("OT_NORM_BWD_TMA_NV", 2) == 4 ? 4 : 2;
+  if (nvec > 512 * nv) nv = 4;
+  if (nvec > 512 * nv) return cudaErrorNotSupported;
+  const bool psmem = norm_env_int("OT_NORM_BWD_PSMEM", LAYER ? 1 : 0) != 0;
+  const int threads = (int)(((nvec + nv - 1) / nv + 31) / 32 * 32);
+  const size_t rb = (size_t)p.cols * sizeof(T);
+  const size_t stage = (size_t)(p.dres ? 3 : 2) * rb;
+  const size_t psm = psmem ? (size_t)(LAYER ? 2 : 1) * (size_t)p.cols * sizeof(float) : 0;
+  const int env_s = norm_env_int("OT_NORM_BWD_TMA_STAGES", 0);
+  auto go = [&](auto kernel) -> cudaError_t {
+    int per_sm_smem = 0, optin = 0;
+    norm_smem_limits(&per_sm_smem, &optin);
+    const int dyn = norm_raise_smem_limit(reinterpret_cast<const void *>(kernel), optin);
+    if (dyn <= 0 || (size_t)dyn < psm + 2 * stage) return cudaErrorNotSupported;
+    int S = env_s;
+    if (S < 2 || S > kNormTmaMaxStages) {
+      int b0 = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b0, kernel, threads, 0) != cudaSuccess ||
+          b0 < 1) {
+        (void)cudaGetLastError();
+        return cudaErrorNotSupported;
+      }
+      size_t per_block = (size_t)per_sm_smem / (size_t)b0;
+      per_block = per_block > 1024 + psm ? per_block - 1024 - psm : 0;
+      S = (int)(per_block / stage);
+      S = S < 2 ? 2 : (S > kNormTmaMaxStages ? kNormTmaMaxStages : S);
+    }
+    while (S > 2 && psm + (size_t)S * stage > (size_t)dyn) S--;
+    const size_t smem = psm + (size_t)S * stage;
+    if (smem > (size_t)dyn) return cudaErrorNotSupported;
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess ||
+        per_sm < 1) {
+      (void)cudaGetLastError();
+      return cudaErrorNotSupported;
+    }
+    int64_t grid = (int64_t)per_sm * ot_cuda_sm_count();
+    grid = grid < p.rows ? grid : p.rows;
+    return norm_bwd_with_partials<T, LAYER>(p, dw, db, grid, stream, [&](const norm_bwd_params &q) {
+      kernel<<<(unsigned)grid, threads, smem, stream>>>(q, S);
+      return cudaGetLastError();
+    });
+  };
+  if (psmem)
+    return nv == 4 ? go(norm_bwd_tma_kernel<T, LAYER, 4, true>) : go(norm_bwd_tma_kernel<T, LAYER, 2, true>);
+  return nv == 4 ? go(norm_bwd_tma_kernel<T, LAYER, 4, false>) : go(norm_bwd_tma_kernel<T, LAYER, 2, false>);
+}
+
 template <typename T, bool LAYER>
 cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStream_t stream) {
   if (p.cols == 0) return cudaSuccess;
@@ -1520,6 +1940,12 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
    * flight stopped being the limit, the per-row work did), LayerNorm NV = 4 (its db
    * partials double the accumulators; 4 vectors per thread halve the threads that
    * repeat the per-row reduction) with the automatic ring. */
+  if (aligned && p.rows > 0 && p.rstd && (!LAYER || p.mean) &&
+      norm_tma_rows_ok(p.cols, sizeof(T)) && !norm_env_is("OT_NORM_BWD_IMPL", "old") &&
+      !norm_env_is("OT_NORM_BWD_IMPL", "v2") && !norm_env_is("OT_NORM_BWD_IMPL", "v3")) {
+    const cudaError_t e = norm_bwd_tma_launch<T, LAYER>(p, dw, db, stream);
+    if (e != cudaErrorNotSupported) return e;
+  }
   if (aligned && p.rows > 0 && p.rstd && (!LAYER || p.mean) && nvec <= 2048 &&
       !norm_env_is("OT_NORM_BWD_IMPL", "old") && !norm_env_is("OT_NORM_BWD_IMPL", "v2")) {
     const int env_nv = norm_env_int("OT_NORM_BWD_V3NV", LAYER ? 4 : 2);

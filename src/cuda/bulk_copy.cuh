@@ -1,0 +1,149 @@
+/*
+ * bulk_copy.cuh -- 1-D bulk copies global -> shared memory (sm_90's cp.async.bulk, the
+ * TMA unit without a tensor map) completing on an mbarrier, for the row-streaming
+ * kernels (norm.cuh, rope.cu): one thread issues a whole row (up to the mbarrier's 1 MB
+ * transaction count) and the bytes in flight cost no registers and no per-16-byte
+ * instructions. Source and destination 16-byte aligned, size a multiple of 16.
+ *
+ * The device helpers exist in the sm_90 pass only (`OT_BULK_COPY_DEVICE`); kernels that
+ * use them compile to an empty body for sm_80, and the host must check with
+ * ot_bulk_kernel_ok() that the kernel it launches was built for sm_90+ (a build without
+ * sm_90 code, or a newer GPU that JIT-compiles the sm_80 PTX, runs the empty body).
+ */
+#ifndef OT_CUDA_BULK_COPY_CUH
+#define OT_CUDA_BULK_COPY_CUH
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define OT_BULK_COPY_DEVICE 1
+#endif
+
+namespace ot {
+
+#ifdef OT_BULK_COPY_DEVICE
+__device__ __forceinline__ uint32_t bulk_smem_u32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void bulk_bar_init(uint64_t *bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bulk_smem_u32(bar)), "r"(count)
+               : "memory");
+}
+/* After the initializing thread's mbarrier.init calls, before the block barrier that
+ * publishes them: visible to the other threads and to the async (TMA) proxy. */
+__device__ __forceinline__ void bulk_bar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+/* The generic-proxy accesses of this thread to shared memory are ordered before later
+ * async-proxy (bulk copy) accesses: before a slot that was written with st.shared is
+ * refilled by a bulk copy. */
+__device__ __forceinline__ void bulk_fence_proxy() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+/* Arrive on bar (the one expected arrival) and expect `bytes` of transactions. */
+__device__ __forceinline__ void bulk_bar_expect(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bulk_smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+/* One test of bar's phase `parity` (true: completed), with the hardware's bounded
+ * suspend while it is not; bulk_bar_wait spins on it. */
+__device__ __forceinline__ bool bulk_bar_try(uint64_t *bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bulk_smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void bulk_bar_wait(uint64_t *bar, uint32_t parity) {
+  while (!bulk_bar_try(bar, parity)) {
+  }
+}
+/* bytes from global src to shared dst, counted on bar. Streamed data: an L2 evict-first
+ * policy, so the rows read once do not push out what the kernel reuses. */
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes,
+                                          uint64_t *bar) {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1], %2, [%3], %4;" ::"r"(bulk_smem_u32(dst)),
+      "l"((uint64_t)src), "r"(bytes), "r"(bulk_smem_u32(bar)), "l"(pol)
+      : "memory");
+}
+#endif
+
+} /* namespace ot */
+
+/* Whether `kernel` (a function using the bulk copies) runs its sm_90 code on the current
+ * device: compiled for sm_90+ (its PTX version) and a device of compute capability 9+.
+ * Cached per (device, kernel) by the caller's static. */
+static inline bool ot_bulk_kernel_ok(const void *kernel) {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (major < 9) return false;
+  cudaFuncAttributes fa;
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
+}
+
+/* Raise a kernel's dynamic shared memory limit to what `optin` leaves beside its static
+ * shared memory, once per (device, kernel): the attribute belongs to the current device,
+ * so a second GPU needs its own call. A small table of the pairs done, under a lock
+ * (contexts on several threads may launch norms at once). Returns that limit in bytes, 0
+ * on failure. */
+static inline int ot_raise_dyn_smem(const void *kernel, int optin) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  static const void *done[128];
+  static int done_dev[128], limit[128];
+  static int ndone;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  int known = 0;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < ndone; i++)
+    if (done[i] == kernel && done_dev[i] == dev) {
+      known = limit[i];
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  if (known > 0) return known;
+  cudaFuncAttributes fa;
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+    (void)cudaGetLastError(); /* the caller falls back to another kernel */
+    return 0;
+  }
+  const int dyn = optin - (int)fa.sharedSizeBytes;
+  if (dyn <= 0) return 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  pthread_mutex_lock(&mu);
+  if (ndone < 128) {
+    done[ndone] = kernel;
+    done_dev[ndone] = dev;
+    limit[ndone] = dyn;
+    ndone++;
+  }
+  pthread_mutex_unlock(&mu);
+  return dyn;
+}
+
+#endif /* OT_CUDA_BULK_COPY_CUH */
