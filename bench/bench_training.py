@@ -7,8 +7,13 @@ peak memory, plus loss curves of the two from the same initialization and data.
   python3 bench/bench_training.py --quick --device cpu     # smoke test (tiny model)
 
 Variants per case: HF eager attention, HF sdpa, HF sdpa + torch.compile, patched
-(ops_transformer.patch_llama), patched + torch.compile, and patched with torch's SDPA
-attention (config.fused_attention=False: the attention kernel's share). Cases (shared/BASELINE.md):
+(ops_transformer.patch_llama, config.fused_attention="auto": the library's attention or
+torch's SDPA, whichever "auto" picks for the shape), patched + torch.compile, and the
+patched model with the attention "auto" did not pick: torch's SDPA
+(fused_attention=False) or the library's (True) -- the attention kernel's share. Also:
+the attention alone at the models' shapes (fwd + bwd: the library vs torch's SDPA as
+HF calls it, with each of torch's backends), and a profile of a patched step (GPU busy
+fraction, kernel time by kind, host time per custom-op call). Cases (shared/BASELINE.md):
 0.54b (hidden 2048, 8 layers, vocab 32000) at batch 4 x 2048; 1.5b (hidden 2048, 16
 layers, 32 / 8 heads, vocab 128256) at 4 x 2048; long context: 0.54b at 1 x 16384.
 
@@ -52,7 +57,14 @@ VARIANTS = {
     "patched": "patched",
     "patched_compile": "patched + torch.compile",
     "patched_torch_attn": "patched, torch SDPA attention",
+    "patched_lib_attn": "patched, library attention",
+    "patched_other": "patched, the attention 'auto' did not pick",
 }
+# config.fused_attention per patched variant: "auto" (the default) unless named here
+FUSED_ATTENTION = {"patched_torch_attn": False, "patched_lib_attn": True}
+# the models' attention calls (label, batch, seq, heads, kv heads, head dim), causal
+ATTN_SHAPES = [("0.54b 4x2048", 4, 2048, 16, 16, 128), ("1.5b 4x2048", 4, 2048, 32, 8, 64),
+               ("GQA D128 4x2048", 4, 2048, 32, 8, 128), ("0.54b 1x16384", 1, 16384, 16, 16, 128)]
 
 
 def case_name(cfg, batch, seq):
@@ -64,25 +76,28 @@ def plan(quick):
     if quick:
         c = dict(cfg="tiny", batch=2, seq=64)
         return [
-            [dict(c, variant="hf_sdpa"), dict(c, variant="patched"),
-             dict(c, variant="hf_eager")],
+            [dict(kind="attention"), dict(c, variant="hf_sdpa"), dict(c, variant="patched"),
+             dict(c, variant="patched_other"), dict(c, variant="hf_eager"),
+             dict(c, kind="profile", variant="patched")],
             [dict(kind="curve", cfg="tiny", batch=2, seq=64)],
             [dict(c, variant="hf_sdpa_compile"), dict(c, variant="patched_compile")],
         ]
     a = dict(cfg="0.54b", batch=4, seq=2048)
     b = dict(cfg="1.5b", batch=4, seq=2048)
     lc = dict(cfg="0.54b", batch=1, seq=16384)
+    # every eager case in the first group (one process start-up); "patched_other" is
+    # the patched model with the attention that "auto" did not pick for the case
+    eager = [dict(kind="ceiling"), dict(kind="attention")]
+    for c in (a, b, lc):
+        eager += [dict(c, variant="hf_sdpa"), dict(c, variant="patched"),
+                  dict(c, variant="patched_other")]
+    eager.append(dict(a, kind="profile", variant="patched"))
     return [
-        [dict(kind="ceiling"), dict(a, variant="hf_sdpa"), dict(a, variant="patched"),
-         dict(a, variant="patched_torch_attn")],
-        [dict(b, variant="hf_sdpa"), dict(b, variant="patched"),
-         dict(b, variant="patched_torch_attn")],
-        [dict(lc, variant="hf_sdpa"), dict(lc, variant="patched"),
-         dict(lc, variant="patched_torch_attn")],
-        [dict(kind="curve", cfg="0.54b", batch=4, seq=2048)],
+        eager,
         # the compiled pair of a config in one group: one compile mode for both
         [dict(a, variant="hf_sdpa_compile"), dict(a, variant="patched_compile")],
         [dict(b, variant="hf_sdpa_compile"), dict(b, variant="patched_compile")],
+        [dict(kind="curve", cfg="0.54b", batch=4, seq=2048)],
         [dict(a, variant="hf_eager"), dict(lc, variant="hf_eager")],
     ]
 
@@ -122,14 +137,15 @@ def _build(case, device, dtype, seed, compile_mode="model"):
     if variant.startswith("patched"):
         import ops_transformer as ot
         from ops_transformer import patch as ot_patch
-        # patched_torch_attn: everything patched but the attention, which stays torch's
-        # SDPA (config.fused_attention=False) -- separates the attention kernel's share
-        ot.config.fused_attention = variant != "patched_torch_attn"
+        # patched_torch_attn / patched_lib_attn: the attention torch's SDPA / the
+        # library's (config.fused_attention False / True); the other variants "auto"
+        ot.config.fused_attention = FUSED_ATTENTION.get(variant, "auto")
         ot.patch_llama(model)
         info["lm_loss_impl"] = "library" if ot_patch._library_lce_usable(device) \
             else "chunked"
     fwd = model
     if variant.endswith("_compile"):
+        torch._dynamo.utils.counters.clear()
         if compile_mode == "layers":
             # regional compilation: each decoder layer (one compiled graph serves all
             # of them), the LM head and loss stay eager -- compiles in a fraction of the
@@ -163,9 +179,44 @@ def _step(fwd, model, opt, x):
     return loss.detach()
 
 
+def _auto_decisions():
+    """fused_attention='auto''s decisions so far: {"D x Hq / Hkv": "library" | "torch
+    SDPA", with the backend torch's SDPA would run}."""
+    from ops_transformer import patch as ot_patch
+    return {f"D{k[3]} {k[4]}/{k[5]}{' causal' if k[6] else ''}":
+            f"{'library' if v[0] else 'torch SDPA'} (torch: {v[1]})"
+            for k, v in ot_patch._AUTO.items()}
+
+
+def _other_variant(case, device, dtype):
+    """patched_other: the attention "auto" did not pick for this case's shape (its
+    decision made by the probe of a patched model of the same config)."""
+    import torch
+    from ops_transformer import patch as ot_patch
+    cfg = CONFIGS[case["cfg"]]
+    D = cfg["hidden_size"] // cfg["num_attention_heads"]
+    dev = torch.device(device.type, torch.cuda.current_device()) if device.type == "cuda" \
+        else device
+    key = (dev.type, dev.index, dtype, D, cfg["num_attention_heads"],
+           cfg["num_key_value_heads"], True)
+    got = ot_patch._AUTO.get(key)
+    return "patched_torch_attn" if got is not None and got[0] else "patched_lib_attn"
+
+
+def _dynamo_stats():
+    import torch
+    c = torch._dynamo.utils.counters
+    return dict(graph_breaks=sum(c["graph_break"].values()),
+                unique_graphs=c["stats"].get("unique_graphs", 0),
+                recompiles=sum(v for k, v in c["recompiles"].items()) if "recompiles" in c
+                else None)
+
+
 def run_case(case, args, device, dtype):
     import torch
     variant = case["variant"]
+    if variant == "patched_other":
+        variant = _other_variant(case, device, dtype)
     res = dict(case=case_name(case["cfg"], case["batch"], case["seq"]), variant=variant,
                label=VARIANTS[variant], cfg=case["cfg"], batch=case["batch"], seq=case["seq"])
     model = opt = fwd = None
@@ -200,8 +251,12 @@ def run_case(case, args, device, dtype):
         res.update(status="ok", steps=steps, step_ms=dt / steps * 1e3,
                    tokens_per_s=tokens / dt, loss=float(loss))
         res["model_TFLOPs"] = res["tokens_per_s"] * _flops_per_token(cfg, case["seq"]) / 1e12
+        if variant.endswith("_compile"):
+            res["dynamo"] = _dynamo_stats()
         if variant.startswith("patched"):
             from ops_transformer import patch as ot_patch
+            res["fused_attention"] = FUSED_ATTENTION.get(variant, "auto")
+            res["auto_attention"] = _auto_decisions()
             res["library_ops"] = {f"{k[0]}{' ' + str(k[3]) if k[3] else ''}": v
                                   for k, v in ot_patch._USABLE.items()
                                   if k[1] == device.type and k[2] == dtype}
@@ -262,6 +317,175 @@ def run_curve(case, args, device, dtype):
     return out
 
 
+def _time_ms(fn, device, iters):
+    import torch
+    for _ in range(2):
+        fn()
+    _sync(device)
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) / iters * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def run_attention(args, device, dtype):
+    """The attention alone at the models' shapes, forward + backward (causal, bf16):
+    the library's kernels (through the autograd op, as the patched model calls them)
+    against torch's SDPA as HF / the patch call it ([B, S, H, D] projections viewed as
+    [B, H, S, D], enable_gqa for GQA), with torch's own choice of backend and with each
+    backend forced; the backend torch picks; the decision of fused_attention='auto';
+    and the library's outputs / gradients against torch's (max abs difference)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import ops_transformer as ot
+    from ops_transformer import patch as ot_patch
+    out = dict(kind="attention", torch=torch.__version__,
+               cudnn=torch.backends.cudnn.version() if device.type == "cuda" else None,
+               rows=[])
+    shapes = ATTN_SHAPES if not args.quick else [("tiny", 2, 64, 4, 2, 16)]
+    iters = 5 if not args.quick else 2
+    prev = ot.config.fused_attention
+    ot.config.fused_attention = "auto"
+    for label, B, S, Hq, Hkv, D in shapes:
+        row = dict(shape=label, B=B, S=S, Hq=Hq, Hkv=Hkv, D=D, ms={}, TFLOPs={})
+        g = torch.Generator(device).manual_seed(0)
+        q, k, v = (torch.randn(B, S, H, D, device=device, dtype=dtype, generator=g)
+                   .requires_grad_() for H in (Hq, Hkv, Hkv))
+        do = torch.randn(B, S, Hq, D, device=device, dtype=dtype, generator=g)
+        scale = D ** -0.5
+        flops = 3.5 * 4 * B * Hq * S * S * D / 2           # causal fwd + bwd
+
+        def lib():
+            o = ot.attention(q, k, v, causal=True, softmax_scale=scale)
+            return (o,) + torch.autograd.grad(o, (q, k, v), do)
+
+        def sdpa():
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                scale=scale, enable_gqa=Hq != Hkv).transpose(1, 2)
+            return (o,) + torch.autograd.grad(o, (q, k, v), do)
+        row["torch_picks"] = ot_patch._torch_sdpa_backend(q, k, v, True, scale)
+        with torch.enable_grad():
+            row["auto"] = ("library" if ot_patch._auto_library(q, k, v, True, scale, None,
+                                                                None) else "torch SDPA")
+        impls = [("library", lib, None), ("torch SDPA (its pick)", sdpa, None),
+                 ("torch flash", sdpa, SDPBackend.FLASH_ATTENTION),
+                 ("torch cuDNN", sdpa, SDPBackend.CUDNN_ATTENTION),
+                 ("torch efficient", sdpa, SDPBackend.EFFICIENT_ATTENTION)]
+        if device.type != "cuda":
+            impls = impls[:2]
+        for name, fn, backend in impls:
+            try:
+                if backend is None:
+                    ms = _time_ms(fn, device, iters)
+                else:
+                    with sdpa_kernel(backend):
+                        ms = _time_ms(fn, device, iters)
+                row["ms"][name] = ms
+                row["TFLOPs"][name] = flops / ms / 1e9
+            except Exception as e:  # noqa: BLE001  (a backend that refuses the shape)
+                row["ms"][name] = None
+                row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:160]
+        try:
+            a, b = lib(), sdpa()
+            row["max_abs_diff"] = {n: float((x.float() - y.float()).abs().max())
+                                   for n, x, y in zip(("out", "dq", "dk", "dv"), a, b)}
+            row["max_abs_ref"] = {n: float(y.float().abs().max())
+                                  for n, y in zip(("out", "dq", "dk", "dv"), b)}
+        except Exception as e:  # noqa: BLE001
+            row["diff_error"] = f"{type(e).__name__}: {e}"[:200]
+        out["rows"].append(row)
+        print(f"   attention {label}: torch picks {row['torch_picks']}, auto: {row['auto']}; "
+              + ", ".join(f"{n} {row['TFLOPs'][n]:.0f}" for n in row["ms"]
+                          if row["ms"][n]) + " TFLOP/s", flush=True)
+        del q, k, v, do
+    ot.config.fused_attention = prev
+    return out
+
+
+def _kernel_kind(name):
+    n = name.lower()
+    if "ot_" in n or "ops_transformer" in n or "sm90" in n and "attn" in n:
+        return "ops_transformer"
+    if any(t in n for t in ("cudnn", "flash", "fmha", "sdpa", "attention")):
+        return "attention (torch)"
+    if any(t in n for t in ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "wgmma")):
+        return "GEMM"
+    if "adam" in n or "multi_tensor" in n:
+        return "optimizer"
+    return "other (elementwise, copies, reductions)"
+
+
+def run_profile(case, args, device, dtype):
+    """A patched training step under torch.profiler: GPU busy fraction (kernel time /
+    wall time), kernel time by kind, the longest kernels, and the host time per call of
+    the library's custom ops."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    out = dict(kind="profile", case=case_name(case["cfg"], case["batch"], case["seq"]),
+               variant=case["variant"])
+    model = opt = fwd = None
+    try:
+        model, fwd, cfg, _ = _build(case, device, dtype, args.seed)
+        opt = _optimizer(model, device)
+        x = torch.randint(0, cfg["vocab_size"], (case["batch"], case["seq"]),
+                          generator=torch.Generator().manual_seed(5)).to(device)
+        for _ in range(3):
+            _step(fwd, model, opt, x)
+        _sync(device)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                         else [])
+        steps = 2
+        with profile(activities=acts) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                _step(fwd, model, opt, x)
+            _sync(device)
+            wall = time.perf_counter() - t0
+        kinds, kernels, ops = {}, [], {}
+        for e in prof.key_averages():
+            dev_t = getattr(e, "self_device_time_total", None)
+            if dev_t is None:
+                dev_t = getattr(e, "self_cuda_time_total", 0)
+            is_kernel = str(getattr(e, "device_type", "")).endswith("CUDA")
+            if is_kernel and dev_t:
+                kinds[_kernel_kind(e.key)] = kinds.get(_kernel_kind(e.key), 0) + dev_t
+                kernels.append((dev_t, e.key[:90], e.count))
+            if e.key.startswith("ops_transformer::"):
+                ops[e.key] = dict(calls=e.count // steps,
+                                  host_us_per_call=e.cpu_time_total / max(e.count, 1))
+        busy = sum(kinds.values())
+        out.update(wall_ms_per_step=wall / steps * 1e3,
+                   gpu_busy_fraction=busy / 1e6 / wall if busy else None,
+                   kernel_ms_per_step={k: v / 1e3 / steps for k, v in
+                                       sorted(kinds.items(), key=lambda kv: -kv[1])},
+                   top_kernels=[dict(ms_per_step=t / 1e3 / steps, name=n, calls=c // steps)
+                                for t, n, c in sorted(kernels, reverse=True)[:12]],
+                   custom_ops=ops)
+        print(f"   profile {out['case']}: {out['wall_ms_per_step']:.1f} ms/step, GPU busy "
+              f"{(out['gpu_busy_fraction'] or 0):.2f}; " + ", ".join(
+                  f"{k} {v:.1f}" for k, v in out["kernel_ms_per_step"].items()) + " ms",
+              flush=True)
+    except Exception as e:  # noqa: BLE001
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+        traceback.print_exc(limit=4)
+    finally:
+        del model, opt, fwd
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
 def run_ceiling(device):
     import torch
     if device.type != "cuda":
@@ -291,6 +515,10 @@ def worker(args):
         kind = case.get("kind", "step")
         if kind == "ceiling":
             res = run_ceiling(device)
+        elif kind == "attention":
+            res = run_attention(args, device, dtype)
+        elif kind == "profile":
+            res = run_profile(case, args, device, dtype)
         elif kind == "curve":
             res = run_curve(case, args, device, dtype)
         else:
@@ -312,16 +540,20 @@ def _estimate_s(group, quick, compile_mode="model"):
             s += 30
         elif c.get("kind") == "ceiling":
             s += 3
+        elif c.get("kind") == "attention":
+            s += 10
+        elif c.get("kind") == "profile":
+            s += 6
         else:
             big = c["cfg"] == "1.5b"
             if c["variant"].endswith("_compile"):
                 s += (90 if big else 60) if compile_mode == "model" else 30
             else:
-                s += 15 if big else 8
+                s += 6 if big else 4
     return s
 
 
-def build_record(runs, curve, ceiling, args):
+def build_record(runs, curve, ceiling, args, extra=None):
     rows = []
     by = {}
     for r in runs:
@@ -334,7 +566,7 @@ def build_record(runs, curve, ceiling, args):
         peers_mem = {VARIANTS[v]: vs[v]["peak_GB"] for v in ("hf_eager", "hf_sdpa",
                                                              "hf_sdpa_compile")
                      if v in vs and vs[v].get("status") == "ok" and "peak_GB" in vs[v]}
-        for ours in ("patched", "patched_compile", "patched_torch_attn"):
+        for ours in ("patched", "patched_compile", "patched_torch_attn", "patched_lib_attn"):
             r = vs.get(ours)
             if r is None:
                 continue
@@ -359,9 +591,11 @@ def build_record(runs, curve, ceiling, args):
     ceilings = {}
     if gemm:
         ceilings["gemm_bf16_TFLOPs"] = gemm
-    return dict(bench="training", device=args.device_name, date=str(datetime.date.today()),
-                commit=args.commit, command=args.command, ceilings=ceilings, rows=rows,
-                runs=runs, loss_curve=curve)
+    rec = dict(bench="training", device=args.device_name, date=str(datetime.date.today()),
+               commit=args.commit, command=args.command, ceilings=ceilings, rows=rows,
+               runs=runs, loss_curve=curve)
+    rec.update(extra or {})
+    return rec
 
 
 def table(record):
@@ -457,6 +691,9 @@ def main(argv=None):
     p.add_argument("--commit", default="unknown")
     p.add_argument("--command", default=None)
     p.add_argument("--only", default=None, help="comma-separated group indices to run")
+    p.add_argument("--curve-from", default=None, metavar="JSON",
+                   help="when this run makes no loss curve, keep the one of this earlier "
+                        "training.json (marked as such)")
     p.add_argument("--compile-mode", choices=["auto", "model", "layers"], default="auto",
                    help="torch.compile the whole model, or each decoder layer (regional: "
                         "a much shorter compile; LM head and loss eager), or auto: the "
@@ -483,10 +720,10 @@ def main(argv=None):
     if args.only:
         keep = {int(i) for i in args.only.split(",")}
         groups = [g for i, g in enumerate(groups) if i in keep]
-    runs, curve, ceiling = [], None, None
+    runs, curve, ceiling, extra = [], None, None, {}
 
     def save():
-        record = build_record(runs, curve, ceiling, args)
+        record = build_record(runs, curve, ceiling, args, extra)
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         tmp = args.json + ".tmp"
         with open(tmp, "w") as f:
@@ -536,6 +773,8 @@ def main(argv=None):
                 curve = r
             elif r.get("kind") == "ceiling":
                 ceiling = r
+            elif r.get("kind") in ("attention", "profile"):
+                extra[r["kind"]] = r
             else:
                 runs.append(r)
                 print(f"   {r['case']:22s} {r['label']:37s} {r.get('status')} "
@@ -554,6 +793,12 @@ def main(argv=None):
         elif rc not in (0, "timeout") and err:
             print("   stderr: " + " | ".join(err.strip().splitlines()[-3:])[:400])
         save()
+    if curve is None and args.curve_from and os.path.exists(args.curve_from):
+        with open(args.curve_from) as f:
+            old = json.load(f)
+        if old.get("loss_curve"):
+            curve = dict(old["loss_curve"], from_run=f"commit {old.get('commit')}, "
+                         f"{old.get('date')} (not run again)")
     record = save()
     if args.plot and curve and "patched" in curve:
         try:

@@ -258,16 +258,99 @@ def _fused_attention():
 
 def _auto_torch_backward(q, k):
     """fused_attention='auto' and autograd will differentiate this CUDA attention: the
-    library's forward + backward is slower than torch's SDPA (cuDNN) there -- on the H200
-    about 0.8x with the Hopper backward (D 64 / 128), 0.3x with the portable one
-    (docs/PERFORMANCE.md) -- so torch's SDPA serves the call."""
+    call goes to torch's SDPA unless :func:`_auto_library` finds the library's kernels
+    faster for it."""
     return (_config.fused_attention == "auto" and q.device.type == "cuda"
             and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
 
 
-def _attention_ok(q, k, causal, window):
+# fused_attention="auto", attention that autograd differentiates on CUDA: which kernels
+# serve it, decided once per (device, dtype, head dim, heads, kv heads, causal) -- no
+# sequence length, so torch.compile finds the decision of the eager probe (patch_model
+# makes it for the model's shape) -- and kept here: key -> (library: bool, the backend
+# torch's SDPA would run, torch's SDPA enable flags then). An eager call decides again
+# when the flags changed (a torch.nn.attention.sdpa_kernel context, say). While
+# torch.compile traces, a key not decided yet means torch's SDPA (nothing is stored: a
+# store would fail the guards of the graph).
+_AUTO = {}
+# The torch SDPA backends the library's fwd + bwd (its Hopper backward) beats at the
+# head dims below: measured on the H200 at the training shapes (D 128, S 2k / 16k,
+# causal, GQA 1 and 4; D 64): docs/PERFORMANCE.md "Training (CUDA)", attention rows.
+# cuDNN's fwd + bwd is faster than the library's (D 128 0.83x, D 64 0.70x at S 4k).
+_AUTO_LIBRARY_BEATS = {"FLASH_ATTENTION": (64, 128), "EFFICIENT_ATTENTION": (64, 128),
+                       "MATH": (64, 128)}
+
+
+def _sdpa_flags():
+    b = torch.backends.cuda
+    return (b.flash_sdp_enabled(), b.cudnn_sdp_enabled(), b.mem_efficient_sdp_enabled(),
+            b.math_sdp_enabled())
+
+
+def _auto_key(q, k, causal):
+    return (q.device.type, q.device.index, q.dtype, q.shape[-1], q.shape[-2], k.shape[-2],
+            bool(causal))
+
+
+def _hopper_backward_applies(q, window, cu_seqlens):
+    """Whether the library's Hopper attention backward (sm90/attention_bwd_sm90.cu)
+    takes this call: a 9.0 device, bf16 / fp16, head dim 64 or 128, dense, no window
+    (causal or not), non-deterministic (the patch never asks for determinism), Hopper
+    kernels not switched off by OT_ATTN_SM90=0 / OT_ATTN_IMPL=portable. (A library
+    built without sm_90a runs the portable backward there: not detectable from here.)"""
+    import os
+    if os.environ.get("OT_ATTN_SM90") == "0" or os.environ.get("OT_ATTN_IMPL") == "portable":
+        return False
+    return (q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in (64, 128)
+            and window is None and cu_seqlens is None and q.dim() == 4
+            and torch.cuda.get_device_capability(q.device) == (9, 0))
+
+
+def _torch_sdpa_backend(q, k, v, causal, scale):
+    """The backend torch's SDPA picks for _torch_attention's call on these [B, S, H, D]
+    tensors (torch._fused_sdp_choice: host-side checks, no device work), by name."""
+    from torch.nn.attention import SDPBackend
+    try:
+        i = torch._fused_sdp_choice(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                    attn_mask=None, dropout_p=0.0, is_causal=bool(causal),
+                                    scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+        return SDPBackend(i).name
+    except Exception as e:  # noqa: BLE001  (a torch without it: count it as unknown)
+        return f"unknown ({type(e).__name__})"
+
+
+def _auto_library(q, k, v, causal, scale, window, cu_seqlens):
+    """fused_attention='auto' for a differentiated CUDA call: whether the library's
+    kernels serve it (True) or torch's SDPA (False). The library's where its Hopper
+    backward takes the call and torch's SDPA would run a kernel listed in
+    _AUTO_LIBRARY_BEATS for the head dim (flash, say); torch's SDPA otherwise (cuDNN,
+    or a call only the library's portable backward would take)."""
+    key = _auto_key(q, k, causal)
+    got = _AUTO.get(key)
+    if torch.compiler.is_compiling():
+        return got is not None and got[0] and window is None and cu_seqlens is None
+    if q.shape[1] != k.shape[1] or not _hopper_backward_applies(q, window, cu_seqlens):
+        return False            # not stored: a dense call of the same key may still apply
+    flags = _sdpa_flags()
+    if got is not None and got[2] == flags:
+        return got[0]
+    backend = _torch_sdpa_backend(q, k, v, causal, scale)
+    lib = q.shape[-1] in _AUTO_LIBRARY_BEATS.get(backend, ())
+    _AUTO[key] = (lib, backend, flags)
+    _log_once("attn_auto:" + repr(key[2:]) + backend, "config.fused_attention='auto': "
+              f"attention differentiated on CUDA (D {q.shape[-1]}, {q.shape[-2]} / "
+              f"{k.shape[-2]} heads, {'causal' if causal else 'not causal'}, {q.dtype}): "
+              + ("the library's kernels (Hopper backward)" if lib else "torch's SDPA")
+              + f"; torch's SDPA would run {backend}")
+    return lib
+
+
+def _attention_ok(q, k, causal, window, v=None, scale=None, cu_seqlens=None):
     """Whether ops_transformer.attention serves this call ([B, S, H, D] q / k)."""
-    if not _fused_attention() or _auto_torch_backward(q, k):
+    if not _fused_attention():
+        return False
+    if _auto_torch_backward(q, k) and (v is None or not _auto_library(
+            q, k, v, causal, scale, window, cu_seqlens)):
         return False
     extra = (q.shape[-1], q.shape[-2] // k.shape[-2], bool(causal),
              None if window is None else tuple(window))
@@ -303,14 +386,14 @@ def _torch_attention(q, k, v, causal, scale, window, cu_seqlens=None):
 
 
 def _attention(q, k, v, causal, scale, window, cu_seqlens=None):
-    if _attention_ok(q, k, causal, window):
+    if _attention_ok(q, k, causal, window, v, scale, cu_seqlens):
         return _ops.attention(q, k, v, causal=causal, softmax_scale=scale, window=window,
                               cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens)
     if not _fused_attention():
         _log_once("attn_unfused", "config.fused_attention=False: torch's SDPA attention used")
     elif _auto_torch_backward(q, k):
         _log_once("attn_auto", "config.fused_attention='auto': torch's SDPA for attention "
-                  "differentiated on CUDA (the library's CUDA attention backward is slower)")
+                  "differentiated on CUDA where the library's kernels are not faster")
     return _torch_attention(q, k, v, causal, scale, window, cu_seqlens)
 
 
@@ -1049,6 +1132,22 @@ def _probe_model_devices(model):
             if _fused_attention():
                 for window in windows:
                     _usable("attention", dev, dt, (D, ratio, True, window))
+            if _fused_attention() == "auto":
+                _probe_auto(dev, dt, D, cfg.num_attention_heads,
+                            cfg.num_attention_heads // ratio)
+
+
+def _probe_auto(device, dtype, D, Hq, Hkv):
+    """fused_attention='auto': decide for the model's attention shape now (eagerly:
+    torch.compile then reads the decision), on small tensors of that shape."""
+    try:
+        with torch.enable_grad():
+            q = torch.empty(1, 64, Hq, D, device=device, dtype=dtype, requires_grad=True)
+            kv = torch.empty(1, 64, Hkv, D, device=device, dtype=dtype)
+            _auto_library(q, kv, kv, True, D ** -0.5, None, None)
+    except Exception as e:  # noqa: BLE001  (no decision stored: torch's SDPA when compiled)
+        _log_once("probe_auto", f"config.fused_attention='auto': no decision for D {D}, "
+                  f"{Hq} / {Hkv} heads on {device}: {type(e).__name__}: {e}")
 
 
 def _patch_class(cls, options):

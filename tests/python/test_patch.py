@@ -667,3 +667,106 @@ def test_rope_cache_reused_across_layers_only_for_the_same_tensors():
     assert c4 is not c3 and torch.equal(c4, ot_patch._build_rope_cache(cos, sin, 2, 8)[0])
     g = cos.clone().requires_grad_(True)
     assert ot_patch._rope_cache(g, sin, 2, 8)[0] is not ot_patch._rope_cache(g, sin, 2, 8)[0]
+
+
+# ---------------------------------------------------------------------------------
+# fused_attention="auto" for attention that autograd differentiates on CUDA: the library
+# where its Hopper backward takes the call and beats the SDPA backend torch would run.
+# Simulated on the CPU: the CUDA-only conditions (device, compute capability 9.0) and
+# torch's backend choice are stubbed; everything else is the patch's own code.
+# ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def auto_on_cpu(monkeypatch):
+    """'auto' treats CPU training like CUDA training; torch's SDPA 'picks' `backend[0]`;
+    returns the list of _torch_sdpa_backend calls (the decisions made)."""
+    monkeypatch.setattr(ot_patch, "_auto_torch_backward",
+                        lambda q, k: ot.config.fused_attention == "auto"
+                        and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+    monkeypatch.setattr(ot_patch, "_hopper_backward_applies",
+                        lambda q, window, cu: window is None and cu is None
+                        and q.shape[-1] in (64, 128))
+    decided, backend = [], ["FLASH_ATTENTION"]
+
+    def pick(q, k, v, causal, scale):
+        decided.append((q.shape[-1], q.shape[-2], k.shape[-2], causal))
+        return backend[0]
+    monkeypatch.setattr(ot_patch, "_torch_sdpa_backend", pick)
+    monkeypatch.setattr(ot_patch, "_AUTO", {})
+    assert ot.config.fused_attention == "auto"
+    return decided, backend
+
+
+def auto_llama(**kw):
+    return tiny_llama(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, **kw)
+
+
+@pytest.mark.parametrize("backend,library", [("FLASH_ATTENTION", True),
+                                             ("CUDNN_ATTENTION", False)])
+def test_auto_attention_picks_the_faster_kernels_once_per_shape(ids, calls, auto_on_cpu,
+                                                                backend, library):
+    decided, pick = auto_on_cpu
+    pick[0] = backend
+    model = auto_llama()                    # D 64, 4 / 2 heads
+    loss0, _, g0 = loss_and_grads(model, ids)
+    ot.patch_model(model)
+    # what patch_model does on CUDA (the CPU needs no probe): decide for the model's shape
+    ot_patch._probe_auto(torch.device("cpu"), torch.float32, 64, 4, 2)
+    assert decided == [(64, 4, 2, True)]
+    for _ in range(2):
+        calls.clear()
+        loss1, _, g1 = loss_and_grads(model, ids)
+        assert calls.get("attention", 0) == (2 if library else 0)     # 2 layers
+        torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+        assert_grads_close(g0, g1)
+    assert decided == [(64, 4, 2, True)]    # not decided again per call
+    (key, (lib, seen, _)), = ot_patch._AUTO.items()
+    assert lib is library and seen == backend
+    # inference is the library's whatever torch would run
+    calls.clear()
+    with torch.no_grad():
+        model(ids)
+    assert calls.get("attention", 0) == 2
+
+
+def test_auto_attention_decides_again_when_sdpa_backends_change(auto_on_cpu):
+    decided, pick = auto_on_cpu
+    q = torch.randn(1, 8, 4, 128, requires_grad=True)
+    k = torch.randn(1, 8, 4, 128)
+    assert ot_patch._auto_library(q, k, k, True, 0.1, None, None)
+    assert ot_patch._auto_library(q, k, k, True, 0.1, None, None)
+    assert len(decided) == 1
+    pick[0] = "CUDNN_ATTENTION"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]):
+        assert not ot_patch._auto_library(q, k, k, True, 0.1, None, None)
+    assert len(decided) == 2
+    # what the Hopper backward does not take: torch's SDPA, nothing stored
+    n = len(ot_patch._AUTO)
+    assert not ot_patch._auto_library(q, k, k, True, 0.1, (7, 0), None)
+    assert not ot_patch._auto_library(q[..., :96], k[..., :96], k[..., :96], True, 0.1,
+                                      None, None)
+    assert not ot_patch._auto_library(q[:, :4], k, k, True, 0.1, None, None)   # Sq != Sk
+    assert len(ot_patch._AUTO) == n and len(decided) == 2
+
+
+@pytest.mark.parametrize("decided_before", [True, False])
+def test_auto_attention_under_torch_compile(ids, calls, auto_on_cpu, decided_before):
+    """torch.compile reads the eager decision (no graph break, one graph); a shape not
+    decided yet is torch's SDPA there, and nothing is stored while tracing."""
+    torch._dynamo.reset()
+    decided, _ = auto_on_cpu
+    model = auto_llama()
+    loss0, _, g0 = loss_and_grads(model, ids)
+    ot.patch_model(model)
+    if decided_before:
+        ot_patch._probe_auto(torch.device("cpu"), torch.float32, 64, 4, 2)
+    explanation = torch._dynamo.explain(model)(ids, labels=ids, use_cache=False)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert len(ot_patch._AUTO) == (1 if decided_before else 0)
+    torch._dynamo.reset()
+    calls.clear()
+    loss1, _, g1 = loss_and_grads(model, ids, call=torch.compile(model), use_cache=False)
+    assert (calls.get("attention", 0) >= 1) == decided_before     # traced through it
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+    assert_grads_close(g0, g1, rtol=1e-4)
