@@ -85,17 +85,17 @@ def plan(quick):
     a = dict(cfg="0.54b", batch=4, seq=2048)
     b = dict(cfg="1.5b", batch=4, seq=2048)
     lc = dict(cfg="0.54b", batch=1, seq=16384)
-    # every eager case in the first group (one process start-up); "patched_other" is
-    # the patched model with the attention that "auto" did not pick for the case
-    eager = [dict(kind="ceiling"), dict(kind="attention")]
-    for c in (a, b, lc):
-        eager += [dict(c, variant="hf_sdpa"), dict(c, variant="patched"),
-                  dict(c, variant="patched_other")]
-    eager.append(dict(a, kind="profile", variant="patched"))
+    # the eager cases of the targets in the first group (one process start-up);
+    # "patched_other" is the patched model with the attention "auto" did not pick
     return [
-        eager,
+        [dict(kind="ceiling"), dict(kind="attention"),
+         dict(a, variant="hf_sdpa"), dict(a, variant="patched"),
+         dict(a, variant="patched_other"), dict(b, variant="hf_sdpa"),
+         dict(b, variant="patched"), dict(lc, variant="hf_sdpa"), dict(lc, variant="patched"),
+         dict(a, kind="profile", variant="patched")],
         # the compiled pair of a config in one group: one compile mode for both
         [dict(a, variant="hf_sdpa_compile"), dict(a, variant="patched_compile")],
+        [dict(b, variant="patched_other"), dict(lc, variant="patched_other")],
         [dict(b, variant="hf_sdpa_compile"), dict(b, variant="patched_compile")],
         [dict(kind="curve", cfg="0.54b", batch=4, seq=2048)],
         [dict(a, variant="hf_eager"), dict(lc, variant="hf_eager")],
@@ -199,6 +199,9 @@ def _other_variant(case, device, dtype):
         else device
     key = (dev.type, dev.index, dtype, D, cfg["num_attention_heads"],
            cfg["num_key_value_heads"], True)
+    if key not in ot_patch._AUTO and device.type == "cuda":
+        ot_patch._probe_auto(dev, dtype, D, cfg["num_attention_heads"],
+                             cfg["num_key_value_heads"])
     got = ot_patch._AUTO.get(key)
     return "patched_torch_attn" if got is not None and got[0] else "patched_lib_attn"
 
@@ -414,8 +417,8 @@ def run_attention(args, device, dtype):
 
 def _kernel_kind(name):
     n = name.lower()
-    if "ot_" in n or "ops_transformer" in n or "sm90" in n and "attn" in n:
-        return "ops_transformer"
+    if "ot::" in name:                  # the library's kernels (namespace ot)
+        return "library attention" if "attn" in n else "library (norms, rope, glu, loss)"
     if any(t in n for t in ("cudnn", "flash", "fmha", "sdpa", "attention")):
         return "attention (torch)"
     if any(t in n for t in ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "wgmma")):
@@ -547,7 +550,7 @@ def _estimate_s(group, quick, compile_mode="model"):
         else:
             big = c["cfg"] == "1.5b"
             if c["variant"].endswith("_compile"):
-                s += (90 if big else 60) if compile_mode == "model" else 30
+                s += (90 if big else 60) if compile_mode == "model" else 20
             else:
                 s += 6 if big else 4
     return s
@@ -661,10 +664,53 @@ def markdown(path):
                        f"{'' if xt is None else f'{xt:.2f}x'} | "
                        f"{'' if mem is None else f'{mem:.1f}'} | "
                        f"{'' if xm is None else f'{xm:.2f}x'} | {r['model_TFLOPs']:.0f} |")
+    losses = {}
+    for r in rec.get("runs", []):
+        if r.get("status") == "ok" and "loss" in r:
+            losses.setdefault(r["case"], []).append(f"{r['label']} {r['loss']:.4f}")
+    if losses:
+        out += ["", "Loss after the timed steps (same initialization and data in every "
+                "variant of a case): " + "; ".join(f"{c}: {', '.join(v)}"
+                                                   for c, v in losses.items()) + "."]
+    att = rec.get("attention") or {}
+    if att.get("rows"):
+        names = [n for n in ("library", "torch SDPA (its pick)", "torch flash", "torch cuDNN",
+                             "torch efficient") if any(n in r["ms"] for r in att["rows"])]
+        out += ["", f"Attention alone, causal forward + backward at the models' shapes, bf16 "
+                f"(torch {att.get('torch')}, cuDNN {att.get('cudnn')}; TFLOP/s, ms in "
+                "parentheses; torch's SDPA called as HF calls it):", "",
+                "| shape (B, S, Hq / Hkv, D) | torch picks | 'auto' runs | "
+                + " | ".join(names) + " | library vs torch: max abs diff out / dq / dk / dv |",
+                "|---" * (len(names) + 4) + "|"]
+        for r in att["rows"]:
+            cells = []
+            for n in names:
+                ms = r["ms"].get(n)
+                cells.append(f"{r['TFLOPs'][n]:.0f} ({ms:.2f})" if ms else
+                             ("refused" if n in r.get("errors", {}) else ""))
+            d = r.get("max_abs_diff")
+            diff = " / ".join(f"{d[k]:.3g}" for k in ("out", "dq", "dk", "dv")) if d \
+                else r.get("diff_error", "")
+            out.append(f"| {r['shape']} ({r['B']}, {r['S']}, {r['Hq']} / {r['Hkv']}, {r['D']}) "
+                       f"| {r.get('torch_picks')} | {r.get('auto')} | " + " | ".join(cells)
+                       + f" | {diff} |")
+    prof = rec.get("profile") or {}
+    if prof.get("wall_ms_per_step"):
+        ops = prof.get("custom_ops") or {}
+        out += ["", f"Profile of a patched step ({prof['case']}, torch.profiler, 2 steps): "
+                f"{prof['wall_ms_per_step']:.1f} ms a step, GPU busy "
+                f"{(prof.get('gpu_busy_fraction') or 0) * 100:.0f}% of it; kernel time a step: "
+                + ", ".join(f"{k} {v:.1f} ms" for k, v in
+                            (prof.get("kernel_ms_per_step") or {}).items())
+                + ". Host time per call of the library's custom ops: "
+                + ", ".join(f"{k.split('::')[1]} {v['host_us_per_call']:.0f} us "
+                            f"(x{v['calls']})" for k, v in ops.items()) + "."]
     c = rec.get("loss_curve") or {}
     if "max_abs_diff" in c:
         out += ["", f"Loss curves ({c['case']}, {c['steps']} steps, AdamW lr {c.get('lr')}, "
-                f"same initialization and data): HF {c['hf_sdpa'][0]:.3f} -> "
+                f"same initialization and data"
+                + (f"; from the run of {c['from_run']}" if c.get("from_run") else "")
+                + f"): HF {c['hf_sdpa'][0]:.3f} -> "
                 f"{c['hf_sdpa'][-1]:.3f}, patched {c['patched'][0]:.3f} -> "
                 f"{c['patched'][-1]:.3f}; largest difference at any step "
                 f"{c['max_abs_diff']:.4f}."]
@@ -779,6 +825,8 @@ def main(argv=None):
                 runs.append(r)
                 print(f"   {r['case']:22s} {r['label']:37s} {r.get('status')} "
                       f"{r.get('tokens_per_s', 0):,.0f} tok/s {r.get('peak_GB', 0):.2f} GB "
+                      f"loss {r.get('loss', float('nan')):.4f} {r.get('auto_attention', '')} "
+                      f"{r.get('dynamo', '')} "
                       f"{r.get('error', '')[:200]}", flush=True)
         if done < len(group):
             why = "timeout" if rc == "timeout" else f"worker exit {rc}"
