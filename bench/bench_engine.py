@@ -319,48 +319,124 @@ def decode_bytes(s, B, ctx):
     return (nonemb + emb // 2) * 2 + kv  # lm_head read; the embedding's B rows are negligible
 
 
-def engine_times(eng, s, prompt_len, batches, steps, warm):
+def median_split(splits):
+    """the median of each part of Engine.last_timing over calls, rounded"""
+    keys = ("host_prep", "enqueue", "wait", "gpu", "total")
+    return {k: round(statistics.median(t[k] for t in splits), 3) for k in keys}
+
+
+# decode at batch 1 again with its kernels chosen otherwise (read when the graph is
+# captured): name -> environment. The default: the engine's fused decode kernels (norm in
+# qkv / gate_up, SwiGLU in down) and the library's small-M kernel (o_proj, lm_head), all
+# as programmatic dependent launches on sm_90.
+DECODE_VARIANTS = {
+    "fused_no_pdl": {"OT_LINEAR_PDL": "0"},
+    "unfused": {"OTE_DECODE_FUSED": "0"},  # library ops; linears chosen by ot_linear_forward
+    "unfused_small_m": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_GEMV": "1"},  # every linear small-M
+    "unfused_no_pdl": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_PDL": "0"},
+    "unfused_unroll4": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_GEMV_UNROLL": "4"},
+    "unfused_cublaslt": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_GEMV": "0"},  # every linear cuBLASLt
+}
+
+
+def decode_steps(eng, nxt, steps, warm):
+    """median wall ms per step after warm steps, and the median split of the steps"""
+    ts, splits = [], []
+    for i in range(warm + steps):
+        t = time.perf_counter()
+        nxt = eng.decode(nxt, greedy=True)
+        ts.append((time.perf_counter() - t) * 1e3)
+        splits.append(eng.last_timing())
+    return statistics.median(ts[warm:]), median_split(splits[warm:])
+
+
+# measured last (after HF, on the same engine): the tensor-core small-M kernel, new in
+# this code, so that a failure there cannot cost the rest: name -> (batch, environment)
+LATE_VARIANTS = {
+    "mma": (16, {"OT_LINEAR_GEMV": "2"}),
+    "unfused_mma": (1, {"OTE_DECODE_FUSED": "0", "OT_LINEAR_GEMV": "2"}),
+}
+
+
+def late_times(eng, s, prompt_len, steps, warm, names):
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    for name in names:
+        B, env = LATE_VARIANTS[name]
+        prompts = [torch.randint(0, s["vocab"], (prompt_len,), generator=g).tolist()
+                   for _ in range(B)]
+        os.environ.update(env)
+        try:
+            nxt = eng.prefill(prompts, greedy=True)
+            ms, split = decode_steps(eng, nxt, steps, warm)
+            out[f"decode_ms_b{B}_{name}"] = ms
+            out[f"decode_split_b{B}_{name}"] = split
+            print(f"decode b{B} {name} ({env}): {ms:.3f} ms/step; split {split}", flush=True)
+            for i in range(B):
+                eng.free(i)
+        finally:
+            for k in env:
+                del os.environ[k]
+    return out
+
+
+def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
     g = torch.Generator().manual_seed(1)
     out = {}
     prompt = torch.randint(0, s["vocab"], (prompt_len,), generator=g).tolist()
-    ttft = [wall(lambda: eng.prefill([prompt], greedy=True)) for _ in range(6)][1:]
-    out["ttft_ms"] = statistics.median(ttft)
+    ttft, splits = [], []
+    for _ in range(6):
+        ttft.append(wall(lambda: eng.prefill([prompt], greedy=True)))
+        splits.append(eng.last_timing())
+    out["ttft_ms"] = statistics.median(ttft[1:])
+    out["ttft_split_ms"] = median_split(splits[1:])
+    print(f"TTFT {out['ttft_ms']:.2f} ms; split {out['ttft_split_ms']}", flush=True)
     for B in batches:
         prompts = [torch.randint(0, s["vocab"], (prompt_len,), generator=g).tolist()
                    for _ in range(B)]
         nxt = eng.prefill(prompts, greedy=True)
-        ts = []
-        for i in range(warm + steps):
-            t = time.perf_counter()
-            nxt = eng.decode(nxt, greedy=True)
-            ts.append((time.perf_counter() - t) * 1e3)
-        out[f"decode_ms_b{B}"] = statistics.median(ts[warm:])
+        out[f"decode_ms_b{B}"], out[f"decode_split_b{B}"] = decode_steps(eng, nxt, steps, warm)
         out[f"graph_b{B}"] = eng.cuda_graph
+        print(f"decode b{B}: {out[f'decode_ms_b{B}']:.3f} ms/step; split "
+              f"{out[f'decode_split_b{B}']}", flush=True)
         for i in range(B):
             eng.free(i)
     if DEV == "cuda" and 1 in batches:
-        # the same decode with every linear on cuBLASLt (OT_LINEAR_GEMV=0, read when the
-        # graph is captured): what the small-M kernel buys, in this run
-        os.environ["OT_LINEAR_GEMV"] = "0"
-        try:
-            nxt = eng.prefill([prompt], greedy=True)
-            ts = []
-            for i in range(warm + steps):
-                t = time.perf_counter()
-                nxt = eng.decode(nxt, greedy=True)
-                ts.append((time.perf_counter() - t) * 1e3)
-            out["decode_ms_b1_cublaslt"] = statistics.median(ts[warm:])
-            eng.free(0)
-        finally:
-            del os.environ["OT_LINEAR_GEMV"]
-        # where the time goes: every op timed with events (eager, enqueued behind a spin)
-        eng.set_profile(True)
-        nxt = eng.prefill([prompt], greedy=True)
-        for i in range(6):
-            nxt = eng.decode(nxt, greedy=True)
-        out["profile"] = eng.profile_report()
-        eng.set_profile(False)
-        eng.free(0)
+        # the same decode with the linears chosen otherwise: what each choice buys, in
+        # this run
+        for name in variants:
+            env = DECODE_VARIANTS[name]
+            os.environ.update(env)
+            try:
+                nxt = eng.prefill([prompt], greedy=True)
+                ms, split = decode_steps(eng, nxt, steps, warm)
+                out[f"decode_ms_b1_{name}"] = ms
+                out[f"decode_split_b1_{name}"] = split
+                print(f"decode b1 {name} ({env}): {ms:.3f} ms/step; split {split}", flush=True)
+                eng.free(0)
+            finally:
+                for k in env:
+                    del os.environ[k]
+        # where the time goes: every op timed with events (eager, enqueued behind a spin),
+        # with the fused decode kernels and without
+        for label, env in (("", {}), ("unfused ", {"OTE_DECODE_FUSED": "0"})):
+            os.environ.update(env)
+            try:
+                eng.set_profile(True)
+                nxt = eng.prefill([prompt], greedy=True)
+                for i in range(6):
+                    nxt = eng.decode(nxt, greedy=True)
+                rep = eng.profile_report()
+                out["profile"] = (out.get("profile", "") + ("\n" if label else "") +
+                                  (rep if not label else
+                                   "\n".join(x for x in rep.split("\n")
+                                             if x.startswith("decode")).replace(
+                                                 "decode", "decode unfused", 1)))
+                eng.set_profile(False)
+                eng.free(0)
+            finally:
+                for k in env:
+                    del os.environ[k]
         print(out["profile"], flush=True)
     return out
 
@@ -443,6 +519,50 @@ def hf_compiled_decode(model, s, prompt_len, B, steps):
     return statistics.median(ts[3:])
 
 
+def save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw):
+    """the rows of one shape from the engine's (ours) and HF's times"""
+    # rows: TTFT as prompt tokens/s, decode as tokens/s
+    flops = prefill_flops(s, P)
+    roof_ms = flops / (gemm * 1e12) * 1e3
+    ttft_rate = P / (ours["ttft_ms"] * 1e-3)
+    peers = {}
+    if "ttft_ms" in hf:
+        peers["HF transformers (sdpa)"] = round(P / (hf["ttft_ms"] * 1e-3), 1)
+    row = {"op": "engine_prefill", "case": f"{name} bf16, {P}-token prompt, batch 1 (TTFT)",
+           "metric": "tokens/s", "ours": round(ttft_rate, 1), "peers": peers,
+           "ratio_best_peer": round(ttft_rate / max(peers.values()), 3) if peers else None,
+           "fraction_of_ceiling": round(roof_ms / ours["ttft_ms"], 3),
+           "ttft_ms": round(ours["ttft_ms"], 2),
+           "peer_ttft_ms": {k: round(P / v * 1e3, 2) for k, v in peers.items()},
+           "roofline_ms": round(roof_ms, 2), "memory_bytes": mem,
+           "ttft_split_ms": ours.get("ttft_split_ms"),
+           "profile_ms_per_forward": ours.get("profile")}
+    doc["rows"].append(row)
+    for B in args.batches:
+        ms = ours[f"decode_ms_b{B}"]
+        rate = B / (ms * 1e-3)
+        ceil = B / (decode_bytes(s, B, P) / (rbw * 1e12))
+        peers = {}
+        if f"decode_ms_b{B}" in hf:
+            peers["HF transformers (sdpa, eager)"] = round(B / (hf[f"decode_ms_b{B}"] * 1e-3), 1)
+        if f"compiled_decode_ms_b{B}" in hf:
+            peers["HF static cache + torch.compile"] = round(
+                B / (hf[f"compiled_decode_ms_b{B}"] * 1e-3), 1)
+        doc["rows"].append({
+            "op": "engine_decode", "case": f"{name} bf16, batch {B}, context {P}",
+            "metric": "tokens/s", "ours": round(rate, 1), "peers": peers,
+            "ratio_best_peer": round(rate / max(peers.values()), 3) if peers else None,
+            "fraction_of_ceiling": round(rate / ceil, 3), "step_ms": round(ms, 3),
+            "roofline_tokens_per_s": round(ceil, 1), "cuda_graph": ours[f"graph_b{B}"]})
+        doc["rows"][-1]["step_split_ms"] = ours.get(f"decode_split_b{B}")
+        for vname in list(DECODE_VARIANTS) + list(LATE_VARIANTS):
+            if f"decode_ms_b{B}_{vname}" in ours:
+                doc["rows"][-1][f"step_ms_{vname}"] = round(ours[f"decode_ms_b{B}_{vname}"], 3)
+                doc["rows"][-1][f"step_split_ms_{vname}"] = ours[f"decode_split_b{B}_{vname}"]
+        if f"compiled_decode_failed_b{B}" in hf:
+            doc["rows"][-1]["hf_compile_skipped"] = hf[f"compiled_decode_failed_b{B}"]
+
+
 def bench(args, doc, save):
     gemm = gemm_tflops()
     rbw = read_tbps()
@@ -461,10 +581,9 @@ def bench(args, doc, save):
             copy_weights(eng, model)
         print(f"{name}: engine + HF on the same weights in {time.perf_counter() - t0:.1f} s; "
               f"engine memory {eng.memory()}", flush=True)
-        ours = engine_times(eng, s, P, args.batches, args.steps, 3)
+        ours = engine_times(eng, s, P, args.batches, args.steps, 3,
+                            [v for v in args.decode_variants.split(",") if v])
         mem = eng.memory()
-        eng.close()
-        del eng
         print(f"{name}: engine {ours}", flush=True)
         hf = {}
         if not args.no_hf:
@@ -479,43 +598,20 @@ def bench(args, doc, save):
         gc.collect()
         if DEV == "cuda":
             torch.cuda.empty_cache()
+        late = [v for v in args.late_variants.split(",")
+                if v and DEV == "cuda" and LATE_VARIANTS[v][0] in args.batches]
+        if late:
+            save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw)
+            save()
+            ours.update(late_times(eng, s, P, args.steps, 3, late))
+            doc["rows"] = [r for r in doc["rows"] if not r["case"].startswith(f"{name} ")]
+        eng.close()
+        del eng
+        gc.collect()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
 
-        # rows: TTFT as prompt tokens/s, decode as tokens/s
-        flops = prefill_flops(s, P)
-        roof_ms = flops / (gemm * 1e12) * 1e3
-        ttft_rate = P / (ours["ttft_ms"] * 1e-3)
-        peers = {}
-        if "ttft_ms" in hf:
-            peers["HF transformers (sdpa)"] = round(P / (hf["ttft_ms"] * 1e-3), 1)
-        row = {"op": "engine_prefill", "case": f"{name} bf16, {P}-token prompt, batch 1 (TTFT)",
-               "metric": "tokens/s", "ours": round(ttft_rate, 1), "peers": peers,
-               "ratio_best_peer": round(ttft_rate / max(peers.values()), 3) if peers else None,
-               "fraction_of_ceiling": round(roof_ms / ours["ttft_ms"], 3),
-               "ttft_ms": round(ours["ttft_ms"], 2),
-               "peer_ttft_ms": {k: round(P / v * 1e3, 2) for k, v in peers.items()},
-               "roofline_ms": round(roof_ms, 2), "memory_bytes": mem,
-               "profile_ms_per_forward": ours.get("profile")}
-        doc["rows"].append(row)
-        for B in args.batches:
-            ms = ours[f"decode_ms_b{B}"]
-            rate = B / (ms * 1e-3)
-            ceil = B / (decode_bytes(s, B, P) / (rbw * 1e12))
-            peers = {}
-            if f"decode_ms_b{B}" in hf:
-                peers["HF transformers (sdpa, eager)"] = round(B / (hf[f"decode_ms_b{B}"] * 1e-3), 1)
-            if f"compiled_decode_ms_b{B}" in hf:
-                peers["HF static cache + torch.compile"] = round(
-                    B / (hf[f"compiled_decode_ms_b{B}"] * 1e-3), 1)
-            doc["rows"].append({
-                "op": "engine_decode", "case": f"{name} bf16, batch {B}, context {P}",
-                "metric": "tokens/s", "ours": round(rate, 1), "peers": peers,
-                "ratio_best_peer": round(rate / max(peers.values()), 3) if peers else None,
-                "fraction_of_ceiling": round(rate / ceil, 3), "step_ms": round(ms, 3),
-                "roofline_tokens_per_s": round(ceil, 1), "cuda_graph": ours[f"graph_b{B}"]})
-            if B == 1 and "decode_ms_b1_cublaslt" in ours:
-                doc["rows"][-1]["step_ms_all_cublaslt"] = round(ours["decode_ms_b1_cublaslt"], 3)
-            if f"compiled_decode_failed_b{B}" in hf:
-                doc["rows"][-1]["hf_compile_skipped"] = hf[f"compiled_decode_failed_b{B}"]
+        save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw)
         save()
 
 
@@ -552,6 +648,11 @@ def main():
     ap.add_argument("--hf-compile-timeout", type=int, default=120,
                     help="seconds per batch for compile + run; over it the peer is skipped")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS),
+                    help="comma-separated names of DECODE_VARIANTS: batch-1 decode again with "
+                         "the linears chosen otherwise ('' for none)")
+    ap.add_argument("--late-variants", default=",".join(LATE_VARIANTS),
+                    help="comma-separated names of LATE_VARIANTS, measured after HF ('' for none)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--table", default=None, help="write the markdown table here too")
     ap.add_argument("--commit", default=None)

@@ -1,10 +1,19 @@
 /* engine_linear_bench.c -- ot_linear_forward at decode sizes (M = 1 .. 16 rows) on the
  * engine's weight shapes (Llama-3-8B and Llama-13B: qkv, o, gate_up, down, lm_head), bf16:
- * the small-M matrix-vector kernel (OT_LINEAR_GEMV=1) against cuBLASLt (OT_LINEAR_GEMV=0),
- * both through the public op on one context, timed with CUDA events (median of 7 runs of
- * 20 back-to-back calls, after a warm-up). Prints one line per case: microseconds and the
- * weight-read rate (N * K * 2 bytes per call) of each, and which the automatic dispatch
- * picks. Run by scripts/device_engine.sh (compiled there against the packed library):
+ * the small-M matrix-vector kernel (OT_LINEAR_GEMV=1) as a programmatic dependent launch
+ * (the default on sm_90) and without (OT_LINEAR_PDL=0), against cuBLASLt
+ * (OT_LINEAR_GEMV=0), all through the public op on one context, timed with CUDA events
+ * (median of 5 runs of 10 back-to-back calls, after a warm-up); and the tensor-core
+ * small-M kernel (OT_LINEAR_GEMV=2). Successive calls read
+ * different copies of the weight (at least 256 MiB apart in all), so that no call finds
+ * its weight in the 50 MB L2 the previous one left. Two timings per kernel: the linear
+ * alone ("alone": back-to-back linears, where a PDL launch overlaps the previous linear)
+ * and the pair "RMSNorm of x, then the linear of its output" (the engine's pattern:
+ * the previous kernel is not a linear; the time is the pair's, RMSNorm included). Prints
+ * one line per case:
+ * microseconds and the weight-read rate (N * K * 2 bytes per call) of each, and which
+ * the automatic dispatch picks. Run by scripts/device_engine.sh (compiled there against
+ * the packed library):
  *
  *   cc -O2 -std=c11 bench/engine_linear_bench.c -Iinclude -I$CUDA/include -Llib \
  *      -lops_transformer -L$CUDA/lib64 -lcudart -o engine_linear_bench
@@ -47,31 +56,45 @@ static int cmp_f(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* median over 7 runs of the mean time of 20 calls, microseconds; < 0 on error */
-static double time_us(ot_context *ctx, cudaStream_t st, DLTensor *x, DLTensor *w, DLTensor *y,
-                      const char *impl) {
-  setenv("OT_LINEAR_GEMV", impl, 1);
-  for (int i = 0; i < 3; i++)
-    if (ot_linear_forward(ctx, x, w, NULL, y) != OT_OK) {
-      fprintf(stderr, "ot_linear_forward: %s\n", ot_last_error());
-      return -1;
-    }
+/* median over 5 runs of the mean time of 10 calls, microseconds; < 0 on error. Call i
+ * reads weight copy i % nw (w[]); with a norm, each call is preceded by the RMSNorm of x
+ * into x2 and the linear reads x2. env: NAME=VALUE pairs set for the timing. */
+static double time_us(ot_context *ctx, cudaStream_t st, DLTensor *x, DLTensor *x2, DLTensor *g,
+                      DLTensor *w, void *const *wp, int nw, DLTensor *y, int norm,
+                      const char *gemv, const char *pdl) {
+  setenv("OT_LINEAR_GEMV", gemv, 1);
+  setenv("OT_LINEAR_PDL", pdl, 1);
+  int k = 0;
+#define ONE_CALL(chk)                                                                      \
+  do {                                                                                     \
+    w->data = wp[k++ % nw];                                                                \
+    ot_status s1_ = norm ? ot_rmsnorm_forward(ctx, x, NULL, g, 1e-5f, x2, NULL, NULL) : OT_OK; \
+    ot_status s2_ = s1_ == OT_OK ? ot_linear_forward(ctx, norm ? x2 : x, w, NULL, y) : s1_;  \
+    if ((chk) && s2_ != OT_OK) {                                                           \
+      fprintf(stderr, "ot_linear_forward / ot_rmsnorm_forward: %s\n", ot_last_error());   \
+      return -1;                                                                           \
+    }                                                                                      \
+  } while (0)
+  for (int i = 0; i < 3; i++) ONE_CALL(1);
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  float ms[7];
-  for (int r = 0; r < 7; r++) {
+  float ms[5];
+  for (int r = 0; r < 5; r++) {
     cudaEventRecord(a, st);
-    for (int i = 0; i < 20; i++) (void)ot_linear_forward(ctx, x, w, NULL, y);
+    for (int i = 0; i < 10; i++) ONE_CALL(0);
     cudaEventRecord(b, st);
     cudaEventSynchronize(b);
     cudaEventElapsedTime(&ms[r], a, b);
   }
+#undef ONE_CALL
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   unsetenv("OT_LINEAR_GEMV");
-  qsort(ms, 7, sizeof ms[0], cmp_f);
-  return ms[3] * 1e3 / 20;
+  unsetenv("OT_LINEAR_PDL");
+  if (cudaStreamSynchronize(st) != cudaSuccess) return -1;
+  qsort(ms, 5, sizeof ms[0], cmp_f);
+  return ms[2] * 1e3 / 10;
 }
 
 int main(int argc, char **argv) {
@@ -89,46 +112,72 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ot_context_create: %s\n", ot_last_error());
     return 1;
   }
+  /* one pool of >= 256 MiB (and >= 2 weights) for the weight copies */
   size_t wmax = 0;
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     if ((size_t)(shapes[i].N * shapes[i].K) > wmax) wmax = (size_t)(shapes[i].N * shapes[i].K);
-  void *w = NULL, *x = NULL, *y = NULL;
-  if (cudaMalloc(&w, wmax * 2) || cudaMalloc(&x, 16 * 16384 * 2) || cudaMalloc(&y, 16 * 131072 * 2)) {
+  size_t pool = 2 * wmax * 2;
+  if (pool < ((size_t)256 << 20)) pool = (size_t)256 << 20;
+  void *w = NULL, *x = NULL, *x2 = NULL, *g = NULL, *y = NULL;
+  if (cudaMalloc(&w, pool) || cudaMalloc(&x, 16 * 16384 * 2) || cudaMalloc(&x2, 16 * 16384 * 2) ||
+      cudaMalloc(&g, 16384 * 2) || cudaMalloc(&y, 16 * 131072 * 2)) {
     fprintf(stderr, "cudaMalloc failed\n");
     return 1;
   }
-  cudaMemset(w, 0x3c, wmax * 2); /* bf16 0x3c3c ~ 0.0115: finite values */
+  cudaMemset(w, 0x3c, pool); /* bf16 0x3c3c ~ 0.0115: finite values */
   cudaMemset(x, 0x3c, 16 * 16384 * 2);
+  cudaMemset(g, 0x3c, 16384 * 2);
   FILE *jf = json ? fopen(json, "w") : NULL;
   if (jf) fprintf(jf, "[\n");
-  const int Ms[] = {1, 2, 4, 8, 16};
+  const int Ms[] = {1, 4, 16};
   int first = 1;
-  printf("%-10s %-10s %3s %10s %10s %9s %9s %8s\n", "model", "weight", "M", "gemv us", "lt us",
-         "gemv GB/s", "lt GB/s", "auto");
+  printf("%-10s %-10s %3s | alone us: %7s %7s %7s %7s | after rmsnorm us: %7s %7s %7s %7s | "
+         "GB/s alone: %5s %5s %5s | %8s\n",
+         "model", "weight", "M", "gemv", "gemv-np", "mma", "lt", "gemv", "gemv-np", "mma", "lt",
+         "gemv", "mma", "lt", "auto");
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const shape *s = &shapes[i];
+    const size_t wb = (size_t)(s->N * s->K) * 2;
+    int nw = (int)(pool / wb);
+    if (nw > 64) nw = 64;
+    void *wp[64];
+    for (int c = 0; c < nw; c++) wp[c] = (char *)w + (size_t)c * wb;
     for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++) {
-      int64_t M = Ms[m], xs[2], wsh[2], ys[2];
-      DLTensor tx, tw, ty;
+      int64_t M = Ms[m], xs[2], x2s[2], gs[2], wsh[2], ys[2];
+      DLTensor tx, tx2, tg, tw, ty;
       tensor(&tx, xs, x, M, s->K);
+      tensor(&tx2, x2s, x2, M, s->K);
+      tensor(&tg, gs, g, s->K, 1);
+      tg.ndim = 1;
       tensor(&tw, wsh, w, s->N, s->K);
       tensor(&ty, ys, y, M, s->N);
-      double g = time_us(ctx, st, &tx, &tw, &ty, "1");
-      double l = time_us(ctx, st, &tx, &tw, &ty, "0");
-      double bytes = (double)s->N * (double)s->K * 2;
+      double t[8];
+      for (int norm = 0; norm < 2; norm++) {
+        t[4 * norm + 0] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "1", "1");
+        t[4 * norm + 1] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "1", "0");
+        t[4 * norm + 2] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "2", "1");
+        t[4 * norm + 3] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "0", "1");
+      }
+      double bytes = (double)wb;
       /* linear.cu's automatic rule (bf16: M == 1 and a small or lm_head-sized weight) */
       const double nk = (double)s->N * (double)s->K;
       const char *pick = M == 1 && (nk < 3.0 * (1 << 23) || nk >= (double)(1 << 28)) ? "gemv"
                                                                                    : "cublaslt";
-      printf("%-10s %-10s %3lld %10.1f %10.1f %9.0f %9.0f %8s\n", s->model, s->name, (long long)M, g,
-             l, bytes / (g * 1e3), bytes / (l * 1e3), pick);
+      printf("%-10s %-10s %3lld | %17.1f %7.1f %7.1f %7.1f | %25.1f %7.1f %7.1f %7.1f | %17.0f "
+             "%5.0f %5.0f | %8s\n",
+             s->model, s->name, (long long)M, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
+             bytes / (t[0] * 1e3), bytes / (t[2] * 1e3), bytes / (t[3] * 1e3), pick);
       if (jf)
         fprintf(jf,
                 "%s {\"model\": \"%s\", \"weight\": \"%s\", \"N\": %lld, \"K\": %lld, \"M\": %lld, "
-                "\"gemv_us\": %.2f, \"cublaslt_us\": %.2f, \"gemv_GBps\": %.0f, "
-                "\"cublaslt_GBps\": %.0f, \"auto\": \"%s\"}",
+                "\"gemv_us\": %.2f, \"gemv_nopdl_us\": %.2f, \"mma_us\": %.2f, "
+                "\"cublaslt_us\": %.2f, \"after_rmsnorm_us\": {\"gemv\": %.2f, "
+                "\"gemv_nopdl\": %.2f, \"mma\": %.2f, \"cublaslt\": %.2f}, "
+                "\"gemv_GBps\": %.0f, \"mma_GBps\": %.0f, \"cublaslt_GBps\": %.0f, "
+                "\"auto\": \"%s\"}",
                 first ? "" : ",\n", s->model, s->name, (long long)s->N, (long long)s->K,
-                (long long)M, g, l, bytes / (g * 1e3), bytes / (l * 1e3), pick);
+                (long long)M, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
+                bytes / (t[0] * 1e3), bytes / (t[2] * 1e3), bytes / (t[3] * 1e3), pick);
       first = 0;
     }
   }
@@ -139,6 +188,8 @@ int main(int argc, char **argv) {
   ot_context_destroy(ctx);
   cudaFree(w);
   cudaFree(x);
+  cudaFree(x2);
+  cudaFree(g);
   cudaFree(y);
   cudaStreamDestroy(st);
   return 0;

@@ -25,7 +25,8 @@
 # Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
 # arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1;
 # step 5: ENGINE_OFFLOAD_BIG=0 (skip), ENGINE_OFFLOAD_BUDGET (default 0.6667x),
-# ENGINE_OFFLOAD_RING (default 2); step 0: ENGINE_TEST_FILTER (default forward); time
+# ENGINE_OFFLOAD_RING (default 2); step 0: ENGINE_TEST_FILTER (default forward),
+# ENGINE_MEMCHECK_FILTER (default "bf16 x[1": the bf16 cases whose x has 1.. rows); time
 # limits in seconds: ENGINE_TEST_TIMEOUT, ENGINE_MEMCHECK_TIMEOUT (60), ENGINE_BENCH_TIMEOUT (900).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -112,7 +113,7 @@ if [ "$PREBUILT" = 1 ] && [ -x "$BIN/pack/test_ops" ]; then
   fi
   if command -v compute-sanitizer >/dev/null; then
     timeout "${ENGINE_MEMCHECK_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/pack/test_ops" \
-      --backend cuda --suite linear --filter "bf16 x[1" >"$OUTD/memcheck_linear.log" 2>&1
+      --backend cuda --suite linear --filter "${ENGINE_MEMCHECK_FILTER:-bf16 x[1}" >"$OUTD/memcheck_linear.log" 2>&1
     SUMMARY+=("memcheck linear bf16 M=1.. (rc $?): $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_linear.log" | tail -1) $(tail -1 "$OUTD/memcheck_linear.log" | head -c 200)")
   fi
   stamp "linear tests done"

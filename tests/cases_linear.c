@@ -183,7 +183,9 @@ static void forward_case(test_run *tr, DLDataType dt, const lin_case *c, bool wi
  * -- 16-byte vector path (K a multiple of the vector, aligned rows), scalar path (odd K,
  * x rows padded off alignment), split-K (few columns, long K: float32 partials summed in a
  * second kernel), M = 1 .. 16 and a 3-D x. Run with the automatic dispatch, and on CUDA
- * forced on and off with OT_LINEAR_GEMV. */
+ * forced on and off with OT_LINEAR_GEMV; "2" forces the tensor-core kernel where it
+ * applies (K % 32 == 0, 16-byte-aligned rows: N not a multiple of 16, M = 1 .. 16,
+ * padded x rows), the vector kernel elsewhere. */
 static const lin_case small_m_cases[] = {
     {1, 0, 4096, 256, 0, 0},  {1, 0, 4104, 40, 0, 0},  {1, 0, 8, 1, 0, 0},
     {1, 0, 12000, 7, 0, 0},   {2, 0, 1000, 96, 0, 0},  {3, 0, 77, 65, 0, 0},
@@ -191,6 +193,7 @@ static const lin_case small_m_cases[] = {
     {8, 0, 2048, 33, 0, 0},   {9, 0, 520, 300, 0, 2},  {2, 3, 128, 72, 0, 0},
     {13, 0, 999, 31, 5, 0},   {16, 0, 4096, 64, 0, 0}, {16, 0, 33, 17, 0, 0},
     {3, 0, 8200, 24, 0, 0},   {2, 0, 3001, 5, 0, 0},   {16, 0, 6000, 10, 0, 3},
+    {12, 0, 512, 50, 0, 0},   {16, 0, 3200, 100, 8, 1}, {1, 0, 96, 17, 0, 0},
 };
 #define N_SMALL_M_CASES (sizeof small_m_cases / sizeof small_m_cases[0])
 
@@ -202,10 +205,75 @@ static void small_m_forward(test_run *tr, DLDataType dt) {
     env_saved gemv = env_set("OT_LINEAR_GEMV", "1");
     forward_case_tag(tr, dt, c, true, " gemv");
     forward_case_tag(tr, dt, c, false, " gemv");
+    if (c->d0 == 1 && !c->d1) { /* one row: 4 W vectors in flight; launched without PDL */
+      env_saved un = env_set("OT_LINEAR_GEMV_UNROLL", "4");
+      forward_case_tag(tr, dt, c, i % 4 == 0, " gemv unroll4");
+      env_restore(&un);
+      env_saved pdl = env_set("OT_LINEAR_PDL", "0");
+      forward_case_tag(tr, dt, c, i % 4 != 0, " gemv no-pdl");
+      env_restore(&pdl);
+    }
+    setenv("OT_LINEAR_GEMV", "2", 1);
+    forward_case_tag(tr, dt, c, i % 3 == 0, " gemv mma");
     setenv("OT_LINEAR_GEMV", "0", 1);
     forward_case_tag(tr, dt, c, i % 2 != 0, " cublaslt");
     env_restore(&gemv);
   }
+}
+
+/* Two small-M linears back to back, the second reading the first's output (y1 = x W1^T,
+ * y2 = y1 W2^T, y1 poisoned before): on sm_90 the second is a programmatic dependent
+ * launch that starts streaming W2 before the first has finished, and must read y1 only
+ * after it is complete. y2 is checked against the float64 product of the y1 the first
+ * wrote (downloaded after both ran), so a y2 computed from stale or NaN y1 fails; N2 = 24
+ * takes the split-K path (its sum kernel is a dependent launch too). */
+static void small_m_chain(test_run *tr, DLDataType dt, int64_t M, int64_t K1, int64_t K2,
+                          int64_t N2, const char *mode) {
+  if (!tr_begin(tr, "forward %s chained small-M x[%lld] K=%lld -> %lld -> %lld gemv=%s",
+                dt_name(dt), (long long)M, (long long)K1, (long long)K2, (long long)N2, mode))
+    return;
+  const backend *be = tr->be;
+  rng r = tr_rng(tr);
+  int64_t xs[2] = {M, K1}, w1s[2] = {K2, K1}, y1s[2] = {M, K2}, w2s[2] = {N2, K2}, y2s[2] = {M, N2};
+  tbuf *x = tb_new(be, dt, 2, xs), *w1 = tb_new(be, dt, 2, w1s), *y1 = tb_new(be, dt, 2, y1s);
+  tbuf *w2 = tb_new(be, dt, 2, w2s), *y2 = tb_new(be, dt, 2, y2s);
+  tb_fill_uniform(x, &r, -1, 1);
+  tb_fill_uniform(w1, &r, -1.0 / sqrt((double)K1), 1.0 / sqrt((double)K1));
+  tb_fill_uniform(w2, &r, -1.0 / sqrt((double)K2), 1.0 / sqrt((double)K2));
+  tb_poison(y1);
+  tb_poison(y2);
+  env_saved gemv = env_set("OT_LINEAR_GEMV", mode);
+  const DLTensor *dx = tb_dl(x), *dw1 = tb_dl(w1), *dy1 = tb_dl(y1), *dw2 = tb_dl(w2),
+                 *dy2 = tb_dl(y2);
+  ot_status st = OT_OK;
+  for (int rep = 0; rep < 3 && st == OT_OK; rep++) { /* the pair three times in a row */
+    st = ot_linear_forward(be->ctx, dx, dw1, NULL, dy1);
+    if (st == OT_OK) st = ot_linear_forward(be->ctx, dy1, dw2, NULL, dy2);
+  }
+  env_restore(&gemv);
+  if (tr_ok(tr, st, "ot_linear_forward")) {
+    tb_sync(y1);
+    tb_sync(y2);
+    double *xd = tb_to_f64(x), *w1d = tb_to_f64(w1), *y1d = tb_to_f64(y1), *w2d = tb_to_f64(w2);
+    double *ref1 = (double *)malloc((size_t)(M * K2) * sizeof *ref1);
+    double *ref2 = (double *)malloc((size_t)(M * N2) * sizeof *ref2);
+    ref_forward(xd, w1d, NULL, M, K1, K2, ref1);
+    ref_forward(y1d, w2d, NULL, M, K2, N2, ref2);
+    check_close(tr, "y1", y1, ref1, tol_lin(dt, K1));
+    check_close(tr, "y2", y2, ref2, tol_lin(dt, K2));
+    free(xd);
+    free(w1d);
+    free(y1d);
+    free(w2d);
+    free(ref1);
+    free(ref2);
+  }
+  tb_free(x);
+  tb_free(w1);
+  tb_free(y1);
+  tb_free(w2);
+  tb_free(y2);
+  tr_end(tr);
 }
 
 enum { OUT_DX = 1, OUT_DW = 2, OUT_DB = 4, OUT_ALL = 7 };
@@ -542,6 +610,13 @@ static void run(test_run *tr) {
       forward_case(tr, dts[d], &cases[i], false);
     }
     small_m_forward(tr, dts[d]);
+    if (tr->be->is_cuda && d > 0) {
+      small_m_chain(tr, dts[d], 1, 4096, 4096, 4096, "1");
+      small_m_chain(tr, dts[d], 1, 2048, 8192, 24, "1");
+      small_m_chain(tr, dts[d], 3, 1024, 2048, 40, "1");
+      small_m_chain(tr, dts[d], 16, 4096, 4096, 1000, "2");
+      small_m_chain(tr, dts[d], 5, 2048, 1024, 24, "2");
+    }
     for (size_t i = 0; i < N_CASES; i++) {
       backward_case(tr, dts[d], &cases[i], OUT_ALL);
       /* the subsets on the small and the strided shapes */

@@ -103,6 +103,7 @@ def _load():
         "ote_engine_export": (I, [P, S, P, ctypes.c_size_t]),
         "ote_engine_set_profile": (None, [P, I]),
         "ote_engine_profile_report": (None, [P, ctypes.c_char_p, ctypes.c_size_t]),
+        "ote_engine_last_timing": (None, [P, ctypes.POINTER(ctypes.c_double)]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
@@ -243,6 +244,19 @@ class Engine:
         buf = ctypes.create_string_buffer(4096)
         self._lib.ote_engine_profile_report(self._e, buf, len(buf))
         return buf.value.decode()
+
+    def last_timing(self) -> dict:
+        """Where the last prefill / decode call spent its time (milliseconds): ``host_prep``
+        before the forward was enqueued, ``enqueue`` (the ops' host work, or one graph
+        launch), ``wait`` for the GPU and the results, ``gpu`` from the forward's first op
+        to its last (CUDA events; -1 on the CPU or with the profile on), ``total``; and
+        ``phase`` ("prefill" / "decode")."""
+        v = (ctypes.c_double * 6)()
+        self._lib.ote_engine_last_timing(self._e, v)
+        keys = ("host_prep", "enqueue", "wait", "gpu", "total")
+        out = {k: float(v[i]) for i, k in enumerate(keys)}
+        out["phase"] = "decode" if v[5] else "prefill"
+        return out
 
     # ---- tokens -----------------------------------------------------------------------
     def tokenizer(self):

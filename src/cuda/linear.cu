@@ -28,6 +28,7 @@
 #include "common.cuh"
 #include "cuda_state.h"
 #include "gemm.h"
+#include "mma.cuh"
 
 namespace ot {
 
@@ -327,42 +328,69 @@ static cudaError_t column_sum_any(ot_dtype d, const void *dy, int64_t ds, int64_
 /* ---- small-M linear (decode): y [M, N] = x [M, K] W [N, K]^T (+ b), M <= 16 ----------
  * At a few rows the layer is a matrix-vector product bound by reading W once; cuBLASLt's
  * tensor-core tiles waste most of their width there. One warp per output column n (a row
- * of W): each lane streams 16-byte vectors of W's row (ld.global.cs, kGemvUnroll of them
- * in flight), multiplies them with the same K positions of the MT rows of x (plain loads:
- * x is small and every warp of the block reads it, so it stays in L1 / L2) in float32,
- * then a warp-shuffle sum; the bias is added in float32 before the one rounding to T.
+ * of W): each lane streams 16-byte vectors of W's row (ld.global.cs, U of them in flight:
+ * 8 at one row, 4 at more, where the MT accumulators take the registers), multiplies them
+ * with the same K positions of the MT rows of x (plain loads: x is small and every warp
+ * of the block reads it, so it stays in L1 / L2) in float32, then a warp-shuffle sum; the
+ * bias is added in float32 before the one rounding to T.
  * When N gives too few warps to keep every SM streaming, K is split over grid.y: float32
  * partials [splits, M, N] in the context's scratch and a second kernel that sums them in
  * split order (deterministic) and applies the bias. VEC: K a multiple of the vector width
- * and x / W rows 16-byte aligned; otherwise a scalar path (one element per lane). */
+ * and x / W rows 16-byte aligned; otherwise a scalar path (one element per lane).
+ *
+ * Programmatic dependent launch (sm_90 code on a 9.0+ GPU; OT_LINEAR_PDL=0 turns it off):
+ * the kernel is launched as a programmatic dependent of whatever precedes it on the
+ * stream, so its CTAs can be resident before that kernel has completed. W does not depend
+ * on the previous kernel: each warp issues its first U vectors of W, and only then waits
+ * (griddepcontrol.wait) for the previous grid's memory before it reads x; nothing is
+ * written before the wait. The weight stream thus starts during the previous kernel's
+ * tail and launch latency instead of after it. The kernel allows its own dependents to
+ * launch (griddepcontrol.launch_dependents) once its loads are done: the split-K sum,
+ * launched the same way, waits for the partials before it reads them. */
 constexpr int kGemvWarps = 4;   /* warps per block: small blocks, so N = 4096 spreads evenly */
-constexpr int kGemvUnroll = 4;  /* W vectors in flight per lane */
 constexpr int kGemvMaxM = 16;
 
-template <typename T, int MT, bool VEC>
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+template <typename T, int MT, bool VEC, int U>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
                 const T *__restrict__ bias, T *__restrict__ y, int64_t ys, float *__restrict__ part,
                 int M, int64_t K, int64_t N, int64_t klen) {
   const int lane = threadIdx.x & 31;
   const int64_t n = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-  if (n >= N) return;
+  if (n >= N) return; /* reads and writes nothing */
   const int64_t kb = (int64_t)blockIdx.y * klen;
   const int64_t ke = kb + klen < K ? kb + klen : K;
   const T *wr = w + n * K;
   float acc[MT];
 #pragma unroll
   for (int m = 0; m < MT; m++) acc[m] = 0.0f;
+  bool waited = false; /* x (the previous kernel's output) only after griddepcontrol.wait */
   if (VEC) {
     constexpr int V = vec_width<T>::value;
     constexpr int64_t step = 32 * V;
-    for (int64_t k0 = kb + (int64_t)lane * V; k0 < ke; k0 += step * kGemvUnroll) {
-      raw16 wv[kGemvUnroll];
+    for (int64_t k0 = kb + (int64_t)lane * V; k0 < ke; k0 += step * U) {
+      raw16 wv[U];
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; u++)
+      for (int u = 0; u < U; u++)
         load_raw<T, true, true>(wv[u], wr, k0 + u * step, ke, k0 + u * step < ke);
+      if (!waited) {
+        grid_dep_wait();
+        waited = true;
+      }
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; u++) {
+      for (int u = 0; u < U; u++) {
         const int64_t k = k0 + u * step;
         if (k < ke) {
           float wf[V];
@@ -381,15 +409,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       }
     }
   } else {
-    for (int64_t k0 = kb + lane; k0 < ke; k0 += 32 * kGemvUnroll) {
-      float wf[kGemvUnroll];
+    for (int64_t k0 = kb + lane; k0 < ke; k0 += 32 * U) {
+      float wf[U];
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; u++) {
+      for (int u = 0; u < U; u++) {
         const int64_t k = k0 + u * 32;
         wf[u] = k < ke ? to_f32(wr[k]) : 0.0f;
       }
+      if (!waited) {
+        grid_dep_wait();
+        waited = true;
+      }
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; u++) {
+      for (int u = 0; u < U; u++) {
         const int64_t k = k0 + u * 32;
         if (k < ke)
 #pragma unroll
@@ -398,6 +430,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       }
     }
   }
+  if (!waited) grid_dep_wait(); /* a lane with no K range still writes (row m = lane) */
+  grid_dep_launch();
 #pragma unroll
   for (int m = 0; m < MT; m++) acc[m] = warp_sum(acc[m]);
 #pragma unroll
@@ -416,6 +450,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 template <typename T>
 __global__ void gemv_reduce_kernel(const float *__restrict__ part, int splits, int M, int64_t N,
                                    const T *__restrict__ bias, T *__restrict__ y, int64_t ys) {
+  grid_dep_wait(); /* the partials of gemv_kernel (a programmatic dependent of it) */
   const int64_t total = (int64_t)M * N;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
@@ -427,59 +462,227 @@ __global__ void gemv_reduce_kernel(const float *__restrict__ part, int splits, i
   }
 }
 
-template <typename T, int MT>
-static void gemv_launch_mt(bool vec, dim3 grid, cudaStream_t st, const ot_linear_forward_args *a,
-                           float *part, int64_t klen) {
+/* Whether kernel f may be launched as a programmatic dependent here: a 9.0+ GPU running
+ * code compiled for sm_90+ (the griddepcontrol instructions are compiled out below
+ * sm_90, and code JIT-compiled from sm_80 PTX would not wait: launched early it could
+ * read x before the previous kernel wrote it). Once per kernel and device (16 devices);
+ * OT_LINEAR_PDL=0: never. */
+template <typename K>
+static bool pdl_ok(const ot_cuda_state *cs, K *f, signed char *cached) {
+  const char *e = getenv("OT_LINEAR_PDL");
+  if (e && e[0] == '0') return false;
+  const int dev = cs->device;
+  if (dev >= 0 && dev < 16 && cached[dev] != 0) return cached[dev] > 0;
+  bool ok = false;
+  if (cs->cc_major >= 9) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, f) == cudaSuccess) ok = fa.ptxVersion >= 90;
+    else (void)cudaGetLastError();
+  }
+  if (dev >= 0 && dev < 16) cached[dev] = ok ? 1 : -1;
+  return ok;
+}
+
+/* <<<grid, block, 0, st>>>(args...), as a programmatic dependent where pdl_ok. */
+template <typename... P, typename... A>
+static cudaError_t launch_pdl(const ot_cuda_state *cs, signed char *cached, void (*f)(P...),
+                              dim3 grid, dim3 block, cudaStream_t st, A... args) {
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_ok(cs, f, cached) ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, f, ((P)args)...);
+}
+
+template <typename T, int MT, int U>
+static cudaError_t gemv_launch_mt(const ot_cuda_state *cs, bool vec, dim3 grid, cudaStream_t st,
+                                  const ot_linear_forward_args *a, float *part, int64_t klen) {
+  static signed char pdl_vec[16], pdl_scalar[16];
   const T *x = (const T *)a->x, *w = (const T *)a->weight, *b = (const T *)a->bias;
   T *y = (T *)a->y;
   const int M = (int)a->rows;
   if (vec)
-    gemv_kernel<T, MT, true><<<grid, kGemvWarps * 32, 0, st>>>(
-        x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features, a->out_features, klen);
-  else
-    gemv_kernel<T, MT, false><<<grid, kGemvWarps * 32, 0, st>>>(
-        x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features, a->out_features, klen);
+    return launch_pdl(cs, pdl_vec, gemv_kernel<T, MT, true, U>, grid, dim3(kGemvWarps * 32), st,
+                      x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features,
+                      a->out_features, klen);
+  return launch_pdl(cs, pdl_scalar, gemv_kernel<T, MT, false, U>, grid, dim3(kGemvWarps * 32), st,
+                    x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features,
+                    a->out_features, klen);
+}
+
+/* W vectors in flight per lane at one row: 8 (OT_LINEAR_GEMV_UNROLL=4: 4, the unroll of
+ * every M > 1). */
+static bool gemv_unroll8(void) {
+  const char *e = getenv("OT_LINEAR_GEMV_UNROLL");
+  return !(e && e[0] == '4');
 }
 
 template <typename T>
-static cudaError_t gemv_launch(bool vec, dim3 grid, cudaStream_t st,
+static cudaError_t gemv_launch(const ot_cuda_state *cs, bool vec, dim3 grid, cudaStream_t st,
                                const ot_linear_forward_args *a, float *part, int64_t klen) {
+  static signed char pdl_reduce[16];
   const int64_t M = a->rows;
-  if (M <= 1) gemv_launch_mt<T, 1>(vec, grid, st, a, part, klen);
-  else if (M <= 2) gemv_launch_mt<T, 2>(vec, grid, st, a, part, klen);
-  else if (M <= 4) gemv_launch_mt<T, 4>(vec, grid, st, a, part, klen);
-  else if (M <= 8) gemv_launch_mt<T, 8>(vec, grid, st, a, part, klen);
-  else gemv_launch_mt<T, 16>(vec, grid, st, a, part, klen);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e;
+  if (M <= 1) e = gemv_unroll8() ? gemv_launch_mt<T, 1, 8>(cs, vec, grid, st, a, part, klen)
+                                 : gemv_launch_mt<T, 1, 4>(cs, vec, grid, st, a, part, klen);
+  else if (M <= 2) e = gemv_launch_mt<T, 2, 4>(cs, vec, grid, st, a, part, klen);
+  else if (M <= 4) e = gemv_launch_mt<T, 4, 4>(cs, vec, grid, st, a, part, klen);
+  else if (M <= 8) e = gemv_launch_mt<T, 8, 4>(cs, vec, grid, st, a, part, klen);
+  else e = gemv_launch_mt<T, 16, 4>(cs, vec, grid, st, a, part, klen);
   if (e != cudaSuccess || !part) return e;
   const int64_t total = M * a->out_features;
   int64_t blocks = (total + 255) / 256;
   if (blocks > 4096) blocks = 4096;
-  gemv_reduce_kernel<T><<<(unsigned)blocks, 256, 0, st>>>(part, (int)grid.y, (int)M,
-                                                          a->out_features, (const T *)a->bias,
-                                                          (T *)a->y, a->y_stride);
-  return cudaGetLastError();
+  return launch_pdl(cs, pdl_reduce, gemv_reduce_kernel<T>, dim3((unsigned)blocks), dim3(256), st,
+                    (const float *)part, (int)grid.y, (int)M, a->out_features,
+                    (const T *)a->bias, (T *)a->y, a->y_stride);
+}
+
+/* ---- small-M linear on tensor cores (M <= 16, bfloat16 / float16) ---------------------
+ * y [M, N] = x [M, K] W^T with W as the m16n8k16 product's A operand (16 output features
+ * per tile) and x^T as B (8 tokens per tile; NT = 2 tiles for M > 8): the weight is read
+ * once for all M rows, the multiply-adds run on the tensor cores. A block of 8 warps owns
+ * 16 rows of W; warp w takes the 32-element k-blocks w, w + 8, ... (U = 4 in flight), and
+ * the warps' float32 fragments add in shared memory in warp order (deterministic).
+ * No shared-memory staging: the order of K inside a dot product is free, so each lane
+ * loads 16 contiguous bytes of W row g and of W row g + 8 (g = lane / 4) at k = 32 kb +
+ * 8 (lane % 4) and of x row g of each token tile at the same k; elements 0-1 / 2-3 of
+ * those 8 feed the k-slots 2 (lane % 4) + 0-1 / + 8-9 of the first k16 step, elements
+ * 4-7 those of the second -- one permutation of k, the same for A and B. Needs K % 32 ==
+ * 0 and 16-byte-aligned rows of x and W. Rows past N load row N - 1 (never stored), token
+ * rows past M load zeros. PDL as in gemv_kernel (first W loads before the wait). */
+constexpr int kMmaWarps = 8;
+constexpr int kMmaU = 4;
+
+/* The 16 bytes at k-blocks kb, kb + 8, ... (kMmaU of them) of this lane's two W rows, zeros
+ * past KB. */
+__device__ __forceinline__ void mma_load_w(uint4 *a0, uint4 *a1, const uint4 *w0, const uint4 *w1,
+                                           int64_t kb, int64_t KB) {
+#pragma unroll
+  for (int u = 0; u < kMmaU; u++) {
+    const int64_t b = kb + (int64_t)kMmaWarps * u;
+    a0[u] = b < KB ? __ldcs(w0 + 4 * b) : make_uint4(0u, 0u, 0u, 0u);
+    a1[u] = b < KB ? __ldcs(w1 + 4 * b) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+template <typename T, int NT>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    gemv_mma_kernel(const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
+                    const T *__restrict__ bias, T *__restrict__ y, int64_t ys, int M, int64_t K,
+                    int64_t N) {
+  __shared__ float red[kMmaWarps][NT][4][32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int64_t n0 = (int64_t)blockIdx.x * 16, KB = K / 32;
+  const int64_t r0 = n0 + g < N ? n0 + g : N - 1, r1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+  const uint4 *w0 = reinterpret_cast<const uint4 *>(w + r0 * K) + q;
+  const uint4 *w1 = reinterpret_cast<const uint4 *>(w + r1 * K) + q;
+  float c[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; t++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) c[t][i] = 0.0f;
+  uint4 a0[kMmaU], a1[kMmaU];
+  int64_t kb = warp;
+  mma_load_w(a0, a1, w0, w1, kb, KB);
+  grid_dep_wait();
+  while (true) {
+#pragma unroll
+    for (int u = 0; u < kMmaU; u++) {
+      const int64_t b = kb + (int64_t)kMmaWarps * u;
+      if (b < KB) {
+        const uint32_t A0[4] = {a0[u].x, a1[u].x, a0[u].y, a1[u].y};
+        const uint32_t A1[4] = {a0[u].z, a1[u].z, a0[u].w, a1[u].w};
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+          const int m = 8 * t + g;
+          const uint4 xv = m < M ? *(reinterpret_cast<const uint4 *>(x + (int64_t)m * xs) + 4 * b + q)
+                                 : make_uint4(0u, 0u, 0u, 0u);
+          mma_m16n8k16<T>::run(c[t], A0, xv.x, xv.y);
+          mma_m16n8k16<T>::run(c[t], A1, xv.z, xv.w);
+        }
+      }
+    }
+    kb += (int64_t)kMmaWarps * kMmaU;
+    if (kb >= KB) break;
+    mma_load_w(a0, a1, w0, w1, kb, KB);
+  }
+  grid_dep_launch();
+#pragma unroll
+  for (int t = 0; t < NT; t++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) red[warp][t][i][lane] = c[t][i];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int t = 0; t < NT; t++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      float s = 0.0f;
+#pragma unroll
+      for (int v = 0; v < kMmaWarps; v++) s += red[v][t][i][lane];
+      /* fragment element i: feature row g + 8 (i / 2), token column 2 (lane % 4) + i % 2 */
+      const int64_t n = n0 + g + 8 * (i >> 1);
+      const int m = 8 * t + 2 * q + (i & 1);
+      if (n < N && m < M) {
+        if (bias) s += to_f32(bias[n]);
+        y[(int64_t)m * ys + n] = from_f32<T>(s);
+      }
+    }
+}
+
+template <typename T>
+static cudaError_t gemv_mma_launch(const ot_cuda_state *cs, cudaStream_t st,
+                                   const ot_linear_forward_args *a) {
+  static signed char pdl1[16], pdl2[16];
+  const T *x = (const T *)a->x, *w = (const T *)a->weight, *b = (const T *)a->bias;
+  T *y = (T *)a->y;
+  const int M = (int)a->rows;
+  const dim3 grid((unsigned)((a->out_features + 15) / 16)), block(kMmaWarps * 32);
+  if (M <= 8)
+    return launch_pdl(cs, pdl1, gemv_mma_kernel<T, 1>, grid, block, st, x, a->x_stride, w, b, y,
+                      a->y_stride, M, a->in_features, a->out_features);
+  return launch_pdl(cs, pdl2, gemv_mma_kernel<T, 2>, grid, block, st, x, a->x_stride, w, b, y,
+                    a->y_stride, M, a->in_features, a->out_features);
 }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* Whether the small-M kernel runs this forward. OT_LINEAR_GEMV: "0" never, "1" for every
- * M <= 16 (any K, alignment, dtype: the tests use it), unset / other: auto -- where it beat
+/* Whether the tensor-core small-M kernel can run this forward: bfloat16 / float16, M <= 16,
+ * K a multiple of 32, x and W rows 16-byte aligned. */
+static bool gemv_mma_ok(const ot_linear_forward_args *a) {
+  const size_t es = ot_dtype_size(a->dtype);
+  return a->dtype != OT_F32 && a->rows >= 1 && a->rows <= kGemvMaxM && a->in_features % 32 == 0 &&
+         aligned16(a->x) && aligned16(a->weight) &&
+         (a->rows == 1 || ((size_t)a->x_stride * es) % 16 == 0);
+}
+
+/* Which small-M kernel runs this forward: 0 none (cuBLASLt), 1 gemv_kernel, 2 the
+ * tensor-core gemv_mma_kernel. OT_LINEAR_GEMV: "0" never, "1" gemv_kernel for every M <= 16
+ * (any K, alignment, dtype: the tests use it), "2" gemv_mma_kernel for every M <= 16 it
+ * takes (gemv_mma_ok; else gemv_kernel), unset / other: auto -- gemv_kernel where it beat
  * cuBLASLt on the H200 (bench/engine_linear_bench.c, bf16, run of 51babbf; docs/ENGINE.md):
  * bfloat16 / float16, one row, 16-byte vectors, and a weight either small (N K < 1.5 2^24:
  * 4096 x 4096 in 11.7 us against cuBLASLt's 16.6) or of lm_head size (N K >= 2^28: 128256
  * x 4096 in 242 us against 249). Between those both read W at 3.2-4.0 TB/s and cuBLASLt
  * was 1-4% ahead; at M >= 2 cuBLASLt's tensor-core kernels read W once for all rows and
  * this kernel's per-row x loads and float32 FMAs made it 10-75% slower (M = 2 .. 16). */
-static bool gemv_wanted(const ot_linear_forward_args *a, bool *vec) {
+static int gemv_wanted(const ot_linear_forward_args *a, bool *vec) {
   const size_t es = ot_dtype_size(a->dtype);
   const int64_t V = 16 / (int64_t)es;
   *vec = a->in_features % V == 0 && aligned16(a->x) && aligned16(a->weight) &&
          (a->rows == 1 || ((size_t)a->x_stride * es) % 16 == 0);
-  if (a->rows > kGemvMaxM) return false;
+  if (a->rows > kGemvMaxM) return 0;
   const char *e = getenv("OT_LINEAR_GEMV");
-  if (e && e[0] == '0') return false;
-  if (e && e[0] == '1') return true;
+  if (e && e[0] == '0') return 0;
+  if (e && e[0] == '2') return gemv_mma_ok(a) ? 2 : 1;
+  if (e && e[0] == '1') return 1;
   const int64_t nk = a->in_features * a->out_features;
   return a->dtype != OT_F32 && a->rows == 1 && *vec &&
          (nk < ((int64_t)3 << 23) || nk >= ((int64_t)1 << 28));
@@ -490,7 +693,7 @@ static ot_status gemv_forward(ot_context *ctx, const char *op, const ot_linear_f
   const ot_cuda_state *cs = ot_cuda_state_of(ctx);
   cudaStream_t st = (cudaStream_t)ctx->stream;
   const int64_t M = a->rows, K = a->in_features, N = a->out_features;
-  const int64_t chunk = (vec ? 32 * (16 / (int64_t)ot_dtype_size(a->dtype)) : 32) * kGemvUnroll;
+  const int64_t chunk = (vec ? 32 * (16 / (int64_t)ot_dtype_size(a->dtype)) : 32) * 4;
   /* split K when the columns give fewer than ~16 warps per SM, each split >= 2 chunks */
   const int64_t want = (int64_t)(cs->sm_count > 0 ? cs->sm_count : 100) * 16;
   int64_t splits = 1;
@@ -526,9 +729,9 @@ static ot_status gemv_forward(ot_context *ctx, const char *op, const ot_linear_f
   dim3 grid((unsigned)((N + kGemvWarps - 1) / kGemvWarps), (unsigned)splits, 1);
   cudaError_t e;
   switch (a->dtype) {
-    case OT_F16: e = gemv_launch<__half>(vec, grid, st, a, part, klen); break;
-    case OT_BF16: e = gemv_launch<__nv_bfloat16>(vec, grid, st, a, part, klen); break;
-    default: e = gemv_launch<float>(vec, grid, st, a, part, klen); break;
+    case OT_F16: e = gemv_launch<__half>(cs, vec, grid, st, a, part, klen); break;
+    case OT_BF16: e = gemv_launch<__nv_bfloat16>(cs, vec, grid, st, a, part, klen); break;
+    default: e = gemv_launch<float>(cs, vec, grid, st, a, part, klen); break;
   }
   OT_CUDA_CHECK(op, e);
   return OT_OK;
@@ -547,7 +750,14 @@ extern "C" ot_status ot_cuda_linear_forward(ot_context *ctx, const ot_linear_for
     return OT_OK;
   }
   bool vec = false;
-  if (gemv_wanted(a, &vec)) return gemv_forward(ctx, op, a, vec);
+  const int small = gemv_wanted(a, &vec);
+  if (small == 2) {
+    const ot_cuda_state *cs = ot_cuda_state_of(ctx);
+    OT_CUDA_CHECK(op, a->dtype == OT_F16 ? gemv_mma_launch<__half>(cs, st, a)
+                                         : gemv_mma_launch<__nv_bfloat16>(cs, st, a));
+    return OT_OK;
+  }
+  if (small) return gemv_forward(ctx, op, a, vec);
   ot_gemm g;
   memset(&g, 0, sizeof g);
   g.transa = true;

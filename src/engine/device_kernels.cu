@@ -1,12 +1,15 @@
-/* device_kernels.cu -- the two small kernels of the engine that are not library ops:
- * the embedding lookup with the token ids in device memory (so that the decode step,
+/* device_kernels.cu -- the kernels of the engine that are not library ops: the
+ * embedding lookup with the token ids in device memory (so that the decode step,
  * embedding included, is one CUDA graph whose only inputs are device buffers refreshed
- * before each replay) and a row argmax (greedy decoding downloads one id per sequence
- * instead of the float logits). Compiled only with the CUDA backend. */
+ * before each replay), a row argmax (greedy decoding downloads one id per sequence
+ * instead of the float logits), the random weights, and the fused decode products (norm or
+ * SwiGLU inside the matrix-vector product, one sequence). Compiled only with the CUDA
+ * backend. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 /* One block per row; 16-byte copies when the row allows (it does for every dtype with
  * hidden % 8 == 0). */
@@ -155,4 +158,239 @@ __global__ void ote_spin_kernel(long long ns) {
 extern "C" int ote_cuda_spin(long long ns, void *stream) {
   ote_spin_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(ns);
   return (int)cudaGetLastError();
+}
+
+/* ---- decode at one sequence: the norm and SwiGLU fused into the matrix-vector product -----
+ * y [N] = W [N, K] x [K] (+ b) for the one token of a batch-1 decode step, with x made
+ * inside the kernel from what the previous op left (bf16 / fp16, K a multiple of 8, every
+ * pointer 16-byte aligned):
+ *   NORM:   h = delta + res (rounded to T; res alone when delta is NULL), x = h * rstd *
+ *           gamma rounded to T, rstd = 1 / sqrt(mean(h^2) + eps): ot_rmsnorm_forward with its
+ *           fused residual, computed by every block (a row of K elements, from L2); block 0
+ *           also stores h into res_out, a buffer no block reads (the engine alternates two
+ *           residual buffers), so the qkv / gate_up projection takes the norm's place.
+ *   SWIGLU: x = silu(gate) * up rounded to T, from the fused [gate | up] row of 2K elements
+ *           (ot_glu_forward's arithmetic): the down projection takes the GLU's place.
+ * Block: 8 warps; the prologue writes x into shared memory (K elements), then each warp
+ * streams RW rows of W (16-byte ld.global.cs, U = 8 vectors per lane in flight) against it,
+ * float32 sums, a warp-shuffle sum, one rounding. Every block recomputes the prologue, so RW
+ * grows with N (fewer blocks) to keep that re-read small against W.
+ * Programmatic dependent launch (a 9.0+ GPU running sm_90 code): each warp issues its first
+ * U vectors of W before griddepcontrol.wait, which it passes before it reads anything the
+ * previous kernel wrote; nothing is written before it. */
+namespace {
+
+constexpr int kG1Warps = 8;
+constexpr int kG1U = 8;
+
+__device__ __forceinline__ void g1_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ void g1_unpack(float *f, const uint4 &r) {
+  const T *e = reinterpret_cast<const T *>(&r);
+#pragma unroll
+  for (int i = 0; i < 8; i++) f[i] = ote_to_f<T>(e[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 g1_pack(const float *f) {
+  uint4 r;
+  T *e = reinterpret_cast<T *>(&r);
+#pragma unroll
+  for (int i = 0; i < 8; i++) e[i] = ote_from_f<T>(f[i]);
+  return r;
+}
+
+struct g1_args {
+  const void *w, *bias; /* [N, K], [N] or NULL */
+  void *y;              /* [N] */
+  const void *x;        /* SWIGLU: the [2K] gate | up row */
+  const void *delta, *res, *gamma; /* NORM: delta may be NULL */
+  void *res_out;        /* NORM: h (block 0), or NULL */
+  float eps;
+  long long N, K;
+};
+
+enum { G1_NORM = 0, G1_SWIGLU = 1 };
+
+template <typename T, int PRO, int RW>
+__global__ void __launch_bounds__(kG1Warps * 32) ote_gemv1_kernel(const __grid_constant__ g1_args a) {
+  extern __shared__ uint4 g1_x[]; /* x as K / 8 vectors of T */
+  __shared__ float g1_red[kG1Warps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+  const long long J = a.K / 8, N = a.N;
+  const long long row0 = ((long long)blockIdx.x * kG1Warps + warp) * RW;
+  const uint4 *w = reinterpret_cast<const uint4 *>(a.w);
+  /* the first U vectors of this warp's first row: W does not depend on the previous kernel */
+  uint4 pre[kG1U];
+#pragma unroll
+  for (int u = 0; u < kG1U; u++) {
+    const long long j = lane + 32LL * u;
+    pre[u] = row0 < N && j < J ? __ldcs(w + row0 * J + j) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  g1_wait();
+  if (PRO == G1_NORM) {
+    const uint4 *d = reinterpret_cast<const uint4 *>(a.delta);
+    const uint4 *r = reinterpret_cast<const uint4 *>(a.res);
+    uint4 *ro = blockIdx.x == 0 ? reinterpret_cast<uint4 *>(a.res_out) : nullptr;
+    float ss = 0.0f;
+    for (long long j = tid; j < J; j += kG1Warps * 32) {
+      float h[8];
+      g1_unpack<T>(h, r[j]);
+      if (d) {
+        float dv[8];
+        g1_unpack<T>(dv, d[j]);
+#pragma unroll
+        for (int i = 0; i < 8; i++) h[i] = h[i] + dv[i];
+      }
+      const uint4 hv = g1_pack<T>(h); /* the norm is of the stored (rounded) h */
+      g1_unpack<T>(h, hv);
+#pragma unroll
+      for (int i = 0; i < 8; i++) ss += h[i] * h[i];
+      g1_x[j] = hv;
+      if (ro) ro[j] = hv;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) g1_red[warp] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kG1Warps; i++) tot += g1_red[i];
+    const float rstd = 1.0f / sqrtf(tot / (float)a.K + a.eps);
+    const uint4 *g = reinterpret_cast<const uint4 *>(a.gamma);
+    for (long long j = tid; j < J; j += kG1Warps * 32) { /* the vectors this thread wrote */
+      float h[8], gv[8];
+      g1_unpack<T>(h, g1_x[j]);
+      g1_unpack<T>(gv, g[j]);
+#pragma unroll
+      for (int i = 0; i < 8; i++) h[i] = h[i] * rstd * gv[i];
+      g1_x[j] = g1_pack<T>(h);
+    }
+  } else {
+    const uint4 *gu = reinterpret_cast<const uint4 *>(a.x);
+    for (long long j = tid; j < J; j += kG1Warps * 32) {
+      float g[8], u[8];
+      g1_unpack<T>(g, gu[j]);
+      g1_unpack<T>(u, gu[J + j]);
+#pragma unroll
+      for (int i = 0; i < 8; i++) g[i] = __fdividef(g[i], 1.0f + __expf(-g[i])) * u[i];
+      g1_x[j] = g1_pack<T>(g);
+    }
+  }
+  __syncthreads();
+  for (int rr = 0; rr < RW; rr++) {
+    const long long n = row0 + rr;
+    if (n >= N) break;
+    const uint4 *wr = w + n * J;
+    float acc = 0.0f;
+    for (long long j0 = 0; j0 < J; j0 += 32LL * kG1U) {
+      uint4 wv[kG1U];
+      if (rr == 0 && j0 == 0) {
+#pragma unroll
+        for (int u = 0; u < kG1U; u++) wv[u] = pre[u];
+      } else {
+#pragma unroll
+        for (int u = 0; u < kG1U; u++) {
+          const long long j = j0 + lane + 32LL * u;
+          wv[u] = j < J ? __ldcs(wr + j) : make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kG1U; u++) {
+        const long long j = j0 + lane + 32LL * u;
+        if (j < J) {
+          float wf[8], xf[8];
+          g1_unpack<T>(wf, wv[u]);
+          g1_unpack<T>(xf, g1_x[j]);
+#pragma unroll
+          for (int i = 0; i < 8; i++) acc = fmaf(wf[i], xf[i], acc);
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) {
+      if (a.bias) acc += ote_to_f<T>(reinterpret_cast<const T *>(a.bias)[n]);
+      reinterpret_cast<T *>(a.y)[n] = ote_from_f<T>(acc);
+    }
+  }
+}
+
+/* Whether f may be launched as a programmatic dependent: a 9.0+ GPU running code compiled
+ * for sm_90+ (below that the wait is compiled out). Once per kernel (first device asked). */
+template <typename K>
+bool g1_pdl(K *f, int *cached) {
+  if (*cached) return *cached > 0;
+  int dev = 0, major = 0;
+  bool ok = false;
+  cudaFuncAttributes fa;
+  if (cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      major >= 9 && cudaFuncGetAttributes(&fa, f) == cudaSuccess)
+    ok = fa.ptxVersion >= 90;
+  (void)cudaGetLastError();
+  *cached = ok ? 1 : -1;
+  return ok;
+}
+
+template <typename T, int PRO, int RW>
+int g1_launch(const g1_args &a, int pdl_on, cudaStream_t s) {
+  static int pdl_cached;
+  auto f = ote_gemv1_kernel<T, PRO, RW>;
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDim = dim3((unsigned)((a.N + kG1Warps * RW - 1) / (kG1Warps * RW)));
+  cfg.blockDim = dim3(kG1Warps * 32);
+  cfg.dynamicSmemBytes = (size_t)a.K * sizeof(T);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_on && g1_pdl(f, &pdl_cached) ? 1 : 0;
+  return (int)cudaLaunchKernelEx(&cfg, f, a);
+}
+
+template <typename T, int PRO>
+int g1_dispatch(const g1_args &a, int pdl_on, cudaStream_t s) {
+  /* rows per warp: about 900 blocks or fewer for large N (each re-reads the prologue's
+   * input), one row per warp below 16384 rows */
+  if (a.N >= 16384) return g1_launch<T, PRO, 4>(a, pdl_on, s);
+  return g1_launch<T, PRO, 1>(a, pdl_on, s);
+}
+
+} /* namespace */
+
+/* The fused decode products above (kind 0 NORM, 1 SWIGLU; bits 16 only; code 4 bfloat16,
+ * else float16). Returns a cudaError_t; 1 (cudaErrorInvalidValue) when the shapes or
+ * pointers do not fit (the caller checks first). */
+extern "C" int ote_cuda_gemv1(int kind, int code, const void *w, const void *bias, void *y,
+                              long long N, long long K, const void *x, const void *delta,
+                              const void *res, const void *gamma, void *res_out, float eps,
+                              int pdl_on, void *stream) {
+  if (K <= 0 || K % 8 != 0 || N <= 0 || K * 2 > 48 * 1024) return (int)cudaErrorInvalidValue;
+  g1_args a;
+  a.w = w;
+  a.bias = bias;
+  a.y = y;
+  a.x = x;
+  a.delta = delta;
+  a.res = res;
+  a.gamma = gamma;
+  a.res_out = res_out;
+  a.eps = eps;
+  a.N = N;
+  a.K = K;
+  cudaStream_t s = (cudaStream_t)stream;
+  if (code == 4) {
+    return kind == 0 ? g1_dispatch<__nv_bfloat16, G1_NORM>(a, pdl_on, s)
+                     : g1_dispatch<__nv_bfloat16, G1_SWIGLU>(a, pdl_on, s);
+  }
+  return kind == 0 ? g1_dispatch<__half, G1_NORM>(a, pdl_on, s)
+                   : g1_dispatch<__half, G1_SWIGLU>(a, pdl_on, s);
 }

@@ -13,7 +13,9 @@
  *   normed, x_res = rmsnorm(delta + x_res)
  *   gate_up = normed Wgu^T                           [T, 2F], one GEMM
  *   delta  = swiglu(gate_up) Wdown^T
- * then the final norm and lm_head on each sequence's last token only.
+ * then the final norm and lm_head on each sequence's last token only. A decode step of one
+ * sequence on CUDA (bf16 / fp16) runs the norms inside the qkv and gate_up products and
+ * SwiGLU inside the down product instead (decode_fused, device_kernels.cu).
  *
  * CUDA: everything is enqueued on the engine's own stream; weights, the KV pool and one
  * activation block are allocated at load / first use, never per step. A decode step of a
@@ -68,6 +70,22 @@ void ote_engine_offload_report(const ote_engine *e, char *buf, size_t len) {
 int ote_decode_graph_active(const ote_engine *e) { return e && e->graph_active; }
 const char *ote_decode_graph_note(const ote_engine *e) { return e ? e->graph_note : ""; }
 
+void ote_engine_last_timing(const ote_engine *e, double out[6]) {
+  if (!out) return;
+  for (int i = 0; i < 6; i++) out[i] = e ? e->tm[i] : 0.0;
+}
+
+/* The split of a call (ote_engine_last_timing) from its host clock readings: t0 entry,
+ * t1 before the forward was enqueued, t2 after, t3 after the results were fetched. */
+static void timing_done(ote_engine *e, int phase, double t0, double t1, double t2, double t3) {
+  e->tm[0] = t1 - t0;
+  e->tm[1] = t2 - t1;
+  e->tm[2] = t3 - t2;
+  e->tm[3] = e->tm_ev[0] && !e->prof_on ? ote_dev_event_ms(e->tm_ev[0], e->tm_ev[1]) : -1.0;
+  e->tm[4] = t3 - t0;
+  e->tm[5] = phase;
+}
+
 static void drop_graphs(ote_engine *e) {
   if (!e->graph) return;
   for (int n = 0; n <= e->opt.max_seqs; n++) {
@@ -100,6 +118,8 @@ void ote_engine_destroy(ote_engine *e) {
   free(e->graph);
   free(e->warm);
   for (int i = 0; i < e->prof_cap; i++) ote_dev_event_destroy(e->prof_ev[i]);
+  ote_dev_event_destroy(e->tm_ev[0]);
+  ote_dev_event_destroy(e->tm_ev[1]);
   free(e->prof_ev);
   free(e->prof_kind);
   ote_kv_destroy(&e->kv, &e->dev);
@@ -123,6 +143,7 @@ static ot_status ensure_activations(ote_engine *e, int T) {
   size_t qkv = (size_t)(c->heads + 2 * c->kv_heads) * D, F = (size_t)c->ffn, V = (size_t)c->vocab;
   struct { void **p; size_t bytes; } parts[] = {
       {&e->x_res, t * H * es},       {&e->delta, t * H * es},     {&e->normed, t * H * es},
+      {&e->x_res2, S * H * es},
       {&e->qkv, t * qkv * es},       {&e->attn, t * (size_t)c->heads * D * es},
       {&e->gate_up, t * 2 * F * es}, {&e->mlp, t * F * es},       {&e->last_res, S * H * es},
       {&e->last_delta, S * H * es},  {&e->last_norm, S * H * es}, {&e->logits, S * V * es},
@@ -227,6 +248,8 @@ static ot_status engine_finish(ote_engine *e) {
   if (!cu) return ote_error(OT_ERR_OOM, "engine: out of memory");
   for (int i = 0; i <= S; i++) cu[i] = i;
   ot_status st = ote_dev_alloc(&e->dev, sizeof *cu * (size_t)(S + 1), (void **)&e->cu_dec_dev);
+  if (st == OT_OK) st = ote_dev_event_create(&e->dev, &e->tm_ev[0]);
+  if (st == OT_OK) st = ote_dev_event_create(&e->dev, &e->tm_ev[1]);
   if (st == OT_OK) st = ote_dev_host_alloc(&e->dev, sizeof(int32_t) * (size_t)S, (void **)&e->next_h);
   if (st == OT_OK) st = ote_dev_upload(&e->dev, e->cu_dec_dev, cu, sizeof *cu * (size_t)(S + 1));
   free(cu);
@@ -341,7 +364,7 @@ static void prof_collect(ote_engine *e) {
 void ote_engine_set_profile(ote_engine *e, int on) {
   if (!e || e->dev.dev.device_type == kDLCPU) return;
   if (on && !e->prof_ev) {
-    int cap = 12 * e->cfg.layers + 32;
+    int cap = 13 * e->cfg.layers + 32;
     e->prof_ev = calloc((size_t)cap, sizeof *e->prof_ev);
     e->prof_kind = calloc((size_t)cap, 1);
     if (!e->prof_ev || !e->prof_kind) return;
@@ -361,7 +384,8 @@ void ote_engine_set_profile(ote_engine *e, int on) {
 void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
   static const char *names[OTE_PROF_KINDS] = {"embed+inputs", "rmsnorm", "qkv_proj", "rope+kv_append",
                                               "attention", "o_proj", "gate_up_proj", "swiglu",
-                                              "down_proj", "final norm+lm_head", "other"};
+                                              "down_proj", "final norm+lm_head", "other",
+                                              "kv_append"};
   if (!e || !buf || !len) return;
   size_t o = 0;
   buf[0] = 0;
@@ -418,8 +442,9 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
      * over each prompt's own tokens, packed */
     ote_view_set(&vpos, &e->dev, e->positions_dev, OTE_I32, 1, ps, NULL);
     OP(ot_rope_forward(e->ctx, &rp, &vq.t, &vk.t, &vpos.t, NULL, &vq.t, &vk.t), "rope", l);
+    prof_mark(e, OTE_PROF_ROPE_KV); /* the profile's prefill "rope+kv_append" is RoPE alone */
     OP(ot_kv_append(e->ctx, &kv, &vcu.t, &vk.t, &vv.t, NULL, NULL, NULL, NULL), "kv append", l);
-    prof_mark(e, OTE_PROF_ROPE_KV);
+    prof_mark(e, OTE_PROF_KV_PREFILL);
     if (b->n == 1) {
       /* one prompt: the dense [1, T, H, D] layout over the same strided memory, which the
        * library's Hopper kernel takes (varlen runs the portable one) */
@@ -450,6 +475,28 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
   return OT_OK;
 }
 
+/* Whether this forward takes the fused decode path (device_kernels.cu, ote_dev_gemv1): a
+ * decode step of one sequence on CUDA in bfloat16 / float16, hidden and ffn sizes the
+ * kernels take; OTE_DECODE_FUSED=0 turns it off (read per forward: a graph keeps the path
+ * it was captured with). There the input norm runs inside the qkv projection, the
+ * post-attention norm inside gate_up and SwiGLU inside the down projection: 3 kernels
+ * fewer per layer; the residual stream alternates between x_res and x_res2. */
+static int decode_fused(const ote_engine *e, const batch *b) {
+  const ote_config *c = &e->cfg;
+  if (b->prefill || b->n != 1 || e->dev.dev.device_type == kDLCPU || e->opt.dtype.bits != 16)
+    return 0;
+  if (c->hidden % 8 || c->ffn % 8 || c->hidden > 24576 || c->ffn > 24576) return 0;
+  if (e->off.on) return 0; /* streamed weights: the copies bound the step, not the kernels */
+  const char *v = getenv("OTE_DECODE_FUSED");
+  return !(v && v[0] == '0');
+}
+
+/* The fused decode path's PDL switch: the library's (OT_LINEAR_PDL=0: off). */
+static int decode_pdl(void) {
+  const char *v = getenv("OT_LINEAR_PDL");
+  return !(v && v[0] == '0');
+}
+
 /* Embedding lookup (ids already in tokens_dev) through the logits [n, V] in e->logits
  * (and, when argmax, the ids in argmax_dev): every op on the engine's stream, no host
  * synchronization -- the body of a decode graph. */
@@ -458,6 +505,8 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
   size_t es = ote_dtype_size(e->opt.dtype), H = (size_t)c->hidden;
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   e->prof_phase = b->prefill ? 0 : 1;
+  const int fused = decode_fused(e, b), pdl = fused && decode_pdl();
+  void *res = e->x_res, *res_alt = e->x_res2; /* fused: the residual stream's buffer, the other */
   if (e->prof_on) { /* the host enqueues the forward while the GPU waits */
     e->prof_n = 0;
     OTE_TRY(ote_dev_spin(&e->dev, 8000000));
@@ -476,12 +525,39 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
       OTE_TRY(ote_offload_layer_begin(e, l, &streamed));
       w = &streamed;
     }
-    OTE_TRY(rmsnorm(e, l ? e->delta : e->x_res, l ? e->x_res : NULL, w->attn_norm, e->normed, b->T,
-                    l, "input_layernorm"));
-    prof_mark(e, OTE_PROF_NORM);
-    OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->qkv, w->qkv_bias, cols, e->qkv, l, "qkv_proj"));
-    prof_mark(e, OTE_PROF_QKV);
+    if (fused) { /* input_layernorm inside qkv_proj (layer 0: the embedding alone, in place) */
+      OTE_TRY(ote_dev_gemv1(&e->dev, 0, e->opt.dtype, w->qkv, w->qkv_bias, e->qkv, cols,
+                            (int64_t)H, NULL, l ? e->delta : NULL, res, w->attn_norm,
+                            l ? res_alt : NULL, c->rms_eps, pdl));
+      if (l) {
+        void *t = res;
+        res = res_alt;
+        res_alt = t;
+      }
+      prof_mark(e, OTE_PROF_QKV);
+    } else {
+      OTE_TRY(rmsnorm(e, l ? e->delta : e->x_res, l ? e->x_res : NULL, w->attn_norm, e->normed,
+                      b->T, l, "input_layernorm"));
+      prof_mark(e, OTE_PROF_NORM);
+      OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->qkv, w->qkv_bias, cols, e->qkv, l,
+                     "qkv_proj"));
+      prof_mark(e, OTE_PROF_QKV);
+    }
     OTE_TRY(attention_block(e, b, l, w));
+    if (fused) { /* post_attention_layernorm inside gate_up_proj, SwiGLU inside down_proj */
+      OTE_TRY(ote_dev_gemv1(&e->dev, 0, e->opt.dtype, w->gate_up, NULL, e->gate_up, 2 * F,
+                            (int64_t)H, NULL, e->delta, res, w->mlp_norm, res_alt, c->rms_eps,
+                            pdl));
+      void *t = res;
+      res = res_alt;
+      res_alt = t;
+      prof_mark(e, OTE_PROF_GATE_UP);
+      OTE_TRY(ote_dev_gemv1(&e->dev, 1, e->opt.dtype, w->down, NULL, e->delta, (int64_t)H, F,
+                            e->gate_up, NULL, NULL, NULL, NULL, 0.0f, pdl));
+      prof_mark(e, OTE_PROF_DOWN);
+      if (e->off.on) OTE_TRY(ote_offload_layer_end(e, l));
+      continue;
+    }
     OTE_TRY(rmsnorm(e, e->delta, e->x_res, w->mlp_norm, e->normed, b->T, l,
                     "post_attention_layernorm"));
     prof_mark(e, OTE_PROF_NORM);
@@ -499,7 +575,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     if (e->off.on) OTE_TRY(ote_offload_layer_end(e, l));
   }
   /* the last token of each sequence: final norm and lm_head (decode: every row is one) */
-  void *last_delta = e->delta, *last_res = e->x_res;
+  void *last_delta = e->delta, *last_res = res; /* res: x_res but on the fused path */
   if (b->prefill) {
     for (int i = 0; i < b->n; i++) {
       size_t r = (size_t)(b->cu[i + 1] - 1);
@@ -629,6 +705,7 @@ static ot_status check_batch(const ote_engine *e, int n, const int *seq, const i
 
 static ot_status prefill(ote_engine *e, int n, const int *seq, const int32_t *tokens,
                          const int32_t *cu, float *logits, int32_t *next) {
+  const double t0 = ote_now_ms();
   if (!e || !seq || !tokens || !cu || (!logits && !next))
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: NULL argument");
   if (n <= 0 || n > e->opt.max_seqs || cu[0] != 0)
@@ -660,8 +737,13 @@ static ot_status prefill(ote_engine *e, int n, const int *seq, const int32_t *to
   if (st == OT_OK) st = ote_dev_upload_async(&e->dev, e->cu_dev, cu, (size_t)(n + 1) * 4);
   if (st == OT_OK) st = ote_dev_upload_async(&e->dev, e->tokens_dev, tokens, (size_t)T * 4);
   batch b = {n, T, seq, cu, 1};
+  const double t1 = ote_now_ms();
+  if (st == OT_OK) st = ote_dev_event_record(&e->dev, e->tm_ev[0]);
   if (st == OT_OK) st = forward_body(e, &b, next != NULL);
+  if (st == OT_OK) st = ote_dev_event_record(&e->dev, e->tm_ev[1]);
+  const double t2 = ote_now_ms();
   if (st == OT_OK) st = fetch(e, n, logits, next);
+  if (st == OT_OK) timing_done(e, 0, t0, t1, t2, ote_now_ms());
   if (st != OT_OK) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", ote_last_error());
@@ -674,6 +756,7 @@ static ot_status prefill(ote_engine *e, int n, const int *seq, const int32_t *to
 
 static ot_status decode(ote_engine *e, int n, const int *seq, const int32_t *tokens, float *logits,
                         int32_t *next) {
+  const double t0 = ote_now_ms();
   if (!e || !seq || !tokens || (!logits && !next))
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_decode: NULL argument");
   OTE_TRY(check_batch(e, n, seq, tokens, n, "ote_decode"));
@@ -693,8 +776,13 @@ static ot_status decode(ote_engine *e, int n, const int *seq, const int32_t *tok
   ot_status st = ote_kv_reserve(&e->kv, n, seq, ones);
   if (st == OT_OK) memcpy(e->kv.tok_h, tokens, (size_t)n * 4);
   batch b = {n, n, seq, NULL, 0};
+  const double t1 = ote_now_ms();
+  if (st == OT_OK) st = ote_dev_event_record(&e->dev, e->tm_ev[0]);
   if (st == OT_OK) st = decode_body(e, &b, next != NULL && e->dev.dev.device_type != kDLCPU);
+  if (st == OT_OK) st = ote_dev_event_record(&e->dev, e->tm_ev[1]);
+  const double t2 = ote_now_ms();
   if (st == OT_OK) st = fetch(e, n, logits, next);
+  if (st == OT_OK) timing_done(e, 1, t0, t1, t2, ote_now_ms());
   if (st != OT_OK) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", ote_last_error());

@@ -176,6 +176,13 @@ int ote_decode_graph_active(const ote_engine *e);
 void ote_engine_set_profile(ote_engine *e, int on);
 void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len);
 const char *ote_decode_graph_note(const ote_engine *e);
+/* Where the last ote_prefill* / ote_decode* call spent its time, milliseconds: out[0] on
+ * the host before the forward was enqueued (checks, page reservation, input copies),
+ * out[1] enqueueing the forward (the ops' host work; a graph launch for a replayed
+ * decode step), out[2] waiting for it and fetching the results, out[3] the GPU's time
+ * from the forward's first op to its last (CUDA events; -1 on the CPU and while the
+ * profile is on), out[4] the whole call; out[5] 0 after a prefill, 1 after a decode. */
+void ote_engine_last_timing(const ote_engine *e, double out[6]);
 
 /* Convenience for bindings (ctypes), the options as scalars: a model directory with its
  * weights (seed 0), or a model directory's / named configuration's shape with random

@@ -7,12 +7,6 @@
 
 #include "internal.h"
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 static int is_stop(int tok, const int32_t *stop, int n_stop) {
   for (int s = 0; s < n_stop; s++)
     if (tok == stop[s]) return 1;
@@ -53,7 +47,7 @@ ot_status ote_generate(ote_engine *e, int n, const int32_t *tokens, const int32_
     goto done;
   }
   for (int i = 0; i < n; i++) seq[i] = i;
-  double t0 = now_ms();
+  double t0 = ote_now_ms();
   st = device_argmax ? ote_prefill_greedy(e, n, seq, tokens, cu, next)
                      : ote_prefill(e, n, seq, tokens, cu, logits);
   if (st != OT_OK) goto done;
@@ -64,9 +58,9 @@ ot_status ote_generate(ote_engine *e, int n, const int32_t *tokens, const int32_
     out[(size_t)i * (size_t)max_new + (size_t)n_out[i]++] = tok;
     if (n_out[i] < max_new && !is_stop(tok, stop, n_stop)) live[n_live++] = i;
   }
-  stats->first_token_ms = now_ms() - t0;
+  stats->first_token_ms = ote_now_ms() - t0;
 
-  t0 = now_ms();
+  t0 = ote_now_ms();
   while (n_live > 0) {
     for (int j = 0; j < n_live; j++) {
       int i = live[j];
@@ -88,7 +82,7 @@ ot_status ote_generate(ote_engine *e, int n, const int32_t *tokens, const int32_
     }
     n_live = m;
   }
-  stats->decode_ms = now_ms() - t0;
+  stats->decode_ms = ote_now_ms() - t0;
 done:
   free(seq), free(live), free(step_tok), free(next), free(logits), free(sp), free(si);
   return st;

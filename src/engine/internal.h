@@ -30,6 +30,7 @@ bool ote_dtype_eq(DLDataType a, DLDataType b);
 extern const DLDataType OTE_F32, OTE_F16, OTE_BF16, OTE_I32;
 /* n values of src_dtype at src -> dst_dtype at dst (float32 / float16 / bfloat16). */
 void ote_convert(void *dst, DLDataType dst_dtype, const void *src, DLDataType src_dtype, size_t n);
+double ote_now_ms(void); /* CLOCK_MONOTONIC, milliseconds */
 
 /* ---- device memory: the operations that differ between the CPU and a GPU ---------- */
 /* Everything else the engine does to device memory goes through the public ops. */
@@ -69,6 +70,15 @@ ot_status ote_dev_argmax(const ote_device *d, int32_t *out_dev, const void *logi
  * `constant`), equal to the host's. */
 ot_status ote_dev_fill_random(const ote_device *d, void *dst, size_t n, DLDataType dt,
                               uint64_t seed, uint64_t tensor_id, float a, float constant);
+/* CUDA, bfloat16 / float16, one token (device_kernels.cu): y [N] = W [N, K] x (+ bias) with x
+ * made in the kernel -- kind 0: x = rmsnorm(delta + res) * gamma (delta may be NULL; h =
+ * delta + res stored into res_out when not NULL, a buffer other than res), kind 1: x =
+ * silu(gate) * up from x = the [gate | up] row of 2K elements. K % 8 == 0, K <= 24576,
+ * 16-byte-aligned pointers. pdl: may launch as a programmatic dependent (sm_90). */
+ot_status ote_dev_gemv1(const ote_device *d, int kind, DLDataType dt, const void *w,
+                        const void *bias, void *y, int64_t N, int64_t K, const void *x,
+                        const void *delta, const void *res, const void *gamma, void *res_out,
+                        float eps, int pdl);
 /* CUDA graphs of the decode step: capture on the device's stream (thread-local mode),
  * instantiate, replay. */
 ot_status ote_graph_begin(const ote_device *d);
@@ -218,7 +228,7 @@ void ote_offload_report(const ote_engine *e, char *buf, size_t len);
 /* ---- the engine ----------------------------------------------------------------- */
 enum { OTE_PROF_EMBED, OTE_PROF_NORM, OTE_PROF_QKV, OTE_PROF_ROPE_KV, OTE_PROF_ATTN,
        OTE_PROF_O, OTE_PROF_GATE_UP, OTE_PROF_SWIGLU, OTE_PROF_DOWN, OTE_PROF_HEAD,
-       OTE_PROF_OTHER, OTE_PROF_KINDS };
+       OTE_PROF_OTHER, OTE_PROF_KV_PREFILL, OTE_PROF_KINDS };
 struct ote_engine {
   ote_config cfg;
   ote_engine_options opt;
@@ -240,6 +250,7 @@ struct ote_engine {
   void *act_block;
   void *x_res, *delta, *normed, *qkv, *attn, *gate_up, *mlp, *last_res, *last_delta, *last_norm,
       *logits;
+  void *x_res2; /* the fused decode path's second residual buffer (it alternates with x_res) */
   int32_t *positions_dev, *cu_dev, *tokens_dev, *argmax_dev;
   int32_t *next_h;      /* [max_seqs] pinned: the argmax ids, copied by the forward */
   float *logits_host;   /* [max_seqs, V] float32 */
@@ -262,6 +273,12 @@ struct ote_engine {
   unsigned char *prof_kind;
   double prof_ms[2][OTE_PROF_KINDS];
   int prof_forwards[2];
+  /* the last prefill / decode call (ote_engine_last_timing): tm[0..5) host ms before the
+   * forward is enqueued, enqueueing it, waiting for it (and fetching), the GPU's ms
+   * between tm_ev[0] and tm_ev[1] (recorded around the forward; -1 on the CPU or with
+   * the profile on), the whole call; tm[5] 0 prefill, 1 decode */
+  double tm[6];
+  void *tm_ev[2];
 };
 
 ot_status ote_weights_load(ote_engine *e, const ote_st_set *set, const char *dir);

@@ -1,9 +1,17 @@
-/* util.c -- the engine's error message, dtype conversions and DLTensor views. */
+/* util.c -- the engine's error message, dtype conversions, DLTensor views and clock. */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
+
+double ote_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
 
 static _Thread_local char ote_err_buf[1024];
 

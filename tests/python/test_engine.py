@@ -488,3 +488,23 @@ def test_profile_is_a_noop_on_the_cpu():
     eng.set_profile(False)
     assert eng.generate([[1, 2, 3], [4]], 6).tokens == want
     eng.close()
+
+
+def test_last_timing_splits_each_call():
+    """last_timing: the split of the last prefill / decode call -- non-negative parts that
+    add up to at most the whole call, the phase of that call, and no GPU time on the CPU."""
+    eng_mod = _engine_module()
+    eng = eng_mod.Engine.random("test-gqa", seed=3, threads=1, max_seqs=2)
+    nxt = eng.prefill([[1, 2, 3, 4], [5, 6]], greedy=True)
+    t = eng.last_timing()
+    assert t["phase"] == "prefill" and t["gpu"] == -1.0
+    parts = t["host_prep"] + t["enqueue"] + t["wait"]
+    assert min(t["host_prep"], t["enqueue"], t["wait"]) >= 0.0 and t["enqueue"] > 0.0
+    assert abs(parts - t["total"]) < 1e-6 * max(1.0, t["total"])
+    eng.decode(nxt, greedy=True)
+    d = eng.last_timing()
+    assert d["phase"] == "decode" and d["total"] > 0.0
+    with pytest.raises(Exception):
+        eng.decode([1, 2], seqs=[0, 7])  # a failed call leaves the last split as it was
+    assert eng.last_timing() == d
+    eng.close()
