@@ -59,6 +59,7 @@ VARIANTS = {
     "patched_torch_attn": "patched, torch SDPA attention",
     "patched_lib_attn": "patched, library attention",
     "patched_other": "patched, the attention 'auto' did not pick",
+    "patched_ot_adamw": "patched + library AdamW",
 }
 # config.fused_attention per patched variant: "auto" (the default) unless named here
 FUSED_ATTENTION = {"patched_torch_attn": False, "patched_lib_attn": True}
@@ -77,7 +78,8 @@ def plan(quick):
         c = dict(cfg="tiny", batch=2, seq=64)
         return [
             [dict(kind="attention"), dict(c, variant="hf_sdpa"), dict(c, variant="patched"),
-             dict(c, variant="patched_other"), dict(c, variant="hf_eager"),
+             dict(c, variant="patched_other"), dict(c, variant="patched_ot_adamw"),
+             dict(c, variant="hf_eager"),
              dict(c, kind="profile", variant="patched")],
             [dict(kind="curve", cfg="tiny", batch=2, seq=64)],
             [dict(c, variant="hf_sdpa_compile"), dict(c, variant="patched_compile")],
@@ -90,8 +92,10 @@ def plan(quick):
     return [
         [dict(kind="ceiling"), dict(kind="attention"),
          dict(a, variant="hf_sdpa"), dict(a, variant="patched"),
-         dict(a, variant="patched_other"), dict(b, variant="hf_sdpa"),
-         dict(b, variant="patched"), dict(lc, variant="hf_sdpa"), dict(lc, variant="patched"),
+         dict(a, variant="patched_ot_adamw"), dict(a, variant="patched_other"),
+         dict(b, variant="hf_sdpa"), dict(b, variant="patched"),
+         dict(b, variant="patched_ot_adamw"), dict(lc, variant="hf_sdpa"),
+         dict(lc, variant="patched"),
          dict(a, kind="profile", variant="patched")],
         # the compiled pair of a config in one group: one compile mode for both
         [dict(a, variant="hf_sdpa_compile"), dict(a, variant="patched_compile")],
@@ -158,11 +162,16 @@ def _build(case, device, dtype, seed, compile_mode="model"):
     return model, fwd, cfg, info
 
 
-def _optimizer(model, device):
+def _optimizer(model, device, variant=""):
+    """torch's fused AdamW (every variant: the comparison is of the model), or for
+    patched_ot_adamw ops_transformer.optim.AdamW (the library's AdamW step, same
+    hyperparameters and bf16 moments)."""
     import torch
-    fused = device.type == "cuda"
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1,
-                             betas=(0.9, 0.95), fused=fused)
+    kw = dict(lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95))
+    if variant == "patched_ot_adamw":
+        from ops_transformer.optim import AdamW
+        return AdamW(model.parameters(), **kw)
+    return torch.optim.AdamW(model.parameters(), fused=device.type == "cuda", **kw)
 
 
 def _sync(device):
@@ -230,7 +239,7 @@ def run_case(case, args, device, dtype):
         if info.get("compile_mode") == "layers":
             res["label"] += " (per layer)"
         res["params"] = sum(p.numel() for p in model.parameters())
-        opt = _optimizer(model, device)
+        opt = _optimizer(model, device, variant)
         gen = torch.Generator().manual_seed(args.seed + 1)
         V = cfg["vocab_size"]
         data = [torch.randint(0, V, (case["batch"], case["seq"]), generator=gen).to(device)
@@ -569,7 +578,8 @@ def build_record(runs, curve, ceiling, args, extra=None):
         peers_mem = {VARIANTS[v]: vs[v]["peak_GB"] for v in ("hf_eager", "hf_sdpa",
                                                              "hf_sdpa_compile")
                      if v in vs and vs[v].get("status") == "ok" and "peak_GB" in vs[v]}
-        for ours in ("patched", "patched_compile", "patched_torch_attn", "patched_lib_attn"):
+        for ours in ("patched", "patched_compile", "patched_torch_attn", "patched_lib_attn",
+                     "patched_ot_adamw"):
             r = vs.get(ours)
             if r is None:
                 continue
@@ -737,6 +747,11 @@ def main(argv=None):
     p.add_argument("--commit", default="unknown")
     p.add_argument("--command", default=None)
     p.add_argument("--only", default=None, help="comma-separated group indices to run")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated variants (and kinds: ceiling, attention, profile, "
+                        "curve) to run, of the plan's groups")
+    p.add_argument("--cases", default=None,
+                   help="comma-separated case names to run (e.g. '0.54b bf16 4x2048')")
     p.add_argument("--curve-from", default=None, metavar="JSON",
                    help="when this run makes no loss curve, keep the one of this earlier "
                         "training.json (marked as such)")
@@ -766,6 +781,16 @@ def main(argv=None):
     if args.only:
         keep = {int(i) for i in args.only.split(",")}
         groups = [g for i, g in enumerate(groups) if i in keep]
+    if args.variants or args.cases:
+        vs = set(args.variants.split(",")) if args.variants else None
+        cs = set(args.cases.split(",")) if args.cases else None
+
+        def wanted(c):
+            if c.get("kind", "step") != "step":
+                return vs is not None and c["kind"] in vs
+            return ((vs is None or c["variant"] in vs)
+                    and (cs is None or case_name(c["cfg"], c["batch"], c["seq"]) in cs))
+        groups = [g for g in ([c for c in g if wanted(c)] for g in groups) if g]
     runs, curve, ceiling, extra = [], None, None, {}
 
     def save():
