@@ -370,6 +370,17 @@ def variant_envs(d, s, causal):
     if d == 64:
         v.append(("2 consumer WGs", WG2))
         v.append(("3 consumer WGs", WG3))
+        if causal:
+            v.append(("2 WGs, one CTA per tile", {**WG2, "OT_ATTN_SM90_NONPERSISTENT": "1"}))
+            v.append(("3 WGs, one CTA per tile", {**WG3, "OT_ATTN_SM90_NONPERSISTENT": "1"}))
+    v.append(("rescale every step", {"OT_ATTN_SM90_RESC": "0"}))
+    v.append(("rescale on max growth > 2^8", {"OT_ATTN_SM90_RESC": "1"}))
+    if d in (64, 128) and (d == 64 or causal or s <= 2048):   # where 3 stages fit
+        v.append(("3-stage K/V rings", {"OT_ATTN_SM90_STAGES": "3"}))
+        v.append(("3 stages, rescale > 2^8", {"OT_ATTN_SM90_STAGES": "3", "OT_ATTN_SM90_RESC": "1"}))
+    if d == 256:
+        v.append(("no pingpong", {"OT_ATTN_SM90_PINGPONG": "0"}))
+        v.append(("no pingpong, rescale > 2^8", {"OT_ATTN_SM90_PINGPONG": "0", "OT_ATTN_SM90_RESC": "1"}))
     return [(n, e) for n, e in v if not broken_variant(e)]
 
 
@@ -526,7 +537,10 @@ def markdown(doc):
 
 SMOKE = [("default", None, {}),
          ("2 consumer WGs", "OT_ATTN_SM90_WG=2", {**WG2, "OT_ATTN_SM90_GRID": "2"}),
-         ("3 consumer WGs", "OT_ATTN_SM90_WG=3", {**WG3, "OT_ATTN_SM90_GRID": "2"})]
+         ("3 consumer WGs", "OT_ATTN_SM90_WG=3", {**WG3, "OT_ATTN_SM90_GRID": "2"}),
+         ("rescale on max growth", "OT_ATTN_SM90_RESC=1", {"OT_ATTN_SM90_RESC": "1", "OT_ATTN_SM90_GRID": "2"}),
+         ("no pingpong (D256)", "OT_ATTN_SM90_PINGPONG=0", {"OT_ATTN_SM90_PINGPONG": "0", "OT_ATTN_SM90_GRID": "2"}),
+         ("3-stage rings", "OT_ATTN_SM90_STAGES=3", {"OT_ATTN_SM90_STAGES": "3", "OT_ATTN_SM90_GRID": "2"})]
 
 
 def smoke(S, seconds=20):

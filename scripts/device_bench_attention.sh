@@ -7,8 +7,9 @@
 #
 #   [BENCH_ARGS="--fwd-only ..."] [TOOLS="memcheck"] [CARRY=DIR] \
 #     scripts/device_bench_attention.sh [COMMIT] [STEPS]
-#       STEPS: comma list of smoke,check,tests,bench,ncu,sanitize,res (default
-#       smoke,check,tests,bench,sanitize);
+#       STEPS: comma list of smoke,check,tests,tsan,bench,ncu,sanitize,res (default
+#       smoke,check,tests,bench,sanitize; tsan = compute-sanitizer racecheck and synccheck
+#       on the C suite's "hopper-only" cases, Hopper forward and backward);
 #       logs and results under $OUT.
 #
 # CARRY (default .devcarry-fwd90, git-ignored through .git/info/exclude; pass it in
@@ -23,7 +24,11 @@
 # Variants (OT_ATTN_SM90_* switches) run first in one smoke process; one that hangs is
 # named (HUNG KEY=VAL), left out of the later steps (OT_BENCH_BROKEN) and reported.
 # Step time limits: SMOKE_TIMEOUT, CHECK_TIMEOUT, BENCH_TIMEOUT, TEST_TIMEOUT, SAN_TIMEOUT,
-# NCU_TIMEOUT (seconds); TEST_MORE="VAR=VAL ..." runs the C suite once more with those.
+# NCU_TIMEOUT (seconds); TEST_MORE="VAR=VAL ...[;VAR=VAL ...]" runs the C suite once more
+# per ';'-separated set with those variables. DEADLINE=s: no step runs past s seconds
+# from the start (each step's limit is cut to what is left; a step with < 5 s left is
+# skipped and named). CHECK_ENV="VAR=VAL ...": the check step runs with those set.
+# Order: smoke, bench, tests, tsan, check, res, sanitize, ncu.
 set -uo pipefail
 COMMIT=${1:-unknown}
 STEPS=${2:-smoke,check,tests,bench,sanitize}
@@ -35,6 +40,14 @@ export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
+# lim N: the step limit N cut to what DEADLINE leaves (0: skip the step)
+lim() {
+  local left
+  [ -z "${DEADLINE:-}" ] && { echo "$1"; return; }
+  left=$(( DEADLINE - ($(date +%s) - T0) ))
+  if [ "$left" -lt 5 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+skipped() { echo "SKIPPED (deadline): $1"; }
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 CARRY=${CARRY:-.devcarry-fwd90}
 D="$ROOT/.carry/deps"
@@ -71,7 +84,8 @@ export OT_BENCH_BROKEN=""
 if has smoke; then
   for attempt in 1 2 3 4; do
     stamp "smoke (attempt $attempt, broken: ${OT_BENCH_BROKEN:-none})"
-    timeout ${SMOKE_TIMEOUT:-90} $B --smoke >"$OUT/smoke.log" 2>&1
+    t=$(lim ${SMOKE_TIMEOUT:-90}); [ "$t" = 0 ] && { skipped smoke; break; }
+    timeout $t $B --smoke >"$OUT/smoke.log" 2>&1
     rc=$?
     grep -E '^smoke|^HUNG|^FAIL' "$OUT/smoke.log" | tail -12
     hung=$(grep -oE '^HUNG [A-Z0-9_]+=[a-z0-9]+' "$OUT/smoke.log" | head -1 | cut -d' ' -f2)
@@ -85,26 +99,38 @@ if has smoke; then
   echo "broken variants: ${OT_BENCH_BROKEN:-none}"
 fi
 
-if has check; then
-  stamp "check"
-  timeout ${CHECK_TIMEOUT:-150} $B --check >"$OUT/check.log" 2>&1
-  echo "check rc=$?"; grep -E 'FAIL|check:|Error|error' "$OUT/check.log" | head -40
-fi
-if has bench; then
+if has bench && t=$(lim ${BENCH_TIMEOUT:-200}) && { [ "$t" != 0 ] || ! skipped bench; }; then
   stamp "bench"
-  timeout ${BENCH_TIMEOUT:-200} $B --bench ${BENCH_ARGS:-} --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
+  timeout $t $B --bench ${BENCH_ARGS:-} --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
     --command "scripts/device_bench_attention.sh $COMMIT $STEPS" >"$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E 'GEMM|attention_fwd|variant|failed|Error|not available' "$OUT/bench.log" | cut -c1-150
 fi
 # The C suite (float64 CPU oracle), after the benchmark (it would disturb the timings).
 if has tests && [ -n "$TEST_OPS" ]; then
   stamp "C suite"
-  for envs in "" ${TEST_MORE:+"$TEST_MORE"}; do
-    env $envs timeout "${TEST_TIMEOUT:-45}" "$TEST_OPS" --backend cuda --suite attention --filter cuda \
+  IFS=';' read -r -a more <<<"${TEST_MORE:-}"
+  for envs in "" "${more[@]}"; do
+    t=$(lim ${TEST_TIMEOUT:-45}); [ "$t" = 0 ] && { skipped "tests [$envs]"; continue; }
+    env $envs timeout "$t" "$TEST_OPS" --backend cuda --suite attention --filter cuda \
       >/tmp/ot_tests.log.tmp 2>&1
     echo "tests [$envs]: rc=$? $(tail -1 /tmp/ot_tests.log.tmp)" | tee -a "$OUT/tests.log"
     grep -A3 '^FAIL' /tmp/ot_tests.log.tmp | head -20 | tee -a "$OUT/tests.log"
   done
+fi
+if has tsan && [ -n "$TEST_OPS" ]; then
+  for tool in racecheck synccheck; do
+    t=$(lim ${SAN_TIMEOUT:-60}); [ "$t" = 0 ] && { skipped "tsan $tool"; continue; }
+    stamp "compute-sanitizer $tool (C suite, hopper-only)"
+    timeout "$t" compute-sanitizer --tool $tool --print-limit 10 "$TEST_OPS" --backend cuda \
+      --suite attention --filter "hopper-only" >"$OUT/tsan_$tool.log" 2>&1
+    echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/tsan_$tool.log" | tail -1)" \
+      "$(tail -1 "$OUT/tsan_$tool.log" | cut -c1-100)"
+  done
+fi
+if has check && t=$(lim ${CHECK_TIMEOUT:-150}) && { [ "$t" != 0 ] || ! skipped check; }; then
+  stamp "check"
+  env ${CHECK_ENV:-} timeout $t $B --check >"$OUT/check.log" 2>&1
+  echo "check rc=$?"; grep -E 'FAIL|check:|Error|error' "$OUT/check.log" | head -40
 fi
 if has res; then
   stamp "resource usage"

@@ -32,7 +32,10 @@
  * Switches (environment, read per call; for measurements and tests): OT_ATTN_SM90=0 off,
  * OT_ATTN_SM90_TILE=small|wide, OT_ATTN_SM90_NONPERSISTENT=1, OT_ATTN_SM90_GRID=n (cap on
  * persistent CTAs), OT_ATTN_SM90_EXP=poly (a quarter of the exponentials on the FMA pipe),
- * OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64).
+ * OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64), and three compile-time variants
+ * (template bits FL): OT_ATTN_SM90_RESC=1 (the row max moves only when it grows by more than
+ * 2^8, O rescaled only in the steps where a row of the warp moved it), OT_ATTN_SM90_PINGPONG=0
+ * (no pingpong at head dim 256), OT_ATTN_SM90_STAGES=3 (3-stage K / V rings where they fit).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -55,7 +58,17 @@ namespace ot {
 namespace sm90 {
 
 constexpr int kBr = 128;          /* the smallest query tile (bound on the tile count) */
-constexpr int kStages = 2;
+constexpr int kMaxStages = 3;     /* K / V ring depth: 2, or 3 (kFlStg3) where it fits */
+constexpr int kSmemMax = 232448;  /* the sm_90 opt-in limit of dynamic shared memory */
+
+/* Compile-time variants of the kernel (the FL template argument). */
+enum {
+  kFlResc = 1,    /* the row max moves only when it grows by more than 2^kRescThr (log2 units):
+                   * O is rescaled only in the steps where some row of the warp moved */
+  kFlNoPP = 2,    /* no pingpong turn between the consumers (FA3 at head dim 256) */
+  kFlStg3 = 4,    /* 3-stage K and V rings instead of 2 */
+};
+constexpr bool kRescDefault = false;
 
 /* NC consumer warpgroups of 64 query rows each (2, or 3 at head dim 64 as FA3 does): a
  * CTA of NC + 1 warpgroups covers 64 * NC query rows. */
@@ -68,14 +81,15 @@ template <int NC> struct fwd_cfg {
   static_assert(24 * 128 + cons_regs * 128 * NC <= 65536, "register file");
 };
 
-template <int D, int BC, int NC> struct fwd_smem {
+template <int D, int BC, int NC, int STG> struct fwd_smem {
   static constexpr int q_bytes = fwd_cfg<NC>::br * D * 2;
   static constexpr int kv_bytes = BC * D * 2;              /* one K or V stage */
   static constexpr int q_off = 0;
   static constexpr int k_off = q_bytes;
-  static constexpr int v_off = k_off + kStages * kv_bytes;
-  static constexpr int bar_off = v_off + kStages * kv_bytes;
+  static constexpr int v_off = k_off + STG * kv_bytes;
+  static constexpr int bar_off = v_off + STG * kv_bytes;
   static constexpr int bytes = bar_off + 128 + 1024;       /* barriers + alignment slack */
+  static_assert(STG >= 2 && STG <= kMaxStages, "ring depth");
   static_assert(BC % 16 == 0 && BC <= 256, "key tile");
   static_assert(q_bytes % 1024 == 0 && kv_bytes % 1024 == 0, "swizzle atoms are 1024 B");
 };
@@ -95,6 +109,9 @@ struct fwd_params {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
+/* kFlResc: the threshold (log2 units): P and l stay below 2^8 times their exact-max values. */
+constexpr float kRescThr = 8.f;
+
 /* 2^x on the FMA pipe, for a share of the softmax's exponentials (the MUFU unit does 16
  * per SM and clock, and at head dim 64 it is as busy as the tensor cores): x = j + f with
  * j = round(x) (the 1.5 * 2^23 trick), 2^f on [-0.5, 0.5] by a cubic fitted for relative
@@ -113,9 +130,9 @@ __device__ __forceinline__ int floor_div(int a, int b) {
   return (a % b != 0 && (a < 0)) ? q - 1 : q;
 }
 
-/* Barrier slots in shared memory (8 bytes each). */
-enum { BAR_FULL_Q = 0, BAR_EMPTY_Q = 1, BAR_FULL_K = 2, BAR_EMPTY_K = 4, BAR_FULL_V = 6,
-       BAR_EMPTY_V = 8 };
+/* Barrier slots in shared memory (8 bytes each; 14 of the 128 bytes). */
+enum { BAR_FULL_Q = 0, BAR_EMPTY_Q = 1, BAR_FULL_K = 2, BAR_EMPTY_K = 2 + kMaxStages,
+       BAR_FULL_V = 2 + 2 * kMaxStages, BAR_EMPTY_V = 2 + 3 * kMaxStages };
 constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of consumer c */
 
 /* Tile t of the launch: m fastest (the CTAs running at once share K/V in L2); with a
@@ -152,18 +169,21 @@ __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
   return ti;
 }
 
-template <typename T, int D, int BC, int NC>
+template <typename T, int D, int BC, int NC, int FL>
 __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fwd_params p) {
-  using L = fwd_smem<D, BC, NC>;
+  constexpr int kStages = (FL & kFlStg3) ? 3 : 2;
+  using L = fwd_smem<D, BC, NC, kStages>;
   constexpr int BR = fwd_cfg<NC>::br;
   constexpr int kEmptyCount = 4 * NC;   /* lane 0 of each consumer warp releases a stage */
   constexpr bool F16 = is_half<T>::value;
   constexpr int NS = BC / 2;    /* S accumulators per thread */
   constexpr int NP = BC / 4;    /* P registers (2 x 16-bit) */
   constexpr int NO = D / 2;     /* O accumulators */
+  constexpr bool RESC = (FL & kFlResc) != 0;
+  constexpr bool PP = (FL & kFlNoPP) == 0;
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -230,6 +250,18 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   const int t128 = tid % 128;
   const int warp = t128 / 32, lane = t128 % 32, g = lane / 4, q4 = lane % 4;
   const bool releaser = lane == 0;
+  /* Release a ring stage: lane 0 of each warp arrives once the whole warp is done with it
+   * (the __syncwarp orders the other lanes' accesses before lane 0's arrive). */
+  auto release = [&](uint32_t b) {
+    __syncwarp();
+    if (releaser) mbar_arrive(b);
+  };
+  auto turn_wait = [&](int b) {
+    if (PP) named_sync(b, 256);
+  };
+  auto turn_pass = [&](int b) {
+    if (PP) named_arrive(b, 256);
+  };
   const float cl2 = p.scale_log2;
   const int off = p.sk - p.sq;
   /* The pingpong turn passes round the consumers 0 -> 1 (-> 2) -> 0: each waits for its
@@ -237,7 +269,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
    * it on once its GEMMs are issued. */
   const int my_bar = kSchedBar + c,
             other_bar = NC == 2 ? kSchedBar + 1 - c : kSchedBar + (c + 1) % NC;
-  if (c == NC - 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
+  if (PP && c == NC - 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
   int kv = 0, qn = 0;
 
   for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
@@ -253,6 +285,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       float s[NS];
       uint32_t pr[NP];
       float alpha[2] = {1.f, 1.f};
+      bool resc = true;   /* RESC: some row of this warp moved its max in the last softmax */
       /* Visible key range of the two rows (sequence frame), for the element mask. */
       int hi[2], lo[2];
 #pragma unroll
@@ -310,10 +343,24 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
           /* A row that has seen only masked keys keeps max -inf: use 0 so that
            * exp2(-inf - 0) = 0 instead of NaN. */
-          ms[h] = mx[h] == -INFINITY ? 0.f : mx[h] * cl2;
-          alpha[h] = m_r[h] == -INFINITY ? 0.f : ex2(m_r[h] * cl2 - ms[h]);
-          m_r[h] = mx[h];
+          if (RESC) {
+            /* Keep the stale max unless the new one exceeds it by more than 2^kRescThr:
+             * exact, since l and the lse use the same max as P (P <= 2^kRescThr). A row
+             * whose max is still -inf stays there (-inf > -inf + thr is false). */
+            if (mx[h] * cl2 > m_r[h] * cl2 + kRescThr) {
+              alpha[h] = m_r[h] == -INFINITY ? 0.f : ex2(m_r[h] * cl2 - mx[h] * cl2);
+              m_r[h] = mx[h];
+            } else {
+              alpha[h] = 1.f;
+            }
+            ms[h] = m_r[h] == -INFINITY ? 0.f : m_r[h] * cl2;
+          } else {
+            ms[h] = mx[h] == -INFINITY ? 0.f : mx[h] * cl2;
+            alpha[h] = m_r[h] == -INFINITY ? 0.f : ex2(m_r[h] * cl2 - ms[h]);
+            m_r[h] = mx[h];
+          }
         }
+        if (RESC) resc = __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);
         if (p.exp_poly) {   /* 2 of every 8 exponentials on the FMA pipe */
 #pragma unroll
           for (int i = 0; i < NS; i++) {
@@ -338,6 +385,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         for (int i = 0; i < NP; i++) pr[i] = pack2<F16>(s[2 * i], s[2 * i + 1]);
       };
       auto rescale_o = [&]() {
+        if (RESC && !resc) return;   /* warp-uniform */
 #pragma unroll
         for (int i = 0; i < NO; i++) o[i] *= alpha[(i >> 1) & 1];
       };
@@ -347,12 +395,12 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         const int sk_ = kv % kStages, pk = (kv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_Q), qn & 1);
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
-        named_sync(my_bar, 256);
+        turn_wait(my_bar);
         issue_qk(sk_);
-        named_arrive(other_bar, 256);
+        turn_pass(other_bar);
         wgmma_wait<0>();
         reg_fence<NS>(s);
-        if (releaser) mbar_arrive(bar(BAR_EMPTY_K + sk_));
+        release(bar(BAR_EMPTY_K + sk_));
         softmax(n_max - 1, needs_mask(n_max - 1));
         convert_p();
       }
@@ -361,35 +409,35 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         const int gk = kv + it, sk_ = gk % kStages, pk = (gk / kStages) & 1;
         const int gv = gk - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
-        named_sync(my_bar, 256);
+        turn_wait(my_bar);
         issue_qk(sk_);
         rescale_o();
         mbar_wait(bar(BAR_FULL_V + sv), pv);
         issue_pv(sv);
-        named_arrive(other_bar, 256);
+        turn_pass(other_bar);
         wgmma_wait<1>();
         reg_fence<NS>(s);
-        if (releaser) mbar_arrive(bar(BAR_EMPTY_K + sk_));
+        release(bar(BAR_EMPTY_K + sk_));
         softmax(n, needs_mask(n));
         wgmma_wait<0>();
         reg_fence<NO>(o);
         reg_fence<NP>(pr);
-        if (releaser) mbar_arrive(bar(BAR_EMPTY_V + sv));
+        release(bar(BAR_EMPTY_V + sv));
         convert_p();
       }
       /* Every Q K^T of this tile has completed: the producer may load the next Q. */
-      if (releaser) mbar_arrive(bar(BAR_EMPTY_Q));
+      release(bar(BAR_EMPTY_Q));
       {
         const int gv = kv + n_iters - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_V + sv), pv);
-        named_sync(my_bar, 256);
+        turn_wait(my_bar);
         rescale_o();
         issue_pv(sv);
-        named_arrive(other_bar, 256);
+        turn_pass(other_bar);
         wgmma_wait<0>();
         reg_fence<NO>(o);
         reg_fence<NP>(pr);
-        if (releaser) mbar_arrive(bar(BAR_EMPTY_V + sv));
+        release(bar(BAR_EMPTY_V + sv));
       }
       kv += n_iters;
       qn++;
@@ -423,10 +471,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     }
   }
   /* consumer NC-1 arrived once more on consumer 0's turn barrier (at the start) */
-  if (c == 0) named_sync(kSchedBar, 256);
+  if (PP && c == 0) named_sync(kSchedBar, 256);
 }
 #else
-template <typename T, int D, int BC, int NC>
+template <typename T, int D, int BC, int NC, int FL>
 __global__ void attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                                      const __grid_constant__ CUtensorMap tm_k,
                                      const __grid_constant__ CUtensorMap tm_v,
@@ -436,12 +484,13 @@ __global__ void attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
 /* ---------------- host ---------------- */
 
 
-template <typename T, int D, int BC, int NC>
+template <typename T, int D, int BC, int NC, int FL>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                         const fwd_params *p) {
   static const char *op = "attention_forward";
-  using L = fwd_smem<D, BC, NC>;
-  auto kern = attn_fwd_sm90_kernel<T, D, BC, NC>;
+  using L = fwd_smem<D, BC, NC, (FL & kFlStg3) ? 3 : 2>;
+  static_assert(L::bytes <= kSmemMax, "shared memory");
+  auto kern = attn_fwd_sm90_kernel<T, D, BC, NC, FL>;
   OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          L::bytes));
   /* One persistent CTA per SM walks the tiles round-robin, its epilogue overlapping the
@@ -479,21 +528,40 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   return OT_OK;
 }
 
+/* The instance with the variant bits fl (kFlResc everywhere; kFlNoPP at head dim 256 only,
+ * kFlStg3 where 3-stage rings fit in shared memory, except the wide D128 tile). */
+template <typename T, int D, int BC, int NC>
+static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
+                           const fwd_params *p, int fl) {
+  if constexpr (D == 256) {
+    if (fl & kFlNoPP)
+      return fl & kFlResc ? launch<T, D, BC, NC, kFlResc | kFlNoPP>(ctx, a, maps, p)
+                          : launch<T, D, BC, NC, kFlNoPP>(ctx, a, maps, p);
+  }
+  if constexpr (fwd_smem<D, BC, NC, 3>::bytes <= kSmemMax && D <= 128) {
+    if (fl & kFlStg3)
+      return fl & kFlResc ? launch<T, D, BC, NC, kFlResc | kFlStg3>(ctx, a, maps, p)
+                          : launch<T, D, BC, NC, kFlStg3>(ctx, a, maps, p);
+  }
+  return fl & kFlResc ? launch<T, D, BC, NC, kFlResc>(ctx, a, maps, p)
+                      : launch<T, D, BC, NC, 0>(ctx, a, maps, p);
+}
+
 /* Key-tile width per head dim (and mask): the largest tile whose S, P and O registers fit
  * the consumers' 240 and whose 2-stage K/V rings fit shared memory (FA3's choices). */
 template <typename T>
 static ot_status dispatch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
-                          const fwd_params *p, bool small_tile, int nc) {
+                          const fwd_params *p, bool small_tile, int nc, int fl) {
   switch (a->d) {
     case 64:
-      if (nc == 3) return launch<T, 64, 128, 3>(ctx, a, maps, p);
-      return small_tile ? launch<T, 64, 128, 2>(ctx, a, maps, p)
-                        : launch<T, 64, 192, 2>(ctx, a, maps, p);
+      if (nc == 3) return launch_fl<T, 64, 128, 3>(ctx, a, maps, p, fl);
+      return small_tile ? launch_fl<T, 64, 128, 2>(ctx, a, maps, p, fl)
+                        : launch_fl<T, 64, 192, 2>(ctx, a, maps, p, fl);
     case 128:
-      return small_tile ? launch<T, 128, 128, 2>(ctx, a, maps, p)
-                        : launch<T, 128, 176, 2>(ctx, a, maps, p);
+      return small_tile ? launch_fl<T, 128, 128, 2>(ctx, a, maps, p, fl)
+                        : launch_fl<T, 128, 176, 2>(ctx, a, maps, p, fl);
     default:
-      return launch<T, 256, 80, 2>(ctx, a, maps, p);
+      return launch_fl<T, 256, 80, 2>(ctx, a, maps, p, fl);
   }
 }
 
@@ -600,7 +668,15 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * +-4% at D64 (S = 4k +3%, S = 16k -4%): the FMA pipe has no room to spare either. */
   const char *ex = getenv("OT_ATTN_SM90_EXP");
   p.exp_poly = ex && ex[0] == 'p';
+  /* OT_ATTN_SM90_RESC=0|1: the row max moves only when it grows by more than 2^8 (O
+   * rescaled only then). OT_ATTN_SM90_PINGPONG=0: no pingpong turns at head dim 256. */
+  const char *rs = getenv("OT_ATTN_SM90_RESC");
+  const char *pp = getenv("OT_ATTN_SM90_PINGPONG");
+  const char *st = getenv("OT_ATTN_SM90_STAGES");
+  int fl = (rs ? rs[0] == '1' : kRescDefault) ? kFlResc : 0;
+  if (a->d == 256 && pp && pp[0] == '0') fl |= kFlNoPP;
+  if (st && st[0] == '3') fl |= kFlStg3;   /* where it fits (launch_fl) */
   *handled = true;
-  return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, small_tile, nc)
-                             : dispatch<__half>(ctx, a, maps, &p, small_tile, nc);
+  return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, small_tile, nc, fl)
+                             : dispatch<__half>(ctx, a, maps, &p, small_tile, nc, fl);
 }
