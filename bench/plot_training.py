@@ -24,7 +24,9 @@ def main(src, dst):
     ax.set_ylabel("training loss")
     ax.set_title(f"{curve.get('case', '')}: same init and data"
                  + (f" (max |diff| {curve['max_abs_diff']:.3f})" if "max_abs_diff" in curve
-                    else ""), fontsize=9)
+                    else "")
+                 + (f"\nrun of {curve['from_run']}" if curve.get("from_run") else ""),
+                 fontsize=9)
     ax.legend()
     runs = [r for r in rec.get("runs", []) if r.get("status") == "ok"]
     cases = list(dict.fromkeys(r["case"] for r in runs))

@@ -273,11 +273,14 @@ def _auto_torch_backward(q, k):
 # torch.compile traces, a key not decided yet means torch's SDPA (nothing is stored: a
 # store would fail the guards of the graph).
 _AUTO = {}
-# The torch SDPA backends the library's fwd + bwd (its Hopper backward) beats at the
-# head dims below: measured on the H200 at the training shapes (D 128, S 2k / 16k,
-# causal, GQA 1 and 4; D 64): docs/PERFORMANCE.md "Training (CUDA)", attention rows.
-# cuDNN's fwd + bwd is faster than the library's (D 128 0.83x, D 64 0.70x at S 4k).
-_AUTO_LIBRARY_BEATS = {"FLASH_ATTENTION": (64, 128), "EFFICIENT_ATTENTION": (64, 128),
+# The torch SDPA backends the library's fwd + bwd (its Hopper backward) beats, with the
+# head dims where it does. Measured on the H200 (torch 2.11, cuDNN 9.19; causal bf16 fwd +
+# bwd, TFLOP/s; docs/PERFORMANCE.md "Training (CUDA)"): D 128 4 x 2048 16 / 16 heads:
+# library 264, flash 233, cuDNN 393, efficient 116; D 128 1 x 16384: 456, flash 299,
+# cuDNN 570; D 128 GQA 32 / 8: 282, flash 245, cuDNN 421; D 64 GQA 32 / 8: 199, flash
+# 211 (flash wins), cuDNN 305. cuDNN beats the library everywhere (torch 2.11 picks it
+# at all of these shapes); efficient / math are slower than flash.
+_AUTO_LIBRARY_BEATS = {"FLASH_ATTENTION": (128,), "EFFICIENT_ATTENTION": (64, 128),
                        "MATH": (64, 128)}
 
 

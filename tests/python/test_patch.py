@@ -697,29 +697,33 @@ def auto_on_cpu(monkeypatch):
     return decided, backend
 
 
-def auto_llama(**kw):
-    return tiny_llama(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, **kw)
+def auto_llama(D=64, **kw):
+    return tiny_llama(hidden_size=4 * D, num_attention_heads=4, num_key_value_heads=2, **kw)
 
 
-@pytest.mark.parametrize("backend,library", [("FLASH_ATTENTION", True),
-                                             ("CUDNN_ATTENTION", False)])
+@pytest.mark.parametrize("backend,D,library", [("FLASH_ATTENTION", 128, True),
+                                               ("FLASH_ATTENTION", 64, False),
+                                               ("EFFICIENT_ATTENTION", 64, True),
+                                               ("CUDNN_ATTENTION", 128, False)])
 def test_auto_attention_picks_the_faster_kernels_once_per_shape(ids, calls, auto_on_cpu,
-                                                                backend, library):
+                                                                backend, D, library):
+    """The measured table (_AUTO_LIBRARY_BEATS): the library's kernels over flash at D 128
+    (not at D 64), over efficient at D 64, never over cuDNN."""
     decided, pick = auto_on_cpu
     pick[0] = backend
-    model = auto_llama()                    # D 64, 4 / 2 heads
+    model = auto_llama(D)                   # 4 / 2 heads
     loss0, _, g0 = loss_and_grads(model, ids)
     ot.patch_model(model)
     # what patch_model does on CUDA (the CPU needs no probe): decide for the model's shape
-    ot_patch._probe_auto(torch.device("cpu"), torch.float32, 64, 4, 2)
-    assert decided == [(64, 4, 2, True)]
+    ot_patch._probe_auto(torch.device("cpu"), torch.float32, D, 4, 2)
+    assert decided == [(D, 4, 2, True)]
     for _ in range(2):
         calls.clear()
         loss1, _, g1 = loss_and_grads(model, ids)
         assert calls.get("attention", 0) == (2 if library else 0)     # 2 layers
         torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
         assert_grads_close(g0, g1)
-    assert decided == [(64, 4, 2, True)]    # not decided again per call
+    assert decided == [(D, 4, 2, True)]     # not decided again per call
     (key, (lib, seen, _)), = ot_patch._AUTO.items()
     assert lib is library and seen == backend
     # inference is the library's whatever torch would run
@@ -756,11 +760,11 @@ def test_auto_attention_under_torch_compile(ids, calls, auto_on_cpu, decided_bef
     decided yet is torch's SDPA there, and nothing is stored while tracing."""
     torch._dynamo.reset()
     decided, _ = auto_on_cpu
-    model = auto_llama()
+    model = auto_llama(128)
     loss0, _, g0 = loss_and_grads(model, ids)
     ot.patch_model(model)
     if decided_before:
-        ot_patch._probe_auto(torch.device("cpu"), torch.float32, 64, 4, 2)
+        ot_patch._probe_auto(torch.device("cpu"), torch.float32, 128, 4, 2)
     explanation = torch._dynamo.explain(model)(ids, labels=ids, use_cache=False)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert len(ot_patch._AUTO) == (1 if decided_before else 0)
