@@ -464,11 +464,16 @@ def run_profile(case, args, device, dtype):
             _sync(device)
             wall = time.perf_counter() - t0
         kinds, kernels, ops = {}, [], {}
-        for e in prof.key_averages():
+        events = prof.key_averages()
+        # GPU-side ranges of CPU annotations (e.g. "Optimizer.step#AdamW.step") carry the
+        # device type too: only names no CPU event has are kernels / copies
+        cpu_keys = {e.key for e in events if str(getattr(e, "device_type", "")).endswith("CPU")}
+        for e in events:
             dev_t = getattr(e, "self_device_time_total", None)
             if dev_t is None:
                 dev_t = getattr(e, "self_cuda_time_total", 0)
-            is_kernel = str(getattr(e, "device_type", "")).endswith("CUDA")
+            is_kernel = (str(getattr(e, "device_type", "")).endswith("CUDA")
+                         and e.key not in cpu_keys and "#" not in e.key)
             if is_kernel and dev_t:
                 kinds[_kernel_kind(e.key)] = kinds.get(_kernel_kind(e.key), 0) + dev_t
                 kernels.append((dev_t, e.key[:90], e.count))
@@ -714,7 +719,8 @@ def markdown(path):
                             (prof.get("kernel_ms_per_step") or {}).items())
                 + ". Host time per call of the library's custom ops: "
                 + ", ".join(f"{k.split('::')[1]} {v['host_us_per_call']:.0f} us "
-                            f"(x{v['calls']})" for k, v in ops.items()) + "."]
+                            f"(x{v['calls']})" for k, v in ops.items()) + "."
+                + (f" Note: {prof['note']}." if prof.get("note") else "")]
     c = rec.get("loss_curve") or {}
     if "max_abs_diff" in c:
         out += ["", f"Loss curves ({c['case']}, {c['steps']} steps, AdamW lr {c.get('lr')}, "
