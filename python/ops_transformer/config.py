@@ -47,19 +47,24 @@ Options (the first value listed is the default):
 
 ``fused_attention``: ``"auto"`` (default) | ``True`` | ``False``
     ``"auto"``: the library's kernel, except for attention that autograd will
-    differentiate on a CUDA device, which goes to torch's SDPA: the library's CUDA
-    backward is still the portable kernel, slower than cuDNN's (measured below), so
-    ``"auto"`` is what the measurements say is fastest; it follows them as the kernels
-    improve. ``True``: the patched models' attention runs the library's flash-attention kernel
-    (the scores are never materialized) where the library has it for the device,
-    dtype and head dim (probed once; torch's SDPA otherwise). ``False``: the patched
-    attention calls torch's ``scaled_dot_product_attention`` instead (the q/k/v
-    projections, RoPE and the rest stay the library's) -- for debugging or comparing.
-    ``ops_transformer.attention`` itself always runs the library's kernel.
-    Measured on the H200 (docs/PERFORMANCE.md, "Training (CUDA)"): the library's
-    forward runs at cuDNN's speed but its backward is still the portable kernel (about
-    0.3x cuDNN's): a 0.54 B Llama trains at 141 k tokens/s with ``True`` and 168 k with
-    torch's SDPA inside the patched model, which is what ``"auto"`` picks in training.
+    differentiate on a CUDA device: there the library's kernels run only where its Hopper
+    backward takes the call (sm_90, bf16 / fp16, head dim 64 / 128, dense, no window) and
+    torch's SDPA would run a backend the library beats (flash at head dim 128,
+    efficient, math); otherwise torch's SDPA. Decided once per (device, dtype, head dim,
+    heads, kv heads, causal) from ``torch._fused_sdp_choice`` (host-side, no device
+    work; again when torch's SDPA enable flags change); ``patch_model`` decides for the
+    model's shape eagerly, so torch.compile reads the decision. ``True``: the patched
+    models' attention runs the library's flash-attention kernel (the scores are never
+    materialized) where the library has it for the device, dtype and head dim (probed
+    once; torch's SDPA otherwise). ``False``: the patched attention calls torch's
+    ``scaled_dot_product_attention`` instead (the q/k/v projections, RoPE and the rest
+    stay the library's) -- for debugging or comparing. ``ops_transformer.attention``
+    itself always runs the library's kernel.
+    Measured on the H200 (docs/PERFORMANCE.md, "Training (CUDA)"; torch 2.11, cuDNN
+    9.19): torch picks cuDNN for every Llama training shape there, and cuDNN's forward +
+    backward is 1.5x the library's at 2k tokens (1.25x at 16k), so ``"auto"`` runs
+    torch's SDPA in training there; the library's beats torch's flash backend at head dim
+    128 (1.13x at 2k, 1.5x at 16k) but not at 64 (0.94x).
 
 ``persistent_kv_cache``: ``False`` | ``True``
     For ``ops_transformer.engine`` (the Python wrapper of the C engine, src/engine):
