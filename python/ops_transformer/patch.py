@@ -18,7 +18,9 @@ of instances, the model's ``loss_function`` and ``config._attn_implementation`` 
   is :func:`ops_transformer.rope` fed with HF's own cos/sin (as a ``cos_sin_cache``, so
   every HF rope type -- default, llama3, yarn, dynamic... -- is reproduced), and the
   attention is :func:`ops_transformer.attention` in [B, S, H, D] layout (no transposes,
-  GQA without repeating k/v, causal, sliding window for Mistral / Qwen2). The
+  GQA without repeating k/v, causal, sliding window for Mistral / Qwen2) -- in training
+  on CUDA only where it is faster than torch's SDPA for the shape
+  (``config.fused_attention="auto"``: :func:`_auto_library`). The
   attention function is also registered with transformers' attention and mask
   interfaces as ``"ops_transformer"`` and the model's ``config._attn_implementation``
   set to it: with a kv cache (generation, or HF's default ``use_cache`` in training) the
