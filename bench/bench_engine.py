@@ -331,6 +331,8 @@ def median_split(splits):
 # as programmatic dependent launches on sm_90.
 DECODE_VARIANTS = {
     "fused_no_pdl": {"OT_LINEAR_PDL": "0"},
+    "fused_rows1": {"OTE_DECODE_ROWS": "1"},  # one row of W per warp (more blocks)
+    "fused_rows8": {"OTE_DECODE_ROWS": "8"},
     "unfused": {"OTE_DECODE_FUSED": "0"},  # library ops; linears chosen by ot_linear_forward
     "unfused_small_m": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_GEMV": "1"},  # every linear small-M
     "unfused_no_pdl": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_PDL": "0"},
@@ -586,6 +588,14 @@ def bench(args, doc, save):
         mem = eng.memory()
         print(f"{name}: engine {ours}", flush=True)
         hf = {}
+
+        def publish():
+            """this shape's rows from what is measured so far (a run cut short keeps them)"""
+            doc["rows"] = [r for r in doc["rows"] if not r["case"].startswith(f"{name} ")]
+            save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw)
+            save()
+
+        publish()
         if not args.no_hf:
             try:
                 hf = hf_times(model, s, P, args.batches, args.steps, 3,
@@ -598,21 +608,17 @@ def bench(args, doc, save):
         gc.collect()
         if DEV == "cuda":
             torch.cuda.empty_cache()
+        publish()
         late = [v for v in args.late_variants.split(",")
                 if v and DEV == "cuda" and LATE_VARIANTS[v][0] in args.batches]
         if late:
-            save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw)
-            save()
             ours.update(late_times(eng, s, P, args.steps, 3, late))
-            doc["rows"] = [r for r in doc["rows"] if not r["case"].startswith(f"{name} ")]
+            publish()
         eng.close()
         del eng
         gc.collect()
         if DEV == "cuda":
             torch.cuda.empty_cache()
-
-        save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw)
-        save()
 
 
 def table(doc):

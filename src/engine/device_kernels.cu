@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* One block per row; 16-byte copies when the row allows (it does for every dtype with
@@ -173,8 +174,10 @@ extern "C" int ote_cuda_spin(long long ns, void *stream) {
  *           (ot_glu_forward's arithmetic): the down projection takes the GLU's place.
  * Block: 8 warps; the prologue writes x into shared memory (K elements), then each warp
  * streams RW rows of W (16-byte ld.global.cs, U = 8 vectors per lane in flight) against it,
- * float32 sums, a warp-shuffle sum, one rounding. Every block recomputes the prologue, so RW
- * grows with N (fewer blocks) to keep that re-read small against W.
+ * float32 sums, a warp-shuffle sum, one rounding. Every block recomputes the prologue, so the
+ * rows per warp grow with N: about 3 waves of resident blocks (fewer blocks: a smaller
+ * re-read of the prologue's input; several waves: the block scheduler evens out the SMs);
+ * OTE_DECODE_ROWS=r forces r.
  * Programmatic dependent launch (a 9.0+ GPU running sm_90 code): each warp issues its first
  * U vectors of W before griddepcontrol.wait, which it passes before it reads anything the
  * previous kernel wrote; nothing is written before it. */
@@ -213,17 +216,18 @@ struct g1_args {
   void *res_out;        /* NORM: h (block 0), or NULL */
   float eps;
   long long N, K;
+  int rw; /* rows of W per warp */
 };
 
 enum { G1_NORM = 0, G1_SWIGLU = 1 };
 
-template <typename T, int PRO, int RW>
+template <typename T, int PRO>
 __global__ void __launch_bounds__(kG1Warps * 32) ote_gemv1_kernel(const __grid_constant__ g1_args a) {
   extern __shared__ uint4 g1_x[]; /* x as K / 8 vectors of T */
   __shared__ float g1_red[kG1Warps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
   const long long J = a.K / 8, N = a.N;
-  const long long row0 = ((long long)blockIdx.x * kG1Warps + warp) * RW;
+  const long long row0 = ((long long)blockIdx.x * kG1Warps + warp) * a.rw;
   const uint4 *w = reinterpret_cast<const uint4 *>(a.w);
   /* the first U vectors of this warp's first row: W does not depend on the previous kernel */
   uint4 pre[kG1U];
@@ -283,7 +287,7 @@ __global__ void __launch_bounds__(kG1Warps * 32) ote_gemv1_kernel(const __grid_c
     }
   }
   __syncthreads();
-  for (int rr = 0; rr < RW; rr++) {
+  for (int rr = 0; rr < a.rw; rr++) {
     const long long n = row0 + rr;
     if (n >= N) break;
     const uint4 *wr = w + n * J;
@@ -338,15 +342,31 @@ bool g1_pdl(K *f, int *cached) {
   return ok;
 }
 
-template <typename T, int PRO, int RW>
-int g1_launch(const g1_args &a, int pdl_on, cudaStream_t s) {
-  static int pdl_cached;
-  auto f = ote_gemv1_kernel<T, PRO, RW>;
+template <typename T, int PRO>
+int g1_launch(g1_args a, int pdl_on, cudaStream_t s) {
+  static int pdl_cached, per_sm, sms;
+  auto f = ote_gemv1_kernel<T, PRO>;
+  const size_t smem = (size_t)a.K * sizeof(T);
+  if (!per_sm) { /* resident blocks per SM at the largest K (24576): once */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, kG1Warps * 32,
+                                                      24576 * sizeof(T)) != cudaSuccess ||
+        per_sm < 1 || sms < 1) {
+      (void)cudaGetLastError();
+      per_sm = 1, sms = 100;
+    }
+  }
+  const long long warp_rows = (a.N + kG1Warps - 1) / kG1Warps, waves3 = 3LL * per_sm * sms;
+  const char *env = getenv("OTE_DECODE_ROWS");
+  a.rw = env && atoi(env) > 0 ? atoi(env) : (int)((warp_rows + waves3 - 1) / waves3);
+  if (a.rw < 1) a.rw = 1;
   cudaLaunchConfig_t cfg;
   memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = dim3((unsigned)((a.N + kG1Warps * RW - 1) / (kG1Warps * RW)));
+  cfg.gridDim = dim3((unsigned)((a.N + (long long)kG1Warps * a.rw - 1) / ((long long)kG1Warps * a.rw)));
   cfg.blockDim = dim3(kG1Warps * 32);
-  cfg.dynamicSmemBytes = (size_t)a.K * sizeof(T);
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -354,14 +374,6 @@ int g1_launch(const g1_args &a, int pdl_on, cudaStream_t s) {
   cfg.attrs = attr;
   cfg.numAttrs = pdl_on && g1_pdl(f, &pdl_cached) ? 1 : 0;
   return (int)cudaLaunchKernelEx(&cfg, f, a);
-}
-
-template <typename T, int PRO>
-int g1_dispatch(const g1_args &a, int pdl_on, cudaStream_t s) {
-  /* rows per warp: about 900 blocks or fewer for large N (each re-reads the prologue's
-   * input), one row per warp below 16384 rows */
-  if (a.N >= 16384) return g1_launch<T, PRO, 4>(a, pdl_on, s);
-  return g1_launch<T, PRO, 1>(a, pdl_on, s);
 }
 
 } /* namespace */
@@ -386,11 +398,12 @@ extern "C" int ote_cuda_gemv1(int kind, int code, const void *w, const void *bia
   a.eps = eps;
   a.N = N;
   a.K = K;
+  a.rw = 1;
   cudaStream_t s = (cudaStream_t)stream;
   if (code == 4) {
-    return kind == 0 ? g1_dispatch<__nv_bfloat16, G1_NORM>(a, pdl_on, s)
-                     : g1_dispatch<__nv_bfloat16, G1_SWIGLU>(a, pdl_on, s);
+    return kind == 0 ? g1_launch<__nv_bfloat16, G1_NORM>(a, pdl_on, s)
+                     : g1_launch<__nv_bfloat16, G1_SWIGLU>(a, pdl_on, s);
   }
-  return kind == 0 ? g1_dispatch<__half, G1_NORM>(a, pdl_on, s)
-                   : g1_dispatch<__half, G1_SWIGLU>(a, pdl_on, s);
+  return kind == 0 ? g1_launch<__half, G1_NORM>(a, pdl_on, s)
+                   : g1_launch<__half, G1_SWIGLU>(a, pdl_on, s);
 }
