@@ -37,6 +37,8 @@
 #   OT_VARIANT_ENV          "VAR=value ..." of opt-in kernel selections (e.g. the
 #                           ALT_KERNELS of bench_fused_ops.py): test_ops, the python
 #                           check and memcheck run a second time under them
+#   OT_VARIANT_STEPS        which of those run under OT_VARIANT_ENV (default "test check
+#                           memcheck")
 set -uo pipefail
 MODE=${1:-all}
 COMPILE_FLAG=${2:-}
@@ -49,6 +51,7 @@ mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+variant_step() { case " ${OT_VARIANT_STEPS:-test check memcheck} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 if [ -n "${OT_PREBUILT:-}" ]; then
   stamp "prebuilt binaries from $OT_PREBUILT"
@@ -87,7 +90,7 @@ if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   fi
   grep -E '^cuda ' "$OUT/test_ops.log" | head -20
   grep -E 'FAIL' "$OUT/test_ops.log" | head -20
-  if [ -n "${OT_VARIANT_ENV:-}" ]; then
+  if [ -n "${OT_VARIANT_ENV:-}" ] && variant_step test; then
     for s in ${OT_SUITES:-norm rope}; do
       # shellcheck disable=SC2086
       env $OT_VARIANT_ENV timeout "${OT_TEST_TIMEOUT:-300}" build-dev/tests/test_ops --backend cuda --suite "$s" >>"$OUT/test_ops_variant.log" 2>&1
@@ -98,7 +101,7 @@ if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   stamp "python check"
   timeout "${OT_TEST_TIMEOUT:-300}" python3 bench/bench_fused_ops.py --shim $SHIM --check --only "${OT_CHECK_ONLY:-${OT_ONLY:-norm,rope,glu,ce}}" >"$OUT/check.log" 2>&1
   echo "check rc=$?"; tail -25 "$OUT/check.log"
-  if [ -n "${OT_VARIANT_ENV:-}" ]; then
+  if [ -n "${OT_VARIANT_ENV:-}" ] && variant_step check; then
     # shellcheck disable=SC2086
     env $OT_VARIANT_ENV timeout "${OT_TEST_TIMEOUT:-300}" python3 bench/bench_fused_ops.py --shim $SHIM --check --only "${OT_CHECK_ONLY:-${OT_ONLY:-norm,rope,glu,ce}}" >"$OUT/check_variant.log" 2>&1
     echo "check ($OT_VARIANT_ENV) rc=$?"; grep -E '^check:|FAIL' "$OUT/check_variant.log" | head -20
@@ -122,7 +125,7 @@ if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --print-limit 20 \
     python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only "${OT_MEMCHECK_ONLY:-norm,ce}" >"$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$?"; grep -E 'ERROR SUMMARY|check:|Invalid|FAIL' "$OUT/memcheck.log" | head -10
-  if [ -n "${OT_VARIANT_ENV:-}" ]; then
+  if [ -n "${OT_VARIANT_ENV:-}" ] && variant_step memcheck; then
     # shellcheck disable=SC2086
     env $OT_VARIANT_ENV timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --print-limit 20 \
       python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only "${OT_MEMCHECK_ONLY:-norm,ce}" >"$OUT/memcheck_variant.log" 2>&1

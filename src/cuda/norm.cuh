@@ -1644,10 +1644,11 @@ static inline bool norm_tma_device_ok(K probe) {
   return ok;
 }
 
-/* Forward: one block of W warps per SM, S slots per warp (OT_NORM_FWD_STAGES = 2..4,
- * default 3); W fills the shared memory that weight and bias leave (at most 16), and
- * the grid is the SMs (fewer when the rows do not fill them). cudaErrorNotSupported:
- * not eligible, or the ring does not fit (the caller takes v2). */
+/* Forward: one block of W warps per SM, S slots per warp (OT_NORM_FWD_STAGES = 2..4;
+ * default 3, 2 where 3 leaves fewer than 4 warps); W fills the shared memory that
+ * weight and bias leave (at most 16, OT_NORM_FWD_WARPS caps it), and the grid is the
+ * SMs (fewer when the rows do not fill them). cudaErrorNotSupported: not eligible, or
+ * the ring does not fit (the caller takes v2). */
 template <typename T, bool LAYER>
 cudaError_t norm_fwd_tma_launch(const norm_fwd_params &p, cudaStream_t stream) {
   if (!norm_tma_rows_ok(p.cols, sizeof(T))) return cudaErrorNotSupported;
@@ -1656,12 +1657,14 @@ cudaError_t norm_fwd_tma_launch(const norm_fwd_params &p, cudaStream_t stream) {
   const size_t rb = (size_t)p.cols * sizeof(T);
   const size_t wb = (p.out && p.weight ? rb : 0) + (LAYER && p.out && p.bias ? rb : 0);
   const size_t sb = (res ? 2 : 1) * rb;
-  int S = norm_env_int("OT_NORM_FWD_STAGES", 3);
-  S = S < 2 ? 2 : (S > kNormTmaMaxStages ? kNormTmaMaxStages : S);
+  const int env_s = norm_env_int("OT_NORM_FWD_STAGES", 0);
   auto go = [&](auto kernel) -> cudaError_t {
     int per_sm = 0, optin = 0;
     norm_smem_limits(&per_sm, &optin);
     const int dyn = norm_raise_smem_limit(reinterpret_cast<const void *>(kernel), optin);
+    /* S: 3, or 2 where 3 leaves fewer than 4 warps (rows of 16 KB, residual rows of 8+) */
+    int S = env_s >= 2 && env_s <= kNormTmaMaxStages ? env_s : 3;
+    if (env_s == 0 && dyn > 0 && (size_t)dyn > wb && ((size_t)dyn - wb) / (3 * sb) < 4) S = 2;
     if (dyn <= 0 || (size_t)dyn < wb + (size_t)S * sb) return cudaErrorNotSupported;
     int64_t W = (int64_t)(((size_t)dyn - wb) / ((size_t)S * sb));
     W = W > kNormTmaMaxWarps ? kNormTmaMaxWarps : W;
