@@ -287,6 +287,14 @@ def run_checks(S, small=False):
         check_case(S, ck, 1, 300, 100, 2, 2, d, wr=0, env={"OT_ATTN_SM90_EXP": "poly"})
         check_case(S, ck, 4, 1000, 900, 8, 2, d, wr=0, env={"OT_ATTN_SM90_NONPERSISTENT": "1"})
         check_case(S, ck, 4, 1000, 900, 8, 2, d, env={"OT_ATTN_SM90_TILE": "small"})
+    # the rescale threshold (kFlResc, OT_ATTN_SM90_RESC) off and on where it is compiled; with
+    # scale 1 the row max of later key tiles grows by more than 2^8 (the rebase path)
+    for d in (128, 256):
+        for resc in ("0", "1"):
+            env = {"OT_ATTN_SM90_RESC": resc}
+            check_case(S, ck, 1, 1000, 1000, 4, 2, d, wr=0, scale=1.0, env=env)
+            check_case(S, ck, 1, 700, 900, 4, 4, d, scale=1.0, env=env)
+            check_case(S, ck, 2, 517, 333, 4, 2, d, wl=50, wr=0, env={**env, "OT_ATTN_SM90_GRID": "3"})
     # head dim 64: 3 consumer warpgroups (192-row tiles, the default except for masked calls
     # of at most 64 query tiles) and 2 (OT_ATTN_SM90_WG forces either)
     wg2, wg3 = {"OT_ATTN_SM90_WG": "2"}, {"OT_ATTN_SM90_WG": "3"}
@@ -373,14 +381,9 @@ def variant_envs(d, s, causal):
         if causal:
             v.append(("2 WGs, one CTA per tile", {**WG2, "OT_ATTN_SM90_NONPERSISTENT": "1"}))
             v.append(("3 WGs, one CTA per tile", {**WG3, "OT_ATTN_SM90_NONPERSISTENT": "1"}))
-    v.append(("rescale every step", {"OT_ATTN_SM90_RESC": "0"}))
-    v.append(("rescale on max growth > 2^8", {"OT_ATTN_SM90_RESC": "1"}))
-    if d in (64, 128) and (d == 64 or causal or s <= 2048):   # where 3 stages fit
-        v.append(("3-stage K/V rings", {"OT_ATTN_SM90_STAGES": "3"}))
-        v.append(("3 stages, rescale > 2^8", {"OT_ATTN_SM90_STAGES": "3", "OT_ATTN_SM90_RESC": "1"}))
-    if d == 256:
-        v.append(("no pingpong", {"OT_ATTN_SM90_PINGPONG": "0"}))
-        v.append(("no pingpong, rescale > 2^8", {"OT_ATTN_SM90_PINGPONG": "0", "OT_ATTN_SM90_RESC": "1"}))
+    if d == 256 or d == 128:   # where the rescale threshold (kFlResc) is compiled
+        v.append(("rescale every step", {"OT_ATTN_SM90_RESC": "0"}))
+        v.append(("rescale on max growth > 2^8", {"OT_ATTN_SM90_RESC": "1"}))
     return [(n, e) for n, e in v if not broken_variant(e)]
 
 
@@ -539,8 +542,7 @@ SMOKE = [("default", None, {}),
          ("2 consumer WGs", "OT_ATTN_SM90_WG=2", {**WG2, "OT_ATTN_SM90_GRID": "2"}),
          ("3 consumer WGs", "OT_ATTN_SM90_WG=3", {**WG3, "OT_ATTN_SM90_GRID": "2"}),
          ("rescale on max growth", "OT_ATTN_SM90_RESC=1", {"OT_ATTN_SM90_RESC": "1", "OT_ATTN_SM90_GRID": "2"}),
-         ("no pingpong (D256)", "OT_ATTN_SM90_PINGPONG=0", {"OT_ATTN_SM90_PINGPONG": "0", "OT_ATTN_SM90_GRID": "2"}),
-         ("3-stage rings", "OT_ATTN_SM90_STAGES=3", {"OT_ATTN_SM90_STAGES": "3", "OT_ATTN_SM90_GRID": "2"})]
+         ("rescale every step", "OT_ATTN_SM90_RESC=0", {"OT_ATTN_SM90_RESC": "0", "OT_ATTN_SM90_GRID": "2"})]
 
 
 def smoke(S, seconds=20):

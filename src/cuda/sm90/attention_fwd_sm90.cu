@@ -32,10 +32,10 @@
  * Switches (environment, read per call; for measurements and tests): OT_ATTN_SM90=0 off,
  * OT_ATTN_SM90_TILE=small|wide, OT_ATTN_SM90_NONPERSISTENT=1, OT_ATTN_SM90_GRID=n (cap on
  * persistent CTAs), OT_ATTN_SM90_EXP=poly (a quarter of the exponentials on the FMA pipe),
- * OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64), and three compile-time variants
- * (template bits FL): OT_ATTN_SM90_RESC=1 (the row max moves only when it grows by more than
- * 2^8, O rescaled only in the steps where a row of the warp moved it), OT_ATTN_SM90_PINGPONG=0
- * (no pingpong at head dim 256), OT_ATTN_SM90_STAGES=3 (3-stage K / V rings where they fit).
+ * OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64), OT_ATTN_SM90_RESC=0|1 (the
+ * template bit kFlResc: the row max moves only when it grows by more than 2^8, and O is
+ * rescaled only in the steps where a row of the warp moved it; default on at head dim 256
+ * and for masked head-dim-128 calls).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -58,17 +58,13 @@ namespace ot {
 namespace sm90 {
 
 constexpr int kBr = 128;          /* the smallest query tile (bound on the tile count) */
-constexpr int kMaxStages = 3;     /* K / V ring depth: 2, or 3 (kFlStg3) where it fits */
-constexpr int kSmemMax = 232448;  /* the sm_90 opt-in limit of dynamic shared memory */
+constexpr int kStages = 2;
 
 /* Compile-time variants of the kernel (the FL template argument). */
 enum {
   kFlResc = 1,    /* the row max moves only when it grows by more than 2^kRescThr (log2 units):
                    * O is rescaled only in the steps where some row of the warp moved */
-  kFlNoPP = 2,    /* no pingpong turn between the consumers (FA3 at head dim 256) */
-  kFlStg3 = 4,    /* 3-stage K and V rings instead of 2 */
 };
-constexpr bool kRescDefault = false;
 
 /* NC consumer warpgroups of 64 query rows each (2, or 3 at head dim 64 as FA3 does): a
  * CTA of NC + 1 warpgroups covers 64 * NC query rows. */
@@ -81,15 +77,14 @@ template <int NC> struct fwd_cfg {
   static_assert(24 * 128 + cons_regs * 128 * NC <= 65536, "register file");
 };
 
-template <int D, int BC, int NC, int STG> struct fwd_smem {
+template <int D, int BC, int NC> struct fwd_smem {
   static constexpr int q_bytes = fwd_cfg<NC>::br * D * 2;
   static constexpr int kv_bytes = BC * D * 2;              /* one K or V stage */
   static constexpr int q_off = 0;
   static constexpr int k_off = q_bytes;
-  static constexpr int v_off = k_off + STG * kv_bytes;
-  static constexpr int bar_off = v_off + STG * kv_bytes;
+  static constexpr int v_off = k_off + kStages * kv_bytes;
+  static constexpr int bar_off = v_off + kStages * kv_bytes;
   static constexpr int bytes = bar_off + 128 + 1024;       /* barriers + alignment slack */
-  static_assert(STG >= 2 && STG <= kMaxStages, "ring depth");
   static_assert(BC % 16 == 0 && BC <= 256, "key tile");
   static_assert(q_bytes % 1024 == 0 && kv_bytes % 1024 == 0, "swizzle atoms are 1024 B");
 };
@@ -116,8 +111,9 @@ constexpr float kRescThr = 8.f;
  * per SM and clock, and at head dim 64 it is as busy as the tensor cores): x = j + f with
  * j = round(x) (the 1.5 * 2^23 trick), 2^f on [-0.5, 0.5] by a cubic fitted for relative
  * error (1.0e-4, far below the bf16 / fp16 rounding of P), j added to the exponent field.
- * x <= 0 here. x = -inf (a masked score) gives 2^-126 rather than 0: negligible next to
- * the row max's 1, and a row with no visible key is recognised by its max instead. */
+ * x <= 0 here (<= 8 with kFlResc). x = -inf (a masked score) gives 2^-126 rather than 0:
+ * negligible next to the row max's 1, and a row with no visible key is recognised by its
+ * max instead. */
 __device__ __forceinline__ float ex2_poly(float x) {
   x = fmaxf(x, -126.f);
   const float t = x + 12582912.f;
@@ -130,9 +126,9 @@ __device__ __forceinline__ int floor_div(int a, int b) {
   return (a % b != 0 && (a < 0)) ? q - 1 : q;
 }
 
-/* Barrier slots in shared memory (8 bytes each; 14 of the 128 bytes). */
-enum { BAR_FULL_Q = 0, BAR_EMPTY_Q = 1, BAR_FULL_K = 2, BAR_EMPTY_K = 2 + kMaxStages,
-       BAR_FULL_V = 2 + 2 * kMaxStages, BAR_EMPTY_V = 2 + 3 * kMaxStages };
+/* Barrier slots in shared memory (8 bytes each). */
+enum { BAR_FULL_Q = 0, BAR_EMPTY_Q = 1, BAR_FULL_K = 2, BAR_EMPTY_K = 4, BAR_FULL_V = 6,
+       BAR_EMPTY_V = 8 };
 constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of consumer c */
 
 /* Tile t of the launch: m fastest (the CTAs running at once share K/V in L2); with a
@@ -174,8 +170,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fwd_params p) {
-  constexpr int kStages = (FL & kFlStg3) ? 3 : 2;
-  using L = fwd_smem<D, BC, NC, kStages>;
+  using L = fwd_smem<D, BC, NC>;
   constexpr int BR = fwd_cfg<NC>::br;
   constexpr int kEmptyCount = 4 * NC;   /* lane 0 of each consumer warp releases a stage */
   constexpr bool F16 = is_half<T>::value;
@@ -183,7 +178,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr int NP = BC / 4;    /* P registers (2 x 16-bit) */
   constexpr int NO = D / 2;     /* O accumulators */
   constexpr bool RESC = (FL & kFlResc) != 0;
-  constexpr bool PP = (FL & kFlNoPP) == 0;
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -256,12 +250,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     __syncwarp();
     if (releaser) mbar_arrive(b);
   };
-  auto turn_wait = [&](int b) {
-    if (PP) named_sync(b, 256);
-  };
-  auto turn_pass = [&](int b) {
-    if (PP) named_arrive(b, 256);
-  };
   const float cl2 = p.scale_log2;
   const int off = p.sk - p.sq;
   /* The pingpong turn passes round the consumers 0 -> 1 (-> 2) -> 0: each waits for its
@@ -269,7 +257,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
    * it on once its GEMMs are issued. */
   const int my_bar = kSchedBar + c,
             other_bar = NC == 2 ? kSchedBar + 1 - c : kSchedBar + (c + 1) % NC;
-  if (PP && c == NC - 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
+  if (c == NC - 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
   int kv = 0, qn = 0;
 
   for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
@@ -395,9 +383,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         const int sk_ = kv % kStages, pk = (kv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_Q), qn & 1);
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
-        turn_wait(my_bar);
+        named_sync(my_bar, 256);
         issue_qk(sk_);
-        turn_pass(other_bar);
+        named_arrive(other_bar, 256);
         wgmma_wait<0>();
         reg_fence<NS>(s);
         release(bar(BAR_EMPTY_K + sk_));
@@ -409,12 +397,12 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         const int gk = kv + it, sk_ = gk % kStages, pk = (gk / kStages) & 1;
         const int gv = gk - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
-        turn_wait(my_bar);
+        named_sync(my_bar, 256);
         issue_qk(sk_);
         rescale_o();
         mbar_wait(bar(BAR_FULL_V + sv), pv);
         issue_pv(sv);
-        turn_pass(other_bar);
+        named_arrive(other_bar, 256);
         wgmma_wait<1>();
         reg_fence<NS>(s);
         release(bar(BAR_EMPTY_K + sk_));
@@ -430,10 +418,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       {
         const int gv = kv + n_iters - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_V + sv), pv);
-        turn_wait(my_bar);
+        named_sync(my_bar, 256);
         rescale_o();
         issue_pv(sv);
-        turn_pass(other_bar);
+        named_arrive(other_bar, 256);
         wgmma_wait<0>();
         reg_fence<NO>(o);
         reg_fence<NP>(pr);
@@ -471,7 +459,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     }
   }
   /* consumer NC-1 arrived once more on consumer 0's turn barrier (at the start) */
-  if (PP && c == 0) named_sync(kSchedBar, 256);
+  if (c == 0) named_sync(kSchedBar, 256);
 }
 #else
 template <typename T, int D, int BC, int NC, int FL>
@@ -488,8 +476,7 @@ template <typename T, int D, int BC, int NC, int FL>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                         const fwd_params *p) {
   static const char *op = "attention_forward";
-  using L = fwd_smem<D, BC, NC, (FL & kFlStg3) ? 3 : 2>;
-  static_assert(L::bytes <= kSmemMax, "shared memory");
+  using L = fwd_smem<D, BC, NC>;
   auto kern = attn_fwd_sm90_kernel<T, D, BC, NC, FL>;
   OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          L::bytes));
@@ -528,23 +515,16 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   return OT_OK;
 }
 
-/* The instance with the variant bits fl (kFlResc everywhere; kFlNoPP at head dim 256 only,
- * kFlStg3 where 3-stage rings fit in shared memory, except the wide D128 tile). */
+/* The instance with the variant bits fl: kFlResc exists for head dim 256 and the 128-key
+ * tile of head dim 128 (where it was measured faster, see the dispatch); elsewhere fl is
+ * ignored. */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_params *p, int fl) {
-  if constexpr (D == 256) {
-    if (fl & kFlNoPP)
-      return fl & kFlResc ? launch<T, D, BC, NC, kFlResc | kFlNoPP>(ctx, a, maps, p)
-                          : launch<T, D, BC, NC, kFlNoPP>(ctx, a, maps, p);
+  if constexpr (D == 256 || (D == 128 && BC == 128)) {
+    if (fl & kFlResc) return launch<T, D, BC, NC, kFlResc>(ctx, a, maps, p);
   }
-  if constexpr (fwd_smem<D, BC, NC, 3>::bytes <= kSmemMax && D <= 128) {
-    if (fl & kFlStg3)
-      return fl & kFlResc ? launch<T, D, BC, NC, kFlResc | kFlStg3>(ctx, a, maps, p)
-                          : launch<T, D, BC, NC, kFlStg3>(ctx, a, maps, p);
-  }
-  return fl & kFlResc ? launch<T, D, BC, NC, kFlResc>(ctx, a, maps, p)
-                      : launch<T, D, BC, NC, 0>(ctx, a, maps, p);
+  return launch<T, D, BC, NC, 0>(ctx, a, maps, p);
 }
 
 /* Key-tile width per head dim (and mask): the largest tile whose S, P and O registers fit
@@ -668,14 +648,15 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * +-4% at D64 (S = 4k +3%, S = 16k -4%): the FMA pipe has no room to spare either. */
   const char *ex = getenv("OT_ATTN_SM90_EXP");
   p.exp_poly = ex && ex[0] == 'p';
-  /* OT_ATTN_SM90_RESC=0|1: the row max moves only when it grows by more than 2^8 (O
-   * rescaled only then). OT_ATTN_SM90_PINGPONG=0: no pingpong turns at head dim 256. */
+  /* The row max moves only when it grows by more than 2^8 (O rescaled only in the steps
+   * where a row of the warp moved it; exact): at head dim 256 and for masked head-dim-128
+   * calls (128-key tile). H200, run of a41fb34, interleaved A/B rounds at S = 4k, TFLOP/s
+   * on / off: D256 610 / 583, causal 546 / 527, D128 causal 516 / 500; neutral where it is
+   * not used (D128 full 577 / 580, 16k 612 / 618; D64 causal 391 / 389).
+   * OT_ATTN_SM90_RESC=0|1 forces it off / on (on only where instantiated, see launch_fl). */
   const char *rs = getenv("OT_ATTN_SM90_RESC");
-  const char *pp = getenv("OT_ATTN_SM90_PINGPONG");
-  const char *st = getenv("OT_ATTN_SM90_STAGES");
-  int fl = (rs ? rs[0] == '1' : kRescDefault) ? kFlResc : 0;
-  if (a->d == 256 && pp && pp[0] == '0') fl |= kFlNoPP;
-  if (st && st[0] == '3') fl |= kFlStg3;   /* where it fits (launch_fl) */
+  const bool resc = rs ? rs[0] == '1' : a->d == 256 || (a->d == 128 && masked_call);
+  const int fl = resc ? kFlResc : 0;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &p, small_tile, nc, fl);
