@@ -115,18 +115,42 @@ def sdpa_grouped(q, k, v):
 def check(shim):
     """Ours against float32 attention on the gathered cache, incl. the bench shapes."""
     ok = True
-    for (b, ctx) in [(3, 1000), (1, 65536), (16, 4096)]:
+    for (b, ctx) in [(3, 1000), (1, 65536), (16, 4096), (64, 1024)]:
         for bs in PAGES:
             c = make_case(b, ctx, bs, seed=b + ctx + bs)
-            out = torch.full_like(c["q"], float("nan"))
-            shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"], c["indices"], c["lpl"], out)
             k, v = gather(c, b, ctx, bs)
             ref = sdpa_grouped(c["q"].float(), k.float(), v.float())
-            err = (out.float() - ref).abs().max().item()
-            good = err < 2e-2 and not torch.isnan(out).any().item()
-            ok &= good
-            print(f"check B{b} ctx {ctx} page {bs}: max |err| {err:.2e} {'ok' if good else 'FAIL'}")
+            for kern in ("auto", "split", "stream"):
+                os.environ["OT_PAGED_KERNEL"] = kern
+                try:
+                    out = torch.full_like(c["q"], float("nan"))
+                    shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"], c["indices"],
+                               c["lpl"], out)
+                finally:
+                    os.environ.pop("OT_PAGED_KERNEL", None)
+                err = (out.float() - ref).abs().max().item()
+                good = err < 2e-2 and not torch.isnan(out).any().item()
+                ok &= good
+                print(f"check B{b} ctx {ctx} page {bs} {kern}: max |err| {err:.2e} "
+                      f"{'ok' if good else 'FAIL'}")
     return ok
+
+
+def probe(shim):
+    """Per-call time of tiny decodes (the fixed cost: launches, start, merge), each kernel."""
+    for (b, ctx) in [(1, 256), (64, 16), (16, 512)]:
+        c = make_case(b, ctx, 16, seed=5)
+        out = torch.empty_like(c["q"])
+        call = lambda: shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
+                                  c["indices"], c["lpl"], out)
+        res = []
+        for kern in ("split", "stream"):
+            os.environ["OT_PAGED_KERNEL"] = kern
+            try:
+                res.append(f"{kern} {time_ms(call) * 1e3:.1f} us")
+            finally:
+                os.environ.pop("OT_PAGED_KERNEL", None)
+        print(f"probe B{b} x ctx {ctx} page 16: " + ", ".join(res), flush=True)
 
 
 def bench(shim, ceiling):
@@ -156,13 +180,19 @@ def bench(shim, ceiling):
                                       c["indices"], c["lpl"], out)
             ms = time_ms(call)
             variants = {}
-            # forced split counts (environment read at each call)
-            for var, val in [("OT_PAGED_SPLITS", str(n)) for n in SWEEP.get((b, ctx), [])]:
-                os.environ[var] = val
+            # each kernel forced, then forced split counts of the split kernel (environment
+            # read at each call)
+            runs = [{"OT_PAGED_KERNEL": "split"}, {"OT_PAGED_KERNEL": "stream"}]
+            runs += [{"OT_PAGED_KERNEL": "split", "OT_PAGED_SPLITS": str(n)}
+                     for n in SWEEP.get((b, ctx), [])]
+            for env in runs:
+                os.environ.update(env)
                 try:
-                    variants[f"{var}={val}"] = round(nbytes / (time_ms(call) * 1e-3) / 1e12, 3)
+                    name = " ".join(f"{k}={v}" for k, v in env.items())
+                    variants[name] = round(nbytes / (time_ms(call) * 1e-3) / 1e12, 3)
                 finally:
-                    os.environ.pop(var, None)
+                    for k in env:
+                        os.environ.pop(k, None)
 
             def gather_sdpa():
                 k, v = gather(c, b, ctx, bs)
@@ -252,6 +282,7 @@ def main():
         ok = check(shim)
     if args.no_bench:
         raise SystemExit(0 if ok else 1)
+    probe(shim)
     ceiling = read_ceiling()
     print(f"read ceiling (torch.sum 4 GiB bf16): {ceiling:.3f} TB/s", flush=True)
     rows = bench(shim, ceiling)

@@ -713,7 +713,7 @@ out:
 
 int64_t ot_paged_num_splits(int64_t batch, int64_t hkv, int64_t len, int threads);
 
-#define PMAX 8
+#define PMAX 160
 
 typedef struct pcase {
   const char *name;
@@ -952,6 +952,31 @@ static const pcase paged_cuda_long[] = {
     {"cuda decode B3 ctx 5000 GQA4 D128 bs1", 3, {5000, 31, 2500}, {1, 1, 1}, 16, 4, 128, 1, 1, -1, -1, 0, 0},
     {"cuda decode B2 ctx 9000 GQA1 D128 bs7 window 3000", 2, {9000, 4099}, {1, 3}, 4, 4, 128, 7, 1, 3000, -1, 0, 0},
 };
+
+/* CUDA stream kernel (OT_PAGED_KERNEL=stream, head_dim 128): a ragged batch of b
+ * sequences (lengths 0 .. maxlen, 0 .. maxq queries, generated from `seed`), GQA hq / hkv,
+ * pages of bs. ctas > 0 forces the grid (OT_PAGED_STREAM_CTAS): few warps then span many
+ * sequences, so the 32-sequence windows slide and units are cut into pieces. */
+static void paged_stream_case(test_run *tr, const char *name, int b, int maxlen, int maxq,
+                              int hq, int hkv, int bs, int ctas, DLDataType dt, uint64_t seed) {
+  pcase c;
+  memset(&c, 0, sizeof c);
+  c.name = name, c.b = b, c.hq = hq, c.hkv = hkv, c.d = 128, c.bs = bs;
+  c.causal = 1, c.wl = -1, c.wr = -1;
+  rng r = {seed};
+  for (int i = 0; i < b; i++) {
+    c.len[i] = (int)rng_int(&r, 0, maxlen);
+    c.sq[i] = (int)rng_int(&r, 0, maxq);
+    if (c.sq[i] > c.len[i] && rng_int(&r, 0, 1)) c.sq[i] = c.len[i]; /* mostly sq <= len */
+  }
+  char cs[16];
+  snprintf(cs, sizeof cs, "%d", ctas);
+  env_saved kern = env_set("OT_PAGED_KERNEL", "stream");
+  env_saved grid = env_set("OT_PAGED_STREAM_CTAS", ctas > 0 ? cs : NULL);
+  paged_case(tr, &c, dt);
+  env_restore(&grid);
+  env_restore(&kern);
+}
 
 /* CUDA OT_DEBUG: a page id out of range is reported (not read) by both kernels and by
  * the append. */
@@ -1518,10 +1543,27 @@ static void run_memory_cuda(test_run *tr) {
   for (size_t i = 0; i < sizeof paged_cuda_long / sizeof paged_cuda_long[0]; i++)
     paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);
   paged_case(tr, &paged_long[1], DT_BF16);
+  /* the stream kernel on every head_dim-128 case (the others keep the split kernel), then
+   * ragged batches past one 32-sequence window, forced small grids */
+  env_saved kern = env_set("OT_PAGED_KERNEL", "stream");
+  for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
+    if (paged_cuda_cases[i].d == 128) paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
+  paged_case(tr, &paged_cuda_long[0], DT_BF16);
+  paged_case(tr, &paged_cuda_long[2], DT_F16);
+  paged_case(tr, &paged_cuda_long[3], DT_BF16);
+  paged_case(tr, &paged_long[0], DT_BF16);
+  env_restore(&kern);
+  paged_stream_case(tr, "stream B70 ragged GQA4 bs16", 70, 300, 3, 8, 2, 16, 0, DT_BF16, 11);
+  paged_stream_case(tr, "stream B150 short GQA8 bs1, 1 CTA", 150, 20, 2, 8, 1, 1, 1, DT_F16, 12);
+  paged_stream_case(tr, "stream B100 GQA4 bs64, 3 CTAs", 100, 700, 1, 16, 4, 64, 3, DT_BF16, 13);
+  paged_stream_case(tr, "stream B33 spec 5 GQA2 bs7, 2 CTAs", 33, 90, 5, 4, 2, 7, 2, DT_BF16, 14);
   append_cases(tr);
   append_case(tr, DT_BF16, 16, 0, true, false, false);
   paged_debug_case(tr, DT_BF16, 128);
   paged_debug_case(tr, DT_F32, 16);
+  env_saved kern2 = env_set("OT_PAGED_KERNEL", "stream");
+  paged_debug_case(tr, DT_F16, 128);
+  env_restore(&kern2);
 }
 
 static void run_memory(test_run *tr) {

@@ -59,6 +59,7 @@
  * OT_DEBUG=1: device bound checks of the tables, see paged_common.cuh.
  */
 #include <math.h>
+#include <string.h>
 
 #include "../core/paged_attention.h"
 #include "attention.cuh"
@@ -102,6 +103,11 @@ struct pa_params {
   int splits;
   float *part_o;      /* [splits][tq * hq][d] */
   float *part_lse;    /* [splits][tq * hq] */
+  /* stream kernel: per warp w, pieces (w, slot 0 / 1) of 16 rows: normalized O, lse; and
+   * the merge descriptor of the unit whose last piece w holds */
+  float *sp_o;        /* [warps][2][16][d] */
+  float *sp_lse;      /* [warps][2][16] */
+  int4 *desc;         /* [warps][2] */
   int *err;           /* OT_DEBUG flag or NULL */
 };
 
@@ -213,17 +219,169 @@ __device__ __forceinline__ bool pa_find_tile(const pa_params &p, int64_t x, pa_s
   return true;
 }
 
+/* ---- the per-step pieces both tensor-core kernels share ---------------------------------- */
+
+/* Rows g and g + 8 of a 16-row tile (row R = token * group + head) of a sequence with nq
+ * queries and len keys: whether they exist and their visible keys [r_lo, r_hi] (the
+ * bottom-right masks; lo > hi when none). */
+__device__ __forceinline__ void pa_row_ranges(const pa_params &p, int64_t tile, int g, int64_t nq,
+                                              int64_t len, bool (&r_ok)[2], int (&r_lo)[2],
+                                              int (&r_hi)[2]) {
+  const int64_t rows = nq * p.group;
+#pragma unroll
+  for (int rr = 0; rr < 2; rr++) {
+    const int64_t R = tile * 16 + g + 8 * rr;
+    r_ok[rr] = R < rows;
+    const int64_t i = r_ok[rr] ? R / p.group : 0, diag = i + len - nq;
+    int64_t lo = p.wl >= 0 ? diag - p.wl : 0, hi = p.wr >= 0 ? diag + p.wr : len - 1;
+    if (hi > len - 1) hi = len - 1;
+    if (lo < 0) lo = 0;
+    if (!r_ok[rr]) lo = 1, hi = 0;
+    if (hi < lo) lo = 1, hi = 0;
+    r_lo[rr] = (int)lo, r_hi[rr] = (int)hi; /* keys fit int32 (lengths come from int32 tables) */
+  }
+}
+
+/* The q A-fragments of a tile: row g / g + 8, features c*32 + tq4*8 + [0, 8) per run c
+ * (the QK head_dim permutation); rows past the tile's end are zero. */
+template <typename T, int D>
+__device__ __forceinline__ void pa_load_q(const pa_params &p, int64_t q0, int64_t tile, int kvh,
+                                          int g, int tq4, const bool (&r_ok)[2],
+                                          uint32_t (&qa)[D / 16][4]) {
+#pragma unroll
+  for (int rr = 0; rr < 2; rr++) {
+    const int64_t R = tile * 16 + g + 8 * rr;
+    const T *qrow = nullptr;
+    if (r_ok[rr])
+      qrow = static_cast<const T *>(p.q) + (q0 + R / p.group) * p.q_ts +
+             (int64_t)(kvh * p.group + R % p.group) * p.q_hs;
+#pragma unroll
+    for (int c = 0; c < D / 32; c++) {
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (qrow) v = *reinterpret_cast<const uint4 *>(qrow + c * 32 + tq4 * 8);
+      qa[2 * c][rr] = v.x;
+      qa[2 * c][2 + rr] = v.y;
+      qa[2 * c + 1][rr] = v.z;
+      qa[2 * c + 1][2 + rr] = v.w;
+    }
+  }
+}
+
+/* The cp.async copies of one 16-key step into stage st (16 K rows, then 16 V rows, swizzled):
+ * lane copies chunk lane % (D / 8) of rows lane / (D / 8) + j * 32 / (D / 8); off_of(row)
+ * is that key row's element offset in both page arrays, or < 0 for a zero-filled row. */
+template <typename T, int D, typename OffOf>
+__device__ __forceinline__ void pa_copy_step(T *st, const T *kp, const T *vp, int lane,
+                                             OffOf off_of) {
+  constexpr int CR = D / 8;
+  constexpr int NJ = kPaStep * CR / 32;
+  const int c = lane % CR;
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    const int kr = lane / CR + j * (32 / CR);
+    const int64_t off = off_of(kr);
+    const int n = off >= 0 ? 16 : 0;
+    const int pc = (c ^ pa_swz(kr)) * 8;
+    attn::cp_async16(st + kr * D + pc, n ? kp + off + c * 8 : kp, n);
+    attn::cp_async16(st + (kPaStep + kr) * D + pc, n ? vp + off + c * 8 : vp, n);
+  }
+}
+
+/* One warp step over the 16 keys [kb, kb + 16) in stage st: S = q k^T, scale / softcap,
+ * masks (a row's [r_lo, r_hi], keys >= kh), online softmax in base 2, O += P V. Ends with a
+ * __syncwarp after the stage's last read, so the caller may refill it. */
+template <typename T, int D>
+__device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16][4], int kb,
+                                        int kh, const int (&r_lo)[2], const int (&r_hi)[2],
+                                        float qk_scale, float softcap, float cap2, int g, int tq4,
+                                        float (&m_run)[2], float (&l_run)[2],
+                                        float (&acc)[D / 8][4]) {
+  constexpr int KC = D / 32, NT = D / 8, VH = D / 64;
+  uint4 kr[2][KC], vr[4][VH];
+#pragma unroll
+  for (int nb = 0; nb < 2; nb++) {
+    const int r = nb * 8 + g;
+#pragma unroll
+    for (int c = 0; c < KC; c++)
+      kr[nb][c] = *reinterpret_cast<const uint4 *>(st + r * D + ((c * 4 + tq4) ^ pa_swz(r)) * 8);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    const int r = tq4 * 2 + (e & 1) + (e >> 1) * 8;
+#pragma unroll
+    for (int h = 0; h < VH; h++)
+      vr[e][h] = *reinterpret_cast<const uint4 *>(st + (kPaStep + r) * D +
+                                                  ((g + 8 * h) ^ pa_swz(r)) * 8);
+  }
+  __syncwarp(); /* every lane has read the stage before a later issue overwrites it */
+  /* S = q k^T for the 16 keys: two n-blocks of 8 */
+  float s[2][4], s2[2][4]; /* two accumulators per n-block: half-length mma chains */
+#pragma unroll
+  for (int nb = 0; nb < 2; nb++) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) s[nb][i] = s2[nb][i] = 0.f;
+#pragma unroll
+    for (int c = 0; c < KC; c++) {
+      mma_m16n8k16<T>::run(s[nb], qa[2 * c], kr[nb][c].x, kr[nb][c].y);
+      mma_m16n8k16<T>::run(s2[nb], qa[2 * c + 1], kr[nb][c].z, kr[nb][c].w);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) s[nb][i] += s2[nb][i];
+  }
+  /* scale, softcap, mask, online softmax (base 2) */
+  uint32_t pa[4];
+#pragma unroll
+  for (int rr = 0; rr < 2; rr++) {
+    float v[4];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < 2; nb++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int key = kb + nb * 8 + tq4 * 2 + e;
+        float x = s[nb][2 * rr + e] * qk_scale;
+        if (softcap > 0) x = cap2 * tanhf(x);
+        if (key < r_lo[rr] || key > r_hi[rr] || key >= kh) x = -INFINITY;
+        v[nb * 2 + e] = x;
+        mx = fmaxf(mx, x);
+      }
+    mx = quad_max(mx);
+    const float m_new = fmaxf(m_run[rr], mx);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    const float alpha = exp2f(m_run[rr] - m_use);
+    float ps = 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      v[e] = exp2f(v[e] - m_use);
+      ps += v[e];
+    }
+    l_run[rr] = l_run[rr] * alpha + ps;
+    m_run[rr] = m_new;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      acc[j][2 * rr] *= alpha;
+      acc[j][2 * rr + 1] *= alpha;
+    }
+    pa[rr] = mma_m16n8k16<T>::pack(v[0], v[1]);      /* keys tq4*2, +1      (n-block 0) */
+    pa[2 + rr] = mma_m16n8k16<T>::pack(v[2], v[3]);  /* keys 8 + tq4*2, +1  (n-block 1) */
+  }
+  /* O += P V */
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+    const int h = j >> 3, e = j & 7;
+    const uint32_t b0 = pair_of(vr[0][h], vr[1][h], e);
+    const uint32_t b1 = pair_of(vr[2][h], vr[3][h], e);
+    mma_m16n8k16<T>::run(acc[j], pa, b0, b1);
+  }
+}
+
 /* ---- the tensor-core kernel ------------------------------------------------------------- */
 
 template <typename T, int D, int S>
 __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     pa_mma_kernel(const __grid_constant__ pa_params p) {
-  constexpr int KC = D / 32;   /* 16-byte runs of a key per quad thread (QK) */
   constexpr int KS = D / 16;   /* k-steps of QK */
   constexpr int NT = D / 8;    /* n-tiles of PV */
-  constexpr int VH = D / 64;   /* 16-byte runs of a key per thread (PV) */
-  constexpr int CR = D / 8;                 /* 16-byte chunks of a key row */
-  constexpr int NJ = kPaStep * CR / 32;     /* K (and V) chunks per lane per step */
   __shared__ float s_m[kPaWarps][16], s_l[kPaWarps][16];
   extern __shared__ __align__(16) unsigned char pa_smem[]; /* rings; [warps][16][D] floats at the end */
 
@@ -250,20 +408,9 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   const int64_t page0 = sq.ip0;
 
   /* this thread's two rows (g, g + 8): validity and visible key range */
-  int r_lo[2], r_hi[2]; /* keys fit int32 (lengths come from int32 tables) */
+  int r_lo[2], r_hi[2];
   bool r_ok[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; rr++) {
-    const int64_t R = tile * 16 + g + 8 * rr;
-    r_ok[rr] = R < rows;
-    const int64_t i = r_ok[rr] ? R / p.group : 0, diag = i + len - nq;
-    int64_t lo = p.wl >= 0 ? diag - p.wl : 0, hi = p.wr >= 0 ? diag + p.wr : len - 1;
-    if (hi > len - 1) hi = len - 1;
-    if (lo < 0) lo = 0;
-    if (!r_ok[rr]) lo = 1, hi = 0;
-    if (hi < lo) lo = 1, hi = 0;
-    r_lo[rr] = (int)lo, r_hi[rr] = (int)hi;
-  }
+  pa_row_ranges(p, tile, g, nq, len, r_ok, r_lo, r_hi);
   /* the tile's key range within this split: union of its rows' ranges */
   const int64_t tok_first = tile * 16 / p.group;
   int64_t tok_last = (tile * 16 + 15) / p.group;
@@ -308,19 +455,12 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   auto issue = [&](int t, int pid) {
     const int kb = kl + (t * kPaWarps + warp) * kPaStep;
     T *st = ring + (size_t)(t % S) * 2 * kPaStep * D;
-    const int c = lane % CR;
-#pragma unroll
-    for (int j = 0; j < NJ; j++) {
-      const int kr = lane / CR + j * (32 / CR);
+    pa_copy_step<T, D>(st, kbase, vbase, lane, [&](int kr) -> int64_t {
       const int pg = __shfl_sync(0xffffffffu, pid, kr);
       const int key = kb + kr;
       const int slot = p.bs_shift >= 0 ? key & (p.bs - 1) : key % p.bs;
-      const int64_t off = (int64_t)pg * page_stride + (int64_t)slot * D + c * 8;
-      const int n = key < kh ? 16 : 0;
-      const int pc = (c ^ pa_swz(kr)) * 8;
-      attn::cp_async16(st + kr * D + pc, n ? kbase + off : kbase, n);
-      attn::cp_async16(st + (kPaStep + kr) * D + pc, n ? vbase + off : vbase, n);
-    }
+      return key < kh ? (int64_t)pg * page_stride + (int64_t)slot * D : -1;
+    });
   };
 
   /* start the ring: page ids of steps 0 .. S-2+A (independent loads; A = kPaPidAhead),
@@ -330,25 +470,8 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
 #pragma unroll
   for (int s = 0; s < S - 1 + A; s++) pq[s] = load_pid(s);
 
-  /* q fragments: row g / g + 8, features c*32 + tq4*8 + [0, 8) per run c */
   uint32_t qa[KS][4];
-#pragma unroll
-  for (int rr = 0; rr < 2; rr++) {
-    const int64_t R = tile * 16 + g + 8 * rr;
-    const T *qrow = nullptr;
-    if (r_ok[rr])
-      qrow = static_cast<const T *>(p.q) + (q0 + R / p.group) * p.q_ts +
-             (int64_t)(kvh * p.group + R % p.group) * p.q_hs;
-#pragma unroll
-    for (int c = 0; c < KC; c++) {
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (qrow) v = *reinterpret_cast<const uint4 *>(qrow + c * 32 + tq4 * 8);
-      qa[2 * c][rr] = v.x;
-      qa[2 * c][2 + rr] = v.y;
-      qa[2 * c + 1][rr] = v.z;
-      qa[2 * c + 1][2 + rr] = v.w;
-    }
-  }
+  pa_load_q<T, D>(p, q0, tile, kvh, g, tq4, r_ok, qa);
 #pragma unroll
   for (int s = 0; s < S - 1; s++) {
     if (s < nst) issue(s, pq[s]);
@@ -379,83 +502,8 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     attn::cp_async_wait<S - 1>();
     __syncwarp();
     const int kb = kl + (t * kPaWarps + warp) * kPaStep;
-    const T *st = ring + (size_t)(t % S) * 2 * kPaStep * D;
-    uint4 kr[2][KC], vr[4][VH];
-#pragma unroll
-    for (int nb = 0; nb < 2; nb++) {
-      const int r = nb * 8 + g;
-#pragma unroll
-      for (int c = 0; c < KC; c++)
-        kr[nb][c] = *reinterpret_cast<const uint4 *>(st + r * D + ((c * 4 + tq4) ^ pa_swz(r)) * 8);
-    }
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int r = tq4 * 2 + (e & 1) + (e >> 1) * 8;
-#pragma unroll
-      for (int h = 0; h < VH; h++)
-        vr[e][h] = *reinterpret_cast<const uint4 *>(st + (kPaStep + r) * D +
-                                                    ((g + 8 * h) ^ pa_swz(r)) * 8);
-    }
-    __syncwarp(); /* every lane has read the stage before a later issue overwrites it */
-    /* S = q k^T for the 16 keys: two n-blocks of 8 */
-    float s[2][4], s2[2][4]; /* two accumulators per n-block: half-length mma chains */
-#pragma unroll
-    for (int nb = 0; nb < 2; nb++) {
-#pragma unroll
-      for (int i = 0; i < 4; i++) s[nb][i] = s2[nb][i] = 0.f;
-#pragma unroll
-      for (int c = 0; c < KC; c++) {
-        mma_m16n8k16<T>::run(s[nb], qa[2 * c], kr[nb][c].x, kr[nb][c].y);
-        mma_m16n8k16<T>::run(s2[nb], qa[2 * c + 1], kr[nb][c].z, kr[nb][c].w);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; i++) s[nb][i] += s2[nb][i];
-    }
-    /* scale, softcap, mask, online softmax (base 2) */
-    uint32_t pa[4];
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-      float v[4];
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nb = 0; nb < 2; nb++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int key = kb + nb * 8 + tq4 * 2 + e;
-          float x = s[nb][2 * rr + e] * qk_scale;
-          if (p.softcap > 0) x = cap2 * tanhf(x);
-          if (key < r_lo[rr] || key > r_hi[rr] || key >= kh) x = -INFINITY;
-          v[nb * 2 + e] = x;
-          mx = fmaxf(mx, x);
-        }
-      mx = quad_max(mx);
-      const float m_new = fmaxf(m_run[rr], mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2f(m_run[rr] - m_use);
-      float ps = 0.f;
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        v[e] = exp2f(v[e] - m_use);
-        ps += v[e];
-      }
-      l_run[rr] = l_run[rr] * alpha + ps;
-      m_run[rr] = m_new;
-#pragma unroll
-      for (int j = 0; j < NT; j++) {
-        acc[j][2 * rr] *= alpha;
-        acc[j][2 * rr + 1] *= alpha;
-      }
-      pa[rr] = mma_m16n8k16<T>::pack(v[0], v[1]);      /* keys tq4*2, +1      (n-block 0) */
-      pa[2 + rr] = mma_m16n8k16<T>::pack(v[2], v[3]);  /* keys 8 + tq4*2, +1  (n-block 1) */
-    }
-    /* O += P V */
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-      const int h = j >> 3, e = j & 7;
-      const uint32_t b0 = pair_of(vr[0][h], vr[1][h], e);
-      const uint32_t b1 = pair_of(vr[2][h], vr[3][h], e);
-      mma_m16n8k16<T>::run(acc[j], pa, b0, b1);
-    }
+    pa_step<T, D>(ring + (size_t)(t % S) * 2 * kPaStep * D, qa, kb, kh, r_lo, r_hi, qk_scale,
+                  p.softcap, cap2, g, tq4, m_run, l_run, acc);
   }
   attn::cp_async_wait<0>(); /* (only empty groups can be left) */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -599,6 +647,352 @@ __global__ void __launch_bounds__(kPaThreads) pa_merge_kernel(const __grid_const
   if (p.lse && threadIdx.x == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
 }
 
+/* ---- the stream kernel: persistent warps over an even cut of all key steps ---------------- *
+ * Work = units (sequence b, tile, kv head), each of ceil(len_b / 16) steps of 16 keys (one
+ * step for an empty sequence: its rows get 0 and lse -inf), laid out in order (b, then
+ * tile * heads_kv + kv head, then key) as N global steps. The grid is one wave (SMs x CTAs
+ * per SM) of 4-warp CTAs and warp w takes the P = ceil(N / warps) steps [w P, (w + 1) P): a
+ * warp streams its steps through its own S-stage cp.async ring across unit boundaries
+ * (page ids kPaPidAhead steps ahead, as the split kernel), so no SM waits for a second wave
+ * and no ring drains between units. Every warp finds its place itself: a warp-wide prefix
+ * sum of the work of each sequence (cu_seqlens_q, indptr, last_page_len), then a window of
+ * 32 sequences (lane l: sequence base + l) that the loader slides when it passes its end.
+ * The loader writes the metadata of each unit it enters into a warp-private ring in shared
+ * memory (8 entries: it runs at most S - 1 + A steps ahead) for the consumer.
+ * A unit inside one warp's range is normalized and written directly. A unit cut by range
+ * ends leaves a piece in each warp it touches (normalized O and lse, slot 0 for the unit
+ * holding the warp's first step, else slot 1); the warp holding its last step writes a
+ * descriptor and the merge kernel (one warp per descriptor, a programmatic dependent on
+ * sm_90) combines the pieces as the split merge does. */
+constexpr int kPsMeta = 8;      /* unit-metadata entries per warp (> S - 1 + A) */
+constexpr int kPsMinSteps = 4;  /* fewest steps per warp */
+
+/* A window of 32 sequences: lane l holds sequence base + l. */
+struct ps_win {
+  int incl;          /* global step where the sequence's work ends */
+  int len, page0, q0, nq;
+  int64_t base;      /* first sequence (uniform) */
+  int end;           /* incl of lane 31 (uniform) */
+};
+
+__device__ __forceinline__ int ps_steps(int len) {
+  return len > 0 ? (len + kPaStep - 1) / kPaStep : 1;
+}
+
+__device__ __forceinline__ int ps_scan(int v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int x = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += x;
+  }
+  return v;
+}
+
+/* Steps of sequence b from its table entries (0 without rows or after a failed debug
+ * check); its length and queries. */
+__device__ __forceinline__ int ps_work(const pa_params &p, int64_t b, int32_t c0, int32_t c1,
+                                       int32_t i0, int32_t i1, int32_t l, int *len, int *nq) {
+  const int64_t tiles = pa_tiles_of(p, b, c0, c1);
+  const int64_t n = paged_seq_len_of(i0, i1, l, b, p.bs, p.num_indices, p.err);
+  *len = 0, *nq = 0;
+  if (n < 0 || tiles == 0) return 0;
+  *len = (int)n, *nq = c1 - c0;
+  return (int)(tiles * p.hkv * ps_steps((int)n));
+}
+
+/* The window at sequence `base`, whose work starts at global step excl0. */
+__device__ __forceinline__ void ps_win_load(const pa_params &p, ps_win &w, int64_t base, int excl0) {
+  const int lane = threadIdx.x & 31;
+  const int64_t b = base + lane;
+  int len = 0, nq = 0, work = 0, c0 = 0, i0 = 0;
+  if (b < p.batch) {
+    c0 = p.cu_q[b], i0 = p.indptr[b];
+    work = ps_work(p, b, c0, p.cu_q[b + 1], i0, p.indptr[b + 1], p.lpl[b], &len, &nq);
+  }
+  w.incl = excl0 + ps_scan(work, lane);
+  w.len = len, w.page0 = i0, w.q0 = c0, w.nq = nq;
+  w.base = base;
+  w.end = __shfl_sync(0xffffffffu, w.incl, 31);
+}
+
+template <typename T, int D, int S>
+__global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant__ pa_params p) {
+  constexpr int KS = D / 16, NT = D / 8, VH = D / 64;
+  constexpr int A = kPaPidAhead;
+  static_assert(kPsMeta > S - 1 + A, "the metadata ring holds every unit in flight");
+  extern __shared__ __align__(16) unsigned char pa_smem[];
+  __shared__ int s_meta[kPaWarps][kPsMeta][8];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq4 = lane & 3;
+  const int wg = blockIdx.x * kPaWarps + warp, wtot = gridDim.x * kPaWarps;
+
+  /* the total N, this warp's range and the window holding its first step */
+  ps_win W;
+  int N, rs = 0, re = 0;
+  const int64_t per = (p.batch + 31) / 32;
+  if (per == 1) {
+    ps_win_load(p, W, 0, 0);
+    N = W.end;
+  } else {
+    const int64_t b0 = lane * per, b1 = b0 + per < p.batch ? b0 + per : p.batch;
+    int mine = 0, ln, nq;
+    for (int64_t b = b0; b < b1; b++)
+      mine += ps_work(p, b, p.cu_q[b], p.cu_q[b + 1], p.indptr[b], p.indptr[b + 1], p.lpl[b],
+                      &ln, &nq);
+    const int incl = ps_scan(mine, lane);
+    N = __shfl_sync(0xffffffffu, incl, 31);
+    W.base = 0, W.end = 0, W.incl = 0; /* loaded below */
+    const int P0 = (N + wtot - 1) / wtot;
+    const int64_t r0 = (int64_t)wg * (P0 > kPsMinSteps ? P0 : kPsMinSteps);
+    if (r0 < N) {
+      const int L = __ffs(__ballot_sync(0xffffffffu, (int)r0 < incl)) - 1;
+      ps_win_load(p, W, L * per, __shfl_sync(0xffffffffu, incl - mine, L));
+    }
+  }
+  int P = (N + wtot - 1) / wtot;
+  if (P < kPsMinSteps) P = kPsMinSteps;
+  if ((int64_t)wg * P < N) {
+    rs = wg * P;
+    re = N - rs > P ? rs + P : N;
+  }
+  const int n = re - rs;
+  int dflag = 0, dwa = 0, dq0 = 0, dnq = 0, dtile = 0, dkvh = 0; /* this warp's descriptor */
+  if (n > 0) {
+    const int64_t head_stride = (int64_t)p.bs * D;
+    const T *kp = static_cast<const T *>(p.k_pages), *vp = static_cast<const T *>(p.v_pages);
+    T *ring = reinterpret_cast<T *>(pa_smem) + (size_t)warp * S * 2 * kPaStep * D;
+    int *meta = &s_meta[warp][0][0];
+    int lu = 0; /* unit entries written */
+    /* step t of the range: lanes 0-15 return the slab (page * heads_kv + kv head) of key
+     * lane, lanes 16-31 the slot of key lane - 16 (-1: past the sequence); on entering a
+     * unit, its metadata goes to the ring and its q rows are prefetched to L2 */
+    auto load_step = [&](int t) -> int {
+      if (t >= n) return -1;
+      const int gs = rs + t;
+      while (gs >= W.end) ps_win_load(p, W, W.base + 32, W.end);
+      const int sl = __ffs(__ballot_sync(0xffffffffu, gs < W.incl)) - 1;
+      const int incl = __shfl_sync(0xffffffffu, W.incl, sl);
+      const int len = __shfl_sync(0xffffffffu, W.len, sl);
+      const int page0 = __shfl_sync(0xffffffffu, W.page0, sl);
+      const int nq = __shfl_sync(0xffffffffu, W.nq, sl);
+      const int q0 = __shfl_sync(0xffffffffu, W.q0, sl);
+      const int steps = ps_steps(len), tiles = (nq * p.group + 15) / 16;
+      const int off = gs - (incl - tiles * p.hkv * steps), unit = off / steps;
+      const int s = off - unit * steps, kvh = unit % p.hkv;
+      if (s == 0 || t == 0) {
+        const int tile = unit / p.hkv;
+        if (lane == 0) {
+          int *m = meta + (lu & (kPsMeta - 1)) * 8;
+          m[0] = q0, m[1] = nq, m[2] = len, m[3] = tile, m[4] = kvh, m[5] = gs - s;
+          m[6] = gs - s + steps;
+        }
+        lu++;
+        const int R = tile * 16 + (lane & 15);
+        if (R < nq * p.group) {
+          const T *qrow = static_cast<const T *>(p.q) + (int64_t)(q0 + R / p.group) * p.q_ts +
+                          (int64_t)(kvh * p.group + R % p.group) * p.q_hs + (lane >> 4) * (D / 2);
+          asm volatile("prefetch.global.L2 [%0];\n" ::"l"(qrow));
+        }
+      }
+      const int key = s * kPaStep + (lane & 15);
+      if (key >= len) return -1;
+      if (lane >= 16) return p.bs_shift >= 0 ? key & (p.bs - 1) : key % p.bs;
+      const int64_t e = page0 + (p.bs_shift >= 0 ? key >> p.bs_shift : key / p.bs);
+      int pg = __ldg(p.indices + e);
+      if (p.err && (pg < 0 || pg >= p.num_pages)) {
+        paged_flag(p.err, kPagedBadIndex, W.base + sl, e, pg);
+        pg = 0;
+      }
+      return pg * p.hkv + kvh;
+    };
+    auto issue = [&](int t, int e) {
+      pa_copy_step<T, D>(ring + (size_t)(t % S) * 2 * kPaStep * D, kp, vp, lane,
+                         [&](int kr) -> int64_t {
+                           const int slab = __shfl_sync(0xffffffffu, e, kr);
+                           const int slot = __shfl_sync(0xffffffffu, e, kr + 16);
+                           return slab >= 0 ? (int64_t)slab * head_stride + (int64_t)slot * D : -1;
+                         });
+    };
+
+    int pq[S - 1 + A];
+#pragma unroll
+    for (int s = 0; s < S - 1 + A; s++) pq[s] = load_step(s);
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+      if (s < n) issue(s, pq[s]);
+      attn::cp_async_commit();
+    }
+    int pw[A];
+#pragma unroll
+    for (int i = 0; i < A; i++) pw[i] = pq[S - 1 + i];
+
+    const float qk_scale = p.softcap > 0 ? p.scale / p.softcap : p.scale * kLog2e;
+    const float cap2 = p.softcap * kLog2e;
+    float acc[NT][4], m_run[2], l_run[2];
+    uint32_t qa[KS][4];
+    int r_lo[2], r_hi[2];
+    bool r_ok[2];
+    int cu = 0, u_q0 = 0, u_nq = 0, u_len = 0, u_tile = 0, u_kvh = 0, u_s0 = 0, u_s1 = rs;
+
+    /* the unit's rows: whole -> out / lse; cut -> a piece (+ the descriptor when this warp
+     * holds the unit's last step) */
+    auto flush = [&]() {
+      const bool whole = u_s0 >= rs && u_s1 <= re;
+      const int slot = u_s0 <= rs ? 0 : 1;
+      const int64_t rows = (int64_t)u_nq * p.group;
+#pragma unroll
+      for (int rr = 0; rr < 2; rr++) {
+        const float l = quad_sum(l_run[rr]);
+        const int row = g + 8 * rr;
+        const int64_t R = (int64_t)u_tile * 16 + row;
+        if (R >= rows) continue;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float lse = l > 0.f ? (m_run[rr] + log2f(l)) * kLn2 : -INFINITY;
+        if (whole) {
+          const int64_t tok = u_q0 + R / p.group, head = (int64_t)u_kvh * p.group + R % p.group;
+          T *o = static_cast<T *>(p.out) + tok * p.o_ts + head * p.o_hs + tq4 * 16;
+#pragma unroll
+          for (int h = 0; h < VH; h++) {
+            uint32_t w[8];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+              w[e] = mma_m16n8k16<T>::pack(acc[8 * h + 2 * e][2 * rr] * inv,
+                                           acc[8 * h + 2 * e + 1][2 * rr] * inv);
+              w[4 + e] = mma_m16n8k16<T>::pack(acc[8 * h + 2 * e][2 * rr + 1] * inv,
+                                               acc[8 * h + 2 * e + 1][2 * rr + 1] * inv);
+            }
+            *reinterpret_cast<uint4 *>(o + h * 64) = make_uint4(w[0], w[1], w[2], w[3]);
+            *reinterpret_cast<uint4 *>(o + h * 64 + 8) = make_uint4(w[4], w[5], w[6], w[7]);
+          }
+          if (p.lse && tq4 == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
+        } else {
+          const int64_t pidx = ((int64_t)wg * 2 + slot) * 16 + row;
+          float *o = p.sp_o + pidx * D + tq4 * 16;
+#pragma unroll
+          for (int h = 0; h < VH; h++)
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+#pragma unroll
+              for (int e = 0; e < 8; e += 4)
+                *reinterpret_cast<float4 *>(o + h * 64 + c * 8 + e) =
+                    make_float4(acc[8 * h + e][2 * rr + c] * inv, acc[8 * h + e + 1][2 * rr + c] * inv,
+                                acc[8 * h + e + 2][2 * rr + c] * inv,
+                                acc[8 * h + e + 3][2 * rr + c] * inv);
+          if (tq4 == 0) p.sp_lse[pidx] = lse;
+        }
+      }
+      if (!whole && u_s0 < rs && u_s1 <= re) {
+        dwa = u_s0 / P;
+        dflag = 1 | (u_s0 == dwa * P ? 0 : 2);
+        dq0 = u_q0, dnq = u_nq, dtile = u_tile, dkvh = u_kvh;
+      }
+    };
+
+#pragma unroll 1
+    for (int t = 0; t < n; t++) {
+      if (t + S - 1 < n) issue(t + S - 1, pw[0]);
+      attn::cp_async_commit();
+#pragma unroll
+      for (int i = 0; i < A - 1; i++) pw[i] = pw[i + 1];
+      pw[A - 1] = load_step(t + S - 1 + A);
+      attn::cp_async_wait<S - 1>();
+      __syncwarp();
+      const int gs = rs + t;
+      if (gs >= u_s1) { /* a new unit (its metadata was written S - 1 + A steps ago) */
+        if (t > 0) flush();
+        const int *m = meta + (cu & (kPsMeta - 1)) * 8;
+        cu++;
+        u_q0 = m[0], u_nq = m[1], u_len = m[2], u_tile = m[3], u_kvh = m[4], u_s0 = m[5];
+        u_s1 = m[6];
+        pa_row_ranges(p, u_tile, g, u_nq, u_len, r_ok, r_lo, r_hi);
+        pa_load_q<T, D>(p, u_q0, u_tile, u_kvh, g, tq4, r_ok, qa);
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+        m_run[0] = m_run[1] = -INFINITY;
+        l_run[0] = l_run[1] = 0.f;
+      }
+      pa_step<T, D>(ring + (size_t)(t % S) * 2 * kPaStep * D, qa, (gs - u_s0) * kPaStep, u_len,
+                    r_lo, r_hi, qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc);
+    }
+    attn::cp_async_wait<0>();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+    flush();
+  }
+  if (lane == 0) {
+    p.desc[2 * wg] = make_int4(dflag, dwa, dq0, dnq);
+    p.desc[2 * wg + 1] = make_int4(dtile, dkvh, 0, 0);
+  }
+}
+
+/* Merge of the stream kernel's cut units: CTA w takes descriptor w's unit (pieces of warps
+ * wa .. w), warp r its rows r, r + 4, ...: the pieces' lse in lanes (one load round for up
+ * to 32 pieces), lse = log sum_i exp(lse_i), then O = sum_i exp(lse_i - lse) O_i with the
+ * O_i loads independent (lane: D / 32 features). */
+template <typename T, int D>
+__global__ void __launch_bounds__(kPaThreads) ps_merge_kernel(const __grid_constant__ pa_params p) {
+  constexpr int V = D / 32;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const int lane = threadIdx.x & 31, w = blockIdx.x;
+  const int4 d0 = p.desc[2 * w];
+  if (!(d0.x & 1)) return;
+  const int4 d1 = p.desc[2 * w + 1];
+  const int wa = d0.y, wslot = (d0.x >> 1) & 1, n = w - wa + 1;
+  const int64_t rows = (int64_t)d0.w * p.group;
+  for (int r = threadIdx.x >> 5; r < 16 && (int64_t)d1.x * 16 + r < rows; r += kPaWarps) {
+    auto idx = [=](int i) -> int64_t {
+      return ((int64_t)(wa + i) * 2 + (i == 0 ? wslot : 0)) * 16 + r;
+    };
+    const float ls0 = lane < n ? p.sp_lse[idx(lane)] : -INFINITY;
+    float M = ls0;
+    for (int i = lane + 32; i < n; i += 32) M = fmaxf(M, p.sp_lse[idx(i)]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.f;
+    if (M != -INFINITY) {
+      L = ls0 != -INFINITY ? expf(ls0 - M) : 0.f;
+      for (int i = lane + 32; i < n; i += 32) {
+        const float ls = p.sp_lse[idx(i)];
+        if (ls != -INFINITY) L += expf(ls - M);
+      }
+    }
+    L = warp_sum(L);
+    const float lse = M != -INFINITY ? M + logf(L) : -INFINITY;
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) acc[v] = 0.f;
+    if (M != -INFINITY)
+      for (int i0 = 0; i0 < n; i0 += 32) {
+        const float ls = i0 == 0 ? ls0 : (i0 + lane < n ? p.sp_lse[idx(i0 + lane)] : -INFINITY);
+        const float wl = ls != -INFINITY ? expf(ls - lse) : 0.f;
+        const int cnt = n - i0 < 32 ? n - i0 : 32;
+#pragma unroll 8
+        for (int i = 0; i < 32; i++) {
+          if (i >= cnt) break;
+          const float wt = __shfl_sync(0xffffffffu, wl, i);
+          const float *src = p.sp_o + idx(i0 + i) * D + lane * V;
+          if constexpr (V == 4) {
+            const float4 o = *reinterpret_cast<const float4 *>(src);
+            acc[0] += wt * o.x, acc[1] += wt * o.y, acc[2] += wt * o.z, acc[3] += wt * o.w;
+          } else {
+#pragma unroll
+            for (int v = 0; v < V; v++) acc[v] += wt * src[v];
+          }
+        }
+      }
+    const int64_t R = (int64_t)d1.x * 16 + r;
+    const int64_t tok = d0.z + R / p.group, head = (int64_t)d1.y * p.group + R % p.group;
+    T *o = static_cast<T *>(p.out) + tok * p.o_ts + head * p.o_hs + lane * V;
+#pragma unroll
+    for (int v = 0; v < V; v++) o[v] = from_f32<T>(acc[v]);
+    if (p.lse && lane == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
+  }
+}
+
 /* ---- fallback: one warp per (token, q head) -------------------------------------------- */
 
 constexpr int kPaFallbackMaxD = 512;
@@ -672,21 +1066,19 @@ __global__ void __launch_bounds__(128) pa_simple_kernel(const __grid_constant__ 
 /* The kernel's shared-memory attributes (dynamic size past 48 KB, the largest carveout so
  * that 2 CTAs fit an SM) and its CTAs per SM on the context's device, both once per
  * device (first 16 devices: occupancy differs between GPU models). 0 on failure. */
-template <typename T, int D, int S>
-static int pa_ctas_per_sm(int dev) {
-  static int cached[16]; /* > 0: CTAs per SM; -1: the shared memory is not available */
+template <typename K>
+static int pa_kernel_ctas_per_sm(K kernel, size_t smem, int dev, int *cached) {
   if (dev >= 0 && dev < 16 && cached[dev] != 0) return cached[dev] > 0 ? cached[dev] : 0;
-  const size_t smem = pa_cfg<D, S>::kSmem;
-  if (cudaFuncSetAttribute(pa_mma_kernel<T, D, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           (int)smem) != cudaSuccess ||
-      cudaFuncSetAttribute(pa_mma_kernel<T, D, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+          cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                            (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
     (void)cudaGetLastError();
     if (dev >= 0 && dev < 16) cached[dev] = -1;
     return 0;
   }
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, pa_mma_kernel<T, D, S>, kPaThreads, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kPaThreads, smem) !=
           cudaSuccess || n < 1) {
     (void)cudaGetLastError();
     n = 1;
@@ -694,25 +1086,57 @@ static int pa_ctas_per_sm(int dev) {
   if (dev >= 0 && dev < 16) cached[dev] = n;
   return n;
 }
+template <typename T, int D, int S>
+static int pa_ctas_per_sm(int dev) {
+  static int cached[16]; /* > 0: CTAs per SM; -1: the shared memory is not available */
+  return pa_kernel_ctas_per_sm(pa_mma_kernel<T, D, S>, pa_cfg<D, S>::kSmem, dev, cached);
+}
+template <typename T, int D, int S>
+static int ps_ctas_per_sm(int dev) {
+  static int cached[16];
+  return pa_kernel_ctas_per_sm(ps_kernel<T, D, S>, pa_cfg<D, S>::kSmem, dev, cached);
+}
 
 /* Whether the merge kernel may be launched as a programmatic dependent (PDL) of the main
  * kernel on this device: only its code compiled for sm_90+ waits for the main kernel
  * (griddepcontrol.wait); code JIT-compiled from older PTX (a build without sm_90 code, or
  * a newer GPU that cannot run the sm_90a binary) does not, and could read the partials
  * before they are written. Once per device (first 16 devices). */
-template <typename T, int D>
-static bool pa_merge_pdl(const ot_cuda_state *cs) {
-  static int cached[16]; /* 1: yes, -1: no */
+template <typename K>
+static bool pa_kernel_pdl(K kernel, const ot_cuda_state *cs, int *cached) {
   const int dev = cs->device;
   if (dev >= 0 && dev < 16 && cached[dev] != 0) return cached[dev] > 0;
   cudaFuncAttributes fa;
   bool ok = false;
   if (cs->cc_major >= 9) {
-    if (cudaFuncGetAttributes(&fa, pa_merge_kernel<T, D>) == cudaSuccess) ok = fa.ptxVersion >= 90;
+    if (cudaFuncGetAttributes(&fa, kernel) == cudaSuccess) ok = fa.ptxVersion >= 90;
     else (void)cudaGetLastError();
   }
   if (dev >= 0 && dev < 16) cached[dev] = ok ? 1 : -1;
   return ok;
+}
+template <typename T, int D>
+static bool pa_merge_pdl(const ot_cuda_state *cs) {
+  static int cached[16]; /* 1: yes, -1: no */
+  return pa_kernel_pdl(pa_merge_kernel<T, D>, cs, cached);
+}
+
+/* Launch a merge kernel (grid x 128 threads) after the main kernel, as its programmatic
+ * dependent when pdl. */
+template <typename K, typename... Args>
+static cudaError_t pa_launch_merge(K kernel, unsigned grid, cudaStream_t s, bool pdl,
+                                   Args... args) {
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kPaThreads);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 /* The kernel's chunk for s splits of len keys (>= 256, a multiple of 64) and the splits
@@ -800,19 +1224,58 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const 
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
       return ot_error(OT_ERR_UNSUPPORTED, op, "merge grid too large (%lld rows)", (long long)rows);
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3((unsigned)rows);
-    cfg.blockDim = dim3(kPaThreads);
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pa_merge_pdl<T, D>(cs) ? 1 : 0;
-    OT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, pa_merge_kernel<T, D>, p));
+    OT_CUDA_CHECK(op, pa_launch_merge(pa_merge_kernel<T, D>, (unsigned)rows, s,
+                                      pa_merge_pdl<T, D>(cs), p));
   }
   return OT_OK;
+}
+
+/* The stream kernel: one wave of CTAs, scratch for the pieces (2 x 16 rows per warp) and
+ * the descriptors, then the merge kernel over the descriptors. */
+template <typename T, int D, int S>
+static ot_status ps_launch(ot_context *ctx, pa_params &p, bool debug, const char *op) {
+  cudaStream_t s = (cudaStream_t)ctx->stream;
+  const ot_cuda_state *cs = ot_cuda_state_of(ctx);
+  const int per_sm = ps_ctas_per_sm<T, D, S>(cs->device);
+  if (per_sm < 1)
+    return ot_error(OT_ERR_BACKEND, op, "cannot give the decode kernel %zu bytes of shared memory",
+                    pa_cfg<D, S>::kSmem);
+  int ctas = cs->sm_count * per_sm;
+  const char *env = getenv("OT_PAGED_STREAM_CTAS"); /* tests: a smaller grid */
+  if (env && atoi(env) > 0 && atoi(env) < ctas) ctas = atoi(env);
+  const int wtot = ctas * kPaWarps;
+  const size_t desc_b = (size_t)wtot * 2 * sizeof(int4), lse_b = (size_t)wtot * 32 * sizeof(float);
+  const size_t o_b = (size_t)wtot * 32 * D * sizeof(float);
+  char *scr = (char *)ot_cuda_scratch(ctx, 256 + desc_b + lse_b + o_b, op);
+  if (!scr) return OT_ERR_OOM;
+  if (debug) {
+    p.err = (int *)scr;
+    OT_CUDA_CHECK(op, cudaMemsetAsync(p.err, 0, 4 * sizeof(int), s));
+  }
+  p.desc = (int4 *)(scr + 256);
+  p.sp_lse = (float *)(scr + 256 + desc_b);
+  p.sp_o = (float *)(scr + 256 + desc_b + lse_b);
+  ps_kernel<T, D, S><<<ctas, kPaThreads, pa_cfg<D, S>::kSmem, s>>>(p);
+  OT_CUDA_CHECK_LAUNCH(op);
+  static int pdl_cached[16];
+  OT_CUDA_CHECK(op, pa_launch_merge(ps_merge_kernel<T, D>, (unsigned)wtot, s,
+                                    pa_kernel_pdl(ps_merge_kernel<T, D>, cs, pdl_cached), p));
+  return OT_OK;
+}
+
+/* Whether the stream kernel takes a call: only under OT_PAGED_KERNEL=stream, and only where
+ * it can (no left window, 16-byte aligned out rows, slab ids and step counts within int32).
+ * Measured slower than the split kernel at the benchmark shapes (docs/PERFORMANCE.md), so
+ * not a default. */
+static bool ps_wanted(const pa_params &p, bool out_aligned, int per_sm) {
+  if (per_sm < 1) return false;
+  const int64_t tiles_upper = p.batch + (p.tq * p.group + 15) / 16;
+  const double steps_upper =
+      (double)tiles_upper * p.hkv * ((double)p.num_indices * p.bs / kPaStep + 1.0);
+  if (p.wl >= 0 || !out_aligned || (double)p.num_pages * p.hkv >= 2147483647.0 ||
+      steps_upper >= 1073741824.0)
+    return false;
+  return true;
 }
 
 template <typename T>
@@ -825,11 +1288,17 @@ static ot_status pa_launch_simple(ot_context *ctx, pa_params &p, bool debug, con
 }
 
 template <typename T>
-static ot_status pa_dispatch(ot_context *ctx, pa_params &p, bool mma_ok, bool debug,
-                             const char *op) {
+static ot_status pa_dispatch(ot_context *ctx, pa_params &p, bool mma_ok, bool out_aligned,
+                             bool debug, const char *op) {
   if constexpr (sizeof(T) == 2) {
     if (mma_ok && p.d == 64) return pa_launch_mma<T, 64, 5>(ctx, p, debug, op);
-    if (mma_ok && p.d == 128) return pa_launch_mma<T, 128, 3>(ctx, p, debug, op);
+    if (mma_ok && p.d == 128) {
+      const char *k = getenv("OT_PAGED_KERNEL");
+      if (k && strcmp(k, "stream") == 0 &&
+          ps_wanted(p, out_aligned, ps_ctas_per_sm<T, 128, 3>(ot_cuda_state_of(ctx)->device)))
+        return ps_launch<T, 128, 3>(ctx, p, debug, op);
+      return pa_launch_mma<T, 128, 3>(ctx, p, debug, op);
+    }
   }
   return pa_launch_simple<T>(ctx, p, debug, op);
 }
@@ -876,11 +1345,13 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
                        ot_is_aligned16(t->k_pages) && ot_is_aligned16(t->v_pages);
   const bool mma_ok = aligned && (a->dtype == OT_BF16 || a->dtype == OT_F16) &&
                       getenv("OT_PAGED_SIMPLE") == NULL;
+  const bool out_aligned = ot_rows_aligned16(a->out, a->out_tok_stride, es, a->tokens) &&
+                           ((a->out_head_stride * (int64_t)es) & 15) == 0;
   ot_status st;
   switch (a->dtype) {
-    case OT_F32: st = ot::pa_dispatch<float>(ctx, p, false, debug, op); break;
-    case OT_F16: st = ot::pa_dispatch<__half>(ctx, p, mma_ok, debug, op); break;
-    case OT_BF16: st = ot::pa_dispatch<__nv_bfloat16>(ctx, p, mma_ok, debug, op); break;
+    case OT_F32: st = ot::pa_dispatch<float>(ctx, p, false, false, debug, op); break;
+    case OT_F16: st = ot::pa_dispatch<__half>(ctx, p, mma_ok, out_aligned, debug, op); break;
+    case OT_BF16: st = ot::pa_dispatch<__nv_bfloat16>(ctx, p, mma_ok, out_aligned, debug, op); break;
     default: return ot_error(OT_ERR_INTERNAL, op, "unexpected dtype %d", (int)a->dtype);
   }
   if (st != OT_OK || !debug) return st;
