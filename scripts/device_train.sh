@@ -91,6 +91,7 @@ if [ "$SKIP_TESTS" != 1 ]; then
   stamp "pytest (CUDA cases)"
   timeout 150 "$PY" -m pytest -q -p no:cacheprovider -k "cuda" \
     tests/python/test_lm_loss.py tests/python/test_config.py tests/python/test_patch.py \
+    tests/python/test_train_eager_ops.py \
     >"$OUT/pytest.log" 2>&1
   echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -15

@@ -44,19 +44,30 @@ def _none0(t, like):
     return t if t is not None else like.new_empty(0)
 
 
+def _pick(ctx, op, impl):
+    """The backward op a backward formula calls: the custom op (torch.compile's graphs
+    and the custom ops' own autograd), or its plain implementation when the forward ran
+    through the eager path (:data:`eager`)."""
+    return impl if getattr(ctx, "_ot_eager", False) else op
+
+
 # ---------------------------------------------------------------------------------
 # RMSNorm
 # ---------------------------------------------------------------------------------
 
-@torch.library.custom_op(f"{_LIB}::rms_norm", mutates_args=())
-def rms_norm(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
-             eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def _rms_norm_impl(x, residual, weight, eps):
     x, residual, weight = map(_last_dim_contiguous, (x, residual, weight))
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     h = torch.empty_like(out) if residual is not None else None
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
     _C.rmsnorm_forward(None, x, residual, weight, eps, out, h, rstd)
     return out, _none0(h, x), rstd
+
+
+@torch.library.custom_op(f"{_LIB}::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
+             eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    return _rms_norm_impl(x, residual, weight, eps)
 
 
 @rms_norm.register_fake
@@ -66,15 +77,19 @@ def _(x, residual, weight, eps):
     return out, h, x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{_LIB}::rms_norm_backward", mutates_args=())
-def rms_norm_backward(dy: Tensor, dresidual_out: Optional[Tensor], h: Tensor,
-                      weight: Optional[Tensor], rstd: Tensor,
-                      eps: float) -> tuple[Tensor, Tensor]:
+def _rms_norm_backward_impl(dy, dresidual_out, h, weight, rstd, eps):
     h, weight = map(_last_dim_contiguous, (h, weight))
     dx = torch.empty_like(h, memory_format=torch.contiguous_format)
     dw = torch.empty_like(weight) if weight is not None else None
     _C.rmsnorm_backward(None, dy, dresidual_out, h, weight, rstd, eps, dx, dw)
     return dx, _none0(dw, h)
+
+
+@torch.library.custom_op(f"{_LIB}::rms_norm_backward", mutates_args=())
+def rms_norm_backward(dy: Tensor, dresidual_out: Optional[Tensor], h: Tensor,
+                      weight: Optional[Tensor], rstd: Tensor,
+                      eps: float) -> tuple[Tensor, Tensor]:
+    return _rms_norm_backward_impl(dy, dresidual_out, h, weight, rstd, eps)
 
 
 @rms_norm_backward.register_fake
@@ -95,7 +110,7 @@ def _rms_setup(ctx, inputs, output):
 def _rms_backward(ctx, dout, dh, drstd):
     h, weight, rstd = ctx.saved_tensors
     dres = _grad(dh) if ctx.has_residual else None
-    dx, dw = rms_norm_backward(_grad(dout), dres, h, weight, rstd, ctx.eps)
+    dx, dw = _pick(ctx, rms_norm_backward, _rms_norm_backward_impl)(_grad(dout), dres, h, weight, rstd, ctx.eps)
     return dx, (dx if ctx.has_residual else None), (dw if weight is not None else None), None
 
 
@@ -106,9 +121,7 @@ rms_norm.register_autograd(_rms_backward, setup_context=_rms_setup)
 # LayerNorm
 # ---------------------------------------------------------------------------------
 
-@torch.library.custom_op(f"{_LIB}::layer_norm", mutates_args=())
-def layer_norm(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
-               bias: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _layer_norm_impl(x, residual, weight, bias, eps):
     x, residual, weight, bias = map(_last_dim_contiguous, (x, residual, weight, bias))
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     h = torch.empty_like(out) if residual is not None else None
@@ -116,6 +129,12 @@ def layer_norm(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
     rstd = torch.empty_like(mean)
     _C.layernorm_forward(None, x, residual, weight, bias, eps, out, h, mean, rstd)
     return out, _none0(h, x), mean, rstd
+
+
+@torch.library.custom_op(f"{_LIB}::layer_norm", mutates_args=())
+def layer_norm(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
+               bias: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _layer_norm_impl(x, residual, weight, bias, eps)
 
 
 @layer_norm.register_fake
@@ -126,10 +145,7 @@ def _(x, residual, weight, bias, eps):
     return out, h, mean, torch.empty_like(mean)
 
 
-@torch.library.custom_op(f"{_LIB}::layer_norm_backward", mutates_args=())
-def layer_norm_backward(dy: Tensor, dresidual_out: Optional[Tensor], h: Tensor,
-                        weight: Optional[Tensor], mean: Tensor, rstd: Tensor, eps: float,
-                        need_dbias: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _layer_norm_backward_impl(dy, dresidual_out, h, weight, mean, rstd, eps, need_dbias):
     h, weight = map(_last_dim_contiguous, (h, weight))
     dx = torch.empty_like(h, memory_format=torch.contiguous_format)
     dw = torch.empty_like(weight) if weight is not None else None
@@ -137,6 +153,13 @@ def layer_norm_backward(dy: Tensor, dresidual_out: Optional[Tensor], h: Tensor,
     _C.layernorm_backward(None, dy, dresidual_out, h, weight, mean, rstd, eps, dx,
                           dw, db)
     return dx, _none0(dw, h), _none0(db, h)
+
+
+@torch.library.custom_op(f"{_LIB}::layer_norm_backward", mutates_args=())
+def layer_norm_backward(dy: Tensor, dresidual_out: Optional[Tensor], h: Tensor,
+                        weight: Optional[Tensor], mean: Tensor, rstd: Tensor, eps: float,
+                        need_dbias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _layer_norm_backward_impl(dy, dresidual_out, h, weight, mean, rstd, eps, need_dbias)
 
 
 @layer_norm_backward.register_fake
@@ -159,7 +182,7 @@ def _ln_setup(ctx, inputs, output):
 def _ln_backward(ctx, dout, dh, dmean, drstd):
     h, weight, mean, rstd = ctx.saved_tensors
     dres = _grad(dh) if ctx.has_residual else None
-    dx, dw, db = layer_norm_backward(_grad(dout), dres, h, weight, mean, rstd, ctx.eps,
+    dx, dw, db = _pick(ctx, layer_norm_backward, _layer_norm_backward_impl)(_grad(dout), dres, h, weight, mean, rstd, ctx.eps,
                                      ctx.has_bias)
     return (dx, dx if ctx.has_residual else None, dw if weight is not None else None,
             db if ctx.has_bias else None, None)
@@ -172,16 +195,20 @@ layer_norm.register_autograd(_ln_backward, setup_context=_ln_setup)
 # RoPE
 # ---------------------------------------------------------------------------------
 
-@torch.library.custom_op(f"{_LIB}::rope", mutates_args=())
-def rope(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Optional[Tensor],
-         mode: int, rotary_dim: int, theta: float, llama3_factor: float, llama3_low: float,
-         llama3_high: float, llama3_original_max_position: int) -> tuple[Tensor, Tensor]:
+def _rope_impl(q, k, positions, cos_sin_cache, mode, rotary_dim, theta, llama3_factor, llama3_low, llama3_high, llama3_original_max_position):
     q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
     qo = torch.empty_like(q, memory_format=torch.contiguous_format)
     ko = torch.empty_like(k, memory_format=torch.contiguous_format) if k is not None else None
     _C.rope_forward(None, mode, rotary_dim, theta, llama3_factor, llama3_low, llama3_high,
                     llama3_original_max_position, q, k, positions, cos_sin_cache, qo, ko)
     return qo, _none0(ko, q)
+
+
+@torch.library.custom_op(f"{_LIB}::rope", mutates_args=())
+def rope(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Optional[Tensor],
+         mode: int, rotary_dim: int, theta: float, llama3_factor: float, llama3_low: float,
+         llama3_high: float, llama3_original_max_position: int) -> tuple[Tensor, Tensor]:
+    return _rope_impl(q, k, positions, cos_sin_cache, mode, rotary_dim, theta, llama3_factor, llama3_low, llama3_high, llama3_original_max_position)
 
 
 @rope.register_fake
@@ -192,17 +219,21 @@ def _(q, k, positions, cos_sin_cache, *params):
     return qo, ko
 
 
-@torch.library.custom_op(f"{_LIB}::rope_backward", mutates_args=())
-def rope_backward(dq_out: Tensor, dk_out: Optional[Tensor], positions: Tensor,
-                  cos_sin_cache: Optional[Tensor], mode: int, rotary_dim: int, theta: float,
-                  llama3_factor: float, llama3_low: float, llama3_high: float,
-                  llama3_original_max_position: int) -> tuple[Tensor, Tensor]:
+def _rope_backward_impl(dq_out, dk_out, positions, cos_sin_cache, mode, rotary_dim, theta, llama3_factor, llama3_low, llama3_high, llama3_original_max_position):
     dq = torch.empty_like(dq_out)
     dk = torch.empty_like(dk_out) if dk_out is not None else None
     _C.rope_backward(None, mode, rotary_dim, theta, llama3_factor, llama3_low,
                      llama3_high, llama3_original_max_position, dq_out, dk_out, positions,
                      cos_sin_cache, dq, dk)
     return dq, _none0(dk, dq_out)
+
+
+@torch.library.custom_op(f"{_LIB}::rope_backward", mutates_args=())
+def rope_backward(dq_out: Tensor, dk_out: Optional[Tensor], positions: Tensor,
+                  cos_sin_cache: Optional[Tensor], mode: int, rotary_dim: int, theta: float,
+                  llama3_factor: float, llama3_low: float, llama3_high: float,
+                  llama3_original_max_position: int) -> tuple[Tensor, Tensor]:
+    return _rope_backward_impl(dq_out, dk_out, positions, cos_sin_cache, mode, rotary_dim, theta, llama3_factor, llama3_low, llama3_high, llama3_original_max_position)
 
 
 @rope_backward.register_fake
@@ -221,7 +252,7 @@ def _rope_setup(ctx, inputs, output):
 def _rope_bwd(ctx, dqo, dko):
     positions, cache = ctx.saved_tensors
     dko = _grad(dko) if ctx.has_k else None
-    dq, dk = rope_backward(_grad(dqo), dko, positions, cache, *ctx.params)
+    dq, dk = _pick(ctx, rope_backward, _rope_backward_impl)(_grad(dqo), dko, positions, cache, *ctx.params)
     return (dq, dk if ctx.has_k else None) + (None,) * (2 + len(ctx.params))
 
 
@@ -238,12 +269,16 @@ def _glu_out_shape(gate, up):
     return tuple(gate.shape)
 
 
-@torch.library.custom_op(f"{_LIB}::glu", mutates_args=())
-def glu(gate: Tensor, up: Optional[Tensor], kind: int) -> Tensor:
+def _glu_impl(gate, up, kind):
     gate, up = _last_dim_contiguous(gate), _last_dim_contiguous(up)
     out = gate.new_empty(_glu_out_shape(gate, up))
     _C.glu_forward(None, kind, gate, up, out)
     return out
+
+
+@torch.library.custom_op(f"{_LIB}::glu", mutates_args=())
+def glu(gate: Tensor, up: Optional[Tensor], kind: int) -> Tensor:
+    return _glu_impl(gate, up, kind)
 
 
 @glu.register_fake
@@ -251,14 +286,18 @@ def _(gate, up, kind):
     return gate.new_empty(_glu_out_shape(gate, up))
 
 
-@torch.library.custom_op(f"{_LIB}::glu_backward", mutates_args=())
-def glu_backward(dout: Tensor, gate: Tensor, up: Optional[Tensor],
-                 kind: int) -> tuple[Tensor, Tensor]:
+def _glu_backward_impl(dout, gate, up, kind):
     dgate = torch.empty_like(gate, memory_format=torch.contiguous_format)
     dup = torch.empty_like(up, memory_format=torch.contiguous_format) if up is not None \
         else None
     _C.glu_backward(None, kind, dout, gate, up, dgate, dup)
     return dgate, _none0(dup, gate)
+
+
+@torch.library.custom_op(f"{_LIB}::glu_backward", mutates_args=())
+def glu_backward(dout: Tensor, gate: Tensor, up: Optional[Tensor],
+                 kind: int) -> tuple[Tensor, Tensor]:
+    return _glu_backward_impl(dout, gate, up, kind)
 
 
 @glu_backward.register_fake
@@ -277,7 +316,7 @@ def _glu_setup(ctx, inputs, output):
 
 def _glu_bwd(ctx, dout):
     gate, up = ctx.saved_tensors
-    dgate, dup = glu_backward(_grad(dout), gate, up, ctx.kind)
+    dgate, dup = _pick(ctx, glu_backward, _glu_backward_impl)(_grad(dout), gate, up, ctx.kind)
     return dgate, (dup if ctx.has_up else None), None
 
 
@@ -288,12 +327,16 @@ glu.register_autograd(_glu_bwd, setup_context=_glu_setup)
 # Softmax and cross-entropy
 # ---------------------------------------------------------------------------------
 
-@torch.library.custom_op(f"{_LIB}::softmax", mutates_args=())
-def softmax(x: Tensor) -> Tensor:
+def _softmax_impl(x):
     x = _last_dim_contiguous(x)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     _C.softmax_forward(None, x, out)
     return out
+
+
+@torch.library.custom_op(f"{_LIB}::softmax", mutates_args=())
+def softmax(x: Tensor) -> Tensor:
+    return _softmax_impl(x)
 
 
 @softmax.register_fake
@@ -301,11 +344,15 @@ def _(x):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op(f"{_LIB}::softmax_backward", mutates_args=())
-def softmax_backward(dy: Tensor, y: Tensor) -> Tensor:
+def _softmax_backward_impl(dy, y):
     dx = torch.empty_like(y, memory_format=torch.contiguous_format)
     _C.softmax_backward(None, dy, y, dx)
     return dx
+
+
+@torch.library.custom_op(f"{_LIB}::softmax_backward", mutates_args=())
+def softmax_backward(dy: Tensor, y: Tensor) -> Tensor:
+    return _softmax_backward_impl(dy, y)
 
 
 @softmax_backward.register_fake
@@ -319,7 +366,7 @@ def _softmax_setup(ctx, inputs, output):
 
 def _softmax_bwd(ctx, dy):
     (y,) = ctx.saved_tensors
-    return softmax_backward(_grad(dy), y)
+    return _pick(ctx, softmax_backward, _softmax_backward_impl)(_grad(dy), y)
 
 
 softmax.register_autograd(_softmax_bwd, setup_context=_softmax_setup)
@@ -329,9 +376,7 @@ def _ce_loss_shape(logits, reduction):
     return (logits.shape[0],) if reduction == 2 else ()
 
 
-@torch.library.custom_op(f"{_LIB}::cross_entropy", mutates_args=())
-def cross_entropy(logits: Tensor, labels: Tensor, ignore_index: int, label_smoothing: float,
-                  reduction: int) -> tuple[Tensor, Tensor]:
+def _cross_entropy_impl(logits, labels, ignore_index, label_smoothing, reduction):
     logits = _last_dim_contiguous(logits)
     loss = logits.new_empty(_ce_loss_shape(logits, reduction), dtype=torch.float32)
     lse = logits.new_empty(logits.shape[:1], dtype=torch.float32)
@@ -340,20 +385,30 @@ def cross_entropy(logits: Tensor, labels: Tensor, ignore_index: int, label_smoot
     return loss, lse
 
 
+@torch.library.custom_op(f"{_LIB}::cross_entropy", mutates_args=())
+def cross_entropy(logits: Tensor, labels: Tensor, ignore_index: int, label_smoothing: float,
+                  reduction: int) -> tuple[Tensor, Tensor]:
+    return _cross_entropy_impl(logits, labels, ignore_index, label_smoothing, reduction)
+
+
 @cross_entropy.register_fake
 def _(logits, labels, ignore_index, label_smoothing, reduction):
     loss = logits.new_empty(_ce_loss_shape(logits, reduction), dtype=torch.float32)
     return loss, logits.new_empty(logits.shape[:1], dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{_LIB}::cross_entropy_backward", mutates_args=())
-def cross_entropy_backward(dloss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor,
-                           ignore_index: int, label_smoothing: float,
-                           reduction: int) -> Tensor:
+def _cross_entropy_backward_impl(dloss, logits, labels, lse, ignore_index, label_smoothing, reduction):
     dlogits = torch.empty_like(logits, memory_format=torch.contiguous_format)
     _C.cross_entropy_backward(None, ignore_index, label_smoothing, reduction,
                               dloss, logits, labels, lse, dlogits)
     return dlogits
+
+
+@torch.library.custom_op(f"{_LIB}::cross_entropy_backward", mutates_args=())
+def cross_entropy_backward(dloss: Tensor, logits: Tensor, labels: Tensor, lse: Tensor,
+                           ignore_index: int, label_smoothing: float,
+                           reduction: int) -> Tensor:
+    return _cross_entropy_backward_impl(dloss, logits, labels, lse, ignore_index, label_smoothing, reduction)
 
 
 @cross_entropy_backward.register_fake
@@ -371,7 +426,8 @@ def _ce_setup(ctx, inputs, output):
 def _ce_bwd(ctx, dloss, dlse):
     logits, labels, lse = ctx.saved_tensors
     dloss = _grad(dloss).to(torch.float32)
-    return cross_entropy_backward(dloss, logits, labels, lse, *ctx.params), None, None, None, None
+    ce_bwd = _pick(ctx, cross_entropy_backward, _cross_entropy_backward_impl)
+    return ce_bwd(dloss, logits, labels, lse, *ctx.params), None, None, None, None
 
 
 cross_entropy.register_autograd(_ce_bwd, setup_context=_ce_setup)
@@ -387,11 +443,7 @@ def _lse_shape(q):
     return (q.shape[1], q.shape[0])
 
 
-@torch.library.custom_op(f"{_LIB}::attention", mutates_args=())
-def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
-              cu_seqlens_k: Optional[Tensor], softmax_scale: float, causal: int,
-              window_left: int, window_right: int, softcap: float,
-              deterministic: int) -> tuple[Tensor, Tensor]:
+def _attention_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, deterministic):
     q, k, v = map(_last_dim_contiguous, (q, k, v))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
@@ -400,17 +452,21 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
     return out, lse
 
 
+@torch.library.custom_op(f"{_LIB}::attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+              cu_seqlens_k: Optional[Tensor], softmax_scale: float, causal: int,
+              window_left: int, window_right: int, softcap: float,
+              deterministic: int) -> tuple[Tensor, Tensor]:
+    return _attention_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+
+
 @attention.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, *params):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{_LIB}::attention_backward", mutates_args=())
-def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
-                       cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-                       softmax_scale: float, causal: int, window_left: int, window_right: int,
-                       softcap: float, deterministic: int) -> tuple[Tensor, Tensor, Tensor]:
+def _attention_backward_impl(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, deterministic):
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
@@ -418,6 +474,14 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
                           deterministic, q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k,
                           dq, dk, dv)
     return dq, dk, dv
+
+
+@torch.library.custom_op(f"{_LIB}::attention_backward", mutates_args=())
+def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
+                       cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                       softmax_scale: float, causal: int, window_left: int, window_right: int,
+                       softcap: float, deterministic: int) -> tuple[Tensor, Tensor, Tensor]:
+    return _attention_backward_impl(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, deterministic)
 
 
 @attention_backward.register_fake
@@ -435,7 +499,8 @@ def _attn_setup(ctx, inputs, output):
 
 def _attn_bwd(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = attention_backward(q, k, v, out, _grad(dout), lse, cu_q, cu_k, *ctx.params)
+    bwd = _pick(ctx, attention_backward, _attention_backward_impl)
+    dq, dk, dv = bwd(q, k, v, out, _grad(dout), lse, cu_q, cu_k, *ctx.params)
     return (dq, dk, dv) + (None,) * (2 + len(ctx.params))
 
 
@@ -446,8 +511,7 @@ attention.register_autograd(_attn_bwd, setup_context=_attn_setup)
 # Linear
 # ---------------------------------------------------------------------------------
 
-@torch.library.custom_op(f"{_LIB}::linear", mutates_args=())
-def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+def _linear_impl(x, weight, bias):
     x = _last_dim_contiguous(x)
     weight = weight.contiguous()
     y = x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
@@ -455,19 +519,28 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     return y
 
 
+@torch.library.custom_op(f"{_LIB}::linear", mutates_args=())
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    return _linear_impl(x, weight, bias)
+
+
 @linear.register_fake
 def _(x, weight, bias):
     return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
 
 
-@torch.library.custom_op(f"{_LIB}::linear_backward", mutates_args=())
-def linear_backward(dy: Tensor, x: Tensor, weight: Tensor, need_dx: bool, need_dweight: bool,
-                    need_dbias: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _linear_backward_impl(dy, x, weight, need_dx, need_dweight, need_dbias):
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else None
     dw = torch.empty_like(weight) if need_dweight else None
     db = dy.new_empty(dy.shape[-1:]) if need_dbias else None
     _C.linear_backward(None, dy, x, weight, dx, dw, db)
     return _none0(dx, x), _none0(dw, x), _none0(db, x)
+
+
+@torch.library.custom_op(f"{_LIB}::linear_backward", mutates_args=())
+def linear_backward(dy: Tensor, x: Tensor, weight: Tensor, need_dx: bool, need_dweight: bool,
+                    need_dbias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _linear_backward_impl(dy, x, weight, need_dx, need_dweight, need_dbias)
 
 
 @linear_backward.register_fake
@@ -488,7 +561,7 @@ def _linear_setup(ctx, inputs, output):
 def _linear_bwd(ctx, dy):
     x, weight = ctx.saved_tensors
     need_dx, need_dw, need_db = ctx.needs_input_grad
-    dx, dw, db = linear_backward(_grad(dy), x, weight, need_dx, need_dw,
+    dx, dw, db = _pick(ctx, linear_backward, _linear_backward_impl)(_grad(dy), x, weight, need_dx, need_dw,
                                  bool(need_db and ctx.has_bias))
     return (dx if need_dx else None, dw if need_dw else None,
             db if (need_db and ctx.has_bias) else None)
@@ -502,11 +575,7 @@ linear.register_autograd(_linear_bwd, setup_context=_linear_setup)
 # logits never exist); the backward scales them by the incoming gradient.
 # ---------------------------------------------------------------------------------
 
-@torch.library.custom_op(f"{_LIB}::linear_cross_entropy", mutates_args=())
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int,
-                         label_smoothing: float, reduction: int, chunk_tokens: int,
-                         need_dhidden: bool, need_dweight: bool,
-                         accumulate_fp32: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _linear_cross_entropy_impl(hidden, weight, labels, ignore_index, label_smoothing, reduction, chunk_tokens, need_dhidden, need_dweight, accumulate_fp32):
     from .ops import _lce_workspace
     hidden = _last_dim_contiguous(hidden)
     weight = weight.contiguous()
@@ -523,6 +592,14 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_
     if need_dweight and accumulate_fp32:
         dw = dw.to(weight.dtype)
     return loss, dh, dw
+
+
+@torch.library.custom_op(f"{_LIB}::linear_cross_entropy", mutates_args=())
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int,
+                         label_smoothing: float, reduction: int, chunk_tokens: int,
+                         need_dhidden: bool, need_dweight: bool,
+                         accumulate_fp32: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _linear_cross_entropy_impl(hidden, weight, labels, ignore_index, label_smoothing, reduction, chunk_tokens, need_dhidden, need_dweight, accumulate_fp32)
 
 
 @linear_cross_entropy.register_fake
@@ -551,3 +628,68 @@ def _lce_bwd(ctx, dloss, ddh, ddw):
 
 
 linear_cross_entropy.register_autograd(_lce_bwd, setup_context=_lce_setup)
+
+
+# ---------------------------------------------------------------------------------
+# The eager path: the same ops through torch.autograd.Function
+# ---------------------------------------------------------------------------------
+# A call of a custom op above goes through torch's dispatcher and torch.library's Python
+# autograd wrapper (argument defaults, a generated autograd.Function, a redispatch) before
+# it reaches the implementation: ~60-90 us of host time a forward call on a CPU where the
+# implementation itself takes ~10 us (tests/python/test_patch.py measures it). Outside
+# torch.compile the ops module calls `eager.<op>` instead: one autograd.Function whose
+# forward is the implementation and whose backward is the same formula with the plain
+# backward implementation -- the same results, the same saved tensors. Calls on tensors
+# that are not plain dense tensors (fake, meta, functional, other subclasses), under a
+# TorchDispatchMode, or while torch.compile traces keep the custom op.
+
+def _eager_fn(name, impl, setup, backward):
+    def forward(ctx, *args):
+        out = impl(*args)
+        setup(ctx, args, out)
+        ctx._ot_eager = True
+        return out
+    return type(f"{name}_eager", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def _plain(t):
+    """Whether t can take the eager path (checked first: not while torch.compile traces,
+    so dynamo never sees the rest)."""
+    return (not torch.compiler.is_compiling() and type(t) is Tensor
+            and t.device.type != "meta" and not torch._C._len_torch_dispatch_stack())
+
+
+class _Eager:
+    """torch.ops.ops_transformer's differentiable ops with the custom ops' signatures and
+    results, autograd through torch.autograd.Function (see above)."""
+
+    def __init__(self):
+        table = {"rms_norm": (rms_norm, _rms_norm_impl, _rms_setup, _rms_backward),
+                 "layer_norm": (layer_norm, _layer_norm_impl, _ln_setup, _ln_backward),
+                 "rope": (rope, _rope_impl, _rope_setup, _rope_bwd),
+                 "glu": (glu, _glu_impl, _glu_setup, _glu_bwd),
+                 "softmax": (softmax, _softmax_impl, _softmax_setup, _softmax_bwd),
+                 "cross_entropy": (cross_entropy, _cross_entropy_impl, _ce_setup, _ce_bwd),
+                 "attention": (attention, _attention_impl, _attn_setup, _attn_bwd),
+                 "linear": (linear, _linear_impl, _linear_setup, _linear_bwd),
+                 "linear_cross_entropy": (linear_cross_entropy, _linear_cross_entropy_impl,
+                                          _lce_setup, _lce_bwd)}
+        for name, (op, impl, setup, backward) in table.items():
+            setattr(self, name, self._make(op, _eager_fn(name, impl, setup, backward).apply))
+
+    @staticmethod
+    def _make(op, apply):
+        def call(first, *args):
+            if _plain(first):
+                return apply(first, *args)
+            return op(first, *args)
+        call.__name__ = op.__name__ if hasattr(op, "__name__") else "op"
+        return call
+
+    def __getattr__(self, name):          # the backward ops and anything else
+        return getattr(torch.ops.ops_transformer, name)
+
+
+eager = _Eager()
+

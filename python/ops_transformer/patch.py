@@ -61,6 +61,7 @@ import types
 import torch
 import torch.nn.functional as F
 
+from . import _torch_ops as _tops
 from . import ops as _ops
 from .config import config as _config
 from .replace import _LOGGED, _log_once  # noqa: F401  (one logged-once set for the package)
@@ -478,16 +479,22 @@ class _SwiGLUDown(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         gate, up, weight = ctx.saved_tensors
+        # the plain implementations in eager mode (no custom-op dispatch: less host
+        # time), the custom ops while torch.compile traces or on fake / meta tensors
+        plain = _tops._plain(gate)
+        glu = _tops._glu_impl if plain else torch.ops.ops_transformer.glu
+        glu_backward = _tops._glu_backward_impl if plain \
+            else torch.ops.ops_transformer.glu_backward
         dw = db = None
         if ctx.needs_input_grad[2]:
-            a = torch.ops.ops_transformer.glu(gate, up, _ops.GLU_SWIGLU)
+            a = glu(gate, up, _ops.GLU_SWIGLU)
             dw = dy.reshape(-1, dy.shape[-1]).t().mm(a.reshape(-1, a.shape[-1]))
         if ctx.has_bias and ctx.needs_input_grad[3]:
             db = dy.reshape(-1, dy.shape[-1]).sum(0)
         dg = du = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             da = dy.matmul(weight)
-            dg, du = torch.ops.ops_transformer.glu_backward(da, gate, up, _ops.GLU_SWIGLU)
+            dg, du = glu_backward(da, gate, up, _ops.GLU_SWIGLU)
         return dg, du, dw, db
 
 
