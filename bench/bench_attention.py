@@ -381,7 +381,7 @@ def variant_envs(d, s, causal):
         if causal:
             v.append(("2 WGs, one CTA per tile", {**WG2, "OT_ATTN_SM90_NONPERSISTENT": "1"}))
             v.append(("3 WGs, one CTA per tile", {**WG3, "OT_ATTN_SM90_NONPERSISTENT": "1"}))
-    if d == 256 or d == 128:   # where the rescale threshold (kFlResc) is compiled
+    if d == 256 or (d == 128 and (causal or s <= 2048)):   # where kFlResc is compiled
         v.append(("rescale every step", {"OT_ATTN_SM90_RESC": "0"}))
         v.append(("rescale on max growth > 2^8", {"OT_ATTN_SM90_RESC": "1"}))
     return [(n, e) for n, e in v if not broken_variant(e)]
