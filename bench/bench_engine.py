@@ -330,13 +330,10 @@ def median_split(splits):
 # qkv / gate_up, SwiGLU in down) and the library's small-M kernel (o_proj, lm_head), all
 # as programmatic dependent launches on sm_90.
 DECODE_VARIANTS = {
-    "fused_no_pdl": {"OT_LINEAR_PDL": "0"},
     "fused_rows1": {"OTE_DECODE_ROWS": "1"},  # one row of W per warp (more blocks)
-    "fused_rows8": {"OTE_DECODE_ROWS": "8"},
     "unfused": {"OTE_DECODE_FUSED": "0"},  # library ops; linears chosen by ot_linear_forward
     "unfused_small_m": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_GEMV": "1"},  # every linear small-M
     "unfused_no_pdl": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_PDL": "0"},
-    "unfused_unroll4": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_GEMV_UNROLL": "4"},
     "unfused_cublaslt": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_GEMV": "0"},  # every linear cuBLASLt
 }
 
@@ -352,11 +349,9 @@ def decode_steps(eng, nxt, steps, warm):
     return statistics.median(ts[warm:]), median_split(splits[warm:])
 
 
-# measured last (after HF, on the same engine): the tensor-core small-M kernel, new in
-# this code, so that a failure there cannot cost the rest: name -> (batch, environment)
+# measured last (after HF, on the same engine): name -> (batch, environment)
 LATE_VARIANTS = {
-    "mma": (16, {"OT_LINEAR_GEMV": "2"}),
-    "unfused_mma": (1, {"OTE_DECODE_FUSED": "0", "OT_LINEAR_GEMV": "2"}),
+    "cublaslt": (16, {"OT_LINEAR_GEMV": "0"}),  # batch 16 with every linear on cuBLASLt
 }
 
 

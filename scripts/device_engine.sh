@@ -26,7 +26,8 @@
 # arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1;
 # step 5: ENGINE_OFFLOAD_BIG=0 (skip), ENGINE_OFFLOAD_BUDGET (default 0.6667x),
 # ENGINE_OFFLOAD_RING (default 2); step 0: ENGINE_TEST_FILTER (default forward),
-# ENGINE_MEMCHECK_FILTER (default "bf16 x[1": the bf16 cases whose x has 1.. rows); time
+# ENGINE_MEMCHECK_FILTER (default "bf16 x[1": the bf16 cases whose x has 1.. rows),
+# ENGINE_MEMCHECK=0 / ENGINE_LINEAR_BENCH=0 skip the memcheck / the small-M benchmark; time
 # limits in seconds: ENGINE_TEST_TIMEOUT, ENGINE_MEMCHECK_TIMEOUT (60), ENGINE_BENCH_TIMEOUT (900).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -111,14 +112,14 @@ if [ "$PREBUILT" = 1 ] && [ -x "$BIN/pack/test_ops" ]; then
   else
     SUMMARY+=("test_ops linear (cuda) FAILED: $(grep -m3 -i fail "$OUTD/test_linear.log" | tr '\n' ' ')")
   fi
-  if command -v compute-sanitizer >/dev/null; then
+  if [ "${ENGINE_MEMCHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
     timeout "${ENGINE_MEMCHECK_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/pack/test_ops" \
       --backend cuda --suite linear --filter "${ENGINE_MEMCHECK_FILTER:-bf16 x[1}" >"$OUTD/memcheck_linear.log" 2>&1
     SUMMARY+=("memcheck linear bf16 M=1.. (rc $?): $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_linear.log" | tail -1) $(tail -1 "$OUTD/memcheck_linear.log" | head -c 200)")
   fi
   stamp "linear tests done"
 fi
-if [ "$PREBUILT" = 1 ] && [ -x "$BIN/pack/engine_linear_bench" ]; then
+if [ "$PREBUILT" = 1 ] && [ "${ENGINE_LINEAR_BENCH:-1}" = 1 ] && [ -x "$BIN/pack/engine_linear_bench" ]; then
   timeout 60 "$BIN/pack/engine_linear_bench" --json "$OUTD/linear_small_m.json" \
     >"$OUTD/linear_small_m.txt" 2>&1
   SUMMARY+=("small-M linear bench rc $?: $OUTD/linear_small_m.txt")

@@ -205,10 +205,7 @@ static void small_m_forward(test_run *tr, DLDataType dt) {
     env_saved gemv = env_set("OT_LINEAR_GEMV", "1");
     forward_case_tag(tr, dt, c, true, " gemv");
     forward_case_tag(tr, dt, c, false, " gemv");
-    if (c->d0 == 1 && !c->d1) { /* one row: 4 W vectors in flight; launched without PDL */
-      env_saved un = env_set("OT_LINEAR_GEMV_UNROLL", "4");
-      forward_case_tag(tr, dt, c, i % 4 == 0, " gemv unroll4");
-      env_restore(&un);
+    if (c->d0 == 1 && !c->d1) { /* one row, launched without PDL */
       env_saved pdl = env_set("OT_LINEAR_PDL", "0");
       forward_case_tag(tr, dt, c, i % 4 != 0, " gemv no-pdl");
       env_restore(&pdl);

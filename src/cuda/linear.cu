@@ -329,7 +329,8 @@ static cudaError_t column_sum_any(ot_dtype d, const void *dy, int64_t ds, int64_
  * At a few rows the layer is a matrix-vector product bound by reading W once; cuBLASLt's
  * tensor-core tiles waste most of their width there. One warp per output column n (a row
  * of W): each lane streams 16-byte vectors of W's row (ld.global.cs, U of them in flight:
- * 8 at one row, 4 at more, where the MT accumulators take the registers), multiplies them
+ * 8 at one row, 4 at more, where the MT accumulators take the registers; 8 or 4 at one row
+ * measured the same engine decode step, run of 9349f37), multiplies them
  * with the same K positions of the MT rows of x (plain loads: x is small and every warp
  * of the block reads it, so it stays in L1 / L2) in float32, then a warp-shuffle sum; the
  * bias is added in float32 before the one rounding to T.
@@ -516,21 +517,13 @@ static cudaError_t gemv_launch_mt(const ot_cuda_state *cs, bool vec, dim3 grid, 
                     a->out_features, klen);
 }
 
-/* W vectors in flight per lane at one row: 8 (OT_LINEAR_GEMV_UNROLL=4: 4, the unroll of
- * every M > 1). */
-static bool gemv_unroll8(void) {
-  const char *e = getenv("OT_LINEAR_GEMV_UNROLL");
-  return !(e && e[0] == '4');
-}
-
 template <typename T>
 static cudaError_t gemv_launch(const ot_cuda_state *cs, bool vec, dim3 grid, cudaStream_t st,
                                const ot_linear_forward_args *a, float *part, int64_t klen) {
   static signed char pdl_reduce[16];
   const int64_t M = a->rows;
   cudaError_t e;
-  if (M <= 1) e = gemv_unroll8() ? gemv_launch_mt<T, 1, 8>(cs, vec, grid, st, a, part, klen)
-                                 : gemv_launch_mt<T, 1, 4>(cs, vec, grid, st, a, part, klen);
+  if (M <= 1) e = gemv_launch_mt<T, 1, 8>(cs, vec, grid, st, a, part, klen);
   else if (M <= 2) e = gemv_launch_mt<T, 2, 4>(cs, vec, grid, st, a, part, klen);
   else if (M <= 4) e = gemv_launch_mt<T, 4, 4>(cs, vec, grid, st, a, part, klen);
   else if (M <= 8) e = gemv_launch_mt<T, 8, 4>(cs, vec, grid, st, a, part, klen);
@@ -666,7 +659,10 @@ static bool gemv_mma_ok(const ot_linear_forward_args *a) {
 /* Which small-M kernel runs this forward: 0 none (cuBLASLt), 1 gemv_kernel, 2 the
  * tensor-core gemv_mma_kernel. OT_LINEAR_GEMV: "0" never, "1" gemv_kernel for every M <= 16
  * (any K, alignment, dtype: the tests use it), "2" gemv_mma_kernel for every M <= 16 it
- * takes (gemv_mma_ok; else gemv_kernel), unset / other: auto -- gemv_kernel where it beat
+ * takes (gemv_mma_ok; else gemv_kernel), unset / other: auto -- gemv_mma_kernel at 2 .. 16
+ * rows with a weight of at most 2^24 elements (4096 x 4096: 15.5 / 17.1 us at M = 4 / 16
+ * against cuBLASLt's 26.2 / 25.8, weights not in L2, run of 9349f37; cuBLASLt was ahead
+ * at every larger weight measured, 13B's 5120 x 5120 included), gemv_kernel where it beat
  * cuBLASLt on the H200 (bench/engine_linear_bench.c, bf16, run of 51babbf; docs/ENGINE.md):
  * bfloat16 / float16, one row, 16-byte vectors, and a weight either small (N K < 1.5 2^24:
  * 4096 x 4096 in 11.7 us against cuBLASLt's 16.6) or of lm_head size (N K >= 2^28: 128256
@@ -684,6 +680,7 @@ static int gemv_wanted(const ot_linear_forward_args *a, bool *vec) {
   if (e && e[0] == '2') return gemv_mma_ok(a) ? 2 : 1;
   if (e && e[0] == '1') return 1;
   const int64_t nk = a->in_features * a->out_features;
+  if (a->rows >= 2 && nk <= ((int64_t)1 << 24) && gemv_mma_ok(a)) return 2;
   return a->dtype != OT_F32 && a->rows == 1 && *vec &&
          (nk < ((int64_t)3 << 23) || nk >= ((int64_t)1 << 28));
 }

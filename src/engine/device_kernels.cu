@@ -178,19 +178,14 @@ extern "C" int ote_cuda_spin(long long ns, void *stream) {
  * rows per warp grow with N: about 3 waves of resident blocks (fewer blocks: a smaller
  * re-read of the prologue's input; several waves: the block scheduler evens out the SMs);
  * OTE_DECODE_ROWS=r forces r.
- * Programmatic dependent launch (a 9.0+ GPU running sm_90 code): each warp issues its first
- * U vectors of W before griddepcontrol.wait, which it passes before it reads anything the
- * previous kernel wrote; nothing is written before it. */
+ * At most 64 registers (4 blocks of 8 warps per SM): bytes in flight are what a
+ * matrix-vector product needs; the first version (95 registers, 2 blocks per SM, the first
+ * W vectors loaded before a PDL wait) read W at about half the bandwidth (run of 9349f37).
+ * Launched as an ordinary kernel (PDL measured slower for it in that run). */
 namespace {
 
 constexpr int kG1Warps = 8;
 constexpr int kG1U = 8;
-
-__device__ __forceinline__ void g1_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 template <typename T>
 __device__ __forceinline__ void g1_unpack(float *f, const uint4 &r) {
@@ -222,21 +217,13 @@ struct g1_args {
 enum { G1_NORM = 0, G1_SWIGLU = 1 };
 
 template <typename T, int PRO>
-__global__ void __launch_bounds__(kG1Warps * 32) ote_gemv1_kernel(const __grid_constant__ g1_args a) {
+__global__ void __launch_bounds__(kG1Warps * 32, 4) ote_gemv1_kernel(const __grid_constant__ g1_args a) {
   extern __shared__ uint4 g1_x[]; /* x as K / 8 vectors of T */
   __shared__ float g1_red[kG1Warps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
   const long long J = a.K / 8, N = a.N;
   const long long row0 = ((long long)blockIdx.x * kG1Warps + warp) * a.rw;
   const uint4 *w = reinterpret_cast<const uint4 *>(a.w);
-  /* the first U vectors of this warp's first row: W does not depend on the previous kernel */
-  uint4 pre[kG1U];
-#pragma unroll
-  for (int u = 0; u < kG1U; u++) {
-    const long long j = lane + 32LL * u;
-    pre[u] = row0 < N && j < J ? __ldcs(w + row0 * J + j) : make_uint4(0u, 0u, 0u, 0u);
-  }
-  g1_wait();
   if (PRO == G1_NORM) {
     const uint4 *d = reinterpret_cast<const uint4 *>(a.delta);
     const uint4 *r = reinterpret_cast<const uint4 *>(a.res);
@@ -294,15 +281,10 @@ __global__ void __launch_bounds__(kG1Warps * 32) ote_gemv1_kernel(const __grid_c
     float acc = 0.0f;
     for (long long j0 = 0; j0 < J; j0 += 32LL * kG1U) {
       uint4 wv[kG1U];
-      if (rr == 0 && j0 == 0) {
 #pragma unroll
-        for (int u = 0; u < kG1U; u++) wv[u] = pre[u];
-      } else {
-#pragma unroll
-        for (int u = 0; u < kG1U; u++) {
-          const long long j = j0 + lane + 32LL * u;
-          wv[u] = j < J ? __ldcs(wr + j) : make_uint4(0u, 0u, 0u, 0u);
-        }
+      for (int u = 0; u < kG1U; u++) {
+        const long long j = j0 + lane + 32LL * u;
+        wv[u] = j < J ? __ldcs(wr + j) : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
       for (int u = 0; u < kG1U; u++) {
@@ -325,26 +307,9 @@ __global__ void __launch_bounds__(kG1Warps * 32) ote_gemv1_kernel(const __grid_c
   }
 }
 
-/* Whether f may be launched as a programmatic dependent: a 9.0+ GPU running code compiled
- * for sm_90+ (below that the wait is compiled out). Once per kernel (first device asked). */
-template <typename K>
-bool g1_pdl(K *f, int *cached) {
-  if (*cached) return *cached > 0;
-  int dev = 0, major = 0;
-  bool ok = false;
-  cudaFuncAttributes fa;
-  if (cudaGetDevice(&dev) == cudaSuccess &&
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-      major >= 9 && cudaFuncGetAttributes(&fa, f) == cudaSuccess)
-    ok = fa.ptxVersion >= 90;
-  (void)cudaGetLastError();
-  *cached = ok ? 1 : -1;
-  return ok;
-}
-
 template <typename T, int PRO>
-int g1_launch(g1_args a, int pdl_on, cudaStream_t s) {
-  static int pdl_cached, per_sm, sms;
+int g1_launch(g1_args a, cudaStream_t s) {
+  static int per_sm, sms;
   auto f = ote_gemv1_kernel<T, PRO>;
   const size_t smem = (size_t)a.K * sizeof(T);
   if (!per_sm) { /* resident blocks per SM at the largest K (24576): once */
@@ -368,11 +333,6 @@ int g1_launch(g1_args a, int pdl_on, cudaStream_t s) {
   cfg.blockDim = dim3(kG1Warps * 32);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_on && g1_pdl(f, &pdl_cached) ? 1 : 0;
   return (int)cudaLaunchKernelEx(&cfg, f, a);
 }
 
@@ -384,7 +344,7 @@ int g1_launch(g1_args a, int pdl_on, cudaStream_t s) {
 extern "C" int ote_cuda_gemv1(int kind, int code, const void *w, const void *bias, void *y,
                               long long N, long long K, const void *x, const void *delta,
                               const void *res, const void *gamma, void *res_out, float eps,
-                              int pdl_on, void *stream) {
+                              void *stream) {
   if (K <= 0 || K % 8 != 0 || N <= 0 || K * 2 > 48 * 1024) return (int)cudaErrorInvalidValue;
   g1_args a;
   a.w = w;
@@ -401,9 +361,9 @@ extern "C" int ote_cuda_gemv1(int kind, int code, const void *w, const void *bia
   a.rw = 1;
   cudaStream_t s = (cudaStream_t)stream;
   if (code == 4) {
-    return kind == 0 ? g1_launch<__nv_bfloat16, G1_NORM>(a, pdl_on, s)
-                     : g1_launch<__nv_bfloat16, G1_SWIGLU>(a, pdl_on, s);
+    return kind == 0 ? g1_launch<__nv_bfloat16, G1_NORM>(a, s)
+                     : g1_launch<__nv_bfloat16, G1_SWIGLU>(a, s);
   }
-  return kind == 0 ? g1_launch<__half, G1_NORM>(a, pdl_on, s)
-                   : g1_launch<__half, G1_SWIGLU>(a, pdl_on, s);
+  return kind == 0 ? g1_launch<__half, G1_NORM>(a, s)
+                   : g1_launch<__half, G1_SWIGLU>(a, s);
 }

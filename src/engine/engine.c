@@ -491,12 +491,6 @@ static int decode_fused(const ote_engine *e, const batch *b) {
   return !(v && v[0] == '0');
 }
 
-/* The fused decode path's PDL switch: the library's (OT_LINEAR_PDL=0: off). */
-static int decode_pdl(void) {
-  const char *v = getenv("OT_LINEAR_PDL");
-  return !(v && v[0] == '0');
-}
-
 /* Embedding lookup (ids already in tokens_dev) through the logits [n, V] in e->logits
  * (and, when argmax, the ids in argmax_dev): every op on the engine's stream, no host
  * synchronization -- the body of a decode graph. */
@@ -505,7 +499,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
   size_t es = ote_dtype_size(e->opt.dtype), H = (size_t)c->hidden;
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   e->prof_phase = b->prefill ? 0 : 1;
-  const int fused = decode_fused(e, b), pdl = fused && decode_pdl();
+  const int fused = decode_fused(e, b);
   void *res = e->x_res, *res_alt = e->x_res2; /* fused: the residual stream's buffer, the other */
   if (e->prof_on) { /* the host enqueues the forward while the GPU waits */
     e->prof_n = 0;
@@ -528,7 +522,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     if (fused) { /* input_layernorm inside qkv_proj (layer 0: the embedding alone, in place) */
       OTE_TRY(ote_dev_gemv1(&e->dev, 0, e->opt.dtype, w->qkv, w->qkv_bias, e->qkv, cols,
                             (int64_t)H, NULL, l ? e->delta : NULL, res, w->attn_norm,
-                            l ? res_alt : NULL, c->rms_eps, pdl));
+                            l ? res_alt : NULL, c->rms_eps));
       if (l) {
         void *t = res;
         res = res_alt;
@@ -546,14 +540,13 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     OTE_TRY(attention_block(e, b, l, w));
     if (fused) { /* post_attention_layernorm inside gate_up_proj, SwiGLU inside down_proj */
       OTE_TRY(ote_dev_gemv1(&e->dev, 0, e->opt.dtype, w->gate_up, NULL, e->gate_up, 2 * F,
-                            (int64_t)H, NULL, e->delta, res, w->mlp_norm, res_alt, c->rms_eps,
-                            pdl));
+                            (int64_t)H, NULL, e->delta, res, w->mlp_norm, res_alt, c->rms_eps));
       void *t = res;
       res = res_alt;
       res_alt = t;
       prof_mark(e, OTE_PROF_GATE_UP);
       OTE_TRY(ote_dev_gemv1(&e->dev, 1, e->opt.dtype, w->down, NULL, e->delta, (int64_t)H, F,
-                            e->gate_up, NULL, NULL, NULL, NULL, 0.0f, pdl));
+                            e->gate_up, NULL, NULL, NULL, NULL, 0.0f));
       prof_mark(e, OTE_PROF_DOWN);
       if (e->off.on) OTE_TRY(ote_offload_layer_end(e, l));
       continue;

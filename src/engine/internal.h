@@ -74,11 +74,11 @@ ot_status ote_dev_fill_random(const ote_device *d, void *dst, size_t n, DLDataTy
  * made in the kernel -- kind 0: x = rmsnorm(delta + res) * gamma (delta may be NULL; h =
  * delta + res stored into res_out when not NULL, a buffer other than res), kind 1: x =
  * silu(gate) * up from x = the [gate | up] row of 2K elements. K % 8 == 0, K <= 24576,
- * 16-byte-aligned pointers. pdl: may launch as a programmatic dependent (sm_90). */
+ * 16-byte-aligned pointers. */
 ot_status ote_dev_gemv1(const ote_device *d, int kind, DLDataType dt, const void *w,
                         const void *bias, void *y, int64_t N, int64_t K, const void *x,
                         const void *delta, const void *res, const void *gamma, void *res_out,
-                        float eps, int pdl);
+                        float eps);
 /* CUDA graphs of the decode step: capture on the device's stream (thread-local mode),
  * instantiate, replay. */
 ot_status ote_graph_begin(const ote_device *d);
