@@ -1552,6 +1552,10 @@ static void run_memory_cuda(test_run *tr) {
   paged_case(tr, &paged_cuda_long[2], DT_F16);
   paged_case(tr, &paged_cuda_long[3], DT_BF16);
   paged_case(tr, &paged_long[0], DT_BF16);
+  /* and the split kernel on the head_dim-128 cases that the default gives the stream one */
+  setenv("OT_PAGED_KERNEL", "split", 1);
+  for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
+    if (paged_cuda_cases[i].d == 128) paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_BF16 : DT_F16);
   env_restore(&kern);
   paged_stream_case(tr, "stream B70 ragged GQA4 bs16", 70, 300, 3, 8, 2, 16, 0, DT_BF16, 11);
   paged_stream_case(tr, "stream B150 short GQA8 bs1, 1 CTA", 150, 20, 2, 8, 1, 1, 1, DT_F16, 12);

@@ -1263,10 +1263,8 @@ static ot_status ps_launch(ot_context *ctx, pa_params &p, bool debug, const char
   return OT_OK;
 }
 
-/* Whether the stream kernel takes a call: only under OT_PAGED_KERNEL=stream, and only where
- * it can (no left window, 16-byte aligned out rows, slab ids and step counts within int32).
- * Measured slower than the split kernel at the benchmark shapes (docs/PERFORMANCE.md), so
- * not a default. */
+/* Whether the stream kernel can take a call: no left window, 16-byte aligned out rows, slab
+ * ids and step counts within int32. */
 static bool ps_wanted(const pa_params &p, bool out_aligned, int per_sm) {
   if (per_sm < 1) return false;
   const int64_t tiles_upper = p.batch + (p.tq * p.group + 15) / 16;
@@ -1287,16 +1285,40 @@ static ot_status pa_launch_simple(ot_context *ctx, pa_params &p, bool debug, con
   return OT_OK;
 }
 
+/* Whether it should (no OT_PAGED_KERNEL): short contexts (<= 1024 keys per sequence,
+ * estimated from the table's size) cut into <= 8 pieces per unit. There it saves the split
+ * kernel's per-CTA start and waves of short CTAs (H200, same run: 64 x 1k 3.28 vs 3.01
+ * TB/s; tiny decodes 15-25% less time per call); with longer contexts the split kernel was
+ * 1-3% faster (16 x 4k, 64 x 4k), and with few units (1 x 64k: 132 pieces each) much
+ * faster. OT_PAGED_SPLITS (a forced split count) keeps the split kernel. */
+static bool ps_auto(const ot_cuda_state *cs, const pa_params &p, int per_sm) {
+  if (getenv("OT_PAGED_SPLITS")) return false;
+  const int64_t qps = (p.tq + p.batch - 1) / p.batch;
+  const int64_t units = p.batch * ((qps * p.group + 15) / 16) * p.hkv;
+  const int64_t est_len = p.num_indices * p.bs / p.batch;
+  if (est_len > 1024 || units < 1) return false;
+  const int64_t unit_steps = est_len > 0 ? (est_len + kPaStep - 1) / kPaStep : 1;
+  const int64_t wtot = (int64_t)cs->sm_count * per_sm * kPaWarps;
+  int64_t P = (units * unit_steps + wtot - 1) / wtot;
+  if (P < kPsMinSteps) P = kPsMinSteps;
+  return (unit_steps + P - 1) / P <= 8;
+}
+
 template <typename T>
 static ot_status pa_dispatch(ot_context *ctx, pa_params &p, bool mma_ok, bool out_aligned,
                              bool debug, const char *op) {
   if constexpr (sizeof(T) == 2) {
     if (mma_ok && p.d == 64) return pa_launch_mma<T, 64, 5>(ctx, p, debug, op);
     if (mma_ok && p.d == 128) {
+      /* OT_PAGED_KERNEL=split / stream forces a kernel (the stream one where it can run) */
       const char *k = getenv("OT_PAGED_KERNEL");
-      if (k && strcmp(k, "stream") == 0 &&
-          ps_wanted(p, out_aligned, ps_ctas_per_sm<T, 128, 3>(ot_cuda_state_of(ctx)->device)))
-        return ps_launch<T, 128, 3>(ctx, p, debug, op);
+      if (!(k && strcmp(k, "split") == 0)) {
+        const ot_cuda_state *cs = ot_cuda_state_of(ctx);
+        const int per_sm = ps_ctas_per_sm<T, 128, 3>(cs->device);
+        if (ps_wanted(p, out_aligned, per_sm) &&
+            ((k && strcmp(k, "stream") == 0) || ps_auto(cs, p, per_sm)))
+          return ps_launch<T, 128, 3>(ctx, p, debug, op);
+      }
       return pa_launch_mma<T, 128, 3>(ctx, p, debug, op);
     }
   }
