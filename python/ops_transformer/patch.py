@@ -55,6 +55,7 @@ mask, except under torch.compile (the split is data-dependent: HF's mask then).
 
 from __future__ import annotations
 
+import os
 import threading
 import types
 
@@ -298,18 +299,21 @@ def _auto_key(q, k, causal):
             bool(causal))
 
 
+def _hopper_backward_off():
+    """OT_ATTN_SM90=0 / OT_ATTN_IMPL=portable (read per call, as the library does)."""
+    env = os.environ
+    return env.get("OT_ATTN_SM90") == "0" or env.get("OT_ATTN_IMPL") == "portable"
+
+
 def _hopper_backward_applies(q, window, cu_seqlens):
     """Whether the library's Hopper attention backward (sm90/attention_bwd_sm90.cu)
     takes this call: a 9.0 device, bf16 / fp16, head dim 64 or 128, dense, no window
     (causal or not), non-deterministic (the patch never asks for determinism), Hopper
     kernels not switched off by OT_ATTN_SM90=0 / OT_ATTN_IMPL=portable. (A library
     built without sm_90a runs the portable backward there: not detectable from here.)"""
-    import os
-    if os.environ.get("OT_ATTN_SM90") == "0" or os.environ.get("OT_ATTN_IMPL") == "portable":
-        return False
-    return (q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in (64, 128)
-            and window is None and cu_seqlens is None and q.dim() == 4
-            and torch.cuda.get_device_capability(q.device) == (9, 0))
+    return (not _hopper_backward_off() and q.dtype in (torch.bfloat16, torch.float16)
+            and q.shape[-1] in (64, 128) and window is None and cu_seqlens is None
+            and q.dim() == 4 and torch.cuda.get_device_capability(q.device) == (9, 0))
 
 
 def _torch_sdpa_backend(q, k, v, causal, scale):
@@ -335,19 +339,25 @@ def _auto_library(q, k, v, causal, scale, window, cu_seqlens):
     got = _AUTO.get(key)
     if torch.compiler.is_compiling():
         return got is not None and got[0] and window is None and cu_seqlens is None
-    if q.shape[1] != k.shape[1] or not _hopper_backward_applies(q, window, cu_seqlens):
+    if (q.shape[1] != k.shape[1] or window is not None or cu_seqlens is not None
+            or q.dim() != 4 or _hopper_backward_off()):
         return False            # not stored: a dense call of the same key may still apply
     flags = _sdpa_flags()
     if got is not None and got[2] == flags:
         return got[0]
-    backend = _torch_sdpa_backend(q, k, v, causal, scale)
-    lib = q.shape[-1] in _AUTO_LIBRARY_BEATS.get(backend, ())
+    if _hopper_backward_applies(q, window, cu_seqlens):
+        backend = _torch_sdpa_backend(q, k, v, causal, scale)
+        lib = q.shape[-1] in _AUTO_LIBRARY_BEATS.get(backend, ())
+        why = f"torch's SDPA would run {backend}"
+    else:                       # device, dtype or head dim (all in the key)
+        backend, lib = None, False
+        why = "the library's Hopper backward does not take it"
     _AUTO[key] = (lib, backend, flags)
-    _log_once("attn_auto:" + repr(key[2:]) + backend, "config.fused_attention='auto': "
+    _log_once("attn_auto:" + repr(key[2:]) + str(backend), "config.fused_attention='auto': "
               f"attention differentiated on CUDA (D {q.shape[-1]}, {q.shape[-2]} / "
               f"{k.shape[-2]} heads, {'causal' if causal else 'not causal'}, {q.dtype}): "
               + ("the library's kernels (Hopper backward)" if lib else "torch's SDPA")
-              + f"; torch's SDPA would run {backend}")
+              + f" ({why})")
     return lib
 
 

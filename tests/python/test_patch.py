@@ -745,13 +745,21 @@ def test_auto_attention_decides_again_when_sdpa_backends_change(auto_on_cpu):
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]):
         assert not ot_patch._auto_library(q, k, k, True, 0.1, None, None)
     assert len(decided) == 2
-    # what the Hopper backward does not take: torch's SDPA, nothing stored
+    # what the Hopper backward does not take: torch's SDPA; a window, varlen or Sq != Sk
+    # (not in the key) store nothing, a head dim it lacks (in the key) stores the answer
+    # without asking torch
     n = len(ot_patch._AUTO)
     assert not ot_patch._auto_library(q, k, k, True, 0.1, (7, 0), None)
+    assert not ot_patch._auto_library(q, k, k, True, 0.1, None, torch.tensor([0, 8]))
+    assert not ot_patch._auto_library(q[:, :4], k, k, True, 0.1, None, None)   # Sq != Sk
+    assert len(ot_patch._AUTO) == n
     assert not ot_patch._auto_library(q[..., :96], k[..., :96], k[..., :96], True, 0.1,
                                       None, None)
-    assert not ot_patch._auto_library(q[:, :4], k, k, True, 0.1, None, None)   # Sq != Sk
-    assert len(ot_patch._AUTO) == n and len(decided) == 2
+    assert len(ot_patch._AUTO) == n + 1 and len(decided) == 2
+    # OT_ATTN_IMPL=portable: no Hopper backward, whatever was decided
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OT_ATTN_IMPL", "portable")
+        assert not ot_patch._auto_library(q, k, k, True, 0.1, None, None)
 
 
 @pytest.mark.parametrize("decided_before", [True, False])
