@@ -50,6 +50,10 @@
  *   - Ring depth: 3 stages at D 128 (2 CTAs per SM), 5 at D 64. A 7-stage ring at D 128
  *     (224 KB, 1 CTA per SM: 192 KB in flight per SM instead of 128) measured slower at
  *     every shape (docs/PERFORMANCE.md) and was removed.
+ * Stream kernel (head_dim 128, no left window): a persistent wave of warps, each taking an
+ * even share of all 16-key steps and streaming them through the same per-warp ring across
+ * unit boundaries; cut units merged by a second (PDL) kernel. The default for short
+ * contexts (<= 1024 keys, <= 8 pieces per unit), see ps_auto and the comment at the kernel.
  * Masks (causal bottom-right, windows), softcap and empty rows as ot_attention_forward.
  *
  * Fallback kernel (float32, other head dims, misaligned q): one warp per (token, q head),
