@@ -466,23 +466,25 @@ def check_ce(S, ck, small):
 
 # Opt-in kernel selections (src/cuda/norm.cuh, rope.cu) that --sanitize covers besides
 # the defaults (device_test_cuda.sh's OT_VARIANT_ENV runs the tests under such a set):
-# forward v3, backward v2, RoPE's block-per-token kernel v1 on rows the warp and bulk-copy
-# kernels take. (The defaults on the H200 are the bulk-copy kernels where they apply.)
+# forward v3, backward v2, RoPE's block-per-token kernel v1 on rows the warp kernel takes;
+# then the bulk-copy (TMA) kernels (sm_90) for the forward, RMSNorm's backward and RoPE.
 ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL": "v1"}
+TMA_KERNELS = {"OT_NORM_FWD_IMPL": "tma", "OT_NORM_BWD_IMPL": "tma", "OT_ROPE_IMPL": "tma"}
 
 
 def sanitize_run(S, only="norm,rope,glu,ce"):
     """Our kernels only (no references), small shapes covering every kernel variant:
     for compute-sanitizer racecheck, where torch's own kernels would be slow. The norm
-    and RoPE part runs again under ALT_KERNELS. `only`: SwiGLU / cross-entropy kernels
-    only when named there ("glu", "ce")."""
+    and RoPE part runs again under ALT_KERNELS and under TMA_KERNELS. `only`: SwiGLU /
+    cross-entropy kernels only when named there ("glu", "ce")."""
     sanitize_once(S, "glu" in only or "ce" in only)
-    os.environ.update(ALT_KERNELS)
-    try:
-        sanitize_once(S, False)
-    finally:
-        for k in ALT_KERNELS:
-            os.environ.pop(k, None)
+    for env in (ALT_KERNELS, TMA_KERNELS):
+        os.environ.update(env)
+        try:
+            sanitize_once(S, False)
+        finally:
+            for k in env:
+                os.environ.pop(k, None)
     torch.cuda.synchronize()
     print("sanitize run: done")
 
@@ -650,27 +652,22 @@ def bench_all(S, args):
 
     variants = variants_ms
 
-    # Defaults (src/cuda/norm.cuh, rope.cu): the bulk-copy (TMA) kernels where they apply
-    # (sm_90, rows of 4-16 KB; forward: a warp per row, 3 slots per warp; backward: v3's
-    # block-per-row shape, RMSNorm 2 vectors per thread with register partials, LayerNorm
-    # 2 vectors with shared-memory partials, automatic ring; RoPE: a warp per token, 3
-    # slots). The variants: the previous defaults (forward v2, backward v3 with its ring
-    # shape, RoPE warp kernel v3) and the TMA kernels' shapes around the defaults. (Earlier
-    # runs timed forward v3 / v4, rows per block, backward v2 and 2 rows per iteration:
-    # all slower; docs/PERFORMANCE.md.)
-    FWD_VARIANTS = {"v2": {"OT_NORM_FWD_IMPL": "v2"},
-                    "tma S=2": {"OT_NORM_FWD_STAGES": "2"},
-                    "tma S=4": {"OT_NORM_FWD_STAGES": "4"}}
+    # Defaults (src/cuda/norm.cuh, rope.cu): forward v2; backward v3 (RMSNorm) and the
+    # bulk-copy (TMA) kernel with register partials, 2 vectors per thread and the
+    # automatic ring (LayerNorm, sm_90, rows of 4-16 KB); RoPE's warp kernel v3. The
+    # variants: the bulk-copy kernels (opt-in except LayerNorm's backward) and their
+    # shapes, v3 for LayerNorm's backward. (The run of a342519 timed them all as the
+    # defaults, and earlier runs forward v3 / v4, rows per block, backward v2 and 2 rows
+    # per iteration: docs/PERFORMANCE.md.)
+    FWD_VARIANTS = {"tma": {"OT_NORM_FWD_IMPL": "tma"},
+                    "tma S=2": {"OT_NORM_FWD_IMPL": "tma", "OT_NORM_FWD_STAGES": "2"}}
     BWD_VARIANTS = {"v3": {"OT_NORM_BWD_IMPL": "v3"},
-                    "tma nv4": {"OT_NORM_BWD_TMA_NV": "4"},
-                    "tma nv2 reg partials": {"OT_NORM_BWD_TMA_NV": "2", "OT_NORM_BWD_PSMEM": "0"},
-                    "tma nv2 smem partials": {"OT_NORM_BWD_TMA_NV": "2", "OT_NORM_BWD_PSMEM": "1"},
-                    "tma nv4 reg partials": {"OT_NORM_BWD_TMA_NV": "4", "OT_NORM_BWD_PSMEM": "0"},
-                    "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"},
-                    "tma S=4": {"OT_NORM_BWD_TMA_STAGES": "4"}}
-    ROPE_VARIANTS = {"v3 (warp kernel)": {"OT_ROPE_IMPL": "v3"},
-                     "tma S=2": {"OT_ROPE_STAGES": "2"},
-                     "tma S=4": {"OT_ROPE_STAGES": "4"}}
+                    "tma": {"OT_NORM_BWD_IMPL": "tma"},
+                    "tma nv4": {"OT_NORM_BWD_IMPL": "tma", "OT_NORM_BWD_TMA_NV": "4"},
+                    "tma smem partials": {"OT_NORM_BWD_IMPL": "tma", "OT_NORM_BWD_PSMEM": "1"},
+                    "tma S=2": {"OT_NORM_BWD_IMPL": "tma", "OT_NORM_BWD_TMA_STAGES": "2"}}
+    ROPE_VARIANTS = {"tma": {"OT_ROPE_IMPL": "tma"},
+                     "tma S=2": {"OT_ROPE_IMPL": "tma", "OT_ROPE_STAGES": "2"}}
     only = set(args.only.split(","))
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):

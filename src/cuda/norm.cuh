@@ -25,7 +25,9 @@
  * flight per thread, register rings; the forward's default), v3 (aligned rows, the
  * backward's default, opt-in for the forward: v2's arithmetic with the rows staged in
  * shared memory by per-thread cp.async rings on a persistent grid, so the bytes in
- * flight per SM are bounded by shared memory, not registers).
+ * flight per SM are bounded by shared memory, not registers), tma (sm_90, rows of 4-16
+ * KB: the rows staged by 1-D bulk copies; LayerNorm's backward default, opt-in
+ * elsewhere: OT_NORM_FWD_IMPL=tma, OT_NORM_BWD_IMPL=tma).
  *
  * All pointers may be NULL where the API allows it: residual (then residual_out is
  * unused), weight (= 1), bias (= 0), mean / rstd (not saved, or recomputed in the
@@ -1116,7 +1118,18 @@ __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int
  * and no per-16-byte load instructions (v3's per-thread cp.async rings issue one per
  * vector, v2's register rows cap the bytes in flight by occupancy). Rows are 16-byte
  * aligned and cols * sizeof(T) is a multiple of 16 (the bulk copy's rules); the host
- * takes v2 / v3 otherwise. */
+ * takes v2 / v3 otherwise.
+ * Measured (H200, 16k rows bf16, run of a342519, TB/s, copy 4.29): the forward loses to
+ * v2 at every shape (RMSNorm 4096 3.42 vs 3.79, 8192 3.67 vs 3.91; LayerNorm 4096 3.29
+ * vs 3.45, 8192 2.50 vs 3.76; with the residual 3.43-3.67 vs 3.87-4.05), and loses more
+ * the fewer warps its ring leaves per SM (S = 2: more warps, faster; S = 4: slower;
+ * LayerNorm 8192 with the residual, 2 warps: 2.04): a warp per row from shared memory
+ * is bound by the warps' per-row latency (two or three dependent passes and a shuffle
+ * reduction), not by bytes in flight -- v2's many short blocks hide it better. Opt-in
+ * (OT_NORM_FWD_IMPL=tma). The backward with register partials beats v3 for LayerNorm
+ * (3.06 / 3.26 at 4096 / 8192 against 2.81 / 3.10: its default) and ties it for
+ * RMSNorm (3.21 / 3.34 against 3.26 / 3.52; opt-in); partials in shared memory lose
+ * (LayerNorm 2.89 / 2.63: the partials' space halves the blocks per SM). */
 constexpr int kNormTmaMaxWarps = 16, kNormTmaMaxStages = 4;
 
 /* Sum over a row staged in shared memory (xs, nvec 16-byte vectors), lane's vectors
@@ -1462,11 +1475,13 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
 
 /* Tuning knobs read from the environment at each call (benchmarking only; unset in
  * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels) | v2 (register rows, one
- * block per row or two; default) | v3 (persistent, cp.async ring), OT_NORM_FWD_MAXNV=16
- * (up to 16 vectors per thread in forward v2, default 8), OT_NORM_FWD_STAGES=S (v3 ring
- * depth, default: automatic), OT_NORM_BWD_IMPL=old | v2 | v3 (default),
- * OT_NORM_BWD_NV=1 (v2 with one vector per thread, D = 6), OT_NORM_BWD_V3NV=2 | 4 (v3
- * vectors per thread), OT_NORM_BWD_STAGES=S (v3 ring depth; 0 = automatic). */
+ * block per row or two; default) | v3 (persistent, cp.async ring) | tma (bulk copies, a
+ * warp per row), OT_NORM_FWD_MAXNV=16 (up to 16 vectors per thread in forward v2,
+ * default 8), OT_NORM_FWD_STAGES=S (v3 ring depth, default: automatic; tma slots per
+ * warp), OT_NORM_FWD_WARPS=W (tma), OT_NORM_BWD_IMPL=old | v2 | v3 (RMSNorm's default) |
+ * tma (LayerNorm's default), OT_NORM_BWD_NV=1 (v2 with one vector per thread, D = 6),
+ * OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread), OT_NORM_BWD_STAGES=S (v3 ring depth;
+ * 0 = automatic), OT_NORM_BWD_TMA_NV / _TMA_STAGES / _PSMEM (tma). */
 static inline int norm_env_int(const char *name, int dflt) {
   const char *s = getenv(name);
   return s && *s ? atoi(s) : dflt;
@@ -1729,7 +1744,7 @@ cudaError_t norm_fwd_fast_launch(const norm_fwd_params &p, const norm_launch &L,
   if (norm_env_is("OT_NORM_FWD_IMPL", "v3")) {
     const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(p, L, stream);
     if (e != cudaErrorNotSupported) return e;
-  } else if (!norm_env_is("OT_NORM_FWD_IMPL", "v2")) {
+  } else if (norm_env_is("OT_NORM_FWD_IMPL", "tma")) {
     const cudaError_t e = norm_fwd_tma_launch<T, LAYER>(p, stream);
     if (e != cudaErrorNotSupported) return e;
   }
@@ -1863,8 +1878,8 @@ cudaError_t norm_bwd_with_partials(norm_bwd_params p, T *dw, T *db, int64_t part
 }
 
 /* Backward with bulk-copy rings: TPR = nvec / NV threads rounded to a warp (NV from
- * OT_NORM_BWD_TMA_NV = 2 | 4, default 2), partials in
- * shared memory for LayerNorm (OT_NORM_BWD_PSMEM = 0 | 1), S slots per block
+ * OT_NORM_BWD_TMA_NV = 2 | 4, default 2), partials in registers (OT_NORM_BWD_PSMEM=1:
+ * in shared memory), S slots per block
  * (OT_NORM_BWD_TMA_STAGES = 2..4; default: what the blocks that registers allow per SM
  * leave of shared memory, at most 4), as many blocks as fit per SM. */
 template <typename T, bool LAYER>
@@ -1875,7 +1890,7 @@ cudaError_t norm_bwd_tma_launch(const norm_bwd_params &p, T *dw, T *db, cudaStre
   int nv = norm_env_int("OT_NORM_BWD_TMA_NV", 2) == 4 ? 4 : 2;
   if (nvec > 512 * nv) nv = 4;
   if (nvec > 512 * nv) return cudaErrorNotSupported;
-  const bool psmem = norm_env_int("OT_NORM_BWD_PSMEM", LAYER ? 1 : 0) != 0;
+  const bool psmem = norm_env_int("OT_NORM_BWD_PSMEM", 0) != 0;
   const int threads = (int)(((nvec + nv - 1) / nv + 31) / 32 * 32);
   const size_t rb = (size_t)p.cols * sizeof(T);
   const size_t stage = (size_t)(p.dres ? 3 : 2) * rb;
@@ -1943,9 +1958,13 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
    * flight stopped being the limit, the per-row work did), LayerNorm NV = 4 (its db
    * partials double the accumulators; 4 vectors per thread halve the threads that
    * repeat the per-row reduction) with the automatic ring. */
+  /* The bulk-copy kernel: LayerNorm's default (run of a342519, TB/s at 4096 / 8192: 3.06
+   * / 3.26 against v3's 2.81 / 3.10), opt-in for RMSNorm (3.21 / 3.34 against v3's 3.26 /
+   * 3.52: no gain where v3's partials already fit the registers). */
+  const char *bwd_impl = getenv("OT_NORM_BWD_IMPL");
+  const bool bwd_tma = bwd_impl && *bwd_impl ? strcmp(bwd_impl, "tma") == 0 : LAYER;
   if (aligned && p.rows > 0 && p.rstd && (!LAYER || p.mean) &&
-      norm_tma_rows_ok(p.cols, sizeof(T)) && !norm_env_is("OT_NORM_BWD_IMPL", "old") &&
-      !norm_env_is("OT_NORM_BWD_IMPL", "v2") && !norm_env_is("OT_NORM_BWD_IMPL", "v3")) {
+      norm_tma_rows_ok(p.cols, sizeof(T)) && bwd_tma) {
     const cudaError_t e = norm_bwd_tma_launch<T, LAYER>(p, dw, db, stream);
     if (e != cudaErrorNotSupported) return e;
   }

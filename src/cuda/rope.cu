@@ -21,7 +21,9 @@
  * no 64-bit division per item, the head loads issued before the token's cos / sin are
  * made -- 83-86% of copy bandwidth on the H200 (run of 4005b7c) against 82-86% for the
  * first warp kernel (v2, since removed) and 76-82% for the block-per-token kernel
- * (OT_ROPE_IMPL=v1); docs/PERFORMANCE.md.
+ * (OT_ROPE_IMPL=v1); docs/PERFORMANCE.md. A bulk-copy (TMA) kernel that stages each
+ * token's heads in shared memory (OT_ROPE_IMPL=tma, sm_90) ran 4-11% slower than v3
+ * (run of a342519) and stays opt-in.
  *
  * A position outside the cache (not validated on the host for device tensors)
  * yields NaN outputs rather than an out-of-bounds read.
@@ -333,7 +335,12 @@ __global__ void __launch_bounds__(256, 2) rope_warp3_kernel(const __grid_constan
  * cos / sin into the warp's slice (rope_fill_cs, as the warp kernel), then the lanes
  * rotate from the slot with the warp kernel's lane map and item code (rope_warp_item:
  * the same bits) and store to the output rows (any 16-byte strides; in place works, the
- * token's row is in shared memory before its first store). */
+ * token's row is in shared memory before its first store).
+ * Measured (H200, 16k tokens, q 32 / 64 heads + k 8 heads of 128 bf16, run of a342519,
+ * TB/s): 3.29 / 3.24 with the cache against v3's 3.54 / 3.64, computed cos / sin 3.43 /
+ * 3.52 against 3.63 / 3.69; 2 slots (more warps) 3.35 / 3.42, 4 slots 3.00 / 2.84. Like
+ * the norms' bulk-copy forward it is bound by the per-token latency of its few warps
+ * (one block of 4-7 warps per SM), not by bytes in flight. Opt-in: OT_ROPE_IMPL=tma. */
 constexpr int kRopeTmaMaxWarps = 16, kRopeTmaMaxStages = 4;
 
 template <typename T, ot_rope_mode MODE, int IPH>
@@ -416,13 +423,13 @@ __global__ void __launch_bounds__(kRopeTmaMaxWarps * 32, 1)
 #endif
 }
 
-/* Whether the bulk-copy kernel applies (beyond the warp kernel's conditions): input heads
- * contiguous per token, a slot of at most 32 KB, a device and build that run sm_90 code,
- * OT_ROPE_IMPL not "v3" (the warp kernel) or "v1". Smem per warp: S slots + cs. */
+/* Whether the bulk-copy kernel applies (beyond the warp kernel's conditions): asked for
+ * (OT_ROPE_IMPL=tma), input heads contiguous per token, a slot of at most 32 KB, a device
+ * and build that run sm_90 code. Smem per warp: S slots + cs. */
 template <typename T>
 static bool rope_tma_ok(const rope_params &p) {
   const char *env = getenv("OT_ROPE_IMPL");
-  if (env && (strcmp(env, "v3") == 0 || strcmp(env, "v1") == 0)) return false;
+  if (!env || strcmp(env, "tma") != 0) return false; /* opt-in: slower than v3 (run of a342519) */
   for (int w = 0; w < 2; w++)
     if (p.t[w].heads && p.t[w].in_sh != p.head_dim) return false;
   const int64_t slot = (p.t[0].heads + p.t[1].heads) * p.head_dim * (int64_t)sizeof(T);
