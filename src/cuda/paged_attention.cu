@@ -1291,9 +1291,9 @@ static ot_status pa_launch_simple(ot_context *ctx, pa_params &p, bool debug, con
 
 /* Whether it should (no OT_PAGED_KERNEL): short contexts (<= 1024 keys per sequence,
  * estimated from the table's size) cut into <= 8 pieces per unit. There it saves the split
- * kernel's per-CTA start and waves of short CTAs (H200, same run: 64 x 1k 3.28 vs 3.01
+ * kernel's per-CTA start and waves of short CTAs (H200, same run: 64 x 1k 3.21 vs 3.02
  * TB/s; tiny decodes 15-25% less time per call); with longer contexts the split kernel was
- * 1-3% faster (16 x 4k, 64 x 4k), and with few units (1 x 64k: 132 pieces each) much
+ * 1-5% faster (16 x 4k, 64 x 4k), and with few units (1 x 64k: 132 pieces each) much
  * faster. OT_PAGED_SPLITS (a forced split count) keeps the split kernel. */
 static bool ps_auto(const ot_cuda_state *cs, const pa_params &p, int per_sm) {
   if (getenv("OT_PAGED_SPLITS")) return false;
