@@ -22,7 +22,9 @@ both run the same weights and nothing is written to disk.
   TTFT: a 2048-token prompt at batch 1 (prefill + the first token's argmax), median of 5.
   decode: batch 1 and 16 at context 2048: per-step wall time (each step ends with the
   next tokens on the host), median of 20 steps after 3 warm-up steps (the engine captures
-  its CUDA graph in the 2nd).
+  its CUDA graph in the 2nd); batch 1 again with the linears chosen otherwise
+  (--decode-variants, DECODE_VARIANTS); each call's split (Engine.last_timing: host
+  preparation, enqueue, wait, GPU time between events) as medians; a per-op profile.
   Peers: HF eager (sdpa, DynamicCache); with --hf-compile also HF with a static cache and
   torch.compile (mode reduce-overhead) for decode.
   Ceilings measured in the same run: bf16 GEMM rate (torch.mm 8192^3) for prefill
@@ -325,16 +327,13 @@ def median_split(splits):
     return {k: round(statistics.median(t[k] for t in splits), 3) for k in keys}
 
 
-# decode at batch 1 again with its kernels chosen otherwise (read when the graph is
-# captured): name -> environment. The default: the engine's fused decode kernels (norm in
-# qkv / gate_up, SwiGLU in down) and the library's small-M kernel (o_proj, lm_head), all
-# as programmatic dependent launches on sm_90.
+# decode at batch 1 again with its linears chosen otherwise (read when the graph is
+# captured): name -> environment. The default: ot_linear_forward's automatic choice (the
+# small-M kernel for o_proj and lm_head, as programmatic dependent launches on sm_90).
 DECODE_VARIANTS = {
-    "fused_rows1": {"OTE_DECODE_ROWS": "1"},  # one row of W per warp (more blocks)
-    "unfused": {"OTE_DECODE_FUSED": "0"},  # library ops; linears chosen by ot_linear_forward
-    "unfused_small_m": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_GEMV": "1"},  # every linear small-M
-    "unfused_no_pdl": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_PDL": "0"},
-    "unfused_cublaslt": {"OTE_DECODE_FUSED": "0", "OT_LINEAR_GEMV": "0"},  # every linear cuBLASLt
+    "small_m_no_pdl": {"OT_LINEAR_PDL": "0"},   # the same kernels, launched without PDL
+    "all_small_m": {"OT_LINEAR_GEMV": "1"},     # every M = 1 linear on the small-M kernel
+    "all_cublaslt": {"OT_LINEAR_GEMV": "0"},    # every linear on cuBLASLt
 }
 
 
@@ -347,34 +346,6 @@ def decode_steps(eng, nxt, steps, warm):
         ts.append((time.perf_counter() - t) * 1e3)
         splits.append(eng.last_timing())
     return statistics.median(ts[warm:]), median_split(splits[warm:])
-
-
-# measured last (after HF, on the same engine): name -> (batch, environment)
-LATE_VARIANTS = {
-    "cublaslt": (16, {"OT_LINEAR_GEMV": "0"}),  # batch 16 with every linear on cuBLASLt
-}
-
-
-def late_times(eng, s, prompt_len, steps, warm, names):
-    g = torch.Generator().manual_seed(3)
-    out = {}
-    for name in names:
-        B, env = LATE_VARIANTS[name]
-        prompts = [torch.randint(0, s["vocab"], (prompt_len,), generator=g).tolist()
-                   for _ in range(B)]
-        os.environ.update(env)
-        try:
-            nxt = eng.prefill(prompts, greedy=True)
-            ms, split = decode_steps(eng, nxt, steps, warm)
-            out[f"decode_ms_b{B}_{name}"] = ms
-            out[f"decode_split_b{B}_{name}"] = split
-            print(f"decode b{B} {name} ({env}): {ms:.3f} ms/step; split {split}", flush=True)
-            for i in range(B):
-                eng.free(i)
-        finally:
-            for k in env:
-                del os.environ[k]
-    return out
 
 
 def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
@@ -414,26 +385,14 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
             finally:
                 for k in env:
                     del os.environ[k]
-        # where the time goes: every op timed with events (eager, enqueued behind a spin),
-        # with the fused decode kernels and without
-        for label, env in (("", {}), ("unfused ", {"OTE_DECODE_FUSED": "0"})):
-            os.environ.update(env)
-            try:
-                eng.set_profile(True)
-                nxt = eng.prefill([prompt], greedy=True)
-                for i in range(6):
-                    nxt = eng.decode(nxt, greedy=True)
-                rep = eng.profile_report()
-                out["profile"] = (out.get("profile", "") + ("\n" if label else "") +
-                                  (rep if not label else
-                                   "\n".join(x for x in rep.split("\n")
-                                             if x.startswith("decode")).replace(
-                                                 "decode", "decode unfused", 1)))
-                eng.set_profile(False)
-                eng.free(0)
-            finally:
-                for k in env:
-                    del os.environ[k]
+        # where the time goes: every op timed with events (eager, enqueued behind a spin)
+        eng.set_profile(True)
+        nxt = eng.prefill([prompt], greedy=True)
+        for i in range(6):
+            nxt = eng.decode(nxt, greedy=True)
+        out["profile"] = eng.profile_report()
+        eng.set_profile(False)
+        eng.free(0)
         print(out["profile"], flush=True)
     return out
 
@@ -552,7 +511,7 @@ def save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw):
             "fraction_of_ceiling": round(rate / ceil, 3), "step_ms": round(ms, 3),
             "roofline_tokens_per_s": round(ceil, 1), "cuda_graph": ours[f"graph_b{B}"]})
         doc["rows"][-1]["step_split_ms"] = ours.get(f"decode_split_b{B}")
-        for vname in list(DECODE_VARIANTS) + list(LATE_VARIANTS):
+        for vname in DECODE_VARIANTS:
             if f"decode_ms_b{B}_{vname}" in ours:
                 doc["rows"][-1][f"step_ms_{vname}"] = round(ours[f"decode_ms_b{B}_{vname}"], 3)
                 doc["rows"][-1][f"step_split_ms_{vname}"] = ours[f"decode_split_b{B}_{vname}"]
@@ -581,6 +540,8 @@ def bench(args, doc, save):
         ours = engine_times(eng, s, P, args.batches, args.steps, 3,
                             [v for v in args.decode_variants.split(",") if v])
         mem = eng.memory()
+        eng.close()
+        del eng
         print(f"{name}: engine {ours}", flush=True)
         hf = {}
 
@@ -604,16 +565,6 @@ def bench(args, doc, save):
         if DEV == "cuda":
             torch.cuda.empty_cache()
         publish()
-        late = [v for v in args.late_variants.split(",")
-                if v and DEV == "cuda" and LATE_VARIANTS[v][0] in args.batches]
-        if late:
-            ours.update(late_times(eng, s, P, args.steps, 3, late))
-            publish()
-        eng.close()
-        del eng
-        gc.collect()
-        if DEV == "cuda":
-            torch.cuda.empty_cache()
 
 
 def table(doc):
@@ -652,8 +603,6 @@ def main():
     ap.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS),
                     help="comma-separated names of DECODE_VARIANTS: batch-1 decode again with "
                          "the linears chosen otherwise ('' for none)")
-    ap.add_argument("--late-variants", default=",".join(LATE_VARIANTS),
-                    help="comma-separated names of LATE_VARIANTS, measured after HF ('' for none)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--table", default=None, help="write the markdown table here too")
     ap.add_argument("--commit", default=None)

@@ -3,8 +3,7 @@
  * the small-M matrix-vector kernel (OT_LINEAR_GEMV=1) as a programmatic dependent launch
  * (the default on sm_90) and without (OT_LINEAR_PDL=0), against cuBLASLt
  * (OT_LINEAR_GEMV=0), all through the public op on one context, timed with CUDA events
- * (median of 5 runs of 10 back-to-back calls, after a warm-up); and the tensor-core
- * small-M kernel (OT_LINEAR_GEMV=2). Successive calls read
+ * (median of 5 runs of 10 back-to-back calls, after a warm-up). Successive calls read
  * different copies of the weight (at least 256 MiB apart in all), so that no call finds
  * its weight in the 50 MB L2 the previous one left. Two timings per kernel: the linear
  * alone ("alone": back-to-back linears, where a PDL launch overlaps the previous linear)
@@ -131,10 +130,10 @@ int main(int argc, char **argv) {
   if (jf) fprintf(jf, "[\n");
   const int Ms[] = {1, 4, 16};
   int first = 1;
-  printf("%-10s %-10s %3s | alone us: %7s %7s %7s %7s | after rmsnorm us: %7s %7s %7s %7s | "
-         "GB/s alone: %5s %5s %5s | %8s\n",
-         "model", "weight", "M", "gemv", "gemv-np", "mma", "lt", "gemv", "gemv-np", "mma", "lt",
-         "gemv", "mma", "lt", "auto");
+  printf("%-10s %-10s %3s | alone us: %7s %7s %7s | after rmsnorm us: %7s %7s %7s | "
+         "GB/s alone: %5s %5s | %8s\n",
+         "model", "weight", "M", "gemv", "gemv-np", "lt", "gemv", "gemv-np", "lt", "gemv", "lt",
+         "auto");
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const shape *s = &shapes[i];
     const size_t wb = (size_t)(s->N * s->K) * 2;
@@ -151,33 +150,30 @@ int main(int argc, char **argv) {
       tg.ndim = 1;
       tensor(&tw, wsh, w, s->N, s->K);
       tensor(&ty, ys, y, M, s->N);
-      double t[8];
+      double t[6];
       for (int norm = 0; norm < 2; norm++) {
-        t[4 * norm + 0] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "1", "1");
-        t[4 * norm + 1] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "1", "0");
-        t[4 * norm + 2] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "2", "1");
-        t[4 * norm + 3] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "0", "1");
+        t[3 * norm + 0] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "1", "1");
+        t[3 * norm + 1] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "1", "0");
+        t[3 * norm + 2] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "0", "1");
       }
       double bytes = (double)wb;
       /* linear.cu's automatic rule (bf16: M == 1 and a small or lm_head-sized weight) */
       const double nk = (double)s->N * (double)s->K;
       const char *pick = M == 1 && (nk < 3.0 * (1 << 23) || nk >= (double)(1 << 28)) ? "gemv"
                                                                                    : "cublaslt";
-      printf("%-10s %-10s %3lld | %17.1f %7.1f %7.1f %7.1f | %25.1f %7.1f %7.1f %7.1f | %17.0f "
-             "%5.0f %5.0f | %8s\n",
-             s->model, s->name, (long long)M, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
-             bytes / (t[0] * 1e3), bytes / (t[2] * 1e3), bytes / (t[3] * 1e3), pick);
+      printf("%-10s %-10s %3lld | %17.1f %7.1f %7.1f | %25.1f %7.1f %7.1f | %17.0f %5.0f | %8s\n",
+             s->model, s->name, (long long)M, t[0], t[1], t[2], t[3], t[4], t[5],
+             bytes / (t[0] * 1e3), bytes / (t[2] * 1e3), pick);
       if (jf)
         fprintf(jf,
                 "%s {\"model\": \"%s\", \"weight\": \"%s\", \"N\": %lld, \"K\": %lld, \"M\": %lld, "
-                "\"gemv_us\": %.2f, \"gemv_nopdl_us\": %.2f, \"mma_us\": %.2f, "
-                "\"cublaslt_us\": %.2f, \"after_rmsnorm_us\": {\"gemv\": %.2f, "
-                "\"gemv_nopdl\": %.2f, \"mma\": %.2f, \"cublaslt\": %.2f}, "
-                "\"gemv_GBps\": %.0f, \"mma_GBps\": %.0f, \"cublaslt_GBps\": %.0f, "
+                "\"gemv_us\": %.2f, \"gemv_nopdl_us\": %.2f, \"cublaslt_us\": %.2f, "
+                "\"after_rmsnorm_us\": {\"gemv\": %.2f, \"gemv_nopdl\": %.2f, "
+                "\"cublaslt\": %.2f}, \"gemv_GBps\": %.0f, \"cublaslt_GBps\": %.0f, "
                 "\"auto\": \"%s\"}",
                 first ? "" : ",\n", s->model, s->name, (long long)s->N, (long long)s->K,
-                (long long)M, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
-                bytes / (t[0] * 1e3), bytes / (t[2] * 1e3), bytes / (t[3] * 1e3), pick);
+                (long long)M, t[0], t[1], t[2], t[3], t[4], t[5], bytes / (t[0] * 1e3),
+                bytes / (t[2] * 1e3), pick);
       first = 0;
     }
   }

@@ -183,9 +183,7 @@ static void forward_case(test_run *tr, DLDataType dt, const lin_case *c, bool wi
  * -- 16-byte vector path (K a multiple of the vector, aligned rows), scalar path (odd K,
  * x rows padded off alignment), split-K (few columns, long K: float32 partials summed in a
  * second kernel), M = 1 .. 16 and a 3-D x. Run with the automatic dispatch, and on CUDA
- * forced on and off with OT_LINEAR_GEMV; "2" forces the tensor-core kernel where it
- * applies (K % 32 == 0, 16-byte-aligned rows: N not a multiple of 16, M = 1 .. 16,
- * padded x rows), the vector kernel elsewhere. */
+ * forced on and off with OT_LINEAR_GEMV (at one row also launched without PDL). */
 static const lin_case small_m_cases[] = {
     {1, 0, 4096, 256, 0, 0},  {1, 0, 4104, 40, 0, 0},  {1, 0, 8, 1, 0, 0},
     {1, 0, 12000, 7, 0, 0},   {2, 0, 1000, 96, 0, 0},  {3, 0, 77, 65, 0, 0},
@@ -210,8 +208,6 @@ static void small_m_forward(test_run *tr, DLDataType dt) {
       forward_case_tag(tr, dt, c, i % 4 != 0, " gemv no-pdl");
       env_restore(&pdl);
     }
-    setenv("OT_LINEAR_GEMV", "2", 1);
-    forward_case_tag(tr, dt, c, i % 3 == 0, " gemv mma");
     setenv("OT_LINEAR_GEMV", "0", 1);
     forward_case_tag(tr, dt, c, i % 2 != 0, " cublaslt");
     env_restore(&gemv);
@@ -225,9 +221,9 @@ static void small_m_forward(test_run *tr, DLDataType dt) {
  * wrote (downloaded after both ran), so a y2 computed from stale or NaN y1 fails; N2 = 24
  * takes the split-K path (its sum kernel is a dependent launch too). */
 static void small_m_chain(test_run *tr, DLDataType dt, int64_t M, int64_t K1, int64_t K2,
-                          int64_t N2, const char *mode) {
-  if (!tr_begin(tr, "forward %s chained small-M x[%lld] K=%lld -> %lld -> %lld gemv=%s",
-                dt_name(dt), (long long)M, (long long)K1, (long long)K2, (long long)N2, mode))
+                          int64_t N2) {
+  if (!tr_begin(tr, "forward %s chained small-M x[%lld] K=%lld -> %lld -> %lld", dt_name(dt),
+                (long long)M, (long long)K1, (long long)K2, (long long)N2))
     return;
   const backend *be = tr->be;
   rng r = tr_rng(tr);
@@ -239,7 +235,7 @@ static void small_m_chain(test_run *tr, DLDataType dt, int64_t M, int64_t K1, in
   tb_fill_uniform(w2, &r, -1.0 / sqrt((double)K2), 1.0 / sqrt((double)K2));
   tb_poison(y1);
   tb_poison(y2);
-  env_saved gemv = env_set("OT_LINEAR_GEMV", mode);
+  env_saved gemv = env_set("OT_LINEAR_GEMV", "1");
   const DLTensor *dx = tb_dl(x), *dw1 = tb_dl(w1), *dy1 = tb_dl(y1), *dw2 = tb_dl(w2),
                  *dy2 = tb_dl(y2);
   ot_status st = OT_OK;
@@ -608,11 +604,9 @@ static void run(test_run *tr) {
     }
     small_m_forward(tr, dts[d]);
     if (tr->be->is_cuda && d > 0) {
-      small_m_chain(tr, dts[d], 1, 4096, 4096, 4096, "1");
-      small_m_chain(tr, dts[d], 1, 2048, 8192, 24, "1");
-      small_m_chain(tr, dts[d], 3, 1024, 2048, 40, "1");
-      small_m_chain(tr, dts[d], 16, 4096, 4096, 1000, "2");
-      small_m_chain(tr, dts[d], 5, 2048, 1024, 24, "2");
+      small_m_chain(tr, dts[d], 1, 4096, 4096, 4096);
+      small_m_chain(tr, dts[d], 1, 2048, 8192, 24);
+      small_m_chain(tr, dts[d], 3, 1024, 2048, 40);
     }
     for (size_t i = 0; i < N_CASES; i++) {
       backward_case(tr, dts[d], &cases[i], OUT_ALL);

@@ -28,7 +28,6 @@
 #include "common.cuh"
 #include "cuda_state.h"
 #include "gemm.h"
-#include "mma.cuh"
 
 namespace ot {
 
@@ -347,7 +346,11 @@ static cudaError_t column_sum_any(ot_dtype d, const void *dy, int64_t ds, int64_
  * written before the wait. The weight stream thus starts during the previous kernel's
  * tail and launch latency instead of after it. The kernel allows its own dependents to
  * launch (griddepcontrol.launch_dependents) once its loads are done: the split-K sum,
- * launched the same way, waits for the partials before it reads them. */
+ * launched the same way, waits for the partials before it reads them. Measured (H200,
+ * run of 9349f37, bench/engine_linear_bench.c, weights not in L2): 0.4-1.5 us less per
+ * call at every engine shape, alone and behind an RMSNorm (e.g. 4096 x 4096 at M = 1:
+ * 12.5 against 14.0 us); the engine's decode step is the same within run-to-run spread
+ * (5.398 / 5.408 against 5.413 / 5.396 ms in two runs). */
 constexpr int kGemvWarps = 4;   /* warps per block: small blocks, so N = 4096 spreads evenly */
 constexpr int kGemvMaxM = 16;
 
@@ -537,150 +540,32 @@ static cudaError_t gemv_launch(const ot_cuda_state *cs, bool vec, dim3 grid, cud
                     (const T *)a->bias, (T *)a->y, a->y_stride);
 }
 
-/* ---- small-M linear on tensor cores (M <= 16, bfloat16 / float16) ---------------------
- * y [M, N] = x [M, K] W^T with W as the m16n8k16 product's A operand (16 output features
- * per tile) and x^T as B (8 tokens per tile; NT = 2 tiles for M > 8): the weight is read
- * once for all M rows, the multiply-adds run on the tensor cores. A block of 8 warps owns
- * 16 rows of W; warp w takes the 32-element k-blocks w, w + 8, ... (U = 4 in flight), and
- * the warps' float32 fragments add in shared memory in warp order (deterministic).
- * No shared-memory staging: the order of K inside a dot product is free, so each lane
- * loads 16 contiguous bytes of W row g and of W row g + 8 (g = lane / 4) at k = 32 kb +
- * 8 (lane % 4) and of x row g of each token tile at the same k; elements 0-1 / 2-3 of
- * those 8 feed the k-slots 2 (lane % 4) + 0-1 / + 8-9 of the first k16 step, elements
- * 4-7 those of the second -- one permutation of k, the same for A and B. Needs K % 32 ==
- * 0 and 16-byte-aligned rows of x and W. Rows past N load row N - 1 (never stored), token
- * rows past M load zeros. PDL as in gemv_kernel (first W loads before the wait). */
-constexpr int kMmaWarps = 8;
-constexpr int kMmaU = 4;
-
-/* The 16 bytes at k-blocks kb, kb + 8, ... (kMmaU of them) of this lane's two W rows, zeros
- * past KB. */
-__device__ __forceinline__ void mma_load_w(uint4 *a0, uint4 *a1, const uint4 *w0, const uint4 *w1,
-                                           int64_t kb, int64_t KB) {
-#pragma unroll
-  for (int u = 0; u < kMmaU; u++) {
-    const int64_t b = kb + (int64_t)kMmaWarps * u;
-    a0[u] = b < KB ? __ldcs(w0 + 4 * b) : make_uint4(0u, 0u, 0u, 0u);
-    a1[u] = b < KB ? __ldcs(w1 + 4 * b) : make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
-template <typename T, int NT>
-__global__ void __launch_bounds__(kMmaWarps * 32)
-    gemv_mma_kernel(const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
-                    const T *__restrict__ bias, T *__restrict__ y, int64_t ys, int M, int64_t K,
-                    int64_t N) {
-  __shared__ float red[kMmaWarps][NT][4][32];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int64_t n0 = (int64_t)blockIdx.x * 16, KB = K / 32;
-  const int64_t r0 = n0 + g < N ? n0 + g : N - 1, r1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
-  const uint4 *w0 = reinterpret_cast<const uint4 *>(w + r0 * K) + q;
-  const uint4 *w1 = reinterpret_cast<const uint4 *>(w + r1 * K) + q;
-  float c[NT][4];
-#pragma unroll
-  for (int t = 0; t < NT; t++)
-#pragma unroll
-    for (int i = 0; i < 4; i++) c[t][i] = 0.0f;
-  uint4 a0[kMmaU], a1[kMmaU];
-  int64_t kb = warp;
-  mma_load_w(a0, a1, w0, w1, kb, KB);
-  grid_dep_wait();
-  while (true) {
-#pragma unroll
-    for (int u = 0; u < kMmaU; u++) {
-      const int64_t b = kb + (int64_t)kMmaWarps * u;
-      if (b < KB) {
-        const uint32_t A0[4] = {a0[u].x, a1[u].x, a0[u].y, a1[u].y};
-        const uint32_t A1[4] = {a0[u].z, a1[u].z, a0[u].w, a1[u].w};
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-          const int m = 8 * t + g;
-          const uint4 xv = m < M ? *(reinterpret_cast<const uint4 *>(x + (int64_t)m * xs) + 4 * b + q)
-                                 : make_uint4(0u, 0u, 0u, 0u);
-          mma_m16n8k16<T>::run(c[t], A0, xv.x, xv.y);
-          mma_m16n8k16<T>::run(c[t], A1, xv.z, xv.w);
-        }
-      }
-    }
-    kb += (int64_t)kMmaWarps * kMmaU;
-    if (kb >= KB) break;
-    mma_load_w(a0, a1, w0, w1, kb, KB);
-  }
-  grid_dep_launch();
-#pragma unroll
-  for (int t = 0; t < NT; t++)
-#pragma unroll
-    for (int i = 0; i < 4; i++) red[warp][t][i][lane] = c[t][i];
-  __syncthreads();
-  if (warp != 0) return;
-#pragma unroll
-  for (int t = 0; t < NT; t++)
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      float s = 0.0f;
-#pragma unroll
-      for (int v = 0; v < kMmaWarps; v++) s += red[v][t][i][lane];
-      /* fragment element i: feature row g + 8 (i / 2), token column 2 (lane % 4) + i % 2 */
-      const int64_t n = n0 + g + 8 * (i >> 1);
-      const int m = 8 * t + 2 * q + (i & 1);
-      if (n < N && m < M) {
-        if (bias) s += to_f32(bias[n]);
-        y[(int64_t)m * ys + n] = from_f32<T>(s);
-      }
-    }
-}
-
-template <typename T>
-static cudaError_t gemv_mma_launch(const ot_cuda_state *cs, cudaStream_t st,
-                                   const ot_linear_forward_args *a) {
-  static signed char pdl1[16], pdl2[16];
-  const T *x = (const T *)a->x, *w = (const T *)a->weight, *b = (const T *)a->bias;
-  T *y = (T *)a->y;
-  const int M = (int)a->rows;
-  const dim3 grid((unsigned)((a->out_features + 15) / 16)), block(kMmaWarps * 32);
-  if (M <= 8)
-    return launch_pdl(cs, pdl1, gemv_mma_kernel<T, 1>, grid, block, st, x, a->x_stride, w, b, y,
-                      a->y_stride, M, a->in_features, a->out_features);
-  return launch_pdl(cs, pdl2, gemv_mma_kernel<T, 2>, grid, block, st, x, a->x_stride, w, b, y,
-                    a->y_stride, M, a->in_features, a->out_features);
-}
-
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* Whether the tensor-core small-M kernel can run this forward: bfloat16 / float16, M <= 16,
- * K a multiple of 32, x and W rows 16-byte aligned. */
-static bool gemv_mma_ok(const ot_linear_forward_args *a) {
-  const size_t es = ot_dtype_size(a->dtype);
-  return a->dtype != OT_F32 && a->rows >= 1 && a->rows <= kGemvMaxM && a->in_features % 32 == 0 &&
-         aligned16(a->x) && aligned16(a->weight) &&
-         (a->rows == 1 || ((size_t)a->x_stride * es) % 16 == 0);
-}
-
-/* Which small-M kernel runs this forward: 0 none (cuBLASLt), 1 gemv_kernel, 2 the
- * tensor-core gemv_mma_kernel. OT_LINEAR_GEMV: "0" never, "1" gemv_kernel for every M <= 16
- * (any K, alignment, dtype: the tests use it), "2" gemv_mma_kernel for every M <= 16 it
- * takes (gemv_mma_ok; else gemv_kernel), unset / other: auto -- gemv_mma_kernel at 2 .. 16
- * rows with a weight of at most 2^24 elements (4096 x 4096: 15.5 / 17.1 us at M = 4 / 16
- * against cuBLASLt's 26.2 / 25.8, weights not in L2, run of 9349f37; cuBLASLt was ahead
- * at every larger weight measured, 13B's 5120 x 5120 included), gemv_kernel where it beat
+/* Whether the small-M kernel runs this forward. OT_LINEAR_GEMV: "0" never, "1" for every
+ * M <= 16 (any K, alignment, dtype: the tests use it), unset / other: auto -- where it beat
  * cuBLASLt on the H200 (bench/engine_linear_bench.c, bf16, run of 51babbf; docs/ENGINE.md):
  * bfloat16 / float16, one row, 16-byte vectors, and a weight either small (N K < 1.5 2^24:
  * 4096 x 4096 in 11.7 us against cuBLASLt's 16.6) or of lm_head size (N K >= 2^28: 128256
  * x 4096 in 242 us against 249). Between those both read W at 3.2-4.0 TB/s and cuBLASLt
  * was 1-4% ahead; at M >= 2 cuBLASLt's tensor-core kernels read W once for all rows and
- * this kernel's per-row x loads and float32 FMAs made it 10-75% slower (M = 2 .. 16). */
-static int gemv_wanted(const ot_linear_forward_args *a, bool *vec) {
+ * this kernel's per-row x loads and float32 FMAs made it 10-75% slower (M = 2 .. 16).
+ * Measured again with every call reading a weight not in L2 (run of 9349f37; M = 1, us,
+ * small-M / cuBLASLt): 8B qkv 18.8 / 17.4, o_proj 12.5 / 25.3, gate_up 60.3 / 60.6, down
+ * 35.7 / 33.1, lm_head 241.6 / 254.9; 13B o_proj 20.3 / 17.3: the same rule. A tensor-core
+ * small-M kernel (mma.sync m16n8k16, W as A, x^T as B, no shared memory) was slower than
+ * cuBLASLt at M = 4 / 16 for every weight but 4096 x 4096, and brought the batch-16
+ * decode nothing (6.70 against 6.67 ms); it was removed. */
+static bool gemv_wanted(const ot_linear_forward_args *a, bool *vec) {
   const size_t es = ot_dtype_size(a->dtype);
   const int64_t V = 16 / (int64_t)es;
   *vec = a->in_features % V == 0 && aligned16(a->x) && aligned16(a->weight) &&
          (a->rows == 1 || ((size_t)a->x_stride * es) % 16 == 0);
-  if (a->rows > kGemvMaxM) return 0;
+  if (a->rows > kGemvMaxM) return false;
   const char *e = getenv("OT_LINEAR_GEMV");
-  if (e && e[0] == '0') return 0;
-  if (e && e[0] == '2') return gemv_mma_ok(a) ? 2 : 1;
-  if (e && e[0] == '1') return 1;
+  if (e && e[0] == '0') return false;
+  if (e && e[0] == '1') return true;
   const int64_t nk = a->in_features * a->out_features;
-  if (a->rows >= 2 && nk <= ((int64_t)1 << 24) && gemv_mma_ok(a)) return 2;
   return a->dtype != OT_F32 && a->rows == 1 && *vec &&
          (nk < ((int64_t)3 << 23) || nk >= ((int64_t)1 << 28));
 }
@@ -747,14 +632,7 @@ extern "C" ot_status ot_cuda_linear_forward(ot_context *ctx, const ot_linear_for
     return OT_OK;
   }
   bool vec = false;
-  const int small = gemv_wanted(a, &vec);
-  if (small == 2) {
-    const ot_cuda_state *cs = ot_cuda_state_of(ctx);
-    OT_CUDA_CHECK(op, a->dtype == OT_F16 ? gemv_mma_launch<__half>(cs, st, a)
-                                         : gemv_mma_launch<__nv_bfloat16>(cs, st, a));
-    return OT_OK;
-  }
-  if (small) return gemv_forward(ctx, op, a, vec);
+  if (gemv_wanted(a, &vec)) return gemv_forward(ctx, op, a, vec);
   ot_gemm g;
   memset(&g, 0, sizeof g);
   g.transa = true;

@@ -25,9 +25,6 @@ int ote_cuda_argmax(int32_t *out, const void *logits, int dtype_code, int dtype_
 int ote_cuda_fill_random(void *dst, size_t n, int code, int bits, uint64_t seed,
                          uint64_t tensor_id, float a, float constant, void *stream);
 int ote_cuda_spin(long long ns, void *stream);
-int ote_cuda_gemv1(int kind, int code, const void *w, const void *bias, void *y, long long N,
-                   long long K, const void *x, const void *delta, const void *res,
-                   const void *gamma, void *res_out, float eps, void *stream);
 #else
 static ot_status no_cuda(const char *what) {
   return ote_error(OT_ERR_NO_DEVICE, "engine: %s: built without the CUDA backend", what);
@@ -221,23 +218,6 @@ ot_status ote_dev_argmax(const ote_device *d, int32_t *out, const void *logits, 
 #else
   (void)out, (void)logits, (void)dt, (void)n, (void)vocab;
   return no_cuda("argmax");
-#endif
-}
-
-ot_status ote_dev_gemv1(const ote_device *d, int kind, DLDataType dt, const void *w,
-                        const void *bias, void *y, int64_t N, int64_t K, const void *x,
-                        const void *delta, const void *res, const void *gamma, void *res_out,
-                        float eps) {
-  if (on_cpu(d) || dt.bits != 16)
-    return ote_error(OT_ERR_INTERNAL, "engine: fused decode product on the CPU or in float32");
-#ifdef OT_HAVE_CUDA
-  return cuda_check((cudaError_t)ote_cuda_gemv1(kind, dt.code, w, bias, y, N, K, x, delta, res,
-                                                gamma, res_out, eps, d->stream),
-                    kind ? "fused swiglu + down_proj" : "fused rmsnorm + projection");
-#else
-  (void)kind, (void)w, (void)bias, (void)y, (void)N, (void)K, (void)x, (void)delta, (void)res;
-  (void)gamma, (void)res_out, (void)eps;
-  return no_cuda("fused decode product");
 #endif
 }
 

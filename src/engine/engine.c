@@ -13,9 +13,7 @@
  *   normed, x_res = rmsnorm(delta + x_res)
  *   gate_up = normed Wgu^T                           [T, 2F], one GEMM
  *   delta  = swiglu(gate_up) Wdown^T
- * then the final norm and lm_head on each sequence's last token only. A decode step of one
- * sequence on CUDA (bf16 / fp16) runs the norms inside the qkv and gate_up products and
- * SwiGLU inside the down product instead (decode_fused, device_kernels.cu).
+ * then the final norm and lm_head on each sequence's last token only.
  *
  * CUDA: everything is enqueued on the engine's own stream; weights, the KV pool and one
  * activation block are allocated at load / first use, never per step. A decode step of a
@@ -143,7 +141,6 @@ static ot_status ensure_activations(ote_engine *e, int T) {
   size_t qkv = (size_t)(c->heads + 2 * c->kv_heads) * D, F = (size_t)c->ffn, V = (size_t)c->vocab;
   struct { void **p; size_t bytes; } parts[] = {
       {&e->x_res, t * H * es},       {&e->delta, t * H * es},     {&e->normed, t * H * es},
-      {&e->x_res2, S * H * es},
       {&e->qkv, t * qkv * es},       {&e->attn, t * (size_t)c->heads * D * es},
       {&e->gate_up, t * 2 * F * es}, {&e->mlp, t * F * es},       {&e->last_res, S * H * es},
       {&e->last_delta, S * H * es},  {&e->last_norm, S * H * es}, {&e->logits, S * V * es},
@@ -475,22 +472,6 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
   return OT_OK;
 }
 
-/* Whether this forward takes the fused decode path (device_kernels.cu, ote_dev_gemv1): a
- * decode step of one sequence on CUDA in bfloat16 / float16, hidden and ffn sizes the
- * kernels take; OTE_DECODE_FUSED=0 turns it off (read per forward: a graph keeps the path
- * it was captured with). There the input norm runs inside the qkv projection, the
- * post-attention norm inside gate_up and SwiGLU inside the down projection: 3 kernels
- * fewer per layer; the residual stream alternates between x_res and x_res2. */
-static int decode_fused(const ote_engine *e, const batch *b) {
-  const ote_config *c = &e->cfg;
-  if (b->prefill || b->n != 1 || e->dev.dev.device_type == kDLCPU || e->opt.dtype.bits != 16)
-    return 0;
-  if (c->hidden % 8 || c->ffn % 8 || c->hidden > 24576 || c->ffn > 24576) return 0;
-  if (e->off.on) return 0; /* streamed weights: the copies bound the step, not the kernels */
-  const char *v = getenv("OTE_DECODE_FUSED");
-  return !(v && v[0] == '0');
-}
-
 /* Embedding lookup (ids already in tokens_dev) through the logits [n, V] in e->logits
  * (and, when argmax, the ids in argmax_dev): every op on the engine's stream, no host
  * synchronization -- the body of a decode graph. */
@@ -499,8 +480,6 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
   size_t es = ote_dtype_size(e->opt.dtype), H = (size_t)c->hidden;
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   e->prof_phase = b->prefill ? 0 : 1;
-  const int fused = decode_fused(e, b);
-  void *res = e->x_res, *res_alt = e->x_res2; /* fused: the residual stream's buffer, the other */
   if (e->prof_on) { /* the host enqueues the forward while the GPU waits */
     e->prof_n = 0;
     OTE_TRY(ote_dev_spin(&e->dev, 8000000));
@@ -519,38 +498,12 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
       OTE_TRY(ote_offload_layer_begin(e, l, &streamed));
       w = &streamed;
     }
-    if (fused) { /* input_layernorm inside qkv_proj (layer 0: the embedding alone, in place) */
-      OTE_TRY(ote_dev_gemv1(&e->dev, 0, e->opt.dtype, w->qkv, w->qkv_bias, e->qkv, cols,
-                            (int64_t)H, NULL, l ? e->delta : NULL, res, w->attn_norm,
-                            l ? res_alt : NULL, c->rms_eps));
-      if (l) {
-        void *t = res;
-        res = res_alt;
-        res_alt = t;
-      }
-      prof_mark(e, OTE_PROF_QKV);
-    } else {
-      OTE_TRY(rmsnorm(e, l ? e->delta : e->x_res, l ? e->x_res : NULL, w->attn_norm, e->normed,
-                      b->T, l, "input_layernorm"));
-      prof_mark(e, OTE_PROF_NORM);
-      OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->qkv, w->qkv_bias, cols, e->qkv, l,
-                     "qkv_proj"));
-      prof_mark(e, OTE_PROF_QKV);
-    }
+    OTE_TRY(rmsnorm(e, l ? e->delta : e->x_res, l ? e->x_res : NULL, w->attn_norm, e->normed, b->T,
+                    l, "input_layernorm"));
+    prof_mark(e, OTE_PROF_NORM);
+    OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->qkv, w->qkv_bias, cols, e->qkv, l, "qkv_proj"));
+    prof_mark(e, OTE_PROF_QKV);
     OTE_TRY(attention_block(e, b, l, w));
-    if (fused) { /* post_attention_layernorm inside gate_up_proj, SwiGLU inside down_proj */
-      OTE_TRY(ote_dev_gemv1(&e->dev, 0, e->opt.dtype, w->gate_up, NULL, e->gate_up, 2 * F,
-                            (int64_t)H, NULL, e->delta, res, w->mlp_norm, res_alt, c->rms_eps));
-      void *t = res;
-      res = res_alt;
-      res_alt = t;
-      prof_mark(e, OTE_PROF_GATE_UP);
-      OTE_TRY(ote_dev_gemv1(&e->dev, 1, e->opt.dtype, w->down, NULL, e->delta, (int64_t)H, F,
-                            e->gate_up, NULL, NULL, NULL, NULL, 0.0f));
-      prof_mark(e, OTE_PROF_DOWN);
-      if (e->off.on) OTE_TRY(ote_offload_layer_end(e, l));
-      continue;
-    }
     OTE_TRY(rmsnorm(e, e->delta, e->x_res, w->mlp_norm, e->normed, b->T, l,
                     "post_attention_layernorm"));
     prof_mark(e, OTE_PROF_NORM);
@@ -568,7 +521,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     if (e->off.on) OTE_TRY(ote_offload_layer_end(e, l));
   }
   /* the last token of each sequence: final norm and lm_head (decode: every row is one) */
-  void *last_delta = e->delta, *last_res = res; /* res: x_res but on the fused path */
+  void *last_delta = e->delta, *last_res = e->x_res;
   if (b->prefill) {
     for (int i = 0; i < b->n; i++) {
       size_t r = (size_t)(b->cu[i + 1] - 1);

@@ -70,15 +70,6 @@ ot_status ote_dev_argmax(const ote_device *d, int32_t *out_dev, const void *logi
  * `constant`), equal to the host's. */
 ot_status ote_dev_fill_random(const ote_device *d, void *dst, size_t n, DLDataType dt,
                               uint64_t seed, uint64_t tensor_id, float a, float constant);
-/* CUDA, bfloat16 / float16, one token (device_kernels.cu): y [N] = W [N, K] x (+ bias) with x
- * made in the kernel -- kind 0: x = rmsnorm(delta + res) * gamma (delta may be NULL; h =
- * delta + res stored into res_out when not NULL, a buffer other than res), kind 1: x =
- * silu(gate) * up from x = the [gate | up] row of 2K elements. K % 8 == 0, K <= 24576,
- * 16-byte-aligned pointers. */
-ot_status ote_dev_gemv1(const ote_device *d, int kind, DLDataType dt, const void *w,
-                        const void *bias, void *y, int64_t N, int64_t K, const void *x,
-                        const void *delta, const void *res, const void *gamma, void *res_out,
-                        float eps);
 /* CUDA graphs of the decode step: capture on the device's stream (thread-local mode),
  * instantiate, replay. */
 ot_status ote_graph_begin(const ote_device *d);
@@ -250,7 +241,6 @@ struct ote_engine {
   void *act_block;
   void *x_res, *delta, *normed, *qkv, *attn, *gate_up, *mlp, *last_res, *last_delta, *last_norm,
       *logits;
-  void *x_res2; /* the fused decode path's second residual buffer (it alternates with x_res) */
   int32_t *positions_dev, *cu_dev, *tokens_dev, *argmax_dev;
   int32_t *next_h;      /* [max_seqs] pinned: the argmax ids, copied by the forward */
   float *logits_host;   /* [max_seqs, V] float32 */
