@@ -352,6 +352,7 @@ static cudaError_t column_sum_any(ot_dtype d, const void *dy, int64_t ds, int64_
  * 12.5 against 14.0 us); the engine's decode step is the same within run-to-run spread
  * (5.398 / 5.408 against 5.413 / 5.396 ms in two runs). */
 constexpr int kGemvWarps = 4;   /* warps per block: small blocks, so N = 4096 spreads evenly */
+constexpr int kGemvUnroll = 4;  /* W vectors in flight per lane at M > 1; a split's K granule */
 constexpr int kGemvMaxM = 16;
 
 __device__ __forceinline__ void grid_dep_wait() {
@@ -526,11 +527,12 @@ static cudaError_t gemv_launch(const ot_cuda_state *cs, bool vec, dim3 grid, cud
   static signed char pdl_reduce[16];
   const int64_t M = a->rows;
   cudaError_t e;
-  if (M <= 1) e = gemv_launch_mt<T, 1, 8>(cs, vec, grid, st, a, part, klen);
-  else if (M <= 2) e = gemv_launch_mt<T, 2, 4>(cs, vec, grid, st, a, part, klen);
-  else if (M <= 4) e = gemv_launch_mt<T, 4, 4>(cs, vec, grid, st, a, part, klen);
-  else if (M <= 8) e = gemv_launch_mt<T, 8, 4>(cs, vec, grid, st, a, part, klen);
-  else e = gemv_launch_mt<T, 16, 4>(cs, vec, grid, st, a, part, klen);
+  constexpr int U = kGemvUnroll;
+  if (M <= 1) e = gemv_launch_mt<T, 1, 2 * U>(cs, vec, grid, st, a, part, klen);
+  else if (M <= 2) e = gemv_launch_mt<T, 2, U>(cs, vec, grid, st, a, part, klen);
+  else if (M <= 4) e = gemv_launch_mt<T, 4, U>(cs, vec, grid, st, a, part, klen);
+  else if (M <= 8) e = gemv_launch_mt<T, 8, U>(cs, vec, grid, st, a, part, klen);
+  else e = gemv_launch_mt<T, 16, U>(cs, vec, grid, st, a, part, klen);
   if (e != cudaSuccess || !part) return e;
   const int64_t total = M * a->out_features;
   int64_t blocks = (total + 255) / 256;
@@ -575,7 +577,7 @@ static ot_status gemv_forward(ot_context *ctx, const char *op, const ot_linear_f
   const ot_cuda_state *cs = ot_cuda_state_of(ctx);
   cudaStream_t st = (cudaStream_t)ctx->stream;
   const int64_t M = a->rows, K = a->in_features, N = a->out_features;
-  const int64_t chunk = (vec ? 32 * (16 / (int64_t)ot_dtype_size(a->dtype)) : 32) * 4;
+  const int64_t chunk = (vec ? 32 * (16 / (int64_t)ot_dtype_size(a->dtype)) : 32) * kGemvUnroll;
   /* split K when the columns give fewer than ~16 warps per SM, each split >= 2 chunks */
   const int64_t want = (int64_t)(cs->sm_count > 0 ? cs->sm_count : 100) * 16;
   int64_t splits = 1;
