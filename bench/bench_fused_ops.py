@@ -654,7 +654,8 @@ def bench_all(S, args):
 
     # Defaults (src/cuda/norm.cuh, rope.cu): forward v2; backward v3 (RMSNorm) and the
     # bulk-copy (TMA) kernel with register partials, 2 vectors per thread and the
-    # automatic ring (LayerNorm, sm_90, rows of 4-16 KB); RoPE's warp kernel v3. The
+    # automatic ring (LayerNorm, sm_90, rows of 4-16 KB); RoPE's warp kernel v3. (The
+    # backward's shared-memory partials and 4 vectors per thread lost: removed.) The
     # variants: the bulk-copy kernels (opt-in except LayerNorm's backward) and their
     # shapes, v3 for LayerNorm's backward. (The run of a342519 timed them all as the
     # defaults, and earlier runs forward v3 / v4, rows per block, backward v2 and 2 rows
@@ -663,8 +664,6 @@ def bench_all(S, args):
                     "tma S=2": {"OT_NORM_FWD_IMPL": "tma", "OT_NORM_FWD_STAGES": "2"}}
     BWD_VARIANTS = {"v3": {"OT_NORM_BWD_IMPL": "v3"},
                     "tma": {"OT_NORM_BWD_IMPL": "tma"},
-                    "tma nv4": {"OT_NORM_BWD_IMPL": "tma", "OT_NORM_BWD_TMA_NV": "4"},
-                    "tma smem partials": {"OT_NORM_BWD_IMPL": "tma", "OT_NORM_BWD_PSMEM": "1"},
                     "tma S=2": {"OT_NORM_BWD_IMPL": "tma", "OT_NORM_BWD_TMA_STAGES": "2"}}
     ROPE_VARIANTS = {"tma": {"OT_ROPE_IMPL": "tma"},
                      "tma S=2": {"OT_ROPE_IMPL": "tma", "OT_ROPE_STAGES": "2"}}

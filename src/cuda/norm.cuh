@@ -1128,8 +1128,9 @@ __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int
  * reduction), not by bytes in flight -- v2's many short blocks hide it better. Opt-in
  * (OT_NORM_FWD_IMPL=tma). The backward with register partials beats v3 for LayerNorm
  * (3.06 / 3.26 at 4096 / 8192 against 2.81 / 3.10: its default) and ties it for
- * RMSNorm (3.21 / 3.34 against 3.26 / 3.52; opt-in); partials in shared memory lose
- * (LayerNorm 2.89 / 2.63: the partials' space halves the blocks per SM). */
+ * RMSNorm (3.21 / 3.34 against 3.26 / 3.52; opt-in); partials in shared memory lost
+ * (LayerNorm 2.89 / 2.63: the partials' space halves the blocks per SM) and 4 vectors
+ * per thread too (LayerNorm 2.91 at 4096): both removed. */
 constexpr int kNormTmaMaxWarps = 16, kNormTmaMaxStages = 4;
 
 /* Sum over a row staged in shared memory (xs, nvec 16-byte vectors), lane's vectors
@@ -1148,22 +1149,6 @@ __device__ __forceinline__ float norm_slot_sum(const uint4 *xs, int lane, int nv
     for (int j = 0; j < V; j++) acc += SQUARE ? (hv[j] - mu) * (hv[j] - mu) : hv[j];
   }
   return acc;
-}
-
-/* V fp32 partials of vector idx in a [V/4][nvec] float4 array in shared memory. */
-template <int V>
-__device__ __forceinline__ void norm_psm_load(float *f, const float4 *a, int nvec, int idx) {
-#pragma unroll
-  for (int q = 0; q < V / 4; q++) {
-    const float4 t = a[(size_t)q * nvec + idx];
-    f[4 * q] = t.x, f[4 * q + 1] = t.y, f[4 * q + 2] = t.z, f[4 * q + 3] = t.w;
-  }
-}
-template <int V>
-__device__ __forceinline__ void norm_psm_store(float4 *a, int nvec, int idx, const float *f) {
-#pragma unroll
-  for (int q = 0; q < V / 4; q++)
-    a[(size_t)q * nvec + idx] = make_float4(f[4 * q], f[4 * q + 1], f[4 * q + 2], f[4 * q + 3]);
 }
 
 /* Forward: a warp per row. One block per SM (the ring fills shared memory) of W warps;
@@ -1319,11 +1304,11 @@ __device__ __forceinline__ void norm_bwd_slot_vec(const uint4 *hs, const uint4 *
  * rows b, b + G, ...), with h, dy (and dres) of the next S - 1 rows staged by bulk
  * copies into a ring of S slots. Thread 0 refills the previous row's slot right after
  * the current row's sums barrier (every thread has then finished the previous row's dx
- * pass, the slot's last reader). PSMEM: the fp32 partials live in shared memory
- * ([V/4][nvec] float4 per partial, each thread read-modify-writes only its own, in
- * rows order) instead of registers: fewer registers per thread, more blocks per SM.
- * Saved statistics only (the launcher computes them first when the caller has none). */
-template <typename T, bool LAYER, int NV, bool PSMEM>
+ * pass, the slot's last reader). Saved statistics only (the launcher computes them first
+ * when the caller has none); dweight / dbias partials in fp32 registers, written once per
+ * block. (Partials in shared memory, [V/4][nvec] float4 per partial, lost: run of
+ * a342519; removed.) */
+template <typename T, bool LAYER, int NV>
 __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, int S) {
 #ifdef OT_BULK_COPY_DEVICE
   constexpr int V = vec_width<T>::value;
@@ -1339,8 +1324,6 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
   const int tid = threadIdx.x, tpr = blockDim.x;
   const int NT = p.dres ? 3 : 2;
   const bool want_dw = p.dw_part != nullptr, want_db = LAYER && p.db_part != nullptr;
-  float4 *pdw = reinterpret_cast<float4 *>(tma_smem + (size_t)S * NT * nvec);
-  float4 *pdb = pdw + (size_t)(V / 4) * nvec;
   if (tid == 0) {
     for (int i = 0; i < S; i++) bulk_bar_init(bars + i, 1);
     bulk_bar_init_fence();
@@ -1356,13 +1339,8 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
   float dw[NV][V], db[NV][V];
 #pragma unroll
   for (int i = 0; i < NV; i++) {
-    const int idx = tid + i * tpr;
 #pragma unroll
     for (int j = 0; j < V; j++) dw[i][j] = 0.0f, db[i][j] = 0.0f;
-    if (PSMEM && idx < nvec) {
-      norm_psm_store<V>(pdw, nvec, idx, dw[i]);
-      if (LAYER) norm_psm_store<V>(pdb, nvec, idx, db[i]);
-    }
   }
   __syncthreads(); /* the barriers are initialized */
   if (tid == 0)
@@ -1387,16 +1365,7 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
       if (idx >= nvec) continue;
       float hv[V], gv[V], wv[V];
       norm_bwd_slot_vec<T>(hs, gs, w, idx, hv, gv, wv);
-      if (PSMEM) {
-        float a[V], b[V];
-        norm_psm_load<V>(a, pdw, nvec, idx);
-        if (LAYER) norm_psm_load<V>(b, pdb, nvec, idx);
-        norm_bwd_terms<LAYER, V>(hv, gv, wv, w != nullptr, rs, nmr, a, b, sg, sgx);
-        norm_psm_store<V>(pdw, nvec, idx, a);
-        if (LAYER) norm_psm_store<V>(pdb, nvec, idx, b);
-      } else {
-        norm_bwd_terms<LAYER, V>(hv, gv, wv, w != nullptr, rs, nmr, dw[i], db[i], sg, sgx);
-      }
+      norm_bwd_terms<LAYER, V>(hv, gv, wv, w != nullptr, rs, nmr, dw[i], db[i], sg, sgx);
     }
     float a, c;
     norm_bwd_row_sums<LAYER>(sg, sgx, scr, inv_n, a, c);
@@ -1432,10 +1401,6 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
     const int idx = tid + i * tpr;
     if (idx >= nvec) continue;
     const int64_t base = (int64_t)idx * V;
-    if (PSMEM) {
-      norm_psm_load<V>(dw[i], pdw, nvec, idx);
-      if (LAYER) norm_psm_load<V>(db[i], pdb, nvec, idx);
-    }
     if (want_dw) norm_store_partials<V>(p.dw_part + part * p.cols + base, dw[i]);
     if (want_db) norm_store_partials<V>(p.db_part + part * p.cols + base, db[i]);
   }
@@ -1481,7 +1446,7 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * warp), OT_NORM_FWD_WARPS=W (tma), OT_NORM_BWD_IMPL=old | v2 | v3 (RMSNorm's default) |
  * tma (LayerNorm's default), OT_NORM_BWD_NV=1 (v2 with one vector per thread, D = 6),
  * OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread), OT_NORM_BWD_STAGES=S (v3 ring depth;
- * 0 = automatic), OT_NORM_BWD_TMA_NV / _TMA_STAGES / _PSMEM (tma). */
+ * 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring depth; 0 = automatic). */
 static inline int norm_env_int(const char *name, int dflt) {
   const char *s = getenv(name);
   return s && *s ? atoi(s) : dflt;
@@ -1877,62 +1842,50 @@ cudaError_t norm_bwd_with_partials(norm_bwd_params p, T *dw, T *db, int64_t part
   return e;
 }
 
-/* Backward with bulk-copy rings: TPR = nvec / NV threads rounded to a warp (NV from
- * OT_NORM_BWD_TMA_NV = 2 | 4, default 2), partials in registers (OT_NORM_BWD_PSMEM=1:
- * in shared memory), S slots per block
- * (OT_NORM_BWD_TMA_STAGES = 2..4; default: what the blocks that registers allow per SM
- * leave of shared memory, at most 4), as many blocks as fit per SM. */
+/* Backward with bulk-copy rings: 2 vectors per thread (TPR = nvec / 2 rounded to a warp,
+ * at most 512 for the 16 KB rows; 4 vectors ran slower at 4096: run of a342519, removed),
+ * S slots per block (OT_NORM_BWD_TMA_STAGES = 2..4; default: what the blocks that
+ * registers allow per SM leave of shared memory, at most 4), as many blocks as fit per SM. */
 template <typename T, bool LAYER>
 cudaError_t norm_bwd_tma_launch(const norm_bwd_params &p, T *dw, T *db, cudaStream_t stream) {
-  constexpr int V = vec_width<T>::value;
-  if (!norm_tma_device_ok(norm_bwd_tma_kernel<T, LAYER, 2, false>)) return cudaErrorNotSupported;
+  constexpr int V = vec_width<T>::value, NV = 2;
+  const auto kernel = norm_bwd_tma_kernel<T, LAYER, NV>;
+  if (!norm_tma_device_ok(kernel)) return cudaErrorNotSupported;
   const int64_t nvec = p.cols / V;
-  int nv = norm_env_int("OT_NORM_BWD_TMA_NV", 2) == 4 ? 4 : 2;
-  if (nvec > 512 * nv) nv = 4;
-  if (nvec > 512 * nv) return cudaErrorNotSupported;
-  const bool psmem = norm_env_int("OT_NORM_BWD_PSMEM", 0) != 0;
-  const int threads = (int)(((nvec + nv - 1) / nv + 31) / 32 * 32);
-  const size_t rb = (size_t)p.cols * sizeof(T);
-  const size_t stage = (size_t)(p.dres ? 3 : 2) * rb;
-  const size_t psm = psmem ? (size_t)(LAYER ? 2 : 1) * (size_t)p.cols * sizeof(float) : 0;
-  const int env_s = norm_env_int("OT_NORM_BWD_TMA_STAGES", 0);
-  auto go = [&](auto kernel) -> cudaError_t {
-    int per_sm_smem = 0, optin = 0;
-    norm_smem_limits(&per_sm_smem, &optin);
-    const int dyn = norm_raise_smem_limit(reinterpret_cast<const void *>(kernel), optin);
-    if (dyn <= 0 || (size_t)dyn < psm + 2 * stage) return cudaErrorNotSupported;
-    int S = env_s;
-    if (S < 2 || S > kNormTmaMaxStages) {
-      int b0 = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b0, kernel, threads, 0) != cudaSuccess ||
-          b0 < 1) {
-        (void)cudaGetLastError();
-        return cudaErrorNotSupported;
-      }
-      size_t per_block = (size_t)per_sm_smem / (size_t)b0;
-      per_block = per_block > 1024 + psm ? per_block - 1024 - psm : 0;
-      S = (int)(per_block / stage);
-      S = S < 2 ? 2 : (S > kNormTmaMaxStages ? kNormTmaMaxStages : S);
-    }
-    while (S > 2 && psm + (size_t)S * stage > (size_t)dyn) S--;
-    const size_t smem = psm + (size_t)S * stage;
-    if (smem > (size_t)dyn) return cudaErrorNotSupported;
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess ||
-        per_sm < 1) {
+  if (nvec > 512 * NV) return cudaErrorNotSupported;
+  const int threads = (int)(((nvec + NV - 1) / NV + 31) / 32 * 32);
+  const size_t stage = (size_t)(p.dres ? 3 : 2) * (size_t)p.cols * sizeof(T);
+  int per_sm_smem = 0, optin = 0;
+  norm_smem_limits(&per_sm_smem, &optin);
+  const int dyn = norm_raise_smem_limit(reinterpret_cast<const void *>(kernel), optin);
+  if (dyn <= 0 || (size_t)dyn < 2 * stage) return cudaErrorNotSupported;
+  int S = norm_env_int("OT_NORM_BWD_TMA_STAGES", 0);
+  if (S < 2 || S > kNormTmaMaxStages) {
+    int b0 = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b0, kernel, threads, 0) != cudaSuccess ||
+        b0 < 1) {
       (void)cudaGetLastError();
       return cudaErrorNotSupported;
     }
-    int64_t grid = (int64_t)per_sm * ot_cuda_sm_count();
-    grid = grid < p.rows ? grid : p.rows;
-    return norm_bwd_with_partials<T, LAYER>(p, dw, db, grid, stream, [&](const norm_bwd_params &q) {
-      kernel<<<(unsigned)grid, threads, smem, stream>>>(q, S);
-      return cudaGetLastError();
-    });
-  };
-  if (psmem)
-    return nv == 4 ? go(norm_bwd_tma_kernel<T, LAYER, 4, true>) : go(norm_bwd_tma_kernel<T, LAYER, 2, true>);
-  return nv == 4 ? go(norm_bwd_tma_kernel<T, LAYER, 4, false>) : go(norm_bwd_tma_kernel<T, LAYER, 2, false>);
+    size_t per_block = (size_t)per_sm_smem / (size_t)b0;
+    per_block = per_block > 1024 ? per_block - 1024 : 0;
+    S = (int)(per_block / stage);
+    S = S < 2 ? 2 : (S > kNormTmaMaxStages ? kNormTmaMaxStages : S);
+  }
+  while (S > 2 && (size_t)S * stage > (size_t)dyn) S--;
+  const size_t smem = (size_t)S * stage;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess ||
+      per_sm < 1) {
+    (void)cudaGetLastError();
+    return cudaErrorNotSupported;
+  }
+  int64_t grid = (int64_t)per_sm * ot_cuda_sm_count();
+  grid = grid < p.rows ? grid : p.rows;
+  return norm_bwd_with_partials<T, LAYER>(p, dw, db, grid, stream, [&](const norm_bwd_params &q) {
+    kernel<<<(unsigned)grid, threads, smem, stream>>>(q, S);
+    return cudaGetLastError();
+  });
 }
 
 template <typename T, bool LAYER>
