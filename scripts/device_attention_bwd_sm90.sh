@@ -5,7 +5,10 @@
 #
 #   [PRE=DIR] scripts/device_attention_bwd_sm90.sh [COMMIT] [STEPS]
 #     STEPS: comma list of smoke,test,test_alt,sanitize,bench,timing (default all but
-#     test_alt: the CUDA cases under ALT_ENV, default OT_ATTN_SM90=0: the portable kernels); logs under $OUT. TIMING_SHAPES: "B,H,S,D ..." (default 8,16,4096,128);
+#     test_alt: the CUDA cases under ALT_ENV, default OT_ATTN_SM90=0: the portable kernels),
+#     and sanitize_base / bench_base: racecheck and the benchmark (BASE_BENCH_ARGS) with each
+#     other build $PRE/NAME.tar.xz (test_ops + libattention_shim.so of a kernel to compare
+#     against) for NAME in ALTS (default base), in the same run; SAN_LIMIT: seconds per sanitizer run (60); logs under $OUT. TIMING_SHAPES: "B,H,S,D ..." (default 8,16,4096,128);
 #     TIMING_SETS: the VAR=VALUE settings timed in turn (default deterministic=0 deterministic=1).
 #     BENCH_PY: the bench script to run (default bench/bench_attention.py).
 #     PRE (default .bwd90carry, carried): bin.tar.xz with test_ops and libattention_shim.so
@@ -35,6 +38,9 @@ if [ -f "$PRE/bin.tar.xz" ]; then
   export LD_LIBRARY_PATH="$BIN/lib:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
   TEST=$BIN/tests/test_ops
   SHIM=$BIN/libattention_shim.so
+  for alt in ${ALTS:-base}; do
+    [ -f "$PRE/$alt.tar.xz" ] && mkdir -p "$BIN/$alt" && tar -xJf "$PRE/$alt.tar.xz" -C "$BIN/$alt"
+  done
 else
   stamp "no prebuilt binaries: building"
   # shellcheck source=device_build.sh
@@ -77,15 +83,34 @@ if has sanitize; then
   : >"$SAN"
   san() { # tool filter [args]
     echo "== $1 / $2" >>"$SAN"
-    timeout 60 compute-sanitizer --tool "$1" --print-limit 10 "${@:3}" $A --filter "$2" >>"$SAN" 2>&1
+    timeout ${SAN_LIMIT:-60} compute-sanitizer --tool "$1" --print-limit 10 "${@:3}" $A --filter "$2" >>"$SAN" 2>&1
     echo "   $1 '$2' rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$SAN" | tail -1)"
   }
   stamp "compute-sanitizer"
-  san memcheck "cuda S129 D64 MQA8"
+  # the Hopper backward's cases (OT_ATTN_IMPL=sm90: a declined call fails): D64 MQA with
+  # the 64-query tail, D128 GQA1; memcheck also on a D128 Sq != Sk case through the dispatcher
+  san memcheck "hopper-only S129"
   san memcheck "cuda Sq17 Sk1000 D128"
-  san racecheck "cuda S128 D64 GQA1 causal" --racecheck-report all
-  san synccheck "cuda S128 D128 GQA1"
+  san racecheck "hopper-only S129" --racecheck-report all
+  san racecheck "hopper-only S128 D128" --racecheck-report all
+  san synccheck "hopper-only S128 D128"
 fi
+for alt in ${ALTS:-base}; do
+  has sanitize_base && [ -x "$BIN/$alt/tests/test_ops" ] || continue
+  stamp "racecheck, build $alt"
+  timeout ${SAN_LIMIT:-60} compute-sanitizer --tool racecheck --racecheck-report all --print-limit 10 \
+    "$BIN/$alt/tests/test_ops" --backend cuda --suite attention --filter "hopper-only S129" \
+    >>"$OUT/sanitize.log" 2>&1
+  echo "   $alt racecheck 'hopper-only S129' rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/sanitize.log" | tail -1)"
+done
+for alt in ${ALTS:-base}; do
+  has bench_base && [ -f "$BIN/$alt/libattention_shim.so" ] || continue
+  stamp "bench, build $alt"
+  timeout ${BENCH_LIMIT:-150} python3 ${BENCH_PY:-bench/bench_attention.py} --shim "$BIN/$alt/libattention_shim.so" \
+    --bench ${BASE_BENCH_ARGS:-${BENCH_ARGS:-}} --json "$OUT/attention_$alt.json" --commit "$alt of $COMMIT" \
+    >"$OUT/bench_$alt.log" 2>&1
+  echo "bench $alt rc=$?"; grep -E 'GEMM|attention_f|failed|Error|not available' "$OUT/bench_$alt.log" | cut -c1-160
+done
 if has bench; then
   stamp "bench"
   timeout ${BENCH_LIMIT:-150} python3 ${BENCH_PY:-bench/bench_attention.py} --shim "$SHIM" --bench ${BENCH_ARGS:-} \

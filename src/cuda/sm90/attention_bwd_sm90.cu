@@ -9,8 +9,9 @@
  *    the fp32 dQ accumulator [B][Hq][Sq_pad][D] is zeroed (all in context scratch);
  *  - main kernel: one CTA per (block of 128 keys, kv head, batch), 3 warpgroups:
  *    WG0 = producer (one thread: K and V of the block once, then Q, dO tiles of 64 queries
- *    by TMA and their lse2 / Dsum by bulk copies into a 2-stage ring on mbarriers; the WG
- *    gives registers back with setmaxnreg.dec 24), WG1 / WG2 = consumers of 64 keys each
+ *    by TMA and their lse2 / Dsum by bulk copies into a 2-stage ring on mbarriers; a second
+ *    thread, the dQ writer, see below; the WG gives registers back with setmaxnreg.dec 24),
+ *    WG1 / WG2 = consumers of 64 keys each
  *    (setmaxnreg.inc 240) holding dK and dV in fp32 registers across every query tile of
  *    every query head of the GQA group (the group sum is in registers: deterministic);
  *    per query tile:
@@ -21,10 +22,13 @@
  *        dS^T -> shared memory (bf16/fp16, 128B swizzle, double-buffered), then
  *        dQ_part = dS K                           (wgmma SS, A and B MN-major): D = 128 splits
  *                                                 the 128 columns between the two WGs, D = 64
- *                                                 the 128 keys; added to the accumulator with
- *                                                 float2 atomics (red.global.add.v2.f32);
+ *                                                 the 128 keys; the fp32 partial goes to a
+ *                                                 double-buffered shared staging tile, and the
+ *                                                 dQ writer adds it into the accumulator with
+ *                                                 one bulk reduce-add (cp.reduce.async.bulk
+ *                                                 .add.f32), off the consumers' path;
  *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype.
- * The atomics make dQ's summation order vary between runs (not bitwise repeatable):
+ * The reduce-adds make dQ's summation order vary between runs (not bitwise repeatable):
  * params.deterministic = 1 routes to the portable backward instead (attention_bwd.cu).
  *
  * Not covered here (handled = false; the portable kernel runs): windows other than causal,
@@ -52,6 +56,7 @@ constexpr int kBk = 128;        /* keys per CTA (2 consumer WGs x 64) */
 constexpr int kBq = 64;         /* queries per tile */
 constexpr int kThreads = 384;   /* producer WG + 2 consumer WGs */
 constexpr int kStages = 2;
+constexpr int kDqTile = 64 * 64;  /* floats of one consumer's dQ partial (64 queries x 64) */
 
 template <int D> struct bwd_smem {
   static constexpr int kv_bytes = kBk * D * 2;   /* K or V of the block */
@@ -62,15 +67,20 @@ template <int D> struct bwd_smem {
   static constexpr int q_off = 2 * kv_bytes;
   static constexpr int do_off = q_off + kStages * q_bytes;
   static constexpr int ds_off = do_off + kStages * q_bytes;
-  static constexpr int lse_off = ds_off + 2 * ds_bytes;
+  /* dQ staging: [consumer][buffer] tiles of kDqTile floats (64 KB) */
+  static constexpr int dqs_off = ds_off + 2 * ds_bytes;
+  static constexpr int lse_off = dqs_off + 4 * kDqTile * 4;
   static constexpr int dsum_off = lse_off + kStages * kBq * 4;
   static constexpr int bar_off = dsum_off + kStages * kBq * 4;
-  static constexpr int bytes = bar_off + 64 + 1024; /* barriers + alignment slack */
+  static constexpr int bytes = bar_off + 128 + 1024; /* barriers + alignment slack */
   static_assert(kv_bytes % 1024 == 0 && q_bytes % 1024 == 0, "swizzle atoms are 1024 B");
 };
 
-/* Barrier slots (8 bytes each). */
-enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages };
+/* Barrier slots (8 bytes each): the K / V load, the Q / dO ring, and per consumer c and
+ * buffer u the dQ staging's full (BAR_DQF + 2 c + u) and empty (BAR_DQE + 2 c + u). */
+enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages, BAR_DQF = 1 + 2 * kStages,
+       BAR_DQE = BAR_DQF + 4, BAR_COUNT = BAR_DQE + 4 };
+static_assert(BAR_COUNT * 8 <= 128, "barrier area");
 
 struct bwd_params {
   void *dk, *dv;
@@ -83,7 +93,7 @@ struct bwd_params {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-constexpr int kEmptyCount = 8;  /* lane 0 of each consumer warp releases a stage */
+constexpr int kEmptyCount = 256;  /* every consumer thread releases a stage */
 constexpr int kDsBar = 1;       /* named barrier: both consumers' dS^T are in shared memory */
 
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
@@ -91,6 +101,13 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
       ::"r"(dst), "l"((uint64_t)src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+/* global[dst .. + bytes) += shared[src ..) (fp32, by the TMA unit), one bulk group. */
+__device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"((uint64_t)dst), "r"(src), "r"(bytes)
       : "memory");
 }
 /* Named barrier of one consumer warpgroup (ids 2, 3; 1 is kDsBar). */
@@ -105,8 +122,10 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-/* dQ by float2 atomics: at D = 128 the 64 columns of a consumer over all 128 keys, after a
- * barrier of both consumers; at D = 64 all columns over the consumer's own keys. */
+/* dQ partials: at D = 128 the 64 columns of a consumer over all 128 keys, after a barrier of
+ * both consumers; at D = 64 all columns over the consumer's own keys. Each goes to a shared
+ * staging tile, from which the dQ writer (one thread of the producer warpgroup) adds it
+ * into the accumulator with one bulk reduce-add: the consumers never wait on atomics. */
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
@@ -151,6 +170,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(bar(BAR_FULL + s), 1);
       mbar_init(bar(BAR_EMPTY + s), kEmptyCount);
     }
+    for (int u = 0; u < 4; u++) {
+      mbar_init(bar(BAR_DQF + u), 128);   /* every thread of the consumer arrives */
+      mbar_init(bar(BAR_DQE + u), 1);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -158,7 +181,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     /* ---------------- producer ---------------- */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (tid != 0 || n_it == 0) return;
+    if (n_it == 0 || (tid != 0 && tid != 32)) return;
+    if (tid == 32) {
+      /* ---- dQ writer: consumer c's partial of query tile it, buffer it & 1, into the
+       * accumulator's tile [b][h][m][D / 64] in fragment order (see bwd_dq_kernel) ---- */
+      for (int it = 0; it < n_it; it++) {
+        const int h = kvh * p.group + it / nm, m = tile_of(it), u = it & 1;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          mbar_wait(bar(BAR_DQF + 2 * c + u), (it >> 1) & 1);
+          const int64_t tile =
+              (((int64_t)b * p.hq + h) * m_hi + m) * (D / 64) + (D == 128 ? c : 0);
+          bulk_reduce_add(p.dq_acc + tile * kDqTile,
+                          s_base + L::dqs_off + (2 * c + u) * kDqTile * 4, kDqTile * 4);
+          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+          mbar_arrive(bar(BAR_DQE + 2 * c + u));
+        }
+      }
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      return;
+    }
     mbar_expect_tx(bar(BAR_KV), 2u * L::kv_bytes);
     tma_load_5d(s_base + L::k_off, &tm_k, bar(BAR_KV), 0, kb, 0, kvh, b);
     tma_load_5d(s_base + L::v_off, &tm_v, bar(BAR_KV), 0, kb, 0, kvh, b);
@@ -288,6 +330,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     /* dQ_part [64 queries x NQ columns] = dS K: A = dS^T buffer (MN-major), B = K (MN-major):
      * the WG's 64 columns over all 128 keys, or (OWN) all columns over its 64 keys. */
+    /* The dQ staging buffer of this tile is free once the writer has read its previous
+     * contents (waited for here, before dq is live: fewer registers across the wait). */
+    mbar_wait(bar(BAR_DQE + 2 * c + (it & 1)), ((it >> 1) & 1) ^ 1);
     float dq[NQ / 2];
     {
       const uint32_t ds_base = s_base + L::ds_off + (it & 1) * L::ds_bytes;
@@ -309,22 +354,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     reg_fence<NQ / 2>(dq);
     reg_fence<16>(pp);
     reg_fence<16>(pds);
-    /* Every lane's reads of the stage (lse2 / Dsum) are ordered before lane 0's release:
-     * without the __syncwarp the producer's next bulk copy into the stage races with
-     * them (compute-sanitizer racecheck). */
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar(BAR_EMPTY + s));
-    /* dq element i: query i0 + warp 16 + g + 8 ((i >> 1) & 1), column col0 + 8 (i >> 2) + 2 q4. */
+    /* Release the stage: every consumer thread arrives, since an arrive releases only the
+     * executing thread's own prior accesses (its lse2 / Dsum reads of the stage) to the
+     * producer's next bulk copy. Lane 0 of each warp arriving after a __syncwarp, or thread
+     * 0 of each warpgroup after its named barrier, left compute-sanitizer racecheck
+     * reporting WAR hazards between those reads and the bulk copy (run of 2026-11-30). */
+    mbar_arrive(bar(BAR_EMPTY + s));
+    /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) into
+     * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy writes visible to the bulk copy (async proxy). */
     {
-      const int col0 = OWN ? 0 : c * 64;
-      float *acc = p.dq_acc + (((int64_t)b * p.hq + h) * p.sq_pad + i0 + warp * 16 + g) * D +
-                   col0 + 2 * q4;
+      const int u = 2 * c + (it & 1);
+      float4 *stg = (float4 *)(smem + L::dqs_off + u * kDqTile * 4);
 #pragma unroll
-      for (int j = 0; j < NQ / 8; j++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-          atomicAdd((float2 *)(acc + hh * 8 * D + 8 * j),
-                    make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]));
+      for (int j = 0; j < 8; j++)
+        stg[j * 128 + t128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      fence_proxy_async();
+      mbar_arrive(bar(BAR_DQF + u));
     }
   }
 
@@ -382,7 +427,10 @@ __global__ void bwd_prep_kernel(const ot_attn_operand o, const ot_attn_operand d
   }
 }
 
-/* dQ = scale * accumulator: one thread per 2 elements, columns fastest, then heads. */
+/* dQ = scale * accumulator: one thread per 2 elements, columns fastest, then heads. The
+ * accumulator holds [b][h][m][D / 64] tiles of 64 queries x 64 columns in the main kernel's
+ * fragment order: float4 j of thread t = 32 warp + 4 g + q4 holds rows 16 warp + g (+ 8),
+ * columns 8 j + 2 q4 (+ 1) as {r c, r c+1, r+8 c, r+8 c+1}. */
 template <typename T>
 __global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int sq_pad, int hq,
                               int d, float scale, int64_t pairs) {
@@ -394,7 +442,10 @@ __global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int 
     u /= hq;
     const int i = (int)(u % sq);
     const int64_t b = u / sq;
-    const int64_t src = ((b * hq + h) * sq_pad + i) * (int64_t)d + 2 * c2;
+    const int r = i % 64, col = 2 * c2, cc = col % 64;
+    const int ft = (r / 16) * 32 + (r % 8) * 4 + (cc % 8) / 2;
+    const int64_t tile = ((b * hq + h) * (sq_pad / 64) + i / 64) * (d / 64) + col / 64;
+    const int64_t src = tile * kDqTile + ((cc / 8) * 128 + ft) * 4 + 2 * ((r / 8) % 2);
     const float2 v = *(const float2 *)(acc + src);
     T *dst = (T *)dq.data + b * dq.batch_stride + (int64_t)i * dq.tok_stride +
              (int64_t)h * dq.head_stride + 2 * c2;
@@ -492,9 +543,9 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   p.hq = (int)a->hq;
   p.group = (int)(a->hq / a->hkv);
   p.causal = a->window_right == 0;
-  /* dQ by atomics only: staging it in shared memory with one bulk reduce-add per tile
-   * (00d0a38) and, at D = 128, each consumer's dQ over its own keys (2139dbc) measured
-   * slower (docs/ATTENTION.md) and were removed. */
+  /* dQ partials by bulk reduce-adds from a dedicated writer thread (docs/ATTENTION.md has
+   * the measured alternatives: float2 atomics from the consumers, the consumers issuing
+   * the bulk reduce-add themselves (00d0a38), D = 128 dQ over each consumer's own keys). */
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
   if (a->d == 64)
