@@ -93,6 +93,8 @@ if has sanitize; then
   san memcheck "cuda Sq17 Sk1000 D128"
   san racecheck "hopper-only S129" --racecheck-report all
   san racecheck "hopper-only S128 D128" --racecheck-report all
+  # D128 with refilled Q/dO stages (8 tiles a CTA; S128 D128 has 2, no refill)
+  san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all
   san synccheck "hopper-only S128 D128"
 fi
 for alt in ${ALTS:-base}; do
