@@ -219,7 +219,9 @@ static void small_m_forward(test_run *tr, DLDataType dt) {
  * launch that starts streaming W2 before the first has finished, and must read y1 only
  * after it is complete. y2 is checked against the float64 product of the y1 the first
  * wrote (downloaded after both ran), so a y2 computed from stale or NaN y1 fails; N2 = 24
- * takes the split-K path (its sum kernel is a dependent launch too). */
+ * takes the split-K path (its sum kernel is a dependent launch too). Three times, each
+ * from poisoned y1 / y2 and checked: a pair run after another would find the same y1
+ * values left there, and a later pair would overwrite the y2 of an earlier one. */
 static void small_m_chain(test_run *tr, DLDataType dt, int64_t M, int64_t K1, int64_t K2,
                           int64_t N2) {
   if (!tr_begin(tr, "forward %s chained small-M x[%lld] K=%lld -> %lld -> %lld", dt_name(dt),
@@ -236,31 +238,34 @@ static void small_m_chain(test_run *tr, DLDataType dt, int64_t M, int64_t K1, in
   tb_poison(y1);
   tb_poison(y2);
   env_saved gemv = env_set("OT_LINEAR_GEMV", "1");
-  const DLTensor *dx = tb_dl(x), *dw1 = tb_dl(w1), *dy1 = tb_dl(y1), *dw2 = tb_dl(w2),
-                 *dy2 = tb_dl(y2);
-  ot_status st = OT_OK;
-  for (int rep = 0; rep < 3 && st == OT_OK; rep++) { /* the pair three times in a row */
-    st = ot_linear_forward(be->ctx, dx, dw1, NULL, dy1);
+  const DLTensor *dx = tb_dl(x), *dw1 = tb_dl(w1), *dw2 = tb_dl(w2);
+  double *xd = tb_to_f64(x), *w1d = tb_to_f64(w1), *w2d = tb_to_f64(w2);
+  double *ref1 = (double *)malloc((size_t)(M * K2) * sizeof *ref1);
+  double *ref2 = (double *)malloc((size_t)(M * N2) * sizeof *ref2);
+  ref_forward(xd, w1d, NULL, M, K1, K2, ref1);
+  for (int rep = 0; rep < 3 && !tr->case_failed; rep++) {
+    if (rep > 0) { /* after tb_sync waited for the previous pair */
+      tb_poison(y1);
+      tb_poison(y2);
+    }
+    const DLTensor *dy1 = tb_dl(y1), *dy2 = tb_dl(y2);
+    ot_status st = ot_linear_forward(be->ctx, dx, dw1, NULL, dy1);
     if (st == OT_OK) st = ot_linear_forward(be->ctx, dy1, dw2, NULL, dy2);
-  }
-  env_restore(&gemv);
-  if (tr_ok(tr, st, "ot_linear_forward")) {
+    if (!tr_ok(tr, st, "ot_linear_forward")) break;
     tb_sync(y1);
     tb_sync(y2);
-    double *xd = tb_to_f64(x), *w1d = tb_to_f64(w1), *y1d = tb_to_f64(y1), *w2d = tb_to_f64(w2);
-    double *ref1 = (double *)malloc((size_t)(M * K2) * sizeof *ref1);
-    double *ref2 = (double *)malloc((size_t)(M * N2) * sizeof *ref2);
-    ref_forward(xd, w1d, NULL, M, K1, K2, ref1);
+    double *y1d = tb_to_f64(y1);
     ref_forward(y1d, w2d, NULL, M, K2, N2, ref2);
     check_close(tr, "y1", y1, ref1, tol_lin(dt, K1));
     check_close(tr, "y2", y2, ref2, tol_lin(dt, K2));
-    free(xd);
-    free(w1d);
     free(y1d);
-    free(w2d);
-    free(ref1);
-    free(ref2);
   }
+  env_restore(&gemv);
+  free(xd);
+  free(w1d);
+  free(w2d);
+  free(ref1);
+  free(ref2);
   tb_free(x);
   tb_free(w1);
   tb_free(y1);
