@@ -1268,14 +1268,15 @@ static ot_status ps_launch(ot_context *ctx, pa_params &p, bool debug, const char
 }
 
 /* Whether the stream kernel can take a call: no left window, 16-byte aligned out rows, slab
- * ids and step counts within int32. */
+ * ids, sequence lengths (at most entries of kv.indices x block_size; the kernel keeps them
+ * in int) and step counts within int32. */
 static bool ps_wanted(const pa_params &p, bool out_aligned, int per_sm) {
   if (per_sm < 1) return false;
   const int64_t tiles_upper = p.batch + (p.tq * p.group + 15) / 16;
   const double steps_upper =
       (double)tiles_upper * p.hkv * ((double)p.num_indices * p.bs / kPaStep + 1.0);
   if (p.wl >= 0 || !out_aligned || (double)p.num_pages * p.hkv >= 2147483647.0 ||
-      steps_upper >= 1073741824.0)
+      (double)p.num_indices * p.bs >= 2147483647.0 || steps_upper >= 1073741824.0)
     return false;
   return true;
 }
