@@ -666,8 +666,8 @@ __global__ void __launch_bounds__(kPaThreads) pa_merge_kernel(const __grid_const
  * A unit inside one warp's range is normalized and written directly. A unit cut by range
  * ends leaves a piece in each warp it touches (normalized O and lse, slot 0 for the unit
  * holding the warp's first step, else slot 1); the warp holding its last step writes a
- * descriptor and the merge kernel (one warp per descriptor, a programmatic dependent on
- * sm_90) combines the pieces as the split merge does. */
+ * descriptor and the merge kernel (one CTA per descriptor, a warp per row, a programmatic
+ * dependent on sm_90) combines the pieces as the split merge does. */
 constexpr int kPsMeta = 8;      /* unit-metadata entries per warp (> S - 1 + A) */
 constexpr int kPsMinSteps = 4;  /* fewest steps per warp */
 
