@@ -978,6 +978,15 @@ static void paged_stream_case(test_run *tr, const char *name, int b, int maxlen,
   env_restore(&kern);
 }
 
+/* CUDA stream kernel, masks the head_dim-128 cases above leave out (they are all causal,
+ * and the softcap one has a left window, which keeps the split kernel): non-causal,
+ * softcap, a right window, an empty sequence with a query; run on 1 CTA so that units are
+ * cut into pieces. */
+static const pcase paged_stream_masks[] = {
+    {"cuda stream non-causal softcap 10 D128, 1 CTA", 2, {400, 30}, {3, 30}, 8, 2, 128, 16, 0, -1, -1, 10.0f, 0},
+    {"cuda stream non-causal window right 2 scale 0.2 D128, 1 CTA", 3, {300, 5, 0}, {5, 2, 1}, 8, 2, 128, 16, 0, -1, 2, 0, 0.2f},
+};
+
 /* CUDA OT_DEBUG: a page id out of range is reported (not read) by both kernels and by
  * the append. */
 static void paged_debug_case(test_run *tr, DLDataType dt, int d) {
@@ -1561,6 +1570,12 @@ static void run_memory_cuda(test_run *tr) {
   paged_stream_case(tr, "stream B150 short GQA8 bs1, 1 CTA", 150, 20, 2, 8, 1, 1, 1, DT_F16, 12);
   paged_stream_case(tr, "stream B100 GQA4 bs64, 3 CTAs", 100, 700, 1, 16, 4, 64, 3, DT_BF16, 13);
   paged_stream_case(tr, "stream B33 spec 5 GQA2 bs7, 2 CTAs", 33, 90, 5, 4, 2, 7, 2, DT_BF16, 14);
+  env_saved kern3 = env_set("OT_PAGED_KERNEL", "stream");
+  env_saved grid3 = env_set("OT_PAGED_STREAM_CTAS", "1");
+  for (size_t i = 0; i < sizeof paged_stream_masks / sizeof paged_stream_masks[0]; i++)
+    paged_case(tr, &paged_stream_masks[i], i % 2 ? DT_F16 : DT_BF16);
+  env_restore(&grid3);
+  env_restore(&kern3);
   append_cases(tr);
   append_case(tr, DT_BF16, 16, 0, true, false, false);
   paged_debug_case(tr, DT_BF16, 128);
