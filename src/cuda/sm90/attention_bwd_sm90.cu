@@ -74,6 +74,7 @@ template <int D> struct bwd_smem {
   static constexpr int bar_off = dsum_off + kStages * kBq * 4;
   static constexpr int bytes = bar_off + 128 + 1024; /* barriers + alignment slack */
   static_assert(kv_bytes % 1024 == 0 && q_bytes % 1024 == 0, "swizzle atoms are 1024 B");
+  static_assert(bytes <= kSmemOptin, "shared memory opt-in limit"); /* D128: 231552 B */
 };
 
 /* Barrier slots (8 bytes each): the K / V load, the Q / dO ring, and per consumer c and

@@ -87,6 +87,7 @@ template <int D, int BC, int NC> struct fwd_smem {
   static constexpr int bytes = bar_off + 128 + 1024;       /* barriers + alignment slack */
   static_assert(BC % 16 == 0 && BC <= 256, "key tile");
   static_assert(q_bytes % 1024 == 0 && kv_bytes % 1024 == 0, "swizzle atoms are 1024 B");
+  static_assert(bytes <= kSmemOptin, "shared memory opt-in limit");
 };
 
 struct fwd_params {

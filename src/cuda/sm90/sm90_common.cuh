@@ -23,6 +23,10 @@ namespace sm90 {
 template <typename T> struct is_half { static constexpr bool value = false; };
 template <> struct is_half<__half> { static constexpr bool value = true; };
 
+/* Dynamic shared memory one block may opt in to on cc 9.0 (sharedMemPerBlockOptin, set by
+ * cudaFuncAttributeMaxDynamicSharedMemorySize): the kernels' layouts are checked against it. */
+constexpr int kSmemOptin = 227 * 1024;
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
