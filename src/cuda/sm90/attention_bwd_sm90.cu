@@ -240,8 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int it = 0; it < n_it; it++) {
     const int s = it % kStages;
-    const int h = kvh * p.group + it / nm, m = tile_of(it);
-    const int i0 = m * kBq;
+    const int i0 = tile_of(it) * kBq;   /* the query head (it / nm) matters only to the loads */
     const uint32_t q_base = s_base + L::q_off + s * L::q_bytes;
     const uint32_t do_base = s_base + L::do_off + s * L::q_bytes;
     mbar_wait(bar(BAR_FULL + s), (it / kStages) & 1);
@@ -362,7 +361,8 @@ __global__ void __launch_bounds__(kThreads, 1)
      * reporting WAR hazards between those reads and the bulk copy (run of 2026-11-30). */
     mbar_arrive(bar(BAR_EMPTY + s));
     /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) into
-     * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy writes visible to the bulk copy (async proxy). */
+     * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy
+     * writes visible to the bulk reduce-add (async proxy). */
     {
       const int u = 2 * c + (it & 1);
       float4 *stg = (float4 *)(smem + L::dqs_off + u * kDqTile * 4);
