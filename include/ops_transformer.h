@@ -559,10 +559,12 @@ OT_API ot_status ot_adamw_step(ot_context *ctx, const ot_adamw_params *params, i
  * legacy default stream, is a stream like the others: non-blocking streams are not
  * ordered after it). An allocation on the same stream s may reuse it immediately (work
  * on s is ordered, so later kernels on s run after the last use). An allocation on
- * another stream t takes such blocks only when nothing else fits: t then waits for s
- * (an event recorded on s at that moment, after every use of what was freed there; no
- * host synchronization) and the blocks become t's. While t or s captures a CUDA graph
- * that wait is impossible and the request fails with OT_ERR_OOM instead.
+ * another stream t takes such blocks only when nothing else fits: it picks the first run
+ * of adjacent free blocks that would hold it, t waits for each stream s that freed a
+ * block of that run, and for no other (an event recorded on s at that moment, after
+ * every use of what was freed there; no host synchronization), and those blocks become
+ * t's. While t or s captures a CUDA graph that wait is impossible and the request fails
+ * with OT_ERR_OOM instead.
  * ot_arena_synchronize(a) synchronizes the device and clears every tag. Free neighbours
  * merge when their tags are equal (so never-used memory stays free of any stream). The
  * stream given to ot_arena_alloc is recorded nowhere else; a block may be used on any

@@ -42,6 +42,7 @@ static bool consistent(test_run *tr, ot_arena *a, const char *when) {
 enum { NS = 4 };
 static uint64_t vclock[NS + 1][NS + 1]; /* vclock[t][s]: how far t is ordered after s */
 static int nwait_calls;
+static void *last_waiter, *last_producer; /* the handles of the last wait call */
 static bool wait_fails;
 static int wait_refused_from; /* refuse the n-th wait call and later ones (0: none) */
 
@@ -50,6 +51,7 @@ static int stream_no(void *s) { return s ? (int)(uintptr_t)s : 1; } /* NULL: leg
 static ot_status recording_wait(const char *op, DLDevice device, void *waiter, void *producer) {
   (void)device;
   nwait_calls++;
+  last_waiter = waiter, last_producer = producer;
   if (wait_fails || (wait_refused_from && nwait_calls >= wait_refused_from))
     return ot_error(OT_ERR_BACKEND, op, "test: wait refused");
   int t = stream_no(waiter), s = stream_no(producer);
@@ -62,6 +64,7 @@ static ot_status recording_wait(const char *op, DLDevice device, void *waiter, v
 static void clocks_reset(void) {
   memset(vclock, 0, sizeof vclock);
   nwait_calls = 0;
+  last_waiter = last_producer = NULL;
   wait_fails = false;
   wait_refused_from = 0;
 }
@@ -294,6 +297,42 @@ static void arena_tagged_and_untagged_run(test_run *tr) {
     tr_ok(tr, ot_arena_free(a, q, S(4)), "free");
   }
   tr_ok(tr, ot_arena_free(a, b4[3], S(4)), "free");
+out:
+  ot_arena_destroy(a);
+  tr_end(tr);
+}
+
+/* Adoption waits only for the streams whose blocks the chosen run holds: [s2 free][live]
+ * [s3 free] and a request on s4 that fits s3's block waits for s3 alone, and s2's block
+ * stays s2's (s2 reuses it without a wait). */
+static void arena_adoption_waits_for_the_run(test_run *tr) {
+  if (!tr_begin(tr, "arena cross-stream reuse: waits only for the chosen run's streams")) return;
+  ot_arena *a = NULL;
+  clocks_reset();
+  void *b[3] = {NULL, NULL, NULL}, *q = NULL;
+  if (!tr_ok(tr, ot_arena_create(tr->be->ctx, 4096, &a), "create")) goto out;
+  ot_arena_set_stream_ordered(a, true);
+  ot_arena_set_wait(a, recording_wait);
+  tr_ok(tr, ot_arena_alloc(a, 1024, S(2), &b[0]), "1024");
+  tr_ok(tr, ot_arena_alloc(a, 1024, S(2), &b[1]), "1024 live");
+  tr_ok(tr, ot_arena_alloc(a, 2048, S(3), &b[2]), "2048");
+  tr_ok(tr, ot_arena_free(a, b[0], S(2)), "free on s2");
+  tr_ok(tr, ot_arena_free(a, b[2], S(3)), "free on s3");
+  if (tr_ok(tr, ot_arena_alloc(a, 2048, S(4), &q), "s4 takes s3's block")) {
+    if (nwait_calls != 1 || last_producer != S(3) || last_waiter != S(4))
+      tr_fail(tr, "%d waits (the last: %p after %p), expected one: s4 after s3", nwait_calls,
+              last_waiter, last_producer);
+    if (q != b[2]) tr_fail(tr, "s4 did not get s3's block");
+    tr_ok(tr, ot_arena_free(a, q, S(4)), "free on s4");
+  }
+  nwait_calls = 0;
+  if (tr_ok(tr, ot_arena_alloc(a, 1024, S(2), &q), "s2 reuses its block")) {
+    if (nwait_calls != 0) tr_fail(tr, "s2's block was retagged: s2 waited (%d)", nwait_calls);
+    if (q != b[0]) tr_fail(tr, "s2 did not get its own block back");
+    tr_ok(tr, ot_arena_free(a, q, S(2)), "free");
+  }
+  tr_ok(tr, ot_arena_free(a, b[1], S(2)), "free live");
+  consistent(tr, a, "end");
 out:
   ot_arena_destroy(a);
   tr_end(tr);
@@ -627,6 +666,7 @@ static void run_arena(test_run *tr) {
   arena_cross_stream_rules(tr);
   arena_cross_stream_stress(tr, 30000);
   arena_tagged_and_untagged_run(tr);
+  arena_adoption_waits_for_the_run(tr);
   arena_library_request(tr);
   arena_cpu_ops(tr); /* cases_arena_cpu.c: CPU ops' temporaries from a host arena */
 }

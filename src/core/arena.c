@@ -263,28 +263,43 @@ static arena_block *claim_run(ot_arena *a, size_t size, void *tag) {
 }
 
 /* Cross-stream reuse for a request of `size` on stream tag `tag` that found no usable
- * run: when the free blocks of every stream together would have a fitting run, make
- * `tag` wait (a->wait: an event recorded on each other stream now, which is after every
- * use of the blocks freed there) and retag those blocks to `tag`, then merge. Retagged,
- * not untagged: a third stream must in turn wait for `tag`. Returns false when it would
- * not help or a wait failed / is impossible (graph capture); the streams already waited
- * for stay adopted. */
-static bool adopt_other_streams(ot_arena *a, const char *op, size_t size, void *tag) {
-  if (!a->stream_ordered || !a->wait || largest_free_run(a) < size) return false;
-  bool ok = true;
-  for (arena_block *b = a->head; b; b = b->next) {
-    if (!b->free || !b->stream || b->stream == tag) continue;
-    void *other = b->stream;
+ * run (find_fit, claim_run): the first run of adjacent free blocks that holds `size` once
+ * the blocks of other streams in it are `tag`'s. `tag` waits (a->wait: an event recorded
+ * on the other stream now, after every use of the blocks freed there) for each stream that
+ * freed a block of that run, and only for those; their blocks in the run are retagged to
+ * `tag` (not untagged: a third stream must in turn wait for `tag`), and claim_run makes
+ * the run one block. NULL when no run fits (nothing waited for) or a wait failed / is
+ * impossible (graph capture); the blocks of the streams already waited for then stay
+ * `tag`'s. */
+static arena_block *adopt_run(ot_arena *a, const char *op, size_t size, void *tag) {
+  if (!a->stream_ordered || !a->wait) return NULL;
+  size_t run = 0;
+  arena_block *start = NULL, *b;
+  for (b = a->head; b; b = b->next) {
+    if (!b->free) {
+      run = 0;
+      continue;
+    }
+    if (run == 0) start = b;
+    run += b->size;
+    if (run >= size) break;
+  }
+  if (!b) return NULL;
+  const arena_block *end = b->next;
+  for (arena_block *c = start; c != end; c = c->next) {
+    void *other = c->stream;
+    if (!other || other == tag) continue;
     if (a->wait(op, a->device, tag, other) != OT_OK) {
-      ok = false;
-      break;
+      merge_free_runs(a); /* retagged neighbours may merge now */
+      return NULL;
     }
     a->nwaits++;
-    for (arena_block *c = b; c; c = c->next)
-      if (c->free && c->stream == other) c->stream = tag;
+    for (arena_block *d = c; d != end; d = d->next)
+      if (d->stream == other) d->stream = tag;
   }
-  merge_free_runs(a);
-  return ok;
+  /* Every block from start to end is `tag`'s or untagged now, and the block before start
+   * is live: claim_run finds this run (none before it fit). */
+  return claim_run(a, size, tag);
 }
 
 /* ---- public API ------------------------------------------------------------------ */
@@ -362,10 +377,7 @@ static ot_status arena_alloc(const char *op, const char *what, ot_arena *a, size
   if (size <= a->reserved) {
     b = find_fit(a, size, stag);
     if (!b) b = claim_run(a, size, stag);
-    if (!b && adopt_other_streams(a, op, size, stag)) {
-      b = find_fit(a, size, stag);
-      if (!b) b = claim_run(a, size, stag);
-    }
+    if (!b) b = adopt_run(a, op, size, stag);
   }
   arena_block *rest = NULL;
   if (b && b->size > size && !(rest = block_new(a))) b = NULL; /* no record for the split */
