@@ -39,7 +39,7 @@
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
- * other than cc 9.0.
+ * other than cc 9.0, a negative softmax scale.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -587,6 +587,9 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   if (a->dtype != OT_BF16 && a->dtype != OT_F16) return OT_OK;
   if (a->d != 64 && a->d != 128 && a->d != 256) return OT_OK;
   if (a->cu_q || a->cu_k || a->softcap != 0.f) return OT_OK;
+  /* The row max is taken over the unscaled scores (the max of s * scale only for scale > 0);
+   * with kFlResc a negative scale would keep every row's max at -inf (output 0). */
+  if (!(a->scale > 0.f)) return OT_OK;
   if (a->sq <= 0 || a->sk <= 0 || a->batch <= 0) return OT_OK;
   /* int32 index arithmetic in the kernel: row + (sk - sq) + window stays below 2^31. */
   if (a->sq > (1 << 28) || a->sk > (1 << 28) || a->hq > 65535 || a->batch > 65535) return OT_OK;
