@@ -246,7 +246,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   const int warp = t128 / 32, lane = t128 % 32, g = lane / 4, q4 = lane % 4;
   const bool releaser = lane == 0;
   /* Release a ring stage: lane 0 of each warp arrives once the whole warp is done with it
-   * (the __syncwarp orders the other lanes' accesses before lane 0's arrive). */
+   * (the __syncwarp orders the other lanes' accesses before lane 0's arrive). The stages
+   * are read only as wgmma operands here; the backward, whose consumers also read lse2 /
+   * Dsum from a stage with plain loads, needed an arrive from every thread for racecheck. */
   auto release = [&](uint32_t b) {
     __syncwarp();
     if (releaser) mbar_arrive(b);
