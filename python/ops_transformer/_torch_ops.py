@@ -47,8 +47,10 @@ def _none0(t, like):
 def _pick(ctx, op, impl):
     """The backward op a backward formula calls: the custom op (torch.compile's graphs
     and the custom ops' own autograd), or its plain implementation when the forward ran
-    through the eager path (:data:`eager`)."""
-    return impl if getattr(ctx, "_ot_eager", False) else op
+    through the eager path (:data:`eager`) -- except under create_graph=True (grad mode
+    on in a backward), where only the custom op records the node that refuses a double
+    backward (the implementation's outputs would silently carry no gradient)."""
+    return impl if getattr(ctx, "_ot_eager", False) and not torch.is_grad_enabled() else op
 
 
 # ---------------------------------------------------------------------------------

@@ -490,8 +490,10 @@ class _SwiGLUDown(torch.autograd.Function):
     def backward(ctx, dy):
         gate, up, weight = ctx.saved_tensors
         # the plain implementations in eager mode (no custom-op dispatch: less host
-        # time), the custom ops while torch.compile traces or on fake / meta tensors
-        plain = _tops._plain(gate)
+        # time), the custom ops while torch.compile traces, on fake / meta tensors, and
+        # under create_graph=True (their nodes refuse a double backward; the plain
+        # implementations' outputs would silently carry no gradient)
+        plain = _tops._plain(gate) and not torch.is_grad_enabled()
         glu = _tops._glu_impl if plain else torch.ops.ops_transformer.glu
         glu_backward = _tops._glu_backward_impl if plain \
             else torch.ops.ops_transformer.glu_backward

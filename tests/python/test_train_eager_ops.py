@@ -121,3 +121,17 @@ def test_eager_path_costs_less_host_time_than_the_custom_op():
         eager = min(eager, round_of(_torch_ops.eager))
         custom = min(custom, round_of(torch_ops))
     assert eager < 0.8 * custom, (eager, custom)
+
+
+def test_double_backward_is_refused_as_by_the_custom_op():
+    """create_graph=True: the eager path's backward calls the custom backward op, whose
+    node refuses a second backward with the custom op's message (the plain implementation
+    would return gradients that silently carry no graph)."""
+    for ns in (_torch_ops.eager, torch_ops):
+        x, w = leafs((4, 8), (8,))
+        y = ns.rms_norm(x, None, w, 1e-6)[0]
+        g, = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+        assert g.requires_grad
+        with pytest.raises(RuntimeError, match="no autograd formula"):
+            torch.autograd.grad(g.sum(), x)
+
