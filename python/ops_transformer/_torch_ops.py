@@ -643,7 +643,8 @@ linear_cross_entropy.register_autograd(_lce_bwd, setup_context=_lce_setup)
 # forward is the implementation and whose backward is the same formula with the plain
 # backward implementation -- the same results, the same saved tensors. Calls on tensors
 # that are not plain dense tensors (fake, meta, functional, other subclasses), under a
-# TorchDispatchMode, or while torch.compile traces keep the custom op.
+# TorchDispatchMode or a functorch transform (vmap, grad: a ctx-style autograd.Function
+# is refused there), or while torch.compile traces keep the custom op.
 
 def _eager_fn(name, impl, setup, backward):
     def forward(ctx, *args):
@@ -659,7 +660,8 @@ def _plain(t):
     """Whether t can take the eager path (checked first: not while torch.compile traces,
     so dynamo never sees the rest)."""
     return (not torch.compiler.is_compiling() and type(t) is Tensor
-            and t.device.type != "meta" and not torch._C._len_torch_dispatch_stack())
+            and t.device.type != "meta" and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._are_functorch_transforms_active())
 
 
 class _Eager:

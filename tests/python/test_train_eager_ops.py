@@ -135,3 +135,12 @@ def test_double_backward_is_refused_as_by_the_custom_op():
         with pytest.raises(RuntimeError, match="no autograd formula"):
             torch.autograd.grad(g.sum(), x)
 
+
+def test_functorch_transforms_keep_the_custom_op():
+    """vmap over a call autograd records (a weight that requires grad): the custom op,
+    which vmap runs; a ctx-style autograd.Function is refused under functorch."""
+    x = torch.randn(3, 4, 8)
+    w = torch.randn(8, requires_grad=True)
+    y = torch.func.vmap(lambda t: ot.rms_norm(t, w, 1e-6))(x)
+    ref = torch.stack([ot.rms_norm(t, w, 1e-6) for t in x])
+    assert torch.equal(y, ref)
