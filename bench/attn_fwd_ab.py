@@ -1,8 +1,8 @@
 """Interleaved A/B timing of the Hopper forward's switches (alternating rounds, so that clock
 drift hits both sides alike): python3 bench/attn_fwd_ab.py SHIM KEY=VAL[,KEY=VAL] [ROUNDS]"""
-import math, statistics, sys
+import math, os, statistics, sys
 import torch
-sys.path.insert(0, "bench")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attention as ba
 
 S = ba.Shim(sys.argv[1])
@@ -15,6 +15,10 @@ for d, s, causal in ((128, 4096, 0), (128, 4096, 1), (128, 16384, 0), (64, 4096,
     lse = torch.empty(B, H, s, device="cuda")
     fl = 4 * B * H * s * s * d / (2 if causal else 1)
     f = ba.sm90_call(S, q, k, v, out, lse, 1 / math.sqrt(d), -1, 0 if causal else -1)
+    with ba.env_set(env):
+        took = f()
+    if not (f() and took):   # a declined call returns at once: its "timing" would mean nothing
+        sys.exit(f"D{d} S{s}: the Hopper forward did not take the call")
     a, b = [], []
     for r in range(rounds):
         a.append(fl / ba.time_ms(f, iters=10, warmup=2) / 1e9)
