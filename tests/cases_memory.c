@@ -1047,17 +1047,23 @@ static void paged_splits(test_run *tr) {
 }
 
 /* ot_kv_append: the new tokens' slots hold k (rotated when asked, bit for bit what
- * ot_rope_forward gives) and v; every other element of the pages is unchanged. */
-static void append_case(test_run *tr, DLDataType dt, int bs, int rope_mode, bool with_q,
-                        bool explicit_pos, bool strided) {
-  if (!tr_begin(tr, "kv append %s bs%d rope %s%s%s%s", dt_name(dt), bs,
-                rope_mode < 0 ? "off" : rope_mode == 0 ? "neox" : "gptj", with_q ? " +q" : "",
-                explicit_pos ? " positions" : "", strided ? " strided k/v" : ""))
+ * ot_rope_forward gives) and v; every other element of the pages is unchanged. Head dim
+ * d, rotary dim rd; with_q 1: q rotated into q_out, 2: in place; strided 1: k / v rows
+ * of d + 5 (off 16 bytes: CUDA's scalar kernel), 2: of d + 8 (aligned, not contiguous). */
+static void append_case_d(test_run *tr, DLDataType dt, int bs, int rope_mode, int with_q,
+                          bool explicit_pos, int strided, int d, int rd) {
+  char dims[32] = "";
+  if (d != 16 || rd != 12) snprintf(dims, sizeof dims, " D%d rd%d", d, rd);
+  if (!tr_begin(tr, "kv append %s bs%d rope %s%s%s%s%s", dt_name(dt), bs,
+                rope_mode < 0 ? "off" : rope_mode == 0 ? "neox" : "gptj",
+                with_q == 2 ? " +q in place" : with_q ? " +q" : "",
+                explicit_pos ? " positions" : "",
+                strided == 2 ? " padded k/v" : strided ? " strided k/v" : "", dims))
     return;
   rng r = tr_rng(tr);
   enum { B = 4 };
   int len[B] = {1, 37, 5 * bs + 1, 2 * bs}, nnew[B] = {1, 37, 3, 0};
-  const int hkv = 2, hq = 4, d = 16;
+  const int hkv = 2, hq = 4;
   paged P;
   paged_make(tr, &P, dt, B, len, hkv, d, bs, &r);
   /* the old content of every slot is random (not NaN) so that "unchanged" means bits */
@@ -1068,7 +1074,9 @@ static void append_case(test_run *tr, DLDataType dt, int bs, int rope_mode, bool
   int64_t cu_v[B + 1] = {0};
   for (int b = 0; b < B; b++) cu_v[b + 1] = cu_v[b] + nnew[b];
   int64_t T = cu_v[B];
-  int64_t ksh[3] = {T, hkv, d}, kst[3] = {hkv * (d + 5) + 3, d + 5, 1}, qsh[3] = {T, hq, d};
+  const int pad = strided == 2 ? 8 : 5, tpad = strided == 2 ? 8 : 3;
+  int64_t ksh[3] = {T, hkv, d}, kst[3] = {hkv * (d + pad) + tpad, d + pad, 1};
+  int64_t qsh[3] = {T, hq, d};
   int64_t csh[1] = {B + 1}, psh[1] = {T};
   tbuf *kn = strided ? tb_new_strided(tr->be, dt, 3, ksh, kst) : tb_new(tr->be, dt, 3, ksh);
   tbuf *vn = strided ? tb_new_strided(tr->be, dt, 3, ksh, kst) : tb_new(tr->be, dt, 3, ksh);
@@ -1086,7 +1094,7 @@ static void append_case(test_run *tr, DLDataType dt, int bs, int rope_mode, bool
                                             : (double)(len[b] - nnew[b] + i));
   ot_rope_params rp = ot_rope_default_params();
   rp.mode = rope_mode == 1 ? OT_ROPE_GPTJ : OT_ROPE_NEOX;
-  rp.rotary_dim = 12;
+  rp.rotary_dim = rd;
   /* expected rotated k and q from the public rope op */
   if (rope_mode >= 0) {
     if (!tr_ok(tr, ot_rope_forward(tr->be->ctx, &rp, tb_dl(q), tb_dl(kn), tb_dl(pos), NULL,
@@ -1100,9 +1108,11 @@ static void append_case(test_run *tr, DLDataType dt, int bs, int rope_mode, bool
   void *ks = tb_snapshot(P.kp), *vs = tb_snapshot(P.vp);
   ot_status st = ot_kv_append(tr->be->ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn),
                               rope_mode >= 0 ? &rp : NULL, explicit_pos ? tb_dl(pos) : NULL,
-                              with_q ? tb_dl(q) : NULL, with_q ? tb_dl(qo) : NULL);
+                              with_q ? tb_dl(q) : NULL,
+                              with_q == 2 ? tb_dl(q) : with_q ? tb_dl(qo) : NULL);
+  tbuf *qres = with_q == 2 ? q : qo; /* where the rotated q is */
   if (tr_ok(tr, st, "ot_kv_append")) {
-    tb_sync(P.kp), tb_sync(P.vp), tb_sync(qo);
+    tb_sync(P.kp), tb_sync(P.vp), tb_sync(qres);
     char *is_new = calloc((size_t)P.kp->numel, 1);
     for (int b = 0; b < B; b++) {
       int64_t base = (int64_t)tb_get(P.indptr, b);
@@ -1129,9 +1139,9 @@ static void append_case(test_run *tr, DLDataType dt, int bs, int rope_mode, bool
                          memcmp((char *)P.vp->host + e * es, (char *)vs + e * es, es)))
         tr_fail(tr, "page element %lld that is no new token's slot changed", (long long)e);
     if (with_q && !tr->case_failed)
-      for (int64_t i = 0; i < qo->numel; i++)
-        if (tb_get(qo, i) != tb_get(qexp, i)) {
-          tr_fail(tr, "q_out[%lld] = %g, rope gives %g", (long long)i, tb_get(qo, i),
+      for (int64_t i = 0; i < qres->numel; i++)
+        if (tb_get(qres, i) != tb_get(qexp, i)) {
+          tr_fail(tr, "q_out[%lld] = %g, rope gives %g", (long long)i, tb_get(qres, i),
                   tb_get(qexp, i));
           break;
         }
@@ -1143,6 +1153,11 @@ out:
   tb_free(kexp), tb_free(qexp);
   paged_free(&P);
   tr_end(tr);
+}
+
+static void append_case(test_run *tr, DLDataType dt, int bs, int rope_mode, bool with_q,
+                        bool explicit_pos, bool strided) {
+  append_case_d(tr, dt, bs, rope_mode, with_q, explicit_pos, strided, 16, 12);
 }
 
 /* Bad arguments of ot_kv_append and ot_paged_attention: the expected message, and the
@@ -1515,7 +1530,10 @@ out:
 /* ---- the suite -------------------------------------------------------------------- */
 
 /* The append cases of both backends: page sizes 1 .. 256, rope off / NeoX / GPT-J, with
- * and without q, explicit positions, strided k / v. */
+ * and without q, explicit positions, strided k / v. Then head dims whose rows are whole
+ * 16-byte vectors (CUDA's vector kernel: full and partial rotary, q in place, padded
+ * k / v rows) and some that are not (D 20 in bf16, a NeoX half of 20, a GPT-J rd of 12
+ * in f16: the scalar kernel). */
 static void append_cases(test_run *tr) {
   append_case(tr, DT_F32, 16, -1, false, false, false);
   append_case(tr, DT_BF16, 1, -1, false, false, true);
@@ -1523,6 +1541,16 @@ static void append_cases(test_run *tr) {
   append_case(tr, DT_BF16, 16, 1, true, true, true);
   append_case(tr, DT_F32, 64, 0, false, false, false);
   append_case(tr, DT_F32, 256, 0, true, true, false);
+  append_case_d(tr, DT_BF16, 16, -1, 0, false, 2, 128, 128);
+  append_case_d(tr, DT_BF16, 16, 0, 1, false, 0, 128, 128);
+  append_case_d(tr, DT_BF16, 7, 0, 2, true, 2, 96, 32);
+  append_case_d(tr, DT_F16, 4, 1, 1, true, 0, 64, 32);
+  append_case_d(tr, DT_F16, 1, 1, 2, false, 2, 256, 256);
+  append_case_d(tr, DT_F32, 3, 0, 1, true, 0, 36, 8);
+  append_case_d(tr, DT_F32, 16, 1, 2, false, 2, 20, 12);
+  append_case_d(tr, DT_BF16, 256, 0, 1, false, 0, 128, 40);
+  append_case_d(tr, DT_BF16, 5, 0, 1, true, 0, 20, 20);
+  append_case_d(tr, DT_F16, 16, 1, 2, false, 0, 32, 12);
 }
 
 /* CUDA: the kernels (attention both paths, forced splits, append, OT_DEBUG); the arena,
