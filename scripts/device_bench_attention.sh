@@ -134,7 +134,7 @@ if has check && t=$(lim ${CHECK_TIMEOUT:-150}) && { [ "$t" != 0 ] || ! skipped c
 fi
 if has res; then
   stamp "resource usage"
-  cuobjdump -res-usage "$SHIM" 2>/dev/null | grep -A1 attn_fwd_sm90 | grep -E 'REG|STACK' | head -12 >"$OUT/res.txt"
+  cuobjdump -res-usage "$SHIM" 2>/dev/null | grep -A1 attn_fwd_sm90 | grep -E 'REG|STACK' | head -40 >"$OUT/res.txt"
   cat "$OUT/res.txt" | cut -c1-200
 fi
 if has sanitize; then
