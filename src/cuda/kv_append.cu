@@ -2,15 +2,23 @@
  * kv_append.cu -- ot_kv_append on CUDA: RoPE on the new tokens' k (and q) and the
  * scatter of k and v into their pages, in one launch.
  *
- * Grid (token, head slot): slot y < heads_q rotates q row (token, y) into q_out; the next
+ * Rows (token, head slot): slot y < heads_q rotates q row (token, y) into q_out; the next
  * heads_kv slots rotate k row (token, h) into its page slot, the last heads_kv copy v.
- * A block finds its sequence by binary search over cu_seqlens_new, its slot from the
- * page table (token t of sequence b is the last n_b of its length_b), and rotates with
- * the device functions of rope.cuh -- the same cos / sin and the same rotation
- * expression as ot_rope_forward, so the cached keys are bit for bit the op's. One pair
- * (NeoX: x[i], x[half + i]; GPT-J: x[2i], x[2i + 1]) per thread; features [rd, D) are
- * copied. Appends are a few KB per token: the simple scalar form is far from mattering
- * next to the attention that reads the whole cache.
+ * A row finds its sequence by binary search over cu_seqlens_new, its slot from the page
+ * table (token t of sequence b is the last n_b of its length_b), and rotates with the
+ * device functions of rope.cuh -- the same cos / sin and the same rotation expression
+ * as ot_rope_forward, so the cached keys are bit for bit the op's; features [rd, D) are
+ * copied bit for bit.
+ *
+ * Two kernels. kv_append_vec_kernel (every row 16-byte aligned, D and the rotary split a
+ * whole number of 16-byte vectors): a group of TPR threads (a power of two <= 32 that
+ * covers D / VEC vectors) per row, 256 / TPR rows per block; a thread moves whole
+ * vectors: a rotated NeoX item is the vectors at x[j..j+VEC) and x[half+j..half+j+VEC),
+ * a GPT-J item one vector of VEC / 2 adjacent pairs, a copied item one vector. A prefill
+ * append (thousands of tokens, no RoPE) took 47 us per layer for 2048 tokens of 8 x 128
+ * kv heads on the H200 with the scalar form alone, about ten times its bandwidth time;
+ * the vector form is not measured yet. kv_append_kernel, the scalar form (any D, stride
+ * or alignment): one block of 64 threads per row, one pair or element per thread.
  */
 #include "../core/paged_attention.h"
 #include "common.cuh"
@@ -41,6 +49,53 @@ struct append_params {
   double inv_freq[kRopeMaxHalfByValue];
 };
 
+/* The source, destination and position of row (tok, y); false: nothing to do for it
+ * (a bad table entry, flagged under OT_DEBUG). */
+template <typename T>
+__device__ __forceinline__ bool append_row_of(const append_params &p, int64_t tok, int y,
+                                              const T **src, T **dst, int64_t *pos,
+                                              bool *rotate) {
+  const int64_t b = paged_seq_of(p.cu, p.batch, tok);
+  if (!paged_cu_ok(p.cu, b, p.batch, p.tokens, p.err)) return false;
+  const int64_t len = paged_seq_len(p.indptr, p.lpl, b, p.bs, p.num_indices, p.err);
+  if (len < 0) return false;
+  const int64_t n = (int64_t)p.cu[b + 1] - p.cu[b], i = tok - p.cu[b];
+  if (n > len) {
+    if (p.err) paged_flag(p.err, kPagedTooManyNew, b, b, n);
+    return false;
+  }
+  const int64_t t = len - n + i;
+  *pos = t;
+  if (p.positions)
+    *pos = p.pos_i64 ? static_cast<const int64_t *>(p.positions)[tok * p.pos_stride]
+                     : (int64_t) static_cast<const int32_t *>(p.positions)[tok * p.pos_stride];
+  if (y < p.hq) {
+    *src = static_cast<const T *>(p.q) + tok * p.q_ts + y * p.q_hs;
+    *dst = static_cast<T *>(p.q_out) + tok * p.qo_ts + y * p.qo_hs;
+    *rotate = true;
+    return true;
+  }
+  const int64_t pidx = (int64_t)p.indptr[b] + t / p.bs;
+  const int32_t page = p.indices[pidx];
+  if (p.err && (page < 0 || page >= p.num_pages)) {
+    paged_flag(p.err, kPagedBadIndex, b, pidx, page);
+    return false;
+  }
+  const bool is_k = y < p.hq + p.hkv;
+  const int h = is_k ? y - p.hq : y - p.hq - p.hkv;
+  const int64_t off = (((int64_t)page * p.hkv + h) * p.bs + t % p.bs) * p.d;
+  if (is_k) {
+    *src = static_cast<const T *>(p.k_new) + tok * p.k_ts + h * p.k_hs;
+    *dst = static_cast<T *>(p.k_pages) + off;
+    *rotate = p.has_rope != 0;
+  } else {
+    *src = static_cast<const T *>(p.v_new) + tok * p.v_ts + h * p.v_hs;
+    *dst = static_cast<T *>(p.v_pages) + off;
+    *rotate = false;
+  }
+  return true;
+}
+
 /* One row of D features: rotated (rope) or copied from src to dst. */
 template <typename T>
 __device__ void append_row(const append_params &p, const T *src, T *dst, int64_t pos,
@@ -63,47 +118,128 @@ __device__ void append_row(const append_params &p, const T *src, T *dst, int64_t
   for (int64_t e = first_copy + threadIdx.x; e < D; e += blockDim.x) dst[e] = src[e];
 }
 
+/* The scalar form: grid (token, head slot), 64 threads per row. */
 template <typename T>
 __global__ void __launch_bounds__(64) kv_append_kernel(const __grid_constant__ append_params p) {
   const int y = blockIdx.y;
   for (int64_t tok = blockIdx.x; tok < p.tokens; tok += gridDim.x) {
-    const int64_t b = paged_seq_of(p.cu, p.batch, tok);
-    if (!paged_cu_ok(p.cu, b, p.batch, p.tokens, p.err)) return;
-    const int64_t len = paged_seq_len(p.indptr, p.lpl, b, p.bs, p.num_indices, p.err);
-    if (len < 0) return;
-    const int64_t n = (int64_t)p.cu[b + 1] - p.cu[b], i = tok - p.cu[b];
-    if (n > len) {
-      if (p.err) paged_flag(p.err, kPagedTooManyNew, b, b, n);
-      return;
-    }
-    const int64_t t = len - n + i;
-    int64_t pos = t;
-    if (p.positions)
-      pos = p.pos_i64 ? static_cast<const int64_t *>(p.positions)[tok * p.pos_stride]
-                      : (int64_t) static_cast<const int32_t *>(p.positions)[tok * p.pos_stride];
-    if (y < p.hq) {
-      const T *src = static_cast<const T *>(p.q) + tok * p.q_ts + y * p.q_hs;
-      T *dst = static_cast<T *>(p.q_out) + tok * p.qo_ts + y * p.qo_hs;
-      append_row<T>(p, src, dst, pos, true);
-      continue;
-    }
-    const int64_t pidx = (int64_t)p.indptr[b] + t / p.bs;
-    const int32_t page = p.indices[pidx];
-    if (p.err && (page < 0 || page >= p.num_pages)) {
-      paged_flag(p.err, kPagedBadIndex, b, pidx, page);
-      return;
-    }
-    const bool is_k = y < p.hq + p.hkv;
-    const int h = is_k ? y - p.hq : y - p.hq - p.hkv;
-    const int64_t off = (((int64_t)page * p.hkv + h) * p.bs + t % p.bs) * p.d;
-    if (is_k) {
-      const T *src = static_cast<const T *>(p.k_new) + tok * p.k_ts + h * p.k_hs;
-      append_row<T>(p, src, static_cast<T *>(p.k_pages) + off, pos, p.has_rope != 0);
-    } else {
-      const T *src = static_cast<const T *>(p.v_new) + tok * p.v_ts + h * p.v_hs;
-      append_row<T>(p, src, static_cast<T *>(p.v_pages) + off, pos, false);
+    const T *src;
+    T *dst;
+    int64_t pos;
+    bool rotate;
+    if (!append_row_of<T>(p, tok, y, &src, &dst, &pos, &rotate)) return;
+    append_row<T>(p, src, dst, pos, rotate);
+  }
+}
+
+constexpr int kAppendVecThreads = 256;
+
+/* The vector form: 2^tpr_log2 threads per row, rows r = tok * slots + y (a token's head
+ * rows side by side), a grid-stride loop over them. Needs (host, append_vec_ok): D, and
+ * with RoPE half (NeoX) or rotary_dim (GPT-J), multiples of VEC; every row of q, q_out,
+ * k_new, v_new and the pages starting on 16 bytes. q_out may be q itself: a thread
+ * writes only the elements it has read. ROPE = p.has_rope (without it the instance is a
+ * plain copy and needs far fewer registers: more rows in flight). */
+template <typename T, bool ROPE>
+__global__ void __launch_bounds__(kAppendVecThreads)
+    kv_append_vec_kernel(const __grid_constant__ append_params p, int tpr_log2) {
+  constexpr int V = vec_width<T>::value;
+  const int tpr = 1 << tpr_log2, sub = threadIdx.x & (tpr - 1);
+  const int64_t rows_per_block = kAppendVecThreads >> tpr_log2;
+  const int64_t slots = (int64_t)p.hq + 2 * p.hkv, total = p.tokens * slots;
+  const int64_t D = p.d, half = p.half;
+  for (int64_t r = (int64_t)blockIdx.x * rows_per_block + (threadIdx.x >> tpr_log2); r < total;
+       r += (int64_t)gridDim.x * rows_per_block) {
+    const int64_t tok = r / slots;
+    const int y = (int)(r - tok * slots);
+    const T *src;
+    T *dst;
+    int64_t pos;
+    bool rotate;
+    if (!append_row_of<T>(p, tok, y, &src, &dst, &pos, &rotate)) continue;
+    rotate = ROPE && rotate;
+    /* items [0, nrot) rotate, [nrot, items) copy one vector each from feature rd on */
+    const int64_t rd = rotate ? p.rotary_dim : 0;
+    const int64_t nrot = rotate ? (p.gptj ? rd / V : half / V) : 0;
+    const int64_t items = nrot + (D - rd) / V;
+    for (int64_t it = sub; it < items; it += tpr) {
+      if (!ROPE || it >= nrot) {
+        const int64_t e = rd + (it - nrot) * V;
+        *reinterpret_cast<uint4 *>(dst + e) = *reinterpret_cast<const uint4 *>(src + e);
+      } else if (p.gptj) { /* pairs (e + 2u, e + 2u + 1): pair index e / 2 + u */
+        const int64_t e = it * V;
+        raw16 a;
+        a.u = *reinterpret_cast<const uint4 *>(src + e);
+        float f[V];
+        unpack<T>(f, a);
+#pragma unroll
+        for (int u = 0; u < V / 2; u++) {
+          float c, sn, y1, y2;
+          rope_cos_sin(p, pos, e / 2 + u, &c, &sn);
+          rope_rotate(f[2 * u], f[2 * u + 1], c, sn, &y1, &y2);
+          f[2 * u] = y1;
+          f[2 * u + 1] = y2;
+        }
+        pack<T>(a, f);
+        *reinterpret_cast<uint4 *>(dst + e) = a.u;
+      } else { /* NeoX: pairs (e + u, half + e + u): pair index e + u */
+        const int64_t e = it * V;
+        raw16 a, b;
+        a.u = *reinterpret_cast<const uint4 *>(src + e);
+        b.u = *reinterpret_cast<const uint4 *>(src + half + e);
+        float f1[V], f2[V];
+        unpack<T>(f1, a);
+        unpack<T>(f2, b);
+#pragma unroll
+        for (int u = 0; u < V; u++) {
+          float c, sn, y1, y2;
+          rope_cos_sin(p, pos, e + u, &c, &sn);
+          rope_rotate(f1[u], f2[u], c, sn, &y1, &y2);
+          f1[u] = y1;
+          f2[u] = y2;
+        }
+        pack<T>(a, f1);
+        pack<T>(b, f2);
+        *reinterpret_cast<uint4 *>(dst + e) = a.u;
+        *reinterpret_cast<uint4 *>(dst + half + e) = b.u;
+      }
     }
   }
+}
+
+static bool vec_ok(const void *ptr, int64_t n1, int64_t s1, int64_t n2, int64_t s2, int64_t V) {
+  return ((uintptr_t)ptr & 15u) == 0 && (n1 <= 1 || s1 % V == 0) && (n2 <= 1 || s2 % V == 0);
+}
+
+/* Whether kv_append_vec_kernel takes these arguments (its conditions above). */
+static bool append_vec_ok(const append_params &p, int64_t V) {
+  if (p.d % V != 0 || !vec_ok(p.k_pages, 1, 0, 1, 0, V) || !vec_ok(p.v_pages, 1, 0, 1, 0, V) ||
+      !vec_ok(p.k_new, p.tokens, p.k_ts, p.hkv, p.k_hs, V) ||
+      !vec_ok(p.v_new, p.tokens, p.v_ts, p.hkv, p.v_hs, V))
+    return false;
+  if (!p.has_rope) return true;
+  if (p.gptj ? p.rotary_dim % V != 0 : p.half % V != 0) return false;
+  return p.hq == 0 || (vec_ok(p.q, p.tokens, p.q_ts, p.hq, p.q_hs, V) &&
+                       vec_ok(p.q_out, p.tokens, p.qo_ts, p.hq, p.qo_hs, V));
+}
+
+template <typename T>
+static void append_launch(const append_params &p, const dim3 &scalar_grid, cudaStream_t s) {
+  constexpr int V = vec_width<T>::value;
+  if (!append_vec_ok(p, V)) {
+    kv_append_kernel<T><<<scalar_grid, 64, 0, s>>>(p);
+    return;
+  }
+  int tpr_log2 = 0;
+  while (tpr_log2 < 5 && ((int64_t)1 << tpr_log2) < p.d / V) tpr_log2++;
+  const int64_t rows = p.tokens * ((int64_t)p.hq + 2 * p.hkv);
+  const int64_t rows_per_block = kAppendVecThreads >> tpr_log2;
+  int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  if (blocks > 0x7fffffff) blocks = 0x7fffffff;
+  if (p.has_rope)
+    kv_append_vec_kernel<T, true><<<(unsigned)blocks, kAppendVecThreads, 0, s>>>(p, tpr_log2);
+  else
+    kv_append_vec_kernel<T, false><<<(unsigned)blocks, kAppendVecThreads, 0, s>>>(p, tpr_log2);
 }
 
 } /* namespace ot */
@@ -159,9 +295,9 @@ extern "C" ot_status ot_cuda_kv_append(ot_context *ctx, const ot_kv_append_args 
                     "the CUDA kernel handles up to 65535", (long long)slots);
   const dim3 grid((unsigned)(a->tokens < 0x7fffffff ? a->tokens : 0x7fffffff), (unsigned)slots);
   switch (a->dtype) {
-    case OT_F32: ot::kv_append_kernel<float><<<grid, 64, 0, s>>>(p); break;
-    case OT_F16: ot::kv_append_kernel<__half><<<grid, 64, 0, s>>>(p); break;
-    case OT_BF16: ot::kv_append_kernel<__nv_bfloat16><<<grid, 64, 0, s>>>(p); break;
+    case OT_F32: ot::append_launch<float>(p, grid, s); break;
+    case OT_F16: ot::append_launch<__half>(p, grid, s); break;
+    case OT_BF16: ot::append_launch<__nv_bfloat16>(p, grid, s); break;
     default: return ot_error(OT_ERR_INTERNAL, op, "unexpected dtype %d", (int)a->dtype);
   }
   OT_CUDA_CHECK_LAUNCH(op);
