@@ -555,9 +555,8 @@ OT_API ot_status ot_adamw_step(ot_context *ctx, const ot_adamw_params *params, i
  *  - Thread safety: every call takes the arena's mutex, so any threads may share one
  *    arena. (The data of the blocks is of course not protected.)
  * Stream ordering (CUDA arenas; the CPU backend ignores streams, its work is
- * synchronous): a block freed with ot_arena_free(a, p, s) is tagged with s (NULL, the
- * legacy default stream, is a stream like the others: non-blocking streams are not
- * ordered after it). An allocation on the same stream s may reuse it immediately (work
+ * synchronous): a block freed with ot_arena_free(a, p, s) is tagged with s (the special
+ * handles: see below). An allocation on the same stream s may reuse it immediately (work
  * on s is ordered, so later kernels on s run after the last use). An allocation on
  * another stream t takes such blocks only when nothing else fits: it picks the first run
  * of adjacent free blocks that would hold it, t waits for each stream s that freed a
@@ -569,6 +568,16 @@ OT_API ot_status ot_adamw_step(ot_context *ctx, const ot_adamw_params *params, i
  * merge when their tags are equal (so never-used memory stays free of any stream). The
  * stream given to ot_arena_alloc is recorded nowhere else; a block may be used on any
  * stream as long as the caller orders it.
+ *  - NULL (or cudaStreamLegacy) is the legacy default stream, one stream that every host
+ *    thread shares: a stream like the others. Its implicit synchronization with blocking
+ *    streams is not relied on (non-blocking streams have none), so another stream still
+ *    waits for it with an event. The library is built with the legacy default stream: a
+ *    caller compiled with --default-stream per-thread passes cudaStreamPerThread, not 0.
+ *  - cudaStreamPerThread names a different stream on each host thread: a block freed on
+ *    it is the freeing thread's. That thread's cudaStreamPerThread reuses it at once, and
+ *    another stream takes it (after the wait) only in a request made on that thread;
+ *    other threads get it after ot_arena_synchronize. So free such a block on the thread
+ *    whose per-thread stream last used it.
  */
 
 typedef struct ot_arena ot_arena;
@@ -600,7 +609,8 @@ OT_API void ot_arena_destroy(ot_arena *arena);
 OT_API ot_status ot_arena_alloc(ot_arena *arena, size_t bytes, void *stream, void **ptr);
 
 /* Return a block obtained from ot_arena_alloc of this arena; `stream` is the stream of
- * its last use. A pointer that is not a live block is an error (nothing changes). */
+ * its last use (cudaStreamPerThread: call it on the thread of that use). A pointer that
+ * is not a live block is an error (nothing changes). */
 OT_API ot_status ot_arena_free(ot_arena *arena, void *ptr, void *stream);
 
 /* CUDA: cudaDeviceSynchronize, then make every free block available to every stream.

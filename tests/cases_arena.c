@@ -9,6 +9,7 @@
  * was last freed on a stream it is ordered after. The context cases need CUDA.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -338,6 +339,95 @@ out:
   tr_end(tr);
 }
 
+/* cudaStreamPerThread's handle (2) is a different stream on every host thread. */
+#define PER_THREAD S(2)
+
+typedef struct per_thread_job {
+  ot_arena *a;
+  size_t bytes;
+  void *stream;
+  bool free_after; /* free the block on the same stream before the thread ends */
+  ot_status st;
+  void *p;
+  int waits;
+} per_thread_job;
+
+static void *per_thread_run(void *arg) {
+  per_thread_job *j = (per_thread_job *)arg;
+  int w0 = nwait_calls;
+  j->p = NULL;
+  j->st = ot_arena_alloc(j->a, j->bytes, j->stream, &j->p);
+  if (j->st == OT_OK && j->free_after) j->st = ot_arena_free(j->a, j->p, j->stream);
+  j->waits = nwait_calls - w0;
+  return NULL;
+}
+
+static bool run_on_thread(test_run *tr, per_thread_job *j) {
+  pthread_t th;
+  if (pthread_create(&th, NULL, per_thread_run, j) != 0) {
+    tr_fail(tr, "pthread_create");
+    return false;
+  }
+  pthread_join(th, NULL);
+  return true;
+}
+
+/* A block freed on the per-thread stream of one host thread: that thread reuses it at
+ * once, and from that thread another stream takes it after a wait for handle 2 (its
+ * stream there); another thread -- also one started after the first ended -- neither
+ * reuses it at once on its own per-thread stream nor can wait for the first thread's
+ * (handle 2 names its own), on any stream: OOM until ot_arena_synchronize. */
+static void arena_per_thread_stream(test_run *tr) {
+  if (!tr_begin(tr, "arena: cudaStreamPerThread is one stream per host thread")) return;
+  ot_arena *a = NULL;
+  clocks_reset();
+  void *p = NULL, *q = NULL;
+  if (!tr_ok(tr, ot_arena_create(tr->be->ctx, 4096, &a), "create")) goto out;
+  ot_arena_set_stream_ordered(a, true);
+  ot_arena_set_wait(a, recording_wait);
+  tr_ok(tr, ot_arena_alloc(a, 4096, PER_THREAD, &p), "all on this thread's stream");
+  tr_ok(tr, ot_arena_free(a, p, PER_THREAD), "free there");
+  per_thread_job j = {a, 1024, PER_THREAD, false, OT_OK, NULL, 0};
+  if (run_on_thread(tr, &j) && (j.st != OT_ERR_OOM || j.waits != 0))
+    tr_fail(tr, "another thread's per-thread stream: %s with %d waits, expected an OOM "
+            "without waiting", ot_status_string(j.st), j.waits);
+  j = (per_thread_job){a, 1024, S(3), false, OT_OK, NULL, 0};
+  if (run_on_thread(tr, &j) && (j.st != OT_ERR_OOM || j.waits != 0))
+    tr_fail(tr, "stream 3 on another thread: %s with %d waits, expected an OOM (it cannot "
+            "wait for this thread's per-thread stream)", ot_status_string(j.st), j.waits);
+  nwait_calls = 0;
+  if (tr_ok(tr, ot_arena_alloc(a, 1024, PER_THREAD, &q), "this thread reuses it")) {
+    if (nwait_calls != 0) tr_fail(tr, "same thread, same stream: %d waits", nwait_calls);
+    tr_ok(tr, ot_arena_free(a, q, PER_THREAD), "free");
+  }
+  if (tr_ok(tr, ot_arena_alloc(a, 4096, S(3), &q), "stream 3 on this thread")) {
+    if (nwait_calls != 1 || last_waiter != S(3) || last_producer != PER_THREAD)
+      tr_fail(tr, "%d waits (the last: %p after %p), expected one: 3 after 2", nwait_calls,
+              last_waiter, last_producer);
+    tr_ok(tr, ot_arena_free(a, q, S(3)), "free");
+  }
+  /* a thread frees on its per-thread stream and ends; the next thread's is another stream */
+  tr_ok(tr, ot_arena_synchronize(a), "synchronize");
+  j = (per_thread_job){a, 4096, PER_THREAD, true, OT_OK, NULL, 0};
+  if (run_on_thread(tr, &j)) tr_ok(tr, j.st, "a thread takes all and frees it on its stream");
+  for (int i = 0; i < 3; i++) {
+    j = (per_thread_job){a, 1024, PER_THREAD, false, OT_OK, NULL, 0};
+    if (run_on_thread(tr, &j) && j.st != OT_ERR_OOM) {
+      tr_fail(tr, "thread %d after it: %s, expected an OOM (a new thread's stream)", i,
+              ot_status_string(j.st));
+      if (j.st == OT_OK) ot_arena_free(a, j.p, S(3));
+      break;
+    }
+  }
+  tr_ok(tr, ot_arena_synchronize(a), "synchronize");
+  j = (per_thread_job){a, 4096, PER_THREAD, true, OT_OK, NULL, 0};
+  if (run_on_thread(tr, &j)) tr_ok(tr, j.st, "after ot_arena_synchronize");
+  consistent(tr, a, "end");
+out:
+  ot_arena_destroy(a);
+  tr_end(tr);
+}
+
 /* The library's own requests (ot_arena_alloc_for): the message names the op and what it
  * wanted, with the request and the largest free block; the tracker counts the block under
  * the op's name and the workspace tag. */
@@ -648,6 +738,51 @@ out:
   if (sb) cudaStreamDestroy(sb);
   tr_end(tr);
 }
+
+/* CUDA: cudaStreamPerThread. This thread fills the arena with a block, writes it with a
+ * long queue on its per-thread stream and frees it there. Another host thread's request
+ * on its own per-thread stream is an OOM (it may neither reuse the block at once nor wait
+ * for this thread's stream); stream B, asked from this thread, gets it after the wait for
+ * handle 2 -- B's write, enqueued after the wait, must land last. */
+static void arena_cuda_per_thread(test_run *tr) {
+  if (!tr_begin(tr, "arena: cudaStreamPerThread across host threads (CUDA)")) return;
+  ot_arena *a = NULL;
+  cudaStream_t sb = NULL;
+  const size_t n = 64 << 20;
+  unsigned char *back = NULL;
+  if (cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking) != cudaSuccess) {
+    tr_fail(tr, "cudaStreamCreate");
+    goto out;
+  }
+  if (!tr_ok(tr, ot_arena_create(tr->be->ctx, n, &a), "create")) goto out;
+  void *p = NULL, *q = NULL;
+  if (!tr_ok(tr, ot_arena_alloc(a, n, cudaStreamPerThread, &p), "alloc on this thread")) goto out;
+  for (int i = 0; i < 20; i++) cudaMemsetAsync(p, 0x11, n, cudaStreamPerThread);
+  tr_ok(tr, ot_arena_free(a, p, cudaStreamPerThread), "free on this thread's stream");
+  per_thread_job j = {a, 4096, (void *)cudaStreamPerThread, false, OT_OK, NULL, 0};
+  if (run_on_thread(tr, &j) && j.st != OT_ERR_OOM) {
+    tr_fail(tr, "another thread's per-thread stream: %s, expected an OOM",
+            ot_status_string(j.st));
+    goto out;
+  }
+  if (!tr_ok(tr, ot_arena_alloc(a, n, sb, &q), "alloc on B")) goto out;
+  if (q != p) tr_fail(tr, "B did not get the block");
+  cudaMemsetAsync(q, 0x22, n, sb);
+  cudaDeviceSynchronize();
+  back = malloc(n);
+  cudaMemcpy(back, q, n, cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < n; i += 4099)
+    if (back[i] != 0x22) {
+      tr_fail(tr, "byte %zu is 0x%02x: B's write was overtaken (no ordering)", i, back[i]);
+      break;
+    }
+  tr_ok(tr, ot_arena_free(a, q, sb), "free on B");
+out:
+  free(back);
+  ot_arena_destroy(a);
+  if (sb) cudaStreamDestroy(sb);
+  tr_end(tr);
+}
 #endif
 
 void arena_cpu_ops(test_run *tr);
@@ -660,6 +795,7 @@ static void run_arena(test_run *tr) {
     context_arena_cuda(tr);
     context_arena_graph(tr);
     arena_cuda_streams(tr);
+    arena_cuda_per_thread(tr);
 #endif
     return;
   }
@@ -667,6 +803,7 @@ static void run_arena(test_run *tr) {
   arena_cross_stream_stress(tr, 30000);
   arena_tagged_and_untagged_run(tr);
   arena_adoption_waits_for_the_run(tr);
+  arena_per_thread_stream(tr);
   arena_library_request(tr);
   arena_cpu_ops(tr); /* cases_arena_cpu.c: CPU ops' temporaries from a host arena */
 }

@@ -168,12 +168,41 @@ static arena_block *coalesce(ot_arena *a, arena_block *b) {
   return b;
 }
 
+/* The tag of the calling thread's per-thread default stream (cudaStreamPerThread: one
+ * handle, a different stream on every host thread). A value no stream handle has (odd, in
+ * the kernel half of the address space) and that no other thread, not even a later one
+ * (thread-local addresses and thread ids are reused), ever gets: a block freed on one
+ * thread's per-thread stream is not taken at once by another thread's. */
+static uint64_t thread_tags_given;
+static _Thread_local uintptr_t this_thread_tag_;
+
+static void *this_thread_tag(void) {
+  if (!this_thread_tag_)
+    this_thread_tag_ =
+        UINTPTR_MAX - 2 * (uintptr_t)__atomic_add_fetch(&thread_tags_given, 1, __ATOMIC_RELAXED);
+  return (void *)this_thread_tag_;
+}
+
+static bool is_thread_tag(const void *t) {
+  return ((uintptr_t)t & 1) && (uintptr_t)t > UINTPTR_MAX / 2;
+}
+
 /* The tag of a stream in a stream-ordered arena: NULL, the legacy default stream, is a
  * stream like any other (cudaStreamLegacy's handle value), since work on a non-blocking
- * stream is not ordered after it; a tag of NULL means "free of any stream". */
+ * stream is not ordered after it; cudaStreamPerThread is the calling thread's own stream
+ * (this_thread_tag); a tag of NULL means "free of any stream". */
 static void *stream_tag(const ot_arena *a, void *stream) {
   if (!a->stream_ordered) return NULL;
-  return stream ? stream : OT_ARENA_LEGACY_STREAM;
+  if (!stream) return OT_ARENA_LEGACY_STREAM;
+  return stream == OT_ARENA_PER_THREAD_STREAM ? this_thread_tag() : stream;
+}
+
+/* The handle that names the stream of tag `t` on the calling thread, for a wait; NULL when
+ * none does: another thread's per-thread stream (cudaStreamPerThread would name this
+ * thread's), which only ot_arena_synchronize orders. */
+static void *tag_handle(void *t) {
+  if (!is_thread_tag(t)) return t; /* a handle, or cudaStreamLegacy's value */
+  return t == this_thread_tag() ? OT_ARENA_PER_THREAD_STREAM : NULL;
 }
 
 static bool usable(const ot_arena *a, const arena_block *b, void *tag) {
@@ -268,15 +297,16 @@ static arena_block *claim_run(ot_arena *a, size_t size, void *tag) {
  * on the other stream now, after every use of the blocks freed there) for each stream that
  * freed a block of that run, and only for those; their blocks in the run are retagged to
  * `tag` (not untagged: a third stream must in turn wait for `tag`), and claim_run makes
- * the run one block. NULL when no run fits (nothing waited for) or a wait failed / is
- * impossible (graph capture); the blocks of the streams already waited for then stay
- * `tag`'s. */
+ * the run one block. Another thread's per-thread stream cannot be waited for (see
+ * tag_handle): its blocks end runs, as live blocks do. NULL when no run fits (nothing
+ * waited for) or a wait failed / is impossible (graph capture); the blocks of the streams
+ * already waited for then stay `tag`'s. */
 static arena_block *adopt_run(ot_arena *a, const char *op, size_t size, void *tag) {
   if (!a->stream_ordered || !a->wait) return NULL;
   size_t run = 0;
   arena_block *start = NULL, *b;
   for (b = a->head; b; b = b->next) {
-    if (!b->free) {
+    if (!b->free || (b->stream && b->stream != tag && !tag_handle(b->stream))) {
       run = 0;
       continue;
     }
@@ -289,7 +319,7 @@ static arena_block *adopt_run(ot_arena *a, const char *op, size_t size, void *ta
   for (arena_block *c = start; c != end; c = c->next) {
     void *other = c->stream;
     if (!other || other == tag) continue;
-    if (a->wait(op, a->device, tag, other) != OT_OK) {
+    if (a->wait(op, a->device, tag_handle(tag), tag_handle(other)) != OT_OK) {
       merge_free_runs(a); /* retagged neighbours may merge now */
       return NULL;
     }
@@ -298,7 +328,7 @@ static arena_block *adopt_run(ot_arena *a, const char *op, size_t size, void *ta
       if (d->stream == other) d->stream = tag;
   }
   /* Every block from start to end is `tag`'s or untagged now, and the block before start
-   * is live: claim_run finds this run (none before it fit). */
+   * is not (live, or another thread's): claim_run finds this run (none before it fit). */
   return claim_run(a, size, tag);
 }
 

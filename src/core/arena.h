@@ -19,12 +19,17 @@ extern "C" {
 
 #define OT_ARENA_ALIGN 256
 #define OT_ARENA_CLASSES 48
-/* The tag of blocks freed on the legacy default stream (NULL): cudaStreamLegacy's value. */
+/* The tag of blocks freed on the legacy default stream (NULL): cudaStreamLegacy's value.
+ * One stream, shared by every host thread, so the handle is its tag. */
 #define OT_ARENA_LEGACY_STREAM ((void *)(uintptr_t)1)
+/* cudaStreamPerThread's value: the same handle names a different stream on every host
+ * thread, so blocks freed on it are tagged with the freeing thread (see arena.c). */
+#define OT_ARENA_PER_THREAD_STREAM ((void *)(uintptr_t)2)
 
 /* Make stream `waiter` wait for the work enqueued so far on stream `producer` (both of
- * `device`), without blocking the host. A stream-ordered arena calls it when a request on
- * `waiter` fits only in blocks freed on other streams (see ot_arena_free in the public
+ * `device`, handles as the calling thread names them), without blocking the host. A
+ * stream-ordered arena calls it, once per producer, when a request on `waiter` fits only
+ * in a run that holds blocks freed on other streams (see ot_arena_free in the public
  * header); non-OK (nothing changed) makes that request fail with OT_ERR_OOM. */
 typedef ot_status (*ot_arena_wait_fn)(const char *op, DLDevice device, void *waiter,
                                       void *producer);
