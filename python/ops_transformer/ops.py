@@ -116,14 +116,20 @@ def _no_out(op, **outs):
                         "the call or torch.compile traces it (use torch.no_grad())")
 
 
+_EAGER = None      # _torch_ops.eager, imported on first use (_torch_ops imports this module)
+
+
 def _ops():
     """The autograd ops: torch.ops.ops_transformer while torch.compile traces, otherwise
     _torch_ops.eager (the same ops through torch.autograd.Function: a fraction of the
     custom ops' per-call host time; it hands fake / meta tensors to the custom ops)."""
+    global _EAGER
     if _is_compiling():
         return _torch.ops.ops_transformer
-    from ._torch_ops import eager
-    return eager
+    if _EAGER is None:    # (a function-level import costs ~2 us a call)
+        from ._torch_ops import eager
+        _EAGER = eager
+    return _EAGER
 
 
 # ---------------------------------------------------------------------------------
