@@ -611,6 +611,9 @@ def main():
     args.batches = [int(b) for b in args.batches.split(",")]
     args.hf_compile_batches = [int(b) for b in args.hf_compile_batches.split(",")]
     args.hf_compile_shapes = args.hf_compile_shapes.split(",")
+    unknown = [v for v in args.decode_variants.split(",") if v and v not in DECODE_VARIANTS]
+    if unknown:  # before minutes of model building, not after
+        ap.error(f"--decode-variants: unknown {unknown}; known: {','.join(DECODE_VARIANTS)}")
     global DEV
     DEV = args.device
     torch.manual_seed(0)
