@@ -1290,8 +1290,8 @@ static ot_status pa_launch_simple(ot_context *ctx, pa_params &p, bool debug, con
   return OT_OK;
 }
 
-/* Whether it should (no OT_PAGED_KERNEL): short contexts (<= 1024 keys per sequence,
- * estimated from the table's size) cut into <= 8 pieces per unit. There it saves the split
+/* Whether it should (no OT_PAGED_KERNEL): at most 8 queries per sequence, short contexts
+ * (<= 1024 keys per sequence, estimated from the table's size) cut into <= 8 pieces per unit. There it saves the split
  * kernel's per-CTA start and waves of short CTAs (H200, same run: 64 x 1k 3.21 vs 3.02
  * TB/s; tiny decodes 15-25% less time per call); with longer contexts the split kernel was
  * 1-5% faster (16 x 4k, 64 x 4k), and with few units (1 x 64k: 132 pieces each) much
@@ -1299,6 +1299,10 @@ static ot_status pa_launch_simple(ot_context *ctx, pa_params &p, bool debug, con
 static bool ps_auto(const ot_cuda_state *cs, const pa_params &p, int per_sm) {
   if (getenv("OT_PAGED_SPLITS")) return false;
   const int64_t qps = (p.tq + p.batch - 1) / p.batch;
+  /* Decode and speculative decode only: a chunked prefill's causal tiles are trimmed at
+   * their diagonal by the split kernel, while the stream kernel runs every tile over all
+   * keys (up to 2x the work; not measured). */
+  if (qps > 8) return false;
   const int64_t units = p.batch * ((qps * p.group + 15) / 16) * p.hkv;
   const int64_t est_len = p.num_indices * p.bs / p.batch;
   if (est_len > 1024 || units < 1) return false;
