@@ -636,6 +636,8 @@ OT_API ot_status ot_arena_get_stats(ot_arena *arena, ot_arena_stats *stats);
  *    another stream freed makes its stream wait for that stream (an event) and takes them.
  *  - Ops enqueued while the stream captures a CUDA graph keep their blocks (the graph
  *    reuses them at each replay) until detach or destroy: do not replay such a graph after.
+ *    If the context cannot record such a block (host OOM), the op returns OT_ERR_OOM and
+ *    the block stays allocated in the arena until the arena is destroyed.
  *  - OT_ERR_OOM (nothing changed) when the arena has no room for the cuBLASLt workspace.
  *  - CPU contexts (a host arena: ot_arena_create on a CPU context): every op takes its
  *    temporaries (scratch, task lists, partials, the fused loss's workspace and panels)

@@ -57,6 +57,7 @@ static ot_status arena_take(ot_context *ctx, size_t bytes, const char *op, const
   OT_TRY(ot_arena_alloc_for(op, what, st->arena, bytes, ctx->stream, OT_MEMORY_WORKSPACE, &p));
   st->temps[st->ntemps++] = p;
   st->temps_stream = ctx->stream;
+  st->temps_op = op;
   *ptr = p;
   return OT_OK;
 }
@@ -83,21 +84,35 @@ static bool stream_capturing(void *stream) {
   return cs != cudaStreamCaptureStatusNone;
 }
 
+/* The error for a block a captured graph uses that keep_block could not record: it stays
+ * live in the arena (leaked until the arena is destroyed), never free while the graph may
+ * still write it at a replay. */
+static ot_status kept_block_lost(const char *op, int nblocks) {
+  return ot_error(OT_ERR_OOM, op, "out of host memory to record %d arena block(s) of a "
+                  "captured CUDA graph: they stay allocated until the arena is destroyed",
+                  nblocks);
+}
+
 /* The op's temporaries go back to the arena, ordered after the work the op enqueued on its
  * stream (a later request on the same stream reuses them at once; another stream first
  * waits for this one, see the arena's stream rules). While the stream captures a graph the
- * blocks stay with the context: the graph's kernels will write them again at each replay. */
+ * blocks stay with the context: the graph's kernels will write them again at each replay.
+ * A block the context cannot record then is leaked (kept_block_lost), and the op's status,
+ * if it was OK, becomes that OT_ERR_OOM. */
 extern "C" ot_status ot_cuda_op_end(ot_context *ctx, ot_status status) {
   if (!ctx || !ctx->cuda) return status;
   ot_cuda_state *st = ot_cuda_state_of(ctx);
   if (st->ntemps == 0) return status;
   const bool capturing = stream_capturing(st->temps_stream);
-  for (int i = 0; i < st->ntemps; i++)
-    if (!capturing || !keep_block(st, st->temps[i]))
-      (void)ot_arena_free(st->arena, st->temps[i], st->temps_stream);
+  int lost = 0;
+  for (int i = 0; i < st->ntemps; i++) {
+    if (!capturing) (void)ot_arena_free(st->arena, st->temps[i], st->temps_stream);
+    else if (!keep_block(st, st->temps[i])) lost++;
+  }
   st->ntemps = 0;
   st->arena_scratch = NULL;
   st->arena_scratch_bytes = 0;
+  if (lost && status == OT_OK) return kept_block_lost(st->temps_op, lost);
   return status;
 }
 
@@ -123,8 +138,8 @@ extern "C" ot_status ot_cuda_temp_free(ot_context *ctx, void *ptr, const char *o
     for (int i = 0; i < st->ntemps; i++)
       if (st->temps[i] == ptr) {
         st->temps[i] = st->temps[--st->ntemps];
-        if (stream_capturing(ctx->stream) && keep_block(st, ptr)) return OT_OK;
-        return ot_arena_free(st->arena, ptr, ctx->stream);
+        if (!stream_capturing(ctx->stream)) return ot_arena_free(st->arena, ptr, ctx->stream);
+        return keep_block(st, ptr) ? OT_OK : kept_block_lost(op, 1);
       }
     return ot_error(OT_ERR_INTERNAL, op, "ot_cuda_temp_free: %p is not a temporary of this op",
                     ptr);

@@ -48,11 +48,13 @@ typedef struct ot_cuda_state {
   /* ot_context_set_arena: while set, temporaries come from this arena instead of the
    * buffers above. `temps` are the blocks taken by the op now running (on `temps_stream`),
    * given back by ot_cuda_op_end; `kept` are blocks of ops enqueued while the stream
-   * captured a CUDA graph (the graph may replay them), given back at detach / destroy.
-   * The cuBLASLt workspace is one block of the arena held while it is set. */
+   * captured a CUDA graph (the graph may replay them), given back at detach / destroy;
+   * one that cannot be recorded there (host OOM) stays allocated until the arena is
+   * destroyed. The cuBLASLt workspace is one block of the arena held while it is set. */
   ot_arena *arena;
   void *temps[OT_CUDA_MAX_TEMPS];
   int ntemps;
+  const char *temps_op; /* the op that took them, for messages */
   void *arena_scratch; /* the op's ot_cuda_scratch block (one of temps) and its size */
   size_t arena_scratch_bytes;
   void *temps_stream;
