@@ -81,10 +81,12 @@ fi
 if has sanitize; then
   SAN="$OUT/sanitize.log"
   : >"$SAN"
-  san() { # tool filter [args]
-    echo "== $1 / $2" >>"$SAN"
-    timeout ${SAN_LIMIT:-60} compute-sanitizer --tool "$1" --print-limit 10 "${@:3}" $A --filter "$2" >>"$SAN" 2>&1
-    echo "   $1 '$2' rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$SAN" | tail -1)"
+  san() { # tool filter [args]; the summary is this run's (none printed: cut by the limit)
+    local one="$OUT/sanitize_one.log" rc
+    timeout ${SAN_LIMIT:-60} compute-sanitizer --tool "$1" --print-limit 10 "${@:3}" $A --filter "$2" >"$one" 2>&1
+    rc=$?
+    { echo "== $1 / $2"; cat "$one"; } >>"$SAN"
+    echo "   $1 '$2' rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$one" | tail -1)"
   }
   stamp "compute-sanitizer"
   # the Hopper backward's cases (OT_ATTN_IMPL=sm90: a declined call fails): D64 MQA with
@@ -102,8 +104,8 @@ for alt in ${ALTS:-base}; do
   stamp "racecheck, build $alt"
   timeout ${SAN_LIMIT:-60} compute-sanitizer --tool racecheck --racecheck-report all --print-limit 10 \
     "$BIN/$alt/tests/test_ops" --backend cuda --suite attention --filter "hopper-only S129" \
-    >>"$OUT/sanitize.log" 2>&1
-  echo "   $alt racecheck 'hopper-only S129' rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/sanitize.log" | tail -1)"
+    >"$OUT/sanitize_$alt.log" 2>&1
+  echo "   $alt racecheck 'hopper-only S129' rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/sanitize_$alt.log" | tail -1)"
 done
 for alt in ${ALTS:-base}; do
   has bench_base && [ -f "$BIN/$alt/libattention_shim.so" ] || continue
