@@ -574,10 +574,11 @@ extern "C" ot_status ot_cuda_attention_sm90_refusal(ot_context *ctx, const char 
                     "unset or not 0)");
   return ot_error(OT_ERR_UNSUPPORTED, op,
                   "OT_ATTN_IMPL=sm90: the Hopper %s does not cover this call (head dim %d, "
-                  "%s%s%s%s; docs/ATTENTION.md lists what it takes)",
+                  "%s%s%s%s%s; docs/ATTENTION.md lists what it takes)",
                   which, (int)a->d, a->dtype == OT_BF16 ? "bf16" : a->dtype == OT_F16 ? "fp16" : "fp32",
                   a->cu_q ? ", varlen" : "", a->softcap != 0.f ? ", softcap" : "",
-                  a->deterministic ? ", deterministic" : "");
+                  a->deterministic ? ", deterministic" : "",
+                  which[0] == 'f' && a->scale < 0.f ? ", negative scale" : "");
 }
 
 extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_attention_args *a,
