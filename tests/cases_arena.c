@@ -783,6 +783,37 @@ out:
   if (sb) cudaStreamDestroy(sb);
   tr_end(tr);
 }
+
+/* CUDA, 2+ devices: creating a context and an arena on device 1 leaves the calling
+ * thread's current device as it was (ops use the current device: the caller's choice). */
+static void context_keeps_current_device(test_run *tr) {
+  if (!tr_begin(tr, "context / arena create on device 1 keep the current device (CUDA)")) return;
+  int count = 0, prev = -1, dev = -1;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2 ||
+      cudaGetDevice(&prev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    tr->case_skipped = true; /* one device: nothing to switch */
+    tr_end(tr);
+    return;
+  }
+  ot_context *c = NULL;
+  ot_arena *a = NULL;
+  ot_context_options o = ot_context_default_options();
+  o.device_type = kDLCUDA;
+  o.device_id = 1;
+  cudaSetDevice(0);
+  if (tr_ok(tr, ot_context_create(&o, &c), "context on device 1")) {
+    if (cudaGetDevice(&dev) != cudaSuccess || dev != 0)
+      tr_fail(tr, "ot_context_create left device %d current, expected 0", dev);
+    if (tr_ok(tr, ot_arena_create(c, 1 << 20, &a), "arena on device 1") &&
+        (cudaGetDevice(&dev) != cudaSuccess || dev != 0))
+      tr_fail(tr, "ot_arena_create left device %d current, expected 0", dev);
+  }
+  ot_arena_destroy(a);
+  ot_context_destroy(c);
+  cudaSetDevice(prev);
+  tr_end(tr);
+}
 #endif
 
 void arena_cpu_ops(test_run *tr);
@@ -796,6 +827,7 @@ static void run_arena(test_run *tr) {
     context_arena_graph(tr);
     arena_cuda_streams(tr);
     arena_cuda_per_thread(tr);
+    context_keeps_current_device(tr);
 #endif
     return;
   }

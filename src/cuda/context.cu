@@ -8,7 +8,24 @@
 #include "../core/backend.h"
 #include "cuda_state.h"
 
+static ot_status context_init_on_device(ot_context *ctx);
+
+/* The calling thread's current device is the caller's (torch's, in Python): it is made
+ * ctx's device for the initialization (cudaSetDevice creates the device's primary context)
+ * and restored after, as src/cuda/arena.cu does. Ops enqueue on the current device, which
+ * the caller makes ctx's (see ot_context_create in the public header). */
 extern "C" ot_status ot_cuda_context_init(ot_context *ctx) {
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    prev = -1;
+  }
+  const ot_status st = context_init_on_device(ctx);
+  if (prev >= 0 && prev != ctx->device.device_id) (void)cudaSetDevice(prev);
+  return st;
+}
+
+static ot_status context_init_on_device(ot_context *ctx) {
   static const char *op = "ot_context_create";
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
