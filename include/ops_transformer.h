@@ -130,7 +130,9 @@ OT_API void ot_context_destroy(ot_context *ctx);
  * synchronization) for the work already enqueued on the previous one -- except while
  * either stream captures a CUDA graph, where the caller orders them. For independent
  * concurrent streams use one context per stream. OT_ERR_BACKEND (stream unchanged) when
- * CUDA refuses the event. */
+ * CUDA refuses the event. cudaStreamPerThread names the calling thread's own stream: a
+ * context given it and then called from another host thread changes stream unseen (no
+ * wait), so keep such a context on one thread, or order the threads' streams yourself. */
 OT_API ot_status ot_context_set_stream(ot_context *ctx, void *stream);
 
 /* The device a context runs on. */
