@@ -52,11 +52,13 @@ Options (the first value listed is the default):
     torch's SDPA would run a backend the library beats (flash at head dim 128,
     efficient, math); otherwise torch's SDPA. Decided once per (device, dtype, head dim,
     heads, kv heads, causal) from ``torch._fused_sdp_choice`` (host-side, no device
-    work; again when torch's SDPA enable flags change); ``patch_model`` decides for the
-    model's shape eagerly, so torch.compile reads the decision. ``True``: the patched
-    models' attention runs the library's flash-attention kernel (the scores are never
-    materialized) where the library has it for the device, dtype and head dim (probed
-    once; torch's SDPA otherwise). ``False``: the patched attention calls torch's
+    work; again when torch's SDPA flags change: enabled backends, priority order, flash
+    implementation -- with FA3 / FA4 activated, flash is not the FA2 measured below and
+    keeps the call); ``patch_model`` decides for the model's shape eagerly, so
+    torch.compile reads the decision. ``True``: the patched models' attention runs the
+    library's flash-attention kernel (the scores are never materialized) where the
+    library has it for the device, dtype and head dim (probed once; torch's SDPA
+    otherwise). ``False``: the patched attention calls torch's
     ``scaled_dot_product_attention`` instead (the q/k/v projections, RoPE and the rest
     stay the library's) -- for debugging or comparing. ``ops_transformer.attention``
     itself always runs the library's kernel.

@@ -60,6 +60,7 @@ import threading
 import types
 
 import torch
+import torch.nn.attention  # noqa: F401  (current_flash_attention_impl, where torch has it)
 import torch.nn.functional as F
 
 from . import _torch_ops as _tops
@@ -272,8 +273,9 @@ def _auto_torch_backward(q, k):
 # serve it, decided once per (device, dtype, head dim, heads, kv heads, causal) -- no
 # sequence length, so torch.compile finds the decision of the eager probe (patch_model
 # makes it for the model's shape) -- and kept here: key -> (library: bool, the backend
-# torch's SDPA would run, torch's SDPA enable flags then). An eager call decides again
-# when the flags changed (a torch.nn.attention.sdpa_kernel context, say). While
+# torch's SDPA would run, torch's SDPA flags then: enabled backends, their priority
+# order, the flash backend's kernels). An eager call decides again when the flags
+# changed (a torch.nn.attention.sdpa_kernel context, say). While
 # torch.compile traces, a key not decided yet means torch's SDPA (nothing is stored: a
 # store would fail the guards of the graph).
 _AUTO = {}
@@ -283,15 +285,25 @@ _AUTO = {}
 # library 264, flash 233, cuDNN 393, efficient 116; D 128 1 x 16384: 456, flash 299,
 # cuDNN 570; D 128 GQA 32 / 8: 282, flash 245, cuDNN 421; D 64 GQA 32 / 8: 199, flash
 # 211 (flash wins), cuDNN 305. cuDNN beats the library everywhere (torch 2.11 picks it
-# at all of these shapes); efficient / math are slower than flash.
+# at all of these shapes); efficient / math are slower than flash. "Flash" is torch's
+# built-in FA2: with another flash implementation activated (FA3 / FA4,
+# torch.nn.attention.activate_flash_attention_impl) the backend is unmeasured and keeps
+# the call (_sdpa_flags()[4]).
 _AUTO_LIBRARY_BEATS = {"FLASH_ATTENTION": (128,), "EFFICIENT_ATTENTION": (64, 128),
                        "MATH": (64, 128)}
+_SDP_PRIORITY = getattr(torch._C, "_get_sdp_priority_order", lambda: ())
+
+
+def _flash_impl():
+    """The flash implementation activated in torch's SDPA, None for its built-in FA2."""
+    current = getattr(torch.nn.attention, "current_flash_attention_impl", None)
+    return current() if current is not None else None
 
 
 def _sdpa_flags():
     b = torch.backends.cuda
     return (b.flash_sdp_enabled(), b.cudnn_sdp_enabled(), b.mem_efficient_sdp_enabled(),
-            b.math_sdp_enabled())
+            b.math_sdp_enabled(), _flash_impl(), tuple(_SDP_PRIORITY()))
 
 
 def _auto_key(q, k, causal):
@@ -347,6 +359,8 @@ def _auto_library(q, k, v, causal, scale, window, cu_seqlens):
         return got[0]
     if _hopper_backward_applies(q, window, cu_seqlens):
         backend = _torch_sdpa_backend(q, k, v, causal, scale)
+        if backend == "FLASH_ATTENTION" and flags[4] is not None:
+            backend = f"FLASH_ATTENTION ({flags[4]})"       # not the measured FA2
         lib = q.shape[-1] in _AUTO_LIBRARY_BEATS.get(backend, ())
         why = f"torch's SDPA would run {backend}"
     else:                       # device, dtype or head dim (all in the key)

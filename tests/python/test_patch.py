@@ -762,6 +762,32 @@ def test_auto_attention_decides_again_when_sdpa_backends_change(auto_on_cpu):
         assert not ot_patch._auto_library(q, k, k, True, 0.1, None, None)
 
 
+def test_auto_attention_flash_impl_and_priority_order_are_part_of_the_flags(auto_on_cpu):
+    """Torch's flash backend with FA3 / FA4 activated is not the FA2 the table measured:
+    torch's SDPA keeps the call; activating / restoring it, or another SDPA priority
+    order, decides again."""
+    import inspect
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    decided, _ = auto_on_cpu                    # torch 'picks' flash
+    q = torch.randn(1, 8, 4, 128, requires_grad=True)
+    k = torch.randn(1, 8, 4, 128)
+    assert ot_patch._auto_library(q, k, k, True, 0.1, None, None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.attention, "current_flash_attention_impl", lambda: "FA3",
+                   raising=False)
+        assert not ot_patch._auto_library(q, k, k, True, 0.1, None, None)
+        (_, (lib, seen, _)), = ot_patch._AUTO.items()
+        assert seen == "FLASH_ATTENTION (FA3)"
+    assert ot_patch._auto_library(q, k, k, True, 0.1, None, None)
+    assert len(decided) == 3
+    if "set_priority" in inspect.signature(sdpa_kernel).parameters:
+        order = [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                 SDPBackend.CUDNN_ATTENTION]
+        with sdpa_kernel(order, set_priority=True):
+            ot_patch._auto_library(q, k, k, True, 0.1, None, None)
+        assert len(decided) == 4
+
+
 @pytest.mark.parametrize("decided_before", [True, False])
 def test_auto_attention_under_torch_compile(ids, calls, auto_on_cpu, decided_before):
     """torch.compile reads the eager decision (no graph break, one graph); a shape not
