@@ -440,7 +440,9 @@ def _kernel_kind(name):
 def run_profile(case, args, device, dtype):
     """A patched training step under torch.profiler: GPU busy fraction (kernel time /
     wall time), kernel time by kind, the longest kernels, and the host time per call of
-    the library's custom ops."""
+    the library's autograd ops (the custom ops "ops_transformer::<op>" where they run, the
+    eager path's autograd.Functions "<op>_eager" / "<op>_eagerBackward" outside
+    torch.compile)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     out = dict(kind="profile", case=case_name(case["cfg"], case["batch"], case["seq"]),
@@ -477,7 +479,9 @@ def run_profile(case, args, device, dtype):
             if is_kernel and dev_t:
                 kinds[_kernel_kind(e.key)] = kinds.get(_kernel_kind(e.key), 0) + dev_t
                 kernels.append((dev_t, e.key[:90], e.count))
-            if e.key.startswith("ops_transformer::"):
+            if e.key.startswith("ops_transformer::") or (
+                    e.key.endswith(("_eager", "_eagerBackward"))
+                    and not e.key.startswith("autograd::")):
                 ops[e.key] = dict(calls=e.count // steps,
                                   host_us_per_call=e.cpu_time_total / max(e.count, 1))
         busy = sum(kinds.values())
@@ -717,8 +721,8 @@ def markdown(path):
                 f"{(prof.get('gpu_busy_fraction') or 0) * 100:.0f}% of it; kernel time a step: "
                 + ", ".join(f"{k} {v:.1f} ms" for k, v in
                             (prof.get("kernel_ms_per_step") or {}).items())
-                + ". Host time per call of the library's custom ops: "
-                + ", ".join(f"{k.split('::')[1]} {v['host_us_per_call']:.0f} us "
+                + ". Host time per call of the library's autograd ops: "
+                + ", ".join(f"{k.split('::')[-1]} {v['host_us_per_call']:.0f} us "
                             f"(x{v['calls']})" for k, v in ops.items()) + "."
                 + (f" Note: {prof['note']}." if prof.get("note") else "")]
     c = rec.get("loss_curve") or {}
