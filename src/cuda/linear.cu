@@ -340,11 +340,14 @@ static cudaError_t column_sum_any(ot_dtype d, const void *dy, int64_t ds, int64_
  *
  * Programmatic dependent launch (sm_90 code on a 9.0+ GPU; OT_LINEAR_PDL=0 turns it off):
  * the kernel is launched as a programmatic dependent of whatever precedes it on the
- * stream, so its CTAs can be resident before that kernel has completed. W does not depend
- * on the previous kernel: each warp issues its first U vectors of W, and only then waits
- * (griddepcontrol.wait) for the previous grid's memory before it reads x; nothing is
- * written before the wait. The weight stream thus starts during the previous kernel's
- * tail and launch latency instead of after it. The kernel allows its own dependents to
+ * stream, so its CTAs can be resident before that kernel has completed. Each warp issues
+ * its first U vectors of W, and only then waits (griddepcontrol.wait) for the previous
+ * grid's memory before it reads x or the bias; nothing is written before the wait. So W
+ * must not be written by the kernel just before on the stream: only the wait makes that
+ * kernel's writes visible (the engine's weights are never written so; a caller whose
+ * weight update directly precedes a one-row forward on the same stream should set
+ * OT_LINEAR_PDL=0). The weight stream thus starts during the previous kernel's tail and
+ * launch latency instead of after it. The kernel allows its own dependents to
  * launch (griddepcontrol.launch_dependents) once its loads are done: the split-K sum,
  * launched the same way, waits for the partials before it reads them. Measured (H200,
  * run of 9349f37, bench/engine_linear_bench.c, weights not in L2): 0.4-1.5 us less per
