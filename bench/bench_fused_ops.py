@@ -466,25 +466,23 @@ def check_ce(S, ck, small):
 
 # Opt-in kernel selections (src/cuda/norm.cuh, rope.cu) that --sanitize covers besides
 # the defaults (device_test_cuda.sh's OT_VARIANT_ENV runs the tests under such a set):
-# forward v3, backward v2, RoPE's block-per-token kernel v1 on rows the warp kernel takes;
-# then the bulk-copy (TMA) kernels (sm_90) for the forward, RMSNorm's backward and RoPE.
+# forward v3, backward v2, RoPE's block-per-token kernel v1 on rows the warp kernel takes.
+# (LayerNorm's bulk-copy backward, sm_90, is a default: the first pass runs it.)
 ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL": "v1"}
-TMA_KERNELS = {"OT_NORM_FWD_IMPL": "tma", "OT_NORM_BWD_IMPL": "tma", "OT_ROPE_IMPL": "tma"}
 
 
 def sanitize_run(S, only="norm,rope,glu,ce"):
     """Our kernels only (no references), small shapes covering every kernel variant:
     for compute-sanitizer racecheck, where torch's own kernels would be slow. The norm
-    and RoPE part runs again under ALT_KERNELS and under TMA_KERNELS. `only`: SwiGLU /
-    cross-entropy kernels only when named there ("glu", "ce")."""
+    and RoPE part runs again under ALT_KERNELS. `only`: SwiGLU / cross-entropy kernels
+    only when named there ("glu", "ce")."""
     sanitize_once(S, "glu" in only or "ce" in only)
-    for env in (ALT_KERNELS, TMA_KERNELS):
-        os.environ.update(env)
-        try:
-            sanitize_once(S, False)
-        finally:
-            for k in env:
-                os.environ.pop(k, None)
+    os.environ.update(ALT_KERNELS)
+    try:
+        sanitize_once(S, False)
+    finally:
+        for k in ALT_KERNELS:
+            os.environ.pop(k, None)
     torch.cuda.synchronize()
     print("sanitize run: done")
 
@@ -654,19 +652,15 @@ def bench_all(S, args):
 
     # Defaults (src/cuda/norm.cuh, rope.cu): forward v2; backward v3 (RMSNorm) and the
     # bulk-copy (TMA) kernel with register partials, 2 vectors per thread and the
-    # automatic ring (LayerNorm, sm_90, rows of 4-16 KB); RoPE's warp kernel v3. (The
-    # backward's shared-memory partials and 4 vectors per thread lost: removed.) The
-    # variants: the bulk-copy kernels (opt-in except LayerNorm's backward) and their
-    # shapes, v3 for LayerNorm's backward. (The run of a342519 timed them all as the
-    # defaults, and earlier runs forward v3 / v4, rows per block, backward v2 and 2 rows
-    # per iteration: docs/PERFORMANCE.md.)
-    FWD_VARIANTS = {"tma": {"OT_NORM_FWD_IMPL": "tma"},
-                    "tma S=2": {"OT_NORM_FWD_IMPL": "tma", "OT_NORM_FWD_STAGES": "2"}}
-    BWD_VARIANTS = {"v3": {"OT_NORM_BWD_IMPL": "v3"},
-                    "tma": {"OT_NORM_BWD_IMPL": "tma"},
-                    "tma S=2": {"OT_NORM_BWD_IMPL": "tma", "OT_NORM_BWD_TMA_STAGES": "2"}}
-    ROPE_VARIANTS = {"tma": {"OT_ROPE_IMPL": "tma"},
-                     "tma S=2": {"OT_ROPE_IMPL": "tma", "OT_ROPE_STAGES": "2"}}
+    # automatic ring (LayerNorm, sm_90, rows of 4-16 KB); RoPE's warp kernel v3. The
+    # variants: LayerNorm's backward v3 and its bulk-copy ring of 2 slots. (The run of
+    # a342519 timed the bulk-copy forward, RMSNorm backward and RoPE kernels, all slower
+    # or tied, removed; earlier runs forward v3 / v4, rows per block, backward v2 and 2
+    # rows per iteration: docs/PERFORMANCE.md.)
+    FWD_VARIANTS = {}
+    LN_BWD_VARIANTS = {"v3": {"OT_NORM_BWD_IMPL": "v3"},
+                       "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"}}
+    ROPE_VARIANTS = {}
     only = set(args.only.split(","))
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):
@@ -773,7 +767,7 @@ def bench_all(S, args):
                 ours = [norm_bwd_call(S, layer, s["dy"], None, s["x"], w, mm, rstd, eps, routs[i], dws,
                                       dbs if layer else None) for i, s in enumerate(sets)]
                 t_ours = time_ms(ours)
-                var_ms = variants(ours, BWD_VARIANTS)
+                var_ms = variants(ours, LN_BWD_VARIANTS if layer else {})
 
                 def torch_bwd(fn):
                     gs = []

@@ -148,14 +148,13 @@ typedef struct fwd_case {
   int alias; /* 0 none, 1 out = x, 2 residual_out = x, 3 residual_out = residual */
   int64_t xpad, rpad, opad, ropad;
   const char *variant;
-  const char *tag; /* appended to the case name, or NULL */
 } fwd_case;
 
 static void run_forward(test_run *tr, const fwd_case *c) {
   int64_t H = c->shape[c->ndim - 1], rows = 1;
   for (int i = 0; i < c->ndim - 1; i++) rows *= c->shape[i];
-  if (!tr_begin(tr, "%s %s %s rows=%lld H=%lld%s", c->ln ? "layernorm" : "rmsnorm",
-                dt_name(c->dt), c->variant, (long long)rows, (long long)H, c->tag ? c->tag : ""))
+  if (!tr_begin(tr, "%s %s %s rows=%lld H=%lld", c->ln ? "layernorm" : "rmsnorm",
+                dt_name(c->dt), c->variant, (long long)rows, (long long)H))
     return;
   const backend *be = tr->be;
   rng r = tr_rng(tr);
@@ -232,15 +231,14 @@ typedef struct bwd_case {
   int alias; /* 0 none, 1 dx = dy, 2 dx = dresidual_out */
   int64_t pad; /* row padding of dy and h (2-D only) */
   const char *variant;
-  const char *tag; /* appended to the case name, or NULL */
 } bwd_case;
 
 /* Runs the backward; fills the reference and compares. */
 static void run_backward(test_run *tr, const bwd_case *c) {
   int64_t H = c->shape[c->ndim - 1], rows = 1;
   for (int i = 0; i < c->ndim - 1; i++) rows *= c->shape[i];
-  if (!tr_begin(tr, "%s backward %s %s rows=%lld H=%lld%s", c->ln ? "layernorm" : "rmsnorm",
-                dt_name(c->dt), c->variant, (long long)rows, (long long)H, c->tag ? c->tag : ""))
+  if (!tr_begin(tr, "%s backward %s %s rows=%lld H=%lld", c->ln ? "layernorm" : "rmsnorm",
+                dt_name(c->dt), c->variant, (long long)rows, (long long)H))
     return;
   const backend *be = tr->be;
   rng r = tr_rng(tr);
@@ -419,16 +417,16 @@ static bool same_bytes(tbuf *a, tbuf *b) {
 /* The fused forward equals the unfused forward applied to residual_out, bit for bit;
  * the backward with saved statistics equals the backward that recomputes them; two
  * backward runs give the same dweight / dbias. */
-static void consistency(test_run *tr, const char *tag) {
-  /* H = 2056: rows of 4-16 KB, which the CUDA backend's bulk-copy kernels take */
+static void consistency(test_run *tr) {
+  /* H = 2056: rows of 4-16 KB, which the CUDA backend's bulk-copy LayerNorm backward takes */
   static const int64_t CH[] = {1000, 2056};
   for (int ln = 0; ln < 2; ln++)
     for (size_t d = 0; d < 3; d++)
       for (size_t hi = 0; hi < 2; hi++) {
         DLDataType dt = *DTYPES[d];
         const int64_t R = 33, H = CH[hi], shape[2] = {R, H}; /* > 16K elements: 2+ threads */
-        if (!tr_begin(tr, "%s %s H=%lld fused == unfused, saved == recomputed stats, deterministic%s",
-                      ln ? "layernorm" : "rmsnorm", dt_name(dt), (long long)H, tag))
+        if (!tr_begin(tr, "%s %s H=%lld fused == unfused, saved == recomputed stats, deterministic",
+                      ln ? "layernorm" : "rmsnorm", dt_name(dt), (long long)H))
           continue;
         const backend *be = tr->be;
         ot_context *ctx = be->ctx;
@@ -486,7 +484,6 @@ static void consistency(test_run *tr, const char *tag) {
         tb_free(dw1), tb_free(dw2), tb_free(db1), tb_free(db2);
       }
 
-  if (*tag) return;
   /* Zero rows: a no-op forward; the backward writes zeros to dweight / dbias. */
   for (int ln = 0; ln < 2; ln++) {
     if (!tr_begin(tr, "%s zero rows", ln ? "layernorm" : "rmsnorm")) continue;
@@ -517,42 +514,6 @@ static void consistency(test_run *tr, const char *tag) {
     tr_end(tr);
     tb_free(x), tb_free(out), tb_free(w), tb_free(dw), tb_free(db);
   }
-}
-
-/* The CUDA backend's opt-in bulk-copy kernels (OT_NORM_FWD_IMPL=tma, OT_NORM_BWD_IMPL=tma:
- * sm_90, rows of 4-16 KB; LayerNorm's backward takes its kernel by default): the forward
- * and backward variants on such rows, and the consistency checks, under those variables.
- * Elsewhere the default kernels run them. */
-static void bulk_copy_cases(test_run *tr) {
-  if (!tr->be->is_cuda) return;
-  env_saved fi = env_set("OT_NORM_FWD_IMPL", "tma"), bi = env_set("OT_NORM_BWD_IMPL", "tma");
-  static const int64_t BH[] = {2056, 4096};
-  for (int ln = 0; ln < 2; ln++)
-    for (size_t d = 0; d < 3; d++)
-      for (size_t hi = 0; hi < 2; hi++)
-        for (int v = 0; v < 4; v++) { /* plain, fused, fused no-weight, in place */
-          fwd_case c;
-          memset(&c, 0, sizeof c);
-          c.ln = ln;
-          c.dt = *DTYPES[d];
-          c.weight = c.bias = c.save_mean = c.save_rstd = true;
-          c.tag = " (tma)";
-          set_fwd_variant(&c, v, BH[hi]);
-          set_shape(&c.ndim, c.shape, 33, BH[hi], false);
-          run_forward(tr, &c);
-          if (v > 1) continue;
-          bwd_case b; /* dres saved-stats, no-weight recompute dx=dy */
-          memset(&b, 0, sizeof b);
-          b.ln = ln;
-          b.dt = *DTYPES[d];
-          b.tag = " (tma)";
-          set_bwd_variant(&b, v, BH[hi]);
-          set_shape(&b.ndim, b.shape, 33, BH[hi], false);
-          run_backward(tr, &b);
-        }
-  consistency(tr, " (tma)");
-  env_restore(&bi);
-  env_restore(&fi);
 }
 
 /* ---- bad inputs --------------------------------------------------------------------------- */
@@ -885,8 +846,7 @@ static void run(test_run *tr) {
   }
   forward_table(tr);
   backward_table(tr);
-  consistency(tr, "");
-  bulk_copy_cases(tr);
+  consistency(tr);
   for (int ln = 0; ln < 2; ln++) {
     bad_forward(tr, ln);
     bad_backward(tr, ln);

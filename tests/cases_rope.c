@@ -152,12 +152,6 @@ static const rope_case cases[] = {
     {"gptj empty heads",                         OT_ROPE_GPTJ, 0, 4, 0, 0, 8, 0, 0, 10, 0, 0, 0, 0, 0},
 };
 
-/* Cases (indices into cases[]) for the CUDA backend's opt-in bulk-copy kernel
- * (OT_ROPE_IMPL=tma, sm_90: the heads of a token contiguous, the warp kernel's head dims;
- * elsewhere, and for the shapes it declines, the default kernels run them): run again
- * under that variable. NeoX / GPT-J, partial in place, q only, cache, Llama-3, packed. */
-static const int tma_cases[] = {0, 1, 2, 7, 10, 12, 14};
-
 /* Small shapes for the finite-difference checks of the backward (float32). */
 static const rope_case grad_cases[] = {
     {"neox gqa 2/1 D=8",                         OT_ROPE_NEOX, 0, 3, 2, 1, 8, 0, 0, 65536, 0, 0, 0, 0, 0},
@@ -683,18 +677,6 @@ static void run(test_run *tr) {
   for (int bwd = 0; bwd < 2; bwd++)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
       for (int d = 0; d < 3; d++) run_case(tr, &cases[i], dts[d], bwd != 0);
-  if (tr->be->is_cuda) {
-    env_saved impl = env_set("OT_ROPE_IMPL", "tma");
-    for (int bwd = 0; bwd < 2; bwd++)
-      for (size_t i = 0; i < sizeof tma_cases / sizeof tma_cases[0]; i++) {
-        rope_case c = cases[tma_cases[i]];
-        char name[128];
-        snprintf(name, sizeof name, "%s (tma)", c.name);
-        c.name = name;
-        for (int d = 0; d < 3; d++) run_case(tr, &c, dts[d], bwd != 0);
-      }
-    env_restore(&impl);
-  }
   for (int d = 0; d < 3; d++) {
     run_cache_vs_computed(tr, dts[d], OT_ROPE_NEOX);
     run_cache_vs_computed(tr, dts[d], OT_ROPE_GPTJ);

@@ -1,8 +1,8 @@
 /*
  * bulk_copy.cuh -- 1-D bulk copies global -> shared memory (sm_90's cp.async.bulk, the
  * TMA unit without a tensor map) completing on an mbarrier, for the row-streaming
- * kernels (norm.cuh, rope.cu): one thread issues a whole row (up to the mbarrier's 1 MB
- * transaction count) and the bytes in flight cost no registers and no per-16-byte
+ * LayerNorm backward (norm.cuh): one thread issues a whole row (up to the mbarrier's 1
+ * MB transaction count) and the bytes in flight cost no registers and no per-16-byte
  * instructions. Source and destination 16-byte aligned, size a multiple of 16.
  *
  * The device helpers exist in the sm_90 pass only (`OT_BULK_COPY_DEVICE`); kernels that
@@ -13,7 +13,6 @@
 #ifndef OT_CUDA_BULK_COPY_CUH
 #define OT_CUDA_BULK_COPY_CUH
 
-#include <pthread.h>
 #include <stdint.h>
 
 #include "common.cuh"
@@ -36,12 +35,6 @@ __device__ __forceinline__ void bulk_bar_init(uint64_t *bar, uint32_t count) {
  * publishes them: visible to the other threads and to the async (TMA) proxy. */
 __device__ __forceinline__ void bulk_bar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-/* The generic-proxy accesses of this thread to shared memory are ordered before later
- * async-proxy (bulk copy) accesses: before a slot that was written with st.shared is
- * refilled by a bulk copy. */
-__device__ __forceinline__ void bulk_fence_proxy() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 /* Arrive on bar (the one expected arrival) and expect `bytes` of transactions. */
@@ -100,50 +93,6 @@ static inline bool ot_bulk_kernel_ok(const void *kernel) {
     return false;
   }
   return fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
-}
-
-/* Raise a kernel's dynamic shared memory limit to what `optin` leaves beside its static
- * shared memory, once per (device, kernel): the attribute belongs to the current device,
- * so a second GPU needs its own call. A small table of the pairs done, under a lock
- * (contexts on several threads may launch norms at once). Returns that limit in bytes, 0
- * on failure. */
-static inline int ot_raise_dyn_smem(const void *kernel, int optin) {
-  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  static const void *done[128];
-  static int done_dev[128], limit[128];
-  static int ndone;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  int known = 0;
-  pthread_mutex_lock(&mu);
-  for (int i = 0; i < ndone; i++)
-    if (done[i] == kernel && done_dev[i] == dev) {
-      known = limit[i];
-      break;
-    }
-  pthread_mutex_unlock(&mu);
-  if (known > 0) return known;
-  cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
-    (void)cudaGetLastError(); /* the caller falls back to another kernel */
-    return 0;
-  }
-  const int dyn = optin - (int)fa.sharedSizeBytes;
-  if (dyn <= 0) return 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  pthread_mutex_lock(&mu);
-  if (ndone < 128) {
-    done[ndone] = kernel;
-    done_dev[ndone] = dev;
-    limit[ndone] = dyn;
-    ndone++;
-  }
-  pthread_mutex_unlock(&mu);
-  return dyn;
 }
 
 #endif /* OT_CUDA_BULK_COPY_CUH */

@@ -25,9 +25,8 @@
  * flight per thread, register rings; the forward's default), v3 (aligned rows, the
  * backward's default, opt-in for the forward: v2's arithmetic with the rows staged in
  * shared memory by per-thread cp.async rings on a persistent grid, so the bytes in
- * flight per SM are bounded by shared memory, not registers), tma (sm_90, rows of 4-16
- * KB: the rows staged by 1-D bulk copies; LayerNorm's backward default, opt-in
- * elsewhere: OT_NORM_FWD_IMPL=tma, OT_NORM_BWD_IMPL=tma).
+ * flight per SM are bounded by shared memory, not registers), tma (sm_90, LayerNorm's
+ * backward default for rows of 4-16 KB: the rows staged by 1-D bulk copies).
  *
  * All pointers may be NULL where the API allows it: residual (then residual_out is
  * unused), weight (= 1), bias (= 0), mean / rstd (not saved, or recomputed in the
@@ -562,8 +561,8 @@ __device__ __forceinline__ void opaque(raw16 &r) {
 }
 
 /* out = (h - mu) * rs * w + b per element, as y = h * rs + nmr (nmr = -mu * rs, one FMA)
- * then one FMA with weight and bias: the expression of forward v2 / v3 and the bulk-copy
- * forward alike. has_w / has_b false: 1 / 0. */
+ * then one FMA with weight and bias: the expression of forward v2 / v3. has_w / has_b
+ * false: 1 / 0. */
 template <bool LAYER, int V>
 __device__ __forceinline__ void norm_fwd_out(const float *hv, const float *wv, const float *bv,
                                              bool has_w, bool has_b, float rs, float nmr,
@@ -1111,178 +1110,21 @@ __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int
   }
 }
 
-/* ---- bulk-copy (TMA) kernels, sm_90 --------------------------------------------------
+/* ---- bulk-copy (TMA) backward, sm_90 ---------------------------------------------------
  * The rows are staged in shared memory by 1-D bulk copies (bulk_copy.cuh): one thread
  * issues a whole row per tensor, completing on the slot's mbarrier, so the bytes in
  * flight per SM are bounded by shared memory (~220 KB on the H200), cost no registers
  * and no per-16-byte load instructions (v3's per-thread cp.async rings issue one per
- * vector, v2's register rows cap the bytes in flight by occupancy). Rows are 16-byte
- * aligned and cols * sizeof(T) is a multiple of 16 (the bulk copy's rules); the host
- * takes v2 / v3 otherwise.
- * Measured (H200, 16k rows bf16, run of a342519, TB/s, copy 4.29): the forward loses to
- * v2 at every shape (RMSNorm 4096 3.42 vs 3.79, 8192 3.67 vs 3.91; LayerNorm 4096 3.29
- * vs 3.45, 8192 2.50 vs 3.76; with the residual 3.43-3.67 vs 3.87-4.05), and loses more
- * the fewer warps its ring leaves per SM (S = 2: more warps, faster; S = 4: slower;
- * LayerNorm 8192 with the residual, 2 warps: 2.04): a warp per row from shared memory
- * is bound by the warps' per-row latency (two or three dependent passes and a shuffle
- * reduction), not by bytes in flight -- v2's many short blocks hide it better. Opt-in
- * (OT_NORM_FWD_IMPL=tma). The backward with register partials beats v3 for LayerNorm
- * (3.06 / 3.26 at 4096 / 8192 against 2.81 / 3.10: its default) and ties it for
- * RMSNorm (3.21 / 3.34 against 3.26 / 3.52; opt-in); partials in shared memory lost
- * (LayerNorm 2.89 / 2.63: the partials' space halves the blocks per SM) and 4 vectors
- * per thread too (LayerNorm 2.91 at 4096): both removed. */
-constexpr int kNormTmaMaxWarps = 16, kNormTmaMaxStages = 4;
-
-/* Sum over a row staged in shared memory (xs, nvec 16-byte vectors), lane's vectors
- * lane, lane + 32, ...: of h when !SQUARE, of (h - mu)^2 when SQUARE (mu = 0: h^2, exact). */
-template <typename T, bool SQUARE>
-__device__ __forceinline__ float norm_slot_sum(const uint4 *xs, int lane, int nvec, float mu) {
-  constexpr int V = vec_width<T>::value;
-  float acc = 0.0f;
-#pragma unroll 4
-  for (int i = lane; i < nvec; i += 32) {
-    raw16 a;
-    a.u = xs[i];
-    float hv[V];
-    unpack<T>(hv, a);
-#pragma unroll
-    for (int j = 0; j < V; j++) acc += SQUARE ? (hv[j] - mu) * (hv[j] - mu) : hv[j];
-  }
-  return acc;
-}
-
-/* Forward: a warp per row. One block per SM (the ring fills shared memory) of W warps;
- * warp w of block b owns rows w * G + b + k * G * W (G = gridDim.x: the last, partial
- * round of rows spreads over all SMs), each through its own ring of S slots (x, and the
- * residual, of one row). Lane 0 refills a slot with the warp's row S rounds ahead as
- * soon as the warp is done with it; weight and bias are bulk-copied into shared memory
- * once per block. Lane l handles the vectors l, l + 32, ... of the row (a warp reads
- * 512 contiguous bytes of shared memory per instruction, conflict-free), sums them,
- * reduces with shuffles only (no block barrier), and writes out from the shared copy:
- * two passes over shared memory (three for LayerNorm), no row in registers. With the
- * residual, h = x + residual rounded to T replaces x in the slot (and goes to
- * residual_out), so the fused forward and the unfused one over residual_out reduce the
- * same values in the same order (same bits). p.out == NULL: statistics only. */
-template <typename T, bool LAYER, bool RES>
-__global__ void __launch_bounds__(kNormTmaMaxWarps * 32, 1)
-    norm_fwd_tma_kernel(norm_fwd_params p, int S) {
-#ifdef OT_BULK_COPY_DEVICE
-  constexpr int V = vec_width<T>::value;
-  constexpr int NT = RES ? 2 : 1;
-  extern __shared__ __align__(128) uint4 tma_smem[];
-  __shared__ uint64_t bars[kNormTmaMaxWarps * kNormTmaMaxStages + 1];
-  const int nvec = (int)(p.cols / V);
-  const uint32_t rb = (uint32_t)nvec * 16u;
-  const float fn = (float)p.cols;
-  const int W = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const bool hw = p.out && p.weight, hb = LAYER && p.out && p.bias;
-  const uint4 *ws = tma_smem;
-  const uint4 *bs = tma_smem + (hw ? nvec : 0);
-  uint4 *ring = tma_smem + (hw ? nvec : 0) + (hb ? nvec : 0) + (size_t)warp * S * NT * nvec;
-  uint64_t *bar = bars + warp * kNormTmaMaxStages;
-  uint64_t *wbar = bars + kNormTmaMaxWarps * kNormTmaMaxStages;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < W * kNormTmaMaxStages; i++) bulk_bar_init(bars + i, 1);
-    bulk_bar_init(wbar, 1);
-    bulk_bar_init_fence();
-  }
-  __syncthreads();
-  const int64_t G = gridDim.x, stride = G * W;
-  const int64_t first = (int64_t)warp * G + blockIdx.x;
-  const T *x = static_cast<const T *>(p.x);
-  const T *res = static_cast<const T *>(p.residual);
-  auto issue = [&](int64_t row, int s) {
-    uint4 *dst = ring + (size_t)s * NT * nvec;
-    bulk_bar_expect(bar + s, NT * rb);
-    bulk_load(dst, x + row * p.x_stride, rb, bar + s);
-    if (RES) bulk_load(dst + nvec, res + row * p.residual_stride, rb, bar + s);
-  };
-  if (lane == 0) {
-    if (warp == 0 && (hw || hb)) {
-      bulk_bar_expect(wbar, (hw ? rb : 0u) + (hb ? rb : 0u));
-      if (hw) bulk_load((void *)ws, p.weight, rb, wbar);
-      if (hb) bulk_load((void *)bs, p.bias, rb, wbar);
-    }
-    for (int s = 0; s < S; s++) {
-      const int64_t row = first + (int64_t)s * stride;
-      if (row < p.rows) issue(row, s);
-    }
-  }
-  if (hw || hb) bulk_bar_wait(wbar, 0);
-  int s = 0;
-  uint32_t ph = 0;
-  for (int64_t row = first; row < p.rows; row += stride) {
-    bulk_bar_wait(bar + s, ph);
-    uint4 *xs = ring + (size_t)s * NT * nvec;
-    float sum = 0.0f;
-    if (RES) {
-      const uint4 *rsm = xs + nvec;
-      T *rout = static_cast<T *>(p.residual_out) + row * p.residual_out_stride;
-#pragma unroll 4
-      for (int i = lane; i < nvec; i += 32) {
-        raw16 a, b;
-        a.u = xs[i];
-        b.u = rsm[i];
-        float hv[V], rv[V];
-        unpack<T>(hv, a);
-        unpack<T>(rv, b);
-#pragma unroll
-        for (int j = 0; j < V; j++) hv[j] += rv[j];
-        pack<T>(a, hv); /* h rounded to storage: what residual_out holds */
-        xs[i] = a.u;
-        *reinterpret_cast<uint4 *>(rout + (int64_t)i * V) = a.u;
-        unpack<T>(hv, a);
-#pragma unroll
-        for (int j = 0; j < V; j++) sum += LAYER ? hv[j] : hv[j] * hv[j];
-      }
-    } else {
-      sum = norm_slot_sum<T, !LAYER>(xs, lane, nvec, 0.0f);
-    }
-    sum = warp_sum(sum);
-    float mu = 0.0f, rs;
-    if (LAYER) {
-      mu = sum / fn;
-      rs = rsqrtf(warp_sum(norm_slot_sum<T, true>(xs, lane, nvec, mu)) / fn + p.eps);
-    } else {
-      rs = rsqrtf(sum / fn + p.eps);
-    }
-    if (p.out) {
-      const float nmr = -mu * rs; /* y = h * rs + nmr: one FMA per element */
-      T *out = static_cast<T *>(p.out) + row * p.out_stride;
-#pragma unroll 4
-      for (int i = lane; i < nvec; i += 32) {
-        raw16 a, wr, br;
-        a.u = xs[i];
-        float hv[V], wv[V], bv[V], o[V];
-        unpack<T>(hv, a);
-        if (hw) {
-          wr.u = ws[i];
-          unpack<T>(wv, wr);
-        }
-        if (hb) {
-          br.u = bs[i];
-          unpack<T>(bv, br);
-        }
-        norm_fwd_out<LAYER, V>(hv, wv, bv, hw, hb, rs, nmr, o);
-        store_vec(out + (int64_t)i * V, o);
-      }
-    }
-    if (lane == 0) {
-      if (p.rstd) p.rstd[row] = rs;
-      if (LAYER && p.mean) p.mean[row] = mu;
-    }
-    /* the warp is done with the slot (RES wrote h into it: order those generic writes
-     * before the bulk copy that overwrites them) */
-    if (RES) bulk_fence_proxy();
-    __syncwarp();
-    if (lane == 0) {
-      const int64_t nr = row + (int64_t)S * stride;
-      if (nr < p.rows) issue(nr, s);
-    }
-    if (++s == S) s = 0, ph ^= 1u;
-  }
-#endif
-}
+ * vector). Rows are 16-byte aligned and cols * sizeof(T) is a multiple of 16 (the bulk
+ * copy's rules); the host takes v3 / v2 / v1 otherwise.
+ * Measured (H200, 16k rows bf16, run of a342519, TB/s, copy 4.29): with register
+ * partials it beats v3 for LayerNorm (3.06 / 3.26 at 4096 / 8192 against 2.81 / 3.10:
+ * its default); for RMSNorm it tied or lost (3.19-3.23 / 3.23-3.50 against 3.26 /
+ * 3.52), partials in shared memory lost (LayerNorm 2.89 / 2.63: the partials' space
+ * halves the blocks per SM) and 4 vectors per thread too (LayerNorm 2.91 at 4096): all
+ * removed, with a bulk-copy forward (a warp per row, lost to v2 at every shape: RMSNorm
+ * 4096 3.42 vs 3.79, LayerNorm 8192 2.50 vs 3.76) -- docs/PERFORMANCE.md. */
+constexpr int kNormTmaMaxStages = 4;
 
 /* Vector idx of a staged row's h and dy (shared memory) unpacked, and of the weight
  * (global, L1 hits; untouched when w is NULL). */
@@ -1440,13 +1282,12 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
 
 /* Tuning knobs read from the environment at each call (benchmarking only; unset in
  * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels) | v2 (register rows, one
- * block per row or two; default) | v3 (persistent, cp.async ring) | tma (bulk copies, a
- * warp per row), OT_NORM_FWD_MAXNV=16 (up to 16 vectors per thread in forward v2,
- * default 8), OT_NORM_FWD_STAGES=S (v3 ring depth, default: automatic; tma slots per
- * warp), OT_NORM_FWD_WARPS=W (tma), OT_NORM_BWD_IMPL=old | v2 | v3 (RMSNorm's default) |
- * tma (LayerNorm's default), OT_NORM_BWD_NV=1 (v2 with one vector per thread, D = 6),
- * OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread), OT_NORM_BWD_STAGES=S (v3 ring depth;
- * 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring depth; 0 = automatic). */
+ * block per row or two; default) | v3 (persistent, cp.async ring), OT_NORM_FWD_MAXNV=16
+ * (up to 16 vectors per thread in forward v2, default 8), OT_NORM_FWD_STAGES=S (v3 ring
+ * depth, default: automatic), OT_NORM_BWD_IMPL=old | v2 | v3 (RMSNorm's default) | tma
+ * (LayerNorm only, its default), OT_NORM_BWD_NV=1 (v2 with one vector per thread, D =
+ * 6), OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread), OT_NORM_BWD_STAGES=S (v3 ring
+ * depth; 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring depth; 0 = automatic). */
 static inline int norm_env_int(const char *name, int dflt) {
   const char *s = getenv(name);
   return s && *s ? atoi(s) : dflt;
@@ -1544,10 +1385,47 @@ static inline void norm_smem_limits(int *per_sm, int *optin) {
 }
 
 /* Raise a kernel's dynamic shared memory limit to what `optin` leaves beside its static
- * shared memory, once per (device, kernel): ot_raise_dyn_smem (bulk_copy.cuh). Returns
- * that limit in bytes, 0 on failure. */
+ * shared memory, once per (device, kernel): the attribute belongs to the current device,
+ * so a second GPU needs its own call. A small table of the pairs done, under a lock
+ * (contexts on several threads may launch norms at once). Returns that limit in bytes, 0
+ * on failure. */
 static inline int norm_raise_smem_limit(const void *kernel, int optin) {
-  return ot_raise_dyn_smem(kernel, optin);
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  static const void *done[128];
+  static int done_dev[128], limit[128];
+  static int ndone;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  int known = 0;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < ndone; i++)
+    if (done[i] == kernel && done_dev[i] == dev) {
+      known = limit[i];
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  if (known > 0) return known;
+  cudaFuncAttributes fa;
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+    (void)cudaGetLastError(); /* the caller falls back to another kernel */
+    return 0;
+  }
+  const int dyn = optin - (int)fa.sharedSizeBytes;
+  if (dyn <= 0) return 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  pthread_mutex_lock(&mu);
+  if (ndone < 128) {
+    done[ndone] = kernel;
+    done_dev[ndone] = dev;
+    limit[ndone] = dyn;
+    ndone++;
+  }
+  pthread_mutex_unlock(&mu);
+  return dyn;
 }
 
 /* Launch geometry of a v3 (ring) kernel: S stages of stage_bytes each, as many blocks
@@ -1597,12 +1475,10 @@ static inline norm_ring norm_ring_config(K kernel, int threads, size_t stage_byt
 }
 
 /* ---- bulk-copy (TMA) launch configuration -------------------------------------------------
- * Eligible: rows of 4-16 KB (bf16 / fp16 2048-8192 columns, fp32 1024-4096; below, v2's
- * several rows per block suit better and were not measured against it), a device and a
- * build that run the sm_90 code, OT_NORM_FWD_IMPL / OT_NORM_BWD_IMPL unset or "tma".
- * The forward's eligibility does not depend on the residual, so the fused forward and the
- * unfused one over residual_out take the same kernel (same bits); the ring of the
- * residual's kernel (two rows per slot) fits whenever the plain one does. */
+ * Eligible: LayerNorm, rows of 4-16 KB (bf16 / fp16 2048-8192 columns, fp32 1024-4096;
+ * below, the rows per block of the other kernels suit better and were not measured
+ * against it), a device and a build that run the sm_90 code, OT_NORM_BWD_IMPL unset or
+ * "tma". */
 static inline bool norm_tma_rows_ok(int64_t cols, size_t elem) {
   const int64_t rb = cols * (int64_t)elem;
   return rb % 16 == 0 && rb >= 4096 && rb <= 16384;
@@ -1622,42 +1498,6 @@ static inline bool norm_tma_device_ok(K probe) {
   const bool ok = ot_bulk_kernel_ok(reinterpret_cast<const void *>(probe));
   if (dev >= 0 && dev < 16) cached[dev] = ok ? 1 : -1;
   return ok;
-}
-
-/* Forward: one block of W warps per SM, S slots per warp (OT_NORM_FWD_STAGES = 2..4;
- * default 3, 2 where 3 leaves fewer than 4 warps); W fills the shared memory that
- * weight and bias leave (at most 16, OT_NORM_FWD_WARPS caps it), and the grid is the
- * SMs (fewer when the rows do not fill them). cudaErrorNotSupported: not eligible, or
- * the ring does not fit (the caller takes v2). */
-template <typename T, bool LAYER>
-cudaError_t norm_fwd_tma_launch(const norm_fwd_params &p, cudaStream_t stream) {
-  if (!norm_tma_rows_ok(p.cols, sizeof(T))) return cudaErrorNotSupported;
-  if (!norm_tma_device_ok(norm_fwd_tma_kernel<T, LAYER, false>)) return cudaErrorNotSupported;
-  const bool res = p.residual != nullptr;
-  const size_t rb = (size_t)p.cols * sizeof(T);
-  const size_t wb = (p.out && p.weight ? rb : 0) + (LAYER && p.out && p.bias ? rb : 0);
-  const size_t sb = (res ? 2 : 1) * rb;
-  const int env_s = norm_env_int("OT_NORM_FWD_STAGES", 0);
-  auto go = [&](auto kernel) -> cudaError_t {
-    int per_sm = 0, optin = 0;
-    norm_smem_limits(&per_sm, &optin);
-    const int dyn = norm_raise_smem_limit(reinterpret_cast<const void *>(kernel), optin);
-    /* S: 3, or 2 where 3 leaves fewer than 4 warps (rows of 16 KB, residual rows of 8+) */
-    int S = env_s >= 2 && env_s <= kNormTmaMaxStages ? env_s : 3;
-    if (env_s == 0 && dyn > 0 && (size_t)dyn > wb && ((size_t)dyn - wb) / (3 * sb) < 4) S = 2;
-    if (dyn <= 0 || (size_t)dyn < wb + (size_t)S * sb) return cudaErrorNotSupported;
-    int64_t W = (int64_t)(((size_t)dyn - wb) / ((size_t)S * sb));
-    W = W > kNormTmaMaxWarps ? kNormTmaMaxWarps : W;
-    const int env_w = norm_env_int("OT_NORM_FWD_WARPS", 0);
-    if (env_w >= 1 && env_w < W) W = env_w;
-    int64_t G = (p.rows + W - 1) / W;
-    const int64_t sms = ot_cuda_sm_count();
-    G = G < sms ? G : sms;
-    const size_t smem = wb + (size_t)W * S * sb;
-    kernel<<<(unsigned)G, (unsigned)(W * 32), smem, stream>>>(p, S);
-    return cudaGetLastError();
-  };
-  return res ? go(norm_fwd_tma_kernel<T, LAYER, true>) : go(norm_fwd_tma_kernel<T, LAYER, false>);
 }
 
 /* Forward v3 on v2's shape L (one row per block here). Returns cudaErrorNotSupported
@@ -1708,9 +1548,6 @@ cudaError_t norm_fwd_fast_launch(const norm_fwd_params &p, const norm_launch &L,
                                  cudaStream_t stream) {
   if (norm_env_is("OT_NORM_FWD_IMPL", "v3")) {
     const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(p, L, stream);
-    if (e != cudaErrorNotSupported) return e;
-  } else if (norm_env_is("OT_NORM_FWD_IMPL", "tma")) {
-    const cudaError_t e = norm_fwd_tma_launch<T, LAYER>(p, stream);
     if (e != cudaErrorNotSupported) return e;
   }
   return norm_fwd_v2_launch<T, LAYER>(p, L, stream);
@@ -1912,14 +1749,16 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
    * partials double the accumulators; 4 vectors per thread halve the threads that
    * repeat the per-row reduction) with the automatic ring. */
   /* The bulk-copy kernel: LayerNorm's default (run of a342519, TB/s at 4096 / 8192: 3.06
-   * / 3.26 against v3's 2.81 / 3.10), opt-in for RMSNorm (3.21 / 3.34 against v3's 3.26 /
-   * 3.52: no gain where v3's partials already fit the registers). */
-  const char *bwd_impl = getenv("OT_NORM_BWD_IMPL");
-  const bool bwd_tma = bwd_impl && *bwd_impl ? strcmp(bwd_impl, "tma") == 0 : LAYER;
-  if (aligned && p.rows > 0 && p.rstd && (!LAYER || p.mean) &&
-      norm_tma_rows_ok(p.cols, sizeof(T)) && bwd_tma) {
-    const cudaError_t e = norm_bwd_tma_launch<T, LAYER>(p, dw, db, stream);
-    if (e != cudaErrorNotSupported) return e;
+   * / 3.26 against v3's 2.81 / 3.10). Not instantiated for RMSNorm (3.21 / 3.34 against
+   * v3's 3.26 / 3.52: no gain where v3's partials already fit the registers; removed). */
+  if constexpr (LAYER) {
+    const char *bwd_impl = getenv("OT_NORM_BWD_IMPL");
+    const bool bwd_tma = !bwd_impl || !*bwd_impl || strcmp(bwd_impl, "tma") == 0;
+    if (aligned && p.rows > 0 && p.rstd && p.mean && norm_tma_rows_ok(p.cols, sizeof(T)) &&
+        bwd_tma) {
+      const cudaError_t e = norm_bwd_tma_launch<T, LAYER>(p, dw, db, stream);
+      if (e != cudaErrorNotSupported) return e;
+    }
   }
   if (aligned && p.rows > 0 && p.rstd && (!LAYER || p.mean) && nvec <= 2048 &&
       !norm_env_is("OT_NORM_BWD_IMPL", "old") && !norm_env_is("OT_NORM_BWD_IMPL", "v2")) {

@@ -21,9 +21,8 @@
  * no 64-bit division per item, the head loads issued before the token's cos / sin are
  * made -- 83-86% of copy bandwidth on the H200 (run of 4005b7c) against 82-86% for the
  * first warp kernel (v2, since removed) and 76-82% for the block-per-token kernel
- * (OT_ROPE_IMPL=v1); docs/PERFORMANCE.md. A bulk-copy (TMA) kernel that stages each
- * token's heads in shared memory (OT_ROPE_IMPL=tma, sm_90) ran 4-11% slower than v3
- * (run of a342519) and stays opt-in.
+ * (OT_ROPE_IMPL=v1); docs/PERFORMANCE.md. A bulk-copy (TMA, sm_90) kernel staging each
+ * token's heads in shared memory ran 4-11% slower than v3 (run of a342519): removed.
  *
  * A position outside the cache (not validated on the host for device tensors)
  * yields NaN outputs rather than an out-of-bounds read.
@@ -32,7 +31,6 @@
 #include <string.h>
 
 #include "../core/rope.h"
-#include "bulk_copy.cuh"
 #include "common.cuh"
 #include "rope.cuh"
 
@@ -325,173 +323,6 @@ __global__ void __launch_bounds__(256, 2) rope_warp3_kernel(const __grid_constan
   }
 }
 
-/* ---- bulk-copy (TMA) kernel, sm_90: a warp per token, the token's heads staged ----------
- * For the warp kernel's cases (rope_warp_iph) whose input heads of a token are
- * contiguous (stride_h == head_dim: the q heads of a token are one row of hq * D
- * elements, the k heads another): the warp's token row (q row, then k row) is brought
- * into a ring slot of shared memory by two bulk copies (bulk_copy.cuh) issued by lane 0
- * S tokens ahead, so a warp keeps S tokens' loads in flight without registers; one block
- * of W warps per SM, warp w of block b takes tokens w * G + b + k * G * W. Each token:
- * cos / sin into the warp's slice (rope_fill_cs, as the warp kernel), then the lanes
- * rotate from the slot with the warp kernel's lane map and item code (rope_warp_item:
- * the same bits) and store to the output rows (any 16-byte strides; in place works, the
- * token's row is in shared memory before its first store).
- * Measured (H200, 16k tokens, q 32 / 64 heads + k 8 heads of 128 bf16, run of a342519,
- * TB/s): 3.29 / 3.24 with the cache against v3's 3.54 / 3.64, computed cos / sin 3.43 /
- * 3.52 against 3.63 / 3.69; 2 slots (more warps) 3.35 / 3.42, 4 slots 3.00 / 2.84. Like
- * the norms' bulk-copy forward it is bound by the per-token latency of its few warps
- * (one block of 4-7 warps per SM), not by bytes in flight. Opt-in: OT_ROPE_IMPL=tma. */
-constexpr int kRopeTmaMaxWarps = 16, kRopeTmaMaxStages = 4;
-
-template <typename T, ot_rope_mode MODE, int IPH>
-__global__ void __launch_bounds__(kRopeTmaMaxWarps * 32, 1)
-    rope_tma_kernel(const __grid_constant__ rope_params p, int S) {
-#ifdef OT_BULK_COPY_DEVICE
-  constexpr int V = vec_width<T>::value;
-  constexpr int HPW = 32 / IPH;
-  constexpr int NP = MODE == OT_ROPE_NEOX ? V : V / 2; /* pairs per item */
-  extern __shared__ __align__(128) uint4 rope_tma_smem[];
-  __shared__ uint64_t bars[kRopeTmaMaxWarps * kRopeTmaMaxStages];
-  const int W = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int item = lane % IPH, hl = lane / IPH;
-  const int64_t D = p.head_dim, half = p.half, rd = p.rotary_dim;
-  const int64_t hq = p.t[0].heads, hall = hq + p.t[1].heads;
-  const int64_t vpt = hall * D / V; /* 16-byte vectors of a token's slot */
-  const uint32_t qbytes = (uint32_t)(hq * D * (int64_t)sizeof(T));
-  const uint32_t kbytes = (uint32_t)(p.t[1].heads * D * (int64_t)sizeof(T));
-  uint4 *ring = rope_tma_smem + (size_t)warp * ((size_t)S * vpt + (size_t)rd / 4);
-  float *cs = reinterpret_cast<float *>(ring + (size_t)S * vpt);
-  uint64_t *bar = bars + warp * kRopeTmaMaxStages;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < W * kRopeTmaMaxStages; i++) bulk_bar_init(bars + i, 1);
-    bulk_bar_init_fence();
-  }
-  __syncthreads();
-  const int64_t tokens = p.batch * p.seq;
-  const int64_t G = gridDim.x, stride = G * W;
-  const int64_t first = (int64_t)warp * G + blockIdx.x;
-  const int64_t i0 = (int64_t)item * NP, e0 = (int64_t)item * V;
-  auto position = [&](int64_t t) -> int64_t {
-    const int64_t b = t / p.seq, s = t - b * p.seq;
-    const int64_t pi = b * p.pos_sb + s * p.pos_ss;
-    return p.pos_is_i64 ? static_cast<const int64_t *>(p.positions)[pi]
-                        : (int64_t) static_cast<const int32_t *>(p.positions)[pi];
-  };
-  auto issue = [&](int64_t t, int slot) {
-    const int64_t b = t / p.seq, s = t - b * p.seq;
-    uint4 *dst = ring + (size_t)slot * vpt;
-    bulk_bar_expect(bar + slot, qbytes + kbytes);
-    if (qbytes)
-      bulk_load(dst, static_cast<const T *>(p.t[0].in) + b * p.t[0].in_sb + s * p.t[0].in_ss,
-                qbytes, bar + slot);
-    if (kbytes)
-      bulk_load(dst + hq * D / V,
-                static_cast<const T *>(p.t[1].in) + b * p.t[1].in_sb + s * p.t[1].in_ss, kbytes,
-                bar + slot);
-  };
-  if (lane == 0)
-    for (int s = 0; s < S; s++) {
-      const int64_t t = first + (int64_t)s * stride;
-      if (t < tokens) issue(t, s);
-    }
-  int64_t pos = first < tokens ? position(first) : 0;
-  int slot = 0;
-  uint32_t ph = 0;
-  for (int64_t tok = first; tok < tokens; tok += stride) {
-    const int64_t b = tok / p.seq, s = tok - b * p.seq;
-    const int64_t npos = tok + stride < tokens ? position(tok + stride) : 0;
-    rope_fill_cs(p, pos, half, rd, cs, lane, 32);
-    __syncwarp();
-    bulk_bar_wait(bar + slot, ph);
-    const uint4 *xs = ring + (size_t)slot * vpt;
-#pragma unroll 4
-    for (int64_t h = hl; h < hall; h += HPW) {
-      const bool isk = h >= hq;
-      const rope_heads_dev &hd = p.t[isk ? 1 : 0];
-      const int64_t hh = isk ? h - hq : h;
-      T *out = static_cast<T *>(hd.out) + b * hd.out_sb + s * hd.out_ss + hh * hd.out_sh + e0;
-      raw16 x1, x2;
-      x1.u = xs[(h * D + e0) / V];
-      if (MODE == OT_ROPE_NEOX) x2.u = xs[(h * D + e0 + half) / V];
-      rope_warp_item<T, MODE>(cs, half, i0, x1, x2, out);
-    }
-    __syncwarp(); /* the lanes are done with the slot and with cs */
-    if (lane == 0 && tok + (int64_t)S * stride < tokens) issue(tok + (int64_t)S * stride, slot);
-    if (++slot == S) slot = 0, ph ^= 1u;
-    pos = npos;
-  }
-#endif
-}
-
-/* Whether the bulk-copy kernel applies (beyond the warp kernel's conditions): asked for
- * (OT_ROPE_IMPL=tma), input heads contiguous per token, a slot of at most 32 KB, a device
- * and build that run sm_90 code. Smem per warp: S slots + cs. */
-template <typename T>
-static bool rope_tma_ok(const rope_params &p) {
-  const char *env = getenv("OT_ROPE_IMPL");
-  if (!env || strcmp(env, "tma") != 0) return false; /* opt-in: slower than v3 (run of a342519) */
-  for (int w = 0; w < 2; w++)
-    if (p.t[w].heads && p.t[w].in_sh != p.head_dim) return false;
-  const int64_t slot = (p.t[0].heads + p.t[1].heads) * p.head_dim * (int64_t)sizeof(T);
-  if (slot % 16 || slot > 32768 || p.rotary_dim % 4) return false;
-  static int cached[16]; /* per device: 1 yes, -1 no */
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (dev >= 0 && dev < 16 && cached[dev]) return cached[dev] > 0;
-  const bool ok = ot_bulk_kernel_ok(reinterpret_cast<const void *>(rope_tma_kernel<T, OT_ROPE_NEOX, 8>));
-  if (dev >= 0 && dev < 16) cached[dev] = ok ? 1 : -1;
-  return ok;
-}
-
-/* Launch: S = OT_ROPE_STAGES (2..4, default 3) slots per warp, W warps filling the opt-in
- * shared memory (at most 16; S drops to 2 when not even one warp fits), one block per SM.
- * cudaErrorNotSupported: does not fit (the caller takes the warp kernel). */
-template <typename T>
-static cudaError_t rope_tma_launch(const rope_params &p, ot_rope_mode mode, int iph,
-                                   cudaStream_t stream) {
-  const int64_t tokens = p.batch * p.seq;
-  const size_t slot = (size_t)(p.t[0].heads + p.t[1].heads) * p.head_dim * sizeof(T);
-  const char *es = getenv("OT_ROPE_STAGES");
-  int S = es && *es ? atoi(es) : 3;
-  S = S < 2 ? 2 : (S > kRopeTmaMaxStages ? kRopeTmaMaxStages : S);
-  auto go = [&](auto kernel) -> cudaError_t {
-    static int optin_cache[16];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return cudaErrorNotSupported;
-    int optin = dev >= 0 && dev < 16 ? optin_cache[dev] : 0;
-    if (optin <= 0) {
-      if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return cudaErrorNotSupported;
-      }
-      if (dev >= 0 && dev < 16) optin_cache[dev] = optin;
-    }
-    const int dyn = ot_raise_dyn_smem(reinterpret_cast<const void *>(kernel), optin);
-    if (dyn <= 0) return cudaErrorNotSupported;
-    int64_t W = 0;
-    for (; S >= 2; S--) {
-      W = (int64_t)dyn / (int64_t)((size_t)S * slot + (size_t)p.rotary_dim * sizeof(float));
-      if (W >= 1) break;
-    }
-    if (W < 1) return cudaErrorNotSupported;
-    W = W > kRopeTmaMaxWarps ? kRopeTmaMaxWarps : W;
-    int64_t G = (tokens + W - 1) / W;
-    const int64_t sms = ot_cuda_sm_count();
-    G = G < sms ? G : sms;
-    const size_t smem = (size_t)W * ((size_t)S * slot + (size_t)p.rotary_dim * sizeof(float));
-    kernel<<<(unsigned)G, (unsigned)(W * 32), smem, stream>>>(p, S);
-    return cudaGetLastError();
-  };
-#define OT_ROPE_TMA(M)                                                                   \
-  (iph == 4 ? go(rope_tma_kernel<T, M, 4>) : iph == 8 ? go(rope_tma_kernel<T, M, 8>)     \
-                                                      : go(rope_tma_kernel<T, M, 16>))
-  return mode == OT_ROPE_NEOX ? OT_ROPE_TMA(OT_ROPE_NEOX) : OT_ROPE_TMA(OT_ROPE_GPTJ);
-#undef OT_ROPE_TMA
-}
-
 /* The warp kernel's items per head for this call, or 0 when it does not apply. */
 template <typename T>
 static int rope_warp_iph(const rope_params &p, ot_rope_mode mode) {
@@ -519,10 +350,6 @@ static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStre
   const int64_t tokens = p.batch * p.seq;
   if (tokens == 0) return cudaSuccess;
   const int iph = rope_warp_iph<T>(p, mode);
-  if (iph && rope_tma_ok<T>(p)) {
-    const cudaError_t e = rope_tma_launch<T>(p, mode, iph, stream);
-    if (e != cudaErrorNotSupported) return e;
-  }
   if (iph) {
     const int64_t blocks = (tokens + 7) / 8;
     const dim3 g2((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff)), b2(256);
