@@ -520,36 +520,38 @@ static void consistency(test_run *tr) {
 /* The backward table's multi-row 2-D cases give h a row one element wider than H, so the
  * CUDA backend takes its any-alignment kernel for them; these run the aligned kernels on
  * contiguous [3, n, H] rows of 4-16 KB (RMSNorm: v3; LayerNorm: the bulk-copy kernel on
- * sm_90, v3 elsewhere) -- with dres, dweight and dbias, or with recomputed statistics and
- * dx = dy -- and LayerNorm on 600 rows with 2 ring slots per block
- * (OT_NORM_BWD_TMA_STAGES=2), so that the blocks' rings wrap (mbarrier phases flip); that
- * one in 16-bit types only (float32's tolerance is too tight for 600-row dbias sums, and
- * the ring does not depend on the type). */
+ * sm_90, and again under OT_NORM_BWD_IMPL=v3, what runs without sm_90 code) -- with dres,
+ * dweight and dbias, or with recomputed statistics and dx = dy -- and LayerNorm on 600
+ * rows with 2 ring slots per block (OT_NORM_BWD_TMA_STAGES=2), so that the blocks' rings
+ * wrap (mbarrier phases flip); that one in 16-bit types only (float32's tolerance is too
+ * tight for 600-row dbias sums, and the ring does not depend on the type). */
 static void contiguous_backward_cases(test_run *tr) {
   if (!tr->be->is_cuda) return;
   static const int64_t BH[] = {2056, 4096};
   for (int ln = 0; ln < 2; ln++)
-    for (size_t d = 0; d < 3; d++)
-      for (size_t hi = 0; hi < 3; hi++)
-        for (int v = 0; v < 2; v++) { /* dres saved-stats, no-weight recompute dx=dy */
-          const bool wrap = hi == 2;
-          if (wrap && (v || !ln || d == 0)) continue; /* DTYPES[0]: float32 */
-          const int64_t H = wrap ? 4096 : BH[hi];
-          bwd_case b;
-          memset(&b, 0, sizeof b);
-          b.ln = ln;
-          b.dt = *DTYPES[d];
-          b.tag = wrap ? " contiguous (2 slots)" : " contiguous";
-          set_bwd_variant(&b, v, H);
-          set_shape(&b.ndim, b.shape, wrap ? 600 : 33, H, true);
-          if (wrap) {
-            env_saved st = env_set("OT_NORM_BWD_TMA_STAGES", "2");
-            run_backward(tr, &b);
-            env_restore(&st);
-          } else {
-            run_backward(tr, &b);
+    for (int v3 = 0; v3 < (ln ? 2 : 1); v3++)
+      for (size_t d = 0; d < 3; d++)
+        for (size_t hi = 0; hi < 3; hi++)
+          for (int v = 0; v < 2; v++) { /* dres saved-stats, no-weight recompute dx=dy */
+            const bool wrap = hi == 2;
+            if (wrap && (v || !ln || v3 || d == 0)) continue; /* DTYPES[0]: float32 */
+            const int64_t H = wrap ? 4096 : BH[hi];
+            bwd_case b;
+            memset(&b, 0, sizeof b);
+            b.ln = ln;
+            b.dt = *DTYPES[d];
+            b.tag = wrap ? " contiguous (2 slots)" : v3 ? " contiguous (v3)" : " contiguous";
+            set_bwd_variant(&b, v, H);
+            set_shape(&b.ndim, b.shape, wrap ? 600 : 33, H, true);
+            const char *var = wrap ? "OT_NORM_BWD_TMA_STAGES" : v3 ? "OT_NORM_BWD_IMPL" : NULL;
+            if (var) {
+              env_saved st = env_set(var, wrap ? "2" : "v3");
+              run_backward(tr, &b);
+              env_restore(&st);
+            } else {
+              run_backward(tr, &b);
+            }
           }
-        }
 }
 
 /* ---- bad inputs --------------------------------------------------------------------------- */
