@@ -200,6 +200,7 @@ static const acase fwd_cases[] = {
     {"window Sq>Sk 130x20 3/2", 1, 130, 20, 2, 1, 16, 0, 3, 2, 0, 0, 0, {0}, {0}, false, false, true},
     {"softcap 5 scale 0.3 D256", 1, 70, 70, 2, 1, 256, 0, -1, -1, 5.0f, 0.3f, 0, {0}, {0}, false, false, true},
     {"custom scale 0.05 D256 causal", 2, 33, 33, 2, 2, 256, 1, -1, -1, 0, 0.05f, 0, {0}, {0}, false, false, false},
+    {"negative scale -0.08 D128 causal", 1, 70, 70, 2, 1, 128, 1, -1, -1, 0, -0.08f, 0, {0}, {0}, false, false, true},
     {"MQA H16 D8 S65", 1, 65, 65, 16, 1, 8, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"varlen causal", 0, 0, 0, 4, 2, 64, 1, -1, -1, 0, 0, 5, {5, 0, 1, 37, 130}, {7, 0, 1, 37, 100}, false, false, true},
     {"varlen noncausal q/k lengths differ", 0, 0, 0, 4, 1, 72, 0, -1, -1, 0, 0, 4, {3, 64, 1, 65}, {70, 1, 9, 65}, false, false, true},
@@ -246,6 +247,9 @@ static const acase cuda_cases[] = {
     {"cuda Sq17 Sk1000 D128 GQA4 noncausal", 1, 17, 1000, 4, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda causal Sq>Sk 1000x100 D64 GQA8", 1, 1000, 100, 8, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda S129 D64 MQA8 B2 causal", 2, 129, 129, 8, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    /* A negative scale: the Hopper forward (row max over unscaled scores) declines it (e27a111). */
+    {"cuda negative scale -0.05 S300 D256 causal fwd", 1, 300, 300, 4, 1, 256, 1, -1, -1, 0, -0.05f, 0, {0}, {0}, false, false, false},
+    {"cuda negative scale -0.07 S1000 D128 GQA4 causal", 1, 1000, 1000, 4, 1, 128, 1, -1, -1, 0, -0.07f, 0, {0}, {0}, false, false, true},
 };
 
 /* CUDA cases run with params.deterministic = 1 (the portable backward, no atomics). */
