@@ -115,10 +115,10 @@ OT_API ot_context_options ot_context_default_options(void);
 
 /* Create a context. `options` NULL means ot_context_default_options().
  * OT_ERR_NO_DEVICE when the device type was not built in or the device is absent.
- * CUDA: the calling thread's current device is left as it was. Ops launch their kernels
- * (and allocate their scratch) on the calling thread's current device, which must be the
- * context's when an op is called (cudaSetDevice; in Python, torch.cuda.device(i) around
- * calls on tensors of a device other than the current one). */
+ * CUDA: the calling thread's current device is left as it was. Each op makes the
+ * context's device current while it runs (its kernels and scratch go there) and restores
+ * the caller's before it returns, so contexts of several devices can be used from one
+ * thread without cudaSetDevice between calls. */
 OT_API ot_status ot_context_create(const ot_context_options *options, ot_context **out);
 
 /* Destroy a context; NULL is accepted and does nothing. */

@@ -116,9 +116,37 @@ static ot_status kept_block_lost(const char *op, int nblocks) {
  * blocks stay with the context: the graph's kernels will write them again at each replay.
  * A block the context cannot record then is leaked (kept_block_lost), and the op's status,
  * if it was OK, becomes that OT_ERR_OOM. */
+extern "C" void ot_cuda_op_begin(ot_context *ctx) {
+  if (!ctx || !ctx->cuda) return;
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (st->op_depth++ > 0) return; /* an op inside an op: the outer one set the device */
+  st->caller_device = -1;
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess) {
+    (void)cudaGetLastError();
+    cur = -1;
+  }
+  if (cur == st->device) return;
+  if (cudaSetDevice(st->device) == cudaSuccess)
+    st->caller_device = cur; /* -1 when unknown: nothing to restore */
+  else
+    (void)cudaGetLastError(); /* the op's own launch reports the failure */
+}
+
+static ot_status temps_end(ot_cuda_state *st, ot_status status);
+
 extern "C" ot_status ot_cuda_op_end(ot_context *ctx, ot_status status) {
   if (!ctx || !ctx->cuda) return status;
   ot_cuda_state *st = ot_cuda_state_of(ctx);
+  status = temps_end(st, status);
+  if (st->op_depth > 0 && --st->op_depth == 0 && st->caller_device >= 0) {
+    (void)cudaSetDevice(st->caller_device);
+    st->caller_device = -1;
+  }
+  return status;
+}
+
+static ot_status temps_end(ot_cuda_state *st, ot_status status) {
   if (st->ntemps == 0) return status;
   const bool capturing = stream_capturing(st->temps_stream);
   int lost = 0;

@@ -61,6 +61,10 @@ typedef struct ot_cuda_state {
   void **kept;
   int nkept, kept_cap;
   bool lt_workspace_from_arena;
+  /* ot_cuda_op_begin / ot_cuda_op_end: ops run with the context's device current; the
+   * caller's (when it was another) is restored when the outermost op returns. */
+  int op_depth;
+  int caller_device; /* -1: nothing to restore */
 } ot_cuda_state;
 
 static inline ot_cuda_state *ot_cuda_state_of(const ot_context *ctx) {
