@@ -1211,6 +1211,16 @@ static void paged_bad_args(test_run *tr) {
                   OT_ERR_INVALID_ARGUMENT, "ot_kv_append: positions: is given but rope is NULL", NULL);
   tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), &rp, NULL, tb_dl(q), NULL),
                   OT_ERR_INVALID_ARGUMENT, "ot_kv_append: q_out: is NULL but q is given", NULL);
+  /* q_out is written through its own strides: a wrong shape or a partial overlap with q
+   * is refused before anything is written (on CUDA too, where the kernel writes it). */
+  tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), &rp, NULL, tb_dl(q), tb_dl(qq5)),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_append: q_out: shape [3, 5, 8] does not match q", NULL);
+  {
+    DLTensor shifted = *tb_dl(q);
+    shifted.byte_offset += 8 * sizeof(float); /* q's rows moved by one head: overlaps q */
+    tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), &rp, NULL, tb_dl(q), &shifted),
+                    OT_ERR_INVALID_ARGUMENT, "ot_kv_append: q_out: overlaps q", NULL);
+  }
   tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), &rp, tb_dl(pos4), NULL, NULL),
                   OT_ERR_INVALID_ARGUMENT, "ot_kv_append: positions", "T_new");
   tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), &bad_rp, NULL, NULL, NULL),

@@ -248,6 +248,14 @@ ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv, const DLTensor *c
   if (ot_view_present(&qv)) {
     OT_TRY(check_tokens(op, "q", ctx, q, kp.dtype, t.d, &qv));
     OT_TRY(ot_check_dim(op, "q", &qv, 0, tokens, "T_new, the tokens of k_new"));
+    /* q_out is written through its own strides (CUDA: by the append kernel itself): its
+     * dtype, shape and layout are checked here, and it is q itself or shares nothing. */
+    OT_TRY(check_tokens(op, "q_out", ctx, q_out, kp.dtype, t.d, &qo));
+    OT_TRY(ot_check_same_shape(op, "q_out", &qo, "q", &qv));
+    OT_TRY(ot_check_no_overlap(op, "q_out", &qo, "q", &qv, true));
+    const char *others[] = {"k_new", "v_new", "cu_seqlens_new", "positions"};
+    const ot_view *ov[] = {&kn, &vn, &cu, &pv};
+    for (int i = 0; i < 4; i++) OT_TRY(ot_check_no_overlap(op, "q_out", &qo, others[i], ov[i], false));
   }
   if (ot_view_present(&pv)) {
     OT_TRY(ot_check_index_dtype(op, "positions", &pv));
