@@ -700,6 +700,26 @@ out:
   tr_end(tr);
 }
 
+/* Writes 0x22 over q's n bytes on `sb`, then checks (sampled) that this write landed last:
+ * an earlier write to the block on another stream that was not ordered before it could
+ * still land after it. */
+static void last_write_lands(test_run *tr, void *q, size_t n, cudaStream_t sb) {
+  cudaMemsetAsync(q, 0x22, n, sb);
+  cudaDeviceSynchronize();
+  unsigned char *back = (unsigned char *)malloc(n);
+  if (!back) {
+    tr_fail(tr, "malloc of %zu bytes", n);
+    return;
+  }
+  cudaMemcpy(back, q, n, cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < n; i += 4099)
+    if (back[i] != 0x22) {
+      tr_fail(tr, "byte %zu is 0x%02x: B's write was overtaken (no ordering)", i, back[i]);
+      break;
+    }
+  free(back);
+}
+
 /* CUDA: the real cross-stream wait. Stream A fills the arena with a block, writes it
  * (a long memset), frees it on A; stream B then allocates: it must get the block only
  * after waiting for A -- its own write, enqueued after the wait, must land last. */
@@ -708,7 +728,6 @@ static void arena_cuda_streams(test_run *tr) {
   ot_arena *a = NULL;
   cudaStream_t sa = NULL, sb = NULL;
   const size_t n = 64 << 20;
-  unsigned char *back = NULL;
   if (cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking) != cudaSuccess ||
       cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking) != cudaSuccess) {
     tr_fail(tr, "cudaStreamCreate");
@@ -721,18 +740,9 @@ static void arena_cuda_streams(test_run *tr) {
   tr_ok(tr, ot_arena_free(a, p, sa), "free on A");
   if (!tr_ok(tr, ot_arena_alloc(a, n, sb, &q), "alloc on B")) goto out;
   if (q != p) tr_fail(tr, "B did not get A's block");
-  cudaMemsetAsync(q, 0x22, n, sb);
-  cudaDeviceSynchronize();
-  back = malloc(n);
-  cudaMemcpy(back, q, n, cudaMemcpyDeviceToHost);
-  for (size_t i = 0; i < n; i += 4099)
-    if (back[i] != 0x22) {
-      tr_fail(tr, "byte %zu is 0x%02x: B's write was overtaken by A's (no ordering)", i, back[i]);
-      break;
-    }
+  last_write_lands(tr, q, n, sb);
   tr_ok(tr, ot_arena_free(a, q, sb), "free on B");
 out:
-  free(back);
   ot_arena_destroy(a);
   if (sa) cudaStreamDestroy(sa);
   if (sb) cudaStreamDestroy(sb);
@@ -749,7 +759,6 @@ static void arena_cuda_per_thread(test_run *tr) {
   ot_arena *a = NULL;
   cudaStream_t sb = NULL;
   const size_t n = 64 << 20;
-  unsigned char *back = NULL;
   if (cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking) != cudaSuccess) {
     tr_fail(tr, "cudaStreamCreate");
     goto out;
@@ -767,25 +776,17 @@ static void arena_cuda_per_thread(test_run *tr) {
   }
   if (!tr_ok(tr, ot_arena_alloc(a, n, sb, &q), "alloc on B")) goto out;
   if (q != p) tr_fail(tr, "B did not get the block");
-  cudaMemsetAsync(q, 0x22, n, sb);
-  cudaDeviceSynchronize();
-  back = malloc(n);
-  cudaMemcpy(back, q, n, cudaMemcpyDeviceToHost);
-  for (size_t i = 0; i < n; i += 4099)
-    if (back[i] != 0x22) {
-      tr_fail(tr, "byte %zu is 0x%02x: B's write was overtaken (no ordering)", i, back[i]);
-      break;
-    }
+  last_write_lands(tr, q, n, sb);
   tr_ok(tr, ot_arena_free(a, q, sb), "free on B");
 out:
-  free(back);
   ot_arena_destroy(a);
   if (sb) cudaStreamDestroy(sb);
   tr_end(tr);
 }
 
 /* CUDA, 2+ devices: creating a context and an arena on device 1 leaves the calling
- * thread's current device as it was (ops use the current device: the caller's choice). */
+ * thread's current device as it was (each op makes its context's device current while it
+ * runs and restores the caller's). */
 static void context_keeps_current_device(test_run *tr) {
   if (!tr_begin(tr, "context / arena create on device 1 keep the current device (CUDA)")) return;
   int count = 0, prev = -1, dev = -1;
