@@ -641,10 +641,11 @@ linear_cross_entropy.register_autograd(_lce_bwd, setup_context=_lce_setup)
 # implementation itself takes ~10 us (tests/python/test_patch.py measures it). Outside
 # torch.compile the ops module calls `eager.<op>` instead: one autograd.Function whose
 # forward is the implementation and whose backward is the same formula with the plain
-# backward implementation -- the same results, the same saved tensors. Calls on tensors
-# that are not plain dense tensors (fake, meta, functional, other subclasses), under a
-# TorchDispatchMode or a functorch transform (vmap, grad: a ctx-style autograd.Function
-# is refused there), or while torch.compile traces keep the custom op.
+# backward implementation -- the same results, the same saved tensors. Calls with any
+# tensor argument that is not a plain dense tensor (fake, meta first argument, functional,
+# other subclasses: a DTensor weight), under a TorchDispatchMode or a functorch
+# transform (vmap, grad: a ctx-style autograd.Function is refused there), or while
+# torch.compile traces keep the custom op.
 
 def _eager_fn(name, impl, setup, backward):
     def forward(ctx, *args):
@@ -657,8 +658,9 @@ def _eager_fn(name, impl, setup, backward):
 
 
 def _plain(t):
-    """Whether t can take the eager path (checked first: not while torch.compile traces,
-    so dynamo never sees the rest)."""
+    """Whether a call whose first argument is t can take the eager path (checked first:
+    not while torch.compile traces, so dynamo never sees the rest); the call's other
+    tensor arguments must be plain Tensors too (:meth:`_Eager._make`)."""
     return (not torch.compiler.is_compiling() and type(t) is Tensor
             and t.device.type != "meta" and not torch._C._len_torch_dispatch_stack()
             and not torch._C._are_functorch_transforms_active())
@@ -684,8 +686,19 @@ class _Eager:
 
     @staticmethod
     def _make(op, apply):
+        # The positions in *args of the op's other Tensor / Tensor? arguments (from its
+        # schema): a subclass there (a DTensor weight next to a plain x, a
+        # __torch_function__ subclass) takes the custom op, which dispatches it.
+        tensor = torch._C.OptionalType.ofTensor()
+        rest = tuple(i - 1 for i, a in enumerate(op._opoverload._schema.arguments)
+                     if i and a.type.isSubtypeOf(tensor))
+
         def call(first, *args):
             if _plain(first):
+                for i in rest:
+                    a = args[i]
+                    if type(a) is not Tensor and a is not None:
+                        return op(first, *args)
                 return apply(first, *args)
             return op(first, *args)
         call.__name__ = op.__name__ if hasattr(op, "__name__") else "op"

@@ -144,3 +144,28 @@ def test_functorch_transforms_keep_the_custom_op():
     y = torch.func.vmap(lambda t: ot.rms_norm(t, w, 1e-6))(x)
     ref = torch.stack([ot.rms_norm(t, w, 1e-6) for t in x])
     assert torch.equal(y, ref)
+
+
+class _Sub(torch.Tensor):
+    """A minimal tensor subclass (torch.Tensor's default __torch_function__ keeps it)."""
+
+
+@pytest.mark.parametrize("i", range(len(cases())), ids=[c[0] for c in cases()])
+def test_a_subclass_in_any_tensor_argument_takes_the_custom_op(i):
+    """A subclass tensor (a DTensor weight, say) in any tensor argument, not only the
+    first, sends the call to the custom op (which dispatches subclasses) instead of
+    handing it to the C library through the eager path; the same results."""
+    name, fn, shapes = cases()[i]
+    o_ref, g_ref, outs = run(_torch_ops.eager, fn, shapes)
+    assert "_eager" in type(outs[0].grad_fn).__name__
+    for j in range(len(shapes)):
+        xs = leafs(*shapes)
+        xs[j] = xs[j].detach().as_subclass(_Sub).requires_grad_()
+        outs = fn(_torch_ops.eager, *xs)
+        assert "_eager" not in type(outs[0].grad_fn).__name__, (name, j)
+        g = torch.Generator().manual_seed(9)
+        loss = sum((o.float() * torch.randn(o.shape, generator=g)).sum() for o in outs)
+        grads = torch.autograd.grad(loss, xs)
+        for a, b in zip([o.detach() for o in outs] + list(grads), o_ref + list(g_ref)):
+            assert torch.equal(a.as_subclass(torch.Tensor), b), (name, j)
+
