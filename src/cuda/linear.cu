@@ -28,6 +28,7 @@
 #include "common.cuh"
 #include "cuda_state.h"
 #include "gemm.h"
+#include "pdl.cuh"
 
 namespace ot {
 
@@ -470,48 +471,21 @@ __global__ void gemv_reduce_kernel(const float *__restrict__ part, int splits, i
   }
 }
 
-/* Whether kernel f may be launched as a programmatic dependent here: a 9.0+ GPU running
- * code compiled for sm_90+ (the griddepcontrol instructions are compiled out below
- * sm_90, and code JIT-compiled from sm_80 PTX would not wait: launched early it could
- * read x before the previous kernel wrote it). Once per kernel and device (16 devices);
+/* <<<grid, block, 0, st>>>(args...), as a programmatic dependent where the GPU and f's code
+ * allow it (ot_pdl_ok, pdl.cuh: once per kernel and device, `cached` its static array);
  * OT_LINEAR_PDL=0: never. */
-template <typename K>
-static bool pdl_ok(const ot_cuda_state *cs, K *f, signed char *cached) {
-  const char *e = getenv("OT_LINEAR_PDL");
-  if (e && e[0] == '0') return false;
-  const int dev = cs->device;
-  if (dev >= 0 && dev < 16 && cached[dev] != 0) return cached[dev] > 0;
-  bool ok = false;
-  if (cs->cc_major >= 9) {
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, f) == cudaSuccess) ok = fa.ptxVersion >= 90;
-    else (void)cudaGetLastError();
-  }
-  if (dev >= 0 && dev < 16) cached[dev] = ok ? 1 : -1;
-  return ok;
-}
-
-/* <<<grid, block, 0, st>>>(args...), as a programmatic dependent where pdl_ok. */
 template <typename... P, typename... A>
-static cudaError_t launch_pdl(const ot_cuda_state *cs, signed char *cached, void (*f)(P...),
+static cudaError_t launch_pdl(const ot_cuda_state *cs, int *cached, void (*f)(P...),
                               dim3 grid, dim3 block, cudaStream_t st, A... args) {
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_ok(cs, f, cached) ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, f, ((P)args)...);
+  const char *e = getenv("OT_LINEAR_PDL");
+  const bool pdl = !(e && e[0] == '0') && ot_pdl_ok(cs, f, cached);
+  return ot_launch_pdl(pdl, f, grid, block, st, args...);
 }
 
 template <typename T, int MT, int U>
 static cudaError_t gemv_launch_mt(const ot_cuda_state *cs, bool vec, dim3 grid, cudaStream_t st,
                                   const ot_linear_forward_args *a, float *part, int64_t klen) {
-  static signed char pdl_vec[16], pdl_scalar[16];
+  static int pdl_vec[16], pdl_scalar[16];
   const T *x = (const T *)a->x, *w = (const T *)a->weight, *b = (const T *)a->bias;
   T *y = (T *)a->y;
   const int M = (int)a->rows;
@@ -527,7 +501,7 @@ static cudaError_t gemv_launch_mt(const ot_cuda_state *cs, bool vec, dim3 grid, 
 template <typename T>
 static cudaError_t gemv_launch(const ot_cuda_state *cs, bool vec, dim3 grid, cudaStream_t st,
                                const ot_linear_forward_args *a, float *part, int64_t klen) {
-  static signed char pdl_reduce[16];
+  static int pdl_reduce[16];
   const int64_t M = a->rows;
   cudaError_t e;
   constexpr int U = kGemvUnroll;

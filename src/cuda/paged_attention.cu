@@ -71,6 +71,7 @@
 #include "cuda_state.h"
 #include "mma.cuh"
 #include "paged_common.cuh"
+#include "pdl.cuh"
 
 namespace ot {
 
@@ -1102,45 +1103,11 @@ static int ps_ctas_per_sm(int dev) {
 }
 
 /* Whether the merge kernel may be launched as a programmatic dependent (PDL) of the main
- * kernel on this device: only its code compiled for sm_90+ waits for the main kernel
- * (griddepcontrol.wait); code JIT-compiled from older PTX (a build without sm_90 code, or
- * a newer GPU that cannot run the sm_90a binary) does not, and could read the partials
- * before they are written. Once per device (first 16 devices). */
-template <typename K>
-static bool pa_kernel_pdl(K kernel, const ot_cuda_state *cs, int *cached) {
-  const int dev = cs->device;
-  if (dev >= 0 && dev < 16 && cached[dev] != 0) return cached[dev] > 0;
-  cudaFuncAttributes fa;
-  bool ok = false;
-  if (cs->cc_major >= 9) {
-    if (cudaFuncGetAttributes(&fa, kernel) == cudaSuccess) ok = fa.ptxVersion >= 90;
-    else (void)cudaGetLastError();
-  }
-  if (dev >= 0 && dev < 16) cached[dev] = ok ? 1 : -1;
-  return ok;
-}
+ * kernel on this device (ot_pdl_ok, pdl.cuh: its sm_90 code waits for the partials). */
 template <typename T, int D>
 static bool pa_merge_pdl(const ot_cuda_state *cs) {
   static int cached[16]; /* 1: yes, -1: no */
-  return pa_kernel_pdl(pa_merge_kernel<T, D>, cs, cached);
-}
-
-/* Launch a merge kernel (grid x 128 threads) after the main kernel, as its programmatic
- * dependent when pdl. */
-template <typename K, typename... Args>
-static cudaError_t pa_launch_merge(K kernel, unsigned grid, cudaStream_t s, bool pdl,
-                                   Args... args) {
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kPaThreads);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
+  return ot_pdl_ok(cs, pa_merge_kernel<T, D>, cached);
 }
 
 /* The kernel's chunk for s splits of len keys (>= 256, a multiple of 64) and the splits
@@ -1228,8 +1195,8 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const 
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
       return ot_error(OT_ERR_UNSUPPORTED, op, "merge grid too large (%lld rows)", (long long)rows);
-    OT_CUDA_CHECK(op, pa_launch_merge(pa_merge_kernel<T, D>, (unsigned)rows, s,
-                                      pa_merge_pdl<T, D>(cs), p));
+    OT_CUDA_CHECK(op, ot_launch_pdl(pa_merge_pdl<T, D>(cs), pa_merge_kernel<T, D>,
+                                    dim3((unsigned)rows), dim3(kPaThreads), s, p));
   }
   return OT_OK;
 }
@@ -1262,8 +1229,9 @@ static ot_status ps_launch(ot_context *ctx, pa_params &p, bool debug, const char
   ps_kernel<T, D, S><<<ctas, kPaThreads, pa_cfg<D, S>::kSmem, s>>>(p);
   OT_CUDA_CHECK_LAUNCH(op);
   static int pdl_cached[16];
-  OT_CUDA_CHECK(op, pa_launch_merge(ps_merge_kernel<T, D>, (unsigned)wtot, s,
-                                    pa_kernel_pdl(ps_merge_kernel<T, D>, cs, pdl_cached), p));
+  OT_CUDA_CHECK(op, ot_launch_pdl(ot_pdl_ok(cs, ps_merge_kernel<T, D>, pdl_cached),
+                                  ps_merge_kernel<T, D>, dim3((unsigned)wtot), dim3(kPaThreads), s,
+                                  p));
   return OT_OK;
 }
 

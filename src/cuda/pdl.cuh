@@ -1,0 +1,54 @@
+/*
+ * pdl.cuh -- programmatic dependent launch (PDL): a kernel launched so that it may start
+ * while the previous kernel on its stream finishes; its griddepcontrol.wait holds it
+ * until that kernel's writes are visible. Used by the small-M linear kernels (linear.cu)
+ * and the paged-attention merge kernels (paged_attention.cu).
+ */
+#ifndef OT_CUDA_PDL_CUH
+#define OT_CUDA_PDL_CUH
+
+#include <cuda_runtime.h>
+#include <string.h>
+
+#include "cuda_state.h"
+
+/* Whether kernel f may be launched as a programmatic dependent on cs's device: a 9.0+ GPU
+ * running f's code compiled for sm_90+. Only that code waits (griddepcontrol.wait is
+ * compiled out below sm_90); code JIT-compiled from older PTX (a build without sm_90
+ * code, or a newer GPU that cannot run the sm_90a binary) does not, and launched early
+ * it could read its inputs before the previous kernel wrote them. Once per kernel and
+ * device: `cached` is the caller's static array of 16 for f (first 16 devices; 1 yes,
+ * -1 no, 0 not asked yet). */
+template <typename K>
+static inline bool ot_pdl_ok(const ot_cuda_state *cs, K *f, int *cached) {
+  const int dev = cs->device;
+  if (dev >= 0 && dev < 16 && cached[dev] != 0) return cached[dev] > 0;
+  bool ok = false;
+  if (cs->cc_major >= 9) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, f) == cudaSuccess) ok = fa.ptxVersion >= 90;
+    else (void)cudaGetLastError();
+  }
+  if (dev >= 0 && dev < 16) cached[dev] = ok ? 1 : -1;
+  return ok;
+}
+
+/* f<<<grid, block, 0, st>>>(args...), as a programmatic dependent of the previous kernel
+ * on st when pdl (decided by ot_pdl_ok). */
+template <typename... P, typename... A>
+static inline cudaError_t ot_launch_pdl(bool pdl, void (*f)(P...), dim3 grid, dim3 block,
+                                        cudaStream_t st, A... args) {
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, f, args...);
+}
+
+#endif /* OT_CUDA_PDL_CUH */
