@@ -44,6 +44,17 @@ def _none0(t, like):
     return t if t is not None else like.new_empty(0)
 
 
+def _dense_or_zeros(g, like):
+    """An output's incoming gradient densified, or contiguous zeros shaped like the
+    output (`like`) where none reached it. The eager path's Functions (:data:`eager`) of
+    the ops with outputs that are never differentiated (rstd, mean, lse,
+    linear_cross_entropy's gradients) turn off torch's zeros for every output without a
+    gradient; their backward formulas make zeros only for an output they read (the
+    custom ops' autograd always passes tensors: the same values)."""
+    return _dense(g) if g is not None else torch.zeros_like(
+        like, memory_format=torch.contiguous_format)
+
+
 def _pick(ctx, op, impl):
     """The backward op a backward formula calls: the custom op (torch.compile's graphs
     and the custom ops' own autograd), or its plain implementation when the forward ran
@@ -111,8 +122,11 @@ def _rms_setup(ctx, inputs, output):
 
 def _rms_backward(ctx, dout, dh, drstd):
     h, weight, rstd = ctx.saved_tensors
-    dres = _grad(dh) if ctx.has_residual else None
-    dx, dw = _pick(ctx, rms_norm_backward, _rms_norm_backward_impl)(_grad(dout), dres, h, weight, rstd, ctx.eps)
+    # An unused h with a residual still adds zeros: the kernel's + 0 turns a -0 of dx
+    # into +0 as on the custom op (no dresidual_out would leave it: not bitwise).
+    dres = _dense_or_zeros(dh, h) if ctx.has_residual else None
+    dy = _dense_or_zeros(dout, h)
+    dx, dw = _pick(ctx, rms_norm_backward, _rms_norm_backward_impl)(dy, dres, h, weight, rstd, ctx.eps)
     return dx, (dx if ctx.has_residual else None), (dw if weight is not None else None), None
 
 
@@ -183,8 +197,9 @@ def _ln_setup(ctx, inputs, output):
 
 def _ln_backward(ctx, dout, dh, dmean, drstd):
     h, weight, mean, rstd = ctx.saved_tensors
-    dres = _grad(dh) if ctx.has_residual else None
-    dx, dw, db = _pick(ctx, layer_norm_backward, _layer_norm_backward_impl)(_grad(dout), dres, h, weight, mean, rstd, ctx.eps,
+    dres = _dense_or_zeros(dh, h) if ctx.has_residual else None    # (as in _rms_backward)
+    dy = _dense_or_zeros(dout, h)
+    dx, dw, db = _pick(ctx, layer_norm_backward, _layer_norm_backward_impl)(dy, dres, h, weight, mean, rstd, ctx.eps,
                                      ctx.has_bias)
     return (dx, dx if ctx.has_residual else None, dw if weight is not None else None,
             db if ctx.has_bias else None, None)
@@ -427,6 +442,8 @@ def _ce_setup(ctx, inputs, output):
 
 def _ce_bwd(ctx, dloss, dlse):
     logits, labels, lse = ctx.saved_tensors
+    if dloss is None:       # (eager path: see _dense_or_zeros)
+        dloss = logits.new_zeros(_ce_loss_shape(logits, ctx.params[2]), dtype=torch.float32)
     dloss = _grad(dloss).to(torch.float32)
     ce_bwd = _pick(ctx, cross_entropy_backward, _cross_entropy_backward_impl)
     return ce_bwd(dloss, logits, labels, lse, *ctx.params), None, None, None, None
@@ -502,7 +519,7 @@ def _attn_setup(ctx, inputs, output):
 def _attn_bwd(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     bwd = _pick(ctx, attention_backward, _attention_backward_impl)
-    dq, dk, dv = bwd(q, k, v, out, _grad(dout), lse, cu_q, cu_k, *ctx.params)
+    dq, dk, dv = bwd(q, k, v, out, _dense_or_zeros(dout, out), lse, cu_q, cu_k, *ctx.params)
     return (dq, dk, dv) + (None,) * (2 + len(ctx.params))
 
 
@@ -623,7 +640,10 @@ def _lce_setup(ctx, inputs, output):
 
 def _lce_bwd(ctx, dloss, ddh, ddw):
     dh, dw = ctx.saved_tensors
-    g = _grad(dloss).to(torch.float32)
+    # dloss None (eager path: see _dense_or_zeros): the loss is 0-d wherever the formula
+    # applies ('mean' / 'sum'; ops.linear_cross_entropy refuses gradients for 'none').
+    g = _grad(dloss).to(torch.float32) if dloss is not None else dh.new_zeros(
+        (), dtype=torch.float32)
     gh = (dh * g).to(dh.dtype) if ctx.need[0] else None
     gw = (dw * g).to(dw.dtype) if ctx.need[1] else None
     return gh, gw, None, None, None, None, None, None, None, None
@@ -647,11 +667,13 @@ linear_cross_entropy.register_autograd(_lce_bwd, setup_context=_lce_setup)
 # transform (vmap, grad: a ctx-style autograd.Function is refused there), or while
 # torch.compile traces keep the custom op.
 
-def _eager_fn(name, impl, setup, backward):
+def _eager_fn(name, impl, setup, backward, materialize_grads):
     def forward(ctx, *args):
         out = impl(*args)
         setup(ctx, args, out)
         ctx._ot_eager = True
+        if not materialize_grads:
+            ctx.set_materialize_grads(False)
         return out
     return type(f"{name}_eager", (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -681,8 +703,15 @@ class _Eager:
                  "linear": (linear, _linear_impl, _linear_setup, _linear_bwd),
                  "linear_cross_entropy": (linear_cross_entropy, _linear_cross_entropy_impl,
                                           _lce_setup, _lce_bwd)}
+        # These backward formulas take None for an output no gradient reached
+        # (_dense_or_zeros). rope keeps torch's zeros (both outputs are differentiated;
+        # a missing gradient of qo or ko still has to become a zero gradient of q or k);
+        # glu, softmax and linear have one output.
+        no_zeros = ("rms_norm", "layer_norm", "cross_entropy", "attention",
+                    "linear_cross_entropy")
         for name, (op, impl, setup, backward) in table.items():
-            setattr(self, name, self._make(op, _eager_fn(name, impl, setup, backward).apply))
+            fn = _eager_fn(name, impl, setup, backward, name not in no_zeros)
+            setattr(self, name, self._make(op, fn.apply))
 
     @staticmethod
     def _make(op, apply):

@@ -169,3 +169,107 @@ def test_a_subclass_in_any_tensor_argument_takes_the_custom_op(i):
         for a, b in zip([o.detach() for o in outs] + list(grads), o_ref + list(g_ref)):
             assert torch.equal(a.as_subclass(torch.Tensor), b), (name, j)
 
+
+class _Cut(torch.autograd.Function):
+    """Identity whose backward passes no gradient (None): the output it wraps is part of
+    the graph but gets no gradient, as if unused."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return None
+
+
+def all_outputs_cases():
+    """(name, fn(ops namespace, requires_grad flags, *inputs) -> differentiable outputs,
+    input shapes): every op, with its full set of differentiable outputs."""
+    pos = torch.arange(6).view(1, 6)
+    lab = torch.tensor([1, 5, -100, 3, 7, 0])
+    return [
+        ("rms_norm_residual", lambda o, rg, x, r, w: o.rms_norm(x, r, w, 1e-6)[:2],
+         [(6, 16), (6, 16), (16,)]),
+        ("rms_norm", lambda o, rg, x, w: o.rms_norm(x, None, w, 1e-6)[:1], [(6, 16), (16,)]),
+        ("layer_norm_residual", lambda o, rg, x, r, w, b: o.layer_norm(x, r, w, b, 1e-5)[:2],
+         [(6, 16), (6, 16), (16,), (16,)]),
+        ("layer_norm", lambda o, rg, x, w: o.layer_norm(x, None, w, None, 1e-5)[:1],
+         [(6, 16), (16,)]),
+        ("rope", lambda o, rg, q, k: o.rope(q, k, pos, None, 0, 0, 10000.0, 0.0, 0.0, 0.0, 0),
+         [(1, 6, 4, 16), (1, 6, 2, 16)]),
+        ("glu", lambda o, rg, g, u: (o.glu(g, u, 0),), [(6, 16), (6, 16)]),
+        ("softmax", lambda o, rg, x: (o.softmax(x),), [(6, 16)]),
+        ("cross_entropy", lambda o, rg, x: o.cross_entropy(x, lab, -100, 0.1, 0)[:1], [(6, 16)]),
+        ("attention", lambda o, rg, q, k, v: o.attention(q, k, v, None, None, 0.25, 1, -1, -1,
+                                                         0.0, 0)[:1],
+         [(1, 6, 4, 16), (1, 6, 2, 16), (1, 6, 2, 16)]),
+        ("linear", lambda o, rg, x, w, b: (o.linear(x, w, b),), [(6, 16), (8, 16), (8,)]),
+        ("linear_cross_entropy", lambda o, rg, h, w: o.linear_cross_entropy(
+            h, w, lab, -100, 0.0, 1, 4, rg[0], rg[1], False)[:1], [(6, 16), (12, 16)]),
+    ]
+
+
+def _bits(t):
+    return None if t is None else t.detach().view(torch.int32)
+
+
+@pytest.mark.parametrize("i", range(len(all_outputs_cases())),
+                         ids=[c[0] for c in all_outputs_cases()])
+def test_outputs_without_gradient_equal_the_custom_op(i):
+    """Every requires_grad combination of the inputs x every subset of the differentiable
+    outputs that get a gradient (the others pass through _Cut: no gradient, which the eager
+    Functions of rms_norm / layer_norm / cross_entropy / attention / linear_cross_entropy
+    see as None instead of materialized zeros -- e.g. rms_norm_residual's residual output
+    unused -- and the empty subset: a backward call with no gradient at all): the eager
+    path's gradients are bitwise those of the custom op (which always gets zeros), None
+    where the custom op's are None. CPU float32."""
+    import itertools
+    name, fn, shapes = all_outputs_cases()[i]
+    n_out = len(fn(torch_ops, [True] * len(shapes), *leafs(*shapes)))
+    for rg in itertools.product([False, True], repeat=len(shapes)):
+        if not any(rg):
+            continue
+        for used in itertools.product([False, True], repeat=n_out):
+            res = []
+            for ns in (_torch_ops.eager, torch_ops):
+                xs = [x.detach().requires_grad_(f) for x, f in zip(leafs(*shapes), rg)]
+                outs = fn(ns, rg, *xs)
+                assert ("_eager" in type(outs[0].grad_fn).__name__) == (ns is not torch_ops)
+                g = torch.Generator().manual_seed(9)
+                loss = sum(((o if u else _Cut.apply(o)).float()
+                            * torch.randn(o.shape, generator=g)).sum()
+                           for o, u in zip(outs, used))
+                res.append(torch.autograd.grad(loss, [x for x in xs if x.requires_grad],
+                                               allow_unused=True))
+            for a, b in zip(*res):
+                assert (a is None) == (b is None), (name, rg, used)
+                assert a is None or torch.equal(_bits(a), _bits(b)), (name, rg, used)
+
+
+def test_eager_backward_allocates_no_zero_gradients():
+    """The eager Functions do not materialize zeros for the outputs that are never
+    differentiated (rstd, mean, lse, linear_cross_entropy's hidden / weight gradients, the
+    empty h of a norm without residual): no aten::zeros in their backward (before: one to
+    three a call, two [V, H]-sized ones for linear_cross_entropy)."""
+    from torch.profiler import ProfilerActivity, profile
+    e = _torch_ops.eager
+    lab = torch.tensor([1, 5, -100, 3, 7, 0])
+    calls = [
+        (lambda x, r, w: e.rms_norm(x, r, w, 1e-6)[:2], [(6, 16), (6, 16), (16,)]),
+        (lambda x, w: e.rms_norm(x, None, w, 1e-6)[:1], [(6, 16), (16,)]),
+        (lambda x, r, w, b: e.layer_norm(x, r, w, b, 1e-5)[:2],
+         [(6, 16), (6, 16), (16,), (16,)]),
+        (lambda x, w: e.layer_norm(x, None, w, None, 1e-5)[:1], [(6, 16), (16,)]),
+        (lambda x: e.cross_entropy(x, lab, -100, 0.0, 1)[:1], [(6, 16)]),
+        (lambda q, k, v: e.attention(q, k, v, None, None, 0.25, 1, -1, -1, 0.0, 0)[:1],
+         [(1, 6, 4, 16), (1, 6, 2, 16), (1, 6, 2, 16)]),
+        (lambda h, w: e.linear_cross_entropy(h, w, lab, -100, 0.0, 1, 4, True, True,
+                                             False)[:1], [(6, 16), (12, 16)]),
+    ]
+    for f, shapes in calls:
+        loss = sum(o.float().sum() for o in f(*leafs(*shapes)))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            loss.backward()
+        zeros = [ev.name for ev in prof.events() if "zero" in ev.name]
+        assert not zeros, zeros
