@@ -679,11 +679,18 @@ def _eager_fn(name, impl, setup, backward, materialize_grads):
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
+# The argument types the eager path takes: plain tensors -- nn.Parameter is one to
+# dispatch (its __torch_function__ is disabled): the weights -- and None (an absent
+# Tensor? argument). Any other subclass goes to the custom op.
+_PLAIN_ARGS = frozenset((Tensor, torch.nn.Parameter, type(None)))
+
+
 def _plain(t):
     """Whether a call whose first argument is t can take the eager path (checked first:
     not while torch.compile traces, so dynamo never sees the rest); the call's other
-    tensor arguments must be plain Tensors too (:meth:`_Eager._make`)."""
-    return (not torch.compiler.is_compiling() and type(t) is Tensor
+    tensor arguments must be plain too (_PLAIN_ARGS, :meth:`_Eager._make`)."""
+    return (not torch.compiler.is_compiling()
+            and (type(t) is Tensor or type(t) is torch.nn.Parameter)
             and t.device.type != "meta" and not torch._C._len_torch_dispatch_stack()
             and not torch._C._are_functorch_transforms_active())
 
@@ -725,8 +732,7 @@ class _Eager:
         def call(first, *args):
             if _plain(first):
                 for i in rest:
-                    a = args[i]
-                    if type(a) is not Tensor and a is not None:
+                    if type(args[i]) not in _PLAIN_ARGS:
                         return op(first, *args)
                 return apply(first, *args)
             return op(first, *args)

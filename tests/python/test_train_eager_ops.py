@@ -170,6 +170,15 @@ def test_a_subclass_in_any_tensor_argument_takes_the_custom_op(i):
             assert torch.equal(a.as_subclass(torch.Tensor), b), (name, j)
 
 
+
+@pytest.mark.parametrize("i", range(len(cases())), ids=[c[0] for c in cases()])
+def test_parameters_take_the_eager_path(i):
+    """nn.Parameter (the weights: a subclass, but a plain tensor to dispatch) in any
+    argument keeps the eager path."""
+    name, fn, shapes = cases()[i]
+    outs = fn(_torch_ops.eager, *[torch.nn.Parameter(x.detach()) for x in leafs(*shapes)])
+    assert "_eager" in type(outs[0].grad_fn).__name__, name
+
 class _Cut(torch.autograd.Function):
     """Identity whose backward passes no gradient (None): the output it wraps is part of
     the graph but gets no gradient, as if unused."""
