@@ -35,6 +35,7 @@
 #ifndef OT_CUDA_NORM_CUH
 #define OT_CUDA_NORM_CUH
 
+#include <atomic>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1364,13 +1365,18 @@ cudaError_t norm_fwd_v2_launch(const norm_fwd_params &p, const norm_launch &L,
 /* Shared memory of the current device (cached per device, first 16 devices): per SM,
  * and the most one block may opt in to. */
 static inline void norm_smem_limits(int *per_sm, int *optin) {
-  static int c_sm[16], c_opt[16];
+  /* Several host threads may fill an entry at once: c_opt is stored before c_sm (> 0 once
+   * known) publishes the pair, and read after it. */
+  static std::atomic<int> c_sm[16], c_opt[16];
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
-  if (dev >= 0 && dev < 16 && c_sm[dev] > 0) {
-    *per_sm = c_sm[dev];
-    *optin = c_opt[dev];
-    return;
+  if (dev >= 0 && dev < 16) {
+    const int sm = c_sm[dev].load(std::memory_order_acquire);
+    if (sm > 0) {
+      *per_sm = sm;
+      *optin = c_opt[dev].load(std::memory_order_relaxed);
+      return;
+    }
   }
   int a = 0, b = 0;
   if (cudaDeviceGetAttribute(&a, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev < 0 ? 0 : dev) !=
@@ -1379,7 +1385,10 @@ static inline void norm_smem_limits(int *per_sm, int *optin) {
   if (cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev < 0 ? 0 : dev) !=
           cudaSuccess || b <= 0)
     b = 48 * 1024;
-  if (dev >= 0 && dev < 16) c_sm[dev] = a, c_opt[dev] = b;
+  if (dev >= 0 && dev < 16) {
+    c_opt[dev].store(b, std::memory_order_relaxed);
+    c_sm[dev].store(a, std::memory_order_release);
+  }
   *per_sm = a;
   *optin = b;
 }
@@ -1488,15 +1497,20 @@ static inline bool norm_tma_rows_ok(int64_t cols, size_t elem) {
  * all are compiled the same). */
 template <typename K>
 static inline bool norm_tma_device_ok(K probe) {
-  static int cached[16]; /* 1 yes, -1 no */
+  /* 1 yes, -1 no, 0 not probed yet; several host threads may probe at once (each writes
+   * the same answer: relaxed atomics, no lock). */
+  static std::atomic<int> cached[16];
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  if (dev >= 0 && dev < 16 && cached[dev]) return cached[dev] > 0;
+  if (dev >= 0 && dev < 16) {
+    const int c = cached[dev].load(std::memory_order_relaxed);
+    if (c) return c > 0;
+  }
   const bool ok = ot_bulk_kernel_ok(reinterpret_cast<const void *>(probe));
-  if (dev >= 0 && dev < 16) cached[dev] = ok ? 1 : -1;
+  if (dev >= 0 && dev < 16) cached[dev].store(ok ? 1 : -1, std::memory_order_relaxed);
   return ok;
 }
 
