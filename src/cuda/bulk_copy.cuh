@@ -1,9 +1,9 @@
 /*
  * bulk_copy.cuh -- 1-D bulk copies global -> shared memory (sm_90's cp.async.bulk, the
- * TMA unit without a tensor map) completing on an mbarrier, for the row-streaming
- * LayerNorm backward (norm.cuh): one thread issues a whole row (up to the mbarrier's 1
- * MB transaction count) and the bytes in flight cost no registers and no per-16-byte
- * instructions. Source and destination 16-byte aligned, size a multiple of 16.
+ * TMA unit without a tensor map) completing on an mbarrier (mbarrier.cuh), for the
+ * row-streaming LayerNorm backward (norm.cuh): one thread issues a whole row (up to the
+ * mbarrier's 1 MB transaction count) and the bytes in flight cost no registers and no
+ * per-16-byte instructions. Source and destination 16-byte aligned, size a multiple of 16.
  *
  * The device helpers exist in the sm_90 pass only (`OT_BULK_COPY_DEVICE`); kernels that
  * use them compile to an empty body for sm_80, and the host must check with
@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "common.cuh"
+#include "mbarrier.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define OT_BULK_COPY_DEVICE 1
@@ -24,42 +25,6 @@
 namespace ot {
 
 #ifdef OT_BULK_COPY_DEVICE
-__device__ __forceinline__ uint32_t bulk_smem_u32(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void bulk_bar_init(uint64_t *bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bulk_smem_u32(bar)), "r"(count)
-               : "memory");
-}
-/* After the initializing thread's mbarrier.init calls, before the block barrier that
- * publishes them: visible to the other threads and to the async (TMA) proxy. */
-__device__ __forceinline__ void bulk_bar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-/* Arrive on bar (the one expected arrival) and expect `bytes` of transactions. */
-__device__ __forceinline__ void bulk_bar_expect(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bulk_smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
-}
-/* One test of bar's phase `parity` (true: completed), with the hardware's bounded
- * suspend while it is not; bulk_bar_wait spins on it. */
-__device__ __forceinline__ bool bulk_bar_try(uint64_t *bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bulk_smem_u32(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-__device__ __forceinline__ void bulk_bar_wait(uint64_t *bar, uint32_t parity) {
-  while (!bulk_bar_try(bar, parity)) {
-  }
-}
 /* bytes from global src to shared dst, counted on bar. Streamed data: an L2 evict-first
  * policy, so the rows read once do not push out what the kernel reuses. */
 __device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes,
@@ -68,8 +33,8 @@ __device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t b
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1], %2, [%3], %4;" ::"r"(bulk_smem_u32(dst)),
-      "l"((uint64_t)src), "r"(bytes), "r"(bulk_smem_u32(bar)), "l"(pol)
+      " [%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
+      "l"((uint64_t)src), "r"(bytes), "r"(smem_u32(bar)), "l"(pol)
       : "memory");
 }
 #endif

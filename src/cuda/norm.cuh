@@ -1168,12 +1168,12 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
   const int NT = p.dres ? 3 : 2;
   const bool want_dw = p.dw_part != nullptr, want_db = LAYER && p.db_part != nullptr;
   if (tid == 0) {
-    for (int i = 0; i < S; i++) bulk_bar_init(bars + i, 1);
-    bulk_bar_init_fence();
+    for (int i = 0; i < S; i++) mbar_init(smem_u32(bars + i), 1);
+    mbar_init_fence();
   }
   auto issue = [&](int64_t row, int s) {
     uint4 *dst = tma_smem + (size_t)s * NT * nvec;
-    bulk_bar_expect(bars + s, (uint32_t)NT * rb);
+    mbar_expect_tx(smem_u32(bars + s), (uint32_t)NT * rb);
     bulk_load(dst, static_cast<const T *>(p.h) + row * p.h_stride, rb, bars + s);
     bulk_load(dst + nvec, static_cast<const T *>(p.dy) + row * p.dy_stride, rb, bars + s);
     if (p.dres)
@@ -1198,7 +1198,7 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
   for (int64_t row = blockIdx.x; row < p.rows; row += G) {
     const float rs = rs_n, mu = mu_n;
     norm_stats_of<LAYER>(p, row + G, rs_n, mu_n); /* one row ahead */
-    bulk_bar_wait(bars + s, ph);
+    mbar_wait(smem_u32(bars + s), ph);
     const uint4 *hs = tma_smem + (size_t)s * NT * nvec, *gs = hs + nvec, *ds = gs + nvec;
     float sg = 0.0f, sgx = 0.0f;
     const float nmr = -mu * rs;

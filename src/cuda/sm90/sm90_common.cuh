@@ -1,8 +1,9 @@
 /*
  * sm90_common.cuh -- building blocks shared by the Hopper (sm_90a) attention kernels
- * (attention_fwd_sm90.cu, attention_bwd_sm90.cu): mbarrier and TMA helpers, wgmma
- * fences / commit / wait, named barriers, the 128B-swizzle shared-memory descriptor,
- * 16-bit packing, and on the host the TMA tensor-map encoding of a BSHD operand.
+ * (attention_fwd_sm90.cu, attention_bwd_sm90.cu): the TMA tensor load (its mbarriers are
+ * ../mbarrier.cuh's), wgmma fences / commit / wait, named barriers, the 128B-swizzle
+ * shared-memory descriptor, 16-bit packing, and on the host the TMA tensor-map encoding of
+ * a BSHD operand.
  * Device helpers exist only in the sm_90a pass (include inside code guarded the same way).
  */
 #ifndef OT_CUDA_SM90_COMMON_CUH
@@ -16,6 +17,7 @@
 
 #include "../../core/attention.h"
 #include "../cuda_state.h"
+#include "../mbarrier.cuh"
 
 namespace ot {
 namespace sm90 {
@@ -29,31 +31,6 @@ constexpr int kSmemOptin = 227 * 1024;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 __device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
                                             int c0, int c1, int c2, int c3, int c4) {
   asm volatile(
