@@ -475,8 +475,9 @@ __global__ void gemv_reduce_kernel(const float *__restrict__ part, int splits, i
  * allow it (ot_pdl_ok, pdl.cuh: once per kernel and device, `cached` its static array);
  * OT_LINEAR_PDL=0: never. */
 template <typename... P, typename... A>
-static cudaError_t launch_pdl(const ot_cuda_state *cs, int *cached, void (*f)(P...),
-                              dim3 grid, dim3 block, cudaStream_t st, A... args) {
+static cudaError_t launch_pdl(const ot_cuda_state *cs, std::atomic<int> *cached,
+                              void (*f)(P...), dim3 grid, dim3 block, cudaStream_t st,
+                              A... args) {
   const char *e = getenv("OT_LINEAR_PDL");
   const bool pdl = !(e && e[0] == '0') && ot_pdl_ok(cs, f, cached);
   return ot_launch_pdl(pdl, f, grid, block, st, args...);
@@ -485,7 +486,7 @@ static cudaError_t launch_pdl(const ot_cuda_state *cs, int *cached, void (*f)(P.
 template <typename T, int MT, int U>
 static cudaError_t gemv_launch_mt(const ot_cuda_state *cs, bool vec, dim3 grid, cudaStream_t st,
                                   const ot_linear_forward_args *a, float *part, int64_t klen) {
-  static int pdl_vec[16], pdl_scalar[16];
+  static std::atomic<int> pdl_vec[16] = {}, pdl_scalar[16] = {};
   const T *x = (const T *)a->x, *w = (const T *)a->weight, *b = (const T *)a->bias;
   T *y = (T *)a->y;
   const int M = (int)a->rows;
@@ -501,7 +502,7 @@ static cudaError_t gemv_launch_mt(const ot_cuda_state *cs, bool vec, dim3 grid, 
 template <typename T>
 static cudaError_t gemv_launch(const ot_cuda_state *cs, bool vec, dim3 grid, cudaStream_t st,
                                const ot_linear_forward_args *a, float *part, int64_t klen) {
-  static int pdl_reduce[16];
+  static std::atomic<int> pdl_reduce[16] = {};
   const int64_t M = a->rows;
   cudaError_t e;
   constexpr int U = kGemvUnroll;

@@ -1106,7 +1106,7 @@ static int ps_ctas_per_sm(int dev) {
  * kernel on this device (ot_pdl_ok, pdl.cuh: its sm_90 code waits for the partials). */
 template <typename T, int D>
 static bool pa_merge_pdl(const ot_cuda_state *cs) {
-  static int cached[16]; /* 1: yes, -1: no */
+  static std::atomic<int> cached[16] = {}; /* 1: yes, -1: no */
   return ot_pdl_ok(cs, pa_merge_kernel<T, D>, cached);
 }
 
@@ -1228,7 +1228,7 @@ static ot_status ps_launch(ot_context *ctx, pa_params &p, bool debug, const char
   p.sp_o = (float *)(scr + 256 + desc_b + lse_b);
   ps_kernel<T, D, S><<<ctas, kPaThreads, pa_cfg<D, S>::kSmem, s>>>(p);
   OT_CUDA_CHECK_LAUNCH(op);
-  static int pdl_cached[16];
+  static std::atomic<int> pdl_cached[16] = {};
   OT_CUDA_CHECK(op, ot_launch_pdl(ot_pdl_ok(cs, ps_merge_kernel<T, D>, pdl_cached),
                                   ps_merge_kernel<T, D>, dim3((unsigned)wtot), dim3(kPaThreads), s,
                                   p));

@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 #include <string.h>
 
+#include <atomic>
+
 #include "cuda_state.h"
 
 /* Whether kernel f may be launched as a programmatic dependent on cs's device: a 9.0+ GPU
@@ -18,18 +20,23 @@
  * code, or a newer GPU that cannot run the sm_90a binary) does not, and launched early
  * it could read its inputs before the previous kernel wrote them. Once per kernel and
  * device: `cached` is the caller's static array of 16 for f (first 16 devices; 1 yes,
- * -1 no, 0 not asked yet). */
+ * -1 no, 0 not asked yet; declare it "= {}": constant-initialized, where GCC otherwise
+ * guards an array of atomics' initialization). Host threads may ask at once: each writes
+ * the same answer (relaxed atomics, no lock). */
 template <typename K>
-static inline bool ot_pdl_ok(const ot_cuda_state *cs, K *f, int *cached) {
+static inline bool ot_pdl_ok(const ot_cuda_state *cs, K *f, std::atomic<int> *cached) {
   const int dev = cs->device;
-  if (dev >= 0 && dev < 16 && cached[dev] != 0) return cached[dev] > 0;
+  if (dev >= 0 && dev < 16) {
+    const int c = cached[dev].load(std::memory_order_relaxed);
+    if (c != 0) return c > 0;
+  }
   bool ok = false;
   if (cs->cc_major >= 9) {
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, f) == cudaSuccess) ok = fa.ptxVersion >= 90;
     else (void)cudaGetLastError();
   }
-  if (dev >= 0 && dev < 16) cached[dev] = ok ? 1 : -1;
+  if (dev >= 0 && dev < 16) cached[dev].store(ok ? 1 : -1, std::memory_order_relaxed);
   return ok;
 }
 
