@@ -1366,8 +1366,9 @@ cudaError_t norm_fwd_v2_launch(const norm_fwd_params &p, const norm_launch &L,
  * and the most one block may opt in to. */
 static inline void norm_smem_limits(int *per_sm, int *optin) {
   /* Several host threads may fill an entry at once: c_opt is stored before c_sm (> 0 once
-   * known) publishes the pair, and read after it. */
-  static std::atomic<int> c_sm[16], c_opt[16];
+   * known) publishes the pair, and read after it. "= {}": constant-initialized (GCC
+   * otherwise guards an array of atomics' initialization, a check on every call). */
+  static std::atomic<int> c_sm[16] = {}, c_opt[16] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
   if (dev >= 0 && dev < 16) {
@@ -1499,7 +1500,7 @@ template <typename K>
 static inline bool norm_tma_device_ok(K probe) {
   /* 1 yes, -1 no, 0 not probed yet; several host threads may probe at once (each writes
    * the same answer: relaxed atomics, no lock). */
-  static std::atomic<int> cached[16];
+  static std::atomic<int> cached[16] = {}; /* "= {}": as in norm_smem_limits */
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
