@@ -65,6 +65,8 @@
 #include <math.h>
 #include <string.h>
 
+#include <atomic>
+
 #include "../core/paged_attention.h"
 #include "attention.cuh"
 #include "common.cuh"
@@ -1070,16 +1072,21 @@ __global__ void __launch_bounds__(128) pa_simple_kernel(const __grid_constant__ 
 
 /* The kernel's shared-memory attributes (dynamic size past 48 KB, the largest carveout so
  * that 2 CTAs fit an SM) and its CTAs per SM on the context's device, both once per
- * device (first 16 devices: occupancy differs between GPU models). 0 on failure. */
+ * device (first 16 devices: occupancy differs between GPU models). 0 on failure. Host
+ * threads may ask at once: an entry is stored (release) after the attributes are set and
+ * read with acquire, so a thread that finds it launches after the attributes. */
 template <typename K>
-static int pa_kernel_ctas_per_sm(K kernel, size_t smem, int dev, int *cached) {
-  if (dev >= 0 && dev < 16 && cached[dev] != 0) return cached[dev] > 0 ? cached[dev] : 0;
+static int pa_kernel_ctas_per_sm(K kernel, size_t smem, int dev, std::atomic<int> *cached) {
+  if (dev >= 0 && dev < 16) {
+    const int c = cached[dev].load(std::memory_order_acquire);
+    if (c != 0) return c > 0 ? c : 0;
+  }
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
           cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                            (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
     (void)cudaGetLastError();
-    if (dev >= 0 && dev < 16) cached[dev] = -1;
+    if (dev >= 0 && dev < 16) cached[dev].store(-1, std::memory_order_release);
     return 0;
   }
   int n = 0;
@@ -1088,17 +1095,18 @@ static int pa_kernel_ctas_per_sm(K kernel, size_t smem, int dev, int *cached) {
     (void)cudaGetLastError();
     n = 1;
   }
-  if (dev >= 0 && dev < 16) cached[dev] = n;
+  if (dev >= 0 && dev < 16) cached[dev].store(n, std::memory_order_release);
   return n;
 }
 template <typename T, int D, int S>
 static int pa_ctas_per_sm(int dev) {
-  static int cached[16]; /* > 0: CTAs per SM; -1: the shared memory is not available */
+  /* > 0: CTAs per SM; -1: the shared memory is not available ("= {}": see pdl.cuh) */
+  static std::atomic<int> cached[16] = {};
   return pa_kernel_ctas_per_sm(pa_mma_kernel<T, D, S>, pa_cfg<D, S>::kSmem, dev, cached);
 }
 template <typename T, int D, int S>
 static int ps_ctas_per_sm(int dev) {
-  static int cached[16];
+  static std::atomic<int> cached[16] = {};
   return pa_kernel_ctas_per_sm(ps_kernel<T, D, S>, pa_cfg<D, S>::kSmem, dev, cached);
 }
 
