@@ -53,6 +53,11 @@ static ot_status context_init_on_device(ot_context *ctx) {
     return ot_error(OT_ERR_BACKEND, op, "cudaDeviceGetAttribute: %s", cudaGetErrorString(e));
   }
   st->smem_optin = (size_t)v;
+  /* what the norms' ring kernels size their rings by (100 KB when not reported) */
+  st->smem_per_sm = 100 * 1024;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, st->device) == cudaSuccess &&
+      v > 0)
+    st->smem_per_sm = (size_t)v;
   if (cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, st->device) == cudaSuccess)
     st->l2_bytes = (size_t)v;
   ctx->cuda = st;

@@ -32,6 +32,7 @@ typedef struct ot_cuda_state {
   int cc_major, cc_minor;
   int sm_count;
   size_t smem_optin;     /* max dynamic shared memory per block after opt-in, bytes */
+  size_t smem_per_sm;    /* shared memory per multiprocessor, bytes (all its blocks) */
   size_t l2_bytes;
   /* cuBLASLt: created on first use (cublasLtHandle_t), with its workspace. */
   void *cublaslt;
