@@ -469,6 +469,11 @@ def check_ce(S, ck, small):
 # forward v3, backward v2, RoPE's block-per-token kernel v1 on rows the warp kernel takes.
 # (LayerNorm's bulk-copy backward, sm_90, is a default: the first pass runs it.)
 ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL": "v1"}
+# The norms' launch knobs (src/cuda/norm.cuh): programmatic dependent launches, the
+# evict-first out stores, a blocks-per-SM cap on forward v2, the partials' sum unrolled
+# by 4. --sanitize runs the norms a third time under them.
+NORM_KNOBS = {"OT_NORM_PDL": "1", "OT_NORM_FWD_CS": "1", "OT_NORM_FWD_BPS": "6",
+              "OT_NORM_REDUCE_UNROLL": "4"}
 
 
 def sanitize_run(S, only="norm,rope,glu,ce"):
@@ -477,12 +482,13 @@ def sanitize_run(S, only="norm,rope,glu,ce"):
     and RoPE part runs again under ALT_KERNELS. `only`: SwiGLU / cross-entropy kernels
     only when named there ("glu", "ce")."""
     sanitize_once(S, "glu" in only or "ce" in only)
-    os.environ.update(ALT_KERNELS)
-    try:
-        sanitize_once(S, False)
-    finally:
-        for k in ALT_KERNELS:
-            os.environ.pop(k, None)
+    for knobs in (ALT_KERNELS, NORM_KNOBS):
+        os.environ.update(knobs)
+        try:
+            sanitize_once(S, False)
+        finally:
+            for k in knobs:
+                os.environ.pop(k, None)
     torch.cuda.synchronize()
     print("sanitize run: done")
 
@@ -582,11 +588,24 @@ def variants_ms(calls, envs):
     return out
 
 
-def copy_bandwidth():
-    x = torch.empty(2 * 1024 ** 3 // 2, dtype=torch.bfloat16, device="cuda").uniform_()
+def copy_bandwidth(nbytes=2 * 2 * 1024 ** 3, iters=20, inner=3):
+    """The ceiling: y.copy_(x) (a device-to-device cudaMemcpyAsync), nbytes moved per
+    call (half read, half written); default 2 GiB each way. copy_same_bytes: the same
+    copy moving a row's bytes, timed like the rows (5 calls per batch, two sets)."""
+    x = torch.empty(nbytes // 4, dtype=torch.bfloat16, device="cuda").uniform_()
     y = torch.empty_like(x)
-    ms = time_ms([lambda: y.copy_(x)], iters=20, inner=3)
+    ms = time_ms([lambda: y.copy_(x)], iters=iters, inner=inner)
     return 2 * x.numel() * 2 / (ms * 1e-3) / 1e12
+
+
+def copy_same_bytes(nbytes, _cache={}):
+    if nbytes not in _cache:
+        xs = [torch.empty(nbytes // 4, dtype=torch.bfloat16, device="cuda").uniform_() for _ in range(2)]
+        ys = [torch.empty_like(xs[0]) for _ in range(2)]
+        ms = time_ms([lambda i=i: ys[i].copy_(xs[i]) for i in range(2)])
+        _cache[nbytes] = nbytes / (ms * 1e-3) / 1e12
+        del xs, ys
+    return _cache[nbytes]
 
 
 def hf_rms(x, w, eps):
@@ -657,9 +676,16 @@ def bench_all(S, args):
     # a342519 timed the bulk-copy forward, RMSNorm backward and RoPE kernels, all slower
     # or tied, removed; earlier runs forward v3 / v4, rows per block, backward v2 and 2
     # rows per iteration: docs/PERFORMANCE.md.)
-    FWD_VARIANTS = {}
-    LN_BWD_VARIANTS = {"v3": {"OT_NORM_BWD_IMPL": "v3"},
-                       "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"}}
+    # The norms' launch knobs (run of this round): programmatic dependent launch
+    # (pdl), evict-first out stores (cs), a cap of B forward blocks per SM (bpsB), the
+    # partials' sum unrolled by 4 (the earlier default; now 16).
+    FWD_VARIANTS = {"pdl": {"OT_NORM_PDL": "1"}, "cs": {"OT_NORM_FWD_CS": "1"},
+                    "pdl+cs": {"OT_NORM_PDL": "1", "OT_NORM_FWD_CS": "1"},
+                    "bps4": {"OT_NORM_FWD_BPS": "4"}, "bps6": {"OT_NORM_FWD_BPS": "6"},
+                    "bps8": {"OT_NORM_FWD_BPS": "8"}}
+    BWD_VARIANTS = {"pdl": {"OT_NORM_PDL": "1"}, "reduce unroll 4": {"OT_NORM_REDUCE_UNROLL": "4"}}
+    LN_BWD_VARIANTS = dict(BWD_VARIANTS, **{"v3": {"OT_NORM_BWD_IMPL": "v3"},
+                                            "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"}})
     ROPE_VARIANTS = {}
     only = set(args.only.split(","))
 
@@ -672,6 +698,10 @@ def bench_all(S, args):
              "peers": {k: round(v, 3) for k, v in peers.items()},
              "ratio_best_peer": round(ours / best, 3) if best else None,
              "fraction_of_ceiling": round(ours / copy_tbps, 3)}
+        if op.startswith(("rmsnorm", "layernorm", "rope")):
+            cs = copy_same_bytes(nbytes)
+            r["copy_same_bytes_TBps"] = round(cs, 3)
+            r["fraction_of_same_bytes_copy"] = round(ours / cs, 3)
         if var_ms:
             r["variants"] = {k: round(nbytes / (v * 1e-3) / 1e12, 3) for k, v in var_ms.items()}
         results.append(r)
@@ -679,6 +709,8 @@ def bench_all(S, args):
         pk = ", ".join(f"{k} {v:.2f}" for k, v in r["peers"].items())
         if var_ms:
             pk += " || variants: " + ", ".join(f"{k} {v:.2f}" for k, v in r["variants"].items())
+        if "copy_same_bytes_TBps" in r:
+            pk += f" || same-bytes copy {r['copy_same_bytes_TBps']:.2f}"
         print(f"{op:24s} {case:18s} ours {ours:5.2f} TB/s ({r['fraction_of_ceiling']*100:4.1f}% copy)"
               f"  x{r['ratio_best_peer']}  | {pk}", flush=True)
 
@@ -767,7 +799,7 @@ def bench_all(S, args):
                 ours = [norm_bwd_call(S, layer, s["dy"], None, s["x"], w, mm, rstd, eps, routs[i], dws,
                                       dbs if layer else None) for i, s in enumerate(sets)]
                 t_ours = time_ms(ours)
-                var_ms = variants(ours, LN_BWD_VARIANTS if layer else {})
+                var_ms = variants(ours, LN_BWD_VARIANTS if layer else BWD_VARIANTS)
 
                 def torch_bwd(fn):
                     gs = []
@@ -960,6 +992,32 @@ def write_doc(args, copy_tbps, rows):
         json.dump(doc, f, indent=1)
 
 
+def ncu_run(S):
+    """For ncu (--kernel-name regex:norm_): RMSNorm / LayerNorm forward and backward
+    (saved statistics, dweight / dbias) at 16k x 4096 bf16, each called twice (the
+    benchmark's default kernels), then the forwards twice under OT_NORM_FWD_BPS=6."""
+    N, H, dt = 16384, 4096, torch.bfloat16
+    x, dy = rnd(N, H, dtype=dt), rnd(N, H, dtype=dt)
+    w, b = rnd(H, dtype=dt, lo=0.5, hi=1.5), rnd(H, dtype=dt)
+    out, dx = torch.empty_like(x), torch.empty_like(x)
+    mean, rstd = torch.empty(N, device="cuda"), torch.empty(N, device="cuda")
+    dw, db = torch.empty(H, dtype=dt, device="cuda"), torch.empty(H, dtype=dt, device="cuda")
+    for knobs in ({}, {"OT_NORM_FWD_BPS": "6"}):
+        os.environ.update(knobs)
+        for layer in (0, 1):
+            m = mean if layer else None
+            for _ in range(2):
+                norm_fwd_call(S, layer, x, None, w, b if layer else None, 1e-6, out, None, m, rstd)()
+            if knobs:
+                continue
+            for _ in range(2):
+                norm_bwd_call(S, layer, dy, None, x, w, m, rstd, 1e-6, dx, dw, db if layer else None)()
+        for k in knobs:
+            os.environ.pop(k, None)
+    torch.cuda.synchronize()
+    print("ncu run: done")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shim", required=True)
@@ -968,6 +1026,7 @@ def main():
     ap.add_argument("--only", default="norm,rope,glu,ce")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sanitize", action="store_true")
+    ap.add_argument("--ncu", action="store_true", help="the norm kernels once each, for ncu")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--ce-last", dest="ce_first", action="store_false",
                     help="cross-entropy rows last (default: first, the newest kernels first)")
@@ -991,6 +1050,8 @@ def main():
         rc = 1 if ck.failed else 0
     if args.sanitize:
         sanitize_run(S, args.only)
+    if args.ncu:
+        ncu_run(S)
     if args.bench:
         copy_tbps, rows = bench_all(S, args)
         write_doc(args, copy_tbps, rows)

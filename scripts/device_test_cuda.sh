@@ -39,6 +39,14 @@
 #                           check and memcheck run a second time under them
 #   OT_VARIANT_STEPS        which of those run under OT_VARIANT_ENV (default "test check
 #                           memcheck")
+#   OT_NCU=1                after the benchmark: Nsight Compute over the norm kernels
+#                           (bench_fused_ops.py --ncu: RMSNorm / LayerNorm forward and
+#                           backward at 16k x 4096 bf16; sections SpeedOfLight, Occupancy,
+#                           WarpStateStats, LaunchStats, clocks not locked) -> $OUT/ncu.log
+#   OT_NCU_TIMEOUT          seconds for it (default 60)
+#   OT_PLOT=0               no PNG (plot the JSON elsewhere: $OUT brings back 8 files)
+#   OT_MEMCHECK_SANITIZE=1  memcheck over --sanitize (our kernels alone, no float64
+#                           references: faster) instead of the --check --small pass
 set -uo pipefail
 MODE=${1:-all}
 COMPILE_FLAG=${2:-}
@@ -114,16 +122,27 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   timeout "${OT_BENCH_TIMEOUT:-420}" python3 bench/bench_fused_ops.py --shim $SHIM --bench $COMPILE_FLAG ${OT_BENCH_FLAGS:-} --only "${OT_ONLY:-norm,rope,glu,ce}" --json "$OUT/fused_ops.json" \
     --commit "$COMMIT" --command "scripts/device_test_cuda.sh $MODE $COMPILE_FLAG" >"$OUT/bench.log" 2>&1
   echo "bench rc=$?"
-  python3 bench/plot_fused_ops.py "$OUT/fused_ops.json" "$OUT/fused_ops.png" >>"$OUT/bench.log" 2>&1 || true
+  [ "${OT_PLOT:-1}" = 0 ] || python3 bench/plot_fused_ops.py "$OUT/fused_ops.json" "$OUT/fused_ops.png" >>"$OUT/bench.log" 2>&1 || true
   stamp "bench done"
   sed -n '/^op /,$p' "$OUT/bench.log"
   grep -E 'peer failed|Error|error' "$OUT/bench.log" | head -5
 fi
 
+if [ "${OT_NCU:-0}" = 1 ]; then
+  stamp "ncu"
+  timeout "${OT_NCU_TIMEOUT:-60}" ncu --clock-control none --kernel-name regex:norm_ \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    --metrics dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+    python3 bench/bench_fused_ops.py --shim $SHIM --ncu >"$OUT/ncu.log" 2>&1
+  echo "ncu rc=$?"
+  grep -E '^  norm_|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Waves Per SM|dram__bytes' "$OUT/ncu.log" | head -80
+fi
+
 if [ "$MODE" = all ] || [ "$MODE" = check ]; then
   stamp "compute-sanitizer memcheck"
+  if [ "${OT_MEMCHECK_SANITIZE:-0}" = 1 ]; then MEMCHECK_ARGS="--sanitize"; else MEMCHECK_ARGS="--check --small"; fi
   timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --print-limit 20 \
-    python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only "${OT_MEMCHECK_ONLY:-norm,ce}" >"$OUT/memcheck.log" 2>&1
+    python3 bench/bench_fused_ops.py --shim $SHIM $MEMCHECK_ARGS --only "${OT_MEMCHECK_ONLY:-norm,ce}" >"$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$?"; grep -E 'ERROR SUMMARY|check:|Invalid|FAIL' "$OUT/memcheck.log" | head -10
   if [ -n "${OT_VARIANT_ENV:-}" ] && variant_step memcheck; then
     # shellcheck disable=SC2086

@@ -42,6 +42,8 @@
 
 #include "bulk_copy.cuh"
 #include "common.cuh"
+#include "cuda_state.h"
+#include "pdl.cuh"
 
 namespace ot {
 
@@ -60,6 +62,9 @@ struct norm_fwd_params {
   float *mean;               /* [rows] or NULL (LayerNorm only) */
   float *rstd;               /* [rows] or NULL */
   float eps;
+  bool out_cs;               /* forward v2 / v3: store out with the evict-first hint */
+  bool named_bar;            /* forward v2 / v3: each row group its own barrier */
+  bool ln_onepass;           /* forward v2 / v3 LayerNorm: one reduction (Chan's merge) */
 };
 
 struct norm_bwd_params {
@@ -81,6 +86,22 @@ struct norm_bwd_params {
 };
 
 constexpr int kNormMaxRowsPerBlock = 8;
+
+/* Programmatic dependent launch (pdl.cuh), device side; no-ops below sm_90 and in a
+ * kernel not launched as a programmatic dependent. wait: until the previous grid on the
+ * stream has completed and its writes are visible (before the first global access);
+ * launch: let the next grid, when launched as a programmatic dependent, be scheduled
+ * (its own wait still holds it until this grid has completed). */
+__device__ __forceinline__ void norm_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void norm_grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 /* ---- forward, row in registers ------------------------------------------------------
  * x (+ residual), weight and bias loads are all issued before the reduction, and
@@ -526,18 +547,23 @@ __global__ void __launch_bounds__(1024) norm_bwd_loop_kernel(norm_bwd_params p) 
 
 /* ---- stage two: sum the partial rows -------------------------------------------------
  * dw[c] = sum_p dw_part[p, c]; block (32 columns) x (32 partial-row lanes), each lane's
- * loads unrolled by 4 so a lane has its ~parts/32 loads in flight at once (the kernel is
- * a few L2 round trips, not a loop of them). dw / db NULL: not wanted; parts == 0
- * writes zeros (no rows). */
-template <typename T>
+ * loads unrolled by U so that a lane has its ~parts/32 loads in flight at once (the
+ * kernel is a few DRAM / L2 round trips, not a loop of them: with the ~530 partial rows
+ * of a persistent grid of 4 blocks per SM, 17 loads a lane; U = 16 is the default, 4
+ * the earlier one, OT_NORM_REDUCE_UNROLL=4; the additions are in the same order either
+ * way, so the same bits). dw / db NULL: not wanted; parts == 0 writes zeros (no rows).
+ * Waits for the previous grid first (it may be launched as its programmatic dependent,
+ * OT_NORM_PDL=1). */
+template <typename T, int U>
 __global__ void __launch_bounds__(1024) norm_reduce_partials_kernel(
     const float *__restrict__ dw_part, const float *__restrict__ db_part, int64_t parts,
     int64_t n, T *dw, T *db) {
   __shared__ float sw[32][33], sb[32][33];
+  norm_grid_wait();
   const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
   float aw = 0.0f, ab = 0.0f;
   if (c < n) {
-#pragma unroll 4
+#pragma unroll U
     for (int64_t q = threadIdx.y; q < parts; q += blockDim.y) {
       if (dw) aw += dw_part[q * n + c];
       if (db) ab += db_part[q * n + c];
@@ -578,6 +604,78 @@ __device__ __forceinline__ void norm_fwd_out(const float *hv, const float *wv, c
   }
 }
 
+/* Store f[0..VEC) rounded to T at p (16-byte aligned) with the evict-first hint
+ * (st.global.cs): data not read again soon. */
+template <typename T>
+__device__ __forceinline__ void store_vec_cs(T *p, const float *f) {
+  raw16 r;
+  pack<T>(r, f);
+  __stcs(reinterpret_cast<uint4 *>(p), r.u);
+}
+
+/* Sum over the thread's in-row vectors of (h - center)^2 (the row's elements in xr). */
+template <typename T, int NV, int TPR>
+__device__ __forceinline__ float norm_sq_dev(raw16 (&xr)[NV], float center, int64_t n) {
+  constexpr int V = vec_width<T>::value;
+  float v = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NV; i++) {
+    const int base = ((int)threadIdx.x + i * TPR) * V;
+    float hv[V];
+    opaque(xr[i]);
+    unpack<T>(hv, xr[i]);
+    if (base < n) {
+#pragma unroll
+      for (int j = 0; j < V; j++) v += (hv[j] - center) * (hv[j] - center);
+    }
+  }
+  return v;
+}
+
+/* Chan's merge of two partial statistics (count c, mean m, sum of squared deviations q):
+ * a = a + b. Callers give every pair in the same order on every thread (the lower lane or
+ * warp first), so all threads of a row group end with the same bits. */
+__device__ __forceinline__ void norm_chan_merge(float &c, float &m, float &q, float cb, float mb,
+                                                float qb) {
+  const float nab = c + cb;
+  if (nab > 0.0f) {
+    const float d = mb - m, f = cb / nab;
+    m = fmaf(d, f, m);
+    q = q + qb + d * d * (c * f);
+    c = nab;
+  }
+}
+
+/* Mean and sum of squared deviations of a row from its threads' partial (c, m, q): warp
+ * shuffles, then the warps' results merged in warp order through scratch (3 floats per
+ * warp, 64 floats per row group) with one barrier pair. Returns (mean, q). */
+__device__ __forceinline__ float2 norm_row_meanvar(float c, float m, float q, float *scratch,
+                                                   bool named) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float c2 = __shfl_xor_sync(0xffffffffu, c, o);
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const float q2 = __shfl_xor_sync(0xffffffffu, q, o);
+    if (lane & o) { /* the partner is the lower lane: it goes first */
+      float ca = c2, ma = m2, qa = q2;
+      norm_chan_merge(ca, ma, qa, c, m, q);
+      c = ca, m = ma, q = qa;
+    } else {
+      norm_chan_merge(c, m, q, c2, m2, q2);
+    }
+  }
+  const int nwarps = blockDim.x >> 5;
+  if (nwarps == 1) return make_float2(m, q);
+  float *s = scratch + 64 * threadIdx.y;
+  row_group_sync(named); /* scratch may still be read by a previous row */
+  if (lane == 0) s[3 * warp] = c, s[3 * warp + 1] = m, s[3 * warp + 2] = q;
+  row_group_sync(named);
+  c = s[0], m = s[1], q = s[2];
+  for (int k = 1; k < nwarps; k++) norm_chan_merge(c, m, q, s[3 * k], s[3 * k + 1], s[3 * k + 2]);
+  return make_float2(m, q);
+}
+
 /* The per-row work of forward v2 / v3 once the thread's NV vectors of x (and of the
  * residual) are in registers: residual add and store, the statistics, out. Both
  * kernels call it with the same thread-to-vector map (vector x + i * TPR), so they
@@ -612,23 +710,24 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
   }
   /* Out-of-range vectors are 0, so they add nothing to the sums. */
   float mu = 0.0f, rs;
-  if (LAYER) {
-    mu = row_group_sum(s, scr) / (float)n;
-    float v = 0.0f;
+  if (LAYER && p.ln_onepass) {
+    /* the thread's own mean and squared deviations (exact two passes over its
+     * registers), then one merged reduction instead of two */
+    float c = 0.0f;
 #pragma unroll
-    for (int i = 0; i < NV; i++) {
-      const int base = ((int)threadIdx.x + i * TPR) * V;
-      float hv[V];
-      opaque(xr[i]);
-      unpack<T>(hv, xr[i]);
-      if (base < n) {
-#pragma unroll
-        for (int j = 0; j < V; j++) v += (hv[j] - mu) * (hv[j] - mu);
-      }
-    }
-    rs = rsqrtf(row_group_sum(v, scr) / (float)n + p.eps);
+    for (int i = 0; i < NV; i++)
+      if (((int)threadIdx.x + i * TPR) * V < n) c += (float)V;
+    const float m = c > 0.0f ? s / c : 0.0f;
+    const float q = norm_sq_dev<T, NV, TPR>(xr, m, n);
+    const float2 mq = norm_row_meanvar(c, m, q, scr, p.named_bar);
+    mu = mq.x;
+    rs = rsqrtf(mq.y / (float)n + p.eps);
+  } else if (LAYER) {
+    mu = row_group_sum(s, scr, p.named_bar) / (float)n;
+    const float v = norm_sq_dev<T, NV, TPR>(xr, mu, n);
+    rs = rsqrtf(row_group_sum(v, scr, p.named_bar) / (float)n + p.eps);
   } else {
-    rs = rsqrtf(row_group_sum(s, scr) / (float)n + p.eps);
+    rs = rsqrtf(row_group_sum(s, scr, p.named_bar) / (float)n + p.eps);
   }
   if (!valid) return;
   if (!p.out) { /* statistics only (the backward's recompute: the same bits as here) */
@@ -653,7 +752,8 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
     if (w) load_vec(wv, w + base);
     if (b) load_vec(bv, b + base);
     norm_fwd_out<LAYER, V>(hv, wv, bv, w != nullptr, b != nullptr, rs, nmr, o);
-    store_vec(out + base, o);
+    if (p.out_cs) store_vec_cs(out + base, o);
+    else store_vec(out + base, o);
   }
   if (threadIdx.x == 0) {
     if (p.rstd) p.rstd[r] = rs;
@@ -681,6 +781,10 @@ __global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(nor
   const int64_t r = valid ? row : 0;
   const T *x = static_cast<const T *>(p.x) + r * p.x_stride;
   const T *res = RES ? static_cast<const T *>(p.residual) + r * p.residual_stride : nullptr;
+  /* launched as a programmatic dependent (OT_NORM_PDL=1): nothing is read or written
+   * before the previous grid has completed; the next launch may be scheduled at once */
+  norm_grid_wait();
+  norm_grid_launch_dependents();
 
   raw16 xr[NV], rr[NV];
 #pragma unroll
@@ -843,6 +947,7 @@ __device__ __forceinline__ void norm_store_partials(float *dst, const float *v) 
  * NV = 1 (4096 bf16, 512 threads) D = 6 keeps 5 rows (80 KB) in flight per SM. */
 template <typename T, bool LAYER, int NV, int D>
 __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) {
+  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL=1) */
   constexpr int V = vec_width<T>::value;
   __shared__ float2 scratch[32];
   float *scr = reinterpret_cast<float *>(scratch);
@@ -1010,6 +1115,7 @@ __device__ __forceinline__ void norm_stats_of(const norm_bwd_params &p, int64_t 
  * per block. */
 template <typename T, bool LAYER, int NV>
 __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int S) {
+  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL=1) */
   constexpr int V = vec_width<T>::value;
   extern __shared__ uint4 ring[];
   __shared__ float2 scratch[32];
@@ -1153,6 +1259,7 @@ __device__ __forceinline__ void norm_bwd_slot_vec(const uint4 *hs, const uint4 *
  * a342519; removed.) */
 template <typename T, bool LAYER, int NV>
 __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, int S) {
+  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL=1) */
 #ifdef OT_BULK_COPY_DEVICE
   constexpr int V = vec_width<T>::value;
   extern __shared__ __align__(128) uint4 tma_smem[];
@@ -1281,35 +1388,104 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
   return L;
 }
 
-/* Tuning knobs read from the environment at each call (benchmarking only; unset in
- * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels) | v2 (register rows, one
- * block per row or two; default) | v3 (persistent, cp.async ring), OT_NORM_FWD_MAXNV=16
- * (up to 16 vectors per thread in forward v2, default 8), OT_NORM_FWD_STAGES=S (v3 ring
- * depth, default: automatic), OT_NORM_BWD_IMPL=old | v2 | v3 (RMSNorm's default) | tma
- * (LayerNorm only, its default), OT_NORM_BWD_NV=1 (v2 with one vector per thread, D =
- * 6), OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread), OT_NORM_BWD_STAGES=S (v3 ring
- * depth; 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring depth; 0 = automatic). */
+/* One call's launch context: the context's device facts (sm count, shared memory,
+ * compute capability: read once by ot_cuda_context_init) and the tuning knobs, read from
+ * the environment once per call (benchmarking and tests switch them at run time; unset in
+ * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels) | v2 (register rows, one block
+ * per row or two; default) | v3 (persistent, cp.async ring), OT_NORM_FWD_MAXNV=16 (up to
+ * 16 vectors per thread in forward v2, default 8), OT_NORM_FWD_STAGES=S (v3 ring depth,
+ * default: automatic), OT_NORM_FWD_BPS=B (forward v2: at most B blocks per SM, by a
+ * dynamic shared-memory reservation; default: no cap), OT_NORM_FWD_CS=1 (forward v2 / v3:
+ * out stored with the evict-first hint), OT_NORM_FWD_BAR=1 (forward v2 / v3: each row group
+ * reduces with its own named barrier, not __syncthreads), OT_NORM_LN_ONEPASS=1 (forward v2
+ * / v3 LayerNorm: mean and variance in one reduction, Chan's merge of per-thread
+ * statistics, instead of two), OT_NORM_PDL=1 (forward v2 and the partials' sum
+ * launched as programmatic dependents, sm_90; not with OT_NORM_FWD_BPS), OT_NORM_BWD_IMPL=old | v2 | v3 (RMSNorm's
+ * default) | tma (LayerNorm only, its default), OT_NORM_BWD_NV=1 (v2 with one vector per
+ * thread, D = 6), OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread), OT_NORM_BWD_STAGES=S
+ * (v3 ring depth; 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring depth; 0 =
+ * automatic), OT_NORM_REDUCE_UNROLL=4 (the partials' sum unrolled by 4, default 16). */
+enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
+struct norm_cfg {
+  const ot_cuda_state *cs;
+  int fwd_impl;       /* kNormImplDefault (v2), Old or V3 */
+  int fwd_maxnv;      /* 8 or 16 */
+  int fwd_stages;     /* v3 ring depth, 0 automatic */
+  int fwd_bps;        /* forward v2 blocks per SM cap, 0 none */
+  bool fwd_cs;
+  bool fwd_bar;       /* OT_NORM_FWD_BAR=1: named barriers per row group */
+  bool ln_onepass;    /* OT_NORM_LN_ONEPASS=1 */
+  bool pdl;
+  int bwd_impl;       /* kNormImpl*: Default, Old, V2, Tma; any other value V3 */
+  int bwd_nv;         /* OT_NORM_BWD_NV, 0 unset */
+  int bwd_v3nv;       /* -1 unset */
+  int bwd_stages;     /* -1 unset */
+  int bwd_tma_stages; /* 0 automatic */
+  int reduce_unroll;  /* 16 or 4 */
+};
 static inline int norm_env_int(const char *name, int dflt) {
   const char *s = getenv(name);
   return s && *s ? atoi(s) : dflt;
 }
-static inline bool norm_env_is(const char *name, const char *val) {
-  const char *s = getenv(name);
-  return s && strcmp(s, val) == 0;
+static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
+  norm_cfg c;
+  c.cs = cs;
+  const char *f = getenv("OT_NORM_FWD_IMPL");
+  c.fwd_impl = !f ? kNormImplDefault
+               : strcmp(f, "old") == 0 ? kNormImplOld
+               : strcmp(f, "v3") == 0 ? kNormImplV3 : kNormImplDefault;
+  c.fwd_maxnv = norm_env_int("OT_NORM_FWD_MAXNV", 8) == 16 ? 16 : 8;
+  c.fwd_stages = norm_env_int("OT_NORM_FWD_STAGES", 0);
+  c.fwd_bps = norm_env_int("OT_NORM_FWD_BPS", 0);
+  c.fwd_cs = norm_env_int("OT_NORM_FWD_CS", 0) == 1;
+  c.fwd_bar = norm_env_int("OT_NORM_FWD_BAR", 0) == 1;
+  c.ln_onepass = norm_env_int("OT_NORM_LN_ONEPASS", 0) == 1;
+  c.pdl = norm_env_int("OT_NORM_PDL", 0) == 1;
+  const char *b = getenv("OT_NORM_BWD_IMPL");
+  c.bwd_impl = !b || !*b ? kNormImplDefault
+               : strcmp(b, "old") == 0 ? kNormImplOld
+               : strcmp(b, "v2") == 0 ? kNormImplV2
+               : strcmp(b, "tma") == 0 ? kNormImplTma : kNormImplV3;
+  c.bwd_nv = norm_env_int("OT_NORM_BWD_NV", 0);
+  c.bwd_v3nv = norm_env_int("OT_NORM_BWD_V3NV", -1);
+  c.bwd_stages = norm_env_int("OT_NORM_BWD_STAGES", -1);
+  c.bwd_tma_stages = norm_env_int("OT_NORM_BWD_TMA_STAGES", 0);
+  c.reduce_unroll = norm_env_int("OT_NORM_REDUCE_UNROLL", 16) == 4 ? 4 : 16;
+  return c;
+}
+
+/* Whether the norm kernels may be launched as programmatic dependents on cs's device
+ * (pdl.cuh's rule; all norm kernels are compiled alike, so one answer per device). */
+static inline bool norm_pdl_ok(const ot_cuda_state *cs, const void *probe) {
+  static std::atomic<int> cached[16] = {}; /* "= {}": constant-initialized, as in pdl.cuh */
+  return ot_pdl_ok(cs, probe, cached);
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the
+ * previous kernel on the stream (pdl.cuh) when c.pdl, no dynamic shared memory is asked
+ * for, and the device runs the kernels' sm_90 code. */
+template <typename... P, typename... A>
+static inline cudaError_t norm_launch_ex(const norm_cfg &c, void (*kernel)(P...), dim3 grid,
+                                         dim3 block, size_t smem, cudaStream_t stream,
+                                         A... args) {
+  if (c.pdl && smem == 0 && norm_pdl_ok(c.cs, reinterpret_cast<const void *>(kernel)))
+    return ot_launch_pdl(true, kernel, grid, block, stream, args...);
+  kernel<<<grid, block, smem, stream>>>(args...);
+  return cudaGetLastError();
 }
 
 /* Forward v2 shape (aligned rows only): the narrowest row group (32, 64, 128, 256
  * threads) whose threads hold the row in NV <= budget vectors each; budget 32 vectors
  * of x (16 with the residual, whose vectors are held too). nv = 0: not covered. */
-static inline norm_launch norm_pick_fwd_v2(int64_t cols, int vec) {
+static inline norm_launch norm_pick_fwd_v2(const norm_cfg &c, int64_t cols, int vec) {
   norm_launch L = {0, 32, 1};
-  if (norm_env_is("OT_NORM_FWD_IMPL", "old")) return L;
+  if (c.fwd_impl == kNormImplOld) return L;
   /* The budget is the same with and without the residual, so the fused forward and
    * the unfused one over residual_out reduce in the same order (same bits). */
   /* Measured (H200, 16k rows bf16, f607cff): budget 8 beats 16 everywhere, most for
    * LayerNorm (4096: 3.60 vs 2.95 TB/s; 8192: 3.81 vs 3.08): the smaller register
    * footprint gives more warps per SM to cover the reductions' latency. */
-  const int budget = norm_env_int("OT_NORM_FWD_MAXNV", 8) == 16 ? 16 : 8;
+  const int budget = c.fwd_maxnv;
   const int64_t nvec = cols / vec;
   for (int tpr = 32; tpr <= 256; tpr *= 2) {
     const int64_t need = (nvec + tpr - 1) / tpr;
@@ -1326,72 +1502,56 @@ static inline norm_launch norm_pick_fwd_v2(int64_t cols, int vec) {
   return L;
 }
 
+/* The forward v2 instance of shape L (nv, threads), or NULL. */
+template <typename T, bool LAYER, bool RES>
+static inline void (*norm_fwd_v2_pick(const norm_launch &L))(norm_fwd_params) {
+  if (L.threads <= 32) {
+    switch (L.nv) {
+      case 1: return norm_fwd_v2_kernel<T, LAYER, 1, RES, 32>;
+      case 2: return norm_fwd_v2_kernel<T, LAYER, 2, RES, 32>;
+      case 4: return norm_fwd_v2_kernel<T, LAYER, 4, RES, 32>;
+      case 8: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 32>;
+      case 16: return norm_fwd_v2_kernel<T, LAYER, 16, RES, 32>;
+      default: return nullptr;
+    }
+  }
+  /* wider groups only when a warp's budget is not enough: NV is then the budget */
+  if (L.nv != 8 && L.nv != 16) return nullptr;
+  const bool n16 = L.nv == 16;
+  switch (L.threads) {
+    case 64: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 64> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 64>;
+    case 128: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 128> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 128>;
+    default: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 256> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 256>;
+  }
+}
+
+static inline int norm_raise_smem_limit(const ot_cuda_state *cs, const void *kernel);
+
+/* Forward v2: one block per row group(s), as many blocks as rows / rows per block; with
+ * c.fwd_bps = B > 0, a dynamic shared-memory reservation of ~1/B of the SM's shared memory
+ * per block holds the SM to at most B blocks (fewer rows in flight per SM, so each block
+ * lives shorter and the last wave drains sooner; no reservation when it cannot be set). */
 template <typename T, bool LAYER>
-cudaError_t norm_fwd_v2_launch(const norm_fwd_params &p, const norm_launch &L,
+cudaError_t norm_fwd_v2_launch(const norm_cfg &c, const norm_fwd_params &p, const norm_launch &L,
                                cudaStream_t stream) {
   const dim3 block(L.threads, L.rows);
   const int64_t blocks = (p.rows + L.rows - 1) / L.rows;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  const dim3 grid((unsigned)blocks);
-#define OT_NORM_FWD2(NV, RES, TPR) norm_fwd_v2_kernel<T, LAYER, NV, RES, TPR><<<grid, block, 0, stream>>>(p)
-  const bool res = p.residual != nullptr;
-  if (L.threads <= 32) {
-    switch (L.nv) {
-      case 1: res ? OT_NORM_FWD2(1, true, 32) : OT_NORM_FWD2(1, false, 32); break;
-      case 2: res ? OT_NORM_FWD2(2, true, 32) : OT_NORM_FWD2(2, false, 32); break;
-      case 4: res ? OT_NORM_FWD2(4, true, 32) : OT_NORM_FWD2(4, false, 32); break;
-      case 8: res ? OT_NORM_FWD2(8, true, 32) : OT_NORM_FWD2(8, false, 32); break;
-      case 16: res ? OT_NORM_FWD2(16, true, 32) : OT_NORM_FWD2(16, false, 32); break;
-      default: return cudaErrorInvalidConfiguration;
-    }
-  } else {
-    /* wider groups only when a warp's budget is not enough: NV is then the budget */
-    if (L.nv != 8 && L.nv != 16) return cudaErrorInvalidConfiguration;
-    const bool n16 = L.nv == 16;
-#define OT_NORM_FWD2_W(TPR)                                                              \
-  (n16 ? (res ? OT_NORM_FWD2(16, true, TPR) : OT_NORM_FWD2(16, false, TPR))              \
-       : (res ? OT_NORM_FWD2(8, true, TPR) : OT_NORM_FWD2(8, false, TPR)))
-    switch (L.threads) {
-      case 64: OT_NORM_FWD2_W(64); break;
-      case 128: OT_NORM_FWD2_W(128); break;
-      default: OT_NORM_FWD2_W(256); break;
-    }
-#undef OT_NORM_FWD2_W
-  }
-#undef OT_NORM_FWD2
-  return cudaGetLastError();
-}
-
-/* Shared memory of the current device (cached per device, first 16 devices): per SM,
- * and the most one block may opt in to. */
-static inline void norm_smem_limits(int *per_sm, int *optin) {
-  /* Several host threads may fill an entry at once: c_opt is stored before c_sm (> 0 once
-   * known) publishes the pair, and read after it. "= {}": constant-initialized (GCC
-   * otherwise guards an array of atomics' initialization, a check on every call). */
-  static std::atomic<int> c_sm[16] = {}, c_opt[16] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
-  if (dev >= 0 && dev < 16) {
-    const int sm = c_sm[dev].load(std::memory_order_acquire);
-    if (sm > 0) {
-      *per_sm = sm;
-      *optin = c_opt[dev].load(std::memory_order_relaxed);
-      return;
+  void (*kernel)(norm_fwd_params) = p.residual ? norm_fwd_v2_pick<T, LAYER, true>(L)
+                                               : norm_fwd_v2_pick<T, LAYER, false>(L);
+  if (!kernel) return cudaErrorInvalidConfiguration;
+  size_t smem = 0;
+  if (c.fwd_bps > 0) {
+    /* blocks per SM by shared memory: floor(per_sm / (static + dynamic + 1 KB reserved)) */
+    const int limit = norm_raise_smem_limit(c.cs, reinterpret_cast<const void *>(kernel));
+    const size_t stat = limit > 0 ? c.cs->smem_optin - (size_t)limit : 0;
+    const size_t per_block = c.cs->smem_per_sm / (size_t)c.fwd_bps - 256;
+    if (limit > 0 && per_block > stat + 1024) {
+      smem = per_block - stat - 1024;
+      if (smem > (size_t)limit) smem = (size_t)limit;
     }
   }
-  int a = 0, b = 0;
-  if (cudaDeviceGetAttribute(&a, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev < 0 ? 0 : dev) !=
-          cudaSuccess || a <= 0)
-    a = 100 * 1024;
-  if (cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev < 0 ? 0 : dev) !=
-          cudaSuccess || b <= 0)
-    b = 48 * 1024;
-  if (dev >= 0 && dev < 16) {
-    c_opt[dev].store(b, std::memory_order_relaxed);
-    c_sm[dev].store(a, std::memory_order_release);
-  }
-  *per_sm = a;
-  *optin = b;
+  return norm_launch_ex(c, kernel, dim3((unsigned)blocks), block, smem, stream, p);
 }
 
 /* Raise a kernel's dynamic shared memory limit to what `optin` leaves beside its static
@@ -1399,13 +1559,12 @@ static inline void norm_smem_limits(int *per_sm, int *optin) {
  * so a second GPU needs its own call. A small table of the pairs done, under a lock
  * (contexts on several threads may launch norms at once). Returns that limit in bytes, 0
  * on failure. */
-static inline int norm_raise_smem_limit(const void *kernel, int optin) {
+static inline int norm_raise_smem_limit(const ot_cuda_state *cs, const void *kernel) {
   static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   static const void *done[128];
   static int done_dev[128], limit[128];
   static int ndone;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  const int dev = cs->device, optin = (int)cs->smem_optin;
   int known = 0;
   pthread_mutex_lock(&mu);
   for (int i = 0; i < ndone; i++)
@@ -1438,12 +1597,14 @@ static inline int norm_raise_smem_limit(const void *kernel, int optin) {
   return dyn;
 }
 
-/* Launch geometry of a v3 (ring) kernel: S stages of stage_bytes each, as many blocks
- * per SM as registers and shared memory allow. Without S from the environment, S fills
- * the shared memory that the blocks which registers allow per SM leave each (1 KB per
- * block is the driver's), clamped to [2, 8]: more stages in flight or more blocks, the
- * same bytes per SM. ok = false: the ring does not fit (the caller takes v2). The
- * kernel's dynamic shared memory limit is raised to the device's opt-in maximum. */
+/* Launch geometry of a ring kernel (v3, tma): S stages of stage_bytes each of dynamic
+ * shared memory per block, as many blocks per SM as registers and shared memory allow.
+ * S = env_stages when in [2, smax]; else S fills the shared memory that the blocks which
+ * registers allow per SM leave each (1 KB per block is the driver's), clamped to [2,
+ * smax]: more stages in flight or more blocks, the same bytes per SM. The kernel's
+ * dynamic shared memory limit is raised to the device's opt-in maximum first. ok =
+ * false: the ring does not fit or an occupancy query failed (the caller takes another
+ * kernel). Grid: blocks per SM x SMs, at most one block per row. */
 struct norm_ring {
   bool ok;
   int stages;
@@ -1451,34 +1612,36 @@ struct norm_ring {
   int64_t grid;
 };
 template <typename K>
-static inline norm_ring norm_ring_config(K kernel, int threads, size_t stage_bytes, int64_t rows,
-                                         int env_stages) {
+static inline norm_ring norm_ring_config(const ot_cuda_state *cs, K kernel, int threads,
+                                         size_t stage_bytes, int64_t rows, int env_stages,
+                                         int smax) {
   norm_ring R = {false, 0, 0, 0};
-  int per_sm_smem = 0, optin = 0;
-  norm_smem_limits(&per_sm_smem, &optin);
-  optin = norm_raise_smem_limit(reinterpret_cast<const void *>(kernel), optin);
-  if (stage_bytes * 2 > (size_t)optin) return R;
+  const int limit = norm_raise_smem_limit(cs, reinterpret_cast<const void *>(kernel));
+  if (limit <= 0 || stage_bytes * 2 > (size_t)limit) return R;
   int S = env_stages;
-  if (S < 2 || S > 8) {
+  if (S < 2 || S > smax) {
     int b0 = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b0, kernel, threads, 0) != cudaSuccess ||
-        b0 < 1)
+        b0 < 1) {
+      (void)cudaGetLastError();
       return R;
-    size_t per_block = (size_t)per_sm_smem / (size_t)b0;
+    }
+    size_t per_block = cs->smem_per_sm / (size_t)b0;
     per_block = per_block > 1024 ? per_block - 1024 : 0;
-    if (per_block > (size_t)optin) per_block = (size_t)optin;
     S = (int)(per_block / stage_bytes);
-    S = S < 2 ? 2 : (S > 8 ? 8 : S);
+    S = S < 2 ? 2 : (S > smax ? smax : S);
   }
-  while (S > 2 && (size_t)S * stage_bytes > (size_t)optin) S--;
+  while (S > 2 && (size_t)S * stage_bytes > (size_t)limit) S--;
   R.stages = S;
   R.smem = (size_t)S * stage_bytes;
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, R.smem) !=
           cudaSuccess ||
-      per_sm < 1)
+      per_sm < 1) {
+    (void)cudaGetLastError();
     return R;
-  const int64_t g = (int64_t)per_sm * ot_cuda_sm_count();
+  }
+  const int64_t g = (int64_t)per_sm * cs->sm_count;
   R.grid = g < rows ? g : rows;
   R.ok = R.grid > 0;
   return R;
@@ -1497,15 +1660,13 @@ static inline bool norm_tma_rows_ok(int64_t cols, size_t elem) {
 /* Once per device whether the bulk-copy kernels run their sm_90 code (probe: one of them;
  * all are compiled the same). */
 template <typename K>
-static inline bool norm_tma_device_ok(K probe) {
+static inline bool norm_tma_device_ok(const ot_cuda_state *cs, K probe) {
   /* 1 yes, -1 no, 0 not probed yet; several host threads may probe at once (each writes
-   * the same answer: relaxed atomics, no lock). */
-  static std::atomic<int> cached[16] = {}; /* "= {}": as in norm_smem_limits */
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
+   * the same answer: relaxed atomics, no lock). "= {}": constant-initialized (GCC
+   * otherwise guards an array of atomics' initialization, a check on every call). */
+  static std::atomic<int> cached[16] = {};
+  if (cs->cc_major < 9) return false;
+  const int dev = cs->device;
   if (dev >= 0 && dev < 16) {
     const int c = cached[dev].load(std::memory_order_relaxed);
     if (c) return c > 0;
@@ -1518,13 +1679,12 @@ static inline bool norm_tma_device_ok(K probe) {
 /* Forward v3 on v2's shape L (one row per block here). Returns cudaErrorNotSupported
  * when the ring does not fit, for the caller to take v2. */
 template <typename T, bool LAYER>
-cudaError_t norm_fwd_v3_launch(const norm_fwd_params &p, const norm_launch &L,
+cudaError_t norm_fwd_v3_launch(const norm_cfg &c, const norm_fwd_params &p, const norm_launch &L,
                                cudaStream_t stream) {
   const bool res = p.residual != nullptr;
   const size_t stage = (size_t)(res ? 2 : 1) * L.nv * L.threads * 16;
-  const int env_s = norm_env_int("OT_NORM_FWD_STAGES", 0);
   auto go = [&](auto kernel) -> cudaError_t {
-    const norm_ring R = norm_ring_config(kernel, L.threads, stage, p.rows, env_s);
+    const norm_ring R = norm_ring_config(c.cs, kernel, L.threads, stage, p.rows, c.fwd_stages, 8);
     if (!R.ok) return cudaErrorNotSupported;
     kernel<<<(unsigned)R.grid, L.threads, R.smem, stream>>>(p, R.stages);
     return cudaGetLastError();
@@ -1559,17 +1719,17 @@ cudaError_t norm_fwd_v3_launch(const norm_fwd_params &p, const norm_launch &L,
  * shared-memory round trip per vector and a persistent block loses v2's many short
  * blocks in flight per SM; v3 stays opt-in. */
 template <typename T, bool LAYER>
-cudaError_t norm_fwd_fast_launch(const norm_fwd_params &p, const norm_launch &L,
+cudaError_t norm_fwd_fast_launch(const norm_cfg &c, const norm_fwd_params &p, const norm_launch &L,
                                  cudaStream_t stream) {
-  if (norm_env_is("OT_NORM_FWD_IMPL", "v3")) {
-    const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(p, L, stream);
+  if (c.fwd_impl == kNormImplV3) {
+    const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(c, p, L, stream);
     if (e != cudaErrorNotSupported) return e;
   }
-  return norm_fwd_v2_launch<T, LAYER>(p, L, stream);
+  return norm_fwd_v2_launch<T, LAYER>(c, p, L, stream);
 }
 
 template <typename T, bool LAYER>
-cudaError_t norm_forward_launch(const norm_fwd_params &p, cudaStream_t stream) {
+cudaError_t norm_forward_launch(const norm_cfg &c, const norm_fwd_params &p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
   constexpr int V = vec_width<T>::value;
   const bool aligned = p.cols % V == 0 && ot_rows_aligned16(p.x, p.x_stride, sizeof(T), p.rows) &&
@@ -1580,8 +1740,8 @@ cudaError_t norm_forward_launch(const norm_fwd_params &p, cudaStream_t stream) {
                        ot_rows_aligned16(p.weight, 0, sizeof(T), 1) &&
                        ot_rows_aligned16(LAYER ? p.bias : nullptr, 0, sizeof(T), 1);
   if (aligned) {
-    const norm_launch L2 = norm_pick_fwd_v2(p.cols, V);
-    if (L2.nv) return norm_fwd_fast_launch<T, LAYER>(p, L2, stream);
+    const norm_launch L2 = norm_pick_fwd_v2(c, p.cols, V);
+    if (L2.nv) return norm_fwd_fast_launch<T, LAYER>(c, p, L2, stream);
   }
   const norm_launch L =
       norm_pick_launch(p.cols, V, (p.cols + V - 1) / V > 512 ? 512 : 256, 8);
@@ -1608,13 +1768,14 @@ cudaError_t norm_forward_launch(const norm_fwd_params &p, cudaStream_t stream) {
 /* Persistent grid: as many blocks as fit on the device at once (at most one per row
  * group's worth of rows). */
 template <typename K>
-static inline int64_t norm_bwd_grid(K kernel, const norm_launch &L, int64_t rows) {
+static inline int64_t norm_bwd_grid(const ot_cuda_state *cs, K kernel, const norm_launch &L,
+                                    int64_t rows) {
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, L.threads * L.rows, 0) !=
           cudaSuccess ||
       per_sm < 1)
     per_sm = 1;
-  int64_t g = (int64_t)per_sm * ot_cuda_sm_count();
+  int64_t g = (int64_t)per_sm * cs->sm_count;
   const int64_t need = (rows + L.rows - 1) / L.rows;
   return g < need ? g : (need > 0 ? need : 1);
 }
@@ -1622,20 +1783,22 @@ static inline int64_t norm_bwd_grid(K kernel, const norm_launch &L, int64_t rows
 /* dw / db: [cols] outputs of storage T or NULL. The workspace is allocated and freed
  * stream-ordered on `stream`. */
 template <typename T, bool LAYER>
-cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStream_t stream);
+cudaError_t norm_backward_launch_impl(const norm_cfg &c, norm_bwd_params p, T *dw, T *db,
+                                      cudaStream_t stream);
 
 /* The backward entry. Without saved statistics, and where the forward takes v2, the
  * statistics are first computed by the forward v2 kernel itself (statistics-only
  * mode, one extra read of h), so that the backward that recomputes them gives the same
  * bits as the one that is given the forward's. */
 template <typename T, bool LAYER>
-cudaError_t norm_backward_launch(norm_bwd_params p, T *dw, T *db, cudaStream_t stream) {
+cudaError_t norm_backward_launch(const norm_cfg &c, norm_bwd_params p, T *dw, T *db,
+                                 cudaStream_t stream) {
   if (p.cols == 0) return cudaSuccess;
   constexpr int V = vec_width<T>::value;
   float *stats = nullptr;
   if (!p.rstd && p.rows > 0 && p.cols % V == 0 &&
       ot_rows_aligned16(p.h, p.h_stride, sizeof(T), p.rows)) {
-    const norm_launch L = norm_pick_fwd_v2(p.cols, V);
+    const norm_launch L = norm_pick_fwd_v2(c, p.cols, V);
     if (L.nv) {
       cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&stats),
                                       (size_t)p.rows * 2 * sizeof(float), stream);
@@ -1649,7 +1812,9 @@ cudaError_t norm_backward_launch(norm_bwd_params p, T *dw, T *db, cudaStream_t s
       f.mean = LAYER ? stats : nullptr;
       f.rstd = stats + p.rows;
       f.eps = p.eps;
-      e = norm_fwd_fast_launch<T, LAYER>(f, L, stream);
+      f.named_bar = c.fwd_bar;
+      f.ln_onepass = LAYER && c.ln_onepass; /* the forward's statistics, the same bits */
+      e = norm_fwd_fast_launch<T, LAYER>(c, f, L, stream);
       if (e != cudaSuccess) {
         (void)cudaFreeAsync(stats, stream);
         return e;
@@ -1658,7 +1823,7 @@ cudaError_t norm_backward_launch(norm_bwd_params p, T *dw, T *db, cudaStream_t s
       p.mean = LAYER ? stats : nullptr;
     }
   }
-  cudaError_t e = norm_backward_launch_impl<T, LAYER>(p, dw, db, stream);
+  cudaError_t e = norm_backward_launch_impl<T, LAYER>(c, p, dw, db, stream);
   if (stats) {
     cudaError_t f = cudaFreeAsync(stats, stream);
     if (e == cudaSuccess) e = f;
@@ -1666,11 +1831,24 @@ cudaError_t norm_backward_launch(norm_bwd_params p, T *dw, T *db, cudaStream_t s
   return e;
 }
 
+/* dw / db (either may be NULL) = the sums over parts of the [parts, cols] partials. */
+template <typename T>
+cudaError_t norm_reduce_partials_launch(const norm_cfg &c, const float *dw_part,
+                                        const float *db_part, int64_t parts, int64_t cols, T *dw,
+                                        T *db, cudaStream_t stream) {
+  const dim3 rg((unsigned)((cols + 31) / 32)), rb(32, 32);
+  return c.reduce_unroll == 4
+             ? norm_launch_ex(c, norm_reduce_partials_kernel<T, 4>, rg, rb, 0, stream, dw_part,
+                              db_part, parts, cols, dw, db)
+             : norm_launch_ex(c, norm_reduce_partials_kernel<T, 16>, rg, rb, 0, stream, dw_part,
+                              db_part, parts, cols, dw, db);
+}
+
 /* Run `launch(q)` with q = p plus [parts, cols] fp32 dweight / dbias partial workspaces
  * (stream-ordered allocation), then sum the partials into dw / db. */
 template <typename T, bool LAYER, typename F>
-cudaError_t norm_bwd_with_partials(norm_bwd_params p, T *dw, T *db, int64_t parts,
-                                   cudaStream_t stream, F launch) {
+cudaError_t norm_bwd_with_partials(const norm_cfg &c, norm_bwd_params p, T *dw, T *db,
+                                   int64_t parts, cudaStream_t stream, F launch) {
   const bool want_dw = dw != nullptr, want_db = LAYER && db != nullptr;
   float *ws = nullptr;
   if (want_dw || want_db) {
@@ -1681,12 +1859,9 @@ cudaError_t norm_bwd_with_partials(norm_bwd_params p, T *dw, T *db, int64_t part
   p.dw_part = want_dw ? ws : nullptr;
   p.db_part = want_db ? ws + (want_dw ? parts * p.cols : 0) : nullptr;
   cudaError_t e = launch(p);
-  if (e == cudaSuccess && (want_dw || want_db)) {
-    const dim3 rg((unsigned)((p.cols + 31) / 32)), rb(32, 32);
-    norm_reduce_partials_kernel<T><<<rg, rb, 0, stream>>>(
-        p.dw_part, p.db_part, parts, p.cols, want_dw ? dw : nullptr, want_db ? db : nullptr);
-    e = cudaGetLastError();
-  }
+  if (e == cudaSuccess && (want_dw || want_db))
+    e = norm_reduce_partials_launch<T>(c, p.dw_part, p.db_part, parts, p.cols,
+                                       want_dw ? dw : nullptr, want_db ? db : nullptr, stream);
   if (ws) {
     cudaError_t f = cudaFreeAsync(ws, stream);
     if (e == cudaSuccess) e = f;
@@ -1699,49 +1874,27 @@ cudaError_t norm_bwd_with_partials(norm_bwd_params p, T *dw, T *db, int64_t part
  * S slots per block (OT_NORM_BWD_TMA_STAGES = 2..4; default: what the blocks that
  * registers allow per SM leave of shared memory, at most 4), as many blocks as fit per SM. */
 template <typename T, bool LAYER>
-cudaError_t norm_bwd_tma_launch(const norm_bwd_params &p, T *dw, T *db, cudaStream_t stream) {
+cudaError_t norm_bwd_tma_launch(const norm_cfg &c, const norm_bwd_params &p, T *dw, T *db,
+                                cudaStream_t stream) {
   constexpr int V = vec_width<T>::value, NV = 2;
   const auto kernel = norm_bwd_tma_kernel<T, LAYER, NV>;
-  if (!norm_tma_device_ok(kernel)) return cudaErrorNotSupported;
+  if (!norm_tma_device_ok(c.cs, kernel)) return cudaErrorNotSupported;
   const int64_t nvec = p.cols / V;
   if (nvec > 512 * NV) return cudaErrorNotSupported;
   const int threads = (int)(((nvec + NV - 1) / NV + 31) / 32 * 32);
   const size_t stage = (size_t)(p.dres ? 3 : 2) * (size_t)p.cols * sizeof(T);
-  int per_sm_smem = 0, optin = 0;
-  norm_smem_limits(&per_sm_smem, &optin);
-  const int dyn = norm_raise_smem_limit(reinterpret_cast<const void *>(kernel), optin);
-  if (dyn <= 0 || (size_t)dyn < 2 * stage) return cudaErrorNotSupported;
-  int S = norm_env_int("OT_NORM_BWD_TMA_STAGES", 0);
-  if (S < 2 || S > kNormTmaMaxStages) {
-    int b0 = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b0, kernel, threads, 0) != cudaSuccess ||
-        b0 < 1) {
-      (void)cudaGetLastError();
-      return cudaErrorNotSupported;
-    }
-    size_t per_block = (size_t)per_sm_smem / (size_t)b0;
-    per_block = per_block > 1024 ? per_block - 1024 : 0;
-    S = (int)(per_block / stage);
-    S = S < 2 ? 2 : (S > kNormTmaMaxStages ? kNormTmaMaxStages : S);
-  }
-  while (S > 2 && (size_t)S * stage > (size_t)dyn) S--;
-  const size_t smem = (size_t)S * stage;
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess ||
-      per_sm < 1) {
-    (void)cudaGetLastError();
-    return cudaErrorNotSupported;
-  }
-  int64_t grid = (int64_t)per_sm * ot_cuda_sm_count();
-  grid = grid < p.rows ? grid : p.rows;
-  return norm_bwd_with_partials<T, LAYER>(p, dw, db, grid, stream, [&](const norm_bwd_params &q) {
-    kernel<<<(unsigned)grid, threads, smem, stream>>>(q, S);
+  const norm_ring R =
+      norm_ring_config(c.cs, kernel, threads, stage, p.rows, c.bwd_tma_stages, kNormTmaMaxStages);
+  if (!R.ok) return cudaErrorNotSupported;
+  return norm_bwd_with_partials<T, LAYER>(c, p, dw, db, R.grid, stream, [&](const norm_bwd_params &q) {
+    kernel<<<(unsigned)R.grid, threads, R.smem, stream>>>(q, R.stages);
     return cudaGetLastError();
   });
 }
 
 template <typename T, bool LAYER>
-cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStream_t stream) {
+cudaError_t norm_backward_launch_impl(const norm_cfg &c, norm_bwd_params p, T *dw, T *db,
+                                      cudaStream_t stream) {
   if (p.cols == 0) return cudaSuccess;
   constexpr int V = vec_width<T>::value;
   const bool aligned = p.cols % V == 0 && ot_rows_aligned16(p.dy, p.dy_stride, sizeof(T), p.rows) &&
@@ -1767,25 +1920,24 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
    * / 3.26 against v3's 2.81 / 3.10). Not instantiated for RMSNorm (3.21 / 3.34 against
    * v3's 3.26 / 3.52: no gain where v3's partials already fit the registers; removed). */
   if constexpr (LAYER) {
-    const char *bwd_impl = getenv("OT_NORM_BWD_IMPL");
-    const bool bwd_tma = !bwd_impl || !*bwd_impl || strcmp(bwd_impl, "tma") == 0;
+    const bool bwd_tma = c.bwd_impl == kNormImplDefault || c.bwd_impl == kNormImplTma;
     if (aligned && p.rows > 0 && p.rstd && p.mean && norm_tma_rows_ok(p.cols, sizeof(T)) &&
         bwd_tma) {
-      const cudaError_t e = norm_bwd_tma_launch<T, LAYER>(p, dw, db, stream);
+      const cudaError_t e = norm_bwd_tma_launch<T, LAYER>(c, p, dw, db, stream);
       if (e != cudaErrorNotSupported) return e;
     }
   }
   if (aligned && p.rows > 0 && p.rstd && (!LAYER || p.mean) && nvec <= 2048 &&
-      !norm_env_is("OT_NORM_BWD_IMPL", "old") && !norm_env_is("OT_NORM_BWD_IMPL", "v2")) {
-    const int env_nv = norm_env_int("OT_NORM_BWD_V3NV", LAYER ? 4 : 2);
+      c.bwd_impl != kNormImplOld && c.bwd_impl != kNormImplV2) {
+    const int env_nv = c.bwd_v3nv >= 0 ? c.bwd_v3nv : (LAYER ? 4 : 2);
     const int nv = nvec > 1024 || env_nv == 4 ? 4 : 2;
     const int threads = (int)(((nvec + nv - 1) / nv + 31) / 32 * 32);
     const size_t stage = (size_t)(p.dres ? 3 : 2) * nv * threads * 16;
-    const int env_s = norm_env_int("OT_NORM_BWD_STAGES", LAYER ? 0 : 2);
+    const int env_s = c.bwd_stages >= 0 ? c.bwd_stages : (LAYER ? 0 : 2);
     auto go = [&](auto kernel) -> cudaError_t {
-      const norm_ring R = norm_ring_config(kernel, threads, stage, p.rows, env_s);
+      const norm_ring R = norm_ring_config(c.cs, kernel, threads, stage, p.rows, env_s, 8);
       if (!R.ok) return cudaErrorNotSupported;
-      return norm_bwd_with_partials<T, LAYER>(p, dw, db, R.grid, stream, [&](const norm_bwd_params &q) {
+      return norm_bwd_with_partials<T, LAYER>(c, p, dw, db, R.grid, stream, [&](const norm_bwd_params &q) {
         kernel<<<(unsigned)R.grid, threads, R.smem, stream>>>(q, R.stages);
         return cudaGetLastError();
       });
@@ -1794,17 +1946,17 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
     if (e != cudaErrorNotSupported) return e;
   }
   const int vmax = 1024;
-  if (aligned && p.rows > 0 && nvec <= vmax && !norm_env_is("OT_NORM_BWD_IMPL", "old")) {
+  if (aligned && p.rows > 0 && nvec <= vmax && c.bwd_impl != kNormImplOld) {
     /* LayerNorm's db partials leave the 16-bit NV = 2 kernel room for D = 2 only
      * within 128 registers (D = 3 spills) */
     constexpr int kD2 = (LAYER && sizeof(T) == 2) ? 2 : 3;
     int nv = 2;
-    if (norm_env_int("OT_NORM_BWD_NV", 0) == 1 && nvec <= 512) nv = 1;
+    if (c.bwd_nv == 1 && nvec <= 512) nv = 1;
     const int threads = (int)(((nvec + nv - 1) / nv + 31) / 32 * 32);
     const norm_launch L2 = {nv, threads, 1};
-    const int64_t grid2 = nv == 1 ? norm_bwd_grid(norm_bwd_v2_kernel<T, LAYER, 1, 6>, L2, p.rows)
-                                  : norm_bwd_grid(norm_bwd_v2_kernel<T, LAYER, 2, kD2>, L2, p.rows);
-    return norm_bwd_with_partials<T, LAYER>(p, dw, db, grid2, stream, [&](const norm_bwd_params &q) {
+    const int64_t grid2 = nv == 1 ? norm_bwd_grid(c.cs, norm_bwd_v2_kernel<T, LAYER, 1, 6>, L2, p.rows)
+                                  : norm_bwd_grid(c.cs, norm_bwd_v2_kernel<T, LAYER, 2, kD2>, L2, p.rows);
+    return norm_bwd_with_partials<T, LAYER>(c, p, dw, db, grid2, stream, [&](const norm_bwd_params &q) {
       if (nv == 1) norm_bwd_v2_kernel<T, LAYER, 1, 6><<<(unsigned)grid2, threads, 0, stream>>>(q);
       else norm_bwd_v2_kernel<T, LAYER, 2, kD2><<<(unsigned)grid2, threads, 0, stream>>>(q);
       return cudaGetLastError();
@@ -1816,16 +1968,16 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
 #define OT_NORM_BWD_KERNEL(NV, AL) norm_bwd_kernel<T, LAYER, NV, AL>
 #define OT_NORM_BWD_CASE(NV)                                                              \
   case NV:                                                                                \
-    grid = aligned ? norm_bwd_grid(OT_NORM_BWD_KERNEL(NV, true), L, p.rows)               \
-                   : norm_bwd_grid(OT_NORM_BWD_KERNEL(NV, false), L, p.rows);             \
+    grid = aligned ? norm_bwd_grid(c.cs, OT_NORM_BWD_KERNEL(NV, true), L, p.rows)         \
+                   : norm_bwd_grid(c.cs, OT_NORM_BWD_KERNEL(NV, false), L, p.rows);       \
     break;
   switch (L.nv) {
     OT_NORM_BWD_CASE(1)
     OT_NORM_BWD_CASE(2)
     OT_NORM_BWD_CASE(4)
     default:
-      grid = aligned ? norm_bwd_grid(norm_bwd_loop_kernel<T, LAYER, true>, L, p.rows)
-                     : norm_bwd_grid(norm_bwd_loop_kernel<T, LAYER, false>, L, p.rows);
+      grid = aligned ? norm_bwd_grid(c.cs, norm_bwd_loop_kernel<T, LAYER, true>, L, p.rows)
+                     : norm_bwd_grid(c.cs, norm_bwd_loop_kernel<T, LAYER, false>, L, p.rows);
   }
 #undef OT_NORM_BWD_CASE
   const bool want_dw = dw != nullptr, want_db = LAYER && db != nullptr;
@@ -1864,10 +2016,9 @@ cudaError_t norm_backward_launch_impl(norm_bwd_params p, T *dw, T *db, cudaStrea
   if (want_dw || want_db) {
     /* rows == 0: parts is 1 and no partials exist; reduce over zero parts (writes 0). */
     const int64_t nparts = p.rows > 0 ? parts : 0;
-    const dim3 rg((unsigned)((p.cols + 31) / 32)), rb(32, 32);
-    norm_reduce_partials_kernel<T><<<rg, rb, 0, stream>>>(
-        p.dw_part, p.db_part, nparts, p.cols, want_dw ? dw : nullptr, want_db ? db : nullptr);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = norm_reduce_partials_launch<T>(c, p.dw_part, p.db_part, nparts, p.cols,
+                                                   want_dw ? dw : nullptr, want_db ? db : nullptr,
+                                                   stream);
     if (ws) {
       cudaError_t f = cudaFreeAsync(ws, stream);
       if (e == cudaSuccess) e = f;

@@ -1,6 +1,7 @@
 /*
  * norm_dispatch.cuh -- the glue between the validated norm arguments (core/norm.h)
- * and the kernels of norm.cuh: dtype dispatch and CUDA error reporting. Included by
+ * and the kernels of norm.cuh: dtype dispatch, the call's launch context (the context's
+ * device facts and the tuning knobs, norm_cfg_of) and CUDA error reporting. Included by
  * rmsnorm.cu (LAYER = false) and layernorm.cu (LAYER = true).
  */
 #ifndef OT_CUDA_NORM_DISPATCH_CUH
@@ -37,12 +38,16 @@ ot_status norm_forward_cuda(const char *op, ot_context *ctx, const ot_norm_forwa
   p.mean = LAYER ? a->mean : nullptr;
   p.rstd = a->rstd;
   p.eps = a->eps;
+  const norm_cfg c = norm_cfg_of(ot_cuda_state_of(ctx));
+  p.out_cs = c.fwd_cs;
+  p.named_bar = c.fwd_bar;
+  p.ln_onepass = LAYER && c.ln_onepass;
   cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
   cudaError_t e;
   switch (a->dtype) {
-    case OT_F32: e = norm_forward_launch<float, LAYER>(p, s); break;
-    case OT_F16: e = norm_forward_launch<__half, LAYER>(p, s); break;
-    case OT_BF16: e = norm_forward_launch<__nv_bfloat16, LAYER>(p, s); break;
+    case OT_F32: e = norm_forward_launch<float, LAYER>(c, p, s); break;
+    case OT_F16: e = norm_forward_launch<__half, LAYER>(c, p, s); break;
+    case OT_BF16: e = norm_forward_launch<__nv_bfloat16, LAYER>(c, p, s); break;
     default: return ot_error(OT_ERR_INTERNAL, op, "unexpected storage dtype %d", (int)a->dtype);
   }
   return norm_cuda_status(op, e);
@@ -70,17 +75,18 @@ ot_status norm_backward_cuda(const char *op, ot_context *ctx, const ot_norm_back
   p.dw_part = nullptr;
   p.db_part = nullptr;
   void *db = LAYER ? a->dbias : nullptr;
+  const norm_cfg c = norm_cfg_of(ot_cuda_state_of(ctx));
   cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
   cudaError_t e;
   switch (a->dtype) {
     case OT_F32:
-      e = norm_backward_launch<float, LAYER>(p, (float *)a->dweight, (float *)db, s);
+      e = norm_backward_launch<float, LAYER>(c, p, (float *)a->dweight, (float *)db, s);
       break;
     case OT_F16:
-      e = norm_backward_launch<__half, LAYER>(p, (__half *)a->dweight, (__half *)db, s);
+      e = norm_backward_launch<__half, LAYER>(c, p, (__half *)a->dweight, (__half *)db, s);
       break;
     case OT_BF16:
-      e = norm_backward_launch<__nv_bfloat16, LAYER>(p, (__nv_bfloat16 *)a->dweight,
+      e = norm_backward_launch<__nv_bfloat16, LAYER>(c, p, (__nv_bfloat16 *)a->dweight,
                                                      (__nv_bfloat16 *)db, s);
       break;
     default: return ot_error(OT_ERR_INTERNAL, op, "unexpected storage dtype %d", (int)a->dtype);
