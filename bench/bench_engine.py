@@ -334,7 +334,24 @@ DECODE_VARIANTS = {
     "small_m_no_pdl": {"OT_LINEAR_PDL": "0"},   # the same kernels, launched without PDL
     "all_small_m": {"OT_LINEAR_GEMV": "1"},     # every M = 1 linear on the small-M kernel
     "all_cublaslt": {"OT_LINEAR_GEMV": "0"},    # every linear on cuBLASLt
+    # o_proj's weight prefetched into L2 during the attention (default mode 1 at batch <= 4)
+    "no_l2_prefetch": {"OTE_L2_PREFETCH": "0"},
+    "l2_prefetch_evict_last": {"OTE_L2_PREFETCH": "2"},
+    "l2_prefetch_bulk": {"OTE_L2_PREFETCH": "3"},
+    "all_small_m_no_l2_prefetch": {"OT_LINEAR_GEMV": "1", "OTE_L2_PREFETCH": "0"},
+    # the small-M kernel's grid before rows per warp (one row per warp, several waves)
+    "gemv_one_row_per_warp": {"OT_LINEAR_GEMV_BALANCE": "0"},
+    "all_small_m_one_row_per_warp": {"OT_LINEAR_GEMV": "1", "OT_LINEAR_GEMV_BALANCE": "0"},
+    "repeat": {},  # the default again, last: the run's drift
 }
+
+MARKS = []
+
+
+def mark(label):
+    """a wall-clock mark (unix seconds) to line up with the device script's nvidia-smi log"""
+    MARKS.append([label, round(time.time(), 3)])
+    print(f"[mark {MARKS[-1][1]:.3f}] {label}", flush=True)
 
 
 def decode_steps(eng, nxt, steps, warm):
@@ -348,6 +365,47 @@ def decode_steps(eng, nxt, steps, warm):
     return statistics.median(ts[warm:]), median_split(splits[warm:])
 
 
+def ttft_diagnostics(eng, prompt):
+    """Where a TTFT call's GPU time goes beyond the ops' own (the profile's sum): the
+    forward's GPU time (last_timing) with the GPU held by a spin kernel until the host has
+    enqueued it all (OTE_PREFILL_SPIN_NS), after 250 ms of idle GPU (clock / power state),
+    and the per-op profile with no spin (OTE_PROFILE_SPIN_NS=0: each op as the host
+    enqueues it, back to back like the TTFT calls) next to the usual one."""
+    d = {}
+
+    def gpu_ms(n, before=None):
+        g = []
+        for _ in range(n):
+            if before:
+                before()
+            eng.prefill([prompt], greedy=True)
+            g.append(eng.last_timing()["gpu"])
+        return round(statistics.median(g[1:]), 3), [round(x, 2) for x in g]
+
+    os.environ["OTE_PREFILL_SPIN_NS"] = "8000000"
+    try:
+        d["gpu_ms_prequeued"], d["gpu_ms_prequeued_all"] = gpu_ms(6)
+    finally:
+        del os.environ["OTE_PREFILL_SPIN_NS"]
+    d["gpu_ms_after_idle_250ms"], d["gpu_ms_after_idle_all"] = gpu_ms(
+        4, lambda: time.sleep(0.25))
+    d["gpu_ms_back_to_back"], d["gpu_ms_back_to_back_all"] = gpu_ms(6)
+    mark("ttft diag: gpu times done")
+    for spin in ("0", "8000000"):
+        os.environ["OTE_PROFILE_SPIN_NS"] = spin
+        try:
+            eng.set_profile(True)
+            for _ in range(5):
+                eng.prefill([prompt], greedy=True)
+            d[f"profile_spin_ns_{spin}"] = eng.profile_report()
+            eng.set_profile(False)
+        finally:
+            del os.environ["OTE_PROFILE_SPIN_NS"]
+    mark("ttft diag: profiles done")
+    print(f"TTFT diagnostics: {json.dumps(d)}", flush=True)
+    return d
+
+
 def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
     g = torch.Generator().manual_seed(1)
     out = {}
@@ -359,6 +417,9 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
     out["ttft_ms"] = statistics.median(ttft[1:])
     out["ttft_split_ms"] = median_split(splits[1:])
     print(f"TTFT {out['ttft_ms']:.2f} ms; split {out['ttft_split_ms']}", flush=True)
+    mark("ttft done")
+    if DEV == "cuda":
+        out["ttft_diag"] = ttft_diagnostics(eng, prompt)
     for B in batches:
         prompts = [torch.randint(0, s["vocab"], (prompt_len,), generator=g).tolist()
                    for _ in range(B)]
@@ -367,6 +428,7 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
         out[f"graph_b{B}"] = eng.cuda_graph
         print(f"decode b{B}: {out[f'decode_ms_b{B}']:.3f} ms/step; split "
               f"{out[f'decode_split_b{B}']}", flush=True)
+        mark(f"decode b{B} done")
         for i in range(B):
             eng.free(i)
     if DEV == "cuda" and 1 in batches:
@@ -394,6 +456,7 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
         eng.set_profile(False)
         eng.free(0)
         print(out["profile"], flush=True)
+        mark("variants + profile done")
     return out
 
 
@@ -491,7 +554,7 @@ def save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw):
            "ttft_ms": round(ours["ttft_ms"], 2),
            "peer_ttft_ms": {k: round(P / v * 1e3, 2) for k, v in peers.items()},
            "roofline_ms": round(roof_ms, 2), "memory_bytes": mem,
-           "ttft_split_ms": ours.get("ttft_split_ms"),
+           "ttft_split_ms": ours.get("ttft_split_ms"), "ttft_diag": ours.get("ttft_diag"),
            "profile_ms_per_forward": ours.get("profile")}
     doc["rows"].append(row)
     for B in args.batches:
@@ -552,6 +615,7 @@ def bench(args, doc, save):
             save()
 
         publish()
+        mark(f"{name}: HF start")
         if not args.no_hf:
             try:
                 hf = hf_times(model, s, P, args.batches, args.steps, 3,
@@ -560,6 +624,7 @@ def bench(args, doc, save):
             except torch.cuda.OutOfMemoryError as ex:
                 print(f"{name}: HF out of memory: {ex}")
             print(f"{name}: HF {hf}", flush=True)
+            mark(f"{name}: HF done")
         del model
         gc.collect()
         if DEV == "cuda":
@@ -624,7 +689,7 @@ def main():
            "timing": ("wall clock per call (each ends with the next tokens on the host), "
                       "TTFT median of 5 after 1 warm-up, decode median of "
                       f"{args.steps} steps after 3 warm-up steps"),
-           "rows": []}
+           "rows": [], "marks": MARKS}
 
     def save():
         if args.json:

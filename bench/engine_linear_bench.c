@@ -8,7 +8,9 @@
  * its weight in the 50 MB L2 the previous one left. Two timings per kernel: the linear
  * alone ("alone": back-to-back linears, where a PDL launch overlaps the previous linear)
  * and the pair "RMSNorm of x, then the linear of its output" (the engine's pattern:
- * the previous kernel is not a linear; the time is the pair's, RMSNorm included). Prints
+ * the previous kernel is not a linear; the time is the pair's, RMSNorm included); and the
+ * small-M kernel alone with one row per warp (OT_LINEAR_GEMV_BALANCE=0) and with one
+ * weight copy read by every call (in L2). Prints
  * one line per case:
  * microseconds and the weight-read rate (N * K * 2 bytes per call) of each, and which
  * the automatic dispatch picks. Run by scripts/device_engine.sh (compiled there against
@@ -60,9 +62,10 @@ static int cmp_f(const void *a, const void *b) {
  * into x2 and the linear reads x2. env: NAME=VALUE pairs set for the timing. */
 static double time_us(ot_context *ctx, cudaStream_t st, DLTensor *x, DLTensor *x2, DLTensor *g,
                       DLTensor *w, void *const *wp, int nw, DLTensor *y, int norm,
-                      const char *gemv, const char *pdl) {
+                      const char *gemv, const char *pdl, const char *balance) {
   setenv("OT_LINEAR_GEMV", gemv, 1);
   setenv("OT_LINEAR_PDL", pdl, 1);
+  setenv("OT_LINEAR_GEMV_BALANCE", balance, 1);
   int k = 0;
 #define ONE_CALL(chk)                                                                      \
   do {                                                                                     \
@@ -91,6 +94,7 @@ static double time_us(ot_context *ctx, cudaStream_t st, DLTensor *x, DLTensor *x
   cudaEventDestroy(b);
   unsetenv("OT_LINEAR_GEMV");
   unsetenv("OT_LINEAR_PDL");
+  unsetenv("OT_LINEAR_GEMV_BALANCE");
   if (cudaStreamSynchronize(st) != cudaSuccess) return -1;
   qsort(ms, 5, sizeof ms[0], cmp_f);
   return ms[2] * 1e3 / 10;
@@ -131,9 +135,9 @@ int main(int argc, char **argv) {
   const int Ms[] = {1, 4, 16};
   int first = 1;
   printf("%-10s %-10s %3s | alone us: %7s %7s %7s | after rmsnorm us: %7s %7s %7s | "
-         "GB/s alone: %5s %5s | %8s\n",
+         "GB/s alone: %5s %5s | %8s | gemv us: %7s %7s\n",
          "model", "weight", "M", "gemv", "gemv-np", "lt", "gemv", "gemv-np", "lt", "gemv", "lt",
-         "auto");
+         "auto", "1-row", "in-L2");
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const shape *s = &shapes[i];
     const size_t wb = (size_t)(s->N * s->K) * 2;
@@ -150,30 +154,37 @@ int main(int argc, char **argv) {
       tg.ndim = 1;
       tensor(&tw, wsh, w, s->N, s->K);
       tensor(&ty, ys, y, M, s->N);
-      double t[6];
+      double t[8];
       for (int norm = 0; norm < 2; norm++) {
-        t[3 * norm + 0] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "1", "1");
-        t[3 * norm + 1] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "1", "0");
-        t[3 * norm + 2] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "0", "1");
+        t[3 * norm + 0] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "1", "1", "1");
+        t[3 * norm + 1] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "1", "0", "1");
+        t[3 * norm + 2] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, norm, "0", "1", "1");
       }
+      /* the small-M kernel alone with one row per warp (the grid before rows per warp),
+       * and with its weight in L2 (one copy, read by every call: what an L2 prefetch of
+       * a weight that fits could give) */
+      t[6] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, 0, "1", "1", "0");
+      t[7] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, 1, &ty, 0, "1", "1", "1");
       double bytes = (double)wb;
       /* linear.cu's automatic rule (bf16: M == 1 and a small or lm_head-sized weight) */
       const double nk = (double)s->N * (double)s->K;
       const char *pick = M == 1 && (nk < 3.0 * (1 << 23) || nk >= (double)(1 << 28)) ? "gemv"
                                                                                    : "cublaslt";
-      printf("%-10s %-10s %3lld | %17.1f %7.1f %7.1f | %25.1f %7.1f %7.1f | %17.0f %5.0f | %8s\n",
+      printf("%-10s %-10s %3lld | %17.1f %7.1f %7.1f | %25.1f %7.1f %7.1f | %17.0f %5.0f | %8s | "
+             "%16.1f %7.1f\n",
              s->model, s->name, (long long)M, t[0], t[1], t[2], t[3], t[4], t[5],
-             bytes / (t[0] * 1e3), bytes / (t[2] * 1e3), pick);
+             bytes / (t[0] * 1e3), bytes / (t[2] * 1e3), pick, t[6], t[7]);
       if (jf)
         fprintf(jf,
                 "%s {\"model\": \"%s\", \"weight\": \"%s\", \"N\": %lld, \"K\": %lld, \"M\": %lld, "
                 "\"gemv_us\": %.2f, \"gemv_nopdl_us\": %.2f, \"cublaslt_us\": %.2f, "
                 "\"after_rmsnorm_us\": {\"gemv\": %.2f, \"gemv_nopdl\": %.2f, "
                 "\"cublaslt\": %.2f}, \"gemv_GBps\": %.0f, \"cublaslt_GBps\": %.0f, "
-                "\"auto\": \"%s\"}",
+                "\"auto\": \"%s\", \"gemv_one_row_per_warp_us\": %.2f, "
+                "\"gemv_weight_in_l2_us\": %.2f}",
                 first ? "" : ",\n", s->model, s->name, (long long)s->N, (long long)s->K,
                 (long long)M, t[0], t[1], t[2], t[3], t[4], t[5], bytes / (t[0] * 1e3),
-                bytes / (t[2] * 1e3), pick);
+                bytes / (t[2] * 1e3), pick, t[6], t[7]);
       first = 0;
     }
   }

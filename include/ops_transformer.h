@@ -416,6 +416,11 @@ OT_API ot_status ot_attention_backward(ot_context *ctx, const ot_attention_param
  * float32 on CUDA: full float32 products unless the environment variable
  * OT_MATMUL_ALLOW_TF32=1 is set when the op runs (then TF32 tensor cores, as torch's
  * allow_tf32; read at every call, it also applies to ot_linear_cross_entropy).
+ * On a 9.0+ GPU a forward of few rows may run as a programmatic dependent launch that reads
+ * `weight` (never x or bias) before the previous kernel on the stream has completed: the
+ * kernel immediately before it on the stream must not write `weight` (an in-place weight
+ * update directly followed by a one-row forward: put an ordinary kernel between them,
+ * synchronize, or set OT_LINEAR_PDL=0).
  */
 OT_API ot_status ot_linear_forward(ot_context *ctx, const DLTensor *x, const DLTensor *weight,
                                    const DLTensor *bias, const DLTensor *y);

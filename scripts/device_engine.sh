@@ -24,6 +24,7 @@
 #                time is not spent compiling.
 # Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
 # arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1;
+# ENGINE_SMI=0 (no nvidia-smi log of clocks / power during the benchmark, $OUT/smi.csv);
 # step 5: ENGINE_OFFLOAD_BIG=0 (skip), ENGINE_OFFLOAD_BUDGET (default 0.6667x),
 # ENGINE_OFFLOAD_RING (default 2); step 0: ENGINE_TEST_FILTER (default forward),
 # ENGINE_MEMCHECK_FILTER (default "bf16 x[1": the bf16 cases whose x has 1.. rows),
@@ -164,12 +165,24 @@ CMD="bash scripts/device_engine.sh run $COMMIT $*"
 CHECK=(--check)
 [ "${ENGINE_SKIP_CHECK:-0}" = 1 ] && CHECK=()
 export PYTHONUNBUFFERED=1
+# the GPU's clocks, power and throttle reasons every 50 ms while the benchmark runs (lined
+# up with bench_engine.py's marks: the TTFT diagnostics)
+SMI_PID=""
+if [ "${ENGINE_SMI:-1}" = 1 ] && command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv,nounits -lms 50 >"$OUTD/smi.csv" 2>&1 &
+  SMI_PID=$!
+fi
 # shellcheck disable=SC2086
 timeout "${ENGINE_BENCH_TIMEOUT:-900}" python3 bench/bench_engine.py "${CHECK[@]}" --bench --shapes "${ENGINE_SHAPES:-llama3-8b,llama-13b}" \
   --json "$OUTD/engine.json" --table "$OUTD/engine_table.md" --commit "$COMMIT" --command "$CMD" \
   ${ENGINE_BENCH_ARGS:-} "$@" 2>&1 | tee "$OUTD/bench.txt" |
   grep --line-buffered -vE "Warning|warn\(|forward_call|deprecated|it/s\]|^\|"
 rc=${PIPESTATUS[0]}
+if [ -n "$SMI_PID" ]; then
+  kill "$SMI_PID" 2>/dev/null
+  date +%s.%N >"$OUTD/smi_end_unix.txt"
+fi
 SUMMARY+=("check vs HF: $(grep -E '^check:' "$OUTD/bench.txt" || echo "none (rc $rc, see bench.txt)")")
 stamp "check + bench done (rc $rc)"
 

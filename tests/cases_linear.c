@@ -182,7 +182,8 @@ static void forward_case(test_run *tr, DLDataType dt, const lin_case *c, bool wi
 /* Few rows (decode): the CUDA backend's matrix-vector kernel for M <= 16 (src/cuda/linear.cu)
  * -- 16-byte vector path (K a multiple of the vector, aligned rows), scalar path (odd K,
  * x rows padded off alignment), split-K (few columns, long K: float32 partials summed in a
- * second kernel), M = 1 .. 16 and a 3-D x. Run with the automatic dispatch, and on CUDA
+ * second kernel), M = 1 .. 16 and a 3-D x, and N beyond one wave of blocks (each warp then
+ * takes several rows). Run with the automatic dispatch, and on CUDA
  * forced on and off with OT_LINEAR_GEMV (at one row also launched without PDL). */
 static const lin_case small_m_cases[] = {
     {1, 0, 4096, 256, 0, 0},  {1, 0, 4104, 40, 0, 0},  {1, 0, 8, 1, 0, 0},
@@ -192,6 +193,8 @@ static const lin_case small_m_cases[] = {
     {13, 0, 999, 31, 5, 0},   {16, 0, 4096, 64, 0, 0}, {16, 0, 33, 17, 0, 0},
     {3, 0, 8200, 24, 0, 0},   {2, 0, 3001, 5, 0, 0},   {16, 0, 6000, 10, 0, 3},
     {12, 0, 512, 50, 0, 0},   {16, 0, 3200, 100, 8, 1}, {1, 0, 96, 17, 0, 0},
+    /* more rows than one wave of the GPU's blocks: several rows per warp */
+    {1, 0, 4096, 6144, 0, 0}, {1, 0, 64, 20001, 0, 0}, {3, 0, 72, 12289, 2, 1},
 };
 #define N_SMALL_M_CASES (sizeof small_m_cases / sizeof small_m_cases[0])
 

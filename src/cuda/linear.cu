@@ -334,7 +334,9 @@ static cudaError_t column_sum_any(ot_dtype d, const void *dy, int64_t ds, int64_
  * with the same K positions of the MT rows of x (plain loads: x is small and every warp
  * of the block reads it, so it stays in L1 / L2) in float32, then a warp-shuffle sum; the
  * bias is added in float32 before the one rounding to T.
- * When N gives too few warps to keep every SM streaming, K is split over grid.y: float32
+ * When N needs more blocks than the GPU holds at once, each warp takes several rows
+ * (gemv_balance: the grid is one wave). When N gives too few warps to keep every SM
+ * streaming, K is split over grid.y: float32
  * partials [splits, M, N] in the context's scratch and a second kernel that sums them in
  * split order (deterministic) and applies the bias. VEC: K a multiple of the vector width
  * and x / W rows 16-byte aligned; otherwise a scalar path (one element per lane).
@@ -375,84 +377,93 @@ template <typename T, int MT, bool VEC, int U>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
                 const T *__restrict__ bias, T *__restrict__ y, int64_t ys, float *__restrict__ part,
-                int M, int64_t K, int64_t N, int64_t klen) {
+                int M, int64_t K, int64_t N, int64_t klen, int rpw) {
   const int lane = threadIdx.x & 31;
-  const int64_t n = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-  if (n >= N) return; /* reads and writes nothing */
+  const int64_t n0 = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (n0 >= N) return; /* reads and writes nothing */
+  const int64_t warps = (int64_t)gridDim.x * kGemvWarps; /* rows n0, n0 + warps, ... */
   const int64_t kb = (int64_t)blockIdx.y * klen;
   const int64_t ke = kb + klen < K ? kb + klen : K;
-  const T *wr = w + n * K;
-  float acc[MT];
-#pragma unroll
-  for (int m = 0; m < MT; m++) acc[m] = 0.0f;
   bool waited = false; /* x (the previous kernel's output) only after griddepcontrol.wait */
-  if (VEC) {
-    constexpr int V = vec_width<T>::value;
-    constexpr int64_t step = 32 * V;
-    for (int64_t k0 = kb + (int64_t)lane * V; k0 < ke; k0 += step * U) {
-      raw16 wv[U];
+  for (int r = 0; r < rpw; r++) {
+    const int64_t n = n0 + r * warps;
+    if (n >= N) break;
+    const bool last = r + 1 == rpw || n + warps >= N;
+    const T *wr = w + n * K;
+    float acc[MT];
 #pragma unroll
-      for (int u = 0; u < U; u++)
-        load_raw<T, true, true>(wv[u], wr, k0 + u * step, ke, k0 + u * step < ke);
-      if (!waited) {
-        grid_dep_wait();
-        waited = true;
+    for (int m = 0; m < MT; m++) acc[m] = 0.0f;
+    if (VEC) {
+      constexpr int V = vec_width<T>::value;
+      constexpr int64_t step = 32 * V;
+      for (int64_t k0 = kb + (int64_t)lane * V; k0 < ke; k0 += step * U) {
+        raw16 wv[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+          load_raw<T, true, true>(wv[u], wr, k0 + u * step, ke, k0 + u * step < ke);
+        if (!waited) {
+          grid_dep_wait();
+          waited = true;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const int64_t k = k0 + u * step;
+          if (k < ke) {
+            float wf[V];
+            unpack<T>(wf, wv[u]);
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+              if (m < M) {
+                raw16 xv;
+                load_raw<T, true, false>(xv, x + (int64_t)m * xs, k, ke, true);
+                float xf[V];
+                unpack<T>(xf, xv);
+#pragma unroll
+                for (int i = 0; i < V; i++) acc[m] = fmaf(wf[i], xf[i], acc[m]);
+              }
+          }
+        }
       }
+    } else {
+      for (int64_t k0 = kb + lane; k0 < ke; k0 += 32 * U) {
+        float wf[U];
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t k = k0 + u * step;
-        if (k < ke) {
-          float wf[V];
-          unpack<T>(wf, wv[u]);
+        for (int u = 0; u < U; u++) {
+          const int64_t k = k0 + u * 32;
+          wf[u] = k < ke ? to_f32(wr[k]) : 0.0f;
+        }
+        if (!waited) {
+          grid_dep_wait();
+          waited = true;
+        }
 #pragma unroll
-          for (int m = 0; m < MT; m++)
-            if (m < M) {
-              raw16 xv;
-              load_raw<T, true, false>(xv, x + (int64_t)m * xs, k, ke, true);
-              float xf[V];
-              unpack<T>(xf, xv);
+        for (int u = 0; u < U; u++) {
+          const int64_t k = k0 + u * 32;
+          if (k < ke)
 #pragma unroll
-              for (int i = 0; i < V; i++) acc[m] = fmaf(wf[i], xf[i], acc[m]);
-            }
+            for (int m = 0; m < MT; m++)
+              if (m < M) acc[m] = fmaf(wf[u], to_f32(x[(int64_t)m * xs + k]), acc[m]);
         }
       }
     }
-  } else {
-    for (int64_t k0 = kb + lane; k0 < ke; k0 += 32 * U) {
-      float wf[U];
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t k = k0 + u * 32;
-        wf[u] = k < ke ? to_f32(wr[k]) : 0.0f;
-      }
-      if (!waited) {
-        grid_dep_wait();
-        waited = true;
-      }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t k = k0 + u * 32;
-        if (k < ke)
-#pragma unroll
-          for (int m = 0; m < MT; m++)
-            if (m < M) acc[m] = fmaf(wf[u], to_f32(x[(int64_t)m * xs + k]), acc[m]);
-      }
+    if (!waited) { /* a lane with no K range still writes (row m = lane) */
+      grid_dep_wait();
+      waited = true;
     }
+    if (last) grid_dep_launch(); /* this warp's loads are issued */
+#pragma unroll
+    for (int m = 0; m < MT; m++) acc[m] = warp_sum(acc[m]);
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+      if (lane == m && m < M) { /* lane m writes row m */
+        if (part) {
+          part[((int64_t)blockIdx.y * M + m) * N + n] = acc[m];
+        } else {
+          const float b = bias ? to_f32(bias[n]) : 0.0f;
+          y[(int64_t)m * ys + n] = from_f32<T>(acc[m] + b);
+        }
+      }
   }
-  if (!waited) grid_dep_wait(); /* a lane with no K range still writes (row m = lane) */
-  grid_dep_launch();
-#pragma unroll
-  for (int m = 0; m < MT; m++) acc[m] = warp_sum(acc[m]);
-#pragma unroll
-  for (int m = 0; m < MT; m++)
-    if (lane == m && m < M) { /* lane m writes row m */
-      if (part) {
-        part[((int64_t)blockIdx.y * M + m) * N + n] = acc[m];
-      } else {
-        const float b = bias ? to_f32(bias[n]) : 0.0f;
-        y[(int64_t)m * ys + n] = from_f32<T>(acc[m] + b);
-      }
-    }
 }
 
 /* y[m, n] = sum over splits of part[s, m, n] (in order) + bias[n], rounded to T. */
@@ -483,20 +494,61 @@ static cudaError_t launch_pdl(const ot_cuda_state *cs, std::atomic<int> *cached,
   return ot_launch_pdl(pdl, f, grid, block, st, args...);
 }
 
+/* Blocks of f that one SM holds at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor,
+ * once per kernel and device, `cached` as in ot_pdl_ok; 1 when the query fails). */
+template <typename K>
+static int gemv_resident(const ot_cuda_state *cs, K *f, std::atomic<int> *cached) {
+  const int dev = cs->device;
+  if (dev >= 0 && dev < 16) {
+    const int c = cached[dev].load(std::memory_order_relaxed);
+    if (c > 0) return c;
+  }
+  int b = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, f, kGemvWarps * 32, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    b = 0;
+  }
+  if (b < 1) b = 1;
+  if (dev >= 0 && dev < 16) cached[dev].store(b, std::memory_order_relaxed);
+  return b;
+}
+
+/* The grid in one wave: when the N rows (grid.x blocks of kGemvWarps warps, one row each)
+ * need more blocks than the SMs hold at once, each warp takes rpw rows (n, n + warps, ...)
+ * and grid.x shrinks to ceil(N / (kGemvWarps rpw)). One row per warp over 1.1 - 1.7 waves
+ * (the 8B o_proj's 1024 blocks, qkv's 1536) ends with a partial wave that streams W from
+ * a fraction of the SMs; rows per warp keep every SM's share within one row per warp of the
+ * mean. OT_LINEAR_GEMV_BALANCE=0: one row per warp (the grid before). */
+template <typename K>
+static int gemv_balance(const ot_cuda_state *cs, K *f, std::atomic<int> *cached, dim3 *grid,
+                        int64_t N) {
+  const char *e = getenv("OT_LINEAR_GEMV_BALANCE");
+  if ((e && e[0] == '0') || cs->sm_count <= 0) return 1;
+  const int64_t wave = (int64_t)gemv_resident(cs, f, cached) * cs->sm_count / grid->y;
+  if (wave < 1 || (int64_t)grid->x <= wave) return 1;
+  const int64_t rpw = ((int64_t)grid->x + wave - 1) / wave;
+  grid->x = (unsigned)((N + kGemvWarps * rpw - 1) / (kGemvWarps * rpw));
+  return (int)rpw;
+}
+
 template <typename T, int MT, int U>
 static cudaError_t gemv_launch_mt(const ot_cuda_state *cs, bool vec, dim3 grid, cudaStream_t st,
                                   const ot_linear_forward_args *a, float *part, int64_t klen) {
   static std::atomic<int> pdl_vec[16] = {}, pdl_scalar[16] = {};
+  static std::atomic<int> occ_vec[16] = {}, occ_scalar[16] = {};
   const T *x = (const T *)a->x, *w = (const T *)a->weight, *b = (const T *)a->bias;
   T *y = (T *)a->y;
   const int M = (int)a->rows;
-  if (vec)
+  if (vec) {
+    const int rpw = gemv_balance(cs, gemv_kernel<T, MT, true, U>, occ_vec, &grid, a->out_features);
     return launch_pdl(cs, pdl_vec, gemv_kernel<T, MT, true, U>, grid, dim3(kGemvWarps * 32), st,
                       x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features,
-                      a->out_features, klen);
+                      a->out_features, klen, rpw);
+  }
+  const int rpw = gemv_balance(cs, gemv_kernel<T, MT, false, U>, occ_scalar, &grid, a->out_features);
   return launch_pdl(cs, pdl_scalar, gemv_kernel<T, MT, false, U>, grid, dim3(kGemvWarps * 32), st,
                     x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features,
-                    a->out_features, klen);
+                    a->out_features, klen, rpw);
 }
 
 template <typename T>

@@ -94,6 +94,15 @@ static void drop_graphs(ote_engine *e) {
   e->graph_active = 0;
 }
 
+static void prof_free(ote_engine *e) {
+  for (int i = 0; i < e->prof_cap; i++) ote_dev_event_destroy(e->prof_ev[i]);
+  free(e->prof_ev);
+  free(e->prof_kind);
+  e->prof_ev = NULL;
+  e->prof_kind = NULL;
+  e->prof_cap = 0;
+}
+
 static void free_activations(ote_engine *e) {
   drop_graphs(e);
   ote_dev_free(&e->dev, e->act_block);
@@ -115,11 +124,10 @@ void ote_engine_destroy(ote_engine *e) {
   free_activations(e);
   free(e->graph);
   free(e->warm);
-  for (int i = 0; i < e->prof_cap; i++) ote_dev_event_destroy(e->prof_ev[i]);
+  prof_free(e);
   ote_dev_event_destroy(e->tm_ev[0]);
   ote_dev_event_destroy(e->tm_ev[1]);
-  free(e->prof_ev);
-  free(e->prof_kind);
+  ote_dev_side_destroy(&e->side);
   ote_kv_destroy(&e->kv, &e->dev);
   ote_dev_free(&e->dev, e->cu_dec_dev);
   ote_dev_host_free(&e->dev, e->next_h);
@@ -247,6 +255,7 @@ static ot_status engine_finish(ote_engine *e) {
   ot_status st = ote_dev_alloc(&e->dev, sizeof *cu * (size_t)(S + 1), (void **)&e->cu_dec_dev);
   if (st == OT_OK) st = ote_dev_event_create(&e->dev, &e->tm_ev[0]);
   if (st == OT_OK) st = ote_dev_event_create(&e->dev, &e->tm_ev[1]);
+  if (st == OT_OK) st = ote_dev_side_create(&e->dev, &e->side);
   if (st == OT_OK) st = ote_dev_host_alloc(&e->dev, sizeof(int32_t) * (size_t)S, (void **)&e->next_h);
   if (st == OT_OK) st = ote_dev_upload(&e->dev, e->cu_dec_dev, cu, sizeof *cu * (size_t)(S + 1));
   free(cu);
@@ -340,6 +349,36 @@ static ot_rope_params rope_params(const ote_config *c) {
   return p;
 }
 
+/* The batch of one forward: n sequences, T tokens, rows cu[i] .. cu[i+1] of sequence i
+ * (host); prefill: fresh sequences (cu_dev holds cu); decode: one token each. */
+typedef struct batch {
+  int n, T;
+  const int *seq;
+  const int32_t *cu;
+  int prefill;
+} batch;
+
+/* A non-negative integer from the environment, or def when unset / not a number. */
+static long long env_ll(const char *name, long long def) {
+  const char *v = getenv(name);
+  if (!v || !*v) return def;
+  char *end = NULL;
+  long long x = strtoll(v, &end, 10);
+  return end && !*end && x >= 0 ? x : def;
+}
+
+/* The decode's L2 prefetch of o_proj's weight (OTE_L2_PREFETCH: 0 off, 1 prefetch.global.L2
+ * per line, 2 the same with evict_last, 3 the bulk prefetch of sm_90; default 1), for
+ * batches of at most 4 sequences -- there the attention between the qkv and o_proj products
+ * reads little (a few MB of K/V in ~20 us of latency-bound kernels), so the weight's read
+ * moves off the critical path into time the memory would idle; at larger batches the
+ * attention streams K/V itself. Not with weight streaming (the weights arrive by copy). */
+static int l2_prefetch_mode(const ote_engine *e, const batch *b) {
+  if (b->prefill || b->n > 4 || e->off.on || !e->side.stream) return 0;
+  long long m = env_ll("OTE_L2_PREFETCH", 1);
+  return m >= 1 && m <= 3 ? (int)m : 0;
+}
+
 /* ---- per-op profile ---------------------------------------------------------------- */
 
 /* An event after the op of `kind` (profile on, CUDA); errors only cost the sample. */
@@ -358,24 +397,36 @@ static void prof_collect(ote_engine *e) {
   e->prof_n = 0;
 }
 
-void ote_engine_set_profile(ote_engine *e, int on) {
-  if (!e || e->dev.dev.device_type == kDLCPU) return;
+ot_status ote_engine_set_profile(ote_engine *e, int on) {
+  if (!e) return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_engine_set_profile: NULL engine");
+  if (e->dev.dev.device_type == kDLCPU) return OT_OK; /* stays off: nothing to time */
   if (on && !e->prof_ev) {
+    /* every event or none: a profile that ran out of events would drop ops silently */
     int cap = 13 * e->cfg.layers + 32;
     e->prof_ev = calloc((size_t)cap, sizeof *e->prof_ev);
     e->prof_kind = calloc((size_t)cap, 1);
-    if (!e->prof_ev || !e->prof_kind) return;
-    for (int i = 0; i < cap; i++) {
-      if (ote_dev_event_create(&e->dev, &e->prof_ev[i]) != OT_OK) break;
-      e->prof_cap = i + 1;
+    ot_status st = e->prof_ev && e->prof_kind
+                       ? OT_OK
+                       : ote_error(OT_ERR_OOM, "ote_engine_set_profile: out of host memory");
+    for (int i = 0; st == OT_OK && i < cap; i++) {
+      st = ote_dev_event_create(&e->dev, &e->prof_ev[i]);
+      if (st == OT_OK) e->prof_cap = i + 1;
+    }
+    if (st != OT_OK) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", ote_last_error());
+      prof_free(e);
+      e->prof_on = 0;
+      return ote_error(st, "ote_engine_set_profile: the profile stays off: %s", msg);
     }
   }
-  (void)ote_dev_sync(&e->dev);
+  OTE_TRY(ote_dev_sync(&e->dev));
   drop_graphs(e); /* profiled steps run eagerly; graphs are captured again after */
   memset(e->prof_ms, 0, sizeof e->prof_ms);
   memset(e->prof_forwards, 0, sizeof e->prof_forwards);
   e->prof_n = 0;
   e->prof_on = on && e->prof_cap > 0;
+  return OT_OK;
 }
 
 void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
@@ -402,15 +453,6 @@ void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
     }
   }
 }
-
-/* The batch of one forward: n sequences, T tokens, rows cu[i] .. cu[i+1] of sequence i
- * (host); prefill: fresh sequences (cu_dev holds cu); decode: one token each. */
-typedef struct batch {
-  int n, T;
-  const int *seq;
-  const int32_t *cu;
-  int prefill;
-} batch;
 
 static ot_status attention_block(ote_engine *e, const batch *b, int l,
                                  const ote_layer_weights *w) {
@@ -462,10 +504,14 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
   } else {
     /* one token per sequence: RoPE fused into the append (positions from the page
      * table), then the batch's queries against its pages in one call */
+    if (e->l2_pf) /* o_proj's weight into L2 beside these two (a side-stream branch) */
+      OTE_TRY(ote_dev_l2_prefetch(&e->dev, &e->side, w->o,
+                                  (size_t)(c->hidden * Hq * D) * es, e->l2_pf));
     OP(ot_kv_append(e->ctx, &kv, &vcu.t, &vk.t, &vv.t, &rp, NULL, &vq.t, &vq.t), "kv append", l);
     prof_mark(e, OTE_PROF_ROPE_KV);
     OP(ot_paged_attention(e->ctx, &ap, &vq.t, &vcu.t, &kv, &vo.t, NULL), "paged attention", l);
     prof_mark(e, OTE_PROF_ATTN);
+    if (e->l2_pf) OTE_TRY(ote_dev_side_join(&e->dev, &e->side)); /* (the o_proj row's time) */
   }
   OTE_TRY(linear(e, e->attn, b->T, Hq * D, w->o, w->o_bias, c->hidden, e->delta, l, "o_proj"));
   prof_mark(e, OTE_PROF_O);
@@ -480,9 +526,13 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
   size_t es = ote_dtype_size(e->opt.dtype), H = (size_t)c->hidden;
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   e->prof_phase = b->prefill ? 0 : 1;
+  e->l2_pf = l2_prefetch_mode(e, b);
   if (e->prof_on) { /* the host enqueues the forward while the GPU waits */
     e->prof_n = 0;
-    OTE_TRY(ote_dev_spin(&e->dev, 8000000));
+    /* OTE_PROFILE_SPIN_NS=0: no spin -- the ops timed as the host enqueues them, launch
+     * gaps included (a diagnostic: what a TTFT call sees) */
+    long long spin = env_ll("OTE_PROFILE_SPIN_NS", 8000000);
+    if (spin > 0) OTE_TRY(ote_dev_spin(&e->dev, spin));
     prof_mark(e, OTE_PROF_OTHER);
   }
   if (!b->prefill) /* the step's token ids and page table: one copy from the pinned block */
@@ -683,6 +733,11 @@ static ot_status prefill(ote_engine *e, int n, const int *seq, const int32_t *to
   if (st == OT_OK) st = ote_dev_upload_async(&e->dev, e->cu_dev, cu, (size_t)(n + 1) * 4);
   if (st == OT_OK) st = ote_dev_upload_async(&e->dev, e->tokens_dev, tokens, (size_t)T * 4);
   batch b = {n, T, seq, cu, 1};
+  /* OTE_PREFILL_SPIN_NS (diagnostic): the GPU held that long before the forward's first
+   * event, so that its GPU time (last_timing) is the ops back to back, not paced by the
+   * host's enqueueing; the call's wall time includes the spin */
+  long long spin = env_ll("OTE_PREFILL_SPIN_NS", 0);
+  if (st == OT_OK && spin > 0 && e->dev.dev.device_type != kDLCPU) st = ote_dev_spin(&e->dev, spin);
   const double t1 = ote_now_ms();
   if (st == OT_OK) st = ote_dev_event_record(&e->dev, e->tm_ev[0]);
   if (st == OT_OK) st = forward_body(e, &b, next != NULL);

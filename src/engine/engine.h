@@ -169,11 +169,14 @@ void ote_engine_offload_report(const ote_engine *e, char *buf, size_t len);
  * on or were never tried). */
 int ote_decode_graph_active(const ote_engine *e);
 /* Per-op profile (CUDA): on, every forward runs eagerly behind a short spin kernel (the
- * host enqueues it whole first) with a timing event after each op; the report gives, per
- * phase (prefill / decode), the mean milliseconds per forward of each kind of op
- * (rmsnorm, qkv_proj, rope + kv append, attention, o_proj, gate_up, swiglu, down, lm_head,
- * ...). Turning it on or off clears the sums and the decode graphs. */
-void ote_engine_set_profile(ote_engine *e, int on);
+ * host enqueues it whole first; OTE_PROFILE_SPIN_NS sets its length, 0 none) with a timing
+ * event after each op; the report gives, per phase (prefill / decode), the mean
+ * milliseconds per forward of each kind of op (rmsnorm, qkv_proj, rope + kv append,
+ * attention, o_proj, gate_up, swiglu, down, lm_head, ...). Turning it on or off clears the
+ * sums and the decode graphs. On the CPU it stays off (OT_OK). An error (the events could
+ * not be created; a failed synchronization) leaves it off, with the reason in
+ * ote_last_error. */
+ot_status ote_engine_set_profile(ote_engine *e, int on);
 void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len);
 const char *ote_decode_graph_note(const ote_engine *e);
 /* Where the last ote_prefill* / ote_decode* call spent its time, milliseconds: out[0] on
