@@ -77,7 +77,8 @@ def plan(quick):
     if quick:
         c = dict(cfg="tiny", batch=2, seq=64)
         return [
-            [dict(kind="attention"), dict(c, variant="hf_sdpa"), dict(c, variant="patched"),
+            [dict(kind="attention"), dict(kind="lce"), dict(c, variant="hf_sdpa"),
+             dict(c, variant="patched"),
              dict(c, variant="patched_other"), dict(c, variant="patched_ot_adamw"),
              dict(c, variant="hf_eager"),
              dict(c, kind="profile", variant="patched")],
@@ -88,19 +89,22 @@ def plan(quick):
     b = dict(cfg="1.5b", batch=4, seq=2048)
     lc = dict(cfg="0.54b", batch=1, seq=16384)
     # the eager cases of the targets in the first group (one process start-up);
-    # "patched_other" is the patched model with the attention "auto" did not pick
+    # "patched_other" is the patched model with the attention "auto" did not pick;
+    # profiles: the patched 0.54 B step and HF sdpa's (per-kind GPU time side by side),
+    # then (a later group) the 1.5 B and long-context patched steps
     return [
         [dict(kind="ceiling"), dict(kind="attention"),
-         dict(a, variant="hf_sdpa"), dict(a, variant="patched"),
+         dict(a, variant="hf_sdpa"), dict(a, variant="patched"), dict(kind="lce"),
          dict(a, variant="patched_ot_adamw"), dict(a, variant="patched_other"),
          dict(b, variant="hf_sdpa"), dict(b, variant="patched"),
          dict(b, variant="patched_ot_adamw"), dict(lc, variant="hf_sdpa"),
          dict(lc, variant="patched"),
-         dict(a, kind="profile", variant="patched")],
+         dict(a, kind="profile", variant="patched"), dict(a, kind="profile", variant="hf_sdpa")],
         # the compiled pair of a config in one group: one compile mode for both
         [dict(a, variant="hf_sdpa_compile"), dict(a, variant="patched_compile")],
-        [dict(b, variant="patched_other"), dict(lc, variant="patched_other")],
         [dict(b, variant="hf_sdpa_compile"), dict(b, variant="patched_compile")],
+        [dict(b, kind="profile", variant="patched"), dict(lc, kind="profile", variant="patched")],
+        [dict(b, variant="patched_other"), dict(lc, variant="patched_other")],
         [dict(kind="curve", cfg="0.54b", batch=4, seq=2048)],
         [dict(a, variant="hf_eager"), dict(lc, variant="hf_eager")],
     ]
@@ -188,13 +192,17 @@ def _step(fwd, model, opt, x):
     return loss.detach()
 
 
-def _auto_decisions():
-    """fused_attention='auto''s decisions so far: {"D x Hq / Hkv": "library" | "torch
-    SDPA", with the backend torch's SDPA would run}."""
+def _auto_decisions(seq=None):
+    """fused_attention='auto''s decisions so far (those of seq's length bucket when
+    given): {"D x Hq / Hkv, lengths": "library" | "torch SDPA", with the backend torch's
+    SDPA would run}."""
     from ops_transformer import patch as ot_patch
-    return {f"D{k[3]} {k[4]}/{k[5]}{' causal' if k[6] else ''}":
+    b = None if seq is None else ot_patch._len_bucket(seq)
+    def lengths(b):           # the length bucket (bit length b): 2^(b-1) .. 2^b - 1
+        return f"S {1 << (b - 1)}-{(1 << b) - 1}"
+    return {f"D{k[3]} {k[4]}/{k[5]}{' causal' if k[6] else ''} {lengths(k[7])}":
             f"{'library' if v[0] else 'torch SDPA'} (torch: {v[1]})"
-            for k, v in ot_patch._AUTO.items()}
+            for k, v in ot_patch._AUTO.items() if b is None or k[7] == b}
 
 
 def _other_variant(case, device, dtype):
@@ -207,10 +215,10 @@ def _other_variant(case, device, dtype):
     dev = torch.device(device.type, torch.cuda.current_device()) if device.type == "cuda" \
         else device
     key = (dev.type, dev.index, dtype, D, cfg["num_attention_heads"],
-           cfg["num_key_value_heads"], True)
+           cfg["num_key_value_heads"], True, ot_patch._len_bucket(case["seq"]))
     if key not in ot_patch._AUTO and device.type == "cuda":
         ot_patch._probe_auto(dev, dtype, D, cfg["num_attention_heads"],
-                             cfg["num_key_value_heads"])
+                             cfg["num_key_value_heads"], lengths=(case["seq"],))
     got = ot_patch._AUTO.get(key)
     return "patched_torch_attn" if got is not None and got[0] else "patched_lib_attn"
 
@@ -268,7 +276,7 @@ def run_case(case, args, device, dtype):
         if variant.startswith("patched"):
             from ops_transformer import patch as ot_patch
             res["fused_attention"] = FUSED_ATTENTION.get(variant, "auto")
-            res["auto_attention"] = _auto_decisions()
+            res["auto_attention"] = _auto_decisions(case["seq"])
             res["library_ops"] = {f"{k[0]}{' ' + str(k[3]) if k[3] else ''}": v
                                   for k, v in ot_patch._USABLE.items()
                                   if k[1] == device.type and k[2] == dtype}
@@ -424,6 +432,53 @@ def run_attention(args, device, dtype):
     return out
 
 
+def run_lce(args, device, dtype):
+    """The fused linear + cross-entropy alone (forward + backward: the library's
+    linear_cross_entropy computes both gradients in its forward call) at the models' LM
+    heads, T = 8192 tokens, H = 2048, V 32000 and 128256, per chunk size: 0 (the
+    library's default, 256 MiB of logits), 1024 / 2048 / 4096 rows, and the patch's
+    choice (patch._lce_chunk_tokens): ms and the peak memory above the inputs."""
+    import torch
+    import ops_transformer as ot
+    from ops_transformer import patch as ot_patch
+    T, H = (8192, 2048) if not args.quick else (256, 64)
+    out = dict(kind="lce", T=T, H=H, rows=[])
+    for V in ((32000, 128256) if not args.quick else (1000,)):
+        g = torch.Generator().manual_seed(7)
+        h = (torch.randn(T, H, generator=g) * 0.5).to(device, dtype).requires_grad_()
+        w = (torch.randn(V, H, generator=g) * 0.02).to(device, dtype).requires_grad_()
+        lab = torch.randint(0, V, (T,), generator=g).to(device)
+        pick = ot_patch._lce_chunk_tokens(T, V, h.element_size())
+        ref_loss = None
+        for chunk in sorted({0, 1024, 2048, 4096, pick}):
+            def call():
+                h.grad = w.grad = None
+                ot.linear_cross_entropy(h, w, lab, chunk_tokens=chunk).backward()
+            row = dict(V=V, chunk_tokens=chunk, patch_pick=chunk == pick)
+            try:
+                call()
+                _sync(device)
+                if ref_loss is None:
+                    ref_loss = float(ot.linear_cross_entropy(h.detach(), w.detach(), lab))
+                if device.type == "cuda":
+                    base = torch.cuda.memory_allocated(device)
+                    torch.cuda.reset_peak_memory_stats(device)
+                row["ms"] = _time_ms(call, device, 5)
+                if device.type == "cuda":
+                    row["extra_peak_GB"] = (torch.cuda.max_memory_allocated(device) - base) / 1e9
+                row["loss_diff"] = abs(float(ot.linear_cross_entropy(
+                    h.detach(), w.detach(), lab, chunk_tokens=chunk)) - ref_loss)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {e}"[:200]
+            out["rows"].append(row)
+        print("   lce V %d: " % V + ", ".join(
+            f"chunk {r['chunk_tokens']}{'*' if r['patch_pick'] else ''} "
+            f"{r.get('ms', float('nan')):.2f} ms {r.get('extra_peak_GB', 0):.2f} GB"
+            for r in out["rows"] if r["V"] == V), flush=True)
+        del h, w
+    return out
+
+
 def _kernel_kind(name):
     n = name.lower()
     if "ot::" in name:                  # the library's kernels (namespace ot)
@@ -540,6 +595,8 @@ def worker(args):
             res = run_attention(args, device, dtype)
         elif kind == "profile":
             res = run_profile(case, args, device, dtype)
+        elif kind == "lce":
+            res = run_lce(args, device, dtype)
         elif kind == "curve":
             res = run_curve(case, args, device, dtype)
         else:
@@ -564,7 +621,9 @@ def _estimate_s(group, quick, compile_mode="model"):
         elif c.get("kind") == "attention":
             s += 10
         elif c.get("kind") == "profile":
-            s += 6
+            s += 8 if c.get("cfg") == "1.5b" else 6
+        elif c.get("kind") == "lce":
+            s += 4
         else:
             big = c["cfg"] == "1.5b"
             if c["variant"].endswith("_compile"):
@@ -713,17 +772,33 @@ def markdown(path):
             out.append(f"| {r['shape']} ({r['B']}, {r['S']}, {r['Hq']} / {r['Hkv']}, {r['D']}) "
                        f"| {r.get('torch_picks')} | {r.get('auto')} | " + " | ".join(cells)
                        + f" | {diff} |")
-    prof = rec.get("profile") or {}
-    if prof.get("wall_ms_per_step"):
+    lce = rec.get("lce") or {}
+    if lce.get("rows"):
+        out += ["", f"Fused linear + cross-entropy alone (ops_transformer.linear_cross_entropy, "
+                f"forward + backward, {lce['T']} tokens x H {lce['H']}, bf16), by tokens per "
+                "chunk (0: the library's default, 256 MiB of logits; * the patch's choice): "
+                + "; ".join(f"V {r['V']} chunk {r['chunk_tokens']}{'*' if r['patch_pick'] else ''}"
+                            f" {r['ms']:.2f} ms, +{r.get('extra_peak_GB', 0):.2f} GB"
+                            for r in lce["rows"] if "ms" in r) + "."]
+    profs = rec.get("profiles") or ([rec["profile"]] if rec.get("profile") else [])
+    for prof in profs:
+        if not prof.get("wall_ms_per_step"):
+            continue
         ops = prof.get("custom_ops") or {}
-        out += ["", f"Profile of a patched step ({prof['case']}, torch.profiler, 2 steps): "
+        label = VARIANTS.get(prof.get("variant"), prof.get("variant") or "patched")
+        out += ["", f"Profile of a {label} step ({prof['case']}, torch.profiler, 2 steps): "
                 f"{prof['wall_ms_per_step']:.1f} ms a step, GPU busy "
                 f"{(prof.get('gpu_busy_fraction') or 0) * 100:.0f}% of it; kernel time a step: "
                 + ", ".join(f"{k} {v:.1f} ms" for k, v in
                             (prof.get("kernel_ms_per_step") or {}).items())
-                + ". Host time per call of the library's autograd ops: "
-                + ", ".join(f"{k.split('::')[-1]} {v['host_us_per_call']:.0f} us "
-                            f"(x{v['calls']})" for k, v in ops.items()) + "."
+                + "." + ((" Host time per call of the library's autograd ops: "
+                         + ", ".join(f"{k.split('::')[-1]} {v['host_us_per_call']:.0f} us "
+                                     f"(x{v['calls']})" for k, v in ops.items()) + ".")
+                        if ops else "")
+                + (f" Longest kernels: " + "; ".join(
+                    f"{k['name'][:60]} {k['ms_per_step']:.2f} ms (x{k['calls']})"
+                    for k in (prof.get("top_kernels") or [])[:6]) + "."
+                   if prof.get("top_kernels") else "")
                 + (f" Note: {prof['note']}." if prof.get("note") else "")]
     c = rec.get("loss_curve") or {}
     if "max_abs_diff" in c:
@@ -854,7 +929,15 @@ def main(argv=None):
                 curve = r
             elif r.get("kind") == "ceiling":
                 ceiling = r
-            elif r.get("kind") in ("attention", "profile"):
+            elif r.get("kind") == "profile":
+                # every profile in "profiles"; "profile" stays the patched 0.54 B one
+                # (or the first)
+                extra.setdefault("profiles", []).append(r)
+                if "profile" not in extra or (r.get("variant") == "patched"
+                                              and r.get("case", "").startswith("0.54b")
+                                              and r.get("case", "").endswith("4x2048")):
+                    extra["profile"] = r
+            elif r.get("kind") in ("attention", "lce"):
                 extra[r["kind"]] = r
             else:
                 runs.append(r)

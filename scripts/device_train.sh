@@ -10,7 +10,11 @@
 # OT_TRAIN_BUILD_DIR (default build-dev), OT_TRAIN_BENCH_ARGS (extra
 # bench_training.py arguments, e.g. "--quick --device cpu" for a dry run), OT_TRAIN_BUDGET_S (whole script, default 420 s; the benchmark gets what
 # the build, the tests and the example leave, at least 30 s), OT_TRAIN_SKIP_TESTS=1 (the
-# benchmark only: no probe print, Python tests or example), OUT (default
+# benchmark only: no probe print, Python tests or example), OT_TRAIN_PYTEST (the pytest
+# arguments instead of the default "-k cuda" selection over the four test files, e.g.
+# '-k "cuda and (eager or matches_hf)" tests/python/test_train_eager_ops.py
+# tests/python/test_patch.py'), OT_TRAIN_SKIP_EXAMPLE=1 (no examples/train_llama.py run),
+# OT_TRAIN_SKIP_PROBE=1 (no print of the library's ops probed on CUDA), OUT (default
 # /tmp/ot_train_out). Results under $OUT: training.json (bench/results/training.json
 # format), training_loss.png (docs/img/training_loss.png), training.md (the table for
 # docs/PERFORMANCE.md), pytest.log, bench.log. The table is printed last.
@@ -76,8 +80,10 @@ if ! cc -O2 -shared -fPIC -Wall -Wno-unused-parameter python/ops_transformer/_C.
 fi
 export PYTHONPATH="$ROOT/build-train/pkg${PYTHONPATH:+:$PYTHONPATH}"
 SKIP_TESTS=${OT_TRAIN_SKIP_TESTS:-0}
-[ "$SKIP_TESTS" = 1 ] || stamp "built; probe of the library's ops on CUDA (bf16):"
-[ "$SKIP_TESTS" = 1 ] || timeout 120 "$PY" - <<'PYEOF' 2>&1 | tail -20
+SKIP_PROBE=$SKIP_TESTS
+[ "${OT_TRAIN_SKIP_PROBE:-0}" = 1 ] && SKIP_PROBE=1
+[ "$SKIP_PROBE" = 1 ] || stamp "built; probe of the library's ops on CUDA (bf16):"
+[ "$SKIP_PROBE" = 1 ] || timeout 120 "$PY" - <<'PYEOF' 2>&1 | tail -20
 import torch, ops_transformer as ot
 from ops_transformer import patch
 print("has_cuda", ot.has_cuda(), torch.cuda.get_device_name(0))
@@ -89,16 +95,21 @@ PYEOF
 # 2. the CUDA cases of the Python tests (the CPU ones run in CI)
 if [ "$SKIP_TESTS" != 1 ]; then
   stamp "pytest (CUDA cases)"
-  timeout 150 "$PY" -m pytest -q -p no:cacheprovider -k "cuda" \
-    tests/python/test_lm_loss.py tests/python/test_config.py tests/python/test_patch.py \
-    tests/python/test_train_eager_ops.py \
-    >"$OUT/pytest.log" 2>&1
+  if [ -n "${OT_TRAIN_PYTEST:-}" ]; then
+    eval "timeout 150 \"\$PY\" -m pytest -q -p no:cacheprovider $OT_TRAIN_PYTEST" \
+      >"$OUT/pytest.log" 2>&1
+  else
+    timeout 150 "$PY" -m pytest -q -p no:cacheprovider -k "cuda" \
+      tests/python/test_lm_loss.py tests/python/test_config.py tests/python/test_patch.py \
+      tests/python/test_train_eager_ops.py \
+      >"$OUT/pytest.log" 2>&1
+  fi
   echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -15
 fi
 
 # 3. the example on CUDA: 0.54b, bf16, AdamW (ops_transformer's where it runs), 2-step accumulation
-if [ "$SKIP_TESTS" != 1 ]; then
+if [ "$SKIP_TESTS" != 1 ] && [ "${OT_TRAIN_SKIP_EXAMPLE:-0}" != 1 ]; then
   stamp "examples/train_llama.py (0.54b, bf16, CUDA)"
   timeout 120 "$PY" examples/train_llama.py --config 0.54b --batch 4 --seq 2048 --bf16 \
     --grad-accum 2 --steps 4 --no-progress --device cuda --json "$OUT/train_llama.json" \

@@ -14,7 +14,10 @@ of instances, the model's ``loss_function`` and ``config._attn_implementation`` 
   (inputs whose dtype differs from the weight's keep HF's code, which promotes);
 * every decoder layer: the residual add before ``post_attention_layernorm`` is fused
   into that norm (``rms_norm(x, w, residual=...)``);
-* every attention module: q/k/v projections stay ``nn.Linear``; the rotary embedding
+* every attention module: q/k/v projections stay ``nn.Linear`` modules (in training, plain
+  ones without hooks are computed from their weights by one autograd Function,
+  :class:`_Projections`, whose backward sums the input gradient inside the GEMMs --
+  likewise gate / up); the rotary embedding
   is :func:`ops_transformer.rope` fed with HF's own cos/sin (as a ``cos_sin_cache``, so
   every HF rope type -- default, llama3, yarn, dynamic... -- is reproduced), and the
   attention is :func:`ops_transformer.attention` in [B, S, H, D] layout (no transposes,
@@ -270,14 +273,18 @@ def _auto_torch_backward(q, k):
 
 
 # fused_attention="auto", attention that autograd differentiates on CUDA: which kernels
-# serve it, decided once per (device, dtype, head dim, heads, kv heads, causal) -- no
-# sequence length, so torch.compile finds the decision of the eager probe (patch_model
-# makes it for the model's shape) -- and kept here: key -> (library: bool, the backend
+# serve it, decided once per (device, dtype, head dim, heads, kv heads, causal, length
+# bucket) -- the bucket is the sequence length's bit length (lengths 2^(b-1) .. 2^b - 1
+# share one decision: torch's pick can depend on the length, e.g. per backend length
+# limits, but a decision per length would re-decide for every new batch shape);
+# patch_model probes the buckets of 64 .. min(max_position_embeddings, 16384) eagerly, so
+# torch.compile finds them -- and kept here: key -> (library: bool, the backend
 # torch's SDPA would run, torch's SDPA flags then: enabled backends, their priority
 # order, the flash backend's kernels). An eager call decides again when the flags
 # changed (a torch.nn.attention.sdpa_kernel context, say). While
 # torch.compile traces, a key not decided yet means torch's SDPA (nothing is stored: a
-# store would fail the guards of the graph).
+# store would fail the guards of the graph); a symbolic length (dynamic shapes) takes the
+# library only where every bucket decided for the shape did.
 _AUTO = {}
 # The torch SDPA backends the library's fwd + bwd (its Hopper backward) beats, with the
 # head dims where it does. Measured on the H200 (torch 2.11, cuDNN 9.19; causal bf16 fwd +
@@ -306,9 +313,14 @@ def _sdpa_flags():
             b.math_sdp_enabled(), _flash_impl(), tuple(_SDP_PRIORITY()))
 
 
-def _auto_key(q, k, causal):
+def _len_bucket(S):
+    """The length bucket of 'auto''s key: S's bit length (S in [2^(b-1), 2^b))."""
+    return int(S).bit_length()
+
+
+def _auto_key(q, k, causal, bucket=None):
     return (q.device.type, q.device.index, q.dtype, q.shape[-1], q.shape[-2], k.shape[-2],
-            bool(causal))
+            bool(causal), _len_bucket(q.shape[1]) if bucket is None else bucket)
 
 
 def _hopper_backward_off():
@@ -347,10 +359,17 @@ def _auto_library(q, k, v, causal, scale, window, cu_seqlens):
     backward takes the call and torch's SDPA would run a kernel listed in
     _AUTO_LIBRARY_BEATS for the head dim (flash, say); torch's SDPA otherwise (cuDNN,
     or a call only the library's portable backward would take)."""
+    if torch.compiler.is_compiling():
+        if window is not None or cu_seqlens is not None:
+            return False
+        if isinstance(q.shape[1], torch.SymInt):        # no guard on the length
+            base = _auto_key(q, k, causal, bucket=0)[:-1]
+            got = [v[0] for kk, v in _AUTO.items() if kk[:-1] == base]
+            return bool(got) and all(got)
+        got = _AUTO.get(_auto_key(q, k, causal))
+        return got is not None and got[0]
     key = _auto_key(q, k, causal)
     got = _AUTO.get(key)
-    if torch.compiler.is_compiling():
-        return got is not None and got[0] and window is None and cu_seqlens is None
     if (q.shape[1] != k.shape[1] or window is not None or cu_seqlens is not None
             or q.dim() != 4 or _hopper_backward_off()):
         return False            # not stored: a dense call of the same key may still apply
@@ -486,6 +505,76 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
     return residual + hidden_states
 
 
+def _plain_linear(m, dtype):
+    """Whether the patched forward may compute nn.Linear m from its weight directly
+    (:class:`_Projections`, :class:`_SwiGLUDown`): exactly nn.Linear (not a LoRA /
+    quantized subclass), weight of the activations' dtype, no module hooks (a hook on
+    the Linear -- or a global one -- would be skipped), no autocast."""
+    from torch.nn.modules import module as _mod
+    return (type(m) is torch.nn.Linear and m.weight.dtype == dtype
+            and not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                     or m._backward_pre_hooks or _mod._global_forward_hooks
+                     or _mod._global_forward_pre_hooks or _mod._global_backward_hooks
+                     or _mod._global_backward_pre_hooks)
+            and not torch.is_autocast_enabled(m.weight.device.type))
+
+
+class _Projections(torch.autograd.Function):
+    """Several nn.Linear projections of one input (q / k / v; gate / up): the outputs
+    F.linear(x, w_i, b_i) as the Linears compute them, and in the backward the input
+    gradient dx = sum_i dy_i w_i accumulated by the GEMMs (addmm with beta 1: cuBLAS
+    adds the previous sum in its epilogue) instead of one GEMM per projection and
+    autograd's elementwise sums of the partial gradients (2 adds a layer for q / k / v,
+    1 for gate / up: ~23 us each at 4 x 2048 x 2048 bf16 on the H200). The weight and
+    bias gradients are the Linears' (dy_i^T x, sum of dy_i); the tensors saved are the
+    Linears' (x and the weights: no extra memory). The summation order of dx differs
+    from autograd's (float32 accumulation inside the GEMM, one rounding per term)."""
+
+    @staticmethod
+    def forward(ctx, x, *wb):                    # x, w0, b0, w1, b1, ...
+        ws, bs = wb[0::2], wb[1::2]
+        ctx.save_for_backward(x, *ws)
+        ctx.has_bias = tuple(b is not None for b in bs)
+        if not torch.compiler.is_compiling():
+            ctx.set_materialize_grads(False)     # an unused output: no zeros GEMM'd
+        return tuple(F.linear(x, w, b) for w, b in zip(ws, bs))
+
+    @staticmethod
+    def backward(ctx, *dys):
+        x, *ws = ctx.saved_tensors
+        grads = [None] * (1 + 2 * len(ws))
+        x2 = x.reshape(-1, x.shape[-1])
+        dx = None
+        for i, (dy, w) in enumerate(zip(dys, ws)):
+            if dy is None:
+                continue
+            dy2 = dy.reshape(-1, dy.shape[-1])
+            if ctx.needs_input_grad[0]:
+                dx = dy2.mm(w) if dx is None else dx.addmm_(dy2, w)
+            if ctx.needs_input_grad[1 + 2 * i]:
+                grads[1 + 2 * i] = dy2.t().mm(x2)
+            if ctx.has_bias[i] and ctx.needs_input_grad[2 + 2 * i]:
+                grads[2 + 2 * i] = dy2.sum(0)
+        if dx is not None:
+            grads[0] = dx.view(x.shape)
+        elif ctx.needs_input_grad[0]:
+            grads[0] = torch.zeros_like(x)
+        return tuple(grads)
+
+
+def _project(x, linears):
+    """(lin(x) for lin in linears): through :class:`_Projections` when autograd
+    records and every Linear is a plain one of x's dtype, else the modules' calls."""
+    if (torch.is_grad_enabled() and x.dim() >= 2
+            and all(_plain_linear(m, x.dtype) for m in linears)
+            and (x.requires_grad or any(m.weight.requires_grad for m in linears))):
+        args = []
+        for m in linears:
+            args += (m.weight, m.bias)
+        return _Projections.apply(x, *args)
+    return tuple(m(x) for m in linears)
+
+
 class _SwiGLUDown(torch.autograd.Function):
     """down(swiglu(gate, up)) that saves gate and up only: the backward recomputes
     swiglu(gate, up) (one elementwise pass) instead of keeping it from the forward, so
@@ -507,7 +596,10 @@ class _SwiGLUDown(torch.autograd.Function):
         # time), the custom ops while torch.compile traces, on fake / meta tensors, and
         # under create_graph=True (their nodes refuse a double backward; the plain
         # implementations' outputs would silently carry no gradient)
-        plain = _tops._plain(gate) and not torch.is_grad_enabled()
+        # every tensor the backward computes with must be a plain one (a DTensor
+        # weight or dy next to a plain gate would reach the C library otherwise)
+        plain = (_tops._plain(gate) and not torch.is_grad_enabled()
+                 and all(type(t) in _tops._PLAIN_ARGS for t in (up, weight, dy)))
         glu = _tops._glu_impl if plain else torch.ops.ops_transformer.glu
         glu_backward = _tops._glu_backward_impl if plain \
             else torch.ops.ops_transformer.glu_backward
@@ -525,15 +617,14 @@ class _SwiGLUDown(torch.autograd.Function):
 
 
 def _mlp_forward(self, x):
-    g, u = self.gate_proj(x), self.up_proj(x)
+    g, u = _project(x, (self.gate_proj, self.up_proj))
     if g.dtype != u.dtype:
         _log_once("mlp_dtype", f"{type(self).__name__}: gate/up dtypes differ: HF's MLP used")
         return self.down_proj(self.act_fn(g) * u)
     if not _usable("swiglu", g.device, g.dtype):
         return self.down_proj(self.act_fn(g) * u)
     down = self.down_proj
-    if (torch.is_grad_enabled() and type(down) is torch.nn.Linear
-            and down.weight.dtype == g.dtype and not torch.is_autocast_enabled(g.device.type)
+    if (torch.is_grad_enabled() and _plain_linear(down, g.dtype)
             and (g.requires_grad or u.requires_grad or down.weight.requires_grad)):
         return _SwiGLUDown.apply(g, u, down.weight, down.bias)
     return down(_ops.swiglu(g, u))
@@ -618,9 +709,8 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
         return self._ot_orig_forward(hidden_states, position_embeddings=position_embeddings,
                                      attention_mask=attention_mask, cache=cache, **kwargs)
     D = self.head_dim
-    q = self.q_proj(hidden_states).view(B, S, -1, D)
-    k = self.k_proj(hidden_states).view(B, S, -1, D)
-    v = self.v_proj(hidden_states).view(B, S, -1, D)
+    q, k, v = (t.view(B, S, -1, D) for t in
+               _project(hidden_states, (self.q_proj, self.k_proj, self.v_proj)))
     cs, pos = _rope_cache(cos, sin, B, S)
     q, k = _ops.rope(q, k, pos, cos_sin_cache=cs)
     if cache is None and attention_mask is None:
@@ -912,6 +1002,24 @@ def _library_lce_usable(device):
     return ok
 
 
+# The library's default chunk of linear_cross_entropy: as many tokens as fit 256 MiB of
+# logits (src/core/linear_cross_entropy.h OT_LCE_DEFAULT_CHUNK_BYTES).
+_LCE_CHUNK_BYTES = 1 << 28
+
+
+def _lce_chunk_tokens(T, V, elem):
+    """Tokens per chunk of the fused loss: the library's default budget (256 MiB of
+    logits) rounded down to a multiple of 256 rows, so that each chunk's logits and
+    dhidden GEMMs fill whole tiles (the default at V 128256 bf16 is 1046 rows: a
+    1046-row GEMM runs 9 row tiles of 128 for 8.2 rows' worth; 1024 runs 8) -- never
+    more memory than the default; 0 (the library's default) when one chunk holds every
+    token or the budget is under 256 rows."""
+    rows = _LCE_CHUNK_BYTES // max(1, int(V) * int(elem))
+    if rows >= T or rows < 256:
+        return 0
+    return rows // 256 * 256
+
+
 def lm_head_loss(hidden, weight, labels, *, ignore_index=-100, num_items_in_batch=None,
                  shift_labels=None, chunk_rows=None, impl="auto"):
     """HF's causal-LM loss of ``hidden @ weight.T`` without materializing the logits.
@@ -932,7 +1040,9 @@ def lm_head_loss(hidden, weight, labels, *, ignore_index=-100, num_items_in_batc
     reduction = "mean" if num_items_in_batch is None else "sum"
     if impl == "library" or (impl == "auto" and _library_lce_usable(hidden.device)):
         loss = _library_lce()(hidden, weight, shift_labels, ignore_index=ignore_index,
-                              reduction=reduction)
+                              reduction=reduction,
+                              chunk_tokens=_lce_chunk_tokens(hidden.shape[0], weight.shape[0],
+                                                             hidden.element_size()))
         if num_items_in_batch is not None:
             if torch.is_tensor(num_items_in_batch):
                 num_items_in_batch = num_items_in_batch.to(loss.device)
@@ -1172,17 +1282,31 @@ def _probe_model_devices(model):
                     _usable("attention", dev, dt, (D, ratio, True, window))
             if _fused_attention() == "auto":
                 _probe_auto(dev, dt, D, cfg.num_attention_heads,
-                            cfg.num_attention_heads // ratio)
+                            cfg.num_attention_heads // ratio,
+                            _probe_lengths(getattr(cfg, "max_position_embeddings", None)))
 
 
-def _probe_auto(device, dtype, D, Hq, Hkv):
+def _probe_lengths(max_len):
+    """The lengths patch_model probes 'auto' at: 64, 128, ... up to min(max_len, 16384)
+    (one per length bucket; the probe tensors are [1, S, H, D])."""
+    cap = min(int(max_len or 64), 16384)
+    out, S = [], 64
+    while S <= cap or not out:
+        out.append(S)
+        S *= 2
+    return tuple(out)
+
+
+def _probe_auto(device, dtype, D, Hq, Hkv, lengths=(64,)):
     """fused_attention='auto': decide for the model's attention shape now (eagerly:
-    torch.compile then reads the decision), on small tensors of that shape."""
+    torch.compile then reads the decisions), at each length in `lengths` (one decision
+    per length bucket), on uninitialized [1, S, H, D] tensors (no device work)."""
     try:
         with torch.enable_grad():
-            q = torch.empty(1, 64, Hq, D, device=device, dtype=dtype, requires_grad=True)
-            kv = torch.empty(1, 64, Hkv, D, device=device, dtype=dtype)
-            _auto_library(q, kv, kv, True, D ** -0.5, None, None)
+            for S in lengths:
+                q = torch.empty(1, S, Hq, D, device=device, dtype=dtype, requires_grad=True)
+                kv = torch.empty(1, S, Hkv, D, device=device, dtype=dtype)
+                _auto_library(q, kv, kv, True, D ** -0.5, None, None)
     except Exception as e:  # noqa: BLE001  (no decision stored: torch's SDPA when compiled)
         _log_once("probe_auto", f"config.fused_attention='auto': no decision for D {D}, "
                   f"{Hq} / {Hkv} heads on {device}: {type(e).__name__}: {e}")

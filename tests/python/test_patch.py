@@ -722,7 +722,8 @@ def test_auto_attention_picks_the_faster_kernels_once_per_shape(ids, calls, auto
     loss0, _, g0 = loss_and_grads(model, ids)
     ot.patch_model(model)
     # what patch_model does on CUDA (the CPU needs no probe): decide for the model's shape
-    ot_patch._probe_auto(torch.device("cpu"), torch.float32, D, 4, 2)
+    # (at the batch's length bucket)
+    ot_patch._probe_auto(torch.device("cpu"), torch.float32, D, 4, 2, lengths=(S,))
     assert decided == [(D, 4, 2, True)]
     for _ in range(2):
         calls.clear()
@@ -769,6 +770,34 @@ def test_auto_attention_decides_again_when_sdpa_backends_change(auto_on_cpu):
         assert not ot_patch._auto_library(q, k, k, True, 0.1, None, None)
 
 
+def test_auto_attention_decides_per_length_bucket(auto_on_cpu):
+    """One decision per power-of-two length bucket (torch's pick may depend on the
+    length): lengths of one bucket share it, another bucket asks torch again and can
+    differ; patch_model's probe covers the buckets of 64 .. min(max positions, 16384)."""
+    decided, pick = auto_on_cpu
+
+    def qk(S):
+        return (torch.randn(1, S, 4, 128, requires_grad=True), torch.randn(1, S, 4, 128))
+    q, k = qk(40)
+    assert ot_patch._auto_library(q, k, k, True, 0.1, None, None)         # flash: library
+    q, k = qk(63)                                                          # same bucket
+    assert ot_patch._auto_library(q, k, k, True, 0.1, None, None)
+    assert len(decided) == 1
+    pick[0] = "CUDNN_ATTENTION"
+    q, k = qk(64)                                                          # next bucket
+    assert not ot_patch._auto_library(q, k, k, True, 0.1, None, None)
+    assert len(decided) == 2
+    q, k = qk(33)                                                          # first bucket
+    assert ot_patch._auto_library(q, k, k, True, 0.1, None, None)
+    assert len(decided) == 2
+    assert sorted(key[-1] for key in cpu_auto()) == [6, 7]
+    assert ot_patch._probe_lengths(2048) == (64, 128, 256, 512, 1024, 2048)
+    assert ot_patch._probe_lengths(100000)[-1] == 16384
+    assert ot_patch._probe_lengths(None) == (64,) and ot_patch._probe_lengths(16) == (64,)
+    ot_patch._probe_auto(torch.device("cpu"), torch.float32, 128, 4, 4, lengths=(64, 512))
+    assert len(decided) == 3                  # 64's bucket was decided; 512's was not
+
+
 def test_auto_attention_flash_impl_and_priority_order_are_part_of_the_flags(auto_on_cpu):
     """Torch's flash backend with FA3 / FA4 activated is not the FA2 the table measured:
     torch's SDPA keeps the call; activating / restoring it, or another SDPA priority
@@ -805,7 +834,7 @@ def test_auto_attention_under_torch_compile(ids, calls, auto_on_cpu, decided_bef
     loss0, _, g0 = loss_and_grads(model, ids)
     ot.patch_model(model)
     if decided_before:
-        ot_patch._probe_auto(torch.device("cpu"), torch.float32, 128, 4, 2)
+        ot_patch._probe_auto(torch.device("cpu"), torch.float32, 128, 4, 2, lengths=(S,))
     explanation = torch._dynamo.explain(model)(ids, labels=ids, use_cache=False)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert len(cpu_auto()) == (1 if decided_before else 0)
