@@ -90,20 +90,20 @@ def plan(quick):
     lc = dict(cfg="0.54b", batch=1, seq=16384)
     # the eager cases of the targets in the first group (one process start-up);
     # "patched_other" is the patched model with the attention "auto" did not pick;
-    # profiles: the patched 0.54 B step and HF sdpa's (per-kind GPU time side by side),
-    # then (a later group) the 1.5 B and long-context patched steps
+    # profiles: the patched 0.54 B step; in a later group HF sdpa's (per-kind GPU time
+    # side by side) and the long-context and 1.5 B patched steps
     return [
         [dict(kind="ceiling"), dict(kind="attention"),
          dict(a, variant="hf_sdpa"), dict(a, variant="patched"), dict(kind="lce"),
          dict(a, variant="patched_ot_adamw"), dict(a, variant="patched_other"),
          dict(b, variant="hf_sdpa"), dict(b, variant="patched"),
          dict(b, variant="patched_ot_adamw"), dict(lc, variant="hf_sdpa"),
-         dict(lc, variant="patched"),
-         dict(a, kind="profile", variant="patched"), dict(a, kind="profile", variant="hf_sdpa")],
+         dict(lc, variant="patched"), dict(a, kind="profile", variant="patched")],
         # the compiled pair of a config in one group: one compile mode for both
         [dict(a, variant="hf_sdpa_compile"), dict(a, variant="patched_compile")],
         [dict(b, variant="hf_sdpa_compile"), dict(b, variant="patched_compile")],
-        [dict(b, kind="profile", variant="patched"), dict(lc, kind="profile", variant="patched")],
+        [dict(a, kind="profile", variant="hf_sdpa"), dict(lc, kind="profile", variant="patched"),
+         dict(b, kind="profile", variant="patched")],
         [dict(b, variant="patched_other"), dict(lc, variant="patched_other")],
         [dict(kind="curve", cfg="0.54b", batch=4, seq=2048)],
         [dict(a, variant="hf_eager"), dict(lc, variant="hf_eager")],
@@ -123,7 +123,7 @@ def _flops_per_token(cfg, seq):
     return 6 * n + 6 * L * seq * h                           # causal attention: half of 12
 
 
-def _build(case, device, dtype, seed, compile_mode="model"):
+def _build(case, device, dtype, seed, compile_mode="model", compile_options=None):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = dict(CONFIGS[case["cfg"]])
@@ -159,10 +159,12 @@ def _build(case, device, dtype, seed, compile_mode="model"):
             # of them), the LM head and loss stay eager -- compiles in a fraction of the
             # time of the whole model
             for layer in model.model.layers:
-                layer.compile()
+                layer.compile(**(compile_options or {}))
         else:
-            fwd = torch.compile(model)
+            fwd = torch.compile(model, **(compile_options or {}))
         info["compile_mode"] = compile_mode
+        if compile_options:
+            info["compile_options"] = compile_options
     return model, fwd, cfg, info
 
 
@@ -242,10 +244,14 @@ def run_case(case, args, device, dtype):
     model = opt = fwd = None
     try:
         t0 = time.perf_counter()
-        model, fwd, cfg, info = _build(case, device, dtype, args.seed, args.compile_mode)
+        model, fwd, cfg, info = _build(case, device, dtype, args.seed, args.compile_mode,
+                                       json.loads(args.compile_options or "{}"))
         res.update(info)
         if info.get("compile_mode") == "layers":
             res["label"] += " (per layer)"
+        if info.get("compile_options"):
+            res["label"] += " " + ", ".join(f"{k}={v}" for k, v in
+                                            info["compile_options"].items())
         res["params"] = sum(p.numel() for p in model.parameters())
         opt = _optimizer(model, device, variant)
         gen = torch.Generator().manual_seed(args.seed + 1)
@@ -840,6 +846,9 @@ def main(argv=None):
     p.add_argument("--curve-from", default=None, metavar="JSON",
                    help="when this run makes no loss curve, keep the one of this earlier "
                         "training.json (marked as such)")
+    p.add_argument("--compile-options", default=None, metavar="JSON",
+                   help='torch.compile keyword arguments for both compiled variants (HF and '
+                   'patched alike), e.g. \'{"mode": "max-autotune-no-cudagraphs"}\'')
     p.add_argument("--compile-mode", choices=["auto", "model", "layers"], default="auto",
                    help="torch.compile the whole model, or each decoder layer (regional: "
                         "a much shorter compile; LM head and loss eager), or auto: the "
@@ -904,10 +913,10 @@ def main(argv=None):
             save()
             continue
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(group),
-               "--device", args.device, "--compile-mode", mode,
-               "--steps", str(args.steps), "--curve-steps",
-               str(args.curve_steps), "--seed", str(args.seed)] + (["--quick"] if args.quick
-                                                                   else [])
+               "--device", args.device, "--compile-mode", mode]
+        cmd += ["--compile-options", args.compile_options] if args.compile_options else []
+        cmd += ["--steps", str(args.steps), "--curve-steps", str(args.curve_steps),
+                "--seed", str(args.seed)] + (["--quick"] if args.quick else [])
         print(f"[{time.time() - t_start:5.0f}s] group {gi}: "
               f"{[c.get('variant', c.get('kind')) for c in group]} "
               f"({group[-1].get('cfg', '')}), timeout {left:.0f} s", flush=True)
