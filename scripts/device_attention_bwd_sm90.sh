@@ -11,6 +11,11 @@
 #     against) for NAME in ALTS (default base), in the same run; SAN_LIMIT: seconds per sanitizer run (60); logs under $OUT. TIMING_SHAPES: "B,H,S,D ..." (default 8,16,4096,128);
 #     TIMING_SETS: the VAR=VALUE settings timed in turn (default deterministic=0 deterministic=1).
 #     BENCH_PY: the bench script to run (default bench/bench_attention.py).
+#     ab: bench/ab_attention_bwd.py in one process over the shims of $PRE/NAME.tar.xz for
+#     NAME in ALTS and this build ("new"), AB_ARGS (e.g. --cases D128S4096 --rounds 3),
+#     AB_LIMIT seconds (120); it runs after the sanitizer. PAR=1: the tests run in the
+#     background beside the sanitizer (waited for before any timing). SAN_MIN=1: sanitize runs only memcheck and racecheck of
+#     "hopper-only causal Sq<Sk 100x1000 D128" and racecheck of "hopper-only S129".
 #     PRE (default .bwd90carry, carried): bin.tar.xz with test_ops and libattention_shim.so
 #     built here for sm_90a (cmake -DOT_CUDA_ARCHS=90a; see the prebuild lines below) and
 #     deps.tar.xz (OpenBLAS + Fortran runtime of .carry/deps/lib), so that the device's time
@@ -63,12 +68,21 @@ if has smoke; then
   rc=$?; tail -4 "$OUT/smoke.log"
   if [ $rc -eq 124 ]; then echo "SMOKE TIMED OUT (hang)"; exit 2; fi
 fi
-if has test; then
-  stamp "tests (Hopper backward through the dispatcher)"
-  timeout ${TEST_LIMIT:-200} $A -v >"$OUT/tests.log" 2>&1
-  echo "test_ops rc=$?"
+test_summary() {
   grep -E -A3 '^FAIL' "$OUT/tests.log" | head -40
   echo "tests: $(grep -c '^ok ' "$OUT/tests.log") ok, $(grep -c '^FAIL' "$OUT/tests.log") FAIL"
+}
+TPID=
+if has test; then
+  stamp "tests (Hopper backward through the dispatcher)${PAR:+, in the background}"
+  if [ "${PAR:-0}" = 1 ]; then   # beside the sanitizer (both mostly CPU); before any timing
+    ( timeout ${TEST_LIMIT:-200} $A -v >"$OUT/tests.log" 2>&1; echo "test_ops rc=$?" >"$OUT/tests.rc" ) &
+    TPID=$!
+  else
+    timeout ${TEST_LIMIT:-200} $A -v >"$OUT/tests.log" 2>&1
+    echo "test_ops rc=$?"
+    test_summary
+  fi
 fi
 if has test_alt; then   # the CUDA cases again under ALT_ENV (default: the portable path)
   ALT_ENV=${ALT_ENV:-OT_ATTN_SM90=0}
@@ -89,6 +103,11 @@ if has sanitize; then
     echo "   $1 '$2' rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$one" | tail -1)"
   }
   stamp "compute-sanitizer"
+  if [ "${SAN_MIN:-0}" = 1 ]; then
+    san memcheck "hopper-only causal Sq<Sk 100x1000 D128"
+    san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all
+    san racecheck "hopper-only S129" --racecheck-report all
+  else
   # the Hopper backward's cases (OT_ATTN_IMPL=sm90: a declined call fails): D64 MQA with
   # the 64-query tail, D128 GQA1; memcheck also on a D128 Sq != Sk case through the dispatcher
   san memcheck "hopper-only S129"
@@ -98,6 +117,24 @@ if has sanitize; then
   # D128 with refilled Q/dO stages (8 tiles a CTA; S128 D128 has 2, no refill)
   san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all
   san synccheck "hopper-only S128 D128"
+  fi
+fi
+if [ -n "$TPID" ]; then
+  wait "$TPID"; stamp "tests done: $(cat "$OUT/tests.rc" 2>/dev/null)"
+  test_summary
+fi
+if has ab; then   # the builds of ALTS and this one, same process, rotating order
+  shims=()
+  for alt in ${ALTS:-base}; do
+    [ -f "$BIN/$alt/libattention_shim.so" ] && shims+=(--shim "$alt=$BIN/$alt/libattention_shim.so")
+  done
+  stamp "A/B: ${ALTS:-base} new"
+  # shellcheck disable=SC2086
+  timeout ${AB_LIMIT:-120} python3 bench/ab_attention_bwd.py "${shims[@]}" --shim "new=$SHIM" \
+    ${AB_ARGS:-} --json "$OUT/ab.json" --commit "$COMMIT" \
+    --command "scripts/device_attention_bwd_sm90.sh $COMMIT $STEPS (ALTS='${ALTS:-base}' AB_ARGS='${AB_ARGS:-}')" \
+    >"$OUT/ab.log" 2>&1
+  echo "ab rc=$?"; grep -E 'GEMM|^D[0-9]|failed|Error' "$OUT/ab.log" | cut -c1-300
 fi
 for alt in ${ALTS:-base}; do
   has sanitize_base && [ -x "$BIN/$alt/tests/test_ops" ] || continue

@@ -481,6 +481,10 @@ static const DLDataType *all_dtypes[] = {&DT_F32, &DT_F16, &DT_BF16};
  * whose results would pass the same checks. */
 static bool require_sm90;
 
+/* While nonzero, the backward of run_case_det runs with an arena attached to the context
+ * whose room beyond the cuBLASLt workspace is this many bytes. */
+static size_t bwd_arena_room;
+
 static bool attn_ok(test_run *tr, ot_status st, const char *what) {
   if (require_sm90 && st == OT_ERR_UNSUPPORTED) {
     if (strstr(ot_last_error(), "no Hopper attention kernel here")) {
@@ -514,7 +518,19 @@ static void run_case_det(test_run *tr, const acase *c, DLDataType dt, bool det) 
       double *dq = malloc((nq + 1) * sizeof *dq), *dk = malloc((nk + 1) * sizeof *dk),
              *dv = malloc((nk + 1) * sizeof *dv);
       ref_backward(p, q, k, v, dout, dq, dk, dv);
-      if (attn_ok(tr, run_backward(tr, &P), "ot_attention_backward")) {
+      ot_arena *arena = NULL;
+      ot_status bst = OT_OK;
+      if (bwd_arena_room &&
+          (!tr_ok(tr, ot_arena_create(tr->be->ctx, ((size_t)32 << 20) + bwd_arena_room, &arena),
+                  "arena") ||
+           !tr_ok(tr, ot_context_set_arena(tr->be->ctx, arena), "attach the arena")))
+        bst = OT_ERR_OOM;
+      if (bst == OT_OK) bst = run_backward(tr, &P);
+      if (arena) {
+        ot_context_set_arena(tr->be->ctx, NULL);
+        ot_arena_destroy(arena);
+      }
+      if (attn_ok(tr, bst, "ot_attention_backward")) {
         sync_outputs(&P);
         check_close(tr, "dq", P.dq, dq, grad_tol(dt));
         check_close(tr, "dk", P.dk, dk, grad_tol(dt));
@@ -877,6 +893,17 @@ static void run_repeat_case_cuda(test_run *tr, const acase *c) {
   tr_end(tr);
 }
 
+/* The Hopper backward's scratch (dQ accumulator, 4 (D + 2) bytes a query row and head:
+ * 1 MiB here) does not fit in the arena, the portable backward's (4 bytes: 8 KB) does: the
+ * call falls back to the portable kernel instead of failing with OT_ERR_OOM. */
+static void run_scratch_fallback_case(test_run *tr) {
+  static const acase c = {"bwd scratch fallback (arena of 64 KB) S1000 D128 causal", 1, 1000,
+                          1000, 2, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true};
+  bwd_arena_room = 64 << 10;
+  run_case(tr, &c, DT_BF16);
+  bwd_arena_room = 0;
+}
+
 /* OT_ATTN_IMPL=sm90 and a call the Hopper forward does not take (softcap): a clear
  * OT_ERR_UNSUPPORTED, not the portable kernel; skipped where no Hopper kernel can run. */
 static void run_sm90_refusal_case(test_run *tr) {
@@ -924,6 +951,7 @@ static void run(test_run *tr) {
         {"unsplit", 4, 300, 300, 16, 4, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     };
     for (int i = 0; i < 2; i++) run_repeat_case_cuda(tr, &rep[i]);
+    run_scratch_fallback_case(tr);
     run_sm90_required(tr);
   }
   for (int k = 0; k < BAD_COUNT; k++)

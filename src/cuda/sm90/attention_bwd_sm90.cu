@@ -27,14 +27,17 @@
  *                                                 dQ writer adds it into the accumulator with
  *                                                 one bulk reduce-add (cp.reduce.async.bulk
  *                                                 .add.f32), off the consumers' path;
- *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype.
+ *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype (one block per
+ *    accumulator tile, 64-byte reads, 16-byte stores).
  * The reduce-adds make dQ's summation order vary between runs (not bitwise repeatable):
  * params.deterministic = 1 routes to the portable backward instead (attention_bwd.cu).
  *
  * Not covered here (handled = false; the portable kernel runs): windows other than causal,
  * softcap, varlen, head dims other than 64 / 128, fp32, strides TMA cannot express,
- * devices other than cc 9.0, deterministic = 1. Switches: OT_ATTN_SM90=0 (also turns the
- * Hopper forward off), OT_ATTN_IMPL=portable (the dispatcher in attention_bwd.cu).
+ * devices other than cc 9.0, deterministic = 1, and calls whose scratch cannot be had
+ * (the portable backward needs a (D + 2)-th of it; unless OT_ATTN_IMPL=sm90: OT_ERR_OOM).
+ * Switches: OT_ATTN_SM90=0 (also turns the Hopper forward off), OT_ATTN_IMPL=portable (the
+ * dispatcher in attention_bwd.cu).
  */
 #include <cuda.h>
 #include <math.h>
@@ -399,7 +402,7 @@ __global__ void attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                                      const bwd_params p) {}
 #endif
 
-/* lse2 and Dsum per (batch, query head, row < sq_pad): one warp a row. */
+/* lse2 and Dsum per (batch, query head, row < sq_pad): one warp a row (any alignment). */
 template <typename T>
 __global__ void bwd_prep_kernel(const ot_attn_operand o, const ot_attn_operand dout,
                                 const ot_attn_operand lse, float *lse2, float *dsum, int sq,
@@ -428,31 +431,101 @@ __global__ void bwd_prep_kernel(const ot_attn_operand o, const ot_attn_operand d
   }
 }
 
-/* dQ = scale * accumulator: one thread per 2 elements, columns fastest, then heads. The
- * accumulator holds [b][h][m][D / 64] tiles of 64 queries x 64 columns in the main kernel's
- * fragment order: float4 j of thread t = 32 warp + 4 g + q4 holds rows 16 warp + g (+ 8),
- * columns 8 j + 2 q4 (+ 1) as {r c, r c+1, r+8 c, r+8 c+1}. */
-template <typename T>
-__global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int sq_pad, int hq,
-                              int d, float scale, int64_t pairs) {
-  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < pairs; t += stride) {
-    const int c2 = (int)(t % (d / 2));
-    int64_t u = t / (d / 2);
-    const int h = (int)(u % hq);
-    u /= hq;
-    const int i = (int)(u % sq);
-    const int64_t b = u / sq;
-    const int r = i % 64, col = 2 * c2, cc = col % 64;
-    const int ft = (r / 16) * 32 + (r % 8) * 4 + (cc % 8) / 2;
-    const int64_t tile = ((b * hq + h) * (sq_pad / 64) + i / 64) * (d / 64) + col / 64;
-    const int64_t src = tile * kDqTile + ((cc / 8) * 128 + ft) * 4 + 2 * ((r / 8) % 2);
-    const float2 v = *(const float2 *)(acc + src);
-    T *dst = (T *)dq.data + b * dq.batch_stride + (int64_t)i * dq.tok_stride +
-             (int64_t)h * dq.head_stride + 2 * c2;
-    dst[0] = from_f32<T>(v.x * scale);
-    dst[1] = from_f32<T>(v.y * scale);
+/* The same for 16-byte aligned rows of O and dO: D / 8 lanes a row, one 16-byte load of
+ * each per lane (the warp-a-row kernel reads 2 bytes a lane per load). */
+template <typename T, int D>
+__global__ void bwd_prep_vec_kernel(const ot_attn_operand o, const ot_attn_operand dout,
+                                    const ot_attn_operand lse, float *lse2, float *dsum, int sq,
+                                    int sq_pad, int hq, int64_t rows) {
+  constexpr int LPR = D / 8; /* lanes per row: 16 (D128) or 8 (D64) */
+  const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / LPR;
+  const int sub = threadIdx.x % LPR;
+  /* rows is a multiple of 64 (sq_pad): every lane of a warp has a row or none has */
+  if (r >= rows) return;
+  const int i = (int)(r % sq_pad), h = (int)((r / sq_pad) % hq);
+  const int64_t b = r / ((int64_t)sq_pad * hq);
+  float s = 0.f;
+  if (i < sq) {
+    float fo[8], fd[8];
+    load_vec_stream<T>(fo, (const T *)o.data + b * o.batch_stride + (int64_t)i * o.tok_stride +
+                               (int64_t)h * o.head_stride + 8 * sub);
+    load_vec_stream<T>(fd, (const T *)dout.data + b * dout.batch_stride +
+                               (int64_t)i * dout.tok_stride + (int64_t)h * dout.head_stride +
+                               8 * sub);
+#pragma unroll
+    for (int e = 0; e < 8; e++) s = fmaf(fo[e], fd[e], s);
   }
+#pragma unroll
+  for (int w = LPR / 2; w > 0; w >>= 1) s += __shfl_xor_sync(0xffffffffu, s, w);
+  if (sub == 0) {
+    float l2 = INFINITY;
+    if (i < sq) {
+      const float x = ((const float *)lse.data)[b * lse.batch_stride +
+                                               (int64_t)h * lse.head_stride +
+                                               (int64_t)i * lse.tok_stride];
+      l2 = x == -INFINITY ? INFINITY : x * 1.4426950408889634f;
+    }
+    lse2[r] = l2;
+    dsum[r] = s;
+  }
+}
+
+/* dQ = scale * accumulator, one 256-thread block per accumulator tile (grid-stride over
+ * tiles). The accumulator holds [b][h][m][D / 64] tiles of 64 queries x 64 columns in the
+ * main kernel's fragment order: float4 j of thread t = 32 warp + 4 g + q4 holds rows
+ * 16 warp + g (+ 8), columns 8 j + 2 q4 (+ 1) as {r c, r c+1, r+8 c, r+8 c+1}. So the 4
+ * consecutive float4 j * 128 + 4 grp + (0..3), grp = 8 warp + g, are columns 8 j .. 8 j + 7
+ * of rows r = 16 (grp / 8) + grp % 8 and r + 8: thread (grp, j) reads those 64 bytes and
+ * writes 8 elements to each of the two rows (j fastest: 8 threads write a row's 64
+ * columns together). V16: dq's rows are 16-byte aligned (one 16-byte store a row). */
+template <typename T, bool V16>
+__global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int sq_pad, int hq,
+                              int d, float scale, int64_t tiles) {
+  const int j = threadIdx.x % 8, grp = threadIdx.x / 8;
+  const int r0 = 16 * (grp / 8) + grp % 8;
+  const int ct_n = d / 64, mt_n = sq_pad / 64;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const float4 *src = (const float4 *)(acc + tile * kDqTile) + j * 128 + 4 * grp;
+    float4 v[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) v[q] = __ldcs(src + q);
+    int64_t u = tile;
+    const int ct = (int)(u % ct_n);
+    u /= ct_n;
+    const int m = (int)(u % mt_n);
+    u /= mt_n;
+    const int h = (int)(u % hq);
+    const int64_t b = u / hq;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int i = m * 64 + r0 + 8 * hh;
+      if (i >= sq) continue;
+      float f[8];
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        f[2 * q] = (hh ? v[q].z : v[q].x) * scale;
+        f[2 * q + 1] = (hh ? v[q].w : v[q].y) * scale;
+      }
+      T *dst = (T *)dq.data + b * dq.batch_stride + (int64_t)i * dq.tok_stride +
+               (int64_t)h * dq.head_stride + 64 * ct + 8 * j;
+      if (V16) {
+        store_vec<T>(dst, f);
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          const T lo = from_f32<T>(f[2 * q]), hi = from_f32<T>(f[2 * q + 1]);
+          *(uint32_t *)(dst + 2 * q) =
+              (uint32_t)*(const uint16_t *)&lo | (uint32_t)*(const uint16_t *)&hi << 16;
+        }
+      }
+    }
+  }
+}
+
+/* Rows of 16-byte vectors: the data 16-byte aligned, every stride a multiple of 8 elements. */
+static bool vec16_ok(const ot_attn_operand *x) {
+  return ((uintptr_t)x->data & 15) == 0 && !(x->tok_stride & 7) && !(x->head_stride & 7) &&
+         !(x->batch_stride & 7);
 }
 
 template <typename T, int D>
@@ -466,16 +539,26 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          L::bytes));
   OT_CUDA_CHECK(op, cudaMemsetAsync(p.dq_acc, 0, (size_t)rows * D * sizeof(float), stream));
-  bwd_prep_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
-      a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, D, rows);
+  if (vec16_ok(&a->out) && vec16_ok(&a->dout)) {
+    const int64_t threads = rows * (D / 8); /* rows: a multiple of 64, so of 256 / (D / 8) */
+    bwd_prep_vec_kernel<T, D><<<(unsigned)(threads / 256), 256, 0, stream>>>(
+        a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, rows);
+  } else {
+    bwd_prep_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
+        a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, D, rows);
+  }
   OT_CUDA_CHECK_LAUNCH(op);
   dim3 grid((unsigned)((p.sk + kBk - 1) / kBk), (unsigned)a->hkv, (unsigned)a->batch);
   kern<<<grid, kThreads, L::bytes, stream>>>(maps[0], maps[1], maps[2], maps[3], p);
   OT_CUDA_CHECK_LAUNCH(op);
-  const int64_t pairs = a->batch * a->hq * a->sq * (D / 2);
-  const int64_t blocks = (pairs + 255) / 256;
-  bwd_dq_kernel<T><<<(unsigned)(blocks < 65536 * 4 ? blocks : 65536 * 4), 256, 0, stream>>>(
-      p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D, p.scale, pairs);
+  const int64_t tiles = rows / 64 * (D / 64);
+  const unsigned blocks = (unsigned)(tiles < (1 << 20) ? tiles : (1 << 20));
+  if (vec16_ok(&a->dq))
+    bwd_dq_kernel<T, true><<<blocks, 256, 0, stream>>>(p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D,
+                                                       p.scale, tiles);
+  else
+    bwd_dq_kernel<T, false><<<blocks, 256, 0, stream>>>(p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D,
+                                                        p.scale, tiles);
   OT_CUDA_CHECK_LAUNCH(op);
   return OT_OK;
 }
@@ -519,12 +602,18 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
       !encode_map(&maps[2], &a->v, a->dtype, a->batch, a->sk, a->hkv, a->d, kBk) ||
       !encode_map(&maps[3], &a->dout, a->dtype, a->batch, a->sq, a->hq, a->d, kBq))
     return OT_OK;
-  *handled = true;
-  /* Scratch: dQ accumulator, then lse2 and Dsum (each a multiple of 256 bytes). */
+  /* Scratch: dQ accumulator, then lse2 and Dsum (each a multiple of 256 bytes). Where it
+   * cannot be had, the portable backward runs: it needs 4 bytes a query row and head
+   * against 4 (D + 2) here (OT_ATTN_IMPL=sm90 asks for this kernel: the OOM stands). */
   const size_t acc_bytes = (size_t)rows * a->d * sizeof(float);
   const size_t vec_bytes = (size_t)rows * sizeof(float);
   uint8_t *ws = (uint8_t *)ot_cuda_scratch(ctx, acc_bytes + 2 * vec_bytes, op);
-  if (!ws) return OT_ERR_OOM;
+  if (!ws) {
+    if (ot_cuda_attention_impl() != OT_ATTN_IMPL_SM90) return OT_OK; /* declined */
+    *handled = true;
+    return OT_ERR_OOM;
+  }
+  *handled = true;
   bwd_params p;
   memset(&p, 0, sizeof p);
   p.dk = a->dk.data;

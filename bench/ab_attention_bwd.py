@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""ab_attention_bwd.py -- same-process A/B of attention backward builds against torch SDPA.
+
+Each --shim NAME=PATH is a bench/attention_shim.c library of one build (its own static copy
+of the library, loaded with RTLD_LOCAL). Per case (bf16, BSHD, batch * seq = 32k tokens,
+heads * D = 2048, as bench_attention.py): forward + backward through the public API of each
+build and of torch SDPA's cuDNN and flash backends, and each build's backward alone, in
+ROUNDS rounds whose order rotates (drift hits every entry alike); CUDA events, median of 20
+calls (10 above S 4k) after 3 warm-ups per entry and round; reported: the median over rounds.
+FLOPs: 4 B H S^2 D (half for causal) forward, 2.5x that backward (bench_attention.py).
+
+  python3 bench/ab_attention_bwd.py --shim base=A.so --shim new=B.so [--cases D128S4096,...]
+      [--rounds 3] [--json out.json] [--commit C] [--command CMD]
+"""
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_attention as ba  # noqa: E402  (Shim, make_qkv, time_ms, stream, gemm_tflops)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+
+def parse_cases(text):
+    out = []
+    for c in text.split(","):
+        d, s = c.strip().lstrip("D").split("S")
+        out.append((int(d), int(s)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shim", action="append", required=True, help="NAME=PATH")
+    ap.add_argument("--cases", default="D128S4096,D128S16384,D64S4096")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--command", default=" ".join(sys.argv))
+    args = ap.parse_args()
+    shims = []
+    for s in args.shim:
+        name, path = s.split("=", 1)
+        shims.append((name, ba.Shim(path)))
+    gemm = ba.gemm_tflops()
+    print(f"cuBLAS bf16 GEMM 8192^3: {gemm:.0f} TFLOP/s", flush=True)
+    rows = []
+    for d, s in parse_cases(args.cases):
+        for causal in (False, True):
+            B, H = 32768 // s, 2048 // d
+            q, k, v = ba.make_qkv(B, s, s, H, H, d, torch.bfloat16, "bshd")
+            out = torch.empty_like(q)
+            lse = torch.empty(B, H, s, device="cuda")
+            dq, dk, dv, do = (torch.empty_like(x) for x in (q, k, v, q))
+            do.normal_()
+            flops = 4 * B * H * s * s * d / (2 if causal else 1)
+            case = f"D{d} S{s} {'causal' if causal else 'full'} bf16 B{B} H{H}"
+            iters = 20 if s <= 4096 else 10  # S 16k: ~30 ms a call
+
+            def fwd(S):
+                return S.lib.shim_attn_fwd(ba.stream(), 3, B, H, H, d, s, s, int(causal),
+                                           q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                           out.data_ptr(), lse.data_ptr())
+
+            def bwd(S):
+                return S.lib.shim_attn_bwd(ba.stream(), 3, B, H, H, d, s, s, int(causal),
+                                           q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                           out.data_ptr(), do.data_ptr(), lse.data_ptr(),
+                                           dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+
+            entries = []  # (key, fn, flop count)
+            for name, S in shims:
+                def fb(S=S):
+                    if fwd(S) or bwd(S):
+                        raise RuntimeError(S.err())
+
+                def b_only(S=S):
+                    if bwd(S):
+                        raise RuntimeError(S.err())
+                entries.append((("fwd_bwd", name), fb, 3.5 * flops))
+                entries.append((("bwd", name), b_only, 2.5 * flops))
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            qg, kg, vg = (x.detach().clone().requires_grad_() for x in (qt, kt, vt))
+            dot = do.transpose(1, 2)
+            for pname, be in (("torch SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
+                              ("torch SDPA flash", SDPBackend.FLASH_ATTENTION)):
+                def pfb(be=be):
+                    with sdpa_kernel([be]):
+                        F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(dot)
+                entries.append((("fwd_bwd", pname), pfb, 3.5 * flops))
+            res = {e[0]: [] for e in entries}
+            for r in range(args.rounds):
+                order = entries[r % len(entries):] + entries[:r % len(entries)]
+                for key, fn, fl in order:
+                    try:
+                        if key[0] == "bwd":
+                            fwd(dict(shims)[key[1]])  # out / lse of this build
+                        res[key].append(fl / ba.time_ms(fn, iters=iters) / 1e9)
+                    except Exception as e:  # a peer unavailable for this shape
+                        print(f"{case} {key}: failed: {str(e)[:100]}", flush=True)
+            med = {k_: round(statistics.median(v_), 1) for k_, v_ in res.items() if v_}
+            peers = {k_[1]: v_ for k_, v_ in med.items() if k_[1].startswith("torch")}
+            best = max(peers.values()) if peers else None
+            line = [f"{case:32s}"] + [f"{p[11:]} {v_:.1f}" for p, v_ in peers.items()]
+            for name, _ in shims:
+                fbv, bv = med.get(("fwd_bwd", name)), med.get(("bwd", name))
+                if fbv is None:
+                    continue
+                line.append(f"{name} {fbv:.1f} ({fbv / best:.3f}x, bwd {bv})" if best else
+                            f"{name} {fbv:.1f}")
+                rows.append({"op": "attention_fwd_bwd", "case": case, "metric": "TFLOP/s",
+                             "build": name, "ours": fbv, "bwd_only_TFLOPs": bv,
+                             "rounds": [round(x, 1) for x in res[("fwd_bwd", name)]],
+                             "peers": peers,
+                             "ratio_best_peer": round(fbv / best, 3) if best else None,
+                             "fraction_of_ceiling": round(fbv / gemm, 3)})
+            print("  ".join(line), flush=True)
+            del q, k, v, out, lse, dq, dk, dv, do, qg, kg, vg
+            torch.cuda.empty_cache()
+    if args.json:  # bench_attention.py's record; rows carry their build's name
+        ba.write_json(args, gemm, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
