@@ -334,11 +334,6 @@ DECODE_VARIANTS = {
     "small_m_no_pdl": {"OT_LINEAR_PDL": "0"},   # the same kernels, launched without PDL
     "all_small_m": {"OT_LINEAR_GEMV": "1"},     # every M = 1 linear on the small-M kernel
     "all_cublaslt": {"OT_LINEAR_GEMV": "0"},    # every linear on cuBLASLt
-    # o_proj's weight prefetched into L2 during the attention (default mode 1 at batch <= 4)
-    "no_l2_prefetch": {"OTE_L2_PREFETCH": "0"},
-    "l2_prefetch_evict_last": {"OTE_L2_PREFETCH": "2"},
-    "l2_prefetch_bulk": {"OTE_L2_PREFETCH": "3"},
-    "all_small_m_no_l2_prefetch": {"OT_LINEAR_GEMV": "1", "OTE_L2_PREFETCH": "0"},
     # the small-M kernel's grid before rows per warp (one row per warp, several waves)
     "gemv_one_row_per_warp": {"OT_LINEAR_GEMV_BALANCE": "0"},
     "all_small_m_one_row_per_warp": {"OT_LINEAR_GEMV": "1", "OT_LINEAR_GEMV_BALANCE": "0"},
@@ -346,6 +341,7 @@ DECODE_VARIANTS = {
 }
 
 MARKS = []
+TTFT_DIAG = True  # --no-ttft-diag: skip ttft_diagnostics
 
 
 def mark(label):
@@ -418,7 +414,7 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
     out["ttft_split_ms"] = median_split(splits[1:])
     print(f"TTFT {out['ttft_ms']:.2f} ms; split {out['ttft_split_ms']}", flush=True)
     mark("ttft done")
-    if DEV == "cuda":
+    if DEV == "cuda" and TTFT_DIAG:
         out["ttft_diag"] = ttft_diagnostics(eng, prompt)
     for B in batches:
         prompts = [torch.randint(0, s["vocab"], (prompt_len,), generator=g).tolist()
@@ -665,6 +661,9 @@ def main():
     ap.add_argument("--hf-compile-timeout", type=int, default=120,
                     help="seconds per batch for compile + run; over it the peer is skipped")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-ttft-diag", action="store_true",
+                    help="skip the TTFT diagnostics (GPU time prequeued / after idle, "
+                         "profiles with and without the spin)")
     ap.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS),
                     help="comma-separated names of DECODE_VARIANTS: batch-1 decode again with "
                          "the linears chosen otherwise ('' for none)")
@@ -679,8 +678,9 @@ def main():
     unknown = [v for v in args.decode_variants.split(",") if v and v not in DECODE_VARIANTS]
     if unknown:  # before minutes of model building, not after
         ap.error(f"--decode-variants: unknown {unknown}; known: {','.join(DECODE_VARIANTS)}")
-    global DEV
+    global DEV, TTFT_DIAG
     DEV = args.device
+    TTFT_DIAG = not args.no_ttft_diag
     torch.manual_seed(0)
     doc = {"bench": "engine",
            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

@@ -334,8 +334,8 @@ static cudaError_t column_sum_any(ot_dtype d, const void *dy, int64_t ds, int64_
  * with the same K positions of the MT rows of x (plain loads: x is small and every warp
  * of the block reads it, so it stays in L1 / L2) in float32, then a warp-shuffle sum; the
  * bias is added in float32 before the one rounding to T.
- * When N needs more blocks than the GPU holds at once, each warp takes several rows
- * (gemv_balance: the grid is one wave). When N gives too few warps to keep every SM
+ * When N needs one to two waves of the blocks the GPU holds at once (M <= 4), each warp
+ * takes two rows (gemv_balance: the grid is one wave). When N gives too few warps to keep every SM
  * streaming, K is split over grid.y: float32
  * partials [splits, M, N] in the context's scratch and a second kernel that sums them in
  * split order (deterministic) and applies the bias. VEC: K a multiple of the vector width
@@ -513,22 +513,29 @@ static int gemv_resident(const ot_cuda_state *cs, K *f, std::atomic<int> *cached
   return b;
 }
 
-/* The grid in one wave: when the N rows (grid.x blocks of kGemvWarps warps, one row each)
- * need more blocks than the SMs hold at once, each warp takes rpw rows (n, n + warps, ...)
- * and grid.x shrinks to ceil(N / (kGemvWarps rpw)). One row per warp over 1.1 - 1.7 waves
- * (the 8B o_proj's 1024 blocks, qkv's 1536) ends with a partial wave that streams W from
- * a fraction of the SMs; rows per warp keep every SM's share within one row per warp of the
- * mean. OT_LINEAR_GEMV_BALANCE=0: one row per warp (the grid before). */
+/* Rows per warp (M <= 4: the kernels of MT 1, 2, 4): when the N rows (grid.x blocks of
+ * kGemvWarps warps, one row each) take more than one and at most two waves of the blocks
+ * the SMs hold at once, each warp takes two rows (n, n + warps) and grid.x halves, so the
+ * grid is one wave: one row per warp would end with a partial wave that streams W from a
+ * fraction of the SMs. Measured (H200, run of 1a5683a, bench/engine_linear_bench.c, weights
+ * not in L2, us, two rows / one; bf16 MT = 1 holds 9 blocks per SM at 56 registers, MT = 4
+ * 8 at 64): 8B qkv 6144 x 4096 at M = 1 17.8 / 18.8, M = 4 27.8 / 30.8; 13B o_proj 5120 x
+ * 5120 18.2 / 21.2 and 31.7 / 34.7; 13B down 5120 x 13824 44.7 / 51.6 and 79.4 / 92.1.
+ * Over more waves the hardware's block scheduling wins: rows per warp for the whole grid in
+ * one wave was slower there (8B lm_head 128256 x 4096 at M = 1 260.7 / 239.2, gate_up
+ * 28672 x 4096 65.6 / 59.0, 13B qkv 15360 x 5120 45.8 / 42.7), and at M = 16 (6 blocks
+ * per SM) two rows were not better either (13B down 386.7 / 366.1, 8B qkv 91.2 / 89.5,
+ * 8B o_proj 81.6 / 87.6): those keep one row per warp. OT_LINEAR_GEMV_BALANCE=0: always
+ * one row per warp. */
 template <typename K>
 static int gemv_balance(const ot_cuda_state *cs, K *f, std::atomic<int> *cached, dim3 *grid,
                         int64_t N) {
   const char *e = getenv("OT_LINEAR_GEMV_BALANCE");
   if ((e && e[0] == '0') || cs->sm_count <= 0) return 1;
   const int64_t wave = (int64_t)gemv_resident(cs, f, cached) * cs->sm_count / grid->y;
-  if (wave < 1 || (int64_t)grid->x <= wave) return 1;
-  const int64_t rpw = ((int64_t)grid->x + wave - 1) / wave;
-  grid->x = (unsigned)((N + kGemvWarps * rpw - 1) / (kGemvWarps * rpw));
-  return (int)rpw;
+  if (wave < 1 || (int64_t)grid->x <= wave || (int64_t)grid->x > 2 * wave) return 1;
+  grid->x = (unsigned)((N + 2 * kGemvWarps - 1) / (2 * kGemvWarps));
+  return 2;
 }
 
 template <typename T, int MT, int U>
@@ -540,12 +547,15 @@ static cudaError_t gemv_launch_mt(const ot_cuda_state *cs, bool vec, dim3 grid, 
   T *y = (T *)a->y;
   const int M = (int)a->rows;
   if (vec) {
-    const int rpw = gemv_balance(cs, gemv_kernel<T, MT, true, U>, occ_vec, &grid, a->out_features);
+    const int rpw =
+        MT <= 4 ? gemv_balance(cs, gemv_kernel<T, MT, true, U>, occ_vec, &grid, a->out_features) : 1;
     return launch_pdl(cs, pdl_vec, gemv_kernel<T, MT, true, U>, grid, dim3(kGemvWarps * 32), st,
                       x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features,
                       a->out_features, klen, rpw);
   }
-  const int rpw = gemv_balance(cs, gemv_kernel<T, MT, false, U>, occ_scalar, &grid, a->out_features);
+  const int rpw =
+      MT <= 4 ? gemv_balance(cs, gemv_kernel<T, MT, false, U>, occ_scalar, &grid, a->out_features)
+              : 1;
   return launch_pdl(cs, pdl_scalar, gemv_kernel<T, MT, false, U>, grid, dim3(kGemvWarps * 32), st,
                     x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features,
                     a->out_features, klen, rpw);

@@ -25,7 +25,6 @@ int ote_cuda_argmax(int32_t *out, const void *logits, int dtype_code, int dtype_
 int ote_cuda_fill_random(void *dst, size_t n, int code, int bits, uint64_t seed,
                          uint64_t tensor_id, float a, float constant, void *stream);
 int ote_cuda_spin(long long ns, void *stream);
-int ote_cuda_l2_prefetch(const void *p, size_t bytes, int mode, void *stream);
 #else
 static ot_status no_cuda(const char *what) {
   return ote_error(OT_ERR_NO_DEVICE, "engine: %s: built without the CUDA backend", what);
@@ -336,68 +335,5 @@ ot_status ote_dev_spin(const ote_device *d, long long ns) {
 #else
   (void)ns;
   return no_cuda("spin");
-#endif
-}
-
-/* ---- side stream: the decode's L2 prefetch (engine.c) -------------------------------- */
-
-ot_status ote_dev_side_create(const ote_device *d, ote_side *s) {
-  memset(s, 0, sizeof *s);
-  if (on_cpu(d)) return OT_OK;
-#ifdef OT_HAVE_CUDA
-  cudaStream_t st = NULL;
-  cudaEvent_t a = NULL, b = NULL;
-  cudaError_t err = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
-  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&a, cudaEventDisableTiming);
-  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&b, cudaEventDisableTiming);
-  if (err != cudaSuccess) {
-    if (b) cudaEventDestroy(b);
-    if (a) cudaEventDestroy(a);
-    if (st) cudaStreamDestroy(st);
-    return cuda_check(err, "side stream");
-  }
-  s->stream = st;
-  s->fork = a;
-  s->join = b;
-  return OT_OK;
-#else
-  return no_cuda("side stream");
-#endif
-}
-
-void ote_dev_side_destroy(ote_side *s) {
-#ifdef OT_HAVE_CUDA
-  if (s->stream) {
-    cudaStreamSynchronize((cudaStream_t)s->stream);
-    cudaStreamDestroy((cudaStream_t)s->stream);
-  }
-  if (s->fork) cudaEventDestroy((cudaEvent_t)s->fork);
-  if (s->join) cudaEventDestroy((cudaEvent_t)s->join);
-#endif
-  memset(s, 0, sizeof *s);
-}
-
-ot_status ote_dev_l2_prefetch(const ote_device *d, const ote_side *s, const void *p, size_t bytes,
-                              int mode) {
-  if (on_cpu(d) || !s->stream || !bytes) return OT_OK;
-#ifdef OT_HAVE_CUDA
-  OTE_TRY(cuda_check(cudaEventRecord((cudaEvent_t)s->fork, STREAM(d)), "prefetch fork"));
-  OTE_TRY(cuda_check(cudaStreamWaitEvent((cudaStream_t)s->stream, (cudaEvent_t)s->fork, 0),
-                     "prefetch fork"));
-  OTE_TRY(cuda_check((cudaError_t)ote_cuda_l2_prefetch(p, bytes, mode, s->stream), "L2 prefetch"));
-  return cuda_check(cudaEventRecord((cudaEvent_t)s->join, (cudaStream_t)s->stream),
-                    "prefetch join");
-#else
-  (void)p, (void)mode;
-  return no_cuda("prefetch");
-#endif
-}
-
-ot_status ote_dev_side_join(const ote_device *d, const ote_side *s) {
-  if (on_cpu(d) || !s->stream) return OT_OK;
-#ifdef OT_HAVE_CUDA
-  return cuda_check(cudaStreamWaitEvent(STREAM(d), (cudaEvent_t)s->join, 0), "prefetch join");
-#else
-  return no_cuda("prefetch");
 #endif
 }

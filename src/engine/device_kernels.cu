@@ -2,8 +2,8 @@
  * the embedding lookup with the token ids in device memory (so that the decode step,
  * embedding included, is one CUDA graph whose only inputs are device buffers refreshed
  * before each replay), a row argmax (greedy decoding downloads one id per sequence
- * instead of the float logits), the random weights, the profile's spin and the decode's L2
- * prefetch of a weight. Compiled only with the CUDA backend. */
+ * instead of the float logits), the random weights and the profile's spin. Compiled only
+ * with the CUDA backend. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -155,41 +155,5 @@ __global__ void ote_spin_kernel(long long ns) {
 
 extern "C" int ote_cuda_spin(long long ns, void *stream) {
   ote_spin_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(ns);
-  return (int)cudaGetLastError();
-}
-
-/* Decode (engine.c, OTE_L2_PREFETCH): bring [p, p + bytes) into L2 while other kernels run
- * (a side stream), so that the matrix-vector product that reads it next finds it there.
- * mode 1: prefetch.global.L2 per 128-byte line, grid-stride (consecutive threads,
- * consecutive lines); 2: the same with L2::evict_last; 3: cp.async.bulk.prefetch.L2 (the
- * copy engine of sm_90, 16 KiB per thread; per line below sm_90). Hints only: nothing is
- * written, and a dropped prefetch costs only time. */
-__global__ void ote_l2_prefetch_kernel(const char *p, size_t bytes, int mode) {
-  const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  const size_t threads = (size_t)gridDim.x * blockDim.x;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (mode == 3) {
-    const size_t chunk = 16384;
-    for (size_t off = tid * chunk; off < bytes; off += threads * chunk) {
-      const size_t n = (bytes - off < chunk ? bytes - off : chunk) & ~(size_t)15;
-      if (n)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"((unsigned)n)
-                     : "memory");
-    }
-    return;
-  }
-#endif
-  const size_t lines = (bytes + 127) / 128;
-  for (size_t i = tid; i < lines; i += threads) {
-    if (mode == 2) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p + i * 128));
-    else asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 128));
-  }
-}
-
-extern "C" int ote_cuda_l2_prefetch(const void *p, size_t bytes, int mode, void *stream) {
-  if (!bytes) return 0;
-  /* few blocks: the side stream shares the GPU with the attention kernels */
-  unsigned grid = mode == 3 ? 16 : 64, block = mode == 3 ? 128 : 256;
-  ote_l2_prefetch_kernel<<<grid, block, 0, (cudaStream_t)stream>>>((const char *)p, bytes, mode);
   return (int)cudaGetLastError();
 }

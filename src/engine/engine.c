@@ -127,7 +127,6 @@ void ote_engine_destroy(ote_engine *e) {
   prof_free(e);
   ote_dev_event_destroy(e->tm_ev[0]);
   ote_dev_event_destroy(e->tm_ev[1]);
-  ote_dev_side_destroy(&e->side);
   ote_kv_destroy(&e->kv, &e->dev);
   ote_dev_free(&e->dev, e->cu_dec_dev);
   ote_dev_host_free(&e->dev, e->next_h);
@@ -255,7 +254,6 @@ static ot_status engine_finish(ote_engine *e) {
   ot_status st = ote_dev_alloc(&e->dev, sizeof *cu * (size_t)(S + 1), (void **)&e->cu_dec_dev);
   if (st == OT_OK) st = ote_dev_event_create(&e->dev, &e->tm_ev[0]);
   if (st == OT_OK) st = ote_dev_event_create(&e->dev, &e->tm_ev[1]);
-  if (st == OT_OK) st = ote_dev_side_create(&e->dev, &e->side);
   if (st == OT_OK) st = ote_dev_host_alloc(&e->dev, sizeof(int32_t) * (size_t)S, (void **)&e->next_h);
   if (st == OT_OK) st = ote_dev_upload(&e->dev, e->cu_dec_dev, cu, sizeof *cu * (size_t)(S + 1));
   free(cu);
@@ -365,18 +363,6 @@ static long long env_ll(const char *name, long long def) {
   char *end = NULL;
   long long x = strtoll(v, &end, 10);
   return end && !*end && x >= 0 ? x : def;
-}
-
-/* The decode's L2 prefetch of o_proj's weight (OTE_L2_PREFETCH: 0 off, 1 prefetch.global.L2
- * per line, 2 the same with evict_last, 3 the bulk prefetch of sm_90; default 1), for
- * batches of at most 4 sequences -- there the attention between the qkv and o_proj products
- * reads little (a few MB of K/V in ~20 us of latency-bound kernels), so the weight's read
- * moves off the critical path into time the memory would idle; at larger batches the
- * attention streams K/V itself. Not with weight streaming (the weights arrive by copy). */
-static int l2_prefetch_mode(const ote_engine *e, const batch *b) {
-  if (b->prefill || b->n > 4 || e->off.on || !e->side.stream) return 0;
-  long long m = env_ll("OTE_L2_PREFETCH", 1);
-  return m >= 1 && m <= 3 ? (int)m : 0;
 }
 
 /* ---- per-op profile ---------------------------------------------------------------- */
@@ -504,14 +490,10 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
   } else {
     /* one token per sequence: RoPE fused into the append (positions from the page
      * table), then the batch's queries against its pages in one call */
-    if (e->l2_pf) /* o_proj's weight into L2 beside these two (a side-stream branch) */
-      OTE_TRY(ote_dev_l2_prefetch(&e->dev, &e->side, w->o,
-                                  (size_t)(c->hidden * Hq * D) * es, e->l2_pf));
     OP(ot_kv_append(e->ctx, &kv, &vcu.t, &vk.t, &vv.t, &rp, NULL, &vq.t, &vq.t), "kv append", l);
     prof_mark(e, OTE_PROF_ROPE_KV);
     OP(ot_paged_attention(e->ctx, &ap, &vq.t, &vcu.t, &kv, &vo.t, NULL), "paged attention", l);
     prof_mark(e, OTE_PROF_ATTN);
-    if (e->l2_pf) OTE_TRY(ote_dev_side_join(&e->dev, &e->side)); /* (the o_proj row's time) */
   }
   OTE_TRY(linear(e, e->attn, b->T, Hq * D, w->o, w->o_bias, c->hidden, e->delta, l, "o_proj"));
   prof_mark(e, OTE_PROF_O);
@@ -526,7 +508,6 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
   size_t es = ote_dtype_size(e->opt.dtype), H = (size_t)c->hidden;
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   e->prof_phase = b->prefill ? 0 : 1;
-  e->l2_pf = l2_prefetch_mode(e, b);
   if (e->prof_on) { /* the host enqueues the forward while the GPU waits */
     e->prof_n = 0;
     /* OTE_PROFILE_SPIN_NS=0: no spin -- the ops timed as the host enqueues them, launch

@@ -85,20 +85,6 @@ ot_status ote_dev_event_record(const ote_device *d, void *ev);
 float ote_dev_event_ms(void *a, void *b);
 ot_status ote_dev_spin(const ote_device *d, long long ns);
 
-/* A second stream that runs beside the engine's (CUDA): ote_dev_l2_prefetch enqueues, on
- * it, after everything enqueued so far on d's stream (event fork), a kernel that brings
- * [p, p + bytes) into L2 (mode: OTE_L2_PREFETCH, device_kernels.cu); ote_dev_side_join
- * makes d's stream wait for it (event join). Both are captured into a decode graph as a
- * branch; every fork is joined before the capture ends. Nothing on the CPU. */
-typedef struct ote_side {
-  void *stream, *fork, *join;
-} ote_side;
-ot_status ote_dev_side_create(const ote_device *d, ote_side *s);
-void ote_dev_side_destroy(ote_side *s);
-ot_status ote_dev_l2_prefetch(const ote_device *d, const ote_side *s, const void *p, size_t bytes,
-                              int mode);
-ot_status ote_dev_side_join(const ote_device *d, const ote_side *s);
-
 /* ---- DLTensor views with their own shape / stride storage ----------------------- */
 typedef struct ote_view {
   DLTensor t;
@@ -283,9 +269,6 @@ struct ote_engine {
    * the profile on), the whole call; tm[5] 0 prefill, 1 decode */
   double tm[6];
   void *tm_ev[2];
-  /* decode: o_proj's weight prefetched into L2 during the attention (OTE_L2_PREFETCH) */
-  ote_side side;
-  int l2_pf; /* this forward's mode (0: none) */
 };
 
 ot_status ote_weights_load(ote_engine *e, const ote_st_set *set, const char *dir);
