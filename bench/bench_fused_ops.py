@@ -471,25 +471,26 @@ def check_ce(S, ck, small):
 ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL": "v1"}
 # The norms' launch knobs (src/cuda/norm.cuh): programmatic dependent launches, the
 # evict-first out stores, a blocks-per-SM cap on forward v2, the partials' sum unrolled
-# by 4. --sanitize runs the norms a third time under them.
+# by 4, named barriers per row group, LayerNorm's one-reduction statistics. --sanitize
+# runs the norms (and RoPE) under them first, then under the defaults and ALT_KERNELS.
 NORM_KNOBS = {"OT_NORM_PDL": "1", "OT_NORM_FWD_CS": "1", "OT_NORM_FWD_BPS": "6",
-              "OT_NORM_REDUCE_UNROLL": "4"}
+              "OT_NORM_REDUCE_UNROLL": "4", "OT_NORM_FWD_BAR": "1", "OT_NORM_LN_ONEPASS": "1"}
 
 
 def sanitize_run(S, only="norm,rope,glu,ce"):
     """Our kernels only (no references), small shapes covering every kernel variant:
     for compute-sanitizer racecheck, where torch's own kernels would be slow. The norm
-    and RoPE part runs again under ALT_KERNELS. `only`: SwiGLU / cross-entropy kernels
+    and RoPE part runs under NORM_KNOBS, the defaults and ALT_KERNELS. `only`: SwiGLU / cross-entropy kernels
     only when named there ("glu", "ce")."""
-    sanitize_once(S, "glu" in only or "ce" in only)
-    for knobs in (ALT_KERNELS, NORM_KNOBS):
+    for knobs in (NORM_KNOBS, {}, ALT_KERNELS):
         os.environ.update(knobs)
         try:
-            sanitize_once(S, False)
+            sanitize_once(S, not knobs and ("glu" in only or "ce" in only))
         finally:
             for k in knobs:
                 os.environ.pop(k, None)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        print("sanitize pass done:", knobs or "defaults", flush=True)
     print("sanitize run: done")
 
 

@@ -13,8 +13,8 @@
 #   3. bench/bench_fused_ops.py --check: our kernels against float64 torch references
 #      (odd shapes, strided rows, all dtypes, in place);
 #   4. bench/bench_fused_ops.py --bench -> $OUT/fused_ops.json (+ plot) and its table;
-#   5. compute-sanitizer memcheck over the norm and cross-entropy checks on small
-#      shapes, racecheck over our kernels alone (--sanitize: every kernel variant, no
+#   5. compute-sanitizer racecheck over our kernels alone, then memcheck over the norm
+#      and cross-entropy checks on small shapes (--sanitize: every kernel variant, no
 #      torch references) -- last, so that a time limit cuts them, not the benchmark.
 # Machines without libdlpack-dev / OpenBLAS (the lent ones have no package registry)
 # use the headers and libraries carried in .carry/deps (copied from a Debian machine:
@@ -139,20 +139,20 @@ if [ "${OT_NCU:-0}" = 1 ]; then
 fi
 
 if [ "$MODE" = all ] || [ "$MODE" = check ]; then
+  stamp "compute-sanitizer racecheck"
+  timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
+    python3 bench/bench_fused_ops.py --shim $SHIM --sanitize --only "${OT_ONLY:-norm,rope,glu,ce}" >"$OUT/racecheck.log" 2>&1
+  echo "racecheck rc=$?"; grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|sanitize|hazard' "$OUT/racecheck.log" | head -10
   stamp "compute-sanitizer memcheck"
   if [ "${OT_MEMCHECK_SANITIZE:-0}" = 1 ]; then MEMCHECK_ARGS="--sanitize"; else MEMCHECK_ARGS="--check --small"; fi
   timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --print-limit 20 \
     python3 bench/bench_fused_ops.py --shim $SHIM $MEMCHECK_ARGS --only "${OT_MEMCHECK_ONLY:-norm,ce}" >"$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$?"; grep -E 'ERROR SUMMARY|check:|Invalid|FAIL' "$OUT/memcheck.log" | head -10
+  echo "memcheck rc=$?"; grep -E 'ERROR SUMMARY|check:|sanitize|Invalid|FAIL' "$OUT/memcheck.log" | head -10
   if [ -n "${OT_VARIANT_ENV:-}" ] && variant_step memcheck; then
     # shellcheck disable=SC2086
     env $OT_VARIANT_ENV timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool memcheck --print-limit 20 \
       python3 bench/bench_fused_ops.py --shim $SHIM --check --small --only "${OT_MEMCHECK_ONLY:-norm,ce}" >"$OUT/memcheck_variant.log" 2>&1
     echo "memcheck ($OT_VARIANT_ENV) rc=$?"; grep -E 'ERROR SUMMARY|check:|Invalid|FAIL' "$OUT/memcheck_variant.log" | head -10
   fi
-  stamp "compute-sanitizer racecheck"
-  timeout "${OT_SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool racecheck --racecheck-report all --print-limit 20 \
-    python3 bench/bench_fused_ops.py --shim $SHIM --sanitize --only "${OT_ONLY:-norm,rope,glu,ce}" >"$OUT/racecheck.log" 2>&1
-  echo "racecheck rc=$?"; grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|sanitize run|hazard' "$OUT/racecheck.log" | head -10
 fi
 stamp "end"
