@@ -762,7 +762,9 @@ def markdown(path):
                              "torch efficient") if any(n in r["ms"] for r in att["rows"])]
         out += ["", f"Attention alone, causal forward + backward at the models' shapes, bf16 "
                 f"(torch {att.get('torch')}, cuDNN {att.get('cudnn')}; TFLOP/s, ms in "
-                "parentheses; torch's SDPA called as HF calls it):", "",
+                "parentheses; torch's SDPA called as HF calls it"
+                + (f"; from the run of {att['from_run']}" if att.get("from_run") else "")
+                + "):", "",
                 "| shape (B, S, Hq / Hkv, D) | torch picks | 'auto' runs | "
                 + " | ".join(names) + " | library vs torch: max abs diff out / dq / dk / dv |",
                 "|---" * (len(names) + 4) + "|"]
@@ -972,8 +974,10 @@ def main(argv=None):
         with open(args.curve_from) as f:
             old = json.load(f)
         if old.get("loss_curve"):
-            curve = dict(old["loss_curve"], from_run=f"commit {old.get('commit')}, "
-                         f"{old.get('date')} (not run again)")
+            # an earlier carried curve keeps the run it came from
+            curve = dict(old["loss_curve"])
+            curve.setdefault("from_run", f"commit {old.get('commit')}, {old.get('date')} "
+                             "(not run again)")
     record = save()
     if args.plot and curve and "patched" in curve:
         try:
