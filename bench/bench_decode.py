@@ -24,8 +24,10 @@ import ctypes
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +53,7 @@ class Shim:
         L.shim_init.argtypes = [cint]
         L.shim_last_error.restype = C.c_char_p
         L.shim_paged_attention.argtypes = [vp, cint] + [i64] * 8 + [vp] * 9 + [cint]
+        L.shim_paged_last_plan.argtypes = [C.POINTER(cint)]
         if L.shim_init(torch.cuda.current_device()) != 0:
             raise RuntimeError("shim_init: " + L.shim_last_error().decode())
 
@@ -64,6 +67,29 @@ class Shim:
             lse.data_ptr() if lse is not None else None, causal)
         if st != 0:
             raise RuntimeError("ot_paged_attention: " + self.lib.shim_last_error().decode())
+
+    def plan(self):
+        """What the last call launched: (kernel name, splits, CTAs, launched with PDL,
+        split merge fused into the last CTA of a unit)."""
+        a = (cint * 4)()
+        self.lib.shim_paged_last_plan(a)
+        name = {1: "split", 2: "stream", 3: "simple", 4: "split"}.get(a[0], "none")
+        return (name, a[1], a[2], bool(a[3]), a[0] == 4)
+
+
+def plan_str(pl):
+    return (f"{pl[0]} x{pl[1]}, {pl[2]} CTAs{', pdl' if pl[3] else ''}"
+            f"{', fused merge' if pl[4] else ''}")
+
+
+def run_env(env, fn):
+    """fn() with the environment variables of `env` set (read by the library at each call)."""
+    os.environ.update(env)
+    try:
+        return fn()
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
 
 
 def time_ms(fn, iters=25, inner=5, warmup=3):
@@ -115,24 +141,30 @@ def sdpa_grouped(q, k, v):
 def check(shim):
     """Ours against float32 attention on the gathered cache, incl. the bench shapes."""
     ok = True
+    # each variant on its own random data (seed), the kernel that ran read back and checked
+    runs = [("auto", {}), ("split", {"OT_PAGED_KERNEL": "split"}),
+            ("stream", {"OT_PAGED_KERNEL": "stream"}),
+            ("split no-pdl", {"OT_PAGED_KERNEL": "split", "OT_PAGED_PDL": "0"}),
+            ("split fused", {"OT_PAGED_KERNEL": "split", "OT_PAGED_MERGE": "fused"})]
     for (b, ctx) in [(3, 1000), (1, 65536), (16, 4096), (64, 1024)]:
         for bs in PAGES:
-            c = make_case(b, ctx, bs, seed=b + ctx + bs)
-            k, v = gather(c, b, ctx, bs)
-            ref = sdpa_grouped(c["q"].float(), k.float(), v.float())
-            for kern in ("auto", "split", "stream"):
-                os.environ["OT_PAGED_KERNEL"] = kern
-                try:
-                    out = torch.full_like(c["q"], float("nan"))
-                    shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"], c["indices"],
-                               c["lpl"], out)
-                finally:
-                    os.environ.pop("OT_PAGED_KERNEL", None)
+            for vi, (name, env) in enumerate(runs):
+                c = make_case(b, ctx, bs, seed=b + ctx + bs + 1000 * vi)
+                k, v = gather(c, b, ctx, bs)
+                ref = sdpa_grouped(c["q"].float(), k.float(), v.float())
+                out = torch.full_like(c["q"], float("nan"))
+                run_env(env, lambda: shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],
+                                                c["indices"], c["lpl"], out))
+                pl = shim.plan()
+                want = env.get("OT_PAGED_KERNEL")
+                ran_ok = (want is None or pl[0] == want) and \
+                    (env.get("OT_PAGED_PDL") != "0" or not pl[3]) and \
+                    (env.get("OT_PAGED_MERGE") != "fused" or pl[4] or pl[1] == 1)
                 err = (out.float() - ref).abs().max().item()
-                good = err < 2e-2 and not torch.isnan(out).any().item()
+                good = err < 2e-2 and not torch.isnan(out).any().item() and ran_ok
                 ok &= good
-                print(f"check B{b} ctx {ctx} page {bs} {kern}: max |err| {err:.2e} "
-                      f"{'ok' if good else 'FAIL'}")
+                print(f"check B{b} ctx {ctx} page {bs} {name} (ran {plan_str(pl)}): max |err| "
+                      f"{err:.2e} {'ok' if good else 'FAIL'}")
     return ok
 
 
@@ -151,6 +183,158 @@ def probe(shim):
             finally:
                 os.environ.pop("OT_PAGED_KERNEL", None)
         print(f"probe B{b} x ctx {ctx} page 16: " + ", ".join(res), flush=True)
+
+
+def _sleep():
+    torch.cuda._sleep(2_000_000)  # ~1 ms: the host queues what follows while the GPU spins
+
+
+def graph_us(fn, n=20, iters=15):
+    """Per-call time of n calls captured in one CUDA graph (no host work between calls),
+    median of iters replays, each after a ~1 ms sleep."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _sleep()
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) * 1e3 / n)
+    del g
+    return statistics.median(ts)
+
+
+def host_us(fn, n=200):
+    """Host time per call (Python + ctypes + validation + plan + launches), the GPU kept
+    busy ahead by a sleep so no launch waits for a free queue slot."""
+    fn()
+    torch.cuda.synchronize()
+    _sleep()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e6 / n
+
+
+def trace_calls(fn, n=12):
+    """GPU activities of n back-to-back calls (torch.profiler / CUPTI), after a sleep: per
+    call the kernels and memsets with their mean durations, the gaps between consecutive
+    activities, and the span from one call's first activity to the next's."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _sleep()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    path = f"/tmp/decode_trace_{os.getpid()}.json"
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        evs = json.load(f)["traceEvents"]
+    os.remove(path)
+    acts = sorted((e for e in evs if e.get("ph") == "X" and e.get("cat") in
+                   ("kernel", "gpu_memset", "gpu_memcpy")), key=lambda e: e["ts"])
+    acts = [e for e in acts if "spin" not in e["name"] and "sleep" not in e["name"]]
+    if not acts or len(acts) % n:
+        return {"error": f"{len(acts)} GPU activities for {n} calls"}
+    per = len(acts) // n
+    names, durs, gaps = [], [[] for _ in range(per)], [[] for _ in range(per)]
+    for i, e in enumerate(acts):
+        j = i % per
+        if i < per:
+            names.append(e["name"].split("<")[0].split("(")[0][-40:])
+        durs[j].append(e["dur"])
+        if i > 0:  # gap from the previous activity's end (negative: they overlap, PDL)
+            p = acts[i - 1]
+            gaps[j].append(e["ts"] - (p["ts"] + p["dur"]))
+    starts = [acts[i * per]["ts"] for i in range(n)]
+    span = [b - a for a, b in zip(starts, starts[1:])]
+    med = statistics.median
+    return {"activities_per_call": per,
+            "activities": [{"name": names[j], "us": round(med(durs[j]), 2),
+                            "gap_before_us": round(med(gaps[j]), 2) if gaps[j] else None}
+                           for j in range(per)],
+            "span_per_call_us": round(med(span), 2)}
+
+
+VARIANTS_FIXED = (("ours", {}), ("ours no-pdl", {"OT_PAGED_PDL": "0"}),
+                  ("ours split", {"OT_PAGED_KERNEL": "split"}),
+                  ("ours split fused", {"OT_PAGED_KERNEL": "split", "OT_PAGED_MERGE": "fused"}))
+
+
+def fixed_cost(shim):
+    """Where the per-call fixed cost goes (issue 6): for tiny and benchmark shapes, ours
+    (default, and with the main kernel's PDL off) and SDPA cuDNN on the contiguous cache:
+    events around 5 calls after a sleep (the benchmark's method), around 50 calls, a CUDA
+    graph of 20 calls (no host between calls), the host time per call, and a CUPTI trace
+    of the GPU activities of one call (kernels, memsets, durations, gaps)."""
+    res = []
+    for (b, ctx) in [(1, 256), (64, 1024), (16, 4096), (1, 65536)]:
+        c = make_case(b, ctx, 16, seed=7)
+        out = torch.empty_like(c["q"])
+        call = lambda: shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
+                                  c["indices"], c["lpl"], out)
+        k, v = gather(c, b, ctx, 16)
+        kc, vc = k.contiguous(), v.contiguous()
+        nbytes = 2 * b * ctx * HKV * D * 2 + 2 * b * HQ * D * 2
+        row = {"case": f"B{b} x ctx {ctx} page 16", "bytes": nbytes}
+        for name, env in VARIANTS_FIXED:
+            def m():
+                call()
+                r = {"plan": plan_str(shim.plan()),
+                     "events5_us": round(time_ms(call) * 1e3, 2),
+                     "events50_us": round(time_ms(call, iters=11, inner=50) * 1e3, 2),
+                     "host_us": round(host_us(call), 2)}
+                try:
+                    r["graph_us"] = round(graph_us(call), 2)
+                except Exception as e:  # noqa: BLE001
+                    r["graph_us"] = f"failed: {str(e).splitlines()[0][:80]}"
+                r["trace"] = trace_calls(call)
+                return r
+            row[name] = run_env(env, m)
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            q2 = c["q"]
+            f2 = lambda: sdpa_grouped(q2, kc, vc)  # noqa: E731
+            try:
+                r = {"events5_us": round(time_ms(f2) * 1e3, 2),
+                     "events50_us": round(time_ms(f2, iters=11, inner=50) * 1e3, 2),
+                     "host_us": round(host_us(f2), 2)}
+                try:
+                    r["graph_us"] = round(graph_us(f2), 2)
+                except Exception as e:  # noqa: BLE001
+                    r["graph_us"] = f"failed: {str(e).splitlines()[0][:80]}"
+                r["trace"] = trace_calls(f2)
+            except RuntimeError as e:
+                r = {"error": str(e).splitlines()[0][:80]}
+            row["SDPA cuDNN"] = r
+        res.append(row)
+        for name in [v[0] for v in VARIANTS_FIXED] + ["SDPA cuDNN"]:
+            r = row[name]
+            if "error" in r:
+                print(f"fixed {row['case']} {name}: {r['error']}")
+                continue
+            tr = r["trace"]
+            acts = "; ".join(f"{a['name']} {a['us']} us (gap {a['gap_before_us']})"
+                             for a in tr.get("activities", [])) or tr.get("error")
+            print(f"fixed {row['case']:<22} {name:<12} {r.get('plan', ''):<28} ev5 "
+                  f"{r['events5_us']:>7} ev50 {r['events50_us']:>7} graph {r['graph_us']:>7} "
+                  f"host {r['host_us']:>6} | span {tr.get('span_per_call_us')} | {acts}",
+                  flush=True)
+        del c, out, k, v, kc, vc
+        torch.cuda.empty_cache()
+    return res
 
 
 def bench(shim, ceiling):
@@ -182,17 +366,22 @@ def bench(shim, ceiling):
             variants = {}
             # each kernel forced, then forced split counts of the split kernel (environment
             # read at each call)
-            runs = [{"OT_PAGED_KERNEL": "split"}, {"OT_PAGED_KERNEL": "stream"}]
+            call()
+            plan_default = plan_str(shim.plan())
+            plans = {}
+            runs = [{"OT_PAGED_KERNEL": "split"}, {"OT_PAGED_KERNEL": "stream"},
+                    {"OT_PAGED_PDL": "0"}, {"OT_PAGED_KERNEL": "split", "OT_PAGED_MERGE": "fused"}]
             runs += [{"OT_PAGED_KERNEL": "split", "OT_PAGED_SPLITS": str(n)}
                      for n in SWEEP.get((b, ctx), [])]
             for env in runs:
-                os.environ.update(env)
-                try:
-                    name = " ".join(f"{k}={v}" for k, v in env.items())
-                    variants[name] = round(nbytes / (time_ms(call) * 1e-3) / 1e12, 3)
-                finally:
-                    for k in env:
-                        os.environ.pop(k, None)
+                name = " ".join(f"{k}={v}" for k, v in env.items())
+                t = run_env(env, lambda: time_ms(call))
+                run_env(env, call)
+                pl = shim.plan()
+                if "OT_PAGED_KERNEL" in env and pl[0] != env["OT_PAGED_KERNEL"]:
+                    raise RuntimeError(f"variant {name} ran {plan_str(pl)}")
+                variants[name] = round(nbytes / (t * 1e-3) / 1e12, 3)
+                plans[name] = plan_str(pl)
 
             def gather_sdpa():
                 k, v = gather(c, b, ctx, bs)
@@ -213,7 +402,9 @@ def bench(shim, ceiling):
                 "metric": "TB/s",
                 "ours": round(tb, 3),
                 "ours_us": round(ms * 1e3, 1),
+                "plan": plan_default,
                 "variants": variants,
+                "variants_plan": plans,
                 "peers": peers,
                 "peers_us": {k: round(v[0] * 1e3, 1) for k, v in peers_contig.items()} |
                             {"paged gather + SDPA": round(ms_g * 1e3, 1)},
@@ -262,6 +453,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--fixed", action="store_true",
+                    help="first measure where the per-call fixed cost goes (fixed_cost)")
     ap.add_argument("--profile-case", metavar="B,CTX,PAGE",
                     help="only call ours 4 times on this case (a target for ncu) and exit")
     ap.add_argument("--commit", default="unknown")
@@ -280,6 +473,7 @@ def main():
     ok = True
     if args.check:
         ok = check(shim)
+    fixed = fixed_cost(shim) if args.fixed else None
     if args.no_bench:
         raise SystemExit(0 if ok else 1)
     probe(shim)
@@ -301,6 +495,8 @@ def main():
                   "(gather + SDPA: 15)",
         "rows": rows,
     }
+    if fixed:
+        doc["fixed_cost"] = fixed
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

@@ -5,12 +5,19 @@
  *   cc -O2 -shared -fPIC bench/decode_shim.c -Iinclude -I<dlpack> build/libops_transformer.a \
  *      -lcudart -lcublasLt -lopenblas -fopenmp -lm -lstdc++ -o libdecode_shim.so
  * dtype codes: 1 float32, 2 float16, 3 bfloat16.
+ * shim_paged_last_plan: what the last call launched (ot_cuda_paged_last_plan, an internal
+ * hook of src/cuda/paged_attention.cu): kernel (1 split, 2 stream, 3 simple), splits, CTAs
+ * of the main kernel, 1 when launched as a programmatic dependent.
  */
 #include <string.h>
 
 #include "ops_transformer.h"
 
 #include "shim_common.h"
+
+void ot_cuda_paged_last_plan(int out[4]); /* src/cuda/paged_attention.cu */
+
+SHIM_API void shim_paged_last_plan(int *out) { ot_cuda_paged_last_plan(out); }
 
 /* q, out [tq, hq, d]; pages [num_pages, hkv, bs, d]; int32 tables; lse float32 [hq, tq]
  * or NULL. */

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/device_decode.sh [COMMIT] -- (DECODE_MODE=all|test|bench, default all) issue 6 on
-# the lent GPU (NCU_CASE=B,CTX,PAGE adds one ncu profile of the main kernel): the memory suite's CUDA
+# the lent GPU (NCU_CASE=B,CTX,PAGE adds one ncu profile of the main kernel; FIXED=1 runs
+# bench_decode.py --fixed first: where the per-call fixed cost goes): the memory suite's CUDA
 # cases (paged attention, kv append, OT_DEBUG checks), compute-sanitizer memcheck +
 # racecheck over small paged / append cases, then bench/bench_decode.py (decode vs SDPA,
 # arena vs cudaMalloc / cudaMallocAsync) -> $OUT/decode.json + decode.png; table last.
@@ -65,22 +66,13 @@ if [ "${HELP#usage:}" = "$HELP" ]; then
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 
-MODE=${DECODE_MODE:-all}
-if [ "$MODE" != bench ]; then
-stamp "test_ops --backend cuda --suite memory"
-timeout 150 build-dec/tests/test_ops --backend cuda --suite memory >"$OUT/test.log" 2>&1
-echo "memory rc=$?"; grep -E '^cuda ' "$OUT/test.log"; grep -E 'FAIL' "$OUT/test.log" | head -20
-if [ "${NO_ROPE:-0}" != 1 ]; then  # NO_ROPE=1: skip the rope suite (append unchanged)
-timeout 60 build-dec/tests/test_ops --backend cuda --suite rope >"$LOGS/test_rope.log" 2>&1
-echo "rope rc=$?"; grep -E '^cuda ' "$LOGS/test_rope.log"; grep -E 'FAIL' "$LOGS/test_rope.log" | head -5
-fi
-
+run_san() {  # SAN_LAST=1: after the benchmark (a short allowance: the numbers first)
 stamp "compute-sanitizer"
 # SAN_FILTERS: '|'-separated test-name filters for memcheck (default below); NO_RACECHECK=1
 # skips racecheck (e.g. a rerun after only the append changed).
 IFS='|' read -r -a FILTERS <<<"${SAN_FILTERS:-speculative|stream|kv append|OT_DEBUG}"
 for f in "${FILTERS[@]}"; do
-  timeout 45 compute-sanitizer --tool memcheck --print-limit 10 build-dec/tests/test_ops \
+  timeout "${SAN_TIMEOUT:-45}" compute-sanitizer --tool memcheck --print-limit 10 build-dec/tests/test_ops \
     --backend cuda --suite memory --filter "$f" >"$LOGS/memcheck.log" 2>&1
   echo "memcheck [$f] rc=$?: $(grep -E 'ERROR SUMMARY' "$LOGS/memcheck.log") $(grep -E '^cuda ' "$LOGS/memcheck.log")"
   { echo "=== memcheck [$f]"; head -c 200000 "$LOGS/memcheck.log"; } >>"$OUT/san.log"
@@ -89,22 +81,37 @@ if [ "${NO_RACECHECK:-0}" != 1 ]; then
   # RACE_FILTERS: '|'-separated test-name filters for racecheck
   IFS='|' read -r -a RFILTERS <<<"${RACE_FILTERS:-speculative|stream B33}"
   for f in "${RFILTERS[@]}"; do
-    timeout 60 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 10 \
+    timeout "${SAN_TIMEOUT:-60}" compute-sanitizer --tool racecheck --racecheck-report all --print-limit 10 \
       build-dec/tests/test_ops --backend cuda --suite memory --filter "$f" >"$LOGS/racecheck.log" 2>&1
     echo "racecheck [$f] rc=$?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$LOGS/racecheck.log" | tr '\n' ' ') $(grep -E '^cuda ' "$LOGS/racecheck.log")"
     { echo "=== racecheck [$f]"; head -c 200000 "$LOGS/racecheck.log"; } >>"$OUT/san.log"
   done
 fi
 
+}
+
+MODE=${DECODE_MODE:-all}
+if [ "$MODE" != bench ]; then
+stamp "test_ops --backend cuda --suite memory"
+timeout "${MEM_TIMEOUT:-150}" build-dec/tests/test_ops --backend cuda --suite memory >"$OUT/test.log" 2>&1
+echo "memory rc=$?"; grep -E '^cuda ' "$OUT/test.log"; grep -E 'FAIL' "$OUT/test.log" | head -20
+if [ "${NO_ROPE:-0}" != 1 ]; then  # NO_ROPE=1: skip the rope suite (append unchanged)
+timeout 60 build-dec/tests/test_ops --backend cuda --suite rope >"$LOGS/test_rope.log" 2>&1
+echo "rope rc=$?"; grep -E '^cuda ' "$LOGS/test_rope.log"; grep -E 'FAIL' "$LOGS/test_rope.log" | head -5
+fi
+
+[ "${SAN_LAST:-0}" = 1 ] || run_san
 fi
 if [ "$MODE" != test ]; then
 stamp "bench_decode"
 CMD="bash scripts/device_decode.sh $COMMIT (run tool, nvidia-h200, carry [\".devcarry-paged\"])"
-timeout 170 python3 bench/bench_decode.py --shim build-dec/libdecode_shim.so --arena-bin build-dec/arena_bench \
-  --check --json "$OUT/decode.json" --commit "$COMMIT" --command "$CMD" >"$OUT/bench.log" 2>&1
+timeout "${BENCH_TIMEOUT:-170}" python3 bench/bench_decode.py --shim build-dec/libdecode_shim.so --arena-bin build-dec/arena_bench \
+  --check ${FIXED:+--fixed} --json "$OUT/decode.json" --commit "$COMMIT" --command "$CMD" \
+  >"$OUT/bench.log" 2>&1
 echo "bench rc=$?"
 python3 bench/plot_decode.py "$OUT/decode.json" "$OUT/decode.png" >>"$OUT/bench.log" 2>&1 || echo "plot failed"
 fi
+[ "${SAN_LAST:-0}" = 1 ] && [ "$MODE" != bench ] && run_san
 if [ -n "${NCU_CASE:-}" ]; then  # e.g. NCU_CASE=16,4096,16: one main-kernel launch under ncu
   stamp "ncu $NCU_CASE"
   timeout 60 ncu --clock-control none --kernel-name regex:pa_mma_kernel --launch-skip 2 \
@@ -114,4 +121,4 @@ if [ -n "${NCU_CASE:-}" ]; then  # e.g. NCU_CASE=16,4096,16: one main-kernel lau
   echo "ncu rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Duration|Achieved Occupancy|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu.txt" | head -12
 fi
 stamp "done"
-[ -f "$OUT/bench.log" ] && { grep -E '^check' "$OUT/bench.log"; tail -14 "$OUT/bench.log"; }
+[ -f "$OUT/bench.log" ] && { grep -E '^check.*FAIL' "$OUT/bench.log"; echo "checks ok: $(grep -cE '^check.* ok$' "$OUT/bench.log")"; tail -14 "$OUT/bench.log"; }

@@ -63,7 +63,9 @@
  * OT_DEBUG=1: device bound checks of the tables, see paged_common.cuh.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* environ */
 
 #include <atomic>
 
@@ -116,6 +118,8 @@ struct pa_params {
   float *sp_lse;      /* [warps][2][16] */
   int4 *desc;         /* [warps][2] */
   int *err;           /* OT_DEBUG flag or NULL */
+  int *cnt;           /* fused merge (OT_PAGED_MERGE=fused): per (tile slot, kv head), the
+                         splits done, zeroed before the launch; NULL: the merge kernel */
 };
 
 /* ---- fragment helpers -------------------------------------------------------------------- */
@@ -231,9 +235,9 @@ __device__ __forceinline__ bool pa_find_tile(const pa_params &p, int64_t x, pa_s
 /* Rows g and g + 8 of a 16-row tile (row R = token * group + head) of a sequence with nq
  * queries and len keys: whether they exist and their visible keys [r_lo, r_hi] (the
  * bottom-right masks; lo > hi when none). */
-__device__ __forceinline__ void pa_row_ranges(const pa_params &p, int64_t tile, int g, int64_t nq,
-                                              int64_t len, bool (&r_ok)[2], int (&r_lo)[2],
-                                              int (&r_hi)[2]) {
+__device__ __forceinline__ void pa_row_ranges64(const pa_params &p, int64_t tile, int g,
+                                                int64_t nq, int64_t len, bool (&r_ok)[2],
+                                                int64_t (&r_lo)[2], int64_t (&r_hi)[2]) {
   const int64_t rows = nq * p.group;
 #pragma unroll
   for (int rr = 0; rr < 2; rr++) {
@@ -245,8 +249,17 @@ __device__ __forceinline__ void pa_row_ranges(const pa_params &p, int64_t tile, 
     if (lo < 0) lo = 0;
     if (!r_ok[rr]) lo = 1, hi = 0;
     if (hi < lo) lo = 1, hi = 0;
-    r_lo[rr] = (int)lo, r_hi[rr] = (int)hi; /* keys fit int32 (lengths come from int32 tables) */
+    r_lo[rr] = lo, r_hi[rr] = hi;
   }
+}
+/* The same in int32, for the stream kernel (ps_wanted: its sequences have < 2^31 keys). */
+__device__ __forceinline__ void pa_row_ranges(const pa_params &p, int64_t tile, int g, int64_t nq,
+                                              int64_t len, bool (&r_ok)[2], int (&r_lo)[2],
+                                              int (&r_hi)[2]) {
+  int64_t lo[2], hi[2];
+  pa_row_ranges64(p, tile, g, nq, len, r_ok, lo, hi);
+#pragma unroll
+  for (int rr = 0; rr < 2; rr++) r_lo[rr] = (int)lo[rr], r_hi[rr] = (int)hi[rr];
 }
 
 /* The q A-fragments of a tile: row g / g + 8, features c*32 + tq4*8 + [0, 8) per run c
@@ -382,6 +395,67 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
   }
 }
 
+/* The fused merge (p.cnt != NULL), at the end of a split CTA of unit u = (tile slot, kv
+ * head) after its partials are written: the CTA that finishes the unit's last split
+ * (a counter per unit, zeroed by the host before the launch) combines the splits' partials
+ * of the tile's rows, as pa_merge_kernel does, so no second kernel waits for the whole grid.
+ * Thread t: row t / 8, features (t % 8) * D / 8 .. + D / 8; the 8 threads of a row are
+ * consecutive lanes. */
+template <typename T, int D>
+__device__ __forceinline__ void pa_fused_merge(const pa_params &p, int64_t u, int64_t tile,
+                                               int kvh, int64_t q0, int64_t rows) {
+  constexpr int V = D / 8;
+  __shared__ int s_last;
+  __threadfence(); /* this CTA's partials, before its arrival is counted */
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(p.cnt + u, 1) == p.splits - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence(); /* the other splits' partials are visible after their arrivals */
+  const int r = threadIdx.x >> 3, j = threadIdx.x & 7;
+  const int64_t R = tile * 16 + r;
+  const bool ok = R < rows;
+  const int64_t tok = q0 + (ok ? R / p.group : 0), head = (int64_t)kvh * p.group + R % p.group;
+  const int64_t row = tok * p.hq + head, rs = p.tq * p.hq;
+  /* lse over the splits: lane j of the row takes splits j, j + 8, ... */
+  float M = -INFINITY;
+  if (ok)
+    for (int s = j; s < p.splits; s += 8) M = fmaxf(M, __ldcg(p.part_lse + (int64_t)s * rs + row));
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  float L = 0.f;
+  if (ok && M != -INFINITY)
+    for (int s = j; s < p.splits; s += 8) {
+      const float ls = __ldcg(p.part_lse + (int64_t)s * rs + row);
+      if (ls != -INFINITY) L += expf(ls - M);
+    }
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+  if (!ok) return;
+  const float lse = M != -INFINITY ? M + logf(L) : -INFINITY;
+  float acc[V];
+#pragma unroll
+  for (int v = 0; v < V; v++) acc[v] = 0.f;
+  if (M != -INFINITY)
+    for (int s = 0; s < p.splits; s++) {
+      const float ls = __ldcg(p.part_lse + (int64_t)s * rs + row);
+      if (ls == -INFINITY) continue;
+      const float w = expf(ls - lse);
+      const float4 *src =
+          reinterpret_cast<const float4 *>(p.part_o + ((int64_t)s * rs + row) * D + j * V);
+#pragma unroll
+      for (int v = 0; v < V / 4; v++) {
+        const float4 o = __ldcg(src + v);
+        acc[4 * v] += w * o.x, acc[4 * v + 1] += w * o.y;
+        acc[4 * v + 2] += w * o.z, acc[4 * v + 3] += w * o.w;
+      }
+    }
+  T *o = static_cast<T *>(p.out) + tok * p.o_ts + head * p.o_hs + j * V;
+#pragma unroll
+  for (int v = 0; v < V; v++) o[v] = from_f32<T>(acc[v]);
+  if (p.lse && j == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
+}
+
 /* ---- the tensor-core kernel ------------------------------------------------------------- */
 
 template <typename T, int D, int S>
@@ -400,6 +474,11 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   const int split = (int)(bid % p.splits);
   const int kvh = (int)((bid / p.splits) % p.hkv);
   const int64_t slot_x = bid / ((int64_t)p.splits * p.hkv);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /* launched as a programmatic dependent (pa_launch_main): the previous kernel's writes
+   * (q, the tables, the pages; its reads of part_o / out) are done after this */
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 
   pa_seq sq;
   if (!pa_find_tile(p, slot_x, &sq)) return;
@@ -415,9 +494,9 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   const int64_t page0 = sq.ip0;
 
   /* this thread's two rows (g, g + 8): validity and visible key range */
-  int r_lo[2], r_hi[2];
+  int64_t r_lo64[2], r_hi64[2];
   bool r_ok[2];
-  pa_row_ranges(p, tile, g, nq, len, r_ok, r_lo, r_hi);
+  pa_row_ranges64(p, tile, g, nq, len, r_ok, r_lo64, r_hi64);
   /* the tile's key range within this split: union of its rows' ranges */
   const int64_t tok_first = tile * 16 / p.group;
   int64_t tok_last = (tile * 16 + 15) / p.group;
@@ -434,8 +513,20 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     if (k_lo < lo) k_lo = lo;
     if (k_hi > hi) k_hi = hi;
     if (k_hi > len) k_hi = len;
+    if (k_hi < k_lo) k_hi = k_lo;
   }
-  const int kl = (int)k_lo, kh = (int)k_hi;
+  /* keys from here on relative to key0, the split's first key rounded down to its page:
+   * a sequence may have 2^31 keys or more, a split has at most 2^30 + 64 (pa_min_splits) */
+  const int64_t kpage = p.bs_shift >= 0 ? k_lo >> p.bs_shift : k_lo / p.bs;
+  const int64_t key0 = kpage * p.bs;
+  const int kl = (int)(k_lo - key0), kh = (int)(k_hi - key0);
+  int r_lo[2], r_hi[2]; /* relative, clamped to [-1, INT_MAX] (keys are >= 0) */
+#pragma unroll
+  for (int rr = 0; rr < 2; rr++) {
+    const int64_t lo = r_lo64[rr] - key0, hi = r_hi64[rr] - key0;
+    r_lo[rr] = lo < -1 ? -1 : lo > 0x7fffffff ? 0x7fffffff : (int)lo;
+    r_hi[rr] = hi < -1 ? -1 : hi > 0x7fffffff ? 0x7fffffff : (int)hi;
+  }
   const int steps = kh > kl ? (kh - kl + kPaStep - 1) / kPaStep : 0;
   const int nst = steps > warp ? (steps - warp + kPaWarps - 1) / kPaWarps : 0; /* this warp's */
 
@@ -448,7 +539,7 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   auto load_pid = [&](int t) -> int {
     const int key = kl + (t * kPaWarps + warp) * kPaStep + (lane & 15);
     if (t >= nst || key >= kh) return 0;
-    const int64_t e = page0 + (p.bs_shift >= 0 ? key >> p.bs_shift : key / p.bs);
+    const int64_t e = page0 + kpage + (p.bs_shift >= 0 ? key >> p.bs_shift : key / p.bs);
     int pg = __ldg(p.indices + e);
     if (p.err && (pg < 0 || pg >= p.num_pages)) {
       paged_flag(p.err, kPagedBadIndex, b, e, pg);
@@ -567,6 +658,7 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
       if (dd == 0) p.part_lse[(int64_t)split * p.tq * p.hq + row] = lse;
     }
   }
+  if (p.splits > 1 && p.cnt) pa_fused_merge<T, D>(p, slot_x * p.hkv + kvh, tile, kvh, q0, rows);
 }
 
 /* ---- merge of the splits: one CTA per (token, q head) row -------------------------------- *
@@ -581,6 +673,8 @@ __global__ void __launch_bounds__(kPaThreads) pa_merge_kernel(const __grid_const
   __shared__ float s_acc[kPaWarps][D];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* the main kernel's partials */
+  /* the next kernel (the next call's main kernel, itself waiting) may start launching */
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   const int64_t row = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -733,6 +827,9 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq4 = lane & 3;
   const int wg = blockIdx.x * kPaWarps + warp, wtot = gridDim.x * kPaWarps;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* a programmatic dependent: see pa_mma_kernel */
+#endif
 
   /* the total N, this warp's range and the window holding its first step */
   ps_win W;
@@ -943,30 +1040,34 @@ __global__ void __launch_bounds__(kPaThreads) ps_merge_kernel(const __grid_const
   constexpr int V = D / 32;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); /* as pa_merge_kernel */
 #endif
   const int lane = threadIdx.x & 31, w = blockIdx.x;
   const int4 d0 = p.desc[2 * w];
   if (!(d0.x & 1)) return;
   const int4 d1 = p.desc[2 * w + 1];
-  const int wa = d0.y, wslot = (d0.x >> 1) & 1, n = w - wa + 1;
+  const int wa = d0.y, n = w - wa + 1;
+  /* piece i of row r sits at (wa + i) * 32 + r (slot 0), piece 0 in slot d0.x >> 1 & 1; int:
+   * the pieces are 32 x the warps of one wave */
+  const int first = wa * 32 + ((d0.x >> 1) & 1) * 16;
   const int64_t rows = (int64_t)d0.w * p.group;
-  for (int r = threadIdx.x >> 5; r < 16 && (int64_t)d1.x * 16 + r < rows; r += kPaWarps) {
-    auto idx = [=](int i) -> int64_t {
-      return ((int64_t)(wa + i) * 2 + (i == 0 ? wslot : 0)) * 16 + r;
-    };
-    const float ls0 = lane < n ? p.sp_lse[idx(lane)] : -INFINITY;
-    float M = ls0;
-    for (int i = lane + 32; i < n; i += 32) M = fmaxf(M, p.sp_lse[idx(i)]);
+  const int64_t tok0 = d0.z, R0 = (int64_t)d1.x * 16, head0 = (int64_t)d1.y * p.group;
+  for (int r = threadIdx.x >> 5; r < 16 && R0 + r < rows; r += kPaWarps) {
+    /* lane i's pieces i, i + 32, ...: M, then L (weights of round 0 kept in wl0) */
+    float M = -INFINITY;
+    for (int i = lane; i < n; i += 32) {
+      const int pi = i == 0 ? first + r : (wa + i) * 32 + r;
+      M = fmaxf(M, __ldcg(p.sp_lse + pi));
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
     float L = 0.f;
-    if (M != -INFINITY) {
-      L = ls0 != -INFINITY ? expf(ls0 - M) : 0.f;
-      for (int i = lane + 32; i < n; i += 32) {
-        const float ls = p.sp_lse[idx(i)];
+    if (M != -INFINITY)
+      for (int i = lane; i < n; i += 32) {
+        const int pi = i == 0 ? first + r : (wa + i) * 32 + r;
+        const float ls = __ldcg(p.sp_lse + pi);
         if (ls != -INFINITY) L += expf(ls - M);
       }
-    }
     L = warp_sum(L);
     const float lse = M != -INFINITY ? M + logf(L) : -INFINITY;
     float acc[V];
@@ -974,25 +1075,26 @@ __global__ void __launch_bounds__(kPaThreads) ps_merge_kernel(const __grid_const
     for (int v = 0; v < V; v++) acc[v] = 0.f;
     if (M != -INFINITY)
       for (int i0 = 0; i0 < n; i0 += 32) {
-        const float ls = i0 == 0 ? ls0 : (i0 + lane < n ? p.sp_lse[idx(i0 + lane)] : -INFINITY);
+        const int i = i0 + lane;
+        const int pi = i == 0 ? first + r : (wa + i) * 32 + r;
+        const float ls = i < n ? __ldcg(p.sp_lse + pi) : -INFINITY;
         const float wl = ls != -INFINITY ? expf(ls - lse) : 0.f;
         const int cnt = n - i0 < 32 ? n - i0 : 32;
-#pragma unroll 8
-        for (int i = 0; i < 32; i++) {
-          if (i >= cnt) break;
-          const float wt = __shfl_sync(0xffffffffu, wl, i);
-          const float *src = p.sp_o + idx(i0 + i) * D + lane * V;
+        for (int j = 0; j < cnt; j++) {
+          const float wt = __shfl_sync(0xffffffffu, wl, j);
+          const int pj = i0 + j == 0 ? first + r : (wa + i0 + j) * 32 + r;
+          const float *src = p.sp_o + (int64_t)pj * D + lane * V;
           if constexpr (V == 4) {
-            const float4 o = *reinterpret_cast<const float4 *>(src);
+            const float4 o = __ldcg(reinterpret_cast<const float4 *>(src));
             acc[0] += wt * o.x, acc[1] += wt * o.y, acc[2] += wt * o.z, acc[3] += wt * o.w;
           } else {
 #pragma unroll
-            for (int v = 0; v < V; v++) acc[v] += wt * src[v];
+            for (int v = 0; v < V; v++) acc[v] += wt * __ldcg(src + v);
           }
         }
       }
-    const int64_t R = (int64_t)d1.x * 16 + r;
-    const int64_t tok = d0.z + R / p.group, head = (int64_t)d1.y * p.group + R % p.group;
+    const int64_t R = R0 + r;
+    const int64_t tok = tok0 + R / p.group, head = head0 + R % p.group;
     T *o = static_cast<T *>(p.out) + tok * p.o_ts + head * p.o_hs + lane * V;
 #pragma unroll
     for (int v = 0; v < V; v++) o[v] = from_f32<T>(acc[v]);
@@ -1151,12 +1253,14 @@ static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots) {
 }
 
 /* Context scratch for the OT_DEBUG flag (first 256 bytes, cleared) and the split
- * partials after it (part_o 256-byte aligned: the merge reads it in float4 / float2);
- * p.err / p.part_* point into it. */
+ * partials after it (part_o 256-byte aligned: the merge reads it in float4 / float2), then
+ * n_cnt fused-merge counters (cleared); p.err / p.part_* / p.cnt point into it. */
 static ot_status pa_scratch(ot_context *ctx, pa_params &p, bool debug, size_t partial_bytes,
-                            const char *op) {
+                            const char *op, size_t n_cnt = 0) {
   if (!debug && partial_bytes == 0) return OT_OK;
-  char *scr = (char *)ot_cuda_scratch(ctx, 256 + partial_bytes + (partial_bytes ? 256 : 0), op);
+  const size_t cnt_bytes = n_cnt * sizeof(int);
+  char *scr = (char *)ot_cuda_scratch(
+      ctx, 256 + partial_bytes + (partial_bytes ? 256 : 0) + cnt_bytes, op);
   if (!scr) return OT_ERR_OOM;
   if (debug) {
     p.err = (int *)scr;
@@ -1167,12 +1271,103 @@ static ot_status pa_scratch(ot_context *ctx, pa_params &p, bool debug, size_t pa
     const size_t lse_bytes = ((size_t)p.splits * rs * sizeof(float) + 255) / 256 * 256;
     p.part_lse = (float *)(scr + 256);
     p.part_o = (float *)(scr + 256 + lse_bytes);
+    if (n_cnt) {
+      p.cnt = (int *)(scr + 256 + lse_bytes + (size_t)p.splits * rs * p.d * sizeof(float));
+      OT_CUDA_CHECK(op, cudaMemsetAsync(p.cnt, 0, cnt_bytes, (cudaStream_t)ctx->stream));
+    }
   }
   return OT_OK;
 }
 
+/* The OT_* knobs of one call, read in one pass over the environment: tests switch them at
+ * run time (setenv), so they are read at every call, and six getenv calls scanned the
+ * environment six times. */
+struct pa_env {
+  bool debug;       /* OT_DEBUG set and not "0" (ot_paged_debug) */
+  bool simple;      /* OT_PAGED_SIMPLE set */
+  int kernel;       /* OT_PAGED_KERNEL: 1 split, 2 stream, 0 unset (or another value) */
+  bool splits_set;  /* OT_PAGED_SPLITS set (any value keeps the split kernel) */
+  int splits;       /* its value when > 0 (at most 65535), else 0 */
+  int stream_ctas;  /* OT_PAGED_STREAM_CTAS when > 0, else 0 */
+  bool pdl;         /* OT_PAGED_PDL not "0": main kernels launched as programmatic dependents */
+  bool fused_merge; /* OT_PAGED_MERGE=fused: the split kernel's last CTA of a unit merges */
+};
+
+static pa_env pa_read_env() {
+  pa_env e;
+  memset(&e, 0, sizeof e);
+  e.pdl = true;
+  for (char **v = environ; v && *v; v++) {
+    const char *s = *v;
+    if (s[0] != 'O' || s[1] != 'T' || s[2] != '_') continue;
+    s += 3;
+    const char *val = strchr(s, '=');
+    if (!val) continue;
+    const size_t n = (size_t)(val - s);
+    val++;
+    const auto is = [&](const char *name) { return strlen(name) == n && memcmp(s, name, n) == 0; };
+    if (is("DEBUG")) {
+      e.debug = val[0] && !(val[0] == '0' && val[1] == 0);
+    } else if (is("PAGED_SIMPLE")) {
+      e.simple = true;
+    } else if (is("PAGED_KERNEL")) {
+      e.kernel = strcmp(val, "split") == 0 ? 1 : strcmp(val, "stream") == 0 ? 2 : 0;
+    } else if (is("PAGED_SPLITS")) {
+      const int x = atoi(val);
+      e.splits_set = true;
+      e.splits = x > 0 ? (x < 65535 ? x : 65535) : 0;
+    } else if (is("PAGED_STREAM_CTAS")) {
+      const int x = atoi(val);
+      e.stream_ctas = x > 0 ? x : 0;
+    } else if (is("PAGED_PDL")) {
+      e.pdl = !(val[0] == '0' && val[1] == 0);
+    } else if (is("PAGED_MERGE")) {
+      e.fused_merge = strcmp(val, "fused") == 0;
+    }
+  }
+  return e;
+}
+
+/* What the last call on this host thread launched: bench/decode_shim.c reports it, so the
+ * benchmark checks that a forced kernel ran (kernel 1 split, 2 stream, 3 simple, 4 split
+ * with the fused merge). */
+struct pa_plan_rec {
+  int kernel, splits, ctas, pdl;
+};
+static thread_local pa_plan_rec pa_last_plan;
+
+/* A main kernel (dynamic shared memory smem), as a programmatic dependent of the previous
+ * kernel on st when pdl: its CTAs may become resident while that kernel drains, and wait
+ * (griddepcontrol.wait, before their first global access) for its completion. */
+template <typename K>
+static cudaError_t pa_launch_main(bool pdl, K *f, unsigned grid, size_t smem, cudaStream_t st,
+                                  const pa_params &p) {
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kPaThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, f, p);
+}
+
+/* Keys within one split must fit int32 (the kernel indexes them relative to the split's
+ * first key): with more than 2^30 keys in the whole table (kv.indices x block_size, an
+ * upper bound of every sequence's length) the plan takes at least that many / 2^30 splits,
+ * so that no chunk exceeds 2^30 + 64 keys. */
+static int pa_min_splits(const pa_params &p) {
+  const double keys = (double)p.num_indices * p.bs;
+  const double lim = 1073741824.0;
+  return keys > lim ? (int)ceil(keys / lim) : 1;
+}
+
 template <typename T, int D, int S>
-static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const char *op) {
+static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env, const char *op) {
   cudaStream_t s = (cudaStream_t)ctx->stream;
   const int64_t tiles_upper = p.batch + (p.tq * p.group + 15) / 16;
   const ot_cuda_state *cs = ot_cuda_state_of(ctx);
@@ -1187,8 +1382,9 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const 
   const int64_t slots = (int64_t)cs->sm_count * per_sm;
   int splits = pa_plan_splits(tiles_est * p.hkv, est_len, slots);
   if (splits > 65535) splits = 65535;
-  const char *env = getenv("OT_PAGED_SPLITS"); /* benchmarking / tests: force a count */
-  if (env && atoi(env) > 0) splits = atoi(env) < 65535 ? atoi(env) : 65535;
+  if (env.splits > 0) splits = env.splits; /* benchmarking / tests: force a count */
+  const int min_splits = pa_min_splits(p);
+  if (splits < min_splits) splits = min_splits;
   p.splits = splits;
   const size_t partial = splits > 1 ? (size_t)splits * p.tq * p.hq * (D + 1) * sizeof(float) : 0;
   const double ctas_d = (double)tiles_upper * p.hkv * splits;
@@ -1196,10 +1392,16 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const 
   if (ctas_d > 0x7fffffff)
     return ot_error(OT_ERR_UNSUPPORTED, op, "grid too large (%lld tiles x %d kv heads x %d splits)",
                     (long long)tiles_upper, p.hkv, splits);
-  OT_TRY(pa_scratch(ctx, p, debug, partial, op));
-  pa_mma_kernel<T, D, S><<<(unsigned)ctas, kPaThreads, pa_cfg<D, S>::kSmem, s>>>(p);
-  OT_CUDA_CHECK_LAUNCH(op);
-  if (splits > 1) {
+  const bool fused = env.fused_merge && splits > 1;
+  OT_TRY(pa_scratch(ctx, p, env.debug, partial, op, fused ? (size_t)tiles_upper * p.hkv : 0));
+  /* not after a memset (OT_DEBUG flag, fused-merge counters): programmatic dependence is
+   * between kernels */
+  static std::atomic<int> main_pdl[16] = {};
+  const bool pdl = env.pdl && !env.debug && !fused && ot_pdl_ok(cs, pa_mma_kernel<T, D, S>, main_pdl);
+  OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S>, (unsigned)ctas,
+                                   pa_cfg<D, S>::kSmem, s, p));
+  pa_last_plan = pa_plan_rec{fused ? 4 : 1, splits, (int)ctas, pdl ? 1 : 0};
+  if (splits > 1 && !fused) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
       return ot_error(OT_ERR_UNSUPPORTED, op, "merge grid too large (%lld rows)", (long long)rows);
@@ -1212,7 +1414,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, bool debug, const 
 /* The stream kernel: one wave of CTAs, scratch for the pieces (2 x 16 rows per warp) and
  * the descriptors, then the merge kernel over the descriptors. */
 template <typename T, int D, int S>
-static ot_status ps_launch(ot_context *ctx, pa_params &p, bool debug, const char *op) {
+static ot_status ps_launch(ot_context *ctx, pa_params &p, const pa_env &env, const char *op) {
   cudaStream_t s = (cudaStream_t)ctx->stream;
   const ot_cuda_state *cs = ot_cuda_state_of(ctx);
   const int per_sm = ps_ctas_per_sm<T, D, S>(cs->device);
@@ -1220,22 +1422,24 @@ static ot_status ps_launch(ot_context *ctx, pa_params &p, bool debug, const char
     return ot_error(OT_ERR_BACKEND, op, "cannot give the decode kernel %zu bytes of shared memory",
                     pa_cfg<D, S>::kSmem);
   int ctas = cs->sm_count * per_sm;
-  const char *env = getenv("OT_PAGED_STREAM_CTAS"); /* tests: a smaller grid */
-  if (env && atoi(env) > 0 && atoi(env) < ctas) ctas = atoi(env);
+  if (env.stream_ctas > 0 && env.stream_ctas < ctas) ctas = env.stream_ctas; /* tests: smaller */
   const int wtot = ctas * kPaWarps;
   const size_t desc_b = (size_t)wtot * 2 * sizeof(int4), lse_b = (size_t)wtot * 32 * sizeof(float);
   const size_t o_b = (size_t)wtot * 32 * D * sizeof(float);
   char *scr = (char *)ot_cuda_scratch(ctx, 256 + desc_b + lse_b + o_b, op);
   if (!scr) return OT_ERR_OOM;
-  if (debug) {
+  if (env.debug) {
     p.err = (int *)scr;
     OT_CUDA_CHECK(op, cudaMemsetAsync(p.err, 0, 4 * sizeof(int), s));
   }
   p.desc = (int4 *)(scr + 256);
   p.sp_lse = (float *)(scr + 256 + desc_b);
   p.sp_o = (float *)(scr + 256 + desc_b + lse_b);
-  ps_kernel<T, D, S><<<ctas, kPaThreads, pa_cfg<D, S>::kSmem, s>>>(p);
-  OT_CUDA_CHECK_LAUNCH(op);
+  static std::atomic<int> main_pdl[16] = {};
+  const bool pdl = env.pdl && !env.debug && ot_pdl_ok(cs, ps_kernel<T, D, S>, main_pdl);
+  OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S>, (unsigned)ctas, pa_cfg<D, S>::kSmem,
+                                   s, p));
+  pa_last_plan = pa_plan_rec{2, 1, ctas, pdl ? 1 : 0};
   static std::atomic<int> pdl_cached[16] = {};
   OT_CUDA_CHECK(op, ot_launch_pdl(ot_pdl_ok(cs, ps_merge_kernel<T, D>, pdl_cached),
                                   ps_merge_kernel<T, D>, dim3((unsigned)wtot), dim3(kPaThreads), s,
@@ -1263,6 +1467,7 @@ static ot_status pa_launch_simple(ot_context *ctx, pa_params &p, bool debug, con
   const int64_t rows = p.tq * p.hq;
   pa_simple_kernel<T><<<(unsigned)((rows + 3) / 4), 128, 0, (cudaStream_t)ctx->stream>>>(p);
   OT_CUDA_CHECK_LAUNCH(op);
+  pa_last_plan = pa_plan_rec{3, 1, (int)((rows + 3) / 4), 0};
   return OT_OK;
 }
 
@@ -1272,8 +1477,8 @@ static ot_status pa_launch_simple(ot_context *ctx, pa_params &p, bool debug, con
  * TB/s; tiny decodes 15-25% less time per call); with longer contexts the split kernel was
  * 1-5% faster (16 x 4k, 64 x 4k), and with few units (1 x 64k: 132 pieces each) much
  * faster. OT_PAGED_SPLITS (a forced split count) keeps the split kernel. */
-static bool ps_auto(const ot_cuda_state *cs, const pa_params &p, int per_sm) {
-  if (getenv("OT_PAGED_SPLITS")) return false;
+static bool ps_auto(const ot_cuda_state *cs, const pa_params &p, const pa_env &env, int per_sm) {
+  if (env.splits_set) return false;
   const int64_t qps = (p.tq + p.batch - 1) / p.batch;
   /* Decode and speculative decode only: a chunked prefill's causal tiles are trimmed at
    * their diagonal by the split kernel, while the stream kernel runs every tile over all
@@ -1291,23 +1496,21 @@ static bool ps_auto(const ot_cuda_state *cs, const pa_params &p, int per_sm) {
 
 template <typename T>
 static ot_status pa_dispatch(ot_context *ctx, pa_params &p, bool mma_ok, bool out_aligned,
-                             bool debug, const char *op) {
+                             const pa_env &env, const char *op) {
   if constexpr (sizeof(T) == 2) {
-    if (mma_ok && p.d == 64) return pa_launch_mma<T, 64, 5>(ctx, p, debug, op);
+    if (mma_ok && p.d == 64) return pa_launch_mma<T, 64, 5>(ctx, p, env, op);
     if (mma_ok && p.d == 128) {
       /* OT_PAGED_KERNEL=split / stream forces a kernel (the stream one where it can run) */
-      const char *k = getenv("OT_PAGED_KERNEL");
-      if (!(k && strcmp(k, "split") == 0)) {
+      if (env.kernel != 1) {
         const ot_cuda_state *cs = ot_cuda_state_of(ctx);
         const int per_sm = ps_ctas_per_sm<T, 128, 3>(cs->device);
-        if (ps_wanted(p, out_aligned, per_sm) &&
-            ((k && strcmp(k, "stream") == 0) || ps_auto(cs, p, per_sm)))
-          return ps_launch<T, 128, 3>(ctx, p, debug, op);
+        if (ps_wanted(p, out_aligned, per_sm) && (env.kernel == 2 || ps_auto(cs, p, env, per_sm)))
+          return ps_launch<T, 128, 3>(ctx, p, env, op);
       }
-      return pa_launch_mma<T, 128, 3>(ctx, p, debug, op);
+      return pa_launch_mma<T, 128, 3>(ctx, p, env, op);
     }
   }
-  return pa_launch_simple<T>(ctx, p, debug, op);
+  return pa_launch_simple<T>(ctx, p, env.debug, op);
 }
 
 } /* namespace ot */
@@ -1343,24 +1546,36 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
   p.wl = a->window_left;
   p.wr = a->window_right;
   p.splits = 1;
-  const bool debug = ot_paged_debug();
+  const ot::pa_env env = ot::pa_read_env();
+  const bool debug = env.debug;
   /* the tensor-core path: 16-bit types, head_dim 64 / 128, 16-byte aligned q rows and
    * pages (the pages are contiguous, so their base decides) */
   const size_t es = ot_dtype_size(a->dtype);
   const bool aligned = ot_rows_aligned16(a->q, a->q_tok_stride, es, a->tokens) &&
                        ((a->q_head_stride * (int64_t)es) & 15) == 0 &&
                        ot_is_aligned16(t->k_pages) && ot_is_aligned16(t->v_pages);
-  const bool mma_ok = aligned && (a->dtype == OT_BF16 || a->dtype == OT_F16) &&
-                      getenv("OT_PAGED_SIMPLE") == NULL;
+  const bool mma_ok = aligned && (a->dtype == OT_BF16 || a->dtype == OT_F16) && !env.simple;
   const bool out_aligned = ot_rows_aligned16(a->out, a->out_tok_stride, es, a->tokens) &&
                            ((a->out_head_stride * (int64_t)es) & 15) == 0;
   ot_status st;
   switch (a->dtype) {
-    case OT_F32: st = ot::pa_dispatch<float>(ctx, p, false, false, debug, op); break;
-    case OT_F16: st = ot::pa_dispatch<__half>(ctx, p, mma_ok, out_aligned, debug, op); break;
-    case OT_BF16: st = ot::pa_dispatch<__nv_bfloat16>(ctx, p, mma_ok, out_aligned, debug, op); break;
+    case OT_F32: st = ot::pa_dispatch<float>(ctx, p, false, false, env, op); break;
+    case OT_F16: st = ot::pa_dispatch<__half>(ctx, p, mma_ok, out_aligned, env, op); break;
+    case OT_BF16: st = ot::pa_dispatch<__nv_bfloat16>(ctx, p, mma_ok, out_aligned, env, op); break;
     default: return ot_error(OT_ERR_INTERNAL, op, "unexpected dtype %d", (int)a->dtype);
   }
   if (st != OT_OK || !debug) return st;
   return ot_paged_debug_report(ctx, op, p.err, "cu_seqlens_q");
+}
+
+/* The kernel the last ot_paged_attention call on this host thread launched (benchmarks:
+ * bench/decode_shim.c): out[0] 1 split, 2 stream, 3 simple, 4 split with the fused merge
+ * (0: none yet); out[1] splits;
+ * out[2] CTAs of the main kernel; out[3] 1 when it was launched as a programmatic
+ * dependent. */
+extern "C" void ot_cuda_paged_last_plan(int out[4]) {
+  out[0] = ot::pa_last_plan.kernel;
+  out[1] = ot::pa_last_plan.splits;
+  out[2] = ot::pa_last_plan.ctas;
+  out[3] = ot::pa_last_plan.pdl;
 }
