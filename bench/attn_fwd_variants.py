@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""attn_fwd_variants.py -- one process that (1) checks the Hopper forward's compiled variants
+(template bits of src/cuda/sm90/attention_fwd_sm90.cu, selected by OT_ATTN_SM90_* switches;
+a build with -DOT_ATTN_SM90_EXPERIMENTS carries the bf16 ones) against float64 references,
+(2) times every variant against the default and torch SDPA cuDNN / flash on the same inputs
+in interleaved rounds (clock drift hits every side alike), over the benchmark grid of
+bench_attention.py (bf16, batch*seq = 32k tokens, heads*D = 2048), (3) measures the host
+time of one call at a small shape.
+
+  python3 bench/attn_fwd_variants.py SHIM [--rounds 3] [--dims 128,64,256]
+      [--seqs 1024,4096,16384] [--json OUT] [--no-check] [--no-host]
+
+The JSON (shared/BENCH.md rows, op attention_fwd) carries for each case the default's median,
+the peers', and a "variants" dict {name: median TFLOP/s}. A variant that is not compiled for a
+shape runs the default (the kernel drops unknown bits), so variants are timed only where
+variant_list() says that they exist.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_attention as ba  # noqa: E402
+
+TAIL = {"OT_ATTN_SM90_TAIL": "1"}
+RESC = {"OT_ATTN_SM90_RESC": "1"}
+P8 = {"OT_ATTN_SM90_EXP": "poly8"}
+P4 = {"OT_ATTN_SM90_EXP": "poly"}
+
+
+ONLY = None   # --only: the variant names to run (checks and timings)
+
+
+def variant_list(d, s, causal):
+    """The experiment build's bf16 variants that apply to the tile the default picks."""
+    return [(n, e) for n, e in _variant_list(d, s, causal) if ONLY is None or n in ONLY]
+
+
+def _variant_list(d, s, causal):
+    if d == 128 and not causal and s > 2048:          # 176-key tile
+        return [("resc", RESC), ("tail", TAIL), ("resc+tail", {**RESC, **TAIL}),
+                ("poly8", P8), ("poly4", P4), ("tail+poly8", {**TAIL, **P8})]
+    if d == 64 and not causal:                        # 3 consumers, 128-key tile
+        return [("tail", TAIL), ("poly8", P8), ("poly4", P4)]
+    if d == 64 and causal and s <= 8192:              # 2 consumers, 128-key tile
+        return [("poly8", P8)]
+    if d == 256:                                      # 80-key tile, rescale threshold on
+        return [("tail", TAIL), ("poly8", P8)]
+    return []
+
+
+def checks(S):
+    """float64 checks of each variant on shapes whose last key tile is partial (every tail
+    width), causal with Sq != Sk, GQA, lse; the wide D128 tile forced on short sequences."""
+    ck = ba.Checker()
+    wide = {"OT_ATTN_SM90_TILE": "wide"}
+    envs = [("default", {}), ("tail", TAIL), ("resc", RESC), ("resc+tail", {**RESC, **TAIL}),
+            ("poly8", P8), ("poly4", P4), ("tail+poly8", {**TAIL, **P8})]
+    envs = [e for n, e in envs if ONLY is None or n in ONLY]
+    for env in envs:
+        for d, sq, sk, wr, extra in ((128, 300, 200, -1, wide), (128, 1000, 1000, -1, wide),
+                                     (128, 600, 4097, -1, wide), (128, 333, 1000, 0, wide),
+                                     (128, 1000, 700, 0, wide), (64, 1000, 1100, -1, {}),
+                                     (64, 700, 1000, 0, {}), (256, 1000, 1000, -1, {}),
+                                     (256, 500, 700, 0, {}), (256, 300, 1030, -1, {})):
+            ba.check_case(S, ck, 2, sq, sk, 4, 2, d, wr=wr, env={**extra, **env})
+    # fp16 keeps the default instances (the variants are bf16 only): still right with the switches
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, dtype=torch.float16, env={**wide, **TAIL, **P8})
+    # the multi-tile persistent path (ring phases across tiles) with the tail
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 128, env={**wide, **TAIL, **RESC, "OT_ATTN_SM90_GRID": "3"})
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 256, env={**TAIL, "OT_ATTN_SM90_GRID": "3"})
+    print(f"check: {ck.n - ck.fails}/{ck.n} passed", flush=True)
+    return ck.fails == 0
+
+
+def host_cost(S):
+    """Host microseconds per call (no synchronisation between calls) at a small shape, against
+    a call that the kernel declines at once (head dim 96: the ctypes and shim overhead)."""
+    res = {}
+    for name, d in (("handled D64 S128", 64), ("declined D96", 96)):
+        q, k, v = ba.make_qkv(1, 128, 128, 2, 2, d, torch.bfloat16, "bshd")
+        out = torch.empty_like(q)
+        f = ba.sm90_call(S, q, k, v, out, None, 0.125)
+        for _ in range(50):
+            f()
+        torch.cuda.synchronize()
+        n = 2000
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        res[name] = round((t1 - t0) / n * 1e6, 2)
+        if d == 64:
+            res["gpu us per call D64 S128"] = round(ba.time_ms(f, iters=50) * 1e3, 2)
+    print("host cost (us per call):", res, flush=True)
+    return res
+
+
+def bench(S, args):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    rows = []
+    gemm = ba.gemm_tflops()
+    print(f"cuBLAS bf16 GEMM 8192^3: {gemm:.0f} TFLOP/s", flush=True)
+    for d in [int(x) for x in args.dims.split(",")]:
+        for s in [int(x) for x in args.seqs.split(",")]:
+            for causal in (False, True):
+                B, H = 32768 // s, 2048 // d
+                q, k, v = ba.make_qkv(B, s, s, H, H, d, torch.bfloat16, "bshd")
+                out = torch.empty_like(q)
+                lse = torch.empty(B, H, s, device="cuda")
+                flops = 4 * B * H * s * s * d / (2 if causal else 1)
+                case = f"D{d} S{s} {'causal' if causal else 'full'} bf16 B{B} H{H}"
+                f = ba.sm90_call(S, q, k, v, out, lse, 1 / math.sqrt(d), -1, 0 if causal else -1)
+                if not f():
+                    print(f"{case}: not handled")
+                    continue
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                sides = [("default", {}, None)] + [(n, e, None) for n, e in variant_list(d, s, causal)]
+                for name, be in (("torch SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
+                                 ("torch SDPA flash", SDPBackend.FLASH_ATTENTION)):
+                    def pf(be=be):
+                        with sdpa_kernel([be]):
+                            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                    try:
+                        pf()
+                        sides.append((name, None, pf))
+                    except Exception as e:
+                        print(f"{case}: {name} failed: {str(e)[:100]}")
+                t = {n: [] for n, _, _ in sides}
+                for _ in range(args.rounds):
+                    for n, env, pf in sides:
+                        if pf is not None:
+                            ms = ba.time_ms(pf, iters=args.iters, warmup=2)
+                        else:
+                            with ba.env_set(env):
+                                ms = ba.time_ms(f, iters=args.iters, warmup=2)
+                        t[n].append(flops / ms / 1e9)
+                med = {n: statistics.median(x) for n, x in t.items()}
+                peers = {n: round(med[n], 1) for n, e, pf in sides if pf is not None}
+                best = max(peers.values()) if peers else None
+                row = {"op": "attention_fwd", "case": case, "metric": "TFLOP/s",
+                       "ours": round(med["default"], 1), "peers": peers,
+                       "ratio_best_peer": round(med["default"] / best, 3) if best else None,
+                       "fraction_of_ceiling": round(med["default"] / gemm, 3),
+                       "variants": {n: round(med[n], 1) for n, e, pf in sides
+                                    if pf is None and n != "default"},
+                       "rounds": {n: [round(x, 1) for x in xs] for n, xs in t.items()}}
+                rows.append(row)
+                cud = peers.get("torch SDPA cuDNN")
+                print(f"{case:34s} default {row['ours']:6.1f}  " +
+                      "  ".join(f"{k_.split()[-1]} {v_:6.1f}" for k_, v_ in peers.items()) +
+                      (f"  vs cuDNN {row['ours'] / cud:.3f}" if cud else "") +
+                      "".join(f" | {n} {v_:.1f} ({v_ / med['default']:.3f})"
+                              for n, v_ in row["variants"].items()), flush=True)
+                del q, k, v, out, lse
+                torch.cuda.empty_cache()
+                if args.json:
+                    write(args, gemm, rows)
+    return gemm, rows
+
+
+def write(args, gemm, rows, host=None):
+    doc = {"bench": "attention_fwd", "device": torch.cuda.get_device_name(),
+           "date": datetime.date.today().isoformat(), "commit": args.commit,
+           "command": " ".join(sys.argv), "ceilings": {"gemm_bf16_TFLOPs": round(gemm, 1)},
+           "rows": rows}
+    if host:
+        doc["host_cost_us"] = host
+    with open(args.json, "w") as fh:
+        json.dump(doc, fh, indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shim")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--dims", default="128,64,256")
+    ap.add_argument("--seqs", default="1024,4096,16384")
+    ap.add_argument("--json")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-host", action="store_true")
+    ap.add_argument("--only", help="comma list of variant names (default: all)")
+    args = ap.parse_args()
+    global ONLY
+    ONLY = set(args.only.split(",")) if args.only else None
+    S = ba.Shim(args.shim)
+    ok = True
+    if not args.no_check:
+        # a variant that hangs (a wrong barrier phase) must not eat the device time
+        timer = threading.Timer(60, lambda: (print("HUNG in checks", flush=True), os._exit(3)))
+        timer.start()
+        ok = checks(S)
+        timer.cancel()
+    host = None if args.no_host else host_cost(S)
+    gemm, rows = bench(S, args)
+    if args.json:
+        write(args, gemm, rows, host)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

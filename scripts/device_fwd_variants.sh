@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# scripts/device_fwd_variants.sh [COMMIT] -- on the lent H200 (`run` executes it in the
+# repository root), from binaries prebuilt on the build machine (no compiling here):
+#   1. bench/attn_fwd_variants.py: float64 checks of the Hopper forward's variants, host cost
+#      per call, then every variant against the default and torch SDPA cuDNN / flash in
+#      interleaved rounds (-> $OUT/variants.json, variants.log);
+#   2. the C attention suite (cuda cases) with the defaults, then its "hopper" cases under
+#      each variant's switches;
+#   3. compute-sanitizer racecheck and synccheck on one Hopper forward case with the tail,
+#      the rescale threshold and the wide tile forced (the superset of the variants' sync).
+# CARRY (default .devcarry-fwd90, git-ignored) holds libattention_shim.so (bench/attention_shim.c
+# linked against an sm_90a libops_transformer.a built with -DOT_ATTN_SM90_EXPERIMENTS for
+# src/cuda/sm90/attention_fwd_sm90.cu), test_ops.xz and deps.tar.gz (OpenBLAS runtime).
+# DEADLINE (seconds from the start, default 125): each step's limit is cut to what is left.
+# VSEQS / VDIMS / VROUNDS: the benchmark grid (default 4096,16384 / 128,64,256 / 3); VARGS: more
+# arguments of attn_fwd_variants.py (e.g. "--only tail,resc --no-host"). SUITE=0: no full C suite.
+# VENVS: ';'-separated switch sets for the suite's "hopper" cases; SAN_ENV, SAN_FILTERS
+# (';'-separated): the sanitizers' switches and C-suite filters.
+set -uo pipefail
+COMMIT=${1:-unknown}
+OUT=${OUT:-/tmp/ot_device_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+CARRY=${CARRY:-.devcarry-fwd90}
+DEADLINE=${DEADLINE:-125}
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+lim() {   # lim N: N cut to what DEADLINE leaves (0: skip)
+  local left=$(( DEADLINE - ($(date +%s) - T0) ))
+  if [ "$left" -lt 5 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+export PYTHONUNBUFFERED=1
+mkdir -p /tmp/ot_deps && tar xzf "$CARRY/deps.tar.gz" -C /tmp/ot_deps
+export LD_LIBRARY_PATH="/tmp/ot_deps:${LD_LIBRARY_PATH:-}"
+xz -dc "$CARRY/test_ops.xz" >/tmp/test_ops && chmod +x /tmp/test_ops
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
+
+t=$(lim 70)
+stamp "variants (limit $t s)"
+timeout "$t" python3 bench/attn_fwd_variants.py "$CARRY/libattention_shim.so" --json "$OUT/variants.json" \
+  --commit "$COMMIT" --seqs "${VSEQS:-4096,16384}" --dims "${VDIMS:-128,64,256}" \
+  --rounds "${VROUNDS:-3}" ${VARGS:-} >"$OUT/variants.log" 2>&1
+echo "variants rc=$?"
+grep -E '^FAIL|^check:|^host|^HUNG|Error' "$OUT/variants.log" | head -20
+
+t=$(lim 35)
+if [ "$t" != 0 ] && [ "${SUITE:-1}" != 0 ]; then
+  stamp "C suite (defaults)"
+  timeout "$t" /tmp/test_ops --backend cuda --suite attention --filter cuda >"$OUT/tests.log" 2>&1
+  echo "tests rc=$? $(tail -1 "$OUT/tests.log")"; grep -A3 '^FAIL' "$OUT/tests.log" | head -12
+fi
+IFS=';' read -r -a venvs <<<"${VENVS:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_TAIL=1 OT_ATTN_SM90_RESC=1;OT_ATTN_SM90_TAIL=1;OT_ATTN_SM90_EXP=poly8}"
+for envs in "${venvs[@]}"; do
+  t=$(lim 15); [ "$t" = 0 ] && { echo "skipped: hopper cases [$envs]"; continue; }
+  env $envs timeout "$t" /tmp/test_ops --backend cuda --suite attention --filter hopper \
+    >>"$OUT/tests_variants.log" 2>&1
+  echo "hopper cases [$envs]: rc=$? $(tail -1 "$OUT/tests_variants.log")"
+done
+IFS=';' read -r -a sfilters <<<"${SAN_FILTERS:-hopper-only S1000 D128 window}"
+for tool in racecheck synccheck; do
+  for filt in "${sfilters[@]}"; do
+    t=$(lim 25); [ "$t" = 0 ] && { echo "skipped: $tool $filt"; continue; }
+    stamp "$tool [$filt]"
+    env ${SAN_ENV:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_TAIL=1 OT_ATTN_SM90_RESC=1} timeout "$t" \
+      compute-sanitizer --tool $tool --print-limit 10 /tmp/test_ops --backend cuda --suite attention \
+      --filter "$filt" >>"$OUT/$tool.log" 2>&1
+    echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)"
+    grep -E 'test_ops:|FAIL' "$OUT/$tool.log" | tail -1
+  done
+done
+stamp "summary"
+grep -E '^D[0-9]' "$OUT/variants.log" | cut -c1-250
