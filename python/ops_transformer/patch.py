@@ -283,8 +283,8 @@ def _auto_torch_backward(q, k):
 # order, the flash backend's kernels). An eager call decides again when the flags
 # changed (a torch.nn.attention.sdpa_kernel context, say). While
 # torch.compile traces, a key not decided yet means torch's SDPA (nothing is stored: a
-# store would fail the guards of the graph); a symbolic length (dynamic shapes) takes the
-# library only where every bucket decided for the shape did.
+# store would fail the guards of the graph), and the length is not looked at: the
+# library there only where every length bucket decided for the shape picked it.
 _AUTO = {}
 # The torch SDPA backends the library's fwd + bwd (its Hopper backward) beats, with the
 # head dims where it does. Measured on the H200 (torch 2.11, cuDNN 9.19; causal bf16 fwd +
@@ -360,14 +360,14 @@ def _auto_library(q, k, v, causal, scale, window, cu_seqlens):
     _AUTO_LIBRARY_BEATS for the head dim (flash, say); torch's SDPA otherwise (cuDNN,
     or a call only the library's portable backward would take)."""
     if torch.compiler.is_compiling():
+        # no lookup by the length's bucket (it would specialize a dynamic length, and a
+        # SymInt cannot be told from an int while dynamo traces): the library only where
+        # every bucket decided for the shape picked it
         if window is not None or cu_seqlens is not None:
             return False
-        if isinstance(q.shape[1], torch.SymInt):        # no guard on the length
-            base = _auto_key(q, k, causal, bucket=0)[:-1]
-            got = [v[0] for kk, v in _AUTO.items() if kk[:-1] == base]
-            return bool(got) and all(got)
-        got = _AUTO.get(_auto_key(q, k, causal))
-        return got is not None and got[0]
+        base = _auto_key(q, k, causal, bucket=0)[:-1]
+        got = [v[0] for kk, v in _AUTO.items() if kk[:-1] == base]
+        return bool(got) and all(got)
     key = _auto_key(q, k, causal)
     got = _AUTO.get(key)
     if (q.shape[1] != k.shape[1] or window is not None or cu_seqlens is not None

@@ -844,3 +844,34 @@ def test_auto_attention_under_torch_compile(ids, calls, auto_on_cpu, decided_bef
     assert (calls.get("attention", 0) >= 1) == decided_before     # traced through it
     torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
     assert_grads_close(g0, g1, rtol=1e-4)
+
+
+@pytest.mark.parametrize("decisions,library", [((True, True), True), ((True, False), False),
+                                               ((), False)])
+def test_auto_attention_with_a_dynamic_length_under_torch_compile(auto_on_cpu, decisions,
+                                                                  library):
+    """Under torch.compile (here with a dynamic length) 'auto' does not look at the
+    length (no guard on it, one graph for every length): the library's kernels only where
+    every length bucket decided for the shape picked them (none decided: torch's SDPA);
+    no graph break, nothing stored while tracing."""
+    torch._dynamo.reset()
+    _, pick = auto_on_cpu
+    for i, lib in enumerate(decisions):        # buckets of 16 and 64
+        pick[0] = "FLASH_ATTENTION" if lib else "CUDNN_ATTENTION"
+        L = (16, 64)[i]
+        q = torch.randn(1, L, 4, 128, requires_grad=True)
+        k = torch.randn(1, L, 4, 128)
+        assert ot_patch._auto_library(q, k, k, True, 0.1, None, None) is lib
+    n = len(ot_patch._AUTO)
+
+    def f(q, k, v):
+        lib = ot_patch._auto_library(q, k, v, True, 0.1, None, None)
+        return q * 2 if lib else q * 3
+    torch._dynamo.utils.counters.clear()
+    fn = torch.compile(f, dynamic=True, fullgraph=True)
+    for L in (24, 40, 100):                    # buckets 5, 6, 7: one graph for all
+        q = torch.randn(1, L, 4, 128, requires_grad=True)
+        k = torch.randn(1, L, 4, 128)
+        assert torch.equal(fn(q, k, k), q * (2 if library else 3))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert len(ot_patch._AUTO) == n
