@@ -107,11 +107,19 @@ stamp "binaries ready"
 
 # ---- 0. the small-M linear kernel: tests, memcheck, benchmark (prebuilt pack only) -------
 if [ "$PREBUILT" = 1 ] && [ -x "$BIN/pack/test_ops" ]; then
-  if timeout "${ENGINE_TEST_TIMEOUT:-60}" "$BIN/pack/test_ops" --backend cuda --suite linear \
-      --filter "${ENGINE_TEST_FILTER:-forward}" >"$OUTD/test_linear.log" 2>&1; then
+  # line-buffered: a run cut by its time limit keeps the lines of the cases it ran (a cold
+  # machine's first CUDA process can take many seconds before its first case)
+  LB=()
+  command -v stdbuf >/dev/null && LB=(stdbuf -oL)
+  timeout "${ENGINE_TEST_TIMEOUT:-60}" "${LB[@]}" "$BIN/pack/test_ops" --backend cuda --suite linear \
+    --filter "${ENGINE_TEST_FILTER:-forward}" >"$OUTD/test_linear.log" 2>&1
+  trc=$?
+  if [ "$trc" = 0 ]; then
     SUMMARY+=("test_ops linear (cuda): $(tail -1 "$OUTD/test_linear.log")")
+  elif [ "$trc" = 124 ]; then
+    SUMMARY+=("test_ops linear (cuda) NOT FINISHED: cut by ENGINE_TEST_TIMEOUT; last line: $(tail -1 "$OUTD/test_linear.log")")
   else
-    SUMMARY+=("test_ops linear (cuda) FAILED: $(grep -m3 -i fail "$OUTD/test_linear.log" | tr '\n' ' ')")
+    SUMMARY+=("test_ops linear (cuda) FAILED (rc $trc): $(grep -m3 -i fail "$OUTD/test_linear.log" | tr '\n' ' ')")
   fi
   if [ "${ENGINE_MEMCHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
     timeout "${ENGINE_MEMCHECK_TIMEOUT:-60}" compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/pack/test_ops" \
