@@ -74,11 +74,12 @@ test_summary() {
 }
 TPID=
 if has test; then
-  stamp "tests (Hopper backward through the dispatcher)${PAR:+, in the background}"
   if [ "${PAR:-0}" = 1 ]; then   # beside the sanitizer (both mostly CPU); before any timing
+    stamp "tests (Hopper backward through the dispatcher), in the background"
     ( timeout ${TEST_LIMIT:-200} $A -v >"$OUT/tests.log" 2>&1; echo "test_ops rc=$?" >"$OUT/tests.rc" ) &
     TPID=$!
   else
+    stamp "tests (Hopper backward through the dispatcher)"
     timeout ${TEST_LIMIT:-200} $A -v >"$OUT/tests.log" 2>&1
     echo "test_ops rc=$?"
     test_summary
