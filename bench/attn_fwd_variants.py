@@ -35,6 +35,7 @@ TAIL = {"OT_ATTN_SM90_TAIL": "1"}
 RESC = {"OT_ATTN_SM90_RESC": "1"}
 P8 = {"OT_ATTN_SM90_EXP": "poly8"}
 P4 = {"OT_ATTN_SM90_EXP": "poly"}
+WIDE = {"OT_ATTN_SM90_TILE": "wide"}
 
 
 ONLY = None   # --only: the variant names to run (checks and timings)
@@ -52,7 +53,7 @@ def _variant_list(d, s, causal):
     if d == 64 and not causal:                        # 3 consumers, 128-key tile
         return [("tail", TAIL), ("poly8", P8), ("poly4", P4)]
     if d == 64 and causal and s <= 8192:              # 2 consumers, 128-key tile
-        return [("poly8", P8)]
+        return [("poly8", P8), ("wide", WIDE)]        # wide: the 192-key tile
     if d == 256:                                      # 80-key tile, rescale threshold on
         return [("tail", TAIL), ("poly8", P8)]
     return []
@@ -64,7 +65,7 @@ def checks(S):
     ck = ba.Checker()
     wide = {"OT_ATTN_SM90_TILE": "wide"}
     envs = [("default", {}), ("tail", TAIL), ("resc", RESC), ("resc+tail", {**RESC, **TAIL}),
-            ("poly8", P8), ("poly4", P4), ("tail+poly8", {**TAIL, **P8})]
+            ("poly8", P8), ("poly4", P4), ("tail+poly8", {**TAIL, **P8}), ("wide", WIDE)]
     envs = [e for n, e in envs if ONLY is None or n in ONLY]
     for env in envs:
         for d, sq, sk, wr, extra in ((128, 300, 200, -1, wide), (128, 1000, 1000, -1, wide),
