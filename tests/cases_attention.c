@@ -485,6 +485,22 @@ static bool require_sm90;
  * whose room beyond the cuBLASLt workspace is this many bytes. */
 static size_t bwd_arena_room;
 
+/* run_backward with an arena attached to the context whose room beyond the cuBLASLt
+ * workspace is `room` bytes (0: without an arena). */
+static ot_status run_backward_room(test_run *tr, prob *P, size_t room) {
+  if (!room) return run_backward(tr, P);
+  ot_arena *arena = NULL;
+  ot_status st = ot_arena_create(tr->be->ctx, ((size_t)32 << 20) + room, &arena);
+  if (!tr_ok(tr, st, "arena")) return st;
+  st = ot_context_set_arena(tr->be->ctx, arena);
+  if (tr_ok(tr, st, "attach the arena")) {
+    st = run_backward(tr, P);
+    ot_context_set_arena(tr->be->ctx, NULL);
+  }
+  ot_arena_destroy(arena);
+  return st;
+}
+
 static bool attn_ok(test_run *tr, ot_status st, const char *what) {
   if (require_sm90 && st == OT_ERR_UNSUPPORTED) {
     if (strstr(ot_last_error(), "no Hopper attention kernel here")) {
@@ -518,19 +534,7 @@ static void run_case_det(test_run *tr, const acase *c, DLDataType dt, bool det) 
       double *dq = malloc((nq + 1) * sizeof *dq), *dk = malloc((nk + 1) * sizeof *dk),
              *dv = malloc((nk + 1) * sizeof *dv);
       ref_backward(p, q, k, v, dout, dq, dk, dv);
-      ot_arena *arena = NULL;
-      ot_status bst = OT_OK;
-      if (bwd_arena_room &&
-          (!tr_ok(tr, ot_arena_create(tr->be->ctx, ((size_t)32 << 20) + bwd_arena_room, &arena),
-                  "arena") ||
-           !tr_ok(tr, ot_context_set_arena(tr->be->ctx, arena), "attach the arena")))
-        bst = OT_ERR_OOM;
-      if (bst == OT_OK) bst = run_backward(tr, &P);
-      if (arena) {
-        ot_context_set_arena(tr->be->ctx, NULL);
-        ot_arena_destroy(arena);
-      }
-      if (attn_ok(tr, bst, "ot_attention_backward")) {
+      if (attn_ok(tr, run_backward_room(tr, &P, bwd_arena_room), "ot_attention_backward")) {
         sync_outputs(&P);
         check_close(tr, "dq", P.dq, dq, grad_tol(dt));
         check_close(tr, "dk", P.dk, dk, grad_tol(dt));
@@ -895,13 +899,30 @@ static void run_repeat_case_cuda(test_run *tr, const acase *c) {
 
 /* The Hopper backward's scratch (dQ accumulator, 4 (D + 2) bytes a query row and head:
  * 1 MiB here) does not fit in the arena, the portable backward's (4 bytes: 8 KB) does: the
- * call falls back to the portable kernel instead of failing with OT_ERR_OOM. */
+ * call falls back to the portable kernel instead of failing with OT_ERR_OOM. Under
+ * OT_ATTN_IMPL=sm90 the same backward is the Hopper kernel's OT_ERR_OOM (so the first case
+ * did decline it on a Hopper device); skipped where no Hopper kernel can run. */
 static void run_scratch_fallback_case(test_run *tr) {
   static const acase c = {"bwd scratch fallback (arena of 64 KB) S1000 D128 causal", 1, 1000,
                           1000, 2, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true};
   bwd_arena_room = 64 << 10;
   run_case(tr, &c, DT_BF16);
   bwd_arena_room = 0;
+  if (!tr_begin(tr, "attention bwd scratch (arena of 64 KB): OT_ATTN_IMPL=sm90 keeps the OOM"))
+    return;
+  env_saved impl = env_set("OT_ATTN_IMPL", "sm90");
+  rng r = tr_rng(tr);
+  prob P;
+  prob_make(tr, &c, DT_BF16, true, &P, &r);
+  ot_status st = run_forward(tr, &P);
+  if (st == OT_ERR_UNSUPPORTED && strstr(ot_last_error(), "no Hopper attention kernel here"))
+    tr->case_skipped = true;
+  else if (tr_ok(tr, st, "ot_attention_forward"))
+    tr_expect_error(tr, run_backward_room(tr, &P, 64 << 10), OT_ERR_OOM, "ot_attention_backward",
+                    "scratch from the context's arena");
+  env_restore(&impl);
+  prob_free(&P);
+  tr_end(tr);
 }
 
 /* OT_ATTN_IMPL=sm90 and a call the Hopper forward does not take (softcap): a clear
