@@ -19,7 +19,9 @@ CPU), and the engine with graphs off gives the same tokens and logits as with th
 --bench (shared/BENCH.md): per shape, bf16 random weights made by the engine on the GPU
 and copied into a HF LlamaForCausalLM built from the same config on the GPU (sdpa), so
 both run the same weights and nothing is written to disk.
-  TTFT: a 2048-token prompt at batch 1 (prefill + the first token's argmax), median of 5.
+  TTFT: a 2048-token prompt at batch 1 (prefill + the first token's argmax), median of 5
+  back to back; also (CUDA, unless --no-ttft-diag) median of 4 each after 250 ms of idle GPU,
+  for the engine and HF alike (back to back, long prefills run into the power cap).
   decode: batch 1 and 16 at context 2048: per-step wall time (each step ends with the
   next tokens on the host), median of 20 steps after 3 warm-up steps (the engine captures
   its CUDA graph in the 2nd); batch 1 again with the linears chosen otherwise
@@ -361,6 +363,18 @@ def decode_steps(eng, nxt, steps, warm):
     return statistics.median(ts[warm:]), median_split(splits[warm:])
 
 
+def ttft_after_idle(call, n=4, idle_s=0.25):
+    """TTFT of a lone request: the median wall time of n calls, each after idle_s of idle
+    GPU. Back to back, long prefills run into the GPU's power cap (SM clock 1980 -> ~1630
+    MHz on the H200, run of 1a5683a); engine and HF are measured both ways."""
+    ts = []
+    for _ in range(n):
+        sync()
+        time.sleep(idle_s)
+        ts.append(wall(call))
+    return round(statistics.median(ts), 3)
+
+
 def ttft_diagnostics(eng, prompt):
     """Where a TTFT call's GPU time goes beyond the ops' own (the profile's sum): the
     forward's GPU time (last_timing) with the GPU held by a spin kernel until the host has
@@ -415,6 +429,7 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
     print(f"TTFT {out['ttft_ms']:.2f} ms; split {out['ttft_split_ms']}", flush=True)
     mark("ttft done")
     if DEV == "cuda" and TTFT_DIAG:
+        out["ttft_ms_after_idle"] = ttft_after_idle(lambda: eng.prefill([prompt], greedy=True))
         out["ttft_diag"] = ttft_diagnostics(eng, prompt)
     for B in batches:
         prompts = [torch.randint(0, s["vocab"], (prompt_len,), generator=g).tolist()
@@ -469,6 +484,8 @@ def hf_times(model, s, prompt_len, batches, steps, warm, compile_decode):
 
     ttft = [wall(prefill_once) for _ in range(6)][1:]
     out["ttft_ms"] = statistics.median(ttft)
+    if DEV == "cuda" and TTFT_DIAG:
+        out["ttft_ms_after_idle"] = ttft_after_idle(prefill_once)
     for B in batches:
         ids = torch.randint(0, s["vocab"], (B, prompt_len), generator=g).to(DEV)
         o = model(ids, use_cache=True, logits_to_keep=1)
@@ -551,6 +568,9 @@ def save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw):
            "peer_ttft_ms": {k: round(P / v * 1e3, 2) for k, v in peers.items()},
            "roofline_ms": round(roof_ms, 2), "memory_bytes": mem,
            "ttft_split_ms": ours.get("ttft_split_ms"), "ttft_diag": ours.get("ttft_diag"),
+           "ttft_ms_after_idle": ours.get("ttft_ms_after_idle"),
+           "peer_ttft_ms_after_idle": ({"HF transformers (sdpa)": hf["ttft_ms_after_idle"]}
+                                       if "ttft_ms_after_idle" in hf else None),
            "profile_ms_per_forward": ours.get("profile")}
     doc["rows"].append(row)
     for B in args.batches:
