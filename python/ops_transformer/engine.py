@@ -101,7 +101,7 @@ def _load():
         "ote_decode_graph_active": (I, [P]),
         "ote_decode_graph_note": (S, [P]),
         "ote_engine_export": (I, [P, S, P, ctypes.c_size_t]),
-        "ote_engine_set_profile": (None, [P, I]),
+        "ote_engine_set_profile": (I, [P, I]),
         "ote_engine_profile_report": (None, [P, ctypes.c_char_p, ctypes.c_size_t]),
         "ote_engine_last_timing": (None, [P, ctypes.POINTER(ctypes.c_double)]),
     }
@@ -236,8 +236,9 @@ class Engine:
 
     def set_profile(self, on: bool):
         """CUDA: time every op of each forward (eagerly, with events); clears the sums and
-        the decode graphs (captured again once it is off). A no-op on the CPU."""
-        self._lib.ote_engine_set_profile(self._e, 1 if on else 0)
+        the decode graphs (captured again once it is off). A no-op on the CPU. Raises
+        EngineError when the profile's CUDA events cannot be created (it stays off)."""
+        self._check(self._lib.ote_engine_set_profile(self._e, 1 if on else 0))
 
     def profile_report(self) -> str:
         """Mean milliseconds per forward by kind of op, per phase (see set_profile)."""
