@@ -498,12 +498,81 @@ def _kernel_kind(name):
     return "other (elementwise, copies, reductions)"
 
 
+# CUDA runtime / driver calls that wait for the device or allocate (a GPU gap's usual
+# causes), and the launch calls (their count: kernels a step)
+_WAITING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                  "cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cudaMemcpy",
+                  "cudaMemcpyAsync", "cudaHostAlloc", "cudaStreamWaitEvent", "cudaEventRecord",
+                  "aten::item", "aten::_local_scalar_dense", "aten::nonzero")
+_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def _host_calls(events, steps):
+    """Per step: the calls of _WAITING_CALLS (count, host us) and the kernel launches."""
+    calls, launches = {}, 0
+    for e in events:
+        if e.key in _WAITING_CALLS:
+            calls[e.key] = dict(per_step=e.count / steps,
+                                host_us_per_step=e.cpu_time_total / steps)
+        elif e.key in _LAUNCH_CALLS:
+            launches += e.count
+    return dict(host_calls=calls, launches_per_step=launches / steps)
+
+
+def _gpu_gaps(prof, cpu_keys, steps):
+    """Where the GPU idles between kernels (the profiled steps): total idle, the number of
+    gaps over 20 us, and the 8 longest with the kernels on each side -- what a step's
+    time outside kernels is made of."""
+    try:
+        ks = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if str(getattr(e, "device_type", "")).endswith("CUDA")
+                     and e.name not in cpu_keys and "#" not in e.name), key=lambda t: t[0])
+        gaps, end, prev = [], None, None
+        for s, e, n in ks:
+            if end is not None and s > end:
+                gaps.append((s - end, prev, n))
+            if end is None or e > end:
+                end, prev = e, n
+        gaps.sort(key=lambda g: -g[0])
+        return dict(gpu_gap_ms_per_step=sum(g[0] for g in gaps) / 1e3 / steps,
+                    gpu_gaps_over_20us_per_step=sum(g[0] > 20 for g in gaps) / steps,
+                    longest_gaps=[dict(us=round(g, 1), after=a[:70], before=b[:70])
+                                  for g, a, b in gaps[:8]])
+    except Exception as e:  # noqa: BLE001  (an older profiler API: no gap analysis)
+        return dict(gap_error=f"{type(e).__name__}: {e}"[:200])
+
+
+def _sync_warnings(fwd, model, opt, x, device):
+    """One step under torch.cuda.set_sync_debug_mode("warn"): the synchronizing torch
+    calls (item, nonzero, copies to the host, ...) by source line, {file:line: count}."""
+    import warnings
+    import torch
+    if device.type != "cuda":
+        return None
+    got = {}
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            _step(fwd, model, opt, x)
+            _sync(device)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for w in ws:
+        if "synchroniz" in str(w.message).lower():
+            k = f"{os.path.relpath(w.filename, ROOT) if w.filename.startswith(ROOT) else w.filename}:{w.lineno}"
+            got[k] = got.get(k, 0) + 1
+    return got
+
+
 def run_profile(case, args, device, dtype):
-    """A patched training step under torch.profiler: GPU busy fraction (kernel time /
-    wall time), kernel time by kind, the longest kernels, and the host time per call of
-    the library's autograd ops (the custom ops "ops_transformer::<op>" where they run, the
-    eager path's autograd.Functions "<op>_eager" / "<op>_eagerBackward" outside
-    torch.compile)."""
+    """A training step of the case's variant under torch.profiler: GPU busy fraction
+    (kernel time / wall time), kernel time by kind, the longest kernels, the host time
+    per call of the library's autograd ops (the custom ops "ops_transformer::<op>" where
+    they run, the eager path's autograd.Functions "<op>_eager" / "<op>_eagerBackward"
+    outside torch.compile), the GPU's idle gaps between kernels (_gpu_gaps), the host
+    calls that wait or allocate and the kernel launches (_host_calls), and one more step
+    under torch's sync debug mode (_sync_warnings)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     out = dict(kind="profile", case=case_name(case["cfg"], case["batch"], case["seq"]),
@@ -553,6 +622,8 @@ def run_profile(case, args, device, dtype):
                    top_kernels=[dict(ms_per_step=t / 1e3 / steps, name=n, calls=c // steps)
                                 for t, n, c in sorted(kernels, reverse=True)[:12]],
                    custom_ops=ops)
+        out.update(_host_calls(events, steps), **_gpu_gaps(prof, cpu_keys, steps))
+        out["sync_warnings"] = _sync_warnings(fwd, model, opt, x, device)
         print(f"   profile {out['case']}: {out['wall_ms_per_step']:.1f} ms/step, GPU busy "
               f"{(out['gpu_busy_fraction'] or 0):.2f}; " + ", ".join(
                   f"{k} {v:.1f}" for k, v in out["kernel_ms_per_step"].items()) + " ms",
@@ -807,6 +878,20 @@ def markdown(path):
                     f"{k['name'][:60]} {k['ms_per_step']:.2f} ms (x{k['calls']})"
                     for k in (prof.get("top_kernels") or [])[:6]) + "."
                    if prof.get("top_kernels") else "")
+                + (f" GPU idle between kernels {prof['gpu_gap_ms_per_step']:.1f} ms a step "
+                   f"({prof.get('gpu_gaps_over_20us_per_step', 0):.0f} gaps over 20 us; longest: "
+                   + "; ".join(f"{g['us']:.0f} us before {g['before'][:40]}"
+                               for g in (prof.get("longest_gaps") or [])[:4]) + ")."
+                   if prof.get("gpu_gap_ms_per_step") is not None else "")
+                + (f" Kernel launches a step: {prof['launches_per_step']:.0f}."
+                   if prof.get("launches_per_step") else "")
+                + (" Host calls that wait or allocate, a step: " + ", ".join(
+                    f"{k} x{v['per_step']:.0f} ({v['host_us_per_step']:.0f} us)"
+                    for k, v in prof["host_calls"].items()) + "." if prof.get("host_calls")
+                   else "")
+                + (" Synchronizing torch calls in a step (sync debug mode): " + (", ".join(
+                    f"{k} x{v}" for k, v in prof["sync_warnings"].items()) or "none") + "."
+                   if prof.get("sync_warnings") is not None else "")
                 + (f" Note: {prof['note']}." if prof.get("note") else "")]
     c = rec.get("loss_curve") or {}
     if "max_abs_diff" in c:

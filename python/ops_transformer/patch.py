@@ -54,6 +54,10 @@ one-token decode, mixed dtypes in a norm or an MLP. Packed batches (position ids
 restarting inside a row, no attention mask, ``use_cache=False`` -- when HF itself
 detects packing) run the library's varlen attention instead of HF's block-diagonal
 mask, except under torch.compile (the split is data-dependent: HF's mask then).
+In the eager calls that need no mask, transformers' packed-sequence check
+(``masking_utils.find_packed_sequence_indices``, a host read of a device value: a
+synchronization per forward on CUDA) is skipped -- its answer is unused there; the
+function is wrapped once, at the first patch, and unchanged elsewhere.
 """
 
 from __future__ import annotations
@@ -822,14 +826,32 @@ def ot_attention_mask(*args, **kwargs):
 _REGISTERED = False
 
 
+def _find_packed_sequence_indices(position_ids, *args, **kwargs):
+    """transformers.masking_utils.find_packed_sequence_indices, except in an eager call of
+    a patched base model that needs no mask (_no_mask(): the mask function returns None
+    whatever the packing, and a packed batch runs the library's varlen attention from
+    cu_seqlens): None there without looking. HF's check ends in a Python bool of a device
+    tensor -- a host-device synchronization at the start of every forward."""
+    if not torch.compiler.is_compiling() and getattr(_LOCAL, "no_mask", False):
+        return None
+    return _find_packed_sequence_indices.orig(position_ids, *args, **kwargs)
+
+
 def _register():
     global _REGISTERED
     if _REGISTERED:
         return
     from transformers import AttentionInterface
+    from transformers import masking_utils
     from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(ATTN_IMPLEMENTATION, ot_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, ot_attention_mask)
+    # masking_utils looks the function up by its module-global name on every call; the
+    # wrapper behaves as the original outside the patched models' mask-free eager calls
+    orig = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if orig is not None and getattr(orig, "orig", None) is None:
+        _find_packed_sequence_indices.orig = orig
+        masking_utils.find_packed_sequence_indices = _find_packed_sequence_indices
     _REGISTERED = True
 
 

@@ -875,3 +875,32 @@ def test_auto_attention_with_a_dynamic_length_under_torch_compile(auto_on_cpu, d
         assert torch.equal(fn(q, k, k), q * (2 if library else 3))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert len(ot_patch._AUTO) == n
+
+
+def _host_syncs(model, ids, **kw):
+    """The calls that read a device value on the host (a synchronization on CUDA) in a
+    training forward + backward."""
+    with torch.profiler.profile() as prof:
+        model(ids, labels=ids, use_cache=False, **kw).loss.backward()
+    return sum(e.count for e in prof.key_averages()
+               if e.key in ("aten::is_nonzero", "aten::item", "aten::_local_scalar_dense"))
+
+
+def test_patched_step_reads_no_device_value(ids):
+    """HF's packed-sequence check (masking_utils.find_packed_sequence_indices: a Python
+    bool of a device tensor, a synchronization at the start of every forward on CUDA) is
+    skipped in the patched model's mask-free eager calls, where its answer is unused; the
+    function is unchanged elsewhere."""
+    from transformers import masking_utils
+    model = tiny_llama()
+    assert _host_syncs(model, ids) >= 1                  # HF's check
+    loss0, _, g0 = loss_and_grads(model, ids, use_cache=False)
+    ot.patch_model(model)
+    assert _host_syncs(model, ids) == 0
+    loss1, _, g1 = loss_and_grads(model, ids, use_cache=False)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+    assert_grads_close(g0, g1)
+    # outside the patched forward: the original answers
+    packed = torch.tensor([[0, 1, 2, 0, 1, 0]])
+    assert masking_utils.find_packed_sequence_indices(packed).tolist() == [[0, 0, 0, 1, 1, 2]]
+    assert masking_utils.find_packed_sequence_indices(torch.arange(6)[None]) is None
