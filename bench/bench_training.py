@@ -882,7 +882,7 @@ def markdown(path):
                    f"({prof.get('gpu_gaps_over_20us_per_step', 0):.0f} gaps over 20 us; longest: "
                    + "; ".join(f"{g['us']:.0f} us before {g['before'][:40]}"
                                for g in (prof.get("longest_gaps") or [])[:4]) + ")."
-                   if prof.get("gpu_gap_ms_per_step") is not None else "")
+                   if prof.get("gpu_gap_ms_per_step") else "")
                 + (f" Kernel launches a step: {prof['launches_per_step']:.0f}."
                    if prof.get("launches_per_step") else "")
                 + (" Host calls that wait or allocate, a step: " + ", ".join(
