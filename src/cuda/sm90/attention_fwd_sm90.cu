@@ -31,11 +31,12 @@
  *
  * Switches (environment, read per call; for measurements and tests): OT_ATTN_SM90=0 off,
  * OT_ATTN_SM90_TILE=small|wide, OT_ATTN_SM90_NONPERSISTENT=1, OT_ATTN_SM90_GRID=n (cap on
- * persistent CTAs), OT_ATTN_SM90_EXP=poly (a quarter of the exponentials on the FMA pipe),
- * OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64), OT_ATTN_SM90_RESC=0|1 (the
- * template bit kFlResc: the row max moves only when it grows by more than 2^8, and O is
- * rescaled only in the steps where a row of the warp moved it; default on at head dim 256
- * and for masked head-dim-128 calls).
+ * persistent CTAs), OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64),
+ * OT_ATTN_SM90_RESC=0|1 (the template bit kFlResc: the row max moves only when it grows by
+ * more than 2^8, and O is rescaled only in the steps where a row of the warp moved it;
+ * default on at head dim 256 and for masked head-dim-128 calls). Only in builds with
+ * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md):
+ * OT_ATTN_SM90_TAIL=1 (kFlTail), OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -760,20 +761,25 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   p.wr = a->window_right > a->sq + a->sk ? -1 : (int)a->window_right;
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
-  /* OT_ATTN_SM90_EXP=poly: a quarter of the exponentials by ex2_poly. Off by default:
-   * measured (run of 90616f4) it lost at D128 (S = 4k: 545 vs 651 TFLOP/s) and was within
-   * +-4% at D64 (S = 4k +3%, S = 16k -4%): the FMA pipe has no room to spare either. */
+  /* OT_ATTN_SM90_EXP=poly|poly8: a quarter / an eighth of the exponentials of unmasked tiles
+   * by ex2_poly (experiment builds only). Off: H200, runs of b3ee4d5, poly8 D128 S = 4k 546
+   * vs 628 TFLOP/s (0.87x), 16k 0.91x, D64 0.95-1.01x, D256 0.99-1.01x; poly D128 0.89x
+   * (as in the run of 90616f4 with a runtime branch: 545 vs 651). */
   const char *ex = getenv("OT_ATTN_SM90_EXP");
   const int poly = ex && !strcmp(ex, "poly") ? kFlPoly4 : ex && !strcmp(ex, "poly8") ? kFlPoly8 : 0;
   /* The row max moves only when it grows by more than 2^8 (O rescaled only in the steps
    * where a row of the warp moved it; exact): at head dim 256 and for masked head-dim-128
    * calls (128-key tile). H200, run of a41fb34, interleaved A/B rounds at S = 4k, TFLOP/s
    * on / off: D256 610 / 583, causal 546 / 527, D128 causal 516 / 500; neutral where it is
-   * not used (D128 full 577 / 580, 16k 612 / 618; D64 causal 391 / 389).
+   * not used (D128 full 577 / 580, 16k 612 / 618; D64 causal 391 / 389). For unmasked D128
+   * (176-key tile; runs of b3ee4d5): +4.5% / -4.5% at S = 4k / 16k, then -2% / +2%: no
+   * consistent sign, not used.
    * OT_ATTN_SM90_RESC=0|1 forces it off / on (on only where instantiated, see launch_fl). */
   const char *rs = getenv("OT_ATTN_SM90_RESC");
   const bool resc = rs ? rs[0] == '1' : a->d == 256 || (a->d == 128 && masked_call);
-  /* kFlTail: the partial last key tile on a narrower key range. OT_ATTN_SM90_TAIL=0|1. */
+  /* kFlTail: the partial first-visited key tile on a narrower key range, OT_ATTN_SM90_TAIL=1
+   * (experiment builds only). Off: runs of b3ee4d5, D128 S = 4k 0.90x, 16k 0.95x, D256
+   * S = 4k 1.01x, 16k 0.87x (its kernels are twice the size; cause not established). */
   const char *tl = getenv("OT_ATTN_SM90_TAIL");
   const bool tail = tl ? tl[0] == '1' : false;
   const int fl = (resc ? kFlResc : 0) | (tail ? kFlTail : 0) | poly;
