@@ -300,6 +300,9 @@ extern "C" void *ot_cuda_scratch(ot_context *ctx, size_t bytes, const char *op) 
  * them; nothing is needed (and nothing costs) before the context has such buffers. */
 extern "C" ot_status ot_cuda_context_set_stream(ot_context *ctx, void *stream) {
   static const char *op = "ot_context_set_stream";
+  /* The same stream again (the Python binding sets the caller's current stream before
+   * every op): its own order already covers the buffers, nothing to record or query. */
+  if (stream == ctx->stream) return OT_OK;
   ot_cuda_state *st = ot_cuda_state_of(ctx);
   if (st && (st->scratch || st->cublaslt_workspace)) {
     int prev = -1;
