@@ -11,7 +11,8 @@
 # Environment: OT_VERIFY_SUITES (test_ops suites, space-separated; default: every suite),
 # OT_VERIFY_PYTESTS (pytest arguments; default: all of tests/python), OT_VERIFY_C_TIMEOUT (s, 200),
 # OT_VERIFY_PY_TIMEOUT (s, 200), OT_VERIFY_SAN: compute-sanitizer runs over test_ops filters,
-# "tool|filter;tool|filter" (40 s each; default: none).
+# "tool|filter;tool|filter" (40 s each; default: none; with OT_VERIFY_PARALLEL=1 they run
+# after the C suites, beside the Python tests).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -45,6 +46,9 @@ export LD_LIBRARY_PATH="$M/lib:${LD_LIBRARY_PATH:-}"
 echo "library built from $(cat "$M/commit.txt"); tree ${1:-?}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
+# OT_VERIFY_PARALLEL=1: the C suites run in the background beside the Python tests (the GPU
+# is shared; for a regression, never for timings), their summary printed when both are done.
+c_suites() {
 if [ -z "${OT_VERIFY_SUITES:-}" ]; then
   stamp "test_ops --backend cuda (every suite)"
   timeout "${OT_VERIFY_C_TIMEOUT:-200}" "$M/test_ops" --backend cuda >"$OUT/test_ops_cuda.log" 2>&1
@@ -58,9 +62,12 @@ else
     echo "rc $? (suite $s)" >>"$OUT/test_ops_cuda.log"
   done
 fi
+}
+c_summary() {
 grep -E "^FAIL" "$OUT/test_ops_cuda.log" | head -20
 grep -E "passed,|^rc " "$OUT/test_ops_cuda.log" | tail -12
-
+}
+san_runs() {
 IFS=';' read -ra SANS <<<"${OT_VERIFY_SAN:-}"
 for item in "${SANS[@]}"; do
   tool=${item%%|*} filter=${item#*|}
@@ -69,6 +76,16 @@ for item in "${SANS[@]}"; do
     --filter "$filter" >>"$OUT/sanitize.log" 2>&1
   echo "   rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)"
 done
+}
+CPID=""
+if [ -n "${OT_VERIFY_PARALLEL:-}" ]; then
+  { c_suites; san_runs; } >"$OUT/c_suites.stamps" 2>&1 &
+  CPID=$!
+else
+  c_suites
+  c_summary
+  san_runs
+fi
 
 stamp "_C against the carried library"
 PY=$(command -v python3)
@@ -90,4 +107,9 @@ PYTHONPATH="$M/pkg" timeout "${OT_VERIFY_PY_TIMEOUT:-200}" "$PY" -m pytest -q -p
 echo "rc $?" >>"$OUT/pytest.log"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 tail -3 "$OUT/pytest.log"
+if [ -n "$CPID" ]; then
+  wait "$CPID"
+  cat "$OUT/c_suites.stamps"
+  c_summary
+fi
 stamp "done"
