@@ -53,7 +53,8 @@ class Shim:
         L.shim_init.argtypes = [cint]
         L.shim_last_error.restype = C.c_char_p
         L.shim_paged_attention.argtypes = [vp, cint] + [i64] * 8 + [vp] * 9 + [cint]
-        L.shim_paged_last_plan.argtypes = [C.POINTER(cint)]
+        if hasattr(L, "shim_paged_last_plan"):  # (a shim of an older build: --quick only)
+            L.shim_paged_last_plan.argtypes = [C.POINTER(cint)]
         if L.shim_init(torch.cuda.current_device()) != 0:
             raise RuntimeError("shim_init: " + L.shim_last_error().decode())
 
@@ -69,17 +70,14 @@ class Shim:
             raise RuntimeError("ot_paged_attention: " + self.lib.shim_last_error().decode())
 
     def plan(self):
-        """What the last call launched: (kernel name, splits, CTAs, launched with PDL,
-        split merge fused into the last CTA of a unit)."""
+        """What the last call launched: (kernel name, splits, CTAs, launched with PDL)."""
         a = (cint * 4)()
         self.lib.shim_paged_last_plan(a)
-        name = {1: "split", 2: "stream", 3: "simple", 4: "split"}.get(a[0], "none")
-        return (name, a[1], a[2], bool(a[3]), a[0] == 4)
+        return ({1: "split", 2: "stream", 3: "simple"}.get(a[0], "none"), a[1], a[2], bool(a[3]))
 
 
 def plan_str(pl):
-    return (f"{pl[0]} x{pl[1]}, {pl[2]} CTAs{', pdl' if pl[3] else ''}"
-            f"{', fused merge' if pl[4] else ''}")
+    return f"{pl[0]} x{pl[1]}, {pl[2]} CTAs{', pdl' if pl[3] else ''}"
 
 
 def run_env(env, fn):
@@ -144,8 +142,7 @@ def check(shim):
     # each variant on its own random data (seed), the kernel that ran read back and checked
     runs = [("auto", {}), ("split", {"OT_PAGED_KERNEL": "split"}),
             ("stream", {"OT_PAGED_KERNEL": "stream"}),
-            ("split no-pdl", {"OT_PAGED_KERNEL": "split", "OT_PAGED_PDL": "0"}),
-            ("split fused", {"OT_PAGED_KERNEL": "split", "OT_PAGED_MERGE": "fused"})]
+            ("split no-pdl", {"OT_PAGED_KERNEL": "split", "OT_PAGED_PDL": "0"})]
     for (b, ctx) in [(3, 1000), (1, 65536), (16, 4096), (64, 1024)]:
         for bs in PAGES:
             for vi, (name, env) in enumerate(runs):
@@ -158,8 +155,7 @@ def check(shim):
                 pl = shim.plan()
                 want = env.get("OT_PAGED_KERNEL")
                 ran_ok = (want is None or pl[0] == want) and \
-                    (env.get("OT_PAGED_PDL") != "0" or not pl[3]) and \
-                    (env.get("OT_PAGED_MERGE") != "fused" or pl[4] or pl[1] == 1)
+                    (env.get("OT_PAGED_PDL") != "0" or not pl[3])
                 err = (out.float() - ref).abs().max().item()
                 good = err < 2e-2 and not torch.isnan(out).any().item() and ran_ok
                 ok &= good
@@ -270,8 +266,7 @@ def trace_calls(fn, n=12):
 
 
 VARIANTS_FIXED = (("ours", {}), ("ours no-pdl", {"OT_PAGED_PDL": "0"}),
-                  ("ours split", {"OT_PAGED_KERNEL": "split"}),
-                  ("ours split fused", {"OT_PAGED_KERNEL": "split", "OT_PAGED_MERGE": "fused"}))
+                  ("ours split", {"OT_PAGED_KERNEL": "split"}))
 
 
 def fixed_cost(shim):
@@ -370,7 +365,7 @@ def bench(shim, ceiling):
             plan_default = plan_str(shim.plan())
             plans = {}
             runs = [{"OT_PAGED_KERNEL": "split"}, {"OT_PAGED_KERNEL": "stream"},
-                    {"OT_PAGED_PDL": "0"}, {"OT_PAGED_KERNEL": "split", "OT_PAGED_MERGE": "fused"}]
+                    {"OT_PAGED_PDL": "0"}]
             runs += [{"OT_PAGED_KERNEL": "split", "OT_PAGED_SPLITS": str(n)}
                      for n in SWEEP.get((b, ctx), [])]
             for env in runs:
@@ -453,6 +448,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="ours alone, TB/s at the page-16 shapes")
     ap.add_argument("--fixed", action="store_true",
                     help="first measure where the per-call fixed cost goes (fixed_cost)")
     ap.add_argument("--profile-case", metavar="B,CTX,PAGE",
@@ -469,6 +465,19 @@ def main():
         for _ in range(4):
             shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"], c["indices"], c["lpl"], out)
         torch.cuda.synchronize()
+        raise SystemExit(0)
+    if args.quick:  # ours alone at the page-16 shapes: A/B of builds (one process per build)
+        for (b, ctx) in SHAPES:
+            c = make_case(b, ctx, 16, seed=3)
+            out = torch.empty_like(c["q"])
+            call = lambda: shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
+                                      c["indices"], c["lpl"], out)
+            nbytes = 2 * b * ctx * HKV * D * 2 + 2 * b * HQ * D * 2
+            res = {k: round(nbytes / (run_env(e, lambda: time_ms(call)) * 1e-3) / 1e12, 3)
+                   for k, e in (("default", {}), ("split", {"OT_PAGED_KERNEL": "split"}),
+                                ("stream", {"OT_PAGED_KERNEL": "stream"}))}
+            print(f"quick {args.shim} B{b} x ctx {ctx}: {res}", flush=True)
+            del c, out
         raise SystemExit(0)
     ok = True
     if args.check:

@@ -953,13 +953,6 @@ static const pcase paged_cuda_long[] = {
     {"cuda decode B2 ctx 9000 GQA1 D128 bs7 window 3000", 2, {9000, 4099}, {1, 3}, 4, 4, 128, 7, 1, 3000, -1, 0, 0},
 };
 
-/* A case under another name (sanitizer filters pick a block's cases by name). */
-static void paged_case_as(test_run *tr, const pcase *c0, DLDataType dt, const char *name) {
-  pcase c = *c0;
-  c.name = name;
-  paged_case(tr, &c, dt);
-}
-
 /* CUDA stream kernel (OT_PAGED_KERNEL=stream, head_dim 128): a ragged batch of b
  * sequences (lengths 0 .. maxlen, 0 .. maxq queries, generated from `seed`), GQA hq / hkv,
  * pages of bs. ctas > 0 forces the grid (OT_PAGED_STREAM_CTAS): few warps then span many
@@ -1594,25 +1587,6 @@ static void run_memory_cuda(test_run *tr) {
   setenv("OT_PAGED_SPLITS", "150", 1);
   paged_case(tr, &paged_cuda_long[1], DT_F16);
   env_restore(&splits);
-  /* the split merge fused into each unit's last CTA (OT_PAGED_MERGE=fused, split kernel):
-   * planned counts, 7 splits on multi-token tiles, windows and empty sequences, 300 (empty
-   * splits at the end); named cases for the sanitizer filter "fused" */
-  env_saved fmerge = env_set("OT_PAGED_MERGE", "fused");
-  env_saved fkern = env_set("OT_PAGED_KERNEL", "split");
-  for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
-    paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_BF16 : DT_F16);
-  paged_case(tr, &paged_cuda_long[3], DT_BF16);
-  env_saved fsplits = env_set("OT_PAGED_SPLITS", "7");
-  for (size_t i = 6; i < 13; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16);
-  paged_case_as(tr, &paged_cuda_cases[6], DT_F16,
-                "cuda fused merge speculative 3 GQA4 D128, 7 splits");
-  paged_case_as(tr, &paged_cuda_cases[12], DT_BF16,
-                "cuda fused merge mixed batch with empty sequences, 7 splits");
-  setenv("OT_PAGED_SPLITS", "300", 1);
-  paged_case(tr, &paged_cuda_long[0], DT_BF16);
-  env_restore(&fsplits);
-  env_restore(&fkern);
-  env_restore(&fmerge);
   /* the main kernels launched without programmatic dependence (OT_PAGED_PDL=0) */
   env_saved nopdl = env_set("OT_PAGED_PDL", "0");
   paged_case(tr, &paged_cuda_cases[0], DT_BF16);

@@ -40,7 +40,18 @@
  *     lse_s go to context scratch and a merge kernel (one CTA per (token, q head), the
  *     splits spread over its 4 warps) combines them (O = sum_s exp(lse_s - lse) O_s);
  *     on sm_90 it is launched as a programmatic dependent of the main kernel (PDL), whose
- *     CTAs signal after their key loop, so its launch overlaps the main kernel's tail.
+ *     CTAs signal after their key loop, so its launch overlaps the main kernel's tail, and
+ *     signals its own dependents at once. A merge fused into the last CTA of each unit (a
+ *     counter per unit, zeroed by a memset) measured slower on the H200 and was removed:
+ *     with its code in the kernel the key loop ran ~12% slower even where it was not taken
+ *     (16 x 4k 2.92 vs 3.39 TB/s), and where it ran it added ~3-12 us per call.
+ *   - The main kernels (this and the stream kernel) are launched as programmatic dependents
+ *     of whatever precedes them on the stream (OT_PAGED_PDL=0: not): their CTAs may become
+ *     resident while that kernel drains and wait (griddepcontrol.wait) before their first
+ *     global access. H200: 1-2% per call (docs/PERFORMANCE.md).
+ *   - Keys of a split are indexed in int32 relative to the split's first page; with more
+ *     than 2^30 keys in the table the plan takes at least keys / 2^30 splits (pa_min_splits),
+ *     so sequences of 2^31 keys and more are split, never wrapped.
  *   - Splits: chosen on the host from the estimated tiles (batch, T_q, group), heads_kv,
  *     the context estimated from the size of kv.indices, and SMs x CTAs per SM (occupancy
  *     queried once): the fewest splits within 2% of the best wave-quantized time
@@ -118,8 +129,6 @@ struct pa_params {
   float *sp_lse;      /* [warps][2][16] */
   int4 *desc;         /* [warps][2] */
   int *err;           /* OT_DEBUG flag or NULL */
-  int *cnt;           /* fused merge (OT_PAGED_MERGE=fused): per (tile slot, kv head), the
-                         splits done, zeroed before the launch; NULL: the merge kernel */
 };
 
 /* ---- fragment helpers -------------------------------------------------------------------- */
@@ -395,67 +404,6 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
   }
 }
 
-/* The fused merge (p.cnt != NULL), at the end of a split CTA of unit u = (tile slot, kv
- * head) after its partials are written: the CTA that finishes the unit's last split
- * (a counter per unit, zeroed by the host before the launch) combines the splits' partials
- * of the tile's rows, as pa_merge_kernel does, so no second kernel waits for the whole grid.
- * Thread t: row t / 8, features (t % 8) * D / 8 .. + D / 8; the 8 threads of a row are
- * consecutive lanes. */
-template <typename T, int D>
-__device__ __forceinline__ void pa_fused_merge(const pa_params &p, int64_t u, int64_t tile,
-                                               int kvh, int64_t q0, int64_t rows) {
-  constexpr int V = D / 8;
-  __shared__ int s_last;
-  __threadfence(); /* this CTA's partials, before its arrival is counted */
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(p.cnt + u, 1) == p.splits - 1;
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence(); /* the other splits' partials are visible after their arrivals */
-  const int r = threadIdx.x >> 3, j = threadIdx.x & 7;
-  const int64_t R = tile * 16 + r;
-  const bool ok = R < rows;
-  const int64_t tok = q0 + (ok ? R / p.group : 0), head = (int64_t)kvh * p.group + R % p.group;
-  const int64_t row = tok * p.hq + head, rs = p.tq * p.hq;
-  /* lse over the splits: lane j of the row takes splits j, j + 8, ... */
-  float M = -INFINITY;
-  if (ok)
-    for (int s = j; s < p.splits; s += 8) M = fmaxf(M, __ldcg(p.part_lse + (int64_t)s * rs + row));
-#pragma unroll
-  for (int o = 4; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-  float L = 0.f;
-  if (ok && M != -INFINITY)
-    for (int s = j; s < p.splits; s += 8) {
-      const float ls = __ldcg(p.part_lse + (int64_t)s * rs + row);
-      if (ls != -INFINITY) L += expf(ls - M);
-    }
-#pragma unroll
-  for (int o = 4; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-  if (!ok) return;
-  const float lse = M != -INFINITY ? M + logf(L) : -INFINITY;
-  float acc[V];
-#pragma unroll
-  for (int v = 0; v < V; v++) acc[v] = 0.f;
-  if (M != -INFINITY)
-    for (int s = 0; s < p.splits; s++) {
-      const float ls = __ldcg(p.part_lse + (int64_t)s * rs + row);
-      if (ls == -INFINITY) continue;
-      const float w = expf(ls - lse);
-      const float4 *src =
-          reinterpret_cast<const float4 *>(p.part_o + ((int64_t)s * rs + row) * D + j * V);
-#pragma unroll
-      for (int v = 0; v < V / 4; v++) {
-        const float4 o = __ldcg(src + v);
-        acc[4 * v] += w * o.x, acc[4 * v + 1] += w * o.y;
-        acc[4 * v + 2] += w * o.z, acc[4 * v + 3] += w * o.w;
-      }
-    }
-  T *o = static_cast<T *>(p.out) + tok * p.o_ts + head * p.o_hs + j * V;
-#pragma unroll
-  for (int v = 0; v < V; v++) o[v] = from_f32<T>(acc[v]);
-  if (p.lse && j == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
-}
-
 /* ---- the tensor-core kernel ------------------------------------------------------------- */
 
 template <typename T, int D, int S>
@@ -658,7 +606,6 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
       if (dd == 0) p.part_lse[(int64_t)split * p.tq * p.hq + row] = lse;
     }
   }
-  if (p.splits > 1 && p.cnt) pa_fused_merge<T, D>(p, slot_x * p.hkv + kvh, tile, kvh, q0, rows);
 }
 
 /* ---- merge of the splits: one CTA per (token, q head) row -------------------------------- *
@@ -1253,14 +1200,12 @@ static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots) {
 }
 
 /* Context scratch for the OT_DEBUG flag (first 256 bytes, cleared) and the split
- * partials after it (part_o 256-byte aligned: the merge reads it in float4 / float2), then
- * n_cnt fused-merge counters (cleared); p.err / p.part_* / p.cnt point into it. */
+ * partials after it (part_o 256-byte aligned: the merge reads it in float4 / float2);
+ * p.err / p.part_* point into it. */
 static ot_status pa_scratch(ot_context *ctx, pa_params &p, bool debug, size_t partial_bytes,
-                            const char *op, size_t n_cnt = 0) {
+                            const char *op) {
   if (!debug && partial_bytes == 0) return OT_OK;
-  const size_t cnt_bytes = n_cnt * sizeof(int);
-  char *scr = (char *)ot_cuda_scratch(
-      ctx, 256 + partial_bytes + (partial_bytes ? 256 : 0) + cnt_bytes, op);
+  char *scr = (char *)ot_cuda_scratch(ctx, 256 + partial_bytes + (partial_bytes ? 256 : 0), op);
   if (!scr) return OT_ERR_OOM;
   if (debug) {
     p.err = (int *)scr;
@@ -1271,10 +1216,6 @@ static ot_status pa_scratch(ot_context *ctx, pa_params &p, bool debug, size_t pa
     const size_t lse_bytes = ((size_t)p.splits * rs * sizeof(float) + 255) / 256 * 256;
     p.part_lse = (float *)(scr + 256);
     p.part_o = (float *)(scr + 256 + lse_bytes);
-    if (n_cnt) {
-      p.cnt = (int *)(scr + 256 + lse_bytes + (size_t)p.splits * rs * p.d * sizeof(float));
-      OT_CUDA_CHECK(op, cudaMemsetAsync(p.cnt, 0, cnt_bytes, (cudaStream_t)ctx->stream));
-    }
   }
   return OT_OK;
 }
@@ -1290,7 +1231,6 @@ struct pa_env {
   int splits;       /* its value when > 0 (at most 65535), else 0 */
   int stream_ctas;  /* OT_PAGED_STREAM_CTAS when > 0, else 0 */
   bool pdl;         /* OT_PAGED_PDL not "0": main kernels launched as programmatic dependents */
-  bool fused_merge; /* OT_PAGED_MERGE=fused: the split kernel's last CTA of a unit merges */
 };
 
 static pa_env pa_read_env() {
@@ -1321,16 +1261,13 @@ static pa_env pa_read_env() {
       e.stream_ctas = x > 0 ? x : 0;
     } else if (is("PAGED_PDL")) {
       e.pdl = !(val[0] == '0' && val[1] == 0);
-    } else if (is("PAGED_MERGE")) {
-      e.fused_merge = strcmp(val, "fused") == 0;
     }
   }
   return e;
 }
 
 /* What the last call on this host thread launched: bench/decode_shim.c reports it, so the
- * benchmark checks that a forced kernel ran (kernel 1 split, 2 stream, 3 simple, 4 split
- * with the fused merge). */
+ * benchmark checks that a forced kernel ran (kernel 1 split, 2 stream, 3 simple). */
 struct pa_plan_rec {
   int kernel, splits, ctas, pdl;
 };
@@ -1392,16 +1329,14 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   if (ctas_d > 0x7fffffff)
     return ot_error(OT_ERR_UNSUPPORTED, op, "grid too large (%lld tiles x %d kv heads x %d splits)",
                     (long long)tiles_upper, p.hkv, splits);
-  const bool fused = env.fused_merge && splits > 1;
-  OT_TRY(pa_scratch(ctx, p, env.debug, partial, op, fused ? (size_t)tiles_upper * p.hkv : 0));
-  /* not after a memset (OT_DEBUG flag, fused-merge counters): programmatic dependence is
-   * between kernels */
+  OT_TRY(pa_scratch(ctx, p, env.debug, partial, op));
+  /* not after the OT_DEBUG flag's memset: programmatic dependence is between kernels */
   static std::atomic<int> main_pdl[16] = {};
-  const bool pdl = env.pdl && !env.debug && !fused && ot_pdl_ok(cs, pa_mma_kernel<T, D, S>, main_pdl);
+  const bool pdl = env.pdl && !env.debug && ot_pdl_ok(cs, pa_mma_kernel<T, D, S>, main_pdl);
   OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S>, (unsigned)ctas,
                                    pa_cfg<D, S>::kSmem, s, p));
-  pa_last_plan = pa_plan_rec{fused ? 4 : 1, splits, (int)ctas, pdl ? 1 : 0};
-  if (splits > 1 && !fused) {
+  pa_last_plan = pa_plan_rec{1, splits, (int)ctas, pdl ? 1 : 0};
+  if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
       return ot_error(OT_ERR_UNSUPPORTED, op, "merge grid too large (%lld rows)", (long long)rows);
@@ -1569,8 +1504,7 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
 }
 
 /* The kernel the last ot_paged_attention call on this host thread launched (benchmarks:
- * bench/decode_shim.c): out[0] 1 split, 2 stream, 3 simple, 4 split with the fused merge
- * (0: none yet); out[1] splits;
+ * bench/decode_shim.c): out[0] 1 split, 2 stream, 3 simple (0: none yet); out[1] splits;
  * out[2] CTAs of the main kernel; out[3] 1 when it was launched as a programmatic
  * dependent. */
 extern "C" void ot_cuda_paged_last_plan(int out[4]) {
