@@ -469,12 +469,11 @@ def check_ce(S, ck, small):
 # forward v3, backward v2, RoPE's block-per-token kernel v1 on rows the warp kernel takes.
 # (LayerNorm's bulk-copy backward, sm_90, is a default: the first pass runs it.)
 ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL": "v1"}
-# The norms' launch knobs (src/cuda/norm.cuh): programmatic dependent launches, the
-# evict-first out stores, a blocks-per-SM cap on forward v2, the partials' sum unrolled
-# by 4, named barriers per row group, LayerNorm's one-reduction statistics. --sanitize
-# runs the norms (and RoPE) under them first, then under the defaults and ALT_KERNELS.
-NORM_KNOBS = {"OT_NORM_PDL": "1", "OT_NORM_FWD_CS": "1", "OT_NORM_FWD_BPS": "6",
-              "OT_NORM_REDUCE_UNROLL": "4", "OT_NORM_FWD_BAR": "1", "OT_NORM_LN_ONEPASS": "1"}
+# The norms' forward v2 options off their defaults (src/cuda/norm.cuh): plain launches
+# (no programmatic dependent launch), plain out stores, LayerNorm's one-reduction
+# statistics. --sanitize runs the norms (and RoPE) under them first, then under the
+# defaults and ALT_KERNELS.
+NORM_KNOBS = {"OT_NORM_PDL": "0", "OT_NORM_FWD_CS": "0", "OT_NORM_LN_ONEPASS": "1"}
 
 
 def sanitize_run(S, only="norm,rope,glu,ce"):
@@ -677,14 +676,15 @@ def bench_all(S, args):
     # a342519 timed the bulk-copy forward, RMSNorm backward and RoPE kernels, all slower
     # or tied, removed; earlier runs forward v3 / v4, rows per block, backward v2 and 2
     # rows per iteration: docs/PERFORMANCE.md.)
-    # The norms' launch knobs (run of this round): programmatic dependent launch
-    # (pdl), evict-first out stores (cs), a cap of B forward blocks per SM (bpsB), the
-    # partials' sum unrolled by 4 (the earlier default; now 16).
-    FWD_VARIANTS = {"pdl": {"OT_NORM_PDL": "1"}, "cs": {"OT_NORM_FWD_CS": "1"},
-                    "pdl+cs": {"OT_NORM_PDL": "1", "OT_NORM_FWD_CS": "1"},
-                    "bps4": {"OT_NORM_FWD_BPS": "4"}, "bps6": {"OT_NORM_FWD_BPS": "6"},
-                    "bps8": {"OT_NORM_FWD_BPS": "8"}}
-    BWD_VARIANTS = {"pdl": {"OT_NORM_PDL": "1"}, "reduce unroll 4": {"OT_NORM_REDUCE_UNROLL": "4"}}
+    # The forward v2 options (defaults: programmatic dependent launch, evict-first out
+    # stores without the residual): each off, both off, and LayerNorm's one-reduction
+    # statistics (opt-in, not yet timed). The run of 718ecab timed pdl / cs / pdl+cs as
+    # opt-ins, a blocks-per-SM cap (lost everywhere: removed) and the partials' sum
+    # unrolled by 16 (no change: removed): docs/PERFORMANCE.md.
+    FWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "no cs": {"OT_NORM_FWD_CS": "0"},
+                    "plain (no pdl, no cs)": {"OT_NORM_PDL": "0", "OT_NORM_FWD_CS": "0"}}
+    LN_FWD_VARIANTS = dict(FWD_VARIANTS, **{"one-pass stats": {"OT_NORM_LN_ONEPASS": "1"}})
+    BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}}
     LN_BWD_VARIANTS = dict(BWD_VARIANTS, **{"v3": {"OT_NORM_BWD_IMPL": "v3"},
                                             "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"}})
     ROPE_VARIANTS = {}
@@ -753,7 +753,7 @@ def bench_all(S, args):
                 ours = [norm_fwd_call(S, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)
                         for i, s in enumerate(sets)]
                 t_ours = time_ms(ours)
-                var_ms = variants(ours, FWD_VARIANTS)
+                var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS)
                 if layer:
                     peers = {
                         "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln(s["x"], w, bvec, eps) for s in sets])),
@@ -775,7 +775,7 @@ def bench_all(S, args):
                 ours = [norm_fwd_call(S, layer, s["x"], s["r"], w, bb, eps, outs[i], routs[i], mm, rstd)
                         for i, s in enumerate(sets)]
                 t_ours = time_ms(ours)
-                var_ms = variants(ours, FWD_VARIANTS)
+                var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS)
                 if layer:
                     peers = {
                         "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln_res(s["x"], s["r"], w, bvec, eps) for s in sets])),
@@ -996,14 +996,14 @@ def write_doc(args, copy_tbps, rows):
 def ncu_run(S):
     """For ncu (--kernel-name regex:norm_): RMSNorm / LayerNorm forward and backward
     (saved statistics, dweight / dbias) at 16k x 4096 bf16, each called twice (the
-    benchmark's default kernels), then the forwards twice under OT_NORM_FWD_BPS=6."""
+    default kernels), then the forwards twice with plain out stores (OT_NORM_FWD_CS=0)."""
     N, H, dt = 16384, 4096, torch.bfloat16
     x, dy = rnd(N, H, dtype=dt), rnd(N, H, dtype=dt)
     w, b = rnd(H, dtype=dt, lo=0.5, hi=1.5), rnd(H, dtype=dt)
     out, dx = torch.empty_like(x), torch.empty_like(x)
     mean, rstd = torch.empty(N, device="cuda"), torch.empty(N, device="cuda")
     dw, db = torch.empty(H, dtype=dt, device="cuda"), torch.empty(H, dtype=dt, device="cuda")
-    for knobs in ({}, {"OT_NORM_FWD_BPS": "6"}):
+    for knobs in ({}, {"OT_NORM_FWD_CS": "0"}):
         os.environ.update(knobs)
         for layer in (0, 1):
             m = mean if layer else None

@@ -554,6 +554,41 @@ static void contiguous_backward_cases(test_run *tr) {
           }
 }
 
+/* The CUDA forward's options off their defaults (src/cuda/norm.cuh): plain out stores and
+ * plain launches (OT_NORM_FWD_CS=0 OT_NORM_PDL=0, the kernels before they became the
+ * defaults), and LayerNorm's one-reduction statistics (OT_NORM_LN_ONEPASS=1) on rows its
+ * instances take (row groups of several warps: H = 2056 and 4096 / 8192 in float32, 8192
+ * in 16-bit types), plain and fused, then the consistency checks under it (fused ==
+ * unfused, saved == recomputed statistics: the backward recomputes them with the same
+ * option). */
+static void forward_option_cases(test_run *tr) {
+  if (!tr->be->is_cuda) return;
+  static const int64_t OH[] = {2056, 4096, 8192};
+  static const char *const NAMES[2][2] = {{"plain (cs=0 pdl=0)", "fused (cs=0 pdl=0)"},
+                                          {"plain (ln one-pass)", "fused (ln one-pass)"}};
+  for (int opt = 0; opt < 2; opt++) {
+    env_saved e1 = env_set(opt ? "OT_NORM_LN_ONEPASS" : "OT_NORM_FWD_CS", opt ? "1" : "0");
+    env_saved e2 = env_set("OT_NORM_PDL", opt ? "1" : "0");
+    for (int ln = opt; ln < 2; ln++)
+      for (size_t d = 0; d < 3; d++)
+        for (size_t hi = 0; hi < sizeof OH / sizeof OH[0]; hi++)
+          for (int v = 0; v < 2; v++) {
+            fwd_case c;
+            memset(&c, 0, sizeof c);
+            c.ln = ln;
+            c.dt = *DTYPES[d];
+            c.weight = c.bias = c.save_mean = c.save_rstd = true;
+            set_fwd_variant(&c, v, OH[hi]);
+            c.variant = NAMES[opt][v];
+            set_shape(&c.ndim, c.shape, 33, OH[hi], false);
+            run_forward(tr, &c);
+          }
+    if (opt) consistency(tr);
+    env_restore(&e2);
+    env_restore(&e1);
+  }
+}
+
 /* ---- bad inputs --------------------------------------------------------------------------- */
 
 typedef struct bad_case {
@@ -886,6 +921,7 @@ static void run(test_run *tr) {
   backward_table(tr);
   consistency(tr);
   contiguous_backward_cases(tr);
+  forward_option_cases(tr);
   for (int ln = 0; ln < 2; ln++) {
     bad_forward(tr, ln);
     bad_backward(tr, ln);

@@ -173,28 +173,19 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-/* The barrier of a row group's reduction: __syncthreads(), or with `named` the row
- * group's own barrier (bar.sync 1 + threadIdx.y over its blockDim.x threads; blockDim.y
- * at most 15), so that the rows of one block do not wait for each other. */
-__device__ __forceinline__ void row_group_sync(bool named) {
-  if (named) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + (int)threadIdx.y), "r"((int)blockDim.x) : "memory");
-  else __syncthreads();
-}
-
 /* Sum of v over the threads of one row group: the blockDim.x threads that share
  * threadIdx.y (blockDim.x a multiple of 32, at most 1024). `scratch` is shared memory
  * of at least 32 * blockDim.y floats. Every thread of the group gets the sum. Contains
- * __syncthreads() (the group's named barrier with `named`), so every thread of the
- * block (of the group) must call it. */
-__device__ __forceinline__ float row_group_sum(float v, float *scratch, bool named = false) {
+ * __syncthreads(), so every thread of the block must call it. */
+__device__ __forceinline__ float row_group_sum(float v, float *scratch) {
   v = warp_sum(v);
   const int nwarps = blockDim.x >> 5;
   if (nwarps == 1) return v; /* uniform over the block: no barrier needed */
   float *s = scratch + 32 * threadIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  row_group_sync(named); /* scratch may still be read by a previous call */
+  __syncthreads(); /* scratch may still be read by a previous call */
   if (lane == 0) s[warp] = v;
-  row_group_sync(named);
+  __syncthreads();
   float r = lane < nwarps ? s[lane] : 0.0f;
   return warp_sum(r);
 }

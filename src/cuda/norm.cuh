@@ -62,10 +62,13 @@ struct norm_fwd_params {
   float *mean;               /* [rows] or NULL (LayerNorm only) */
   float *rstd;               /* [rows] or NULL */
   float eps;
-  bool out_cs;               /* forward v2 / v3: store out with the evict-first hint */
-  bool named_bar;            /* forward v2 / v3: each row group its own barrier */
-  bool ln_onepass;           /* forward v2 / v3 LayerNorm: one reduction (Chan's merge) */
 };
+
+/* Forward v2 compile-time options (template parameter F of norm_fwd_row / the v2 kernel):
+ * kNormFwdCs: out stored with the evict-first hint (st.global.cs); kNormFwdOnePass
+ * (LayerNorm): mean and variance from one reduction (Chan's merge of per-thread
+ * statistics) instead of two. */
+constexpr int kNormFwdCs = 1, kNormFwdOnePass = 2;
 
 struct norm_bwd_params {
   int64_t rows, cols;
@@ -547,14 +550,14 @@ __global__ void __launch_bounds__(1024) norm_bwd_loop_kernel(norm_bwd_params p) 
 
 /* ---- stage two: sum the partial rows -------------------------------------------------
  * dw[c] = sum_p dw_part[p, c]; block (32 columns) x (32 partial-row lanes), each lane's
- * loads unrolled by U so that a lane has its ~parts/32 loads in flight at once (the
- * kernel is a few DRAM / L2 round trips, not a loop of them: with the ~530 partial rows
- * of a persistent grid of 4 blocks per SM, 17 loads a lane; U = 16 is the default, 4
- * the earlier one, OT_NORM_REDUCE_UNROLL=4; the additions are in the same order either
- * way, so the same bits). dw / db NULL: not wanted; parts == 0 writes zeros (no rows).
- * Waits for the previous grid first (it may be launched as its programmatic dependent,
- * OT_NORM_PDL=1). */
-template <typename T, int U>
+ * loads unrolled by 4 so a lane has its ~parts/32 loads in flight at once (the kernel is
+ * a few L2 round trips, not a loop of them; unrolled by 16: the same time, run of
+ * 718ecab). dw / db NULL: not wanted; parts == 0 writes zeros (no rows). Waits for the
+ * previous grid first: it is launched as that grid's programmatic dependent (OT_NORM_PDL).
+ * Measured (ncu, run of 718ecab, 16k x 4096 bf16, 528 partial rows): 7-10 us, 18-25% of
+ * DRAM bandwidth (latency-bound: 128 blocks, one per 32 columns), 6-8% of the backward's
+ * time. */
+template <typename T>
 __global__ void __launch_bounds__(1024) norm_reduce_partials_kernel(
     const float *__restrict__ dw_part, const float *__restrict__ db_part, int64_t parts,
     int64_t n, T *dw, T *db) {
@@ -563,7 +566,7 @@ __global__ void __launch_bounds__(1024) norm_reduce_partials_kernel(
   const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
   float aw = 0.0f, ab = 0.0f;
   if (c < n) {
-#pragma unroll U
+#pragma unroll 4
     for (int64_t q = threadIdx.y; q < parts; q += blockDim.y) {
       if (dw) aw += dw_part[q * n + c];
       if (db) ab += db_part[q * n + c];
@@ -649,8 +652,7 @@ __device__ __forceinline__ void norm_chan_merge(float &c, float &m, float &q, fl
 /* Mean and sum of squared deviations of a row from its threads' partial (c, m, q): warp
  * shuffles, then the warps' results merged in warp order through scratch (3 floats per
  * warp, 64 floats per row group) with one barrier pair. Returns (mean, q). */
-__device__ __forceinline__ float2 norm_row_meanvar(float c, float m, float q, float *scratch,
-                                                   bool named) {
+__device__ __forceinline__ float2 norm_row_meanvar(float c, float m, float q, float *scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -668,9 +670,9 @@ __device__ __forceinline__ float2 norm_row_meanvar(float c, float m, float q, fl
   const int nwarps = blockDim.x >> 5;
   if (nwarps == 1) return make_float2(m, q);
   float *s = scratch + 64 * threadIdx.y;
-  row_group_sync(named); /* scratch may still be read by a previous row */
+  __syncthreads(); /* scratch may still be read by a previous row */
   if (lane == 0) s[3 * warp] = c, s[3 * warp + 1] = m, s[3 * warp + 2] = q;
-  row_group_sync(named);
+  __syncthreads();
   c = s[0], m = s[1], q = s[2];
   for (int k = 1; k < nwarps; k++) norm_chan_merge(c, m, q, s[3 * k], s[3 * k + 1], s[3 * k + 2]);
   return make_float2(m, q);
@@ -680,7 +682,7 @@ __device__ __forceinline__ float2 norm_row_meanvar(float c, float m, float q, fl
  * residual) are in registers: residual add and store, the statistics, out. Both
  * kernels call it with the same thread-to-vector map (vector x + i * TPR), so they
  * give the same bits. valid: the row exists (the barriers are passed either way). */
-template <typename T, bool LAYER, int NV, bool RES, int TPR>
+template <typename T, bool LAYER, int NV, bool RES, int TPR, int F>
 __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&xr)[NV],
                                              const raw16 (&rr)[NV], int64_t r, bool valid,
                                              float *scr) {
@@ -710,7 +712,7 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
   }
   /* Out-of-range vectors are 0, so they add nothing to the sums. */
   float mu = 0.0f, rs;
-  if (LAYER && p.ln_onepass) {
+  if (LAYER && (F & kNormFwdOnePass)) {
     /* the thread's own mean and squared deviations (exact two passes over its
      * registers), then one merged reduction instead of two */
     float c = 0.0f;
@@ -719,15 +721,15 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
       if (((int)threadIdx.x + i * TPR) * V < n) c += (float)V;
     const float m = c > 0.0f ? s / c : 0.0f;
     const float q = norm_sq_dev<T, NV, TPR>(xr, m, n);
-    const float2 mq = norm_row_meanvar(c, m, q, scr, p.named_bar);
+    const float2 mq = norm_row_meanvar(c, m, q, scr);
     mu = mq.x;
     rs = rsqrtf(mq.y / (float)n + p.eps);
   } else if (LAYER) {
-    mu = row_group_sum(s, scr, p.named_bar) / (float)n;
+    mu = row_group_sum(s, scr) / (float)n;
     const float v = norm_sq_dev<T, NV, TPR>(xr, mu, n);
-    rs = rsqrtf(row_group_sum(v, scr, p.named_bar) / (float)n + p.eps);
+    rs = rsqrtf(row_group_sum(v, scr) / (float)n + p.eps);
   } else {
-    rs = rsqrtf(row_group_sum(s, scr, p.named_bar) / (float)n + p.eps);
+    rs = rsqrtf(row_group_sum(s, scr) / (float)n + p.eps);
   }
   if (!valid) return;
   if (!p.out) { /* statistics only (the backward's recompute: the same bits as here) */
@@ -752,7 +754,7 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
     if (w) load_vec(wv, w + base);
     if (b) load_vec(bv, b + base);
     norm_fwd_out<LAYER, V>(hv, wv, bv, w != nullptr, b != nullptr, rs, nmr, o);
-    if (p.out_cs) store_vec_cs(out + base, o);
+    if (F & kNormFwdCs) store_vec_cs(out + base, o);
     else store_vec(out + base, o);
   }
   if (threadIdx.x == 0) {
@@ -770,7 +772,7 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
  * row are one register plus immediates) and keeps only the row in registers: weight and bias are read after the
  * reduction (L1 hits: every row of the SM reads the same ones), so the registers hold
  * data that is in flight from HBM. Rows are 16-byte aligned and cols % VEC == 0. */
-template <typename T, bool LAYER, int NV, bool RES, int TPR>
+template <typename T, bool LAYER, int NV, bool RES, int TPR, int F>
 __global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(norm_fwd_params p) {
   constexpr int V = vec_width<T>::value;
   __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
@@ -781,8 +783,9 @@ __global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(nor
   const int64_t r = valid ? row : 0;
   const T *x = static_cast<const T *>(p.x) + r * p.x_stride;
   const T *res = RES ? static_cast<const T *>(p.residual) + r * p.residual_stride : nullptr;
-  /* launched as a programmatic dependent (OT_NORM_PDL=1): nothing is read or written
-   * before the previous grid has completed; the next launch may be scheduled at once */
+  /* launched as a programmatic dependent (OT_NORM_PDL, default): nothing is read or
+   * written before the previous grid has completed; the next launch may be scheduled at
+   * once (its own wait holds it until this grid has completed) */
   norm_grid_wait();
   norm_grid_launch_dependents();
 
@@ -799,7 +802,7 @@ __global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(nor
       load_raw<T, true, true>(rr[i], res, base, n, valid && base < n);
     }
   }
-  norm_fwd_row<T, LAYER, NV, RES, TPR>(p, xr, rr, r, valid, scr);
+  norm_fwd_row<T, LAYER, NV, RES, TPR, F>(p, xr, rr, r, valid, scr);
 }
 
 /* ---- cp.async rings (sm_80+) ------------------------------------------------------------
@@ -872,7 +875,7 @@ __global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v3_kernel(nor
       xr[i].u = in ? st[i * TPR] : make_uint4(0u, 0u, 0u, 0u);
       if (RES) rr[i].u = in ? st[(NV + i) * TPR] : make_uint4(0u, 0u, 0u, 0u);
     }
-    norm_fwd_row<T, LAYER, NV, RES, TPR>(p, xr, rr, row, true, scr);
+    norm_fwd_row<T, LAYER, NV, RES, TPR, 0>(p, xr, rr, row, true, scr);
     stage = stage + 1 == S ? 0 : stage + 1;
   }
   cp_async_wait(0);
@@ -947,7 +950,7 @@ __device__ __forceinline__ void norm_store_partials(float *dst, const float *v) 
  * NV = 1 (4096 bf16, 512 threads) D = 6 keeps 5 rows (80 KB) in flight per SM. */
 template <typename T, bool LAYER, int NV, int D>
 __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) {
-  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL=1) */
+  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
   constexpr int V = vec_width<T>::value;
   __shared__ float2 scratch[32];
   float *scr = reinterpret_cast<float *>(scratch);
@@ -1115,7 +1118,7 @@ __device__ __forceinline__ void norm_stats_of(const norm_bwd_params &p, int64_t 
  * per block. */
 template <typename T, bool LAYER, int NV>
 __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int S) {
-  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL=1) */
+  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
   constexpr int V = vec_width<T>::value;
   extern __shared__ uint4 ring[];
   __shared__ float2 scratch[32];
@@ -1259,7 +1262,7 @@ __device__ __forceinline__ void norm_bwd_slot_vec(const uint4 *hs, const uint4 *
  * a342519; removed.) */
 template <typename T, bool LAYER, int NV>
 __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, int S) {
-  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL=1) */
+  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
 #ifdef OT_BULK_COPY_DEVICE
   constexpr int V = vec_width<T>::value;
   extern __shared__ __align__(128) uint4 tma_smem[];
@@ -1394,34 +1397,30 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels) | v2 (register rows, one block
  * per row or two; default) | v3 (persistent, cp.async ring), OT_NORM_FWD_MAXNV=16 (up to
  * 16 vectors per thread in forward v2, default 8), OT_NORM_FWD_STAGES=S (v3 ring depth,
- * default: automatic), OT_NORM_FWD_BPS=B (forward v2: at most B blocks per SM, by a
- * dynamic shared-memory reservation; default: no cap), OT_NORM_FWD_CS=1 (forward v2 / v3:
- * out stored with the evict-first hint), OT_NORM_FWD_BAR=1 (forward v2 / v3: each row group
- * reduces with its own named barrier, not __syncthreads), OT_NORM_LN_ONEPASS=1 (forward v2
- * / v3 LayerNorm: mean and variance in one reduction, Chan's merge of per-thread
- * statistics, instead of two), OT_NORM_PDL=1 (forward v2 and the partials' sum
- * launched as programmatic dependents, sm_90; not with OT_NORM_FWD_BPS), OT_NORM_BWD_IMPL=old | v2 | v3 (RMSNorm's
- * default) | tma (LayerNorm only, its default), OT_NORM_BWD_NV=1 (v2 with one vector per
- * thread, D = 6), OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread), OT_NORM_BWD_STAGES=S
- * (v3 ring depth; 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring depth; 0 =
- * automatic), OT_NORM_REDUCE_UNROLL=4 (the partials' sum unrolled by 4, default 16). */
+ * default: automatic), OT_NORM_FWD_CS=0 (forward v2 without the residual: out stored
+ * plainly; default: with the evict-first hint), OT_NORM_LN_ONEPASS=1 (forward v2
+ * LayerNorm, row groups of several warps at 8 vectors a thread: mean and variance in one
+ * reduction, Chan's merge of per-thread statistics, instead of two; also the backward's
+ * recomputed statistics), OT_NORM_PDL=0 (forward v2 and the partials' sum launched
+ * plainly; default: as programmatic dependents on sm_90), OT_NORM_BWD_IMPL=old | v2 | v3
+ * (RMSNorm's default) | tma (LayerNorm only, its default), OT_NORM_BWD_NV=1 (v2 with one
+ * vector per thread, D = 6), OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread),
+ * OT_NORM_BWD_STAGES=S (v3 ring depth; 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring
+ * depth; 0 = automatic). */
 enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
 struct norm_cfg {
   const ot_cuda_state *cs;
   int fwd_impl;       /* kNormImplDefault (v2), Old or V3 */
   int fwd_maxnv;      /* 8 or 16 */
   int fwd_stages;     /* v3 ring depth, 0 automatic */
-  int fwd_bps;        /* forward v2 blocks per SM cap, 0 none */
-  bool fwd_cs;
-  bool fwd_bar;       /* OT_NORM_FWD_BAR=1: named barriers per row group */
-  bool ln_onepass;    /* OT_NORM_LN_ONEPASS=1 */
+  bool fwd_cs;        /* forward v2 without the residual: kNormFwdCs */
+  bool ln_onepass;    /* forward v2 LayerNorm: kNormFwdOnePass where instantiated */
   bool pdl;
   int bwd_impl;       /* kNormImpl*: Default, Old, V2, Tma; any other value V3 */
   int bwd_nv;         /* OT_NORM_BWD_NV, 0 unset */
   int bwd_v3nv;       /* -1 unset */
   int bwd_stages;     /* -1 unset */
   int bwd_tma_stages; /* 0 automatic */
-  int reduce_unroll;  /* 16 or 4 */
 };
 static inline int norm_env_int(const char *name, int dflt) {
   const char *s = getenv(name);
@@ -1436,11 +1435,9 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
                : strcmp(f, "v3") == 0 ? kNormImplV3 : kNormImplDefault;
   c.fwd_maxnv = norm_env_int("OT_NORM_FWD_MAXNV", 8) == 16 ? 16 : 8;
   c.fwd_stages = norm_env_int("OT_NORM_FWD_STAGES", 0);
-  c.fwd_bps = norm_env_int("OT_NORM_FWD_BPS", 0);
-  c.fwd_cs = norm_env_int("OT_NORM_FWD_CS", 0) == 1;
-  c.fwd_bar = norm_env_int("OT_NORM_FWD_BAR", 0) == 1;
+  c.fwd_cs = norm_env_int("OT_NORM_FWD_CS", 1) != 0;
   c.ln_onepass = norm_env_int("OT_NORM_LN_ONEPASS", 0) == 1;
-  c.pdl = norm_env_int("OT_NORM_PDL", 0) == 1;
+  c.pdl = norm_env_int("OT_NORM_PDL", 1) != 0;
   const char *b = getenv("OT_NORM_BWD_IMPL");
   c.bwd_impl = !b || !*b ? kNormImplDefault
                : strcmp(b, "old") == 0 ? kNormImplOld
@@ -1450,7 +1447,6 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
   c.bwd_v3nv = norm_env_int("OT_NORM_BWD_V3NV", -1);
   c.bwd_stages = norm_env_int("OT_NORM_BWD_STAGES", -1);
   c.bwd_tma_stages = norm_env_int("OT_NORM_BWD_TMA_STAGES", 0);
-  c.reduce_unroll = norm_env_int("OT_NORM_REDUCE_UNROLL", 16) == 4 ? 4 : 16;
   return c;
 }
 
@@ -1502,56 +1498,75 @@ static inline norm_launch norm_pick_fwd_v2(const norm_cfg &c, int64_t cols, int 
   return L;
 }
 
-/* The forward v2 instance of shape L (nv, threads), or NULL. */
-template <typename T, bool LAYER, bool RES>
+/* The forward v2 instance of shape L (nv, threads) and options F, or NULL. F with
+ * kNormFwdOnePass: LayerNorm's row groups of several warps at 8 vectors a thread only
+ * (the shapes whose two reductions each take a barrier pair). */
+template <typename T, bool LAYER, bool RES, int F>
 static inline void (*norm_fwd_v2_pick(const norm_launch &L))(norm_fwd_params) {
-  if (L.threads <= 32) {
-    switch (L.nv) {
-      case 1: return norm_fwd_v2_kernel<T, LAYER, 1, RES, 32>;
-      case 2: return norm_fwd_v2_kernel<T, LAYER, 2, RES, 32>;
-      case 4: return norm_fwd_v2_kernel<T, LAYER, 4, RES, 32>;
-      case 8: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 32>;
-      case 16: return norm_fwd_v2_kernel<T, LAYER, 16, RES, 32>;
-      default: return nullptr;
+  if constexpr ((F & kNormFwdOnePass) != 0) {
+    if (!LAYER || L.threads <= 32 || L.nv != 8) return nullptr;
+    switch (L.threads) {
+      case 64: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 64, F>;
+      case 128: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 128, F>;
+      default: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 256, F>;
     }
-  }
-  /* wider groups only when a warp's budget is not enough: NV is then the budget */
-  if (L.nv != 8 && L.nv != 16) return nullptr;
-  const bool n16 = L.nv == 16;
-  switch (L.threads) {
-    case 64: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 64> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 64>;
-    case 128: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 128> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 128>;
-    default: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 256> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 256>;
+  } else {
+    if (L.threads <= 32) {
+      switch (L.nv) {
+        case 1: return norm_fwd_v2_kernel<T, LAYER, 1, RES, 32, F>;
+        case 2: return norm_fwd_v2_kernel<T, LAYER, 2, RES, 32, F>;
+        case 4: return norm_fwd_v2_kernel<T, LAYER, 4, RES, 32, F>;
+        case 8: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 32, F>;
+        case 16: return norm_fwd_v2_kernel<T, LAYER, 16, RES, 32, F>;
+        default: return nullptr;
+      }
+    }
+    /* wider groups only when a warp's budget is not enough: NV is then the budget */
+    if (L.nv != 8 && L.nv != 16) return nullptr;
+    const bool n16 = L.nv == 16;
+    switch (L.threads) {
+      case 64: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 64, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 64, F>;
+      case 128: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 128, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 128, F>;
+      default: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 256, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 256, F>;
+    }
   }
 }
 
-static inline int norm_raise_smem_limit(const ot_cuda_state *cs, const void *kernel);
+/* The instance a call takes: evict-first out stores without the residual (c.fwd_cs;
+ * measured, run of 718ecab, 16k rows bf16: +2-5% there, -1-2% with the residual, whose h
+ * the next layer reads again), LayerNorm's one-reduction statistics where instantiated
+ * (c.ln_onepass). The choice depends on the shape and the knobs only, so a fused forward,
+ * an unfused one over its residual_out and the backward's recomputed statistics take
+ * the same statistics code (the same bits). */
+template <typename T, bool LAYER>
+static inline void (*norm_fwd_v2_select(const norm_cfg &c, bool res,
+                                        const norm_launch &L))(norm_fwd_params) {
+  if constexpr (LAYER) {
+    if (c.ln_onepass) {
+      void (*k)(norm_fwd_params) =
+          res ? norm_fwd_v2_pick<T, LAYER, true, kNormFwdOnePass>(L)
+          : c.fwd_cs ? norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs | kNormFwdOnePass>(L)
+                     : norm_fwd_v2_pick<T, LAYER, false, kNormFwdOnePass>(L);
+      if (k) return k;
+    }
+  }
+  if (res) return norm_fwd_v2_pick<T, LAYER, true, 0>(L);
+  return c.fwd_cs ? norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs>(L)
+                  : norm_fwd_v2_pick<T, LAYER, false, 0>(L);
+}
 
-/* Forward v2: one block per row group(s), as many blocks as rows / rows per block; with
- * c.fwd_bps = B > 0, a dynamic shared-memory reservation of ~1/B of the SM's shared memory
- * per block holds the SM to at most B blocks (fewer rows in flight per SM, so each block
- * lives shorter and the last wave drains sooner; no reservation when it cannot be set). */
+/* Forward v2: one block per row group(s), as many blocks as rows / rows per block;
+ * launched as a programmatic dependent of the previous kernel (c.pdl): measured, run of
+ * 718ecab, 16k rows bf16, back-to-back calls: +1-3% without the residual, +0.5-1% with. */
 template <typename T, bool LAYER>
 cudaError_t norm_fwd_v2_launch(const norm_cfg &c, const norm_fwd_params &p, const norm_launch &L,
                                cudaStream_t stream) {
   const dim3 block(L.threads, L.rows);
   const int64_t blocks = (p.rows + L.rows - 1) / L.rows;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  void (*kernel)(norm_fwd_params) = p.residual ? norm_fwd_v2_pick<T, LAYER, true>(L)
-                                               : norm_fwd_v2_pick<T, LAYER, false>(L);
+  void (*kernel)(norm_fwd_params) = norm_fwd_v2_select<T, LAYER>(c, p.residual != nullptr, L);
   if (!kernel) return cudaErrorInvalidConfiguration;
-  size_t smem = 0;
-  if (c.fwd_bps > 0) {
-    /* blocks per SM by shared memory: floor(per_sm / (static + dynamic + 1 KB reserved)) */
-    const int limit = norm_raise_smem_limit(c.cs, reinterpret_cast<const void *>(kernel));
-    const size_t stat = limit > 0 ? c.cs->smem_optin - (size_t)limit : 0;
-    const size_t per_block = c.cs->smem_per_sm / (size_t)c.fwd_bps - 256;
-    if (limit > 0 && per_block > stat + 1024) {
-      smem = per_block - stat - 1024;
-      if (smem > (size_t)limit) smem = (size_t)limit;
-    }
-  }
-  return norm_launch_ex(c, kernel, dim3((unsigned)blocks), block, smem, stream, p);
+  return norm_launch_ex(c, kernel, dim3((unsigned)blocks), block, 0, stream, p);
 }
 
 /* Raise a kernel's dynamic shared memory limit to what `optin` leaves beside its static
@@ -1721,7 +1736,9 @@ cudaError_t norm_fwd_v3_launch(const norm_cfg &c, const norm_fwd_params &p, cons
 template <typename T, bool LAYER>
 cudaError_t norm_fwd_fast_launch(const norm_cfg &c, const norm_fwd_params &p, const norm_launch &L,
                                  cudaStream_t stream) {
-  if (c.fwd_impl == kNormImplV3) {
+  /* v3 has no one-reduction statistics: with them the forward stays on v2, so that a
+   * fused forward, an unfused one and the backward's recompute agree bit for bit */
+  if (c.fwd_impl == kNormImplV3 && !(LAYER && c.ln_onepass)) {
     const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(c, p, L, stream);
     if (e != cudaErrorNotSupported) return e;
   }
@@ -1812,8 +1829,6 @@ cudaError_t norm_backward_launch(const norm_cfg &c, norm_bwd_params p, T *dw, T 
       f.mean = LAYER ? stats : nullptr;
       f.rstd = stats + p.rows;
       f.eps = p.eps;
-      f.named_bar = c.fwd_bar;
-      f.ln_onepass = LAYER && c.ln_onepass; /* the forward's statistics, the same bits */
       e = norm_fwd_fast_launch<T, LAYER>(c, f, L, stream);
       if (e != cudaSuccess) {
         (void)cudaFreeAsync(stats, stream);
@@ -1837,11 +1852,8 @@ cudaError_t norm_reduce_partials_launch(const norm_cfg &c, const float *dw_part,
                                         const float *db_part, int64_t parts, int64_t cols, T *dw,
                                         T *db, cudaStream_t stream) {
   const dim3 rg((unsigned)((cols + 31) / 32)), rb(32, 32);
-  return c.reduce_unroll == 4
-             ? norm_launch_ex(c, norm_reduce_partials_kernel<T, 4>, rg, rb, 0, stream, dw_part,
-                              db_part, parts, cols, dw, db)
-             : norm_launch_ex(c, norm_reduce_partials_kernel<T, 16>, rg, rb, 0, stream, dw_part,
-                              db_part, parts, cols, dw, db);
+  return norm_launch_ex(c, norm_reduce_partials_kernel<T>, rg, rb, 0, stream, dw_part, db_part,
+                        parts, cols, dw, db);
 }
 
 /* Run `launch(q)` with q = p plus [parts, cols] fp32 dweight / dbias partial workspaces

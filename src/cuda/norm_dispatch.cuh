@@ -39,9 +39,6 @@ ot_status norm_forward_cuda(const char *op, ot_context *ctx, const ot_norm_forwa
   p.rstd = a->rstd;
   p.eps = a->eps;
   const norm_cfg c = norm_cfg_of(ot_cuda_state_of(ctx));
-  p.out_cs = c.fwd_cs;
-  p.named_bar = c.fwd_bar;
-  p.ln_onepass = LAYER && c.ln_onepass;
   cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
   cudaError_t e;
   switch (a->dtype) {
