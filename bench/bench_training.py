@@ -730,7 +730,7 @@ def build_record(runs, curve, ceiling, args, extra=None):
                 continue
             row = dict(op=f"train_step ({VARIANTS[ours]})", case=case, metric="tokens/s",
                        ours=r.get("tokens_per_s") if r.get("status") == "ok" else None,
-                       status=r.get("status"), peers=peers_tok)
+                       status=r.get("status"), peers=peers_tok, ratio_best_peer=None)
             if row["ours"] and peers_tok:
                 row["ratio_best_peer"] = row["ours"] / max(peers_tok.values())
                 row["ratio_hf_sdpa"] = row["ours"] / peers_tok["HF sdpa"] \
@@ -740,7 +740,8 @@ def build_record(runs, curve, ceiling, args, extra=None):
             rows.append(row)
             if "peak_GB" in r or peers_mem:
                 mrow = dict(op=f"train_step ({VARIANTS[ours]})", case=case, metric="GB peak",
-                            ours=r.get("peak_GB"), status=r.get("status"), peers=peers_mem)
+                            ours=r.get("peak_GB"), status=r.get("status"), peers=peers_mem,
+                            ratio_best_peer=None)     # BENCH.md: every row has the key
                 if mrow["ours"] and peers_mem:
                     mrow["ratio_best_peer"] = min(peers_mem.values()) / mrow["ours"]
                     mrow["ratio_hf_sdpa"] = mrow["ours"] / peers_mem["HF sdpa"] \
