@@ -182,8 +182,8 @@ static void forward_case(test_run *tr, DLDataType dt, const lin_case *c, bool wi
 /* Few rows (decode): the CUDA backend's matrix-vector kernel for M <= 16 (src/cuda/linear.cu)
  * -- 16-byte vector path (K a multiple of the vector, aligned rows), scalar path (odd K,
  * x rows padded off alignment), split-K (few columns, long K: float32 partials summed in a
- * second kernel), M = 1 .. 16 and a 3-D x, and N beyond one wave of blocks (each warp then
- * takes several rows). Run with the automatic dispatch, and on CUDA
+ * second kernel), M = 1 .. 16 and a 3-D x, and N beyond one wave of blocks (two rows per
+ * warp at M <= 4 within two waves). Run with the automatic dispatch, and on CUDA
  * forced on and off with OT_LINEAR_GEMV (at one row also launched without PDL). */
 static const lin_case small_m_cases[] = {
     {1, 0, 4096, 256, 0, 0},  {1, 0, 4104, 40, 0, 0},  {1, 0, 8, 1, 0, 0},
@@ -193,8 +193,17 @@ static const lin_case small_m_cases[] = {
     {13, 0, 999, 31, 5, 0},   {16, 0, 4096, 64, 0, 0}, {16, 0, 33, 17, 0, 0},
     {3, 0, 8200, 24, 0, 0},   {2, 0, 3001, 5, 0, 0},   {16, 0, 6000, 10, 0, 3},
     {12, 0, 512, 50, 0, 0},   {16, 0, 3200, 100, 8, 1}, {1, 0, 96, 17, 0, 0},
-    /* more rows than one wave of the GPU's blocks: several rows per warp */
+    /* N beyond one wave of resident blocks. At M <= 4 each warp takes two rows (n and
+     * n + warps; linear.cu, gemv_balance) where one row per warp would take one to two
+     * waves: 4 B S < N <= 8 B S, about, for B blocks per SM and S SMs. On the H200 (S 132;
+     * sm_90a registers at M <= 4: B 7-10 for the vector kernels, 10-16 for the scalar ones)
+     * N 6144 / 6001 / 9001 below take two rows per warp in every dtype: M = 1 / 2 / 3 / 4,
+     * vector and scalar path, padded x / y, and odd N, whose last warps' second row is past
+     * N (a skipped second row leaves y's poison: the case fails). Re-check B when the
+     * kernel's registers change. N 20001 / 12289 are beyond two waves (one row per warp). */
     {1, 0, 4096, 6144, 0, 0}, {1, 0, 64, 20001, 0, 0}, {3, 0, 72, 12289, 2, 1},
+    {1, 0, 128, 6001, 0, 0},  {2, 0, 128, 6001, 0, 2}, {4, 0, 64, 6001, 8, 1},
+    {3, 0, 33, 9001, 1, 0},   {1, 0, 31, 9001, 0, 0},
 };
 #define N_SMALL_M_CASES (sizeof small_m_cases / sizeof small_m_cases[0])
 
