@@ -406,7 +406,11 @@ ot_status ote_engine_set_profile(ote_engine *e, int on) {
       return ote_error(st, "ote_engine_set_profile: the profile stays off: %s", msg);
     }
   }
-  OTE_TRY(ote_dev_sync(&e->dev));
+  const ot_status sync = ote_dev_sync(&e->dev); /* its reason in ote_last_error */
+  if (sync != OT_OK) {
+    e->prof_on = 0; /* off, as engine.h says: not left on when turning it off failed */
+    return sync;
+  }
   drop_graphs(e); /* profiled steps run eagerly; graphs are captured again after */
   memset(e->prof_ms, 0, sizeof e->prof_ms);
   memset(e->prof_forwards, 0, sizeof e->prof_forwards);
