@@ -55,7 +55,8 @@ def markdown(src):
             continue
         p = r["peers"]
         g = lambda k: f"{p[k]:.2f}" if k in p else "n/a"  # noqa: E731
-        print(f"| {r['case'].split(' bf16')[0]} | {r['ours']:.2f} ({r['ours_us']:.0f}) | "
+        star = " *" if "note" in r else ""  # a row flagged by hand (its note says why)
+        print(f"| {r['case'].split(' bf16')[0]}{star} | {r['ours']:.2f} ({r['ours_us']:.0f}) | "
               f"{r['fraction_of_ceiling']:.0%} | {g('torch SDPA cuDNN (contiguous)')} | "
               f"{g('torch SDPA flash (contiguous)')} | {g('paged gather + SDPA')} | "
               f"{r['ratio_cudnn'] if r['ratio_cudnn'] is not None else 'n/a'} | "
