@@ -81,13 +81,18 @@ def plan_str(pl):
 
 
 def run_env(env, fn):
-    """fn() with the environment variables of `env` set (read by the library at each call)."""
+    """fn() with the environment variables of `env` set (read by the library at each call),
+    then the caller's values (or their absence) back."""
+    saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         return fn()
     finally:
-        for k in env:
-            os.environ.pop(k, None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def time_ms(fn, iters=25, inner=5, warmup=3):
