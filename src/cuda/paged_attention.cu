@@ -7,7 +7,7 @@
  *   - Work item = (row tile, kv head, key split). A sequence's rows are its (query token,
  *     head of the group) pairs, token-major (row = token * group + head); a tile is 16 of
  *     them, so the group's heads (and a few speculative tokens) share every K / V load.
- * *     The 1-D grid enumerates (tile slot, kv head, split), the slot slowest, over at most
+ *     The 1-D grid enumerates (tile slot, kv head, split), the slot slowest, over at most
  *     batch + ceil(T_q * group / 16) slots (the host does not know the tiles: the slots
  *     past them, dispatched last, exit at once); each CTA finds its sequence with a
  *     warp-wide prefix sum over cu_seqlens_q, each lane summing a contiguous run of
@@ -48,7 +48,7 @@
  *   - The main kernels (this and the stream kernel) are launched as programmatic dependents
  *     of whatever precedes them on the stream (OT_PAGED_PDL=0: not): their CTAs may become
  *     resident while that kernel drains and wait (griddepcontrol.wait) before their first
- *     global access. H200: 1-2% per call (docs/PERFORMANCE.md).
+ *     global access. H200: 0-2% per call (docs/PERFORMANCE.md).
  *   - Keys of a split are indexed in int32 relative to the split's first page; with more
  *     than 2^30 keys in the table the plan takes at least keys / 2^30 splits (pa_min_splits),
  *     so sequences of 2^31 keys and more are split, never wrapped.
@@ -464,7 +464,8 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     if (k_hi < k_lo) k_hi = k_lo;
   }
   /* keys from here on relative to key0, the split's first key rounded down to its page:
-   * a sequence may have 2^31 keys or more, a split has at most 2^30 + 64 (pa_min_splits) */
+   * a sequence may have 2^31 keys or more, a split at most 2^30 (pa_min_splits), and key0
+   * is less than a page below k_lo: relative keys stay below 2^30 + 256 */
   const int64_t kpage = p.bs_shift >= 0 ? k_lo >> p.bs_shift : k_lo / p.bs;
   const int64_t key0 = kpage * p.bs;
   const int kl = (int)(k_lo - key0), kh = (int)(k_hi - key0);
@@ -1296,7 +1297,8 @@ static cudaError_t pa_launch_main(bool pdl, K *f, unsigned grid, size_t smem, cu
 /* Keys within one split must fit int32 (the kernel indexes them relative to the split's
  * first key): with more than 2^30 keys in the whole table (kv.indices x block_size, an
  * upper bound of every sequence's length) the plan takes at least that many / 2^30 splits,
- * so that no chunk exceeds 2^30 + 64 keys. */
+ * so that no chunk exceeds 2^30 keys (ceil(len / splits) <= 2^30, rounded up to a
+ * multiple of 64). */
 static int pa_min_splits(const pa_params &p) {
   const double keys = (double)p.num_indices * p.bs;
   const double lim = 1073741824.0;
