@@ -69,6 +69,7 @@ import types
 import torch
 import torch.nn.attention  # noqa: F401  (current_flash_attention_impl, where torch has it)
 import torch.nn.functional as F
+from torch.nn.modules import module as _nn_module  # the global module hooks (_plain_linear)
 
 from . import _torch_ops as _tops
 from . import ops as _ops
@@ -514,12 +515,12 @@ def _plain_linear(m, dtype):
     (:class:`_Projections`, :class:`_SwiGLUDown`): exactly nn.Linear (not a LoRA /
     quantized subclass), weight of the activations' dtype, no module hooks (a hook on
     the Linear -- or a global one -- would be skipped), no autocast."""
-    from torch.nn.modules import module as _mod
+    g = _nn_module
     return (type(m) is torch.nn.Linear and m.weight.dtype == dtype
             and not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                     or m._backward_pre_hooks or _mod._global_forward_hooks
-                     or _mod._global_forward_pre_hooks or _mod._global_backward_hooks
-                     or _mod._global_backward_pre_hooks)
+                     or m._backward_pre_hooks or g._global_forward_hooks
+                     or g._global_forward_pre_hooks or g._global_backward_hooks
+                     or g._global_backward_pre_hooks)
             and not torch.is_autocast_enabled(m.weight.device.type))
 
 
