@@ -532,13 +532,14 @@ class _Projections(torch.autograd.Function):
     autograd's elementwise sums of the partial gradients (2 adds a layer for q / k / v,
     1 for gate / up: ~23 us each at 4 x 2048 x 2048 bf16 on the H200). The weight and
     bias gradients are the Linears' (dy_i^T x, sum of dy_i); the tensors saved are the
-    Linears' (x and the weights: no extra memory). The summation order of dx differs
-    from autograd's (float32 accumulation inside the GEMM, one rounding per term)."""
+    Linears' (the weights, and x only where a weight needs its gradient: frozen
+    projections keep no activation). The summation order of dx differs from autograd's
+    (float32 accumulation inside the GEMM, one rounding per term)."""
 
     @staticmethod
     def forward(ctx, x, *wb):                    # x, w0, b0, w1, b1, ...
         ws, bs = wb[0::2], wb[1::2]
-        ctx.save_for_backward(x, *ws)
+        ctx.save_for_backward(x if any(ctx.needs_input_grad[1::2]) else None, *ws)
         ctx.has_bias = tuple(b is not None for b in bs)
         if not torch.compiler.is_compiling():
             ctx.set_materialize_grads(False)     # an unused output: no zeros GEMM'd
@@ -546,13 +547,14 @@ class _Projections(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *dys):
-        x, *ws = ctx.saved_tensors
+        x, *ws = ctx.saved_tensors               # x: None where no weight needs a gradient
         grads = [None] * (1 + 2 * len(ws))
-        x2 = x.reshape(-1, x.shape[-1])
-        dx = None
+        x2 = None if x is None else x.reshape(-1, x.shape[-1])
+        dx = lead = None
         for i, (dy, w) in enumerate(zip(dys, ws)):
             if dy is None:
                 continue
+            lead = dy.shape[:-1]                 # x's leading dims
             dy2 = dy.reshape(-1, dy.shape[-1])
             if ctx.needs_input_grad[0]:
                 dx = dy2.mm(w) if dx is None else dx.addmm_(dy2, w)
@@ -560,10 +562,8 @@ class _Projections(torch.autograd.Function):
                 grads[1 + 2 * i] = dy2.t().mm(x2)
             if ctx.has_bias[i] and ctx.needs_input_grad[2 + 2 * i]:
                 grads[2 + 2 * i] = dy2.sum(0)
-        if dx is not None:
-            grads[0] = dx.view(x.shape)
-        elif ctx.needs_input_grad[0]:
-            grads[0] = torch.zeros_like(x)
+        if dx is not None:                       # (no output differentiated: None)
+            grads[0] = dx.view(*lead, dx.shape[-1])
         return tuple(grads)
 
 

@@ -91,6 +91,32 @@ def test_projections_unused_output_and_frozen_parts():
     assert ls[0].weight.grad is not None and ls[2].weight.grad is not None
 
 
+def test_projections_save_x_only_for_weight_gradients():
+    """x is saved only where a weight needs its gradient: frozen projections of an input
+    that needs its own keep no activation, as the Linears' own nodes (before: x always
+    saved, one [tokens, hidden] tensor a group per frozen layer); the input and bias
+    gradients are the Linears' then too."""
+    ls = linears(bias=True)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+
+    def saved(f):
+        got = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: (got.append(t), t)[1],
+                                                      lambda t: t):
+            outs = f()
+        return outs, [t.data_ptr() for t in got]
+    _, ptrs = saved(lambda: ot_patch._project(x, ls))
+    assert x.data_ptr() in ptrs                          # weight gradients need x
+    for m in ls:
+        m.weight.requires_grad_(False)
+    outs, ptrs = saved(lambda: ot_patch._project(x, ls))
+    assert type(outs[0].grad_fn).__name__ == "_ProjectionsBackward"
+    assert x.data_ptr() not in ptrs
+    inputs = [x] + [m.bias for m in ls]
+    for a, b in zip(grads_of(outs, inputs), grads_of([m(x) for m in ls], inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_projections_double_backward():
     ls = linears()
     x = torch.randn(2, 5, 16, requires_grad=True)
