@@ -385,10 +385,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const int64_t kb = (int64_t)blockIdx.y * klen;
   const int64_t ke = kb + klen < K ? kb + klen : K;
   bool waited = false; /* x (the previous kernel's output) only after griddepcontrol.wait */
-  for (int r = 0; r < rpw; r++) {
+  /* the host passes rpw 1 above four rows (gemv_launch_mt): a constant there, so that those
+   * kernels do not hold the loop's registers (sm_90a, bf16 MT 16 vector / scalar: 80 / 118
+   * registers with the loop, 56 / 64 without) */
+  const int rows = MT <= 4 ? rpw : 1;
+  for (int r = 0; r < rows; r++) {
     const int64_t n = n0 + r * warps;
     if (n >= N) break;
-    const bool last = r + 1 == rpw || n + warps >= N;
+    const bool last = r + 1 == rows || n + warps >= N;
     const T *wr = w + n * K;
     float acc[MT];
 #pragma unroll
@@ -524,9 +528,9 @@ static int gemv_resident(const ot_cuda_state *cs, K *f, std::atomic<int> *cached
  * Over more waves the hardware's block scheduling wins: rows per warp for the whole grid in
  * one wave was slower there (8B lm_head 128256 x 4096 at M = 1 260.7 / 239.2, gate_up
  * 28672 x 4096 65.6 / 59.0, 13B qkv 15360 x 5120 45.8 / 42.7), and at M = 16 (6 blocks
- * per SM) two rows were not better either (13B down 386.7 / 366.1, 8B qkv 91.2 / 89.5,
- * 8B o_proj 81.6 / 87.6): those keep one row per warp. OT_LINEAR_GEMV_BALANCE=0: always
- * one row per warp. */
+ * per SM in that run; 9 since the loop is compiled out above four rows) two rows were not
+ * better either (13B down 386.7 / 366.1, 8B qkv 91.2 / 89.5, 8B o_proj 81.6 / 87.6): those
+ * keep one row per warp. OT_LINEAR_GEMV_BALANCE=0: always one row per warp. */
 template <typename K>
 static int gemv_balance(const ot_cuda_state *cs, K *f, std::atomic<int> *cached, dim3 *grid,
                         int64_t N) {
