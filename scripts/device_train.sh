@@ -11,7 +11,7 @@
 # bench_training.py arguments, e.g. "--quick --device cpu" for a dry run), OT_TRAIN_BUDGET_S (whole script, default 420 s; the benchmark gets what
 # the build, the tests and the example leave, at least 30 s), OT_TRAIN_SKIP_TESTS=1 (the
 # benchmark only: no probe print, Python tests or example), OT_TRAIN_PYTEST (the pytest
-# arguments instead of the default "-k cuda" selection over the four test files, e.g.
+# arguments instead of the default "-k cuda" selection over the five test files, e.g.
 # '-k "cuda and (eager or matches_hf)" tests/python/test_train_eager_ops.py
 # tests/python/test_patch.py'), OT_TRAIN_SKIP_EXAMPLE=1 (no examples/train_llama.py run),
 # OT_TRAIN_SKIP_PROBE=1 (no print of the library's ops probed on CUDA), OUT (default
@@ -101,7 +101,7 @@ if [ "$SKIP_TESTS" != 1 ]; then
   else
     timeout 150 "$PY" -m pytest -q -p no:cacheprovider -k "cuda" \
       tests/python/test_lm_loss.py tests/python/test_config.py tests/python/test_patch.py \
-      tests/python/test_train_eager_ops.py \
+      tests/python/test_train_eager_ops.py tests/python/test_patch_projections.py \
       >"$OUT/pytest.log" 2>&1
   fi
   echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
