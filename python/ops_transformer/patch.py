@@ -1043,11 +1043,12 @@ def _lce_chunk_tokens(T, V, elem):
     fit twice the default's logits when fewer (so that the chunk's logits never take
     more than 512 MiB). At V 128256 bf16: 2048 instead of 1046 rows (the forward's
     workspace grows by 257 MiB; the backward's transient copy of the [V, H] weight
-    gradient, 513 MiB, stays the larger)."""
+    gradient, 513 MiB, stays the larger). With T <= that many tokens: one chunk (the
+    library clamps the chunk to T)."""
     row = max(1, int(V) * int(elem))
     default = _LCE_CHUNK_BYTES // row
     rows = min(_LCE_MIN_ROWS, 2 * _LCE_CHUNK_BYTES // row)
-    if default >= T or rows <= default or rows >= T:
+    if default >= T or rows <= default:
         return 0
     return rows
 

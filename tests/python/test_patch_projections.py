@@ -247,8 +247,11 @@ def test_lce_chunk_tokens():
     assert f(16384, 32000, 2) == 0
     assert f(8192, 151936, 2) == 1766          # 512 MiB / (151936 x 2 B)
     assert f(8192, 128256, 4) == 1046          # float32: default 523 rows
-    assert f(2048, 128256, 2) == 0             # one 2048-row chunk is every token
-    assert f(1500, 128256, 2) == 0
+    # default 1046 rows: not every token, so one 2048-row chunk (clamped to T by the
+    # library) instead of two (before: 0, the default's two chunks)
+    assert f(2048, 128256, 2) == 2048
+    assert f(1500, 128256, 2) == 2048
+    assert f(1046, 128256, 2) == 0             # the default holds every token
     for T, V, e in [(8192, 128256, 2), (70000, 50000, 4), (9000, 151936, 2), (9000, 10 ** 6, 2)]:
         c = f(T, V, e)
         default = ot_patch._LCE_CHUNK_BYTES // (V * e)
