@@ -31,7 +31,6 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attention as ba  # noqa: E402
 
-TAIL = {"OT_ATTN_SM90_TAIL": "1"}
 RESC = {"OT_ATTN_SM90_RESC": "1"}
 P8 = {"OT_ATTN_SM90_EXP": "poly8"}
 P4 = {"OT_ATTN_SM90_EXP": "poly"}
@@ -48,24 +47,22 @@ def variant_list(d, s, causal):
 
 def _variant_list(d, s, causal):
     if d == 128 and not causal and s > 2048:          # 176-key tile
-        return [("resc", RESC), ("tail", TAIL), ("resc+tail", {**RESC, **TAIL}),
-                ("poly8", P8), ("poly4", P4), ("tail+poly8", {**TAIL, **P8})]
+        return [("resc", RESC), ("poly8", P8), ("poly4", P4)]
     if d == 64 and not causal:                        # 3 consumers, 128-key tile
-        return [("tail", TAIL), ("poly8", P8), ("poly4", P4)]
+        return [("poly8", P8), ("poly4", P4)]
     if d == 64 and causal and s <= 8192:              # 2 consumers, 128-key tile
         return [("poly8", P8), ("wide", WIDE)]        # wide: the 192-key tile
     if d == 256:                                      # 80-key tile, rescale threshold on
-        return [("tail", TAIL), ("poly8", P8)]
+        return [("poly8", P8)]
     return []
 
 
 def checks(S):
-    """float64 checks of each variant on shapes whose last key tile is partial (every tail
-    width), causal with Sq != Sk, GQA, lse; the wide D128 tile forced on short sequences."""
+    """float64 checks of each variant on shapes whose last key tile is partial, causal with
+    Sq != Sk, GQA, lse; the wide D128 tile forced on short sequences."""
     ck = ba.Checker()
     wide = {"OT_ATTN_SM90_TILE": "wide"}
-    envs = [("default", {}), ("tail", TAIL), ("resc", RESC), ("resc+tail", {**RESC, **TAIL}),
-            ("poly8", P8), ("poly4", P4), ("tail+poly8", {**TAIL, **P8}), ("wide", WIDE)]
+    envs = [("default", {}), ("resc", RESC), ("poly8", P8), ("poly4", P4), ("wide", WIDE)]
     envs = [e for n, e in envs if ONLY is None or n in ONLY]
     for env in envs:
         for d, sq, sk, wr, extra in ((128, 300, 200, -1, wide), (128, 1000, 1000, -1, wide),
@@ -75,10 +72,10 @@ def checks(S):
                                      (256, 500, 700, 0, {}), (256, 300, 1030, -1, {})):
             ba.check_case(S, ck, 2, sq, sk, 4, 2, d, wr=wr, env={**extra, **env})
     # fp16 keeps the default instances (the variants are bf16 only): still right with the switches
-    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, dtype=torch.float16, env={**wide, **TAIL, **P8})
-    # the multi-tile persistent path (ring phases across tiles) with the tail
-    ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 128, env={**wide, **TAIL, **RESC, "OT_ATTN_SM90_GRID": "3"})
-    ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 256, env={**TAIL, "OT_ATTN_SM90_GRID": "3"})
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, dtype=torch.float16, env={**wide, **P8})
+    # the multi-tile persistent path (ring phases across tiles) with the variants
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 128, env={**wide, **RESC, "OT_ATTN_SM90_GRID": "3"})
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 256, env={**P8, "OT_ATTN_SM90_GRID": "3"})
     print(f"check: {ck.n - ck.fails}/{ck.n} passed", flush=True)
     return ck.fails == 0
 

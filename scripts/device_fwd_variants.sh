@@ -6,14 +6,14 @@
 #      interleaved rounds (-> $OUT/variants.json, variants.log);
 #   2. the C attention suite (cuda cases) with the defaults, then its "hopper" cases under
 #      each variant's switches;
-#   3. compute-sanitizer racecheck and synccheck on one Hopper forward case with the tail,
-#      the rescale threshold and the wide tile forced (the superset of the variants' sync).
+#   3. compute-sanitizer racecheck and synccheck on one Hopper forward case with the rescale
+#      threshold and the wide tile forced.
 # CARRY (default .devcarry-fwd90, git-ignored) holds libattention_shim.so (bench/attention_shim.c
 # linked against an sm_90a libops_transformer.a built with -DOT_ATTN_SM90_EXPERIMENTS for
 # src/cuda/sm90/attention_fwd_sm90.cu), test_ops.xz and deps.tar.gz (OpenBLAS runtime).
 # DEADLINE (seconds from the start, default 125): each step's limit is cut to what is left.
 # VSEQS / VDIMS / VROUNDS: the benchmark grid (default 4096,16384 / 128,64,256 / 3); VARGS: more
-# arguments of attn_fwd_variants.py (e.g. "--only tail,resc --no-host"). SUITE=0: no full C suite.
+# arguments of attn_fwd_variants.py (e.g. "--only poly8,resc --no-host"). SUITE=0: no full C suite.
 # VENVS: ';'-separated switch sets for the suite's "hopper" cases; SAN_ENV, SAN_FILTERS
 # (';'-separated): the sanitizers' switches and C-suite filters.
 set -uo pipefail
@@ -49,7 +49,7 @@ if [ "$t" != 0 ] && [ "${SUITE:-1}" != 0 ]; then
   timeout "$t" /tmp/test_ops --backend cuda --suite attention --filter cuda >"$OUT/tests.log" 2>&1
   echo "tests rc=$? $(tail -1 "$OUT/tests.log")"; grep -A3 '^FAIL' "$OUT/tests.log" | head -12
 fi
-IFS=';' read -r -a venvs <<<"${VENVS:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_TAIL=1 OT_ATTN_SM90_RESC=1;OT_ATTN_SM90_TAIL=1;OT_ATTN_SM90_EXP=poly8}"
+IFS=';' read -r -a venvs <<<"${VENVS:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_RESC=1;OT_ATTN_SM90_EXP=poly8}"
 for envs in "${venvs[@]}"; do
   t=$(lim 15); [ "$t" = 0 ] && { echo "skipped: hopper cases [$envs]"; continue; }
   env $envs timeout "$t" /tmp/test_ops --backend cuda --suite attention --filter hopper \
@@ -61,7 +61,7 @@ for tool in racecheck synccheck; do
   for filt in "${sfilters[@]}"; do
     t=$(lim 25); [ "$t" = 0 ] && { echo "skipped: $tool $filt"; continue; }
     stamp "$tool [$filt]"
-    env ${SAN_ENV:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_TAIL=1 OT_ATTN_SM90_RESC=1} timeout "$t" \
+    env ${SAN_ENV:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_RESC=1} timeout "$t" \
       compute-sanitizer --tool $tool --print-limit 10 /tmp/test_ops --backend cuda --suite attention \
       --filter "$filt" >>"$OUT/$tool.log" 2>&1
     echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)"

@@ -36,7 +36,7 @@
  * more than 2^8, and O is rescaled only in the steps where a row of the warp moved it;
  * default on at head dim 256 and for masked head-dim-128 calls). Only in builds with
  * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md):
- * OT_ATTN_SM90_TAIL=1 (kFlTail), OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4).
+ * OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -48,8 +48,6 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
-
-#include <type_traits>
 
 #include "../attention_sm90.h"
 #include "../common.cuh"
@@ -67,15 +65,9 @@ constexpr int kStages = 2;
 enum {
   kFlResc = 1,    /* the row max moves only when it grows by more than 2^kRescThr (log2 units):
                    * O is rescaled only in the steps where some row of the warp moved */
-  kFlTail = 2,    /* a partial last key tile (sequence end or mask edge) runs Q K^T and P V
-                   * on a narrower key range (tail_width) instead of the whole tile */
-  kFlPoly8 = 4,   /* in unmasked tiles 1 of every 8 exponentials by ex2_poly (FMA pipe) */
-  kFlPoly4 = 8,   /* in unmasked tiles 2 of every 8 exponentials by ex2_poly */
+  kFlPoly8 = 2,   /* in unmasked tiles 1 of every 8 exponentials by ex2_poly (FMA pipe) */
+  kFlPoly4 = 4,   /* in unmasked tiles 2 of every 8 exponentials by ex2_poly */
 };
-
-/* Narrow widths for a partial last key tile (kFlTail): about a quarter, a half and three
- * quarters of the tile, rounded up to 16 keys (a P V k-step); wgmma_ops.cuh has them. */
-constexpr int tail_width(int bc, int k) { return (bc * (k + 1) / 4 + 15) / 16 * 16; }
 
 /* NC consumer warpgroups of 64 query rows each (2, or 3 at head dim 64 as FA3 does): a
  * CTA of NC + 1 warpgroups covers 64 * NC query rows. */
@@ -189,11 +181,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr int NP = BC / 4;    /* P registers (2 x 16-bit) */
   constexpr int NO = D / 2;     /* O accumulators */
   constexpr bool RESC = (FL & kFlResc) != 0;
-  constexpr bool TAIL = (FL & kFlTail) != 0;
   /* kFlPoly8 / kFlPoly4: exponentials i with (i & 7) >= 8 - PF go to ex2_poly */
   constexpr int PF = (FL & kFlPoly4) ? 2 : (FL & kFlPoly8) ? 1 : 0;
-  constexpr int W0 = tail_width(BC, 0), W1 = tail_width(BC, 1), W2 = tail_width(BC, 2);
-  static_assert(W2 < BC, "tail widths");
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -307,58 +296,26 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
                (p.wl >= 0 && n * BC < row_last + off - p.wl);
       };
       const uint64_t q_desc = make_desc(s_base + L::q_off + c * 64 * 128, 16, 1024);
-      /* nw: std::integral_constant of the key width (BC, or a tail width: the first nw
-       * keys of the stage; S registers past nw / 2 are left as they were and the mask
-       * gives them -inf). */
-      auto issue_qk_w = [&](int stage, auto nw) {
-        constexpr int NW = decltype(nw)::value;
+      auto issue_qk = [&](int stage) {
         const uint64_t k_desc = make_desc(s_base + L::k_off + stage * L::kv_bytes, 16, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
           const uint32_t oq = (kk / 4) * (BR * 128) + (kk % 4) * 32;
           const uint32_t ok = (kk / 4) * (BC * 128) + (kk % 4) * 32;
-          wgmma_ss<NW, F16>::run(s, q_desc + (oq >> 4), k_desc + (ok >> 4), kk > 0);
+          wgmma_ss<BC, F16>::run(s, q_desc + (oq >> 4), k_desc + (ok >> 4), kk > 0);
         }
         wgmma_commit();
       };
-      /* P V over the first nw keys of the stage (BC; kFlTail: a tail width for the first
-       * key tile). A runtime bound on the wgmmas instead made ptxas inject a
-       * warpgroup.arrive before each of them (C7519): 0.5-0.6x. */
-      auto issue_pv_w = [&](int stage, auto nw) {
-        constexpr int NW = decltype(nw)::value;
+      auto issue_pv = [&](int stage) {
         const uint64_t v_desc =
             make_desc(s_base + L::v_off + stage * L::kv_bytes, BC * 128, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < NW / 16; kk++)
+        for (int kk = 0; kk < BC / 16; kk++)
           wgmma_rs<D, F16>::run(o, &pr[4 * kk], v_desc + ((kk * 2048) >> 4), 1);
         wgmma_commit();
       };
-      /* The first Q K^T of the tile (key tile n_max - 1), waited for: tw 0..2 a tail width
-       * (kFlTail), 3 the whole tile. The wait is inside each branch so that no register
-       * move between the branches falls inside a wgmma's pipeline stage. */
-      auto first_qk = [&](int stage, int tw) {
-        auto go = [&](auto nw) {
-          issue_qk_w(stage, nw);
-          named_arrive(other_bar, 256);
-          wgmma_wait<0>();
-          reg_fence<NS>(s);
-        };
-        if constexpr (TAIL) {
-          if (tw == 0) return go(std::integral_constant<int, W0>());
-          if (tw == 1) return go(std::integral_constant<int, W1>());
-          if (tw == 2) return go(std::integral_constant<int, W2>());
-        }
-        go(std::integral_constant<int, BC>());
-      };
-      /* The keys any row of this tile sees in its first key tile n_max - 1 (at least 1). */
-      int tw = 3;
-      if constexpr (TAIL) {
-        const int maxcol = p.wr >= 0 ? min(p.sk - 1, ti.row_last + off + p.wr) : p.sk - 1;
-        const int kt = maxcol - (n_max - 1) * BC + 1;
-        tw = kt <= W0 ? 0 : kt <= W1 ? 1 : kt <= W2 ? 2 : 3;
-      }
       /* Mask, then the online softmax of one S tile: s becomes P (unnormalised, fp32),
        * alpha the factor that rescales O from the previous row max to the new one. */
       auto softmax = [&](int n, bool mask) {
@@ -434,24 +391,24 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         mbar_wait(bar(BAR_FULL_Q), qn & 1);
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
         named_sync(my_bar, 256);
-        first_qk(sk_, tw);
+        issue_qk(sk_);
+        named_arrive(other_bar, 256);
+        wgmma_wait<0>();
+        reg_fence<NS>(s);
         release(bar(BAR_EMPTY_K + sk_));
         softmax(n_max - 1, needs_mask(n_max - 1));
         convert_p();
       }
-      /* Step it: Q K_it^T and P_{it-1} V_{it-1} (over nw keys), the softmax of S_it under
-       * the P V. The first key tile's P V on a tail width (kFlTail) runs as a separate copy
-       * of the step, so that every wgmma of a step is unconditional. */
-      auto step = [&](int it, auto nw) {
+      for (int it = 1; it < n_iters; it++) {
         const int n = n_max - 1 - it;
         const int gk = kv + it, sk_ = gk % kStages, pk = (gk / kStages) & 1;
         const int gv = gk - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
         named_sync(my_bar, 256);
-        issue_qk_w(sk_, std::integral_constant<int, BC>());
+        issue_qk(sk_);
         rescale_o();
         mbar_wait(bar(BAR_FULL_V + sv), pv);
-        issue_pv_w(sv, nw);
+        issue_pv(sv);
         named_arrive(other_bar, 256);
         wgmma_wait<1>();
         reg_fence<NS>(s);
@@ -462,43 +419,20 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         reg_fence<NP>(pr);
         release(bar(BAR_EMPTY_V + sv));
         convert_p();
-      };
-      /* The last P V (of key tile n_min), after the Q stage is released. */
-      auto last_pv = [&](auto nw) {
+      }
+      /* Every Q K^T of this tile has completed: the producer may load the next Q. */
+      release(bar(BAR_EMPTY_Q));
+      {
         const int gv = kv + n_iters - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_V + sv), pv);
         named_sync(my_bar, 256);
         rescale_o();
-        issue_pv_w(sv, nw);
+        issue_pv(sv);
         named_arrive(other_bar, 256);
         wgmma_wait<0>();
         reg_fence<NO>(o);
         reg_fence<NP>(pr);
         release(bar(BAR_EMPTY_V + sv));
-      };
-      using full_w = std::integral_constant<int, BC>;
-      int it0 = 1;
-      if constexpr (TAIL) {
-        if (tw < 3 && n_iters > 1) {
-          if (tw == 0) step(1, std::integral_constant<int, W0>());
-          else if (tw == 1) step(1, std::integral_constant<int, W1>());
-          else step(1, std::integral_constant<int, W2>());
-          it0 = 2;
-        }
-      }
-      for (int it = it0; it < n_iters; it++) step(it, full_w());
-      /* Every Q K^T of this tile has completed: the producer may load the next Q. */
-      release(bar(BAR_EMPTY_Q));
-      if constexpr (TAIL) {
-        if (tw < 3 && n_iters == 1) {
-          if (tw == 0) last_pv(std::integral_constant<int, W0>());
-          else if (tw == 1) last_pv(std::integral_constant<int, W1>());
-          else last_pv(std::integral_constant<int, W2>());
-        } else {
-          last_pv(full_w());
-        }
-      } else {
-        last_pv(full_w());
       }
       kv += n_iters;
       qn++;
@@ -602,13 +536,13 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
   }
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
- * dropped one by one (polynomial exponentials first, then the tail, then the rescale
- * threshold) until it is. */
+ * dropped one by one (polynomial exponentials first, then the rescale threshold) until it
+ * is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_params *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlPoly4, kFlPoly8, kFlTail, kFlResc};
-  for (int i = 0; i < 4 && !fl_has(fl, l); i++) fl &= ~drop[i];
+  static const int drop[] = {kFlPoly4, kFlPoly8, kFlResc};
+  for (int i = 0; i < 3 && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
 }
 
@@ -624,16 +558,15 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #else
   constexpr bool X = false;
 #endif
-  constexpr int R = kFlResc, TL = kFlTail, P8 = kFlPoly8, P4 = kFlPoly4;
+  constexpr int R = kFlResc, P8 = kFlPoly8, P4 = kFlPoly4;
   if constexpr (X && D == 64 && NC == 3) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, TL, P8, P4>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, P8, P4>());
   } else if constexpr (X && D == 64 && BC == 128) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, P8>());
   } else if constexpr (X && D == 128 && BC == 176) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, TL, R | TL, P8, P4, TL | P8>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, P8, P4>());
   } else if constexpr (X && D == 256) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | TL, R | P8>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | P8>());
   } else if constexpr (D == 256 || (D == 128 && BC == 128)) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R>());
   } else {
@@ -777,12 +710,10 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * OT_ATTN_SM90_RESC=0|1 forces it off / on (on only where instantiated, see launch_fl). */
   const char *rs = getenv("OT_ATTN_SM90_RESC");
   const bool resc = rs ? rs[0] == '1' : a->d == 256 || (a->d == 128 && masked_call);
-  /* kFlTail: the partial first-visited key tile on a narrower key range, OT_ATTN_SM90_TAIL=1
-   * (experiment builds only). Off: runs of b3ee4d5, D128 S = 4k 0.90x, 16k 0.95x, D256
-   * S = 4k 1.01x, 16k 0.87x (its kernels are twice the size; cause not established). */
-  const char *tl = getenv("OT_ATTN_SM90_TAIL");
-  const bool tail = tl ? tl[0] == '1' : false;
-  const int fl = (resc ? kFlResc : 0) | (tail ? kFlTail : 0) | poly;
+  /* The partial first-visited key tile on a narrower key range (kFlTail, b3ee4d5's
+   * OT_ATTN_SM90_TAIL=1) lost: D128 S = 4k 0.90x, 16k 0.95x, D256 S = 4k 1.01x, 16k 0.87x
+   * (its kernels twice the size; cause not established); removed (code in b3ee4d5). */
+  const int fl = (resc ? kFlResc : 0) | poly;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &p, small_tile, nc, fl);
