@@ -36,6 +36,7 @@ both run the same weights and nothing is written to disk.
 Rows are written after each measurement (a run cut short keeps what it measured).
 """
 import argparse
+import contextlib
 import datetime
 import gc
 import importlib.util
@@ -346,6 +347,22 @@ MARKS = []
 TTFT_DIAG = True  # --no-ttft-diag: skip ttft_diagnostics
 
 
+@contextlib.contextmanager
+def env_set(env):
+    """the variables of env set for the block, and put back after it: the caller's own
+    values (OT_LINEAR_PDL=0 for the whole run, say) stay for the rest of the run"""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def mark(label):
     """a wall-clock mark (unix seconds) to line up with the device script's nvidia-smi log"""
     MARKS.append([label, round(time.time(), 3)])
@@ -392,25 +409,19 @@ def ttft_diagnostics(eng, prompt):
             g.append(eng.last_timing()["gpu"])
         return round(statistics.median(g[1:]), 3), [round(x, 2) for x in g]
 
-    os.environ["OTE_PREFILL_SPIN_NS"] = "8000000"
-    try:
+    with env_set({"OTE_PREFILL_SPIN_NS": "8000000"}):
         d["gpu_ms_prequeued"], d["gpu_ms_prequeued_all"] = gpu_ms(6)
-    finally:
-        del os.environ["OTE_PREFILL_SPIN_NS"]
     d["gpu_ms_after_idle_250ms"], d["gpu_ms_after_idle_all"] = gpu_ms(
         4, lambda: time.sleep(0.25))
     d["gpu_ms_back_to_back"], d["gpu_ms_back_to_back_all"] = gpu_ms(6)
     mark("ttft diag: gpu times done")
     for spin in ("0", "8000000"):
-        os.environ["OTE_PROFILE_SPIN_NS"] = spin
-        try:
+        with env_set({"OTE_PROFILE_SPIN_NS": spin}):
             eng.set_profile(True)
             for _ in range(5):
                 eng.prefill([prompt], greedy=True)
             d[f"profile_spin_ns_{spin}"] = eng.profile_report()
             eng.set_profile(False)
-        finally:
-            del os.environ["OTE_PROFILE_SPIN_NS"]
     mark("ttft diag: profiles done")
     print(f"TTFT diagnostics: {json.dumps(d)}", flush=True)
     return d
@@ -447,17 +458,13 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
         # this run
         for name in variants:
             env = DECODE_VARIANTS[name]
-            os.environ.update(env)
-            try:
+            with env_set(env):
                 nxt = eng.prefill([prompt], greedy=True)
                 ms, split = decode_steps(eng, nxt, steps, warm)
                 out[f"decode_ms_b1_{name}"] = ms
                 out[f"decode_split_b1_{name}"] = split
                 print(f"decode b1 {name} ({env}): {ms:.3f} ms/step; split {split}", flush=True)
                 eng.free(0)
-            finally:
-                for k in env:
-                    del os.environ[k]
         # where the time goes: every op timed with events (eager, enqueued behind a spin)
         eng.set_profile(True)
         nxt = eng.prefill([prompt], greedy=True)
