@@ -900,6 +900,62 @@ static void paged_case(test_run *tr, const pcase *c, DLDataType dt) {
   tr_end(tr);
 }
 
+/* Two calls back to back on the stream, no synchronization or host work between them, with
+ * different q and out: on sm_90 the second call's main kernel is a programmatic dependent of
+ * the first call's merge and writes the same scratch (partials, pieces) that merge reads,
+ * so it must wait (griddepcontrol.wait) before any global access; both outputs are checked
+ * against the reference. */
+static void paged_pair_case(test_run *tr, const pcase *c, DLDataType dt) {
+  if (!tr_begin(tr, "paged attention back to back %s %s", c->name, dt_name(dt))) return;
+  rng r = tr_rng(tr);
+  paged P;
+  paged_make(tr, &P, dt, c->b, c->len, c->hkv, c->d, c->bs, &r);
+  int64_t qoff[PMAX + 1] = {0};
+  for (int b = 0; b < c->b; b++) qoff[b + 1] = qoff[b] + c->sq[b];
+  const int64_t tq = qoff[c->b];
+  int64_t qsh[3] = {tq, c->hq, c->d}, lsh[2] = {c->hq, tq}, csh[1] = {c->b + 1};
+  tbuf *cu = tb_new(tr->be, DT_I32, 1, csh);
+  for (int b = 0; b <= c->b; b++) tb_set(cu, b, (double)qoff[b]);
+  tbuf *q[2], *out[2], *lse[2];
+  double *ro[2], *rl[2];
+  for (int i = 0; i < 2; i++) {
+    q[i] = tb_new(tr->be, dt, 3, qsh), out[i] = tb_new(tr->be, dt, 3, qsh);
+    lse[i] = tb_new(tr->be, DT_F32, 2, lsh);
+    tb_fill_uniform(q[i], &r, -2, 2);
+    tb_poison(out[i]);
+    tb_poison(lse[i]);
+    double *qd = tb_to_f64(q[i]);
+    ro[i] = malloc((size_t)(tq * c->hq * c->d + 1) * sizeof *ro[i]);
+    rl[i] = malloc((size_t)(tq * c->hq + 1) * sizeof *rl[i]);
+    paged_ref(c, &P, qd, qoff, ro[i], rl[i], tq);
+    free(qd);
+  }
+  ot_attention_params prm = ot_attention_default_params();
+  prm.causal = c->causal, prm.window_left = c->wl, prm.window_right = c->wr;
+  prm.softcap = c->cap, prm.softmax_scale = c->scale;
+  if (tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q[0]), tb_dl(cu), &P.kv,
+                                   tb_dl(out[0]), tb_dl(lse[0])),
+            "first call") &&
+      tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q[1]), tb_dl(cu), &P.kv,
+                                   tb_dl(out[1]), tb_dl(lse[1])),
+            "second call"))
+    for (int i = 0; i < 2; i++) {
+      tb_sync(out[i]);
+      tb_sync(lse[i]);
+      check_close(tr, i ? "out (second call)" : "out (first call)", out[i], ro[i],
+                  tol_for(dt, dt.bits == 32 ? 4 : 1));
+      check_close(tr, i ? "lse (second call)" : "lse (first call)", lse[i], rl[i],
+                  tol_for(DT_F32, 4));
+    }
+  for (int i = 0; i < 2; i++) {
+    free(ro[i]), free(rl[i]);
+    tb_free(q[i]), tb_free(out[i]), tb_free(lse[i]);
+  }
+  tb_free(cu);
+  paged_free(&P);
+  tr_end(tr);
+}
+
 #define NOW -1
 static const pcase paged_cases[] = {
     /* name, b, len, sq, hq, hkv, d, bs, causal, wl, wr, cap, scale */
@@ -1593,6 +1649,13 @@ static void run_memory_cuda(test_run *tr) {
   paged_case(tr, &paged_cuda_cases[6], DT_F16);
   paged_case(tr, &paged_cuda_long[4], DT_BF16);
   env_restore(&nopdl);
+  /* back to back: the split kernel's 32-split merge, then the stream kernel's cut units */
+  paged_pair_case(tr, &paged_cuda_long[0], DT_BF16);
+  env_saved kern4 = env_set("OT_PAGED_KERNEL", "stream");
+  env_saved grid4 = env_set("OT_PAGED_STREAM_CTAS", "2");
+  paged_pair_case(tr, &paged_cuda_cases[0], DT_BF16);
+  env_restore(&grid4);
+  env_restore(&kern4);
   for (size_t i = 0; i < sizeof paged_cuda_long / sizeof paged_cuda_long[0]; i++)
     paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);
   paged_case(tr, &paged_long[1], DT_BF16);
