@@ -493,9 +493,48 @@ def _add_rms_norm(x, residual, norm):
     return norm(h), h
 
 
-def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None,
-                           cache=None, use_cache=False, position_embeddings=None,
-                           past_key_values=None, **kwargs):
+def _hf_checkpoints_forward():
+    """Whether transformers checkpoints a GradientCheckpointingLayer in its class's
+    forward (transformers 5: wrapped by __init_subclass__, which the patched instance
+    forward replaces) rather than in __call__ (4.5x: around the patched forward)."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return False
+    return "__call__" not in GradientCheckpointingLayer.__dict__
+
+
+def _decoder_layer_forward(self, *args, **kwargs):
+    """The patched decoder layer, checkpointed as transformers' own forward wrapper does
+    when gradient checkpointing is on (transformers 5): the recompute in the backward
+    runs the same body, with the forward's packed-sequence split (_LOCAL.cu_seqlens,
+    which the backward would not see otherwise)."""
+    if not (getattr(self, "gradient_checkpointing", False) and self.training
+            and torch.is_grad_enabled() and _hf_checkpoints_forward()):
+        return _decoder_layer_body(self, *args, **kwargs)
+    if kwargs.get("use_cache"):
+        kwargs["use_cache"] = False
+    if not getattr(self, "_can_checkpoint_with_cache", False):
+        for name in ("cache", "past_key_values"):
+            if kwargs.get(name) is not None:
+                kwargs[name] = None
+    cu = None if torch.compiler.is_compiling() else getattr(_LOCAL, "cu_seqlens", None)
+
+    def run(*a):
+        if torch.compiler.is_compiling():
+            return _decoder_layer_body(self, *a, **kwargs)
+        prev = getattr(_LOCAL, "cu_seqlens", None)
+        _LOCAL.cu_seqlens = cu
+        try:
+            return _decoder_layer_body(self, *a, **kwargs)
+        finally:
+            _LOCAL.cu_seqlens = prev
+    return self._gradient_checkpointing_func(run, *args)
+
+
+def _decoder_layer_body(self, hidden_states, attention_mask=None, position_ids=None,
+                        cache=None, use_cache=False, position_embeddings=None,
+                        past_key_values=None, **kwargs):
     if cache is None:
         cache = past_key_values
     residual = hidden_states

@@ -455,6 +455,46 @@ def test_patched_with_gradient_checkpointing(ids, device):
     loss1, _, g1 = loss_and_grads(model, ids, use_cache=False)
     torch.testing.assert_close(loss1, loss0, rtol=GRAD_RTOL[device], atol=0)
     assert_grads_close(g0, g1, rtol=GRAD_RTOL[device])
+    # checkpointed: each layer runs again in the backward (before: the patched layer's
+    # instance forward replaced transformers 5's checkpointing forward -- none did)
+    assert _layer_runs_in_backward(model, ids) == model.config.num_hidden_layers
+
+
+def _layer_runs_in_backward(model, ids, **kw):
+    """How many decoder layers' attention runs in the backward of a training step."""
+    n = []
+    hooks = [layer.self_attn.register_forward_pre_hook(lambda m, a: n.append(1))
+             for layer in model.model.layers]
+    try:
+        out = model(ids, labels=ids, use_cache=False, **kw)
+        fwd = len(n)
+        out.loss.backward()
+        return len(n) - fwd
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_packed_sequences_with_gradient_checkpointing(ids, reentrant):
+    """A packed batch under activation checkpointing: the recompute in the backward runs
+    the varlen attention of the forward's split (thread state the backward would not
+    see otherwise: dense causal attention over each row, wrong gradients)."""
+    model = tiny_llama()
+    model.train()
+    pos = torch.stack([torch.cat([torch.arange(6), torch.arange(7), torch.arange(3)]),
+                       torch.arange(S)])
+    loss0, _, g0 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    ot.patch_model(model)
+    loss1, _, g1 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+    assert_grads_close(g0, g1)
+    if ot_patch._hf_checkpoints_forward():
+        assert _layer_runs_in_backward(model, ids, position_ids=pos) == \
+            model.config.num_hidden_layers
+    assert ot_patch._cu_seqlens() is None
 
 
 def test_train_llama_example_runs(tmp_path):
