@@ -283,6 +283,14 @@ extern "C" void *ot_cuda_scratch(ot_context *ctx, size_t bytes, const char *op) 
     st->scratch_bytes = 0;
   }
   cudaError_t e = cudaMalloc(&st->scratch, want);
+  if (e != cudaSuccess && want > bytes) {
+    /* The doubled size does not fit: the size asked for may (a caller that falls back to
+     * a kernel with less scratch on failure would otherwise take the slower path). */
+    (void)cudaGetLastError();
+    st->scratch = NULL;
+    want = (bytes + 255) & ~(size_t)255;
+    e = cudaMalloc(&st->scratch, want);
+  }
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     st->scratch = NULL;
