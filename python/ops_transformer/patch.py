@@ -791,6 +791,11 @@ def _base_model_forward(self, *args, **kwargs):
             if ref is None:
                 ref = kwargs.get("inputs_embeds")
             cu = _packed_cu_seqlens(kwargs["position_ids"], ref.shape[0])
+            # attention dropout runs transformers' SDPA attention, which takes no
+            # cu_seqlens: a packed batch keeps HF's block-diagonal mask then
+            if (cu is not None and self.training
+                    and getattr(self.config, "attention_dropout", 0.0)):
+                plain = False
     if not plain:
         return self._ot_orig_forward(*args, **kwargs)
     if torch.compiler.is_compiling():

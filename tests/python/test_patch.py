@@ -475,6 +475,31 @@ def _layer_runs_in_backward(model, ids, **kw):
             h.remove()
 
 
+def test_packed_sequences_with_attention_dropout(ids):
+    """Attention dropout in training runs transformers' SDPA attention, which takes no
+    cu_seqlens: a packed batch keeps HF's block-diagonal mask there (before: no mask, so
+    each packed sequence attended to the ones before it in its row)."""
+    model = tiny_llama()
+    model.train()
+    model.config.attention_dropout = 0.5
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    pos = torch.stack([torch.cat([torch.arange(6), torch.arange(7), torch.arange(3)]),
+                       torch.arange(S)])
+
+    def hidden(x):
+        torch.manual_seed(5)                 # the same dropout masks in every call
+        with torch.no_grad():
+            return model.model(x, position_ids=pos, use_cache=False).last_hidden_state
+    ref = hidden(ids)
+    ot.patch_model(model)
+    out = hidden(ids)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    x2 = ids.clone()
+    x2[0, 0] = (x2[0, 0] + 1) % V            # the first packed sequence of row 0
+    assert torch.equal(hidden(x2)[0, 6:], out[0, 6:])      # the others do not see it
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_packed_sequences_with_gradient_checkpointing(ids, reentrant):
     """A packed batch under activation checkpointing: the recompute in the backward runs
