@@ -15,7 +15,8 @@
 #     NAME in ALTS and this build ("new"), AB_ARGS (e.g. --cases D128S4096 --rounds 3),
 #     AB_LIMIT seconds (120); it runs after the sanitizer. PAR=1: the tests run in the
 #     background beside the sanitizer (waited for before any timing). SAN_MIN=1: sanitize runs only memcheck and racecheck of
-#     "hopper-only causal Sq<Sk 100x1000 D128" and racecheck of "hopper-only S129".
+#     "hopper-only causal Sq<Sk 100x1000 D128" and racecheck of "hopper-only S129";
+#     SAN_MIN=2: only the racecheck of the former.
 #     PRE (default .bwd90carry, carried): bin.tar.xz with test_ops and libattention_shim.so
 #     built here for sm_90a (cmake -DOT_CUDA_ARCHS=90a; see the prebuild lines below) and
 #     deps.tar.xz (OpenBLAS + Fortran runtime of .carry/deps/lib), so that the device's time
@@ -104,7 +105,9 @@ if has sanitize; then
     echo "   $1 '$2' rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$one" | tail -1)"
   }
   stamp "compute-sanitizer"
-  if [ "${SAN_MIN:-0}" = 1 ]; then
+  if [ "${SAN_MIN:-0}" = 2 ]; then   # the one refilled-stage D128 case, racecheck only
+    san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all
+  elif [ "${SAN_MIN:-0}" = 1 ]; then
     san memcheck "hopper-only causal Sq<Sk 100x1000 D128"
     san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all
     san racecheck "hopper-only S129" --racecheck-report all
