@@ -55,14 +55,6 @@ namespace ot {
 namespace sm90 {
 namespace bwd {
 
-/* OT_ATTN_BWD_SM90_PIPE=1 (compile time; experiment, see docs/ATTENTION.md): software
- * pipelining across query tiles in each consumer: the next tile's S^T wgmma is issued
- * after the current tile's dV / dK wgmmas (before the dQ staging wait and the dQ wgmma),
- * so the next tile's softmax can start as soon as its dP^T is issued. */
-#ifndef OT_ATTN_BWD_SM90_PIPE
-#define OT_ATTN_BWD_SM90_PIPE 0
-#endif
-constexpr bool kPipe = OT_ATTN_BWD_SM90_PIPE != 0;
 constexpr int kBk = 128;        /* keys per CTA (2 consumer WGs x 64) */
 constexpr int kBq = 64;         /* queries per tile */
 constexpr int kThreads = 384;   /* producer WG + 2 consumer WGs */
@@ -249,41 +241,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t ka_desc = make_desc(k_base + c * 64 * 128, 16, 1024);
   const uint64_t va_desc = make_desc(v_base + c * 64 * 128, 16, 1024);
 
-  /* S^T = K Q^T and dP^T = V dO^T: [64 keys x 64 queries], K-major operands. */
-  float st[32], dpt[32];
-  /* acc [64 x 64] = A B^T over D, A this WG's 64 rows of K or V, B a [64][D] stage. */
-  auto gemm_kmajor = [&](float *acc, uint64_t a_desc0, uint32_t b_base) {
-    /* kPipe: a_desc opaque to the compiler, so that the per-kk A descriptors are not
-     * hoisted out of the query-tile loop (32 registers at D = 128: spills with st live). */
-    uint64_t a_desc = a_desc0;
-    if (kPipe) asm volatile("mov.b64 %0, %1;" : "=l"(a_desc) : "l"(a_desc0));
-    const uint64_t b_desc = make_desc(b_base, 16, 1024);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      const uint32_t oa = (kk / 4) * (kBk * 128) + (kk % 4) * 32;
-      const uint32_t ob = (kk / 4) * (kBq * 128) + (kk % 4) * 32;
-      wgmma_ss<64, F16>::run(acc, a_desc + (oa >> 4), b_desc + (ob >> 4), kk > 0);
-    }
-    wgmma_commit();
-  };
-  /* kPipe: wait for tile it's Q / dO stage and issue its S^T (one commit group). */
-  auto issue_st = [&](int it) {
-    const int s = it % kStages;
-    mbar_wait(bar(BAR_FULL + s), (it / kStages) & 1);
-    wgmma_fence();
-    gemm_kmajor(st, ka_desc, s_base + L::q_off + s * L::q_bytes);
-  };
-  if (kPipe && n_it > 0) issue_st(0);
-
   for (int it = 0; it < n_it; it++) {
     const int s = it % kStages;
     const int i0 = tile_of(it) * kBq;   /* the query head (it / nm) matters only to the loads */
     const uint32_t q_base = s_base + L::q_off + s * L::q_bytes;
     const uint32_t do_base = s_base + L::do_off + s * L::q_bytes;
-    if (!kPipe) mbar_wait(bar(BAR_FULL + s), (it / kStages) & 1);
+    mbar_wait(bar(BAR_FULL + s), (it / kStages) & 1);
 
+    /* S^T = K Q^T and dP^T = V dO^T: [64 keys x 64 queries], K-major operands. */
+    float st[32], dpt[32];
+    /* acc [64 x 64] = A B^T over D, A this WG's 64 rows of K or V, B a [64][D] stage. */
+    auto gemm_kmajor = [&](float *acc, uint64_t a_desc, uint32_t b_base) {
+      const uint64_t b_desc = make_desc(b_base, 16, 1024);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t oa = (kk / 4) * (kBk * 128) + (kk % 4) * 32;
+        const uint32_t ob = (kk / 4) * (kBq * 128) + (kk % 4) * 32;
+        wgmma_ss<64, F16>::run(acc, a_desc + (oa >> 4), b_desc + (ob >> 4), kk > 0);
+      }
+      wgmma_commit();
+    };
     wgmma_fence();
-    if (!kPipe) gemm_kmajor(st, ka_desc, q_base);  /* kPipe: issued in the previous tile */
+    gemm_kmajor(st, ka_desc, q_base);
     gemm_kmajor(dpt, va_desc, do_base);
     /* Accumulator element i: key key0 + 8 ((i >> 1) & 1), query i0 + 8 (i >> 2) + 2 q4 + (i & 1). */
     const float *lse_s = (const float *)(smem + L::lse_off + s * kBq * 4);
@@ -354,20 +333,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     /* dQ_part [64 queries x NQ columns] = dS K: A = dS^T buffer (MN-major), B = K (MN-major):
      * the WG's 64 columns over all 128 keys, or (OWN) all columns over its 64 keys. */
-    if (kPipe) {
-      /* dV / dK done: pp / pds dead before st and dq are live (no spills at D = 128), and
-       * the Q / dO stage released early (the same every-thread arrive as below). Then the
-       * next tile's S^T, so that the tensor cores have it while this WG waits for the
-       * staging buffer and the dQ wgmma runs, and the next tile's softmax can start as soon
-       * as its dP^T is issued. */
-      wgmma_wait<0>();
-      reg_fence<NA>(dk);
-      reg_fence<NA>(dv);
-      reg_fence<16>(pp);
-      reg_fence<16>(pds);
-      mbar_arrive(bar(BAR_EMPTY + s));
-      if (it + 1 < n_it) issue_st(it + 1);
-    }
     /* The dQ staging buffer of this tile is free once the writer has read its previous
      * contents (waited for here, before dq is live: fewer registers across the wait). */
     mbar_wait(bar(BAR_DQE + 2 * c + (it & 1)), ((it >> 1) & 1) ^ 1);
@@ -377,22 +342,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       constexpr int NK = OWN ? 64 / 16 : kBk / 16;
       const int k16_0 = OWN ? c * 4 : 0;
       const uint32_t kcol = OWN ? 0 : c * (kBk * 128);
-      /* kPipe: one descriptor each plus offsets (st is live here: no hoisted per-kk
-       * descriptors of K, which spilled at D = 128). */
-      constexpr bool DQV = kPipe;
-      const uint32_t o0 = (uint32_t)k16_0 * 2048;
-      const uint64_t ad0 = make_desc(ds_base + o0, kBk * 128, 1024);
-      const uint64_t bd0 = make_desc(k_base + kcol + o0, kBk * 128, 1024);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < NK; kk++) {
         const uint32_t o = (uint32_t)(k16_0 + kk) * 2048;
-        if (DQV)
-          wgmma_ss_t<NQ, F16>::run(dq, ad0 + ((kk * 2048) >> 4), bd0 + ((kk * 2048) >> 4),
-                                   kk > 0);
-        else
-          wgmma_ss_t<NQ, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
-                                   make_desc(k_base + kcol + o, kBk * 128, 1024), kk > 0);
+        wgmma_ss_t<NQ, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
+                                 make_desc(k_base + kcol + o, kBk * 128, 1024), kk > 0);
       }
       wgmma_commit();
     }
@@ -402,13 +357,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     reg_fence<NQ / 2>(dq);
     reg_fence<16>(pp);
     reg_fence<16>(pds);
-    if (kPipe) reg_fence<32>(st);
     /* Release the stage: every consumer thread arrives, since an arrive releases only the
      * executing thread's own prior accesses (its lse2 / Dsum reads of the stage) to the
      * producer's next bulk copy. Lane 0 of each warp arriving after a __syncwarp, or thread
      * 0 of each warpgroup after its named barrier, left compute-sanitizer racecheck
      * reporting WAR hazards between those reads and the bulk copy (run of 2026-11-30). */
-    if (!kPipe) mbar_arrive(bar(BAR_EMPTY + s));
+    mbar_arrive(bar(BAR_EMPTY + s));
     /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) into
      * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy
      * writes visible to the bulk reduce-add (async proxy). */
