@@ -473,7 +473,8 @@ ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL
 # (no programmatic dependent launch), plain out stores, LayerNorm's one-reduction
 # statistics. --sanitize runs the norms (and RoPE) under them first, then under the
 # defaults and ALT_KERNELS.
-NORM_KNOBS = {"OT_NORM_PDL": "0", "OT_NORM_FWD_CS": "0", "OT_NORM_LN_ONEPASS": "1"}
+NORM_KNOBS = {"OT_NORM_PDL": "0", "OT_NORM_FWD_CS": "0", "OT_NORM_LN_ONEPASS": "1",
+              "OT_NORM_REDUCE": "old"}
 
 
 def sanitize_run(S, only="norm,rope,glu,ce"):
@@ -684,7 +685,9 @@ def bench_all(S, args):
     FWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "no cs": {"OT_NORM_FWD_CS": "0"},
                     "plain (no pdl, no cs)": {"OT_NORM_PDL": "0", "OT_NORM_FWD_CS": "0"}}
     LN_FWD_VARIANTS = dict(FWD_VARIANTS, **{"one-pass stats": {"OT_NORM_LN_ONEPASS": "1"}})
-    BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}}
+    # "old sum": the partials' sum by the 32 x 32 kernel of 4-byte loads (OT_NORM_REDUCE=old),
+    # the default before norm_reduce_partials_v2_kernel.
+    BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "old sum": {"OT_NORM_REDUCE": "old"}}
     LN_BWD_VARIANTS = dict(BWD_VARIANTS, **{"v3": {"OT_NORM_BWD_IMPL": "v3"},
                                             "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"}})
     ROPE_VARIANTS = {}
@@ -745,54 +748,55 @@ def bench_all(S, args):
             if "glu" in only:
                 bench_glu(S, N, H, case, sets, outs, row, safe, compiled)
 
-            for layer in ((0, 1) if "norm" in only else ()):
+            for layer in ((0, 1) if "norm" in only or "normbwd" in only else ()):
                 nm = "layernorm" if layer else "rmsnorm"
                 bb = bvec if layer else None
                 mm = mean if layer else None
-                # forward, unfused
-                ours = [norm_fwd_call(S, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)
-                        for i, s in enumerate(sets)]
-                t_ours = time_ms(ours)
-                var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS)
-                if layer:
-                    peers = {
-                        "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln(s["x"], w, bvec, eps) for s in sets])),
-                        "torch F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"], (H,), w, bvec, eps) for s in sets])),
-                    }
-                    c = compiled(f"ln{H}", eager_ln)
-                else:
-                    peers = {
-                        "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms(s["x"], w, eps) for s in sets])),
-                        "torch F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"], (H,), w, eps) for s in sets])),
-                    }
-                    c = compiled(f"rms{H}", hf_rms)
-                if c is not None:
-                    peers["torch.compile eager"] = safe(lambda: time_ms(
-                        [lambda s=s: c(s["x"], w, bvec, eps) if layer else c(s["x"], w, eps) for s in sets]))
-                row(f"{nm}_fwd", case, 2 * N * H * E, t_ours, peers, var_ms)
+                if "norm" in only:  # "normbwd": the backward rows only
+                    # forward, unfused
+                    ours = [norm_fwd_call(S, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)
+                            for i, s in enumerate(sets)]
+                    t_ours = time_ms(ours)
+                    var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS)
+                    if layer:
+                        peers = {
+                            "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln(s["x"], w, bvec, eps) for s in sets])),
+                            "torch F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"], (H,), w, bvec, eps) for s in sets])),
+                        }
+                        c = compiled(f"ln{H}", eager_ln)
+                    else:
+                        peers = {
+                            "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms(s["x"], w, eps) for s in sets])),
+                            "torch F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"], (H,), w, eps) for s in sets])),
+                        }
+                        c = compiled(f"rms{H}", hf_rms)
+                    if c is not None:
+                        peers["torch.compile eager"] = safe(lambda: time_ms(
+                            [lambda s=s: c(s["x"], w, bvec, eps) if layer else c(s["x"], w, eps) for s in sets]))
+                    row(f"{nm}_fwd", case, 2 * N * H * E, t_ours, peers, var_ms)
 
-                # forward with residual
-                ours = [norm_fwd_call(S, layer, s["x"], s["r"], w, bb, eps, outs[i], routs[i], mm, rstd)
-                        for i, s in enumerate(sets)]
-                t_ours = time_ms(ours)
-                var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS)
-                if layer:
-                    peers = {
-                        "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln_res(s["x"], s["r"], w, bvec, eps) for s in sets])),
-                        "torch add + F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"] + s["r"], (H,), w, bvec, eps) for s in sets])),
-                    }
-                    c = compiled(f"lnres{H}", eager_ln_res)
-                else:
-                    peers = {
-                        "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms_res(s["x"], s["r"], w, eps) for s in sets])),
-                        "torch add + F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"] + s["r"], (H,), w, eps) for s in sets])),
-                    }
-                    c = compiled(f"rmsres{H}", hf_rms_res)
-                if c is not None:
-                    peers["torch.compile eager"] = safe(lambda: time_ms(
-                        [lambda s=s: c(s["x"], s["r"], w, bvec, eps) if layer else c(s["x"], s["r"], w, eps)
-                         for s in sets]))
-                row(f"{nm}_residual_fwd", case, 4 * N * H * E, t_ours, peers, var_ms)
+                    # forward with residual
+                    ours = [norm_fwd_call(S, layer, s["x"], s["r"], w, bb, eps, outs[i], routs[i], mm, rstd)
+                            for i, s in enumerate(sets)]
+                    t_ours = time_ms(ours)
+                    var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS)
+                    if layer:
+                        peers = {
+                            "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln_res(s["x"], s["r"], w, bvec, eps) for s in sets])),
+                            "torch add + F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"] + s["r"], (H,), w, bvec, eps) for s in sets])),
+                        }
+                        c = compiled(f"lnres{H}", eager_ln_res)
+                    else:
+                        peers = {
+                            "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms_res(s["x"], s["r"], w, eps) for s in sets])),
+                            "torch add + F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"] + s["r"], (H,), w, eps) for s in sets])),
+                        }
+                        c = compiled(f"rmsres{H}", hf_rms_res)
+                    if c is not None:
+                        peers["torch.compile eager"] = safe(lambda: time_ms(
+                            [lambda s=s: c(s["x"], s["r"], w, bvec, eps) if layer else c(s["x"], s["r"], w, eps)
+                             for s in sets]))
+                    row(f"{nm}_residual_fwd", case, 4 * N * H * E, t_ours, peers, var_ms)
 
                 # backward: dx, dweight (+ dbias), saved statistics
                 for i, s in enumerate(sets):

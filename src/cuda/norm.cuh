@@ -585,6 +585,80 @@ __global__ void __launch_bounds__(1024) norm_reduce_partials_kernel(
   }
 }
 
+/* The partials' sum, wide (OT_NORM_REDUCE unset; the kernel above with =old): 16 columns
+ * per block as float4 (4 lanes of a warp, 64 bytes of a partial row), 128 partial-row
+ * lanes (8 per warp x 16 warps); a lane's loads of B rows (predicated) are issued before
+ * any is added, so that the lanes of the 16k x 4096 case (528 partial rows: about 4
+ * each) hold all their rows in flight at once (ptxas keeps them batched under
+ * __launch_bounds__(512, 2); with (512) alone it targeted 40 registers and interleaved
+ * the loads with the adds, two in flight). cols / 16 blocks (256 at 4096, against 128 blocks of 4-byte loads
+ * above). NB = 2: a (dweight) and b (dbias) partials, summed into oa / ob; NB = 1: a
+ * only (the launch passes whichever is wanted as a). Sum: fixed order per lane, a fixed
+ * xor tree over the warp's 8 row lanes, then the 16 warps in order through shared memory
+ * (deterministic; no atomics). Needs cols % 4 == 0 (16-byte aligned partial rows; the
+ * launch checks). parts == 0 writes zeros. Index math before the wait on the previous
+ * grid (OT_NORM_PDL). */
+__device__ __forceinline__ void f4_add(float4 &a, const float4 &b) {
+  a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+}
+__device__ __forceinline__ float4 f4_shfl_xor(const float4 &v, int m) {
+  return make_float4(__shfl_xor_sync(0xffffffffu, v.x, m), __shfl_xor_sync(0xffffffffu, v.y, m),
+                     __shfl_xor_sync(0xffffffffu, v.z, m), __shfl_xor_sync(0xffffffffu, v.w, m));
+}
+template <typename T>
+__device__ __forceinline__ void store4(T *o, const float4 &v) {
+  o[0] = from_f32<T>(v.x), o[1] = from_f32<T>(v.y), o[2] = from_f32<T>(v.z), o[3] = from_f32<T>(v.w);
+}
+template <typename T, int NB>
+__global__ void __launch_bounds__(512, 2) norm_reduce_partials_v2_kernel(
+    const float *__restrict__ pa, const float *__restrict__ pb, int64_t parts, int64_t n,
+    T *oa, T *ob) {
+  constexpr int B = NB == 1 ? 8 : 5; /* rows per lane per batch: 64 registers at most */
+  __shared__ float4 sm[NB][16][4];
+  const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+  const int x = lane & 3;
+  const int64_t c = (int64_t)blockIdx.x * 16 + x * 4;
+  const bool in = c < n;
+  const float *src[2] = {pa + (in ? c : 0), NB == 2 ? pb + (in ? c : 0) : nullptr};
+  const int64_t stride = 128 * n;
+  float4 acc[NB];
+#pragma unroll
+  for (int j = 0; j < NB; j++) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  norm_grid_wait();
+  if (in) {
+    for (int64_t q = warp * 8 + (lane >> 2); q < parts; q += 128 * B) {
+      float4 v[NB][B];
+#pragma unroll
+      for (int k = 0; k < B; k++)
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+          v[j][k] = q + k * 128 < parts
+                        ? __ldcs(reinterpret_cast<const float4 *>(src[j] + q * n + k * stride))
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int k = 0; k < B; k++)
+#pragma unroll
+        for (int j = 0; j < NB; j++) f4_add(acc[j], v[j][k]);
+    }
+  }
+#pragma unroll
+  for (int m = 4; m < 32; m <<= 1)
+#pragma unroll
+    for (int j = 0; j < NB; j++) f4_add(acc[j], f4_shfl_xor(acc[j], m));
+  if (lane < 4)
+#pragma unroll
+    for (int j = 0; j < NB; j++) sm[j][warp][lane] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < 4 && in) {
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+      float4 t = sm[j][0][x];
+      for (int k = 1; k < 16; k++) f4_add(t, sm[j][k][x]);
+      store4<T>((j == 0 ? oa : ob) + c, t);
+    }
+  }
+}
+
 /* Make the compiler forget what a packed register holds, so that the float32 values
  * unpacked from it in an earlier pass are not kept alive (CSE) across a reduction:
  * unpacking again costs a few integer ops, keeping them costs the registers that
@@ -1409,7 +1483,8 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * (RMSNorm's default) | tma (LayerNorm only, its default), OT_NORM_BWD_NV=1 (v2 with one
  * vector per thread, D = 6), OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread),
  * OT_NORM_BWD_STAGES=S (v3 ring depth; 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring
- * depth; 0 = automatic). */
+ * depth; 0 = automatic), OT_NORM_REDUCE=old (the partials' sum by the 32 x 32 kernel of
+ * 4-byte loads; default: norm_reduce_partials_v2_kernel where cols % 4 == 0). */
 enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
 struct norm_cfg {
   const ot_cuda_state *cs;
@@ -1424,6 +1499,7 @@ struct norm_cfg {
   int bwd_v3nv;       /* -1 unset */
   int bwd_stages;     /* -1 unset */
   int bwd_tma_stages; /* 0 automatic */
+  bool reduce_v2;     /* the partials' sum: v2 (default) or the 32 x 32 kernel (=old) */
 };
 static inline int norm_env_int(const char *name, int dflt) {
   const char *s = getenv(name);
@@ -1454,6 +1530,7 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
     c.bwd_v3nv = -1;
     c.bwd_stages = -1;
     c.bwd_tma_stages = 0;
+    c.reduce_v2 = true;
     return c;
   }
   const char *f = getenv("OT_NORM_FWD_IMPL");
@@ -1474,6 +1551,8 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
   c.bwd_v3nv = norm_env_int("OT_NORM_BWD_V3NV", -1);
   c.bwd_stages = norm_env_int("OT_NORM_BWD_STAGES", -1);
   c.bwd_tma_stages = norm_env_int("OT_NORM_BWD_TMA_STAGES", 0);
+  const char *r = getenv("OT_NORM_REDUCE");
+  c.reduce_v2 = !(r && strcmp(r, "old") == 0);
   return c;
 }
 
@@ -1878,6 +1957,15 @@ template <typename T>
 cudaError_t norm_reduce_partials_launch(const norm_cfg &c, const float *dw_part,
                                         const float *db_part, int64_t parts, int64_t cols, T *dw,
                                         T *db, cudaStream_t stream) {
+  if (c.reduce_v2 && cols % 4 == 0 && (dw || db)) {
+    const dim3 g((unsigned)((cols + 15) / 16)), b(512);
+    if (dw && db)
+      return norm_launch_ex(c, norm_reduce_partials_v2_kernel<T, 2>, g, b, 0, stream, dw_part,
+                            db_part, parts, cols, dw, db);
+    const float *pa = dw ? dw_part : db_part;
+    return norm_launch_ex(c, norm_reduce_partials_v2_kernel<T, 1>, g, b, 0, stream, pa,
+                          (const float *)nullptr, parts, cols, dw ? dw : db, (T *)nullptr);
+  }
   const dim3 rg((unsigned)((cols + 31) / 32)), rb(32, 32);
   return norm_launch_ex(c, norm_reduce_partials_kernel<T>, rg, rb, 0, stream, dw_part, db_part,
                         parts, cols, dw, db);
