@@ -27,6 +27,8 @@
 #   OT_SUITES="norm rope"   test_ops suites to run (default: all)
 #   OT_ONLY=norm,rope       families for the python check, memcheck and benchmark
 #                           (default: norm,rope,glu,ce)
+#                           ("normbwd" in the benchmark: the norm backward rows only;
+#                           scripts/device_norm_bwd.sh is the short call around it)
 #   OT_CHECK_ONLY           families for the python check (default: OT_ONLY)
 #   OT_MEMCHECK_ONLY        families under compute-sanitizer memcheck (default norm,ce)
 #   OT_SANITIZE_TIMEOUT     seconds per sanitizer run (default 200)
