@@ -595,6 +595,10 @@ def _dist_worker(rank, world, mode, init_file, out_file):
             grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
         if rank == 0:
             torch.save({n: g.detach().clone() for n, g in grads.items()}, out_file)
+        # both ranks done before either tears gloo down: a rank that destroyed the group
+        # while its peer was still in FSDP2's last collectives died with SIGABRT
+        # ("terminate called without an active exception") now and then under load
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
