@@ -1280,18 +1280,7 @@ static thread_local pa_plan_rec pa_last_plan;
 template <typename K>
 static cudaError_t pa_launch_main(bool pdl, K *f, unsigned grid, size_t smem, cudaStream_t st,
                                   const pa_params &p) {
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kPaThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, f, p);
+  return ot_launch_pdl_smem(pdl, f, dim3(grid), dim3(kPaThreads), smem, st, p);
 }
 
 /* Keys within one split must fit int32 (the kernel indexes them relative to the split's

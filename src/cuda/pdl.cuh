@@ -40,15 +40,16 @@ static inline bool ot_pdl_ok(const ot_cuda_state *cs, K *f, std::atomic<int> *ca
   return ok;
 }
 
-/* f<<<grid, block, 0, st>>>(args...), as a programmatic dependent of the previous kernel
- * on st when pdl (decided by ot_pdl_ok). */
+/* f<<<grid, block, smem, st>>>(args...), as a programmatic dependent of the previous
+ * kernel on st when pdl (decided by ot_pdl_ok). */
 template <typename... P, typename... A>
-static inline cudaError_t ot_launch_pdl(bool pdl, void (*f)(P...), dim3 grid, dim3 block,
-                                        cudaStream_t st, A... args) {
+static inline cudaError_t ot_launch_pdl_smem(bool pdl, void (*f)(P...), dim3 grid, dim3 block,
+                                             size_t smem, cudaStream_t st, A... args) {
   cudaLaunchConfig_t cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.gridDim = grid;
   cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -56,6 +57,13 @@ static inline cudaError_t ot_launch_pdl(bool pdl, void (*f)(P...), dim3 grid, di
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, f, args...);
+}
+
+/* The same without dynamic shared memory. */
+template <typename... P, typename... A>
+static inline cudaError_t ot_launch_pdl(bool pdl, void (*f)(P...), dim3 grid, dim3 block,
+                                        cudaStream_t st, A... args) {
+  return ot_launch_pdl_smem(pdl, f, grid, block, 0, st, args...);
 }
 
 #endif /* OT_CUDA_PDL_CUH */
