@@ -10,8 +10,19 @@
  *
  * Forward: the row is held in registers (x and residual read once from HBM, out and
  * residual_out written once); LayerNorm takes mean and variance in two exact passes
- * over the registers. Rows longer than NV_MAX vectors per thread take a looping
- * kernel that re-reads the row (from L2 in practice).
+ * over the registers (OT_NORM_LN_ONEPASS=1: one merged reduction, opt-in). Rows longer
+ * than NV_MAX vectors per thread take a looping kernel that re-reads the row (from L2 in
+ * practice).
+ *
+ * Programmatic dependent launch (sm_90, OT_NORM_PDL): forward v2 and the partials' sum
+ * are launched as dependents of the previous kernel and wait (griddepcontrol.wait)
+ * before their first global access; forward v2 (right after that wait, so the chain
+ * stays ordered) and the backward's v2 / v3 / tma kernels (launched plainly) let their
+ * dependents be scheduled at their start: safe only because every kernel launched as a
+ * dependent (here, linear.cu, paged_attention.cu) waits for its predecessor's
+ * completion before any access that may conflict with that kernel's (reading what it
+ * writes, writing what it reads or writes; linear.cu's weight prefetch relies on no
+ * norm writing a linear's weight).
  *
  * Backward: a persistent grid (SMs x occupancy blocks); each row group keeps fp32
  * partial sums of dweight / dbias for its columns in registers across the rows it
