@@ -586,10 +586,11 @@ static void many_partials_cases(test_run *tr) {
 /* The CUDA forward's options off their defaults (src/cuda/norm.cuh): plain out stores and
  * plain launches (OT_NORM_FWD_CS=0 OT_NORM_PDL=0, the kernels before they became the
  * defaults), and LayerNorm's one-reduction statistics (OT_NORM_LN_ONEPASS=1) on rows its
- * instances take (row groups of several warps: H = 2056 and 4096 / 8192 in float32, 8192
- * in 16-bit types), plain and fused, then the consistency checks under it (fused ==
- * unfused, saved == recomputed statistics: the backward recomputes them with the same
- * option). */
+ * instances take (row groups of several warps at 8 vectors a thread: every H here in
+ * every dtype -- 64, 64, 128 threads in 16-bit types, 128, 128, 256 in float32; 2056 with
+ * many threads past the row's end), plain and fused, then the consistency checks under it
+ * (fused == unfused, saved == recomputed statistics: the backward recomputes them with
+ * the same option; there H = 2056 takes them, H = 1000 a single warp). */
 static void forward_option_cases(test_run *tr) {
   if (!tr->be->is_cuda) return;
   static const int64_t OH[] = {2056, 4096, 8192};
