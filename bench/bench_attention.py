@@ -21,7 +21,6 @@ cuBLAS bf16 GEMM 8192^3 measured in the same run is the ceiling. CUDA events, wa
 median of >= 20 timed calls, ours and peers interleaved per case.
 """
 import argparse
-import contextlib
 import ctypes
 import datetime
 import json
@@ -166,19 +165,7 @@ def broken_variant(env):
     return None
 
 
-@contextlib.contextmanager
-def env_set(env):
-    """The OT_ATTN_SM90_* switches of env set for the duration (the kernel reads them per call)."""
-    saved = {k_: os.environ.get(k_) for k_ in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k_, v_ in saved.items():
-            if v_ is None:
-                os.environ.pop(k_, None)
-            else:
-                os.environ[k_] = v_
+from benchutil import env_set  # noqa: E402  (the OT_ATTN_SM90_* switches, read per call)
 
 
 def check_case(S, ck, B, sq, sk, hq, hkv, d, dtype=None, wl=-1, wr=-1, scale=None,

@@ -35,6 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fused_ops import time_ms as _time_ms  # noqa: E402
+from benchutil import env_set  # noqa: E402
 
 C = ctypes
 i64, vp, cint = C.c_int64, C.c_void_p, C.c_int
@@ -83,16 +84,8 @@ def plan_str(pl):
 def run_env(env, fn):
     """fn() with the environment variables of `env` set (read by the library at each call),
     then the caller's values (or their absence) back."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with env_set(env):
         return fn()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def time_ms(fn, iters=25, inner=5, warmup=3):

@@ -36,7 +36,6 @@ both run the same weights and nothing is written to disk.
 Rows are written after each measurement (a run cut short keeps what it measured).
 """
 import argparse
-import contextlib
 import datetime
 import gc
 import importlib.util
@@ -347,20 +346,7 @@ MARKS = []
 TTFT_DIAG = True  # --no-ttft-diag: skip ttft_diagnostics
 
 
-@contextlib.contextmanager
-def env_set(env):
-    """the variables of env set for the block, and put back after it: the caller's own
-    values (OT_LINEAR_PDL=0 for the whole run, say) stay for the rest of the run"""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+from benchutil import env_set  # noqa: E402
 
 
 def mark(label):
