@@ -558,29 +558,32 @@ static void contiguous_backward_cases(test_run *tr) {
  * contiguous rows of H = 64 and 72 (16-bit types: the aligned v3 kernel, narrow blocks,
  * one partial row per block: about 3000 partials, so norm_reduce_partials_v2_kernel's
  * lanes loop over more than one batch; H = 72: its last block of 16 columns half out of
- * range), and the same under OT_NORM_REDUCE=old (the 32 x 32 kernel). */
+ * range), and the same under OT_NORM_REDUCE=old (the 32 x 32 kernel). Variant 0: dweight
+ * (and LayerNorm's dbias: the two-sum instance); LayerNorm's variant 1: dbias alone (the
+ * one-sum instance given the dbias partials), statistics recomputed. */
 static void many_partials_cases(test_run *tr) {
   if (!tr->be->is_cuda) return;
   static const int64_t MH[] = {64, 72};
   for (int ln = 0; ln < 2; ln++)
-    for (size_t d = 1; d < 3; d++) /* DTYPES[1..2]: float16, bfloat16 */
-      for (size_t hi = 0; hi < 2; hi++)
-        for (int old = 0; old < 2; old++) {
-          bwd_case b;
-          memset(&b, 0, sizeof b);
-          b.ln = ln;
-          b.dt = *DTYPES[d];
-          b.tag = old ? " many partials (reduce old)" : " many partials";
-          set_bwd_variant(&b, 0, MH[hi]); /* dres saved-stats: dweight and dbias */
-          set_shape(&b.ndim, b.shape, 3000, MH[hi], true);
-          if (old) {
-            env_saved st = env_set("OT_NORM_REDUCE", "old");
-            run_backward(tr, &b);
-            env_restore(&st);
-          } else {
-            run_backward(tr, &b);
+    for (int v = 0; v <= ln; v++) /* set_bwd_variant: 0 dres saved-stats, 1 no-weight recompute */
+      for (size_t d = 1; d < 3; d++) /* DTYPES[1..2]: float16, bfloat16 */
+        for (size_t hi = 0; hi < 2; hi++)
+          for (int old = 0; old < 2; old++) {
+            bwd_case b;
+            memset(&b, 0, sizeof b);
+            b.ln = ln;
+            b.dt = *DTYPES[d];
+            b.tag = old ? " many partials (reduce old)" : " many partials";
+            set_bwd_variant(&b, v, MH[hi]);
+            set_shape(&b.ndim, b.shape, 3000, MH[hi], true);
+            if (old) {
+              env_saved st = env_set("OT_NORM_REDUCE", "old");
+              run_backward(tr, &b);
+              env_restore(&st);
+            } else {
+              run_backward(tr, &b);
+            }
           }
-        }
 }
 
 /* The CUDA forward's options off their defaults (src/cuda/norm.cuh): plain out stores and
