@@ -361,18 +361,6 @@ constexpr int kGemvWarps = 4;   /* warps per block: small blocks, so N = 4096 sp
 constexpr int kGemvUnroll = 4;  /* W vectors in flight per lane at M > 1; a split's K granule */
 constexpr int kGemvMaxM = 16;
 
-__device__ __forceinline__ void grid_dep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void grid_dep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 template <typename T, int MT, bool VEC, int U>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const T *__restrict__ x, int64_t xs, const T *__restrict__ w,
@@ -406,7 +394,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         for (int u = 0; u < U; u++)
           load_raw<T, true, true>(wv[u], wr, k0 + u * step, ke, k0 + u * step < ke);
         if (!waited) {
-          grid_dep_wait();
+          ot_pdl_wait();
           waited = true;
         }
 #pragma unroll
@@ -437,7 +425,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
           wf[u] = k < ke ? to_f32(wr[k]) : 0.0f;
         }
         if (!waited) {
-          grid_dep_wait();
+          ot_pdl_wait();
           waited = true;
         }
 #pragma unroll
@@ -451,10 +439,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       }
     }
     if (!waited) { /* a lane with no K range still writes (row m = lane) */
-      grid_dep_wait();
+      ot_pdl_wait();
       waited = true;
     }
-    if (last) grid_dep_launch(); /* this warp's loads are issued */
+    if (last) ot_pdl_launch_dependents(); /* this warp's loads are issued */
 #pragma unroll
     for (int m = 0; m < MT; m++) acc[m] = warp_sum(acc[m]);
 #pragma unroll
@@ -474,7 +462,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 template <typename T>
 __global__ void gemv_reduce_kernel(const float *__restrict__ part, int splits, int M, int64_t N,
                                    const T *__restrict__ bias, T *__restrict__ y, int64_t ys) {
-  grid_dep_wait(); /* the partials of gemv_kernel (a programmatic dependent of it) */
+  ot_pdl_wait(); /* the partials of gemv_kernel (a programmatic dependent of it) */
   const int64_t total = (int64_t)M * N;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {

@@ -104,21 +104,7 @@ struct norm_bwd_params {
 
 constexpr int kNormMaxRowsPerBlock = 8;
 
-/* Programmatic dependent launch (pdl.cuh), device side; no-ops below sm_90 and in a
- * kernel not launched as a programmatic dependent. wait: until the previous grid on the
- * stream has completed and its writes are visible (before the first global access);
- * launch: let the next grid, when launched as a programmatic dependent, be scheduled
- * (its own wait still holds it until this grid has completed). */
-__device__ __forceinline__ void norm_grid_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void norm_grid_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
+/* Programmatic dependent launch: ot_pdl_wait / ot_pdl_launch_dependents (pdl.cuh). */
 
 /* ---- forward, row in registers ------------------------------------------------------
  * x (+ residual), weight and bias loads are all issued before the reduction, and
@@ -578,7 +564,7 @@ __global__ void __launch_bounds__(1024) norm_reduce_partials_kernel(
     const float *__restrict__ dw_part, const float *__restrict__ db_part, int64_t parts,
     int64_t n, T *dw, T *db) {
   __shared__ float sw[32][33], sb[32][33];
-  norm_grid_wait();
+  ot_pdl_wait();
   const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
   float aw = 0.0f, ab = 0.0f;
   if (c < n) {
@@ -637,7 +623,7 @@ __global__ void __launch_bounds__(512, 2) norm_reduce_partials_v2_kernel(
   float4 acc[NB];
 #pragma unroll
   for (int j = 0; j < NB; j++) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-  norm_grid_wait();
+  ot_pdl_wait();
   if (in) {
     for (int64_t q = warp * 8 + (lane >> 2); q < parts; q += 128 * B) {
       float4 v[NB][B];
@@ -876,8 +862,8 @@ __global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(nor
   /* launched as a programmatic dependent (OT_NORM_PDL, default): nothing is read or
    * written before the previous grid has completed; the next launch may be scheduled at
    * once (its own wait holds it until this grid has completed) */
-  norm_grid_wait();
-  norm_grid_launch_dependents();
+  ot_pdl_wait();
+  ot_pdl_launch_dependents();
 
   raw16 xr[NV], rr[NV];
 #pragma unroll
@@ -1040,7 +1026,7 @@ __device__ __forceinline__ void norm_store_partials(float *dst, const float *v) 
  * NV = 1 (4096 bf16, 512 threads) D = 6 keeps 5 rows (80 KB) in flight per SM. */
 template <typename T, bool LAYER, int NV, int D>
 __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) {
-  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
+  ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
   constexpr int V = vec_width<T>::value;
   __shared__ float2 scratch[32];
   float *scr = reinterpret_cast<float *>(scratch);
@@ -1208,7 +1194,7 @@ __device__ __forceinline__ void norm_stats_of(const norm_bwd_params &p, int64_t 
  * per block. */
 template <typename T, bool LAYER, int NV>
 __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int S) {
-  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
+  ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
   constexpr int V = vec_width<T>::value;
   extern __shared__ uint4 ring[];
   __shared__ float2 scratch[32];
@@ -1352,7 +1338,7 @@ __device__ __forceinline__ void norm_bwd_slot_vec(const uint4 *hs, const uint4 *
  * a342519; removed.) */
 template <typename T, bool LAYER, int NV>
 __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, int S) {
-  norm_grid_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
+  ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
 #ifdef OT_BULK_COPY_DEVICE
   constexpr int V = vec_width<T>::value;
   extern __shared__ __align__(128) uint4 tma_smem[];

@@ -422,11 +422,9 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   const int split = (int)(bid % p.splits);
   const int kvh = (int)((bid / p.splits) % p.hkv);
   const int64_t slot_x = bid / ((int64_t)p.splits * p.hkv);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   /* launched as a programmatic dependent (pa_launch_main): the previous kernel's writes
    * (q, the tables, the pages; its reads of part_o / out) are done after this */
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  ot_pdl_wait();
 
   pa_seq sq;
   if (!pa_find_tile(p, slot_x, &sq)) return;
@@ -553,10 +551,8 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
                   p.softcap, cap2, g, tq4, m_run, l_run, acc);
   }
   attn::cp_async_wait<0>(); /* (only empty groups can be left) */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   /* the merge kernel (a programmatic dependent when splits > 1) may start launching */
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  ot_pdl_launch_dependents();
 
   /* merge the warps: row sums over the quad, then (m, l, O) through shared memory */
 #pragma unroll
@@ -619,11 +615,9 @@ __global__ void __launch_bounds__(kPaThreads) pa_merge_kernel(const __grid_const
   constexpr int V = D / 32; /* features per lane */
   __shared__ float s_red[kPaWarps];
   __shared__ float s_acc[kPaWarps][D];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* the main kernel's partials */
+  ot_pdl_wait(); /* the main kernel's partials */
   /* the next kernel (the next call's main kernel, itself waiting) may start launching */
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  ot_pdl_launch_dependents();
   const int64_t row = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t rs = p.tq * p.hq;
@@ -775,9 +769,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq4 = lane & 3;
   const int wg = blockIdx.x * kPaWarps + warp, wtot = gridDim.x * kPaWarps;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* a programmatic dependent: see pa_mma_kernel */
-#endif
+  ot_pdl_wait(); /* a programmatic dependent: see pa_mma_kernel */
 
   /* the total N, this warp's range and the window holding its first step */
   ps_win W;
@@ -968,9 +960,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
                     r_lo, r_hi, qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc);
     }
     attn::cp_async_wait<0>();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+    ot_pdl_launch_dependents();
     flush();
   }
   if (lane == 0) {
@@ -986,10 +976,8 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
 template <typename T, int D>
 __global__ void __launch_bounds__(kPaThreads) ps_merge_kernel(const __grid_constant__ pa_params p) {
   constexpr int V = D / 32;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); /* as pa_merge_kernel */
-#endif
+  ot_pdl_wait();
+  ot_pdl_launch_dependents(); /* as pa_merge_kernel */
   const int lane = threadIdx.x & 31, w = blockIdx.x;
   const int4 d0 = p.desc[2 * w];
   if (!(d0.x & 1)) return;

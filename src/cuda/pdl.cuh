@@ -40,6 +40,22 @@ static inline bool ot_pdl_ok(const ot_cuda_state *cs, K *f, std::atomic<int> *ca
   return ok;
 }
 
+/* Device side, no-ops below sm_90 and in a kernel not launched as a programmatic
+ * dependent. ot_pdl_wait: until the previous grid on the stream has completed and its
+ * writes are visible (before the kernel's first global access it depends on);
+ * ot_pdl_launch_dependents: let the next grid, when launched as a programmatic dependent,
+ * be scheduled (its own wait still holds it until this grid has completed). */
+__device__ __forceinline__ void ot_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ot_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 /* f<<<grid, block, smem, st>>>(args...), as a programmatic dependent of the previous
  * kernel on st when pdl (decided by ot_pdl_ok). */
 template <typename... P, typename... A>
