@@ -14,7 +14,9 @@
 # Environment: FINAL_STEPS (comma list of attn,decode,verify; default all three),
 # ATTN_ARGS (bench_attention.py arguments; default the issue's grid: D 128/64/256,
 # S 1k/4k/16k, no variants), ATTN_TIMEOUT (s, 150), DECODE_TIMEOUT (s, 120); the
-# OT_VERIFY_* variables of device_verify.sh pass through (OT_VERIFY_PARALLEL defaults to 1).
+# OT_VERIFY_* variables of device_verify.sh pass through (OT_VERIFY_PARALLEL defaults to 1;
+# the Python tests beside the C suites and sanitizers take ~250 s: OT_VERIFY_PY_TIMEOUT=300).
+# The verdicts are printed last; the verify logs come back as verify_logs.tar.gz.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -83,6 +85,15 @@ if has verify; then
 fi
 
 stamp "summary"
+# what must not scroll away: the regression's verdicts (the device tool returns the last
+# lines of the output and a few files only, so the logs go back as one archive too)
+if [ -d "$OUT/verify" ]; then
+  grep -hE "^test_ops:|^FAIL" "$OUT/verify/test_ops_cuda.log" 2>/dev/null | head -12
+  grep -hE "SUMMARY" "$OUT/verify/sanitize.log" 2>/dev/null | sort | uniq -c
+  grep -hE "^(FAILED|ERROR)" "$OUT/verify/pytest.log" 2>/dev/null | head -12
+  echo "pytest: $(grep -hE "passed|failed|^rc " "$OUT/verify/pytest.log" 2>/dev/null | tail -2 | tr '\n' ' ')"
+  tar czf "$OUT/verify_logs.tar.gz" -C "$OUT" verify && rm -rf "$OUT/verify"
+fi
 [ -f "$OUT/attention.json" ] && python3 - "$OUT/attention.json" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
