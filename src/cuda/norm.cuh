@@ -1956,7 +1956,10 @@ template <typename T>
 cudaError_t norm_reduce_partials_launch(const norm_cfg &c, const float *dw_part,
                                         const float *db_part, int64_t parts, int64_t cols, T *dw,
                                         T *db, cudaStream_t stream) {
-  if (c.reduce_v2 && cols % 4 == 0 && (dw || db)) {
+  /* v2 reads the partials' rows with 16-byte loads: cols % 4 == 0 keeps every row on a
+   * 16-byte boundary once the buffer's start is (cudaMallocAsync and the arena give 256). */
+  const bool parts16 = (!dw || ot_is_aligned16(dw_part)) && (!db || ot_is_aligned16(db_part));
+  if (c.reduce_v2 && cols % 4 == 0 && parts16 && (dw || db)) {
     const dim3 g((unsigned)((cols + 15) / 16)), b(512);
     if (dw && db)
       return norm_launch_ex(c, norm_reduce_partials_v2_kernel<T, 2>, g, b, 0, stream, dw_part,
