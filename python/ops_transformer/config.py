@@ -51,11 +51,13 @@ Options (the first value listed is the default):
     backward takes the call (sm_90, bf16 / fp16, head dim 64 / 128, dense, no window) and
     torch's SDPA would run a backend the library beats (flash at head dim 128,
     efficient, math); otherwise torch's SDPA. Decided once per (device, dtype, head dim,
-    heads, kv heads, causal) from ``torch._fused_sdp_choice`` (host-side, no device
+    heads, kv heads, causal, length bucket: the sequence length's power of two) from
+    ``torch._fused_sdp_choice`` (host-side, no device
     work; again when torch's SDPA flags change: enabled backends, priority order, flash
     implementation -- with FA3 / FA4 activated, flash is not the FA2 measured below and
-    keeps the call); ``patch_model`` decides for the model's shape eagerly, so
-    torch.compile reads the decision. ``True``: the patched models' attention runs the
+    keeps the call); ``patch_model`` decides for the model's shape eagerly at the
+    lengths 64, 128, ... up to min(max_position_embeddings, 16384), so torch.compile
+    reads the decisions. ``True``: the patched models' attention runs the
     library's flash-attention kernel (the scores are never materialized) where the
     library has it for the device, dtype and head dim (probed once; torch's SDPA
     otherwise). ``False``: the patched attention calls torch's
