@@ -267,6 +267,20 @@ VARIANTS_FIXED = (("ours", {}), ("ours no-pdl", {"OT_PAGED_PDL": "0"}),
                   ("ours split", {"OT_PAGED_KERNEL": "split"}))
 
 
+def fixed_times(f):
+    """fixed_cost's measurements of one call f: events around 5 and 50 calls, host time per
+    call, a CUDA graph of 20 calls (its error, if capture fails), the CUPTI trace."""
+    r = {"events5_us": round(time_ms(f) * 1e3, 2),
+         "events50_us": round(time_ms(f, iters=11, inner=50) * 1e3, 2),
+         "host_us": round(host_us(f), 2)}
+    try:
+        r["graph_us"] = round(graph_us(f), 2)
+    except Exception as e:  # noqa: BLE001
+        r["graph_us"] = f"failed: {str(e).splitlines()[0][:80]}"
+    r["trace"] = trace_calls(f)
+    return r
+
+
 def fixed_cost(shim):
     """Where the per-call fixed cost goes (issue 6): for tiny and benchmark shapes, ours
     (default, and with the main kernel's PDL off) and SDPA cuDNN on the contiguous cache:
@@ -286,29 +300,13 @@ def fixed_cost(shim):
         for name, env in VARIANTS_FIXED:
             def m():
                 call()
-                r = {"plan": plan_str(shim.plan()),
-                     "events5_us": round(time_ms(call) * 1e3, 2),
-                     "events50_us": round(time_ms(call, iters=11, inner=50) * 1e3, 2),
-                     "host_us": round(host_us(call), 2)}
-                try:
-                    r["graph_us"] = round(graph_us(call), 2)
-                except Exception as e:  # noqa: BLE001
-                    r["graph_us"] = f"failed: {str(e).splitlines()[0][:80]}"
-                r["trace"] = trace_calls(call)
-                return r
+                return {"plan": plan_str(shim.plan()), **fixed_times(call)}
             row[name] = run_env(env, m)
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             q2 = c["q"]
             f2 = lambda: sdpa_grouped(q2, kc, vc)  # noqa: E731
             try:
-                r = {"events5_us": round(time_ms(f2) * 1e3, 2),
-                     "events50_us": round(time_ms(f2, iters=11, inner=50) * 1e3, 2),
-                     "host_us": round(host_us(f2), 2)}
-                try:
-                    r["graph_us"] = round(graph_us(f2), 2)
-                except Exception as e:  # noqa: BLE001
-                    r["graph_us"] = f"failed: {str(e).splitlines()[0][:80]}"
-                r["trace"] = trace_calls(f2)
+                r = fixed_times(f2)
             except RuntimeError as e:
                 r = {"error": str(e).splitlines()[0][:80]}
             row["SDPA cuDNN"] = r
