@@ -854,14 +854,28 @@ static void paged_ref(const pcase *c, const paged *P, const double *q, const int
   free(s);
 }
 
+/* The case's query offsets (qoff[0..b], from its sq) and their total. */
+static int64_t pcase_qoff(const pcase *c, int64_t *qoff) {
+  qoff[0] = 0;
+  for (int b = 0; b < c->b; b++) qoff[b + 1] = qoff[b] + c->sq[b];
+  return qoff[c->b];
+}
+
+/* The case's mask, softcap and scale as attention parameters. */
+static ot_attention_params pcase_params(const pcase *c) {
+  ot_attention_params prm = ot_attention_default_params();
+  prm.causal = c->causal, prm.window_left = c->wl, prm.window_right = c->wr;
+  prm.softcap = c->cap, prm.softmax_scale = c->scale;
+  return prm;
+}
+
 static void paged_case(test_run *tr, const pcase *c, DLDataType dt) {
   if (!tr_begin(tr, "paged attention %s %s", c->name, dt_name(dt))) return;
   rng r = tr_rng(tr);
   paged P;
   paged_make(tr, &P, dt, c->b, c->len, c->hkv, c->d, c->bs, &r);
   int64_t qoff[PMAX + 1] = {0};
-  for (int b = 0; b < c->b; b++) qoff[b + 1] = qoff[b] + c->sq[b];
-  int64_t tq = qoff[c->b];
+  int64_t tq = pcase_qoff(c, qoff);
   int64_t qsh[3] = {tq, c->hq, c->d}, lsh[2] = {c->hq, tq}, csh[1] = {c->b + 1};
   tbuf *q = tb_new(tr->be, dt, 3, qsh), *out = tb_new(tr->be, dt, 3, qsh);
   tbuf *lse = tb_new(tr->be, DT_F32, 2, lsh), *cu = tb_new(tr->be, DT_I32, 1, csh);
@@ -873,9 +887,7 @@ static void paged_case(test_run *tr, const pcase *c, DLDataType dt) {
   double *ro = malloc((size_t)(tq * c->hq * c->d + 1) * sizeof *ro);
   double *rl = malloc((size_t)(tq * c->hq + 1) * sizeof *rl);
   paged_ref(c, &P, qd, qoff, ro, rl, tq);
-  ot_attention_params prm = ot_attention_default_params();
-  prm.causal = c->causal, prm.window_left = c->wl, prm.window_right = c->wr;
-  prm.softcap = c->cap, prm.softmax_scale = c->scale;
+  const ot_attention_params prm = pcase_params(c);
   if (tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out),
                                    tb_dl(lse)),
             "ot_paged_attention")) {
@@ -911,8 +923,7 @@ static void paged_pair_case(test_run *tr, const pcase *c, DLDataType dt) {
   paged P;
   paged_make(tr, &P, dt, c->b, c->len, c->hkv, c->d, c->bs, &r);
   int64_t qoff[PMAX + 1] = {0};
-  for (int b = 0; b < c->b; b++) qoff[b + 1] = qoff[b] + c->sq[b];
-  const int64_t tq = qoff[c->b];
+  const int64_t tq = pcase_qoff(c, qoff);
   int64_t qsh[3] = {tq, c->hq, c->d}, lsh[2] = {c->hq, tq}, csh[1] = {c->b + 1};
   tbuf *cu = tb_new(tr->be, DT_I32, 1, csh);
   for (int b = 0; b <= c->b; b++) tb_set(cu, b, (double)qoff[b]);
@@ -930,9 +941,7 @@ static void paged_pair_case(test_run *tr, const pcase *c, DLDataType dt) {
     paged_ref(c, &P, qd, qoff, ro[i], rl[i], tq);
     free(qd);
   }
-  ot_attention_params prm = ot_attention_default_params();
-  prm.causal = c->causal, prm.window_left = c->wl, prm.window_right = c->wr;
-  prm.softcap = c->cap, prm.softmax_scale = c->scale;
+  const ot_attention_params prm = pcase_params(c);
   if (tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q[0]), tb_dl(cu), &P.kv,
                                    tb_dl(out[0]), tb_dl(lse[0])),
             "first call") &&
