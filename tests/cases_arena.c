@@ -72,6 +72,15 @@ static void clocks_reset(void) {
 
 #define S(n) ((void *)(uintptr_t)(n))
 
+/* A 4096-byte stream-ordered arena, the fake clocks reset: false (the failure recorded) when
+ * it cannot be created. */
+static bool ordered_arena(test_run *tr, ot_arena **a) {
+  clocks_reset();
+  if (!tr_ok(tr, ot_arena_create(tr->be->ctx, 4096, a), "create")) return false;
+  ot_arena_set_stream_ordered(*a, true);
+  return true;
+}
+
 /* The rules one by one: same stream reuses at once without a wait; another stream takes
  * the blocks of one or several streams only when nothing else fits, after one wait per
  * stream; a request that would not fit even then fails without any wait and disturbs
@@ -80,9 +89,7 @@ static void clocks_reset(void) {
 static void arena_cross_stream_rules(test_run *tr) {
   if (!tr_begin(tr, "arena cross-stream reuse: waits, retagging, refusals")) return;
   ot_arena *a = NULL;
-  clocks_reset();
-  if (!tr_ok(tr, ot_arena_create(tr->be->ctx, 4096, &a), "create")) goto out;
-  ot_arena_set_stream_ordered(a, true);
+  if (!ordered_arena(tr, &a)) goto out;
   ot_arena_set_wait(a, recording_wait);
   void *p = NULL, *q = NULL, *h1 = NULL, *h2 = NULL;
   tr_ok(tr, ot_arena_alloc(a, 4096, S(2), &p), "all on s2");
@@ -256,10 +263,8 @@ out:
 static void arena_tagged_and_untagged_run(test_run *tr) {
   if (!tr_begin(tr, "arena: a request over a stream's block and the untagged rest")) return;
   ot_arena *a = NULL;
-  clocks_reset();
   void *p = NULL, *q = NULL;
-  if (!tr_ok(tr, ot_arena_create(tr->be->ctx, 4096, &a), "create")) goto out;
-  ot_arena_set_stream_ordered(a, true);
+  if (!ordered_arena(tr, &a)) goto out;
   tr_ok(tr, ot_arena_alloc(a, 1024, S(2), &p), "1024 on s2");
   tr_ok(tr, ot_arena_free(a, p, S(2)), "free on s2");
   if (tr_ok(tr, ot_arena_alloc(a, 4096, S(2), &q), "s2 takes all, no wait hook")) {
@@ -309,10 +314,8 @@ out:
 static void arena_adoption_waits_for_the_run(test_run *tr) {
   if (!tr_begin(tr, "arena cross-stream reuse: waits only for the chosen run's streams")) return;
   ot_arena *a = NULL;
-  clocks_reset();
   void *b[3] = {NULL, NULL, NULL}, *q = NULL;
-  if (!tr_ok(tr, ot_arena_create(tr->be->ctx, 4096, &a), "create")) goto out;
-  ot_arena_set_stream_ordered(a, true);
+  if (!ordered_arena(tr, &a)) goto out;
   ot_arena_set_wait(a, recording_wait);
   tr_ok(tr, ot_arena_alloc(a, 1024, S(2), &b[0]), "1024");
   tr_ok(tr, ot_arena_alloc(a, 1024, S(2), &b[1]), "1024 live");
@@ -380,10 +383,8 @@ static bool run_on_thread(test_run *tr, per_thread_job *j) {
 static void arena_per_thread_stream(test_run *tr) {
   if (!tr_begin(tr, "arena: cudaStreamPerThread is one stream per host thread")) return;
   ot_arena *a = NULL;
-  clocks_reset();
   void *p = NULL, *q = NULL;
-  if (!tr_ok(tr, ot_arena_create(tr->be->ctx, 4096, &a), "create")) goto out;
-  ot_arena_set_stream_ordered(a, true);
+  if (!ordered_arena(tr, &a)) goto out;
   ot_arena_set_wait(a, recording_wait);
   tr_ok(tr, ot_arena_alloc(a, 4096, PER_THREAD, &p), "all on this thread's stream");
   tr_ok(tr, ot_arena_free(a, p, PER_THREAD), "free there");
