@@ -23,6 +23,8 @@
 #include <cublasLt.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h> /* environ */
 
 #include "../core/linear.h"
 #include "common.cuh"
@@ -474,15 +476,38 @@ __global__ void gemv_reduce_kernel(const float *__restrict__ part, int splits, i
   }
 }
 
+/* The OT_LINEAR_* switches of one small-M call, read once per call in one pass over the
+ * environment (tests and benches set them at run time, so they are not cached): in normal
+ * use none is set and no getenv runs, where the call read up to four before. */
+struct gemv_env {
+  int gemv;     /* OT_LINEAR_GEMV: 0 never the small-M kernel, 1 always (M <= 16), -1 auto */
+  bool balance; /* OT_LINEAR_GEMV_BALANCE not "0" (gemv_balance) */
+  bool pdl;     /* OT_LINEAR_PDL not "0" (launch_pdl) */
+};
+
+static gemv_env gemv_read_env() {
+  gemv_env v = {-1, true, true};
+  bool any = false;
+  for (char **e = environ; e && *e && !any; e++) any = strncmp(*e, "OT_LINEAR_", 10) == 0;
+  if (!any) return v;
+  const char *g = getenv("OT_LINEAR_GEMV");
+  if (g && g[0] == '0') v.gemv = 0;
+  if (g && g[0] == '1') v.gemv = 1;
+  const char *b = getenv("OT_LINEAR_GEMV_BALANCE");
+  v.balance = !(b && b[0] == '0');
+  const char *p = getenv("OT_LINEAR_PDL");
+  v.pdl = !(p && p[0] == '0');
+  return v;
+}
+
 /* <<<grid, block, 0, st>>>(args...), as a programmatic dependent where the GPU and f's code
  * allow it (ot_pdl_ok, pdl.cuh: once per kernel and device, `cached` its static array);
- * OT_LINEAR_PDL=0: never. */
+ * OT_LINEAR_PDL=0 (env.pdl false): never. */
 template <typename... P, typename... A>
-static cudaError_t launch_pdl(const ot_cuda_state *cs, std::atomic<int> *cached,
-                              void (*f)(P...), dim3 grid, dim3 block, cudaStream_t st,
-                              A... args) {
-  const char *e = getenv("OT_LINEAR_PDL");
-  const bool pdl = !(e && e[0] == '0') && ot_pdl_ok(cs, f, cached);
+static cudaError_t launch_pdl(const gemv_env &env, const ot_cuda_state *cs,
+                              std::atomic<int> *cached, void (*f)(P...), dim3 grid, dim3 block,
+                              cudaStream_t st, A... args) {
+  const bool pdl = env.pdl && ot_pdl_ok(cs, f, cached);
   return ot_launch_pdl(pdl, f, grid, block, st, args...);
 }
 
@@ -520,10 +545,9 @@ static int gemv_resident(const ot_cuda_state *cs, K *f, std::atomic<int> *cached
  * better either (13B down 386.7 / 366.1, 8B qkv 91.2 / 89.5, 8B o_proj 81.6 / 87.6): those
  * keep one row per warp. OT_LINEAR_GEMV_BALANCE=0: always one row per warp. */
 template <typename K>
-static int gemv_balance(const ot_cuda_state *cs, K *f, std::atomic<int> *cached, dim3 *grid,
-                        int64_t N) {
-  const char *e = getenv("OT_LINEAR_GEMV_BALANCE");
-  if ((e && e[0] == '0') || cs->sm_count <= 0) return 1;
+static int gemv_balance(const gemv_env &env, const ot_cuda_state *cs, K *f,
+                        std::atomic<int> *cached, dim3 *grid, int64_t N) {
+  if (!env.balance || cs->sm_count <= 0) return 1;
   const int64_t wave = (int64_t)gemv_resident(cs, f, cached) * cs->sm_count / grid->y;
   if (wave < 1 || (int64_t)grid->x <= wave || (int64_t)grid->x > 2 * wave) return 1;
   grid->x = (unsigned)((N + 2 * kGemvWarps - 1) / (2 * kGemvWarps));
@@ -531,46 +555,49 @@ static int gemv_balance(const ot_cuda_state *cs, K *f, std::atomic<int> *cached,
 }
 
 template <typename T, int MT, int U>
-static cudaError_t gemv_launch_mt(const ot_cuda_state *cs, bool vec, dim3 grid, cudaStream_t st,
-                                  const ot_linear_forward_args *a, float *part, int64_t klen) {
+static cudaError_t gemv_launch_mt(const gemv_env &env, const ot_cuda_state *cs, bool vec,
+                                  dim3 grid, cudaStream_t st, const ot_linear_forward_args *a,
+                                  float *part, int64_t klen) {
   static std::atomic<int> pdl_vec[16] = {}, pdl_scalar[16] = {};
   static std::atomic<int> occ_vec[16] = {}, occ_scalar[16] = {};
   const T *x = (const T *)a->x, *w = (const T *)a->weight, *b = (const T *)a->bias;
   T *y = (T *)a->y;
   const int M = (int)a->rows;
   if (vec) {
-    const int rpw =
-        MT <= 4 ? gemv_balance(cs, gemv_kernel<T, MT, true, U>, occ_vec, &grid, a->out_features) : 1;
-    return launch_pdl(cs, pdl_vec, gemv_kernel<T, MT, true, U>, grid, dim3(kGemvWarps * 32), st,
-                      x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features,
+    const int rpw = MT <= 4 ? gemv_balance(env, cs, gemv_kernel<T, MT, true, U>, occ_vec, &grid,
+                                           a->out_features)
+                            : 1;
+    return launch_pdl(env, cs, pdl_vec, gemv_kernel<T, MT, true, U>, grid, dim3(kGemvWarps * 32),
+                      st, x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features,
                       a->out_features, klen, rpw);
   }
-  const int rpw =
-      MT <= 4 ? gemv_balance(cs, gemv_kernel<T, MT, false, U>, occ_scalar, &grid, a->out_features)
-              : 1;
-  return launch_pdl(cs, pdl_scalar, gemv_kernel<T, MT, false, U>, grid, dim3(kGemvWarps * 32), st,
-                    x, a->x_stride, w, b, y, a->y_stride, part, M, a->in_features,
-                    a->out_features, klen, rpw);
+  const int rpw = MT <= 4 ? gemv_balance(env, cs, gemv_kernel<T, MT, false, U>, occ_scalar,
+                                         &grid, a->out_features)
+                          : 1;
+  return launch_pdl(env, cs, pdl_scalar, gemv_kernel<T, MT, false, U>, grid,
+                    dim3(kGemvWarps * 32), st, x, a->x_stride, w, b, y, a->y_stride, part, M,
+                    a->in_features, a->out_features, klen, rpw);
 }
 
 template <typename T>
-static cudaError_t gemv_launch(const ot_cuda_state *cs, bool vec, dim3 grid, cudaStream_t st,
-                               const ot_linear_forward_args *a, float *part, int64_t klen) {
+static cudaError_t gemv_launch(const gemv_env &env, const ot_cuda_state *cs, bool vec, dim3 grid,
+                               cudaStream_t st, const ot_linear_forward_args *a, float *part,
+                               int64_t klen) {
   static std::atomic<int> pdl_reduce[16] = {};
   const int64_t M = a->rows;
   cudaError_t e;
   constexpr int U = kGemvUnroll;
-  if (M <= 1) e = gemv_launch_mt<T, 1, 2 * U>(cs, vec, grid, st, a, part, klen);
-  else if (M <= 2) e = gemv_launch_mt<T, 2, U>(cs, vec, grid, st, a, part, klen);
-  else if (M <= 4) e = gemv_launch_mt<T, 4, U>(cs, vec, grid, st, a, part, klen);
-  else if (M <= 8) e = gemv_launch_mt<T, 8, U>(cs, vec, grid, st, a, part, klen);
-  else e = gemv_launch_mt<T, 16, U>(cs, vec, grid, st, a, part, klen);
+  if (M <= 1) e = gemv_launch_mt<T, 1, 2 * U>(env, cs, vec, grid, st, a, part, klen);
+  else if (M <= 2) e = gemv_launch_mt<T, 2, U>(env, cs, vec, grid, st, a, part, klen);
+  else if (M <= 4) e = gemv_launch_mt<T, 4, U>(env, cs, vec, grid, st, a, part, klen);
+  else if (M <= 8) e = gemv_launch_mt<T, 8, U>(env, cs, vec, grid, st, a, part, klen);
+  else e = gemv_launch_mt<T, 16, U>(env, cs, vec, grid, st, a, part, klen);
   if (e != cudaSuccess || !part) return e;
   const int64_t total = M * a->out_features;
   int64_t blocks = (total + 255) / 256;
   if (blocks > 4096) blocks = 4096;
-  return launch_pdl(cs, pdl_reduce, gemv_reduce_kernel<T>, dim3((unsigned)blocks), dim3(256), st,
-                    (const float *)part, (int)grid.y, (int)M, a->out_features,
+  return launch_pdl(env, cs, pdl_reduce, gemv_reduce_kernel<T>, dim3((unsigned)blocks),
+                    dim3(256), st, (const float *)part, (int)grid.y, (int)M, a->out_features,
                     (const T *)a->bias, (T *)a->y, a->y_stride);
 }
 
@@ -590,22 +617,21 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * small-M kernel (mma.sync m16n8k16, W as A, x^T as B, no shared memory) was slower than
  * cuBLASLt at M = 4 / 16 for every weight but 4096 x 4096, and brought the batch-16
  * decode nothing (6.70 against 6.67 ms); it was removed. */
-static bool gemv_wanted(const ot_linear_forward_args *a, bool *vec) {
+static bool gemv_wanted(const ot_linear_forward_args *a, gemv_env *env, bool *vec) {
   const size_t es = ot_dtype_size(a->dtype);
   const int64_t V = 16 / (int64_t)es;
   *vec = a->in_features % V == 0 && aligned16(a->x) && aligned16(a->weight) &&
          (a->rows == 1 || ((size_t)a->x_stride * es) % 16 == 0);
   if (a->rows > kGemvMaxM) return false;
-  const char *e = getenv("OT_LINEAR_GEMV");
-  if (e && e[0] == '0') return false;
-  if (e && e[0] == '1') return true;
+  *env = gemv_read_env();
+  if (env->gemv >= 0) return env->gemv == 1;
   const int64_t nk = a->in_features * a->out_features;
   return a->dtype != OT_F32 && a->rows == 1 && *vec &&
          (nk < ((int64_t)3 << 23) || nk >= ((int64_t)1 << 28));
 }
 
 static ot_status gemv_forward(ot_context *ctx, const char *op, const ot_linear_forward_args *a,
-                              bool vec) {
+                              const gemv_env &env, bool vec) {
   const ot_cuda_state *cs = ot_cuda_state_of(ctx);
   cudaStream_t st = (cudaStream_t)ctx->stream;
   const int64_t M = a->rows, K = a->in_features, N = a->out_features;
@@ -645,9 +671,9 @@ static ot_status gemv_forward(ot_context *ctx, const char *op, const ot_linear_f
   dim3 grid((unsigned)((N + kGemvWarps - 1) / kGemvWarps), (unsigned)splits, 1);
   cudaError_t e;
   switch (a->dtype) {
-    case OT_F16: e = gemv_launch<__half>(cs, vec, grid, st, a, part, klen); break;
-    case OT_BF16: e = gemv_launch<__nv_bfloat16>(cs, vec, grid, st, a, part, klen); break;
-    default: e = gemv_launch<float>(cs, vec, grid, st, a, part, klen); break;
+    case OT_F16: e = gemv_launch<__half>(env, cs, vec, grid, st, a, part, klen); break;
+    case OT_BF16: e = gemv_launch<__nv_bfloat16>(env, cs, vec, grid, st, a, part, klen); break;
+    default: e = gemv_launch<float>(env, cs, vec, grid, st, a, part, klen); break;
   }
   OT_CUDA_CHECK(op, e);
   return OT_OK;
@@ -666,7 +692,8 @@ extern "C" ot_status ot_cuda_linear_forward(ot_context *ctx, const ot_linear_for
     return OT_OK;
   }
   bool vec = false;
-  if (gemv_wanted(a, &vec)) return gemv_forward(ctx, op, a, vec);
+  gemv_env env;
+  if (gemv_wanted(a, &env, &vec)) return gemv_forward(ctx, op, a, env, vec);
   ot_gemm g;
   memset(&g, 0, sizeof g);
   g.transa = true;
