@@ -59,7 +59,8 @@ static int cmp_f(const void *a, const void *b) {
 
 /* median over 5 runs of the mean time of 10 calls, microseconds; < 0 on error. Call i
  * reads weight copy i % nw (w[]); with a norm, each call is preceded by the RMSNorm of x
- * into x2 and the linear reads x2. env: NAME=VALUE pairs set for the timing. */
+ * into x2 and the linear reads x2. gemv / pdl / balance: the values of OT_LINEAR_GEMV /
+ * OT_LINEAR_PDL / OT_LINEAR_GEMV_BALANCE for the timing (unset after). */
 static double time_us(ot_context *ctx, cudaStream_t st, DLTensor *x, DLTensor *x2, DLTensor *g,
                       DLTensor *w, void *const *wp, int nw, DLTensor *y, int norm,
                       const char *gemv, const char *pdl, const char *balance) {
