@@ -697,9 +697,14 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   /* OT_ATTN_SM90_EXP=poly|poly8: a quarter / an eighth of the exponentials of unmasked tiles
    * by ex2_poly (experiment builds only). Off: H200, runs of b3ee4d5, poly8 D128 S = 4k 546
    * vs 628 TFLOP/s (0.87x), 16k 0.91x, D64 0.95-1.01x, D256 0.99-1.01x; poly D128 0.89x
-   * (as in the run of 90616f4 with a runtime branch: 545 vs 651). */
+   * (as in the run of 90616f4 with a runtime branch: 545 vs 651). Other builds have no
+   * polynomial kernel (launch_sel would drop the bits): the switch is not read there. */
+#ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *ex = getenv("OT_ATTN_SM90_EXP");
   const int poly = ex && !strcmp(ex, "poly") ? kFlPoly4 : ex && !strcmp(ex, "poly8") ? kFlPoly8 : 0;
+#else
+  const int poly = 0;
+#endif
   /* The row max moves only when it grows by more than 2^8 (O rescaled only in the steps
    * where a row of the warp moved it; exact): at head dim 256 and for masked head-dim-128
    * calls (128-key tile). H200, run of a41fb34, interleaved A/B rounds at S = 4k, TFLOP/s
