@@ -186,6 +186,15 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def _release(device):
+    """After a case: collect its dropped model / optimizer and return the cached blocks
+    (the next case's peak memory starts from what is really held)."""
+    import torch
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _step(fwd, model, opt, x):
     loss = fwd(input_ids=x, labels=x).loss
     loss.backward()
@@ -299,9 +308,7 @@ def run_case(case, args, device, dtype):
             traceback.print_exc(limit=6)
     finally:
         del model, opt, fwd
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        _release(device)
         try:
             torch._dynamo.reset()
         except Exception:  # noqa: BLE001
@@ -335,9 +342,7 @@ def run_curve(case, args, device, dtype):
             out[variant + "_error"] = f"{type(e).__name__}: {e}".split("\n")[0][:300]
         finally:
             del model, opt
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            _release(device)
     if "hf_sdpa" in out and "patched" in out:
         out["max_abs_diff"] = max(abs(a - b) for a, b in zip(out["hf_sdpa"], out["patched"]))
     return out
@@ -633,9 +638,7 @@ def run_profile(case, args, device, dtype):
         traceback.print_exc(limit=4)
     finally:
         del model, opt, fwd
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        _release(device)
     return out
 
 
