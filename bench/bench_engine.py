@@ -49,6 +49,8 @@ import time
 
 import torch
 
+from benchutil import env_set  # bench/ is on sys.path (python3 bench/NAME.py)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEV = "cuda"  # --device cpu: a dry run of the script on a small shape (no GPU)
 
@@ -344,9 +346,6 @@ DECODE_VARIANTS = {
 
 MARKS = []
 TTFT_DIAG = True  # --no-ttft-diag: skip ttft_diagnostics
-
-
-from benchutil import env_set  # noqa: E402
 
 
 def mark(label):
