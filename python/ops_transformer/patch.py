@@ -373,11 +373,11 @@ def _auto_library(q, k, v, causal, scale, window, cu_seqlens):
         base = _auto_key(q, k, causal, bucket=0)[:-1]
         got = [v[0] for kk, v in _AUTO.items() if kk[:-1] == base]
         return bool(got) and all(got)
-    key = _auto_key(q, k, causal)
-    got = _AUTO.get(key)
     if (q.shape[1] != k.shape[1] or window is not None or cu_seqlens is not None
             or q.dim() != 4 or _hopper_backward_off()):
         return False            # not stored: a dense call of the same key may still apply
+    key = _auto_key(q, k, causal)
+    got = _AUTO.get(key)
     flags = _sdpa_flags()
     if got is not None and got[2] == flags:
         return got[0]
