@@ -1562,16 +1562,15 @@ static inline bool norm_pdl_ok(const ot_cuda_state *cs, const void *probe) {
   return ot_pdl_ok(cs, probe, cached);
 }
 
-/* kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the
- * previous kernel on the stream (pdl.cuh) when c.pdl, no dynamic shared memory is asked
- * for, and the device runs the kernels' sm_90 code. */
+/* kernel<<<grid, block, 0, stream>>>(args...) (no dynamic shared memory: none of the
+ * kernels launched so asks for any), as a programmatic dependent of the previous kernel
+ * on the stream (pdl.cuh) when c.pdl and the device runs the kernels' sm_90 code. */
 template <typename... P, typename... A>
 static inline cudaError_t norm_launch_ex(const norm_cfg &c, void (*kernel)(P...), dim3 grid,
-                                         dim3 block, size_t smem, cudaStream_t stream,
-                                         A... args) {
-  if (c.pdl && smem == 0 && norm_pdl_ok(c.cs, reinterpret_cast<const void *>(kernel)))
+                                         dim3 block, cudaStream_t stream, A... args) {
+  if (c.pdl && norm_pdl_ok(c.cs, reinterpret_cast<const void *>(kernel)))
     return ot_launch_pdl(true, kernel, grid, block, stream, args...);
-  kernel<<<grid, block, smem, stream>>>(args...);
+  kernel<<<grid, block, 0, stream>>>(args...);
   return cudaGetLastError();
 }
 
@@ -1671,7 +1670,7 @@ cudaError_t norm_fwd_v2_launch(const norm_cfg &c, const norm_fwd_params &p, cons
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   void (*kernel)(norm_fwd_params) = norm_fwd_v2_select<T, LAYER>(c, p.residual != nullptr, L);
   if (!kernel) return cudaErrorInvalidConfiguration;
-  return norm_launch_ex(c, kernel, dim3((unsigned)blocks), block, 0, stream, p);
+  return norm_launch_ex(c, kernel, dim3((unsigned)blocks), block, stream, p);
 }
 
 /* Raise a kernel's dynamic shared memory limit to what `optin` leaves beside its static
@@ -1962,14 +1961,14 @@ cudaError_t norm_reduce_partials_launch(const norm_cfg &c, const float *dw_part,
   if (c.reduce_v2 && cols % 4 == 0 && parts16 && (dw || db)) {
     const dim3 g((unsigned)((cols + 15) / 16)), b(512);
     if (dw && db)
-      return norm_launch_ex(c, norm_reduce_partials_v2_kernel<T, 2>, g, b, 0, stream, dw_part,
+      return norm_launch_ex(c, norm_reduce_partials_v2_kernel<T, 2>, g, b, stream, dw_part,
                             db_part, parts, cols, dw, db);
     const float *pa = dw ? dw_part : db_part;
-    return norm_launch_ex(c, norm_reduce_partials_v2_kernel<T, 1>, g, b, 0, stream, pa,
+    return norm_launch_ex(c, norm_reduce_partials_v2_kernel<T, 1>, g, b, stream, pa,
                           (const float *)nullptr, parts, cols, dw ? dw : db, (T *)nullptr);
   }
   const dim3 rg((unsigned)((cols + 31) / 32)), rb(32, 32);
-  return norm_launch_ex(c, norm_reduce_partials_kernel<T>, rg, rb, 0, stream, dw_part, db_part,
+  return norm_launch_ex(c, norm_reduce_partials_kernel<T>, rg, rb, stream, dw_part, db_part,
                         parts, cols, dw, db);
 }
 
