@@ -341,11 +341,17 @@ DECODE_VARIANTS = {
     # the small-M kernel's grid before rows per warp (one row per warp, several waves)
     "gemv_one_row_per_warp": {"OT_LINEAR_GEMV_BALANCE": "0"},
     "all_small_m_one_row_per_warp": {"OT_LINEAR_GEMV": "1", "OT_LINEAR_GEMV_BALANCE": "0"},
+    # cuBLASLt's 8 best heuristic algorithms timed on the first call of each GEMM, the
+    # fastest kept (linear.cu, OT_GEMM_AUTOTUNE; "v": each pick printed to stderr)
+    "gemm_autotune": {"OT_GEMM_AUTOTUNE": "8v"},
     "repeat": {},  # the default again, last: the run's drift
 }
+AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]
 
 MARKS = []
 TTFT_DIAG = True  # --no-ttft-diag: skip ttft_diagnostics
+TIMELINE = True  # --no-timeline: skip timelines
+RBW = GEMM = 1.0  # the run's read bandwidth (TB/s) and GEMM rate (TFLOP/s), set by bench()
 
 
 def mark(label):
@@ -412,6 +418,170 @@ def ttft_diagnostics(eng, prompt):
     return d
 
 
+def gpu_kernels(fn):
+    """fn() under torch.profiler (CUPTI: every kernel, memcpy and memset of the process,
+    the engine's own stream and its graph replays included): [(start_us, end_us, name)]
+    sorted by start, or the reason none came."""
+    from torch.profiler import ProfilerActivity, profile
+    with tempfile.TemporaryDirectory() as td:
+        path = os.path.join(td, "trace.json")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync()
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    evs = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    ks = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("name", "?"))
+                for e in evs if isinstance(e, dict) and e.get("ph") == "X"
+                and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    return ks
+
+
+def short_name(n):
+    """a kernel's name without template arguments and parameter lists (readable tables)"""
+    out, depth = [], 0
+    for ch in n:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    t = "".join(out).replace("void ", "").strip()
+    return (t or n)[:60]
+
+
+def layer_table(ks, layers):
+    """Kernels of one forward as a repeating layer: the head (before the first layer), per
+    position of the layer's period the median duration and the median gap from the end of
+    the kernel before (negative: it started before that one ended, a PDL overlap), and the
+    tail. None when no period of `layers` repeats is found."""
+    names = [short_name(k[2]) for k in ks]
+    n = len(ks)
+    for p in range(2, 40):
+        for h in range(0, 8):
+            if h + layers * p > n:
+                break
+            if all(names[h + l * p + j] == names[h + j] for l in range(layers) for j in range(p)):
+                def stats(i0):
+                    d = [ks[i0 + l * p][1] - ks[i0 + l * p][0] for l in range(layers)]
+                    g = [ks[i0 + l * p][0] - ks[i0 + l * p - 1][1] for l in range(layers)
+                         if i0 + l * p > 0]
+                    return (round(statistics.median(d), 2),
+                            round(statistics.median(g), 2) if g else None)
+                per = []
+                for j in range(p):
+                    d, g = stats(h + j)
+                    per.append({"kernel": names[h + j], "us": d, "gap_before_us": g})
+                one = lambda i: {"kernel": names[i], "us": round(ks[i][1] - ks[i][0], 2),
+                                 "gap_before_us": round(ks[i][0] - ks[i - 1][1], 2) if i else None}
+                return {"period": p, "head": [one(i) for i in range(h)], "layer": per,
+                        "tail": [one(i) for i in range(h + layers * p, n)]}
+    return None
+
+
+def linear_positions(layer, s, tokens):
+    """Bytes and FLOPs of the layer's linears, in their order in the period (qkv, o_proj,
+    gate_up, down: the kernels named like a GEMM / the small-M kernel, not a split-K sum)."""
+    H, F = s["hidden"], s["ffn"]
+    D = H // s["heads"]
+    shapes = [("qkv", (s["heads"] + 2 * s["kv_heads"]) * D, H), ("o_proj", H, s["heads"] * D),
+              ("gate_up", 2 * F, H), ("down", H, F)]
+    gemmish = ("gemm", "gemv", "xmma", "cutlass", "matmul", "nvjet")
+    idx = [j for j, r in enumerate(layer)
+           if any(t in r["kernel"].lower() for t in gemmish)
+           and "reduce" not in r["kernel"].lower() and "splitk" not in r["kernel"].lower()]
+    out = {}
+    if len(idx) == 4:
+        for j, (nm, N, K) in zip(idx, shapes):
+            out[j] = (nm, 2 * N * K, 2 * tokens * N * K)
+    return out
+
+
+def timelines(eng, s, prompt, rbw, gemm):
+    """The GPU timeline (CUPTI, torch.profiler) of 3 decode steps at batch 1 (CUDA graph
+    replays, context of the prompt) and of one prefill of the prompt: per layer position,
+    each kernel's time and the gap before it; the linears against the read ceiling
+    (decode) or the GEMM rate (prefill). What a step spends between kernels (launch,
+    drain, ramp) is the step's span less the kernels' busy time."""
+    L = s["layers"]
+    out = {}
+    nxt = eng.prefill([prompt], greedy=True)
+    for _ in range(4):  # eager step, capture, replays
+        nxt = eng.decode(nxt, greedy=True)
+    box = [nxt]
+
+    def dec():
+        for _ in range(3):
+            box[0] = eng.decode(box[0], greedy=True)
+
+    for name, fn, tokens in (("decode_b1", dec, 1),
+                             ("prefill", lambda: eng.prefill([prompt], greedy=True), len(prompt))):
+        try:
+            out[name] = timeline_of(gpu_kernels(fn), name, s, L, tokens, rbw, gemm)
+        except Exception as ex:  # the profiler may be unavailable: report, go on
+            out[name] = {"error": f"{type(ex).__name__}: {ex}"[:300]}
+        print(f"timeline {name}: {json.dumps(out[name])}", flush=True)
+    eng.free(0)
+    return out
+
+
+def timeline_of(ks, name, s, L, tokens, rbw, gemm):
+    """timelines' table of one profiled call's kernels ks"""
+    if name == "decode_b1":  # the last full step: from the 3rd first kernel on
+        first = short_name(ks[0][2]) if ks else ""
+        starts = [i for i, k in enumerate(ks) if short_name(k[2]) == first]
+        if len(starts) >= 3:
+            ks = ks[starts[-2]:starts[-1]]
+    busy, end = 0.0, None
+    for a, b, _ in ks:  # the union of the kernels' intervals
+        if end is None or a >= end:
+            busy += b - a
+            end = b
+        elif b > end:
+            busy += b - end
+            end = b
+    span = ks[-1][1] - ks[0][0] if ks else 0.0
+    t = layer_table(ks, L) or {"kernels": [[round(a, 1), round(b - a, 2), short_name(n)]
+                                           for a, b, n in ks[:400]]}
+    t.update({"kernels_n": len(ks), "span_ms": round(span / 1e3, 3),
+              "busy_ms": round(busy / 1e3, 3), "idle_ms": round((span - busy) / 1e3, 3)})
+    if "layer" in t:
+        for j, (nm, wbytes, flops) in linear_positions(t["layer"], s, tokens).items():
+            r = t["layer"][j]
+            r["linear"] = nm
+            if tokens == 1:
+                r["read_TBps"] = round(wbytes / (r["us"] * 1e-6) / 1e12, 2)
+                r["of_read_ceiling"] = round(wbytes / (r["us"] * 1e-6) / 1e12 / rbw, 3)
+            else:
+                r["TFLOPs"] = round(flops / (r["us"] * 1e-6) / 1e12, 1)
+                r["of_gemm_rate"] = round(flops / (r["us"] * 1e-6) / 1e12 / gemm, 3)
+        t["layer_us"] = round(sum(r["us"] for r in t["layer"]), 2)
+        t["layer_gaps_us"] = round(sum(r["gap_before_us"] or 0 for r in t["layer"]), 2)
+    return t
+
+
+def ttft_autotune(eng, prompt, n=5):
+    """TTFT with OT_GEMM_AUTOTUNE (its GEMMs tuned by the first call) against the default,
+    alternating the two so the GPU's clock drift (power cap) falls on both alike."""
+    with env_set(AUTOTUNE_ENV):
+        eng.prefill([prompt], greedy=True)  # tunes the prefill's GEMMs
+    a, b, ga, gb = [], [], [], []
+    for _ in range(n):
+        a.append(wall(lambda: eng.prefill([prompt], greedy=True)))
+        ga.append(eng.last_timing()["gpu"])
+        with env_set(AUTOTUNE_ENV):
+            b.append(wall(lambda: eng.prefill([prompt], greedy=True)))
+            gb.append(eng.last_timing()["gpu"])
+    r = {"ttft_ms_default": round(statistics.median(a), 3),
+         "ttft_ms_autotune": round(statistics.median(b), 3),
+         "gpu_ms_default": round(statistics.median(ga), 3),
+         "gpu_ms_autotune": round(statistics.median(gb), 3)}
+    print(f"TTFT default / OT_GEMM_AUTOTUNE, alternating: {r}", flush=True)
+    return r
+
+
 def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
     g = torch.Generator().manual_seed(1)
     out = {}
@@ -424,6 +594,9 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
     out["ttft_split_ms"] = median_split(splits[1:])
     print(f"TTFT {out['ttft_ms']:.2f} ms; split {out['ttft_split_ms']}", flush=True)
     mark("ttft done")
+    if DEV == "cuda":
+        out["ttft_autotune"] = ttft_autotune(eng, prompt)
+        mark("ttft autotune done")
     if DEV == "cuda" and TTFT_DIAG:
         out["ttft_ms_after_idle"] = ttft_after_idle(lambda: eng.prefill([prompt], greedy=True))
         out["ttft_diag"] = ttft_diagnostics(eng, prompt)
@@ -438,6 +611,9 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
         mark(f"decode b{B} done")
         for i in range(B):
             eng.free(i)
+    if DEV == "cuda" and TIMELINE:
+        out["timeline"] = timelines(eng, s, prompt, RBW, GEMM)
+        mark("timelines done")
     if DEV == "cuda" and 1 in batches:
         # the same decode with the linears chosen otherwise: what each choice buys, in
         # this run
@@ -563,7 +739,9 @@ def save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw):
            "ttft_ms_after_idle": ours.get("ttft_ms_after_idle"),
            "peer_ttft_ms_after_idle": ({"HF transformers (sdpa)": hf["ttft_ms_after_idle"]}
                                        if "ttft_ms_after_idle" in hf else None),
-           "profile_ms_per_forward": ours.get("profile")}
+           "profile_ms_per_forward": ours.get("profile"),
+           "ttft_autotune": ours.get("ttft_autotune"),
+           "timeline": (ours.get("timeline") or {}).get("prefill")}
     doc["rows"].append(row)
     for B in args.batches:
         ms = ours[f"decode_ms_b{B}"]
@@ -582,6 +760,8 @@ def save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw):
             "fraction_of_ceiling": round(rate / ceil, 3), "step_ms": round(ms, 3),
             "roofline_tokens_per_s": round(ceil, 1), "cuda_graph": ours[f"graph_b{B}"]})
         doc["rows"][-1]["step_split_ms"] = ours.get(f"decode_split_b{B}")
+        if B == 1 and ours.get("timeline"):
+            doc["rows"][-1]["timeline"] = ours["timeline"].get("decode_b1")
         for vname in DECODE_VARIANTS:
             if f"decode_ms_b{B}_{vname}" in ours:
                 doc["rows"][-1][f"step_ms_{vname}"] = round(ours[f"decode_ms_b{B}_{vname}"], 3)
@@ -591,8 +771,10 @@ def save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw):
 
 
 def bench(args, doc, save):
+    global RBW, GEMM
     gemm = gemm_tflops()
     rbw = read_tbps()
+    RBW, GEMM = rbw, gemm
     doc["ceilings"] = {"gemm_bf16_TFLOPs": round(gemm, 1), "read_TBps": round(rbw, 3)}
     print(f"ceilings: bf16 GEMM {gemm:.0f} TFLOP/s, read {rbw:.2f} TB/s", flush=True)
     save()
@@ -676,6 +858,8 @@ def main():
     ap.add_argument("--no-ttft-diag", action="store_true",
                     help="skip the TTFT diagnostics (GPU time prequeued / after idle, "
                          "profiles with and without the spin)")
+    ap.add_argument("--no-timeline", action="store_true",
+                    help="skip the CUPTI timelines of a decode step and a prefill")
     ap.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS),
                     help="comma-separated names of DECODE_VARIANTS: batch-1 decode again with "
                          "the linears chosen otherwise ('' for none)")
@@ -690,9 +874,10 @@ def main():
     unknown = [v for v in args.decode_variants.split(",") if v and v not in DECODE_VARIANTS]
     if unknown:  # before minutes of model building, not after
         ap.error(f"--decode-variants: unknown {unknown}; known: {','.join(DECODE_VARIANTS)}")
-    global DEV, TTFT_DIAG
+    global DEV, TTFT_DIAG, TIMELINE
     DEV = args.device
     TTFT_DIAG = not args.no_ttft_diag
+    TIMELINE = not args.no_timeline
     torch.manual_seed(0)
     doc = {"bench": "engine",
            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "ops_transformer.h"
+#include "../src/cuda/linear_rule.h" /* the small-M rule of linear.cu */
 
 typedef struct shape {
   const char *model, *name;
@@ -167,10 +168,8 @@ int main(int argc, char **argv) {
       t[6] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, nw, &ty, 0, "1", "1", "0");
       t[7] = time_us(ctx, st, &tx, &tx2, &tg, &tw, wp, 1, &ty, 0, "1", "1", "1");
       double bytes = (double)wb;
-      /* linear.cu's automatic rule (bf16: M == 1 and a small or lm_head-sized weight) */
-      const double nk = (double)s->N * (double)s->K;
-      const char *pick = M == 1 && (nk < 3.0 * (1 << 23) || nk >= (double)(1 << 28)) ? "gemv"
-                                                                                   : "cublaslt";
+      /* the library's automatic rule (bf16, aligned: the vector path) */
+      const char *pick = ot_linear_small_m_auto(M, s->K, s->N, true, true) ? "gemv" : "cublaslt";
       printf("%-10s %-10s %3lld | %17.1f %7.1f %7.1f | %25.1f %7.1f %7.1f | %17.0f %5.0f | %8s | "
              "%16.1f %7.1f\n",
              s->model, s->name, (long long)M, t[0], t[1], t[2], t[3], t[4], t[5],

@@ -22,6 +22,7 @@
  */
 #include <cublasLt.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h> /* environ */
@@ -30,6 +31,7 @@
 #include "common.cuh"
 #include "cuda_state.h"
 #include "gemm.h"
+#include "linear_rule.h"
 #include "pdl.cuh"
 
 namespace ot {
@@ -137,6 +139,102 @@ struct lt_descs {
   }
 };
 
+/* ---- autotuning (OT_GEMM_AUTOTUNE) ------------------------------------------------
+ * OT_GEMM_AUTOTUNE=N (2 .. 16): the first GEMM of a description asks cuBLASLt's heuristic
+ * for its N best algorithms, runs each on the call's own operands (once to warm up, then
+ * kTuneReps times between two events on the call's stream, which the host waits for) and
+ * keeps the fastest in the cache (under a key of its own: the heuristic's entries stay).
+ * Only where a rerun is harmless and the host may wait: beta == 0 (D is overwritten, not
+ * accumulated), D overlapping neither A nor B, and the stream not capturing a graph (a
+ * GEMM first seen during a capture takes the heuristic's pick, as without the variable).
+ * A "v" in the value (e.g. "8v") prints each tuned GEMM's times to stderr. The algorithm
+ * chosen can differ between processes (and so can the last bits of D, e.g. a split-K
+ * algorithm's sum order); within a process it is fixed. Unset / 0 / 1: off. */
+constexpr int kTuneMax = 16;
+constexpr int kTuneReps = 3;
+
+struct tune_opt {
+  int n;        /* candidates to time, 0: off */
+  bool verbose; /* "v" in the value */
+};
+
+static tune_opt tune_read_env(void) {
+  tune_opt t = {0, false};
+  const char *e = getenv("OT_GEMM_AUTOTUNE");
+  if (!e || !*e) return t;
+  const int n = atoi(e);
+  t.n = n < 2 ? 0 : n > kTuneMax ? kTuneMax : n;
+  t.verbose = strchr(e, 'v') != nullptr;
+  return t;
+}
+
+/* Bytes spanned by a column-major [rows, cols] matrix with leading dimension ld. */
+static size_t span_bytes(int64_t rows, int64_t cols, int64_t ld, size_t es) {
+  return (size_t)(ld * (cols - 1) + rows) * es;
+}
+
+static bool overlap(const void *p, size_t pb, const void *q, size_t qb) {
+  const uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+  return a < b + qb && b < a + pb;
+}
+
+/* Whether this GEMM may be timed by reruns (above). */
+static bool tune_allowed(const ot_gemm *g, cudaStream_t st) {
+  if (g->beta != 0.0f) return false;
+  const size_t eab = ot_dtype_size(g->ab), ed = ot_dtype_size(g->d);
+  const size_t da = g->transa ? span_bytes(g->k, g->m, g->lda, eab) : span_bytes(g->m, g->k, g->lda, eab);
+  const size_t db = g->transb ? span_bytes(g->n, g->k, g->ldb, eab) : span_bytes(g->k, g->n, g->ldb, eab);
+  const size_t dd = span_bytes(g->m, g->n, g->ldd, ed);
+  if (overlap(g->D, dd, g->A, da) || overlap(g->D, dd, g->B, db)) return false;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(st, &cap) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return cap == cudaStreamCaptureStatusNone;
+}
+
+/* The index of the fastest of res[0 .. count) on g's operands, -1 when none ran. */
+static int tune_pick(cublasLtHandle_t h, const lt_descs &ds, const ot_gemm *g,
+                     const cublasLtMatmulHeuristicResult_t *res, int count, void *ws,
+                     cudaStream_t st, bool verbose) {
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    return -1;
+  }
+  int best = -1;
+  float best_ms = 0.0f, first_ms = -1.0f;
+  for (int i = 0; i < count; i++) {
+    if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    const cublasLtMatmulAlgo_t *algo = &res[i].algo;
+    bool ok = true;
+    for (int r = 0; r <= kTuneReps && ok; r++) {
+      if (r == 1) ok = cudaEventRecord(e0, st) == cudaSuccess;
+      ok = ok && cublasLtMatmul(h, ds.op, &g->alpha, g->A, ds.a, g->B, ds.b, &g->beta, g->D,
+                                ds.d, g->D, ds.d, algo, ws, kLtWorkspaceBytes,
+                                st) == CUBLAS_STATUS_SUCCESS;
+    }
+    float ms = 0.0f;
+    ok = ok && cudaEventRecord(e1, st) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+         cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
+    if (!ok) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (i == 0) first_ms = ms;
+    if (best < 0 || ms < best_ms) best = i, best_ms = ms;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (verbose && best >= 0)
+    fprintf(stderr, "ot gemm autotune: m %lld n %lld k %lld: heuristic #0 %.2f us, picked #%d of %d %.2f us\n",
+            (long long)g->m, (long long)g->n, (long long)g->k, 1e3f * first_ms / kTuneReps, best,
+            count, 1e3f * best_ms / kTuneReps);
+  return best;
+}
+
 #define LT_TRY(what, expr)                                       \
   do {                                                           \
     cublasStatus_t lt_s_ = (expr);                               \
@@ -163,8 +261,11 @@ extern "C" ot_status ot_cuda_gemm(ot_context *ctx, const char *op, const ot_gemm
   key.ldb = g->ldb;
   key.ldd = g->ldd;
   key.device = cs->device;
+  cudaStream_t st = (cudaStream_t)ctx->stream;
+  const tune_opt tune = tune_read_env();
+  const int tune_n = tune.n && tune_allowed(g, st) ? tune.n : 0;
   key.flags = (g->transa ? 1 : 0) | (g->transb ? 2 : 0) | ((int)g->epilogue << 2) |
-              (tf32 ? 16 : 0) | (g->beta != 0.0f ? 32 : 0);
+              (tf32 ? 16 : 0) | (g->beta != 0.0f ? 32 : 0) | (tune_n << 6);
   const int al_a = align_log2(g->A, g->lda, eab, g->transa ? g->m : g->k);
   const int al_b = align_log2(g->B, g->ldb, eab, g->transb ? g->k : g->n);
   const int al_d = align_log2(g->D, g->ldd, ed, g->n);
@@ -218,16 +319,19 @@ extern "C" ot_status ot_cuda_gemm(ot_context *ctx, const char *op, const ot_gemm
     LT_TRY("set ALIGN_B", cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
     LT_TRY("set ALIGN_C", cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad));
     LT_TRY("set ALIGN_D", cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[kTuneMax];
     int count = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, ds.op, ds.a, ds.b, ds.d, ds.d,
-                                                      ds.pref, 1, &res, &count);
+                                                      ds.pref, tune_n ? tune_n : 1, res, &count);
     /* an epilogue cuBLASLt cannot do here (any status) means: fall back */
     if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED &&
         g->epilogue == OT_GEMM_PLAIN)
       return lt_fail(op, "AlgoGetHeuristic", s);
     found = s == CUBLAS_STATUS_SUCCESS && count > 0;
-    if (found) algo = res.algo;
+    if (found) {
+      const int pick = count > 1 ? tune_pick(handle, ds, g, res, count, ws, st, tune.verbose) : 0;
+      algo = res[pick > 0 ? pick : 0].algo;
+    }
     pthread_mutex_lock(&g_cache_mu);
     gemm_entry *slot = &g_cache[h % kCacheSize];
     for (int p = 0; p < kCacheProbe; p++) {
@@ -251,8 +355,7 @@ extern "C" ot_status ot_cuda_gemm(ot_context *ctx, const char *op, const ot_gemm
                     ot_dtype_name(g->ab), ot_dtype_name(g->d));
   }
   LT_TRY("Matmul", cublasLtMatmul(handle, ds.op, &g->alpha, g->A, ds.a, g->B, ds.b, &g->beta,
-                                  g->D, ds.d, g->D, ds.d, &algo, ws, kLtWorkspaceBytes,
-                                  (cudaStream_t)ctx->stream));
+                                  g->D, ds.d, g->D, ds.d, &algo, ws, kLtWorkspaceBytes, st));
   return OT_OK;
 }
 
@@ -512,22 +615,17 @@ static cudaError_t launch_pdl(const gemv_env &env, const ot_cuda_state *cs,
 }
 
 /* Blocks of f that one SM holds at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor,
- * once per kernel and device, `cached` as in ot_pdl_ok; 1 when the query fails). */
+ * once per kernel and device: ot_per_device, pdl.cuh; 1 when the query fails). */
 template <typename K>
 static int gemv_resident(const ot_cuda_state *cs, K *f, std::atomic<int> *cached) {
-  const int dev = cs->device;
-  if (dev >= 0 && dev < 16) {
-    const int c = cached[dev].load(std::memory_order_relaxed);
-    if (c > 0) return c;
-  }
-  int b = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, f, kGemvWarps * 32, 0) != cudaSuccess) {
-    (void)cudaGetLastError();
-    b = 0;
-  }
-  if (b < 1) b = 1;
-  if (dev >= 0 && dev < 16) cached[dev].store(b, std::memory_order_relaxed);
-  return b;
+  return ot_per_device(cs, cached, [f]() {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, f, kGemvWarps * 32, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      b = 0;
+    }
+    return b < 1 ? 1 : b;
+  });
 }
 
 /* Rows per warp (M <= 4: the kernels of MT 1, 2, 4): when the N rows (grid.x blocks of
@@ -625,9 +723,8 @@ static bool gemv_wanted(const ot_linear_forward_args *a, gemv_env *env, bool *ve
   if (a->rows > kGemvMaxM) return false;
   *env = gemv_read_env();
   if (env->gemv >= 0) return env->gemv == 1;
-  const int64_t nk = a->in_features * a->out_features;
-  return a->dtype != OT_F32 && a->rows == 1 && *vec &&
-         (nk < ((int64_t)3 << 23) || nk >= ((int64_t)1 << 28));
+  return ot_linear_small_m_auto(a->rows, a->in_features, a->out_features, a->dtype != OT_F32,
+                                *vec);
 }
 
 static ot_status gemv_forward(ot_context *ctx, const char *op, const ot_linear_forward_args *a,

@@ -14,30 +14,43 @@
 
 #include "cuda_state.h"
 
+/* An answer asked once per device: cached[cs's device] when set (non-zero), else
+ * compute() -- never 0 -- stored there (the first 16 devices; beyond them asked each
+ * time). `cached` is the caller's static array of 16, declared "= {}"
+ * (constant-initialized, where GCC otherwise guards an array of atomics'
+ * initialization). Host threads may ask at once: each stores the same answer (relaxed
+ * atomics, no lock). */
+template <typename F>
+static inline int ot_per_device(const ot_cuda_state *cs, std::atomic<int> *cached, F compute) {
+  const int dev = cs->device;
+  const bool slot = dev >= 0 && dev < 16;
+  if (slot) {
+    const int c = cached[dev].load(std::memory_order_relaxed);
+    if (c != 0) return c;
+  }
+  const int v = compute();
+  if (slot) cached[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
+
 /* Whether kernel f may be launched as a programmatic dependent on cs's device: a 9.0+ GPU
  * running f's code compiled for sm_90+. Only that code waits (griddepcontrol.wait is
  * compiled out below sm_90); code JIT-compiled from older PTX (a build without sm_90
  * code, or a newer GPU that cannot run the sm_90a binary) does not, and launched early
  * it could read its inputs before the previous kernel wrote them. Once per kernel and
- * device: `cached` is the caller's static array of 16 for f (first 16 devices; 1 yes,
- * -1 no, 0 not asked yet; declare it "= {}": constant-initialized, where GCC otherwise
- * guards an array of atomics' initialization). Host threads may ask at once: each writes
- * the same answer (relaxed atomics, no lock). */
+ * device (ot_per_device): `cached` is the caller's static array of 16 for f (1 yes, -1 no,
+ * 0 not asked yet). */
 template <typename K>
 static inline bool ot_pdl_ok(const ot_cuda_state *cs, K *f, std::atomic<int> *cached) {
-  const int dev = cs->device;
-  if (dev >= 0 && dev < 16) {
-    const int c = cached[dev].load(std::memory_order_relaxed);
-    if (c != 0) return c > 0;
-  }
-  bool ok = false;
-  if (cs->cc_major >= 9) {
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, f) == cudaSuccess) ok = fa.ptxVersion >= 90;
-    else (void)cudaGetLastError();
-  }
-  if (dev >= 0 && dev < 16) cached[dev].store(ok ? 1 : -1, std::memory_order_relaxed);
-  return ok;
+  return ot_per_device(cs, cached, [cs, f]() {
+           bool ok = false;
+           if (cs->cc_major >= 9) {
+             cudaFuncAttributes fa;
+             if (cudaFuncGetAttributes(&fa, f) == cudaSuccess) ok = fa.ptxVersion >= 90;
+             else (void)cudaGetLastError();
+           }
+           return ok ? 1 : -1;
+         }) > 0;
 }
 
 /* Device side, no-ops below sm_90 and in a kernel not launched as a programmatic
