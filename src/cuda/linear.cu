@@ -70,6 +70,24 @@ static uint64_t key_hash(const gemm_key &k) {
   return h;
 }
 
+/* Whether key is cached (then *found: cuBLASLt had an algorithm, *algo: it). */
+static bool cache_find(const gemm_key &key, cublasLtMatmulAlgo_t *algo, bool *found) {
+  const uint64_t h = key_hash(key);
+  bool known = false;
+  pthread_mutex_lock(&g_cache_mu);
+  for (int p = 0; p < kCacheProbe; p++) {
+    gemm_entry &e = g_cache[(h + p) % kCacheSize];
+    if (e.used && key_eq(e.key, key)) {
+      known = true;
+      *found = e.supported;
+      *algo = e.algo;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g_cache_mu);
+  return known;
+}
+
 /* Largest power of two <= 256 dividing the address and (for more than one column) the
  * leading dimension in bytes, as log2. */
 static int align_log2(const void *p, int64_t ld, size_t elem, int64_t cols) {
@@ -146,7 +164,8 @@ struct lt_descs {
  * keeps the fastest in the cache (under a key of its own: the heuristic's entries stay).
  * Only where a rerun is harmless and the host may wait: beta == 0 (D is overwritten, not
  * accumulated), D overlapping neither A nor B, and the stream not capturing a graph (a
- * GEMM first seen during a capture takes the heuristic's pick, as without the variable).
+ * capture finds the entry tuned by an earlier call outside it, e.g. the engine's eager
+ * first decode step; a GEMM first seen during a capture takes the heuristic's pick).
  * A "v" in the value (e.g. "8v") prints each tuned GEMM's times to stderr. The algorithm
  * chosen can differ between processes (and so can the last bits of D, e.g. a split-K
  * algorithm's sum order); within a process it is fixed. Unset / 0 / 1: off. */
@@ -178,20 +197,23 @@ static bool overlap(const void *p, size_t pb, const void *q, size_t qb) {
   return a < b + qb && b < a + pb;
 }
 
-/* Whether this GEMM may be timed by reruns (above). */
-static bool tune_allowed(const ot_gemm *g, cudaStream_t st) {
+/* Whether this GEMM may be timed by reruns (above), the stream's capture aside. */
+static bool tune_rerun_ok(const ot_gemm *g) {
   if (g->beta != 0.0f) return false;
   const size_t eab = ot_dtype_size(g->ab), ed = ot_dtype_size(g->d);
   const size_t da = g->transa ? span_bytes(g->k, g->m, g->lda, eab) : span_bytes(g->m, g->k, g->lda, eab);
   const size_t db = g->transb ? span_bytes(g->n, g->k, g->ldb, eab) : span_bytes(g->k, g->n, g->ldb, eab);
   const size_t dd = span_bytes(g->m, g->n, g->ldd, ed);
-  if (overlap(g->D, dd, g->A, da) || overlap(g->D, dd, g->B, db)) return false;
+  return !overlap(g->D, dd, g->A, da) && !overlap(g->D, dd, g->B, db);
+}
+
+static bool stream_capturing(cudaStream_t st) {
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(st, &cap) != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return true; /* unknown: no host wait */
   }
-  return cap == cudaStreamCaptureStatusNone;
+  return cap != cudaStreamCaptureStatusNone;
 }
 
 /* The index of the fastest of res[0 .. count) on g's operands, -1 when none ran. */
@@ -263,9 +285,10 @@ extern "C" ot_status ot_cuda_gemm(ot_context *ctx, const char *op, const ot_gemm
   key.device = cs->device;
   cudaStream_t st = (cudaStream_t)ctx->stream;
   const tune_opt tune = tune_read_env();
-  const int tune_n = tune.n && tune_allowed(g, st) ? tune.n : 0;
-  key.flags = (g->transa ? 1 : 0) | (g->transb ? 2 : 0) | ((int)g->epilogue << 2) |
-              (tf32 ? 16 : 0) | (g->beta != 0.0f ? 32 : 0) | (tune_n << 6);
+  int tune_n = tune.n && tune_rerun_ok(g) ? tune.n : 0;
+  const int flags = (g->transa ? 1 : 0) | (g->transb ? 2 : 0) | ((int)g->epilogue << 2) |
+                    (tf32 ? 16 : 0) | (g->beta != 0.0f ? 32 : 0);
+  key.flags = flags | (tune_n << 6);
   const int al_a = align_log2(g->A, g->lda, eab, g->transa ? g->m : g->k);
   const int al_b = align_log2(g->B, g->ldb, eab, g->transb ? g->k : g->n);
   const int al_d = align_log2(g->D, g->ldd, ed, g->n);
@@ -297,19 +320,16 @@ extern "C" ot_status ot_cuda_gemm(ot_context *ctx, const char *op, const ot_gemm
   LT_TRY("layout D", cublasLtMatrixLayoutCreate(&ds.d, td, g->m, g->n, g->ldd));
 
   cublasLtMatmulAlgo_t algo = {};
-  bool found = false, known = false;
-  const uint64_t h = key_hash(key);
-  pthread_mutex_lock(&g_cache_mu);
-  for (int p = 0; p < kCacheProbe; p++) {
-    gemm_entry &e = g_cache[(h + p) % kCacheSize];
-    if (e.used && key_eq(e.key, key)) {
-      known = true;
-      found = e.supported;
-      algo = e.algo;
-      break;
-    }
+  bool found = false;
+  bool known = cache_find(key, &algo, &found);
+  if (!known && tune_n && stream_capturing(st)) {
+    /* tuned GEMMs are timed outside a capture (the tuned entry, when there is one, serves
+     * a capture too); one first seen inside takes the heuristic's pick */
+    tune_n = 0;
+    key.flags = flags;
+    known = cache_find(key, &algo, &found);
   }
-  pthread_mutex_unlock(&g_cache_mu);
+  const uint64_t h = key_hash(key);
   if (!known) {
     LT_TRY("PreferenceCreate", cublasLtMatmulPreferenceCreate(&ds.pref));
     const uint64_t wsb = kLtWorkspaceBytes;
