@@ -35,6 +35,7 @@ RESC = {"OT_ATTN_SM90_RESC": "1"}
 P8 = {"OT_ATTN_SM90_EXP": "poly8"}
 P4 = {"OT_ATTN_SM90_EXP": "poly"}
 WIDE = {"OT_ATTN_SM90_TILE": "wide"}
+SPLIT = {"OT_ATTN_SM90_SPLIT": "1"}
 
 
 ONLY = None   # --only: the variant names to run (checks and timings)
@@ -46,6 +47,10 @@ def variant_list(d, s, causal):
 
 
 def _variant_list(d, s, causal):
+    return [("split", SPLIT)] * (not causal) + _variant_list0(d, s, causal)
+
+
+def _variant_list0(d, s, causal):
     if d == 128 and not causal and s > 2048:          # 176-key tile
         return [("resc", RESC), ("poly8", P8), ("poly4", P4)]
     if d == 64 and not causal:                        # 3 consumers, 128-key tile
@@ -76,6 +81,18 @@ def checks(S):
     # the multi-tile persistent path (ring phases across tiles) with the variants
     ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 128, env={**wide, **RESC, "OT_ATTN_SM90_GRID": "3"})
     ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 256, env={**P8, "OT_ATTN_SM90_GRID": "3"})
+    if ONLY is None or "split" in ONLY:
+        # kFlSplit: the last round's tiles in pieces (GRID n: n_tiles % n tail tiles), every
+        # head dim and tile, partial last key tile, GQA, lse; fp16 (not compiled: default)
+        for d, sq, sk, hq, hkv, grid, extra in (
+                (128, 1000, 1000, 4, 2, 3, {}), (128, 1000, 1000, 4, 4, 7, wide),
+                (128, 700, 4097, 4, 1, 11, {}), (64, 1000, 1100, 4, 2, 9, {}),
+                (64, 2000, 2000, 2, 2, 7, {}), (256, 300, 1030, 4, 2, 7, {}),
+                (256, 1000, 1000, 2, 2, 10, {})):
+            ba.check_case(S, ck, 2, sq, sk, hq, hkv, d,
+                          env={**SPLIT, **extra, "OT_ATTN_SM90_GRID": str(grid)})
+        ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, dtype=torch.float16,
+                      env={**SPLIT, "OT_ATTN_SM90_GRID": "3"})
     print(f"check: {ck.n - ck.fails}/{ck.n} passed", flush=True)
     return ck.fails == 0
 
@@ -135,6 +152,16 @@ def bench(S, args):
                     except Exception as e:
                         print(f"{case}: {name} failed: {str(e)[:100]}")
                 t = {n: [] for n, _, _ in sides}
+                f()
+                ref_out, ref_lse = out.clone(), lse.clone()
+                diffs = {}
+                for n, env, pf in sides[1:]:
+                    if pf is None:
+                        with ba.env_set(env):
+                            f()
+                        diffs[n] = ((out.float() - ref_out.float()).abs().max().item(),
+                                    (lse - ref_lse).abs().max().item())
+                del ref_out, ref_lse
                 for _ in range(args.rounds):
                     for n, env, pf in sides:
                         if pf is not None:
@@ -152,14 +179,18 @@ def bench(S, args):
                        "fraction_of_ceiling": round(med["default"] / gemm, 3),
                        "variants": {n: round(med[n], 1) for n, e, pf in sides
                                     if pf is None and n != "default"},
-                       "rounds": {n: [round(x, 1) for x in xs] for n, xs in t.items()}}
+                       "rounds": {n: [round(x, 1) for x in xs] for n, xs in t.items()},
+                       "max_abs_diff_vs_default": {n: [float(f"{x:.3g}") for x in v_]
+                                                   for n, v_ in diffs.items()}}
                 rows.append(row)
                 cud = peers.get("torch SDPA cuDNN")
                 print(f"{case:34s} default {row['ours']:6.1f}  " +
                       "  ".join(f"{k_.split()[-1]} {v_:6.1f}" for k_, v_ in peers.items()) +
                       (f"  vs cuDNN {row['ours'] / cud:.3f}" if cud else "") +
                       "".join(f" | {n} {v_:.1f} ({v_ / med['default']:.3f})"
-                              for n, v_ in row["variants"].items()), flush=True)
+                              for n, v_ in row["variants"].items()) +
+                      "".join(f" | {n} diff out {a_:.2e} lse {b_:.2e}" for n, (a_, b_) in diffs.items()),
+                      flush=True)
                 del q, k, v, out, lse
                 torch.cuda.empty_cache()
                 if args.json:

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # scripts/device_fwd_variants.sh [COMMIT] -- on the lent H200 (`run` executes it in the
 # repository root), from binaries prebuilt on the build machine (no compiling here):
+#   0. PROFILE=1: ncu on our kernel and on cuDNN's (torch SDPA) in one process
+#      (bench/profile_attention_fwd.py; PROF_ARGS, default "--d 128 --s 4096"): launch
+#      config, SpeedOfLight, WarpStateStats, SchedulerStats, ComputeWorkloadAnalysis, the
+#      tensor-pipe / XU metrics and every stall reason (-> $OUT/ncu.txt, ncu_raw.csv);
 #   1. bench/attn_fwd_variants.py: float64 checks of the Hopper forward's variants, host cost
 #      per call, then every variant against the default and torch SDPA cuDNN / flash in
 #      interleaved rounds (-> $OUT/variants.json, variants.log);
@@ -34,6 +38,22 @@ mkdir -p /tmp/ot_deps && tar xzf "$CARRY/deps.tar.gz" -C /tmp/ot_deps
 export LD_LIBRARY_PATH="/tmp/ot_deps:${LD_LIBRARY_PATH:-}"
 xz -dc "$CARRY/test_ops.xz" >/tmp/test_ops && chmod +x /tmp/test_ops
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
+
+if [ "${PROFILE:-0}" != 0 ]; then
+  t=$(lim 60)
+  stamp "ncu (limit $t s)"
+  mets=sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg,gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,launch__occupancy_limit_registers
+  timeout "$t" ncu --profile-from-start off --clock-control none --section LaunchStats \
+    --section Occupancy --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis \
+    --metrics "$mets,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    -o /tmp/prof python3 bench/profile_attention_fwd.py "$CARRY/libattention_shim.so" \
+    ${PROF_ARGS:---d 128 --s 4096} >"$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"
+  ncu --import /tmp/prof.ncu-rep --page details --print-units base >>"$OUT/ncu.txt" 2>&1
+  ncu --import /tmp/prof.ncu-rep --page raw --csv >"$OUT/ncu_raw.csv" 2>&1
+  grep -E '^  [a-zA-Z_].*\(|Duration|Registers Per|Grid Size|Block Size|Dynamic Shared|Compute \(SM\) Thr|Issue Slots Busy|Warp Cycles Per Issued|gmma|pipe_xu' "$OUT/ncu.txt" | cut -c1-150 | head -60
+fi
 
 t=$(lim 70)
 stamp "variants (limit $t s)"

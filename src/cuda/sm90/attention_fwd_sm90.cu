@@ -67,6 +67,8 @@ enum {
                    * O is rescaled only in the steps where some row of the warp moved */
   kFlPoly8 = 2,   /* in unmasked tiles 1 of every 8 exponentials by ex2_poly (FMA pipe) */
   kFlPoly4 = 4,   /* in unmasked tiles 2 of every 8 exponentials by ex2_poly */
+  kFlSplit = 8,   /* the tiles of the last, partial round of the persistent CTAs split along
+                   * the keys (p.splits pieces each, fp32 partials merged by attn_fwd_sm90_merge) */
 };
 
 /* NC consumer warpgroups of 64 query rows each (2, or 3 at head dim 64 as FA3 does): a
@@ -103,6 +105,16 @@ struct fwd_params {
   int sect;                       /* > 0: sectioned tile order (see decode_tile) */
   int wl, wr;                     /* -1 unbounded */
   float scale, scale_log2;
+};
+/* kFlSplit (a kernel argument of its own, so that fwd_params and the code of the other
+ * instances stay as they were): tiles t >= split_full are done as `splits` pieces of at
+ * most `chunk` key tiles (work items split_full + (t - split_full) * splits + piece, n_items
+ * in all); each piece writes its unnormalised O (fp32, [piece][BR][D]) and (row max, row
+ * sum) ([piece][BR]) to part / ml. */
+struct split_params {
+  int split_full, splits, chunk, n_items;
+  float *part;
+  float2 *ml;
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -167,12 +179,30 @@ __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
   if (p.wl >= 0) ti.n_min = max(0, floor_div(ti.m_block * BR + off - p.wl, BC));
   return ti;
 }
+/* Work item t: a whole tile, or (SPLIT, t >= split_full) piece `piece` of a tail tile, its
+ * key tiles [n_max - (s + 1) chunk, n_max - s chunk) of the tile's range (piece -1: whole). */
+template <int BC, int BR, bool SPLIT>
+__device__ __forceinline__ tile_info decode_item(const fwd_params &p, const split_params &sp,
+                                                 int t, int &piece) {
+  if (SPLIT && t >= sp.split_full) {
+    const int u = t - sp.split_full, s = u % sp.splits;
+    tile_info ti = decode_tile<BC, BR>(p, sp.split_full + u / sp.splits);
+    const int hi = ti.n_max - s * sp.chunk;
+    ti.n_min = max(ti.n_min, hi - sp.chunk);
+    ti.n_max = hi;
+    piece = u;
+    return ti;
+  }
+  piece = -1;
+  return decode_tile<BC, BR>(p, t);
+}
 
 template <typename T, int D, int BC, int NC, int FL>
 __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k,
-                         const __grid_constant__ CUtensorMap tm_v, const fwd_params p) {
+                         const __grid_constant__ CUtensorMap tm_v, const fwd_params p,
+                         const split_params sp) {
   using L = fwd_smem<D, BC, NC>;
   constexpr int BR = fwd_cfg<NC>::br;
   constexpr int kEmptyCount = 4 * NC;   /* lane 0 of each consumer warp releases a stage */
@@ -183,12 +213,13 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr bool RESC = (FL & kFlResc) != 0;
   /* kFlPoly8 / kFlPoly4: exponentials i with (i & 7) >= 8 - PF go to ex2_poly */
   constexpr int PF = (FL & kFlPoly4) ? 2 : (FL & kFlPoly8) ? 1 : 0;
+  constexpr bool SPLIT = (FL & kFlSplit) != 0;
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
   const uint32_t s_bar = s_base + L::bar_off;
   auto bar = [&](int i) { return s_bar + 8u * (uint32_t)i; };
-  const int n_tiles = p.num_m * p.hq * p.batch;
+  const int n_tiles = SPLIT ? sp.n_items : p.num_m * p.hq * p.batch;
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -213,7 +244,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     if (tid != 0) return;
     int kv = 0, qn = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-      const tile_info ti = decode_tile<BC, BR>(p, t);
+      int piece;
+      const tile_info ti = decode_item<BC, BR, SPLIT>(p, sp, t, piece);
       const int n_iters = ti.n_max - ti.n_min;
       if (n_iters <= 0) continue;
       const int kvh = ti.head / p.group;
@@ -268,7 +300,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   int kv = 0, qn = 0;
 
   for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-    const tile_info ti = decode_tile<BC, BR>(p, t);
+    int piece;
+    const tile_info ti = decode_item<BC, BR, SPLIT>(p, sp, t, piece);
     const int n_iters = ti.n_max - ti.n_min, n_max = ti.n_max;
     const int row0 = ti.m_block * BR + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
     float o[NO];
@@ -448,6 +481,21 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       if (m_r[h] == -INFINITY) l = 0.f;   /* no visible key (ex2_poly(-inf) is not 0) */
       inv[h] = l > 0.f ? 1.f / l : 0.f;
       lse[h] = l > 0.f ? m_r[h] * p.scale + logf(l) : -INFINITY;
+      if (SPLIT) l_r[h] = l;
+    }
+    if (SPLIT && piece >= 0) {
+      /* A piece of a tail tile: O unnormalised, relative to the row max m_r (any reference
+       * max that P and l share: also the stale one of kFlResc), for the merge kernel. */
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int rl = c * 64 + warp * 16 + g + 8 * h;   /* row in the tile */
+        float *prow = sp.part + ((int64_t)piece * BR + rl) * D + 2 * q4;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+          *(float2 *)(prow + 8 * j) = make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]);
+        if (q4 == 0) sp.ml[(int64_t)piece * BR + rl] = make_float2(m_r[h], l_r[h]);
+      }
+      continue;
     }
     T *out = (T *)p.out + (int64_t)ti.batch * p.o_bs + (int64_t)ti.head * p.o_hs;
 #pragma unroll
@@ -473,8 +521,50 @@ template <typename T, int D, int BC, int NC, int FL>
 __global__ void attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                                      const __grid_constant__ CUtensorMap tm_k,
                                      const __grid_constant__ CUtensorMap tm_v,
-                                     const fwd_params p) {}
+                                     const fwd_params p, const split_params sp) {}
 #endif
+
+/* kFlSplit: combines the pieces of each tail tile (unmasked calls only: the tile order is m
+ * fastest, t = (batch * hq + head) * num_m + m). One warp per query row:
+ * O = sum_s 2^((m_s - M) c) O_s / L, L = sum_s 2^((m_s - M) c) l_s, M = max_s m_s. */
+template <typename T, int D>
+__global__ void __launch_bounds__(128) attn_fwd_sm90_merge(const fwd_params p,
+                                                           const split_params sp, int br) {
+  constexpr int CW = D / 32;   /* columns per lane */
+  const int row_id = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_tail = (sp.n_items - sp.split_full) / sp.splits;
+  if (row_id >= n_tail * br) return;
+  const int rt = row_id / br, i = row_id % br, tile = sp.split_full + rt;
+  const int m_block = tile % p.num_m, hb = tile / p.num_m, head = hb % p.hq, batch = hb / p.hq;
+  const int row = m_block * br + i;
+  if (row >= p.sq) return;
+  const float2 *ml = sp.ml + (int64_t)rt * sp.splits * br + i;
+  float mx = -INFINITY;
+  for (int s = lane; s < sp.splits; s += 32) mx = fmaxf(mx, ml[(int64_t)s * br].x);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const float c = p.scale_log2;
+  float acc[CW], l = 0.f;
+#pragma unroll
+  for (int j = 0; j < CW; j++) acc[j] = 0.f;
+  for (int s = 0; s < sp.splits; s++) {
+    const float2 v = ml[(int64_t)s * br];
+    if (v.x == -INFINITY) continue;   /* a piece that saw no key of this row */
+    const float w = exp2f((v.x - mx) * c);
+    l += w * v.y;
+    const float *src = sp.part + ((int64_t)(rt * sp.splits + s) * br + i) * D + lane * CW;
+#pragma unroll
+    for (int j = 0; j < CW; j++) acc[j] += w * src[j];
+  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  T *dst = (T *)p.out + (int64_t)batch * p.o_bs + (int64_t)head * p.o_hs + (int64_t)row * p.o_ts +
+           lane * CW;
+#pragma unroll
+  for (int j = 0; j < CW; j++) dst[j] = from_f32<T>(acc[j] * inv);
+  if (p.lse && lane == 0)
+    p.lse[(int64_t)batch * p.l_bs + (int64_t)head * p.l_hs + (int64_t)row * p.l_ts] =
+        l > 0.f ? mx * p.scale + logf(l) : -INFINITY;
+}
 
 /* ---------------- host ---------------- */
 
@@ -516,9 +606,45 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
     q.sect = (int)(sect < 1 ? 1 : sect > nhb ? nhb : sect);
   }
   const unsigned grid = (unsigned)(persistent ? sms : n_tiles);
+  /* kFlSplit: the rem = n_tiles % grid tiles of the last round of an unmasked persistent
+   * launch (all tiles cost the same) would run on rem SMs while the others idle; each is
+   * split instead into up to grid / rem pieces of whole key tiles, so that the last round
+   * takes every SM, and a merge kernel combines the pieces. */
+  split_params sp;
+  memset(&sp, 0, sizeof sp);
+  sp.split_full = sp.n_items = (int)n_tiles;
+  sp.splits = 1;
+  sp.chunk = 1 << 30;
+  int merge_rows = 0;
+  if constexpr ((FL & kFlSplit) != 0) {
+    constexpr int BR = fwd_cfg<NC>::br;
+    const int rem = (int)(n_tiles % sms), n_it = (q.sk + BC - 1) / BC;
+    if (persistent && !masked && rem > 0) {
+      const int chunk = (n_it + sms / rem - 1) / (sms / rem);
+      const int splits = (n_it + chunk - 1) / chunk;
+      const size_t part_bytes = (size_t)rem * splits * BR * D * sizeof(float);
+      char *scr = splits >= 2 ? (char *)ot_cuda_scratch(
+                                    ctx, part_bytes + (size_t)rem * splits * BR * sizeof(float2), op)
+                              : NULL;
+      if (scr) {
+        sp.part = (float *)scr;
+        sp.ml = (float2 *)(scr + part_bytes);
+        sp.split_full = (int)n_tiles - rem;
+        sp.splits = splits;
+        sp.chunk = chunk;
+        sp.n_items = sp.split_full + rem * splits;
+        merge_rows = rem * BR;
+      }
+    }
+  }
   kern<<<grid, fwd_cfg<NC>::threads, L::bytes, (cudaStream_t)ctx->stream>>>(maps[0], maps[1],
-                                                                            maps[2], q);
+                                                                            maps[2], q, sp);
   OT_CUDA_CHECK_LAUNCH(op);
+  if (merge_rows > 0) {
+    attn_fwd_sm90_merge<T, D><<<(merge_rows + 3) / 4, 128, 0, (cudaStream_t)ctx->stream>>>(
+        q, sp, fwd_cfg<NC>::br);
+    OT_CUDA_CHECK_LAUNCH(op);
+  }
   return OT_OK;
 }
 
@@ -541,8 +667,8 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_params *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlPoly4, kFlPoly8, kFlResc};
-  for (int i = 0; i < 3 && !fl_has(fl, l); i++) fl &= ~drop[i];
+  static const int drop[] = {kFlSplit, kFlPoly4, kFlPoly8, kFlResc};
+  for (int i = 0; i < 4 && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
 }
 
@@ -558,15 +684,17 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #else
   constexpr bool X = false;
 #endif
-  constexpr int R = kFlResc, P8 = kFlPoly8, P4 = kFlPoly4;
+  constexpr int R = kFlResc, P8 = kFlPoly8, P4 = kFlPoly4, SP = kFlSplit;
   if constexpr (X && D == 64 && NC == 3) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, P8, P4>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, P8, P4, SP>());
   } else if constexpr (X && D == 64 && BC == 128) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, P8>());
   } else if constexpr (X && D == 128 && BC == 176) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, P8, P4>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, P8, P4, SP>());
+  } else if constexpr (X && D == 128 && BC == 128) {
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, SP>());
   } else if constexpr (X && D == 256) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | P8>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | P8, R | SP>());
   } else if constexpr (D == 256 || (D == 128 && BC == 128)) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R>());
   } else {
@@ -718,7 +846,15 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   /* The partial first-visited key tile on a narrower key range (kFlTail, b3ee4d5's
    * OT_ATTN_SM90_TAIL=1) lost: D128 S = 4k 0.90x, 16k 0.95x, D256 S = 4k 1.01x, 16k 0.87x
    * (its kernels twice the size; cause not established); removed (code in b3ee4d5). */
-  const int fl = (resc ? kFlResc : 0) | poly;
+  /* OT_ATTN_SM90_SPLIT=1: split the tiles of the persistent launch's last, partial round
+   * along the keys (kFlSplit; unmasked calls; experiment builds only for now). */
+#ifdef OT_ATTN_SM90_EXPERIMENTS
+  const char *sp = getenv("OT_ATTN_SM90_SPLIT");
+  const int split = sp && sp[0] == '1' && !masked_call ? kFlSplit : 0;
+#else
+  const int split = 0;
+#endif
+  const int fl = (resc ? kFlResc : 0) | poly | split;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &p, small_tile, nc, fl);
