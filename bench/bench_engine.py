@@ -351,7 +351,6 @@ AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]
 MARKS = []
 TTFT_DIAG = True  # --no-ttft-diag: skip ttft_diagnostics
 TIMELINE = True  # --no-timeline: skip timelines
-RBW = GEMM = 1.0  # the run's read bandwidth (TB/s) and GEMM rate (TFLOP/s), set by bench()
 
 
 def mark(label):
@@ -611,9 +610,7 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
         mark(f"decode b{B} done")
         for i in range(B):
             eng.free(i)
-    if DEV == "cuda" and TIMELINE:
-        out["timeline"] = timelines(eng, s, prompt, RBW, GEMM)
-        mark("timelines done")
+
     if DEV == "cuda" and 1 in batches:
         # the same decode with the linears chosen otherwise: what each choice buys, in
         # this run
@@ -771,10 +768,8 @@ def save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw):
 
 
 def bench(args, doc, save):
-    global RBW, GEMM
     gemm = gemm_tflops()
     rbw = read_tbps()
-    RBW, GEMM = rbw, gemm
     doc["ceilings"] = {"gemm_bf16_TFLOPs": round(gemm, 1), "read_TBps": round(rbw, 3)}
     print(f"ceilings: bf16 GEMM {gemm:.0f} TFLOP/s, read {rbw:.2f} TB/s", flush=True)
     save()
@@ -793,8 +788,6 @@ def bench(args, doc, save):
         ours = engine_times(eng, s, P, args.batches, args.steps, 3,
                             [v for v in args.decode_variants.split(",") if v])
         mem = eng.memory()
-        eng.close()
-        del eng
         print(f"{name}: engine {ours}", flush=True)
         hf = {}
 
@@ -816,6 +809,13 @@ def bench(args, doc, save):
             print(f"{name}: HF {hf}", flush=True)
             mark(f"{name}: HF done")
         del model
+        if DEV == "cuda" and TIMELINE:  # last: no profiler (CUPTI) before any timing
+            g = torch.Generator().manual_seed(3)
+            prompt = torch.randint(0, s["vocab"], (P,), generator=g).tolist()
+            ours["timeline"] = timelines(eng, s, prompt, rbw, gemm)
+            mark(f"{name}: timelines done")
+        eng.close()
+        del eng
         gc.collect()
         if DEV == "cuda":
             torch.cuda.empty_cache()
