@@ -390,8 +390,11 @@ void ot_arena_destroy(ot_arena *a) {
   free(a);
 }
 
+/* quiet: a request that does not fit returns OT_ERR_OOM without recording the message
+ * (ot_arena_try_alloc_for); bad arguments are recorded either way. */
 static ot_status arena_alloc(const char *op, const char *what, ot_arena *a, size_t bytes,
-                             void *stream, ot_memory_tag tag, const char *op_name, void **ptr) {
+                             void *stream, ot_memory_tag tag, const char *op_name, bool quiet,
+                             void **ptr) {
   if (!a) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "arena: is NULL");
   if (!ptr) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ptr: is NULL");
   if (bytes == 0) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "bytes: 0, expected >= 1");
@@ -417,6 +420,7 @@ static ot_status arena_alloc(const char *op, const char *what, ot_arena *a, size
     bool tagged = a->stream_ordered && largest_free_run(a) >= size;
     a->nfailed++;
     pthread_mutex_unlock(&a->lock);
+    if (quiet) return OT_ERR_OOM;
     return ot_error(OT_ERR_OOM, op,
                     "%s: cannot allocate %zu bytes (%zu rounded): the largest free block is "
                     "%zu bytes (%zu free of %zu reserved, %zu in use)%s",
@@ -456,17 +460,23 @@ static ot_status arena_alloc(const char *op, const char *what, ot_arena *a, size
 }
 
 ot_status ot_arena_alloc(ot_arena *a, size_t bytes, void *stream, void **ptr) {
-  return arena_alloc("ot_arena_alloc", "bytes", a, bytes, stream, OT_MEMORY_OTHER, NULL, ptr);
+  return arena_alloc("ot_arena_alloc", "bytes", a, bytes, stream, OT_MEMORY_OTHER, NULL, false,
+                     ptr);
 }
 
 ot_status ot_arena_alloc_tagged(ot_arena *a, size_t bytes, void *stream, ot_memory_tag tag,
                                 const char *op, void **ptr) {
-  return arena_alloc("ot_arena_alloc_tagged", "bytes", a, bytes, stream, tag, op, ptr);
+  return arena_alloc("ot_arena_alloc_tagged", "bytes", a, bytes, stream, tag, op, false, ptr);
 }
 
 ot_status ot_arena_alloc_for(const char *op, const char *what, ot_arena *a, size_t bytes,
                              void *stream, ot_memory_tag tag, void **ptr) {
-  return arena_alloc(op, what, a, bytes, stream, tag, op, ptr);
+  return arena_alloc(op, what, a, bytes, stream, tag, op, false, ptr);
+}
+
+ot_status ot_arena_try_alloc_for(const char *op, const char *what, ot_arena *a, size_t bytes,
+                                 void *stream, ot_memory_tag tag, void **ptr) {
+  return arena_alloc(op, what, a, bytes, stream, tag, op, true, ptr);
 }
 
 ot_status ot_arena_free(ot_arena *a, void *ptr, void *stream) {

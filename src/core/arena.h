@@ -41,6 +41,10 @@ ot_status ot_arena_cuda_wait(const char *op, DLDevice device, void *waiter, void
  * `tag` and op name `op`, and an OOM message reads "<op>: <what>: cannot allocate ...". */
 ot_status ot_arena_alloc_for(const char *op, const char *what, ot_arena *arena, size_t bytes,
                              void *stream, ot_memory_tag tag, void **ptr);
+/* The same for a caller with a fallback: a request that does not fit returns OT_ERR_OOM
+ * and records no message (ot_last_error() is left alone). */
+ot_status ot_arena_try_alloc_for(const char *op, const char *what, ot_arena *arena,
+                                 size_t bytes, void *stream, ot_memory_tag tag, void **ptr);
 
 /* The reservation of `bytes` on `device`: host memory (aligned_alloc, 256-byte aligned)
  * or device memory (cudaMalloc). `op` names the caller for messages. */

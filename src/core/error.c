@@ -20,12 +20,6 @@ const char *ot_status_string(ot_status status) {
 
 const char *ot_last_error(void) { return ot_last_error_buf; }
 
-void ot_error_save(char saved[OT_ERROR_CAP]) { memcpy(saved, ot_last_error_buf, OT_ERROR_CAP); }
-
-void ot_error_restore(const char saved[OT_ERROR_CAP]) {
-  memcpy(ot_last_error_buf, saved, OT_ERROR_CAP);
-}
-
 /* Formatted into a local buffer first: an argument may be ot_last_error() itself (a
  * message that quotes the failure it wraps), which writing in place would overwrite. */
 ot_status ot_error(ot_status status, const char *op, const char *fmt, ...) {

@@ -51,12 +51,7 @@ ot_status ot_error(ot_status status, const char *op, const char *fmt, ...)
 #endif
     ;
 
-/* A copy of this thread's last error message, for a call that meets a failure it then
- * handles itself (a kernel that falls back to another when its scratch cannot be had):
- * restoring the copy keeps the rule that a successful call leaves ot_last_error() alone. */
-#define OT_ERROR_CAP 1024
-void ot_error_save(char saved[OT_ERROR_CAP]);
-void ot_error_restore(const char saved[OT_ERROR_CAP]);
+#define OT_ERROR_CAP 1024 /* bytes of the last-error message, NUL included */
 
 /* Propagate a non-OK status. */
 #define OT_TRY(expr)                      \

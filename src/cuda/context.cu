@@ -66,9 +66,10 @@ static ot_status context_init_on_device(ot_context *ctx) {
 
 /* ---- temporaries from the context's arena ------------------------------------------ */
 
-/* A block for the running op on the context's stream, remembered for ot_cuda_op_end. */
+/* A block for the running op on the context's stream, remembered for ot_cuda_op_end.
+ * quiet: a block that does not fit is OT_ERR_OOM with no message recorded. */
 static ot_status arena_take(ot_context *ctx, size_t bytes, const char *op, const char *what,
-                            void **ptr) {
+                            bool quiet, void **ptr) {
   ot_cuda_state *st = ot_cuda_state_of(ctx);
   if (st->ntemps == OT_CUDA_MAX_TEMPS)
     return ot_error(OT_ERR_INTERNAL, op, "%s: more than %d arena temporaries in one op", what,
@@ -76,7 +77,10 @@ static ot_status arena_take(ot_context *ctx, size_t bytes, const char *op, const
   if (st->ntemps > 0 && st->temps_stream != ctx->stream)
     return ot_error(OT_ERR_INTERNAL, op, "%s: the context's stream changed inside an op", what);
   void *p = NULL;
-  OT_TRY(ot_arena_alloc_for(op, what, st->arena, bytes, ctx->stream, OT_MEMORY_WORKSPACE, &p));
+  OT_TRY(quiet ? ot_arena_try_alloc_for(op, what, st->arena, bytes, ctx->stream,
+                                        OT_MEMORY_WORKSPACE, &p)
+               : ot_arena_alloc_for(op, what, st->arena, bytes, ctx->stream,
+                                    OT_MEMORY_WORKSPACE, &p));
   st->temps[st->ntemps++] = p;
   st->temps_stream = ctx->stream;
   st->temps_op = op;
@@ -169,7 +173,7 @@ static ot_status temps_end(ot_cuda_state *st, ot_status status) {
 extern "C" ot_status ot_cuda_temp_alloc(ot_context *ctx, size_t bytes, const char *op,
                                         const char *what, void **ptr) {
   ot_cuda_state *st = ot_cuda_state_of(ctx);
-  if (st->arena) return arena_take(ctx, bytes, op, what, ptr);
+  if (st->arena) return arena_take(ctx, bytes, op, what, false, ptr);
   void *p = NULL;
   cudaError_t e = cudaMallocAsync(&p, bytes, (cudaStream_t)ctx->stream);
   if (e != cudaSuccess) {
@@ -250,34 +254,43 @@ extern "C" ot_status ot_cuda_context_set_arena(ot_context *ctx, ot_arena *arena)
 
 /* ---- the context's own growable scratch --------------------------------------------- */
 
-extern "C" void *ot_cuda_scratch(ot_context *ctx, size_t bytes, const char *op) {
+/* quiet: memory that cannot be had is OT_ERR_OOM with no message recorded (*ptr NULL);
+ * any other failure is recorded. */
+static ot_status scratch_get(ot_context *ctx, size_t bytes, const char *op, bool quiet,
+                             void **ptr) {
   ot_cuda_state *st = ot_cuda_state_of(ctx);
+  *ptr = NULL;
   if (st->arena) {
     /* One scratch block per op, as without an arena: reused while it is large enough,
      * else given back (ordered after the work already enqueued with it) for a larger one. */
-    if (st->arena_scratch && bytes <= st->arena_scratch_bytes) return st->arena_scratch;
+    if (st->arena_scratch && bytes <= st->arena_scratch_bytes) {
+      *ptr = st->arena_scratch;
+      return OT_OK;
+    }
     if (st->arena_scratch) {
       void *old = st->arena_scratch;
       st->arena_scratch = NULL;
       st->arena_scratch_bytes = 0;
-      if (ot_cuda_temp_free(ctx, old, op) != OT_OK) return NULL;
+      OT_TRY(ot_cuda_temp_free(ctx, old, op));
     }
     void *p = NULL;
-    if (arena_take(ctx, bytes ? bytes : 1, op, "scratch from the context's arena", &p) != OT_OK)
-      return NULL;
+    OT_TRY(arena_take(ctx, bytes ? bytes : 1, op, "scratch from the context's arena", quiet, &p));
     st->arena_scratch = p;
     st->arena_scratch_bytes = bytes;
-    return p;
+    *ptr = p;
+    return OT_OK;
   }
-  if (bytes <= st->scratch_bytes) return st->scratch;
+  if (bytes <= st->scratch_bytes) {
+    *ptr = st->scratch;
+    return OT_OK;
+  }
   size_t want = st->scratch_bytes * 2 > bytes ? st->scratch_bytes * 2 : bytes;
   want = (want + 255) & ~(size_t)255;
   if (st->scratch) {
     cudaError_t e = cudaStreamSynchronize((cudaStream_t)ctx->stream);
-    if (e != cudaSuccess) {
-      ot_error(OT_ERR_BACKEND, op, "cudaStreamSynchronize before growing scratch: %s", cudaGetErrorString(e));
-      return NULL;
-    }
+    if (e != cudaSuccess)
+      return ot_error(OT_ERR_BACKEND, op, "cudaStreamSynchronize before growing scratch: %s",
+                      cudaGetErrorString(e));
     cudaFree(st->scratch);
     st->scratch = NULL;
     st->scratch_bytes = 0;
@@ -294,11 +307,24 @@ extern "C" void *ot_cuda_scratch(ot_context *ctx, size_t bytes, const char *op) 
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     st->scratch = NULL;
-    ot_error(OT_ERR_OOM, op, "device scratch of %zu bytes: %s", want, cudaGetErrorString(e));
-    return NULL;
+    if (quiet) return OT_ERR_OOM;
+    return ot_error(OT_ERR_OOM, op, "device scratch of %zu bytes: %s", want,
+                    cudaGetErrorString(e));
   }
   st->scratch_bytes = want;
-  return st->scratch;
+  *ptr = st->scratch;
+  return OT_OK;
+}
+
+extern "C" void *ot_cuda_scratch(ot_context *ctx, size_t bytes, const char *op) {
+  void *p = NULL;
+  return scratch_get(ctx, bytes, op, false, &p) == OT_OK ? p : NULL;
+}
+
+extern "C" ot_status ot_cuda_scratch_try(ot_context *ctx, size_t bytes, const char *op,
+                                         void **ptr) {
+  const ot_status s = scratch_get(ctx, bytes, op, true, ptr);
+  return s == OT_ERR_OOM && !*ptr ? OT_OK : s;
 }
 
 /* The scratch and the cuBLASLt workspace belong to the context, not to a stream: an op

@@ -79,6 +79,11 @@ static inline ot_cuda_state *ot_cuda_state_of(const ot_context *ctx) {
  * gives it back, stream-ordered; later calls of the same op get other blocks). Returns
  * NULL after recording the error (OT_ERR_OOM naming op, size and the largest free block). */
 void *ot_cuda_scratch(ot_context *ctx, size_t bytes, const char *op);
+/* The same for an op that has a fallback when the scratch cannot be had: OT_OK with *ptr
+ * NULL and no message recorded (ot_last_error() left alone) when the memory is not there
+ * (no device memory, or no arena block that fits); any other failure (a stream that
+ * fails to synchronize, ...) is recorded and returned as with ot_cuda_scratch. */
+ot_status ot_cuda_scratch_try(ot_context *ctx, size_t bytes, const char *op, void **ptr);
 
 /* A temporary of `bytes` for the running op, used on the context's stream: from the
  * context's arena when it has one (`what` names it in the OOM message), else

@@ -607,17 +607,19 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * against 4 (D + 2) here (OT_ATTN_IMPL=sm90 asks for this kernel: the OOM stands). */
   const size_t acc_bytes = (size_t)rows * a->d * sizeof(float);
   const size_t vec_bytes = (size_t)rows * sizeof(float);
-  char prev_error[OT_ERROR_CAP];
-  ot_error_save(prev_error);
-  uint8_t *ws = (uint8_t *)ot_cuda_scratch(ctx, acc_bytes + 2 * vec_bytes, op);
-  if (!ws) {
-    if (ot_cuda_attention_impl() != OT_ATTN_IMPL_SM90) { /* declined: the scratch's OOM */
-      ot_error_restore(prev_error);                      /* is not this call's error */
-      return OT_OK;
-    }
+  void *wsp = NULL;
+  const ot_status sst = ot_cuda_scratch_try(ctx, acc_bytes + 2 * vec_bytes, op, &wsp);
+  if (sst != OT_OK) {   /* a failure other than the memory not being there: recorded */
     *handled = true;
-    return OT_ERR_OOM;
+    return sst;
   }
+  if (!wsp) {           /* not there: the try recorded nothing */
+    if (ot_cuda_attention_impl() != OT_ATTN_IMPL_SM90) return OT_OK; /* declined */
+    *handled = true;    /* asked for this kernel: the reporting allocation's OOM stands */
+    wsp = ot_cuda_scratch(ctx, acc_bytes + 2 * vec_bytes, op);
+    if (!wsp) return OT_ERR_OOM;
+  }
+  uint8_t *ws = (uint8_t *)wsp;
   *handled = true;
   bwd_params p;
   memset(&p, 0, sizeof p);
