@@ -4,7 +4,10 @@
 # sanitizer on small cases, and the attention benchmark (fwd and fwd+bwd vs torch SDPA).
 #
 #   [PRE=DIR] scripts/device_attention_bwd_sm90.sh [COMMIT] [STEPS]
-#     STEPS: comma list of smoke,test,test_alt,sanitize,bench,timing (default all but
+#     STEPS: comma list of smoke,test,test_alt,sanitize,bench,timing,profile (default all but
+#     profile: ncu of this build's and cuDNN's fwd+bwd in one process, bench/profile_attention_bwd.py
+#     over PROFILE_CASES (default D128S4096c0,D128S4096c1), PROFILE_LIMIT s (120): $OUT/ncu.txt (the
+#     sections), ncu_durations.csv, ncu_src_ours.csv (per-SASS-instruction stall samples); and
 #     test_alt: the CUDA cases under ALT_ENV, default OT_ATTN_SM90=0: the portable kernels),
 #     and sanitize_base / bench_base: racecheck and the benchmark (BASE_BENCH_ARGS) with each
 #     other build $PRE/NAME.tar.xz (test_ops + libattention_shim.so of a kernel to compare
@@ -162,6 +165,21 @@ if has bench; then
     --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
     --command "scripts/device_attention_bwd_sm90.sh $COMMIT $STEPS" >"$OUT/bench.log" 2>&1
   echo "bench rc=$?"; grep -E 'GEMM|attention_f|failed|Error|not available' "$OUT/bench.log" | cut -c1-160
+fi
+if has profile; then
+  stamp "ncu: ours and cuDNN, ${PROFILE_CASES:-D128S4096c0,D128S4096c1}"
+  timeout ${PROFILE_LIMIT:-120} ncu --clock-control none --profile-from-start off \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy \
+    --section SourceCounters -o /tmp/ot_bwd_prof \
+    python3 bench/profile_attention_bwd.py --shim "$SHIM" --cases "${PROFILE_CASES:-D128S4096c0,D128S4096c1}" \
+    >"$OUT/ncu_run.log" 2>&1
+  echo "ncu rc=$?"
+  ncu --import /tmp/ot_bwd_prof.ncu-rep --print-summary none >"$OUT/ncu.txt" 2>&1
+  ncu --import /tmp/ot_bwd_prof.ncu-rep --page raw --csv --metrics \
+    gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread >"$OUT/ncu_durations.csv" 2>&1
+  ncu --import /tmp/ot_bwd_prof.ncu-rep --page source --csv --print-source sass \
+    -k regex:attn_bwd_sm90 -c 1 >"$OUT/ncu_src_ours.csv" 2>&1
 fi
 # Backward alone, Hopper (deterministic=0) against the portable one (deterministic=1):
 # fwd+bwd ms of attn_portable_timing (bin.tar.xz may hold it) minus its fwd ms.
