@@ -289,7 +289,11 @@ def _auto_torch_backward(q, k):
 # changed (a torch.nn.attention.sdpa_kernel context, say). While
 # torch.compile traces, a key not decided yet means torch's SDPA (nothing is stored: a
 # store would fail the guards of the graph), and the length is not looked at: the
-# library there only where every length bucket decided for the shape picked it.
+# library there only where every length bucket decided for the shape picked it. The
+# flags are not compared there either (torch.compile does not guard on them): a graph
+# keeps the routing it was traced with after an sdpa_kernel context or an
+# enable_*_sdp call -- torch._dynamo.reset() (a recompile) picks the change up; the
+# calls that graph sends to torch's SDPA follow the flags (torch reads them per call).
 _AUTO = {}
 # The torch SDPA backends the library's fwd + bwd (its Hopper backward) beats, with the
 # head dims where it does. Measured on the H200 (torch 2.11, cuDNN 9.19; causal bf16 fwd +
@@ -511,7 +515,14 @@ def _decoder_layer_forward(self, *args, **kwargs):
     which the backward would not see otherwise)."""
     if not (getattr(self, "gradient_checkpointing", False) and self.training
             and torch.is_grad_enabled() and _hf_checkpoints_forward()):
-        return _decoder_layer_body(self, *args, **kwargs)
+        cu = _recompute_split(self, kwargs)
+        if cu is None:
+            return _decoder_layer_body(self, *args, **kwargs)
+        _LOCAL.cu_seqlens = cu
+        try:
+            return _decoder_layer_body(self, *args, **kwargs)
+        finally:
+            _LOCAL.cu_seqlens = None
     if kwargs.get("use_cache"):
         kwargs["use_cache"] = False
     if not getattr(self, "_can_checkpoint_with_cache", False):
@@ -530,6 +541,20 @@ def _decoder_layer_forward(self, *args, **kwargs):
         finally:
             _LOCAL.cu_seqlens = prev
     return self._gradient_checkpointing_func(run, *args)
+
+
+def _recompute_split(layer, kwargs):
+    """The packed-sequence split of a checkpointed layer's recompute where transformers
+    checkpoints in __call__ (4.5x: around the patched forward, which then runs again in
+    the backward, outside the base model's forward and its _LOCAL.cu_seqlens): the
+    split _base_model_forward found for these position_ids (the layer's kwargs hold the
+    same tensor object), else None -- also in every forward that is not such a
+    recompute (the split is already set, no checkpointing, or no packed batch)."""
+    if (getattr(_LOCAL, "cu_seqlens", None) is not None
+            or not getattr(layer, "gradient_checkpointing", False) or not layer.training
+            or torch.compiler.is_compiling()):
+        return None
+    return getattr(kwargs.get("position_ids"), "_ot_cu_seqlens", None)
 
 
 def _decoder_layer_body(self, hidden_states, attention_mask=None, position_ids=None,
@@ -796,6 +821,10 @@ def _base_model_forward(self, *args, **kwargs):
             if (cu is not None and self.training
                     and getattr(self.config, "attention_dropout", 0.0)):
                 plain = False
+            if self.training and any(getattr(m, "gradient_checkpointing", False)
+                                     for m in getattr(self, "layers", ())):
+                # the split of a recompute outside this forward (_recompute_split)
+                kwargs["position_ids"]._ot_cu_seqlens = cu if plain else None
     if not plain:
         return self._ot_orig_forward(*args, **kwargs)
     if torch.compiler.is_compiling():

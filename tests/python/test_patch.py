@@ -522,6 +522,40 @@ def test_packed_sequences_with_gradient_checkpointing(ids, reentrant):
     assert ot_patch._cu_seqlens() is None
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_packed_sequences_with_checkpointing_in_call(ids, monkeypatch, reentrant):
+    """transformers 4.5x checkpoints a GradientCheckpointingLayer in __call__, around the
+    patched forward (here simulated on the installed version: its __call__ as 4.5x
+    wrote it): the recompute runs in the backward, after the base model's forward has
+    dropped its packed-sequence split -- it gets the split from the position_ids (before:
+    dense causal attention over each packed row in the recompute, wrong gradients)."""
+    import functools
+    glayer = pytest.importorskip("transformers.modeling_layers").GradientCheckpointingLayer
+
+    def call_45x(self, *args, **kwargs):
+        if self.gradient_checkpointing and self.training:
+            kwargs["use_cache"] = False
+            return self._gradient_checkpointing_func(
+                functools.partial(torch.nn.Module.__call__, self, **kwargs), *args)
+        return torch.nn.Module.__call__(self, *args, **kwargs)
+    model = tiny_llama()
+    model.train()
+    pos = torch.stack([torch.cat([torch.arange(6), torch.arange(7), torch.arange(3)]),
+                       torch.arange(S)])
+    loss0, _, g0 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    monkeypatch.setattr(glayer, "__call__", call_45x, raising=False)
+    assert not ot_patch._hf_checkpoints_forward()
+    ot.patch_model(model)
+    loss1, _, g1 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+    assert_grads_close(g0, g1)
+    assert _layer_runs_in_backward(model, ids, position_ids=pos) == \
+        model.config.num_hidden_layers
+    assert ot_patch._cu_seqlens() is None
+
+
 def test_train_llama_example_runs(tmp_path):
     import importlib.util
     import pathlib
