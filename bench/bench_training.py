@@ -297,6 +297,10 @@ def run_case(case, args, device, dtype):
                                   if k[1] == device.type and k[2] == dtype}
         if device.type == "cuda":
             res["peak_GB"] = torch.cuda.max_memory_allocated(device) / 1e9
+        if _profile_key(case) in args.profile:
+            # --profile: this model, after its timed steps (no second build / compile)
+            res["_profile"] = dict(_profile(case, args, device, fwd, model, opt, data[0]),
+                                   after_case=True)
     except torch.OutOfMemoryError as e:
         res.update(status="oom", error=str(e).split("\n")[0][:300])
     except Exception as e:  # noqa: BLE001  (recorded; the next case runs)
@@ -571,26 +575,54 @@ def _sync_warnings(fwd, model, opt, x, device):
 
 
 def run_profile(case, args, device, dtype):
-    """A training step of the case's variant under torch.profiler: GPU busy fraction
-    (kernel time / wall time), kernel time by kind, the longest kernels, the host time
-    per call of the library's autograd ops (the custom ops "ops_transformer::<op>" where
-    they run, the eager path's autograd.Functions "<op>_eager" / "<op>_eagerBackward"
-    outside torch.compile), the GPU's idle gaps between kernels (_gpu_gaps), the host
-    calls that wait or allocate and the kernel launches (_host_calls), and one more step
-    under torch's sync debug mode (_sync_warnings)."""
+    """A training step of the case's variant under torch.profiler (:func:`_profile`) on
+    a model built for it."""
+    model = opt = fwd = None
+    try:
+        model, fwd, cfg, _ = _build(case, device, dtype, args.seed, args.compile_mode,
+                                    json.loads(args.compile_options or "{}"))
+        opt = _optimizer(model, device)
+        x = torch_randint(cfg["vocab_size"], case, device)
+        for _ in range(5 if case["variant"].endswith("_compile") else 3):
+            _step(fwd, model, opt, x)
+        _sync(device)
+        return _profile(case, args, device, fwd, model, opt, x)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc(limit=4)
+        return dict(kind="profile", case=case_name(case["cfg"], case["batch"], case["seq"]),
+                    variant=case["variant"], error=f"{type(e).__name__}: {e}"[:300])
+    finally:
+        del model, opt, fwd
+        _release(device)
+
+
+def torch_randint(vocab, case, device, seed=5):
+    import torch
+    return torch.randint(0, vocab, (case["batch"], case["seq"]),
+                         generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _profile_key(case):
+    """--profile's name of a case: VARIANT@CFG:BxS (no spaces: it travels through a
+    shell variable), e.g. patched_compile@0.54b:4x2048."""
+    return f"{case['variant']}@{case['cfg']}:{case['batch']}x{case['seq']}"
+
+
+def _profile(case, args, device, fwd, model, opt, x):
+    """Two training steps of a built, warmed-up model under torch.profiler: GPU busy
+    fraction (kernel time / wall time), kernel time by kind, the longest kernels, the
+    host time per call of the library's autograd ops (the custom ops
+    "ops_transformer::<op>" where they run, the eager path's autograd.Functions
+    "<op>_eager" / "<op>_eagerBackward" outside torch.compile), the GPU's idle gaps
+    between kernels (_gpu_gaps), the host calls that wait or allocate and the kernel
+    launches (_host_calls), and one more step under torch's sync debug mode
+    (_sync_warnings). With --trace-dir, the chrome trace of the two steps is written
+    there (gzip)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     out = dict(kind="profile", case=case_name(case["cfg"], case["batch"], case["seq"]),
                variant=case["variant"])
-    model = opt = fwd = None
     try:
-        model, fwd, cfg, _ = _build(case, device, dtype, args.seed)
-        opt = _optimizer(model, device)
-        x = torch.randint(0, cfg["vocab_size"], (case["batch"], case["seq"]),
-                          generator=torch.Generator().manual_seed(5)).to(device)
-        for _ in range(3):
-            _step(fwd, model, opt, x)
-        _sync(device)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                          else [])
         steps = 2
@@ -625,20 +657,31 @@ def run_profile(case, args, device, dtype):
                    kernel_ms_per_step={k: v / 1e3 / steps for k, v in
                                        sorted(kinds.items(), key=lambda kv: -kv[1])},
                    top_kernels=[dict(ms_per_step=t / 1e3 / steps, name=n, calls=c // steps)
-                                for t, n, c in sorted(kernels, reverse=True)[:12]],
+                                for t, n, c in sorted(kernels, reverse=True)[:16]],
                    custom_ops=ops)
         out.update(_host_calls(events, steps), **_gpu_gaps(prof, cpu_keys, steps))
+        if args.trace_dir:
+            import gzip
+            import shutil
+            os.makedirs(args.trace_dir, exist_ok=True)
+            raw = os.path.join(args.trace_dir, "trace.json")
+            prof.export_chrome_trace(raw)
+            name = "trace_" + "".join(c if c.isalnum() or c in "._-" else "_"
+                                      for c in _profile_key(case)) + ".json.gz"
+            with open(raw, "rb") as f, gzip.open(os.path.join(args.trace_dir, name), "wb",
+                                                 compresslevel=6) as g:
+                shutil.copyfileobj(f, g)
+            os.remove(raw)
+            out["trace"] = name
         out["sync_warnings"] = _sync_warnings(fwd, model, opt, x, device)
-        print(f"   profile {out['case']}: {out['wall_ms_per_step']:.1f} ms/step, GPU busy "
-              f"{(out['gpu_busy_fraction'] or 0):.2f}; " + ", ".join(
+        print(f"   profile {out['variant']} {out['case']}: {out['wall_ms_per_step']:.1f} "
+              f"ms/step, GPU busy {(out['gpu_busy_fraction'] or 0):.2f}, gaps "
+              f"{out.get('gpu_gap_ms_per_step', 0):.2f} ms; " + ", ".join(
                   f"{k} {v:.1f}" for k, v in out["kernel_ms_per_step"].items()) + " ms",
               flush=True)
     except Exception as e:  # noqa: BLE001
         out["error"] = f"{type(e).__name__}: {e}"[:300]
         traceback.print_exc(limit=4)
-    finally:
-        del model, opt, fwd
-        _release(device)
     return out
 
 
@@ -681,6 +724,9 @@ def worker(args):
             res = run_curve(case, args, device, dtype)
         else:
             res = run_case(case, args, device, dtype)
+            prof = res.pop("_profile", None)
+            if prof is not None:
+                print("RESULT " + json.dumps(prof), flush=True)
         print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -944,6 +990,11 @@ def main(argv=None):
                    help="torch.compile the whole model, or each decoder layer (regional: "
                         "a much shorter compile; LM head and loss eager), or auto: the "
                         "whole model where the budget left allows, else layers")
+    p.add_argument("--profile", default="", metavar="VARIANT@CFG:BxS,...",
+                   help="profile these measured cases after their timed steps, e.g. "
+                        "patched_compile@0.54b:4x2048 (the same model: no second build)")
+    p.add_argument("--trace-dir", default=None,
+                   help="write each profile's chrome trace there (trace_<case>.json.gz)")
     p.add_argument("--markdown", default=None, metavar="JSON",
                    help="print the docs/PERFORMANCE.md table of a training.json and exit")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -953,6 +1004,7 @@ def main(argv=None):
     if args.device is None:
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.profile = {k for k in args.profile.split(",") if k}
     if args.worker is not None:
         return worker(args)
 
@@ -1006,6 +1058,8 @@ def main(argv=None):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(group),
                "--device", args.device, "--compile-mode", mode]
         cmd += ["--compile-options", args.compile_options] if args.compile_options else []
+        cmd += ["--profile", ",".join(sorted(args.profile))] if args.profile else []
+        cmd += ["--trace-dir", args.trace_dir] if args.trace_dir else []
         cmd += ["--steps", str(args.steps), "--curve-steps", str(args.curve_steps),
                 "--seed", str(args.seed)] + (["--quick"] if args.quick else [])
         print(f"[{time.time() - t_start:5.0f}s] group {gi}: "
@@ -1023,7 +1077,7 @@ def main(argv=None):
                 got.append(json.loads(line[7:]))
             elif line.strip():
                 print("   " + line[:300])
-        done = len(got)
+        done = sum(not r.get("after_case") for r in got)     # (--profile's: extra)
         for r in got:
             if r.get("kind") == "curve":
                 curve = r

@@ -8,7 +8,8 @@
 #
 # Environment: OT_TRAIN_PREBUILT (a folder made by --pack: use its library, build nothing),
 # OT_TRAIN_BUILD_DIR (default build-dev), OT_TRAIN_BENCH_ARGS (extra
-# bench_training.py arguments, e.g. "--quick --device cpu" for a dry run), OT_TRAIN_BUDGET_S (whole script, default 420 s; the benchmark gets what
+# bench_training.py arguments, e.g. "--quick --device cpu" for a dry run, or "--profile
+# patched@0.54b:1x16384" for a profile of a measured case), OT_TRAIN_BUDGET_S (whole script, default 420 s; the benchmark gets what
 # the build, the tests and the example leave, at least 30 s), OT_TRAIN_SKIP_TESTS=1 (the
 # benchmark only: no probe print, Python tests or example), OT_TRAIN_PYTEST (the pytest
 # arguments instead of the default "-k cuda" selection over the five test files, e.g.
@@ -17,7 +18,8 @@
 # OT_TRAIN_SKIP_PROBE=1 (no print of the library's ops probed on CUDA), OUT (default
 # /tmp/ot_train_out). Results under $OUT: training.json (bench/results/training.json
 # format), training_loss.png (docs/img/training_loss.png), training.md (the table for
-# docs/PERFORMANCE.md), pytest.log, bench.log. The table is printed last.
+# docs/PERFORMANCE.md), pytest.log, bench.log, traces.tar (the profiles' chrome traces,
+# trace_<variant>_<case>.json.gz). The table is printed last.
 set -uo pipefail
 T0=$(date +%s)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -123,9 +125,15 @@ LEFT=$(( BUDGET - ($(date +%s) - T0) ))
 stamp "bench_training (budget ${LEFT} s)"
 timeout $(( LEFT + 30 )) "$PY" bench/bench_training.py --budget-s "$LEFT" --json "$OUT/training.json" \
   --plot "$OUT/training_loss.png" --commit "$COMMIT" --command "bash scripts/device_train.sh" \
-  ${OT_TRAIN_BENCH_ARGS:-} \
+  --trace-dir "$OUT/traces" ${OT_TRAIN_BENCH_ARGS:-} \
   >"$OUT/bench.log" 2>&1
 echo "bench rc=$?"
+# the profiles' chrome traces (--profile VARIANT@CFG:BxS, or the plan's profile kinds) in
+# one file: the run tool returns at most 8 files
+if [ -d "$OUT/traces" ]; then
+  tar cf "$OUT/traces.tar" -C "$OUT" traces && rm -rf "$OUT/traces"
+fi
 "$PY" bench/bench_training.py --markdown "$OUT/training.json" >"$OUT/training.md" 2>&1 || true
 stamp "done"
+grep -E "^ +profile |incomplete|skipped" "$OUT/bench.log" | cut -c1-400
 sed -n '/^case /,$p' "$OUT/bench.log"
