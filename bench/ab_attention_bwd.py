@@ -32,6 +32,18 @@ def parse_cases(text):
     return out
 
 
+def bwd_problem(d, s):
+    """The grid's bf16 problem at head dim d, length s (batch * seq = 32k tokens, heads * D =
+    2048): B, H and the BSHD tensors q, k, v, out, lse, dq, dk, dv, do (do random)."""
+    B, H = 32768 // s, 2048 // d
+    q, k, v = ba.make_qkv(B, s, s, H, H, d, torch.bfloat16, "bshd")
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, s, device="cuda")
+    dq, dk, dv, do = (torch.empty_like(x) for x in (q, k, v, q))
+    do.normal_()
+    return B, H, q, k, v, out, lse, dq, dk, dv, do
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shim", action="append", required=True, help="NAME=PATH")
@@ -50,12 +62,7 @@ def main():
     rows = []
     for d, s in parse_cases(args.cases):
         for causal in (False, True):
-            B, H = 32768 // s, 2048 // d
-            q, k, v = ba.make_qkv(B, s, s, H, H, d, torch.bfloat16, "bshd")
-            out = torch.empty_like(q)
-            lse = torch.empty(B, H, s, device="cuda")
-            dq, dk, dv, do = (torch.empty_like(x) for x in (q, k, v, q))
-            do.normal_()
+            B, H, q, k, v, out, lse, dq, dk, dv, do = bwd_problem(d, s)
             flops = 4 * B * H * s * s * d / (2 if causal else 1)
             case = f"D{d} S{s} {'causal' if causal else 'full'} bf16 B{B} H{H}"
             iters = 20 if s <= 4096 else 10  # S 16k: ~30 ms a call

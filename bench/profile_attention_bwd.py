@@ -18,6 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attention as ba  # noqa: E402
+from ab_attention_bwd import bwd_problem  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
@@ -36,12 +37,7 @@ def main():
         d, rest = c.lstrip("D").split("S")
         s, causal = rest.split("c")
         d, s, causal = int(d), int(s), bool(int(causal))
-        B, H = 32768 // s, 2048 // d
-        q, k, v = ba.make_qkv(B, s, s, H, H, d, torch.bfloat16, "bshd")
-        out = torch.empty_like(q)
-        lse = torch.empty(B, H, s, device="cuda")
-        dq, dk, dv, do = (torch.empty_like(x) for x in (q, k, v, q))
-        do.normal_()
+        B, H, q, k, v, out, lse, dq, dk, dv, do = bwd_problem(d, s)
 
         def fwd():
             assert S.lib.shim_attn_fwd(ba.stream(), 3, B, H, H, d, s, s, int(causal),
