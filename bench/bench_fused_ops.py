@@ -653,7 +653,7 @@ def eager_swiglu(g, u):
 def bench_all(S, args):
     torch.manual_seed(0)
     rows_list = [16384]
-    H_list = [4096, 8192]
+    H_list = [int(h) for h in args.hidden.split(",")]
     dtype = torch.bfloat16
     eps = 1e-6
     results = []
@@ -682,15 +682,26 @@ def bench_all(S, args):
     # statistics (opt-in, not yet timed). The run of 718ecab timed pdl / cs / pdl+cs as
     # opt-ins, a blocks-per-SM cap (lost everywhere: removed) and the partials' sum
     # unrolled by 16 (no change: removed): docs/PERFORMANCE.md.
-    FWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "no cs": {"OT_NORM_FWD_CS": "0"},
-                    "plain (no pdl, no cs)": {"OT_NORM_PDL": "0", "OT_NORM_FWD_CS": "0"}}
-    LN_FWD_VARIANTS = dict(FWD_VARIANTS, **{"one-pass stats": {"OT_NORM_LN_ONEPASS": "1"}})
+    # "regs9" / "regs8": forward v2 without the residual at 8 vectors a thread held to 56 /
+    # 64 registers (9 / 8 blocks of 128 threads per SM; 256-thread blocks: 64) by
+    # __launch_bounds__ (OT_NORM_FWD_REGS=1 / 2).
+    FWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "regs9": {"OT_NORM_FWD_REGS": "1"},
+                    "regs8": {"OT_NORM_FWD_REGS": "2"}}
+    LN_FWD_VARIANTS = dict(FWD_VARIANTS, **{"one-pass stats": {"OT_NORM_LN_ONEPASS": "1"},
+                                            "regs9 + one-pass": {"OT_NORM_FWD_REGS": "1",
+                                                                "OT_NORM_LN_ONEPASS": "1"}})
     # "old sum": the partials' sum by the 32 x 32 kernel of 4-byte loads (OT_NORM_REDUCE=old),
     # the default before norm_reduce_partials_v2_kernel.
     BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "old sum": {"OT_NORM_REDUCE": "old"}}
     LN_BWD_VARIANTS = dict(BWD_VARIANTS, **{"v3": {"OT_NORM_BWD_IMPL": "v3"},
-                                            "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"}})
-    ROPE_VARIANTS = {}
+                                            "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"},
+                                            "tma S=3": {"OT_NORM_BWD_TMA_STAGES": "3"},
+                                            "tma S=4": {"OT_NORM_BWD_TMA_STAGES": "4"},
+                                            "tma regs": {"OT_NORM_BWD_TMA_REGS": "1"}})
+    # RoPE's warp kernel: U passes of head loads per batch, blocks of 256 per SM held by
+    # __launch_bounds__ (default 8, 2; OT_ROPE_WARP, 16-bit NeoX only)
+    ROPE_VARIANTS = {"u5 b3": {"OT_ROPE_WARP": "5,3"}, "u5 b4": {"OT_ROPE_WARP": "5,4"},
+                     "u4 b4": {"OT_ROPE_WARP": "4,4"}}
     only = set(args.only.split(","))
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):
@@ -998,27 +1009,42 @@ def write_doc(args, copy_tbps, rows):
 
 
 def ncu_run(S):
-    """For ncu (--kernel-name regex:norm_): RMSNorm / LayerNorm forward and backward
-    (saved statistics, dweight / dbias) at 16k x 4096 bf16, each called twice (the
-    default kernels), then the forwards twice with plain out stores (OT_NORM_FWD_CS=0)."""
+    """For ncu (--kernel-name-base demangled --kernel-name 'regex:ot::norm_|ot::rope_|
+    neg_kernel'), 16k x 4096 bf16, each kernel once: a copy-like elementwise kernel
+    (torch.neg(x, out=y): the copy's ceiling as a kernel, which cudaMemcpyAsync is not), RMSNorm / LayerNorm forward
+    (defaults), LayerNorm forward with OT_NORM_FWD_REGS=2, RMSNorm / LayerNorm backward
+    (saved statistics, dweight / dbias: main kernel + partials' sum), RoPE q + k (NeoX,
+    cache, q [16k, 32, 128], k [16k, 8, 128]), default."""
     N, H, dt = 16384, 4096, torch.bfloat16
     x, dy = rnd(N, H, dtype=dt), rnd(N, H, dtype=dt)
     w, b = rnd(H, dtype=dt, lo=0.5, hi=1.5), rnd(H, dtype=dt)
     out, dx = torch.empty_like(x), torch.empty_like(x)
     mean, rstd = torch.empty(N, device="cuda"), torch.empty(N, device="cuda")
     dw, db = torch.empty(H, dtype=dt, device="cuda"), torch.empty(H, dtype=dt, device="cuda")
-    for knobs in ({}, {"OT_NORM_FWD_CS": "0"}):
-        os.environ.update(knobs)
-        for layer in (0, 1):
-            m = mean if layer else None
-            for _ in range(2):
-                norm_fwd_call(S, layer, x, None, w, b if layer else None, 1e-6, out, None, m, rstd)()
-            if knobs:
-                continue
-            for _ in range(2):
-                norm_bwd_call(S, layer, dy, None, x, w, m, rstd, 1e-6, dx, dw, db if layer else None)()
-        for k in knobs:
-            os.environ.pop(k, None)
+    torch.neg(x, out=out)
+    for layer in (0, 1):
+        m = mean if layer else None
+        norm_fwd_call(S, layer, x, None, w, b if layer else None, 1e-6, out, None, m, rstd)()
+    for v in ("2",):
+        os.environ["OT_NORM_FWD_REGS"] = v
+        norm_fwd_call(S, 1, x, None, w, b, 1e-6, out, None, mean, rstd)()
+    os.environ.pop("OT_NORM_FWD_REGS")
+    # saved statistics made on the CPU (no kernel on the GPU besides the profiled ones)
+    xc = x.cpu().float()
+    mu_c = xc.mean(1)
+    stats = {0: (None, torch.rsqrt(xc.pow(2).mean(1) + 1e-6).cuda()),
+             1: (mu_c.cuda(), torch.rsqrt((xc - mu_c[:, None]).pow(2).mean(1) + 1e-6).cuda())}
+    del xc
+    for layer in (0, 1):
+        m, r = stats[layer]
+        norm_bwd_call(S, layer, dy, None, x, w, m, r, 1e-6, dx, dw, db if layer else None)()
+    D = 128
+    q, k = x.view(N, H // D, D), rnd(N, 8, D, dtype=dt)
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    pos = torch.randint(0, 8192, (N,), device="cuda", dtype=torch.int64)
+    ang = torch.arange(8192, dtype=torch.float64)[:, None] * inv_freq_ref(D, 10000.0)
+    cache = torch.cat([torch.cos(ang), torch.sin(ang)], 1).float().cuda()
+    rope_call(S, q, k, qo, ko, pos, cache, 0, D, 10000.0, False)()
     torch.cuda.synchronize()
     print("ncu run: done")
 
@@ -1033,6 +1059,7 @@ def main():
     ap.add_argument("--sanitize", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="the norm kernels once each, for ncu")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--hidden", default="4096,8192", help="--bench: hidden sizes (16k rows each)")
     ap.add_argument("--ce-last", dest="ce_first", action="store_false",
                     help="cross-entropy rows last (default: first, the newest kernels first)")
     ap.add_argument("--json", default=None)

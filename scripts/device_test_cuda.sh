@@ -41,9 +41,10 @@
 #                           check and memcheck run a second time under them
 #   OT_VARIANT_STEPS        which of those run under OT_VARIANT_ENV (default "test check
 #                           memcheck")
-#   OT_NCU=1                after the benchmark: Nsight Compute over the norm kernels
-#                           (bench_fused_ops.py --ncu: RMSNorm / LayerNorm forward and
-#                           backward at 16k x 4096 bf16; sections SpeedOfLight, Occupancy,
+#   OT_NCU=1                after the benchmark: Nsight Compute over the norm and RoPE
+#                           kernels and a copy-like torch kernel (bench_fused_ops.py --ncu:
+#                           torch.neg, RMSNorm / LayerNorm forward and backward, RoPE q + k
+#                           at 16k x 4096 bf16; sections SpeedOfLight, Occupancy,
 #                           WarpStateStats, LaunchStats, clocks not locked) -> $OUT/ncu.log
 #   OT_NCU_TIMEOUT          seconds for it (default 60)
 #   OT_PLOT=0               no PNG (plot the JSON elsewhere: $OUT brings back 8 files)
@@ -132,12 +133,13 @@ fi
 
 if [ "${OT_NCU:-0}" = 1 ]; then
   stamp "ncu"
-  timeout "${OT_NCU_TIMEOUT:-60}" ncu --clock-control none --kernel-name regex:norm_ \
+  timeout "${OT_NCU_TIMEOUT:-60}" ncu --clock-control none --kernel-name-base demangled \
+    --kernel-name 'regex:ot::norm_|ot::rope_|neg_kernel' \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
     --metrics dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
     python3 bench/bench_fused_ops.py --shim $SHIM --ncu >"$OUT/ncu.log" 2>&1
   echo "ncu rc=$?"
-  grep -E '^  norm_|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Waves Per SM|dram__bytes' "$OUT/ncu.log" | head -80
+  grep -E '^  [a-z].*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Block Limit Reg|dram__bytes' "$OUT/ncu.log" | cut -c1-150 | head -90
 fi
 
 if [ "$MODE" = all ] || [ "$MODE" = check ]; then

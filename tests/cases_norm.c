@@ -586,9 +586,8 @@ static void many_partials_cases(test_run *tr) {
           }
 }
 
-/* The CUDA forward's options off their defaults (src/cuda/norm.cuh): plain out stores and
- * plain launches (OT_NORM_FWD_CS=0 OT_NORM_PDL=0, the kernels before they became the
- * defaults), and LayerNorm's one-reduction statistics (OT_NORM_LN_ONEPASS=1) on rows its
+/* The CUDA forward's options off their defaults (src/cuda/norm.cuh): the register-capped
+ * instances and plain launches (OT_NORM_FWD_REGS=1 OT_NORM_PDL=0), and LayerNorm's one-reduction statistics (OT_NORM_LN_ONEPASS=1) on rows its
  * instances take (row groups of several warps at 8 vectors a thread: every H here in
  * every dtype -- 64, 64, 128 threads in 16-bit types, 128, 128, 256 in float32; 2056 with
  * many threads past the row's end), plain and fused, then the consistency checks under it
@@ -597,10 +596,10 @@ static void many_partials_cases(test_run *tr) {
 static void forward_option_cases(test_run *tr) {
   if (!tr->be->is_cuda) return;
   static const int64_t OH[] = {2056, 4096, 8192};
-  static const char *const NAMES[2][2] = {{"plain (cs=0 pdl=0)", "fused (cs=0 pdl=0)"},
+  static const char *const NAMES[2][2] = {{"plain (regs pdl=0)", "fused (regs pdl=0)"},
                                           {"plain (ln one-pass)", "fused (ln one-pass)"}};
   for (int opt = 0; opt < 2; opt++) {
-    env_saved e1 = env_set(opt ? "OT_NORM_LN_ONEPASS" : "OT_NORM_FWD_CS", opt ? "1" : "0");
+    env_saved e1 = env_set(opt ? "OT_NORM_LN_ONEPASS" : "OT_NORM_FWD_REGS", "1");
     env_saved e2 = env_set("OT_NORM_PDL", opt ? "1" : "0");
     for (int ln = opt; ln < 2; ln++)
       for (size_t d = 0; d < 3; d++)
@@ -616,7 +615,7 @@ static void forward_option_cases(test_run *tr) {
             set_shape(&c.ndim, c.shape, 33, OH[hi], false);
             run_forward(tr, &c);
           }
-    if (opt) consistency(tr);
+    consistency(tr);
     env_restore(&e2);
     env_restore(&e1);
   }

@@ -47,7 +47,6 @@
 #define OT_CUDA_NORM_CUH
 
 #include <atomic>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -81,8 +80,19 @@ struct norm_fwd_params {
 /* Forward v2 compile-time options (template parameter F of norm_fwd_row / the v2 kernel):
  * kNormFwdCs: out stored with the evict-first hint (st.global.cs); kNormFwdOnePass
  * (LayerNorm): mean and variance from one reduction (Chan's merge of per-thread
- * statistics) instead of two. */
-constexpr int kNormFwdCs = 1, kNormFwdOnePass = 2;
+ * statistics) instead of two; kNormFwdRegs / kNormFwdRegs8: the 8-vectors-a-thread
+ * instances held to the registers of 9 / 8 blocks of 128 threads per SM (56 / 64; 4 blocks
+ * of 256: 64), more rows in flight per SM. */
+constexpr int kNormFwdCs = 1, kNormFwdOnePass = 2, kNormFwdRegs = 4, kNormFwdRegs8 = 8;
+
+/* __launch_bounds__ of forward v2: the block (TPR threads, or 128 as row groups of
+ * TPR < 128), and with kNormFwdRegs the blocks per SM that hold the registers to 56 / 64. */
+constexpr int norm_fwd_v2_block(int tpr) { return tpr >= 128 ? tpr : 128; }
+constexpr int norm_fwd_v2_min_blocks(int tpr, int f) {
+  return (f & (kNormFwdRegs | kNormFwdRegs8))
+             ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : (f & kNormFwdRegs) ? 9 : 8)
+             : 1;
+}
 
 struct norm_bwd_params {
   int64_t rows, cols;
@@ -849,7 +859,8 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
  * reduction (L1 hits: every row of the SM reads the same ones), so the registers hold
  * data that is in flight from HBM. Rows are 16-byte aligned and cols % VEC == 0. */
 template <typename T, bool LAYER, int NV, bool RES, int TPR, int F>
-__global__ void __launch_bounds__(TPR >= 128 ? TPR : 128) norm_fwd_v2_kernel(norm_fwd_params p) {
+__global__ void __launch_bounds__(norm_fwd_v2_block(TPR), norm_fwd_v2_min_blocks(TPR, F))
+    norm_fwd_v2_kernel(norm_fwd_params p) {
   constexpr int V = vec_width<T>::value;
   __shared__ float2 scratch[32 * kNormMaxRowsPerBlock];
   float *scr = reinterpret_cast<float *>(scratch);
@@ -1336,8 +1347,8 @@ __device__ __forceinline__ void norm_bwd_slot_vec(const uint4 *hs, const uint4 *
  * when the caller has none); dweight / dbias partials in fp32 registers, written once per
  * block. (Partials in shared memory, [V/4][nvec] float4 per partial, lost: run of
  * a342519; removed.) */
-template <typename T, bool LAYER, int NV>
-__global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, int S) {
+template <typename T, bool LAYER, int NV, int MT, int MB>
+__global__ void __launch_bounds__(MT, MB) norm_bwd_tma_kernel(norm_bwd_params p, int S) {
   ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
 #ifdef OT_BULK_COPY_DEVICE
   constexpr int V = vec_width<T>::value;
@@ -1473,8 +1484,8 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels) | v2 (register rows, one block
  * per row or two; default) | v3 (persistent, cp.async ring), OT_NORM_FWD_MAXNV=16 (up to
  * 16 vectors per thread in forward v2, default 8), OT_NORM_FWD_STAGES=S (v3 ring depth,
- * default: automatic), OT_NORM_FWD_CS=0 (forward v2 without the residual: out stored
- * plainly; default: with the evict-first hint), OT_NORM_LN_ONEPASS=1 (forward v2
+ * default: automatic), OT_NORM_FWD_REGS=1 | 2 (forward v2 without the residual, 8
+ * vectors a thread: kNormFwdRegs | kNormFwdRegs8), OT_NORM_LN_ONEPASS=1 (forward v2
  * LayerNorm, row groups of several warps at 8 vectors a thread: mean and variance in one
  * reduction, Chan's merge of per-thread statistics, instead of two; also the backward's
  * recomputed statistics), OT_NORM_PDL=0 (forward v2 and the partials' sum launched
@@ -1490,7 +1501,8 @@ struct norm_cfg {
   int fwd_impl;       /* kNormImplDefault (v2), Old or V3 */
   int fwd_maxnv;      /* 8 or 16 */
   int fwd_stages;     /* v3 ring depth, 0 automatic */
-  bool fwd_cs;        /* forward v2 without the residual: kNormFwdCs */
+  int fwd_regs;       /* forward v2 without the residual, 8 vectors a thread: 1 kNormFwdRegs,
+                       * 2 kNormFwdRegs8, 0 neither */
   bool ln_onepass;    /* forward v2 LayerNorm: kNormFwdOnePass where instantiated */
   bool pdl;
   int bwd_impl;       /* kNormImpl*: Default, Old, V2, Tma; any other value V3 */
@@ -1498,6 +1510,7 @@ struct norm_cfg {
   int bwd_v3nv;       /* -1 unset */
   int bwd_stages;     /* -1 unset */
   int bwd_tma_stages; /* 0 automatic */
+  bool bwd_tma_regs;  /* OT_NORM_BWD_TMA_REGS=1 */
   bool reduce_v2;     /* the partials' sum: v2 (default) or the 32 x 32 kernel (=old) */
 };
 static inline int norm_env_int(const char *name, int dflt) {
@@ -1521,7 +1534,7 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
     c.fwd_impl = kNormImplDefault;
     c.fwd_maxnv = 8;
     c.fwd_stages = 0;
-    c.fwd_cs = true;
+    c.fwd_regs = 0;
     c.ln_onepass = false;
     c.pdl = true;
     c.bwd_impl = kNormImplDefault;
@@ -1529,6 +1542,7 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
     c.bwd_v3nv = -1;
     c.bwd_stages = -1;
     c.bwd_tma_stages = 0;
+    c.bwd_tma_regs = false;
     c.reduce_v2 = true;
     return c;
   }
@@ -1538,7 +1552,8 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
                : strcmp(f, "v3") == 0 ? kNormImplV3 : kNormImplDefault;
   c.fwd_maxnv = norm_env_int("OT_NORM_FWD_MAXNV", 8) == 16 ? 16 : 8;
   c.fwd_stages = norm_env_int("OT_NORM_FWD_STAGES", 0);
-  c.fwd_cs = norm_env_int("OT_NORM_FWD_CS", 1) != 0;
+  c.fwd_regs = norm_env_int("OT_NORM_FWD_REGS", 0);
+  if (c.fwd_regs != 2) c.fwd_regs = c.fwd_regs == 1;
   c.ln_onepass = norm_env_int("OT_NORM_LN_ONEPASS", 0) == 1;
   c.pdl = norm_env_int("OT_NORM_PDL", 1) != 0;
   const char *b = getenv("OT_NORM_BWD_IMPL");
@@ -1550,6 +1565,7 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
   c.bwd_v3nv = norm_env_int("OT_NORM_BWD_V3NV", -1);
   c.bwd_stages = norm_env_int("OT_NORM_BWD_STAGES", -1);
   c.bwd_tma_stages = norm_env_int("OT_NORM_BWD_TMA_STAGES", 0);
+  c.bwd_tma_regs = norm_env_int("OT_NORM_BWD_TMA_REGS", 0) == 1;
   const char *r = getenv("OT_NORM_REDUCE");
   c.reduce_v2 = !(r && strcmp(r, "old") == 0);
   return c;
@@ -1614,6 +1630,14 @@ static inline void (*norm_fwd_v2_pick(const norm_launch &L))(norm_fwd_params) {
       case 128: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 128, F>;
       default: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 256, F>;
     }
+  } else if constexpr ((F & (kNormFwdRegs | kNormFwdRegs8)) != 0) {
+    if (L.nv != 8) return nullptr;
+    switch (L.threads) {
+      case 32: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 32, F>;
+      case 64: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 64, F>;
+      case 128: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 128, F>;
+      default: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 256, F>;
+    }
   } else {
     if (L.threads <= 32) {
       switch (L.nv) {
@@ -1636,9 +1660,10 @@ static inline void (*norm_fwd_v2_pick(const norm_launch &L))(norm_fwd_params) {
   }
 }
 
-/* The instance a call takes: evict-first out stores without the residual (c.fwd_cs;
- * measured, run of 718ecab, 16k rows bf16: +2-5% there, -1-2% with the residual, whose h
- * the next layer reads again), LayerNorm's one-reduction statistics where instantiated
+/* The instance a call takes: evict-first out stores without the residual (measured, run
+ * of 718ecab, 16k rows bf16: +2-5% there, -1-2% with the residual, whose h the next layer
+ * reads again; the plain-store instances were removed), the register cap where
+ * instantiated (c.fwd_regs), LayerNorm's one-reduction statistics where instantiated
  * (c.ln_onepass). The choice depends on the shape and the knobs only, so a fused forward,
  * an unfused one over its residual_out and the backward's recomputed statistics take
  * the same statistics code (the same bits). */
@@ -1649,14 +1674,19 @@ static inline void (*norm_fwd_v2_select(const norm_cfg &c, bool res,
     if (c.ln_onepass) {
       void (*k)(norm_fwd_params) =
           res ? norm_fwd_v2_pick<T, LAYER, true, kNormFwdOnePass>(L)
-          : c.fwd_cs ? norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs | kNormFwdOnePass>(L)
-                     : norm_fwd_v2_pick<T, LAYER, false, kNormFwdOnePass>(L);
+          : c.fwd_regs == 1 ? norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs | kNormFwdOnePass | kNormFwdRegs>(L)
+                       : norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs | kNormFwdOnePass>(L);
       if (k) return k;
     }
   }
   if (res) return norm_fwd_v2_pick<T, LAYER, true, 0>(L);
-  return c.fwd_cs ? norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs>(L)
-                  : norm_fwd_v2_pick<T, LAYER, false, 0>(L);
+  if (c.fwd_regs) {
+    void (*k)(norm_fwd_params) =
+        c.fwd_regs == 2 ? norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs | kNormFwdRegs8>(L)
+                        : norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs | kNormFwdRegs>(L);
+    if (k) return k;
+  }
+  return norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs>(L);
 }
 
 /* Forward v2: one block per row group(s), as many blocks as rows / rows per block;
@@ -1673,47 +1703,87 @@ cudaError_t norm_fwd_v2_launch(const norm_cfg &c, const norm_fwd_params &p, cons
   return norm_launch_ex(c, kernel, dim3((unsigned)blocks), block, stream, p);
 }
 
-/* Raise a kernel's dynamic shared memory limit to what `optin` leaves beside its static
- * shared memory, once per (device, kernel): the attribute belongs to the current device,
- * so a second GPU needs its own call. A small table of the pairs done, under a lock
- * (contexts on several threads may launch norms at once). Returns that limit in bytes, 0
- * on failure. */
-static inline int norm_raise_smem_limit(const ot_cuda_state *cs, const void *kernel) {
-  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  static const void *done[128];
-  static int done_dev[128], limit[128];
-  static int ndone;
-  const int dev = cs->device, optin = (int)cs->smem_optin;
-  int known = 0;
-  pthread_mutex_lock(&mu);
-  for (int i = 0; i < ndone; i++)
-    if (done[i] == kernel && done_dev[i] == dev) {
-      known = limit[i];
+/* Launch facts of a kernel on a device, cached: the dynamic shared memory limit raised
+ * (norm_raise_smem_limit) and blocks per SM (norm_occupancy), so that a backward call
+ * after the first makes no CUDA query and takes no lock (the first one per key makes
+ * them). Slots are claimed in index order by a compare-and-swap and published by a release
+ * store, so the claimed slots are a prefix and a lookup stops at the first free one; two
+ * threads filling the same key at once leave two equal entries. Failures are not cached
+ * (the next call asks again); a full table computes uncached. The key is everything the
+ * answer depends on (kernel, device, kind, threads, bytes), so the run-time knobs
+ * (OT_NORM_*: the tests switch them) only choose among keys. */
+struct norm_fact_slot {
+  std::atomic<int> state; /* 0 free, 1 being written, 2 ready */
+  const void *kernel;
+  int dev, kind, threads, value;
+  size_t bytes;
+};
+constexpr int kNormFacts = 128;
+template <typename F>
+static inline int norm_fact(const void *kernel, int dev, int kind, int threads, size_t bytes,
+                            F compute) {
+  static norm_fact_slot table[kNormFacts]; /* zero-initialized: all free */
+  int i = 0;
+  for (; i < kNormFacts; i++) {
+    const norm_fact_slot &e = table[i];
+    const int st = e.state.load(std::memory_order_acquire);
+    if (st == 0) break;
+    if (st == 2 && e.kernel == kernel && e.dev == dev && e.kind == kind &&
+        e.threads == threads && e.bytes == bytes)
+      return e.value;
+  }
+  const int v = compute();
+  if (v <= 0) return v;
+  for (; i < kNormFacts; i++) {
+    int expect = 0;
+    norm_fact_slot &e = table[i];
+    if (e.state.compare_exchange_strong(expect, 1, std::memory_order_relaxed)) {
+      e.kernel = kernel, e.dev = dev, e.kind = kind, e.threads = threads, e.bytes = bytes;
+      e.value = v;
+      e.state.store(2, std::memory_order_release);
       break;
     }
-  pthread_mutex_unlock(&mu);
-  if (known > 0) return known;
-  cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
-    (void)cudaGetLastError(); /* the caller falls back to another kernel */
-    return 0;
   }
-  const int dyn = optin - (int)fa.sharedSizeBytes;
-  if (dyn <= 0) return 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  pthread_mutex_lock(&mu);
-  if (ndone < 128) {
-    done[ndone] = kernel;
-    done_dev[ndone] = dev;
-    limit[ndone] = dyn;
-    ndone++;
-  }
-  pthread_mutex_unlock(&mu);
-  return dyn;
+  return v;
+}
+
+/* Raise a kernel's dynamic shared memory limit to what the device's opt-in maximum
+ * leaves beside its static shared memory, once per (device, kernel): the attribute
+ * belongs to the current device, so a second GPU needs its own call. Returns that limit
+ * in bytes, 0 on failure. */
+static inline int norm_raise_smem_limit(const ot_cuda_state *cs, const void *kernel) {
+  return norm_fact(kernel, cs->device, 0, 0, 0, [&]() -> int {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+      (void)cudaGetLastError(); /* the caller falls back to another kernel */
+      return 0;
+    }
+    const int dyn = (int)cs->smem_optin - (int)fa.sharedSizeBytes;
+    if (dyn <= 0) return 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return dyn;
+  });
+}
+
+/* Blocks of `threads` threads with `smem` bytes of dynamic shared memory that fit an SM
+ * at once; 0 when the query fails or none fits. */
+template <typename K>
+static inline int norm_occupancy(const ot_cuda_state *cs, K kernel, int threads, size_t smem) {
+  const int v = norm_fact(reinterpret_cast<const void *>(kernel), cs->device, 1, threads, smem,
+                          [&]() -> int {
+                            int b = 0;
+                            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, threads,
+                                                                              smem) != cudaSuccess) {
+                              (void)cudaGetLastError();
+                              return 0;
+                            }
+                            return b;
+                          });
+  return v > 0 ? v : 0;
 }
 
 /* Launch geometry of a ring kernel (v3, tma): S stages of stage_bytes each of dynamic
@@ -1739,12 +1809,8 @@ static inline norm_ring norm_ring_config(const ot_cuda_state *cs, K kernel, int 
   if (limit <= 0 || stage_bytes * 2 > (size_t)limit) return R;
   int S = env_stages;
   if (S < 2 || S > smax) {
-    int b0 = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b0, kernel, threads, 0) != cudaSuccess ||
-        b0 < 1) {
-      (void)cudaGetLastError();
-      return R;
-    }
+    const int b0 = norm_occupancy(cs, kernel, threads, 0);
+    if (b0 < 1) return R;
     size_t per_block = cs->smem_per_sm / (size_t)b0;
     per_block = per_block > 1024 ? per_block - 1024 : 0;
     S = (int)(per_block / stage_bytes);
@@ -1753,13 +1819,8 @@ static inline norm_ring norm_ring_config(const ot_cuda_state *cs, K kernel, int 
   while (S > 2 && (size_t)S * stage_bytes > (size_t)limit) S--;
   R.stages = S;
   R.smem = (size_t)S * stage_bytes;
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, R.smem) !=
-          cudaSuccess ||
-      per_sm < 1) {
-    (void)cudaGetLastError();
-    return R;
-  }
+  const int per_sm = norm_occupancy(cs, kernel, threads, R.smem);
+  if (per_sm < 1) return R;
   const int64_t g = (int64_t)per_sm * cs->sm_count;
   R.grid = g < rows ? g : rows;
   R.ok = R.grid > 0;
@@ -1891,11 +1952,8 @@ cudaError_t norm_forward_launch(const norm_cfg &c, const norm_fwd_params &p, cud
 template <typename K>
 static inline int64_t norm_bwd_grid(const ot_cuda_state *cs, K kernel, const norm_launch &L,
                                     int64_t rows) {
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, L.threads * L.rows, 0) !=
-          cudaSuccess ||
-      per_sm < 1)
-    per_sm = 1;
+  int per_sm = norm_occupancy(cs, kernel, L.threads * L.rows, 0);
+  if (per_sm < 1) per_sm = 1;
   int64_t g = (int64_t)per_sm * cs->sm_count;
   const int64_t need = (rows + L.rows - 1) / L.rows;
   return g < need ? g : (need > 0 ? need : 1);
@@ -2005,11 +2063,16 @@ template <typename T, bool LAYER>
 cudaError_t norm_bwd_tma_launch(const norm_cfg &c, const norm_bwd_params &p, T *dw, T *db,
                                 cudaStream_t stream) {
   constexpr int V = vec_width<T>::value, NV = 2;
-  const auto kernel = norm_bwd_tma_kernel<T, LAYER, NV>;
-  if (!norm_tma_device_ok(c.cs, kernel)) return cudaErrorNotSupported;
+  if (!norm_tma_device_ok(c.cs, norm_bwd_tma_kernel<T, LAYER, NV, 512, 1>))
+    return cudaErrorNotSupported;
   const int64_t nvec = p.cols / V;
   if (nvec > 512 * NV) return cudaErrorNotSupported;
   const int threads = (int)(((nvec + NV - 1) / NV + 31) / 32 * 32);
+  /* OT_NORM_BWD_TMA_REGS=1: held to 80 registers (3 blocks of <= 256 threads per SM; 88
+   * unbounded: 2) or 64 (2 blocks of 512; 1 unbounded) */
+  const auto kernel = !c.bwd_tma_regs ? norm_bwd_tma_kernel<T, LAYER, NV, 512, 1>
+                      : threads <= 256 ? norm_bwd_tma_kernel<T, LAYER, NV, 256, 3>
+                                       : norm_bwd_tma_kernel<T, LAYER, NV, 512, 2>;
   const size_t stage = (size_t)(p.dres ? 3 : 2) * (size_t)p.cols * sizeof(T);
   const norm_ring R =
       norm_ring_config(c.cs, kernel, threads, stage, p.rows, c.bwd_tma_stages, kNormTmaMaxStages);
