@@ -482,7 +482,8 @@ def layer_table(ks, layers):
 
 def linear_positions(layer, s, tokens):
     """Bytes and FLOPs of the layer's linears, in their order in the period (qkv, o_proj,
-    gate_up, down: the kernels named like a GEMM / the small-M kernel, not a split-K sum)."""
+    gate_up, down: the kernels named like a GEMM / the small-M kernel, not a split-K sum;
+    a split-K GEMM's time is its main kernel's)."""
     H, F = s["hidden"], s["ffn"]
     D = H // s["heads"]
     shapes = [("qkv", (s["heads"] + 2 * s["kv_heads"]) * D, H), ("o_proj", H, s["heads"] * D),
@@ -490,7 +491,7 @@ def linear_positions(layer, s, tokens):
     gemmish = ("gemm", "gemv", "xmma", "cutlass", "matmul", "nvjet")
     idx = [j for j, r in enumerate(layer)
            if any(t in r["kernel"].lower() for t in gemmish)
-           and "reduce" not in r["kernel"].lower() and "splitk" not in r["kernel"].lower()]
+           and "reduce" not in r["kernel"].lower()]
     out = {}
     if len(idx) == 4:
         for j, (nm, N, K) in zip(idx, shapes):
