@@ -27,6 +27,10 @@ both run the same weights and nothing is written to disk.
   its CUDA graph in the 2nd); batch 1 again with the linears chosen otherwise
   (--decode-variants, DECODE_VARIANTS); each call's split (Engine.last_timing: host
   preparation, enqueue, wait, GPU time between events) as medians; a per-op profile.
+  TTFT with OT_GEMM_AUTOTUNE=8 (cuBLASLt's algorithms timed per GEMM, linear.cu) against the
+  default, alternating call by call. Last, after HF (--no-timeline: not): the GPU timeline
+  (torch.profiler / CUPTI) of one decode step at batch 1 (a graph replay) and of one prefill,
+  per position in the layer: each kernel's time, the gap before it, the linears' rates.
   Peers: HF eager (sdpa, DynamicCache); with --hf-compile also HF with a static cache and
   torch.compile (mode reduce-overhead) for decode.
   Ceilings measured in the same run: bf16 GEMM rate (torch.mm 8192^3) for prefill
