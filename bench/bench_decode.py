@@ -56,6 +56,8 @@ class Shim:
         L.shim_paged_attention.argtypes = [vp, cint] + [i64] * 8 + [vp] * 9 + [cint]
         if hasattr(L, "shim_paged_last_plan"):  # (a shim of an older build: --quick only)
             L.shim_paged_last_plan.argtypes = [C.POINTER(cint)]
+        if hasattr(L, "shim_paged_trace"):
+            L.shim_paged_trace.argtypes = [vp, cint, cint]
         if L.shim_init(torch.cuda.current_device()) != 0:
             raise RuntimeError("shim_init: " + L.shim_last_error().decode())
 
@@ -177,6 +179,111 @@ def probe(shim):
             finally:
                 os.environ.pop("OT_PAGED_KERNEL", None)
         print(f"probe B{b} x ctx {ctx} page 16: " + ", ".join(res), flush=True)
+
+
+TR_FIELDS = ("entry", "waited", "tables", "first_stage", "loop_done", "end")
+
+
+def trace_stamps(shim, kernel):
+    """One kernel's per-CTA stamps (OT_PA_TRACE build): rows of 8 for the CTAs that ran."""
+    buf = (C.c_ulonglong * (4096 * 8))()
+    if shim.lib.shim_paged_trace(C.cast(buf, vp), kernel, 0) != 0:
+        raise RuntimeError("shim_paged_trace failed (not an OT_PA_TRACE build?)")
+    rows = [list(buf[i * 8:(i + 1) * 8]) for i in range(4096)]
+    return [(i, r) for i, r in enumerate(rows) if r[0] != 0]
+
+
+def trace(shim, cases):
+    """Per-CTA %globaltimer stamps of the last of 5 back-to-back calls (after a ~1 ms sleep):
+    when each CTA of the main kernel starts, passes the PDL wait, has read the tables, has
+    its first stage, ends its key loop and ends; the merge CTAs' start, wait and end. Times
+    in us from the first main CTA's entry."""
+    out = []
+    for spec in cases.split(";"):
+        parts = spec.split(",")
+        b, ctx, bs = (int(x) for x in parts[:3])
+        env = {"OT_PAGED_KERNEL": parts[3]} if len(parts) > 3 else {}
+        c = make_case(b, ctx, bs, seed=7)
+        o = torch.empty_like(c["q"])
+        call = lambda: shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
+                                  c["indices"], c["lpl"], o)
+        with env_set(env):
+            us_call = time_ms(call) * 1e3
+            call()
+            pl = plan_str(shim.plan())
+            torch.cuda.synchronize()
+            shim.lib.shim_paged_trace(None, 0, 1)
+            _sleep()
+            for _ in range(5):
+                call()
+            torch.cuda.synchronize()
+        main, merge = trace_stamps(shim, 0), trace_stamps(shim, 1)
+        t0 = min(r[0] for _, r in main)
+        full = [r for _, r in main if r[5] != 0]
+
+        def q(vals):
+            v = sorted(vals)
+            if not v:
+                return None
+            return [round(v[0], 2), round(v[len(v) // 10], 2), round(v[len(v) // 2], 2),
+                    round(v[(9 * len(v)) // 10], 2), round(v[-1], 2)]
+        # (a stream-kernel CTA whose warp 0 has no steps stamps entry, waited and end only)
+        summ = {f: q([(r[i] - t0) / 1e3 for r in full if r[i]]) for i, f in enumerate(TR_FIELDS)}
+        summ["start_to_first_us"] = q([(r[3] - r[0]) / 1e3 for r in full if r[3]])
+        summ["wait_to_first_us"] = q([(r[3] - r[1]) / 1e3 for r in full if r[3]])
+        summ["loop_us"] = q([(r[4] - r[3]) / 1e3 for r in full if r[3] and r[4]])
+        summ["epilogue_us"] = q([(r[5] - r[4]) / 1e3 for r in full if r[4]])
+        sms = {}
+        for r in full:
+            sms[r[6]] = sms.get(r[6], 0) + 1
+        m_full = [r for _, r in merge if r[5] != 0]
+        summ["merge_entry"] = q([(r[0] - t0) / 1e3 for _, r in merge])
+        summ["merge_waited"] = q([(r[1] - t0) / 1e3 for _, r in merge])
+        summ["merge_end"] = q([(r[5] - t0) / 1e3 for r in m_full])
+        ends = [r[5] for r in full] + [r[5] for r in m_full]
+        rec = {"case": f"B{b} x ctx {ctx} page {bs}", "env": env, "plan": pl,
+               "us_per_call_events": round(us_call, 2), "ctas": len(main),
+               "ctas_early_exit": len(main) - len(full), "merge_ctas": len(merge),
+               "sms_used": len(sms), "max_ctas_per_sm": max(sms.values()) if sms else 0,
+               "span_us": round((max(ends) - t0) / 1e3, 2) if ends else None,
+               "quantiles": "min, p10, p50, p90, max (us)", "summary": summ,
+               "main_raw": [[i] + [x - t0 if j < 6 and x else x for j, x in enumerate(r)]
+                            for i, r in main][:1200]}
+        out.append(rec)
+        s_ = summ
+        print(f"trace {rec['case']} {env} ({pl}; {us_call:.1f} us/call by events): span "
+              f"{rec['span_us']} us, {len(full)} CTAs on {len(sms)} SMs; entry {s_['entry']}; "
+              f"waited {s_['waited']}; tables {s_['tables']}; first stage {s_['first_stage']}; "
+              f"loop done {s_['loop_done']}; end {s_['end']}; start->first {s_['start_to_first_us']}; "
+              f"loop {s_['loop_us']}; epilogue {s_['epilogue_us']}; merge entry "
+              f"{s_['merge_entry']} waited {s_['merge_waited']} end {s_['merge_end']}", flush=True)
+        del c, o
+        torch.cuda.empty_cache()
+    return out
+
+
+def ncu_cases(shim, cases):
+    """For ncu --profile-from-start off: ours, then cuDNN SDPA on the same cache made
+    contiguous, each called once between cudaProfilerStart / Stop (after 3 warm calls)."""
+    for spec in cases.split(";"):
+        b, ctx, bs = (int(x) for x in spec.split(","))
+        c = make_case(b, ctx, bs, seed=5)
+        o = torch.empty_like(c["q"])
+        kc, vc = (t.contiguous() for t in gather(c, b, ctx, bs))
+        call = lambda: shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
+                                  c["indices"], c["lpl"], o)
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for _ in range(3):
+                call()
+                sdpa_grouped(c["q"], kc, vc)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            call()
+            sdpa_grouped(c["q"], kc, vc)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+        print(f"ncu case B{b} x ctx {ctx} page {bs}: {plan_str(shim.plan())}", flush=True)
+        del c, o, kc, vc
 
 
 def _sleep():
@@ -445,10 +552,16 @@ def main():
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--quick", action="store_true", help="ours alone, TB/s at the page-16 shapes")
+    ap.add_argument("--peers", action="store_true",
+                    help="with --quick: also cuDNN and flash SDPA on the contiguous cache")
     ap.add_argument("--fixed", action="store_true",
                     help="first measure where the per-call fixed cost goes (fixed_cost)")
     ap.add_argument("--profile-case", metavar="B,CTX,PAGE",
                     help="only call ours 4 times on this case (a target for ncu) and exit")
+    ap.add_argument("--trace", metavar="B,CTX,PAGE[,KERNEL];...",
+                    help="per-CTA stamps of an OT_PA_TRACE build's kernels (-> --json) and exit")
+    ap.add_argument("--ncu-cases", metavar="B,CTX,PAGE;...",
+                    help="ours and cuDNN once each inside cudaProfilerStart/Stop, and exit")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default="")
     args = ap.parse_args()
@@ -462,7 +575,21 @@ def main():
             shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"], c["indices"], c["lpl"], out)
         torch.cuda.synchronize()
         raise SystemExit(0)
+    if args.trace:
+        recs = trace(shim, args.trace)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"bench": "decode_trace", "device": torch.cuda.get_device_name(),
+                           "date": datetime.date.today().isoformat(), "commit": args.commit,
+                           "command": args.command, "shim": args.shim, "cases": recs}, f)
+        raise SystemExit(0)
+    if args.ncu_cases:
+        ncu_cases(shim, args.ncu_cases)
+        raise SystemExit(0)
     if args.quick:  # ours alone at the page-16 shapes: A/B of builds (one process per build)
+        if args.peers:
+            print(f"quick {args.shim} read ceiling (torch.sum 4 GiB bf16): {read_ceiling():.3f} TB/s",
+                  flush=True)
         for (b, ctx) in SHAPES:
             c = make_case(b, ctx, 16, seed=3)
             out = torch.empty_like(c["q"])
@@ -472,6 +599,14 @@ def main():
             res = {k: round(nbytes / (run_env(e, lambda: time_ms(call)) * 1e-3) / 1e12, 3)
                    for k, e in (("default", {}), ("split", {"OT_PAGED_KERNEL": "split"}),
                                 ("stream", {"OT_PAGED_KERNEL": "stream"}))}
+            if args.peers:  # SDPA on the same cache made contiguous, same process
+                kc, vc = (t.contiguous() for t in gather(c, b, ctx, 16))
+                for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                                 ("flash", SDPBackend.FLASH_ATTENTION)):
+                    with sdpa_kernel([be]):
+                        ms = time_ms(lambda: sdpa_grouped(c["q"], kc, vc))
+                    res[name] = round(nbytes / (ms * 1e-3) / 1e12, 3)
+                del kc, vc
             print(f"quick {args.shim} B{b} x ctx {ctx}: {res}", flush=True)
             del c, out
         raise SystemExit(0)

@@ -8,6 +8,8 @@
  * shim_paged_last_plan: what the last call launched (ot_cuda_paged_last_plan, an internal
  * hook of src/cuda/paged_attention.cu): kernel (1 split, 2 stream, 3 simple), splits, CTAs
  * of the main kernel, 1 when launched as a programmatic dependent.
+ * shim_paged_trace: the per-CTA %globaltimer stamps of a -DOT_PA_TRACE build
+ * (ot_cuda_paged_trace; -1 in other builds).
  */
 #include <string.h>
 
@@ -16,8 +18,15 @@
 #include "shim_common.h"
 
 void ot_cuda_paged_last_plan(int out[4]); /* src/cuda/paged_attention.cu */
+/* only in a library built with -DOT_PA_TRACE (the per-CTA stamps of the decode kernels) */
+int ot_cuda_paged_trace(unsigned long long *dst, int kernel, int clear) __attribute__((weak));
 
 SHIM_API void shim_paged_last_plan(int *out) { ot_cuda_paged_last_plan(out); }
+
+/* -1 when the library has no trace (a normal build) */
+SHIM_API int shim_paged_trace(void *dst, int kernel, int clear) {
+  return ot_cuda_paged_trace ? ot_cuda_paged_trace((unsigned long long *)dst, kernel, clear) : -1;
+}
 
 /* q, out [tq, hq, d]; pages [num_pages, hkv, bs, d]; int32 tables; lse float32 [hq, tq]
  * or NULL. */

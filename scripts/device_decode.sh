@@ -12,6 +12,15 @@
 # packs tests/test_ops, libdecode_shim.so, arena_bench and the carried OpenBLAS/dlpack
 # deps into .devcarry-paged/ (run with carry [".devcarry-paged"]). When the prebuilt
 # test_ops does not start on the device, it builds there with scripts/device_build.sh.
+# VARIANTS="name:object.o ..." with --pack also packs libdecode_shim_<name>.so per variant
+# (the library with src/cuda/paged_attention.cu's object replaced by object.o: builds of
+# other -D flags or another commit's kernel, compiled here), and DECODE_MODE=probe runs
+# them: TRACE="name ..." (OT_PA_TRACE builds: bench_decode.py --trace over TRACE_CASES ->
+# $OUT/trace_<name>.json), AB="name ..." (bench_decode.py --quick, one process per build, in
+# that order; "default" is the packed library; PEERS_FOR="name ...": with --peers, i.e. the
+# read ceiling and cuDNN / flash SDPA in the same process), CHECK=1 (--check of the default
+# build), MEM=1 (the memory suite, MEM_FILTER its filter), SAN_FILTERS / RACE_FILTERS (as
+# below), then the traces, NCU_CASES (ncu of ours and cuDNN).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -21,8 +30,10 @@ CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 if [ "${1:-}" = "--pack" ]; then
   set -e
   B=${2:-build-paged}
-  [ -f "$B/build.ninja" ] || cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOT_CUDA_ARCHS=90a
-  cmake --build "$B" -j2 --target ops_transformer_static test_ops
+  if [ "${PACK_NO_BUILD:-0}" != 1 ]; then  # 1: pack $B/libops_transformer.a + tests/test_ops as they are
+    [ -f "$B/build.ninja" ] || cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOT_CUDA_ARCHS=90a
+    cmake --build "$B" -j2 --target ops_transformer_static test_ops
+  fi
   INC=(-Iinclude -Isrc -I.carry/deps/include -I"$CUDA_HOME/include")
   LIBS=("$B/libops_transformer.a" -L"$CUDA_HOME/lib64" -L.carry/deps/lib -lcudart -lcublasLt
         -lopenblas -fopenmp -lm -lstdc++)
@@ -32,7 +43,19 @@ if [ "${1:-}" = "--pack" ]; then
   grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude
   cp "$B/tests/test_ops" "$CARRY/stage/tests/"
   cp "$B/libdecode_shim.so" "$B/arena_bench" "$CARRY/stage/"
-  tar czf "$CARRY/prebuilt.tar.gz" -C "$CARRY/stage" tests/test_ops libdecode_shim.so arena_bench
+  EXTRA=()
+  for v in ${VARIANTS:-}; do  # name:object.o
+    name=${v%%:*} obj=${v#*:}
+    rm -rf "$CARRY/stage/ar_$name" && mkdir -p "$CARRY/stage/ar_$name"
+    cp "$B/libops_transformer.a" "$CARRY/stage/ar_$name/lib.a"
+    cp "$obj" "$CARRY/stage/ar_$name/paged_attention.cu.o"
+    (cd "$CARRY/stage/ar_$name" && ar r lib.a paged_attention.cu.o)
+    cc -O2 -shared -fPIC bench/decode_shim.c "${INC[@]}" "$CARRY/stage/ar_$name/lib.a" "${LIBS[@]:1}" \
+      -o "$CARRY/stage/libdecode_shim_$name.so"
+    rm -rf "$CARRY/stage/ar_$name"
+    EXTRA+=("libdecode_shim_$name.so")
+  done
+  tar czf "$CARRY/prebuilt.tar.gz" -C "$CARRY/stage" tests/test_ops libdecode_shim.so arena_bench "${EXTRA[@]}"
   tar czf "$CARRY/deps.tar.gz" -C .carry/deps lib include
   rm -rf "$CARRY/stage"
   git rev-parse HEAD >"$CARRY/commit.txt"
@@ -91,6 +114,43 @@ fi
 }
 
 MODE=${DECODE_MODE:-all}
+if [ "$MODE" = probe ]; then
+  shim_of() { [ "$1" = default ] && echo build-dec/libdecode_shim.so || echo "build-dec/libdecode_shim_$1.so"; }
+  for v in ${AB:-}; do
+    stamp "quick $v"
+    PEERS=; case " ${PEERS_FOR:-} " in *" $v "*) PEERS=--peers ;; esac
+    timeout 40 python3 bench/bench_decode.py --shim "$(shim_of "$v")" --quick $PEERS >"$LOGS/quick.log" 2>&1
+    echo "quick $v rc=$?"; grep '^quick' "$LOGS/quick.log" | tee -a "$OUT/probe.log"
+  done
+  if [ "${CHECK:-0}" = 1 ]; then
+    stamp "check"
+    timeout 60 python3 bench/bench_decode.py --shim build-dec/libdecode_shim.so --check --no-bench >"$LOGS/check.log" 2>&1
+    echo "check rc=$? ok $(grep -c ' ok$' "$LOGS/check.log") FAIL $(grep -c FAIL "$LOGS/check.log")"
+    grep FAIL "$LOGS/check.log" | head -5; cat "$LOGS/check.log" >>"$OUT/probe.log"
+  fi
+  if [ "${MEM:-0}" = 1 ]; then
+    stamp "memory suite [${MEM_FILTER:-all}]"
+    timeout "${MEM_TIMEOUT:-60}" build-dec/tests/test_ops --backend cuda --suite memory ${MEM_FILTER:+--filter "$MEM_FILTER"} >"$OUT/test.log" 2>&1
+    echo "memory rc=$?"; grep -E '^cuda ' "$OUT/test.log"; grep -E 'FAIL' "$OUT/test.log" | head -10
+  fi
+  [ -n "${SAN_FILTERS:-}" ] && run_san
+  for v in ${TRACE:-}; do
+    stamp "trace $v"
+    timeout 40 python3 bench/bench_decode.py --shim "$(shim_of "$v")" --trace "${TRACE_CASES:-1,256,16;64,1024,16;16,4096,16;1,65536,16}" \
+      --json "$OUT/trace_$v.json" --commit "$COMMIT" >"$LOGS/trace_$v.log" 2>&1
+    echo "trace $v rc=$?"; cat "$LOGS/trace_$v.log" >>"$OUT/probe.log"
+  done
+  if [ -n "${NCU_CASES:-}" ]; then
+    stamp "ncu $NCU_CASES"
+    timeout "${NCU_TIMEOUT:-40}" ncu --clock-control none --profile-from-start off --section LaunchStats \
+      --section Occupancy --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
+      python3 bench/bench_decode.py --shim "$(shim_of "${NCU_SHIM:-default}")" --ncu-cases "$NCU_CASES" >"$OUT/ncu.txt" 2>&1
+    echo "ncu rc=$?"; grep -E '^  [a-z_]+.*\(|Duration|DRAM Throughput|Grid Size|Registers Per|Achieved Occupancy|Dynamic Shared' "$OUT/ncu.txt" | head -60
+  fi
+  stamp "done"
+  grep '^trace' "$OUT/probe.log" | cut -c1-900
+  exit 0
+fi
 if [ "$MODE" != bench ]; then
 stamp "test_ops --backend cuda --suite memory"
 timeout "${MEM_TIMEOUT:-150}" build-dec/tests/test_ops --backend cuda --suite memory >"$OUT/test.log" 2>&1

@@ -131,6 +131,34 @@ struct pa_params {
   int *err;           /* OT_DEBUG flag or NULL */
 };
 
+/* ---- OT_PA_TRACE (a diagnostic build, -DOT_PA_TRACE): per CTA %globaltimer stamps of the
+ * main kernels (kernel 0) and the merge kernels (kernel 1), thread 0 (warp 0), CTAs < 4096:
+ * 0 entry, 1 after the PDL wait, 2 tables read (before the first page-id loads), 3 first
+ * stage landed, 4 key loop done, 5 end, 6 SM id, 7 steps of warp 0. Read back with
+ * ot_cuda_paged_trace (bench_decode.py --trace). Other builds: no code. */
+#ifdef OT_PA_TRACE
+constexpr int kPaTrCtas = 4096;
+__device__ unsigned long long pa_tr_buf[2][kPaTrCtas][8];
+__device__ __forceinline__ unsigned long long pa_gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned pa_smid() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+#define PA_TR(k, i, v)                                                                   \
+  do {                                                                                   \
+    if (threadIdx.x == 0 && blockIdx.x < kPaTrCtas) pa_tr_buf[k][blockIdx.x][i] = (v); \
+  } while (0)
+#else
+#define PA_TR(k, i, v) \
+  do {                 \
+  } while (0)
+#endif
+
 /* ---- fragment helpers -------------------------------------------------------------------- */
 
 __device__ __forceinline__ uint32_t u4_word(const uint4 &v, int i) {
@@ -296,23 +324,45 @@ __device__ __forceinline__ void pa_load_q(const pa_params &p, int64_t q0, int64_
   }
 }
 
+/* A 16-byte cp.async; with EF (the stream kernel) carrying an L2 evict-first policy: K / V
+ * bytes are read once, and marked so they leave L2 before the small tables, q and the
+ * pieces that every call reads again (the stream kernel's start is three dependent table
+ * rounds; behind a 269 MB call they missed L2). H200, same call: the stream kernel +1-2%
+ * at every shape (64 x 1k 3.40 vs 3.33 TB/s), the split kernel -0.5% (16 x 4k, 64 x 4k),
+ * so only the stream kernel's copies carry it. */
+template <bool EF>
+__device__ __forceinline__ void pa_cp16(void *dst, const void *src, int n, uint64_t pol) {
+  if constexpr (EF)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
+                     attn::smem_u32(dst)),
+                 "l"(src), "r"(n), "l"(pol));
+  else
+    attn::cp_async16(dst, src, n);
+}
+template <bool EF> __device__ __forceinline__ uint64_t pa_copy_policy() {
+  uint64_t pol = 0;
+  if constexpr (EF) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+
 /* The cp.async copies of one 16-key step into stage st (16 K rows, then 16 V rows, swizzled):
  * lane copies chunk lane % (D / 8) of rows lane / (D / 8) + j * 32 / (D / 8); off_of(row)
  * is that key row's element offset in both page arrays, or < 0 for a zero-filled row. */
-template <typename T, int D, typename OffOf>
+template <typename T, int D, bool EF, typename OffOf>
 __device__ __forceinline__ void pa_copy_step(T *st, const T *kp, const T *vp, int lane,
                                              OffOf off_of) {
   constexpr int CR = D / 8;
   constexpr int NJ = kPaStep * CR / 32;
   const int c = lane % CR;
+  const uint64_t pol = pa_copy_policy<EF>();
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
     const int kr = lane / CR + j * (32 / CR);
     const int64_t off = off_of(kr);
     const int n = off >= 0 ? 16 : 0;
     const int pc = (c ^ pa_swz(kr)) * 8;
-    attn::cp_async16(st + kr * D + pc, n ? kp + off + c * 8 : kp, n);
-    attn::cp_async16(st + (kPaStep + kr) * D + pc, n ? vp + off + c * 8 : vp, n);
+    pa_cp16<EF>(st + kr * D + pc, n ? kp + off + c * 8 : kp, n, pol);
+    pa_cp16<EF>(st + (kPaStep + kr) * D + pc, n ? vp + off + c * 8 : vp, n, pol);
   }
 }
 
@@ -413,6 +463,7 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   constexpr int NT = D / 8;    /* n-tiles of PV */
   __shared__ float s_m[kPaWarps][16], s_l[kPaWarps][16];
   extern __shared__ __align__(16) unsigned char pa_smem[]; /* rings; [warps][16][D] floats at the end */
+  PA_TR(0, 0, pa_gtime());
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq4 = lane & 3;
@@ -425,6 +476,7 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   /* launched as a programmatic dependent (pa_launch_main): the previous kernel's writes
    * (q, the tables, the pages; its reads of part_o / out) are done after this */
   ot_pdl_wait();
+  PA_TR(0, 1, pa_gtime());
 
   pa_seq sq;
   if (!pa_find_tile(p, slot_x, &sq)) return;
@@ -500,7 +552,7 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   auto issue = [&](int t, int pid) {
     const int kb = kl + (t * kPaWarps + warp) * kPaStep;
     T *st = ring + (size_t)(t % S) * 2 * kPaStep * D;
-    pa_copy_step<T, D>(st, kbase, vbase, lane, [&](int kr) -> int64_t {
+    pa_copy_step<T, D, false>(st, kbase, vbase, lane, [&](int kr) -> int64_t {
       const int pg = __shfl_sync(0xffffffffu, pid, kr);
       const int key = kb + kr;
       const int slot = p.bs_shift >= 0 ? key & (p.bs - 1) : key % p.bs;
@@ -514,6 +566,7 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   int pq[S - 1 + A];
 #pragma unroll
   for (int s = 0; s < S - 1 + A; s++) pq[s] = load_pid(s);
+  PA_TR(0, 2, pa_gtime());
 
   uint32_t qa[KS][4];
   pa_load_q<T, D>(p, q0, tile, kvh, g, tq4, r_ok, qa);
@@ -546,11 +599,16 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     pw[A - 1] = load_pid(t + S - 1 + A);
     attn::cp_async_wait<S - 1>();
     __syncwarp();
+#ifdef OT_PA_TRACE
+    if (t == 0) PA_TR(0, 3, pa_gtime());
+#endif
     const int kb = kl + (t * kPaWarps + warp) * kPaStep;
     pa_step<T, D>(ring + (size_t)(t % S) * 2 * kPaStep * D, qa, kb, kh, r_lo, r_hi, qk_scale,
                   p.softcap, cap2, g, tq4, m_run, l_run, acc);
   }
   attn::cp_async_wait<0>(); /* (only empty groups can be left) */
+  PA_TR(0, 4, pa_gtime());
+  PA_TR(0, 7, (unsigned long long)nst);
   /* the merge kernel (a programmatic dependent when splits > 1) may start launching */
   ot_pdl_launch_dependents();
 
@@ -603,6 +661,8 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
       if (dd == 0) p.part_lse[(int64_t)split * p.tq * p.hq + row] = lse;
     }
   }
+  PA_TR(0, 5, pa_gtime());
+  PA_TR(0, 6, (unsigned long long)pa_smid());
 }
 
 /* ---- merge of the splits: one CTA per (token, q head) row -------------------------------- *
@@ -615,7 +675,9 @@ __global__ void __launch_bounds__(kPaThreads) pa_merge_kernel(const __grid_const
   constexpr int V = D / 32; /* features per lane */
   __shared__ float s_red[kPaWarps];
   __shared__ float s_acc[kPaWarps][D];
+  PA_TR(1, 0, pa_gtime());
   ot_pdl_wait(); /* the main kernel's partials */
+  PA_TR(1, 1, pa_gtime());
   /* the next kernel (the next call's main kernel, itself waiting) may start launching */
   ot_pdl_launch_dependents();
   const int64_t row = blockIdx.x;
@@ -688,6 +750,8 @@ __global__ void __launch_bounds__(kPaThreads) pa_merge_kernel(const __grid_const
     o[dd] = from_f32<T>(a);
   }
   if (p.lse && threadIdx.x == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
+  PA_TR(1, 5, pa_gtime());
+  PA_TR(1, 6, (unsigned long long)pa_smid());
 }
 
 /* ---- the stream kernel: persistent warps over an even cut of all key steps ---------------- *
@@ -765,11 +829,13 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
   static_assert(kPsMeta > S - 1 + A, "the metadata ring holds every unit in flight");
   extern __shared__ __align__(16) unsigned char pa_smem[];
   __shared__ int s_meta[kPaWarps][kPsMeta][8];
+  PA_TR(0, 0, pa_gtime());
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq4 = lane & 3;
   const int wg = blockIdx.x * kPaWarps + warp, wtot = gridDim.x * kPaWarps;
   ot_pdl_wait(); /* a programmatic dependent: see pa_mma_kernel */
+  PA_TR(0, 1, pa_gtime());
 
   /* the total N, this warp's range and the window holding its first step */
   ps_win W;
@@ -806,6 +872,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
     const int64_t head_stride = (int64_t)p.bs * D;
     const T *kp = static_cast<const T *>(p.k_pages), *vp = static_cast<const T *>(p.v_pages);
     T *ring = reinterpret_cast<T *>(pa_smem) + (size_t)warp * S * 2 * kPaStep * D;
+    PA_TR(0, 2, pa_gtime());
     int *meta = &s_meta[warp][0][0];
     int lu = 0; /* unit entries written */
     /* step t of the range: lanes 0-15 return the slab (page * heads_kv + kv head) of key
@@ -851,7 +918,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
       return pg * p.hkv + kvh;
     };
     auto issue = [&](int t, int e) {
-      pa_copy_step<T, D>(ring + (size_t)(t % S) * 2 * kPaStep * D, kp, vp, lane,
+      pa_copy_step<T, D, true>(ring + (size_t)(t % S) * 2 * kPaStep * D, kp, vp, lane,
                          [&](int kr) -> int64_t {
                            const int slab = __shfl_sync(0xffffffffu, e, kr);
                            const int slot = __shfl_sync(0xffffffffu, e, kr + 16);
@@ -942,6 +1009,9 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
       pw[A - 1] = load_step(t + S - 1 + A);
       attn::cp_async_wait<S - 1>();
       __syncwarp();
+#ifdef OT_PA_TRACE
+      if (t == 0) PA_TR(0, 3, pa_gtime());
+#endif
       const int gs = rs + t;
       if (gs >= u_s1) { /* a new unit (its metadata was written S - 1 + A steps ago) */
         if (t > 0) flush();
@@ -960,6 +1030,8 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
                     r_lo, r_hi, qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc);
     }
     attn::cp_async_wait<0>();
+    PA_TR(0, 4, pa_gtime());
+    PA_TR(0, 7, (unsigned long long)n);
     ot_pdl_launch_dependents();
     flush();
   }
@@ -967,6 +1039,8 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
     p.desc[2 * wg] = make_int4(dflag, dwa, dq0, dnq);
     p.desc[2 * wg + 1] = make_int4(dtile, dkvh, 0, 0);
   }
+  PA_TR(0, 5, pa_gtime());
+  PA_TR(0, 6, (unsigned long long)pa_smid());
 }
 
 /* Merge of the stream kernel's cut units: CTA w takes descriptor w's unit (pieces of warps
@@ -976,7 +1050,9 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
 template <typename T, int D>
 __global__ void __launch_bounds__(kPaThreads) ps_merge_kernel(const __grid_constant__ pa_params p) {
   constexpr int V = D / 32;
+  PA_TR(1, 0, pa_gtime());
   ot_pdl_wait();
+  PA_TR(1, 1, pa_gtime());
   ot_pdl_launch_dependents(); /* as pa_merge_kernel */
   const int lane = threadIdx.x & 31, w = blockIdx.x;
   const int4 d0 = p.desc[2 * w];
@@ -1036,6 +1112,8 @@ __global__ void __launch_bounds__(kPaThreads) ps_merge_kernel(const __grid_const
     for (int v = 0; v < V; v++) o[v] = from_f32<T>(acc[v]);
     if (p.lse && lane == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
   }
+  PA_TR(1, 5, pa_gtime());
+  PA_TR(1, 6, (unsigned long long)pa_smid());
 }
 
 /* ---- fallback: one warp per (token, q head) -------------------------------------------- */
@@ -1486,6 +1564,19 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
  * bench/decode_shim.c): out[0] 1 split, 2 stream, 3 simple (0: none yet); out[1] splits;
  * out[2] CTAs of the main kernel; out[3] 1 when it was launched as a programmatic
  * dependent. */
+#ifdef OT_PA_TRACE
+/* OT_PA_TRACE builds: clear (clear != 0) the stamps of both kernels, or copy kernel k's
+ * [4096][8] stamps to dst (bench_decode.py --trace). 0 on success. */
+extern "C" int ot_cuda_paged_trace(unsigned long long *dst, int k, int clear) {
+  void *a = nullptr;
+  if (cudaGetSymbolAddress(&a, ot::pa_tr_buf) != cudaSuccess) return -1;
+  const size_t per = sizeof(ot::pa_tr_buf) / 2;
+  if (clear) return cudaMemset(a, 0, sizeof(ot::pa_tr_buf)) == cudaSuccess ? 0 : -1;
+  if (k < 0 || k > 1) return -1;
+  return cudaMemcpy(dst, (char *)a + k * per, per, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+}
+#endif
+
 extern "C" void ot_cuda_paged_last_plan(int out[4]) {
   out[0] = ot::pa_last_plan.kernel;
   out[1] = ot::pa_last_plan.splits;
