@@ -327,9 +327,9 @@ __device__ __forceinline__ void pa_load_q(const pa_params &p, int64_t q0, int64_
 /* A 16-byte cp.async; with EF (the stream kernel) carrying an L2 evict-first policy: K / V
  * bytes are read once, and marked so they leave L2 before the small tables, q and the
  * pieces that every call reads again (the stream kernel's start is three dependent table
- * rounds; behind a 269 MB call they missed L2). H200, same call: the stream kernel +1-2%
- * at every shape (64 x 1k 3.40 vs 3.33 TB/s), the split kernel -0.5% (16 x 4k, 64 x 4k),
- * so only the stream kernel's copies carry it. */
+ * rounds; behind a 269 MB call they miss L2). H200, same call: the stream kernel +0.8-2.8%
+ * at every shape (64 x 1k 3.40 vs 3.33 TB/s), the split kernel -0.6 / -0.9% at 64 x 4k /
+ * 16 x 4k, so only the stream kernel's copies carry it (docs/PERFORMANCE.md, round 3). */
 template <bool EF>
 __device__ __forceinline__ void pa_cp16(void *dst, const void *src, int n, uint64_t pol) {
   if constexpr (EF)
