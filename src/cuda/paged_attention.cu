@@ -63,8 +63,9 @@
  *     every shape (docs/PERFORMANCE.md) and was removed.
  * Stream kernel (head_dim 128, no left window): a persistent wave of warps, each taking an
  * even share of all 16-key steps and streaming them through the same per-warp ring across
- * unit boundaries; cut units merged by a second (PDL) kernel. The default for short
- * contexts (<= 1024 keys, <= 8 pieces per unit), see ps_auto and the comment at the kernel.
+ * unit boundaries; cut units merged by a second (PDL) kernel; its K / V copies carry an L2
+ * evict-first policy (pa_cp16). The default for short contexts (<= 1024 keys, <= 8 pieces
+ * per unit), see ps_auto and the comment at the kernel.
  * Masks (causal bottom-right, windows), softcap and empty rows as ot_attention_forward.
  *
  * Fallback kernel (float32, other head dims, misaligned q): one warp per (token, q head),
@@ -72,6 +73,7 @@
  * every case the API allows; not tuned.
  *
  * OT_DEBUG=1: device bound checks of the tables, see paged_common.cuh.
+ * -DOT_PA_TRACE (a diagnostic build): per-CTA %globaltimer stamps, see PA_TR.
  */
 #include <math.h>
 #include <stdlib.h>
