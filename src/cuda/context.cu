@@ -288,9 +288,11 @@ static ot_status scratch_get(ot_context *ctx, size_t bytes, const char *op, bool
   want = (want + 255) & ~(size_t)255;
   if (st->scratch) {
     cudaError_t e = cudaStreamSynchronize((cudaStream_t)ctx->stream);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError(); /* reported here, not again by a later op's launch check */
       return ot_error(OT_ERR_BACKEND, op, "cudaStreamSynchronize before growing scratch: %s",
                       cudaGetErrorString(e));
+    }
     cudaFree(st->scratch);
     st->scratch = NULL;
     st->scratch_bytes = 0;
