@@ -171,7 +171,7 @@ if has profile; then
   timeout ${PROFILE_LIMIT:-120} ncu --clock-control none --profile-from-start off \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy \
-    --section SourceCounters -o /tmp/ot_bwd_prof \
+    --section SourceCounters -f -o /tmp/ot_bwd_prof \
     python3 bench/profile_attention_bwd.py --shim "$SHIM" --cases "${PROFILE_CASES:-D128S4096c0,D128S4096c1}" \
     >"$OUT/ncu_run.log" 2>&1
   echo "ncu rc=$?"
