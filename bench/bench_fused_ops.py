@@ -469,12 +469,11 @@ def check_ce(S, ck, small):
 # forward v3, backward v2, RoPE's block-per-token kernel v1 on rows the warp kernel takes.
 # (LayerNorm's bulk-copy backward, sm_90, is a default: the first pass runs it.)
 ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL": "v1"}
-# The norms' forward v2 options off their defaults (src/cuda/norm.cuh): plain launches
-# (no programmatic dependent launch), plain out stores, LayerNorm's one-reduction
-# statistics. --sanitize runs the norms (and RoPE) under them first, then under the
+# The norms' options off their defaults (src/cuda/norm.cuh): plain launches (no
+# programmatic dependent launch), the old partials' sum, the backward's weight in fp32
+# registers. --sanitize runs the norms (and RoPE) under them first, then under the
 # defaults and ALT_KERNELS.
-NORM_KNOBS = {"OT_NORM_PDL": "0", "OT_NORM_FWD_CS": "0", "OT_NORM_LN_ONEPASS": "1",
-              "OT_NORM_REDUCE": "old"}
+NORM_KNOBS = {"OT_NORM_PDL": "0", "OT_NORM_REDUCE": "old", "OT_NORM_BWD_WF": "1"}
 
 
 def sanitize_run(S, only="norm,rope,glu,ce"):
@@ -682,26 +681,22 @@ def bench_all(S, args):
     # statistics (opt-in, not yet timed). The run of 718ecab timed pdl / cs / pdl+cs as
     # opt-ins, a blocks-per-SM cap (lost everywhere: removed) and the partials' sum
     # unrolled by 16 (no change: removed): docs/PERFORMANCE.md.
-    # "regs9" / "regs8": forward v2 without the residual at 8 vectors a thread held to 56 /
-    # 64 registers (9 / 8 blocks of 128 threads per SM; 256-thread blocks: 64) by
-    # __launch_bounds__ (OT_NORM_FWD_REGS=1 / 2).
-    FWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "regs9": {"OT_NORM_FWD_REGS": "1"},
-                    "regs8": {"OT_NORM_FWD_REGS": "2"}}
-    LN_FWD_VARIANTS = dict(FWD_VARIANTS, **{"one-pass stats": {"OT_NORM_LN_ONEPASS": "1"},
-                                            "regs9 + one-pass": {"OT_NORM_FWD_REGS": "1",
-                                                                "OT_NORM_LN_ONEPASS": "1"}})
+    # The run of ecdf3b4 timed LayerNorm's forward held to 64 / 56 registers (the first the
+    # default since), one-reduction statistics (removed) and RoPE's warp kernel held to 3-4
+    # blocks per SM (spills, removed): docs/PERFORMANCE.md.
+    FWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}}
+    LN_FWD_VARIANTS = FWD_VARIANTS
     # "old sum": the partials' sum by the 32 x 32 kernel of 4-byte loads (OT_NORM_REDUCE=old),
     # the default before norm_reduce_partials_v2_kernel.
-    BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "old sum": {"OT_NORM_REDUCE": "old"}}
+    # "wf": the v3 / tma backward with the weight held in fp32 registers (OT_NORM_BWD_WF=1)
+    BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "old sum": {"OT_NORM_REDUCE": "old"},
+                    "wf": {"OT_NORM_BWD_WF": "1"}}
     LN_BWD_VARIANTS = dict(BWD_VARIANTS, **{"v3": {"OT_NORM_BWD_IMPL": "v3"},
                                             "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"},
                                             "tma S=3": {"OT_NORM_BWD_TMA_STAGES": "3"},
-                                            "tma S=4": {"OT_NORM_BWD_TMA_STAGES": "4"},
-                                            "tma regs": {"OT_NORM_BWD_TMA_REGS": "1"}})
-    # RoPE's warp kernel: U passes of head loads per batch, blocks of 256 per SM held by
-    # __launch_bounds__ (default 8, 2; OT_ROPE_WARP, 16-bit NeoX only)
-    ROPE_VARIANTS = {"u5 b3": {"OT_ROPE_WARP": "5,3"}, "u5 b4": {"OT_ROPE_WARP": "5,4"},
-                     "u4 b4": {"OT_ROPE_WARP": "4,4"}}
+                                            "tma S=3 wf": {"OT_NORM_BWD_TMA_STAGES": "3",
+                                                           "OT_NORM_BWD_WF": "1"}})
+    ROPE_VARIANTS = {}
     only = set(args.only.split(","))
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):
@@ -1012,7 +1007,7 @@ def ncu_run(S):
     """For ncu (--kernel-name-base demangled --kernel-name 'regex:ot::norm_|ot::rope_|
     neg_kernel'), 16k x 4096 bf16, each kernel once: a copy-like elementwise kernel
     (torch.neg(x, out=y): the copy's ceiling as a kernel, which cudaMemcpyAsync is not), RMSNorm / LayerNorm forward
-    (defaults), LayerNorm forward with OT_NORM_FWD_REGS=2, RMSNorm / LayerNorm backward
+    (defaults), RMSNorm / LayerNorm backward
     (saved statistics, dweight / dbias: main kernel + partials' sum), RoPE q + k (NeoX,
     cache, q [16k, 32, 128], k [16k, 8, 128]), default."""
     N, H, dt = 16384, 4096, torch.bfloat16
@@ -1025,10 +1020,6 @@ def ncu_run(S):
     for layer in (0, 1):
         m = mean if layer else None
         norm_fwd_call(S, layer, x, None, w, b if layer else None, 1e-6, out, None, m, rstd)()
-    for v in ("2",):
-        os.environ["OT_NORM_FWD_REGS"] = v
-        norm_fwd_call(S, 1, x, None, w, b, 1e-6, out, None, mean, rstd)()
-    os.environ.pop("OT_NORM_FWD_REGS")
     # saved statistics made on the CPU (no kernel on the GPU besides the profiled ones)
     xc = x.cpu().float()
     mu_c = xc.mean(1)

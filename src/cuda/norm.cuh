@@ -10,7 +10,7 @@
  *
  * Forward: the row is held in registers (x and residual read once from HBM, out and
  * residual_out written once); LayerNorm takes mean and variance in two exact passes
- * over the registers (OT_NORM_LN_ONEPASS=1: one merged reduction, opt-in). Rows longer
+ * over the registers. Rows longer
  * than NV_MAX vectors per thread take a looping kernel that re-reads the row (from L2 in
  * practice).
  *
@@ -78,20 +78,21 @@ struct norm_fwd_params {
 };
 
 /* Forward v2 compile-time options (template parameter F of norm_fwd_row / the v2 kernel):
- * kNormFwdCs: out stored with the evict-first hint (st.global.cs); kNormFwdOnePass
- * (LayerNorm): mean and variance from one reduction (Chan's merge of per-thread
- * statistics) instead of two; kNormFwdRegs / kNormFwdRegs8: the 8-vectors-a-thread
- * instances held to the registers of 9 / 8 blocks of 128 threads per SM (56 / 64; 4 blocks
- * of 256: 64), more rows in flight per SM. */
-constexpr int kNormFwdCs = 1, kNormFwdOnePass = 2, kNormFwdRegs = 4, kNormFwdRegs8 = 8;
+ * kNormFwdCs: out stored with the evict-first hint (st.global.cs); kNormFwdRegs: held to
+ * 64 registers by __launch_bounds__ (8 blocks of 128 threads per SM, 4 of 256) -- the
+ * LayerNorm instances without the residual at 8 vectors a thread, which ptxas otherwise
+ * gives 72 (7 blocks of 128 per SM; RMSNorm's take 56 unbounded). Measured (H200, 16k x
+ * 4096 bf16, run of ecdf3b4, ncu): 71.1 vs 73.3 us, DRAM 70.7 vs 69.0%, 8 vs 7 blocks per
+ * SM; benchmark 3.68 vs 3.65 TB/s. Held to 56 (9 blocks) ptxas spills 240 bytes: 2.47.
+ * (One-reduction statistics, Chan's merge of per-thread mean / squared deviations, took
+ * 94 registers and ran at 2.88 there, 2.73 held to 56: removed.) */
+constexpr int kNormFwdCs = 1, kNormFwdRegs = 4;
 
 /* __launch_bounds__ of forward v2: the block (TPR threads, or 128 as row groups of
- * TPR < 128), and with kNormFwdRegs the blocks per SM that hold the registers to 56 / 64. */
+ * TPR < 128), and with kNormFwdRegs the blocks per SM that hold the registers to 64. */
 constexpr int norm_fwd_v2_block(int tpr) { return tpr >= 128 ? tpr : 128; }
 constexpr int norm_fwd_v2_min_blocks(int tpr, int f) {
-  return (f & (kNormFwdRegs | kNormFwdRegs8))
-             ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : (f & kNormFwdRegs) ? 9 : 8)
-             : 1;
+  return (f & kNormFwdRegs) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 8) : 1;
 }
 
 struct norm_bwd_params {
@@ -721,49 +722,6 @@ __device__ __forceinline__ float norm_sq_dev(raw16 (&xr)[NV], float center, int6
   return v;
 }
 
-/* Chan's merge of two partial statistics (count c, mean m, sum of squared deviations q):
- * a = a + b. Callers give every pair in the same order on every thread (the lower lane or
- * warp first), so all threads of a row group end with the same bits. */
-__device__ __forceinline__ void norm_chan_merge(float &c, float &m, float &q, float cb, float mb,
-                                                float qb) {
-  const float nab = c + cb;
-  if (nab > 0.0f) {
-    const float d = mb - m, f = cb / nab;
-    m = fmaf(d, f, m);
-    q = q + qb + d * d * (c * f);
-    c = nab;
-  }
-}
-
-/* Mean and sum of squared deviations of a row from its threads' partial (c, m, q): warp
- * shuffles, then the warps' results merged in warp order through scratch (3 floats per
- * warp, 64 floats per row group) with one barrier pair. Returns (mean, q). */
-__device__ __forceinline__ float2 norm_row_meanvar(float c, float m, float q, float *scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const float c2 = __shfl_xor_sync(0xffffffffu, c, o);
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-    const float q2 = __shfl_xor_sync(0xffffffffu, q, o);
-    if (lane & o) { /* the partner is the lower lane: it goes first */
-      float ca = c2, ma = m2, qa = q2;
-      norm_chan_merge(ca, ma, qa, c, m, q);
-      c = ca, m = ma, q = qa;
-    } else {
-      norm_chan_merge(c, m, q, c2, m2, q2);
-    }
-  }
-  const int nwarps = blockDim.x >> 5;
-  if (nwarps == 1) return make_float2(m, q);
-  float *s = scratch + 64 * threadIdx.y;
-  __syncthreads(); /* scratch may still be read by a previous row */
-  if (lane == 0) s[3 * warp] = c, s[3 * warp + 1] = m, s[3 * warp + 2] = q;
-  __syncthreads();
-  c = s[0], m = s[1], q = s[2];
-  for (int k = 1; k < nwarps; k++) norm_chan_merge(c, m, q, s[3 * k], s[3 * k + 1], s[3 * k + 2]);
-  return make_float2(m, q);
-}
-
 /* The per-row work of forward v2 / v3 once the thread's NV vectors of x (and of the
  * residual) are in registers: residual add and store, the statistics, out. Both
  * kernels call it with the same thread-to-vector map (vector x + i * TPR), so they
@@ -798,19 +756,7 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
   }
   /* Out-of-range vectors are 0, so they add nothing to the sums. */
   float mu = 0.0f, rs;
-  if (LAYER && (F & kNormFwdOnePass)) {
-    /* the thread's own mean and squared deviations (exact two passes over its
-     * registers), then one merged reduction instead of two */
-    float c = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NV; i++)
-      if (((int)threadIdx.x + i * TPR) * V < n) c += (float)V;
-    const float m = c > 0.0f ? s / c : 0.0f;
-    const float q = norm_sq_dev<T, NV, TPR>(xr, m, n);
-    const float2 mq = norm_row_meanvar(c, m, q, scr);
-    mu = mq.x;
-    rs = rsqrtf(mq.y / (float)n + p.eps);
-  } else if (LAYER) {
+  if (LAYER) {
     mu = row_group_sum(s, scr) / (float)n;
     const float v = norm_sq_dev<T, NV, TPR>(xr, mu, n);
     rs = rsqrtf(row_group_sum(v, scr) / (float)n + p.eps);
@@ -1203,7 +1149,7 @@ __device__ __forceinline__ void norm_stats_of(const norm_bwd_params &p, int64_t 
  * launcher computes them first when the caller has none); rstd / mean of the next row
  * are loaded one row ahead. dweight / dbias partials in fp32 registers, written once
  * per block. */
-template <typename T, bool LAYER, int NV>
+template <typename T, bool LAYER, int NV, bool WF>
 __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int S) {
   ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
   constexpr int V = vec_width<T>::value;
@@ -1237,11 +1183,13 @@ __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int
     cp_async_commit();
   };
 
-  float dw[NV][V], db[NV][V];
+  float dw[NV][V], db[NV][V], wf[WF ? NV : 1][V];
 #pragma unroll
   for (int i = 0; i < NV; i++) {
 #pragma unroll
     for (int j = 0; j < V; j++) dw[i][j] = 0.0f, db[i][j] = 0.0f;
+    const int64_t base = (int64_t)(tid + i * tpr) * V;
+    if (WF && w && base < n) load_vec(wf[WF ? i : 0], w + base);
   }
   for (int s = 0; s + 1 < S; s++) issue((int64_t)blockIdx.x + (int64_t)s * G, s);
   float rs_n = 0.0f, mu_n = 0.0f;
@@ -1265,8 +1213,9 @@ __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int
       float hv[V], gv[V], wv[V];
       unpack<T>(hv, hr);
       unpack<T>(gv, dr);
-      if (w) load_vec(wv, w + base);
-      norm_bwd_terms<LAYER, V>(hv, gv, wv, w != nullptr, rs, nmr, dw[i], db[i], sg, sgx);
+      if (w && !WF) load_vec(wv, w + base);
+      norm_bwd_terms<LAYER, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, rs, nmr, dw[i], db[i],
+                               sg, sgx);
     }
     float a, c;
     norm_bwd_row_sums<LAYER>(sg, sgx, scr, inv_n, a, c);
@@ -1284,13 +1233,14 @@ __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int
       float hv[V], gv[V], wv[V], o[V], dr[V];
       unpack<T>(hv, hr);
       unpack<T>(gv, gr);
-      if (w) load_vec(wv, w + base);
+      if (w && !WF) load_vec(wv, w + base);
       if (p.dres) {
         raw16 t;
         t.u = st[(2 * NV + i) * tpr];
         unpack<T>(dr, t);
       }
-      norm_bwd_dx<LAYER, V>(hv, gv, wv, w != nullptr, p.dres ? dr : nullptr, rs, nmr, k1, k0, o);
+      norm_bwd_dx<LAYER, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, p.dres ? dr : nullptr, rs,
+                            nmr, k1, k0, o);
       store_vec(dxp + base, o);
     }
     stage = stage + 1 == S ? 0 : stage + 1;
@@ -1347,8 +1297,8 @@ __device__ __forceinline__ void norm_bwd_slot_vec(const uint4 *hs, const uint4 *
  * when the caller has none); dweight / dbias partials in fp32 registers, written once per
  * block. (Partials in shared memory, [V/4][nvec] float4 per partial, lost: run of
  * a342519; removed.) */
-template <typename T, bool LAYER, int NV, int MT, int MB>
-__global__ void __launch_bounds__(MT, MB) norm_bwd_tma_kernel(norm_bwd_params p, int S) {
+template <typename T, bool LAYER, int NV, bool WF>
+__global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, int S) {
   ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
 #ifdef OT_BULK_COPY_DEVICE
   constexpr int V = vec_width<T>::value;
@@ -1376,11 +1326,12 @@ __global__ void __launch_bounds__(MT, MB) norm_bwd_tma_kernel(norm_bwd_params p,
     if (p.dres)
       bulk_load(dst + 2 * nvec, static_cast<const T *>(p.dres) + row * p.dres_stride, rb, bars + s);
   };
-  float dw[NV][V], db[NV][V];
+  float dw[NV][V], db[NV][V], wf[WF ? NV : 1][V];
 #pragma unroll
   for (int i = 0; i < NV; i++) {
 #pragma unroll
     for (int j = 0; j < V; j++) dw[i][j] = 0.0f, db[i][j] = 0.0f;
+    if (WF && w && tid + i * tpr < nvec) load_vec(wf[WF ? i : 0], w + (int64_t)(tid + i * tpr) * V);
   }
   __syncthreads(); /* the barriers are initialized */
   if (tid == 0)
@@ -1404,8 +1355,9 @@ __global__ void __launch_bounds__(MT, MB) norm_bwd_tma_kernel(norm_bwd_params p,
       const int idx = tid + i * tpr;
       if (idx >= nvec) continue;
       float hv[V], gv[V], wv[V];
-      norm_bwd_slot_vec<T>(hs, gs, w, idx, hv, gv, wv);
-      norm_bwd_terms<LAYER, V>(hv, gv, wv, w != nullptr, rs, nmr, dw[i], db[i], sg, sgx);
+      norm_bwd_slot_vec<T>(hs, gs, WF ? nullptr : w, idx, hv, gv, wv);
+      norm_bwd_terms<LAYER, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, rs, nmr, dw[i], db[i],
+                               sg, sgx);
     }
     float a, c;
     norm_bwd_row_sums<LAYER>(sg, sgx, scr, inv_n, a, c);
@@ -1423,13 +1375,14 @@ __global__ void __launch_bounds__(MT, MB) norm_bwd_tma_kernel(norm_bwd_params p,
       const int idx = tid + i * tpr;
       if (idx >= nvec) continue;
       float hv[V], gv[V], wv[V], o[V], dr[V];
-      norm_bwd_slot_vec<T>(hs, gs, w, idx, hv, gv, wv);
+      norm_bwd_slot_vec<T>(hs, gs, WF ? nullptr : w, idx, hv, gv, wv);
       if (p.dres) {
         raw16 t;
         t.u = ds[idx];
         unpack<T>(dr, t);
       }
-      norm_bwd_dx<LAYER, V>(hv, gv, wv, w != nullptr, p.dres ? dr : nullptr, rs, nmr, k1, k0, o);
+      norm_bwd_dx<LAYER, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, p.dres ? dr : nullptr, rs,
+                            nmr, k1, k0, o);
       store_vec(dxp + (int64_t)idx * V, o);
     }
     if (++s == S) s = 0, ph ^= 1u;
@@ -1484,16 +1437,13 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * normal use): OT_NORM_FWD_IMPL=old (the f46b949 kernels) | v2 (register rows, one block
  * per row or two; default) | v3 (persistent, cp.async ring), OT_NORM_FWD_MAXNV=16 (up to
  * 16 vectors per thread in forward v2, default 8), OT_NORM_FWD_STAGES=S (v3 ring depth,
- * default: automatic), OT_NORM_FWD_REGS=1 | 2 (forward v2 without the residual, 8
- * vectors a thread: kNormFwdRegs | kNormFwdRegs8), OT_NORM_LN_ONEPASS=1 (forward v2
- * LayerNorm, row groups of several warps at 8 vectors a thread: mean and variance in one
- * reduction, Chan's merge of per-thread statistics, instead of two; also the backward's
- * recomputed statistics), OT_NORM_PDL=0 (forward v2 and the partials' sum launched
+ * default: automatic), OT_NORM_PDL=0 (forward v2 and the partials' sum launched
  * plainly; default: as programmatic dependents on sm_90), OT_NORM_BWD_IMPL=old | v2 | v3
  * (RMSNorm's default) | tma (LayerNorm only, its default), OT_NORM_BWD_NV=1 (v2 with one
  * vector per thread, D = 6), OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread),
  * OT_NORM_BWD_STAGES=S (v3 ring depth; 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring
- * depth; 0 = automatic), OT_NORM_REDUCE=old (the partials' sum by the 32 x 32 kernel of
+ * depth; 0 = automatic), OT_NORM_BWD_WF=1 (v3 / tma with the weight held in fp32
+ * registers), OT_NORM_REDUCE=old (the partials' sum by the 32 x 32 kernel of
  * 4-byte loads; default: norm_reduce_partials_v2_kernel where cols % 4 == 0). */
 enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
 struct norm_cfg {
@@ -1501,16 +1451,13 @@ struct norm_cfg {
   int fwd_impl;       /* kNormImplDefault (v2), Old or V3 */
   int fwd_maxnv;      /* 8 or 16 */
   int fwd_stages;     /* v3 ring depth, 0 automatic */
-  int fwd_regs;       /* forward v2 without the residual, 8 vectors a thread: 1 kNormFwdRegs,
-                       * 2 kNormFwdRegs8, 0 neither */
-  bool ln_onepass;    /* forward v2 LayerNorm: kNormFwdOnePass where instantiated */
   bool pdl;
   int bwd_impl;       /* kNormImpl*: Default, Old, V2, Tma; any other value V3 */
   int bwd_nv;         /* OT_NORM_BWD_NV, 0 unset */
   int bwd_v3nv;       /* -1 unset */
   int bwd_stages;     /* -1 unset */
   int bwd_tma_stages; /* 0 automatic */
-  bool bwd_tma_regs;  /* OT_NORM_BWD_TMA_REGS=1 */
+  bool bwd_wf;        /* v3 / tma: the weight in fp32 registers (OT_NORM_BWD_WF=1) */
   bool reduce_v2;     /* the partials' sum: v2 (default) or the 32 x 32 kernel (=old) */
 };
 static inline int norm_env_int(const char *name, int dflt) {
@@ -1534,15 +1481,13 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
     c.fwd_impl = kNormImplDefault;
     c.fwd_maxnv = 8;
     c.fwd_stages = 0;
-    c.fwd_regs = 0;
-    c.ln_onepass = false;
     c.pdl = true;
     c.bwd_impl = kNormImplDefault;
     c.bwd_nv = 0;
     c.bwd_v3nv = -1;
     c.bwd_stages = -1;
     c.bwd_tma_stages = 0;
-    c.bwd_tma_regs = false;
+    c.bwd_wf = false;
     c.reduce_v2 = true;
     return c;
   }
@@ -1552,9 +1497,6 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
                : strcmp(f, "v3") == 0 ? kNormImplV3 : kNormImplDefault;
   c.fwd_maxnv = norm_env_int("OT_NORM_FWD_MAXNV", 8) == 16 ? 16 : 8;
   c.fwd_stages = norm_env_int("OT_NORM_FWD_STAGES", 0);
-  c.fwd_regs = norm_env_int("OT_NORM_FWD_REGS", 0);
-  if (c.fwd_regs != 2) c.fwd_regs = c.fwd_regs == 1;
-  c.ln_onepass = norm_env_int("OT_NORM_LN_ONEPASS", 0) == 1;
   c.pdl = norm_env_int("OT_NORM_PDL", 1) != 0;
   const char *b = getenv("OT_NORM_BWD_IMPL");
   c.bwd_impl = !b || !*b ? kNormImplDefault
@@ -1565,7 +1507,7 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
   c.bwd_v3nv = norm_env_int("OT_NORM_BWD_V3NV", -1);
   c.bwd_stages = norm_env_int("OT_NORM_BWD_STAGES", -1);
   c.bwd_tma_stages = norm_env_int("OT_NORM_BWD_TMA_STAGES", 0);
-  c.bwd_tma_regs = norm_env_int("OT_NORM_BWD_TMA_REGS", 0) == 1;
+  c.bwd_wf = norm_env_int("OT_NORM_BWD_WF", 0) == 1;
   const char *r = getenv("OT_NORM_REDUCE");
   c.reduce_v2 = !(r && strcmp(r, "old") == 0);
   return c;
@@ -1618,75 +1560,39 @@ static inline norm_launch norm_pick_fwd_v2(const norm_cfg &c, int64_t cols, int 
   return L;
 }
 
-/* The forward v2 instance of shape L (nv, threads) and options F, or NULL. F with
- * kNormFwdOnePass: LayerNorm's row groups of several warps at 8 vectors a thread only
- * (the shapes whose two reductions each take a barrier pair). */
+/* The forward v2 instance of shape L (nv, threads) and options F, or NULL; LayerNorm's
+ * instances without the residual at 8 vectors a thread with kNormFwdRegs. */
 template <typename T, bool LAYER, bool RES, int F>
 static inline void (*norm_fwd_v2_pick(const norm_launch &L))(norm_fwd_params) {
-  if constexpr ((F & kNormFwdOnePass) != 0) {
-    if (!LAYER || L.threads <= 32 || L.nv != 8) return nullptr;
-    switch (L.threads) {
-      case 64: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 64, F>;
-      case 128: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 128, F>;
-      default: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 256, F>;
+  constexpr int F8 = LAYER && !RES ? (F | kNormFwdRegs) : F;
+  if (L.threads <= 32) {
+    switch (L.nv) {
+      case 1: return norm_fwd_v2_kernel<T, LAYER, 1, RES, 32, F>;
+      case 2: return norm_fwd_v2_kernel<T, LAYER, 2, RES, 32, F>;
+      case 4: return norm_fwd_v2_kernel<T, LAYER, 4, RES, 32, F>;
+      case 8: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 32, F8>;
+      case 16: return norm_fwd_v2_kernel<T, LAYER, 16, RES, 32, F>;
+      default: return nullptr;
     }
-  } else if constexpr ((F & (kNormFwdRegs | kNormFwdRegs8)) != 0) {
-    if (L.nv != 8) return nullptr;
-    switch (L.threads) {
-      case 32: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 32, F>;
-      case 64: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 64, F>;
-      case 128: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 128, F>;
-      default: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 256, F>;
-    }
-  } else {
-    if (L.threads <= 32) {
-      switch (L.nv) {
-        case 1: return norm_fwd_v2_kernel<T, LAYER, 1, RES, 32, F>;
-        case 2: return norm_fwd_v2_kernel<T, LAYER, 2, RES, 32, F>;
-        case 4: return norm_fwd_v2_kernel<T, LAYER, 4, RES, 32, F>;
-        case 8: return norm_fwd_v2_kernel<T, LAYER, 8, RES, 32, F>;
-        case 16: return norm_fwd_v2_kernel<T, LAYER, 16, RES, 32, F>;
-        default: return nullptr;
-      }
-    }
-    /* wider groups only when a warp's budget is not enough: NV is then the budget */
-    if (L.nv != 8 && L.nv != 16) return nullptr;
-    const bool n16 = L.nv == 16;
-    switch (L.threads) {
-      case 64: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 64, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 64, F>;
-      case 128: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 128, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 128, F>;
-      default: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 256, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 256, F>;
-    }
+  }
+  /* wider groups only when a warp's budget is not enough: NV is then the budget */
+  if (L.nv != 8 && L.nv != 16) return nullptr;
+  const bool n16 = L.nv == 16;
+  switch (L.threads) {
+    case 64: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 64, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 64, F8>;
+    case 128: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 128, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 128, F8>;
+    default: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 256, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 256, F8>;
   }
 }
 
 /* The instance a call takes: evict-first out stores without the residual (measured, run
  * of 718ecab, 16k rows bf16: +2-5% there, -1-2% with the residual, whose h the next layer
- * reads again; the plain-store instances were removed), the register cap where
- * instantiated (c.fwd_regs), LayerNorm's one-reduction statistics where instantiated
- * (c.ln_onepass). The choice depends on the shape and the knobs only, so a fused forward,
- * an unfused one over its residual_out and the backward's recomputed statistics take
- * the same statistics code (the same bits). */
+ * reads again; the plain-store instances were removed). The choice depends on the shape
+ * only, so a fused forward, an unfused one over its residual_out and the backward's
+ * recomputed statistics take the same statistics code (the same bits). */
 template <typename T, bool LAYER>
-static inline void (*norm_fwd_v2_select(const norm_cfg &c, bool res,
-                                        const norm_launch &L))(norm_fwd_params) {
-  if constexpr (LAYER) {
-    if (c.ln_onepass) {
-      void (*k)(norm_fwd_params) =
-          res ? norm_fwd_v2_pick<T, LAYER, true, kNormFwdOnePass>(L)
-          : c.fwd_regs == 1 ? norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs | kNormFwdOnePass | kNormFwdRegs>(L)
-                       : norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs | kNormFwdOnePass>(L);
-      if (k) return k;
-    }
-  }
-  if (res) return norm_fwd_v2_pick<T, LAYER, true, 0>(L);
-  if (c.fwd_regs) {
-    void (*k)(norm_fwd_params) =
-        c.fwd_regs == 2 ? norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs | kNormFwdRegs8>(L)
-                        : norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs | kNormFwdRegs>(L);
-    if (k) return k;
-  }
-  return norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs>(L);
+static inline void (*norm_fwd_v2_select(bool res, const norm_launch &L))(norm_fwd_params) {
+  return res ? norm_fwd_v2_pick<T, LAYER, true, 0>(L) : norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs>(L);
 }
 
 /* Forward v2: one block per row group(s), as many blocks as rows / rows per block;
@@ -1698,7 +1604,7 @@ cudaError_t norm_fwd_v2_launch(const norm_cfg &c, const norm_fwd_params &p, cons
   const dim3 block(L.threads, L.rows);
   const int64_t blocks = (p.rows + L.rows - 1) / L.rows;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  void (*kernel)(norm_fwd_params) = norm_fwd_v2_select<T, LAYER>(c, p.residual != nullptr, L);
+  void (*kernel)(norm_fwd_params) = norm_fwd_v2_select<T, LAYER>(p.residual != nullptr, L);
   if (!kernel) return cudaErrorInvalidConfiguration;
   return norm_launch_ex(c, kernel, dim3((unsigned)blocks), block, stream, p);
 }
@@ -1901,9 +1807,7 @@ cudaError_t norm_fwd_v3_launch(const norm_cfg &c, const norm_fwd_params &p, cons
 template <typename T, bool LAYER>
 cudaError_t norm_fwd_fast_launch(const norm_cfg &c, const norm_fwd_params &p, const norm_launch &L,
                                  cudaStream_t stream) {
-  /* v3 has no one-reduction statistics: with them the forward stays on v2, so that a
-   * fused forward, an unfused one and the backward's recompute agree bit for bit */
-  if (c.fwd_impl == kNormImplV3 && !(LAYER && c.ln_onepass)) {
+  if (c.fwd_impl == kNormImplV3) {
     const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(c, p, L, stream);
     if (e != cudaErrorNotSupported) return e;
   }
@@ -2063,16 +1967,13 @@ template <typename T, bool LAYER>
 cudaError_t norm_bwd_tma_launch(const norm_cfg &c, const norm_bwd_params &p, T *dw, T *db,
                                 cudaStream_t stream) {
   constexpr int V = vec_width<T>::value, NV = 2;
-  if (!norm_tma_device_ok(c.cs, norm_bwd_tma_kernel<T, LAYER, NV, 512, 1>))
+  if (!norm_tma_device_ok(c.cs, norm_bwd_tma_kernel<T, LAYER, NV, false>))
     return cudaErrorNotSupported;
   const int64_t nvec = p.cols / V;
   if (nvec > 512 * NV) return cudaErrorNotSupported;
   const int threads = (int)(((nvec + NV - 1) / NV + 31) / 32 * 32);
-  /* OT_NORM_BWD_TMA_REGS=1: held to 80 registers (3 blocks of <= 256 threads per SM; 88
-   * unbounded: 2) or 64 (2 blocks of 512; 1 unbounded) */
-  const auto kernel = !c.bwd_tma_regs ? norm_bwd_tma_kernel<T, LAYER, NV, 512, 1>
-                      : threads <= 256 ? norm_bwd_tma_kernel<T, LAYER, NV, 256, 3>
-                                       : norm_bwd_tma_kernel<T, LAYER, NV, 512, 2>;
+  const auto kernel = c.bwd_wf ? norm_bwd_tma_kernel<T, LAYER, NV, true>
+                               : norm_bwd_tma_kernel<T, LAYER, NV, false>;
   const size_t stage = (size_t)(p.dres ? 3 : 2) * (size_t)p.cols * sizeof(T);
   const norm_ring R =
       norm_ring_config(c.cs, kernel, threads, stage, p.rows, c.bwd_tma_stages, kNormTmaMaxStages);
@@ -2133,7 +2034,10 @@ cudaError_t norm_backward_launch_impl(const norm_cfg &c, norm_bwd_params p, T *d
         return cudaGetLastError();
       });
     };
-    const cudaError_t e = nv == 4 ? go(norm_bwd_v3_kernel<T, LAYER, 4>) : go(norm_bwd_v3_kernel<T, LAYER, 2>);
+    const cudaError_t e = nv == 4 ? (c.bwd_wf ? go(norm_bwd_v3_kernel<T, LAYER, 4, true>)
+                                              : go(norm_bwd_v3_kernel<T, LAYER, 4, false>))
+                          : c.bwd_wf ? go(norm_bwd_v3_kernel<T, LAYER, 2, true>)
+                                     : go(norm_bwd_v3_kernel<T, LAYER, 2, false>);
     if (e != cudaErrorNotSupported) return e;
   }
   const int vmax = 1024;

@@ -251,8 +251,8 @@ __device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, in
  *   - the passes are split into equal batches of at most U (U = 8, 40 heads at 4 per
  *     pass: two batches of 5 passes rather than 8 + 2), so no batch is a short tail.
  * Same cos / sin (rope_fill_cs) and rotation (rope.cuh) as v1: the same bits. */
-template <typename T, ot_rope_mode MODE, int IPH, int U, int MINB>
-__global__ void __launch_bounds__(256, MINB) rope_warp3_kernel(const __grid_constant__ rope_params p) {
+template <typename T, ot_rope_mode MODE, int IPH, int U>
+__global__ void __launch_bounds__(256, 2) rope_warp3_kernel(const __grid_constant__ rope_params p) {
   constexpr int V = vec_width<T>::value;
   constexpr int HPW = 32 / IPH;
   constexpr int NP = MODE == OT_ROPE_NEOX ? V : V / 2; /* pairs per item */
@@ -345,17 +345,6 @@ static int rope_warp_iph(const rope_params &p, ot_rope_mode mode) {
 
 constexpr int kRopeWarpU = 8; /* passes of head loads in flight per batch (warp kernel) */
 
-/* OT_ROPE_WARP (A/B of the warp kernel's shape, 16-bit NeoX only): "5,3" / "5,4" / "4,4"
- * = U passes per batch, blocks of 256 per SM held by __launch_bounds__; default 8,2. */
-static int rope_warp_variant(void) {
-  const char *e = getenv("OT_ROPE_WARP");
-  if (!e || !*e) return 0;
-  if (strcmp(e, "5,3") == 0) return 1;
-  if (strcmp(e, "5,4") == 0) return 2;
-  if (strcmp(e, "4,4") == 0) return 3;
-  return 0;
-}
-
 template <typename T>
 static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStream_t stream) {
   const int64_t tokens = p.batch * p.seq;
@@ -365,21 +354,12 @@ static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStre
     const int64_t blocks = (tokens + 7) / 8;
     const dim3 g2((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff)), b2(256);
     const size_t sm2 = 8 * (size_t)p.rotary_dim * sizeof(float); /* rd <= 512: 16 KB */
-#define OT_ROPE_WARP3(M, U, B)                                                           \
-  (iph == 4 ? rope_warp3_kernel<T, M, 4, U, B><<<g2, b2, sm2, stream>>>(p)               \
-            : iph == 8 ? rope_warp3_kernel<T, M, 8, U, B><<<g2, b2, sm2, stream>>>(p)    \
-                       : rope_warp3_kernel<T, M, 16, U, B><<<g2, b2, sm2, stream>>>(p))
-    int var = 0;
-    if constexpr (sizeof(T) == 2) {
-      var = mode == OT_ROPE_NEOX ? rope_warp_variant() : 0;
-      if (var == 1) OT_ROPE_WARP3(OT_ROPE_NEOX, 5, 3);
-      else if (var == 2) OT_ROPE_WARP3(OT_ROPE_NEOX, 5, 4);
-      else if (var == 3) OT_ROPE_WARP3(OT_ROPE_NEOX, 4, 4);
-    }
-    if (var == 0) {
-      if (mode == OT_ROPE_NEOX) OT_ROPE_WARP3(OT_ROPE_NEOX, kRopeWarpU, 2);
-      else OT_ROPE_WARP3(OT_ROPE_GPTJ, kRopeWarpU, 2);
-    }
+#define OT_ROPE_WARP3(M, U)                                                              \
+  (iph == 4 ? rope_warp3_kernel<T, M, 4, U><<<g2, b2, sm2, stream>>>(p)                  \
+            : iph == 8 ? rope_warp3_kernel<T, M, 8, U><<<g2, b2, sm2, stream>>>(p)       \
+                       : rope_warp3_kernel<T, M, 16, U><<<g2, b2, sm2, stream>>>(p))
+    if (mode == OT_ROPE_NEOX) OT_ROPE_WARP3(OT_ROPE_NEOX, kRopeWarpU);
+    else OT_ROPE_WARP3(OT_ROPE_GPTJ, kRopeWarpU);
 #undef OT_ROPE_WARP3
     return cudaGetLastError();
   }
