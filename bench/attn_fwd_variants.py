@@ -3,9 +3,10 @@
 (template bits of src/cuda/sm90/attention_fwd_sm90.cu, selected by OT_ATTN_SM90_* switches;
 a build with -DOT_ATTN_SM90_EXPERIMENTS carries the bf16 ones) against float64 references,
 (2) times every variant against the default and torch SDPA cuDNN / flash on the same inputs
-in interleaved rounds (clock drift hits every side alike), over the benchmark grid of
-bench_attention.py (bf16, batch*seq = 32k tokens, heads*D = 2048), (3) measures the host
-time of one call at a small shape.
+in interleaved rounds, the order rotating from round to round (clock drift and the position
+in a round hit every side alike; until 2026-11-30 ~11:45 the order was fixed, default
+first), over the benchmark grid of bench_attention.py (bf16, batch*seq = 32k tokens,
+heads*D = 2048), (3) measures the host time of one call at a small shape.
 
   python3 bench/attn_fwd_variants.py SHIM [--rounds 3] [--dims 128,64,256]
       [--seqs 1024,4096,16384] [--json OUT] [--no-check] [--no-host]
@@ -36,6 +37,8 @@ P8 = {"OT_ATTN_SM90_EXP": "poly8"}
 P4 = {"OT_ATTN_SM90_EXP": "poly"}
 WIDE = {"OT_ATTN_SM90_TILE": "wide"}
 SPLIT = {"OT_ATTN_SM90_SPLIT": "1"}
+SMALL = {"OT_ATTN_SM90_TILE": "small"}
+NONPERS = {"OT_ATTN_SM90_NONPERSISTENT": "1"}
 
 
 ONLY = None   # --only: the variant names to run (checks and timings)
@@ -51,8 +54,9 @@ def _variant_list(d, s, causal):
 
 
 def _variant_list0(d, s, causal):
-    if d == 128 and not causal and s > 2048:          # 176-key tile
-        return [("resc", RESC), ("poly8", P8), ("poly4", P4)]
+    if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
+        return [("resc", RESC), ("poly8", P8), ("poly4", P4), ("small", SMALL),
+                ("nonpers", NONPERS)]
     if d == 64 and not causal:                        # 3 consumers, 128-key tile
         return [("poly8", P8), ("poly4", P4)]
     if d == 64 and causal and s <= 8192:              # 2 consumers, 128-key tile
@@ -162,8 +166,10 @@ def bench(S, args):
                         diffs[n] = ((out.float() - ref_out.float()).abs().max().item(),
                                     (lse - ref_lse).abs().max().item())
                 del ref_out, ref_lse
-                for _ in range(args.rounds):
-                    for n, env, pf in sides:
+                for r in range(args.rounds):
+                    # rotating order: no side always runs right after the slow flash peer
+                    # (clocks recover there) or first in a round
+                    for n, env, pf in sides[r % len(sides):] + sides[:r % len(sides)]:
                         if pf is not None:
                             ms = ba.time_ms(pf, iters=args.iters, warmup=2)
                         else:

@@ -6,8 +6,8 @@ range, then launched once inside cudaProfilerStart / Stop (run under
 
   python3 bench/profile_attention_fwd.py SHIM [--d 128] [--s 4096] [--causal] [--env K=V,...]
 
-Batch * seq = 32k tokens, heads * D = 2048 (the benchmark grid). --env: OT_ATTN_SM90_*
-switches for a second launch of ours inside the range (e.g. a variant)."""
+Batch * seq = 32k tokens, heads * D = 2048 (the benchmark grid). --env: ';'-separated sets of
+OT_ATTN_SM90_* switches (K=V,K=V), one more launch of ours inside the range for each."""
 import argparse
 import math
 import os
@@ -41,14 +41,14 @@ def main():
     def cudnn():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             return F.scaled_dot_product_attention(qt, kt, vt, is_causal=a.causal)
-    env = dict(kv.split("=") for kv in a.env.split(",") if kv)
+    envs = [dict(kv.split("=") for kv in e.split(",") if kv) for e in a.env.split(";") if e]
     if not f():
         sys.exit("the Hopper forward did not take the call")
 
     def once():
         f()
         cudnn()
-        if env:
+        for env in envs:
             with ba.env_set(env):
                 f()
         torch.cuda.synchronize()
@@ -59,7 +59,7 @@ def main():
     once()
     rt.cudaProfilerStop()
     print(f"profiled D{d} S{s} B{B} H{H} {'causal' if a.causal else 'full'}: ours, cuDNN"
-          + (f", ours with {a.env}" if env else ""), flush=True)
+          + "".join(f", ours with {e}" for e in envs), flush=True)
 
 
 if __name__ == "__main__":

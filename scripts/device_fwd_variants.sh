@@ -17,9 +17,11 @@
 # src/cuda/sm90/attention_fwd_sm90.cu), test_ops.xz and deps.tar.gz (OpenBLAS runtime).
 # DEADLINE (seconds from the start, default 125): each step's limit is cut to what is left.
 # VSEQS / VDIMS / VROUNDS: the benchmark grid (default 4096,16384 / 128,64,256 / 3); VARGS: more
-# arguments of attn_fwd_variants.py (e.g. "--only poly8,resc --no-host"). SUITE=0: no full C suite.
-# VENVS: ';'-separated switch sets for the suite's "hopper" cases; SAN_ENV, SAN_FILTERS
-# (';'-separated): the sanitizers' switches and C-suite filters.
+# arguments of attn_fwd_variants.py (e.g. "--only poly8,resc --no-host"). SUITE=0: no full C suite;
+# SUITE_ENV: switches for it (e.g. "OT_ATTN_SM90_SPLIT=1").
+# VENVS: ';'-separated switch sets for the suite's "hopper" cases (none: skip); SAN_ENV,
+# SAN_FILTERS (';'-separated): the sanitizers' switches and C-suite filters; SAN_TOOLS (default
+# "racecheck synccheck"; empty: none).
 set -uo pipefail
 COMMIT=${1:-unknown}
 OUT=${OUT:-/tmp/ot_device_out}
@@ -65,11 +67,12 @@ grep -E '^FAIL|^check:|^host|^HUNG|Error' "$OUT/variants.log" | head -20
 
 t=$(lim 35)
 if [ "$t" != 0 ] && [ "${SUITE:-1}" != 0 ]; then
-  stamp "C suite (defaults)"
-  timeout "$t" /tmp/test_ops --backend cuda --suite attention --filter cuda >"$OUT/tests.log" 2>&1
+  stamp "C suite (${SUITE_ENV:-defaults})"
+  env ${SUITE_ENV:-} timeout "$t" /tmp/test_ops --backend cuda --suite attention --filter cuda >"$OUT/tests.log" 2>&1
   echo "tests rc=$? $(tail -1 "$OUT/tests.log")"; grep -A3 '^FAIL' "$OUT/tests.log" | head -12
 fi
 IFS=';' read -r -a venvs <<<"${VENVS:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_RESC=1;OT_ATTN_SM90_EXP=poly8}"
+[ "${VENVS:-}" = none ] && venvs=()
 for envs in "${venvs[@]}"; do
   t=$(lim 15); [ "$t" = 0 ] && { echo "skipped: hopper cases [$envs]"; continue; }
   env $envs timeout "$t" /tmp/test_ops --backend cuda --suite attention --filter hopper \
@@ -77,7 +80,7 @@ for envs in "${venvs[@]}"; do
   echo "hopper cases [$envs]: rc=$? $(tail -1 "$OUT/tests_variants.log")"
 done
 IFS=';' read -r -a sfilters <<<"${SAN_FILTERS:-hopper-only S1000 D128 window}"
-for tool in racecheck synccheck; do
+for tool in ${SAN_TOOLS-racecheck synccheck}; do
   for filt in "${sfilters[@]}"; do
     t=$(lim 25); [ "$t" = 0 ] && { echo "skipped: $tool $filt"; continue; }
     stamp "$tool [$filt]"

@@ -616,19 +616,23 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   sp.splits = 1;
   sp.chunk = 1 << 30;
   int merge_rows = 0;
-  if constexpr ((FL & kFlSplit) != 0) {
+  (void)merge_rows;
+  if constexpr ((FL & kFlSplit) != 0) {   /* (compiled only in experiment builds) */
     constexpr int BR = fwd_cfg<NC>::br;
     const int rem = (int)(n_tiles % sms), n_it = (q.sk + BC - 1) / BC;
     if (persistent && !masked && rem > 0) {
       const int chunk = (n_it + sms / rem - 1) / (sms / rem);
       const int splits = (n_it + chunk - 1) / chunk;
       const size_t part_bytes = (size_t)rem * splits * BR * D * sizeof(float);
-      char *scr = splits >= 2 ? (char *)ot_cuda_scratch(
-                                    ctx, part_bytes + (size_t)rem * splits * BR * sizeof(float2), op)
-                              : NULL;
+      void *scr = NULL;   /* no scratch (OOM, nothing recorded): no split */
+      if (splits >= 2) {
+        const ot_status st = ot_cuda_scratch_try(
+            ctx, part_bytes + (size_t)rem * splits * BR * sizeof(float2), op, &scr);
+        if (st != OT_OK) return st;
+      }
       if (scr) {
         sp.part = (float *)scr;
-        sp.ml = (float2 *)(scr + part_bytes);
+        sp.ml = (float2 *)((char *)scr + part_bytes);
         sp.split_full = (int)n_tiles - rem;
         sp.splits = splits;
         sp.chunk = chunk;
@@ -640,10 +644,12 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   kern<<<grid, fwd_cfg<NC>::threads, L::bytes, (cudaStream_t)ctx->stream>>>(maps[0], maps[1],
                                                                             maps[2], q, sp);
   OT_CUDA_CHECK_LAUNCH(op);
-  if (merge_rows > 0) {
-    attn_fwd_sm90_merge<T, D><<<(merge_rows + 3) / 4, 128, 0, (cudaStream_t)ctx->stream>>>(
-        q, sp, fwd_cfg<NC>::br);
-    OT_CUDA_CHECK_LAUNCH(op);
+  if constexpr ((FL & kFlSplit) != 0) {
+    if (merge_rows > 0) {
+      attn_fwd_sm90_merge<T, D><<<(merge_rows + 3) / 4, 128, 0, (cudaStream_t)ctx->stream>>>(
+          q, sp, fwd_cfg<NC>::br);
+      OT_CUDA_CHECK_LAUNCH(op);
+    }
   }
   return OT_OK;
 }
