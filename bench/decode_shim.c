@@ -18,8 +18,11 @@
 #include "shim_common.h"
 
 void ot_cuda_paged_last_plan(int out[4]); /* src/cuda/paged_attention.cu */
-/* only in a library built with -DOT_PA_TRACE (the per-CTA stamps of the decode kernels) */
-int ot_cuda_paged_trace(unsigned long long *dst, int kernel, int clear) __attribute__((weak));
+/* only in a library built with -DOT_PA_TRACE (the per-CTA stamps of the decode kernels).
+ * Weak and hidden: resolved when this shim is linked against the static library (NULL when
+ * that build has none), never looked up in other loaded objects at load time. */
+int ot_cuda_paged_trace(unsigned long long *dst, int kernel, int clear)
+    __attribute__((weak, visibility("hidden")));
 
 SHIM_API void shim_paged_last_plan(int *out) { ot_cuda_paged_last_plan(out); }
 
