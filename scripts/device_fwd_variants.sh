@@ -14,7 +14,13 @@
 #      threshold and the wide tile forced.
 # CARRY (default .devcarry-fwd90, git-ignored) holds libattention_shim.so (bench/attention_shim.c
 # linked against an sm_90a libops_transformer.a built with -DOT_ATTN_SM90_EXPERIMENTS for
-# src/cuda/sm90/attention_fwd_sm90.cu), test_ops.xz and deps.tar.gz (OpenBLAS runtime).
+# src/cuda/sm90/attention_fwd_sm90.cu), test_ops.xz and deps.tar.gz (OpenBLAS runtime). Made
+# on the build machine: build B (-DOT_CUDA_ARCHS=90a) up to date, compile that file with B's
+# nvcc command (`ninja -C B -t commands ops_transformer_static`) plus -DOT_ATTN_SM90_EXPERIMENTS,
+# `ar r B/libops_transformer.a <that .o>` (same member name attention_fwd_sm90.cu.o), relink
+# B/tests/test_ops with its ninja command, then `cc -O2 -shared -fPIC bench/attention_shim.c
+# -Iinclude -Isrc -I<dlpack> -I$CUDA/include B/libops_transformer.a -L$CUDA/lib64 -lcudart
+# -lcublasLt -lopenblas -fopenmp -lm -lstdc++` and `xz` of test_ops.
 # DEADLINE (seconds from the start, default 125): each step's limit is cut to what is left.
 # VSEQS / VDIMS / VROUNDS: the benchmark grid (default 4096,16384 / 128,64,256 / 3); VARGS: more
 # arguments of attn_fwd_variants.py (e.g. "--only poly8,resc --no-host"). SUITE=0: no full C suite;
