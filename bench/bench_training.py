@@ -286,6 +286,24 @@ def run_case(case, args, device, dtype):
         res.update(status="ok", steps=steps, step_ms=dt / steps * 1e3,
                    tokens_per_s=tokens / dt, loss=float(loss))
         res["model_TFLOPs"] = res["tokens_per_s"] * _flops_per_token(cfg, case["seq"]) / 1e12
+        if device.type == "cuda" and args.steady:
+            # steady state: the timed window above starts from an idle GPU (after a
+            # synchronization), so its first step waits for the host wherever the host
+            # launches a step's first layers slower than the GPU runs them; here one
+            # unsynchronized step first, then CUDA events around the same number of
+            # steps -- the GPU's time per step with the host ahead, as in a training
+            # loop that does not synchronize every step (a variant that synchronizes in
+            # its own step, as HF's packed-sequence check does, still pays for it)
+            _step(fwd, model, opt, data[0])
+            e0 = torch.cuda.Event(enable_timing=True)
+            e1 = torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for i in range(steps):
+                loss = _step(fwd, model, opt, data[i % 2])
+            e1.record()
+            e1.synchronize()
+            ms = e0.elapsed_time(e1) / steps
+            res.update(steady_step_ms=ms, steady_tokens_per_s=case["batch"] * case["seq"] / ms * 1e3)
         if variant.endswith("_compile"):
             res["dynamo"] = _dynamo_stats()
         if variant.startswith("patched"):
@@ -877,6 +895,16 @@ def markdown(path):
         out += ["", "Loss after the timed steps (same initialization and data in every "
                 "variant of a case): " + "; ".join(f"{c}: {', '.join(v)}"
                                                    for c, v in losses.items()) + "."]
+    steady = {}
+    for r in rec.get("runs", []):
+        if r.get("status") == "ok" and r.get("steady_tokens_per_s"):
+            steady.setdefault(r["case"], []).append(
+                f"{r['label']} {r['steady_tokens_per_s'] / 1e3:,.1f} k")
+    if steady:
+        out += ["", "Steady state (--steady: one unsynchronized step, then CUDA events around "
+                "the same number of steps: the GPU's time per step with the host ahead), "
+                "tokens/s: " + "; ".join(f"{c}: {', '.join(v)}" for c, v in steady.items())
+                + "."]
     att = rec.get("attention") or {}
     if att.get("rows"):
         names = [n for n in ("library", "torch SDPA (its pick)", "torch flash", "torch cuDNN",
@@ -993,6 +1021,9 @@ def main(argv=None):
     p.add_argument("--profile", default="", metavar="VARIANT@CFG:BxS,...",
                    help="profile these measured cases after their timed steps, e.g. "
                         "patched_compile@0.54b:4x2048 (the same model: no second build)")
+    p.add_argument("--steady", action="store_true",
+                   help="also time each case's steps in steady state (one unsynchronized "
+                        "step first, CUDA events around the timed ones): steady_tokens_per_s")
     p.add_argument("--trace-dir", default=None,
                    help="write each profile's chrome trace there (trace_<case>.json.gz)")
     p.add_argument("--markdown", default=None, metavar="JSON",
@@ -1060,6 +1091,7 @@ def main(argv=None):
         cmd += ["--compile-options", args.compile_options] if args.compile_options else []
         cmd += ["--profile", ",".join(sorted(args.profile))] if args.profile else []
         cmd += ["--trace-dir", args.trace_dir] if args.trace_dir else []
+        cmd += ["--steady"] if args.steady else []
         cmd += ["--steps", str(args.steps), "--curve-steps", str(args.curve_steps),
                 "--seed", str(args.seed)] + (["--quick"] if args.quick else [])
         print(f"[{time.time() - t_start:5.0f}s] group {gi}: "
@@ -1096,7 +1128,10 @@ def main(argv=None):
             else:
                 runs.append(r)
                 print(f"   {r['case']:22s} {r['label']:37s} {r.get('status')} "
-                      f"{r.get('tokens_per_s', 0):,.0f} tok/s {r.get('peak_GB', 0):.2f} GB "
+                      f"{r.get('tokens_per_s', 0):,.0f} tok/s "
+                      + (f"(steady {r['steady_tokens_per_s']:,.0f}) "
+                         if r.get("steady_tokens_per_s") else "")
+                      + f"{r.get('peak_GB', 0):.2f} GB "
                       f"loss {r.get('loss', float('nan')):.4f} {r.get('auto_attention', '')} "
                       f"{r.get('dynamo', '')} "
                       f"{r.get('error', '')[:200]}", flush=True)

@@ -901,6 +901,39 @@ def test_auto_attention_decides_per_length_bucket(auto_on_cpu):
     assert len(decided) == 3                  # 64's bucket was decided; 512's was not
 
 
+def test_probe_auto_allocates_once_and_not_for_decided_lengths(auto_on_cpu, monkeypatch):
+    """_probe_auto's tensors: one q and one k / v allocation of the longest undecided
+    length (before: two per length, up to [1, 16384, H, D]), each length's tensors
+    shaped and strided as fresh ones; nothing allocated once every length is decided
+    under the current SDPA flags."""
+    decided, _ = auto_on_cpu
+    seen, sizes = [], []
+    real_empty = torch.empty
+
+    def empty(*a, **kw):
+        sizes.append(a[0] if len(a) == 1 else a)
+        return real_empty(*a, **kw)
+    monkeypatch.setattr(torch, "empty", empty)
+    real_pick = ot_patch._torch_sdpa_backend
+
+    def pick(q, k, v, causal, scale):
+        seen.append((tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), q.requires_grad))
+        return real_pick(q, k, v, causal, scale)
+    monkeypatch.setattr(ot_patch, "_torch_sdpa_backend", pick)
+    ot_patch._probe_auto(torch.device("cpu"), torch.float32, 64, 4, 2, lengths=(64, 128, 256))
+    assert sizes == [256 * 4 * 64, 256 * 2 * 64]
+    fresh = [(tuple(t.shape), t.stride()) for S in (64, 128, 256)
+             for t in (real_empty(1, S, 4, 64), real_empty(1, S, 2, 64))]
+    assert [(s[0], s[1]) for s in seen] == fresh[0::2]
+    assert [(s[2], s[3]) for s in seen] == fresh[1::2]
+    assert all(s[4] for s in seen) and len(decided) == 3
+    sizes.clear()
+    ot_patch._probe_auto(torch.device("cpu"), torch.float32, 64, 4, 2, lengths=(64, 128, 256))
+    assert sizes == [] and len(decided) == 3
+    ot_patch._probe_auto(torch.device("cpu"), torch.float32, 64, 4, 2, lengths=(128, 1024))
+    assert sizes == [1024 * 4 * 64, 1024 * 2 * 64] and len(decided) == 4
+
+
 def test_auto_attention_flash_impl_and_priority_order_are_part_of_the_flags(auto_on_cpu):
     """Torch's flash backend with FA3 / FA4 activated is not the FA2 the table measured:
     torch's SDPA keeps the call; activating / restoring it, or another SDPA priority
