@@ -226,20 +226,6 @@ static void small_m_forward(test_run *tr, DLDataType dt) {
   }
 }
 
-/* cuBLASLt's best algorithms timed on the first call of each GEMM, the fastest kept
- * (OT_GEMM_AUTOTUNE, linear.cu): the timing runs write y several times (gaps of padded
- * rows must stay as they were) and whichever algorithm wins, y is this product. The
- * small-M kernel off, so every case (one row too) goes through cuBLASLt. */
-static void autotune_forward(test_run *tr, DLDataType dt) {
-  env_saved tune = env_set("OT_GEMM_AUTOTUNE", "4");
-  env_saved gemv = env_set("OT_LINEAR_GEMV", "0");
-  for (size_t i = 0; i < N_CASES; i++) forward_case_tag(tr, dt, &cases[i], i % 2 == 0, " autotune");
-  const lin_case qkv = {1, 0, 4096, 6144, 0, 0}; /* the 8B decode's qkv, one row */
-  forward_case_tag(tr, dt, &qkv, true, " autotune");
-  env_restore(&gemv);
-  env_restore(&tune);
-}
-
 /* Two small-M linears back to back, the second reading the first's output (y1 = x W1^T,
  * y2 = y1 W2^T, y1 poisoned before): on sm_90 the second is a programmatic dependent
  * launch that starts streaming W2 before the first has finished, and must read y1 only
@@ -302,12 +288,13 @@ static void small_m_chain(test_run *tr, DLDataType dt, int64_t M, int64_t K1, in
 
 enum { OUT_DX = 1, OUT_DW = 2, OUT_DB = 4, OUT_ALL = 7 };
 
-static void backward_case(test_run *tr, DLDataType dt, const lin_case *c, int outs) {
+static void backward_case_tag(test_run *tr, DLDataType dt, const lin_case *c, int outs,
+                              const char *tag) {
   char lead[48];
-  if (!tr_begin(tr, "backward %s dy%s K=%lld N=%lld pad=%lld/%lld%s%s%s", dt_name(dt),
+  if (!tr_begin(tr, "backward %s dy%s K=%lld N=%lld pad=%lld/%lld%s%s%s%s", dt_name(dt),
                 shape_name(c, lead, sizeof lead), (long long)c->K, (long long)c->N,
                 (long long)c->x_pad, (long long)c->y_pad, outs & OUT_DX ? " dx" : "",
-                outs & OUT_DW ? " dweight" : "", outs & OUT_DB ? " dbias" : ""))
+                outs & OUT_DW ? " dweight" : "", outs & OUT_DB ? " dbias" : "", tag))
     return;
   const backend *be = tr->be;
   rng r = tr_rng(tr);
@@ -361,6 +348,32 @@ static void backward_case(test_run *tr, DLDataType dt, const lin_case *c, int ou
   tb_free(dw);
   tb_free(db);
   tr_end(tr);
+}
+
+static void backward_case(test_run *tr, DLDataType dt, const lin_case *c, int outs) {
+  backward_case_tag(tr, dt, c, outs, "");
+}
+
+/* cuBLASLt's best algorithms timed on the first call of each GEMM description, the
+ * fastest kept (OT_GEMM_AUTOTUNE, linear.cu): the timing runs write the outputs several
+ * times (gaps of padded rows must stay as they were; dbias, the BGRADB epilogue's output,
+ * is overwritten by each run, not summed) and whichever algorithm wins, the outputs are
+ * the products. Each forward twice: the first call tunes, the second (fresh tensors, the
+ * same description) runs the tuned entry found in the cache. The small-M kernel off, so
+ * every case (one row too) goes through cuBLASLt. */
+static void autotune_cases(test_run *tr, DLDataType dt) {
+  env_saved tune = env_set("OT_GEMM_AUTOTUNE", "4");
+  env_saved gemv = env_set("OT_LINEAR_GEMV", "0");
+  const lin_case qkv = {1, 0, 4096, 6144, 0, 0}; /* the 8B decode's qkv, one row */
+  for (size_t i = 0; i <= N_CASES; i++) {
+    const lin_case *c = i < N_CASES ? &cases[i] : &qkv;
+    const bool bias = i % 2 == 0 || i == N_CASES; /* qkv with a bias */
+    forward_case_tag(tr, dt, c, bias, " autotune");
+    forward_case_tag(tr, dt, c, bias, " autotune cached");
+    if (i < N_CASES) backward_case_tag(tr, dt, c, OUT_ALL, " autotune");
+  }
+  env_restore(&gemv);
+  env_restore(&tune);
 }
 
 /* ---- gradient mode: the backward against finite differences of ref_forward ---------- */
@@ -638,7 +651,7 @@ static void run(test_run *tr) {
       small_m_chain(tr, dts[d], 1, 4096, 4096, 4096);
       small_m_chain(tr, dts[d], 1, 2048, 8192, 24);
       small_m_chain(tr, dts[d], 3, 1024, 2048, 40);
-      autotune_forward(tr, dts[d]);
+      autotune_cases(tr, dts[d]);
     }
     for (size_t i = 0; i < N_CASES; i++) {
       backward_case(tr, dts[d], &cases[i], OUT_ALL);
