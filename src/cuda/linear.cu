@@ -163,12 +163,15 @@ struct lt_descs {
  * kTuneReps times between two events on the call's stream, which the host waits for) and
  * keeps the fastest in the cache (under a key of its own: the heuristic's entries stay).
  * Only where a rerun is harmless and the host may wait: beta == 0 (D is overwritten, not
- * accumulated), D overlapping neither A nor B, and the stream not capturing a graph (a
- * capture finds the entry tuned by an earlier call outside it, e.g. the engine's eager
- * first decode step; a GEMM first seen during a capture takes the heuristic's pick).
+ * accumulated; D never overlaps A, B or the bias -- cuBLASLt reads them while it writes D,
+ * and ot_linear_* / ot_linear_cross_entropy reject such views) and the stream not
+ * capturing a graph (a capture finds the entry tuned by an earlier call outside it, e.g.
+ * the engine's eager first decode step; a GEMM first seen during a capture takes the
+ * heuristic's pick).
  * A "v" in the value (e.g. "8v") prints each tuned GEMM's times to stderr. The algorithm
  * chosen can differ between processes (and so can the last bits of D, e.g. a split-K
- * algorithm's sum order); within a process it is fixed. Unset / 0 / 1: off. */
+ * algorithm's sum order); within a process it is fixed while its entry stays in the
+ * cache (kCacheSize entries, shared with the heuristic's). Unset / 0 / 1: off. */
 constexpr int kTuneMax = 16;
 constexpr int kTuneReps = 3;
 
@@ -185,26 +188,6 @@ static tune_opt tune_read_env(void) {
   t.n = n < 2 ? 0 : n > kTuneMax ? kTuneMax : n;
   t.verbose = strchr(e, 'v') != nullptr;
   return t;
-}
-
-/* Bytes spanned by a column-major [rows, cols] matrix with leading dimension ld. */
-static size_t span_bytes(int64_t rows, int64_t cols, int64_t ld, size_t es) {
-  return (size_t)(ld * (cols - 1) + rows) * es;
-}
-
-static bool overlap(const void *p, size_t pb, const void *q, size_t qb) {
-  const uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
-  return a < b + qb && b < a + pb;
-}
-
-/* Whether this GEMM may be timed by reruns (above), the stream's capture aside. */
-static bool tune_rerun_ok(const ot_gemm *g) {
-  if (g->beta != 0.0f) return false;
-  const size_t eab = ot_dtype_size(g->ab), ed = ot_dtype_size(g->d);
-  const size_t da = g->transa ? span_bytes(g->k, g->m, g->lda, eab) : span_bytes(g->m, g->k, g->lda, eab);
-  const size_t db = g->transb ? span_bytes(g->n, g->k, g->ldb, eab) : span_bytes(g->k, g->n, g->ldb, eab);
-  const size_t dd = span_bytes(g->m, g->n, g->ldd, ed);
-  return !overlap(g->D, dd, g->A, da) && !overlap(g->D, dd, g->B, db);
 }
 
 static bool stream_capturing(cudaStream_t st) {
@@ -285,7 +268,7 @@ extern "C" ot_status ot_cuda_gemm(ot_context *ctx, const char *op, const ot_gemm
   key.device = cs->device;
   cudaStream_t st = (cudaStream_t)ctx->stream;
   const tune_opt tune = tune_read_env();
-  int tune_n = tune.n && tune_rerun_ok(g) ? tune.n : 0;
+  int tune_n = g->beta == 0.0f ? tune.n : 0; /* reruns only where they overwrite D */
   const int flags = (g->transa ? 1 : 0) | (g->transb ? 2 : 0) | ((int)g->epilogue << 2) |
                     (tf32 ? 16 : 0) | (g->beta != 0.0f ? 32 : 0);
   key.flags = flags | (tune_n << 6);
