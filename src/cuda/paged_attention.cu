@@ -1566,6 +1566,13 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
  * bench/decode_shim.c): out[0] 1 split, 2 stream, 3 simple (0: none yet); out[1] splits;
  * out[2] CTAs of the main kernel; out[3] 1 when it was launched as a programmatic
  * dependent. */
+extern "C" void ot_cuda_paged_last_plan(int out[4]) {
+  out[0] = ot::pa_last_plan.kernel;
+  out[1] = ot::pa_last_plan.splits;
+  out[2] = ot::pa_last_plan.ctas;
+  out[3] = ot::pa_last_plan.pdl;
+}
+
 #ifdef OT_PA_TRACE
 /* OT_PA_TRACE builds: clear (clear != 0) the stamps of both kernels, or copy kernel k's
  * [4096][8] stamps to dst (bench_decode.py --trace). 0 on success. */
@@ -1578,10 +1585,3 @@ extern "C" int ot_cuda_paged_trace(unsigned long long *dst, int k, int clear) {
   return cudaMemcpy(dst, (char *)a + k * per, per, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
 }
 #endif
-
-extern "C" void ot_cuda_paged_last_plan(int out[4]) {
-  out[0] = ot::pa_last_plan.kernel;
-  out[1] = ot::pa_last_plan.splits;
-  out[2] = ot::pa_last_plan.ctas;
-  out[3] = ot::pa_last_plan.pdl;
-}
