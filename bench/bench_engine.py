@@ -533,7 +533,7 @@ def timelines(eng, s, prompt, rbw, gemm):
 
 def timeline_of(ks, name, s, L, tokens, rbw, gemm):
     """timelines' table of one profiled call's kernels ks"""
-    if name == "decode_b1":  # the last full step: from the 3rd first kernel on
+    if name == "decode_b1":  # one whole step, the 2nd of 3: its first kernel to the 3rd's
         first = short_name(ks[0][2]) if ks else ""
         starts = [i for i, k in enumerate(ks) if short_name(k[2]) == first]
         if len(starts) >= 3:
