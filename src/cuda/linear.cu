@@ -167,7 +167,10 @@ struct lt_descs {
  * and ot_linear_* / ot_linear_cross_entropy reject such views) and the stream not
  * capturing a graph (a capture finds the entry tuned by an earlier call outside it, e.g.
  * the engine's eager first decode step; a GEMM first seen during a capture takes the
- * heuristic's pick).
+ * heuristic's pick). Only the call's own stream is asked: a capture running elsewhere on
+ * the device (another thread's, another stream's) may be invalidated by the host wait
+ * (a synchronization during a capture): tune the GEMMs before such a capture begins, or
+ * leave this off while it runs.
  * A "v" in the value (e.g. "8v") prints each tuned GEMM's times to stderr. The algorithm
  * chosen can differ between processes (and so can the last bits of D, e.g. a split-K
  * algorithm's sum order); within a process it is fixed while its entry stays in the
