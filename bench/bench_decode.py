@@ -553,7 +553,8 @@ def main():
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--quick", action="store_true", help="ours alone, TB/s at the page-16 shapes")
     ap.add_argument("--peers", action="store_true",
-                    help="with --quick: also cuDNN and flash SDPA on the contiguous cache")
+                    help="with --quick: also the read ceiling and cuDNN / flash SDPA on the "
+                    "contiguous cache, in the same process (else ignored)")
     ap.add_argument("--fixed", action="store_true",
                     help="first measure where the per-call fixed cost goes (fixed_cost)")
     ap.add_argument("--profile-case", metavar="B,CTX,PAGE",
