@@ -3,10 +3,12 @@
 (template bits of src/cuda/sm90/attention_fwd_sm90.cu, selected by OT_ATTN_SM90_* switches;
 a build with -DOT_ATTN_SM90_EXPERIMENTS carries the bf16 ones) against float64 references,
 (2) times every variant against the default and torch SDPA cuDNN / flash on the same inputs
-in interleaved rounds, the order rotating from round to round (clock drift and the position
-in a round hit every side alike; until 2026-11-30 ~11:45 the order was fixed, default
-first), over the benchmark grid of bench_attention.py (bf16, batch*seq = 32k tokens,
-heads*D = 2048), (3) measures the host time of one call at a small shape.
+in interleaved rounds in a balanced order (round_order: clock drift, the position in a round
+and the side run just before hit every side alike; until 2026-11-30 ~11:45 the order was
+fixed, default first; then a cyclic rotation, which kept the default right after flash
+whenever flash was not last), over the benchmark grid of bench_attention.py (bf16,
+batch*seq = 32k tokens, heads*D = 2048), (3) measures the host time of one call at a small
+shape.
 
   python3 bench/attn_fwd_variants.py SHIM [--rounds 3] [--dims 128,64,256]
       [--seqs 1024,4096,16384] [--json OUT] [--no-check] [--no-host]
@@ -64,6 +66,23 @@ def _variant_list0(d, s, causal):
     if d == 256:                                      # 80-key tile, rescale threshold on
         return [("poly8", P8)]
     return []
+
+
+def round_order(n, r):
+    """Round r's order of n sides (indices): row r of a Williams Latin square. Over n rounds
+    (2n for odd n: the rows mirrored in the second n) each side takes every position equally
+    often and runs right after every other side equally often; a cyclic rotation keeps each
+    side's predecessor (the default would always follow the slow flash peer, whose calls let
+    the clocks recover)."""
+    base, lo, hi = [0], 1, n - 1
+    while len(base) < n:
+        base.append(lo)
+        lo += 1
+        if len(base) < n:
+            base.append(hi)
+            hi -= 1
+    row = [(b + r) % n for b in base]
+    return row[::-1] if n % 2 and (r // n) % 2 else row
 
 
 def checks(S):
@@ -167,9 +186,7 @@ def bench(S, args):
                                     (lse - ref_lse).abs().max().item())
                 del ref_out, ref_lse
                 for r in range(args.rounds):
-                    # rotating order: no side always runs right after the slow flash peer
-                    # (clocks recover there) or first in a round
-                    for n, env, pf in sides[r % len(sides):] + sides[:r % len(sides)]:
+                    for n, env, pf in (sides[i] for i in round_order(len(sides), r)):
                         if pf is not None:
                             ms = ba.time_ms(pf, iters=args.iters, warmup=2)
                         else:
