@@ -470,10 +470,9 @@ def check_ce(S, ck, small):
 # (LayerNorm's bulk-copy backward, sm_90, is a default: the first pass runs it.)
 ALT_KERNELS = {"OT_NORM_FWD_IMPL": "v3", "OT_NORM_BWD_IMPL": "v2", "OT_ROPE_IMPL": "v1"}
 # The norms' options off their defaults (src/cuda/norm.cuh): plain launches (no
-# programmatic dependent launch), the old partials' sum, the backward's weight in fp32
-# registers. --sanitize runs the norms (and RoPE) under them first, then under the
-# defaults and ALT_KERNELS.
-NORM_KNOBS = {"OT_NORM_PDL": "0", "OT_NORM_REDUCE": "old", "OT_NORM_BWD_WF": "1"}
+# programmatic dependent launch), the old partials' sum. --sanitize runs the norms (and
+# RoPE) under them first, then under the defaults and ALT_KERNELS.
+NORM_KNOBS = {"OT_NORM_PDL": "0", "OT_NORM_REDUCE": "old"}
 
 
 def sanitize_run(S, only="norm,rope,glu,ce"):
@@ -683,19 +682,17 @@ def bench_all(S, args):
     # unrolled by 16 (no change: removed): docs/PERFORMANCE.md.
     # The run of ecdf3b4 timed LayerNorm's forward held to 64 / 56 registers (the first the
     # default since), one-reduction statistics (removed) and RoPE's warp kernel held to 3-4
-    # blocks per SM (spills, removed): docs/PERFORMANCE.md.
+    # blocks per SM (spills, removed); the run of ef875c3 the backward's weight in fp32
+    # registers (the default since: LayerNorm's bulk-copy kernel, RMSNorm's v3 in blocks
+    # of <= 256 threads): docs/PERFORMANCE.md.
     FWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}}
     LN_FWD_VARIANTS = FWD_VARIANTS
     # "old sum": the partials' sum by the 32 x 32 kernel of 4-byte loads (OT_NORM_REDUCE=old),
     # the default before norm_reduce_partials_v2_kernel.
-    # "wf": the v3 / tma backward with the weight held in fp32 registers (OT_NORM_BWD_WF=1)
-    BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "old sum": {"OT_NORM_REDUCE": "old"},
-                    "wf": {"OT_NORM_BWD_WF": "1"}}
+    BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "old sum": {"OT_NORM_REDUCE": "old"}}
     LN_BWD_VARIANTS = dict(BWD_VARIANTS, **{"v3": {"OT_NORM_BWD_IMPL": "v3"},
                                             "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"},
-                                            "tma S=3": {"OT_NORM_BWD_TMA_STAGES": "3"},
-                                            "tma S=3 wf": {"OT_NORM_BWD_TMA_STAGES": "3",
-                                                           "OT_NORM_BWD_WF": "1"}})
+                                            "tma S=3": {"OT_NORM_BWD_TMA_STAGES": "3"}})
     ROPE_VARIANTS = {}
     only = set(args.only.split(","))
 

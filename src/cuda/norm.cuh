@@ -1148,7 +1148,10 @@ __device__ __forceinline__ void norm_stats_of(const norm_bwd_params &p, int64_t 
  * against v2's 128, so 4 blocks of 256 threads fit an SM. Saved statistics only (the
  * launcher computes them first when the caller has none); rstd / mean of the next row
  * are loaded one row ahead. dweight / dbias partials in fp32 registers, written once
- * per block. */
+ * per block. WF: the thread's weight vectors held in fp32 registers for the whole block
+ * (loaded once), not loaded from global memory (L1) and unpacked in both passes of every
+ * row -- the per-element instructions are what this kernel's issue slots spend (the
+ * launch says where it pays). */
 template <typename T, bool LAYER, int NV, bool WF>
 __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int S) {
   ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
@@ -1273,18 +1276,15 @@ __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int
  * 4096 3.42 vs 3.79, LayerNorm 8192 2.50 vs 3.76) -- docs/PERFORMANCE.md. */
 constexpr int kNormTmaMaxStages = 4;
 
-/* Vector idx of a staged row's h and dy (shared memory) unpacked, and of the weight
- * (global, L1 hits; untouched when w is NULL). */
+/* Vector idx of a staged row's h and dy (shared memory), unpacked. */
 template <typename T>
-__device__ __forceinline__ void norm_bwd_slot_vec(const uint4 *hs, const uint4 *gs, const T *w,
-                                                  int idx, float *hv, float *gv, float *wv) {
-  constexpr int V = vec_width<T>::value;
+__device__ __forceinline__ void norm_bwd_slot_vec(const uint4 *hs, const uint4 *gs, int idx,
+                                                  float *hv, float *gv) {
   raw16 hr, gr;
   hr.u = hs[idx];
   gr.u = gs[idx];
   unpack<T>(hv, hr);
   unpack<T>(gv, gr);
-  if (w) load_vec(wv, w + (int64_t)idx * V);
 }
 
 /* Backward: v3's block-per-row shape and arithmetic (one row group of TPR threads per
@@ -1296,8 +1296,14 @@ __device__ __forceinline__ void norm_bwd_slot_vec(const uint4 *hs, const uint4 *
  * pass, the slot's last reader). Saved statistics only (the launcher computes them first
  * when the caller has none); dweight / dbias partials in fp32 registers, written once per
  * block. (Partials in shared memory, [V/4][nvec] float4 per partial, lost: run of
- * a342519; removed.) */
-template <typename T, bool LAYER, int NV, bool WF>
+ * a342519; removed.) The thread's weight vectors are held in fp32 registers for the whole
+ * block (v3's WF): ncu of ef875c3's predecessor (run of ecdf3b4, 16k x 4096 bf16) had this
+ * kernel issue-bound (5.9 cycles between a warp's instructions at 4 warps per scheduler,
+ * SM throughput 62%, DRAM 65%), and the weight's load + unpack in both passes of every row
+ * was a good part of its instructions: LayerNorm backward 3.38 / 3.63 TB/s against 3.08 /
+ * 3.22 at 4096 / 8192 (99 registers instead of 88: still 2 / 1 blocks per SM; run of
+ * ef875c3). */
+template <typename T, bool LAYER, int NV>
 __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, int S) {
   ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
 #ifdef OT_BULK_COPY_DEVICE
@@ -1326,12 +1332,12 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
     if (p.dres)
       bulk_load(dst + 2 * nvec, static_cast<const T *>(p.dres) + row * p.dres_stride, rb, bars + s);
   };
-  float dw[NV][V], db[NV][V], wf[WF ? NV : 1][V];
+  float dw[NV][V], db[NV][V], wf[NV][V]; /* wf: the weight, loaded once (see the launch) */
 #pragma unroll
   for (int i = 0; i < NV; i++) {
 #pragma unroll
     for (int j = 0; j < V; j++) dw[i][j] = 0.0f, db[i][j] = 0.0f;
-    if (WF && w && tid + i * tpr < nvec) load_vec(wf[WF ? i : 0], w + (int64_t)(tid + i * tpr) * V);
+    if (w && tid + i * tpr < nvec) load_vec(wf[i], w + (int64_t)(tid + i * tpr) * V);
   }
   __syncthreads(); /* the barriers are initialized */
   if (tid == 0)
@@ -1354,10 +1360,9 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
     for (int i = 0; i < NV; i++) {
       const int idx = tid + i * tpr;
       if (idx >= nvec) continue;
-      float hv[V], gv[V], wv[V];
-      norm_bwd_slot_vec<T>(hs, gs, WF ? nullptr : w, idx, hv, gv, wv);
-      norm_bwd_terms<LAYER, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, rs, nmr, dw[i], db[i],
-                               sg, sgx);
+      float hv[V], gv[V];
+      norm_bwd_slot_vec<T>(hs, gs, idx, hv, gv);
+      norm_bwd_terms<LAYER, V>(hv, gv, wf[i], w != nullptr, rs, nmr, dw[i], db[i], sg, sgx);
     }
     float a, c;
     norm_bwd_row_sums<LAYER>(sg, sgx, scr, inv_n, a, c);
@@ -1374,15 +1379,14 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
     for (int i = 0; i < NV; i++) {
       const int idx = tid + i * tpr;
       if (idx >= nvec) continue;
-      float hv[V], gv[V], wv[V], o[V], dr[V];
-      norm_bwd_slot_vec<T>(hs, gs, WF ? nullptr : w, idx, hv, gv, wv);
+      float hv[V], gv[V], o[V], dr[V];
+      norm_bwd_slot_vec<T>(hs, gs, idx, hv, gv);
       if (p.dres) {
         raw16 t;
         t.u = ds[idx];
         unpack<T>(dr, t);
       }
-      norm_bwd_dx<LAYER, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, p.dres ? dr : nullptr, rs,
-                            nmr, k1, k0, o);
+      norm_bwd_dx<LAYER, V>(hv, gv, wf[i], w != nullptr, p.dres ? dr : nullptr, rs, nmr, k1, k0, o);
       store_vec(dxp + (int64_t)idx * V, o);
     }
     if (++s == S) s = 0, ph ^= 1u;
@@ -1442,8 +1446,7 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * (RMSNorm's default) | tma (LayerNorm only, its default), OT_NORM_BWD_NV=1 (v2 with one
  * vector per thread, D = 6), OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread),
  * OT_NORM_BWD_STAGES=S (v3 ring depth; 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring
- * depth; 0 = automatic), OT_NORM_BWD_WF=1 (v3 / tma with the weight held in fp32
- * registers), OT_NORM_REDUCE=old (the partials' sum by the 32 x 32 kernel of
+ * depth; 0 = automatic), OT_NORM_REDUCE=old (the partials' sum by the 32 x 32 kernel of
  * 4-byte loads; default: norm_reduce_partials_v2_kernel where cols % 4 == 0). */
 enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
 struct norm_cfg {
@@ -1457,7 +1460,6 @@ struct norm_cfg {
   int bwd_v3nv;       /* -1 unset */
   int bwd_stages;     /* -1 unset */
   int bwd_tma_stages; /* 0 automatic */
-  bool bwd_wf;        /* v3 / tma: the weight in fp32 registers (OT_NORM_BWD_WF=1) */
   bool reduce_v2;     /* the partials' sum: v2 (default) or the 32 x 32 kernel (=old) */
 };
 static inline int norm_env_int(const char *name, int dflt) {
@@ -1487,7 +1489,6 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
     c.bwd_v3nv = -1;
     c.bwd_stages = -1;
     c.bwd_tma_stages = 0;
-    c.bwd_wf = false;
     c.reduce_v2 = true;
     return c;
   }
@@ -1507,7 +1508,6 @@ static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
   c.bwd_v3nv = norm_env_int("OT_NORM_BWD_V3NV", -1);
   c.bwd_stages = norm_env_int("OT_NORM_BWD_STAGES", -1);
   c.bwd_tma_stages = norm_env_int("OT_NORM_BWD_TMA_STAGES", 0);
-  c.bwd_wf = norm_env_int("OT_NORM_BWD_WF", 0) == 1;
   const char *r = getenv("OT_NORM_REDUCE");
   c.reduce_v2 = !(r && strcmp(r, "old") == 0);
   return c;
@@ -1967,13 +1967,11 @@ template <typename T, bool LAYER>
 cudaError_t norm_bwd_tma_launch(const norm_cfg &c, const norm_bwd_params &p, T *dw, T *db,
                                 cudaStream_t stream) {
   constexpr int V = vec_width<T>::value, NV = 2;
-  if (!norm_tma_device_ok(c.cs, norm_bwd_tma_kernel<T, LAYER, NV, false>))
-    return cudaErrorNotSupported;
+  const auto kernel = norm_bwd_tma_kernel<T, LAYER, NV>;
+  if (!norm_tma_device_ok(c.cs, kernel)) return cudaErrorNotSupported;
   const int64_t nvec = p.cols / V;
   if (nvec > 512 * NV) return cudaErrorNotSupported;
   const int threads = (int)(((nvec + NV - 1) / NV + 31) / 32 * 32);
-  const auto kernel = c.bwd_wf ? norm_bwd_tma_kernel<T, LAYER, NV, true>
-                               : norm_bwd_tma_kernel<T, LAYER, NV, false>;
   const size_t stage = (size_t)(p.dres ? 3 : 2) * (size_t)p.cols * sizeof(T);
   const norm_ring R =
       norm_ring_config(c.cs, kernel, threads, stage, p.rows, c.bwd_tma_stages, kNormTmaMaxStages);
@@ -2034,10 +2032,13 @@ cudaError_t norm_backward_launch_impl(const norm_cfg &c, norm_bwd_params p, T *d
         return cudaGetLastError();
       });
     };
-    const cudaError_t e = nv == 4 ? (c.bwd_wf ? go(norm_bwd_v3_kernel<T, LAYER, 4, true>)
-                                              : go(norm_bwd_v3_kernel<T, LAYER, 4, false>))
-                          : c.bwd_wf ? go(norm_bwd_v3_kernel<T, LAYER, 2, true>)
-                                     : go(norm_bwd_v3_kernel<T, LAYER, 2, false>);
+    /* the weight in fp32 registers (WF) at NV = 2 in blocks of <= 256 threads: RMSNorm
+     * 16k x 4096 bf16 3.73 vs 3.40 TB/s (71 registers, 3 blocks of 256 per SM instead of
+     * 4), but 3.20 vs 3.54 at 8192 (512 threads: 1 block per SM instead of 2), run of
+     * ef875c3; NV = 4 would pass 128 registers */
+    const cudaError_t e = nv == 4          ? go(norm_bwd_v3_kernel<T, LAYER, 4, false>)
+                          : threads <= 256 ? go(norm_bwd_v3_kernel<T, LAYER, 2, true>)
+                                           : go(norm_bwd_v3_kernel<T, LAYER, 2, false>);
     if (e != cudaErrorNotSupported) return e;
   }
   const int vmax = 1024;
