@@ -546,14 +546,25 @@ def _host_calls(events, steps):
     return dict(host_calls=calls, launches_per_step=launches / steps)
 
 
+def _is_kernel(e, cpu_keys):
+    """Whether a profiler event (or key average) is GPU work: a CUDA-side event that is
+    not the GPU range of a CPU annotation (those carry a CPU event's name, or a '#').
+    Inductor's triton kernels are launched under a CPU op of their own name: kernels
+    all the same (before, they were left out: a compiled HF step's busy fraction and
+    gaps were off by its triton kernels' time)."""
+    name = getattr(e, "key", None) or e.name
+    return (str(getattr(e, "device_type", "")).endswith("CUDA")
+            and not getattr(e, "is_user_annotation", False) and "#" not in name
+            and (name not in cpu_keys or name.startswith("triton_")))
+
+
 def _gpu_gaps(prof, cpu_keys, steps):
     """Where the GPU idles between kernels (the profiled steps): total idle, the number of
     gaps over 20 us, and the 8 longest with the kernels on each side -- what a step's
     time outside kernels is made of."""
     try:
         ks = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                     if str(getattr(e, "device_type", "")).endswith("CUDA")
-                     and e.name not in cpu_keys and "#" not in e.name), key=lambda t: t[0])
+                     if _is_kernel(e, cpu_keys)), key=lambda t: t[0])
         gaps, end, prev = [], None, None
         for s, e, n in ks:
             if end is not None and s > end:
@@ -659,8 +670,7 @@ def _profile(case, args, device, fwd, model, opt, x):
             dev_t = getattr(e, "self_device_time_total", None)
             if dev_t is None:
                 dev_t = getattr(e, "self_cuda_time_total", 0)
-            is_kernel = (str(getattr(e, "device_type", "")).endswith("CUDA")
-                         and e.key not in cpu_keys and "#" not in e.key)
+            is_kernel = _is_kernel(e, cpu_keys)
             if is_kernel and dev_t:
                 kinds[_kernel_kind(e.key)] = kinds.get(_kernel_kind(e.key), 0) + dev_t
                 kernels.append((dev_t, e.key[:90], e.count))
