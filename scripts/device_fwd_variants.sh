@@ -51,11 +51,12 @@ if [ "${PROFILE:-0}" != 0 ]; then
   t=$(lim 60)
   stamp "ncu (limit $t s)"
   mets=sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg,gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,launch__occupancy_limit_registers
+  rm -f /tmp/prof.ncu-rep   # a warm machine keeps /tmp: never import an earlier call's report
   timeout "$t" ncu --profile-from-start off --clock-control none --section LaunchStats \
     --section Occupancy --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
     --section ComputeWorkloadAnalysis \
     --metrics "$mets,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-    -o /tmp/prof python3 bench/profile_attention_fwd.py "$CARRY/libattention_shim.so" \
+    -f -o /tmp/prof python3 bench/profile_attention_fwd.py "$CARRY/libattention_shim.so" \
     ${PROF_ARGS:---d 128 --s 4096} >"$OUT/ncu.txt" 2>&1
   echo "ncu rc=$?"
   ncu --import /tmp/prof.ncu-rep --page details --print-units base >>"$OUT/ncu.txt" 2>&1
