@@ -671,15 +671,14 @@ def bench_all(S, args):
     # Defaults (src/cuda/norm.cuh, rope.cu): forward v2; backward v3 (RMSNorm) and the
     # bulk-copy (TMA) kernel with register partials, 2 vectors per thread and the
     # automatic ring (LayerNorm, sm_90, rows of 4-16 KB); RoPE's warp kernel v3. The
-    # variants: LayerNorm's backward v3 and its bulk-copy ring of 2 slots. (The run of
+    # variants: LayerNorm's backward v3 and its bulk-copy ring of 2 / 3 slots. (The run of
     # a342519 timed the bulk-copy forward, RMSNorm backward and RoPE kernels, all slower
     # or tied, removed; earlier runs forward v3 / v4, rows per block, backward v2 and 2
     # rows per iteration: docs/PERFORMANCE.md.)
-    # The forward v2 options (defaults: programmatic dependent launch, evict-first out
-    # stores without the residual): each off, both off, and LayerNorm's one-reduction
-    # statistics (opt-in, not yet timed). The run of 718ecab timed pdl / cs / pdl+cs as
-    # opt-ins, a blocks-per-SM cap (lost everywhere: removed) and the partials' sum
-    # unrolled by 16 (no change: removed): docs/PERFORMANCE.md.
+    # The forward v2 option left to switch off: programmatic dependent launch (evict-first
+    # out stores without the residual are compiled in since ecdf3b4). The run of 718ecab
+    # timed pdl / cs / pdl+cs as opt-ins, a blocks-per-SM cap (lost everywhere: removed)
+    # and the partials' sum unrolled by 16 (no change: removed): docs/PERFORMANCE.md.
     # The run of ecdf3b4 timed LayerNorm's forward held to 64 / 56 registers (the first the
     # default since), one-reduction statistics (removed) and RoPE's warp kernel held to 3-4
     # blocks per SM (spills, removed); the run of ef875c3 the backward's weight in fp32
@@ -1045,7 +1044,7 @@ def main():
     ap.add_argument("--only", default="norm,rope,glu,ce")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sanitize", action="store_true")
-    ap.add_argument("--ncu", action="store_true", help="the norm kernels once each, for ncu")
+    ap.add_argument("--ncu", action="store_true", help="torch.neg, the norm and RoPE kernels once each, for ncu")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--hidden", default="4096,8192", help="--bench: hidden sizes (16k rows each)")
     ap.add_argument("--ce-last", dest="ce_first", action="store_false",
