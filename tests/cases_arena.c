@@ -30,6 +30,8 @@ bool ot_arena_check(ot_arena *arena, char *msg, size_t msg_size);
 ot_status ot_error(ot_status status, const char *op, const char *fmt, ...);
 ot_status ot_arena_alloc_for(const char *op, const char *what, ot_arena *arena, size_t bytes,
                              void *stream, ot_memory_tag tag, void **ptr);
+ot_status ot_arena_try_alloc_for(const char *op, const char *what, ot_arena *arena,
+                                 size_t bytes, void *stream, ot_memory_tag tag, void **ptr);
 
 static bool consistent(test_run *tr, ot_arena *a, const char *when) {
   char msg[256];
@@ -461,6 +463,59 @@ out:
   tr_end(tr);
 }
 
+/* The quiet request (ot_arena_try_alloc_for, for callers with a fallback): a block that
+ * fits is a usable live block, counted like any other; one that does not fit returns
+ * OT_ERR_OOM with *ptr and ot_last_error() untouched (a known message set before it must
+ * survive); bad arguments are still recorded. */
+static void arena_library_try(test_run *tr) {
+  if (!tr_begin(tr, "arena: library temporaries, quiet request (ot_arena_try_alloc_for)")) return;
+  ot_arena *a = NULL;
+  const char *op = "arena test: a try";
+  static const char known[] = "arena test: sentinel: a known earlier error";
+  if (!tr_ok(tr, ot_arena_create(tr->be->ctx, 8192, &a), "create")) goto out;
+  ot_memory_counter ws0, ws1;
+  ot_memory_tag_counter(OT_MEMORY_WORKSPACE, &ws0);
+  ot_error(OT_ERR_INVALID_ARGUMENT, "arena test", "sentinel: a known earlier error");
+  void *p = NULL, *q = (void *)(uintptr_t)0x77;
+  if (!tr_ok(tr, ot_arena_try_alloc_for(op, "scratch", a, 5000, NULL, OT_MEMORY_WORKSPACE, &p),
+             "try that fits"))
+    goto out;
+  if (!p) {
+    tr_fail(tr, "try that fits: OT_OK with a NULL block");
+    goto out;
+  }
+  unsigned char *u = (unsigned char *)p;
+  for (int i = 0; i < 5000; i++) u[i] = (unsigned char)(i * 7 + 3);
+  for (int i = 0; i < 5000; i++)
+    if (u[i] != (unsigned char)(i * 7 + 3)) {
+      tr_fail(tr, "try that fits: byte %d of the block did not hold its value", i);
+      break;
+    }
+  ot_memory_tag_counter(OT_MEMORY_WORKSPACE, &ws1);
+  if (ws1.current - ws0.current != 5120)
+    tr_fail(tr, "try that fits: tracker workspace +%zu (expected 5120)", ws1.current - ws0.current);
+  ot_arena_stats s0, s1;
+  tr_ok(tr, ot_arena_get_stats(a, &s0), "stats");
+  if (s0.in_use != 5120 || s0.live_blocks != 1 || s0.num_allocs != 1)
+    tr_fail(tr, "try that fits: in_use %zu, live %llu, allocs %llu (expected 5120, 1, 1)",
+            s0.in_use, (unsigned long long)s0.live_blocks, (unsigned long long)s0.num_allocs);
+  const ot_status st = ot_arena_try_alloc_for(op, "scratch", a, 4000, NULL, OT_MEMORY_WORKSPACE, &q);
+  if (st != OT_ERR_OOM) tr_fail(tr, "try that does not fit: status %d, expected OT_ERR_OOM", (int)st);
+  if (q != (void *)(uintptr_t)0x77) tr_fail(tr, "try that does not fit: ptr written");
+  if (strcmp(ot_last_error(), known))
+    tr_fail(tr, "try that does not fit: ot_last_error() changed to '%s'", ot_last_error());
+  tr_ok(tr, ot_arena_get_stats(a, &s1), "stats");
+  if (s1.in_use != s0.in_use || s1.live_blocks != s0.live_blocks || s1.num_allocs != s0.num_allocs)
+    tr_fail(tr, "try that does not fit: the arena changed");
+  tr_expect_error(tr, ot_arena_try_alloc_for(op, "scratch", a, 0, NULL, OT_MEMORY_WORKSPACE, &q),
+                  OT_ERR_INVALID_ARGUMENT, "arena test: a try: bytes: 0", NULL);
+  tr_ok(tr, ot_arena_free(a, p, NULL), "free the tried block");
+  consistent(tr, a, "after the tries");
+out:
+  ot_arena_destroy(a);
+  tr_end(tr);
+}
+
 static void context_arena_bad_args(test_run *tr) {
   if (!tr_begin(tr, "ot_context_set_arena bad arguments")) return;
   ot_arena *a = NULL;
@@ -839,6 +894,7 @@ static void run_arena(test_run *tr) {
   arena_adoption_waits_for_the_run(tr);
   arena_per_thread_stream(tr);
   arena_library_request(tr);
+  arena_library_try(tr);
   arena_cpu_ops(tr); /* cases_arena_cpu.c: CPU ops' temporaries from a host arena */
 }
 
