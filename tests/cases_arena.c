@@ -507,6 +507,17 @@ static void arena_library_try(test_run *tr) {
   tr_ok(tr, ot_arena_get_stats(a, &s1), "stats");
   if (s1.in_use != s0.in_use || s1.live_blocks != s0.live_blocks || s1.num_allocs != s0.num_allocs)
     tr_fail(tr, "try that does not fit: the arena changed");
+  /* num_failed counts the failures a caller sees, not a try its caller falls back from
+   * (the Hopper backward's scratch under OT_ATTN_IMPL=sm90 tries, then asks again). */
+  if (s1.num_failed != s0.num_failed)
+    tr_fail(tr, "try that does not fit: num_failed %llu -> %llu (a quiet try must not count)",
+            (unsigned long long)s0.num_failed, (unsigned long long)s1.num_failed);
+  tr_expect_error(tr, ot_arena_alloc_for(op, "scratch", a, 4000, NULL, OT_MEMORY_WORKSPACE, &q),
+                  OT_ERR_OOM, "arena test: a try: scratch: cannot allocate 4000 bytes", NULL);
+  tr_ok(tr, ot_arena_get_stats(a, &s1), "stats");
+  if (s1.num_failed != s0.num_failed + 1)
+    tr_fail(tr, "reporting request that does not fit: num_failed %llu -> %llu (expected +1)",
+            (unsigned long long)s0.num_failed, (unsigned long long)s1.num_failed);
   tr_expect_error(tr, ot_arena_try_alloc_for(op, "scratch", a, 0, NULL, OT_MEMORY_WORKSPACE, &q),
                   OT_ERR_INVALID_ARGUMENT, "arena test: a try: bytes: 0", NULL);
   tr_ok(tr, ot_arena_free(a, p, NULL), "free the tried block");

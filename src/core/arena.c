@@ -391,7 +391,8 @@ void ot_arena_destroy(ot_arena *a) {
 }
 
 /* quiet: a request that does not fit returns OT_ERR_OOM without recording the message
- * (ot_arena_try_alloc_for); bad arguments are recorded either way. */
+ * and without counting in num_failed (ot_arena_try_alloc_for: its caller falls back, or
+ * makes the reporting request that counts); bad arguments are recorded either way. */
 static ot_status arena_alloc(const char *op, const char *what, ot_arena *a, size_t bytes,
                              void *stream, ot_memory_tag tag, const char *op_name, bool quiet,
                              void **ptr) {
@@ -418,7 +419,7 @@ static ot_status arena_alloc(const char *op, const char *what, ot_arena *a, size
     size_t largest = largest_free_locked(a), free_total = a->reserved - a->in_use;
     size_t reserved = a->reserved, in_use = a->in_use;
     bool tagged = a->stream_ordered && largest_free_run(a) >= size;
-    a->nfailed++;
+    if (!quiet) a->nfailed++;
     pthread_mutex_unlock(&a->lock);
     if (quiet) return OT_ERR_OOM;
     return ot_error(OT_ERR_OOM, op,
