@@ -3,6 +3,8 @@
 
 #include "internal.h"
 
+#define OT_ERROR_CAP 1024 /* bytes of the last-error message, NUL included */
+
 static _Thread_local char ot_last_error_buf[OT_ERROR_CAP];
 
 const char *ot_status_string(ot_status status) {

@@ -51,8 +51,6 @@ ot_status ot_error(ot_status status, const char *op, const char *fmt, ...)
 #endif
     ;
 
-#define OT_ERROR_CAP 1024 /* bytes of the last-error message, NUL included */
-
 /* Propagate a non-OK status. */
 #define OT_TRY(expr)                      \
   do {                                    \
