@@ -5,12 +5,17 @@ Each --shim NAME=PATH is a bench/attention_shim.c library of one build (its own 
 of the library, loaded with RTLD_LOCAL). Per case (bf16, BSHD, batch * seq = 32k tokens,
 heads * D = 2048, as bench_attention.py): forward + backward through the public API of each
 build and of torch SDPA's cuDNN and flash backends, and each build's backward alone, in
-ROUNDS rounds whose order rotates (drift hits every entry alike); CUDA events, median of 20
-calls (10 above S 4k) after 3 warm-ups per entry and round; reported: the median over rounds.
+ROUNDS rounds; CUDA events, median of 20 calls (10 above S 4k) after 3 warm-ups per entry and
+round; reported: the median over rounds. The order is balanced (attn_fwd_variants.round_order,
+rows of a Williams Latin square): over len(entries) rounds (2x for an odd count) each entry
+takes every position and runs right after every other entry equally often, so that clock
+drift and the entry run just before hit every entry alike -- two builds make 6 entries, so
+--rounds 6 (the default). Until 2026-11-30 ~12:05 UTC the order was a cyclic rotation, which
+kept every entry's predecessor (runs 4-7 of attention_bwd_sm90_ab.json).
 FLOPs: 4 B H S^2 D (half for causal) forward, 2.5x that backward (bench_attention.py).
 
   python3 bench/ab_attention_bwd.py --shim base=A.so --shim new=B.so [--cases D128S4096,...]
-      [--rounds 3] [--json out.json] [--commit C] [--command CMD]
+      [--rounds 6] [--json out.json] [--commit C] [--command CMD]
 """
 import argparse
 import os
@@ -19,6 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attention as ba  # noqa: E402  (Shim, make_qkv, time_ms, stream, gemm_tflops)
+from attn_fwd_variants import round_order  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
@@ -48,7 +54,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shim", action="append", required=True, help="NAME=PATH")
     ap.add_argument("--cases", default="D128S4096,D128S16384,D64S4096")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--json")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default=" ".join(sys.argv))
@@ -104,8 +110,7 @@ def main():
                 entries.append((("fwd_bwd", pname), pfb, 3.5 * flops))
             res = {e[0]: [] for e in entries}
             for r in range(args.rounds):
-                order = entries[r % len(entries):] + entries[:r % len(entries)]
-                for key, fn, fl in order:
+                for key, fn, fl in (entries[i] for i in round_order(len(entries), r)):
                     try:
                         if key[0] == "bwd":
                             fwd(dict(shims)[key[1]])  # out / lse of this build
@@ -125,14 +130,15 @@ def main():
                 rows.append({"op": "attention_fwd_bwd", "case": case, "metric": "TFLOP/s",
                              "build": name, "ours": fbv, "bwd_only_TFLOPs": bv,
                              "rounds": [round(x, 1) for x in res[("fwd_bwd", name)]],
+                             "bwd_rounds": [round(x, 1) for x in res[("bwd", name)]],
                              "peers": peers,
                              "ratio_best_peer": round(fbv / best, 3) if best else None,
                              "fraction_of_ceiling": round(fbv / gemm, 3)})
             print("  ".join(line), flush=True)
+            if args.json:  # after every case: a run cut by its time limit keeps what it timed
+                ba.write_json(args, gemm, rows)
             del q, k, v, out, lse, dq, dk, dv, do, qg, kg, vg
             torch.cuda.empty_cache()
-    if args.json:  # bench_attention.py's record; rows carry their build's name
-        ba.write_json(args, gemm, rows)
     return 0
 
 

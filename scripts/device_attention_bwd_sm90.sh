@@ -19,7 +19,7 @@
 #     AB_LIMIT seconds (120); it runs after the sanitizer. PAR=1: the tests run in the
 #     background beside the sanitizer (waited for before any timing). SAN_MIN=1: sanitize runs only memcheck and racecheck of
 #     "hopper-only causal Sq<Sk 100x1000 D128" and racecheck of "hopper-only S129";
-#     SAN_MIN=2: only the racecheck of the former.
+#     SAN_MIN=2: only the racecheck of the former; SAN_MIN=3: its racecheck and synccheck.
 #     PRE (default .bwd90carry, carried): bin.tar.xz with test_ops and libattention_shim.so
 #     built here for sm_90a (cmake -DOT_CUDA_ARCHS=90a; see the prebuild lines below) and
 #     deps.tar.xz (OpenBLAS + Fortran runtime of .carry/deps/lib), so that the device's time
@@ -110,6 +110,9 @@ if has sanitize; then
   stamp "compute-sanitizer"
   if [ "${SAN_MIN:-0}" = 2 ]; then   # the one refilled-stage D128 case, racecheck only
     san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all
+  elif [ "${SAN_MIN:-0}" = 3 ]; then   # the same case, racecheck and synccheck
+    san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all
+    san synccheck "hopper-only causal Sq<Sk 100x1000 D128"
   elif [ "${SAN_MIN:-0}" = 1 ]; then
     san memcheck "hopper-only causal Sq<Sk 100x1000 D128"
     san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all
@@ -130,7 +133,7 @@ if [ -n "$TPID" ]; then
   wait "$TPID"; stamp "tests done: $(cat "$OUT/tests.rc" 2>/dev/null)"
   test_summary
 fi
-if has ab; then   # the builds of ALTS and this one, same process, rotating order
+if has ab; then   # the builds of ALTS and this one, same process, balanced order
   shims=()
   for alt in ${ALTS:-base}; do
     [ -f "$BIN/$alt/libattention_shim.so" ] && shims+=(--shim "$alt=$BIN/$alt/libattention_shim.so")
