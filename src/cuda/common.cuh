@@ -1,8 +1,9 @@
 /*
  * common.cuh -- device helpers shared by the CUDA kernels of the fused ops
  * (norms, RoPE, gated activations): storage <-> float32 conversion, 16-byte vector
- * loads and stores of a storage dtype, warp and block reductions, and the error
- * check that turns a CUDA runtime error into OT_ERR_BACKEND with ot_error().
+ * loads and stores of a storage dtype, warp and block reductions, the error
+ * check that turns a CUDA runtime error into OT_ERR_BACKEND with ot_error(), and the
+ * one-pass scan of the environment for the OT_* knobs (ot_env_scan).
  *
  * Storage types are the raw CUDA types: float, __half, __nv_bfloat16. Arithmetic is
  * always float32 (the API's rule: storage bf16 / fp16 / fp32, accumulation fp32).
@@ -14,8 +15,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../core/internal.h"
+
+extern "C" char **environ; /* POSIX (unistd.h declares it only under _GNU_SOURCE) */
 
 /* Evaluate a CUDA runtime call; on failure record "op: what: <cuda message>" and
  * return OT_ERR_BACKEND from the enclosing function. */
@@ -219,5 +223,44 @@ static inline bool ot_rows_aligned16(const void *p, int64_t row_stride_elems, si
   if (!ot_is_aligned16(p)) return false;
   return rows <= 1 || ((row_stride_elems * (int64_t)elem) & 15) == 0;
 }
+
+/* ---- OT_* knobs from the environment ------------------------------------------------ */
+
+/* One pass over the environment: for each entry `NAME=value` whose NAME starts with
+ * `prefix` (not empty), f(name, n, value), where name points at NAME (prefix included, not
+ * NUL-terminated: n is its length) and value at what follows the '='. Returns whether any
+ * entry matched. The knobs are read at every call (tests and benches switch them at run
+ * time with setenv), and one pass replaces a getenv per knob; the scan only reads
+ * environ, like getenv, so it is as thread-safe as getenv is. Compare names whole with
+ * ot_env_name_is (a bare prefix test would take OT_PAGED_SPLITS_X for OT_PAGED_SPLITS).
+ * A prefix literal ends in '_' ("OT_NORM_"), which scripts/check_env_docs.sh reads as a
+ * prefix, not as a variable that needs a docs/ENVIRONMENT.md row. */
+template <class F> static inline bool ot_env_scan(const char *prefix, F &&f) {
+  const size_t pn = strlen(prefix);
+  bool any = false;
+  for (char **e = environ; e && *e; e++) {
+    const char *s = *e;
+    if (s[0] != prefix[0] || strncmp(s, prefix, pn) != 0) continue; /* most: one byte */
+    const char *eq = strchr(s + pn, '=');
+    if (!eq) continue;
+    any = true;
+    f(s, (size_t)(eq - s), eq + 1);
+  }
+  return any;
+}
+
+/* Whether some variable whose name starts with prefix is set (the fast path of a call in
+ * normal use, where none is). */
+static inline bool ot_env_any(const char *prefix) {
+  return ot_env_scan(prefix, [](const char *, size_t, const char *) {});
+}
+
+/* Whether the n-byte name of an ot_env_scan entry is exactly `full` ("OT_PAGED_SPLITS"). */
+static inline bool ot_env_name_is(const char *name, size_t n, const char *full) {
+  return strlen(full) == n && memcmp(name, full, n) == 0;
+}
+
+/* Whether a value is exactly "0" (the "off" of the paged-attention switches). */
+static inline bool ot_env_is_zero(const char *v) { return v[0] == '0' && v[1] == 0; }
 
 #endif /* OT_CUDA_COMMON_CUH */
