@@ -78,7 +78,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h> /* environ */
 
 #include <atomic>
 
@@ -1289,9 +1288,9 @@ static ot_status pa_scratch(ot_context *ctx, pa_params &p, bool debug, size_t pa
   return OT_OK;
 }
 
-/* The OT_* knobs of one call, read in one pass over the environment: tests switch them at
- * run time (setenv), so they are read at every call, and six getenv calls scanned the
- * environment six times. */
+/* The OT_* knobs of one call, read in one pass over the environment (ot_env_scan,
+ * common.cuh): tests switch them at run time (setenv), so they are read at every call,
+ * and six getenv calls scanned the environment six times. */
 struct pa_env {
   bool debug;       /* OT_DEBUG set and not "0" (ot_paged_debug) */
   bool simple;      /* OT_PAGED_SIMPLE set */
@@ -1306,32 +1305,25 @@ static pa_env pa_read_env() {
   pa_env e;
   memset(&e, 0, sizeof e);
   e.pdl = true;
-  for (char **v = environ; v && *v; v++) {
-    const char *s = *v;
-    if (s[0] != 'O' || s[1] != 'T' || s[2] != '_') continue;
-    s += 3;
-    const char *val = strchr(s, '=');
-    if (!val) continue;
-    const size_t n = (size_t)(val - s);
-    val++;
-    const auto is = [&](const char *name) { return strlen(name) == n && memcmp(s, name, n) == 0; };
-    if (is("DEBUG")) {
-      e.debug = val[0] && !(val[0] == '0' && val[1] == 0);
-    } else if (is("PAGED_SIMPLE")) {
+  ot_env_scan("OT_", [&](const char *name, size_t n, const char *val) {
+    const auto is = [&](const char *full) { return ot_env_name_is(name, n, full); };
+    if (is("OT_DEBUG")) {
+      e.debug = val[0] && !ot_env_is_zero(val);
+    } else if (is("OT_PAGED_SIMPLE")) {
       e.simple = true;
-    } else if (is("PAGED_KERNEL")) {
+    } else if (is("OT_PAGED_KERNEL")) {
       e.kernel = strcmp(val, "split") == 0 ? 1 : strcmp(val, "stream") == 0 ? 2 : 0;
-    } else if (is("PAGED_SPLITS")) {
+    } else if (is("OT_PAGED_SPLITS")) {
       const int x = atoi(val);
       e.splits_set = true;
       e.splits = x > 0 ? (x < 65535 ? x : 65535) : 0;
-    } else if (is("PAGED_STREAM_CTAS")) {
+    } else if (is("OT_PAGED_STREAM_CTAS")) {
       const int x = atoi(val);
       e.stream_ctas = x > 0 ? x : 0;
-    } else if (is("PAGED_PDL")) {
-      e.pdl = !(val[0] == '0' && val[1] == 0);
+    } else if (is("OT_PAGED_PDL")) {
+      e.pdl = !ot_env_is_zero(val);
     }
-  }
+  });
   return e;
 }
 
