@@ -61,17 +61,6 @@ constexpr int kThreads = 384;   /* producer WG + 2 consumer WGs */
 constexpr int kStages = 2;
 constexpr int kDqTile = 64 * 64;  /* floats of one consumer's dQ partial (64 queries x 64) */
 
-/* Compile-time experiment (default 0; D = 128 only): each consumer issues the dQ wgmma of
- * query tile t - 1 after tile t's dV / dK wgmmas, instead of tile t's after a named barrier
- * of both consumers, so that the consumers meet no barrier each tile and need not run in
- * lockstep. dS^T's two buffers get full / empty mbarriers (all 256 consumer threads arrive)
- * instead: full once both consumers' rows of tile t are in, empty once both have completed
- * the dQ wgmma that reads them. */
-#ifndef OT_ATTN_BWD_SM90_DEFER_DQ
-#define OT_ATTN_BWD_SM90_DEFER_DQ 0
-#endif
-constexpr int kBarArea = OT_ATTN_BWD_SM90_DEFER_DQ ? 256 : 128; /* bytes of mbarriers */
-
 template <int D> struct bwd_smem {
   static constexpr int kv_bytes = kBk * D * 2;   /* K or V of the block */
   static constexpr int q_bytes = kBq * D * 2;    /* one Q or dO stage */
@@ -86,7 +75,7 @@ template <int D> struct bwd_smem {
   static constexpr int lse_off = dqs_off + 4 * kDqTile * 4;
   static constexpr int dsum_off = lse_off + kStages * kBq * 4;
   static constexpr int bar_off = dsum_off + kStages * kBq * 4;
-  static constexpr int bytes = bar_off + kBarArea + 1024; /* barriers + alignment slack */
+  static constexpr int bytes = bar_off + 128 + 1024; /* barriers + alignment slack */
   static_assert(kv_bytes % 1024 == 0 && q_bytes % 1024 == 0, "swizzle atoms are 1024 B");
   static_assert(bytes <= kSmemOptin, "shared memory opt-in limit"); /* D128: 231552 B */
 };
@@ -94,9 +83,8 @@ template <int D> struct bwd_smem {
 /* Barrier slots (8 bytes each): the K / V load, the Q / dO ring, and per consumer c and
  * buffer u the dQ staging's full (BAR_DQF + 2 c + u) and empty (BAR_DQE + 2 c + u). */
 enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages, BAR_DQF = 1 + 2 * kStages,
-       BAR_DQE = BAR_DQF + 4, BAR_DSF = BAR_DQE + 4, BAR_DSE = BAR_DSF + 2,
-       BAR_COUNT = OT_ATTN_BWD_SM90_DEFER_DQ ? BAR_DSE + 2 : BAR_DSF };
-static_assert(BAR_COUNT * 8 <= kBarArea, "barrier area");
+       BAR_DQE = BAR_DQF + 4, BAR_COUNT = BAR_DQE + 4 };
+static_assert(BAR_COUNT * 8 <= 128, "barrier area");
 
 struct bwd_params {
   void *dk, *dv;
@@ -152,7 +140,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool F16 = is_half<T>::value;
   constexpr int NA = D / 2;   /* dK, dV accumulators per thread */
   constexpr bool OWN = D == 64;   /* dQ over the consumer's own keys */
-  constexpr bool DEFER = OT_ATTN_BWD_SM90_DEFER_DQ && !OWN;
   constexpr int NQ = 64;          /* dQ columns of a consumer: all (D = 64) or half (D = 128) */
   extern __shared__ uint8_t smem_raw[];
   /* Aligned by offsetting smem_raw (not by casting through an integer), so that the
@@ -196,11 +183,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(bar(BAR_DQF + u), 128);   /* every thread of the consumer arrives */
       mbar_init(bar(BAR_DQE + u), 1);
     }
-    if (DEFER)
-      for (int u = 0; u < 2; u++) {
-        mbar_init(bar(BAR_DSF + u), 256);
-        mbar_init(bar(BAR_DSE + u), 256);
-      }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -263,38 +245,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   /* This WG's 64 rows of K / V as the K-major A operand of S^T / dP^T. */
   const uint64_t ka_desc = make_desc(k_base + c * 64 * 128, 16, 1024);
   const uint64_t va_desc = make_desc(v_base + c * 64 * 128, 16, 1024);
-  /* dQ_part [64 queries x NQ columns] of query tile t = dS K: A = dS^T buffer t & 1
-   * (MN-major), B = K (MN-major): the WG's 64 columns over all 128 keys, or (OWN) all
-   * columns over its 64 keys. The tile's dQ staging buffer is free once the writer has read
-   * its previous contents (waited for first, before dq is live: fewer registers across the
-   * wait). */
-  auto issue_dq = [&](float *dq, int t) {
-    mbar_wait(bar(BAR_DQE + 2 * c + (t & 1)), ((t >> 1) & 1) ^ 1);
-    const uint32_t ds_base = s_base + L::ds_off + (t & 1) * L::ds_bytes;
-    constexpr int NK = OWN ? 64 / 16 : kBk / 16;
-    const int k16_0 = OWN ? c * 4 : 0;
-    const uint32_t kcol = OWN ? 0 : c * (kBk * 128);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < NK; kk++) {
-      const uint32_t o = (uint32_t)(k16_0 + kk) * 2048;
-      wgmma_ss_t<NQ, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
-                               make_desc(k_base + kcol + o, kBk * 128, 1024), kk > 0);
-    }
-    wgmma_commit();
-  };
-  /* The completed partial of tile t in fragment order (float4 j of thread t128 at
-   * [j][t128]: conflict-free) into staging buffer t & 1; the fence makes the generic-proxy
-   * writes visible to the writer's bulk reduce-add (async proxy). */
-  auto stage_dq = [&](const float *dq, int t) {
-    const int u = 2 * c + (t & 1);
-    float4 *stg = (float4 *)(smem + L::dqs_off + u * kDqTile * 4);
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-      stg[j * 128 + t128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-    fence_proxy_async();
-    mbar_arrive(bar(BAR_DQF + u));
-  };
 
   for (int it = 0; it < n_it; it++) {
     const int s = it % kStages;
@@ -357,8 +307,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     /* dS^T into buffer it & 1: [128 keys][64 queries], 128 B rows, 128B swizzle (16-byte
      * chunk j of row r at chunk j ^ (r & 7)). pds[2 j + hh]: key row 8 hh, queries 8 j + 2 q4. */
-    if (DEFER)   /* both consumers' dQ wgmmas of tile it - 2 have read the buffer */
-      mbar_wait(bar(BAR_DSE + (it & 1)), ((it >> 1) & 1) ^ 1);
     {
       uint8_t *dsb = smem + L::ds_off + (it & 1) * L::ds_bytes;
 #pragma unroll
@@ -383,33 +331,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
     }
     fence_proxy_async();
-    if (DEFER) {
-      /* This tile's rows of dS^T are in. dV / dK complete first (P^T, dS^T registers free),
-       * then the previous tile's dQ, once both consumers' rows of it are in. */
-      mbar_arrive(bar(BAR_DSF + (it & 1)));
-      wgmma_wait<0>();
-      reg_fence<NA>(dk);
-      reg_fence<NA>(dv);
-      reg_fence<16>(pp);
-      reg_fence<16>(pds);
-      mbar_arrive(bar(BAR_EMPTY + s));   /* as below */
-      if (it > 0) {
-        mbar_wait(bar(BAR_DSF + ((it - 1) & 1)), ((it - 1) >> 1) & 1);
-        float dq[NQ / 2];
-        issue_dq(dq, it - 1);
-        wgmma_wait<0>();
-        reg_fence<NQ / 2>(dq);
-        mbar_arrive(bar(BAR_DSE + ((it - 1) & 1)));
-        stage_dq(dq, it - 1);
-      }
-      continue;
-    }
-    if (!OWN)
+    if (!OWN) {
       named_sync(kDsBar, 256);
-    else   /* only this WG's rows of dS^T are read (by this WG) */
+    } else {   /* only this WG's rows of dS^T are read (by this WG) */
       wg_sync(c);
+    }
+    /* dQ_part [64 queries x NQ columns] = dS K: A = dS^T buffer (MN-major), B = K (MN-major):
+     * the WG's 64 columns over all 128 keys, or (OWN) all columns over its 64 keys. */
+    /* The dQ staging buffer of this tile is free once the writer has read its previous
+     * contents (waited for here, before dq is live: fewer registers across the wait). */
+    mbar_wait(bar(BAR_DQE + 2 * c + (it & 1)), ((it >> 1) & 1) ^ 1);
     float dq[NQ / 2];
-    issue_dq(dq, it);
+    {
+      const uint32_t ds_base = s_base + L::ds_off + (it & 1) * L::ds_bytes;
+      constexpr int NK = OWN ? 64 / 16 : kBk / 16;
+      const int k16_0 = OWN ? c * 4 : 0;
+      const uint32_t kcol = OWN ? 0 : c * (kBk * 128);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < NK; kk++) {
+        const uint32_t o = (uint32_t)(k16_0 + kk) * 2048;
+        wgmma_ss_t<NQ, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
+                                 make_desc(k_base + kcol + o, kBk * 128, 1024), kk > 0);
+      }
+      wgmma_commit();
+    }
     wgmma_wait<0>();
     reg_fence<NA>(dk);
     reg_fence<NA>(dv);
@@ -422,16 +368,18 @@ __global__ void __launch_bounds__(kThreads, 1)
      * 0 of each warpgroup after its named barrier, left compute-sanitizer racecheck
      * reporting WAR hazards between those reads and the bulk copy (run of 2026-11-30). */
     mbar_arrive(bar(BAR_EMPTY + s));
-    stage_dq(dq, it);
-  }
-  if (DEFER && n_it > 0) {   /* the last tile's dQ */
-    const int t = n_it - 1;
-    mbar_wait(bar(BAR_DSF + (t & 1)), (t >> 1) & 1);
-    float dq[NQ / 2];
-    issue_dq(dq, t);
-    wgmma_wait<0>();
-    reg_fence<NQ / 2>(dq);
-    stage_dq(dq, t);
+    /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) into
+     * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy
+     * writes visible to the bulk reduce-add (async proxy). */
+    {
+      const int u = 2 * c + (it & 1);
+      float4 *stg = (float4 *)(smem + L::dqs_off + u * kDqTile * 4);
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        stg[j * 128 + t128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      fence_proxy_async();
+      mbar_arrive(bar(BAR_DQF + u));
+    }
   }
 
   /* ---------------- epilogue: dK = scale dS^T Q, dV ---------------- */
