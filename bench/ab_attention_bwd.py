@@ -10,7 +10,7 @@ round; reported: the median over rounds. The order is balanced (attn_fwd_variant
 rows of a Williams Latin square): over len(entries) rounds (2x for an odd count) each entry
 takes every position and runs right after every other entry equally often, so that clock
 drift and the entry run just before hit every entry alike -- two builds make 6 entries, so
---rounds 6 (the default). Until 2026-11-30 ~12:05 UTC the order was a cyclic rotation, which
+--rounds 6 (the default). Until 2026-11-30 ~12:00 UTC the order was a cyclic rotation, which
 kept every entry's predecessor (runs 4-7 of attention_bwd_sm90_ab.json).
 FLOPs: 4 B H S^2 D (half for causal) forward, 2.5x that backward (bench_attention.py).
 
