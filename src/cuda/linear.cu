@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h> /* environ */
 
 #include "../core/linear.h"
 #include "common.cuh"
@@ -596,9 +595,7 @@ struct gemv_env {
 
 static gemv_env gemv_read_env() {
   gemv_env v = {-1, true, true};
-  bool any = false;
-  for (char **e = environ; e && *e && !any; e++) any = strncmp(*e, "OT_LINEAR_", 10) == 0;
-  if (!any) return v;
+  if (!ot_env_any("OT_LINEAR_")) return v;
   const char *g = getenv("OT_LINEAR_GEMV");
   if (g && g[0] == '0') v.gemv = 0;
   if (g && g[0] == '1') v.gemv = 1;
