@@ -823,7 +823,8 @@ def _base_model_forward(self, *args, **kwargs):
     no_cache = kwargs.get("cache") is None and kwargs.get("past_key_values") is None
     plain = len(args) <= 1 and kwargs.get("attention_mask") is None and no_cache
     cu = None
-    if plain and kwargs.get("position_ids") is not None:
+    pos = kwargs.get("position_ids")
+    if plain and pos is not None:
         use_cache = kwargs.get("use_cache")
         if use_cache is None:
             use_cache = getattr(self.config, "use_cache", False)
@@ -835,16 +836,19 @@ def _base_model_forward(self, *args, **kwargs):
             ref = args[0] if args else kwargs.get("input_ids")
             if ref is None:
                 ref = kwargs.get("inputs_embeds")
-            cu = _packed_cu_seqlens(kwargs["position_ids"], ref.shape[0])
+            cu = _packed_cu_seqlens(pos, ref.shape[0])
             # attention dropout runs transformers' SDPA attention, which takes no
             # cu_seqlens: a packed batch keeps HF's block-diagonal mask then
             if (cu is not None and self.training
                     and getattr(self.config, "attention_dropout", 0.0)):
                 plain = False
-            if self.training and any(getattr(m, "gradient_checkpointing", False)
-                                     for m in getattr(self, "layers", ())):
-                # the split of a recompute outside this forward (_recompute_split)
-                kwargs["position_ids"]._ot_cu_seqlens = cu if plain else None
+    if (self.training and isinstance(pos, torch.Tensor) and not torch.compiler.is_compiling()
+            and any(getattr(m, "gradient_checkpointing", False)
+                    for m in getattr(self, "layers", ()))):
+        # the split of a recompute outside this forward (_recompute_split); None in every
+        # forward that has none (a cache, a mask, dropout), so that a position_ids tensor
+        # reused from a packed call does not hand its old split to this one's layers
+        pos._ot_cu_seqlens = cu if plain else None
     if not plain:
         return self._ot_orig_forward(*args, **kwargs)
     if torch.compiler.is_compiling():

@@ -522,13 +522,9 @@ def test_packed_sequences_with_gradient_checkpointing(ids, reentrant):
     assert ot_patch._cu_seqlens() is None
 
 
-@pytest.mark.parametrize("reentrant", [False, True])
-def test_packed_sequences_with_checkpointing_in_call(ids, monkeypatch, reentrant):
-    """transformers 4.5x checkpoints a GradientCheckpointingLayer in __call__, around the
-    patched forward (here simulated on the installed version: its __call__ as 4.5x
-    wrote it): the recompute runs in the backward, after the base model's forward has
-    dropped its packed-sequence split -- it gets the split from the position_ids (before:
-    dense causal attention over each packed row in the recompute, wrong gradients)."""
+def _checkpoint_in_call(monkeypatch):
+    """GradientCheckpointingLayer.__call__ as transformers <= 5.17 writes it (checkpoints
+    around the patched forward), on the installed version."""
     import functools
     glayer = pytest.importorskip("transformers.modeling_layers").GradientCheckpointingLayer
 
@@ -538,6 +534,17 @@ def test_packed_sequences_with_checkpointing_in_call(ids, monkeypatch, reentrant
             return self._gradient_checkpointing_func(
                 functools.partial(torch.nn.Module.__call__, self, **kwargs), *args)
         return torch.nn.Module.__call__(self, *args, **kwargs)
+    monkeypatch.setattr(glayer, "__call__", call_45x, raising=False)
+    assert not ot_patch._hf_checkpoints_forward()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_packed_sequences_with_checkpointing_in_call(ids, monkeypatch, reentrant):
+    """transformers 4.5x checkpoints a GradientCheckpointingLayer in __call__, around the
+    patched forward (here simulated on the installed version: its __call__ as 4.5x
+    wrote it): the recompute runs in the backward, after the base model's forward has
+    dropped its packed-sequence split -- it gets the split from the position_ids (before:
+    dense causal attention over each packed row in the recompute, wrong gradients)."""
     model = tiny_llama()
     model.train()
     pos = torch.stack([torch.cat([torch.arange(6), torch.arange(7), torch.arange(3)]),
@@ -545,8 +552,7 @@ def test_packed_sequences_with_checkpointing_in_call(ids, monkeypatch, reentrant
     loss0, _, g0 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
     model.gradient_checkpointing_enable(
         gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-    monkeypatch.setattr(glayer, "__call__", call_45x, raising=False)
-    assert not ot_patch._hf_checkpoints_forward()
+    _checkpoint_in_call(monkeypatch)
     ot.patch_model(model)
     loss1, _, g1 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
     torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
@@ -554,6 +560,32 @@ def test_packed_sequences_with_checkpointing_in_call(ids, monkeypatch, reentrant
     assert _layer_runs_in_backward(model, ids, position_ids=pos) == \
         model.config.num_hidden_layers
     assert ot_patch._cu_seqlens() is None
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointing_in_call_reused_position_ids_keep_no_old_split(ids, monkeypatch,
+                                                                       reentrant):
+    """The split that a packed call leaves on its position_ids tensor (for the recompute,
+    checkpointing in __call__) is cleared by the next training forward with the same
+    tensor that has no split: with an all-ones attention_mask (HF's dense causal
+    attention, no packed-sequence check) the layers ran the old call's varlen split
+    before, in the forward and the recompute (loss 5.5915 instead of HF's 5.5939)."""
+    model = tiny_llama()
+    model.train()
+    pos = torch.stack([torch.cat([torch.arange(6), torch.arange(7), torch.arange(3)]),
+                       torch.arange(S)])
+    mask = torch.ones_like(ids)
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    _checkpoint_in_call(monkeypatch)
+    loss0, _, g0 = loss_and_grads(model, ids, position_ids=pos, attention_mask=mask,
+                                  use_cache=False)
+    ot.patch_model(model)
+    loss_and_grads(model, ids, position_ids=pos, use_cache=False)     # packed: a split
+    loss1, _, g1 = loss_and_grads(model, ids, position_ids=pos, attention_mask=mask,
+                                  use_cache=False)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
+    assert_grads_close(g0, g1)
 
 
 def test_train_llama_example_runs(tmp_path):
