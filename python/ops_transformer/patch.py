@@ -499,8 +499,9 @@ def _add_rms_norm(x, residual, norm):
 
 def _hf_checkpoints_forward():
     """Whether transformers checkpoints a GradientCheckpointingLayer in its class's
-    forward (transformers 5: wrapped by __init_subclass__, which the patched instance
-    forward replaces) rather than in __call__ (4.5x: around the patched forward)."""
+    forward (later transformers 5, e.g. 5.24: wrapped by __init_subclass__, which the
+    patched instance forward replaces) rather than in __call__ (<= 5.17, the device's
+    version: around the patched forward)."""
     try:
         from transformers.modeling_layers import GradientCheckpointingLayer
     except ImportError:
@@ -510,8 +511,8 @@ def _hf_checkpoints_forward():
 
 def _decoder_layer_forward(self, *args, **kwargs):
     """The patched decoder layer, checkpointed as transformers' own forward wrapper does
-    when gradient checkpointing is on (transformers 5): the recompute in the backward
-    runs the same body, with the forward's packed-sequence split (_LOCAL.cu_seqlens,
+    when gradient checkpointing is on (transformers after 5.17): the recompute in the
+    backward runs the same body, with the forward's packed-sequence split (_LOCAL.cu_seqlens,
     which the backward would not see otherwise)."""
     if not (getattr(self, "gradient_checkpointing", False) and self.training
             and torch.is_grad_enabled() and _hf_checkpoints_forward()):
@@ -545,7 +546,7 @@ def _decoder_layer_forward(self, *args, **kwargs):
 
 def _recompute_split(layer, kwargs):
     """The packed-sequence split of a checkpointed layer's recompute where transformers
-    checkpoints in __call__ (4.5x: around the patched forward, which then runs again in
+    checkpoints in __call__ (<= 5.17: around the patched forward, which then runs again in
     the backward, outside the base model's forward and its _LOCAL.cu_seqlens): the
     split _base_model_forward found for these position_ids (the layer's kwargs hold the
     same tensor object), else None -- also in every forward that is not such a

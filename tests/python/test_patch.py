@@ -528,21 +528,21 @@ def _checkpoint_in_call(monkeypatch):
     import functools
     glayer = pytest.importorskip("transformers.modeling_layers").GradientCheckpointingLayer
 
-    def call_45x(self, *args, **kwargs):
+    def call_517(self, *args, **kwargs):
         if self.gradient_checkpointing and self.training:
             kwargs["use_cache"] = False
             return self._gradient_checkpointing_func(
                 functools.partial(torch.nn.Module.__call__, self, **kwargs), *args)
         return torch.nn.Module.__call__(self, *args, **kwargs)
-    monkeypatch.setattr(glayer, "__call__", call_45x, raising=False)
+    monkeypatch.setattr(glayer, "__call__", call_517, raising=False)
     assert not ot_patch._hf_checkpoints_forward()
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_packed_sequences_with_checkpointing_in_call(ids, monkeypatch, reentrant):
-    """transformers 4.5x checkpoints a GradientCheckpointingLayer in __call__, around the
-    patched forward (here simulated on the installed version: its __call__ as 4.5x
-    wrote it): the recompute runs in the backward, after the base model's forward has
+    """transformers <= 5.17 checkpoints a GradientCheckpointingLayer in __call__, around the
+    patched forward (here simulated on the installed version: its __call__ as 5.17
+    writes it): the recompute runs in the backward, after the base model's forward has
     dropped its packed-sequence split -- it gets the split from the position_ids (before:
     dense causal attention over each packed row in the recompute, wrong gradients)."""
     model = tiny_llama()
