@@ -235,10 +235,13 @@ static int tune_pick(cublasLtHandle_t h, const lt_descs &ds, const ot_gemm *g,
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  if (verbose && best >= 0)
-    fprintf(stderr, "ot gemm autotune: m %lld n %lld k %lld: heuristic #0 %.2f us, picked #%d of %d %.2f us\n",
-            (long long)g->m, (long long)g->n, (long long)g->k, 1e3f * first_ms / kTuneReps, best,
-            count, 1e3f * best_ms / kTuneReps);
+  if (verbose && best >= 0) {
+    char first[32] = "not run"; /* #0 failed or was not a valid candidate */
+    if (first_ms >= 0.0f) snprintf(first, sizeof first, "%.2f us", 1e3f * first_ms / kTuneReps);
+    fprintf(stderr, "ot gemm autotune: m %lld n %lld k %lld: heuristic #0 %s, picked #%d of %d %.2f us\n",
+            (long long)g->m, (long long)g->n, (long long)g->k, first, best, count,
+            1e3f * best_ms / kTuneReps);
+  }
   return best;
 }
 
