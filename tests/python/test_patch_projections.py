@@ -69,6 +69,47 @@ def test_projections_input_gradient_is_accumulated_in_the_gemm(monkeypatch):
     assert "aten::add" not in names and "aten::add_" not in names
 
 
+@pytest.mark.parametrize("out", ["contiguous", "transposed", "strided"])
+def test_addmm_inplace_op(out):
+    """ops_transformer::addmm_inplace (the compiled backward's beta-1 sum): schema with
+    the mutation declared, fake impl, autograd registration and AOT dispatch (opcheck),
+    also when the accumulated tensor is a view; eager: out += a @ b through the view."""
+    torch.manual_seed(0)
+    shape, view = {"contiguous": ((8, 6), lambda t: t),
+                   "transposed": ((6, 8), lambda t: t.t()),
+                   "strided": ((8, 12), lambda t: t[:, ::2])}[out]
+    base = torch.randn(shape)
+    a, b = torch.randn(8, 4), torch.randn(4, 6)
+    torch.library.opcheck(ot_patch._addmm_inplace, (view(base.clone()), a, b))
+    ref = base.clone()
+    view(ref).addmm_(a, b)
+    ot_patch._addmm_inplace(view(base), a, b)
+    torch.testing.assert_close(base, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_projections_compiled_backward_sums_in_place():
+    """Under torch.compile _Projections' backward sums the input gradient with
+    ops_transformer::addmm_inplace, both calls into the buffer of the first mm (before:
+    aten.addmm_, which the graph made functional: a new output and a copy each), with
+    the gradients of the eager Function."""
+    run_and_get_code = pytest.importorskip("torch._inductor.utils").run_and_get_code
+    import re
+    ls = linears(bias=True)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    params = [p for m in ls for p in m.parameters()]
+
+    def f(x):
+        return sum(o.square().sum() for o in ot_patch._project(x, ls))
+    g0 = torch.autograd.grad(f(x), [x] + params)
+    cf = torch.compile(f, fullgraph=True)
+    g1, codes = run_and_get_code(lambda: torch.autograd.grad(cf(x), [x] + params))
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    calls = [m for c in codes for m in
+             re.findall(r"ops_transformer\.addmm_inplace\.default\((\w+),", c)]
+    assert len(calls) == 2 and len(set(calls)) == 1, calls
+
+
 def test_projections_unused_output_and_frozen_parts():
     """An output with no gradient adds nothing (no zeros multiplied); only what needs a
     gradient gets one (a frozen weight, an input that does not require grad)."""
