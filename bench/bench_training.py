@@ -1035,7 +1035,8 @@ def main(argv=None):
                    help="also time each case's steps in steady state (one unsynchronized "
                         "step first, CUDA events around the timed ones): steady_tokens_per_s")
     p.add_argument("--trace-dir", default=None,
-                   help="write each profile's chrome trace there (trace_<case>.json.gz)")
+                   help="write each profile's chrome trace there "
+                        "(trace_<VARIANT>_<CFG>_<BxS>.json.gz)")
     p.add_argument("--markdown", default=None, metavar="JSON",
                    help="print the docs/PERFORMANCE.md table of a training.json and exit")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -1069,6 +1070,12 @@ def main(argv=None):
             return ((vs is None or c["variant"] in vs)
                     and (cs is None or case_name(c["cfg"], c["batch"], c["seq"]) in cs))
         groups = [g for g in ([c for c in g if wanted(c)] for g in groups) if g]
+    unknown = args.profile - {_profile_key(c) for g in groups for c in g
+                              if c.get("kind", "step") == "step"}
+    if unknown:         # (a misspelt key would cost the run its profile silently)
+        print(f"--profile skipped: {', '.join(sorted(unknown))}: no such case in this run "
+              "(VARIANT@CFG:BxS of a planned step case, e.g. patched@0.54b:4x2048)",
+              flush=True)
     runs, curve, ceiling, extra = [], None, None, {}
 
     def save():
