@@ -49,14 +49,11 @@
 #include <atomic>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "bulk_copy.cuh"
 #include "common.cuh"
 #include "cuda_state.h"
 #include "pdl.cuh"
-
-extern char **environ; /* POSIX; norm_env_any scans it */
 
 namespace ot {
 
@@ -1466,20 +1463,13 @@ static inline int norm_env_int(const char *name, int dflt) {
   const char *s = getenv(name);
   return s && *s ? atoi(s) : dflt;
 }
-/* Whether any OT_NORM_* variable is set: one pass over the environment, a two-byte test
- * per entry (~20 ns for a few dozen variables, against ~0.4 us for the eleven getenv
- * calls below, x86 CPU of the CI machine), so that a call in normal use reads no knob. */
-static inline bool norm_env_any(void) {
-  for (char **e = environ; e && *e; e++) {
-    const char *v = *e;
-    if (v[0] == 'O' && v[1] == 'T' && strncmp(v, "OT_NORM_", 8) == 0) return true;
-  }
-  return false;
-}
 static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
   norm_cfg c;
   c.cs = cs;
-  if (!norm_env_any()) { /* the defaults, as read below from an empty environment */
+  /* Whether any OT_NORM_* variable is set: one pass over the environment (~20 ns for a few
+   * dozen variables, against ~0.4 us for the eleven getenv calls below, x86 CPU of the CI
+   * machine), so that a call in normal use reads no knob. */
+  if (!ot_env_any("OT_NORM_")) { /* the defaults, as read below from an empty environment */
     c.fwd_impl = kNormImplDefault;
     c.fwd_maxnv = 8;
     c.fwd_stages = 0;
