@@ -4,22 +4,31 @@
 # sanitizer on small cases, and the attention benchmark (fwd and fwd+bwd vs torch SDPA).
 #
 #   [PRE=DIR] scripts/device_attention_bwd_sm90.sh [COMMIT] [STEPS]
-#     STEPS: comma list of smoke,test,test_alt,sanitize,bench,timing,profile (default all but
-#     profile: ncu of this build's and cuDNN's fwd+bwd in one process, bench/profile_attention_bwd.py
-#     over PROFILE_CASES (default D128S4096c0,D128S4096c1), PROFILE_LIMIT s (120): $OUT/ncu.txt (the
-#     sections), ncu_durations.csv, ncu_src_ours.csv (per-SASS-instruction stall samples); and
-#     test_alt: the CUDA cases under ALT_ENV, default OT_ATTN_SM90=0: the portable kernels),
-#     and sanitize_base / bench_base: racecheck and the benchmark (BASE_BENCH_ARGS) with each
-#     other build $PRE/NAME.tar.xz (test_ops + libattention_shim.so of a kernel to compare
-#     against) for NAME in ALTS (default base), in the same run; SAN_LIMIT: seconds per sanitizer run (60); logs under $OUT. TIMING_SHAPES: "B,H,S,D ..." (default 8,16,4096,128);
-#     TIMING_SETS: the VAR=VALUE settings timed in turn (default deterministic=0 deterministic=1).
-#     BENCH_PY: the bench script to run (default bench/bench_attention.py).
-#     ab: bench/ab_attention_bwd.py in one process over the shims of $PRE/NAME.tar.xz for
-#     NAME in ALTS and this build ("new"), AB_ARGS (e.g. --cases D128S4096 --rounds 3),
-#     AB_LIMIT seconds (120); it runs after the sanitizer. PAR=1: the tests run in the
-#     background beside the sanitizer (waited for before any timing). SAN_MIN=1: sanitize runs only memcheck and racecheck of
-#     "hopper-only causal Sq<Sk 100x1000 D128" and racecheck of "hopper-only S129";
-#     SAN_MIN=2: only the racecheck of the former; SAN_MIN=3: its racecheck and synccheck.
+#     STEPS: a comma list (default smoke,test,sanitize,bench,timing), run in this order:
+#       smoke       one case (cuda S128 D128 GQA1), 30 s: a hang ends the call
+#       test        the CUDA attention suite of test_ops; PAR=1: in the background beside the
+#                   sanitizer, waited for before any timing
+#       test_alt    the CUDA cases again under ALT_ENV (default OT_ATTN_SM90=0: the portable kernels)
+#       sanitize    compute-sanitizer on small cases, SAN_LIMIT s each (60). SAN_MIN=1: only
+#                   memcheck and racecheck of "hopper-only causal Sq<Sk 100x1000 D128" and
+#                   racecheck of "hopper-only S129"; SAN_MIN=2: only the racecheck of the
+#                   former; SAN_MIN=3: its racecheck and synccheck
+#       ab          bench/ab_attention_bwd.py in one process over the shims of $PRE/NAME.tar.xz
+#                   for NAME in ALTS (default base) and this build ("new"), AB_ARGS (e.g.
+#                   --cases D128S4096 --rounds 6), AB_LIMIT s (120)
+#       sanitize_base, bench_base: racecheck and the benchmark (BASE_BENCH_ARGS) of each other
+#                   build $PRE/NAME.tar.xz (test_ops + libattention_shim.so of a kernel to
+#                   compare against), NAME in ALTS
+#       bench       BENCH_PY (default bench/bench_attention.py) --bench BENCH_ARGS
+#       profile     ncu of this build's and cuDNN's fwd+bwd in one process
+#                   (bench/profile_attention_bwd.py) over PROFILE_CASES (default
+#                   D128S4096c0,D128S4096c1), PROFILE_LIMIT s (120): $OUT/ncu.txt (the
+#                   sections), ncu_durations.csv, ncu_src_ours.csv (per-SASS-instruction
+#                   stall samples)
+#       timing      attn_portable_timing (when bin.tar.xz holds it) over TIMING_SHAPES
+#                   "B,H,S,D ..." (default 8,16,4096,128), TIMING_SETS the VAR=VALUE settings
+#                   timed in turn (default deterministic=0 deterministic=1)
+#     Logs under $OUT.
 #     PRE (default .bwd90carry, carried): bin.tar.xz with test_ops and libattention_shim.so
 #     built here for sm_90a (cmake -DOT_CUDA_ARCHS=90a; see the prebuild lines below) and
 #     deps.tar.xz (OpenBLAS + Fortran runtime of .carry/deps/lib), so that the device's time
