@@ -6,7 +6,7 @@ of the library, loaded with RTLD_LOCAL). Per case (bf16, BSHD, batch * seq = 32k
 heads * D = 2048, as bench_attention.py): forward + backward through the public API of each
 build and of torch SDPA's cuDNN and flash backends, and each build's backward alone, in
 ROUNDS rounds; CUDA events, median of 20 calls (10 above S 4k) after 3 warm-ups per entry and
-round; reported: the median over rounds. The order is balanced (attn_fwd_variants.round_order,
+round; reported: the median over rounds. The order is balanced (benchutil.round_order,
 rows of a Williams Latin square): over len(entries) rounds (2x for an odd count) each entry
 takes every position and runs right after every other entry equally often, so that clock
 drift and the entry run just before hit every entry alike -- two builds make 6 entries, so
@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attention as ba  # noqa: E402  (Shim, make_qkv, time_ms, stream, gemm_tflops)
-from attn_fwd_variants import round_order  # noqa: E402
+from benchutil import round_order  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attention as ba  # noqa: E402
+from benchutil import round_order  # noqa: E402
 
 RESC = {"OT_ATTN_SM90_RESC": "1"}
 P8 = {"OT_ATTN_SM90_EXP": "poly8"}
@@ -66,23 +67,6 @@ def _variant_list0(d, s, causal):
     if d == 256:                                      # 80-key tile, rescale threshold on
         return [("poly8", P8)]
     return []
-
-
-def round_order(n, r):
-    """Round r's order of n sides (indices): row r of a Williams Latin square. Over n rounds
-    (2n for odd n: the rows mirrored in the second n) each side takes every position equally
-    often and runs right after every other side equally often; a cyclic rotation keeps each
-    side's predecessor (the default would always follow the slow flash peer, whose calls let
-    the clocks recover)."""
-    base, lo, hi = [0], 1, n - 1
-    while len(base) < n:
-        base.append(lo)
-        lo += 1
-        if len(base) < n:
-            base.append(hi)
-            hi -= 1
-    row = [(b + r) % n for b in base]
-    return row[::-1] if n % 2 and (r // n) % 2 else row
 
 
 def checks(S):

@@ -19,3 +19,21 @@ def env_set(env):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def round_order(n, r):
+    """Round r's order of n sides (indices): row r of a Williams Latin square. Over n rounds
+    (2n for odd n: the rows mirrored in the second n) each side takes every position equally
+    often and runs right after every other side equally often; a cyclic rotation keeps each
+    side's predecessor (in attn_fwd_variants.py the default always followed the slow flash
+    peer, whose calls let the clocks recover). Shared by attn_fwd_variants.py and
+    ab_attention_bwd.py."""
+    base, lo, hi = [0], 1, n - 1
+    while len(base) < n:
+        base.append(lo)
+        lo += 1
+        if len(base) < n:
+            base.append(hi)
+            hi -= 1
+    row = [(b + r) % n for b in base]
+    return row[::-1] if n % 2 and (r // n) % 2 else row
