@@ -500,11 +500,11 @@ def test_packed_sequences_with_attention_dropout(ids):
     assert torch.equal(hidden(x2)[0, 6:], out[0, 6:])      # the others do not see it
 
 
-@pytest.mark.parametrize("reentrant", [False, True])
-def test_packed_sequences_with_gradient_checkpointing(ids, reentrant):
-    """A packed batch under activation checkpointing: the recompute in the backward runs
-    the varlen attention of the forward's split (thread state the backward would not
-    see otherwise: dense causal attention over each row, wrong gradients)."""
+def _packed_checkpointed_matches(ids, reentrant, before_patch=lambda: None):
+    """The tiny Llama in training on a packed batch (row 0: sequences of 6, 7 and 3 tokens):
+    the loss and gradients of the plain model, then under activation checkpointing
+    (use_reentrant=reentrant), before_patch() and ot.patch_model, match them. Returns the
+    model and its position_ids."""
     model = tiny_llama()
     model.train()
     pos = torch.stack([torch.cat([torch.arange(6), torch.arange(7), torch.arange(3)]),
@@ -512,10 +512,20 @@ def test_packed_sequences_with_gradient_checkpointing(ids, reentrant):
     loss0, _, g0 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
     model.gradient_checkpointing_enable(
         gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    before_patch()
     ot.patch_model(model)
     loss1, _, g1 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
     torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
     assert_grads_close(g0, g1)
+    return model, pos
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_packed_sequences_with_gradient_checkpointing(ids, reentrant):
+    """A packed batch under activation checkpointing: the recompute in the backward runs
+    the varlen attention of the forward's split (thread state the backward would not
+    see otherwise: dense causal attention over each row, wrong gradients)."""
+    model, pos = _packed_checkpointed_matches(ids, reentrant)
     if ot_patch._hf_checkpoints_forward():
         assert _layer_runs_in_backward(model, ids, position_ids=pos) == \
             model.config.num_hidden_layers
@@ -545,18 +555,8 @@ def test_packed_sequences_with_checkpointing_in_call(ids, monkeypatch, reentrant
     writes it): the recompute runs in the backward, after the base model's forward has
     dropped its packed-sequence split -- it gets the split from the position_ids (before:
     dense causal attention over each packed row in the recompute, wrong gradients)."""
-    model = tiny_llama()
-    model.train()
-    pos = torch.stack([torch.cat([torch.arange(6), torch.arange(7), torch.arange(3)]),
-                       torch.arange(S)])
-    loss0, _, g0 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
-    model.gradient_checkpointing_enable(
-        gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-    _checkpoint_in_call(monkeypatch)
-    ot.patch_model(model)
-    loss1, _, g1 = loss_and_grads(model, ids, position_ids=pos, use_cache=False)
-    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=0)
-    assert_grads_close(g0, g1)
+    model, pos = _packed_checkpointed_matches(ids, reentrant,
+                                              lambda: _checkpoint_in_call(monkeypatch))
     assert _layer_runs_in_backward(model, ids, position_ids=pos) == \
         model.config.num_hidden_layers
     assert ot_patch._cu_seqlens() is None
