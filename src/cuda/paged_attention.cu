@@ -1292,7 +1292,7 @@ static ot_status pa_scratch(ot_context *ctx, pa_params &p, bool debug, size_t pa
  * common.cuh): tests switch them at run time (setenv), so they are read at every call,
  * and six getenv calls scanned the environment six times. */
 struct pa_env {
-  bool debug;       /* OT_DEBUG set and not "0" (ot_paged_debug) */
+  bool debug;       /* OT_DEBUG set and not "0" (ot_paged_debug_on) */
   bool simple;      /* OT_PAGED_SIMPLE set */
   int kernel;       /* OT_PAGED_KERNEL: 1 split, 2 stream, 0 unset (or another value) */
   bool splits_set;  /* OT_PAGED_SPLITS set (any value keeps the split kernel) */
@@ -1308,7 +1308,7 @@ static pa_env pa_read_env() {
   ot_env_scan("OT_", [&](const char *name, size_t n, const char *val) {
     const auto is = [&](const char *full) { return ot_env_name_is(name, n, full); };
     if (is("OT_DEBUG")) {
-      e.debug = val[0] && !ot_env_is_zero(val);
+      e.debug = ot_paged_debug_on(val);
     } else if (is("OT_PAGED_SIMPLE")) {
       e.simple = true;
     } else if (is("OT_PAGED_KERNEL")) {

@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "common.cuh" /* ot_env_is_zero */
+
 namespace ot {
 
 enum paged_err_code {
@@ -94,11 +96,13 @@ __device__ __forceinline__ bool paged_cu_ok(const int32_t *cu, int64_t b, int64_
 
 /* ---- host side of the debug flag ------------------------------------------------------- */
 
+/* Whether an OT_DEBUG value (NULL: unset) turns the checks on: set, not empty, not "0".
+ * The one rule for both readers: ot_paged_debug and paged_attention.cu's pa_read_env,
+ * which reads it in its one pass over the environment. */
+static inline bool ot_paged_debug_on(const char *v) { return v && v[0] && !ot_env_is_zero(v); }
+
 /* OT_DEBUG=1 in the environment (read at each launch so tests can toggle it). */
-static inline bool ot_paged_debug(void) {
-  const char *e = getenv("OT_DEBUG");
-  return e && e[0] && !(e[0] == '0' && e[1] == 0);
-}
+static inline bool ot_paged_debug(void) { return ot_paged_debug_on(getenv("OT_DEBUG")); }
 
 #endif /* OT_CUDA_PAGED_COMMON_CUH */
 
