@@ -9,13 +9,14 @@ ROUNDS rounds; CUDA events, median of 20 calls (10 above S 4k) after 3 warm-ups 
 round; reported: the median over rounds. The order is balanced (benchutil.round_order,
 rows of a Williams Latin square): over len(entries) rounds (2x for an odd count) each entry
 takes every position and runs right after every other entry equally often, so that clock
-drift and the entry run just before hit every entry alike -- two builds make 6 entries, so
---rounds 6 (the default). Until 2026-11-30 ~12:00 UTC the order was a cyclic rotation, which
-kept every entry's predecessor (runs 4-7 of attention_bwd_sm90_ab.json).
+drift and the entry run just before hit every entry alike. ROUNDS defaults to the entry count
+(2 per build + 2 peers, always even: 6 for two builds), the fewest rounds that balance it.
+Until 2026-11-30 ~12:00 UTC the order was a cyclic rotation, which kept every entry's
+predecessor (runs 4-7 of attention_bwd_sm90_ab.json).
 FLOPs: 4 B H S^2 D (half for causal) forward, 2.5x that backward (bench_attention.py).
 
   python3 bench/ab_attention_bwd.py --shim base=A.so --shim new=B.so [--cases D128S4096,...]
-      [--rounds 6] [--json out.json] [--commit C] [--command CMD]
+      [--rounds N] [--json out.json] [--commit C] [--command CMD]
 """
 import argparse
 import os
@@ -54,7 +55,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shim", action="append", required=True, help="NAME=PATH")
     ap.add_argument("--cases", default="D128S4096,D128S16384,D64S4096")
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="rounds per case (default: the case's entry count, 2 x builds + 2, "
+                         "the smallest balanced number)")
     ap.add_argument("--json")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default=" ".join(sys.argv))
@@ -109,7 +112,7 @@ def main():
                         torch.autograd.grad(o, (qg, kg, vg), dot)
                 entries.append((("fwd_bwd", pname), pfb, 3.5 * flops))
             res = {e[0]: [] for e in entries}
-            for r in range(args.rounds):
+            for r in range(args.rounds or len(entries)):
                 for key, fn, fl in (entries[i] for i in round_order(len(entries), r)):
                     try:
                         if key[0] == "bwd":
