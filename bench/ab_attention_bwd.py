@@ -115,8 +115,10 @@ def main():
             for r in range(args.rounds or len(entries)):
                 for key, fn, fl in (entries[i] for i in round_order(len(entries), r)):
                     try:
-                        if key[0] == "bwd":
-                            fwd(dict(shims)[key[1]])  # out / lse of this build
+                        if key[0] == "bwd":  # out / lse of this build, or no timing
+                            S = dict(shims)[key[1]]
+                            if fwd(S):
+                                raise RuntimeError(f"forward before the timing: {S.err()}")
                         res[key].append(fl / ba.time_ms(fn, iters=iters) / 1e9)
                     except Exception as e:  # a peer unavailable for this shape
                         print(f"{case} {key}: failed: {str(e)[:100]}", flush=True)
