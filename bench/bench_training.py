@@ -60,7 +60,14 @@ VARIANTS = {
     "patched_lib_attn": "patched, library attention",
     "patched_other": "patched, the attention 'auto' did not pick",
     "patched_ot_adamw": "patched + library AdamW",
+    "patched_compile_ot_adamw": "patched + torch.compile + library AdamW",
 }
+
+
+def _compiled(variant):
+    """Whether a variant runs torch.compile (hf_sdpa_compile, patched_compile,
+    patched_compile_ot_adamw)."""
+    return "_compile" in variant
 # config.fused_attention per patched variant: "auto" (the default) unless named here
 FUSED_ATTENTION = {"patched_torch_attn": False, "patched_lib_attn": True}
 # the models' attention calls (label, batch, seq, heads, kv heads, head dim), causal
@@ -83,7 +90,8 @@ def plan(quick):
              dict(c, variant="hf_eager"),
              dict(c, kind="profile", variant="patched")],
             [dict(kind="curve", cfg="tiny", batch=2, seq=64)],
-            [dict(c, variant="hf_sdpa_compile"), dict(c, variant="patched_compile")],
+            [dict(c, variant="hf_sdpa_compile"), dict(c, variant="patched_compile"),
+             dict(c, variant="patched_compile_ot_adamw")],
         ]
     a = dict(cfg="0.54b", batch=4, seq=2048)
     b = dict(cfg="1.5b", batch=4, seq=2048)
@@ -100,8 +108,11 @@ def plan(quick):
          dict(b, variant="patched_ot_adamw"), dict(lc, variant="hf_sdpa"),
          dict(lc, variant="patched"), dict(a, kind="profile", variant="patched")],
         # the compiled pair of a config in one group: one compile mode for both
-        [dict(a, variant="hf_sdpa_compile"), dict(a, variant="patched_compile")],
-        [dict(b, variant="hf_sdpa_compile"), dict(b, variant="patched_compile")],
+        # (+ the library's AdamW: inductor's cache serves its compile)
+        [dict(a, variant="hf_sdpa_compile"), dict(a, variant="patched_compile"),
+         dict(a, variant="patched_compile_ot_adamw")],
+        [dict(b, variant="hf_sdpa_compile"), dict(b, variant="patched_compile"),
+         dict(b, variant="patched_compile_ot_adamw")],
         [dict(a, kind="profile", variant="hf_sdpa"), dict(lc, kind="profile", variant="patched"),
          dict(b, kind="profile", variant="patched")],
         [dict(b, variant="patched_other"), dict(lc, variant="patched_other")],
@@ -152,7 +163,7 @@ def _build(case, device, dtype, seed, compile_mode="model", compile_options=None
         info["lm_loss_impl"] = "library" if ot_patch._library_lce_usable(device) \
             else "chunked"
     fwd = model
-    if variant.endswith("_compile"):
+    if _compiled(variant):
         torch._dynamo.utils.counters.clear()
         if compile_mode == "layers":
             # regional compilation: each decoder layer (one compiled graph serves all
@@ -170,11 +181,11 @@ def _build(case, device, dtype, seed, compile_mode="model", compile_options=None
 
 def _optimizer(model, device, variant=""):
     """torch's fused AdamW (every variant: the comparison is of the model), or for
-    patched_ot_adamw ops_transformer.optim.AdamW (the library's AdamW step, same
+    patched_ot_adamw / patched_compile_ot_adamw ops_transformer.optim.AdamW (the library's AdamW step, same
     hyperparameters and bf16 moments)."""
     import torch
     kw = dict(lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95))
-    if variant == "patched_ot_adamw":
+    if variant.endswith("_ot_adamw"):
         from ops_transformer.optim import AdamW
         return AdamW(model.parameters(), **kw)
     return torch.optim.AdamW(model.parameters(), fused=device.type == "cuda", **kw)
@@ -267,7 +278,7 @@ def run_case(case, args, device, dtype):
         V = cfg["vocab_size"]
         data = [torch.randint(0, V, (case["batch"], case["seq"]), generator=gen).to(device)
                 for _ in range(2)]
-        compiled = variant.endswith("_compile")
+        compiled = _compiled(variant)
         warm = (5 if compiled else 3) if not args.quick else 2
         steps = args.steps if not args.quick else 2
         for i in range(warm):
@@ -278,10 +289,16 @@ def run_case(case, args, device, dtype):
             torch.cuda.reset_peak_memory_stats(device)
         _sync(device)
         t1 = time.perf_counter()
+        issued = []
         for i in range(steps):
             loss = _step(fwd, model, opt, data[i % 2])
+            issued.append(time.perf_counter())
         _sync(device)
         dt = time.perf_counter() - t1
+        # the host's time to issue each timed step (the step's calls return before the
+        # GPU runs them; a step that synchronizes -- HF's packed-sequence check -- waits
+        # in it): with the window's time, whether the host or the GPU sets the pace
+        res["host_issue_ms"] = [round((b - a) * 1e3, 3) for a, b in zip([t1] + issued, issued)]
         tokens = case["batch"] * case["seq"] * steps
         res.update(status="ok", steps=steps, step_ms=dt / steps * 1e3,
                    tokens_per_s=tokens / dt, loss=float(loss))
@@ -304,7 +321,7 @@ def run_case(case, args, device, dtype):
             e1.synchronize()
             ms = e0.elapsed_time(e1) / steps
             res.update(steady_step_ms=ms, steady_tokens_per_s=case["batch"] * case["seq"] / ms * 1e3)
-        if variant.endswith("_compile"):
+        if compiled:
             res["dynamo"] = _dynamo_stats()
         if variant.startswith("patched"):
             from ops_transformer import patch as ot_patch
@@ -612,7 +629,7 @@ def run_profile(case, args, device, dtype):
                                     json.loads(args.compile_options or "{}"))
         opt = _optimizer(model, device)
         x = torch_randint(cfg["vocab_size"], case, device)
-        for _ in range(5 if case["variant"].endswith("_compile") else 3):
+        for _ in range(5 if _compiled(case["variant"]) else 3):
             _step(fwd, model, opt, x)
         _sync(device)
         return _profile(case, args, device, fwd, model, opt, x)
@@ -657,8 +674,10 @@ def _profile(case, args, device, fwd, model, opt, x):
         steps = 2
         with profile(activities=acts) as prof:
             t0 = time.perf_counter()
-            for _ in range(steps):
-                _step(fwd, model, opt, x)
+            for i in range(steps):
+                # (the step's range in the trace: bench/trace_summary.py splits there)
+                with torch.profiler.record_function(f"ot_step{i}"):
+                    _step(fwd, model, opt, x)
             _sync(device)
             wall = time.perf_counter() - t0
         kinds, kernels, ops = {}, [], {}
@@ -780,7 +799,7 @@ def _estimate_s(group, quick, compile_mode="model"):
             s += 4
         else:
             big = c["cfg"] == "1.5b"
-            if c["variant"].endswith("_compile"):
+            if _compiled(c["variant"]):
                 s += (90 if big else 60) if compile_mode == "model" else 20
             else:
                 s += 6 if big else 4
@@ -801,7 +820,7 @@ def build_record(runs, curve, ceiling, args, extra=None):
                                                              "hf_sdpa_compile")
                      if v in vs and vs[v].get("status") == "ok" and "peak_GB" in vs[v]}
         for ours in ("patched", "patched_compile", "patched_torch_attn", "patched_lib_attn",
-                     "patched_ot_adamw"):
+                     "patched_ot_adamw", "patched_compile_ot_adamw"):
             r = vs.get(ours)
             if r is None:
                 continue
