@@ -245,6 +245,68 @@ def _other_variant(case, device, dtype):
     return "patched_torch_attn" if got is not None and got[0] else "patched_lib_attn"
 
 
+class _Clocks:
+    """The GPU's SM clock, power and throttle reasons sampled (NVML, every `every` s, in a
+    thread) while the block runs: whether two variants' windows ran at the same clocks
+    (an H200 at its power limit lowers them, more for a step that keeps it busier).
+    `result` is None where NVML is unavailable (no pynvml, or not CUDA)."""
+
+    # NVML's clocks-event reasons (nvmlClocksEventReason*) worth naming
+    _REASONS = {0x1: "idle", 0x4: "sw power cap", 0x8: "hw slowdown",
+                0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake"}
+
+    def __init__(self, device, every=0.02):
+        self.device, self.every, self.result = device, every, None
+        self._samples, self._reasons, self._stop, self._thread = [], 0, None, None
+
+    def __enter__(self):
+        import threading
+        if self.device.type != "cuda":
+            return self
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            idx = self.device.index if self.device.index is not None else 0
+            self._h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+            self._nvml = pynvml
+            self._sample()
+        except Exception:  # noqa: BLE001  (no NVML: no clocks recorded)
+            return self
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        n = self._nvml
+        self._samples.append((n.nvmlDeviceGetClockInfo(self._h, n.NVML_CLOCK_SM),
+                              n.nvmlDeviceGetPowerUsage(self._h) / 1e3))
+        try:
+            self._reasons |= n.nvmlDeviceGetCurrentClocksThrottleReasons(self._h)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _run(self):
+        while not self._stop.wait(self.every):
+            try:
+                self._sample()
+            except Exception:  # noqa: BLE001
+                return
+
+    def __exit__(self, *exc):
+        if self._thread is None:
+            return False
+        self._stop.set()
+        self._thread.join()
+        clk = [c for c, _ in self._samples]
+        pw = [w for _, w in self._samples]
+        self.result = dict(sm_MHz_mean=round(sum(clk) / len(clk)), sm_MHz_min=min(clk),
+                           sm_MHz_max=max(clk), power_W_mean=round(sum(pw) / len(pw)),
+                           samples=len(clk),
+                           throttle=[v for k, v in self._REASONS.items() if self._reasons & k])
+        return False
+
+
 def _dynamo_stats():
     import torch
     c = torch._dynamo.utils.counters
@@ -288,13 +350,16 @@ def run_case(case, args, device, dtype):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         _sync(device)
-        t1 = time.perf_counter()
-        issued = []
-        for i in range(steps):
-            loss = _step(fwd, model, opt, data[i % 2])
-            issued.append(time.perf_counter())
-        _sync(device)
-        dt = time.perf_counter() - t1
+        with _Clocks(device) as clocks:
+            t1 = time.perf_counter()
+            issued = []
+            for i in range(steps):
+                loss = _step(fwd, model, opt, data[i % 2])
+                issued.append(time.perf_counter())
+            _sync(device)
+            dt = time.perf_counter() - t1
+        if clocks.result:
+            res["clocks"] = clocks.result
         # the host's time to issue each timed step (the step's calls return before the
         # GPU runs them; a step that synchronizes -- HF's packed-sequence check -- waits
         # in it): with the window's time, whether the host or the GPU sets the pace
@@ -1168,7 +1233,10 @@ def main(argv=None):
                       + (f"(steady {r['steady_tokens_per_s']:,.0f}) "
                          if r.get("steady_tokens_per_s") else "")
                       + f"{r.get('peak_GB', 0):.2f} GB "
-                      f"loss {r.get('loss', float('nan')):.4f} {r.get('auto_attention', '')} "
+                      + (f"(SM {r['clocks']['sm_MHz_mean']} MHz, {r['clocks']['power_W_mean']} W"
+                         f"{', ' + '/'.join(r['clocks']['throttle']) if r['clocks']['throttle'] else ''}) "
+                         if r.get("clocks") else "")
+                      + f"loss {r.get('loss', float('nan')):.4f} {r.get('auto_attention', '')} "
                       f"{r.get('dynamo', '')} "
                       f"{r.get('error', '')[:200]}", flush=True)
         if done < len(group):
