@@ -9,7 +9,8 @@ tensors, torch's current stream): the public op, validation included.
       [--json bench/results/decode.json] [--check]
 
 Decode: bf16, heads_q 32, heads_kv 8, head_dim 128, one query token per sequence;
-batch x context 1 x 64k, 16 x 4k, 64 x 1k, 64 x 4k; page sizes 16 and 64; each
+batch x context 1 x 64k, 16 x 4k, 64 x 1k, 64 x 4k, and the engine's batch-1 decode at
+1 x 512, 1 x 2k, 1 x 8k (latency-bound: rows give us per call too); page sizes 16 and 64; each
 sequence's pages a random permutation of the pool. Bytes = K and V read once + q read +
 out written. Ceiling: a read-only reduction (torch.sum of a 4 GiB bf16 tensor, fp32
 accumulation) measured in the same run. Peers: SDPA on a contiguous cache [B, Hkv, S, D]
@@ -42,6 +43,9 @@ i64, vp, cint = C.c_int64, C.c_void_p, C.c_int
 HQ, HKV, D = 32, 8, 128
 DEV = "cuda"
 SHAPES = [(1, 65536), (16, 4096), (64, 1024), (64, 4096)]
+# the engine's decode step (issue 7: Llama-3-8B batch 1 has the same heads / head_dim, one
+# call per layer at context 2048; pages of 16): latency-bound, so its rows also give us
+ENGINE_SHAPES = [(1, 512), (1, 2048), (1, 8192)]
 PAGES = [16, 64]
 # forced split counts timed as variants of a row (TB/s), to check the planner's choice
 SWEEP = {(1, 65536): [16, 64], (16, 4096): [1, 4], (64, 1024): [2]}
@@ -437,7 +441,7 @@ def fixed_cost(shim):
 
 def bench(shim, ceiling):
     rows = []
-    for (b, ctx) in SHAPES:
+    for (b, ctx) in SHAPES + ENGINE_SHAPES:
         # peers on a contiguous cache (same bytes), once per shape
         c0 = make_case(b, ctx, 16, seed=1)
         kc, vc = (t.contiguous() for t in gather(c0, b, ctx, 16))
@@ -551,7 +555,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="ours alone, TB/s at the page-16 shapes")
+    ap.add_argument("--quick", action="store_true", help="ours alone, TB/s and us per call at the page-16 shapes "
+                    "(SHAPES + ENGINE_SHAPES)")
     ap.add_argument("--peers", action="store_true",
                     help="with --quick: also the read ceiling and cuDNN / flash SDPA on the "
                     "contiguous cache, in the same process (else ignored)")
@@ -591,15 +596,17 @@ def main():
         if args.peers:
             print(f"quick {args.shim} read ceiling (torch.sum 4 GiB bf16): {read_ceiling():.3f} TB/s",
                   flush=True)
-        for (b, ctx) in SHAPES:
+        for (b, ctx) in SHAPES + ENGINE_SHAPES:
             c = make_case(b, ctx, 16, seed=3)
             out = torch.empty_like(c["q"])
             call = lambda: shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
                                       c["indices"], c["lpl"], out)
             nbytes = 2 * b * ctx * HKV * D * 2 + 2 * b * HQ * D * 2
-            res = {k: round(nbytes / (run_env(e, lambda: time_ms(call)) * 1e-3) / 1e12, 3)
-                   for k, e in (("default", {}), ("split", {"OT_PAGED_KERNEL": "split"}),
-                                ("stream", {"OT_PAGED_KERNEL": "stream"}))}
+            res, us = {}, {}
+            for k, e in (("default", {}), ("split", {"OT_PAGED_KERNEL": "split"}),
+                         ("stream", {"OT_PAGED_KERNEL": "stream"})):
+                ms = run_env(e, lambda: time_ms(call))
+                res[k], us[k] = round(nbytes / (ms * 1e-3) / 1e12, 3), round(ms * 1e3, 1)
             if args.peers:  # SDPA on the same cache made contiguous, same process
                 kc, vc = (t.contiguous() for t in gather(c, b, ctx, 16))
                 for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION),
@@ -607,11 +614,15 @@ def main():
                     try:  # a backend this build / GPU lacks: as bench()
                         with sdpa_kernel([be]):
                             ms = time_ms(lambda: sdpa_grouped(c["q"], kc, vc))
-                        res[name] = round(nbytes / (ms * 1e-3) / 1e12, 3)
+                        res[name], us[name] = round(nbytes / (ms * 1e-3) / 1e12, 3), round(ms * 1e3, 1)
                     except RuntimeError as e:
                         res[name] = "unavailable (" + str(e).splitlines()[0][:80] + ")"
                 del kc, vc
-            print(f"quick {args.shim} B{b} x ctx {ctx}: {res}", flush=True)
+            pl = ""
+            if hasattr(shim.lib, "shim_paged_last_plan"):
+                call()
+                pl = " [" + plan_str(shim.plan()) + "]"
+            print(f"quick {args.shim} B{b} x ctx {ctx}: {res} us {us}{pl}", flush=True)
             del c, out
         raise SystemExit(0)
     ok = True
