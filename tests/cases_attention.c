@@ -267,6 +267,19 @@ static const acase cuda_sm90_cases[] = {
     {"cuda hopper-only S129 D64 MQA8 B2", 2, 129, 129, 8, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda hopper-only S300 D256 GQA4 causal fwd", 1, 300, 300, 4, 1, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only S1000 D128 window 128/0 fwd", 1, 1000, 1000, 4, 2, 128, 0, 128, 0, 0, 0, 0, {0}, {0}, false, false, false},
+    /* A partial last key tile of every kind (Sk > 2048 at D128: the 176-key tile; D256: 80):
+     * Sk mod tile = 1, 8, 47, 48, 175 (D128), 1, 64 (D256), causal and not, Sq != Sk; bf16 at
+     * the even places (the Hopper forward's kFlNarrow step, OT_ATTN_SM90_NARROW=1 in
+     * experiment builds, takes the bf16 non-causal ones with remainder 1, 47, 48 and 64). */
+    {"cuda hopper-only Sq200 Sk2113 D128 GQA2 (rem 1) fwd", 1, 200, 2113, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only causal Sq200 Sk2120 D128 (rem 8) fwd", 1, 200, 2120, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only Sq300 Sk2159 D128 B2 (rem 47) fwd", 2, 300, 2159, 2, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only causal S2160 D128 (rem 48) fwd", 1, 2160, 2160, 2, 1, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only Sq100 Sk2287 D128 GQA4 (rem 175) fwd", 1, 100, 2287, 4, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only causal S1041 D256 (rem 1) fwd", 1, 1041, 1041, 2, 1, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only Sq150 Sk1041 D256 GQA2 (rem 1) fwd", 1, 150, 1041, 4, 2, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only S2113 D128 (rem 1) fwd", 1, 2113, 2113, 2, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only Sq300 Sk1024 D256 GQA2 (rem 64) fwd", 1, 300, 1024, 4, 2, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
 /* Gradient-mode cases: tiny shapes, float32 storage. */
