@@ -865,7 +865,9 @@ def _estimate_s(group, quick, compile_mode="model"):
         else:
             big = c["cfg"] == "1.5b"
             if _compiled(c["variant"]):
-                s += (90 if big else 60) if compile_mode == "model" else 20
+                # per layer: 98a29de's H200 run took 31 s / 33 s for a group of three
+                # compiled variants (0.54 B with two profiles / 1.5 B), start-up included
+                s += (90 if big else 60) if compile_mode == "model" else (12 if big else 10)
             else:
                 s += 6 if big else 4
     return s
