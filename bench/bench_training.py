@@ -1001,6 +1001,17 @@ def markdown(path):
                 "the same number of steps: the GPU's time per step with the host ahead), "
                 "tokens/s: " + "; ".join(f"{c}: {', '.join(v)}" for c, v in steady.items())
                 + "."]
+    clocks = {}
+    for r in rec.get("runs", []):
+        c = r.get("clocks") if r.get("status") == "ok" else None
+        if c:
+            clocks.setdefault(r["case"], []).append(
+                f"{r['label']} {c['sm_MHz_mean']} MHz"
+                + (f" ({', '.join(c['throttle'])})" if c.get("throttle") else ""))
+    if clocks:
+        out += ["", "SM clock over the timed windows (NVML, mean of 20 ms samples; throttle "
+                "reasons seen in any sample): " + "; ".join(
+                    f"{c}: {', '.join(v)}" for c, v in clocks.items()) + "."]
     att = rec.get("attention") or {}
     if att.get("rows"):
         names = [n for n in ("library", "torch SDPA (its pick)", "torch flash", "torch cuDNN",
