@@ -12,7 +12,9 @@
 #       sanitize    compute-sanitizer on small cases, SAN_LIMIT s each (60). SAN_MIN=1: only
 #                   memcheck and racecheck of "hopper-only causal Sq<Sk 100x1000 D128" and
 #                   racecheck of "hopper-only S129"; SAN_MIN=2: only the racecheck of the
-#                   former; SAN_MIN=3: its racecheck and synccheck
+#                   former; SAN_MIN=3: its racecheck and synccheck; SAN_MIN=4: its memcheck,
+#                   racecheck and synccheck and memcheck + racecheck of "hopper-only S129"
+#                   (split units), all five at once (SAN_LIMIT each)
 #       ab          bench/ab_attention_bwd.py in one process over the shims of $PRE/NAME.tar.xz
 #                   for NAME in ALTS (default base) and this build ("new"), AB_ARGS (e.g.
 #                   --cases D128S4096 --rounds 6), AB_LIMIT s (120)
@@ -111,13 +113,25 @@ if has sanitize; then
   : >"$SAN"
   san() { # tool filter [args]; the summary is this run's (none printed: cut by the limit)
     local one="$OUT/sanitize_one.log" rc
+    [ -n "${SAN_TAG:-}" ] && one="/tmp/ot_san_$SAN_TAG.log"   # side by side: appended later
     timeout ${SAN_LIMIT:-60} compute-sanitizer --tool "$1" --print-limit 10 "${@:3}" $A --filter "$2" >"$one" 2>&1
     rc=$?
-    { echo "== $1 / $2"; cat "$one"; } >>"$SAN"
+    [ -n "${SAN_TAG:-}" ] && sed -i "1i == $1 / $2" "$one" || { echo "== $1 / $2"; cat "$one"; } >>"$SAN"
     echo "   $1 '$2' rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$one" | tail -1)"
   }
   stamp "compute-sanitizer"
-  if [ "${SAN_MIN:-0}" = 2 ]; then   # the one refilled-stage D128 case, racecheck only
+  if [ "${SAN_MIN:-0}" = 4 ]; then   # five runs side by side (CPU-bound), then their logs in order
+    C="hopper-only causal Sq<Sk 100x1000 D128"
+    spids=()
+    SAN_TAG=1 san memcheck "$C" >/tmp/ot_san_1.sum & spids+=($!)
+    SAN_TAG=2 san racecheck "$C" --racecheck-report all >/tmp/ot_san_2.sum & spids+=($!)
+    SAN_TAG=3 san synccheck "$C" >/tmp/ot_san_3.sum & spids+=($!)
+    SAN_TAG=4 san memcheck "hopper-only S129" >/tmp/ot_san_4.sum & spids+=($!)
+    SAN_TAG=5 san racecheck "hopper-only S129" --racecheck-report all >/tmp/ot_san_5.sum & spids+=($!)
+    wait "${spids[@]}"
+    cat /tmp/ot_san_[1-5].sum
+    cat /tmp/ot_san_[1-5].log >>"$SAN"
+  elif [ "${SAN_MIN:-0}" = 2 ]; then   # the one refilled-stage D128 case, racecheck only
     san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all
   elif [ "${SAN_MIN:-0}" = 3 ]; then   # the same case, racecheck and synccheck
     san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all

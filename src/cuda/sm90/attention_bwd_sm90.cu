@@ -7,13 +7,16 @@
  *  - prep kernel: Dsum = rowsum(dO * O) and lse2 = lse * log2(e) (+inf for rows with no
  *    visible key and for the padding rows up to a multiple of 64), fp32, [B][Hq][Sq_pad];
  *    the fp32 dQ accumulator [B][Hq][Sq_pad][D] is zeroed (all in context scratch);
- *  - main kernel: one CTA per (block of 128 keys, kv head, batch), 3 warpgroups:
+ *  - main kernel: one CTA per (block of 128 keys, kv head, batch) -- a unit; the units of a
+ *    non-causal call's last partial wave are split along the query walk (bwd_order) --,
+ *    3 warpgroups:
  *    WG0 = producer (one thread: K and V of the block once, then Q, dO tiles of 64 queries
  *    by TMA and their lse2 / Dsum by bulk copies into a 2-stage ring on mbarriers; a second
  *    thread, the dQ writer, see below; the WG gives registers back with setmaxnreg.dec 24),
  *    WG1 / WG2 = consumers of 64 keys each
  *    (setmaxnreg.inc 240) holding dK and dV in fp32 registers across every query tile of
- *    every query head of the GQA group (the group sum is in registers: deterministic);
+ *    every query head of the GQA group (the group sum is in registers: deterministic,
+ *    except in split units, whose parts add their fp32 sums with atomics);
  *    per query tile:
  *        S^T = K Q^T, dP^T = V dO^T               (wgmma SS, both K-major)
  *        P^T = exp2(S^T scale log2e - lse2),  dS^T = P^T (dP^T - Dsum)
@@ -84,7 +87,7 @@ template <int D> struct bwd_smem {
  * buffer u the dQ staging's full (BAR_DQF + 2 c + u) and empty (BAR_DQE + 2 c + u). */
 enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages, BAR_DQF = 1 + 2 * kStages,
        BAR_DQE = BAR_DQF + 4, BAR_COUNT = BAR_DQE + 4 };
-static_assert(BAR_COUNT * 8 <= 128, "barrier area");
+static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
 
 struct bwd_params {
   void *dk, *dv;
@@ -93,6 +96,15 @@ struct bwd_params {
   float *dq_acc;                                    /* [B][Hq][sq_pad][D] */
   int sq, sk, sq_pad, hq, group, causal;
   float scale, scale_log2;
+  /* Work order (bwd_order): units (key block, kv head, batch), hb = kvh + hkv b. The first
+   * nhb - tail_heads heads' units come head by head (key blocks fastest), the last
+   * tail_heads heads' key block by key block (causal: the heaviest first). Units from
+   * n_full on are split into nsplit CTAs each (parts of the query walk), whose dK / dV
+   * partials are added into split_acc [unit - n_full][dk | dv][kBk D] and counted in
+   * split_cnt; the last part of a unit stores dK / dV. */
+  int nkb, hkv, nhb, tail_heads, n_full, nsplit;
+  float *split_acc;
+  int *split_cnt;
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -152,8 +164,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t s_bar = s_base + L::bar_off;
   auto bar = [&](int i) { return s_bar + 8u * (uint32_t)i; };
 
-  const int kvh = blockIdx.y, b = blockIdx.z;
-  const int kb = blockIdx.x * kBk;
+  /* The unit of this CTA and, for a split unit, its part (see bwd_params). */
+  int unit = (int)blockIdx.x, part = 0;
+  const bool split = unit >= p.n_full;
+  if (split) {
+    part = (unit - p.n_full) % p.nsplit;
+    unit = p.n_full + (unit - p.n_full) / p.nsplit;
+  }
+  int hb, kbi;
+  const int n_head_major = (p.nhb - p.tail_heads) * p.nkb;
+  if (unit < n_head_major) {
+    hb = unit / p.nkb;
+    kbi = unit % p.nkb;
+  } else {
+    kbi = (unit - n_head_major) / p.tail_heads;
+    hb = p.nhb - p.tail_heads + (unit - n_head_major) % p.tail_heads;
+  }
+  const int kvh = hb % p.hkv, b = hb / p.hkv;
+  const int kb = kbi * kBk;
   const int off = p.sk - p.sq;        /* bottom-right alignment of the causal mask */
   const int m_hi = p.sq_pad / kBq;
   int m_lo = 0;
@@ -163,9 +191,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   const int nm = m_hi - m_lo;
   const int n_it = nm * p.group;      /* query tiles x query heads of the group */
+  /* This CTA's part of the walk: [it0, it0 + n_loc) (all of it unless split). */
+  const int it0 = split ? (int)((int64_t)part * n_it / p.nsplit) : 0;
+  const int n_loc = split ? (int)((int64_t)(part + 1) * n_it / p.nsplit) - it0 : n_it;
   /* The key blocks of a head start their query-tile walk at different tiles, so that the
    * CTAs running together add into different rows of the dQ accumulator. */
-  const int rot = nm > 0 ? (int)(blockIdx.x % (unsigned)nm) : 0;
+  const int rot = nm > 0 ? kbi % nm : 0;
   auto tile_of = [&](int it) {
     const int r = it % nm + rot;
     return m_lo + (r >= nm ? r - nm : r);
@@ -190,15 +221,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     /* ---------------- producer ---------------- */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (n_it == 0 || (tid != 0 && tid != 32)) return;
+    if (n_loc == 0 || (tid != 0 && tid != 32)) return;
     if (tid == 32) {
       /* ---- dQ writer: consumer c's partial of query tile it, buffer it & 1, into the
        * accumulator's tile [b][h][m][D / 64] in fragment order (see bwd_dq_kernel) ---- */
-      for (int it = 0; it < n_it; it++) {
-        const int h = kvh * p.group + it / nm, m = tile_of(it), u = it & 1;
+      for (int t = 0; t < n_loc; t++) {
+        const int it = it0 + t;
+        const int h = kvh * p.group + it / nm, m = tile_of(it), u = t & 1;
 #pragma unroll
         for (int c = 0; c < 2; c++) {
-          mbar_wait(bar(BAR_DQF + 2 * c + u), (it >> 1) & 1);
+          mbar_wait(bar(BAR_DQF + 2 * c + u), (t >> 1) & 1);
           const int64_t tile =
               (((int64_t)b * p.hq + h) * m_hi + m) * (D / 64) + (D == 128 ? c : 0);
           bulk_reduce_add(p.dq_acc + tile * kDqTile,
@@ -213,9 +245,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_expect_tx(bar(BAR_KV), 2u * L::kv_bytes);
     tma_load_5d(s_base + L::k_off, &tm_k, bar(BAR_KV), 0, kb, 0, kvh, b);
     tma_load_5d(s_base + L::v_off, &tm_v, bar(BAR_KV), 0, kb, 0, kvh, b);
-    for (int it = 0; it < n_it; it++) {
-      const int s = it % kStages;
-      mbar_wait(bar(BAR_EMPTY + s), ((it / kStages) & 1) ^ 1);
+    for (int t = 0; t < n_loc; t++) {
+      const int it = it0 + t, s = t % kStages;
+      mbar_wait(bar(BAR_EMPTY + s), ((t / kStages) & 1) ^ 1);
       const int h = kvh * p.group + it / nm, m = tile_of(it);
       mbar_expect_tx(bar(BAR_FULL + s), 2u * L::q_bytes + 2u * kBq * 4);
       tma_load_5d(s_base + L::q_off + s * L::q_bytes, &tm_q, bar(BAR_FULL + s), 0, m * kBq, 0, h,
@@ -240,18 +272,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
 
-  if (n_it > 0) mbar_wait(bar(BAR_KV), 0);
+  if (n_loc > 0) mbar_wait(bar(BAR_KV), 0);
   const uint32_t k_base = s_base + L::k_off, v_base = s_base + L::v_off;
   /* This WG's 64 rows of K / V as the K-major A operand of S^T / dP^T. */
   const uint64_t ka_desc = make_desc(k_base + c * 64 * 128, 16, 1024);
   const uint64_t va_desc = make_desc(v_base + c * 64 * 128, 16, 1024);
 
-  for (int it = 0; it < n_it; it++) {
-    const int s = it % kStages;
-    const int i0 = tile_of(it) * kBq;   /* the query head (it / nm) matters only to the loads */
+  for (int t = 0; t < n_loc; t++) {
+    const int s = t % kStages;
+    const int i0 = tile_of(it0 + t) * kBq;   /* the query head (it / nm) matters only to the loads */
     const uint32_t q_base = s_base + L::q_off + s * L::q_bytes;
     const uint32_t do_base = s_base + L::do_off + s * L::q_bytes;
-    mbar_wait(bar(BAR_FULL + s), (it / kStages) & 1);
+    mbar_wait(bar(BAR_FULL + s), (t / kStages) & 1);
 
     /* S^T = K Q^T and dP^T = V dO^T: [64 keys x 64 queries], K-major operands. */
     float st[32], dpt[32];
@@ -308,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* dS^T into buffer it & 1: [128 keys][64 queries], 128 B rows, 128B swizzle (16-byte
      * chunk j of row r at chunk j ^ (r & 7)). pds[2 j + hh]: key row 8 hh, queries 8 j + 2 q4. */
     {
-      uint8_t *dsb = smem + L::ds_off + (it & 1) * L::ds_bytes;
+      uint8_t *dsb = smem + L::ds_off + (t & 1) * L::ds_bytes;
 #pragma unroll
       for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -340,10 +372,10 @@ __global__ void __launch_bounds__(kThreads, 1)
      * the WG's 64 columns over all 128 keys, or (OWN) all columns over its 64 keys. */
     /* The dQ staging buffer of this tile is free once the writer has read its previous
      * contents (waited for here, before dq is live: fewer registers across the wait). */
-    mbar_wait(bar(BAR_DQE + 2 * c + (it & 1)), ((it >> 1) & 1) ^ 1);
+    mbar_wait(bar(BAR_DQE + 2 * c + (t & 1)), ((t >> 1) & 1) ^ 1);
     float dq[NQ / 2];
     {
-      const uint32_t ds_base = s_base + L::ds_off + (it & 1) * L::ds_bytes;
+      const uint32_t ds_base = s_base + L::ds_off + (t & 1) * L::ds_bytes;
       constexpr int NK = OWN ? 64 / 16 : kBk / 16;
       const int k16_0 = OWN ? c * 4 : 0;
       const uint32_t kcol = OWN ? 0 : c * (kBk * 128);
@@ -372,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1)
      * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy
      * writes visible to the bulk reduce-add (async proxy). */
     {
-      const int u = 2 * c + (it & 1);
+      const int u = 2 * c + (t & 1);
       float4 *stg = (float4 *)(smem + L::dqs_off + u * kDqTile * 4);
 #pragma unroll
       for (int j = 0; j < 8; j++)
@@ -383,6 +415,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   /* ---------------- epilogue: dK = scale dS^T Q, dV ---------------- */
+  if (split) {
+    /* Add this part's dK / dV into the unit's fp32 sums ([dk | dv][c][NA / 4][128] float4,
+     * coalesced), count the part; the last part to arrive reads the sums back and stores. */
+    float4 *acc = (float4 *)(p.split_acc + (int64_t)(unit - p.n_full) * (2 * kBk * D));
+    float4 *ak = acc + c * (NA / 4) * 128 + t128, *av = ak + kBk * D / 4;
+#pragma unroll
+    for (int j = 0; j < NA / 4; j++) {
+      atomicAdd(ak + j * 128, make_float4(dk[4 * j], dk[4 * j + 1], dk[4 * j + 2], dk[4 * j + 3]));
+      atomicAdd(av + j * 128, make_float4(dv[4 * j], dv[4 * j + 1], dv[4 * j + 2], dv[4 * j + 3]));
+    }
+    __threadfence();
+    named_sync(kDsBar, 256);
+    volatile int *last = (volatile int *)(smem + L::bar_off + 120);
+    if (t128 == 0 && c == 0)
+      *last = atomicAdd(p.split_cnt + (unit - p.n_full), 1) == p.nsplit - 1;
+    named_sync(kDsBar, 256);
+    if (!*last) return;
+    __threadfence();
+#pragma unroll
+    for (int j = 0; j < NA / 4; j++) {
+      const float4 x = __ldcg(ak + j * 128), y = __ldcg(av + j * 128);
+      dk[4 * j] = x.x, dk[4 * j + 1] = x.y, dk[4 * j + 2] = x.z, dk[4 * j + 3] = x.w;
+      dv[4 * j] = y.x, dv[4 * j + 1] = y.y, dv[4 * j + 2] = y.z, dv[4 * j + 3] = y.w;
+    }
+  }
   T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + 2 * q4;
   T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs + 2 * q4;
 #pragma unroll
@@ -527,6 +584,34 @@ __global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int 
   }
 }
 
+/* The CTAs' work order (bwd_params). Every unit of a non-causal call has the same walk, so
+ * the grid ends in a partial wave (4096 units on 132 SMs: 31.03 waves, 3% of the time with
+ * 4 SMs busy): the units of that last wave (r = N mod SMs of them, when r <= SMs / 2) are
+ * split into nsplit parts of at least 4 query tiles each. Causal units get lighter with the
+ * key block; head by head (key blocks fastest, the heaviest first) keeps a few heads' Q /
+ * dO and dQ rows in L2, but the last heads' heavy units then start late: the last
+ * tail_heads heads (about two waves of units, as many as their Q, dO and dQ accumulator
+ * rows fit in L2) go key block by key block. */
+static void bwd_order(bwd_params *p, int sms, size_t l2_bytes, int d) {
+  const int n = p->nkb * p->nhb;
+  p->tail_heads = 0;
+  p->n_full = n;
+  p->nsplit = 1;
+  if (p->causal) {
+    const double head_bytes = (double)p->sq_pad * d * 8 * p->group; /* Q, dO 2 + 2, dQ 4 */
+    const double fit = (double)l2_bytes / head_bytes;
+    int t = (2 * sms + p->nkb - 1) / p->nkb;
+    if (t > fit) t = fit < 1 ? 1 : (int)fit;
+    p->tail_heads = t < p->nhb ? t : p->nhb;
+    return;
+  }
+  const int n_it = p->sq_pad / kBq * p->group, r = n % sms;
+  if (r == 0 || 2 * r > sms || n_it < 8) return;
+  const int ps = sms / r, pt = n_it / 4;
+  p->nsplit = ps < pt ? ps : pt;
+  p->n_full = n - r;
+}
+
 /* Rows of 16-byte vectors: the data 16-byte aligned, every stride a multiple of 8 elements. */
 static bool vec16_ok(const ot_attn_operand *x) {
   return ((uintptr_t)x->data & 15) == 0 && !(x->tok_stride & 7) && !(x->head_stride & 7) &&
@@ -535,7 +620,7 @@ static bool vec16_ok(const ot_attn_operand *x) {
 
 template <typename T, int D>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
-                        const bwd_params &p, int64_t rows) {
+                        const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid) {
   static const char *op = "ot_attention_backward";
   using L = bwd_smem<D>;
   cudaStream_t stream = (cudaStream_t)ctx->stream;
@@ -543,7 +628,8 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   auto kern = attn_bwd_sm90_kernel<T, D>;
   OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          L::bytes));
-  OT_CUDA_CHECK(op, cudaMemsetAsync(p.dq_acc, 0, (size_t)rows * D * sizeof(float), stream));
+  /* The dQ accumulator, the split sums and their counters (contiguous) */
+  OT_CUDA_CHECK(op, cudaMemsetAsync(p.dq_acc, 0, zero_bytes, stream));
   if (vec16_ok(&a->out) && vec16_ok(&a->dout)) {
     const int64_t threads = rows * (D / 8); /* rows: a multiple of 64, so of 256 / (D / 8) */
     bwd_prep_vec_kernel<T, D><<<(unsigned)(threads / 256), 256, 0, stream>>>(
@@ -553,7 +639,6 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
         a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, D, rows);
   }
   OT_CUDA_CHECK_LAUNCH(op);
-  dim3 grid((unsigned)((p.sk + kBk - 1) / kBk), (unsigned)a->hkv, (unsigned)a->batch);
   kern<<<grid, kThreads, L::bytes, stream>>>(maps[0], maps[1], maps[2], maps[3], p);
   OT_CUDA_CHECK_LAUNCH(op);
   const int64_t tiles = rows / 64 * (D / 64);
@@ -601,19 +686,39 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   if (!words_ok(&a->dq) || !words_ok(&a->dk) || !words_ok(&a->dv)) return OT_OK;
   const int64_t sq_pad = (a->sq + kBq - 1) / kBq * kBq;
   const int64_t rows = a->batch * a->hq * sq_pad;
+  const int64_t nkb = (a->sk + kBk - 1) / kBk;
+  if (nkb * a->hkv * a->batch > (1 << 30)) return OT_OK; /* the 1-D grid's units (int) */
   CUtensorMap maps[4];
   if (!encode_map(&maps[0], &a->q, a->dtype, a->batch, a->sq, a->hq, a->d, kBq) ||
       !encode_map(&maps[1], &a->k, a->dtype, a->batch, a->sk, a->hkv, a->d, kBk) ||
       !encode_map(&maps[2], &a->v, a->dtype, a->batch, a->sk, a->hkv, a->d, kBk) ||
       !encode_map(&maps[3], &a->dout, a->dtype, a->batch, a->sq, a->hq, a->d, kBq))
     return OT_OK;
-  /* Scratch: dQ accumulator, then lse2 and Dsum (each a multiple of 256 bytes). Where it
-   * cannot be had, the portable backward runs: it needs 4 bytes a query row and head
-   * against 4 (D + 2) here (OT_ATTN_IMPL=sm90 asks for this kernel: the OOM stands). */
+  bwd_params p;
+  memset(&p, 0, sizeof p);
+  p.sq = (int)a->sq;
+  p.sk = (int)a->sk;
+  p.sq_pad = (int)sq_pad;
+  p.hq = (int)a->hq;
+  p.group = (int)(a->hq / a->hkv);
+  p.causal = a->window_right == 0;
+  p.nkb = (int)nkb;
+  p.hkv = (int)a->hkv;
+  p.nhb = (int)(a->hkv * a->batch);
+  bwd_order(&p, ot_cuda_state_of(ctx)->sm_count, ot_cuda_state_of(ctx)->l2_bytes, (int)a->d);
+  const int n_units = p.nkb * p.nhb, n_split = n_units - p.n_full;
+  const unsigned grid = (unsigned)(p.n_full + n_split * p.nsplit);
+  /* Scratch: the dQ accumulator, the split units' dK / dV sums and counters (zeroed with
+   * it), then lse2 and Dsum (each a multiple of 256 bytes). Where it cannot be had, the
+   * portable backward runs: it needs 4 bytes a query row and head against 4 (D + 2) here
+   * (OT_ATTN_IMPL=sm90 asks for this kernel: the OOM stands). */
   const size_t acc_bytes = (size_t)rows * a->d * sizeof(float);
+  const size_t split_bytes = (size_t)n_split * 2 * kBk * a->d * sizeof(float);
+  const size_t cnt_bytes = ((size_t)n_split * sizeof(int) + 255) / 256 * 256;
+  const size_t zero_bytes = acc_bytes + split_bytes + cnt_bytes;
   const size_t vec_bytes = (size_t)rows * sizeof(float);
   void *wsp = NULL;
-  const ot_status sst = ot_cuda_scratch_try(ctx, acc_bytes + 2 * vec_bytes, op, &wsp);
+  const ot_status sst = ot_cuda_scratch_try(ctx, zero_bytes + 2 * vec_bytes, op, &wsp);
   if (sst != OT_OK) {   /* a failure other than the memory not being there: recorded */
     *handled = true;
     return sst;
@@ -621,13 +726,11 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   if (!wsp) {           /* not there: the try recorded nothing */
     if (ot_cuda_attention_impl() != OT_ATTN_IMPL_SM90) return OT_OK; /* declined */
     *handled = true;    /* asked for this kernel: the reporting allocation's OOM stands */
-    wsp = ot_cuda_scratch(ctx, acc_bytes + 2 * vec_bytes, op);
+    wsp = ot_cuda_scratch(ctx, zero_bytes + 2 * vec_bytes, op);
     if (!wsp) return OT_ERR_OOM;
   }
   uint8_t *ws = (uint8_t *)wsp;
   *handled = true;
-  bwd_params p;
-  memset(&p, 0, sizeof p);
   p.dk = a->dk.data;
   p.dk_bs = a->dk.batch_stride;
   p.dk_ts = a->dk.tok_stride;
@@ -637,22 +740,18 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   p.dv_ts = a->dv.tok_stride;
   p.dv_hs = a->dv.head_stride;
   p.dq_acc = (float *)ws;
-  p.lse2 = (const float *)(ws + acc_bytes);
-  p.dsum = (const float *)(ws + acc_bytes + vec_bytes);
-  p.sq = (int)a->sq;
-  p.sk = (int)a->sk;
-  p.sq_pad = (int)sq_pad;
-  p.hq = (int)a->hq;
-  p.group = (int)(a->hq / a->hkv);
-  p.causal = a->window_right == 0;
+  p.split_acc = (float *)(ws + acc_bytes);
+  p.split_cnt = (int *)(ws + acc_bytes + split_bytes);
+  p.lse2 = (const float *)(ws + zero_bytes);
+  p.dsum = (const float *)(ws + zero_bytes + vec_bytes);
   /* dQ partials by bulk reduce-adds from a dedicated writer thread (docs/ATTENTION.md has
    * the measured alternatives: float2 atomics from the consumers, the consumers issuing
    * the bulk reduce-add themselves (00d0a38), D = 128 dQ over each consumer's own keys). */
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
   if (a->d == 64)
-    return a->dtype == OT_BF16 ? launch<__nv_bfloat16, 64>(ctx, a, maps, p, rows)
-                               : launch<__half, 64>(ctx, a, maps, p, rows);
-  return a->dtype == OT_BF16 ? launch<__nv_bfloat16, 128>(ctx, a, maps, p, rows)
-                             : launch<__half, 128>(ctx, a, maps, p, rows);
+    return a->dtype == OT_BF16 ? launch<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid)
+                               : launch<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid);
+  return a->dtype == OT_BF16 ? launch<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid)
+                             : launch<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid);
 }
