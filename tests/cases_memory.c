@@ -1016,6 +1016,10 @@ static const pcase paged_cuda_long[] = {
     {"cuda decode B1 ctx 33000 GQA8 D128 bs256 spec 2", 1, {33000}, {2}, 8, 1, 128, 256, 1, -1, -1, 0, 0},
     {"cuda decode B3 ctx 5000 GQA4 D128 bs1", 3, {5000, 31, 2500}, {1, 1, 1}, 16, 4, 128, 1, 1, -1, -1, 0, 0},
     {"cuda decode B2 ctx 9000 GQA1 D128 bs7 window 3000", 2, {9000, 4099}, {1, 3}, 4, 4, 128, 7, 1, 3000, -1, 0, 0},
+    /* batch 1, the engine's decode (splits of 64 keys; page ids loaded with the tables),
+     * and with a left window (splits that start past the guessed key load them again) */
+    {"cuda decode B1 ctx 2049 Hq32 Hkv8 D128 bs16 (engine)", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda decode B1 ctx 3000 GQA4 D128 bs16 window 1000", 1, {3000}, {1}, 16, 4, 128, 16, 1, 1000, -1, 0, 0},
 };
 
 /* CUDA stream kernel (OT_PAGED_KERNEL=stream, head_dim 128): a ragged batch of b
@@ -1646,7 +1650,7 @@ static void run_memory_cuda(test_run *tr) {
   paged_case(tr, &paged_cuda_cases[5], DT_F16);  /* page size 3 */
   paged_case(tr, &paged_cuda_long[4], DT_F16);   /* page size 7, window, 2 tokens */
   /* more splits than the merge kernel's 4 warps x 32 take in one round (empty splits at
-   * the end: chunks are >= 256 keys), D 128 pages of 16 and D 64 pages of 1 */
+   * the end: chunks are >= 64 keys, multiples of 64), D 128 pages of 16 and D 64 pages of 1 */
   setenv("OT_PAGED_SPLITS", "300", 1);
   paged_case(tr, &paged_cuda_long[0], DT_BF16);
   setenv("OT_PAGED_SPLITS", "150", 1);
@@ -1658,8 +1662,10 @@ static void run_memory_cuda(test_run *tr) {
   paged_case(tr, &paged_cuda_cases[6], DT_F16);
   paged_case(tr, &paged_cuda_long[4], DT_BF16);
   env_restore(&nopdl);
-  /* back to back: the split kernel's 32-split merge, then the stream kernel's cut units */
+  /* back to back: the split kernel's 32-split merge (64k, then the engine's 2k: 32 splits
+   * of 64 keys), then the stream kernel's cut units */
   paged_pair_case(tr, &paged_cuda_long[0], DT_BF16);
+  paged_pair_case(tr, &paged_cuda_long[5], DT_BF16);
   env_saved kern4 = env_set("OT_PAGED_KERNEL", "stream");
   env_saved grid4 = env_set("OT_PAGED_STREAM_CTAS", "2");
   paged_pair_case(tr, &paged_cuda_cases[0], DT_BF16);

@@ -55,17 +55,20 @@
  *   - Splits: chosen on the host from the estimated tiles (batch, T_q, group), heads_kv,
  *     the context estimated from the size of kv.indices, and SMs x CTAs per SM (occupancy
  *     queried once): the fewest splits within 2% of the best wave-quantized time
- *     (waves x keys per chunk, chunks >= 256 keys and a multiple of 64, launching only the
- *     splits that chunk leaves non-empty). Batch 1 x 64k with 8 kv heads gets 32 splits of
- *     2048 keys on 132 SMs x 2 CTAs.
+ *     (waves x keys per chunk, chunks a multiple of 64, >= 64 keys in a launch of one wave
+ *     and >= 256 in more, launching only the splits that chunk leaves non-empty). Batch 1 x
+ *     64k with 8 kv heads gets 32 splits of 2048 keys on 132 SMs x 2 CTAs, 1 x 2k 32 of 64.
+ *     The grid's tile slots are at most batch + ceil(T_q group / 16) and T_q ceil(group /
+ *     16): none past the tiles of a decode. At batch 1 a CTA loads its first page ids with
+ *     the tables (a guessed first key, checked; see pa_mma_kernel).
  *   - Ring depth: 3 stages at D 128 (2 CTAs per SM), 5 at D 64. A 7-stage ring at D 128
  *     (224 KB, 1 CTA per SM: 192 KB in flight per SM instead of 128) measured slower at
  *     every shape (docs/PERFORMANCE.md) and was removed.
  * Stream kernel (head_dim 128, no left window): a persistent wave of warps, each taking an
  * even share of all 16-key steps and streaming them through the same per-warp ring across
  * unit boundaries; cut units merged by a second (PDL) kernel; its K / V copies carry an L2
- * evict-first policy (pa_cp16). The default for short contexts (<= 1024 keys, <= 8 pieces
- * per unit), see ps_auto and the comment at the kernel.
+ * evict-first policy (pa_cp16). The default at batch > 1 for short contexts (<= 1024 keys,
+ * <= 8 pieces per unit), see ps_auto and the comment at the kernel.
  * Masks (causal bottom-right, windows), softcap and empty rows as ot_attention_forward.
  *
  * Fallback kernel (float32, other head dims, misaligned q): one warp per (token, q head),
@@ -94,7 +97,8 @@ namespace ot {
 constexpr int kPaWarps = 4;
 constexpr int kPaThreads = 32 * kPaWarps;
 constexpr int kPaStep = 16;       /* keys per warp step */
-constexpr int kPaMinChunk = 256;  /* fewest keys of a split */
+constexpr int kPaMinChunk = 64;   /* fewest keys of a split: one step per warp */
+constexpr int kPaWaveChunk = 256; /* fewest keys of a split when the launch has several waves */
 constexpr int kPaPidAhead = 4;    /* steps between a page-id load and its use */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -122,6 +126,10 @@ struct pa_params {
   float scale, softcap;
   int64_t wl, wr;
   int splits;
+  /* batch 1: the chunk of `splits` at num_indices x block_size keys (the length of a
+   * sequence that fills kv.indices: the kernel's chunk when the table is not
+   * over-provisioned), which the kernel's page-id speculation assumes; 0 otherwise */
+  int64_t chunk1;
   float *part_o;      /* [splits][tq * hq][d] */
   float *part_lse;    /* [splits][tq * hq] */
   /* stream kernel: per warp w, pieces (w, slot 0 / 1) of 16 rows: normalized O, lse; and
@@ -135,8 +143,10 @@ struct pa_params {
 /* ---- OT_PA_TRACE (a diagnostic build, -DOT_PA_TRACE): per CTA %globaltimer stamps of the
  * main kernels (kernel 0) and the merge kernels (kernel 1), thread 0 (warp 0), CTAs < 4096:
  * 0 entry, 1 after the PDL wait, 2 tables read (before the first page-id loads), 3 first
- * stage landed, 4 key loop done, 5 end, 6 SM id, 7 steps of warp 0. Read back with
- * ot_cuda_paged_trace (bench_decode.py --trace). Other builds: no code. */
+ * stage landed, 4 key loop done, 5 end, 6 SM id, 7 steps of warp 0 (with -DOT_PA_TRACE_EPI
+ * as well, the split kernel's 6 and 7 are absolute times: after its launch_dependents and
+ * after its epilogue's first __syncthreads). Read back with ot_cuda_paged_trace
+ * (bench_decode.py --trace). Other builds: no code. */
 #ifdef OT_PA_TRACE
 constexpr int kPaTrCtas = 4096;
 __device__ unsigned long long pa_tr_buf[2][kPaTrCtas][8];
@@ -479,6 +489,29 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   ot_pdl_wait();
   PA_TR(0, 1, pa_gtime());
 
+  /* Batch 1 (chunk1 > 0, no OT_DEBUG): guess this split's first key, split * chunk1 (the
+   * chunk when the sequence fills kv.indices), and the sequence's first page entry
+   * (indptr[0] = 0, the CSR table's rule), and load the page ids of the first S - 1 + A
+   * steps from there in the same round as the table entries, instead of one dependent
+   * round after them (entries past kv.indices read as 0; ids of keys past the split are
+   * never used). Taken below when the tables agree (first entry 0, the split starting at
+   * the guessed key: the same table, not over-provisioned, no left window), else the ids
+   * are loaded again. The ids depend only on the split's first key. */
+  constexpr int A = kPaPidAhead;
+  int pq[S - 1 + A];
+  const bool spec = p.chunk1 > 0 && !p.err && p.bs_shift >= 0; /* pages of 2^k keys */
+  const int64_t spec_k0 = (int64_t)split * p.chunk1;
+  if (spec) {
+    const int64_t sp = spec_k0 >> p.bs_shift;
+    const int rel0 = (int)(spec_k0 - (sp << p.bs_shift));
+#pragma unroll
+    for (int s = 0; s < S - 1 + A; s++) {
+      const int key = rel0 + (s * kPaWarps + warp) * kPaStep + (lane & 15);
+      const int64_t e = sp + (key >> p.bs_shift);
+      pq[s] = e < p.num_indices ? __ldg(p.indices + e) : 0;
+    }
+  }
+
   pa_seq sq;
   if (!pa_find_tile(p, slot_x, &sq)) return;
   const int64_t b = sq.b, tile = sq.tile;
@@ -562,11 +595,11 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   };
 
   /* start the ring: page ids of steps 0 .. S-2+A (independent loads; A = kPaPidAhead),
-   * copies of steps 0 .. S-2 */
-  constexpr int A = kPaPidAhead;
-  int pq[S - 1 + A];
+   * unless loaded above with the tables, copies of steps 0 .. S-2 */
+  if (!(spec && sq.ip0 == 0 && k_lo == spec_k0)) {
 #pragma unroll
-  for (int s = 0; s < S - 1 + A; s++) pq[s] = load_pid(s);
+    for (int s = 0; s < S - 1 + A; s++) pq[s] = load_pid(s);
+  }
   PA_TR(0, 2, pa_gtime());
 
   uint32_t qa[KS][4];
@@ -609,9 +642,14 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   }
   attn::cp_async_wait<0>(); /* (only empty groups can be left) */
   PA_TR(0, 4, pa_gtime());
+#ifndef OT_PA_TRACE_EPI
   PA_TR(0, 7, (unsigned long long)nst);
+#endif
   /* the merge kernel (a programmatic dependent when splits > 1) may start launching */
   ot_pdl_launch_dependents();
+#ifdef OT_PA_TRACE_EPI
+  PA_TR(0, 6, pa_gtime());
+#endif
 
   /* merge the warps: row sums over the quad, then (m, l, O) through shared memory */
 #pragma unroll
@@ -619,6 +657,9 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     l_run[rr] = quad_sum(l_run[rr]);
   }
   __syncthreads(); /* every warp is done with its ring: the space becomes s_o */
+#ifdef OT_PA_TRACE_EPI
+  PA_TR(0, 7, pa_gtime());
+#endif
   float *s_o = reinterpret_cast<float *>(pa_smem); /* [warps][16][D] */
   if (tq4 == 0) {
     s_m[warp][g] = m_run[0], s_m[warp][g + 8] = m_run[1];
@@ -663,7 +704,9 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     }
   }
   PA_TR(0, 5, pa_gtime());
+#ifndef OT_PA_TRACE_EPI
   PA_TR(0, 6, (unsigned long long)pa_smid());
+#endif
 }
 
 /* ---- merge of the splits: one CTA per (token, q head) row -------------------------------- *
@@ -1247,23 +1290,27 @@ static int64_t pa_chunk(int64_t len, int64_t s, int64_t *nonempty) {
 /* Splits per sequence: among s = 1 .. len / 256, the wave-quantized time
  * ceil(base * s' / slots) * chunk(s) (s' = the non-empty splits of that chunk), the fewest
  * splits within 2% of the best; returns s' (so no split is empty at the estimated len). */
+static double pa_plan_cost(int64_t base, int64_t est_len, int64_t slots, int64_t s, int64_t *ne) {
+  const int64_t chunk = pa_chunk(est_len, s, ne);
+  const int64_t waves = (base * *ne + slots - 1) / slots;
+  /* chunks under kPaWaveChunk keys only in a launch of one wave: the model ignores each
+   * CTA's fixed start, and with chunks of 64 it chose 32 splits of 128 keys (63 waves) at
+   * 64 x 4k, 3.4x slower than one split (H200, docs/PERFORMANCE.md) */
+  if (s > 1 && chunk < kPaWaveChunk && waves > 1) return 1e300;
+  return (double)waves * (double)chunk;
+}
 static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots) {
   int64_t max_s = est_len / kPaMinChunk;
   if (max_s < 1) max_s = 1;
   if (max_s > 1024) max_s = 1024;
   double best = 1e30;
+  int64_t ne;
   for (int64_t s = 1; s <= max_s; s++) {
-    int64_t ne;
-    const int64_t chunk = pa_chunk(est_len, s, &ne);
-    const double c = (double)((base * ne + slots - 1) / slots) * (double)chunk;
+    const double c = pa_plan_cost(base, est_len, slots, s, &ne);
     if (c < best) best = c;
   }
-  for (int64_t s = 1; s <= max_s; s++) {
-    int64_t ne;
-    const int64_t chunk = pa_chunk(est_len, s, &ne);
-    const double c = (double)((base * ne + slots - 1) / slots) * (double)chunk;
-    if (c <= best * 1.02) return (int)ne;
-  }
+  for (int64_t s = 1; s <= max_s; s++)
+    if (pa_plan_cost(base, est_len, slots, s, &ne) <= best * 1.02) return (int)ne;
   return 1;
 }
 
@@ -1357,7 +1404,12 @@ static int pa_min_splits(const pa_params &p) {
 template <typename T, int D, int S>
 static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env, const char *op) {
   cudaStream_t s = (cudaStream_t)ctx->stream;
-  const int64_t tiles_upper = p.batch + (p.tq * p.group + 15) / 16;
+  /* tiles = sum_b ceil(n_b * group / 16): at most batch + ceil(T * group / 16), and at most
+   * T * ceil(group / 16) (ceil(n g / 16) <= n ceil(g / 16)), which leaves a decode grid
+   * (one token per sequence, group <= 16) no slot past its tiles: at batch 1 the first
+   * bound launched twice the CTAs, half of them exiting after a round of table reads */
+  int64_t tiles_upper = p.batch + (p.tq * p.group + 15) / 16;
+  if (p.tq * ((p.group + 15) / 16) < tiles_upper) tiles_upper = p.tq * ((p.group + 15) / 16);
   const ot_cuda_state *cs = ot_cuda_state_of(ctx);
   const int per_sm = pa_ctas_per_sm<T, D, S>(cs->device);
   if (per_sm < 1)
@@ -1374,6 +1426,10 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   const int min_splits = pa_min_splits(p);
   if (splits < min_splits) splits = min_splits;
   p.splits = splits;
+  if (p.batch == 1) { /* the kernel's chunk at num_indices x block_size keys (pa_chunk) */
+    int64_t ne;
+    p.chunk1 = pa_chunk(p.num_indices * p.bs, splits, &ne);
+  }
   const size_t partial = splits > 1 ? (size_t)splits * p.tq * p.hq * (D + 1) * sizeof(float) : 0;
   const double ctas_d = (double)tiles_upper * p.hkv * splits;
   const int64_t ctas = ctas_d <= 0x7fffffff ? tiles_upper * p.hkv * splits : 0;
@@ -1462,7 +1518,8 @@ static ot_status pa_launch_simple(ot_context *ctx, pa_params &p, bool debug, con
  * kernel's per-CTA start and waves of short CTAs (H200, same run: 64 x 1k 3.21 vs 3.02
  * TB/s; tiny decodes 15-25% less time per call); with longer contexts the split kernel was
  * 1-5% faster (16 x 4k, 64 x 4k), and with few units (1 x 64k: 132 pieces each) much
- * faster. OT_PAGED_SPLITS (a forced split count) keeps the split kernel. */
+ * faster; at batch 1 too once its splits could be 64 keys (below). OT_PAGED_SPLITS (a
+ * forced split count) keeps the split kernel. */
 static bool ps_auto(const ot_cuda_state *cs, const pa_params &p, const pa_env &env, int per_sm) {
   if (env.splits_set) return false;
   const int64_t qps = (p.tq + p.batch - 1) / p.batch;
@@ -1470,6 +1527,10 @@ static bool ps_auto(const ot_cuda_state *cs, const pa_params &p, const pa_env &e
    * their diagonal by the split kernel, while the stream kernel runs every tile over all
    * keys (up to 2x the work; not measured). */
   if (qps > 8) return false;
+  /* batch 1: the split kernel (64-key splits, one wave; H200, same run: 1 x 512 13.1 vs
+   * 15.7 us per call), which reads its tables in one round where the stream kernel takes
+   * two and loads q after its first stage */
+  if (p.batch == 1) return false;
   const int64_t units = p.batch * ((qps * p.group + 15) / 16) * p.hkv;
   const int64_t est_len = p.num_indices * p.bs / p.batch;
   if (est_len > 1024 || units < 1) return false;
