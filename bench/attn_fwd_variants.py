@@ -11,7 +11,8 @@ batch*seq = 32k tokens, heads*D = 2048), (3) measures the host time of one call 
 shape.
 
   python3 bench/attn_fwd_variants.py SHIM [--rounds 3] [--dims 128,64,256]
-      [--seqs 1024,4096,16384] [--json OUT] [--no-check] [--no-host]
+      [--seqs 1024,4096,16384] [--json OUT] [--no-check] [--no-host] [--only a,b]
+      [--causal both|full|causal]
 
 The JSON (shared/BENCH.md rows, op attention_fwd) carries for each case the default's median,
 the peers', and a "variants" dict {name: median TFLOP/s}. A variant that is not compiled for a
@@ -42,6 +43,7 @@ WIDE = {"OT_ATTN_SM90_TILE": "wide"}
 SPLIT = {"OT_ATTN_SM90_SPLIT": "1"}
 SMALL = {"OT_ATTN_SM90_TILE": "small"}
 NONPERS = {"OT_ATTN_SM90_NONPERSISTENT": "1"}
+NARROW = {"OT_ATTN_SM90_NARROW": "1"}
 
 
 ONLY = None   # --only: the variant names to run (checks and timings)
@@ -53,19 +55,17 @@ def variant_list(d, s, causal):
 
 
 def _variant_list(d, s, causal):
-    return [("split", SPLIT)] * (not causal) + _variant_list0(d, s, causal)
-
-
-def _variant_list0(d, s, causal):
+    # since the narrow step (2026-11-30 ~13:40) the experiment build carries kFlNarrow (D128
+    # 176-key tile at the widths of S 4k / 16k, 48 / 16 keys; D256 at 64 / 16), the split
+    # (D128 176) and the rescale threshold; the polynomial exponentials (measured slower,
+    # docs/ATTENTION.md) are no longer compiled there
     if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
-        return [("resc", RESC), ("poly8", P8), ("poly4", P4), ("small", SMALL),
+        return [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),
                 ("nonpers", NONPERS)]
-    if d == 64 and not causal:                        # 3 consumers, 128-key tile
-        return [("poly8", P8), ("poly4", P4)]
     if d == 64 and causal and s <= 8192:              # 2 consumers, 128-key tile
-        return [("poly8", P8), ("wide", WIDE)]        # wide: the 192-key tile
-    if d == 256:                                      # 80-key tile, rescale threshold on
-        return [("poly8", P8)]
+        return [("wide", WIDE)]                       # wide: the 192-key tile
+    if d == 256 and not causal and s % 80:            # 80-key tile, rescale threshold on
+        return [("narrow", NARROW)]
     return []
 
 
@@ -74,7 +74,7 @@ def checks(S):
     Sq != Sk, GQA, lse; the wide D128 tile forced on short sequences."""
     ck = ba.Checker()
     wide = {"OT_ATTN_SM90_TILE": "wide"}
-    envs = [("default", {}), ("resc", RESC), ("poly8", P8), ("poly4", P4), ("wide", WIDE)]
+    envs = [("default", {}), ("resc", RESC), ("wide", WIDE)]
     envs = [e for n, e in envs if ONLY is None or n in ONLY]
     for env in envs:
         for d, sq, sk, wr, extra in ((128, 300, 200, -1, wide), (128, 1000, 1000, -1, wide),
@@ -88,6 +88,25 @@ def checks(S):
     # the multi-tile persistent path (ring phases across tiles) with the variants
     ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 128, env={**wide, **RESC, "OT_ATTN_SM90_GRID": "3"})
     ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 256, env={**P8, "OT_ATTN_SM90_GRID": "3"})
+    if ONLY is None or "narrow" in ONLY:
+        # kFlNarrow: the partial last key tile as a step of its own at the compiled widths
+        # (D128 176-key tile: Sk mod 176 = 1, 8, 16, 33, 47, 48; D256: Sk mod 80 = 1, 16, 49,
+        # 64), Sq != Sk both ways, GQA, lse, B 2, the multi-tile path (GRID 3); widths without
+        # an instance (Sk mod 176 = 175, 64), causal calls (declined: the default runs) and fp16
+        # still right
+        for d, sq, sk, hq, hkv, grid, extra in (
+                (128, 300, 177, 4, 2, 0, wide), (128, 1000, 360, 4, 1, 0, wide),
+                (128, 200, 2128, 4, 2, 0, {}), (128, 1000, 1089, 4, 4, 3, wide),
+                (128, 500, 2159, 2, 1, 0, {}), (128, 2160, 2160, 2, 1, 3, {}),
+                (128, 300, 2287, 4, 2, 0, {}), (128, 300, 2176, 4, 2, 0, {}),
+                (256, 300, 1041, 4, 2, 0, {}), (256, 1000, 1056, 2, 2, 3, {}),
+                (256, 700, 289, 4, 1, 0, {}), (256, 150, 1024, 4, 2, 0, {})):
+            env = {**NARROW, **extra}
+            if grid:
+                env["OT_ATTN_SM90_GRID"] = str(grid)
+            ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, env=env)
+        ba.check_case(S, ck, 2, 700, 2159, 4, 2, 128, wr=0, env=NARROW)
+        ba.check_case(S, ck, 2, 300, 2159, 4, 2, 128, dtype=torch.float16, env=NARROW)
     if ONLY is None or "split" in ONLY:
         # kFlSplit: the last round's tiles in pieces (GRID n: n_tiles % n tail tiles), every
         # head dim and tile, partial last key tile, GQA, lse; fp16 (not compiled: default)
@@ -135,7 +154,7 @@ def bench(S, args):
     print(f"cuBLAS bf16 GEMM 8192^3: {gemm:.0f} TFLOP/s", flush=True)
     for d in [int(x) for x in args.dims.split(",")]:
         for s in [int(x) for x in args.seqs.split(",")]:
-            for causal in (False, True):
+            for causal in {"both": (False, True), "full": (False,), "causal": (True,)}[args.causal]:
                 B, H = 32768 // s, 2048 // d
                 q, k, v = ba.make_qkv(B, s, s, H, H, d, torch.bfloat16, "bshd")
                 out = torch.empty_like(q)
@@ -228,6 +247,7 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-host", action="store_true")
     ap.add_argument("--only", help="comma list of variant names (default: all)")
+    ap.add_argument("--causal", choices=("both", "full", "causal"), default="both")
     args = ap.parse_args()
     global ONLY
     ONLY = set(args.only.split(",")) if args.only else None

@@ -21,6 +21,9 @@
  *    own, so one WG's softmax (MUFU bound) runs under the others' GEMMs.
  * Key tiles are visited from the last (diagonal) one down, so the masked tiles come first;
  * only tiles that cross the sequence end or a mask edge pay for the element mask.
+ * kFlNarrow (bf16 D128, 176-key tile): a last key tile of at most 48 keys (S = 4096: 48)
+ * runs first as a step of its own, Q K^T with N = 48 and P V with K = 48, instead of
+ * 176 columns of padding-laden work; the pipelined steps then take the whole tiles.
  * TMA reads the 5-D view {64, S, D/64, H, B} of each BSHD operand so that one box fills
  * [D/64][rows][64] with the 128B swizzle; rows past the sequence end read as zero and the
  * mask gives their scores -inf. O is written from registers (rows < Sq only).
@@ -34,9 +37,11 @@
  * persistent CTAs), OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64),
  * OT_ATTN_SM90_RESC=0|1 (the template bit kFlResc: the row max moves only when it grows by
  * more than 2^8, and O is rescaled only in the steps where a row of the warp moved it;
- * default on at head dim 256 and for masked head-dim-128 calls). Only in builds with
- * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md):
- * OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4).
+ * default on at head dim 256 and for masked head-dim-128 calls), OT_ATTN_SM90_NARROW=0|1
+ * (kFlNarrow, see the dispatch). Only in builds with -DOT_ATTN_SM90_EXPERIMENTS (bf16;
+ * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256;
+ * OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is parsed there, but its instances are
+ * no longer compiled (add the bits to launch_fl's lists to measure them again).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -48,6 +53,8 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include "../attention_sm90.h"
 #include "../common.cuh"
@@ -69,7 +76,12 @@ enum {
   kFlPoly4 = 4,   /* in unmasked tiles 2 of every 8 exponentials by ex2_poly */
   kFlSplit = 8,   /* the tiles of the last, partial round of the persistent CTAs split along
                    * the keys (p.splits pieces each, fp32 partials merged by attn_fwd_sm90_merge) */
+  kFlNarrow = 16, /* with the width w in bits 8..11 (kFlNarrowW): a first-visited key tile
+                   * of which no row sees more than 16 w keys (the partial one at the key
+                   * end) runs as a step of its own, Q K^T with N and P V with K = 16 w */
 };
+constexpr int kFlNarrowW = 0xF00;
+constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
 
 /* NC consumer warpgroups of 64 query rows each (2, or 3 at head dim 64 as FA3 does): a
  * CTA of NC + 1 warpgroups covers 64 * NC query rows. */
@@ -214,6 +226,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   /* kFlPoly8 / kFlPoly4: exponentials i with (i & 7) >= 8 - PF go to ex2_poly */
   constexpr int PF = (FL & kFlPoly4) ? 2 : (FL & kFlPoly8) ? 1 : 0;
   constexpr bool SPLIT = (FL & kFlSplit) != 0;
+  constexpr bool NARROW = (FL & kFlNarrow) != 0;
+  constexpr int NW = ((FL & kFlNarrowW) >> 8) * 16;   /* NARROW's key width */
+  static_assert(!NARROW || (NW > 0 && NW < BC), "narrow width");
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -312,6 +327,17 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     if (n_iters > 0) {
       float s[NS];
       uint32_t pr[NP];
+      /* NARROW: the keys of the first-visited tile n_max - 1 that a row of the CTA tile
+       * sees; at most NW: that tile runs as a step of its own over NW keys (below). Its
+       * Q K^T leaves the accumulators past them as they were: finite (zero at first), and
+       * masked to -inf by the softmax (past every row's last key). */
+      bool narrow_step = false;
+      if constexpr (NARROW) {
+#pragma unroll
+        for (int i = 0; i < NS; i++) s[i] = 0.f;
+        const int end = p.wr >= 0 ? min(p.sk, ti.row_last + off + p.wr + 1) : p.sk;
+        narrow_step = end - (n_max - 1) * BC <= NW;
+      }
       float alpha[2] = {1.f, 1.f};
       bool resc = true;   /* RESC: some row of this warp moved its max in the last softmax */
       /* Visible key range of the two rows (sequence frame), for the element mask. */
@@ -329,26 +355,32 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
                (p.wl >= 0 && n * BC < row_last + off - p.wl);
       };
       const uint64_t q_desc = make_desc(s_base + L::q_off + c * 64 * 128, 16, 1024);
-      auto issue_qk = [&](int stage) {
+      /* S = Q K^T over the tile's first N keys (N < BC: NARROW's step). */
+      auto issue_qk_n = [&](auto ncol, int stage) {
+        constexpr int N = decltype(ncol)::value;
         const uint64_t k_desc = make_desc(s_base + L::k_off + stage * L::kv_bytes, 16, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
           const uint32_t oq = (kk / 4) * (BR * 128) + (kk % 4) * 32;
           const uint32_t ok = (kk / 4) * (BC * 128) + (kk % 4) * 32;
-          wgmma_ss<BC, F16>::run(s, q_desc + (oq >> 4), k_desc + (ok >> 4), kk > 0);
+          wgmma_ss<N, F16>::run(s, q_desc + (oq >> 4), k_desc + (ok >> 4), kk > 0);
         }
         wgmma_commit();
       };
-      auto issue_pv = [&](int stage) {
+      /* P V over the tile's first KN keys (KN < BC: NARROW's step). */
+      auto issue_pv_n = [&](auto kn, int stage) {
+        constexpr int KN = decltype(kn)::value;
         const uint64_t v_desc =
             make_desc(s_base + L::v_off + stage * L::kv_bytes, BC * 128, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++)
+        for (int kk = 0; kk < KN / 16; kk++)
           wgmma_rs<D, F16>::run(o, &pr[4 * kk], v_desc + ((kk * 2048) >> 4), 1);
         wgmma_commit();
       };
+      auto issue_qk = [&](int stage) { issue_qk_n(std::integral_constant<int, BC>(), stage); };
+      auto issue_pv = [&](int stage) { issue_pv_n(std::integral_constant<int, BC>(), stage); };
       /* Mask, then the online softmax of one S tile: s becomes P (unnormalised, fp32),
        * alpha the factor that rescales O from the previous row max to the new one. */
       auto softmax = [&](int n, bool mask) {
@@ -418,9 +450,45 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         for (int i = 0; i < NO; i++) o[i] *= alpha[(i >> 1) & 1];
       };
 
+      /* The key tiles of the pipelined steps below: n_max_s - 1 down, n_it_s of them, ring
+       * positions from kv_s (NARROW's step takes the first one). */
+      int n_max_s = n_max, n_it_s = n_iters, kv_s = kv;
+      if constexpr (NARROW) {
+        if (narrow_step) {
+          /* NARROW's step: S_0 = Q K_0^T over NW keys, its softmax, O = P_0 V_0 over the
+           * same keys, each GEMM waited for before the next, no wgmma in flight where the
+           * branch joins. The width is the kernel's: a runtime choice of widths (branches
+           * with a wgmma shape each) made ptxas serialize every wgmma of the kernel
+           * (C7511 / C7518). Both consumers take the step (it is the CTA tile's), so the
+           * pingpong turns stay paired; the pipelined steps then start from O, m and l
+           * as it left them. */
+          const int st = kv % kStages, ph = (kv / kStages) & 1;
+          mbar_wait(bar(BAR_FULL_Q), qn & 1);
+          mbar_wait(bar(BAR_FULL_K + st), ph);
+          named_sync(my_bar, 256);
+          issue_qk_n(std::integral_constant<int, NW>(), st);
+          named_arrive(other_bar, 256);
+          wgmma_wait<0>();
+          reg_fence<NS>(s);
+          release(bar(BAR_EMPTY_K + st));
+          softmax(n_max - 1, true);
+          convert_p();
+          mbar_wait(bar(BAR_FULL_V + st), ph);
+          named_sync(my_bar, 256);
+          issue_pv_n(std::integral_constant<int, NW>(), st);
+          named_arrive(other_bar, 256);
+          wgmma_wait<0>();
+          reg_fence<NO>(o);
+          reg_fence<NP>(pr);
+          release(bar(BAR_EMPTY_V + st));
+          n_max_s--;
+          n_it_s--;
+          kv_s++;
+        }
+      }
       /* prologue: S_0, softmax -> P_0 */
-      {
-        const int sk_ = kv % kStages, pk = (kv / kStages) & 1;
+      if (!NARROW || n_it_s > 0) {
+        const int sk_ = kv_s % kStages, pk = (kv_s / kStages) & 1;
         mbar_wait(bar(BAR_FULL_Q), qn & 1);
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
         named_sync(my_bar, 256);
@@ -429,12 +497,12 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         wgmma_wait<0>();
         reg_fence<NS>(s);
         release(bar(BAR_EMPTY_K + sk_));
-        softmax(n_max - 1, needs_mask(n_max - 1));
+        softmax(n_max_s - 1, needs_mask(n_max_s - 1));
         convert_p();
       }
-      for (int it = 1; it < n_iters; it++) {
-        const int n = n_max - 1 - it;
-        const int gk = kv + it, sk_ = gk % kStages, pk = (gk / kStages) & 1;
+      for (int it = 1; it < n_it_s; it++) {
+        const int n = n_max_s - 1 - it;
+        const int gk = kv_s + it, sk_ = gk % kStages, pk = (gk / kStages) & 1;
         const int gv = gk - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
         named_sync(my_bar, 256);
@@ -455,8 +523,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       }
       /* Every Q K^T of this tile has completed: the producer may load the next Q. */
       release(bar(BAR_EMPTY_Q));
-      {
-        const int gv = kv + n_iters - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
+      if (!NARROW || n_it_s > 0) {
+        const int gv = kv_s + n_it_s - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_V + sv), pv);
         named_sync(my_bar, 256);
         rescale_o();
@@ -673,13 +741,14 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_params *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlSplit, kFlPoly4, kFlPoly8, kFlResc};
-  for (int i = 0; i < 4 && !fl_has(fl, l); i++) fl &= ~drop[i];
+  static const int drop[] = {kFlNarrow | kFlNarrowW, kFlSplit, kFlPoly4, kFlPoly8, kFlResc};
+  for (int i = 0; i < 5 && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
 }
 
 /* The instances of each configuration: kFlResc for head dim 256 and the 128-key tile of
- * head dim 128 (where it was measured faster, see the dispatch). A build with
+ * head dim 128 (where it was measured faster, see the dispatch), kFlNarrow at 48 keys for
+ * the bf16 176-key tile of head dim 128. A build with
  * -DOT_ATTN_SM90_EXPERIMENTS (never CI) adds the bf16 variants measured against them
  * (bench/attn_fwd_variants.py). */
 template <typename T, int D, int BC, int NC>
@@ -690,17 +759,15 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #else
   constexpr bool X = false;
 #endif
-  constexpr int R = kFlResc, P8 = kFlPoly8, P4 = kFlPoly4, SP = kFlSplit;
-  if constexpr (X && D == 64 && NC == 3) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, P8, P4, SP>());
-  } else if constexpr (X && D == 64 && BC == 128) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, P8>());
-  } else if constexpr (X && D == 128 && BC == 176) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, P8, P4, SP>());
-  } else if constexpr (X && D == 128 && BC == 128) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, SP>());
-  } else if constexpr (X && D == 256) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | P8, R | SP>());
+  constexpr int R = kFlResc, SP = kFlSplit;
+  if constexpr (X && D == 128 && BC == 176) {
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, SP, narrow_bits(3)>());
+  } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4)>());
+  } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
+    /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16 */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, narrow_bits(3)>());
   } else if constexpr (D == 256 || (D == 128 && BC == 128)) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R>());
   } else {
@@ -860,7 +927,27 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
 #else
   const int split = 0;
 #endif
-  const int fl = (resc ? kFlResc : 0) | poly | split;
+  /* kFlNarrow: an unmasked call whose last key tile is partial runs that tile as a step of
+   * its own over the compiled width at or above its keys (D128 176-key tile: 48; D256, in
+   * experiment builds: 16 / 64), instead of a whole tile of Q K^T and P V. Default on for
+   * bf16 D128 with the 176-key tile where the last tile has at most 48 keys and Sk <= 6400,
+   * i.e. where the padding it saves is >= 2% of the key work: H200, two runs in one process
+   * with cuDNN (docs/ATTENTION.md), S 4k (3.0% padding) 1.019x / 1.013x the plain kernel,
+   * S 16k (1.0%) 1.004x / 0.991x; D256 (1.5%, 0.1%) 0.97-1.02x, not used.
+   * OT_ATTN_SM90_NARROW=0|1 forces it off / on (on: where a width is compiled). */
+  int narrow = 0;
+  {
+    const char *nw = getenv("OT_ATTN_SM90_NARROW");
+    const int64_t rem = a->sk % bc;
+    int w16 = 0;   /* the compiled width (16-key chunks) for this last tile */
+    if (a->d == 128 && bc == 176 && rem > 0 && rem <= 48) w16 = 3;
+#ifdef OT_ATTN_SM90_EXPERIMENTS
+    if (a->d == 256 && rem > 0) w16 = rem <= 16 ? 1 : rem <= 64 ? 4 : 0;
+#endif
+    const bool on = nw ? nw[0] == '1' : a->dtype == OT_BF16 && a->sk <= 6400;
+    if (on && !masked_call && w16 > 0) narrow = narrow_bits(w16);
+  }
+  const int fl = (resc ? kFlResc : 0) | poly | split | narrow;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &p, small_tile, nc, fl);
