@@ -23,7 +23,8 @@
 # -lcublasLt -lopenblas -fopenmp -lm -lstdc++` and `xz` of test_ops.
 # DEADLINE (seconds from the start, default 125): each step's limit is cut to what is left.
 # VSEQS / VDIMS / VROUNDS: the benchmark grid (default 4096,16384 / 128,64,256 / 3); VARGS: more
-# arguments of attn_fwd_variants.py (e.g. "--only poly8,resc --no-host"). SUITE=0: no full C suite;
+# arguments of attn_fwd_variants.py (e.g. "--only narrow --no-host --causal full"). Since c463491
+# the experiment build carries narrow (D128 48 keys, D256 16 / 64), split and resc, no poly. SUITE=0: no full C suite;
 # SUITE_ENV: switches for it (e.g. "OT_ATTN_SM90_SPLIT=1").
 # VENVS: ';'-separated switch sets for the suite's "hopper" cases (none: skip); SAN_ENV,
 # SAN_FILTERS (';'-separated): the sanitizers' switches and C-suite filters; SAN_TOOLS (default
@@ -78,7 +79,7 @@ if [ "$t" != 0 ] && [ "${SUITE:-1}" != 0 ]; then
   env ${SUITE_ENV:-} timeout "$t" /tmp/test_ops --backend cuda --suite attention --filter cuda >"$OUT/tests.log" 2>&1
   echo "tests rc=$? $(tail -1 "$OUT/tests.log")"; grep -A3 '^FAIL' "$OUT/tests.log" | head -12
 fi
-IFS=';' read -r -a venvs <<<"${VENVS:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_RESC=1;OT_ATTN_SM90_EXP=poly8}"
+IFS=';' read -r -a venvs <<<"${VENVS:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_RESC=1;OT_ATTN_SM90_NARROW=1}"
 [ "${VENVS:-}" = none ] && venvs=()
 for envs in "${venvs[@]}"; do
   t=$(lim 15); [ "$t" = 0 ] && { echo "skipped: hopper cases [$envs]"; continue; }
