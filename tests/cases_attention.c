@@ -269,8 +269,9 @@ static const acase cuda_sm90_cases[] = {
     {"cuda hopper-only S1000 D128 window 128/0 fwd", 1, 1000, 1000, 4, 2, 128, 0, 128, 0, 0, 0, 0, {0}, {0}, false, false, false},
     /* A partial last key tile of every kind (Sk > 2048 at D128: the 176-key tile; D256: 80):
      * Sk mod tile = 1, 8, 47, 48, 175 (D128), 1, 64 (D256), causal and not, Sq != Sk; bf16 at
-     * the even places (the Hopper forward's kFlNarrow step, OT_ATTN_SM90_NARROW=1 in
-     * experiment builds, takes the bf16 non-causal ones with remainder 1, 47, 48 and 64). */
+     * the even places (the Hopper forward's kFlNarrow step takes the bf16 non-causal D128
+     * ones with remainder 1 and 47 by default; the D256 ones under OT_ATTN_SM90_NARROW=1 in
+     * experiment builds). */
     {"cuda hopper-only Sq200 Sk2113 D128 GQA2 (rem 1) fwd", 1, 200, 2113, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only causal Sq200 Sk2120 D128 (rem 8) fwd", 1, 200, 2120, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only Sq300 Sk2159 D128 B2 (rem 47) fwd", 2, 300, 2159, 2, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
