@@ -35,7 +35,9 @@
  *   - Online softmax in fp32 (base 2, scale folded in), P rounded to the input type for
  *     the PV mma (the FA2 register trick: the S accumulators of two key blocks are the A
  *     fragment of P). The 4 warps' (m, l, O) merge through shared memory (the ring's
- *     space) at the end.
+ *     space) at the end: O rows padded to D + 2 floats, each row's warp weights, lse and
+ *     output offset computed once by one thread (H200: 1 x 2k 17.0 -> 12.8 us per call,
+ *     16 x 4k 79.2 -> 74.7, docs/PERFORMANCE.md Decode round 5).
  *   - One split: out and lse are written directly. Several: normalized O_s (fp32) and
  *     lse_s go to context scratch and a merge kernel (one CTA per (token, q head), the
  *     splits spread over its 4 warps) combines them (O = sum_s exp(lse_s - lse) O_s);
@@ -109,7 +111,8 @@ template <int D, int S> struct pa_cfg {
   static constexpr int kStages = S;
   static constexpr size_t kStageBytes = 2 * kPaStep * D * 2; /* K + V, 16-bit elements */
   static constexpr size_t kSmem = kPaWarps * kStages * kStageBytes;
-  static_assert(kSmem >= (size_t)kPaWarps * 16 * D * sizeof(float), "epilogue fits the ring");
+  static constexpr int kOS = D + 2; /* epilogue: s_o row stride in floats (see pa_mma_kernel) */
+  static_assert(kSmem >= (size_t)kPaWarps * 16 * kOS * sizeof(float), "epilogue fits the ring");
 };
 
 struct pa_params {
@@ -472,7 +475,8 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     pa_mma_kernel(const __grid_constant__ pa_params p) {
   constexpr int KS = D / 16;   /* k-steps of QK */
   constexpr int NT = D / 8;    /* n-tiles of PV */
-  __shared__ float s_m[kPaWarps][16], s_l[kPaWarps][16];
+  __shared__ float s_m[kPaWarps][16], s_l[kPaWarps][16], s_wt[kPaWarps][16];
+  __shared__ int64_t s_off[16];
   extern __shared__ __align__(16) unsigned char pa_smem[]; /* rings; [warps][16][D] floats at the end */
   PA_TR(0, 0, pa_gtime());
 
@@ -660,48 +664,71 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
 #ifdef OT_PA_TRACE_EPI
   PA_TR(0, 7, pa_gtime());
 #endif
-  float *s_o = reinterpret_cast<float *>(pa_smem); /* [warps][16][D] */
+  /* the warps' O through shared memory, rows kOS = D + 2 floats apart: a store instruction
+   * below writes rows g (8) x features tq4 * 16 + c (4), which with rows D apart fell into
+   * 2 banks (16-way conflicts) and with D + 2 into 16 (2-way) */
+  constexpr int OS = pa_cfg<D, S>::kOS;
+  float *s_o = reinterpret_cast<float *>(pa_smem); /* [warps][16][OS] */
   if (tq4 == 0) {
     s_m[warp][g] = m_run[0], s_m[warp][g + 8] = m_run[1];
     s_l[warp][g] = l_run[0], s_l[warp][g + 8] = l_run[1];
   }
-  float *ow = s_o + (size_t)warp * 16 * D;
+  float *ow = s_o + (size_t)warp * 16 * OS;
 #pragma unroll
   for (int j = 0; j < NT; j++) {
     const int d0 = (j >> 3) * 64 + (tq4 * 2) * 8 + (j & 7), d1 = d0 + 8;
-    ow[g * D + d0] = acc[j][0];
-    ow[g * D + d1] = acc[j][1];
-    ow[(g + 8) * D + d0] = acc[j][2];
-    ow[(g + 8) * D + d1] = acc[j][3];
+    ow[g * OS + d0] = acc[j][0];
+    ow[g * OS + d1] = acc[j][1];
+    ow[(g + 8) * OS + d0] = acc[j][2];
+    ow[(g + 8) * OS + d1] = acc[j][3];
+  }
+  __syncthreads();
+  /* per row, once (thread r < 16): the warps' weights exp2(m_w - M) / L, the lse (written
+   * here) and the row's first output element (-1: no row); the element loop below is then
+   * 4 shared loads, 4 FMAs and a store, where it computed all of this per element (two
+   * 64-bit divisions among it: ~4.4 us per CTA on the H200, trace of a1778f4; ~2.1 us
+   * after). A row's offset is >= 0: a negative stride is allowed only on an extent of 1
+   * (ot_view_of), whose index is 0. */
+  if (threadIdx.x < 16) {
+    const int r = threadIdx.x;
+    const int64_t R = tile * 16 + r;
+    int64_t off = -1;
+    if (R < rows) {
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kPaWarps; w++) M = fmaxf(M, s_m[w][r]);
+      float L = 0.f, f[kPaWarps];
+#pragma unroll
+      for (int w = 0; w < kPaWarps; w++) {
+        f[w] = M != -INFINITY ? exp2f(s_m[w][r] - M) : 0.f;
+        L += s_l[w][r] * f[w];
+      }
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+#pragma unroll
+      for (int w = 0; w < kPaWarps; w++) s_wt[w][r] = f[w] * inv;
+      const float lse = L > 0.f ? (M + log2f(L)) * kLn2 : -INFINITY;
+      const int64_t tok = q0 + R / p.group, head = (int64_t)kvh * p.group + R % p.group;
+      if (p.splits == 1) {
+        off = tok * p.o_ts + head * p.o_hs;
+        if (p.lse) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
+      } else {
+        const int64_t row = (int64_t)split * p.tq * p.hq + tok * p.hq + head;
+        off = row * D;
+        p.part_lse[row] = lse;
+      }
+    }
+    s_off[r] = off;
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < 16 * D; idx += blockDim.x) {
     const int r = idx / D, dd = idx - r * D;
-    const int64_t R = tile * 16 + r;
-    if (R >= rows) continue;
-    float M = -INFINITY;
+    const int64_t off = s_off[r];
+    if (off < 0) continue;
+    float o = 0.f;
 #pragma unroll
-    for (int w = 0; w < kPaWarps; w++) M = fmaxf(M, s_m[w][r]);
-    float L = 0.f, O = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kPaWarps; w++) {
-        const float f = exp2f(s_m[w][r] - M);
-        L += s_l[w][r] * f;
-        O += s_o[((size_t)w * 16 + r) * D + dd] * f;
-      }
-    }
-    const float o = L > 0.f ? O / L : 0.f;
-    const float lse = L > 0.f ? (M + log2f(L)) * kLn2 : -INFINITY;
-    const int64_t tok = q0 + R / p.group, head = (int64_t)kvh * p.group + R % p.group;
-    if (p.splits == 1) {
-      static_cast<T *>(p.out)[tok * p.o_ts + head * p.o_hs + dd] = from_f32<T>(o);
-      if (p.lse && dd == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
-    } else {
-      const int64_t row = tok * p.hq + head;
-      p.part_o[((int64_t)split * p.tq * p.hq + row) * D + dd] = o;
-      if (dd == 0) p.part_lse[(int64_t)split * p.tq * p.hq + row] = lse;
-    }
+    for (int w = 0; w < kPaWarps; w++) o += s_o[((size_t)w * 16 + r) * OS + dd] * s_wt[w][r];
+    if (p.splits == 1) static_cast<T *>(p.out)[off + dd] = from_f32<T>(o);
+    else p.part_o[off + dd] = o;
   }
   PA_TR(0, 5, pa_gtime());
 #ifndef OT_PA_TRACE_EPI
