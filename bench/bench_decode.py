@@ -548,6 +548,64 @@ def arena_rows(binary):
     }]
 
 
+def ab(args):
+    """--ab: builds (one shim each, loaded in this process) and SDPA cuDNN / flash timed round
+    by round at each page-16 shape, the builds' order reversed every other round (a drift
+    of the GPU's state over a row then weighs on each build alike). Also the largest
+    |difference| of each build's output from the first's (same inputs)."""
+    builds = [(n, Shim(pth)) for n, pth in (x.split("=", 1) for x in args.ab.split(","))]
+    ceiling = read_ceiling()
+    print(f"ab read ceiling (torch.sum 4 GiB bf16): {ceiling:.3f} TB/s", flush=True)
+    rows = []
+    for (b, ctx) in SHAPES + ENGINE_SHAPES:
+        c = make_case(b, ctx, 16, seed=3)
+        nbytes = 2 * b * ctx * HKV * D * 2 + 2 * b * HQ * D * 2
+        outs = {n: torch.empty_like(c["q"]) for n, _ in builds}
+        calls = {n: (lambda S=S, o=outs[n]: S.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],
+                                                     c["indices"], c["lpl"], o))
+                 for n, S in builds}
+        kc, vc = (t.contiguous() for t in gather(c, b, ctx, 16))
+        peers = {}  # timed inside their backend's context, as --quick
+        for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+            try:
+                with sdpa_kernel([be]):
+                    sdpa_grouped(c["q"], kc, vc)
+                peers[name] = be
+            except RuntimeError as e:
+                print(f"ab {name} unavailable: {str(e).splitlines()[0][:80]}", flush=True)
+        names = [n for n, _ in builds]
+        us = {n: [] for n in names + list(peers)}
+        for r in range(args.rounds):
+            order = names if r % 2 == 0 else names[::-1]
+            for n in order:
+                us[n].append(round(time_ms(calls[n]) * 1e3, 2))
+            for n, be in peers.items():
+                with sdpa_kernel([be]):
+                    us[n].append(round(time_ms(lambda: sdpa_grouped(c["q"], kc, vc)) * 1e3, 2))
+        plans, diff = {}, {}
+        for n, S in builds:
+            calls[n]()
+            plans[n] = plan_str(S.plan()) if hasattr(S.lib, "shim_paged_last_plan") else "?"
+        torch.cuda.synchronize()
+        for n in names[1:]:
+            diff[n] = (outs[n].float() - outs[names[0]].float()).abs().max().item()
+        med = {n: round(statistics.median(v), 2) for n, v in us.items()}
+        tbps = {n: round(nbytes / (m * 1e-6) / 1e12, 3) for n, m in med.items()}
+        print(f"ab B{b} x ctx {ctx}: median us {med} TB/s {tbps} plans {plans} "
+              f"max|out - {names[0]}| {diff}", flush=True)
+        rows.append({"case": f"B{b} x ctx {ctx} page 16 bf16 Hq{HQ} Hkv{HKV} D{D}",
+                     "batch": b, "ctx": ctx, "median_us": med, "TBps": tbps, "rounds_us": us,
+                     "plans": plans, "max_abs_diff_vs_first": diff})
+        del c, kc, vc, outs
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bench": "decode_ab_same_process", "device": torch.cuda.get_device_name(),
+                       "date": datetime.date.today().isoformat(), "commit": args.commit,
+                       "command": args.command, "builds": args.ab, "rounds": args.rounds,
+                       "read_TBps": round(ceiling, 3), "rows": rows}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shim", required=True)
@@ -560,6 +618,12 @@ def main():
     ap.add_argument("--peers", action="store_true",
                     help="with --quick: also the read ceiling and cuDNN / flash SDPA on the "
                     "contiguous cache, in the same process (else ignored)")
+    ap.add_argument("--ab", metavar="NAME=SHIM,NAME=SHIM,...",
+                    help="same-process A/B of builds (--shim is not loaded): at the page-16 shapes "
+                    "(SHAPES + ENGINE_SHAPES), --rounds rounds of each build's default call and SDPA "
+                    "cuDNN / flash on the same cache made contiguous, the order of the builds "
+                    "alternating by round; medians and every round's us per call (-> --json), and exit")
+    ap.add_argument("--rounds", type=int, default=6, help="with --ab: rounds per shape")
     ap.add_argument("--fixed", action="store_true",
                     help="first measure where the per-call fixed cost goes (fixed_cost)")
     ap.add_argument("--profile-case", metavar="B,CTX,PAGE",
@@ -572,6 +636,9 @@ def main():
     ap.add_argument("--command", default="")
     args = ap.parse_args()
     torch.manual_seed(0)
+    if args.ab:
+        ab(args)
+        raise SystemExit(0)
     shim = Shim(args.shim)
     if args.profile_case:
         b, ctx, bs = (int(x) for x in args.profile_case.split(","))
