@@ -417,7 +417,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   /* ---------------- epilogue: dK = scale dS^T Q, dV ---------------- */
   if (split) {
     /* Add this part's dK / dV into the unit's fp32 sums ([dk | dv][c][NA / 4][128] float4,
-     * coalesced), count the part; the last part to arrive reads the sums back and stores. */
+     * coalesced), count the part; the last part to arrive reads the sums back and stores.
+     * Ordering (PTX memory model, as CUTLASS's semaphore): the barrier orders every
+     * consumer's adds before the counting thread's fence, and that fence with the counter
+     * add is a release, cumulative over them; the counter add with the fence after it is
+     * the acquire, which the second barrier orders before every consumer's reads (a fence
+     * in each thread instead makes no release / acquire pattern with another thread's
+     * counter add). Sums and counters: zeroed by the accumulator's memset before every
+     * call (graph replays included). */
     float4 *acc = (float4 *)(p.split_acc + (int64_t)(unit - p.n_full) * (2 * kBk * D));
     float4 *ak = acc + c * (NA / 4) * 128 + t128, *av = ak + kBk * D / 4;
 #pragma unroll
@@ -425,14 +432,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       atomicAdd(ak + j * 128, make_float4(dk[4 * j], dk[4 * j + 1], dk[4 * j + 2], dk[4 * j + 3]));
       atomicAdd(av + j * 128, make_float4(dv[4 * j], dv[4 * j + 1], dv[4 * j + 2], dv[4 * j + 3]));
     }
-    __threadfence();
     named_sync(kDsBar, 256);
     volatile int *last = (volatile int *)(smem + L::bar_off + 120);
-    if (t128 == 0 && c == 0)
-      *last = atomicAdd(p.split_cnt + (unit - p.n_full), 1) == p.nsplit - 1;
+    if (t128 == 0 && c == 0) {
+      __threadfence();
+      const int before = atomicAdd(p.split_cnt + (unit - p.n_full), 1);
+      __threadfence();
+      *last = before == p.nsplit - 1;
+    }
     named_sync(kDsBar, 256);
     if (!*last) return;
-    __threadfence();
 #pragma unroll
     for (int j = 0; j < NA / 4; j++) {
       const float4 x = __ldcg(ak + j * 128), y = __ldcg(av + j * 128);
