@@ -32,8 +32,9 @@
  *                                                 .add.f32), off the consumers' path;
  *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype (one block per
  *    accumulator tile, 64-byte reads, 16-byte stores).
- * The reduce-adds make dQ's summation order vary between runs (not bitwise repeatable):
- * params.deterministic = 1 routes to the portable backward instead (attention_bwd.cu).
+ * The reduce-adds make dQ's summation order vary between runs (not bitwise repeatable), and
+ * the split units' atomics that of their keys' dK / dV (a non-causal call's last partial
+ * wave): params.deterministic = 1 routes to the portable backward instead (attention_bwd.cu).
  *
  * Not covered here (handled = false; the portable kernel runs): windows other than causal,
  * softcap, varlen, head dims other than 64 / 128, fp32, strides TMA cannot express,
