@@ -636,6 +636,12 @@ __global__ void __launch_bounds__(128) attn_fwd_sm90_merge(const fwd_params p,
 
 /* ---------------- host ---------------- */
 
+/* An OT_ATTN_SM90_* switch (measurements and tests): getenv only where `any` (one
+ * ot_env_any("OT_ATTN_SM90_") pass over the environment per call) found some set; in
+ * normal use none is, and a call reads the environment once instead of once per switch. */
+static inline const char *sm90_knob(bool any, const char *name) {
+  return any ? getenv(name) : NULL;
+}
 
 template <typename T, int D, int BC, int NC, int FL>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
@@ -656,14 +662,15 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   const int64_t n_tiles = (int64_t)q.num_m * q.hq * q.batch;
   /* OT_ATTN_SM90_GRID=n: at most n persistent CTAs (tests the multi-tile path on small
    * shapes, e.g. under compute-sanitizer). */
-  const char *gs = getenv("OT_ATTN_SM90_GRID");
+  const bool knobs = ot_env_any("OT_ATTN_SM90_");
+  const char *gs = sm90_knob(knobs, "OT_ATTN_SM90_GRID");
   const int sms = gs && atoi(gs) > 0 ? atoi(gs) : ot_cuda_state_of(ctx)->sm_count;
   const bool masked = q.wl >= 0 || q.wr >= 0;
   /* Masked tiles with long sequences (> 64 query tiles) go one CTA per tile: the static
    * round-robin then balances worse than the hardware's block scheduler (H200, causal
    * S = 16k: D128 543 vs 556 TFLOP/s, D256 460 vs 684), while up to S = 8k persistence
    * wins (S = 4k causal: D128 565 vs 467, D256 624 vs 571; run of 90616f4). */
-  const bool persistent = !getenv("OT_ATTN_SM90_NONPERSISTENT") && n_tiles > sms &&
+  const bool persistent = !sm90_knob(knobs, "OT_ATTN_SM90_NONPERSISTENT") && n_tiles > sms &&
                           (!masked || q.num_m <= 64);
   q.sect = 0;
   if (persistent && masked) {
@@ -854,7 +861,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * sequences, where the wide tile's extra per-tile cost is not amortised (S = 1k: D64 369
    * vs 348 TFLOP/s, D128 503 vs 492; at S = 4k the wide tile wins, D128 650 vs 584).
    * OT_ATTN_SM90_TILE=small|wide forces one for every call. */
-  const char *tile = getenv("OT_ATTN_SM90_TILE");
+  const bool knobs = ot_env_any("OT_ATTN_SM90_");   /* the switches read below */
+  const char *tile = sm90_knob(knobs, "OT_ATTN_SM90_TILE");
   const bool small_tile = tile ? tile[0] == 's'
                                : a->window_left >= 0 || a->window_right >= 0 || a->sk <= 2048;
   /* Head dim 64: 3 consumer warpgroups (192 query rows, 128 keys; FA3's shape) except
@@ -862,7 +870,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * sectioned tile order). H200, run of d610a26, TFLOP/s with 3 vs 2: non-causal S = 4k
    * 504 vs 411, 16k 474 vs 433, causal 16k 478 vs 418; but causal S = 1k / 4k 260 / 354
    * vs 284 / 397. OT_ATTN_SM90_WG=2|3 forces one. */
-  const char *wgs = getenv("OT_ATTN_SM90_WG");
+  const char *wgs = sm90_knob(knobs, "OT_ATTN_SM90_WG");
   const bool masked_call = (a->window_left >= 0 && a->window_left <= a->sq + a->sk) ||
                            (a->window_right >= 0 && a->window_right <= a->sq + a->sk);
   int nc = a->d == 64 && (!masked_call || (a->sq + kBr - 1) / kBr > 64) ? 3 : 2;
@@ -901,7 +909,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * (as in the run of 90616f4 with a runtime branch: 545 vs 651). Other builds have no
    * polynomial kernel (launch_sel would drop the bits): the switch is not read there. */
 #ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *ex = getenv("OT_ATTN_SM90_EXP");
+  const char *ex = sm90_knob(knobs, "OT_ATTN_SM90_EXP");
   const int poly = ex && !strcmp(ex, "poly") ? kFlPoly4 : ex && !strcmp(ex, "poly8") ? kFlPoly8 : 0;
 #else
   const int poly = 0;
@@ -914,7 +922,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * (176-key tile; runs of b3ee4d5): +4.5% / -4.5% at S = 4k / 16k, then -2% / +2%: no
    * consistent sign, not used.
    * OT_ATTN_SM90_RESC=0|1 forces it off / on (on only where instantiated, see launch_fl). */
-  const char *rs = getenv("OT_ATTN_SM90_RESC");
+  const char *rs = sm90_knob(knobs, "OT_ATTN_SM90_RESC");
   const bool resc = rs ? rs[0] == '1' : a->d == 256 || (a->d == 128 && masked_call);
   /* The partial first-visited key tile on a narrower key range (kFlTail, b3ee4d5's
    * OT_ATTN_SM90_TAIL=1) lost: D128 S = 4k 0.90x, 16k 0.95x, D256 S = 4k 1.01x, 16k 0.87x
@@ -922,7 +930,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   /* OT_ATTN_SM90_SPLIT=1: split the tiles of the persistent launch's last, partial round
    * along the keys (kFlSplit; unmasked calls; experiment builds only for now). */
 #ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *sp = getenv("OT_ATTN_SM90_SPLIT");
+  const char *sp = sm90_knob(knobs, "OT_ATTN_SM90_SPLIT");
   const int split = sp && sp[0] == '1' && !masked_call ? kFlSplit : 0;
 #else
   const int split = 0;
@@ -937,7 +945,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * OT_ATTN_SM90_NARROW=0|1 forces it off / on (on: where a width is compiled). */
   int narrow = 0;
   {
-    const char *nw = getenv("OT_ATTN_SM90_NARROW");
+    const char *nw = sm90_knob(knobs, "OT_ATTN_SM90_NARROW");
     const int64_t rem = a->sk % bc;
     int w16 = 0;   /* the compiled width (16-key chunks) for this last tile */
     if (a->d == 128 && bc == 176 && rem > 0 && rem <= 48) w16 = 3;
