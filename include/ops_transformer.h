@@ -347,7 +347,8 @@ typedef struct ot_attention_params {
   float softcap;
   /* Backward: make dq (and dk/dv with GQA) accumulation bitwise deterministic. The
    * CPU backend and the portable CUDA backward always are; the Hopper CUDA backward
-   * accumulates dq with atomics unless this is set (docs/ATTENTION.md gives the cost). */
+   * accumulates dq with atomics, and the dk / dv of a non-causal call's last partial wave
+   * of key blocks in parts, unless this is set (docs/ATTENTION.md gives the cost). */
   int deterministic;
 } ot_attention_params;
 
@@ -383,7 +384,8 @@ OT_API ot_attention_params ot_attention_default_params(void);
  * for split-KV partials comes from the context (ot_context's device scratch, grown on
  * demand). CUDA backward: on a 9.0 device (build with sm_90a) a TMA / wgmma kernel for
  * head_dim 64 / 128, dense, causal or no window, no softcap, which adds dq up with fp32
- * atomics (not bitwise repeatable; dk / dv are); params.deterministic = 1 runs the
+ * atomics (not bitwise repeatable; nor are dk / dv of the key blocks that a non-causal
+ * call's last partial wave splits into parts); params.deterministic = 1 runs the
  * portable backward instead (fixed summation order for dq and for the GQA sums of
  * dk / dv), as every other call does.
  */
