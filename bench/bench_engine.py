@@ -208,6 +208,8 @@ def check(args):
                     # one prompt alone: its prefill takes the dense attention layout
                     results["single"] = eng.generate([prompts[1]], steps, stop=[],
                                                      return_logits=True)
+                    # batch 1 greedy: the argmax fused into lm_head (fused_kernels.cu)
+                    results["single_greedy"] = eng.generate([prompts[1]], steps, stop=[])
         os.environ.pop("OTE_CUDA_GRAPHS", None)
     r = results["1"]
     print(f"engine: decode CUDA graph {'on' if r.cuda_graph else 'off'} {note}")
@@ -242,6 +244,8 @@ def check(args):
               f"max |logit diff| {float(err.max()):.4f}")
     if results["1greedy"].tokens != r.tokens:
         failures.append("device argmax tokens differ from the host's argmax of the logits")
+    if results["single_greedy"].tokens != results["single"].tokens:
+        failures.append("batch 1: device argmax tokens differ from the host's argmax of the logits")
     g0 = results["0"]
     if g0.tokens != r.tokens:
         failures.append("graph off: tokens differ from graph on")
@@ -348,6 +352,16 @@ DECODE_VARIANTS = {
     # cuBLASLt's 8 best heuristic algorithms timed on the first call of each GEMM, the
     # fastest kept (linear.cu, OT_GEMM_AUTOTUNE; "v": each pick printed to stderr)
     "gemm_autotune": {"OT_GEMM_AUTOTUNE": "8v"},
+    # the engine's fused one-row linears (src/engine/fused_kernels.cu) off, or one of them:
+    # RMSNorm (+ residual add) into qkv / gate_up / lm_head (+ the greedy argmax), SwiGLU
+    # into down_proj
+    "unfused": {"OTE_FUSED_NORM": "0", "OTE_FUSED_SWIGLU": "0"},
+    "fused_norm_only": {"OTE_FUSED_SWIGLU": "0"},
+    "fused_swiglu_only": {"OTE_FUSED_NORM": "0"},
+    "fused_no_rope": {"OTE_FUSED_ROPE": "0"},  # RoPE + KV append by ot_kv_append
+    "fused_one_row": {"OTE_FUSED_PAIR": "0"},  # one row of W per warp task, not two
+    "fused_waves_2": {"OTE_FUSED_WAVES": "2"},  # blocks capped at 2 waves (default 4)
+    "fused_waves_all": {"OTE_FUSED_WAVES": "0"},  # no cap: a task per warp
     "repeat": {},  # the default again, last: the run's drift
 }
 AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]
@@ -617,6 +631,20 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
             eng.free(i)
 
     if DEV == "cuda" and 1 in batches:
+        # the batch-1 greedy id (argmax fused into lm_head, fused_kernels.cu) against the
+        # host's argmax of the same step's logits (the same kernels otherwise: two
+        # prefills of the prompt, then one decode step each, with and without greedy)
+        import numpy as np
+        t0 = eng.prefill([prompt], greedy=True)
+        lg = eng.decode(t0, greedy=False)
+        eng.free(0)
+        t1 = eng.prefill([prompt], greedy=True)
+        ids = eng.decode(t1, greedy=True)
+        eng.free(0)
+        want = int(np.argmax(lg[0]))
+        out["argmax_check_b1"] = {"device": int(ids[0]), "host": want, "equal": int(ids[0]) == want}
+        print(f"batch-1 device argmax {ids[0]} vs host argmax of the logits {want}: "
+              f"{'equal' if int(ids[0]) == want else 'DIFFER'}", flush=True)
         # the same decode with the linears chosen otherwise: what each choice buys, in
         # this run
         for name in variants:

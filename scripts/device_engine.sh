@@ -21,8 +21,10 @@
 #                BUILD_DIR configured with -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a
 #                -DOT_BUILD_TOOLS=ON (Release); builds ot-run + ot_engine_shared there and
 #                packs them with their runtime libraries (OpenBLAS, cJSON) so the device's
-#                time is not spent compiling.
-# Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
+#                time is not spent compiling (ENGINE_PACK_TESTS=0: without test_ops).
+# ENGINE_LINEAR_TESTS=0: skip step 0's tests and memcheck (the pack's test_ops);
+# ENGINE_MEMCHECK_DECODE=0: no compute-sanitizer memcheck of ot-run's batch-1 decode (the
+# engine's fused kernels). Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
 # arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1;
 # ENGINE_SMI=0 (no nvidia-smi log of clocks / power during the benchmark, $OUT/smi.csv);
 # step 5: ENGINE_OFFLOAD_BIG=0 (skip), ENGINE_OFFLOAD_BUDGET (default 0.6667x),
@@ -47,7 +49,7 @@ if [ "$MODE" = pack ]; then
   rm -rf "$CARRY/stage" && mkdir -p "$CARRY/stage/lib"
   cp "$BUILD/tools/ot-run" "$CARRY/stage/"
   # the linear tests and the small-M benchmark (optional: a build with tests)
-  if cmake --build "$BUILD" -j "$(nproc)" --target test_ops; then
+  if [ "${ENGINE_PACK_TESTS:-1}" = 1 ] && cmake --build "$BUILD" -j "$(nproc)" --target test_ops; then
     cp "$BUILD/tests/test_ops" "$CARRY/stage/"
   fi
   CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
@@ -106,7 +108,7 @@ fi
 stamp "binaries ready"
 
 # ---- 0. the small-M linear kernel: tests, memcheck, benchmark (prebuilt pack only) -------
-if [ "$PREBUILT" = 1 ] && [ -x "$BIN/pack/test_ops" ]; then
+if [ "$PREBUILT" = 1 ] && [ -x "$BIN/pack/test_ops" ] && [ "${ENGINE_LINEAR_TESTS:-1}" = 1 ]; then
   # line-buffered: a run cut by its time limit keeps the lines of the cases it ran (a cold
   # machine's first CUDA process can take many seconds before its first case)
   LB=()
@@ -155,6 +157,25 @@ if OTE_OFFLOAD_RING=2 "$OT_RUN" --config tiny --random-weights --device cuda --d
   fi
 else
   SUMMARY+=("offload FAILED: $(tail -2 "$OUTD/ot_run_offload.txt")")
+fi
+# batch 1: the fused one-row linears (src/engine/fused_kernels.cu) -- their tokens against
+# the unfused ops' (informative: the fused norm skips one rounding, so a near-tie may part),
+# and compute-sanitizer memcheck over a few steps (eager, capture, replays;
+# ENGINE_MEMCHECK_DECODE=0: skip)
+B1=(--config tiny --random-weights --device cuda --dtype bf16 --prompt-ids 1,2,3,4,5,6,7,8
+    --max-new-tokens 64 --ignore-eos)
+"$OT_RUN" "${B1[@]}" >"$OUTD/ot_run_b1.txt" 2>&1
+OTE_FUSED_NORM=0 OTE_FUSED_SWIGLU=0 OTE_FUSED_ROPE=0 "$OT_RUN" "${B1[@]}" >"$OUTD/ot_run_b1_unfused.txt" 2>&1
+if diff <(grep '^seq' "$OUTD/ot_run_b1.txt") <(grep '^seq' "$OUTD/ot_run_b1_unfused.txt") >/dev/null; then
+  SUMMARY+=("ot-run batch 1 fused vs unfused: tokens equal; $(grep -E '^decode' "$OUTD/ot_run_b1.txt") / unfused $(grep -E '^decode' "$OUTD/ot_run_b1_unfused.txt")")
+else
+  SUMMARY+=("ot-run batch 1 fused vs unfused: tokens DIFFER (see ot_run_b1*.txt)")
+fi
+if [ "${ENGINE_MEMCHECK_DECODE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$OT_RUN" --config tiny --random-weights \
+    --device cuda --dtype bf16 --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos \
+    >"$OUTD/memcheck_decode_b1.log" 2>&1
+  SUMMARY+=("memcheck ot-run batch-1 decode (fused kernels) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1.log" | tail -1)")
 fi
 stamp "ot-run done"
 

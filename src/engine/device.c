@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fused_kernels.h"
 #include "internal.h"
 
 #ifdef OT_HAVE_CUDA
@@ -25,6 +26,9 @@ int ote_cuda_argmax(int32_t *out, const void *logits, int dtype_code, int dtype_
 int ote_cuda_fill_random(void *dst, size_t n, int code, int bits, uint64_t seed,
                          uint64_t tensor_id, float a, float constant, void *stream);
 int ote_cuda_spin(long long ns, void *stream);
+/* fused_kernels.cu */
+int ote_cuda_fused_gemv(const ote_fused_gemv_args *a, int dtype_code, int swiglu, int pdl,
+                        void *stream);
 #else
 static ot_status no_cuda(const char *what) {
   return ote_error(OT_ERR_NO_DEVICE, "engine: %s: built without the CUDA backend", what);
@@ -218,6 +222,19 @@ ot_status ote_dev_argmax(const ote_device *d, int32_t *out, const void *logits, 
 #else
   (void)out, (void)logits, (void)dt, (void)n, (void)vocab;
   return no_cuda("argmax");
+#endif
+}
+
+ot_status ote_dev_fused_gemv(const ote_device *d, const ote_fused_gemv_args *a, DLDataType dt,
+                             int swiglu) {
+  if (on_cpu(d) || dt.bits != 16)
+    return ote_error(OT_ERR_INTERNAL, "engine: fused linear: CUDA bf16 / fp16 only");
+#ifdef OT_HAVE_CUDA
+  return cuda_check((cudaError_t)ote_cuda_fused_gemv(a, dt.code, swiglu, 1, d->stream),
+                    swiglu ? "fused swiglu + linear" : "fused rmsnorm + linear");
+#else
+  (void)a, (void)swiglu;
+  return no_cuda("fused linear");
 #endif
 }
 

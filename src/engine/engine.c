@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fused_kernels.h"
 #include "internal.h"
 
 ote_engine_options ote_engine_default_options(void) {
@@ -130,6 +131,7 @@ void ote_engine_destroy(ote_engine *e) {
   ote_kv_destroy(&e->kv, &e->dev);
   ote_dev_free(&e->dev, e->cu_dec_dev);
   ote_dev_host_free(&e->dev, e->next_h);
+  ote_dev_free(&e->dev, e->argmax_state);
   ote_weights_free(e);
   ote_offload_free(e);
   ot_context_destroy(e->ctx);
@@ -257,6 +259,11 @@ static ot_status engine_finish(ote_engine *e) {
   if (st == OT_OK) st = ote_dev_host_alloc(&e->dev, sizeof(int32_t) * (size_t)S, (void **)&e->next_h);
   if (st == OT_OK) st = ote_dev_upload(&e->dev, e->cu_dec_dev, cu, sizeof *cu * (size_t)(S + 1));
   free(cu);
+  if (st == OT_OK && e->dev.dev.device_type != kDLCPU) { /* zero, as the fused argmax wants */
+    static const uint64_t zero[2] = {0, 0};
+    st = ote_dev_alloc(&e->dev, sizeof zero, &e->argmax_state);
+    if (st == OT_OK) st = ote_dev_upload(&e->dev, e->argmax_state, zero, sizeof zero);
+  }
   return st;
 }
 
@@ -444,8 +451,9 @@ void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
   }
 }
 
+/* appended: the decode step's RoPE and KV append were done by the fused qkv kernel */
 static ot_status attention_block(ote_engine *e, const batch *b, int l,
-                                 const ote_layer_weights *w) {
+                                 const ote_layer_weights *w, int appended) {
   const ote_config *c = &e->cfg;
   size_t es = ote_dtype_size(e->opt.dtype);
   int64_t D = c->head_dim, Hq = c->heads, Hkv = c->kv_heads, cols = (Hq + 2 * Hkv) * D;
@@ -494,13 +502,195 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
   } else {
     /* one token per sequence: RoPE fused into the append (positions from the page
      * table), then the batch's queries against its pages in one call */
-    OP(ot_kv_append(e->ctx, &kv, &vcu.t, &vk.t, &vv.t, &rp, NULL, &vq.t, &vq.t), "kv append", l);
-    prof_mark(e, OTE_PROF_ROPE_KV);
+    if (!appended) {
+      OP(ot_kv_append(e->ctx, &kv, &vcu.t, &vk.t, &vv.t, &rp, NULL, &vq.t, &vq.t), "kv append",
+         l);
+      prof_mark(e, OTE_PROF_ROPE_KV);
+    }
     OP(ot_paged_attention(e->ctx, &ap, &vq.t, &vcu.t, &kv, &vo.t, NULL), "paged attention", l);
     prof_mark(e, OTE_PROF_ATTN);
   }
   OTE_TRY(linear(e, e->attn, b->T, Hq * D, w->o, w->o_bias, c->hidden, e->delta, l, "o_proj"));
   prof_mark(e, OTE_PROF_O);
+  return OT_OK;
+}
+
+/* mlp = swiglu(gate_up); delta = mlp Wdown^T */
+static ot_status swiglu_down(ote_engine *e, const batch *b, int l, const ote_layer_weights *w) {
+  const ote_config *c = &e->cfg;
+  int64_t F = c->ffn, gs[2] = {b->T, 2 * F}, ms[2] = {b->T, F};
+  ote_view vg, vm;
+  ote_view_set(&vg, &e->dev, e->gate_up, e->opt.dtype, 2, gs, NULL);
+  ote_view_set(&vm, &e->dev, e->mlp, e->opt.dtype, 2, ms, NULL);
+  OP(ot_glu_forward(e->ctx, OT_GLU_SWIGLU, &vg.t, NULL, &vm.t), "swiglu", l);
+  prof_mark(e, OTE_PROF_SWIGLU);
+  OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, c->hidden, e->delta, l, "down_proj"));
+  return OT_OK;
+}
+
+/* ---- fused one-row linears (batch-1 decode, CUDA; fused_kernels.cu) ------------------- */
+
+enum { FUSE_NORM = 1, FUSE_SWIGLU = 2, FUSE_ROPE = 4, FUSE_PAIR = 8 };
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Which fusions this forward takes: a decode step of one sequence on CUDA in bf16 / fp16
+ * with resident weights, 16-byte aligned rows; OTE_FUSED_NORM=0 / OTE_FUSED_SWIGLU=0 /
+ * OTE_FUSED_ROPE=0 turn one off (read per forward: a decode graph keeps what its capture
+ * took). FUSE_NORM: the residual add + RMSNorm into qkv, gate_up and lm_head (and the
+ * greedy argmax into lm_head); FUSE_SWIGLU: SwiGLU into down_proj; FUSE_ROPE (with
+ * FUSE_NORM): RoPE of q and k and the KV append into qkv (whole-head RoPE, even head_dim);
+ * FUSE_PAIR (OTE_FUSED_PAIR=0: off): each warp of the fused kernels takes two adjacent
+ * rows of W at a time instead of one. The kernels hold the input row in shared memory
+ * (hidden float32 / ffn 16-bit values): up to 96 KB of it. */
+static int fuse_mode(const ote_engine *e, const batch *b) {
+  const ote_config *c = &e->cfg;
+  if (e->dev.dev.device_type == kDLCPU || b->prefill || b->T != 1 || e->off.on ||
+      ote_dtype_size(e->opt.dtype) != 2 || c->hidden % 8 || c->ffn % 8 || !e->argmax_state ||
+      (size_t)c->hidden * 4 > (96u << 10) || (size_t)c->ffn * 2 > (96u << 10))
+    return 0;
+  int m = (env_ll("OTE_FUSED_NORM", 1) ? FUSE_NORM : 0) |
+          (env_ll("OTE_FUSED_SWIGLU", 1) ? FUSE_SWIGLU : 0) |
+          (env_ll("OTE_FUSED_ROPE", 1) && c->head_dim % 2 == 0 ? FUSE_ROPE : 0) |
+          (env_ll("OTE_FUSED_PAIR", 1) ? FUSE_PAIR : 0);
+  int ok = aligned16(e->w.final_norm) && aligned16(e->w.lm_head);
+  for (int l = 0; ok && l < c->layers; l++) {
+    const ote_layer_weights *w = &e->w.layer[l];
+    ok = aligned16(w->attn_norm) && aligned16(w->qkv) && aligned16(w->mlp_norm) &&
+         aligned16(w->gate_up) && aligned16(w->down);
+  }
+  ok = ok && aligned16(e->x_res) && aligned16(e->last_res) && aligned16(e->delta) &&
+       aligned16(e->gate_up);
+  return ok ? m : 0;
+}
+
+/* y [1, N] = rmsnorm(delta + res) W^T (+ b) in one kernel (delta NULL: rmsnorm(res)); h =
+ * delta + res to res_out when not NULL; argmax_out: y's argmax too; rope_layer >= 0: y is
+ * that layer's qkv, with RoPE and the KV append done in the kernel (fused_kernels.h). */
+static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void *res,
+                                   void *res_out, const void *gamma, const void *w,
+                                   const void *bias, int64_t N, void *y, int32_t *argmax_out,
+                                   int rope_layer, int pair, int layer, const char *what) {
+  ote_fused_gemv_args a;
+  memset(&a, 0, sizeof a);
+  a.w = w;
+  a.N = N;
+  a.K = e->cfg.hidden;
+  a.bias = bias;
+  a.y = y;
+  a.delta = delta;
+  a.res = res;
+  a.gamma = gamma;
+  a.res_out = res_out;
+  a.eps = e->cfg.rms_eps;
+  a.pair_rows = pair;
+  a.max_waves = (int)env_ll("OTE_FUSED_WAVES", 4);
+  if (argmax_out) {
+    a.argmax_out = argmax_out;
+    a.argmax_key = (unsigned long long *)e->argmax_state;
+    a.argmax_count = (unsigned int *)((char *)e->argmax_state + 8);
+  }
+  if (rope_layer >= 0) {
+    const ote_config *c = &e->cfg;
+    const ot_rope_params rp = rope_params(c);
+    ot_paged_kv kv;
+    ote_kv_paged(&e->kv, rope_layer, &kv);
+    a.rope = 1;
+    a.hq = c->heads;
+    a.hkv = c->kv_heads;
+    a.head_dim = c->head_dim;
+    a.block_size = (int)kv.k_pages->shape[2];
+    a.k_pages = (char *)kv.k_pages->data + kv.k_pages->byte_offset;
+    a.v_pages = (char *)kv.v_pages->data + kv.v_pages->byte_offset;
+    a.indptr = (const int32_t *)((char *)kv.indptr->data + kv.indptr->byte_offset);
+    a.indices = (const int32_t *)((char *)kv.indices->data + kv.indices->byte_offset);
+    a.last_page_len =
+        (const int32_t *)((char *)kv.last_page_len->data + kv.last_page_len->byte_offset);
+    a.theta = rp.theta;
+    a.l3_factor = rp.llama3_factor > 0 ? rp.llama3_factor : 0;
+    a.l3_low = rp.llama3_low_freq_factor;
+    a.l3_high = rp.llama3_high_freq_factor;
+    a.l3_orig = rp.llama3_original_max_position;
+  }
+  OP(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 0), what, layer);
+  return OT_OK;
+}
+
+/* The fused forms of one decode step's sublayers (fuse_mode), with the residual stream
+ * ping-ponging between x_res and last_res (the fused kernel reads it in every block and
+ * writes the sum in one: not in place) */
+static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax) {
+  const ote_config *c = &e->cfg;
+  int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
+  void *res = e->x_res, *res2 = e->last_res;
+  const int pair = (fuse & FUSE_PAIR) != 0;
+  for (int l = 0; l < c->layers; l++) {
+    const ote_layer_weights *w = &e->w.layer[l];
+    if (fuse & FUSE_NORM) {
+      OTE_TRY(fused_norm_linear(e, l ? e->delta : NULL, res, l ? res2 : NULL, w->attn_norm,
+                                w->qkv, w->qkv_bias, cols, e->qkv, NULL,
+                                (fuse & FUSE_ROPE) ? l : -1, pair, l, "input_layernorm + qkv_proj"));
+      if (l) {
+        void *t = res;
+        res = res2, res2 = t;
+      }
+    } else {
+      OTE_TRY(rmsnorm(e, l ? e->delta : res, l ? res : NULL, w->attn_norm, e->normed, b->T, l,
+                      "input_layernorm"));
+      prof_mark(e, OTE_PROF_NORM);
+      OTE_TRY(linear(e, e->normed, b->T, c->hidden, w->qkv, w->qkv_bias, cols, e->qkv, l,
+                     "qkv_proj"));
+    }
+    prof_mark(e, OTE_PROF_QKV);
+    OTE_TRY(attention_block(e, b, l, w, (fuse & FUSE_NORM) && (fuse & FUSE_ROPE)));
+    if (fuse & FUSE_NORM) {
+      OTE_TRY(fused_norm_linear(e, e->delta, res, res2, w->mlp_norm, w->gate_up, NULL, 2 * F,
+                                e->gate_up, NULL, -1, pair, l,
+                                "post_attention_layernorm + gate_up_proj"));
+      void *t = res;
+      res = res2, res2 = t;
+    } else {
+      OTE_TRY(rmsnorm(e, e->delta, res, w->mlp_norm, e->normed, b->T, l,
+                      "post_attention_layernorm"));
+      prof_mark(e, OTE_PROF_NORM);
+      OTE_TRY(linear(e, e->normed, b->T, c->hidden, w->gate_up, NULL, 2 * F, e->gate_up, l,
+                     "gate_up_proj"));
+    }
+    prof_mark(e, OTE_PROF_GATE_UP);
+    if (fuse & FUSE_SWIGLU) {
+      ote_fused_gemv_args a;
+      memset(&a, 0, sizeof a);
+      a.w = w->down;
+      a.N = c->hidden;
+      a.K = F;
+      a.y = e->delta;
+      a.gate_up = e->gate_up;
+      a.pair_rows = pair;
+      a.max_waves = (int)env_ll("OTE_FUSED_WAVES", 4);
+      OP(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 1), "swiglu + down_proj", l);
+    } else {
+      OTE_TRY(swiglu_down(e, b, l, w));
+    }
+    prof_mark(e, OTE_PROF_DOWN);
+  }
+  if (fuse & FUSE_NORM) {
+    OTE_TRY(fused_norm_linear(e, e->delta, res, NULL, e->w.final_norm, e->w.lm_head, NULL,
+                              c->vocab, e->logits, argmax ? e->argmax_dev : NULL, -1, pair,
+                              c->layers, "final norm + lm_head"));
+    prof_mark(e, OTE_PROF_HEAD);
+  } else {
+    OTE_TRY(rmsnorm(e, e->delta, res, e->w.final_norm, e->last_norm, b->n, c->layers,
+                    "final norm"));
+    OTE_TRY(linear(e, e->last_norm, b->n, c->hidden, e->w.lm_head, NULL, c->vocab, e->logits,
+                   c->layers, "lm_head"));
+    prof_mark(e, OTE_PROF_HEAD);
+    if (argmax)
+      OTE_TRY(ote_dev_argmax(&e->dev, e->argmax_dev, e->logits, e->opt.dtype, b->n, c->vocab));
+  }
+  if (argmax) {
+    OTE_TRY(ote_dev_download_async(&e->dev, e->next_h, e->argmax_dev, (size_t)b->n * 4));
+    prof_mark(e, OTE_PROF_OTHER);
+  }
   return OT_OK;
 }
 
@@ -525,6 +715,8 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
   OTE_TRY(ote_dev_embed(&e->dev, e->x_res, e->w.embed, b->prefill ? e->tokens_dev : e->kv.tok_d,
                         b->T, H * es));
   prof_mark(e, OTE_PROF_EMBED);
+  const int fuse = fuse_mode(e, b);
+  if (fuse) return fused_body(e, b, fuse, argmax);
   if (e->off.on) OTE_TRY(ote_offload_prime(e));
   for (int l = 0; l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
@@ -538,20 +730,14 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     prof_mark(e, OTE_PROF_NORM);
     OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->qkv, w->qkv_bias, cols, e->qkv, l, "qkv_proj"));
     prof_mark(e, OTE_PROF_QKV);
-    OTE_TRY(attention_block(e, b, l, w));
+    OTE_TRY(attention_block(e, b, l, w, 0));
     OTE_TRY(rmsnorm(e, e->delta, e->x_res, w->mlp_norm, e->normed, b->T, l,
                     "post_attention_layernorm"));
     prof_mark(e, OTE_PROF_NORM);
     OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->gate_up, NULL, 2 * F, e->gate_up, l,
                    "gate_up_proj"));
     prof_mark(e, OTE_PROF_GATE_UP);
-    int64_t gs[2] = {b->T, 2 * F}, ms[2] = {b->T, F};
-    ote_view vg, vm;
-    ote_view_set(&vg, &e->dev, e->gate_up, e->opt.dtype, 2, gs, NULL);
-    ote_view_set(&vm, &e->dev, e->mlp, e->opt.dtype, 2, ms, NULL);
-    OP(ot_glu_forward(e->ctx, OT_GLU_SWIGLU, &vg.t, NULL, &vm.t), "swiglu", l);
-    prof_mark(e, OTE_PROF_SWIGLU);
-    OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, (int64_t)H, e->delta, l, "down_proj"));
+    OTE_TRY(swiglu_down(e, b, l, w));
     prof_mark(e, OTE_PROF_DOWN);
     if (e->off.on) OTE_TRY(ote_offload_layer_end(e, l));
   }

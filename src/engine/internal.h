@@ -66,6 +66,12 @@ ot_status ote_dev_embed(const ote_device *d, void *dst, const void *table, const
  * on the device (int32 out in device memory). */
 ot_status ote_dev_argmax(const ote_device *d, int32_t *out_dev, const void *logits, DLDataType dt,
                          int n, int vocab);
+/* CUDA, bf16 / fp16: one-row linears with their input formed in the kernel (RMSNorm of a
+ * residual sum, or SwiGLU; fused_kernels.h says what each argument is), launched as a
+ * programmatic dependent where the GPU allows. */
+struct ote_fused_gemv_args;
+ot_status ote_dev_fused_gemv(const ote_device *d, const struct ote_fused_gemv_args *a,
+                             DLDataType dt, int swiglu);
 /* CUDA: weights.c's random values computed on the device (a = std * sqrt(3); a == 0 fills
  * `constant`), equal to the host's. */
 ot_status ote_dev_fill_random(const ote_device *d, void *dst, size_t n, DLDataType dt,
@@ -243,6 +249,9 @@ struct ote_engine {
       *logits;
   int32_t *positions_dev, *cu_dev, *tokens_dev, *argmax_dev;
   int32_t *next_h;      /* [max_seqs] pinned: the argmax ids, copied by the forward */
+  /* CUDA: the fused lm_head argmax's state (a 64-bit key, a 32-bit block counter: zero
+   * between steps; fused_kernels.h) */
+  void *argmax_state;
   float *logits_host;   /* [max_seqs, V] float32 */
   void *logits_stage;   /* host copy of logits in the storage dtype */
   int32_t *positions_host, *cu_host;

@@ -1,0 +1,405 @@
+/* fused_kernels.cu -- the engine's one-row (batch-1 decode) linears with their input
+ * computed in the kernel, so that the latency-bound kernels between the weight streams go:
+ *
+ *   NORM:   y = rmsnorm(delta + res) W^T (+ b): the residual add and the RMSNorm of the
+ *           one row fused into the GEMV that consumes it (qkv, gate_up, lm_head); the sum
+ *           h = delta + res (rounded to T, what the unfused norm stores as the residual)
+ *           is written to res_out by one warp.
+ *   SWIGLU: y = (silu(gate) * up) W^T: the SwiGLU of the row fused into down_proj.
+ *   ARGMAX: with NORM at lm_head: the row's argmax (ties to the lowest index, NaN never
+ *           chosen) written to argmax_out by the grid's last block.
+ *
+ * The kernel is the library's small-M GEMV shape (linear.cu): one warp per output row n,
+ * each lane streaming 16-byte vectors of W's row (8 in flight, ld.global.cs) over the
+ * whole of K, the warp's dot product by shuffles. The fusion costs no prologue: every warp
+ * reads the whole input row anyway, so each lane forms its input elements from delta,
+ * res and the norm weight (or gate and up) as it multiplies them -- plain loads that the
+ * block's other warps find in L1 / L2 -- and accumulates the sum of squares of h beside
+ * the dot product: y_n = rsqrt(mean(h^2) + eps) * sum_k W[n, k] h_k g_k, one warp
+ * reduction more. No block barrier, no pass before the first weight load.
+ *
+ * Programmatic dependent launch (sm_90 code on a 9.0+ GPU): each warp issues its first
+ * 8 weight vectors, then griddepcontrol.wait before it reads any activation; nothing is
+ * written before the wait. The weights are never written by the kernels of the step.
+ *
+ * Numerics: the normalized input is not rounded to T before the product (the unfused path
+ * rounds it once, the GEMV then reads it): the product is taken in float32 from h and g,
+ * which is closer to the float64 value. The SwiGLU input is rounded to T, as glu.cu's
+ * output is (same silu: __expf and __fdividef). */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../cuda/common.cuh"
+#include "../cuda/pdl.cuh"
+#include "../cuda/rope.cuh"
+#include "fused_kernels.h"
+
+namespace {
+
+using ot::from_f32;
+using ot::raw16;
+using ot::to_f32;
+using ot::unpack;
+using ot::vec_width;
+using ot::warp_sum;
+
+constexpr int kWarps = 4;  /* warps per block: 4 rows of W at a time, as linear.cu */
+constexpr int kUnroll = 8; /* W vectors in flight per lane */
+
+enum { kNorm = 0, kSwiglu = 1 };
+
+__device__ __forceinline__ float silu_fast(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
+
+/* A 64-bit key whose unsigned order is (value, then lower index): the float's bits made
+ * monotone (negative: all bits flipped, else the sign bit set), -0 counted as +0, and the
+ * index complemented in the low half. 0 is below every key: "none". */
+__device__ __forceinline__ unsigned long long argmax_key(float v, int64_t idx) {
+  if (v == 0.0f) v = 0.0f;
+  unsigned int u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)u << 32) | (unsigned long long)(0xffffffffu - (unsigned int)idx);
+}
+
+/* The input elements x[k .. k + V) of the product (MODE above), formed from global
+ * memory; NORM: ss += h^2, and h stored to res_out when store_h. */
+template <typename T, int MODE>
+__device__ __forceinline__ void form_input(const ote_fused_gemv_args &a, int64_t k, bool store_h,
+                                           float *ss, float *xf) {
+  constexpr int V = vec_width<T>::value;
+  if (MODE == kNorm) {
+    raw16 hv, gv;
+    hv.u = *reinterpret_cast<const uint4 *>(static_cast<const T *>(a.res) + k);
+    gv.u = *reinterpret_cast<const uint4 *>(static_cast<const T *>(a.gamma) + k);
+    float hf[V], gf[V];
+    unpack<T>(hf, hv);
+    if (a.delta) {
+      raw16 dv;
+      dv.u = *reinterpret_cast<const uint4 *>(static_cast<const T *>(a.delta) + k);
+      float df[V];
+      unpack<T>(df, dv);
+#pragma unroll
+      for (int i = 0; i < V; i++) hf[i] += df[i];
+      ot::pack<T>(hv, hf); /* h rounded to T: the residual stream's value */
+      unpack<T>(hf, hv);
+    }
+    if (store_h) *reinterpret_cast<uint4 *>(static_cast<T *>(a.res_out) + k) = hv.u;
+    unpack<T>(gf, gv);
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+      *ss = fmaf(hf[i], hf[i], *ss);
+      xf[i] = hf[i] * gf[i];
+    }
+  } else {
+    const T *gu = static_cast<const T *>(a.gate_up); /* [gate | up], K each */
+    raw16 av, bv;
+    av.u = *reinterpret_cast<const uint4 *>(gu + k);
+    bv.u = *reinterpret_cast<const uint4 *>(gu + a.K + k);
+    float af[V], bf[V];
+    unpack<T>(af, av);
+    unpack<T>(bf, bv);
+#pragma unroll
+    for (int i = 0; i < V; i++) xf[i] = to_f32(from_f32<T>(silu_fast(af[i]) * bf[i]));
+  }
+}
+
+/* The input row in shared memory: NORM float32 x = h * gamma (the scale applied to the dot
+ * products), SWIGLU the rounded T values (exact). */
+template <typename T, int MODE>
+struct xs_elem {
+  typedef float type;
+};
+template <typename T>
+struct xs_elem<T, kSwiglu> {
+  typedef T type;
+};
+
+/* RoPE parameters in the form rope.cuh's functions read (half above kRopeMaxHalfByValue:
+ * the frequency computed by rope_inv_freq_dev, the rule of ot_rope_inv_freq) */
+struct rope_p {
+  double theta, l3_factor, l3_low, l3_high, l3_orig;
+  int64_t rotary_dim, half;
+  const double *inv_freq; /* not read (half is above the by-value limit) */
+};
+
+/* A warp task is R rows of W (1 or 2): rows R task .. R task + R - 1; or, ROPE (R = 2,
+ * NORM, a.rope: the qkv projection with RoPE and the KV append fused), the pair of rows
+ * (head * D + j, head * D + D/2 + j), whose two outputs are rotated together (NeoX pair j)
+ * -- q in place in y, k into its page slot -- or, for the v heads, copied into the page
+ * slot.
+ *
+ * Each block forms the input row once, into shared memory (K elements: 128 threads, V at a
+ * time), after its warps have issued their first weight vectors and passed the PDL wait;
+ * one barrier (with the NORM sum of squares' partials); then its warps take tasks
+ * (grid-stride) reading x from shared memory. */
+template <typename T, int MODE, int R, bool ROPE>
+__global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_gemv_args a) {
+  typedef typename xs_elem<T, MODE>::type X;
+  extern __shared__ __align__(16) unsigned char fg_smem[];
+  X *xs = reinterpret_cast<X *>(fg_smem);
+  __shared__ float ss_part[kWarps];
+  constexpr int V = vec_width<T>::value;
+  constexpr int UR = kUnroll / R; /* vectors in flight per row */
+  constexpr int64_t step = 32 * V;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t K = a.K, N = a.N;
+  const int64_t half = ROPE ? a.head_dim / 2 : 1;
+  const int64_t tasks = ROPE ? N / 2 : (N + R - 1) / R;
+  const int64_t warps = (int64_t)gridDim.x * kWarps;
+  const T *__restrict__ W = static_cast<const T *>(a.w);
+  const T *__restrict__ bias = static_cast<const T *>(a.bias);
+  T *__restrict__ y = static_cast<T *>(a.y);
+
+  int64_t task = (int64_t)blockIdx.x * kWarps + warp;
+  int64_t n[R];
+  bool nv[R]; /* row n[q] exists (the last task of an odd N has one) */
+  auto rows_of = [&](int64_t t) {
+    if (!ROPE) {
+#pragma unroll
+      for (int q = 0; q < R; q++) n[q] = t * R + q, nv[q] = t < tasks && n[q] < N;
+    } else {
+      const int64_t head = t / half, j = t - head * half;
+      n[0] = head * 2 * half + j;
+      n[R - 1] = n[0] + half;
+      nv[0] = nv[R - 1] = t < tasks;
+    }
+  };
+  raw16 wv[R][UR];
+  auto load_w = [&](int64_t k0) {
+#pragma unroll
+    for (int u = 0; u < UR; u++)
+#pragma unroll
+      for (int q = 0; q < R; q++)
+        ot::load_raw<T, true, true>(wv[q][u], W + n[q] * K, k0 + u * step, K,
+                                    nv[q] && k0 + u * step < K);
+  };
+  rows_of(task);
+  load_w((int64_t)lane * V); /* the first weight vectors: before the wait */
+  ot_pdl_wait(); /* the previous kernel's outputs (delta, res, gate_up) are ours now */
+
+  /* the input row, once per block (block 0 also stores the residual sum) */
+  float ss = 0.0f;
+  for (int64_t k = (int64_t)threadIdx.x * V; k < K; k += kWarps * 32 * V) {
+    float xf[V];
+    form_input<T, MODE>(a, k, MODE == kNorm && a.res_out && blockIdx.x == 0, &ss, xf);
+    if (MODE == kNorm) {
+      reinterpret_cast<float4 *>(xs + k)[0] = make_float4(xf[0], xf[1], xf[2], xf[3]);
+      reinterpret_cast<float4 *>(xs + k)[1] = make_float4(xf[4], xf[5], xf[6], xf[7]);
+    } else {
+      raw16 r;
+      ot::pack<T>(r, xf);
+      *reinterpret_cast<uint4 *>(xs + k) = r.u;
+    }
+  }
+  if (MODE == kNorm) {
+    ss = warp_sum(ss);
+    if (lane == 0) ss_part[warp] = ss;
+  }
+  __syncthreads();
+  float scale = 1.0f;
+  if (MODE == kNorm) {
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kWarps; i++) t += ss_part[i];
+    scale = rsqrtf(t / (float)K + a.eps);
+  }
+
+  float best = 0.0f;
+  int64_t best_n = -1;
+  bool first = true;
+  for (; task < tasks; task += warps) {
+    if (!first) rows_of(task);
+    float acc[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) acc[q] = 0.0f;
+    for (int64_t k0 = (int64_t)lane * V; k0 < K; k0 += step * UR) {
+      if (!first) load_w(k0);
+      first = false;
+#pragma unroll
+      for (int u = 0; u < UR; u++) {
+        const int64_t k = k0 + u * step;
+        if (k >= K) continue;
+        float xf[V];
+        if (MODE == kNorm) {
+          const float4 x0 = reinterpret_cast<const float4 *>(xs + k)[0];
+          const float4 x1 = reinterpret_cast<const float4 *>(xs + k)[1];
+          xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
+          xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
+        } else {
+          raw16 r;
+          r.u = *reinterpret_cast<const uint4 *>(xs + k);
+          unpack<T>(xf, r);
+        }
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+          float wf[V];
+          unpack<T>(wf, wv[q][u]);
+#pragma unroll
+          for (int i = 0; i < V; i++) acc[q] = fmaf(wf[i], xf[i], acc[q]);
+        }
+      }
+    }
+    first = false;
+    if (task + warps >= tasks) ot_pdl_launch_dependents(); /* this warp's last loads are issued */
+    float v[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+      v[q] = warp_sum(acc[q]) * scale;
+      if (bias) v[q] += to_f32(bias[n[q]]);
+      v[q] = to_f32(from_f32<T>(v[q])); /* the projection's output, as stored */
+    }
+    if (!ROPE) {
+#pragma unroll
+      for (int q = 0; q < R; q++) {
+        if (!nv[q]) continue;
+        if (lane == 0) y[n[q]] = from_f32<T>(v[q]);
+        if (a.argmax_out && !isnan(v[q]) && (best_n < 0 || v[q] > best)) best = v[q], best_n = n[q];
+      }
+    } else if (lane == 0) {
+      /* the step's one token: position t = length - 1 of sequence 0 of the page table */
+      const int32_t lo = a.indptr[0], hi = a.indptr[1];
+      const int64_t t = (int64_t)(hi - lo - 1) * a.block_size + a.last_page_len[0] - 1;
+      const int64_t head = task / half, j = task - head * half;
+      float o0 = v[0], o1 = v[R - 1];
+      if (head < a.hq + a.hkv) {
+        rope_p rp = {a.theta, a.l3_factor, a.l3_low, a.l3_high, a.l3_orig, 2 * half,
+                     (int64_t)ot::kRopeMaxHalfByValue + 1, nullptr};
+        float c, sn;
+        ot::rope_cos_sin(rp, t, j, &c, &sn);
+        ot::rope_rotate(v[0], v[R - 1], c, sn, &o0, &o1);
+      }
+      if (head < a.hq) { /* q, in place */
+        y[n[0]] = from_f32<T>(o0);
+        y[n[R - 1]] = from_f32<T>(o1);
+      } else {
+        const bool is_k = head < a.hq + a.hkv;
+        const int64_t h = is_k ? head - a.hq : head - a.hq - a.hkv;
+        const int64_t page = a.indices[lo + t / a.block_size];
+        T *dst = static_cast<T *>(is_k ? a.k_pages : a.v_pages) +
+                 ((page * a.hkv + h) * a.block_size + t % a.block_size) * 2 * half;
+        dst[j] = from_f32<T>(o0);
+        dst[j + half] = from_f32<T>(o1);
+      }
+    }
+  }
+  if (!a.argmax_out) return;
+  /* the block's best (lanes of a warp agree), then the grid's through one 64-bit atomicMax
+   * (skipped when the global key is already higher: few blocks ever raise it); the last
+   * block to finish writes the index and clears the key and the counter for the next step */
+  __shared__ unsigned long long bk[kWarps];
+  __shared__ bool last;
+  if (lane == 0) bk[warp] = best_n >= 0 ? argmax_key(best, best_n) : 0ull;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long k = bk[0];
+    for (int i = 1; i < kWarps; i++) k = bk[i] > k ? bk[i] : k;
+    unsigned long long *gk = a.argmax_key;
+    if (k > *reinterpret_cast<volatile unsigned long long *>(gk)) atomicMax(gk, k);
+    __threadfence();
+    last = atomicAdd(a.argmax_count, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last && threadIdx.x == 0) {
+    __threadfence();
+    const unsigned long long k = atomicExch(a.argmax_key, 0ull);
+    *a.argmax_count = 0u;
+    const unsigned int lo = 0xffffffffu - (unsigned int)(k & 0xffffffffull);
+    *a.argmax_out = k == 0 || lo >= (unsigned int)N ? 0 : (int32_t)lo;
+  }
+}
+
+/* Blocks of f per SM with smem bytes of dynamic shared memory (cached for the last size
+ * asked: one engine's shapes ask one size per kernel) */
+template <typename F>
+int resident_blocks(F *f, size_t smem, size_t *cached_smem, int *cache) {
+  if (*cache && *cached_smem == smem) return *cache;
+  int b = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, f, kWarps * 32, smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    b = 1;
+  }
+  *cache = b < 1 ? 1 : b;
+  *cached_smem = smem;
+  return *cache;
+}
+
+/* Whether f may be launched as a programmatic dependent: a 9.0+ GPU running f's sm_90+
+ * code (older code has no griddepcontrol.wait and would read its inputs too early). */
+template <typename F>
+bool pdl_ok(F *f, int *cache) {
+  if (*cache) return *cache > 0;
+  int dev = 0, major = 0;
+  bool ok = false;
+  cudaFuncAttributes fa;
+  if (cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      major >= 9 && cudaFuncGetAttributes(&fa, f) == cudaSuccess)
+    ok = fa.ptxVersion >= 90;
+  (void)cudaGetLastError();
+  *cache = ok ? 1 : -1;
+  return ok;
+}
+
+int sm_count(void) {
+  static int n = 0;
+  if (!n) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      v = 1;
+    }
+    n = v;
+  }
+  return n;
+}
+
+template <typename T, int MODE, int R, bool ROPE>
+cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
+  static int occ = 0, pdl_cache = 0;
+  static size_t occ_smem = 0, smem_set = 48 << 10;
+  auto f = fused_gemv_kernel<T, MODE, R, ROPE>;
+  const size_t smem = (size_t)a.K * sizeof(typename xs_elem<T, MODE>::type);
+  if (smem > smem_set) { /* beyond the default 48 KB: opt in (once per size reached) */
+    cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    smem_set = smem;
+  }
+  /* blocks: one task per warp, except (linear.cu's gemv_balance) two when that makes one
+   * wave of two, and at most max_waves waves of the blocks the GPU holds at once (each
+   * block forms the input row once: fewer blocks form it fewer times), the warps then
+   * taking tasks grid-stride */
+  const int64_t wave = (int64_t)resident_blocks(f, smem, &occ_smem, &occ) * sm_count();
+  const int64_t tasks = ROPE ? a.N / 2 : (a.N + R - 1) / R;
+  int64_t blocks = (tasks + kWarps - 1) / kWarps;
+  if (blocks > wave && blocks <= 2 * wave) blocks = (tasks + 2 * kWarps - 1) / (2 * kWarps);
+  if (a.max_waves > 0 && blocks > a.max_waves * wave) blocks = a.max_waves * wave;
+  if (blocks > 0x7fffffffll) return cudaErrorInvalidValue;
+  return ot_launch_pdl_smem(pdl && pdl_ok(f, &pdl_cache), f, dim3((unsigned)blocks),
+                            dim3(kWarps * 32), smem, st, a);
+}
+
+template <typename T>
+cudaError_t launch_any(const ote_fused_gemv_args &a, int swiglu, cudaStream_t st, bool pdl) {
+  if (a.rope) return launch<T, kNorm, 2, true>(a, st, pdl);
+  if (swiglu)
+    return a.pair_rows ? launch<T, kSwiglu, 2, false>(a, st, pdl)
+                       : launch<T, kSwiglu, 1, false>(a, st, pdl);
+  return a.pair_rows ? launch<T, kNorm, 2, false>(a, st, pdl)
+                     : launch<T, kNorm, 1, false>(a, st, pdl);
+}
+
+} /* namespace */
+
+extern "C" int ote_cuda_fused_gemv(const ote_fused_gemv_args *a, int dtype_code, int swiglu,
+                                   int pdl, void *stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (a->N <= 0) return 0;
+  if (a->rope && (swiglu || a->argmax_out || a->head_dim % 2 ||
+                  a->N != (int64_t)(a->hq + 2 * a->hkv) * a->head_dim))
+    return (int)cudaErrorInvalidValue;
+  if (dtype_code == 4 /* kDLBfloat */) return (int)launch_any<__nv_bfloat16>(*a, swiglu, st, pdl);
+  return (int)launch_any<__half>(*a, swiglu, st, pdl);
+}

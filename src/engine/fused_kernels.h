@@ -1,0 +1,52 @@
+/* fused_kernels.h -- the arguments of the engine's fused one-row linears
+ * (fused_kernels.cu; launched through ote_dev_fused_gemv, device.c). C and CUDA. */
+#ifndef OTE_FUSED_KERNELS_H
+#define OTE_FUSED_KERNELS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y [N] = x W^T (+ bias) for one row, W [N, K] row-major, every pointer 16-byte aligned
+ * and K a multiple of 8 (bf16 / fp16 only), with x formed in the kernel:
+ *   norm (swiglu 0): h = res (+ delta), x = rmsnorm(h) * gamma (eps); res_out (may be
+ *     NULL) receives h rounded to the dtype; res_out must not alias delta or res.
+ *   swiglu 1: x = silu(gate_up[0, K)) * gate_up[K, 2K), rounded to the dtype.
+ * argmax_out (norm only, may be NULL): the index of y's largest value (ties: the lowest;
+ * NaN never chosen; 0 when none), through argmax_key / argmax_count, which must be zero
+ * before the first call and are left zero by each call. */
+typedef struct ote_fused_gemv_args {
+  const void *w;
+  int64_t N, K;
+  const void *bias;
+  void *y;
+  const void *delta, *res, *gamma;
+  void *res_out;
+  float eps;
+  const void *gate_up;
+  int pair_rows; /* not 0: each warp takes two adjacent rows of W (the input formed once
+                  * for both), else one (rope: always a pair) */
+  int max_waves; /* > 0: at most this many waves of blocks (the warps loop over tasks) */
+  int32_t *argmax_out;
+  unsigned long long *argmax_key;
+  unsigned int *argmax_count;
+  /* rope (norm only): y is the fused qkv projection [(hq + 2 hkv) head_dim] of one token,
+   * whose q heads are rotated in place (NeoX, the whole head, the RoPE of ot_rope_forward
+   * with these parameters) and whose k (rotated) and v heads are written to the token's
+   * slot in the pages instead of y -- the slot of ot_kv_append: position length - 1 of
+   * sequence 0 of the page table (indptr, indices, last_page_len; block_size tokens a page,
+   * pages [num_pages, hkv, block_size, head_dim]) */
+  int rope;
+  int hq, hkv, head_dim, block_size;
+  void *k_pages, *v_pages;
+  const int32_t *indptr, *indices, *last_page_len;
+  double theta, l3_factor, l3_low, l3_high, l3_orig;
+} ote_fused_gemv_args;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OTE_FUSED_KERNELS_H */
