@@ -237,9 +237,13 @@ def trace(shim, cases):
         summ["wait_to_first_us"] = q([(r[3] - r[1]) / 1e3 for r in full if r[3]])
         summ["loop_us"] = q([(r[4] - r[3]) / 1e3 for r in full if r[3] and r[4]])
         summ["epilogue_us"] = q([(r[5] - r[4]) / 1e3 for r in full if r[4]])
+        # stamp 6 is the CTA's SM id, except in -DOT_PA_TRACE_EPI builds, where it is a
+        # %globaltimer value (ns since the epoch): no SM counts from those
+        epi = any(r[6] >= 1 << 32 for r in full)
         sms = {}
-        for r in full:
-            sms[r[6]] = sms.get(r[6], 0) + 1
+        if not epi:
+            for r in full:
+                sms[r[6]] = sms.get(r[6], 0) + 1
         m_full = [r for _, r in merge if r[5] != 0]
         summ["merge_entry"] = q([(r[0] - t0) / 1e3 for _, r in merge])
         summ["merge_waited"] = q([(r[1] - t0) / 1e3 for _, r in merge])
@@ -248,7 +252,8 @@ def trace(shim, cases):
         rec = {"case": f"B{b} x ctx {ctx} page {bs}", "env": env, "plan": pl,
                "us_per_call_events": round(us_call, 2), "ctas": len(main),
                "ctas_early_exit": len(main) - len(full), "merge_ctas": len(merge),
-               "sms_used": len(sms), "max_ctas_per_sm": max(sms.values()) if sms else 0,
+               "sms_used": None if epi else len(sms),
+               "max_ctas_per_sm": None if epi else max(sms.values()) if sms else 0,
                "span_us": round((max(ends) - t0) / 1e3, 2) if ends else None,
                "quantiles": "min, p10, p50, p90, max (us)", "summary": summ,
                "main_raw": [[i] + [x - t0 if j < 6 and x else x for j, x in enumerate(r)]
@@ -256,7 +261,7 @@ def trace(shim, cases):
         out.append(rec)
         s_ = summ
         print(f"trace {rec['case']} {env} ({pl}; {us_call:.1f} us/call by events): span "
-              f"{rec['span_us']} us, {len(full)} CTAs on {len(sms)} SMs; entry {s_['entry']}; "
+              f"{rec['span_us']} us, {len(full)} CTAs on {rec['sms_used']} SMs; entry {s_['entry']}; "
               f"waited {s_['waited']}; tables {s_['tables']}; first stage {s_['first_stage']}; "
               f"loop done {s_['loop_done']}; end {s_['end']}; start->first {s_['start_to_first_us']}; "
               f"loop {s_['loop_us']}; epilogue {s_['epilogue_us']}; merge entry "
