@@ -1016,8 +1016,9 @@ static const pcase paged_cuda_long[] = {
     {"cuda decode B1 ctx 33000 GQA8 D128 bs256 spec 2", 1, {33000}, {2}, 8, 1, 128, 256, 1, -1, -1, 0, 0},
     {"cuda decode B3 ctx 5000 GQA4 D128 bs1", 3, {5000, 31, 2500}, {1, 1, 1}, 16, 4, 128, 1, 1, -1, -1, 0, 0},
     {"cuda decode B2 ctx 9000 GQA1 D128 bs7 window 3000", 2, {9000, 4099}, {1, 3}, 4, 4, 128, 7, 1, 3000, -1, 0, 0},
-    /* batch 1, the engine's decode (splits of 64 keys; page ids loaded with the tables),
-     * and with a left window (splits that start past the guessed key load them again) */
+    /* batch 1 at the engine's heads, page ids loaded with the tables (129 pages plan for
+     * 2064 keys: 17 splits of 128 on an H200, 132 SMs x 2 CTAs), and with a left window
+     * (47 splits of 64 keys; those that start past the guessed key load the ids again) */
     {"cuda decode B1 ctx 2049 Hq32 Hkv8 D128 bs16 (engine)", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda decode B1 ctx 3000 GQA4 D128 bs16 window 1000", 1, {3000}, {1}, 16, 4, 128, 16, 1, 1000, -1, 0, 0},
 };
@@ -1662,8 +1663,8 @@ static void run_memory_cuda(test_run *tr) {
   paged_case(tr, &paged_cuda_cases[6], DT_F16);
   paged_case(tr, &paged_cuda_long[4], DT_BF16);
   env_restore(&nopdl);
-  /* back to back: the split kernel's 32-split merge (64k, then the engine's 2k: 32 splits
-   * of 64 keys), then the stream kernel's cut units */
+  /* back to back: the split kernel's 32-split merge (64k), its 17-split one (1 x 2049 at
+   * the engine's heads), then the stream kernel's cut units */
   paged_pair_case(tr, &paged_cuda_long[0], DT_BF16);
   paged_pair_case(tr, &paged_cuda_long[5], DT_BF16);
   env_saved kern4 = env_set("OT_PAGED_KERNEL", "stream");
