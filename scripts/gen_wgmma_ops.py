@@ -6,8 +6,9 @@ operand, so one wrapper per (N, operand form, dtype) is spelled out here instead
     python3 scripts/gen_wgmma_ops.py > src/cuda/sm90/wgmma_ops.cuh
 """
 # S = Q K^T: N = Bc (key tile 64 / 80 / 128 / 176 / 192), and the narrower widths that the
-# forward's kFlNarrow step runs a partial first key tile's Q K^T over (16 to 160).
-SS_N = [16, 32, 48, 64, 80, 96, 128, 160, 176, 192]
+# forward's kFlNarrow step runs a partial last key tile's Q K^T over (48 at head dim 128;
+# 16 and 64 at head dim 256 in experiment builds).
+SS_N = [16, 48, 64, 80, 128, 176, 192]
 RS_N = [64, 128, 256]              # O += P V:  N = D (head dim)
 SST_N = [64]                       # backward dQ = dS K: A and B MN-major (N = dQ columns)
 TYPES = [("bf16", False), ("f16", True)]
