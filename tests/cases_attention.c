@@ -283,6 +283,22 @@ static const acase cuda_sm90_cases[] = {
     {"cuda hopper-only Sq300 Sk1024 D256 GQA2 (rem 64) fwd", 1, 300, 1024, 4, 2, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
+/* The Hopper forward's narrow last-key-tile step (kFlNarrow, bf16 D128 non-causal, the
+ * 176-key tile) where only OT_ATTN_SM90_TILE=wide reaches it (Sk <= 2048 takes the 128-key
+ * tile): a call of one key tile of 40 keys (the narrow step alone), a last tile of exactly
+ * 48 keys before one whole tile (no pipelined loop), and a last tile of 1 key before three,
+ * the last also under OT_ATTN_SM90_GRID=3 (persistent CTAs of several tiles: ring phases
+ * and pingpong turns running on after narrow steps). The first has all of its attention
+ * mass in the narrow step, the second a fifth (48 of 224 keys), so an error of the step's
+ * P V or of the O, m, l it hands to the pipelined steps is large against out's bf16
+ * tolerance (a key lost or counted twice also moves lse). bf16 only: fp16 has no narrow
+ * instance. */
+static const acase cuda_sm90_wide_cases[] = {
+    {"cuda hopper-only wide Sq130 Sk40 D128 GQA2 B2 (one tile of 40) fwd", 2, 130, 40, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only wide Sq300 Sk224 D128 (rem 48) fwd", 1, 300, 224, 2, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only wide Sq200 Sk529 D128 GQA2 B2 (rem 1) fwd", 2, 200, 529, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+};
+
 /* Gradient-mode cases: tiny shapes, float32 storage. */
 static const acase grad_cases[] = {
     {"grad plain", 1, 5, 5, 4, 2, 4, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
@@ -969,6 +985,15 @@ static void run_sm90_required(test_run *tr) {
   require_sm90 = true;
   for (size_t i = 0; i < sizeof cuda_sm90_cases / sizeof cuda_sm90_cases[0]; i++)
     run_case(tr, &cuda_sm90_cases[i], i % 2 ? DT_F16 : DT_BF16);
+  env_saved tile = env_set("OT_ATTN_SM90_TILE", "wide");
+  for (size_t i = 0; i < sizeof cuda_sm90_wide_cases / sizeof cuda_sm90_wide_cases[0]; i++)
+    run_case(tr, &cuda_sm90_wide_cases[i], DT_BF16);
+  env_saved grid = env_set("OT_ATTN_SM90_GRID", "3");
+  acase g = cuda_sm90_wide_cases[2];
+  g.name = "cuda hopper-only wide GRID 3 Sq200 Sk529 D128 GQA2 B2 (rem 1) fwd";
+  run_case(tr, &g, DT_BF16);
+  env_restore(&grid);
+  env_restore(&tile);
   require_sm90 = false;
   run_sm90_refusal_case(tr);
   env_restore(&impl);
