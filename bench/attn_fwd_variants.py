@@ -37,8 +37,6 @@ import bench_attention as ba  # noqa: E402
 from benchutil import round_order  # noqa: E402
 
 RESC = {"OT_ATTN_SM90_RESC": "1"}
-P8 = {"OT_ATTN_SM90_EXP": "poly8"}
-P4 = {"OT_ATTN_SM90_EXP": "poly"}
 WIDE = {"OT_ATTN_SM90_TILE": "wide"}
 SPLIT = {"OT_ATTN_SM90_SPLIT": "1"}
 SMALL = {"OT_ATTN_SM90_TILE": "small"}
@@ -55,10 +53,11 @@ def variant_list(d, s, causal):
 
 
 def _variant_list(d, s, causal):
-    # since the narrow step (2026-11-30 ~13:40) the experiment build carries kFlNarrow (D128
-    # 176-key tile at the widths of S 4k / 16k, 48 / 16 keys; D256 at 64 / 16), the split
-    # (D128 176) and the rescale threshold; the polynomial exponentials (measured slower,
-    # docs/ATTENTION.md) are no longer compiled there
+    # since the narrow step (c463491) the experiment build carries kFlNarrow (D128 176-key
+    # tile at 48 keys, S 4k's last tile; D256 at 16 / 64), the split (D128 176) and the
+    # rescale threshold; the polynomial exponentials (measured slower, docs/ATTENTION.md) are
+    # no longer compiled there. (The build measured on 2026-11-30 ~13:27 / ~13:29 UTC also
+    # had a D128 16-key instance, which ran S 16k's narrow column.)
     if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
         return [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),
                 ("nonpers", NONPERS)]
@@ -84,18 +83,20 @@ def checks(S):
                                      (256, 500, 700, 0, {}), (256, 300, 1030, -1, {})):
             ba.check_case(S, ck, 2, sq, sk, 4, 2, d, wr=wr, env={**extra, **env})
     # fp16 keeps the default instances (the variants are bf16 only): still right with the switches
-    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, dtype=torch.float16, env={**wide, **P8})
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, dtype=torch.float16,
+                  env={**wide, **RESC, **NARROW})
     # the multi-tile persistent path (ring phases across tiles) with the variants
     ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 128, env={**wide, **RESC, "OT_ATTN_SM90_GRID": "3"})
-    ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 256, env={**P8, "OT_ATTN_SM90_GRID": "3"})
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 4, 256, env={"OT_ATTN_SM90_GRID": "3"})
     if ONLY is None or "narrow" in ONLY:
         # kFlNarrow: the partial last key tile as a step of its own at the compiled widths
-        # (D128 176-key tile: Sk mod 176 = 1, 8, 16, 33, 47, 48; D256: Sk mod 80 = 1, 16, 49,
-        # 64), Sq != Sk both ways, GQA, lse, B 2, the multi-tile path (GRID 3); widths without
-        # an instance (Sk mod 176 = 175, 64), causal calls (declined: the default runs) and fp16
-        # still right
+        # (D128 176-key tile: Sk mod 176 = 1, 8, 16, 33, 47, 48, and Sk = 40, the step alone;
+        # D256: Sk mod 80 = 1, 16, 49, 64), Sq != Sk both ways, GQA, lse, B 2, the multi-tile
+        # path (GRID 3); widths without an instance (Sk mod 176 = 175, 64), causal calls
+        # (declined: the default runs) and fp16 still right
         for d, sq, sk, hq, hkv, grid, extra in (
-                (128, 300, 177, 4, 2, 0, wide), (128, 1000, 360, 4, 1, 0, wide),
+                (128, 300, 40, 4, 2, 0, wide), (128, 300, 177, 4, 2, 0, wide),
+                (128, 1000, 360, 4, 1, 0, wide),
                 (128, 200, 2128, 4, 2, 0, {}), (128, 1000, 1089, 4, 4, 3, wide),
                 (128, 500, 2159, 2, 1, 0, {}), (128, 2160, 2160, 2, 1, 3, {}),
                 (128, 300, 2287, 4, 2, 0, {}), (128, 300, 2176, 4, 2, 0, {}),
