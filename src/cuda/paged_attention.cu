@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   constexpr int NT = D / 8;    /* n-tiles of PV */
   __shared__ float s_m[kPaWarps][16], s_l[kPaWarps][16], s_wt[kPaWarps][16];
   __shared__ int64_t s_off[16];
-  extern __shared__ __align__(16) unsigned char pa_smem[]; /* rings; [warps][16][D] floats at the end */
+  extern __shared__ __align__(16) unsigned char pa_smem[]; /* rings; [warps][16][D + 2] floats at the end */
   PA_TR(0, 0, pa_gtime());
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -537,8 +537,9 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   const int64_t tok_first = tile * 16 / p.group;
   int64_t tok_last = (tile * 16 + 15) / p.group;
   if (tok_last > nq - 1) tok_last = nq - 1;
-  /* this split's keys: the sequence cut into `splits` chunks of >= 256 keys (a multiple
-   * of 64), so splits past the end of a short sequence are empty */
+  /* this split's keys: the sequence cut into `splits` chunks of >= kPaMinChunk keys (a
+   * multiple of 64; pa_chunk on the host), so splits past the end of a short sequence are
+   * empty */
   int64_t chunk = (len + p.splits - 1) / p.splits;
   chunk = chunk < kPaMinChunk ? kPaMinChunk : (chunk + 63) / 64 * 64;
   int64_t k_lo = split * chunk, k_hi = k_lo + chunk;
@@ -686,9 +687,9 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   /* per row, once (thread r < 16): the warps' weights exp2(m_w - M) / L, the lse (written
    * here) and the row's first output element (-1: no row); the element loop below is then
    * 4 shared loads, 4 FMAs and a store, where it computed all of this per element (two
-   * 64-bit divisions among it: ~4.4 us per CTA on the H200, trace of a1778f4; ~2.1 us
-   * after). A row's offset is >= 0: a negative stride is allowed only on an extent of 1
-   * (ot_view_of), whose index is 0. */
+   * 64-bit divisions among it: 4.4-6.4 us per CTA after the key loop on the H200, trace of
+   * a1778f4; ~2.4 us after, docs/PERFORMANCE.md Decode round 5). A row's offset is >= 0: a
+   * negative stride is allowed only on an extent of 1 (ot_view_of), whose index is 0. */
   if (threadIdx.x < 16) {
     const int r = threadIdx.x;
     const int64_t R = tile * 16 + r;
@@ -1305,8 +1306,8 @@ static bool pa_merge_pdl(const ot_cuda_state *cs) {
   return ot_pdl_ok(cs, pa_merge_kernel<T, D>, cached);
 }
 
-/* The kernel's chunk for s splits of len keys (>= 256, a multiple of 64) and the splits
- * that chunk leaves non-empty. */
+/* The kernel's chunk for s splits of len keys (>= kPaMinChunk, a multiple of 64) and the
+ * splits that chunk leaves non-empty. */
 static int64_t pa_chunk(int64_t len, int64_t s, int64_t *nonempty) {
   int64_t chunk = (len + s - 1) / s;
   chunk = chunk < kPaMinChunk ? kPaMinChunk : (chunk + 63) / 64 * 64;
@@ -1314,7 +1315,7 @@ static int64_t pa_chunk(int64_t len, int64_t s, int64_t *nonempty) {
   return chunk;
 }
 
-/* Splits per sequence: among s = 1 .. len / 256, the wave-quantized time
+/* Splits per sequence: among s = 1 .. len / kPaMinChunk, the wave-quantized time
  * ceil(base * s' / slots) * chunk(s) (s' = the non-empty splits of that chunk), the fewest
  * splits within 2% of the best; returns s' (so no split is empty at the estimated len). */
 static double pa_plan_cost(int64_t base, int64_t est_len, int64_t slots, int64_t s, int64_t *ne) {
