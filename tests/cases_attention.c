@@ -281,6 +281,11 @@ static const acase cuda_sm90_cases[] = {
     {"cuda hopper-only Sq150 Sk1041 D256 GQA2 (rem 1) fwd", 1, 150, 1041, 4, 2, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only S2113 D128 (rem 1) fwd", 1, 2113, 2113, 2, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only Sq300 Sk1024 D256 GQA2 (rem 64) fwd", 1, 300, 1024, 4, 2, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    /* The Hopper backward's causal work order with heads both before and in the tail
+     * (1297a76): 16 key blocks x 18 (batch, head) pairs -- one head runs head by head, the
+     * other 17 key block by key block, heaviest first. Last, so that the dtype parity of the
+     * cases above stays as their comment says. */
+    {"cuda hopper-only causal Sq64 Sk2048 D64 B2 H9 (head order, then tail)", 2, 64, 2048, 9, 9, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
 };
 
 /* The Hopper forward's narrow last-key-tile step (kFlNarrow, bf16 D128 non-causal, the
