@@ -7,6 +7,7 @@ of torch tensors, torch's current stream), so this runs without the Python front
 
   python3 bench/bench_fused_ops.py --shim build/libfused_ops_shim.so --check [--small]
   python3 bench/bench_fused_ops.py --shim ... --bench [--json bench/results/fused_ops.json]
+  python3 bench/bench_fused_ops.py --shim ours.so --ab-shim parent=parent.so --bench (A/B)
 
 --check compares every op with a float64 torch reference on odd shapes, strided
 rows, fp32/fp16/bf16, in place and out of place, with NaN-poisoned outputs.
@@ -572,9 +573,16 @@ def time_ms(fns, iters=25, inner=5, warmup=3):
     return statistics.median(ts)
 
 
-def variants_ms(calls, envs):
+# --ab-shim NAME=PATH: other builds of the shim (e.g. the parent commit's), whose calls are
+# timed as variants of ours in the same process (A/B without run-time switches in the
+# library), then ours once more ("ours again": the drift over the row's timings).
+AB_SHIMS = []
+
+
+def variants_ms(calls, envs, mk=None):
     """Time `calls` (ours) under each {name: {ENV: value}} setting of the kernels'
-    tuning knobs (read by src/cuda/norm.cuh, rope.cu, glu.cu at each call)."""
+    tuning knobs (read by src/cuda/norm.cuh, rope.cu, glu.cu at each call), and through
+    each --ab-shim (mk(shim): the same calls through that shim)."""
     out = {}
     for name, env in envs.items():
         for k, v in env.items():
@@ -584,6 +592,10 @@ def variants_ms(calls, envs):
         finally:
             for k in env:
                 os.environ.pop(k, None)
+    if mk is not None and AB_SHIMS:
+        for name, S2 in AB_SHIMS:
+            out[name] = time_ms(mk(S2))
+        out["ours again"] = time_ms(calls)
     return out
 
 
@@ -756,10 +768,11 @@ def bench_all(S, args):
                 mm = mean if layer else None
                 if "norm" in only:  # "normbwd": the backward rows only
                     # forward, unfused
-                    ours = [norm_fwd_call(S, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)
-                            for i, s in enumerate(sets)]
+                    mk = lambda S_: [norm_fwd_call(S_, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)
+                                     for i, s in enumerate(sets)]
+                    ours = mk(S)
                     t_ours = time_ms(ours)
-                    var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS)
+                    var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS, mk)
                     if layer:
                         peers = {
                             "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln(s["x"], w, bvec, eps) for s in sets])),
@@ -778,10 +791,11 @@ def bench_all(S, args):
                     row(f"{nm}_fwd", case, 2 * N * H * E, t_ours, peers, var_ms)
 
                     # forward with residual
-                    ours = [norm_fwd_call(S, layer, s["x"], s["r"], w, bb, eps, outs[i], routs[i], mm, rstd)
-                            for i, s in enumerate(sets)]
+                    mk = lambda S_: [norm_fwd_call(S_, layer, s["x"], s["r"], w, bb, eps, outs[i], routs[i], mm, rstd)
+                                     for i, s in enumerate(sets)]
+                    ours = mk(S)
                     t_ours = time_ms(ours)
-                    var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS)
+                    var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS, mk)
                     if layer:
                         peers = {
                             "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln_res(s["x"], s["r"], w, bvec, eps) for s in sets])),
@@ -803,10 +817,11 @@ def bench_all(S, args):
                 # backward: dx, dweight (+ dbias), saved statistics
                 for i, s in enumerate(sets):
                     norm_fwd_call(S, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)()
-                ours = [norm_bwd_call(S, layer, s["dy"], None, s["x"], w, mm, rstd, eps, routs[i], dws,
-                                      dbs if layer else None) for i, s in enumerate(sets)]
+                mk = lambda S_: [norm_bwd_call(S_, layer, s["dy"], None, s["x"], w, mm, rstd, eps, routs[i], dws,
+                                               dbs if layer else None) for i, s in enumerate(sets)]
+                ours = mk(S)
                 t_ours = time_ms(ours)
-                var_ms = variants(ours, LN_BWD_VARIANTS if layer else BWD_VARIANTS)
+                var_ms = variants(ours, LN_BWD_VARIANTS if layer else BWD_VARIANTS, mk)
 
                 def torch_bwd(fn):
                     gs = []
@@ -846,11 +861,12 @@ def bench_all(S, args):
             nbytes = 2 * N * (Hq + Hk) * D * E
             for inverse in ((False, True) if "rope" in only else ()):
                 for use_cache in (True, False):
-                    ours = [rope_call(S, s["q"], s["k"], qo[i], ko[i], s["pos"],
-                                      cache if use_cache else None, 0, D, 10000.0, inverse)
-                            for i, s in enumerate(rsets)]
+                    mk = lambda S_: [rope_call(S_, s["q"], s["k"], qo[i], ko[i], s["pos"],
+                                               cache if use_cache else None, 0, D, 10000.0, inverse)
+                                     for i, s in enumerate(rsets)]
+                    ours = mk(S)
                     t_ours = time_ms(ours)
-                    var_ms = variants(ours, ROPE_VARIANTS)
+                    var_ms = variants(ours, ROPE_VARIANTS, mk)
                     op = ("rope_bwd" if inverse else "rope_fwd") + ("" if use_cache else "_computed_cos_sin")
                     if not inverse:
                         if use_cache:
@@ -1049,12 +1065,18 @@ def main():
     ap.add_argument("--hidden", default="4096,8192", help="--bench: hidden sizes (16k rows each)")
     ap.add_argument("--ce-last", dest="ce_first", action="store_false",
                     help="cross-entropy rows last (default: first, the newest kernels first)")
+    ap.add_argument("--ab-shim", action="append", default=[], metavar="NAME=PATH",
+                    help="--bench: time the same calls through this shim too (a variant NAME); "
+                         "--ncu: its kernels first")
     ap.add_argument("--json", default=None)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--command", default=None)
     args = ap.parse_args()
     torch.manual_seed(1234)
     S = Shim(args.shim)
+    for spec in args.ab_shim:
+        name, path = spec.split("=", 1)
+        AB_SHIMS.append((name, Shim(path)))
     rc = 0
     if args.check:
         ck = Checker()
@@ -1070,6 +1092,9 @@ def main():
     if args.sanitize:
         sanitize_run(S, args.only)
     if args.ncu:
+        for name, S2 in AB_SHIMS:
+            print(f"ncu run: {name} ({len(AB_SHIMS)} shim(s) before ours)")
+            ncu_run(S2)
         ncu_run(S)
     if args.bench:
         copy_tbps, rows = bench_all(S, args)

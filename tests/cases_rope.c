@@ -148,6 +148,9 @@ static const rope_case cases[] = {
     {"neox T=257 5/3 D=72 rd=40 strided positions", OT_ROPE_NEOX, 0, 257, 5, 3, 72, 40, 0, 65536, 0, 0, 0, 0, 1},
     {"gptj T=100 D=34 strided positions i32",    OT_ROPE_GPTJ, 0, 100, 3, 1, 34, 0, 1, 65536, 0, 0, 1, 0, 1},
     {"neox positions up to 2^21",                OT_ROPE_NEOX, 0, 37, 2, 1, 128, 0, 0, 2097152, 0, 0, 0, 0, 0},
+    /* 48 heads of D=128 (12 passes of 4 heads): two batches of the warp kernel's passes */
+    {"neox gqa 40/8 T=9 D=128 cache",            OT_ROPE_NEOX, 0, 9, 40, 8, 128, 0, 0, 4096, 1, 0, 0, 0, 0},
+    {"gptj gqa 40/8 T=9 D=128 in place",         OT_ROPE_GPTJ, 0, 9, 40, 8, 128, 0, 0, 65536, 0, 0, 1, 0, 0},
     {"neox empty T=0",                           OT_ROPE_NEOX, 0, 0, 2, 1, 8, 0, 0, 10, 0, 0, 0, 0, 0},
     {"gptj empty heads",                         OT_ROPE_GPTJ, 0, 4, 0, 0, 8, 0, 0, 10, 0, 0, 0, 0, 0},
 };

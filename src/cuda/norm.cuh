@@ -27,9 +27,10 @@
  * Backward: a persistent grid (SMs x occupancy blocks); each row group keeps fp32
  * partial sums of dweight / dbias for its columns in registers across the rows it
  * handles, writes them once to a [groups, cols] fp32 workspace, and a second kernel
- * sums the groups (two-stage reduction, no atomics). The workspace is taken with
- * cudaMallocAsync / cudaFreeAsync on the context's stream (stream-ordered, served by
- * the driver's memory pool) -- a stopgap until the context has an arena.
+ * sums the groups (two-stage reduction, no atomics). The workspace (and the recomputed
+ * statistics) are the op's temporaries (ot_cuda_temp_alloc / ot_cuda_temp_free: the
+ * context's arena when one is configured, else cudaMallocAsync / cudaFreeAsync on the
+ * context's stream).
  *
  * Generations (all kept: the benchmark times them side by side through the env knobs
  * below): v1 (f46b949, any alignment: the fallback), v2 (aligned rows, more bytes in
@@ -1447,6 +1448,9 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * 4-byte loads; default: norm_reduce_partials_v2_kernel where cols % 4 == 0). */
 enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
 struct norm_cfg {
+  ot_context *ctx;    /* the call's context: its temporaries (norm_temp_alloc) */
+  const char *op;     /* the API function, for the temporaries' errors */
+  ot_status *temp_st; /* where norm_temp_alloc / norm_temp_free leave a failure's status */
   const ot_cuda_state *cs;
   int fwd_impl;       /* kNormImplDefault (v2), Old or V3 */
   int fwd_maxnv;      /* 8 or 16 */
@@ -1459,48 +1463,59 @@ struct norm_cfg {
   int bwd_tma_stages; /* 0 automatic */
   bool reduce_v2;     /* the partials' sum: v2 (default) or the 32 x 32 kernel (=old) */
 };
-static inline int norm_env_int(const char *name, int dflt) {
-  const char *s = getenv(name);
-  return s && *s ? atoi(s) : dflt;
-}
-static inline norm_cfg norm_cfg_of(const ot_cuda_state *cs) {
+static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *temp_st) {
   norm_cfg c;
-  c.cs = cs;
+  c.ctx = ctx;
+  c.op = op;
+  c.temp_st = temp_st;
+  c.cs = ot_cuda_state_of(ctx);
   /* Whether any OT_NORM_* variable is set: one pass over the environment (~20 ns for a few
    * dozen variables, against ~0.4 us for the eleven getenv calls below, x86 CPU of the CI
-   * machine), so that a call in normal use reads no knob. */
-  if (!ot_env_any("OT_NORM_")) { /* the defaults, as read below from an empty environment */
-    c.fwd_impl = kNormImplDefault;
-    c.fwd_maxnv = 8;
-    c.fwd_stages = 0;
-    c.pdl = true;
-    c.bwd_impl = kNormImplDefault;
-    c.bwd_nv = 0;
-    c.bwd_v3nv = -1;
-    c.bwd_stages = -1;
-    c.bwd_tma_stages = 0;
-    c.reduce_v2 = true;
-    return c;
-  }
-  const char *f = getenv("OT_NORM_FWD_IMPL");
+   * machine); when none is, every knob reads as unset without a getenv, so the defaults
+   * below are the only ones. */
+  const bool any = ot_env_any("OT_NORM_");
+  auto env = [any](const char *name) -> const char * { return any ? getenv(name) : nullptr; };
+  auto env_int = [&env](const char *name, int dflt) {
+    const char *s = env(name);
+    return s && *s ? atoi(s) : dflt;
+  };
+  const char *f = env("OT_NORM_FWD_IMPL");
   c.fwd_impl = !f ? kNormImplDefault
                : strcmp(f, "old") == 0 ? kNormImplOld
                : strcmp(f, "v3") == 0 ? kNormImplV3 : kNormImplDefault;
-  c.fwd_maxnv = norm_env_int("OT_NORM_FWD_MAXNV", 8) == 16 ? 16 : 8;
-  c.fwd_stages = norm_env_int("OT_NORM_FWD_STAGES", 0);
-  c.pdl = norm_env_int("OT_NORM_PDL", 1) != 0;
-  const char *b = getenv("OT_NORM_BWD_IMPL");
+  c.fwd_maxnv = env_int("OT_NORM_FWD_MAXNV", 8) == 16 ? 16 : 8;
+  c.fwd_stages = env_int("OT_NORM_FWD_STAGES", 0);
+  c.pdl = env_int("OT_NORM_PDL", 1) != 0;
+  const char *b = env("OT_NORM_BWD_IMPL");
   c.bwd_impl = !b || !*b ? kNormImplDefault
                : strcmp(b, "old") == 0 ? kNormImplOld
                : strcmp(b, "v2") == 0 ? kNormImplV2
                : strcmp(b, "tma") == 0 ? kNormImplTma : kNormImplV3;
-  c.bwd_nv = norm_env_int("OT_NORM_BWD_NV", 0);
-  c.bwd_v3nv = norm_env_int("OT_NORM_BWD_V3NV", -1);
-  c.bwd_stages = norm_env_int("OT_NORM_BWD_STAGES", -1);
-  c.bwd_tma_stages = norm_env_int("OT_NORM_BWD_TMA_STAGES", 0);
-  const char *r = getenv("OT_NORM_REDUCE");
+  c.bwd_nv = env_int("OT_NORM_BWD_NV", 0);
+  c.bwd_v3nv = env_int("OT_NORM_BWD_V3NV", -1);
+  c.bwd_stages = env_int("OT_NORM_BWD_STAGES", -1);
+  c.bwd_tma_stages = env_int("OT_NORM_BWD_TMA_STAGES", 0);
+  const char *r = env("OT_NORM_REDUCE");
   c.reduce_v2 = !(r && strcmp(r, "old") == 0);
   return c;
+}
+
+/* The backward's temporaries: the op's (ot_cuda_temp_alloc / ot_cuda_temp_free, on the
+ * context's stream). A failure leaves its status (its message already set) in
+ * *c.temp_st, which norm_cuda_status returns as it is, and answers
+ * cudaErrorMemoryAllocation (alloc) / cudaErrorUnknown (free) to the launch code. */
+static inline cudaError_t norm_temp_alloc(const norm_cfg &c, size_t bytes, const char *what,
+                                          void **ptr) {
+  const ot_status st = ot_cuda_temp_alloc(c.ctx, bytes, c.op, what, ptr);
+  if (st == OT_OK) return cudaSuccess;
+  if (*c.temp_st == OT_OK) *c.temp_st = st;
+  return cudaErrorMemoryAllocation;
+}
+static inline cudaError_t norm_temp_free(const norm_cfg &c, void *ptr) {
+  const ot_status st = ot_cuda_temp_free(c.ctx, ptr, c.op);
+  if (st == OT_OK) return cudaSuccess;
+  if (*c.temp_st == OT_OK) *c.temp_st = st;
+  return cudaErrorUnknown;
 }
 
 /* Whether the norm kernels may be launched as programmatic dependents on cs's device
@@ -1873,8 +1888,9 @@ cudaError_t norm_backward_launch(const norm_cfg &c, norm_bwd_params p, T *dw, T 
       ot_rows_aligned16(p.h, p.h_stride, sizeof(T), p.rows)) {
     const norm_launch L = norm_pick_fwd_v2(c, p.cols, V);
     if (L.nv) {
-      cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&stats),
-                                      (size_t)p.rows * 2 * sizeof(float), stream);
+      cudaError_t e = norm_temp_alloc(c, (size_t)p.rows * 2 * sizeof(float),
+                                      "the recomputed statistics",
+                                      reinterpret_cast<void **>(&stats));
       if (e != cudaSuccess) return e;
       norm_fwd_params f;
       memset(&f, 0, sizeof f);
@@ -1887,7 +1903,7 @@ cudaError_t norm_backward_launch(const norm_cfg &c, norm_bwd_params p, T *dw, T 
       f.eps = p.eps;
       e = norm_fwd_fast_launch<T, LAYER>(c, f, L, stream);
       if (e != cudaSuccess) {
-        (void)cudaFreeAsync(stats, stream);
+        (void)norm_temp_free(c, stats);
         return e;
       }
       p.rstd = stats + p.rows;
@@ -1896,7 +1912,7 @@ cudaError_t norm_backward_launch(const norm_cfg &c, norm_bwd_params p, T *dw, T 
   }
   cudaError_t e = norm_backward_launch_impl<T, LAYER>(c, p, dw, db, stream);
   if (stats) {
-    cudaError_t f = cudaFreeAsync(stats, stream);
+    cudaError_t f = norm_temp_free(c, stats);
     if (e == cudaSuccess) e = f;
   }
   return e;
@@ -1908,7 +1924,7 @@ cudaError_t norm_reduce_partials_launch(const norm_cfg &c, const float *dw_part,
                                         const float *db_part, int64_t parts, int64_t cols, T *dw,
                                         T *db, cudaStream_t stream) {
   /* v2 reads the partials' rows with 16-byte loads: cols % 4 == 0 keeps every row on a
-   * 16-byte boundary once the buffer's start is (cudaMallocAsync and the arena give 256). */
+   * 16-byte boundary once the buffer's start is (ot_cuda_temp_alloc gives 256). */
   const bool parts16 = (!dw || ot_is_aligned16(dw_part)) && (!db || ot_is_aligned16(db_part));
   if (c.reduce_v2 && cols % 4 == 0 && parts16 && (dw || db)) {
     const dim3 g((unsigned)((cols + 15) / 16)), b(512);
@@ -1925,7 +1941,7 @@ cudaError_t norm_reduce_partials_launch(const norm_cfg &c, const float *dw_part,
 }
 
 /* Run `launch(q)` with q = p plus [parts, cols] fp32 dweight / dbias partial workspaces
- * (stream-ordered allocation), then sum the partials into dw / db. */
+ * (the op's temporaries), then sum the partials into dw / db. */
 template <typename T, bool LAYER, typename F>
 cudaError_t norm_bwd_with_partials(const norm_cfg &c, norm_bwd_params p, T *dw, T *db,
                                    int64_t parts, cudaStream_t stream, F launch) {
@@ -1933,7 +1949,8 @@ cudaError_t norm_bwd_with_partials(const norm_cfg &c, norm_bwd_params p, T *dw, 
   float *ws = nullptr;
   if (want_dw || want_db) {
     const size_t bytes = (size_t)parts * (size_t)p.cols * sizeof(float) * (want_dw + want_db);
-    cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&ws), bytes, stream);
+    cudaError_t e = norm_temp_alloc(c, bytes, "the dweight / dbias partials",
+                                    reinterpret_cast<void **>(&ws));
     if (e != cudaSuccess) return e;
   }
   p.dw_part = want_dw ? ws : nullptr;
@@ -1943,7 +1960,7 @@ cudaError_t norm_bwd_with_partials(const norm_cfg &c, norm_bwd_params p, T *dw, 
     e = norm_reduce_partials_launch<T>(c, p.dw_part, p.db_part, parts, p.cols,
                                        want_dw ? dw : nullptr, want_db ? db : nullptr, stream);
   if (ws) {
-    cudaError_t f = cudaFreeAsync(ws, stream);
+    cudaError_t f = norm_temp_free(c, ws);
     if (e == cudaSuccess) e = f;
   }
   return e;
@@ -2071,7 +2088,8 @@ cudaError_t norm_backward_launch_impl(const norm_cfg &c, norm_bwd_params p, T *d
   float *ws = nullptr;
   if ((want_dw || want_db) && p.rows > 0) {
     const size_t bytes = (size_t)parts * (size_t)p.cols * sizeof(float) * (want_dw + want_db);
-    cudaError_t e = cudaMallocAsync(reinterpret_cast<void **>(&ws), bytes, stream);
+    cudaError_t e = norm_temp_alloc(c, bytes, "the dweight / dbias partials",
+                                    reinterpret_cast<void **>(&ws));
     if (e != cudaSuccess) return e;
   }
   p.dw_part = want_dw ? ws : nullptr;
@@ -2095,7 +2113,7 @@ cudaError_t norm_backward_launch_impl(const norm_cfg &c, norm_bwd_params p, T *d
 #undef OT_NORM_BWD_KERNEL
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
-      if (ws) (void)cudaFreeAsync(ws, stream);
+      if (ws) (void)norm_temp_free(c, ws);
       return e;
     }
   }
@@ -2106,7 +2124,7 @@ cudaError_t norm_backward_launch_impl(const norm_cfg &c, norm_bwd_params p, T *d
                                                    want_dw ? dw : nullptr, want_db ? db : nullptr,
                                                    stream);
     if (ws) {
-      cudaError_t f = cudaFreeAsync(ws, stream);
+      cudaError_t f = norm_temp_free(c, ws);
       if (e == cudaSuccess) e = f;
     }
     if (e != cudaSuccess) return e;

@@ -12,9 +12,12 @@
 
 namespace ot {
 
-static inline ot_status norm_cuda_status(const char *op, cudaError_t e) {
+/* temp_st: a temporary's failure (norm_temp_alloc / norm_temp_free: its message is set),
+ * returned as it is. */
+static inline ot_status norm_cuda_status(const char *op, cudaError_t e, ot_status temp_st) {
   if (e == cudaSuccess) return OT_OK;
   (void)cudaGetLastError(); /* clear a non-sticky error */
+  if (temp_st != OT_OK) return temp_st;
   if (e == cudaErrorMemoryAllocation)
     return ot_error(OT_ERR_OOM, op, "CUDA workspace allocation failed: %s", cudaGetErrorString(e));
   return ot_error(OT_ERR_BACKEND, op, "CUDA: %s", cudaGetErrorString(e));
@@ -38,7 +41,8 @@ ot_status norm_forward_cuda(const char *op, ot_context *ctx, const ot_norm_forwa
   p.mean = LAYER ? a->mean : nullptr;
   p.rstd = a->rstd;
   p.eps = a->eps;
-  const norm_cfg c = norm_cfg_of(ot_cuda_state_of(ctx));
+  ot_status temp_st = OT_OK;
+  const norm_cfg c = norm_cfg_of(ctx, op, &temp_st);
   cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
   cudaError_t e;
   switch (a->dtype) {
@@ -47,7 +51,7 @@ ot_status norm_forward_cuda(const char *op, ot_context *ctx, const ot_norm_forwa
     case OT_BF16: e = norm_forward_launch<__nv_bfloat16, LAYER>(c, p, s); break;
     default: return ot_error(OT_ERR_INTERNAL, op, "unexpected storage dtype %d", (int)a->dtype);
   }
-  return norm_cuda_status(op, e);
+  return norm_cuda_status(op, e, temp_st);
 }
 
 template <bool LAYER>
@@ -72,7 +76,8 @@ ot_status norm_backward_cuda(const char *op, ot_context *ctx, const ot_norm_back
   p.dw_part = nullptr;
   p.db_part = nullptr;
   void *db = LAYER ? a->dbias : nullptr;
-  const norm_cfg c = norm_cfg_of(ot_cuda_state_of(ctx));
+  ot_status temp_st = OT_OK;
+  const norm_cfg c = norm_cfg_of(ctx, op, &temp_st);
   cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
   cudaError_t e;
   switch (a->dtype) {
@@ -88,7 +93,7 @@ ot_status norm_backward_cuda(const char *op, ot_context *ctx, const ot_norm_back
       break;
     default: return ot_error(OT_ERR_INTERNAL, op, "unexpected storage dtype %d", (int)a->dtype);
   }
-  return norm_cuda_status(op, e);
+  return norm_cuda_status(op, e, temp_st);
 }
 
 } /* namespace ot */

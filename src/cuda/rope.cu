@@ -17,12 +17,14 @@
  *
  * The default for aligned rows with 4, 8 or 16 items per head and no pass-through copy
  * (head_dim 64-256 in 16-bit types) is rope_warp3_kernel: a warp per token, cos / sin
- * once per warp, up to 8 head-passes of loads in flight per lane, no block barrier and
- * no 64-bit division per item, the head loads issued before the token's cos / sin are
- * made -- 83-86% of copy bandwidth on the H200 (run of 4005b7c) against 82-86% for the
- * first warp kernel (v2, since removed) and 76-82% for the block-per-token kernel
- * (OT_ROPE_IMPL=v1); docs/PERFORMANCE.md. A bulk-copy (TMA, sm_90) kernel staging each
- * token's heads in shared memory ran 4-11% slower than v3 (run of a342519): removed.
+ * once per warp, up to kRopeWarpU head-passes of loads in flight per lane, no block
+ * barrier and no 64-bit division per item, the head loads issued before the token's cos /
+ * sin are made (a cache's values before the head loads) -- 86-88% of copy bandwidth on the
+ * H200 (16k tokens x (32 + 8 | 64 + 8) heads x 128 bf16, 2026-11-30) against 83-86% for
+ * its shape before (run of 4005b7c), 82-86% for the first warp kernel (v2, since removed)
+ * and 76-82% for the block-per-token kernel (OT_ROPE_IMPL=v1); docs/PERFORMANCE.md. A
+ * bulk-copy (TMA, sm_90) kernel staging each token's heads in shared memory ran 4-11%
+ * slower than v3 (run of a342519): removed.
  *
  * A position outside the cache (not validated on the host for device tensors)
  * yields NaN outputs rather than an out-of-bounds read.
@@ -234,6 +236,19 @@ __device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, in
   }
 }
 
+/* The warp kernel's shape: U passes of head loads in flight per batch, blocks of
+ * kRopeWarpThreads. U = 10 in blocks of 128 (bf16 NeoX D=128 sm_90a: 167 registers, 3
+ * blocks = 12 warps per SM: 12 x 32 lanes x 10 passes x 32 bytes = 120 KB of loads in
+ * flight per SM, one batch for the 40 heads of 32 + 8 at head_dim 128) replaced U = 8 in
+ * blocks of 256 (held to 128 registers, 16 warps: 2 batches of 5 passes for those 40
+ * heads, 80 KB). H200, 16k tokens bf16, TB/s against the old shape in the same process
+ * (docs/PERFORMANCE.md, 2026-11-30), 32 + 8 / 64 + 8 heads: with the cache read before
+ * the head loads 3.70 / 3.76 vs 3.55 / 3.65 (cache), 3.70 / 3.78 vs 3.63 / 3.69
+ * (computed); the new shape without that reorder: cache 3.44 / 3.71 vs 3.51 / 3.63 (the
+ * cache reads queued behind 20 head loads); the reorder in the old shape (over its 128
+ * registers): 3.49 / 3.58 (cache), 3.51 / 3.58 (computed). */
+constexpr int kRopeWarpU = 10, kRopeWarpThreads = 128;
+
 /* ---- token-parallel kernel: a warp per token -------------------------------------------
  * For 16-byte-aligned rows whose rotated part has IPH = (NeoX: half, GPT-J: rd) / VEC
  * items per head, IPH a power of two <= 32 (head_dim 64..256 in 16-bit types), and no
@@ -248,11 +263,12 @@ __device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, in
  *   - the token's first batch of head loads is issued before its cos / sin are made
  *     (the loads depend on the token only), so the cache reads overlap them;
  *   - the next token's position is loaded one token ahead;
- *   - the passes are split into equal batches of at most U (U = 8, 40 heads at 4 per
- *     pass: two batches of 5 passes rather than 8 + 2), so no batch is a short tail.
+ *   - the passes are split into equal batches of at most U (kRopeWarpU; 72 heads at 4 per
+ *     pass, 18 passes: two batches of 9 rather than 10 + 8), so no batch is a short tail.
  * Same cos / sin (rope_fill_cs) and rotation (rope.cuh) as v1: the same bits. */
 template <typename T, ot_rope_mode MODE, int IPH, int U>
-__global__ void __launch_bounds__(256, 2) rope_warp3_kernel(const __grid_constant__ rope_params p) {
+__global__ void __launch_bounds__(kRopeWarpThreads, 1)
+    rope_warp3_kernel(const __grid_constant__ rope_params p) {
   constexpr int V = vec_width<T>::value;
   constexpr int HPW = 32 / IPH;
   constexpr int NP = MODE == OT_ROPE_NEOX ? V : V / 2; /* pairs per item */
@@ -275,10 +291,25 @@ __global__ void __launch_bounds__(256, 2) rope_warp3_kernel(const __grid_constan
     return p.pos_is_i64 ? static_cast<const int64_t *>(p.positions)[pi]
                         : (int64_t) static_cast<const int32_t *>(p.positions)[pi];
   };
+  /* With a cache, the lane's CPL cos / sin of the token are loaded before its head loads,
+   * so that they are not queued behind them (half = IPH * NP; NaN outside the cache:
+   * rope_fill_cs's values, so the same bits). */
+  constexpr int CPL = (IPH * NP + 31) / 32;
   int64_t tok = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5);
   int64_t pos = tok < tokens ? position(tok) : 0;
   for (; tok < tokens; tok += tstep) {
     const int64_t b = tok / p.seq, s = tok - b * p.seq;
+    float cpre[CPL], spre[CPL];
+    if (p.cache) {
+      const bool okp = pos >= 0 && pos < p.max_position;
+      const float *crow = p.cache + (okp ? pos : 0) * rd;
+#pragma unroll
+      for (int j = 0; j < CPL; j++) {
+        const int i = lane + 32 * j;
+        cpre[j] = spre[j] = __int_as_float(0x7fc00000);
+        if (okp && i < IPH * NP) cpre[j] = crow[i], spre[j] = crow[IPH * NP + i];
+      }
+    }
     auto head = [&](int64_t h, const T **in, T **out) {
       const bool isk = h >= hq;
       const rope_heads_dev &hd = p.t[isk ? 1 : 0];
@@ -306,7 +337,15 @@ __global__ void __launch_bounds__(256, 2) rope_warp3_kernel(const __grid_constan
         /* the next token's position, then this token's cos / sin, while the loads fly */
         if (tok + tstep < tokens) npos = position(tok + tstep);
         __syncwarp(); /* the previous token's readers are done */
-        rope_fill_cs(p, pos, half, rd, cs, lane, 32);
+        if (p.cache) {
+#pragma unroll
+          for (int j = 0; j < CPL; j++) {
+            const int i = lane + 32 * j;
+            if (i < IPH * NP) cs[i] = cpre[j], cs[IPH * NP + i] = p.inverse ? -spre[j] : spre[j];
+          }
+        } else {
+          rope_fill_cs(p, pos, half, rd, cs, lane, 32);
+        }
         __syncwarp();
       }
 #pragma unroll
@@ -343,17 +382,16 @@ static int rope_warp_iph(const rope_params &p, ot_rope_mode mode) {
   return (int)iph;
 }
 
-constexpr int kRopeWarpU = 8; /* passes of head loads in flight per batch (warp kernel) */
-
 template <typename T>
 static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStream_t stream) {
   const int64_t tokens = p.batch * p.seq;
   if (tokens == 0) return cudaSuccess;
   const int iph = rope_warp_iph<T>(p, mode);
   if (iph) {
-    const int64_t blocks = (tokens + 7) / 8;
-    const dim3 g2((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff)), b2(256);
-    const size_t sm2 = 8 * (size_t)p.rotary_dim * sizeof(float); /* rd <= 512: 16 KB */
+    constexpr int wpb = kRopeWarpThreads / 32;
+    const int64_t blocks = (tokens + wpb - 1) / wpb;
+    const dim3 g2((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff)), b2(kRopeWarpThreads);
+    const size_t sm2 = wpb * (size_t)p.rotary_dim * sizeof(float); /* rd <= 512: 8 KB */
 #define OT_ROPE_WARP3(M, U)                                                              \
   (iph == 4 ? rope_warp3_kernel<T, M, 4, U><<<g2, b2, sm2, stream>>>(p)                  \
             : iph == 8 ? rope_warp3_kernel<T, M, 8, U><<<g2, b2, sm2, stream>>>(p)       \
