@@ -8,7 +8,7 @@
  *     head of the group) pairs, token-major (row = token * group + head); a tile is 16 of
  *     them, so the group's heads (and a few speculative tokens) share every K / V load.
  *     The 1-D grid enumerates (tile slot, kv head, split), the slot slowest, over at most
- *     batch + ceil(T_q * group / 16) slots (the host does not know the tiles: the slots
+ *     (T_q * group + 15 * batch) / 16 slots (the host does not know the tiles: the slots
  *     past them, dispatched last, exit at once); each CTA finds its sequence with a
  *     warp-wide prefix sum over cu_seqlens_q, each lane summing a contiguous run of
  *     sequences (the host never reads the device tables, so the launch is
@@ -60,9 +60,9 @@
  *     (waves x keys per chunk, chunks a multiple of 64, >= 64 keys in a launch of one wave
  *     and >= 256 in more, launching only the splits that chunk leaves non-empty). Batch 1 x
  *     64k with 8 kv heads gets 32 splits of 2048 keys on 132 SMs x 2 CTAs, 1 x 2k 32 of 64.
- *     The grid's tile slots are at most batch + ceil(T_q group / 16) and T_q ceil(group /
- *     16): none past the tiles of a decode. At batch 1 a CTA loads its first page ids with
- *     the tables (a guessed first key, checked; see pa_mma_kernel).
+ *     The grid's tile slots are at most (T_q group + 15 batch) / 16 and T_q ceil(group /
+ *     16): none past the tiles of a decode or of a batch-1 call. At batch 1 a CTA loads
+ *     its first page ids with the tables (a guessed first key, checked; see pa_mma_kernel).
  *   - Ring depth: 3 stages at D 128 (2 CTAs per SM), 5 at D 64. A 7-stage ring at D 128
  *     (224 KB, 1 CTA per SM: 192 KB in flight per SM instead of 128) measured slower at
  *     every shape (docs/PERFORMANCE.md) and was removed.
@@ -1445,11 +1445,14 @@ static int pa_min_splits(const pa_params &p) {
 template <typename T, int D, int S>
 static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env, const char *op) {
   cudaStream_t s = (cudaStream_t)ctx->stream;
-  /* tiles = sum_b ceil(n_b * group / 16): at most batch + ceil(T * group / 16), and at most
-   * T * ceil(group / 16) (ceil(n g / 16) <= n ceil(g / 16)), which leaves a decode grid
-   * (one token per sequence, group <= 16) no slot past its tiles: at batch 1 the first
-   * bound launched twice the CTAs, half of them exiting after a round of table reads */
-  int64_t tiles_upper = p.batch + (p.tq * p.group + 15) / 16;
+  /* tiles = sum_b ceil(n_b * group / 16): at most (T * group + 15 * batch) / 16 (each term
+   * is at most (n_b group + 15) / 16; exact at batch 1), and at most T * ceil(group / 16)
+   * (ceil(n g / 16) <= n ceil(g / 16)), which leaves a decode grid (one token per
+   * sequence, group <= 16) no slot past its tiles either. batch + ceil(T group / 16) in
+   * place of the first launched twice the CTAs at batch 1, half of them exiting after a
+   * round of table reads (and, with T ceil(group / 16) beside it, still at batch-1
+   * speculative calls: 2 slots for 1 tile at T 4, group 4). */
+  int64_t tiles_upper = (p.tq * p.group + 15 * p.batch) / 16;
   if (p.tq * ((p.group + 15) / 16) < tiles_upper) tiles_upper = p.tq * ((p.group + 15) / 16);
   const ot_cuda_state *cs = ot_cuda_state_of(ctx);
   const int per_sm = pa_ctas_per_sm<T, D, S>(cs->device);
