@@ -60,12 +60,27 @@ def kind(name):
     return "other torch (elementwise, reductions)"
 
 
-def short(name, n=72):
-    """A kernel name without its argument list (templates kept, cut to n)."""
+def short(name):
+    """A kernel's name without `void ` and its argument list: up to the first '(' outside
+    the template brackets, so that a template argument such as `(ot::Kind)1` or a
+    lambda's `(int)` does not cut it (two instantiations keep two names)."""
     s = name.replace("(anonymous namespace)", "anon").replace("void ", "")
-    if not s.startswith("Mem"):
-        s = re.sub(r"\((?!\)).*$", "", s)
-    return s[:n]
+    if s.startswith("Mem"):
+        return s
+    depth = 0
+    for i, ch in enumerate(s):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(depth - 1, 0)
+        elif ch == "(" and depth == 0:
+            return s[:i]
+    return s
+
+
+def clip(name, n=60):
+    """name for a table cell: its start and end where longer than n."""
+    return name if len(name) <= n else name[:n - 18] + " .. " + name[-14:]
 
 
 def _union(iv):
@@ -83,7 +98,9 @@ def _union(iv):
 def load(path):
     op = gzip.open if path.endswith(".gz") else open
     with op(path, "rt") as f:
-        return json.load(f)["traceEvents"]
+        d = json.load(f)
+    # (chrome's trace format also allows a bare list of events)
+    return d["traceEvents"] if isinstance(d, dict) else d
 
 
 def summarize(path, top=40):
@@ -104,8 +121,8 @@ def summarize(path, top=40):
     else:
         zg = sorted((e for e in host if e["cat"] == "user_annotation"
                      and e["name"].startswith("Optimizer.zero_grad")), key=lambda e: e["ts"])
-        t0 = min(e["ts"] for e in host if e["cat"] in ("cpu_op", "user_annotation"))
-        bounds, start = [], t0
+        starts = [e["ts"] for e in host if e["cat"] in ("cpu_op", "user_annotation")]
+        bounds, start = [], min(starts, default=0)
         for z in zg:
             bounds.append((start, z["ts"] + z["dur"]))
             start = z["ts"] + z["dur"]
@@ -167,6 +184,8 @@ def summarize(path, top=40):
 
 def print_summary(s):
     print(f"== {s['trace']}")
+    if not s["steps"]:
+        print("  no step found (no ot_step<i> range, no Optimizer.zero_grad with GPU work)")
     for i, st in enumerate(s["steps"]):
         print(f"  step {i}: host {st['host_ms']:.2f} ms, GPU span {st['gpu_span_ms']:.2f}, "
               f"busy {st['gpu_busy_ms']:.2f}, idle {st['gpu_idle_ms']:.2f} (host-starved "
@@ -184,6 +203,9 @@ def print_summary(s):
 def compare(a, b, step=-1, n=30):
     """Kernel by kernel (by kind, then the longest kernels of each) of one step of two
     summaries; returns markdown lines."""
+    for s in (a, b):
+        if not s["steps"]:
+            raise SystemExit(f"{s['trace']}: no step found, nothing to compare")
     sa, sb = a["steps"][step], b["steps"][step]
     kinds = sorted(set(sa["kind_ms"]) | set(sb["kind_ms"]),
                    key=lambda k: -max(sa["kind_ms"].get(k, 0), sb["kind_ms"].get(k, 0)))
@@ -201,9 +223,12 @@ def compare(a, b, step=-1, n=30):
     names = sorted(set(ka) | set(kb), key=lambda k: -max(ka.get(k, {}).get("ms", 0),
                                                          kb.get(k, {}).get("ms", 0)))[:n]
     lines += ["", "| kernel | kind | A ms (calls) | B ms (calls) |", "|---|---|---|---|"]
+    shown = {}                  # (clipped names can coincide: numbered; --json has them whole)
     for k in names:
         x, y = ka.get(k), kb.get(k)
-        lines.append(f"| `{k[:60]}` | {kind(k)} | "
+        c = clip(k)
+        shown[c] = shown.get(c, 0) + 1
+        lines.append(f"| `{c}`{f' #{shown[c]}' if shown[c] > 1 else ''} | {kind(k)} | "
                      + (f"{x['ms']:.2f} ({x['calls']})" if x else "-") + " | "
                      + (f"{y['ms']:.2f} ({y['calls']})" if y else "-") + " |")
     return lines
