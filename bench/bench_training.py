@@ -249,6 +249,9 @@ class _Clocks:
     """The GPU's SM clock, power and throttle reasons sampled (NVML, every `every` s, in a
     thread) while the block runs: whether two variants' windows ran at the same clocks
     (an H200 at its power limit lowers them, more for a step that keeps it busier).
+    The power is nvmlDeviceGetPowerUsage's: on Ampere (but GA100) and later an average
+    over the last second, so over a shorter window it is mostly what ran before. The
+    device's NVML index is taken to be its CUDA index (true on one visible GPU).
     `result` is None where NVML is unavailable (no pynvml, or not CUDA)."""
 
     # NVML's clocks-event reasons (nvmlClocksEventReason*) worth naming
