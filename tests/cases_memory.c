@@ -803,6 +803,29 @@ static void paged_free(paged *P) {
   free(P->k), free(P->v);
 }
 
+/* kv.indices with `extra` entries past the last sequence's, ids of the pool's spare (NaN)
+ * pages: the CUDA kernel plans its splits (and at batch 1 guesses its first page ids)
+ * from the table's size, so a sequence shorter than the table takes other chunks than the
+ * guess assumed, and the entries past it may be read but must not be used. */
+static void paged_spare_entries(test_run *tr, paged *P, int64_t extra) {
+  const int64_t used = (int64_t)tb_get(P->indptr, P->b);
+  char *taken = calloc((size_t)P->npages, 1);
+  for (int64_t j = 0; j < used; j++) taken[(int64_t)tb_get(P->indices, j)] = 1;
+  int64_t xsh[1] = {used + extra};
+  tbuf *ix = tb_new(tr->be, DT_I32, 1, xsh);
+  for (int64_t j = 0; j < used; j++) tb_set(ix, j, tb_get(P->indices, j));
+  int64_t sp = 0; /* paged_make leaves at least one page spare */
+  for (int64_t j = used; j < used + extra; j++) {
+    while (taken[sp]) sp = (sp + 1) % P->npages;
+    tb_set(ix, j, (double)sp);
+    sp = (sp + 1) % P->npages;
+  }
+  free(taken);
+  tb_free(P->indices);
+  P->indices = ix;
+  P->kv.indices = tb_dl(ix);
+}
+
 /* float64 attention of the queries of each sequence over its gathered keys, with the
  * bottom-right masks of ot_attention_forward (Sq = sq_b, Sk = len_b). */
 static void paged_ref(const pcase *c, const paged *P, const double *q, const int64_t *qoff,
@@ -869,11 +892,14 @@ static ot_attention_params pcase_params(const pcase *c) {
   return prm;
 }
 
-static void paged_case(test_run *tr, const pcase *c, DLDataType dt) {
+/* Case c against the reference, kv.indices with `spare` entries past the last sequence's
+ * (paged_spare_entries; 0: none). */
+static void paged_case_spare(test_run *tr, const pcase *c, DLDataType dt, int64_t spare) {
   if (!tr_begin(tr, "paged attention %s %s", c->name, dt_name(dt))) return;
   rng r = tr_rng(tr);
   paged P;
   paged_make(tr, &P, dt, c->b, c->len, c->hkv, c->d, c->bs, &r);
+  if (spare > 0) paged_spare_entries(tr, &P, spare);
   int64_t qoff[PMAX + 1] = {0};
   int64_t tq = pcase_qoff(c, qoff);
   int64_t qsh[3] = {tq, c->hq, c->d}, lsh[2] = {c->hq, tq}, csh[1] = {c->b + 1};
@@ -910,6 +936,10 @@ static void paged_case(test_run *tr, const pcase *c, DLDataType dt) {
   tb_free(q), tb_free(out), tb_free(lse), tb_free(cu);
   paged_free(&P);
   tr_end(tr);
+}
+
+static void paged_case(test_run *tr, const pcase *c, DLDataType dt) {
+  paged_case_spare(tr, c, dt, 0);
 }
 
 /* Two calls back to back on the stream, no synchronization or host work between them, with
@@ -1021,6 +1051,15 @@ static const pcase paged_cuda_long[] = {
      * (47 splits of 64 keys; those that start past the guessed key load the ids again) */
     {"cuda decode B1 ctx 2049 Hq32 Hkv8 D128 bs16 (engine)", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda decode B1 ctx 3000 GQA4 D128 bs16 window 1000", 1, {3000}, {1}, 16, 4, 128, 16, 1, 1000, -1, 0, 0},
+};
+/* batch 1 with an over-provisioned table (as the engine's, sized for max_len; run with
+ * 1 and 100 spare entries): 2049 keys in a table of 2080 (bench_engine's: 17 splits of 128
+ * on an H200, every guessed first page right, entries past the sequence read for the last
+ * split), and 1000 keys in one of 2608 (21 splits planned; the kernel's chunks are 64, so
+ * only split 0's guess holds) */
+static const pcase paged_cuda_overprov[] = {
+    {"cuda decode B1 ctx 2049 of 2080 Hq32 Hkv8 D128 bs16", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda decode B1 ctx 1000 of 2608 Hq32 Hkv8 D128 bs16", 1, {1000}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
 };
 
 /* CUDA stream kernel (OT_PAGED_KERNEL=stream, head_dim 128): a ragged batch of b
@@ -1674,6 +1713,8 @@ static void run_memory_cuda(test_run *tr) {
   env_restore(&kern4);
   for (size_t i = 0; i < sizeof paged_cuda_long / sizeof paged_cuda_long[0]; i++)
     paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);
+  paged_case_spare(tr, &paged_cuda_overprov[0], DT_BF16, 1);
+  paged_case_spare(tr, &paged_cuda_overprov[1], DT_F16, 100);
   paged_case(tr, &paged_long[1], DT_BF16);
   /* the stream kernel on every head_dim-128 case (the others keep the split kernel), then
    * ragged batches past one 32-sequence window, forced small grids */
