@@ -1053,13 +1053,14 @@ static const pcase paged_cuda_long[] = {
     {"cuda decode B1 ctx 3000 GQA4 D128 bs16 window 1000", 1, {3000}, {1}, 16, 4, 128, 16, 1, 1000, -1, 0, 0},
 };
 /* batch 1 with an over-provisioned table (as the engine's, sized for max_len; run with
- * 1 and 100 spare entries): 2049 keys in a table of 2080 (bench_engine's: 17 splits of 128
- * on an H200, every guessed first page right, entries past the sequence read for the last
- * split), and 1000 keys in one of 2608 (21 splits planned; the kernel's chunks are 64, so
- * only split 0's guess holds) */
+ * 1, 100 and 99 spare entries): 2049 keys in a table of 2080 (bench_engine's: 17 splits of
+ * 128 on an H200, every guessed first page right, entries past the sequence read for the
+ * last split), 1000 keys in one of 2608 (21 splits planned; the kernel's chunks are 64, so
+ * only split 0's guess holds), and pages of 1 key at D 64 (25 splits of 128) */
 static const pcase paged_cuda_overprov[] = {
     {"cuda decode B1 ctx 2049 of 2080 Hq32 Hkv8 D128 bs16", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda decode B1 ctx 1000 of 2608 Hq32 Hkv8 D128 bs16", 1, {1000}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda decode B1 ctx 3001 of 3100 GQA4 D64 bs1", 1, {3001}, {1}, 16, 4, 64, 1, 1, -1, -1, 0, 0},
 };
 
 /* CUDA stream kernel (OT_PAGED_KERNEL=stream, head_dim 128): a ragged batch of b
@@ -1715,6 +1716,7 @@ static void run_memory_cuda(test_run *tr) {
     paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);
   paged_case_spare(tr, &paged_cuda_overprov[0], DT_BF16, 1);
   paged_case_spare(tr, &paged_cuda_overprov[1], DT_F16, 100);
+  paged_case_spare(tr, &paged_cuda_overprov[2], DT_BF16, 99);
   paged_case(tr, &paged_long[1], DT_BF16);
   /* the stream kernel on every head_dim-128 case (the others keep the split kernel), then
    * ragged batches past one 32-sequence window, forced small grids */
