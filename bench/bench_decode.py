@@ -147,7 +147,8 @@ def check(shim):
     runs = [("auto", {}), ("split", {"OT_PAGED_KERNEL": "split"}),
             ("stream", {"OT_PAGED_KERNEL": "stream"}),
             ("split no-pdl", {"OT_PAGED_KERNEL": "split", "OT_PAGED_PDL": "0"})]
-    for (b, ctx) in [(3, 1000), (1, 65536), (16, 4096), (64, 1024)]:
+    # (1 x 2k: the batch-1 default's 64-key splits with guessed first page ids, pages 16 / 64)
+    for (b, ctx) in [(3, 1000), (1, 65536), (16, 4096), (64, 1024), (1, 2048)]:
         for bs in PAGES:
             for vi, (name, env) in enumerate(runs):
                 c = make_case(b, ctx, bs, seed=b + ctx + bs + 1000 * vi)
