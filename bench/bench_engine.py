@@ -353,11 +353,11 @@ DECODE_VARIANTS = {
     # fastest kept (linear.cu, OT_GEMM_AUTOTUNE; "v": each pick printed to stderr)
     "gemm_autotune": {"OT_GEMM_AUTOTUNE": "8v"},
     # the engine's fused one-row linears (src/engine/fused_kernels.cu) off, or one of them:
-    # RMSNorm (+ residual add) into qkv / gate_up / lm_head (+ the greedy argmax), SwiGLU
-    # into down_proj
-    "unfused": {"OTE_FUSED_NORM": "0", "OTE_FUSED_SWIGLU": "0"},
-    "fused_norm_only": {"OTE_FUSED_SWIGLU": "0"},
-    "fused_swiglu_only": {"OTE_FUSED_NORM": "0"},
+    # RMSNorm (+ residual add) into qkv / gate_up / lm_head (+ the greedy argmax), RoPE + KV
+    # append into qkv, SwiGLU into gate_up's epilogue (or into down_proj)
+    "unfused": {"OTE_FUSED_NORM": "0"},
+    "fused_no_glu": {"OTE_FUSED_GLU": "0"},  # SwiGLU as ot_glu_forward
+    "fused_swiglu_down": {"OTE_FUSED_SWIGLU": "1"},  # SwiGLU inside down_proj's kernel
     "fused_no_rope": {"OTE_FUSED_ROPE": "0"},  # RoPE + KV append by ot_kv_append
     "fused_one_row": {"OTE_FUSED_PAIR": "0"},  # one row of W per warp task, not two
     "fused_waves_2": {"OTE_FUSED_WAVES": "2"},  # blocks capped at 2 waves (default 4)

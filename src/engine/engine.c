@@ -530,16 +530,18 @@ static ot_status swiglu_down(ote_engine *e, const batch *b, int l, const ote_lay
 
 /* ---- fused one-row linears (batch-1 decode, CUDA; fused_kernels.cu) ------------------- */
 
-enum { FUSE_NORM = 1, FUSE_SWIGLU = 2, FUSE_ROPE = 4, FUSE_PAIR = 8 };
+enum { FUSE_NORM = 1, FUSE_SWIGLU = 2, FUSE_ROPE = 4, FUSE_PAIR = 8, FUSE_GLU = 16 };
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* Which fusions this forward takes: a decode step of one sequence on CUDA in bf16 / fp16
- * with resident weights, 16-byte aligned rows; OTE_FUSED_NORM=0 / OTE_FUSED_SWIGLU=0 /
- * OTE_FUSED_ROPE=0 turn one off (read per forward: a decode graph keeps what its capture
- * took). FUSE_NORM: the residual add + RMSNorm into qkv, gate_up and lm_head (and the
- * greedy argmax into lm_head); FUSE_SWIGLU: SwiGLU into down_proj; FUSE_ROPE (with
- * FUSE_NORM): RoPE of q and k and the KV append into qkv (whole-head RoPE, even head_dim);
+ * with resident weights, 16-byte aligned rows; OTE_FUSED_NORM=0 / OTE_FUSED_ROPE=0 /
+ * OTE_FUSED_GLU=0 turn one off, OTE_FUSED_SWIGLU=1 one on (read per forward: a decode
+ * graph keeps what its capture took). FUSE_NORM: the residual add + RMSNorm into qkv,
+ * gate_up and lm_head (and the greedy argmax into lm_head); FUSE_ROPE (with FUSE_NORM):
+ * RoPE of q and k and the KV append into qkv (whole-head RoPE, even head_dim); FUSE_GLU
+ * (with FUSE_NORM): the SwiGLU into gate_up's epilogue (down_proj then the library's
+ * linear); FUSE_SWIGLU (opt-in, instead of FUSE_GLU): the SwiGLU into down_proj;
  * FUSE_PAIR (OTE_FUSED_PAIR=0: off): each warp of the fused kernels takes two adjacent
  * rows of W at a time instead of one. The kernels hold the input row in shared memory
  * (hidden float32 / ffn 16-bit values): up to 96 KB of it. */
@@ -550,7 +552,8 @@ static int fuse_mode(const ote_engine *e, const batch *b) {
       (size_t)c->hidden * 4 > (96u << 10) || (size_t)c->ffn * 2 > (96u << 10))
     return 0;
   int m = (env_ll("OTE_FUSED_NORM", 1) ? FUSE_NORM : 0) |
-          (env_ll("OTE_FUSED_SWIGLU", 1) ? FUSE_SWIGLU : 0) |
+          (env_ll("OTE_FUSED_SWIGLU", 0) ? FUSE_SWIGLU : 0) |
+          (env_ll("OTE_FUSED_GLU", 1) ? FUSE_GLU : 0) |
           (env_ll("OTE_FUSED_ROPE", 1) && c->head_dim % 2 == 0 ? FUSE_ROPE : 0) |
           (env_ll("OTE_FUSED_PAIR", 1) ? FUSE_PAIR : 0);
   int ok = aligned16(e->w.final_norm) && aligned16(e->w.lm_head);
@@ -566,11 +569,13 @@ static int fuse_mode(const ote_engine *e, const batch *b) {
 
 /* y [1, N] = rmsnorm(delta + res) W^T (+ b) in one kernel (delta NULL: rmsnorm(res)); h =
  * delta + res to res_out when not NULL; argmax_out: y's argmax too; rope_layer >= 0: y is
- * that layer's qkv, with RoPE and the KV append done in the kernel (fused_kernels.h). */
+ * that layer's qkv, with RoPE and the KV append done in the kernel; glu_out: y is gate_up,
+ * and glu_out receives its SwiGLU instead (fused_kernels.h). */
 static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void *res,
                                    void *res_out, const void *gamma, const void *w,
                                    const void *bias, int64_t N, void *y, int32_t *argmax_out,
-                                   int rope_layer, int pair, int layer, const char *what) {
+                                   void *glu_out, int rope_layer, int pair, int layer,
+                                   const char *what) {
   ote_fused_gemv_args a;
   memset(&a, 0, sizeof a);
   a.w = w;
@@ -585,6 +590,7 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
   a.eps = e->cfg.rms_eps;
   a.pair_rows = pair;
   a.max_waves = (int)env_ll("OTE_FUSED_WAVES", 4);
+  a.glu_out = glu_out;
   if (argmax_out) {
     a.argmax_out = argmax_out;
     a.argmax_key = (unsigned long long *)e->argmax_state;
@@ -624,11 +630,13 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   void *res = e->x_res, *res2 = e->last_res;
   const int pair = (fuse & FUSE_PAIR) != 0;
+  /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
+  const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   for (int l = 0; l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
     if (fuse & FUSE_NORM) {
       OTE_TRY(fused_norm_linear(e, l ? e->delta : NULL, res, l ? res2 : NULL, w->attn_norm,
-                                w->qkv, w->qkv_bias, cols, e->qkv, NULL,
+                                w->qkv, w->qkv_bias, cols, e->qkv, NULL, NULL,
                                 (fuse & FUSE_ROPE) ? l : -1, pair, l, "input_layernorm + qkv_proj"));
       if (l) {
         void *t = res;
@@ -645,8 +653,9 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
     OTE_TRY(attention_block(e, b, l, w, (fuse & FUSE_NORM) && (fuse & FUSE_ROPE)));
     if (fuse & FUSE_NORM) {
       OTE_TRY(fused_norm_linear(e, e->delta, res, res2, w->mlp_norm, w->gate_up, NULL, 2 * F,
-                                e->gate_up, NULL, -1, pair, l,
-                                "post_attention_layernorm + gate_up_proj"));
+                                e->gate_up, NULL, glu ? e->mlp : NULL, -1, pair, l,
+                                glu ? "post_attention_layernorm + gate_up_proj + swiglu"
+                                    : "post_attention_layernorm + gate_up_proj"));
       void *t = res;
       res = res2, res2 = t;
     } else {
@@ -668,6 +677,8 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
       a.pair_rows = pair;
       a.max_waves = (int)env_ll("OTE_FUSED_WAVES", 4);
       OP(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 1), "swiglu + down_proj", l);
+    } else if (glu) {
+      OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, c->hidden, e->delta, l, "down_proj"));
     } else {
       OTE_TRY(swiglu_down(e, b, l, w));
     }
@@ -675,8 +686,8 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   }
   if (fuse & FUSE_NORM) {
     OTE_TRY(fused_norm_linear(e, e->delta, res, NULL, e->w.final_norm, e->w.lm_head, NULL,
-                              c->vocab, e->logits, argmax ? e->argmax_dev : NULL, -1, pair,
-                              c->layers, "final norm + lm_head"));
+                              c->vocab, e->logits, argmax ? e->argmax_dev : NULL, NULL, -1,
+                              pair, c->layers, "final norm + lm_head"));
     prof_mark(e, OTE_PROF_HEAD);
   } else {
     OTE_TRY(rmsnorm(e, e->delta, res, e->w.final_norm, e->last_norm, b->n, c->layers,

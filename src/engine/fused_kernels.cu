@@ -50,6 +50,8 @@ constexpr int kWarps = 4;  /* warps per block: 4 rows of W at a time, as linear.
 constexpr int kUnroll = 8; /* W vectors in flight per lane */
 
 enum { kNorm = 0, kSwiglu = 1 };
+/* what a warp task's rows are (below) */
+enum { kRows = 0, kRope = 1, kGlu = 2 };
 
 __device__ __forceinline__ float silu_fast(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
 
@@ -124,17 +126,20 @@ struct rope_p {
   const double *inv_freq; /* not read (half is above the by-value limit) */
 };
 
-/* A warp task is R rows of W (1 or 2): rows R task .. R task + R - 1; or, ROPE (R = 2,
- * NORM, a.rope: the qkv projection with RoPE and the KV append fused), the pair of rows
- * (head * D + j, head * D + D/2 + j), whose two outputs are rotated together (NeoX pair j)
- * -- q in place in y, k into its page slot -- or, for the v heads, copied into the page
- * slot.
+/* A warp task is R rows of W (1 or 2): PAIRS kRows: rows R task .. R task + R - 1;
+ * kRope (R = 2, NORM, a.rope: the qkv projection with RoPE and the KV append fused): the
+ * pair of rows (head * D + j, head * D + D/2 + j), whose two outputs are rotated together
+ * (NeoX pair j) -- q in place in y, k into its page slot -- or, for the v heads, copied
+ * into the page slot; kGlu (R = 2, a.glu_out: the gate_up projection with the SwiGLU
+ * fused): the rows (j, N/2 + j), gate and up of feature j: glu_out[j] = silu(gate) * up
+ * from their values rounded to T (what ot_glu_forward reads), rounded to T, and y not
+ * written.
  *
  * Each block forms the input row once, into shared memory (K elements: 128 threads, V at a
  * time), after its warps have issued their first weight vectors and passed the PDL wait;
  * one barrier (with the NORM sum of squares' partials); then its warps take tasks
  * (grid-stride) reading x from shared memory. */
-template <typename T, int MODE, int R, bool ROPE>
+template <typename T, int MODE, int R, int PAIRS>
 __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_gemv_args a) {
   typedef typename xs_elem<T, MODE>::type X;
   extern __shared__ __align__(16) unsigned char fg_smem[];
@@ -145,8 +150,8 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
   constexpr int64_t step = 32 * V;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t K = a.K, N = a.N;
-  const int64_t half = ROPE ? a.head_dim / 2 : 1;
-  const int64_t tasks = ROPE ? N / 2 : (N + R - 1) / R;
+  const int64_t half = PAIRS == kRope ? a.head_dim / 2 : PAIRS == kGlu ? N / 2 : 1;
+  const int64_t tasks = PAIRS != kRows ? N / 2 : (N + R - 1) / R;
   const int64_t warps = (int64_t)gridDim.x * kWarps;
   const T *__restrict__ W = static_cast<const T *>(a.w);
   const T *__restrict__ bias = static_cast<const T *>(a.bias);
@@ -156,9 +161,13 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
   int64_t n[R];
   bool nv[R]; /* row n[q] exists (the last task of an odd N has one) */
   auto rows_of = [&](int64_t t) {
-    if (!ROPE) {
+    if (PAIRS == kRows) {
 #pragma unroll
       for (int q = 0; q < R; q++) n[q] = t * R + q, nv[q] = t < tasks && n[q] < N;
+    } else if (PAIRS == kGlu) {
+      n[0] = t;
+      n[R - 1] = t + half;
+      nv[0] = nv[R - 1] = t < tasks;
     } else {
       const int64_t head = t / half, j = t - head * half;
       n[0] = head * 2 * half + j;
@@ -250,7 +259,10 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
       if (bias) v[q] += to_f32(bias[n[q]]);
       v[q] = to_f32(from_f32<T>(v[q])); /* the projection's output, as stored */
     }
-    if (!ROPE) {
+    if (PAIRS == kGlu) {
+      if (lane == 0)
+        static_cast<T *>(a.glu_out)[task] = from_f32<T>(silu_fast(v[0]) * v[R - 1]);
+    } else if (PAIRS == kRows) {
 #pragma unroll
       for (int q = 0; q < R; q++) {
         if (!nv[q]) continue;
@@ -356,11 +368,11 @@ int sm_count(void) {
   return n;
 }
 
-template <typename T, int MODE, int R, bool ROPE>
+template <typename T, int MODE, int R, int PAIRS>
 cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
   static int occ = 0, pdl_cache = 0;
   static size_t occ_smem = 0, smem_set = 48 << 10;
-  auto f = fused_gemv_kernel<T, MODE, R, ROPE>;
+  auto f = fused_gemv_kernel<T, MODE, R, PAIRS>;
   const size_t smem = (size_t)a.K * sizeof(typename xs_elem<T, MODE>::type);
   if (smem > smem_set) { /* beyond the default 48 KB: opt in (once per size reached) */
     cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -372,7 +384,7 @@ cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
    * block forms the input row once: fewer blocks form it fewer times), the warps then
    * taking tasks grid-stride */
   const int64_t wave = (int64_t)resident_blocks(f, smem, &occ_smem, &occ) * sm_count();
-  const int64_t tasks = ROPE ? a.N / 2 : (a.N + R - 1) / R;
+  const int64_t tasks = PAIRS != kRows ? a.N / 2 : (a.N + R - 1) / R;
   int64_t blocks = (tasks + kWarps - 1) / kWarps;
   if (blocks > wave && blocks <= 2 * wave) blocks = (tasks + 2 * kWarps - 1) / (2 * kWarps);
   if (a.max_waves > 0 && blocks > a.max_waves * wave) blocks = a.max_waves * wave;
@@ -383,12 +395,13 @@ cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
 
 template <typename T>
 cudaError_t launch_any(const ote_fused_gemv_args &a, int swiglu, cudaStream_t st, bool pdl) {
-  if (a.rope) return launch<T, kNorm, 2, true>(a, st, pdl);
+  if (a.rope) return launch<T, kNorm, 2, kRope>(a, st, pdl);
+  if (a.glu_out) return launch<T, kNorm, 2, kGlu>(a, st, pdl);
   if (swiglu)
-    return a.pair_rows ? launch<T, kSwiglu, 2, false>(a, st, pdl)
-                       : launch<T, kSwiglu, 1, false>(a, st, pdl);
-  return a.pair_rows ? launch<T, kNorm, 2, false>(a, st, pdl)
-                     : launch<T, kNorm, 1, false>(a, st, pdl);
+    return a.pair_rows ? launch<T, kSwiglu, 2, kRows>(a, st, pdl)
+                       : launch<T, kSwiglu, 1, kRows>(a, st, pdl);
+  return a.pair_rows ? launch<T, kNorm, 2, kRows>(a, st, pdl)
+                     : launch<T, kNorm, 1, kRows>(a, st, pdl);
 }
 
 } /* namespace */
@@ -397,9 +410,10 @@ extern "C" int ote_cuda_fused_gemv(const ote_fused_gemv_args *a, int dtype_code,
                                    int pdl, void *stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (a->N <= 0) return 0;
-  if (a->rope && (swiglu || a->argmax_out || a->head_dim % 2 ||
+  if (a->rope && (swiglu || a->argmax_out || a->glu_out || a->head_dim % 2 ||
                   a->N != (int64_t)(a->hq + 2 * a->hkv) * a->head_dim))
     return (int)cudaErrorInvalidValue;
+  if (a->glu_out && (swiglu || a->argmax_out || a->N % 2)) return (int)cudaErrorInvalidValue;
   if (dtype_code == 4 /* kDLBfloat */) return (int)launch_any<__nv_bfloat16>(*a, swiglu, st, pdl);
   return (int)launch_any<__half>(*a, swiglu, st, pdl);
 }

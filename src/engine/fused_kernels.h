@@ -28,6 +28,10 @@ typedef struct ote_fused_gemv_args {
   const void *gate_up;
   int pair_rows; /* not 0: each warp takes two adjacent rows of W (the input formed once
                   * for both), else one (rope: always a pair) */
+  /* glu_out (norm only, N even): y is the fused gate_up projection [gate | up]; instead of
+   * y, glu_out [N / 2] receives silu(gate) * up of y's rounded values, rounded (the
+   * ot_glu_forward of the unfused step) */
+  void *glu_out;
   int max_waves; /* > 0: at most this many waves of blocks (the warps loop over tasks) */
   int32_t *argmax_out;
   unsigned long long *argmax_key;
