@@ -1047,14 +1047,14 @@ static const pcase paged_cuda_long[] = {
     {"cuda decode B3 ctx 5000 GQA4 D128 bs1", 3, {5000, 31, 2500}, {1, 1, 1}, 16, 4, 128, 1, 1, -1, -1, 0, 0},
     {"cuda decode B2 ctx 9000 GQA1 D128 bs7 window 3000", 2, {9000, 4099}, {1, 3}, 4, 4, 128, 7, 1, 3000, -1, 0, 0},
     /* batch 1 at the engine's heads, page ids loaded with the tables (129 pages plan for
-     * 2064 keys: 17 splits of 128 on an H200, 132 SMs x 2 CTAs), and with a left window
+     * 2064 keys: 33 splits of 64 on an H200, 132 SMs x 2 CTAs), and with a left window
      * (47 splits of 64 keys; those that start past the guessed key load the ids again) */
     {"cuda decode B1 ctx 2049 Hq32 Hkv8 D128 bs16 (engine)", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda decode B1 ctx 3000 GQA4 D128 bs16 window 1000", 1, {3000}, {1}, 16, 4, 128, 16, 1, 1000, -1, 0, 0},
 };
 /* batch 1 with an over-provisioned table (as the engine's, sized for max_len; run with
- * 1, 100 and 99 spare entries): 2049 keys in a table of 2080 (bench_engine's: 17 splits of
- * 128 on an H200, every guessed first page right, entries past the sequence read for the
+ * 1, 100 and 99 spare entries): 2049 keys in a table of 2080 (bench_engine's: 33 splits of
+ * 64 on an H200 since the planner rounds len / 64 up, entries past the sequence read for the
  * last split), 1000 keys in one of 2608 (21 splits planned; the kernel's chunks are 64, so
  * only split 0's guess holds), and pages of 1 key at D 64 (25 splits of 128) */
 static const pcase paged_cuda_overprov[] = {

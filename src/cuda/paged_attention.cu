@@ -1315,7 +1315,7 @@ static int64_t pa_chunk(int64_t len, int64_t s, int64_t *nonempty) {
   return chunk;
 }
 
-/* Splits per sequence: among s = 1 .. len / kPaMinChunk, the wave-quantized time
+/* Splits per sequence: among s = 1 .. ceil(len / kPaMinChunk), the wave-quantized time
  * ceil(base * s' / slots) * chunk(s) (s' = the non-empty splits of that chunk), the fewest
  * splits within 2% of the best; returns s' (so no split is empty at the estimated len). */
 static double pa_plan_cost(int64_t base, int64_t est_len, int64_t slots, int64_t s, int64_t *ne) {
@@ -1335,7 +1335,9 @@ static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots) {
   static thread_local int64_t last_args[3] = {-1, -1, -1};
   static thread_local int last_splits = 1;
   if (base == last_args[0] && est_len == last_args[1] && slots == last_args[2]) return last_splits;
-  int64_t max_s = est_len / kPaMinChunk;
+  /* rounded up: a table of 2080 keys (the engine's, sized for max_len) may take 33 chunks of
+   * 64, which rounding down ruled out (17 of 128 instead) */
+  int64_t max_s = (est_len + kPaMinChunk - 1) / kPaMinChunk;
   if (max_s < 1) max_s = 1;
   if (max_s > 1024) max_s = 1024;
   double best = 1e30;
