@@ -1968,8 +1968,9 @@ cudaError_t norm_bwd_with_partials(const norm_cfg &c, norm_bwd_params p, T *dw, 
 
 /* Backward with bulk-copy rings: 2 vectors per thread (TPR = nvec / 2 rounded to a warp,
  * at most 512 for the 16 KB rows; 4 vectors ran slower at 4096: run of a342519, removed),
- * S slots per block (OT_NORM_BWD_TMA_STAGES = 2..4; default: what the blocks that
- * registers allow per SM leave of shared memory, at most 4), as many blocks as fit per SM. */
+ * S slots per block (OT_NORM_BWD_TMA_STAGES = 2..4; default: LayerNorm 3, RMSNorm what the
+ * blocks that registers allow per SM leave of shared memory, at most 4), as many blocks as
+ * fit per SM. */
 template <typename T, bool LAYER>
 cudaError_t norm_bwd_tma_launch(const norm_cfg &c, const norm_bwd_params &p, T *dw, T *db,
                                 cudaStream_t stream) {
@@ -1980,8 +1981,12 @@ cudaError_t norm_bwd_tma_launch(const norm_cfg &c, const norm_bwd_params &p, T *
   if (nvec > 512 * NV) return cudaErrorNotSupported;
   const int threads = (int)(((nvec + NV - 1) / NV + 31) / 32 * 32);
   const size_t stage = (size_t)(p.dres ? 3 : 2) * (size_t)p.cols * sizeof(T);
+  /* LayerNorm: 3 slots unless OT_NORM_BWD_TMA_STAGES says otherwise -- 3 beat the automatic
+   * depth (4) in both calls of the norm round of 2026-11-30 at 4096 and 8192 (80% / 86% of
+   * copy against 77-79% / 82-85%; docs/PERFORMANCE.md); RMSNorm keeps the automatic depth */
+  const int env_s = c.bwd_tma_stages != 0 ? c.bwd_tma_stages : (LAYER ? 3 : 0);
   const norm_ring R =
-      norm_ring_config(c.cs, kernel, threads, stage, p.rows, c.bwd_tma_stages, kNormTmaMaxStages);
+      norm_ring_config(c.cs, kernel, threads, stage, p.rows, env_s, kNormTmaMaxStages);
   if (!R.ok) return cudaErrorNotSupported;
   return norm_bwd_with_partials<T, LAYER>(c, p, dw, db, R.grid, stream, [&](const norm_bwd_params &q) {
     kernel<<<(unsigned)R.grid, threads, R.smem, stream>>>(q, R.stages);
