@@ -586,6 +586,98 @@ static void many_partials_cases(test_run *tr) {
           }
 }
 
+/* The backward with the context's arena attached (ot_context_set_arena): its temporaries
+ * -- the dweight / dbias partials, and on CUDA the statistics it recomputes with the
+ * forward kernel when none are given -- come from the arena and are all back when the op
+ * returns (in_use as before), and dx / dweight / dbias equal, bit for bit, those of the
+ * same call without the arena. On CUDA also: the aligned 16-bit rows of 4096 take two
+ * blocks (statistics, partials; the bulk-copy or v3 kernel), and an arena with no room for
+ * the partials fails with OT_ERR_OOM naming them after the statistics were taken (that
+ * block given back, dx unwritten). H = 257 float32: the any-alignment kernel, partials
+ * only. */
+static void arena_backward_cases(test_run *tr) {
+  static const struct {
+    int ln;
+    const DLDataType *dt;
+    int64_t H;
+  } AC[] = {{1, &DT_BF16, 4096}, {0, &DT_BF16, 4096}, {1, &DT_F32, 257}, {0, &DT_F16, 4096}};
+  const size_t lt = (size_t)32 << 20; /* the cuBLASLt workspace a CUDA context takes */
+  for (size_t ci = 0; ci < sizeof AC / sizeof AC[0]; ci++) {
+    const bool ln = AC[ci].ln != 0;
+    const DLDataType dt = *AC[ci].dt;
+    const int64_t R = 33, H = AC[ci].H, shape[2] = {R, H};
+    if (!tr_begin(tr, "%s backward %s rows=%lld H=%lld with the context's arena",
+                  ln ? "layernorm" : "rmsnorm", dt_name(dt), (long long)R, (long long)H))
+      continue;
+    const backend *be = tr->be;
+    ot_context *ctx = be->ctx;
+    const char *op = op_name(ln, true);
+    rng r = tr_rng(tr);
+    ot_arena *a = NULL, *small = NULL;
+    tbuf *dy = new_act(be, dt, 2, shape, 0, &r, -1, 1), *h = new_act(be, dt, 2, shape, 0, &r, -1.5, 2.5);
+    tbuf *w = tb_new(be, dt, 1, &H);
+    tb_fill_uniform(w, &r, -1.5, 1.5);
+    tbuf *dx[3], *dw[3], *db[3]; /* without the arena, with it, with the small one */
+    for (int i = 0; i < 3; i++) {
+      dx[i] = tb_new(be, dt, 2, shape), dw[i] = tb_new(be, dt, 1, &H), db[i] = tb_new(be, dt, 1, &H);
+      tb_poison(dx[i]), tb_poison(dw[i]), tb_poison(db[i]);
+    }
+    void *dx_before = NULL;
+#define OT_NORM_ARENA_BWD(i)                                                                   \
+  (ln ? ot_layernorm_backward(ctx, tb_dl(dy), NULL, tb_dl(h), tb_dl(w), NULL, NULL, (float)EPS, \
+                              tb_dl(dx[i]), tb_dl(dw[i]), tb_dl(db[i]))                         \
+      : ot_rmsnorm_backward(ctx, tb_dl(dy), NULL, tb_dl(h), tb_dl(w), NULL, (float)EPS,         \
+                            tb_dl(dx[i]), tb_dl(dw[i])))
+    if (!tr_ok(tr, OT_NORM_ARENA_BWD(0), "backward without the arena")) goto out;
+    if (!tr_ok(tr, ot_arena_create(ctx, lt + ((size_t)64 << 20), &a), "arena") ||
+        !tr_ok(tr, ot_context_set_arena(ctx, a), "attach"))
+      goto out;
+    ot_arena_stats s0, s1;
+    ot_arena_get_stats(a, &s0);
+    if (tr_ok(tr, OT_NORM_ARENA_BWD(1), "backward with the arena")) {
+      ot_arena_get_stats(a, &s1);
+      if (s1.in_use != s0.in_use || s1.live_blocks != s0.live_blocks)
+        tr_fail(tr, "temporaries not given back: in_use %zu -> %zu, live blocks %llu -> %llu",
+                s0.in_use, s1.in_use, (unsigned long long)s0.live_blocks,
+                (unsigned long long)s1.live_blocks);
+      /* (one where OT_NORM_FWD_IMPL=old takes the statistics' recomputation into the
+       * backward kernel) */
+      const uint64_t want = be->is_cuda && dt_size(dt) == 2 && !getenv("OT_NORM_FWD_IMPL") ? 2 : 1;
+      if (s1.num_allocs < s0.num_allocs + want)
+        tr_fail(tr, "%llu blocks taken from the arena, expected >= %llu",
+                (unsigned long long)(s1.num_allocs - s0.num_allocs), (unsigned long long)want);
+      if (!same_bytes(dx[0], dx[1])) tr_fail(tr, "dx with the arena != without");
+      if (!same_bytes(dw[0], dw[1])) tr_fail(tr, "dweight with the arena != without");
+      if (ln && !same_bytes(db[0], db[1])) tr_fail(tr, "dbias with the arena != without");
+    }
+    if (be->is_cuda && H == 4096) {
+      /* room for the statistics (33 x 8 bytes) but not for the partials (>= 16 KB) */
+      if (!tr_ok(tr, ot_arena_create(ctx, lt + 8192, &small), "small arena") ||
+          !tr_ok(tr, ot_context_set_arena(ctx, small), "attach small"))
+        goto detach;
+      (void)tb_dl(dx[2]); /* the poison uploaded, then its snapshot */
+      dx_before = tb_snapshot(dx[2]);
+      tr_expect_error(tr, OT_NORM_ARENA_BWD(2), OT_ERR_OOM, op,
+                      "the dweight / dbias partials: cannot allocate");
+      ot_arena_stats ss;
+      ot_arena_get_stats(small, &ss);
+      if (ss.in_use != lt || ss.live_blocks != 1)
+        tr_fail(tr, "after the OOM: in_use %zu, %llu live blocks (the workspace only expected)",
+                ss.in_use, (unsigned long long)ss.live_blocks);
+      if (!tb_unchanged(dx[2], dx_before)) tr_fail(tr, "dx written by a failing backward");
+    }
+#undef OT_NORM_ARENA_BWD
+  detach:
+    tr_ok(tr, ot_context_set_arena(ctx, NULL), "detach");
+  out:
+    tr_end(tr);
+    ot_arena_destroy(a), ot_arena_destroy(small);
+    free(dx_before);
+    tb_free(dy), tb_free(h), tb_free(w);
+    for (int i = 0; i < 3; i++) tb_free(dx[i]), tb_free(dw[i]), tb_free(db[i]);
+  }
+}
+
 /* The CUDA forward's plain launches (OT_NORM_PDL=0: not as programmatic dependents) on
  * rows of row groups of several warps at 8 vectors a thread (every H here in every dtype
  * -- 64, 64, 128 threads in 16-bit types, 128, 128, 256 in float32; 2056 with many threads
@@ -948,6 +1040,7 @@ static void run(test_run *tr) {
   consistency(tr);
   contiguous_backward_cases(tr);
   many_partials_cases(tr);
+  arena_backward_cases(tr);
   forward_option_cases(tr);
   for (int ln = 0; ln < 2; ln++) {
     bad_forward(tr, ln);
