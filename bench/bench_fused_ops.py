@@ -681,9 +681,9 @@ def bench_all(S, args):
     variants = variants_ms
 
     # Defaults (src/cuda/norm.cuh, rope.cu): forward v2; backward v3 (RMSNorm) and the
-    # bulk-copy (TMA) kernel with register partials, 2 vectors per thread and the
-    # automatic ring (LayerNorm, sm_90, rows of 4-16 KB); RoPE's warp kernel v3. The
-    # variants: LayerNorm's backward v3 and its bulk-copy ring of 2 / 3 slots. (The run of
+    # bulk-copy (TMA) kernel with register partials, 2 vectors per thread and a ring of 3
+    # slots (LayerNorm, sm_90, rows of 4-16 KB); RoPE's warp kernel v3. The variants:
+    # LayerNorm's backward v3 and its bulk-copy ring of 2 slots / the automatic depth. (The run of
     # a342519 timed the bulk-copy forward, RMSNorm backward and RoPE kernels, all slower
     # or tied, removed; earlier runs forward v3 / v4, rows per block, backward v2 and 2
     # rows per iteration: docs/PERFORMANCE.md.)
@@ -701,9 +701,11 @@ def bench_all(S, args):
     # "old sum": the partials' sum by the 32 x 32 kernel of 4-byte loads (OT_NORM_REDUCE=old),
     # the default before norm_reduce_partials_v2_kernel.
     BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "old sum": {"OT_NORM_REDUCE": "old"}}
+    # LayerNorm's bulk-copy ring: 3 slots by default since b110ef7 ("tma S=3" in earlier
+    # records); "tma auto" = the automatic depth (4 at 4096 / 8192), the default before.
     LN_BWD_VARIANTS = dict(BWD_VARIANTS, **{"v3": {"OT_NORM_BWD_IMPL": "v3"},
                                             "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"},
-                                            "tma S=3": {"OT_NORM_BWD_TMA_STAGES": "3"}})
+                                            "tma auto": {"OT_NORM_BWD_TMA_STAGES": "0"}})
     ROPE_VARIANTS = {}
     only = set(args.only.split(","))
 
