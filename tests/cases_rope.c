@@ -151,6 +151,13 @@ static const rope_case cases[] = {
     /* 48 heads of D=128 (12 passes of 4 heads): two batches of the warp kernel's passes */
     {"neox gqa 40/8 T=9 D=128 cache",            OT_ROPE_NEOX, 0, 9, 40, 8, 128, 0, 0, 4096, 1, 0, 0, 0, 0},
     {"gptj gqa 40/8 T=9 D=128 in place",         OT_ROPE_GPTJ, 0, 9, 40, 8, 128, 0, 0, 65536, 0, 0, 1, 0, 0},
+    /* the warp kernel's other widths: 96 heads at 8 a pass in 16-bit types (12 passes, two
+     * batches; float32: 24, three) with strided positions; GPT-J at 4 items a head (rd 32,
+     * 16-bit types) from a cache; D=256 NeoX from a cache (16 items a head in 16-bit types:
+     * 4 cos / sin a lane loaded ahead) */
+    {"neox gqa 88/8 T=5 D=64 strided positions i32", OT_ROPE_NEOX, 0, 5, 88, 8, 64, 0, 1, 65536, 0, 0, 0, 0, 1},
+    {"gptj 6/2 T=33 D=32 cache",                 OT_ROPE_GPTJ, 0, 33, 6, 2, 32, 0, 0, 4096, 1, 0, 0, 0, 0},
+    {"neox gqa 12/4 bshd 2x5 D=256 cache",       OT_ROPE_NEOX, 2, 5, 12, 4, 256, 0, 0, 4096, 1, 0, 0, 0, 0},
     {"neox empty T=0",                           OT_ROPE_NEOX, 0, 0, 2, 1, 8, 0, 0, 10, 0, 0, 0, 0, 0},
     {"gptj empty heads",                         OT_ROPE_GPTJ, 0, 4, 0, 0, 8, 0, 0, 10, 0, 0, 0, 0, 0},
 };
