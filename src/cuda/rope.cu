@@ -391,7 +391,7 @@ static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStre
     constexpr int wpb = kRopeWarpThreads / 32;
     const int64_t blocks = (tokens + wpb - 1) / wpb;
     const dim3 g2((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff)), b2(kRopeWarpThreads);
-    const size_t sm2 = wpb * (size_t)p.rotary_dim * sizeof(float); /* rd <= 512: 8 KB */
+    const size_t sm2 = wpb * (size_t)p.rotary_dim * sizeof(float); /* rd <= 256: 4 KB */
 #define OT_ROPE_WARP3(M, U)                                                              \
   (iph == 4 ? rope_warp3_kernel<T, M, 4, U><<<g2, b2, sm2, stream>>>(p)                  \
             : iph == 8 ? rope_warp3_kernel<T, M, 8, U><<<g2, b2, sm2, stream>>>(p)       \
