@@ -29,8 +29,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 st "test_ops"
 for t in build-dev/tests/test_ops*; do
   for s in norm rope; do
-    timeout 40 $t --backend cuda --suite $s >$OUT/test_$s.log 2>&1; echo "$(basename $t) --suite $s rc=$?"
-    grep -E '^cuda |FAIL' $OUT/test_$s.log | head -8
+    log=$OUT/$(basename $t)_$s.log  # one log per build and suite (each build's failures kept)
+    timeout 40 $t --backend cuda --suite $s >$log 2>&1; echo "$(basename $t) --suite $s rc=$?"
+    grep -E '^cuda |FAIL' $log | head -8
   done
 done
 st "bench"
