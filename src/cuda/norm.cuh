@@ -1460,7 +1460,7 @@ struct norm_cfg {
   int bwd_nv;         /* OT_NORM_BWD_NV, 0 unset */
   int bwd_v3nv;       /* -1 unset */
   int bwd_stages;     /* -1 unset */
-  int bwd_tma_stages; /* -1 unset (3), 0 automatic */
+  int bwd_tma_stages; /* 0 automatic */
   bool reduce_v2;     /* the partials' sum: v2 (default) or the 32 x 32 kernel (=old) */
 };
 static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *temp_st) {
@@ -1494,7 +1494,7 @@ static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *t
   c.bwd_nv = env_int("OT_NORM_BWD_NV", 0);
   c.bwd_v3nv = env_int("OT_NORM_BWD_V3NV", -1);
   c.bwd_stages = env_int("OT_NORM_BWD_STAGES", -1);
-  c.bwd_tma_stages = env_int("OT_NORM_BWD_TMA_STAGES", -1);
+  c.bwd_tma_stages = env_int("OT_NORM_BWD_TMA_STAGES", 0);
   const char *r = env("OT_NORM_REDUCE");
   c.reduce_v2 = !(r && strcmp(r, "old") == 0);
   return c;
@@ -1968,9 +1968,11 @@ cudaError_t norm_bwd_with_partials(const norm_cfg &c, norm_bwd_params p, T *dw, 
 
 /* Backward with bulk-copy rings (LayerNorm's only): 2 vectors per thread (TPR = nvec / 2
  * rounded to a warp, at most 512 for the 16 KB rows; 4 vectors ran slower at 4096: run of
- * a342519, removed), S slots per block (OT_NORM_BWD_TMA_STAGES = 2..4; unset: 3; 0:
- * automatic, what the blocks that registers allow per SM leave of shared memory, at most
- * 4), as many blocks as fit per SM. */
+ * a342519, removed), S slots per block (OT_NORM_BWD_TMA_STAGES = 2..4; default: what the
+ * blocks that registers allow per SM leave of shared memory, at most 4), as many blocks as
+ * fit per SM. 3 slots were faster only in builds whose dx stores were evict-first; the
+ * committed kernel at 3 slots ran 3.39 vs 3.38 TB/s at 4096 and 3.60 vs 3.63 at 8192 against
+ * the automatic depth (run of ef875c3; docs/PERFORMANCE.md). */
 template <typename T, bool LAYER>
 cudaError_t norm_bwd_tma_launch(const norm_cfg &c, const norm_bwd_params &p, T *dw, T *db,
                                 cudaStream_t stream) {
@@ -1981,12 +1983,8 @@ cudaError_t norm_bwd_tma_launch(const norm_cfg &c, const norm_bwd_params &p, T *
   if (nvec > 512 * NV) return cudaErrorNotSupported;
   const int threads = (int)(((nvec + NV - 1) / NV + 31) / 32 * 32);
   const size_t stage = (size_t)(p.dres ? 3 : 2) * (size_t)p.cols * sizeof(T);
-  /* 3 slots unless OT_NORM_BWD_TMA_STAGES says otherwise -- 3 beat the automatic depth (4)
-   * in both calls of the norm round of 2026-11-30 at 4096 and 8192 (80% / 86% of copy
-   * against 77-79% / 82-85%, in builds whose dx stores were evict-first; docs/PERFORMANCE.md) */
-  const int env_s = c.bwd_tma_stages >= 0 ? c.bwd_tma_stages : 3;
   const norm_ring R =
-      norm_ring_config(c.cs, kernel, threads, stage, p.rows, env_s, kNormTmaMaxStages);
+      norm_ring_config(c.cs, kernel, threads, stage, p.rows, c.bwd_tma_stages, kNormTmaMaxStages);
   if (!R.ok) return cudaErrorNotSupported;
   return norm_bwd_with_partials<T, LAYER>(c, p, dw, db, R.grid, stream, [&](const norm_bwd_params &q) {
     kernel<<<(unsigned)R.grid, threads, R.smem, stream>>>(q, R.stages);
