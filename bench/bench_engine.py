@@ -360,7 +360,8 @@ DECODE_VARIANTS = {
     "fused_swiglu_down": {"OTE_FUSED_SWIGLU": "1"},  # SwiGLU inside down_proj's kernel
     "fused_no_rope": {"OTE_FUSED_ROPE": "0"},  # RoPE + KV append by ot_kv_append
     "fused_one_row": {"OTE_FUSED_PAIR": "0"},  # one row of W per warp task, not two
-    "fused_waves_2": {"OTE_FUSED_WAVES": "2"},  # blocks capped at 2 waves (default 4)
+    "fused_waves_4": {"OTE_FUSED_WAVES": "4"},  # blocks capped at 4 waves (default 2)
+    "fused_waves_2": {"OTE_FUSED_WAVES": "2"},  # the default's value (2), named
     "fused_waves_all": {"OTE_FUSED_WAVES": "0"},  # no cap: a task per warp
     "repeat": {},  # the default again, last: the run's drift
 }

@@ -589,7 +589,7 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
   a.res_out = res_out;
   a.eps = e->cfg.rms_eps;
   a.pair_rows = pair;
-  a.max_waves = (int)env_ll("OTE_FUSED_WAVES", 4);
+  a.max_waves = (int)env_ll("OTE_FUSED_WAVES", 2);
   a.glu_out = glu_out;
   if (argmax_out) {
     a.argmax_out = argmax_out;
@@ -675,7 +675,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
       a.y = e->delta;
       a.gate_up = e->gate_up;
       a.pair_rows = pair;
-      a.max_waves = (int)env_ll("OTE_FUSED_WAVES", 4);
+      a.max_waves = (int)env_ll("OTE_FUSED_WAVES", 2);
       OP(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 1), "swiglu + down_proj", l);
     } else if (glu) {
       OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, c->hidden, e->delta, l, "down_proj"));
