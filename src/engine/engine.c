@@ -637,7 +637,8 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
     if (fuse & FUSE_NORM) {
       OTE_TRY(fused_norm_linear(e, l ? e->delta : NULL, res, l ? res2 : NULL, w->attn_norm,
                                 w->qkv, w->qkv_bias, cols, e->qkv, NULL, NULL,
-                                (fuse & FUSE_ROPE) ? l : -1, pair, l, "input_layernorm + qkv_proj"));
+                                (fuse & FUSE_ROPE) ? l : -1, pair, l,
+                                "input_layernorm + qkv_proj"));
       if (l) {
         void *t = res;
         res = res2, res2 = t;
