@@ -9,17 +9,16 @@
  *   ARGMAX: with NORM at lm_head: the row's argmax (ties to the lowest index, NaN never
  *           chosen) written to argmax_out by the grid's last block.
  *
- * The kernel is the library's small-M GEMV shape (linear.cu): one warp per output row n,
- * each lane streaming 16-byte vectors of W's row (8 in flight, ld.global.cs) over the
- * whole of K, the warp's dot product by shuffles. The fusion costs no prologue: every warp
- * reads the whole input row anyway, so each lane forms its input elements from delta,
- * res and the norm weight (or gate and up) as it multiplies them -- plain loads that the
- * block's other warps find in L1 / L2 -- and accumulates the sum of squares of h beside
- * the dot product: y_n = rsqrt(mean(h^2) + eps) * sum_k W[n, k] h_k g_k, one warp
- * reduction more. No block barrier, no pass before the first weight load.
+ * The kernel is the library's small-M GEMV shape (linear.cu): a warp per output row n (or
+ * row pair: fused_gemv_kernel's tasks), each lane streaming 16-byte vectors of W's row (8
+ * in flight, ld.global.cs) over the whole of K, the warp's dot product by shuffles. Each
+ * block forms the input row once into shared memory (NORM: x = h * g in float32 with the
+ * block's sum of squares of h; SWIGLU: the rounded T values) behind one barrier, after its
+ * first weight loads; the scale is applied to the dot products:
+ * y_n = rsqrt(mean(h^2) + eps) * sum_k W[n, k] h_k g_k.
  *
  * Programmatic dependent launch (sm_90 code on a 9.0+ GPU): each warp issues its first
- * 8 weight vectors, then griddepcontrol.wait before it reads any activation; nothing is
+ * weight vectors, then griddepcontrol.wait before it reads any activation; nothing is
  * written before the wait. The weights are never written by the kernels of the step.
  *
  * Numerics: the normalized input is not rounded to T before the product (the unfused path
