@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
 #pragma unroll
     for (int q = 0; q < R; q++) {
       v[q] = warp_sum(acc[q]) * scale;
-      if (bias) v[q] += to_f32(bias[n[q]]);
+      if (bias && nv[q]) v[q] += to_f32(bias[n[q]]); /* nv: an odd N's last pair */
       v[q] = to_f32(from_f32<T>(v[q])); /* the projection's output, as stored */
     }
     if (PAIRS == kGlu) {
