@@ -75,10 +75,12 @@ def init_weights(model, seed=0):
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
 
 
-def make_model(kind="llama", kv_heads=2, tie=False, bias=False, rope=None, sliding_window=None):
+def make_model(kind="llama", kv_heads=2, tie=False, bias=False, rope=None, sliding_window=None,
+               **shape):
     common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=256,
                   max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=tie)
+    common.update(shape)
     if kind == "llama":
         cfg = transformers.LlamaConfig(attention_bias=bias, **common)
         if rope:
@@ -237,6 +239,97 @@ def test_random_weights_tiny():
     assert r.returncode == 0, r.stderr
     toks = parse_tokens(r.stdout)
     assert len(toks) == 2 and toks[0] == toks[1] and len(toks[0]) == 8
+
+
+# ---- CUDA: the batch-1 decode's fused kernels against the unfused ops --------------------
+
+_CUDA_PROBE = []
+
+
+def _need_cuda_ot_run():
+    """Skip unless ot-run was built with the CUDA backend and finds a GPU (probed once)."""
+    if not _CUDA_PROBE:
+        r = subprocess.run([OT_RUN, "--config", "tiny", "--random-weights", "--device", "cuda",
+                            "--dtype", "bf16", "--prompt-ids", "1,2,3", "--max-new-tokens", "2"],
+                           capture_output=True, text=True, env=ENV, timeout=120)
+        _CUDA_PROBE.append(r)
+    r = _CUDA_PROBE[0]
+    if r.returncode != 0 and any(m in r.stderr for m in (
+            "no CUDA backend", "without the CUDA backend", "no CUDA-capable device",
+            "CUDA driver version")):
+        pytest.skip(f"no CUDA ot-run: {r.stderr.strip()[:200]}")
+    assert r.returncode == 0, f"ot-run --device cuda failed: {r.stderr}"
+
+
+UNFUSED = {"OTE_FUSED_NORM": "0", "OTE_FUSED_SWIGLU": "0", "OTE_FUSED_ROPE": "0",
+           "OTE_FUSED_GLU": "0"}
+# head_dim 64 / 128; hidden 256 (part of one pass of a block's 1024 elements), 1152 (two,
+# the second partial; 18 q heads on 3 kv heads) and 512; vocab 1001 (odd: lm_head's last
+# row pair has one row); ffn 1480 (not a multiple of 16 features a block)
+FUSED_CASES = {
+    "llama-gqa": dict(hidden_size=256, num_attention_heads=4, kv_heads=2, intermediate_size=512,
+                      vocab_size=1001),
+    "llama-gqa6-bias-tied-llama3": dict(
+        hidden_size=1152, num_attention_heads=18, kv_heads=3, intermediate_size=1480,
+        vocab_size=1001, bias=True, tie=True,
+        rope={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 32}),
+    "qwen2-mha-d128": dict(kind="qwen2", hidden_size=512, num_attention_heads=4, kv_heads=4,
+                           intermediate_size=1024, vocab_size=1001),
+}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_cuda_fused_decode_matches_unfused(tmp_path, case, dtype):
+    """One sequence on CUDA (batch-1 decode: the fused qkv + RoPE + KV append, gate_up +
+    SwiGLU and lm_head + argmax kernels of fused_kernels.cu) against the same engine with
+    OTE_FUSED_*=0 (the library's ops): logits close while the greedy tokens agree, a parting
+    only at a near-tie; the device argmax's tokens (graph replays, and eager steps) equal the
+    host argmax of the fused logits."""
+    _need_cuda_ot_run()
+    model = make_model(**FUSED_CASES[case])
+    model = model.to(torch.bfloat16) if dtype == "bf16" else model.half()
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    V = model.config.vocab_size
+    prompt = [PROMPTS[1]]
+    args = ("--device", "cuda")
+
+    def run(env_over, *extra, dump=None):
+        env = {k: v for k, v in ENV.items() if not k.startswith("OTE_FUSED_")}
+        env.update(env_over)
+        cmd = [OT_RUN, "--model", str(tmp_path / "m"), "--dtype", dtype, "--ignore-eos",
+               "--max-new-tokens", str(NEW_TOKENS), "--prompt-ids", ",".join(map(str, prompt[0])),
+               *args, *extra]
+        if dump:
+            cmd += ["--dump-logits", str(dump)]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, f"{env_over} {extra}: {r.stderr}"
+        toks = parse_tokens(r.stdout)
+        assert len(toks) == 1 and len(toks[0]) == NEW_TOKENS
+        logits = None
+        if dump:
+            logits = np.fromfile(dump, dtype=np.float32).reshape(NEW_TOKENS, V)
+            assert np.isfinite(logits).all()
+        return toks[0], logits
+
+    fused_tok, fused = run({}, dump=tmp_path / "f.bin")
+    unf_tok, unf = run(UNFUSED, dump=tmp_path / "u.bin")
+    # the device argmax (fused into lm_head): graph replays and eager steps
+    assert run({})[0] == fused_tok, "fused lm_head argmax != host argmax of the fused logits"
+    assert run({}, "--no-cuda-graph")[0] == fused_tok, "eager fused decode != graph replays"
+    atol, rtol = (0.1, 0.05) if dtype == "bf16" else (0.03, 0.02)
+    n = 0
+    while n < NEW_TOKENS and fused_tok[n] == unf_tok[n]:
+        n += 1
+    m = min(n + 1, NEW_TOKENS)
+    torch.testing.assert_close(torch.from_numpy(fused[:m].copy()),
+                               torch.from_numpy(unf[:m].copy()), atol=atol, rtol=rtol)
+    if n < NEW_TOKENS:
+        top = np.sort(unf[n])[-2:]
+        assert float(top[1] - top[0]) < 2 * atol, f"tokens part at step {n} without a near-tie"
+    assert n >= 8, f"fused and unfused tokens agree for only {n} steps"
 
 
 # ---- broken model directories: a clear message, never a crash -------------------------
