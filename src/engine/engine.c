@@ -574,7 +574,7 @@ static int fuse_mode(const ote_engine *e, const batch *b) {
 static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void *res,
                                    void *res_out, const void *gamma, const void *w,
                                    const void *bias, int64_t N, void *y, int32_t *argmax_out,
-                                   void *glu_out, int rope_layer, int pair, int layer,
+                                   void *glu_out, int rope_layer, int pair, int waves, int layer,
                                    const char *what) {
   ote_fused_gemv_args a;
   memset(&a, 0, sizeof a);
@@ -589,7 +589,7 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
   a.res_out = res_out;
   a.eps = e->cfg.rms_eps;
   a.pair_rows = pair;
-  a.max_waves = (int)env_ll("OTE_FUSED_WAVES", 2);
+  a.max_waves = waves;
   a.glu_out = glu_out;
   if (argmax_out) {
     a.argmax_out = argmax_out;
@@ -630,6 +630,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   void *res = e->x_res, *res2 = e->last_res;
   const int pair = (fuse & FUSE_PAIR) != 0;
+  const int waves = (int)env_ll("OTE_FUSED_WAVES", 2); /* once a forward, not a call */
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   for (int l = 0; l < c->layers; l++) {
@@ -637,7 +638,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
     if (fuse & FUSE_NORM) {
       OTE_TRY(fused_norm_linear(e, l ? e->delta : NULL, res, l ? res2 : NULL, w->attn_norm,
                                 w->qkv, w->qkv_bias, cols, e->qkv, NULL, NULL,
-                                (fuse & FUSE_ROPE) ? l : -1, pair, l,
+                                (fuse & FUSE_ROPE) ? l : -1, pair, waves, l,
                                 "input_layernorm + qkv_proj"));
       if (l) {
         void *t = res;
@@ -654,7 +655,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
     OTE_TRY(attention_block(e, b, l, w, (fuse & FUSE_NORM) && (fuse & FUSE_ROPE)));
     if (fuse & FUSE_NORM) {
       OTE_TRY(fused_norm_linear(e, e->delta, res, res2, w->mlp_norm, w->gate_up, NULL, 2 * F,
-                                e->gate_up, NULL, glu ? e->mlp : NULL, -1, pair, l,
+                                e->gate_up, NULL, glu ? e->mlp : NULL, -1, pair, waves, l,
                                 glu ? "post_attention_layernorm + gate_up_proj + swiglu"
                                     : "post_attention_layernorm + gate_up_proj"));
       void *t = res;
@@ -676,7 +677,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
       a.y = e->delta;
       a.gate_up = e->gate_up;
       a.pair_rows = pair;
-      a.max_waves = (int)env_ll("OTE_FUSED_WAVES", 2);
+      a.max_waves = waves;
       OP(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 1), "swiglu + down_proj", l);
     } else if (glu) {
       OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, c->hidden, e->delta, l, "down_proj"));
@@ -688,7 +689,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   if (fuse & FUSE_NORM) {
     OTE_TRY(fused_norm_linear(e, e->delta, res, NULL, e->w.final_norm, e->w.lm_head, NULL,
                               c->vocab, e->logits, argmax ? e->argmax_dev : NULL, NULL, -1,
-                              pair, c->layers, "final norm + lm_head"));
+                              pair, waves, c->layers, "final norm + lm_head"));
     prof_mark(e, OTE_PROF_HEAD);
   } else {
     OTE_TRY(rmsnorm(e, e->delta, res, e->w.final_norm, e->last_norm, b->n, c->layers,
