@@ -92,6 +92,8 @@ if [ -d "$OUT/verify" ]; then
   grep -hE "SUMMARY" "$OUT/verify/sanitize.log" 2>/dev/null | sort | uniq -c
   grep -hE "^(FAILED|ERROR)" "$OUT/verify/pytest.log" 2>/dev/null | head -12
   echo "pytest: $(grep -hE "passed|failed|^rc " "$OUT/verify/pytest.log" 2>/dev/null | tail -2 | tr '\n' ' ')"
+  [ -f "$OUT/verify/pytest_serial.log" ] && echo "pytest (alone): $(grep -hE "passed|failed|^rc " \
+    "$OUT/verify/pytest_serial.log" | tail -2 | tr '\n' ' ')"
   tar czf "$OUT/verify_logs.tar.gz" -C "$OUT" verify && rm -rf "$OUT/verify"
 fi
 [ -f "$OUT/attention.json" ] && python3 - "$OUT/attention.json" <<'EOF'

@@ -100,10 +100,17 @@ if ! cc -O2 -shared -fPIC -Wall -Wno-unused-parameter python/ops_transformer/_C.
      -o "$PKG/_C$EXT" >"$OUT/ext.log" 2>&1; then
   cat "$OUT/ext.log"; echo "extension build failed"; exit 1
 fi
-stamp "pytest ${OT_VERIFY_PYTESTS:-tests/python}"
+# test_memory_workload.py's CUDA case compares cudaMemGetInfo's device-wide used bytes with
+# what its window allocated, so another process on the GPU (the C suites and sanitizers of
+# OT_VERIFY_PARALLEL) makes it fail: the closing run of cd51db0 saw -27.6 MiB 'unaccounted'
+# while the sanitizers ran beside it. In parallel mode it runs alone, after the C job.
+SERIAL_PY=tests/python/test_memory_workload.py
+DESELECT=""
+if [ -n "$CPID" ] && [ -z "${OT_VERIFY_PYTESTS:-}" ]; then DESELECT="--ignore=$SERIAL_PY"; fi
+stamp "pytest ${OT_VERIFY_PYTESTS:-tests/python} $DESELECT"
 # shellcheck disable=SC2086
 PYTHONPATH="$M/pkg" timeout "${OT_VERIFY_PY_TIMEOUT:-200}" "$PY" -m pytest -q -p no:cacheprovider \
-  -rs ${OT_VERIFY_PYTESTS:-tests/python} >"$OUT/pytest.log" 2>&1
+  -rs ${OT_VERIFY_PYTESTS:-tests/python} $DESELECT >"$OUT/pytest.log" 2>&1
 echo "rc $?" >>"$OUT/pytest.log"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 tail -3 "$OUT/pytest.log"
@@ -111,5 +118,13 @@ if [ -n "$CPID" ]; then
   wait "$CPID"
   cat "$OUT/c_suites.stamps"
   c_summary
+fi
+if [ -n "$DESELECT" ]; then
+  stamp "pytest $SERIAL_PY (alone on the GPU)"
+  PYTHONPATH="$M/pkg" timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rs "$SERIAL_PY" \
+    >"$OUT/pytest_serial.log" 2>&1
+  echo "rc $?" >>"$OUT/pytest_serial.log"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest_serial.log" | head -20
+  tail -2 "$OUT/pytest_serial.log"
 fi
 stamp "done"
