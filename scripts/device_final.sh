@@ -7,7 +7,7 @@
 #
 # Build here (no GPU), pack, run on the device with carry [".devcarry-verify"]:
 #   cmake -S . -B build-verify -G Ninja -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release
-#   cmake --build build-verify --target ops_transformer ops_transformer_static test_ops ot_engine_shared
+#   cmake --build build-verify --target ops_transformer ops_transformer_static test_ops ot_engine_shared ot-run
 #   bash scripts/device_verify.sh --pack build-verify
 #   bash scripts/device_final.sh --pack build-verify     # the benchmark shims, same library
 #   bash scripts/device_final.sh COMMIT                    # on the device; results under $OUT

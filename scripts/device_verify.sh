@@ -5,7 +5,8 @@
 #
 # Build here (no GPU), pack, then run on the device with carry [".devcarry-verify"]:
 #   cmake -S . -B build-verify -G Ninja -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release
-#   cmake --build build-verify --target ops_transformer test_ops ot_engine_shared
+#   cmake --build build-verify --target ops_transformer test_ops ot_engine_shared ot-run
+#   (ot-run: test_engine.py's module needs it, else it skips whole; expect ~1 min more pytest)
 #   bash scripts/device_verify.sh --pack build-verify
 #   bash scripts/device_verify.sh [COMMIT]          # on the device; logs under $OUT
 # Environment: OT_VERIFY_SUITES (test_ops suites, space-separated; default: every suite),
@@ -26,6 +27,9 @@ if [ "${1:-}" = "--pack" ]; then
   cp -a "$B"/libops_transformer.so* "$S/lib/"
   cp "$B/tests/test_ops" "$S/"
   find "$B" -name 'libot_engine.so' -exec cp {} "$S/lib/" \; -quit
+  # ot-run (a build with OT_BUILD_TOOLS=ON): without it tests/python/test_engine.py skips as a
+  # whole module, its CUDA fused-decode tests included
+  [ -x "$B/tools/ot-run" ] && cp "$B/tools/ot-run" "$S/"
   DEPS=$ROOT/.carry/deps
   cp -a "$DEPS"/lib/libopenblas.so* "$DEPS"/lib/libgfortran.so.5 "$DEPS"/lib/libquadmath.so.0 "$S/lib/"
   if [ -f /usr/include/dlpack/dlpack.h ]; then cp -r /usr/include/dlpack "$S/include/"
@@ -43,6 +47,7 @@ stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 M=/tmp/ot_verify
 rm -rf "$M" && mkdir -p "$M" && tar xzf "$CARRY/verify.tar.gz" -C "$M" || { echo "no $CARRY/verify.tar.gz"; exit 1; }
 export LD_LIBRARY_PATH="$M/lib:${LD_LIBRARY_PATH:-}"
+[ -x "$M/ot-run" ] && export OT_RUN="${OT_RUN:-$M/ot-run}"
 echo "library built from $(cat "$M/commit.txt"); tree ${1:-?}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
