@@ -1056,7 +1056,8 @@ static const pcase paged_cuda_long[] = {
  * 1, 100 and 99 spare entries): 2049 keys in a table of 2080 (bench_engine's: 33 splits of
  * 64 on an H200 since the planner rounds len / 64 up, entries past the sequence read for the
  * last split), 1000 keys in one of 2608 (21 splits planned; the kernel's chunks are 64, so
- * only split 0's guess holds), and pages of 1 key at D 64 (25 splits of 128) */
+ * only split 0's guess holds), and pages of 1 key at D 64 (49 splits of 64 since d5a8f15, 25
+ * of 128 before; at 3001 keys the last two splits are empty) */
 static const pcase paged_cuda_overprov[] = {
     {"cuda decode B1 ctx 2049 of 2080 Hq32 Hkv8 D128 bs16", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda decode B1 ctx 1000 of 2608 Hq32 Hkv8 D128 bs16", 1, {1000}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
