@@ -13,7 +13,8 @@
 # OT_VERIFY_PYTESTS (pytest arguments; default: all of tests/python), OT_VERIFY_C_TIMEOUT (s, 200),
 # OT_VERIFY_PY_TIMEOUT (s, 200), OT_VERIFY_SAN: compute-sanitizer runs over test_ops filters,
 # "tool|filter;tool|filter" (40 s each; default: none; with OT_VERIFY_PARALLEL=1 they run
-# after the C suites, beside the Python tests).
+# after the C suites, beside the Python tests; test_memory_workload.py then runs alone after
+# them, unless OT_VERIFY_PYTESTS is set: its arguments all run beside the C job).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -30,6 +31,10 @@ if [ "${1:-}" = "--pack" ]; then
   # ot-run (a build with OT_BUILD_TOOLS=ON): without it tests/python/test_engine.py skips as a
   # whole module, its CUDA fused-decode tests included
   [ -x "$B/tools/ot-run" ] && cp "$B/tools/ot-run" "$S/"
+  # ot-run and libot_engine.so need libcjson.so.1, which the device may lack (device_engine.sh
+  # carries it too): the copy in .carry/cjson, else the system's
+  CJ=$(ls .carry/cjson/lib/libcjson.so.1 2>/dev/null || ldconfig -p | awk '/libcjson\.so\.1 /{print $NF; exit}')
+  if [ -n "$CJ" ]; then cp -L "$CJ" "$S/lib/libcjson.so.1"; else echo "warning: no libcjson.so.1 to pack"; fi
   DEPS=$ROOT/.carry/deps
   cp -a "$DEPS"/lib/libopenblas.so* "$DEPS"/lib/libgfortran.so.5 "$DEPS"/lib/libquadmath.so.0 "$S/lib/"
   if [ -f /usr/include/dlpack/dlpack.h ]; then cp -r /usr/include/dlpack "$S/include/"
@@ -47,7 +52,8 @@ stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 M=/tmp/ot_verify
 rm -rf "$M" && mkdir -p "$M" && tar xzf "$CARRY/verify.tar.gz" -C "$M" || { echo "no $CARRY/verify.tar.gz"; exit 1; }
 export LD_LIBRARY_PATH="$M/lib:${LD_LIBRARY_PATH:-}"
-[ -x "$M/ot-run" ] && export OT_RUN="${OT_RUN:-$M/ot-run}"
+if [ -x "$M/ot-run" ]; then export OT_RUN="${OT_RUN:-$M/ot-run}"
+else echo "no ot-run in the pack (a build without OT_BUILD_TOOLS?): test_engine.py will skip"; fi
 echo "library built from $(cat "$M/commit.txt"); tree ${1:-?}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
