@@ -165,8 +165,13 @@ fi
 B1=(--config tiny --random-weights --device cuda --dtype bf16 --prompt-ids 1,2,3,4,5,6,7,8
     --max-new-tokens 64 --ignore-eos)
 "$OT_RUN" "${B1[@]}" >"$OUTD/ot_run_b1.txt" 2>&1
+rc1=$?
+# (OTE_FUSED_NORM=0 turns the gate_up SwiGLU off too, engine.c fused_body)
 OTE_FUSED_NORM=0 OTE_FUSED_SWIGLU=0 OTE_FUSED_ROPE=0 "$OT_RUN" "${B1[@]}" >"$OUTD/ot_run_b1_unfused.txt" 2>&1
-if diff <(grep '^seq' "$OUTD/ot_run_b1.txt") <(grep '^seq' "$OUTD/ot_run_b1_unfused.txt") >/dev/null; then
+rc2=$?
+if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then  # (two failed runs would also diff equal)
+  SUMMARY+=("ot-run batch 1 fused / unfused FAILED (rc $rc1 / $rc2): see ot_run_b1*.txt")
+elif diff <(grep '^seq' "$OUTD/ot_run_b1.txt") <(grep '^seq' "$OUTD/ot_run_b1_unfused.txt") >/dev/null; then
   SUMMARY+=("ot-run batch 1 fused vs unfused: tokens equal; $(grep -E '^decode' "$OUTD/ot_run_b1.txt") / unfused $(grep -E '^decode' "$OUTD/ot_run_b1_unfused.txt")")
 else
   SUMMARY+=("ot-run batch 1 fused vs unfused: tokens DIFFER (see ot_run_b1*.txt)")
