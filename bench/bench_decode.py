@@ -614,7 +614,7 @@ def ab(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shim", required=True)
+    ap.add_argument("--shim", help="the library's decode shim (required except with --ab)")
     ap.add_argument("--arena-bin")
     ap.add_argument("--json")
     ap.add_argument("--check", action="store_true")
@@ -641,6 +641,10 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default="")
     args = ap.parse_args()
+    if not args.ab and not args.shim:
+        ap.error("--shim is required (except with --ab)")
+    if args.ab and (args.rounds < 1 or any("=" not in x for x in args.ab.split(","))):
+        ap.error("--ab wants NAME=SHIM,... and --rounds >= 1")
     torch.manual_seed(0)
     if args.ab:
         ab(args)
