@@ -109,7 +109,10 @@ PYINC=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 if ! cc -O2 -shared -fPIC -Wall -Wno-unused-parameter python/ops_transformer/_C.c -Iinclude \
      -I"$M/include" -I"$PYINC" -L"$M/lib" -lops_transformer -Wl,-rpath,"$M/lib" \
      -o "$PKG/_C$EXT" >"$OUT/ext.log" 2>&1; then
-  cat "$OUT/ext.log"; echo "extension build failed"; exit 1
+  cat "$OUT/ext.log"; echo "extension build failed"
+  # parallel mode: the C job's verdict still (not left running behind the exit)
+  if [ -n "$CPID" ]; then wait "$CPID"; cat "$OUT/c_suites.stamps"; c_summary; fi
+  exit 1
 fi
 # test_memory_workload.py's CUDA case compares cudaMemGetInfo's device-wide used bytes with
 # what its window allocated, so another process on the GPU (the C suites and sanitizers of
