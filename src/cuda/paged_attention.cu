@@ -1330,7 +1330,7 @@ static double pa_plan_cost(int64_t base, int64_t est_len, int64_t slots, int64_t
 static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots) {
   /* the plan depends on these three only, and they repeat from call to call (every layer
    * of a decode step; every step until the table grows): the last one is kept per host
-   * thread. The scan (up to 2 x 1024 chunks since s reaches len / 64, three 64-bit
+   * thread. The scan (up to 2 x 1024 chunks since s reaches ceil(len / 64), three 64-bit
    * divisions each) took 18-32 us of host time per call at 128 x 32k / 1 x 64k. */
   static thread_local int64_t last_args[3] = {-1, -1, -1};
   static thread_local int last_splits = 1;
