@@ -88,14 +88,24 @@ template <bool F16> __device__ __forceinline__ uint32_t pack2(float lo, float hi
 
 /* ---------------- host ---------------- */
 
+/* OT_ATTN_SM90=0 (the Hopper kernels off), read once, at the first Hopper attention
+ * call of the process (a function-local static: initialized exactly once even when
+ * threads race here), not per call. */
+static inline bool sm90_attention_env_off(void) {
+  static const bool off = [] {
+    const char *env = getenv("OT_ATTN_SM90");
+    return env && env[0] == '0';
+  }();
+  return off;
+}
+
 /* Whether a Hopper attention kernel may run for ctx: built with sm_90a (otherwise the
  * kernels are the empty stubs, which a 9.0 device would run from the sm_80 PTX, writing
  * nothing; OT_HAVE_SM90A comes from CMakeLists.txt), not turned off by OT_ATTN_SM90=0,
  * and a compute capability 9.0 device. */
 static inline bool sm90_attention_enabled(ot_context *ctx) {
 #ifdef OT_HAVE_SM90A
-  const char *env = getenv("OT_ATTN_SM90");
-  if (env && env[0] == '0') return false;
+  if (sm90_attention_env_off()) return false;
   ot_cuda_state *st = ot_cuda_state_of(ctx);
   return st && st->cc_major == 9 && st->cc_minor == 0;
 #else
