@@ -304,6 +304,21 @@ static const acase cuda_sm90_wide_cases[] = {
     {"cuda hopper-only wide Sq200 Sk529 D128 GQA2 B2 (rem 1) fwd", 2, 200, 529, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
+/* The Hopper forward's persistent schedule (132 CTAs on an H200) at tile counts just
+ * above and below multiples of the grid: 262 tiles (a second round of 130, odd: the one
+ * that OT_ATTN_SM90_ORDER=snake hands out in reverse), 266 (a third round of 2), 134 (a
+ * second round of 2, D64's 192-row tiles), 130 (below one round: one CTA per tile);
+ * causal (sectioned order, tiles of falling length) and not. bf16 (the snake instances'
+ * dtype). */
+static const acase cuda_sm90_round_cases[] = {
+    {"cuda hopper-only rounds causal S256 D128 MQA131 (262 tiles) fwd", 1, 256, 256, 131, 1, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only rounds causal S256 D64 B7 H19 (266 tiles) fwd", 7, 256, 256, 19, 19, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only rounds causal S256 D256 B7 H19 GQA19 (266 tiles) fwd", 7, 256, 256, 19, 1, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only rounds causal S256 D128 B5 H13 (130 tiles) fwd", 5, 256, 256, 13, 13, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only rounds S256 D128 MQA131 (262 tiles) fwd", 1, 256, 256, 131, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only rounds S384 D64 MQA67 (134 tiles of 192 rows) fwd", 1, 384, 384, 67, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+};
+
 /* Gradient-mode cases: tiny shapes, float32 storage. */
 static const acase grad_cases[] = {
     {"grad plain", 1, 5, 5, 4, 2, 4, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
@@ -990,6 +1005,8 @@ static void run_sm90_required(test_run *tr) {
   require_sm90 = true;
   for (size_t i = 0; i < sizeof cuda_sm90_cases / sizeof cuda_sm90_cases[0]; i++)
     run_case(tr, &cuda_sm90_cases[i], i % 2 ? DT_F16 : DT_BF16);
+  for (size_t i = 0; i < sizeof cuda_sm90_round_cases / sizeof cuda_sm90_round_cases[0]; i++)
+    run_case(tr, &cuda_sm90_round_cases[i], DT_BF16);
   env_saved tile = env_set("OT_ATTN_SM90_TILE", "wide");
   for (size_t i = 0; i < sizeof cuda_sm90_wide_cases / sizeof cuda_sm90_wide_cases[0]; i++)
     run_case(tr, &cuda_sm90_wide_cases[i], DT_BF16);
