@@ -476,6 +476,8 @@ def probe_device(device, dtype=torch.bfloat16, head_dims=(64, 128)):
 # ---------------------------------------------------------------------------------
 
 def _rms_norm_forward(self, hidden_states):
+    if torch.compiler.is_compiling() and not self._ot_compiled_lib:
+        return self._ot_orig_forward(hidden_states)     # inductor fuses HF's composite
     w = self.weight
     if hidden_states.dtype != w.dtype:
         _log_once("rms_dtype", f"{type(self).__name__}: input dtype {hidden_states.dtype} != "
@@ -490,6 +492,7 @@ def _add_rms_norm(x, residual, norm):
     """(norm(residual + x), residual + x), fused when the norm is patched."""
     w = getattr(norm, "weight", None)
     if (getattr(norm, "_ot_patched", False) and w is not None
+            and (norm._ot_compiled_lib or not torch.compiler.is_compiling())
             and x.dtype == residual.dtype == w.dtype and x.shape == residual.shape
             and _usable("rms_norm_residual", x.device, x.dtype)):
         return _ops.rms_norm(x, w, norm.variance_epsilon, residual=residual)
@@ -711,8 +714,9 @@ def _mlp_forward(self, x):
     if g.dtype != u.dtype:
         _log_once("mlp_dtype", f"{type(self).__name__}: gate/up dtypes differ: HF's MLP used")
         return self.down_proj(self.act_fn(g) * u)
-    if not _usable("swiglu", g.device, g.dtype):
-        return self.down_proj(self.act_fn(g) * u)
+    if not _usable("swiglu", g.device, g.dtype) or (
+            torch.compiler.is_compiling() and not self._ot_compiled_lib):
+        return self.down_proj(self.act_fn(g) * u)      # (compiled: inductor fuses it)
     down = self.down_proj
     if (torch.is_grad_enabled() and _plain_linear(down, g.dtype)
             and (g.requires_grad or u.requires_grad or down.weight.requires_grad)):
@@ -746,6 +750,19 @@ def _rope_cache(cos, sin, B, S):
     cache, pos = _build_rope_cache(cos, sin, B, S)
     _LOCAL.rope_cache = key + (cache, pos)
     return cache, pos
+
+
+def _rope_composite(q, k, cos, sin):
+    """HF's apply_rotary_pos_emb in the patch's [B, S, H, D] layout (cos / sin [Bc, S, D]
+    as HF's rotary embedding returns them): the torch code that torch.compile runs where
+    the library's rope is not among the compiled ops (:func:`patch_model`'s
+    ``compiled_ops``); inductor fuses it into its neighbours' kernels."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    half = q.shape[-1] // 2
+
+    def rot(t):
+        return torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
 
 
 def _build_rope_cache(cos, sin, B, S):
@@ -801,8 +818,11 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
     D = self.head_dim
     q, k, v = (t.view(B, S, -1, D) for t in
                _project(hidden_states, (self.q_proj, self.k_proj, self.v_proj)))
-    cs, pos = _rope_cache(cos, sin, B, S)
-    q, k = _ops.rope(q, k, pos, cos_sin_cache=cs)
+    if torch.compiler.is_compiling() and not self._ot_compiled_lib:
+        q, k = _rope_composite(q, k, cos, sin)          # inductor fuses HF's math
+    else:
+        cs, pos = _rope_cache(cos, sin, B, S)
+        q, k = _ops.rope(q, k, pos, cos_sin_cache=cs)
     if cache is None and attention_mask is None:
         # [B, S, H, D] throughout: no transposes, no repeated k/v heads
         cu = _cu_seqlens()
@@ -1278,12 +1298,17 @@ def _causal_lm_forward(self, *args, **kwargs):
 _MISSING = object()
 
 
-def _set_forward(module, fn, log):
+def _set_forward(module, fn, log, compiled_lib=None):
+    """module.forward = fn; compiled_lib (norms, attention, MLPs): whether its library op
+    runs under torch.compile (patch_model's compiled_ops), module._ot_compiled_lib."""
     old = module.__dict__.get("forward", _MISSING)
     module._ot_orig_forward = module.forward           # bound method (class or instance)
     module.forward = types.MethodType(fn, module)
     module._ot_patched = True
     log.append(("forward", module, old))
+    if compiled_lib is not None:
+        module._ot_compiled_lib = compiled_lib
+        log.append(("attr", module, "_ot_compiled_lib"))
 
 
 def _kind(m):
@@ -1309,8 +1334,38 @@ def is_patched(model):
     return getattr(model, "_ot_patch_log", None) is not None
 
 
+# The library's elementwise ops that run under torch.compile by default
+# (patch_model(compiled_ops="auto")); the others run torch's code there, which inductor
+# fuses with its neighbours. Chosen by measurement: docs/PERFORMANCE.md, "Training (CUDA)".
+COMPILED_OPS_AUTO = ("rms_norm", "rope", "swiglu")
+_COMPILED_OPS = ("rms_norm", "rope", "swiglu")
+
+
+def _compiled_ops(value):
+    """patch_model's ``compiled_ops`` as a frozenset of op names."""
+    if isinstance(value, str):
+        named = {"auto": COMPILED_OPS_AUTO, "all": _COMPILED_OPS, "none": ()}
+        if value not in named:
+            raise ValueError(f"ops_transformer.patch_model: compiled_ops={value!r}, expected "
+                             "'auto', 'all', 'none' or a collection of "
+                             f"{', '.join(repr(o) for o in _COMPILED_OPS)}")
+        value = named[value]
+    try:
+        ops = frozenset(value)
+    except TypeError:
+        raise TypeError("ops_transformer.patch_model: compiled_ops must be 'auto', 'all', "
+                        f"'none' or a collection of op names, got {type(value).__name__}") \
+            from None
+    bad = sorted(str(o) for o in ops - set(_COMPILED_OPS))
+    if bad:
+        raise ValueError(f"ops_transformer.patch_model: compiled_ops: unknown op(s) "
+                         f"{', '.join(bad)} (known: {', '.join(_COMPILED_OPS)})")
+    return ops
+
+
 def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rope=True,
-                swiglu=True, loss=True, fused_lm_loss=True, lm_loss_impl="auto"):
+                swiglu=True, loss=True, fused_lm_loss=True, lm_loss_impl="auto",
+                compiled_ops="auto"):
     """Route a HF ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``
     (or their base ``*Model``) through ops_transformer's ops, in place; returns the
     model. Given the class instead (``patch_model(LlamaForCausalLM)``, before
@@ -1323,12 +1378,22 @@ def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rop
     ``fused_lm_loss=False`` keeps the lm_head (logits materialized, the loss still the
     library's cross-entropy); ``lm_loss_impl`` picks the fused loss's implementation
     (``"auto"``, ``"library"``, ``"chunked"``: see :func:`lm_head_loss`).
+
+    ``compiled_ops`` picks which of the patched elementwise ops run the library's
+    kernels while torch.compile traces the model: a collection of ``"rms_norm"`` (the
+    norms and the fused residual add), ``"rope"``, ``"swiglu"``, or ``"all"``,
+    ``"none"``, ``"auto"`` (the default: :data:`COMPILED_OPS_AUTO`, the set measured
+    fastest on the H200). An op left out runs torch's code under torch.compile -- HF's
+    RMSNorm (after a plain residual add), HF's rotary math in the patch's layout,
+    ``down(act(gate) * up)`` -- which inductor fuses with its neighbours; eager calls
+    always run the library's kernels (as the other keywords select them).
     """
+    ops = _compiled_ops(compiled_ops)
     if isinstance(model, type):
         return _patch_class(model, dict(rms_norm=rms_norm, fuse_residual=fuse_residual,
                                         attention=attention, rope=rope, swiglu=swiglu,
                                         loss=loss, fused_lm_loss=fused_lm_loss,
-                                        lm_loss_impl=lm_loss_impl))
+                                        lm_loss_impl=lm_loss_impl, compiled_ops=ops))
     if lm_loss_impl not in ("auto", "library", "chunked"):
         raise ValueError(f"ops_transformer.patch_model: lm_loss_impl={lm_loss_impl!r}, "
                          "expected 'auto', 'library' or 'chunked'")
@@ -1349,13 +1414,13 @@ def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rop
     for m in model.modules():
         kind = _kind(m)
         if kind == "norm" and rms_norm:
-            _set_forward(m, _rms_norm_forward, log)
+            _set_forward(m, _rms_norm_forward, log, "rms_norm" in ops)
         elif kind == "layer" and fuse_residual and rms_norm:
             _set_forward(m, _decoder_layer_forward, log)
         elif kind == "attn" and attention and rope:
-            _set_forward(m, _attention_forward, log)
+            _set_forward(m, _attention_forward, log, "rope" in ops)
         elif kind == "mlp" and swiglu and silu:
-            _set_forward(m, _mlp_forward, log)
+            _set_forward(m, _mlp_forward, log, "swiglu" in ops)
         elif kind == "base" and attention:
             _set_forward(m, _base_model_forward, log)
     if loss and hasattr(model, "lm_head"):

@@ -257,6 +257,45 @@ def test_torch_compile_patched_model(ids, calls, device):
     assert_grads_close(g0, g1, rtol=1e-4)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("compiled_ops", ["none", ("rope",), ("rms_norm", "swiglu")])
+def test_compiled_ops_choose_library_or_torch_code(ids, calls, device, compiled_ops):
+    """patch_model(compiled_ops=...): under torch.compile only the named library ops are
+    traced (the others run torch's code, which inductor fuses); HF's loss and gradients
+    either way, and eager calls still run every library op."""
+    torch._dynamo.reset()
+    model = tiny_llama(device, num_hidden_layers=1)
+    ids = ids.to(device)
+    loss0, _, g0 = loss_and_grads(model, ids)
+    ot.patch_model(model, compiled_ops=compiled_ops)
+    named = set() if compiled_ops == "none" else set(compiled_ops)
+    loss1, _, g1 = loss_and_grads(model, ids, call=torch.compile(model), use_cache=False)
+    want = expected_calls(device, torch.float32, {"rms_norm": 1, "rope": 1, "swiglu": 1})
+    for op in want:
+        assert (calls.get(op, 0) > 0) == (op in named), (op, calls)
+    torch.testing.assert_close(loss1, loss0, rtol=GRAD_RTOL[device], atol=0)
+    assert_grads_close(g0, g1, rtol=1e-4)
+    calls.clear()
+    loss2, _, g2 = loss_and_grads(model, ids, use_cache=False)       # eager
+    assert all(calls.get(op, 0) > 0 for op in want), calls
+    torch.testing.assert_close(loss2, loss0, rtol=GRAD_RTOL[device], atol=0)
+    ot.unpatch(model)
+    assert not any("_ot_compiled_lib" in m.__dict__ for m in model.modules())
+
+
+def test_compiled_ops_argument_checked():
+    model = tiny_llama(num_hidden_layers=1)
+    with pytest.raises(ValueError, match="compiled_ops"):
+        ot.patch_model(model, compiled_ops=("rope", "attention"))
+    with pytest.raises(ValueError, match="compiled_ops"):
+        ot.patch_model(model, compiled_ops="some")
+    with pytest.raises(TypeError, match="compiled_ops"):
+        ot.patch_model(model, compiled_ops=3)
+    assert not ot_patch.is_patched(model)
+    assert ot_patch._compiled_ops("auto") == frozenset(ot_patch.COMPILED_OPS_AUTO)
+    assert ot_patch._compiled_ops("all") == frozenset(("rms_norm", "rope", "swiglu"))
+
+
 def test_compiled_fused_loss_survives_a_graph_break(ids, calls):
     """A graph break in user code (here in the MLP) splits the compiled forward: the
     causal-LM forward and its lm_head then run one eagerly and one compiled; the fused
