@@ -61,7 +61,18 @@ VARIANTS = {
     "patched_other": "patched, the attention 'auto' did not pick",
     "patched_ot_adamw": "patched + library AdamW",
     "patched_compile_ot_adamw": "patched + torch.compile + library AdamW",
+    # patch_llama(compiled_ops=...): which library elementwise ops run under torch.compile
+    "patched_compile_ops_all": "patched + torch.compile, library rms_norm + rope + swiglu",
+    "patched_compile_no_rms_norm": "patched + torch.compile, torch's RMSNorm (+ add)",
+    "patched_compile_no_rope": "patched + torch.compile, torch's RoPE",
+    "patched_compile_no_swiglu": "patched + torch.compile, torch's SwiGLU",
+    "patched_compile_ops_none": "patched + torch.compile, torch's RMSNorm, RoPE, SwiGLU",
 }
+# patch_llama's compiled_ops per variant ("auto", the default, unless named here)
+COMPILED_OPS = {"patched_compile_ops_all": "all", "patched_compile_ops_none": "none",
+                "patched_compile_no_rms_norm": ("rope", "swiglu"),
+                "patched_compile_no_rope": ("rms_norm", "swiglu"),
+                "patched_compile_no_swiglu": ("rms_norm", "rope")}
 
 
 def _compiled(variant):
@@ -84,6 +95,8 @@ def plan(quick):
     if quick:
         c = dict(cfg="tiny", batch=2, seq=64)
         return [
+            [dict(c, kind="ab", variants=["hf_sdpa", "patched", "hf_sdpa_compile",
+                                          "patched_compile", "patched_compile_ops_none"])],
             [dict(kind="attention"), dict(kind="lce"), dict(c, variant="hf_sdpa"),
              dict(c, variant="patched"),
              dict(c, variant="patched_other"), dict(c, variant="patched_ot_adamw"),
@@ -100,7 +113,20 @@ def plan(quick):
     # "patched_other" is the patched model with the attention "auto" did not pick;
     # profiles: the patched 0.54 B step; in a later group HF sdpa's (per-kind GPU time
     # side by side) and the long-context and 1.5 B patched steps
+    # groups 0-3, the measurement of record: each case's variants in one process, in a
+    # balanced order (run_ab): the targets' peers (HF sdpa, HF sdpa + torch.compile) and
+    # ours; group 3 the compiled step per choice of patch_llama(compiled_ops=...). The
+    # groups after them: the earlier one-variant-at-a-time cases (run_case), the
+    # attention and loss alone, profiles, the loss curve.
+    ab = ["hf_sdpa", "patched", "hf_sdpa_compile", "patched_compile"]
     return [
+        [dict(kind="ceiling"), dict(a, kind="ab", variants=ab)],
+        [dict(b, kind="ab", variants=ab)],
+        [dict(lc, kind="ab", variants=["hf_sdpa", "patched", "patched_other"])],
+        [dict(a, kind="ab", variants=[
+            "hf_sdpa_compile", "patched_compile_ops_all", "patched_compile_no_rms_norm",
+            "patched_compile_no_rope", "patched_compile_no_swiglu",
+            "patched_compile_ops_none"])],
         [dict(kind="ceiling"), dict(kind="attention"),
          dict(a, variant="hf_sdpa"), dict(a, variant="patched"), dict(kind="lce"),
          dict(a, variant="patched_ot_adamw"), dict(a, variant="patched_other"),
@@ -159,7 +185,10 @@ def _build(case, device, dtype, seed, compile_mode="model", compile_options=None
         # patched_torch_attn / patched_lib_attn: the attention torch's SDPA / the
         # library's (config.fused_attention False / True); the other variants "auto"
         ot.config.fused_attention = FUSED_ATTENTION.get(variant, "auto")
-        ot.patch_llama(model)
+        ot.patch_llama(model, compiled_ops=COMPILED_OPS.get(variant, "auto"))
+        if _compiled(variant):
+            info["compiled_ops"] = sorted(ot_patch._compiled_ops(
+                COMPILED_OPS.get(variant, "auto")))
         info["lm_loss_impl"] = "library" if ot_patch._library_lce_usable(device) \
             else "chunked"
     fwd = model
@@ -421,6 +450,164 @@ def run_case(case, args, device, dtype):
         except Exception:  # noqa: BLE001
             pass
     return res
+
+
+def _static_bytes(model, opt):
+    """The bytes a model holds between steps: parameters and optimizer states."""
+    import torch
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    for st in opt.state.values():
+        n += sum(t.numel() * t.element_size() for t in st.values() if torch.is_tensor(t)
+                 and t.device.type != "cpu")
+    return n
+
+
+def run_ab(case, args, device, dtype):
+    """The variants of one case in one process, timed in a balanced order (the method of
+    shared/BENCH.md: CUDA events, warm-up first, medians): every variant's model is
+    built, compiled where it is, and warmed up (3 steps, 5 with torch.compile) first;
+    then `rounds` rounds, each running every variant's window -- forward order in even
+    rounds, reverse in odd ones (ABC CBA ...), so that no variant always follows the same
+    one or always runs at the same point of the GPU's warming -- of one unsynchronized
+    lead-in step and `steps` steps with a CUDA event between consecutive steps (the GPU's
+    time per step with the host ahead, as in a training loop). A variant's step time is
+    the median over its rounds x steps timings; the mean and each window's sync-to-sync
+    wall time are recorded as well. Peak memory per variant: its own parameters and
+    optimizer states plus the most its windows allocated above what was held before
+    them (the other variants' models sit in the same process). One row per variant, in
+    the shape of run_case's."""
+    import statistics
+    import torch
+    rounds = case.get("rounds", args.ab_rounds)
+    steps = case.get("steps", args.ab_steps) if not args.quick else 2
+    if args.quick:
+        rounds = min(rounds, 2)
+    built, rows = [], []
+    dyn = torch._dynamo.config
+    for knob in ("recompile_limit", "cache_size_limit"):     # one graph per variant
+        if hasattr(dyn, knob):
+            setattr(dyn, knob, max(getattr(dyn, knob), 8 * len(case["variants"])))
+    torch._dynamo.utils.counters.clear()
+    variants = [(_other_variant(case, device, dtype) if v == "patched_other" else v)
+                for v in case["variants"]]
+    case = dict(case, variants=variants)
+    for variant in variants:
+        c = dict(case, variant=variant)
+        res = dict(case=case_name(c["cfg"], c["batch"], c["seq"]), variant=variant,
+                   label=VARIANTS[variant], cfg=c["cfg"], batch=c["batch"], seq=c["seq"],
+                   method=f"balanced A/B, {rounds} rounds x {steps} steps, median")
+        try:
+            t0 = time.perf_counter()
+            model, fwd, cfg, info = _build(c, device, dtype, args.seed, args.compile_mode,
+                                           json.loads(args.compile_options or "{}"))
+            res.update(info)
+            if info.get("compile_mode") == "layers":
+                res["label"] += " (per layer)"
+            res["params"] = sum(p.numel() for p in model.parameters())
+            opt = _optimizer(model, device, variant)
+            gen = torch.Generator().manual_seed(args.seed + 1)
+            V = cfg["vocab_size"]
+            data = [torch.randint(0, V, (c["batch"], c["seq"]), generator=gen).to(device)
+                    for _ in range(2)]
+            for i in range((5 if _compiled(variant) else 3) if not args.quick else 2):
+                loss = _step(fwd, model, opt, data[i % 2])
+            _sync(device)
+            res["warmup_s"] = time.perf_counter() - t0
+            if _compiled(variant):       # (_build cleared the counters: this variant's)
+                res["dynamo"] = _dynamo_stats()
+            built.append([res, model, fwd, opt, data, cfg, [], [], [], 0])
+        except Exception as e:  # noqa: BLE001  (recorded; the other variants run)
+            msg = f"{type(e).__name__}: {e}".split("\n")[0][:400]
+            res.update(status="oom" if "out of memory" in msg.lower() else "error",
+                       error=msg)
+            traceback.print_exc(limit=6)
+            rows.append(res)
+            model = opt = fwd = None
+            _release(device)
+    cuda = device.type == "cuda"
+    for r in range(rounds):
+        for b in (built if r % 2 == 0 else built[::-1]):
+            res, model, fwd, opt, data, cfg, times, walls, clocks, peak = b
+            try:
+                _sync(device)
+                base = torch.cuda.memory_allocated(device) if cuda else 0
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(device)
+                with _Clocks(device) as clk:
+                    t1 = time.perf_counter()
+                    loss = _step(fwd, model, opt, data[1])         # lead-in, untimed
+                    ev = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] \
+                        if cuda else []
+                    tk = []
+                    for i in range(steps):
+                        if cuda:
+                            ev[i].record()
+                        tk.append(time.perf_counter())
+                        loss = _step(fwd, model, opt, data[i % 2])
+                    if cuda:
+                        ev[steps].record()
+                    _sync(device)
+                    tk.append(time.perf_counter())
+                    walls.append((tk[-1] - t1) / (steps + 1) * 1e3)
+                if cuda:
+                    times += [ev[i].elapsed_time(ev[i + 1]) for i in range(steps)]
+                    b[9] = max(peak, torch.cuda.max_memory_allocated(device) - base)
+                else:
+                    times += [(tk[i + 1] - tk[i]) * 1e3 for i in range(steps)]
+                if clk.result:
+                    clocks.append(clk.result)
+                res["loss"] = float(loss)
+            except Exception as e:  # noqa: BLE001
+                res.setdefault("error", f"{type(e).__name__}: {e}".split("\n")[0][:400])
+                traceback.print_exc(limit=4)
+    for res, model, fwd, opt, data, cfg, times, walls, clocks, peak in built:
+        if times:
+            ms = statistics.median(times)
+            tok = res["batch"] * res["seq"]
+            res.update(status="ok", steps=len(times), step_ms=ms, tokens_per_s=tok / ms * 1e3,
+                       step_ms_mean=statistics.fmean(times),
+                       step_ms_min=min(times), step_ms_max=max(times),
+                       window_ms_per_step=[round(w, 3) for w in walls],
+                       step_ms_all=[round(t, 3) for t in times])
+            res["model_TFLOPs"] = res["tokens_per_s"] * _flops_per_token(cfg, res["seq"]) / 1e12
+            if cuda:
+                res["peak_GB"] = (_static_bytes(model, opt) + peak) / 1e9
+            if clocks:
+                res["clocks"] = dict(
+                    sm_MHz_mean=round(statistics.fmean(c["sm_MHz_mean"] for c in clocks)),
+                    sm_MHz_min=min(c["sm_MHz_min"] for c in clocks),
+                    sm_MHz_max=max(c["sm_MHz_max"] for c in clocks),
+                    per_window=[c["sm_MHz_mean"] for c in clocks],
+                    throttle=sorted({t for c in clocks for t in c["throttle"]}))
+        elif "status" not in res:
+            res["status"] = "error"
+        if res["variant"].startswith("patched"):
+            from ops_transformer import patch as ot_patch
+            res["fused_attention"] = FUSED_ATTENTION.get(res["variant"], "auto")
+            res["auto_attention"] = _auto_decisions(res["seq"])
+        rows.append(res)
+    if any(_compiled(v) for v in case["variants"]):
+        # the rounds: graph breaks / recompiles after the warm-ups (counters since the
+        # last compiled variant's build)
+        stats = _dynamo_stats()
+        for res in rows:
+            if _compiled(res["variant"]):
+                res["dynamo_after_rounds"] = stats
+    prof_rows = []
+    for res, model, fwd, opt, data, cfg, *_ in built:
+        c = dict(case, variant=res["variant"])
+        if _profile_key(c) in args.profile:
+            prof_rows.append(dict(_profile(c, args, device, fwd, model, opt, data[0]),
+                                  after_case=True))
+    del built, model, fwd, opt
+    _release(device)
+    try:
+        torch._dynamo.reset()
+    except Exception:  # noqa: BLE001
+        pass
+    order = {v: i for i, v in enumerate(case["variants"])}
+    rows.sort(key=lambda r: order.get(r["variant"], 0))
+    return rows, prof_rows
 
 
 def run_curve(case, args, device, dtype):
@@ -837,6 +1024,11 @@ def worker(args):
             res = run_lce(args, device, dtype)
         elif kind == "curve":
             res = run_curve(case, args, device, dtype)
+        elif kind == "ab":
+            rows, profs = run_ab(case, args, device, dtype)
+            for r in profs + rows[:-1]:      # (extra rows: the last one closes the case)
+                print("RESULT " + json.dumps(dict(r, _extra=True)), flush=True)
+            res = rows[-1]
         else:
             res = run_case(case, args, device, dtype)
             prof = res.pop("_profile", None)
@@ -848,6 +1040,13 @@ def worker(args):
 # ---------------------------------------------------------------------------------
 # Parent: runs the groups, writes the JSON after each, prints the table last
 # ---------------------------------------------------------------------------------
+
+def _case_variants(c):
+    """The step variants a planned case measures: its own, or an A/B's list."""
+    if c.get("kind") == "ab":
+        return list(c["variants"])
+    return [c["variant"]] if c.get("kind", "step") == "step" else []
+
 
 def _estimate_s(group, quick, compile_mode="model"):
     """Rough seconds a group needs on the H200 (start-up, model build, compile)."""
@@ -865,6 +1064,15 @@ def _estimate_s(group, quick, compile_mode="model"):
             s += 8 if c.get("cfg") == "1.5b" else 6
         elif c.get("kind") == "lce":
             s += 4
+        elif c.get("kind") == "ab":
+            big = c["cfg"] == "1.5b" or c["seq"] >= 16384
+            for v in c["variants"]:
+                if _compiled(v):
+                    s += (90 if big else 60) if compile_mode == "model" else (8 if big else 5)
+                else:
+                    s += 3 if big else 2
+            s += 12 if any(v.startswith("hf") and _compiled(v) for v in c["variants"]) else 0
+            s += len(c["variants"]) * c.get("rounds", 4) * 0.9 * (3 if big else 1)
         else:
             big = c["cfg"] == "1.5b"
             if _compiled(c["variant"]):
@@ -1134,6 +1342,12 @@ def main(argv=None):
     p.add_argument("--steady", action="store_true",
                    help="also time each case's steps in steady state (one unsynchronized "
                         "step first, CUDA events around the timed ones): steady_tokens_per_s")
+    p.add_argument("--ab-rounds", type=int, default=4,
+                   help="balanced A/B cases (kind ab): rounds (each variant once a round, "
+                        "the order reversed every other round)")
+    p.add_argument("--ab-steps", type=int, default=5,
+                   help="balanced A/B cases: timed steps per variant and round (after one "
+                        "untimed lead-in step); the median of rounds x steps is reported")
     p.add_argument("--trace-dir", default=None,
                    help="write each profile's chrome trace there "
                         "(trace_<VARIANT>_<CFG>_<BxS>.json.gz)")
@@ -1165,13 +1379,16 @@ def main(argv=None):
         cs = set(args.cases.split(",")) if args.cases else None
 
         def wanted(c):
+            if c.get("kind") == "ab":
+                return ((vs is None or "ab" in vs)
+                        and (cs is None or case_name(c["cfg"], c["batch"], c["seq"]) in cs))
             if c.get("kind", "step") != "step":
                 return vs is not None and c["kind"] in vs
             return ((vs is None or c["variant"] in vs)
                     and (cs is None or case_name(c["cfg"], c["batch"], c["seq"]) in cs))
         groups = [g for g in ([c for c in g if wanted(c)] for g in groups) if g]
-    unknown = args.profile - {_profile_key(c) for g in groups for c in g
-                              if c.get("kind", "step") == "step"}
+    unknown = args.profile - {_profile_key(dict(c, variant=v)) for g in groups for c in g
+                              for v in _case_variants(c)}
     if unknown:         # (a misspelt key would cost the run its profile silently)
         print(f"--profile skipped: {', '.join(sorted(unknown))}: no such case in this run "
               "(VARIANT@CFG:BxS of a planned step case, e.g. patched@0.54b:4x2048)",
@@ -1197,10 +1414,9 @@ def main(argv=None):
             print(f"[{time.time() - t_start:5.0f}s] group {gi}: skipped (budget: {left:.0f} s "
                   f"left, ~{need} s needed)", flush=True)
             for c in group:
-                if c.get("kind", "step") == "step":
+                for v in _case_variants(c):
                     runs.append(dict(case=case_name(c["cfg"], c["batch"], c["seq"]),
-                                     variant=c["variant"], label=VARIANTS[c["variant"]],
-                                     status="skipped (budget)"))
+                                     variant=v, label=VARIANTS[v], status="skipped (budget)"))
             save()
             continue
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(group),
@@ -1209,6 +1425,7 @@ def main(argv=None):
         cmd += ["--profile", ",".join(sorted(args.profile))] if args.profile else []
         cmd += ["--trace-dir", args.trace_dir] if args.trace_dir else []
         cmd += ["--steady"] if args.steady else []
+        cmd += ["--ab-rounds", str(args.ab_rounds), "--ab-steps", str(args.ab_steps)]
         cmd += ["--steps", str(args.steps), "--curve-steps", str(args.curve_steps),
                 "--seed", str(args.seed)] + (["--quick"] if args.quick else [])
         print(f"[{time.time() - t_start:5.0f}s] group {gi}: "
@@ -1226,7 +1443,8 @@ def main(argv=None):
                 got.append(json.loads(line[7:]))
             elif line.strip():
                 print("   " + line[:300])
-        done = sum(not r.get("after_case") for r in got)     # (--profile's: extra)
+        # (--profile's results and an A/B's rows but its last: extra)
+        done = sum(not (r.get("after_case") or r.pop("_extra", False)) for r in got)
         for r in got:
             if r.get("kind") == "curve":
                 curve = r
@@ -1260,9 +1478,9 @@ def main(argv=None):
             tail = (err or "").strip().splitlines()[-6:]
             print(f"   group {gi} incomplete ({why}): " + " | ".join(tail)[:800], flush=True)
             for c in group[done:]:
-                if c.get("kind", "step") == "step":
+                for v in _case_variants(c):
                     runs.append(dict(case=case_name(c["cfg"], c["batch"], c["seq"]),
-                                     variant=c["variant"], label=VARIANTS[c["variant"]],
+                                     variant=v, label=VARIANTS[v],
                                      status="timeout" if rc == "timeout" else "crashed",
                                      error=" | ".join(tail)[-300:]))
         elif rc not in (0, "timeout") and err:
