@@ -286,6 +286,11 @@ static const acase cuda_sm90_cases[] = {
      * other 17 key block by key block, heaviest first. Last, so that the dtype parity of the
      * cases above stays as their comment says. */
     {"cuda hopper-only causal Sq64 Sk2048 D64 B2 H9 (head order, then tail)", 2, 64, 2048, 9, 9, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    /* The Hopper backward's dQ conversion by the contribution that completes a tile: Sq > Sk
+     * by 570 rows, so 8 whole 64-query tiles no key block sees (dQ zeroed by the prep
+     * kernel), then a tile of 58 keyless rows and 6 with keys (one contributor), 2 key blocks
+     * (the second partial). */
+    {"cuda hopper-only causal Sq>Sk 700x130 D128 GQA2 B2", 2, 700, 130, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
 };
 
 /* The Hopper forward's narrow last-key-tile step (kFlNarrow, bf16 D128 non-causal, the
