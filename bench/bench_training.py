@@ -577,6 +577,7 @@ def run_ab(case, args, device, dtype):
                     sm_MHz_mean=round(statistics.fmean(c["sm_MHz_mean"] for c in clocks)),
                     sm_MHz_min=min(c["sm_MHz_min"] for c in clocks),
                     sm_MHz_max=max(c["sm_MHz_max"] for c in clocks),
+                    power_W_mean=round(statistics.fmean(c["power_W_mean"] for c in clocks)),
                     per_window=[c["sm_MHz_mean"] for c in clocks],
                     throttle=sorted({t for c in clocks for t in c["throttle"]}))
         elif "status" not in res:
@@ -1467,7 +1468,7 @@ def main(argv=None):
                       + (f"(steady {r['steady_tokens_per_s']:,.0f}) "
                          if r.get("steady_tokens_per_s") else "")
                       + f"{r.get('peak_GB', 0):.2f} GB "
-                      + (f"(SM {r['clocks']['sm_MHz_mean']} MHz, {r['clocks']['power_W_mean']} W"
+                      + (f"(SM {r['clocks']['sm_MHz_mean']} MHz, {r['clocks'].get('power_W_mean')} W"
                          f"{', ' + '/'.join(r['clocks']['throttle']) if r['clocks']['throttle'] else ''}) "
                          if r.get("clocks") else "")
                       + f"loss {r.get('loss', float('nan')):.4f} {r.get('auto_attention', '')} "
