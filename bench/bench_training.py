@@ -1085,6 +1085,24 @@ def _estimate_s(group, quick, compile_mode="model"):
     return s
 
 
+def result_line(r):
+    """The progress line of one measured row (the parent prints it as the group ends)."""
+    clk = r.get("clocks") or {}
+    line = (f"   {r['case']:22s} {r['label']:37s} {r.get('status')} "
+            f"{r.get('tokens_per_s', 0):,.0f} tok/s "
+            + (f"(steady {r['steady_tokens_per_s']:,.0f}) "
+               if r.get("steady_tokens_per_s") else "")
+            + (f"(median of {r['steps']}: {r['step_ms']:.2f} ms, mean "
+               f"{r['step_ms_mean']:.2f}, min {r['step_ms_min']:.2f}) "
+               if r.get("step_ms_mean") is not None else "")
+            + f"{r.get('peak_GB', 0):.2f} GB ")
+    if clk:
+        line += (f"(SM {clk.get('sm_MHz_mean')} MHz, {clk.get('power_W_mean')} W"
+                 + (", " + "/".join(clk["throttle"]) if clk.get("throttle") else "") + ") ")
+    return (line + f"loss {r.get('loss', float('nan')):.4f} {r.get('auto_attention', '')} "
+            f"{r.get('dynamo', '')} {str(r.get('error', ''))[:200]}")
+
+
 def build_record(runs, curve, ceiling, args, extra=None):
     rows = []
     by = {}
@@ -1463,17 +1481,7 @@ def main(argv=None):
                 extra[r["kind"]] = r
             else:
                 runs.append(r)
-                print(f"   {r['case']:22s} {r['label']:37s} {r.get('status')} "
-                      f"{r.get('tokens_per_s', 0):,.0f} tok/s "
-                      + (f"(steady {r['steady_tokens_per_s']:,.0f}) "
-                         if r.get("steady_tokens_per_s") else "")
-                      + f"{r.get('peak_GB', 0):.2f} GB "
-                      + (f"(SM {r['clocks']['sm_MHz_mean']} MHz, {r['clocks'].get('power_W_mean')} W"
-                         f"{', ' + '/'.join(r['clocks']['throttle']) if r['clocks']['throttle'] else ''}) "
-                         if r.get("clocks") else "")
-                      + f"loss {r.get('loss', float('nan')):.4f} {r.get('auto_attention', '')} "
-                      f"{r.get('dynamo', '')} "
-                      f"{r.get('error', '')[:200]}", flush=True)
+                print(result_line(r), flush=True)
         if done < len(group):
             why = "timeout" if rc == "timeout" else f"worker exit {rc}"
             tail = (err or "").strip().splitlines()[-6:]

@@ -1,0 +1,105 @@
+"""bench/bench_training.py's balanced A/B cases (run_ab) on the CPU with a tiny model:
+every variant timed in each round, the order reversed every other round, medians of
+rounds x steps timings, the clocks of each window aggregated, and the rows through the
+parent's progress line, the JSON record, the table and the docs' markdown -- the GPU-only
+fields (clocks, peak memory) faked where the CPU has none. A device run lost its rows to
+a missing clocks key in the progress line (run of 46066f4)."""
+
+import argparse
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import bench_training as bt  # noqa: E402
+
+
+class FakeClocks:
+    n = 0
+
+    def __init__(self, device, every=0.02):
+        self.result = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        FakeClocks.n += 1
+        self.result = dict(sm_MHz_mean=1700 + FakeClocks.n, sm_MHz_min=1600, sm_MHz_max=1980,
+                           power_W_mean=650, samples=10, throttle=["sw power cap"])
+        return False
+
+
+def args(**kw):
+    a = dict(seed=0, compile_mode="layers", compile_options=None, quick=False, ab_rounds=3,
+             ab_steps=2, profile=set(), trace_dir=None)
+    a.update(kw)
+    return argparse.Namespace(**a)
+
+
+def test_run_ab_balanced_order_medians_and_record(monkeypatch, tmp_path):
+    monkeypatch.setattr(bt, "_Clocks", FakeClocks)
+    order = []
+    step = bt._step
+
+    def spy(fwd, model, opt, x):
+        order.append(model._variant)
+        return step(fwd, model, opt, x)
+    build = bt._build
+
+    def tagged_build(case, *a, **k):
+        model, fwd, cfg, info = build(case, *a, **k)
+        model._variant = case["variant"]
+        return model, fwd, cfg, info
+    monkeypatch.setattr(bt, "_step", spy)
+    monkeypatch.setattr(bt, "_build", tagged_build)
+    case = dict(kind="ab", cfg="tiny", batch=2, seq=32, variants=["hf_sdpa", "patched"])
+    rows, profs = bt.run_ab(case, args(), torch.device("cpu"), torch.bfloat16)
+    assert profs == [] and [r["variant"] for r in rows] == ["hf_sdpa", "patched"]
+    # warm-ups (3 steps each), then per round each variant's window: a lead-in + 2 steps,
+    # in the order A B | B A | A B
+    windows = order[6:]
+    assert order[:6] == ["hf_sdpa"] * 3 + ["patched"] * 3
+    assert [windows[i] for i in range(0, len(windows), 3)] == [
+        "hf_sdpa", "patched", "patched", "hf_sdpa", "hf_sdpa", "patched"]
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["steps"] == 6 and len(r["step_ms_all"]) == 6 and len(r["window_ms_per_step"]) == 3
+        assert r["step_ms_min"] <= r["step_ms"] <= r["step_ms_max"]
+        assert r["tokens_per_s"] == pytest.approx(2 * 32 / r["step_ms"] * 1e3)
+        assert len(r["clocks"]["per_window"]) == 3 and r["clocks"]["power_W_mean"] == 650
+        assert "median" in r["method"]
+        r["peak_GB"] = 1.0                 # (CUDA only: the record's memory rows need it)
+        assert r["label"] in bt.result_line(r) and "1700" not in bt.result_line(r)
+    assert rows[0]["loss"] == pytest.approx(rows[1]["loss"], rel=0.05)   # same data
+    rec = bt.build_record(rows, None, None, argparse.Namespace(
+        device_name="CPU", commit="x", command="test"))
+    assert any(r["metric"] == "tokens/s" and r["ratio_hf_sdpa"] for r in rec["rows"])
+    assert "patched" in bt.table(rec)
+    path = tmp_path / "training.json"
+    path.write_text(json.dumps(rec))
+    bt.markdown(str(path))
+
+
+def test_run_ab_compiled_ops_variants_build_their_sets():
+    """The per-op variants pass their compiled_ops to patch_llama (recorded per row)."""
+    model, fwd, cfg, info = bt._build(dict(cfg="tiny", batch=1, seq=16,
+                                           variant="patched_compile_no_rope"),
+                                      torch.device("cpu"), torch.float32, 0, "layers")
+    assert info["compiled_ops"] == ["rms_norm", "swiglu"]
+    assert not model.model.layers[0].self_attn._ot_compiled_lib
+    assert model.model.layers[0].mlp._ot_compiled_lib
+    for v in bt.COMPILED_OPS:
+        assert v in bt.VARIANTS and bt._compiled(v)
+
+
+def test_parent_counts_an_ab_case_as_one_planned_item():
+    plan = bt.plan(quick=False)
+    ab = [c for g in plan[:4] for c in g if c.get("kind") == "ab"]
+    assert len(ab) == 4 and all(bt._case_variants(c) == c["variants"] for c in ab)
+    assert bt._estimate_s(plan[3], False, "layers") < 120
