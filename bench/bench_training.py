@@ -24,11 +24,18 @@ keeps to --budget-s (cases that would not fit are recorded as "skipped (budget)"
 the JSON file is rewritten after every group, so an interrupted run keeps its rows.
 
 Method: parameters, gradients and AdamW states (torch fused AdamW for every variant)
-in bf16, use_cache=False, random tokens, labels = inputs. Warm-up steps (3, 5 with
-torch.compile) then timed steps with a device synchronization around them; tokens/s =
-tokens of the timed steps / their wall time; peak memory = torch.cuda.max_memory_allocated
-over the timed steps (parameters, gradients, optimizer states and activations), reset
-after the warm-up. Model FLOPs per token: 6 N (N = non-embedding parameters + the LM
+in bf16, use_cache=False, random tokens, labels = inputs. The plan's first groups are
+balanced A/B cases (run_ab, the measurement of record): a case's variants -- HF's and
+ours, eager and compiled -- built and warmed up (3 steps, 5 with torch.compile) in one
+process, then --ab-rounds rounds (default 4) in which every variant runs one untimed
+lead-in step and --ab-steps steps (default 5) with a CUDA event between consecutive
+steps, the order reversed every other round; a variant's step time is the median of its
+rounds x steps timings (shared/BENCH.md), tokens/s = tokens per step / that median; peak
+memory = its parameters and optimizer states + the most its windows allocated above
+what was held before them. The later groups measure one variant per case as before
+(run_case): warm-up steps, then --steps timed steps between device synchronizations,
+tokens/s = tokens of the timed steps / their wall time, peak memory =
+torch.cuda.max_memory_allocated over them. Model FLOPs per token: 6 N (N = non-embedding parameters + the LM
 head) + 6 L S d (causal attention, forward + backward), reported as model TFLOP/s and
 as a fraction of a bf16 GEMM (8192^3) measured in the same run.
 """
