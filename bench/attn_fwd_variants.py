@@ -12,7 +12,7 @@ shape.
 
   python3 bench/attn_fwd_variants.py SHIM [--rounds 3] [--dims 128,64,256]
       [--seqs 1024,4096,16384] [--json OUT] [--no-check] [--no-host] [--only a,b]
-      [--causal both|full|causal]
+      [--causal both|full|causal] [--no-flash] [--host-only]
 
 The JSON (shared/BENCH.md rows, op attention_fwd) carries for each case the default's median,
 the peers', and a "variants" dict {name: median TFLOP/s}. A variant that is not compiled for a
@@ -42,6 +42,10 @@ SPLIT = {"OT_ATTN_SM90_SPLIT": "1"}
 SMALL = {"OT_ATTN_SM90_TILE": "small"}
 NONPERS = {"OT_ATTN_SM90_NONPERSISTENT": "1"}
 NARROW = {"OT_ATTN_SM90_NARROW": "1"}
+SNAKE = {"OT_ATTN_SM90_ORDER": "snake"}
+GRID128 = {"OT_ATTN_SM90_GRID": "128"}
+WG2 = {"OT_ATTN_SM90_WG": "2"}
+WG3 = {"OT_ATTN_SM90_WG": "3"}
 
 
 ONLY = None   # --only: the variant names to run (checks and timings)
@@ -58,14 +62,26 @@ def _variant_list(d, s, causal):
     # rescale threshold; the polynomial exponentials (measured slower, docs/ATTENTION.md) are
     # no longer compiled there. (The build measured on 2026-11-30 ~13:27 / ~13:29 UTC also
     # had a D128 16-key instance, which ran S 16k's narrow column.)
+    v = []
     if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
-        return [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),
-                ("nonpers", NONPERS)]
+        v += [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),
+              ("nonpers", NONPERS)]
+    # 4096 (D128) / 2048 (D256) equal tiles: 32 / 16 rounds of 128 CTAs instead of 31 / 15
+    # full rounds of 132 and a last one of 4 / 68 (the same number of rounds)
+    if d in (128, 256) and not causal:
+        v.append(("grid128", GRID128))
+    if causal and s <= 8192:                          # persistent, sectioned, falling lengths
+        v += [("snake", SNAKE), ("nonpers", NONPERS)]  # snake: odd rounds in reverse
     if d == 64 and causal and s <= 8192:              # 2 consumers, 128-key tile
-        return [("wide", WIDE)]                       # wide: the 192-key tile
+        v += [("wide", WIDE), ("wg3", WG3)]           # wide: the 192-key tile
+    if d == 64 and not causal and s <= 2048:          # 3 consumers: 192-row tiles, S 1k 6 of
+        v += [("wg2", WG2), ("nonpers", NONPERS)]     # them (1152 rows); wg2: 8 of 128
+    if d == 128 and not causal and s <= 2048:         # 128-key tile
+        v += [("wide", WIDE), ("nonpers", NONPERS)]
     if d == 256 and not causal and s % 80:            # 80-key tile, rescale threshold on
-        return [("narrow", NARROW)]
-    return []
+        v.append(("narrow", NARROW))
+    seen = set()
+    return [(n, e) for n, e in v if not (n in seen or seen.add(n))]
 
 
 def checks(S):
@@ -120,6 +136,21 @@ def checks(S):
                           env={**SPLIT, **extra, "OT_ATTN_SM90_GRID": str(grid)})
         ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, dtype=torch.float16,
                       env={**SPLIT, "OT_ATTN_SM90_GRID": "3"})
+    if ONLY is None or "snake" in ONLY:
+        # kFlSnake: odd rounds in reverse CTA order (GRID n: many rounds, a partial last one
+        # odd or even), causal and windowed calls, Sq != Sk both ways, GQA, lse; D64 / D128
+        # (128-key tile) / D256; fp16 and unmasked calls (not compiled / not taken: default)
+        for d, sq, sk, hq, hkv, wl, wr, grid in (
+                (128, 1000, 1000, 4, 2, -1, 0, 3), (128, 700, 1300, 8, 2, -1, 0, 5),
+                (128, 1300, 700, 4, 4, -1, 0, 7), (128, 1000, 1000, 4, 1, 100, 0, 6),
+                (64, 1000, 1000, 8, 2, -1, 0, 5), (64, 900, 1200, 4, 4, -1, 0, 3),
+                (256, 1000, 1000, 4, 2, -1, 0, 3), (256, 600, 900, 4, 1, -1, 0, 7),
+                (128, 1000, 1000, 4, 2, -1, -1, 5)):
+            ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, wl=wl, wr=wr,
+                          env={**SNAKE, "OT_ATTN_SM90_GRID": str(grid)})
+        ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16,
+                      env={**SNAKE, "OT_ATTN_SM90_GRID": "5"})
+        ba.check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=0, env=SNAKE)
     print(f"check: {ck.n - ck.fails}/{ck.n} passed", flush=True)
     return ck.fails == 0
 
@@ -170,6 +201,8 @@ def bench(S, args):
                 sides = [("default", {}, None)] + [(n, e, None) for n, e in variant_list(d, s, causal)]
                 for name, be in (("torch SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
                                  ("torch SDPA flash", SDPBackend.FLASH_ATTENTION)):
+                    if args.no_flash and be == SDPBackend.FLASH_ATTENTION:
+                        continue
                     def pf(be=be):
                         with sdpa_kernel([be]):
                             return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
@@ -249,10 +282,15 @@ def main():
     ap.add_argument("--no-host", action="store_true")
     ap.add_argument("--only", help="comma list of variant names (default: all)")
     ap.add_argument("--causal", choices=("both", "full", "causal"), default="both")
+    ap.add_argument("--no-flash", action="store_true", help="no torch SDPA flash side")
+    ap.add_argument("--host-only", action="store_true", help="the host cost only (no checks)")
     args = ap.parse_args()
     global ONLY
     ONLY = set(args.only.split(",")) if args.only else None
     S = ba.Shim(args.shim)
+    if args.host_only:
+        host_cost(S)
+        return 0
     ok = True
     if not args.no_check:
         # a variant that hangs (a wrong barrier phase) must not eat the device time

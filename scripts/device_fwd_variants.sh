@@ -28,7 +28,8 @@
 # SUITE_ENV: switches for it (e.g. "OT_ATTN_SM90_SPLIT=1").
 # VENVS: ';'-separated switch sets for the suite's "hopper" cases (none: skip); SAN_ENV,
 # SAN_FILTERS (';'-separated): the sanitizers' switches and C-suite filters; SAN_TOOLS (default
-# "racecheck synccheck"; empty: none).
+# "racecheck synccheck"; empty: none). NCU_QUICK: see below. HOST_OLD: another build's shim (e.g. the previous
+# commit's): the host cost per call measured with it and with CARRY's, in two processes.
 set -uo pipefail
 COMMIT=${1:-unknown}
 OUT=${OUT:-/tmp/ot_device_out}
@@ -73,6 +74,13 @@ timeout "$t" python3 bench/attn_fwd_variants.py "$CARRY/libattention_shim.so" --
 echo "variants rc=$?"
 grep -E '^FAIL|^check:|^host|^HUNG|Error' "$OUT/variants.log" | head -20
 
+if [ -n "${HOST_OLD:-}" ]; then
+  for shim in "$HOST_OLD" "$CARRY/libattention_shim.so"; do
+    t=$(lim 20); [ "$t" = 0 ] && break
+    echo "host cost, $shim: $(timeout "$t" python3 bench/attn_fwd_variants.py "$shim" --host-only 2>&1 | tail -1)"
+  done | tee "$OUT/host_cost.log"
+fi
+
 t=$(lim 35)
 if [ "$t" != 0 ] && [ "${SUITE:-1}" != 0 ]; then
   stamp "C suite (${SUITE_ENV:-defaults})"
@@ -99,5 +107,21 @@ for tool in ${SAN_TOOLS-racecheck synccheck}; do
     grep -E 'test_ops:|FAIL' "$OUT/$tool.log" | tail -1
   done
 done
+# NCU_QUICK: '|'-separated argument lists of bench/profile_attention_fwd.py (e.g. "--d 256
+# --s 4096 --causal --env OT_ATTN_SM90_ORDER=snake"): elapsed / SM-active cycles and duration
+# of each launch (ours, cuDNN, ours under each --env set), no sections (a few passes each).
+if [ -n "${NCU_QUICK:-}" ]; then
+  IFS='|' read -r -a nqs <<<"$NCU_QUICK"
+  for nq in "${nqs[@]}"; do
+    t=$(lim 25); [ "$t" = 0 ] && { echo "skipped: ncu $nq"; continue; }
+    stamp "ncu quick [$nq]"
+    echo "== $nq" >>"$OUT/ncu_quick.txt"
+    timeout "$t" ncu --profile-from-start off --clock-control none --metrics \
+      sm__cycles_elapsed.avg,sm__cycles_active.avg,gpu__time_duration.sum python3 \
+      bench/profile_attention_fwd.py "$CARRY/libattention_shim.so" $nq >>"$OUT/ncu_quick.txt" 2>&1
+    echo "ncu rc=$?"
+  done
+  grep -E '^==|^  [a-zA-Z_].*\(|sm__cycles|gpu__time' "$OUT/ncu_quick.txt" | cut -c1-120
+fi
 stamp "summary"
 grep -E '^D[0-9]' "$OUT/variants.log" | cut -c1-250

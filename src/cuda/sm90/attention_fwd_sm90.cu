@@ -32,14 +32,16 @@
  * released once a tile's last Q K^T completes, so the next tile's Q and K load during the
  * last P V and the epilogue.
  *
- * Switches (environment, read per call; for measurements and tests): OT_ATTN_SM90=0 off,
+ * Switches (environment, read per call -- one scan for any OT_ATTN_SM90_* -- except
+ * OT_ATTN_SM90, read once; for measurements and tests): OT_ATTN_SM90=0 off,
  * OT_ATTN_SM90_TILE=small|wide, OT_ATTN_SM90_NONPERSISTENT=1, OT_ATTN_SM90_GRID=n (cap on
  * persistent CTAs), OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64),
  * OT_ATTN_SM90_RESC=0|1 (the template bit kFlResc: the row max moves only when it grows by
  * more than 2^8, and O is rescaled only in the steps where a row of the warp moved it;
  * default on at head dim 256 and for masked head-dim-128 calls), OT_ATTN_SM90_NARROW=0|1
  * (kFlNarrow, see the dispatch). Only in builds with -DOT_ATTN_SM90_EXPERIMENTS (bf16;
- * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256;
+ * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256,
+ * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls);
  * OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is parsed there, but its instances are
  * no longer compiled (add the bits to launch_fl's lists to measure them again).
  *
@@ -54,6 +56,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <atomic>
 #include <type_traits>
 
 #include "../attention_sm90.h"
@@ -79,6 +82,9 @@ enum {
   kFlNarrow = 16, /* with the width w in bits 8..11 (kFlNarrowW): a first-visited key tile
                    * of which no row sees more than 16 w keys (the partial one at the key
                    * end) runs as a step of its own, Q K^T with N and P V with K = 16 w */
+  kFlSnake = 32,  /* persistent CTAs take the odd full rounds of the round-robin in
+                   * reverse (round k: CTA i runs tile k G + G - 1 - i), so that with tiles
+                   * in falling length (masked calls) a CTA's long and short tiles pair up */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -235,6 +241,14 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   const uint32_t s_bar = s_base + L::bar_off;
   auto bar = [&](int i) { return s_bar + 8u * (uint32_t)i; };
   const int n_tiles = SPLIT ? sp.n_items : p.num_m * p.hq * p.batch;
+  /* SNAKE: the work item of the round-robin's item t (t = k G + i for CTA i in round k):
+   * a whole odd round in reverse CTA order (k G + G - 1 - i); the last, partial round in
+   * CTA order. */
+  constexpr bool SNAKE = (FL & kFlSnake) != 0;
+  auto snake_tile = [&](int t) {
+    const int i = blockIdx.x, g = gridDim.x, r0 = t - i;
+    return ((r0 / g) & 1) && r0 + g <= n_tiles ? r0 + g - 1 - i : t;
+  };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -258,7 +272,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid != 0) return;
     int kv = 0, qn = 0;
-    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    for (int t0 = blockIdx.x; t0 < n_tiles; t0 += gridDim.x) {
+      const int t = SNAKE ? snake_tile(t0) : t0;
       int piece;
       const tile_info ti = decode_item<BC, BR, SPLIT>(p, sp, t, piece);
       const int n_iters = ti.n_max - ti.n_min;
@@ -314,7 +329,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   if (c == NC - 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
   int kv = 0, qn = 0;
 
-  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+  for (int t0 = blockIdx.x; t0 < n_tiles; t0 += gridDim.x) {
+    const int t = SNAKE ? snake_tile(t0) : t0;
     int piece;
     const tile_info ti = decode_item<BC, BR, SPLIT>(p, sp, t, piece);
     const int n_iters = ti.n_max - ti.n_min, n_max = ti.n_max;
@@ -636,6 +652,30 @@ __global__ void __launch_bounds__(128) attn_fwd_sm90_merge(const fwd_params p,
 
 /* ---------------- host ---------------- */
 
+/* One call's kernel parameters and the launch switches the front end read (the
+ * environment is scanned once per call, there). */
+struct fwd_call {
+  fwd_params p;
+  int grid_cap;         /* OT_ATTN_SM90_GRID: > 0 caps the persistent CTAs */
+  bool nonpersistent;   /* OT_ATTN_SM90_NONPERSISTENT */
+};
+
+/* cudaFuncSetAttribute(kern, max dynamic shared memory, bytes) once per device (ordinal
+ * < 64; others on every call) and kernel instance, not on every call: a bit per ordinal in
+ * a static of each instance, set once the call succeeded (two threads racing here both
+ * set the attribute: harmless). The attribute lives in the device's primary context, as
+ * the context's stream, scratch and cuBLASLt handle do: a cudaDeviceReset under a live
+ * ot_context breaks those as well. */
+template <typename K>
+static cudaError_t smem_attr_once(K kern, int bytes, int dev, std::atomic<uint64_t> &done) {
+  const uint64_t bit = dev >= 0 && dev < 64 ? (uint64_t)1 << dev : 0;
+  if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess && bit) done.fetch_or(bit, std::memory_order_release);
+  return e;
+}
+
 /* An OT_ATTN_SM90_* switch (measurements and tests): getenv only where `any` (one
  * ot_env_any("OT_ATTN_SM90_") pass over the environment per call) found some set; in
  * normal use none is, and a call reads the environment once instead of once per switch. */
@@ -645,12 +685,13 @@ static inline const char *sm90_knob(bool any, const char *name) {
 
 template <typename T, int D, int BC, int NC, int FL>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
-                        const fwd_params *p) {
+                        const fwd_call *fc) {
   static const char *op = "attention_forward";
   using L = fwd_smem<D, BC, NC>;
   auto kern = attn_fwd_sm90_kernel<T, D, BC, NC, FL>;
-  OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         L::bytes));
+  static std::atomic<uint64_t> attr_done{0};
+  const int dev = ot_cuda_state_of(ctx)->device;
+  OT_CUDA_CHECK(op, smem_attr_once(kern, L::bytes, dev, attr_done));
   /* One persistent CTA per SM walks the tiles round-robin, its epilogue overlapping the
    * loads of its next tile. Unmasked tiles all cost the same and go m-fastest (the CTAs
    * running together share one head's K/V in L2). Masked (causal) tiles differ: they go
@@ -658,19 +699,17 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
    * round of the round-robin hands out tiles of similar length.
    * OT_ATTN_SM90_NONPERSISTENT=1: one CTA per tile instead (m fastest, longest first per
    * head, the hardware's block scheduler balancing). */
-  fwd_params q = *p;
+  fwd_params q = fc->p;
   const int64_t n_tiles = (int64_t)q.num_m * q.hq * q.batch;
   /* OT_ATTN_SM90_GRID=n: at most n persistent CTAs (tests the multi-tile path on small
    * shapes, e.g. under compute-sanitizer). */
-  const bool knobs = ot_env_any("OT_ATTN_SM90_");
-  const char *gs = sm90_knob(knobs, "OT_ATTN_SM90_GRID");
-  const int sms = gs && atoi(gs) > 0 ? atoi(gs) : ot_cuda_state_of(ctx)->sm_count;
+  const int sms = fc->grid_cap > 0 ? fc->grid_cap : ot_cuda_state_of(ctx)->sm_count;
   const bool masked = q.wl >= 0 || q.wr >= 0;
   /* Masked tiles with long sequences (> 64 query tiles) go one CTA per tile: the static
    * round-robin then balances worse than the hardware's block scheduler (H200, causal
    * S = 16k: D128 543 vs 556 TFLOP/s, D256 460 vs 684), while up to S = 8k persistence
    * wins (S = 4k causal: D128 565 vs 467, D256 624 vs 571; run of 90616f4). */
-  const bool persistent = !sm90_knob(knobs, "OT_ATTN_SM90_NONPERSISTENT") && n_tiles > sms &&
+  const bool persistent = !fc->nonpersistent && n_tiles > sms &&
                           (!masked || q.num_m <= 64);
   q.sect = 0;
   if (persistent && masked) {
@@ -734,7 +773,7 @@ template <int... F> struct fl_list {};
 template <int... F> static bool fl_has(int fl, fl_list<F...>) { return ((fl == F) || ...); }
 template <typename T, int D, int BC, int NC, int F0, int... F>
 static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
-                           const fwd_params *p, int fl, fl_list<F0, F...>) {
+                           const fwd_call *p, int fl, fl_list<F0, F...>) {
   if constexpr (sizeof...(F) == 0) {
     return launch<T, D, BC, NC, F0>(ctx, a, maps, p);
   } else {
@@ -747,9 +786,10 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
  * exponentials, the rescale threshold) until it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
-                            const fwd_params *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlNarrow | kFlNarrowW, kFlSplit, kFlPoly4, kFlPoly8, kFlResc};
-  for (int i = 0; i < 5 && !fl_has(fl, l); i++) fl &= ~drop[i];
+                            const fwd_call *p, int fl, fl_list<F...> l) {
+  static const int drop[] = {kFlSnake, kFlNarrow | kFlNarrowW, kFlSplit, kFlPoly4, kFlPoly8,
+                             kFlResc};
+  for (int i = 0; i < 6 && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
 }
 
@@ -760,18 +800,22 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * (bench/attn_fwd_variants.py). */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
-                           const fwd_params *p, int fl) {
+                           const fwd_call *p, int fl) {
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   constexpr bool X = !is_half<T>::value;
 #else
   constexpr bool X = false;
 #endif
-  constexpr int R = kFlResc, SP = kFlSplit;
+  constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, SP, narrow_bits(3)>());
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4)>());
+    return launch_sel<T, D, BC, NC>(
+        ctx, a, maps, p, fl, fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4), R | SN>());
+  } else if constexpr (X && D == 128 && BC == 128) {   /* snake: the masked calls' tile */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | SN>());
+  } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SN>());
   } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
     /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, narrow_bits(3)>());
@@ -786,7 +830,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
  * the consumers' 240 and whose 2-stage K/V rings fit shared memory (FA3's choices). */
 template <typename T>
 static ot_status dispatch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
-                          const fwd_params *p, bool small_tile, int nc, int fl) {
+                          const fwd_call *p, bool small_tile, int nc, int fl) {
   switch (a->d) {
     case 64:
       if (nc == 3) return launch_fl<T, 64, 128, 3>(ctx, a, maps, p, fl);
@@ -882,8 +926,9 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
       !encode_map(&maps[1], &a->k, a->dtype, a->batch, a->sk, a->hkv, a->d, bc) ||
       !encode_map(&maps[2], &a->v, a->dtype, a->batch, a->sk, a->hkv, a->d, bc))
     return OT_OK;
-  fwd_params p;
-  memset(&p, 0, sizeof p);
+  fwd_call call;
+  memset(&call, 0, sizeof call);
+  fwd_params &p = call.p;
   p.out = a->out.data;
   p.o_bs = a->out.batch_stride;
   p.o_ts = a->out.tok_stride;
@@ -955,8 +1000,22 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     const bool on = nw ? nw[0] == '1' : a->dtype == OT_BF16 && a->sk <= 6400;
     if (on && !masked_call && w16 > 0) narrow = narrow_bits(w16);
   }
-  const int fl = (resc ? kFlResc : 0) | poly | split | narrow;
+  /* OT_ATTN_SM90_ORDER=snake: the persistent CTAs take the odd rounds in reverse order
+   * (kFlSnake; masked calls, whose tiles go in falling length inside a section;
+   * experiment builds only for now). */
+#ifdef OT_ATTN_SM90_EXPERIMENTS
+  const char *od = sm90_knob(knobs, "OT_ATTN_SM90_ORDER");
+  const int snake = od && !strcmp(od, "snake") && masked_call ? kFlSnake : 0;
+#else
+  const int snake = 0;
+#endif
+  /* Read here for launch(): OT_ATTN_SM90_GRID=n (n > 0: at most n persistent CTAs) and
+   * OT_ATTN_SM90_NONPERSISTENT (set: one CTA per tile). */
+  const char *gs = sm90_knob(knobs, "OT_ATTN_SM90_GRID");
+  call.grid_cap = gs && atoi(gs) > 0 ? atoi(gs) : 0;
+  call.nonpersistent = sm90_knob(knobs, "OT_ATTN_SM90_NONPERSISTENT") != NULL;
+  const int fl = (resc ? kFlResc : 0) | poly | split | narrow | snake;
   *handled = true;
-  return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &p, small_tile, nc, fl)
-                             : dispatch<__half>(ctx, a, maps, &p, small_tile, nc, fl);
+  return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
+                             : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
 }
