@@ -21,7 +21,9 @@
 # B/tests/test_ops with its ninja command, then `cc -O2 -shared -fPIC bench/attention_shim.c
 # -Iinclude -Isrc -I<dlpack> -I$CUDA/include B/libops_transformer.a -L$CUDA/lib64 -lcudart
 # -lcublasLt -lopenblas -fopenmp -lm -lstdc++` and `xz` of test_ops.
-# DEADLINE (seconds from the start, default 125): each step's limit is cut to what is left.
+# DEADLINE (seconds from the start, default 125): each step's limit is cut to what is left;
+# VLIM / SLIM: the variants' and the C suite's own limits (default 70 / 35); SUITE_FILTER: the
+# C suite's filter (default cuda).
 # VSEQS / VDIMS / VROUNDS: the benchmark grid (default 4096,16384 / 128,64,256 / 3); VARGS: more
 # arguments of attn_fwd_variants.py (e.g. "--only narrow --no-host --causal full"). Since c463491
 # the experiment build carries narrow (D128 48 keys, D256 16 / 64), split and resc, no poly. SUITE=0: no full C suite;
@@ -66,7 +68,7 @@ if [ "${PROFILE:-0}" != 0 ]; then
   grep -E '^  [a-zA-Z_].*\(|Duration|Registers Per|Grid Size|Block Size|Dynamic Shared|Compute \(SM\) Thr|Issue Slots Busy|Warp Cycles Per Issued|gmma|pipe_xu' "$OUT/ncu.txt" | cut -c1-150 | head -60
 fi
 
-t=$(lim 70)
+t=$(lim "${VLIM:-70}")
 stamp "variants (limit $t s)"
 timeout "$t" python3 bench/attn_fwd_variants.py "$CARRY/libattention_shim.so" --json "$OUT/variants.json" \
   --commit "$COMMIT" --seqs "${VSEQS:-4096,16384}" --dims "${VDIMS:-128,64,256}" \
@@ -75,16 +77,16 @@ echo "variants rc=$?"
 grep -E '^FAIL|^check:|^host|^HUNG|Error' "$OUT/variants.log" | head -20
 
 if [ -n "${HOST_OLD:-}" ]; then
-  for shim in "$HOST_OLD" "$CARRY/libattention_shim.so"; do
-    t=$(lim 20); [ "$t" = 0 ] && break
-    echo "host cost, $shim: $(timeout "$t" python3 bench/attn_fwd_variants.py "$shim" --host-only 2>&1 | tail -1)"
-  done | tee "$OUT/host_cost.log"
+  t=$(lim 20)   # (CARRY's shim: variants.log's "host cost" line, unless --no-host)
+  echo "host cost, $HOST_OLD: $(timeout "$t" python3 bench/attn_fwd_variants.py "$HOST_OLD" \
+    --host-only 2>&1 | tail -1)" | tee "$OUT/host_cost.log"
 fi
 
-t=$(lim 35)
+t=$(lim "${SLIM:-35}")
 if [ "$t" != 0 ] && [ "${SUITE:-1}" != 0 ]; then
-  stamp "C suite (${SUITE_ENV:-defaults})"
-  env ${SUITE_ENV:-} timeout "$t" /tmp/test_ops --backend cuda --suite attention --filter cuda >"$OUT/tests.log" 2>&1
+  stamp "C suite (${SUITE_ENV:-defaults}, filter ${SUITE_FILTER:-cuda})"
+  env ${SUITE_ENV:-} timeout "$t" /tmp/test_ops --backend cuda --suite attention \
+    --filter "${SUITE_FILTER:-cuda}" >"$OUT/tests.log" 2>&1
   echo "tests rc=$? $(tail -1 "$OUT/tests.log")"; grep -A3 '^FAIL' "$OUT/tests.log" | head -12
 fi
 IFS=';' read -r -a venvs <<<"${VENVS:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_RESC=1;OT_ATTN_SM90_NARROW=1}"
