@@ -37,6 +37,7 @@ import bench_attention as ba  # noqa: E402
 from benchutil import round_order  # noqa: E402
 
 RESC = {"OT_ATTN_SM90_RESC": "1"}
+NORESC = {"OT_ATTN_SM90_RESC": "0"}
 WIDE = {"OT_ATTN_SM90_TILE": "wide"}
 SPLIT = {"OT_ATTN_SM90_SPLIT": "1"}
 SMALL = {"OT_ATTN_SM90_TILE": "small"}
@@ -77,7 +78,9 @@ def _variant_list(d, s, causal):
     if d == 64 and not causal and s <= 2048:          # 3 consumers: 192-row tiles, S 1k 6 of
         v += [("wg2", WG2), ("nonpers", NONPERS)]     # them (1152 rows); wg2: 8 of 128
     if d == 128 and not causal and s <= 2048:         # 128-key tile
-        v += [("wide", WIDE), ("nonpers", NONPERS)]
+        v += [("wide", WIDE), ("nonpers", NONPERS), ("resc", RESC)]
+    if d in (128, 256) and causal:                    # rescale threshold on by default
+        v.append(("noresc", NORESC))
     if d == 256 and not causal and s % 80:            # 80-key tile, rescale threshold on
         v.append(("narrow", NARROW))
     seen = set()
