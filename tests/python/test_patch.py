@@ -262,9 +262,9 @@ def test_torch_compile_patched_model(ids, calls, device):
 def test_compiled_ops_choose_library_or_torch_code(ids, calls, device, compiled_ops):
     """patch_model(compiled_ops=...): under torch.compile only the named library ops are
     traced (the others run torch's code, which inductor fuses); HF's loss and gradients
-    either way, and eager calls still run every library op. (Each op's torch code is in
-    one of the two sets, the library's rope in the second's complement: all three library
-    ops compiled is test_torch_compile_patched_model.)"""
+    either way, and eager calls still run every library op. (Every op's torch code runs
+    under "none"; the library's norm and SwiGLU next to torch's RoPE in the second set; all
+    three library ops compiled: test_torch_compile_patched_model.)"""
     torch._dynamo.reset()
     model = tiny_llama(device, num_hidden_layers=1)
     ids = ids.to(device)
