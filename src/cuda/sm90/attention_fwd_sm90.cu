@@ -38,7 +38,7 @@
  * persistent CTAs), OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64),
  * OT_ATTN_SM90_RESC=0|1 (the template bit kFlResc: the row max moves only when it grows by
  * more than 2^8, and O is rescaled only in the steps where a row of the warp moved it;
- * default on at head dim 256 and for masked head-dim-128 calls), OT_ATTN_SM90_NARROW=0|1
+ * default on at head dim 256 and for head dim 128 on the 128-key tile), OT_ATTN_SM90_NARROW=0|1
  * (kFlNarrow, see the dispatch). Only in builds with -DOT_ATTN_SM90_EXPERIMENTS (bf16;
  * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256,
  * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls);
@@ -960,15 +960,17 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const int poly = 0;
 #endif
   /* The row max moves only when it grows by more than 2^8 (O rescaled only in the steps
-   * where a row of the warp moved it; exact): at head dim 256 and for masked head-dim-128
-   * calls (128-key tile). H200, run of a41fb34, interleaved A/B rounds at S = 4k, TFLOP/s
-   * on / off: D256 610 / 583, causal 546 / 527, D128 causal 516 / 500; neutral where it is
-   * not used (D128 full 577 / 580, 16k 612 / 618; D64 causal 391 / 389). For unmasked D128
-   * (176-key tile; runs of b3ee4d5): +4.5% / -4.5% at S = 4k / 16k, then -2% / +2%: no
-   * consistent sign, not used.
+   * where a row of the warp moved it; exact): at head dim 256 and wherever head dim 128 runs
+   * the 128-key tile (masked calls, Sk <= 2048). H200, run of a41fb34, interleaved A/B
+   * rounds at S = 4k, TFLOP/s on / off: D256 610 / 583, causal 546 / 527, D128 causal 516 /
+   * 500; D64 causal 391 / 389 (not compiled there). Since 2026-11-30 (run of 30e15d7,
+   * balanced rounds, 6 of 6 rounds each) also unmasked calls on the 128-key tile: D128
+   * S = 1k full 534 / 487 (cuDNN 540); causal 1k / 4k 394 / 369, 555 / 500. For unmasked
+   * D128 on the 176-key tile (runs of b3ee4d5, 30e15d7): +4.5% / -4.5% at S = 4k / 16k, then
+   * -2% / +2%, then +2% at 4k (against the narrow step): no consistent sign, not used.
    * OT_ATTN_SM90_RESC=0|1 forces it off / on (on only where instantiated, see launch_fl). */
   const char *rs = sm90_knob(knobs, "OT_ATTN_SM90_RESC");
-  const bool resc = rs ? rs[0] == '1' : a->d == 256 || (a->d == 128 && masked_call);
+  const bool resc = rs ? rs[0] == '1' : a->d == 256 || (a->d == 128 && bc == 128);
   /* The partial first-visited key tile on a narrower key range (kFlTail, b3ee4d5's
    * OT_ATTN_SM90_TAIL=1) lost: D128 S = 4k 0.90x, 16k 0.95x, D256 S = 4k 1.01x, 16k 0.87x
    * (its kernels twice the size; cause not established); removed (code in b3ee4d5). */
