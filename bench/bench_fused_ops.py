@@ -405,7 +405,8 @@ def check_rope(S, ck, small):
 
 
 def check_glu(S, ck, small):
-    shapes = [(13, 7), (5, 1000), (64, 4096), (7, 2050)] + ([] if small else [(100, 8192)])
+    # (6, 5632): contiguous rows (the launch's one-row path), the others strided
+    shapes = [(13, 7), (5, 1000), (64, 4096), (7, 2050), (6, 5632)] + ([] if small else [(100, 8192)])
     for kind in (0, 1, 2):
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             for (rows, Fd) in shapes:
@@ -415,7 +416,7 @@ def check_glu(S, ck, small):
                         gu = rnd(rows, 2 * Fd, dtype=dtype, lo=-4, hi=4)
                         g, u = gu[:, :Fd], gu[:, Fd:]
                     else:
-                        g = strided_rows(rows, Fd, dtype, 8)
+                        g = rnd(rows, Fd, dtype=dtype) if Fd == 5632 else strided_rows(rows, Fd, dtype, 8)
                         u = rnd(rows, Fd, dtype=dtype)
                     out = nan_like(u)
                     glu_fwd_call(S, kind, g, u, out)()
@@ -663,7 +664,7 @@ def eager_swiglu(g, u):
 def bench_all(S, args):
     torch.manual_seed(0)
     rows_list = [16384]
-    H_list = [int(h) for h in args.hidden.split(",")]
+    H_list = [int(h) for h in args.hidden.split(",") if h]
     dtype = torch.bfloat16
     eps = 1e-6
     results = []
@@ -900,6 +901,8 @@ def bench_all(S, args):
             torch.cuda.empty_cache()
     if not args.ce_first and "ce" in only:
         bench_ce(S, args, copy_tbps, results, row, safe)
+    if "train" in only:
+        bench_train(S, args, row, safe)
     return copy_tbps, results
 
 
@@ -907,9 +910,10 @@ def bench_glu(S, N, H, case, sets, outs, row, safe, compiled):
     """SwiGLU forward and backward at F = H (separate gate / up tensors)."""
     dtype, E = torch.bfloat16, 2
     variants = variants_ms
-    ours = [glu_fwd_call(S, 0, s["x"], s["r"], outs[i]) for i, s in enumerate(sets)]
+    mk = lambda S_: [glu_fwd_call(S_, 0, s["x"], s["r"], outs[i]) for i, s in enumerate(sets)]
+    ours = mk(S)
     t_ours = time_ms(ours)
-    glu_var = variants(ours, {"v2 (64-256 thr x 4 vec)": {"OT_GLU_FWD_IMPL": "v2"}})
+    glu_var = variants(ours, {"v2 (64-256 thr x 4 vec)": {"OT_GLU_FWD_IMPL": "v2"}}, mk)
     peers = {
         "torch eager": safe(lambda: time_ms([lambda s=s: eager_swiglu(s["x"], s["r"]) for s in sets])),
         "torch F.silu(g)*u": safe(lambda: time_ms([lambda s=s: F.silu(s["x"]) * s["r"] for s in sets])),
@@ -920,8 +924,10 @@ def bench_glu(S, N, H, case, sets, outs, row, safe, compiled):
     row("swiglu_fwd", case, 3 * N * H * E, t_ours, peers, glu_var)
 
     dg = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
-    ours = [glu_bwd_call(S, 0, s["dy"], s["x"], s["r"], outs[i], dg[i]) for i, s in enumerate(sets)]
+    mk = lambda S_: [glu_bwd_call(S_, 0, s["dy"], s["x"], s["r"], outs[i], dg[i]) for i, s in enumerate(sets)]
+    ours = mk(S)
     t_ours = time_ms(ours)
+    glu_bvar = variants(ours, {}, mk)
 
     def swiglu_autograd():
         gs = []
@@ -931,8 +937,99 @@ def bench_glu(S, N, H, case, sets, outs, row, safe, compiled):
             y = F.silu(gg) * uu
             gs.append(lambda y=y, ins=[gg, uu], dy=s["dy"]: torch.autograd.grad(y, ins, dy, retain_graph=True))
         return time_ms(gs)
-    row("swiglu_bwd", case, 5 * N * H * E, t_ours, {"torch F.silu(g)*u autograd": safe(swiglu_autograd)})
+    row("swiglu_bwd", case, 5 * N * H * E, t_ours, {"torch F.silu(g)*u autograd": safe(swiglu_autograd)},
+        glu_bvar)
     del dg
+    torch.cuda.empty_cache()
+
+
+def swiglu_bwd_ref(g, u, dy):
+    """The SwiGLU backward as inductor fuses it (one kernel: dy, gate, up in; dgate, dup out)."""
+    s = torch.sigmoid(g.float())
+    gf, uf, dyf = g.float(), u.float(), dy.float()
+    return (dyf * uf * s * (1 + gf * (1 - s))).to(g.dtype), (dyf * gf * s).to(g.dtype)
+
+
+# RMSNorm's backward at the training shape: the v3 ring's depth (2 by default) and 4 vectors
+# per thread, against programmatic dependent launch off.
+NORM_TRAIN_BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "S=3": {"OT_NORM_BWD_STAGES": "3"},
+                           "S=4": {"OT_NORM_BWD_STAGES": "4"}, "S auto": {"OT_NORM_BWD_STAGES": "0"},
+                           "4 vec/thread": {"OT_NORM_BWD_V3NV": "4"}}
+
+
+def bench_train(S, args, row, safe):
+    """The 0.54 B training step's shapes (examples/train_llama.py: hidden 2048, MLP 5632,
+    batch 4 x 2048 = 8192 tokens): SwiGLU forward and backward against F.silu(g)*u and
+    torch.compile's (inductor's) fused forward and its compiled backward; the RMSNorm
+    backward with the residual's gradient and dweight (the patched layers' norm), and the
+    same without dweight (no partials, no partials' sum: the difference is their cost)."""
+    dtype, E = torch.bfloat16, 2
+    N, H, Fm = 8192, 2048, 5632
+    case = "8k x 5632 bf16"
+    sets = [dict(g=rnd(N, Fm, dtype=dtype), u=rnd(N, Fm, dtype=dtype), dy=rnd(N, Fm, dtype=dtype))
+            for _ in range(2)]
+    outs = [torch.empty(N, Fm, dtype=dtype, device="cuda") for _ in range(2)]
+    dg = [torch.empty(N, Fm, dtype=dtype, device="cuda") for _ in range(2)]
+    mk = lambda S_: [glu_fwd_call(S_, 0, s["g"], s["u"], outs[i]) for i, s in enumerate(sets)]
+    ours = mk(S)
+    t = time_ms(ours)
+    var = variants_ms(ours, {}, mk)
+    peers = {"torch F.silu(g)*u": safe(lambda: time_ms([lambda s=s: F.silu(s["g"]) * s["u"] for s in sets]))}
+    use_compile = not args.no_compile or args.train_compile
+    if use_compile:
+        cf = torch.compile(lambda g, u: F.silu(g) * u, dynamic=False)
+        peers["torch.compile silu(g)*u"] = safe(lambda: time_ms([lambda s=s: cf(s["g"], s["u"]) for s in sets]))
+    row("swiglu_fwd", case, 3 * N * Fm * E, t, peers, var)
+    mk = lambda S_: [glu_bwd_call(S_, 0, s["dy"], s["g"], s["u"], outs[i], dg[i]) for i, s in enumerate(sets)]
+    ours = mk(S)
+    t = time_ms(ours)
+    var = variants_ms(ours, {}, mk)
+    peers = {}
+    if use_compile:
+        def compiled_autograd():
+            cf = torch.compile(lambda g, u: F.silu(g) * u, dynamic=False)
+            gs = []
+            for s in sets:
+                gg = s["g"].detach().clone().requires_grad_(True)
+                uu = s["u"].detach().clone().requires_grad_(True)
+                y = cf(gg, uu)
+                gs.append(lambda y=y, ins=[gg, uu], dy=s["dy"]: torch.autograd.grad(y, ins, dy, retain_graph=True))
+            return time_ms(gs)
+        peers["torch.compile silu(g)*u autograd"] = safe(compiled_autograd)
+        cb = torch.compile(swiglu_bwd_ref, dynamic=False)
+        peers["torch.compile bwd formula"] = safe(lambda: time_ms([lambda s=s: cb(s["g"], s["u"], s["dy"]) for s in sets]))
+    row("swiglu_bwd", case, 5 * N * Fm * E, t, peers, var)
+    del sets, outs, dg
+
+    case = "8k x 2048 bf16"
+    eps = 1e-6
+    sets = [dict(x=rnd(N, H, dtype=dtype), dy=rnd(N, H, dtype=dtype), dr=rnd(N, H, dtype=dtype)) for _ in range(2)]
+    w = rnd(H, dtype=dtype, lo=0.5, hi=1.5)
+    dx = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
+    out = torch.empty(N, H, dtype=dtype, device="cuda")
+    rstd = [torch.empty(N, device="cuda") for _ in range(2)]
+    for i, s in enumerate(sets):
+        norm_fwd_call(S, 0, s["x"], None, w, None, eps, out, None, None, rstd[i])()
+    dw = torch.empty(H, dtype=dtype, device="cuda")
+    for want_dw in (True, False):
+        mk = lambda S_: [norm_bwd_call(S_, 0, s["dy"], s["dr"], s["x"], w, None, rstd[i], eps, dx[i],
+                                       dw if want_dw else None, None) for i, s in enumerate(sets)]
+        ours = mk(S)
+        t = time_ms(ours)
+        var = variants_ms(ours, NORM_TRAIN_BWD_VARIANTS, mk)
+        peers = {}
+        if want_dw:
+            def torch_bwd():
+                gs = []
+                for s in sets:
+                    xx = s["x"].detach().clone().requires_grad_(True)
+                    ww = w.detach().clone().requires_grad_(True)
+                    y = F.rms_norm(xx, (H,), ww, eps)
+                    gs.append(lambda y=y, ins=[xx, ww], dy=s["dy"]: torch.autograd.grad(y, ins, dy, retain_graph=True))
+                return time_ms(gs)
+            peers["torch F.rms_norm autograd (no dres)"] = safe(torch_bwd)
+        row("rmsnorm_dres_bwd" + ("" if want_dw else "_no_dweight"), case, 4 * N * H * E, t, peers, var)
+    del sets, dx
     torch.cuda.empty_cache()
 
 
@@ -1018,7 +1115,7 @@ def write_doc(args, copy_tbps, rows):
         json.dump(doc, f, indent=1)
 
 
-def ncu_run(S):
+def ncu_run(S, torch_too=True):
     """For ncu (--kernel-name-base demangled --kernel-name 'regex:ot::norm_|ot::rope_|
     neg_kernel'), 16k x 4096 bf16, each kernel once: a copy-like elementwise kernel
     (torch.neg(x, out=y): the copy's ceiling as a kernel, which cudaMemcpyAsync is not), RMSNorm / LayerNorm forward
@@ -1052,7 +1149,33 @@ def ncu_run(S):
     cache = torch.cat([torch.cos(ang), torch.sin(ang)], 1).float().cuda()
     rope_call(S, q, k, qo, ko, pos, cache, 0, D, 10000.0, False)()
     torch.cuda.synchronize()
+    del x, dy, out, dx, q, k, qo, ko
+    ncu_train(S, torch_too)
     print("ncu run: done")
+
+
+def ncu_train(S, torch_too):
+    """The 0.54 B training shapes once each (after ncu_run's): SwiGLU forward and backward
+    at 8192 x 5632 bf16 (ours; with torch_too, inductor's fused forward and its compiled
+    backward, torch.compile of F.silu(g) * u), the RMSNorm backward with dres and dweight
+    at 8192 x 2048 (main kernel + partials' sum)."""
+    N, H, Fm, dt = 8192, 2048, 5632, torch.bfloat16
+    g, u, dy = (rnd(N, Fm, dtype=dt) for _ in range(3))
+    o, dg = torch.empty_like(g), torch.empty_like(g)
+    glu_fwd_call(S, 0, g, u, o)()
+    glu_bwd_call(S, 0, dy, g, u, o, dg)()
+    if torch_too:
+        cf = torch.compile(lambda a, b: F.silu(a) * b, dynamic=False)
+        gg, uu = g.detach().clone().requires_grad_(True), u.detach().clone().requires_grad_(True)
+        y = cf(gg, uu)
+        torch.autograd.grad(y, (gg, uu), dy)
+    del g, u, dy, o, dg
+    x, dy, dr = (rnd(N, H, dtype=dt) for _ in range(3))
+    w = rnd(H, dtype=dt, lo=0.5, hi=1.5)
+    rstd = torch.rsqrt(x.float().pow(2).mean(1) + 1e-6)
+    dx, dw = torch.empty_like(x), torch.empty(H, dtype=dt, device="cuda")
+    norm_bwd_call(S, 0, dy, dr, x, w, None, rstd, 1e-6, dx, dw, None)()
+    torch.cuda.synchronize()
 
 
 def main():
@@ -1066,6 +1189,8 @@ def main():
     ap.add_argument("--ncu", action="store_true", help="torch.neg, the norm and RoPE kernels once each, for ncu")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--hidden", default="4096,8192", help="--bench: hidden sizes (16k rows each)")
+    ap.add_argument("--train-compile", action="store_true",
+                    help="--only train: torch.compile peers even with --no-compile")
     ap.add_argument("--ce-last", dest="ce_first", action="store_false",
                     help="cross-entropy rows last (default: first, the newest kernels first)")
     ap.add_argument("--ab-shim", action="append", default=[], metavar="NAME=PATH",
@@ -1081,23 +1206,24 @@ def main():
         name, path = spec.split("=", 1)
         AB_SHIMS.append((name, Shim(path)))
     rc = 0
-    if args.check:
-        ck = Checker()
-        for fam, fn in (("norm", check_norms), ("rope", check_rope), ("glu", check_glu),
-                        ("ce", check_ce)):
-            if fam in args.only:
-                fn(S, ck, args.small)
-                torch.cuda.synchronize()
-        print(f"check: {ck.passed} passed, {len(ck.failed)} failed")
-        for f in ck.failed[:60]:
-            print("  FAIL", f)
-        rc = 1 if ck.failed else 0
+    if args.check:  # ours, then each --ab-shim build
+        for name, S2 in [("ours", S)] + AB_SHIMS:
+            ck = Checker()
+            for fam, fn in (("norm", check_norms), ("rope", check_rope), ("glu", check_glu),
+                            ("ce", check_ce)):
+                if fam in args.only:
+                    fn(S2, ck, args.small)
+                    torch.cuda.synchronize()
+            print(f"check ({name}): {ck.passed} passed, {len(ck.failed)} failed")
+            for f in ck.failed[:60]:
+                print("  FAIL", f)
+            rc = 1 if ck.failed else rc
     if args.sanitize:
         sanitize_run(S, args.only)
     if args.ncu:
         for name, S2 in AB_SHIMS:
             print(f"ncu run: {name} ({len(AB_SHIMS)} shim(s) before ours)")
-            ncu_run(S2)
+            ncu_run(S2, torch_too=False)
         ncu_run(S)
     if args.bench:
         copy_tbps, rows = bench_all(S, args)

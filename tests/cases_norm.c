@@ -148,6 +148,8 @@ typedef struct fwd_case {
   int alias; /* 0 none, 1 out = x, 2 residual_out = x, 3 residual_out = residual */
   int64_t xpad, rpad, opad, ropad;
   const char *variant;
+  double xoff;    /* added to every x (contiguous x only) */
+  double outlier; /* x[r, 0] of every row when not 0 (contiguous x only) */
 } fwd_case;
 
 static void run_forward(test_run *tr, const fwd_case *c) {
@@ -158,7 +160,9 @@ static void run_forward(test_run *tr, const fwd_case *c) {
     return;
   const backend *be = tr->be;
   rng r = tr_rng(tr);
-  tbuf *x = new_act(be, c->dt, c->ndim, c->shape, c->xpad, &r, -2, 2);
+  tbuf *x = new_act(be, c->dt, c->ndim, c->shape, c->xpad, &r, -2 + c->xoff, 2 + c->xoff);
+  if (c->outlier != 0)
+    for (int64_t i = 0; i < rows; i++) tb_set(x, i * H, c->outlier);
   tbuf *res = c->fused ? new_act(be, c->dt, c->ndim, c->shape, c->rpad, &r, -2, 2) : NULL;
   tbuf *w = NULL, *b = NULL;
   if (c->weight) {
@@ -325,6 +329,16 @@ static void set_shape(int *ndim, int64_t *shape, int64_t rows, int64_t H, bool o
 }
 
 /* Forward variant v (0..5) of the table for hidden size H: sets the flags and the name. */
+/* A forward case with weight, bias and both statistics, the rest zero. */
+static fwd_case fwd_defaults(bool ln, DLDataType dt) {
+  fwd_case c;
+  memset(&c, 0, sizeof c);
+  c.ln = ln;
+  c.dt = dt;
+  c.weight = c.bias = c.save_mean = c.save_rstd = true;
+  return c;
+}
+
 static void set_fwd_variant(fwd_case *c, int v, int64_t H) {
   switch (v) {
     case 0: c->variant = "plain"; break;
@@ -378,15 +392,30 @@ static void forward_table(test_run *tr) {
           for (int v = 0; v < 6; v++) {
             int64_t H = HIDDEN[hi], R = ROWS[ri];
             if (H == 8192 && v > 1) continue; /* the large row: plain and fused only */
-            fwd_case c;
-            memset(&c, 0, sizeof c);
-            c.ln = ln;
-            c.dt = *DTYPES[d];
-            c.weight = c.bias = c.save_mean = c.save_rstd = true;
+            fwd_case c = fwd_defaults(ln, *DTYPES[d]);
             set_fwd_variant(&c, v, H);
             set_shape(&c.ndim, c.shape, R, H, v == 5);
             run_forward(tr, &c);
           }
+}
+
+/* LayerNorm rows far from a zero mean (x in off +- 2, off 16 for float32 and 1000 for the
+ * 16-bit types: E[x^2] - mean^2 in float32 would lose the variance's digits; float32
+ * output itself is only as exact as the mean, ~|off| * eps: 16, not more) and rows
+ * whose first element is an outlier (x[r, 0] = 500, the rest in +- 2: the CUDA forward's
+ * first thread takes it as the shift of its one-pass sums). */
+static void ln_offset_cases(test_run *tr) {
+  static const int64_t Hs[] = {257, 4096, 8192};
+  for (size_t d = 0; d < 3; d++)
+    for (size_t hi = 0; hi < sizeof Hs / sizeof Hs[0]; hi++)
+      for (int v = 0; v < 2; v++) {
+        fwd_case c = fwd_defaults(true, *DTYPES[d]);
+        c.variant = v ? "outlier x[r,0]=500" : "offset mean";
+        if (v) c.outlier = 500;
+        else c.xoff = d == 0 ? 16 : 1000; /* DTYPES[0] is float32 */
+        set_shape(&c.ndim, c.shape, 33, Hs[hi], false);
+        run_forward(tr, &c);
+      }
 }
 
 static void backward_table(test_run *tr) {
@@ -693,11 +722,7 @@ static void forward_option_cases(test_run *tr) {
     for (size_t d = 0; d < 3; d++)
       for (size_t hi = 0; hi < sizeof OH / sizeof OH[0]; hi++)
         for (int v = 0; v < 2; v++) {
-          fwd_case c;
-          memset(&c, 0, sizeof c);
-          c.ln = ln;
-          c.dt = *DTYPES[d];
-          c.weight = c.bias = c.save_mean = c.save_rstd = true;
+          fwd_case c = fwd_defaults(ln, *DTYPES[d]);
           set_fwd_variant(&c, v, OH[hi]);
           c.variant = NAMES[v];
           set_shape(&c.ndim, c.shape, 33, OH[hi], false);
@@ -1036,6 +1061,7 @@ static void run(test_run *tr) {
     return;
   }
   forward_table(tr);
+  ln_offset_cases(tr);
   backward_table(tr);
   consistency(tr);
   contiguous_backward_cases(tr);

@@ -199,6 +199,18 @@ static bool rope_can_vectorize(const rope_params &p, ot_rope_mode mode) {
   return true;
 }
 
+/* Store f rounded to T at p (16-byte aligned) with the evict-first hint (st.global.cs):
+ * the rotated rows are not read again by this kernel. Measured (H200, NeoX, q [16k, 32,
+ * 128] + k [16k, 8, 128] bf16, run of 2026-11-30 15:44 UTC, same process): 3.82-3.83 vs
+ * 3.69-3.70 TB/s with the cos / sin cache, 3.76-3.87 vs 3.69-3.71 computed (the warp
+ * kernel's plain stores), 89% of copy; as the norm forward's evict-first out stores. */
+template <typename T>
+__device__ __forceinline__ void rope_store_cs(T *p, const float *f) {
+  raw16 r;
+  pack<T>(r, f);
+  __stcs(reinterpret_cast<uint4 *>(p), r.u);
+}
+
 /* One item of a warp kernel: the lane's NP cos / sin of pairs i0.. from the warp's cs
  * ([cos 0..half) [sin 0..half)), the rotation of the item x1 (NeoX: and its partner x2
  * at + half) and the stores at out. */
@@ -226,13 +238,13 @@ __device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, in
     unpack<T>(bv, x2);
 #pragma unroll
     for (int j = 0; j < V; j++) rope_rotate(a[j], bv[j], c[j], sn[j], &y1[j], &y2[j]);
-    store_vec(out, y1);
-    store_vec(out + half, y2);
+    rope_store_cs(out, y1);
+    rope_store_cs(out + half, y2);
   } else {
 #pragma unroll
     for (int j = 0; j < V; j += 2)
       rope_rotate(a[j], a[j + 1], c[j / 2], sn[j / 2], &y1[j], &y1[j + 1]);
-    store_vec(out, y1);
+    rope_store_cs(out, y1);
   }
 }
 
