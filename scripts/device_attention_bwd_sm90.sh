@@ -14,7 +14,9 @@
 #                   racecheck of "hopper-only S129"; SAN_MIN=2: only the racecheck of the
 #                   former; SAN_MIN=3: its racecheck and synccheck; SAN_MIN=4: its memcheck,
 #                   racecheck and synccheck and memcheck + racecheck of "hopper-only S129"
-#                   (split units), all five at once (SAN_LIMIT each)
+#                   (split units), all five at once (SAN_LIMIT each); SAN_MIN=5: those five
+#                   and memcheck, racecheck, synccheck of "hopper-only causal Sq>Sk 700x130
+#                   D128" (whole query tiles no key block sees), eight at once
 #       ab          bench/ab_attention_bwd.py in one process over the shims of $PRE/NAME.tar.xz
 #                   for NAME in ALTS (default base) and this build ("new"), AB_ARGS (e.g.
 #                   --cases D128S4096 --rounds 6), AB_LIMIT s (120)
@@ -120,7 +122,7 @@ if has sanitize; then
     echo "   $1 '$2' rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$one" | tail -1)"
   }
   stamp "compute-sanitizer"
-  if [ "${SAN_MIN:-0}" = 4 ]; then   # five runs side by side (CPU-bound), then their logs in order
+  if [ "${SAN_MIN:-0}" = 4 ] || [ "${SAN_MIN:-0}" = 5 ]; then   # side by side (CPU-bound), then their logs in order
     C="hopper-only causal Sq<Sk 100x1000 D128"
     spids=()
     SAN_TAG=1 san memcheck "$C" >/tmp/ot_san_1.sum & spids+=($!)
@@ -128,9 +130,15 @@ if has sanitize; then
     SAN_TAG=3 san synccheck "$C" >/tmp/ot_san_3.sum & spids+=($!)
     SAN_TAG=4 san memcheck "hopper-only S129" >/tmp/ot_san_4.sum & spids+=($!)
     SAN_TAG=5 san racecheck "hopper-only S129" --racecheck-report all >/tmp/ot_san_5.sum & spids+=($!)
+    if [ "${SAN_MIN:-0}" = 5 ]; then   # + the keyless-tile case (dQ rows zeroed by prep)
+      C2="hopper-only causal Sq>Sk 700x130 D128"
+      SAN_TAG=6 san memcheck "$C2" >/tmp/ot_san_6.sum & spids+=($!)
+      SAN_TAG=7 san racecheck "$C2" --racecheck-report all >/tmp/ot_san_7.sum & spids+=($!)
+      SAN_TAG=8 san synccheck "$C2" >/tmp/ot_san_8.sum & spids+=($!)
+    fi
     wait "${spids[@]}"
-    cat /tmp/ot_san_[1-5].sum
-    cat /tmp/ot_san_[1-5].log >>"$SAN"
+    cat /tmp/ot_san_[1-8].sum 2>/dev/null
+    cat /tmp/ot_san_[1-8].log >>"$SAN" 2>/dev/null
   elif [ "${SAN_MIN:-0}" = 2 ]; then   # the one refilled-stage D128 case, racecheck only
     san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all
   elif [ "${SAN_MIN:-0}" = 3 ]; then   # the same case, racecheck and synccheck
