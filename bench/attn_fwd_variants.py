@@ -126,6 +126,16 @@ def checks(S):
                 env["OT_ATTN_SM90_GRID"] = str(grid)
             ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, env=env)
         ba.check_case(S, ck, 2, 700, 2159, 4, 2, 128, wr=0, env=NARROW)
+    if ONLY is None or "resc" in ONLY:
+        # the rescale threshold with the narrow step (experiment builds: R | narrow at D128
+        # 176-key, 48 keys): a last tile of 1 / 47 / 48 keys, GQA, the multi-tile path, scale 1
+        # (row maxima that grow by more than 2^8)
+        for sq, sk, hq, hkv, grid, scale in ((300, 2113, 4, 2, 0, None), (500, 2159, 2, 1, 3, None),
+                                             (2160, 2160, 2, 1, 0, 1.0)):
+            env = {**NARROW, **RESC}
+            if grid:
+                env["OT_ATTN_SM90_GRID"] = str(grid)
+            ba.check_case(S, ck, 2, sq, sk, hq, hkv, 128, scale=scale, env=env)
         ba.check_case(S, ck, 2, 300, 2159, 4, 2, 128, dtype=torch.float16, env=NARROW)
     if ONLY is None or "split" in ONLY:
         # kFlSplit: the last round's tiles in pieces (GRID n: n_tiles % n tail tiles), every

@@ -797,7 +797,9 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * head dim 128 (where it was measured faster, see the dispatch), kFlNarrow at 48 keys for
  * the bf16 176-key tile of head dim 128. A build with
  * -DOT_ATTN_SM90_EXPERIMENTS (never CI) adds the bf16 variants measured against them
- * (bench/attn_fwd_variants.py). */
+ * (bench/attn_fwd_variants.py): at D128 176 the threshold, the split, and the threshold
+ * with the narrow step (OT_ATTN_SM90_RESC=1 where the narrow step is on; not yet measured);
+ * the snake order at D64 NC 2 / D128 128 / D256; the narrow step at D256. */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -808,7 +810,8 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake;
   if constexpr (X && D == 128 && BC == 176) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, SP, narrow_bits(3)>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3)>());
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
     return launch_sel<T, D, BC, NC>(
         ctx, a, maps, p, fl, fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4), R | SN>());
