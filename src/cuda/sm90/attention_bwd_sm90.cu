@@ -5,10 +5,8 @@
  * The FlashAttention-3 backward's structure, written from the PTX ISA with the forward's
  * building blocks (sm90_common.cuh):
  *  - prep kernel: Dsum = rowsum(dO * O) and lse2 = lse * log2(e) (+inf for rows with no
- *    visible key and for the padding rows up to a multiple of 64), fp32, [B][Hq][Sq_pad],
- *    and dQ = 0 for the rows of whole 64-query tiles no key block sees (causal, Sq > Sk);
- *    the fp32 dQ accumulator [B][Hq][Sq_pad][D] and its tiles' counters are zeroed before
- *    it (all in context scratch);
+ *    visible key and for the padding rows up to a multiple of 64), fp32, [B][Hq][Sq_pad];
+ *    the fp32 dQ accumulator [B][Hq][Sq_pad][D] is zeroed (all in context scratch);
  *  - main kernel: one CTA per (block of 128 keys, kv head, batch) -- a unit; the units of a
  *    non-causal call's last partial wave are split along the query walk (bwd_order) --,
  *    3 warpgroups:
@@ -32,9 +30,8 @@
  *                                                 dQ writer adds it into the accumulator with
  *                                                 one bulk reduce-add (cp.reduce.async.bulk
  *                                                 .add.f32), off the consumers' path;
- *    the writer counts each completed reduce-add on its accumulator tile, and the one that
- *    completes the tile hands it to the producer warpgroup's warps 2-3, which write
- *    dQ = scale * tile in the storage dtype (no dQ pass after the kernel).
+ *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype (one block per
+ *    accumulator tile, 64-byte reads, 16-byte stores).
  * The reduce-adds make dQ's summation order vary between runs (not bitwise repeatable), and
  * the split units' atomics that of their keys' dK / dV (a non-causal call's last partial
  * wave): params.deterministic = 1 routes to the portable backward instead (attention_bwd.cu).
@@ -66,8 +63,7 @@ constexpr int kBk = 128;        /* keys per CTA (2 consumer WGs x 64) */
 constexpr int kBq = 64;         /* queries per tile */
 constexpr int kThreads = 384;   /* producer WG + 2 consumer WGs */
 constexpr int kStages = 2;
-constexpr int kDqTile = 64 * 64;
-  /* floats of one consumer's dQ partial (64 queries x 64) */
+constexpr int kDqTile = 64 * 64;  /* floats of one consumer's dQ partial (64 queries x 64) */
 
 template <int D> struct bwd_smem {
   static constexpr int kv_bytes = kBk * D * 2;   /* K or V of the block */
@@ -83,37 +79,22 @@ template <int D> struct bwd_smem {
   static constexpr int lse_off = dqs_off + 4 * kDqTile * 4;
   static constexpr int dsum_off = lse_off + kStages * kBq * 4;
   static constexpr int bar_off = dsum_off + kStages * kBq * 4;
-  static constexpr int bytes = bar_off + 512 + 1024; /* barriers + alignment slack */
+  static constexpr int bytes = bar_off + 128 + 1024; /* barriers + alignment slack */
   static_assert(kv_bytes % 1024 == 0 && q_bytes % 1024 == 0, "swizzle atoms are 1024 B");
-  static_assert(bytes <= kSmemOptin, "shared memory opt-in limit"); /* D128: 231936 B */
+  static_assert(bytes <= kSmemOptin, "shared memory opt-in limit"); /* D128: 231552 B */
 };
 
-/* Barrier slots (8 bytes each): the K / V load, the Q / dO ring, per consumer c and
- * buffer u the dQ staging's full (BAR_DQF + 2 c + u) and empty (BAR_DQE + 2 c + u), and the
- * dQ counters' mailbox of kCvSlots walk steps (full BAR_CVF + i, empty BAR_CVE + i; the
- * entries, 16 bytes each, at byte kCvRing of the area, then two words at kCvWord for the
- * converter warps). Byte 504: the split flag. */
-constexpr int kCvSlots = 8;
-constexpr int kCvRing = 256;
-constexpr int kCvWord = kCvRing + 16 * kCvSlots;
+/* Barrier slots (8 bytes each): the K / V load, the Q / dO ring, and per consumer c and
+ * buffer u the dQ staging's full (BAR_DQF + 2 c + u) and empty (BAR_DQE + 2 c + u). */
 enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages, BAR_DQF = 1 + 2 * kStages,
-       BAR_DQE = BAR_DQF + 4, BAR_CVF = BAR_DQE + 4, BAR_CVE = BAR_CVF + kCvSlots,
-       BAR_COUNT = BAR_CVE + kCvSlots };
-static_assert(BAR_COUNT * 8 <= kCvRing && kCvWord + 32 <= 504, "barrier area");
-constexpr int kCvBar = 4;   /* named barrier of the converter warps (64 threads) */
+       BAR_DQE = BAR_DQF + 4, BAR_COUNT = BAR_DQE + 4 };
+static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
 
 struct bwd_params {
   void *dk, *dv;
   int64_t dk_bs, dk_ts, dk_hs, dv_bs, dv_ts, dv_hs; /* elements */
   const float *lse2, *dsum;                         /* [B][Hq][sq_pad] */
   float *dq_acc;                                    /* [B][Hq][sq_pad][D] */
-  /* dQ (storage dtype) and per accumulator tile the count of completed contributions: the
-   * contribution that completes a tile converts it (dq_cnt zeroed with the accumulator). */
-  void *dq;
-  int64_t dq_bs, dq_ts, dq_hs;                      /* elements */
-  int *dq_cnt;
-  int cnt_bias;   /* sk - sq + kBk - 1 (a parameter: the writer then keeps no register of
-                   * the consumers' sk - sq live across setmaxnreg, which spilled it) */
   int sq, sk, sq_pad, hq, group, causal;
   float scale, scale_log2;
   /* Work order (bwd_order): units (key block, kv head, batch), hb = kvh + hkv b. The first
@@ -234,10 +215,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(bar(BAR_DQF + u), 128);   /* every thread of the consumer arrives */
       mbar_init(bar(BAR_DQE + u), 1);
     }
-    for (int u = 0; u < kCvSlots; u++) {
-      mbar_init(bar(BAR_CVF + u), 1);     /* the dQ writer posts a step */
-      mbar_init(bar(BAR_CVE + u), 1);     /* the counting thread has read it */
-    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -245,127 +222,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     /* ---------------- producer ---------------- */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (n_loc == 0 || (tid < 64 && tid % 32 != 0)) return;
-    /* Mailbox entry: {first accumulator tile of the step, (contributions of the tile) << 2 |
-     * mask of the step's reduce-adds}; a tile of -1 ends. */
-    volatile int64_t *cv_ring = (volatile int64_t *)(smem + L::bar_off + kCvRing);
-    volatile int *cv_word = (volatile int *)(smem + L::bar_off + kCvWord);
-    if (tid >= 64) {
-      /* ---- dQ counters and converters (warps 2, 3). Thread 64 takes each walk step whose
-       * reduce-adds the writer has seen complete, adds them to their tiles' counters (the
-       * add that completes a tile -- the number of key blocks that see its rows, x 2 at
-       * D = 64, where both consumers add into the one tile -- acquires every other), and
-       * both warps write each completed tile as dQ = scale * tile in the storage dtype. The
-       * tile is 64 queries x 64 columns in fragment order (the staging stores): float4 f is
-       * thread tt = f % 128 (warp tt / 32, g = tt % 32 / 4, q4 = tt % 4), j = f / 128: rows
-       * 16 warp + g (+ 8), columns 8 j + 2 q4 (+ 1). ---- */
-      const int v = tid - 64;
-      for (int k = 0;; k++) {
-        if (v == 0) {
-          const int sl = k % kCvSlots;
-          mbar_wait(bar(BAR_CVF + sl), (k / kCvSlots) & 1);
-          const int64_t t0 = cv_ring[2 * sl];
-          const int info = (int)cv_ring[2 * sl + 1];
-          mbar_arrive(bar(BAR_CVE + sl));
-          int res = -1;
-          if (t0 >= 0) {
-            const int mask = info & 3, tot = info >> 2;
-            __threadfence();   /* release (cumulative: the writer's completed reduce-adds) */
-            res = 0;
-            if (OWN) {
-              const int add = __popc(mask);
-              if (atomicAdd(p.dq_cnt + t0, add) == tot - add) res = 1;
-            } else {
-              const int o0 = mask & 1 ? atomicAdd(p.dq_cnt + t0, 1) : -1;
-              const int o1 = mask & 2 ? atomicAdd(p.dq_cnt + t0 + 1, 1) : -1;
-              res = (o0 == tot - 1 ? 1 : 0) | (o1 == tot - 1 ? 2 : 0);
-            }
-            if (res) __threadfence();   /* acquire */
-          }
-          cv_word[2 * (k & 1)] = res;
-          *(volatile int64_t *)(cv_word + 2 * (k & 1) + 4) = t0;
-        }
-        named_sync(kCvBar, 64);
-        const int res = cv_word[2 * (k & 1)];
-        if (res < 0) return;
-        if (!res) continue;
-        const int64_t t0 = *(volatile int64_t *)(cv_word + 2 * (k & 1) + 4);
-#pragma unroll 1
-        for (int c = 0; c < 2; c++) {
-          if (!(res >> c & 1)) continue;
-          const int64_t tile = t0 + c;
-          int64_t u = tile;
-          const int ct = (int)(u % (D / 64));
-          u /= D / 64;
-          const int m = (int)(u % m_hi);
-          const int h = (int)(u / m_hi % p.hq);
-          const float4 *src = (const float4 *)(p.dq_acc + tile * kDqTile);
-          T *dst = (T *)p.dq + (int64_t)b * p.dq_bs + (int64_t)h * p.dq_hs + 64 * ct;
-#pragma unroll 4
-          for (int q = 0; q < 16; q++) {
-            const int f = q * 64 + v, tt = f % 128;
-            const float4 x = __ldcg(src + f);
-            const int i = m * kBq + 16 * (tt / 32) + tt % 32 / 4;
-            const int col = 8 * (f / 128) + 2 * (tt % 4);
-            if (i < p.sq)
-              *(uint32_t *)(dst + (int64_t)i * p.dq_ts + col) =
-                  pack2<F16>(x.x * p.scale, x.y * p.scale);
-            if (i + 8 < p.sq)
-              *(uint32_t *)(dst + (int64_t)(i + 8) * p.dq_ts + col) =
-                  pack2<F16>(x.z * p.scale, x.w * p.scale);
-          }
-        }
-      }
-    }
+    if (n_loc == 0 || (tid != 0 && tid != 32)) return;
     if (tid == 32) {
       /* ---- dQ writer: consumer c's partial of query tile it, buffer it & 1, into the
-       * accumulator's tile [b][h][m][D / 64] in fragment order. Two steps later it waits
-       * for those reduce-adds to complete (cp.async.bulk.wait_group: the writes, not only
-       * the reads) and posts the step to the counting thread (off this thread's path: the
-       * counter atomics' round trips). ---- */
-      int nposted = 0;
-      auto post = [&](int64_t t0, int info) {
-        const int sl = nposted % kCvSlots;
-        mbar_wait(bar(BAR_CVE + sl), ((nposted / kCvSlots) & 1) ^ 1);
-        cv_ring[2 * sl] = t0;
-        cv_ring[2 * sl + 1] = info;
-        mbar_arrive(bar(BAR_CVF + sl));
-        nposted++;
-      };
-      /* The two steps not yet posted: t - 2 (p0) and t - 1 (p1) */
-      int64_t p0 = 0, p1 = 0;
-      int i0 = 0, i1 = 0;
+       * accumulator's tile [b][h][m][D / 64] in fragment order (see bwd_dq_kernel) ---- */
       for (int t = 0; t < n_loc; t++) {
         const int it = it0 + t;
         const int h = kvh * p.group + it / nm, m = tile_of(it), u = t & 1;
-        const int64_t t0 = (((int64_t)b * p.hq + h) * m_hi + m) * (D / 64);
 #pragma unroll
         for (int c = 0; c < 2; c++) {
           mbar_wait(bar(BAR_DQF + 2 * c + u), (t >> 1) & 1);
-          bulk_reduce_add(p.dq_acc + (t0 + (D == 128 ? c : 0)) * kDqTile,
+          const int64_t tile =
+              (((int64_t)b * p.hq + h) * m_hi + m) * (D / 64) + (D == 128 ? c : 0);
+          bulk_reduce_add(p.dq_acc + tile * kDqTile,
                           s_base + L::dqs_off + (2 * c + u) * kDqTile * 4, kDqTile * 4);
           asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
           mbar_arrive(bar(BAR_DQE + 2 * c + u));
         }
-        if (t >= 2) {   /* all but steps t - 1 and t's (4) groups have completed */
-          asm volatile("cp.async.bulk.wait_group 4;" ::: "memory");
-          asm volatile("fence.proxy.async.global;" ::: "memory");
-          post(p0, i0);
-        }
-        /* contributions to tile m: one per key block kbi whose walk has it (128 kbi - off <
-         * 64 (m + 1)), from both consumers at D = 64 */
-        int tot = p.nkb;
-        if (p.causal) tot = min(tot, (kBq * (m + 1) + p.cnt_bias) / kBk);
-        p0 = p1;
-        i0 = i1;
-        p1 = t0;
-        i1 = (OWN ? 2 * tot : tot) << 2 | 3;
       }
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-      asm volatile("fence.proxy.async.global;" ::: "memory");
-      if (n_loc >= 2) post(p0, i0);
-      post(p1, i1);
-      post(-1, 0);
       return;
     }
     mbar_expect_tx(bar(BAR_KV), 2u * L::kv_bytes);
@@ -559,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       atomicAdd(av + j * 128, make_float4(dv[4 * j], dv[4 * j + 1], dv[4 * j + 2], dv[4 * j + 3]));
     }
     named_sync(kDsBar, 256);
-    volatile int *last = (volatile int *)(smem + L::bar_off + 504);
+    volatile int *last = (volatile int *)(smem + L::bar_off + 120);
     if (t128 == 0 && c == 0) {
       __threadfence();
       const int before = atomicAdd(p.split_cnt + (unit - p.n_full), 1);
@@ -599,14 +474,11 @@ __global__ void attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                                      const bwd_params p) {}
 #endif
 
-/* lse2 and Dsum per (batch, query head, row < sq_pad): one warp a row (any alignment).
- * Rows i < zrows (causal, Sq > Sk: whole 64-query tiles that no key block's walk has, whose
- * accumulator tile no contribution completes) get dQ = 0 here. */
+/* lse2 and Dsum per (batch, query head, row < sq_pad): one warp a row (any alignment). */
 template <typename T>
 __global__ void bwd_prep_kernel(const ot_attn_operand o, const ot_attn_operand dout,
-                                const ot_attn_operand lse, const ot_attn_operand dq,
-                                float *lse2, float *dsum, int sq, int sq_pad, int hq, int d,
-                                int zrows, int64_t rows) {
+                                const ot_attn_operand lse, float *lse2, float *dsum, int sq,
+                                int sq_pad, int hq, int d, int64_t rows) {
   const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -624,11 +496,6 @@ __global__ void bwd_prep_kernel(const ot_attn_operand o, const ot_attn_operand d
     const float x = ((const float *)lse.data)[b * lse.batch_stride + (int64_t)h * lse.head_stride +
                                              (int64_t)i * lse.tok_stride];
     l2 = x == -INFINITY ? INFINITY : x * 1.4426950408889634f;
-    if (i < zrows) {
-      T *qrow = (T *)dq.data + b * dq.batch_stride + (int64_t)i * dq.tok_stride +
-                (int64_t)h * dq.head_stride;
-      for (int cc = 2 * lane; cc < d; cc += 64) *(uint32_t *)(qrow + cc) = 0u;
-    }
   }
   if (lane == 0) {
     lse2[r] = l2;
@@ -640,9 +507,8 @@ __global__ void bwd_prep_kernel(const ot_attn_operand o, const ot_attn_operand d
  * each per lane (the warp-a-row kernel reads 2 bytes a lane per load). */
 template <typename T, int D>
 __global__ void bwd_prep_vec_kernel(const ot_attn_operand o, const ot_attn_operand dout,
-                                    const ot_attn_operand lse, const ot_attn_operand dq,
-                                    float *lse2, float *dsum, int sq, int sq_pad, int hq,
-                                    int zrows, int64_t rows) {
+                                    const ot_attn_operand lse, float *lse2, float *dsum, int sq,
+                                    int sq_pad, int hq, int64_t rows) {
   constexpr int LPR = D / 8; /* lanes per row: 16 (D128) or 8 (D64) */
   const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / LPR;
   const int sub = threadIdx.x % LPR;
@@ -660,12 +526,6 @@ __global__ void bwd_prep_vec_kernel(const ot_attn_operand o, const ot_attn_opera
                                8 * sub);
 #pragma unroll
     for (int e = 0; e < 8; e++) s = fmaf(fo[e], fd[e], s);
-    if (i < zrows) {   /* dQ = 0 (see bwd_prep_kernel); 4-byte words: dq is words_ok */
-      T *qrow = (T *)dq.data + b * dq.batch_stride + (int64_t)i * dq.tok_stride +
-                (int64_t)h * dq.head_stride + 8 * sub;
-#pragma unroll
-      for (int e = 0; e < 4; e++) *(uint32_t *)(qrow + 2 * e) = 0u;
-    }
   }
 #pragma unroll
   for (int w = LPR / 2; w > 0; w >>= 1) s += __shfl_xor_sync(0xffffffffu, s, w);
@@ -679,6 +539,58 @@ __global__ void bwd_prep_vec_kernel(const ot_attn_operand o, const ot_attn_opera
     }
     lse2[r] = l2;
     dsum[r] = s;
+  }
+}
+
+/* dQ = scale * accumulator, one 256-thread block per accumulator tile (grid-stride over
+ * tiles). The accumulator holds [b][h][m][D / 64] tiles of 64 queries x 64 columns in the
+ * main kernel's fragment order: float4 j of thread t = 32 warp + 4 g + q4 holds rows
+ * 16 warp + g (+ 8), columns 8 j + 2 q4 (+ 1) as {r c, r c+1, r+8 c, r+8 c+1}. So the 4
+ * consecutive float4 j * 128 + 4 grp + (0..3), grp = 8 warp + g, are columns 8 j .. 8 j + 7
+ * of rows r = 16 (grp / 8) + grp % 8 and r + 8: thread (grp, j) reads those 64 bytes and
+ * writes 8 elements to each of the two rows (j fastest: 8 threads write a row's 64
+ * columns together). V16: dq's rows are 16-byte aligned (one 16-byte store a row). */
+template <typename T, bool V16>
+__global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int sq_pad, int hq,
+                              int d, float scale, int64_t tiles) {
+  const int j = threadIdx.x % 8, grp = threadIdx.x / 8;
+  const int r0 = 16 * (grp / 8) + grp % 8;
+  const int ct_n = d / 64, mt_n = sq_pad / 64;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const float4 *src = (const float4 *)(acc + tile * kDqTile) + j * 128 + 4 * grp;
+    float4 v[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) v[q] = __ldcs(src + q);
+    int64_t u = tile;
+    const int ct = (int)(u % ct_n);
+    u /= ct_n;
+    const int m = (int)(u % mt_n);
+    u /= mt_n;
+    const int h = (int)(u % hq);
+    const int64_t b = u / hq;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int i = m * 64 + r0 + 8 * hh;
+      if (i >= sq) continue;
+      float f[8];
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        f[2 * q] = (hh ? v[q].z : v[q].x) * scale;
+        f[2 * q + 1] = (hh ? v[q].w : v[q].y) * scale;
+      }
+      T *dst = (T *)dq.data + b * dq.batch_stride + (int64_t)i * dq.tok_stride +
+               (int64_t)h * dq.head_stride + 64 * ct + 8 * j;
+      if (V16) {
+        store_vec<T>(dst, f);
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          const T lo = from_f32<T>(f[2 * q]), hi = from_f32<T>(f[2 * q + 1]);
+          *(uint32_t *)(dst + 2 * q) =
+              (uint32_t)*(const uint16_t *)&lo | (uint32_t)*(const uint16_t *)&hi << 16;
+        }
+      }
+    }
   }
 }
 
@@ -724,34 +636,37 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   using L = bwd_smem<D>;
   cudaStream_t stream = (cudaStream_t)ctx->stream;
   /* Host-side and not stream-ordered: first, so that a failure enqueues nothing. Once per
-   * device (ordinals 0..31; others every call): a bit per device of this instance. */
+   * device and instance (a bit per device ordinal < 32; other ordinals: every call). */
   auto kern = attn_bwd_sm90_kernel<T, D>;
   static unsigned attr_set;
   const int dev = ot_cuda_state_of(ctx)->device;
   const unsigned bit = dev >= 0 && dev < 32 ? 1u << dev : 0u;
-  if (!(__atomic_load_n(&attr_set, __ATOMIC_RELAXED) & bit) || !bit) {
+  if (!bit || !(__atomic_load_n(&attr_set, __ATOMIC_RELAXED) & bit)) {
     OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            L::bytes));
     __atomic_fetch_or(&attr_set, bit, __ATOMIC_RELAXED);
   }
-  /* The split sums, their counters, the tiles' counters and the dQ accumulator (contiguous) */
-  OT_CUDA_CHECK(op, cudaMemsetAsync(p.split_acc, 0, zero_bytes, stream));
-  /* Rows of whole query tiles that no key block sees (causal, Sq > Sk by 64 or more) */
-  const int off = p.sk - p.sq;
-  const int zr = off < 0 ? -off / kBq * kBq : 0;
-  const int zrows = p.causal ? (zr < p.sq ? zr : p.sq) : 0;
+  /* The dQ accumulator, the split sums and their counters (contiguous) */
+  OT_CUDA_CHECK(op, cudaMemsetAsync(p.dq_acc, 0, zero_bytes, stream));
   if (vec16_ok(&a->out) && vec16_ok(&a->dout)) {
     const int64_t threads = rows * (D / 8); /* rows: a multiple of 64, so of 256 / (D / 8) */
     bwd_prep_vec_kernel<T, D><<<(unsigned)(threads / 256), 256, 0, stream>>>(
-        a->out, a->dout, a->lse, a->dq, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq,
-        zrows, rows);
+        a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, rows);
   } else {
     bwd_prep_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
-        a->out, a->dout, a->lse, a->dq, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq,
-        D, zrows, rows);
+        a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, D, rows);
   }
   OT_CUDA_CHECK_LAUNCH(op);
   kern<<<grid, kThreads, L::bytes, stream>>>(maps[0], maps[1], maps[2], maps[3], p);
+  OT_CUDA_CHECK_LAUNCH(op);
+  const int64_t tiles = rows / 64 * (D / 64);
+  const unsigned blocks = (unsigned)(tiles < (1 << 20) ? tiles : (1 << 20));
+  if (vec16_ok(&a->dq))
+    bwd_dq_kernel<T, true><<<blocks, 256, 0, stream>>>(p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D,
+                                                       p.scale, tiles);
+  else
+    bwd_dq_kernel<T, false><<<blocks, 256, 0, stream>>>(p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D,
+                                                        p.scale, tiles);
   OT_CUDA_CHECK_LAUNCH(op);
   return OT_OK;
 }
@@ -818,14 +733,10 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   const size_t acc_bytes = (size_t)rows * a->d * sizeof(float);
   const size_t split_bytes = (size_t)n_split * 2 * kBk * a->d * sizeof(float);
   const size_t cnt_bytes = ((size_t)n_split * sizeof(int) + 255) / 256 * 256;
-  const size_t tcnt_bytes = ((size_t)(rows / kBq) * (a->d / 64) * sizeof(int) + 255) / 256 * 256;
-  /* [split sums | split counters | tile counters] [accumulator] (zeroed), then lse2, Dsum */
-  const size_t cnt_part = split_bytes + cnt_bytes + tcnt_bytes;
-  const size_t zero_bytes = cnt_part + acc_bytes;
+  const size_t zero_bytes = acc_bytes + split_bytes + cnt_bytes;
   const size_t vec_bytes = (size_t)rows * sizeof(float);
-  const size_t total_bytes = cnt_part + acc_bytes + 2 * vec_bytes;
   void *wsp = NULL;
-  const ot_status sst = ot_cuda_scratch_try(ctx, total_bytes, op, &wsp);
+  const ot_status sst = ot_cuda_scratch_try(ctx, zero_bytes + 2 * vec_bytes, op, &wsp);
   if (sst != OT_OK) {   /* a failure other than the memory not being there: recorded */
     *handled = true;
     return sst;
@@ -833,7 +744,7 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   if (!wsp) {           /* not there: the try recorded nothing */
     if (ot_cuda_attention_impl() != OT_ATTN_IMPL_SM90) return OT_OK; /* declined */
     *handled = true;    /* asked for this kernel: the reporting allocation's OOM stands */
-    wsp = ot_cuda_scratch(ctx, total_bytes, op);
+    wsp = ot_cuda_scratch(ctx, zero_bytes + 2 * vec_bytes, op);
     if (!wsp) return OT_ERR_OOM;
   }
   uint8_t *ws = (uint8_t *)wsp;
@@ -846,17 +757,11 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   p.dv_bs = a->dv.batch_stride;
   p.dv_ts = a->dv.tok_stride;
   p.dv_hs = a->dv.head_stride;
-  p.split_acc = (float *)ws;
-  p.split_cnt = (int *)(ws + split_bytes);
-  p.dq_cnt = (int *)(ws + split_bytes + cnt_bytes);
-  p.dq_acc = (float *)(ws + cnt_part);
-  p.cnt_bias = p.sk - p.sq + kBk - 1;
-  p.dq = a->dq.data;
-  p.dq_bs = a->dq.batch_stride;
-  p.dq_ts = a->dq.tok_stride;
-  p.dq_hs = a->dq.head_stride;
-  p.lse2 = (const float *)(ws + cnt_part + acc_bytes);
-  p.dsum = (const float *)(ws + cnt_part + acc_bytes + vec_bytes);
+  p.dq_acc = (float *)ws;
+  p.split_acc = (float *)(ws + acc_bytes);
+  p.split_cnt = (int *)(ws + acc_bytes + split_bytes);
+  p.lse2 = (const float *)(ws + zero_bytes);
+  p.dsum = (const float *)(ws + zero_bytes + vec_bytes);
   /* dQ partials by bulk reduce-adds from a dedicated writer thread (docs/ATTENTION.md has
    * the measured alternatives: float2 atomics from the consumers, the consumers issuing
    * the bulk reduce-add themselves (00d0a38), D = 128 dQ over each consumer's own keys). */
