@@ -1115,7 +1115,7 @@ def write_doc(args, copy_tbps, rows):
         json.dump(doc, f, indent=1)
 
 
-def ncu_run(S, torch_too=True):
+def ncu_run(S, train=False, torch_too=True):
     """For ncu (--kernel-name-base demangled --kernel-name 'regex:ot::norm_|ot::rope_|
     neg_kernel'), 16k x 4096 bf16, each kernel once: a copy-like elementwise kernel
     (torch.neg(x, out=y): the copy's ceiling as a kernel, which cudaMemcpyAsync is not), RMSNorm / LayerNorm forward
@@ -1150,7 +1150,8 @@ def ncu_run(S, torch_too=True):
     rope_call(S, q, k, qo, ko, pos, cache, 0, D, 10000.0, False)()
     torch.cuda.synchronize()
     del x, dy, out, dx, q, k, qo, ko
-    ncu_train(S, torch_too)
+    if train:
+        ncu_train(S, torch_too)
     print("ncu run: done")
 
 
@@ -1187,6 +1188,9 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sanitize", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="torch.neg, the norm and RoPE kernels once each, for ncu")
+    ap.add_argument("--ncu-train", action="store_true",
+                    help="--ncu: then the training shapes (ncu_train: SwiGLU 8k x 5632 with "
+                         "torch.compile's kernels, the RMSNorm backward 8k x 2048)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--hidden", default="4096,8192", help="--bench: hidden sizes (16k rows each)")
     ap.add_argument("--train-compile", action="store_true",
@@ -1223,8 +1227,8 @@ def main():
     if args.ncu:
         for name, S2 in AB_SHIMS:
             print(f"ncu run: {name} ({len(AB_SHIMS)} shim(s) before ours)")
-            ncu_run(S2, torch_too=False)
-        ncu_run(S)
+            ncu_run(S2, args.ncu_train, torch_too=False)
+        ncu_run(S, args.ncu_train)
     if args.bench:
         copy_tbps, rows = bench_all(S, args)
         write_doc(args, copy_tbps, rows)

@@ -25,6 +25,7 @@
 #   OT_SUITES, OT_ONLY (default "norm,rope,glu,train"), OT_HIDDEN (default 4096),
 #   OT_COMPILE=1 (torch.compile peers; =train: for the training shapes only), OT_COMMIT,
 #   OT_NCU=0 (skip step 4), OT_NCU_AB=1 (the A/B builds' kernels under ncu too),
+#   OT_NCU_TRAIN=0 (ncu without the training shapes and torch.compile),
 #   OT_NCU_TIMEOUT (60), OT_BENCH_TIMEOUT (90), OT_SAN="BIN:SUITE:FILTER|..." ("" skips 3).
 P=${OT_PREBUILT:-.devcarry-p5}; OUT=${OUT:-/tmp/ot_device_out}; mkdir -p "$OUT"
 T0=$(date +%s); st() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -68,7 +69,7 @@ if [ "${OT_NCU:-1}" = 1 ]; then
     --kernel-name 'regex:ot::norm_|ot::rope_|ot::glu_|neg_kernel|triton' \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
     --section InstructionStats --section SchedulerStats --metrics dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed.sum \
-    python3 bench/bench_fused_ops.py --shim $SHIM $([ "${OT_NCU_AB:-0}" = 1 ] && echo "${ABARGS[@]}") --ncu >$OUT/ncu.log 2>&1
+    python3 bench/bench_fused_ops.py --shim $SHIM $([ "${OT_NCU_AB:-0}" = 1 ] && echo "${ABARGS[@]}") --ncu $([ "${OT_NCU_TRAIN:-1}" = 1 ] && echo --ncu-train) >$OUT/ncu.log 2>&1
   echo "ncu rc=$?"
   grep -E '^  [a-zA-Z_].*\(|ncu run:|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|smsp__inst_executed.sum|dram__bytes_(read|write).sum|Grid Size|Block Size' $OUT/ncu.log \
     | cut -c1-110 | sed 's/  */ /g' | head -260
