@@ -83,7 +83,10 @@ struct norm_fwd_params {
  * 4096 bf16, run of ecdf3b4, ncu): 71.1 vs 73.3 us, DRAM 70.7 vs 69.0%, 8 vs 7 blocks per
  * SM; benchmark 3.68 vs 3.65 TB/s. Held to 56 (9 blocks) ptxas spills 240 bytes: 2.47.
  * (One-reduction statistics, Chan's merge of per-thread mean / squared deviations, took
- * 94 registers and ran at 2.88 there, 2.73 held to 56: removed.) */
+ * 94 registers and ran at 2.88 there, 2.73 held to 56: removed. Again in the run for
+ * aa39fb0 as one pass of per-thread sums around the thread's first element, merged in one
+ * butterfly: 64 registers with a 32-byte spill, 45.5 M warp instructions, 3.39 vs 3.68
+ * TB/s: removed; docs/PERFORMANCE.md.) */
 constexpr int kNormFwdCs = 1, kNormFwdRegs = 4;
 
 /* __launch_bounds__ of forward v2: the block (TPR threads, or 128 as row groups of
@@ -605,7 +608,9 @@ __global__ void __launch_bounds__(1024) norm_reduce_partials_kernel(
  * xor tree over the warp's 8 row lanes, then the 16 warps in order through shared memory
  * (deterministic; no atomics). Needs cols % 4 == 0 (16-byte aligned partial rows; the
  * launch checks). parts == 0 writes zeros. Index math before the wait on the previous
- * grid (OT_NORM_PDL). */
+ * grid (OT_NORM_PDL). Fewer partial rows by clusters of 4 backward blocks summing theirs
+ * through distributed shared memory first lost (run for aa39fb0: 75 registers, fewer
+ * blocks resident; RMSNorm 16k x 4096 3.57 vs 3.72 TB/s, 8k x 2048 with dres 2.13 vs 2.27). */
 __device__ __forceinline__ void f4_add(float4 &a, const float4 &b) {
   a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
 }
