@@ -1218,7 +1218,8 @@ def main():
                 if fam in args.only:
                     fn(S2, ck, args.small)
                     torch.cuda.synchronize()
-            print(f"check ({name}): {ck.passed} passed, {len(ck.failed)} failed")
+            who = "" if S2 is S else f" ({name})"  # ours: "check: ..." as the scripts grep it
+            print(f"check{who}: {ck.passed} passed, {len(ck.failed)} failed")
             for f in ck.failed[:60]:
                 print("  FAIL", f)
             rc = 1 if ck.failed else rc
