@@ -328,7 +328,6 @@ static void set_shape(int *ndim, int64_t *shape, int64_t rows, int64_t H, bool o
   }
 }
 
-/* Forward variant v (0..5) of the table for hidden size H: sets the flags and the name. */
 /* A forward case with weight, bias and both statistics, the rest zero. */
 static fwd_case fwd_defaults(bool ln, DLDataType dt) {
   fwd_case c;
@@ -339,6 +338,7 @@ static fwd_case fwd_defaults(bool ln, DLDataType dt) {
   return c;
 }
 
+/* Forward variant v (0..5) of the table for hidden size H: sets the flags and the name. */
 static void set_fwd_variant(fwd_case *c, int v, int64_t H) {
   switch (v) {
     case 0: c->variant = "plain"; break;
@@ -400,10 +400,14 @@ static void forward_table(test_run *tr) {
 }
 
 /* LayerNorm rows far from a zero mean (x in off +- 2, off 16 for float32 and 1000 for the
- * 16-bit types: E[x^2] - mean^2 in float32 would lose the variance's digits; float32
- * output itself is only as exact as the mean, ~|off| * eps: 16, not more) and rows
- * whose first element is an outlier (x[r, 0] = 500, the rest in +- 2: the CUDA forward's
- * first thread takes it as the shift of its one-pass sums). */
+ * 16-bit types: E[x^2] - mean^2 in float32 would lose the variance's digits and fails the
+ * float32 and float16 rows; float32 output itself is only as exact as the mean, ~|off| *
+ * eps: 16, not more. bfloat16's spacing at 1000 is 4, so its rows round to 1000 throughout:
+ * a zero-variance row at a large mean; at bfloat16's tolerance a one-pass variance passed
+ * every offset with a spread, 64-250 +- 2, in a float32 simulation) and rows whose first
+ * element is an outlier (x[r, 0] = 500, the rest in +- 2: one-pass sums shifted by each
+ * thread's first element, tried in the run for aa39fb0 and not kept, would take it as the
+ * shift; the CPU and CUDA forwards are two-pass). */
 static void ln_offset_cases(test_run *tr) {
   static const int64_t Hs[] = {257, 4096, 8192};
   for (size_t d = 0; d < 3; d++)
