@@ -12,7 +12,7 @@ shape.
 
   python3 bench/attn_fwd_variants.py SHIM [--rounds 3] [--dims 128,64,256]
       [--seqs 1024,4096,16384] [--json OUT] [--no-check] [--no-host] [--only a,b]
-      [--causal both|full|causal] [--no-flash] [--host-only]
+      [--causal both|full|causal] [--no-flash] [--host-only] [--checks a,b]
 
 The JSON (shared/BENCH.md rows, op attention_fwd) carries for each case the default's median,
 the peers', and a "variants" dict {name: median TFLOP/s}. A variant that is not compiled for a
@@ -50,6 +50,7 @@ WG3 = {"OT_ATTN_SM90_WG": "3"}
 
 
 ONLY = None   # --only: the variant names to run (checks and timings)
+CHECK_ONLY = None   # --checks: the checks' names where they differ from --only
 
 
 def variant_list(d, s, causal):
@@ -67,6 +68,8 @@ def _variant_list(d, s, causal):
     if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
         v += [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),
               ("nonpers", NONPERS)]
+    if d == 128 and not causal and s > 6400:          # narrow off by default (S 16k): resc is
+        v.append(("rescnarrow", {**RESC, **NARROW}))  # the threshold alone, this both
     # 4096 (D128) / 2048 (D256) equal tiles: 32 / 16 rounds of 128 CTAs instead of 31 / 15
     # full rounds of 132 and a last one of 4 / 68 (the same number of rounds)
     if d in (128, 256) and not causal:
@@ -91,6 +94,7 @@ def checks(S):
     """float64 checks of each variant on shapes whose last key tile is partial, causal with
     Sq != Sk, GQA, lse; the wide D128 tile forced on short sequences."""
     ck = ba.Checker()
+    ONLY = CHECK_ONLY
     wide = {"OT_ATTN_SM90_TILE": "wide"}
     envs = [("default", {}), ("resc", RESC), ("wide", WIDE)]
     envs = [e for n, e in envs if ONLY is None or n in ONLY]
@@ -294,12 +298,14 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-host", action="store_true")
     ap.add_argument("--only", help="comma list of variant names (default: all)")
+    ap.add_argument("--checks", help="comma list of the checks' variant names (default: --only's)")
     ap.add_argument("--causal", choices=("both", "full", "causal"), default="both")
     ap.add_argument("--no-flash", action="store_true", help="no torch SDPA flash side")
     ap.add_argument("--host-only", action="store_true", help="the host cost only (no checks)")
     args = ap.parse_args()
-    global ONLY
+    global ONLY, CHECK_ONLY
     ONLY = set(args.only.split(",")) if args.only else None
+    CHECK_ONLY = set(args.checks.split(",")) if args.checks else ONLY
     S = ba.Shim(args.shim)
     if args.host_only:
         host_cost(S)

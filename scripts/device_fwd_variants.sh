@@ -23,7 +23,7 @@
 # -lcublasLt -lopenblas -fopenmp -lm -lstdc++` and `xz` of test_ops.
 # DEADLINE (seconds from the start, default 125): each step's limit is cut to what is left;
 # VLIM / SLIM: the variants' and the C suite's own limits (default 70 / 35); SUITE_FILTER: the
-# C suite's filter (default cuda).
+# C suite's filter (default cuda; set and empty: the whole suite).
 # VSEQS / VDIMS / VROUNDS: the benchmark grid (default 4096,16384 / 128,64,256 / 3); VARGS: more
 # arguments of attn_fwd_variants.py (e.g. "--only narrow --no-host --causal full"). Since c463491
 # the experiment build carries narrow (D128 48 keys, D256 16 / 64), split and resc, no poly. SUITE=0: no full C suite;
@@ -84,9 +84,10 @@ fi
 
 t=$(lim "${SLIM:-35}")
 if [ "$t" != 0 ] && [ "${SUITE:-1}" != 0 ]; then
-  stamp "C suite (${SUITE_ENV:-defaults}, filter ${SUITE_FILTER:-cuda})"
+  sf=${SUITE_FILTER-cuda}   # SUITE_FILTER= (set, empty): the whole suite
+  stamp "C suite (${SUITE_ENV:-defaults}, filter ${sf:-none})"
   env ${SUITE_ENV:-} timeout "$t" /tmp/test_ops --backend cuda --suite attention \
-    --filter "${SUITE_FILTER:-cuda}" >"$OUT/tests.log" 2>&1
+    ${sf:+--filter "$sf"} >"$OUT/tests.log" 2>&1
   echo "tests rc=$? $(tail -1 "$OUT/tests.log")"; grep -A3 '^FAIL' "$OUT/tests.log" | head -12
 fi
 IFS=';' read -r -a venvs <<<"${VENVS:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_RESC=1;OT_ATTN_SM90_NARROW=1}"
