@@ -73,8 +73,10 @@ typedef struct shape_case {
   int64_t rows, F, pad;
 } shape_case;
 
-/* {6, 5632, 0}: contiguous 16-bit rows whose F is a multiple of the vector width but not of
- * the CUDA kernel's chunk (the 0.54 B model's MLP): the launch treats them as one row. */
+/* {6, 5632, 0}: contiguous rows whose F is a multiple of the vector width but (except for
+ * the float32 forward) not of the CUDA kernel's chunk (the 0.54 B model's MLP): the launch
+ * treats them as one row -- the split forward and the in-place backward (the split
+ * backward's dup rows are padded by one, so it takes the strided launch). */
 static const shape_case shapes[] = {
     {1, 1, 0}, {3, 7, 0}, {5, 33, 2}, {4, 100, 0}, {2, 1500, 3}, {64, 257, 0}, {1, 4099, 0},
     {6, 5632, 0},
