@@ -1121,7 +1121,9 @@ def ncu_run(S, train=False, torch_too=True):
     (torch.neg(x, out=y): the copy's ceiling as a kernel, which cudaMemcpyAsync is not), RMSNorm / LayerNorm forward
     (defaults), RMSNorm / LayerNorm backward
     (saved statistics, dweight / dbias: main kernel + partials' sum), RoPE q + k (NeoX,
-    cache, q [16k, 32, 128], k [16k, 8, 128]), default."""
+    cache, q [16k, 32, 128], k [16k, 8, 128]), default. With train, ncu_train's kernels
+    after them (ours: add 'ot::glu_', and 'triton' for inductor's, to the regex, as
+    scripts/device_fused_round.sh does)."""
     N, H, dt = 16384, 4096, torch.bfloat16
     x, dy = rnd(N, H, dtype=dt), rnd(N, H, dtype=dt)
     w, b = rnd(H, dtype=dt, lo=0.5, hi=1.5), rnd(H, dtype=dt)
