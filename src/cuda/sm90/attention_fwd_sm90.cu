@@ -798,7 +798,8 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * the bf16 176-key tile of head dim 128. A build with
  * -DOT_ATTN_SM90_EXPERIMENTS (never CI) adds the bf16 variants measured against them
  * (bench/attn_fwd_variants.py): at D128 176 the threshold, the split, and the threshold
- * with the narrow step (OT_ATTN_SM90_RESC=1 where the narrow step is on; not yet measured);
+ * with the narrow step (OT_ATTN_SM90_RESC=1 where the narrow step is on; H200, run 3 of
+ * attention_fwd.json: S 4k 0.971x, 16k 1.022x the default, within noise, not used);
  * the snake order at D64 NC 2 / D128 128 / D256; the narrow step at D256. */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
@@ -970,7 +971,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * balanced rounds, 6 of 6 rounds each) also unmasked calls on the 128-key tile: D128
    * S = 1k full 534 / 487 (cuDNN 540); causal 1k / 4k 394 / 369, 555 / 500. For unmasked
    * D128 on the 176-key tile (runs of b3ee4d5, 30e15d7): +4.5% / -4.5% at S = 4k / 16k, then
-   * -2% / +2%, then +2% at 4k (against the narrow step): no consistent sign, not used.
+   * -2% / +2%, then +2% at 4k (against the narrow step): no consistent sign, not used;
+   * with the narrow step (run 3 of attention_fwd.json): 0.971x / 1.022x, within noise.
    * OT_ATTN_SM90_RESC=0|1 forces it off / on (on only where instantiated, see launch_fl). */
   const char *rs = sm90_knob(knobs, "OT_ATTN_SM90_RESC");
   const bool resc = rs ? rs[0] == '1' : a->d == 256 || (a->d == 128 && bc == 128);
