@@ -21,7 +21,7 @@
  * vectors of gate and of up per thread, all loaded raw before the math) measured
  * slower in the same run (3.85 / 3.93 TB/s), so it is opt-in (OT_GLU_FWD_IMPL=v2),
  * kept as the benchmark's variant. The backward's sigmoid took expf and the IEEE
- * division until the run of 2026-11-30 15:44 UTC: 3.97 / 3.86 TB/s (16k x 4096 / 8k x 5632)
+ * division until the run of 2026-11-30 15:44 UTC: 3.97 / 3.87 TB/s (16k x 4096 / 8k x 5632)
  * against 4.18 / 4.12 with the approximate ones. The block shapes: kGluFwdThreads.
  */
 #include <stdlib.h>

@@ -202,8 +202,9 @@ static bool rope_can_vectorize(const rope_params &p, ot_rope_mode mode) {
 /* Store f rounded to T at p (16-byte aligned) with the evict-first hint (st.global.cs):
  * the rotated rows are not read again by this kernel. Measured (H200, NeoX, q [16k, 32,
  * 128] + k [16k, 8, 128] bf16, run of 2026-11-30 15:44 UTC, same process): 3.82-3.83 vs
- * 3.69-3.70 TB/s with the cos / sin cache, 3.76-3.87 vs 3.69-3.71 computed (the warp
- * kernel's plain stores), 89% of copy; as the norm forward's evict-first out stores. */
+ * 3.69-3.70 TB/s with the cos / sin cache, 3.76-3.87 vs 3.69-3.70 computed (the warp
+ * kernel's plain stores), 89% of copy (bench/results/fused_ops.json); the same helper as
+ * norm.cuh's store_vec_cs (evict-first out stores), which rope.cu does not include. */
 template <typename T>
 __device__ __forceinline__ void rope_store_cs(T *p, const float *f) {
   raw16 r;
