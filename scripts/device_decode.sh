@@ -21,7 +21,7 @@
 # read ceiling and cuDNN / flash SDPA in the same process), CHECK=1 (--check of the default
 # build), ABX="name ..." (the builds in ONE process, bench_decode.py --ab, AB_ROUNDS rounds
 # with cuDNN / flash -> $OUT/ab.json; on failure AB falls back to them), MEM=1 (the memory
-# suite, MEM_FILTER its filter), SAN_FILTERS / RACE_FILTERS (as
+# suite, MEM_FILTER its filter), SAN_FILTERS / RACE_FILTERS / SYNC_FILTERS (as
 # below), then the traces, NCU_CASES (ncu of ours and cuDNN).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -110,6 +110,16 @@ if [ "${NO_RACECHECK:-0}" != 1 ]; then
       build-dec/tests/test_ops --backend cuda --suite memory --filter "$f" >"$LOGS/racecheck.log" 2>&1
     echo "racecheck [$f] rc=$?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$LOGS/racecheck.log" | tr '\n' ' ') $(grep -E '^cuda ' "$LOGS/racecheck.log")"
     { echo "=== racecheck [$f]"; head -c 200000 "$LOGS/racecheck.log"; } >>"$OUT/san.log"
+  done
+fi
+# SYNC_FILTERS: '|'-separated test-name filters for synccheck (none by default)
+if [ -n "${SYNC_FILTERS:-}" ]; then
+  IFS='|' read -r -a YFILTERS <<<"$SYNC_FILTERS"
+  for f in "${YFILTERS[@]}"; do
+    timeout "${SAN_TIMEOUT:-60}" compute-sanitizer --tool synccheck --print-limit 10 \
+      build-dec/tests/test_ops --backend cuda --suite memory --filter "$f" >"$LOGS/synccheck.log" 2>&1
+    echo "synccheck [$f] rc=$?: $(grep -E 'ERROR SUMMARY' "$LOGS/synccheck.log" | tr '\n' ' ') $(grep -E '^cuda ' "$LOGS/synccheck.log")"
+    { echo "=== synccheck [$f]"; head -c 200000 "$LOGS/synccheck.log"; } >>"$OUT/san.log"
   done
 fi
 

@@ -942,57 +942,113 @@ static void paged_case(test_run *tr, const pcase *c, DLDataType dt) {
   paged_case_spare(tr, c, dt, 0);
 }
 
-/* Two calls back to back on the stream, no synchronization or host work between them, with
- * different q and out: on sm_90 the second call's main kernel is a programmatic dependent of
- * the first call's merge and writes the same scratch (partials, pieces) that merge reads,
- * so it must wait (griddepcontrol.wait) before any global access; both outputs are checked
- * against the reference. */
-static void paged_pair_case(test_run *tr, const pcase *c, DLDataType dt) {
-  if (!tr_begin(tr, "paged attention back to back %s %s", c->name, dt_name(dt))) return;
-  rng r = tr_rng(tr);
-  paged P;
-  paged_make(tr, &P, dt, c->b, c->len, c->hkv, c->d, c->bs, &r);
-  int64_t qoff[PMAX + 1] = {0};
-  const int64_t tq = pcase_qoff(c, qoff);
-  int64_t qsh[3] = {tq, c->hq, c->d}, lsh[2] = {c->hq, tq}, csh[1] = {c->b + 1};
-  tbuf *cu = tb_new(tr->be, DT_I32, 1, csh);
-  for (int b = 0; b <= c->b; b++) tb_set(cu, b, (double)qoff[b]);
-  tbuf *q[2], *out[2], *lse[2];
-  double *ro[2], *rl[2];
+/* Two query sets of case c for back-to-back calls: q[i] random, out[i] and lse[i] poisoned,
+ * ro[i] / rl[i] their float64 references over P. */
+static void paged_two_queries(test_run *tr, const pcase *c, DLDataType dt, paged *P,
+                              const int64_t *qoff, int64_t tq, rng *r, tbuf **q, tbuf **out,
+                              tbuf **lse, double **ro, double **rl) {
+  int64_t qsh[3] = {tq, c->hq, c->d}, lsh[2] = {c->hq, tq};
   for (int i = 0; i < 2; i++) {
     q[i] = tb_new(tr->be, dt, 3, qsh), out[i] = tb_new(tr->be, dt, 3, qsh);
     lse[i] = tb_new(tr->be, DT_F32, 2, lsh);
-    tb_fill_uniform(q[i], &r, -2, 2);
+    tb_fill_uniform(q[i], r, -2, 2);
     tb_poison(out[i]);
     tb_poison(lse[i]);
     double *qd = tb_to_f64(q[i]);
     ro[i] = malloc((size_t)(tq * c->hq * c->d + 1) * sizeof *ro[i]);
     rl[i] = malloc((size_t)(tq * c->hq + 1) * sizeof *rl[i]);
-    paged_ref(c, &P, qd, qoff, ro[i], rl[i], tq);
+    paged_ref(c, P, qd, qoff, ro[i], rl[i], tq);
     free(qd);
   }
-  const ot_attention_params prm = pcase_params(c);
-  if (tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q[0]), tb_dl(cu), &P.kv,
-                                   tb_dl(out[0]), tb_dl(lse[0])),
-            "first call") &&
-      tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q[1]), tb_dl(cu), &P.kv,
-                                   tb_dl(out[1]), tb_dl(lse[1])),
-            "second call"))
-    for (int i = 0; i < 2; i++) {
-      tb_sync(out[i]);
-      tb_sync(lse[i]);
-      check_close(tr, i ? "out (second call)" : "out (first call)", out[i], ro[i],
-                  tol_for(dt, dt.bits == 32 ? 4 : 1));
-      check_close(tr, i ? "lse (second call)" : "lse (first call)", lse[i], rl[i],
-                  tol_for(DT_F32, 4));
-    }
+}
+
+/* Both calls' out and lse against their references. */
+static void paged_two_check(test_run *tr, DLDataType dt, tbuf **out, tbuf **lse, double **ro,
+                            double **rl) {
+  for (int i = 0; i < 2; i++) {
+    tb_sync(out[i]);
+    tb_sync(lse[i]);
+    check_close(tr, i ? "out (second call)" : "out (first call)", out[i], ro[i],
+                tol_for(dt, dt.bits == 32 ? 4 : 1));
+    check_close(tr, i ? "lse (second call)" : "lse (first call)", lse[i], rl[i],
+                tol_for(DT_F32, 4));
+  }
+}
+
+static void paged_two_free(tbuf **q, tbuf **out, tbuf **lse, double **ro, double **rl) {
   for (int i = 0; i < 2; i++) {
     free(ro[i]), free(rl[i]);
     tb_free(q[i]), tb_free(out[i]), tb_free(lse[i]);
   }
-  tb_free(cu);
+}
+
+/* Two calls back to back on the stream, no synchronization or host work between them, with
+ * different q and out: on sm_90 the second call's main kernel is a programmatic dependent of
+ * the first call's merge and writes the same scratch (partials, pieces) that merge reads,
+ * so it must wait (griddepcontrol.wait) before any global access; both outputs are checked
+ * against the reference.
+ * ready: with ot_attention_params.paged_kv_ready = 1 (CUDA: the kernel reads the tables and
+ * the older keys / values before the previous kernel ends) and the query tokens' own keys /
+ * values written by the kernel just before the first call: the pages hold stale values
+ * (4.0) in the last sq_b slots of each sequence until ot_kv_append writes the real ones
+ * (no host work or synchronization between the three launches either). */
+static void paged_pair_run(test_run *tr, const pcase *c, DLDataType dt, bool ready) {
+  if (!tr_begin(tr, "paged attention %s %s %s", ready ? "kv ready" : "back to back", c->name,
+                dt_name(dt)))
+    return;
+  rng r = tr_rng(tr);
+  paged P;
+  paged_make(tr, &P, dt, c->b, c->len, c->hkv, c->d, c->bs, &r);
+  int64_t qoff[PMAX + 1] = {0};
+  const int64_t tq = pcase_qoff(c, qoff);
+  int64_t csh[1] = {c->b + 1}, nsh[3] = {ready ? tq : 0, c->hkv, c->d};
+  tbuf *cu = tb_new(tr->be, DT_I32, 1, csh);
+  tbuf *kn = tb_new(tr->be, dt, 3, nsh), *vn = tb_new(tr->be, dt, 3, nsh);
+  for (int b = 0; b <= c->b; b++) tb_set(cu, b, (double)qoff[b]);
+  for (int b = 0; ready && b < c->b; b++)
+    for (int64_t i = 0; i < c->sq[b]; i++) {
+      const int64_t t = c->len[b] - c->sq[b] + i;
+      const int32_t page = (int32_t)tb_get(P.indices, (int64_t)tb_get(P.indptr, b) + t / c->bs);
+      for (int h = 0; h < c->hkv; h++)
+        for (int x = 0; x < c->d; x++) {
+          const int64_t e = page_elem(&P, page, h, t % c->bs) + x;
+          const int64_t g = ((P.koff[b] + t) * c->hkv + h) * c->d + x;
+          const int64_t n = ((qoff[b] + i) * c->hkv + h) * c->d + x;
+          tb_set(kn, n, P.k[g]);
+          tb_set(vn, n, P.v[g]);
+          tb_set(P.kp, e, 4.0);
+          tb_set(P.vp, e, 4.0);
+        }
+    }
+  tbuf *q[2], *out[2], *lse[2];
+  double *ro[2], *rl[2];
+  paged_two_queries(tr, c, dt, &P, qoff, tq, &r, q, out, lse, ro, rl);
+  /* every upload before the first launch (tb_dl copies a changed host buffer) */
+  const DLTensor *dcu = tb_dl(cu), *dkn = tb_dl(kn), *dvn = tb_dl(vn);
+  (void)tb_dl(P.kp), (void)tb_dl(P.vp);
+  const DLTensor *dq[2], *dout[2], *dlse[2];
+  for (int i = 0; i < 2; i++) dq[i] = tb_dl(q[i]), dout[i] = tb_dl(out[i]), dlse[i] = tb_dl(lse[i]);
+  ot_attention_params prm = pcase_params(c);
+  prm.paged_kv_ready = ready;
+  if ((!ready ||
+       tr_ok(tr, ot_kv_append(tr->be->ctx, &P.kv, dcu, dkn, dvn, NULL, NULL, NULL, NULL),
+             "append")) &&
+      tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, dq[0], dcu, &P.kv, dout[0], dlse[0]),
+            "first call") &&
+      tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, dq[1], dcu, &P.kv, dout[1], dlse[1]),
+            "second call"))
+    paged_two_check(tr, dt, out, lse, ro, rl);
+  paged_two_free(q, out, lse, ro, rl);
+  tb_free(cu), tb_free(kn), tb_free(vn);
   paged_free(&P);
   tr_end(tr);
+}
+
+static void paged_pair_case(test_run *tr, const pcase *c, DLDataType dt) {
+  paged_pair_run(tr, c, dt, false);
+}
+static void paged_ready_case(test_run *tr, const pcase *c, DLDataType dt) {
+  paged_pair_run(tr, c, dt, true);
 }
 
 #define NOW -1
@@ -1058,6 +1114,18 @@ static const pcase paged_cuda_long[] = {
  * last split), 1000 keys in one of 2608 (21 splits planned; the kernel's chunks are 64, so
  * only split 0's guess holds), and pages of 1 key at D 64 (49 splits of 64 since d5a8f15, 25
  * of 128 before; at 3001 keys the last two splits are empty) */
+/* paged_kv_ready (paged_ready_case, the split kernel): the engine's batch 1 (the newest key
+ * alone in the last split's first step), a long one (it in the last split's last step,
+ * every split's first stages loaded early), 3 speculative tokens per sequence across step
+ * boundaries, a sequence without queries beside others, and D 64 (no early start there:
+ * the plain kernel) */
+static const pcase paged_cuda_ready[] = {
+    {"cuda decode B1 ctx 2049 Hq32 Hkv8 D128 bs16 (engine)", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda decode B1 ctx 40000 Hq32 Hkv8 D128 bs16", 1, {40000}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda speculative 3 queries GQA4 D128 bs16", 3, {1000, 17, 3}, {3, 3, 3}, 8, 2, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda decode B3 GQA4 D128 bs64 one without queries", 3, {700, 130, 64}, {1, 0, 1}, 8, 2, 128, 64, 1, -1, -1, 0, 0},
+    {"cuda decode B2 GQA2 D64 bs16", 2, {500, 3}, {1, 1}, 4, 2, 64, 16, 1, -1, -1, 0, 0},
+};
 static const pcase paged_cuda_overprov[] = {
     {"cuda decode B1 ctx 2049 of 2080 Hq32 Hkv8 D128 bs16", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda decode B1 ctx 1000 of 2608 Hq32 Hkv8 D128 bs16", 1, {1000}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
@@ -1715,6 +1783,19 @@ static void run_memory_cuda(test_run *tr) {
   env_restore(&kern4);
   for (size_t i = 0; i < sizeof paged_cuda_long / sizeof paged_cuda_long[0]; i++)
     paged_case(tr, &paged_cuda_long[i], i == 1 ? DT_F16 : DT_BF16);
+  /* paged_kv_ready: the early start (the previous kernel appends the query tokens' rows)
+   * of the split kernel (the stream kernel, which the short batches would get, ignores it) */
+  env_saved splitk = env_set("OT_PAGED_KERNEL", "split");
+  for (size_t i = 0; i < sizeof paged_cuda_ready / sizeof paged_cuda_ready[0]; i++)
+    paged_ready_case(tr, &paged_cuda_ready[i], i % 2 ? DT_F16 : DT_BF16);
+  env_restore(&splitk);
+  /* ... with one split per sequence (the merge-free path), and without PDL */
+  env_saved one = env_set("OT_PAGED_SPLITS", "1");
+  paged_ready_case(tr, &paged_cuda_ready[2], DT_BF16);
+  env_restore(&one);
+  env_saved nopdl2 = env_set("OT_PAGED_PDL", "0");
+  paged_ready_case(tr, &paged_cuda_ready[0], DT_F16);
+  env_restore(&nopdl2);
   paged_case_spare(tr, &paged_cuda_overprov[0], DT_BF16, 1);
   paged_case_spare(tr, &paged_cuda_overprov[1], DT_F16, 100);
   paged_case_spare(tr, &paged_cuda_overprov[2], DT_BF16, 99);

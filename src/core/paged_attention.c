@@ -367,6 +367,7 @@ ot_status ot_paged_attention(ot_context *ctx, const ot_attention_params *p, cons
   }
   ot_attention_resolve_params(p, t.d, &a.scale, &a.softcap, &a.window_left, &a.window_right);
   a.tokens = tokens;
+  a.kv_ready = p->paged_kv_ready != 0;
   if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_paged_attention, ctx, &a);
   return ot_cpu_paged_attention(ctx, &a);
 }

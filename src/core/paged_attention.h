@@ -77,6 +77,7 @@ typedef struct ot_paged_attention_args {
   int64_t window_left;           /* -1 unbounded */
   int64_t window_right;          /* -1 unbounded; causal resolved to 0 */
   int64_t tokens;                /* T_q */
+  int kv_ready;                  /* ot_attention_params.paged_kv_ready */
 } ot_paged_attention_args;
 
 ot_status ot_cpu_kv_append(ot_context *ctx, const ot_kv_append_args *a);

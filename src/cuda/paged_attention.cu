@@ -37,7 +37,9 @@
  *     fragment of P). The 4 warps' (m, l, O) merge through shared memory (the ring's
  *     space) at the end: O rows padded to D + 2 floats, each row's warp weights, lse and
  *     output offset computed once by one thread (H200: 1 x 2k 17.0 -> 12.8 us per call,
- *     16 x 4k 79.2 -> 74.7, docs/PERFORMANCE.md Decode round 5).
+ *     16 x 4k 79.2 -> 74.7, docs/PERFORMANCE.md Decode round 5); only the tile's rows
+ *     (a decode tile has `group` of 16) are stored and combined (1 x 512 10.91 -> 10.23
+ *     us, 1 x 2k 12.79 -> 12.43, round 6).
  *   - One split: out and lse are written directly. Several: normalized O_s (fp32) and
  *     lse_s go to context scratch and a merge kernel (one CTA per (token, q head), the
  *     splits spread over its 4 warps) combines them (O = sum_s exp(lse_s - lse) O_s);
@@ -46,11 +48,24 @@
  *     signals its own dependents at once. A merge fused into the last CTA of each unit (a
  *     counter per unit, zeroed by a memset) measured slower on the H200 and was removed:
  *     with its code in the kernel the key loop ran ~12% slower even where it was not taken
- *     (16 x 4k 2.92 vs 3.39 TB/s), and where it ran it added ~3-12 us per call.
+ *     (16 x 4k 2.92 vs 3.39 TB/s), and where it ran it added ~3-12 us per call. Tried
+ *     again (decode round 6: per-context counters that the last CTA resets, no memset, in
+ *     a kernel instance of its own, a warp per row): 1 x 2k 18.96 vs 12.60 us, 1 x 64k
+ *     92.9 vs 76.2, 16 x 4k 86.5 vs 75.6; removed again.
  *   - The main kernels (this and the stream kernel) are launched as programmatic dependents
  *     of whatever precedes them on the stream (OT_PAGED_PDL=0: not): their CTAs may become
  *     resident while that kernel drains and wait (griddepcontrol.wait) before their first
  *     global access. H200: 0-2% per call (docs/PERFORMANCE.md).
+ *   - Early start (ot_attention_params.paged_kv_ready, head_dim 128: the XT instance of this
+ *     kernel): the caller promises that the tables and every key / value but each
+ *     sequence's last nq (its query tokens', which the previous kernel may append) are
+ *     complete when that kernel lets its dependents start; the CTA then reads the tables
+ *     and page ids and issues the copies of its first stages that hold none of those keys
+ *     before its griddepcontrol.wait, and q, the rest and every write after it. H200,
+ *     same process, back-to-back calls: 1 x 2k 10.54 vs 12.43 us, 1 x 512 9.05 vs 10.23,
+ *     1 x 64k / 16 x 4k -1 to -1.5%, 64 x 4k and 1 x 8k level (decode round 6). A separate
+ *     instance because code added to this kernel has slowed its key loop even where it did
+ *     not run (the fused merges above).
  *   - Keys of a split are indexed in int32 relative to the split's first page; with more
  *     than 2^30 keys in the table the plan takes at least keys / 2^30 splits (pa_min_splits),
  *     so sequences of 2^31 keys and more are split, never wrapped.
@@ -133,6 +148,10 @@ struct pa_params {
    * sequence that fills kv.indices: the kernel's chunk when the table is not
    * over-provisioned), which the kernel's page-id speculation assumes; 0 otherwise */
   int64_t chunk1;
+  /* the XT kernel (pa_mma_kernel<..., true>) only: the caller's promise that the tables
+   * and every key / value but each sequence's last n_b (its query tokens') are complete
+   * before the previous kernel ends (ot_attention_params.paged_kv_ready) */
+  int early;
   float *part_o;      /* [splits][tq * hq][d] */
   float *part_lse;    /* [splits][tq * hq] */
   /* stream kernel: per warp w, pieces (w, slot 0 / 1) of 16 rows: normalized O, lse; and
@@ -470,7 +489,7 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
 
 /* ---- the tensor-core kernel ------------------------------------------------------------- */
 
-template <typename T, int D, int S>
+template <typename T, int D, int S, bool XT>
 __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     pa_mma_kernel(const __grid_constant__ pa_params p) {
   constexpr int KS = D / 16;   /* k-steps of QK */
@@ -489,8 +508,12 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   const int kvh = (int)((bid / p.splits) % p.hkv);
   const int64_t slot_x = bid / ((int64_t)p.splits * p.hkv);
   /* launched as a programmatic dependent (pa_launch_main): the previous kernel's writes
-   * (q, the tables, the pages; its reads of part_o / out) are done after this */
-  ot_pdl_wait();
+   * (q, the tables, the pages; its reads of part_o / out) are done after this. With
+   * `early` (XT only) the wait comes after the tables, the page ids and the copies of the
+   * first steps that hold none of the sequence's last nq keys (written by that kernel
+   * when it appends the query tokens): q, those keys and every write come after it. */
+  const bool early = XT && p.early;
+  if (!early) ot_pdl_wait();
   PA_TR(0, 1, pa_gtime());
 
   /* Batch 1 (chunk1 > 0, no OT_DEBUG): guess this split's first key, split * chunk1 (the
@@ -607,12 +630,29 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   }
   PA_TR(0, 2, pa_gtime());
 
-  uint32_t qa[KS][4];
-  pa_load_q<T, D>(p, q0, tile, kvh, g, tq4, r_ok, qa);
+  /* q is loaded and the wait passed before stage s_wait's copies: 0 without `early`; with
+   * it the first stage holding one of the sequence's last nq keys (relative key new_rel
+   * on), S - 1 when none does (the stages past this warp's steps copy nothing) */
+  int s_wait = 0;
+  if (early) {
+    const int64_t nr = len - nq - key0;
+    const int new_rel = nr < 0 ? 0 : nr > 0x7fffffff ? 0x7fffffff : (int)nr;
+    s_wait = S - 1;
 #pragma unroll
-  for (int s = 0; s < S - 1; s++) {
-    if (s < nst) issue(s, pq[s]);
-    attn::cp_async_commit();
+    for (int s = S - 2; s >= 0; s--)
+      if (s < nst && kl + (s * kPaWarps + warp) * kPaStep + kPaStep > new_rel) s_wait = s;
+  }
+  uint32_t qa[KS][4];
+#pragma unroll
+  for (int s = 0; s < S; s++) {
+    if (s == s_wait) {
+      if (early) ot_pdl_wait();
+      pa_load_q<T, D>(p, q0, tile, kvh, g, tq4, r_ok, qa);
+    }
+    if (s < S - 1) {
+      if (s < nst) issue(s, pq[s]);
+      attn::cp_async_commit();
+    }
   }
   int pw[A]; /* page ids of steps t + S - 1 .. t + S - 2 + A */
 #pragma unroll
@@ -674,14 +714,20 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     s_m[warp][g] = m_run[0], s_m[warp][g + 8] = m_run[1];
     s_l[warp][g] = l_run[0], s_l[warp][g + 8] = l_run[1];
   }
+  /* (rows past the tile's end are neither stored nor read: a decode tile has `group` of
+   * its 16) */
   float *ow = s_o + (size_t)warp * 16 * OS;
 #pragma unroll
   for (int j = 0; j < NT; j++) {
     const int d0 = (j >> 3) * 64 + (tq4 * 2) * 8 + (j & 7), d1 = d0 + 8;
-    ow[g * OS + d0] = acc[j][0];
-    ow[g * OS + d1] = acc[j][1];
-    ow[(g + 8) * OS + d0] = acc[j][2];
-    ow[(g + 8) * OS + d1] = acc[j][3];
+    if (r_ok[0]) {
+      ow[g * OS + d0] = acc[j][0];
+      ow[g * OS + d1] = acc[j][1];
+    }
+    if (r_ok[1]) {
+      ow[(g + 8) * OS + d0] = acc[j][2];
+      ow[(g + 8) * OS + d1] = acc[j][3];
+    }
   }
   __syncthreads();
   /* per row, once (thread r < 16): the warps' weights exp2(m_w - M) / L, the lse (written
@@ -721,7 +767,8 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     s_off[r] = off;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < 16 * D; idx += blockDim.x) {
+  const int tile_rows = rows - tile * 16 < 16 ? (int)(rows - tile * 16) : 16;
+  for (int idx = threadIdx.x; idx < tile_rows * D; idx += blockDim.x) {
     const int r = idx / D, dd = idx - r * D;
     const int64_t off = s_off[r];
     if (off < 0) continue;
@@ -1286,11 +1333,11 @@ static int pa_kernel_ctas_per_sm(K kernel, size_t smem, int dev, std::atomic<int
   if (dev >= 0 && dev < 16) cached[dev].store(n, std::memory_order_release);
   return n;
 }
-template <typename T, int D, int S>
+template <typename T, int D, int S, bool XT>
 static int pa_ctas_per_sm(int dev) {
   /* > 0: CTAs per SM; -1: the shared memory is not available ("= {}": see pdl.cuh) */
   static std::atomic<int> cached[16] = {};
-  return pa_kernel_ctas_per_sm(pa_mma_kernel<T, D, S>, pa_cfg<D, S>::kSmem, dev, cached);
+  return pa_kernel_ctas_per_sm(pa_mma_kernel<T, D, S, XT>, pa_cfg<D, S>::kSmem, dev, cached);
 }
 template <typename T, int D, int S>
 static int ps_ctas_per_sm(int dev) {
@@ -1418,9 +1465,11 @@ static pa_env pa_read_env() {
 }
 
 /* What the last call on this host thread launched: bench/decode_shim.c reports it, so the
- * benchmark checks that a forced kernel ran (kernel 1 split, 2 stream, 3 simple). */
+ * benchmark checks that a forced kernel ran (kernel 1 split, 2 stream, 3 simple); flags:
+ * 1 a programmatic dependent, 4 an early start (paged_kv_ready; 2 is unused: it marked a
+ * merge fused into the split kernel, measured and removed). */
 struct pa_plan_rec {
-  int kernel, splits, ctas, pdl;
+  int kernel, splits, ctas, flags;
 };
 static thread_local pa_plan_rec pa_last_plan;
 
@@ -1457,7 +1506,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   int64_t tiles_upper = (p.tq * p.group + 15 * p.batch) / 16;
   if (p.tq * ((p.group + 15) / 16) < tiles_upper) tiles_upper = p.tq * ((p.group + 15) / 16);
   const ot_cuda_state *cs = ot_cuda_state_of(ctx);
-  const int per_sm = pa_ctas_per_sm<T, D, S>(cs->device);
+  const int per_sm = pa_ctas_per_sm<T, D, S, false>(cs->device);
   if (per_sm < 1)
     return ot_error(OT_ERR_BACKEND, op, "cannot give the decode kernel %zu bytes of shared memory",
                     pa_cfg<D, S>::kSmem);
@@ -1483,12 +1532,30 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
     return ot_error(OT_ERR_UNSUPPORTED, op, "grid too large (%lld tiles x %d kv heads x %d splits)",
                     (long long)tiles_upper, p.hkv, splits);
   OT_TRY(pa_scratch(ctx, p, env.debug, partial, op));
+  /* The XT kernel (head_dim 128): the early start the caller allows (p.early; not under
+   * OT_DEBUG, whose flag memset is no kernel); the other head dims ignore it */
+#ifdef OT_PA_FORCE_EARLY /* A/B builds: every call as if the caller set paged_kv_ready */
+  p.early = 1;
+#endif
+  if (D != 128 || env.debug) p.early = 0;
+  const bool xt = p.early != 0;
   /* not after the OT_DEBUG flag's memset: programmatic dependence is between kernels */
   static std::atomic<int> main_pdl[16] = {};
-  const bool pdl = env.pdl && !env.debug && ot_pdl_ok(cs, pa_mma_kernel<T, D, S>, main_pdl);
-  OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S>, (unsigned)ctas,
-                                   pa_cfg<D, S>::kSmem, s, p));
-  pa_last_plan = pa_plan_rec{1, splits, (int)ctas, pdl ? 1 : 0};
+  const bool pdl = env.pdl && !env.debug && ot_pdl_ok(cs, pa_mma_kernel<T, D, S, false>, main_pdl);
+  if (xt) {
+    if constexpr (D == 128) {
+      if (pa_ctas_per_sm<T, D, S, true>(cs->device) < 1)
+        return ot_error(OT_ERR_BACKEND, op,
+                        "cannot give the decode kernel %zu bytes of shared memory",
+                        pa_cfg<D, S>::kSmem);
+      OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S, true>, (unsigned)ctas,
+                                       pa_cfg<D, S>::kSmem, s, p));
+    }
+  } else {
+    OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S, false>, (unsigned)ctas,
+                                     pa_cfg<D, S>::kSmem, s, p));
+  }
+  pa_last_plan = pa_plan_rec{1, splits, (int)ctas, (pdl ? 1 : 0) | (p.early ? 4 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
@@ -1639,6 +1706,7 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
   p.wl = a->window_left;
   p.wr = a->window_right;
   p.splits = 1;
+  p.early = a->kv_ready ? 1 : 0;
   const ot::pa_env env = ot::pa_read_env();
   const bool debug = env.debug;
   /* the tensor-core path: 16-bit types, head_dim 64 / 128, 16-byte aligned q rows and
@@ -1663,13 +1731,13 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
 
 /* The kernel the last ot_paged_attention call on this host thread launched (benchmarks:
  * bench/decode_shim.c): out[0] 1 split, 2 stream, 3 simple (0: none yet); out[1] splits;
- * out[2] CTAs of the main kernel; out[3] 1 when it was launched as a programmatic
- * dependent. */
+ * out[2] CTAs of the main kernel; out[3] flags: 1 launched as a programmatic dependent,
+ * 4 an early start (paged_kv_ready). */
 extern "C" void ot_cuda_paged_last_plan(int out[4]) {
   out[0] = ot::pa_last_plan.kernel;
   out[1] = ot::pa_last_plan.splits;
   out[2] = ot::pa_last_plan.ctas;
-  out[3] = ot::pa_last_plan.pdl;
+  out[3] = ot::pa_last_plan.flags;
 }
 
 #ifdef OT_PA_TRACE
