@@ -124,6 +124,7 @@ if has sanitize; then
   stamp "compute-sanitizer"
   if [ "${SAN_MIN:-0}" = 4 ] || [ "${SAN_MIN:-0}" = 5 ]; then   # side by side (CPU-bound), then their logs in order
     C="hopper-only causal Sq<Sk 100x1000 D128"
+    rm -f /tmp/ot_san_[1-8].sum /tmp/ot_san_[1-8].log   # a warm machine's earlier run (6-8)
     spids=()
     SAN_TAG=1 san memcheck "$C" >/tmp/ot_san_1.sum & spids+=($!)
     SAN_TAG=2 san racecheck "$C" --racecheck-report all >/tmp/ot_san_2.sum & spids+=($!)
