@@ -80,8 +80,8 @@ def _variant_list(d, s, causal):
         v += [("wide", WIDE), ("wg3", WG3)]           # wide: the 192-key tile
     if d == 64 and not causal and s <= 2048:          # 3 consumers: 192-row tiles, S 1k 6 of
         v += [("wg2", WG2), ("nonpers", NONPERS)]     # them (1152 rows); wg2: 8 of 128
-    if d == 128 and not causal and s <= 2048:         # 128-key tile
-        v += [("wide", WIDE), ("nonpers", NONPERS), ("resc", RESC)]
+    if d == 128 and not causal and s <= 2048:         # 128-key tile, rescale threshold on by
+        v += [("wide", WIDE), ("nonpers", NONPERS), ("noresc", NORESC)]  # default (a60aa63)
     if d in (128, 256) and causal:                    # rescale threshold on by default
         v.append(("noresc", NORESC))
     if d == 256 and not causal and s % 80:            # 80-key tile, rescale threshold on
