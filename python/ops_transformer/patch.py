@@ -333,9 +333,13 @@ def _auto_key(q, k, causal, bucket=None):
 
 
 def _hopper_backward_off():
-    """OT_ATTN_SM90=0 / OT_ATTN_IMPL=portable (read per call, as the library does)."""
+    """OT_ATTN_SM90=0 / OT_ATTN_IMPL=portable, read here on every call and parsed as the
+    library parses them. The library reads OT_ATTN_IMPL per call too, but OT_ATTN_SM90
+    only once, at the process's first Hopper attention call (sm90_attention_env_off,
+    docs/ENVIRONMENT.md): a change after that reaches this guess, not the kernels."""
     env = os.environ
-    return env.get("OT_ATTN_SM90") == "0" or env.get("OT_ATTN_IMPL") == "portable"
+    return (env.get("OT_ATTN_SM90", "").startswith("0")
+            or env.get("OT_ATTN_IMPL") == "portable")
 
 
 def _hopper_backward_applies(q, window, cu_seqlens):
