@@ -1340,7 +1340,9 @@ def is_patched(model):
 
 # The library's elementwise ops that run under torch.compile by default
 # (patch_model(compiled_ops="auto")); the others run torch's code there, which inductor
-# fuses with its neighbours. Chosen by measurement: docs/PERFORMANCE.md, "Training (CUDA)".
+# fuses with its neighbours. All three: the compiled step measured so far. The per-op A/B
+# that is to choose this set (bench/bench_training.py --only 3) has not run on the device
+# yet (docs/PERFORMANCE.md, "Training (CUDA)").
 COMPILED_OPS_AUTO = ("rms_norm", "rope", "swiglu")
 _COMPILED_OPS = ("rms_norm", "rope", "swiglu")
 
@@ -1386,11 +1388,11 @@ def patch_model(model, *, rms_norm=True, fuse_residual=True, attention=True, rop
     ``compiled_ops`` picks which of the patched elementwise ops run the library's
     kernels while torch.compile traces the model: a collection of ``"rms_norm"`` (the
     norms and the fused residual add), ``"rope"``, ``"swiglu"``, or ``"all"``,
-    ``"none"``, ``"auto"`` (the default: :data:`COMPILED_OPS_AUTO`, the set measured
-    fastest on the H200). An op left out runs torch's code under torch.compile -- HF's
-    RMSNorm (after a plain residual add), HF's rotary math in the patch's layout,
-    ``down(act(gate) * up)`` -- which inductor fuses with its neighbours; eager calls
-    always run the library's kernels (as the other keywords select them).
+    ``"none"``, ``"auto"`` (the default: :data:`COMPILED_OPS_AUTO`, today all three;
+    the per-op choice is not measured yet). An op left out runs torch's code under
+    torch.compile -- HF's RMSNorm (after a plain residual add), HF's rotary math in the
+    patch's layout, ``down(act(gate) * up)`` -- which inductor fuses with its neighbours;
+    eager calls always run the library's kernels (as the other keywords select them).
     """
     ops = _compiled_ops(compiled_ops)
     if isinstance(model, type):
