@@ -636,16 +636,10 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   using L = bwd_smem<D>;
   cudaStream_t stream = (cudaStream_t)ctx->stream;
   /* Host-side and not stream-ordered: first, so that a failure enqueues nothing. Once per
-   * device and instance (a bit per device ordinal < 32; other ordinals: every call). */
+   * device and instance (sm90_common.cuh's smem_attr_once, as the forward). */
   auto kern = attn_bwd_sm90_kernel<T, D>;
-  static unsigned attr_set;
-  const int dev = ot_cuda_state_of(ctx)->device;
-  const unsigned bit = dev >= 0 && dev < 32 ? 1u << dev : 0u;
-  if (!bit || !(__atomic_load_n(&attr_set, __ATOMIC_RELAXED) & bit)) {
-    OT_CUDA_CHECK(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           L::bytes));
-    __atomic_fetch_or(&attr_set, bit, __ATOMIC_RELAXED);
-  }
+  static std::atomic<uint64_t> attr_done{0};
+  OT_TRY(smem_attr_once(kern, L::bytes, ctx, attr_done, op));
   /* The dQ accumulator, the split sums and their counters (contiguous) */
   OT_CUDA_CHECK(op, cudaMemsetAsync(p.dq_acc, 0, zero_bytes, stream));
   if (vec16_ok(&a->out) && vec16_ok(&a->dout)) {

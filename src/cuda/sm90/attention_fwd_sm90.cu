@@ -660,22 +660,6 @@ struct fwd_call {
   bool nonpersistent;   /* OT_ATTN_SM90_NONPERSISTENT */
 };
 
-/* cudaFuncSetAttribute(kern, max dynamic shared memory, bytes) once per device (ordinal
- * < 64; others on every call) and kernel instance, not on every call: a bit per ordinal in
- * a static of each instance, set once the call succeeded (two threads racing here both
- * set the attribute: harmless). The attribute lives in the device's primary context, as
- * the context's stream, scratch and cuBLASLt handle do: a cudaDeviceReset under a live
- * ot_context breaks those as well. */
-template <typename K>
-static cudaError_t smem_attr_once(K kern, int bytes, int dev, std::atomic<uint64_t> &done) {
-  const uint64_t bit = dev >= 0 && dev < 64 ? (uint64_t)1 << dev : 0;
-  if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
-  const cudaError_t e =
-      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e == cudaSuccess && bit) done.fetch_or(bit, std::memory_order_release);
-  return e;
-}
-
 /* An OT_ATTN_SM90_* switch (measurements and tests): getenv only where `any` (one
  * ot_env_any("OT_ATTN_SM90_") pass over the environment per call) found some set; in
  * normal use none is, and a call reads the environment once instead of once per switch. */
@@ -689,9 +673,8 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   static const char *op = "attention_forward";
   using L = fwd_smem<D, BC, NC>;
   auto kern = attn_fwd_sm90_kernel<T, D, BC, NC, FL>;
-  static std::atomic<uint64_t> attr_done{0};
-  const int dev = ot_cuda_state_of(ctx)->device;
-  OT_CUDA_CHECK(op, smem_attr_once(kern, L::bytes, dev, attr_done));
+  static std::atomic<uint64_t> attr_done{0};   /* sm90_common.cuh's smem_attr_once */
+  OT_TRY(smem_attr_once(kern, L::bytes, ctx, attr_done, op));
   /* One persistent CTA per SM walks the tiles round-robin, its epilogue overlapping the
    * loads of its next tile. Unmasked tiles all cost the same and go m-fastest (the CTAs
    * running together share one head's K/V in L2). Masked (causal) tiles differ: they go

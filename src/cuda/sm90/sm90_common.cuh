@@ -12,8 +12,11 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include <atomic>
 
 #include "../../core/attention.h"
 #include "../cuda_state.h"
@@ -112,6 +115,33 @@ static inline bool sm90_attention_enabled(ot_context *ctx) {
   (void)ctx;
   return false;
 #endif
+}
+
+/* cudaFuncSetAttribute(kern, max dynamic shared memory, bytes) once per device and kernel
+ * instance instead of on every call: `done` is a static of the instance holding a bit per
+ * device ordinal < 64 (other ordinals: the call every time), set only once the call
+ * succeeded (threads racing here may both make it: harmless). Ops run with ctx's device
+ * current (cuda_state.h), which is the one the attribute is set on. It lives in the
+ * device's primary context, as the context's stream, scratch and cuBLASLt handle do: a
+ * cudaDeviceReset under a live ot_context breaks those as well. A failure is recorded for
+ * op, and the runtime's last error cleared so that a later launch check does not report it
+ * again. */
+template <typename K>
+static ot_status smem_attr_once(K kern, int bytes, const ot_context *ctx,
+                                std::atomic<uint64_t> &done, const char *op) {
+  const int dev = ot_cuda_state_of(ctx)->device;
+  const uint64_t bit = dev >= 0 && dev < 64 ? (uint64_t)1 << dev : 0;
+  if (bit && (done.load(std::memory_order_acquire) & bit)) return OT_OK;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return ot_error(OT_ERR_BACKEND, op,
+                    "cudaFuncSetAttribute(max dynamic shared memory, %d bytes): %s", bytes,
+                    cudaGetErrorString(e));
+  }
+  if (bit) done.fetch_or(bit, std::memory_order_release);
+  return OT_OK;
 }
 
 static inline PFN_cuTensorMapEncodeTiled_v12000 query_encode_fn(void) {
