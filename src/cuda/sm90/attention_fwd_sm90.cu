@@ -765,8 +765,8 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
   }
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
- * dropped one by one (the narrow step first, then the tail split, the polynomial
- * exponentials, the rescale threshold) until it is. */
+ * dropped one by one (the snake order first, then the narrow step, the tail split, the
+ * polynomial exponentials, the rescale threshold: drop[]'s order) until it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
