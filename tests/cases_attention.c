@@ -286,10 +286,12 @@ static const acase cuda_sm90_cases[] = {
      * other 17 key block by key block, heaviest first. Last, so that the dtype parity of the
      * cases above stays as their comment says. */
     {"cuda hopper-only causal Sq64 Sk2048 D64 B2 H9 (head order, then tail)", 2, 64, 2048, 9, 9, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
-    /* The Hopper backward's dQ conversion by the contribution that completes a tile: Sq > Sk
-     * by 570 rows, so 8 whole 64-query tiles no key block sees (dQ zeroed by the prep
-     * kernel), then a tile of 58 keyless rows and 6 with keys (one contributor), 2 key blocks
-     * (the second partial). */
+    /* Keyless query tiles in the Hopper backward: Sq > Sk by 570 rows, so 8 whole 64-query
+     * tiles no key block sees (their dQ is the zeroed accumulator's, written by the dq pass),
+     * then a tile of 58 keyless rows and 6 with keys (one contributing key block), 2 key
+     * blocks (the second partial). Written for the dQ conversion by a tile's last
+     * contribution (f676cc1, measured slower and reverted: there the prep kernel zeroed the
+     * keyless tiles' dQ). */
     {"cuda hopper-only causal Sq>Sk 700x130 D128 GQA2 B2", 2, 700, 130, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
 };
 
@@ -310,11 +312,11 @@ static const acase cuda_sm90_wide_cases[] = {
 };
 
 /* The Hopper forward's persistent schedule (132 CTAs on an H200) at tile counts just
- * above and below multiples of the grid: 262 tiles (a second round of 130, odd: the one
- * that OT_ATTN_SM90_ORDER=snake hands out in reverse), 266 (a third round of 2), 134 (a
- * second round of 2, D64's 192-row tiles), 130 (below one round: one CTA per tile);
- * causal (sectioned order, tiles of falling length) and not. bf16 (the snake instances'
- * dtype). */
+ * above and below multiples of the grid: 262 tiles (a partial second round of 130), 266
+ * (a full second round -- odd, so the one that OT_ATTN_SM90_ORDER=snake hands out in
+ * reverse; a partial round always goes in CTA order -- then a third of 2), 134 (a second
+ * round of 2, D64's 192-row tiles), 130 (below one round: one CTA per tile); causal
+ * (sectioned order, tiles of falling length) and not. bf16 (the snake instances' dtype). */
 static const acase cuda_sm90_round_cases[] = {
     {"cuda hopper-only rounds causal S256 D128 MQA131 (262 tiles) fwd", 1, 256, 256, 131, 1, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only rounds causal S256 D64 B7 H19 (266 tiles) fwd", 7, 256, 256, 19, 19, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
