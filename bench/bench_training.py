@@ -88,6 +88,16 @@ def _compiled(variant):
     return "_compile" in variant
 # config.fused_attention per patched variant: "auto" (the default) unless named here
 FUSED_ATTENTION = {"patched_torch_attn": False, "patched_lib_attn": True}
+
+
+def _use_attention(variant):
+    """ops_transformer.config.fused_attention for a patched variant. The option is
+    process-wide and read per call: run_ab sets it again before each variant's window
+    (its variants share the process; _build left the last built one's)."""
+    import ops_transformer as ot
+    ot.config.fused_attention = FUSED_ATTENTION.get(variant, "auto")
+
+
 # the models' attention calls (label, batch, seq, heads, kv heads, head dim), causal
 ATTN_SHAPES = [("0.54b 4x2048", 4, 2048, 16, 16, 128), ("1.5b 4x2048", 4, 2048, 32, 8, 64),
                ("GQA D128 4x2048", 4, 2048, 32, 8, 128), ("0.54b 1x16384", 1, 16384, 16, 16, 128)]
@@ -191,7 +201,7 @@ def _build(case, device, dtype, seed, compile_mode="model", compile_options=None
         from ops_transformer import patch as ot_patch
         # patched_torch_attn / patched_lib_attn: the attention torch's SDPA / the
         # library's (config.fused_attention False / True); the other variants "auto"
-        ot.config.fused_attention = FUSED_ATTENTION.get(variant, "auto")
+        _use_attention(variant)
         ot.patch_llama(model, compiled_ops=COMPILED_OPS.get(variant, "auto"))
         if _compiled(variant):
             info["compiled_ops"] = sorted(ot_patch._compiled_ops(
@@ -536,6 +546,8 @@ def run_ab(case, args, device, dtype):
         for b in (built if r % 2 == 0 else built[::-1]):
             res, model, fwd, opt, data, cfg, times, walls, clocks, peak = b
             try:
+                if res["variant"].startswith("patched"):
+                    _use_attention(res["variant"])
                 _sync(device)
                 base = torch.cuda.memory_allocated(device) if cuda else 0
                 if cuda:
@@ -605,6 +617,8 @@ def run_ab(case, args, device, dtype):
     for res, model, fwd, opt, data, cfg, *_ in built:
         c = dict(case, variant=res["variant"])
         if _profile_key(c) in args.profile:
+            if res["variant"].startswith("patched"):
+                _use_attention(res["variant"])
             prof_rows.append(dict(_profile(c, args, device, fwd, model, opt, data[0]),
                                   after_case=True))
     del built, model, fwd, opt

@@ -103,3 +103,38 @@ def test_parent_counts_an_ab_case_as_one_planned_item():
     ab = [c for g in plan[:4] for c in g if c.get("kind") == "ab"]
     assert len(ab) == 4 and all(bt._case_variants(c) == c["variants"] for c in ab)
     assert bt._estimate_s(plan[3], False, "layers") < 120
+
+
+def test_run_ab_runs_each_patched_variant_with_its_attention_option():
+    """config.fused_attention is process-wide and read per call: each window of an A/B
+    runs under its own variant's setting ("auto" for patched, False for
+    patched_torch_attn), not the one the variant built last left (the long-context A/B
+    pairs patched with patched_other)."""
+    import ops_transformer as ot
+    seen = []
+    step = bt._step
+
+    def spy(fwd, model, opt, x):
+        seen.append((model._variant, ot.config.fused_attention))
+        return step(fwd, model, opt, x)
+    build = bt._build
+
+    def tagged_build(case, *a, **k):
+        model, fwd, cfg, info = build(case, *a, **k)
+        model._variant = case["variant"]
+        return model, fwd, cfg, info
+    case = dict(kind="ab", cfg="tiny", batch=1, seq=16,
+                variants=["patched", "patched_torch_attn"])
+    prev = ot.config.fused_attention
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(bt, "_step", spy)
+            mp.setattr(bt, "_build", tagged_build)
+            rows, _ = bt.run_ab(case, args(ab_rounds=2, ab_steps=1), torch.device("cpu"),
+                                torch.float32)
+    finally:
+        ot.config.fused_attention = prev
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows
+    assert {v for v, _ in seen} == {"patched", "patched_torch_attn"}
+    for variant, fused in seen:
+        assert fused == bt.FUSED_ATTENTION.get(variant, "auto"), (variant, fused)
