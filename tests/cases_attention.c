@@ -293,6 +293,15 @@ static const acase cuda_sm90_cases[] = {
      * contribution (f676cc1, measured slower and reverted: there the prep kernel zeroed the
      * keyless tiles' dQ). */
     {"cuda hopper-only causal Sq>Sk 700x130 D128 GQA2 B2", 2, 700, 130, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    /* The forward's rescale threshold (kFlResc: the row max moves only when it grows by more
+     * than 2^8) where it moves after the first-visited key tile: at scale 2 a row's unscaled
+     * scores q.k (q in +-2, k in +-1, D128: sd 7.5) grow past that tile's max by more than
+     * 8 / (2 log2 e) = 2.8 in ~70% (Sk 1000) / ~96% (Sk 777: a first tile of 9 keys) of
+     * rows (numpy, 2000 rows). Unmasked D128 with Sk <= 2048 (the 128-key tile, the
+     * threshold's default since a60aa63), fp16 then bf16, GQA. At 1 / sqrt(D), the other
+     * cases' scale, the growth needed is 8.3 sd: never. */
+    {"cuda hopper-only Sq300 Sk1000 D128 GQA4 scale 2 (row max past 2^8) fwd", 1, 300, 1000, 4, 1, 128, 0, -1, -1, 0, 2.0f, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only Sq200 Sk777 D128 GQA2 B2 scale 2 (row max past 2^8) fwd", 2, 200, 777, 4, 2, 128, 0, -1, -1, 0, 2.0f, 0, {0}, {0}, false, false, false},
 };
 
 /* The Hopper forward's narrow last-key-tile step (kFlNarrow, bf16 D128 non-causal, the
