@@ -350,15 +350,19 @@ typedef struct ot_attention_params {
    * accumulates dq with atomics, and the dk / dv of a non-causal call's last partial wave
    * of key blocks in parts, unless this is set (docs/ATTENTION.md gives the cost). */
   int deterministic;
-  /* ot_paged_attention on CUDA only (ignored elsewhere): 1 promises that cu_seqlens_q, the
-   * page table and every cached key / value except the last n_b tokens of each sequence b
-   * (n_b = its query tokens: the rows the kernel just before this op may have appended)
-   * are complete once that kernel may start its dependents -- written by earlier steps, or
-   * by work that the previous kernel waited for (it was launched without programmatic
-   * dependence, or it signals launch_dependents only after its own griddepcontrol.wait).
-   * The op may then read them while that kernel is still running (head_dim 128; H200:
-   * batch 1 x 2k keys 10.5 instead of 12.4 us a call); q and the newest rows are read
-   * after it. 0 (default): nothing is read before the previous kernel completes. */
+  /* ot_paged_attention's early start. 1 promises that cu_seqlens_q, the page table and
+   * every cached key / value except the last n_b tokens of each sequence b (n_b = its
+   * query tokens: the rows the kernel just before this op may append) are complete once
+   * that kernel may start its dependents: none written by that kernel itself (its writes
+   * are visible to a dependent only after the dependent's wait), and each written by work
+   * that completed before it started (it was launched without programmatic dependence) or
+   * that it waited for (it signals launch_dependents only after its own
+   * griddepcontrol.wait). (A copy or an event wait just before the op is no kernel: the
+   * op starts after it completes.) The op may then read them while that kernel is still
+   * running (H200: batch 1 x 2k keys 10.5 instead of 12.4 us a call); q and the newest
+   * rows are read after it. Taken by the CUDA split kernel at head_dim 128; the CPU
+   * backend, other head dims, the stream and fallback kernels and OT_DEBUG ignore it.
+   * 0 (default): nothing is read before the previous kernel completes. */
   int paged_kv_ready;
 } ot_attention_params;
 
