@@ -988,10 +988,15 @@ static void paged_two_free(tbuf **q, tbuf **out, tbuf **lse, double **ro, double
  * so it must wait (griddepcontrol.wait) before any global access; both outputs are checked
  * against the reference.
  * ready: with ot_attention_params.paged_kv_ready = 1 (CUDA: the kernel reads the tables and
- * the older keys / values before the previous kernel ends) and the query tokens' own keys /
+ * the older keys / values before its griddepcontrol.wait) and the query tokens' own keys /
  * values written by the kernel just before the first call: the pages hold stale values
  * (4.0) in the last sq_b slots of each sequence until ot_kv_append writes the real ones
- * (no host work or synchronization between the three launches either). */
+ * (no host work or synchronization between the three launches either). ot_kv_append's
+ * kernel never signals launch_dependents, so the first call's kernel starts only once it
+ * has exited: these cases check the early path's results (tables and page ids read
+ * early, which stages go before the wait), but a newest key copied before the wait would
+ * most likely read the real values too. Catching that takes a previous kernel that signals
+ * its dependents before it writes those rows (as the engine's fused qkv kernel does). */
 static void paged_pair_run(test_run *tr, const pcase *c, DLDataType dt, bool ready) {
   if (!tr_begin(tr, "paged attention %s %s %s", ready ? "kv ready" : "back to back", c->name,
                 dt_name(dt)))
