@@ -363,6 +363,10 @@ DECODE_VARIANTS = {
     "fused_waves_4": {"OTE_FUSED_WAVES": "4"},  # blocks capped at 4 waves (default 2)
     "fused_waves_2": {"OTE_FUSED_WAVES": "2"},  # the default's value (2), named
     "fused_waves_all": {"OTE_FUSED_WAVES": "0"},  # no cap: a task per warp
+    "fused_waves_1": {"OTE_FUSED_WAVES": "1"},  # one wave of blocks
+    # the qkv kernel's RoPE angles at each task's start (under the loads), not at its end
+    "fused_early_rope": {"OTE_FUSED_EARLY_ROPE": "1"},
+    "fused_late_rope": {"OTE_FUSED_EARLY_ROPE": "0"},
     "repeat": {},  # the default again, last: the run's drift
 }
 AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]
@@ -370,6 +374,7 @@ AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]
 MARKS = []
 TTFT_DIAG = True  # --no-ttft-diag: skip ttft_diagnostics
 TIMELINE = True  # --no-timeline: skip timelines
+TIMELINE_VARIANTS = []  # --timeline-variants: decode timelines under these variants too
 
 
 def mark(label):
@@ -488,10 +493,19 @@ def layer_table(ks, layers):
                          if i0 + l * p > 0]
                     return (round(statistics.median(d), 2),
                             round(statistics.median(g), 2) if g else None)
+                def rel(j):
+                    """median start / end of position j from the end of the layer's first
+                    kernel (decode: the fused qkv), so a span across PDL overlaps reads off
+                    (e.g. qkv end -> o_proj start: the attention's share of the layer)"""
+                    st = [ks[h + l * p + j][0] - ks[h + l * p][1] for l in range(layers)]
+                    en = [ks[h + l * p + j][1] - ks[h + l * p][1] for l in range(layers)]
+                    return (round(statistics.median(st), 2), round(statistics.median(en), 2))
                 per = []
                 for j in range(p):
                     d, g = stats(h + j)
-                    per.append({"kernel": names[h + j], "us": d, "gap_before_us": g})
+                    s0, e0 = rel(j)
+                    per.append({"kernel": names[h + j], "us": d, "gap_before_us": g,
+                                "start_from_first_end_us": s0, "end_from_first_end_us": e0})
                 one = lambda i: {"kernel": names[i], "us": round(ks[i][1] - ks[i][0], 2),
                                  "gap_before_us": round(ks[i][0] - ks[i - 1][1], 2) if i else None}
                 return {"period": p, "head": [one(i) for i in range(h)], "layer": per,
@@ -526,29 +540,40 @@ def timelines(eng, s, prompt, rbw, gemm):
     drain, ramp) is the step's span less the kernels' busy time."""
     L = s["layers"]
     out = {}
-    nxt = eng.prefill([prompt], greedy=True)
-    for _ in range(4):  # eager step, capture, replays
-        nxt = eng.decode(nxt, greedy=True)
-    box = [nxt]
+    box = [None]
+
+    def start():  # a fresh sequence: prefill, eager step, capture, replays
+        eng.free(0)
+        nxt = eng.prefill([prompt], greedy=True)
+        for _ in range(4):
+            nxt = eng.decode(nxt, greedy=True)
+        box[0] = nxt
 
     def dec():
         for _ in range(3):
             box[0] = eng.decode(box[0], greedy=True)
 
-    for name, fn, tokens in (("decode_b1", dec, 1),
-                             ("prefill", lambda: eng.prefill([prompt], greedy=True), len(prompt))):
+    def one(name, fn, tokens):
         try:
             out[name] = timeline_of(gpu_kernels(fn), name, s, L, tokens, rbw, gemm)
         except Exception as ex:  # the profiler may be unavailable: report, go on
             out[name] = {"error": f"{type(ex).__name__}: {ex}"[:300]}
         print(f"timeline {name}: {json.dumps(out[name])}", flush=True)
+
+    start()
+    one("decode_b1", dec, 1)
+    one("prefill", lambda: eng.prefill([prompt], greedy=True), len(prompt))
+    for v in TIMELINE_VARIANTS:  # --timeline-variants: the decode step under a variant's env
+        with env_set(DECODE_VARIANTS[v]):
+            start()  # (the graph is captured under the variant's env)
+            one(f"decode_b1_{v}", dec, 1)
     eng.free(0)
     return out
 
 
 def timeline_of(ks, name, s, L, tokens, rbw, gemm):
     """timelines' table of one profiled call's kernels ks"""
-    if name == "decode_b1":  # one whole step, the 2nd of 3: its first kernel to the 3rd's
+    if name.startswith("decode_b1"):  # one whole step, the 2nd of 3: its first kernel to the 3rd's
         first = short_name(ks[0][2]) if ks else ""
         starts = [i for i, k in enumerate(ks) if short_name(k[2]) == first]
         if len(starts) >= 3:
@@ -793,6 +818,9 @@ def save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw):
         doc["rows"][-1]["step_split_ms"] = ours.get(f"decode_split_b{B}")
         if B == 1 and ours.get("timeline"):
             doc["rows"][-1]["timeline"] = ours["timeline"].get("decode_b1")
+            for k, v in ours["timeline"].items():  # --timeline-variants
+                if k.startswith("decode_b1_"):
+                    doc["rows"][-1][f"timeline_{k[len('decode_b1_'):]}"] = v
         for vname in DECODE_VARIANTS:
             if f"decode_ms_b{B}_{vname}" in ours:
                 doc["rows"][-1][f"step_ms_{vname}"] = round(ours[f"decode_ms_b{B}_{vname}"], 3)
@@ -894,6 +922,9 @@ def main():
                          "profiles with and without the spin)")
     ap.add_argument("--no-timeline", action="store_true",
                     help="skip the CUPTI timelines of a decode step and a prefill")
+    ap.add_argument("--timeline-variants", default="",
+                    help="comma-separated names of DECODE_VARIANTS: the batch-1 decode "
+                         "step's timeline again under each")
     ap.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS),
                     help="comma-separated names of DECODE_VARIANTS: batch-1 decode again with "
                          "the linears chosen otherwise ('' for none)")
@@ -905,11 +936,15 @@ def main():
     args.batches = [int(b) for b in args.batches.split(",")]
     args.hf_compile_batches = [int(b) for b in args.hf_compile_batches.split(",")]
     args.hf_compile_shapes = args.hf_compile_shapes.split(",")
+    unknown = [v for v in args.timeline_variants.split(",") if v and v not in DECODE_VARIANTS]
+    if unknown:
+        ap.error(f"--timeline-variants: unknown {unknown}; known: {','.join(DECODE_VARIANTS)}")
     unknown = [v for v in args.decode_variants.split(",") if v and v not in DECODE_VARIANTS]
     if unknown:  # before minutes of model building, not after
         ap.error(f"--decode-variants: unknown {unknown}; known: {','.join(DECODE_VARIANTS)}")
     global DEV, TTFT_DIAG, TIMELINE
     DEV = args.device
+    TIMELINE_VARIANTS[:] = [v for v in args.timeline_variants.split(",") if v]
     TTFT_DIAG = not args.no_ttft_diag
     TIMELINE = not args.no_timeline
     torch.manual_seed(0)

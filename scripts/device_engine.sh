@@ -24,7 +24,7 @@
 #                time is not spent compiling (ENGINE_PACK_TESTS=0: without test_ops).
 # ENGINE_LINEAR_TESTS=0: skip step 0's tests and memcheck (the pack's test_ops);
 # ENGINE_MEMCHECK_DECODE=0: no compute-sanitizer memcheck of ot-run's batch-1 decode (the
-# engine's fused kernels). Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
+# engine's fused kernels, first and pipelined forms); ENGINE_PYTESTS=0: no step 2b. Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
 # arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1;
 # ENGINE_SMI=0 (no nvidia-smi log of clocks / power during the benchmark, $OUT/smi.csv);
 # step 5: ENGINE_OFFLOAD_BIG=0 (skip), ENGINE_OFFLOAD_BUDGET (default 0.6667x),
@@ -181,8 +181,39 @@ if [ "${ENGINE_MEMCHECK_DECODE:-1}" = 1 ] && command -v compute-sanitizer >/dev/
     --device cuda --dtype bf16 --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos \
     >"$OUTD/memcheck_decode_b1.log" 2>&1
   SUMMARY+=("memcheck ot-run batch-1 decode (fused kernels) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1.log" | tail -1)")
+  # the pipelined kernels with down_proj on them, 3 blocks (many tasks a warp)
+  OTE_FUSED_PIPE=1 OTE_FUSED_DOWN=1 OTE_FUSED_BLOCKS=3 timeout 120 compute-sanitizer --tool memcheck \
+    --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
+    --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_pipe.log" 2>&1
+  SUMMARY+=("memcheck ot-run batch-1 decode (pipelined kernels + down, 3 blocks) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_pipe.log" | tail -1)")
 fi
 stamp "ot-run done"
+
+# ---- 2b. the engine's CUDA tests (tests/python/test_engine.py against this ot-run: the
+# fused batch-1 decode's tests; ENGINE_PYTESTS=0: skip, ENGINE_PYTEST_FILTER: pytest -k,
+# default cuda_fused; --noconftest: conftest.py imports the _C extension, not built here; in
+# parallel with pytest-xdist when installed) -------------------------
+if [ "${ENGINE_PYTESTS:-1}" = 1 ]; then
+  # the selected tests split over ENGINE_PYTEST_JOBS (default 6) pytest processes at once
+  # (tiny models: the GPU is shared; each ot-run is mostly process start-up)
+  PT=(python3 -m pytest -q -p no:cacheprovider --noconftest)
+  export OT_RUN
+  "${PT[@]}" --co tests/python/test_engine.py -k "${ENGINE_PYTEST_FILTER:-cuda_fused}" 2>/dev/null |
+    grep '::' >"$OUTD/pytest_ids.txt"
+  J=${ENGINE_PYTEST_JOBS:-6}
+  PIDS=()
+  for j in $(seq 0 $((J - 1))); do
+    mapfile -t IDS < <(awk -v j="$j" -v n="$J" '(NR - 1) % n == j' "$OUTD/pytest_ids.txt")
+    [ ${#IDS[@]} = 0 ] && continue
+    timeout "${ENGINE_PYTEST_TIMEOUT:-180}" "${PT[@]}" "${IDS[@]}" >"$OUTD/pytest_engine_$j.log" 2>&1 &
+    PIDS+=($!)
+  done
+  prc=0
+  for p in "${PIDS[@]}"; do wait "$p" || prc=1; done
+  SUMMARY+=("pytest test_engine.py -k ${ENGINE_PYTEST_FILTER:-cuda_fused}: $(wc -l <"$OUTD/pytest_ids.txt") tests in ${#PIDS[@]} processes (rc $prc): $(for f in "$OUTD"/pytest_engine_*.log; do tail -1 "$f"; done | tr '\n' ';')")
+  grep -h -E "^(FAILED|ERROR)" "$OUTD"/pytest_engine_*.log | head -20
+  stamp "engine pytests done"
+fi
 
 # ---- 5. weight streaming at a real size: llama3-8b, device budget 2/3 of its weights -----
 if [ "${ENGINE_OFFLOAD_BIG:-1}" = 1 ]; then

@@ -31,6 +31,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <atomic>
+
 #include "../cuda/common.cuh"
 #include "../cuda/pdl.cuh"
 #include "../cuda/rope.cuh"
@@ -48,7 +50,7 @@ using ot::warp_sum;
 constexpr int kWarps = 4;  /* warps per block: 4 rows of W at a time, as linear.cu */
 constexpr int kUnroll = 8; /* W vectors in flight per lane */
 
-enum { kNorm = 0, kSwiglu = 1 };
+enum { kNorm = 0, kSwiglu = 1 }; /* the input row (fused_kernels.h modes) */
 /* what a warp task's rows are (below) */
 enum { kRows = 0, kRope = 1, kGlu = 2 };
 
@@ -132,62 +134,51 @@ struct rope_p {
  * into the page slot; kGlu (R = 2, a.glu_out: the gate_up projection with the SwiGLU
  * fused): the rows (j, N/2 + j), gate and up of feature j: glu_out[j] = silu(gate) * up
  * from their values rounded to T (what ot_glu_forward reads), rounded to T, and y not
- * written.
- *
- * Each block forms the input row once, into shared memory (K elements: 128 threads, V at a
- * time), after its warps have issued their first weight vectors and passed the PDL wait;
- * one barrier (with the NORM sum of squares' partials); then its warps take tasks
- * (grid-stride) reading x from shared memory. */
-template <typename T, int MODE, int R, int PAIRS>
-__global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_gemv_args a) {
-  typedef typename xs_elem<T, MODE>::type X;
-  extern __shared__ __align__(16) unsigned char fg_smem[];
-  X *xs = reinterpret_cast<X *>(fg_smem);
-  __shared__ float ss_part[kWarps];
+ * written. n[q]: the rows, nv[q]: row n[q] exists (the last task of an odd N has one). */
+template <int R, int PAIRS>
+__device__ __forceinline__ void task_rows(int64_t t, int64_t tasks, int64_t N, int64_t half,
+                                          int64_t (&n)[R], bool (&nv)[R]) {
+  if (PAIRS == kRows) {
+#pragma unroll
+    for (int q = 0; q < R; q++) n[q] = t * R + q, nv[q] = t < tasks && n[q] < N;
+  } else if (PAIRS == kGlu) {
+    n[0] = t;
+    n[R - 1] = t + half;
+    nv[0] = nv[R - 1] = t < tasks;
+  } else {
+    const int64_t head = t / half, j = t - head * half;
+    n[0] = head * 2 * half + j;
+    n[R - 1] = n[0] + half;
+    nv[0] = nv[R - 1] = t < tasks;
+  }
+}
+
+/* kRope: the step's one token's position (position length - 1 of sequence 0 of the page
+ * table) and the cos / sin of task t's pair at it (q and k heads; v heads: not rotated) */
+__device__ __forceinline__ int64_t token_pos(const ote_fused_gemv_args &a) {
+  const int32_t lo = a.indptr[0], hi = a.indptr[1];
+  return (int64_t)(hi - lo - 1) * a.block_size + a.last_page_len[0] - 1;
+}
+__device__ __forceinline__ void task_angle(const ote_fused_gemv_args &a, int64_t t, int64_t half,
+                                           float *c, float *sn) {
+  const int64_t head = t / half, j = t - head * half;
+  *c = 1.0f, *sn = 0.0f;
+  if (head < a.hq + a.hkv) {
+    rope_p rp = {a.theta, a.l3_factor, a.l3_low, a.l3_high, a.l3_orig, 2 * half,
+                 (int64_t)ot::kRopeMaxHalfByValue + 1, nullptr};
+    ot::rope_cos_sin(rp, token_pos(a), j, c, sn);
+  }
+}
+
+/* The input row of the product formed once per block into shared memory (K elements: 128
+ * threads, V at a time; block 0 also stores the NORM residual sum), one barrier (with the
+ * NORM sum of squares' partials); returns the NORM scale rsqrt(mean(h^2) + eps), else 1. */
+template <typename T, int MODE>
+__device__ __forceinline__ float form_row(const ote_fused_gemv_args &a,
+                                          typename xs_elem<T, MODE>::type *xs, float *ss_part,
+                                          int lane, int warp) {
   constexpr int V = vec_width<T>::value;
-  constexpr int UR = kUnroll / R; /* vectors in flight per row */
-  constexpr int64_t step = 32 * V;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t K = a.K, N = a.N;
-  const int64_t half = PAIRS == kRope ? a.head_dim / 2 : PAIRS == kGlu ? N / 2 : 1;
-  const int64_t tasks = PAIRS != kRows ? N / 2 : (N + R - 1) / R;
-  const int64_t warps = (int64_t)gridDim.x * kWarps;
-  const T *__restrict__ W = static_cast<const T *>(a.w);
-  const T *__restrict__ bias = static_cast<const T *>(a.bias);
-  T *__restrict__ y = static_cast<T *>(a.y);
-
-  int64_t task = (int64_t)blockIdx.x * kWarps + warp;
-  int64_t n[R];
-  bool nv[R]; /* row n[q] exists (the last task of an odd N has one) */
-  auto rows_of = [&](int64_t t) {
-    if (PAIRS == kRows) {
-#pragma unroll
-      for (int q = 0; q < R; q++) n[q] = t * R + q, nv[q] = t < tasks && n[q] < N;
-    } else if (PAIRS == kGlu) {
-      n[0] = t;
-      n[R - 1] = t + half;
-      nv[0] = nv[R - 1] = t < tasks;
-    } else {
-      const int64_t head = t / half, j = t - head * half;
-      n[0] = head * 2 * half + j;
-      n[R - 1] = n[0] + half;
-      nv[0] = nv[R - 1] = t < tasks;
-    }
-  };
-  raw16 wv[R][UR];
-  auto load_w = [&](int64_t k0) {
-#pragma unroll
-    for (int u = 0; u < UR; u++)
-#pragma unroll
-      for (int q = 0; q < R; q++)
-        ot::load_raw<T, true, true>(wv[q][u], W + n[q] * K, k0 + u * step, K,
-                                    nv[q] && k0 + u * step < K);
-  };
-  rows_of(task);
-  load_w((int64_t)lane * V); /* the first weight vectors: before the wait */
-  ot_pdl_wait(); /* the previous kernel's outputs (delta, res, gate_up) are ours now */
-
-  /* the input row, once per block (block 0 also stores the residual sum) */
+  const int64_t K = a.K;
   float ss = 0.0f;
   for (int64_t k = (int64_t)threadIdx.x * V; k < K; k += kWarps * 32 * V) {
     float xf[V];
@@ -213,92 +204,99 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
     for (int i = 0; i < kWarps; i++) t += ss_part[i];
     scale = rsqrtf(t / (float)K + a.eps);
   }
+  return scale;
+}
 
-  float best = 0.0f;
-  int64_t best_n = -1;
-  bool first = true;
-  for (; task < tasks; task += warps) {
-    if (!first) rows_of(task);
-    float acc[R];
+/* acc[q] += W vectors w[q][0 .. U) . x at k0 + u * 32 V (x from shared memory) */
+template <typename T, int MODE, int R, int U>
+__device__ __forceinline__ void dot_vectors(const typename xs_elem<T, MODE>::type *xs,
+                                            const raw16 (&w)[R][U], int64_t k0, int64_t K,
+                                            float (&acc)[R]) {
+  constexpr int V = vec_width<T>::value;
+  constexpr int64_t step = 32 * V;
 #pragma unroll
-    for (int q = 0; q < R; q++) acc[q] = 0.0f;
-    for (int64_t k0 = (int64_t)lane * V; k0 < K; k0 += step * UR) {
-      if (!first) load_w(k0);
-      first = false;
-#pragma unroll
-      for (int u = 0; u < UR; u++) {
-        const int64_t k = k0 + u * step;
-        if (k >= K) continue;
-        float xf[V];
-        if (MODE == kNorm) {
-          const float4 x0 = reinterpret_cast<const float4 *>(xs + k)[0];
-          const float4 x1 = reinterpret_cast<const float4 *>(xs + k)[1];
-          xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
-          xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
-        } else {
-          raw16 r;
-          r.u = *reinterpret_cast<const uint4 *>(xs + k);
-          unpack<T>(xf, r);
-        }
-#pragma unroll
-        for (int q = 0; q < R; q++) {
-          float wf[V];
-          unpack<T>(wf, wv[q][u]);
-#pragma unroll
-          for (int i = 0; i < V; i++) acc[q] = fmaf(wf[i], xf[i], acc[q]);
-        }
-      }
+  for (int u = 0; u < U; u++) {
+    const int64_t k = k0 + u * step;
+    if (k >= K) continue;
+    float xf[V];
+    if (MODE == kNorm) {
+      const float4 x0 = reinterpret_cast<const float4 *>(xs + k)[0];
+      const float4 x1 = reinterpret_cast<const float4 *>(xs + k)[1];
+      xf[0] = x0.x, xf[1] = x0.y, xf[2] = x0.z, xf[3] = x0.w;
+      xf[4] = x1.x, xf[5] = x1.y, xf[6] = x1.z, xf[7] = x1.w;
+    } else {
+      raw16 r;
+      r.u = *reinterpret_cast<const uint4 *>(xs + k);
+      unpack<T>(xf, r);
     }
-    first = false;
-    if (task + warps >= tasks) ot_pdl_launch_dependents(); /* this warp's last loads are issued */
-    float v[R];
 #pragma unroll
     for (int q = 0; q < R; q++) {
-      v[q] = warp_sum(acc[q]) * scale;
-      if (bias && nv[q]) v[q] += to_f32(bias[n[q]]); /* nv: an odd N's last pair */
-      v[q] = to_f32(from_f32<T>(v[q])); /* the projection's output, as stored */
-    }
-    if (PAIRS == kGlu) {
-      if (lane == 0)
-        static_cast<T *>(a.glu_out)[task] = from_f32<T>(silu_fast(v[0]) * v[R - 1]);
-    } else if (PAIRS == kRows) {
+      float wf[V];
+      unpack<T>(wf, w[q][u]);
 #pragma unroll
-      for (int q = 0; q < R; q++) {
-        if (!nv[q]) continue;
-        if (lane == 0) y[n[q]] = from_f32<T>(v[q]);
-        if (a.argmax_out && !isnan(v[q]) && (best_n < 0 || v[q] > best)) best = v[q], best_n = n[q];
-      }
-    } else if (lane == 0) {
-      /* the step's one token: position t = length - 1 of sequence 0 of the page table */
-      const int32_t lo = a.indptr[0], hi = a.indptr[1];
-      const int64_t t = (int64_t)(hi - lo - 1) * a.block_size + a.last_page_len[0] - 1;
-      const int64_t head = task / half, j = task - head * half;
-      float o0 = v[0], o1 = v[R - 1];
-      if (head < a.hq + a.hkv) {
-        rope_p rp = {a.theta, a.l3_factor, a.l3_low, a.l3_high, a.l3_orig, 2 * half,
-                     (int64_t)ot::kRopeMaxHalfByValue + 1, nullptr};
-        float c, sn;
-        ot::rope_cos_sin(rp, t, j, &c, &sn);
-        ot::rope_rotate(v[0], v[R - 1], c, sn, &o0, &o1);
-      }
-      if (head < a.hq) { /* q, in place */
-        y[n[0]] = from_f32<T>(o0);
-        y[n[R - 1]] = from_f32<T>(o1);
-      } else {
-        const bool is_k = head < a.hq + a.hkv;
-        const int64_t h = is_k ? head - a.hq : head - a.hq - a.hkv;
-        const int64_t page = a.indices[lo + t / a.block_size];
-        T *dst = static_cast<T *>(is_k ? a.k_pages : a.v_pages) +
-                 ((page * a.hkv + h) * a.block_size + t % a.block_size) * 2 * half;
-        dst[j] = from_f32<T>(o0);
-        dst[j + half] = from_f32<T>(o1);
-      }
+      for (int i = 0; i < V; i++) acc[q] = fmaf(wf[i], xf[i], acc[q]);
     }
   }
-  if (!a.argmax_out) return;
-  /* the block's best (lanes of a warp agree), then the grid's through one 64-bit atomicMax
-   * (skipped when the global key is already higher: few blocks ever raise it); the last
-   * block to finish writes the index and clears the key and the counter for the next step */
+}
+
+/* A task's outputs from its warp's partial dot products acc (PAIRS above): the warp sum
+ * times scale, the bias, rounded to T, then written (y / glu_out / the page slots) by lane
+ * 0; kRows with argmax: the lane's running best. kRope: angles c, sn of the task's pair
+ * (task_angle) when have_angle, else computed here (lane 0). */
+template <typename T, int R, int PAIRS>
+__device__ __forceinline__ void task_out(const ote_fused_gemv_args &a, int64_t task,
+                                         int64_t half, const int64_t (&n)[R], const bool (&nv)[R],
+                                         const float (&acc)[R], float scale, bool have_angle,
+                                         float c, float sn, int lane, float *best,
+                                         int64_t *best_n) {
+  const T *__restrict__ bias = static_cast<const T *>(a.bias);
+  T *__restrict__ y = static_cast<T *>(a.y);
+  float v[R];
+#pragma unroll
+  for (int q = 0; q < R; q++) {
+    v[q] = warp_sum(acc[q]) * scale;
+    if (bias && nv[q]) v[q] += to_f32(bias[n[q]]); /* nv: an odd N's last pair */
+    v[q] = to_f32(from_f32<T>(v[q])); /* the projection's output, as stored */
+  }
+  if (PAIRS == kGlu) {
+    if (lane == 0) static_cast<T *>(a.glu_out)[task] = from_f32<T>(silu_fast(v[0]) * v[R - 1]);
+  } else if (PAIRS == kRows) {
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+      if (!nv[q]) continue;
+      if (lane == 0) y[n[q]] = from_f32<T>(v[q]);
+      if (a.argmax_out && !isnan(v[q]) && (*best_n < 0 || v[q] > *best))
+        *best = v[q], *best_n = n[q];
+    }
+  } else if (lane == 0) {
+    const int64_t t = token_pos(a);
+    const int64_t head = task / half, j = task - head * half;
+    float o0 = v[0], o1 = v[R - 1];
+    if (head < a.hq + a.hkv) {
+      if (!have_angle) task_angle(a, task, half, &c, &sn);
+      ot::rope_rotate(v[0], v[R - 1], c, sn, &o0, &o1);
+    }
+    if (head < a.hq) { /* q, in place */
+      y[n[0]] = from_f32<T>(o0);
+      y[n[R - 1]] = from_f32<T>(o1);
+    } else {
+      const bool is_k = head < a.hq + a.hkv;
+      const int64_t h = is_k ? head - a.hq : head - a.hq - a.hkv;
+      const int64_t page = a.indices[a.indptr[0] + t / a.block_size];
+      T *dst = static_cast<T *>(is_k ? a.k_pages : a.v_pages) +
+               ((page * a.hkv + h) * a.block_size + t % a.block_size) * 2 * half;
+      dst[j] = from_f32<T>(o0);
+      dst[j + half] = from_f32<T>(o1);
+    }
+  }
+}
+
+/* With argmax_out: the block's best (lanes of a warp agree), then the grid's through one
+ * 64-bit atomicMax (skipped when the global key is already higher: few blocks ever raise
+ * it); the last block to finish writes the index and clears the key and the counter for
+ * the next step. */
+__device__ __forceinline__ void grid_argmax(const ote_fused_gemv_args &a, float best,
+                                            int64_t best_n, int lane, int warp) {
   __shared__ unsigned long long bk[kWarps];
   __shared__ bool last;
   if (lane == 0) bk[warp] = best_n >= 0 ? argmax_key(best, best_n) : 0ull;
@@ -317,86 +315,189 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
     const unsigned long long k = atomicExch(a.argmax_key, 0ull);
     *a.argmax_count = 0u;
     const unsigned int lo = 0xffffffffu - (unsigned int)(k & 0xffffffffull);
-    *a.argmax_out = k == 0 || lo >= (unsigned int)N ? 0 : (int32_t)lo;
+    *a.argmax_out = k == 0 || lo >= (unsigned int)a.N ? 0 : (int32_t)lo;
   }
 }
 
-/* Blocks of f per SM with smem bytes of dynamic shared memory (cached for the last size
- * asked: one engine's shapes ask one size per kernel) */
+template <int R, int PAIRS>
+__device__ __forceinline__ int64_t task_half(const ote_fused_gemv_args &a) {
+  return PAIRS == kRope ? a.head_dim / 2 : PAIRS == kGlu ? a.N / 2 : 1;
+}
+template <int R, int PAIRS>
+__device__ __forceinline__ int64_t task_count(const ote_fused_gemv_args &a) {
+  return PAIRS != kRows ? a.N / 2 : (a.N + R - 1) / R;
+}
+
+/* The kernel. Each block forms the input row once, into shared memory, after its warps
+ * have issued their first weight vectors and passed the PDL wait; then its warps take
+ * tasks (grid-stride), each task's K in rounds of kUnroll / R vectors a row: the round's
+ * loads, then its products. EARLY (kRope): a task's RoPE angles computed by every lane at
+ * the task's start, under its loads, instead of by lane 0 after the products. */
+template <typename T, int MODE, int R, int PAIRS, bool EARLY>
+__global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_gemv_args a) {
+  typedef typename xs_elem<T, MODE>::type X;
+  extern __shared__ __align__(16) unsigned char fg_smem[];
+  X *xs = reinterpret_cast<X *>(fg_smem);
+  __shared__ float ss_part[kWarps];
+  constexpr int V = vec_width<T>::value;
+  constexpr int UR = kUnroll / R; /* vectors in flight per row */
+  constexpr int64_t step = 32 * V;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t K = a.K, N = a.N;
+  const int64_t half = task_half<R, PAIRS>(a), tasks = task_count<R, PAIRS>(a);
+  const int64_t warps = (int64_t)gridDim.x * kWarps;
+  const T *__restrict__ W = static_cast<const T *>(a.w);
+
+  int64_t task = (int64_t)blockIdx.x * kWarps + warp;
+  int64_t n[R];
+  bool nv[R];
+  raw16 wv[R][UR];
+  auto load_w = [&](int64_t k0) {
+#pragma unroll
+    for (int u = 0; u < UR; u++)
+#pragma unroll
+      for (int q = 0; q < R; q++)
+        ot::load_raw<T, true, true>(wv[q][u], W + n[q] * K, k0 + u * step, K,
+                                    nv[q] && k0 + u * step < K);
+  };
+  task_rows<R, PAIRS>(task, tasks, N, half, n, nv);
+  load_w((int64_t)lane * V); /* the first weight vectors: before the wait */
+  ot_pdl_wait(); /* the previous kernel's outputs (delta, res, gate_up) are ours now */
+  const float scale = form_row<T, MODE>(a, xs, ss_part, lane, warp);
+
+  float best = 0.0f;
+  int64_t best_n = -1;
+  bool first = true;
+  for (; task < tasks; task += warps) {
+    if (!first) task_rows<R, PAIRS>(task, tasks, N, half, n, nv);
+    float c = 1.0f, sn = 0.0f;
+    if (EARLY && PAIRS == kRope) task_angle(a, task, half, &c, &sn);
+    float acc[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) acc[q] = 0.0f;
+    for (int64_t k0 = (int64_t)lane * V; k0 < K; k0 += step * UR) {
+      if (!first) load_w(k0);
+      first = false;
+      dot_vectors<T, MODE, R, UR>(xs, wv, k0, K, acc);
+    }
+    first = false;
+    if (task + warps >= tasks) ot_pdl_launch_dependents(); /* this warp's last loads are issued */
+    task_out<T, R, PAIRS>(a, task, half, n, nv, acc, scale, EARLY, c, sn, lane, &best, &best_n);
+  }
+  if (a.argmax_out) grid_argmax(a, best, best_n, lane, warp);
+}
+
+/* A per-device answer (the first 16 devices; beyond them asked each time): slot[dev] when
+ * set (non-zero), else compute() -- never 0 -- stored there. Host threads may ask at once:
+ * each stores the same answer (relaxed atomics). */
 template <typename F>
-int resident_blocks(F *f, size_t smem, size_t *cached_smem, int *cache) {
-  if (*cache && *cached_smem == smem) return *cache;
+long long per_device(std::atomic<long long> *slot, int dev, F compute) {
+  const bool ok = dev >= 0 && dev < 16;
+  if (ok) {
+    const long long c = slot[dev].load(std::memory_order_relaxed);
+    if (c != 0) return c;
+  }
+  const long long v = compute();
+  if (ok) slot[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
+
+int sm_count(int dev) {
+  static std::atomic<long long> cache[16] = {};
+  return (int)per_device(cache, dev, [dev]() {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      v = 1;
+    }
+    return (long long)(v < 1 ? 1 : v);
+  });
+}
+
+/* Whether f may be launched as a programmatic dependent on device dev: a 9.0+ GPU running
+ * f's sm_90+ code (older code has no griddepcontrol.wait and would read its inputs too
+ * early). Once per kernel and device: cache is f's. */
+template <typename F>
+bool pdl_ok(F *f, int dev, std::atomic<long long> *cache) {
+  return per_device(cache, dev, [f, dev]() {
+           int major = 0;
+           bool ok = false;
+           cudaFuncAttributes fa;
+           if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+                   cudaSuccess &&
+               major >= 9 && cudaFuncGetAttributes(&fa, f) == cudaSuccess)
+             ok = fa.ptxVersion >= 90;
+           (void)cudaGetLastError();
+           return ok ? 1ll : -1ll;
+         }) > 0;
+}
+
+/* Blocks of f per SM with smem bytes of dynamic shared memory, per device and size: the
+ * cache holds (smem << 8 | blocks) for the last size asked (one engine's shapes ask one
+ * size per kernel; another size is asked again) */
+template <typename F>
+int resident_blocks(F *f, size_t smem, int dev, std::atomic<long long> *cache) {
+  if (dev >= 0 && dev < 16) {
+    const long long c = cache[dev].load(std::memory_order_relaxed);
+    if (c != 0 && (size_t)(c >> 8) == smem) return (int)(c & 255);
+  }
   int b = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, f, kWarps * 32, smem) != cudaSuccess) {
     (void)cudaGetLastError();
     b = 1;
   }
-  *cache = b < 1 ? 1 : b;
-  *cached_smem = smem;
-  return *cache;
+  b = b < 1 ? 1 : b > 255 ? 255 : b;
+  if (dev >= 0 && dev < 16) cache[dev].store((long long)smem << 8 | b, std::memory_order_relaxed);
+  return b;
 }
 
-/* Whether f may be launched as a programmatic dependent: a 9.0+ GPU running f's sm_90+
- * code (older code has no griddepcontrol.wait and would read its inputs too early). */
+/* f's dynamic shared memory limit raised to smem on device dev when beyond the default 48
+ * KB (once per device and size reached: the attribute is the device's) */
 template <typename F>
-bool pdl_ok(F *f, int *cache) {
-  if (*cache) return *cache > 0;
-  int dev = 0, major = 0;
-  bool ok = false;
-  cudaFuncAttributes fa;
-  if (cudaGetDevice(&dev) == cudaSuccess &&
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-      major >= 9 && cudaFuncGetAttributes(&fa, f) == cudaSuccess)
-    ok = fa.ptxVersion >= 90;
-  (void)cudaGetLastError();
-  *cache = ok ? 1 : -1;
-  return ok;
+cudaError_t smem_opt_in(F *f, size_t smem, int dev, std::atomic<long long> *cache) {
+  if (smem <= (48u << 10)) return cudaSuccess;
+  const bool ok = dev >= 0 && dev < 16;
+  if (ok && (size_t)cache[dev].load(std::memory_order_relaxed) >= smem) return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return e;
+  if (ok) cache[dev].store((long long)smem, std::memory_order_relaxed);
+  return cudaSuccess;
 }
 
-int sm_count(void) {
-  static int n = 0;
-  if (!n) {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      v = 1;
-    }
-    n = v;
-  }
-  return n;
-}
-
-template <typename T, int MODE, int R, int PAIRS>
+template <typename T, int MODE, int R, int PAIRS, bool EARLY = false>
 cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
-  static int occ = 0, pdl_cache = 0;
-  static size_t occ_smem = 0, smem_set = 48 << 10;
-  auto f = fused_gemv_kernel<T, MODE, R, PAIRS>;
-  const size_t smem = (size_t)a.K * sizeof(typename xs_elem<T, MODE>::type);
-  if (smem > smem_set) { /* beyond the default 48 KB: opt in (once per size reached) */
-    cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    smem_set = smem;
+  static std::atomic<long long> occ[16] = {}, pdl_cache[16] = {}, smem_set[16] = {};
+  auto f = fused_gemv_kernel<T, MODE, R, PAIRS, EARLY>;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    dev = -1; /* nothing cached */
   }
+  const size_t smem = (size_t)a.K * sizeof(typename xs_elem<T, MODE>::type);
+  cudaError_t e = smem_opt_in(f, smem, dev, smem_set);
+  if (e != cudaSuccess) return e;
   /* blocks: one task per warp, except (linear.cu's gemv_balance) two when that makes one
    * wave of two, and at most max_waves waves of the blocks the GPU holds at once (each
    * block forms the input row once: fewer blocks form it fewer times), the warps then
    * taking tasks grid-stride */
-  const int64_t wave = (int64_t)resident_blocks(f, smem, &occ_smem, &occ) * sm_count();
+  const int64_t wave = (int64_t)resident_blocks(f, smem, dev, occ) * sm_count(dev < 0 ? 0 : dev);
   const int64_t tasks = PAIRS != kRows ? a.N / 2 : (a.N + R - 1) / R;
   int64_t blocks = (tasks + kWarps - 1) / kWarps;
   if (blocks > wave && blocks <= 2 * wave) blocks = (tasks + 2 * kWarps - 1) / (2 * kWarps);
   if (a.max_waves > 0 && blocks > a.max_waves * wave) blocks = a.max_waves * wave;
+  if (a.max_blocks > 0 && blocks > a.max_blocks) blocks = a.max_blocks;
   if (blocks > 0x7fffffffll) return cudaErrorInvalidValue;
-  return ot_launch_pdl_smem(pdl && pdl_ok(f, &pdl_cache), f, dim3((unsigned)blocks),
+  return ot_launch_pdl_smem(pdl && pdl_ok(f, dev, pdl_cache), f, dim3((unsigned)blocks),
                             dim3(kWarps * 32), smem, st, a);
 }
 
 template <typename T>
-cudaError_t launch_any(const ote_fused_gemv_args &a, int swiglu, cudaStream_t st, bool pdl) {
-  if (a.rope) return launch<T, kNorm, 2, kRope>(a, st, pdl);
+cudaError_t launch_any(const ote_fused_gemv_args &a, int mode, cudaStream_t st, bool pdl) {
+  if (a.rope)
+    return a.early_angles ? launch<T, kNorm, 2, kRope, true>(a, st, pdl)
+                          : launch<T, kNorm, 2, kRope>(a, st, pdl);
   if (a.glu_out) return launch<T, kNorm, 2, kGlu>(a, st, pdl);
-  if (swiglu)
+  if (mode == kSwiglu)
     return a.pair_rows ? launch<T, kSwiglu, 2, kRows>(a, st, pdl)
                        : launch<T, kSwiglu, 1, kRows>(a, st, pdl);
   return a.pair_rows ? launch<T, kNorm, 2, kRows>(a, st, pdl)
@@ -405,14 +506,16 @@ cudaError_t launch_any(const ote_fused_gemv_args &a, int swiglu, cudaStream_t st
 
 } /* namespace */
 
-extern "C" int ote_cuda_fused_gemv(const ote_fused_gemv_args *a, int dtype_code, int swiglu,
+extern "C" int ote_cuda_fused_gemv(const ote_fused_gemv_args *a, int dtype_code, int mode,
                                    int pdl, void *stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (a->N <= 0) return 0;
-  if (a->rope && (swiglu || a->argmax_out || a->glu_out || a->head_dim % 2 ||
+  if (mode != kNorm && mode != kSwiglu) return (int)cudaErrorInvalidValue;
+  if (a->rope && (mode != kNorm || a->argmax_out || a->glu_out || a->head_dim % 2 ||
                   a->N != (int64_t)(a->hq + 2 * a->hkv) * a->head_dim))
     return (int)cudaErrorInvalidValue;
-  if (a->glu_out && (swiglu || a->argmax_out || a->N % 2)) return (int)cudaErrorInvalidValue;
-  if (dtype_code == 4 /* kDLBfloat */) return (int)launch_any<__nv_bfloat16>(*a, swiglu, st, pdl);
-  return (int)launch_any<__half>(*a, swiglu, st, pdl);
+  if (a->glu_out && (mode != kNorm || a->argmax_out || a->N % 2)) return (int)cudaErrorInvalidValue;
+  if (a->argmax_out && mode != kNorm) return (int)cudaErrorInvalidValue;
+  if (dtype_code == 4 /* kDLBfloat */) return (int)launch_any<__nv_bfloat16>(*a, mode, st, pdl);
+  return (int)launch_any<__half>(*a, mode, st, pdl);
 }

@@ -10,10 +10,11 @@ extern "C" {
 #endif
 
 /* y [N] = x W^T (+ bias) for one row, W [N, K] row-major, every pointer 16-byte aligned
- * and K a multiple of 8 (bf16 / fp16 only), with x formed in the kernel:
- *   norm (swiglu 0): h = res (+ delta), x = rmsnorm(h) * gamma (eps); res_out (may be
+ * and K a multiple of 8 (bf16 / fp16 only), with x formed in the kernel (the mode argument
+ * of ote_cuda_fused_gemv):
+ *   norm (mode 0): h = res (+ delta), x = rmsnorm(h) * gamma (eps); res_out (may be
  *     NULL) receives h rounded to the dtype; res_out must not alias delta or res.
- *   swiglu 1: x = silu(gate_up[0, K)) * gate_up[K, 2K), rounded to the dtype.
+ *   swiglu (mode 1): x = silu(gate_up[0, K)) * gate_up[K, 2K), rounded to the dtype.
  * argmax_out (norm only, may be NULL): the index of y's largest value (ties: the lowest;
  * NaN never chosen; 0 when none), through argmax_key / argmax_count, which must be zero
  * before the first call and are left zero by each call. */
@@ -33,6 +34,7 @@ typedef struct ote_fused_gemv_args {
    * ot_glu_forward of the unfused step) */
   void *glu_out;
   int max_waves; /* > 0: at most this many waves of blocks (the warps loop over tasks) */
+  int max_blocks; /* > 0: at most this many blocks (a test's many tasks a warp) */
   int32_t *argmax_out;
   unsigned long long *argmax_key;
   unsigned int *argmax_count;
@@ -43,6 +45,8 @@ typedef struct ote_fused_gemv_args {
    * sequence 0 of the page table (indptr, indices, last_page_len; block_size tokens a page,
    * pages [num_pages, hkv, block_size, head_dim]) */
   int rope;
+  int early_angles; /* rope: each task's angles computed at its start (all lanes, under the
+                     * weight loads), not after its products by lane 0 */
   int hq, hkv, head_dim, block_size;
   void *k_pages, *v_pages;
   const int32_t *indptr, *indices, *last_page_len;

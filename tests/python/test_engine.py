@@ -280,16 +280,31 @@ FUSED_CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16"])
-@pytest.mark.parametrize("case", list(FUSED_CASES))
-def test_cuda_fused_decode_matches_unfused(tmp_path, case, dtype):
-    """One sequence on CUDA (batch-1 decode: the fused qkv + RoPE + KV append, gate_up +
-    SwiGLU and lm_head + argmax kernels of fused_kernels.cu) against the same engine with
-    OTE_FUSED_*=0 (the library's ops): logits close while the greedy tokens agree, a parting
-    only at a near-tie; the device argmax's tokens (graph replays, and eager steps) equal the
-    host argmax of the fused logits."""
-    _need_cuda_ot_run()
-    model = make_model(**FUSED_CASES[case])
+# the fused kernels' forms (engine.c fuse_mode): the default, and the qkv kernel's RoPE
+# angles at each task's start with few blocks (OTE_FUSED_BLOCKS=3: each warp takes many
+# tasks, the grid-stride loop's later tasks)
+FUSED_FORMS = {"default": {},
+               "early_rope_3_blocks": {"OTE_FUSED_EARLY_ROPE": "1", "OTE_FUSED_BLOCKS": "3"}}
+
+
+def fused_model(**shape):
+    """make_model(**shape), with a tied embedding scaled by 1 / sqrt(hidden): the tied
+    lm_head is the embedding, whose std-1 init gives logits of several hundred (max |logit|
+    735 in float32 HF at hidden 1152, where the bf16 engine on the CPU is 2.2 off HF32), so
+    no fixed tolerance would be the dtype's; scaled, the logits are O(1), as init_weights
+    means them to be."""
+    model = make_model(**shape)
+    if shape.get("tie"):
+        with torch.no_grad():
+            model.get_input_embeddings().weight.mul_(model.config.hidden_size ** -0.5)
+    return model
+
+
+def _fused_runner(tmp_path, case, dtype):
+    """a tiny model of FUSED_CASES[case] saved in dtype, and run(env_over, *extra, dump):
+    ot-run decoding one sequence on CUDA with only env_over's OTE_FUSED_* set ->
+    (tokens, float32 logits [NEW_TOKENS, V] when dump)"""
+    model = fused_model(**FUSED_CASES[case])
     model = model.to(torch.bfloat16) if dtype == "bf16" else model.half()
     model.save_pretrained(tmp_path / "m", safe_serialization=True)
     V = model.config.vocab_size
@@ -314,11 +329,26 @@ def test_cuda_fused_decode_matches_unfused(tmp_path, case, dtype):
             assert np.isfinite(logits).all()
         return toks[0], logits
 
-    fused_tok, fused = run({}, dump=tmp_path / "f.bin")
+    return run
+
+
+@pytest.mark.parametrize("form", list(FUSED_FORMS))
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_cuda_fused_decode_matches_unfused(tmp_path, case, dtype, form):
+    """One sequence on CUDA (batch-1 decode: the fused qkv + RoPE + KV append, gate_up +
+    SwiGLU and lm_head + argmax kernels of fused_kernels.cu, in each FUSED_FORMS form)
+    against the same engine with OTE_FUSED_*=0 (the library's ops): logits close while the
+    greedy tokens agree, a parting only at a near-tie; the device argmax's tokens (graph
+    replays, and eager steps) equal the host argmax of the fused logits."""
+    _need_cuda_ot_run()
+    run = _fused_runner(tmp_path, case, dtype)
+    fe = FUSED_FORMS[form]
+    fused_tok, fused = run(fe, dump=tmp_path / "f.bin")
     unf_tok, unf = run(UNFUSED, dump=tmp_path / "u.bin")
     # the device argmax (fused into lm_head): graph replays and eager steps
-    assert run({})[0] == fused_tok, "fused lm_head argmax != host argmax of the fused logits"
-    assert run({}, "--no-cuda-graph")[0] == fused_tok, "eager fused decode != graph replays"
+    assert run(fe)[0] == fused_tok, "fused lm_head argmax != host argmax of the fused logits"
+    assert run(fe, "--no-cuda-graph")[0] == fused_tok, "eager fused decode != graph replays"
     atol, rtol = (0.1, 0.05) if dtype == "bf16" else (0.03, 0.02)
     n = 0
     while n < NEW_TOKENS and fused_tok[n] == unf_tok[n]:
@@ -333,13 +363,31 @@ def test_cuda_fused_decode_matches_unfused(tmp_path, case, dtype):
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("case", list(FUSED_CASES))
-def test_cuda_fused_decode_logits_teacher_forced(tmp_path, case, dtype, monkeypatch):
+def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
+    """The fused kernels with 3 blocks (each warp many tasks: the grid-stride split changes
+    no sum) and the qkv kernel's RoPE angles taken early (the same function of the same
+    values) give the default's logits and tokens bit for bit."""
+    _need_cuda_ot_run()
+    run = _fused_runner(tmp_path, case, dtype)
+    base_tok, base = run({}, dump=tmp_path / "b.bin")
+    for i, env in enumerate(({"OTE_FUSED_EARLY_ROPE": "1"}, {"OTE_FUSED_BLOCKS": "3"},
+                             {"OTE_FUSED_EARLY_ROPE": "1", "OTE_FUSED_BLOCKS": "3"})):
+        tok, lg = run(env, dump=tmp_path / f"p{i}.bin")
+        assert tok == base_tok, f"{env}: tokens differ"
+        assert np.array_equal(lg, base), \
+            f"{env}: logits differ (max {np.abs(lg - base).max()})"
+
+
+@pytest.mark.parametrize("form", list(FUSED_FORMS))
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_cuda_fused_decode_logits_teacher_forced(tmp_path, case, dtype, form, monkeypatch):
     """The same models through the Python engine: the unfused engine (OTE_FUSED_*=0) decodes
     24 greedy steps of one sequence, then a fused engine is fed the same tokens, so every
     step's logits are compared (no parting of the tokens)."""
     _need_cuda_ot_run()
     eng_mod = _engine_module()
-    model = make_model(**FUSED_CASES[case])
+    model = fused_model(**FUSED_CASES[case])
     model = model.to(torch.bfloat16) if dtype == "bf16" else model.half()
     model.save_pretrained(tmp_path / "m", safe_serialization=True)
     steps = 24
@@ -359,7 +407,7 @@ def test_cuda_fused_decode_logits_teacher_forced(tmp_path, case, dtype, monkeypa
         return toks, np.stack(lg)
 
     toks, unf = run(UNFUSED)
-    _, fused = run({}, toks)
+    _, fused = run(FUSED_FORMS[form], toks)
     assert np.isfinite(fused).all()
     atol, rtol = (0.1, 0.05) if dtype == "bf16" else (0.03, 0.02)
     torch.testing.assert_close(torch.from_numpy(fused), torch.from_numpy(unf), atol=atol,
