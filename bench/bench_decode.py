@@ -77,17 +77,17 @@ class Shim:
             raise RuntimeError("ot_paged_attention: " + self.lib.shim_last_error().decode())
 
     def plan(self):
-        """What the last call launched: (kernel name, splits, CTAs, launched with PDL, the
-        splits merged in the split kernel, an early start (paged_kv_ready))."""
+        """What the last call launched: (kernel name, splits, CTAs, launched with PDL, an
+        early start (paged_kv_ready)). Flag 2, round 6's fused split merge (removed), is
+        no longer set."""
         a = (cint * 4)()
         self.lib.shim_paged_last_plan(a)
         return ({1: "split", 2: "stream", 3: "simple"}.get(a[0], "none"), a[1], a[2],
-                bool(a[3] & 1), bool(a[3] & 2), bool(a[3] & 4))
+                bool(a[3] & 1), bool(a[3] & 4))
 
 
 def plan_str(pl):
-    extra = "".join(x for x, on in ((", pdl", pl[3]), (", fused", len(pl) > 4 and pl[4]),
-                                    (", early", len(pl) > 5 and pl[5])) if on)
+    extra = (", pdl" if pl[3] else "") + (", early" if pl[4] else "")
     return f"{pl[0]} x{pl[1]}, {pl[2]} CTAs{extra}"
 
 
