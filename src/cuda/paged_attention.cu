@@ -150,7 +150,7 @@ struct pa_params {
   int64_t chunk1;
   /* the XT kernel (pa_mma_kernel<..., true>) only: the caller's promise that the tables
    * and every key / value but each sequence's last n_b (its query tokens') are complete
-   * before the previous kernel ends (ot_attention_params.paged_kv_ready) */
+   * when the previous kernel may start its dependents (ot_attention_params.paged_kv_ready) */
   int early;
   float *part_o;      /* [splits][tq * hq][d] */
   float *part_lse;    /* [splits][tq * hq] */
@@ -1539,7 +1539,8 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
 #endif
   if (D != 128 || env.debug) p.early = 0;
   const bool xt = p.early != 0;
-  /* not after the OT_DEBUG flag's memset: programmatic dependence is between kernels */
+  /* not after the OT_DEBUG flag's memset: programmatic dependence is between kernels (asked
+   * of the plain instance for both: the XT one is the same file's code, same PTX version) */
   static std::atomic<int> main_pdl[16] = {};
   const bool pdl = env.pdl && !env.debug && ot_pdl_ok(cs, pa_mma_kernel<T, D, S, false>, main_pdl);
   if (xt) {
