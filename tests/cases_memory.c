@@ -1866,6 +1866,10 @@ static void run_memory(test_run *tr) {
     }
   paged_case(tr, &paged_long[0], DT_BF16);
   paged_case(tr, &paged_long[1], DT_BF16);
+  /* paged_kv_ready set: the CPU ignores it (the same setup as on CUDA: the query tokens'
+   * rows stale until the ot_kv_append just before the first call) */
+  paged_ready_case(tr, &paged_cuda_ready[2], DT_BF16);
+  paged_ready_case(tr, &paged_cuda_ready[3], DT_F16);
   paged_bad_args(tr);
   append_cases(tr);
   e2e_case(tr, DT_F32, 16);
