@@ -1113,24 +1113,29 @@ static const pcase paged_cuda_long[] = {
     {"cuda decode B1 ctx 2049 Hq32 Hkv8 D128 bs16 (engine)", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda decode B1 ctx 3000 GQA4 D128 bs16 window 1000", 1, {3000}, {1}, 16, 4, 128, 16, 1, 1000, -1, 0, 0},
 };
-/* batch 1 with an over-provisioned table (as the engine's, sized for max_len; run with
- * 1, 100 and 99 spare entries): 2049 keys in a table of 2080 (bench_engine's: 33 splits of
- * 64 on an H200 since the planner rounds len / 64 up, entries past the sequence read for the
- * last split), 1000 keys in one of 2608 (21 splits planned; the kernel's chunks are 64, so
- * only split 0's guess holds), and pages of 1 key at D 64 (49 splits of 64 since d5a8f15, 25
- * of 128 before; at 3001 keys the last two splits are empty) */
 /* paged_kv_ready (paged_ready_case, the split kernel): the engine's batch 1 (the newest key
  * alone in the last split's first step), a long one (it in the last split's last step,
  * every split's first stages loaded early), 3 speculative tokens per sequence across step
- * boundaries, a sequence without queries beside others, and D 64 (no early start there:
- * the plain kernel) */
+ * boundaries, a sequence without queries beside others, D 64 (no early start there: the
+ * plain kernel); then pages of 256 keys at batch 1 (splits starting inside a page, page
+ * ids loaded with the tables), pages of 1 key with a left window, and GQA 1 (a tile's real
+ * rows: 2 of 16) */
 static const pcase paged_cuda_ready[] = {
     {"cuda decode B1 ctx 2049 Hq32 Hkv8 D128 bs16 (engine)", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda decode B1 ctx 40000 Hq32 Hkv8 D128 bs16", 1, {40000}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda speculative 3 queries GQA4 D128 bs16", 3, {1000, 17, 3}, {3, 3, 3}, 8, 2, 128, 16, 1, -1, -1, 0, 0},
     {"cuda decode B3 GQA4 D128 bs64 one without queries", 3, {700, 130, 64}, {1, 0, 1}, 8, 2, 128, 64, 1, -1, -1, 0, 0},
     {"cuda decode B2 GQA2 D64 bs16", 2, {500, 3}, {1, 1}, 4, 2, 64, 16, 1, -1, -1, 0, 0},
+    {"cuda decode B1 ctx 5000 spec 3 GQA4 D128 bs256", 1, {5000}, {3}, 16, 4, 128, 256, 1, -1, -1, 0, 0},
+    {"cuda decode B2 GQA8 D128 bs1 window 500", 2, {2500, 40}, {1, 1}, 8, 1, 128, 1, 1, 500, -1, 0, 0},
+    {"cuda speculative 2 queries GQA1 D128 bs16", 2, {300, 2}, {2, 2}, 4, 4, 128, 16, 1, -1, -1, 0, 0},
 };
+/* batch 1 with an over-provisioned table (as the engine's, sized for max_len; run with
+ * 1, 100 and 99 spare entries): 2049 keys in a table of 2080 (bench_engine's: 33 splits of
+ * 64 on an H200 since the planner rounds len / 64 up, entries past the sequence read for the
+ * last split), 1000 keys in one of 2608 (21 splits planned; the kernel's chunks are 64, so
+ * only split 0's guess holds), and pages of 1 key at D 64 (49 splits of 64 since d5a8f15, 25
+ * of 128 before; at 3001 keys the last two splits are empty) */
 static const pcase paged_cuda_overprov[] = {
     {"cuda decode B1 ctx 2049 of 2080 Hq32 Hkv8 D128 bs16", 1, {2049}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda decode B1 ctx 1000 of 2608 Hq32 Hkv8 D128 bs16", 1, {1000}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
