@@ -367,6 +367,11 @@ DECODE_VARIANTS = {
     # the qkv kernel's RoPE angles at each task's start (under the loads), not at its end
     "fused_early_rope": {"OTE_FUSED_EARLY_ROPE": "1"},
     "fused_late_rope": {"OTE_FUSED_EARLY_ROPE": "0"},
+    # the fused kernels' first task's next 1 / 3 rounds of weight rows asked into L2 before
+    # the PDL wait
+    "fused_prefetch_1": {"OTE_FUSED_PREFETCH": "1"},
+    "fused_prefetch_3": {"OTE_FUSED_PREFETCH": "3"},
+    "fused_prefetch_1_early_rope": {"OTE_FUSED_PREFETCH": "1", "OTE_FUSED_EARLY_ROPE": "1"},
     "repeat": {},  # the default again, last: the run's drift
 }
 AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]

@@ -597,6 +597,7 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
   a.pair_rows = pair;
   a.max_waves = waves[0];
   a.max_blocks = waves[1];
+  a.prefetch = waves[2];
   a.glu_out = glu_out;
   if (argmax_out) {
     a.argmax_out = argmax_out;
@@ -638,8 +639,9 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   void *res = e->x_res, *res2 = e->last_res;
   const int pair = (fuse & FUSE_PAIR) != 0, early = (fuse & FUSE_EARLY) != 0;
-  /* once a forward, not a call: the blocks' caps (waves, blocks) */
-  const int waves[2] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0)};
+  /* once a forward, not a call: the blocks' caps (waves, blocks) and the L2 prefetch */
+  const int waves[3] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
+                        (int)env_ll("OTE_FUSED_PREFETCH", 0)};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   for (int l = 0; l < c->layers; l++) {
@@ -688,6 +690,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
       a.pair_rows = pair;
       a.max_waves = waves[0];
       a.max_blocks = waves[1];
+      a.prefetch = waves[2];
       OP(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 1), "swiglu + down_proj", l);
     } else if (glu) {
       OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, c->hidden, e->delta, l, "down_proj"));

@@ -328,6 +328,10 @@ __device__ __forceinline__ int64_t task_count(const ote_fused_gemv_args &a) {
   return PAIRS != kRows ? a.N / 2 : (a.N + R - 1) / R;
 }
 
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 /* The kernel. Each block forms the input row once, into shared memory, after its warps
  * have issued their first weight vectors and passed the PDL wait; then its warps take
  * tasks (grid-stride), each task's K in rounds of kUnroll / R vectors a row: the round's
@@ -362,6 +366,16 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
   };
   task_rows<R, PAIRS>(task, tasks, N, half, n, nv);
   load_w((int64_t)lane * V); /* the first weight vectors: before the wait */
+  /* a.prefetch: the next rounds of the first task asked into L2 too (no registers), so
+   * more of the weight stream is in flight while the kernel waits and forms its row */
+  for (int p = 1; p <= a.prefetch; p++)
+#pragma unroll
+    for (int u = 0; u < UR; u++)
+#pragma unroll
+      for (int q = 0; q < R; q++) {
+        const int64_t k = (int64_t)lane * V + (p * UR + u) * step;
+        if (nv[q] && k < K) prefetch_l2(W + n[q] * K + k);
+      }
   ot_pdl_wait(); /* the previous kernel's outputs (delta, res, gate_up) are ours now */
   const float scale = form_row<T, MODE>(a, xs, ss_part, lane, warp);
 

@@ -35,6 +35,8 @@ typedef struct ote_fused_gemv_args {
   void *glu_out;
   int max_waves; /* > 0: at most this many waves of blocks (the warps loop over tasks) */
   int max_blocks; /* > 0: at most this many blocks (a test's many tasks a warp) */
+  int prefetch;   /* > 0: this many more rounds of each warp's first task's weight rows
+                   * asked into L2 before the PDL wait (prefetch.global.L2) */
   int32_t *argmax_out;
   unsigned long long *argmax_key;
   unsigned int *argmax_count;
