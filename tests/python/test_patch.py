@@ -253,6 +253,11 @@ def test_torch_compile_patched_model(ids, calls, device):
     loss1, _, g1 = loss_and_grads(model, ids, call=compiled, use_cache=False)
     if "attention" in expected_calls(device, torch.float32, {"attention": 1}):
         assert calls.get("attention", 0) >= 1      # traced through the library's op
+    # compiled_ops="auto": the library's elementwise ops of COMPILED_OPS_AUTO traced, the
+    # others' torch code
+    want = expected_calls(device, torch.float32, {"rms_norm": 1, "rope": 1, "swiglu": 1})
+    for op in want:
+        assert (calls.get(op, 0) > 0) == (op in ot_patch.COMPILED_OPS_AUTO), (op, calls)
     torch.testing.assert_close(loss1, loss0, rtol=GRAD_RTOL[device], atol=0)
     assert_grads_close(g0, g1, rtol=1e-4)
 
@@ -263,8 +268,9 @@ def test_compiled_ops_choose_library_or_torch_code(ids, calls, device, compiled_
     """patch_model(compiled_ops=...): under torch.compile only the named library ops are
     traced (the others run torch's code, which inductor fuses); HF's loss and gradients
     either way, and eager calls still run every library op. (Every op's torch code runs
-    under "none"; the library's norm and SwiGLU next to torch's RoPE in the second set; all
-    three library ops compiled: test_torch_compile_patched_model.)"""
+    under "none"; the library's norm and SwiGLU next to torch's RoPE in the second set; the
+    default set, COMPILED_OPS_AUTO -- all three library ops today --
+    test_torch_compile_patched_model.)"""
     torch._dynamo.reset()
     model = tiny_llama(device, num_hidden_layers=1)
     ids = ids.to(device)
