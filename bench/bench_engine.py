@@ -372,6 +372,8 @@ DECODE_VARIANTS = {
     "fused_prefetch_1": {"OTE_FUSED_PREFETCH": "1"},
     "fused_prefetch_3": {"OTE_FUSED_PREFETCH": "3"},
     "fused_prefetch_1_early_rope": {"OTE_FUSED_PREFETCH": "1", "OTE_FUSED_EARLY_ROPE": "1"},
+    # the decode attention's early start (ot_attention_params.paged_kv_ready) off
+    "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
     "repeat": {},  # the default again, last: the run's drift
 }
 AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]

@@ -507,6 +507,12 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
          l);
       prof_mark(e, OTE_PROF_ROPE_KV);
     }
+    /* the early start (ot_attention_params.paged_kv_ready): the page table is copied at
+     * the step's start, before layer 0, and no kernel of the step rewrites it; the cached
+     * rows but the new token's were written by earlier steps; and the kernel just before
+     * (the fused qkv, or ot_kv_append, which never signals) starts its dependents only
+     * after its own griddepcontrol.wait. OTE_PAGED_KV_READY=0: off. */
+    ap.paged_kv_ready = env_ll("OTE_PAGED_KV_READY", 1) != 0;
     OP(ot_paged_attention(e->ctx, &ap, &vq.t, &vcu.t, &kv, &vo.t, NULL), "paged attention", l);
     prof_mark(e, OTE_PROF_ATTN);
   }
