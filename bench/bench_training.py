@@ -1070,8 +1070,10 @@ def _case_variants(c):
     return [c["variant"]] if c.get("kind", "step") == "step" else []
 
 
-def _estimate_s(group, quick, compile_mode="model"):
-    """Rough seconds a group needs on the H200 (start-up, model build, compile)."""
+def _estimate_s(group, quick, compile_mode="model", ab_rounds=4, ab_steps=5):
+    """Rough seconds a group needs on the H200 (start-up, model build, compile); an A/B's
+    rounds at --ab-rounds / --ab-steps (0.9 s a variant and round at 0.54 B with 1 + 5
+    steps)."""
     if quick:
         return 20
     s = 15
@@ -1094,7 +1096,9 @@ def _estimate_s(group, quick, compile_mode="model"):
                 else:
                     s += 3 if big else 2
             s += 12 if any(v.startswith("hf") and _compiled(v) for v in c["variants"]) else 0
-            s += len(c["variants"]) * c.get("rounds", 4) * 0.9 * (3 if big else 1)
+            steps = c.get("steps", ab_steps) + 1                   # (+ the lead-in)
+            s += (len(c["variants"]) * c.get("rounds", ab_rounds) * 0.9 * steps / 6
+                  * (3 if big else 1))
         else:
             big = c["cfg"] == "1.5b"
             if _compiled(c["variant"]):
@@ -1448,8 +1452,9 @@ def main(argv=None):
         left = args.budget_s - (time.time() - t_start)
         mode = args.compile_mode
         if mode == "auto":
-            mode = "model" if left >= _estimate_s(group, args.quick, "model") else "layers"
-        need = _estimate_s(group, args.quick, mode)
+            mode = "model" if left >= _estimate_s(group, args.quick, "model", args.ab_rounds,
+                                                  args.ab_steps) else "layers"
+        need = _estimate_s(group, args.quick, mode, args.ab_rounds, args.ab_steps)
         if left < min(need, 0.6 * need + 10):
             print(f"[{time.time() - t_start:5.0f}s] group {gi}: skipped (budget: {left:.0f} s "
                   f"left, ~{need} s needed)", flush=True)
