@@ -212,7 +212,10 @@ if [ "${ENGINE_PYTESTS:-1}" = 1 ]; then
   prc=0
   for p in "${PIDS[@]}"; do wait "$p" || prc=1; done
   SUMMARY+=("pytest test_engine.py -k ${ENGINE_PYTEST_FILTER:-cuda_fused}: $(wc -l <"$OUTD/pytest_ids.txt") tests in ${#PIDS[@]} processes (rc $prc): $(for f in "$OUTD"/pytest_engine_*.log; do tail -1 "$f"; done | tr '\n' ';')")
-  grep -h -E "^(FAILED|ERROR)" "$OUTD"/pytest_engine_*.log | head -20
+  while IFS= read -r l; do SUMMARY+=("  $l"); done < <(grep -h -E "^(FAILED|ERROR)" "$OUTD"/pytest_engine_*.log | head -12)
+  # one log (few files come back from the device)
+  for f in "$OUTD"/pytest_engine_*.log; do echo "=== $f"; cat "$f"; done >"$OUTD/pytest_engine.log"
+  rm -f "$OUTD"/pytest_engine_*.log "$OUTD/pytest_ids.txt"
   stamp "engine pytests done"
 fi
 
@@ -257,3 +260,7 @@ echo "=== summary"
 printf '%s\n' "${SUMMARY[@]}"
 echo "=== engine table (bench/results/engine.json: copy \$OUT/engine.json)"
 cat "$OUTD/engine_table.md" 2>/dev/null || echo "(no table: see bench.txt)"
+# few files come back from the device tool: the logs in one archive beside engine.json,
+# bench.txt and the table
+( cd "$OUTD" && L=$(ls | grep -v -E '^(engine\.json|engine_table\.md|bench\.txt|logs\.tgz)$') &&
+  [ -n "$L" ] && tar czf logs.tgz $L && rm -f $L ) 2>/dev/null || true
