@@ -1488,8 +1488,9 @@ def main(argv=None):
                 got.append(json.loads(line[7:]))
             elif line.strip():
                 print("   " + line[:300])
-        # (--profile's results and an A/B's rows but its last: extra)
-        done = sum(not (r.get("after_case") or r.pop("_extra", False)) for r in got)
+        # (--profile's results and an A/B's rows but its last: extra; the marker is
+        # dropped from every row, an A/B's profiles included)
+        done = sum(not (r.pop("_extra", False) or r.get("after_case")) for r in got)
         for r in got:
             if r.get("kind") == "curve":
                 curve = r
