@@ -364,14 +364,6 @@ DECODE_VARIANTS = {
     "fused_waves_2": {"OTE_FUSED_WAVES": "2"},  # the default's value (2), named
     "fused_waves_all": {"OTE_FUSED_WAVES": "0"},  # no cap: a task per warp
     "fused_waves_1": {"OTE_FUSED_WAVES": "1"},  # one wave of blocks
-    # the qkv kernel's RoPE angles at each task's start (under the loads), not at its end
-    "fused_early_rope": {"OTE_FUSED_EARLY_ROPE": "1"},
-    "fused_late_rope": {"OTE_FUSED_EARLY_ROPE": "0"},
-    # the fused kernels' first task's next 1 / 3 rounds of weight rows asked into L2 before
-    # the PDL wait
-    "fused_prefetch_1": {"OTE_FUSED_PREFETCH": "1"},
-    "fused_prefetch_3": {"OTE_FUSED_PREFETCH": "3"},
-    "fused_prefetch_1_early_rope": {"OTE_FUSED_PREFETCH": "1", "OTE_FUSED_EARLY_ROPE": "1"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
     "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
     "repeat": {},  # the default again, last: the run's drift

@@ -24,8 +24,7 @@
 #                time is not spent compiling (ENGINE_PACK_TESTS=0: without test_ops).
 # ENGINE_LINEAR_TESTS=0: skip step 0's tests and memcheck (the pack's test_ops);
 # ENGINE_MEMCHECK_DECODE=0: no compute-sanitizer memcheck of ot-run's batch-1 decode (the
-# engine's fused kernels, default and early RoPE + prefetch + 3 blocks); ENGINE_PYTESTS=0:
-# no step 2b. Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
+# engine's fused kernels, default grid and 3 blocks); ENGINE_PYTESTS=0: no step 2b. Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
 # arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1;
 # ENGINE_SMI=0 (no nvidia-smi log of clocks / power during the benchmark, $OUT/smi.csv);
 # step 5: ENGINE_OFFLOAD_BIG=0 (skip), ENGINE_OFFLOAD_BUDGET (default 0.6667x),
@@ -182,11 +181,11 @@ if [ "${ENGINE_MEMCHECK_DECODE:-1}" = 1 ] && command -v compute-sanitizer >/dev/
     --device cuda --dtype bf16 --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos \
     >"$OUTD/memcheck_decode_b1.log" 2>&1
   SUMMARY+=("memcheck ot-run batch-1 decode (fused kernels) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1.log" | tail -1)")
-  # the qkv kernel's early RoPE angles, the L2 prefetch, 3 blocks (many tasks a warp)
-  OTE_FUSED_EARLY_ROPE=1 OTE_FUSED_PREFETCH=3 OTE_FUSED_BLOCKS=3 timeout 120 compute-sanitizer --tool memcheck \
+  # 3 blocks (many tasks a warp)
+  OTE_FUSED_BLOCKS=3 timeout 120 compute-sanitizer --tool memcheck \
     --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
     --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_forms.log" 2>&1
-  SUMMARY+=("memcheck ot-run batch-1 decode (early RoPE, prefetch 3, 3 blocks) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_forms.log" | tail -1)")
+  SUMMARY+=("memcheck ot-run batch-1 decode (fused kernels, 3 blocks) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_forms.log" | tail -1)")
 fi
 stamp "ot-run done"
 

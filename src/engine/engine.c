@@ -536,8 +536,7 @@ static ot_status swiglu_down(ote_engine *e, const batch *b, int l, const ote_lay
 
 /* ---- fused one-row linears (batch-1 decode, CUDA; fused_kernels.cu) ------------------- */
 
-enum { FUSE_NORM = 1, FUSE_SWIGLU = 2, FUSE_ROPE = 4, FUSE_PAIR = 8, FUSE_GLU = 16,
-       FUSE_EARLY = 32 };
+enum { FUSE_NORM = 1, FUSE_SWIGLU = 2, FUSE_ROPE = 4, FUSE_PAIR = 8, FUSE_GLU = 16 };
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
@@ -550,9 +549,7 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * (with FUSE_NORM): the SwiGLU into gate_up's epilogue (down_proj then the library's
  * linear); FUSE_SWIGLU (opt-in, instead of FUSE_GLU): the SwiGLU into down_proj;
  * FUSE_PAIR (OTE_FUSED_PAIR=0: off): each warp of the fused kernels takes two adjacent
- * rows of W at a time instead of one; FUSE_EARLY (OTE_FUSED_EARLY_ROPE=1, with
- * FUSE_ROPE): the qkv kernel computes each task's RoPE angles at the task's start.
- * The kernels hold their input row in shared memory, up to 96 KB of it: hidden float32
+ * rows of W at a time instead of one. The kernels hold their input row in shared memory, up to 96 KB of it: hidden float32
  * values for the norm's (every fusion needs those), ffn 16-bit values for down_proj's
  * (FUSE_SWIGLU, dropped when the ffn is too wide). */
 static int fuse_mode(const ote_engine *e, const batch *b) {
@@ -566,8 +563,7 @@ static int fuse_mode(const ote_engine *e, const batch *b) {
           (env_ll("OTE_FUSED_SWIGLU", 0) && !wide_ffn ? FUSE_SWIGLU : 0) |
           (env_ll("OTE_FUSED_GLU", 1) ? FUSE_GLU : 0) |
           (env_ll("OTE_FUSED_ROPE", 1) && c->head_dim % 2 == 0 ? FUSE_ROPE : 0) |
-          (env_ll("OTE_FUSED_PAIR", 1) ? FUSE_PAIR : 0) |
-          (env_ll("OTE_FUSED_EARLY_ROPE", 0) ? FUSE_EARLY : 0);
+          (env_ll("OTE_FUSED_PAIR", 1) ? FUSE_PAIR : 0);
   int ok = aligned16(e->w.final_norm) && aligned16(e->w.lm_head);
   for (int l = 0; ok && l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
@@ -586,8 +582,8 @@ static int fuse_mode(const ote_engine *e, const batch *b) {
 static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void *res,
                                    void *res_out, const void *gamma, const void *w,
                                    const void *bias, int64_t N, void *y, int32_t *argmax_out,
-                                   void *glu_out, int rope_layer, int pair, int early,
-                                   const int *waves, int layer, const char *what) {
+                                   void *glu_out, int rope_layer, int pair, const int *waves,
+                                   int layer, const char *what) {
   ote_fused_gemv_args a;
   memset(&a, 0, sizeof a);
   a.w = w;
@@ -603,7 +599,6 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
   a.pair_rows = pair;
   a.max_waves = waves[0];
   a.max_blocks = waves[1];
-  a.prefetch = waves[2];
   a.glu_out = glu_out;
   if (argmax_out) {
     a.argmax_out = argmax_out;
@@ -616,7 +611,6 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
     ot_paged_kv kv;
     ote_kv_paged(&e->kv, rope_layer, &kv);
     a.rope = 1;
-    a.early_angles = early;
     a.hq = c->heads;
     a.hkv = c->kv_heads;
     a.head_dim = c->head_dim;
@@ -644,10 +638,9 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   const ote_config *c = &e->cfg;
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   void *res = e->x_res, *res2 = e->last_res;
-  const int pair = (fuse & FUSE_PAIR) != 0, early = (fuse & FUSE_EARLY) != 0;
-  /* once a forward, not a call: the blocks' caps (waves, blocks) and the L2 prefetch */
-  const int waves[3] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
-                        (int)env_ll("OTE_FUSED_PREFETCH", 0)};
+  const int pair = (fuse & FUSE_PAIR) != 0;
+  /* once a forward, not a call: the blocks' caps (waves, blocks) */
+  const int waves[2] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0)};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   for (int l = 0; l < c->layers; l++) {
@@ -655,7 +648,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
     if (fuse & FUSE_NORM) {
       OTE_TRY(fused_norm_linear(e, l ? e->delta : NULL, res, l ? res2 : NULL, w->attn_norm,
                                 w->qkv, w->qkv_bias, cols, e->qkv, NULL, NULL,
-                                (fuse & FUSE_ROPE) ? l : -1, pair, early, waves, l,
+                                (fuse & FUSE_ROPE) ? l : -1, pair, waves, l,
                                 "input_layernorm + qkv_proj"));
       if (l) {
         void *t = res;
@@ -672,7 +665,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
     OTE_TRY(attention_block(e, b, l, w, (fuse & FUSE_NORM) && (fuse & FUSE_ROPE)));
     if (fuse & FUSE_NORM) {
       OTE_TRY(fused_norm_linear(e, e->delta, res, res2, w->mlp_norm, w->gate_up, NULL, 2 * F,
-                                e->gate_up, NULL, glu ? e->mlp : NULL, -1, pair, 0, waves, l,
+                                e->gate_up, NULL, glu ? e->mlp : NULL, -1, pair, waves, l,
                                 glu ? "post_attention_layernorm + gate_up_proj + swiglu"
                                     : "post_attention_layernorm + gate_up_proj"));
       void *t = res;
@@ -696,7 +689,6 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
       a.pair_rows = pair;
       a.max_waves = waves[0];
       a.max_blocks = waves[1];
-      a.prefetch = waves[2];
       OP(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 1), "swiglu + down_proj", l);
     } else if (glu) {
       OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, c->hidden, e->delta, l, "down_proj"));
@@ -708,7 +700,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   if (fuse & FUSE_NORM) {
     OTE_TRY(fused_norm_linear(e, e->delta, res, NULL, e->w.final_norm, e->w.lm_head, NULL,
                               c->vocab, e->logits, argmax ? e->argmax_dev : NULL, NULL, -1,
-                              pair, 0, waves, c->layers, "final norm + lm_head"));
+                              pair, waves, c->layers, "final norm + lm_head"));
     prof_mark(e, OTE_PROF_HEAD);
   } else {
     OTE_TRY(rmsnorm(e, e->delta, res, e->w.final_norm, e->last_norm, b->n, c->layers,

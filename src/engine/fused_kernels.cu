@@ -241,14 +241,13 @@ __device__ __forceinline__ void dot_vectors(const typename xs_elem<T, MODE>::typ
 
 /* A task's outputs from its warp's partial dot products acc (PAIRS above): the warp sum
  * times scale, the bias, rounded to T, then written (y / glu_out / the page slots) by lane
- * 0; kRows with argmax: the lane's running best. kRope: angles c, sn of the task's pair
- * (task_angle) when have_angle, else computed here (lane 0). */
+ * 0; kRows with argmax: the lane's running best. kRope: the pair rotated by lane 0 (its
+ * angles from task_angle). */
 template <typename T, int R, int PAIRS>
 __device__ __forceinline__ void task_out(const ote_fused_gemv_args &a, int64_t task,
                                          int64_t half, const int64_t (&n)[R], const bool (&nv)[R],
-                                         const float (&acc)[R], float scale, bool have_angle,
-                                         float c, float sn, int lane, float *best,
-                                         int64_t *best_n) {
+                                         const float (&acc)[R], float scale, int lane,
+                                         float *best, int64_t *best_n) {
   const T *__restrict__ bias = static_cast<const T *>(a.bias);
   T *__restrict__ y = static_cast<T *>(a.y);
   float v[R];
@@ -273,7 +272,8 @@ __device__ __forceinline__ void task_out(const ote_fused_gemv_args &a, int64_t t
     const int64_t head = task / half, j = task - head * half;
     float o0 = v[0], o1 = v[R - 1];
     if (head < a.hq + a.hkv) {
-      if (!have_angle) task_angle(a, task, half, &c, &sn);
+      float c, sn;
+      task_angle(a, task, half, &c, &sn);
       ot::rope_rotate(v[0], v[R - 1], c, sn, &o0, &o1);
     }
     if (head < a.hq) { /* q, in place */
@@ -328,16 +328,11 @@ __device__ __forceinline__ int64_t task_count(const ote_fused_gemv_args &a) {
   return PAIRS != kRows ? a.N / 2 : (a.N + R - 1) / R;
 }
 
-__device__ __forceinline__ void prefetch_l2(const void *p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 /* The kernel. Each block forms the input row once, into shared memory, after its warps
  * have issued their first weight vectors and passed the PDL wait; then its warps take
  * tasks (grid-stride), each task's K in rounds of kUnroll / R vectors a row: the round's
- * loads, then its products. EARLY (kRope): a task's RoPE angles computed by every lane at
- * the task's start, under its loads, instead of by lane 0 after the products. */
-template <typename T, int MODE, int R, int PAIRS, bool EARLY>
+ * loads, then its products. */
+template <typename T, int MODE, int R, int PAIRS>
 __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_gemv_args a) {
   typedef typename xs_elem<T, MODE>::type X;
   extern __shared__ __align__(16) unsigned char fg_smem[];
@@ -366,16 +361,6 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
   };
   task_rows<R, PAIRS>(task, tasks, N, half, n, nv);
   load_w((int64_t)lane * V); /* the first weight vectors: before the wait */
-  /* a.prefetch: the next rounds of the first task asked into L2 too (no registers), so
-   * more of the weight stream is in flight while the kernel waits and forms its row */
-  for (int p = 1; p <= a.prefetch; p++)
-#pragma unroll
-    for (int u = 0; u < UR; u++)
-#pragma unroll
-      for (int q = 0; q < R; q++) {
-        const int64_t k = (int64_t)lane * V + (p * UR + u) * step;
-        if (nv[q] && k < K) prefetch_l2(W + n[q] * K + k);
-      }
   ot_pdl_wait(); /* the previous kernel's outputs (delta, res, gate_up) are ours now */
   const float scale = form_row<T, MODE>(a, xs, ss_part, lane, warp);
 
@@ -384,8 +369,6 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
   bool first = true;
   for (; task < tasks; task += warps) {
     if (!first) task_rows<R, PAIRS>(task, tasks, N, half, n, nv);
-    float c = 1.0f, sn = 0.0f;
-    if (EARLY && PAIRS == kRope) task_angle(a, task, half, &c, &sn);
     float acc[R];
 #pragma unroll
     for (int q = 0; q < R; q++) acc[q] = 0.0f;
@@ -396,7 +379,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
     }
     first = false;
     if (task + warps >= tasks) ot_pdl_launch_dependents(); /* this warp's last loads are issued */
-    task_out<T, R, PAIRS>(a, task, half, n, nv, acc, scale, EARLY, c, sn, lane, &best, &best_n);
+    task_out<T, R, PAIRS>(a, task, half, n, nv, acc, scale, lane, &best, &best_n);
   }
   if (a.argmax_out) grid_argmax(a, best, best_n, lane, warp);
 }
@@ -478,10 +461,10 @@ cudaError_t smem_opt_in(F *f, size_t smem, int dev, std::atomic<long long> *cach
   return cudaSuccess;
 }
 
-template <typename T, int MODE, int R, int PAIRS, bool EARLY = false>
+template <typename T, int MODE, int R, int PAIRS>
 cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
   static std::atomic<long long> occ[16] = {}, pdl_cache[16] = {}, smem_set[16] = {};
-  auto f = fused_gemv_kernel<T, MODE, R, PAIRS, EARLY>;
+  auto f = fused_gemv_kernel<T, MODE, R, PAIRS>;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -507,9 +490,7 @@ cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
 
 template <typename T>
 cudaError_t launch_any(const ote_fused_gemv_args &a, int mode, cudaStream_t st, bool pdl) {
-  if (a.rope)
-    return a.early_angles ? launch<T, kNorm, 2, kRope, true>(a, st, pdl)
-                          : launch<T, kNorm, 2, kRope>(a, st, pdl);
+  if (a.rope) return launch<T, kNorm, 2, kRope>(a, st, pdl);
   if (a.glu_out) return launch<T, kNorm, 2, kGlu>(a, st, pdl);
   if (mode == kSwiglu)
     return a.pair_rows ? launch<T, kSwiglu, 2, kRows>(a, st, pdl)

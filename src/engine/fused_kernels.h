@@ -35,8 +35,6 @@ typedef struct ote_fused_gemv_args {
   void *glu_out;
   int max_waves; /* > 0: at most this many waves of blocks (the warps loop over tasks) */
   int max_blocks; /* > 0: at most this many blocks (a test's many tasks a warp) */
-  int prefetch;   /* > 0: this many more rounds of each warp's first task's weight rows
-                   * asked into L2 before the PDL wait (prefetch.global.L2) */
   int32_t *argmax_out;
   unsigned long long *argmax_key;
   unsigned int *argmax_count;
@@ -47,8 +45,6 @@ typedef struct ote_fused_gemv_args {
    * sequence 0 of the page table (indptr, indices, last_page_len; block_size tokens a page,
    * pages [num_pages, hkv, block_size, head_dim]) */
   int rope;
-  int early_angles; /* rope: each task's angles computed at its start (all lanes, under the
-                     * weight loads), not after its products by lane 0 */
   int hq, hkv, head_dim, block_size;
   void *k_pages, *v_pages;
   const int32_t *indptr, *indices, *last_page_len;

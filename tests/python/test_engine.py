@@ -280,13 +280,9 @@ FUSED_CASES = {
 }
 
 
-# the fused kernels' forms (engine.c fuse_mode): the default, and the qkv kernel's RoPE
-# angles at each task's start with the L2 prefetch and few blocks (OTE_FUSED_BLOCKS=3:
-# each warp takes many tasks, the grid-stride loop's later tasks)
-FUSED_FORMS = {"default": {},
-               "early_rope_prefetch_3_blocks": {"OTE_FUSED_EARLY_ROPE": "1",
-                                                "OTE_FUSED_PREFETCH": "3",
-                                                "OTE_FUSED_BLOCKS": "3"}}
+# the fused kernels' grids (engine.c fused_body): the default, and 3 blocks
+# (OTE_FUSED_BLOCKS=3: each warp takes many tasks, the grid-stride loop's later tasks)
+FUSED_FORMS = {"default": {}, "3_blocks": {"OTE_FUSED_BLOCKS": "3"}}
 
 
 def fused_model(**shape):
@@ -366,15 +362,12 @@ def test_cuda_fused_decode_matches_unfused(tmp_path, case, dtype, form):
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("case", list(FUSED_CASES))
 def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
-    """The fused kernels with 3 blocks (each warp many tasks: the grid-stride split changes
-    no sum), the qkv kernel's RoPE angles taken early (the same function of the same
-    values) and the L2 prefetch give the default's logits and tokens bit for bit."""
+    """The fused kernels with 3 or 1 blocks (each warp many tasks: the grid-stride split
+    changes no sum) give the default's logits and tokens bit for bit."""
     _need_cuda_ot_run()
     run = _fused_runner(tmp_path, case, dtype)
     base_tok, base = run({}, dump=tmp_path / "b.bin")
-    for i, env in enumerate(({"OTE_FUSED_EARLY_ROPE": "1"}, {"OTE_FUSED_BLOCKS": "3"},
-                             {"OTE_FUSED_EARLY_ROPE": "1", "OTE_FUSED_BLOCKS": "3",
-                              "OTE_FUSED_PREFETCH": "3"})):
+    for i, env in enumerate(({"OTE_FUSED_BLOCKS": "3"}, {"OTE_FUSED_BLOCKS": "1"})):
         tok, lg = run(env, dump=tmp_path / f"p{i}.bin")
         assert tok == base_tok, f"{env}: tokens differ"
         assert np.array_equal(lg, base), \
