@@ -355,12 +355,15 @@ static ot_rope_params rope_params(const ote_config *c) {
 }
 
 /* The batch of one forward: n sequences, T tokens, rows cu[i] .. cu[i+1] of sequence i
- * (host); prefill: fresh sequences (cu_dev holds cu); decode: one token each. */
+ * (host); prefill: fresh sequences (cu_dev holds cu); decode: one token each, and
+ * kv_ready: the decode attention's paged_kv_ready (attention_block; OTE_PAGED_KV_READY,
+ * read once a step, not per layer). */
 typedef struct batch {
   int n, T;
   const int *seq;
   const int32_t *cu;
   int prefill;
+  int kv_ready;
 } batch;
 
 /* A non-negative integer from the environment, or def when unset / not a number. */
@@ -511,8 +514,8 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
      * the step's start, before layer 0, and no kernel of the step rewrites it; the cached
      * rows but the new token's were written by earlier steps; and the kernel just before
      * (the fused qkv, or ot_kv_append, which never signals) starts its dependents only
-     * after its own griddepcontrol.wait. OTE_PAGED_KV_READY=0: off. */
-    ap.paged_kv_ready = env_ll("OTE_PAGED_KV_READY", 1) != 0;
+     * after its own griddepcontrol.wait. OTE_PAGED_KV_READY=0: off (b->kv_ready). */
+    ap.paged_kv_ready = b->kv_ready;
     OP(ot_paged_attention(e->ctx, &ap, &vq.t, &vcu.t, &kv, &vo.t, NULL), "paged attention", l);
     prof_mark(e, OTE_PROF_ATTN);
   }
@@ -927,7 +930,7 @@ static ot_status prefill(ote_engine *e, int n, const int *seq, const int32_t *to
   }
   if (st == OT_OK) st = ote_dev_upload_async(&e->dev, e->cu_dev, cu, (size_t)(n + 1) * 4);
   if (st == OT_OK) st = ote_dev_upload_async(&e->dev, e->tokens_dev, tokens, (size_t)T * 4);
-  batch b = {n, T, seq, cu, 1};
+  batch b = {n, T, seq, cu, 1, 0};
   /* OTE_PREFILL_SPIN_NS (diagnostic): the GPU held that long before the forward's first
    * event, so that its GPU time (last_timing) is the ops back to back, not paced by the
    * host's enqueueing; the call's wall time includes the spin */
@@ -971,7 +974,7 @@ static ot_status decode(ote_engine *e, int n, const int *seq, const int32_t *tok
    * (inside the decode graph when one replays) */
   ot_status st = ote_kv_reserve(&e->kv, n, seq, ones);
   if (st == OT_OK) memcpy(e->kv.tok_h, tokens, (size_t)n * 4);
-  batch b = {n, n, seq, NULL, 0};
+  batch b = {n, n, seq, NULL, 0, env_ll("OTE_PAGED_KV_READY", 1) != 0};
   const double t1 = ote_now_ms();
   if (st == OT_OK) st = ote_dev_event_record(&e->dev, e->tm_ev[0]);
   if (st == OT_OK) st = decode_body(e, &b, next != NULL && e->dev.dev.device_type != kDLCPU);
