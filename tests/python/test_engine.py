@@ -255,8 +255,8 @@ def _need_cuda_ot_run():
         _CUDA_PROBE.append(r)
     r = _CUDA_PROBE[0]
     if r.returncode != 0 and any(m in r.stderr for m in (
-            "no CUDA backend", "without the CUDA backend", "no CUDA-capable device",
-            "CUDA driver version")):
+            "no CUDA backend", "without the CUDA backend", "built without CUDA",
+            "no CUDA-capable device", "CUDA driver version")):
         pytest.skip(f"no CUDA ot-run: {r.stderr.strip()[:200]}")
     assert r.returncode == 0, f"ot-run --device cuda failed: {r.stderr}"
 
