@@ -552,9 +552,9 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * (with FUSE_NORM): the SwiGLU into gate_up's epilogue (down_proj then the library's
  * linear); FUSE_SWIGLU (opt-in, instead of FUSE_GLU): the SwiGLU into down_proj;
  * FUSE_PAIR (OTE_FUSED_PAIR=0: off): each warp of the fused kernels takes two adjacent
- * rows of W at a time instead of one. The kernels hold their input row in shared memory, up to 96 KB of it: hidden float32
- * values for the norm's (every fusion needs those), ffn 16-bit values for down_proj's
- * (FUSE_SWIGLU, dropped when the ffn is too wide). */
+ * rows of W at a time instead of one. The kernels hold their input row in shared memory,
+ * up to 96 KB of it: hidden float32 values for the norm's (every fusion needs those), ffn
+ * 16-bit values for down_proj's (FUSE_SWIGLU, dropped when the ffn is too wide). */
 static int fuse_mode(const ote_engine *e, const batch *b) {
   const ote_config *c = &e->cfg;
   if (e->dev.dev.device_type == kDLCPU || b->prefill || b->T != 1 || e->off.on ||
