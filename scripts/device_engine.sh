@@ -199,8 +199,9 @@ if [ "${ENGINE_PYTESTS:-1}" = 1 ]; then
   # (tiny models: the GPU is shared; each ot-run is mostly process start-up)
   PT=(python3 -m pytest -q -p no:cacheprovider --noconftest)
   export OT_RUN
-  "${PT[@]}" --co tests/python/test_engine.py -k "${ENGINE_PYTEST_FILTER:-cuda_fused}" 2>/dev/null |
-    grep '::' >"$OUTD/pytest_ids.txt"
+  "${PT[@]}" --co tests/python/test_engine.py -k "${ENGINE_PYTEST_FILTER:-cuda_fused}" \
+    >"$OUTD/pytest_collect.log" 2>&1
+  grep '::' "$OUTD/pytest_collect.log" >"$OUTD/pytest_ids.txt"
   J=${ENGINE_PYTEST_JOBS:-6}
   PIDS=()
   for j in $(seq 0 $((J - 1))); do
@@ -210,12 +211,15 @@ if [ "${ENGINE_PYTESTS:-1}" = 1 ]; then
     PIDS+=($!)
   done
   prc=0
+  [ -s "$OUTD/pytest_ids.txt" ] || prc=1 # none collected (e.g. an import error): not a pass
   for p in "${PIDS[@]}"; do wait "$p" || prc=1; done
   SUMMARY+=("pytest test_engine.py -k ${ENGINE_PYTEST_FILTER:-cuda_fused}: $(wc -l <"$OUTD/pytest_ids.txt") tests in ${#PIDS[@]} processes (rc $prc): $(for f in "$OUTD"/pytest_engine_*.log; do tail -1 "$f"; done | tr '\n' ';')")
   while IFS= read -r l; do SUMMARY+=("  $l"); done < <(grep -h -E "^(FAILED|ERROR)" "$OUTD"/pytest_engine_*.log | head -12)
   # one log (few files come back from the device)
-  for f in "$OUTD"/pytest_engine_*.log; do echo "=== $f"; cat "$f"; done >"$OUTD/pytest_engine.log"
-  rm -f "$OUTD"/pytest_engine_*.log "$OUTD/pytest_ids.txt"
+  for f in "$OUTD/pytest_collect.log" "$OUTD"/pytest_engine_*.log; do
+    [ -f "$f" ] && { echo "=== $f"; cat "$f"; }
+  done >"$OUTD/pytest_engine.log"
+  rm -f "$OUTD"/pytest_engine_*.log "$OUTD/pytest_ids.txt" "$OUTD/pytest_collect.log"
   stamp "engine pytests done"
 fi
 
