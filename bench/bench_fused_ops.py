@@ -745,7 +745,8 @@ def bench_all(S, args):
 
     if args.ce_first and "ce" in only:
         bench_ce(S, args, copy_tbps, results, row, safe)
-    for N in rows_list:
+    # (--only train / rmsbwd / ce alone: no 16k-row sets)
+    for N in rows_list if only & {"glu", "norm", "normbwd", "rope"} else ():
         for H in H_list:
             case = f"{N // 1024}k x {H} bf16"
             E = 2  # bytes per element
@@ -903,6 +904,8 @@ def bench_all(S, args):
         bench_ce(S, args, copy_tbps, results, row, safe)
     if "train" in only:
         bench_train(S, args, row, safe)
+    if "rmsbwd" in only:
+        bench_rms_bwd_ab(S, args, row, safe)
     return copy_tbps, results
 
 
@@ -957,6 +960,21 @@ NORM_TRAIN_BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "S=3": {"OT_NORM_BWD_
                            "4 vec/thread": {"OT_NORM_BWD_V3NV": "4"}}
 
 
+def rms_bwd_inputs(S, N, H, with_dres, eps):
+    """The RMSNorm backward's bf16 inputs, two sets: dict(x, dy, dr (None without dres)),
+    the weight, dx buffers, each set's rstd (our forward's), a dweight buffer."""
+    dtype = torch.bfloat16
+    sets = [dict(x=rnd(N, H, dtype=dtype), dy=rnd(N, H, dtype=dtype),
+                 dr=rnd(N, H, dtype=dtype) if with_dres else None) for _ in range(2)]
+    w = rnd(H, dtype=dtype, lo=0.5, hi=1.5)
+    dx = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
+    out = torch.empty(N, H, dtype=dtype, device="cuda")
+    rstd = [torch.empty(N, device="cuda") for _ in range(2)]
+    for i, s in enumerate(sets):
+        norm_fwd_call(S, 0, s["x"], None, w, None, eps, out, None, None, rstd[i])()
+    return sets, w, dx, rstd, torch.empty(H, dtype=dtype, device="cuda")
+
+
 def bench_train(S, args, row, safe):
     """The 0.54 B training step's shapes (examples/train_llama.py: hidden 2048, MLP 5632,
     batch 4 x 2048 = 8192 tokens): SwiGLU forward and backward against F.silu(g)*u and
@@ -1003,14 +1021,7 @@ def bench_train(S, args, row, safe):
 
     case = "8k x 2048 bf16"
     eps = 1e-6
-    sets = [dict(x=rnd(N, H, dtype=dtype), dy=rnd(N, H, dtype=dtype), dr=rnd(N, H, dtype=dtype)) for _ in range(2)]
-    w = rnd(H, dtype=dtype, lo=0.5, hi=1.5)
-    dx = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
-    out = torch.empty(N, H, dtype=dtype, device="cuda")
-    rstd = [torch.empty(N, device="cuda") for _ in range(2)]
-    for i, s in enumerate(sets):
-        norm_fwd_call(S, 0, s["x"], None, w, None, eps, out, None, None, rstd[i])()
-    dw = torch.empty(H, dtype=dtype, device="cuda")
+    sets, w, dx, rstd, dw = rms_bwd_inputs(S, N, H, True, eps)
     for want_dw in (True, False):
         mk = lambda S_: [norm_bwd_call(S_, 0, s["dy"], s["dr"], s["x"], w, None, rstd[i], eps, dx[i],
                                        dw if want_dw else None, None) for i, s in enumerate(sets)]
@@ -1031,6 +1042,64 @@ def bench_train(S, args, row, safe):
         row("rmsnorm_dres_bwd" + ("" if want_dw else "_no_dweight"), case, 4 * N * H * E, t, peers, var)
     del sets, dx
     torch.cuda.empty_cache()
+
+
+# --only rmsbwd: RMSNorm's backward, the default kernels against OT_NORM_RMS_BWD_VARIANT's
+# (norm_rms_bwd_warp_kernel: one- or two-warp row groups, one dweight partial row per block;
+# src/cuda/norm.cuh), all through the same shim in one process.
+RMS_BWD_AB_VARIANTS = {"warp": {"OT_NORM_RMS_BWD_VARIANT": "warp"},
+                       "warp8": {"OT_NORM_RMS_BWD_VARIANT": "warp8"},
+                       "warp_cs": {"OT_NORM_RMS_BWD_VARIANT": "warp_cs"},
+                       "warp S=3": {"OT_NORM_RMS_BWD_VARIANT": "warp", "OT_NORM_BWD_STAGES": "3"}}
+RMS_BWD_AB_CASES = [(8192, 1024, True), (8192, 2048, True), (16384, 4096, False), (16384, 4096, True)]
+
+
+def bench_rms_bwd_ab(S, args, row, safe):
+    """RMSNorm backward A/B (--only rmsbwd): bf16, saved rstd, dweight; 8192 rows x 1024 /
+    2048 with the residual's gradient (dres: the patched layers' norm at the 0.54 B training
+    shape is 8192 x 2048) and 16k x 4096 without / with it. Ours (the default kernels), each
+    RMS_BWD_AB_VARIANTS setting, ours again (the drift), against torch.compile's backward of
+    the HF RMSNorm (with dres: of (rms(x + r) * w, x + r), the gradients dy and dres: dx and
+    dweight), and torch's F.rms_norm autograd. Bytes: h, dy (, dres) read, dx written."""
+    E, eps = 2, 1e-6
+    use_compile = not args.no_compile or args.train_compile
+    for N, H, with_dres in RMS_BWD_AB_CASES:
+        case = f"{N // 1024}k x {H} bf16" + (" dres" if with_dres else "")
+        sets, w, dx, rstd, dw = rms_bwd_inputs(S, N, H, with_dres, eps)
+        mk = lambda S_: [norm_bwd_call(S_, 0, s["dy"], s["dr"], s["x"], w, None, rstd[i], eps, dx[i], dw, None)
+                         for i, s in enumerate(sets)]
+        ours = mk(S)
+        t = time_ms(ours)
+        var = variants_ms(ours, RMS_BWD_AB_VARIANTS, mk)
+        var["ours again"] = time_ms(ours)
+        peers = {}
+
+        def autograd_ms(fn):
+            gs = []
+            for s in sets:
+                xx = s["x"].detach().clone().requires_grad_(True)
+                ww = w.detach().clone().requires_grad_(True)
+                if with_dres:
+                    y, h = fn(xx, torch.zeros_like(xx), ww)
+                    outs, grads = (y, h), (s["dy"], s["dr"])
+                else:
+                    outs, grads = (fn(xx, ww),), (s["dy"],)
+                gs.append(lambda o=outs, ins=[xx, ww], g=grads: torch.autograd.grad(o, ins, g, retain_graph=True))
+            return time_ms(gs)
+        if with_dres:
+            peers["torch F.rms_norm autograd"] = safe(lambda: autograd_ms(
+                lambda x, r, w_: (lambda h: (F.rms_norm(h, (H,), w_, eps), h))(x + r)))
+            if use_compile:
+                cf = torch.compile(lambda x, r, w_: hf_rms_res(x, r, w_, eps), dynamic=False)
+                peers["torch.compile HF RMSNorm backward"] = safe(lambda: autograd_ms(cf))
+        else:
+            peers["torch F.rms_norm autograd"] = safe(lambda: autograd_ms(lambda x, w_: F.rms_norm(x, (H,), w_, eps)))
+            if use_compile:
+                cf = torch.compile(lambda x, w_: hf_rms(x, w_, eps), dynamic=False)
+                peers["torch.compile HF RMSNorm backward"] = safe(lambda: autograd_ms(cf))
+        row("rmsnorm_bwd_ab", case, (4 if with_dres else 3) * N * H * E, t, peers, var)
+        del sets, dx
+        torch.cuda.empty_cache()
 
 
 def bench_ce(S, args, copy_tbps, results, row, safe):
@@ -1196,7 +1265,7 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--hidden", default="4096,8192", help="--bench: hidden sizes (16k rows each)")
     ap.add_argument("--train-compile", action="store_true",
-                    help="--only train: torch.compile peers even with --no-compile")
+                    help="--only train / rmsbwd: torch.compile peers even with --no-compile")
     ap.add_argument("--ce-last", dest="ce_first", action="store_false",
                     help="cross-entropy rows last (default: first, the newest kernels first)")
     ap.add_argument("--ab-shim", action="append", default=[], metavar="NAME=PATH",

@@ -10,7 +10,9 @@
 #      [--no-compile] --ab-shim NAME=build-dev/FILE ... -> $OUT/fused_ops.json;
 #      OT_ONLY may name "train" (the 0.54 B training shapes: SwiGLU 8192 x 5632 against
 #      torch.compile's fused kernels, the RMSNorm backward 8192 x 2048 with and without
-#      dweight);
+#      dweight) and "rmsbwd" (the RMSNorm backward's A/B: the default kernels against each
+#      OT_NORM_RMS_BWD_VARIANT at 8192 x 1024 / 2048 with dres and 16k x 4096 without /
+#      with it, torch.compile's backward in the same process with OT_COMPILE=train);
 #   3. compute-sanitizer memcheck and racecheck over test_ops cases (OT_SAN, below);
 #   4. ncu --clock-control none (SpeedOfLight, Occupancy, WarpStateStats, LaunchStats,
 #      InstructionStats, SchedulerStats) over bench_fused_ops.py --ncu: torch.neg, the norm
@@ -26,7 +28,8 @@
 #   OT_COMPILE=1 (torch.compile peers; =train: for the training shapes only), OT_COMMIT,
 #   OT_NCU=0 (skip step 4), OT_NCU_AB=1 (the A/B builds' kernels under ncu too),
 #   OT_NCU_TRAIN=0 (ncu without the training shapes and torch.compile),
-#   OT_NCU_TIMEOUT (60), OT_BENCH_TIMEOUT (90), OT_SAN="BIN:SUITE:FILTER|..." ("" skips 3).
+#   OT_NCU_TIMEOUT (60), OT_BENCH_TIMEOUT (90), OT_TEST_TIMEOUT (40, per suite),
+#   OT_SAN="BIN:SUITE:FILTER|..." ("" skips 3).
 P=${OT_PREBUILT:-.devcarry-p5}; OUT=${OUT:-/tmp/ot_device_out}; mkdir -p "$OUT"
 T0=$(date +%s); st() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p build-dev/deps && tar xzf $P/prebuilt.tar.gz -C build-dev && tar xzf $P/deps.tar.gz -C build-dev/deps || exit 1
@@ -38,7 +41,7 @@ CFLAG=--no-compile; [ "${OT_COMPILE:-0}" = 1 ] && CFLAG=
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 st "test_ops"
 for s in ${OT_SUITES-norm rope glu}; do
-  timeout 40 $T --backend cuda --suite $s >$OUT/test_$s.log 2>&1; echo "test_ops --suite $s rc=$?"
+  timeout "${OT_TEST_TIMEOUT:-40}" $T --backend cuda --suite $s >$OUT/test_$s.log 2>&1; echo "test_ops --suite $s rc=$?"
   grep -E '^cuda |FAIL' $OUT/test_$s.log | head -8
 done
 if [ -n "${OT_CHECK:-}" ]; then
