@@ -42,22 +42,26 @@ def args(**kw):
     return argparse.Namespace(**a)
 
 
-def test_run_ab_balanced_order_medians_and_record(monkeypatch, tmp_path):
-    monkeypatch.setattr(bt, "_Clocks", FakeClocks)
-    order = []
-    step = bt._step
+def _spy_steps(mp, on_step):
+    """Tag each built model with its variant and call on_step(model) before each step."""
+    step, build = bt._step, bt._build
 
     def spy(fwd, model, opt, x):
-        order.append(model._variant)
+        on_step(model)
         return step(fwd, model, opt, x)
-    build = bt._build
 
     def tagged_build(case, *a, **k):
         model, fwd, cfg, info = build(case, *a, **k)
         model._variant = case["variant"]
         return model, fwd, cfg, info
-    monkeypatch.setattr(bt, "_step", spy)
-    monkeypatch.setattr(bt, "_build", tagged_build)
+    mp.setattr(bt, "_step", spy)
+    mp.setattr(bt, "_build", tagged_build)
+
+
+def test_run_ab_balanced_order_medians_and_record(monkeypatch, tmp_path):
+    monkeypatch.setattr(bt, "_Clocks", FakeClocks)
+    order = []
+    _spy_steps(monkeypatch, lambda model: order.append(model._variant))
     case = dict(kind="ab", cfg="tiny", batch=2, seq=32, variants=["hf_sdpa", "patched"])
     rows, profs = bt.run_ab(case, args(), torch.device("cpu"), torch.bfloat16)
     assert profs == [] and [r["variant"] for r in rows] == ["hf_sdpa", "patched"]
@@ -112,24 +116,13 @@ def test_run_ab_runs_each_patched_variant_with_its_attention_option():
     pairs patched with patched_other)."""
     import ops_transformer as ot
     seen = []
-    step = bt._step
-
-    def spy(fwd, model, opt, x):
-        seen.append((model._variant, ot.config.fused_attention))
-        return step(fwd, model, opt, x)
-    build = bt._build
-
-    def tagged_build(case, *a, **k):
-        model, fwd, cfg, info = build(case, *a, **k)
-        model._variant = case["variant"]
-        return model, fwd, cfg, info
     case = dict(kind="ab", cfg="tiny", batch=1, seq=16,
                 variants=["patched", "patched_torch_attn"])
     prev = ot.config.fused_attention
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(bt, "_step", spy)
-            mp.setattr(bt, "_build", tagged_build)
+            _spy_steps(mp, lambda model: seen.append((model._variant,
+                                                      ot.config.fused_attention)))
             rows, _ = bt.run_ab(case, args(ab_rounds=2, ab_steps=1), torch.device("cpu"),
                                 torch.float32)
     finally:
