@@ -1051,13 +1051,16 @@ RMS_BWD_AB_VARIANTS = {"warp": {"OT_NORM_RMS_BWD_VARIANT": "warp"},
                        "warp8": {"OT_NORM_RMS_BWD_VARIANT": "warp8"},
                        "warp_cs": {"OT_NORM_RMS_BWD_VARIANT": "warp_cs"},
                        "warp S=3": {"OT_NORM_RMS_BWD_VARIANT": "warp", "OT_NORM_BWD_STAGES": "3"}}
-RMS_BWD_AB_CASES = [(8192, 1024, True), (8192, 2048, True), (16384, 4096, False), (16384, 4096, True)]
+# (rows, hidden, dres): 8192 x 2048 is the 0.54 B step at 4 x 2048, 16k x 2048 its long-context
+# step (1 x 16384)
+RMS_BWD_AB_CASES = [(8192, 1024, True), (8192, 2048, True), (16384, 2048, True), (16384, 4096, False),
+                    (16384, 4096, True)]
 
 
 def bench_rms_bwd_ab(S, args, row, safe):
     """RMSNorm backward A/B (--only rmsbwd): bf16, saved rstd, dweight; 8192 rows x 1024 /
-    2048 with the residual's gradient (dres: the patched layers' norm at the 0.54 B training
-    shape is 8192 x 2048) and 16k x 4096 without / with it. Ours (the default kernels), each
+    2048 and 16k x 2048 with the residual's gradient (dres: the patched layers' norm at the
+    0.54 B training shapes, 4 x 2048 and 1 x 16384 tokens) and 16k x 4096 without / with it. Ours (the default kernels), each
     RMS_BWD_AB_VARIANTS setting, ours again (the drift), against torch.compile's backward of
     the HF RMSNorm (with dres: of (rms(x + r) * w, x + r), the gradients dy and dres: dx and
     dweight), and torch's F.rms_norm autograd. Bytes: h, dy (, dres) read, dx written."""
