@@ -47,6 +47,7 @@ SNAKE = {"OT_ATTN_SM90_ORDER": "snake"}
 GRID128 = {"OT_ATTN_SM90_GRID": "128"}
 WG2 = {"OT_ATTN_SM90_WG": "2"}
 WG3 = {"OT_ATTN_SM90_WG": "3"}
+SKIP = {"OT_ATTN_SM90_SKIP": "1"}
 
 
 ONLY = None   # --only: the variant names to run (checks and timings)
@@ -78,6 +79,17 @@ def _variant_list(d, s, causal):
         v += [("snake", SNAKE), ("nonpers", NONPERS)]  # snake: odd rounds in reverse
     if d == 64 and causal and s <= 8192:              # 2 consumers, 128-key tile
         v += [("wide", WIDE), ("wg3", WG3)]           # wide: the 192-key tile
+    # kFlSkip (prepared 2026-11-30, not measured): a consumer warpgroup skips the key tiles
+    # in which all of its rows are masked or past Sq. Warpgroup-tiles dropped at S 1k causal:
+    # D256 7 of 122, D64 with 3 consumers 24 of 96 (wg3skip, against wg3); D64 / D128 with 2
+    # consumers none (an A/A control: the same work, the skip's extra code); D64 full (3
+    # consumers) 16 of 144 (the last tile's padding warpgroups)
+    if causal and d in (64, 128, 256):
+        v.append(("skip", SKIP))
+    if d == 64 and causal:
+        v += [("wg3", WG3), ("wg3skip", {**WG3, **SKIP})]
+    if d == 64 and not causal and s <= 4096:
+        v.append(("skip", SKIP))
     if d == 64 and not causal and s <= 2048:          # 3 consumers: 192-row tiles, S 1k 6 of
         v += [("wg2", WG2), ("nonpers", NONPERS)]     # them (1152 rows); wg2: 8 of 128
     if d == 128 and not causal and s <= 2048:         # 128-key tile, rescale threshold on by
@@ -168,8 +180,52 @@ def checks(S):
         ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16,
                       env={**SNAKE, "OT_ATTN_SM90_GRID": "5"})
         ba.check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=0, env=SNAKE)
+    if ONLY is None or "skip" in ONLY:
+        skip_checks(S, ck)
     print(f"check: {ck.n - ck.fails}/{ck.n} passed", flush=True)
     return ck.fails == 0
+
+
+def skip_checks(S, ck):
+    """kFlSkip (OT_ATTN_SM90_SKIP=1, experiment builds: bf16 D64 128-key tile with 2 or 3
+    consumers, D128 128-key tile, D256): float64 checks, then the same inputs with and without
+    the switch, which must agree to the bit (a skipped tile would have left m = -inf, l = 0,
+    O = 0: the state the warpgroup starts from). Causal Sq == Sk (S 1, 17, 1000, 1024) and
+    Sq != Sk both ways (Sq > Sk: rows and whole warpgroups that see no key), GQA / MQA, a
+    causal window, the multi-tile persistent path (GRID), non-causal D64 with 3 consumers (the
+    last tile's padding warpgroups), fp16 (not compiled: the default runs)."""
+    cases = []
+    for d, wg in ((64, {}), (64, WG3), (128, {}), (256, {})):
+        for sq, sk, hq, hkv in ((1, 1, 4, 2), (17, 17, 4, 1), (1000, 1000, 4, 2),
+                                (1024, 1024, 4, 4), (1000, 1024, 8, 2), (1024, 1000, 4, 2),
+                                (17, 300, 4, 1), (700, 130, 4, 2), (333, 1000, 8, 1)):
+            cases.append((d, sq, sk, hq, hkv, -1, 0, wg))
+        cases.append((d, 1000, 1000, 4, 2, 200, 0, {**wg, "OT_ATTN_SM90_GRID": "5"}))
+        cases.append((d, 1300, 1100, 4, 4, -1, 0, {**wg, "OT_ATTN_SM90_GRID": "3"}))
+    for sq, sk in ((1000, 1000), (1024, 1024), (17, 17), (300, 1000)):
+        cases.append((64, sq, sk, 4, 2, -1, -1, {}))      # 3 consumers: padding warpgroups
+    for d, sq, sk, hq, hkv, wl, wr, extra in cases:
+        ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, wl=wl, wr=wr, env={**extra, **SKIP})
+        _same_as_default(S, ck, 2, sq, sk, hq, hkv, d, wl, wr, extra)
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16, env=SKIP)
+
+
+def _same_as_default(S, ck, B, sq, sk, hq, hkv, d, wl, wr, extra, dtype=torch.bfloat16):
+    torch.manual_seed(7 + sq + 3 * sk + d)
+    q, k, v = ba.make_qkv(B, sq, sk, hq, hkv, d, dtype, "bshd")
+    res = []
+    for env in (extra, {**extra, **SKIP}):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((B, hq, sq), float("nan"), device="cuda")
+        with ba.env_set(env):
+            handled = ba.sm90_call(S, q, k, v, out, lse, 1 / math.sqrt(d), wl, wr)()
+        torch.cuda.synchronize()
+        res.append((handled, out, lse))
+    (h0, o0, l0), (h1, o1, l1) = res
+    same = h0 and h1 and torch.equal(o0, o1) and torch.equal(l0, l1)
+    ck.report(f"skip == default B{B} sq{sq} sk{sk} h{hq}/{hkv} d{d} wl{wl} wr{wr} {extra}", same,
+              f"handled {h0}/{h1}, out max diff {(o0.float() - o1.float()).abs().max().item():.3g}"
+              f", lse max diff {(l0 - l1).abs().nan_to_num(0.0).max().item():.3g}")
 
 
 def host_cost(S):

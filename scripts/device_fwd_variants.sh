@@ -32,6 +32,20 @@
 # SAN_FILTERS (';'-separated): the sanitizers' switches and C-suite filters; SAN_TOOLS (default
 # "racecheck synccheck"; empty: none). NCU_QUICK: see below. HOST_OLD: another build's shim (e.g. the previous
 # commit's): the host cost per call measured with it and with CARRY's, in two processes.
+# AB=skip (prepared 2026-11-30, not yet run): the first A/B of kFlSkip (OT_ATTN_SM90_SKIP=1,
+# a consumer warpgroup skips key tiles in which all of its rows are masked or past Sq) --
+# unless set otherwise: S 1k, D 64 / 128 / 256, causal and full, 8 balanced rounds of
+# default / skip (/ wg3 / wg3skip at D64 causal) / cuDNN / flash, the skip's float64 and
+# bit-equality checks first (--checks skip); the C suite's "hopper" cases under the switch
+# (2 and 3 consumers at D64); racecheck / synccheck on the shapes where whole warpgroups skip.
+if [ "${AB:-}" = skip ]; then
+  : "${VSEQS:=1024}" "${VDIMS:=64,128,256}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=150}"
+  : "${DEADLINE:=240}"
+  : "${VARGS:=--only skip,wg3,wg3skip --checks skip --causal both --no-host}"
+  : "${VENVS:=OT_ATTN_SM90_SKIP=1;OT_ATTN_SM90_SKIP=1 OT_ATTN_SM90_WG=3}"
+  : "${SAN_ENV:=OT_ATTN_SM90_SKIP=1 OT_ATTN_SM90_WG=3}"
+  : "${SAN_FILTERS:=skip causal Sq>Sk 1300x1100 D64;skip S1000 D64 GQA2 B2}"
+fi
 set -uo pipefail
 COMMIT=${1:-unknown}
 OUT=${OUT:-/tmp/ot_device_out}

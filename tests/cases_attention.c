@@ -335,6 +335,25 @@ static const acase cuda_sm90_round_cases[] = {
     {"cuda hopper-only rounds S384 D64 MQA67 (134 tiles of 192 rows) fwd", 1, 384, 384, 67, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
+/* Shapes where some consumer warpgroup of the Hopper forward has key tiles in which all of
+ * its rows are masked, or rows all past Sq (kFlSkip, OT_ATTN_SM90_SKIP=1 in experiment builds,
+ * skips those tiles; here they run with the defaults unless the switch is set, e.g. by
+ * scripts/device_fwd_variants.sh's VENVS): causal Sq 1000 / Sk 1024 (128-key tiles: the first
+ * warpgroup of 7 of 8 query tiles sees none of the diagonal tile), D256's 80-key tiles,
+ * Sq > Sk (rows and whole warpgroups with no key), S 17, a causal window, non-causal D64
+ * with 3 consumers (1000 rows in 6 tiles of 192: the last tile's 2nd and 3rd warpgroups are
+ * padding); the D64 causal ones again with 3 consumers (OT_ATTN_SM90_WG=3). bf16 (the
+ * skip instances' dtype). */
+static const acase cuda_sm90_skip_cases[] = {
+    {"cuda hopper-only skip causal Sq1000 Sk1024 D64 GQA4 fwd", 1, 1000, 1024, 8, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only skip causal Sq>Sk 1300x1100 D64 GQA2 fwd", 1, 1300, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only skip causal Sq1000 Sk1024 D128 B2 fwd", 2, 1000, 1024, 4, 4, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only skip window 200/0 S1000 D128 GQA4 fwd", 1, 1000, 1000, 4, 1, 128, 0, 200, 0, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only skip causal S1000 D256 GQA2 fwd", 1, 1000, 1000, 4, 2, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only skip causal S17 D256 B2 fwd", 2, 17, 17, 2, 1, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only skip S1000 D64 GQA2 B2 (padding warpgroups) fwd", 2, 1000, 1000, 4, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+};
+
 /* Gradient-mode cases: tiny shapes, float32 storage. */
 static const acase grad_cases[] = {
     {"grad plain", 1, 5, 5, 4, 2, 4, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
@@ -1023,6 +1042,16 @@ static void run_sm90_required(test_run *tr) {
     run_case(tr, &cuda_sm90_cases[i], i % 2 ? DT_F16 : DT_BF16);
   for (size_t i = 0; i < sizeof cuda_sm90_round_cases / sizeof cuda_sm90_round_cases[0]; i++)
     run_case(tr, &cuda_sm90_round_cases[i], DT_BF16);
+  for (size_t i = 0; i < sizeof cuda_sm90_skip_cases / sizeof cuda_sm90_skip_cases[0]; i++)
+    run_case(tr, &cuda_sm90_skip_cases[i], DT_BF16);
+  {
+    env_saved wg = env_set("OT_ATTN_SM90_WG", "3");
+    acase g3[2] = {cuda_sm90_skip_cases[0], cuda_sm90_skip_cases[1]};
+    g3[0].name = "cuda hopper-only skip WG 3 causal Sq1000 Sk1024 D64 GQA4 fwd";
+    g3[1].name = "cuda hopper-only skip WG 3 causal Sq>Sk 1300x1100 D64 GQA2 fwd";
+    for (int i = 0; i < 2; i++) run_case(tr, &g3[i], DT_BF16);
+    env_restore(&wg);
+  }
   env_saved tile = env_set("OT_ATTN_SM90_TILE", "wide");
   for (size_t i = 0; i < sizeof cuda_sm90_wide_cases / sizeof cuda_sm90_wide_cases[0]; i++)
     run_case(tr, &cuda_sm90_wide_cases[i], DT_BF16);

@@ -41,7 +41,8 @@
  * default on at head dim 256 and for head dim 128 on the 128-key tile), OT_ATTN_SM90_NARROW=0|1
  * (kFlNarrow, see the dispatch). Only in builds with -DOT_ATTN_SM90_EXPERIMENTS (bf16;
  * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256,
- * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls);
+ * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls); OT_ATTN_SM90_SKIP=1 (kFlSkip;
+ * prepared, not yet measured);
  * OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is parsed there, but its instances are
  * no longer compiled (add the bits to launch_fl's lists to measure them again).
  *
@@ -85,6 +86,9 @@ enum {
   kFlSnake = 32,  /* persistent CTAs take the odd full rounds of the round-robin in
                    * reverse (round k: CTA i runs tile k G + G - 1 - i), so that with tiles
                    * in falling length (masked calls) a CTA's long and short tiles pair up */
+  kFlSkip = 64,   /* a consumer warpgroup skips the wgmmas and the softmax of the
+                   * first-visited key tiles in which all of its 64 rows are masked (or
+                   * past Sq), keeping every barrier arrival (see the kernel) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -235,6 +239,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr bool NARROW = (FL & kFlNarrow) != 0;
   constexpr int NW = ((FL & kFlNarrowW) >> 8) * 16;   /* NARROW's key width */
   static_assert(!NARROW || (NW > 0 && NW < BC), "narrow width");
+  constexpr bool SKIP = (FL & kFlSkip) != 0;
+  static_assert(!(SKIP && NARROW), "kFlSkip is for masked calls, kFlNarrow for unmasked ones");
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -502,8 +508,66 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           kv_s++;
         }
       }
+      /* SKIP: this warpgroup's rows (all of them) see no key of the first-visited tiles
+       * n >= n_vis (causal / right window, or Sq > Sk: n_vis <= 0), or are all past Sq (no
+       * output): for those n_skip tiles it issues no wgmma and no softmax, and starts the
+       * pipelined steps at the first tile that one of its rows sees. Exact: a fully masked
+       * tile leaves m = -inf, l = 0 and O = 0 (P = 0), the state it starts from anyway, so
+       * O, l and m are those of the default to the bit (the other warpgroups' too).
+       * Why every barrier stays in step (a skipped tile at ring position g = kv_s + i,
+       * stage g % kStages, parity (g / kStages) & 1, exactly as the steps below compute it):
+       *  - EMPTY_K / EMPTY_V count one arrival per consumer warp per ring position. The
+       *    skipped tile still arrives once on each (release(), lane 0 of each warp), so
+       *    every position gets its 4 NC arrivals as in the default. Each arrival comes
+       *    after this warpgroup waited for FULL_K (FULL_V) of position g: the producer loads
+       *    g only after its wait on EMPTY of position g - kStages completed, i.e. after all
+       *    4 NC arrivals of g - kStages, so this arrival cannot fall into that earlier
+       *    phase. (An arrival without the wait could: a warpgroup running ahead would
+       *    complete another's phase, and the producer would overwrite a stage in use.)
+       *  - EMPTY_Q: one arrival per warp per query tile, after the steps (unchanged). A
+       *    warpgroup that skips every tile (n_it_s == 0 below) waits for FULL_Q first, for
+       *    the same reason (FULL_Q of tile qn completes only after EMPTY_Q of qn - 1 did).
+       *  - the pingpong turns (named barriers 8 + c): a tile of n key tiles costs every
+       *    consumer n + 1 turns in the default (the prologue's, one per step, the last
+       *    P V's). Each skipped tile takes its turn here (sync, then hand on at once, no
+       *    wait in between, so the turn is never held while waiting on the producer) and
+       *    the steps below take the other n - n_skip + 1; with n_skip == n the last P V's
+       *    turn is taken here too. The turn is a single token passed 0 -> 1 (-> 2) -> 0, so
+       *    equal counts per tile keep the order of every later turn as in the default.
+       *  - no deadlock: FULL_V of position g needs the producer past K of g + 1, i.e. past
+       *    EMPTY_K of g - 1, which every consumer releases in its step g - 1 (whose turn
+       *    this warpgroup has already passed on), and past EMPTY_V of g - 2 (likewise).
+       * The skip loop holds no wgmma, so no wgmma is in flight across its branches (ptxas
+       * would serialize them: C7511 / C7518); the prologue and the last P V are
+       * conditional as in NARROW's kernels. */
+      if constexpr (SKIP) {
+        const int wg_first = ti.m_block * BR + c * 64;
+        const int wg_last = min(wg_first + 63, p.sq - 1);
+        const int vis = p.wr >= 0 ? min(p.sk - 1, wg_last + off + p.wr) : p.sk - 1;
+        const int n_skip = wg_first >= p.sq
+                               ? n_it_s
+                               : min(n_it_s, max(0, n_max_s - (floor_div(vis, BC) + 1)));
+#pragma unroll 1
+        for (int i = 0; i < n_skip; i++) {
+          const int gs = kv_s + i, st = gs % kStages, ph = (gs / kStages) & 1;
+          mbar_wait(bar(BAR_FULL_K + st), ph);
+          named_sync(my_bar, 256);
+          named_arrive(other_bar, 256);
+          release(bar(BAR_EMPTY_K + st));
+          mbar_wait(bar(BAR_FULL_V + st), ph);
+          release(bar(BAR_EMPTY_V + st));
+        }
+        n_max_s -= n_skip;
+        n_it_s -= n_skip;
+        kv_s += n_skip;
+        if (n_it_s == 0) {   /* every tile skipped: the last P V's turn; Q as said above */
+          mbar_wait(bar(BAR_FULL_Q), qn & 1);
+          named_sync(my_bar, 256);
+          named_arrive(other_bar, 256);
+        }
+      }
       /* prologue: S_0, softmax -> P_0 */
-      if (!NARROW || n_it_s > 0) {
+      if ((!NARROW && !SKIP) || n_it_s > 0) {
         const int sk_ = kv_s % kStages, pk = (kv_s / kStages) & 1;
         mbar_wait(bar(BAR_FULL_Q), qn & 1);
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
@@ -539,7 +603,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       }
       /* Every Q K^T of this tile has completed: the producer may load the next Q. */
       release(bar(BAR_EMPTY_Q));
-      if (!NARROW || n_it_s > 0) {
+      if ((!NARROW && !SKIP) || n_it_s > 0) {
         const int gv = kv_s + n_it_s - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_V + sv), pv);
         named_sync(my_bar, 256);
@@ -765,14 +829,14 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
   }
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
- * dropped one by one (the snake order first, then the narrow step, the tail split, the
+ * dropped one by one (the snake order first, the skip, then the narrow step, the tail split, the
  * polynomial exponentials, the rescale threshold: drop[]'s order) until it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlSnake, kFlNarrow | kFlNarrowW, kFlSplit, kFlPoly4, kFlPoly8,
-                             kFlResc};
-  for (int i = 0; i < 6 && !fl_has(fl, l); i++) fl &= ~drop[i];
+  static const int drop[] = {kFlSnake, kFlSkip, kFlNarrow | kFlNarrowW, kFlSplit, kFlPoly4,
+                             kFlPoly8, kFlResc};
+  for (int i = 0; i < 7 && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
 }
 
@@ -792,17 +856,20 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #else
   constexpr bool X = false;
 #endif
-  constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake;
+  constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3)>());
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
-    return launch_sel<T, D, BC, NC>(
-        ctx, a, maps, p, fl, fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4), R | SN>());
-  } else if constexpr (X && D == 128 && BC == 128) {   /* snake: the masked calls' tile */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | SN>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4),
+                                            R | SN, R | SK>());
+  } else if constexpr (X && D == 128 && BC == 128) {   /* snake, skip: the masked calls' tile */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | SN, R | SK>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SN>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SN, SK>());
+  } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK>());
   } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
     /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, narrow_bits(3)>());
@@ -999,12 +1066,29 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
 #else
   const int snake = 0;
 #endif
+  /* OT_ATTN_SM90_SKIP=1: kFlSkip, a consumer warpgroup skips the first-visited key tiles in
+   * which all of its rows are masked or past Sq (experiment builds only: bf16 D64 128-key
+   * tile with 2 or 3 consumers, D128 128-key tile and D256 with the rescale threshold;
+   * prepared, not measured: docs/ATTENTION.md). Warpgroup-tiles (64 rows x one key tile,
+   * equal QK / PV work) it drops on the grid, Sq = Sk: D256 (80-key tiles) causal 7 of 122
+   * at S 1k (5.7%), 26 of 1716 at 4k (1.5%); D64 with 3 consumers (192-row tiles) causal
+   * 24 of 96 at 1k (25%: the last tile's 2 padding warpgroups 16, masked 8; only under
+   * OT_ATTN_SM90_WG=3 there), 384 of 16896 at 16k (2.3%), full 16 of 144 at 1k (11%,
+   * padding: 1152 rows for 1024), 64 of 2112 at 4k; D64 / D128 with 2 consumers on
+   * 128-key tiles none (the tiles align: each warpgroup sees part of the diagonal tile;
+   * Sq 1000, Sk 1024: 7 of 86). */
+#ifdef OT_ATTN_SM90_EXPERIMENTS
+  const char *skv = sm90_knob(knobs, "OT_ATTN_SM90_SKIP");
+  const int skip = skv && skv[0] == '1' ? kFlSkip : 0;
+#else
+  const int skip = 0;
+#endif
   /* Read here for launch(): OT_ATTN_SM90_GRID=n (n > 0: at most n persistent CTAs) and
    * OT_ATTN_SM90_NONPERSISTENT (set: one CTA per tile). */
   const char *gs = sm90_knob(knobs, "OT_ATTN_SM90_GRID");
   call.grid_cap = gs && atoi(gs) > 0 ? atoi(gs) : 0;
   call.nonpersistent = sm90_knob(knobs, "OT_ATTN_SM90_NONPERSISTENT") != NULL;
-  const int fl = (resc ? kFlResc : 0) | poly | split | narrow | snake;
+  const int fl = (resc ? kFlResc : 0) | poly | split | narrow | snake | skip;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
