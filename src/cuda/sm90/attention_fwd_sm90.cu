@@ -541,7 +541,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
        * would serialize them: C7511 / C7518); the prologue and the last P V are
        * conditional as in NARROW's kernels. */
       if constexpr (SKIP) {
-        const int wg_first = ti.m_block * BR + c * 64;
+        /* c through a shuffle from lane 0 (tells ptxas that it, hence n_skip and the ring
+         * positions below, are warp-uniform): with c straight from threadIdx the
+         * 160-register D64 kernel (3 consumers) spilled 40 bytes, with it none. */
+        const int wg_first = ti.m_block * BR + __shfl_sync(0xffffffffu, c, 0) * 64;
         const int wg_last = min(wg_first + 63, p.sq - 1);
         const int vis = p.wr >= 0 ? min(p.sk - 1, wg_last + off + p.wr) : p.sk - 1;
         const int n_skip = wg_first >= p.sq
