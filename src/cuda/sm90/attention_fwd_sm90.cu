@@ -522,8 +522,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
        *    after this warpgroup waited for FULL_K (FULL_V) of position g: the producer loads
        *    g only after its wait on EMPTY of position g - kStages completed, i.e. after all
        *    4 NC arrivals of g - kStages, so this arrival cannot fall into that earlier
-       *    phase. (An arrival without the wait could: a warpgroup running ahead would
-       *    complete another's phase, and the producer would overwrite a stage in use.)
+       *    phase. (Without the wait only the pingpong order below would keep a warpgroup
+       *    that skips several tiles from arriving for g before another released
+       *    g - kStages -- completing that phase early, so that the producer overwrites a
+       *    stage in use; with it the phase is right whatever the turns allow.)
        *  - EMPTY_Q: one arrival per warp per query tile, after the steps (unchanged). A
        *    warpgroup that skips every tile (n_it_s == 0 below) waits for FULL_Q first, for
        *    the same reason (FULL_Q of tile qn completes only after EMPTY_Q of qn - 1 did).
