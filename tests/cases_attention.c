@@ -335,15 +335,20 @@ static const acase cuda_sm90_round_cases[] = {
     {"cuda hopper-only rounds S384 D64 MQA67 (134 tiles of 192 rows) fwd", 1, 384, 384, 67, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
-/* Shapes where some consumer warpgroup of the Hopper forward has key tiles in which all of
- * its rows are masked, or rows all past Sq (kFlSkip, OT_ATTN_SM90_SKIP=1 in experiment builds,
- * skips those tiles; here they run with the defaults unless the switch is set, e.g. by
- * scripts/device_fwd_variants.sh's VENVS): causal Sq 1000 / Sk 1024 (128-key tiles: the first
- * warpgroup of 7 of 8 query tiles sees none of the diagonal tile), D256's 80-key tiles,
- * Sq > Sk (rows and whole warpgroups with no key), S 17, a causal window, non-causal D64
- * with 3 consumers (1000 rows in 6 tiles of 192: the last tile's 2nd and 3rd warpgroups are
- * padding); the D64 causal ones again with 3 consumers (OT_ATTN_SM90_WG=3). bf16 (the
- * skip instances' dtype). */
+/* Shapes where some consumer warpgroup of the Hopper forward has first-visited key tiles in
+ * which all of its rows are masked, or all of its rows past Sq: what kFlSkip
+ * (OT_ATTN_SM90_SKIP=1) skips. The skip is compiled only in experiment builds
+ * (-DOT_ATTN_SM90_EXPERIMENTS, never CI) and the default build does not read the switch, so
+ * there (CI, the usual GPU runs) these cases run the default kernel only: more shapes for
+ * it, nothing of kFlSkip. They run the skip path only in an experiment build with the switch
+ * set (scripts/device_fwd_variants.sh AB=skip: VENVS, SAN_ENV). Causal Sq 1000 / Sk 1024
+ * (128-key tiles: the first warpgroup of 7 of 8 query tiles sees none of the diagonal tile),
+ * D256's 80-key tiles, Sq > Sk (rows and whole warpgroups with no key), S 17 (D256: the
+ * second warpgroup past Sq), non-causal D64 with 3 consumers (1000 rows in 6 tiles of 192:
+ * the last tile's 2nd and 3rd warpgroups are padding); the D64 causal ones again with 3
+ * consumers (OT_ATTN_SM90_WG=3). The window 200/0 case (D128, Sq = Sk: 128-row and 128-key
+ * tiles align) skips nothing even under the switch, it runs the skip instance with no tile
+ * skipped. bf16 (the skip instances' dtype). */
 static const acase cuda_sm90_skip_cases[] = {
     {"cuda hopper-only skip causal Sq1000 Sk1024 D64 GQA4 fwd", 1, 1000, 1024, 8, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only skip causal Sq>Sk 1300x1100 D64 GQA2 fwd", 1, 1300, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
