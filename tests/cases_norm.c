@@ -621,9 +621,10 @@ static void many_partials_cases(test_run *tr) {
 
 /* RMSNorm's backward under OT_NORM_RMS_BWD_VARIANT (norm_rms_bwd_warp_kernel, opt-in; CUDA
  * only), each value (warp, warp8, warp_cs) on contiguous [3, n, H] rows: H = 64 (most lanes
- * idle), 1000 (the last lanes' vectors out of the row), 2048 (a one-warp group, 8 vectors a
- * lane), 2056 and 4096 (groups of two warps; float32 at 4096 is past the variant and takes
- * the default kernels) -- with dres, dweight and saved statistics, or recomputed statistics
+ * idle), 1000 (the last lanes' vectors out of the row), 2048 (16-bit: a one-warp group, 8
+ * vectors a lane; float32: two warps), 2056 and 4096 (16-bit: groups of two warps; float32,
+ * 514 / 1024 vectors, is past the variant and takes the default kernels: 12 of the 102
+ * cases) -- with dres, dweight and saved statistics, or recomputed statistics
  * and dx = dy without a weight -- on 33 rows, and in the 16-bit types on 3201 rows at 2048
  * and 1599 at 4096 with dres, so that each group of the grid runs 3 or more rows and its
  * 2-slot ring wraps (H200: 1056 / 528 groups with warp). */
