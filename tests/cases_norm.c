@@ -623,11 +623,12 @@ static void many_partials_cases(test_run *tr) {
  * only), each value (warp, warp8, warp_cs) on contiguous [3, n, H] rows: H = 64 (most lanes
  * idle), 1000 (the last lanes' vectors out of the row), 2048 (16-bit: a one-warp group, 8
  * vectors a lane; float32: two warps), 2056 and 4096 (16-bit: groups of two warps; float32,
- * 514 / 1024 vectors, is past the variant and takes the default kernels: 12 of the 102
- * cases) -- with dres, dweight and saved statistics, or recomputed statistics
- * and dx = dy without a weight -- on 33 rows, and in the 16-bit types on 3201 rows at 2048
- * and 1599 at 4096 with dres, so that each group of the grid runs 3 or more rows and its
- * 2-slot ring wraps (H200: 1056 / 528 groups with warp). */
+ * 514 / 1024 vectors, is past the variant and takes the default kernels: 18 of the 147
+ * cases) -- with dres, dweight and saved statistics, recomputed statistics and dx = dy
+ * without a weight, or dweight and saved statistics without dres (the no-dres A/B shape's
+ * path: 2-tensor slots, the block's partial row) -- on 33 rows, and in the 16-bit types on
+ * 3201 rows at 2048 and 1599 at 4096 with dres, so that each group of the grid runs 3 or
+ * more rows and its 2-slot ring wraps (H200: 1056 / 528 groups with warp). */
 static void rms_bwd_variant_cases(test_run *tr) {
   if (!tr->be->is_cuda) return;
   static const char *const VARS[] = {"warp", "warp8", "warp_cs"};
@@ -637,8 +638,9 @@ static void rms_bwd_variant_cases(test_run *tr) {
     for (size_t d = 0; d < 3; d++)
       for (size_t hi = 0; hi < sizeof VH / sizeof VH[0]; hi++)
         for (int many = 0; many < 2; many++)
-          for (int v = 0; v < 2; v++) { /* dres saved-stats, no-weight recompute dx=dy */
+          for (int v = 0; v < 4; v++) { /* set_bwd_variant 0, 1, 3 (2: strided, unaligned) */
             const int64_t H = VH[hi];
+            if (v == 2) continue;
             if (many && (d == 0 || v || (H != 2048 && H != 4096))) continue; /* [0]: float32 */
             bwd_case b;
             memset(&b, 0, sizeof b);
