@@ -365,6 +365,25 @@ def _dynamo_stats():
                 else None)
 
 
+def _setup(case, variant, res, args, device, dtype):
+    """Build one variant's model (its build info and label suffixes into res), its optimizer
+    and two batches of random tokens; returns (model, fwd, opt, cfg, data)."""
+    import torch
+    model, fwd, cfg, info = _build(case, device, dtype, args.seed, args.compile_mode,
+                                   json.loads(args.compile_options or "{}"))
+    res.update(info)
+    if info.get("compile_mode") == "layers":
+        res["label"] += " (per layer)"
+    if info.get("compile_options"):
+        res["label"] += " " + ", ".join(f"{k}={v}" for k, v in info["compile_options"].items())
+    res["params"] = sum(p.numel() for p in model.parameters())
+    opt = _optimizer(model, device, variant)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    data = [torch.randint(0, cfg["vocab_size"], (case["batch"], case["seq"]),
+                          generator=gen).to(device) for _ in range(2)]
+    return model, fwd, opt, cfg, data
+
+
 def run_case(case, args, device, dtype):
     import torch
     variant = case["variant"]
@@ -375,20 +394,7 @@ def run_case(case, args, device, dtype):
     model = opt = fwd = None
     try:
         t0 = time.perf_counter()
-        model, fwd, cfg, info = _build(case, device, dtype, args.seed, args.compile_mode,
-                                       json.loads(args.compile_options or "{}"))
-        res.update(info)
-        if info.get("compile_mode") == "layers":
-            res["label"] += " (per layer)"
-        if info.get("compile_options"):
-            res["label"] += " " + ", ".join(f"{k}={v}" for k, v in
-                                            info["compile_options"].items())
-        res["params"] = sum(p.numel() for p in model.parameters())
-        opt = _optimizer(model, device, variant)
-        gen = torch.Generator().manual_seed(args.seed + 1)
-        V = cfg["vocab_size"]
-        data = [torch.randint(0, V, (case["batch"], case["seq"]), generator=gen).to(device)
-                for _ in range(2)]
+        model, fwd, opt, cfg, data = _setup(case, variant, res, args, device, dtype)
         compiled = _compiled(variant)
         warm = (5 if compiled else 3) if not args.quick else 2
         steps = args.steps if not args.quick else 2
@@ -515,17 +521,7 @@ def run_ab(case, args, device, dtype):
                    method=f"balanced A/B, {rounds} rounds x {steps} steps, median")
         try:
             t0 = time.perf_counter()
-            model, fwd, cfg, info = _build(c, device, dtype, args.seed, args.compile_mode,
-                                           json.loads(args.compile_options or "{}"))
-            res.update(info)
-            if info.get("compile_mode") == "layers":
-                res["label"] += " (per layer)"
-            res["params"] = sum(p.numel() for p in model.parameters())
-            opt = _optimizer(model, device, variant)
-            gen = torch.Generator().manual_seed(args.seed + 1)
-            V = cfg["vocab_size"]
-            data = [torch.randint(0, V, (c["batch"], c["seq"]), generator=gen).to(device)
-                    for _ in range(2)]
+            model, fwd, opt, cfg, data = _setup(c, variant, res, args, device, dtype)
             for i in range((5 if _compiled(variant) else 3) if not args.quick else 2):
                 loss = _step(fwd, model, opt, data[i % 2])
             _sync(device)
