@@ -364,6 +364,9 @@ DECODE_VARIANTS = {
     "fused_waves_2": {"OTE_FUSED_WAVES": "2"},  # the default's value (2), named
     "fused_waves_all": {"OTE_FUSED_WAVES": "0"},  # no cap: a task per warp
     "fused_waves_1": {"OTE_FUSED_WAVES": "1"},  # one wave of blocks
+    # o_proj on the engine's staged kernel (fused_kernels.cu: its weight loaded into
+    # registers and shared memory before its PDL wait, during the attention)
+    "fused_oproj": {"OTE_FUSED_OPROJ": "1"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
     "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
     "repeat": {},  # the default again, last: the run's drift

@@ -454,9 +454,11 @@ void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
   }
 }
 
-/* appended: the decode step's RoPE and KV append were done by the fused qkv kernel */
+/* appended: the decode step's RoPE and KV append were done by the fused qkv kernel;
+ * staged (not NULL: fused_body's FUSE_OPROJ, its blocks' caps {waves, blocks}): o_proj on
+ * the staged kernel where its shape fits */
 static ot_status attention_block(ote_engine *e, const batch *b, int l,
-                                 const ote_layer_weights *w, int appended) {
+                                 const ote_layer_weights *w, int appended, const int *staged) {
   const ote_config *c = &e->cfg;
   size_t es = ote_dtype_size(e->opt.dtype);
   int64_t D = c->head_dim, Hq = c->heads, Hkv = c->kv_heads, cols = (Hq + 2 * Hkv) * D;
@@ -519,6 +521,23 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
     OP(ot_paged_attention(e->ctx, &ap, &vq.t, &vcu.t, &kv, &vo.t, NULL), "paged attention", l);
     prof_mark(e, OTE_PROF_ATTN);
   }
+  if (staged) { /* one row: W loaded on chip before the attention's end (fused_kernels.cu) */
+    ote_fused_gemv_args a;
+    memset(&a, 0, sizeof a);
+    a.w = w->o;
+    a.N = c->hidden;
+    a.K = Hq * D;
+    a.bias = w->o_bias;
+    a.x = e->attn;
+    a.y = e->delta;
+    a.max_blocks = staged[1];
+    int done = 0;
+    OP(ote_dev_staged_gemv(&e->dev, &a, e->opt.dtype, &done), "o_proj (staged)", l);
+    if (done) {
+      prof_mark(e, OTE_PROF_O);
+      return OT_OK;
+    }
+  }
   OTE_TRY(linear(e, e->attn, b->T, Hq * D, w->o, w->o_bias, c->hidden, e->delta, l, "o_proj"));
   prof_mark(e, OTE_PROF_O);
   return OT_OK;
@@ -539,7 +558,9 @@ static ot_status swiglu_down(ote_engine *e, const batch *b, int l, const ote_lay
 
 /* ---- fused one-row linears (batch-1 decode, CUDA; fused_kernels.cu) ------------------- */
 
-enum { FUSE_NORM = 1, FUSE_SWIGLU = 2, FUSE_ROPE = 4, FUSE_PAIR = 8, FUSE_GLU = 16 };
+enum {
+  FUSE_NORM = 1, FUSE_SWIGLU = 2, FUSE_ROPE = 4, FUSE_PAIR = 8, FUSE_GLU = 16, FUSE_OPROJ = 32
+};
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
@@ -552,7 +573,9 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * (with FUSE_NORM): the SwiGLU into gate_up's epilogue (down_proj then the library's
  * linear); FUSE_SWIGLU (opt-in, instead of FUSE_GLU): the SwiGLU into down_proj;
  * FUSE_PAIR (OTE_FUSED_PAIR=0: off): each warp of the fused kernels takes two adjacent
- * rows of W at a time instead of one. The kernels hold their input row in shared memory,
+ * rows of W at a time instead of one. FUSE_OPROJ (OTE_FUSED_OPROJ=1): o_proj on the staged
+ * kernel (its weight loaded into registers and shared memory before its PDL wait, during
+ * the attention), where its shape fits. The kernels hold their input row in shared memory,
  * up to 96 KB of it: hidden float32 values for the norm's (every fusion needs those), ffn
  * 16-bit values for down_proj's (FUSE_SWIGLU, dropped when the ffn is too wide). */
 static int fuse_mode(const ote_engine *e, const batch *b) {
@@ -566,15 +589,18 @@ static int fuse_mode(const ote_engine *e, const batch *b) {
           (env_ll("OTE_FUSED_SWIGLU", 0) && !wide_ffn ? FUSE_SWIGLU : 0) |
           (env_ll("OTE_FUSED_GLU", 1) ? FUSE_GLU : 0) |
           (env_ll("OTE_FUSED_ROPE", 1) && c->head_dim % 2 == 0 ? FUSE_ROPE : 0) |
-          (env_ll("OTE_FUSED_PAIR", 1) ? FUSE_PAIR : 0);
+          (env_ll("OTE_FUSED_PAIR", 1) ? FUSE_PAIR : 0) |
+          (env_ll("OTE_FUSED_OPROJ", 0) ? FUSE_OPROJ : 0);
   int ok = aligned16(e->w.final_norm) && aligned16(e->w.lm_head);
   for (int l = 0; ok && l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
     ok = aligned16(w->attn_norm) && aligned16(w->qkv) && aligned16(w->mlp_norm) &&
          aligned16(w->gate_up) && aligned16(w->down);
+    if (!aligned16(w->o)) m &= ~FUSE_OPROJ;
   }
   ok = ok && aligned16(e->x_res) && aligned16(e->last_res) && aligned16(e->delta) &&
        aligned16(e->gate_up);
+  if (!aligned16(e->attn)) m &= ~FUSE_OPROJ;
   return ok ? m : 0;
 }
 
@@ -665,7 +691,8 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
                      "qkv_proj"));
     }
     prof_mark(e, OTE_PROF_QKV);
-    OTE_TRY(attention_block(e, b, l, w, (fuse & FUSE_NORM) && (fuse & FUSE_ROPE)));
+    OTE_TRY(attention_block(e, b, l, w, (fuse & FUSE_NORM) && (fuse & FUSE_ROPE),
+                            (fuse & FUSE_OPROJ) ? waves : NULL));
     if (fuse & FUSE_NORM) {
       OTE_TRY(fused_norm_linear(e, e->delta, res, res2, w->mlp_norm, w->gate_up, NULL, 2 * F,
                                 e->gate_up, NULL, glu ? e->mlp : NULL, -1, pair, waves, l,
@@ -757,7 +784,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     prof_mark(e, OTE_PROF_NORM);
     OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->qkv, w->qkv_bias, cols, e->qkv, l, "qkv_proj"));
     prof_mark(e, OTE_PROF_QKV);
-    OTE_TRY(attention_block(e, b, l, w, 0));
+    OTE_TRY(attention_block(e, b, l, w, 0, NULL));
     OTE_TRY(rmsnorm(e, e->delta, e->x_res, w->mlp_norm, e->normed, b->T, l,
                     "post_attention_layernorm"));
     prof_mark(e, OTE_PROF_NORM);

@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include <atomic>
+#include <mutex>
 
 #include "../cuda/common.cuh"
 #include "../cuda/pdl.cuh"
@@ -384,6 +385,114 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
   if (a.argmax_out) grid_argmax(a, best, best_n, lane, warp);
 }
 
+/* ---- STAGED: y = x W^T (+ b) for one given row x (o_proj of the batch-1 decode) ---------- *
+ * The weight is held on chip before the input exists: CTA b takes rows [b N / G, (b + 1) N
+ * / G) of W (at most kStageRows), and thread t the 16-byte column vector k = 8 t of each
+ * of them (K / 8 threads, rounded up to whole warps): the first kStageRegRows rows into
+ * registers, the rest into dynamic shared memory by cp.async (the thread's own vectors, so
+ * no barrier), all issued BEFORE the PDL wait -- while the kernels before it (the decode
+ * attention and its merge, during which the DRAM is mostly idle) finish. After the wait a
+ * thread reads its 8 values of x, takes its kStageRows dot products of 8, and the warp
+ * reduce-scatters them (31 shuffles: lane r ends with row r's warp sum); the warps' sums
+ * add through shared memory in warp order, so each row's value is the same whatever G. */
+constexpr int kStageRows = 32;    /* rows of W a CTA at most (the lanes of a warp) */
+constexpr int kStageRegRows = 8;  /* of them in registers, the rest in shared memory */
+constexpr int kStageThreads = 512; /* at most: K <= 4096 */
+
+__device__ __forceinline__ void stage_cp16(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                   (unsigned)__cvta_generic_to_shared(dst)),
+               "l"(src)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void stage_cp_commit_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ float dot8(const raw16 &w, const float (&x)[8]) {
+  float wf[8];
+  unpack<T>(wf, w);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; i++) s = fmaf(wf[i], x[i], s);
+  return s;
+}
+
+/* One step of the warp's reduce-scatter of 2 O rows' partials p[0, 2 O): a lane keeps the O
+ * rows of its half (bit O of the lane set: the upper one) at p[0, O), their sums with the
+ * lane O apart's. */
+template <int O>
+__device__ __forceinline__ void stage_scatter(float (&p)[kStageRows], int lane) {
+  const bool up = (lane & O) != 0;
+#pragma unroll
+  for (int i = 0; i < O; i++) {
+    const float send = up ? p[i] : p[i + O], keep = up ? p[i + O] : p[i];
+    p[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused_gemv_args a) {
+  static_assert(vec_width<T>::value == 8, "16-bit types");
+  extern __shared__ __align__(16) unsigned char fg_smem[];
+  uint4 *ws = reinterpret_cast<uint4 *>(fg_smem);
+  __shared__ float red[kStageThreads / 32][kStageRows];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t K = a.K, N = a.N, G = gridDim.x;
+  const int64_t r0 = (int64_t)blockIdx.x * N / G, r1 = ((int64_t)blockIdx.x + 1) * N / G;
+  const int nr = (int)(r1 - r0);
+  const bool kin = (int64_t)t * 8 < K;
+  const int64_t kv = K / 8; /* vectors a row */
+  const T *__restrict__ W = static_cast<const T *>(a.w) + r0 * K + (int64_t)t * 8;
+  raw16 wr[kStageRegRows];
+#pragma unroll
+  for (int r = 0; r < kStageRegRows; r++)
+    ot::load_raw<T, true, true>(wr[r], W + r * K, 0, 8, kin && r < nr);
+  if (kin)
+    for (int r = kStageRegRows; r < nr; r++)
+      stage_cp16(ws + (r - kStageRegRows) * kv + t, W + r * K);
+  ot_pdl_wait(); /* x (the attention's output) is ours now */
+  float xf[8];
+  {
+    raw16 xv;
+    ot::load_raw<T, true, false>(xv, static_cast<const T *>(a.x) + (int64_t)t * 8, 0, 8, kin);
+    unpack<T>(xf, xv);
+  }
+  float p[kStageRows];
+#pragma unroll
+  for (int r = 0; r < kStageRegRows; r++) p[r] = dot8<T>(wr[r], xf);
+  stage_cp_commit_wait();
+#pragma unroll
+  for (int r = kStageRegRows; r < kStageRows; r++) {
+    p[r] = 0.0f;
+    if (kin && r < nr) {
+      raw16 w;
+      w.u = ws[(r - kStageRegRows) * kv + t];
+      p[r] = dot8<T>(w, xf);
+    }
+  }
+  stage_scatter<16>(p, lane); /* 32 rows over the lanes: lane r ends with row r's sum */
+  stage_scatter<8>(p, lane);
+  stage_scatter<4>(p, lane);
+  stage_scatter<2>(p, lane);
+  stage_scatter<1>(p, lane);
+  red[warp][lane] = p[0];
+  __syncthreads();
+  ot_pdl_launch_dependents(); /* every load of the CTA is done */
+  if (warp == 0 && lane < nr) {
+    const int nw = (int)(blockDim.x >> 5);
+    float v = 0.0f;
+    for (int w = 0; w < nw; w++) v += red[w][lane];
+    if (a.bias) v += to_f32(static_cast<const T *>(a.bias)[r0 + lane]);
+    static_cast<T *>(a.y)[r0 + lane] = from_f32<T>(v);
+  }
+}
+
 /* A per-device answer (the first 16 devices; beyond them asked each time): slot[dev] when
  * set (non-zero), else compute() -- never 0 -- stored there. Host threads may ask at once:
  * each stores the same answer (relaxed atomics). */
@@ -449,15 +558,21 @@ int resident_blocks(F *f, size_t smem, int dev, std::atomic<long long> *cache) {
 }
 
 /* f's dynamic shared memory limit raised to smem on device dev when beyond the default 48
- * KB (once per device and size reached: the attribute is the device's) */
+ * KB (once per device and size reached: the attribute is the device's). The attribute only
+ * rises: the check, the set and the cache's store are one step under a lock, so a thread
+ * asking less cannot lower it between another's set and its store (the cache would then
+ * claim a limit the function does not have); the lock-free read skips the lock once set. */
 template <typename F>
 cudaError_t smem_opt_in(F *f, size_t smem, int dev, std::atomic<long long> *cache) {
+  static std::mutex mu;
   if (smem <= (48u << 10)) return cudaSuccess;
   const bool ok = dev >= 0 && dev < 16;
+  if (ok && (size_t)cache[dev].load(std::memory_order_acquire) >= smem) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(mu);
   if (ok && (size_t)cache[dev].load(std::memory_order_relaxed) >= smem) return cudaSuccess;
   cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;
-  if (ok) cache[dev].store((long long)smem, std::memory_order_relaxed);
+  if (ok) cache[dev].store((long long)smem, std::memory_order_release);
   return cudaSuccess;
 }
 
@@ -488,6 +603,57 @@ cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
                             dim3(kWarps * 32), smem, st, a);
 }
 
+/* The staged kernel's grid for a: G CTAs (the SMs, or a.max_blocks when that keeps a CTA's
+ * rows within kStageRows) and the dynamic shared memory; false when a's shape does not fit
+ * (K / 8 threads over kStageThreads, more than kStageRows rows a CTA, or the rows past the
+ * registers' beyond the device's shared memory a block). */
+bool staged_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, size_t *smem) {
+  static std::atomic<long long> optin[16] = {};
+  if (a.K <= 0 || a.K % 8 || a.K > 8 * kStageThreads || a.N <= 0 || a.bias == a.y) return false;
+  int64_t g = sm_count(dev < 0 ? 0 : dev);
+  if (g > a.N) g = a.N;
+  if (a.max_blocks > 0 && a.max_blocks < g && (a.N + a.max_blocks - 1) / a.max_blocks <= kStageRows)
+    g = a.max_blocks;
+  const int64_t rows = (a.N + g - 1) / g;
+  if (rows > kStageRows) return false;
+  const long long limit = per_device(optin, dev, [dev]() {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev < 0 ? 0 : dev) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      v = 48 << 10;
+    }
+    return (long long)(v < 1 ? 1 : v);
+  });
+  const size_t need = (size_t)(rows > kStageRegRows ? rows - kStageRegRows : 0) * a.K * 2;
+  if ((long long)(need + sizeof(float) * kStageRows * (kStageThreads / 32)) > limit) return false;
+  *G = g;
+  *smem = need;
+  return true;
+}
+
+template <typename T>
+cudaError_t launch_staged(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl, int *done) {
+  static std::atomic<long long> pdl_cache[16] = {}, smem_set[16] = {};
+  auto f = staged_gemv_kernel<T>;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    dev = -1;
+  }
+  int64_t G = 0;
+  size_t smem = 0;
+  *done = 0;
+  if (!staged_grid(a, dev, &G, &smem)) return cudaSuccess;
+  cudaError_t e = smem_opt_in(f, smem, dev, smem_set);
+  if (e != cudaSuccess) return e;
+  const int threads = (int)((a.K / 8 + 31) / 32 * 32);
+  e = ot_launch_pdl_smem(pdl && pdl_ok(f, dev, pdl_cache), f, dim3((unsigned)G), dim3(threads),
+                         smem, st, a);
+  *done = e == cudaSuccess;
+  return e;
+}
+
 template <typename T>
 cudaError_t launch_any(const ote_fused_gemv_args &a, int mode, cudaStream_t st, bool pdl) {
   if (a.rope) return launch<T, kNorm, 2, kRope>(a, st, pdl);
@@ -513,4 +679,14 @@ extern "C" int ote_cuda_fused_gemv(const ote_fused_gemv_args *a, int dtype_code,
   if (a->argmax_out && mode != kNorm) return (int)cudaErrorInvalidValue;
   if (dtype_code == 4 /* kDLBfloat */) return (int)launch_any<__nv_bfloat16>(*a, mode, st, pdl);
   return (int)launch_any<__half>(*a, mode, st, pdl);
+}
+
+/* y = x W^T (+ bias) for one row x by the staged kernel (a.w, a.N, a.K, a.bias, a.x, a.y,
+ * a.max_blocks; every pointer 16-byte aligned): *done 0 when a's shape does not fit it
+ * (nothing launched; the caller takes another linear) */
+extern "C" int ote_cuda_staged_gemv(const ote_fused_gemv_args *a, int dtype_code, int pdl,
+                                    void *stream, int *done) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (dtype_code == 4 /* kDLBfloat */) return (int)launch_staged<__nv_bfloat16>(*a, st, pdl, done);
+  return (int)launch_staged<__half>(*a, st, pdl, done);
 }

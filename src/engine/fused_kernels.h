@@ -49,6 +49,8 @@ typedef struct ote_fused_gemv_args {
   void *k_pages, *v_pages;
   const int32_t *indptr, *indices, *last_page_len;
   double theta, l3_factor, l3_low, l3_high, l3_orig;
+  /* the input row of the staged kernel (ote_cuda_staged_gemv, fused_kernels.cu: o_proj) */
+  const void *x;
 } ote_fused_gemv_args;
 
 #ifdef __cplusplus

@@ -72,6 +72,11 @@ ot_status ote_dev_argmax(const ote_device *d, int32_t *out_dev, const void *logi
 struct ote_fused_gemv_args;
 ot_status ote_dev_fused_gemv(const ote_device *d, const struct ote_fused_gemv_args *a,
                              DLDataType dt, int swiglu);
+/* CUDA, bf16 / fp16: y = x W^T (+ b) for one row x by the kernel that loads W on chip
+ * before its PDL wait (fused_kernels.cu's staged kernel: o_proj); *done 0 when the shape
+ * does not fit it (nothing launched: the caller takes another linear). */
+ot_status ote_dev_staged_gemv(const ote_device *d, const struct ote_fused_gemv_args *a,
+                              DLDataType dt, int *done);
 /* CUDA: weights.c's random values computed on the device (a = std * sqrt(3); a == 0 fills
  * `constant`), equal to the host's. */
 ot_status ote_dev_fill_random(const ote_device *d, void *dst, size_t n, DLDataType dt,

@@ -281,8 +281,13 @@ FUSED_CASES = {
 
 
 # the fused kernels' grids (engine.c fused_body): the default, and 3 blocks
-# (OTE_FUSED_BLOCKS=3: each warp takes many tasks, the grid-stride loop's later tasks)
-FUSED_FORMS = {"default": {}, "3_blocks": {"OTE_FUSED_BLOCKS": "3"}}
+# (OTE_FUSED_BLOCKS=3: each warp takes many tasks, the grid-stride loop's later tasks); and
+# o_proj on the staged kernel (OTE_FUSED_OPROJ=1) with 40 CTAs (OTE_FUSED_BLOCKS=40: 7 / 29
+# / 13 rows a CTA at hidden 256 / 1152 / 512, past the 8 it holds in registers, so most in
+# shared memory; its default grid of one CTA per SM holds 2 / 9 / 4)
+OPROJ = {"OTE_FUSED_OPROJ": "1"}
+FUSED_FORMS = {"default": {}, "3_blocks": {"OTE_FUSED_BLOCKS": "3"},
+               "oproj_staged_40_blocks": {**OPROJ, "OTE_FUSED_BLOCKS": "40"}}
 
 
 def fused_model(**shape):
@@ -366,7 +371,10 @@ def test_cuda_fused_decode_matches_unfused(tmp_path, case, dtype, form):
 @pytest.mark.parametrize("case", list(FUSED_CASES))
 def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
     """The fused kernels with 3 or 1 blocks (each warp many tasks: the grid-stride split
-    changes no sum) give the default's logits and tokens bit for bit."""
+    changes no sum) give the default's logits and tokens bit for bit; so does o_proj's
+    staged kernel with 40 CTAs against its default grid (a row's sum is one CTA's in a
+    fixed order), and its logits differ from the library o_proj's (another order of the
+    sums: equal bit for bit would mean the staged kernel was not taken)."""
     _need_cuda_ot_run()
     run = _fused_runner(tmp_path, case, dtype)
     base_tok, base = run({}, dump=tmp_path / "b.bin")
@@ -375,6 +383,12 @@ def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
         assert tok == base_tok, f"{env}: tokens differ"
         assert np.array_equal(lg, base), \
             f"{env}: logits differ (max {np.abs(lg - base).max()})"
+    st_tok, st = run(OPROJ, dump=tmp_path / "s.bin")
+    assert not np.array_equal(st, base), "staged o_proj logits == library o_proj's: not taken?"
+    env = {**OPROJ, "OTE_FUSED_BLOCKS": "40"}
+    tok, lg = run(env, dump=tmp_path / "s40.bin")
+    assert tok == st_tok, f"{env}: tokens differ"
+    assert np.array_equal(lg, st), f"{env}: logits differ (max {np.abs(lg - st).max()})"
 
 
 @pytest.mark.parametrize("form", list(FUSED_FORMS))
