@@ -103,8 +103,12 @@ ATTN_SHAPES = [("0.54b 4x2048", 4, 2048, 16, 16, 128), ("1.5b 4x2048", 4, 2048, 
                ("GQA D128 4x2048", 4, 2048, 32, 8, 128), ("0.54b 1x16384", 1, 16384, 16, 16, 128)]
 
 
-def case_name(cfg, batch, seq):
-    return f"{cfg} bf16 {batch}x{seq}"
+def case_name(cfg, batch, seq, tag=None):
+    """A case's name in the rows ("0.54b bf16 4x2048"); an A/B group with a tag (group 3:
+    "compiled_ops") gets its own case ("0.54b bf16 4x2048 [compiled_ops]"), so that its
+    rows -- HF sdpa + torch.compile among them -- stay apart from another group's rows of
+    the same shape in one record."""
+    return f"{cfg} bf16 {batch}x{seq}" + (f" [{tag}]" if tag else "")
 
 
 def plan(quick):
@@ -126,6 +130,15 @@ def plan(quick):
     a = dict(cfg="0.54b", batch=4, seq=2048)
     b = dict(cfg="1.5b", batch=4, seq=2048)
     lc = dict(cfg="0.54b", batch=1, seq=16384)
+    # long context where HF sdpa runs out of memory on the H200 (141 GB): the 1.5 B
+    # config (vocab 128256) at 1 x 65536 -- HF's layer activations ~2 MB a token (36.1 GB
+    # at 4 x 2048 less 12 GB of weights / gradients / AdamW states and ~10 GB of loss)
+    # ~130 GB, then its loss' bf16 logits, float32 copy and log-softmax (65536 x 128256:
+    # 17 + 34 + 34 GB): ~215 GB; patched ~0.75 MB a token (18.0 GB at 4 x 2048): ~60 GB.
+    # At 1 x 32768 HF's estimate (~120 GB) is too close to the card to be sure of an OOM.
+    # One warm-up and two timed steps (~3 s a step at ~450 TFLOP/s); HF first, so that
+    # the peak at its OOM is its own
+    lx = dict(cfg="1.5b", batch=1, seq=65536, warmup=1, steps=2)
     # the eager cases of the targets in the first group (one process start-up);
     # "patched_other" is the patched model with the attention "auto" did not pick;
     # profiles: the patched 0.54 B step; in a later group HF sdpa's (per-kind GPU time
@@ -139,8 +152,9 @@ def plan(quick):
     return [
         [dict(kind="ceiling"), dict(a, kind="ab", variants=ab)],
         [dict(b, kind="ab", variants=ab)],
-        [dict(lc, kind="ab", variants=["hf_sdpa", "patched", "patched_other"])],
-        [dict(a, kind="ab", variants=[
+        [dict(lc, kind="ab", variants=["hf_sdpa", "patched"]),
+         dict(lx, variant="hf_sdpa"), dict(lx, variant="patched")],
+        [dict(a, kind="ab", tag="compiled_ops", variants=[
             "hf_sdpa_compile", "patched_compile_ops_all", "patched_compile_no_rms_norm",
             "patched_compile_no_rope", "patched_compile_no_swiglu",
             "patched_compile_ops_none"])],
@@ -392,16 +406,23 @@ def run_case(case, args, device, dtype):
     res = dict(case=case_name(case["cfg"], case["batch"], case["seq"]), variant=variant,
                label=VARIANTS[variant], cfg=case["cfg"], batch=case["batch"], seq=case["seq"])
     model = opt = fwd = None
+    phase = "build"
+    if device.type == "cuda":
+        # (the peak at an out-of-memory below is this case's, not an earlier one's)
+        torch.cuda.reset_peak_memory_stats(device)
     try:
         t0 = time.perf_counter()
         model, fwd, opt, cfg, data = _setup(case, variant, res, args, device, dtype)
         compiled = _compiled(variant)
-        warm = (5 if compiled else 3) if not args.quick else 2
-        steps = args.steps if not args.quick else 2
+        # (a case may set its own warm-up / timed steps: the 1 x 65536 case, ~3 s a step)
+        warm = case.get("warmup", 5 if compiled else 3) if not args.quick else 2
+        steps = case.get("steps", args.steps) if not args.quick else 2
         for i in range(warm):
+            phase = f"warm-up step {i + 1}"
             loss = _step(fwd, model, opt, data[i % 2])
         _sync(device)
         res["warmup_s"] = time.perf_counter() - t0
+        phase = "timed steps"
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         _sync(device)
@@ -456,12 +477,16 @@ def run_case(case, args, device, dtype):
             # --profile: this model, after its timed steps (no second build / compile)
             res["_profile"] = dict(_profile(case, args, device, fwd, model, opt, data[0]),
                                    after_case=True)
-    except torch.OutOfMemoryError as e:
-        res.update(status="oom", error=str(e).split("\n")[0][:300])
     except Exception as e:  # noqa: BLE001  (recorded; the next case runs)
-        msg = f"{type(e).__name__}: {e}".split("\n")[0][:400]
-        if "out of memory" in msg.lower():
-            res.update(status="oom", error=msg)
+        msg = f"{type(e).__name__}: {e}".split("\n")[0][:600]
+        if _is_oom(e):
+            # where it ran out and what torch held then: the peak since the case began
+            # (its model, optimizer, the step's tensors) and the card's capacity
+            res.update(status="oom", error=msg, oom_phase=phase)
+            if device.type == "cuda":
+                res.update(peak_GB_at_oom=torch.cuda.max_memory_allocated(device) / 1e9,
+                           device_total_GB=torch.cuda.get_device_properties(device)
+                           .total_memory / 1e9)
         else:
             res.update(status="error", error=msg)
             traceback.print_exc(limit=6)
@@ -473,6 +498,15 @@ def run_case(case, args, device, dtype):
         except Exception:  # noqa: BLE001
             pass
     return res
+
+
+def _is_oom(e):
+    """An out-of-memory: torch's OutOfMemoryError, or an allocation failure that a
+    library (cuBLAS' workspace, a cudaMalloc in an extension) reports as another error."""
+    import torch
+    msg = str(e).lower()
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in msg \
+        or "alloc_failed" in msg
 
 
 def _static_bytes(model, opt):
@@ -516,9 +550,9 @@ def run_ab(case, args, device, dtype):
     case = dict(case, variants=variants)
     for variant in variants:
         c = dict(case, variant=variant)
-        res = dict(case=case_name(c["cfg"], c["batch"], c["seq"]), variant=variant,
-                   label=VARIANTS[variant], cfg=c["cfg"], batch=c["batch"], seq=c["seq"],
-                   method=f"balanced A/B, {rounds} rounds x {steps} steps, median")
+        res = dict(case=case_name(c["cfg"], c["batch"], c["seq"], c.get("tag")),
+                   variant=variant, label=VARIANTS[variant], cfg=c["cfg"], batch=c["batch"],
+                   seq=c["seq"], method=f"balanced A/B, {rounds} rounds x {steps} steps, median")
         try:
             t0 = time.perf_counter()
             model, fwd, opt, cfg, data = _setup(c, variant, res, args, device, dtype)
@@ -531,8 +565,7 @@ def run_ab(case, args, device, dtype):
             built.append([res, model, fwd, opt, data, cfg, [], [], [], 0])
         except Exception as e:  # noqa: BLE001  (recorded; the other variants run)
             msg = f"{type(e).__name__}: {e}".split("\n")[0][:400]
-            res.update(status="oom" if "out of memory" in msg.lower() else "error",
-                       error=msg)
+            res.update(status="oom" if _is_oom(e) else "error", error=msg)
             traceback.print_exc(limit=6)
             rows.append(res)
             model = opt = fwd = None
@@ -1097,7 +1130,13 @@ def _estimate_s(group, quick, compile_mode="model", ab_rounds=4, ab_steps=5):
                   * (3 if big else 1))
         else:
             big = c["cfg"] == "1.5b"
-            if _compiled(c["variant"]):
+            if c["seq"] >= 32768:
+                # warm-up and timed steps at ~450 TFLOP/s (1.5 B at 1 x 65536: ~3 s a
+                # step) and the build; HF's out-of-memory ends sooner
+                tok = c["batch"] * c["seq"]
+                s += 5 + ((c.get("warmup", 3) + c.get("steps", 6))
+                          * _flops_per_token(CONFIGS[c["cfg"]], c["seq"]) * tok / 4.5e14)
+            elif _compiled(c["variant"]):
                 # per layer: 98a29de's H200 run took 31 s / 33 s for a group of three
                 # compiled variants (0.54 B with two profiles / 1.5 B), start-up included
                 s += (90 if big else 60) if compile_mode == "model" else (12 if big else 10)
@@ -1138,13 +1177,18 @@ def build_record(runs, curve, ceiling, args, extra=None):
                                                              "hf_sdpa_compile")
                      if v in vs and vs[v].get("status") == "ok" and "peak_GB" in vs[v]}
         for ours in ("patched", "patched_compile", "patched_torch_attn", "patched_lib_attn",
-                     "patched_ot_adamw", "patched_compile_ot_adamw"):
+                     "patched_ot_adamw", "patched_compile_ot_adamw", *COMPILED_OPS):
             r = vs.get(ours)
             if r is None:
                 continue
             row = dict(op=f"train_step ({VARIANTS[ours]})", case=case, metric="tokens/s",
                        ours=r.get("tokens_per_s") if r.get("status") == "ok" else None,
                        status=r.get("status"), peers=peers_tok, ratio_best_peer=None)
+            oom = {VARIANTS[v]: vs[v].get("peak_GB_at_oom") for v in ("hf_eager", "hf_sdpa",
+                                                                       "hf_sdpa_compile")
+                   if v in vs and vs[v].get("status") == "oom"}
+            if oom:             # peers that ran out of memory (their peak GB at the OOM)
+                row["peers_out_of_memory"] = oom
             if row["ours"] and peers_tok:
                 row["ratio_best_peer"] = row["ours"] / max(peers_tok.values())
                 row["ratio_hf_sdpa"] = row["ours"] / peers_tok["HF sdpa"] \
@@ -1171,6 +1215,16 @@ def build_record(runs, curve, ceiling, args, extra=None):
     return rec
 
 
+def _base_row(rs):
+    """The row a case's ratios are taken against: HF sdpa's, or where the case has none
+    (group 3, the compiled ops: HF sdpa + torch.compile is its peer) HF sdpa + compile's."""
+    for v in ("hf_sdpa", "hf_sdpa_compile"):
+        r = next((r for r in rs if r["variant"] == v and r.get("status") == "ok"), None)
+        if r is not None or any(x["variant"] == v for x in rs):
+            return r
+    return None
+
+
 def table(record):
     lines = ["case                   variant                               status   tok/s      "
              "x HF sdpa  peak GB  x HF sdpa  TFLOP/s"]
@@ -1178,8 +1232,7 @@ def table(record):
     for r in record["runs"]:
         by.setdefault(r["case"], []).append(r)
     for case, rs in by.items():
-        base = next((r for r in rs if r["variant"] == "hf_sdpa" and r.get("status") == "ok"),
-                    None)
+        base = _base_row(rs)
         for r in rs:
             ok = r.get("status") == "ok"
             tok = r.get("tokens_per_s") if ok else None
@@ -1221,11 +1274,12 @@ def markdown(path):
     for r in rec.get("runs", []):
         by.setdefault(r["case"], []).append(r)
     for case, rs in by.items():
-        base = next((r for r in rs if r["variant"] == "hf_sdpa" and r.get("status") == "ok"),
-                    None)
+        base = _base_row(rs)
         for r in rs:
             if r.get("status") != "ok":
-                out.append(f"| {case} | {r['label']} | {r.get('status')} | | | | |")
+                oom = (f" (peak {r['peak_GB_at_oom']:.1f} of {r['device_total_GB']:.1f} GB "
+                       f"at its {r.get('oom_phase')})" if r.get("peak_GB_at_oom") else "")
+                out.append(f"| {case} | {r['label']} | {r.get('status')}{oom} | | | | |")
                 continue
             xt = r["tokens_per_s"] / base["tokens_per_s"] if base else None
             mem = r.get("peak_GB")
@@ -1234,6 +1288,11 @@ def markdown(path):
                        f"{'' if xt is None else f'{xt:.2f}x'} | "
                        f"{'' if mem is None else f'{mem:.1f}'} | "
                        f"{'' if xm is None else f'{xm:.2f}x'} | {r['model_TFLOPs']:.0f} |")
+    against = [c for c, rs in by.items() if (_base_row(rs) or {}).get("variant")
+               == "hf_sdpa_compile"]
+    if against:
+        out += ["", f"In {', '.join(against)} the x columns are against HF sdpa + "
+                "torch.compile (the case has no HF sdpa row)."]
     losses = {}
     for r in rec.get("runs", []):
         if r.get("status") == "ok" and "loss" in r:
@@ -1421,7 +1480,8 @@ def main(argv=None):
         def wanted(c):
             if c.get("kind") == "ab":
                 return ((vs is None or "ab" in vs)
-                        and (cs is None or case_name(c["cfg"], c["batch"], c["seq"]) in cs))
+                        and (cs is None or case_name(c["cfg"], c["batch"], c["seq"],
+                                                     c.get("tag")) in cs))
             if c.get("kind", "step") != "step":
                 return vs is not None and c["kind"] in vs
             return ((vs is None or c["variant"] in vs)
@@ -1456,7 +1516,7 @@ def main(argv=None):
                   f"left, ~{need} s needed)", flush=True)
             for c in group:
                 for v in _case_variants(c):
-                    runs.append(dict(case=case_name(c["cfg"], c["batch"], c["seq"]),
+                    runs.append(dict(case=case_name(c["cfg"], c["batch"], c["seq"], c.get("tag")),
                                      variant=v, label=VARIANTS[v], status="skipped (budget)"))
             save()
             continue
@@ -1511,7 +1571,7 @@ def main(argv=None):
             print(f"   group {gi} incomplete ({why}): " + " | ".join(tail)[:800], flush=True)
             for c in group[done:]:
                 for v in _case_variants(c):
-                    runs.append(dict(case=case_name(c["cfg"], c["batch"], c["seq"]),
+                    runs.append(dict(case=case_name(c["cfg"], c["batch"], c["seq"], c.get("tag")),
                                      variant=v, label=VARIANTS[v],
                                      status="timeout" if rc == "timeout" else "crashed",
                                      error=" | ".join(tail)[-300:]))

@@ -131,3 +131,68 @@ def test_run_ab_runs_each_patched_variant_with_its_attention_option():
     assert {v for v, _ in seen} == {"patched", "patched_torch_attn"}
     for variant, fused in seen:
         assert fused == bt.FUSED_ATTENTION.get(variant, "auto"), (variant, fused)
+
+
+def test_run_case_records_an_out_of_memory_with_its_phase():
+    """The long-context case where HF runs out of memory: the row says oom, the error, and
+    in which step it ran out (the GPU-only peak / capacity fields on CUDA); a case's own
+    warm-up / timed step counts are used (the 1 x 65536 case: 1 + 2)."""
+    steps = []
+    with pytest.MonkeyPatch.context() as mp:
+        _spy_steps(mp, lambda model: steps.append(model._variant))
+        r = bt.run_case(dict(cfg="tiny", batch=1, seq=16, variant="patched", warmup=1,
+                             steps=2), args(steps=6), torch.device("cpu"), torch.float32)
+    assert r["status"] == "ok" and r["steps"] == 2 and len(steps) == 3, (r, steps)
+
+    def oom(model):
+        if len(steps) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 31.31 GiB")
+        steps.append(1)
+    steps.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        _spy_steps(mp, lambda model: (steps.append(0), oom(model)))
+        r = bt.run_case(dict(cfg="tiny", batch=1, seq=16, variant="hf_sdpa", warmup=3,
+                             steps=2), args(steps=6), torch.device("cpu"), torch.float32)
+    assert r["status"] == "oom" and r["oom_phase"] == "warm-up step 1", r
+    assert "Tried to allocate 31.31 GiB" in r["error"]
+    r.update(peak_GB_at_oom=139.1, device_total_GB=150.0)        # (CUDA only)
+    ok = dict(case=r["case"], variant="patched", label="patched", status="ok",
+              tokens_per_s=1e3, peak_GB=60.0, model_TFLOPs=400.0, loss=1.0)
+    rec = bt.build_record([r, ok], None, None, argparse.Namespace(
+        device_name="CPU", commit="x", command="test"))
+    row = next(x for x in rec["rows"] if x["metric"] == "tokens/s")
+    assert row["peers_out_of_memory"] == {"HF sdpa": 139.1} and row["ratio_best_peer"] is None
+    assert bt._is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+                                   "cublasCreate"))
+    assert not bt._is_oom(RuntimeError("shape mismatch"))
+
+
+def test_tagged_ab_case_keeps_its_rows_apart(tmp_path, capsys):
+    """Group 3 (compiled ops) is its own case "[compiled_ops]": its HF sdpa + compile row
+    does not replace group 0's in the record, and its ratios are taken against it."""
+    plan = bt.plan(quick=False)
+    assert plan[3][0].get("tag") == "compiled_ops"
+    name = bt.case_name("0.54b", 4, 2048, "compiled_ops")
+    runs = [dict(case="0.54b bf16 4x2048", variant=v, label=bt.VARIANTS[v], status="ok",
+                 tokens_per_s=t, peak_GB=g, model_TFLOPs=1.0, loss=1.0)
+            for v, t, g in (("hf_sdpa", 100.0, 10.0), ("hf_sdpa_compile", 140.0, 9.0),
+                            ("patched_compile", 150.0, 7.0))]
+    runs += [dict(case=name, variant=v, label=bt.VARIANTS[v], status="ok", tokens_per_s=t,
+                  peak_GB=g, model_TFLOPs=1.0, loss=1.0)
+             for v, t, g in (("hf_sdpa_compile", 120.0, 9.0),
+                             ("patched_compile_ops_none", 132.0, 8.0))]
+    rec = bt.build_record(runs, None, None, argparse.Namespace(
+        device_name="CPU", commit="x", command="test"))
+    tok = {(x["case"], x["op"]): x for x in rec["rows"] if x["metric"] == "tokens/s"}
+    got = tok[(name, "train_step (" + bt.VARIANTS["patched_compile_ops_none"] + ")")]
+    assert got["peers"] == {"HF sdpa + torch.compile": 120.0}
+    assert got["ratio_best_peer"] == pytest.approx(1.1)
+    assert tok[("0.54b bf16 4x2048", "train_step (patched + torch.compile)")]["peers"][
+        "HF sdpa + torch.compile"] == 140.0
+    assert "1.10" in bt.table(rec).split(name)[-1]
+    path = tmp_path / "training.json"
+    path.write_text(json.dumps(rec))
+    bt.markdown(str(path))
+    md = capsys.readouterr().out
+    assert f"| {name} | {bt.VARIANTS['patched_compile_ops_none']} | 0.1 k | 1.10x |" in md
+    assert f"In {name} the x columns are against HF sdpa + torch.compile" in md
