@@ -1419,7 +1419,8 @@ def main(argv=None):
     p.add_argument("--plot", default=None, help="loss-curve PNG (bench/plot_training.py)")
     p.add_argument("--commit", default="unknown")
     p.add_argument("--command", default=None)
-    p.add_argument("--only", default=None, help="comma-separated group indices to run")
+    p.add_argument("--only", default=None,
+                   help="comma-separated group indices to run, in that order")
     p.add_argument("--variants", default=None,
                    help="comma-separated variants (and kinds: ceiling, attention, profile, "
                         "curve) to run, of the plan's groups")
@@ -1469,10 +1470,11 @@ def main(argv=None):
     args.command = args.command or "python3 bench/bench_training.py " + " ".join(
         argv if argv is not None else sys.argv[1:])
     t_start = time.time()
-    groups = plan(args.quick)
+    groups = list(enumerate(plan(args.quick)))        # (the plan's index: the logs' name)
     if args.only:
-        keep = {int(i) for i in args.only.split(",")}
-        groups = [g for i, g in enumerate(groups) if i in keep]
+        # in the order given ("3,0": the compiled ops' table first)
+        keep = list(dict.fromkeys(int(i) for i in args.only.split(",")))
+        groups = [groups[i] for i in keep]
     if args.variants or args.cases:
         vs = set(args.variants.split(",")) if args.variants else None
         cs = set(args.cases.split(",")) if args.cases else None
@@ -1486,8 +1488,9 @@ def main(argv=None):
                 return vs is not None and c["kind"] in vs
             return ((vs is None or c["variant"] in vs)
                     and (cs is None or case_name(c["cfg"], c["batch"], c["seq"]) in cs))
-        groups = [g for g in ([c for c in g if wanted(c)] for g in groups) if g]
-    unknown = args.profile - {_profile_key(dict(c, variant=v)) for g in groups for c in g
+        groups = [(i, g) for i, g in ((i, [c for c in g if wanted(c)]) for i, g in groups)
+                  if g]
+    unknown = args.profile - {_profile_key(dict(c, variant=v)) for _, g in groups for c in g
                               for v in _case_variants(c)}
     if unknown:         # (a misspelt key would cost the run its profile silently)
         print(f"--profile skipped: {', '.join(sorted(unknown))}: no such case in this run "
@@ -1504,7 +1507,7 @@ def main(argv=None):
         os.replace(tmp, args.json)
         return record
 
-    for gi, group in enumerate(groups):
+    for gi, group in groups:
         left = args.budget_s - (time.time() - t_start)
         mode = args.compile_mode
         if mode == "auto":
