@@ -1101,8 +1101,9 @@ def _case_variants(c):
 
 def _estimate_s(group, quick, compile_mode="model", ab_rounds=4, ab_steps=5):
     """Rough seconds a group needs on the H200 (start-up, model build, compile); an A/B's
-    rounds at --ab-rounds / --ab-steps (0.9 s a variant and round at 0.54 B with 1 + 5
-    steps)."""
+    rounds at --ab-rounds / --ab-steps (0.4 s a variant and round at 0.54 B with 1 + 5
+    steps, 3x that at 1.5 B or 16k; the H200 run of 6c0e246: group 0 31 s, group 3 59 s
+    with their start-up, against 50 s / 67 s estimated)."""
     if quick:
         return 20
     s = 15
@@ -1126,7 +1127,7 @@ def _estimate_s(group, quick, compile_mode="model", ab_rounds=4, ab_steps=5):
                     s += 3 if big else 2
             s += 12 if any(v.startswith("hf") and _compiled(v) for v in c["variants"]) else 0
             steps = c.get("steps", ab_steps) + 1                   # (+ the lead-in)
-            s += (len(c["variants"]) * c.get("rounds", ab_rounds) * 0.9 * steps / 6
+            s += (len(c["variants"]) * c.get("rounds", ab_rounds) * 0.4 * steps / 6
                   * (3 if big else 1))
         else:
             big = c["cfg"] == "1.5b"
