@@ -367,6 +367,10 @@ DECODE_VARIANTS = {
     # o_proj on the engine's staged kernel (fused_kernels.cu: its weight loaded into
     # registers and shared memory before its PDL wait, during the attention)
     "fused_oproj": {"OTE_FUSED_OPROJ": "1"},
+    # the same with only 8 / none of its shared-memory rows (24 a CTA of the 8B's) loaded
+    # before the wait (the rest after it: less in flight ahead of the merge's loads)
+    "fused_oproj_early_8": {"OTE_FUSED_OPROJ": "1", "OTE_FUSED_OPROJ_EARLY_ROWS": "8"},
+    "fused_oproj_early_0": {"OTE_FUSED_OPROJ": "1", "OTE_FUSED_OPROJ_EARLY_ROWS": "0"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
     "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
     "repeat": {},  # the default again, last: the run's drift

@@ -188,8 +188,8 @@ if [ "${ENGINE_MEMCHECK_DECODE:-1}" = 1 ] && command -v compute-sanitizer >/dev/
     --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_forms.log" 2>&1
   SUMMARY+=("memcheck ot-run batch-1 decode (fused kernels, 3 blocks) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_forms.log" | tail -1)")
   # o_proj on the staged kernel (OTE_FUSED_OPROJ=1) with 12 CTAs: 22 rows a CTA at the tiny
-  # config's 256, 14 of them in shared memory
-  OTE_FUSED_OPROJ=1 OTE_FUSED_BLOCKS=12 timeout 120 compute-sanitizer --tool memcheck \
+  # config's 256, 14 of them in shared memory, 5 of those loaded before its PDL wait
+  OTE_FUSED_OPROJ=1 OTE_FUSED_BLOCKS=12 OTE_FUSED_OPROJ_EARLY_ROWS=5 timeout 120 compute-sanitizer --tool memcheck \
     --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
     --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_oproj.log" 2>&1
   SUMMARY+=("memcheck ot-run batch-1 decode (staged o_proj, 12 CTAs) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_oproj.log" | tail -1)")

@@ -14,15 +14,14 @@
 
 #include "cuda_state.h"
 
-/* An answer asked once per device: cached[cs's device] when set (non-zero), else
- * compute() -- never 0 -- stored there (the first 16 devices; beyond them asked each
+/* An answer asked once per device: cached[dev] when set (non-zero), else compute() --
+ * never 0 -- stored there (the first 16 devices; beyond them, or dev < 0, asked each
  * time). `cached` is the caller's static array of 16, declared "= {}"
  * (constant-initialized, where GCC otherwise guards an array of atomics'
  * initialization). Host threads may ask at once: each stores the same answer (relaxed
- * atomics, no lock). */
+ * atomics, no lock). ot_per_device: for cs's device. */
 template <typename F>
-static inline int ot_per_device(const ot_cuda_state *cs, std::atomic<int> *cached, F compute) {
-  const int dev = cs->device;
+static inline int ot_per_device_id(int dev, std::atomic<int> *cached, F compute) {
   const bool slot = dev >= 0 && dev < 16;
   if (slot) {
     const int c = cached[dev].load(std::memory_order_relaxed);
@@ -32,6 +31,10 @@ static inline int ot_per_device(const ot_cuda_state *cs, std::atomic<int> *cache
   if (slot) cached[dev].store(v, std::memory_order_relaxed);
   return v;
 }
+template <typename F>
+static inline int ot_per_device(const ot_cuda_state *cs, std::atomic<int> *cached, F compute) {
+  return ot_per_device_id(cs->device, cached, compute);
+}
 
 /* Whether kernel f may be launched as a programmatic dependent on cs's device: a 9.0+ GPU
  * running f's code compiled for sm_90+. Only that code waits (griddepcontrol.wait is
@@ -39,18 +42,22 @@ static inline int ot_per_device(const ot_cuda_state *cs, std::atomic<int> *cache
  * code, or a newer GPU that cannot run the sm_90a binary) does not, and launched early
  * it could read its inputs before the previous kernel wrote them. Once per kernel and
  * device (ot_per_device): `cached` is the caller's static array of 16 for f (1 yes, -1 no,
- * 0 not asked yet). */
+ * 0 not asked yet). ot_pdl_ok_id: for device dev of compute capability cc_major.x. */
 template <typename K>
-static inline bool ot_pdl_ok(const ot_cuda_state *cs, K *f, std::atomic<int> *cached) {
-  return ot_per_device(cs, cached, [cs, f]() {
+static inline bool ot_pdl_ok_id(int dev, int cc_major, K *f, std::atomic<int> *cached) {
+  return ot_per_device_id(dev, cached, [cc_major, f]() {
            bool ok = false;
-           if (cs->cc_major >= 9) {
+           if (cc_major >= 9) {
              cudaFuncAttributes fa;
              if (cudaFuncGetAttributes(&fa, f) == cudaSuccess) ok = fa.ptxVersion >= 90;
              else (void)cudaGetLastError();
            }
            return ok ? 1 : -1;
          }) > 0;
+}
+template <typename K>
+static inline bool ot_pdl_ok(const ot_cuda_state *cs, K *f, std::atomic<int> *cached) {
+  return ot_pdl_ok_id(cs->device, cs->cc_major, f, cached);
 }
 
 /* Device side, no-ops below sm_90 and in a kernel not launched as a programmatic

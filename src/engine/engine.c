@@ -455,8 +455,8 @@ void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
 }
 
 /* appended: the decode step's RoPE and KV append were done by the fused qkv kernel;
- * staged (not NULL: fused_body's FUSE_OPROJ, its blocks' caps {waves, blocks}): o_proj on
- * the staged kernel where its shape fits */
+ * staged (not NULL: fused_body's FUSE_OPROJ, {waves, blocks, shared-memory rows loaded
+ * before the PDL wait (< 0: all)}): o_proj on the staged kernel where its shape fits */
 static ot_status attention_block(ote_engine *e, const batch *b, int l,
                                  const ote_layer_weights *w, int appended, const int *staged) {
   const ote_config *c = &e->cfg;
@@ -531,6 +531,7 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
     a.x = e->attn;
     a.y = e->delta;
     a.max_blocks = staged[1];
+    a.stage_rows = staged[2];
     int done = 0;
     OP(ote_dev_staged_gemv(&e->dev, &a, e->opt.dtype, &done), "o_proj (staged)", l);
     if (done) {
@@ -668,8 +669,10 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   void *res = e->x_res, *res2 = e->last_res;
   const int pair = (fuse & FUSE_PAIR) != 0;
-  /* once a forward, not a call: the blocks' caps (waves, blocks) */
-  const int waves[2] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0)};
+  /* once a forward, not a call: the blocks' caps (waves, blocks), the staged o_proj's rows
+   * loaded before its wait */
+  const int waves[3] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
+                        (int)env_ll("OTE_FUSED_OPROJ_EARLY_ROWS", -1)};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   for (int l = 0; l < c->layers; l++) {

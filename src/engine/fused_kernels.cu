@@ -453,10 +453,15 @@ __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused
 #pragma unroll
   for (int r = 0; r < kStageRegRows; r++)
     ot::load_raw<T, true, true>(wr[r], W + r * K, 0, 8, kin && r < nr);
+  /* the shared-memory rows: the first a.stage_rows (< 0: all) before the wait */
+  const int pre = a.stage_rows < 0 || kStageRegRows + a.stage_rows > nr ? nr
+                                                                         : kStageRegRows + a.stage_rows;
   if (kin)
-    for (int r = kStageRegRows; r < nr; r++)
+    for (int r = kStageRegRows; r < pre; r++)
       stage_cp16(ws + (r - kStageRegRows) * kv + t, W + r * K);
   ot_pdl_wait(); /* x (the attention's output) is ours now */
+  if (kin)
+    for (int r = pre; r < nr; r++) stage_cp16(ws + (r - kStageRegRows) * kv + t, W + r * K);
   float xf[8];
   {
     raw16 xv;
@@ -493,49 +498,30 @@ __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused
   }
 }
 
-/* A per-device answer (the first 16 devices; beyond them asked each time): slot[dev] when
- * set (non-zero), else compute() -- never 0 -- stored there. Host threads may ask at once:
- * each stores the same answer (relaxed atomics). */
-template <typename F>
-long long per_device(std::atomic<long long> *slot, int dev, F compute) {
-  const bool ok = dev >= 0 && dev < 16;
-  if (ok) {
-    const long long c = slot[dev].load(std::memory_order_relaxed);
-    if (c != 0) return c;
-  }
-  const long long v = compute();
-  if (ok) slot[dev].store(v, std::memory_order_relaxed);
-  return v;
-}
-
-int sm_count(int dev) {
-  static std::atomic<long long> cache[16] = {};
-  return (int)per_device(cache, dev, [dev]() {
+/* The device's SM count and compute capability major, once per device (ot_per_device_id,
+ * pdl.cuh; 1 / 0 when the query fails) */
+int dev_attr(int dev, cudaDeviceAttr attr, std::atomic<int> *cache, int fail) {
+  return ot_per_device_id(dev, cache, [dev, attr, fail]() {
     int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    if (cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) {
       (void)cudaGetLastError();
-      v = 1;
+      v = fail;
     }
-    return (long long)(v < 1 ? 1 : v);
+    return v < 1 ? -1 : v; /* (never 0: the cache's "not asked") */
   });
 }
+int sm_count(int dev) {
+  static std::atomic<int> cache[16] = {};
+  const int v = dev_attr(dev, cudaDevAttrMultiProcessorCount, cache, 1);
+  return v < 1 ? 1 : v;
+}
 
-/* Whether f may be launched as a programmatic dependent on device dev: a 9.0+ GPU running
- * f's sm_90+ code (older code has no griddepcontrol.wait and would read its inputs too
- * early). Once per kernel and device: cache is f's. */
+/* Whether f may be launched as a programmatic dependent on device dev (ot_pdl_ok_id,
+ * pdl.cuh: a 9.0+ GPU running f's sm_90+ code; once per kernel and device: cache is f's) */
 template <typename F>
-bool pdl_ok(F *f, int dev, std::atomic<long long> *cache) {
-  return per_device(cache, dev, [f, dev]() {
-           int major = 0;
-           bool ok = false;
-           cudaFuncAttributes fa;
-           if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                   cudaSuccess &&
-               major >= 9 && cudaFuncGetAttributes(&fa, f) == cudaSuccess)
-             ok = fa.ptxVersion >= 90;
-           (void)cudaGetLastError();
-           return ok ? 1ll : -1ll;
-         }) > 0;
+bool pdl_ok(F *f, int dev, std::atomic<int> *cache) {
+  static std::atomic<int> major[16] = {};
+  return ot_pdl_ok_id(dev, dev_attr(dev, cudaDevAttrComputeCapabilityMajor, major, 0), f, cache);
 }
 
 /* Blocks of f per SM with smem bytes of dynamic shared memory, per device and size: the
@@ -578,7 +564,8 @@ cudaError_t smem_opt_in(F *f, size_t smem, int dev, std::atomic<long long> *cach
 
 template <typename T, int MODE, int R, int PAIRS>
 cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
-  static std::atomic<long long> occ[16] = {}, pdl_cache[16] = {}, smem_set[16] = {};
+  static std::atomic<long long> occ[16] = {}, smem_set[16] = {};
+  static std::atomic<int> pdl_cache[16] = {};
   auto f = fused_gemv_kernel<T, MODE, R, PAIRS>;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
@@ -608,7 +595,7 @@ cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
  * (K / 8 threads over kStageThreads, more than kStageRows rows a CTA, or the rows past the
  * registers' beyond the device's shared memory a block). */
 bool staged_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, size_t *smem) {
-  static std::atomic<long long> optin[16] = {};
+  static std::atomic<int> optin[16] = {};
   if (a.K <= 0 || a.K % 8 || a.K > 8 * kStageThreads || a.N <= 0 || a.bias == a.y) return false;
   int64_t g = sm_count(dev < 0 ? 0 : dev);
   if (g > a.N) g = a.N;
@@ -616,15 +603,7 @@ bool staged_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, size_t *smem
     g = a.max_blocks;
   const int64_t rows = (a.N + g - 1) / g;
   if (rows > kStageRows) return false;
-  const long long limit = per_device(optin, dev, [dev]() {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev < 0 ? 0 : dev) !=
-        cudaSuccess) {
-      (void)cudaGetLastError();
-      v = 48 << 10;
-    }
-    return (long long)(v < 1 ? 1 : v);
-  });
+  const long long limit = dev_attr(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin, optin, 48 << 10);
   const size_t need = (size_t)(rows > kStageRegRows ? rows - kStageRegRows : 0) * a.K * 2;
   if ((long long)(need + sizeof(float) * kStageRows * (kStageThreads / 32)) > limit) return false;
   *G = g;
@@ -634,7 +613,8 @@ bool staged_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, size_t *smem
 
 template <typename T>
 cudaError_t launch_staged(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl, int *done) {
-  static std::atomic<long long> pdl_cache[16] = {}, smem_set[16] = {};
+  static std::atomic<long long> smem_set[16] = {};
+  static std::atomic<int> pdl_cache[16] = {};
   auto f = staged_gemv_kernel<T>;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {

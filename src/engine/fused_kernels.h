@@ -49,8 +49,11 @@ typedef struct ote_fused_gemv_args {
   void *k_pages, *v_pages;
   const int32_t *indptr, *indices, *last_page_len;
   double theta, l3_factor, l3_low, l3_high, l3_orig;
-  /* the input row of the staged kernel (ote_cuda_staged_gemv, fused_kernels.cu: o_proj) */
+  /* the staged kernel (ote_cuda_staged_gemv, fused_kernels.cu: o_proj): its input row, and
+   * how many of the rows a CTA holds in shared memory it loads before its PDL wait (< 0:
+   * all; the rest after it) */
   const void *x;
+  int stage_rows;
 } ote_fused_gemv_args;
 
 #ifdef __cplusplus
