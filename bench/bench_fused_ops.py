@@ -1065,8 +1065,10 @@ def bench_rms_bwd_ab(S, args, row, safe):
     the HF RMSNorm (with dres: of (rms(x + r) * w, x + r), the gradients dy and dres: dx and
     dweight), and torch's F.rms_norm autograd. Bytes: h, dy (, dres) read, dx written."""
     E, eps = 2, 1e-6
-    use_compile = not args.no_compile or args.train_compile
     for N, H, with_dres in RMS_BWD_AB_CASES:
+        # torch.compile (one compile a shape, most of the bench's time on a fresh machine):
+        # at the training width 2048 only, unless --no-compile is absent
+        use_compile = not args.no_compile or (args.train_compile and H == 2048)
         case = f"{N // 1024}k x {H} bf16" + (" dres" if with_dres else "")
         sets, w, dx, rstd, dw = rms_bwd_inputs(S, N, H, with_dres, eps)
         mk = lambda S_: [norm_bwd_call(S_, 0, s["dy"], s["dr"], s["x"], w, None, rstd[i], eps, dx[i], dw, None)
@@ -1253,6 +1255,45 @@ def ncu_train(S, torch_too):
     torch.cuda.synchronize()
 
 
+def bits_ab(S, ab):
+    """--bits-ab: the norm forward (RMSNorm / LayerNorm, with and without the residual) through
+    each --ab-shim build, compared bit for bit with ours (out, residual_out, mean, rstd), over
+    row groups of 32-256 threads (H 1000-16384) in bfloat16 and float32. For a change meant to
+    keep the bits (e.g. a row sum in the same order). Returns the number of differing calls."""
+    bad = 0
+    for name, S2 in ab:
+        same = diff = 0
+        for dt in (torch.bfloat16, torch.float32):
+            for H in (1000, 2048, 4096, 8192, 16384):
+                N = 37
+                x = rnd(N, H, dtype=dt, lo=-1.0, hi=3.0)
+                r = rnd(N, H, dtype=dt)
+                w = rnd(H, dtype=dt, lo=0.5, hi=1.5)
+                b = rnd(H, dtype=dt)
+                for layer in (0, 1):
+                    for res in (None, r):
+                        outs = []
+                        for SS in (S, S2):
+                            o, ro = nan_like(x), nan_like(x)
+                            mean = torch.full((N,), float("nan"), device="cuda")
+                            rstd = torch.full((N,), float("nan"), device="cuda")
+                            norm_fwd_call(SS, layer, x, res, w, b if layer else None, 1e-5, o,
+                                          ro if res is not None else None, mean if layer else None, rstd)()
+                            torch.cuda.synchronize()
+                            outs.append([o, ro, mean, rstd])
+                        eq = all(torch.equal(a.view(torch.int32 if a.dtype == torch.float32 else torch.int16),
+                                             c.view(torch.int32 if c.dtype == torch.float32 else torch.int16))
+                                 for a, c in zip(*outs))
+                        same += eq
+                        diff += not eq
+                        if not eq:
+                            print(f"  bits differ ({name}): {'layernorm' if layer else 'rmsnorm'} {dt} H={H}"
+                                  f"{' residual' if res is not None else ''}")
+        print(f"bits-ab ({name}): {same} calls equal bit for bit, {diff} differ")
+        bad += diff
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shim", required=True)
@@ -1268,12 +1309,15 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--hidden", default="4096,8192", help="--bench: hidden sizes (16k rows each)")
     ap.add_argument("--train-compile", action="store_true",
-                    help="--only train / rmsbwd: torch.compile peers even with --no-compile")
+                    help="--only train / rmsbwd: torch.compile peers even with --no-compile "
+                         "(rmsbwd: its 2048-wide cases)")
     ap.add_argument("--ce-last", dest="ce_first", action="store_false",
                     help="cross-entropy rows last (default: first, the newest kernels first)")
     ap.add_argument("--ab-shim", action="append", default=[], metavar="NAME=PATH",
                     help="--bench: time the same calls through this shim too (a variant NAME); "
                          "--ncu: its kernels first")
+    ap.add_argument("--bits-ab", action="store_true",
+                    help="the norm forward through each --ab-shim compared bit for bit with ours")
     ap.add_argument("--json", default=None)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--command", default=None)
@@ -1297,6 +1341,8 @@ def main():
             for f in ck.failed[:60]:
                 print("  FAIL", f)
             rc = 1 if ck.failed else rc
+    if args.bits_ab:
+        rc = 1 if bits_ab(S, AB_SHIMS) else rc
     if args.sanitize:
         sanitize_run(S, args.only)
     if args.ncu:

@@ -5,7 +5,9 @@
 # replaces, with torch's peers, in the same run. Steps (each optional):
 #   1. test_ops --backend cuda --suite S for S in OT_SUITES (default "norm rope glu");
 #   1b. OT_CHECK=FAMILIES: bench_fused_ops.py --check --small --only FAMILIES for ours and
-#      every --ab-shim build (float64 references, odd and strided shapes);
+#      every --ab-shim build (float64 references, odd and strided shapes); OT_BITS=1:
+#      bench_fused_ops.py --bits-ab (the norm forward of every --ab-shim build bit for bit
+#      against ours);
 #   2. python3 bench/bench_fused_ops.py --bench --only OT_ONLY --hidden OT_HIDDEN
 #      [--no-compile] --ab-shim NAME=build-dev/FILE ... -> $OUT/fused_ops.json;
 #      OT_ONLY may name "train" (the 0.54 B training shapes: SwiGLU 8192 x 5632 against
@@ -48,6 +50,11 @@ if [ -n "${OT_CHECK:-}" ]; then
   st "check"
   timeout 60 python3 bench/bench_fused_ops.py --shim $SHIM "${ABARGS[@]}" --check --small --only $OT_CHECK >$OUT/check.log 2>&1
   echo "check rc=$?"; grep -E '^check|FAIL|Error' $OUT/check.log | head -20
+fi
+if [ "${OT_BITS:-0}" = 1 ]; then
+  st "bits"
+  timeout 60 python3 bench/bench_fused_ops.py --shim $SHIM "${ABARGS[@]}" --bits-ab >$OUT/bits.log 2>&1
+  echo "bits rc=$?"; grep -E '^bits|differ|Error' $OUT/bits.log | head -12
 fi
 if [ -n "${OT_ONLY-norm,rope,glu,train}" ]; then
   st "bench"

@@ -725,6 +725,41 @@ __device__ __forceinline__ float norm_sq_dev(raw16 (&xr)[NV], float center, int6
   return v;
 }
 
+#ifdef OT_NORM_CAND_GSUM /* compile-time candidate, off by default (A/B of 2026-11-30) */
+/* Sum of v over a row group of TPR threads (compile-time; blockDim.x == TPR): warp_sum,
+ * then each lane reads the W = TPR / 32 warp sums from shared memory and adds them as
+ * row_group_sum's second warp_sum does (xor butterfly over 32 lanes, lanes >= W zero:
+ * each sum + 0, then pairs at offsets W/2 .. 1), so the bits are row_group_sum's, in 2-3
+ * FADDs a level instead of a shuffle chain of 5. */
+template <int TPR>
+__device__ __forceinline__ float norm_group_sum(float v, float *scratch) {
+  constexpr int W = TPR / 32;
+  v = warp_sum(v);
+  if (W == 1) return v;
+  float *s = scratch + 32 * threadIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads(); /* scratch may still be read by a previous call */
+  if (lane == 0) s[warp] = v;
+  __syncthreads();
+  float z[W > 1 ? W : 2];
+#pragma unroll
+  for (int k = 0; k < W; k += 2) { /* the scratch is float2 (8-byte aligned) */
+    const float2 q = reinterpret_cast<const float2 *>(s)[k / 2];
+    z[k] = q.x, z[k + 1] = q.y;
+  }
+#pragma unroll
+  for (int k = 0; k < W; k++) z[k] = z[k] + 0.0f; /* the butterfly's zero lanes (-0 -> +0) */
+#pragma unroll
+  for (int o = W / 2; o >= 1; o >>= 1)
+#pragma unroll
+    for (int k = 0; k < o; k++) z[k] = z[k] + z[k + o];
+  return z[0];
+}
+#define OT_NORM_FWD_SUM(TPR_, v, scr) norm_group_sum<TPR_>(v, scr)
+#else
+#define OT_NORM_FWD_SUM(TPR_, v, scr) row_group_sum(v, scr)
+#endif
+
 /* The per-row work of forward v2 / v3 once the thread's NV vectors of x (and of the
  * residual) are in registers: residual add and store, the statistics, out. Both
  * kernels call it with the same thread-to-vector map (vector x + i * TPR), so they
@@ -760,11 +795,11 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
   /* Out-of-range vectors are 0, so they add nothing to the sums. */
   float mu = 0.0f, rs;
   if (LAYER) {
-    mu = row_group_sum(s, scr) / (float)n;
+    mu = OT_NORM_FWD_SUM(TPR, s, scr) / (float)n;
     const float v = norm_sq_dev<T, NV, TPR>(xr, mu, n);
-    rs = rsqrtf(row_group_sum(v, scr) / (float)n + p.eps);
+    rs = rsqrtf(OT_NORM_FWD_SUM(TPR, v, scr) / (float)n + p.eps);
   } else {
-    rs = rsqrtf(row_group_sum(s, scr) / (float)n + p.eps);
+    rs = rsqrtf(OT_NORM_FWD_SUM(TPR, s, scr) / (float)n + p.eps);
   }
   if (!valid) return;
   if (!p.out) { /* statistics only (the backward's recompute: the same bits as here) */
@@ -953,17 +988,19 @@ __device__ __forceinline__ void norm_bwd_row_sums(float sg, float sgx, float *sc
 }
 
 /* dx = rs * (g - a - xh * c) = g * rs + (xh * k1 + k0), k1 = -rs * c, k0 = -rs * a,
- * plus dres when given. */
+ * plus dr when has_dr. The caller's dr is its local array, passed always: a pointer that
+ * selects between that array and NULL (p.dres ? dr : nullptr, until 2026-11-30) made
+ * ptxas keep the array in local memory (STL / LDL of every dres vector of every row). */
 template <bool LAYER, int V>
 __device__ __forceinline__ void norm_bwd_dx(const float *hv, const float *dyv, const float *wv,
-                                            bool has_w, const float *dr, float rs, float nmr,
-                                            float k1, float k0, float *o) {
+                                            bool has_w, bool has_dr, const float *dr, float rs,
+                                            float nmr, float k1, float k0, float *o) {
 #pragma unroll
   for (int j = 0; j < V; j++) {
     const float xh = LAYER ? fmaf(hv[j], rs, nmr) : hv[j] * rs;
     const float gg = has_w ? __fmul_rn(dyv[j], wv[j]) : dyv[j];
     o[j] = fmaf(gg, rs, LAYER ? fmaf(xh, k1, k0) : xh * k1);
-    if (dr) o[j] += dr[j];
+    if (has_dr) o[j] += dr[j];
   }
 }
 
@@ -1102,7 +1139,7 @@ __global__ void __launch_bounds__(512, 1) norm_bwd_v2_kernel(norm_bwd_params p) 
           else load_vec(wv, w + base);
         }
         if (p.dres) unpack<T>(dr, drr[i]);
-        norm_bwd_dx<LAYER, V>(hv, dyv, wv, w != nullptr, p.dres ? dr : nullptr, rs, nmr, k1, k0, o);
+        norm_bwd_dx<LAYER, V>(hv, dyv, wv, w != nullptr, p.dres != nullptr, dr, rs, nmr, k1, k0, o);
         store_vec(dxp + base, o);
       }
       /* refill this ring slot with row + D*G */
@@ -1155,8 +1192,17 @@ __device__ __forceinline__ void norm_stats_of(const norm_bwd_params &p, int64_t 
  * (loaded once), not loaded from global memory (L1) and unpacked in both passes of every
  * row -- the per-element instructions are what this kernel's issue slots spend (the
  * launch says where it pays). */
+/* OT_NORM_CAND_V3CAP (compile-time candidate, off by default; the A/B of 2026-11-30): the
+ * WF instances (blocks of <= 256 threads) held to 3 blocks of 256 per SM (80 registers)
+ * -- without local memory for dres (norm_bwd_dx) ptxas gives the 16-bit one 92-97 (2 blocks
+ * of 256, 5 of 128 per SM) against 71 + a 32-byte stack before. */
+#ifdef OT_NORM_CAND_V3CAP
+#define OT_NORM_V3_BOUNDS __launch_bounds__(WF ? 256 : 512, WF ? 3 : 1)
+#else
+#define OT_NORM_V3_BOUNDS __launch_bounds__(512)
+#endif
 template <typename T, bool LAYER, int NV, bool WF>
-__global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int S) {
+__global__ void OT_NORM_V3_BOUNDS norm_bwd_v3_kernel(norm_bwd_params p, int S) {
   ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
   constexpr int V = vec_width<T>::value;
   extern __shared__ uint4 ring[];
@@ -1245,8 +1291,8 @@ __global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int
         t.u = st[(2 * NV + i) * tpr];
         unpack<T>(dr, t);
       }
-      norm_bwd_dx<LAYER, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, p.dres ? dr : nullptr, rs,
-                            nmr, k1, k0, o);
+      norm_bwd_dx<LAYER, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, p.dres != nullptr, dr,
+                            rs, nmr, k1, k0, o);
       store_vec(dxp + base, o);
     }
     stage = stage + 1 == S ? 0 : stage + 1;
@@ -1389,8 +1435,12 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
         t.u = ds[idx];
         unpack<T>(dr, t);
       }
-      norm_bwd_dx<LAYER, V>(hv, gv, wf[i], w != nullptr, p.dres ? dr : nullptr, rs, nmr, k1, k0, o);
+      norm_bwd_dx<LAYER, V>(hv, gv, wf[i], w != nullptr, p.dres != nullptr, dr, rs, nmr, k1, k0, o);
+#ifdef OT_NORM_CAND_TMA_CS /* compile-time candidate (A/B of 2026-11-30): dx evict-first */
+      store_vec_cs(dxp + (int64_t)idx * V, o);
+#else
       store_vec(dxp + (int64_t)idx * V, o);
+#endif
     }
     if (++s == S) s = 0, ph ^= 1u;
   }
@@ -1519,7 +1569,7 @@ __global__ void __launch_bounds__(256) norm_rms_bwd_warp_kernel(norm_bwd_params 
         q.u = st[(2 * NV + i) * TPR];
         unpack<T>(dr, q);
       }
-      norm_bwd_dx<false, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, p.dres ? dr : nullptr,
+      norm_bwd_dx<false, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, p.dres != nullptr, dr,
                             rs, 0.0f, k1, 0.0f, o);
       if (cs) store_vec_cs(dxp + (int64_t)idx * V, o);
       else store_vec(dxp + (int64_t)idx * V, o);
