@@ -48,6 +48,8 @@ GRID128 = {"OT_ATTN_SM90_GRID": "128"}
 WG2 = {"OT_ATTN_SM90_WG": "2"}
 WG3 = {"OT_ATTN_SM90_WG": "3"}
 SKIP = {"OT_ATTN_SM90_SKIP": "1"}
+DIAG = {"OT_ATTN_SM90_DIAG": "1"}
+NODIAG = {"OT_ATTN_SM90_DIAG": "0"}
 
 
 ONLY = None   # --only: the variant names to run (checks and timings)
@@ -88,6 +90,14 @@ def _variant_list(d, s, causal):
         v.append(("skip", SKIP))
     if d == 64 and causal:
         v += [("wg3", WG3), ("wg3skip", {**WG3, **SKIP})]
+    # kFlDiag (2026-11-30 evening): the narrow step per consumer warpgroup at 64 keys on the
+    # 2-consumer 128-key tile: causal Sq = Sk, the first warpgroup of each 128-row tile runs
+    # its half-visible diagonal tile over 64 keys (4 of 72 warpgroup-tiles at S 1k, 16 of
+    # 1056 at 4k); D64 causal up to 64 query tiles (S 8k), D128 causal
+    if causal and (d == 128 or (d == 64 and s <= 8192)):
+        v.append(("diag", DIAG))
+    if causal and d == 64 and s <= 1024:      # the default there since this session (bf16)
+        v.append(("nodiag", NODIAG))
     if d == 64 and not causal and s <= 4096:
         v.append(("skip", SKIP))
     if d == 64 and not causal and s <= 2048:          # 3 consumers: 192-row tiles, S 1k 6 of
@@ -182,6 +192,8 @@ def checks(S):
         ba.check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=0, env=SNAKE)
     if ONLY is None or "skip" in ONLY:
         skip_checks(S, ck)
+    if ONLY is None or "diag" in ONLY:
+        diag_checks(S, ck)
     print(f"check: {ck.n - ck.fails}/{ck.n} passed", flush=True)
     return ck.fails == 0
 
@@ -208,6 +220,53 @@ def skip_checks(S, ck):
         ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, wl=wl, wr=wr, env={**extra, **SKIP})
         _same_as_default(S, ck, 2, sq, sk, hq, hkv, d, wl, wr, extra)
     ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16, env=SKIP)
+
+
+def diag_checks(S, ck):
+    """kFlDiag (OT_ATTN_SM90_DIAG=1, experiment builds: bf16 D64 / D128 on the 2-consumer
+    128-key tile): float64 checks, and the largest difference from the default on the same
+    inputs (reported, not required to be 0: the narrow step's P V runs over 64 keys instead
+    of 128 with zeros). Causal Sq == Sk (S 1, 17, 64, 65, 100, 1000, 1024, 4097: the first
+    warpgroup narrow, the second not; S <= 64 and 65: one key tile), Sq != Sk both ways
+    (1000 / 1024: both narrow, 1024 / 1000, 700 / 1000, 17 / 300, 333 / 1000, Sq > Sk 700 /
+    130, 1300 / 1100: rows with no key), GQA / MQA, B 2, a causal window 200 / 0 and the
+    multi-tile persistent path (GRID 3 / 5), non-causal with Sk <= 2048 at D128 (the 128-key
+    tile: Sk 1050, last tile 26 keys, both narrow; 1000, 104 keys, neither; 40), fp16 (not
+    compiled: the default)."""
+    cases = []
+    for d in (64, 128):
+        for sq, sk, hq, hkv in ((1, 1, 4, 2), (17, 17, 4, 1), (64, 64, 4, 2), (65, 65, 4, 2),
+                                (100, 100, 2, 1), (1000, 1000, 4, 2), (1024, 1024, 4, 4),
+                                (1000, 1024, 8, 2), (1024, 1000, 4, 2), (700, 1000, 4, 2),
+                                (17, 300, 4, 1), (700, 130, 4, 2), (333, 1000, 8, 1)):
+            cases.append((d, sq, sk, hq, hkv, -1, 0, {}))
+        cases.append((d, 1000, 1000, 4, 2, 200, 0, {"OT_ATTN_SM90_GRID": "5"}))
+        cases.append((d, 1300, 1100, 4, 4, -1, 0, {"OT_ATTN_SM90_GRID": "3"}))
+        cases.append((d, 1000, 1000, 8, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}))
+    cases.append((128, 4097, 4097, 2, 1, -1, 0, {}))
+    for sq, sk in ((1050, 1050), (1000, 1000), (300, 40), (900, 1050)):
+        cases.append((128, sq, sk, 4, 2, -1, -1, {}))
+    for d, sq, sk, hq, hkv, wl, wr, extra in cases:
+        ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, wl=wl, wr=wr, env={**extra, **DIAG})
+        _diff_from_default(S, 2, sq, sk, hq, hkv, d, wl, wr, extra, DIAG)
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16, env=DIAG)
+
+
+def _diff_from_default(S, B, sq, sk, hq, hkv, d, wl, wr, extra, var):
+    torch.manual_seed(7 + sq + 3 * sk + d)
+    q, k, v = ba.make_qkv(B, sq, sk, hq, hkv, d, torch.bfloat16, "bshd")
+    res = []
+    for env in (extra, {**extra, **var}):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((B, hq, sq), float("nan"), device="cuda")
+        with ba.env_set(env):
+            ba.sm90_call(S, q, k, v, out, lse, 1 / math.sqrt(d), wl, wr)()
+        torch.cuda.synchronize()
+        res.append((out, lse))
+    (o0, l0), (o1, l1) = res
+    print(f"  vs default B{B} sq{sq} sk{sk} h{hq}/{hkv} d{d} wl{wl} wr{wr} {extra}: out max diff "
+          f"{(o0.float() - o1.float()).abs().nan_to_num(9.0).max().item():.3g}, lse "
+          f"{(l0 - l1).abs().nan_to_num(0.0).max().item():.3g}", flush=True)
 
 
 def _same_as_default(S, ck, B, sq, sk, hq, hkv, d, wl, wr, extra, dtype=torch.bfloat16):
@@ -369,7 +428,7 @@ def main():
     ok = True
     if not args.no_check:
         # a variant that hangs (a wrong barrier phase) must not eat the device time
-        timer = threading.Timer(60, lambda: (print("HUNG in checks", flush=True), os._exit(3)))
+        timer = threading.Timer(90, lambda: (print("HUNG in checks", flush=True), os._exit(3)))
         timer.start()
         ok = checks(S)
         timer.cancel()

@@ -38,6 +38,18 @@
 # default / skip (/ wg3 / wg3skip at D64 causal) / cuDNN / flash, the skip's float64 and
 # bit-equality checks first (--checks skip); the C suite's "hopper" cases under the switch
 # (2 and 3 consumers at D64); racecheck / synccheck on the shapes where whole warpgroups skip.
+# AB=skipdiag (2026-11-30 evening): that A/B and kFlDiag's (OT_ATTN_SM90_DIAG=1: the narrow
+# step per consumer warpgroup, 64 keys, D64 / D128 on the 2-consumer 128-key tile) in one
+# call: S 1k and 4k, causal and full, 10 balanced rounds, both variants' checks first; the
+# "hopper" cases under each switch; memcheck, racecheck and synccheck on one case of each.
+# SAN_FILTERS entries may carry their own switches as "ENV@FILTER" (ENV space-separated).
+if [ "${AB:-}" = skipdiag ]; then
+  : "${VSEQS:=1024,4096}" "${VDIMS:=64,128,256}" "${VROUNDS:=10}" "${SUITE:=0}" "${VLIM:=95}"
+  : "${DEADLINE:=170}" "${SAN_TOOLS=memcheck racecheck synccheck}"
+  : "${VARGS:=--only skip,wg3,wg3skip,diag --checks skip,diag --causal both --no-host}"
+  : "${VENVS:=OT_ATTN_SM90_SKIP=1;OT_ATTN_SM90_DIAG=1}"
+  : "${SAN_FILTERS:=OT_ATTN_SM90_SKIP=1@skip causal Sq>Sk 1300x1100 D64;OT_ATTN_SM90_DIAG=1@diag GRID 3}"
+fi
 if [ "${AB:-}" = skip ]; then
   : "${VSEQS:=1024}" "${VDIMS:=64,128,256}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=150}"
   : "${DEADLINE:=240}"
@@ -117,7 +129,9 @@ for tool in ${SAN_TOOLS-racecheck synccheck}; do
   for filt in "${sfilters[@]}"; do
     t=$(lim 25); [ "$t" = 0 ] && { echo "skipped: $tool $filt"; continue; }
     stamp "$tool [$filt]"
-    env ${SAN_ENV:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_RESC=1} timeout "$t" \
+    senv=${SAN_ENV:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_RESC=1}
+    case "$filt" in *@*) senv=${filt%%@*}; filt=${filt#*@} ;; esac
+    env $senv timeout "$t" \
       compute-sanitizer --tool $tool --print-limit 10 /tmp/test_ops --backend cuda --suite attention \
       --filter "$filt" >>"$OUT/$tool.log" 2>&1
     echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)"

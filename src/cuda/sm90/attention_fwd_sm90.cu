@@ -39,10 +39,12 @@
  * OT_ATTN_SM90_RESC=0|1 (the template bit kFlResc: the row max moves only when it grows by
  * more than 2^8, and O is rescaled only in the steps where a row of the warp moved it;
  * default on at head dim 256 and for head dim 128 on the 128-key tile), OT_ATTN_SM90_NARROW=0|1
- * (kFlNarrow, see the dispatch). Only in builds with -DOT_ATTN_SM90_EXPERIMENTS (bf16;
+ * (kFlNarrow, see the dispatch), OT_ATTN_SM90_DIAG=0|1 (kFlDiag: the narrow step per
+ * consumer warpgroup, 64 keys; default on for bf16 D64 masked calls of <= 8 query tiles,
+ * see the dispatch). Only in builds with -DOT_ATTN_SM90_EXPERIMENTS (bf16;
  * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256,
  * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls); OT_ATTN_SM90_SKIP=1 (kFlSkip;
- * prepared, not yet measured);
+ * measured slower, docs/ATTENTION.md); kFlDiag at D128;
  * OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is parsed there, but its instances are
  * no longer compiled (add the bits to launch_fl's lists to measure them again).
  *
@@ -89,6 +91,10 @@ enum {
   kFlSkip = 64,   /* a consumer warpgroup skips the wgmmas and the softmax of the
                    * first-visited key tiles in which all of its 64 rows are masked (or
                    * past Sq), keeping every barrier arrival (see the kernel) */
+  kFlDiag = 128,  /* with kFlNarrow: the narrow step's condition per consumer warpgroup (the
+                   * keys of the first-visited tile that its own rows see), so that on a
+                   * causal diagonal tile the first warpgroup of a 128-row tile runs Q K^T,
+                   * softmax and P V over the 64 keys it can see (see the kernel) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -240,7 +246,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr int NW = ((FL & kFlNarrowW) >> 8) * 16;   /* NARROW's key width */
   static_assert(!NARROW || (NW > 0 && NW < BC), "narrow width");
   constexpr bool SKIP = (FL & kFlSkip) != 0;
-  static_assert(!(SKIP && NARROW), "kFlSkip is for masked calls, kFlNarrow for unmasked ones");
+  static_assert(!(SKIP && NARROW), "kFlSkip and kFlNarrow are not compiled together");
+  constexpr bool DIAG = (FL & kFlDiag) != 0;
+  static_assert(!DIAG || NARROW, "kFlDiag needs kFlNarrow's width");
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -353,12 +361,25 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
        * sees; at most NW: that tile runs as a step of its own over NW keys (below). Its
        * Q K^T leaves the accumulators past them as they were: finite (zero at first), and
        * masked to -inf by the softmax (past every row's last key). */
-      bool narrow_step = false;
+      bool narrow_step = false, other_narrow = false;
       if constexpr (NARROW) {
 #pragma unroll
         for (int i = 0; i < NS; i++) s[i] = 0.f;
-        const int end = p.wr >= 0 ? min(p.sk, ti.row_last + off + p.wr + 1) : p.sk;
-        narrow_step = end - (n_max - 1) * BC <= NW;
+        if constexpr (DIAG) {
+          /* per warpgroup: the keys of tile n_max - 1 that the rows of consumer w see (none
+           * past Sq); c through lane 0 (warp-uniform to ptxas, as in SKIP) */
+          const int cu = __shfl_sync(0xffffffffu, c, 0);
+#pragma unroll
+          for (int w = 0; w < NC; w++) {
+            const int wf = ti.m_block * BR + w * 64, wl_ = min(wf + 63, p.sq - 1);
+            const int end = p.wr >= 0 ? min(p.sk, wl_ + off + p.wr + 1) : p.sk;
+            const bool nw = wf >= p.sq || end - (n_max - 1) * BC <= NW;
+            if (w == cu) narrow_step = nw; else other_narrow |= nw;
+          }
+        } else {
+          const int end = p.wr >= 0 ? min(p.sk, ti.row_last + off + p.wr + 1) : p.sk;
+          narrow_step = end - (n_max - 1) * BC <= NW;
+        }
       }
       float alpha[2] = {1.f, 1.f};
       bool resc = true;   /* RESC: some row of this warp moved its max in the last softmax */
@@ -405,11 +426,12 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       auto issue_pv = [&](int stage) { issue_pv_n(std::integral_constant<int, BC>(), stage); };
       /* Mask, then the online softmax of one S tile: s becomes P (unnormalised, fp32),
        * alpha the factor that rescales O from the previous row max to the new one. */
-      auto softmax = [&](int n, bool mask) {
+      auto softmax_n = [&](auto ncols, int n, bool mask) {
+        constexpr int NSX = decltype(ncols)::value;   /* the first NSX of the NS accumulators */
         if (mask) {
           const int col0 = n * BC + 2 * q4;
 #pragma unroll
-          for (int i = 0; i < NS; i++) {
+          for (int i = 0; i < NSX; i++) {
             const int col = col0 + 8 * (i >> 2) + (i & 1);
             const int h = (i >> 1) & 1;
             if (col > hi[h] || col < lo[h]) s[i] = -INFINITY;
@@ -417,7 +439,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         }
         float mx[2] = {m_r[0], m_r[1]};
 #pragma unroll
-        for (int i = 0; i < NS; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+        for (int i = 0; i < NSX; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
         float sum[2] = {0.f, 0.f}, ms[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -445,7 +467,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         if (RESC) resc = __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);
         if (PF > 0 && !mask) {   /* PF of every 8 exponentials on the FMA pipe */
 #pragma unroll
-          for (int i = 0; i < NS; i++) {
+          for (int i = 0; i < NSX; i++) {
             const int h = (i >> 1) & 1;
             const float x = fmaf(s[i], cl2, -ms[h]);
             s[i] = (i & 7) >= 8 - PF ? ex2_poly(x) : ex2(x);
@@ -453,7 +475,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           }
         } else {
 #pragma unroll
-          for (int i = 0; i < NS; i++) {
+          for (int i = 0; i < NSX; i++) {
             const int h = (i >> 1) & 1;
             s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
             sum[h] += s[i];
@@ -462,10 +484,14 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
 #pragma unroll
         for (int h = 0; h < 2; h++) l_r[h] = l_r[h] * alpha[h] + sum[h];
       };
-      auto convert_p = [&]() {
-#pragma unroll
-        for (int i = 0; i < NP; i++) pr[i] = pack2<F16>(s[2 * i], s[2 * i + 1]);
+      auto softmax = [&](int n, bool mask) {
+        softmax_n(std::integral_constant<int, NS>(), n, mask);
       };
+      auto convert_p_n = [&](auto npr) {
+#pragma unroll
+        for (int i = 0; i < decltype(npr)::value; i++) pr[i] = pack2<F16>(s[2 * i], s[2 * i + 1]);
+      };
+      auto convert_p = [&]() { convert_p_n(std::integral_constant<int, NP>()); };
       auto rescale_o = [&]() {
         if (RESC && !resc) return;   /* warp-uniform */
 #pragma unroll
@@ -483,7 +509,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
            * with a wgmma shape each) made ptxas serialize every wgmma of the kernel
            * (C7511 / C7518). Both consumers take the step (it is the CTA tile's), so the
            * pingpong turns stay paired; the pipelined steps then start from O, m and l
-           * as it left them. */
+           * as it left them. DIAG: only the consumers whose own rows see at most NW keys
+           * of the tile take it (the others an empty turn instead, after their prologue). */
           const int st = kv % kStages, ph = (kv / kStages) & 1;
           mbar_wait(bar(BAR_FULL_Q), qn & 1);
           mbar_wait(bar(BAR_FULL_K + st), ph);
@@ -493,8 +520,15 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           wgmma_wait<0>();
           reg_fence<NS>(s);
           release(bar(BAR_EMPTY_K + st));
-          softmax(n_max - 1, true);
-          convert_p();
+          /* DIAG: only the NW keys that the step's Q K^T wrote (the rest of S holds an
+           * earlier tile's values; P V reads P of these keys only) */
+          if constexpr (DIAG) {
+            softmax_n(std::integral_constant<int, NW / 2>(), n_max - 1, true);
+            convert_p_n(std::integral_constant<int, NW / 4>());
+          } else {
+            softmax(n_max - 1, true);
+            convert_p();
+          }
           mbar_wait(bar(BAR_FULL_V + st), ph);
           named_sync(my_bar, 256);
           issue_pv_n(std::integral_constant<int, NW>(), st);
@@ -584,6 +618,18 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         release(bar(BAR_EMPTY_K + sk_));
         softmax(n_max_s - 1, needs_mask(n_max_s - 1));
         convert_p();
+        /* DIAG: a warpgroup that took no narrow step while another one did takes one empty
+         * turn, so that every consumer passes the same number of turns per tile (the step's
+         * two, then n - 1 + 1 for the n - 1 tiles after it: n + 2 against the default's
+         * n + 1, equal for n = 1). Here, after its own prologue, it comes where the other
+         * one's P V of the narrow tile stands in the turn order; nothing is waited for
+         * inside it. */
+        if constexpr (DIAG) {
+          if (!narrow_step && other_narrow && n_iters >= 2) {
+            named_sync(my_bar, 256);
+            named_arrive(other_bar, 256);
+          }
+        }
       }
       for (int it = 1; it < n_it_s; it++) {
         const int n = n_max_s - 1 - it;
@@ -839,8 +885,8 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlSnake, kFlSkip, kFlNarrow | kFlNarrowW, kFlSplit, kFlPoly4,
-                             kFlPoly8, kFlResc};
+  static const int drop[] = {kFlSnake, kFlSkip, kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit,
+                             kFlPoly4, kFlPoly8, kFlResc};
   for (int i = 0; i < 7 && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
 }
@@ -862,6 +908,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   constexpr bool X = false;
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
+  constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3)>());
@@ -870,11 +917,15 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                     fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4),
                                             R | SN, R | SK>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* snake, skip: the masked calls' tile */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | SN, R | SK>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, R, R | SN, R | SK, R | DG>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SN, SK>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SN, SK, DG>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK>());
+  } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
+    /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16 */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG>());
   } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
     /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, narrow_bits(3)>());
@@ -1088,6 +1139,23 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
 #else
   const int skip = 0;
 #endif
+  /* kFlDiag: the narrow step per consumer warpgroup at 64 keys on the 2-consumer 128-key
+   * tile (D64 masked calls, D128 masked calls and Sk <= 2048): with causal Sq = Sk the
+   * first warpgroup of each 128-row tile sees only the first 64 keys of its diagonal tile
+   * and runs that tile's Q K^T (N = 64), softmax and P V (K = 64) as a step of its own, the
+   * other warpgroup an empty turn (4 of 72 warpgroup-tiles' work at S 1k, 16 of 1056 at
+   * 4k). Default on for bf16 D64 masked calls of at most 8 query tiles: H200, 2026-11-30
+   * evening, 10 balanced rounds in one process, causal S 1k 1.015x the default (every round
+   * pair >= 1.000), S 4k 0.983x (the step's P V no longer overlapped: loses where it saves
+   * little); D128 causal 1.005x / 0.999x, noise (in experiment builds only).
+   * OT_ATTN_SM90_DIAG=0|1 forces it off / on (on: where an instance is compiled). */
+  {
+    const char *dgv = sm90_knob(knobs, "OT_ATTN_SM90_DIAG");
+    const bool on = dgv ? dgv[0] == '1'
+                        : a->dtype == OT_BF16 && a->d == 64 && masked_call && p.num_m <= 8;
+    if (on && nc == 2 && bc == 128 && (a->d == 64 || a->d == 128))
+      narrow = kFlDiag | narrow_bits(4);
+  }
   /* Read here for launch(): OT_ATTN_SM90_GRID=n (n > 0: at most n persistent CTAs) and
    * OT_ATTN_SM90_NONPERSISTENT (set: one CTA per tile). */
   const char *gs = sm90_knob(knobs, "OT_ATTN_SM90_GRID");
