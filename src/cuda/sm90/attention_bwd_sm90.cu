@@ -30,6 +30,10 @@
  *                                                 dQ writer adds it into the accumulator with
  *                                                 one bulk reduce-add (cp.reduce.async.bulk
  *                                                 .add.f32), off the consumers' path;
+ *    issue order at D = 128: dV as soon as P^T is packed (under dP^T), then after the dS^T
+ *    barrier dQ before dK, so that dS^T's math runs under dV and the dQ staging stores under
+ *    dK; at D = 64 dV and dK before the barrier, then dQ (the D = 128 order was 4-5% slower
+ *    there);
  *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype (one block per
  *    accumulator tile, 64-byte reads, 16-byte stores).
  * The reduce-adds make dQ's summation order vary between runs (not bitwise repeatable), and
@@ -154,6 +158,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int NA = D / 2;   /* dK, dV accumulators per thread */
   constexpr bool OWN = D == 64;   /* dQ over the consumer's own keys */
   constexpr int NQ = 64;          /* dQ columns of a consumer: all (D = 64) or half (D = 128) */
+  /* D = 128: dV issued under dP^T, dQ before dK, the dQ staging stores under dK (see the
+   * tile loop); D = 64 keeps dV, dK before dQ (the D = 128 order ran 4-5% slower there). */
+  constexpr bool DV_EARLY = D == 128;
   extern __shared__ uint8_t smem_raw[];
   /* Aligned by offsetting smem_raw (not by casting through an integer), so that the
    * compiler still knows every access through smem is to shared memory: LDS / STS with
@@ -321,7 +328,32 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    wgmma_wait<0>();
+    uint32_t pp[16], pds[16];
+    /* dO as the MN-major B of dV += P^T dO, Q as that of dK += dS^T Q ([64 queries][D]). */
+    const uint64_t dob = make_desc(do_base, kBq * 128, 1024);
+    const uint64_t qb = make_desc(q_base, kBq * 128, 1024);
+    auto issue_dv = [&] {
+#pragma unroll
+      for (int kk = 0; kk < kBq / 16; kk++)
+        wgmma_rs<D, F16>::run(dv, &pp[4 * kk], dob + ((kk * 2048) >> 4), 1);
+    };
+    auto issue_dk = [&] {
+#pragma unroll
+      for (int kk = 0; kk < kBq / 16; kk++)
+        wgmma_rs<D, F16>::run(dk, &pds[4 * kk], qb + ((kk * 2048) >> 4), 1);
+    };
+    if (DV_EARLY) {
+      /* dV += P^T dO issued as soon as P^T is packed, under dP^T: the tensor pipe runs it
+       * while this thread waits for dP^T and computes dS^T. */
+#pragma unroll
+      for (int i = 0; i < 16; i++) pp[i] = pack2<F16>(st[2 * i], st[2 * i + 1]);
+      wgmma_fence();
+      issue_dv();
+      wgmma_commit();
+      wgmma_wait<1>();   /* dP^T (dV may still run) */
+    } else {
+      wgmma_wait<0>();
+    }
     reg_fence<32>(dpt);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
@@ -332,10 +364,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         dpt[i] = st[i] * (dpt[i] - ((e & 1) ? dd.y : dd.x));
       }
     }
-    uint32_t pp[16], pds[16];
 #pragma unroll
     for (int i = 0; i < 16; i++) {
-      pp[i] = pack2<F16>(st[2 * i], st[2 * i + 1]);
+      if (!DV_EARLY) pp[i] = pack2<F16>(st[2 * i], st[2 * i + 1]);
       pds[i] = pack2<F16>(dpt[2 * i], dpt[2 * i + 1]);
     }
     /* dS^T into buffer it & 1: [128 keys][64 queries], 128 B rows, 128B swizzle (16-byte
@@ -350,17 +381,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           *(uint32_t *)(dsb + r * 128 + ((j ^ (r & 7)) << 4) + 4 * q4) = pds[2 * j + hh];
         }
     }
-    /* dV += P^T dO, dK += dS^T Q: B = dO / Q [64 queries][D], MN-major. */
-    {
-      const uint64_t dob = make_desc(do_base, kBq * 128, 1024);
-      const uint64_t qb = make_desc(q_base, kBq * 128, 1024);
+    if (!DV_EARLY) {
+      /* dV += P^T dO, dK += dS^T Q: B = dO / Q [64 queries][D], MN-major. */
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBq / 16; kk++)
-        wgmma_rs<D, F16>::run(dv, &pp[4 * kk], dob + ((kk * 2048) >> 4), 1);
-#pragma unroll
-      for (int kk = 0; kk < kBq / 16; kk++)
-        wgmma_rs<D, F16>::run(dk, &pds[4 * kk], qb + ((kk * 2048) >> 4), 1);
+      issue_dv();
+      issue_dk();
       wgmma_commit();
     }
     fence_proxy_async();
@@ -389,18 +414,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmma_commit();
     }
-    wgmma_wait<0>();
-    reg_fence<NA>(dk);
-    reg_fence<NA>(dv);
-    reg_fence<NQ / 2>(dq);
-    reg_fence<16>(pp);
-    reg_fence<16>(pds);
-    /* Release the stage: every consumer thread arrives, since an arrive releases only the
-     * executing thread's own prior accesses (its lse2 / Dsum reads of the stage) to the
-     * producer's next bulk copy. Lane 0 of each warp arriving after a __syncwarp, or thread
-     * 0 of each warpgroup after its named barrier, left compute-sanitizer racecheck
-     * reporting WAR hazards between those reads and the bulk copy (run of 2026-11-30). */
-    mbar_arrive(bar(BAR_EMPTY + s));
+    if (DV_EARLY) {
+      /* dK += dS^T Q after dQ: the dQ partial's staging stores below run under it. */
+      issue_dk();
+      wgmma_commit();
+      wgmma_wait<1>();   /* dV and dQ (dK may still run) */
+      reg_fence<NQ / 2>(dq);
+    } else {
+      wgmma_wait<0>();
+      reg_fence<NA>(dk);
+      reg_fence<NA>(dv);
+      reg_fence<NQ / 2>(dq);
+      reg_fence<16>(pp);
+      reg_fence<16>(pds);
+      /* Release the stage (Q, dO, lse2, Dsum; D = 128: after dK, below): every consumer
+       * thread arrives, since an arrive releases only the executing thread's own prior
+       * accesses (its lse2 / Dsum reads of the stage) to the producer's next bulk copy. Lane
+       * 0 of each warp arriving after a __syncwarp, or thread 0 of each warpgroup after its
+       * named barrier, left compute-sanitizer racecheck reporting WAR hazards between those
+       * reads and the bulk copy (run of 2026-11-30). */
+      mbar_arrive(bar(BAR_EMPTY + s));
+    }
     /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) into
      * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy
      * writes visible to the bulk reduce-add (async proxy). */
@@ -412,6 +446,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         stg[j * 128 + t128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       fence_proxy_async();
       mbar_arrive(bar(BAR_DQF + u));
+    }
+    if (DV_EARLY) {
+      wgmma_wait<0>();
+      reg_fence<NA>(dk);
+      reg_fence<NA>(dv);
+      reg_fence<16>(pp);
+      reg_fence<16>(pds);
+      mbar_arrive(bar(BAR_EMPTY + s));   /* as in the D = 64 branch above */
     }
   }
 
