@@ -1124,8 +1124,12 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
 #endif
   /* OT_ATTN_SM90_SKIP=1: kFlSkip, a consumer warpgroup skips the first-visited key tiles in
    * which all of its rows are masked or past Sq (experiment builds only: bf16 D64 128-key
-   * tile with 2 or 3 consumers, D128 128-key tile and D256 with the rescale threshold;
-   * prepared, not measured: docs/ATTENTION.md). Warpgroup-tiles (64 rows x one key tile,
+   * tile with 2 or 3 consumers, D128 128-key tile and D256 with the rescale threshold).
+   * Measured slower (H200, 2026-11-30 evening, attention_fwd_diag.json run 1): 0.954-0.984x
+   * where it skips nothing (D64 / D128 causal, 2 consumers), D64 full 0.97-0.98x, D256
+   * causal 1.010x / 1.008x at S 1k / 4k (ahead in 5 / 7 of 10 round pairs); with 3
+   * consumers at D64 causal 1.107x the 3-consumer kernel at S 1k, but only level with the
+   * 2-consumer default there, 0.957x at 4k. Warpgroup-tiles (64 rows x one key tile,
    * equal QK / PV work) it drops on the grid, Sq = Sk: D256 (80-key tiles) causal 7 of 122
    * at S 1k (5.7%), 26 of 1716 at 4k (1.5%); D64 with 3 consumers (192-row tiles) causal
    * 24 of 96 at 1k (25%: the last tile's 2 padding warpgroups 16, masked 8; only under
@@ -1145,9 +1149,11 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * and runs that tile's Q K^T (N = 64), softmax and P V (K = 64) as a step of its own, the
    * other warpgroup an empty turn (4 of 72 warpgroup-tiles' work at S 1k, 16 of 1056 at
    * 4k). Default on for bf16 D64 masked calls of at most 8 query tiles: H200, 2026-11-30
-   * evening, 10 balanced rounds in one process, causal S 1k 1.015x the default (every round
-   * pair >= 1.000), S 4k 0.983x (the step's P V no longer overlapped: loses where it saves
-   * little); D128 causal 1.005x / 0.999x, noise (in experiment builds only).
+   * evening, balanced rounds in one process (attention_fwd_diag.json), causal S 1k 1.015x
+   * the plain kernel in run 1 (10 of 10 round pairs ahead), 1.011x in run 2 (12 of 12,
+   * an A/A pair 0.998-1.005); S 2k 1.000x, S 4k 0.983x / 0.992x (the step's P V is no
+   * longer overlapped: it loses where it saves little); D128 causal 1.005x / 0.999x, noise
+   * (its instance in experiment builds only).
    * OT_ATTN_SM90_DIAG=0|1 forces it off / on (on: where an instance is compiled). */
   {
     const char *dgv = sm90_knob(knobs, "OT_ATTN_SM90_DIAG");
