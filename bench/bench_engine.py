@@ -355,7 +355,7 @@ DECODE_VARIANTS = {
     # the engine's fused one-row linears (src/engine/fused_kernels.cu) off, or one of them:
     # RMSNorm (+ residual add) into qkv / gate_up / lm_head (+ the greedy argmax), RoPE + KV
     # append into qkv, SwiGLU into gate_up's epilogue (or into down_proj)
-    "unfused": {"OTE_FUSED_NORM": "0"},
+    "unfused": {"OTE_FUSED_NORM": "0", "OTE_FUSED_OPROJ": "0"},
     "fused_no_glu": {"OTE_FUSED_GLU": "0"},  # SwiGLU as ot_glu_forward
     "fused_swiglu_down": {"OTE_FUSED_SWIGLU": "1"},  # SwiGLU inside down_proj's kernel
     "fused_no_rope": {"OTE_FUSED_ROPE": "0"},  # RoPE + KV append by ot_kv_append
@@ -365,8 +365,14 @@ DECODE_VARIANTS = {
     "fused_waves_all": {"OTE_FUSED_WAVES": "0"},  # no cap: a task per warp
     "fused_waves_1": {"OTE_FUSED_WAVES": "1"},  # one wave of blocks
     # o_proj on the engine's staged kernel (fused_kernels.cu: its weight loaded into
-    # registers and shared memory before its PDL wait, during the attention)
+    # registers and shared memory before its PDL wait, during the attention; the default
+    # since 2026-11-30 evening), or on the library's small-M kernel (the default before)
     "fused_oproj": {"OTE_FUSED_OPROJ": "1"},
+    "oproj_library": {"OTE_FUSED_OPROJ": "0"},
+    # that one launched without PDL (its CTAs then never share the SMs with the merge's)
+    "oproj_library_no_pdl": {"OTE_FUSED_OPROJ": "0", "OT_LINEAR_PDL": "0"},
+    # the staged o_proj's shared-memory rows by TMA bulk copies (sm_90) instead of cp.async
+    "fused_oproj_tma": {"OTE_FUSED_OPROJ_TMA": "1"},
     # the same with only 8 / none of its shared-memory rows (24 a CTA of the 8B's) loaded
     # before the wait (the rest after it: less in flight ahead of the merge's loads)
     "fused_oproj_early_8": {"OTE_FUSED_OPROJ": "1", "OTE_FUSED_OPROJ_EARLY_ROWS": "8"},

@@ -24,7 +24,8 @@
 #                time is not spent compiling (ENGINE_PACK_TESTS=0: without test_ops).
 # ENGINE_LINEAR_TESTS=0: skip step 0's tests and memcheck (the pack's test_ops);
 # ENGINE_MEMCHECK_DECODE=0: no compute-sanitizer memcheck of ot-run's batch-1 decode (the
-# engine's fused kernels, default grid and 3 blocks, and the staged o_proj with 12 CTAs); ENGINE_PYTESTS=0: no step 2b
+# engine's fused kernels, default grid and 3 blocks, and the staged o_proj with 12 CTAs,
+# cp.async and TMA); ENGINE_PYTESTS=0: no step 2b
 # (ENGINE_PYTEST_FILTER, ENGINE_PYTEST_JOBS (6), ENGINE_PYTEST_TIMEOUT (180 s a process)). Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
 # arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1;
 # ENGINE_SMI=0 (no nvidia-smi log of clocks / power during the benchmark, $OUT/smi.csv);
@@ -168,7 +169,7 @@ B1=(--config tiny --random-weights --device cuda --dtype bf16 --prompt-ids 1,2,3
 "$OT_RUN" "${B1[@]}" >"$OUTD/ot_run_b1.txt" 2>&1
 rc1=$?
 # (OTE_FUSED_NORM=0 turns the gate_up SwiGLU off too, engine.c fused_body)
-OTE_FUSED_NORM=0 OTE_FUSED_SWIGLU=0 OTE_FUSED_ROPE=0 "$OT_RUN" "${B1[@]}" >"$OUTD/ot_run_b1_unfused.txt" 2>&1
+OTE_FUSED_NORM=0 OTE_FUSED_SWIGLU=0 OTE_FUSED_ROPE=0 OTE_FUSED_OPROJ=0 "$OT_RUN" "${B1[@]}" >"$OUTD/ot_run_b1_unfused.txt" 2>&1
 rc2=$?
 if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then  # (two failed runs would also diff equal)
   SUMMARY+=("ot-run batch 1 fused / unfused FAILED (rc $rc1 / $rc2): see ot_run_b1*.txt")
@@ -187,12 +188,15 @@ if [ "${ENGINE_MEMCHECK_DECODE:-1}" = 1 ] && command -v compute-sanitizer >/dev/
     --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
     --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_forms.log" 2>&1
   SUMMARY+=("memcheck ot-run batch-1 decode (fused kernels, 3 blocks) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_forms.log" | tail -1)")
-  # o_proj on the staged kernel (OTE_FUSED_OPROJ=1) with 12 CTAs: 22 rows a CTA at the tiny
-  # config's 256, 14 of them in shared memory, 5 of those loaded before its PDL wait
-  OTE_FUSED_OPROJ=1 OTE_FUSED_BLOCKS=12 OTE_FUSED_OPROJ_EARLY_ROWS=5 timeout 120 compute-sanitizer --tool memcheck \
-    --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
-    --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_oproj.log" 2>&1
-  SUMMARY+=("memcheck ot-run batch-1 decode (staged o_proj, 12 CTAs) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_oproj.log" | tail -1)")
+  # o_proj on the staged kernel (OTE_FUSED_OPROJ=2: it must run) with 12 CTAs: 22 rows a CTA
+  # at the tiny config's 256, 14 of them in shared memory, 5 of those loaded before its PDL
+  # wait; then with them by TMA bulk copies
+  for v in "OTE_FUSED_OPROJ_EARLY_ROWS=5" "OTE_FUSED_OPROJ_TMA=1"; do
+    env OTE_FUSED_OPROJ=2 OTE_FUSED_BLOCKS=12 "$v" timeout 120 compute-sanitizer --tool memcheck \
+      --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
+      --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_oproj_${v%%=*}.log" 2>&1
+    SUMMARY+=("memcheck ot-run batch-1 decode (staged o_proj, 12 CTAs, $v) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_oproj_${v%%=*}.log" | tail -1)")
+  done
 fi
 stamp "ot-run done"
 

@@ -456,7 +456,8 @@ void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
 
 /* appended: the decode step's RoPE and KV append were done by the fused qkv kernel;
  * staged (not NULL: fused_body's FUSE_OPROJ, {waves, blocks, shared-memory rows loaded
- * before the PDL wait (< 0: all)}): o_proj on the staged kernel where its shape fits */
+ * before the PDL wait (< 0: all), TMA, must}): o_proj on the staged kernel where its shape
+ * fits (must: else an error, a test's proof that it ran) */
 static ot_status attention_block(ote_engine *e, const batch *b, int l,
                                  const ote_layer_weights *w, int appended, const int *staged) {
   const ote_config *c = &e->cfg;
@@ -532,12 +533,16 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
     a.y = e->delta;
     a.max_blocks = staged[1];
     a.stage_rows = staged[2];
+    a.tma = staged[3];
     int done = 0;
-    OP(ote_dev_staged_gemv(&e->dev, &a, e->opt.dtype, &done), "o_proj (staged)", l);
+    OTE_TRY(ote_dev_staged_gemv(&e->dev, &a, e->opt.dtype, &done));
     if (done) {
       prof_mark(e, OTE_PROF_O);
       return OT_OK;
     }
+    if (staged[4])
+      return ote_error(OT_ERR_UNSUPPORTED, "engine: layer %d: o_proj: OTE_FUSED_OPROJ=2 and its "
+                       "shape does not fit the staged kernel", l);
   }
   OTE_TRY(linear(e, e->attn, b->T, Hq * D, w->o, w->o_bias, c->hidden, e->delta, l, "o_proj"));
   prof_mark(e, OTE_PROF_O);
@@ -574,9 +579,9 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * (with FUSE_NORM): the SwiGLU into gate_up's epilogue (down_proj then the library's
  * linear); FUSE_SWIGLU (opt-in, instead of FUSE_GLU): the SwiGLU into down_proj;
  * FUSE_PAIR (OTE_FUSED_PAIR=0: off): each warp of the fused kernels takes two adjacent
- * rows of W at a time instead of one. FUSE_OPROJ (OTE_FUSED_OPROJ=1): o_proj on the staged
- * kernel (its weight loaded into registers and shared memory before its PDL wait, during
- * the attention), where its shape fits. The kernels hold their input row in shared memory,
+ * rows of W at a time instead of one. FUSE_OPROJ (OTE_FUSED_OPROJ=0: off): o_proj on the
+ * staged kernel (its weight loaded into registers and shared memory before its PDL wait,
+ * during the attention), where its shape fits. The kernels hold their input row in shared memory,
  * up to 96 KB of it: hidden float32 values for the norm's (every fusion needs those), ffn
  * 16-bit values for down_proj's (FUSE_SWIGLU, dropped when the ffn is too wide). */
 static int fuse_mode(const ote_engine *e, const batch *b) {
@@ -591,7 +596,7 @@ static int fuse_mode(const ote_engine *e, const batch *b) {
           (env_ll("OTE_FUSED_GLU", 1) ? FUSE_GLU : 0) |
           (env_ll("OTE_FUSED_ROPE", 1) && c->head_dim % 2 == 0 ? FUSE_ROPE : 0) |
           (env_ll("OTE_FUSED_PAIR", 1) ? FUSE_PAIR : 0) |
-          (env_ll("OTE_FUSED_OPROJ", 0) ? FUSE_OPROJ : 0);
+          (env_ll("OTE_FUSED_OPROJ", 1) ? FUSE_OPROJ : 0);
   int ok = aligned16(e->w.final_norm) && aligned16(e->w.lm_head);
   for (int l = 0; ok && l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
@@ -670,9 +675,10 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   void *res = e->x_res, *res2 = e->last_res;
   const int pair = (fuse & FUSE_PAIR) != 0;
   /* once a forward, not a call: the blocks' caps (waves, blocks), the staged o_proj's rows
-   * loaded before its wait */
-  const int waves[3] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
-                        (int)env_ll("OTE_FUSED_OPROJ_EARLY_ROWS", -1)};
+   * loaded before its wait, its TMA, and whether it must run (attention_block) */
+  const int waves[5] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
+                        (int)env_ll("OTE_FUSED_OPROJ_EARLY_ROWS", -1),
+                        env_ll("OTE_FUSED_OPROJ_TMA", 0) != 0, env_ll("OTE_FUSED_OPROJ", 1) == 2};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   for (int l = 0; l < c->layers; l++) {

@@ -413,6 +413,44 @@ __device__ __forceinline__ void stage_cp_commit_wait() {
 #endif
 }
 
+/* TMA (sm_90): the shared-memory rows as bulk copies of whole rows by one thread, completing
+ * on an mbarrier (transaction bytes) that every thread waits on before reading them */
+__device__ __forceinline__ void stage_bar_init(unsigned long long *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
+               "fence.mbarrier_init.release.cluster;\n" ::"r"(b)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void stage_bulk_rows(unsigned long long *bar, void *dst, const void *src,
+                                                int rows, unsigned row_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b),
+               "r"(row_bytes * (unsigned)rows)
+               : "memory");
+  for (int r = 0; r < rows; r++)
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+            (unsigned)__cvta_generic_to_shared(static_cast<char *>(dst) + (size_t)r * row_bytes)),
+        "l"(static_cast<const char *>(src) + (size_t)r * row_bytes), "r"(row_bytes), "r"(b)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void stage_bar_wait(unsigned long long *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+  unsigned done = 0;
+  while (!done)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(b)
+                 : "memory");
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ float dot8(const raw16 &w, const float (&x)[8]) {
   float wf[8];
@@ -436,12 +474,15 @@ __device__ __forceinline__ void stage_scatter(float (&p)[kStageRows], int lane) 
   }
 }
 
-template <typename T>
+/* TMA (launched only where the sm_90 code runs): the shared-memory rows by bulk copies, all
+ * before the wait (a.stage_rows not read) */
+template <typename T, bool TMA>
 __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused_gemv_args a) {
   static_assert(vec_width<T>::value == 8, "16-bit types");
   extern __shared__ __align__(16) unsigned char fg_smem[];
   uint4 *ws = reinterpret_cast<uint4 *>(fg_smem);
   __shared__ float red[kStageThreads / 32][kStageRows];
+  __shared__ unsigned long long bar;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int64_t K = a.K, N = a.N, G = gridDim.x;
   const int64_t r0 = (int64_t)blockIdx.x * N / G, r1 = ((int64_t)blockIdx.x + 1) * N / G;
@@ -449,18 +490,27 @@ __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused
   const bool kin = (int64_t)t * 8 < K;
   const int64_t kv = K / 8; /* vectors a row */
   const T *__restrict__ W = static_cast<const T *>(a.w) + r0 * K + (int64_t)t * 8;
+  const int srows = nr > kStageRegRows ? nr - kStageRegRows : 0; /* rows in shared memory */
+  if (TMA && srows) {
+    if (t == 0) stage_bar_init(&bar);
+    __syncthreads();
+    if (t == 0)
+      stage_bulk_rows(&bar, ws, static_cast<const T *>(a.w) + (r0 + kStageRegRows) * K, srows,
+                      (unsigned)(K * sizeof(T)));
+  }
   raw16 wr[kStageRegRows];
 #pragma unroll
   for (int r = 0; r < kStageRegRows; r++)
     ot::load_raw<T, true, true>(wr[r], W + r * K, 0, 8, kin && r < nr);
   /* the shared-memory rows: the first a.stage_rows (< 0: all) before the wait */
-  const int pre = a.stage_rows < 0 || kStageRegRows + a.stage_rows > nr ? nr
-                                                                         : kStageRegRows + a.stage_rows;
-  if (kin)
+  const int pre = TMA || a.stage_rows < 0 || kStageRegRows + a.stage_rows > nr
+                      ? nr
+                      : kStageRegRows + a.stage_rows;
+  if (kin && !TMA)
     for (int r = kStageRegRows; r < pre; r++)
       stage_cp16(ws + (r - kStageRegRows) * kv + t, W + r * K);
   ot_pdl_wait(); /* x (the attention's output) is ours now */
-  if (kin)
+  if (kin && !TMA)
     for (int r = pre; r < nr; r++) stage_cp16(ws + (r - kStageRegRows) * kv + t, W + r * K);
   float xf[8];
   {
@@ -471,7 +521,11 @@ __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused
   float p[kStageRows];
 #pragma unroll
   for (int r = 0; r < kStageRegRows; r++) p[r] = dot8<T>(wr[r], xf);
-  stage_cp_commit_wait();
+  if (TMA) {
+    if (srows) stage_bar_wait(&bar);
+  } else {
+    stage_cp_commit_wait();
+  }
 #pragma unroll
   for (int r = kStageRegRows; r < kStageRows; r++) {
     p[r] = 0.0f;
@@ -543,15 +597,16 @@ int resident_blocks(F *f, size_t smem, int dev, std::atomic<long long> *cache) {
   return b;
 }
 
-/* f's dynamic shared memory limit raised to smem on device dev when beyond the default 48
- * KB (once per device and size reached: the attribute is the device's). The attribute only
+/* f's dynamic shared memory limit raised to smem on device dev (once per device and size
+ * reached: the attribute is the device's; also below 48 KB, where the static arrays can
+ * take the block past the default limit). The attribute only
  * rises: the check, the set and the cache's store are one step under a lock, so a thread
  * asking less cannot lower it between another's set and its store (the cache would then
  * claim a limit the function does not have); the lock-free read skips the lock once set. */
 template <typename F>
 cudaError_t smem_opt_in(F *f, size_t smem, int dev, std::atomic<long long> *cache) {
   static std::mutex mu;
-  if (smem <= (48u << 10)) return cudaSuccess;
+  if (smem == 0) return cudaSuccess;
   const bool ok = dev >= 0 && dev < 16;
   if (ok && (size_t)cache[dev].load(std::memory_order_acquire) >= smem) return cudaSuccess;
   std::lock_guard<std::mutex> lock(mu);
@@ -605,17 +660,19 @@ bool staged_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, size_t *smem
   if (rows > kStageRows) return false;
   const long long limit = dev_attr(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin, optin, 48 << 10);
   const size_t need = (size_t)(rows > kStageRegRows ? rows - kStageRegRows : 0) * a.K * 2;
-  if ((long long)(need + sizeof(float) * kStageRows * (kStageThreads / 32)) > limit) return false;
+  /* (+ the kernel's static arrays: red, bar) */
+  if ((long long)(need + sizeof(float) * kStageRows * (kStageThreads / 32) + 64) > limit)
+    return false;
   *G = g;
   *smem = need;
   return true;
 }
 
-template <typename T>
+template <typename T, bool TMA>
 cudaError_t launch_staged(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl, int *done) {
   static std::atomic<long long> smem_set[16] = {};
   static std::atomic<int> pdl_cache[16] = {};
-  auto f = staged_gemv_kernel<T>;
+  auto f = staged_gemv_kernel<T, TMA>;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -625,6 +682,8 @@ cudaError_t launch_staged(const ote_fused_gemv_args &a, cudaStream_t st, bool pd
   size_t smem = 0;
   *done = 0;
   if (!staged_grid(a, dev, &G, &smem)) return cudaSuccess;
+  /* the bulk copies where the sm_90 code runs (the test of PDL's), else cp.async */
+  if (TMA && !pdl_ok(f, dev, pdl_cache)) return launch_staged<T, false>(a, st, pdl, done);
   cudaError_t e = smem_opt_in(f, smem, dev, smem_set);
   if (e != cudaSuccess) return e;
   const int threads = (int)((a.K / 8 + 31) / 32 * 32);
@@ -667,6 +726,9 @@ extern "C" int ote_cuda_fused_gemv(const ote_fused_gemv_args *a, int dtype_code,
 extern "C" int ote_cuda_staged_gemv(const ote_fused_gemv_args *a, int dtype_code, int pdl,
                                     void *stream, int *done) {
   cudaStream_t st = (cudaStream_t)stream;
-  if (dtype_code == 4 /* kDLBfloat */) return (int)launch_staged<__nv_bfloat16>(*a, st, pdl, done);
-  return (int)launch_staged<__half>(*a, st, pdl, done);
+  if (dtype_code == 4 /* kDLBfloat */)
+    return (int)(a->tma ? launch_staged<__nv_bfloat16, true>(*a, st, pdl, done)
+                        : launch_staged<__nv_bfloat16, false>(*a, st, pdl, done));
+  return (int)(a->tma ? launch_staged<__half, true>(*a, st, pdl, done)
+                      : launch_staged<__half, false>(*a, st, pdl, done));
 }

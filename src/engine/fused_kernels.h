@@ -54,6 +54,8 @@ typedef struct ote_fused_gemv_args {
    * all; the rest after it) */
   const void *x;
   int stage_rows;
+  int tma; /* not 0: those rows by TMA bulk copies where the sm_90 code runs (all before the
+            * wait), else cp.async */
 } ote_fused_gemv_args;
 
 #ifdef __cplusplus
