@@ -1265,8 +1265,14 @@ def markdown(path):
         rec = json.load(f)
     out = [f"{rec.get('device')}, {rec.get('date')}, commit {str(rec.get('commit'))[:10]}, "
            f"`{rec.get('command')}`; bf16 parameters / gradients / AdamW states (torch fused "
-           "AdamW), use_cache=False, random tokens; tokens/s over the timed steps after "
-           "warm-up; peak = torch.cuda.max_memory_allocated over the timed steps.", ""]
+           "AdamW), use_cache=False, random tokens; "
+           + ("balanced A/B cases (all rows of a case in one process after their warm-up, "
+              "rounds of 1 lead-in + 5 steps per variant in alternating order): tokens/s from "
+              "the median of a variant's step times (CUDA events), peak = its parameters and "
+              "AdamW states + the most its windows allocated above that; other rows: "
+              if any("A/B" in str(r.get("method", "")) for r in rec.get("runs", [])) else "")
+           + "tokens/s over the timed steps after warm-up; peak = "
+           "torch.cuda.max_memory_allocated over the timed steps.", ""]
     gemm = (rec.get("ceilings") or {}).get("gemm_bf16_TFLOPs")
     out += ["| case | variant | tokens/s | x HF sdpa | peak GB | x HF sdpa | model TFLOP/s"
             + (f" (of {gemm:.0f} GEMM)" if gemm else "") + " |",
