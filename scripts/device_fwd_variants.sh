@@ -28,7 +28,8 @@
 # arguments of attn_fwd_variants.py (e.g. "--only narrow --no-host --causal full"). Since c463491
 # the experiment build carries narrow (D128 48 keys, D256 16 / 64), split and resc, no poly. SUITE=0: no full C suite;
 # SUITE_ENV: switches for it (e.g. "OT_ATTN_SM90_SPLIT=1").
-# VENVS: ';'-separated switch sets for the suite's "hopper" cases (none: skip); SAN_ENV,
+# VENVS: ';'-separated switch sets for the suite's "hopper" cases (none: skip; HLIM: each set's
+# limit, default 40 s -- until 2026-11-30 evening 15 s, which the 44 hopper cases outgrew); SAN_ENV,
 # SAN_FILTERS (';'-separated): the sanitizers' switches and C-suite filters; SAN_TOOLS (default
 # "racecheck synccheck"; empty: none). NCU_QUICK: see below. HOST_OLD: another build's shim (e.g. the previous
 # commit's): the host cost per call measured with it and with CARRY's, in two processes.
@@ -119,8 +120,8 @@ fi
 IFS=';' read -r -a venvs <<<"${VENVS:-OT_ATTN_SM90_TILE=wide OT_ATTN_SM90_RESC=1;OT_ATTN_SM90_NARROW=1}"
 [ "${VENVS:-}" = none ] && venvs=()
 for envs in "${venvs[@]}"; do
-  t=$(lim 15); [ "$t" = 0 ] && { echo "skipped: hopper cases [$envs]"; continue; }
-  env $envs timeout "$t" /tmp/test_ops --backend cuda --suite attention --filter hopper \
+  t=$(lim "${HLIM:-40}"); [ "$t" = 0 ] && { echo "skipped: hopper cases [$envs]"; continue; }
+  env $envs timeout "$t" stdbuf -oL /tmp/test_ops --backend cuda --suite attention --filter hopper \
     >>"$OUT/tests_variants.log" 2>&1
   echo "hopper cases [$envs]: rc=$? $(tail -1 "$OUT/tests_variants.log")"
 done
