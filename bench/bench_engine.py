@@ -373,6 +373,9 @@ DECODE_VARIANTS = {
     "oproj_library_no_pdl": {"OTE_FUSED_OPROJ": "0", "OT_LINEAR_PDL": "0"},
     # the staged o_proj's shared-memory rows by TMA bulk copies (sm_90) instead of cp.async
     "fused_oproj_tma": {"OTE_FUSED_OPROJ_TMA": "1"},
+    # the staged o_proj lets gate_up launch at its start (gate_up's first blocks beside it)
+    "fused_oproj_trigger": {"OTE_FUSED_OPROJ_TRIGGER": "1"},
+    "fused_oproj_tma_trigger": {"OTE_FUSED_OPROJ_TMA": "1", "OTE_FUSED_OPROJ_TRIGGER": "1"},
     # the same with only 8 / none of its shared-memory rows (24 a CTA of the 8B's) loaded
     # before the wait (the rest after it: less in flight ahead of the merge's loads)
     "fused_oproj_early_8": {"OTE_FUSED_OPROJ": "1", "OTE_FUSED_OPROJ_EARLY_ROWS": "8"},

@@ -456,8 +456,8 @@ void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
 
 /* appended: the decode step's RoPE and KV append were done by the fused qkv kernel;
  * staged (not NULL: fused_body's FUSE_OPROJ, {waves, blocks, shared-memory rows loaded
- * before the PDL wait (< 0: all), TMA, must}): o_proj on the staged kernel where its shape
- * fits (must: else an error, a test's proof that it ran) */
+ * before the PDL wait (< 0: all), TMA, must, early trigger}): o_proj on the staged kernel
+ * where its shape fits (must: else an error, a test's proof that it ran) */
 static ot_status attention_block(ote_engine *e, const batch *b, int l,
                                  const ote_layer_weights *w, int appended, const int *staged) {
   const ote_config *c = &e->cfg;
@@ -534,6 +534,7 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
     a.max_blocks = staged[1];
     a.stage_rows = staged[2];
     a.tma = staged[3];
+    a.early_trigger = staged[5];
     int done = 0;
     OTE_TRY(ote_dev_staged_gemv(&e->dev, &a, e->opt.dtype, &done));
     if (done) {
@@ -675,10 +676,11 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   void *res = e->x_res, *res2 = e->last_res;
   const int pair = (fuse & FUSE_PAIR) != 0;
   /* once a forward, not a call: the blocks' caps (waves, blocks), the staged o_proj's rows
-   * loaded before its wait, its TMA, and whether it must run (attention_block) */
-  const int waves[5] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
+   * loaded before its wait, its TMA, whether it must run, its early trigger (attention_block) */
+  const int waves[6] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
                         (int)env_ll("OTE_FUSED_OPROJ_EARLY_ROWS", -1),
-                        env_ll("OTE_FUSED_OPROJ_TMA", 0) != 0, env_ll("OTE_FUSED_OPROJ", 1) == 2};
+                        env_ll("OTE_FUSED_OPROJ_TMA", 0) != 0, env_ll("OTE_FUSED_OPROJ", 1) == 2,
+                        env_ll("OTE_FUSED_OPROJ_TRIGGER", 0) != 0};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   for (int l = 0; l < c->layers; l++) {

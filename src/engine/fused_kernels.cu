@@ -491,6 +491,9 @@ __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused
   const int64_t kv = K / 8; /* vectors a row */
   const T *__restrict__ W = static_cast<const T *>(a.w) + r0 * K + (int64_t)t * 8;
   const int srows = nr > kStageRegRows ? nr - kStageRegRows : 0; /* rows in shared memory */
+  /* a.early_trigger: the next kernel (gate_up) may be scheduled at once, its blocks beside
+   * this CTA where they fit (it waits for this grid's end before reading its output) */
+  if (a.early_trigger) ot_pdl_launch_dependents();
   if (TMA && srows) {
     if (t == 0) stage_bar_init(&bar);
     __syncthreads();

@@ -56,6 +56,7 @@ typedef struct ote_fused_gemv_args {
   int stage_rows;
   int tma; /* not 0: those rows by TMA bulk copies where the sm_90 code runs (all before the
             * wait), else cp.async */
+  int early_trigger; /* not 0: the kernel lets its dependents launch at its start */
 } ote_fused_gemv_args;
 
 #ifdef __cplusplus

@@ -375,14 +375,15 @@ def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
     changes no sum) give the default's logits and tokens bit for bit; so does o_proj's
     staged kernel (OTE_FUSED_OPROJ=2: it ran) with 40 CTAs, with 3 of a CTA's
     shared-memory rows loaded before its wait (the rest after), and with its rows by TMA
-    bulk copies (a row's sum is one CTA's in a fixed order, however its rows came)."""
+    bulk copies and gate_up launched at its start (a row's sum is one CTA's in a fixed
+    order, however its rows came)."""
     _need_cuda_ot_run()
     run = _fused_runner(tmp_path, case, dtype)
     base_tok, base = run(OPROJ, dump=tmp_path / "b.bin")
     b40 = {**OPROJ, "OTE_FUSED_BLOCKS": "40"}
     for i, env in enumerate(({"OTE_FUSED_BLOCKS": "3"}, {"OTE_FUSED_BLOCKS": "1"}, b40,
                              {**b40, "OTE_FUSED_OPROJ_EARLY_ROWS": "3"},
-                             {**b40, "OTE_FUSED_OPROJ_TMA": "1"})):
+                             {**b40, "OTE_FUSED_OPROJ_TMA": "1", "OTE_FUSED_OPROJ_TRIGGER": "1"})):
         tok, lg = run(env, dump=tmp_path / f"p{i}.bin")
         assert tok == base_tok, f"{env}: tokens differ"
         assert np.array_equal(lg, base), \
