@@ -1044,13 +1044,12 @@ def bench_train(S, args, row, safe):
     torch.cuda.empty_cache()
 
 
-# --only rmsbwd: RMSNorm's backward, the default kernels against OT_NORM_RMS_BWD_VARIANT's
-# (norm_rms_bwd_warp_kernel: one- or two-warp row groups, one dweight partial row per block;
-# src/cuda/norm.cuh), all through the same shim in one process.
-RMS_BWD_AB_VARIANTS = {"warp": {"OT_NORM_RMS_BWD_VARIANT": "warp"},
-                       "warp8": {"OT_NORM_RMS_BWD_VARIANT": "warp8"},
-                       "warp_cs": {"OT_NORM_RMS_BWD_VARIANT": "warp_cs"},
-                       "warp S=3": {"OT_NORM_RMS_BWD_VARIANT": "warp", "OT_NORM_BWD_STAGES": "3"}}
+# --only rmsbwd: RMSNorm's backward, the default kernels (v3) against its ring / width knobs, all
+# through the same shim in one process (and any --ab-shim build: e.g. the parent's kernels).
+# OT_NORM_RMS_BWD_VARIANT's warp-row kernels, timed here in the run of 1d1bbbc, lost at every
+# shape (8k x 2048 dres 2.27-2.42 against 3.27 TB/s) and were removed (docs/PERFORMANCE.md).
+RMS_BWD_AB_VARIANTS = {"S=3": {"OT_NORM_BWD_STAGES": "3"}, "S auto": {"OT_NORM_BWD_STAGES": "0"},
+                       "4 vec/thread": {"OT_NORM_BWD_V3NV": "4"}}
 # (rows, hidden, dres): 8192 x 2048 is the 0.54 B step at 4 x 2048, 16k x 2048 its long-context
 # step (1 x 16384)
 RMS_BWD_AB_CASES = [(8192, 1024, True), (8192, 2048, True), (16384, 2048, True), (16384, 4096, False),

@@ -12,9 +12,10 @@
 #      [--no-compile] --ab-shim NAME=build-dev/FILE ... -> $OUT/fused_ops.json;
 #      OT_ONLY may name "train" (the 0.54 B training shapes: SwiGLU 8192 x 5632 against
 #      torch.compile's fused kernels, the RMSNorm backward 8192 x 2048 with and without
-#      dweight) and "rmsbwd" (the RMSNorm backward's A/B: the default kernels against each
-#      OT_NORM_RMS_BWD_VARIANT at 8192 x 1024 / 2048 and 16k x 2048 with dres, 16k x 4096
-#      without / with it; torch.compile's backward in the same process with OT_COMPILE=train);
+#      dweight) and "rmsbwd" (the RMSNorm backward's A/B: the default kernels against their
+#      ring / width knobs and the --ab-shim builds at 8192 x 1024 / 2048 and 16k x 2048 with
+#      dres, 16k x 4096 without / with it; torch.compile's backward in the same process, at
+#      the 2048-wide cases, with OT_COMPILE=train);
 #   3. compute-sanitizer memcheck and racecheck over test_ops cases (OT_SAN, below);
 #   4. ncu --clock-control none (SpeedOfLight, Occupancy, WarpStateStats, LaunchStats,
 #      InstructionStats, SchedulerStats) over bench_fused_ops.py --ncu: torch.neg, the norm

@@ -619,42 +619,6 @@ static void many_partials_cases(test_run *tr) {
           }
 }
 
-/* RMSNorm's backward under OT_NORM_RMS_BWD_VARIANT (norm_rms_bwd_warp_kernel, opt-in; CUDA
- * only), each value (warp, warp8, warp_cs) on contiguous [3, n, H] rows: H = 64 (most lanes
- * idle), 1000 (the last lanes' vectors out of the row), 2048 (16-bit: a one-warp group, 8
- * vectors a lane; float32: two warps), 2056 and 4096 (16-bit: groups of two warps; float32,
- * 514 / 1024 vectors, is past the variant and takes the default kernels: 18 of the 147
- * cases) -- with dres, dweight and saved statistics, recomputed statistics and dx = dy
- * without a weight, or dweight and saved statistics without dres (the no-dres A/B shape's
- * path: 2-tensor slots, the block's partial row) -- on 33 rows, and in the 16-bit types on
- * 3201 rows at 2048 and 1599 at 4096 with dres, so that each group of the grid runs 3 or
- * more rows and its 2-slot ring wraps (H200: 1056 / 528 groups with warp). */
-static void rms_bwd_variant_cases(test_run *tr) {
-  if (!tr->be->is_cuda) return;
-  static const char *const VARS[] = {"warp", "warp8", "warp_cs"};
-  static const int64_t VH[] = {64, 1000, 2048, 2056, 4096};
-  char tag[48];
-  for (size_t vi = 0; vi < sizeof VARS / sizeof VARS[0]; vi++)
-    for (size_t d = 0; d < 3; d++)
-      for (size_t hi = 0; hi < sizeof VH / sizeof VH[0]; hi++)
-        for (int many = 0; many < 2; many++)
-          for (int v = 0; v < 4; v++) { /* set_bwd_variant 0, 1, 3 (2: strided, unaligned) */
-            const int64_t H = VH[hi];
-            if (v == 2) continue;
-            if (many && (d == 0 || v || (H != 2048 && H != 4096))) continue; /* [0]: float32 */
-            bwd_case b;
-            memset(&b, 0, sizeof b);
-            b.dt = *DTYPES[d];
-            snprintf(tag, sizeof tag, " contiguous (%s%s)", VARS[vi], many ? ", many rows" : "");
-            b.tag = tag;
-            set_bwd_variant(&b, v, H);
-            set_shape(&b.ndim, b.shape, many ? (H == 2048 ? 3201 : 1599) : 33, H, true);
-            env_saved st = env_set("OT_NORM_RMS_BWD_VARIANT", VARS[vi]);
-            run_backward(tr, &b);
-            env_restore(&st);
-          }
-}
-
 /* The backward with the context's arena attached (ot_context_set_arena): its temporaries
  * -- the dweight / dbias partials, and on CUDA the statistics it recomputes with the
  * forward kernel when none are given -- come from the arena and are all back when the op
@@ -1106,7 +1070,6 @@ static void run(test_run *tr) {
   consistency(tr);
   contiguous_backward_cases(tr);
   many_partials_cases(tr);
-  rms_bwd_variant_cases(tr);
   arena_backward_cases(tr);
   forward_option_cases(tr);
   for (int ln = 0; ln < 2; ln++) {

@@ -725,41 +725,6 @@ __device__ __forceinline__ float norm_sq_dev(raw16 (&xr)[NV], float center, int6
   return v;
 }
 
-#ifdef OT_NORM_CAND_GSUM /* compile-time candidate, off by default (A/B of 2026-11-30) */
-/* Sum of v over a row group of TPR threads (compile-time; blockDim.x == TPR): warp_sum,
- * then each lane reads the W = TPR / 32 warp sums from shared memory and adds them as
- * row_group_sum's second warp_sum does (xor butterfly over 32 lanes, lanes >= W zero:
- * each sum + 0, then pairs at offsets W/2 .. 1), so the bits are row_group_sum's, in 2-3
- * FADDs a level instead of a shuffle chain of 5. */
-template <int TPR>
-__device__ __forceinline__ float norm_group_sum(float v, float *scratch) {
-  constexpr int W = TPR / 32;
-  v = warp_sum(v);
-  if (W == 1) return v;
-  float *s = scratch + 32 * threadIdx.y;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads(); /* scratch may still be read by a previous call */
-  if (lane == 0) s[warp] = v;
-  __syncthreads();
-  float z[W > 1 ? W : 2];
-#pragma unroll
-  for (int k = 0; k < W; k += 2) { /* the scratch is float2 (8-byte aligned) */
-    const float2 q = reinterpret_cast<const float2 *>(s)[k / 2];
-    z[k] = q.x, z[k + 1] = q.y;
-  }
-#pragma unroll
-  for (int k = 0; k < W; k++) z[k] = z[k] + 0.0f; /* the butterfly's zero lanes (-0 -> +0) */
-#pragma unroll
-  for (int o = W / 2; o >= 1; o >>= 1)
-#pragma unroll
-    for (int k = 0; k < o; k++) z[k] = z[k] + z[k + o];
-  return z[0];
-}
-#define OT_NORM_FWD_SUM(TPR_, v, scr) norm_group_sum<TPR_>(v, scr)
-#else
-#define OT_NORM_FWD_SUM(TPR_, v, scr) row_group_sum(v, scr)
-#endif
-
 /* The per-row work of forward v2 / v3 once the thread's NV vectors of x (and of the
  * residual) are in registers: residual add and store, the statistics, out. Both
  * kernels call it with the same thread-to-vector map (vector x + i * TPR), so they
@@ -795,11 +760,11 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
   /* Out-of-range vectors are 0, so they add nothing to the sums. */
   float mu = 0.0f, rs;
   if (LAYER) {
-    mu = OT_NORM_FWD_SUM(TPR, s, scr) / (float)n;
+    mu = row_group_sum(s, scr) / (float)n;
     const float v = norm_sq_dev<T, NV, TPR>(xr, mu, n);
-    rs = rsqrtf(OT_NORM_FWD_SUM(TPR, v, scr) / (float)n + p.eps);
+    rs = rsqrtf(row_group_sum(v, scr) / (float)n + p.eps);
   } else {
-    rs = rsqrtf(OT_NORM_FWD_SUM(TPR, s, scr) / (float)n + p.eps);
+    rs = rsqrtf(row_group_sum(s, scr) / (float)n + p.eps);
   }
   if (!valid) return;
   if (!p.out) { /* statistics only (the backward's recompute: the same bits as here) */
@@ -1192,17 +1157,8 @@ __device__ __forceinline__ void norm_stats_of(const norm_bwd_params &p, int64_t 
  * (loaded once), not loaded from global memory (L1) and unpacked in both passes of every
  * row -- the per-element instructions are what this kernel's issue slots spend (the
  * launch says where it pays). */
-/* OT_NORM_CAND_V3CAP (compile-time candidate, off by default; the A/B of 2026-11-30): the
- * WF instances (blocks of <= 256 threads) held to 3 blocks of 256 per SM (80 registers)
- * -- without local memory for dres (norm_bwd_dx) ptxas gives the 16-bit one 92-97 (2 blocks
- * of 256, 5 of 128 per SM) against 71 + a 32-byte stack before. */
-#ifdef OT_NORM_CAND_V3CAP
-#define OT_NORM_V3_BOUNDS __launch_bounds__(WF ? 256 : 512, WF ? 3 : 1)
-#else
-#define OT_NORM_V3_BOUNDS __launch_bounds__(512)
-#endif
 template <typename T, bool LAYER, int NV, bool WF>
-__global__ void OT_NORM_V3_BOUNDS norm_bwd_v3_kernel(norm_bwd_params p, int S) {
+__global__ void __launch_bounds__(512) norm_bwd_v3_kernel(norm_bwd_params p, int S) {
   ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
   constexpr int V = vec_width<T>::value;
   extern __shared__ uint4 ring[];
@@ -1322,7 +1278,9 @@ __global__ void OT_NORM_V3_BOUNDS norm_bwd_v3_kernel(norm_bwd_params p, int S) {
  * 3.52), partials in shared memory lost (LayerNorm 2.89 / 2.63: the partials' space
  * halves the blocks per SM) and 4 vectors per thread too (LayerNorm 2.91 at 4096): all
  * removed, with a bulk-copy forward (a warp per row, lost to v2 at every shape: RMSNorm
- * 4096 3.42 vs 3.79, LayerNorm 8192 2.50 vs 3.76) -- docs/PERFORMANCE.md. */
+ * 4096 3.42 vs 3.79, LayerNorm 8192 2.50 vs 3.76) -- docs/PERFORMANCE.md. dx is stored
+ * evict-first (st.global.cs): LayerNorm 16k x 4096 bf16 3.39 vs 3.35 TB/s, same process
+ * (A/B of 1d1bbbc, 2026-11-30; an earlier round, ef875c3 / 465d8ee, saw no gain). */
 constexpr int kNormTmaMaxStages = 4;
 
 /* Vector idx of a staged row's h and dy (shared memory), unpacked. */
@@ -1436,11 +1394,7 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
         unpack<T>(dr, t);
       }
       norm_bwd_dx<LAYER, V>(hv, gv, wf[i], w != nullptr, p.dres != nullptr, dr, rs, nmr, k1, k0, o);
-#ifdef OT_NORM_CAND_TMA_CS /* compile-time candidate (A/B of 2026-11-30): dx evict-first */
-      store_vec_cs(dxp + (int64_t)idx * V, o);
-#else
-      store_vec(dxp + (int64_t)idx * V, o);
-#endif
+      store_vec_cs(dxp + (int64_t)idx * V, o); /* evict-first (the kernel's comment) */
     }
     if (++s == S) s = 0, ph ^= 1u;
   }
@@ -1455,148 +1409,6 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
     if (want_db) norm_store_partials<V>(p.db_part + part * p.cols + base, db[i]);
   }
 #endif
-}
-
-/* ---- RMSNorm backward, warp rows (OT_NORM_RMS_BWD_VARIANT, opt-in; prepared for the A/B
- * at the training shape, not yet measured) ------------------------------------------------
- * What it changes against v3 at rows of 1-8 KB (8192 rows of 1024-4096 bf16, saved rstd;
- * docs/PERFORMANCE.md, "CUDA fused ops"): v3 gives a row to a block of nvec / 2 threads
- * (64-256), so its grid is blocks-per-SM x SMs (1848 / 924 / 396 blocks at 1024 / 2048 /
- * 4096), each block writes one fp32 partial row (7.6 / 7.6 / 6.5 MB written and summed
- * again: 22% / 11% / 5% of the call's bytes with dres) and reduces every row with two
- * block barriers. Here a row group is one warp (RG = 1: rows of up to 256 vectors, NV = 4
- * or 8 vectors per lane) or two (RG = 2: up to 512 vectors, a named barrier per group);
- * a block holds blockDim.x / (32 RG) groups, each running its own rows (group k of the
- * grid: rows k, k + K, ..., K the grid's groups) through its own cp.async ring of S slots
- * (per-thread copies read back by the same thread: no barrier, as in v3), with no block
- * barrier in the row loop. The dweight partials stay in fp32 registers across the
- * group's rows; at the end the block sums its groups' partials through shared memory
- * (the rings' space, fixed order), so there is one partial row per block: the grid
- * (blocks per SM x SMs, 264-528 at these shapes), not one per 64-256 threads. cs: dx
- * stored with the evict-first hint. Saved statistics only (the launcher computes them
- * first when the caller has none); aligned rows, cols % VEC == 0. */
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-template <typename T, int NV, int RG>
-__global__ void __launch_bounds__(256) norm_rms_bwd_warp_kernel(norm_bwd_params p, int S, int cs) {
-  ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
-  constexpr int V = vec_width<T>::value;
-  constexpr int TPR = 32 * RG;
-  constexpr bool WF = NV <= 4; /* weight as fp32 registers; NV = 8 loads it per use (L1) */
-  extern __shared__ uint4 ring[];
-  __shared__ float xsum[RG > 1 ? 8 : 1][2][2]; /* RG = 2: [group][row parity][warp] */
-  const int64_t n = p.cols;
-  const int nvec = (int)(n / V);
-  const float inv_n = 1.0f / (float)n;
-  const T *w = static_cast<const T *>(p.weight);
-  const int tid = threadIdx.x, t = tid % TPR, g = tid / TPR;
-  const int groups = (int)blockDim.x / TPR;
-  const int64_t K = (int64_t)gridDim.x * groups;
-  const int64_t first = (int64_t)blockIdx.x * groups + g;
-  const int NT = p.dres ? 3 : 2;
-  const size_t slot = (size_t)NT * NV * TPR;
-  uint4 *mine = ring + (size_t)g * S * slot + t;
-
-  auto issue = [&](int64_t row, int s) {
-    if (row < p.rows) {
-      uint4 *st = mine + (size_t)s * slot;
-      const T *hp = static_cast<const T *>(p.h) + row * p.h_stride;
-      const T *dyp = static_cast<const T *>(p.dy) + row * p.dy_stride;
-      const T *drp = p.dres ? static_cast<const T *>(p.dres) + row * p.dres_stride : nullptr;
-#pragma unroll
-      for (int i = 0; i < NV; i++) {
-        const int idx = t + i * TPR;
-        if (idx < nvec) {
-          cp_async16(st + i * TPR, hp + (int64_t)idx * V);
-          cp_async16(st + (NV + i) * TPR, dyp + (int64_t)idx * V);
-          if (drp) cp_async16(st + (2 * NV + i) * TPR, drp + (int64_t)idx * V);
-        }
-      }
-    }
-    cp_async_commit();
-  };
-
-  float dw[NV][V], wf[WF ? NV : 1][V];
-#pragma unroll
-  for (int i = 0; i < NV; i++) {
-    const int idx = t + i * TPR;
-#pragma unroll
-    for (int j = 0; j < V; j++) dw[i][j] = 0.0f;
-    if (WF && w && idx < nvec) load_vec(wf[WF ? i : 0], w + (int64_t)idx * V);
-  }
-  for (int s = 0; s + 1 < S; s++) issue(first + (int64_t)s * K, s);
-  float rs_n = 0.0f, mu = 0.0f;
-  norm_stats_of<false>(p, first, rs_n, mu);
-  int stage = 0, par = 0;
-  for (int64_t row = first; row < p.rows; row += K) {
-    const float rs = rs_n;
-    norm_stats_of<false>(p, row + K, rs_n, mu); /* one row ahead */
-    issue(row + (int64_t)(S - 1) * K, stage == 0 ? S - 1 : stage - 1);
-    cp_async_wait(S - 1);
-    const uint4 *st = mine + (size_t)stage * slot;
-    float sg = 0.0f, sgx = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-      if (t + i * TPR >= nvec) continue;
-      float hv[V], gv[V], wv[V];
-      norm_bwd_slot_vec<T>(st, st + NV * TPR, i * TPR, hv, gv);
-      if (!WF && w) load_vec(wv, w + (int64_t)(t + i * TPR) * V);
-      norm_bwd_terms<false, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, rs, 0.0f, dw[i],
-                               nullptr, sg, sgx);
-    }
-    sgx = warp_sum(sgx);
-    if (RG > 1) { /* the group's two warps: one named barrier, slots alternating by row */
-      if ((t & 31) == 0) xsum[RG > 1 ? g : 0][par][t >> 5] = sgx;
-      named_bar_sync(1 + g, TPR);
-      sgx = xsum[RG > 1 ? g : 0][par][0] + xsum[RG > 1 ? g : 0][par][1];
-      par ^= 1;
-    }
-    const float k1 = -rs * (sgx * inv_n);
-    /* dx: h and dy read again from the ring (no barrier here with RG = 1: the clobber
-     * keeps the compiler from holding the first pass's loads across the sum instead) */
-    asm volatile("" ::: "memory");
-    T *dxp = static_cast<T *>(p.dx) + row * p.dx_stride;
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-      const int idx = t + i * TPR;
-      if (idx >= nvec) continue;
-      float hv[V], gv[V], wv[V], o[V], dr[V];
-      norm_bwd_slot_vec<T>(st, st + NV * TPR, i * TPR, hv, gv);
-      if (!WF && w) load_vec(wv, w + (int64_t)idx * V);
-      if (p.dres) {
-        raw16 q;
-        q.u = st[(2 * NV + i) * TPR];
-        unpack<T>(dr, q);
-      }
-      norm_bwd_dx<false, V>(hv, gv, WF ? wf[WF ? i : 0] : wv, w != nullptr, p.dres != nullptr, dr,
-                            rs, 0.0f, k1, 0.0f, o);
-      if (cs) store_vec_cs(dxp + (int64_t)idx * V, o);
-      else store_vec(dxp + (int64_t)idx * V, o);
-    }
-    stage = stage + 1 == S ? 0 : stage + 1;
-  }
-  cp_async_wait(0);
-  if (!p.dw_part) return; /* block-uniform */
-  /* the block's partial row: each group's sums into its own [n] fp32 row of the rings'
-   * space (S * NT * NV * TPR * 16 >= 4 n bytes per group), then summed over the groups in
-   * group order */
-  __syncthreads(); /* every group is past its ring */
-  float *red = reinterpret_cast<float *>(ring);
-#pragma unroll
-  for (int i = 0; i < NV; i++) {
-    const int idx = t + i * TPR;
-    if (idx < nvec) norm_store_partials<V>(red + (size_t)g * n + (int64_t)idx * V, dw[i]);
-  }
-  __syncthreads();
-  const int n4 = (int)(n / 4);
-  const float4 *src = reinterpret_cast<const float4 *>(red);
-  float4 *dst = reinterpret_cast<float4 *>(p.dw_part + (int64_t)blockIdx.x * n);
-  for (int q = tid; q < n4; q += (int)blockDim.x) {
-    float4 a = src[q];
-    for (int k = 1; k < groups; k++) f4_add(a, src[(size_t)k * n4 + q]);
-    dst[q] = a;
-  }
 }
 
 /* ---- launch configuration ---------------------------------------------------------------- */
@@ -1642,12 +1454,8 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * vector per thread, D = 6), OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread),
  * OT_NORM_BWD_STAGES=S (v3 ring depth; 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring
  * depth; 0 = automatic), OT_NORM_REDUCE=old (the partials' sum by the 32 x 32 kernel of
- * 4-byte loads; default: norm_reduce_partials_v2_kernel where cols % 4 == 0),
- * OT_NORM_RMS_BWD_VARIANT=warp | warp8 | warp_cs (RMSNorm's backward on
- * norm_rms_bwd_warp_kernel: 4 warps a block, 8, or 4 with dx stored evict-first; unset:
- * the default kernels). */
+ * 4-byte loads; default: norm_reduce_partials_v2_kernel where cols % 4 == 0). */
 enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
-enum { kNormRmsBwdDefault = 0, kNormRmsBwdWarp, kNormRmsBwdWarp8, kNormRmsBwdWarpCs };
 struct norm_cfg {
   ot_context *ctx;    /* the call's context: its temporaries (norm_temp_alloc) */
   const char *op;     /* the API function, for the temporaries' errors */
@@ -1663,7 +1471,6 @@ struct norm_cfg {
   int bwd_stages;     /* -1 unset */
   int bwd_tma_stages; /* 0 automatic */
   bool reduce_v2;     /* the partials' sum: v2 (default) or the 32 x 32 kernel (=old) */
-  int rms_bwd_variant; /* kNormRmsBwd*: OT_NORM_RMS_BWD_VARIANT */
 };
 static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *temp_st) {
   norm_cfg c;
@@ -1699,11 +1506,6 @@ static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *t
   c.bwd_tma_stages = env_int("OT_NORM_BWD_TMA_STAGES", 0);
   const char *r = env("OT_NORM_REDUCE");
   c.reduce_v2 = !(r && strcmp(r, "old") == 0);
-  const char *rv = env("OT_NORM_RMS_BWD_VARIANT");
-  c.rms_bwd_variant = !rv ? kNormRmsBwdDefault
-                      : strcmp(rv, "warp") == 0 ? kNormRmsBwdWarp
-                      : strcmp(rv, "warp8") == 0 ? kNormRmsBwdWarp8
-                      : strcmp(rv, "warp_cs") == 0 ? kNormRmsBwdWarpCs : kNormRmsBwdDefault;
   return c;
 }
 
@@ -2199,38 +2001,6 @@ cudaError_t norm_bwd_tma_launch(const norm_cfg &c, const norm_bwd_params &p, T *
   });
 }
 
-/* RMSNorm's backward on norm_rms_bwd_warp_kernel (OT_NORM_RMS_BWD_VARIANT; aligned rows,
- * saved rstd): a row group of one warp with NV = 4 (rows of <= 128 vectors) or 8 (<= 256),
- * or of two warps with NV = 8 (<= 512); blocks of 4 warps (8 for warp8); a ring of 2 slots
- * per group (OT_NORM_BWD_STAGES = 3 / 4: deeper); as many blocks per SM as registers and
- * the rings allow, times the SMs, at most one group per row. cudaErrorNotSupported: the
- * caller takes the default kernels. */
-template <typename T>
-cudaError_t norm_rms_bwd_warp_launch(const norm_cfg &c, const norm_bwd_params &p, T *dw,
-                                     cudaStream_t stream) {
-  constexpr int V = vec_width<T>::value;
-  const int64_t nvec = p.cols / V;
-  if (nvec > 512) return cudaErrorNotSupported;
-  const int warps = c.rms_bwd_variant == kNormRmsBwdWarp8 ? 8 : 4;
-  const int cs = c.rms_bwd_variant == kNormRmsBwdWarpCs ? 1 : 0;
-  const int nv = nvec <= 128 ? 4 : 8, rg = nvec <= 256 ? 1 : 2, groups = warps / rg;
-  const size_t stage = (size_t)groups * (p.dres ? 3 : 2) * nv * 32 * rg * 16;
-  const int env_s = c.bwd_stages >= 2 && c.bwd_stages <= 4 ? c.bwd_stages : 2;
-  auto go = [&](auto kernel) -> cudaError_t {
-    const norm_ring R = norm_ring_config(c.cs, kernel, warps * 32, stage,
-                                         (p.rows + groups - 1) / groups, env_s, 4);
-    if (!R.ok) return cudaErrorNotSupported;
-    return norm_bwd_with_partials<T, false>(c, p, dw, nullptr, R.grid, stream,
-                                            [&](const norm_bwd_params &q) {
-      kernel<<<(unsigned)R.grid, warps * 32, R.smem, stream>>>(q, R.stages, cs);
-      return cudaGetLastError();
-    });
-  };
-  return nv == 4   ? go(norm_rms_bwd_warp_kernel<T, 4, 1>)
-         : rg == 1 ? go(norm_rms_bwd_warp_kernel<T, 8, 1>)
-                   : go(norm_rms_bwd_warp_kernel<T, 8, 2>);
-}
-
 template <typename T, bool LAYER>
 cudaError_t norm_backward_launch_impl(const norm_cfg &c, norm_bwd_params p, T *dw, T *db,
                                       cudaStream_t stream) {
@@ -2258,12 +2028,6 @@ cudaError_t norm_backward_launch_impl(const norm_cfg &c, norm_bwd_params p, T *d
   /* The bulk-copy kernel: LayerNorm's default (run of a342519, TB/s at 4096 / 8192: 3.06
    * / 3.26 against v3's 2.81 / 3.10). Not instantiated for RMSNorm (3.21 / 3.34 against
    * v3's 3.26 / 3.52: no gain where v3's partials already fit the registers; removed). */
-  if constexpr (!LAYER) {
-    if (c.rms_bwd_variant != kNormRmsBwdDefault && aligned && p.rows > 0 && p.rstd) {
-      const cudaError_t e = norm_rms_bwd_warp_launch<T>(c, p, dw, stream);
-      if (e != cudaErrorNotSupported) return e;
-    }
-  }
   if constexpr (LAYER) {
     const bool bwd_tma = c.bwd_impl == kNormImplDefault || c.bwd_impl == kNormImplTma;
     if (aligned && p.rows > 0 && p.rstd && p.mean && norm_tma_rows_ok(p.cols, sizeof(T)) &&
