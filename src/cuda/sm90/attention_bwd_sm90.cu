@@ -45,7 +45,8 @@
  * devices other than cc 9.0, deterministic = 1, and calls whose scratch cannot be had
  * (the portable backward needs a (D + 2)-th of it; unless OT_ATTN_IMPL=sm90: OT_ERR_OOM).
  * Switches: OT_ATTN_SM90=0 (also turns the Hopper forward off), OT_ATTN_IMPL=portable (the
- * dispatcher in attention_bwd.cu).
+ * dispatcher in attention_bwd.cu). Experiment builds (-DOT_ATTN_SM90_EXPERIMENTS, never CI)
+ * add the kernels of the experiment bits below (kXDqRed: OT_ATTN_BWD_SM90_DQ=red).
  */
 #include <cuda.h>
 #include <math.h>
@@ -94,6 +95,17 @@ enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages, BAR_DQF = 1 + 2 * kSta
        BAR_DQE = BAR_DQF + 4, BAR_COUNT = BAR_DQE + 4 };
 static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
 
+/* Experiment bits, the kernel's X (0 in every build; the others are instantiated only in
+ * builds with -DOT_ATTN_SM90_EXPERIMENTS, never CI, and chosen by OT_ATTN_BWD_SM90_DQ):
+ *  kXDqRed: the consumers add their dQ partial into the accumulator straight from the
+ *    wgmma's registers with red.global.add.v4.f32 (8 a thread, 512 contiguous bytes a warp
+ *    instruction: the accumulator tile is in fragment order), at D = 128 while dK runs;
+ *    no shared staging tile, no dQ writer (its 64 KB of shared-memory traffic a 64-query
+ *    tile: docs/ATTENTION.md, "Shared-memory bytes per tile"). The summation order of dQ
+ *    is no more repeatable than the bulk reduce-adds' (this kernel runs only for
+ *    deterministic = 0: the same semantics). Prepared 2026-11-30, not yet measured. */
+enum { kXDqRed = 1 };   /* an enumerator: no unused-variable warning where no kernel uses it */
+
 struct bwd_params {
   void *dk, *dv;
   int64_t dk_bs, dk_ts, dk_hs, dv_bs, dv_ts, dv_hs; /* elements */
@@ -131,6 +143,12 @@ __device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32
       "cp.async.bulk.commit_group;\n" ::"l"((uint64_t)dst), "r"(src), "r"(bytes)
       : "memory");
 }
+/* global[dst .. + 4) += v (fp32, relaxed, gpu scope; no result returned). */
+__device__ __forceinline__ void red_add_v4(float *dst, float a, float b, float c, float d) {
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(a),
+               "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
 /* Named barrier of one consumer warpgroup (ids 2, 3; 1 is kDsBar). */
 __device__ __forceinline__ void wg_sync(int c) {
   if (c == 0)
@@ -147,7 +165,7 @@ __device__ __forceinline__ void fence_proxy_async() {
  * both consumers; at D = 64 all columns over the consumer's own keys. Each goes to a shared
  * staging tile, from which the dQ writer (one thread of the producer warpgroup) adds it
  * into the accumulator with one bulk reduce-add: the consumers never wait on atomics. */
-template <typename T, int D>
+template <typename T, int D, int X>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k,
@@ -161,6 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   /* D = 128: dV issued under dP^T, dQ before dK, the dQ staging stores under dK (see the
    * tile loop); D = 64 keeps dV, dK before dQ (the D = 128 order ran 4-5% slower there). */
   constexpr bool DV_EARLY = D == 128;
+  constexpr bool RED = (X & kXDqRed) != 0;   /* dQ by red.global from the consumers */
   extern __shared__ uint8_t smem_raw[];
   /* Aligned by offsetting smem_raw (not by casting through an integer), so that the
    * compiler still knows every access through smem is to shared memory: LDS / STS with
@@ -230,6 +249,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* ---------------- producer ---------------- */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (n_loc == 0 || (tid != 0 && tid != 32)) return;
+    if constexpr (RED) {
+      if (tid == 32) return;   /* no dQ writer: the consumers add dQ themselves */
+    }
     if (tid == 32) {
       /* ---- dQ writer: consumer c's partial of query tile it, buffer it & 1, into the
        * accumulator's tile [b][h][m][D / 64] in fragment order (see bwd_dq_kernel) ---- */
@@ -398,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, 1)
      * the WG's 64 columns over all 128 keys, or (OWN) all columns over its 64 keys. */
     /* The dQ staging buffer of this tile is free once the writer has read its previous
      * contents (waited for here, before dq is live: fewer registers across the wait). */
-    mbar_wait(bar(BAR_DQE + 2 * c + (t & 1)), ((t >> 1) & 1) ^ 1);
+    if constexpr (!RED) mbar_wait(bar(BAR_DQE + 2 * c + (t & 1)), ((t >> 1) & 1) ^ 1);
     float dq[NQ / 2];
     {
       const uint32_t ds_base = s_base + L::ds_off + (t & 1) * L::ds_bytes;
@@ -438,7 +460,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) into
      * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy
      * writes visible to the bulk reduce-add (async proxy). */
-    {
+    if constexpr (RED) {
+      /* kXDqRed: the same fragment order straight into the accumulator's tile (as the dQ
+       * writer's, see there): float4 j of thread t128 at float 512 j + 4 t128. */
+      const int h = kvh * p.group + (it0 + t) / nm;
+      float *acc = p.dq_acc +
+                   ((((int64_t)b * p.hq + h) * m_hi + i0 / kBq) * (D / 64) + (D == 128 ? c : 0)) *
+                       kDqTile +
+                   4 * t128;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        red_add_v4(acc + 512 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    } else {
       const int u = 2 * c + (t & 1);
       float4 *stg = (float4 *)(smem + L::dqs_off + u * kDqTile * 4);
 #pragma unroll
@@ -508,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 #else
-template <typename T, int D>
+template <typename T, int D, int X>
 __global__ void attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                                      const __grid_constant__ CUtensorMap tm_k,
                                      const __grid_constant__ CUtensorMap tm_v,
@@ -671,7 +704,7 @@ static bool vec16_ok(const ot_attn_operand *x) {
          !(x->batch_stride & 7);
 }
 
-template <typename T, int D>
+template <typename T, int D, int X>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                         const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid) {
   static const char *op = "ot_attention_backward";
@@ -679,7 +712,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   cudaStream_t stream = (cudaStream_t)ctx->stream;
   /* Host-side and not stream-ordered: first, so that a failure enqueues nothing. Once per
    * device and instance (sm90_common.cuh's smem_attr_once, as the forward). */
-  auto kern = attn_bwd_sm90_kernel<T, D>;
+  auto kern = attn_bwd_sm90_kernel<T, D, X>;
   static std::atomic<uint64_t> attr_done{0};
   OT_TRY(smem_attr_once(kern, L::bytes, ctx, attr_done, op));
   /* The dQ accumulator, the split sums and their counters (contiguous) */
@@ -705,6 +738,20 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
                                                         p.scale, tiles);
   OT_CUDA_CHECK_LAUNCH(op);
   return OT_OK;
+}
+
+/* The kernel of experiment bits x (see kXDqRed): 0 in builds without
+ * -DOT_ATTN_SM90_EXPERIMENTS, which compile no other. */
+template <typename T, int D>
+static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
+                          const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
+                          int x) {
+#ifdef OT_ATTN_SM90_EXPERIMENTS
+  if (x == kXDqRed) return launch<T, D, kXDqRed>(ctx, a, maps, p, rows, zero_bytes, grid);
+#else
+  (void)x;
+#endif
+  return launch<T, D, 0>(ctx, a, maps, p, rows, zero_bytes, grid);
 }
 
 /* Written in 2-element (4-byte) words from registers. */
@@ -803,9 +850,18 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * the bulk reduce-add themselves (00d0a38), D = 128 dQ over each consumer's own keys). */
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
+  /* OT_ATTN_BWD_SM90_DQ=red: kXDqRed (experiment builds only; elsewhere not read). */
+#ifdef OT_ATTN_SM90_EXPERIMENTS
+  const char *xdq = getenv("OT_ATTN_BWD_SM90_DQ");
+  const int x = xdq && !strcmp(xdq, "red") ? kXDqRed : 0;
+#else
+  const int x = 0;
+#endif
   if (a->d == 64)
-    return a->dtype == OT_BF16 ? launch<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid)
-                               : launch<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid);
-  return a->dtype == OT_BF16 ? launch<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid)
-                             : launch<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid);
+    return a->dtype == OT_BF16
+               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x)
+               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x);
+  return a->dtype == OT_BF16
+             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x)
+             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x);
 }
