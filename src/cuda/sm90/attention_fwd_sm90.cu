@@ -520,8 +520,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           wgmma_wait<0>();
           reg_fence<NS>(s);
           release(bar(BAR_EMPTY_K + st));
-          /* DIAG: only the NW keys that the step's Q K^T wrote (the rest of S holds an
-           * earlier tile's values; P V reads P of these keys only) */
+          /* DIAG: only the NW keys that the step's Q K^T wrote, which P V reads (the rest
+           * of S is the zeros set above, past this warpgroup's visible keys: no exp2 there) */
           if constexpr (DIAG) {
             softmax_n(std::integral_constant<int, NW / 2>(), n_max - 1, true);
             convert_p_n(std::integral_constant<int, NW / 4>());
@@ -893,12 +893,14 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
 
 /* The instances of each configuration: kFlResc for head dim 256 and the 128-key tile of
  * head dim 128 (where it was measured faster, see the dispatch), kFlNarrow at 48 keys for
- * the bf16 176-key tile of head dim 128. A build with
+ * the bf16 176-key tile of head dim 128, kFlDiag for the bf16 128-key tile of head dim 64
+ * with 2 consumers. A build with
  * -DOT_ATTN_SM90_EXPERIMENTS (never CI) adds the bf16 variants measured against them
  * (bench/attn_fwd_variants.py): at D128 176 the threshold, the split, and the threshold
  * with the narrow step (OT_ATTN_SM90_RESC=1 where the narrow step is on; H200, run 3 of
  * attention_fwd.json: S 4k 0.971x, 16k 1.022x the default, within noise, not used);
- * the snake order at D64 NC 2 / D128 128 / D256; the narrow step at D256. */
+ * the snake order at D64 NC 2 / D128 128 / D256; the narrow step at D256; kFlSkip at D64
+ * (2 and 3 consumers), D128 128 and D256; kFlDiag at D128 128. */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
