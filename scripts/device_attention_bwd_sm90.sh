@@ -16,10 +16,17 @@
 #                   racecheck and synccheck and memcheck + racecheck of "hopper-only S129"
 #                   (split units), all five at once (SAN_LIMIT each); SAN_MIN=5: those five
 #                   and memcheck, racecheck, synccheck of "hopper-only causal Sq>Sk 700x130
-#                   D128" (whole query tiles no key block sees), eight at once
+#                   D128" (whole query tiles no key block sees), eight at once; SAN_MIN=6: the
+#                   five of SAN_MIN=4 and the same five on the "dqred" cases (kXDqRed under
+#                   OT_ATTN_BWD_SM90_DQ=red, set by the test itself; an experiment build
+#                   runs the variant there), ten at once
 #       ab          bench/ab_attention_bwd.py in one process over the shims of $PRE/NAME.tar.xz
 #                   for NAME in ALTS (default base) and this build ("new"), AB_ARGS (e.g.
-#                   --cases D128S4096 --rounds 6), AB_LIMIT s (120)
+#                   --cases D128S4096 --rounds 6), AB_LIMIT s (120). AB_VARIANTS: more entries of
+#                   this build with switches, "NAME=VAR=VAL[,VAR=VAL] ..." (e.g.
+#                   "red=OT_ATTN_BWD_SM90_DQ=red"); AB_CHECK=1: --check first (float64 checks of
+#                   every entry, no timing on a failure) with AB_EXPECT ("red=1 new=0": the main
+#                   kernel's experiment bits each entry must run)
 #       sanitize_base, bench_base: racecheck and the benchmark (BASE_BENCH_ARGS) of each other
 #                   build $PRE/NAME.tar.xz (test_ops + libattention_shim.so of a kernel to
 #                   compare against), NAME in ALTS
@@ -28,7 +35,11 @@
 #                   (bench/profile_attention_bwd.py) over PROFILE_CASES (default
 #                   D128S4096c0,D128S4096c1), PROFILE_LIMIT s (120): $OUT/ncu.txt (the
 #                   sections), ncu_durations.csv, ncu_src_ours.csv (per-SASS-instruction
-#                   stall samples)
+#                   stall samples), ncu_raw.csv (every collected metric of every kernel) and
+#                   ncu_summary.txt (the main kernels' shared-memory / LSU / tensor metrics side
+#                   by side: profile_attention_bwd.py --summarize). PROFILE_VARIANTS: "NAME=VAR=VAL
+#                   ..." profiles ours once per variant (default: once, no switch);
+#                   MemoryWorkloadAnalysis_Tables / _Chart are added where this ncu lists them
 #       timing      attn_portable_timing (when bin.tar.xz holds it) over TIMING_SHAPES
 #                   "B,H,S,D ..." (default 8,16,4096,128), TIMING_SETS the VAR=VALUE settings
 #                   timed in turn (default deterministic=0 deterministic=1)
@@ -122,9 +133,9 @@ if has sanitize; then
     echo "   $1 '$2' rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$one" | tail -1)"
   }
   stamp "compute-sanitizer"
-  if [ "${SAN_MIN:-0}" = 4 ] || [ "${SAN_MIN:-0}" = 5 ]; then   # side by side (CPU-bound), then their logs in order
+  if [ "${SAN_MIN:-0}" = 4 ] || [ "${SAN_MIN:-0}" = 5 ] || [ "${SAN_MIN:-0}" = 6 ]; then   # side by side (CPU-bound), then their logs in order
     C="hopper-only causal Sq<Sk 100x1000 D128"
-    rm -f /tmp/ot_san_[1-8].sum /tmp/ot_san_[1-8].log   # a warm machine's earlier run (6-8)
+    rm -f /tmp/ot_san_[1-9].sum /tmp/ot_san_[1-9].log /tmp/ot_san_1[0-4].sum /tmp/ot_san_1[0-4].log   # a warm machine's earlier run
     spids=()
     SAN_TAG=1 san memcheck "$C" >/tmp/ot_san_1.sum & spids+=($!)
     SAN_TAG=2 san racecheck "$C" --racecheck-report all >/tmp/ot_san_2.sum & spids+=($!)
@@ -137,9 +148,17 @@ if has sanitize; then
       SAN_TAG=7 san racecheck "$C2" --racecheck-report all >/tmp/ot_san_7.sum & spids+=($!)
       SAN_TAG=8 san synccheck "$C2" >/tmp/ot_san_8.sum & spids+=($!)
     fi
+    if [ "${SAN_MIN:-0}" = 6 ]; then   # the same five on the kXDqRed cases
+      C3="hopper-only dqred causal Sq<Sk 100x1000 D128"
+      SAN_TAG=10 san memcheck "$C3" >/tmp/ot_san_10.sum & spids+=($!)
+      SAN_TAG=11 san racecheck "$C3" --racecheck-report all >/tmp/ot_san_11.sum & spids+=($!)
+      SAN_TAG=12 san synccheck "$C3" >/tmp/ot_san_12.sum & spids+=($!)
+      SAN_TAG=13 san memcheck "hopper-only dqred S129" >/tmp/ot_san_13.sum & spids+=($!)
+      SAN_TAG=14 san racecheck "hopper-only dqred S129" --racecheck-report all >/tmp/ot_san_14.sum & spids+=($!)
+    fi
     wait "${spids[@]}"
-    cat /tmp/ot_san_[1-8].sum 2>/dev/null
-    cat /tmp/ot_san_[1-8].log >>"$SAN" 2>/dev/null
+    for i in 1 2 3 4 5 6 7 8 10 11 12 13 14; do cat "/tmp/ot_san_$i.sum" 2>/dev/null; done
+    for i in 1 2 3 4 5 6 7 8 10 11 12 13 14; do cat "/tmp/ot_san_$i.log" >>"$SAN" 2>/dev/null; done
   elif [ "${SAN_MIN:-0}" = 2 ]; then   # the one refilled-stage D128 case, racecheck only
     san racecheck "hopper-only causal Sq<Sk 100x1000 D128" --racecheck-report all
   elif [ "${SAN_MIN:-0}" = 3 ]; then   # the same case, racecheck and synccheck
@@ -172,11 +191,19 @@ if has ab; then   # the builds of ALTS and this one, same process, balanced orde
   done
   stamp "A/B: ${ALTS:-base} new"
   # shellcheck disable=SC2086
+  for v in ${AB_VARIANTS:-}; do   # NAME=VAR=VAL[,VAR=VAL]: this build again with switches
+    shims+=(--shim "${v%%=*}=$SHIM@${v#*=}")
+  done
+  ckargs=()
+  if [ "${AB_CHECK:-0}" = 1 ]; then
+    ckargs=(--check)
+    for e in ${AB_EXPECT:-}; do ckargs+=(--expect-x "$e"); done
+  fi
   timeout ${AB_LIMIT:-120} python3 bench/ab_attention_bwd.py "${shims[@]}" --shim "new=$SHIM" \
-    ${AB_ARGS:-} --json "$OUT/ab.json" --commit "$COMMIT" \
-    --command "scripts/device_attention_bwd_sm90.sh $COMMIT $STEPS (ALTS='${ALTS:-base}' AB_ARGS='${AB_ARGS:-}')" \
+    "${ckargs[@]}" ${AB_ARGS:-} --json "$OUT/ab.json" --commit "$COMMIT" \
+    --command "scripts/device_attention_bwd_sm90.sh $COMMIT $STEPS (ALTS='${ALTS:-base}' AB_VARIANTS='${AB_VARIANTS:-}' AB_ARGS='${AB_ARGS:-}')" \
     >"$OUT/ab.log" 2>&1
-  echo "ab rc=$?"; grep -E 'GEMM|^D[0-9]|failed|Error' "$OUT/ab.log" | cut -c1-300
+  echo "ab rc=$?"; grep -E 'GEMM|^D[0-9]|failed|Error|^FAIL|^check |CHECK' "$OUT/ab.log" | cut -c1-300
 fi
 for alt in ${ALTS:-base}; do
   has sanitize_base && [ -x "$BIN/$alt/tests/test_ops" ] || continue
@@ -202,19 +229,29 @@ if has bench; then
   echo "bench rc=$?"; grep -E 'GEMM|attention_f|failed|Error|not available' "$OUT/bench.log" | cut -c1-160
 fi
 if has profile; then
-  stamp "ncu: ours and cuDNN, ${PROFILE_CASES:-D128S4096c0,D128S4096c1}"
+  stamp "ncu: ours and cuDNN, ${PROFILE_CASES:-D128S4096c0,D128S4096c1} ${PROFILE_VARIANTS:-}"
+  extra=()   # the memory tables (shared-memory wavefronts, bank conflicts) where listed
+  secs=$(ncu --list-sections 2>/dev/null)
+  for sec in MemoryWorkloadAnalysis_Tables MemoryWorkloadAnalysis_Chart; do
+    grep -qw "$sec" <<<"$secs" && extra+=(--section "$sec")
+  done
+  pv=()
+  for v in ${PROFILE_VARIANTS:-}; do pv+=(--variant "$v"); done
   timeout ${PROFILE_LIMIT:-120} ncu --clock-control none --profile-from-start off \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy \
-    --section SourceCounters -f -o /tmp/ot_bwd_prof \
+    --section SourceCounters "${extra[@]}" -f -o /tmp/ot_bwd_prof \
     python3 bench/profile_attention_bwd.py --shim "$SHIM" --cases "${PROFILE_CASES:-D128S4096c0,D128S4096c1}" \
-    >"$OUT/ncu_run.log" 2>&1
+    "${pv[@]}" >"$OUT/ncu_run.log" 2>&1
   echo "ncu rc=$?"
   ncu --import /tmp/ot_bwd_prof.ncu-rep --print-summary none >"$OUT/ncu.txt" 2>&1
   ncu --import /tmp/ot_bwd_prof.ncu-rep --page raw --csv --metrics \
     gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread >"$OUT/ncu_durations.csv" 2>&1
   ncu --import /tmp/ot_bwd_prof.ncu-rep --page source --csv --print-source sass \
     -k regex:attn_bwd_sm90 -c 1 >"$OUT/ncu_src_ours.csv" 2>&1
+  ncu --import /tmp/ot_bwd_prof.ncu-rep --page raw --csv >"$OUT/ncu_raw.csv" 2>&1
+  python3 bench/profile_attention_bwd.py --summarize "$OUT/ncu_raw.csv" >"$OUT/ncu_summary.txt" 2>&1
+  cut -c1-200 "$OUT/ncu_summary.txt" | head -60
 fi
 # Backward alone, Hopper (deterministic=0) against the portable one (deterministic=1):
 # fwd+bwd ms of attn_portable_timing (bin.tar.xz may hold it) minus its fwd ms.
