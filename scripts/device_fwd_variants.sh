@@ -49,7 +49,7 @@ if [ "${AB:-}" = skipdiag ]; then
   : "${DEADLINE:=170}" "${SAN_TOOLS=memcheck racecheck synccheck}"
   : "${VARGS:=--only skip,wg3,wg3skip,diag --checks skip,diag --causal both --no-host}"
   : "${VENVS:=OT_ATTN_SM90_SKIP=1;OT_ATTN_SM90_DIAG=1}"
-  : "${SAN_FILTERS:=OT_ATTN_SM90_SKIP=1@skip causal Sq>Sk 1300x1100 D64;OT_ATTN_SM90_DIAG=1@diag GRID 3}"
+  : "${SAN_FILTERS:=OT_ATTN_SM90_SKIP=1@skip causal Sq>Sk 1300x1100 D64;OT_ATTN_SM90_DIAG=1@diag GRID 3 causal S600 D128}"
 fi
 if [ "${AB:-}" = skip ]; then
   : "${VSEQS:=1024}" "${VDIMS:=64,128,256}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=150}"

@@ -352,6 +352,29 @@ static const acase cuda_sm90_round_cases[] = {
     {"cuda hopper-only rounds S384 D64 MQA67 (134 tiles of 192 rows) fwd", 1, 384, 384, 67, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
+/* Shapes for kFlDiag: a consumer warpgroup whose own rows see at most 64 keys of the
+ * first-visited key tile runs it as a narrow step of its own (64 keys), the other takes an
+ * empty pingpong turn. Default for bf16 D64 masked calls of <= 8 query tiles (2 consumers,
+ * 128-key tile): the D64 cases run it in every build, OT_ATTN_SM90_DIAG=0 turns it off; the
+ * D128 ones only in experiment builds under OT_ATTN_SM90_DIAG=1 (elsewhere the default
+ * kernel). Causal Sq = Sk (the first warpgroup of every 128-row tile narrow, the second
+ * not: its empty turn after the first's; S 100: one key tile, no empty turn; S 600: a last
+ * tile of 88 rows), Sq 700 / Sk 1000 (both warpgroups narrow, the first seeing no key of
+ * the tile; in the last query tile the second, past Sq, narrow alone: the first's empty
+ * turn comes first), non-causal Sk 1050 (a last tile of 26 keys: both narrow, D128 only
+ * under the switch), GQA, B 2, and the "GRID 3" ones under OT_ATTN_SM90_GRID=3 (persistent
+ * CTAs of several tiles: ring phases and turns running on). bf16 (the instances' dtype). */
+static const acase cuda_sm90_diag_cases[] = {
+    {"cuda hopper-only diag causal S1000 D128 GQA2 B2 fwd", 2, 1000, 1000, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only diag causal S1024 D64 GQA4 fwd", 1, 1024, 1024, 8, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only diag causal S100 D128 B2 fwd", 2, 100, 100, 2, 1, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only diag causal Sq700 Sk1000 D64 GQA2 fwd", 1, 700, 1000, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only diag S1050 D128 GQA2 (rem 26) fwd", 1, 1050, 1050, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only diag GRID 3 causal S600 D128 GQA2 fwd", 1, 600, 600, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only diag GRID 3 causal S600 D64 GQA2 fwd", 1, 600, 600, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only diag GRID 3 causal Sq700 Sk1000 D64 GQA2 B2 fwd", 2, 700, 1000, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+};
+
 /* Shapes where some consumer warpgroup of the Hopper forward has first-visited key tiles in
  * which all of its rows are masked, or all of its rows past Sq: what kFlSkip
  * (OT_ATTN_SM90_SKIP=1) skips. The skip is compiled only in experiment builds
@@ -366,24 +389,6 @@ static const acase cuda_sm90_round_cases[] = {
  * consumers (OT_ATTN_SM90_WG=3). The window 200/0 case (D128, Sq = Sk: 128-row and 128-key
  * tiles align) skips nothing even under the switch, it runs the skip instance with no tile
  * skipped. bf16 (the skip instances' dtype). */
-/* Shapes for kFlDiag (OT_ATTN_SM90_DIAG=1, experiment builds only, bf16 D64 / D128 on the
- * 2-consumer 128-key tile): a consumer warpgroup whose own rows see at most 64 keys of the
- * first-visited key tile runs it as a narrow step of its own (64 keys), the other takes an
- * empty pingpong turn. Causal Sq = Sk (the first warpgroup of every 128-row tile narrow, the
- * second not: the empty turns; S 100: one key tile, no empty turn), Sq != Sk (both
- * warpgroups narrow or neither), non-causal Sk 1050 (a last tile of 26 keys: both narrow),
- * GQA, B 2, and under OT_ATTN_SM90_GRID=3 (persistent CTAs of several tiles: ring phases
- * and turns running on). In the default build (no switch read) the default kernel runs
- * them. bf16 (the instances' dtype). */
-static const acase cuda_sm90_diag_cases[] = {
-    {"cuda hopper-only diag causal S1000 D128 GQA2 B2 fwd", 2, 1000, 1000, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only diag causal S1024 D64 GQA4 fwd", 1, 1024, 1024, 8, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only diag causal S100 D128 B2 fwd", 2, 100, 100, 2, 1, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only diag causal Sq700 Sk1000 D64 GQA2 fwd", 1, 700, 1000, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only diag S1050 D128 GQA2 (rem 26) fwd", 1, 1050, 1050, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only diag GRID 3 causal S600 D128 GQA2 fwd", 1, 600, 600, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-};
-
 static const acase cuda_sm90_skip_cases[] = {
     {"cuda hopper-only skip causal Sq1000 Sk1024 D64 GQA4 fwd", 1, 1000, 1024, 8, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only skip causal Sq>Sk 1300x1100 D64 GQA2 fwd", 1, 1300, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
@@ -1099,7 +1104,7 @@ static void run_sm90_required(test_run *tr) {
     env_restore(&wg);
   }
   for (size_t i = 0; i < sizeof cuda_sm90_diag_cases / sizeof cuda_sm90_diag_cases[0]; i++) {
-    /* the last one under OT_ATTN_SM90_GRID=3 (its name says so) */
+    /* the "GRID 3" ones under OT_ATTN_SM90_GRID=3 */
     if (strstr(cuda_sm90_diag_cases[i].name, "GRID 3")) {
       env_saved gr = env_set("OT_ATTN_SM90_GRID", "3");
       run_case(tr, &cuda_sm90_diag_cases[i], DT_BF16);
