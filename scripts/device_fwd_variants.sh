@@ -33,8 +33,9 @@
 # SAN_FILTERS (';'-separated): the sanitizers' switches and C-suite filters; SAN_TOOLS (default
 # "racecheck synccheck"; empty: none). NCU_QUICK: see below. HOST_OLD: another build's shim (e.g. the previous
 # commit's): the host cost per call measured with it and with CARRY's, in two processes.
-# AB=skip (prepared 2026-11-30, not yet run): the first A/B of kFlSkip (OT_ATTN_SM90_SKIP=1,
-# a consumer warpgroup skips key tiles in which all of its rows are masked or past Sq) --
+# AB=skip (prepared 2026-11-30; run within AB=skipdiag below: slower, not kept): the A/B of
+# kFlSkip (OT_ATTN_SM90_SKIP=1, a consumer warpgroup skips key tiles in which all of its rows
+# are masked or past Sq) --
 # unless set otherwise: S 1k, D 64 / 128 / 256, causal and full, 8 balanced rounds of
 # default / skip (/ wg3 / wg3skip at D64 causal) / cuDNN / flash, the skip's float64 and
 # bit-equality checks first (--checks skip); the C suite's "hopper" cases under the switch
