@@ -51,6 +51,9 @@
 #   Prebuild (here): cmake --build B --target ops_transformer_static test_ops; cc -shared
 #     bench/attention_shim.c ... -o B/libattention_shim.so (as scripts/device_bench_attention.sh);
 #     tar cJf .bwd90carry/bin.tar.xz -C B tests/test_ops libattention_shim.so.
+#   Experiment builds (-DOT_ATTN_SM90_EXPERIMENTS for this file only: the backward's experiment
+#     bits, e.g. kXDqRed): scripts/prebuild_bwd_sm90_exp.sh B CARRY makes bin.tar.xz (the
+#     experiment build), base.tar.xz (B as built) and deps.tar.xz from an up-to-date B.
 set -uo pipefail
 COMMIT=${1:-unknown}
 STEPS=${2:-smoke,test,sanitize,bench,timing}
