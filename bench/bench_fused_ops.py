@@ -702,12 +702,12 @@ def bench_all(S, args):
     # "old sum": the partials' sum by the 32 x 32 kernel of 4-byte loads (OT_NORM_REDUCE=old),
     # the default before norm_reduce_partials_v2_kernel.
     BWD_VARIANTS = {"no pdl": {"OT_NORM_PDL": "0"}, "old sum": {"OT_NORM_REDUCE": "old"}}
-    # LayerNorm's bulk-copy ring: the default is the automatic depth (4 at 4096 / 8192);
-    # 2 and 3 slots as variants (b110ef7 made 3 the default for a while, reverted: its wins
-    # were timed only in builds whose dx stores were evict-first).
+    # LayerNorm's bulk-copy ring: 3 slots by default (with dx stored evict-first, since
+    # 4cdbb62); 2, 4 and the automatic depth (4 at 4096 / 8192) as variants.
     LN_BWD_VARIANTS = dict(BWD_VARIANTS, **{"v3": {"OT_NORM_BWD_IMPL": "v3"},
                                             "tma S=2": {"OT_NORM_BWD_TMA_STAGES": "2"},
-                                            "tma S=3": {"OT_NORM_BWD_TMA_STAGES": "3"}})
+                                            "tma S=4": {"OT_NORM_BWD_TMA_STAGES": "4"},
+                                            "tma auto": {"OT_NORM_BWD_TMA_STAGES": "0"}})
     ROPE_VARIANTS = {}
     only = set(args.only.split(","))
 

@@ -1453,7 +1453,7 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * (RMSNorm's default) | tma (LayerNorm only, its default), OT_NORM_BWD_NV=1 (v2 with one
  * vector per thread, D = 6), OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread),
  * OT_NORM_BWD_STAGES=S (v3 ring depth; 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring
- * depth; 0 = automatic), OT_NORM_REDUCE=old (the partials' sum by the 32 x 32 kernel of
+ * depth, default 3; 0 = automatic), OT_NORM_REDUCE=old (the partials' sum by the 32 x 32 kernel of
  * 4-byte loads; default: norm_reduce_partials_v2_kernel where cols % 4 == 0). */
 enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
 struct norm_cfg {
@@ -1469,7 +1469,7 @@ struct norm_cfg {
   int bwd_nv;         /* OT_NORM_BWD_NV, 0 unset */
   int bwd_v3nv;       /* -1 unset */
   int bwd_stages;     /* -1 unset */
-  int bwd_tma_stages; /* 0 automatic */
+  int bwd_tma_stages; /* default 3; 0 automatic */
   bool reduce_v2;     /* the partials' sum: v2 (default) or the 32 x 32 kernel (=old) */
 };
 static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *temp_st) {
@@ -1503,7 +1503,7 @@ static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *t
   c.bwd_nv = env_int("OT_NORM_BWD_NV", 0);
   c.bwd_v3nv = env_int("OT_NORM_BWD_V3NV", -1);
   c.bwd_stages = env_int("OT_NORM_BWD_STAGES", -1);
-  c.bwd_tma_stages = env_int("OT_NORM_BWD_TMA_STAGES", 0);
+  c.bwd_tma_stages = env_int("OT_NORM_BWD_TMA_STAGES", 3);
   const char *r = env("OT_NORM_REDUCE");
   c.reduce_v2 = !(r && strcmp(r, "old") == 0);
   return c;
@@ -1977,11 +1977,14 @@ cudaError_t norm_bwd_with_partials(const norm_cfg &c, norm_bwd_params p, T *dw, 
 
 /* Backward with bulk-copy rings (LayerNorm's only): 2 vectors per thread (TPR = nvec / 2
  * rounded to a warp, at most 512 for the 16 KB rows; 4 vectors ran slower at 4096: run of
- * a342519, removed), S slots per block (OT_NORM_BWD_TMA_STAGES = 2..4; default: what the
- * blocks that registers allow per SM leave of shared memory, at most 4), as many blocks as
- * fit per SM. 3 slots were faster only in builds whose dx stores were evict-first; the
- * committed kernel at 3 slots ran 3.39 vs 3.38 TB/s at 4096 and 3.60 vs 3.63 at 8192 against
- * the automatic depth (run of ef875c3; docs/PERFORMANCE.md). */
+ * a342519, removed), S slots per block (OT_NORM_BWD_TMA_STAGES = 2..4, default 3; 0: what
+ * the blocks that registers allow per SM leave of shared memory, at most 4), as many blocks
+ * as fit per SM. 3 slots against the automatic depth (4 at 4096 / 8192 bf16), H200, 16k rows
+ * bf16, TB/s, same process: with dx stored evict-first (the kernel since 4cdbb62) 3.53 vs
+ * 3.36 / 3.47 at 4096 (run of 4cdbb62), and in the earlier builds with evict-first dx 3.40 /
+ * 3.44 vs 3.29-3.40 at 4096, 3.59 / 3.68 vs 3.50-3.63 at 8192 (runs for 465d8ee); with plain
+ * stores no gain (3.34 vs 3.35, run of 1d1bbbc; 3.39 vs 3.38 and 3.60 vs 3.63, run of
+ * ef875c3) -- docs/PERFORMANCE.md. */
 template <typename T, bool LAYER>
 cudaError_t norm_bwd_tma_launch(const norm_cfg &c, const norm_bwd_params &p, T *dw, T *db,
                                 cudaStream_t stream) {
