@@ -2057,7 +2057,9 @@ cudaError_t norm_backward_launch_impl(const norm_cfg &c, norm_bwd_params p, T *d
     /* the weight in fp32 registers (WF) at NV = 2 in blocks of <= 256 threads: RMSNorm
      * 16k x 4096 bf16 3.73 vs 3.40 TB/s (71 registers, 3 blocks of 256 per SM instead of
      * 4), but 3.20 vs 3.54 at 8192 (512 threads: 1 block per SM instead of 2), run of
-     * ef875c3; NV = 4 would pass 128 registers */
+     * ef875c3; NV = 4 would pass 128 registers. Since 1d1bbbc (dres no longer in local
+     * memory) the 16-bit instance takes 92-97 registers, 2 blocks of 256 per SM: 3.80 at
+     * 16k x 4096, and held to 80 (3 blocks) it ran 3.73 (run of 1d1bbbc) */
     const cudaError_t e = nv == 4          ? go(norm_bwd_v3_kernel<T, LAYER, 4, false>)
                           : threads <= 256 ? go(norm_bwd_v3_kernel<T, LAYER, 2, true>)
                                            : go(norm_bwd_v3_kernel<T, LAYER, 2, false>);
