@@ -43,7 +43,8 @@
 #       timing      attn_portable_timing (when bin.tar.xz holds it) over TIMING_SHAPES
 #                   "B,H,S,D ..." (default 8,16,4096,128), TIMING_SETS the VAR=VALUE settings
 #                   timed in turn (default deterministic=0 deterministic=1)
-#     Logs under $OUT.
+#     Logs under $OUT (more than 8 files: all but ab.json, ncu_summary.txt and tests.log
+#     packed into logs.tar.gz at the end, since the device tool returns 8; PACK=0: not).
 #     PRE (default .bwd90carry, carried): bin.tar.xz with test_ops and libattention_shim.so
 #     built here for sm_90a (cmake -DOT_CUDA_ARCHS=90a; see the prebuild lines below) and
 #     deps.tar.xz (OpenBLAS + Fortran runtime of .carry/deps/lib), so that the device's time
@@ -266,5 +267,13 @@ if has timing && [ -x "$BIN/attn_portable_timing" ]; then
         tee -a "$OUT/timing.log"
     done
   done
+fi
+# The device tool returns at most 8 files of $OUT: past that, everything but ab.json,
+# ncu_summary.txt and tests.log goes into logs.tar.gz (PACK=0: never).
+if [ "${PACK:-1}" = 1 ] && [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && find . -maxdepth 1 -type f ! -name ab.json ! -name ncu_summary.txt \
+     ! -name tests.log -printf '%f\n' >/tmp/ot_bwd_pack.lst &&
+   tar czf logs.tar.gz -T /tmp/ot_bwd_pack.lst && xargs rm -f </tmp/ot_bwd_pack.lst)
+  stamp "packed $(wc -l </tmp/ot_bwd_pack.lst) files into logs.tar.gz"
 fi
 stamp "end"
