@@ -74,6 +74,10 @@ VARIANTS = {
     "patched_compile_no_rope": "patched + torch.compile, torch's RoPE",
     "patched_compile_no_swiglu": "patched + torch.compile, torch's SwiGLU",
     "patched_compile_ops_none": "patched + torch.compile, torch's RMSNorm, RoPE, SwiGLU",
+    # patch.FUSE_LAYER_ADDS (prepared, off by default): the layer's two residual adds fused
+    # (the down projection's GEMM epilogue; the input norm's backward)
+    "patched_fused_adds": "patched, residual adds fused",
+    "patched_compile_fused_adds": "patched + torch.compile, residual adds fused",
 }
 # patch_llama's compiled_ops per variant ("auto", the default, unless named here)
 COMPILED_OPS = {"patched_compile_ops_all": "all", "patched_compile_ops_none": "none",
@@ -91,11 +95,13 @@ FUSED_ATTENTION = {"patched_torch_attn": False, "patched_lib_attn": True}
 
 
 def _use_attention(variant):
-    """ops_transformer.config.fused_attention for a patched variant. The option is
-    process-wide and read per call: run_ab sets it again before each variant's window
-    (its variants share the process; _build left the last built one's)."""
+    """ops_transformer.config.fused_attention and patch.FUSE_LAYER_ADDS for a patched
+    variant. Both are process-wide and read per call: run_ab sets them again before each
+    variant's window (its variants share the process; _build left the last built one's)."""
     import ops_transformer as ot
+    from ops_transformer import patch as ot_patch
     ot.config.fused_attention = FUSED_ATTENTION.get(variant, "auto")
+    ot_patch.FUSE_LAYER_ADDS = variant.endswith("_fused_adds")
 
 
 # the models' attention calls (label, batch, seq, heads, kv heads, head dim), causal
@@ -175,6 +181,15 @@ def plan(quick):
         [dict(b, variant="patched_other"), dict(lc, variant="patched_other")],
         [dict(kind="curve", cfg="0.54b", batch=4, seq=2048)],
         [dict(a, variant="hf_eager"), dict(lc, variant="hf_eager")],
+        # 11, 12: patch.FUSE_LAYER_ADDS (prepared, not yet measured) against the default,
+        # eager and compiled, with HF sdpa + compile as the compiled ratio's peer (0.54 B,
+        # 1.5 B)
+        [dict(a, kind="ab", tag="fused_adds", variants=[
+            "hf_sdpa_compile", "patched_compile", "patched_compile_fused_adds", "patched",
+            "patched_fused_adds"])],
+        [dict(b, kind="ab", tag="fused_adds", variants=[
+            "hf_sdpa_compile", "patched_compile", "patched_compile_fused_adds", "patched",
+            "patched_fused_adds"])],
     ]
 
 
@@ -1178,7 +1193,8 @@ def build_record(runs, curve, ceiling, args, extra=None):
                                                              "hf_sdpa_compile")
                      if v in vs and vs[v].get("status") == "ok" and "peak_GB" in vs[v]}
         for ours in ("patched", "patched_compile", "patched_torch_attn", "patched_lib_attn",
-                     "patched_ot_adamw", "patched_compile_ot_adamw", *COMPILED_OPS):
+                     "patched_ot_adamw", "patched_compile_ot_adamw", *COMPILED_OPS,
+                     "patched_fused_adds", "patched_compile_fused_adds"):
             r = vs.get(ours)
             if r is None:
                 continue

@@ -571,15 +571,93 @@ def _decoder_layer_body(self, hidden_states, attention_mask=None, position_ids=N
     if cache is None:
         cache = past_key_values
     residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
+    norm = self.input_layernorm
+    if FUSE_LAYER_ADDS and _keep_input_ok(norm, hidden_states):
+        # the residual stream through the input norm: its backward sums the two gradients
+        hidden_states, residual = _NormKeepInput.apply(hidden_states, norm.weight,
+                                                       norm.variance_epsilon)
+    else:
+        hidden_states = norm(hidden_states)
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
                                       position_ids=position_ids, cache=cache,
                                       use_cache=use_cache,
                                       position_embeddings=position_embeddings, **kwargs)
     hidden_states, residual = _add_rms_norm(hidden_states, residual,
                                             self.post_attention_layernorm)
-    hidden_states = self.mlp(hidden_states)
+    mlp = self.mlp
+    if (FUSE_LAYER_ADDS and getattr(mlp.forward, "__func__", None) is _mlp_forward
+            and _no_module_hooks(mlp)):
+        return _mlp_forward(mlp, hidden_states, residual=residual)
+    hidden_states = mlp(hidden_states)
     return residual + hidden_states
+
+
+# Prepared, not measured (docs/PERFORMANCE.md, "Training (CUDA)": where the compiled step
+# loses): the decoder layer's two residual adds that are left as separate kernels (inductor
+# pointwise kernels under torch.compile, 3 x 33.5 MB each a layer at 0.54 B 4 x 2048, ~30 us):
+# - forward, the closing residual + mlp(x): in the down projection's GEMM, one addmm (cuBLAS
+#   adds the residual in its epilogue, beta 1; _SwiGLUDown) -- the sum rounds once (float32
+#   inside the GEMM) where the unfused one rounds the GEMM's output first;
+# - backward, the layer input's gradient through the input norm plus the one through the
+#   residual: the residual stream passes through the input norm (_NormKeepInput returns
+#   its input as a second output), whose backward adds the residual's gradient in the norm
+#   backward kernel (its dresidual_out) instead of autograd's add.
+# Off by default until an A/B on the device (bench/bench_training.py's *_fused_adds
+# variants) measures it. Read per call (torch.compile guards on it).
+FUSE_LAYER_ADDS = False
+
+
+def _keep_input_ok(norm, x):
+    """Whether the decoder layer may run its input norm as :class:`_NormKeepInput`: the
+    patch's library RMSNorm would run (as _rms_norm_forward decides), no module hooks,
+    autograd recording, a plain tensor (not a DTensor, say)."""
+    w = getattr(norm, "weight", None)
+    return (getattr(norm.forward, "__func__", None) is _rms_norm_forward
+            and w is not None and x.dtype == w.dtype and torch.is_grad_enabled()
+            and (x.requires_grad or w.requires_grad) and _no_module_hooks(norm)
+            and (norm._ot_compiled_lib or not torch.compiler.is_compiling())
+            and type(x) in (torch.Tensor, torch.nn.Parameter)
+            and type(w) in (torch.Tensor, torch.nn.Parameter)
+            and _usable("rms_norm_residual", x.device, x.dtype))
+
+
+class _NormKeepInput(torch.autograd.Function):
+    """(rms_norm(x) * weight, x): the layer's input norm with the layer input passed on as
+    the residual stream (FUSE_LAYER_ADDS), so that the residual's gradient reaches this
+    backward and is added inside the norm backward kernel (dresidual_out) -- the sum of
+    the two gradients of x without autograd's elementwise add. The second output is a
+    view of x (no copy)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        fwd = _tops._rms_norm_impl if _tops._plain(x) else torch.ops.ops_transformer.rms_norm
+        o, _, rstd = fwd(x, None, weight, float(eps))
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.eps = float(eps)
+        ctx.mark_non_differentiable(rstd)
+        return o, x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, do, dres):
+        x, weight, rstd = ctx.saved_tensors
+        plain = (_tops._plain(x) and not torch.is_grad_enabled()
+                 and all(type(t) in _tops._PLAIN_ARGS for t in (weight, do, dres)))
+        bwd = _tops._rms_norm_backward_impl if plain \
+            else torch.ops.ops_transformer.rms_norm_backward
+        do = _tops._dense_or_zeros(do, x)
+        dres = None if dres is None else _tops._dense(dres)
+        dx, dw = bwd(do, dres, x, weight, rstd, ctx.eps)
+        return dx, (dw if ctx.needs_input_grad[1] else None), None
+
+
+def _no_module_hooks(m):
+    """Whether calling m's forward directly skips nothing: no hooks on m, no global module
+    hooks (FSDP2's fully_shard, a profiler's or a user's hook keep the module call)."""
+    g = _nn_module
+    return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or m._backward_pre_hooks or g._global_forward_hooks
+                or g._global_forward_pre_hooks or g._global_backward_hooks
+                or g._global_backward_pre_hooks)
 
 
 def _plain_linear(m, dtype):
@@ -587,12 +665,7 @@ def _plain_linear(m, dtype):
     (:class:`_Projections`, :class:`_SwiGLUDown`): exactly nn.Linear (not a LoRA /
     quantized subclass), weight of the activations' dtype, no module hooks (a hook on
     the Linear -- or a global one -- would be skipped), no autocast."""
-    g = _nn_module
-    return (type(m) is torch.nn.Linear and m.weight.dtype == dtype
-            and not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                     or m._backward_pre_hooks or g._global_forward_hooks
-                     or g._global_forward_pre_hooks or g._global_backward_hooks
-                     or g._global_backward_pre_hooks)
+    return (type(m) is torch.nn.Linear and m.weight.dtype == dtype and _no_module_hooks(m)
             and not torch.is_autocast_enabled(m.weight.device.type))
 
 
@@ -677,14 +750,22 @@ class _SwiGLUDown(torch.autograd.Function):
     swiglu(gate, up) (one elementwise pass) instead of keeping it from the forward, so
     each MLP holds two [tokens, ffn] activations instead of three (HF's holds four:
     gate, silu(gate), up and the product) -- 2 * tokens * ffn bytes less per layer in
-    bf16 (134 MB at 8192 tokens x FFN 8192)."""
+    bf16 (134 MB at 8192 tokens x FFN 8192). With ``residual`` (FUSE_LAYER_ADDS):
+    residual + down(...) as one GEMM, the residual added in its epilogue; its gradient is
+    the output's."""
 
     @staticmethod
-    def forward(ctx, gate, up, weight, bias):
+    def forward(ctx, gate, up, weight, bias, residual=None):
         a = _ops.swiglu(gate, up)          # (grad mode is off here: no autograd record)
         ctx.save_for_backward(gate, up, weight)
         ctx.has_bias = bias is not None
-        return F.linear(a, weight, bias)
+        if residual is None:
+            return F.linear(a, weight, bias)
+        if bias is not None:
+            return residual + F.linear(a, weight, bias)
+        out = torch.addmm(residual.reshape(-1, residual.shape[-1]),
+                          a.reshape(-1, a.shape[-1]), weight.t())
+        return out.view(residual.shape)
 
     @staticmethod
     def backward(ctx, dy):
@@ -710,22 +791,33 @@ class _SwiGLUDown(torch.autograd.Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             da = dy.matmul(weight)
             dg, du = glu_backward(da, gate, up, _ops.GLU_SWIGLU)
-        return dg, du, dw, db
+        dres = dy if len(ctx.needs_input_grad) > 4 and ctx.needs_input_grad[4] else None
+        return dg, du, dw, db, dres
 
 
-def _mlp_forward(self, x):
+def _mlp_forward(self, x, residual=None):
+    """The patched MLP; with ``residual`` (the decoder layer under FUSE_LAYER_ADDS)
+    residual + mlp(x), the add inside the down projection's GEMM where _SwiGLUDown runs."""
+    def plus(y):
+        return y if residual is None else residual + y
     g, u = _project(x, (self.gate_proj, self.up_proj))
     if g.dtype != u.dtype:
         _log_once("mlp_dtype", f"{type(self).__name__}: gate/up dtypes differ: HF's MLP used")
-        return self.down_proj(self.act_fn(g) * u)
+        return plus(self.down_proj(self.act_fn(g) * u))
     if not _usable("swiglu", g.device, g.dtype) or (
             torch.compiler.is_compiling() and not self._ot_compiled_lib):
-        return self.down_proj(self.act_fn(g) * u)      # (compiled: inductor fuses it)
+        return plus(self.down_proj(self.act_fn(g) * u))  # (compiled: inductor fuses it)
     down = self.down_proj
     if (torch.is_grad_enabled() and _plain_linear(down, g.dtype)
             and (g.requires_grad or u.requires_grad or down.weight.requires_grad)):
-        return _SwiGLUDown.apply(g, u, down.weight, down.bias)
-    return down(_ops.swiglu(g, u))
+        if residual is not None and (residual.dtype != g.dtype
+                                     or residual.shape[:-1] != g.shape[:-1]):
+            residual_in = None
+        else:
+            residual_in = residual
+        out = _SwiGLUDown.apply(g, u, down.weight, down.bias, residual_in)
+        return out if residual_in is not None or residual is None else residual + out
+    return plus(down(_ops.swiglu(g, u)))
 
 
 def _sliding_window(module):

@@ -1123,3 +1123,76 @@ def test_patched_step_reads_no_device_value(ids):
             assert (a is None and b is None) or torch.equal(a, b)
         assert masking_utils.find_packed_sequence_indices(
             torch.tensor([[0, 1, 2, 0, 1, 0]])).tolist() == [[0, 0, 0, 1, 1, 2]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fuse_layer_adds_matches_hf(ids, calls, monkeypatch, device, compiled):
+    """patch.FUSE_LAYER_ADDS (prepared, off by default): the decoder layer's closing
+    residual add inside the down projection's GEMM (one addmm a layer) and the sum of the
+    layer input's two gradients inside the input norm's backward (its dresidual_out), in
+    eager and while torch.compile traces: HF's loss and gradients; a hook on the MLP or
+    the input norm keeps that module's call and its separate add (the hook sees the
+    module's own output)."""
+    torch._dynamo.reset()
+    model = tiny_llama(device)
+    ids = ids.to(device)
+    loss0, _, g0 = loss_and_grads(model, ids)
+    ot.patch_llama(model)
+    monkeypatch.setattr(ot_patch, "FUSE_LAYER_ADDS", True)
+    fused, dres, kept = [], [], []
+    addmm, bwd = torch.addmm, ot_patch._tops._rms_norm_backward_impl
+    keep_ok = ot_patch._keep_input_ok
+
+    def spy(inp, a, b, *args, **kw):
+        fused.append(tuple(inp.shape))
+        return addmm(inp, a, b, *args, **kw)
+
+    def spy_bwd(dy, dresidual_out, *a):
+        dres.append(dresidual_out is not None)
+        return bwd(dy, dresidual_out, *a)
+
+    def spy_keep(*a):
+        ok = keep_ok(*a)
+        kept.append(ok)
+        return ok
+    if not compiled:
+        # (eager only: inductor binds torch.addmm by name where its mm lowering is
+        # first imported -- a spy there would become an extern kernel)
+        monkeypatch.setattr(torch, "addmm", spy)
+    monkeypatch.setattr(ot_patch._tops, "_rms_norm_backward_impl", spy_bwd)
+    monkeypatch.setattr(ot_patch, "_keep_input_ok", spy_keep)
+    call = torch.compile(model) if compiled else None
+    kw = dict(use_cache=False) if compiled else {}
+    loss1, _, g1 = loss_and_grads(model, ids, call=call, **kw)
+    lib = expected_calls(device, torch.float32, {"swiglu": 1, "rms_norm": 1})
+    if "rms_norm" in lib:
+        # both layers' input norms (False: loss_and_grads' no-grad forward for the logits)
+        assert kept.count(True) == 2, kept
+    if "swiglu" in lib and not compiled:
+        assert fused == [(B * S, 64)] * 2, fused      # both layers, [tokens, hidden]
+    if "rms_norm" in lib and not compiled and device == "cpu":
+        # the final norm without, each layer's two norms with a residual's gradient
+        assert sorted(dres) == [False] + [True] * 4, dres
+    tol = GRAD_RTOL[device]
+    torch.testing.assert_close(loss1, loss0, rtol=tol, atol=0)
+    assert_grads_close(g0, g1, rtol=tol if not compiled else 1e-4)
+    if compiled:
+        return
+    seen = []
+    layer = model.model.layers[0]
+    layer.mlp.register_forward_hook(lambda m, a, out: seen.append(("mlp", tuple(out.shape))))
+    layer.input_layernorm.register_forward_hook(
+        lambda m, a, out: seen.append(("norm", tuple(out.shape))))
+    fused.clear()
+    dres.clear()
+    loss2, _, g2 = loss_and_grads(model, ids)
+    # (the hooks also see loss_and_grads' second, no-grad forward for the logits); the
+    # other layer still fuses both adds
+    assert seen == [("norm", (B, S, 64)), ("mlp", (B, S, 64))] * 2, seen
+    if "swiglu" in lib:
+        assert fused == [(B * S, 64)], fused
+    if "rms_norm" in lib and device == "cpu":
+        assert sorted(dres) == [False] * 2 + [True] * 3, dres
+    torch.testing.assert_close(loss2, loss0, rtol=tol, atol=0)
+    assert_grads_close(g0, g2, rtol=tol)

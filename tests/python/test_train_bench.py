@@ -196,3 +196,32 @@ def test_tagged_ab_case_keeps_its_rows_apart(tmp_path, capsys):
     md = capsys.readouterr().out
     assert f"| {name} | {bt.VARIANTS['patched_compile_ops_none']} | 0.1 k | 1.10x |" in md
     assert f"In {name} the x columns are against HF sdpa + torch.compile" in md
+
+
+def test_run_ab_sets_fuse_layer_adds_per_window():
+    """patch.FUSE_LAYER_ADDS is process-wide and read per call: each window of an A/B runs
+    with its own variant's value (the *_fused_adds variants on, the others off), and the
+    fused variants' rows are the record's too."""
+    from ops_transformer import patch as ot_patch
+    seen = []
+    case = dict(kind="ab", cfg="tiny", batch=1, seq=16, tag="fused_adds",
+                variants=["patched", "patched_fused_adds"])
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            _spy_steps(mp, lambda model: seen.append((model._variant,
+                                                      ot_patch.FUSE_LAYER_ADDS)))
+            rows, _ = bt.run_ab(case, args(ab_rounds=2, ab_steps=1), torch.device("cpu"),
+                                torch.float32)
+    finally:
+        ot_patch.FUSE_LAYER_ADDS = False
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows
+    assert rows[0]["case"] == "tiny bf16 1x16 [fused_adds]"
+    assert {v for v, _ in seen} == {"patched", "patched_fused_adds"}
+    for variant, on in seen:
+        assert on == (variant == "patched_fused_adds"), (variant, on)
+    assert rows[0]["loss"] == pytest.approx(rows[1]["loss"], rel=1e-3)
+    rec = bt.build_record(rows, None, None, argparse.Namespace(
+        device_name="CPU", commit="x", command="test"))
+    assert any(r["op"] == "train_step (patched, residual adds fused)" for r in rec["rows"])
+    plan = bt.plan(quick=False)
+    assert [c.get("tag") for c in plan[11] + plan[12]] == ["fused_adds"] * 2
