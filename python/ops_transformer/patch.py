@@ -618,6 +618,7 @@ def _keep_input_ok(norm, x):
             and (norm._ot_compiled_lib or not torch.compiler.is_compiling())
             and type(x) in (torch.Tensor, torch.nn.Parameter)
             and type(w) in (torch.Tensor, torch.nn.Parameter)
+            and _usable("rms_norm", x.device, x.dtype)
             and _usable("rms_norm_residual", x.device, x.dtype))
 
 
