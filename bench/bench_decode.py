@@ -62,6 +62,8 @@ class Shim:
             L.shim_paged_last_plan.argtypes = [C.POINTER(cint)]
         if hasattr(L, "shim_paged_trace"):
             L.shim_paged_trace.argtypes = [vp, cint, cint]
+        if hasattr(L, "shim_set_kv_ready"):
+            L.shim_set_kv_ready.argtypes = [cint]
         if L.shim_init(torch.cuda.current_device()) != 0:
             raise RuntimeError("shim_init: " + L.shim_last_error().decode())
 
@@ -78,24 +80,37 @@ class Shim:
 
     def plan(self):
         """What the last call launched: (kernel name, splits, CTAs, launched with PDL, an
-        early start (paged_kv_ready)). Flag 2, round 6's fused split merge (removed), is
+        early start (paged_kv_ready), the TMA ring (OT_PAGED_TMA, experiment builds), the
+        aligned-page instance (OT_PAGED_ALIGNED), 8-warp CTAs (OT_PAGED_WARPS)). Flag 2, round 6's fused split merge (removed), is
         no longer set."""
         a = (cint * 4)()
         self.lib.shim_paged_last_plan(a)
         return ({1: "split", 2: "stream", 3: "simple"}.get(a[0], "none"), a[1], a[2],
-                bool(a[3] & 1), bool(a[3] & 4))
+                bool(a[3] & 1), bool(a[3] & 4), bool(a[3] & 8), bool(a[3] & 16), bool(a[3] & 32))
 
 
 def plan_str(pl):
-    extra = (", pdl" if pl[3] else "") + (", early" if pl[4] else "")
+    extra = (", pdl" if pl[3] else "") + (", early" if pl[4] else "") + \
+        (", tma" if len(pl) > 5 and pl[5] else "") + (", aligned" if len(pl) > 6 and pl[6] else "") + \
+        (", 8 warps" if len(pl) > 7 and pl[7] else "")
     return f"{pl[0]} x{pl[1]}, {pl[2]} CTAs{extra}"
 
 
-def run_env(env, fn):
+def run_env(env, fn, shim=None):
     """fn() with the environment variables of `env` set (read by the library at each call),
-    then the caller's values (or their absence) back."""
-    with env_set(env):
-        return fn()
+    then the caller's values (or their absence) back. The key "kv_ready" (not a variable)
+    sets paged_kv_ready of shim's calls instead (the early start; a shim without the hook
+    raises)."""
+    env = dict(env)
+    ready = env.pop("kv_ready", None)
+    if ready is not None:
+        shim.lib.shim_set_kv_ready(int(ready))
+    try:
+        with env_set(env):
+            return fn()
+    finally:
+        if ready is not None:
+            shim.lib.shim_set_kv_ready(0)
 
 
 def time_ms(fn, iters=25, inner=5, warmup=3):
@@ -150,7 +165,8 @@ def check(shim):
     # each variant on its own random data (seed), the kernel that ran read back and checked
     runs = [("auto", {}), ("split", {"OT_PAGED_KERNEL": "split"}),
             ("stream", {"OT_PAGED_KERNEL": "stream"}),
-            ("split no-pdl", {"OT_PAGED_KERNEL": "split", "OT_PAGED_PDL": "0"})]
+            ("split general", {"OT_PAGED_KERNEL": "split", "OT_PAGED_ALIGNED": "0"}),
+            ("split 8 warps", {"OT_PAGED_KERNEL": "split", "OT_PAGED_WARPS": "8"})]
     # (1 x 2k: the batch-1 default's 64-key splits with guessed first page ids, pages 16 / 64)
     for (b, ctx) in [(3, 1000), (1, 65536), (16, 4096), (64, 1024), (1, 2048)]:
         for bs in PAGES:
@@ -164,7 +180,9 @@ def check(shim):
                 pl = shim.plan()
                 want = env.get("OT_PAGED_KERNEL")
                 ran_ok = (want is None or pl[0] == want) and \
-                    (env.get("OT_PAGED_PDL") != "0" or not pl[3])
+                    (env.get("OT_PAGED_PDL") != "0" or not pl[3]) and \
+                    (env.get("OT_PAGED_ALIGNED") != "0" or not pl[6]) and \
+                    (env.get("OT_PAGED_WARPS") != "8" or pl[7])
                 err = (out.float() - ref).abs().max().item()
                 good = err < 2e-2 and not torch.isnan(out).any().item() and ran_ok
                 ok &= good
@@ -276,27 +294,32 @@ def trace(shim, cases):
     return out
 
 
-def ncu_cases(shim, cases):
-    """For ncu --profile-from-start off: ours, then cuDNN SDPA on the same cache made
-    contiguous, each called once between cudaProfilerStart / Stop (after 3 warm calls)."""
+def ncu_cases(shims, cases):
+    """For ncu --profile-from-start off: ours (each shim of `shims`, [(name, Shim)], in
+    order), then cuDNN SDPA on the same cache made contiguous, each called once between
+    cudaProfilerStart / Stop (after 3 warm calls)."""
     for spec in cases.split(";"):
         b, ctx, bs = (int(x) for x in spec.split(","))
         c = make_case(b, ctx, bs, seed=5)
         o = torch.empty_like(c["q"])
         kc, vc = (t.contiguous() for t in gather(c, b, ctx, bs))
-        call = lambda: shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
-                                  c["indices"], c["lpl"], o)
+        calls = [lambda S=S: S.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],
+                                     c["indices"], c["lpl"], o) for _, S in shims]
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             for _ in range(3):
-                call()
+                for call in calls:
+                    call()
                 sdpa_grouped(c["q"], kc, vc)
             torch.cuda.synchronize()
             torch.cuda.profiler.start()
-            call()
+            for call in calls:
+                call()
             sdpa_grouped(c["q"], kc, vc)
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
-        print(f"ncu case B{b} x ctx {ctx} page {bs}: {plan_str(shim.plan())}", flush=True)
+        for (name, S), call in zip(shims, calls):
+            call()
+            print(f"ncu case B{b} x ctx {ctx} page {bs} {name}: {plan_str(S.plan())}", flush=True)
         del c, o, kc, vc
 
 
@@ -482,13 +505,17 @@ def bench(shim, ceiling):
             plan_default = plan_str(shim.plan())
             plans = {}
             runs = [{"OT_PAGED_KERNEL": "split"}, {"OT_PAGED_KERNEL": "stream"},
-                    {"OT_PAGED_PDL": "0"}]
+                    {"OT_PAGED_PDL": "0"}, {"OT_PAGED_ALIGNED": "0"},
+                    {"OT_PAGED_KERNEL": "split", "OT_PAGED_WARPS": "4"},
+                    {"OT_PAGED_KERNEL": "split", "OT_PAGED_WARPS": "8"}]
+            if (b, ctx) in ENGINE_SHAPES:  # the engine's early start (paged_kv_ready)
+                runs += [{"kv_ready": "1"}, {"kv_ready": "1", "OT_PAGED_ALIGNED": "0"}]
             runs += [{"OT_PAGED_KERNEL": "split", "OT_PAGED_SPLITS": str(n)}
                      for n in SWEEP.get((b, ctx), [])]
             for env in runs:
                 name = " ".join(f"{k}={v}" for k, v in env.items())
-                t = run_env(env, lambda: time_ms(call))
-                run_env(env, call)
+                t = run_env(env, lambda: time_ms(call), shim)
+                run_env(env, call, shim)
                 pl = shim.plan()
                 if "OT_PAGED_KERNEL" in env and pl[0] != env["OT_PAGED_KERNEL"]:
                     raise RuntimeError(f"variant {name} ran {plan_str(pl)}")
@@ -642,6 +669,8 @@ def main():
                     help="per-CTA stamps of an OT_PA_TRACE build's kernels (-> --json) and exit")
     ap.add_argument("--ncu-cases", metavar="B,CTX,PAGE;...",
                     help="ours and cuDNN once each inside cudaProfilerStart/Stop, and exit")
+    ap.add_argument("--ncu-shims", metavar="NAME=SHIM,...",
+                    help="with --ncu-cases: more builds, each called after --shim's")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default="")
     args = ap.parse_args()
@@ -671,7 +700,9 @@ def main():
                            "command": args.command, "shim": args.shim, "cases": recs}, f)
         raise SystemExit(0)
     if args.ncu_cases:
-        ncu_cases(shim, args.ncu_cases)
+        extra = [(n, Shim(pth)) for n, pth in (x.split("=", 1) for x in args.ncu_shims.split(","))] \
+            if args.ncu_shims else []
+        ncu_cases([("ours", shim)] + extra, args.ncu_cases)
         raise SystemExit(0)
     if args.quick:  # ours alone at the page-16 shapes: A/B of builds (one process per build)
         if args.peers:

@@ -10,6 +10,8 @@
  * of the main kernel, 1 when launched as a programmatic dependent.
  * shim_paged_trace: the per-CTA %globaltimer stamps of a -DOT_PA_TRACE build
  * (ot_cuda_paged_trace; -1 in other builds).
+ * shim_set_kv_ready: ot_attention_params.paged_kv_ready of the following calls (0 / 1; the
+ * benchmark's previous kernel is the previous call's, which writes none of the pages).
  */
 #include <string.h>
 
@@ -25,6 +27,9 @@ int ot_cuda_paged_trace(unsigned long long *dst, int kernel, int clear)
     __attribute__((weak, visibility("hidden")));
 
 SHIM_API void shim_paged_last_plan(int *out) { ot_cuda_paged_last_plan(out); }
+
+static int g_kv_ready;
+SHIM_API void shim_set_kv_ready(int on) { g_kv_ready = on; }
 
 /* -1 when the library has no trace (a normal build) */
 SHIM_API int shim_paged_trace(void *dst, int kernel, int clear) {
@@ -50,6 +55,7 @@ SHIM_API int shim_paged_attention(void *stream, int dtype, int64_t tq, int64_t h
   ot_paged_kv kv = {&tk, &tv, &tip, &tix, &tl};
   ot_attention_params p = ot_attention_default_params();
   p.causal = causal;
+  p.paged_kv_ready = g_kv_ready;
   ot_context_set_stream(g_ctx, stream);
   return (int)ot_paged_attention(g_ctx, &p, &tq_, &tcu, &kv, &to, lse ? &tlse : NULL);
 }

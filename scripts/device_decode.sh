@@ -161,11 +161,26 @@ if [ "$MODE" = probe ]; then
     echo "trace $v rc=$?"; cat "$LOGS/trace_$v.log" >>"$OUT/probe.log"
   done
   if [ -n "${NCU_CASES:-}" ]; then
+    # NCU_SHIM: the build profiled (default "default"); NCU_EXTRA="name ...": more builds in the
+    # same process, each called after it; NCU_METRICS=0: the sections alone (no stall /
+    # DRAM / L2 metrics)
     stamp "ncu $NCU_CASES"
+    xs=; for v in ${NCU_EXTRA:-}; do xs="${xs:+$xs,}$v=$(shim_of "$v")"; done
+    MET=(); [ "${NCU_METRICS:-1}" = 1 ] && MET=(--metrics "regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,dram__bytes_read.sum,dram__bytes_read.sum.per_second,lts__t_sector_op_read_hit_rate.pct,l1tex__m_xbar2l1tex_read_bytes.sum.per_second,sm__warps_active.avg.pct_of_peak_sustained_active")
     timeout "${NCU_TIMEOUT:-40}" ncu --clock-control none --profile-from-start off --section LaunchStats \
       --section Occupancy --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
-      python3 bench/bench_decode.py --shim "$(shim_of "${NCU_SHIM:-default}")" --ncu-cases "$NCU_CASES" >"$OUT/ncu.txt" 2>&1
-    echo "ncu rc=$?"; grep -E '^  [a-z_]+.*\(|Duration|DRAM Throughput|Grid Size|Registers Per|Achieved Occupancy|Dynamic Shared' "$OUT/ncu.txt" | head -60
+      "${MET[@]}" python3 bench/bench_decode.py --shim "$(shim_of "${NCU_SHIM:-default}")" \
+      ${xs:+--ncu-shims "$xs"} --ncu-cases "$NCU_CASES" >"$OUT/ncu.txt" 2>&1
+    rc=$?; echo "ncu rc=$rc"
+    if [ $rc != 0 ] && [ ${#MET[@]} != 0 ]; then  # a metric this ncu lacks: the sections alone
+      tail -3 "$OUT/ncu.txt"; mv "$OUT/ncu.txt" "$OUT/ncu_failed.txt"
+      timeout "${NCU_TIMEOUT:-40}" ncu --clock-control none --profile-from-start off --section LaunchStats \
+        --section Occupancy --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
+        python3 bench/bench_decode.py --shim "$(shim_of "${NCU_SHIM:-default}")" \
+        ${xs:+--ncu-shims "$xs"} --ncu-cases "$NCU_CASES" >"$OUT/ncu.txt" 2>&1
+      echo "ncu (sections only) rc=$?"
+    fi
+    grep -E '^  [a-zA-Z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|dram__bytes_read.sum.per_second|^ncu case' "$OUT/ncu.txt" | head -80
   fi
   stamp "done"
   grep '^trace' "$OUT/probe.log" | cut -c1-900

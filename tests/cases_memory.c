@@ -892,10 +892,37 @@ static ot_attention_params pcase_params(const pcase *c) {
   return prm;
 }
 
+/* The CUDA split-kernel instance blocks (paged_mode_cases): a prefix of the case names,
+ * and the plan flag (ot_cuda_paged_last_plan's out[3]) each call of a case the instance
+ * can take must have set (g_pflag_set) or cleared (g_pflag_clear): 16 the aligned-page
+ * instance (16-bit, head_dim 128, pages of 16 x m keys), 32 its 8-warp CTAs (and no early
+ * start). */
+static const char *g_pmode = "";
+static int g_pflag_set = 0, g_pflag_clear = 0;
+#ifdef OT_TEST_CUDA
+void ot_cuda_paged_last_plan(int out[4]); /* src/cuda/paged_attention.cu */
+#endif
+static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool ready,
+                             const char *call) {
+#ifdef OT_TEST_CUDA
+  if (!g_pflag_set && !g_pflag_clear) return;
+  const bool al = dt.bits == 16 && c->d == 128 && c->bs % 16 == 0;
+  const int want = g_pflag_set & ~(ready ? 32 : 0);
+  int pl[4] = {0, 0, 0, 0};
+  ot_cuda_paged_last_plan(pl);
+  if (pl[0] != 1 || (al && (pl[3] & want) != want) || (pl[3] & g_pflag_clear))
+    tr_fail(tr, "%s: ran kernel %d with plan flags %d (expected the split kernel, flags %d set%s, "
+            "%d clear)", call, pl[0], pl[3], al ? want : 0, al ? "" : " (not an aligned case)",
+            g_pflag_clear);
+#else
+  (void)tr, (void)c, (void)dt, (void)ready, (void)call;
+#endif
+}
+
 /* Case c against the reference, kv.indices with `spare` entries past the last sequence's
  * (paged_spare_entries; 0: none). */
 static void paged_case_spare(test_run *tr, const pcase *c, DLDataType dt, int64_t spare) {
-  if (!tr_begin(tr, "paged attention %s %s", c->name, dt_name(dt))) return;
+  if (!tr_begin(tr, "paged attention %s%s %s", g_pmode, c->name, dt_name(dt))) return;
   rng r = tr_rng(tr);
   paged P;
   paged_make(tr, &P, dt, c->b, c->len, c->hkv, c->d, c->bs, &r);
@@ -917,6 +944,7 @@ static void paged_case_spare(test_run *tr, const pcase *c, DLDataType dt, int64_
   if (tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out),
                                    tb_dl(lse)),
             "ot_paged_attention")) {
+    paged_check_plan(tr, c, dt, false, "the call");
     tb_sync(out);
     tb_sync(lse);
     check_close(tr, "out", out, ro, tol_for(dt, dt.bits == 32 ? 4 : 1));
@@ -998,8 +1026,8 @@ static void paged_two_free(tbuf **q, tbuf **out, tbuf **lse, double **ro, double
  * most likely read the real values too. Catching that takes a previous kernel that signals
  * its dependents before it writes those rows (as the engine's fused qkv kernel does). */
 static void paged_pair_run(test_run *tr, const pcase *c, DLDataType dt, bool ready) {
-  if (!tr_begin(tr, "paged attention %s %s %s", ready ? "kv ready" : "back to back", c->name,
-                dt_name(dt)))
+  if (!tr_begin(tr, "paged attention %s%s %s %s", g_pmode, ready ? "kv ready" : "back to back",
+                c->name, dt_name(dt)))
     return;
   rng r = tr_rng(tr);
   paged P;
@@ -1041,8 +1069,10 @@ static void paged_pair_run(test_run *tr, const pcase *c, DLDataType dt, bool rea
       tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, dq[0], dcu, &P.kv, dout[0], dlse[0]),
             "first call") &&
       tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, dq[1], dcu, &P.kv, dout[1], dlse[1]),
-            "second call"))
+            "second call")) {
+    paged_check_plan(tr, c, dt, ready, "the second call");
     paged_two_check(tr, dt, out, lse, ro, rl);
+  }
   paged_two_free(q, out, lse, ro, rl);
   tb_free(cu), tb_free(kn), tb_free(vn);
   paged_free(&P);
@@ -1752,6 +1782,54 @@ static void append_cases(test_run *tr) {
   append_case_d(tr, DT_F16, 16, 1, 2, false, 0, 32, 12);
 }
 
+/* CUDA: one instance of the split kernel forced (OT_PAGED_KERNEL=split and `name`=`value`;
+ * case names prefixed by `prefix`), each call checked against the plan flags (set / clear,
+ * paged_check_plan): the head_dim-128 cases (ragged lengths: partial last steps over
+ * NaN-poisoned slots), windows (a left window's split start rounded down to 16 keys),
+ * speculative / prefill tiles, forced splits and one split, batch 1 with the page ids loaded
+ * with the tables, over-provisioned tables, back to back and kv ready (the early start). */
+static void paged_mode_cases(test_run *tr, const char *prefix, const char *name,
+                             const char *value, int flag_set, int flag_clear) {
+  env_saved mode = env_set(name, value);
+  env_saved split = env_set("OT_PAGED_KERNEL", "split");
+  g_pmode = prefix;
+  g_pflag_set = flag_set, g_pflag_clear = flag_clear;
+  for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
+    if (paged_cuda_cases[i].d == 128)
+      paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
+  static const size_t longs[] = {0, 2, 5, 6};
+  for (size_t i = 0; i < sizeof longs / sizeof longs[0]; i++)
+    paged_case(tr, &paged_cuda_long[longs[i]], DT_BF16);
+  paged_case(tr, &paged_long[0], DT_F16);
+  paged_case_spare(tr, &paged_cuda_overprov[0], DT_BF16, 1);
+  paged_case_spare(tr, &paged_cuda_overprov[1], DT_F16, 100);
+  paged_pair_case(tr, &paged_cuda_long[5], DT_BF16);
+  paged_pair_case(tr, &paged_cuda_cases[0], DT_F16);
+  static const size_t ready[] = {0, 1, 2, 3, 5, 7};
+  for (size_t i = 0; i < sizeof ready / sizeof ready[0]; i++)
+    paged_ready_case(tr, &paged_cuda_ready[ready[i]], i % 2 ? DT_F16 : DT_BF16);
+  env_saved splits = env_set("OT_PAGED_SPLITS", "7");
+  paged_case(tr, &paged_cuda_cases[6], DT_BF16);  /* speculative 3 queries */
+  paged_case(tr, &paged_cuda_cases[8], DT_F16);   /* chunked prefill 100 of 612 */
+  paged_case(tr, &paged_cuda_cases[10], DT_BF16); /* window 50, softcap */
+  setenv("OT_PAGED_SPLITS", "1", 1);
+  paged_case(tr, &paged_cuda_cases[0], DT_BF16);
+  paged_case(tr, &paged_cuda_long[6], DT_F16);
+  env_restore(&splits);
+  g_pmode = "";
+  g_pflag_set = g_pflag_clear = 0;
+  env_restore(&split);
+  env_restore(&mode);
+}
+
+/* The aligned-page instance is the default where it can run (4 or 8 warps by the plan), so
+ * the suite's other cases take it; these blocks add the general instance on the same pages
+ * (OT_PAGED_ALIGNED=0) and the 8-warp CTAs forced (OT_PAGED_WARPS=8). */
+static void paged_instance_cases(test_run *tr) {
+  paged_mode_cases(tr, "general ", "OT_PAGED_ALIGNED", "0", 0, 16 | 32);
+  paged_mode_cases(tr, "w8 ", "OT_PAGED_WARPS", "8", 16 | 32, 0);
+}
+
 /* CUDA: the kernels (attention both paths, forced splits, append, OT_DEBUG); the arena,
  * pool and tracker tests write blocks with the host and run on the CPU backend. */
 static void run_memory_cuda(test_run *tr) {
@@ -1836,6 +1914,7 @@ static void run_memory_cuda(test_run *tr) {
   env_restore(&kern3);
   append_cases(tr);
   append_case(tr, DT_BF16, 16, 0, true, false, false);
+  paged_instance_cases(tr);
   paged_debug_case(tr, DT_BF16, 128);
   paged_debug_case(tr, DT_F32, 16);
   env_saved kern2 = env_set("OT_PAGED_KERNEL", "stream");

@@ -81,11 +81,34 @@
  *   - Ring depth: 3 stages at D 128 (2 CTAs per SM), 5 at D 64. A 7-stage ring at D 128
  *     (224 KB, 1 CTA per SM: 192 KB in flight per SM instead of 128) measured slower at
  *     every shape (docs/PERFORMANCE.md) and was removed.
+ *   - Aligned pages (AL instances, D 128, block_size a multiple of 16; OT_PAGED_ALIGNED=0:
+ *     the general instance): ncu on the H200 (decode round 7) showed the key loop bound by
+ *     its issued instructions, not by memory (16 x 4k: 4.5 cycles per issued instruction at
+ *     2 warps per scheduler, long-scoreboard stalls 0.22 per issue, DRAM 72% busy; cuDNN's
+ *     kernel 85% busy), ~930 instructions per 16-key step, a third of them the copies'
+ *     per-row page shuffles, slot and 64-bit offset arithmetic and zero-fill tests. With
+ *     pages of 16 x m keys and steps starting at multiples of 16 keys, a whole step is one
+ *     4 KB run of K and one of V: one base address per step, 16 copies with immediate
+ *     offsets (pa_fc_copy); the partial last step keeps the general copies. Steps that
+ *     every row of the tile sees whole skip the mask tests (a warp vote), and exp2 is
+ *     ex2.approx.ftz. Same process, page 16: 16 x 4k 74.3 -> 70.5 us (with 8 warps, below),
+ *     64 x 4k 259.2 -> 248.7, 64 x 1k (stream kernel) 79.9 -> 74.4, 1 x 8k 18.0 -> 15.6.
+ *   - 8-warp CTAs (AL, no early start; OT_PAGED_WARPS=4 / 8 forces a size): one CTA of 8
+ *     warps per SM, the same 8 warps and ring bytes per SM as 2 x 4, used where the 8-warp
+ *     plan is one wave over at least 90% of the SMs and the 4-warp plan splits the keys to
+ *     fill the GPU: 16 x 4k then runs one split (no merge kernel, no partials): 3.80 vs 3.66
+ *     TB/s with 4 warps; 1 x 2k / 1 x 8k 16 splits of 128 / 512 keys.
  * Stream kernel (head_dim 128, no left window): a persistent wave of warps, each taking an
  * even share of all 16-key steps and streaming them through the same per-warp ring across
  * unit boundaries; cut units merged by a second (PDL) kernel; its K / V copies carry an L2
  * evict-first policy (pa_cp16). The default at batch > 1 for short contexts (<= 1024 keys,
- * <= 8 pieces per unit), see ps_auto and the comment at the kernel.
+ * <= 8 pieces per unit), see ps_auto and the comment at the kernel. It has an AL instance
+ * too (a unit's steps start at key 0 of its sequence).
+ * TMA ring (experiment builds only, -DOT_PA_TMA with OT_PAGED_TMA=1): one tensor copy of K
+ * and one of V per step (128-byte swizzle, a key permutation that keeps the fragment reads
+ * conflict-free, pa_kperm), an mbarrier per stage. Faster alone under ncu (16 x 4k 75.8 vs
+ * 78.8 us) but 5-7% slower back to back at the large shapes (decode round 7), so not built
+ * by default.
  * Masks (causal bottom-right, windows), softcap and empty rows as ot_attention_forward.
  *
  * Fallback kernel (float32, other head dims, misaligned q): one warp per (token, q head),
@@ -100,6 +123,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "../core/paged_attention.h"
 #include "attention.cuh"
@@ -108,13 +132,14 @@
 #include "mma.cuh"
 #include "paged_common.cuh"
 #include "pdl.cuh"
+#include "sm90/sm90_common.cuh" /* CUtensorMap, the driver's tensor-map encoder */
 
 namespace ot {
 
-constexpr int kPaWarps = 4;
+constexpr int kPaWarps = 4; /* the stream kernel's, and the split kernel's but 8-warp CTAs */
 constexpr int kPaThreads = 32 * kPaWarps;
 constexpr int kPaStep = 16;       /* keys per warp step */
-constexpr int kPaMinChunk = 64;   /* fewest keys of a split: one step per warp */
+constexpr int kPaMinChunk = kPaStep * kPaWarps; /* fewest keys of a split: one step per warp */
 constexpr int kPaWaveChunk = 256; /* fewest keys of a split when the launch has several waves */
 constexpr int kPaPidAhead = 4;    /* steps between a page-id load and its use */
 constexpr float kLog2e = 1.4426950408889634f;
@@ -399,31 +424,111 @@ __device__ __forceinline__ void pa_copy_step(T *st, const T *kp, const T *vp, in
   }
 }
 
+/* The TMA stage layout (TM, pa_tma_ok): a key row's 256 bytes as two 128-byte lines 2r
+ * and 2r + 1 in the tensor copy's 128-byte swizzle: 16-byte chunk c16 of row r sits at
+ * (c16 & 8) | ((c16 ^ (2r + c16 / 8)) & 7). The warp reads key slot pa_kperm(n) where the
+ * cp.async layout reads n (n = 0..7 within each 8-key block; the S columns, masks and P V
+ * follow it), which makes both read patterns conflict-free in this layout: the two rows of
+ * a quarter-warp's K reads differ in bit 1, the four rows of its V reads in their low two
+ * bits. */
+__device__ __forceinline__ int pa_kperm(int n) { return (n >> 1) ^ (6 * (n & 1)); }
+template <bool TM> __device__ __forceinline__ int pa_chunk_at(int r, int c16) {
+  if constexpr (TM) return (c16 & 8) | ((c16 ^ (2 * r + (c16 >> 3))) & 7);
+  else return c16 ^ pa_swz(r);
+}
+template <bool TM> __device__ __forceinline__ int pa_krow(int n) {
+  if constexpr (TM) return (n & 8) | pa_kperm(n & 7);
+  else return n;
+}
+
+/* The aligned-page copies of one whole step (AL instances, head_dim 128: pages of 16 x m
+ * keys, steps starting at multiples of 16 keys, all 16 keys before the split's end): K and
+ * V of the step are each one 4 KB run of the page, so a lane's 8 + 8 copies are one base
+ * address plus immediates (rows lane / 16 + 2j, chunk lane % 16), and their shared-memory
+ * places one of four per-lane offsets (the swizzle of row 2j + lane / 16 takes 4 values
+ * over j) plus immediates: no per-row page shuffles, slot arithmetic or zero-fill tests
+ * (the general path: pa_copy_step, ~300 issued instructions per step on the H200, ncu
+ * decode round 7). sdst[m]: the stage's shared address of row lane / 16, chunk
+ * c ^ swz(lane / 16 + 2m); gk / gv: this lane's first K / V element of the step. */
+template <int J, bool EF = false>
+__device__ __forceinline__ void pa_fc_copy(const uint32_t (&sdst)[4], const void *gk,
+                                           const void *gv, uint64_t pol = 0) {
+  if constexpr (J < 8) {
+    constexpr int kRow = 2 * 128 * 2;                 /* bytes between rows 2j and 2j + 2 */
+    constexpr int kV = 16 * 128 * 2;                  /* the stage's V rows */
+    if constexpr (EF) { /* the stream kernel's evict-first copies (pa_cp16) */
+      asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0+%2], [%1+%2], 16, %3;\n" ::"r"(
+                       sdst[J & 3]),
+                   "l"(gk), "n"(J * kRow), "l"(pol));
+      asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0+%2], [%1+%3], 16, %4;\n" ::"r"(
+                       sdst[J & 3]),
+                   "l"(gv), "n"(J * kRow + kV), "n"(J * kRow), "l"(pol));
+    } else {
+      asm volatile("cp.async.cg.shared.global [%0+%2], [%1+%2], 16;\n" ::"r"(sdst[J & 3]),
+                   "l"(gk), "n"(J * kRow));
+      asm volatile("cp.async.cg.shared.global [%0+%2], [%1+%3], 16;\n" ::"r"(sdst[J & 3]),
+                   "l"(gv), "n"(J * kRow + kV), "n"(J * kRow));
+    }
+    pa_fc_copy<J + 1, EF>(sdst, gk, gv, pol);
+  }
+}
+/* A lane's four stage-0 shared offsets for pa_fc_copy (bytes from the warp's ring) and its
+ * element offset in a step's 4 KB run. */
+template <typename T>
+__device__ __forceinline__ void pa_fc_offsets(const T *ring, int lane, uint32_t (&fc_s)[4],
+                                              int &fc_g) {
+  constexpr int D = 128;
+  const int r0 = lane >> 4, c = lane & 15;
+#pragma unroll
+  for (int m = 0; m < 4; m++)
+    fc_s[m] = attn::smem_u32(ring) +
+              (uint32_t)(r0 * D + ((c ^ ((r0 << 2) ^ (2 * m))) * 8)) * (uint32_t)sizeof(T);
+  fc_g = r0 * D + c * 8;
+}
+
 /* One warp step over the 16 keys [kb, kb + 16) in stage st: S = q k^T, scale / softcap,
  * masks (a row's [r_lo, r_hi], keys >= kh), online softmax in base 2, O += P V. Ends with a
- * __syncwarp after the stage's last read, so the caller may refill it. */
-template <typename T, int D>
+ * __syncwarp after the stage's last read, so the caller may refill it. TM: the stage in the
+ * TMA layout (above), its rows past kh not zero-filled (the V fragments of those keys are
+ * zeroed here: a page's slots past the sequence may hold anything, NaN included). */
+template <bool FE> __device__ __forceinline__ float pa_exp2(float x) {
+  if constexpr (FE) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  } else {
+    return exp2f(x);
+  }
+}
+
+template <typename T, int D, bool TM = false, bool FE = false>
 __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16][4], int kb,
                                         int kh, const int (&r_lo)[2], const int (&r_hi)[2],
                                         float qk_scale, float softcap, float cap2, int g, int tq4,
                                         float (&m_run)[2], float (&l_run)[2],
-                                        float (&acc)[D / 8][4]) {
+                                        float (&acc)[D / 8][4], bool nomask = false) {
   constexpr int KC = D / 32, NT = D / 8, VH = D / 64;
   uint4 kr[2][KC], vr[4][VH];
 #pragma unroll
   for (int nb = 0; nb < 2; nb++) {
-    const int r = nb * 8 + g;
+    const int r = pa_krow<TM>(nb * 8 + g);
 #pragma unroll
     for (int c = 0; c < KC; c++)
-      kr[nb][c] = *reinterpret_cast<const uint4 *>(st + r * D + ((c * 4 + tq4) ^ pa_swz(r)) * 8);
+      kr[nb][c] = *reinterpret_cast<const uint4 *>(st + r * D + pa_chunk_at<TM>(r, c * 4 + tq4) * 8);
   }
 #pragma unroll
   for (int e = 0; e < 4; e++) {
-    const int r = tq4 * 2 + (e & 1) + (e >> 1) * 8;
+    const int r = pa_krow<TM>(tq4 * 2 + (e & 1) + (e >> 1) * 8);
 #pragma unroll
     for (int h = 0; h < VH; h++)
       vr[e][h] = *reinterpret_cast<const uint4 *>(st + (kPaStep + r) * D +
-                                                  ((g + 8 * h) ^ pa_swz(r)) * 8);
+                                                  pa_chunk_at<TM>(r, g + 8 * h) * 8);
+    if constexpr (TM) {
+      if (kb + kPaStep > kh && kb + r >= kh) {
+#pragma unroll
+        for (int h = 0; h < VH; h++) vr[e][h] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
   }
   __syncwarp(); /* every lane has read the stage before a later issue overwrites it */
   /* S = q k^T for the 16 keys: two n-blocks of 8 */
@@ -440,31 +545,43 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
 #pragma unroll
     for (int i = 0; i < 4; i++) s[nb][i] += s2[nb][i];
   }
-  /* scale, softcap, mask, online softmax (base 2) */
+  /* scale, softcap, mask (not in a step that every row sees whole: nomask, AL), online
+   * softmax (base 2; FE: ex2.approx.ftz, the AL instances) */
   uint32_t pa[4];
+  float sv[2][4];
 #pragma unroll
-  for (int rr = 0; rr < 2; rr++) {
-    float v[4];
-    float mx = -INFINITY;
+  for (int rr = 0; rr < 2; rr++)
 #pragma unroll
     for (int nb = 0; nb < 2; nb++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        const int key = kb + nb * 8 + tq4 * 2 + e;
         float x = s[nb][2 * rr + e] * qk_scale;
         if (softcap > 0) x = cap2 * tanhf(x);
-        if (key < r_lo[rr] || key > r_hi[rr] || key >= kh) x = -INFINITY;
-        v[nb * 2 + e] = x;
-        mx = fmaxf(mx, x);
+        sv[rr][nb * 2 + e] = x;
       }
+  if (!nomask) {
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++)
+#pragma unroll
+      for (int nb = 0; nb < 2; nb++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int key = kb + pa_krow<TM>(nb * 8 + tq4 * 2 + e);
+          if (key < r_lo[rr] || key > r_hi[rr] || key >= kh) sv[rr][nb * 2 + e] = -INFINITY;
+        }
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; rr++) {
+    float *v = sv[rr];
+    float mx = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
     mx = quad_max(mx);
     const float m_new = fmaxf(m_run[rr], mx);
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    const float alpha = exp2f(m_run[rr] - m_use);
+    const float alpha = pa_exp2<FE>(m_run[rr] - m_use);
     float ps = 0.f;
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      v[e] = exp2f(v[e] - m_use);
+      v[e] = pa_exp2<FE>(v[e] - m_use);
       ps += v[e];
     }
     l_run[rr] = l_run[rr] * alpha + ps;
@@ -487,20 +604,110 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
   }
 }
 
+/* ---- TMA stages (the TM instance of the split kernel, head_dim 128, sm_90) -------------- *
+ * K and V of one kv head in one page are [block_size][128] rows of 256 bytes, rows of all
+ * (page, kv head) pairs 256 bytes apart: tensor maps {64, 2, pages x heads_kv x block_size}
+ * (strides 128 and 256 bytes), box {64, 2, 16} = one 16-key step of K (or V), 4 KB, in the
+ * 128-byte swizzle (pa_chunk_at<true>). One copy each for K and V per step, issued by lane
+ * 0 of the warp on its stage's mbarrier; block_size a multiple of 16, so a step (16-key
+ * aligned) never crosses a page. */
+struct pa_params_tm : pa_params {
+  CUtensorMap tk, tv;
+};
+template <typename P> struct pa_is_tm { static constexpr bool value = false; };
+template <> struct pa_is_tm<pa_params_tm> { static constexpr bool value = true; };
+
+__device__ __forceinline__ void pa_tma_step(uint32_t dst_k, uint32_t dst_v, const CUtensorMap *tk,
+                                            const CUtensorMap *tv, uint32_t bar, int row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+               "r"((uint32_t)(2 * kPaStep * 256))
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst_k),
+      "l"((uint64_t)tk), "r"(0), "r"(0), "r"(row), "r"(bar)
+      : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst_v),
+      "l"((uint64_t)tv), "r"(0), "r"(0), "r"(row), "r"(bar)
+      : "memory");
+#else
+  (void)dst_k, (void)dst_v, (void)tk, (void)tv, (void)bar, (void)row;
+  __trap(); /* never launched without sm_90 code (pa_tma_kernel_ok) */
+#endif
+}
+/* mbarrier.cuh's helpers, compiled out below sm_90 (the TM instances never run there) */
+__device__ __forceinline__ void pa_mbar_init(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  mbar_init(bar, 1);
+#endif
+}
+__device__ __forceinline__ void pa_mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  mbar_init_fence();
+#endif
+}
+__device__ __forceinline__ void pa_mbar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  mbar_wait(bar, parity);
+#endif
+}
+
+/* The TM ring's S mbarriers of a warp (one arrival each per phase: lane 0's expect_tx),
+ * initialized by lane 0; the first one's shared address. */
+template <int S> __device__ __forceinline__ uint32_t pa_ring_bars(uint64_t *bars, int lane) {
+  const uint32_t b0 = attn::smem_u32(bars);
+  if (lane == 0) {
+#pragma unroll
+    for (int s = 0; s < S; s++) pa_mbar_init(b0 + 8 * s);
+    pa_mbar_init_fence();
+  }
+  __syncwarp();
+  return b0;
+}
+
+/* A warp's ring (S stages; TM: from the first 1024-byte boundary of the dynamic shared
+ * memory) and, AL, its pa_fc_copy offsets. */
+template <typename T, int D, int S, bool TM, bool AL>
+__device__ __forceinline__ T *pa_warp_ring(unsigned char *smem, int warp, int lane,
+                                           uint32_t (&fc_s)[4], int &fc_g) {
+  unsigned char *base = smem;
+  if constexpr (TM) base += (1024u - (attn::smem_u32(smem) & 1023u)) & 1023u;
+  T *ring = reinterpret_cast<T *>(base) + (size_t)warp * S * 2 * kPaStep * D;
+  fc_s[0] = fc_s[1] = fc_s[2] = fc_s[3] = 0;
+  fc_g = 0;
+  if constexpr (AL) pa_fc_offsets(ring, lane, fc_s, fc_g);
+  return ring;
+}
+
 /* ---- the tensor-core kernel ------------------------------------------------------------- */
 
-template <typename T, int D, int S, bool XT>
-__global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
-    pa_mma_kernel(const __grid_constant__ pa_params p) {
+/* P = pa_params: the cp.async ring; P = pa_params_tm (D 128): the TMA ring (TM), whose
+ * stages start at a 1024-byte boundary of the dynamic shared memory (1 KB more of it).
+ * AL (D 128, cp.async ring; pages of 16 x m keys, pa_al_ok): whole steps copied by
+ * pa_fc_copy, the masks skipped in steps that every row of the tile sees whole, exp2 as
+ * ex2.approx.ftz. */
+template <typename T, int D, int S, bool XT, typename P = pa_params, bool AL = false,
+          int NW = kPaWarps>
+__global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
+    pa_mma_kernel(const __grid_constant__ P p) {
   constexpr int KS = D / 16;   /* k-steps of QK */
   constexpr int NT = D / 8;    /* n-tiles of PV */
-  __shared__ float s_m[kPaWarps][16], s_l[kPaWarps][16], s_wt[kPaWarps][16];
+  constexpr bool TM = pa_is_tm<P>::value;
+  static_assert(!TM || D == 128, "the TMA ring is laid out for head_dim 128");
+  static_assert(!AL || (D == 128 && !TM), "the aligned copies are laid out for head_dim 128");
+  __shared__ float s_m[NW][16], s_l[NW][16], s_wt[NW][16];
   __shared__ int64_t s_off[16];
+  __shared__ __align__(8) uint64_t s_bar[TM ? NW : 1][TM ? S : 1];
   extern __shared__ __align__(16) unsigned char pa_smem[]; /* rings; [warps][16][D + 2] floats at the end */
   PA_TR(0, 0, pa_gtime());
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq4 = lane & 3;
+  uint32_t bar0 = 0; /* TM: this warp's stage-0 mbarrier (stage s: bar0 + 8 s) */
+  if constexpr (TM) bar0 = pa_ring_bars<S>(&s_bar[warp][0], lane);
   /* block id -> (tile slot, kv head, split), the slot slowest: slots past the real tiles
    * (the grid's upper bound) are dispatched last */
   const int64_t bid = blockIdx.x;
@@ -533,7 +740,7 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     const int rel0 = (int)(spec_k0 - (sp << p.bs_shift));
 #pragma unroll
     for (int s = 0; s < S - 1 + A; s++) {
-      const int key = rel0 + (s * kPaWarps + warp) * kPaStep + (lane & 15);
+      const int key = rel0 + (s * NW + warp) * kPaStep + (lane & 15);
       const int64_t e = sp + (key >> p.bs_shift);
       pq[s] = e < p.num_indices ? __ldg(p.indices + e) : 0;
     }
@@ -560,11 +767,11 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
   const int64_t tok_first = tile * 16 / p.group;
   int64_t tok_last = (tile * 16 + 15) / p.group;
   if (tok_last > nq - 1) tok_last = nq - 1;
-  /* this split's keys: the sequence cut into `splits` chunks of >= kPaMinChunk keys (a
+  /* this split's keys: the sequence cut into `splits` chunks of >= (NW * kPaStep) keys (a
    * multiple of 64; pa_chunk on the host), so splits past the end of a short sequence are
    * empty */
   int64_t chunk = (len + p.splits - 1) / p.splits;
-  chunk = chunk < kPaMinChunk ? kPaMinChunk : (chunk + 63) / 64 * 64;
+  chunk = chunk < (NW * kPaStep) ? (NW * kPaStep) : (chunk + 63) / 64 * 64;
   int64_t k_lo = split * chunk, k_hi = k_lo + chunk;
   {
     const int64_t dfirst = tok_first + len - nq, dlast = tok_last + len - nq;
@@ -580,7 +787,10 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
    * is less than a page below k_lo: relative keys stay below 2^30 + 256 */
   const int64_t kpage = p.bs_shift >= 0 ? k_lo >> p.bs_shift : k_lo / p.bs;
   const int64_t key0 = kpage * p.bs;
-  const int kl = (int)(k_lo - key0), kh = (int)(k_hi - key0);
+  /* TM / AL: steps start at a multiple of 16 keys (of a page of 16 x m keys); the keys
+   * that adds in front (a left window's) are masked by every row's r_lo */
+  const int kl = TM || AL ? (int)(k_lo - key0) & ~(kPaStep - 1) : (int)(k_lo - key0);
+  const int kh = (int)(k_hi - key0);
   int r_lo[2], r_hi[2]; /* relative, clamped to [-1, INT_MAX] (keys are >= 0) */
 #pragma unroll
   for (int rr = 0; rr < 2; rr++) {
@@ -589,16 +799,17 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     r_hi[rr] = hi < -1 ? -1 : hi > 0x7fffffff ? 0x7fffffff : (int)hi;
   }
   const int steps = kh > kl ? (kh - kl + kPaStep - 1) / kPaStep : 0;
-  const int nst = steps > warp ? (steps - warp + kPaWarps - 1) / kPaWarps : 0; /* this warp's */
+  const int nst = steps > warp ? (steps - warp + NW - 1) / NW : 0; /* this warp's */
 
   const int64_t head_stride = (int64_t)p.bs * D; /* elements between kv heads of a page */
   const T *kbase = static_cast<const T *>(p.k_pages) + (int64_t)kvh * head_stride;
   const T *vbase = static_cast<const T *>(p.v_pages) + (int64_t)kvh * head_stride;
   const int64_t page_stride = (int64_t)p.hkv * head_stride;
 
-  /* page id of key (lane & 15) of this warp's step t (0 past the split's end) */
+  /* page id of key (lane & 15) of this warp's step t (0 past the split's end); TM: of the
+   * step's first key in every lane (one page per step) */
   auto load_pid = [&](int t) -> int {
-    const int key = kl + (t * kPaWarps + warp) * kPaStep + (lane & 15);
+    const int key = kl + (t * NW + warp) * kPaStep + (TM ? 0 : (lane & 15));
     if (t >= nst || key >= kh) return 0;
     const int64_t e = page0 + kpage + (p.bs_shift >= 0 ? key >> p.bs_shift : key / p.bs);
     int pg = __ldg(p.indices + e);
@@ -608,12 +819,36 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     }
     return pg;
   };
-  T *ring = reinterpret_cast<T *>(pa_smem) + (size_t)warp * S * 2 * kPaStep * D;
+  /* AL: this lane's shared offsets (bytes, in stage 0) of rows lane / 16 + 2m, chunk
+   * lane % 16, and its element offset in a step's 4 KB run */
+  uint32_t fc_s[4];
+  int fc_g;
+  T *ring = pa_warp_ring<T, D, S, TM, AL>(pa_smem, warp, lane, fc_s, fc_g);
   /* step t's K and V rows into stage t % S: lane copies chunk lane % CR of rows
-   * lane / CR + j * 32 / CR; pid = this lane's page id register for step t */
+   * lane / CR + j * 32 / CR; pid = this lane's page id register for step t. TM: lane 0
+   * copies the step's K and V boxes (a whole step is in the page of its first key). */
   auto issue = [&](int t, int pid) {
-    const int kb = kl + (t * kPaWarps + warp) * kPaStep;
+    const int kb = kl + (t * NW + warp) * kPaStep;
     T *st = ring + (size_t)(t % S) * 2 * kPaStep * D;
+    if constexpr (AL) {
+      if (kb + kPaStep <= kh) { /* a whole step: one page (every lane's pid is its id) */
+        const int slot = p.bs_shift >= 0 ? kb & (p.bs - 1) : kb % p.bs;
+        const int64_t off = (int64_t)pid * page_stride + (int64_t)slot * D + fc_g;
+        const uint32_t so = (uint32_t)((t % S) * 2 * kPaStep * D * sizeof(T));
+        const uint32_t sd[4] = {fc_s[0] + so, fc_s[1] + so, fc_s[2] + so, fc_s[3] + so};
+        pa_fc_copy<0>(sd, kbase + off, vbase + off);
+        return;
+      }
+    }
+    if constexpr (TM) {
+      if (lane == 0) {
+        const int slot = p.bs_shift >= 0 ? kb & (p.bs - 1) : kb % p.bs;
+        const int row = (pid * p.hkv + kvh) * p.bs + slot; /* < 2^31 (pa_tma_ok) */
+        pa_tma_step(attn::smem_u32(st), attn::smem_u32(st + kPaStep * D), &p.tk, &p.tv,
+                    bar0 + 8 * (t % S), row);
+      }
+      return;
+    }
     pa_copy_step<T, D, false>(st, kbase, vbase, lane, [&](int kr) -> int64_t {
       const int pg = __shfl_sync(0xffffffffu, pid, kr);
       const int key = kb + kr;
@@ -640,7 +875,7 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     s_wait = S - 1;
 #pragma unroll
     for (int s = S - 2; s >= 0; s--)
-      if (s < nst && kl + (s * kPaWarps + warp) * kPaStep + kPaStep > new_rel) s_wait = s;
+      if (s < nst && kl + (s * NW + warp) * kPaStep + kPaStep > new_rel) s_wait = s;
   }
   uint32_t qa[KS][4];
 #pragma unroll
@@ -651,7 +886,7 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     }
     if (s < S - 1) {
       if (s < nst) issue(s, pq[s]);
-      attn::cp_async_commit();
+      if constexpr (!TM) attn::cp_async_commit();
     }
   }
   int pw[A]; /* page ids of steps t + S - 1 .. t + S - 2 + A */
@@ -672,20 +907,32 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
      * loaded one step ahead would pace the loop), load those of step t + S - 1 + A, then
      * wait for step t */
     if (t + S - 1 < nst) issue(t + S - 1, pw[0]);
-    attn::cp_async_commit();
+    if constexpr (!TM) attn::cp_async_commit();
 #pragma unroll
     for (int i = 0; i < A - 1; i++) pw[i] = pw[i + 1];
     pw[A - 1] = load_pid(t + S - 1 + A);
-    attn::cp_async_wait<S - 1>();
-    __syncwarp();
+    if constexpr (TM) {
+      pa_mbar_wait(bar0 + 8 * (t % S), (uint32_t)(t / S) & 1u);
+    } else {
+      attn::cp_async_wait<S - 1>();
+      __syncwarp();
+    }
 #ifdef OT_PA_TRACE
     if (t == 0) PA_TR(0, 3, pa_gtime());
 #endif
-    const int kb = kl + (t * kPaWarps + warp) * kPaStep;
-    pa_step<T, D>(ring + (size_t)(t % S) * 2 * kPaStep * D, qa, kb, kh, r_lo, r_hi, qk_scale,
-                  p.softcap, cap2, g, tq4, m_run, l_run, acc);
+    const int kb = kl + (t * NW + warp) * kPaStep;
+    bool nomask = false;
+    if constexpr (AL) { /* every (real) row of the tile sees the whole step */
+      bool whole = kb + kPaStep <= kh;
+#pragma unroll
+      for (int rr = 0; rr < 2; rr++)
+        whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
+      nomask = __all_sync(0xffffffffu, whole);
+    }
+    pa_step<T, D, TM, AL>(ring + (size_t)(t % S) * 2 * kPaStep * D, qa, kb, kh, r_lo, r_hi,
+                          qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc, nomask);
   }
-  attn::cp_async_wait<0>(); /* (only empty groups can be left) */
+  if constexpr (!TM) attn::cp_async_wait<0>(); /* (only empty groups can be left) */
   PA_TR(0, 4, pa_gtime());
 #ifndef OT_PA_TRACE_EPI
   PA_TR(0, 7, (unsigned long long)nst);
@@ -709,6 +956,8 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
    * below writes rows g (8) x features tq4 * 16 + c (4), which with rows D apart fell into
    * 2 banks (16-way conflicts) and with D + 2 into 16 (2-way) */
   constexpr int OS = pa_cfg<D, S>::kOS;
+  static_assert((size_t)NW * S * pa_cfg<D, S>::kStageBytes >= (size_t)NW * 16 * OS * sizeof(float),
+                "epilogue fits the ring");
   float *s_o = reinterpret_cast<float *>(pa_smem); /* [warps][16][OS] */
   if (tq4 == 0) {
     s_m[warp][g] = m_run[0], s_m[warp][g + 8] = m_run[1];
@@ -743,16 +992,16 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     if (R < rows) {
       float M = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < kPaWarps; w++) M = fmaxf(M, s_m[w][r]);
-      float L = 0.f, f[kPaWarps];
+      for (int w = 0; w < NW; w++) M = fmaxf(M, s_m[w][r]);
+      float L = 0.f, f[NW];
 #pragma unroll
-      for (int w = 0; w < kPaWarps; w++) {
+      for (int w = 0; w < NW; w++) {
         f[w] = M != -INFINITY ? exp2f(s_m[w][r] - M) : 0.f;
         L += s_l[w][r] * f[w];
       }
       const float inv = L > 0.f ? 1.f / L : 0.f;
 #pragma unroll
-      for (int w = 0; w < kPaWarps; w++) s_wt[w][r] = f[w] * inv;
+      for (int w = 0; w < NW; w++) s_wt[w][r] = f[w] * inv;
       const float lse = L > 0.f ? (M + log2f(L)) * kLn2 : -INFINITY;
       const int64_t tok = q0 + R / p.group, head = (int64_t)kvh * p.group + R % p.group;
       if (p.splits == 1) {
@@ -774,7 +1023,7 @@ __global__ void __launch_bounds__(kPaThreads, S <= 3 ? 2 : 1)
     if (off < 0) continue;
     float o = 0.f;
 #pragma unroll
-    for (int w = 0; w < kPaWarps; w++) o += s_o[((size_t)w * 16 + r) * OS + dd] * s_wt[w][r];
+    for (int w = 0; w < NW; w++) o += s_o[((size_t)w * 16 + r) * OS + dd] * s_wt[w][r];
     if (p.splits == 1) static_cast<T *>(p.out)[off + dd] = from_f32<T>(o);
     else p.part_o[off + dd] = o;
   }
@@ -941,17 +1190,26 @@ __device__ __forceinline__ void ps_win_load(const pa_params &p, ps_win &w, int64
   w.end = __shfl_sync(0xffffffffu, w.incl, 31);
 }
 
-template <typename T, int D, int S>
-__global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant__ pa_params p) {
+/* PP = pa_params_tm (D 128): the TMA ring of the split kernel's TM instance (one K and one V
+ * box per step; a unit's steps start at multiples of 16 keys, so a step is in one page of
+ * 16 x m keys) in place of the evict-first cp.async copies. */
+template <typename T, int D, int S, typename PP = pa_params, bool AL = false>
+__global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant__ PP p) {
   constexpr int KS = D / 16, NT = D / 8, VH = D / 64;
   constexpr int A = kPaPidAhead;
+  constexpr bool TM = pa_is_tm<PP>::value;
+  static_assert(!TM || D == 128, "the TMA ring is laid out for head_dim 128");
+  static_assert(!AL || (D == 128 && !TM), "the aligned copies are laid out for head_dim 128");
   static_assert(kPsMeta > S - 1 + A, "the metadata ring holds every unit in flight");
   extern __shared__ __align__(16) unsigned char pa_smem[];
   __shared__ int s_meta[kPaWarps][kPsMeta][8];
+  __shared__ __align__(8) uint64_t s_bar[TM ? kPaWarps : 1][TM ? S : 1];
   PA_TR(0, 0, pa_gtime());
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq4 = lane & 3;
+  uint32_t bar0 = 0; /* TM: this warp's stage-0 mbarrier (stage s: bar0 + 8 s) */
+  if constexpr (TM) bar0 = pa_ring_bars<S>(&s_bar[warp][0], lane);
   const int wg = blockIdx.x * kPaWarps + warp, wtot = gridDim.x * kPaWarps;
   ot_pdl_wait(); /* a programmatic dependent: see pa_mma_kernel */
   PA_TR(0, 1, pa_gtime());
@@ -990,7 +1248,16 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
   if (n > 0) {
     const int64_t head_stride = (int64_t)p.bs * D;
     const T *kp = static_cast<const T *>(p.k_pages), *vp = static_cast<const T *>(p.v_pages);
-    T *ring = reinterpret_cast<T *>(pa_smem) + (size_t)warp * S * 2 * kPaStep * D;
+    unsigned char *ring_base = pa_smem;
+    if constexpr (TM) ring_base += (1024u - (attn::smem_u32(pa_smem) & 1023u)) & 1023u;
+    T *ring = reinterpret_cast<T *>(ring_base) + (size_t)warp * S * 2 * kPaStep * D;
+    /* AL (pages of 16 x m keys): a unit's steps start at multiples of 16 keys of its
+     * sequence, so a whole step is one 4 KB run of a page (pa_fc_copy). (Not through
+     * pa_warp_ring, which the split kernel uses: here it compiled to other SASS than the
+     * measured build's.) */
+    uint32_t fc_s[4] = {0, 0, 0, 0};
+    int fc_g = 0;
+    if constexpr (AL) pa_fc_offsets(ring, lane, fc_s, fc_g);
     PA_TR(0, 2, pa_gtime());
     int *meta = &s_meta[warp][0][0];
     int lu = 0; /* unit entries written */
@@ -1037,6 +1304,30 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
       return pg * p.hkv + kvh;
     };
     auto issue = [&](int t, int e) {
+      if constexpr (AL) {
+        /* lane 0: the slab of the step's first key, lane 16 its slot; lane 15 >= 0: the
+         * step's last key is in the sequence (a whole step) */
+        const int slab = __shfl_sync(0xffffffffu, e, 0);
+        const int slot = __shfl_sync(0xffffffffu, e, 16);
+        const int last = __shfl_sync(0xffffffffu, e, 15);
+        if (last >= 0) {
+          const int64_t off = (int64_t)slab * head_stride + (int64_t)slot * D + fc_g;
+          const uint32_t so = (uint32_t)((t % S) * 2 * kPaStep * D * sizeof(T));
+          const uint32_t sd[4] = {fc_s[0] + so, fc_s[1] + so, fc_s[2] + so, fc_s[3] + so};
+          pa_fc_copy<0, true>(sd, kp + off, vp + off, pa_copy_policy<true>());
+          return;
+        }
+      }
+      if constexpr (TM) {
+        /* lane 0: the slab of the step's first key; lane 16: its slot */
+        const int slot = __shfl_sync(0xffffffffu, e, 16);
+        if (lane == 0) {
+          T *st = ring + (size_t)(t % S) * 2 * kPaStep * D;
+          pa_tma_step(attn::smem_u32(st), attn::smem_u32(st + kPaStep * D), &p.tk, &p.tv,
+                      bar0 + 8 * (t % S), e * p.bs + slot);
+        }
+        return;
+      }
       pa_copy_step<T, D, true>(ring + (size_t)(t % S) * 2 * kPaStep * D, kp, vp, lane,
                          [&](int kr) -> int64_t {
                            const int slab = __shfl_sync(0xffffffffu, e, kr);
@@ -1051,7 +1342,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
       if (s < n) issue(s, pq[s]);
-      attn::cp_async_commit();
+      if constexpr (!TM) attn::cp_async_commit();
     }
     int pw[A];
 #pragma unroll
@@ -1122,12 +1413,16 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
 #pragma unroll 1
     for (int t = 0; t < n; t++) {
       if (t + S - 1 < n) issue(t + S - 1, pw[0]);
-      attn::cp_async_commit();
+      if constexpr (!TM) attn::cp_async_commit();
 #pragma unroll
       for (int i = 0; i < A - 1; i++) pw[i] = pw[i + 1];
       pw[A - 1] = load_step(t + S - 1 + A);
-      attn::cp_async_wait<S - 1>();
-      __syncwarp();
+      if constexpr (TM) {
+        pa_mbar_wait(bar0 + 8 * (t % S), (uint32_t)(t / S) & 1u);
+      } else {
+        attn::cp_async_wait<S - 1>();
+        __syncwarp();
+      }
 #ifdef OT_PA_TRACE
       if (t == 0) PA_TR(0, 3, pa_gtime());
 #endif
@@ -1145,10 +1440,20 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
         m_run[0] = m_run[1] = -INFINITY;
         l_run[0] = l_run[1] = 0.f;
       }
-      pa_step<T, D>(ring + (size_t)(t % S) * 2 * kPaStep * D, qa, (gs - u_s0) * kPaStep, u_len,
-                    r_lo, r_hi, qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc);
+      bool nomask = false;
+      if constexpr (AL) { /* as the split kernel's */
+        const int kb = (gs - u_s0) * kPaStep;
+        bool whole = kb + kPaStep <= u_len;
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++)
+          whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
+        nomask = __all_sync(0xffffffffu, whole);
+      }
+      pa_step<T, D, TM, AL>(ring + (size_t)(t % S) * 2 * kPaStep * D, qa, (gs - u_s0) * kPaStep,
+                            u_len, r_lo, r_hi, qk_scale, p.softcap, cap2, g, tq4, m_run, l_run,
+                            acc, nomask);
     }
-    attn::cp_async_wait<0>();
+    if constexpr (!TM) attn::cp_async_wait<0>();
     PA_TR(0, 4, pa_gtime());
     PA_TR(0, 7, (unsigned long long)n);
     ot_pdl_launch_dependents();
@@ -1305,13 +1610,20 @@ __global__ void __launch_bounds__(128) pa_simple_kernel(const __grid_constant__ 
 
 /* ---- host side -------------------------------------------------------------------------- */
 
+/* Dynamic shared memory of a split-kernel instance: the rings (the TMA ones aligned to
+ * 1024 bytes inside it, hence 1 KB more). */
+template <int D, int S, typename P, int NW = kPaWarps> constexpr size_t pa_smem_of() {
+  return (size_t)NW * S * pa_cfg<D, S>::kStageBytes + (pa_is_tm<P>::value ? 1024 : 0);
+}
+
 /* The kernel's shared-memory attributes (dynamic size past 48 KB, the largest carveout so
  * that 2 CTAs fit an SM) and its CTAs per SM on the context's device, both once per
  * device (first 16 devices: occupancy differs between GPU models). 0 on failure. Host
  * threads may ask at once: an entry is stored (release) after the attributes are set and
  * read with acquire, so a thread that finds it launches after the attributes. */
 template <typename K>
-static int pa_kernel_ctas_per_sm(K kernel, size_t smem, int dev, std::atomic<int> *cached) {
+static int pa_kernel_ctas_per_sm(K kernel, size_t smem, int dev, std::atomic<int> *cached,
+                                 int threads = kPaThreads) {
   if (dev >= 0 && dev < 16) {
     const int c = cached[dev].load(std::memory_order_acquire);
     if (c != 0) return c > 0 ? c : 0;
@@ -1325,7 +1637,7 @@ static int pa_kernel_ctas_per_sm(K kernel, size_t smem, int dev, std::atomic<int
     return 0;
   }
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kPaThreads, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) !=
           cudaSuccess || n < 1) {
     (void)cudaGetLastError();
     n = 1;
@@ -1333,17 +1645,72 @@ static int pa_kernel_ctas_per_sm(K kernel, size_t smem, int dev, std::atomic<int
   if (dev >= 0 && dev < 16) cached[dev].store(n, std::memory_order_release);
   return n;
 }
-template <typename T, int D, int S, bool XT>
+template <typename T, int D, int S, bool XT, typename P = pa_params, bool AL = false,
+          int NW = kPaWarps>
 static int pa_ctas_per_sm(int dev) {
   /* > 0: CTAs per SM; -1: the shared memory is not available ("= {}": see pdl.cuh) */
   static std::atomic<int> cached[16] = {};
-  return pa_kernel_ctas_per_sm(pa_mma_kernel<T, D, S, XT>, pa_cfg<D, S>::kSmem, dev, cached);
+  return pa_kernel_ctas_per_sm(pa_mma_kernel<T, D, S, XT, P, AL, NW>, pa_smem_of<D, S, P, NW>(),
+                               dev, cached, 32 * NW);
 }
-template <typename T, int D, int S>
+template <typename T, int D, int S, typename P = pa_params, bool AL = false>
 static int ps_ctas_per_sm(int dev) {
   static std::atomic<int> cached[16] = {};
-  return pa_kernel_ctas_per_sm(ps_kernel<T, D, S>, pa_cfg<D, S>::kSmem, dev, cached);
+  return pa_kernel_ctas_per_sm(ps_kernel<T, D, S, P, AL>, pa_smem_of<D, S, P>(), dev, cached);
 }
+
+#ifdef OT_PA_TMA /* experiment builds: the TMA ring (decode round 7: slower back to back) */
+/* Whether the TMA instances may run on cs's device: built with sm_90a code (the instances
+ * of the sm_80 pass trap), a 9.0 device, the kernel's binary for it (ptx >= 90), and the
+ * driver's tensor-map encoder. Once per device. */
+template <typename T>
+static bool pa_tma_kernel_ok(const ot_cuda_state *cs) {
+#ifdef OT_HAVE_SM90A
+  static std::atomic<int> cached[16] = {};
+  return ot_per_device(cs, cached, [cs]() {
+           bool ok = cs->cc_major == 9 && cs->cc_minor == 0 && sm90::encode_fn() != NULL;
+           if (ok) {
+             cudaFuncAttributes fa;
+             if (cudaFuncGetAttributes(&fa, pa_mma_kernel<T, 128, 3, false, pa_params_tm>) ==
+                 cudaSuccess)
+               ok = fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
+             else
+               ok = false, (void)cudaGetLastError();
+           }
+           return ok ? 1 : -1;
+         }) > 0;
+#else
+  (void)cs;
+  return false;
+#endif
+}
+
+/* The tensor map of k_pages or v_pages for the TMA instance (pa_params_tm): {64, 2, rows}
+ * elements, rows = pages x heads_kv x block_size of 256 bytes, box {64, 2, 16}, 128-byte
+ * swizzle. False when the driver refuses it. */
+static bool pa_encode_pages(CUtensorMap *m, const void *base, bool bf16, int64_t rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 fn = sm90::encode_fn();
+  if (!fn) return false;
+  cuuint64_t dims[3] = {64, 2, (cuuint64_t)rows};
+  cuuint64_t strides[2] = {128, 256};
+  cuuint32_t box[3] = {64, 2, (cuuint32_t)kPaStep};
+  cuuint32_t estr[3] = {1, 1, 1};
+  return fn(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+            const_cast<void *>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* Whether a call may take the TMA ring: head_dim 128 (checked by the caller), pages of a
+ * multiple of 16 keys, 16-byte aligned page arrays, and pages x heads_kv x block_size
+ * rows within int32 (the copy's row coordinate). */
+static bool pa_tma_shape_ok(const pa_params &p) {
+  return p.bs % kPaStep == 0 && ((uintptr_t)p.k_pages & 15) == 0 &&
+         ((uintptr_t)p.v_pages & 15) == 0 &&
+         (double)p.num_pages * p.hkv * p.bs < 2147483647.0;
+}
+
+#endif
 
 /* Whether the merge kernel may be launched as a programmatic dependent (PDL) of the main
  * kernel on this device (ot_pdl_ok, pdl.cuh: its sm_90 code waits for the partials). */
@@ -1355,9 +1722,9 @@ static bool pa_merge_pdl(const ot_cuda_state *cs) {
 
 /* The kernel's chunk for s splits of len keys (>= kPaMinChunk, a multiple of 64) and the
  * splits that chunk leaves non-empty. */
-static int64_t pa_chunk(int64_t len, int64_t s, int64_t *nonempty) {
+static int64_t pa_chunk(int64_t len, int64_t s, int64_t *nonempty, int64_t min_chunk = kPaMinChunk) {
   int64_t chunk = (len + s - 1) / s;
-  chunk = chunk < kPaMinChunk ? kPaMinChunk : (chunk + 63) / 64 * 64;
+  chunk = chunk < min_chunk ? min_chunk : (chunk + 63) / 64 * 64;
   *nonempty = len > 0 ? (len + chunk - 1) / chunk : 1;
   return chunk;
 }
@@ -1365,8 +1732,9 @@ static int64_t pa_chunk(int64_t len, int64_t s, int64_t *nonempty) {
 /* Splits per sequence: among s = 1 .. ceil(len / kPaMinChunk), the wave-quantized time
  * ceil(base * s' / slots) * chunk(s) (s' = the non-empty splits of that chunk), the fewest
  * splits within 2% of the best; returns s' (so no split is empty at the estimated len). */
-static double pa_plan_cost(int64_t base, int64_t est_len, int64_t slots, int64_t s, int64_t *ne) {
-  const int64_t chunk = pa_chunk(est_len, s, ne);
+static double pa_plan_cost(int64_t base, int64_t est_len, int64_t slots, int64_t s, int64_t *ne,
+                           int64_t min_chunk) {
+  const int64_t chunk = pa_chunk(est_len, s, ne, min_chunk);
   const int64_t waves = (base * *ne + slots - 1) / slots;
   /* chunks under kPaWaveChunk keys only in a launch of one wave: the model ignores each
    * CTA's fixed start, and with chunks of 64 it chose 32 splits of 128 keys (63 waves) at
@@ -1374,33 +1742,37 @@ static double pa_plan_cost(int64_t base, int64_t est_len, int64_t slots, int64_t
   if (s > 1 && chunk < kPaWaveChunk && waves > 1) return 1e300;
   return (double)waves * (double)chunk;
 }
-static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots) {
-  /* the plan depends on these three only, and they repeat from call to call (every layer
-   * of a decode step; every step until the table grows): the last one is kept per host
-   * thread. The scan (up to 2 x 1024 chunks since s reaches ceil(len / 64), three 64-bit
-   * divisions each) took 18-32 us of host time per call at 128 x 32k / 1 x 64k. */
-  static thread_local int64_t last_args[3] = {-1, -1, -1};
-  static thread_local int last_splits = 1;
-  if (base == last_args[0] && est_len == last_args[1] && slots == last_args[2]) return last_splits;
+static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots,
+                          int64_t min_chunk = kPaMinChunk) {
+  /* the plan depends on these four only, and they repeat from call to call (every layer
+   * of a decode step; every step until the table grows): the last one per minimum chunk
+   * (4- and 8-warp CTAs) is kept per host thread. The scan (up to 2 x 1024 chunks since s
+   * reaches ceil(len / 64), three 64-bit divisions each) took 18-32 us of host time per
+   * call at 128 x 32k / 1 x 64k. */
+  static thread_local int64_t last_args[2][3] = {{-1, -1, -1}, {-1, -1, -1}};
+  static thread_local int last_splits[2] = {1, 1};
+  const int ci = min_chunk == kPaMinChunk ? 0 : 1;
+  if (base == last_args[ci][0] && est_len == last_args[ci][1] && slots == last_args[ci][2])
+    return last_splits[ci];
   /* rounded up: a table of 2080 keys (the engine's, sized for max_len) may take 33 chunks of
    * 64, which rounding down ruled out (17 of 128 instead) */
-  int64_t max_s = (est_len + kPaMinChunk - 1) / kPaMinChunk;
+  int64_t max_s = (est_len + min_chunk - 1) / min_chunk;
   if (max_s < 1) max_s = 1;
   if (max_s > 1024) max_s = 1024;
   double best = 1e30;
   int64_t ne;
   for (int64_t s = 1; s <= max_s; s++) {
-    const double c = pa_plan_cost(base, est_len, slots, s, &ne);
+    const double c = pa_plan_cost(base, est_len, slots, s, &ne, min_chunk);
     if (c < best) best = c;
   }
   int splits = 1;
   for (int64_t s = 1; s <= max_s; s++)
-    if (pa_plan_cost(base, est_len, slots, s, &ne) <= best * 1.02) {
+    if (pa_plan_cost(base, est_len, slots, s, &ne, min_chunk) <= best * 1.02) {
       splits = (int)ne;
       break;
     }
-  last_args[0] = base, last_args[1] = est_len, last_args[2] = slots;
-  last_splits = splits;
+  last_args[ci][0] = base, last_args[ci][1] = est_len, last_args[ci][2] = slots;
+  last_splits[ci] = splits;
   return splits;
 }
 
@@ -1436,12 +1808,23 @@ struct pa_env {
   int splits;       /* its value when > 0 (at most 65535), else 0 */
   int stream_ctas;  /* OT_PAGED_STREAM_CTAS when > 0, else 0 */
   bool pdl;         /* OT_PAGED_PDL not "0": main kernels launched as programmatic dependents */
+  bool tma;         /* OT_PAGED_TMA (experiment builds, -DOT_PA_TMA): "1" the TMA ring where
+                     * it can run (unset: OT_PA_TMA_DEFAULT) */
+  bool aligned;     /* OT_PAGED_ALIGNED not "0": the AL instance for pages of 16 x m keys */
+  int warps;        /* OT_PAGED_WARPS: 4 or 8 forces the split kernel's CTA size (8: AL
+                     * calls without the early start), 0 the plan's choice */
 };
+
+#ifndef OT_PA_TMA_DEFAULT
+#define OT_PA_TMA_DEFAULT 0
+#endif
 
 static pa_env pa_read_env() {
   pa_env e;
   memset(&e, 0, sizeof e);
   e.pdl = true;
+  e.tma = OT_PA_TMA_DEFAULT != 0;
+  e.aligned = true;
   ot_env_scan("OT_", [&](const char *name, size_t n, const char *val) {
     const auto is = [&](const char *full) { return ot_env_name_is(name, n, full); };
     if (is("OT_DEBUG")) {
@@ -1459,15 +1842,39 @@ static pa_env pa_read_env() {
       e.stream_ctas = x > 0 ? x : 0;
     } else if (is("OT_PAGED_PDL")) {
       e.pdl = !ot_env_is_zero(val);
+    } else if (is("OT_PAGED_TMA")) {
+      e.tma = !ot_env_is_zero(val);
+    } else if (is("OT_PAGED_ALIGNED")) {
+      e.aligned = !ot_env_is_zero(val);
+    } else if (is("OT_PAGED_WARPS")) {
+      const int x = atoi(val);
+      e.warps = x == 4 || x == 8 ? x : 0;
     }
   });
   return e;
 }
 
+#ifdef OT_PA_TMA
+/* The TMA instances' parameters (pa_params_tm: p and the two tensor maps) when the call
+ * takes the TMA ring (OT_PAGED_TMA, pa_tma_shape_ok, pa_tma_kernel_ok, both maps encoded). */
+template <typename T>
+static bool pa_tma_params(const ot_cuda_state *cs, const pa_env &env, const pa_params &p,
+                          pa_params_tm *tp) {
+  if (!env.tma || p.d != 128 || !pa_tma_shape_ok(p) || !pa_tma_kernel_ok<T>(cs)) return false;
+  memset(tp, 0, sizeof *tp);
+  static_cast<pa_params &>(*tp) = p;
+  const int64_t rows = p.num_pages * p.hkv * p.bs;
+  const bool bf16 = std::is_same<T, __nv_bfloat16>::value;
+  return pa_encode_pages(&tp->tk, p.k_pages, bf16, rows) &&
+         pa_encode_pages(&tp->tv, p.v_pages, bf16, rows);
+}
+#endif
+
 /* What the last call on this host thread launched: bench/decode_shim.c reports it, so the
  * benchmark checks that a forced kernel ran (kernel 1 split, 2 stream, 3 simple); flags:
  * 1 a programmatic dependent, 4 an early start (paged_kv_ready; 2 is unused: it marked a
- * merge fused into the split kernel, measured and removed). */
+ * merge fused into the split kernel, measured and removed), 8 the TMA ring (experiment
+ * builds), 16 the aligned-page (AL) instance, 32 8-warp CTAs. */
 struct pa_plan_rec {
   int kernel, splits, ctas, flags;
 };
@@ -1476,10 +1883,24 @@ static thread_local pa_plan_rec pa_last_plan;
 /* A main kernel (dynamic shared memory smem), as a programmatic dependent of the previous
  * kernel on st when pdl: its CTAs may become resident while that kernel drains, and wait
  * (griddepcontrol.wait, before their first global access) for its completion. */
-template <typename K>
+template <typename K, typename P>
 static cudaError_t pa_launch_main(bool pdl, K *f, unsigned grid, size_t smem, cudaStream_t st,
-                                  const pa_params &p) {
-  return ot_launch_pdl_smem(pdl, f, dim3(grid), dim3(kPaThreads), smem, st, p);
+                                  const P &p, int threads = kPaThreads) {
+  return ot_launch_pdl_smem(pdl, f, dim3(grid), dim3(threads), smem, st, p);
+}
+
+/* One instance of the split kernel (its shared memory attributes once per device), ctas
+ * CTAs as a programmatic dependent when pdl. */
+template <typename T, int D, int S, bool XT, typename P, bool AL, int NW = kPaWarps>
+static ot_status pa_launch_inst(const ot_cuda_state *cs, bool pdl, int64_t ctas, cudaStream_t s,
+                                const P &p, const char *op) {
+  const size_t smem = pa_smem_of<D, S, P, NW>();
+  if (pa_ctas_per_sm<T, D, S, XT, P, AL, NW>(cs->device) < 1)
+    return ot_error(OT_ERR_BACKEND, op, "cannot give the decode kernel %zu bytes of shared memory",
+                    smem);
+  OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S, XT, P, AL, NW>, (unsigned)ctas,
+                                   smem, s, p, 32 * NW));
+  return OT_OK;
 }
 
 /* Keys within one split must fit int32 (the kernel indexes them relative to the split's
@@ -1516,6 +1937,34 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   const int64_t est_len = p.num_indices * p.bs / p.batch;
   const int64_t slots = (int64_t)cs->sm_count * per_sm;
   int splits = pa_plan_splits(tiles_est * p.hkv, est_len, slots);
+  /* The XT kernel (head_dim 128): the early start the caller allows (p.early; not under
+   * OT_DEBUG, whose flag memset is no kernel); the other head dims ignore it */
+#ifdef OT_PA_FORCE_EARLY /* A/B builds: every call as if the caller set paged_kv_ready */
+  p.early = 1;
+#endif
+  if (D != 128 || env.debug) p.early = 0;
+  const bool xt = p.early != 0;
+  /* the AL instances: pages of 16 x m keys (OT_PAGED_ALIGNED not 0) */
+  const bool al = D == 128 && env.aligned && p.bs % kPaStep == 0;
+  /* 8-warp CTAs (AL, no early start; OT_PAGED_WARPS=8 / 4 forces them / the 4-warp ones):
+   * one CTA per SM with the same 8 warps, so a launch that the 4-warp plan splits only to
+   * fill the GPU takes half the splits: taken where the 8-warp plan is one wave filling at
+   * least 90% of the SMs and the 4-warp plan has splits to merge (16 x 4k: one split, no
+   * merge; 1 x 64k: 16 of 4096 keys; H200, decode round 7) */
+  bool w8 = false;
+  if constexpr (D == 128) {
+    if (al && !xt && env.warps != 4) {
+      const int per8 = pa_ctas_per_sm<T, D, S, false, pa_params, true, 8>(cs->device);
+      if (per8 >= 1) {
+        const int64_t slots8 = (int64_t)cs->sm_count * per8;
+        const int s8 = pa_plan_splits(tiles_est * p.hkv, est_len, slots8, 8 * kPaStep);
+        const int64_t ctas8 = tiles_upper * p.hkv * s8;
+        w8 = env.warps == 8 || (splits > 1 && ctas8 <= slots8 && ctas8 * 10 >= slots8 * 9);
+        if (w8) splits = s8;
+      }
+    }
+  }
+  const int64_t min_chunk = w8 ? 8 * kPaStep : kPaMinChunk;
   if (splits > 65535) splits = 65535;
   if (env.splits > 0) splits = env.splits; /* benchmarking / tests: force a count */
   const int min_splits = pa_min_splits(p);
@@ -1523,7 +1972,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   p.splits = splits;
   if (p.batch == 1) { /* the kernel's chunk at num_indices x block_size keys (pa_chunk) */
     int64_t ne;
-    p.chunk1 = pa_chunk(p.num_indices * p.bs, splits, &ne);
+    p.chunk1 = pa_chunk(p.num_indices * p.bs, splits, &ne, min_chunk);
   }
   const size_t partial = splits > 1 ? (size_t)splits * p.tq * p.hq * (D + 1) * sizeof(float) : 0;
   const double ctas_d = (double)tiles_upper * p.hkv * splits;
@@ -1532,31 +1981,37 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
     return ot_error(OT_ERR_UNSUPPORTED, op, "grid too large (%lld tiles x %d kv heads x %d splits)",
                     (long long)tiles_upper, p.hkv, splits);
   OT_TRY(pa_scratch(ctx, p, env.debug, partial, op));
-  /* The XT kernel (head_dim 128): the early start the caller allows (p.early; not under
-   * OT_DEBUG, whose flag memset is no kernel); the other head dims ignore it */
-#ifdef OT_PA_FORCE_EARLY /* A/B builds: every call as if the caller set paged_kv_ready */
-  p.early = 1;
-#endif
-  if (D != 128 || env.debug) p.early = 0;
-  const bool xt = p.early != 0;
   /* not after the OT_DEBUG flag's memset: programmatic dependence is between kernels (asked
    * of the plain instance for both: the XT one is the same file's code, same PTX version) */
   static std::atomic<int> main_pdl[16] = {};
   const bool pdl = env.pdl && !env.debug && ot_pdl_ok(cs, pa_mma_kernel<T, D, S, false>, main_pdl);
-  if (xt) {
-    if constexpr (D == 128) {
-      if (pa_ctas_per_sm<T, D, S, true>(cs->device) < 1)
-        return ot_error(OT_ERR_BACKEND, op,
-                        "cannot give the decode kernel %zu bytes of shared memory",
-                        pa_cfg<D, S>::kSmem);
-      OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S, true>, (unsigned)ctas,
-                                       pa_cfg<D, S>::kSmem, s, p));
+  /* the instance: the TMA ring (OT_PAGED_TMA, experiment builds), the aligned-page ones
+   * (AL, 4 or 8 warps), else the general one */
+  bool tm = false;
+#ifdef OT_PA_TMA
+  pa_params_tm tp;
+  if constexpr (D == 128) {
+    tm = pa_tma_params<T>(cs, env, p, &tp);
+    if (tm) {
+      if (xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params_tm, false>(cs, pdl, ctas, s, tp, op)));
+      else OT_TRY((pa_launch_inst<T, D, S, false, pa_params_tm, false>(cs, pdl, ctas, s, tp, op)));
     }
-  } else {
-    OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S, false>, (unsigned)ctas,
-                                     pa_cfg<D, S>::kSmem, s, p));
   }
-  pa_last_plan = pa_plan_rec{1, splits, (int)ctas, (pdl ? 1 : 0) | (p.early ? 4 : 0)};
+#endif
+  if (!tm) {
+    if constexpr (D == 128) {
+      if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true, 8>(cs, pdl, ctas, s, p, op)));
+      else if (al && xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, true>(cs, pdl, ctas, s, p, op)));
+      else if (al) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true>(cs, pdl, ctas, s, p, op)));
+      else if (xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, false>(cs, pdl, ctas, s, p, op)));
+      else OT_TRY((pa_launch_inst<T, D, S, false, pa_params, false>(cs, pdl, ctas, s, p, op)));
+    } else {
+      OT_TRY((pa_launch_inst<T, D, S, false, pa_params, false>(cs, pdl, ctas, s, p, op)));
+    }
+  }
+  pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
+                             (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
+                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
@@ -1593,9 +2048,26 @@ static ot_status ps_launch(ot_context *ctx, pa_params &p, const pa_env &env, con
   p.sp_o = (float *)(scr + 256 + desc_b + lse_b);
   static std::atomic<int> main_pdl[16] = {};
   const bool pdl = env.pdl && !env.debug && ot_pdl_ok(cs, ps_kernel<T, D, S>, main_pdl);
-  OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S>, (unsigned)ctas, pa_cfg<D, S>::kSmem,
-                                   s, p));
-  pa_last_plan = pa_plan_rec{2, 1, ctas, pdl ? 1 : 0};
+  bool tm = false;
+#ifdef OT_PA_TMA /* the TMA ring (OT_PAGED_TMA) as the split kernel's */
+  pa_params_tm tp;
+  tm = pa_tma_params<T>(cs, env, p, &tp) &&
+       ps_ctas_per_sm<T, D, S, pa_params_tm>(cs->device) == per_sm;
+  if (tm)
+    OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params_tm>, (unsigned)ctas,
+                                     pa_smem_of<D, S, pa_params_tm>(), s, tp));
+#endif
+  /* the AL instance (pages of 16 x m keys, OT_PAGED_ALIGNED not 0) where it fits the same
+   * grid */
+  const bool al = !tm && D == 128 && env.aligned && p.bs % kPaStep == 0 &&
+                  ps_ctas_per_sm<T, D, S, pa_params, true>(cs->device) == per_sm;
+  if (al)
+    OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params, true>, (unsigned)ctas,
+                                     pa_cfg<D, S>::kSmem, s, p));
+  else if (!tm)
+    OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S>, (unsigned)ctas, pa_cfg<D, S>::kSmem,
+                                     s, p));
+  pa_last_plan = pa_plan_rec{2, 1, ctas, (pdl ? 1 : 0) | (tm ? 8 : 0) | (al ? 16 : 0)};
   static std::atomic<int> pdl_cached[16] = {};
   OT_CUDA_CHECK(op, ot_launch_pdl(ot_pdl_ok(cs, ps_merge_kernel<T, D>, pdl_cached),
                                   ps_merge_kernel<T, D>, dim3((unsigned)wtot), dim3(kPaThreads), s,
