@@ -899,6 +899,8 @@ static ot_attention_params pcase_params(const pcase *c) {
  * start). */
 static const char *g_pmode = "";
 static int g_pflag_set = 0, g_pflag_clear = 0;
+/* paged_case_spare runs each case again with both split merges (paged_merge_bits) */
+static bool g_pmerge_bits = false;
 #ifdef OT_TEST_CUDA
 void ot_cuda_paged_last_plan(int out[4]); /* src/cuda/paged_attention.cu */
 #endif
@@ -917,6 +919,32 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
 #else
   (void)tr, (void)c, (void)dt, (void)ready, (void)call;
 #endif
+}
+
+/* g_pmerge_bits (CUDA): the call again with each split merge, OT_PAGED_MERGE=0
+ * (pa_merge_kernel) then 1 (pa_merge1_kernel, one round trip): the second keeps the first's
+ * summation order, so out and lse must be the same bits (outputs poisoned before each). */
+static void paged_merge_bits(test_run *tr, const ot_attention_params *prm, tbuf *q, tbuf *cu,
+                             const ot_paged_kv *kv, tbuf *out, tbuf *lse) {
+  void *so = NULL, *sl = NULL;
+  env_saved m = env_set("OT_PAGED_MERGE", "0");
+  for (int i = 0; i < 2; i++) {
+    if (i) setenv("OT_PAGED_MERGE", "1", 1);
+    tb_poison(out);
+    tb_poison(lse);
+    if (!tr_ok(tr, ot_paged_attention(tr->be->ctx, prm, tb_dl(q), tb_dl(cu), kv, tb_dl(out),
+                                      tb_dl(lse)),
+               i ? "OT_PAGED_MERGE=1" : "OT_PAGED_MERGE=0"))
+      break;
+    if (i == 0) {
+      so = tb_snapshot(out), sl = tb_snapshot(lse);
+    } else {
+      if (!tb_unchanged(out, so)) tr_fail(tr, "out differs between OT_PAGED_MERGE=0 and 1");
+      if (!tb_unchanged(lse, sl)) tr_fail(tr, "lse differs between OT_PAGED_MERGE=0 and 1");
+    }
+  }
+  env_restore(&m);
+  free(so), free(sl);
 }
 
 /* Case c against the reference, kv.indices with `spare` entries past the last sequence's
@@ -959,6 +987,7 @@ static void paged_case_spare(test_run *tr, const pcase *c, DLDataType dt, int64_
       if (!tb_unchanged(out, snap)) tr_fail(tr, "out differs when lse is NULL");
     }
     free(snap);
+    if (g_pmerge_bits) paged_merge_bits(tr, &prm, q, cu, &P.kv, out, lse);
   }
   free(qd), free(ro), free(rl);
   tb_free(q), tb_free(out), tb_free(lse), tb_free(cu);
@@ -1830,6 +1859,33 @@ static void paged_instance_cases(test_run *tr) {
   paged_mode_cases(tr, "w8 ", "OT_PAGED_WARPS", "8", 16 | 32, 0);
 }
 
+/* The split kernel's one-round merge (OT_PAGED_MERGE=1, pa_merge1_kernel) on the instance
+ * blocks' cases (paged_mode_cases: forced splits, batch 1 at the engine's heads, back to
+ * back, kv ready) and on more splits than one round of 128 (D 128 pages of 16, D 64 pages
+ * of 1), page sizes 1 and 256 at D 64, empty rows; each paged_case also run with both merges and
+ * compared bit for bit (paged_merge_bits). */
+static void paged_merge_cases(test_run *tr) {
+  g_pmerge_bits = true;
+  paged_mode_cases(tr, "merge1 ", "OT_PAGED_MERGE", "1", 0, 0);
+  env_saved m = env_set("OT_PAGED_MERGE", "1");
+  env_saved split = env_set("OT_PAGED_KERNEL", "split");
+  g_pmode = "merge1 ";
+  env_saved splits = env_set("OT_PAGED_SPLITS", "300");
+  paged_case(tr, &paged_cuda_long[0], DT_BF16);
+  setenv("OT_PAGED_SPLITS", "150", 1);
+  paged_case(tr, &paged_cuda_long[1], DT_F16);
+  setenv("OT_PAGED_SPLITS", "7", 1);
+  paged_case(tr, &paged_cuda_cases[1], DT_BF16); /* page size 1 */
+  paged_case(tr, &paged_cases[3], DT_F16);       /* D 64 pages of 256 */
+  paged_case(tr, &paged_cuda_cases[12], DT_BF16); /* empty sequences: rows of lse -inf */
+  paged_case(tr, &paged_cuda_cases[13], DT_F16);  /* causal sq > len: empty rows */
+  env_restore(&splits);
+  g_pmode = "";
+  env_restore(&split);
+  env_restore(&m);
+  g_pmerge_bits = false;
+}
+
 /* CUDA: the kernels (attention both paths, forced splits, append, OT_DEBUG); the arena,
  * pool and tracker tests write blocks with the host and run on the CPU backend. */
 static void run_memory_cuda(test_run *tr) {
@@ -1915,6 +1971,7 @@ static void run_memory_cuda(test_run *tr) {
   append_cases(tr);
   append_case(tr, DT_BF16, 16, 0, true, false, false);
   paged_instance_cases(tr);
+  paged_merge_cases(tr);
   paged_debug_case(tr, DT_BF16, 128);
   paged_debug_case(tr, DT_F32, 16);
   env_saved kern2 = env_set("OT_PAGED_KERNEL", "stream");

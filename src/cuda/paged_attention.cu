@@ -42,7 +42,11 @@
  *     us, 1 x 2k 12.79 -> 12.43, round 6).
  *   - One split: out and lse are written directly. Several: normalized O_s (fp32) and
  *     lse_s go to context scratch and a merge kernel (one CTA per (token, q head), the
- *     splits spread over its 4 warps) combines them (O = sum_s exp(lse_s - lse) O_s);
+ *     splits spread over its 4 warps) combines them (O = sum_s exp(lse_s - lse) O_s):
+ *     pa_merge1_kernel, every load issued at once after its PDL wait (one dependent
+ *     round trip; the same bits as pa_merge_kernel, which OT_PAGED_MERGE=0 keeps: same
+ *     process 1 x 2k 11.44 -> 10.62 us, with paged_kv_ready 10.17 -> 10.00, 1 x 8k
+ *     15.66 -> 13.65 with it, docs/PERFORMANCE.md);
  *     on sm_90 it is launched as a programmatic dependent of the main kernel (PDL), whose
  *     CTAs signal after their key loop, so its launch overlaps the main kernel's tail, and
  *     signals its own dependents at once. A merge fused into the last CTA of each unit (a
@@ -1033,9 +1037,39 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
 #endif
 }
 
+/* The merge kernels' O accumulation (acc += w o_s, lane's V features) and their end: the
+ * warps' partial sums through shared memory, summed in warp order, out and lse stored. */
+template <int V, typename VT>
+__device__ __forceinline__ void pa_merge_add(float *acc, float w, const VT &o) {
+  if constexpr (V == 4) {
+    acc[0] += w * o.x, acc[1] += w * o.y, acc[2] += w * o.z, acc[3] += w * o.w;
+  } else {
+    acc[0] += w * o.x, acc[1] += w * o.y;
+  }
+}
+template <typename T, int D>
+__device__ __forceinline__ void pa_merge_store(const pa_params &p, int64_t row,
+                                               float (*s_acc)[D], const float *acc, float lse) {
+  constexpr int V = D / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int v = 0; v < V; v++) s_acc[warp][lane * V + v] = acc[v];
+  __syncthreads();
+  const int64_t tok = row / p.hq, head = row - tok * p.hq;
+  T *o = static_cast<T *>(p.out) + tok * p.o_ts + head * p.o_hs;
+  for (int dd = threadIdx.x; dd < D; dd += kPaThreads) {
+    float a = 0.f;
+#pragma unroll
+    for (int w = 0; w < kPaWarps; w++) a += s_acc[w][dd];
+    o[dd] = from_f32<T>(a);
+  }
+  if (p.lse && threadIdx.x == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
+}
+
 /* ---- merge of the splits: one CTA per (token, q head) row -------------------------------- *
- * lse = log sum_s exp(lse_s) (a block reduction over the splits), then warp w sums
- * exp(lse_s - lse) O_s over splits s = w, w + 4, ... (lane: D / 32 features, the weights
+ * (OT_PAGED_MERGE=0; the default is pa_merge1_kernel, below, the same results in one
+ * round trip.) lse = log sum_s exp(lse_s) (a block reduction over the splits), then warp w
+ * sums exp(lse_s - lse) O_s over splits s = w, w + 4, ... (lane: D / 32 features, the weights
  * of 32 splits at a time loaded by the lanes and broadcast with shuffles, the O_s loads
  * independent), and the 4 partial sums add through shared memory. */
 template <typename T, int D>
@@ -1096,28 +1130,116 @@ __global__ void __launch_bounds__(kPaThreads) pa_merge_kernel(const __grid_const
         if (i >= n) break;
         const float w = __shfl_sync(0xffffffffu, wl, i);
         const float *src = po + (int64_t)(s0 + i * kPaWarps) * rs * D;
-        if constexpr (V == 4) {
-          const float4 o = *reinterpret_cast<const float4 *>(src);
-          acc[0] += w * o.x, acc[1] += w * o.y, acc[2] += w * o.z, acc[3] += w * o.w;
-        } else {
-          const float2 o = *reinterpret_cast<const float2 *>(src);
-          acc[0] += w * o.x, acc[1] += w * o.y;
-        }
+        if constexpr (V == 4) pa_merge_add<V>(acc, w, *reinterpret_cast<const float4 *>(src));
+        else pa_merge_add<V>(acc, w, *reinterpret_cast<const float2 *>(src));
       }
     }
   }
+  pa_merge_store<T, D>(p, row, s_acc, acc, lse);
+  PA_TR(1, 5, pa_gtime());
+  PA_TR(1, 6, (unsigned long long)pa_smid());
+}
+
+/* ---- the one-round merge (the default; OT_PAGED_MERGE=0: pa_merge_kernel): its results bit
+ * for bit with one dependent round trip after the PDL wait instead of four. Each warp
+ * issues at once every load the first 128 splits need: lane l's lse of splits l + 32 k
+ * (k < 4: thread 32 k + l of pa_merge_kernel's reductions), its weight lse (split
+ * warp + 4 l) and the O rows of the warp's first kPaMergeAhead splits (warp + 4 i); then
+ * reduces M and L on registers (every warp the whole block's reductions, in
+ * pa_merge_kernel's order: thread sums, warp_sum per virtual warp k, then k = 0..3; the
+ * xor-butterfly gives every lane the same bits) while the O loads are in flight, and
+ * weights and sums the O rows in pa_merge_kernel's order. One barrier (the warps' partial
+ * sums) instead of three. More splits (> 4 x kPaMergeAhead per warp or > 128) take further
+ * loads in chunks of kPaMergeAhead, still in the same summation order. */
+constexpr int kPaMergeAhead = 8; /* O rows per lane loaded before the reductions */
+template <typename T, int D>
+__global__ void __launch_bounds__(kPaThreads) pa_merge1_kernel(const __grid_constant__ pa_params p) {
+  constexpr int V = D / 32; /* features per lane */
+  constexpr int NL = kPaThreads / 32; /* lse per lane of the first 128 splits */
+  constexpr int NA = kPaMergeAhead;
+  using VT = typename std::conditional<V == 4, float4, float2>::type;
+  __shared__ float s_acc[kPaWarps][D];
+  PA_TR(1, 0, pa_gtime());
+  ot_pdl_wait(); /* the main kernel's partials */
+  PA_TR(1, 1, pa_gtime());
+  ot_pdl_launch_dependents();
+  const int64_t row = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t rs = p.tq * p.hq;
+  const int S = p.splits;
+  const float *pl = p.part_lse + row;
+  const float *po = p.part_o + row * D + lane * V;
+  /* every load of the first round, issued before any of them is used */
+  float ls[NL];
 #pragma unroll
-  for (int v = 0; v < V; v++) s_acc[warp][lane * V + v] = acc[v];
-  __syncthreads();
-  const int64_t tok = row / p.hq, head = row - tok * p.hq;
-  T *o = static_cast<T *>(p.out) + tok * p.o_ts + head * p.o_hs;
-  for (int dd = threadIdx.x; dd < D; dd += kPaThreads) {
-    float a = 0.f;
-#pragma unroll
-    for (int w = 0; w < kPaWarps; w++) a += s_acc[w][dd];
-    o[dd] = from_f32<T>(a);
+  for (int k = 0; k < NL; k++) {
+    const int s = lane + 32 * k;
+    ls[k] = s < S ? pl[(int64_t)s * rs] : -INFINITY;
   }
-  if (p.lse && threadIdx.x == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
+  const int sw = warp + lane * kPaWarps; /* this lane's weight split of round 0 */
+  const float lw0 = sw < S ? pl[(int64_t)sw * rs] : -INFINITY;
+  VT oa[NA];
+#pragma unroll
+  for (int i = 0; i < NA; i++) {
+    const int s = warp + i * kPaWarps;
+    if (s < S) oa[i] = *reinterpret_cast<const VT *>(po + (int64_t)s * rs * D);
+  }
+  /* M = max_s lse_s */
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < NL; k++) m = fmaxf(m, ls[k]);
+  for (int s = lane + kPaThreads; s < S; s += 32) m = fmaxf(m, pl[(int64_t)s * rs]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const float M = m;
+  /* L = sum_s exp(lse_s - M): pa_merge_kernel's thread 32 k + lane, then its warp k */
+  float L = 0.f;
+#pragma unroll
+  for (int k = 0; k < NL; k++) {
+    float l = 0.f;
+    if (M != -INFINITY) {
+      if (ls[k] != -INFINITY) l += expf(ls[k] - M);
+      for (int s = lane + 32 * k + kPaThreads; s < S; s += kPaThreads) {
+        const float x = pl[(int64_t)s * rs];
+        if (x != -INFINITY) l += expf(x - M);
+      }
+    }
+    L += warp_sum(l);
+  }
+  const float lse = M != -INFINITY ? M + logf(L) : -INFINITY;
+  float acc[V];
+#pragma unroll
+  for (int v = 0; v < V; v++) acc[v] = 0.f;
+  const auto add = [&](float w, const VT &o) { pa_merge_add<V>(acc, w, o); };
+  if (M != -INFINITY) {
+    for (int s0 = warp; s0 < S; s0 += 32 * kPaWarps) {
+      float lw = lw0;
+      if (s0 != warp) {
+        const int sl = s0 + lane * kPaWarps;
+        lw = sl < S ? pl[(int64_t)sl * rs] : -INFINITY;
+      }
+      const float wl = lw != -INFINITY ? expf(lw - lse) : 0.f;
+      const int n = (S - s0 + kPaWarps - 1) / kPaWarps; /* splits of this round */
+      int i0 = 0;
+      if (s0 == warp) { /* the rows already loaded */
+#pragma unroll
+        for (int i = 0; i < NA; i++)
+          if (i < n) add(__shfl_sync(0xffffffffu, wl, i), oa[i]);
+        i0 = NA;
+      }
+      for (; i0 < 32 && i0 < n; i0 += NA) {
+        VT ob[NA];
+#pragma unroll
+        for (int i = 0; i < NA; i++)
+          if (i0 + i < n)
+            ob[i] = *reinterpret_cast<const VT *>(po + (int64_t)(s0 + (i0 + i) * kPaWarps) * rs * D);
+#pragma unroll
+        for (int i = 0; i < NA; i++)
+          if (i0 + i < n) add(__shfl_sync(0xffffffffu, wl, i0 + i), ob[i]);
+      }
+    }
+  }
+  pa_merge_store<T, D>(p, row, s_acc, acc, lse);
   PA_TR(1, 5, pa_gtime());
   PA_TR(1, 6, (unsigned long long)pa_smid());
 }
@@ -1719,6 +1841,11 @@ static bool pa_merge_pdl(const ot_cuda_state *cs) {
   static std::atomic<int> cached[16] = {}; /* 1: yes, -1: no */
   return ot_pdl_ok(cs, pa_merge_kernel<T, D>, cached);
 }
+template <typename T, int D>
+static bool pa_merge1_pdl(const ot_cuda_state *cs) {
+  static std::atomic<int> cached[16] = {};
+  return ot_pdl_ok(cs, pa_merge1_kernel<T, D>, cached);
+}
 
 /* The kernel's chunk for s splits of len keys (>= kPaMinChunk, a multiple of 64) and the
  * splits that chunk leaves non-empty. */
@@ -1813,7 +1940,13 @@ struct pa_env {
   bool aligned;     /* OT_PAGED_ALIGNED not "0": the AL instance for pages of 16 x m keys */
   int warps;        /* OT_PAGED_WARPS: 4 or 8 forces the split kernel's CTA size (8: AL
                      * calls without the early start), 0 the plan's choice */
+  bool merge1;      /* OT_PAGED_MERGE not "0": the split kernel's one-round merge
+                     * (pa_merge1_kernel), "0": pa_merge_kernel; unset: OT_PA_MERGE1_DEFAULT */
 };
+
+#ifndef OT_PA_MERGE1_DEFAULT
+#define OT_PA_MERGE1_DEFAULT 1
+#endif
 
 #ifndef OT_PA_TMA_DEFAULT
 #define OT_PA_TMA_DEFAULT 0
@@ -1825,6 +1958,7 @@ static pa_env pa_read_env() {
   e.pdl = true;
   e.tma = OT_PA_TMA_DEFAULT != 0;
   e.aligned = true;
+  e.merge1 = OT_PA_MERGE1_DEFAULT != 0;
   ot_env_scan("OT_", [&](const char *name, size_t n, const char *val) {
     const auto is = [&](const char *full) { return ot_env_name_is(name, n, full); };
     if (is("OT_DEBUG")) {
@@ -1849,6 +1983,8 @@ static pa_env pa_read_env() {
     } else if (is("OT_PAGED_WARPS")) {
       const int x = atoi(val);
       e.warps = x == 4 || x == 8 ? x : 0;
+    } else if (is("OT_PAGED_MERGE")) {
+      e.merge1 = !ot_env_is_zero(val);
     }
   });
   return e;
@@ -2016,8 +2152,12 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
       return ot_error(OT_ERR_UNSUPPORTED, op, "merge grid too large (%lld rows)", (long long)rows);
-    OT_CUDA_CHECK(op, ot_launch_pdl(pa_merge_pdl<T, D>(cs), pa_merge_kernel<T, D>,
-                                    dim3((unsigned)rows), dim3(kPaThreads), s, p));
+    if (env.merge1)
+      OT_CUDA_CHECK(op, ot_launch_pdl(pa_merge1_pdl<T, D>(cs), pa_merge1_kernel<T, D>,
+                                      dim3((unsigned)rows), dim3(kPaThreads), s, p));
+    else
+      OT_CUDA_CHECK(op, ot_launch_pdl(pa_merge_pdl<T, D>(cs), pa_merge_kernel<T, D>,
+                                      dim3((unsigned)rows), dim3(kPaThreads), s, p));
   }
   return OT_OK;
 }
