@@ -589,7 +589,9 @@ def ab(args):
     """--ab: builds (one shim each, loaded in this process) and SDPA cuDNN / flash timed round
     by round at each page-16 shape, the builds' order reversed every other round (a drift
     of the GPU's state over a row then weighs on each build alike). Also the largest
-    |difference| of each build's output from the first's (same inputs)."""
+    |difference| of each build's output from the first's (same inputs; 0.0 only when the
+    bits are the same). A build NAME=SHIM@VAR=VALUE@... is SHIM with those variables (and
+    the key kv_ready, run_env) set around its calls; --ab-shapes picks the shapes."""
     shims, envs, builds = {}, {}, []
     for x in args.ab.split(","):  # NAME=SHIM[@VAR=VALUE...]: a build, or one with its env
         n, spec = x.split("=", 1)
@@ -670,8 +672,10 @@ def main():
     ap.add_argument("--peers", action="store_true",
                     help="with --quick: also the read ceiling and cuDNN / flash SDPA on the "
                     "contiguous cache, in the same process (else ignored)")
-    ap.add_argument("--ab", metavar="NAME=SHIM,NAME=SHIM,...",
-                    help="same-process A/B of builds (--shim is not loaded): at the page-16 shapes "
+    ap.add_argument("--ab", metavar="NAME=SHIM[@VAR=VALUE...],...",
+                    help="same-process A/B of builds (--shim is not loaded; a build may be a shim "
+                    "with environment variables, or kv_ready=1, set around its calls, e.g. "
+                    "new=lib.so@OT_PAGED_MERGE=1): at the page-16 shapes "
                     "(SHAPES + ENGINE_SHAPES), --rounds rounds of each build's default call and SDPA "
                     "cuDNN / flash on the same cache made contiguous, the order of the builds "
                     "alternating by round; medians and every round's us per call (-> --json), and exit")
