@@ -8,19 +8,33 @@
 #      blocks: against the float64 reference and both merges bit for bit) -> $OUT/test.log;
 #   3. compute-sanitizer memcheck + racecheck on "${SAN_FILTER:-merge1 back to back}" (batch 1
 #      at the engine's heads, 2049 keys, and a B5 case, two calls back to back) -> $OUT/san.log.
-# Binaries come prebuilt (scripts/device_merge.sh --pack here: build-merge/{test_ops,
-# libdecode_shim.so} and the carried deps into .devcarry-merge/; run with carry
-# [".devcarry-merge"]); the bench script travels with them (bench_decode.py of the pack).
+# Binaries come prebuilt: scripts/device_merge.sh --pack [BUILD_DIR] here (default
+# build-merge, an sm_90a Release build: cmake -S . -B build-merge -G Ninja
+# -DCMAKE_BUILD_TYPE=Release -DOT_CUDA_ARCHS=90a; its ops_transformer_static and test_ops
+# are built unless PACK_NO_BUILD=1) links the decode shim and packs tests/test_ops, the shim,
+# the carried deps and bench/bench_decode.py (BENCH_PY) into .devcarry-merge/; run with carry
+# [".devcarry-merge"].
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 CARRY=.devcarry-merge
 if [ "${1:-}" = "--pack" ]; then
   set -e
-  mkdir -p "$CARRY"
+  B=${2:-build-merge}
+  CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+  if [ "${PACK_NO_BUILD:-0}" != 1 ]; then
+    [ -f "$B/build.ninja" ] || cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOT_CUDA_ARCHS=90a
+    cmake --build "$B" -j2 --target ops_transformer_static test_ops
+  fi
+  cc -O2 -shared -fPIC bench/decode_shim.c -Iinclude -Isrc -I.carry/deps/include -I"$CUDA_HOME/include" \
+    "$B/libops_transformer.a" -L"$CUDA_HOME/lib64" -L.carry/deps/lib -lcudart -lcublasLt -lopenblas \
+    -fopenmp -lm -lstdc++ -o "$B/libdecode_shim.so"
+  mkdir -p "$CARRY/stage"
   grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude
-  tar czf "$CARRY/prebuilt.tar.gz" -C build-merge test_ops libdecode_shim.so
-  cp .devcarry-paged/deps.tar.gz "$CARRY/deps.tar.gz" 2>/dev/null || tar czf "$CARRY/deps.tar.gz" -C .carry/deps lib include
+  cp "$B/tests/test_ops" "$B/libdecode_shim.so" "$CARRY/stage/"
+  tar czf "$CARRY/prebuilt.tar.gz" -C "$CARRY/stage" test_ops libdecode_shim.so
+  rm -rf "$CARRY/stage"
+  tar czf "$CARRY/deps.tar.gz" -C .carry/deps lib include
   cp "${BENCH_PY:-bench/bench_decode.py}" "$CARRY/bench_decode.py"
   git rev-parse HEAD >"$CARRY/commit.txt"
   ls -la "$CARRY"
