@@ -24,8 +24,13 @@ main kernel ran (the torch profiler's kernel names: attn_bwd_sm90_kernel<T, D, X
 nothing if a check fails or a shim named in --expect-x NAME=X ran another X (a switch the
 build does not read runs the default kernel silently).
 
+--wait-for FILE: after the checks, wait (at most 600 s) until FILE exists before any timing, so
+that the import and the checks run beside other work of the same device call (tests,
+compute-sanitizer; scripts/device_attention_bwd_sm90.sh AB_EARLY=1) and the timing does not.
+
   python3 bench/ab_attention_bwd.py --shim base=A.so --shim new=B.so [--cases D128S4096,...]
-      [--rounds N] [--check] [--expect-x NAME=X] [--json out.json] [--commit C] [--command CMD]
+      [--rounds N] [--check] [--expect-x NAME=X] [--wait-for FILE] [--json out.json]
+      [--commit C] [--command CMD]
 """
 import argparse
 import math
@@ -33,6 +38,7 @@ import os
 import re
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attention as ba  # noqa: E402  (Shim, make_qkv, time_ms, stream, gemm_tflops)
@@ -177,6 +183,7 @@ def main():
                     help="float64 checks of every shim first (check_bwd); no timing on a failure")
     ap.add_argument("--expect-x", action="append", default=[],
                     help="NAME=X: the shim's checks must run attn_bwd_sm90_kernel<T, D, X>")
+    ap.add_argument("--wait-for", help="FILE: wait until it exists before timing")
     ap.add_argument("--json")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default=" ".join(sys.argv))
@@ -199,6 +206,11 @@ def main():
         if bad:
             print("CHECK FAILED: no timing", flush=True)
             return 3
+    if args.wait_for:
+        t0 = time.time()
+        while not os.path.exists(args.wait_for) and time.time() - t0 < 600:
+            time.sleep(0.2)
+        print(f"waited {time.time() - t0:.1f} s for {args.wait_for}", flush=True)
     gemm = ba.gemm_tflops()
     print(f"cuBLAS bf16 GEMM 8192^3: {gemm:.0f} TFLOP/s", flush=True)
     rows = []

@@ -6,7 +6,8 @@
 #   [PRE=DIR] scripts/device_attention_bwd_sm90.sh [COMMIT] [STEPS]
 #     STEPS: a comma list (default smoke,test,sanitize,bench,timing), run in this order:
 #       smoke       one case (cuda S128 D128 GQA1), 30 s: a hang ends the call
-#       test        the CUDA attention suite of test_ops; PAR=1: in the background beside the
+#       test        the CUDA attention suite of test_ops (TEST_FILTER: only the cases whose
+#                   name holds it, e.g. "dqred"); PAR=1: in the background beside the
 #                   sanitizer, waited for before any timing
 #       test_alt    the CUDA cases again under ALT_ENV (default OT_ATTN_SM90=0: the portable kernels)
 #       sanitize    compute-sanitizer on small cases, SAN_LIMIT s each (60). SAN_MIN=1: only
@@ -19,14 +20,18 @@
 #                   D128" (whole query tiles no key block sees), eight at once; SAN_MIN=6: the
 #                   five of SAN_MIN=4 and the same five on the "dqred" cases (kXDqRed under
 #                   OT_ATTN_BWD_SM90_DQ=red, set by the test itself; an experiment build
-#                   runs the variant there), ten at once
+#                   runs the variant there), ten at once; SAN_MIN=7: memcheck and racecheck
+#                   of "hopper-only dqred causal Sq<Sk 100x1000 D128" alone, side by side
 #       ab          bench/ab_attention_bwd.py in one process over the shims of $PRE/NAME.tar.xz
 #                   for NAME in ALTS (default base) and this build ("new"), AB_ARGS (e.g.
 #                   --cases D128S4096 --rounds 6), AB_LIMIT s (120). AB_VARIANTS: more entries of
 #                   this build with switches, "NAME=VAR=VAL[,VAR=VAL] ..." (e.g.
 #                   "red=OT_ATTN_BWD_SM90_DQ=red"); AB_CHECK=1: --check first (float64 checks of
 #                   every entry, no timing on a failure) with AB_EXPECT ("red=1 new=0": the main
-#                   kernel's experiment bits each entry must run)
+#                   kernel's experiment bits each entry must run). AB_EARLY=1: the A/B
+#                   process starts first, in the background (torch import and --check beside
+#                   the tests and the sanitizer), and waits (--wait-for) until those steps are
+#                   done before it times anything
 #       sanitize_base, bench_base: racecheck and the benchmark (BASE_BENCH_ARGS) of each other
 #                   build $PRE/NAME.tar.xz (test_ops + libattention_shim.so of a kernel to
 #                   compare against), NAME in ALTS
@@ -92,6 +97,33 @@ else
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 A="$TEST --backend cuda --suite attention"
+ABPID= ABGO=/tmp/ot_bwd_ab_go
+rm -f "$ABGO"
+run_ab() {   # the builds of ALTS and this one, same process, balanced order; $1: extra args
+  local shims=() ckargs=() alt v e
+  for alt in ${ALTS:-base}; do
+    [ -f "$BIN/$alt/libattention_shim.so" ] && shims+=(--shim "$alt=$BIN/$alt/libattention_shim.so")
+  done
+  stamp "A/B: ${ALTS:-base} new ${AB_VARIANTS:-}"
+  # shellcheck disable=SC2086
+  for v in ${AB_VARIANTS:-}; do   # NAME=VAR=VAL[,VAR=VAL]: this build again with switches
+    shims+=(--shim "${v%%=*}=$SHIM@${v#*=}")
+  done
+  if [ "${AB_CHECK:-0}" = 1 ]; then
+    ckargs=(--check)
+    for e in ${AB_EXPECT:-}; do ckargs+=(--expect-x "$e"); done
+  fi
+  # shellcheck disable=SC2086
+  timeout ${AB_LIMIT:-120} python3 bench/ab_attention_bwd.py "${shims[@]}" --shim "new=$SHIM" \
+    "${ckargs[@]}" ${AB_ARGS:-} "$@" --json "$OUT/ab.json" --commit "$COMMIT" \
+    --command "scripts/device_attention_bwd_sm90.sh $COMMIT $STEPS (ALTS='${ALTS:-base}' AB_VARIANTS='${AB_VARIANTS:-}' AB_ARGS='${AB_ARGS:-}')" \
+    >"$OUT/ab.log" 2>&1
+  echo "ab rc=$?" >"$OUT/ab.rc"
+}
+if has ab && [ "${AB_EARLY:-0}" = 1 ]; then   # import + checks now, timing after test / sanitize
+  run_ab --wait-for "$ABGO" &
+  ABPID=$!
+fi
 
 # A hang (a wrong barrier phase or byte count) must not eat the device time.
 if has smoke; then
@@ -108,11 +140,12 @@ TPID=
 if has test; then
   if [ "${PAR:-0}" = 1 ]; then   # beside the sanitizer (both mostly CPU); before any timing
     stamp "tests (Hopper backward through the dispatcher), in the background"
-    ( timeout ${TEST_LIMIT:-200} $A -v >"$OUT/tests.log" 2>&1; echo "test_ops rc=$?" >"$OUT/tests.rc" ) &
+    ( timeout ${TEST_LIMIT:-200} $A -v ${TEST_FILTER:+--filter "$TEST_FILTER"} >"$OUT/tests.log" 2>&1
+      echo "test_ops rc=$?" >"$OUT/tests.rc" ) &
     TPID=$!
   else
     stamp "tests (Hopper backward through the dispatcher)"
-    timeout ${TEST_LIMIT:-200} $A -v >"$OUT/tests.log" 2>&1
+    timeout ${TEST_LIMIT:-200} $A -v ${TEST_FILTER:+--filter "$TEST_FILTER"} >"$OUT/tests.log" 2>&1
     echo "test_ops rc=$?"
     test_summary
   fi
@@ -137,7 +170,15 @@ if has sanitize; then
     echo "   $1 '$2' rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$one" | tail -1)"
   }
   stamp "compute-sanitizer"
-  if [ "${SAN_MIN:-0}" = 4 ] || [ "${SAN_MIN:-0}" = 5 ] || [ "${SAN_MIN:-0}" = 6 ]; then   # side by side (CPU-bound), then their logs in order
+  if [ "${SAN_MIN:-0}" = 7 ]; then   # kXDqRed's D128 refilled-stage case, two tools side by side
+    C3="hopper-only dqred causal Sq<Sk 100x1000 D128"
+    rm -f /tmp/ot_san_1[01].sum /tmp/ot_san_1[01].log
+    SAN_TAG=10 san memcheck "$C3" >/tmp/ot_san_10.sum & p1=$!
+    SAN_TAG=11 san racecheck "$C3" --racecheck-report all >/tmp/ot_san_11.sum & p2=$!
+    wait $p1 $p2
+    cat /tmp/ot_san_10.sum /tmp/ot_san_11.sum
+    cat /tmp/ot_san_10.log /tmp/ot_san_11.log >>"$SAN"
+  elif [ "${SAN_MIN:-0}" = 4 ] || [ "${SAN_MIN:-0}" = 5 ] || [ "${SAN_MIN:-0}" = 6 ]; then   # side by side (CPU-bound), then their logs in order
     C="hopper-only causal Sq<Sk 100x1000 D128"
     rm -f /tmp/ot_san_[1-9].sum /tmp/ot_san_[1-9].log /tmp/ot_san_1[0-4].sum /tmp/ot_san_1[0-4].log   # a warm machine's earlier run
     spids=()
@@ -188,26 +229,14 @@ if [ -n "$TPID" ]; then
   wait "$TPID"; stamp "tests done: $(cat "$OUT/tests.rc" 2>/dev/null)"
   test_summary
 fi
-if has ab; then   # the builds of ALTS and this one, same process, balanced order
-  shims=()
-  for alt in ${ALTS:-base}; do
-    [ -f "$BIN/$alt/libattention_shim.so" ] && shims+=(--shim "$alt=$BIN/$alt/libattention_shim.so")
-  done
-  stamp "A/B: ${ALTS:-base} new"
-  # shellcheck disable=SC2086
-  for v in ${AB_VARIANTS:-}; do   # NAME=VAR=VAL[,VAR=VAL]: this build again with switches
-    shims+=(--shim "${v%%=*}=$SHIM@${v#*=}")
-  done
-  ckargs=()
-  if [ "${AB_CHECK:-0}" = 1 ]; then
-    ckargs=(--check)
-    for e in ${AB_EXPECT:-}; do ckargs+=(--expect-x "$e"); done
+if has ab; then
+  if [ -n "$ABPID" ]; then
+    touch "$ABGO"; wait "$ABPID"
+  else
+    run_ab
   fi
-  timeout ${AB_LIMIT:-120} python3 bench/ab_attention_bwd.py "${shims[@]}" --shim "new=$SHIM" \
-    "${ckargs[@]}" ${AB_ARGS:-} --json "$OUT/ab.json" --commit "$COMMIT" \
-    --command "scripts/device_attention_bwd_sm90.sh $COMMIT $STEPS (ALTS='${ALTS:-base}' AB_VARIANTS='${AB_VARIANTS:-}' AB_ARGS='${AB_ARGS:-}')" \
-    >"$OUT/ab.log" 2>&1
-  echo "ab rc=$?"; grep -E 'GEMM|^D[0-9]|failed|Error|^FAIL|^check |CHECK' "$OUT/ab.log" | cut -c1-300
+  cat "$OUT/ab.rc"
+  grep -E 'GEMM|^D[0-9]|failed|Error|^FAIL|^check |CHECK|^waited' "$OUT/ab.log" | cut -c1-300
 fi
 for alt in ${ALTS:-base}; do
   has sanitize_base && [ -x "$BIN/$alt/tests/test_ops" ] || continue
