@@ -922,25 +922,29 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
 }
 
 /* g_pmerge_bits (CUDA): the call again with each split merge, OT_PAGED_MERGE=0
- * (pa_merge_kernel) then 1 (pa_merge1_kernel, one round trip): the second keeps the first's
- * summation order, so out and lse must be the same bits (outputs poisoned before each). */
+ * (pa_merge_kernel), then 1 and 2 (pa_merge1_kernel, one round trip, 8 / 16 O rows ahead):
+ * they keep the first's summation order, so out and lse must be the same bits (outputs
+ * poisoned before each). */
 static void paged_merge_bits(test_run *tr, const ot_attention_params *prm, tbuf *q, tbuf *cu,
                              const ot_paged_kv *kv, tbuf *out, tbuf *lse) {
+  static const char *const modes[] = {"0", "1", "2"};
   void *so = NULL, *sl = NULL;
   env_saved m = env_set("OT_PAGED_MERGE", "0");
-  for (int i = 0; i < 2; i++) {
-    if (i) setenv("OT_PAGED_MERGE", "1", 1);
+  for (int i = 0; i < 3; i++) {
+    setenv("OT_PAGED_MERGE", modes[i], 1);
     tb_poison(out);
     tb_poison(lse);
     if (!tr_ok(tr, ot_paged_attention(tr->be->ctx, prm, tb_dl(q), tb_dl(cu), kv, tb_dl(out),
                                       tb_dl(lse)),
-               i ? "OT_PAGED_MERGE=1" : "OT_PAGED_MERGE=0"))
+               i == 0 ? "OT_PAGED_MERGE=0" : i == 1 ? "OT_PAGED_MERGE=1" : "OT_PAGED_MERGE=2"))
       break;
     if (i == 0) {
       so = tb_snapshot(out), sl = tb_snapshot(lse);
     } else {
-      if (!tb_unchanged(out, so)) tr_fail(tr, "out differs between OT_PAGED_MERGE=0 and 1");
-      if (!tb_unchanged(lse, sl)) tr_fail(tr, "lse differs between OT_PAGED_MERGE=0 and 1");
+      if (!tb_unchanged(out, so))
+        tr_fail(tr, "out differs between OT_PAGED_MERGE=0 and %s", modes[i]);
+      if (!tb_unchanged(lse, sl))
+        tr_fail(tr, "lse differs between OT_PAGED_MERGE=0 and %s", modes[i]);
     }
   }
   env_restore(&m);

@@ -1152,11 +1152,13 @@ __global__ void __launch_bounds__(kPaThreads) pa_merge_kernel(const __grid_const
  * sums) instead of three. More splits (> 4 x kPaMergeAhead per warp or > 128) take further
  * loads in chunks of kPaMergeAhead, still in the same summation order. */
 constexpr int kPaMergeAhead = 8; /* O rows per lane loaded before the reductions */
-template <typename T, int D>
+/* NA: kPaMergeAhead, or 16 (OT_PAGED_MERGE=2, not measured yet): one round trip up to 64
+ * splits (the engine's over-provisioned 2080-key table plans 33 at 1 x 2k, and with 8
+ * ahead warp 0's ninth O row is loaded after the reductions). */
+template <typename T, int D, int NA = kPaMergeAhead>
 __global__ void __launch_bounds__(kPaThreads) pa_merge1_kernel(const __grid_constant__ pa_params p) {
   constexpr int V = D / 32; /* features per lane */
   constexpr int NL = kPaThreads / 32; /* lse per lane of the first 128 splits */
-  constexpr int NA = kPaMergeAhead;
   using VT = typename std::conditional<V == 4, float4, float2>::type;
   __shared__ float s_acc[kPaWarps][D];
   PA_TR(1, 0, pa_gtime());
@@ -1841,10 +1843,10 @@ static bool pa_merge_pdl(const ot_cuda_state *cs) {
   static std::atomic<int> cached[16] = {}; /* 1: yes, -1: no */
   return ot_pdl_ok(cs, pa_merge_kernel<T, D>, cached);
 }
-template <typename T, int D>
+template <typename T, int D, int NA>
 static bool pa_merge1_pdl(const ot_cuda_state *cs) {
   static std::atomic<int> cached[16] = {};
-  return ot_pdl_ok(cs, pa_merge1_kernel<T, D>, cached);
+  return ot_pdl_ok(cs, pa_merge1_kernel<T, D, NA>, cached);
 }
 
 /* The kernel's chunk for s splits of len keys (>= kPaMinChunk, a multiple of 64) and the
@@ -1940,8 +1942,9 @@ struct pa_env {
   bool aligned;     /* OT_PAGED_ALIGNED not "0": the AL instance for pages of 16 x m keys */
   int warps;        /* OT_PAGED_WARPS: 4 or 8 forces the split kernel's CTA size (8: AL
                      * calls without the early start), 0 the plan's choice */
-  bool merge1;      /* OT_PAGED_MERGE not "0": the split kernel's one-round merge
-                     * (pa_merge1_kernel), "0": pa_merge_kernel; unset: OT_PA_MERGE1_DEFAULT */
+  int merge;        /* OT_PAGED_MERGE: "0" pa_merge_kernel, "2" pa_merge1_kernel with 16
+                     * O rows ahead, else 1: pa_merge1_kernel (8 ahead); unset:
+                     * OT_PA_MERGE1_DEFAULT */
 };
 
 #ifndef OT_PA_MERGE1_DEFAULT
@@ -1958,7 +1961,7 @@ static pa_env pa_read_env() {
   e.pdl = true;
   e.tma = OT_PA_TMA_DEFAULT != 0;
   e.aligned = true;
-  e.merge1 = OT_PA_MERGE1_DEFAULT != 0;
+  e.merge = OT_PA_MERGE1_DEFAULT != 0 ? 1 : 0;
   ot_env_scan("OT_", [&](const char *name, size_t n, const char *val) {
     const auto is = [&](const char *full) { return ot_env_name_is(name, n, full); };
     if (is("OT_DEBUG")) {
@@ -1984,7 +1987,7 @@ static pa_env pa_read_env() {
       const int x = atoi(val);
       e.warps = x == 4 || x == 8 ? x : 0;
     } else if (is("OT_PAGED_MERGE")) {
-      e.merge1 = !ot_env_is_zero(val);
+      e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
     }
   });
   return e;
@@ -2152,8 +2155,12 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
       return ot_error(OT_ERR_UNSUPPORTED, op, "merge grid too large (%lld rows)", (long long)rows);
-    if (env.merge1)
-      OT_CUDA_CHECK(op, ot_launch_pdl(pa_merge1_pdl<T, D>(cs), pa_merge1_kernel<T, D>,
+    if (env.merge == 2)
+      OT_CUDA_CHECK(op, ot_launch_pdl(pa_merge1_pdl<T, D, 16>(cs), pa_merge1_kernel<T, D, 16>,
+                                      dim3((unsigned)rows), dim3(kPaThreads), s, p));
+    else if (env.merge == 1)
+      OT_CUDA_CHECK(op, ot_launch_pdl(pa_merge1_pdl<T, D, kPaMergeAhead>(cs),
+                                      pa_merge1_kernel<T, D, kPaMergeAhead>,
                                       dim3((unsigned)rows), dim3(kPaThreads), s, p));
     else
       OT_CUDA_CHECK(op, ot_launch_pdl(pa_merge_pdl<T, D>(cs), pa_merge_kernel<T, D>,
