@@ -555,10 +555,11 @@ static void consistency(test_run *tr) {
  * contiguous [3, n, H] rows of 4-16 KB (RMSNorm: v3; LayerNorm: the bulk-copy kernel on
  * sm_90, and again under OT_NORM_BWD_IMPL=v3, what runs without sm_90 code) -- with dres,
  * dweight and dbias, or with recomputed statistics and dx = dy -- and LayerNorm on 600
- * rows with 2 ring slots per block (OT_NORM_BWD_TMA_STAGES=2) and on 1200 with the default
- * 3, so that the blocks' rings wrap (mbarrier phases flip; 264 blocks on an H200); those in
- * 16-bit types only (float32's tolerance is too tight for 600-row dbias sums, and the ring
- * does not depend on the type). */
+ * rows with 2 ring slots per block (OT_NORM_BWD_TMA_STAGES=2), on 1200 with the default 3
+ * and on 1200 at the automatic depth (OT_NORM_BWD_TMA_STAGES=0: 4 slots at 4096, the default
+ * until 95016a7), so that the blocks' rings wrap (mbarrier phases flip; 264 blocks on an
+ * H200, 4-5 rows each); those in 16-bit types only (float32's tolerance is too tight for
+ * 600-row dbias sums, and the ring does not depend on the type). */
 static void contiguous_backward_cases(test_run *tr) {
   if (!tr->be->is_cuda) return;
   static const int64_t BH[] = {2056, 4096};
@@ -589,6 +590,11 @@ static void contiguous_backward_cases(test_run *tr) {
               b.tag = " contiguous (3 slots)";
               set_shape(&b.ndim, b.shape, 1200, H, true);
               run_backward(tr, &b);
+              /* the automatic depth, 4 slots: the blocks of 5 rows wrap */
+              b.tag = " contiguous (automatic slots)";
+              env_saved st = env_set("OT_NORM_BWD_TMA_STAGES", "0");
+              run_backward(tr, &b);
+              env_restore(&st);
             }
           }
 }
