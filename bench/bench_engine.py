@@ -380,10 +380,13 @@ DECODE_VARIANTS = {
     # before the wait (the rest after it: less in flight ahead of the merge's loads)
     "fused_oproj_early_8": {"OTE_FUSED_OPROJ": "1", "OTE_FUSED_OPROJ_EARLY_ROWS": "8"},
     "fused_oproj_early_0": {"OTE_FUSED_OPROJ": "1", "OTE_FUSED_OPROJ_EARLY_ROWS": "0"},
-    # the paged decode's one-round-trip merge kernel (paged_attention.cu, OT_PAGED_MERGE=1),
-    # with the staged o_proj (the default) and with the library's o_proj
-    "paged_merge_1": {"OT_PAGED_MERGE": "1"},
-    "paged_merge_1_oproj_library": {"OT_PAGED_MERGE": "1", "OTE_FUSED_OPROJ": "0"},
+    # the paged decode's merge kernel (paged_attention.cu): the old one (several dependent
+    # round trips, the default before 65b7cc8), with the staged o_proj and with the
+    # library's (= the step as it was before this evening); the one-round merge with 16 O
+    # rows a lane ahead (OT_PAGED_MERGE=2, 7ef2064)
+    "paged_merge_0": {"OT_PAGED_MERGE": "0"},
+    "paged_merge_0_oproj_library": {"OT_PAGED_MERGE": "0", "OTE_FUSED_OPROJ": "0"},
+    "paged_merge_2": {"OT_PAGED_MERGE": "2"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
     "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
     "repeat": {},  # the default again, last: the run's drift
