@@ -592,8 +592,8 @@ def _decoder_layer_body(self, hidden_states, attention_mask=None, position_ids=N
     return residual + hidden_states
 
 
-# Prepared, not measured (docs/PERFORMANCE.md, "Training (CUDA)": where the compiled step
-# loses): the decoder layer's two residual adds that are left as separate kernels (inductor
+# Off by default (docs/PERFORMANCE.md, "Training (CUDA)": where the compiled step loses):
+# the decoder layer's two residual adds that are left as separate kernels (inductor
 # pointwise kernels under torch.compile, 3 x 33.5 MB each a layer at 0.54 B 4 x 2048, ~30 us):
 # - forward, the closing residual + mlp(x): in the down projection's GEMM, one addmm (cuBLAS
 #   adds the residual in its epilogue, beta 1; _SwiGLUDown) -- the sum rounds once (float32
@@ -602,24 +602,44 @@ def _decoder_layer_body(self, hidden_states, attention_mask=None, position_ids=N
 #   residual: the residual stream passes through the input norm (_NormKeepInput returns
 #   its input as a second output), whose backward adds the residual's gradient in the norm
 #   backward kernel (its dresidual_out) instead of autograd's add.
-# Off by default until an A/B on the device (bench/bench_training.py's *_fused_adds
-# variants) measures it. Read per call (torch.compile guards on it).
+# Its A/B on the H200 (bench/bench_training.py groups 11 / 12, run of 1c2f893, medians of
+# 20 steps): compiled +1.9% at 0.54 B, +0.2% at 1.5 B; eager -0.9% / +0.8%; and under
+# torch.compile on the device's torch 2.11 the input norm's half was not taken
+# (_keep_input_ok False; the CUDA test failed) -- so it stays off. Read per call
+# (torch.compile guards on it).
 FUSE_LAYER_ADDS = False
 
 
 def _keep_input_ok(norm, x):
     """Whether the decoder layer may run its input norm as :class:`_NormKeepInput`: the
     patch's library RMSNorm would run (as _rms_norm_forward decides), no module hooks,
-    autograd recording, a plain tensor (not a DTensor, say)."""
+    autograd recording, a plain tensor (not a DTensor, say). :func:`_keep_input_why`
+    names the first condition that fails."""
+    return _keep_input_why(norm, x) is None
+
+
+def _keep_input_why(norm, x):
+    """None where :func:`_keep_input_ok` holds, else the name of its first failing
+    condition (the CUDA test of the fused adds under torch.compile reports it: on the
+    H200's torch 2.11 the compiled step did not take this path, run of 1c2f893)."""
     w = getattr(norm, "weight", None)
-    return (getattr(norm.forward, "__func__", None) is _rms_norm_forward
-            and w is not None and x.dtype == w.dtype and torch.is_grad_enabled()
-            and (x.requires_grad or w.requires_grad) and _no_module_hooks(norm)
-            and (norm._ot_compiled_lib or not torch.compiler.is_compiling())
-            and type(x) in (torch.Tensor, torch.nn.Parameter)
-            and type(w) in (torch.Tensor, torch.nn.Parameter)
-            and _usable("rms_norm", x.device, x.dtype)
-            and _usable("rms_norm_residual", x.device, x.dtype))
+    if getattr(norm.forward, "__func__", None) is not _rms_norm_forward:
+        return "forward"
+    if w is None or x.dtype != w.dtype:
+        return "weight"
+    if not torch.is_grad_enabled() or not (x.requires_grad or w.requires_grad):
+        return "grad"
+    if not _no_module_hooks(norm):
+        return "hooks"
+    if not (norm._ot_compiled_lib or not torch.compiler.is_compiling()):
+        return "compiled_lib"
+    if not (type(x) in (torch.Tensor, torch.nn.Parameter)
+            and type(w) in (torch.Tensor, torch.nn.Parameter)):
+        return "tensor_type"
+    if not (_usable("rms_norm", x.device, x.dtype)
+            and _usable("rms_norm_residual", x.device, x.dtype)):
+        return "usable"
+    return None
 
 
 class _NormKeepInput(torch.autograd.Function):
