@@ -1128,7 +1128,7 @@ def test_patched_step_reads_no_device_value(ids):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("compiled", [False, True])
 def test_fuse_layer_adds_matches_hf(ids, calls, monkeypatch, device, compiled):
-    """patch.FUSE_LAYER_ADDS (prepared, off by default): the decoder layer's closing
+    """patch.FUSE_LAYER_ADDS (off by default; its A/B: run of 1c2f893): the decoder layer's closing
     residual add inside the down projection's GEMM (one addmm a layer) and the sum of the
     layer input's two gradients inside the input norm's backward (its dresidual_out), in
     eager and while torch.compile traces: HF's loss and gradients; a hook on the MLP or
@@ -1140,7 +1140,7 @@ def test_fuse_layer_adds_matches_hf(ids, calls, monkeypatch, device, compiled):
     loss0, _, g0 = loss_and_grads(model, ids)
     ot.patch_llama(model)
     monkeypatch.setattr(ot_patch, "FUSE_LAYER_ADDS", True)
-    fused, dres, kept = [], [], []
+    fused, dres, kept, mlps = [], [], [], []
     addmm, bwd = torch.addmm, ot_patch._tops._rms_norm_backward_impl
     keep_why = ot_patch._keep_input_why
 
@@ -1162,10 +1162,20 @@ def test_fuse_layer_adds_matches_hf(ids, calls, monkeypatch, device, compiled):
         monkeypatch.setattr(torch, "addmm", spy)
     monkeypatch.setattr(ot_patch._tops, "_rms_norm_backward_impl", spy_bwd)
     monkeypatch.setattr(ot_patch, "_keep_input_why", spy_keep)
+    fuse_mlp_ok = ot_patch._fuse_mlp_ok
+
+    def spy_mlp(m):
+        ok = fuse_mlp_ok(m)
+        mlps.append(ok)
+        return ok
+    monkeypatch.setattr(ot_patch, "_fuse_mlp_ok", spy_mlp)
     call = torch.compile(model) if compiled else None
     kw = dict(use_cache=False) if compiled else {}
     loss1, _, g1 = loss_and_grads(model, ids, call=call, **kw)
     lib = expected_calls(device, torch.float32, {"swiglu": 1, "rms_norm": 1})
+    # both layers' MLPs called with the residual, traced or eager (and in the no-grad
+    # forward for the logits); the input norms' reasons printed alongside
+    assert mlps == [True] * 4, (mlps, kept)
     if "rms_norm" in lib:
         # both layers' input norms ("grad": loss_and_grads' no-grad forward for the
         # logits); on a failure the list names the condition that failed
@@ -1187,7 +1197,9 @@ def test_fuse_layer_adds_matches_hf(ids, calls, monkeypatch, device, compiled):
         lambda m, a, out: seen.append(("norm", tuple(out.shape))))
     fused.clear()
     dres.clear()
+    mlps.clear()
     loss2, _, g2 = loss_and_grads(model, ids)
+    assert mlps == [False, True] * 2, mlps            # the hooked MLP keeps its call
     # (the hooks also see loss_and_grads' second, no-grad forward for the logits); the
     # other layer still fuses both adds
     assert seen == [("norm", (B, S, 64)), ("mlp", (B, S, 64))] * 2, seen
