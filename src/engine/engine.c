@@ -313,6 +313,21 @@ ot_status ote_engine_random(const ote_config *cfg, uint64_t seed, const ote_engi
     }                                                                            \
   } while (0)
 
+/* A failed engine call (not a public op: its message is the engine's, ote_error's -- a CUDA
+ * error's text -- which OP's ote_op_error would replace with the library's stale
+ * ot_last_error): the layer and what put before it. */
+static ot_status eng_error(ot_status st, int layer, const char *what) {
+  char msg[512];
+  const char *m = ote_last_error();
+  snprintf(msg, sizeof msg, "%s", strncmp(m, "engine: ", 8) == 0 ? m + 8 : m);
+  return ote_error(st, "engine: layer %d: %s: %s", layer, what, msg);
+}
+#define ENG(call, what, layer)                                         \
+  do {                                                                 \
+    ot_status eng_st_ = (call);                                        \
+    if (eng_st_ != OT_OK) return eng_error(eng_st_, (layer), (what)); \
+  } while (0)
+
 static ot_status rmsnorm(ote_engine *e, void *x, void *residual, void *weight, void *out,
                          int64_t rows, int layer, const char *what) {
   const ote_config *c = &e->cfg;
@@ -536,7 +551,7 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
     a.tma = staged[3];
     a.early_trigger = staged[5];
     int done = 0;
-    OTE_TRY(ote_dev_staged_gemv(&e->dev, &a, e->opt.dtype, &done));
+    ENG(ote_dev_staged_gemv(&e->dev, &a, e->opt.dtype, &done), "o_proj", l);
     if (done) {
       prof_mark(e, OTE_PROF_O);
       return OT_OK;
@@ -663,7 +678,7 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
     a.l3_high = rp.llama3_high_freq_factor;
     a.l3_orig = rp.llama3_original_max_position;
   }
-  OP(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 0), what, layer);
+  ENG(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 0), what, layer);
   return OT_OK;
 }
 
@@ -730,7 +745,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
       a.pair_rows = pair;
       a.max_waves = waves[0];
       a.max_blocks = waves[1];
-      OP(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 1), "swiglu + down_proj", l);
+      ENG(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 1), "swiglu + down_proj", l);
     } else if (glu) {
       OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, c->hidden, e->delta, l, "down_proj"));
     } else {
