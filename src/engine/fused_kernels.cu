@@ -649,12 +649,14 @@ cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
 }
 
 /* The staged kernel's grid for a: G CTAs (the SMs, or a.max_blocks when that keeps a CTA's
- * rows within kStageRows) and the dynamic shared memory; false when a's shape does not fit
- * (K / 8 threads over kStageThreads, more than kStageRows rows a CTA, or the rows past the
- * registers' beyond the device's shared memory a block). */
+ * rows within kStageRows) and the dynamic shared memory; false when a does not fit (K / 8
+ * threads over kStageThreads, more than kStageRows rows a CTA, the rows past the registers'
+ * beyond the device's shared memory a block, W or x not 16-byte aligned). */
 bool staged_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, size_t *smem) {
   static std::atomic<int> optin[16] = {};
-  if (a.K <= 0 || a.K % 8 || a.K > 8 * kStageThreads || a.N <= 0 || a.bias == a.y) return false;
+  if (a.K <= 0 || a.K % 8 || a.K > 8 * kStageThreads || a.N <= 0 || a.bias == a.y ||
+      (((uintptr_t)a.w | (uintptr_t)a.x) & 15)) /* (16-byte loads of W's rows and of x) */
+    return false;
   int64_t g = sm_count(dev < 0 ? 0 : dev);
   if (g > a.N) g = a.N;
   if (a.max_blocks > 0 && a.max_blocks < g && (a.N + a.max_blocks - 1) / a.max_blocks <= kStageRows)
@@ -729,9 +731,13 @@ extern "C" int ote_cuda_fused_gemv(const ote_fused_gemv_args *a, int dtype_code,
 extern "C" int ote_cuda_staged_gemv(const ote_fused_gemv_args *a, int dtype_code, int pdl,
                                     void *stream, int *done) {
   cudaStream_t st = (cudaStream_t)stream;
+  ote_fused_gemv_args b = *a;
+  /* more than a CTA's rows means all of them (the kernel's kStageRegRows + stage_rows must
+   * not overflow) */
+  if (b.stage_rows > kStageRows) b.stage_rows = -1;
   if (dtype_code == 4 /* kDLBfloat */)
-    return (int)(a->tma ? launch_staged<__nv_bfloat16, true>(*a, st, pdl, done)
-                        : launch_staged<__nv_bfloat16, false>(*a, st, pdl, done));
-  return (int)(a->tma ? launch_staged<__half, true>(*a, st, pdl, done)
-                      : launch_staged<__half, false>(*a, st, pdl, done));
+    return (int)(b.tma ? launch_staged<__nv_bfloat16, true>(b, st, pdl, done)
+                       : launch_staged<__nv_bfloat16, false>(b, st, pdl, done));
+  return (int)(b.tma ? launch_staged<__half, true>(b, st, pdl, done)
+                     : launch_staged<__half, false>(b, st, pdl, done));
 }
