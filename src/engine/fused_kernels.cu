@@ -8,6 +8,8 @@
  *   SWIGLU: y = (silu(gate) * up) W^T: the SwiGLU of the row fused into down_proj.
  *   ARGMAX: with NORM at lm_head: the row's argmax (ties to the lowest index, NaN never
  *           chosen) written to argmax_out by the grid's last block.
+ *   STAGED: y = x W^T (+ b) for a given row x (o_proj): another kernel, staged_gemv_kernel
+ *           (below), which holds all of W on chip, loaded before its PDL wait.
  *
  * The kernel is the library's small-M GEMV shape (linear.cu): a warp per output row n (or
  * row pair: fused_gemv_kernel's tasks), each lane streaming 16-byte vectors of W's row (8
