@@ -490,21 +490,17 @@ __device__ __forceinline__ void pa_fc_offsets(const T *ring, int lane, uint32_t 
   fc_g = r0 * D + c * 8;
 }
 
+/* The online softmax's exp2: FE (the AL instances) ex2.approx.ftz, else exp2f. */
+template <bool FE> __device__ __forceinline__ float pa_exp2(float x) {
+  if constexpr (FE) return attn::fast_exp2(x);
+  else return exp2f(x);
+}
+
 /* One warp step over the 16 keys [kb, kb + 16) in stage st: S = q k^T, scale / softcap,
  * masks (a row's [r_lo, r_hi], keys >= kh), online softmax in base 2, O += P V. Ends with a
  * __syncwarp after the stage's last read, so the caller may refill it. TM: the stage in the
  * TMA layout (above), its rows past kh not zero-filled (the V fragments of those keys are
  * zeroed here: a page's slots past the sequence may hold anything, NaN included). */
-template <bool FE> __device__ __forceinline__ float pa_exp2(float x) {
-  if constexpr (FE) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-  } else {
-    return exp2f(x);
-  }
-}
-
 template <typename T, int D, bool TM = false, bool FE = false>
 __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16][4], int kb,
                                         int kh, const int (&r_lo)[2], const int (&r_hi)[2],
