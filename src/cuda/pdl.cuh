@@ -1,8 +1,9 @@
 /*
  * pdl.cuh -- programmatic dependent launch (PDL): a kernel launched so that it may start
  * while the previous kernel on its stream finishes; its griddepcontrol.wait holds it
- * until that kernel's writes are visible. Used by the small-M linear kernels (linear.cu)
- * and the paged-attention merge kernels (paged_attention.cu).
+ * until that kernel's writes are visible. Used by the small-M linear kernels (linear.cu),
+ * the norms (norm.cuh), the paged decode (paged_attention.cu) and the engine's one-row
+ * kernels (src/engine/fused_kernels.cu: the _id forms, without an ot_cuda_state).
  */
 #ifndef OT_CUDA_PDL_CUH
 #define OT_CUDA_PDL_CUH
