@@ -557,8 +557,9 @@ __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused
   }
 }
 
-/* The device's SM count and compute capability major, once per device (ot_per_device_id,
- * pdl.cuh; 1 / 0 when the query fails) */
+/* A device attribute (the SM count, the compute capability major, the shared memory a block
+ * may opt in to), once per device (ot_per_device_id, pdl.cuh): `fail` when the query fails,
+ * -1 for a value below 1 */
 int dev_attr(int dev, cudaDeviceAttr attr, std::atomic<int> *cache, int fail) {
   return ot_per_device_id(dev, cache, [dev, attr, fail]() {
     int v = 0;
