@@ -1845,8 +1845,9 @@ static bool pa_merge1_pdl(const ot_cuda_state *cs) {
   return ot_pdl_ok(cs, pa_merge1_kernel<T, D, NA>, cached);
 }
 
-/* The kernel's chunk for s splits of len keys (>= kPaMinChunk, a multiple of 64) and the
- * splits that chunk leaves non-empty. */
+/* The kernel's chunk for s splits of len keys (>= min_chunk: one step per warp, 64 keys
+ * for 4-warp CTAs, 128 for 8-warp ones; a multiple of 64) and the splits that chunk leaves
+ * non-empty. */
 static int64_t pa_chunk(int64_t len, int64_t s, int64_t *nonempty, int64_t min_chunk = kPaMinChunk) {
   int64_t chunk = (len + s - 1) / s;
   chunk = chunk < min_chunk ? min_chunk : (chunk + 63) / 64 * 64;
@@ -1854,7 +1855,7 @@ static int64_t pa_chunk(int64_t len, int64_t s, int64_t *nonempty, int64_t min_c
   return chunk;
 }
 
-/* Splits per sequence: among s = 1 .. ceil(len / kPaMinChunk), the wave-quantized time
+/* Splits per sequence: among s = 1 .. ceil(len / min_chunk), the wave-quantized time
  * ceil(base * s' / slots) * chunk(s) (s' = the non-empty splits of that chunk), the fewest
  * splits within 2% of the best; returns s' (so no split is empty at the estimated len). */
 static double pa_plan_cost(int64_t base, int64_t est_len, int64_t slots, int64_t s, int64_t *ne,
@@ -2347,8 +2348,9 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
 
 /* The kernel the last ot_paged_attention call on this host thread launched (benchmarks:
  * bench/decode_shim.c): out[0] 1 split, 2 stream, 3 simple (0: none yet); out[1] splits;
- * out[2] CTAs of the main kernel; out[3] flags: 1 launched as a programmatic dependent,
- * 4 an early start (paged_kv_ready). */
+ * out[2] CTAs of the main kernel; out[3] flags (pa_plan_rec): 1 launched as a programmatic
+ * dependent, 4 an early start (paged_kv_ready), 8 the TMA ring (experiment builds), 16 the
+ * aligned-page (AL) instance, 32 8-warp CTAs. */
 extern "C" void ot_cuda_paged_last_plan(int out[4]) {
   out[0] = ot::pa_last_plan.kernel;
   out[1] = ot::pa_last_plan.splits;
