@@ -1163,6 +1163,11 @@ static const pcase paged_cuda_cases[] = {
     {"cuda non-causal window 7/2 D64 scale 0.2", 1, {300}, {5}, 4, 1, 64, 16, 0, 7, 2, 0, 0.2f},
     {"cuda mixed batch with empty sequences", 6, {0, 5, 0, 9, 1, 260}, {0, 1, 1, 0, 2, 1}, 8, 2, 128, 4, 1, -1, -1, 0, 0},
     {"cuda causal sq > len D64", 2, {3, 10}, {5, 4}, 4, 2, 64, 16, 1, -1, -1, 0, 0},
+    /* pages of 16 x m keys, m not a power of 2: the aligned-page instances' division path
+     * (slot kb % 48, page key / 48; no page-id speculation), partial last steps, a 2-token
+     * tile; then a left window (a split start rounded down to 16 keys inside a 48-key page) */
+    {"cuda decode B3 bs48 GQA4 D128 (pages of 3 x 16)", 3, {47, 48, 1500}, {1, 2, 1}, 16, 4, 128, 48, 1, -1, -1, 0, 0},
+    {"cuda window 200 bs48 GQA4 D128", 2, {1000, 60}, {1, 3}, 16, 4, 128, 48, 1, 200, -1, 0, 0},
 };
 static const pcase paged_cuda_long[] = {
     {"cuda decode B1 ctx 65536 Hq32 Hkv8 D128 bs16", 1, {65536}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
