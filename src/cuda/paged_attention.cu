@@ -1148,9 +1148,10 @@ __global__ void __launch_bounds__(kPaThreads) pa_merge_kernel(const __grid_const
  * sums) instead of three. More splits (> 4 x kPaMergeAhead per warp or > 128) take further
  * loads in chunks of kPaMergeAhead, still in the same summation order. */
 constexpr int kPaMergeAhead = 8; /* O rows per lane loaded before the reductions */
-/* NA: kPaMergeAhead, or 16 (OT_PAGED_MERGE=2, not measured yet): one round trip up to 64
- * splits (the engine's over-provisioned 2080-key table plans 33 at 1 x 2k, and with 8
- * ahead warp 0's ninth O row is loaded after the reductions). */
+/* NA: kPaMergeAhead, or 16 (OT_PAGED_MERGE=2; not measured standalone, the engine's 8B
+ * step 4.666 vs 4.695 ms once): one round trip up to 64 splits (the engine's
+ * over-provisioned 2080-key table plans 33 at 1 x 2k, and with 8 ahead warp 0's ninth O
+ * row is loaded after the reductions). */
 template <typename T, int D, int NA = kPaMergeAhead>
 __global__ void __launch_bounds__(kPaThreads) pa_merge1_kernel(const __grid_constant__ pa_params p) {
   constexpr int V = D / 32; /* features per lane */
