@@ -602,18 +602,23 @@ def _decoder_layer_body(self, hidden_states, attention_mask=None, position_ids=N
 #   its input as a second output), whose backward adds the residual's gradient in the norm
 #   backward kernel (its dresidual_out) instead of autograd's add.
 # Its A/B on the H200 (bench/bench_training.py groups 11 / 12, run of 1c2f893, medians of
-# 20 steps): compiled +1.9% at 0.54 B, +0.2% at 1.5 B; eager -0.9% / +0.8%; and under
-# torch.compile on the device's torch 2.11 the input norm's half was not taken
-# (_keep_input_ok False; the CUDA test failed) -- so it stays off. Read per call
+# 20 steps): eager -0.9% at 0.54 B, +0.8% at 1.5 B. Its compiled rows (+1.9% / +0.2%)
+# measured no fused add: under the device's torch 2.11 the modules' checks
+# (_fuse_mlp_ok, _keep_input_why) then read `forward.__func__`, which that dynamo sees as
+# missing, so neither half was traced (reproduced on the CPU with torch 2.11; they read
+# _ot_patched since) -- the compiled A/B is still to run. Off until then. Read per call
 # (torch.compile guards on it).
 FUSE_LAYER_ADDS = False
 
 
 def _fuse_mlp_ok(mlp):
     """Whether the decoder layer may call the patched MLP with the residual
-    (FUSE_LAYER_ADDS: the closing add in the down projection's GEMM): its forward is
-    still the patch's and no module hook would be skipped."""
-    return getattr(mlp.forward, "__func__", None) is _mlp_forward and _no_module_hooks(mlp)
+    (FUSE_LAYER_ADDS: the closing add in the down projection's GEMM): the patch set its
+    forward (_mlp_forward: patch_model gives an MLP no other) and no module hook would be
+    skipped. (Not `mlp.forward.__func__ is _mlp_forward`: torch 2.11's dynamo reads a
+    bound method's __func__ as missing, so that test was False while torch.compile
+    traced -- both halves of FUSE_LAYER_ADDS off in the compiled step.)"""
+    return getattr(mlp, "_ot_patched", False) and _no_module_hooks(mlp)
 
 
 def _keep_input_ok(norm, x):
@@ -627,10 +632,11 @@ def _keep_input_ok(norm, x):
 def _keep_input_why(norm, x):
     """None where :func:`_keep_input_ok` holds, else the name of its first failing
     condition (the CUDA test of the fused adds under torch.compile reports it: on the
-    H200's torch 2.11 the compiled step did not take this path, run of 1c2f893)."""
+    H200's torch 2.11 the compiled step did not take this path, run of 1c2f893 -- the
+    "forward" check, then a bound-method identity test dynamo 2.11 cannot read)."""
     w = getattr(norm, "weight", None)
-    if getattr(norm.forward, "__func__", None) is not _rms_norm_forward:
-        return "forward"
+    if not getattr(norm, "_ot_patched", False):      # its forward: _rms_norm_forward
+        return "forward"                             # (as _add_rms_norm; see _fuse_mlp_ok)
     if w is None or x.dtype != w.dtype:
         return "weight"
     if not torch.is_grad_enabled() or not (x.requires_grad or w.requires_grad):
