@@ -667,7 +667,6 @@ class _NormKeepInput(torch.autograd.Function):
         o, _, rstd = fwd(x, None, weight, float(eps))
         ctx.save_for_backward(x, weight, rstd)
         ctx.eps = float(eps)
-        ctx.mark_non_differentiable(rstd)
         return o, x.view_as(x)
 
     @staticmethod
