@@ -31,7 +31,8 @@
 #                   kernel's experiment bits each entry must run). AB_EARLY=1: the A/B
 #                   process starts first, in the background (torch import and --check beside
 #                   the tests and the sanitizer), and waits (--wait-for) until those steps are
-#                   done before it times anything
+#                   done before it times anything (AB_LIMIT then counts from the start, the
+#                   wait included; after a smoke hang the A/B process ends at AB_LIMIT)
 #       sanitize_base, bench_base: racecheck and the benchmark (BASE_BENCH_ARGS) of each other
 #                   build $PRE/NAME.tar.xz (test_ops + libattention_shim.so of a kernel to
 #                   compare against), NAME in ALTS
@@ -73,7 +74,11 @@ T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+# Emptied first: on a warm machine an earlier call's extraction (an ALTS build, attn_portable_timing)
+# would otherwise be timed, sanitized or run again when this call's PRE lacks it. One call at a
+# time on the device, so the fixed paths under /tmp are this call's own.
 BIN=/tmp/ot_bwd90_bin
+rm -rf "$BIN"
 mkdir -p "$BIN/lib"
 if [ -f "$PRE/bin.tar.xz" ]; then
   tar -xJf "$PRE/bin.tar.xz" -C "$BIN" && tar -xJf "$PRE/deps.tar.xz" -C "$BIN/lib"
