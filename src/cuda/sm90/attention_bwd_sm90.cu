@@ -103,7 +103,7 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    no shared staging tile, no dQ writer (its 64 KB of shared-memory traffic a 64-query
  *    tile: docs/ATTENTION.md, "Shared-memory bytes per tile"). The summation order of dQ
  *    is no more repeatable than the bulk reduce-adds' (this kernel runs only for
- *    deterministic = 0: the same semantics). Prepared 2026-11-30, not yet measured. */
+ *    deterministic = 0: the same semantics). Run 15 (docs/ATTENTION.md): kept an experiment. */
 enum { kXDqRed = 1 };   /* an enumerator: no unused-variable warning where no kernel uses it */
 
 struct bwd_params {
