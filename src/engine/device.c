@@ -31,6 +31,8 @@ int ote_cuda_fused_gemv(const ote_fused_gemv_args *a, int dtype_code, int swiglu
                         void *stream);
 int ote_cuda_staged_gemv(const ote_fused_gemv_args *a, int dtype_code, int pdl, void *stream,
                          int *done);
+int ote_cuda_rowblock_gemv(const ote_fused_gemv_args *a, int dtype_code, int pdl, void *stream,
+                           int *done);
 #else
 static ot_status no_cuda(const char *what) {
   return ote_error(OT_ERR_NO_DEVICE, "engine: %s: built without the CUDA backend", what);
@@ -247,6 +249,19 @@ ot_status ote_dev_staged_gemv(const ote_device *d, const ote_fused_gemv_args *a,
 #ifdef OT_HAVE_CUDA
   return cuda_check((cudaError_t)ote_cuda_staged_gemv(a, dt.code, 1, d->stream, done),
                     "staged linear");
+#else
+  (void)a;
+  return OT_OK;
+#endif
+}
+
+ot_status ote_dev_rowblock_gemv(const ote_device *d, const ote_fused_gemv_args *a, DLDataType dt,
+                                int *done) {
+  *done = 0;
+  if (on_cpu(d) || dt.bits != 16) return OT_OK;
+#ifdef OT_HAVE_CUDA
+  return cuda_check((cudaError_t)ote_cuda_rowblock_gemv(a, dt.code, 1, d->stream, done),
+                    "rowblock linear");
 #else
   (void)a;
   return OT_OK;

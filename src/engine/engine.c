@@ -581,7 +581,8 @@ static ot_status swiglu_down(ote_engine *e, const batch *b, int l, const ote_lay
 /* ---- fused one-row linears (batch-1 decode, CUDA; fused_kernels.cu) ------------------- */
 
 enum {
-  FUSE_NORM = 1, FUSE_SWIGLU = 2, FUSE_ROPE = 4, FUSE_PAIR = 8, FUSE_GLU = 16, FUSE_OPROJ = 32
+  FUSE_NORM = 1, FUSE_SWIGLU = 2, FUSE_ROPE = 4, FUSE_PAIR = 8, FUSE_GLU = 16, FUSE_OPROJ = 32,
+  FUSE_DOWN = 64
 };
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -597,7 +598,9 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * FUSE_PAIR (OTE_FUSED_PAIR=0: off): each warp of the fused kernels takes two adjacent
  * rows of W at a time instead of one. FUSE_OPROJ (OTE_FUSED_OPROJ=0: off): o_proj on the
  * staged kernel (its weight loaded into registers and shared memory before its PDL wait,
- * during the attention), where its shape fits. The kernels hold their input row in shared memory,
+ * during the attention), where its shape fits. FUSE_DOWN (opt-in, OTE_FUSED_DOWN=1; with
+ * FUSE_GLU): down_proj on the rowblock kernel (K split over a CTA, no split-K reduce
+ * kernel) with the residual add folded in, where its shape fits. The kernels hold their input row in shared memory,
  * up to 96 KB of it: hidden float32 values for the norm's (every fusion needs those), ffn
  * 16-bit values for down_proj's (FUSE_SWIGLU, dropped when the ffn is too wide). */
 static int fuse_mode(const ote_engine *e, const batch *b) {
@@ -612,7 +615,8 @@ static int fuse_mode(const ote_engine *e, const batch *b) {
           (env_ll("OTE_FUSED_GLU", 1) ? FUSE_GLU : 0) |
           (env_ll("OTE_FUSED_ROPE", 1) && c->head_dim % 2 == 0 ? FUSE_ROPE : 0) |
           (env_ll("OTE_FUSED_PAIR", 1) ? FUSE_PAIR : 0) |
-          (env_ll("OTE_FUSED_OPROJ", 1) ? FUSE_OPROJ : 0);
+          (env_ll("OTE_FUSED_OPROJ", 1) ? FUSE_OPROJ : 0) |
+          (env_ll("OTE_FUSED_DOWN", 0) ? FUSE_DOWN : 0);
   int ok = aligned16(e->w.final_norm) && aligned16(e->w.lm_head);
   for (int l = 0; ok && l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
@@ -682,9 +686,31 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
   return OT_OK;
 }
 
+/* down_proj on the rowblock kernel (FUSE_DOWN): res = round(mlp Wd^T) + res rounded, in
+ * place (fused_kernels.h); *done 0 when the shape does not fit it (an error when must) */
+static ot_status rowblock_down(ote_engine *e, const ote_layer_weights *w, void *res, int depth,
+                               int max_blocks, int must, int l, int *done) {
+  ote_fused_gemv_args a;
+  memset(&a, 0, sizeof a);
+  a.w = w->down;
+  a.N = e->cfg.hidden;
+  a.K = e->cfg.ffn;
+  a.x = e->mlp;
+  a.y = res;
+  a.res = res;
+  a.max_blocks = max_blocks;
+  a.depth = depth;
+  ENG(ote_dev_rowblock_gemv(&e->dev, &a, e->opt.dtype, done), "down_proj + residual", l);
+  if (!*done && must)
+    return ote_error(OT_ERR_UNSUPPORTED, "engine: layer %d: down_proj: OTE_FUSED_DOWN=2 and its "
+                     "shape does not fit the rowblock kernel", l);
+  return OT_OK;
+}
+
 /* The fused forms of one decode step's sublayers (fuse_mode), with the residual stream
  * ping-ponging between x_res and last_res (the fused kernel reads it in every block and
- * writes the sum in one: not in place) */
+ * writes the sum in one: not in place); pending: e->delta holds a sublayer's output not
+ * yet added to res (not after the rowblock down_proj, which adds it in place) */
 static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax) {
   const ote_config *c = &e->cfg;
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
@@ -698,14 +724,20 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
                         env_ll("OTE_FUSED_OPROJ_TRIGGER", 0) != 0};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
+  /* the rowblock down_proj (reads the SwiGLU row of gate_up's epilogue): rows in flight a
+   * thread (OTE_FUSED_DOWN_DEPTH 2 or 4), whether it must run (OTE_FUSED_DOWN=2) */
+  const int down = glu && (fuse & FUSE_DOWN);
+  const int down_depth = (int)env_ll("OTE_FUSED_DOWN_DEPTH", 4),
+            down_must = env_ll("OTE_FUSED_DOWN", 0) == 2;
+  int pending = 0;
   for (int l = 0; l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
     if (fuse & FUSE_NORM) {
-      OTE_TRY(fused_norm_linear(e, l ? e->delta : NULL, res, l ? res2 : NULL, w->attn_norm,
-                                w->qkv, w->qkv_bias, cols, e->qkv, NULL, NULL,
+      OTE_TRY(fused_norm_linear(e, pending ? e->delta : NULL, res, pending ? res2 : NULL,
+                                w->attn_norm, w->qkv, w->qkv_bias, cols, e->qkv, NULL, NULL,
                                 (fuse & FUSE_ROPE) ? l : -1, pair, waves, l,
                                 "input_layernorm + qkv_proj"));
-      if (l) {
+      if (pending) {
         void *t = res;
         res = res2, res2 = t;
       }
@@ -734,6 +766,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
                      "gate_up_proj"));
     }
     prof_mark(e, OTE_PROF_GATE_UP);
+    pending = 1; /* down_proj's output in e->delta, unless the rowblock kernel added it */
     if (fuse & FUSE_SWIGLU) {
       ote_fused_gemv_args a;
       memset(&a, 0, sizeof a);
@@ -747,14 +780,18 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
       a.max_blocks = waves[1];
       ENG(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 1), "swiglu + down_proj", l);
     } else if (glu) {
-      OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, c->hidden, e->delta, l, "down_proj"));
+      int done = 0;
+      if (down) OTE_TRY(rowblock_down(e, w, res, down_depth, waves[1], down_must, l, &done));
+      if (!done)
+        OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, c->hidden, e->delta, l, "down_proj"));
+      pending = !done;
     } else {
       OTE_TRY(swiglu_down(e, b, l, w));
     }
     prof_mark(e, OTE_PROF_DOWN);
   }
   if (fuse & FUSE_NORM) {
-    OTE_TRY(fused_norm_linear(e, e->delta, res, NULL, e->w.final_norm, e->w.lm_head, NULL,
+    OTE_TRY(fused_norm_linear(e, pending ? e->delta : NULL, res, NULL, e->w.final_norm, e->w.lm_head, NULL,
                               c->vocab, e->logits, argmax ? e->argmax_dev : NULL, NULL, -1,
                               pair, waves, c->layers, "final norm + lm_head"));
     prof_mark(e, OTE_PROF_HEAD);

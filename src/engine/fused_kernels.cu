@@ -557,6 +557,107 @@ __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused
   }
 }
 
+/* ---- ROWBLOCK: y = x W^T (+ b) (+ res) for one given row x of a long K (down_proj) ------- *
+ * The batch-1 decode's down projection (K = ffn 14336, N = hidden 4096 at the 8B shape) in
+ * one kernel, in place of cuBLASLt's split-K GEMV + its reduce kernel, with the residual add
+ * of the next norm folded in. CTA b takes rows [b N / G, (b + 1) N / G) of W; G is the
+ * fewest CTAs that keep the most rows a CTA of one CTA per SM (ceil(N / SMs): 32 rows for
+ * every one of 128 CTAs at N 4096 on 132 SMs -- no CTA with a row more than the others,
+ * each streaming 32 contiguous rows, 896 KB). Thread t holds the 16-byte column vectors t +
+ * j T (j < kRbVecs, T = the CTA's threads, K / 32 rounded up to warps: 448 at K 14336) of
+ * each row, so K is split over the whole CTA and a row is one round of loads, not 56 as
+ * for a warp; the rows stream through a register ring of D rows (D x kRbVecs vectors in
+ * flight a thread: 114 KB a CTA at D 4), the first D issued BEFORE the PDL wait (the
+ * weight is never written by the step). After the wait a thread reads its kRbVecs vectors
+ * of x once; row i's dot product takes ring slot i % D, which is then refilled with row i
+ * + D. At the end of a pass of 32 rows the warp reduce-scatters its partials (stage_scatter:
+ * lane r ends with row r's warp sum), the warps' sums add through shared memory in warp
+ * order, and lane r of warp 0 writes y[n] = round(round(v + b) + res[n]) -- the unfused
+ * step's delta rounded, then the residual sum rounded, as the next norm would form it --
+ * where res may alias y (each element read and written by one thread). A row's value
+ * depends only on K (the threads and their vectors), never on G or D: bit-stable across
+ * grids. No second kernel: the on-chip reduce replaces split-K's. */
+constexpr int kRbVecs = 4;      /* 16-byte vectors a thread a row: K <= 8 * 4 * 512 = 16384 */
+constexpr int kRbThreads = 512; /* at most */
+
+template <typename T>
+__device__ __forceinline__ float dot8_raw(const raw16 &w, const raw16 &x) {
+  float xf[8];
+  unpack<T>(xf, x);
+  return dot8<T>(w, xf);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kRbThreads, 1) rowblock_gemv_kernel(ote_fused_gemv_args a) {
+  static_assert(vec_width<T>::value == 8, "16-bit types");
+  __shared__ float red[kRbThreads / 32][kStageRows];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nt = (int)blockDim.x;
+  const int64_t K = a.K, N = a.N, G = gridDim.x, kv = K / 8;
+  const int64_t r0 = (int64_t)blockIdx.x * N / G, r1 = ((int64_t)blockIdx.x + 1) * N / G;
+  bool kin[kRbVecs];
+#pragma unroll
+  for (int j = 0; j < kRbVecs; j++) kin[j] = t + (int64_t)j * nt < kv;
+  const T *__restrict__ W = static_cast<const T *>(a.w) + r0 * K + (int64_t)t * 8;
+  const T *res = static_cast<const T *>(a.res); /* (may be y) */
+  const T *__restrict__ bias = static_cast<const T *>(a.bias);
+  raw16 xr[kRbVecs];
+  for (int64_t p0 = r0; p0 < r1; p0 += kStageRows) { /* passes of up to 32 rows */
+    const int nr = (int)(r1 - p0 < kStageRows ? r1 - p0 : kStageRows);
+    const bool last = p0 + kStageRows >= r1;
+    const T *Wp = W + (p0 - r0) * K;
+    raw16 w[D][kRbVecs];
+#pragma unroll
+    for (int d = 0; d < D; d++)
+#pragma unroll
+      for (int j = 0; j < kRbVecs; j++)
+        ot::load_raw<T, true, true>(w[d][j], Wp + d * K, (int64_t)j * nt * 8, K,
+                                    kin[j] && d < nr);
+    if (p0 == r0) {
+      ot_pdl_wait(); /* x (the SwiGLU row) and res are the previous kernels' */
+#pragma unroll
+      for (int j = 0; j < kRbVecs; j++)
+        ot::load_raw<T, true, false>(xr[j], static_cast<const T *>(a.x) + (int64_t)t * 8,
+                                     (int64_t)j * nt * 8, K, kin[j]);
+    }
+    float rv = 0.0f; /* warp 0, lane r: row p0 + r's residual and bias, loaded early */
+    if (warp == 0 && lane < nr) {
+      if (res) rv = to_f32(res[p0 + lane]);
+    }
+    float p[kStageRows];
+#pragma unroll
+    for (int i = 0; i < kStageRows; i++) {
+      /* the last pass's last loads were issued at row nr - D - 1 */
+      if (last && i == (nr > D ? nr - D : 0)) ot_pdl_launch_dependents();
+      p[i] = 0.0f;
+      if (i < nr) {
+#pragma unroll
+        for (int j = 0; j < kRbVecs; j++) p[i] += dot8_raw<T>(w[i % D][j], xr[j]);
+      }
+      if (i + D < kStageRows)
+#pragma unroll
+        for (int j = 0; j < kRbVecs; j++)
+          ot::load_raw<T, true, true>(w[i % D][j], Wp + (i + D) * K, (int64_t)j * nt * 8, K,
+                                      kin[j] && i + D < nr);
+    }
+    stage_scatter<16>(p, lane); /* lane r ends with row r's warp sum */
+    stage_scatter<8>(p, lane);
+    stage_scatter<4>(p, lane);
+    stage_scatter<2>(p, lane);
+    stage_scatter<1>(p, lane);
+    red[warp][lane] = p[0];
+    __syncthreads();
+    if (warp == 0 && lane < nr) {
+      float v = 0.0f;
+      for (int q = 0; q < (nt >> 5); q++) v += red[q][lane];
+      if (bias) v += to_f32(bias[p0 + lane]);
+      T out = from_f32<T>(v); /* the projection's output, as stored */
+      if (res) out = from_f32<T>(to_f32(out) + rv);
+      static_cast<T *>(a.y)[p0 + lane] = out;
+    }
+    if (!last) __syncthreads(); /* red is the next pass's */
+  }
+}
+
 /* A device attribute (the SM count, the compute capability major, the shared memory a block
  * may opt in to), once per device (ot_per_device_id, pdl.cuh): `fail` when the query fails,
  * -1 for a value below 1 */
@@ -701,6 +802,41 @@ cudaError_t launch_staged(const ote_fused_gemv_args &a, cudaStream_t st, bool pd
   return e;
 }
 
+/* The rowblock kernel's grid for a (rowblock_gemv_kernel): G CTAs -- the fewest that keep
+ * ceil(N / SMs) rows a CTA, or a.max_blocks below that (more passes of 32 rows) -- of
+ * threads T (K / 32 rounded up to warps); false when a does not fit (K not a multiple of 8
+ * or over 8 kRbVecs kRbThreads, W or x not 16-byte aligned). */
+bool rowblock_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, int *T) {
+  if (a.K <= 0 || a.K % 8 || a.K > 8 * kRbVecs * kRbThreads || a.N <= 0 || a.bias == a.y ||
+      (((uintptr_t)a.w | (uintptr_t)a.x) & 15))
+    return false;
+  const int64_t sms = sm_count(dev < 0 ? 0 : dev), rows = (a.N + sms - 1) / sms;
+  int64_t g = (a.N + rows - 1) / rows;
+  if (a.max_blocks > 0 && a.max_blocks < g) g = a.max_blocks;
+  *G = g;
+  *T = (int)((a.K / 8 + kRbVecs * 32 - 1) / (kRbVecs * 32) * 32);
+  return true;
+}
+
+template <typename T, int D>
+cudaError_t launch_rowblock(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl, int *done) {
+  static std::atomic<int> pdl_cache[16] = {};
+  auto f = rowblock_gemv_kernel<T, D>;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    dev = -1;
+  }
+  int64_t G = 0;
+  int threads = 0;
+  *done = 0;
+  if (!rowblock_grid(a, dev, &G, &threads)) return cudaSuccess;
+  const cudaError_t e = ot_launch_pdl_smem(pdl && pdl_ok(f, dev, pdl_cache), f, dim3((unsigned)G),
+                                           dim3(threads), 0, st, a);
+  *done = e == cudaSuccess;
+  return e;
+}
+
 template <typename T>
 cudaError_t launch_any(const ote_fused_gemv_args &a, int mode, cudaStream_t st, bool pdl) {
   if (a.rope) return launch<T, kNorm, 2, kRope>(a, st, pdl);
@@ -743,4 +879,18 @@ extern "C" int ote_cuda_staged_gemv(const ote_fused_gemv_args *a, int dtype_code
                        : launch_staged<__nv_bfloat16, false>(b, st, pdl, done));
   return (int)(b.tma ? launch_staged<__half, true>(b, st, pdl, done)
                      : launch_staged<__half, false>(b, st, pdl, done));
+}
+
+/* y = x W^T (+ bias) (+ res) for one row x by the rowblock kernel (a.w, a.N, a.K, a.bias,
+ * a.x, a.y, a.res -- may be a.y --, a.max_blocks; a.depth: rows in flight a thread, 2 or
+ * else 4; W and x 16-byte aligned): *done 0 when a's shape does not fit it (nothing
+ * launched; the caller takes another linear) */
+extern "C" int ote_cuda_rowblock_gemv(const ote_fused_gemv_args *a, int dtype_code, int pdl,
+                                      void *stream, int *done) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (dtype_code == 4 /* kDLBfloat */)
+    return (int)(a->depth == 2 ? launch_rowblock<__nv_bfloat16, 2>(*a, st, pdl, done)
+                               : launch_rowblock<__nv_bfloat16, 4>(*a, st, pdl, done));
+  return (int)(a->depth == 2 ? launch_rowblock<__half, 2>(*a, st, pdl, done)
+                             : launch_rowblock<__half, 4>(*a, st, pdl, done));
 }

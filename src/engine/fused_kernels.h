@@ -1,5 +1,6 @@
 /* fused_kernels.h -- the arguments of the engine's fused one-row linears
- * (fused_kernels.cu; launched through ote_dev_fused_gemv, device.c). C and CUDA. */
+ * (fused_kernels.cu; launched through ote_dev_fused_gemv / _staged_gemv / _rowblock_gemv,
+ * device.c). C and CUDA. */
 #ifndef OTE_FUSED_KERNELS_H
 #define OTE_FUSED_KERNELS_H
 
@@ -57,6 +58,10 @@ typedef struct ote_fused_gemv_args {
   int tma; /* not 0: those rows by TMA bulk copies where the sm_90 code runs (all before the
             * wait), else cp.async */
   int early_trigger; /* not 0: the kernel lets its dependents launch at its start */
+  /* the rowblock kernel (ote_cuda_rowblock_gemv, fused_kernels.cu: down_proj, input x):
+   * y = x W^T (+ bias) + res, the sum of y's rounded value and res rounded again (res may
+   * be y; NULL: no residual), and the rows of W in flight a thread (2, else 4) */
+  int depth;
 } ote_fused_gemv_args;
 
 #ifdef __cplusplus
