@@ -500,8 +500,13 @@ template <bool FE> __device__ __forceinline__ float pa_exp2(float x) {
  * masks (a row's [r_lo, r_hi], keys >= kh), online softmax in base 2, O += P V. Ends with a
  * __syncwarp after the stage's last read, so the caller may refill it. TM: the stage in the
  * TMA layout (above), its rows past kh not zero-filled (the V fragments of those keys are
- * zeroed here: a page's slots past the sequence may hold anything, NaN included). */
-template <typename T, int D, bool TM = false, bool FE = false>
+ * zeroed here: a page's slots past the sequence may hold anything, NaN included). CR (the
+ * opt-in variant OT_PAGED_VARIANT=rescale, pa_params_v<1>): O is multiplied by exp2(m_old -
+ * m_new) only in steps where some row of the warp raised its max (a warp vote; FA4's
+ * trick without its threshold): where none did, every row's factor is exp2(0) = 1 (or 0
+ * on a row that has seen no key yet, whose O is still 0), so the results are the same
+ * bits; the 64 FMULs (head_dim 128) are skipped once the maxima settle. */
+template <typename T, int D, bool TM = false, bool FE = false, bool CR = false>
 __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16][4], int kb,
                                         int kh, const int (&r_lo)[2], const int (&r_hi)[2],
                                         float qk_scale, float softcap, float cap2, int g, int tq4,
@@ -549,6 +554,7 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
    * softmax (base 2; FE: ex2.approx.ftz, the AL instances) */
   uint32_t pa[4];
   float sv[2][4];
+  bool grow = true; /* CR: some row of the warp raises its max in this step */
 #pragma unroll
   for (int rr = 0; rr < 2; rr++)
 #pragma unroll
@@ -575,6 +581,12 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
     float *v = sv[rr];
     float mx = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
     mx = quad_max(mx);
+    if constexpr (CR) {
+      if (rr == 0) {
+        const float mx1 = quad_max(fmaxf(fmaxf(sv[1][0], sv[1][1]), fmaxf(sv[1][2], sv[1][3])));
+        grow = __any_sync(0xffffffffu, mx > m_run[0] || mx1 > m_run[1]);
+      }
+    }
     const float m_new = fmaxf(m_run[rr], mx);
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     const float alpha = pa_exp2<FE>(m_run[rr] - m_use);
@@ -586,10 +598,12 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
     }
     l_run[rr] = l_run[rr] * alpha + ps;
     m_run[rr] = m_new;
+    if (!CR || grow) {
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
-      acc[j][2 * rr] *= alpha;
-      acc[j][2 * rr + 1] *= alpha;
+      for (int j = 0; j < NT; j++) {
+        acc[j][2 * rr] *= alpha;
+        acc[j][2 * rr + 1] *= alpha;
+      }
     }
     pa[rr] = mma_m16n8k16<T>::pack(v[0], v[1]);      /* keys tq4*2, +1      (n-block 0) */
     pa[2 + rr] = mma_m16n8k16<T>::pack(v[2], v[3]);  /* keys 8 + tq4*2, +1  (n-block 1) */
@@ -616,6 +630,13 @@ struct pa_params_tm : pa_params {
 };
 template <typename P> struct pa_is_tm { static constexpr bool value = false; };
 template <> struct pa_is_tm<pa_params_tm> { static constexpr bool value = true; };
+
+/* Opt-in variants of the AL instances (OT_PAGED_VARIANT; decode round 9, prepared, not
+ * measured): their own parameter type, so the default kernels keep their names and code.
+ * V = 1: the conditional O rescale (pa_step's CR). */
+template <int V> struct pa_params_v : pa_params {};
+template <typename P> struct pa_var_of { static constexpr int value = 0; };
+template <int V> struct pa_var_of<pa_params_v<V>> { static constexpr int value = V; };
 
 __device__ __forceinline__ void pa_tma_step(uint32_t dst_k, uint32_t dst_v, const CUtensorMap *tk,
                                             const CUtensorMap *tv, uint32_t bar, int row) {
@@ -929,8 +950,9 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
         whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
       nomask = __all_sync(0xffffffffu, whole);
     }
-    pa_step<T, D, TM, AL>(ring + (size_t)(t % S) * 2 * kPaStep * D, qa, kb, kh, r_lo, r_hi,
-                          qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc, nomask);
+    pa_step<T, D, TM, AL, pa_var_of<P>::value == 1>(ring + (size_t)(t % S) * 2 * kPaStep * D, qa,
+                                                    kb, kh, r_lo, r_hi, qk_scale, p.softcap, cap2,
+                                                    g, tq4, m_run, l_run, acc, nomask);
   }
   if constexpr (!TM) attn::cp_async_wait<0>(); /* (only empty groups can be left) */
   PA_TR(0, 4, pa_gtime());
@@ -1570,9 +1592,9 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
           whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
         nomask = __all_sync(0xffffffffu, whole);
       }
-      pa_step<T, D, TM, AL>(ring + (size_t)(t % S) * 2 * kPaStep * D, qa, (gs - u_s0) * kPaStep,
-                            u_len, r_lo, r_hi, qk_scale, p.softcap, cap2, g, tq4, m_run, l_run,
-                            acc, nomask);
+      pa_step<T, D, TM, AL, pa_var_of<PP>::value == 1>(
+          ring + (size_t)(t % S) * 2 * kPaStep * D, qa, (gs - u_s0) * kPaStep, u_len, r_lo, r_hi,
+          qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc, nomask);
     }
     if constexpr (!TM) attn::cp_async_wait<0>();
     PA_TR(0, 4, pa_gtime());
@@ -1943,6 +1965,8 @@ struct pa_env {
   int merge;        /* OT_PAGED_MERGE: "0" pa_merge_kernel, "2" pa_merge1_kernel with 16
                      * O rows ahead, else 1: pa_merge1_kernel (8 ahead); unset:
                      * OT_PA_MERGE1_DEFAULT */
+  int variant;      /* OT_PAGED_VARIANT: "rescale" 1 (pa_params_v<1>: the AL instances
+                     * without the early start, and the stream kernel's), else 0 */
 };
 
 #ifndef OT_PA_MERGE1_DEFAULT
@@ -1986,6 +2010,8 @@ static pa_env pa_read_env() {
       e.warps = x == 4 || x == 8 ? x : 0;
     } else if (is("OT_PAGED_MERGE")) {
       e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
+    } else if (is("OT_PAGED_VARIANT")) {
+      e.variant = strcmp(val, "rescale") == 0 ? 1 : 0;
     }
   });
   return e;
@@ -2011,7 +2037,8 @@ static bool pa_tma_params(const ot_cuda_state *cs, const pa_env &env, const pa_p
  * benchmark checks that a forced kernel ran (kernel 1 split, 2 stream, 3 simple); flags:
  * 1 a programmatic dependent, 4 an early start (paged_kv_ready; 2 is unused: it marked a
  * merge fused into the split kernel, measured and removed), 8 the TMA ring (experiment
- * builds), 16 the aligned-page (AL) instance, 32 8-warp CTAs. */
+ * builds), 16 the aligned-page (AL) instance, 32 8-warp CTAs, 64 an opt-in variant
+ * (OT_PAGED_VARIANT, pa_params_v). */
 struct pa_plan_rec {
   int kernel, splits, ctas, flags;
 };
@@ -2135,7 +2162,16 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
     }
   }
 #endif
-  if (!tm) {
+  /* an opt-in variant (OT_PAGED_VARIANT) of the AL instances without the early start */
+  const bool var = !tm && al && !xt && env.variant == 1;
+  if (var) {
+    if constexpr (D == 128) {
+      pa_params_v<1> vp;
+      static_cast<pa_params &>(vp) = p;
+      if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params_v<1>, true, 8>(cs, pdl, ctas, s, vp, op)));
+      else OT_TRY((pa_launch_inst<T, D, S, false, pa_params_v<1>, true>(cs, pdl, ctas, s, vp, op)));
+    }
+  } else if (!tm) {
     if constexpr (D == 128) {
       if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true, 8>(cs, pdl, ctas, s, p, op)));
       else if (al && xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, true>(cs, pdl, ctas, s, p, op)));
@@ -2148,7 +2184,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   }
   pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
                              (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
-                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0)};
+                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0) | (var ? 64 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
@@ -2206,13 +2242,21 @@ static ot_status ps_launch(ot_context *ctx, pa_params &p, const pa_env &env, con
    * grid */
   const bool al = !tm && D == 128 && env.aligned && p.bs % kPaStep == 0 &&
                   ps_ctas_per_sm<T, D, S, pa_params, true>(cs->device) == per_sm;
-  if (al)
+  /* an opt-in variant (OT_PAGED_VARIANT) where it fits the same grid */
+  const bool var = al && env.variant == 1 &&
+                   ps_ctas_per_sm<T, D, S, pa_params_v<1>, true>(cs->device) == per_sm;
+  if (var) {
+    pa_params_v<1> vp;
+    static_cast<pa_params &>(vp) = p;
+    OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params_v<1>, true>, (unsigned)ctas,
+                                     pa_cfg<D, S>::kSmem, s, vp));
+  } else if (al)
     OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params, true>, (unsigned)ctas,
                                      pa_cfg<D, S>::kSmem, s, p));
   else if (!tm)
     OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S>, (unsigned)ctas, pa_cfg<D, S>::kSmem,
                                      s, p));
-  pa_last_plan = pa_plan_rec{2, 1, ctas, (pdl ? 1 : 0) | (tm ? 8 : 0) | (al ? 16 : 0)};
+  pa_last_plan = pa_plan_rec{2, 1, ctas, (pdl ? 1 : 0) | (tm ? 8 : 0) | (al ? 16 : 0) | (var ? 64 : 0)};
   static std::atomic<int> pdl_cached[16] = {};
   OT_CUDA_CHECK(op, ot_launch_pdl(ot_pdl_ok(cs, ps_merge_kernel<T, D>, pdl_cached),
                                   ps_merge_kernel<T, D>, dim3((unsigned)wtot), dim3(kPaThreads), s,

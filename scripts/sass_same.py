@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Whether two builds' kernels have the same SASS, function by function.
+
+usage: scripts/sass_same.py BEFORE AFTER [--only SUBSTR]
+
+BEFORE / AFTER: object files (cuobjdump -sass is run: $CUOBJDUMP, else cuobjdump on PATH,
+else .venv-test's triton copy) or saved `cuobjdump -sass` listings. Addresses, the encoding
+comments and the source file name are stripped; each function present in both is compared
+instruction by instruction (and per cubin section: sm_80 / sm_90a objects list each arch).
+Prints `same` / `DIFFERENT` per function, then the functions only one side has (a new
+variant's kernels). Exit status 1 when a common function differs.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+def read_sass(path):
+    if not path.endswith(".o"):
+        return open(path).read()
+    tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if not tool:
+        here = os.path.dirname(os.path.abspath(__file__))
+        tool = os.path.join(here, "..", ".venv-test", "lib", "python3.11", "site-packages", "triton",
+                            "backends", "nvidia", "bin", "cuobjdump")
+    return subprocess.run([tool, "-sass", path], check=True, capture_output=True, text=True).stdout
+
+
+def functions(text):
+    out, arch, name = {}, "", None
+    for line in text.split("\n"):
+        m = re.search(r"arch = (sm_\w+)", line)
+        if m:
+            arch = m.group(1)
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            name = (arch, m.group(1))
+            out[name] = []
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
+        if m and name:
+            out[name].append(m.group(1))
+    return out
+
+
+def main(argv):
+    if len(argv) < 3 or argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 2
+    only = argv[argv.index("--only") + 1] if "--only" in argv else None
+    a, b = functions(read_sass(argv[1])), functions(read_sass(argv[2]))
+    bad = 0
+    for k in sorted(set(a) & set(b)):
+        if only and only not in k[1]:
+            continue
+        same = a[k] == b[k]
+        bad += not same
+        print("%-9s %-7s %s (%d instructions)" % ("same" if same else "DIFFERENT", k[0], k[1],
+                                                 len(a[k])))
+    for side, x, y in (("only in BEFORE", a, b), ("only in AFTER", b, a)):
+        for k in sorted(set(x) - set(y)):
+            if not only or only in k[1]:
+                print("%s: %s %s" % (side, k[0], k[1]))
+    print("%d common functions differ" % bad)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
