@@ -285,10 +285,15 @@ FUSED_CASES = {
 # o_proj's staged kernel (the default where the shape fits; OTE_FUSED_OPROJ=2: it must run,
 # else ot-run fails) with 40 CTAs (OTE_FUSED_BLOCKS=40: 7 / 29 / 13 rows a CTA at hidden 256
 # / 1152 / 512, past the 8 it holds in registers, so most in shared memory; its default grid
-# of one CTA per SM holds 2 / 9 / 4)
+# of one CTA per SM holds 2 / 9 / 4); and down_proj on the rowblock kernel with the residual
+# add folded in (opt-in; OTE_FUSED_DOWN=2: it must run, else ot-run fails): ffn 512 / 1480 /
+# 1024 give CTAs of 32 / 64 / 32 threads (1480: 185 vectors a row over 64 threads x 4, the
+# last ones masked; two warps summed through shared memory)
 OPROJ = {"OTE_FUSED_OPROJ": "2"}
+DOWN = {"OTE_FUSED_DOWN": "2"}
 FUSED_FORMS = {"default": {}, "3_blocks": {"OTE_FUSED_BLOCKS": "3"},
-               "oproj_staged_40_blocks": {**OPROJ, "OTE_FUSED_BLOCKS": "40"}}
+               "oproj_staged_40_blocks": {**OPROJ, "OTE_FUSED_BLOCKS": "40"},
+               "down_rowblock": DOWN}
 
 
 def fused_model(**shape):
@@ -388,6 +393,29 @@ def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
         assert tok == base_tok, f"{env}: tokens differ"
         assert np.array_equal(lg, base), \
             f"{env}: logits differ (max {np.abs(lg - base).max()})"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_cuda_fused_down_rowblock_bit_equal(tmp_path, case, dtype):
+    """down_proj on the rowblock kernel (OTE_FUSED_DOWN=2: it ran) gives the same logits and
+    tokens bit for bit with 3 CTAs (85-86 rows a CTA at hidden 256: three passes of up to 32
+    rows, the later ones after the PDL wait), with 40, and with 2 rows in flight a thread
+    instead of 4 (a row's sum is one CTA's, its threads' vectors fixed by K, in a fixed
+    order). (Not compared with the library's down_proj bit for bit: at these K the two
+    float32 sums round to the same 16-bit outputs more often than not.)"""
+    _need_cuda_ot_run()
+    run = _fused_runner(tmp_path, case, dtype)
+    base_tok, base = run(DOWN, dump=tmp_path / "b.bin")
+    for i, env in enumerate(({**DOWN, "OTE_FUSED_BLOCKS": "3"}, {**DOWN, "OTE_FUSED_BLOCKS": "40"},
+                             {**DOWN, "OTE_FUSED_DOWN_DEPTH": "2"},
+                             {**DOWN, "OTE_FUSED_BLOCKS": "3", "OTE_FUSED_DOWN_DEPTH": "2"})):
+        tok, lg = run(env, dump=tmp_path / f"p{i}.bin")
+        assert tok == base_tok, f"{env}: tokens differ"
+        assert np.array_equal(lg, base), \
+            f"{env}: logits differ (max {np.abs(lg - base).max()})"
+    # eager steps (no graph) equal the graph replays
+    assert run(DOWN, "--no-cuda-graph")[0] == base_tok
 
 
 @pytest.mark.parametrize("form", list(FUSED_FORMS))
