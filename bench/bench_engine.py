@@ -387,6 +387,13 @@ DECODE_VARIANTS = {
     "paged_merge_0": {"OT_PAGED_MERGE": "0"},
     "paged_merge_0_oproj_library": {"OT_PAGED_MERGE": "0", "OTE_FUSED_OPROJ": "0"},
     "paged_merge_2": {"OT_PAGED_MERGE": "2"},
+    # down_proj on the engine's rowblock kernel (fused_kernels.cu, opt-in, prepared
+    # 2026-11-30: K split over a CTA, no split-K reduce kernel, the residual add folded in;
+    # OTE_FUSED_DOWN=2: it must run), with 2 rows of Wd in flight a thread instead of 4, and
+    # with the merge of OT_PAGED_MERGE=2
+    "fused_down": {"OTE_FUSED_DOWN": "2"},
+    "fused_down_depth_2": {"OTE_FUSED_DOWN": "2", "OTE_FUSED_DOWN_DEPTH": "2"},
+    "fused_down_merge_2": {"OTE_FUSED_DOWN": "2", "OT_PAGED_MERGE": "2"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
     "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
     "repeat": {},  # the default again, last: the run's drift

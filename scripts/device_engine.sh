@@ -197,6 +197,20 @@ if [ "${ENGINE_MEMCHECK_DECODE:-1}" = 1 ] && command -v compute-sanitizer >/dev/
       --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_oproj_${v%%=*}.log" 2>&1
     SUMMARY+=("memcheck ot-run batch-1 decode (staged o_proj, 12 CTAs, $v) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_oproj_${v%%=*}.log" | tail -1)")
   done
+  # down_proj on the rowblock kernel (OTE_FUSED_DOWN=2: it must run; opt-in): its default
+  # grid (2 rows a CTA at the tiny config's 256) and 3 CTAs (85-86 rows: three passes);
+  # ffn 704: 88 vectors a row over 32 threads x 4, the last 40 masked
+  for v in "OTE_FUSED_BLOCKS=0" "OTE_FUSED_BLOCKS=3"; do
+    env OTE_FUSED_DOWN=2 "$v" timeout 120 compute-sanitizer --tool memcheck \
+      --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
+      --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_down_${v#*=}.log" 2>&1
+    SUMMARY+=("memcheck ot-run batch-1 decode (rowblock down_proj, $v) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_down_${v#*=}.log" | tail -1)")
+  done
+  # its shared-memory sums across passes (red[] reused after a barrier): racecheck, 3 CTAs
+  OTE_FUSED_DOWN=2 OTE_FUSED_BLOCKS=3 timeout 120 compute-sanitizer --tool racecheck \
+    --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
+    --prompt-ids 1,2,3,4,5 --max-new-tokens 3 --ignore-eos >"$OUTD/racecheck_decode_b1_down.log" 2>&1
+  SUMMARY+=("racecheck ot-run batch-1 decode (rowblock down_proj, 3 CTAs) rc $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTD/racecheck_decode_b1_down.log" | tail -1)")
 fi
 stamp "ot-run done"
 
