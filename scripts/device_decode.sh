@@ -20,7 +20,9 @@
 # that order; "default" is the packed library; PEERS_FOR="name ...": with --peers, i.e. the
 # read ceiling and cuDNN / flash SDPA in the same process), CHECK=1 (--check of the default
 # build), ABX="name ..." (the builds in ONE process, bench_decode.py --ab, AB_ROUNDS rounds
-# with cuDNN / flash -> $OUT/ab.json; on failure AB falls back to them), MEM=1 (the memory
+# with cuDNN / flash -> $OUT/ab.json; on failure AB falls back to them; an entry
+# NAME=BUILD@VAR=VALUE@... is packed build BUILD with those variables set around its calls,
+# e.g. rescale=default@OT_PAGED_VARIANT=rescale; AB_SHAPES="16x4096,..." the shapes), MEM=1 (the memory
 # suite, MEM_FILTER its filter), SAN_FILTERS / RACE_FILTERS / SYNC_FILTERS (as
 # below), then the traces, NCU_CASES (ncu of ours and cuDNN).
 set -uo pipefail
@@ -129,10 +131,16 @@ MODE=${DECODE_MODE:-all}
 if [ "$MODE" = probe ]; then
   shim_of() { [ "$1" = default ] && echo build-dec/libdecode_shim.so || echo "build-dec/libdecode_shim_$1.so"; }
   if [ -n "${ABX:-}" ]; then  # "name ...": one process (bench_decode.py --ab), rounds alternating
-    spec=; for v in $ABX; do spec="${spec:+$spec,}$v=$(shim_of "$v")"; done
+    spec=
+    for v in $ABX; do
+      case $v in
+        *=*) n=${v%%=*} r=${v#*=}; b=${r%%@*}; spec="${spec:+$spec,}$n=$(shim_of "$b")${r#"$b"}" ;;
+        *) spec="${spec:+$spec,}$v=$(shim_of "$v")" ;;
+      esac
+    done
     stamp "ab (one process): $ABX"
     timeout "${ABX_TIMEOUT:-60}" python3 bench/bench_decode.py --shim none --ab "$spec" --rounds "${AB_ROUNDS:-6}" \
-      --json "$OUT/ab.json" --commit "$COMMIT" >"$LOGS/ab.log" 2>&1
+      ${AB_SHAPES:+--ab-shapes "$AB_SHAPES"} --json "$OUT/ab.json" --commit "$COMMIT" >"$LOGS/ab.log" 2>&1
     rc=$?; echo "ab rc=$rc"; grep '^ab' "$LOGS/ab.log" | tee -a "$OUT/probe.log"
     if [ $rc != 0 ]; then tail -5 "$LOGS/ab.log"; [ -n "${AB:-}" ] || AB=$ABX; fi  # then one process per build
   fi

@@ -1899,36 +1899,45 @@ static void paged_instance_cases(test_run *tr) {
 }
 
 /* The opt-in variants (OT_PAGED_VARIANT, plan flag 64; decode round 9, prepared): the
- * conditional O rescale ("rescale") of the 4- and 8-warp aligned split instances on the
- * instance blocks' cases, then of the aligned stream kernel on the head_dim-128 cases, the
- * long ones and a ragged batch over small grids; each case against the float64 reference
- * and, bit for bit, against the default kernels (paged_variant_bits: it keeps the
- * summation order and skips only factors of exactly 1). */
+ * conditional O rescale ("rescale") and that with the fragment reads from per-lane offsets
+ * ("lds"), each in the 4- and 8-warp aligned split instances on the instance blocks' cases,
+ * then in the aligned stream kernel on the head_dim-128 cases, the long ones and a ragged
+ * batch over small grids; each case against the float64 reference and, bit for bit,
+ * against the default kernels (paged_variant_bits: the variants keep the summation order,
+ * skip only factors of exactly 1 and read the same shared-memory bytes). */
 static void paged_variant_cases(test_run *tr) {
+  static const char *const vals[] = {"rescale", "lds"};
   g_pbits_env = "OT_PAGED_VARIANT";
-  paged_mode_cases(tr, "rescale ", "OT_PAGED_VARIANT", "rescale", 16 | 64, 32);
-  env_saved w8 = env_set("OT_PAGED_WARPS", "8");
-  paged_mode_cases(tr, "rescale w8 ", "OT_PAGED_VARIANT", "rescale", 16 | 32 | 64, 0);
-  env_restore(&w8);
-  env_saved var = env_set("OT_PAGED_VARIANT", "rescale");
-  env_saved kern = env_set("OT_PAGED_KERNEL", "stream");
-  g_pmode = "rescale stream ";
-  g_pkernel = 2;
-  g_pflag_set = 16 | 64;
-  for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
-    if (paged_cuda_cases[i].d == 128 && paged_cuda_cases[i].wl < 0) /* (a left window: split) */
-      paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
-  paged_case(tr, &paged_cuda_long[0], DT_BF16);
-  paged_case(tr, &paged_cuda_long[2], DT_F16);
-  env_saved grid = env_set("OT_PAGED_STREAM_CTAS", "3");
-  paged_case(tr, &paged_cuda_long[3], DT_BF16);
-  env_restore(&grid);
-  g_pflag_set = 0;
-  g_pkernel = 1;
-  g_pmode = "";
-  env_restore(&kern);
-  paged_stream_case(tr, "rescale stream B70 ragged GQA4 bs16", 70, 300, 3, 8, 2, 16, 0, DT_BF16, 11);
-  env_restore(&var);
+  for (int v = 0; v < 2; v++) {
+    char pre[64];
+    snprintf(pre, sizeof pre, "%s ", vals[v]);
+    paged_mode_cases(tr, pre, "OT_PAGED_VARIANT", vals[v], 16 | 64, 32);
+    env_saved w8 = env_set("OT_PAGED_WARPS", "8");
+    snprintf(pre, sizeof pre, "%s w8 ", vals[v]);
+    paged_mode_cases(tr, pre, "OT_PAGED_VARIANT", vals[v], 16 | 32 | 64, 0);
+    env_restore(&w8);
+    env_saved var = env_set("OT_PAGED_VARIANT", vals[v]);
+    env_saved kern = env_set("OT_PAGED_KERNEL", "stream");
+    snprintf(pre, sizeof pre, "%s stream ", vals[v]);
+    g_pmode = pre;
+    g_pkernel = 2;
+    g_pflag_set = 16 | 64;
+    for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
+      if (paged_cuda_cases[i].d == 128 && paged_cuda_cases[i].wl < 0) /* (a left window: split) */
+        paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
+    paged_case(tr, &paged_cuda_long[0], DT_BF16);
+    paged_case(tr, &paged_cuda_long[2], DT_F16);
+    env_saved grid = env_set("OT_PAGED_STREAM_CTAS", "3");
+    paged_case(tr, &paged_cuda_long[3], DT_BF16);
+    env_restore(&grid);
+    g_pflag_set = 0;
+    g_pkernel = 1;
+    g_pmode = "";
+    env_restore(&kern);
+    snprintf(pre, sizeof pre, "%s stream B70 ragged GQA4 bs16", vals[v]);
+    paged_stream_case(tr, pre, 70, 300, 3, 8, 2, 16, 0, DT_BF16, 11);
+    env_restore(&var);
+  }
   g_pbits_env = NULL;
 }
 

@@ -490,6 +490,33 @@ __device__ __forceinline__ void pa_fc_offsets(const T *ring, int lane, uint32_t 
   fc_g = r0 * D + c * 8;
 }
 
+/* LB (the opt-in variant OT_PAGED_VARIANT=lds, pa_params_v<3>; head_dim 128, cp.async
+ * layout): pa_step's 16 fragment reads as one of four per-lane byte offsets plus the stage's
+ * shared address plus immediates, where the compiler re-derived each read's swizzled address
+ * from the thread index in every step (~60 integer instructions per step, decode round 9).
+ * K read (nb, c): row nb * 8 + g, chunk (c * 4 + tq4) ^ swz(g) = (c >> 1) * 8 + (x ^ (c & 1) * 4)
+ * with x = tq4 ^ swz(g); V read (e, h): row tq4 * 2 + (e & 1) + (e >> 1) * 8, whose swizzle is
+ * (e & 1) * 4 ^ tq4 * 2, chunk h * 8 + (g ^ that). */
+struct pa_lds_base {
+  uint32_t k[2], v[2]; /* bytes from a stage's start: K of c even / odd, V of e even / odd */
+};
+__device__ __forceinline__ pa_lds_base pa_lds_offsets(int g, int tq4) {
+  const uint32_t x = (uint32_t)(tq4 ^ pa_swz(g)), y = (uint32_t)(g ^ (tq4 * 2));
+  pa_lds_base b;
+  b.k[0] = (uint32_t)g * 256u + x * 16u;
+  b.k[1] = (uint32_t)g * 256u + (x ^ 4u) * 16u;
+  b.v[0] = 4096u + (uint32_t)tq4 * 512u + y * 16u;
+  b.v[1] = 4096u + (uint32_t)tq4 * 512u + 256u + (y ^ 4u) * 16u;
+  return b;
+}
+template <int IMM> __device__ __forceinline__ uint4 pa_lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4+%5];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr), "n"(IMM));
+  return v;
+}
+
 /* The online softmax's exp2: FE (the AL instances) ex2.approx.ftz, else exp2f. */
 template <bool FE> __device__ __forceinline__ float pa_exp2(float x) {
   if constexpr (FE) return attn::fast_exp2(x);
@@ -506,23 +533,37 @@ template <bool FE> __device__ __forceinline__ float pa_exp2(float x) {
  * trick without its threshold): where none did, every row's factor is exp2(0) = 1 (or 0
  * on a row that has seen no key yet, whose O is still 0), so the results are the same
  * bits; the 64 FMULs (head_dim 128) are skipped once the maxima settle. */
-template <typename T, int D, bool TM = false, bool FE = false, bool CR = false>
+template <typename T, int D, bool TM = false, bool FE = false, bool CR = false, bool LB = false>
 __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16][4], int kb,
                                         int kh, const int (&r_lo)[2], const int (&r_hi)[2],
                                         float qk_scale, float softcap, float cap2, int g, int tq4,
                                         float (&m_run)[2], float (&l_run)[2],
-                                        float (&acc)[D / 8][4], bool nomask = false) {
+                                        float (&acc)[D / 8][4], bool nomask = false,
+                                        const pa_lds_base &lb = pa_lds_base{}) {
   constexpr int KC = D / 32, NT = D / 8, VH = D / 64;
+  static_assert(!LB || (D == 128 && !TM), "the LB reads are laid out for head_dim 128");
   uint4 kr[2][KC], vr[4][VH];
+  if constexpr (LB) {
+    const uint32_t sb = attn::smem_u32(st);
+    const uint32_t k0 = sb + lb.k[0], k1 = sb + lb.k[1], v0 = sb + lb.v[0], v1 = sb + lb.v[1];
+    kr[0][0] = pa_lds128<0>(k0), kr[0][1] = pa_lds128<0>(k1);
+    kr[0][2] = pa_lds128<128>(k0), kr[0][3] = pa_lds128<128>(k1);
+    kr[1][0] = pa_lds128<2048>(k0), kr[1][1] = pa_lds128<2048>(k1);
+    kr[1][2] = pa_lds128<2048 + 128>(k0), kr[1][3] = pa_lds128<2048 + 128>(k1);
+    vr[0][0] = pa_lds128<0>(v0), vr[0][1] = pa_lds128<128>(v0);
+    vr[1][0] = pa_lds128<0>(v1), vr[1][1] = pa_lds128<128>(v1);
+    vr[2][0] = pa_lds128<2048>(v0), vr[2][1] = pa_lds128<2048 + 128>(v0);
+    vr[3][0] = pa_lds128<2048>(v1), vr[3][1] = pa_lds128<2048 + 128>(v1);
+  }
 #pragma unroll
-  for (int nb = 0; nb < 2; nb++) {
+  for (int nb = 0; nb < 2 && !LB; nb++) {
     const int r = pa_krow<TM>(nb * 8 + g);
 #pragma unroll
     for (int c = 0; c < KC; c++)
       kr[nb][c] = *reinterpret_cast<const uint4 *>(st + r * D + pa_chunk_at<TM>(r, c * 4 + tq4) * 8);
   }
 #pragma unroll
-  for (int e = 0; e < 4; e++) {
+  for (int e = 0; e < 4 && !LB; e++) {
     const int r = pa_krow<TM>(tq4 * 2 + (e & 1) + (e >> 1) * 8);
 #pragma unroll
     for (int h = 0; h < VH; h++)
@@ -633,10 +674,13 @@ template <> struct pa_is_tm<pa_params_tm> { static constexpr bool value = true; 
 
 /* Opt-in variants of the AL instances (OT_PAGED_VARIANT; decode round 9, prepared, not
  * measured): their own parameter type, so the default kernels keep their names and code.
- * V = 1: the conditional O rescale (pa_step's CR). */
+ * V = 1: the conditional O rescale (pa_step's CR); 3: that and the fragment reads from
+ * per-lane offsets plus immediates (LB). */
 template <int V> struct pa_params_v : pa_params {};
 template <typename P> struct pa_var_of { static constexpr int value = 0; };
 template <int V> struct pa_var_of<pa_params_v<V>> { static constexpr int value = V; };
+template <typename P> struct pa_var_cr { static constexpr bool value = (pa_var_of<P>::value & 1) != 0; };
+template <typename P> struct pa_var_lb { static constexpr bool value = (pa_var_of<P>::value & 2) != 0; };
 
 __device__ __forceinline__ void pa_tma_step(uint32_t dst_k, uint32_t dst_v, const CUtensorMap *tk,
                                             const CUtensorMap *tv, uint32_t bar, int row) {
@@ -920,6 +964,8 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const float qk_scale = p.softcap > 0 ? p.scale / p.softcap : p.scale * kLog2e;
   const float cap2 = p.softcap * kLog2e;
+  /* LB variant: the fragment reads' per-lane offsets (pa_lds_offsets) */
+  const pa_lds_base lb = pa_var_lb<P>::value ? pa_lds_offsets(g, tq4) : pa_lds_base{};
 
 #pragma unroll 1
   for (int t = 0; t < nst; t++) {
@@ -950,9 +996,9 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
         whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
       nomask = __all_sync(0xffffffffu, whole);
     }
-    pa_step<T, D, TM, AL, pa_var_of<P>::value == 1>(ring + (size_t)(t % S) * 2 * kPaStep * D, qa,
-                                                    kb, kh, r_lo, r_hi, qk_scale, p.softcap, cap2,
-                                                    g, tq4, m_run, l_run, acc, nomask);
+    pa_step<T, D, TM, AL, pa_var_cr<P>::value, pa_var_lb<P>::value>(
+        ring + (size_t)(t % S) * 2 * kPaStep * D, qa, kb, kh, r_lo, r_hi, qk_scale, p.softcap,
+        cap2, g, tq4, m_run, l_run, acc, nomask, lb);
   }
   if constexpr (!TM) attn::cp_async_wait<0>(); /* (only empty groups can be left) */
   PA_TR(0, 4, pa_gtime());
@@ -1493,6 +1539,8 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
 
     const float qk_scale = p.softcap > 0 ? p.scale / p.softcap : p.scale * kLog2e;
     const float cap2 = p.softcap * kLog2e;
+    /* LB variant: the fragment reads' per-lane offsets (pa_lds_offsets) */
+    const pa_lds_base lb = pa_var_lb<PP>::value ? pa_lds_offsets(g, tq4) : pa_lds_base{};
     float acc[NT][4], m_run[2], l_run[2];
     uint32_t qa[KS][4];
     int r_lo[2], r_hi[2];
@@ -1592,9 +1640,9 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
           whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
         nomask = __all_sync(0xffffffffu, whole);
       }
-      pa_step<T, D, TM, AL, pa_var_of<PP>::value == 1>(
+      pa_step<T, D, TM, AL, pa_var_cr<PP>::value, pa_var_lb<PP>::value>(
           ring + (size_t)(t % S) * 2 * kPaStep * D, qa, (gs - u_s0) * kPaStep, u_len, r_lo, r_hi,
-          qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc, nomask);
+          qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc, nomask, lb);
     }
     if constexpr (!TM) attn::cp_async_wait<0>();
     PA_TR(0, 4, pa_gtime());
@@ -1965,8 +2013,8 @@ struct pa_env {
   int merge;        /* OT_PAGED_MERGE: "0" pa_merge_kernel, "2" pa_merge1_kernel with 16
                      * O rows ahead, else 1: pa_merge1_kernel (8 ahead); unset:
                      * OT_PA_MERGE1_DEFAULT */
-  int variant;      /* OT_PAGED_VARIANT: "rescale" 1 (pa_params_v<1>: the AL instances
-                     * without the early start, and the stream kernel's), else 0 */
+  int variant;      /* OT_PAGED_VARIANT: "rescale" 1, "lds" 3 (pa_params_v<1 / 3>: the AL
+                     * instances without the early start, and the stream kernel's), else 0 */
 };
 
 #ifndef OT_PA_MERGE1_DEFAULT
@@ -2011,7 +2059,7 @@ static pa_env pa_read_env() {
     } else if (is("OT_PAGED_MERGE")) {
       e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
     } else if (is("OT_PAGED_VARIANT")) {
-      e.variant = strcmp(val, "rescale") == 0 ? 1 : 0;
+      e.variant = strcmp(val, "rescale") == 0 ? 1 : strcmp(val, "lds") == 0 ? 3 : 0;
     }
   });
   return e;
@@ -2064,6 +2112,31 @@ static ot_status pa_launch_inst(const ot_cuda_state *cs, bool pdl, int64_t ctas,
                     smem);
   OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S, XT, P, AL, NW>, (unsigned)ctas,
                                    smem, s, p, 32 * NW));
+  return OT_OK;
+}
+
+/* An opt-in variant V (OT_PAGED_VARIANT, pa_params_v<V>) of the AL split instance, 4 or
+ * 8 warps, no early start. */
+template <typename T, int D, int S, int V>
+static ot_status pa_launch_var(const ot_cuda_state *cs, bool pdl, bool w8, int64_t ctas,
+                               cudaStream_t s, const pa_params &p, const char *op) {
+  pa_params_v<V> vp;
+  static_cast<pa_params &>(vp) = p;
+  if (w8) return pa_launch_inst<T, D, S, false, pa_params_v<V>, true, 8>(cs, pdl, ctas, s, vp, op);
+  return pa_launch_inst<T, D, S, false, pa_params_v<V>, true>(cs, pdl, ctas, s, vp, op);
+}
+
+/* The same for the stream kernel's AL instance, where it fits the default's grid (per_sm
+ * CTAs per SM); *ran: whether it launched. */
+template <typename T, int D, int S, int V>
+static ot_status ps_launch_var(const ot_cuda_state *cs, bool pdl, int per_sm, int ctas,
+                               cudaStream_t s, const pa_params &p, const char *op, bool *ran) {
+  *ran = ps_ctas_per_sm<T, D, S, pa_params_v<V>, true>(cs->device) == per_sm;
+  if (!*ran) return OT_OK;
+  pa_params_v<V> vp;
+  static_cast<pa_params &>(vp) = p;
+  OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params_v<V>, true>, (unsigned)ctas,
+                                   pa_cfg<D, S>::kSmem, s, vp));
   return OT_OK;
 }
 
@@ -2163,13 +2236,11 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   }
 #endif
   /* an opt-in variant (OT_PAGED_VARIANT) of the AL instances without the early start */
-  const bool var = !tm && al && !xt && env.variant == 1;
+  const bool var = !tm && al && !xt && env.variant != 0;
   if (var) {
     if constexpr (D == 128) {
-      pa_params_v<1> vp;
-      static_cast<pa_params &>(vp) = p;
-      if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params_v<1>, true, 8>(cs, pdl, ctas, s, vp, op)));
-      else OT_TRY((pa_launch_inst<T, D, S, false, pa_params_v<1>, true>(cs, pdl, ctas, s, vp, op)));
+      if (env.variant == 1) OT_TRY((pa_launch_var<T, D, S, 1>(cs, pdl, w8, ctas, s, p, op)));
+      else OT_TRY((pa_launch_var<T, D, S, 3>(cs, pdl, w8, ctas, s, p, op)));
     }
   } else if (!tm) {
     if constexpr (D == 128) {
@@ -2243,17 +2314,15 @@ static ot_status ps_launch(ot_context *ctx, pa_params &p, const pa_env &env, con
   const bool al = !tm && D == 128 && env.aligned && p.bs % kPaStep == 0 &&
                   ps_ctas_per_sm<T, D, S, pa_params, true>(cs->device) == per_sm;
   /* an opt-in variant (OT_PAGED_VARIANT) where it fits the same grid */
-  const bool var = al && env.variant == 1 &&
-                   ps_ctas_per_sm<T, D, S, pa_params_v<1>, true>(cs->device) == per_sm;
+  bool var = false;
+  if (al && env.variant == 1) OT_TRY((ps_launch_var<T, D, S, 1>(cs, pdl, per_sm, ctas, s, p, op, &var)));
+  else if (al && env.variant != 0) OT_TRY((ps_launch_var<T, D, S, 3>(cs, pdl, per_sm, ctas, s, p, op, &var)));
   if (var) {
-    pa_params_v<1> vp;
-    static_cast<pa_params &>(vp) = p;
-    OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params_v<1>, true>, (unsigned)ctas,
-                                     pa_cfg<D, S>::kSmem, s, vp));
-  } else if (al)
+    /* launched above */
+  } else if (al) {
     OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params, true>, (unsigned)ctas,
                                      pa_cfg<D, S>::kSmem, s, p));
-  else if (!tm)
+  } else if (!tm)
     OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S>, (unsigned)ctas, pa_cfg<D, S>::kSmem,
                                      s, p));
   pa_last_plan = pa_plan_rec{2, 1, ctas, (pdl ? 1 : 0) | (tm ? 8 : 0) | (al ? 16 : 0) | (var ? 64 : 0)};
