@@ -32,7 +32,12 @@ lead-in step and --ab-steps steps (default 5) with a CUDA event between consecut
 steps, the order reversed every other round; a variant's step time is the median of its
 rounds x steps timings (shared/BENCH.md), tokens/s = tokens per step / that median; peak
 memory = its parameters and optimizer states + the most its windows allocated above
-what was held before them. The later groups measure one variant per case as before
+what was held before them. Groups 11 / 12 (FUSE_LAYER_ADDS) interleave the variants
+step by step instead (run_ab: each round a lead-in pass and passes of one step per
+variant, alternating order; per-round ratios with a bootstrap interval; clocks per
+variant from the NVML samples taken during its steps) and spy on the fused adds: a
+variant whose steps did not take its path is not reported (status path_not_taken).
+The later groups measure one variant per case as before
 (run_case): warm-up steps, then --steps timed steps between device synchronizations,
 tokens/s = tokens of the timed steps / their wall time, peak memory =
 torch.cuda.max_memory_allocated over them. Model FLOPs per token: 6 N (N = non-embedding parameters + the LM
@@ -183,11 +188,12 @@ def plan(quick):
         [dict(a, variant="hf_eager"), dict(lc, variant="hf_eager")],
         # 11, 12: patch.FUSE_LAYER_ADDS (off by default; run of 1c2f893) against the default,
         # eager and compiled, with HF sdpa + compile as the compiled ratio's peer (0.54 B,
-        # 1.5 B)
-        [dict(a, kind="ab", tag="fused_adds", variants=[
+        # 1.5 B); interleaved step by step, 12 rounds of 4 passes (48 timed steps a
+        # variant: the per-round ratios' interval, run_ab), the fused paths spied on
+        [dict(a, kind="ab", tag="fused_adds", interleave=True, rounds=12, steps=4, variants=[
             "hf_sdpa_compile", "patched_compile", "patched_compile_fused_adds", "patched",
             "patched_fused_adds"])],
-        [dict(b, kind="ab", tag="fused_adds", variants=[
+        [dict(b, kind="ab", tag="fused_adds", interleave=True, rounds=12, steps=4, variants=[
             "hf_sdpa_compile", "patched_compile", "patched_compile_fused_adds", "patched",
             "patched_fused_adds"])],
     ]
@@ -336,6 +342,7 @@ class _Clocks:
     def __init__(self, device, every=0.02):
         self.device, self.every, self.result = device, every, None
         self._samples, self._reasons, self._stop, self._thread = [], 0, None, None
+        self.timed_samples = []               # (time.perf_counter(), SM MHz)
 
     def __enter__(self):
         import threading
@@ -359,6 +366,9 @@ class _Clocks:
         n = self._nvml
         self._samples.append((n.nvmlDeviceGetClockInfo(self._h, n.NVML_CLOCK_SM),
                               n.nvmlDeviceGetPowerUsage(self._h) / 1e3))
+        # (the host time of each sample: run_ab's interleaved rounds attribute a sample to
+        # the step the GPU ran then, from the steps' CUDA events)
+        self.timed_samples.append((time.perf_counter(), self._samples[-1][0]))
         try:
             self._reasons |= n.nvmlDeviceGetCurrentClocksThrottleReasons(self._h)
         except Exception:  # noqa: BLE001
@@ -383,6 +393,149 @@ class _Clocks:
                            samples=len(clk),
                            throttle=[v for k, v in self._REASONS.items() if self._reasons & k])
         return False
+
+
+class _FusedSeen:
+    """What the patched decoder layers decided about patch.FUSE_LAYER_ADDS in the steps
+    since the last :func:`_seen_take`: attributes set by the spies of
+    :func:`_install_fused_spies` (norm_fused / norm_unfused = the reason, mlp_fused /
+    mlp_unfused, down_residual / down_plain). The spies only write them, never read them,
+    so that under torch.compile dynamo replays the writes after every compiled call (a
+    side effect of the traced code: what the trace decided, each step) and guards on none
+    of them; a list's append would guard the list's length and recompile every step
+    (torch 2.11 and 2.15 on the CPU)."""
+
+
+_SEEN = _FusedSeen()
+_SPIES = {}              # the patch module's originals while the spies are installed
+
+
+def _install_fused_spies():
+    """Wrap the patch's FUSE_LAYER_ADDS decisions (the functions the tests spy on, looked
+    up as module globals at call time, traced by dynamo): _keep_input_why (the input
+    norm keeps the layer input: None, else the failing condition), _fuse_mlp_ok (the MLP
+    called with the residual) and _SwiGLUDown (the down projection's GEMM given the
+    residual: the add in its epilogue). Idempotent; :func:`_remove_fused_spies` undoes
+    it. Installed before any model of the A/B is built and kept until its end (replacing
+    a global that compiled code has read would recompile it)."""
+    from ops_transformer import patch as ot_patch
+    if _SPIES:
+        return
+    why, mlp_ok, down = ot_patch._keep_input_why, ot_patch._fuse_mlp_ok, ot_patch._SwiGLUDown
+    seen = _SEEN
+
+    def keep_input_why(norm, x):
+        r = why(norm, x)
+        if r is None:
+            seen.norm_fused = True
+        else:
+            seen.norm_unfused = r
+        return r
+
+    def fuse_mlp_ok(mlp):
+        ok = mlp_ok(mlp)
+        if ok:
+            seen.mlp_fused = True
+        else:
+            seen.mlp_unfused = True
+        return ok
+
+    class SwiGLUDown:
+        @staticmethod
+        def apply(gate, up, weight, bias, residual=None):
+            if residual is None:
+                seen.down_plain = True
+            else:
+                seen.down_residual = True
+            return down.apply(gate, up, weight, bias, residual)
+    _SPIES.update(_keep_input_why=why, _fuse_mlp_ok=mlp_ok, _SwiGLUDown=down)
+    ot_patch._keep_input_why = keep_input_why
+    ot_patch._fuse_mlp_ok = fuse_mlp_ok
+    ot_patch._SwiGLUDown = SwiGLUDown
+    vars(_SEEN).clear()
+
+
+def _remove_fused_spies():
+    from ops_transformer import patch as ot_patch
+    for k, v in _SPIES.items():
+        setattr(ot_patch, k, v)
+    _SPIES.clear()
+
+
+def _seen_take():
+    """The spies' record since the last call (and clear it): a dict, {} where no patched
+    decoder layer ran."""
+    got = dict(vars(_SEEN))
+    vars(_SEEN).clear()
+    return got
+
+
+def _fused_verdict(variant, records):
+    """Whether a variant's steps took the path its name says: for a *_fused_adds variant
+    every record (the warm-up's, each timed step's or window's) has both halves fused in
+    every layer -- the input norm keeping the layer input, the MLP called with the
+    residual and its down projection given it -- and no unfused layer; for another
+    patched variant, no fused half anywhere (an A/B of two identical paths is an A/A).
+    Returns None when it did, else why not (the first failing record's)."""
+    want = variant.endswith("_fused_adds")
+    for i, r in enumerate(records):
+        where = "warm-up" if i == 0 else f"timed record {i}"
+        if want:
+            miss = [h for h, ok, bad in (("input norm", "norm_fused", "norm_unfused"),
+                                         ("MLP residual", "mlp_fused", "mlp_unfused"),
+                                         ("down GEMM residual", "down_residual", "down_plain"))
+                    if not r.get(ok) or r.get(bad)]
+            if miss:
+                return (f"{where}: not fused: {', '.join(miss)}"
+                        + (f" (input norm: {r['norm_unfused']!r})" if r.get("norm_unfused")
+                           else "") + f"; seen {sorted(r)}")
+        elif any(r.get(k) for k in ("norm_fused", "mlp_fused", "down_residual")):
+            return f"{where}: a fused add ran in a variant without them; seen {sorted(r)}"
+    return None
+
+
+def _bootstrap_ci(values, n=2000, seed=0):
+    """95% percentile bootstrap interval of the mean of values (resampled with
+    replacement, a fixed seed: the same record gives the same interval)."""
+    import random
+    import statistics
+    if len(values) < 2:
+        return None
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(n))
+    return [means[int(0.025 * n)], means[int(0.975 * n) - 1]]
+
+
+def _round_ratios(rows):
+    """Per-round tokens/s ratios of each measured row against its references -- the
+    case's HF peer (HF sdpa + torch.compile for a compiled variant, else HF sdpa, else
+    the first HF row) and, for a *_fused_adds variant, its variant without the fused
+    adds: each round's ratio is the reference's median step time in that round over the
+    row's; with their median, mean, min, max and a 95% bootstrap interval of the mean
+    (the call's within-call spread of the ratio). Written into each row as
+    round_ratios {reference variant: {...}}."""
+    import statistics
+    by = {r["variant"]: r for r in rows if r.get("round_ms")}
+    hf = [v for v in by if v.startswith("hf")]
+    for v, r in by.items():
+        refs = []
+        if not v.startswith("hf") and hf:
+            pref = "hf_sdpa_compile" if _compiled(v) else "hf_sdpa"
+            refs.append(pref if pref in by else hf[0])
+        if v.endswith("_fused_adds") and v[:-len("_fused_adds")] in by:
+            refs.append(v[:-len("_fused_adds")])
+        out = {}
+        for ref in refs:
+            a, b = by[ref]["round_ms"], r["round_ms"]
+            per = [x / y for x, y in zip(a, b) if x and y]
+            if not per:
+                continue
+            out[ref] = dict(per_round=[round(x, 4) for x in per],
+                            median=statistics.median(per), mean=statistics.fmean(per),
+                            min=min(per), max=max(per),
+                            ci95=_bootstrap_ci(per))
+        if out:
+            r["round_ratios"] = out
 
 
 def _dynamo_stats():
@@ -538,20 +691,35 @@ def run_ab(case, args, device, dtype):
     """The variants of one case in one process, timed in a balanced order (the method of
     shared/BENCH.md: CUDA events, warm-up first, medians): every variant's model is
     built, compiled where it is, and warmed up (3 steps, 5 with torch.compile) first;
-    then `rounds` rounds, each running every variant's window -- forward order in even
-    rounds, reverse in odd ones (ABC CBA ...), so that no variant always follows the same
-    one or always runs at the same point of the GPU's warming -- of one unsynchronized
-    lead-in step and `steps` steps with a CUDA event between consecutive steps (the GPU's
-    time per step with the host ahead, as in a training loop). A variant's step time is
-    the median over its rounds x steps timings; the mean and each window's sync-to-sync
-    wall time are recorded as well. Peak memory per variant: its own parameters and
-    optimizer states plus the most its windows allocated above what was held before
-    them (the other variants' models sit in the same process). One row per variant, in
-    the shape of run_case's."""
+    then `rounds` rounds. Windowed (the default): each round runs every variant's window
+    -- forward order in even rounds, reverse in odd ones (ABC CBA ...), so that no
+    variant always follows the same one or always runs at the same point of the GPU's
+    warming -- of one unsynchronized lead-in step and `steps` steps with a CUDA event
+    between consecutive steps (the GPU's time per step with the host ahead, as in a
+    training loop). Interleaved (the case's "interleave" or --ab-interleave): each round
+    is one untimed lead-in pass (every variant one step) and `steps` passes of one timed
+    step per variant, the order reversed every other pass (ABC CBA ABC ...), between two
+    synchronizations: the variants' steps sit next to each other in time, so a drift of
+    the SM clock (an H200 at its power cap: 1-3% between the windows of a call) reaches
+    them alike. A variant's step time is the median over its rounds x steps timings;
+    each round's median too (round_ms), and from them the per-round ratios against the
+    case's references with a bootstrap interval (_round_ratios); the mean and each
+    window's sync-to-sync wall time (windowed) are recorded as well. Clocks per variant:
+    windowed, each window's NVML samples; interleaved, each sample given to the step the
+    GPU ran when it was taken (the steps' CUDA events against the host clock from the
+    round's synchronized start). Peak memory per variant: its own parameters and
+    optimizer states plus the most its steps allocated above what was held before them
+    (the other variants' models sit in the same process). With a *_fused_adds variant
+    in the case, the patch's fused-add decisions are spied on (_install_fused_spies) and
+    recorded per variant after the warm-up and for each window / timed step
+    (fused_paths); a variant whose steps did not take its path (fused, or for the others
+    unfused: _fused_verdict) gets status "path_not_taken" and no tokens/s (its timings
+    kept, not_reported). One row per variant, in the shape of run_case's."""
     import statistics
     import torch
     rounds = case.get("rounds", args.ab_rounds)
     steps = case.get("steps", args.ab_steps) if not args.quick else 2
+    interleave = bool(case.get("interleave", getattr(args, "ab_interleave", False)))
     if args.quick:
         rounds = min(rounds, 2)
     built, rows = [], []
@@ -563,21 +731,34 @@ def run_ab(case, args, device, dtype):
     variants = [(_other_variant(case, device, dtype) if v == "patched_other" else v)
                 for v in case["variants"]]
     case = dict(case, variants=variants)
+    spies = any(v.endswith("_fused_adds") for v in variants)
+    if spies:
+        _install_fused_spies()
+    method = (f"balanced A/B, interleaved: {rounds} rounds x {steps} passes of one step "
+              "per variant, median" if interleave
+              else f"balanced A/B, {rounds} rounds x {steps} steps, median")
     for variant in variants:
         c = dict(case, variant=variant)
         res = dict(case=case_name(c["cfg"], c["batch"], c["seq"], c.get("tag")),
                    variant=variant, label=VARIANTS[variant], cfg=c["cfg"], batch=c["batch"],
-                   seq=c["seq"], method=f"balanced A/B, {rounds} rounds x {steps} steps, median")
+                   seq=c["seq"], method=method)
         try:
             t0 = time.perf_counter()
             model, fwd, opt, cfg, data = _setup(c, variant, res, args, device, dtype)
+            if variant.startswith("patched"):
+                _use_attention(variant)
+            _seen_take()
             for i in range((5 if _compiled(variant) else 3) if not args.quick else 2):
                 loss = _step(fwd, model, opt, data[i % 2])
             _sync(device)
             res["warmup_s"] = time.perf_counter() - t0
             if _compiled(variant):       # (_build cleared the counters: this variant's)
                 res["dynamo"] = _dynamo_stats()
-            built.append([res, model, fwd, opt, data, cfg, [], [], [], 0])
+            if spies and variant.startswith("patched"):
+                res["fused_paths"] = [_seen_take()]      # the warm-up's, then the timed ones
+            # [res, model, fwd, opt, data, cfg, step times, walls, clocks, peak, per-round
+            #  step times, per-round SM clock samples, last loss]
+            built.append([res, model, fwd, opt, data, cfg, [], [], [], 0, [], [], None])
         except Exception as e:  # noqa: BLE001  (recorded; the other variants run)
             msg = f"{type(e).__name__}: {e}".split("\n")[0][:400]
             res.update(status="oom" if _is_oom(e) else "error", error=msg)
@@ -586,52 +767,96 @@ def run_ab(case, args, device, dtype):
             model = opt = fwd = None
             _release(device)
     cuda = device.type == "cuda"
-    for r in range(rounds):
-        for b in (built if r % 2 == 0 else built[::-1]):
-            res, model, fwd, opt, data, cfg, times, walls, clocks, peak = b
-            try:
+
+    def segment(plan_steps):
+        """Run [(built entry, timed)] between two synchronizations; per step its time
+        (CUDA events / host clock), peak and spy record go to its variant."""
+        _sync(device)
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(plan_steps) + 1)] \
+            if cuda else []
+        tk, n_timed = [], {}
+        with _Clocks(device) as clk:
+            t1 = time.perf_counter()
+            for j, (b, timed) in enumerate(plan_steps):
+                res, model, fwd, opt, data = b[:5]
                 if res["variant"].startswith("patched"):
                     _use_attention(res["variant"])
-                _sync(device)
-                base = torch.cuda.memory_allocated(device) if cuda else 0
                 if cuda:
+                    base = torch.cuda.memory_allocated(device)
                     torch.cuda.reset_peak_memory_stats(device)
-                with _Clocks(device) as clk:
-                    t1 = time.perf_counter()
-                    loss = _step(fwd, model, opt, data[1])         # lead-in, untimed
-                    ev = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] \
-                        if cuda else []
-                    tk = []
-                    for i in range(steps):
-                        if cuda:
-                            ev[i].record()
-                        tk.append(time.perf_counter())
-                        loss = _step(fwd, model, opt, data[i % 2])
-                    if cuda:
-                        ev[steps].record()
-                    _sync(device)
-                    tk.append(time.perf_counter())
-                    walls.append((tk[-1] - t1) / (steps + 1) * 1e3)
-                if cuda:
-                    times += [ev[i].elapsed_time(ev[i + 1]) for i in range(steps)]
-                    b[9] = max(peak, torch.cuda.max_memory_allocated(device) - base)
-                else:
-                    times += [(tk[i + 1] - tk[i]) * 1e3 for i in range(steps)]
-                if clk.result:
-                    clocks.append(clk.result)
-                res["loss"] = float(loss)
-            except Exception as e:  # noqa: BLE001
-                res.setdefault("error", f"{type(e).__name__}: {e}".split("\n")[0][:400])
-                traceback.print_exc(limit=4)
-    for res, model, fwd, opt, data, cfg, times, walls, clocks, peak in built:
+                    ev[j].record()
+                tk.append(time.perf_counter())
+                # (the lead-in on the second batch, the timed steps alternating from the first)
+                i = n_timed.get(id(b), 0)
+                n_timed[id(b)] = i + timed
+                loss = _step(fwd, model, opt, data[i % 2] if timed else data[1])
+                if cuda:     # (the allocator's counts are the host's: no synchronization)
+                    b[9] = max(b[9], torch.cuda.max_memory_allocated(device) - base)
+                b[12] = loss
+                if spies and "fused_paths" in res and timed:
+                    res["fused_paths"].append(_seen_take())
+                elif spies:
+                    _seen_take()
+            if cuda:
+                ev[-1].record()
+            _sync(device)
+            tk.append(time.perf_counter())
+        if cuda:
+            ms = [ev[j].elapsed_time(ev[j + 1]) for j in range(len(plan_steps))]
+            start = [ev[0].elapsed_time(ev[j]) for j in range(len(plan_steps) + 1)]
+        else:
+            ms = [(tk[j + 1] - tk[j]) * 1e3 for j in range(len(plan_steps))]
+            start = [(t - tk[0]) * 1e3 for t in tk]
+        for j, (b, timed) in enumerate(plan_steps):
+            if timed:
+                b[6].append(ms[j])
+                b[10][-1].append(ms[j])
+        samples = getattr(clk, "timed_samples", None) or []
+        for t, mhz in samples:       # the step the GPU ran at the sample's host time
+            at = (t - tk[0]) * 1e3
+            for j, (b, timed) in enumerate(plan_steps):
+                if timed and start[j] <= at < start[j + 1]:
+                    b[11][-1].append(mhz)
+                    break
+        return clk, (tk[-1] - t1) * 1e3
+
+    for r in range(rounds):
+        order = built if r % 2 == 0 else built[::-1]
+        for b in built:
+            b[10].append([])
+            b[11].append([])
+        try:
+            if interleave:
+                plan_steps = [(b, False) for b in order]
+                for k in range(steps):
+                    plan_steps += [(b, True) for b in (order if k % 2 == 0 else order[::-1])]
+                segment(plan_steps)
+            else:
+                for b in order:
+                    clk, wall = segment([(b, False)] + [(b, True)] * steps)
+                    b[7].append(wall / (steps + 1))
+                    if clk.result:
+                        b[8].append(clk.result)
+        except Exception as e:  # noqa: BLE001
+            for b in built:
+                b[0].setdefault("error", f"{type(e).__name__}: {e}".split("\n")[0][:400])
+            traceback.print_exc(limit=4)
+    for b in built:
+        res, model, fwd, opt, data, cfg, times, walls, clocks, peak, rounds_ms, rounds_mhz = \
+            b[:12]
+        if b[12] is not None:
+            res["loss"] = float(b[12])
         if times:
             ms = statistics.median(times)
             tok = res["batch"] * res["seq"]
             res.update(status="ok", steps=len(times), step_ms=ms, tokens_per_s=tok / ms * 1e3,
                        step_ms_mean=statistics.fmean(times),
                        step_ms_min=min(times), step_ms_max=max(times),
-                       window_ms_per_step=[round(w, 3) for w in walls],
+                       round_ms=[round(statistics.median(x), 4) if x else None
+                                 for x in rounds_ms],
                        step_ms_all=[round(t, 3) for t in times])
+            if walls:
+                res["window_ms_per_step"] = [round(w, 3) for w in walls]
             res["model_TFLOPs"] = res["tokens_per_s"] * _flops_per_token(cfg, res["seq"]) / 1e12
             if cuda:
                 res["peak_GB"] = (_static_bytes(model, opt) + peak) / 1e9
@@ -643,13 +868,35 @@ def run_ab(case, args, device, dtype):
                     power_W_mean=round(statistics.fmean(c["power_W_mean"] for c in clocks)),
                     per_window=[c["sm_MHz_mean"] for c in clocks],
                     throttle=sorted({t for c in clocks for t in c["throttle"]}))
+            elif any(rounds_mhz):
+                got = [m for x in rounds_mhz for m in x]
+                res["clocks"] = dict(
+                    sm_MHz_mean=round(statistics.fmean(got)), sm_MHz_min=min(got),
+                    sm_MHz_max=max(got), samples=len(got),
+                    per_round=[round(statistics.fmean(x)) if x else None for x in rounds_mhz],
+                    note="NVML samples taken while the GPU ran this variant's timed steps")
         elif "status" not in res:
             res["status"] = "error"
         if res["variant"].startswith("patched"):
-            from ops_transformer import patch as ot_patch
             res["fused_attention"] = FUSED_ATTENTION.get(res["variant"], "auto")
             res["auto_attention"] = _auto_decisions(res["seq"])
         rows.append(res)
+    _round_ratios([r for r in rows if r.get("status") == "ok"])
+    for res in rows:
+        if spies and "fused_paths" in res:
+            recs = res["fused_paths"]
+            why = _fused_verdict(res["variant"], recs)
+            # (kept short: the warm-up's record and the distinct timed ones)
+            res["fused_paths"] = dict(warm_up=recs[0], timed_records=len(recs) - 1,
+                                      timed_distinct=[dict(t) for t in
+                                                      {tuple(sorted(x.items()))
+                                                       for x in recs[1:]}])
+            if why is not None and res.get("status") == "ok":
+                # refused: an A/B whose fused variant ran the unfused path measures nothing
+                res["not_reported"] = {k: res.pop(k) for k in ("tokens_per_s", "model_TFLOPs",
+                                                               "round_ratios") if k in res}
+                res.update(status="path_not_taken", error=f"{res['variant']}: {why}"[:600])
+            res["fused_path_taken"] = why is None
     if any(_compiled(v) for v in case["variants"]):
         # the rounds: graph breaks / recompiles after the warm-ups (counters since the
         # last compiled variant's build)
@@ -666,6 +913,8 @@ def run_ab(case, args, device, dtype):
             prof_rows.append(dict(_profile(c, args, device, fwd, model, opt, data[0]),
                                   after_case=True))
     del built, model, fwd, opt
+    if spies:
+        _remove_fused_spies()
     _release(device)
     try:
         torch._dynamo.reset()
@@ -1118,7 +1367,8 @@ def _estimate_s(group, quick, compile_mode="model", ab_rounds=4, ab_steps=5):
     """Rough seconds a group needs on the H200 (start-up, model build, compile); an A/B's
     rounds at --ab-rounds / --ab-steps (0.4 s a variant and round at 0.54 B with 1 + 5
     steps, 3x that at 1.5 B or 16k; the H200 run of 6c0e246: group 0 31 s, group 3 59 s
-    with their start-up, against 50 s / 67 s estimated)."""
+    with their start-up, against 50 s / 67 s estimated). An interleaved A/B's round is
+    a lead-in pass and `steps` passes: the same steps a variant as a window."""
     if quick:
         return 20
     s = 15
@@ -1175,6 +1425,13 @@ def result_line(r):
     if clk:
         line += (f"(SM {clk.get('sm_MHz_mean')} MHz, {clk.get('power_W_mean')} W"
                  + (", " + "/".join(clk["throttle"]) if clk.get("throttle") else "") + ") ")
+    for ref, q in (r.get("round_ratios") or {}).items():
+        ci = q.get("ci95")
+        line += (f"(x{q['median']:.3f} vs {ref} over {len(q['per_round'])} rounds, "
+                 f"{q['min']:.3f}-{q['max']:.3f}"
+                 + (f", 95% {ci[0]:.3f}-{ci[1]:.3f}" if ci else "") + ") ")
+    if "fused_path_taken" in r:
+        line += f"(fused path {'as named' if r['fused_path_taken'] else 'NOT as named'}) "
     return (line + f"loss {r.get('loss', float('nan')):.4f} {r.get('auto_attention', '')} "
             f"{r.get('dynamo', '')} {str(r.get('error', ''))[:200]}")
 
@@ -1345,6 +1602,29 @@ def markdown(path):
         out += ["", "SM clock over the timed windows (NVML, mean of 20 ms samples; throttle "
                 "reasons seen in any sample): " + "; ".join(
                     f"{c}: {', '.join(v)}" for c, v in clocks.items()) + "."]
+    ratios = []
+    for r in rec.get("runs", []):
+        for ref, q in ((r.get("round_ratios") or {}).items()
+                       if r.get("status") == "ok" else ()):
+            ci = q.get("ci95")
+            ratios.append(f"{r['case']}, {r['label']} / {VARIANTS.get(ref, ref)}: "
+                          f"{q['median']:.3f}x (median of {len(q['per_round'])} rounds; "
+                          f"rounds {q['min']:.3f}-{q['max']:.3f}"
+                          + (f", 95% bootstrap interval of the mean {ci[0]:.3f}-{ci[1]:.3f}"
+                             if ci else "") + ")")
+    if ratios:
+        out += ["", "Per-round tokens/s ratios (each round's median step time of the "
+                "reference over the variant's; "
+                + ("interleaved rounds: a lead-in pass, then passes of one step per variant "
+                   "in alternating order; " if any("interleaved" in str(r.get("method", ""))
+                                                   for r in rec.get("runs", [])) else "")
+                + "the spread within the call): " + "; ".join(ratios) + "."]
+    refused = [r for r in rec.get("runs", []) if r.get("status") == "path_not_taken"]
+    if refused:
+        out += ["", "Not reported (the variant's steps did not take the path its name says, "
+                "spied on under torch.compile after the warm-up and in every timed step): "
+                + "; ".join(f"{r['case']}, {r['label']}: {str(r.get('error'))[:300]}"
+                            for r in refused) + "."]
     att = rec.get("attention") or {}
     if att.get("rows"):
         names = [n for n in ("library", "torch SDPA (its pick)", "torch flash", "torch cuDNN",
@@ -1471,6 +1751,11 @@ def main(argv=None):
     p.add_argument("--ab-steps", type=int, default=5,
                    help="balanced A/B cases: timed steps per variant and round (after one "
                         "untimed lead-in step); the median of rounds x steps is reported")
+    p.add_argument("--ab-interleave", action="store_true",
+                   help="balanced A/B cases: interleave the variants step by step (each "
+                        "round a lead-in pass and --ab-steps passes of one step per "
+                        "variant, the order reversed every other pass) instead of "
+                        "per-variant windows; the plan's groups 11 / 12 always do")
     p.add_argument("--trace-dir", default=None,
                    help="write each profile's chrome trace there "
                         "(trace_<VARIANT>_<CFG>_<BxS>.json.gz)")
@@ -1496,7 +1781,16 @@ def main(argv=None):
     groups = list(enumerate(plan(args.quick)))        # (the plan's index: the logs' name)
     if args.only:
         # in the order given ("3,0": the compiled ops' table first)
-        keep = list(dict.fromkeys(int(i) for i in args.only.split(",")))
+        try:
+            keep = list(dict.fromkeys(int(i) for i in args.only.split(",") if i.strip()))
+        except ValueError:
+            keep = None
+        bad = None if keep is None else [i for i in keep if not 0 <= i < len(groups)]
+        if keep is None or bad or not keep:
+            p.error(f"--only {args.only!r}: "
+                    + (f"no group {', '.join(map(str, bad))}; " if bad else "")
+                    + f"the plan{' (--quick)' if args.quick else ''} has groups 0-"
+                    f"{len(groups) - 1} (comma-separated indices)")
         groups = [groups[i] for i in keep]
     if args.variants or args.cases:
         vs = set(args.variants.split(",")) if args.variants else None
@@ -1553,6 +1847,7 @@ def main(argv=None):
         cmd += ["--trace-dir", args.trace_dir] if args.trace_dir else []
         cmd += ["--steady"] if args.steady else []
         cmd += ["--ab-rounds", str(args.ab_rounds), "--ab-steps", str(args.ab_steps)]
+        cmd += ["--ab-interleave"] if args.ab_interleave else []
         cmd += ["--steps", str(args.steps), "--curve-steps", str(args.curve_steps),
                 "--seed", str(args.seed)] + (["--quick"] if args.quick else [])
         print(f"[{time.time() - t_start:5.0f}s] group {gi}: "

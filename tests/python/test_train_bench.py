@@ -225,3 +225,157 @@ def test_run_ab_sets_fuse_layer_adds_per_window():
     assert any(r["op"] == "train_step (patched, residual adds fused)" for r in rec["rows"])
     plan = bt.plan(quick=False)
     assert [c.get("tag") for c in plan[11] + plan[12]] == ["fused_adds"] * 2
+
+
+class FakeTimedClocks(FakeClocks):
+    """A sampler whose samples (host time, MHz) cover its block evenly: interleaved rounds
+    give each to the step running at its time."""
+
+    def __enter__(self):
+        import time
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        import time
+        t1 = time.perf_counter()
+        self.timed_samples = [(self._t0 + (t1 - self._t0) * i / 400, 1500 + i % 7)
+                              for i in range(400)]
+        return False
+
+
+def test_run_ab_interleaved_passes_round_ratios_and_clocks(monkeypatch, tmp_path, capsys):
+    """Interleaved rounds (groups 11 / 12): a lead-in pass, then passes of one timed step
+    per variant in alternating order, the round's start order reversed every other round;
+    per-round medians, the ratio per round against the HF peer with a bootstrap interval,
+    and the clock samples given to the variants' timed steps."""
+    monkeypatch.setattr(bt, "_Clocks", FakeTimedClocks)
+    order = []
+    _spy_steps(monkeypatch, lambda model: order.append(model._variant))
+    case = dict(kind="ab", cfg="tiny", batch=2, seq=32, interleave=True,
+                variants=["hf_sdpa", "patched"])
+    rows, _ = bt.run_ab(case, args(ab_rounds=3, ab_steps=2), torch.device("cpu"),
+                        torch.float32)
+    A, B = "hf_sdpa", "patched"
+    assert order[:6] == [A] * 3 + [B] * 3
+    assert order[6:] == [A, B, A, B, B, A] + [B, A, B, A, A, B] + [A, B, A, B, B, A], order
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert "interleaved" in r["method"] and "window_ms_per_step" not in r
+        assert r["steps"] == 6 and len(r["round_ms"]) == 3
+        assert r["clocks"]["samples"] > 0 and len(r["clocks"]["per_round"]) == 3
+        assert 1500 <= r["clocks"]["sm_MHz_min"] <= r["clocks"]["sm_MHz_max"] <= 1506
+    q = rows[1]["round_ratios"]["hf_sdpa"]
+    assert len(q["per_round"]) == 3 and q["min"] <= q["median"] <= q["max"]
+    assert q["per_round"][0] == pytest.approx(rows[0]["round_ms"][0] / rows[1]["round_ms"][0],
+                                              rel=1e-3)
+    lo, hi = q["ci95"]
+    assert q["min"] <= lo <= q["mean"] <= hi <= q["max"]
+    assert "round_ratios" not in rows[0]
+    rows[1]["peak_GB"] = rows[0]["peak_GB"] = 1.0
+    assert "vs hf_sdpa over 3 rounds" in bt.result_line(rows[1])
+    rec = bt.build_record(rows, None, None, argparse.Namespace(
+        device_name="CPU", commit="x", command="test"))
+    path = tmp_path / "training.json"
+    path.write_text(json.dumps(rec))
+    bt.markdown(str(path))
+    md = capsys.readouterr().out
+    assert "Per-round tokens/s ratios" in md and "patched / HF sdpa" in md, md
+
+
+def test_bootstrap_interval_is_deterministic_and_brackets_the_mean():
+    v = [1.08, 1.10, 1.09, 1.12, 1.07, 1.11]
+    lo, hi = bt._bootstrap_ci(v)
+    assert lo < sum(v) / len(v) < hi and (lo, hi) == tuple(bt._bootstrap_ci(v))
+    assert bt._bootstrap_ci([1.1]) is None
+
+
+def _fused_ab(variants, compile_mode="layers", **kw):
+    from ops_transformer import patch as ot_patch
+    case = dict(kind="ab", cfg="tiny", batch=1, seq=16, tag="fused_adds", interleave=True,
+                variants=variants)
+    try:
+        rows, _ = bt.run_ab(case, args(ab_rounds=2, ab_steps=1, compile_mode=compile_mode,
+                                       **kw), torch.device("cpu"), torch.float32)
+    finally:
+        ot_patch.FUSE_LAYER_ADDS = False
+    # the spies are gone after the A/B
+    assert ot_patch._SwiGLUDown.__name__ == "_SwiGLUDown" and not bt._SPIES
+    return {r["variant"]: r for r in rows}
+
+
+def _needs_library_norm():
+    from ops_transformer import patch as ot_patch
+    if not (ot_patch._usable("rms_norm", torch.device("cpu"), torch.float32)
+            and ot_patch._usable("swiglu", torch.device("cpu"), torch.float32)):
+        pytest.skip("the library's rms_norm / swiglu are not usable on this CPU build")
+
+
+def test_fused_adds_paths_recorded_and_a_path_not_taken_is_refused(monkeypatch, tmp_path,
+                                                                    capsys):
+    """The fused variant's steps are spied on (after the warm-up and each timed step):
+    both halves of FUSE_LAYER_ADDS in every layer, and none in the unfused variant; when
+    the fused path is not taken (here _fuse_mlp_ok refuses, as torch 2.11's dynamo made it
+    do in the run of 1c2f893) the row is refused: status path_not_taken, no tokens/s and
+    no ratio in the record, the reason in the docs' text."""
+    _needs_library_norm()
+    rows = _fused_ab(["patched", "patched_fused_adds"])
+    on, off = rows["patched_fused_adds"], rows["patched"]
+    assert on["status"] == "ok" and on["fused_path_taken"], on
+    assert on["fused_paths"]["warm_up"] == dict(norm_fused=True, mlp_fused=True,
+                                                down_residual=True), on["fused_paths"]
+    assert on["fused_paths"]["timed_records"] == 2
+    assert on["fused_paths"]["timed_distinct"] == [on["fused_paths"]["warm_up"]]
+    assert off["status"] == "ok" and off["fused_path_taken"]
+    assert off["fused_paths"]["warm_up"] == dict(down_plain=True), off["fused_paths"]
+    assert on["round_ratios"]["patched"]["per_round"]
+
+    from ops_transformer import patch as ot_patch
+    monkeypatch.setattr(ot_patch, "_fuse_mlp_ok", lambda m: False)
+    rows = _fused_ab(["hf_sdpa", "patched", "patched_fused_adds"])
+    on = rows["patched_fused_adds"]
+    assert on["status"] == "path_not_taken" and not on["fused_path_taken"], on
+    assert "MLP residual" in on["error"] and "down GEMM residual" in on["error"], on["error"]
+    assert "tokens_per_s" not in on and on["not_reported"]["tokens_per_s"] > 0
+    assert rows["patched"]["status"] == "ok"
+    for r in rows.values():
+        r["peak_GB"] = 1.0
+    rec = bt.build_record(list(rows.values()), None, None, argparse.Namespace(
+        device_name="CPU", commit="x", command="test"))
+    got = next(x for x in rec["rows"] if x["metric"] == "tokens/s"
+               and x["op"] == "train_step (patched, residual adds fused)")
+    assert got["ours"] is None and got["ratio_best_peer"] is None
+    assert "not fused: MLP residual" in bt.table(rec)
+    path = tmp_path / "training.json"
+    path.write_text(json.dumps(rec))
+    bt.markdown(str(path))
+    assert "Not reported (the variant's steps did not take" in capsys.readouterr().out
+
+
+def test_fused_adds_paths_traced_under_compile():
+    """Under torch.compile (per layer, as the device calls run it) the spies' records are
+    replayed after every compiled call without recompiling: both halves traced in the
+    fused variant, none in the other, one graph each (the check that the run of 1c2f893
+    lacked: its compiled fused rows were an A/A)."""
+    _needs_library_norm()
+    torch._dynamo.reset()
+    rows = _fused_ab(["patched_compile", "patched_compile_fused_adds"])
+    on, off = rows["patched_compile_fused_adds"], rows["patched_compile"]
+    assert on["status"] == "ok" and on["fused_path_taken"], on
+    assert on["fused_paths"]["timed_distinct"] == [dict(norm_fused=True, mlp_fused=True,
+                                                        down_residual=True)], on
+    assert off["status"] == "ok" and off["fused_paths"]["timed_distinct"] == [
+        dict(down_plain=True)], off
+    # no recompiles in the rounds: the warm-up's graphs serve every timed step
+    assert on["dynamo_after_rounds"]["recompiles"] in (None, 0), on["dynamo_after_rounds"]
+    assert on["dynamo"]["graph_breaks"] == 0, on["dynamo"]
+
+
+def test_only_out_of_range_names_the_plan(tmp_path, capsys):
+    for bad in ("99", "11,13", "x"):
+        with pytest.raises(SystemExit) as e:
+            bt.main(["--only", bad, "--device", "cpu", "--json", str(tmp_path / "t.json")])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--only '{bad}'" in err and "has groups 0-12" in err, err
+        assert bad != "11,13" or "no group 13" in err, err
