@@ -10,6 +10,9 @@
  *           chosen) written to argmax_out by the grid's last block.
  *   STAGED: y = x W^T (+ b) for a given row x (o_proj): another kernel, staged_gemv_kernel
  *           (below), which holds all of W on chip, loaded before its PDL wait.
+ *   ROWBLOCK: y = x W^T (+ b) + res for a given row x of a long K (down_proj, opt-in):
+ *           rowblock_gemv_kernel (below), which splits K over a whole CTA and adds the
+ *           residual.
  *
  * The kernel is the library's small-M GEMV shape (linear.cu): a warp per output row n (or
  * row pair: fused_gemv_kernel's tasks), each lane streaming 16-byte vectors of W's row (8
@@ -724,16 +727,22 @@ cudaError_t smem_opt_in(F *f, size_t smem, int dev, std::atomic<long long> *cach
   return cudaSuccess;
 }
 
+/* The current device, or -1 when it cannot be asked (nothing is then cached per device) */
+int current_device() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    dev = -1;
+  }
+  return dev;
+}
+
 template <typename T, int MODE, int R, int PAIRS>
 cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
   static std::atomic<long long> occ[16] = {}, smem_set[16] = {};
   static std::atomic<int> pdl_cache[16] = {};
   auto f = fused_gemv_kernel<T, MODE, R, PAIRS>;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    dev = -1; /* nothing cached */
-  }
+  const int dev = current_device();
   const size_t smem = (size_t)a.K * sizeof(typename xs_elem<T, MODE>::type);
   cudaError_t e = smem_opt_in(f, smem, dev, smem_set);
   if (e != cudaSuccess) return e;
@@ -782,11 +791,7 @@ cudaError_t launch_staged(const ote_fused_gemv_args &a, cudaStream_t st, bool pd
   static std::atomic<long long> smem_set[16] = {};
   static std::atomic<int> pdl_cache[16] = {};
   auto f = staged_gemv_kernel<T, TMA>;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    dev = -1;
-  }
+  const int dev = current_device();
   int64_t G = 0;
   size_t smem = 0;
   *done = 0;
@@ -822,11 +827,7 @@ template <typename T, int D>
 cudaError_t launch_rowblock(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl, int *done) {
   static std::atomic<int> pdl_cache[16] = {};
   auto f = rowblock_gemv_kernel<T, D>;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    dev = -1;
-  }
+  const int dev = current_device();
   int64_t G = 0;
   int threads = 0;
   *done = 0;

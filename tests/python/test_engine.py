@@ -373,6 +373,15 @@ def test_cuda_fused_decode_matches_unfused(tmp_path, case, dtype, form):
         assert float(top[1] - top[0]) < 2 * atol, f"tokens part at step {n} without a near-tie"
 
 
+def _assert_bit_equal(run, tmp_path, base_tok, base, envs):
+    """run (_fused_runner) under each of envs gives base_tok and the logits base bit for bit"""
+    for i, env in enumerate(envs):
+        tok, lg = run(env, dump=tmp_path / f"p{i}.bin")
+        assert tok == base_tok, f"{env}: tokens differ"
+        assert np.array_equal(lg, base), \
+            f"{env}: logits differ (max {np.abs(lg - base).max()})"
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("case", list(FUSED_CASES))
 def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
@@ -386,13 +395,10 @@ def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
     run = _fused_runner(tmp_path, case, dtype)
     base_tok, base = run(OPROJ, dump=tmp_path / "b.bin")
     b40 = {**OPROJ, "OTE_FUSED_BLOCKS": "40"}
-    for i, env in enumerate(({"OTE_FUSED_BLOCKS": "3"}, {"OTE_FUSED_BLOCKS": "1"}, b40,
-                             {**b40, "OTE_FUSED_OPROJ_EARLY_ROWS": "3"},
-                             {**b40, "OTE_FUSED_OPROJ_TMA": "1", "OTE_FUSED_OPROJ_TRIGGER": "1"})):
-        tok, lg = run(env, dump=tmp_path / f"p{i}.bin")
-        assert tok == base_tok, f"{env}: tokens differ"
-        assert np.array_equal(lg, base), \
-            f"{env}: logits differ (max {np.abs(lg - base).max()})"
+    _assert_bit_equal(run, tmp_path, base_tok, base, (
+        {"OTE_FUSED_BLOCKS": "3"}, {"OTE_FUSED_BLOCKS": "1"}, b40,
+        {**b40, "OTE_FUSED_OPROJ_EARLY_ROWS": "3"},
+        {**b40, "OTE_FUSED_OPROJ_TMA": "1", "OTE_FUSED_OPROJ_TRIGGER": "1"}))
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
@@ -407,13 +413,10 @@ def test_cuda_fused_down_rowblock_bit_equal(tmp_path, case, dtype):
     _need_cuda_ot_run()
     run = _fused_runner(tmp_path, case, dtype)
     base_tok, base = run(DOWN, dump=tmp_path / "b.bin")
-    for i, env in enumerate(({**DOWN, "OTE_FUSED_BLOCKS": "3"}, {**DOWN, "OTE_FUSED_BLOCKS": "40"},
-                             {**DOWN, "OTE_FUSED_DOWN_DEPTH": "2"},
-                             {**DOWN, "OTE_FUSED_BLOCKS": "3", "OTE_FUSED_DOWN_DEPTH": "2"})):
-        tok, lg = run(env, dump=tmp_path / f"p{i}.bin")
-        assert tok == base_tok, f"{env}: tokens differ"
-        assert np.array_equal(lg, base), \
-            f"{env}: logits differ (max {np.abs(lg - base).max()})"
+    _assert_bit_equal(run, tmp_path, base_tok, base, (
+        {**DOWN, "OTE_FUSED_BLOCKS": "3"}, {**DOWN, "OTE_FUSED_BLOCKS": "40"},
+        {**DOWN, "OTE_FUSED_DOWN_DEPTH": "2"},
+        {**DOWN, "OTE_FUSED_BLOCKS": "3", "OTE_FUSED_DOWN_DEPTH": "2"}))
     # eager steps (no graph) equal the graph replays
     assert run(DOWN, "--no-cuda-graph")[0] == base_tok
 
