@@ -12,20 +12,10 @@ variant's kernels). Exit status 1 when a common function differs.
 """
 import os
 import re
-import shutil
-import subprocess
 import sys
 
-
-def read_sass(path):
-    if not path.endswith(".o"):
-        return open(path).read()
-    tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
-    if not tool:
-        here = os.path.dirname(os.path.abspath(__file__))
-        tool = os.path.join(here, "..", ".venv-test", "lib", "python3.11", "site-packages", "triton",
-                            "backends", "nvidia", "bin", "cuobjdump")
-    return subprocess.run([tool, "-sass", path], check=True, capture_output=True, text=True).stdout
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pa_sass_count import read_sass  # noqa: E402  (cuobjdump -sass of an object, or a listing)
 
 
 def functions(text):
