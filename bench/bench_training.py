@@ -1852,7 +1852,8 @@ def main(argv=None):
                 "--seed", str(args.seed)] + (["--quick"] if args.quick else [])
         print(f"[{time.time() - t_start:5.0f}s] group {gi}: "
               f"{[c.get('variant', c.get('kind')) for c in group]} "
-              f"({group[-1].get('cfg', '')}), timeout {left:.0f} s", flush=True)
+              f"({group[-1].get('cfg', '')}), ~{need:.0f} s estimated, timeout {left:.0f} s",
+              flush=True)
         got = []
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(left, 10))

@@ -148,4 +148,8 @@ fi
 "$PY" bench/bench_training.py --markdown "$OUT/training.json" >"$OUT/training.md" 2>&1 || true
 stamp "done"
 grep -E "^ +profile |incomplete|skipped" "$OUT/bench.log" | cut -c1-400
+# the A/B rows' per-round ratios (x MEDIAN vs REF over N rounds, MIN-MAX, 95% interval)
+# and the fused-add path verdicts (groups 11 / 12), the clocks with them
+grep -E " vs [a-z_]+ over [0-9]+ rounds|fused path|path_not_taken" "$OUT/bench.log" \
+  | sed -E 's/ loss [0-9.]+ .*//' | cut -c1-400
 sed -n '/^case /,$p' "$OUT/bench.log"
