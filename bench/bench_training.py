@@ -775,10 +775,12 @@ def run_ab(case, args, device, dtype):
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(plan_steps) + 1)] \
             if cuda else []
         tk, n_timed = [], {}
+        failing[0] = None
         with _Clocks(device) as clk:
             t1 = time.perf_counter()
             for j, (b, timed) in enumerate(plan_steps):
                 res, model, fwd, opt, data = b[:5]
+                failing[0] = res
                 if res["variant"].startswith("patched"):
                     _use_attention(res["variant"])
                 if cuda:
@@ -820,27 +822,36 @@ def run_ab(case, args, device, dtype):
                     break
         return clk, (tk[-1] - t1) * 1e3
 
+    failing = [None]           # the row of the step running (an error is its variant's)
+
+    def failed(e):
+        if failing[0] is not None:
+            failing[0].setdefault("error", f"{type(e).__name__}: {e}".split("\n")[0][:400])
+        traceback.print_exc(limit=4)
+
     for r in range(rounds):
         order = built if r % 2 == 0 else built[::-1]
         for b in built:
             b[10].append([])
             b[11].append([])
-        try:
-            if interleave:
-                plan_steps = [(b, False) for b in order]
-                for k in range(steps):
-                    plan_steps += [(b, True) for b in (order if k % 2 == 0 else order[::-1])]
+        if interleave:
+            plan_steps = [(b, False) for b in order]
+            for k in range(steps):
+                plan_steps += [(b, True) for b in (order if k % 2 == 0 else order[::-1])]
+            try:
                 segment(plan_steps)
-            else:
-                for b in order:
-                    clk, wall = segment([(b, False)] + [(b, True)] * steps)
-                    b[7].append(wall / (steps + 1))
-                    if clk.result:
-                        b[8].append(clk.result)
-        except Exception as e:  # noqa: BLE001
-            for b in built:
-                b[0].setdefault("error", f"{type(e).__name__}: {e}".split("\n")[0][:400])
-            traceback.print_exc(limit=4)
+            except Exception as e:  # noqa: BLE001  (the round is lost: its times are not kept)
+                failed(e)
+            continue
+        for b in order:
+            try:
+                clk, wall = segment([(b, False)] + [(b, True)] * steps)
+            except Exception as e:  # noqa: BLE001  (this variant's window only)
+                failed(e)
+                continue
+            b[7].append(wall / (steps + 1))
+            if clk.result:
+                b[8].append(clk.result)
     for b in built:
         res, model, fwd, opt, data, cfg, times, walls, clocks, peak, rounds_ms, rounds_mhz = \
             b[:12]
