@@ -113,7 +113,6 @@ def pretty(name):
 
 
 def params(s):
-    m = re.search(r"pa_params_v?I?L?i?(\d+)?", s)
     if "pa_params_tm" in s:
         return "tm"
     m = re.search(r"pa_params_vILi(\d+)E", s)

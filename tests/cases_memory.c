@@ -914,8 +914,9 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
 #ifdef OT_TEST_CUDA
   if (!g_pflag_set && !g_pflag_clear) return;
   const bool al = dt.bits == 16 && c->d == 128 && c->bs % 16 == 0;
-  /* with the early start (ready): no 8-warp CTAs, no variant (64) */
-  const int want = g_pflag_set & ~(ready ? 32 | 64 : 0);
+  /* with the early start (ready): no 8-warp CTAs, no variant (64); the variants are bf16
+   * only (and 9.x GPUs, as 8-warp CTAs) */
+  const int want = g_pflag_set & ~(ready ? 32 | 64 : 0) & ~(dt.code != DT_BF16.code ? 64 : 0);
   int pl[4] = {0, 0, 0, 0};
   ot_cuda_paged_last_plan(pl);
   if (pl[0] != g_pkernel || (al && (pl[3] & want) != want) || (pl[3] & g_pflag_clear))
@@ -1898,7 +1899,8 @@ static void paged_instance_cases(test_run *tr) {
   paged_mode_cases(tr, "w8 ", "OT_PAGED_WARPS", "8", 16 | 32, 0);
 }
 
-/* The opt-in variants (OT_PAGED_VARIANT, plan flag 64; decode round 9, prepared): the
+/* The opt-in variants (OT_PAGED_VARIANT, plan flag 64 on the bf16 cases: the variants are
+ * bf16 only, the f16 cases run the default kernels; decode round 9, prepared): the
  * conditional O rescale ("rescale") and that with the fragment reads from per-lane offsets
  * ("lds"), each in the 4- and 8-warp aligned split instances on the instance blocks' cases,
  * then in the aligned stream kernel on the head_dim-128 cases, the long ones and a ragged

@@ -102,6 +102,12 @@
  *     plan is one wave over at least 90% of the SMs and the 4-warp plan splits the keys to
  *     fill the GPU: 16 x 4k then runs one split (no merge kernel, no partials): 3.80 vs 3.66
  *     TB/s with 4 warps; 1 x 2k / 1 x 8k 16 splits of 128 / 512 keys.
+ *   - Opt-in variants (OT_PAGED_VARIANT, pa_params_v<V>; decode round 9, prepared, not yet
+ *     measured; bf16 on 9.x GPUs, pa_var_ok) of the AL instances without the early start,
+ *     their own kernels so that the default ones keep their code: "rescale" (pa_step's CR:
+ *     O rescaled only in steps where a row of the warp raised its max) and "lds" (that and
+ *     LB: the fragment reads from per-lane offsets plus immediates); issued instructions
+ *     per 16-key step on the common path 453 -> 398 -> 331 (scripts/pa_sass_count.py).
  * Stream kernel (head_dim 128, no left window): a persistent wave of warps, each taking an
  * even share of all 16-key steps and streaming them through the same per-warp ring across
  * unit boundaries; cut units merged by a second (PDL) kernel; its K / V copies carry an L2
@@ -763,6 +769,12 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   constexpr bool TM = pa_is_tm<P>::value;
   static_assert(!TM || D == 128, "the TMA ring is laid out for head_dim 128");
   static_assert(!AL || (D == 128 && !TM), "the aligned copies are laid out for head_dim 128");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (pa_var_of<P>::value != 0) { /* never launched there (pa_var_ok): no code */
+    __trap();
+    return;
+  }
+#endif
   __shared__ float s_m[NW][16], s_l[NW][16], s_wt[NW][16];
   __shared__ int64_t s_off[16];
   __shared__ __align__(8) uint64_t s_bar[TM ? NW : 1][TM ? S : 1];
@@ -1390,6 +1402,12 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
   static_assert(!TM || D == 128, "the TMA ring is laid out for head_dim 128");
   static_assert(!AL || (D == 128 && !TM), "the aligned copies are laid out for head_dim 128");
   static_assert(kPsMeta > S - 1 + A, "the metadata ring holds every unit in flight");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (pa_var_of<PP>::value != 0) { /* never launched there (pa_var_ok): no code */
+    __trap();
+    return;
+  }
+#endif
   extern __shared__ __align__(16) unsigned char pa_smem[];
   __shared__ int s_meta[kPaWarps][kPsMeta][8];
   __shared__ __align__(8) uint64_t s_bar[TM ? kPaWarps : 1][TM ? S : 1];
@@ -2115,6 +2133,13 @@ static ot_status pa_launch_inst(const ot_cuda_state *cs, bool pdl, int64_t ctas,
   return OT_OK;
 }
 
+/* Whether the opt-in variants (OT_PAGED_VARIANT) may run: bf16 on a 9.x GPU only (their
+ * kernels are compiled for those alone: the f16 calls and the sm_80 code keep the default
+ * kernels, which halves and halves again what the variants add to this file's compile). */
+template <typename T> static bool pa_var_ok(const ot_cuda_state *cs) {
+  return std::is_same<T, __nv_bfloat16>::value && cs->cc_major == 9;
+}
+
 /* An opt-in variant V (OT_PAGED_VARIANT, pa_params_v<V>) of the AL split instance, 4 or
  * 8 warps, no early start. */
 template <typename T, int D, int S, int V>
@@ -2236,9 +2261,9 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   }
 #endif
   /* an opt-in variant (OT_PAGED_VARIANT) of the AL instances without the early start */
-  const bool var = !tm && al && !xt && env.variant != 0;
+  const bool var = !tm && al && !xt && env.variant != 0 && pa_var_ok<T>(cs);
   if (var) {
-    if constexpr (D == 128) {
+    if constexpr (D == 128 && std::is_same<T, __nv_bfloat16>::value) {
       if (env.variant == 1) OT_TRY((pa_launch_var<T, D, S, 1>(cs, pdl, w8, ctas, s, p, op)));
       else OT_TRY((pa_launch_var<T, D, S, 3>(cs, pdl, w8, ctas, s, p, op)));
     }
@@ -2315,8 +2340,11 @@ static ot_status ps_launch(ot_context *ctx, pa_params &p, const pa_env &env, con
                   ps_ctas_per_sm<T, D, S, pa_params, true>(cs->device) == per_sm;
   /* an opt-in variant (OT_PAGED_VARIANT) where it fits the same grid */
   bool var = false;
-  if (al && env.variant == 1) OT_TRY((ps_launch_var<T, D, S, 1>(cs, pdl, per_sm, ctas, s, p, op, &var)));
-  else if (al && env.variant != 0) OT_TRY((ps_launch_var<T, D, S, 3>(cs, pdl, per_sm, ctas, s, p, op, &var)));
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    if (al && env.variant != 0 && pa_var_ok<T>(cs))
+      OT_TRY((env.variant == 1 ? ps_launch_var<T, D, S, 1> : ps_launch_var<T, D, S, 3>)(
+          cs, pdl, per_sm, ctas, s, p, op, &var));
+  }
   if (var) {
     /* launched above */
   } else if (al) {
