@@ -1903,10 +1903,12 @@ static void paged_instance_cases(test_run *tr) {
  * bf16 only, the f16 cases run the default kernels; decode round 9, prepared): the
  * conditional O rescale ("rescale") and that with the fragment reads from per-lane offsets
  * ("lds"), each in the 4- and 8-warp aligned split instances on the instance blocks' cases,
- * then in the aligned stream kernel on the head_dim-128 cases, the long ones and a ragged
- * batch over small grids; each case against the float64 reference and, bit for bit,
- * against the default kernels (paged_variant_bits: the variants keep the summation order,
- * skip only factors of exactly 1 and read the same shared-memory bytes). */
+ * then in the aligned stream kernel on the head_dim-128 cases, the long ones and ragged
+ * batches (the default grid, 3 CTAs); each case against the float64 reference and, the
+ * paged_case ones (not back to back / kv ready), bit for bit against the default kernels
+ * (paged_variant_bits: the variants keep the summation order, skip only factors of exactly
+ * 1 -- ex2.approx.ftz(0) is +1 by PTX's table, and no FTZ flag is on -- and read the same
+ * shared-memory bytes). */
 static void paged_variant_cases(test_run *tr) {
   static const char *const vals[] = {"rescale", "lds"};
   g_pbits_env = "OT_PAGED_VARIANT";
@@ -1932,14 +1934,16 @@ static void paged_variant_cases(test_run *tr) {
     paged_case(tr, &paged_cuda_long[0], DT_BF16);
     paged_case(tr, &paged_cuda_long[2], DT_F16);
     env_saved grid = env_set("OT_PAGED_STREAM_CTAS", "3");
-    paged_case(tr, &paged_cuda_long[3], DT_BF16);
+    paged_case(tr, &paged_cuda_long[3], DT_BF16); /* (pages of 1: the default kernel) */
     env_restore(&grid);
+    /* ragged batches, plan checked: the default grid, and 3 CTAs over pages of 64 (units
+     * cut into pieces, sliding windows) */
+    paged_stream_case(tr, "B70 ragged GQA4 bs16", 70, 300, 3, 8, 2, 16, 0, DT_BF16, 11);
+    paged_stream_case(tr, "B100 GQA4 bs64, 3 CTAs", 100, 700, 1, 16, 4, 64, 3, DT_BF16, 13);
     g_pflag_set = 0;
     g_pkernel = 1;
     g_pmode = "";
     env_restore(&kern);
-    snprintf(pre, sizeof pre, "%s stream B70 ragged GQA4 bs16", vals[v]);
-    paged_stream_case(tr, pre, 70, 300, 3, 8, 2, 16, 0, DT_BF16, 11);
     env_restore(&var);
   }
   g_pbits_env = NULL;
