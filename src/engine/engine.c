@@ -598,11 +598,13 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * FUSE_PAIR (OTE_FUSED_PAIR=0: off): each warp of the fused kernels takes two adjacent
  * rows of W at a time instead of one. FUSE_OPROJ (OTE_FUSED_OPROJ=0: off): o_proj on the
  * staged kernel (its weight loaded into registers and shared memory before its PDL wait,
- * during the attention), where its shape fits. FUSE_DOWN (opt-in, OTE_FUSED_DOWN=1; with
- * FUSE_GLU): down_proj on the rowblock kernel (K split over a CTA, no split-K reduce
- * kernel) with the residual add folded in, where its shape fits. The kernels hold their input row in shared memory,
- * up to 96 KB of it: hidden float32 values for the norm's (every fusion needs those), ffn
- * 16-bit values for down_proj's (FUSE_SWIGLU, dropped when the ffn is too wide). */
+ * during the attention), where its shape fits. FUSE_DOWN (opt-in, OTE_FUSED_DOWN=1; only
+ * with the SwiGLU in gate_up's epilogue: FUSE_NORM and FUSE_GLU, not FUSE_SWIGLU, else
+ * ignored, even with =2): down_proj on the rowblock kernel (K split over a CTA, no split-K
+ * reduce kernel) with the residual add folded in, where its shape fits. The kernels hold
+ * their input row in shared memory, up to 96 KB of it: hidden float32 values for the
+ * norm's (every fusion needs those), ffn 16-bit values for down_proj's (FUSE_SWIGLU,
+ * dropped when the ffn is too wide). */
 static int fuse_mode(const ote_engine *e, const batch *b) {
   const ote_config *c = &e->cfg;
   if (e->dev.dev.device_type == kDLCPU || b->prefill || b->T != 1 || e->off.on ||
@@ -791,9 +793,10 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
     prof_mark(e, OTE_PROF_DOWN);
   }
   if (fuse & FUSE_NORM) {
-    OTE_TRY(fused_norm_linear(e, pending ? e->delta : NULL, res, NULL, e->w.final_norm, e->w.lm_head, NULL,
-                              c->vocab, e->logits, argmax ? e->argmax_dev : NULL, NULL, -1,
-                              pair, waves, c->layers, "final norm + lm_head"));
+    OTE_TRY(fused_norm_linear(e, pending ? e->delta : NULL, res, NULL, e->w.final_norm,
+                              e->w.lm_head, NULL, c->vocab, e->logits,
+                              argmax ? e->argmax_dev : NULL, NULL, -1, pair, waves, c->layers,
+                              "final norm + lm_head"));
     prof_mark(e, OTE_PROF_HEAD);
   } else {
     OTE_TRY(rmsnorm(e, e->delta, res, e->w.final_norm, e->last_norm, b->n, c->layers,
