@@ -2492,7 +2492,7 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
  * bench/decode_shim.c): out[0] 1 split, 2 stream, 3 simple (0: none yet); out[1] splits;
  * out[2] CTAs of the main kernel; out[3] flags (pa_plan_rec): 1 launched as a programmatic
  * dependent, 4 an early start (paged_kv_ready), 8 the TMA ring (experiment builds), 16 the
- * aligned-page (AL) instance, 32 8-warp CTAs. */
+ * aligned-page (AL) instance, 32 8-warp CTAs, 64 an opt-in variant (OT_PAGED_VARIANT). */
 extern "C" void ot_cuda_paged_last_plan(int out[4]) {
   out[0] = ot::pa_last_plan.kernel;
   out[1] = ot::pa_last_plan.splits;
