@@ -24,8 +24,9 @@
 #                time is not spent compiling (ENGINE_PACK_TESTS=0: without test_ops).
 # ENGINE_LINEAR_TESTS=0: skip step 0's tests and memcheck (the pack's test_ops);
 # ENGINE_MEMCHECK_DECODE=0: no compute-sanitizer memcheck of ot-run's batch-1 decode (the
-# engine's fused kernels, default grid and 3 blocks, and the staged o_proj with 12 CTAs,
-# cp.async and TMA); ENGINE_PYTESTS=0: no step 2b
+# engine's fused kernels, default grid and 3 blocks, the staged o_proj with 12 CTAs,
+# cp.async and TMA, and the opt-in rowblock down_proj, default grid and 3 CTAs, plus a
+# racecheck of it with 3 CTAs); ENGINE_PYTESTS=0: no step 2b
 # (ENGINE_PYTEST_FILTER, ENGINE_PYTEST_JOBS (6), ENGINE_PYTEST_TIMEOUT (180 s a process)). Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
 # arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1;
 # ENGINE_SMI=0 (no nvidia-smi log of clocks / power during the benchmark, $OUT/smi.csv);
