@@ -222,9 +222,9 @@ __device__ __forceinline__ unsigned pa_smid() {
     if (threadIdx.x == 0 && blockIdx.x < kPaTrCtas) pa_tr_buf[k][blockIdx.x][i] = (v); \
   } while (0)
 #else
-#define PA_TR(k, i, v) \
-  do {                 \
-  } while (0)
+/* ((void)0), not do {} while (0): after the sm_80 variant stubs' return, nvcc warned "loop
+ * is not reachable" */
+#define PA_TR(k, i, v) ((void)0)
 #endif
 
 /* ---- fragment helpers -------------------------------------------------------------------- */
