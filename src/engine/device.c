@@ -242,30 +242,35 @@ ot_status ote_dev_fused_gemv(const ote_device *d, const ote_fused_gemv_args *a, 
 #endif
 }
 
-ot_status ote_dev_staged_gemv(const ote_device *d, const ote_fused_gemv_args *a, DLDataType dt,
-                              int *done) {
+#ifdef OT_HAVE_CUDA
+typedef int (*ote_gemv_launcher)(const ote_fused_gemv_args *, int, int, void *, int *);
+#endif
+
+/* The engine's optional one-row kernels (staged o_proj, rowblock down_proj): 16-bit CUDA
+ * only; *done = 0 (and OT_OK) where the kernel declines, so the caller runs the library's
+ * linear instead. */
+static ot_status optional_gemv(const ote_device *d, const ote_fused_gemv_args *a, DLDataType dt,
+                               int *done, int which) {
   *done = 0;
   if (on_cpu(d) || dt.bits != 16) return OT_OK;
 #ifdef OT_HAVE_CUDA
-  return cuda_check((cudaError_t)ote_cuda_staged_gemv(a, dt.code, 1, d->stream, done),
-                    "staged linear");
+  const ote_gemv_launcher fn = which ? ote_cuda_rowblock_gemv : ote_cuda_staged_gemv;
+  return cuda_check((cudaError_t)fn(a, dt.code, 1, d->stream, done),
+                    which ? "rowblock linear" : "staged linear");
 #else
-  (void)a;
+  (void)a, (void)which;
   return OT_OK;
 #endif
 }
 
+ot_status ote_dev_staged_gemv(const ote_device *d, const ote_fused_gemv_args *a, DLDataType dt,
+                              int *done) {
+  return optional_gemv(d, a, dt, done, 0);
+}
+
 ot_status ote_dev_rowblock_gemv(const ote_device *d, const ote_fused_gemv_args *a, DLDataType dt,
                                 int *done) {
-  *done = 0;
-  if (on_cpu(d) || dt.bits != 16) return OT_OK;
-#ifdef OT_HAVE_CUDA
-  return cuda_check((cudaError_t)ote_cuda_rowblock_gemv(a, dt.code, 1, d->stream, done),
-                    "rowblock linear");
-#else
-  (void)a;
-  return OT_OK;
-#endif
+  return optional_gemv(d, a, dt, done, 1);
 }
 
 ot_status ote_graph_begin(const ote_device *d) {
