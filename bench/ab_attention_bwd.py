@@ -29,7 +29,7 @@ that the import and the checks run beside other work of the same device call (te
 compute-sanitizer; scripts/device_attention_bwd_sm90.sh AB_EARLY=1) and the timing does not.
 
   python3 bench/ab_attention_bwd.py --shim base=A.so --shim new=B.so [--cases D128S4096,...]
-      [--rounds N] [--check] [--expect-x NAME=X] [--wait-for FILE] [--json out.json]
+      [--rounds N] [--check] [--expect-x NAME=X|NAME=D:X,D:X] [--wait-for FILE] [--json out.json]
       [--commit C] [--command CMD]
 """
 import argparse
@@ -121,7 +121,8 @@ def check_bwd(name, S, env, expect_x=None):
     index), D 128 / 64, causal with refilled stages, Sq > Sk (whole keyless query tiles),
     the split units of a non-causal last partial wave (S 129 MQA8 B2, S 1000 B2), fp16.
     Outputs NaN-poisoned; error: max |got - ref| over max |ref| per gradient, at most 2e-2
-    (bf16) / 5e-3 (fp16). Returns (failures, checked, kernel Xs seen)."""
+    (bf16) / 5e-3 (fp16). expect_x: the X every shape must run, or {head dim: X}.
+    Returns (failures, checked, kernel Xs seen)."""
     fails, n, seen = 0, 0, set()
     for (B, sq, sk, hq, hkv, d, causal, dt) in (
             (1, 100, 1000, 8, 2, 128, 1, 3), (2, 129, 129, 8, 1, 64, 0, 3),
@@ -162,9 +163,10 @@ def check_bwd(name, S, env, expect_x=None):
             nan = bool(torch.isnan(got).any())
             ok = ok and not nan and e <= tol
             msg.append(f"{gname} {e:.2e}{' NaN' if nan else ''}")
-        if expect_x is not None and xs != {expect_x}:
+        want = expect_x.get(d) if isinstance(expect_x, dict) else expect_x
+        if want is not None and xs != {want}:
             ok = False
-            msg.append(f"main kernel X {sorted(xs)}, expected {expect_x}")
+            msg.append(f"main kernel X {sorted(xs)}, expected {want}")
         else:
             msg.append(f"X {sorted(xs)}")
         print(f"{'ok  ' if ok else 'FAIL'} {case}: " + ", ".join(msg), flush=True)
@@ -182,7 +184,8 @@ def main():
     ap.add_argument("--check", action="store_true",
                     help="float64 checks of every shim first (check_bwd); no timing on a failure")
     ap.add_argument("--expect-x", action="append", default=[],
-                    help="NAME=X: the shim's checks must run attn_bwd_sm90_kernel<T, D, X>")
+                    help="NAME=X or NAME=D:X[,D:X] (per head dim, e.g. new=128:1,64:0): the "
+                         "shim's checks must run attn_bwd_sm90_kernel<T, D, X>")
     ap.add_argument("--wait-for", help="FILE: wait until it exists before timing")
     ap.add_argument("--json")
     ap.add_argument("--commit", default="unknown")
@@ -196,7 +199,9 @@ def main():
         shims.append((name, loaded[path]))
         envs[name] = env
     if args.check:
-        expect = {n: int(x) for n, x in (e.split("=", 1) for e in args.expect_x)}
+        expect = {n: ({int(a): int(b) for a, b in (p.split(":") for p in x.split(","))}
+                      if ":" in x else int(x))
+                  for n, x in (e.split("=", 1) for e in args.expect_x)}
         bad = 0
         for name, S in shims:
             f, n, seen = check_bwd(name, S, envs[name], expect.get(name))

@@ -10,6 +10,10 @@
 #                   name holds it, e.g. "dqred"); PAR=1: in the background beside the
 #                   sanitizer, waited for before any timing
 #       test_alt    the CUDA cases again under ALT_ENV (default OT_ATTN_SM90=0: the portable kernels)
+#     SUITE_BUILD=NAME: smoke, test, test_alt and sanitize run $PRE/NAME.tar.xz's tests/test_ops
+#       instead of bin.tar.xz's (e.g. base: the default build that prebuild_bwd_sm90_exp.sh
+#       packs beside the experiment build, so that the suite runs on the default build and the
+#       A/B on the experiment library, one call)
 #       sanitize    compute-sanitizer on small cases, SAN_LIMIT s each (60). SAN_MIN=1: only
 #                   memcheck and racecheck of "hopper-only causal Sq<Sk 100x1000 D128" and
 #                   racecheck of "hopper-only S129"; SAN_MIN=2: only the racecheck of the
@@ -28,9 +32,9 @@
 #                   this build with switches, "NAME=VAR=VAL[,VAR=VAL] ..." (e.g.
 #                   "red=OT_ATTN_BWD_SM90_DQ=red"); AB_CHECK=1: --check first (float64 checks of
 #                   every entry, no timing on a failure) with AB_EXPECT ("red=1 new=0": the main
-#                   kernel's experiment bits each entry must run). AB_EARLY=1: the A/B
-#                   process starts first, in the background (torch import and --check beside
-#                   the tests and the sanitizer), and waits (--wait-for) until those steps are
+#                   kernel's experiment bits each entry must run; "new=128:1,64:0": per head
+#                   dim). AB_EARLY=1: the A/B process starts first, in the background (torch
+#                   import and --check beside the tests and the sanitizer), and waits (--wait-for) until those steps are
 #                   done before it times anything (AB_LIMIT then counts from the start, the
 #                   wait included; after a smoke hang the A/B process ends at AB_LIMIT)
 #       sanitize_base, bench_base: racecheck and the benchmark (BASE_BENCH_ARGS) of each other
@@ -85,9 +89,14 @@ if [ -f "$PRE/bin.tar.xz" ]; then
   export LD_LIBRARY_PATH="$BIN/lib:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
   TEST=$BIN/tests/test_ops
   SHIM=$BIN/libattention_shim.so
-  for alt in ${ALTS:-base}; do
+  for alt in $(printf '%s\n' ${ALTS:-base} ${SUITE_BUILD:-} | sort -u); do
     [ -f "$PRE/$alt.tar.xz" ] && mkdir -p "$BIN/$alt" && tar -xJf "$PRE/$alt.tar.xz" -C "$BIN/$alt"
   done
+  if [ -n "${SUITE_BUILD:-}" ]; then
+    [ -x "$BIN/$SUITE_BUILD/tests/test_ops" ] || { echo "no tests/test_ops in $PRE/$SUITE_BUILD.tar.xz"; exit 1; }
+    TEST=$BIN/$SUITE_BUILD/tests/test_ops
+    echo "suite, sanitizer: $PRE/$SUITE_BUILD.tar.xz's test_ops"
+  fi
 else
   stamp "no prebuilt binaries: building"
   # shellcheck source=device_build.sh

@@ -2,7 +2,9 @@
 # scripts/prebuild_bwd_sm90_exp.sh B [CARRY] -- on the build machine (no GPU): the carried
 # binaries of the Hopper backward's experiment A/B, for scripts/device_attention_bwd_sm90.sh
 # with PRE=CARRY (default .bwdxcarry; add it to .git/info/exclude):
-#   CARRY/base.tar.xz  libattention_shim.so of B's library as built (the default kernels)
+#   CARRY/base.tar.xz  libattention_shim.so of B's library as built (the default kernels) and
+#                      B's tests/test_ops (device_attention_bwd_sm90.sh SUITE_BUILD=base: the
+#                      suite on the default build)
 #   CARRY/bin.tar.xz   tests/test_ops + libattention_shim.so of the experiment build: B's
 #                      library with src/cuda/sm90/attention_bwd_sm90.cu recompiled with
 #                      -DOT_ATTN_SM90_EXPERIMENTS (the kernels of the experiment bits, e.g.
@@ -58,7 +60,7 @@ shim "$B/libops_transformer.a" "$EXP/base/libattention_shim.so"
 
 # 5. the carry
 tar cJf "$CARRY/bin.tar.xz" -C "$EXP" tests/test_ops libattention_shim.so
-tar cJf "$CARRY/base.tar.xz" -C "$EXP/base" libattention_shim.so
+tar cJf "$CARRY/base.tar.xz" -C "$EXP/base" libattention_shim.so -C "$B" tests/test_ops
 [ -f "$CARRY/deps.tar.xz" ] || tar cJf "$CARRY/deps.tar.xz" -C .carry/deps/lib .
 ls -la "$CARRY"
 du -sh "$CARRY"
