@@ -1551,7 +1551,11 @@ def markdown(path):
            f"`{rec.get('command')}`; bf16 parameters / gradients / AdamW states (torch fused "
            "AdamW), use_cache=False, random tokens; "
            + ("balanced A/B cases (all rows of a case in one process after their warm-up, "
-              "rounds of 1 lead-in + 5 steps per variant in alternating order): tokens/s from "
+              + "; ".join(sorted({str(r["method"]).replace("balanced A/B, ", "")
+                                  .replace(", median", "")
+                                  for r in rec.get("runs", [])
+                                  if "A/B" in str(r.get("method", ""))}))
+              + ", in alternating order): tokens/s from "
               "the median of a variant's step times (CUDA events), peak = its parameters and "
               "AdamW states + the most its windows allocated above that; other rows: "
               if any("A/B" in str(r.get("method", "")) for r in rec.get("runs", [])) else "")
