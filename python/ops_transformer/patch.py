@@ -601,13 +601,13 @@ def _decoder_layer_body(self, hidden_states, attention_mask=None, position_ids=N
 #   residual: the residual stream passes through the input norm (_NormKeepInput returns
 #   its input as a second output), whose backward adds the residual's gradient in the norm
 #   backward kernel (its dresidual_out) instead of autograd's add.
-# Its A/B on the H200 (bench/bench_training.py groups 11 / 12, run of 1c2f893, medians of
-# 20 steps): eager -0.9% at 0.54 B, +0.8% at 1.5 B. Its compiled rows (+1.9% / +0.2%)
-# measured no fused add: under the device's torch 2.11 the modules' checks
-# (_fuse_mlp_ok, _keep_input_why) then read `forward.__func__`, which that dynamo sees as
-# missing, so neither half was traced (reproduced on the CPU with torch 2.11; they read
-# _ot_patched since) -- the compiled A/B is still to run. Off until then. Read per call
-# (torch.compile guards on it).
+# Its A/B on the H200 (bench/bench_training.py groups 11 / 12, call of fa0fbb6: interleaved,
+# 12 rounds, both halves taken in every fused step; the median per-round ratio and the 95%
+# bootstrap interval of the mean): compiled 0.994x (0.989-1.000) at 0.54 B, 1.000x (0.996-1.003) at
+# 1.5 B; eager 1.001x (0.998-1.010) / 1.000x (0.999-1.007): no gain, so off. (1c2f893's
+# compiled rows had traced no fused add: torch 2.11's dynamo reads `forward.__func__` as
+# missing; the checks read _ot_patched since 3292e35.) Read per call (torch.compile guards
+# on it).
 FUSE_LAYER_ADDS = False
 
 
