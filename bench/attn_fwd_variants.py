@@ -50,6 +50,8 @@ WG3 = {"OT_ATTN_SM90_WG": "3"}
 SKIP = {"OT_ATTN_SM90_SKIP": "1"}
 DIAG = {"OT_ATTN_SM90_DIAG": "1"}
 NODIAG = {"OT_ATTN_SM90_DIAG": "0"}
+Q2 = {"OT_ATTN_SM90_Q2": "1"}
+WIDERESC = {**WIDE, **RESC}
 
 
 ONLY = None   # --only: the variant names to run (checks and timings)
@@ -108,6 +110,15 @@ def _variant_list(d, s, causal):
         v.append(("noresc", NORESC))
     if d == 256 and not causal and s % 80:            # 80-key tile, rescale threshold on
         v.append(("narrow", NARROW))
+    # kFlQ2 (2026-11-30 night): a 2-stage Q ring, the next tile's Q loaded while the current
+    # one starts; the 128-key tiles of D64 (2 and 3 consumers) and D128 (masked calls, Sk <=
+    # 2048); it matters only where a persistent CTA runs several tiles
+    if d == 64 or (d == 128 and (causal or s <= 2048)):
+        v.append(("q2", Q2))
+    # D128 masked calls of > 64 query tiles (S 16k causal: one CTA per tile) on the 176-key
+    # tile of the unmasked calls, without / with the rescale threshold
+    if d == 128 and causal and s > 8192:
+        v += [("wide", WIDE), ("wideresc", WIDERESC)]
     seen = set()
     return [(n, e) for n, e in v if not (n in seen or seen.add(n))]
 
@@ -194,6 +205,12 @@ def checks(S):
         skip_checks(S, ck)
     if ONLY is None or "diag" in ONLY:
         diag_checks(S, ck)
+    if ONLY is None or "q2" in ONLY:
+        q2_checks(S, ck)
+    if ONLY is None or "wideresc" in ONLY:
+        for sq, sk, hq, hkv, wl in ((1000, 1000, 4, 2, -1), (1300, 1100, 4, 1, -1),
+                                    (700, 1000, 8, 2, 200)):
+            ba.check_case(S, ck, 2, sq, sk, hq, hkv, 128, wl=wl, wr=0, env=WIDERESC)
     print(f"check: {ck.n - ck.fails}/{ck.n} passed", flush=True)
     return ck.fails == 0
 
@@ -255,6 +272,34 @@ def diag_checks(S, ck):
     ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16, env=DIAG)
 
 
+def q2_checks(S, ck):
+    """kFlQ2 (OT_ATTN_SM90_Q2=1, experiment builds: bf16 D64 128-key tile with 2 consumers (and
+    with kFlDiag) and 3, D128 128-key tile): float64 checks, and the same inputs with the switch
+    off, which must agree to the bit (only where Q lives in shared memory changes). The
+    persistent multi-tile path (GRID 1 / 3 / 5: the Q ring's two stages and phases over many
+    tiles), tiles with no visible key between live ones (Sq > Sk causal, a window: the
+    producer's search for the next tile with keys), one key tile per query tile, GQA / MQA,
+    lse, unmasked D64 (3 consumers) and D128 with Sk <= 2048, the default grid; fp16 (not
+    compiled: the default runs)."""
+    cases = []
+    for d in (64, 128):
+        for sq, sk, hq, hkv, wl, wr, grid in (
+                (1000, 1000, 4, 2, -1, 0, 3), (1024, 1024, 8, 2, -1, 0, 0),
+                (1300, 300, 4, 4, -1, 0, 3), (2000, 700, 4, 1, -1, 0, 5),
+                (1000, 1000, 4, 2, 200, 0, 5), (900, 1200, 4, 1, -1, 0, 1),
+                (128, 128, 8, 2, -1, 0, 3), (1000, 1100, 4, 2, -1, -1, 3),
+                (333, 1000, 8, 1, -1, -1, 0), (700, 2000, 4, 2, -1, -1, 5)):
+            env = {"OT_ATTN_SM90_GRID": str(grid)} if grid else {}
+            cases.append((d, sq, sk, hq, hkv, wl, wr, env))
+    cases.append((64, 4100, 4100, 2, 2, -1, -1, {"OT_ATTN_SM90_GRID": "7"}))
+    cases.append((64, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_WG": "3", "OT_ATTN_SM90_GRID": "3"}))
+    for d, sq, sk, hq, hkv, wl, wr, extra in cases:
+        ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, wl=wl, wr=wr, env={**extra, **Q2})
+        _same_as_default(S, ck, 2, sq, sk, hq, hkv, d, wl, wr, extra, var=Q2, name="q2")
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16,
+                  env={**Q2, "OT_ATTN_SM90_GRID": "3"})
+
+
 def _diff_from_default(S, B, sq, sk, hq, hkv, d, wl, wr, extra, var):
     torch.manual_seed(7 + sq + 3 * sk + d)
     q, k, v = ba.make_qkv(B, sq, sk, hq, hkv, d, torch.bfloat16, "bshd")
@@ -274,11 +319,12 @@ def _diff_from_default(S, B, sq, sk, hq, hkv, d, wl, wr, extra, var):
           f"{dl.nan_to_num(9.0).max().item():.3g}", flush=True)
 
 
-def _same_as_default(S, ck, B, sq, sk, hq, hkv, d, wl, wr, extra, dtype=torch.bfloat16):
+def _same_as_default(S, ck, B, sq, sk, hq, hkv, d, wl, wr, extra, dtype=torch.bfloat16, var=None,
+                     name="skip"):
     torch.manual_seed(7 + sq + 3 * sk + d)
     q, k, v = ba.make_qkv(B, sq, sk, hq, hkv, d, dtype, "bshd")
     res = []
-    for env in (extra, {**extra, **SKIP}):
+    for env in (extra, {**extra, **(SKIP if var is None else var)}):
         out = torch.full_like(q, float("nan"))
         lse = torch.full((B, hq, sq), float("nan"), device="cuda")
         with ba.env_set(env):
@@ -287,7 +333,7 @@ def _same_as_default(S, ck, B, sq, sk, hq, hkv, d, wl, wr, extra, dtype=torch.bf
         res.append((handled, out, lse))
     (h0, o0, l0), (h1, o1, l1) = res
     same = h0 and h1 and torch.equal(o0, o1) and torch.equal(l0, l1)
-    ck.report(f"skip == default B{B} sq{sq} sk{sk} h{hq}/{hkv} d{d} wl{wl} wr{wr} {extra}", same,
+    ck.report(f"{name} == default B{B} sq{sq} sk{sk} h{hq}/{hkv} d{d} wl{wl} wr{wr} {extra}", same,
               f"handled {h0}/{h1}, out max diff {(o0.float() - o1.float()).abs().max().item():.3g}"
               f", lse max diff {(l0 - l1).abs().nan_to_num(0.0).max().item():.3g}")
 

@@ -142,7 +142,9 @@ for tool in ${SAN_TOOLS-racecheck synccheck}; do
 done
 # NCU_QUICK: '|'-separated argument lists of bench/profile_attention_fwd.py (e.g. "--d 256
 # --s 4096 --causal --env OT_ATTN_SM90_ORDER=snake"): elapsed / SM-active cycles and duration
-# of each launch (ours, cuDNN, ours under each --env set), no sections (a few passes each).
+# of each launch (ours, cuDNN, ours under each --env set), no sections (a few passes each);
+# since 2026-11-30 night also the tensor pipe's busy share and the warp instructions
+# (NCU_QUICK_METRICS replaces those two).
 if [ -n "${NCU_QUICK:-}" ]; then
   IFS='|' read -r -a nqs <<<"$NCU_QUICK"
   for nq in "${nqs[@]}"; do
@@ -150,11 +152,11 @@ if [ -n "${NCU_QUICK:-}" ]; then
     stamp "ncu quick [$nq]"
     echo "== $nq" >>"$OUT/ncu_quick.txt"
     timeout "$t" ncu --profile-from-start off --clock-control none --metrics \
-      sm__cycles_elapsed.avg,sm__cycles_active.avg,gpu__time_duration.sum python3 \
+      sm__cycles_elapsed.avg,sm__cycles_active.avg,gpu__time_duration.sum,${NCU_QUICK_METRICS:-sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum} python3 \
       bench/profile_attention_fwd.py "$CARRY/libattention_shim.so" $nq >>"$OUT/ncu_quick.txt" 2>&1
     echo "ncu rc=$?"
   done
-  grep -E '^==|^  [a-zA-Z_].*\(|sm__cycles|gpu__time' "$OUT/ncu_quick.txt" | cut -c1-120
+  grep -E '^==|^  [a-zA-Z_].*\(|sm__cycles|gpu__time|gmma|inst_executed' "$OUT/ncu_quick.txt" | cut -c1-120
 fi
 stamp "summary"
 grep -E '^D[0-9]' "$OUT/variants.log" | cut -c1-250

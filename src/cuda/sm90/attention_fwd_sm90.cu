@@ -95,6 +95,9 @@ enum {
                    * keys of the first-visited tile that its own rows see), so that on a
                    * causal diagonal tile the first warpgroup of a 128-row tile runs Q K^T,
                    * softmax and P V over the 64 keys it can see (see the kernel) */
+  kFlQ2 = 0x1000, /* a 2-stage Q ring: the producer loads the next tile's Q while the
+                   * current one starts (after its second K tile), not after its last
+                   * Q K^T (persistent CTAs; where the smem fits: the 128-key tiles) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -110,11 +113,11 @@ template <int NC> struct fwd_cfg {
   static_assert(24 * 128 + cons_regs * 128 * NC <= 65536, "register file");
 };
 
-template <int D, int BC, int NC> struct fwd_smem {
-  static constexpr int q_bytes = fwd_cfg<NC>::br * D * 2;
+template <int D, int BC, int NC, int QS = 1> struct fwd_smem {
+  static constexpr int q_bytes = fwd_cfg<NC>::br * D * 2;  /* one Q stage (QS of them) */
   static constexpr int kv_bytes = BC * D * 2;              /* one K or V stage */
   static constexpr int q_off = 0;
-  static constexpr int k_off = q_bytes;
+  static constexpr int k_off = QS * q_bytes;
   static constexpr int v_off = k_off + kStages * kv_bytes;
   static constexpr int bar_off = v_off + kStages * kv_bytes;
   static constexpr int bytes = bar_off + 128 + 1024;       /* barriers + alignment slack */
@@ -171,7 +174,7 @@ __device__ __forceinline__ int floor_div(int a, int b) {
 
 /* Barrier slots in shared memory (8 bytes each). */
 enum { BAR_FULL_Q = 0, BAR_EMPTY_Q = 1, BAR_FULL_K = 2, BAR_EMPTY_K = 4, BAR_FULL_V = 6,
-       BAR_EMPTY_V = 8 };
+       BAR_EMPTY_V = 8, BAR_FULL_Q1 = 10, BAR_EMPTY_Q1 = 11 /* kFlQ2's second Q stage */ };
 constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of consumer c */
 
 /* Tile t of the launch: m fastest (the CTAs running at once share K/V in L2); with a
@@ -231,7 +234,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
                          const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fwd_params p,
                          const split_params sp) {
-  using L = fwd_smem<D, BC, NC>;
+  constexpr bool Q2 = (FL & kFlQ2) != 0;
+  using L = fwd_smem<D, BC, NC, Q2 ? 2 : 1>;
   constexpr int BR = fwd_cfg<NC>::br;
   constexpr int kEmptyCount = 4 * NC;   /* lane 0 of each consumer warp releases a stage */
   constexpr bool F16 = is_half<T>::value;
@@ -249,11 +253,17 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   static_assert(!(SKIP && NARROW), "kFlSkip and kFlNarrow are not compiled together");
   constexpr bool DIAG = (FL & kFlDiag) != 0;
   static_assert(!DIAG || NARROW, "kFlDiag needs kFlNarrow's width");
+  static_assert(!Q2 || (!SKIP && !SPLIT), "kFlQ2 is not compiled with kFlSkip / kFlSplit");
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
   const uint32_t s_bar = s_base + L::bar_off;
   auto bar = [&](int i) { return s_bar + 8u * (uint32_t)i; };
+  /* Query tile n (the CTA's n-th tile with keys): its Q stage's FULL / EMPTY barrier, the
+   * phase parity and the stage's offset (one stage, or kFlQ2's two) */
+  auto full_q = [&](int n) { return bar(Q2 && (n & 1) ? BAR_FULL_Q1 : BAR_FULL_Q); };
+  auto empty_q = [&](int n) { return bar(Q2 && (n & 1) ? BAR_EMPTY_Q1 : BAR_EMPTY_Q); };
+  auto q_par = [&](int n) { return Q2 ? (n >> 1) & 1 : n & 1; };
   const int n_tiles = SPLIT ? sp.n_items : p.num_m * p.hq * p.batch;
   /* SNAKE: the work item of the round-robin's item t (t = k G + i for CTA i in round k):
    * a whole odd round in reverse CTA order (k G + G - 1 - i); the last, partial round in
@@ -269,6 +279,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   if (tid == 0) {
     mbar_init(bar(BAR_FULL_Q), 1);
     mbar_init(bar(BAR_EMPTY_Q), kEmptyCount);
+    if (Q2) {
+      mbar_init(bar(BAR_FULL_Q1), 1);
+      mbar_init(bar(BAR_EMPTY_Q1), kEmptyCount);
+    }
     for (int s = 0; s < kStages; s++) {
       mbar_init(bar(BAR_FULL_K + s), 1);
       mbar_init(bar(BAR_FULL_V + s), 1);
@@ -293,10 +307,18 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       const int n_iters = ti.n_max - ti.n_min;
       if (n_iters <= 0) continue;
       const int kvh = ti.head / p.group;
-      if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
-      mbar_expect_tx(bar(BAR_FULL_Q), (uint32_t)L::q_bytes);
-      tma_load_5d(s_base + L::q_off, &tm_q, bar(BAR_FULL_Q), 0, ti.m_block * BR, 0, ti.head,
-                  ti.batch);
+      /* Q of query tile n (kFlQ2: ring position n of two stages) */
+      auto load_q = [&](const tile_info &tq, int n) {
+        mbar_expect_tx(full_q(n), (uint32_t)L::q_bytes);
+        tma_load_5d(s_base + L::q_off + (Q2 ? (uint32_t)(n & 1) * L::q_bytes : 0u), &tm_q,
+                    full_q(n), 0, tq.m_block * BR, 0, tq.head, tq.batch);
+      };
+      if constexpr (!Q2) {
+        if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
+        load_q(ti, qn);
+      } else if (qn == 0) {
+        load_q(ti, 0);   /* the later tiles' Q: loaded during the tile before (below) */
+      }
       qn++;
       for (int it = 0; it <= n_iters; it++) {
         if (it < n_iters) {
@@ -305,6 +327,24 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           mbar_expect_tx(bar(BAR_FULL_K + s), (uint32_t)L::kv_bytes);
           tma_load_5d(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s), 0,
                       (ti.n_max - 1 - it) * BC, 0, kvh, ti.batch);
+        }
+        if constexpr (Q2) {
+          /* kFlQ2: the next tile's Q, into the stage that tile qn - 2 released after its
+           * last Q K^T (an EMPTY wait of parity ((qn / 2) & 1) ^ 1, as the K / V rings do:
+           * none for qn = 1), once this tile's second K tile is issued (by then the tile
+           * before is at its last step: that K load waited for its last K stage) */
+          if (it == 1) {
+            int tn = t0 + (int)gridDim.x, pn;
+            tile_info ni;
+            for (; tn < n_tiles; tn += gridDim.x) {
+              ni = decode_item<BC, BR, SPLIT>(p, sp, SNAKE ? snake_tile(tn) : tn, pn);
+              if (ni.n_max - ni.n_min > 0) break;
+            }
+            if (tn < n_tiles) {
+              mbar_wait(empty_q(qn), ((qn >> 1) & 1) ^ 1);
+              load_q(ni, qn);
+            }
+          }
         }
         if (it > 0) {
           const int g = kv + it - 1, s = g % kStages;
@@ -397,7 +437,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
                (p.wr >= 0 && (n + 1) * BC - 1 > tile_row_first + off + p.wr) ||
                (p.wl >= 0 && n * BC < row_last + off - p.wl);
       };
-      const uint64_t q_desc = make_desc(s_base + L::q_off + c * 64 * 128, 16, 1024);
+      const uint64_t q_desc =
+          make_desc(s_base + L::q_off + (Q2 ? (uint32_t)(qn & 1) * L::q_bytes : 0u) +
+                        c * 64 * 128, 16, 1024);
       /* S = Q K^T over the tile's first N keys (N < BC: NARROW's step). */
       auto issue_qk_n = [&](auto ncol, int stage) {
         constexpr int N = decltype(ncol)::value;
@@ -512,7 +554,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
            * as it left them. DIAG: only the consumers whose own rows see at most NW keys
            * of the tile take it (the others an empty turn instead, after their prologue). */
           const int st = kv % kStages, ph = (kv / kStages) & 1;
-          mbar_wait(bar(BAR_FULL_Q), qn & 1);
+          mbar_wait(full_q(qn), q_par(qn));
           mbar_wait(bar(BAR_FULL_K + st), ph);
           named_sync(my_bar, 256);
           issue_qk_n(std::integral_constant<int, NW>(), st);
@@ -600,7 +642,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         n_it_s -= n_skip;
         kv_s += n_skip;
         if (n_it_s == 0) {   /* every tile skipped: the last P V's turn; Q as said above */
-          mbar_wait(bar(BAR_FULL_Q), qn & 1);
+          mbar_wait(full_q(qn), q_par(qn));
           named_sync(my_bar, 256);
           named_arrive(other_bar, 256);
         }
@@ -608,7 +650,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       /* prologue: S_0, softmax -> P_0 */
       if ((!NARROW && !SKIP) || n_it_s > 0) {
         const int sk_ = kv_s % kStages, pk = (kv_s / kStages) & 1;
-        mbar_wait(bar(BAR_FULL_Q), qn & 1);
+        mbar_wait(full_q(qn), q_par(qn));
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
         named_sync(my_bar, 256);
         issue_qk(sk_);
@@ -653,7 +695,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         convert_p();
       }
       /* Every Q K^T of this tile has completed: the producer may load the next Q. */
-      release(bar(BAR_EMPTY_Q));
+      release(empty_q(qn));
       if ((!NARROW && !SKIP) || n_it_s > 0) {
         const int gv = kv_s + n_it_s - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_V + sv), pv);
@@ -786,7 +828,7 @@ template <typename T, int D, int BC, int NC, int FL>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                         const fwd_call *fc) {
   static const char *op = "attention_forward";
-  using L = fwd_smem<D, BC, NC>;
+  using L = fwd_smem<D, BC, NC, (FL & kFlQ2) ? 2 : 1>;
   auto kern = attn_fwd_sm90_kernel<T, D, BC, NC, FL>;
   static std::atomic<uint64_t> attr_done{0};   /* sm90_common.cuh's smem_attr_once */
   OT_TRY(smem_attr_once(kern, L::bytes, ctx, attr_done, op));
@@ -885,9 +927,9 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlSnake, kFlSkip, kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit,
-                             kFlPoly4, kFlPoly8, kFlResc};
-  for (int i = 0; i < 7 && !fl_has(fl, l); i++) fl &= ~drop[i];
+  static const int drop[] = {kFlQ2, kFlSnake, kFlSkip, kFlNarrow | kFlNarrowW | kFlDiag,
+                             kFlSplit, kFlPoly4, kFlPoly8, kFlResc};
+  for (int i = 0; i < 8 && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
 }
 
@@ -911,6 +953,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
+  constexpr int Q2 = kFlQ2;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3)>());
@@ -920,11 +963,12 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                             R | SN, R | SK>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* snake, skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SN, R | SK, R | DG>());
+                                    fl_list<0, R, R | SN, R | SK, R | DG, R | Q2>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SN, SK, DG>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, SN, SK, DG, Q2, DG | Q2>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, Q2>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG>());
@@ -1169,7 +1213,15 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const char *gs = sm90_knob(knobs, "OT_ATTN_SM90_GRID");
   call.grid_cap = gs && atoi(gs) > 0 ? atoi(gs) : 0;
   call.nonpersistent = sm90_knob(knobs, "OT_ATTN_SM90_NONPERSISTENT") != NULL;
-  const int fl = (resc ? kFlResc : 0) | poly | split | narrow | snake | skip;
+  /* OT_ATTN_SM90_Q2=1: kFlQ2, a 2-stage Q ring (the next tile's Q loaded early; where an
+   * instance is compiled: experiment builds, the 128-key tiles of D64 / D128). */
+#ifdef OT_ATTN_SM90_EXPERIMENTS
+  const char *q2v = sm90_knob(knobs, "OT_ATTN_SM90_Q2");
+  const int q2 = q2v && q2v[0] == '1' ? kFlQ2 : 0;
+#else
+  const int q2 = 0;
+#endif
+  const int fl = (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | q2;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
