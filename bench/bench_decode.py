@@ -82,7 +82,7 @@ class Shim:
         """What the last call launched: (kernel name, splits, CTAs, launched with PDL, an
         early start (paged_kv_ready), the TMA ring (OT_PAGED_TMA, experiment builds), the
         aligned-page instance (OT_PAGED_ALIGNED), 8-warp CTAs (OT_PAGED_WARPS), an opt-in
-        variant (OT_PAGED_VARIANT)). Flag 2, round 6's fused split merge (removed), is
+        variant (OT_PAGED_VARIANT, builds of decode round 9 only; removed in round 10)). Flag 2, round 6's fused split merge (removed), is
         no longer set."""
         a = (cint * 4)()
         self.lib.shim_paged_last_plan(a)
@@ -474,9 +474,14 @@ def fixed_cost(shim):
     return res
 
 
-def bench(shim, ceiling):
+def bench(shim, ceiling, shapes=None, lean=False, ref=None):
+    """The grid (shapes: SHAPES + ENGINE_SHAPES unless given). lean: of the forced runs of
+    a row only the engine shapes' kv_ready one. ref: another build's shim (e.g. the commit
+    before a kernel change) timed at each row in the same process, as the variants "ref"
+    (and "ref kv_ready=1" at the engine shapes), with its largest |difference| from ours
+    (0.0 only for the same bits)."""
     rows = []
-    for (b, ctx) in SHAPES + ENGINE_SHAPES:
+    for (b, ctx) in shapes or SHAPES + ENGINE_SHAPES:
         # peers on a contiguous cache (same bytes), once per shape
         c0 = make_case(b, ctx, 16, seed=1)
         kc, vc = (t.contiguous() for t in gather(c0, b, ctx, 16))
@@ -506,19 +511,36 @@ def bench(shim, ceiling):
             call()
             plan_default = plan_str(shim.plan())
             plans = {}
-            runs = [{"OT_PAGED_KERNEL": "split"}, {"OT_PAGED_KERNEL": "stream"},
-                    {"OT_PAGED_PDL": "0"}, {"OT_PAGED_ALIGNED": "0"},
-                    {"OT_PAGED_KERNEL": "split", "OT_PAGED_WARPS": "4"},
-                    {"OT_PAGED_KERNEL": "split", "OT_PAGED_WARPS": "8"}]
+            runs = [] if lean else [
+                {"OT_PAGED_KERNEL": "split"}, {"OT_PAGED_KERNEL": "stream"},
+                {"OT_PAGED_PDL": "0"}, {"OT_PAGED_ALIGNED": "0"},
+                {"OT_PAGED_KERNEL": "split", "OT_PAGED_WARPS": "4"},
+                {"OT_PAGED_KERNEL": "split", "OT_PAGED_WARPS": "8"}]
             if (b, ctx) in ENGINE_SHAPES:  # the engine's early start (paged_kv_ready)
-                runs += [{"kv_ready": "1"}, {"kv_ready": "1", "OT_PAGED_ALIGNED": "0"}]
-            runs += [{"OT_PAGED_KERNEL": "split", "OT_PAGED_SPLITS": str(n)}
-                     for n in SWEEP.get((b, ctx), [])]
+                runs += [{"kv_ready": "1"}] + ([] if lean else [{"kv_ready": "1", "OT_PAGED_ALIGNED": "0"}])
+            if not lean:
+                runs += [{"OT_PAGED_KERNEL": "split", "OT_PAGED_SPLITS": str(n)}
+                         for n in SWEEP.get((b, ctx), [])]
+            ref_diff = None
+            if ref is not None:  # the other build on the same inputs, same process
+                runs += [{"ref": "1"}] + ([{"ref": "1", "kv_ready": "1"}] if (b, ctx) in ENGINE_SHAPES else [])
+                out_r = torch.empty_like(out)
+                call_r = lambda: ref.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
+                                           c["indices"], c["lpl"], out_r)
+                call_r()
+                call()
+                torch.cuda.synchronize()
+                ref_diff = (out.float() - out_r.float()).abs().max().item()
+                if not ref_diff:
+                    ref_diff = 0.0 if torch.equal(out.view(torch.int16), out_r.view(torch.int16)) \
+                        else "0 but not bitwise"
             for env in runs:
-                name = " ".join(f"{k}={v}" for k, v in env.items())
-                t = run_env(env, lambda: time_ms(call), shim)
-                run_env(env, call, shim)
-                pl = shim.plan()
+                name = " ".join("ref" if k == "ref" else f"{k}={v}" for k, v in env.items())
+                env = {k: v for k, v in env.items() if k != "ref"}
+                S, fn = (ref, call_r) if name.startswith("ref") else (shim, call)
+                t = run_env(env, lambda: time_ms(fn), S)
+                run_env(env, fn, S)
+                pl = S.plan()
                 if "OT_PAGED_KERNEL" in env and pl[0] != env["OT_PAGED_KERNEL"]:
                     raise RuntimeError(f"variant {name} ran {plan_str(pl)}")
                 variants[name] = round(nbytes / (t * 1e-3) / 1e12, 3)
@@ -556,6 +578,8 @@ def bench(shim, ceiling):
                 "fraction_of_ceiling": round(tb / ceiling, 3),
                 "max_abs_err_vs_sdpa": float(f"{err:.3e}"),
             })
+            if ref is not None:
+                rows[-1]["max_abs_diff_vs_ref"] = ref_diff
             r = rows[-1]
             print(f"{r['case']:<44} ours {r['ours']:.3f} TB/s ({r['ours_us']} us; variants "
                   f"{variants}) "
@@ -684,6 +708,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=6, help="with --ab: rounds per shape")
     ap.add_argument("--ab-shapes", metavar="BxCTX,...", help="with --ab: these page-16 shapes "
                     "instead of SHAPES + ENGINE_SHAPES")
+    ap.add_argument("--shapes", metavar="BxCTX,...", help="the grid at these shapes (pages 16 "
+                    "and 64) instead of SHAPES + ENGINE_SHAPES")
+    ap.add_argument("--lean", action="store_true", help="no probe, and of a row's forced runs "
+                    "only the engine shapes' kv_ready one")
+    ap.add_argument("--ref-shim", metavar="SHIM", help="another build timed at each row in the "
+                    "same process (variants 'ref', 'ref kv_ready=1'), with its max |out - ours|")
     ap.add_argument("--fixed", action="store_true",
                     help="first measure where the per-call fixed cost goes (fixed_cost)")
     ap.add_argument("--profile-case", metavar="B,CTX,PAGE",
@@ -766,10 +796,12 @@ def main():
     fixed = fixed_cost(shim) if args.fixed else None
     if args.no_bench:
         raise SystemExit(0 if ok else 1)
-    probe(shim)
+    if not args.lean:
+        probe(shim)
     ceiling = read_ceiling()
     print(f"read ceiling (torch.sum 4 GiB bf16): {ceiling:.3f} TB/s", flush=True)
-    rows = bench(shim, ceiling)
+    shapes = [tuple(int(v) for v in x.split("x")) for x in args.shapes.split(",")] if args.shapes else None
+    rows = bench(shim, ceiling, shapes, args.lean, Shim(args.ref_shim) if args.ref_shim else None)
     if args.arena_bin:
         rows += arena_rows(args.arena_bin)
         print(json.dumps(rows[-1]), flush=True)

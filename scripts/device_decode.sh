@@ -22,7 +22,7 @@
 # build), ABX="name ..." (the builds in ONE process, bench_decode.py --ab, AB_ROUNDS rounds
 # with cuDNN / flash -> $OUT/ab.json; on failure AB falls back to them; an entry
 # NAME=BUILD@VAR=VALUE@... is packed build BUILD with those variables set around its calls,
-# e.g. rescale=default@OT_PAGED_VARIANT=rescale; AB_SHAPES="16x4096,..." the shapes), MEM=1 (the memory
+# e.g. merge0=default@OT_PAGED_MERGE=0, old=old@kv_ready=1; AB_SHAPES="16x4096,..." the shapes), MEM=1 (the memory
 # suite, MEM_FILTER its filter), SAN_FILTERS / RACE_FILTERS / SYNC_FILTERS (as
 # below), then the traces, NCU_CASES (ncu of ours and cuDNN).
 set -uo pipefail

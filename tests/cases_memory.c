@@ -901,9 +901,6 @@ static const char *g_pmode = "";
 static int g_pflag_set = 0, g_pflag_clear = 0;
 /* the kernel those calls must have run (ot_cuda_paged_last_plan's out[0]: 1 split, 2 stream) */
 static int g_pkernel = 1;
-/* paged_case_spare (CUDA): the call again with this variable unset (an opt-in variant's
- * switch, OT_PAGED_VARIANT), out and lse compared bit for bit (paged_variant_bits) */
-static const char *g_pbits_env = NULL;
 /* paged_case_spare runs each case again with both split merges (paged_merge_bits) */
 static bool g_pmerge_bits = false;
 #ifdef OT_TEST_CUDA
@@ -914,9 +911,8 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
 #ifdef OT_TEST_CUDA
   if (!g_pflag_set && !g_pflag_clear) return;
   const bool al = dt.bits == 16 && c->d == 128 && c->bs % 16 == 0;
-  /* with the early start (ready): no 8-warp CTAs, no variant (64); the variants are bf16
-   * only (and 9.x GPUs, as 8-warp CTAs) */
-  const int want = g_pflag_set & ~(ready ? 32 | 64 : 0) & ~(dt.code != DT_BF16.code ? 64 : 0);
+  /* with the early start (ready): no 8-warp CTAs */
+  const int want = g_pflag_set & ~(ready ? 32 : 0);
   int pl[4] = {0, 0, 0, 0};
   ot_cuda_paged_last_plan(pl);
   if (pl[0] != g_pkernel || (al && (pl[3] & want) != want) || (pl[3] & g_pflag_clear))
@@ -955,26 +951,6 @@ static void paged_merge_bits(test_run *tr, const ot_attention_params *prm, tbuf 
     }
   }
   env_restore(&m);
-  free(so), free(sl);
-}
-
-/* g_pbits_env (CUDA): the call again with that variable unset (the default kernels), out
- * and lse (outputs poisoned before) the same bits as the variant's (out, lse as they are). */
-static void paged_variant_bits(test_run *tr, const ot_attention_params *prm, tbuf *q, tbuf *cu,
-                               const ot_paged_kv *kv, tbuf *out, tbuf *lse) {
-  void *so = tb_snapshot(out), *sl = tb_snapshot(lse);
-  env_saved v = env_set(g_pbits_env, NULL);
-  tb_poison(out);
-  tb_poison(lse);
-  if (tr_ok(tr, ot_paged_attention(tr->be->ctx, prm, tb_dl(q), tb_dl(cu), kv, tb_dl(out),
-                                   tb_dl(lse)),
-            "the default kernels")) {
-    tb_sync(out);
-    tb_sync(lse);
-    if (!tb_unchanged(out, so)) tr_fail(tr, "out differs from the default kernels' (%s unset)", g_pbits_env);
-    if (!tb_unchanged(lse, sl)) tr_fail(tr, "lse differs from the default kernels' (%s unset)", g_pbits_env);
-  }
-  env_restore(&v);
   free(so), free(sl);
 }
 
@@ -1018,10 +994,6 @@ static void paged_case_spare(test_run *tr, const pcase *c, DLDataType dt, int64_
       if (!tb_unchanged(out, snap)) tr_fail(tr, "out differs when lse is NULL");
     }
     free(snap);
-    if (g_pbits_env) {
-      /* out is the lse-less call's (the same bits, checked above); lse the first call's */
-      paged_variant_bits(tr, &prm, q, cu, &P.kv, out, lse);
-    }
     if (g_pmerge_bits) paged_merge_bits(tr, &prm, q, cu, &P.kv, out, lse);
   }
   free(qd), free(ro), free(rl);
@@ -1899,56 +1871,6 @@ static void paged_instance_cases(test_run *tr) {
   paged_mode_cases(tr, "w8 ", "OT_PAGED_WARPS", "8", 16 | 32, 0);
 }
 
-/* The opt-in variants (OT_PAGED_VARIANT, plan flag 64 on the bf16 cases: the variants are
- * bf16 only, the f16 cases run the default kernels; decode round 9, prepared): the
- * conditional O rescale ("rescale") and that with the fragment reads from per-lane offsets
- * ("lds"), each in the 4- and 8-warp aligned split instances on the instance blocks' cases,
- * then in the aligned stream kernel on the head_dim-128 cases, the long ones and ragged
- * batches (the default grid, 3 CTAs); each case against the float64 reference and, the
- * paged_case ones (not back to back / kv ready), bit for bit against the default kernels
- * (paged_variant_bits: the variants keep the summation order, skip only factors of exactly
- * 1 -- ex2.approx.ftz(0) is +1 by PTX's table, and no FTZ flag is on -- and read the same
- * shared-memory bytes). */
-static void paged_variant_cases(test_run *tr) {
-  static const char *const vals[] = {"rescale", "lds"};
-  g_pbits_env = "OT_PAGED_VARIANT";
-  for (int v = 0; v < 2; v++) {
-    char pre[64];
-    snprintf(pre, sizeof pre, "%s ", vals[v]);
-    env_saved w4 = env_set("OT_PAGED_WARPS", "4"); /* (else the plan may take 8 warps) */
-    paged_mode_cases(tr, pre, "OT_PAGED_VARIANT", vals[v], 16 | 64, 32);
-    env_restore(&w4);
-    env_saved w8 = env_set("OT_PAGED_WARPS", "8");
-    snprintf(pre, sizeof pre, "%s w8 ", vals[v]);
-    paged_mode_cases(tr, pre, "OT_PAGED_VARIANT", vals[v], 16 | 32 | 64, 0);
-    env_restore(&w8);
-    env_saved var = env_set("OT_PAGED_VARIANT", vals[v]);
-    env_saved kern = env_set("OT_PAGED_KERNEL", "stream");
-    snprintf(pre, sizeof pre, "%s stream ", vals[v]);
-    g_pmode = pre;
-    g_pkernel = 2;
-    g_pflag_set = 16 | 64;
-    for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
-      if (paged_cuda_cases[i].d == 128 && paged_cuda_cases[i].wl < 0) /* (a left window: split) */
-        paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
-    paged_case(tr, &paged_cuda_long[0], DT_BF16);
-    paged_case(tr, &paged_cuda_long[2], DT_F16);
-    env_saved grid = env_set("OT_PAGED_STREAM_CTAS", "3");
-    paged_case(tr, &paged_cuda_long[3], DT_BF16); /* (pages of 1: the default kernel) */
-    env_restore(&grid);
-    /* ragged batches, plan checked: the default grid, and 3 CTAs over pages of 64 (units
-     * cut into pieces, sliding windows) */
-    paged_stream_case(tr, "B70 ragged GQA4 bs16", 70, 300, 3, 8, 2, 16, 0, DT_BF16, 11);
-    paged_stream_case(tr, "B100 GQA4 bs64, 3 CTAs", 100, 700, 1, 16, 4, 64, 3, DT_BF16, 13);
-    g_pflag_set = 0;
-    g_pkernel = 1;
-    g_pmode = "";
-    env_restore(&kern);
-    env_restore(&var);
-  }
-  g_pbits_env = NULL;
-}
-
 /* The split kernel's one-round merge (OT_PAGED_MERGE=1, pa_merge1_kernel) on the instance
  * blocks' cases (paged_mode_cases: forced splits, batch 1 at the engine's heads, back to
  * back, kv ready) and on more splits than one round of 128 (D 128 pages of 16, D 64 pages
@@ -2061,7 +1983,6 @@ static void run_memory_cuda(test_run *tr) {
   append_cases(tr);
   append_case(tr, DT_BF16, 16, 0, true, false, false);
   paged_instance_cases(tr);
-  paged_variant_cases(tr);
   paged_merge_cases(tr);
   paged_debug_case(tr, DT_BF16, 128);
   paged_debug_case(tr, DT_F32, 16);

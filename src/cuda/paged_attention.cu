@@ -102,12 +102,14 @@
  *     plan is one wave over at least 90% of the SMs and the 4-warp plan splits the keys to
  *     fill the GPU: 16 x 4k then runs one split (no merge kernel, no partials): 3.80 vs 3.66
  *     TB/s with 4 warps; 1 x 2k / 1 x 8k 16 splits of 128 / 512 keys.
- *   - Opt-in variants (OT_PAGED_VARIANT, pa_params_v<V>; decode round 9, prepared, not yet
- *     measured; bf16 on 9.x GPUs, pa_var_ok) of the AL instances without the early start,
- *     their own kernels so that the default ones keep their code: "rescale" (pa_step's CR:
- *     O rescaled only in steps where a row of the warp raised its max) and "lds" (that and
- *     LB: the fragment reads from per-lane offsets plus immediates); issued instructions
- *     per 16-key step on the common path 453 -> 398 -> 331 (scripts/pa_sass_count.py).
+ *   - The AL instances' step (pa_step's CR and LB; decode round 9, default since round
+ *     10): O rescaled only in steps where a row of the warp raised its max, and the
+ *     fragment reads from four per-lane offsets plus immediates; issued instructions per
+ *     16-key step on the common path 453 -> 331 (scripts/pa_sass_count.py), the same bits.
+ *     Same process on the H200 (round 9, as the opt-in OT_PAGED_VARIANT=lds, now removed
+ *     with "rescale", CR alone, which lost at 1 x 2k and 64 x 4k): 16 x 4k 70.58 -> 69.92
+ *     us, 64 x 4k 248.9 -> 248.2, 1 x 64k 72.99 -> 72.46, 1 x 2k 10.79 -> 10.61, 64 x 1k
+ *     (stream kernel) 74.00 -> 73.99; outputs the same bits at each.
  * Stream kernel (head_dim 128, no left window): a persistent wave of warps, each taking an
  * even share of all 16-key steps and streaming them through the same per-warp ring across
  * unit boundaries; cut units merged by a second (PDL) kernel; its K / V copies carry an L2
@@ -222,8 +224,8 @@ __device__ __forceinline__ unsigned pa_smid() {
     if (threadIdx.x == 0 && blockIdx.x < kPaTrCtas) pa_tr_buf[k][blockIdx.x][i] = (v); \
   } while (0)
 #else
-/* ((void)0), not do {} while (0): after the sm_80 variant stubs' return, nvcc warned "loop
- * is not reachable" */
+/* ((void)0), not do {} while (0) (nvcc warned "loop is not reachable" after an early return
+ * in a kernel) */
 #define PA_TR(k, i, v) ((void)0)
 #endif
 
@@ -496,8 +498,7 @@ __device__ __forceinline__ void pa_fc_offsets(const T *ring, int lane, uint32_t 
   fc_g = r0 * D + c * 8;
 }
 
-/* LB (the opt-in variant OT_PAGED_VARIANT=lds, pa_params_v<3>; head_dim 128, cp.async
- * layout): pa_step's 16 fragment reads as one of four per-lane byte offsets plus the stage's
+/* LB (the AL instances; head_dim 128, cp.async layout; decode round 9): pa_step's 16 fragment reads as one of four per-lane byte offsets plus the stage's
  * shared address plus immediates, where the compiler re-derived each read's swizzled address
  * from the thread index in every step (~60 integer instructions per step, decode round 9).
  * K read (nb, c): row nb * 8 + g, chunk (c * 4 + tq4) ^ swz(g) = (c >> 1) * 8 + (x ^ (c & 1) * 4)
@@ -533,8 +534,8 @@ template <bool FE> __device__ __forceinline__ float pa_exp2(float x) {
  * masks (a row's [r_lo, r_hi], keys >= kh), online softmax in base 2, O += P V. Ends with a
  * __syncwarp after the stage's last read, so the caller may refill it. TM: the stage in the
  * TMA layout (above), its rows past kh not zero-filled (the V fragments of those keys are
- * zeroed here: a page's slots past the sequence may hold anything, NaN included). CR (the
- * opt-in variant OT_PAGED_VARIANT=rescale, pa_params_v<1>): O is multiplied by exp2(m_old -
+ * zeroed here: a page's slots past the sequence may hold anything, NaN included). CR (the AL
+ * instances, with LB; decode round 9): O is multiplied by exp2(m_old -
  * m_new) only in steps where some row of the warp raised its max (a warp vote; FA4's
  * trick without its threshold): where none did, every row's factor is exp2(0) = 1 (or 0
  * on a row that has seen no key yet, whose O is still 0), so the results are the same
@@ -678,15 +679,6 @@ struct pa_params_tm : pa_params {
 template <typename P> struct pa_is_tm { static constexpr bool value = false; };
 template <> struct pa_is_tm<pa_params_tm> { static constexpr bool value = true; };
 
-/* Opt-in variants of the AL instances (OT_PAGED_VARIANT; decode round 9, prepared, not
- * measured): their own parameter type, so the default kernels keep their names and code.
- * V = 1: the conditional O rescale (pa_step's CR); 3: that and the fragment reads from
- * per-lane offsets plus immediates (LB). */
-template <int V> struct pa_params_v : pa_params {};
-template <typename P> struct pa_var_of { static constexpr int value = 0; };
-template <int V> struct pa_var_of<pa_params_v<V>> { static constexpr int value = V; };
-template <typename P> struct pa_var_cr { static constexpr bool value = (pa_var_of<P>::value & 1) != 0; };
-template <typename P> struct pa_var_lb { static constexpr bool value = (pa_var_of<P>::value & 2) != 0; };
 
 __device__ __forceinline__ void pa_tma_step(uint32_t dst_k, uint32_t dst_v, const CUtensorMap *tk,
                                             const CUtensorMap *tv, uint32_t bar, int row) {
@@ -769,12 +761,6 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   constexpr bool TM = pa_is_tm<P>::value;
   static_assert(!TM || D == 128, "the TMA ring is laid out for head_dim 128");
   static_assert(!AL || (D == 128 && !TM), "the aligned copies are laid out for head_dim 128");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  if constexpr (pa_var_of<P>::value != 0) { /* never launched there (pa_var_ok): no code */
-    __trap();
-    return;
-  }
-#endif
   __shared__ float s_m[NW][16], s_l[NW][16], s_wt[NW][16];
   __shared__ int64_t s_off[16];
   __shared__ __align__(8) uint64_t s_bar[TM ? NW : 1][TM ? S : 1];
@@ -976,8 +962,8 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   const float qk_scale = p.softcap > 0 ? p.scale / p.softcap : p.scale * kLog2e;
   const float cap2 = p.softcap * kLog2e;
-  /* LB variant: the fragment reads' per-lane offsets (pa_lds_offsets) */
-  const pa_lds_base lb = pa_var_lb<P>::value ? pa_lds_offsets(g, tq4) : pa_lds_base{};
+  /* AL: the fragment reads' per-lane offsets (pa_lds_offsets, pa_step's LB) */
+  const pa_lds_base lb = AL ? pa_lds_offsets(g, tq4) : pa_lds_base{};
 
 #pragma unroll 1
   for (int t = 0; t < nst; t++) {
@@ -1008,7 +994,7 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
         whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
       nomask = __all_sync(0xffffffffu, whole);
     }
-    pa_step<T, D, TM, AL, pa_var_cr<P>::value, pa_var_lb<P>::value>(
+    pa_step<T, D, TM, AL, AL, AL>(
         ring + (size_t)(t % S) * 2 * kPaStep * D, qa, kb, kh, r_lo, r_hi, qk_scale, p.softcap,
         cap2, g, tq4, m_run, l_run, acc, nomask, lb);
   }
@@ -1402,12 +1388,6 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
   static_assert(!TM || D == 128, "the TMA ring is laid out for head_dim 128");
   static_assert(!AL || (D == 128 && !TM), "the aligned copies are laid out for head_dim 128");
   static_assert(kPsMeta > S - 1 + A, "the metadata ring holds every unit in flight");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  if constexpr (pa_var_of<PP>::value != 0) { /* never launched there (pa_var_ok): no code */
-    __trap();
-    return;
-  }
-#endif
   extern __shared__ __align__(16) unsigned char pa_smem[];
   __shared__ int s_meta[kPaWarps][kPsMeta][8];
   __shared__ __align__(8) uint64_t s_bar[TM ? kPaWarps : 1][TM ? S : 1];
@@ -1557,8 +1537,8 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
 
     const float qk_scale = p.softcap > 0 ? p.scale / p.softcap : p.scale * kLog2e;
     const float cap2 = p.softcap * kLog2e;
-    /* LB variant: the fragment reads' per-lane offsets (pa_lds_offsets) */
-    const pa_lds_base lb = pa_var_lb<PP>::value ? pa_lds_offsets(g, tq4) : pa_lds_base{};
+    /* AL: the fragment reads' per-lane offsets (pa_lds_offsets, pa_step's LB) */
+    const pa_lds_base lb = AL ? pa_lds_offsets(g, tq4) : pa_lds_base{};
     float acc[NT][4], m_run[2], l_run[2];
     uint32_t qa[KS][4];
     int r_lo[2], r_hi[2];
@@ -1658,7 +1638,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
           whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
         nomask = __all_sync(0xffffffffu, whole);
       }
-      pa_step<T, D, TM, AL, pa_var_cr<PP>::value, pa_var_lb<PP>::value>(
+      pa_step<T, D, TM, AL, AL, AL>(
           ring + (size_t)(t % S) * 2 * kPaStep * D, qa, (gs - u_s0) * kPaStep, u_len, r_lo, r_hi,
           qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc, nomask, lb);
     }
@@ -2031,8 +2011,6 @@ struct pa_env {
   int merge;        /* OT_PAGED_MERGE: "0" pa_merge_kernel, "2" pa_merge1_kernel with 16
                      * O rows ahead, else 1: pa_merge1_kernel (8 ahead); unset:
                      * OT_PA_MERGE1_DEFAULT */
-  int variant;      /* OT_PAGED_VARIANT: "rescale" 1, "lds" 3 (pa_params_v<1 / 3>: the AL
-                     * instances without the early start, and the stream kernel's), else 0 */
 };
 
 #ifndef OT_PA_MERGE1_DEFAULT
@@ -2076,8 +2054,6 @@ static pa_env pa_read_env() {
       e.warps = x == 4 || x == 8 ? x : 0;
     } else if (is("OT_PAGED_MERGE")) {
       e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
-    } else if (is("OT_PAGED_VARIANT")) {
-      e.variant = strcmp(val, "rescale") == 0 ? 1 : strcmp(val, "lds") == 0 ? 3 : 0;
     }
   });
   return e;
@@ -2103,8 +2079,8 @@ static bool pa_tma_params(const ot_cuda_state *cs, const pa_env &env, const pa_p
  * benchmark checks that a forced kernel ran (kernel 1 split, 2 stream, 3 simple); flags:
  * 1 a programmatic dependent, 4 an early start (paged_kv_ready; 2 is unused: it marked a
  * merge fused into the split kernel, measured and removed), 8 the TMA ring (experiment
- * builds), 16 the aligned-page (AL) instance, 32 8-warp CTAs, 64 an opt-in variant
- * (OT_PAGED_VARIANT, pa_params_v). */
+ * builds), 16 the aligned-page (AL) instance, 32 8-warp CTAs (64 marked the opt-in
+ * OT_PAGED_VARIANT kernels of decode round 9, removed: the AL instances are round 9's "lds"). */
 struct pa_plan_rec {
   int kernel, splits, ctas, flags;
 };
@@ -2130,38 +2106,6 @@ static ot_status pa_launch_inst(const ot_cuda_state *cs, bool pdl, int64_t ctas,
                     smem);
   OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S, XT, P, AL, NW>, (unsigned)ctas,
                                    smem, s, p, 32 * NW));
-  return OT_OK;
-}
-
-/* Whether the opt-in variants (OT_PAGED_VARIANT) may run: bf16 on a 9.x GPU only (their
- * kernels are compiled for those alone: the f16 calls and the sm_80 code keep the default
- * kernels, which halves and halves again what the variants add to this file's compile). */
-template <typename T> static bool pa_var_ok(const ot_cuda_state *cs) {
-  return std::is_same<T, __nv_bfloat16>::value && cs->cc_major == 9;
-}
-
-/* An opt-in variant V (OT_PAGED_VARIANT, pa_params_v<V>) of the AL split instance, 4 or
- * 8 warps, no early start. */
-template <typename T, int D, int S, int V>
-static ot_status pa_launch_var(const ot_cuda_state *cs, bool pdl, bool w8, int64_t ctas,
-                               cudaStream_t s, const pa_params &p, const char *op) {
-  pa_params_v<V> vp;
-  static_cast<pa_params &>(vp) = p;
-  if (w8) return pa_launch_inst<T, D, S, false, pa_params_v<V>, true, 8>(cs, pdl, ctas, s, vp, op);
-  return pa_launch_inst<T, D, S, false, pa_params_v<V>, true>(cs, pdl, ctas, s, vp, op);
-}
-
-/* The same for the stream kernel's AL instance, where it fits the default's grid (per_sm
- * CTAs per SM); *ran: whether it launched. */
-template <typename T, int D, int S, int V>
-static ot_status ps_launch_var(const ot_cuda_state *cs, bool pdl, int per_sm, int ctas,
-                               cudaStream_t s, const pa_params &p, const char *op, bool *ran) {
-  *ran = ps_ctas_per_sm<T, D, S, pa_params_v<V>, true>(cs->device) == per_sm;
-  if (!*ran) return OT_OK;
-  pa_params_v<V> vp;
-  static_cast<pa_params &>(vp) = p;
-  OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params_v<V>, true>, (unsigned)ctas,
-                                   pa_cfg<D, S>::kSmem, s, vp));
   return OT_OK;
 }
 
@@ -2260,14 +2204,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
     }
   }
 #endif
-  /* an opt-in variant (OT_PAGED_VARIANT) of the AL instances without the early start */
-  const bool var = !tm && al && !xt && env.variant != 0 && pa_var_ok<T>(cs);
-  if (var) {
-    if constexpr (D == 128 && std::is_same<T, __nv_bfloat16>::value) {
-      if (env.variant == 1) OT_TRY((pa_launch_var<T, D, S, 1>(cs, pdl, w8, ctas, s, p, op)));
-      else OT_TRY((pa_launch_var<T, D, S, 3>(cs, pdl, w8, ctas, s, p, op)));
-    }
-  } else if (!tm) {
+  if (!tm) {
     if constexpr (D == 128) {
       if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true, 8>(cs, pdl, ctas, s, p, op)));
       else if (al && xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, true>(cs, pdl, ctas, s, p, op)));
@@ -2280,7 +2217,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   }
   pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
                              (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
-                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0) | (var ? 64 : 0)};
+                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
@@ -2338,22 +2275,13 @@ static ot_status ps_launch(ot_context *ctx, pa_params &p, const pa_env &env, con
    * grid */
   const bool al = !tm && D == 128 && env.aligned && p.bs % kPaStep == 0 &&
                   ps_ctas_per_sm<T, D, S, pa_params, true>(cs->device) == per_sm;
-  /* an opt-in variant (OT_PAGED_VARIANT) where it fits the same grid */
-  bool var = false;
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    if (al && env.variant != 0 && pa_var_ok<T>(cs))
-      OT_TRY((env.variant == 1 ? ps_launch_var<T, D, S, 1> : ps_launch_var<T, D, S, 3>)(
-          cs, pdl, per_sm, ctas, s, p, op, &var));
-  }
-  if (var) {
-    /* launched above */
-  } else if (al) {
+  if (al) {
     OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params, true>, (unsigned)ctas,
                                      pa_cfg<D, S>::kSmem, s, p));
   } else if (!tm)
     OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S>, (unsigned)ctas, pa_cfg<D, S>::kSmem,
                                      s, p));
-  pa_last_plan = pa_plan_rec{2, 1, ctas, (pdl ? 1 : 0) | (tm ? 8 : 0) | (al ? 16 : 0) | (var ? 64 : 0)};
+  pa_last_plan = pa_plan_rec{2, 1, ctas, (pdl ? 1 : 0) | (tm ? 8 : 0) | (al ? 16 : 0)};
   static std::atomic<int> pdl_cached[16] = {};
   OT_CUDA_CHECK(op, ot_launch_pdl(ot_pdl_ok(cs, ps_merge_kernel<T, D>, pdl_cached),
                                   ps_merge_kernel<T, D>, dim3((unsigned)wtot), dim3(kPaThreads), s,
@@ -2492,7 +2420,7 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
  * bench/decode_shim.c): out[0] 1 split, 2 stream, 3 simple (0: none yet); out[1] splits;
  * out[2] CTAs of the main kernel; out[3] flags (pa_plan_rec): 1 launched as a programmatic
  * dependent, 4 an early start (paged_kv_ready), 8 the TMA ring (experiment builds), 16 the
- * aligned-page (AL) instance, 32 8-warp CTAs, 64 an opt-in variant (OT_PAGED_VARIANT). */
+ * aligned-page (AL) instance, 32 8-warp CTAs. */
 extern "C" void ot_cuda_paged_last_plan(int out[4]) {
   out[0] = ot::pa_last_plan.kernel;
   out[1] = ot::pa_last_plan.splits;
