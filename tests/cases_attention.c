@@ -260,19 +260,28 @@ static const acase cuda_det_cases[] = {
 
 /* Backward shapes run under OT_ATTN_BWD_SM90_DQ=red (kXDqRed: the Hopper backward's dQ
  * partials added by red.global.add.v4.f32 from the consumers, no staging tile or dQ writer),
- * with OT_ATTN_IMPL=sm90. Compiled and read only in experiment builds
- * (-DOT_ATTN_SM90_EXPERIMENTS, never CI): elsewhere the default kernel runs them. What the
- * variant computes anew is the accumulator tile of (batch, query head, query tile,
- * consumer): GQA / MQA groups (the query head from the walk index), D 128 (a consumer's 64
- * columns) and D 64 (both consumers into one tile), causal with refilled Q / dO stages,
- * whole keyless query tiles (Sq > Sk), the split units of a non-causal last wave, B 2,
- * bf16 and fp16. */
+ * with OT_ATTN_IMPL=sm90. kXDqRed is the D 128 default in every build (run 16); the switch
+ * is read only in experiment builds (-DOT_ATTN_SM90_EXPERIMENTS, never CI), which compile it
+ * at D 64 too: elsewhere the D 64 cases run the default (staged) kernel. What the variant
+ * computes anew is the accumulator tile of (batch, query head, query tile, consumer): GQA /
+ * MQA groups (the query head from the walk index), D 128 (a consumer's 64 columns) and D 64
+ * (both consumers into one tile), causal with refilled Q / dO stages, whole keyless query
+ * tiles (Sq > Sk), the split units of a non-causal last wave, B 2, bf16 and fp16. */
 static const acase cuda_sm90_dqred_cases[] = {
     {"cuda hopper-only dqred causal Sq<Sk 100x1000 D128 GQA4", 1, 100, 1000, 8, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda hopper-only dqred S129 D64 MQA8 B2", 2, 129, 129, 8, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda hopper-only dqred causal Sq>Sk 700x130 D128 GQA2 B2", 2, 700, 130, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda hopper-only dqred S1000 D128 GQA1 B2", 2, 1000, 1000, 2, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda hopper-only dqred causal S1000 D64 GQA4", 1, 1000, 1000, 8, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+};
+
+/* The D 128 ones again under OT_ATTN_BWD_SM90_DQ=stage: the staged dQ (shared staging tile,
+ * the dQ writer's bulk reduce-add; the D 128 default until run 16) in experiment builds;
+ * elsewhere the switch is not read and kXDqRed runs them. */
+static const acase cuda_sm90_dqstage_cases[] = {
+    {"cuda hopper-only dqstage causal Sq<Sk 100x1000 D128 GQA4", 1, 100, 1000, 8, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only dqstage causal Sq>Sk 700x130 D128 GQA2 B2", 2, 700, 130, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only dqstage S1000 D128 GQA1 B2", 2, 1000, 1000, 2, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
 };
 
 /* CUDA cases run with OT_ATTN_IMPL=sm90: shapes the Hopper kernels take (forward: bf16 /
@@ -1089,6 +1098,12 @@ static void run_sm90_required(test_run *tr) {
     env_saved xdq = env_set("OT_ATTN_BWD_SM90_DQ", "red");
     for (size_t i = 0; i < sizeof cuda_sm90_dqred_cases / sizeof cuda_sm90_dqred_cases[0]; i++)
       run_case(tr, &cuda_sm90_dqred_cases[i], i % 2 ? DT_F16 : DT_BF16);
+    env_restore(&xdq);
+  }
+  {
+    env_saved xdq = env_set("OT_ATTN_BWD_SM90_DQ", "stage");
+    for (size_t i = 0; i < sizeof cuda_sm90_dqstage_cases / sizeof cuda_sm90_dqstage_cases[0]; i++)
+      run_case(tr, &cuda_sm90_dqstage_cases[i], i % 2 ? DT_F16 : DT_BF16);
     env_restore(&xdq);
   }
   for (size_t i = 0; i < sizeof cuda_sm90_round_cases / sizeof cuda_sm90_round_cases[0]; i++)

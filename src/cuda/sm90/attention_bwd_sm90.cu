@@ -25,13 +25,18 @@
  *        dS^T -> shared memory (bf16/fp16, 128B swizzle, double-buffered), then
  *        dQ_part = dS K                           (wgmma SS, A and B MN-major): D = 128 splits
  *                                                 the 128 columns between the two WGs, D = 64
- *                                                 the 128 keys; the fp32 partial goes to a
- *                                                 double-buffered shared staging tile, and the
- *                                                 dQ writer adds it into the accumulator with
- *                                                 one bulk reduce-add (cp.reduce.async.bulk
- *                                                 .add.f32), off the consumers' path;
+ *                                                 the 128 keys; at D = 128 (kXDqRed, the
+ *                                                 default there since run 16) each consumer
+ *                                                 adds its fp32 partial into the accumulator
+ *                                                 with red.global.add.v4.f32 straight from
+ *                                                 the registers; at D = 64 the partial goes
+ *                                                 to a double-buffered shared staging tile,
+ *                                                 and the dQ writer adds it into the
+ *                                                 accumulator with one bulk reduce-add
+ *                                                 (cp.reduce.async.bulk.add.f32), off the
+ *                                                 consumers' path;
  *    issue order at D = 128: dV as soon as P^T is packed (under dP^T), then after the dS^T
- *    barrier dQ before dK, so that dS^T's math runs under dV and the dQ staging stores under
+ *    barrier dQ before dK, so that dS^T's math runs under dV and the dQ reductions under
  *    dK; at D = 64 dV and dK before the barrier, then dQ (the D = 128 order was 4-5% slower
  *    there);
  *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype (one block per
@@ -46,7 +51,8 @@
  * (the portable backward needs a (D + 2)-th of it; unless OT_ATTN_IMPL=sm90: OT_ERR_OOM).
  * Switches: OT_ATTN_SM90=0 (also turns the Hopper forward off), OT_ATTN_IMPL=portable (the
  * dispatcher in attention_bwd.cu). Experiment builds (-DOT_ATTN_SM90_EXPERIMENTS, never CI)
- * add the kernels of the experiment bits below (kXDqRed: OT_ATTN_BWD_SM90_DQ=red).
+ * add the other value of the experiment bits below for each head dim (kXDqRed at D = 64,
+ * the staged dQ at D = 128), chosen per call by OT_ATTN_BWD_SM90_DQ=red / stage.
  */
 #include <cuda.h>
 #include <math.h>
@@ -95,16 +101,21 @@ enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages, BAR_DQF = 1 + 2 * kSta
        BAR_DQE = BAR_DQF + 4, BAR_COUNT = BAR_DQE + 4 };
 static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
 
-/* Experiment bits, the kernel's X (0 in every build; the others are instantiated only in
- * builds with -DOT_ATTN_SM90_EXPERIMENTS, never CI, and chosen by OT_ATTN_BWD_SM90_DQ):
+/* Experiment bits, the kernel's X. Every build compiles default_x<D> (kXDqRed at D = 128,
+ * 0 at D = 64); builds with -DOT_ATTN_SM90_EXPERIMENTS (never CI) also the other value, chosen
+ * per call by OT_ATTN_BWD_SM90_DQ (red: kXDqRed, stage: 0):
  *  kXDqRed: the consumers add their dQ partial into the accumulator straight from the
  *    wgmma's registers with red.global.add.v4.f32 (8 a thread, 512 contiguous bytes a warp
  *    instruction: the accumulator tile is in fragment order), at D = 128 while dK runs;
  *    no shared staging tile, no dQ writer (its 64 KB of shared-memory traffic a 64-query
  *    tile: docs/ATTENTION.md, "Shared-memory bytes per tile"). The summation order of dQ
  *    is no more repeatable than the bulk reduce-adds' (this kernel runs only for
- *    deterministic = 0: the same semantics). Run 15 (docs/ATTENTION.md): kept an experiment. */
+ *    deterministic = 0: the same semantics). docs/ATTENTION.md, runs 15 and 16: +2-3%
+ *    fwd+bwd at D = 128 (the default there since run 16), not a gain at D = 64. */
 enum { kXDqRed = 1 };   /* an enumerator: no unused-variable warning where no kernel uses it */
+template <int D> struct default_x {
+  enum { value = D == 128 ? kXDqRed : 0 };
+};
 
 struct bwd_params {
   void *dk, *dv;
@@ -162,9 +173,10 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 
 /* dQ partials: at D = 128 the 64 columns of a consumer over all 128 keys, after a barrier of
- * both consumers; at D = 64 all columns over the consumer's own keys. Each goes to a shared
- * staging tile, from which the dQ writer (one thread of the producer warpgroup) adds it
- * into the accumulator with one bulk reduce-add: the consumers never wait on atomics. */
+ * both consumers; at D = 64 all columns over the consumer's own keys. X = 0: each goes to a
+ * shared staging tile, from which the dQ writer (one thread of the producer warpgroup) adds
+ * it into the accumulator with one bulk reduce-add; kXDqRed: the consumers add it with
+ * red.global.add.v4.f32 (fire and forget: no result waited for). */
 template <typename T, int D, int X>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
@@ -176,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int NA = D / 2;   /* dK, dV accumulators per thread */
   constexpr bool OWN = D == 64;   /* dQ over the consumer's own keys */
   constexpr int NQ = 64;          /* dQ columns of a consumer: all (D = 64) or half (D = 128) */
-  /* D = 128: dV issued under dP^T, dQ before dK, the dQ staging stores under dK (see the
+  /* D = 128: dV issued under dP^T, dQ before dK, the dQ partial's stores under dK (see the
    * tile loop); D = 64 keeps dV, dK before dQ (the D = 128 order ran 4-5% slower there). */
   constexpr bool DV_EARLY = D == 128;
   constexpr bool RED = (X & kXDqRed) != 0;   /* dQ by red.global from the consumers */
@@ -437,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
     }
     if (DV_EARLY) {
-      /* dK += dS^T Q after dQ: the dQ partial's staging stores below run under it. */
+      /* dK += dS^T Q after dQ: the dQ partial's stores (or reductions) below run under it. */
       issue_dk();
       wgmma_commit();
       wgmma_wait<1>();   /* dV and dQ (dK may still run) */
@@ -740,18 +752,20 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   return OT_OK;
 }
 
-/* The kernel of experiment bits x (see kXDqRed): 0 in builds without
- * -DOT_ATTN_SM90_EXPERIMENTS, which compile no other. */
+/* The kernel of experiment bits x (see kXDqRed; -1: the head dim's default_x), x other than
+ * the default only in builds with -DOT_ATTN_SM90_EXPERIMENTS, which compile the other one. */
 template <typename T, int D>
 static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                           const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
                           int x) {
+  constexpr int X0 = default_x<D>::value;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
-  if (x == kXDqRed) return launch<T, D, kXDqRed>(ctx, a, maps, p, rows, zero_bytes, grid);
+  if (x >= 0 && x != X0)
+    return launch<T, D, X0 ^ kXDqRed>(ctx, a, maps, p, rows, zero_bytes, grid);
 #else
   (void)x;
 #endif
-  return launch<T, D, 0>(ctx, a, maps, p, rows, zero_bytes, grid);
+  return launch<T, D, X0>(ctx, a, maps, p, rows, zero_bytes, grid);
 }
 
 /* Written in 2-element (4-byte) words from registers. */
@@ -845,17 +859,19 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   p.split_cnt = (int *)(ws + acc_bytes + split_bytes);
   p.lse2 = (const float *)(ws + zero_bytes);
   p.dsum = (const float *)(ws + zero_bytes + vec_bytes);
-  /* dQ partials by bulk reduce-adds from a dedicated writer thread (docs/ATTENTION.md has
-   * the measured alternatives: float2 atomics from the consumers, the consumers issuing
-   * the bulk reduce-add themselves (00d0a38), D = 128 dQ over each consumer's own keys). */
+  /* dQ partials: D = 128 by red.global.add.v4.f32 from the consumers (kXDqRed), D = 64 by
+   * bulk reduce-adds from a dedicated writer thread (docs/ATTENTION.md has the measured
+   * alternatives: float2 atomics from the consumers, the consumers issuing the bulk
+   * reduce-add themselves (00d0a38), D = 128 dQ over each consumer's own keys). */
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
-  /* OT_ATTN_BWD_SM90_DQ=red: kXDqRed (experiment builds only; elsewhere not read). */
+  /* OT_ATTN_BWD_SM90_DQ=red / stage: kXDqRed / the staged dQ at either head dim (experiment
+   * builds only; elsewhere not read: D = 128 runs kXDqRed, D = 64 the staged dQ). */
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = getenv("OT_ATTN_BWD_SM90_DQ");
-  const int x = xdq && !strcmp(xdq, "red") ? kXDqRed : 0;
+  const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
 #else
-  const int x = 0;
+  const int x = -1;
 #endif
   if (a->d == 64)
     return a->dtype == OT_BF16
