@@ -98,6 +98,9 @@ enum {
   kFlQ2 = 0x1000, /* a 2-stage Q ring: the producer loads the next tile's Q while the
                    * current one starts (after its second K tile), not after its last
                    * Q K^T (persistent CTAs; where the smem fits: the 128-key tiles) */
+  kFlXT = 0x2000, /* with kFlQ2: a persistent CTA's tiles in one pipeline: the last P V of a
+                   * tile is issued with the next tile's first Q K^T, whose softmax runs
+                   * under it (no per-tile prologue / drain; see the kernel) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -254,6 +257,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr bool DIAG = (FL & kFlDiag) != 0;
   static_assert(!DIAG || NARROW, "kFlDiag needs kFlNarrow's width");
   static_assert(!Q2 || (!SKIP && !SPLIT), "kFlQ2 is not compiled with kFlSkip / kFlSplit");
+  constexpr bool XT = (FL & kFlXT) != 0;
+  static_assert(!XT || (Q2 && !NARROW), "kFlXT needs kFlQ2 and no narrow step");
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -272,6 +277,15 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   auto snake_tile = [&](int t) {
     const int i = blockIdx.x, g = gridDim.x, r0 = t - i;
     return ((r0 / g) & 1) && r0 + g <= n_tiles ? r0 + g - 1 - i : t;
+  };
+  /* kFlQ2 / kFlXT: the CTA's next tile with keys from round-robin item tn on (false: none) */
+  auto next_live = [&](int tn, tile_info &ni) {
+    for (; tn < n_tiles; tn += gridDim.x) {
+      int pn;
+      ni = decode_item<BC, BR, SPLIT>(p, sp, SNAKE ? snake_tile(tn) : tn, pn);
+      if (ni.n_max - ni.n_min > 0) return true;
+    }
+    return false;
   };
 
   const int tid = threadIdx.x;
@@ -333,17 +347,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
            * last Q K^T (an EMPTY wait of parity ((qn / 2) & 1) ^ 1, as the K / V rings do:
            * none for qn = 1), once this tile's second K tile is issued (by then the tile
            * before is at its last step: that K load waited for its last K stage) */
-          if (it == 1) {
-            int tn = t0 + (int)gridDim.x, pn;
-            tile_info ni;
-            for (; tn < n_tiles; tn += gridDim.x) {
-              ni = decode_item<BC, BR, SPLIT>(p, sp, SNAKE ? snake_tile(tn) : tn, pn);
-              if (ni.n_max - ni.n_min > 0) break;
-            }
-            if (tn < n_tiles) {
-              mbar_wait(empty_q(qn), ((qn >> 1) & 1) ^ 1);
-              load_q(ni, qn);
-            }
+          tile_info ni;
+          if (it == 1 && next_live(t0 + (int)gridDim.x, ni)) {
+            mbar_wait(empty_q(qn), ((qn >> 1) & 1) ^ 1);
+            load_q(ni, qn);
           }
         }
         if (it > 0) {
@@ -382,6 +389,12 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
             other_bar = NC == 2 ? kSchedBar + 1 - c : kSchedBar + (c + 1) % NC;
   if (c == NC - 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
   int kv = 0, qn = 0;
+  /* XT: the tile's prologue (S_0, its softmax, P_0) was done in the tile before's last step;
+   * m_n / l_n: the row max and sum it left for this tile */
+  bool have_pro = false;
+  float m_n[2] = {-INFINITY, -INFINITY}, l_n[2] = {0.f, 0.f};
+  float s[NS];
+  uint32_t pr[NP];
 
   for (int t0 = blockIdx.x; t0 < n_tiles; t0 += gridDim.x) {
     const int t = SNAKE ? snake_tile(t0) : t0;
@@ -393,10 +406,17 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    if constexpr (XT) {
+      if (have_pro && n_iters > 0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          m_r[h] = m_n[h];
+          l_r[h] = l_n[h];
+        }
+      }
+    }
 
     if (n_iters > 0) {
-      float s[NS];
-      uint32_t pr[NP];
       /* NARROW: the keys of the first-visited tile n_max - 1 that a row of the CTA tile
        * sees; at most NW: that tile runs as a step of its own over NW keys (below). Its
        * Q K^T leaves the accumulators past them as they were: finite (zero at first), and
@@ -432,12 +452,14 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         lo[h] = p.wl >= 0 ? r + off - p.wl : INT32_MIN;
       }
       const int tile_row_first = ti.m_block * BR, row_last = ti.row_last;
-      auto needs_mask = [&](int n) {
+      /* key tile n of a query tile of rows first..last: needs the element mask */
+      auto needs_mask_at = [&](int n, int first, int last) {
         return (n + 1) * BC > p.sk ||
-               (p.wr >= 0 && (n + 1) * BC - 1 > tile_row_first + off + p.wr) ||
-               (p.wl >= 0 && n * BC < row_last + off - p.wl);
+               (p.wr >= 0 && (n + 1) * BC - 1 > first + off + p.wr) ||
+               (p.wl >= 0 && n * BC < last + off - p.wl);
       };
-      const uint64_t q_desc =
+      auto needs_mask = [&](int n) { return needs_mask_at(n, tile_row_first, row_last); };
+      uint64_t q_desc =
           make_desc(s_base + L::q_off + (Q2 ? (uint32_t)(qn & 1) * L::q_bytes : 0u) +
                         c * 64 * 128, 16, 1024);
       /* S = Q K^T over the tile's first N keys (N < BC: NARROW's step). */
@@ -647,8 +669,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           named_arrive(other_bar, 256);
         }
       }
-      /* prologue: S_0, softmax -> P_0 */
-      if ((!NARROW && !SKIP) || n_it_s > 0) {
+      /* prologue: S_0, softmax -> P_0 (XT: done by the tile before, have_pro) */
+      if (((!NARROW && !SKIP) || n_it_s > 0) && !(XT && have_pro)) {
         const int sk_ = kv_s % kStages, pk = (kv_s / kStages) & 1;
         mbar_wait(full_q(qn), q_par(qn));
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
@@ -694,9 +716,64 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         release(bar(BAR_EMPTY_V + sv));
         convert_p();
       }
+      if constexpr (XT) have_pro = false;
       /* Every Q K^T of this tile has completed: the producer may load the next Q. */
       release(empty_q(qn));
-      if ((!NARROW && !SKIP) || n_it_s > 0) {
+      /* XT: the CTA's next tile with keys (ni; its Q is in the other stage since this
+       * tile's second K load, its first K tile at ring position kv_s + n_it_s): one step
+       * issues its S_0 = Q K_0^T and this tile's last P V, runs its softmax (its rows'
+       * key bounds, a fresh m / l, kept in m_n / l_n) under that P V, then converts P_0;
+       * the epilogue below stores this tile's O, and the next tile starts at its step 1.
+       * Each consumer takes one turn for the step (the default: one for the last P V and
+       * one for the next prologue), the same count in every consumer, so the order of the
+       * turns is kept. */
+      bool merged = false;
+      if constexpr (XT) {
+        tile_info ni;
+        if (next_live(t0 + (int)gridDim.x, ni)) {
+          merged = true;
+          const int gk = kv_s + n_it_s, sk_ = gk % kStages, pk = (gk / kStages) & 1;
+          const int gv = gk - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
+          mbar_wait(full_q(qn + 1), q_par(qn + 1));
+          mbar_wait(bar(BAR_FULL_K + sk_), pk);
+          q_desc = make_desc(s_base + L::q_off + (uint32_t)((qn + 1) & 1) * L::q_bytes +
+                                 c * 64 * 128, 16, 1024);
+          named_sync(my_bar, 256);
+          issue_qk(sk_);
+          rescale_o();
+          mbar_wait(bar(BAR_FULL_V + sv), pv);
+          issue_pv(sv);
+          named_arrive(other_bar, 256);
+          wgmma_wait<1>();
+          reg_fence<NS>(s);
+          release(bar(BAR_EMPTY_K + sk_));
+          const float mc[2] = {m_r[0], m_r[1]}, lc[2] = {l_r[0], l_r[1]};
+          const int row0n = ni.m_block * BR + c * 64 + warp * 16 + g;
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            m_r[h] = -INFINITY;
+            l_r[h] = 0.f;
+            const int r = row0n + 8 * h;
+            hi[h] = p.wr >= 0 ? min(p.sk - 1, r + off + p.wr) : p.sk - 1;
+            lo[h] = p.wl >= 0 ? r + off - p.wl : INT32_MIN;
+          }
+          softmax(ni.n_max - 1, needs_mask_at(ni.n_max - 1, ni.m_block * BR, ni.row_last));
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            m_n[h] = m_r[h];
+            l_n[h] = l_r[h];
+            m_r[h] = mc[h];
+            l_r[h] = lc[h];
+          }
+          wgmma_wait<0>();
+          reg_fence<NO>(o);
+          reg_fence<NP>(pr);
+          release(bar(BAR_EMPTY_V + sv));
+          convert_p();
+          have_pro = true;
+        }
+      }
+      if (!merged && ((!NARROW && !SKIP) || n_it_s > 0)) {
         const int gv = kv_s + n_it_s - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_V + sv), pv);
         named_sync(my_bar, 256);
@@ -927,7 +1004,7 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlQ2, kFlSnake, kFlSkip, kFlNarrow | kFlNarrowW | kFlDiag,
+  static const int drop[] = {kFlQ2 | kFlXT, kFlSnake, kFlSkip, kFlNarrow | kFlNarrowW | kFlDiag,
                              kFlSplit, kFlPoly4, kFlPoly8, kFlResc};
   for (int i = 0; i < 8 && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
@@ -953,7 +1030,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int Q2 = kFlQ2;
+  constexpr int Q2 = kFlQ2, XT = kFlQ2 | kFlXT;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3)>());
@@ -963,12 +1040,12 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                             R | SN, R | SK>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* snake, skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SN, R | SK, R | DG, R | Q2>());
+                                    fl_list<0, R, R | SN, R | SK, R | DG, R | Q2, R | XT>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SN, SK, DG, Q2, DG | Q2>());
+                                    fl_list<0, SN, SK, DG, Q2, DG | Q2, XT>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, Q2>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, Q2, XT>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG>());
@@ -1217,7 +1294,14 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * instance is compiled: experiment builds, the 128-key tiles of D64 / D128). */
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *q2v = sm90_knob(knobs, "OT_ATTN_SM90_Q2");
-  const int q2 = q2v && q2v[0] == '1' ? kFlQ2 : 0;
+  int q2 = q2v && q2v[0] == '1' ? kFlQ2 : 0;
+  /* OT_ATTN_SM90_XT=1: kFlXT with kFlQ2 (a persistent CTA's tiles in one pipeline; the same
+   * instances, without the narrow steps) */
+  const char *xtv = sm90_knob(knobs, "OT_ATTN_SM90_XT");
+  if (xtv && xtv[0] == '1') {
+    q2 = kFlQ2 | kFlXT;
+    narrow = 0;
+  }
 #else
   const int q2 = 0;
 #endif
