@@ -474,9 +474,9 @@ def fixed_cost(shim):
     return res
 
 
-def bench(shim, ceiling, shapes=None, lean=False, ref=None):
+def bench(shim, ceiling, shapes=None, lean=False, ref_shim=None):
     """The grid (shapes: SHAPES + ENGINE_SHAPES unless given). lean: of the forced runs of
-    a row only the engine shapes' kv_ready one. ref: another build's shim (e.g. the commit
+    a row only the engine shapes' kv_ready one. ref_shim: another build's shim (e.g. the commit
     before a kernel change) timed at each row in the same process, as the variants "ref"
     (and "ref kv_ready=1" at the engine shapes), with its largest |difference| from ours
     (0.0 only for the same bits)."""
@@ -522,10 +522,10 @@ def bench(shim, ceiling, shapes=None, lean=False, ref=None):
                 runs += [{"OT_PAGED_KERNEL": "split", "OT_PAGED_SPLITS": str(n)}
                          for n in SWEEP.get((b, ctx), [])]
             ref_diff = None
-            if ref is not None:  # the other build on the same inputs, same process
+            if ref_shim is not None:  # the other build on the same inputs, same process
                 runs += [{"ref": "1"}] + ([{"ref": "1", "kv_ready": "1"}] if (b, ctx) in ENGINE_SHAPES else [])
                 out_r = torch.empty_like(out)
-                call_r = lambda: ref.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
+                call_r = lambda: ref_shim.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],  # noqa: E731
                                            c["indices"], c["lpl"], out_r)
                 call_r()
                 call()
@@ -537,7 +537,7 @@ def bench(shim, ceiling, shapes=None, lean=False, ref=None):
             for env in runs:
                 name = " ".join("ref" if k == "ref" else f"{k}={v}" for k, v in env.items())
                 env = {k: v for k, v in env.items() if k != "ref"}
-                S, fn = (ref, call_r) if name.startswith("ref") else (shim, call)
+                S, fn = (ref_shim, call_r) if name.startswith("ref") else (shim, call)
                 t = run_env(env, lambda: time_ms(fn), S)
                 run_env(env, fn, S)
                 pl = S.plan()
@@ -578,7 +578,7 @@ def bench(shim, ceiling, shapes=None, lean=False, ref=None):
                 "fraction_of_ceiling": round(tb / ceiling, 3),
                 "max_abs_err_vs_sdpa": float(f"{err:.3e}"),
             })
-            if ref is not None:
+            if ref_shim is not None:
                 rows[-1]["max_abs_diff_vs_ref"] = ref_diff
             r = rows[-1]
             print(f"{r['case']:<44} ours {r['ours']:.3f} TB/s ({r['ours_us']} us; variants "
