@@ -371,15 +371,6 @@ DECODE_VARIANTS = {
     "oproj_library": {"OTE_FUSED_OPROJ": "0"},
     # that one launched without PDL (its CTAs then never share the SMs with the merge's)
     "oproj_library_no_pdl": {"OTE_FUSED_OPROJ": "0", "OT_LINEAR_PDL": "0"},
-    # the staged o_proj's shared-memory rows by TMA bulk copies (sm_90) instead of cp.async
-    "fused_oproj_tma": {"OTE_FUSED_OPROJ_TMA": "1"},
-    # the staged o_proj lets gate_up launch at its start (gate_up's first blocks beside it)
-    "fused_oproj_trigger": {"OTE_FUSED_OPROJ_TRIGGER": "1"},
-    "fused_oproj_tma_trigger": {"OTE_FUSED_OPROJ_TMA": "1", "OTE_FUSED_OPROJ_TRIGGER": "1"},
-    # the same with only 8 / none of its shared-memory rows (24 a CTA of the 8B's) loaded
-    # before the wait (the rest after it: less in flight ahead of the merge's loads)
-    "fused_oproj_early_8": {"OTE_FUSED_OPROJ": "1", "OTE_FUSED_OPROJ_EARLY_ROWS": "8"},
-    "fused_oproj_early_0": {"OTE_FUSED_OPROJ": "1", "OTE_FUSED_OPROJ_EARLY_ROWS": "0"},
     # the paged decode's merge kernel (paged_attention.cu): the old one (several dependent
     # round trips, the default before 65b7cc8), with the staged o_proj and with the
     # library's (= the step as it was before this evening); the one-round merge with 16 O
@@ -394,6 +385,16 @@ DECODE_VARIANTS = {
     "fused_down": {"OTE_FUSED_DOWN": "2"},
     "fused_down_depth_2": {"OTE_FUSED_DOWN": "2", "OTE_FUSED_DOWN_DEPTH": "2"},
     "fused_down_merge_2": {"OTE_FUSED_DOWN": "2", "OT_PAGED_MERGE": "2"},
+    "fused_down_depth_2_merge_2": {"OTE_FUSED_DOWN": "2", "OTE_FUSED_DOWN_DEPTH": "2",
+                                   "OT_PAGED_MERGE": "2"},
+    # qkv (and gate_up) on the rowblock scheme too (fused_kernels.cu rowblock_norm_kernel,
+    # opt-in: K split over a CTA, 2 vectors a thread a row, a ring of 8 rows -- 4 with
+    # OTE_FUSED_RB_DEPTH=4 --; =2: it must run)
+    "fused_qkv": {"OTE_FUSED_QKV": "2"},
+    "fused_qkv_depth_4": {"OTE_FUSED_QKV": "2", "OTE_FUSED_RB_DEPTH": "4"},
+    "fused_qkv_merge_2": {"OTE_FUSED_QKV": "2", "OT_PAGED_MERGE": "2"},
+    "fused_qkv_gateup": {"OTE_FUSED_QKV": "2", "OTE_FUSED_GATEUP": "2"},
+    "fused_qkv_down": {"OTE_FUSED_QKV": "2", "OTE_FUSED_DOWN": "2", "OTE_FUSED_DOWN_DEPTH": "2"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
     "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
     "repeat": {},  # the default again, last: the run's drift

@@ -24,9 +24,10 @@
 #                time is not spent compiling (ENGINE_PACK_TESTS=0: without test_ops).
 # ENGINE_LINEAR_TESTS=0: skip step 0's tests and memcheck (the pack's test_ops);
 # ENGINE_MEMCHECK_DECODE=0: no compute-sanitizer memcheck of ot-run's batch-1 decode (the
-# engine's fused kernels, default grid and 3 blocks, the staged o_proj with 12 CTAs,
-# cp.async and TMA, and the opt-in rowblock down_proj, default grid and 3 CTAs, plus a
-# racecheck of it with 3 CTAs); ENGINE_PYTESTS=0: no step 2b
+# engine's fused kernels, default grid and 3 blocks, the staged o_proj with 12 CTAs, and
+# the opt-in rowblock down_proj and rowblock qkv + gate_up, default grid and 3 CTAs, plus a
+# racecheck of each with 3 CTAs; all at once in the background, beside step 2b's pytests, each
+# cut at ENGINE_SAN_TIMEOUT s, default 150); ENGINE_PYTESTS=0: no step 2b
 # (ENGINE_PYTEST_FILTER, ENGINE_PYTEST_JOBS (6), ENGINE_PYTEST_TIMEOUT (180 s a process)). Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
 # arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1;
 # ENGINE_SMI=0 (no nvidia-smi log of clocks / power during the benchmark, $OUT/smi.csv);
@@ -179,39 +180,56 @@ elif diff <(grep '^seq' "$OUTD/ot_run_b1.txt") <(grep '^seq' "$OUTD/ot_run_b1_un
 else
   SUMMARY+=("ot-run batch 1 fused vs unfused: tokens DIFFER (see ot_run_b1*.txt)")
 fi
+# the sanitizer runs below, all at once in the background (each a tiny ot-run; their lines
+# join the summary after the pytests of 2b, which run meanwhile)
+san() { # san LOG TOOL [VAR=VALUE ...] -- ot-run arguments: one sanitizer run -> LOG.line
+  local log=$1 tool=$2 e=()
+  shift 2
+  while [ "$1" != -- ]; do e+=("$1"); shift; done
+  shift
+  env "${e[@]}" timeout "${ENGINE_SAN_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$OT_RUN" \
+    --config tiny --random-weights --device cuda --dtype bf16 --prompt-ids 1,2,3,4,5 \
+    --ignore-eos "$@" >"$OUTD/$log.log" 2>&1
+  echo "rc $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTD/$log.log" | tail -1)" >"$OUTD/$log.line"
+}
+SAN_LOGS=()
+SAN_WHAT=()
+SAN_PIDS=()
+san_bg() { # san_bg WHAT LOG TOOL ...: san in the background
+  SAN_WHAT+=("$1")
+  SAN_LOGS+=("$2")
+  shift
+  san "$@" &
+  SAN_PIDS+=($!)
+}
 if [ "${ENGINE_MEMCHECK_DECODE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$OT_RUN" --config tiny --random-weights \
-    --device cuda --dtype bf16 --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos \
-    >"$OUTD/memcheck_decode_b1.log" 2>&1
-  SUMMARY+=("memcheck ot-run batch-1 decode (fused kernels) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1.log" | tail -1)")
+  san_bg "memcheck ot-run batch-1 decode (fused kernels)" memcheck_decode_b1 memcheck -- --max-new-tokens 5
   # 3 blocks (many tasks a warp)
-  OTE_FUSED_BLOCKS=3 timeout 120 compute-sanitizer --tool memcheck \
-    --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
-    --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_forms.log" 2>&1
-  SUMMARY+=("memcheck ot-run batch-1 decode (fused kernels, 3 blocks) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_forms.log" | tail -1)")
+  san_bg "memcheck ot-run batch-1 decode (fused kernels, 3 blocks)" memcheck_decode_b1_forms memcheck \
+    OTE_FUSED_BLOCKS=3 -- --max-new-tokens 5
   # o_proj on the staged kernel (OTE_FUSED_OPROJ=2: it must run) with 12 CTAs: 22 rows a CTA
-  # at the tiny config's 256, 14 of them in shared memory, 5 of those loaded before its PDL
-  # wait; then with them by TMA bulk copies
-  for v in "OTE_FUSED_OPROJ_EARLY_ROWS=5" "OTE_FUSED_OPROJ_TMA=1"; do
-    env OTE_FUSED_OPROJ=2 OTE_FUSED_BLOCKS=12 "$v" timeout 120 compute-sanitizer --tool memcheck \
-      --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
-      --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_oproj_${v%%=*}.log" 2>&1
-    SUMMARY+=("memcheck ot-run batch-1 decode (staged o_proj, 12 CTAs, $v) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_oproj_${v%%=*}.log" | tail -1)")
-  done
-  # down_proj on the rowblock kernel (OTE_FUSED_DOWN=2: it must run; opt-in): its default
-  # grid (2 rows a CTA at the tiny config's 256) and 3 CTAs (85-86 rows: three passes);
-  # ffn 704: 88 vectors a row over 32 threads x 4, the last 40 masked
+  # at the tiny config's 256, 14 of them in shared memory
+  san_bg "memcheck ot-run batch-1 decode (staged o_proj, 12 CTAs)" memcheck_decode_b1_oproj \
+    memcheck OTE_FUSED_OPROJ=2 OTE_FUSED_BLOCKS=12 -- --max-new-tokens 5
+  # down_proj on the rowblock kernel (OTE_FUSED_DOWN=2: it must run): its default grid (2
+  # rows a CTA at the tiny config's 256) and 3 CTAs (85-86 rows: three passes); ffn 704: 88
+  # vectors a row over 32 threads x 4, the last 40 masked
   for v in "OTE_FUSED_BLOCKS=0" "OTE_FUSED_BLOCKS=3"; do
-    env OTE_FUSED_DOWN=2 "$v" timeout 120 compute-sanitizer --tool memcheck \
-      --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
-      --prompt-ids 1,2,3,4,5 --max-new-tokens 5 --ignore-eos >"$OUTD/memcheck_decode_b1_down_${v#*=}.log" 2>&1
-    SUMMARY+=("memcheck ot-run batch-1 decode (rowblock down_proj, $v) rc $?: $(grep -E 'ERROR SUMMARY' "$OUTD/memcheck_decode_b1_down_${v#*=}.log" | tail -1)")
+    san_bg "memcheck ot-run batch-1 decode (rowblock down_proj, $v)" "memcheck_decode_b1_down_${v#*=}" \
+      memcheck OTE_FUSED_DOWN=2 "$v" -- --max-new-tokens 5
   done
   # its shared-memory sums across passes (red[] reused after a barrier): racecheck, 3 CTAs
-  OTE_FUSED_DOWN=2 OTE_FUSED_BLOCKS=3 timeout 120 compute-sanitizer --tool racecheck \
-    --error-exitcode 9 "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 \
-    --prompt-ids 1,2,3,4,5 --max-new-tokens 3 --ignore-eos >"$OUTD/racecheck_decode_b1_down.log" 2>&1
-  SUMMARY+=("racecheck ot-run batch-1 decode (rowblock down_proj, 3 CTAs) rc $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTD/racecheck_decode_b1_down.log" | tail -1)")
+  san_bg "racecheck ot-run batch-1 decode (rowblock down_proj, 3 CTAs)" racecheck_decode_b1_down \
+    racecheck OTE_FUSED_DOWN=2 OTE_FUSED_BLOCKS=3 -- --max-new-tokens 3
+  # qkv and gate_up on the rowblock norm kernel (must run; opt-in), its default grid (2 / 6
+  # pairs a CTA of the tiny config's 256 / 704: one pass of 16 pairs) and 3 CTAs (85-86 /
+  # 234-235 pairs: 6 / 15 passes, red[] by pass parity); racecheck with 3 CTAs
+  for v in "OTE_FUSED_BLOCKS=0" "OTE_FUSED_BLOCKS=3"; do
+    san_bg "memcheck ot-run batch-1 decode (rowblock qkv + gate_up, $v)" "memcheck_decode_b1_rbnorm_${v#*=}" \
+      memcheck OTE_FUSED_QKV=2 OTE_FUSED_GATEUP=2 "$v" -- --max-new-tokens 5
+  done
+  san_bg "racecheck ot-run batch-1 decode (rowblock qkv + gate_up, 3 CTAs)" racecheck_decode_b1_rbnorm \
+    racecheck OTE_FUSED_QKV=2 OTE_FUSED_GATEUP=2 OTE_FUSED_BLOCKS=3 -- --max-new-tokens 3
 fi
 stamp "ot-run done"
 
@@ -246,6 +264,16 @@ if [ "${ENGINE_PYTESTS:-1}" = 1 ]; then
   done >"$OUTD/pytest_engine.log"
   rm -f "$OUTD"/pytest_engine_*.log "$OUTD/pytest_ids.txt" "$OUTD/pytest_collect.log"
   stamp "engine pytests done"
+fi
+
+# the sanitizer runs of step 2 (started in the background there)
+if [ ${#SAN_PIDS[@]} -gt 0 ]; then
+  for p in "${SAN_PIDS[@]}"; do wait "$p"; done
+  for i in "${!SAN_LOGS[@]}"; do
+    SUMMARY+=("${SAN_WHAT[$i]} $(cat "$OUTD/${SAN_LOGS[$i]}.line" 2>/dev/null || echo 'no result')")
+    rm -f "$OUTD/${SAN_LOGS[$i]}.line"
+  done
+  stamp "sanitizer runs done"
 fi
 
 # ---- 5. weight streaming at a real size: llama3-8b, device budget 2/3 of its weights -----

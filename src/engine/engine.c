@@ -470,9 +470,8 @@ void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
 }
 
 /* appended: the decode step's RoPE and KV append were done by the fused qkv kernel;
- * staged (not NULL: fused_body's FUSE_OPROJ, {waves, blocks, shared-memory rows loaded
- * before the PDL wait (< 0: all), TMA, must, early trigger}): o_proj on the staged kernel
- * where its shape fits (must: else an error, a test's proof that it ran) */
+ * staged (not NULL: fused_body's FUSE_OPROJ, its {waves, blocks, must, ...}): o_proj on the
+ * staged kernel where its shape fits (must: else an error, a test's proof that it ran) */
 static ot_status attention_block(ote_engine *e, const batch *b, int l,
                                  const ote_layer_weights *w, int appended, const int *staged) {
   const ote_config *c = &e->cfg;
@@ -547,16 +546,13 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
     a.x = e->attn;
     a.y = e->delta;
     a.max_blocks = staged[1];
-    a.stage_rows = staged[2];
-    a.tma = staged[3];
-    a.early_trigger = staged[5];
     int done = 0;
     ENG(ote_dev_staged_gemv(&e->dev, &a, e->opt.dtype, &done), "o_proj", l);
     if (done) {
       prof_mark(e, OTE_PROF_O);
       return OT_OK;
     }
-    if (staged[4])
+    if (staged[2])
       return ote_error(OT_ERR_UNSUPPORTED, "engine: layer %d: o_proj: OTE_FUSED_OPROJ=2 and its "
                        "shape does not fit the staged kernel", l);
   }
@@ -684,6 +680,19 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
     a.l3_high = rp.llama3_high_freq_factor;
     a.l3_orig = rp.llama3_original_max_position;
   }
+  /* qkv (rope) or gate_up (glu_out) on the rowblock kernel (fused_kernels.cu) where asked
+   * (OTE_FUSED_QKV / OTE_FUSED_GATEUP: 1 where it fits, 2 must run) */
+  const int rb = rope_layer >= 0 ? waves[3] : glu_out ? waves[5] : 0;
+  if (rb) {
+    int done = 0;
+    a.depth = waves[4];
+    ENG(ote_dev_rowblock_gemv(&e->dev, &a, e->opt.dtype, &done), what, layer);
+    if (done) return OT_OK;
+    if (rb == 2)
+      return ote_error(OT_ERR_UNSUPPORTED, "engine: layer %d: %s: OTE_FUSED_%s=2 and its shape "
+                       "does not fit the rowblock kernel", layer, what,
+                       rope_layer >= 0 ? "QKV" : "GATEUP");
+  }
   ENG(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 0), what, layer);
   return OT_OK;
 }
@@ -718,12 +727,14 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   void *res = e->x_res, *res2 = e->last_res;
   const int pair = (fuse & FUSE_PAIR) != 0;
-  /* once a forward, not a call: the blocks' caps (waves, blocks), the staged o_proj's rows
-   * loaded before its wait, its TMA, whether it must run, its early trigger (attention_block) */
+  /* once a forward, not a call: the blocks' caps (waves, blocks), whether the staged o_proj
+   * must run (attention_block); the rowblock qkv (OTE_FUSED_QKV: 0 off, 1 where it fits, 2
+   * must run), the rows in flight a thread of it and of the rowblock gate_up
+   * (OTE_FUSED_RB_DEPTH 4, else 8), the rowblock gate_up (OTE_FUSED_GATEUP, as
+   * OTE_FUSED_QKV) (fused_norm_linear) */
   const int waves[6] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
-                        (int)env_ll("OTE_FUSED_OPROJ_EARLY_ROWS", -1),
-                        env_ll("OTE_FUSED_OPROJ_TMA", 0) != 0, env_ll("OTE_FUSED_OPROJ", 1) == 2,
-                        env_ll("OTE_FUSED_OPROJ_TRIGGER", 0) != 0};
+                        env_ll("OTE_FUSED_OPROJ", 1) == 2, (int)env_ll("OTE_FUSED_QKV", 0),
+                        (int)env_ll("OTE_FUSED_RB_DEPTH", 8), (int)env_ll("OTE_FUSED_GATEUP", 0)};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   /* the rowblock down_proj (reads the SwiGLU row of gate_up's epilogue): rows in flight a

@@ -12,7 +12,8 @@
  *           (below), which holds all of W on chip, loaded before its PDL wait.
  *   ROWBLOCK: y = x W^T (+ b) + res for a given row x of a long K (down_proj, opt-in):
  *           rowblock_gemv_kernel (below), which splits K over a whole CTA and adds the
- *           residual.
+ *           residual; rowblock_norm_kernel: the NORM projections with row pairs (qkv with
+ *           RoPE and the KV append, gate_up with the SwiGLU; opt-in) on the same scheme.
  *
  * The kernel is the library's small-M GEMV shape (linear.cu): a warp per output row n (or
  * row pair: fused_gemv_kernel's tasks), each lane streaming 16-byte vectors of W's row (8
@@ -418,44 +419,6 @@ __device__ __forceinline__ void stage_cp_commit_wait() {
 #endif
 }
 
-/* TMA (sm_90): the shared-memory rows as bulk copies of whole rows by one thread, completing
- * on an mbarrier (transaction bytes) that every thread waits on before reading them */
-__device__ __forceinline__ void stage_bar_init(unsigned long long *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
-               "fence.mbarrier_init.release.cluster;\n" ::"r"(b)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void stage_bulk_rows(unsigned long long *bar, void *dst, const void *src,
-                                                int rows, unsigned row_bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b),
-               "r"(row_bytes * (unsigned)rows)
-               : "memory");
-  for (int r = 0; r < rows; r++)
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-            (unsigned)__cvta_generic_to_shared(static_cast<char *>(dst) + (size_t)r * row_bytes)),
-        "l"(static_cast<const char *>(src) + (size_t)r * row_bytes), "r"(row_bytes), "r"(b)
-        : "memory");
-#endif
-}
-__device__ __forceinline__ void stage_bar_wait(unsigned long long *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-  unsigned done = 0;
-  while (!done)
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(b)
-                 : "memory");
-#endif
-}
-
 template <typename T>
 __device__ __forceinline__ float dot8(const raw16 &w, const float (&x)[8]) {
   float wf[8];
@@ -479,15 +442,12 @@ __device__ __forceinline__ void stage_scatter(float (&p)[kStageRows], int lane) 
   }
 }
 
-/* TMA (launched only where the sm_90 code runs): the shared-memory rows by bulk copies, all
- * before the wait (a.stage_rows not read) */
-template <typename T, bool TMA>
+template <typename T>
 __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused_gemv_args a) {
   static_assert(vec_width<T>::value == 8, "16-bit types");
   extern __shared__ __align__(16) unsigned char fg_smem[];
   uint4 *ws = reinterpret_cast<uint4 *>(fg_smem);
   __shared__ float red[kStageThreads / 32][kStageRows];
-  __shared__ unsigned long long bar;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int64_t K = a.K, N = a.N, G = gridDim.x;
   const int64_t r0 = (int64_t)blockIdx.x * N / G, r1 = ((int64_t)blockIdx.x + 1) * N / G;
@@ -495,31 +455,14 @@ __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused
   const bool kin = (int64_t)t * 8 < K;
   const int64_t kv = K / 8; /* vectors a row */
   const T *__restrict__ W = static_cast<const T *>(a.w) + r0 * K + (int64_t)t * 8;
-  const int srows = nr > kStageRegRows ? nr - kStageRegRows : 0; /* rows in shared memory */
-  /* a.early_trigger: the next kernel (gate_up) may be scheduled at once, its blocks beside
-   * this CTA where they fit (it waits for this grid's end before reading its output) */
-  if (a.early_trigger) ot_pdl_launch_dependents();
-  if (TMA && srows) {
-    if (t == 0) stage_bar_init(&bar);
-    __syncthreads();
-    if (t == 0)
-      stage_bulk_rows(&bar, ws, static_cast<const T *>(a.w) + (r0 + kStageRegRows) * K, srows,
-                      (unsigned)(K * sizeof(T)));
-  }
   raw16 wr[kStageRegRows];
 #pragma unroll
   for (int r = 0; r < kStageRegRows; r++)
     ot::load_raw<T, true, true>(wr[r], W + r * K, 0, 8, kin && r < nr);
-  /* the shared-memory rows: the first a.stage_rows (< 0: all) before the wait */
-  const int pre = TMA || a.stage_rows < 0 || kStageRegRows + a.stage_rows > nr
-                      ? nr
-                      : kStageRegRows + a.stage_rows;
-  if (kin && !TMA)
-    for (int r = kStageRegRows; r < pre; r++)
-      stage_cp16(ws + (r - kStageRegRows) * kv + t, W + r * K);
+  /* the shared-memory rows */
+  if (kin)
+    for (int r = kStageRegRows; r < nr; r++) stage_cp16(ws + (r - kStageRegRows) * kv + t, W + r * K);
   ot_pdl_wait(); /* x (the attention's output) is ours now */
-  if (kin && !TMA)
-    for (int r = pre; r < nr; r++) stage_cp16(ws + (r - kStageRegRows) * kv + t, W + r * K);
   float xf[8];
   {
     raw16 xv;
@@ -529,11 +472,7 @@ __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused
   float p[kStageRows];
 #pragma unroll
   for (int r = 0; r < kStageRegRows; r++) p[r] = dot8<T>(wr[r], xf);
-  if (TMA) {
-    if (srows) stage_bar_wait(&bar);
-  } else {
-    stage_cp_commit_wait();
-  }
+  stage_cp_commit_wait();
 #pragma unroll
   for (int r = kStageRegRows; r < kStageRows; r++) {
     p[r] = 0.0f;
@@ -661,6 +600,177 @@ __global__ void __launch_bounds__(kRbThreads, 1) rowblock_gemv_kernel(ote_fused_
   }
 }
 
+/* ---- ROWBLOCK NORM: the norm-fed projections of fused_gemv_kernel with row pairs --
+ * qkv (kRope: rmsnorm(delta + res) Wqkv^T (+ b), q and k rotated, k and v to the token's
+ * page slot) and gate_up (kGlu: silu(gate) * up of rmsnorm(delta + res) Wgu^T to glu_out)
+ * -- on the rowblock scheme (opt-in: OTE_FUSED_QKV / OTE_FUSED_GATEUP = 1, 2 must run). K
+ * (hidden) is split over the whole CTA: thread t of T (K / 16 rounded up to warps: 256 at
+ * K 4096) holds the 16-byte column vectors t and t + T of every row. CTA b takes the
+ * pairs [b P / G, (b + 1) P / G) of the P = N / 2 (kRope: pair (head, j), rows head D + j
+ * and head D + D / 2 + j; kGlu: rows j and P + j), G the fewest CTAs that keep ceil(P /
+ * SMs) pairs a CTA (qkv: 128 of 24 at the 8B's 3072 on 132 SMs), in passes of 16 pairs:
+ * slot i < 16 the first row of pair i, slot 16 + i its second. The rows stream through a
+ * register ring of D rows that runs on across passes (the next pass's first rows are in
+ * flight during a pass's reduce), the first D issued BEFORE the PDL wait. After the wait a
+ * thread forms x = h * gamma at its own 2 vectors only (h = res + delta rounded, CTA 0
+ * storing it to res_out; its sum of squares one more partial): no shared row, no barrier
+ * before the products. At a pass's end the warp reduce-scatters its partials (lane r:
+ * slot r), the warps' sums add through shared memory in warp order (two buffers by pass
+ * parity: one barrier a pass), and warp 0 scales (rsqrt of the CTA's sum of squares, which
+ * is the whole row's), adds the bias, rounds, brings each pair's second row 16 lanes down
+ * (one shuffle) and writes as fused_gemv_kernel's task_out does (kRope: rotated, the
+ * angles computed at the pass's start). A row's value depends only on K, never on G or D. */
+constexpr int kRqVecs = 2;     /* 16-byte vectors a thread a row: K <= 8 * 2 * 256 = 4096 */
+constexpr int kRqThreads = 256; /* at most (255 registers a thread: the ring, 32 partials) */
+
+template <typename T, int D, int PAIRS>
+__global__ void __launch_bounds__(kRqThreads, 1) rowblock_norm_kernel(ote_fused_gemv_args a) {
+  static_assert(vec_width<T>::value == 8, "16-bit types");
+  static_assert(8 % D == 0, "the ring runs on across groups of 8 slots and passes");
+  static_assert(PAIRS == kRope || PAIRS == kGlu, "row pairs");
+  __shared__ float red[2][kRqThreads / 32][kStageRows];
+  __shared__ float ssr[kRqThreads / 32];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nt = (int)blockDim.x;
+  const int64_t K = a.K, kv = K / 8, G = gridDim.x, P = a.N / 2;
+  const int64_t half = PAIRS == kRope ? a.head_dim / 2 : P;
+  const int64_t q0 = (int64_t)blockIdx.x * P / G, q1 = ((int64_t)blockIdx.x + 1) * P / G;
+  const int passes = (int)((q1 - q0 + 15) / 16);
+  bool kin[kRqVecs];
+#pragma unroll
+  for (int j = 0; j < kRqVecs; j++) kin[j] = t + (int64_t)j * nt < kv;
+  const T *__restrict__ W = static_cast<const T *>(a.w) + (int64_t)t * 8;
+  /* a pass's first pair's first row, and (kRope) its j: slot i's row is base + (i & 15),
+   * plus half when (kRope) its pair is past the head's end -- half >= 16, so at most once
+   * --, plus half for the pair's second row */
+  auto pass_base = [&](int pass, int64_t *row, int64_t *j0) {
+    const int64_t p = q0 + (int64_t)pass * 16;
+    if (PAIRS == kRope) {
+      const int64_t head = p / half;
+      *j0 = p - head * half;
+      *row = head * 2 * half + *j0;
+    } else {
+      *j0 = 0;
+      *row = p;
+    }
+  };
+  auto slot_row = [&](int64_t row, int64_t j0, int i) {
+    const int r = i & 15;
+    return row + r + (PAIRS == kRope && j0 + r >= half ? half : 0) + (i >= 16 ? half : 0);
+  };
+  auto slot_ok = [&](int pass, int i) {
+    return pass < passes && q0 + (int64_t)pass * 16 + (i & 15) < q1;
+  };
+  auto load_row = [&](raw16(&w)[kRqVecs], int64_t n, bool ok) {
+#pragma unroll
+    for (int j = 0; j < kRqVecs; j++)
+      ot::load_raw<T, true, true>(w[j], W + n * K, (int64_t)j * nt * 8, K, kin[j] && ok);
+  };
+  int64_t row = 0, j0 = 0, nrow = 0, nj0 = 0; /* this pass's base, and the next one's */
+  pass_base(0, &row, &j0);
+  raw16 w[D][kRqVecs];
+#pragma unroll
+  for (int d = 0; d < D; d++) load_row(w[d], slot_row(row, j0, d), slot_ok(0, d));
+  ot_pdl_wait(); /* delta, res (the previous kernels') are ours now */
+  float xf[kRqVecs][8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kRqVecs; j++) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) xf[j][i] = 0.0f;
+    if (kin[j])
+      form_input<T, kNorm>(a, (t + (int64_t)j * nt) * 8, a.res_out && blockIdx.x == 0, &ss, xf[j]);
+  }
+  /* kRope: the token's position and page slot (warp 0 writes), read while the ring streams */
+  int64_t pos = 0, page = 0;
+  if (PAIRS == kRope && warp == 0) {
+    pos = token_pos(a);
+    page = a.indices[a.indptr[0] + pos / a.block_size];
+  }
+  float scale = 0.0f;
+  for (int pass = 0; pass < passes; pass++) {
+    pass_base(pass + 1, &nrow, &nj0);
+    const bool last = pass == passes - 1;
+    /* kRope, warp 0, lane r < 16: pair r's cos / sin, while the ring streams */
+    float c = 1.0f, sn = 0.0f;
+    if (PAIRS == kRope && warp == 0 && lane < 16 && slot_ok(pass, lane))
+      task_angle(a, q0 + (int64_t)pass * 16 + lane, half, &c, &sn);
+    float(*rd)[kStageRows] = red[pass & 1];
+    /* the pass's 32 slots in 4 groups of 8 (a runtime loop: the registers hold 8 partials
+     * and the ring, not 32 slots' addresses); a group's partials reduce-scattered over the
+     * warp (lane r: slot r % 8's warp sum, 9 shuffles), lanes 0-7 store them */
+    for (int g = 0; g < kStageRows / 8; g++) {
+      float p[8];
+#pragma unroll
+      for (int d = 0; d < 8; d++) {
+        const int i = g * 8 + d; /* (ring slot i % D = d % D: D divides 8) */
+        p[d] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kRqVecs; j++) p[d] += dot8<T>(w[d % D][j], xf[j]);
+        if (i + D < kStageRows)
+          load_row(w[d % D], slot_row(row, j0, i + D), slot_ok(pass, i + D));
+        else
+          load_row(w[d % D], slot_row(nrow, nj0, i + D - kStageRows),
+                   slot_ok(pass + 1, i + D - kStageRows));
+        /* the last slot's loads went out at slot 31 - D of the last pass */
+        if (last && i == kStageRows - 1 - D) ot_pdl_launch_dependents();
+      }
+      float q[kStageRows];
+#pragma unroll
+      for (int d = 0; d < 8; d++) q[d] = p[d];
+      stage_scatter<4>(q, lane); /* lane r: slot r % 8 over the lanes of equal r / 8 */
+      stage_scatter<2>(q, lane);
+      stage_scatter<1>(q, lane);
+      q[0] += __shfl_xor_sync(0xffffffffu, q[0], 8);
+      q[0] += __shfl_xor_sync(0xffffffffu, q[0], 16);
+      if (lane < 8) rd[warp][g * 8 + lane] = q[0];
+    }
+    if (pass == 0) {
+      const float s = warp_sum(ss);
+      if (lane == 0) ssr[warp] = s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      if (pass == 0) {
+        float s = 0.0f;
+        for (int q = 0; q < (nt >> 5); q++) s += ssr[q];
+        scale = rsqrtf(s / (float)K + a.eps);
+      }
+      float v = 0.0f;
+      for (int q = 0; q < (nt >> 5); q++) v += rd[q][lane];
+      v *= scale;
+      const bool ok = slot_ok(pass, lane);
+      const int64_t n = slot_row(row, j0, lane);
+      if (a.bias && ok) v += to_f32(static_cast<const T *>(a.bias)[n]);
+      v = to_f32(from_f32<T>(v)); /* the projection's output, as stored */
+      const float v2 = __shfl_xor_sync(0xffffffffu, v, 16); /* the pair's second row */
+      const int64_t pair = q0 + (int64_t)pass * 16 + lane;
+      if (lane < 16 && ok) {
+        if (PAIRS == kGlu) {
+          static_cast<T *>(a.glu_out)[pair] = from_f32<T>(silu_fast(v) * v2);
+        } else {
+          const int64_t head = pair / half, jj = pair - head * half;
+          float o0 = v, o1 = v2;
+          if (head < a.hq + a.hkv) ot::rope_rotate(v, v2, c, sn, &o0, &o1);
+          if (head < a.hq) { /* q, in place */
+            static_cast<T *>(a.y)[n] = from_f32<T>(o0);
+            static_cast<T *>(a.y)[n + half] = from_f32<T>(o1);
+          } else {
+            const bool is_k = head < a.hq + a.hkv;
+            const int64_t h = is_k ? head - a.hq : head - a.hq - a.hkv;
+            T *dst = static_cast<T *>(is_k ? a.k_pages : a.v_pages) +
+                     ((page * a.hkv + h) * a.block_size + pos % a.block_size) * 2 * half;
+            dst[jj] = from_f32<T>(o0);
+            dst[jj + half] = from_f32<T>(o1);
+          }
+        }
+      }
+    }
+    /* (red[pass & 1] is next written two passes on, after a barrier that warp 0 passes
+     * only once done reading it) */
+    row = nrow, j0 = nj0;
+  }
+}
+
 /* A device attribute (the SM count, the compute capability major, the shared memory a block
  * may opt in to), once per device (ot_per_device_id, pdl.cuh): `fail` when the query fails,
  * -1 for a value below 1 */
@@ -778,7 +888,7 @@ bool staged_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, size_t *smem
   if (rows > kStageRows) return false;
   const long long limit = dev_attr(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin, optin, 48 << 10);
   const size_t need = (size_t)(rows > kStageRegRows ? rows - kStageRegRows : 0) * a.K * 2;
-  /* (+ the kernel's static arrays: red, bar) */
+  /* (+ the kernel's static array red) */
   if ((long long)(need + sizeof(float) * kStageRows * (kStageThreads / 32) + 64) > limit)
     return false;
   *G = g;
@@ -786,18 +896,16 @@ bool staged_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, size_t *smem
   return true;
 }
 
-template <typename T, bool TMA>
+template <typename T>
 cudaError_t launch_staged(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl, int *done) {
   static std::atomic<long long> smem_set[16] = {};
   static std::atomic<int> pdl_cache[16] = {};
-  auto f = staged_gemv_kernel<T, TMA>;
+  auto f = staged_gemv_kernel<T>;
   const int dev = current_device();
   int64_t G = 0;
   size_t smem = 0;
   *done = 0;
   if (!staged_grid(a, dev, &G, &smem)) return cudaSuccess;
-  /* the bulk copies where the sm_90 code runs (the test of PDL's), else cp.async */
-  if (TMA && !pdl_ok(f, dev, pdl_cache)) return launch_staged<T, false>(a, st, pdl, done);
   cudaError_t e = smem_opt_in(f, smem, dev, smem_set);
   if (e != cudaSuccess) return e;
   const int threads = (int)((a.K / 8 + 31) / 32 * 32);
@@ -823,19 +931,68 @@ bool rowblock_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, int *T) {
   return true;
 }
 
-template <typename T, int D>
-cudaError_t launch_rowblock(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl, int *done) {
-  static std::atomic<int> pdl_cache[16] = {};
-  auto f = rowblock_gemv_kernel<T, D>;
-  const int dev = current_device();
-  int64_t G = 0;
-  int threads = 0;
+/* A rowblock kernel f on G CTAs of threads (no dynamic shared memory), a programmatic
+ * dependent where it may be (pdl_cache: f's); nothing when !fits; *done 1 when launched */
+template <typename F>
+cudaError_t launch_rows(F *f, bool fits, int64_t G, int threads, const ote_fused_gemv_args &a,
+                        cudaStream_t st, bool pdl, int dev, std::atomic<int> *pdl_cache,
+                        int *done) {
   *done = 0;
-  if (!rowblock_grid(a, dev, &G, &threads)) return cudaSuccess;
+  if (!fits) return cudaSuccess;
   const cudaError_t e = ot_launch_pdl_smem(pdl && pdl_ok(f, dev, pdl_cache), f, dim3((unsigned)G),
                                            dim3(threads), 0, st, a);
   *done = e == cudaSuccess;
   return e;
+}
+
+template <typename T, int D>
+cudaError_t launch_rowblock(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl, int *done) {
+  static std::atomic<int> pdl_cache[16] = {};
+  const int dev = current_device();
+  int64_t G = 0;
+  int threads = 0;
+  const bool fits = rowblock_grid(a, dev, &G, &threads);
+  return launch_rows(rowblock_gemv_kernel<T, D>, fits, G, threads, a, st, pdl, dev, pdl_cache,
+                     done);
+}
+
+/* The rowblock norm kernel's grid for a (rowblock_norm_kernel): G CTAs -- the fewest that
+ * keep ceil(P / SMs) of the P = N / 2 pairs a CTA, or a.max_blocks below that (more passes)
+ * -- of threads T (K / 16 rounded up to warps); false when a does not fit (K not a multiple
+ * of 8 or over 8 kRqVecs kRqThreads = 4096, N odd, with rope a head_dim under 32 -- a
+ * pass's pairs would cross more than one head's end --, W, res, gamma, delta or res_out not
+ * 16-byte aligned). */
+bool rowblock_norm_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, int *T) {
+  if (a.K <= 0 || a.K % 8 || a.K > 8 * kRqVecs * kRqThreads || a.N <= 0 || a.N % 2 ||
+      (a.rope && (a.head_dim < 32 || a.head_dim % 2)) ||
+      (((uintptr_t)a.w | (uintptr_t)a.res | (uintptr_t)a.gamma | (uintptr_t)a.delta |
+        (uintptr_t)a.res_out) & 15))
+    return false;
+  const int64_t P = a.N / 2, sms = sm_count(dev < 0 ? 0 : dev), per = (P + sms - 1) / sms;
+  int64_t g = (P + per - 1) / per;
+  if (a.max_blocks > 0 && a.max_blocks < g) g = a.max_blocks;
+  *G = g;
+  *T = (int)((a.K / 8 + kRqVecs * 32 - 1) / (kRqVecs * 32) * 32);
+  return true;
+}
+
+template <typename T, int D, int PAIRS>
+cudaError_t launch_rowblock_norm(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl,
+                                 int *done) {
+  static std::atomic<int> pdl_cache[16] = {};
+  const int dev = current_device();
+  int64_t G = 0;
+  int threads = 0;
+  const bool fits = rowblock_norm_grid(a, dev, &G, &threads);
+  return launch_rows(rowblock_norm_kernel<T, D, PAIRS>, fits, G, threads, a, st, pdl, dev,
+                     pdl_cache, done);
+}
+
+template <typename T, int PAIRS>
+cudaError_t launch_rowblock_norm_d(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl,
+                                   int *done) {
+  return a.depth == 4 ? launch_rowblock_norm<T, 4, PAIRS>(a, st, pdl, done)
+                      : launch_rowblock_norm<T, 8, PAIRS>(a, st, pdl, done);
 }
 
 template <typename T>
@@ -871,24 +1028,30 @@ extern "C" int ote_cuda_fused_gemv(const ote_fused_gemv_args *a, int dtype_code,
 extern "C" int ote_cuda_staged_gemv(const ote_fused_gemv_args *a, int dtype_code, int pdl,
                                     void *stream, int *done) {
   cudaStream_t st = (cudaStream_t)stream;
-  ote_fused_gemv_args b = *a;
-  /* more than a CTA's rows means all of them (the kernel's kStageRegRows + stage_rows must
-   * not overflow) */
-  if (b.stage_rows > kStageRows) b.stage_rows = -1;
-  if (dtype_code == 4 /* kDLBfloat */)
-    return (int)(b.tma ? launch_staged<__nv_bfloat16, true>(b, st, pdl, done)
-                       : launch_staged<__nv_bfloat16, false>(b, st, pdl, done));
-  return (int)(b.tma ? launch_staged<__half, true>(b, st, pdl, done)
-                     : launch_staged<__half, false>(b, st, pdl, done));
+  if (dtype_code == 4 /* kDLBfloat */) return (int)launch_staged<__nv_bfloat16>(*a, st, pdl, done);
+  return (int)launch_staged<__half>(*a, st, pdl, done);
 }
 
 /* y = x W^T (+ bias) (+ res) for one row x by the rowblock kernel (a.w, a.N, a.K, a.bias,
  * a.x, a.y, a.res -- may be a.y --, a.max_blocks; a.depth: rows in flight a thread, 2 or
- * else 4; W and x 16-byte aligned): *done 0 when a's shape does not fit it (nothing
+ * else 4; W and x 16-byte aligned), or with a.rope / a.glu_out the norm-fed qkv / gate_up
+ * projection of ote_cuda_fused_gemv's mode 0 by rowblock_norm_kernel (a.depth 4, else 8;
+ * a.argmax_out not set): *done 0 when a's shape does not fit it (nothing
  * launched; the caller takes another linear) */
 extern "C" int ote_cuda_rowblock_gemv(const ote_fused_gemv_args *a, int dtype_code, int pdl,
                                       void *stream, int *done) {
   cudaStream_t st = (cudaStream_t)stream;
+  *done = 0;
+  if (a->rope || a->glu_out) { /* rmsnorm(delta + res) W^T: qkv (rope) or gate_up (glu_out) */
+    if (a->argmax_out || (a->rope && a->glu_out) || !a->res || !a->gamma ||
+        (a->rope && (a->head_dim % 2 || a->N != (int64_t)(a->hq + 2 * a->hkv) * a->head_dim)))
+      return (int)cudaErrorInvalidValue;
+    if (dtype_code == 4 /* kDLBfloat */)
+      return (int)(a->rope ? launch_rowblock_norm_d<__nv_bfloat16, kRope>(*a, st, pdl, done)
+                           : launch_rowblock_norm_d<__nv_bfloat16, kGlu>(*a, st, pdl, done));
+    return (int)(a->rope ? launch_rowblock_norm_d<__half, kRope>(*a, st, pdl, done)
+                         : launch_rowblock_norm_d<__half, kGlu>(*a, st, pdl, done));
+  }
   if (dtype_code == 4 /* kDLBfloat */)
     return (int)(a->depth == 2 ? launch_rowblock<__nv_bfloat16, 2>(*a, st, pdl, done)
                                : launch_rowblock<__nv_bfloat16, 4>(*a, st, pdl, done));

@@ -50,17 +50,12 @@ typedef struct ote_fused_gemv_args {
   void *k_pages, *v_pages;
   const int32_t *indptr, *indices, *last_page_len;
   double theta, l3_factor, l3_low, l3_high, l3_orig;
-  /* the staged kernel (ote_cuda_staged_gemv, fused_kernels.cu: o_proj): its input row, and
-   * how many of the rows a CTA holds in shared memory it loads before its PDL wait (< 0:
-   * all; the rest after it) */
+  /* the staged kernel (ote_cuda_staged_gemv, fused_kernels.cu: o_proj): its input row */
   const void *x;
-  int stage_rows;
-  int tma; /* not 0: those rows by TMA bulk copies where the sm_90 code runs (all before the
-            * wait), else cp.async */
-  int early_trigger; /* not 0: the kernel lets its dependents launch at its start */
   /* the rowblock kernel (ote_cuda_rowblock_gemv, fused_kernels.cu: down_proj, input x):
    * y = x W^T (+ bias) + res, the sum of y's rounded value and res rounded again (res may
-   * be y; NULL: no residual), and the rows of W in flight a thread (2, else 4) */
+   * be y; NULL: no residual), and the rows of W in flight a thread (2, else 4); with rope or
+   * glu_out (the norm-fed qkv / gate_up on the rowblock scheme) 4, else 8 */
   int depth;
 } ote_fused_gemv_args;
 

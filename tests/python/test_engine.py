@@ -289,11 +289,18 @@ FUSED_CASES = {
 # add folded in (opt-in; OTE_FUSED_DOWN=2: it must run, else ot-run fails): ffn 512 / 1480 /
 # 1024 give CTAs of 32 / 64 / 32 threads (1480: 185 vectors a row over 64 threads x 4, the
 # last ones masked; two warps summed through shared memory)
+# The qkv and gate_up projections on the rowblock kernel too (opt-in; OTE_FUSED_QKV=2 /
+# OTE_FUSED_GATEUP=2: it must run): hidden 256 / 1152 / 512 give CTAs of 32 / 96 / 32
+# threads (1152: 144 vectors a row over 96 threads x 2, the last 48 masked); qkv 64 / 576 /
+# 256 NeoX pairs, gate_up 512 / 1480 / 1024 (passes of 16 pairs); with the rowblock
+# down_proj before it, qkv's input is the residual alone (no delta).
 OPROJ = {"OTE_FUSED_OPROJ": "2"}
 DOWN = {"OTE_FUSED_DOWN": "2"}
+QKV = {"OTE_FUSED_QKV": "2"}
+RB_ALL = {**QKV, "OTE_FUSED_GATEUP": "2", **DOWN}
 FUSED_FORMS = {"default": {}, "3_blocks": {"OTE_FUSED_BLOCKS": "3"},
                "oproj_staged_40_blocks": {**OPROJ, "OTE_FUSED_BLOCKS": "40"},
-               "down_rowblock": DOWN}
+               "down_rowblock": DOWN, "qkv_rowblock": QKV, "all_rowblock": RB_ALL}
 
 
 def fused_model(**shape):
@@ -387,18 +394,14 @@ def _assert_bit_equal(run, tmp_path, base_tok, base, envs):
 def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
     """The fused kernels with 3 or 1 blocks (each warp many tasks: the grid-stride split
     changes no sum) give the default's logits and tokens bit for bit; so does o_proj's
-    staged kernel (OTE_FUSED_OPROJ=2: it ran) with 40 CTAs, with 3 of a CTA's
-    shared-memory rows loaded before its wait (the rest after), and with its rows by TMA
-    bulk copies and gate_up launched at its start (a row's sum is one CTA's in a fixed
-    order, however its rows came)."""
+    staged kernel (OTE_FUSED_OPROJ=2: it ran) with 40 CTAs (a row's sum is one CTA's in a
+    fixed order, whichever CTA and whether its row came through registers or shared
+    memory)."""
     _need_cuda_ot_run()
     run = _fused_runner(tmp_path, case, dtype)
     base_tok, base = run(OPROJ, dump=tmp_path / "b.bin")
-    b40 = {**OPROJ, "OTE_FUSED_BLOCKS": "40"}
     _assert_bit_equal(run, tmp_path, base_tok, base, (
-        {"OTE_FUSED_BLOCKS": "3"}, {"OTE_FUSED_BLOCKS": "1"}, b40,
-        {**b40, "OTE_FUSED_OPROJ_EARLY_ROWS": "3"},
-        {**b40, "OTE_FUSED_OPROJ_TMA": "1", "OTE_FUSED_OPROJ_TRIGGER": "1"}))
+        {"OTE_FUSED_BLOCKS": "3"}, {"OTE_FUSED_BLOCKS": "1"}, {**OPROJ, "OTE_FUSED_BLOCKS": "40"}))
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
@@ -419,6 +422,25 @@ def test_cuda_fused_down_rowblock_bit_equal(tmp_path, case, dtype):
         {**DOWN, "OTE_FUSED_BLOCKS": "3", "OTE_FUSED_DOWN_DEPTH": "2"}))
     # eager steps (no graph) equal the graph replays
     assert run(DOWN, "--no-cuda-graph")[0] == base_tok
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_cuda_fused_norm_rowblock_bit_equal(tmp_path, case, dtype):
+    """qkv on the rowblock kernel (OTE_FUSED_QKV=2: it ran), alone and with gate_up and
+    down_proj on theirs, gives the same logits and tokens bit for bit with 3 CTAs (many
+    passes of 16 pairs each), with 40, and with 4 or 16 rows in flight a thread instead of
+    8 (a row's sum is one CTA's, its threads' vectors fixed by K, in a fixed order); eager
+    steps equal the graph replays"""
+    _need_cuda_ot_run()
+    run = _fused_runner(tmp_path, case, dtype)
+    for base_env in (QKV, RB_ALL):
+        base_tok, base = run(base_env, dump=tmp_path / "b.bin")
+        _assert_bit_equal(run, tmp_path, base_tok, base, (
+            {**base_env, "OTE_FUSED_BLOCKS": "3"}, {**base_env, "OTE_FUSED_BLOCKS": "40"},
+            {**base_env, "OTE_FUSED_RB_DEPTH": "4"}, {**base_env, "OTE_FUSED_RB_DEPTH": "16"},
+            {**base_env, "OTE_FUSED_BLOCKS": "3", "OTE_FUSED_RB_DEPTH": "4"}))
+        assert run(base_env, "--no-cuda-graph")[0] == base_tok
 
 
 @pytest.mark.parametrize("form", list(FUSED_FORMS))
