@@ -899,8 +899,6 @@ static ot_attention_params pcase_params(const pcase *c) {
  * start). */
 static const char *g_pmode = "";
 static int g_pflag_set = 0, g_pflag_clear = 0;
-/* the kernel those calls must have run (ot_cuda_paged_last_plan's out[0]: 1 split, 2 stream) */
-static int g_pkernel = 1;
 /* paged_case_spare runs each case again with both split merges (paged_merge_bits) */
 static bool g_pmerge_bits = false;
 #ifdef OT_TEST_CUDA
@@ -913,11 +911,12 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
   const bool al = dt.bits == 16 && c->d == 128 && c->bs % 16 == 0;
   /* with the early start (ready): no 8-warp CTAs */
   const int want = g_pflag_set & ~(ready ? 32 : 0);
+  const int kernel = 1; /* the split kernel (paged_mode_cases force it) */
   int pl[4] = {0, 0, 0, 0};
   ot_cuda_paged_last_plan(pl);
-  if (pl[0] != g_pkernel || (al && (pl[3] & want) != want) || (pl[3] & g_pflag_clear))
+  if (pl[0] != kernel || (al && (pl[3] & want) != want) || (pl[3] & g_pflag_clear))
     tr_fail(tr, "%s: ran kernel %d with plan flags %d (expected kernel %d, flags %d set%s, "
-            "%d clear)", call, pl[0], pl[3], g_pkernel, al ? want : 0,
+            "%d clear)", call, pl[0], pl[3], kernel, al ? want : 0,
             al ? "" : " (not an aligned case)", g_pflag_clear);
 #else
   (void)tr, (void)c, (void)dt, (void)ready, (void)call;
