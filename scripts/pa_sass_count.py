@@ -24,8 +24,9 @@ pa_mma_kernel / ps_kernel function (names demangled by hand: T, D, S, XT / P, AL
     the page-id load) and `step` (the wait, the mask vote and pa_step).
 
 --blocks also prints the loop's basic blocks (address, size, on the path, categories).
-The default and variant instances of one build can be compared side by side; decode
-round 9 (docs/PERFORMANCE.md) quotes this script's counts.
+Instances of one build can be compared side by side (round 9's builds also had opt-in
+variant instances, `var1` / `var3`); decode rounds 9 and 10 (docs/PERFORMANCE.md) quote this
+script's counts: since 5c74ca7 every aligned instance, the early-start one included, 331.
 """
 import json
 import os
