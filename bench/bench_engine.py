@@ -395,6 +395,11 @@ DECODE_VARIANTS = {
     "fused_qkv_merge_2": {"OTE_FUSED_QKV": "2", "OT_PAGED_MERGE": "2"},
     "fused_qkv_gateup": {"OTE_FUSED_QKV": "2", "OTE_FUSED_GATEUP": "2"},
     "fused_qkv_down": {"OTE_FUSED_QKV": "2", "OTE_FUSED_DOWN": "2", "OTE_FUSED_DOWN_DEPTH": "2"},
+    # gate_up alone on it (the run of 79383d9: qkv + gate_up equal to the default, where qkv
+    # alone lost 0.08 ms), with 4 rows in flight, and behind the merge of OT_PAGED_MERGE=2
+    "fused_gateup": {"OTE_FUSED_GATEUP": "2"},
+    "fused_gateup_depth_4": {"OTE_FUSED_GATEUP": "2", "OTE_FUSED_RB_DEPTH": "4"},
+    "fused_gateup_merge_2": {"OTE_FUSED_GATEUP": "2", "OT_PAGED_MERGE": "2"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
     "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
     "repeat": {},  # the default again, last: the run's drift
