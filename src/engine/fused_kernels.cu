@@ -618,8 +618,11 @@ __global__ void __launch_bounds__(kRbThreads, 1) rowblock_gemv_kernel(ote_fused_
  * slot r), the warps' sums add through shared memory in warp order (two buffers by pass
  * parity: one barrier a pass), and warp 0 scales (rsqrt of the CTA's sum of squares, which
  * is the whole row's), adds the bias, rounds, brings each pair's second row 16 lanes down
- * (one shuffle) and writes as fused_gemv_kernel's task_out does (kRope: rotated, the
- * angles computed at the pass's start). A row's value depends only on K, never on G or D. */
+ * (one shuffle) and writes as fused_gemv_kernel's task_out does (kRope: rotated by the
+ * cos / sin of the CTA's pairs, computed once right after the wait -- float64 pow and
+ * sincos -- spread over the warps, a few lanes each, into dynamic shared memory: the run of
+ * 79383d9 had warp 0 compute each pass's 16 at the pass's start while the other warps
+ * waited at the pass's barrier). A row's value depends only on K, never on G or D. */
 constexpr int kRqVecs = 2;     /* 16-byte vectors a thread a row: K <= 8 * 2 * 256 = 4096 */
 constexpr int kRqThreads = 256; /* at most (255 registers a thread: the ring, 32 partials) */
 
@@ -630,6 +633,8 @@ __global__ void __launch_bounds__(kRqThreads, 1) rowblock_norm_kernel(ote_fused_
   static_assert(PAIRS == kRope || PAIRS == kGlu, "row pairs");
   __shared__ float red[2][kRqThreads / 32][kStageRows];
   __shared__ float ssr[kRqThreads / 32];
+  extern __shared__ __align__(16) unsigned char fg_smem[];
+  float2 *cs = reinterpret_cast<float2 *>(fg_smem); /* kRope: the CTA's pairs' cos / sin */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nt = (int)blockDim.x;
   const int64_t K = a.K, kv = K / 8, G = gridDim.x, P = a.N / 2;
   const int64_t half = PAIRS == kRope ? a.head_dim / 2 : P;
@@ -680,20 +685,26 @@ __global__ void __launch_bounds__(kRqThreads, 1) rowblock_norm_kernel(ote_fused_
     if (kin[j])
       form_input<T, kNorm>(a, (t + (int64_t)j * nt) * 8, a.res_out && blockIdx.x == 0, &ss, xf[j]);
   }
-  /* kRope: the token's position and page slot (warp 0 writes), read while the ring streams */
+  /* kRope: the token's position and page slot (warp 0 writes), and the cos / sin of the
+   * CTA's pairs (pair i by lane i / warps of warp i % warps: every warp a few lanes, one
+   * angle's latency while the ring's first rows are in flight; read after a barrier) */
   int64_t pos = 0, page = 0;
-  if (PAIRS == kRope && warp == 0) {
-    pos = token_pos(a);
-    page = a.indices[a.indptr[0] + pos / a.block_size];
+  if (PAIRS == kRope) {
+    if (warp == 0) {
+      pos = token_pos(a);
+      page = a.indices[a.indptr[0] + pos / a.block_size];
+    }
+    const int nw = nt >> 5;
+    for (int64_t i = warp + (int64_t)nw * lane; i < q1 - q0; i += (int64_t)nw * 32) {
+      float c, sn;
+      task_angle(a, q0 + i, half, &c, &sn);
+      cs[i] = make_float2(c, sn);
+    }
   }
   float scale = 0.0f;
   for (int pass = 0; pass < passes; pass++) {
     pass_base(pass + 1, &nrow, &nj0);
     const bool last = pass == passes - 1;
-    /* kRope, warp 0, lane r < 16: pair r's cos / sin, while the ring streams */
-    float c = 1.0f, sn = 0.0f;
-    if (PAIRS == kRope && warp == 0 && lane < 16 && slot_ok(pass, lane))
-      task_angle(a, q0 + (int64_t)pass * 16 + lane, half, &c, &sn);
     float(*rd)[kStageRows] = red[pass & 1];
     /* the pass's 32 slots in 4 groups of 8 (a runtime loop: the registers hold 8 partials
      * and the ring, not 32 slots' addresses); a group's partials reduce-scattered over the
@@ -750,7 +761,10 @@ __global__ void __launch_bounds__(kRqThreads, 1) rowblock_norm_kernel(ote_fused_
         } else {
           const int64_t head = pair / half, jj = pair - head * half;
           float o0 = v, o1 = v2;
-          if (head < a.hq + a.hkv) ot::rope_rotate(v, v2, c, sn, &o0, &o1);
+          if (head < a.hq + a.hkv) {
+            const float2 r = cs[pass * 16 + lane];
+            ot::rope_rotate(v, v2, r.x, r.y, &o0, &o1);
+          }
           if (head < a.hq) { /* q, in place */
             static_cast<T *>(a.y)[n] = from_f32<T>(o0);
             static_cast<T *>(a.y)[n + half] = from_f32<T>(o1);
@@ -931,16 +945,17 @@ bool rowblock_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, int *T) {
   return true;
 }
 
-/* A rowblock kernel f on G CTAs of threads (no dynamic shared memory), a programmatic
- * dependent where it may be (pdl_cache: f's); nothing when !fits; *done 1 when launched */
+/* A rowblock kernel f on G CTAs of threads with smem bytes of dynamic shared memory (under
+ * the 48 KB default), a programmatic dependent where it may be (pdl_cache: f's); nothing
+ * when !fits; *done 1 when launched */
 template <typename F>
-cudaError_t launch_rows(F *f, bool fits, int64_t G, int threads, const ote_fused_gemv_args &a,
-                        cudaStream_t st, bool pdl, int dev, std::atomic<int> *pdl_cache,
-                        int *done) {
+cudaError_t launch_rows(F *f, bool fits, int64_t G, int threads, size_t smem,
+                        const ote_fused_gemv_args &a, cudaStream_t st, bool pdl, int dev,
+                        std::atomic<int> *pdl_cache, int *done) {
   *done = 0;
   if (!fits) return cudaSuccess;
   const cudaError_t e = ot_launch_pdl_smem(pdl && pdl_ok(f, dev, pdl_cache), f, dim3((unsigned)G),
-                                           dim3(threads), 0, st, a);
+                                           dim3(threads), smem, st, a);
   *done = e == cudaSuccess;
   return e;
 }
@@ -952,7 +967,7 @@ cudaError_t launch_rowblock(const ote_fused_gemv_args &a, cudaStream_t st, bool 
   int64_t G = 0;
   int threads = 0;
   const bool fits = rowblock_grid(a, dev, &G, &threads);
-  return launch_rows(rowblock_gemv_kernel<T, D>, fits, G, threads, a, st, pdl, dev, pdl_cache,
+  return launch_rows(rowblock_gemv_kernel<T, D>, fits, G, threads, 0, a, st, pdl, dev, pdl_cache,
                      done);
 }
 
@@ -960,9 +975,9 @@ cudaError_t launch_rowblock(const ote_fused_gemv_args &a, cudaStream_t st, bool 
  * keep ceil(P / SMs) of the P = N / 2 pairs a CTA, or a.max_blocks below that (more passes)
  * -- of threads T (K / 16 rounded up to warps); false when a does not fit (K not a multiple
  * of 8 or over 8 kRqVecs kRqThreads = 4096, N odd, with rope a head_dim under 32 -- a
- * pass's pairs would cross more than one head's end --, W, res, gamma, delta or res_out not
- * 16-byte aligned). */
-bool rowblock_norm_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, int *T) {
+ * pass's pairs would cross more than one head's end -- or the CTA's pairs' cos / sin over
+ * 32 KB, W, res, gamma, delta or res_out not 16-byte aligned); *smem: that cos / sin */
+bool rowblock_norm_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, int *T, size_t *smem) {
   if (a.K <= 0 || a.K % 8 || a.K > 8 * kRqVecs * kRqThreads || a.N <= 0 || a.N % 2 ||
       (a.rope && (a.head_dim < 32 || a.head_dim % 2)) ||
       (((uintptr_t)a.w | (uintptr_t)a.res | (uintptr_t)a.gamma | (uintptr_t)a.delta |
@@ -971,6 +986,8 @@ bool rowblock_norm_grid(const ote_fused_gemv_args &a, int dev, int64_t *G, int *
   const int64_t P = a.N / 2, sms = sm_count(dev < 0 ? 0 : dev), per = (P + sms - 1) / sms;
   int64_t g = (P + per - 1) / per;
   if (a.max_blocks > 0 && a.max_blocks < g) g = a.max_blocks;
+  *smem = a.rope ? (size_t)((P + g - 1) / g) * sizeof(float2) : 0;
+  if (*smem > (32u << 10)) return false;
   *G = g;
   *T = (int)((a.K / 8 + kRqVecs * 32 - 1) / (kRqVecs * 32) * 32);
   return true;
@@ -983,8 +1000,9 @@ cudaError_t launch_rowblock_norm(const ote_fused_gemv_args &a, cudaStream_t st, 
   const int dev = current_device();
   int64_t G = 0;
   int threads = 0;
-  const bool fits = rowblock_norm_grid(a, dev, &G, &threads);
-  return launch_rows(rowblock_norm_kernel<T, D, PAIRS>, fits, G, threads, a, st, pdl, dev,
+  size_t smem = 0;
+  const bool fits = rowblock_norm_grid(a, dev, &G, &threads, &smem);
+  return launch_rows(rowblock_norm_kernel<T, D, PAIRS>, fits, G, threads, smem, a, st, pdl, dev,
                      pdl_cache, done);
 }
 
