@@ -44,7 +44,9 @@
  * see the dispatch). Only in builds with -DOT_ATTN_SM90_EXPERIMENTS (bf16;
  * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256,
  * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls); OT_ATTN_SM90_SKIP=1 (kFlSkip;
- * measured slower, docs/ATTENTION.md); kFlDiag at D128;
+ * measured slower, docs/ATTENTION.md); kFlDiag at D128; OT_ATTN_SM90_Q2=1 (kFlQ2) and
+ * OT_ATTN_SM90_XT=1 (kFlXT with kFlQ2; both measured no faster, D64 causal 0.90-0.95x
+ * with XT, docs/ATTENTION.md);
  * OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is parsed there, but its instances are
  * no longer compiled (add the bits to launch_fl's lists to measure them again).
  *
@@ -695,11 +697,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           }
         }
       }
-      for (int it = 1; it < n_it_s; it++) {
-        const int n = n_max_s - 1 - it;
-        const int gk = kv_s + it, sk_ = gk % kStages, pk = (gk / kStages) & 1;
-        const int gv = gk - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
-        mbar_wait(bar(BAR_FULL_K + sk_), pk);
+      /* A pipelined step's GEMMs in one pingpong turn: S = Q K^T (K stage sk_), O's rescale,
+       * O += P V (V stage sv, phase pv); back once the Q K^T has completed (K released) and
+       * the P V runs on. */
+      auto step_gemms = [&](int sk_, int sv, int pv) {
         named_sync(my_bar, 256);
         issue_qk(sk_);
         rescale_o();
@@ -709,6 +710,13 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         wgmma_wait<1>();
         reg_fence<NS>(s);
         release(bar(BAR_EMPTY_K + sk_));
+      };
+      for (int it = 1; it < n_it_s; it++) {
+        const int n = n_max_s - 1 - it;
+        const int gk = kv_s + it, sk_ = gk % kStages, pk = (gk / kStages) & 1;
+        const int gv = gk - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
+        mbar_wait(bar(BAR_FULL_K + sk_), pk);
+        step_gemms(sk_, sv, pv);
         softmax(n, needs_mask(n));
         wgmma_wait<0>();
         reg_fence<NO>(o);
@@ -738,15 +746,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           mbar_wait(bar(BAR_FULL_K + sk_), pk);
           q_desc = make_desc(s_base + L::q_off + (uint32_t)((qn + 1) & 1) * L::q_bytes +
                                  c * 64 * 128, 16, 1024);
-          named_sync(my_bar, 256);
-          issue_qk(sk_);
-          rescale_o();
-          mbar_wait(bar(BAR_FULL_V + sv), pv);
-          issue_pv(sv);
-          named_arrive(other_bar, 256);
-          wgmma_wait<1>();
-          reg_fence<NS>(s);
-          release(bar(BAR_EMPTY_K + sk_));
+          step_gemms(sk_, sv, pv);
           const float mc[2] = {m_r[0], m_r[1]}, lc[2] = {l_r[0], l_r[1]};
           const int row0n = ni.m_block * BR + c * 64 + warp * 16 + g;
 #pragma unroll
@@ -1019,7 +1019,10 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * with the narrow step (OT_ATTN_SM90_RESC=1 where the narrow step is on; H200, run 3 of
  * attention_fwd.json: S 4k 0.971x, 16k 1.022x the default, within noise, not used);
  * the snake order at D64 NC 2 / D128 128 / D256; the narrow step at D256; kFlSkip at D64
- * (2 and 3 consumers), D128 128 and D256; kFlDiag at D128 128. */
+ * (2 and 3 consumers), D128 128 and D256; kFlDiag at D128 128; kFlQ2 and kFlQ2 | kFlXT at
+ * D64 128 (2 and 3 consumers; kFlQ2 also with kFlDiag) and D128 128 (with the threshold):
+ * H200, 2026-11-30 night (attention_fwd_q2xt.json), Q2 0.98-1.01x, XT D64 causal
+ * 0.90x / 0.95x (S 1k / 4k), D64 full 1.01x, not used. */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
