@@ -29,7 +29,8 @@
 # racecheck of each with 3 CTAs; all at once in the background, beside step 2b's pytests, each
 # cut at ENGINE_SAN_TIMEOUT s, default 150); ENGINE_PYTESTS=0: no step 2b
 # (ENGINE_PYTEST_FILTER, ENGINE_PYTEST_JOBS (6), ENGINE_PYTEST_TIMEOUT (180 s a process)). Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
-# arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1;
+# arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1,
+# ENGINE_BENCH_FIRST=1 (steps 3 + 4 right after step 0, before ot-run's runs and the tests);
 # ENGINE_SMI=0 (no nvidia-smi log of clocks / power during the benchmark, $OUT/smi.csv);
 # step 5: ENGINE_OFFLOAD_BIG=0 (skip), ENGINE_OFFLOAD_BUDGET (default 0.6667x),
 # ENGINE_OFFLOAD_RING (default 2); step 0: ENGINE_TEST_FILTER (default forward),
@@ -71,11 +72,42 @@ fi
 
 COMMIT=${1:-unknown}
 shift || true
+EXTRA=("$@") # (bench_engine.py arguments)
 OUTD=${OUT:-$ROOT/out-engine}
 mkdir -p "$OUTD"
 T0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - T0))s] $*"; }
 SUMMARY=()
+
+# ---- 3 + 4. correctness vs HF, then the benchmark (one Python process: one torch start);
+# at the end, or with ENGINE_BENCH_FIRST=1 right after step 0 (a call cut by its time limit
+# then keeps the benchmark rather than the tests) --
+bench_step() {
+  CMD="bash scripts/device_engine.sh run $COMMIT ${EXTRA[*]}"
+  CHECK=(--check)
+  [ "${ENGINE_SKIP_CHECK:-0}" = 1 ] && CHECK=()
+  export PYTHONUNBUFFERED=1
+  # the GPU's clocks, power and throttle reasons every 50 ms while the benchmark runs (lined
+  # up with bench_engine.py's marks: the TTFT diagnostics)
+  SMI_PID=""
+  if [ "${ENGINE_SMI:-1}" = 1 ] && command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+      --format=csv,nounits -lms 50 >"$OUTD/smi.csv" 2>&1 &
+    SMI_PID=$!
+  fi
+  # shellcheck disable=SC2086
+  timeout "${ENGINE_BENCH_TIMEOUT:-900}" python3 bench/bench_engine.py "${CHECK[@]}" --bench --shapes "${ENGINE_SHAPES:-llama3-8b,llama-13b}" \
+    --json "$OUTD/engine.json" --table "$OUTD/engine_table.md" --commit "$COMMIT" --command "$CMD" \
+    ${ENGINE_BENCH_ARGS:-} "${EXTRA[@]}" 2>&1 | tee "$OUTD/bench.txt" |
+    grep --line-buffered -vE "Warning|warn\(|forward_call|deprecated|it/s\]|^\|"
+  rc=${PIPESTATUS[0]}
+  if [ -n "$SMI_PID" ]; then
+    kill "$SMI_PID" 2>/dev/null
+    date +%s.%N >"$OUTD/smi_end_unix.txt"
+  fi
+  SUMMARY+=("check vs HF: $(grep -E '^check:' "$OUTD/bench.txt" || echo "none (rc $rc, see bench.txt)")")
+  stamp "check + bench done (rc $rc)"
+}
 
 # ---- 1. binaries -----------------------------------------------------------------------
 BIN=$ROOT/build-dev-engine
@@ -141,6 +173,8 @@ if [ "$PREBUILT" = 1 ] && [ "${ENGINE_LINEAR_BENCH:-1}" = 1 ] && [ -x "$BIN/pack
   cat "$OUTD/linear_small_m.txt"
   stamp "linear bench done"
 fi
+
+[ "${ENGINE_BENCH_FIRST:-0}" = 1 ] && bench_step
 
 # ---- 2. ot-run on the GPU ----------------------------------------------------------------
 if "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 --batch 4 \
@@ -286,31 +320,7 @@ if [ "${ENGINE_OFFLOAD_BIG:-1}" = 1 ]; then
   stamp "offload 8b done"
 fi
 
-# ---- 3 + 4. correctness vs HF, then the benchmark (one Python process: one torch start) --
-CMD="bash scripts/device_engine.sh run $COMMIT $*"
-CHECK=(--check)
-[ "${ENGINE_SKIP_CHECK:-0}" = 1 ] && CHECK=()
-export PYTHONUNBUFFERED=1
-# the GPU's clocks, power and throttle reasons every 50 ms while the benchmark runs (lined
-# up with bench_engine.py's marks: the TTFT diagnostics)
-SMI_PID=""
-if [ "${ENGINE_SMI:-1}" = 1 ] && command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-    --format=csv,nounits -lms 50 >"$OUTD/smi.csv" 2>&1 &
-  SMI_PID=$!
-fi
-# shellcheck disable=SC2086
-timeout "${ENGINE_BENCH_TIMEOUT:-900}" python3 bench/bench_engine.py "${CHECK[@]}" --bench --shapes "${ENGINE_SHAPES:-llama3-8b,llama-13b}" \
-  --json "$OUTD/engine.json" --table "$OUTD/engine_table.md" --commit "$COMMIT" --command "$CMD" \
-  ${ENGINE_BENCH_ARGS:-} "$@" 2>&1 | tee "$OUTD/bench.txt" |
-  grep --line-buffered -vE "Warning|warn\(|forward_call|deprecated|it/s\]|^\|"
-rc=${PIPESTATUS[0]}
-if [ -n "$SMI_PID" ]; then
-  kill "$SMI_PID" 2>/dev/null
-  date +%s.%N >"$OUTD/smi_end_unix.txt"
-fi
-SUMMARY+=("check vs HF: $(grep -E '^check:' "$OUTD/bench.txt" || echo "none (rc $rc, see bench.txt)")")
-stamp "check + bench done (rc $rc)"
+[ "${ENGINE_BENCH_FIRST:-0}" = 1 ] || bench_step
 
 echo
 echo "=== summary"
