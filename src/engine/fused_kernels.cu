@@ -624,10 +624,13 @@ __global__ void __launch_bounds__(kRbThreads, 1) rowblock_gemv_kernel(ote_fused_
  * 79383d9 had warp 0 compute each pass's 16 at the pass's start while the other warps
  * waited at the pass's barrier). A row's value depends only on K, never on G or D. */
 constexpr int kRqVecs = 2;     /* 16-byte vectors a thread a row: K <= 8 * 2 * 256 = 4096 */
-constexpr int kRqThreads = 256; /* at most (255 registers a thread: the ring, 32 partials) */
+constexpr int kRqThreads = 256; /* at most */
 
+/* (ring of 4: at most 128 registers a thread, two CTAs an SM -- a CTA then fits beside the
+ * previous kernel's last blocks; ring of 8: 125-152 registers, one) */
 template <typename T, int D, int PAIRS>
-__global__ void __launch_bounds__(kRqThreads, 1) rowblock_norm_kernel(ote_fused_gemv_args a) {
+__global__ void __launch_bounds__(kRqThreads, D == 4 ? 2 : 1)
+    rowblock_norm_kernel(ote_fused_gemv_args a) {
   static_assert(vec_width<T>::value == 8, "16-bit types");
   static_assert(8 % D == 0, "the ring runs on across groups of 8 slots and passes");
   static_assert(PAIRS == kRope || PAIRS == kGlu, "row pairs");
