@@ -593,11 +593,25 @@ def variants_ms(calls, envs, mk=None):
         finally:
             for k in env:
                 os.environ.pop(k, None)
-    if mk is not None and AB_SHIMS:
+    if mk is not None and AB_SHIMS and AB_ROUNDS[0] > 1:
+        # --ab-rounds R: ours and every --ab-shim build timed R times in rounds, the
+        # order reversed every other round (ABBA...), each build's median over the rounds
+        # ("ours (rounds)": ours' median)
+        fns = [("ours (rounds)", calls)] + [(name, mk(S2)) for name, S2 in AB_SHIMS]
+        ts = {name: [] for name, _ in fns}
+        for r in range(AB_ROUNDS[0]):
+            for name, f in (fns if r % 2 == 0 else fns[::-1]):
+                ts[name].append(time_ms(f))
+        for name, _ in fns:
+            out[name] = statistics.median(ts[name])
+    elif mk is not None and AB_SHIMS:
         for name, S2 in AB_SHIMS:
             out[name] = time_ms(mk(S2))
         out["ours again"] = time_ms(calls)
     return out
+
+
+AB_ROUNDS = [1]
 
 
 def copy_bandwidth(nbytes=2 * 2 * 1024 ** 3, iters=20, inner=3):
@@ -746,160 +760,163 @@ def bench_all(S, args):
     if args.ce_first and "ce" in only:
         bench_ce(S, args, copy_tbps, results, row, safe)
     # (--only train / rmsbwd / ce alone: no 16k-row sets)
-    for N in rows_list if only & {"glu", "norm", "normbwd", "rope"} else ():
-        for H in H_list:
-            case = f"{N // 1024}k x {H} bf16"
-            E = 2  # bytes per element
-            sets = []
-            for _ in range(2):
-                sets.append(dict(x=rnd(N, H, dtype=dtype), r=rnd(N, H, dtype=dtype),
-                                 dy=rnd(N, H, dtype=dtype)))
-            w = rnd(H, dtype=dtype, lo=0.5, hi=1.5)
-            bvec = rnd(H, dtype=dtype)
-            outs = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
-            routs = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
-            rstd = torch.empty(N, device="cuda")
-            mean = torch.empty(N, device="cuda")
-            dws = torch.empty(H, dtype=dtype, device="cuda")
-            dbs = torch.empty(H, dtype=dtype, device="cuda")
+    cases = [(N, H) for N in rows_list for H in H_list]
+    cases += [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",") if c]
+    for N, H in cases if only & {"glu", "norm", "normbwd", "rope"} else ():
+        case = f"{N // 1024}k x {H} bf16"
+        E = 2  # bytes per element
+        sets = []
+        for _ in range(2):
+            sets.append(dict(x=rnd(N, H, dtype=dtype), r=rnd(N, H, dtype=dtype),
+                             dy=rnd(N, H, dtype=dtype)))
+        w = rnd(H, dtype=dtype, lo=0.5, hi=1.5)
+        bvec = rnd(H, dtype=dtype)
+        outs = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
+        routs = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
+        rstd = torch.empty(N, device="cuda")
+        mean = torch.empty(N, device="cuda")
+        dws = torch.empty(H, dtype=dtype, device="cuda")
+        dbs = torch.empty(H, dtype=dtype, device="cuda")
 
-            # SwiGLU, F = H (separate gate / up tensors)
-            if "glu" in only:
-                bench_glu(S, N, H, case, sets, outs, row, safe, compiled)
+        # SwiGLU, F = H (separate gate / up tensors)
+        if "glu" in only:
+            bench_glu(S, N, H, case, sets, outs, row, safe, compiled)
 
-            for layer in ((0, 1) if "norm" in only or "normbwd" in only else ()):
-                nm = "layernorm" if layer else "rmsnorm"
-                bb = bvec if layer else None
-                mm = mean if layer else None
-                if "norm" in only:  # "normbwd": the backward rows only
-                    # forward, unfused
-                    mk = lambda S_: [norm_fwd_call(S_, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)
-                                     for i, s in enumerate(sets)]
-                    ours = mk(S)
-                    t_ours = time_ms(ours)
-                    var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS, mk)
-                    if layer:
-                        peers = {
-                            "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln(s["x"], w, bvec, eps) for s in sets])),
-                            "torch F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"], (H,), w, bvec, eps) for s in sets])),
-                        }
-                        c = compiled(f"ln{H}", eager_ln)
-                    else:
-                        peers = {
-                            "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms(s["x"], w, eps) for s in sets])),
-                            "torch F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"], (H,), w, eps) for s in sets])),
-                        }
-                        c = compiled(f"rms{H}", hf_rms)
-                    if c is not None:
-                        peers["torch.compile eager"] = safe(lambda: time_ms(
-                            [lambda s=s: c(s["x"], w, bvec, eps) if layer else c(s["x"], w, eps) for s in sets]))
-                    row(f"{nm}_fwd", case, 2 * N * H * E, t_ours, peers, var_ms)
-
-                    # forward with residual
-                    mk = lambda S_: [norm_fwd_call(S_, layer, s["x"], s["r"], w, bb, eps, outs[i], routs[i], mm, rstd)
-                                     for i, s in enumerate(sets)]
-                    ours = mk(S)
-                    t_ours = time_ms(ours)
-                    var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS, mk)
-                    if layer:
-                        peers = {
-                            "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln_res(s["x"], s["r"], w, bvec, eps) for s in sets])),
-                            "torch add + F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"] + s["r"], (H,), w, bvec, eps) for s in sets])),
-                        }
-                        c = compiled(f"lnres{H}", eager_ln_res)
-                    else:
-                        peers = {
-                            "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms_res(s["x"], s["r"], w, eps) for s in sets])),
-                            "torch add + F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"] + s["r"], (H,), w, eps) for s in sets])),
-                        }
-                        c = compiled(f"rmsres{H}", hf_rms_res)
-                    if c is not None:
-                        peers["torch.compile eager"] = safe(lambda: time_ms(
-                            [lambda s=s: c(s["x"], s["r"], w, bvec, eps) if layer else c(s["x"], s["r"], w, eps)
-                             for s in sets]))
-                    row(f"{nm}_residual_fwd", case, 4 * N * H * E, t_ours, peers, var_ms)
-
-                # backward: dx, dweight (+ dbias), saved statistics
-                for i, s in enumerate(sets):
-                    norm_fwd_call(S, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)()
-                mk = lambda S_: [norm_bwd_call(S_, layer, s["dy"], None, s["x"], w, mm, rstd, eps, routs[i], dws,
-                                               dbs if layer else None) for i, s in enumerate(sets)]
+        for layer in ((0, 1) if "norm" in only or "normbwd" in only else ()):
+            nm = "layernorm" if layer else "rmsnorm"
+            bb = bvec if layer else None
+            mm = mean if layer else None
+            if "norm" in only:  # "normbwd": the backward rows only
+                # forward, unfused
+                mk = lambda S_: [norm_fwd_call(S_, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)
+                                 for i, s in enumerate(sets)]
                 ours = mk(S)
                 t_ours = time_ms(ours)
-                var_ms = variants(ours, LN_BWD_VARIANTS if layer else BWD_VARIANTS, mk)
-
-                def torch_bwd(fn):
-                    gs = []
-                    for s in sets:
-                        xx = s["x"].detach().clone().requires_grad_(True)
-                        ww = w.detach().clone().requires_grad_(True)
-                        bb2 = bvec.detach().clone().requires_grad_(True)
-                        y = fn(xx, ww, bb2)
-                        ins = [xx, ww, bb2] if layer else [xx, ww]
-                        gs.append(lambda y=y, ins=ins, dy=s["dy"]: torch.autograd.grad(
-                            y, ins, dy, retain_graph=True))
-                    return time_ms(gs)
+                var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS, mk)
                 if layer:
-                    peers = {"torch F.layer_norm autograd": safe(lambda: torch_bwd(
-                        lambda xx, ww, b2: F.layer_norm(xx, (H,), ww, b2, eps)))}
+                    peers = {
+                        "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln(s["x"], w, bvec, eps) for s in sets])),
+                        "torch F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"], (H,), w, bvec, eps) for s in sets])),
+                    }
+                    c = compiled(f"ln{H}", eager_ln)
                 else:
-                    peers = {"torch F.rms_norm autograd": safe(lambda: torch_bwd(
-                        lambda xx, ww, b2: F.rms_norm(xx, (H,), ww, eps)))}
-                row(f"{nm}_bwd", case, 3 * N * H * E, t_ours, peers, var_ms)
-                torch.cuda.empty_cache()
+                    peers = {
+                        "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms(s["x"], w, eps) for s in sets])),
+                        "torch F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"], (H,), w, eps) for s in sets])),
+                    }
+                    c = compiled(f"rms{H}", hf_rms)
+                if c is not None:
+                    peers["torch.compile eager"] = safe(lambda: time_ms(
+                        [lambda s=s: c(s["x"], w, bvec, eps) if layer else c(s["x"], w, eps) for s in sets]))
+                row(f"{nm}_fwd", case, 2 * N * H * E, t_ours, peers, var_ms)
 
+                # forward with residual
+                mk = lambda S_: [norm_fwd_call(S_, layer, s["x"], s["r"], w, bb, eps, outs[i], routs[i], mm, rstd)
+                                 for i, s in enumerate(sets)]
+                ours = mk(S)
+                t_ours = time_ms(ours)
+                var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS, mk)
+                if layer:
+                    peers = {
+                        "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln_res(s["x"], s["r"], w, bvec, eps) for s in sets])),
+                        "torch add + F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"] + s["r"], (H,), w, bvec, eps) for s in sets])),
+                    }
+                    c = compiled(f"lnres{H}", eager_ln_res)
+                else:
+                    peers = {
+                        "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms_res(s["x"], s["r"], w, eps) for s in sets])),
+                        "torch add + F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"] + s["r"], (H,), w, eps) for s in sets])),
+                    }
+                    c = compiled(f"rmsres{H}", hf_rms_res)
+                if c is not None:
+                    peers["torch.compile eager"] = safe(lambda: time_ms(
+                        [lambda s=s: c(s["x"], s["r"], w, bvec, eps) if layer else c(s["x"], s["r"], w, eps)
+                         for s in sets]))
+                row(f"{nm}_residual_fwd", case, 4 * N * H * E, t_ours, peers, var_ms)
 
-            # RoPE: q [N, H/128, 128], k [N, 8, 128], NeoX, positions int64, cos/sin cache
-            D = 128
-            Hq, Hk = H // D, 8
-            rsets = []
-            for _ in range(2):
-                rsets.append(dict(q=rnd(N, Hq, D, dtype=dtype), k=rnd(N, Hk, D, dtype=dtype),
-                                  pos=torch.randint(0, 8192, (N,), device="cuda", dtype=torch.int64)))
-            qo = [torch.empty(N, Hq, D, dtype=dtype, device="cuda") for _ in range(2)]
-            ko = [torch.empty(N, Hk, D, dtype=dtype, device="cuda") for _ in range(2)]
-            invf = inv_freq_ref(D, 10000.0)
-            ang = torch.arange(8192, dtype=torch.float64)[:, None] * invf
-            cache = torch.cat([torch.cos(ang), torch.sin(ang)], 1).float().cuda()
-            cos_c = torch.cat([torch.cos(ang)] * 2, 1).float().cuda()
-            sin_c = torch.cat([torch.sin(ang)] * 2, 1).float().cuda()
-            nbytes = 2 * N * (Hq + Hk) * D * E
-            for inverse in ((False, True) if "rope" in only else ()):
-                for use_cache in (True, False):
-                    mk = lambda S_: [rope_call(S_, s["q"], s["k"], qo[i], ko[i], s["pos"],
-                                               cache if use_cache else None, 0, D, 10000.0, inverse)
-                                     for i, s in enumerate(rsets)]
-                    ours = mk(S)
-                    t_ours = time_ms(ours)
-                    var_ms = variants(ours, ROPE_VARIANTS, mk)
-                    op = ("rope_bwd" if inverse else "rope_fwd") + ("" if use_cache else "_computed_cos_sin")
-                    if not inverse:
-                        if use_cache:
-                            peers = {"torch eager (HF)": safe(lambda: time_ms(
-                                [lambda s=s: hf_rope(s["q"], s["k"], cos_c, sin_c, s["pos"]) for s in rsets]))}
-                            c = compiled(f"rope{H}", hf_rope)
-                            if c is not None:
-                                peers["torch.compile eager"] = safe(lambda: time_ms(
-                                    [lambda s=s: c(s["q"], s["k"], cos_c, sin_c, s["pos"]) for s in rsets]))
-                            rope_peers = peers
-                        else:
-                            peers = rope_peers
-                    else:
-                        def rope_autograd():
-                            gs = []
-                            for s in rsets:
-                                qq = s["q"].detach().clone().requires_grad_(True)
-                                kk = s["k"].detach().clone().requires_grad_(True)
-                                yq, yk = hf_rope(qq, kk, cos_c, sin_c, s["pos"])
-                                gs.append(lambda yq=yq, yk=yk, qq=qq, kk=kk, s=s: torch.autograd.grad(
-                                    (yq, yk), (qq, kk), (s["q"], s["k"]), retain_graph=True))
-                            return time_ms(gs)
-                        if use_cache:
-                            rope_bpeers = {"torch eager (HF) autograd": safe(rope_autograd)}
-                        peers = rope_bpeers
-                    row(op, case, nbytes, t_ours, peers, var_ms)
-            del rsets, qo, ko, sets, outs, routs
+            # backward: dx, dweight (+ dbias), saved statistics
+            for i, s in enumerate(sets):
+                norm_fwd_call(S, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)()
+            mk = lambda S_: [norm_bwd_call(S_, layer, s["dy"], None, s["x"], w, mm, rstd, eps, routs[i], dws,
+                                           dbs if layer else None) for i, s in enumerate(sets)]
+            ours = mk(S)
+            t_ours = time_ms(ours)
+            var_ms = variants(ours, LN_BWD_VARIANTS if layer else BWD_VARIANTS, mk)
+
+            def torch_bwd(fn):
+                gs = []
+                for s in sets:
+                    xx = s["x"].detach().clone().requires_grad_(True)
+                    ww = w.detach().clone().requires_grad_(True)
+                    bb2 = bvec.detach().clone().requires_grad_(True)
+                    y = fn(xx, ww, bb2)
+                    ins = [xx, ww, bb2] if layer else [xx, ww]
+                    gs.append(lambda y=y, ins=ins, dy=s["dy"]: torch.autograd.grad(
+                        y, ins, dy, retain_graph=True))
+                return time_ms(gs)
+            if layer:
+                peers = {"torch F.layer_norm autograd": safe(lambda: torch_bwd(
+                    lambda xx, ww, b2: F.layer_norm(xx, (H,), ww, b2, eps)))}
+            else:
+                peers = {"torch F.rms_norm autograd": safe(lambda: torch_bwd(
+                    lambda xx, ww, b2: F.rms_norm(xx, (H,), ww, eps)))}
+            row(f"{nm}_bwd", case, 3 * N * H * E, t_ours, peers, var_ms)
             torch.cuda.empty_cache()
+
+
+        # RoPE: q [N, H/128, 128], k [N, 8, 128], NeoX, positions int64, cos/sin cache
+        D = 128
+        Hq, Hk = H // D, 8
+        rsets = []
+        for _ in range(2):
+            rsets.append(dict(q=rnd(N, Hq, D, dtype=dtype), k=rnd(N, Hk, D, dtype=dtype),
+                              pos=torch.randint(0, 8192, (N,), device="cuda", dtype=torch.int64)))
+        qo = [torch.empty(N, Hq, D, dtype=dtype, device="cuda") for _ in range(2)]
+        ko = [torch.empty(N, Hk, D, dtype=dtype, device="cuda") for _ in range(2)]
+        invf = inv_freq_ref(D, 10000.0)
+        ang = torch.arange(8192, dtype=torch.float64)[:, None] * invf
+        cache = torch.cat([torch.cos(ang), torch.sin(ang)], 1).float().cuda()
+        cos_c = torch.cat([torch.cos(ang)] * 2, 1).float().cuda()
+        sin_c = torch.cat([torch.sin(ang)] * 2, 1).float().cuda()
+        nbytes = 2 * N * (Hq + Hk) * D * E
+        for inverse in ((False, True) if "rope" in only else ()):
+            for use_cache in (True, False):
+                mk = lambda S_: [rope_call(S_, s["q"], s["k"], qo[i], ko[i], s["pos"],
+                                           cache if use_cache else None, 0, D, 10000.0, inverse)
+                                 for i, s in enumerate(rsets)]
+                ours = mk(S)
+                t_ours = time_ms(ours)
+                var_ms = variants(ours, ROPE_VARIANTS, mk)
+                op = ("rope_bwd" if inverse else "rope_fwd") + ("" if use_cache else "_computed_cos_sin")
+                if not inverse:
+                    if use_cache:
+                        peers = {"torch eager (HF)": safe(lambda: time_ms(
+                            [lambda s=s: hf_rope(s["q"], s["k"], cos_c, sin_c, s["pos"]) for s in rsets]))}
+                        c = compiled(f"rope{H}", hf_rope)
+                        if c is not None:
+                            peers["torch.compile eager"] = safe(lambda: time_ms(
+                                [lambda s=s: c(s["q"], s["k"], cos_c, sin_c, s["pos"]) for s in rsets]))
+                        rope_peers = peers
+                    else:
+                        peers = rope_peers
+                else:
+                    def rope_autograd():
+                        gs = []
+                        for s in rsets:
+                            qq = s["q"].detach().clone().requires_grad_(True)
+                            kk = s["k"].detach().clone().requires_grad_(True)
+                            yq, yk = hf_rope(qq, kk, cos_c, sin_c, s["pos"])
+                            gs.append(lambda yq=yq, yk=yk, qq=qq, kk=kk, s=s: torch.autograd.grad(
+                                (yq, yk), (qq, kk), (s["q"], s["k"]), retain_graph=True))
+                        return time_ms(gs)
+                    if use_cache:
+                        rope_bpeers = {"torch eager (HF) autograd": safe(rope_autograd)}
+                    peers = rope_bpeers
+                row(op, case, nbytes, t_ours, peers, var_ms)
+                if args.rope_tail and not inverse and use_cache:
+                    rope_tail_probe(S, N, Hq, Hk, D, dtype, cache, row)
+        del rsets, qo, ko, sets, outs, routs
+        torch.cuda.empty_cache()
     if not args.ce_first and "ce" in only:
         bench_ce(S, args, copy_tbps, results, row, safe)
     if "train" in only:
@@ -973,6 +990,26 @@ def rms_bwd_inputs(S, N, H, with_dres, eps):
     for i, s in enumerate(sets):
         norm_fwd_call(S, 0, s["x"], None, w, None, eps, out, None, None, rstd[i])()
     return sets, w, dx, rstd, torch.empty(H, dtype=dtype, device="cuda")
+
+
+def rope_tail_probe(S, N, Hq, Hk, D, dtype, cache, row):
+    """--rope-tail: the RoPE forward (cache) at token counts around N that are whole
+    rounds of the warp kernel's warp slots (SMs x 3 blocks x 4 warps: 167 registers, 128
+    threads) and at N itself, timed in one alternating set: how much the last partial
+    round (the wave tail) costs."""
+    slots = torch.cuda.get_device_properties(0).multi_processor_count * 12
+    for n in sorted({N, (N // slots) * slots, (N // slots + 1) * slots}):
+        ss = [dict(q=rnd(n, Hq, D, dtype=dtype), k=rnd(n, Hk, D, dtype=dtype),
+                   pos=torch.randint(0, 8192, (n,), device="cuda", dtype=torch.int64))
+              for _ in range(2)]
+        qo = [torch.empty(n, Hq, D, dtype=dtype, device="cuda") for _ in range(2)]
+        ko = [torch.empty(n, Hk, D, dtype=dtype, device="cuda") for _ in range(2)]
+        calls = [rope_call(S, s["q"], s["k"], qo[i], ko[i], s["pos"], cache, 0, D, 10000.0, False)
+                 for i, s in enumerate(ss)]
+        t = time_ms(calls, iters=41)
+        row("rope_fwd_tail_probe", f"{n} x {Hq * D} bf16 ({n / slots:.2f} rounds of {slots} warps)",
+            2 * n * (Hq + Hk) * D * 2, t, {})
+        del ss, qo, ko
 
 
 def bench_train(S, args, row, safe):
@@ -1317,12 +1354,20 @@ def main():
                          "--ncu: its kernels first")
     ap.add_argument("--bits-ab", action="store_true",
                     help="the norm forward through each --ab-shim compared bit for bit with ours")
+    ap.add_argument("--ab-rounds", type=int, default=1,
+                    help="--bench with --ab-shim: ours and every build timed in R rounds, the "
+                         "order reversed every other round; medians over the rounds")
+    ap.add_argument("--cases", default="",
+                    help="--bench: more ROWSxHIDDEN cases after the 16k-row ones, e.g. 8192x2048")
+    ap.add_argument("--rope-tail", action="store_true",
+                    help="--bench: the RoPE forward also at whole rounds of its warp slots")
     ap.add_argument("--json", default=None)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--command", default=None)
     args = ap.parse_args()
     torch.manual_seed(1234)
     S = Shim(args.shim)
+    AB_ROUNDS[0] = args.ab_rounds
     for spec in args.ab_shim:
         name, path = spec.split("=", 1)
         AB_SHIMS.append((name, Shim(path)))

@@ -31,7 +31,8 @@
 #   OT_COMPILE=1 (torch.compile peers; =train: for the training shapes only), OT_COMMIT,
 #   OT_NCU=0 (skip step 4), OT_NCU_AB=1 (the A/B builds' kernels under ncu too),
 #   OT_NCU_TRAIN=0 (ncu without the training shapes and torch.compile),
-#   OT_NCU_TIMEOUT (60), OT_BENCH_TIMEOUT (90), OT_TEST_TIMEOUT (40, per suite),
+#   OT_BENCH_EXTRA (more bench_fused_ops.py flags, e.g. "--ab-rounds 4 --cases 8192x2048
+#     --rope-tail"), OT_NCU_TIMEOUT (60), OT_BENCH_TIMEOUT (90), OT_TEST_TIMEOUT (40, per suite),
 #   OT_SAN="BIN:SUITE:FILTER|..." ("" skips 3).
 P=${OT_PREBUILT:-.devcarry-p5}; OUT=${OUT:-/tmp/ot_device_out}; mkdir -p "$OUT"
 T0=$(date +%s); st() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -59,7 +60,7 @@ if [ "${OT_BITS:-0}" = 1 ]; then
 fi
 if [ -n "${OT_ONLY-norm,rope,glu,train}" ]; then
   st "bench"
-  CMD="python3 bench/bench_fused_ops.py --shim $SHIM ${ABARGS[*]} --bench $CFLAG --only ${OT_ONLY-norm,rope,glu,train} --hidden ${OT_HIDDEN-4096}"
+  CMD="python3 bench/bench_fused_ops.py --shim $SHIM ${ABARGS[*]} --bench $CFLAG --only ${OT_ONLY-norm,rope,glu,train} --hidden ${OT_HIDDEN-4096} ${OT_BENCH_EXTRA:-}"
   timeout "${OT_BENCH_TIMEOUT:-90}" $CMD --json $OUT/fused_ops.json --commit "${OT_COMMIT:-unknown}" \
     --command "scripts/device_fused_round.sh: $CMD" >$OUT/bench.log 2>&1
   echo "bench rc=$?"; grep -E '^copy|TB/s|failed|Error' $OUT/bench.log | cut -c1-360
