@@ -69,7 +69,7 @@ CARRY=${CARRY:-.devcarry-fwd90}
 DEADLINE=${DEADLINE:-125}
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-lim() {   # lim N: N cut to what DEADLINE leaves (0: skip)
+lim() {   # lim N: N cut to what DEADLINE leaves (0: skip the step -- `timeout 0` is no limit)
   local left=$(( DEADLINE - ($(date +%s) - T0) ))
   if [ "$left" -lt 5 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
 }
@@ -79,8 +79,10 @@ export LD_LIBRARY_PATH="/tmp/ot_deps:${LD_LIBRARY_PATH:-}"
 xz -dc "$CARRY/test_ops.xz" >/tmp/test_ops && chmod +x /tmp/test_ops
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
 
-if [ "${PROFILE:-0}" != 0 ]; then
-  t=$(lim 60)
+t=$(lim 60)
+if [ "${PROFILE:-0}" != 0 ] && [ "$t" = 0 ]; then
+  echo "skipped: ncu (PROFILE)"
+elif [ "${PROFILE:-0}" != 0 ]; then
   stamp "ncu (limit $t s)"
   mets=sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg,gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,launch__occupancy_limit_registers
   rm -f /tmp/prof.ncu-rep   # a warm machine keeps /tmp: never import an earlier call's report
@@ -97,15 +99,20 @@ if [ "${PROFILE:-0}" != 0 ]; then
 fi
 
 t=$(lim "${VLIM:-70}")
-stamp "variants (limit $t s)"
-timeout "$t" python3 bench/attn_fwd_variants.py "$CARRY/libattention_shim.so" --json "$OUT/variants.json" \
-  --commit "$COMMIT" --seqs "${VSEQS:-4096,16384}" --dims "${VDIMS:-128,64,256}" \
-  --rounds "${VROUNDS:-3}" ${VARGS:-} >"$OUT/variants.log" 2>&1
-echo "variants rc=$?"
-grep -E '^FAIL|^check:|^host|^HUNG|Error' "$OUT/variants.log" | head -20
+if [ "$t" = 0 ]; then
+  echo "skipped: variants"; : >"$OUT/variants.log"
+else
+  stamp "variants (limit $t s)"
+  timeout "$t" python3 bench/attn_fwd_variants.py "$CARRY/libattention_shim.so" --json "$OUT/variants.json" \
+    --commit "$COMMIT" --seqs "${VSEQS:-4096,16384}" --dims "${VDIMS:-128,64,256}" \
+    --rounds "${VROUNDS:-3}" ${VARGS:-} >"$OUT/variants.log" 2>&1
+  echo "variants rc=$?"
+  grep -E '^FAIL|^check:|^host|^HUNG|Error' "$OUT/variants.log" | head -20
+fi
 
-if [ -n "${HOST_OLD:-}" ]; then
-  t=$(lim 20)   # (CARRY's shim: variants.log's "host cost" line, unless --no-host)
+t=$(lim 20)
+if [ -n "${HOST_OLD:-}" ] && [ "$t" != 0 ]; then
+  # (CARRY's shim: variants.log's "host cost" line, unless --no-host)
   echo "host cost, $HOST_OLD: $(timeout "$t" python3 bench/attn_fwd_variants.py "$HOST_OLD" \
     --host-only 2>&1 | tail -1)" | tee "$OUT/host_cost.log"
 fi
@@ -156,7 +163,7 @@ if [ -n "${NCU_QUICK:-}" ]; then
       bench/profile_attention_fwd.py "$CARRY/libattention_shim.so" $nq >>"$OUT/ncu_quick.txt" 2>&1
     echo "ncu rc=$?"
   done
-  grep -E '^==|^  [a-zA-Z_].*\(|sm__cycles|gpu__time|gmma|inst_executed' "$OUT/ncu_quick.txt" | cut -c1-120
+  grep -E '^==|^  [a-zA-Z_].*\(|sm__cycles|gpu__time|gmma|inst_executed' "$OUT/ncu_quick.txt" 2>/dev/null | cut -c1-120
 fi
 stamp "summary"
 grep -E '^D[0-9]' "$OUT/variants.log" | cut -c1-250
