@@ -10,10 +10,6 @@
 #                   name holds it, e.g. "dqred"); PAR=1: in the background beside the
 #                   sanitizer, waited for before any timing
 #       test_alt    the CUDA cases again under ALT_ENV (default OT_ATTN_SM90=0: the portable kernels)
-#     SUITE_BUILD=NAME: smoke, test, test_alt and sanitize run $PRE/NAME.tar.xz's tests/test_ops
-#       instead of bin.tar.xz's (e.g. base: the default build that prebuild_bwd_sm90_exp.sh
-#       packs beside the experiment build, so that the suite runs on the default build and the
-#       A/B on the experiment library, one call)
 #       sanitize    compute-sanitizer on small cases, SAN_LIMIT s each (60). SAN_MIN=1: only
 #                   memcheck and racecheck of "hopper-only causal Sq<Sk 100x1000 D128" and
 #                   racecheck of "hopper-only S129"; SAN_MIN=2: only the racecheck of the
@@ -22,9 +18,10 @@
 #                   (split units), all five at once (SAN_LIMIT each); SAN_MIN=5: those five
 #                   and memcheck, racecheck, synccheck of "hopper-only causal Sq>Sk 700x130
 #                   D128" (whole query tiles no key block sees), eight at once; SAN_MIN=6: the
-#                   five of SAN_MIN=4 and the same five on the "dqred" cases (kXDqRed under
-#                   OT_ATTN_BWD_SM90_DQ=red, set by the test itself; an experiment build
-#                   runs the variant there), ten at once; SAN_MIN=7: memcheck and racecheck
+#                   five of SAN_MIN=4 and the same five on the "dqred" cases (under
+#                   OT_ATTN_BWD_SM90_DQ=red, set by the test itself: kXDqRed at D128 in every
+#                   build, since ff3dd11 the default there, at D64 only in an experiment
+#                   build), ten at once; SAN_MIN=7: memcheck and racecheck
 #                   of "hopper-only dqred causal Sq<Sk 100x1000 D128" alone, side by side
 #       ab          bench/ab_attention_bwd.py in one process over the shims of $PRE/NAME.tar.xz
 #                   for NAME in ALTS (default base) and this build ("new"), AB_ARGS (e.g.
@@ -34,9 +31,10 @@
 #                   every entry, no timing on a failure) with AB_EXPECT ("red=1 new=0": the main
 #                   kernel's experiment bits each entry must run; "new=128:1,64:0": per head
 #                   dim). AB_EARLY=1: the A/B process starts first, in the background (torch
-#                   import and --check beside the tests and the sanitizer), and waits (--wait-for) until those steps are
-#                   done before it times anything (AB_LIMIT then counts from the start, the
-#                   wait included; after a smoke hang the A/B process ends at AB_LIMIT)
+#                   import and --check beside the tests and the sanitizer), and waits
+#                   (--wait-for) until those steps are done before it times anything (AB_LIMIT
+#                   then counts from the start, the wait included; after a smoke hang the A/B
+#                   process ends at AB_LIMIT)
 #       sanitize_base, bench_base: racecheck and the benchmark (BASE_BENCH_ARGS) of each other
 #                   build $PRE/NAME.tar.xz (test_ops + libattention_shim.so of a kernel to
 #                   compare against), NAME in ALTS
@@ -53,6 +51,10 @@
 #       timing      attn_portable_timing (when bin.tar.xz holds it) over TIMING_SHAPES
 #                   "B,H,S,D ..." (default 8,16,4096,128), TIMING_SETS the VAR=VALUE settings
 #                   timed in turn (default deterministic=0 deterministic=1)
+#     SUITE_BUILD=NAME: smoke, test, test_alt and sanitize run $PRE/NAME.tar.xz's tests/test_ops
+#       instead of bin.tar.xz's (e.g. base: the default build that prebuild_bwd_sm90_exp.sh
+#       packs beside the experiment build, so that the suite runs on the default build and the
+#       A/B on the experiment library, one call)
 #     Logs under $OUT (more than 8 files: all but ab.json, ncu_summary.txt and tests.log
 #     packed into logs.tar.gz at the end, since the device tool returns 8; PACK=0: not).
 #     PRE (default .bwd90carry, carried): bin.tar.xz with test_ops and libattention_shim.so
