@@ -85,7 +85,9 @@ template <int D> struct bwd_smem {
   static constexpr int q_off = 2 * kv_bytes;
   static constexpr int do_off = q_off + kStages * q_bytes;
   static constexpr int ds_off = do_off + kStages * q_bytes;
-  /* dQ staging: [consumer][buffer] tiles of kDqTile floats (64 KB) */
+  /* dQ staging: [consumer][buffer] tiles of kDqTile floats (64 KB; X = 0 only: kXDqRed,
+   * the D = 128 default, leaves it allocated and unused -- one CTA an SM by registers either
+   * way, docs/ATTENTION.md "Next lever") */
   static constexpr int dqs_off = ds_off + 2 * ds_bytes;
   static constexpr int lse_off = dqs_off + 4 * kDqTile * 4;
   static constexpr int dsum_off = lse_off + kStages * kBq * 4;
@@ -110,8 +112,8 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    no shared staging tile, no dQ writer (its 64 KB of shared-memory traffic a 64-query
  *    tile: docs/ATTENTION.md, "Shared-memory bytes per tile"). The summation order of dQ
  *    is no more repeatable than the bulk reduce-adds' (this kernel runs only for
- *    deterministic = 0: the same semantics). docs/ATTENTION.md, runs 15 and 16: +2-3%
- *    fwd+bwd at D = 128 (the default there since run 16), not a gain at D = 64. */
+ *    deterministic = 0: the same semantics). docs/ATTENTION.md, runs 15 and 16: +1.3-3.7%
+ *    fwd+bwd at D = 128 (the default there since run 16), mixed at D = 64 (not kept). */
 enum { kXDqRed = 1 };   /* an enumerator: no unused-variable warning where no kernel uses it */
 template <int D> struct default_x {
   enum { value = D == 128 ? kXDqRed : 0 };
