@@ -7,8 +7,9 @@
 #                      suite on the default build)
 #   CARRY/bin.tar.xz   tests/test_ops + libattention_shim.so of the experiment build: B's
 #                      library with src/cuda/sm90/attention_bwd_sm90.cu recompiled with
-#                      -DOT_ATTN_SM90_EXPERIMENTS (the kernels of the experiment bits, e.g.
-#                      kXDqRed: OT_ATTN_BWD_SM90_DQ=red) in place of its member
+#                      -DOT_ATTN_SM90_EXPERIMENTS (the kernels of the experiment bits: since
+#                      ff3dd11 the other dQ form per head dim, OT_ATTN_BWD_SM90_DQ=red at
+#                      D 64, =stage at D 128) in place of its member
 #   CARRY/deps.tar.xz  OpenBLAS + Fortran runtime (.carry/deps/lib)
 # B: a build directory configured with -DOT_CUDA_ARCHS=90a and up to date
 #   (cmake --build B --target ops_transformer_static test_ops); only read: the experiment
