@@ -896,7 +896,7 @@ static ot_attention_params pcase_params(const pcase *c) {
  * and the plan flag (ot_cuda_paged_last_plan's out[3]) each call of a case the instance
  * can take must have set (g_pflag_set) or cleared (g_pflag_clear): 16 the aligned-page
  * instance (16-bit, head_dim 128, pages of 16 x m keys), 32 its 8-warp CTAs (and no early
- * start). */
+ * start); the kv-ready calls of those cases must also have set 4 (the early start). */
 static const char *g_pmode = "";
 static int g_pflag_set = 0, g_pflag_clear = 0;
 /* paged_case_spare runs each case again with both split merges (paged_merge_bits) */
@@ -909,8 +909,12 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
 #ifdef OT_TEST_CUDA
   if (!g_pflag_set && !g_pflag_clear) return;
   const bool al = dt.bits == 16 && c->d == 128 && c->bs % 16 == 0;
-  /* with the early start (ready): no 8-warp CTAs */
-  const int want = g_pflag_set & ~(ready ? 32 : 0);
+  /* with the early start (ready): no 8-warp CTAs, and its flag 4 (the XT instances; every
+   * aligned case is head_dim 128, where the split kernel takes paged_kv_ready unless
+   * OT_DEBUG is on) */
+  const char *dbg = getenv("OT_DEBUG");
+  const bool early = ready && !(dbg && dbg[0] && strcmp(dbg, "0") != 0);
+  const int want = (g_pflag_set & ~(ready ? 32 : 0)) | (early ? 4 : 0);
   const int kernel = 1; /* the split kernel (paged_mode_cases force it) */
   int pl[4] = {0, 0, 0, 0};
   ot_cuda_paged_last_plan(pl);
