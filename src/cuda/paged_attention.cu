@@ -498,9 +498,10 @@ __device__ __forceinline__ void pa_fc_offsets(const T *ring, int lane, uint32_t 
   fc_g = r0 * D + c * 8;
 }
 
-/* LB (the AL instances; head_dim 128, cp.async layout; decode round 9): pa_step's 16 fragment reads as one of four per-lane byte offsets plus the stage's
- * shared address plus immediates, where the compiler re-derived each read's swizzled address
- * from the thread index in every step (~60 integer instructions per step, decode round 9).
+/* LB (the AL instances; head_dim 128, cp.async layout; decode round 9): pa_step's 16
+ * fragment reads as one of four per-lane byte offsets plus the stage's shared address plus
+ * immediates, where the compiler re-derived each read's swizzled address from the thread
+ * index in every step (~60 integer instructions per step, decode round 9).
  * K read (nb, c): row nb * 8 + g, chunk (c * 4 + tq4) ^ swz(g) = (c >> 1) * 8 + (x ^ (c & 1) * 4)
  * with x = tq4 ^ swz(g); V read (e, h): row tq4 * 2 + (e & 1) + (e >> 1) * 8, whose swizzle is
  * (e & 1) * 4 ^ tq4 * 2, chunk h * 8 + (g ^ that). */
@@ -535,11 +536,11 @@ template <bool FE> __device__ __forceinline__ float pa_exp2(float x) {
  * __syncwarp after the stage's last read, so the caller may refill it. TM: the stage in the
  * TMA layout (above), its rows past kh not zero-filled (the V fragments of those keys are
  * zeroed here: a page's slots past the sequence may hold anything, NaN included). CR (the AL
- * instances, with LB; decode round 9): O is multiplied by exp2(m_old -
- * m_new) only in steps where some row of the warp raised its max (a warp vote; FA4's
- * trick without its threshold): where none did, every row's factor is exp2(0) = 1 (or 0
- * on a row that has seen no key yet, whose O is still 0), so the results are the same
- * bits; the 64 FMULs (head_dim 128) are skipped once the maxima settle. */
+ * instances, with LB; decode round 9): O is multiplied by exp2(m_old - m_new) only in steps
+ * where some row of the warp raised its max (a warp vote; FA4's trick without its
+ * threshold): where none did, every row's factor is exp2(0) = 1 (or 0 on a row that has seen
+ * no key yet, whose O is still 0), so the results are the same bits; the 64 FMULs (head_dim
+ * 128) are skipped once the maxima settle. */
 template <typename T, int D, bool TM = false, bool FE = false, bool CR = false, bool LB = false>
 __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16][4], int kb,
                                         int kh, const int (&r_lo)[2], const int (&r_hi)[2],
