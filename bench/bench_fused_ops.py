@@ -787,52 +787,30 @@ def bench_all(S, args):
             bb = bvec if layer else None
             mm = mean if layer else None
             if "norm" in only:  # "normbwd": the backward rows only
-                # forward, unfused
-                mk = lambda S_: [norm_fwd_call(S_, layer, s["x"], None, w, bb, eps, outs[i], None, mm, rstd)
-                                 for i, s in enumerate(sets)]
-                ours = mk(S)
-                t_ours = time_ms(ours)
-                var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS, mk)
-                if layer:
+                # forward, unfused (x) and with the residual (x, r): the same row but for
+                # the inputs; torch's fused function takes x + r (the add timed with it)
+                for res in (False, True):
+                    mk = lambda S_: [norm_fwd_call(S_, layer, s["x"], s["r"] if res else None, w, bb, eps, outs[i],
+                                                   routs[i] if res else None, mm, rstd)
+                                     for i, s in enumerate(sets)]
+                    ours = mk(S)
+                    t_ours = time_ms(ours)
+                    var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS, mk)
+                    ins = (lambda s: (s["x"], s["r"])) if res else (lambda s: (s["x"],))
+                    prm = (w, bvec, eps) if layer else (w, eps)
+                    eager = (eager_ln_res if res else eager_ln) if layer else (hf_rms_res if res else hf_rms)
+                    fused = ((lambda h: F.layer_norm(h, (H,), w, bvec, eps)) if layer
+                             else (lambda h: F.rms_norm(h, (H,), w, eps)))
                     peers = {
-                        "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln(s["x"], w, bvec, eps) for s in sets])),
-                        "torch F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"], (H,), w, bvec, eps) for s in sets])),
+                        "torch eager": safe(lambda: time_ms([lambda s=s: eager(*ins(s), *prm) for s in sets])),
+                        ("torch add + " if res else "torch ") + ("F.layer_norm" if layer else "F.rms_norm"):
+                            safe(lambda: time_ms([lambda s=s: fused(s["x"] + s["r"] if res else s["x"]) for s in sets])),
                     }
-                    c = compiled(f"ln{H}", eager_ln)
-                else:
-                    peers = {
-                        "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms(s["x"], w, eps) for s in sets])),
-                        "torch F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"], (H,), w, eps) for s in sets])),
-                    }
-                    c = compiled(f"rms{H}", hf_rms)
-                if c is not None:
-                    peers["torch.compile eager"] = safe(lambda: time_ms(
-                        [lambda s=s: c(s["x"], w, bvec, eps) if layer else c(s["x"], w, eps) for s in sets]))
-                row(f"{nm}_fwd", case, 2 * N * H * E, t_ours, peers, var_ms)
-
-                # forward with residual
-                mk = lambda S_: [norm_fwd_call(S_, layer, s["x"], s["r"], w, bb, eps, outs[i], routs[i], mm, rstd)
-                                 for i, s in enumerate(sets)]
-                ours = mk(S)
-                t_ours = time_ms(ours)
-                var_ms = variants(ours, LN_FWD_VARIANTS if layer else FWD_VARIANTS, mk)
-                if layer:
-                    peers = {
-                        "torch eager": safe(lambda: time_ms([lambda s=s: eager_ln_res(s["x"], s["r"], w, bvec, eps) for s in sets])),
-                        "torch add + F.layer_norm": safe(lambda: time_ms([lambda s=s: F.layer_norm(s["x"] + s["r"], (H,), w, bvec, eps) for s in sets])),
-                    }
-                    c = compiled(f"lnres{H}", eager_ln_res)
-                else:
-                    peers = {
-                        "torch eager": safe(lambda: time_ms([lambda s=s: hf_rms_res(s["x"], s["r"], w, eps) for s in sets])),
-                        "torch add + F.rms_norm": safe(lambda: time_ms([lambda s=s: F.rms_norm(s["x"] + s["r"], (H,), w, eps) for s in sets])),
-                    }
-                    c = compiled(f"rmsres{H}", hf_rms_res)
-                if c is not None:
-                    peers["torch.compile eager"] = safe(lambda: time_ms(
-                        [lambda s=s: c(s["x"], s["r"], w, bvec, eps) if layer else c(s["x"], s["r"], w, eps)
-                         for s in sets]))
-                row(f"{nm}_residual_fwd", case, 4 * N * H * E, t_ours, peers, var_ms)
+                    c = compiled(("ln" if layer else "rms") + ("res" if res else "") + str(H), eager)
+                    if c is not None:
+                        peers["torch.compile eager"] = safe(lambda: time_ms([lambda s=s: c(*ins(s), *prm) for s in sets]))
+                    row(f"{nm}{'_residual' if res else ''}_fwd", case, (4 if res else 2) * N * H * E, t_ours, peers,
+                        var_ms)
 
             # backward: dx, dweight (+ dbias), saved statistics
             for i, s in enumerate(sets):
