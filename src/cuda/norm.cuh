@@ -801,11 +801,11 @@ __device__ __forceinline__ void norm_fwd_out_pass(raw16 (&xr)[NV], const T *w, c
  * instructions per thread (64 elements at 4096 bf16, weight and bias) on the path taken
  * (sm_90a SASS; the out pass ~700 -> ~400, the unpacks of the two sums ~100); measured
  * (H200, 2026-11-30 night, balanced same-process A/B against the parent's kernels):
- * 3.81 vs 3.69 TB/s at 16k x 4096, 3.34 vs 2.96 at 8k x 2048, with the residual 3.95 vs
- * 3.85 / 3.66 vs 3.46, 16k x 8192 4.03 vs 4.00. RMSNorm keeps the plain code: the same
- * changes there (with the row sums in 4 chains) gave +0.5% at 4096 but -2.7% at 8192 with
+ * 3.81 vs 3.69 TB/s at 16k x 4096, 3.32 vs 2.96 at 8k x 2048, with the residual 3.96 vs
+ * 3.85 / 3.65 vs 3.46, 16k x 8192 4.04 vs 4.00. RMSNorm keeps the plain code: the same
+ * changes there (with the row sums in 4 chains) gave +0.7% at 4096 but -2.9% at 8192 with
  * the residual. The row sums in 4 independent chains (shorter dependent chains, other
- * bits) gave LayerNorm nothing (3.81 / 3.95 / 4.03 / 3.34 with or without): not kept.
+ * bits) gave LayerNorm nothing (with them 3.81 / 3.95 / 4.03 / 3.34 there): not kept.
  * docs/PERFORMANCE.md. */
 template <typename T, bool LAYER, int NV, bool RES, int TPR, int F>
 __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&xr)[NV],
