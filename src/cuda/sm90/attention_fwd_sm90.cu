@@ -44,9 +44,8 @@
  * see the dispatch). Only in builds with -DOT_ATTN_SM90_EXPERIMENTS (bf16;
  * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256,
  * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls); OT_ATTN_SM90_SKIP=1 (kFlSkip;
- * measured slower, docs/ATTENTION.md); kFlDiag at D128; OT_ATTN_SM90_Q2=1 (kFlQ2) and
- * OT_ATTN_SM90_XT=1 (kFlXT with kFlQ2; both measured no faster, D64 causal 0.90-0.95x
- * with XT, docs/ATTENTION.md);
+ * measured slower, docs/ATTENTION.md); kFlDiag at D128; OT_ATTN_SM90_XT=1 (kFlXT on
+ * kFlQ2's 2-stage Q ring; D64 causal 0.90-0.95x, unmasked D64 1.01x, docs/ATTENTION.md);
  * OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is parsed there, but its instances are
  * no longer compiled (add the bits to launch_fl's lists to measure them again).
  *
@@ -99,7 +98,9 @@ enum {
                    * softmax and P V over the 64 keys it can see (see the kernel) */
   kFlQ2 = 0x1000, /* a 2-stage Q ring: the producer loads the next tile's Q while the
                    * current one starts (after its second K tile), not after its last
-                   * Q K^T (persistent CTAs; where the smem fits: the 128-key tiles) */
+                   * Q K^T (persistent CTAs; where the smem fits: the 128-key tiles).
+                   * Compiled only under kFlXT, which needs it: alone it measured
+                   * 0.98-1.01x (662a0a5; its instances and OT_ATTN_SM90_Q2 removed) */
   kFlXT = 0x2000, /* with kFlQ2: a persistent CTA's tiles in one pipeline: the last P V of a
                    * tile is issued with the next tile's first Q K^T, whose softmax runs
                    * under it (no per-tile prologue / drain; see the kernel) */
@@ -1019,10 +1020,10 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * with the narrow step (OT_ATTN_SM90_RESC=1 where the narrow step is on; H200, run 3 of
  * attention_fwd.json: S 4k 0.971x, 16k 1.022x the default, within noise, not used);
  * the snake order at D64 NC 2 / D128 128 / D256; the narrow step at D256; kFlSkip at D64
- * (2 and 3 consumers), D128 128 and D256; kFlDiag at D128 128; kFlQ2 and kFlQ2 | kFlXT at
- * D64 128 (2 and 3 consumers; kFlQ2 also with kFlDiag) and D128 128 (with the threshold):
- * H200, 2026-11-30 night (attention_fwd_q2xt.json), Q2 0.98-1.01x, XT D64 causal
- * 0.90x / 0.95x (S 1k / 4k), D64 full 1.01x, not used. */
+ * (2 and 3 consumers), D128 128 and D256; kFlDiag at D128 128; kFlQ2 | kFlXT at D64 128
+ * (2 and 3 consumers) and D128 128 (with the threshold): H200, 2026-11-30 night
+ * (attention_fwd_q2xt.json), XT D64 causal 0.90x / 0.95x (S 1k / 4k), D64 full 1.01x, not
+ * used (kFlQ2 alone, 0.98-1.01x there, is no longer compiled). */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -1033,7 +1034,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int Q2 = kFlQ2, XT = kFlQ2 | kFlXT;
+  constexpr int XT = kFlQ2 | kFlXT;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3)>());
@@ -1043,12 +1044,11 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                             R | SN, R | SK>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* snake, skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SN, R | SK, R | DG, R | Q2, R | XT>());
+                                    fl_list<0, R, R | SN, R | SK, R | DG, R | XT>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SN, SK, DG, Q2, DG | Q2, XT>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SN, SK, DG, XT>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, Q2, XT>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG>());
@@ -1293,22 +1293,20 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const char *gs = sm90_knob(knobs, "OT_ATTN_SM90_GRID");
   call.grid_cap = gs && atoi(gs) > 0 ? atoi(gs) : 0;
   call.nonpersistent = sm90_knob(knobs, "OT_ATTN_SM90_NONPERSISTENT") != NULL;
-  /* OT_ATTN_SM90_Q2=1: kFlQ2, a 2-stage Q ring (the next tile's Q loaded early; where an
-   * instance is compiled: experiment builds, the 128-key tiles of D64 / D128). */
+  /* OT_ATTN_SM90_XT=1: kFlXT with kFlQ2 (a persistent CTA's tiles in one pipeline; where an
+   * instance is compiled: experiment builds, the 128-key tiles of D64 / D128; without the
+   * narrow steps) */
 #ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *q2v = sm90_knob(knobs, "OT_ATTN_SM90_Q2");
-  int q2 = q2v && q2v[0] == '1' ? kFlQ2 : 0;
-  /* OT_ATTN_SM90_XT=1: kFlXT with kFlQ2 (a persistent CTA's tiles in one pipeline; the same
-   * instances, without the narrow steps) */
   const char *xtv = sm90_knob(knobs, "OT_ATTN_SM90_XT");
+  int xt = 0;
   if (xtv && xtv[0] == '1') {
-    q2 = kFlQ2 | kFlXT;
+    xt = kFlQ2 | kFlXT;
     narrow = 0;
   }
 #else
-  const int q2 = 0;
+  const int xt = 0;
 #endif
-  const int fl = (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | q2;
+  const int fl = (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
