@@ -748,6 +748,38 @@ static void forward_option_cases(test_run *tr) {
   env_restore(&e);
 }
 
+/* The CUDA forward's opt-in shapes, which no default call takes: v3 (OT_NORM_FWD_IMPL=v3,
+ * the cp.async ring; 2056 in 16-bit types at 64 threads x 8 vectors) and forward v2 at 16
+ * vectors a thread (OT_NORM_FWD_MAXNV=16; 2056 / 4096 at 32 threads in 16-bit types),
+ * through every weight / bias presence of LayerNorm's out pass (b3239ea: one pass per
+ * combination; variants 0 / 1 weight + bias, 2 neither, 3 weight only, 5 bias only), rows
+ * ending inside a thread's vectors (2056), before some threads' first (64) or neither (4096). */
+static void forward_impl_cases(test_run *tr) {
+  if (!tr->be->is_cuda) return;
+  static const char *const ENV[2][2] = {{"OT_NORM_FWD_IMPL", "v3"}, {"OT_NORM_FWD_MAXNV", "16"}};
+  static const char *const NAMES[2][5] = {  /* set_fwd_variant's, with the setting */
+      {"plain (v3)", "fused (v3)", "fused no-weight residual_out=residual (v3)",
+       "in-place out=x no-stats (v3)", "fused other-rank out=x (v3)"},
+      {"plain (maxnv=16)", "fused (maxnv=16)", "fused no-weight residual_out=residual (maxnv=16)",
+       "in-place out=x no-stats (maxnv=16)", "fused other-rank out=x (maxnv=16)"}};
+  static const int VARIANTS[5] = {0, 1, 2, 3, 5};
+  static const int64_t OH[] = {64, 2056, 4096};
+  for (int k = 0; k < 2; k++) {
+    env_saved e = env_set(ENV[k][0], ENV[k][1]);
+    for (int ln = 0; ln < 2; ln++)
+      for (size_t d = 0; d < 3; d++)
+        for (size_t hi = 0; hi < sizeof OH / sizeof OH[0]; hi++)
+          for (int v = 0; v < 5; v++) {
+            fwd_case c = fwd_defaults(ln, *DTYPES[d]);
+            set_fwd_variant(&c, VARIANTS[v], OH[hi]);
+            c.variant = NAMES[k][v];
+            set_shape(&c.ndim, c.shape, 33, OH[hi], VARIANTS[v] == 5);
+            run_forward(tr, &c);
+          }
+    env_restore(&e);
+  }
+}
+
 /* ---- bad inputs --------------------------------------------------------------------------- */
 
 typedef struct bad_case {
@@ -1084,6 +1116,7 @@ static void run(test_run *tr) {
   many_partials_cases(tr);
   arena_backward_cases(tr);
   forward_option_cases(tr);
+  forward_impl_cases(tr);
   for (int ln = 0; ln < 2; ln++) {
     bad_forward(tr, ln);
     bad_backward(tr, ln);
