@@ -181,6 +181,10 @@ __device__ __forceinline__ int floor_div(int a, int b) {
 /* Barrier slots in shared memory (8 bytes each). */
 enum { BAR_FULL_Q = 0, BAR_EMPTY_Q = 1, BAR_FULL_K = 2, BAR_EMPTY_K = 4, BAR_FULL_V = 6,
        BAR_EMPTY_V = 8, BAR_FULL_Q1 = 10, BAR_EMPTY_Q1 = 11 /* kFlQ2's second Q stage */ };
+static_assert(BAR_FULL_K + kStages <= BAR_EMPTY_K && BAR_EMPTY_K + kStages <= BAR_FULL_V &&
+                  BAR_FULL_V + kStages <= BAR_EMPTY_V && BAR_EMPTY_V + kStages <= BAR_FULL_Q1 &&
+                  8 * (BAR_EMPTY_Q1 + 1) <= 128,
+              "barrier slots: kStages of each ring, all in fwd_smem's 128 bytes");
 constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of consumer c */
 
 /* Tile t of the launch: m fastest (the CTAs running at once share K/V in L2); with a
