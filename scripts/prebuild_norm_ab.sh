@@ -4,7 +4,7 @@
 # shim ("ours") and, per NAME, a shim libfused_ops_shim_NAME.so linked from a copy of the build's
 # archive whose members are replaced by the objects OBJ (each named as its member, e.g.
 # /tmp/ln0/layernorm.cu.o; compile them with the build's command and e.g.
-# -DOT_NORM_FWD_CAND=0). An A/B of kernels without run-time switches in the library:
+# a candidate's -D switch). An A/B of kernels without run-time switches in the library:
 #   OT_AB="NAME=libfused_ops_shim_NAME.so ..." OT_PREBUILT=CARRY_DIR bash scripts/device_fused_round.sh
 # BUILD_DIR: configured with -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a; ops_transformer_static and test_ops
 # are built in it first (as scripts/device_prebuild.sh does).
@@ -32,7 +32,12 @@ for spec in "$@"; do
   name=${spec%%=*}
   cp "$BUILD/libops_transformer.a" "$STAGE/lib_$name.a"
   IFS=, read -r -a objs <<<"${spec#*=}"
-  for o in "${objs[@]}"; do ar r "$STAGE/lib_$name.a" "$o"; done
+  for o in "${objs[@]}"; do
+    # ar r appends a name the archive lacks: both definitions, the A/B silently of the wrong one
+    ar t "$STAGE/lib_$name.a" | grep -xF "$(basename "$o")" >/dev/null ||
+      { echo "prebuild_norm_ab.sh: $(basename "$o") is not a member of $BUILD/libops_transformer.a" >&2; exit 1; }
+    ar r "$STAGE/lib_$name.a" "$o"
+  done
   shim "$STAGE/lib_$name.a" "$STAGE/libfused_ops_shim_$name.so"
   rm "$STAGE/lib_$name.a"
   FILES+=("libfused_ops_shim_$name.so")
