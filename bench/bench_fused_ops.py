@@ -763,7 +763,7 @@ def bench_all(S, args):
     cases = [(N, H) for N in rows_list for H in H_list]
     cases += [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",") if c]
     for N, H in cases if only & {"glu", "norm", "normbwd", "rope"} else ():
-        case = f"{N // 1024}k x {H} bf16"
+        case = (f"{N // 1024}k" if N % 1024 == 0 else str(N)) + f" x {H} bf16"  # --cases: any N
         E = 2  # bytes per element
         sets = []
         for _ in range(2):
