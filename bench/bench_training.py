@@ -1374,6 +1374,25 @@ def _case_variants(c):
     return [c["variant"]] if c.get("kind", "step") == "step" else []
 
 
+def _keep_ab_variants(groups, keep):
+    """--ab-variants: each A/B case of the (index, group) pairs with only the variants in
+    keep (the plan's order); an A/B case left with fewer than two is dropped, and a group
+    left empty."""
+    out = []
+    for i, g in groups:
+        cases = []
+        for c in g:
+            if c.get("kind") == "ab":
+                vs = [v for v in c["variants"] if v in keep]
+                if len(vs) < 2:
+                    continue
+                c = dict(c, variants=vs)
+            cases.append(c)
+        if cases:
+            out.append((i, cases))
+    return out
+
+
 def _estimate_s(group, quick, compile_mode="model", ab_rounds=4, ab_steps=5):
     """Rough seconds a group needs on the H200 (start-up, model build, compile); an A/B's
     rounds at --ab-rounds / --ab-steps (0.4 s a variant and round at 0.54 B with 1 + 5
@@ -1744,6 +1763,10 @@ def main(argv=None):
                         "curve) to run, of the plan's groups")
     p.add_argument("--cases", default=None,
                    help="comma-separated case names to run (e.g. '0.54b bf16 4x2048')")
+    p.add_argument("--ab-variants", default=None, metavar="V1,V2,...",
+                   help="the A/B cases (kind ab) run only these of their variants, in the "
+                        "plan's order (e.g. hf_sdpa_compile,patched_compile: the compiled "
+                        "ratio alone); a case left with fewer than two is dropped")
     p.add_argument("--curve-from", default=None, metavar="JSON",
                    help="when this run makes no loss curve, keep the one of this earlier "
                         "training.json (marked as such)")
@@ -1822,6 +1845,13 @@ def main(argv=None):
                     and (cs is None or case_name(c["cfg"], c["batch"], c["seq"]) in cs))
         groups = [(i, g) for i, g in ((i, [c for c in g if wanted(c)]) for i, g in groups)
                   if g]
+    if args.ab_variants:
+        keep = [v for v in args.ab_variants.split(",") if v]
+        bad = [v for v in keep if v not in VARIANTS]
+        if bad or len(keep) < 2:
+            p.error(f"--ab-variants {args.ab_variants!r}: "
+                    + (f"no variant {', '.join(bad)}" if bad else "two variants at least"))
+        groups = _keep_ab_variants(groups, keep)
     unknown = args.profile - {_profile_key(dict(c, variant=v)) for _, g in groups for c in g
                               for v in _case_variants(c)}
     if unknown:         # (a misspelt key would cost the run its profile silently)

@@ -407,3 +407,35 @@ def test_run_ab_a_failing_step_is_its_variants_error(monkeypatch, interleave):
     assert hf["steps"] == (4 if interleave else 6)
     assert ours["round_ms"][0] is None and (hf["round_ms"][0] is None) == interleave
     assert len(ours["round_ratios"]["hf_sdpa"]["per_round"]) == 2
+
+
+def test_ab_variants_keeps_only_those_of_each_ab_case():
+    plan = list(enumerate(bt.plan(quick=False)))
+    keep = ["hf_sdpa_compile", "patched_compile"]
+    got = dict(bt._keep_ab_variants([plan[0], plan[1], plan[2], plan[11]], keep))
+    # group 0: the ceiling stays, the 0.54 B A/B keeps the compiled pair (plan order)
+    assert [c.get("kind") for c in got[0]] == ["ceiling", "ab"]
+    assert got[0][1]["variants"] == keep and got[0][1]["cfg"] == "0.54b"
+    assert got[1] == [dict(plan[1][1][0], variants=keep)]
+    # group 2's A/B (HF sdpa vs patched at 16k) keeps none of them: dropped; its
+    # 1 x 65536 step cases stay
+    assert [c.get("kind", "step") for c in got[2]] == ["step", "step"]
+    assert got[11][0]["variants"] == keep and got[11][0]["interleave"]
+    # the plan itself untouched; a group left empty is dropped
+    assert len(plan[1][1][0]["variants"]) == 4
+    assert bt._keep_ab_variants([plan[1]], ["hf_sdpa", "hf_eager"]) == []
+    # the smaller A/B is estimated shorter
+    assert bt._estimate_s(got[1], False, "layers", 12, 4) < bt._estimate_s(
+        plan[1][1], False, "layers", 12, 4)
+
+
+def test_ab_variants_names_a_bad_argument(tmp_path, capsys):
+    for bad, why in (("hf_sdpa_compile,patched_compil", "no variant patched_compil"),
+                     ("patched_compile", "two variants at least")):
+        with pytest.raises(SystemExit) as e:
+            bt.main(["--only", "1", "--ab-variants", bad, "--device", "cpu",
+                     "--json", str(tmp_path / "t.json")])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--ab-variants '{bad}'" in err and why in err, err
+    assert not (tmp_path / "t.json").exists()
