@@ -246,9 +246,9 @@ ot_status ote_dev_fused_gemv(const ote_device *d, const ote_fused_gemv_args *a, 
 typedef int (*ote_gemv_launcher)(const ote_fused_gemv_args *, int, int, void *, int *);
 #endif
 
-/* The engine's optional one-row kernels (staged o_proj, rowblock down_proj): 16-bit CUDA
- * only; *done = 0 (and OT_OK) where the kernel declines, so the caller runs the library's
- * linear instead. */
+/* The engine's optional one-row kernels (staged o_proj; rowblock down_proj, qkv, gate_up):
+ * 16-bit CUDA only; *done = 0 (and OT_OK) where the kernel declines, so the caller runs the
+ * library's linear (or the fused kernel) instead. */
 static ot_status optional_gemv(const ote_device *d, const ote_fused_gemv_args *a, DLDataType dt,
                                int *done, int which) {
   *done = 0;

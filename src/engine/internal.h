@@ -79,7 +79,8 @@ ot_status ote_dev_staged_gemv(const ote_device *d, const struct ote_fused_gemv_a
                               DLDataType dt, int *done);
 /* CUDA, bf16 / fp16: y = x W^T (+ b) + res for one row x of a long K by the kernel that
  * splits K over a whole CTA (fused_kernels.cu's rowblock kernel: down_proj with the residual
- * add); *done 0 when the shape does not fit it (nothing launched). */
+ * add), or with a->rope / a->glu_out the norm-fed qkv / gate_up on the same scheme
+ * (rowblock_norm_kernel); *done 0 when the shape does not fit it (nothing launched). */
 ot_status ote_dev_rowblock_gemv(const ote_device *d, const struct ote_fused_gemv_args *a,
                                 DLDataType dt, int *done);
 /* CUDA: weights.c's random values computed on the device (a = std * sqrt(3); a == 0 fills
