@@ -381,6 +381,20 @@ typedef struct batch {
   int kv_ready;
 } batch;
 
+/* The fused decode's settings (fused_body), read once a forward, not a call: a decode graph
+ * keeps what its capture read. 0 / 1 / 2: off / where the shape fits / must run (a shape
+ * that does not fit is an error, the tests' proof that the kernel ran). */
+typedef struct fused_opts {
+  int waves;      /* OTE_FUSED_WAVES: the fused kernel's blocks, at most that many waves */
+  int blocks;     /* OTE_FUSED_BLOCKS: at most that many blocks (CTAs) of each kernel, 0 no cap */
+  int oproj_must; /* OTE_FUSED_OPROJ=2: the staged o_proj (attention_block) */
+  int qkv;        /* OTE_FUSED_QKV: qkv on the rowblock kernel (fused_norm_linear) */
+  int gateup;     /* OTE_FUSED_GATEUP: gate_up on the rowblock kernel (fused_norm_linear) */
+  int rb_depth;   /* OTE_FUSED_RB_DEPTH: their rows in flight a thread, 4 (else 8) */
+  int down_depth; /* OTE_FUSED_DOWN_DEPTH: the rowblock down_proj's, 2 (else 4) */
+  int down_must;  /* OTE_FUSED_DOWN=2 (FUSE_DOWN: on with 1 or 2) */
+} fused_opts;
+
 /* A non-negative integer from the environment, or def when unset / not a number. */
 static long long env_ll(const char *name, long long def) {
   const char *v = getenv(name);
@@ -470,10 +484,12 @@ void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
 }
 
 /* appended: the decode step's RoPE and KV append were done by the fused qkv kernel;
- * staged (not NULL: fused_body's FUSE_OPROJ, its {waves, blocks, must, ...}): o_proj on the
- * staged kernel where its shape fits (must: else an error, a test's proof that it ran) */
+ * staged (not NULL: fused_body's FUSE_OPROJ): o_proj on the staged kernel, at most
+ * staged->blocks CTAs, where its shape fits (staged->oproj_must: else an error, a test's
+ * proof that it ran) */
 static ot_status attention_block(ote_engine *e, const batch *b, int l,
-                                 const ote_layer_weights *w, int appended, const int *staged) {
+                                 const ote_layer_weights *w, int appended,
+                                 const fused_opts *staged) {
   const ote_config *c = &e->cfg;
   size_t es = ote_dtype_size(e->opt.dtype);
   int64_t D = c->head_dim, Hq = c->heads, Hkv = c->kv_heads, cols = (Hq + 2 * Hkv) * D;
@@ -545,14 +561,14 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
     a.bias = w->o_bias;
     a.x = e->attn;
     a.y = e->delta;
-    a.max_blocks = staged[1];
+    a.max_blocks = staged->blocks;
     int done = 0;
     ENG(ote_dev_staged_gemv(&e->dev, &a, e->opt.dtype, &done), "o_proj", l);
     if (done) {
       prof_mark(e, OTE_PROF_O);
       return OT_OK;
     }
-    if (staged[2])
+    if (staged->oproj_must)
       return ote_error(OT_ERR_UNSUPPORTED, "engine: layer %d: o_proj: OTE_FUSED_OPROJ=2 and its "
                        "shape does not fit the staged kernel", l);
   }
@@ -596,20 +612,23 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * staged kernel (its weight loaded into registers and shared memory before its PDL wait,
  * during the attention), where its shape fits. FUSE_DOWN (opt-in, OTE_FUSED_DOWN=1; only
  * with the SwiGLU in gate_up's epilogue: FUSE_NORM and FUSE_GLU, not FUSE_SWIGLU, else
- * ignored, even with =2): down_proj on the rowblock kernel (K split over a CTA, no split-K
+ * ignored; =2 then an error, fused_settings_check): down_proj on the rowblock kernel (K split over a CTA, no split-K
  * reduce kernel) with the residual add folded in, where its shape fits. The kernels hold
  * their input row in shared memory, up to 96 KB of it: hidden float32 values for the
  * norm's (every fusion needs those), ffn 16-bit values for down_proj's (FUSE_SWIGLU,
  * dropped when the ffn is too wide). */
+static int swiglu_taken(const ote_config *c) { /* OTE_FUSED_SWIGLU=1, not too wide an ffn */
+  return env_ll("OTE_FUSED_SWIGLU", 0) && (size_t)c->ffn * 2 <= (96u << 10);
+}
+
 static int fuse_mode(const ote_engine *e, const batch *b) {
   const ote_config *c = &e->cfg;
   if (e->dev.dev.device_type == kDLCPU || b->prefill || b->T != 1 || e->off.on ||
       ote_dtype_size(e->opt.dtype) != 2 || c->hidden % 8 || c->ffn % 8 || !e->argmax_state ||
       (size_t)c->hidden * 4 > (96u << 10))
     return 0;
-  const int wide_ffn = (size_t)c->ffn * 2 > (96u << 10);
   int m = (env_ll("OTE_FUSED_NORM", 1) ? FUSE_NORM : 0) |
-          (env_ll("OTE_FUSED_SWIGLU", 0) && !wide_ffn ? FUSE_SWIGLU : 0) |
+          (swiglu_taken(c) ? FUSE_SWIGLU : 0) |
           (env_ll("OTE_FUSED_GLU", 1) ? FUSE_GLU : 0) |
           (env_ll("OTE_FUSED_ROPE", 1) && c->head_dim % 2 == 0 ? FUSE_ROPE : 0) |
           (env_ll("OTE_FUSED_PAIR", 1) ? FUSE_PAIR : 0) |
@@ -628,6 +647,36 @@ static int fuse_mode(const ote_engine *e, const batch *b) {
   return ok ? m : 0;
 }
 
+/* A rowblock kernel that must run (OTE_FUSED_QKV / _GATEUP / _DOWN = 2) while another
+ * switch turns off the fused form it is part of -- the rowblock qkv is the fused norm + qkv
+ * + RoPE + KV append's (OTE_FUSED_NORM, OTE_FUSED_ROPE), the rowblock gate_up and down_proj
+ * go with gate_up's SwiGLU epilogue (OTE_FUSED_NORM, OTE_FUSED_GLU, and OTE_FUSED_SWIGLU=1
+ * where fuse_mode takes it): an error naming both, on every device (the settings contradict
+ * each other whatever runs), before a decode call changes anything. Read every call (a
+ * graph replay reads no other setting); none at 2, the common case, is three getenv calls. */
+static ot_status fused_settings_check(const ote_engine *e, const char *what) {
+  static const char *const var[3] = {"OTE_FUSED_QKV", "OTE_FUSED_GATEUP", "OTE_FUSED_DOWN"};
+  static const char *const kernel[3] = {"qkv", "gate_up", "down_proj"};
+  for (int i = 0; i < 3; i++) {
+    if (env_ll(var[i], 0) != 2) continue;
+    const char *off = NULL, *form = NULL;
+    if (!env_ll("OTE_FUSED_NORM", 1)) {
+      off = "OTE_FUSED_NORM=0", form = "the fused norm-fed projections";
+    } else if (i == 0 && !env_ll("OTE_FUSED_ROPE", 1)) {
+      off = "OTE_FUSED_ROPE=0", form = "the fused qkv + RoPE + KV append";
+    } else if (i > 0 && !env_ll("OTE_FUSED_GLU", 1)) {
+      off = "OTE_FUSED_GLU=0", form = "gate_up's SwiGLU epilogue";
+    } else if (i > 0 && swiglu_taken(&e->cfg)) {
+      off = "OTE_FUSED_SWIGLU=1", form = "gate_up's SwiGLU epilogue";
+    }
+    if (off)
+      return ote_error(OT_ERR_INVALID_ARGUMENT,
+                       "%s: %s=2 says the rowblock %s must run, but %s turns off %s, which it "
+                       "is part of: unset one of them", what, var[i], kernel[i], off, form);
+  }
+  return OT_OK;
+}
+
 /* y [1, N] = rmsnorm(delta + res) W^T (+ b) in one kernel (delta NULL: rmsnorm(res)); h =
  * delta + res to res_out when not NULL; argmax_out: y's argmax too; rope_layer >= 0: y is
  * that layer's qkv, with RoPE and the KV append done in the kernel; glu_out: y is gate_up,
@@ -635,8 +684,8 @@ static int fuse_mode(const ote_engine *e, const batch *b) {
 static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void *res,
                                    void *res_out, const void *gamma, const void *w,
                                    const void *bias, int64_t N, void *y, int32_t *argmax_out,
-                                   void *glu_out, int rope_layer, int pair, const int *waves,
-                                   int layer, const char *what) {
+                                   void *glu_out, int rope_layer, int pair,
+                                   const fused_opts *fo, int layer, const char *what) {
   ote_fused_gemv_args a;
   memset(&a, 0, sizeof a);
   a.w = w;
@@ -650,8 +699,8 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
   a.res_out = res_out;
   a.eps = e->cfg.rms_eps;
   a.pair_rows = pair;
-  a.max_waves = waves[0];
-  a.max_blocks = waves[1];
+  a.max_waves = fo->waves;
+  a.max_blocks = fo->blocks;
   a.glu_out = glu_out;
   if (argmax_out) {
     a.argmax_out = argmax_out;
@@ -682,10 +731,10 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
   }
   /* qkv (rope) or gate_up (glu_out) on the rowblock kernel (fused_kernels.cu) where asked
    * (OTE_FUSED_QKV / OTE_FUSED_GATEUP: 1 where it fits, 2 must run) */
-  const int rb = rope_layer >= 0 ? waves[3] : glu_out ? waves[5] : 0;
+  const int rb = rope_layer >= 0 ? fo->qkv : glu_out ? fo->gateup : 0;
   if (rb) {
     int done = 0;
-    a.depth = waves[4];
+    a.depth = fo->rb_depth;
     ENG(ote_dev_rowblock_gemv(&e->dev, &a, e->opt.dtype, &done), what, layer);
     if (done) return OT_OK;
     if (rb == 2)
@@ -727,28 +776,25 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
   void *res = e->x_res, *res2 = e->last_res;
   const int pair = (fuse & FUSE_PAIR) != 0;
-  /* once a forward, not a call: the blocks' caps (waves, blocks), whether the staged o_proj
-   * must run (attention_block); the rowblock qkv (OTE_FUSED_QKV: 0 off, 1 where it fits, 2
-   * must run), the rows in flight a thread of it and of the rowblock gate_up
-   * (OTE_FUSED_RB_DEPTH 4, else 8), the rowblock gate_up (OTE_FUSED_GATEUP, as
-   * OTE_FUSED_QKV) (fused_norm_linear) */
-  const int waves[6] = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
-                        env_ll("OTE_FUSED_OPROJ", 1) == 2, (int)env_ll("OTE_FUSED_QKV", 0),
-                        (int)env_ll("OTE_FUSED_RB_DEPTH", 8), (int)env_ll("OTE_FUSED_GATEUP", 0)};
+  const fused_opts fo = {(int)env_ll("OTE_FUSED_WAVES", 2),
+                         (int)env_ll("OTE_FUSED_BLOCKS", 0),
+                         env_ll("OTE_FUSED_OPROJ", 1) == 2,
+                         (int)env_ll("OTE_FUSED_QKV", 0),
+                         (int)env_ll("OTE_FUSED_GATEUP", 0),
+                         (int)env_ll("OTE_FUSED_RB_DEPTH", 8),
+                         (int)env_ll("OTE_FUSED_DOWN_DEPTH", 4),
+                         env_ll("OTE_FUSED_DOWN", 0) == 2};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
-  /* the rowblock down_proj (reads the SwiGLU row of gate_up's epilogue): rows in flight a
-   * thread (OTE_FUSED_DOWN_DEPTH 2 or 4), whether it must run (OTE_FUSED_DOWN=2) */
+  /* the rowblock down_proj (reads the SwiGLU row of gate_up's epilogue) */
   const int down = glu && (fuse & FUSE_DOWN);
-  const int down_depth = (int)env_ll("OTE_FUSED_DOWN_DEPTH", 4),
-            down_must = env_ll("OTE_FUSED_DOWN", 0) == 2;
   int pending = 0;
   for (int l = 0; l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
     if (fuse & FUSE_NORM) {
       OTE_TRY(fused_norm_linear(e, pending ? e->delta : NULL, res, pending ? res2 : NULL,
                                 w->attn_norm, w->qkv, w->qkv_bias, cols, e->qkv, NULL, NULL,
-                                (fuse & FUSE_ROPE) ? l : -1, pair, waves, l,
+                                (fuse & FUSE_ROPE) ? l : -1, pair, &fo, l,
                                 "input_layernorm + qkv_proj"));
       if (pending) {
         void *t = res;
@@ -763,10 +809,10 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
     }
     prof_mark(e, OTE_PROF_QKV);
     OTE_TRY(attention_block(e, b, l, w, (fuse & FUSE_NORM) && (fuse & FUSE_ROPE),
-                            (fuse & FUSE_OPROJ) ? waves : NULL));
+                            (fuse & FUSE_OPROJ) ? &fo : NULL));
     if (fuse & FUSE_NORM) {
       OTE_TRY(fused_norm_linear(e, e->delta, res, res2, w->mlp_norm, w->gate_up, NULL, 2 * F,
-                                e->gate_up, NULL, glu ? e->mlp : NULL, -1, pair, waves, l,
+                                e->gate_up, NULL, glu ? e->mlp : NULL, -1, pair, &fo, l,
                                 glu ? "post_attention_layernorm + gate_up_proj + swiglu"
                                     : "post_attention_layernorm + gate_up_proj"));
       void *t = res;
@@ -789,12 +835,13 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
       a.y = e->delta;
       a.gate_up = e->gate_up;
       a.pair_rows = pair;
-      a.max_waves = waves[0];
-      a.max_blocks = waves[1];
+      a.max_waves = fo.waves;
+      a.max_blocks = fo.blocks;
       ENG(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 1), "swiglu + down_proj", l);
     } else if (glu) {
       int done = 0;
-      if (down) OTE_TRY(rowblock_down(e, w, res, down_depth, waves[1], down_must, l, &done));
+      if (down)
+        OTE_TRY(rowblock_down(e, w, res, fo.down_depth, fo.blocks, fo.down_must, l, &done));
       if (!done)
         OTE_TRY(linear(e, e->mlp, b->T, F, w->down, NULL, c->hidden, e->delta, l, "down_proj"));
       pending = !done;
@@ -806,7 +853,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   if (fuse & FUSE_NORM) {
     OTE_TRY(fused_norm_linear(e, pending ? e->delta : NULL, res, NULL, e->w.final_norm,
                               e->w.lm_head, NULL, c->vocab, e->logits,
-                              argmax ? e->argmax_dev : NULL, NULL, -1, pair, waves, c->layers,
+                              argmax ? e->argmax_dev : NULL, NULL, -1, pair, &fo, c->layers,
                               "final norm + lm_head"));
     prof_mark(e, OTE_PROF_HEAD);
   } else {
@@ -1063,6 +1110,7 @@ static ot_status decode(ote_engine *e, int n, const int *seq, const int32_t *tok
   if (!e || !seq || !tokens || (!logits && !next))
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_decode: NULL argument");
   OTE_TRY(check_batch(e, n, seq, tokens, n, "ote_decode"));
+  OTE_TRY(fused_settings_check(e, "ote_decode"));
   for (int i = 0; i < n; i++) {
     int len = e->kv.len[seq[i]];
     if (len == 0)

@@ -323,19 +323,28 @@ def _fused_runner(tmp_path, case, dtype):
     model = fused_model(**FUSED_CASES[case])
     model = model.to(torch.bfloat16) if dtype == "bf16" else model.half()
     model.save_pretrained(tmp_path / "m", safe_serialization=True)
-    V = model.config.vocab_size
+    return _cuda_runner(("--model", str(tmp_path / "m")), model.config.vocab_size, dtype)
+
+
+def _cuda_runner(source, V, dtype):
+    """run(env_over, *extra, dump, check) of _fused_runner for the model of ot-run's
+    arguments source (--model DIR, or --config NAME --random-weights) of vocabulary V;
+    check=False: the failed run's CompletedProcess instead of an assertion"""
     prompt = [PROMPTS[1]]
     args = ("--device", "cuda")
 
-    def run(env_over, *extra, dump=None):
+    def run(env_over, *extra, dump=None, check=True):
         env = {k: v for k, v in ENV.items() if not k.startswith("OTE_FUSED_")}
         env.update(env_over)
-        cmd = [OT_RUN, "--model", str(tmp_path / "m"), "--dtype", dtype, "--ignore-eos",
+        cmd = [OT_RUN, *source, "--dtype", dtype, "--ignore-eos",
                "--max-new-tokens", str(NEW_TOKENS), "--prompt-ids", ",".join(map(str, prompt[0])),
                *args, *extra]
         if dump:
             cmd += ["--dump-logits", str(dump)]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode >= 0, f"{env_over} {extra}: ot-run crashed: {r.stderr}"
+        if not check and r.returncode != 0:
+            return r
         assert r.returncode == 0, f"{env_over} {extra}: {r.stderr}"
         toks = parse_tokens(r.stdout)
         assert len(toks) == 1 and len(toks[0]) == NEW_TOKENS
@@ -455,6 +464,45 @@ def test_cuda_fused_norm_rowblock(tmp_path, case, dtype):
         assert run(base_env, "--no-cuda-graph")[0] == base_tok
 
 
+# Shapes each rowblock kernel declines (fused_kernels.cu rowblock_norm_grid / rowblock_grid):
+# qkv below head_dim 32 (test-gqa: 16); qkv and gate_up above K 4096 (hidden 4160: 2 heads
+# of 64); down_proj above K 16384 (ffn 16400). (source, the variables whose kernel declines)
+ROWBLOCK_DECLINES = {
+    "test-gqa-d16": (None, ("OTE_FUSED_QKV",)),
+    "hidden-4160": (dict(hidden_size=4160, num_attention_heads=2, kv_heads=1, head_dim=64,
+                         intermediate_size=64, num_hidden_layers=1),
+                    ("OTE_FUSED_QKV", "OTE_FUSED_GATEUP")),
+    "ffn-16400": (dict(intermediate_size=16400, num_hidden_layers=1), ("OTE_FUSED_DOWN",)),
+}
+
+
+@pytest.mark.parametrize("case", list(ROWBLOCK_DECLINES))
+def test_cuda_rowblock_declined_shapes(tmp_path, case):
+    """Where a rowblock kernel declines the shape, =1 falls back -- the fused kernel for
+    qkv / gate_up, the library's linear for down_proj: the default engine's logits and
+    tokens bit for bit, on a path that is fused (not the unfused engine's logits) -- and =2
+    fails with an error naming the variable (no crash, no logits)."""
+    _need_cuda_ot_run()
+    shape, variables = ROWBLOCK_DECLINES[case]
+    if shape is None:
+        run = _cuda_runner(("--config", "test-gqa", "--random-weights", "--seed", "3"), 256,
+                           "bf16")
+    else:
+        model = make_model(**shape).to(torch.bfloat16)
+        model.save_pretrained(tmp_path / "m", safe_serialization=True)
+        run = _cuda_runner(("--model", str(tmp_path / "m")), model.config.vocab_size, "bf16")
+    base_tok, base = run({}, dump=tmp_path / "b.bin")
+    unf_tok, unf = run(UNFUSED, dump=tmp_path / "u.bin")
+    assert not np.array_equal(base, unf), "default logits == unfused bit for bit: fusion off?"
+    _assert_near_unfused(base_tok, base, unf_tok, unf, "bf16")
+    for var in variables:
+        _assert_bit_equal(run, tmp_path, base_tok, base, ({var: "1"},))
+        r = run({var: "2"}, check=False)
+        assert isinstance(r, subprocess.CompletedProcess) and r.returncode == 1, \
+            f"{var}=2 on a shape its kernel declines did not fail"
+        assert f"{var}=2 and its shape does not fit the rowblock kernel" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("form", list(FUSED_FORMS))
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("case", list(FUSED_CASES))
@@ -489,6 +537,66 @@ def test_cuda_fused_decode_logits_teacher_forced(tmp_path, case, dtype, form, mo
     atol, rtol = (0.1, 0.05) if dtype == "bf16" else (0.03, 0.02)
     torch.testing.assert_close(torch.from_numpy(fused), torch.from_numpy(unf), atol=atol,
                                rtol=rtol)
+
+
+# A rowblock kernel that must run (=2) behind a switch that turns off the fused form it is
+# part of (engine.c fused_settings_check): the rowblock qkv is the fused qkv + RoPE + KV
+# append's, the rowblock gate_up and down_proj go with gate_up's SwiGLU epilogue
+FUSED_CONFLICTS = [
+    ("OTE_FUSED_QKV", "OTE_FUSED_ROPE=0"), ("OTE_FUSED_QKV", "OTE_FUSED_NORM=0"),
+    ("OTE_FUSED_GATEUP", "OTE_FUSED_GLU=0"), ("OTE_FUSED_GATEUP", "OTE_FUSED_SWIGLU=1"),
+    ("OTE_FUSED_GATEUP", "OTE_FUSED_NORM=0"), ("OTE_FUSED_DOWN", "OTE_FUSED_GLU=0"),
+    ("OTE_FUSED_DOWN", "OTE_FUSED_SWIGLU=1"), ("OTE_FUSED_DOWN", "OTE_FUSED_NORM=0"),
+]
+
+
+@pytest.mark.parametrize("must,off", FUSED_CONFLICTS,
+                         ids=[f"{m[10:].lower()}-{o[10:].lower()}" for m, o in FUSED_CONFLICTS])
+def test_fused_must_run_conflicts(must, off, monkeypatch):
+    """=2 (must run) with a switch that takes its fused form away is an error naming both
+    variables, on every device (a host check, before the decode call changes anything):
+    the sequence keeps its length, and once the conflict is gone the same decode gives the
+    tokens of an engine that never saw it; ot-run exits 1 with the message. (A contradiction
+    a kernel alone would see -- e.g. on the CPU, which never runs one -- is not needed.)"""
+    eng_mod = _engine_module()
+    for k in [k for k in os.environ if k.startswith("OTE_FUSED_")]:
+        monkeypatch.delenv(k)
+    prompt, steps = [1, 2, 3], 4
+
+    def greedy(eng):
+        toks = [eng.prefill([prompt], greedy=True)[0]]
+        for _ in range(steps):
+            toks.append(eng.decode(toks[-1:], greedy=True)[0])
+        return toks
+
+    with eng_mod.Engine.random("test-gqa", seed=4, threads=1) as ref:
+        want = greedy(ref)
+    with eng_mod.Engine.random("test-gqa", seed=4, threads=1) as eng:
+        toks = [eng.prefill([prompt], greedy=True)[0]]
+        toks.append(eng.decode(toks[-1:], greedy=True)[0])
+        monkeypatch.setenv(must, "2")
+        monkeypatch.setenv(*off.split("="))
+        with pytest.raises(eng_mod.EngineError) as ei:
+            eng.decode(toks[-1:], greedy=True)
+        msg = str(ei.value)
+        assert f"{must}=2" in msg and off in msg and "unset one of them" in msg, msg
+        assert eng.seq_len(0) == len(prompt) + 1, "the failed decode changed the sequence"
+        monkeypatch.delenv(must)
+        while len(toks) <= steps:
+            toks.append(eng.decode(toks[-1:], greedy=True)[0])
+    assert toks == want
+    env = {k: v for k, v in ENV.items() if not k.startswith("OTE_FUSED_")}
+    env.update({must: "2", off.split("=")[0]: off.split("=")[1]})
+    r = subprocess.run([OT_RUN, "--config", "test-gqa", "--random-weights", "--seed", "4",
+                        "--prompt-ids", "1,2,3", "--max-new-tokens", "3", "--threads", "1"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1 and f"{must}=2" in r.stderr and off in r.stderr, r.stderr
+    # =1 (where it fits) with the same switch is no contradiction: it runs
+    env[must] = "1"
+    r = subprocess.run([OT_RUN, "--config", "test-gqa", "--random-weights", "--seed", "4",
+                        "--prompt-ids", "1,2,3", "--max-new-tokens", "3", "--threads", "1"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
 
 
 # ---- broken model directories: a clear message, never a crash -------------------------
