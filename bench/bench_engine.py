@@ -405,6 +405,14 @@ DECODE_VARIANTS = {
     "repeat": {},  # the default again, last: the run's drift
 }
 AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]
+# --prefill-variants: the one-prompt prefill (TTFT) under these settings, alternated with the
+# default (ttft_ab), and its timeline (timelines) -- the prefill's own opt-ins
+PREFILL_VARIANTS = {
+    # final norm + lm_head + argmax on the decode's fused kernel (no copies, no separate
+    # norm / argmax kernels: ~45 us of the tail in the timeline of fa0fbb6, docs/ENGINE.md)
+    "fused_head": {"OTE_PREFILL_FUSED_HEAD": "1"},
+}
+PREFILL_AB = []  # --prefill-variants
 
 MARKS = []
 TTFT_DIAG = True  # --no-ttft-diag: skip ttft_diagnostics
@@ -598,6 +606,10 @@ def timelines(eng, s, prompt, rbw, gemm):
     start()
     one("decode_b1", dec, 1)
     one("prefill", lambda: eng.prefill([prompt], greedy=True), len(prompt))
+    for v in PREFILL_AB:  # --prefill-variants: the prefill under a variant's env
+        with env_set(PREFILL_VARIANTS[v]):
+            eng.prefill([prompt], greedy=True)  # (a first call: its lazy setup untimed)
+            one(f"prefill_{v}", lambda: eng.prefill([prompt], greedy=True), len(prompt))
     for v in TIMELINE_VARIANTS:  # --timeline-variants: the decode step under a variant's env
         with env_set(DECODE_VARIANTS[v]):
             start()  # (the graph is captured under the variant's env)
@@ -641,24 +653,30 @@ def timeline_of(ks, name, s, L, tokens, rbw, gemm):
     return t
 
 
-def ttft_autotune(eng, prompt, n=5):
-    """TTFT with OT_GEMM_AUTOTUNE (its GEMMs tuned by the first call) against the default,
-    alternating the two so the GPU's clock drift (power cap) falls on both alike."""
-    with env_set(AUTOTUNE_ENV):
-        eng.prefill([prompt], greedy=True)  # tunes the prefill's GEMMs
+def ttft_ab(eng, prompt, env, name, n=5):
+    """TTFT under env against the default, alternating the two so the GPU's clock drift
+    (power cap) falls on both alike (env's first call untimed: OT_GEMM_AUTOTUNE tunes the
+    prefill's GEMMs there)."""
+    with env_set(env):
+        eng.prefill([prompt], greedy=True)
     a, b, ga, gb = [], [], [], []
     for _ in range(n):
         a.append(wall(lambda: eng.prefill([prompt], greedy=True)))
         ga.append(eng.last_timing()["gpu"])
-        with env_set(AUTOTUNE_ENV):
+        with env_set(env):
             b.append(wall(lambda: eng.prefill([prompt], greedy=True)))
             gb.append(eng.last_timing()["gpu"])
     r = {"ttft_ms_default": round(statistics.median(a), 3),
-         "ttft_ms_autotune": round(statistics.median(b), 3),
+         f"ttft_ms_{name}": round(statistics.median(b), 3),
          "gpu_ms_default": round(statistics.median(ga), 3),
-         "gpu_ms_autotune": round(statistics.median(gb), 3)}
-    print(f"TTFT default / OT_GEMM_AUTOTUNE, alternating: {r}", flush=True)
+         f"gpu_ms_{name}": round(statistics.median(gb), 3)}
+    print(f"TTFT default / {name} ({env}), alternating: {r}", flush=True)
     return r
+
+
+def ttft_autotune(eng, prompt, n=5):
+    """TTFT with OT_GEMM_AUTOTUNE (its GEMMs tuned by the first call) against the default"""
+    return ttft_ab(eng, prompt, AUTOTUNE_ENV, "autotune", n)
 
 
 def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
@@ -676,6 +694,9 @@ def engine_times(eng, s, prompt_len, batches, steps, warm, variants=()):
     if DEV == "cuda":
         out["ttft_autotune"] = ttft_autotune(eng, prompt)
         mark("ttft autotune done")
+        for v in PREFILL_AB:  # --prefill-variants
+            out[f"ttft_ab_{v}"] = ttft_ab(eng, prompt, PREFILL_VARIANTS[v], v)
+            mark(f"ttft {v} done")
     if DEV == "cuda" and TTFT_DIAG:
         out["ttft_ms_after_idle"] = ttft_after_idle(lambda: eng.prefill([prompt], greedy=True))
         out["ttft_diag"] = ttft_diagnostics(eng, prompt)
@@ -833,6 +854,9 @@ def save_rows(doc, s, name, P, args, ours, hf, mem, gemm, rbw):
            "profile_ms_per_forward": ours.get("profile"),
            "ttft_autotune": ours.get("ttft_autotune"),
            "timeline": (ours.get("timeline") or {}).get("prefill")}
+    for v in PREFILL_AB:  # --prefill-variants
+        row[f"ttft_ab_{v}"] = ours.get(f"ttft_ab_{v}")
+        row[f"timeline_{v}"] = (ours.get("timeline") or {}).get(f"prefill_{v}")
     doc["rows"].append(row)
     for B in args.batches:
         ms = ours[f"decode_ms_b{B}"]
@@ -960,6 +984,9 @@ def main():
     ap.add_argument("--timeline-variants", default="",
                     help="comma-separated names of DECODE_VARIANTS: the batch-1 decode "
                          "step's timeline again under each")
+    ap.add_argument("--prefill-variants", default="",
+                    help="comma-separated names of PREFILL_VARIANTS: the one-prompt prefill's "
+                         "TTFT alternated with the default's, and its timeline, under each")
     ap.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS),
                     help="comma-separated names of DECODE_VARIANTS: batch-1 decode again with "
                          "the linears chosen otherwise ('' for none)")
@@ -974,12 +1001,16 @@ def main():
     unknown = [v for v in args.timeline_variants.split(",") if v and v not in DECODE_VARIANTS]
     if unknown:
         ap.error(f"--timeline-variants: unknown {unknown}; known: {','.join(DECODE_VARIANTS)}")
+    unknown = [v for v in args.prefill_variants.split(",") if v and v not in PREFILL_VARIANTS]
+    if unknown:
+        ap.error(f"--prefill-variants: unknown {unknown}; known: {','.join(PREFILL_VARIANTS)}")
     unknown = [v for v in args.decode_variants.split(",") if v and v not in DECODE_VARIANTS]
     if unknown:  # before minutes of model building, not after
         ap.error(f"--decode-variants: unknown {unknown}; known: {','.join(DECODE_VARIANTS)}")
     global DEV, TTFT_DIAG, TIMELINE
     DEV = args.device
     TIMELINE_VARIANTS[:] = [v for v in args.timeline_variants.split(",") if v]
+    PREFILL_AB[:] = [v for v in args.prefill_variants.split(",") if v]
     TTFT_DIAG = not args.no_ttft_diag
     TIMELINE = not args.no_timeline
     torch.manual_seed(0)

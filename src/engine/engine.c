@@ -872,6 +872,18 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
   return OT_OK;
 }
 
+/* OTE_PREFILL_FUSED_HEAD=1 (opt-in, CUDA): a one-prompt prefill's final norm + lm_head (and
+ * greedy argmax) on the decode's fused kernel (fused_norm_linear), where it fits: 16-bit,
+ * resident weights, the shapes fuse_mode takes, 16-byte aligned rows. Its numerics are the
+ * fused decode's (the normalized row not rounded to the dtype before the product). */
+static int prefill_fused_head(const ote_engine *e, const void *delta, const void *res) {
+  const ote_config *c = &e->cfg;
+  return env_ll("OTE_PREFILL_FUSED_HEAD", 0) == 1 && e->dev.dev.device_type != kDLCPU &&
+         !e->off.on && ote_dtype_size(e->opt.dtype) == 2 && c->hidden % 8 == 0 &&
+         (size_t)c->hidden * 4 <= (96u << 10) && e->argmax_state && aligned16(delta) &&
+         aligned16(res) && aligned16(e->w.final_norm) && aligned16(e->w.lm_head);
+}
+
 /* Embedding lookup (ids already in tokens_dev) through the logits [n, V] in e->logits
  * (and, when argmax, the ids in argmax_dev): every op on the engine's stream, no host
  * synchronization -- the body of a decode graph. */
@@ -921,7 +933,29 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
   }
   /* the last token of each sequence: final norm and lm_head (decode: every row is one) */
   void *last_delta = e->delta, *last_res = e->x_res;
-  if (b->prefill) {
+  if (b->prefill && b->n == 1) {
+    /* one prompt: its last row where it is, no copies (the final norm's residual sum goes
+     * to that row of x_res, which nothing reads again: a decode step starts from the
+     * embedding); OTE_PREFILL_FUSED_HEAD=1: the decode's fused final norm + lm_head (+
+     * argmax) kernel on it instead of the norm, the linear and the argmax */
+    const size_t r = (size_t)(b->T - 1);
+    last_delta = (char *)e->delta + r * H * es;
+    last_res = (char *)e->x_res + r * H * es;
+    if (prefill_fused_head(e, last_delta, last_res)) {
+      const fused_opts fo = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
+                             0, 0, 0, 8, 4, 0};
+      OTE_TRY(fused_norm_linear(e, last_delta, last_res, NULL, e->w.final_norm, e->w.lm_head,
+                                NULL, c->vocab, e->logits, argmax ? e->argmax_dev : NULL, NULL,
+                                -1, env_ll("OTE_FUSED_PAIR", 1) != 0, &fo, c->layers,
+                                "final norm + lm_head (prefill)"));
+      prof_mark(e, OTE_PROF_HEAD);
+      if (argmax) {
+        OTE_TRY(ote_dev_download_async(&e->dev, e->next_h, e->argmax_dev, 4));
+        prof_mark(e, OTE_PROF_OTHER);
+      }
+      return OT_OK;
+    }
+  } else if (b->prefill) {
     for (int i = 0; i < b->n; i++) {
       size_t r = (size_t)(b->cu[i + 1] - 1);
       OTE_TRY(ote_dev_copy_2d(&e->dev, (char *)e->last_delta + i * H * es, H * es,

@@ -503,6 +503,38 @@ def test_cuda_rowblock_declined_shapes(tmp_path, case):
         assert f"{var}=2 and its shape does not fit the rowblock kernel" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_cuda_prefill_fused_head(tmp_path, case, dtype, monkeypatch):
+    """OTE_PREFILL_FUSED_HEAD=1: a one-prompt prefill's final norm + lm_head (+ the greedy
+    argmax) on the decode's fused kernel -- logits near the default prefill's but not equal
+    bit for bit (it ran: its normalized row is not rounded to the dtype), its device argmax
+    the host argmax of its logits; a prefill of two prompts keeps the default path (its
+    logits bit for bit)."""
+    _need_cuda_ot_run()
+    eng_mod = _engine_module()
+    model = fused_model(**FUSED_CASES[case])
+    model = model.to(torch.bfloat16) if dtype == "bf16" else model.half()
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    for k in [k for k in os.environ if k.startswith(("OTE_FUSED_", "OTE_PREFILL_"))]:
+        monkeypatch.delenv(k)
+    with eng_mod.Engine.from_pretrained(tmp_path / "m", dtype=dtype, device="cuda",
+                                        max_seqs=2) as eng:
+        base = eng.prefill([PROMPTS[1]])[0]
+        base2 = eng.prefill([PROMPTS[1], PROMPTS[0]])
+        monkeypatch.setenv("OTE_PREFILL_FUSED_HEAD", "1")  # read at each forward
+        got = eng.prefill([PROMPTS[1]])[0]
+        ids = eng.prefill([PROMPTS[1]], greedy=True)
+        two = eng.prefill([PROMPTS[1], PROMPTS[0]])
+    assert np.isfinite(got).all()
+    assert not np.array_equal(got, base), "fused-head logits == default bit for bit: not run?"
+    atol, rtol = (0.1, 0.05) if dtype == "bf16" else (0.03, 0.02)
+    torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(base), atol=atol,
+                               rtol=rtol)
+    assert int(ids[0]) == int(np.argmax(got)), "fused argmax != host argmax of its logits"
+    assert np.array_equal(np.asarray(two), np.asarray(base2)), "two prompts: not the default"
+
+
 @pytest.mark.parametrize("form", list(FUSED_FORMS))
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("case", list(FUSED_CASES))
