@@ -26,8 +26,10 @@
 # ENGINE_MEMCHECK_DECODE=0: no compute-sanitizer memcheck of ot-run's batch-1 decode (the
 # engine's fused kernels, default grid and 3 blocks, the staged o_proj with 12 CTAs, and
 # the opt-in rowblock down_proj and rowblock qkv + gate_up, default grid and 3 CTAs, plus a
-# racecheck of each with 3 CTAs; all at once in the background, beside step 2b's pytests, each
-# cut at ENGINE_SAN_TIMEOUT s, default 150); ENGINE_PYTESTS=0: no step 2b
+# racecheck of each with 3 CTAs, and the one-prompt prefill's fused final norm + lm_head
+# (OTE_PREFILL_FUSED_HEAD=1); all at once in the background, beside step 2b's pytests, each
+# cut at ENGINE_SAN_TIMEOUT s, default 150; ENGINE_SAN_FILTER: only the runs whose
+# description matches that extended regex, e.g. 'prefill'); ENGINE_PYTESTS=0: no step 2b
 # (ENGINE_PYTEST_FILTER, ENGINE_PYTEST_JOBS (6), ENGINE_PYTEST_TIMEOUT (180 s a process)). Environment: ENGINE_SHAPES (default llama3-8b,llama-13b), ENGINE_BENCH_ARGS (extra
 # arguments of bench_engine.py --bench, e.g. --hf-compile), ENGINE_SKIP_CHECK=1,
 # ENGINE_BENCH_FIRST=1 (steps 3 + 4 right after step 0, before ot-run's runs and the tests);
@@ -229,7 +231,8 @@ san() { # san LOG TOOL [VAR=VALUE ...] -- ot-run arguments: one sanitizer run ->
 SAN_LOGS=()
 SAN_WHAT=()
 SAN_PIDS=()
-san_bg() { # san_bg WHAT LOG TOOL ...: san in the background
+san_bg() { # san_bg WHAT LOG TOOL ...: san in the background (WHAT matching ENGINE_SAN_FILTER)
+  [ -n "${ENGINE_SAN_FILTER:-}" ] && ! grep -qE -- "$ENGINE_SAN_FILTER" <<<"$1" && return 0
   SAN_WHAT+=("$1")
   SAN_LOGS+=("$2")
   shift
@@ -264,6 +267,10 @@ if [ "${ENGINE_MEMCHECK_DECODE:-1}" = 1 ] && command -v compute-sanitizer >/dev/
   done
   san_bg "racecheck ot-run batch-1 decode (rowblock qkv + gate_up, 3 CTAs)" racecheck_decode_b1_rbnorm \
     racecheck OTE_FUSED_QKV=2 OTE_FUSED_GATEUP=2 OTE_FUSED_BLOCKS=3 -- --max-new-tokens 3
+  # the one-prompt prefill's final norm + lm_head + argmax on the fused kernel (its input
+  # rows: the prompt's last row of delta / x_res, not the copies), then 2 decode steps
+  san_bg "memcheck ot-run prefill (fused final norm + lm_head)" memcheck_prefill_fused_head \
+    memcheck OTE_PREFILL_FUSED_HEAD=1 -- --max-new-tokens 3
 fi
 stamp "ot-run done"
 
