@@ -612,11 +612,11 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * staged kernel (its weight loaded into registers and shared memory before its PDL wait,
  * during the attention), where its shape fits. FUSE_DOWN (opt-in, OTE_FUSED_DOWN=1; only
  * with the SwiGLU in gate_up's epilogue: FUSE_NORM and FUSE_GLU, not FUSE_SWIGLU, else
- * ignored; =2 then an error, fused_settings_check): down_proj on the rowblock kernel (K split over a CTA, no split-K
- * reduce kernel) with the residual add folded in, where its shape fits. The kernels hold
- * their input row in shared memory, up to 96 KB of it: hidden float32 values for the
- * norm's (every fusion needs those), ffn 16-bit values for down_proj's (FUSE_SWIGLU,
- * dropped when the ffn is too wide). */
+ * ignored; =2 then an error, fused_settings_check): down_proj on the rowblock kernel (K
+ * split over a CTA, no split-K reduce kernel) with the residual add folded in, where its
+ * shape fits. The kernels hold their input row in shared memory, up to 96 KB of it: hidden
+ * float32 values for the norm's (every fusion needs those), ffn 16-bit values for
+ * down_proj's (FUSE_SWIGLU, dropped when the ffn is too wide). */
 static int swiglu_taken(const ote_config *c) { /* OTE_FUSED_SWIGLU=1, not too wide an ffn */
   return env_ll("OTE_FUSED_SWIGLU", 0) && (size_t)c->ffn * 2 <= (96u << 10);
 }
