@@ -21,6 +21,7 @@ or the model directory has one and ``transformers`` is installed.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import glob
 import os
@@ -118,7 +119,13 @@ def config_names() -> list:
 
 
 def _i32(values):
-    return (ctypes.c_int32 * max(len(values), 1))(*values)
+    # through array.array: ~6x faster than ctypes' argument unpacking for a 2048-token
+    # prompt (~0.06 vs ~0.4 ms, host time before the prefill starts), and an id outside
+    # int32 raises OverflowError where the ctypes constructor would wrap it silently
+    a = array.array("i", values)
+    if not a:
+        return (ctypes.c_int32 * 1)()
+    return (ctypes.c_int32 * len(a)).from_buffer_copy(a)
 
 
 @dataclass
