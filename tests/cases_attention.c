@@ -384,6 +384,21 @@ static const acase cuda_sm90_diag_cases[] = {
     {"cuda hopper-only diag GRID 3 causal Sq700 Sk1000 D64 GQA2 B2 fwd", 2, 700, 1000, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
+/* Shapes for kFlLate (OT_ATTN_SM90_LATE=1: a persistent CTA's tile stores O and the lse under
+ * the next tile's first Q K^T). Like kFlSkip it is compiled only in experiment builds, and
+ * elsewhere these cases run the default kernel (more shapes for it). All under
+ * OT_ATTN_SM90_GRID=3, so that each CTA runs many tiles: O kept from one tile to the next, the
+ * last stored after the CTA's loop. Causal Sq 1300 / Sk 1100 (the query tile of rows 0..127
+ * of each head sees no key: stored at once, after the kept one), D64 (2 consumers, 11 query
+ * tiles: no kFlDiag) and D128 (the threshold); non-causal D64 S 1000 (3 consumers: 192-row
+ * tiles, the last one's rows past Sq, whose stores are predicated off). The "diag GRID 3"
+ * cases above cover kFlDiag with it. bf16 (the instances' dtype). */
+static const acase cuda_sm90_late_cases[] = {
+    {"cuda hopper-only late GRID 3 causal Sq1300 Sk1100 D64 GQA2 B2 fwd", 2, 1300, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only late GRID 3 causal Sq1300 Sk1100 D128 GQA2 fwd", 1, 1300, 1100, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only late GRID 3 S1000 D64 GQA2 fwd", 1, 1000, 1000, 4, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+};
+
 /* Shapes where some consumer warpgroup of the Hopper forward has first-visited key tiles in
  * which all of its rows are masked, or all of its rows past Sq: what kFlSkip
  * (OT_ATTN_SM90_SKIP=1) skips. The skip is compiled only in experiment builds
@@ -1127,6 +1142,12 @@ static void run_sm90_required(test_run *tr) {
     } else {
       run_case(tr, &cuda_sm90_diag_cases[i], DT_BF16);
     }
+  }
+  {
+    env_saved gr = env_set("OT_ATTN_SM90_GRID", "3");
+    for (size_t i = 0; i < sizeof cuda_sm90_late_cases / sizeof cuda_sm90_late_cases[0]; i++)
+      run_case(tr, &cuda_sm90_late_cases[i], DT_BF16);
+    env_restore(&gr);
   }
   env_saved tile = env_set("OT_ATTN_SM90_TILE", "wide");
   for (size_t i = 0; i < sizeof cuda_sm90_wide_cases / sizeof cuda_sm90_wide_cases[0]; i++)
