@@ -51,6 +51,8 @@ SKIP = {"OT_ATTN_SM90_SKIP": "1"}
 DIAG = {"OT_ATTN_SM90_DIAG": "1"}
 NODIAG = {"OT_ATTN_SM90_DIAG": "0"}
 XT = {"OT_ATTN_SM90_XT": "1"}
+LATE = {"OT_ATTN_SM90_LATE": "1"}
+PIN = {"OT_ATTN_SM90_PIN": "1"}
 WIDERESC = {**WIDE, **RESC}
 
 
@@ -118,6 +120,22 @@ def _variant_list(d, s, causal):
     # measured 0.98-1.01x: no longer compiled.)
     if d == 64 or (d == 128 and (causal or s <= 2048)):
         v.append(("xt", XT))
+    # kFlLate (prepared 2026-11-30 night, not measured): a persistent CTA's tile stores O and
+    # the lse under the next tile's first Q K^T instead of between its last P V's turn and
+    # the next prologue's; the same tiles as xt. D64 causal S <= 1024 runs kFlDiag by default:
+    # there also latenodiag (against nodiag)
+    if d == 64 or (d == 128 and (causal or s <= 2048)):
+        v.append(("late", LATE))
+    if causal and d == 64 and s <= 1024:
+        v.append(("latenodiag", {**LATE, **NODIAG}))
+    # kFlPin (prepared 2026-11-30 night, not measured): the pipelined step's softmax before its
+    # P V's wait (in every default kernel ptxas puts all of the step's exponentials after it);
+    # compiled only for D64 on the 2-consumer 128-key tile (with and without kFlDiag): D64
+    # causal up to 64 query tiles
+    if causal and d == 64 and s <= 8192:
+        v.append(("pin", PIN))
+    if causal and d == 64 and s <= 1024:
+        v.append(("pinnodiag", {**PIN, **NODIAG}))
     # D128 masked calls of > 64 query tiles (S 16k causal: one CTA per tile) on the 176-key
     # tile of the unmasked calls, without / with the rescale threshold
     if d == 128 and causal and s > 8192:
@@ -210,6 +228,10 @@ def checks(S):
         diag_checks(S, ck)
     if ONLY is None or "xt" in ONLY:
         xt_checks(S, ck)
+    if ONLY is None or "late" in ONLY:
+        late_checks(S, ck)
+    if ONLY is None or "pin" in ONLY:
+        pin_checks(S, ck)
     if ONLY is None or "wideresc" in ONLY:
         for sq, sk, hq, hkv, wl in ((1000, 1000, 4, 2, -1), (1300, 1100, 4, 1, -1),
                                     (700, 1000, 8, 2, 200)):
@@ -284,6 +306,13 @@ def xt_checks(S, ck):
     search for the next tile with keys), one key tile per query tile, GQA / MQA, lse,
     unmasked D64 (3 consumers) and D128 with Sk <= 2048, the default grid; fp16 (not
     compiled: the default runs). (Until review these cases also ran kFlQ2 alone, "q2".)"""
+    _bit_equal_checks(S, ck, _pipeline_cases(), XT, "xt")
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16,
+                  env={**XT, "OT_ATTN_SM90_GRID": "3"})
+
+
+def _pipeline_cases():
+    """xt_checks' and late_checks' shapes: (d, sq, sk, hq, hkv, wl, wr, env)"""
     cases = []
     for d in (64, 128):
         for sq, sk, hq, hkv, wl, wr, grid in (
@@ -296,11 +325,58 @@ def xt_checks(S, ck):
             cases.append((d, sq, sk, hq, hkv, wl, wr, env))
     cases.append((64, 4100, 4100, 2, 2, -1, -1, {"OT_ATTN_SM90_GRID": "7"}))
     cases.append((64, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_WG": "3", "OT_ATTN_SM90_GRID": "3"}))
-    for d, sq, sk, hq, hkv, wl, wr, extra in cases:
-        ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, wl=wl, wr=wr, env={**extra, **XT})
-        _same_as_default(S, ck, 2, sq, sk, hq, hkv, d, wl, wr, extra, var=XT, name="xt")
+    return cases
+
+
+def late_checks(S, ck):
+    """kFlLate (OT_ATTN_SM90_LATE=1, experiment builds: bf16 D64 128-key tile with 2 consumers,
+    with and without kFlDiag, and 3; D128 128-key tile with the threshold): float64 checks,
+    and the same inputs with the switch off, which must agree to the bit (the same arithmetic
+    -- its branch-free 1 / l is the default division's own fast path, l >= 1 -- only where
+    the epilogue runs moves). xt_checks' shapes: the persistent multi-tile path (GRID 1 / 3 /
+    5 / 7: a tile's O kept until the next tile's first Q K^T, the CTA's last one stored after
+    its loop), tiles with no visible key after a kept one (Sq > Sk causal, a window: stored
+    at once, the kept one first), one key tile per query tile, GQA / MQA, rows past Sq (the
+    predicated stores), unmasked D64 (3 consumers) and D128 with Sk <= 2048, the default
+    grid; then D64 causal with kFlDiag off (its default there: on, the narrow step's store),
+    no lse (the predicated lse store off), fp16 (not compiled: the default runs)."""
+    _bit_equal_checks(S, ck, _pipeline_cases() + _nodiag_cases(), LATE, "late")
+    for d in (64, 128):
+        ba.check_case(S, ck, 2, 1300, 1100, 4, 2, d, wr=0, with_lse=False,
+                      env={**LATE, "OT_ATTN_SM90_GRID": "3"})
     ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16,
-                  env={**XT, "OT_ATTN_SM90_GRID": "3"})
+                  env={**LATE, "OT_ATTN_SM90_GRID": "3"})
+
+
+def pin_checks(S, ck):
+    """kFlPin (OT_ATTN_SM90_PIN=1, experiment builds: bf16 D64 128-key tile with 2 consumers,
+    with and without kFlDiag): float64 checks and bit-equality with the switch off (only the
+    order of the step's instructions changes) on _pipeline_cases' D64 shapes (the causal ones
+    run the 2-consumer tile; the unmasked ones 3 consumers, where the pin is not compiled:
+    the default), kFlDiag off, and unmasked calls forced onto 2 consumers (OT_ATTN_SM90_WG=2:
+    Sk <= 2048 takes the 128-key tile; S 1000 / 2000, a last key tile of 104 / 80 keys);
+    no lse."""
+    cases = [c for c in _pipeline_cases() if c[0] == 64] + _nodiag_cases()
+    for sq, sk, grid in ((1000, 1000, 3), (2000, 2000, 0), (300, 1000, 5)):
+        cases.append((64, sq, sk, 4, 2, -1, -1, {**WG2, "OT_ATTN_SM90_GRID": str(grid)}
+                      if grid else WG2))
+    _bit_equal_checks(S, ck, cases, PIN, "pin")
+    ba.check_case(S, ck, 2, 1300, 1100, 4, 2, 64, wr=0, with_lse=False,
+                  env={**PIN, "OT_ATTN_SM90_GRID": "3"})
+
+
+def _nodiag_cases():
+    """D64 causal shapes with kFlDiag off (its default there, S <= 1024: on)"""
+    return [(64, sq, sk, 4, 2, -1, 0, {**NODIAG, "OT_ATTN_SM90_GRID": str(grid)})
+            for sq, sk, grid in ((1000, 1000, 3), (1300, 1100, 3), (600, 600, 5), (700, 1000, 1))]
+
+
+def _bit_equal_checks(S, ck, cases, var, name):
+    """float64 checks of each case under the switches var, then the same inputs with and
+    without them, which must agree to the bit"""
+    for d, sq, sk, hq, hkv, wl, wr, extra in cases:
+        ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, wl=wl, wr=wr, env={**extra, **var})
+        _same_as_default(S, ck, 2, sq, sk, hq, hkv, d, wl, wr, extra, var=var, name=name)
 
 
 def _diff_from_default(S, B, sq, sk, hq, hkv, d, wl, wr, extra, var):

@@ -45,6 +45,24 @@
 # call: S 1k and 4k, causal and full, 10 balanced rounds, both variants' checks first; the
 # "hopper" cases under each switch; memcheck, racecheck and synccheck on one case of each.
 # SAN_FILTERS entries may carry their own switches as "ENV@FILTER" (ENV space-separated).
+# AB=late (prepared 2026-11-30 night, not measured): kFlLate (OT_ATTN_SM90_LATE=1: a persistent
+# CTA's tile stores O and the lse under the next tile's first Q K^T, not between its last P V's
+# turn and the next prologue's) and kFlPin (OT_ATTN_SM90_PIN=1: the step's softmax before its
+# P V's wait; D64 2 consumers only) -- unless set otherwise: D 64 / 128, S 1k and 4k, causal
+# and full, 10 balanced rounds of default / late / pin (/ latenodiag / pinnodiag / nodiag at
+# D64 causal S 1k, where kFlDiag is the default) / cuDNN / flash, both variants' float64 and
+# bit-equality checks first (--checks late,pin); the C suite's "hopper" cases under each
+# switch (late also with kFlDiag off); memcheck and racecheck under the switches of the
+# "GRID 3 causal S600" cases (D64: kFlDiag with the variant, D128: kFlResc | kFlLate) and of
+# the "late GRID 3" ones (tiles without keys after a kept one). The stall reasons against
+# cuDNN and the default are a second call (PROFILE=1, VLIM=0; docs/ATTENTION.md has both).
+if [ "${AB:-}" = late ]; then
+  : "${VSEQS:=1024,4096}" "${VDIMS:=64,128}" "${VROUNDS:=10}" "${SUITE:=0}" "${VLIM:=170}"
+  : "${DEADLINE:=330}" "${SAN_TOOLS=memcheck racecheck}"
+  : "${VARGS:=--only late,latenodiag,pin,pinnodiag,nodiag --checks late,pin --causal both --no-host}"
+  : "${VENVS:=OT_ATTN_SM90_LATE=1;OT_ATTN_SM90_LATE=1 OT_ATTN_SM90_DIAG=0;OT_ATTN_SM90_PIN=1}"
+  : "${SAN_FILTERS:=OT_ATTN_SM90_LATE=1@GRID 3 causal S600;OT_ATTN_SM90_LATE=1@late GRID 3 causal;OT_ATTN_SM90_PIN=1@GRID 3 causal S600 D64}"
+fi
 if [ "${AB:-}" = skipdiag ]; then
   : "${VSEQS:=1024,4096}" "${VDIMS:=64,128,256}" "${VROUNDS:=10}" "${SUITE:=0}" "${VLIM:=95}"
   : "${DEADLINE:=170}" "${SAN_TOOLS=memcheck racecheck synccheck}"
@@ -79,7 +97,7 @@ export LD_LIBRARY_PATH="/tmp/ot_deps:${LD_LIBRARY_PATH:-}"
 xz -dc "$CARRY/test_ops.xz" >/tmp/test_ops && chmod +x /tmp/test_ops
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
 
-t=$(lim 60)
+t=$(lim "${PLIM:-60}")   # PLIM: the ncu step's limit (more --env sets take longer)
 if [ "${PROFILE:-0}" != 0 ] && [ "$t" = 0 ]; then
   echo "skipped: ncu (PROFILE)"
 elif [ "${PROFILE:-0}" != 0 ]; then

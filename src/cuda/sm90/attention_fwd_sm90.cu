@@ -15,7 +15,8 @@
  *  - S = Q K^T with wgmma SS (both operands in smem, 128B swizzle, K-major), O += P V with
  *    wgmma RS (P converted in registers from the S accumulators, V MN-major);
  *  - intra-warpgroup overlap: step j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back to
- *    back, then does the softmax of S_j while the P V wgmma runs;
+ *    back, then does the softmax of S_j while the P V wgmma runs (so the source says; in
+ *    the SASS of every default kernel ptxas puts the P V's wait first: kFlPin);
  *  - pingpong between the consumer WGs (named barriers 8 + c, a turn passed round
  *    0 -> 1 (-> 2) -> 0): a WG issues its GEMMs only when the one before it has issued its
  *    own, so one WG's softmax (MUFU bound) runs under the others' GEMMs.
@@ -46,7 +47,10 @@
  * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls); OT_ATTN_SM90_SKIP=1 (kFlSkip;
  * measured slower, docs/ATTENTION.md); kFlDiag at D128; OT_ATTN_SM90_XT=1 (kFlXT on
  * kFlQ2's 2-stage Q ring; D64 causal 0.90-0.95x, unmasked D64 1.01x, docs/ATTENTION.md);
- * OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is parsed there, but its instances are
+ * OT_ATTN_SM90_LATE=1 (kFlLate: a tile's epilogue under the next tile's first Q K^T;
+ * prepared, not measured); OT_ATTN_SM90_PIN=1 (kFlPin: the step's softmax before its P V's
+ * wait; prepared, not measured); OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is
+ * parsed there, but its instances are
  * no longer compiled (add the bits to launch_fl's lists to measure them again).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
@@ -104,6 +108,12 @@ enum {
   kFlXT = 0x2000, /* with kFlQ2: a persistent CTA's tiles in one pipeline: the last P V of a
                    * tile is issued with the next tile's first Q K^T, whose softmax runs
                    * under it (no per-tile prologue / drain; see the kernel) */
+  kFlLate = 0x4000, /* a persistent CTA's tile stores O and the lse only once the next tile's
+                   * first Q K^T is issued, under that GEMM (experiment builds; see the
+                   * kernel): not between the last P V's turn and the next prologue's */
+  kFlPin = 0x8000, /* the pipelined step's softmax pinned before its P V's wait (a never-taken
+                   * branch on l between them; experiment builds): ptxas otherwise hoists
+                   * the WARPGROUP.DEPBAR of that wait to the top of the softmax's block */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -172,6 +182,16 @@ __device__ __forceinline__ float ex2_poly(float x) {
   const float f = x - (t - 12582912.f);
   const float p = fmaf(fmaf(fmaf(0.05500898f, f, 0.24221105f), f, 0.69328292f), f, 1.f);
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+/* kFlLate's branch-free epilogue: 1 / x approximated (MUFU.RCP), a store under a predicate */
+__device__ __forceinline__ float rcp_approx(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void st_global_if(void *ptr, uint32_t v, bool p) {
+  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q st.global.b32 [%0], %1;\n}\n"
+               ::"l"(ptr), "r"(v), "r"((int)p) : "memory");
 }
 __device__ __forceinline__ int floor_div(int a, int b) {
   int q = a / b;
@@ -266,6 +286,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   static_assert(!Q2 || (!SKIP && !SPLIT), "kFlQ2 is not compiled with kFlSkip / kFlSplit");
   constexpr bool XT = (FL & kFlXT) != 0;
   static_assert(!XT || (Q2 && !NARROW), "kFlXT needs kFlQ2 and no narrow step");
+  constexpr bool LATE = (FL & kFlLate) != 0;
+  constexpr bool PIN = (FL & kFlPin) != 0;
+  static_assert(!LATE || (!SKIP && !SPLIT && !XT), "kFlLate: not with kFlSkip / kFlSplit / kFlXT");
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -402,6 +425,54 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   float m_n[2] = {-INFINITY, -INFINITY}, l_n[2] = {0.f, 0.f};
   float s[NS];
   uint32_t pr[NP];
+  /* kFlLate: the tile whose epilogue is pending (kept: its O, m and l, copied at its end
+   * where its last P V completed) is stored by late_store, which each tile with keys calls
+   * once its first Q K^T (the narrow step's or the prologue's) is issued and its turn handed
+   * on: the epilogue's instructions and dependent chains (the l shuffles, the reciprocal,
+   * the log, the stores) run while that Q K^T is in flight, where the consumer waits for it
+   * anyway, instead of between its last P V's turn and its next prologue's turn, where only
+   * the other consumer's last P V (256 tensor cycles at D64) covers them. With a wgmma in
+   * flight the code must not branch on per-thread values (ptxas then serializes every wgmma
+   * of the kernel, C7517 / C7518): hence this copy of the epilogue without branches -- 1 / l
+   * by the default division's own fast path (MUFU.RCP and one Newton step: what `1.f / l`
+   * computes for l in [2^-126, 2^126), and l >= 1 wherever l > 0: the row max's own term is
+   * 2^0, or 2^(>= 0) with kFlResc), logf of l or 1 then a select, predicated stores
+   * (st_global_if); the kept O is copied by asm moves (with plain copies ptxas gave the
+   * registers of the last P V's accumulators to the kept O and waited for the Q K^T before
+   * reading them: C7517). O and the lse are those of the default epilogue to the bit. */
+  float o_k[LATE ? NO : 1], m_k[2], l_k[2];
+  int k_batch = 0, k_head = 0, k_row0 = 0;
+  bool kept = false;
+  auto late_store = [&]() {
+    if constexpr (LATE) {
+      if (kept) {
+        T *out = (T *)p.out + (int64_t)k_batch * p.o_bs + (int64_t)k_head * p.o_hs;
+        float *lrow =
+            p.lse ? p.lse + (int64_t)k_batch * p.l_bs + (int64_t)k_head * p.l_hs : p.lse;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          float l = l_k[h];
+          l += __shfl_xor_sync(0xffffffffu, l, 1);
+          l += __shfl_xor_sync(0xffffffffu, l, 2);
+          if (m_k[h] == -INFINITY) l = 0.f;
+          const bool live = l > 0.f;
+          const float rc = rcp_approx(l), rn = fmaf(rc, -fmaf(l, rc, -1.f), rc);
+          const float inv = __int_as_float(__float_as_int(rn) & -(int)live);   /* 0: no key */
+          const float lg = logf(live ? l : 1.f), lv = m_k[h] * p.scale + lg;
+          const int r = k_row0 + 8 * h;
+          const bool ok = r < p.sq;
+          T *orow = out + (int64_t)r * p.o_ts + 2 * q4;
+#pragma unroll
+          for (int j = 0; j < D / 8; j++)
+            st_global_if(orow + 8 * j,
+                         pack2<F16>(o_k[4 * j + 2 * h] * inv, o_k[4 * j + 2 * h + 1] * inv), ok);
+          st_global_if(lrow + (int64_t)r * p.l_ts, __float_as_uint(live ? lv : -INFINITY),
+                       ok && p.lse && q4 == 0);
+        }
+      }
+      kept = false;
+    }
+  };
 
   for (int t0 = blockIdx.x; t0 < n_tiles; t0 += gridDim.x) {
     const int t = SNAKE ? snake_tile(t0) : t0;
@@ -588,6 +659,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           named_sync(my_bar, 256);
           issue_qk_n(std::integral_constant<int, NW>(), st);
           named_arrive(other_bar, 256);
+          if constexpr (LATE) late_store();   /* the tile before's epilogue, under this Q K^T */
           wgmma_wait<0>();
           reg_fence<NS>(s);
           release(bar(BAR_EMPTY_K + st));
@@ -684,6 +756,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         named_sync(my_bar, 256);
         issue_qk(sk_);
         named_arrive(other_bar, 256);
+        if constexpr (LATE) late_store();   /* (after a narrow step: done there) */
         wgmma_wait<0>();
         reg_fence<NS>(s);
         release(bar(BAR_EMPTY_K + sk_));
@@ -723,6 +796,15 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
         step_gemms(sk_, sv, pv);
         softmax(n, needs_mask(n));
+        /* PIN: a branch on the softmax's last result (l < 0: never) between it and the
+         * wait. Without it ptxas places the WARPGROUP.DEPBAR of wgmma_wait<0> at the top of
+         * the softmax's basic block (after the element mask's branch): in every default
+         * kernel all of the step's MUFU.EX2 follow the P V's completion (sm_90a SASS,
+         * 2026-11-30 night), the consumer idles through its own P V, and the softmax is
+         * overlapped only by the other consumer's GEMMs. With it, all of them precede it. */
+        if constexpr (PIN) {
+          if (l_r[0] < 0.f) asm volatile("trap;");
+        }
         wgmma_wait<0>();
         reg_fence<NO>(o);
         reg_fence<NP>(pr);
@@ -792,9 +874,29 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       }
       kv += n_iters;
       qn++;
+      if constexpr (LATE) {
+        /* kFlLate: O, m and l kept (the last P V completed above) for late_store, under
+         * the next tile's first Q K^T or after the loop. Here, inside the branch that
+         * called late_store, so that o_k is dead between the two to ptxas (a copy after
+         * the branch kept it live through the whole tile: 76-400 bytes of spills) */
+#pragma unroll
+        for (int i = 0; i < NO; i++) asm volatile("mov.b32 %0, %1;" : "=f"(o_k[i]) : "f"(o[i]));
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          m_k[h] = m_r[h];
+          l_k[h] = l_r[h];
+        }
+        k_batch = ti.batch;
+        k_head = ti.head;
+        k_row0 = row0;
+        kept = true;
+      }
+    } else if constexpr (LATE) {
+      late_store();   /* a tile without keys (O = 0, lse -inf): the kept one first */
     }
 
     /* ---------------- epilogue: O / l, lse ---------------- */
+    if (LATE && n_iters > 0) continue;   /* kFlLate: stored by late_store */
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -836,6 +938,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
             lse[h];
     }
   }
+  if constexpr (LATE) late_store();
   /* consumer NC-1 arrived once more on consumer 0's turn barrier (at the start) */
   if (c == 0) named_sync(kSchedBar, 256);
 }
@@ -904,6 +1007,20 @@ struct fwd_call {
  * normal use none is, and a call reads the environment once instead of once per switch. */
 static inline const char *sm90_knob(bool any, const char *name) {
   return any ? getenv(name) : NULL;
+}
+
+/* An experiment build's on / off switch: `bit` where NAME is 1 (0 in other builds, which
+ * compile no instance of the bit and do not read the switch). */
+static inline int exp_switch(bool any, const char *name, int bit) {
+#ifdef OT_ATTN_SM90_EXPERIMENTS
+  const char *v = sm90_knob(any, name);
+  return v && v[0] == '1' ? bit : 0;
+#else
+  (void)any;
+  (void)name;
+  (void)bit;
+  return 0;
+#endif
 }
 
 template <typename T, int D, int BC, int NC, int FL>
@@ -1009,9 +1126,10 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlQ2 | kFlXT, kFlSnake, kFlSkip, kFlNarrow | kFlNarrowW | kFlDiag,
-                             kFlSplit, kFlPoly4, kFlPoly8, kFlResc};
-  for (int i = 0; i < 8 && !fl_has(fl, l); i++) fl &= ~drop[i];
+  static const int drop[] = {kFlPin, kFlLate, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
+                             kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlPoly4, kFlPoly8,
+                             kFlResc};
+  for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
 }
 
@@ -1027,7 +1145,10 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * (2 and 3 consumers), D128 128 and D256; kFlDiag at D128 128; kFlQ2 | kFlXT at D64 128
  * (2 and 3 consumers) and D128 128 (with the threshold): H200, 2026-11-30 night
  * (attention_fwd_q2xt.json), XT D64 causal 0.90x / 0.95x (S 1k / 4k), D64 full 1.01x, not
- * used (kFlQ2 alone, 0.98-1.01x there, is no longer compiled). */
+ * used (kFlQ2 alone, 0.98-1.01x there, is no longer compiled); kFlLate at D64 128 (2
+ * consumers with and without kFlDiag, 3) and D128 128 (with the threshold), kFlPin at D64
+ * 128 with 2 consumers (with and without kFlDiag; elsewhere it spilled): prepared 2026-11-30
+ * night, not measured. */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -1038,7 +1159,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int XT = kFlQ2 | kFlXT;
+  constexpr int XT = kFlQ2 | kFlXT, LT = kFlLate, PN = kFlPin;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3)>());
@@ -1048,11 +1169,12 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                             R | SN, R | SK>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* snake, skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SN, R | SK, R | DG, R | XT>());
+                                    fl_list<0, R, R | SN, R | SK, R | DG, R | XT, R | LT>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SN, SK, DG, XT>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, SN, SK, DG, XT, LT, DG | LT, PN, DG | PN>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, LT>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG>());
@@ -1310,7 +1432,20 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
 #else
   const int xt = 0;
 #endif
-  const int fl = (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt;
+  /* OT_ATTN_SM90_LATE=1: kFlLate, a tile's epilogue under the next tile's first Q K^T
+   * (experiment builds: bf16 D64 128-key with 2 consumers, with and without kFlDiag, and 3;
+   * D128 128-key with the threshold -- not the D128 176-key tile: S 88 + O 64 + the kept
+   * O 64 registers spilled 352 bytes there. Not with kFlXT. Prepared 2026-11-30 night, not
+   * measured: docs/ATTENTION.md) */
+  const int late = xt ? 0 : exp_switch(knobs, "OT_ATTN_SM90_LATE", kFlLate);
+  /* OT_ATTN_SM90_PIN=1: kFlPin, the pipelined step's softmax pinned before its P V's wait
+   * (experiment builds: bf16 D64 128-key with 2 consumers, with and without kFlDiag -- the
+   * softmax's registers live while the P V holds O and P: with kFlLate, 3 consumers, D128
+   * and D256 the instances spilled 190-2100 bytes and ptxas serialized their wgmmas (C7512),
+   * so they are not compiled. Prepared 2026-11-30 night, not measured: docs/ATTENTION.md) */
+  const int pin = exp_switch(knobs, "OT_ATTN_SM90_PIN", kFlPin);
+  const int fl =
+      (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | late | pin;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
