@@ -580,29 +580,41 @@ def time_ms(fns, iters=25, inner=5, warmup=3):
 AB_SHIMS = []
 
 
+def time_env_ms(calls, env):
+    """time_ms(calls) with the environment variables of `env` set, unset afterwards."""
+    for k, v in env.items():
+        os.environ[k] = v
+    try:
+        return time_ms(calls)
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+
+
 def variants_ms(calls, envs, mk=None):
     """Time `calls` (ours) under each {name: {ENV: value}} setting of the kernels'
     tuning knobs (read by src/cuda/norm.cuh, rope.cu, glu.cu at each call), and through
-    each --ab-shim (mk(shim): the same calls through that shim)."""
+    each --ab-shim (mk(shim): the same calls through that shim). With --cut-ab
+    (ENV_ROUNDS) the env settings join --ab-rounds' balanced rounds."""
     out = {}
-    for name, env in envs.items():
-        for k, v in env.items():
-            os.environ[k] = v
-        try:
-            out[name] = time_ms(calls)
-        finally:
-            for k in env:
-                os.environ.pop(k, None)
-    if mk is not None and AB_SHIMS and AB_ROUNDS[0] > 1:
-        # --ab-rounds R: ours and every --ab-shim build timed R times in rounds, the
-        # order reversed every other round (ABBA...), each build's median over the rounds
-        # ("ours (rounds)": ours' median)
-        fns = [("ours (rounds)", calls)] + [(name, mk(S2)) for name, S2 in AB_SHIMS]
-        ts = {name: [] for name, _ in fns}
+    env_rounds = ENV_ROUNDS[0] and AB_ROUNDS[0] > 1 and envs
+    if not env_rounds:
+        for name, env in envs.items():
+            out[name] = time_env_ms(calls, env)
+    shims = AB_SHIMS if mk is not None else []
+    if (shims or env_rounds) and AB_ROUNDS[0] > 1:
+        # --ab-rounds R: ours and every --ab-shim build (with --cut-ab: every env setting)
+        # timed R times in rounds, the order reversed every other round (ABBA...), each
+        # one's median over the rounds ("ours (rounds)": ours' median)
+        fns = [("ours (rounds)", calls, {})]
+        if env_rounds:
+            fns += [(name, calls, env) for name, env in envs.items()]
+        fns += [(name, mk(S2), {}) for name, S2 in shims]
+        ts = {name: [] for name, _, _ in fns}
         for r in range(AB_ROUNDS[0]):
-            for name, f in (fns if r % 2 == 0 else fns[::-1]):
-                ts[name].append(time_ms(f))
-        for name, _ in fns:
+            for name, f, env in (fns if r % 2 == 0 else fns[::-1]):
+                ts[name].append(time_env_ms(f, env))
+        for name, _, _ in fns:
             out[name] = statistics.median(ts[name])
     elif mk is not None and AB_SHIMS:
         for name, S2 in AB_SHIMS:
@@ -612,6 +624,7 @@ def variants_ms(calls, envs, mk=None):
 
 
 AB_ROUNDS = [1]
+ENV_ROUNDS = [False]  # --cut-ab
 
 
 def copy_bandwidth(nbytes=2 * 2 * 1024 ** 3, iters=20, inner=3):
@@ -723,6 +736,16 @@ def bench_all(S, args):
                                             "tma S=4": {"OT_NORM_BWD_TMA_STAGES": "4"},
                                             "tma auto": {"OT_NORM_BWD_TMA_STAGES": "0"}})
     ROPE_VARIANTS = {}
+    if args.cut_ab:
+        # the opt-ins prepared on 2026-11-30 night, each against the default in the same
+        # process (balanced rounds with --ab-rounds): RMSNorm's forward with LayerNorm's
+        # instruction cut (16-bit rows of <= 4096 elements; wider rows take the default, so
+        # its 8192 rows time the default again; cut56: its instances without the residual
+        # held to 56 registers) and RoPE's rope_warp4_kernel (w4o: held to 4 blocks per SM);
+        # the other variants left out
+        FWD_VARIANTS = {"cut": {"OT_NORM_RMS_FWD_CUT": "1"}, "cut56": {"OT_NORM_RMS_FWD_CUT": "2"}}
+        LN_FWD_VARIANTS = BWD_VARIANTS = LN_BWD_VARIANTS = {}
+        ROPE_VARIANTS = {"w4": {"OT_ROPE_IMPL": "w4"}, "w4o": {"OT_ROPE_IMPL": "w4o"}}
     only = set(args.only.split(","))
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):
@@ -1337,6 +1360,10 @@ def main():
                          "order reversed every other round; medians over the rounds")
     ap.add_argument("--cases", default="",
                     help="--bench: more ROWSxHIDDEN cases after the 16k-row ones, e.g. 8192x2048")
+    ap.add_argument("--cut-ab", action="store_true",
+                    help="--bench: the variants are the opt-ins of 2026-11-30 night (RMSNorm "
+                         "forward OT_NORM_RMS_FWD_CUT=1 / 2, RoPE OT_ROPE_IMPL=w4 / w4o), timed in "
+                         "--ab-rounds' balanced rounds with ours")
     ap.add_argument("--rope-tail", action="store_true",
                     help="--bench: the RoPE forward also at whole rounds of its warp slots")
     ap.add_argument("--json", default=None)
@@ -1346,6 +1373,7 @@ def main():
     torch.manual_seed(1234)
     S = Shim(args.shim)
     AB_ROUNDS[0] = args.ab_rounds
+    ENV_ROUNDS[0] = args.cut_ab
     for spec in args.ab_shim:
         name, path = spec.split("=", 1)
         AB_SHIMS.append((name, Shim(path)))

@@ -26,13 +26,16 @@
 #   OT_PREBUILT=DIR (default .devcarry-p5): prebuilt.tar.gz (tests/test_ops,
 #     libfused_ops_shim.so and the other builds' libfused_ops_shim_X.so, sm_90a, packed
 #     here as scripts/device_prebuild.sh does) and deps.tar.gz; carry DIR.
-#   OT_AB="NAME=FILE ..." (files in build-dev; default "parent=libfused_ops_shim_A.so"),
+#   OT_AB="NAME=FILE ..." (files in build-dev; default "parent=libfused_ops_shim_A.so"; ""
+#     for none: an A/B of run-time switches in one build, e.g. --cut-ab below),
 #   OT_SUITES, OT_ONLY (default "norm,rope,glu,train"), OT_HIDDEN (default 4096),
 #   OT_COMPILE=1 (torch.compile peers; =train: for the training shapes only), OT_COMMIT,
 #   OT_NCU=0 (skip step 4), OT_NCU_AB=1 (the A/B builds' kernels under ncu too),
 #   OT_NCU_TRAIN=0 (ncu without the training shapes and torch.compile),
 #   OT_BENCH_EXTRA (more bench_fused_ops.py flags, e.g. "--ab-rounds 4 --cases 8192x2048
-#     --rope-tail"), OT_NCU_TIMEOUT (60), OT_BENCH_TIMEOUT (90), OT_TEST_TIMEOUT (40, per suite),
+#     --rope-tail"; "--cut-ab": the RMSNorm / RoPE opt-ins of 2026-11-30 night against the
+#     defaults in --ab-rounds' balanced rounds, docs/PERFORMANCE.md), OT_NCU_TIMEOUT (60),
+#   OT_BENCH_TIMEOUT (90), OT_TEST_TIMEOUT (40, per suite),
 #   OT_SAN="BIN:SUITE:FILTER|..." ("" skips 3).
 P=${OT_PREBUILT:-.devcarry-p5}; OUT=${OUT:-/tmp/ot_device_out}; mkdir -p "$OUT"
 T0=$(date +%s); st() { echo "[$(( $(date +%s) - T0 ))s] $*"; }

@@ -780,6 +780,87 @@ static void forward_impl_cases(test_run *tr) {
   }
 }
 
+/* RMSNorm's forward v2 with LayerNorm's instruction cut (OT_NORM_RMS_FWD_CUT=1, norm.cuh
+ * kNormFwdCut; opt-in, taken for 16-bit rows of <= 4096 elements): the forward table's
+ * variants at widths it takes -- 64 and 1000 (one warp, 1 and 4 vectors a thread, 1000 with
+ * lanes past the row's end), 2048 (one warp, 8 vectors), 2056 and 4096 (two warps, 8
+ * vectors; 2056 with most of the second warp past the end) -- and 8192 (not taken: the
+ * default under the switch), and the consistency checks under it (the backward's
+ * recomputed statistics take the cut too); the 8-vector instances held to 56 registers
+ * (=2) at 2048 / 2056 / 4096 plain; then each call's outputs under 1 and 2 against the
+ * default kernels' bit for bit (the cut keeps the values and their order). CUDA only. */
+static void rms_cut_bits(test_run *tr, DLDataType dt, int64_t H, int v, const char *value) {
+  const bool fused = v & 1, weight = (v & 2) == 0;
+  if (!tr_begin(tr, "rmsnorm %s (cut=%s) H=%lld %s%s: the same bits as the default", dt_name(dt),
+                value, (long long)H, fused ? "fused" : "plain", weight ? "" : " no-weight"))
+    return;
+  const backend *be = tr->be;
+  rng r = tr_rng(tr);
+  const int64_t R = 37, shape[2] = {R, H};
+  tbuf *x = new_act(be, dt, 2, shape, 0, &r, -2, 2);
+  tbuf *res = fused ? new_act(be, dt, 2, shape, 0, &r, -2, 2) : NULL;
+  tbuf *w = weight ? new_act(be, dt, 1, &H, 0, &r, -1.5, 1.5) : NULL;
+  tbuf *out[2] = {NULL, NULL}, *rout[2] = {NULL, NULL}, *rstd[2] = {NULL, NULL};
+  bool ok = true;
+  for (int k = 0; k < 2 && ok; k++) {
+    out[k] = new_act(be, dt, 2, shape, 0, NULL, 0, 0);
+    if (fused) rout[k] = new_act(be, dt, 2, shape, 0, NULL, 0, 0);
+    rstd[k] = tb_new(be, DT_F32, 1, &R);
+    env_saved e = env_set("OT_NORM_RMS_FWD_CUT", k ? value : "0");
+    ok = tr_ok(tr, ot_rmsnorm_forward(be->ctx, tb_dl(x), dl_or_null(res), dl_or_null(w), (float)EPS,
+                                      tb_dl(out[k]), dl_or_null(rout[k]), tb_dl(rstd[k])),
+               k ? "ot_rmsnorm_forward (cut)" : "ot_rmsnorm_forward");
+    env_restore(&e);
+  }
+  if (ok) {
+    if (!same_bytes(out[0], out[1])) tr_fail(tr, "out differs from the default kernels'");
+    if (fused && !same_bytes(rout[0], rout[1])) tr_fail(tr, "residual_out differs");
+    if (!same_bytes(rstd[0], rstd[1])) tr_fail(tr, "rstd differs");
+  }
+  tr_end(tr);
+  for (int k = 0; k < 2; k++) tb_free(out[k]), tb_free(rout[k]), tb_free(rstd[k]);
+  tb_free(x), tb_free(res), tb_free(w);
+}
+
+static void rms_fwd_cut_cases(test_run *tr) {
+  if (!tr->be->is_cuda) return;
+  static const int64_t CH[] = {64, 1000, 2048, 2056, 4096, 8192};
+  env_saved e = env_set("OT_NORM_RMS_FWD_CUT", "1");
+  for (size_t d = 1; d < 3; d++) /* the 16-bit types (float32 takes the default) */
+    for (size_t hi = 0; hi < sizeof CH / sizeof CH[0]; hi++)
+      for (int v = 0; v < 6; v++) {
+        if (CH[hi] == 8192 && v > 1) continue;
+        fwd_case c = fwd_defaults(false, *DTYPES[d]);
+        set_fwd_variant(&c, v, CH[hi]);
+        char name[96];
+        snprintf(name, sizeof name, "%s (cut)", c.variant);
+        c.variant = name;
+        set_shape(&c.ndim, c.shape, 33, CH[hi], v == 5);
+        run_forward(tr, &c);
+      }
+  consistency(tr);
+  env_restore(&e);
+  e = env_set("OT_NORM_RMS_FWD_CUT", "2");
+  for (size_t d = 1; d < 3; d++)
+    for (size_t hi = 2; hi < 5; hi++)
+      for (int v = 0; v < 4; v += 3) { /* plain, in-place without statistics */
+        fwd_case c = fwd_defaults(false, *DTYPES[d]);
+        set_fwd_variant(&c, v, CH[hi]);
+        char name[96];
+        snprintf(name, sizeof name, "%s (cut=2)", c.variant);
+        c.variant = name;
+        set_shape(&c.ndim, c.shape, 33, CH[hi], false);
+        run_forward(tr, &c);
+      }
+  env_restore(&e);
+  for (size_t d = 1; d < 3; d++)
+    for (size_t hi = 0; hi < 5; hi++)
+      for (int v = 0; v < 4; v++) {
+        rms_cut_bits(tr, *DTYPES[d], CH[hi], v, "1");
+        if (hi >= 2 && !(v & 1)) rms_cut_bits(tr, *DTYPES[d], CH[hi], v, "2");
+      }
+}
+
 /* ---- bad inputs --------------------------------------------------------------------------- */
 
 typedef struct bad_case {
@@ -1117,6 +1198,7 @@ static void run(test_run *tr) {
   arena_backward_cases(tr);
   forward_option_cases(tr);
   forward_impl_cases(tr);
+  rms_fwd_cut_cases(tr);
   for (int ln = 0; ln < 2; ln++) {
     bad_forward(tr, ln);
     bad_backward(tr, ln);

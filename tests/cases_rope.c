@@ -420,6 +420,112 @@ static void run_cache_vs_computed(test_run *tr, DLDataType dt, ot_rope_mode mode
   tr_end(tr);
 }
 
+/* ---- the opt-in warp kernel (OT_ROPE_IMPL=w4 | w4o, rope.cu rope_warp4_kernel) ---------
+ * CUDA only. Every case of the table in the 16-bit types under each value (the calls the
+ * warp kernel takes run rope_warp4_kernel, the others their default kernel), then the new
+ * kernel's outputs against the default's bit for bit: both modes, a cache and computed cos /
+ * sin, forward and backward, in place, no k, 4 / 8 / 16 items a head, one and two batches of
+ * passes, and a position outside the cache (NaN rows in both). */
+typedef struct rope_bits_case {
+  const char *name;
+  ot_rope_mode mode;
+  int T, hq, hk, D, cache, inplace;
+  int bad_pos; /* token 3's position = the cache's rows (outside it) */
+} rope_bits_case;
+
+static const rope_bits_case bits_cases[] = {
+    /* name                                mode          T  hq  hk  D   ca ip bp */
+    {"neox 32/8 D=128 cache (one batch)",  OT_ROPE_NEOX, 37, 32, 8, 128, 1, 0, 0},
+    {"neox 64/8 D=128 computed (2 x 9)",   OT_ROPE_NEOX, 19, 64, 8, 128, 0, 0, 0},
+    {"gptj 12/4 D=64 cache in place",      OT_ROPE_GPTJ, 21, 12, 4, 64, 1, 1, 0},
+    {"gptj 5/3 D=32 computed",             OT_ROPE_GPTJ, 23, 5, 3, 32, 0, 0, 0},
+    {"neox 6/0 D=256 computed in place",   OT_ROPE_NEOX, 9, 6, 0, 256, 0, 1, 0},
+    {"neox 8/2 D=64 cache, pos outside",   OT_ROPE_NEOX, 11, 8, 2, 64, 1, 0, 1},
+};
+
+static void run_impl_bits(test_run *tr, const rope_bits_case *c, DLDataType dt, bool backward,
+                          const char *impl) {
+  if (!tr_begin(tr, "%s %s %s OT_ROPE_IMPL=%s: the same bits as the default",
+                backward ? "backward" : "forward", c->name, dt_name(dt), impl))
+    return;
+  const backend *be = tr->be;
+  rng r = tr_rng(tr);
+  const int64_t max_pos = 512, sq[3] = {c->T, c->hq, c->D}, sk[3] = {c->T, c->hk, c->D};
+  const int64_t sp[1] = {c->T}, sc[2] = {max_pos, c->D};
+  tbuf *pos = tb_new(be, DT_I64, 1, sp);
+  for (int64_t t = 0; t < c->T; t++) tb_set(pos, t, (double)rng_int(&r, 0, max_pos - 1));
+  if (c->bad_pos) tb_set(pos, 3, (double)max_pos);
+  tbuf *cache = NULL;
+  if (c->cache) {
+    cache = tb_new(be, DT_F32, 2, sc);
+    tb_fill_uniform(cache, &r, -1, 1);
+  }
+  ot_rope_params p = ot_rope_default_params();
+  p.mode = c->mode;
+  p.rotary_dim = c->D;
+  tbuf *q[2], *k[2] = {NULL, NULL}, *qo[2], *ko[2] = {NULL, NULL};
+  const rng r0 = r;
+  bool ok = true;
+  for (int v = 0; v < 2; v++) {
+    rng rv = r0; /* the same inputs for both runs */
+    q[v] = tb_new(be, dt, 3, sq);
+    tb_fill_uniform(q[v], &rv, -2, 2);
+    if (c->hk) {
+      k[v] = tb_new(be, dt, 3, sk);
+      tb_fill_uniform(k[v], &rv, -2, 2);
+    }
+    qo[v] = c->inplace ? q[v] : tb_new(be, dt, 3, sq);
+    if (c->hk) ko[v] = c->inplace ? k[v] : tb_new(be, dt, 3, sk);
+    if (!ok) continue;
+    env_saved e = env_set("OT_ROPE_IMPL", v ? impl : NULL);
+    const DLTensor *tk = c->hk ? tb_dl(k[v]) : NULL, *tko = c->hk ? tb_dl(ko[v]) : NULL;
+    const DLTensor *tc = cache ? tb_dl(cache) : NULL;
+    ot_status st = backward ? ot_rope_backward(be->ctx, &p, tb_dl(q[v]), tk, tb_dl(pos), tc, tb_dl(qo[v]), tko)
+                            : ot_rope_forward(be->ctx, &p, tb_dl(q[v]), tk, tb_dl(pos), tc, tb_dl(qo[v]), tko);
+    env_restore(&e);
+    ok = tr_ok(tr, st, backward ? "ot_rope_backward" : "ot_rope_forward");
+  }
+  if (ok) {
+    tb_sync(qo[0]), tb_sync(qo[1]);
+    if (memcmp(qo[0]->host, qo[1]->host, qo[0]->bytes)) tr_fail(tr, "q_out differs from the default kernel's");
+    if (c->hk) {
+      tb_sync(ko[0]), tb_sync(ko[1]);
+      if (memcmp(ko[0]->host, ko[1]->host, ko[0]->bytes)) tr_fail(tr, "k_out differs from the default kernel's");
+    }
+  }
+  tr_end(tr);
+  for (int v = 0; v < 2; v++) {
+    if (qo[v] != q[v]) tb_free(qo[v]);
+    if (ko[v] != k[v]) tb_free(ko[v]);
+    tb_free(q[v]), tb_free(k[v]);
+  }
+  tb_free(pos);
+  tb_free(cache);
+}
+
+static void impl_cases(test_run *tr) {
+  if (!tr->be->is_cuda) return;
+  static const char *const IMPLS[2] = {"w4", "w4o"};
+  const DLDataType dts[2] = {DT_F16, DT_BF16};
+  for (int m = 0; m < 2; m++) {
+    env_saved e = env_set("OT_ROPE_IMPL", IMPLS[m]);
+    for (int bwd = 0; bwd < 2; bwd++)
+      for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int d = 0; d < 2; d++) {
+          rope_case c = cases[i];
+          char name[128];
+          snprintf(name, sizeof name, "%s [%s]", c.name, IMPLS[m]);
+          c.name = name;
+          run_case(tr, &c, dts[d], bwd != 0);
+        }
+    env_restore(&e);
+  }
+  for (int m = 0; m < 2; m++)
+    for (size_t i = 0; i < sizeof bits_cases / sizeof bits_cases[0]; i++)
+      for (int d = 0; d < 2; d++)
+        for (int bwd = 0; bwd < 2; bwd++) run_impl_bits(tr, &bits_cases[i], dts[d], bwd != 0, IMPLS[m]);
+}
+
 /* ---- bad inputs ----------------------------------------------------------------------- */
 
 /* A valid call (f32, q [5, 2, 8], k [5, 1, 8], positions int64 [5] < 16, optional
@@ -691,6 +797,7 @@ static void run(test_run *tr) {
     run_cache_vs_computed(tr, dts[d], OT_ROPE_NEOX);
     run_cache_vs_computed(tr, dts[d], OT_ROPE_GPTJ);
   }
+  impl_cases(tr);
   for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) run_bad(tr, &bad_cases[i]);
 }
 

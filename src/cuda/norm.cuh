@@ -56,6 +56,7 @@
 #include "common.cuh"
 #include "cuda_state.h"
 #include "pdl.cuh"
+#include "unpack_fast.cuh"
 
 namespace ot {
 
@@ -89,12 +90,30 @@ struct norm_fwd_params {
  * butterfly: 64 registers with a 32-byte spill, 45.5 M warp instructions, 3.39 vs 3.68
  * TB/s: removed; docs/PERFORMANCE.md.) */
 constexpr int kNormFwdCs = 1, kNormFwdRegs = 4;
+/* kNormFwdCut: RMSNorm's row work takes LayerNorm's instruction cut (norm_fwd_row's FAST:
+ * integer bf16 unpack, 32-bit row bounds, the out pass with the weight's presence fixed per
+ * row) -- the same values and order, so the same bits. Opt-in (OT_NORM_RMS_FWD_CUT=1,
+ * 16-bit rows of <= 4096 elements: norm_fwd_v2_cut_pick), prepared 2026-11-30 night for a
+ * same-process A/B, not yet measured: LayerNorm's changes in RMSNorm with 4-chain row sums
+ * measured +4.1% at 8k x 2048, +0.7% at 16k x 4096 and -2.9% at 16k x 8192 with the
+ * residual (docs/PERFORMANCE.md); the 4 chains are not part of it. Instructions a thread on
+ * the path taken (sm_90a SASS, bf16 with weight, every vector in the row): 2048 (one warp a
+ * row, 8 vectors) 866 -> 658, with the residual 1224 -> 1010; 4096 (two warps) 897 -> 689,
+ * 1254 -> 1040; registers at 8 vectors 56 -> 58 (64 allocated: 9 -> 8 blocks of 128
+ * threads per SM; kNormFwdHold56 keeps 56 and 9, no spill, the same instructions), with the
+ * residual 92 -> 96 (5 blocks either way). */
+constexpr int kNormFwdCut = 8;
+/* kNormFwdHold56: with kNormFwdCut, the instances without the residual at 8 vectors a thread
+ * (rows of 128 threads) held to 56 registers -- 9 blocks per SM as the default's 56; ptxas
+ * gives the cut 58 (64 allocated: 8 blocks). OT_NORM_RMS_FWD_CUT=2. */
+constexpr int kNormFwdHold56 = 16;
 
 /* __launch_bounds__ of forward v2: the block (TPR threads, or 128 as row groups of
  * TPR < 128), and with kNormFwdRegs the blocks per SM that hold the registers to 64. */
 constexpr int norm_fwd_v2_block(int tpr) { return tpr >= 128 ? tpr : 128; }
 constexpr int norm_fwd_v2_min_blocks(int tpr, int f) {
-  return (f & kNormFwdRegs) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 8) : 1;
+  return (f & kNormFwdRegs) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 8)
+         : (f & kNormFwdHold56) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 9) : 1;
 }
 
 struct norm_bwd_params {
@@ -707,21 +726,12 @@ __device__ __forceinline__ void store_vec_cs(T *p, const float *f) {
   __stcs(reinterpret_cast<uint4 *>(p), r.u);
 }
 
-/* unpack<T> for LayerNorm's forward (FAST): bf16 pairs as (word << 16, word & 0xffff0000)
- * -- one integer op per element, where to_f32 of the extracted high element takes a PRMT
- * and a shift; the same values. */
+/* unpack<T>, or for the forward's row work (FAST: LayerNorm, RMSNorm's kNormFwdCut)
+ * unpack_fast<T> (unpack_fast.cuh: bf16 by one integer op per element; the same values). */
 template <typename T, bool FAST>
 __device__ __forceinline__ void norm_unpack(float *f, const raw16 &r) {
-  if (!FAST || !std::is_same<T, __nv_bfloat16>::value) {
-    unpack<T>(f, r);
-    return;
-  }
-  const uint32_t w[4] = {r.u.x, r.u.y, r.u.z, r.u.w};
-#pragma unroll
-  for (int k = 0; k < 4; k++) {
-    f[2 * k] = __uint_as_float(w[k] << 16);
-    f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-  }
+  if (FAST) unpack_fast<T>(f, r);
+  else unpack<T>(f, r);
 }
 
 /* Sum over the thread's in-row vectors of (h - center)^2 (the row's elements in xr). */
@@ -802,9 +812,10 @@ __device__ __forceinline__ void norm_fwd_out_pass(raw16 (&xr)[NV], const T *w, c
  * (sm_90a SASS; the out pass ~700 -> ~400, the unpacks of the two sums ~100); measured
  * (H200, 2026-11-30 night, balanced same-process A/B against the parent's kernels):
  * 3.81 vs 3.69 TB/s at 16k x 4096, 3.32 vs 2.96 at 8k x 2048, with the residual 3.96 vs
- * 3.85 / 3.65 vs 3.46, 16k x 8192 4.04 vs 4.00. RMSNorm keeps the plain code: the same
- * changes there (with the row sums in 4 chains) gave +0.7% at 4096 but -2.9% at 8192 with
- * the residual. The row sums in 4 independent chains (shorter dependent chains, other
+ * 3.85 / 3.65 vs 3.46, 16k x 8192 4.04 vs 4.00. RMSNorm keeps the plain code by default: the
+ * same changes there (with the row sums in 4 chains) gave +0.7% at 4096 but -2.9% at 8192
+ * with the residual; its opt-in kNormFwdCut takes them (without the 4 chains) for 16-bit rows
+ * of <= 4096 elements. The row sums in 4 independent chains (shorter dependent chains, other
  * bits) gave LayerNorm nothing (with them 3.81 / 3.95 / 4.03 / 3.34 there): not kept.
  * docs/PERFORMANCE.md. */
 template <typename T, bool LAYER, int NV, bool RES, int TPR, int F>
@@ -812,7 +823,7 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
                                              const raw16 (&rr)[NV], int64_t r, bool valid,
                                              float *scr) {
   constexpr int V = vec_width<T>::value;
-  constexpr bool FAST = LAYER;
+  constexpr bool FAST = LAYER || (F & kNormFwdCut) != 0;
   using ntype = typename std::conditional<FAST, int, int64_t>::type;
   const ntype n = (ntype)p.cols;
   float s = 0.0f;
@@ -1542,7 +1553,10 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * vector per thread, D = 6), OT_NORM_BWD_V3NV=2 | 4 (v3 vectors per thread),
  * OT_NORM_BWD_STAGES=S (v3 ring depth; 0 = automatic), OT_NORM_BWD_TMA_STAGES=S (tma ring
  * depth, default 3; 0 = automatic), OT_NORM_REDUCE=old (the partials' sum by the 32 x 32 kernel of
- * 4-byte loads; default: norm_reduce_partials_v2_kernel where cols % 4 == 0). */
+ * 4-byte loads; default: norm_reduce_partials_v2_kernel where cols % 4 == 0),
+ * OT_NORM_RMS_FWD_CUT=1 (RMSNorm forward v2 with kNormFwdCut for 16-bit rows of <= 4096
+ * elements; =2: its 8-vector instances without the residual also held to 56 registers,
+ * kNormFwdHold56; opt-in, not yet measured). */
 enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
 struct norm_cfg {
   ot_context *ctx;    /* the call's context: its temporaries (norm_temp_alloc) */
@@ -1559,6 +1573,8 @@ struct norm_cfg {
   int bwd_stages;     /* -1 unset */
   int bwd_tma_stages; /* default 3; 0 automatic */
   bool reduce_v2;     /* the partials' sum: v2 (default) or the 32 x 32 kernel (=old) */
+  int rms_fwd_cut;    /* OT_NORM_RMS_FWD_CUT: 1 RMSNorm forward v2 with kNormFwdCut, 2 also
+                       * kNormFwdHold56; 0 the default */
 };
 static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *temp_st) {
   norm_cfg c;
@@ -1594,6 +1610,8 @@ static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *t
   c.bwd_tma_stages = env_int("OT_NORM_BWD_TMA_STAGES", 3);
   const char *r = env("OT_NORM_REDUCE");
   c.reduce_v2 = !(r && strcmp(r, "old") == 0);
+  c.rms_fwd_cut = env_int("OT_NORM_RMS_FWD_CUT", 0);
+  if (c.rms_fwd_cut != 2) c.rms_fwd_cut = c.rms_fwd_cut != 0;
   return c;
 }
 
@@ -1697,6 +1715,35 @@ static inline void (*norm_fwd_v2_select(bool res, const norm_launch &L))(norm_fw
   return res ? norm_fwd_v2_pick<T, LAYER, true, 0>(L) : norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs>(L);
 }
 
+/* RMSNorm's forward v2 instance with kNormFwdCut (OT_NORM_RMS_FWD_CUT=1; hold, =2: with
+ * kNormFwdHold56) for shape L and the same store option as norm_fwd_v2_select, or NULL (the
+ * default instance is taken): 16-bit
+ * rows of <= 4096 elements at the default budget -- one warp a row at 1-8 vectors a thread
+ * (<= 2048 elements), two at 8 (<= 4096); rows wider than 4096 keep the default (the cut
+ * with 4-chain sums lost 2.9% at 16k x 8192 with the residual). */
+template <typename T>
+static inline void (*norm_fwd_v2_cut_pick(bool res, bool hold, int64_t cols,
+                                          const norm_launch &L))(norm_fwd_params) {
+  if constexpr (sizeof(T) != 2) {
+    return nullptr;
+  } else {
+    constexpr int C = kNormFwdCut, CS = kNormFwdCut | kNormFwdCs, CH = CS | kNormFwdHold56;
+    if (cols > 4096 || L.nv == 0) return nullptr;
+    if (L.nv == 8 && (L.threads == 32 || L.threads == 64)) {
+      if (res) return L.threads == 32 ? norm_fwd_v2_kernel<T, false, 8, true, 32, C> : norm_fwd_v2_kernel<T, false, 8, true, 64, C>;
+      if (hold) return L.threads == 32 ? norm_fwd_v2_kernel<T, false, 8, false, 32, CH> : norm_fwd_v2_kernel<T, false, 8, false, 64, CH>;
+      return L.threads == 32 ? norm_fwd_v2_kernel<T, false, 8, false, 32, CS> : norm_fwd_v2_kernel<T, false, 8, false, 64, CS>;
+    }
+    if (L.threads != 32) return nullptr;
+    switch (L.nv) {
+      case 1: return res ? norm_fwd_v2_kernel<T, false, 1, true, 32, C> : norm_fwd_v2_kernel<T, false, 1, false, 32, CS>;
+      case 2: return res ? norm_fwd_v2_kernel<T, false, 2, true, 32, C> : norm_fwd_v2_kernel<T, false, 2, false, 32, CS>;
+      case 4: return res ? norm_fwd_v2_kernel<T, false, 4, true, 32, C> : norm_fwd_v2_kernel<T, false, 4, false, 32, CS>;
+      default: return nullptr;
+    }
+  }
+}
+
 /* Forward v2: one block per row group(s), as many blocks as rows / rows per block;
  * launched as a programmatic dependent of the previous kernel (c.pdl): measured, run of
  * 718ecab, 16k rows bf16, back-to-back calls: +1-3% without the residual, +0.5-1% with. */
@@ -1707,6 +1754,13 @@ cudaError_t norm_fwd_v2_launch(const norm_cfg &c, const norm_fwd_params &p, cons
   const int64_t blocks = (p.rows + L.rows - 1) / L.rows;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   void (*kernel)(norm_fwd_params) = norm_fwd_v2_select<T, LAYER>(p.residual != nullptr, L);
+  if constexpr (!LAYER) {
+    if (c.rms_fwd_cut) {
+      void (*cut)(norm_fwd_params) =
+          norm_fwd_v2_cut_pick<T>(p.residual != nullptr, c.rms_fwd_cut == 2, p.cols, L);
+      if (cut) kernel = cut;
+    }
+  }
   if (!kernel) return cudaErrorInvalidConfiguration;
   return norm_launch_ex(c, kernel, dim3((unsigned)blocks), block, stream, p);
 }

@@ -24,7 +24,9 @@
  * its shape before (run of 4005b7c), 82-86% for the first warp kernel (v2, since removed)
  * and 76-82% for the block-per-token kernel (OT_ROPE_IMPL=v1); docs/PERFORMANCE.md. A
  * bulk-copy (TMA, sm_90) kernel staging each token's heads in shared memory ran 4-11%
- * slower than v3 (run of a342519): removed.
+ * slower than v3 (run of a342519): removed. OT_ROPE_IMPL=w4 | w4o: rope_warp4_kernel, v3's
+ * work in ~25% fewer instructions (16-bit types; opt-in, prepared 2026-11-30 night for the
+ * next same-process A/B, not yet measured).
  *
  * A position outside the cache (not validated on the host for device tensors)
  * yields NaN outputs rather than an out-of-bounds read.
@@ -35,6 +37,7 @@
 #include "../core/rope.h"
 #include "common.cuh"
 #include "rope.cuh"
+#include "unpack_fast.cuh"
 
 namespace ot {
 
@@ -212,15 +215,12 @@ __device__ __forceinline__ void rope_store_cs(T *p, const float *f) {
   __stcs(reinterpret_cast<uint4 *>(p), r.u);
 }
 
-/* One item of a warp kernel: the lane's NP cos / sin of pairs i0.. from the warp's cs
- * ([cos 0..half) [sin 0..half)), the rotation of the item x1 (NeoX: and its partner x2
- * at + half) and the stores at out. */
+/* The lane's NP cos / sin of pairs i0.. from the warp's cs ([cos 0..half) [sin 0..half)). */
 template <typename T, ot_rope_mode MODE>
-__device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, int64_t i0,
-                                               const raw16 &x1, const raw16 &x2, T *out) {
+__device__ __forceinline__ void rope_lane_cs(const float *cs, int64_t half, int64_t i0, float *c,
+                                             float *sn) {
   constexpr int V = vec_width<T>::value;
   constexpr int NP = MODE == OT_ROPE_NEOX ? V : V / 2; /* pairs per item */
-  float a[V], y1[V], c[NP], sn[NP];
   if (NP % 4 == 0) { /* 16-byte shared loads: i0 and half are multiples of 4 */
 #pragma unroll
     for (int j = 0; j < NP; j += 4) {
@@ -233,10 +233,21 @@ __device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, in
 #pragma unroll
     for (int j = 0; j < NP; j++) c[j] = cs[i0 + j], sn[j] = cs[half + i0 + j];
   }
-  unpack<T>(a, x1);
+}
+
+/* The rotation of one item x1 (NeoX: and its partner x2 at + half) with the lane's cos / sin
+ * and the stores at out; FAST: bf16 unpacked by unpack_fast (the same values). */
+template <typename T, ot_rope_mode MODE, bool FAST>
+__device__ __forceinline__ void rope_rotate_item(const raw16 &x1, const raw16 &x2, const float *c,
+                                                 const float *sn, T *out, int64_t half) {
+  constexpr int V = vec_width<T>::value;
+  float a[V], y1[V];
+  if (FAST) unpack_fast<T>(a, x1);
+  else unpack<T>(a, x1);
   if (MODE == OT_ROPE_NEOX) {
     float bv[V], y2[V];
-    unpack<T>(bv, x2);
+    if (FAST) unpack_fast<T>(bv, x2);
+    else unpack<T>(bv, x2);
 #pragma unroll
     for (int j = 0; j < V; j++) rope_rotate(a[j], bv[j], c[j], sn[j], &y1[j], &y2[j]);
     rope_store_cs(out, y1);
@@ -247,6 +258,18 @@ __device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, in
       rope_rotate(a[j], a[j + 1], c[j / 2], sn[j / 2], &y1[j], &y1[j + 1]);
     rope_store_cs(out, y1);
   }
+}
+
+/* One item of the warp kernel (v3): the lane's cos / sin from the warp's cs, the rotation,
+ * the stores. */
+template <typename T, ot_rope_mode MODE>
+__device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, int64_t i0,
+                                               const raw16 &x1, const raw16 &x2, T *out) {
+  constexpr int V = vec_width<T>::value;
+  constexpr int NP = MODE == OT_ROPE_NEOX ? V : V / 2; /* pairs per item */
+  float c[NP], sn[NP];
+  rope_lane_cs<T, MODE>(cs, half, i0, c, sn);
+  rope_rotate_item<T, MODE, false>(x1, x2, c, sn, out, half);
 }
 
 /* The warp kernel's shape: U passes of head loads in flight per batch, blocks of
@@ -375,9 +398,145 @@ __global__ void __launch_bounds__(kRopeWarpThreads, 1)
   }
 }
 
-/* The warp kernel's items per head for this call, or 0 when it does not apply. */
+/* ---- opt-in (OT_ROPE_IMPL=w4 | w4o; prepared 2026-11-30 night, not yet measured) ------------
+ * rope_warp3_kernel's work with its per-pass instructions cut. SASS of the default (sm_90a,
+ * bf16 NeoX, IPH 8, U 10: the 16k x (32 + 8) x 128 bench case, one batch of 10 passes a
+ * token): ~1470 instructions a lane per token with a cache (the shortest path through the
+ * token loop that issues every head load and store), ~97 a pass in the store loop and ~36
+ * in the load loop, of which ~60 are addressing -- head() takes the q / k fields through a
+ * dynamically indexed p.t[isk] (4 LDC of the constant bank per pointer), three 64-bit
+ * products per pointer, the partner x2 at a run-time + half -- and the high bf16 of each
+ * word unpacked by PRMT + IMAD.U32; the token's batch / sequence index by a 64-bit
+ * division (twice: this token's, the next one's position). Here ~1110 (~75 + ~17 a pass):
+ *   - the lane's q / k base pointers of the token are formed once per token (b, s and
+ *     the lane's element offset), a pass adds hh * stride with the q / k choice made by
+ *     selects on registers; half (= IPH * NP for every call this kernel takes) and the
+ *     cache row length 2 * half are compile-time constants, so x2 is at an immediate
+ *     offset;
+ *   - bf16 words unpacked by (w << 16, w & 0xffff0000): one integer op per element;
+ *   - batch 1 (q as [tokens, heads, head_dim]): the token is its sequence index, no division;
+ *   - with a cache, the lane's NP cos / sin are read from the cache row straight into
+ *     registers (float4 loads, issued before the head loads as before; 16-byte aligned
+ *     caches only, rope_launch checks), not through the warp's shared slice and two
+ *     __syncwarp: the computed cos / sin still go through it (rope_fill_cs).
+ * The same values, rounding and order (rope_rotate): the same bits as rope_warp3_kernel.
+ * MINB: __launch_bounds__'s blocks per SM -- 1 (w4: ptxas's own count, sm_90a NeoX 162-168
+ * registers, 3 blocks = 12 warps per SM as the default's 167; GPT-J 108-120, 4 blocks) or 4
+ * (w4o: held to 128 registers, 16 warps per SM, 33% more loads in flight; NeoX spills 64-96
+ * bytes a thread there, per-token scalars: ptxas -v; the default held to 3-4 blocks spilled
+ * and lost in the run of ecdf3b4). 16-bit types only (float32 takes the default). */
+template <int NP>
+__device__ __forceinline__ void rope_w4_cs(const float *row, float *v) {
+  static_assert(NP % 4 == 0, "float4 loads");
+#pragma unroll
+  for (int j = 0; j < NP; j += 4) {
+    const float4 t = __ldg(reinterpret_cast<const float4 *>(row + j));
+    v[j] = t.x, v[j + 1] = t.y, v[j + 2] = t.z, v[j + 3] = t.w;
+  }
+}
+
+template <typename T, ot_rope_mode MODE, int IPH, int U, int MINB>
+__global__ void __launch_bounds__(kRopeWarpThreads, MINB)
+    rope_warp4_kernel(const __grid_constant__ rope_params p) {
+  constexpr int V = vec_width<T>::value;
+  static_assert(V == 8, "16-bit types only");
+  constexpr int HPW = 32 / IPH;
+  constexpr int NP = MODE == OT_ROPE_NEOX ? V : V / 2; /* pairs per item */
+  constexpr int HALF = IPH * NP;                       /* p.half; the cache row: 2 * HALF */
+  const int lane = threadIdx.x & 31, item = lane % IPH, hl = lane / IPH;
+  const int64_t tokens = p.batch * p.seq;
+  const int hq = (int)p.t[0].heads, hall = hq + (int)p.t[1].heads;
+  const int e0 = item * V, i0 = item * NP;
+  const int wpb = blockDim.x >> 5;
+  extern __shared__ float rope_cs[]; /* [warps][2 * HALF], computed cos / sin only */
+  float *cs = rope_cs + (threadIdx.x >> 5) * (2 * HALF);
+  const int passes = (hall + HPW - 1) / HPW;
+  const int nb = (passes + U - 1) / U;
+  const int ub = (passes + nb - 1) / nb; /* passes per batch, <= U */
+  const int64_t tstep = (int64_t)gridDim.x * wpb;
+  const int64_t qis = p.t[0].in_sh, qos = p.t[0].out_sh, kis = p.t[1].in_sh, kos = p.t[1].out_sh;
+  /* token t's batch and sequence index: no 64-bit division for one sequence (batch 1,
+   * the [tokens, heads, head_dim] layout) */
+  auto split = [&](int64_t t, int64_t &b, int64_t &s) {
+    b = p.batch == 1 ? 0 : t / p.seq;
+    s = t - b * p.seq;
+  };
+  auto position = [&](int64_t t) -> int64_t {
+    int64_t b, s;
+    split(t, b, s);
+    const int64_t pi = b * p.pos_sb + s * p.pos_ss;
+    return p.pos_is_i64 ? static_cast<const int64_t *>(p.positions)[pi]
+                        : (int64_t) static_cast<const int32_t *>(p.positions)[pi];
+  };
+  int64_t tok = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5);
+  int64_t pos = tok < tokens ? position(tok) : 0;
+  for (; tok < tokens; tok += tstep) {
+    int64_t b, s;
+    split(tok, b, s);
+    float c[NP], sn[NP];
+    if (p.cache) { /* NaN outside the cache: rope_fill_cs's values */
+      if (pos >= 0 && pos < p.max_position) {
+        const float *crow = p.cache + pos * (2 * HALF) + i0;
+        rope_w4_cs<NP>(crow, c);
+        rope_w4_cs<NP>(crow + HALF, sn);
+      } else {
+#pragma unroll
+        for (int j = 0; j < NP; j++) c[j] = sn[j] = __int_as_float(0x7fc00000);
+      }
+      if (p.inverse)
+#pragma unroll
+        for (int j = 0; j < NP; j++) sn[j] = -sn[j];
+    }
+    /* the lane's element of head 0 of q and of k in this token */
+    const T *qi = static_cast<const T *>(p.t[0].in) + b * p.t[0].in_sb + s * p.t[0].in_ss + e0;
+    T *qo = static_cast<T *>(p.t[0].out) + b * p.t[0].out_sb + s * p.t[0].out_ss + e0;
+    const T *ki = static_cast<const T *>(p.t[1].in) + b * p.t[1].in_sb + s * p.t[1].in_ss + e0;
+    T *ko = static_cast<T *>(p.t[1].out) + b * p.t[1].out_sb + s * p.t[1].out_ss + e0;
+    int64_t npos = 0;
+    for (int bi = 0; bi < nb; bi++) {
+      const int hb = hl + bi * ub * HPW; /* this lane's first head of the batch */
+      const int cnt = ub < passes - bi * ub ? ub : passes - bi * ub;
+      raw16 x1[U], x2[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int h = hb + u * HPW;
+        if (u < cnt && h < hall) {
+          const bool isk = h >= hq;
+          const int hh = isk ? h - hq : h;
+          const T *in = (isk ? ki : qi) + (int64_t)hh * (isk ? kis : qis);
+          x1[u].u = __ldcs(reinterpret_cast<const uint4 *>(in));
+          if (MODE == OT_ROPE_NEOX) x2[u].u = __ldcs(reinterpret_cast<const uint4 *>(in + HALF));
+        }
+      }
+      if (bi == 0) {
+        /* the next token's position, then (computed) this token's cos / sin, while the
+         * loads fly */
+        if (tok + tstep < tokens) npos = position(tok + tstep);
+        if (!p.cache) {
+          __syncwarp(); /* the previous token's readers are done */
+          rope_fill_cs(p, pos, HALF, 2 * HALF, cs, lane, 32);
+          __syncwarp();
+          rope_lane_cs<T, MODE>(cs, HALF, i0, c, sn);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int h = hb + u * HPW;
+        if (u >= cnt || h >= hall) break;
+        const bool isk = h >= hq;
+        const int hh = isk ? h - hq : h;
+        T *out = (isk ? ko : qo) + (int64_t)hh * (isk ? kos : qos);
+        rope_rotate_item<T, MODE, true>(x1[u], x2[u], c, sn, out, HALF);
+      }
+    }
+    pos = npos;
+  }
+}
+
+/* The warp kernel's items per head for this call, or 0 when it does not apply (impl: the
+ * value of OT_ROPE_IMPL, or NULL). */
 template <typename T>
-static int rope_warp_iph(const rope_params &p, ot_rope_mode mode) {
+static int rope_warp_iph(const rope_params &p, ot_rope_mode mode, const char *impl) {
   constexpr int V = vec_width<T>::value;
   if (!rope_can_vectorize<T>(p, mode)) return 0;
   const int64_t iph = (mode == OT_ROPE_NEOX ? p.half : p.rotary_dim) / V;
@@ -390,21 +549,44 @@ static int rope_warp_iph(const rope_params &p, ot_rope_mode mode) {
         return 0; /* out of place: features [rd, D) must be copied (v1 does) */
     }
   }
-  const char *env = getenv("OT_ROPE_IMPL");
-  if (env && strcmp(env, "v1") == 0) return 0;
+  if (impl && strcmp(impl, "v1") == 0) return 0;
   return (int)iph;
+}
+
+/* OT_ROPE_IMPL (impl) = w4 (1) | w4o (2): rope_warp4_kernel for the calls the warp kernel
+ * takes in 16-bit types, with a cache only when it is 16-byte aligned (its float4 loads) and
+ * heads counted in int; else 0. */
+static int rope_w4_choice(const rope_params &p, const char *impl) {
+  if (!impl) return 0;
+  const int w = strcmp(impl, "w4") == 0 ? 1 : strcmp(impl, "w4o") == 0 ? 2 : 0;
+  const bool ok = (!p.cache || ot_is_aligned16(p.cache)) && p.t[0].heads + p.t[1].heads < (1 << 30);
+  return ok ? w : 0;
 }
 
 template <typename T>
 static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStream_t stream) {
   const int64_t tokens = p.batch * p.seq;
   if (tokens == 0) return cudaSuccess;
-  const int iph = rope_warp_iph<T>(p, mode);
+  const char *impl = getenv("OT_ROPE_IMPL");
+  const int iph = rope_warp_iph<T>(p, mode, impl);
   if (iph) {
     constexpr int wpb = kRopeWarpThreads / 32;
     const int64_t blocks = (tokens + wpb - 1) / wpb;
     const dim3 g2((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff)), b2(kRopeWarpThreads);
     const size_t sm2 = wpb * (size_t)p.rotary_dim * sizeof(float); /* rd <= 256: 4 KB */
+    if constexpr (sizeof(T) == 2) {
+      const int w4 = rope_w4_choice(p, impl);
+      if (w4) {
+#define OT_ROPE_WARP4(M, MB)                                                             \
+  (iph == 4 ? rope_warp4_kernel<T, M, 4, kRopeWarpU, MB><<<g2, b2, sm2, stream>>>(p)     \
+            : iph == 8 ? rope_warp4_kernel<T, M, 8, kRopeWarpU, MB><<<g2, b2, sm2, stream>>>(p) \
+                       : rope_warp4_kernel<T, M, 16, kRopeWarpU, MB><<<g2, b2, sm2, stream>>>(p))
+        if (mode == OT_ROPE_NEOX) w4 == 2 ? OT_ROPE_WARP4(OT_ROPE_NEOX, 4) : OT_ROPE_WARP4(OT_ROPE_NEOX, 1);
+        else w4 == 2 ? OT_ROPE_WARP4(OT_ROPE_GPTJ, 4) : OT_ROPE_WARP4(OT_ROPE_GPTJ, 1);
+#undef OT_ROPE_WARP4
+        return cudaGetLastError();
+      }
+    }
 #define OT_ROPE_WARP3(M, U)                                                              \
   (iph == 4 ? rope_warp3_kernel<T, M, 4, U><<<g2, b2, sm2, stream>>>(p)                  \
             : iph == 8 ? rope_warp3_kernel<T, M, 8, U><<<g2, b2, sm2, stream>>>(p)       \
