@@ -130,10 +130,9 @@ def _variant_list(d, s, causal):
         v.append(("latenodiag", {**LATE, **NODIAG}))
     # kFlPin (prepared 2026-11-30 night, not measured): the pipelined step's softmax before its
     # P V's wait (in every default kernel ptxas puts all of the step's exponentials after it);
-    # compiled only for D64 on the 2-consumer 128-key tile (with and without kFlDiag): D64
-    # causal up to 64 query tiles
-    if causal and d == 64 and s <= 8192:
-        v.append(("pin", PIN))
+    # compiled for every default bf16 tile (D64 2 consumers with and without kFlDiag, 3; D128
+    # 128-key with the threshold, 176-key with the 48-key narrow step; D256): all of the grid
+    v.append(("pin", PIN))
     if causal and d == 64 and s <= 1024:
         v.append(("pinnodiag", {**PIN, **NODIAG}))
     # D128 masked calls of > 64 query tiles (S 16k causal: one CTA per tile) on the 176-key
@@ -350,19 +349,38 @@ def late_checks(S, ck):
 
 def pin_checks(S, ck):
     """kFlPin (OT_ATTN_SM90_PIN=1, experiment builds: bf16 D64 128-key tile with 2 consumers,
-    with and without kFlDiag): float64 checks and bit-equality with the switch off (only the
-    order of the step's instructions changes) on _pipeline_cases' D64 shapes (the causal ones
-    run the 2-consumer tile; the unmasked ones 3 consumers, where the pin is not compiled:
-    the default), kFlDiag off, and unmasked calls forced onto 2 consumers (OT_ATTN_SM90_WG=2:
-    Sk <= 2048 takes the 128-key tile; S 1000 / 2000, a last key tile of 104 / 80 keys);
-    no lse."""
-    cases = [c for c in _pipeline_cases() if c[0] == 64] + _nodiag_cases()
+    with and without kFlDiag, and 3; D128 128-key tile with the threshold, 176-key tile with
+    the 48-key narrow step; D256 with the threshold): float64 checks and bit-equality with
+    the switch off (only the order of the step's instructions changes) on _pipeline_cases'
+    shapes (D64 causal: 2 consumers, unmasked: 3; D128 causal and Sk <= 2048: the 128-key
+    tile), kFlDiag off, unmasked D64 forced onto 2 consumers (OT_ATTN_SM90_WG=2: Sk <= 2048
+    takes the 128-key tile; S 1000 / 2000, a last key tile of 104 / 80 keys); D128 unmasked
+    Sk > 2048 on the 176-key tile (Sk 4096: a 48-key last tile, the narrow step; 4097: 49
+    keys, no narrow step: the pin's bit dropped with it, the default runs; 2200: 88; GRID 3
+    / 7, GQA / MQA, Sq != Sk); D256 causal / unmasked / a window (80-key tiles, a partial
+    last one, GRID 3); the scale 1 at D128 (row maxima that move by more than 2^8: the
+    threshold's rescale under the pin); no lse; fp16 (not compiled: the default runs)."""
+    cases = _pipeline_cases() + _nodiag_cases()
     for sq, sk, grid in ((1000, 1000, 3), (2000, 2000, 0), (300, 1000, 5)):
         cases.append((64, sq, sk, 4, 2, -1, -1, {**WG2, "OT_ATTN_SM90_GRID": str(grid)}
                       if grid else WG2))
+    for sq, sk, hq, hkv, grid in ((4096, 4096, 2, 1, 0), (1000, 4096, 4, 2, 3),
+                                  (700, 4097, 4, 1, 0), (2200, 2200, 4, 4, 7),
+                                  (300, 4096, 8, 1, 0)):
+        cases.append((128, sq, sk, hq, hkv, -1, -1,
+                      {"OT_ATTN_SM90_GRID": str(grid)} if grid else {}))
+    for sq, sk, wl, wr, grid in ((1000, 1000, -1, 0, 3), (1000, 1030, -1, -1, 0),
+                                 (700, 1000, 200, 0, 0), (300, 1041, -1, -1, 3)):
+        cases.append((256, sq, sk, 4, 2, wl, wr, {"OT_ATTN_SM90_GRID": str(grid)}
+                      if grid else {}))
     _bit_equal_checks(S, ck, cases, PIN, "pin")
-    ba.check_case(S, ck, 2, 1300, 1100, 4, 2, 64, wr=0, with_lse=False,
-                  env={**PIN, "OT_ATTN_SM90_GRID": "3"})
+    for d in (64, 128):
+        ba.check_case(S, ck, 2, 1300, 1100, 4, 2, d, wr=0, with_lse=False,
+                      env={**PIN, "OT_ATTN_SM90_GRID": "3"})
+    for sq, sk, wr in ((2160, 2160, -1), (1000, 4096, -1), (1000, 1000, 0)):
+        ba.check_case(S, ck, 2, sq, sk, 4, 2, 128, wr=wr, scale=1.0, env=PIN)
+        _same_as_default(S, ck, 2, sq, sk, 4, 2, 128, -1, wr, {}, var=PIN, name="pin", scale=1.0)
+    ba.check_case(S, ck, 2, 1000, 4096, 4, 2, 128, dtype=torch.float16, env=PIN)
 
 
 def _nodiag_cases():
@@ -399,7 +417,7 @@ def _diff_from_default(S, B, sq, sk, hq, hkv, d, wl, wr, extra, var):
 
 
 def _same_as_default(S, ck, B, sq, sk, hq, hkv, d, wl, wr, extra, dtype=torch.bfloat16, var=None,
-                     name="skip"):
+                     name="skip", scale=None):
     torch.manual_seed(7 + sq + 3 * sk + d)
     q, k, v = ba.make_qkv(B, sq, sk, hq, hkv, d, dtype, "bshd")
     res = []
@@ -407,12 +425,15 @@ def _same_as_default(S, ck, B, sq, sk, hq, hkv, d, wl, wr, extra, dtype=torch.bf
         out = torch.full_like(q, float("nan"))
         lse = torch.full((B, hq, sq), float("nan"), device="cuda")
         with ba.env_set(env):
-            handled = ba.sm90_call(S, q, k, v, out, lse, 1 / math.sqrt(d), wl, wr)()
+            handled = ba.sm90_call(S, q, k, v, out, lse,
+                                   1 / math.sqrt(d) if scale is None else scale, wl, wr)()
         torch.cuda.synchronize()
         res.append((handled, out, lse))
     (h0, o0, l0), (h1, o1, l1) = res
     same = h0 and h1 and torch.equal(o0, o1) and torch.equal(l0, l1)
-    ck.report(f"{name} == default B{B} sq{sq} sk{sk} h{hq}/{hkv} d{d} wl{wl} wr{wr} {extra}", same,
+    sc = "" if scale is None else f" scale {scale}"
+    ck.report(f"{name} == default B{B} sq{sq} sk{sk} h{hq}/{hkv} d{d} wl{wl} wr{wr} {extra}{sc}",
+              same,
               f"handled {h0}/{h1}, out max diff {(o0.float() - o1.float()).abs().max().item():.3g}"
               f", lse max diff {(l0 - l1).abs().nan_to_num(0.0).max().item():.3g}")
 

@@ -48,7 +48,7 @@
 # AB=late (prepared 2026-11-30 night, not measured): kFlLate (OT_ATTN_SM90_LATE=1: a persistent
 # CTA's tile stores O and the lse under the next tile's first Q K^T, not between its last P V's
 # turn and the next prologue's) and kFlPin (OT_ATTN_SM90_PIN=1: the step's softmax before its
-# P V's wait; D64 2 consumers only) -- unless set otherwise: D 64 / 128, S 1k and 4k, causal
+# P V's wait; since the nanosleep pin every default bf16 tile: AB=pin for D128) -- unless set otherwise: D 64 / 128, S 1k and 4k, causal
 # and full, 10 balanced rounds of default / late / pin (/ latenodiag / pinnodiag / nodiag at
 # D64 causal S 1k, where kFlDiag is the default) / cuDNN / flash, both variants' float64 and
 # bit-equality checks first (--checks late,pin); the C suite's "hopper" cases under each
@@ -62,6 +62,20 @@ if [ "${AB:-}" = late ]; then
   : "${VARGS:=--only late,latenodiag,pin,pinnodiag,nodiag --checks late,pin --causal both --no-host}"
   : "${VENVS:=OT_ATTN_SM90_LATE=1;OT_ATTN_SM90_LATE=1 OT_ATTN_SM90_DIAG=0;OT_ATTN_SM90_PIN=1}"
   : "${SAN_FILTERS:=OT_ATTN_SM90_LATE=1@GRID 3 causal S600;OT_ATTN_SM90_LATE=1@late GRID 3 causal;OT_ATTN_SM90_PIN=1@GRID 3 causal S600 D64}"
+fi
+# AB=pin (prepared 2026-11-30 night, not measured): kFlPin (OT_ATTN_SM90_PIN=1: the pipelined
+# step's softmax before its P V's wait) on the issue's open target -- unless set otherwise:
+# D128, S 4k and 16k, causal (128-key tile, rescale threshold) and full (176-key tile, 48-key
+# narrow step), 10 balanced rounds of default / pin / cuDNN / flash, pin's float64 and
+# bit-equality checks first (--checks pin: D64 2 / 3 consumers, D128 both tiles, D256); the C
+# suite's "hopper" cases under the switch; memcheck and racecheck under it of "GRID 3 causal
+# S600 D128" (128-key tile) and "Sq300 Sk2159 D128 B2" (176-key tile, its narrow step).
+if [ "${AB:-}" = pin ]; then
+  : "${VSEQS:=4096,16384}" "${VDIMS:=128}" "${VROUNDS:=10}" "${SUITE:=0}" "${VLIM:=170}"
+  : "${DEADLINE:=300}" "${SAN_TOOLS=memcheck racecheck}"
+  : "${VARGS:=--only pin --checks pin --causal both --no-host}"
+  : "${VENVS:=OT_ATTN_SM90_PIN=1}"
+  : "${SAN_FILTERS:=OT_ATTN_SM90_PIN=1@GRID 3 causal S600 D128;OT_ATTN_SM90_PIN=1@Sq300 Sk2159 D128 B2}"
 fi
 if [ "${AB:-}" = skipdiag ]; then
   : "${VSEQS:=1024,4096}" "${VDIMS:=64,128,256}" "${VROUNDS:=10}" "${SUITE:=0}" "${VLIM:=95}"

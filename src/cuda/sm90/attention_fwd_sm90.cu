@@ -112,8 +112,9 @@ enum {
                    * first Q K^T is issued, under that GEMM (experiment builds; see the
                    * kernel): not between the last P V's turn and the next prologue's */
   kFlPin = 0x8000, /* the pipelined step's softmax pinned before its P V's wait (a never-taken
-                   * branch on l between them; experiment builds): ptxas otherwise hoists
-                   * the WARPGROUP.DEPBAR of that wait to the top of the softmax's block */
+                   * branch on l between them, holding a nanosleep; experiment builds): ptxas
+                   * otherwise hoists the WARPGROUP.DEPBAR of that wait to the top of the
+                   * softmax's block */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -801,9 +802,15 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
          * the softmax's basic block (after the element mask's branch): in every default
          * kernel all of the step's MUFU.EX2 follow the P V's completion (sm_90a SASS,
          * 2026-11-30 night), the consumer idles through its own P V, and the softmax is
-         * overlapped only by the other consumer's GEMMs. With it, all of them precede it. */
+         * overlapped only by the other consumer's GEMMs. With it, all of them precede it.
+         * The branch holds a nanosleep, not a trap: with `trap` there ptxas allocated the
+         * D128 kernels within 168 registers (the launch's, not setmaxnreg's 240; 308-2132
+         * bytes of spills) and serialized their wgmmas (C7512); with a nanosleep (a plain
+         * instruction that falls through) the D128 instances keep their registers (187 /
+         * 224 as the defaults), no spills, no C75xx, and the step's 66 / 90 MUFU.EX2 all
+         * precede the P V's DEPBAR (2 / 0 in the defaults). */
         if constexpr (PIN) {
-          if (l_r[0] < 0.f) asm volatile("trap;");
+          if (l_r[0] < 0.f) asm volatile("nanosleep.u32 0;" ::: "memory");
         }
         wgmma_wait<0>();
         reg_fence<NO>(o);
@@ -1147,8 +1154,9 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * (attention_fwd_q2xt.json), XT D64 causal 0.90x / 0.95x (S 1k / 4k), D64 full 1.01x, not
  * used (kFlQ2 alone, 0.98-1.01x there, is no longer compiled); kFlLate at D64 128 (2
  * consumers with and without kFlDiag, 3) and D128 128 (with the threshold), kFlPin at D64
- * 128 with 2 consumers (with and without kFlDiag; elsewhere it spilled): prepared 2026-11-30
- * night, not measured. */
+ * 128 with 2 consumers (with and without kFlDiag) and 3, D128 128 (with the threshold) and
+ * 176 (with the 48-key narrow step: the S >= 4k unmasked default), D256 (with the
+ * threshold): prepared 2026-11-30 night, not measured. */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -1162,19 +1170,21 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   constexpr int XT = kFlQ2 | kFlXT, LT = kFlLate, PN = kFlPin;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3)>());
+                                    fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
+                                            narrow_bits(3) | PN>());
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4),
-                                            R | SN, R | SK>());
+                                            R | SN, R | SK, R | PN>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* snake, skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SN, R | SK, R | DG, R | XT, R | LT>());
+                                    fl_list<0, R, R | SN, R | SK, R | DG, R | XT, R | LT,
+                                            R | PN>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, SN, SK, DG, XT, LT, DG | LT, PN, DG | PN>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, LT>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, LT, PN>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG>());
@@ -1439,10 +1449,11 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * measured: docs/ATTENTION.md) */
   const int late = xt ? 0 : exp_switch(knobs, "OT_ATTN_SM90_LATE", kFlLate);
   /* OT_ATTN_SM90_PIN=1: kFlPin, the pipelined step's softmax pinned before its P V's wait
-   * (experiment builds: bf16 D64 128-key with 2 consumers, with and without kFlDiag -- the
-   * softmax's registers live while the P V holds O and P: with kFlLate, 3 consumers, D128
-   * and D256 the instances spilled 190-2100 bytes and ptxas serialized their wgmmas (C7512),
-   * so they are not compiled. Prepared 2026-11-30 night, not measured: docs/ATTENTION.md) */
+   * (experiment builds: bf16 D64 128-key with 2 consumers, with and without kFlDiag, and 3;
+   * D128 128-key with the threshold and 176-key with the 48-key narrow step -- the defaults
+   * of D128 S >= 4k causal / unmasked; D256 with the threshold. Not with kFlLate (not
+   * compiled: the bit is dropped). Prepared 2026-11-30 night, not measured:
+   * docs/ATTENTION.md) */
   const int pin = exp_switch(knobs, "OT_ATTN_SM90_PIN", kFlPin);
   const int fl =
       (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | late | pin;
