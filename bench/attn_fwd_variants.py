@@ -131,7 +131,8 @@ def _variant_list(d, s, causal):
     # kFlPin (prepared 2026-11-30 night, not measured): the pipelined step's softmax before its
     # P V's wait (in every default kernel ptxas puts all of the step's exponentials after it);
     # compiled for every default bf16 tile (D64 2 consumers with and without kFlDiag, 3; D128
-    # 128-key with the threshold, 176-key with the 48-key narrow step; D256): all of the grid
+    # 128-key with the threshold, 176-key with and without the 48-key narrow step; D256): all
+    # of the grid
     v.append(("pin", PIN))
     if causal and d == 64 and s <= 1024:
         v.append(("pinnodiag", {**PIN, **NODIAG}))
@@ -348,17 +349,16 @@ def late_checks(S, ck):
 
 
 def pin_checks(S, ck):
-    """kFlPin (OT_ATTN_SM90_PIN=1, experiment builds: bf16 D64 128-key tile with 2 consumers,
-    with and without kFlDiag, and 3; D128 128-key tile with the threshold, 176-key tile with
-    the 48-key narrow step; D256 with the threshold): float64 checks and bit-equality with
-    the switch off (only the order of the step's instructions changes) on _pipeline_cases'
-    shapes (D64 causal: 2 consumers, unmasked: 3; D128 causal and Sk <= 2048: the 128-key
-    tile), kFlDiag off, unmasked D64 forced onto 2 consumers (OT_ATTN_SM90_WG=2: Sk <= 2048
-    takes the 128-key tile; S 1000 / 2000, a last key tile of 104 / 80 keys); D128 unmasked
-    Sk > 2048 on the 176-key tile (Sk 4096: a 48-key last tile, the narrow step; 4097: 49
-    keys, no narrow step: the pin's bit dropped with it, the default runs; 2200: 88; GRID 3
-    / 7, GQA / MQA, Sq != Sk); D256 causal / unmasked / a window (80-key tiles, a partial
-    last one, GRID 3); the scale 1 at D128 (row maxima that move by more than 2^8: the
+    """kFlPin (OT_ATTN_SM90_PIN=1, experiment builds: bf16 D64 128-key tile with 2 consumers, with
+    and without kFlDiag, and 3; D128 128-key tile with the threshold, 176-key tile with and without
+    the 48-key narrow step; D256 with the threshold): float64 checks and bit-equality with the
+    switch off (only the order of the step's instructions changes) on _pipeline_cases' shapes (D64
+    causal: 2 consumers, unmasked: 3; D128 causal and Sk <= 2048: the 128-key tile), kFlDiag off,
+    unmasked D64 forced onto 2 consumers (OT_ATTN_SM90_WG=2: Sk <= 2048 takes the 128-key tile; S
+    1000 / 2000, a last key tile of 104 / 80 keys); D128 unmasked Sk > 2048 on the 176-key tile (Sk
+    4096: a 48-key last tile, the narrow step; 4097: 49 keys, 2200: 88, 6528: 16 but Sk > 6400 -- no
+    narrow step; GRID 3 / 7, GQA / MQA, Sq != Sk); D256 causal / unmasked / a window (80-key tiles,
+    a partial last one, GRID 3); the scale 1 at D128 (row maxima that move by more than 2^8: the
     threshold's rescale under the pin); no lse; fp16 (not compiled: the default runs)."""
     cases = _pipeline_cases() + _nodiag_cases()
     for sq, sk, grid in ((1000, 1000, 3), (2000, 2000, 0), (300, 1000, 5)):
@@ -366,7 +366,7 @@ def pin_checks(S, ck):
                       if grid else WG2))
     for sq, sk, hq, hkv, grid in ((4096, 4096, 2, 1, 0), (1000, 4096, 4, 2, 3),
                                   (700, 4097, 4, 1, 0), (2200, 2200, 4, 4, 7),
-                                  (300, 4096, 8, 1, 0)):
+                                  (300, 4096, 8, 1, 0), (300, 6528, 4, 2, 0)):
         cases.append((128, sq, sk, hq, hkv, -1, -1,
                       {"OT_ATTN_SM90_GRID": str(grid)} if grid else {}))
     for sq, sk, wl, wr, grid in ((1000, 1000, -1, 0, 3), (1000, 1030, -1, -1, 0),

@@ -48,7 +48,8 @@
 # AB=late (prepared 2026-11-30 night, not measured): kFlLate (OT_ATTN_SM90_LATE=1: a persistent
 # CTA's tile stores O and the lse under the next tile's first Q K^T, not between its last P V's
 # turn and the next prologue's) and kFlPin (OT_ATTN_SM90_PIN=1: the step's softmax before its
-# P V's wait; since the nanosleep pin every default bf16 tile: AB=pin for D128) -- unless set otherwise: D 64 / 128, S 1k and 4k, causal
+# P V's wait; D64 2 consumers only then, every default bf16 tile since 18332ae: AB=pin for
+# D128) -- unless set otherwise: D 64 / 128, S 1k and 4k, causal
 # and full, 10 balanced rounds of default / late / pin (/ latenodiag / pinnodiag / nodiag at
 # D64 causal S 1k, where kFlDiag is the default) / cuDNN / flash, both variants' float64 and
 # bit-equality checks first (--checks late,pin); the C suite's "hopper" cases under each

@@ -1155,8 +1155,8 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * used (kFlQ2 alone, 0.98-1.01x there, is no longer compiled); kFlLate at D64 128 (2
  * consumers with and without kFlDiag, 3) and D128 128 (with the threshold), kFlPin at D64
  * 128 with 2 consumers (with and without kFlDiag) and 3, D128 128 (with the threshold) and
- * 176 (with the 48-key narrow step: the S >= 4k unmasked default), D256 (with the
- * threshold): prepared 2026-11-30 night, not measured. */
+ * 176 (plain: S 16k; with the 48-key narrow step: S 4k -- the unmasked defaults), D256 (with
+ * the threshold): prepared 2026-11-30 night, not measured. */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -1171,7 +1171,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
-                                            narrow_bits(3) | PN>());
+                                            PN, narrow_bits(3) | PN>());
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4),
@@ -1450,8 +1450,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const int late = xt ? 0 : exp_switch(knobs, "OT_ATTN_SM90_LATE", kFlLate);
   /* OT_ATTN_SM90_PIN=1: kFlPin, the pipelined step's softmax pinned before its P V's wait
    * (experiment builds: bf16 D64 128-key with 2 consumers, with and without kFlDiag, and 3;
-   * D128 128-key with the threshold and 176-key with the 48-key narrow step -- the defaults
-   * of D128 S >= 4k causal / unmasked; D256 with the threshold. Not with kFlLate (not
+   * D128 128-key with the threshold and 176-key with and without the 48-key narrow step --
+   * the defaults of D128 S >= 4k causal / unmasked; D256 with the threshold. Not with kFlLate (not
    * compiled: the bit is dropped). Prepared 2026-11-30 night, not measured:
    * docs/ATTENTION.md) */
   const int pin = exp_switch(knobs, "OT_ATTN_SM90_PIN", kFlPin);
