@@ -442,6 +442,16 @@ __device__ __forceinline__ void stage_scatter(float (&p)[kStageRows], int lane) 
   }
 }
 
+/* The whole reduce-scatter of 32 rows' partials over a warp: lane r ends with row r's warp
+ * sum at p[0]. */
+__device__ __forceinline__ void stage_scatter32(float (&p)[kStageRows], int lane) {
+  stage_scatter<16>(p, lane);
+  stage_scatter<8>(p, lane);
+  stage_scatter<4>(p, lane);
+  stage_scatter<2>(p, lane);
+  stage_scatter<1>(p, lane);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused_gemv_args a) {
   static_assert(vec_width<T>::value == 8, "16-bit types");
@@ -482,11 +492,7 @@ __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused
       p[r] = dot8<T>(w, xf);
     }
   }
-  stage_scatter<16>(p, lane); /* 32 rows over the lanes: lane r ends with row r's sum */
-  stage_scatter<8>(p, lane);
-  stage_scatter<4>(p, lane);
-  stage_scatter<2>(p, lane);
-  stage_scatter<1>(p, lane);
+  stage_scatter32(p, lane); /* 32 rows over the lanes: lane r ends with row r's sum */
   red[warp][lane] = p[0];
   __syncthreads();
   ot_pdl_launch_dependents(); /* every load of the CTA is done */
@@ -581,11 +587,7 @@ __global__ void __launch_bounds__(kRbThreads, 1) rowblock_gemv_kernel(ote_fused_
           ot::load_raw<T, true, true>(w[i % D][j], Wp + (i + D) * K, (int64_t)j * nt * 8, K,
                                       kin[j] && i + D < nr);
     }
-    stage_scatter<16>(p, lane); /* lane r ends with row r's warp sum */
-    stage_scatter<8>(p, lane);
-    stage_scatter<4>(p, lane);
-    stage_scatter<2>(p, lane);
-    stage_scatter<1>(p, lane);
+    stage_scatter32(p, lane); /* lane r ends with row r's warp sum */
     red[warp][lane] = p[0];
     __syncthreads();
     if (warp == 0 && lane < nr) {
