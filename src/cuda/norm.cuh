@@ -754,10 +754,14 @@ __device__ __forceinline__ float norm_sq_dev(raw16 (&xr)[NV], float center, int 
 }
 
 /* A plain 16-byte global load (ld.global: the pointer has gone through an empty asm,
- * after which the compiler would emit a generic ld). */
+ * after which the compiler would emit a generic ld). volatile: a non-volatile asm is a
+ * pure function to the compiler, which hoisted the weight load common to the out pass's
+ * <HW, HB> branches above the test of the pointer -- in the v3 kernels with the residual,
+ * a no-weight call read address 16 * thread (memcheck, 2026-12-01); the v2 kernels' SASS
+ * is the same either way. */
 __device__ __forceinline__ uint4 norm_ld_global(const void *p) {
   uint4 v;
-  asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
