@@ -92,9 +92,12 @@ struct norm_fwd_params {
 constexpr int kNormFwdCs = 1, kNormFwdRegs = 4;
 /* kNormFwdCut: RMSNorm's row work takes LayerNorm's instruction cut (norm_fwd_row's FAST:
  * integer bf16 unpack, 32-bit row bounds, the out pass with the weight's presence fixed per
- * row) -- the same values and order, so the same bits. Opt-in (OT_NORM_RMS_FWD_CUT=1,
- * 16-bit rows of <= 4096 elements: norm_fwd_v2_cut_pick), prepared 2026-11-30 night for a
- * same-process A/B, not yet measured: LayerNorm's changes in RMSNorm with 4-chain row sums
+ * row) -- the same values and order, so the same bits. The default since 2026-12-01 for
+ * 16-bit rows of <= 4096 elements (norm_fwd_v2_cut_pick; OT_NORM_RMS_FWD_CUT=0: the plain
+ * row work): balanced same-process A/B on the H200 (4 rounds, copy 4.26 TB/s; bench/results/
+ * fused_ops_cut_ab.json) 16k x 4096 3.89 vs 3.85 TB/s, with the residual 3.97 vs 3.93, 8k x
+ * 2048 3.47 vs 3.32 / 3.69 vs 3.59; 8192 (not taken) 3.90 / 4.05 either way; =2 no better
+ * (3.89 / 3.97, 3.37 / 3.68). Before: LayerNorm's changes in RMSNorm with 4-chain row sums
  * measured +4.1% at 8k x 2048, +0.7% at 16k x 4096 and -2.9% at 16k x 8192 with the
  * residual (docs/PERFORMANCE.md); the 4 chains are not part of it. Instructions a thread on
  * the path taken (sm_90a SASS, bf16 with weight, every vector in the row): 2048 (one warp a
@@ -1567,8 +1570,8 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * depth, default 3; 0 = automatic), OT_NORM_REDUCE=old (the partials' sum by the 32 x 32 kernel of
  * 4-byte loads; default: norm_reduce_partials_v2_kernel where cols % 4 == 0),
  * OT_NORM_RMS_FWD_CUT=1 (RMSNorm forward v2 with kNormFwdCut for 16-bit rows of <= 4096
- * elements; =2: its 8-vector instances without the residual also held to 56 registers,
- * kNormFwdHold56; opt-in, not yet measured), OT_NORM_LN_FWD_VARIANT=1 | 2 (LayerNorm forward
+ * elements, the default; =0 the plain row work; =2: its 8-vector instances without the
+ * residual also held to 56 registers, kNormFwdHold56), OT_NORM_LN_FWD_VARIANT=1 | 2 (LayerNorm forward
  * v2 at 16-bit rows of 2049-4096 elements one row a block; 2 with the instances held to 56 /
  * 80 registers: norm_fwd_v2_ln_variant_pick; opt-in, not yet measured). */
 enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
@@ -1587,8 +1590,8 @@ struct norm_cfg {
   int bwd_stages;     /* -1 unset */
   int bwd_tma_stages; /* default 3; 0 automatic */
   bool reduce_v2;     /* the partials' sum: v2 (default) or the 32 x 32 kernel (=old) */
-  int rms_fwd_cut;    /* OT_NORM_RMS_FWD_CUT: 1 RMSNorm forward v2 with kNormFwdCut, 2 also
-                       * kNormFwdHold56; 0 the default */
+  int rms_fwd_cut;    /* OT_NORM_RMS_FWD_CUT: 1 (default) RMSNorm forward v2 with kNormFwdCut,
+                       * 2 also kNormFwdHold56; 0 the plain row work */
   int ln_fwd_variant; /* OT_NORM_LN_FWD_VARIANT: 1 LayerNorm forward v2 one row a block, 2
                        * also held (kNormFwdHold56 / kNormFwdHold80); 0 the default */
 };
@@ -1626,7 +1629,7 @@ static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *t
   c.bwd_tma_stages = env_int("OT_NORM_BWD_TMA_STAGES", 3);
   const char *r = env("OT_NORM_REDUCE");
   c.reduce_v2 = !(r && strcmp(r, "old") == 0);
-  c.rms_fwd_cut = env_int("OT_NORM_RMS_FWD_CUT", 0);
+  c.rms_fwd_cut = env_int("OT_NORM_RMS_FWD_CUT", 1);
   if (c.rms_fwd_cut != 2) c.rms_fwd_cut = c.rms_fwd_cut != 0;
   c.ln_fwd_variant = env_int("OT_NORM_LN_FWD_VARIANT", 0);
   if (c.ln_fwd_variant != 1 && c.ln_fwd_variant != 2) c.ln_fwd_variant = 0;
