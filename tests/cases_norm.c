@@ -832,7 +832,7 @@ static void fwd_variant_bits(test_run *tr, bool ln, DLDataType dt, int64_t H, in
 }
 
 /* RMSNorm's forward v2 with LayerNorm's instruction cut (OT_NORM_RMS_FWD_CUT=1, norm.cuh
- * kNormFwdCut; the default since 2026-12-01 for 16-bit rows of <= 4096 elements, which the
+ * kNormFwdCut; the default since 2026-11-30 for 16-bit rows of <= 4096 elements, which the
  * rest of the suite then runs too; OT_NORM_RMS_FWD_CUT=0 the plain row work): the forward table's
  * variants at widths it takes -- 64 and 1000 (one warp, 1 and 4 vectors a thread, 1000 with
  * lanes past the row's end), 2048 (one warp, 8 vectors), 2056 and 4096 (two warps, 8

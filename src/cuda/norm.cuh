@@ -92,7 +92,7 @@ struct norm_fwd_params {
 constexpr int kNormFwdCs = 1, kNormFwdRegs = 4;
 /* kNormFwdCut: RMSNorm's row work takes LayerNorm's instruction cut (norm_fwd_row's FAST:
  * integer bf16 unpack, 32-bit row bounds, the out pass with the weight's presence fixed per
- * row) -- the same values and order, so the same bits. The default since 2026-12-01 for
+ * row) -- the same values and order, so the same bits. The default since 2026-11-30 for
  * 16-bit rows of <= 4096 elements (norm_fwd_v2_cut_pick; OT_NORM_RMS_FWD_CUT=0: the plain
  * row work): balanced same-process A/B on the H200 (4 rounds, copy 4.26 TB/s; bench/results/
  * fused_ops_cut_ab.json) 16k x 4096 3.89 vs 3.85 TB/s, with the residual 3.97 vs 3.93, 8k x
@@ -768,7 +768,7 @@ __device__ __forceinline__ float norm_sq_dev(raw16 (&xr)[NV], float center, int 
  * after which the compiler would emit a generic ld). volatile: a non-volatile asm is a
  * pure function to the compiler, which hoisted the weight load common to the out pass's
  * <HW, HB> branches above the test of the pointer -- in the v3 kernels with the residual,
- * a no-weight call read address 16 * thread (memcheck, 2026-12-01); the v2 kernels' SASS
+ * a no-weight call read address 16 * thread (memcheck, 2026-11-30); the v2 kernels' SASS
  * is the same either way. */
 __device__ __forceinline__ uint4 norm_ld_global(const void *p) {
   uint4 v;
@@ -1765,7 +1765,7 @@ static inline void (*norm_fwd_v2_cut_pick(bool res, bool hold, int64_t cols,
   }
 }
 
-/* LayerNorm's opt-in forward variants (OT_NORM_LN_FWD_VARIANT, prepared 2026-12-01 for a
+/* LayerNorm's opt-in forward variants (OT_NORM_LN_FWD_VARIANT, prepared 2026-11-30 for a
  * same-process A/B, not yet measured) for 16-bit rows of 2049-4096 elements at the default
  * budget (shape L: two warps a row, 8 vectors a thread -- the 16k x 4096 case, 89.0% of
  * copy in the run for b3239ea, 94.4% at 8192), or NULL (the default is taken). Both launch
