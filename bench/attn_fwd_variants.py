@@ -53,6 +53,7 @@ NODIAG = {"OT_ATTN_SM90_DIAG": "0"}
 XT = {"OT_ATTN_SM90_XT": "1"}
 LATE = {"OT_ATTN_SM90_LATE": "1"}
 PIN = {"OT_ATTN_SM90_PIN": "1"}
+NOPIN = {"OT_ATTN_SM90_PIN": "0"}  # the plain order where kFlPin is the default
 WIDERESC = {**WIDE, **RESC}
 
 
@@ -134,6 +135,10 @@ def _variant_list(d, s, causal):
     # 128-key with the threshold, 176-key with and without the 48-key narrow step; D256): all
     # of the grid
     v.append(("pin", PIN))
+    # kFlPin the default (2026-11-30) for bf16 unmasked calls on D128's 176-key tile (S > 2048)
+    # and D64's 3-consumer tile: there "pin" is the default and "nopin" the plain order
+    if not causal and (d == 64 or (d == 128 and s > 2048)):
+        v.append(("nopin", NOPIN))
     if causal and d == 64 and s <= 1024:
         v.append(("pinnodiag", {**PIN, **NODIAG}))
     # D128 masked calls of > 64 query tiles (S 16k causal: one CTA per tile) on the 176-key

@@ -42,14 +42,16 @@
  * default on at head dim 256 and for head dim 128 on the 128-key tile), OT_ATTN_SM90_NARROW=0|1
  * (kFlNarrow, see the dispatch), OT_ATTN_SM90_DIAG=0|1 (kFlDiag: the narrow step per
  * consumer warpgroup, 64 keys; default on for bf16 D64 masked calls of <= 8 query tiles,
- * see the dispatch). Only in builds with -DOT_ATTN_SM90_EXPERIMENTS (bf16;
+ * see the dispatch), OT_ATTN_SM90_PIN=0|1 (kFlPin: the step's softmax before its P V's wait;
+ * default on for bf16 unmasked calls on D128's 176-key and D64's 3-consumer tiles, see the
+ * dispatch). Only in builds with -DOT_ATTN_SM90_EXPERIMENTS (bf16;
  * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256,
  * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls); OT_ATTN_SM90_SKIP=1 (kFlSkip;
  * measured slower, docs/ATTENTION.md); kFlDiag at D128; OT_ATTN_SM90_XT=1 (kFlXT on
  * kFlQ2's 2-stage Q ring; D64 causal 0.90-0.95x, unmasked D64 1.01x, docs/ATTENTION.md);
  * OT_ATTN_SM90_LATE=1 (kFlLate: a tile's epilogue under the next tile's first Q K^T;
- * prepared, not measured); OT_ATTN_SM90_PIN=1 (kFlPin: the step's softmax before its P V's
- * wait; prepared, not measured); OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is
+ * prepared, not measured); kFlPin on the other tiles (D64 2 consumers, D128 128-key, D256:
+ * measured, not used); OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is
  * parsed there, but its instances are
  * no longer compiled (add the bits to launch_fl's lists to measure them again).
  *
@@ -112,7 +114,8 @@ enum {
                    * first Q K^T is issued, under that GEMM (experiment builds; see the
                    * kernel): not between the last P V's turn and the next prologue's */
   kFlPin = 0x8000, /* the pipelined step's softmax pinned before its P V's wait (a never-taken
-                   * branch on l between them, holding a nanosleep; experiment builds): ptxas
+                   * branch on l between them, holding a nanosleep; default for bf16 unmasked
+                   * D128 176-key and D64 3-consumer tiles, see the dispatch): ptxas
                    * otherwise hoists the WARPGROUP.DEPBAR of that wait to the top of the
                    * softmax's block */
 };
@@ -1189,8 +1192,13 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG>());
   } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
-    /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16 */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, narrow_bits(3)>());
+    /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16; kFlPin
+     * with and without it (the unmasked default, OT_ATTN_SM90_PIN=0 the plain order) */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, narrow_bits(3), PN, narrow_bits(3) | PN>());
+  } else if constexpr (D == 64 && BC == 128 && NC == 3 && !is_half<T>::value) {
+    /* 192-row tiles (D64 unmasked calls): kFlPin the default, bf16 */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, PN>());
   } else if constexpr (D == 256 || (D == 128 && BC == 128)) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R>());
   } else {
@@ -1448,13 +1456,24 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * O 64 registers spilled 352 bytes there. Not with kFlXT. Prepared 2026-11-30 night, not
    * measured: docs/ATTENTION.md) */
   const int late = xt ? 0 : exp_switch(knobs, "OT_ATTN_SM90_LATE", kFlLate);
-  /* OT_ATTN_SM90_PIN=1: kFlPin, the pipelined step's softmax pinned before its P V's wait
-   * (experiment builds: bf16 D64 128-key with 2 consumers, with and without kFlDiag, and 3;
-   * D128 128-key with the threshold and 176-key with and without the 48-key narrow step --
-   * the defaults of D128 S >= 4k causal / unmasked; D256 with the threshold. Not with kFlLate (not
-   * compiled: the bit is dropped). Prepared 2026-11-30 night, not measured:
-   * docs/ATTENTION.md) */
-  const int pin = exp_switch(knobs, "OT_ATTN_SM90_PIN", kFlPin);
+  /* kFlPin: the pipelined step's softmax pinned before its P V's wait (a never-taken branch
+   * on the step's row sums, see the kernel). Default on for bf16 unmasked calls on D128's
+   * 176-key tile (with and without the 48-key narrow step) and D64's 3-consumer 128-key tile.
+   * H200, 2026-11-30 (attention_fwd_pin.json, runs 1-2, balanced rounds in one process):
+   * D128 S 4k full 1.058x / 1.053x the plain order (19 of 26 round pairs ahead), S 16k
+   * 1.016x / 1.002x; D64 full S 4k 1.022x, 16k 1.019x (12 / 16 each); D256 full 0.996x /
+   * 1.014x and causal D128 0.959x (S 4k) / 0.924x (16k): not used there. Outputs and lse bit-equal to
+   * the plain order's (the same arithmetic). OT_ATTN_SM90_PIN=0|1 forces it off / on (on:
+   * where an instance is compiled -- experiment builds also D64 2 consumers, D128 128-key,
+   * D256; not with kFlLate, whose bit wins). */
+  int pin = 0;
+  {
+    const char *pnv = sm90_knob(knobs, "OT_ATTN_SM90_PIN");
+    const bool on = pnv ? pnv[0] == '1'
+                        : a->dtype == OT_BF16 && !masked_call &&
+                              ((a->d == 128 && bc == 176) || (a->d == 64 && nc == 3));
+    if (on && !late) pin = kFlPin;
+  }
   const int fl =
       (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | late | pin;
   *handled = true;
