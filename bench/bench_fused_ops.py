@@ -742,14 +742,10 @@ def bench_all(S, args):
         # instruction cut (16-bit rows of <= 4096 elements; wider rows take the default, so
         # its 8192 rows time the default again; cut56: its instances without the residual
         # held to 56 registers) and RoPE's rope_warp4_kernel (w4o: held to 4 blocks per SM);
-        # and (prepared 2026-11-30) LayerNorm's forward one row a block ("row1", 16-bit rows
-        # of 2049-4096 elements: the 4096 rows; the others time the default again) and the
-        # same with its instances held to 56 / 80 registers ("row1h"); the other variants
-        # left out
-        FWD_VARIANTS = {"cut": {"OT_NORM_RMS_FWD_CUT": "1"}, "cut56": {"OT_NORM_RMS_FWD_CUT": "2"}}
-        LN_FWD_VARIANTS = {"row1": {"OT_NORM_LN_FWD_VARIANT": "1"},
-                           "row1h": {"OT_NORM_LN_FWD_VARIANT": "2"}}
-        BWD_VARIANTS = LN_BWD_VARIANTS = {}
+        # the other variants left out
+        # (the cut is the default since ba6f82c: "plain" is the row work before it)
+        FWD_VARIANTS = {"plain": {"OT_NORM_RMS_FWD_CUT": "0"}, "cut56": {"OT_NORM_RMS_FWD_CUT": "2"}}
+        LN_FWD_VARIANTS = BWD_VARIANTS = LN_BWD_VARIANTS = {}
         ROPE_VARIANTS = {"w4": {"OT_ROPE_IMPL": "w4"}, "w4o": {"OT_ROPE_IMPL": "w4o"}}
     only = set(args.only.split(","))
 
@@ -1367,8 +1363,7 @@ def main():
                     help="--bench: more ROWSxHIDDEN cases after the 16k-row ones, e.g. 8192x2048")
     ap.add_argument("--cut-ab", action="store_true",
                     help="--bench: the variants are the opt-ins of 2026-11-30 night (RMSNorm "
-                         "forward OT_NORM_RMS_FWD_CUT=1 / 2, RoPE OT_ROPE_IMPL=w4 / w4o) and of "
-                         "2026-11-30 (LayerNorm forward OT_NORM_LN_FWD_VARIANT=1 / 2), timed in "
+                         "forward OT_NORM_RMS_FWD_CUT=1 / 2, RoPE OT_ROPE_IMPL=w4 / w4o), timed in "
                          "--ab-rounds' balanced rounds with ours")
     ap.add_argument("--rope-tail", action="store_true",
                     help="--bench: the RoPE forward also at whole rounds of its warp slots")

@@ -33,9 +33,8 @@
 #   OT_NCU=0 (skip step 4), OT_NCU_AB=1 (the A/B builds' kernels under ncu too),
 #   OT_NCU_TRAIN=0 (ncu without the training shapes and torch.compile),
 #   OT_BENCH_EXTRA (more bench_fused_ops.py flags, e.g. "--ab-rounds 4 --cases 8192x2048
-#     --rope-tail"; "--cut-ab": the RMSNorm / RoPE opt-ins of 2026-11-30 night and LayerNorm's
-#     forward variants of 2026-11-30 against the defaults in --ab-rounds' balanced rounds,
-#     docs/PERFORMANCE.md), OT_NCU_TIMEOUT (60),
+#     --rope-tail"; "--cut-ab": the RMSNorm / RoPE opt-ins of 2026-11-30 night against the
+#     defaults in --ab-rounds' balanced rounds, docs/PERFORMANCE.md), OT_NCU_TIMEOUT (60),
 #   OT_BENCH_TIMEOUT (90), OT_TEST_TIMEOUT (40, per suite),
 #   OT_SAN="BIN:SUITE:FILTER|..." ("" skips 3).
 P=${OT_PREBUILT:-.devcarry-p5}; OUT=${OUT:-/tmp/ot_device_out}; mkdir -p "$OUT"

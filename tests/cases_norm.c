@@ -780,67 +780,52 @@ static void forward_impl_cases(test_run *tr) {
   }
 }
 
-/* One forward call under the opt-in env=value against the default kernels (env=0), bit for
- * bit: out, residual_out and the saved statistics. v: bit 0 fused (with the residual), bit 1
- * without weight (and bias). RMSNorm's OT_NORM_RMS_FWD_CUT and LayerNorm's
- * OT_NORM_LN_FWD_VARIANT keep the values and their order. */
-static void fwd_variant_bits(test_run *tr, bool ln, DLDataType dt, int64_t H, int v,
-                             const char *value) {
-  const bool fused = v & 1, weight = (v & 2) == 0;
-  const char *env = ln ? "OT_NORM_LN_FWD_VARIANT" : "OT_NORM_RMS_FWD_CUT";
-  if (!tr_begin(tr, "%s %s (%s=%s) H=%lld %s%s: the same bits as the default",
-                ln ? "layernorm" : "rmsnorm", dt_name(dt), ln ? "variant" : "cut", value,
-                (long long)H, fused ? "fused" : "plain",
-                weight ? "" : ln ? " no-weight no-bias" : " no-weight"))
-    return;
-  const backend *be = tr->be;
-  rng r = tr_rng(tr);
-  const int64_t R = 37, shape[2] = {R, H}; /* odd: a 2-row block of the default holds 1 row */
-  tbuf *x = new_act(be, dt, 2, shape, 0, &r, -2, 2);
-  tbuf *res = fused ? new_act(be, dt, 2, shape, 0, &r, -2, 2) : NULL;
-  tbuf *w = weight ? new_act(be, dt, 1, &H, 0, &r, -1.5, 1.5) : NULL;
-  tbuf *b = ln && weight ? new_act(be, dt, 1, &H, 0, &r, -1, 1) : NULL;
-  tbuf *out[2] = {NULL, NULL}, *rout[2] = {NULL, NULL}, *mean[2] = {NULL, NULL},
-       *rstd[2] = {NULL, NULL};
-  bool ok = true;
-  for (int k = 0; k < 2 && ok; k++) {
-    out[k] = new_act(be, dt, 2, shape, 0, NULL, 0, 0);
-    if (fused) rout[k] = new_act(be, dt, 2, shape, 0, NULL, 0, 0);
-    if (ln) mean[k] = tb_new(be, DT_F32, 1, &R);
-    rstd[k] = tb_new(be, DT_F32, 1, &R);
-    env_saved e = env_set(env, k ? value : "0");
-    const ot_status st =
-        ln ? ot_layernorm_forward(be->ctx, tb_dl(x), dl_or_null(res), dl_or_null(w), dl_or_null(b),
-                                  (float)EPS, tb_dl(out[k]), dl_or_null(rout[k]),
-                                  tb_dl(mean[k]), tb_dl(rstd[k]))
-           : ot_rmsnorm_forward(be->ctx, tb_dl(x), dl_or_null(res), dl_or_null(w), (float)EPS,
-                                tb_dl(out[k]), dl_or_null(rout[k]), tb_dl(rstd[k]));
-    ok = tr_ok(tr, st,
-               ln ? (k ? "ot_layernorm_forward (variant)" : "ot_layernorm_forward")
-                  : (k ? "ot_rmsnorm_forward (cut)" : "ot_rmsnorm_forward"));
-    env_restore(&e);
-  }
-  if (ok) {
-    if (!same_bytes(out[0], out[1])) tr_fail(tr, "out differs from the default kernels'");
-    if (fused && !same_bytes(rout[0], rout[1])) tr_fail(tr, "residual_out differs");
-    if (ln && !same_bytes(mean[0], mean[1])) tr_fail(tr, "mean differs");
-    if (!same_bytes(rstd[0], rstd[1])) tr_fail(tr, "rstd differs");
-  }
-  tr_end(tr);
-  for (int k = 0; k < 2; k++) tb_free(out[k]), tb_free(rout[k]), tb_free(mean[k]), tb_free(rstd[k]);
-  tb_free(x), tb_free(res), tb_free(w), tb_free(b);
-}
-
 /* RMSNorm's forward v2 with LayerNorm's instruction cut (OT_NORM_RMS_FWD_CUT=1, norm.cuh
  * kNormFwdCut; the default since 2026-11-30 for 16-bit rows of <= 4096 elements, which the
- * rest of the suite then runs too; OT_NORM_RMS_FWD_CUT=0 the plain row work): the forward table's
+ * rest of the suite then runs too; OT_NORM_RMS_FWD_CUT=0 the plain row work): the forward
+ * table's
  * variants at widths it takes -- 64 and 1000 (one warp, 1 and 4 vectors a thread, 1000 with
  * lanes past the row's end), 2048 (one warp, 8 vectors), 2056 and 4096 (two warps, 8
  * vectors; 2056 with most of the second warp past the end) -- and 8192 (not taken: the
  * default under the switch), and the consistency checks under it (the backward's
  * recomputed statistics take the cut too); the 8-vector instances held to 56 registers
  * (=2) at 2048 / 2056 / 4096 plain; then each call's outputs under 1 and 2 against the
- * default kernels' bit for bit (the cut keeps the values and their order). CUDA only. */
+ * plain row work's (=0) bit for bit (the cut keeps the values and their order). CUDA only. */
+static void rms_cut_bits(test_run *tr, DLDataType dt, int64_t H, int v, const char *value) {
+  const bool fused = v & 1, weight = (v & 2) == 0;
+  if (!tr_begin(tr, "rmsnorm %s (cut=%s) H=%lld %s%s: the same bits as the plain row work (=0)",
+                dt_name(dt), value, (long long)H, fused ? "fused" : "plain",
+                weight ? "" : " no-weight"))
+    return;
+  const backend *be = tr->be;
+  rng r = tr_rng(tr);
+  const int64_t R = 37, shape[2] = {R, H};
+  tbuf *x = new_act(be, dt, 2, shape, 0, &r, -2, 2);
+  tbuf *res = fused ? new_act(be, dt, 2, shape, 0, &r, -2, 2) : NULL;
+  tbuf *w = weight ? new_act(be, dt, 1, &H, 0, &r, -1.5, 1.5) : NULL;
+  tbuf *out[2] = {NULL, NULL}, *rout[2] = {NULL, NULL}, *rstd[2] = {NULL, NULL};
+  bool ok = true;
+  for (int k = 0; k < 2 && ok; k++) {
+    out[k] = new_act(be, dt, 2, shape, 0, NULL, 0, 0);
+    if (fused) rout[k] = new_act(be, dt, 2, shape, 0, NULL, 0, 0);
+    rstd[k] = tb_new(be, DT_F32, 1, &R);
+    env_saved e = env_set("OT_NORM_RMS_FWD_CUT", k ? value : "0");
+    ok = tr_ok(tr, ot_rmsnorm_forward(be->ctx, tb_dl(x), dl_or_null(res), dl_or_null(w), (float)EPS,
+                                      tb_dl(out[k]), dl_or_null(rout[k]), tb_dl(rstd[k])),
+               k ? "ot_rmsnorm_forward (cut)" : "ot_rmsnorm_forward");
+    env_restore(&e);
+  }
+  if (ok) {
+    if (!same_bytes(out[0], out[1]))
+      tr_fail(tr, "out differs from the plain row work's (OT_NORM_RMS_FWD_CUT=0)");
+    if (fused && !same_bytes(rout[0], rout[1])) tr_fail(tr, "residual_out differs");
+    if (!same_bytes(rstd[0], rstd[1])) tr_fail(tr, "rstd differs");
+  }
+  tr_end(tr);
+  for (int k = 0; k < 2; k++) tb_free(out[k]), tb_free(rout[k]), tb_free(rstd[k]);
+  tb_free(x), tb_free(res), tb_free(w);
+}
+
 static void rms_fwd_cut_cases(test_run *tr) {
   if (!tr->be->is_cuda) return;
   static const int64_t CH[] = {64, 1000, 2048, 2056, 4096, 8192};
@@ -875,56 +860,9 @@ static void rms_fwd_cut_cases(test_run *tr) {
   for (size_t d = 1; d < 3; d++)
     for (size_t hi = 0; hi < 5; hi++)
       for (int v = 0; v < 4; v++) {
-        fwd_variant_bits(tr, false, *DTYPES[d], CH[hi], v, "1");
-        if (hi >= 2 && !(v & 1)) fwd_variant_bits(tr, false, *DTYPES[d], CH[hi], v, "2");
+        rms_cut_bits(tr, *DTYPES[d], CH[hi], v, "1");
+        if (hi >= 2 && !(v & 1)) rms_cut_bits(tr, *DTYPES[d], CH[hi], v, "2");
       }
-}
-
-/* LayerNorm's opt-in forward variants (OT_NORM_LN_FWD_VARIANT=1 | 2, norm.cuh
- * norm_fwd_v2_ln_variant_pick; taken for 16-bit rows of 2049-4096 elements: one row a block,
- * 2 with the instances held to 56 / 80 registers): the forward table's variants against the
- * float64 oracle at 64, 1000, 2048 (not taken: one warp a row), 2056 and 4096 (taken; 2056
- * with most of the second warp past the row's end) and 8192 (not taken), in the 16-bit types,
- * plus float32 at 4096 (not taken); the rows far from a zero mean and with an outlier first
- * element at 4096; the consistency checks under each (2056: the backward's recomputed
- * statistics take the variant too); then each call's out / residual_out / mean / rstd under
- * 1 and 2 against the default kernels' bit for bit (the same arithmetic in the same order).
- * CUDA only. */
-static void ln_fwd_variant_cases(test_run *tr) {
-  if (!tr->be->is_cuda) return;
-  static const int64_t VH[] = {64, 1000, 2048, 2056, 4096, 8192};
-  static const char *const VALUES[2] = {"1", "2"};
-  for (int k = 0; k < 2; k++) {
-    env_saved e = env_set("OT_NORM_LN_FWD_VARIANT", VALUES[k]);
-    for (size_t d = 0; d < 3; d++) /* DTYPES[0], float32: 4096 only (not taken) */
-      for (size_t hi = 0; hi < sizeof VH / sizeof VH[0]; hi++)
-        for (int v = 0; v < 6; v++) {
-          if (d == 0 && (VH[hi] != 4096 || v > 1)) continue;
-          fwd_case c = fwd_defaults(true, *DTYPES[d]);
-          set_fwd_variant(&c, v, VH[hi]);
-          char name[96];
-          snprintf(name, sizeof name, "%s (variant=%s)", c.variant, VALUES[k]);
-          c.variant = name;
-          set_shape(&c.ndim, c.shape, 33, VH[hi], v == 5);
-          run_forward(tr, &c);
-        }
-    for (size_t d = 1; d < 3; d++)
-      for (int v = 0; v < 2; v++) {
-        fwd_case c = fwd_defaults(true, *DTYPES[d]);
-        c.variant = v ? (k ? "outlier x[r,0]=500 (variant=2)" : "outlier x[r,0]=500 (variant=1)")
-                      : (k ? "offset mean (variant=2)" : "offset mean (variant=1)");
-        if (v) c.outlier = 500;
-        else c.xoff = 1000;
-        set_shape(&c.ndim, c.shape, 33, 4096, false);
-        run_forward(tr, &c);
-      }
-    consistency(tr);
-    env_restore(&e);
-  }
-  for (size_t d = 1; d < 3; d++)
-    for (size_t hi = 0; hi < sizeof VH / sizeof VH[0]; hi++)
-      for (int v = 0; v < 4; v++)
-        for (int k = 0; k < 2; k++) fwd_variant_bits(tr, true, *DTYPES[d], VH[hi], v, VALUES[k]);
 }
 
 /* ---- bad inputs --------------------------------------------------------------------------- */
@@ -1265,7 +1203,6 @@ static void run(test_run *tr) {
   forward_option_cases(tr);
   forward_impl_cases(tr);
   rms_fwd_cut_cases(tr);
-  ln_fwd_variant_cases(tr);
   for (int ln = 0; ln < 2; ln++) {
     bad_forward(tr, ln);
     bad_backward(tr, ln);

@@ -108,23 +108,15 @@ constexpr int kNormFwdCs = 1, kNormFwdRegs = 4;
 constexpr int kNormFwdCut = 8;
 /* kNormFwdHold56: with kNormFwdCut, the instances without the residual at 8 vectors a thread
  * (rows of 128 threads) held to 56 registers -- 9 blocks per SM as the default's 56; ptxas
- * gives the cut 58 (64 allocated: 8 blocks). OT_NORM_RMS_FWD_CUT=2. Also LayerNorm's opt-in
- * OT_NORM_LN_FWD_VARIANT=2 without the residual (64 -> 56 registers: 18 blocks of 64 threads
- * per SM launched one row a block; norm_fwd_v2_ln_variant_pick). */
+ * gives the cut 58 (64 allocated: 8 blocks). OT_NORM_RMS_FWD_CUT=2. */
 constexpr int kNormFwdHold56 = 16;
-/* kNormFwdHold80: held to 80 registers (6 blocks of 128 threads per SM; 12 of 64 when
- * launched one row a block) -- LayerNorm's opt-in OT_NORM_LN_FWD_VARIANT=2 with the
- * residual (bf16), whose default instance takes 94 (5 blocks of 128, 10 of 64). The same
- * arithmetic in the same order, so the same bits. */
-constexpr int kNormFwdHold80 = 32;
 
 /* __launch_bounds__ of forward v2: the block (TPR threads, or 128 as row groups of
  * TPR < 128), and with kNormFwdRegs the blocks per SM that hold the registers to 64. */
 constexpr int norm_fwd_v2_block(int tpr) { return tpr >= 128 ? tpr : 128; }
 constexpr int norm_fwd_v2_min_blocks(int tpr, int f) {
   return (f & kNormFwdRegs) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 8)
-         : (f & kNormFwdHold56) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 9)
-         : (f & kNormFwdHold80) ? (norm_fwd_v2_block(tpr) >= 256 ? 3 : 6) : 1;
+         : (f & kNormFwdHold56) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 9) : 1;
 }
 
 struct norm_bwd_params {
@@ -1571,9 +1563,7 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * 4-byte loads; default: norm_reduce_partials_v2_kernel where cols % 4 == 0),
  * OT_NORM_RMS_FWD_CUT=1 (RMSNorm forward v2 with kNormFwdCut for 16-bit rows of <= 4096
  * elements, the default; =0 the plain row work; =2: its 8-vector instances without the
- * residual also held to 56 registers, kNormFwdHold56), OT_NORM_LN_FWD_VARIANT=1 | 2 (LayerNorm forward
- * v2 at 16-bit rows of 2049-4096 elements one row a block; 2 with the instances held to 56 /
- * 80 registers: norm_fwd_v2_ln_variant_pick; opt-in, not yet measured). */
+ * residual also held to 56 registers, kNormFwdHold56). */
 enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
 struct norm_cfg {
   ot_context *ctx;    /* the call's context: its temporaries (norm_temp_alloc) */
@@ -1592,8 +1582,6 @@ struct norm_cfg {
   bool reduce_v2;     /* the partials' sum: v2 (default) or the 32 x 32 kernel (=old) */
   int rms_fwd_cut;    /* OT_NORM_RMS_FWD_CUT: 1 (default) RMSNorm forward v2 with kNormFwdCut,
                        * 2 also kNormFwdHold56; 0 the plain row work */
-  int ln_fwd_variant; /* OT_NORM_LN_FWD_VARIANT: 1 LayerNorm forward v2 one row a block, 2
-                       * also held (kNormFwdHold56 / kNormFwdHold80); 0 the default */
 };
 static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *temp_st) {
   norm_cfg c;
@@ -1631,8 +1619,6 @@ static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *t
   c.reduce_v2 = !(r && strcmp(r, "old") == 0);
   c.rms_fwd_cut = env_int("OT_NORM_RMS_FWD_CUT", 1);
   if (c.rms_fwd_cut != 2) c.rms_fwd_cut = c.rms_fwd_cut != 0;
-  c.ln_fwd_variant = env_int("OT_NORM_LN_FWD_VARIANT", 0);
-  if (c.ln_fwd_variant != 1 && c.ln_fwd_variant != 2) c.ln_fwd_variant = 0;
   return c;
 }
 
@@ -1765,46 +1751,15 @@ static inline void (*norm_fwd_v2_cut_pick(bool res, bool hold, int64_t cols,
   }
 }
 
-/* LayerNorm's opt-in forward variants (OT_NORM_LN_FWD_VARIANT, prepared 2026-11-30 for a
- * same-process A/B, not yet measured) for 16-bit rows of 2049-4096 elements at the default
- * budget (shape L: two warps a row, 8 vectors a thread -- the 16k x 4096 case, 89.0% of
- * copy in the run for b3239ea, 94.4% at 8192), or NULL (the default is taken). Both launch
- * one row a block (blocks of 64 threads, not 128 holding two rows): a row's four barriers
- * wait for its own two warps only, not for the other row's as well, and a block's slot is
- * freed when its one row is written. 1: the default instances (the same SASS), 16 blocks
- * of 64 per SM without the residual (64 registers), 10 with it (94). 2: instances held by
- * __launch_bounds__ -- without the residual to 56 registers (kNormFwdHold56: 18 blocks of
- * 64 per SM, 1152 threads against 1024; ptxas spills 16 bytes, stored once a row and
- * reloaded in the out pass, sm_90a), with it to 80 in bf16 (kNormFwdHold80: 12 blocks of
- * 64, 768 threads against 640; no spill; fp16 would spill 48 bytes, 1192 -> 1255
- * instructions on the path: it takes 1's default instance) -- more rows' loads in flight
- * per SM. The same statistics and out code in the same order as the default: the same bits.
- * Instructions a thread on the path with every load and store (sm_90a SASS, bf16, weight
- * and bias): without the residual 806 (default, 64 registers) -> 813 held, with it 1153
- * (94 registers) -> 1159 held. */
-template <typename T>
-static inline void (*norm_fwd_v2_ln_variant_pick(bool res, int variant,
-                                                 const norm_launch &L))(norm_fwd_params) {
-  if constexpr (sizeof(T) != 2) {
-    return nullptr;
-  } else {
-    if (L.nv != 8 || L.threads != 64) return nullptr;
-    if (variant == 2 && !res) return norm_fwd_v2_kernel<T, true, 8, false, 64, kNormFwdCs | kNormFwdHold56>;
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-      if (variant == 2) return norm_fwd_v2_kernel<T, true, 8, true, 64, kNormFwdHold80>;
-    }
-    return norm_fwd_v2_select<T, true>(res, L);
-  }
-}
-
 /* Forward v2: one block per row group(s), as many blocks as rows / rows per block;
  * launched as a programmatic dependent of the previous kernel (c.pdl): measured, run of
  * 718ecab, 16k rows bf16, back-to-back calls: +1-3% without the residual, +0.5-1% with. */
 template <typename T, bool LAYER>
 cudaError_t norm_fwd_v2_launch(const norm_cfg &c, const norm_fwd_params &p, const norm_launch &L,
                                cudaStream_t stream) {
-  dim3 block(L.threads, L.rows);
-  int64_t blocks = (p.rows + L.rows - 1) / L.rows;
+  const dim3 block(L.threads, L.rows);
+  const int64_t blocks = (p.rows + L.rows - 1) / L.rows;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   void (*kernel)(norm_fwd_params) = norm_fwd_v2_select<T, LAYER>(p.residual != nullptr, L);
   if constexpr (!LAYER) {
     if (c.rms_fwd_cut) {
@@ -1812,14 +1767,7 @@ cudaError_t norm_fwd_v2_launch(const norm_cfg &c, const norm_fwd_params &p, cons
           norm_fwd_v2_cut_pick<T>(p.residual != nullptr, c.rms_fwd_cut == 2, p.cols, L);
       if (cut) kernel = cut;
     }
-  } else {
-    if (c.ln_fwd_variant) {
-      void (*var)(norm_fwd_params) =
-          norm_fwd_v2_ln_variant_pick<T>(p.residual != nullptr, c.ln_fwd_variant, L);
-      if (var) kernel = var, block = dim3(L.threads, 1), blocks = p.rows;
-    }
   }
-  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   if (!kernel) return cudaErrorInvalidConfiguration;
   return norm_launch_ex(c, kernel, dim3((unsigned)blocks), block, stream, p);
 }
