@@ -267,6 +267,111 @@ static void bad_inputs(test_run *tr) {
   tr_end(tr);
 }
 
+/* ---- the opt-in CUDA kernels (OT_ADAMW_IMPL, src/cuda/adamw.cu) ------------------------ */
+
+/* Two sets from the same random stream, stepped three times with the same gradients: one
+ * by the default kernel, one under OT_ADAMW_IMPL=impl. "v8" must give the default's bits in
+ * every tensor; "fast" (approximate square root and division) the default's results within
+ * tol_state's tolerances (one rounding in 16-bit dtypes, a few float32 ulps in float32). */
+static void impl_vs_default_case(test_run *tr, const char *impl, const char *label, int n,
+                                 const int64_t *sizes, DLDataType pd, DLDataType gd,
+                                 DLDataType sd, bool master, int steps) {
+  if (!tr->be->is_cuda) return; /* (the CPU backend reads no OT_ADAMW_IMPL) */
+  if (!tr_begin(tr, "adamw %s (impl=%s): %d tensors params %s grads %s states %s%s: %s", label,
+                impl, n, dt_name(pd), dt_name(gd), dt_name(sd), master ? " + fp32 master" : "",
+                strcmp(impl, "v8") == 0 ? "the default's bits" : "near the default"))
+    return;
+  const bool exact = strcmp(impl, "v8") == 0;
+  rng r0 = tr_rng(tr), r1 = r0;
+  aw_set a, b;
+  set_new(&a, tr->be, &r0, n, sizes, pd, gd, sd, master);
+  set_new(&b, tr->be, &r1, n, sizes, pd, gd, sd, master);
+  ot_adamw_params hp = ot_adamw_default_params();
+  hp.lr = 1e-2f;
+  hp.weight_decay = 1e-2f;
+  hp.beta2 = 0.99f;
+  hp.eps = 1e-6f;
+  for (int step = 1; step <= steps && !tr->case_failed; step++) {
+    hp.step = step;
+    for (int i = 0; i < n; i++) {
+      tb_fill_uniform(a.g[i], &r0, -1, 1);
+      tb_fill_uniform(b.g[i], &r1, -1, 1);
+    }
+    env_saved e = env_set("OT_ADAMW_IMPL", NULL);
+    bool ok = tr_ok(tr, set_step(&a, tr->be->ctx, &hp), "ot_adamw_step (default)");
+    env_restore(&e);
+    e = env_set("OT_ADAMW_IMPL", impl);
+    ok = ok && tr_ok(tr, set_step(&b, tr->be->ctx, &hp), "ot_adamw_step (opt-in)");
+    env_restore(&e);
+    if (!ok) break;
+    for (int i = 0; i < n && !tr->case_failed; i++) {
+      tbuf *got[4] = {b.p[i], b.m[i], b.v[i], master ? b.w[i] : NULL};
+      tbuf *want[4] = {a.p[i], a.m[i], a.v[i], master ? a.w[i] : NULL};
+      static const char *const NAME[4] = {"params", "exp_avg", "exp_avg_sq", "master"};
+      /* the atol of adamw_case's float32 tolerances (w, m, v, master) */
+      static const double ATOL[4] = {5e-7, 3e-8, 2e-9, 5e-7};
+      for (int k = 0; k < 4 && !tr->case_failed; k++) {
+        if (!got[k]) continue;
+        tb_sync(got[k]);
+        tb_sync(want[k]);
+        char what[80];
+        snprintf(what, sizeof what, "step %d %s[%d]", step, NAME[k], i);
+        if (exact) {
+          for (int64_t j = 0; j < sizes[i]; j++) {
+            const double x = tb_get(got[k], j), y = tb_get(want[k], j);
+            if (!(x == y)) {
+              tr_fail(tr, "%s[%lld] = %.9g, the default's %.9g", what, (long long)j, x, y);
+              break;
+            }
+          }
+        } else {
+          double *ref = tb_to_f64(want[k]);
+          DLDataType dt = k == 0 ? pd : k == 3 ? DT_F32 : sd;
+          check_close(tr, what, got[k], ref, tol_state(dt, ATOL[k]));
+          free(ref);
+        }
+      }
+    }
+  }
+  set_free(&a);
+  set_free(&b);
+  tr_end(tr);
+}
+
+static void impl_cases(test_run *tr) {
+  if (!tr->be->is_cuda) return;
+  /* sizes ending inside a group of eight (and of four), shorter than one, exact multiples */
+  static const int64_t sizes8[8] = {1, 7, 8, 299, 65536 + 13, 131072 + 8, 4104, 4};
+  /* the training case (bf16 parameters, gradients and moments) and the suite's others */
+  static const struct {
+    DLDataType p, g, s;
+    bool master;
+  } DT[6] = {{{kDLBfloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLBfloat, 16, 1}, false},
+             {{kDLFloat, 32, 1}, {kDLFloat, 32, 1}, {kDLFloat, 32, 1}, false},
+             {{kDLBfloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 32, 1}, true},
+             {{kDLFloat, 16, 1}, {kDLFloat, 32, 1}, {kDLFloat, 32, 1}, true},
+             {{kDLBfloat, 16, 1}, {kDLFloat, 32, 1}, {kDLBfloat, 16, 1}, false},
+             {{kDLFloat, 16, 1}, {kDLFloat, 16, 1}, {kDLFloat, 16, 1}, false}};
+  static const char *const IMPL[2] = {"v8", "fast"};
+  for (int k = 0; k < 2; k++)
+    for (int d = 0; d < 6; d++)
+      impl_vs_default_case(tr, IMPL[k], "sizes8", 8, sizes8, DT[d].p, DT[d].g, DT[d].s,
+                           DT[d].master, 3);
+  /* more chunks than one launch of the capped table holds (401 > 396 / 264 on the H200) */
+  static const int64_t big[2] = {401 * 65536 + 3, 5};
+  for (int k = 0; k < 2; k++)
+    impl_vs_default_case(tr, IMPL[k], "big", 2, big, DT[0].p, DT[0].g, DT[0].s, false, 2);
+  /* the float64 reference of the suite's cases under "fast" (and "v8") */
+  const int64_t mixed[6] = {1, 3, 1000, 65536 + 5, 131072 + 7, 4};
+  for (int k = 0; k < 2; k++) {
+    env_saved e = env_set("OT_ADAMW_IMPL", IMPL[k]);
+    for (int d = 0; d < 6; d++)
+      adamw_case(tr, k ? "mixed (impl=fast)" : "mixed (impl=v8)", 6, mixed, DT[d].p, DT[d].g,
+                 DT[d].s, DT[d].master, 1e-2f);
+    env_restore(&e);
+  }
+}
+
 static void run(test_run *tr) {
   if (tr->grad) return; /* no gradient to check */
   const int64_t mixed[6] = {1, 3, 1000, 65536 + 5, 131072 + 7, 4};
@@ -275,12 +380,14 @@ static void run(test_run *tr) {
   adamw_case(tr, "mixed", 6, mixed, DT_F16, DT_F32, DT_F32, true, 0.1f);
   adamw_case(tr, "mixed", 6, mixed, DT_BF16, DT_F32, DT_BF16, false, 0.0f);
   adamw_case(tr, "mixed", 6, mixed, DT_F32, DT_F32, DT_F32, true, 1e-2f);
+  adamw_case(tr, "mixed", 6, mixed, DT_BF16, DT_BF16, DT_BF16, false, 1e-2f);
   /* many small tensors (several CUDA launch tables), sizes 0..97 */
   int64_t many[80];
   for (int i = 0; i < 80; i++) many[i] = (i * 37) % 98;
   adamw_case(tr, "many", 80, many, DT_BF16, DT_BF16, DT_F32, true, 1e-2f);
   adamw_case(tr, "many", 80, many, DT_F32, DT_F32, DT_F32, false, 1e-2f);
   bad_inputs(tr);
+  impl_cases(tr);
 }
 
 const test_suite suite_adamw = {"adamw", run};

@@ -15,9 +15,26 @@
  * bias correction). Elements are handled four at a time with one vector load per
  * tensor (8 bytes for 16-bit dtypes, 16 for float32) when every pointer of the tensor
  * is 16-byte aligned; otherwise, and for the tail of a tensor, one at a time.
+ *
+ * Opt-in (OT_ADAMW_IMPL, read per call; docs/ENVIRONMENT.md), the same tables, each
+ * launch a whole number of resident waves (the default's 448 blocks are 1.13 waves on the
+ * H200): adamw_vec8_kernel takes eight elements at a time (16-byte loads for 16-bit
+ * dtypes, two for float32: twice the bytes in flight per thread), "v8" with the default's
+ * arithmetic (the same bits), "fast" with sqrt.approx / div.approx and the division by
+ * the second bias correction's square root as a product by its reciprocal. sm_90a, bf16
+ * parameters, gradients and moments: the default's aligned loop is 261 instructions for
+ * four elements (65 an element: each sqrtf and the two IEEE divisions are a MUFU, a
+ * Newton step and a test for the slow path) -- at 14 bytes an element, near what an SM
+ * can issue at the H200's bandwidth --, "v8" 501 for eight (63 an element), "fast" 173
+ * for eight (22); registers 39 (default), 56 ("v8": 2 blocks of 512 per SM), 40 ("fast":
+ * 3, as the default). "fast"'s results are within a few float32 ulps of the default's
+ * update (tests/cases_adamw.c: the float64 reference's tolerances).
  */
+#include <stdlib.h>
+
 #include "../core/adamw.h"
 #include "common.cuh"
+#include "cuda_state.h"
 
 namespace ot {
 
@@ -128,19 +145,117 @@ __global__ void __launch_bounds__(kAdamwThreads) adamw_kernel(adamw_table tab, a
     adamw_elem<P, G, S, MASTER>(param, grad, m, v, master, j, h);
 }
 
+/* Eight elements at p (aligned to 8 elements, 16 bytes) as float32, and back: one 16-byte
+ * access for 16-bit types, two for float32. */
+template <typename T>
+__device__ __forceinline__ void load8(float *f, const T *p) {
+  if constexpr (sizeof(T) == 4) {
+    load4(f, p);
+    load4(f + 4, p + 4);
+  } else {
+    load_vec(f, p);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void store8(T *p, const float *f) {
+  if constexpr (sizeof(T) == 4) {
+    store4(p, f);
+    store4(p + 4, f + 4);
+  } else {
+    store_vec(p, f);
+  }
+}
+
+/* adamw_update with approximate square root and division (PTX sqrt.approx / div.approx:
+ * one MUFU each, no slow path; relative error ~2^-22) and the division by the second
+ * bias correction's square root as a product by its reciprocal (inv_bc2). */
+__device__ __forceinline__ void adamw_update_fast(float &w, float &m, float &v, float g,
+                                                  const adamw_hyper &h, float inv_bc2) {
+  const float ww = w * h.decay;
+  const float mm = h.beta1 * m + (1.0f - h.beta1) * g;
+  const float vv = h.beta2 * v + (1.0f - h.beta2) * g * g;
+  float root, q;
+  asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(root) : "f"(vv));
+  const float denom = fmaf(root, inv_bc2, h.eps);
+  asm("div.approx.ftz.f32 %0, %1, %2;" : "=f"(q) : "f"(mm), "f"(denom));
+  w = ww - h.step_size * q;
+  m = mm;
+  v = vv;
+}
+
+/* OT_ADAMW_IMPL=v8 (FAST false) / fast (FAST true): the default kernel's work eight
+ * elements at a time; the ragged tail (< 8 elements, only at a tensor's end) and
+ * unaligned tensors as there, one element at a time with the default's arithmetic.
+ * Launched a whole number of resident waves at a time (ot_cuda_adamw_step's cap). */
+template <typename P, typename G, typename S, bool MASTER, bool FAST>
+__global__ void __launch_bounds__(kAdamwThreads) adamw_vec8_kernel(adamw_table tab,
+                                                                   adamw_hyper h) {
+  const int t = tab.tensor[blockIdx.x];
+  const int64_t n = tab.numel[t];
+  const int64_t start = (int64_t)tab.chunk[blockIdx.x] * kAdamwChunk;
+  const int64_t end = start + kAdamwChunk < n ? start + kAdamwChunk : n;
+  P *param = static_cast<P *>(tab.param[t]);
+  const G *grad = static_cast<const G *>(tab.grad[t]);
+  S *m = static_cast<S *>(tab.m[t]);
+  S *v = static_cast<S *>(tab.v[t]);
+  float *master = tab.master[t];
+  const float inv_bc2 = FAST ? 1.0f / h.bc2_sqrt : 0.0f;
+  int64_t i = start + (int64_t)threadIdx.x * 8;
+  if (tab.aligned[t]) {
+    for (; i + 8 <= end; i += (int64_t)blockDim.x * 8) {
+      float w[8], g[8], mm[8], vv[8];
+      if (MASTER) load8(w, master + i);
+      else load8(w, param + i);
+      load8(g, grad + i);
+      load8(mm, m + i);
+      load8(vv, v + i);
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        if (FAST) adamw_update_fast(w[k], mm[k], vv[k], g[k], h, inv_bc2);
+        else adamw_update(w[k], mm[k], vv[k], g[k], h);
+      }
+      store8(m + i, mm);
+      store8(v + i, vv);
+      if (MASTER) store8(master + i, w);
+      store8(param + i, w);
+    }
+    if (i < end) {
+      for (int64_t j = i; j < end; j++)
+        adamw_elem<P, G, S, MASTER>(param, grad, m, v, master, j, h);
+    }
+    return;
+  }
+  for (int64_t j = start + threadIdx.x; j < end; j += blockDim.x)
+    adamw_elem<P, G, S, MASTER>(param, grad, m, v, master, j, h);
+}
+
 typedef void (*adamw_fn)(adamw_table, adamw_hyper);
 
+/* OT_ADAMW_IMPL: 0 the default kernel, 1 "v8", 2 "fast" (other values: the default). */
+static int adamw_impl(void) {
+  const char *e = getenv("OT_ADAMW_IMPL");
+  if (!e) return 0;
+  return strcmp(e, "v8") == 0 ? 1 : strcmp(e, "fast") == 0 ? 2 : 0;
+}
+
+template <typename P, typename G, typename S, bool MASTER>
+static adamw_fn pick_impl(int impl) {
+  return impl == 1   ? adamw_vec8_kernel<P, G, S, MASTER, false>
+         : impl == 2 ? adamw_vec8_kernel<P, G, S, MASTER, true>
+                     : adamw_kernel<P, G, S, MASTER>;
+}
+
 template <typename P, typename G, typename S>
-static adamw_fn pick_master(bool master) {
-  return master ? adamw_kernel<P, G, S, true> : adamw_kernel<P, G, S, false>;
+static adamw_fn pick_master(bool master, int impl) {
+  return master ? pick_impl<P, G, S, true>(impl) : pick_impl<P, G, S, false>(impl);
 }
 template <typename P, typename G>
-static adamw_fn pick_state(bool s32, bool master) {
-  return s32 ? pick_master<P, G, float>(master) : pick_master<P, G, P>(master);
+static adamw_fn pick_state(bool s32, bool master, int impl) {
+  return s32 ? pick_master<P, G, float>(master, impl) : pick_master<P, G, P>(master, impl);
 }
 template <typename P>
-static adamw_fn pick_grad(bool g32, bool s32, bool master) {
-  return g32 ? pick_state<P, float>(s32, master) : pick_state<P, P>(s32, master);
+static adamw_fn pick_grad(bool g32, bool s32, bool master, int impl) {
+  return g32 ? pick_state<P, float>(s32, master, impl) : pick_state<P, P>(s32, master, impl);
 }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -151,15 +266,33 @@ extern "C" ot_status ot_cuda_adamw_step(ot_context *ctx, const ot_adamw_args *a)
   static const char op[] = "ot_adamw_step";
   using namespace ot;
   const bool g32 = a->grad_dtype == OT_F32, s32 = a->state_dtype == OT_F32;
+  const int impl = adamw_impl();
   adamw_fn fn;
   switch (a->param_dtype) {
-    case OT_F32: fn = pick_grad<float>(true, true, a->has_master); break;
-    case OT_F16: fn = pick_grad<__half>(g32, s32, a->has_master); break;
-    case OT_BF16: fn = pick_grad<__nv_bfloat16>(g32, s32, a->has_master); break;
+    case OT_F32: fn = pick_grad<float>(true, true, a->has_master, impl); break;
+    case OT_F16: fn = pick_grad<__half>(g32, s32, a->has_master, impl); break;
+    case OT_BF16: fn = pick_grad<__nv_bfloat16>(g32, s32, a->has_master, impl); break;
     default: return ot_error(OT_ERR_INTERNAL, op, "unexpected dtype %d", (int)a->param_dtype);
   }
   adamw_hyper h = {a->beta1, a->beta2, a->eps, a->decay, a->step_size, a->bc2_sqrt};
   cudaStream_t st = (cudaStream_t)ctx->stream;
+  /* Blocks a launch: the default kAdamwBlocks (448: on the H200, 3 resident blocks of 512
+   * threads per SM -- 39-44 registers -- hold 396, so each launch ends in a second wave of
+   * 52 blocks); the opt-in kernels a whole number of the resident blocks instead, where
+   * that is at most kAdamwBlocks (else kAdamwBlocks, all resident). */
+  int cap = kAdamwBlocks;
+  if (impl != 0) {
+    const ot_cuda_state *cs = ot_cuda_state_of(ctx);
+    int per_sm = 0;
+    if (cs && cs->sm_count > 0 &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kAdamwThreads, 0) ==
+            cudaSuccess &&
+        per_sm > 0) {
+      const int resident = per_sm * cs->sm_count;
+      if (resident < kAdamwBlocks) cap = resident * (kAdamwBlocks / resident);
+    }
+    (void)cudaGetLastError();
+  }
   adamw_table tab;
   memset(&tab, 0, sizeof tab);
   int nt = 0, nb = 0;
@@ -187,7 +320,7 @@ extern "C" ot_status ot_cuda_adamw_step(ot_context *ctx, const ot_adamw_args *a)
       tab.tensor[nb] = (uint8_t)(nt - 1);
       tab.chunk[nb] = (int32_t)c;
       nb++;
-      if (nb == kAdamwBlocks) {
+      if (nb == cap) {
         fn<<<nb, kAdamwThreads, 0, st>>>(tab, h);
         OT_CUDA_CHECK_LAUNCH(op);
         nb = 0;
