@@ -1283,6 +1283,20 @@ _LCE_CHUNK_BYTES = 1 << 28
 _LCE_MIN_ROWS = 2048
 
 
+def _lce_env_rows():
+    """OT_LCE_CHUNK_ROWS (docs/ENVIRONMENT.md), read per call: tokens per chunk of the
+    fused loss (0: the library's default), or None where it is unset or not a
+    non-negative integer."""
+    v = os.environ.get("OT_LCE_CHUNK_ROWS")
+    if not v:
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        return None
+    return n if n >= 0 else None
+
+
 def _lce_chunk_tokens(T, V, elem):
     """Tokens per chunk of the fused loss: 0 (the library's default, 256 MiB of logits)
     where that holds at least 2048 rows or every token; else 2048 rows, or as many as
@@ -1290,7 +1304,13 @@ def _lce_chunk_tokens(T, V, elem):
     more than 512 MiB). At V 128256 bf16: 2048 instead of 1046 rows (the forward's
     workspace grows by 257 MiB; the backward's transient copy of the [V, H] weight
     gradient, 513 MiB, stays the larger). With T <= that many tokens: one chunk (the
-    library clamps the chunk to T)."""
+    library clamps the chunk to T). OT_LCE_CHUNK_ROWS=N (opt-in, prepared 2026-12-01, not
+    yet measured in a step) takes N instead: fewer, larger GEMMs -- at 8192 tokens one
+    chunk, the LM head's three GEMMs at HF's shapes and no beta = 1 pass over the [V, H]
+    weight gradient -- for N x V x elem bytes of logits (2.1 GB at 8192 x 128256 bf16)."""
+    env = _lce_env_rows()
+    if env is not None:
+        return env
     row = max(1, int(V) * int(elem))
     default = _LCE_CHUNK_BYTES // row
     rows = min(_LCE_MIN_ROWS, 2 * _LCE_CHUNK_BYTES // row)

@@ -299,6 +299,54 @@ def test_lce_chunk_tokens():
         assert c == 0 or (default < c <= 2048 and c * V * e <= 2 * ot_patch._LCE_CHUNK_BYTES)
 
 
+def test_lce_chunk_rows_env(monkeypatch):
+    """OT_LCE_CHUNK_ROWS=N (opt-in, read per call) is the chunk wherever it is a
+    non-negative integer (0: the library's default); unset, empty or anything else: the
+    rule above."""
+    f = ot_patch._lce_chunk_tokens
+    for v, want in [("8192", 8192), ("4096", 4096), ("0", 0), ("300", 300)]:
+        monkeypatch.setenv("OT_LCE_CHUNK_ROWS", v)
+        assert f(8192, 128256, 2) == want, v
+        assert f(8192, 32000, 2) == want, v
+    for v in ("", "-1", "abc", "2048.5"):
+        monkeypatch.setenv("OT_LCE_CHUNK_ROWS", v)
+        assert f(8192, 128256, 2) == 2048, v
+        assert f(8192, 32000, 2) == 0, v
+    monkeypatch.delenv("OT_LCE_CHUNK_ROWS")
+    assert f(8192, 128256, 2) == 2048
+
+
+@pytest.mark.parametrize("rows", ["600", "300", "0"])
+def test_lm_head_loss_chunk_rows_env_matches_the_default(monkeypatch, rows):
+    """Under OT_LCE_CHUNK_ROWS lm_head_loss hands the library that chunk (600: every token
+    in one chunk, no beta = 1 pass over the weight gradient; 300: two; 0: the library's
+    default), with the loss and gradients of the default chunk (float32, CPU)."""
+    if not ot_patch._library_lce_usable(torch.device("cpu")):
+        pytest.skip("the library's linear_cross_entropy is not in this build")
+    T, H, V = 600, 16, 1000
+    seen = []
+    real = ot_patch._library_lce()
+
+    def spy(*a, **k):
+        seen.append(k.get("chunk_tokens"))
+        return real(*a, **k)
+    monkeypatch.setattr(ot_patch, "_library_lce", lambda: spy)
+    monkeypatch.setenv("OT_LCE_CHUNK_ROWS", rows)
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(2, T // 2, H, generator=g, requires_grad=True)
+    w = (torch.randn(V, H, generator=g) * 0.1).requires_grad_()
+    lab = torch.randint(0, V, (2, T // 2), generator=g)
+    loss = ot_patch.lm_head_loss(h, w, lab, impl="library")
+    gh, gw = torch.autograd.grad(loss, (h, w))
+    assert seen == [int(rows)]
+    shift = torch.nn.functional.pad(lab, (0, 1), value=-100)[..., 1:].reshape(-1)
+    ref = real(h.reshape(-1, H), w, shift, ignore_index=-100, reduction="mean")
+    rh, rw = torch.autograd.grad(ref, (h, w))
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gh, rh, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(gw, rw, rtol=1e-5, atol=1e-7)
+
+
 def test_lm_head_loss_passes_the_chunk_and_matches_the_default(monkeypatch):
     """lm_head_loss hands the library's fused loss the chunk of _lce_chunk_tokens; the
     loss and gradients equal those of the library's default chunk (float32, CPU; the
