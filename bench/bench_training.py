@@ -37,6 +37,11 @@ step by step instead (run_ab: each round a lead-in pass and passes of one step p
 variant, alternating order; per-round ratios with a bootstrap interval; clocks per
 variant from the NVML samples taken during its steps) and spy on the fused adds: a
 variant whose steps did not take its path is not reported (status path_not_taken).
+Groups 13 / 14 (prepared 2026-12-01) interleave the levers of the
+compiled step the same way -- the library's AdamW (default, OT_ADAMW_IMPL=v8 / fast
+kernels), the fused loss in one 8192-token chunk (OT_LCE_CHUNK_ROWS) and both -- after
+the optimizer step alone (run_adamw) and, at 1.5 B, the fused loss alone per chunk; the
+bench sets or clears those switches before each step of a variant (VARIANT_ENV).
 The later groups measure one variant per case as before
 (run_case): warm-up steps, then --steps timed steps between device synchronizations,
 tokens/s = tokens of the timed steps / their wall time, peak memory =
@@ -83,7 +88,29 @@ VARIANTS = {
     # (the down projection's GEMM epilogue; the input norm's backward)
     "patched_fused_adds": "patched, residual adds fused",
     "patched_compile_fused_adds": "patched + torch.compile, residual adds fused",
+    # the levers of issue 8's 1.5 B compiled step (prepared 2026-12-01, groups 13 / 14):
+    # the library's AdamW with its opt-in kernels (OT_ADAMW_IMPL) and the fused loss in
+    # one chunk of 8192 tokens (OT_LCE_CHUNK_ROWS), each alone and together
+    "patched_compile_ot_adamw_v8": "patched + torch.compile + library AdamW (v8 kernel)",
+    "patched_compile_ot_adamw_fast": "patched + torch.compile + library AdamW (fast kernel)",
+    "patched_compile_lce8192": "patched + torch.compile, fused loss in 8192-token chunks",
+    "patched_compile_levers": "patched + torch.compile + library AdamW (fast kernel), "
+                              "fused loss in 8192-token chunks",
 }
+# the environment switches a variant runs under (set by _use_attention before each of its
+# steps; the other variants run with them unset): the library reads them per call
+VARIANT_ENV = {
+    "patched_compile_ot_adamw_v8": {"OT_ADAMW_IMPL": "v8"},
+    "patched_compile_ot_adamw_fast": {"OT_ADAMW_IMPL": "fast"},
+    "patched_compile_lce8192": {"OT_LCE_CHUNK_ROWS": "8192"},
+    "patched_compile_levers": {"OT_ADAMW_IMPL": "fast", "OT_LCE_CHUNK_ROWS": "8192"},
+}
+_VARIANT_ENV_KEYS = sorted({k for e in VARIANT_ENV.values() for k in e})
+
+
+def _library_adamw(variant):
+    """Whether a variant steps with ops_transformer.optim.AdamW (else torch's fused AdamW)."""
+    return "_ot_adamw" in variant or variant.endswith("_levers")
 # patch_llama's compiled_ops per variant ("auto", the default, unless named here)
 COMPILED_OPS = {"patched_compile_ops_all": "all", "patched_compile_ops_none": "none",
                 "patched_compile_no_rms_norm": ("rope", "swiglu"),
@@ -100,13 +127,21 @@ FUSED_ATTENTION = {"patched_torch_attn": False, "patched_lib_attn": True}
 
 
 def _use_attention(variant):
-    """ops_transformer.config.fused_attention and patch.FUSE_LAYER_ADDS for a patched
-    variant. Both are process-wide and read per call: run_ab sets them again before each
-    variant's window (its variants share the process; _build left the last built one's)."""
+    """ops_transformer.config.fused_attention, patch.FUSE_LAYER_ADDS and the environment
+    switches of VARIANT_ENV (set where the variant names them, unset otherwise) for a
+    patched variant. All are process-wide and read per call: run_ab sets them again before
+    each variant's window or step (its variants share the process; _build left the last
+    built one's)."""
     import ops_transformer as ot
     from ops_transformer import patch as ot_patch
     ot.config.fused_attention = FUSED_ATTENTION.get(variant, "auto")
     ot_patch.FUSE_LAYER_ADDS = variant.endswith("_fused_adds")
+    env = VARIANT_ENV.get(variant, {})
+    for k in _VARIANT_ENV_KEYS:
+        if k in env:
+            os.environ[k] = env[k]
+        else:
+            os.environ.pop(k, None)
 
 
 # the models' attention calls (label, batch, seq, heads, kv heads, head dim), causal
@@ -196,6 +231,22 @@ def plan(quick):
         [dict(b, kind="ab", tag="fused_adds", interleave=True, rounds=12, steps=4, variants=[
             "hf_sdpa_compile", "patched_compile", "patched_compile_fused_adds", "patched",
             "patched_fused_adds"])],
+        # 13, 14: the levers of the compiled step (prepared 2026-12-01, not yet run): the
+        # optimizer step alone (torch's fused AdamW, the library's with each kernel) at the
+        # config's parameters, the fused loss alone per chunk (8192 rows: one chunk), then
+        # the compiled pair with the library's AdamW (default / v8 / fast kernel), the
+        # fused loss in one chunk of 8192 tokens, and both (fast + 8192), interleaved step
+        # by step, 12 rounds of 4 passes (as 11 / 12); 1.5 B first
+        [dict(b, kind="adamw"), dict(kind="lce", vocab=[128256]),
+         dict(b, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
+             "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
+             "patched_compile_ot_adamw_v8", "patched_compile_ot_adamw_fast",
+             "patched_compile_lce8192", "patched_compile_levers"])],
+        [dict(a, kind="adamw"),
+         dict(a, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
+             "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
+             "patched_compile_ot_adamw_v8", "patched_compile_ot_adamw_fast",
+             "patched_compile_lce8192", "patched_compile_levers"])],
     ]
 
 
@@ -262,11 +313,12 @@ def _build(case, device, dtype, seed, compile_mode="model", compile_options=None
 
 def _optimizer(model, device, variant=""):
     """torch's fused AdamW (every variant: the comparison is of the model), or for
-    patched_ot_adamw / patched_compile_ot_adamw ops_transformer.optim.AdamW (the library's AdamW step, same
-    hyperparameters and bf16 moments)."""
+    patched_ot_adamw, patched_compile_ot_adamw(_v8 / _fast) and patched_compile_levers
+    ops_transformer.optim.AdamW (the library's AdamW step, same hyperparameters and bf16
+    moments; its kernel by OT_ADAMW_IMPL, VARIANT_ENV)."""
     import torch
     kw = dict(lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95))
-    if variant.endswith("_ot_adamw"):
+    if _library_adamw(variant):
         from ops_transformer.optim import AdamW
         return AdamW(model.parameters(), **kw)
     return torch.optim.AdamW(model.parameters(), fused=device.type == "cuda", **kw)
@@ -506,11 +558,26 @@ def _bootstrap_ci(values, n=2000, seed=0):
     return [means[int(0.025 * n)], means[int(0.975 * n) - 1]]
 
 
+def _twins(v):
+    """The variants a lever variant is also compared with in _round_ratios: a
+    *_fused_adds variant's without the fused adds; the library-AdamW and VARIANT_ENV
+    variants' default compiled step (patched_compile), and the opt-in AdamW kernels' the
+    library's default kernel (patched_compile_ot_adamw)."""
+    if v.endswith("_fused_adds"):
+        return [v[:-len("_fused_adds")]]
+    out = []
+    if v == "patched_compile_ot_adamw" or v in VARIANT_ENV:
+        out.append("patched_compile")
+    if VARIANT_ENV.get(v, {}).get("OT_ADAMW_IMPL"):
+        out.append("patched_compile_ot_adamw")
+    return out
+
+
 def _round_ratios(rows):
     """Per-round tokens/s ratios of each measured row against its references -- the
     case's HF peer (HF sdpa + torch.compile for a compiled variant, else HF sdpa, else
-    the first HF row) and, for a *_fused_adds variant, its variant without the fused
-    adds: each round's ratio is the reference's median step time in that round over the
+    the first HF row) and its twins (_twins: for a *_fused_adds variant its variant
+    without the fused adds; for a lever the default compiled step): each round's ratio is the reference's median step time in that round over the
     row's; with their median, mean, min, max and a 95% bootstrap interval of the mean
     (the call's within-call spread of the ratio). Written into each row as
     round_ratios {reference variant: {...}}."""
@@ -522,8 +589,7 @@ def _round_ratios(rows):
         if not v.startswith("hf") and hf:
             pref = "hf_sdpa_compile" if _compiled(v) else "hf_sdpa"
             refs.append(pref if pref in by else hf[0])
-        if v.endswith("_fused_adds") and v[:-len("_fused_adds")] in by:
-            refs.append(v[:-len("_fused_adds")])
+        refs += [t for t in _twins(v) if t in by]
         out = {}
         for ref in refs:
             a, b = by[ref]["round_ms"], r["round_ms"]
@@ -1063,25 +1129,27 @@ def run_attention(args, device, dtype):
     return out
 
 
-def run_lce(args, device, dtype):
+def run_lce(args, device, dtype, case=None):
     """The fused linear + cross-entropy alone (forward + backward: the library's
     linear_cross_entropy computes both gradients in its forward call) at the models' LM
-    heads, T = 8192 tokens, H = 2048, V 32000 and 128256, per chunk size: 0 (the
-    library's default, 256 MiB of logits), 1024 / 2048 / 4096 rows, and the patch's
-    choice (patch._lce_chunk_tokens): ms and the peak memory above the inputs."""
+    heads, T = 8192 tokens, H = 2048, V 32000 and 128256 (or the case's "vocab" list),
+    per chunk size: 0 (the library's default, 256 MiB of logits), 1024 / 2048 / 4096 /
+    8192 rows (8192: one chunk, OT_LCE_CHUNK_ROWS=8192's), and the patch's choice
+    (patch._lce_chunk_tokens): ms and the peak memory above the inputs."""
     import torch
     import ops_transformer as ot
     from ops_transformer import patch as ot_patch
     T, H = (8192, 2048) if not args.quick else (256, 64)
     out = dict(kind="lce", T=T, H=H, rows=[])
-    for V in ((32000, 128256) if not args.quick else (1000,)):
+    vocab = (case or {}).get("vocab") or (32000, 128256)
+    for V in (vocab if not args.quick else (1000,)):
         g = torch.Generator().manual_seed(7)
         h = (torch.randn(T, H, generator=g) * 0.5).to(device, dtype).requires_grad_()
         w = (torch.randn(V, H, generator=g) * 0.02).to(device, dtype).requires_grad_()
         lab = torch.randint(0, V, (T,), generator=g).to(device)
         pick = ot_patch._lce_chunk_tokens(T, V, h.element_size())
         ref_loss = None
-        for chunk in sorted({0, 1024, 2048, 4096, pick}):
+        for chunk in sorted({0, 1024, 2048, 4096, 8192, pick}):
             def call():
                 h.grad = w.grad = None
                 ot.linear_cross_entropy(h, w, lab, chunk_tokens=chunk).backward()
@@ -1107,6 +1175,96 @@ def run_lce(args, device, dtype):
             f"{r.get('ms', float('nan')):.2f} ms {r.get('extra_peak_GB', 0):.2f} GB"
             for r in out["rows"] if r["V"] == V), flush=True)
         del h, w
+    return out
+
+
+def run_adamw(case, args, device, dtype):
+    """The optimizer step alone at a config's parameters (LlamaForCausalLM's shapes, untied
+    head; bf16 parameters, gradients and moments, _optimizer's hyperparameters): torch's
+    fused AdamW against ops_transformer.optim.AdamW with OT_ADAMW_IMPL unset, "v8" and
+    "fast", every optimizer updating the same parameters with its own moments. After two
+    untimed steps each, `rounds` rounds of one pass each (the order reversed every other
+    round) behind a torch.cuda._sleep that lets the host queue the whole pass: CUDA events
+    around each step, so the times are the GPU's (the host's time to issue a step is
+    recorded apart, host_ms). Per optimizer the median ms, and TB/s of the 14 bytes an
+    element a step moves (parameter, gradient and two moments read, three written)."""
+    import statistics
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from ops_transformer.optim import AdamW as OtAdamW
+    cfg = dict(CONFIGS[case["cfg"]])
+    config = LlamaConfig(**cfg, tie_word_embeddings=False, use_cache=False)
+    with torch.device("meta"):
+        shapes = [tuple(p.shape) for p in LlamaForCausalLM(config).parameters()]
+    if args.quick:
+        shapes = shapes[:4]
+    g = torch.Generator(device=device).manual_seed(11)
+    params = [torch.nn.Parameter((torch.randn(sh, device=device, generator=g) * 0.02)
+                                 .to(dtype)) for sh in shapes]
+    for p in params:
+        p.grad = (torch.randn(p.shape, device=device, generator=g) * 1e-3).to(dtype)
+    n = sum(p.numel() for p in params)
+    kw = dict(lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95))
+    opts = [("torch fused", None, torch.optim.AdamW(params, fused=device.type == "cuda", **kw)),
+            ("library", "", OtAdamW(params, **kw)), ("library v8", "v8", OtAdamW(params, **kw)),
+            ("library fast", "fast", OtAdamW(params, **kw))]
+    prev = os.environ.get("OT_ADAMW_IMPL")
+
+    def step(impl, opt):
+        if impl is not None:
+            if impl:
+                os.environ["OT_ADAMW_IMPL"] = impl
+            else:
+                os.environ.pop("OT_ADAMW_IMPL", None)
+        opt.step()
+    out = dict(kind="adamw", case=case["cfg"], params=n,
+               tensors=len(params), bytes_per_step=14 * n, rows=[])
+    times = {name: [] for name, _, _ in opts}
+    host = {name: [] for name, _, _ in opts}
+    rounds = 10 if not args.quick else 2
+    cuda = device.type == "cuda"
+    try:
+        for _ in range(2):
+            for name, impl, opt in opts:
+                step(impl, opt)
+        _sync(device)
+        for r in range(rounds):
+            order = opts if r % 2 == 0 else opts[::-1]
+            if cuda:
+                torch.cuda._sleep(int(2e8))         # ~0.1 s: the pass is queued behind it
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(order) + 1)]
+                ev[0].record()
+            for j, (name, impl, opt) in enumerate(order):
+                t0 = time.perf_counter()
+                step(impl, opt)
+                host[name].append((time.perf_counter() - t0) * 1e3)
+                if cuda:
+                    ev[j + 1].record()
+            _sync(device)
+            if cuda:
+                for j, (name, _, _) in enumerate(order):
+                    times[name].append(ev[j].elapsed_time(ev[j + 1]))
+    except Exception as e:  # noqa: BLE001  (recorded)
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+        traceback.print_exc(limit=4)
+    finally:
+        if prev is None:
+            os.environ.pop("OT_ADAMW_IMPL", None)
+        else:
+            os.environ["OT_ADAMW_IMPL"] = prev
+    for name, _, _ in opts:
+        row = dict(optimizer=name, host_ms=statistics.median(host[name]) if host[name] else None)
+        if times[name]:
+            ms = statistics.median(times[name])
+            row.update(ms=ms, ms_all=[round(t, 4) for t in times[name]],
+                       TB_per_s=14 * n / ms / 1e9)
+        out["rows"].append(row)
+    print(f"   adamw {out['case']} ({n / 1e9:.2f} B params, {len(params)} tensors): " + ", ".join(
+        f"{r['optimizer']} {r.get('ms', float('nan')):.2f} ms "
+        f"({r.get('TB_per_s', float('nan')):.2f} TB/s, host {r['host_ms'] or 0:.2f} ms)"
+        for r in out["rows"]), flush=True)
+    del opts, params
+    _release(device)
     return out
 
 
@@ -1347,7 +1505,9 @@ def worker(args):
         elif kind == "profile":
             res = run_profile(case, args, device, dtype)
         elif kind == "lce":
-            res = run_lce(args, device, dtype)
+            res = run_lce(args, device, dtype, case)
+        elif kind == "adamw":
+            res = run_adamw(case, args, device, dtype)
         elif kind == "curve":
             res = run_curve(case, args, device, dtype)
         elif kind == "ab":
@@ -1413,6 +1573,8 @@ def _estimate_s(group, quick, compile_mode="model", ab_rounds=4, ab_steps=5):
             s += 8 if c.get("cfg") == "1.5b" else 6
         elif c.get("kind") == "lce":
             s += 4
+        elif c.get("kind") == "adamw":
+            s += 8 if c.get("cfg") == "1.5b" else 5
         elif c.get("kind") == "ab":
             big = c["cfg"] == "1.5b" or c["seq"] >= 16384
             for v in c["variants"]:
@@ -1481,7 +1643,7 @@ def build_record(runs, curve, ceiling, args, extra=None):
                      if v in vs and vs[v].get("status") == "ok" and "peak_GB" in vs[v]}
         for ours in ("patched", "patched_compile", "patched_torch_attn", "patched_lib_attn",
                      "patched_ot_adamw", "patched_compile_ot_adamw", *COMPILED_OPS,
-                     "patched_fused_adds", "patched_compile_fused_adds"):
+                     "patched_fused_adds", "patched_compile_fused_adds", *VARIANT_ENV):
             r = vs.get(ours)
             if r is None:
                 continue
@@ -1691,6 +1853,13 @@ def markdown(path):
                 + "; ".join(f"V {r['V']} chunk {r['chunk_tokens']}{'*' if r['patch_pick'] else ''}"
                             f" {r['ms']:.2f} ms, +{r.get('extra_peak_GB', 0):.2f} GB"
                             for r in lce["rows"] if "ms" in r) + "."]
+    for aw in rec.get("adamw") or []:
+        if any("ms" in r for r in aw.get("rows", [])):
+            out += ["", f"AdamW step alone ({aw['case']} parameters: {aw['params'] / 1e9:.2f} B "
+                    f"in {aw['tensors']} tensors, bf16 parameters / gradients / moments, 14 "
+                    "bytes an element; median of the rounds, GPU time): "
+                    + "; ".join(f"{r['optimizer']} {r['ms']:.2f} ms ({r['TB_per_s']:.2f} TB/s)"
+                                for r in aw["rows"] if "ms" in r) + "."]
     profs = rec.get("profiles") or ([rec["profile"]] if rec.get("profile") else [])
     for prof in profs:
         if not prof.get("wall_ms_per_step"):
@@ -1929,6 +2098,8 @@ def main(argv=None):
                     extra["profile"] = r
             elif r.get("kind") in ("attention", "lce"):
                 extra[r["kind"]] = r
+            elif r.get("kind") == "adamw":
+                extra.setdefault("adamw", []).append(r)
             else:
                 runs.append(r)
                 print(result_line(r), flush=True)

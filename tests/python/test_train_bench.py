@@ -375,13 +375,13 @@ def test_fused_adds_paths_traced_under_compile():
 
 
 def test_only_out_of_range_names_the_plan(tmp_path, capsys):
-    for bad in ("99", "11,13", "x"):
+    for bad in ("99", "11,15", "x"):
         with pytest.raises(SystemExit) as e:
             bt.main(["--only", bad, "--device", "cpu", "--json", str(tmp_path / "t.json")])
         assert e.value.code == 2
         err = capsys.readouterr().err
-        assert f"--only '{bad}'" in err and "has groups 0-12" in err, err
-        assert bad != "11,13" or "no group 13" in err, err
+        assert f"--only '{bad}'" in err and "has groups 0-14" in err, err
+        assert bad != "11,15" or "no group 15" in err, err
 
 
 @pytest.mark.parametrize("interleave", [False, True])
@@ -441,3 +441,106 @@ def test_ab_variants_names_a_bad_argument(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"--ab-variants '{bad}'" in err and why in err, err
     assert not (tmp_path / "t.json").exists()
+
+
+def test_run_ab_levers_set_their_switches_and_optimizer(monkeypatch):
+    """The lever variants of groups 13 / 14 (VARIANT_ENV): each step runs under its own
+    variant's switches (OT_ADAMW_IMPL, OT_LCE_CHUNK_ROWS; unset for the others) and the
+    library-AdamW ones step with ops_transformer.optim.AdamW; their per-round ratios are
+    also taken against the default compiled step and, for an opt-in AdamW kernel, the
+    library's default kernel. (torch.compile is left out here: _compiled patched to
+    False, the switches and the optimizer are what is checked.)"""
+    from ops_transformer.optim import AdamW as OtAdamW
+    monkeypatch.setattr(bt, "_compiled", lambda v: False)
+    seen = []
+    opt_of = {}
+    real_opt = bt._optimizer
+
+    def spy_opt(model, device, variant=""):
+        o = real_opt(model, device, variant)
+        opt_of[variant] = type(o)
+        return o
+    monkeypatch.setattr(bt, "_optimizer", spy_opt)
+    _spy_steps(monkeypatch, lambda model: seen.append(
+        (model._variant, os.environ.get("OT_ADAMW_IMPL"), os.environ.get("OT_LCE_CHUNK_ROWS"))))
+    monkeypatch.setenv("OT_ADAMW_IMPL", "v8")          # a stale value: the bench sets / clears
+    variants = ["patched_compile", "patched_compile_ot_adamw", "patched_compile_ot_adamw_fast",
+                "patched_compile_lce8192", "patched_compile_levers"]
+    case = dict(kind="ab", cfg="tiny", batch=1, seq=16, tag="levers", interleave=True,
+                variants=variants)
+    rows, _ = bt.run_ab(case, args(ab_rounds=2, ab_steps=1), torch.device("cpu"),
+                        torch.float32)
+    assert [r["status"] for r in rows] == ["ok"] * 5, rows
+    want = {v: (bt.VARIANT_ENV.get(v, {}).get("OT_ADAMW_IMPL"),
+                bt.VARIANT_ENV.get(v, {}).get("OT_LCE_CHUNK_ROWS")) for v in variants}
+    assert {v for v, *_ in seen} == set(variants)
+    for v, impl, rows_env in seen:
+        assert (impl, rows_env) == want[v], (v, impl, rows_env)
+    for v in variants:
+        lib = v in ("patched_compile_ot_adamw", "patched_compile_ot_adamw_fast",
+                    "patched_compile_levers")
+        assert (opt_of[v] is OtAdamW) == lib, (v, opt_of[v])
+    by = {r["variant"]: r for r in rows}
+    assert "round_ratios" not in by["patched_compile"]
+    assert set(by["patched_compile_ot_adamw"]["round_ratios"]) == {"patched_compile"}
+    assert set(by["patched_compile_ot_adamw_fast"]["round_ratios"]) == {
+        "patched_compile", "patched_compile_ot_adamw"}
+    assert set(by["patched_compile_lce8192"]["round_ratios"]) == {"patched_compile"}
+    assert set(by["patched_compile_levers"]["round_ratios"]) == {
+        "patched_compile", "patched_compile_ot_adamw"}
+    rec = bt.build_record(rows, None, None, argparse.Namespace(
+        device_name="CPU", commit="x", command="test"))
+    ops = {r["op"] for r in rec["rows"]}
+    for v in variants:
+        assert f"train_step ({bt.VARIANTS[v]})" in ops, v
+
+
+def test_levers_groups_and_ab_variants():
+    """Groups 13 (1.5 B) and 14 (0.54 B): the optimizer alone, (13) the fused loss alone,
+    then the interleaved levers A/B; --ab-variants keeps the other kinds of the group."""
+    plan = bt.plan(quick=False)
+    assert [c.get("kind") for c in plan[13]] == ["adamw", "lce", "ab"]
+    assert [c.get("kind") for c in plan[14]] == ["adamw", "ab"]
+    for g, cfg in ((plan[13], "1.5b"), (plan[14], "0.54b")):
+        ab = g[-1]
+        assert ab["cfg"] == cfg and ab["tag"] == "levers" and ab["interleave"]
+        assert (ab["rounds"], ab["steps"]) == (12, 4)
+        assert set(bt.VARIANT_ENV) <= set(ab["variants"])
+        assert all(v in bt.VARIANTS for v in ab["variants"])
+    kept = bt._keep_ab_variants(
+        [(13, plan[13])], ["hf_sdpa_compile", "patched_compile", "patched_compile_levers"])
+    assert [c.get("kind") for c in kept[0][1]] == ["adamw", "lce", "ab"]
+    assert kept[0][1][-1]["variants"] == ["hf_sdpa_compile", "patched_compile",
+                                          "patched_compile_levers"]
+    est = bt._estimate_s(plan[13], False, "layers", 12, 4)
+    assert 60 < est < 200, est
+
+
+def test_run_adamw_times_every_optimizer_and_restores_the_switch(monkeypatch):
+    """The optimizer alone (kind "adamw"): torch's AdamW and the library's under each
+    OT_ADAMW_IMPL, the switch as it was afterwards; on the CPU only the host times (no
+    CUDA events)."""
+    monkeypatch.setenv("OT_ADAMW_IMPL", "something")
+    res = bt.run_adamw(dict(kind="adamw", cfg="tiny"), args(quick=True),
+                       torch.device("cpu"), torch.bfloat16)
+    assert "error" not in res, res
+    assert [r["optimizer"] for r in res["rows"]] == ["torch fused", "library", "library v8",
+                                                     "library fast"]
+    assert all(r["host_ms"] is not None and "ms" not in r for r in res["rows"])
+    assert res["params"] > 0 and res["bytes_per_step"] == 14 * res["params"]
+    assert os.environ["OT_ADAMW_IMPL"] == "something"
+
+
+def test_markdown_prints_the_adamw_rows(tmp_path, capsys):
+    """The optimizer-alone record (a list under "adamw") reaches the docs' markdown."""
+    rec = bt.build_record([], None, None, argparse.Namespace(
+        device_name="CPU", commit="x", command="test"), dict(adamw=[dict(
+            kind="adamw", case="1.5b", params=1.5e9, tensors=147, bytes_per_step=21e9,
+            rows=[dict(optimizer="torch fused", ms=8.9, TB_per_s=2.36, host_ms=1.0),
+                  dict(optimizer="library fast", ms=5.5, TB_per_s=3.8, host_ms=1.2)])]))
+    path = tmp_path / "training.json"
+    path.write_text(json.dumps(rec))
+    bt.markdown(str(path))
+    md = capsys.readouterr().out
+    assert "AdamW step alone (1.5b parameters: 1.50 B in 147 tensors" in md, md
+    assert "library fast 5.50 ms (3.80 TB/s)" in md, md
