@@ -100,3 +100,67 @@ def test_adamw_failed_step_leaves_state():
     assert all(opt.state[p]["step"] == 1 for p in params)
     for p, r in zip(params, ref):
         torch.testing.assert_close(p, r, rtol=1e-6, atol=1e-7)
+
+
+_CUDA = torch.cuda.is_available() and ot.has_cuda()
+
+
+def _cuda_params(dtype, seed=0):
+    # shapes across the kernels' paths: vector groups of 8 and 4, ragged tails, more than
+    # one 64K-element chunk
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(1,), (7,), (299,), (17, 5), (65536 + 13,), (3, 70001), (4104,)]
+    return [(torch.randn(s, generator=g) * 0.5).to("cuda", dtype).requires_grad_()
+            for s in shapes]
+
+
+@pytest.mark.skipif(not _CUDA, reason="needs the CUDA backend")
+@pytest.mark.parametrize("impl", ["", "v8", "fast"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adamw_impl_cuda_matches_torch_fused(monkeypatch, impl, dtype):
+    """ops_transformer.optim.AdamW on CUDA under OT_ADAMW_IMPL (unset, "v8", "fast": the
+    training step's lever, docs/PERFORMANCE.md) against torch's fused AdamW with the
+    training benchmark's hyperparameters: float32 within a few ulps of the update, bf16
+    (parameters, gradients, moments) within one bf16 rounding."""
+    if impl:
+        monkeypatch.setenv("OT_ADAMW_IMPL", impl)
+    else:
+        monkeypatch.delenv("OT_ADAMW_IMPL", raising=False)
+    ours = _cuda_params(dtype)
+    ref = [p.detach().clone().requires_grad_() for p in ours]
+    kw = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    o1 = ops_transformer.optim.AdamW(ours, **kw)
+    o2 = torch.optim.AdamW(ref, fused=True, **kw)
+    for step in range(3):
+        for p, q, g in zip(ours, ref, _grads(ours, step)):
+            p.grad = g.to("cuda")
+            q.grad = g.to("cuda")
+        o1.step()
+        o2.step()
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    for p, q in zip(ours, ref):
+        torch.testing.assert_close(p.detach(), q.detach(), **tol)
+        torch.testing.assert_close(o1.state[p]["exp_avg"], o2.state[q]["exp_avg"], **tol)
+        torch.testing.assert_close(o1.state[p]["exp_avg_sq"], o2.state[q]["exp_avg_sq"],
+                                   rtol=tol["rtol"], atol=1e-8)
+
+
+@pytest.mark.skipif(not _CUDA, reason="needs the CUDA backend")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adamw_impl_v8_cuda_same_bits_as_default(monkeypatch, dtype):
+    """OT_ADAMW_IMPL=v8 keeps the default kernel's arithmetic: the same bits."""
+    a, b = _cuda_params(dtype, seed=3), _cuda_params(dtype, seed=3)
+    kw = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    oa, ob = ops_transformer.optim.AdamW(a, **kw), ops_transformer.optim.AdamW(b, **kw)
+    for step in range(3):
+        for p, q, g in zip(a, b, _grads(a, step)):
+            p.grad = g.to("cuda")
+            q.grad = g.to("cuda")
+        monkeypatch.delenv("OT_ADAMW_IMPL", raising=False)
+        oa.step()
+        monkeypatch.setenv("OT_ADAMW_IMPL", "v8")
+        ob.step()
+    for p, q in zip(a, b):
+        assert torch.equal(p.detach(), q.detach())
+        assert torch.equal(oa.state[p]["exp_avg"], ob.state[q]["exp_avg"])
+        assert torch.equal(oa.state[p]["exp_avg_sq"], ob.state[q]["exp_avg_sq"])
