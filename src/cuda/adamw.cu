@@ -284,14 +284,15 @@ extern "C" ot_status ot_cuda_adamw_step(ot_context *ctx, const ot_adamw_args *a)
   if (impl != 0) {
     const ot_cuda_state *cs = ot_cuda_state_of(ctx);
     int per_sm = 0;
-    if (cs && cs->sm_count > 0 &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kAdamwThreads, 0) ==
-            cudaSuccess &&
-        per_sm > 0) {
+    if (cs && cs->sm_count > 0) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kAdamwThreads, 0) !=
+          cudaSuccess) {
+        per_sm = 0;
+        (void)cudaGetLastError(); /* (this query's error only: keep the 448 blocks) */
+      }
       const int resident = per_sm * cs->sm_count;
-      if (resident < kAdamwBlocks) cap = resident * (kAdamwBlocks / resident);
+      if (per_sm > 0 && resident < kAdamwBlocks) cap = resident * (kAdamwBlocks / resident);
     }
-    (void)cudaGetLastError();
   }
   adamw_table tab;
   memset(&tab, 0, sizeof tab);
