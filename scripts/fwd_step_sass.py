@@ -28,7 +28,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pa_sass_count import read_sass  # noqa: E402
+from pa_sass_count import functions, read_sass  # noqa: E402
 
 ALU = ("FMNMX", "FSEL", "ISETP", "FSETP", "F2FP", "LOP3", "PLOP3", "SEL")
 NODST = ("BRA", "BAR", "SYNCS", "NANOSLEEP", "WARPSYNC", "NOP", "WARPGROUP", "BSYNC", "BSSY",
@@ -37,21 +37,10 @@ NODST = ("BRA", "BAR", "SYNCS", "NANOSLEEP", "WARPSYNC", "NOP", "WARPGROUP", "BS
 
 def kernel(text, substr):
     """the instructions of the first sm_90a function whose name holds substr"""
-    ins, arch, on = [], "", False
-    for line in text.split("\n"):
-        m = re.search(r"arch = (sm_\w+)", line)
-        if m:
-            arch = m.group(1)
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            if ins:
-                break
-            on = arch == "sm_90a" and substr in m.group(1)
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
-        if m and on:
-            ins.append((int(m.group(1), 16), m.group(2)))
-    return ins
+    for arch, name, ins in functions(text, with_arch=True):
+        if arch == "sm_90a" and substr in name:
+            return ins
+    return []
 
 
 def op(i):

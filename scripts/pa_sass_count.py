@@ -80,21 +80,25 @@ def read_sass(path):
     return subprocess.run([tool, "-sass", path], check=True, capture_output=True, text=True).stdout
 
 
-def functions(text):
-    """(name, [(addr, text)]) per function, in file order."""
-    out, name, ins = [], None, []
+def functions(text, with_arch=False):
+    """(name, [(addr, text)]) per function, in file order; with_arch: (arch, name, [...]),
+    arch the listing's current `arch = sm_XX` (objects of several archs list each)."""
+    out, arch, name, ins = [], "", None, []
     for line in text.split("\n"):
+        m = re.search(r"arch = (sm_\w+)", line)
+        if m:
+            arch = m.group(1)
         m = re.search(r"Function : (\S+)", line)
         if m:
             if name:
-                out.append((name, ins))
-            name, ins = m.group(1), []
+                out.append((name_arch, name, ins) if with_arch else (name, ins))
+            name, name_arch, ins = m.group(1), arch, []
             continue
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
         if m and name:
             ins.append((int(m.group(1), 16), m.group(2)))
     if name:
-        out.append((name, ins))
+        out.append((name_arch, name, ins) if with_arch else (name, ins))
     return out
 
 

@@ -15,24 +15,12 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pa_sass_count import read_sass  # noqa: E402  (cuobjdump -sass of an object, or a listing)
+from pa_sass_count import functions as sass_functions, read_sass  # noqa: E402  (cuobjdump -sass of an object, or a listing)
 
 
 def functions(text):
-    out, arch, name = {}, "", None
-    for line in text.split("\n"):
-        m = re.search(r"arch = (sm_\w+)", line)
-        if m:
-            arch = m.group(1)
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            name = (arch, m.group(1))
-            out[name] = []
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
-        if m and name:
-            out[name].append(m.group(1))
-    return out
+    """{(arch, name): [instruction text]} (addresses dropped)"""
+    return {(a, n): [t for _, t in ins] for a, n, ins in sass_functions(text, with_arch=True)}
 
 
 def main(argv):

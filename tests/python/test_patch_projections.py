@@ -316,13 +316,10 @@ def test_lce_chunk_rows_env(monkeypatch):
     assert f(8192, 128256, 2) == 2048
 
 
-@pytest.mark.parametrize("rows", ["600", "300", "0"])
-def test_lm_head_loss_chunk_rows_env_matches_the_default(monkeypatch, rows):
-    """Under OT_LCE_CHUNK_ROWS lm_head_loss hands the library that chunk (600: every token
-    in one chunk, no beta = 1 pass over the weight gradient; 300: two; 0: the library's
-    default), with the loss and gradients of the default chunk (float32, CPU)."""
-    if not ot_patch._library_lce_usable(torch.device("cpu")):
-        pytest.skip("the library's linear_cross_entropy is not in this build")
+def _lm_head_loss_spied(monkeypatch, seed):
+    """lm_head_loss (impl="library") on 600 random tokens (H 16, V 1000, float32, CPU) with
+    the library's fused loss spied on; its loss and gradients checked against the library's
+    default chunk. Returns the chunk_tokens of each call."""
     T, H, V = 600, 16, 1000
     seen = []
     real = ot_patch._library_lce()
@@ -331,20 +328,30 @@ def test_lm_head_loss_chunk_rows_env_matches_the_default(monkeypatch, rows):
         seen.append(k.get("chunk_tokens"))
         return real(*a, **k)
     monkeypatch.setattr(ot_patch, "_library_lce", lambda: spy)
-    monkeypatch.setenv("OT_LCE_CHUNK_ROWS", rows)
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(seed)
     h = torch.randn(2, T // 2, H, generator=g, requires_grad=True)
     w = (torch.randn(V, H, generator=g) * 0.1).requires_grad_()
     lab = torch.randint(0, V, (2, T // 2), generator=g)
     loss = ot_patch.lm_head_loss(h, w, lab, impl="library")
     gh, gw = torch.autograd.grad(loss, (h, w))
-    assert seen == [int(rows)]
     shift = torch.nn.functional.pad(lab, (0, 1), value=-100)[..., 1:].reshape(-1)
     ref = real(h.reshape(-1, H), w, shift, ignore_index=-100, reduction="mean")
     rh, rw = torch.autograd.grad(ref, (h, w))
     torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(gh, rh, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(gw, rw, rtol=1e-5, atol=1e-7)
+    return seen
+
+
+@pytest.mark.parametrize("rows", ["600", "300", "0"])
+def test_lm_head_loss_chunk_rows_env_matches_the_default(monkeypatch, rows):
+    """Under OT_LCE_CHUNK_ROWS lm_head_loss hands the library that chunk (600: every token
+    in one chunk, no beta = 1 pass over the weight gradient; 300: two; 0: the library's
+    default), with the loss and gradients of the default chunk (float32, CPU)."""
+    if not ot_patch._library_lce_usable(torch.device("cpu")):
+        pytest.skip("the library's linear_cross_entropy is not in this build")
+    monkeypatch.setenv("OT_LCE_CHUNK_ROWS", rows)
+    assert _lm_head_loss_spied(monkeypatch, 5) == [int(rows)]
 
 
 def test_lm_head_loss_passes_the_chunk_and_matches_the_default(monkeypatch):
@@ -353,26 +360,6 @@ def test_lm_head_loss_passes_the_chunk_and_matches_the_default(monkeypatch):
     chunk changes only the order of the weight gradient's additions)."""
     if not ot_patch._library_lce_usable(torch.device("cpu")):
         pytest.skip("the library's linear_cross_entropy is not in this build")
-    T, H, V = 600, 16, 1000
-    monkeypatch.setattr(ot_patch, "_LCE_CHUNK_BYTES", 100 * V * 4 + 5)   # default 100 rows
+    monkeypatch.setattr(ot_patch, "_LCE_CHUNK_BYTES", 100 * 1000 * 4 + 5)   # default 100 rows
     monkeypatch.setattr(ot_patch, "_LCE_MIN_ROWS", 256)
-    seen = []
-    real = ot_patch._library_lce()
-
-    def spy(*a, **k):
-        seen.append(k.get("chunk_tokens"))
-        return real(*a, **k)
-    monkeypatch.setattr(ot_patch, "_library_lce", lambda: spy)
-    g = torch.Generator().manual_seed(4)
-    h = torch.randn(2, T // 2, H, generator=g, requires_grad=True)
-    w = (torch.randn(V, H, generator=g) * 0.1).requires_grad_()
-    lab = torch.randint(0, V, (2, T // 2), generator=g)
-    loss = ot_patch.lm_head_loss(h, w, lab, impl="library")
-    gh, gw = torch.autograd.grad(loss, (h, w))
-    assert seen == [200]                     # 2 x the default's logits < 256 rows
-    shift = torch.nn.functional.pad(lab, (0, 1), value=-100)[..., 1:].reshape(-1)
-    ref = real(h.reshape(-1, H), w, shift, ignore_index=-100, reduction="mean")
-    rh, rw = torch.autograd.grad(ref, (h, w))
-    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(gh, rh, rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(gw, rw, rtol=1e-5, atol=1e-7)
+    assert _lm_head_loss_spied(monkeypatch, 4) == [200]   # 2 x the default's logits < 256 rows
