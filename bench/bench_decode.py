@@ -13,7 +13,10 @@ batch x context 1 x 64k, 16 x 4k, 64 x 1k, 64 x 4k, and the engine's batch-1 dec
 1 x 512, 1 x 2k, 1 x 8k (latency-bound: rows give us per call too); page sizes 16 and 64; each
 sequence's pages a random permutation of the pool. Bytes = K and V read once + q read +
 out written. Ceiling: a read-only reduction (torch.sum of a 4 GiB bf16 tensor, fp32
-accumulation) measured in the same run. Peers: SDPA on a contiguous cache [B, Hkv, S, D]
+accumulation) measured in the same run; beside it a plain streaming read of our own (a
+Triton kernel summing the same 4 GiB in 64 KB blocks with evict-first loads, one float per
+block; read_stream_ceiling, "unavailable" without Triton), since cuDNN's decode reads
+faster than torch.sum's rate. Peers: SDPA on a contiguous cache [B, Hkv, S, D]
 with the cuDNN and the flash backend (GQA decode as Hkv heads of `group` query rows: one
 query token needs no mask, so this is exact and reads K / V once), and the paged
 gather (index_select of each sequence's pages into [B, Hkv, S, D]) followed by SDPA
@@ -82,19 +85,21 @@ class Shim:
         """What the last call launched: (kernel name, splits, CTAs, launched with PDL, an
         early start (paged_kv_ready), the TMA ring (OT_PAGED_TMA, experiment builds), the
         aligned-page instance (OT_PAGED_ALIGNED), 8-warp CTAs (OT_PAGED_WARPS), an opt-in
-        variant (OT_PAGED_VARIANT, builds of decode round 9 only; removed in round 10)). Flag 2, round 6's fused split merge (removed), is
-        no longer set."""
+        variant (OT_PAGED_VARIANT, builds of decode round 9 only; removed in round 10), the
+        bulk ring (OT_PAGED_LOAD=bulk / bulk2), its two-copy form (bulk2)). Flag 2, round 6's
+        fused split merge (removed), is no longer set."""
         a = (cint * 4)()
         self.lib.shim_paged_last_plan(a)
         return ({1: "split", 2: "stream", 3: "simple"}.get(a[0], "none"), a[1], a[2],
                 bool(a[3] & 1), bool(a[3] & 4), bool(a[3] & 8), bool(a[3] & 16), bool(a[3] & 32),
-                bool(a[3] & 64))
+                bool(a[3] & 64), bool(a[3] & 128), bool(a[3] & 256))
 
 
 def plan_str(pl):
     extra = (", pdl" if pl[3] else "") + (", early" if pl[4] else "") + \
         (", tma" if len(pl) > 5 and pl[5] else "") + (", aligned" if len(pl) > 6 and pl[6] else "") + \
-        (", 8 warps" if len(pl) > 7 and pl[7] else "") + (", variant" if len(pl) > 8 and pl[8] else "")
+        (", 8 warps" if len(pl) > 7 and pl[7] else "") + (", variant" if len(pl) > 8 and pl[8] else "") + \
+        ((", bulk2" if len(pl) > 10 and pl[10] else ", bulk") if len(pl) > 9 and pl[9] else "")
     return f"{pl[0]} x{pl[1]}, {pl[2]} CTAs{extra}"
 
 
@@ -128,6 +133,61 @@ def read_ceiling():
     del x
     torch.cuda.empty_cache()
     return tbps
+
+
+try:  # the streaming-read ceiling's kernel (Triton ships with the CUDA builds of torch)
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _stream_read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+        """Block pid sums elements [pid * BLOCK * ITERS, + BLOCK * ITERS) of x (bf16) in
+        float32 and stores one float: a read of every byte once, nothing else written."""
+        pid = tl.program_id(0)
+        base = pid.to(tl.int64) * (BLOCK * ITERS)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for i in tl.static_range(ITERS):
+            offs = base + i * BLOCK + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0,
+                           eviction_policy="evict_first").to(tl.float32)
+        tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+    _TRITON_ERR = None
+except Exception as e:  # (no Triton: the ceiling reads "unavailable")
+    _TRITON_ERR = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
+
+
+def read_stream_ceiling():
+    """A plain streaming read of our own: _stream_read_kernel over a 4 GiB bf16 tensor (the
+    same size as read_ceiling's), blocks of 4096 elements x 8 loads (64 KB per program, 32768
+    programs), 8 warps; timed as read_ceiling. TB/s, or a string saying why not."""
+    if _TRITON_ERR is not None:
+        return f"unavailable ({_TRITON_ERR})"
+    try:
+        x = torch.randn(2 << 30, device=DEV, dtype=torch.bfloat16)
+        BLOCK, ITERS = 4096, 8
+        grid = (x.numel() + BLOCK * ITERS - 1) // (BLOCK * ITERS)
+        part = torch.empty(grid, device=DEV, dtype=torch.float32)
+
+        def run():
+            _stream_read_kernel[(grid,)](x, part, x.numel(), BLOCK=BLOCK, ITERS=ITERS, num_warps=8)
+        run()
+        torch.cuda.synchronize()
+        # the sums checked against torch's (the kernel read what it claims)
+        want = torch.sum(x[: BLOCK * ITERS], dtype=torch.float32).item()
+        if abs(part[0].item() - want) > 1e-2 * max(1.0, abs(want)):
+            return f"unavailable (block 0 sums {part[0].item():.4f}, torch {want:.4f})"
+        ms = time_ms(run, iters=15, inner=2)
+        tbps = x.numel() * 2 / (ms * 1e-3) / 1e12
+        del x, part
+        torch.cuda.empty_cache()
+        return tbps
+    except Exception as e:  # a Triton / driver failure must not stop the benchmark
+        torch.cuda.empty_cache()
+        return f"unavailable ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})"
+
+
+def fmt_tbps(v):
+    return f"{v:.3f} TB/s" if isinstance(v, float) else str(v)
 
 
 def make_case(b, ctx, bs, dtype=torch.bfloat16, seed=0):
@@ -168,7 +228,9 @@ def check(shim):
     runs = [("auto", {}), ("split", {"OT_PAGED_KERNEL": "split"}),
             ("stream", {"OT_PAGED_KERNEL": "stream"}),
             ("split general", {"OT_PAGED_KERNEL": "split", "OT_PAGED_ALIGNED": "0"}),
-            ("split 8 warps", {"OT_PAGED_KERNEL": "split", "OT_PAGED_WARPS": "8"})]
+            ("split 8 warps", {"OT_PAGED_KERNEL": "split", "OT_PAGED_WARPS": "8"}),
+            ("split bulk", {"OT_PAGED_KERNEL": "split", "OT_PAGED_LOAD": "bulk"}),
+            ("split bulk2", {"OT_PAGED_KERNEL": "split", "OT_PAGED_LOAD": "bulk2"})]
     # (1 x 2k: the batch-1 default's 64-key splits with guessed first page ids, pages 16 / 64)
     for (b, ctx) in [(3, 1000), (1, 65536), (16, 4096), (64, 1024), (1, 2048)]:
         for bs in PAGES:
@@ -184,7 +246,9 @@ def check(shim):
                 ran_ok = (want is None or pl[0] == want) and \
                     (env.get("OT_PAGED_PDL") != "0" or not pl[3]) and \
                     (env.get("OT_PAGED_ALIGNED") != "0" or not pl[6]) and \
-                    (env.get("OT_PAGED_WARPS") != "8" or pl[7])
+                    (env.get("OT_PAGED_WARPS") != "8" or pl[7]) and \
+                    (env.get("OT_PAGED_LOAD") not in ("bulk", "bulk2") or
+                     (pl[9] and pl[10] == (env["OT_PAGED_LOAD"] == "bulk2")))
                 err = (out.float() - ref).abs().max().item()
                 good = err < 2e-2 and not torch.isnan(out).any().item() and ran_ok
                 ok &= good
@@ -630,7 +694,9 @@ def ab(args):
     if args.ab_shapes:
         shapes = [tuple(int(v) for v in x.split("x")) for x in args.ab_shapes.split(",")]
     ceiling = read_ceiling()
-    print(f"ab read ceiling (torch.sum 4 GiB bf16): {ceiling:.3f} TB/s", flush=True)
+    stream = read_stream_ceiling()
+    print(f"ab read ceiling (torch.sum 4 GiB bf16): {ceiling:.3f} TB/s; streaming read (ours, "
+          f"Triton): {fmt_tbps(stream)}", flush=True)
     rows = []
     for (b, ctx) in shapes:
         c = make_case(b, ctx, 16, seed=3)
@@ -671,10 +737,13 @@ def ab(args):
                     else "0 but not bitwise"
         med = {n: round(statistics.median(v), 2) for n, v in us.items()}
         tbps = {n: round(nbytes / (m * 1e-6) / 1e12, 3) for n, m in med.items()}
-        print(f"ab B{b} x ctx {ctx}: median us {med} TB/s {tbps} plans {plans} "
-              f"max|out - {names[0]}| {diff}", flush=True)
+        pct = {n: round(t / ceiling, 3) for n, t in tbps.items()}
+        pct_s = {n: round(t / stream, 3) for n, t in tbps.items()} if isinstance(stream, float) else None
+        print(f"ab B{b} x ctx {ctx}: median us {med} TB/s {tbps} of torch.sum read {pct} of "
+              f"streaming read {pct_s} plans {plans} max|out - {names[0]}| {diff}", flush=True)
         rows.append({"case": f"B{b} x ctx {ctx} page 16 bf16 Hq{HQ} Hkv{HKV} D{D}",
-                     "batch": b, "ctx": ctx, "median_us": med, "TBps": tbps, "rounds_us": us,
+                     "batch": b, "ctx": ctx, "median_us": med, "TBps": tbps,
+                     "fraction_of_read": pct, "fraction_of_stream_read": pct_s, "rounds_us": us,
                      "plans": plans, "max_abs_diff_vs_first": diff})
         del c, kc, vc, outs
         torch.cuda.empty_cache()
@@ -683,7 +752,9 @@ def ab(args):
             json.dump({"bench": "decode_ab_same_process", "device": torch.cuda.get_device_name(),
                        "date": datetime.date.today().isoformat(), "commit": args.commit,
                        "command": args.command, "builds": args.ab, "rounds": args.rounds,
-                       "read_TBps": round(ceiling, 3), "rows": rows}, f, indent=1)
+                       "read_TBps": round(ceiling, 3),
+                       "read_stream_TBps": round(stream, 3) if isinstance(stream, float) else stream,
+                       "rows": rows}, f, indent=1)
 
 
 def main():
@@ -759,8 +830,8 @@ def main():
         raise SystemExit(0)
     if args.quick:  # ours alone at the page-16 shapes: A/B of builds (one process per build)
         if args.peers:
-            print(f"quick {args.shim} read ceiling (torch.sum 4 GiB bf16): {read_ceiling():.3f} TB/s",
-                  flush=True)
+            print(f"quick {args.shim} read ceiling (torch.sum 4 GiB bf16): {read_ceiling():.3f} TB/s; "
+                  f"streaming read (ours, Triton): {fmt_tbps(read_stream_ceiling())}", flush=True)
         for (b, ctx) in SHAPES + ENGINE_SHAPES:
             c = make_case(b, ctx, 16, seed=3)
             out = torch.empty_like(c["q"])
@@ -799,9 +870,15 @@ def main():
     if not args.lean:
         probe(shim)
     ceiling = read_ceiling()
-    print(f"read ceiling (torch.sum 4 GiB bf16): {ceiling:.3f} TB/s", flush=True)
+    stream = read_stream_ceiling()
+    print(f"read ceiling (torch.sum 4 GiB bf16): {ceiling:.3f} TB/s; streaming read (ours, "
+          f"Triton): {fmt_tbps(stream)}", flush=True)
     shapes = [tuple(int(v) for v in x.split("x")) for x in args.shapes.split(",")] if args.shapes else None
     rows = bench(shim, ceiling, shapes, args.lean, Shim(args.ref_shim) if args.ref_shim else None)
+    if isinstance(stream, float):  # the rows' share of the streaming read too
+        for r in rows:
+            if r.get("op") == "paged_decode":
+                r["fraction_of_stream_read"] = round(r["ours"] / stream, 3)
     if args.arena_bin:
         rows += arena_rows(args.arena_bin)
         print(json.dumps(rows[-1]), flush=True)
@@ -812,7 +889,8 @@ def main():
         "commit": args.commit,
         "command": args.command,
         "torch": torch.__version__,
-        "ceilings": {"read_TBps": round(ceiling, 3)},
+        "ceilings": {"read_TBps": round(ceiling, 3),
+                     "read_stream_TBps": round(stream, 3) if isinstance(stream, float) else stream},
         "timing": "CUDA events around 5 calls after a ~1 ms torch.cuda._sleep, median of 25 "
                   "(gather + SDPA: 15)",
         "rows": rows,

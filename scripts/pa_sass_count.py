@@ -14,13 +14,14 @@ pa_mma_kernel / ps_kernel function (names demangled by hand: T, D, S, XT / P, AL
     found as the shortest path through the body's control-flow graph (back edges and
     BRA.DIV fallbacks left out) that passes every block holding an HMMA, the page-id load
     (LDG.E.CONSTANT) and the step's copies: the 16 K / V LDGSTS without ZFILL where the
-    instance has them (the aligned-page copies, a whole step), else the general ones. So:
+    instance has them (the aligned-page copies, a whole step), else the general ones (the
+    bulk ring, OT_PAGED_LOAD=bulk: lane 0's UBLKCP blocks, each waterfall loop once). So:
     a whole step, no masks to apply where the code can skip them (the AL warp vote), no
     division paths (pages of 2^k keys), no OT_DEBUG flag. Predicated-off instructions
     count (they issue). An estimate of issue slots, not a measurement;
-  - the path by category (mma, copy = LDGSTS / LDGDEPBAR / DEPBAR, lds, ldg, shfl/vote,
+  - the path by category (mma, copy = LDGSTS / LDGDEPBAR / DEPBAR / UBLKCP / SYNCS, lds, ldg, shfl/vote,
     mufu, fp, int = integer and address arithmetic, uniform, control, other) and by
-    region: `issue` (from the loop head to the cp.async wait: the next step's copies and
+    region: `issue` (from the loop head to the cp.async or mbarrier wait: the next step's copies and
     the page-id load) and `step` (the wait, the mask vote and pa_step).
 
 --blocks also prints the loop's basic blocks (address, size, on the path, categories).
@@ -44,8 +45,8 @@ def category(op, text=""):
     base = op.split(".")[0]
     if base == "HMMA":
         return "mma"
-    if base in ("LDGSTS", "LDGDEPBAR", "DEPBAR"):
-        return "copy"
+    if base in ("LDGSTS", "LDGDEPBAR", "DEPBAR", "UBLKCP", "SYNCS"):
+        return "copy"  # (UBLKCP / SYNCS: the bulk ring's copies, expect_tx and mbarrier wait)
     if base in ("LDS", "LDSM"):
         return "lds"
     if base in ("LDG", "LDC", "LD"):
@@ -64,7 +65,7 @@ def category(op, text=""):
     if base.startswith("U") or base in ("R2UR", "S2UR"):
         return "uniform"
     if base in ("BRA", "BSSY", "BSYNC", "WARPSYNC", "YIELD", "NOP", "EXIT", "BAR", "CALL", "RET",
-                "JMP", "BPT", "ACQBULK", "WARPGROUP"):
+                "JMP", "BPT", "ACQBULK", "WARPGROUP", "ELECT"):
         return "control"
     return "other"
 
@@ -120,6 +121,9 @@ def pretty(name):
 def params(s):
     if "pa_params_tm" in s:
         return "tm"
+    m = re.search(r"pa_params_bkILi(\d+)E", s)
+    if m:
+        return "bk%s" % m.group(1)
     m = re.search(r"pa_params_vILi(\d+)E", s)
     if m:
         return "var%s" % m.group(1)
@@ -219,6 +223,8 @@ def analyse(name, ins):
             way.add(i)
         if not fast and has(b, lambda o, t: o.startswith("LDGSTS")):
             way.add(i)
+        if has(b, lambda o, t: o.startswith("UBLKCP")):  # the bulk ring's copies (lane 0's)
+            way.add(i)
     way.update(fast)
     way.add(n - 1)
     size = [len(b) for b in blocks]
@@ -267,7 +273,7 @@ def analyse(name, ins):
     for i in path:
         for _, t in blocks[i]:
             o = opcode(t)
-            if o.startswith("DEPBAR") or "SYNCS" in o:
+            if o.startswith("DEPBAR") or o.startswith("SYNCS.PHASECHK"):
                 reg = "step"
             cats[category(o, t)] += 1
             rcat[reg][category(o, t)] += 1
