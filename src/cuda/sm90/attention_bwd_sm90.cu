@@ -61,6 +61,7 @@
 #include <string.h>
 
 #include "../attention_sm90.h"
+#include "../bulk_copy.cuh"
 #include "../common.cuh"
 #include "../cuda_state.h"
 #include "sm90_common.cuh"
@@ -142,13 +143,6 @@ struct bwd_params {
 constexpr int kEmptyCount = 256;  /* every consumer thread releases a stage */
 constexpr int kDsBar = 1;       /* named barrier: both consumers' dS^T are in shared memory */
 
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
-                                          uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-      ::"r"(dst), "l"((uint64_t)src), "r"(bytes), "r"(bar)
-      : "memory");
-}
 /* global[dst .. + bytes) += shared[src ..) (fp32, by the TMA unit), one bulk group. */
 __device__ __forceinline__ void bulk_reduce_add(float *dst, uint32_t src, uint32_t bytes) {
   asm volatile(
@@ -299,8 +293,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_load_5d(s_base + L::do_off + s * L::q_bytes, &tm_do, bar(BAR_FULL + s), 0, m * kBq, 0,
                   h, b);
       const int64_t row = ((int64_t)b * p.hq + h) * p.sq_pad + (int64_t)m * kBq;
-      bulk_load(s_base + L::lse_off + s * kBq * 4, p.lse2 + row, kBq * 4, bar(BAR_FULL + s));
-      bulk_load(s_base + L::dsum_off + s * kBq * 4, p.dsum + row, kBq * 4, bar(BAR_FULL + s));
+      bulk_load_sh(s_base + L::lse_off + s * kBq * 4, p.lse2 + row, kBq * 4, bar(BAR_FULL + s));
+      bulk_load_sh(s_base + L::dsum_off + s * kBq * 4, p.dsum + row, kBq * 4, bar(BAR_FULL + s));
     }
     return;
   }
