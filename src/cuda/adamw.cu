@@ -18,7 +18,7 @@
  *
  * Opt-in (OT_ADAMW_IMPL, read per call; docs/ENVIRONMENT.md), the same tables, each
  * launch a whole number of resident waves (the default's 448 blocks are 1.13 waves on the
- * H200): adamw_vec8_kernel takes eight elements at a time (16-byte loads for 16-bit
+ * H200): adamw_kernel's W = 8 instances take eight elements at a time (16-byte loads for 16-bit
  * dtypes, two for float32: twice the bytes in flight per thread), "v8" with the default's
  * arithmetic (the same bits), "fast" with sqrt.approx / div.approx and the division by
  * the second bias correction's square root as a product by its reciprocal. sm_90a, bf16
@@ -106,45 +106,6 @@ __device__ __forceinline__ void adamw_elem(P *param, const G *grad, S *m, S *v, 
   param[j] = from_f32<P>(w);
 }
 
-template <typename P, typename G, typename S, bool MASTER>
-__global__ void __launch_bounds__(kAdamwThreads) adamw_kernel(adamw_table tab, adamw_hyper h) {
-  const int t = tab.tensor[blockIdx.x];
-  const int64_t n = tab.numel[t];
-  const int64_t start = (int64_t)tab.chunk[blockIdx.x] * kAdamwChunk;
-  const int64_t end = start + kAdamwChunk < n ? start + kAdamwChunk : n;
-  P *param = static_cast<P *>(tab.param[t]);
-  const G *grad = static_cast<const G *>(tab.grad[t]);
-  S *m = static_cast<S *>(tab.m[t]);
-  S *v = static_cast<S *>(tab.v[t]);
-  float *master = tab.master[t];
-  int64_t i = start + (int64_t)threadIdx.x * 4;
-  if (tab.aligned[t]) {
-    for (; i + 4 <= end; i += (int64_t)blockDim.x * 4) {
-      float w[4], g[4], mm[4], vv[4];
-      if (MASTER) load4(w, master + i);
-      else load4(w, param + i);
-      load4(g, grad + i);
-      load4(mm, m + i);
-      load4(vv, v + i);
-#pragma unroll
-      for (int k = 0; k < 4; k++) adamw_update(w[k], mm[k], vv[k], g[k], h);
-      store4(m + i, mm);
-      store4(v + i, vv);
-      if (MASTER) store4(master + i, w);
-      store4(param + i, w);
-    }
-    /* i is now past the last whole group of this thread: the ragged tail (< 4 elements,
-     * only at the tensor's end) goes to the thread whose group straddles it */
-    if (i < end) {
-      for (int64_t j = i; j < end; j++)
-        adamw_elem<P, G, S, MASTER>(param, grad, m, v, master, j, h);
-    }
-    return;
-  }
-  for (int64_t j = start + threadIdx.x; j < end; j += blockDim.x)
-    adamw_elem<P, G, S, MASTER>(param, grad, m, v, master, j, h);
-}
-
 /* Eight elements at p (aligned to 8 elements, 16 bytes) as float32, and back: one 16-byte
  * access for 16-bit types, two for float32. */
 template <typename T>
@@ -183,13 +144,25 @@ __device__ __forceinline__ void adamw_update_fast(float &w, float &m, float &v, 
   v = vv;
 }
 
-/* OT_ADAMW_IMPL=v8 (FAST false) / fast (FAST true): the default kernel's work eight
- * elements at a time; the ragged tail (< 8 elements, only at a tensor's end) and
- * unaligned tensors as there, one element at a time with the default's arithmetic.
- * Launched a whole number of resident waves at a time (ot_cuda_adamw_step's cap). */
-template <typename P, typename G, typename S, bool MASTER, bool FAST>
-__global__ void __launch_bounds__(kAdamwThreads) adamw_vec8_kernel(adamw_table tab,
-                                                                   adamw_hyper h) {
+/* One chunk of one tensor a block, W elements a thread a pass with one vector access per
+ * tensor when every pointer of the tensor is aligned (tab.aligned); unaligned tensors, and
+ * the ragged tail (< W elements, only at a tensor's end: the thread whose group straddles
+ * it), one element at a time with the default's arithmetic. W = 4, FAST false: the default;
+ * W = 8: OT_ADAMW_IMPL=v8 (FAST false, the same bits) / fast (FAST true), launched a whole
+ * number of resident waves at a time (ot_cuda_adamw_step's cap). */
+template <int W, typename T>
+__device__ __forceinline__ void load_w(float *f, const T *p) {
+  if constexpr (W == 4) load4(f, p);
+  else load8(f, p);
+}
+template <int W, typename T>
+__device__ __forceinline__ void store_w(T *p, const float *f) {
+  if constexpr (W == 4) store4(p, f);
+  else store8(p, f);
+}
+
+template <typename P, typename G, typename S, bool MASTER, int W, bool FAST>
+__global__ void __launch_bounds__(kAdamwThreads) adamw_kernel(adamw_table tab, adamw_hyper h) {
   const int t = tab.tensor[blockIdx.x];
   const int64_t n = tab.numel[t];
   const int64_t start = (int64_t)tab.chunk[blockIdx.x] * kAdamwChunk;
@@ -200,24 +173,24 @@ __global__ void __launch_bounds__(kAdamwThreads) adamw_vec8_kernel(adamw_table t
   S *v = static_cast<S *>(tab.v[t]);
   float *master = tab.master[t];
   const float inv_bc2 = FAST ? 1.0f / h.bc2_sqrt : 0.0f;
-  int64_t i = start + (int64_t)threadIdx.x * 8;
+  int64_t i = start + (int64_t)threadIdx.x * W;
   if (tab.aligned[t]) {
-    for (; i + 8 <= end; i += (int64_t)blockDim.x * 8) {
-      float w[8], g[8], mm[8], vv[8];
-      if (MASTER) load8(w, master + i);
-      else load8(w, param + i);
-      load8(g, grad + i);
-      load8(mm, m + i);
-      load8(vv, v + i);
+    for (; i + W <= end; i += (int64_t)blockDim.x * W) {
+      float w[W], g[W], mm[W], vv[W];
+      if (MASTER) load_w<W>(w, master + i);
+      else load_w<W>(w, param + i);
+      load_w<W>(g, grad + i);
+      load_w<W>(mm, m + i);
+      load_w<W>(vv, v + i);
 #pragma unroll
-      for (int k = 0; k < 8; k++) {
+      for (int k = 0; k < W; k++) {
         if (FAST) adamw_update_fast(w[k], mm[k], vv[k], g[k], h, inv_bc2);
         else adamw_update(w[k], mm[k], vv[k], g[k], h);
       }
-      store8(m + i, mm);
-      store8(v + i, vv);
-      if (MASTER) store8(master + i, w);
-      store8(param + i, w);
+      store_w<W>(m + i, mm);
+      store_w<W>(v + i, vv);
+      if (MASTER) store_w<W>(master + i, w);
+      store_w<W>(param + i, w);
     }
     if (i < end) {
       for (int64_t j = i; j < end; j++)
@@ -240,9 +213,9 @@ static int adamw_impl(void) {
 
 template <typename P, typename G, typename S, bool MASTER>
 static adamw_fn pick_impl(int impl) {
-  return impl == 1   ? adamw_vec8_kernel<P, G, S, MASTER, false>
-         : impl == 2 ? adamw_vec8_kernel<P, G, S, MASTER, true>
-                     : adamw_kernel<P, G, S, MASTER>;
+  return impl == 1   ? adamw_kernel<P, G, S, MASTER, 8, false>
+         : impl == 2 ? adamw_kernel<P, G, S, MASTER, 8, true>
+                     : adamw_kernel<P, G, S, MASTER, 4, false>;
 }
 
 template <typename P, typename G, typename S>
