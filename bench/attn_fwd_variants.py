@@ -236,18 +236,10 @@ def checks(S):
         ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16,
                       env={**SNAKE, "OT_ATTN_SM90_GRID": "5"})
         ba.check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=0, env=SNAKE)
-    if ONLY is None or "skip" in ONLY:
-        skip_checks(S, ck)
-    if ONLY is None or "diag" in ONLY:
-        diag_checks(S, ck)
-    if ONLY is None or "xt" in ONLY:
-        xt_checks(S, ck)
-    if ONLY is None or "late" in ONLY:
-        late_checks(S, ck)
-    if ONLY is None or "pin" in ONLY:
-        pin_checks(S, ck)
-    if ONLY is None or "pinh" in ONLY:
-        pinh_checks(S, ck)
+    for name, checks in (("skip", skip_checks), ("diag", diag_checks), ("xt", xt_checks),
+                         ("late", late_checks), ("pin", pin_checks), ("pinh", pinh_checks)):
+        if ONLY is None or name in ONLY:
+            checks(S, ck)
     if ONLY is None or "wideresc" in ONLY:
         for sq, sk, hq, hkv, wl in ((1000, 1000, 4, 2, -1), (1300, 1100, 4, 1, -1),
                                     (700, 1000, 8, 2, 200)):
