@@ -444,6 +444,19 @@ def test_cuda_fused_pipe_bit_equal(tmp_path, case, dtype):
     assert run(PIPE2, "--no-cuda-graph")[0] == base_tok, "eager pipelined decode != graph"
 
 
+def test_cuda_fused_pipe_bit_equal_8b(tmp_path):
+    """The pipelined stream at the shape it is for (Llama-3-8B, random weights, bf16:
+    K 4096, so a task is 4 rounds and at 2 stages a warp's stream runs across its 2 tasks;
+    qkv 3072 tasks, gate_up 14336 in two waves of blocks): the default's logits and tokens
+    bit for bit at 1 and 2 stages."""
+    _need_cuda_ot_run()
+    run = _cuda_runner(("--config", "llama3-8b", "--random-weights", "--seed", "5"), 128256,
+                       "bf16")
+    base_tok, base = run({}, dump=tmp_path / "b.bin")
+    _assert_bit_equal(run, tmp_path, base_tok, base, (
+        {"OTE_FUSED_PIPE_QKV": "1", "OTE_FUSED_PIPE_GATEUP": "1"}, PIPE2))
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("case", list(FUSED_CASES))
 def test_cuda_fused_down_rowblock_bit_equal(tmp_path, case, dtype):
