@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
  * round r): the item being multiplied is in registers (wv, as in the default) and the next
  * NS items are in flight into the warp's own stages of dynamic shared memory by cp.async
  * (the lane's own 16-byte slots: no barrier; an item past the last task is zero-filled
- * without a read). After item i's products the lane waits for item i + 1 (cp.async
+ * without a read; L2 evict-first, as the default's ld.global.cs). After item i's products the lane waits for item i + 1 (cp.async
  * wait_group NS - 1), moves it into wv and issues item i + 1 + NS into the stage it freed,
  * before item i + 1's products. So NS + 1 items are issued before the PDL wait (one task of
  * qkv / gate_up at the 8B shape is 4 items) and NS stay in flight during the products,
@@ -407,11 +407,21 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
  * default) plus NS x 4 warps x kUnroll x 512 bytes (NS 1: 16 KB, 6 blocks an SM at K 4096
  * on the H200, as the default; NS 2: 32 KB, 4 blocks). The products are the default's, in
  * the same order, on the same values: the outputs are bit-equal to the default kernel's. */
-__device__ __forceinline__ void pipe_cp16(void *dst, const void *src, bool in) {
+/* An L2 policy of evict-first for the weight stream: the default kernel's ld.global.cs,
+ * for cp.async (the weights are read once a step; the activations and K/V stay in L2) */
+__device__ __forceinline__ unsigned long long pipe_evict_first() {
+  unsigned long long p = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+#endif
+  return p;
+}
+__device__ __forceinline__ void pipe_cp16(void *dst, const void *src, bool in,
+                                          unsigned long long policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
                    (unsigned)__cvta_generic_to_shared(dst)),
-               "l"(src), "r"(in ? 16 : 0)
+               "l"(src), "r"(in ? 16 : 0), "l"(policy)
                : "memory");
 #endif
 }
@@ -458,6 +468,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_pipe_kernel(ote_fus
       task_rows<R, PAIRS>(ltask, tasks, N, half, ln, lnv);
     }
   };
+  const unsigned long long policy = pipe_evict_first();
   raw16 wv[R][UR];
   auto load_regs = [&]() {
     const int64_t k0 = (int64_t)lane * V + lr * span;
@@ -477,7 +488,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_pipe_kernel(ote_fus
 #pragma unroll
       for (int q = 0; q < R; q++) {
         const bool in = lnv[q] && k0 + u * step < K;
-        pipe_cp16(st + (u * R + q) * 32, in ? W + ln[q] * K + k0 + u * step : W, in);
+        pipe_cp16(st + (u * R + q) * 32, in ? W + ln[q] * K + k0 + u * step : W, in, policy);
       }
     pipe_commit();
     advance();
