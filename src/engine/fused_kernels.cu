@@ -450,14 +450,15 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_pipe_kernel(ote_fus
   const int64_t K = a.K, N = a.N;
   const int64_t half = task_half<R, PAIRS>(a), tasks = task_count<R, PAIRS>(a);
   const int64_t warps = (int64_t)gridDim.x * kWarps;
-  const int64_t rounds = (K + span - 1) / span; /* items a task (the same for every lane) */
+  const int rounds = (int)((K + span - 1) / span); /* items a task (the same for every lane) */
   const T *__restrict__ W = static_cast<const T *>(a.w);
   /* the warp's stages: stage s, slot (u, q), lane: 16 bytes */
   uint4 *ring = reinterpret_cast<uint4 *>(fg_smem + a.K * sizeof(X)) +
                 (size_t)warp * NS * UR * R * 32 + lane;
 
   /* the loader: the next item to issue (ltask, lr) and its rows */
-  int64_t ltask = (int64_t)blockIdx.x * kWarps + warp, lr = 0;
+  int64_t ltask = (int64_t)blockIdx.x * kWarps + warp;
+  int lr = 0;
   int64_t ln[R];
   bool lnv[R];
   task_rows<R, PAIRS>(ltask, tasks, N, half, ln, lnv);
@@ -471,7 +472,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_pipe_kernel(ote_fus
   const unsigned long long policy = pipe_evict_first();
   raw16 wv[R][UR];
   auto load_regs = [&]() {
-    const int64_t k0 = (int64_t)lane * V + lr * span;
+    const int64_t k0 = (int64_t)lane * V + (int64_t)lr * span;
 #pragma unroll
     for (int u = 0; u < UR; u++)
 #pragma unroll
@@ -481,7 +482,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_pipe_kernel(ote_fus
     advance();
   };
   auto load_stage = [&](int s) {
-    const int64_t k0 = (int64_t)lane * V + lr * span;
+    const int64_t k0 = (int64_t)lane * V + (int64_t)lr * span;
     uint4 *st = ring + (size_t)s * UR * R * 32;
 #pragma unroll
     for (int u = 0; u < UR; u++)
@@ -501,7 +502,8 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_pipe_kernel(ote_fus
 
   float best = 0.0f;
   int64_t best_n = -1;
-  int64_t task = (int64_t)blockIdx.x * kWarps + warp, r = 0;
+  int64_t task = (int64_t)blockIdx.x * kWarps + warp;
+  int r = 0;
   int64_t n[R];
   bool nv[R];
   task_rows<R, PAIRS>(task, tasks, N, half, n, nv);
@@ -510,7 +512,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_pipe_kernel(ote_fus
   for (int q = 0; q < R; q++) acc[q] = 0.0f;
   int s = 1 % NS; /* the stage of the item after the one in wv */
   while (task < tasks) {
-    dot_vectors<T, MODE, R, UR>(xs, wv, (int64_t)lane * V + r * span, K, acc);
+    dot_vectors<T, MODE, R, UR>(xs, wv, (int64_t)lane * V + (int64_t)r * span, K, acc);
     if (++r == rounds) {
       if (task + warps >= tasks) ot_pdl_launch_dependents(); /* its last loads are issued */
       task_out<T, R, PAIRS>(a, task, half, n, nv, acc, scale, lane, &best, &best_n);
