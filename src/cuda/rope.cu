@@ -718,7 +718,9 @@ static int rope_w4_choice(const rope_params &p, const char *impl) {
 }
 
 /* rope_pipe_kernel on a persistent grid: the SMs' resident blocks (at most one warp a
- * token), each warp walking its tokens with stride gridDim.x * warps a block. */
+ * token), each warp walking its tokens with stride gridDim.x * warps a block;
+ * OT_ROPE_PIPE_BLOCKS=n (n > 0) caps the grid at n blocks (the tests: many tokens a warp at
+ * small shapes). */
 template <typename K>
 static cudaError_t rope_pipe_launch(K kernel, const rope_params &p, int64_t blocks, size_t sm,
                                     cudaStream_t stream) {
@@ -729,7 +731,9 @@ static cudaError_t rope_pipe_launch(K kernel, const rope_params &p, int64_t bloc
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRopeWarpThreads, sm);
   if (e != cudaSuccess) return e;
   const int64_t resident = (int64_t)(nsm > 0 ? nsm : 1) * (per_sm > 0 ? per_sm : 1);
-  const int64_t g = blocks < resident ? blocks : resident;
+  int64_t g = blocks < resident ? blocks : resident;
+  const char *cap = getenv("OT_ROPE_PIPE_BLOCKS");
+  if (cap && atoll(cap) > 0 && atoll(cap) < g) g = atoll(cap);
   kernel<<<dim3((unsigned)g), dim3(kRopeWarpThreads), sm, stream>>>(p);
   return cudaGetLastError();
 }
