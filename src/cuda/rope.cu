@@ -26,7 +26,9 @@
  * bulk-copy (TMA, sm_90) kernel staging each token's heads in shared memory ran 4-11%
  * slower than v3 (run of a342519): removed. OT_ROPE_IMPL=w4 | w4o: rope_warp4_kernel, v3's
  * work in ~25% fewer instructions (16-bit types; opt-in, prepared 2026-11-30 night for the
- * next same-process A/B, not yet measured).
+ * next same-process A/B; measured in the run of a092c77: not the default). OT_ROPE_IMPL=pipe |
+ * pipe6: rope_pipe_kernel, w4's work as a cross-token software pipeline on a persistent grid
+ * (opt-in, prepared 2026-12-01 night, not yet measured).
  *
  * A position outside the cache (not validated on the host for device tensors)
  * yields NaN outputs rather than an out-of-bounds read.
@@ -540,20 +542,27 @@ __global__ void __launch_bounds__(kRopeWarpThreads, MINB)
  * slot has no load in flight, and the SM's bytes in flight dip at every warp's rotation
  * and at every warp's start (the launch of a new block in its place). Here the grid is
  * persistent (the SMs' resident blocks, cudaOccupancyMaxActiveBlocksPerMultiprocessor) and
- * each warp walks its tokens (tok, tok + tstep, ...) as a stream of chunks: a chunk is UH
- * head-passes of one token (the token's passes split into equal chunks of at most UH, as
- * v3 splits its batches). Two chunks are held in registers: the next chunk's loads (the same
+ * each warp walks a contiguous range of chunks: a chunk is UH head-passes of one token (the
+ * token's passes split into equal chunks of at most UH, as v3 splits its batches); the
+ * warps' ranges of the tokens x chunks-a-token differ by at most one chunk (16k tokens x 2
+ * chunks over 1584 warps: 20-21 each, where whole tokens would be 10-11). Two chunks are
+ * held in registers: the next chunk's loads (the same
  * token's next passes, or the next token's first) are issued before this chunk is rotated
  * and stored, so the warp's loads never drain. Per token, as w4: the q / k base pointers
  * formed once a chunk from (b, s) (no 64-bit division at batch 1), x2 at an immediate
  * offset, bf16 unpacked by one integer op, a cache's cos / sin straight into registers --
- * loaded with the token's first chunk, one chunk ahead of their use (the position two
- * tokens ahead, so the cos / sin load never waits for a position); computed cos / sin
+ * loaded right after the previous token's last rotation (the registers it freed), the
+ * position one token ahead of that, so the cos / sin load never waits for a position;
+ * computed cos / sin
  * (rope_fill_cs, float64 reduction) made for the chunk being rotated while the next one's
- * loads fly. UH = kRopePipeUH: 2 x UH x 32 bytes of data registers a lane (x1 and x2 of
- * each pass), v3 / w4's U = 10 in one buffer; 40 heads of 128 at 4 heads a pass = 10
- * passes: 2 chunks of 5 a token; 72 heads: 18 passes, 3 chunks of 6. The same values,
- * rounding and order (rope_rotate): the same bits as rope_warp3_kernel. 16-bit types only. */
+ * loads fly. UH: 2 x UH x 32 bytes of data registers a lane (x1 and x2 of each pass; v3 /
+ * w4 hold U = 10 passes in one buffer); 40 heads of 128 at 4 heads a pass = 10 passes: 2
+ * chunks of 5 a token at UH 5 or 6; 72 heads: 18 passes, 5 + 5 + 5 + 3 at UH 5, 3 x 6 at
+ * UH 6. MINB 3 (OT_ROPE_IMPL=pipe: UH 5, pipe6: UH 6): sm_90a NeoX 159-166 / 168 registers
+ * (IPH 16 at UH 6 spills 12 bytes), 3 blocks = 12 warps per SM as the default; unheld UH
+ * 5 / 6 take 172-177 / 188-194, 2 blocks; UH 4 takes 156 unheld and spills 36-104 bytes
+ * held to 4 blocks (ptxas -v, 2026-12-01). GPT-J 114-124. The same values, rounding and
+ * order (rope_rotate): the same bits as rope_warp3_kernel. 16-bit types only. */
 
 template <typename T, ot_rope_mode MODE, int IPH, int UH, int MINB>
 __global__ void __launch_bounds__(kRopeWarpThreads, MINB)
@@ -573,7 +582,6 @@ __global__ void __launch_bounds__(kRopeWarpThreads, MINB)
   const int passes = (hall + HPW - 1) / HPW;
   const int nb = (passes + UH - 1) / UH;
   const int ub = (passes + nb - 1) / nb; /* passes per chunk, <= UH */
-  const int64_t tstep = (int64_t)gridDim.x * wpb;
   const int64_t qis = p.t[0].in_sh, qos = p.t[0].out_sh, kis = p.t[1].in_sh, kos = p.t[1].out_sh;
   auto split = [&](int64_t t, int64_t &b, int64_t &s) {
     b = p.batch == 1 ? 0 : t / p.seq;
@@ -639,41 +647,49 @@ __global__ void __launch_bounds__(kRopeWarpThreads, MINB)
     }
   };
 
-  int64_t tok = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); /* the chunk being rotated */
-  if (tok >= tokens) return;
-  int bi = 0;
-  int64_t pos = position(tok), npos = position(tok + tstep); /* tok's, the next token's */
+  /* the warp's chunks: a contiguous range of the tokens x nb chunks, the ranges of the warps
+   * within one chunk of each other (a warp may start or end inside a token) */
+  const int64_t nwarps = (int64_t)gridDim.x * wpb, w = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5);
+  const int64_t chunks = tokens * nb;
+  const int64_t ch = w * chunks / nwarps; /* the warp's first chunk */
+  int left = (int)((w + 1) * chunks / nwarps - ch); /* its chunks not yet rotated */
+  if (left <= 0) return;
+  int64_t tok = ch / nb; /* the chunk being rotated: (tok, bi) */
+  int bi = (int)(ch - tok * nb);
+  int64_t pos = position(tok), npos = position(tok + 1); /* tok's, the next token's */
   float c[NP], sn[NP]; /* tok's cos / sin */
   if (p.cache) cache_cs(pos, c, sn);
+  bool fresh = true; /* tok's cos / sin not yet made (computed) */
   raw16 a1[UH], a2[UH], b1[UH], b2[UH];
-  load(tok, 0, a1, a2);
+  load(tok, bi, a1, a2);
   /* One step: the chunk (tok, bi) is in cur; the next chunk's loads into nxt, then (tok, bi)
    * rotated. False when there is no next chunk (the warp's last). */
   auto step = [&](raw16 *cur1, raw16 *cur2, raw16 *nxt1, raw16 *nxt2) -> bool {
     const bool last_of_tok = bi + 1 == nb;
-    const int64_t ntok = last_of_tok ? tok + tstep : tok;
+    const int64_t ntok = last_of_tok ? tok + 1 : tok;
     const int nbi = last_of_tok ? 0 : bi + 1;
-    const bool more = ntok < tokens;
+    const bool more = left > 1;
     int64_t nnpos = npos;
     if (more) {
-      if (last_of_tok) nnpos = position(ntok + tstep); /* the position after the next token */
+      if (last_of_tok) nnpos = position(ntok + 1); /* the position after the next token */
       load(ntok, nbi, nxt1, nxt2);
     }
-    if (bi == 0 && !p.cache) { /* computed: while the next chunk's loads fly */
+    if (fresh && !p.cache) { /* computed: while the next chunk's loads fly */
       __syncwarp(); /* the previous token's readers are done */
       rope_fill_cs(p, pos, HALF, 2 * HALF, cs, lane, 32);
       __syncwarp();
       rope_lane_cs<T, MODE>(cs, HALF, i0, c, sn);
+      fresh = false;
     }
     rotate(tok, bi, cur1, cur2, c, sn);
     if (last_of_tok) {
-      pos = npos, npos = nnpos;
+      pos = npos, npos = nnpos, fresh = true;
       /* the next token's cos / sin from a cache, into the registers this rotation freed:
-       * L2 reads (the cache is a few MB), issued a whole step before their use, behind the
-       * next chunk's head loads (which the next rotation waits for anyway) */
+       * L2 reads (the cache is a few MB) issued now, used by the next step's rotation after
+       * the next step has issued its loads */
       if (more && p.cache) cache_cs(pos, c, sn);
     }
-    tok = ntok, bi = nbi;
+    left--, tok = ntok, bi = nbi;
     return more;
   };
   for (;;) {
@@ -718,7 +734,7 @@ static int rope_w4_choice(const rope_params &p, const char *impl) {
 }
 
 /* rope_pipe_kernel on a persistent grid: the SMs' resident blocks (at most one warp a
- * token), each warp walking its tokens with stride gridDim.x * warps a block;
+ * token), each warp walking its contiguous range of chunks;
  * OT_ROPE_PIPE_BLOCKS=n (n > 0) caps the grid at n blocks (the tests: many tokens a warp at
  * small shapes). */
 template <typename K>
