@@ -523,8 +523,9 @@ typedef struct rope_impl_run {
 static void impl_cases(test_run *tr) {
   if (!tr->be->is_cuda) return;
   static const rope_impl_run RUNS[] = {
-      {"w4", NULL, "w4"},          {"w4o", NULL, "w4o"},       {"pipe", NULL, "pipe"},
-      {"pipe", "1", "pipe b=1"},   {"pipe6", "1", "pipe6 b=1"}, {"pipe6", "3", "pipe6 b=3"},
+      {"w4", NULL, "w4"},         {"w4o", NULL, "w4o"},         {"pipe", NULL, "pipe"},
+      {"pipe", "1", "pipe b=1"},  {"pipe6", NULL, "pipe6"},     {"pipe6", "1", "pipe6 b=1"},
+      {"pipe6", "3", "pipe6 b=3"},
   };
   const size_t nruns = sizeof RUNS / sizeof RUNS[0];
   const DLDataType dts[2] = {DT_F16, DT_BF16};
