@@ -36,6 +36,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
+
 #include "../core/rope.h"
 #include "common.cuh"
 #include "rope.cuh"
@@ -734,19 +736,28 @@ static int rope_w4_choice(const rope_params &p, const char *impl) {
 }
 
 /* rope_pipe_kernel on a persistent grid: the SMs' resident blocks (at most one warp a
- * token), each warp walking its contiguous range of chunks;
- * OT_ROPE_PIPE_BLOCKS=n (n > 0) caps the grid at n blocks (the tests: many tokens a warp at
- * small shapes). */
-template <typename K>
-static cudaError_t rope_pipe_launch(K kernel, const rope_params &p, int64_t blocks, size_t sm,
+ * token), each warp walking its contiguous range of chunks; OT_ROPE_PIPE_BLOCKS=n (n > 0)
+ * caps the grid at n blocks (the tests: many tokens a warp at small shapes). The resident
+ * count is asked once per instance and device (its shared memory, 2 * HALF floats a warp,
+ * is fixed by the instance), not at every call: the 8k-token calls take ~25 us. */
+template <typename T, ot_rope_mode MODE, int IPH, int UH>
+static cudaError_t rope_pipe_launch(const rope_params &p, int64_t blocks, size_t sm,
                                     cudaStream_t stream) {
-  int dev = 0, nsm = 0, per_sm = 0;
+  auto kernel = rope_pipe_kernel<T, MODE, IPH, UH, 3>;
+  static std::atomic<int> resident_of[32]; /* per device; 0: not yet asked */
+  int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
-  if (e == cudaSuccess)
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRopeWarpThreads, sm);
   if (e != cudaSuccess) return e;
-  const int64_t resident = (int64_t)(nsm > 0 ? nsm : 1) * (per_sm > 0 ? per_sm : 1);
+  int resident = dev >= 0 && dev < 32 ? resident_of[dev].load(std::memory_order_relaxed) : 0;
+  if (resident <= 0) {
+    int nsm = 0, per_sm = 0;
+    e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess)
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRopeWarpThreads, sm);
+    if (e != cudaSuccess) return e;
+    resident = (nsm > 0 ? nsm : 1) * (per_sm > 0 ? per_sm : 1);
+    if (dev >= 0 && dev < 32) resident_of[dev].store(resident, std::memory_order_relaxed);
+  }
   int64_t g = blocks < resident ? blocks : resident;
   const char *cap = getenv("OT_ROPE_PIPE_BLOCKS");
   if (cap && atoll(cap) > 0 && atoll(cap) < g) g = atoll(cap);
@@ -768,10 +779,10 @@ static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStre
     if constexpr (sizeof(T) == 2) {
       const int w4 = rope_w4_choice(p, impl);
       if (w4 >= 3) { /* pipe (UH 5) | pipe6 (UH 6), both held to 3 blocks per SM */
-#define OT_ROPE_PIPE(M, UH)                                                                        \
-  (iph == 4   ? rope_pipe_launch(rope_pipe_kernel<T, M, 4, UH, 3>, p, blocks, sm2, stream)         \
-   : iph == 8 ? rope_pipe_launch(rope_pipe_kernel<T, M, 8, UH, 3>, p, blocks, sm2, stream)         \
-              : rope_pipe_launch(rope_pipe_kernel<T, M, 16, UH, 3>, p, blocks, sm2, stream))
+#define OT_ROPE_PIPE(M, UH)                                                     \
+  (iph == 4   ? rope_pipe_launch<T, M, 4, UH>(p, blocks, sm2, stream)           \
+   : iph == 8 ? rope_pipe_launch<T, M, 8, UH>(p, blocks, sm2, stream)           \
+              : rope_pipe_launch<T, M, 16, UH>(p, blocks, sm2, stream))
         if (mode == OT_ROPE_NEOX)
           return w4 == 3 ? OT_ROPE_PIPE(OT_ROPE_NEOX, 5) : OT_ROPE_PIPE(OT_ROPE_NEOX, 6);
         return w4 == 3 ? OT_ROPE_PIPE(OT_ROPE_GPTJ, 5) : OT_ROPE_PIPE(OT_ROPE_GPTJ, 6);
