@@ -560,10 +560,10 @@ __global__ void __launch_bounds__(kRopeWarpThreads, MINB)
  * loads fly. UH: 2 x UH x 32 bytes of data registers a lane (x1 and x2 of each pass; v3 /
  * w4 hold U = 10 passes in one buffer); 40 heads of 128 at 4 heads a pass = 10 passes: 2
  * chunks of 5 a token at UH 5 or 6; 72 heads: 18 passes, 5 + 5 + 5 + 3 at UH 5, 3 x 6 at
- * UH 6. MINB 3 (OT_ROPE_IMPL=pipe: UH 5, pipe6: UH 6): sm_90a NeoX 159-166 / 168 registers
- * (IPH 16 at UH 6 spills 12 bytes), 3 blocks = 12 warps per SM as the default; unheld UH
- * 5 / 6 take 172-177 / 188-194, 2 blocks; UH 4 takes 156 unheld and spills 36-104 bytes
- * held to 4 blocks (ptxas -v, 2026-12-01). GPT-J 114-124. The same values, rounding and
+ * UH 6. MINB 3 (OT_ROPE_IMPL=pipe: UH 5, pipe6: UH 6): sm_90a NeoX 159-165 / 168 registers
+ * (IPH 16 at UH 6 spills 20 bytes), 3 blocks = 12 warps per SM as the default; unheld UH
+ * 5 / 6 took 172-177 / 188-194 (2 blocks) and UH 4 156, spilling 36-104 bytes held to 4
+ * blocks (ptxas -v, 2026-12-01, a first version). GPT-J 112-124. The same values, rounding and
  * order (rope_rotate): the same bits as rope_warp3_kernel. 16-bit types only. */
 
 template <typename T, ot_rope_mode MODE, int IPH, int UH, int MINB>
