@@ -1166,19 +1166,26 @@ static void run_sm90_required(test_run *tr) {
     env_restore(&gr);
   }
   {
-    env_saved pin = env_set("OT_ATTN_SM90_PIN", "1");
-    env_saved pinh = env_set("OT_ATTN_SM90_PINH", "1");
-    for (size_t i = 0; i < sizeof cuda_sm90_pinh_cases / sizeof cuda_sm90_pinh_cases[0]; i++) {
-      if (strstr(cuda_sm90_pinh_cases[i].name, "GRID 3")) {   /* under OT_ATTN_SM90_GRID=3 */
-        env_saved gr = env_set("OT_ATTN_SM90_GRID", "3");
-        run_case(tr, &cuda_sm90_pinh_cases[i], DT_BF16);
+    /* the pinh shapes under OT_ATTN_SM90_PIN=1 PINH=1, then the unmasked ones under
+     * OT_ATTN_SM90_PIN=0: the plain order, which no default call takes on those tiles since
+     * kFlPin became their default (2148cdb) */
+    static const char *const PLAIN[] = {
+        "cuda hopper-only pin=0 Sq256 Sk4096 D128 GQA2 (narrow step, 23 steps) fwd",
+        "cuda hopper-only pin=0 GRID 3 Sq300 Sk6528 D128 B2 (37 steps) fwd", NULL,
+        "cuda hopper-only pin=0 Sq300 Sk2000 D64 MQA4 B2 (3 consumers) fwd"};
+    for (int k = 0; k < 2; k++) {
+      env_saved pin = env_set("OT_ATTN_SM90_PIN", k ? "0" : "1");
+      env_saved pinh = env_set("OT_ATTN_SM90_PINH", k ? NULL : "1");
+      for (size_t i = 0; i < sizeof cuda_sm90_pinh_cases / sizeof cuda_sm90_pinh_cases[0]; i++) {
+        acase c = cuda_sm90_pinh_cases[i];
+        if (k && !(c.name = PLAIN[i])) continue;
+        env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c.name, "GRID 3") ? "3" : NULL);
+        run_case(tr, &c, DT_BF16);
         env_restore(&gr);
-      } else {
-        run_case(tr, &cuda_sm90_pinh_cases[i], DT_BF16);
       }
+      env_restore(&pinh);
+      env_restore(&pin);
     }
-    env_restore(&pinh);
-    env_restore(&pin);
   }
   env_saved tile = env_set("OT_ATTN_SM90_TILE", "wide");
   for (size_t i = 0; i < sizeof cuda_sm90_wide_cases / sizeof cuda_sm90_wide_cases[0]; i++)
