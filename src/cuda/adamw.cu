@@ -85,8 +85,13 @@ __device__ __forceinline__ void store4(T *p, const float *f) {
 __device__ __forceinline__ void adamw_update(float &w, float &m, float &v, float g,
                                              const adamw_hyper &h) {
   const float ww = w * h.decay;
-  const float mm = h.beta1 * m + (1.0f - h.beta1) * g;
-  const float vv = h.beta2 * v + (1.0f - h.beta2) * g * g;
+  /* The moments' fused multiply-adds written out: left to contraction, the compiler chose
+   * them differently where this is inlined in the vector body and in adamw_elem, so an
+   * element's bits depended on whether it sat in a tensor's ragged tail (found on the GPU:
+   * "v8", whose tails are longer, differed from the default in the last bit). These are the
+   * vector body's choices, whose SASS stays as it was. */
+  const float mm = fmaf(1.0f - h.beta1, g, h.beta1 * m);
+  const float vv = fmaf(g, (1.0f - h.beta2) * g, h.beta2 * v);
   const float denom = sqrtf(vv) / h.bc2_sqrt + h.eps;
   w = ww - h.step_size * (mm / denom);
   m = mm;
@@ -133,8 +138,8 @@ __device__ __forceinline__ void store8(T *p, const float *f) {
 __device__ __forceinline__ void adamw_update_fast(float &w, float &m, float &v, float g,
                                                   const adamw_hyper &h, float inv_bc2) {
   const float ww = w * h.decay;
-  const float mm = h.beta1 * m + (1.0f - h.beta1) * g;
-  const float vv = h.beta2 * v + (1.0f - h.beta2) * g * g;
+  const float mm = fmaf(1.0f - h.beta1, g, h.beta1 * m); /* (as adamw_update) */
+  const float vv = fmaf(g, (1.0f - h.beta2) * g, h.beta2 * v);
   float root, q;
   asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(root) : "f"(vv));
   const float denom = fmaf(root, inv_bc2, h.eps);
