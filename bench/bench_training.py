@@ -38,8 +38,8 @@ variant, alternating order; per-round ratios with a bootstrap interval; clocks p
 variant from the NVML samples taken during its steps) and spy on the fused adds: a
 variant whose steps did not take its path is not reported (status path_not_taken).
 Groups 13 / 14 (prepared 2026-12-01) interleave the levers of the
-compiled step the same way -- the library's AdamW (default, OT_ADAMW_IMPL=v8 / fast
-kernels), the fused loss in one 8192-token chunk (OT_LCE_CHUNK_ROWS) and both -- after
+compiled step the same way -- the library's AdamW (its default kernel, W = 8 since 2026-12-01;
+OT_ADAMW_IMPL=v4 / fast), the fused loss in one 8192-token chunk (OT_LCE_CHUNK_ROWS) and both -- after
 the optimizer step alone (run_adamw) and, at 1.5 B, the fused loss alone per chunk; the
 bench sets or clears those switches before each step of a variant (VARIANT_ENV).
 The later groups measure one variant per case as before
@@ -91,7 +91,7 @@ VARIANTS = {
     # the levers of issue 8's 1.5 B compiled step (prepared 2026-12-01, groups 13 / 14):
     # the library's AdamW with its opt-in kernels (OT_ADAMW_IMPL) and the fused loss in
     # one chunk of 8192 tokens (OT_LCE_CHUNK_ROWS), each alone and together
-    "patched_compile_ot_adamw_v8": "patched + torch.compile + library AdamW (v8 kernel)",
+    "patched_compile_ot_adamw_v4": "patched + torch.compile + library AdamW (v4 kernel)",
     "patched_compile_ot_adamw_fast": "patched + torch.compile + library AdamW (fast kernel)",
     "patched_compile_lce8192": "patched + torch.compile, fused loss in 8192-token chunks",
     "patched_compile_levers": "patched + torch.compile + library AdamW (fast kernel), "
@@ -100,7 +100,7 @@ VARIANTS = {
 # the environment switches a variant runs under (set by _use_attention before each of its
 # steps; the other variants run with them unset): the library reads them per call
 VARIANT_ENV = {
-    "patched_compile_ot_adamw_v8": {"OT_ADAMW_IMPL": "v8"},
+    "patched_compile_ot_adamw_v4": {"OT_ADAMW_IMPL": "v4"},
     "patched_compile_ot_adamw_fast": {"OT_ADAMW_IMPL": "fast"},
     "patched_compile_lce8192": {"OT_LCE_CHUNK_ROWS": "8192"},
     "patched_compile_levers": {"OT_ADAMW_IMPL": "fast", "OT_LCE_CHUNK_ROWS": "8192"},
@@ -234,18 +234,18 @@ def plan(quick):
         # 13, 14: the levers of the compiled step (prepared 2026-12-01, not yet run): the
         # optimizer step alone (torch's fused AdamW, the library's with each kernel) at the
         # config's parameters, the fused loss alone per chunk (8192 rows: one chunk), then
-        # the compiled pair with the library's AdamW (default / v8 / fast kernel), the
+        # the compiled pair with the library's AdamW (default / v4 / fast kernel), the
         # fused loss in one chunk of 8192 tokens, and both (fast + 8192), interleaved step
         # by step, 12 rounds of 4 passes (as 11 / 12); 1.5 B first
         [dict(b, kind="adamw"), dict(kind="lce", vocab=[128256]),
          dict(b, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
              "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
-             "patched_compile_ot_adamw_v8", "patched_compile_ot_adamw_fast",
+             "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
              "patched_compile_lce8192", "patched_compile_levers"])],
         [dict(a, kind="adamw"),
          dict(a, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
              "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
-             "patched_compile_ot_adamw_v8", "patched_compile_ot_adamw_fast",
+             "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
              "patched_compile_lce8192", "patched_compile_levers"])],
     ]
 
@@ -313,7 +313,7 @@ def _build(case, device, dtype, seed, compile_mode="model", compile_options=None
 
 def _optimizer(model, device, variant=""):
     """torch's fused AdamW (every variant: the comparison is of the model), or for
-    patched_ot_adamw, patched_compile_ot_adamw(_v8 / _fast) and patched_compile_levers
+    patched_ot_adamw, patched_compile_ot_adamw(_v4 / _fast) and patched_compile_levers
     ops_transformer.optim.AdamW (the library's AdamW step, same hyperparameters and bf16
     moments; its kernel by OT_ADAMW_IMPL, VARIANT_ENV)."""
     import torch
@@ -1181,8 +1181,8 @@ def run_lce(args, device, dtype, case=None):
 def run_adamw(case, args, device, dtype):
     """The optimizer step alone at a config's parameters (LlamaForCausalLM's shapes, untied
     head; bf16 parameters, gradients and moments, _optimizer's hyperparameters): torch's
-    fused AdamW against ops_transformer.optim.AdamW with OT_ADAMW_IMPL unset, "v8" and
-    "fast", every optimizer updating the same parameters with its own moments. After two
+    fused AdamW against ops_transformer.optim.AdamW with OT_ADAMW_IMPL unset (W = 8,
+    the default since 2026-12-01), "v4" (the previous default) and "fast", every optimizer updating the same parameters with its own moments. After two
     untimed steps each, `rounds` rounds of one pass each (the order reversed every other
     round) behind a torch.cuda._sleep that lets the host queue the whole pass: CUDA events
     around each step, so the times are the GPU's (the host's time to issue a step is
@@ -1206,7 +1206,7 @@ def run_adamw(case, args, device, dtype):
     n = sum(p.numel() for p in params)
     kw = dict(lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95))
     opts = [("torch fused", None, torch.optim.AdamW(params, fused=device.type == "cuda", **kw)),
-            ("library", "", OtAdamW(params, **kw)), ("library v8", "v8", OtAdamW(params, **kw)),
+            ("library", "", OtAdamW(params, **kw)), ("library v4", "v4", OtAdamW(params, **kw)),
             ("library fast", "fast", OtAdamW(params, **kw))]
     prev = os.environ.get("OT_ADAMW_IMPL")
 

@@ -12,23 +12,25 @@
  *
  * Per element the update of src/cpu/adamw.c (adamw_update), in float32, with the
  * hyperparameters the core derived in float64 (decay, step size, sqrt of the second
- * bias correction). Elements are handled four at a time with one vector load per
- * tensor (8 bytes for 16-bit dtypes, 16 for float32) when every pointer of the tensor
- * is 16-byte aligned; otherwise, and for the tail of a tensor, one at a time.
+ * bias correction). adamw_kernel takes W elements a thread at a time with one vector access
+ * per tensor when every pointer of the tensor is 16-byte aligned; otherwise, and for the
+ * tail of a tensor, one at a time with the same arithmetic (the same bits either way).
  *
- * Opt-in (OT_ADAMW_IMPL, read per call; docs/ENVIRONMENT.md), the same tables, each
- * launch a whole number of resident waves (the default's 448 blocks are 1.13 waves on the
- * H200): adamw_kernel's W = 8 instances take eight elements at a time (16-byte loads for 16-bit
- * dtypes, two for float32: twice the bytes in flight per thread), "v8" with the default's
- * arithmetic (the same bits), "fast" with sqrt.approx / div.approx and the division by
- * the second bias correction's square root as a product by its reciprocal. sm_90a, bf16
- * parameters, gradients and moments: the default's aligned loop is 261 instructions for
- * four elements (65 an element: each sqrtf and the two IEEE divisions are a MUFU, a
- * Newton step and a test for the slow path) -- at 14 bytes an element, near what an SM
- * can issue at the H200's bandwidth --, "v8" 501 for eight (63 an element), "fast" 173
- * for eight (22); registers 39 (default), 56 ("v8": 2 blocks of 512 per SM), 40 ("fast":
- * 3, as the default). "fast"'s results are within a few float32 ulps of the default's
- * update (tests/cases_adamw.c: the float64 reference's tolerances).
+ * The default (since 2026-12-01's interleaved training A/B, docs/PERFORMANCE.md "Training
+ * (CUDA)"): W = 8, eight elements a thread (16-byte loads for 16-bit dtypes, two for
+ * float32), each launch a whole number of resident waves (396 blocks on the H200: 2 of 512
+ * threads an SM at its 56 registers). AdamW alone over the 1.5 B model's 147 bf16 tensors
+ * with float32 moments: 5.87 ms (3.58 TB/s) against W = 4's 7.45 (2.81) and torch's fused
+ * 7.77 (2.70). OT_ADAMW_IMPL (read per call; docs/ENVIRONMENT.md): "v4" the previous
+ * default, W = 4 with 448 blocks a launch (the same bits); "fast" W = 8 with sqrt.approx /
+ * div.approx and the division by the second bias correction's square root as a product by
+ * its reciprocal. sm_90a, bf16 parameters, gradients and moments: v4's aligned loop is 261
+ * instructions for four elements (65 an element: each sqrtf and the two IEEE divisions are
+ * a MUFU, a Newton step and a test for the slow path), W = 8 501 for eight (63), "fast" 173
+ * for eight (22); registers 39 (v4), 56 (W = 8), 40 ("fast": 3 blocks an SM). "fast"'s
+ * results are within a few float32 ulps of the exact update (tests/cases_adamw.c: the
+ * float64 reference's tolerances); measured +0.5-1% of a compiled training step over W =
+ * 8, kept opt-in.
  */
 #include <stdlib.h>
 
@@ -152,9 +154,10 @@ __device__ __forceinline__ void adamw_update_fast(float &w, float &m, float &v, 
 /* One chunk of one tensor a block, W elements a thread a pass with one vector access per
  * tensor when every pointer of the tensor is aligned (tab.aligned); unaligned tensors, and
  * the ragged tail (< W elements, only at a tensor's end: the thread whose group straddles
- * it), one element at a time with the default's arithmetic. W = 4, FAST false: the default;
- * W = 8: OT_ADAMW_IMPL=v8 (FAST false, the same bits) / fast (FAST true), launched a whole
- * number of resident waves at a time (ot_cuda_adamw_step's cap). */
+ * it), one element at a time with the exact arithmetic. W = 8, FAST false: the default
+ * (OT_ADAMW_IMPL unset or "v8"); FAST true: "fast"; W = 4, FAST false: "v4", the same bits
+ * as the default. The W = 8 kernels launch a whole number of resident waves at a time
+ * (ot_cuda_adamw_step's cap). */
 template <int W, typename T>
 __device__ __forceinline__ void load_w(float *f, const T *p) {
   if constexpr (W == 4) load4(f, p);
@@ -209,11 +212,12 @@ __global__ void __launch_bounds__(kAdamwThreads) adamw_kernel(adamw_table tab, a
 
 typedef void (*adamw_fn)(adamw_table, adamw_hyper);
 
-/* OT_ADAMW_IMPL: 0 the default kernel, 1 "v8", 2 "fast" (other values: the default). */
+/* OT_ADAMW_IMPL: 1 the default (W = 8, exact), 0 "v4", 2 "fast" (other values: the
+ * default). */
 static int adamw_impl(void) {
   const char *e = getenv("OT_ADAMW_IMPL");
-  if (!e) return 0;
-  return strcmp(e, "v8") == 0 ? 1 : strcmp(e, "fast") == 0 ? 2 : 0;
+  if (!e) return 1;
+  return strcmp(e, "v4") == 0 ? 0 : strcmp(e, "fast") == 0 ? 2 : 1;
 }
 
 template <typename P, typename G, typename S, bool MASTER>
@@ -254,9 +258,9 @@ extern "C" ot_status ot_cuda_adamw_step(ot_context *ctx, const ot_adamw_args *a)
   }
   adamw_hyper h = {a->beta1, a->beta2, a->eps, a->decay, a->step_size, a->bc2_sqrt};
   cudaStream_t st = (cudaStream_t)ctx->stream;
-  /* Blocks a launch: the default kAdamwBlocks (448: on the H200, 3 resident blocks of 512
+  /* Blocks a launch: for "v4" kAdamwBlocks (448: on the H200, 3 resident blocks of 512
    * threads per SM -- 39-44 registers -- hold 396, so each launch ends in a second wave of
-   * 52 blocks); the opt-in kernels a whole number of the resident blocks instead, where
+   * 52 blocks); for the W = 8 kernels a whole number of the resident blocks instead, where
    * that is at most kAdamwBlocks (else kAdamwBlocks, all resident). */
   int cap = kAdamwBlocks;
   if (impl != 0) {

@@ -115,11 +115,11 @@ def _cuda_params(dtype, seed=0):
 
 
 @pytest.mark.skipif(not _CUDA, reason="needs the CUDA backend")
-@pytest.mark.parametrize("impl", ["", "v8", "fast"])
+@pytest.mark.parametrize("impl", ["", "v4", "v8", "fast"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_adamw_impl_cuda_matches_torch_fused(monkeypatch, impl, dtype):
-    """ops_transformer.optim.AdamW on CUDA under OT_ADAMW_IMPL (unset, "v8", "fast": the
-    training step's lever, docs/PERFORMANCE.md) against torch's fused AdamW with the
+    """ops_transformer.optim.AdamW on CUDA under OT_ADAMW_IMPL (unset and "v8": the default
+    kernel; "v4": the previous default; "fast": approximate arithmetic, docs/PERFORMANCE.md) against torch's fused AdamW with the
     training benchmark's hyperparameters: float32 within a few ulps of the update, bf16
     (parameters, gradients, moments) within one bf16 rounding."""
     if impl:
@@ -146,9 +146,12 @@ def test_adamw_impl_cuda_matches_torch_fused(monkeypatch, impl, dtype):
 
 
 @pytest.mark.skipif(not _CUDA, reason="needs the CUDA backend")
+@pytest.mark.parametrize("impl", ["v4", "v8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_adamw_impl_v8_cuda_same_bits_as_default(monkeypatch, dtype):
-    """OT_ADAMW_IMPL=v8 keeps the default kernel's arithmetic: the same bits."""
+def test_adamw_impl_cuda_same_bits_as_default(monkeypatch, impl, dtype):
+    """OT_ADAMW_IMPL=v4 (four elements a thread, the default before 2026-12-01) and "v8"
+    (the default's name) keep the default kernel's arithmetic: the same bits, the tensors'
+    ragged tails included (sizes 1, 7, 299, 65549, ...)."""
     a, b = _cuda_params(dtype, seed=3), _cuda_params(dtype, seed=3)
     kw = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     oa, ob = ops_transformer.optim.AdamW(a, **kw), ops_transformer.optim.AdamW(b, **kw)
@@ -158,7 +161,7 @@ def test_adamw_impl_v8_cuda_same_bits_as_default(monkeypatch, dtype):
             q.grad = g.to("cuda")
         monkeypatch.delenv("OT_ADAMW_IMPL", raising=False)
         oa.step()
-        monkeypatch.setenv("OT_ADAMW_IMPL", "v8")
+        monkeypatch.setenv("OT_ADAMW_IMPL", impl)
         ob.step()
     for p, q in zip(a, b):
         assert torch.equal(p.detach(), q.detach())
