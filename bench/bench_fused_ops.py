@@ -742,14 +742,13 @@ def bench_all(S, args):
         # instruction cut (16-bit rows of <= 4096 elements; wider rows take the default, so
         # its 8192 rows time the default again; cut56: its instances without the residual
         # held to 56 registers) and RoPE's rope_warp4_kernel (w4; w4o, held to 4 blocks per
-        # SM, measured 15% behind in the run of a092c77: dropped) and rope_pipe_kernel (pipe /
-        # pipe6: the cross-token pipeline of 2026-12-01, chunks of 5 / 6 passes); the other
-        # variants left out
+        # SM, measured 15% behind in the run of a092c77: dropped; the cross-token pipeline
+        # OT_ROPE_IMPL=pipe / pipe6, measured 5-7% behind on 2026-12-01: removed,
+        # docs/PERFORMANCE.md); the other variants left out
         # (the cut is the default since ba6f82c: "plain" is the row work before it)
         FWD_VARIANTS = {"plain": {"OT_NORM_RMS_FWD_CUT": "0"}, "cut56": {"OT_NORM_RMS_FWD_CUT": "2"}}
         LN_FWD_VARIANTS = BWD_VARIANTS = LN_BWD_VARIANTS = {}
-        ROPE_VARIANTS = {"w4": {"OT_ROPE_IMPL": "w4"}, "pipe": {"OT_ROPE_IMPL": "pipe"},
-                         "pipe6": {"OT_ROPE_IMPL": "pipe6"}}
+        ROPE_VARIANTS = {"w4": {"OT_ROPE_IMPL": "w4"}}
     only = set(args.only.split(","))
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):
@@ -1366,7 +1365,7 @@ def main():
                     help="--bench: more ROWSxHIDDEN cases after the 16k-row ones, e.g. 8192x2048")
     ap.add_argument("--cut-ab", action="store_true",
                     help="--bench: the variants are the opt-ins of 2026-11-30 night (RMSNorm "
-                         "forward OT_NORM_RMS_FWD_CUT=1 / 2, RoPE OT_ROPE_IMPL=w4 / pipe / pipe6), timed in "
+                         "forward OT_NORM_RMS_FWD_CUT=1 / 2, RoPE OT_ROPE_IMPL=w4), timed in "
                          "--ab-rounds' balanced rounds with ours")
     ap.add_argument("--rope-tail", action="store_true",
                     help="--bench: the RoPE forward also at whole rounds of its warp slots")

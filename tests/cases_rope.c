@@ -441,19 +441,12 @@ static const rope_bits_case bits_cases[] = {
     {"gptj 5/3 D=32 computed",             OT_ROPE_GPTJ, 23, 5, 3, 32, 0, 0, 0},
     {"neox 6/0 D=256 computed in place",   OT_ROPE_NEOX, 9, 6, 0, 256, 0, 1, 0},
     {"neox 8/2 D=64 cache, pos outside",   OT_ROPE_NEOX, 11, 8, 2, 64, 1, 0, 1},
-    /* rope_pipe_kernel at the bench's head counts with many tokens a warp even on the
-     * resident grid (H200: 132 x 3 blocks x 4 warps = 1584 warps): 2 chunks a token (40
-     * heads: 10 passes), 3-4 (72 heads: 18 passes), 1 (GPT-J 16 heads: 4 passes) */
-    {"neox 32/8 D=128 cache T=3333",       OT_ROPE_NEOX, 3333, 32, 8, 128, 1, 0, 0},
-    {"neox 64/8 D=128 computed T=3301",    OT_ROPE_NEOX, 3301, 64, 8, 128, 0, 0, 0},
-    {"gptj 12/4 D=64 cache in place T=5003", OT_ROPE_GPTJ, 5003, 12, 4, 64, 1, 1, 0},
 };
 
 static void run_impl_bits(test_run *tr, const rope_bits_case *c, DLDataType dt, bool backward,
-                          const char *impl, const char *blocks) {
-  if (!tr_begin(tr, "%s %s %s OT_ROPE_IMPL=%s%s%s: the same bits as the default",
-                backward ? "backward" : "forward", c->name, dt_name(dt), impl,
-                blocks ? " OT_ROPE_PIPE_BLOCKS=" : "", blocks ? blocks : ""))
+                          const char *impl) {
+  if (!tr_begin(tr, "%s %s %s OT_ROPE_IMPL=%s: the same bits as the default",
+                backward ? "backward" : "forward", c->name, dt_name(dt), impl))
     return;
   const backend *be = tr->be;
   rng r = tr_rng(tr);
@@ -485,12 +478,10 @@ static void run_impl_bits(test_run *tr, const rope_bits_case *c, DLDataType dt, 
     if (c->hk) ko[v] = c->inplace ? k[v] : tb_new(be, dt, 3, sk);
     if (!ok) continue;
     env_saved e = env_set("OT_ROPE_IMPL", v ? impl : NULL);
-    env_saved eb = env_set("OT_ROPE_PIPE_BLOCKS", v ? blocks : NULL);
     const DLTensor *tk = c->hk ? tb_dl(k[v]) : NULL, *tko = c->hk ? tb_dl(ko[v]) : NULL;
     const DLTensor *tc = cache ? tb_dl(cache) : NULL;
     ot_status st = backward ? ot_rope_backward(be->ctx, &p, tb_dl(q[v]), tk, tb_dl(pos), tc, tb_dl(qo[v]), tko)
                             : ot_rope_forward(be->ctx, &p, tb_dl(q[v]), tk, tb_dl(pos), tc, tb_dl(qo[v]), tko);
-    env_restore(&eb);
     env_restore(&e);
     ok = tr_ok(tr, st, backward ? "ot_rope_backward" : "ot_rope_forward");
   }
@@ -512,46 +503,27 @@ static void run_impl_bits(test_run *tr, const rope_bits_case *c, DLDataType dt, 
   tb_free(cache);
 }
 
-/* The opt-ins: OT_ROPE_IMPL, and for rope_pipe_kernel the grid cap OT_ROPE_PIPE_BLOCKS (NULL:
- * the SMs' resident blocks, where each warp of these small cases has at most one token; 1 or
- * 3 blocks of 4 warps: every warp walks many tokens -- the cross-token steps, the position
- * two tokens ahead, a token's last chunk in either buffer). */
-typedef struct rope_impl_run {
-  const char *impl, *blocks, *tag;
-} rope_impl_run;
-
 static void impl_cases(test_run *tr) {
   if (!tr->be->is_cuda) return;
-  static const rope_impl_run RUNS[] = {
-      {"w4", NULL, "w4"},         {"w4o", NULL, "w4o"},         {"pipe", NULL, "pipe"},
-      {"pipe", "1", "pipe b=1"},  {"pipe6", NULL, "pipe6"},     {"pipe6", "1", "pipe6 b=1"},
-      {"pipe6", "3", "pipe6 b=3"},
-  };
-  const size_t nruns = sizeof RUNS / sizeof RUNS[0];
+  static const char *const IMPLS[2] = {"w4", "w4o"};
   const DLDataType dts[2] = {DT_F16, DT_BF16};
-  for (size_t m = 0; m < nruns; m++) {
-    env_saved e = env_set("OT_ROPE_IMPL", RUNS[m].impl);
-    env_saved eb = env_set("OT_ROPE_PIPE_BLOCKS", RUNS[m].blocks);
+  for (int m = 0; m < 2; m++) {
+    env_saved e = env_set("OT_ROPE_IMPL", IMPLS[m]);
     for (int bwd = 0; bwd < 2; bwd++)
       for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int d = 0; d < 2; d++) {
           rope_case c = cases[i];
           char name[128];
-          snprintf(name, sizeof name, "%s [%s]", c.name, RUNS[m].tag);
+          snprintf(name, sizeof name, "%s [%s]", c.name, IMPLS[m]);
           c.name = name;
           run_case(tr, &c, dts[d], bwd != 0);
         }
-    env_restore(&eb);
     env_restore(&e);
   }
-  for (size_t m = 0; m < nruns; m++)
-    for (size_t i = 0; i < sizeof bits_cases / sizeof bits_cases[0]; i++) {
-      /* the T > 1000 rows: for rope_pipe_kernel on its resident grid only */
-      if (bits_cases[i].T > 1000 && (strncmp(RUNS[m].impl, "pipe", 4) || RUNS[m].blocks)) continue;
+  for (int m = 0; m < 2; m++)
+    for (size_t i = 0; i < sizeof bits_cases / sizeof bits_cases[0]; i++)
       for (int d = 0; d < 2; d++)
-        for (int bwd = 0; bwd < 2; bwd++)
-          run_impl_bits(tr, &bits_cases[i], dts[d], bwd != 0, RUNS[m].impl, RUNS[m].blocks);
-    }
+        for (int bwd = 0; bwd < 2; bwd++) run_impl_bits(tr, &bits_cases[i], dts[d], bwd != 0, IMPLS[m]);
 }
 
 /* ---- bad inputs ----------------------------------------------------------------------- */

@@ -26,17 +26,16 @@
  * bulk-copy (TMA, sm_90) kernel staging each token's heads in shared memory ran 4-11%
  * slower than v3 (run of a342519): removed. OT_ROPE_IMPL=w4 | w4o: rope_warp4_kernel, v3's
  * work in ~25% fewer instructions (16-bit types; opt-in, prepared 2026-11-30 night for the
- * next same-process A/B; measured in the run of a092c77: not the default). OT_ROPE_IMPL=pipe |
- * pipe6: rope_pipe_kernel, w4's work as a cross-token software pipeline on a persistent grid
- * (opt-in, prepared 2026-12-01 night, not yet measured).
+ * next same-process A/B; measured in the run of a092c77: not the default). A cross-token
+ * software pipeline of w4's work on a persistent grid (OT_ROPE_IMPL=pipe | pipe6) was measured
+ * on 2026-12-01 (run of ac70494) 5-7% behind the default at every shape: removed
+ * (docs/PERFORMANCE.md).
  *
  * A position outside the cache (not validated on the host for device tensors)
  * yields NaN outputs rather than an out-of-bounds read.
  */
 #include <stdlib.h>
 #include <string.h>
-
-#include <atomic>
 
 #include "../core/rope.h"
 #include "common.cuh"
@@ -537,169 +536,6 @@ __global__ void __launch_bounds__(kRopeWarpThreads, MINB)
   }
 }
 
-/* ---- opt-in (OT_ROPE_IMPL=pipe; prepared 2026-12-01 night, not yet measured) -----------------
- * rope_warp4_kernel's work as a cross-token software pipeline. The warp kernels (v3, w4)
- * launch one warp per token: a warp issues its token's head loads, waits for all of them,
- * rotates and stores, and ends -- from the last load's return to the next warp's start its
- * slot has no load in flight, and the SM's bytes in flight dip at every warp's rotation
- * and at every warp's start (the launch of a new block in its place). Here the grid is
- * persistent (the SMs' resident blocks, cudaOccupancyMaxActiveBlocksPerMultiprocessor) and
- * each warp walks a contiguous range of chunks: a chunk is UH head-passes of one token (the
- * token's passes split into equal chunks of at most UH, as v3 splits its batches); the
- * warps' ranges of the tokens x chunks-a-token differ by at most one chunk (16k tokens x 2
- * chunks over 1584 warps: 20-21 each, where whole tokens would be 10-11). Two chunks are
- * held in registers: the next chunk's loads (the same
- * token's next passes, or the next token's first) are issued before this chunk is rotated
- * and stored, so the warp's loads never drain. Per token, as w4: the q / k base pointers
- * formed once a chunk from (b, s) (no 64-bit division at batch 1), x2 at an immediate
- * offset, bf16 unpacked by one integer op, a cache's cos / sin straight into registers --
- * loaded right after the previous token's last rotation (the registers it freed), the
- * position one token ahead of that, so the cos / sin load never waits for a position;
- * computed cos / sin
- * (rope_fill_cs, float64 reduction) made for the chunk being rotated while the next one's
- * loads fly. UH: 2 x UH x 32 bytes of data registers a lane (x1 and x2 of each pass; v3 /
- * w4 hold U = 10 passes in one buffer); 40 heads of 128 at 4 heads a pass = 10 passes: 2
- * chunks of 5 a token at UH 5 or 6; 72 heads: 18 passes, 5 + 5 + 5 + 3 at UH 5, 3 x 6 at
- * UH 6. MINB 3 (OT_ROPE_IMPL=pipe: UH 5, pipe6: UH 6): sm_90a NeoX 159-165 / 168 registers
- * (IPH 16 at UH 6 spills 20 bytes), 3 blocks = 12 warps per SM as the default; unheld UH
- * 5 / 6 took 172-177 / 188-194 (2 blocks) and UH 4 156, spilling 36-104 bytes held to 4
- * blocks (ptxas -v, 2026-12-01, a first version). GPT-J 112-124. The same values, rounding and
- * order (rope_rotate): the same bits as rope_warp3_kernel. 16-bit types only. */
-
-template <typename T, ot_rope_mode MODE, int IPH, int UH, int MINB>
-__global__ void __launch_bounds__(kRopeWarpThreads, MINB)
-    rope_pipe_kernel(const __grid_constant__ rope_params p) {
-  constexpr int V = vec_width<T>::value;
-  static_assert(V == 8, "16-bit types only");
-  constexpr int HPW = 32 / IPH;
-  constexpr int NP = MODE == OT_ROPE_NEOX ? V : V / 2; /* pairs per item */
-  constexpr int HALF = IPH * NP;                       /* p.half; the cache row: 2 * HALF */
-  const int lane = threadIdx.x & 31, item = lane % IPH, hl = lane / IPH;
-  const int64_t tokens = p.batch * p.seq;
-  const int hq = (int)p.t[0].heads, hall = hq + (int)p.t[1].heads;
-  const int e0 = item * V, i0 = item * NP;
-  const int wpb = blockDim.x >> 5;
-  extern __shared__ float rope_cs[]; /* [warps][2 * HALF], computed cos / sin only */
-  float *cs = rope_cs + (threadIdx.x >> 5) * (2 * HALF);
-  const int passes = (hall + HPW - 1) / HPW;
-  const int nb = (passes + UH - 1) / UH;
-  const int ub = (passes + nb - 1) / nb; /* passes per chunk, <= UH */
-  const int64_t qis = p.t[0].in_sh, qos = p.t[0].out_sh, kis = p.t[1].in_sh, kos = p.t[1].out_sh;
-  auto split = [&](int64_t t, int64_t &b, int64_t &s) {
-    b = p.batch == 1 ? 0 : t / p.seq;
-    s = t - b * p.seq;
-  };
-  auto position = [&](int64_t t) -> int64_t {
-    if (t >= tokens) return 0;
-    int64_t b, s;
-    split(t, b, s);
-    const int64_t pi = b * p.pos_sb + s * p.pos_ss;
-    return p.pos_is_i64 ? static_cast<const int64_t *>(p.positions)[pi]
-                        : (int64_t) static_cast<const int32_t *>(p.positions)[pi];
-  };
-  /* a cache's cos / sin of position pos for the lane's pairs (NaN outside the cache, sin
-   * negated for the inverse: rope_fill_cs's values) */
-  auto cache_cs = [&](int64_t pos, float *c, float *sn) {
-    if (pos >= 0 && pos < p.max_position) {
-      const float *crow = p.cache + pos * (2 * HALF) + i0;
-      rope_w4_cs<NP>(crow, c);
-      rope_w4_cs<NP>(crow + HALF, sn);
-    } else {
-#pragma unroll
-      for (int j = 0; j < NP; j++) c[j] = sn[j] = __int_as_float(0x7fc00000);
-    }
-    if (p.inverse)
-#pragma unroll
-      for (int j = 0; j < NP; j++) sn[j] = -sn[j];
-  };
-  /* chunk bi of token t: its loads into x1 / x2, or its rotation and stores from them */
-  auto load = [&](int64_t t, int bi, raw16 *x1, raw16 *x2) {
-    int64_t b, s;
-    split(t, b, s);
-    const T *qi = static_cast<const T *>(p.t[0].in) + b * p.t[0].in_sb + s * p.t[0].in_ss + e0;
-    const T *ki = static_cast<const T *>(p.t[1].in) + b * p.t[1].in_sb + s * p.t[1].in_ss + e0;
-    const int hb = hl + bi * ub * HPW, cnt = ub < passes - bi * ub ? ub : passes - bi * ub;
-#pragma unroll
-    for (int u = 0; u < UH; u++) {
-      const int h = hb + u * HPW;
-      if (u < cnt && h < hall) {
-        const bool isk = h >= hq;
-        const int hh = isk ? h - hq : h;
-        const T *in = (isk ? ki : qi) + (int64_t)hh * (isk ? kis : qis);
-        x1[u].u = __ldcs(reinterpret_cast<const uint4 *>(in));
-        if (MODE == OT_ROPE_NEOX) x2[u].u = __ldcs(reinterpret_cast<const uint4 *>(in + HALF));
-      }
-    }
-  };
-  auto rotate = [&](int64_t t, int bi, const raw16 *x1, const raw16 *x2, const float *c,
-                    const float *sn) {
-    int64_t b, s;
-    split(t, b, s);
-    T *qo = static_cast<T *>(p.t[0].out) + b * p.t[0].out_sb + s * p.t[0].out_ss + e0;
-    T *ko = static_cast<T *>(p.t[1].out) + b * p.t[1].out_sb + s * p.t[1].out_ss + e0;
-    const int hb = hl + bi * ub * HPW, cnt = ub < passes - bi * ub ? ub : passes - bi * ub;
-#pragma unroll
-    for (int u = 0; u < UH; u++) {
-      const int h = hb + u * HPW;
-      if (u >= cnt || h >= hall) break;
-      const bool isk = h >= hq;
-      const int hh = isk ? h - hq : h;
-      T *out = (isk ? ko : qo) + (int64_t)hh * (isk ? kos : qos);
-      rope_rotate_item<T, MODE, true>(x1[u], x2[u], c, sn, out, HALF);
-    }
-  };
-
-  /* the warp's chunks: a contiguous range of the tokens x nb chunks, the ranges of the warps
-   * within one chunk of each other (a warp may start or end inside a token) */
-  const int64_t nwarps = (int64_t)gridDim.x * wpb, w = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5);
-  const int64_t chunks = tokens * nb;
-  const int64_t ch = w * chunks / nwarps; /* the warp's first chunk */
-  int left = (int)((w + 1) * chunks / nwarps - ch); /* its chunks not yet rotated */
-  if (left <= 0) return;
-  int64_t tok = ch / nb; /* the chunk being rotated: (tok, bi) */
-  int bi = (int)(ch - tok * nb);
-  int64_t pos = position(tok), npos = position(tok + 1); /* tok's, the next token's */
-  float c[NP], sn[NP]; /* tok's cos / sin */
-  if (p.cache) cache_cs(pos, c, sn);
-  bool fresh = true; /* tok's cos / sin not yet made (computed) */
-  raw16 a1[UH], a2[UH], b1[UH], b2[UH];
-  load(tok, bi, a1, a2);
-  /* One step: the chunk (tok, bi) is in cur; the next chunk's loads into nxt, then (tok, bi)
-   * rotated. False when there is no next chunk (the warp's last). */
-  auto step = [&](raw16 *cur1, raw16 *cur2, raw16 *nxt1, raw16 *nxt2) -> bool {
-    const bool last_of_tok = bi + 1 == nb;
-    const int64_t ntok = last_of_tok ? tok + 1 : tok;
-    const int nbi = last_of_tok ? 0 : bi + 1;
-    const bool more = left > 1;
-    int64_t nnpos = npos;
-    if (more) {
-      if (last_of_tok) nnpos = position(ntok + 1); /* the position after the next token */
-      load(ntok, nbi, nxt1, nxt2);
-    }
-    if (fresh && !p.cache) { /* computed: while the next chunk's loads fly */
-      __syncwarp(); /* the previous token's readers are done */
-      rope_fill_cs(p, pos, HALF, 2 * HALF, cs, lane, 32);
-      __syncwarp();
-      rope_lane_cs<T, MODE>(cs, HALF, i0, c, sn);
-      fresh = false;
-    }
-    rotate(tok, bi, cur1, cur2, c, sn);
-    if (last_of_tok) {
-      pos = npos, npos = nnpos, fresh = true;
-      /* the next token's cos / sin from a cache, into the registers this rotation freed:
-       * L2 reads (the cache is a few MB) issued now, used by the next step's rotation after
-       * the next step has issued its loads */
-      if (more && p.cache) cache_cs(pos, c, sn);
-    }
-    left--, tok = ntok, bi = nbi;
-    return more;
-  };
-  for (;;) {
-    if (!step(a1, a2, b1, b2)) break;
-    if (!step(b1, b2, a1, a2)) break;
-  }
-}
-
 /* The warp kernel's items per head for this call, or 0 when it does not apply (impl: the
  * value of OT_ROPE_IMPL, or NULL). */
 template <typename T>
@@ -720,49 +556,14 @@ static int rope_warp_iph(const rope_params &p, ot_rope_mode mode, const char *im
   return (int)iph;
 }
 
-/* OT_ROPE_IMPL (impl) = w4 (1) | w4o (2): rope_warp4_kernel, pipe (3) | pipe6 (4):
- * rope_pipe_kernel at UH = 5 | 6, for
- * the calls the warp kernel takes in 16-bit types, with a cache only when it is 16-byte
- * aligned (their float4 loads) and heads counted in int; else 0. */
+/* OT_ROPE_IMPL (impl) = w4 (1) | w4o (2): rope_warp4_kernel for the calls the warp kernel
+ * takes in 16-bit types, with a cache only when it is 16-byte aligned (its float4 loads) and
+ * heads counted in int; else 0. */
 static int rope_w4_choice(const rope_params &p, const char *impl) {
   if (!impl) return 0;
-  const int w = strcmp(impl, "w4") == 0    ? 1
-                : strcmp(impl, "w4o") == 0 ? 2
-                : strcmp(impl, "pipe") == 0  ? 3
-                : strcmp(impl, "pipe6") == 0 ? 4
-                                             : 0;
+  const int w = strcmp(impl, "w4") == 0 ? 1 : strcmp(impl, "w4o") == 0 ? 2 : 0;
   const bool ok = (!p.cache || ot_is_aligned16(p.cache)) && p.t[0].heads + p.t[1].heads < (1 << 30);
   return ok ? w : 0;
-}
-
-/* rope_pipe_kernel on a persistent grid: the SMs' resident blocks (at most one warp a
- * token), each warp walking its contiguous range of chunks; OT_ROPE_PIPE_BLOCKS=n (n > 0)
- * caps the grid at n blocks (the tests: many tokens a warp at small shapes). The resident
- * count is asked once per instance and device (its shared memory, 2 * HALF floats a warp,
- * is fixed by the instance), not at every call: the 8k-token calls take ~25 us. */
-template <typename T, ot_rope_mode MODE, int IPH, int UH>
-static cudaError_t rope_pipe_launch(const rope_params &p, int64_t blocks, size_t sm,
-                                    cudaStream_t stream) {
-  auto kernel = rope_pipe_kernel<T, MODE, IPH, UH, 3>;
-  static std::atomic<int> resident_of[32]; /* per device; 0: not yet asked */
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  int resident = dev >= 0 && dev < 32 ? resident_of[dev].load(std::memory_order_relaxed) : 0;
-  if (resident <= 0) {
-    int nsm = 0, per_sm = 0;
-    e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess)
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRopeWarpThreads, sm);
-    if (e != cudaSuccess) return e;
-    resident = (nsm > 0 ? nsm : 1) * (per_sm > 0 ? per_sm : 1);
-    if (dev >= 0 && dev < 32) resident_of[dev].store(resident, std::memory_order_relaxed);
-  }
-  int64_t g = blocks < resident ? blocks : resident;
-  const char *cap = getenv("OT_ROPE_PIPE_BLOCKS");
-  if (cap && atoll(cap) > 0 && atoll(cap) < g) g = atoll(cap);
-  kernel<<<dim3((unsigned)g), dim3(kRopeWarpThreads), sm, stream>>>(p);
-  return cudaGetLastError();
 }
 
 template <typename T>
@@ -778,16 +579,6 @@ static cudaError_t rope_launch(const rope_params &p, ot_rope_mode mode, cudaStre
     const size_t sm2 = wpb * (size_t)p.rotary_dim * sizeof(float); /* rd <= 256: 4 KB */
     if constexpr (sizeof(T) == 2) {
       const int w4 = rope_w4_choice(p, impl);
-      if (w4 >= 3) { /* pipe (UH 5) | pipe6 (UH 6), both held to 3 blocks per SM */
-#define OT_ROPE_PIPE(M, UH)                                                     \
-  (iph == 4   ? rope_pipe_launch<T, M, 4, UH>(p, blocks, sm2, stream)           \
-   : iph == 8 ? rope_pipe_launch<T, M, 8, UH>(p, blocks, sm2, stream)           \
-              : rope_pipe_launch<T, M, 16, UH>(p, blocks, sm2, stream))
-        if (mode == OT_ROPE_NEOX)
-          return w4 == 3 ? OT_ROPE_PIPE(OT_ROPE_NEOX, 5) : OT_ROPE_PIPE(OT_ROPE_NEOX, 6);
-        return w4 == 3 ? OT_ROPE_PIPE(OT_ROPE_GPTJ, 5) : OT_ROPE_PIPE(OT_ROPE_GPTJ, 6);
-#undef OT_ROPE_PIPE
-      }
       if (w4) {
 #define OT_ROPE_WARP4(M, MB)                                                             \
   (iph == 4 ? rope_warp4_kernel<T, M, 4, kRopeWarpU, MB><<<g2, b2, sm2, stream>>>(p)     \
