@@ -400,16 +400,6 @@ DECODE_VARIANTS = {
     "fused_gateup": {"OTE_FUSED_GATEUP": "2"},
     "fused_gateup_depth_4": {"OTE_FUSED_GATEUP": "2", "OTE_FUSED_RB_DEPTH": "4"},
     "fused_gateup_merge_2": {"OTE_FUSED_GATEUP": "2", "OT_PAGED_MERGE": "2"},
-    # the fused qkv / gate_up kernel's weight stream software-pipelined (fused_kernels.cu
-    # fused_gemv_pipe_kernel, opt-in, prepared 2026-12-01: the next 1 or 2 rounds of 8
-    # vectors a lane in flight by cp.async into shared memory while a round's products run;
-    # bit-equal to the default), on qkv, gate_up, or both, with 1 or 2 stages
-    "pipe_qkv": {"OTE_FUSED_PIPE_QKV": "1"},
-    "pipe_qkv_2": {"OTE_FUSED_PIPE_QKV": "2"},
-    "pipe_gateup": {"OTE_FUSED_PIPE_GATEUP": "1"},
-    "pipe_gateup_2": {"OTE_FUSED_PIPE_GATEUP": "2"},
-    "pipe_both": {"OTE_FUSED_PIPE_QKV": "1", "OTE_FUSED_PIPE_GATEUP": "1"},
-    "pipe_both_2": {"OTE_FUSED_PIPE_QKV": "2", "OTE_FUSED_PIPE_GATEUP": "2"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
     "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
     "repeat": {},  # the default again, last: the run's drift

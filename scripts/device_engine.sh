@@ -267,16 +267,6 @@ if [ "${ENGINE_MEMCHECK_DECODE:-1}" = 1 ] && command -v compute-sanitizer >/dev/
   done
   san_bg "racecheck ot-run batch-1 decode (rowblock qkv + gate_up, 3 CTAs)" racecheck_decode_b1_rbnorm \
     racecheck OTE_FUSED_QKV=2 OTE_FUSED_GATEUP=2 OTE_FUSED_BLOCKS=3 -- --max-new-tokens 3
-  # the fused qkv and gate_up kernels' pipelined weight stream (fused_gemv_pipe_kernel,
-  # opt-in: OTE_FUSED_PIPE_QKV / _GATEUP, 1 or 2 shared-memory stages by cp.async), the
-  # default grid and 3 blocks (the stream of rounds across many tasks a warp); racecheck of
-  # the stages (each lane's own slots, refilled right after its own reads) with 3 blocks
-  for v in "OTE_FUSED_PIPE_QKV=1 OTE_FUSED_PIPE_GATEUP=1" "OTE_FUSED_PIPE_QKV=2 OTE_FUSED_PIPE_GATEUP=2 OTE_FUSED_BLOCKS=3"; do
-    san_bg "memcheck ot-run batch-1 decode (pipelined qkv + gate_up, $v)" "memcheck_decode_b1_pipe_${v: -1}" \
-      memcheck $v -- --max-new-tokens 5
-  done
-  san_bg "racecheck ot-run batch-1 decode (pipelined qkv + gate_up, 2 stages, 3 blocks)" racecheck_decode_b1_pipe \
-    racecheck OTE_FUSED_PIPE_QKV=2 OTE_FUSED_PIPE_GATEUP=2 OTE_FUSED_BLOCKS=3 -- --max-new-tokens 3
   # the one-prompt prefill's final norm + lm_head + argmax on the fused kernel (its input
   # rows: the prompt's last row of delta / x_res, not the copies), then 2 decode steps
   san_bg "memcheck ot-run prefill (fused final norm + lm_head)" memcheck_prefill_fused_head \

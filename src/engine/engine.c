@@ -393,8 +393,6 @@ typedef struct fused_opts {
   int rb_depth;   /* OTE_FUSED_RB_DEPTH: their rows in flight a thread, 4 (else 8) */
   int down_depth; /* OTE_FUSED_DOWN_DEPTH: the rowblock down_proj's, 2 (else 4) */
   int down_must;  /* OTE_FUSED_DOWN=2 (FUSE_DOWN: on with 1 or 2) */
-  int pipe_qkv;   /* OTE_FUSED_PIPE_QKV: the fused qkv kernel's weight stream pipelined, */
-  int pipe_gateup; /* OTE_FUSED_PIPE_GATEUP: gate_up's; 1 or 2 stages (0: the default) */
 } fused_opts;
 
 /* A non-negative integer from the environment, or def when unset / not a number. */
@@ -744,8 +742,6 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
                        "does not fit the rowblock kernel", layer, what,
                        rope_layer >= 0 ? "QKV" : "GATEUP");
   }
-  /* the pipelined weight stream (fused_gemv_pipe_kernel) where asked, where it fits */
-  a.pipe = rope_layer >= 0 ? fo->pipe_qkv : glu_out ? fo->pipe_gateup : 0;
   ENG(ote_dev_fused_gemv(&e->dev, &a, e->opt.dtype, 0), what, layer);
   return OT_OK;
 }
@@ -787,9 +783,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
                          (int)env_ll("OTE_FUSED_GATEUP", 0),
                          (int)env_ll("OTE_FUSED_RB_DEPTH", 8),
                          (int)env_ll("OTE_FUSED_DOWN_DEPTH", 4),
-                         env_ll("OTE_FUSED_DOWN", 0) == 2,
-                         (int)env_ll("OTE_FUSED_PIPE_QKV", 0),
-                         (int)env_ll("OTE_FUSED_PIPE_GATEUP", 0)};
+                         env_ll("OTE_FUSED_DOWN", 0) == 2};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   /* the rowblock down_proj (reads the SwiGLU row of gate_up's epilogue) */
@@ -949,7 +943,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     last_res = (char *)e->x_res + r * H * es;
     if (prefill_fused_head(e, last_delta, last_res)) {
       const fused_opts fo = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
-                             0, 0, 0, 8, 4, 0, 0, 0};
+                             0, 0, 0, 8, 4, 0};
       OTE_TRY(fused_norm_linear(e, last_delta, last_res, NULL, e->w.final_norm, e->w.lm_head,
                                 NULL, c->vocab, e->logits, argmax ? e->argmax_dev : NULL, NULL,
                                 -1, env_ll("OTE_FUSED_PAIR", 1) != 0, &fo, c->layers,

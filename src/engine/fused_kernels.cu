@@ -391,151 +391,6 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
   if (a.argmax_out) grid_argmax(a, best, best_n, lane, warp);
 }
 
-/* ---- PIPE: fused_gemv_kernel's weight stream software-pipelined (opt-in: a.pipe) ------- *
- * The default kernel streams a task's K in rounds of kUnroll vectors a lane, each round's
- * loads issued only after the previous round's products, so a warp has nothing in flight
- * while it multiplies, and after the block barrier every warp of the grid starts its next
- * round at once. Here the rounds of all the warp's tasks form one stream of items (task t,
- * round r): the item being multiplied is in registers (wv, as in the default) and the next
- * NS items are in flight into the warp's own stages of dynamic shared memory by cp.async
- * (the lane's own 16-byte slots: no barrier; an item past the last task is zero-filled
- * without a read; L2 evict-first, as the default's ld.global.cs). After item i's products the lane waits for item i + 1 (cp.async
- * wait_group NS - 1), moves it into wv and issues item i + 1 + NS into the stage it freed,
- * before item i + 1's products. So NS + 1 items are issued before the PDL wait (one task of
- * qkv / gate_up at the 8B shape is 4 items) and NS stay in flight during the products,
- * with no more registers than the default's wv. Shared memory: the input row (as the
- * default) plus NS x 4 warps x kUnroll x 512 bytes (NS 1: 16 KB, 6 blocks an SM at K 4096
- * on the H200, as the default; NS 2: 32 KB, 4 blocks). The products are the default's, in
- * the same order, on the same values: the outputs are bit-equal to the default kernel's. */
-/* An L2 policy of evict-first for the weight stream: the default kernel's ld.global.cs,
- * for cp.async (the weights are read once a step; the activations and K/V stay in L2) */
-__device__ __forceinline__ unsigned long long pipe_evict_first() {
-  unsigned long long p = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-#endif
-  return p;
-}
-__device__ __forceinline__ void pipe_cp16(void *dst, const void *src, bool in,
-                                          unsigned long long policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
-                   (unsigned)__cvta_generic_to_shared(dst)),
-               "l"(src), "r"(in ? 16 : 0), "l"(policy)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void pipe_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int NS>
-__device__ __forceinline__ void pipe_wait() { /* all but the NS - 1 newest groups landed */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 1) : "memory");
-#endif
-}
-
-template <typename T, int MODE, int R, int PAIRS, int NS>
-__global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_pipe_kernel(ote_fused_gemv_args a) {
-  typedef typename xs_elem<T, MODE>::type X;
-  extern __shared__ __align__(16) unsigned char fg_smem[];
-  X *xs = reinterpret_cast<X *>(fg_smem);
-  __shared__ float ss_part[kWarps];
-  constexpr int V = vec_width<T>::value;
-  constexpr int UR = kUnroll / R; /* vectors a row an item */
-  constexpr int64_t step = 32 * V, span = step * UR;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t K = a.K, N = a.N;
-  const int64_t half = task_half<R, PAIRS>(a), tasks = task_count<R, PAIRS>(a);
-  const int64_t warps = (int64_t)gridDim.x * kWarps;
-  const int rounds = (int)((K + span - 1) / span); /* items a task (the same for every lane) */
-  const T *__restrict__ W = static_cast<const T *>(a.w);
-  /* the warp's stages: stage s, slot (u, q), lane: 16 bytes */
-  uint4 *ring = reinterpret_cast<uint4 *>(fg_smem + a.K * sizeof(X)) +
-                (size_t)warp * NS * UR * R * 32 + lane;
-
-  /* the loader: the next item to issue (ltask, lr) and its rows */
-  int64_t ltask = (int64_t)blockIdx.x * kWarps + warp;
-  int lr = 0;
-  int64_t ln[R];
-  bool lnv[R];
-  task_rows<R, PAIRS>(ltask, tasks, N, half, ln, lnv);
-  auto advance = [&]() {
-    if (++lr == rounds) {
-      lr = 0;
-      ltask += warps;
-      task_rows<R, PAIRS>(ltask, tasks, N, half, ln, lnv);
-    }
-  };
-  const unsigned long long policy = pipe_evict_first();
-  raw16 wv[R][UR];
-  auto load_regs = [&]() {
-    const int64_t k0 = (int64_t)lane * V + (int64_t)lr * span;
-#pragma unroll
-    for (int u = 0; u < UR; u++)
-#pragma unroll
-      for (int q = 0; q < R; q++)
-        ot::load_raw<T, true, true>(wv[q][u], W + ln[q] * K, k0 + u * step, K,
-                                    lnv[q] && k0 + u * step < K);
-    advance();
-  };
-  auto load_stage = [&](int s) {
-    const int64_t k0 = (int64_t)lane * V + (int64_t)lr * span;
-    uint4 *st = ring + (size_t)s * UR * R * 32;
-#pragma unroll
-    for (int u = 0; u < UR; u++)
-#pragma unroll
-      for (int q = 0; q < R; q++) {
-        const bool in = lnv[q] && k0 + u * step < K;
-        pipe_cp16(st + (u * R + q) * 32, in ? W + ln[q] * K + k0 + u * step : W, in, policy);
-      }
-    pipe_commit();
-    advance();
-  };
-  load_regs(); /* item 0, then items 1 .. NS: before the wait */
-#pragma unroll
-  for (int s = 0; s < NS; s++) load_stage((s + 1) % NS);
-  ot_pdl_wait(); /* the previous kernel's outputs (delta, res, gate_up) are ours now */
-  const float scale = form_row<T, MODE>(a, xs, ss_part, lane, warp);
-
-  float best = 0.0f;
-  int64_t best_n = -1;
-  int64_t task = (int64_t)blockIdx.x * kWarps + warp;
-  int r = 0;
-  int64_t n[R];
-  bool nv[R];
-  task_rows<R, PAIRS>(task, tasks, N, half, n, nv);
-  float acc[R];
-#pragma unroll
-  for (int q = 0; q < R; q++) acc[q] = 0.0f;
-  int s = 1 % NS; /* the stage of the item after the one in wv */
-  while (task < tasks) {
-    dot_vectors<T, MODE, R, UR>(xs, wv, (int64_t)lane * V + (int64_t)r * span, K, acc);
-    if (++r == rounds) {
-      if (task + warps >= tasks) ot_pdl_launch_dependents(); /* its last loads are issued */
-      task_out<T, R, PAIRS>(a, task, half, n, nv, acc, scale, lane, &best, &best_n);
-      r = 0;
-      task += warps;
-      if (task >= tasks) break;
-      task_rows<R, PAIRS>(task, tasks, N, half, n, nv);
-#pragma unroll
-      for (int q = 0; q < R; q++) acc[q] = 0.0f;
-    }
-    pipe_wait<NS>(); /* the next item has landed in stage s: into wv, and refill s */
-    const uint4 *st = ring + (size_t)s * UR * R * 32;
-#pragma unroll
-    for (int u = 0; u < UR; u++)
-#pragma unroll
-      for (int q = 0; q < R; q++) wv[q][u].u = st[(u * R + q) * 32];
-    load_stage(s);
-    s = NS == 1 ? 0 : (s + 1) % NS;
-  }
-  pipe_wait<1>(); /* nothing of this thread's still landing in shared memory at exit */
-  if (a.argmax_out) grid_argmax(a, best, best_n, lane, warp);
-}
-
 /* ---- STAGED: y = x W^T (+ b) for one given row x (o_proj of the batch-1 decode) ---------- *
  * The weight is held on chip before the input exists: CTA b takes rows [b N / G, (b + 1) N
  * / G) of W (at most kStageRows), and thread t the 16-byte column vector k = 8 t of each
@@ -1011,27 +866,13 @@ int current_device() {
   return dev;
 }
 
-/* The kernel of launch<..., NS>: the default (NS 0) or the pipelined one with NS stages */
-template <typename T, int MODE, int R, int PAIRS, int NS>
-struct gemv_kernel {
-  static constexpr void (*f)(ote_fused_gemv_args) = fused_gemv_pipe_kernel<T, MODE, R, PAIRS, NS>;
-};
 template <typename T, int MODE, int R, int PAIRS>
-struct gemv_kernel<T, MODE, R, PAIRS, 0> {
-  static constexpr void (*f)(ote_fused_gemv_args) = fused_gemv_kernel<T, MODE, R, PAIRS>;
-};
-
-/* The pipelined kernel's stages' shared memory (fused_gemv_pipe_kernel), bytes */
-constexpr size_t pipe_stage_bytes(int R) { return (size_t)kWarps * (kUnroll / R) * R * 32 * 16; }
-
-template <typename T, int MODE, int R, int PAIRS, int NS = 0>
 cudaError_t launch(const ote_fused_gemv_args &a, cudaStream_t st, bool pdl) {
   static std::atomic<long long> occ[16] = {}, smem_set[16] = {};
   static std::atomic<int> pdl_cache[16] = {};
-  auto f = gemv_kernel<T, MODE, R, PAIRS, NS>::f;
+  auto f = fused_gemv_kernel<T, MODE, R, PAIRS>;
   const int dev = current_device();
-  const size_t smem = (size_t)a.K * sizeof(typename xs_elem<T, MODE>::type) +
-                      (size_t)NS * pipe_stage_bytes(R);
+  const size_t smem = (size_t)a.K * sizeof(typename xs_elem<T, MODE>::type);
   cudaError_t e = smem_opt_in(f, smem, dev, smem_set);
   if (e != cudaSuccess) return e;
   /* blocks: one task per warp, except (linear.cu's gemv_balance) two when that makes one
@@ -1177,25 +1018,8 @@ cudaError_t launch_rowblock_norm_d(const ote_fused_gemv_args &a, cudaStream_t st
                       : launch_rowblock_norm<T, 8, PAIRS>(a, st, pdl, done);
 }
 
-/* Whether the pipelined kernel's shared memory (the input row and NS stages) fits a block
- * on the current device (else the default kernel runs) */
-bool pipe_fits(const ote_fused_gemv_args &a, int NS) {
-  static std::atomic<int> optin[16] = {};
-  const int dev = current_device();
-  const long long limit = dev_attr(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin, optin, 48 << 10);
-  return (long long)(a.K * sizeof(float) + NS * pipe_stage_bytes(2) + 64) <= limit;
-}
-
 template <typename T>
 cudaError_t launch_any(const ote_fused_gemv_args &a, int mode, cudaStream_t st, bool pdl) {
-  if (a.pipe > 0 && (a.rope || a.glu_out) && pipe_fits(a, a.pipe >= 2 ? 2 : 1)) {
-    /* OTE_FUSED_PIPE_QKV / _GATEUP: the pipelined weight stream, 1 or 2 stages */
-    if (a.rope)
-      return a.pipe >= 2 ? launch<T, kNorm, 2, kRope, 2>(a, st, pdl)
-                         : launch<T, kNorm, 2, kRope, 1>(a, st, pdl);
-    return a.pipe >= 2 ? launch<T, kNorm, 2, kGlu, 2>(a, st, pdl)
-                       : launch<T, kNorm, 2, kGlu, 1>(a, st, pdl);
-  }
   if (a.rope) return launch<T, kNorm, 2, kRope>(a, st, pdl);
   if (a.glu_out) return launch<T, kNorm, 2, kGlu>(a, st, pdl);
   if (mode == kSwiglu)

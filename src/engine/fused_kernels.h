@@ -57,10 +57,6 @@ typedef struct ote_fused_gemv_args {
    * be y; NULL: no residual), and the rows of W in flight a thread (2, else 4); with rope or
    * glu_out (the norm-fed qkv / gate_up on the rowblock scheme) 4, else 8 */
   int depth;
-  /* > 0 (norm with rope or glu_out: qkv / gate_up): the pipelined weight stream of
-   * fused_gemv_pipe_kernel (fused_kernels.cu) with pipe stages in shared memory (1, else
-   * 2), where its shared memory fits; outputs bit-equal to the default kernel's */
-  int pipe;
 } ote_fused_gemv_args;
 
 #ifdef __cplusplus

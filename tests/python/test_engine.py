@@ -298,12 +298,9 @@ OPROJ = {"OTE_FUSED_OPROJ": "2"}
 DOWN = {"OTE_FUSED_DOWN": "2"}
 QKV = {"OTE_FUSED_QKV": "2"}
 RB_ALL = {**QKV, "OTE_FUSED_GATEUP": "2", **DOWN}
-# the pipelined weight stream of the fused qkv and gate_up kernels (fused_gemv_pipe_kernel,
-# OTE_FUSED_PIPE_QKV / OTE_FUSED_PIPE_GATEUP: 1 or 2 stages in shared memory)
-PIPE2 = {"OTE_FUSED_PIPE_QKV": "2", "OTE_FUSED_PIPE_GATEUP": "2"}
 FUSED_FORMS = {"default": {}, "3_blocks": {"OTE_FUSED_BLOCKS": "3"},
                "oproj_staged_40_blocks": {**OPROJ, "OTE_FUSED_BLOCKS": "40"},
-               "all_rowblock": RB_ALL, "pipe_2": PIPE2}
+               "all_rowblock": RB_ALL}
 
 
 def fused_model(**shape):
@@ -420,41 +417,6 @@ def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
     base_tok, base = run(OPROJ, dump=tmp_path / "b.bin")
     _assert_bit_equal(run, tmp_path, base_tok, base, (
         {"OTE_FUSED_BLOCKS": "3"}, {"OTE_FUSED_BLOCKS": "1"}, {**OPROJ, "OTE_FUSED_BLOCKS": "40"}))
-
-
-@pytest.mark.parametrize("dtype", ["bf16", "f16"])
-@pytest.mark.parametrize("case", list(FUSED_CASES))
-def test_cuda_fused_pipe_bit_equal(tmp_path, case, dtype):
-    """The pipelined weight stream of the fused qkv and gate_up kernels
-    (fused_gemv_pipe_kernel: the same products in the same order, the weights' next rounds
-    in flight through shared memory) gives the default's logits and tokens bit for bit, on
-    qkv or gate_up alone and on both, with 1 or 2 stages, with the default grid and with 3
-    or 1 blocks (each warp many tasks: the stream of rounds runs across tasks; at hidden 256
-    and 512 a task is one round, at 1152 two, the second partial); eager steps equal the
-    graph replays. (Bit-equal also when the switch does not reach the kernel: the decode
-    timeline's kernel names, fused_gemv_pipe_kernel, are the device command's proof that it
-    ran.)"""
-    _need_cuda_ot_run()
-    run = _fused_runner(tmp_path, case, dtype)
-    base_tok, base = run({}, dump=tmp_path / "b.bin")
-    q1, g1 = {"OTE_FUSED_PIPE_QKV": "1"}, {"OTE_FUSED_PIPE_GATEUP": "1"}
-    _assert_bit_equal(run, tmp_path, base_tok, base, (
-        q1, g1, {**q1, **g1}, PIPE2, {**PIPE2, "OTE_FUSED_BLOCKS": "3"},
-        {**q1, **g1, "OTE_FUSED_BLOCKS": "3"}, {**PIPE2, "OTE_FUSED_BLOCKS": "1"}))
-    assert run(PIPE2, "--no-cuda-graph")[0] == base_tok, "eager pipelined decode != graph"
-
-
-def test_cuda_fused_pipe_bit_equal_8b(tmp_path):
-    """The pipelined stream at the shape it is for (Llama-3-8B, random weights, bf16:
-    K 4096, so a task is 4 rounds and at 2 stages a warp's stream runs across its 2 tasks;
-    qkv 3072 tasks, gate_up 14336 in two waves of blocks): the default's logits and tokens
-    bit for bit at 1 and 2 stages."""
-    _need_cuda_ot_run()
-    run = _cuda_runner(("--config", "llama3-8b", "--random-weights", "--seed", "5"), 128256,
-                       "bf16")
-    base_tok, base = run({}, dump=tmp_path / "b.bin")
-    _assert_bit_equal(run, tmp_path, base_tok, base, (
-        {"OTE_FUSED_PIPE_QKV": "1", "OTE_FUSED_PIPE_GATEUP": "1"}, PIPE2))
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
