@@ -85,21 +85,20 @@ class Shim:
         """What the last call launched: (kernel name, splits, CTAs, launched with PDL, an
         early start (paged_kv_ready), the TMA ring (OT_PAGED_TMA, experiment builds), the
         aligned-page instance (OT_PAGED_ALIGNED), 8-warp CTAs (OT_PAGED_WARPS), an opt-in
-        variant (OT_PAGED_VARIANT, builds of decode round 9 only; removed in round 10), the
-        bulk ring (OT_PAGED_LOAD=bulk / bulk2), its two-copy form (bulk2)). Flag 2, round 6's
-        fused split merge (removed), is no longer set."""
+        variant (OT_PAGED_VARIANT, builds of decode round 9 only; removed in round 10)). Flag 2,
+        round 6's fused split merge (removed), is no longer set, nor are 128 / 256 (round 11's
+        bulk ring, removed)."""
         a = (cint * 4)()
         self.lib.shim_paged_last_plan(a)
         return ({1: "split", 2: "stream", 3: "simple"}.get(a[0], "none"), a[1], a[2],
                 bool(a[3] & 1), bool(a[3] & 4), bool(a[3] & 8), bool(a[3] & 16), bool(a[3] & 32),
-                bool(a[3] & 64), bool(a[3] & 128), bool(a[3] & 256))
+                bool(a[3] & 64))
 
 
 def plan_str(pl):
     extra = (", pdl" if pl[3] else "") + (", early" if pl[4] else "") + \
         (", tma" if len(pl) > 5 and pl[5] else "") + (", aligned" if len(pl) > 6 and pl[6] else "") + \
-        (", 8 warps" if len(pl) > 7 and pl[7] else "") + (", variant" if len(pl) > 8 and pl[8] else "") + \
-        ((", bulk2" if len(pl) > 10 and pl[10] else ", bulk") if len(pl) > 9 and pl[9] else "")
+        (", 8 warps" if len(pl) > 7 and pl[7] else "") + (", variant" if len(pl) > 8 and pl[8] else "")
     return f"{pl[0]} x{pl[1]}, {pl[2]} CTAs{extra}"
 
 
@@ -228,9 +227,7 @@ def check(shim):
     runs = [("auto", {}), ("split", {"OT_PAGED_KERNEL": "split"}),
             ("stream", {"OT_PAGED_KERNEL": "stream"}),
             ("split general", {"OT_PAGED_KERNEL": "split", "OT_PAGED_ALIGNED": "0"}),
-            ("split 8 warps", {"OT_PAGED_KERNEL": "split", "OT_PAGED_WARPS": "8"}),
-            ("split bulk", {"OT_PAGED_KERNEL": "split", "OT_PAGED_LOAD": "bulk"}),
-            ("split bulk2", {"OT_PAGED_KERNEL": "split", "OT_PAGED_LOAD": "bulk2"})]
+            ("split 8 warps", {"OT_PAGED_KERNEL": "split", "OT_PAGED_WARPS": "8"})]
     # (1 x 2k: the batch-1 default's 64-key splits with guessed first page ids, pages 16 / 64)
     for (b, ctx) in [(3, 1000), (1, 65536), (16, 4096), (64, 1024), (1, 2048)]:
         for bs in PAGES:
@@ -246,9 +243,7 @@ def check(shim):
                 ran_ok = (want is None or pl[0] == want) and \
                     (env.get("OT_PAGED_PDL") != "0" or not pl[3]) and \
                     (env.get("OT_PAGED_ALIGNED") != "0" or not pl[6]) and \
-                    (env.get("OT_PAGED_WARPS") != "8" or pl[7]) and \
-                    (env.get("OT_PAGED_LOAD") not in ("bulk", "bulk2") or
-                     (pl[9] and pl[10] == (env["OT_PAGED_LOAD"] == "bulk2")))
+                    (env.get("OT_PAGED_WARPS") != "8" or pl[7])
                 err = (out.float() - ref).abs().max().item()
                 good = err < 2e-2 and not torch.isnan(out).any().item() and ran_ok
                 ok &= good

@@ -14,12 +14,11 @@ pa_mma_kernel / ps_kernel function (names demangled by hand: T, D, S, XT / P, AL
     found as the shortest path through the body's control-flow graph (back edges and
     BRA.DIV fallbacks left out) that passes every block holding an HMMA, the page-id load
     (LDG.E.CONSTANT) and the step's copies: the 16 K / V LDGSTS without ZFILL where the
-    instance has them (the aligned-page copies, a whole step), else the general ones (the
-    bulk ring, OT_PAGED_LOAD=bulk: lane 0's UBLKCP blocks, each waterfall loop once). So:
+    instance has them (the aligned-page copies, a whole step), else the general ones. So:
     a whole step, no masks to apply where the code can skip them (the AL warp vote), no
     division paths (pages of 2^k keys), no OT_DEBUG flag. Predicated-off instructions
     count (they issue). An estimate of issue slots, not a measurement;
-  - the path by category (mma, copy = LDGSTS / LDGDEPBAR / DEPBAR / UBLKCP / SYNCS, lds, ldg, shfl/vote,
+  - the path by category (mma, copy = LDGSTS / LDGDEPBAR / DEPBAR / SYNCS, lds, ldg, shfl/vote,
     mufu, fp, int = integer and address arithmetic, uniform, control, other) and by
     region: `issue` (from the loop head to the cp.async or mbarrier wait: the next step's copies and
     the page-id load) and `step` (the wait, the mask vote and pa_step).
@@ -45,8 +44,8 @@ def category(op, text=""):
     base = op.split(".")[0]
     if base == "HMMA":
         return "mma"
-    if base in ("LDGSTS", "LDGDEPBAR", "DEPBAR", "UBLKCP", "SYNCS"):
-        return "copy"  # (UBLKCP / SYNCS: the bulk ring's copies, expect_tx and mbarrier wait)
+    if base in ("LDGSTS", "LDGDEPBAR", "DEPBAR", "SYNCS"):
+        return "copy"  # (SYNCS: an mbarrier ring's expect_tx and wait, the TMA ring's)
     if base in ("LDS", "LDSM"):
         return "lds"
     if base in ("LDG", "LDC", "LD"):
@@ -121,9 +120,6 @@ def pretty(name):
 def params(s):
     if "pa_params_tm" in s:
         return "tm"
-    m = re.search(r"pa_params_bkILi(\d+)E", s)
-    if m:
-        return "bk%s" % m.group(1)
     m = re.search(r"pa_params_vILi(\d+)E", s)
     if m:
         return "var%s" % m.group(1)
@@ -222,8 +218,6 @@ def analyse(name, ins):
         if has(b, lambda o, t: o.startswith("HMMA")) or has(b, lambda o, t: o == "LDG.E.CONSTANT"):
             way.add(i)
         if not fast and has(b, lambda o, t: o.startswith("LDGSTS")):
-            way.add(i)
-        if has(b, lambda o, t: o.startswith("UBLKCP")):  # the bulk ring's copies (lane 0's)
             way.add(i)
     way.update(fast)
     way.add(n - 1)

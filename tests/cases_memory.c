@@ -901,9 +901,6 @@ static const char *g_pmode = "";
 static int g_pflag_set = 0, g_pflag_clear = 0;
 /* paged_case_spare runs each case again with both split merges (paged_merge_bits) */
 static bool g_pmerge_bits = false;
-/* paged_case_spare runs each case again with OT_PAGED_LOAD unset (the cp.async ring) and
- * compares (paged_load_close): the bulk ring's blocks */
-static bool g_pload_close = false;
 #ifdef OT_TEST_CUDA
 void ot_cuda_paged_last_plan(int out[4]); /* src/cuda/paged_attention.cu */
 #endif
@@ -917,8 +914,7 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
    * OT_DEBUG is on) */
   const char *dbg = getenv("OT_DEBUG");
   const bool early = ready && !(dbg && dbg[0] && strcmp(dbg, "0") != 0);
-  /* (the bulk ring, flags 128 / 256, is not taken with the early start either) */
-  const int want = (g_pflag_set & ~(ready ? 32 : 0) & ~(early ? 128 | 256 : 0)) | (early ? 4 : 0);
+  const int want = (g_pflag_set & ~(ready ? 32 : 0)) | (early ? 4 : 0);
   const int kernel = 1; /* the split kernel (paged_mode_cases force it) */
   int pl[4] = {0, 0, 0, 0};
   ot_cuda_paged_last_plan(pl);
@@ -959,29 +955,6 @@ static void paged_merge_bits(test_run *tr, const ot_attention_params *prm, tbuf 
   }
   env_restore(&m);
   free(so), free(sl);
-}
-
-/* g_pload_close (CUDA): the call (under OT_PAGED_LOAD=bulk / bulk2) again with
- * OT_PAGED_LOAD unset, the cp.async ring: the bulk ring reads the keys of a step in
- * another order (pa_bk_key), so the probabilities' sums and the P V mma add in another
- * order and the bits may differ; out within the input type's tolerance of the cp.async
- * ring's (1 ulp-scale), lse within float32's. */
-static void paged_load_close(test_run *tr, const ot_attention_params *prm, tbuf *q, tbuf *cu,
-                             const ot_paged_kv *kv, tbuf *out, tbuf *lse, DLDataType dt) {
-  double *bo = tb_to_f64(out), *bl = tb_to_f64(lse);
-  env_saved m = env_set("OT_PAGED_LOAD", NULL);
-  tb_poison(out);
-  tb_poison(lse);
-  if (tr_ok(tr, ot_paged_attention(tr->be->ctx, prm, tb_dl(q), tb_dl(cu), kv, tb_dl(out),
-                                   tb_dl(lse)),
-            "OT_PAGED_LOAD unset")) {
-    tb_sync(out);
-    tb_sync(lse);
-    check_close(tr, "out (cp.async ring vs bulk ring)", out, bo, tol_for(dt, 1));
-    check_close(tr, "lse (cp.async ring vs bulk ring)", lse, bl, tol_for(DT_F32, 4));
-  }
-  env_restore(&m);
-  free(bo), free(bl);
 }
 
 /* Case c against the reference, kv.indices with `spare` entries past the last sequence's
@@ -1025,7 +998,6 @@ static void paged_case_spare(test_run *tr, const pcase *c, DLDataType dt, int64_
     }
     free(snap);
     if (g_pmerge_bits) paged_merge_bits(tr, &prm, q, cu, &P.kv, out, lse);
-    if (g_pload_close) paged_load_close(tr, &prm, q, cu, &P.kv, out, lse, dt);
   }
   free(qd), free(ro), free(rl);
   tb_free(q), tb_free(out), tb_free(lse), tb_free(cu);
@@ -1902,24 +1874,6 @@ static void paged_instance_cases(test_run *tr) {
   paged_mode_cases(tr, "w8 ", "OT_PAGED_WARPS", "8", 16 | 32, 0);
 }
 
-/* The bulk ring (OT_PAGED_LOAD=bulk: four 1 KB bulk copies per 4 KB run of K or V; bulk2:
- * two 2 KB ones; sm_90, the aligned-page instances without the early start: plan flags
- * 16 | 128, bulk2 also 256, 8-warp CTAs forced also 32) on the instance blocks' cases
- * (paged_mode_cases: float64 oracle; partial last steps over NaN-poisoned slots, windows,
- * speculative / prefill tiles, forced and single splits, batch 1, over-provisioned tables,
- * back to back, kv ready), each paged_case also within tolerance of the cp.async ring's
- * output (paged_load_close: not bit-equal, the key order of a step differs). */
-static void paged_bulk_cases(test_run *tr) {
-  g_pload_close = true;
-  paged_mode_cases(tr, "bulk ", "OT_PAGED_LOAD", "bulk", 16 | 128, 256);
-  paged_mode_cases(tr, "bulk2 ", "OT_PAGED_LOAD", "bulk2", 16 | 128 | 256, 0);
-  env_saved w8 = env_set("OT_PAGED_WARPS", "8");
-  paged_mode_cases(tr, "bulk w8 ", "OT_PAGED_LOAD", "bulk", 16 | 32 | 128, 256);
-  paged_mode_cases(tr, "bulk2 w8 ", "OT_PAGED_LOAD", "bulk2", 16 | 32 | 128 | 256, 0);
-  env_restore(&w8);
-  g_pload_close = false;
-}
-
 /* The split kernel's one-round merge (OT_PAGED_MERGE=1, pa_merge1_kernel) on the instance
  * blocks' cases (paged_mode_cases: forced splits, batch 1 at the engine's heads, back to
  * back, kv ready) and on more splits than one round of 128 (D 128 pages of 16, D 64 pages
@@ -2033,7 +1987,6 @@ static void run_memory_cuda(test_run *tr) {
   append_case(tr, DT_BF16, 16, 0, true, false, false);
   paged_instance_cases(tr);
   paged_merge_cases(tr);
-  paged_bulk_cases(tr);
   paged_debug_case(tr, DT_BF16, 128);
   paged_debug_case(tr, DT_F32, 16);
   env_saved kern2 = env_set("OT_PAGED_KERNEL", "stream");

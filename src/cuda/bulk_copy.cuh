@@ -1,8 +1,8 @@
 /*
  * bulk_copy.cuh -- 1-D bulk copies global -> shared memory (sm_90's cp.async.bulk, the
  * TMA unit without a tensor map) completing on an mbarrier (mbarrier.cuh), for the
- * row-streaming LayerNorm backward (norm.cuh) and the paged decode's opt-in bulk ring
- * (paged_attention.cu, OT_PAGED_LOAD=bulk): one thread issues a whole row (up to the
+ * row-streaming LayerNorm backward (norm.cuh) and the Hopper attention backward's lse / Dsum
+ * rows (sm90/attention_bwd_sm90.cu): one thread issues a whole row (up to the
  * mbarrier's 1 MB transaction count) and the bytes in flight cost no registers and no
  * per-16-byte instructions. Source and destination 16-byte aligned, size a multiple of 16.
  *
@@ -39,8 +39,8 @@ __device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t b
       : "memory");
 }
 /* The same copy by shared-memory (state space) addresses and without a cache hint, for
- * kernels that issue several copies per stage from precomputed addresses (the paged
- * decode's bulk ring, paged_attention.cu: eight 1 KB copies per 16-key step). */
+ * kernels that address their stages as such (the Hopper attention backward's producer,
+ * sm90/attention_bwd_sm90.cu: a tile's lse and Dsum rows per stage). */
 __device__ __forceinline__ void bulk_load_sh(uint32_t dst, const void *src, uint32_t bytes,
                                              uint32_t bar) {
   asm volatile(

@@ -121,18 +121,10 @@
  * conflict-free, pa_kperm), an mbarrier per stage. Faster alone under ncu (16 x 4k 75.8 vs
  * 78.8 us) but 5-7% slower back to back at the large shapes (decode round 7), so not built
  * by default.
- * Bulk ring (opt-in, OT_PAGED_LOAD=bulk / bulk2; prepared 2026-12-01, not yet measured): the
- * split kernel's AL instances without early start (4 or 8 warps), each step's K and V moved
- * by the bulk-copy engine (cp.async.bulk, bulk_copy.cuh, 1-D: no tensor map) as 2 NC copies
- * of 4 KB / NC (NC 4: 1 KB, bulk; NC 2: 2 KB, bulk2) that one elected lane issues on the
- * stage's mbarrier, into padded slots that the warp reads in an interleaved key order
- * (pa_bk_key; conflict-free at NC 4, 2-way on the V reads at NC 2). Not the cp.async ring's
- * bits (the order of a step's keys in the sums differs). Issued instructions per 16-key
- * step on the common path (scripts/pa_sass_count.py, sm_90a): 331 (cp.async ring) -> 390
- * (bulk) / 357 (bulk2): UBLKCP takes uniform registers without immediate offsets, so each
- * copy costs its own 64-bit address add, R2URs and a vote, more than the 16 LDGSTS it
- * replaces; what it may buy is the DRAM request shape (1-2 KB runs) and a ring the LSU does
- * not fill.
+ * Bulk ring (decode round 11, the opt-in OT_PAGED_LOAD=bulk / bulk2: each step's K and V
+ * moved by one lane's 1-D cp.async.bulk copies): slower than the cp.async ring at every
+ * shape on the H200 (16 x 4k 71.44 vs 77.66 / 76.41 us, 1 x 64k 74.14 vs 83.62 / 84.17;
+ * 2026-12-01, docs/PERFORMANCE.md), removed.
  * Masks (causal bottom-right, windows), softcap and empty rows as ot_attention_forward.
  *
  * Fallback kernel (float32, other head dims, misaligned q): one warp per (token, q head),
@@ -151,7 +143,6 @@
 
 #include "../core/paged_attention.h"
 #include "attention.cuh"
-#include "bulk_copy.cuh"
 #include "common.cuh"
 #include "cuda_state.h"
 #include "mma.cuh"
@@ -466,44 +457,6 @@ template <bool TM> __device__ __forceinline__ int pa_krow(int n) {
   else return n;
 }
 
-/* The bulk-ring stage layout (BK: OT_PAGED_LOAD=bulk / bulk2, the AL instances' pages of
- * 16 x m keys, head_dim 128, sm_90). A step's K (and V) is one 4 KB run of the page; the
- * bulk copies write bytes as they are, so the ring cannot swizzle 16-byte chunks: it moves
- * the run as NC copies of 16 / NC consecutive keys ("slots"), slot s at s * (4096 + 128) /
- * NC bytes (a pad of 128 / NC bytes each: slot s starts s * 128 / NC bytes into a bank
- * line), V's slots 4224 bytes after K's. Rows of one slot start at the same bank, so the
- * warp reads the keys in an order that puts the rows one read instruction touches in
- * different slots. Mma key position n = 8 hi + 2 i + lo (hi, lo in 0..1, i in 0..3)
- * reads key (pa_bk_key)
- *   NC 4 ("bulk", four 1 KB copies per run): 4 ((i + 2 lo) & 3) + 2 hi + lo. A
- *        quarter-warp's K read (positions n, n + 1 of one n-block, 64 bytes of each) then
- *        touches slots i and i + 2 (64 bytes apart mod 128), its V read (positions
- *        2 i + lo + 8 hi, i = 0..3) four different slots (0, 32, 64, 96 bytes mod 128):
- *        conflict-free, as the cp.async ring's swizzle;
- *   NC 2 ("bulk2", two 2 KB copies): 8 ((i + lo) & 1) + 4 hi + 2 lo + (i >> 1). K reads
- *        in slots 64 bytes apart (conflict-free), V reads two rows per slot (2-way bank
- *        conflicts: 8 of the step's 16 reads take 2 wavefronts), half the copies.
- * The order within a step changes which thread sums which key's probability and the k
- * order of the P V mma, so results are not the cp.async ring's bits (close to them; the S
- * values and the maxima are the same). */
-template <int NC> struct pa_bk_layout {
-  static_assert(NC == 4 || NC == 2, "four 1 KB or two 2 KB copies per 4 KB run");
-  static constexpr int kSlot = (4096 + 128) / NC; /* bytes between a stage's slots */
-  static constexpr int kV = NC * kSlot;           /* V's first slot (4224 bytes) */
-  static constexpr int kRowImm = NC == 4 ? 512 : 1024; /* position + 8 (hi): bytes further */
-};
-constexpr int kPaBkStageBytes = 2 * 4224; /* 8448 bytes (the cp.async ring's 8192) */
-template <int NC> __device__ __forceinline__ int pa_bk_key(int n) {
-  const int hi = (n >> 3) & 1, i = (n >> 1) & 3, lo = n & 1;
-  if constexpr (NC == 4) return 4 * ((i + 2 * lo) & 3) + 2 * hi + lo;
-  else return 8 * ((i + lo) & 1) + 4 * hi + 2 * lo + (i >> 1);
-}
-/* The key of mma position n in a stage of the TM, BK (NC > 0) or cp.async layout. */
-template <bool TM, int NC> __device__ __forceinline__ int pa_key_at(int n) {
-  if constexpr (NC > 0) return pa_bk_key<NC>(n);
-  else return pa_krow<TM>(n);
-}
-
 /* The aligned-page copies of one whole step (AL instances, head_dim 128: pages of 16 x m
  * keys, steps starting at multiples of 16 keys, all 16 keys before the split's end): K and
  * V of the step are each one 4 KB run of the page, so a lane's 8 + 8 copies are one base
@@ -568,24 +521,6 @@ __device__ __forceinline__ pa_lds_base pa_lds_offsets(int g, int tq4) {
   b.v[1] = 4096u + (uint32_t)tq4 * 512u + 256u + (y ^ 4u) * 16u;
   return b;
 }
-/* The BK reads' per-lane offsets (bytes from a stage's start; the bulk-ring layout above):
- * K of n-block nb, run c at k[0] + nb * kRowImm + c * 64 (position nb * 8 + g); V of e,
- * half h at v[e & 1] + (e >> 1) * kRowImm + h * 128 (position 2 tq4 + (e & 1) + 8 (e >> 1)).
- * A position's slot and row: pa_bk_key's key / (16 / NC) and key % (16 / NC). */
-template <int NC> __device__ __forceinline__ pa_lds_base pa_bk_offsets(int g, int tq4) {
-  using L = pa_bk_layout<NC>;
-  constexpr int R = 16 / NC; /* keys per slot */
-  const auto at = [](int n) -> uint32_t {
-    const int key = pa_bk_key<NC>(n);
-    return (uint32_t)((key / R) * L::kSlot + (key % R) * 256);
-  };
-  pa_lds_base b;
-  b.k[0] = at(g) + (uint32_t)tq4 * 16u;
-  b.k[1] = 0;
-  b.v[0] = (uint32_t)L::kV + at(2 * tq4) + (uint32_t)g * 16u;
-  b.v[1] = (uint32_t)L::kV + at(2 * tq4 + 1) + (uint32_t)g * 16u;
-  return b;
-}
 template <int IMM> __device__ __forceinline__ uint4 pa_lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4+%5];\n"
@@ -610,8 +545,7 @@ template <bool FE> __device__ __forceinline__ float pa_exp2(float x) {
  * threshold): where none did, every row's factor is exp2(0) = 1 (or 0 on a row that has seen
  * no key yet, whose O is still 0), so the results are the same bits; the 64 FMULs (head_dim
  * 128) are skipped once the maxima settle. */
-template <typename T, int D, bool TM = false, bool FE = false, bool CR = false, bool LB = false,
-          int NC = 0>
+template <typename T, int D, bool TM = false, bool FE = false, bool CR = false, bool LB = false>
 __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16][4], int kb,
                                         int kh, const int (&r_lo)[2], const int (&r_hi)[2],
                                         float qk_scale, float softcap, float cap2, int g, int tq4,
@@ -620,33 +554,7 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
                                         const pa_lds_base &lb = pa_lds_base{}) {
   constexpr int KC = D / 32, NT = D / 8, VH = D / 64;
   static_assert(!LB || (D == 128 && !TM), "the LB reads are laid out for head_dim 128");
-  constexpr bool BK = NC > 0;
-  static_assert(!BK || (D == 128 && !TM && !LB), "the BK reads are laid out for head_dim 128");
   uint4 kr[2][KC], vr[4][VH];
-  if constexpr (BK) { /* the bulk-ring layout: pa_bk_offsets */
-    constexpr int RI = pa_bk_layout<BK ? NC : 4>::kRowImm;
-    const uint32_t sb = attn::smem_u32(st);
-    const uint32_t k0 = sb + lb.k[0], v0 = sb + lb.v[0], v1 = sb + lb.v[1];
-    kr[0][0] = pa_lds128<0>(k0), kr[0][1] = pa_lds128<64>(k0);
-    kr[0][2] = pa_lds128<128>(k0), kr[0][3] = pa_lds128<192>(k0);
-    kr[1][0] = pa_lds128<RI>(k0), kr[1][1] = pa_lds128<RI + 64>(k0);
-    kr[1][2] = pa_lds128<RI + 128>(k0), kr[1][3] = pa_lds128<RI + 192>(k0);
-    vr[0][0] = pa_lds128<0>(v0), vr[0][1] = pa_lds128<128>(v0);
-    vr[1][0] = pa_lds128<0>(v1), vr[1][1] = pa_lds128<128>(v1);
-    vr[2][0] = pa_lds128<RI>(v0), vr[2][1] = pa_lds128<RI + 128>(v0);
-    vr[3][0] = pa_lds128<RI>(v1), vr[3][1] = pa_lds128<RI + 128>(v1);
-    /* a partial step (the split's last): the run's keys past kh are copied as they are
-     * (a page's slots past the sequence may hold anything, NaN included); their S are
-     * masked, and their V fragments zeroed here so that P = 0 times them stays 0 */
-    if (kb + kPaStep > kh) {
-#pragma unroll
-      for (int e = 0; e < 4; e++)
-        if (kb + pa_bk_key<BK ? NC : 4>(tq4 * 2 + (e & 1) + (e >> 1) * 8) >= kh) {
-#pragma unroll
-          for (int h = 0; h < VH; h++) vr[e][h] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
-  }
   if constexpr (LB) {
     const uint32_t sb = attn::smem_u32(st);
     const uint32_t k0 = sb + lb.k[0], k1 = sb + lb.k[1], v0 = sb + lb.v[0], v1 = sb + lb.v[1];
@@ -660,14 +568,14 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
     vr[3][0] = pa_lds128<2048>(v1), vr[3][1] = pa_lds128<2048 + 128>(v1);
   }
 #pragma unroll
-  for (int nb = 0; nb < 2 && !LB && !BK; nb++) {
+  for (int nb = 0; nb < 2 && !LB; nb++) {
     const int r = pa_krow<TM>(nb * 8 + g);
 #pragma unroll
     for (int c = 0; c < KC; c++)
       kr[nb][c] = *reinterpret_cast<const uint4 *>(st + r * D + pa_chunk_at<TM>(r, c * 4 + tq4) * 8);
   }
 #pragma unroll
-  for (int e = 0; e < 4 && !LB && !BK; e++) {
+  for (int e = 0; e < 4 && !LB; e++) {
     const int r = pa_krow<TM>(tq4 * 2 + (e & 1) + (e >> 1) * 8);
 #pragma unroll
     for (int h = 0; h < VH; h++)
@@ -717,7 +625,7 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
       for (int nb = 0; nb < 2; nb++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-          const int key = kb + pa_key_at<TM, NC>(nb * 8 + tq4 * 2 + e);
+          const int key = kb + pa_krow<TM>(nb * 8 + tq4 * 2 + e);
           if (key < r_lo[rr] || key > r_hi[rr] || key >= kh) sv[rr][nb * 2 + e] = -INFINITY;
         }
   }
@@ -776,55 +684,6 @@ struct pa_params_tm : pa_params {
 template <typename P> struct pa_is_tm { static constexpr bool value = false; };
 template <> struct pa_is_tm<pa_params_tm> { static constexpr bool value = true; };
 
-/* The bulk ring (BK: OT_PAGED_LOAD=bulk / bulk2; the AL instances' pages of 16 x m keys,
- * head_dim 128, sm_90): a step's K and V moved by 2 NC 1-D bulk copies (bulk_copy.cuh) of
- * 4 KB / NC, issued by one lane on its stage's mbarrier, in place of the lanes' 16
- * cp.async each; the layout and read order above (pa_bk_key). The same parameters as
- * pa_params: the type selects the instance. */
-template <int NC> struct pa_params_bk : pa_params {};
-template <typename P> struct pa_bk_nc { static constexpr int value = 0; };
-template <int NC> struct pa_bk_nc<pa_params_bk<NC>> { static constexpr int value = NC; };
-
-/* One BK step, called by the whole warp with the same arguments in every lane: one lane
- * (elect.sync) expects K + V's 8 KB on bar and issues the eight 1 KB copies (K's four
- * slots, V's) from the step's runs gk / gv (16 consecutive keys of one page) into stage
- * dst. One asm statement with immediate offsets: issued from a lane-0 branch, each copy
- * was a loop of its own (ELECT, 4 R2UR, UBLKCP, BRA.U.ANY) around 64-bit address adds. */
-template <int NC>
-__device__ __forceinline__ void pa_bk_step(uint32_t dst, const void *gk, const void *gv,
-                                           uint32_t bar) {
-#ifdef OT_BULK_COPY_DEVICE
-#define PA_BK_CP(d, g, s, n)                                                                  \
-  "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0+" #d "], [%" #g \
-  "+" #s "], " #n ", [%3];\n"
-  if constexpr (NC == 4)
-    asm volatile("{\n.reg .pred p;\n"
-                 "elect.sync _|p, 0xffffffff;\n"
-                 "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%3], 8192;\n"
-                 PA_BK_CP(0, 1, 0, 1024) PA_BK_CP(1056, 1, 1024, 1024)
-                 PA_BK_CP(2112, 1, 2048, 1024) PA_BK_CP(3168, 1, 3072, 1024)
-                 PA_BK_CP(4224, 2, 0, 1024) PA_BK_CP(5280, 2, 1024, 1024)
-                 PA_BK_CP(6336, 2, 2048, 1024) PA_BK_CP(7392, 2, 3072, 1024)
-                 "}\n" ::"r"(dst), "l"((uint64_t)gk), "l"((uint64_t)gv), "r"(bar)
-                 : "memory");
-  else
-    asm volatile("{\n.reg .pred p;\n"
-                 "elect.sync _|p, 0xffffffff;\n"
-                 "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%3], 8192;\n"
-                 PA_BK_CP(0, 1, 0, 2048) PA_BK_CP(2112, 1, 2048, 2048)
-                 PA_BK_CP(4224, 2, 0, 2048) PA_BK_CP(6336, 2, 2048, 2048)
-                 "}\n" ::"r"(dst), "l"((uint64_t)gk), "l"((uint64_t)gv), "r"(bar)
-                 : "memory");
-#undef PA_BK_CP
-  static_assert(pa_bk_layout<NC>::kSlot * NC == 4224 && (NC == 4 ? pa_bk_layout<NC>::kSlot == 1056
-                                                                  : pa_bk_layout<NC>::kSlot == 2112),
-                "the offsets written in pa_bk_step");
-#else
-  (void)dst, (void)gk, (void)gv, (void)bar;
-  __trap(); /* never launched without sm_90 code (pa_bk_kernel_ok) */
-#endif
-}
-
 
 __device__ __forceinline__ void pa_tma_step(uint32_t dst_k, uint32_t dst_v, const CUtensorMap *tk,
                                             const CUtensorMap *tv, uint32_t bar, int row) {
@@ -879,16 +738,15 @@ template <int S> __device__ __forceinline__ uint32_t pa_ring_bars(uint64_t *bars
 
 /* A warp's ring (S stages; TM: from the first 1024-byte boundary of the dynamic shared
  * memory) and, AL, its pa_fc_copy offsets. */
-template <typename T, int D, int S, bool TM, bool AL, bool BK = false>
+template <typename T, int D, int S, bool TM, bool AL>
 __device__ __forceinline__ T *pa_warp_ring(unsigned char *smem, int warp, int lane,
                                            uint32_t (&fc_s)[4], int &fc_g) {
   unsigned char *base = smem;
   if constexpr (TM) base += (1024u - (attn::smem_u32(smem) & 1023u)) & 1023u;
-  constexpr int kStageEl = BK ? kPaBkStageBytes / (int)sizeof(T) : 2 * kPaStep * D;
-  T *ring = reinterpret_cast<T *>(base) + (size_t)warp * S * kStageEl;
+  T *ring = reinterpret_cast<T *>(base) + (size_t)warp * S * 2 * kPaStep * D;
   fc_s[0] = fc_s[1] = fc_s[2] = fc_s[3] = 0;
   fc_g = 0;
-  if constexpr (AL && !BK) pa_fc_offsets(ring, lane, fc_s, fc_g);
+  if constexpr (AL) pa_fc_offsets(ring, lane, fc_s, fc_g);
   return ring;
 }
 
@@ -906,23 +764,18 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   constexpr int KS = D / 16;   /* k-steps of QK */
   constexpr int NT = D / 8;    /* n-tiles of PV */
   constexpr bool TM = pa_is_tm<P>::value;
-  constexpr int NC = pa_bk_nc<P>::value; /* the bulk ring (an AL instance): copies per 4 KB */
-  constexpr bool BK = NC > 0;
   static_assert(!TM || D == 128, "the TMA ring is laid out for head_dim 128");
   static_assert(!AL || (D == 128 && !TM), "the aligned copies are laid out for head_dim 128");
-  static_assert(!BK || (AL && !XT), "the bulk ring is an aligned-page instance without early start");
-  /* elements between a warp's stages */
-  constexpr int kStageEl = BK ? kPaBkStageBytes / (int)sizeof(T) : 2 * kPaStep * D;
   __shared__ float s_m[NW][16], s_l[NW][16], s_wt[NW][16];
   __shared__ int64_t s_off[16];
-  __shared__ __align__(8) uint64_t s_bar[TM || BK ? NW : 1][TM || BK ? S : 1];
+  __shared__ __align__(8) uint64_t s_bar[TM ? NW : 1][TM ? S : 1];
   extern __shared__ __align__(16) unsigned char pa_smem[]; /* rings; [warps][16][D + 2] floats at the end */
   PA_TR(0, 0, pa_gtime());
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq4 = lane & 3;
-  uint32_t bar0 = 0; /* TM, BK: this warp's stage-0 mbarrier (stage s: bar0 + 8 s) */
-  if constexpr (TM || BK) bar0 = pa_ring_bars<S>(&s_bar[warp][0], lane);
+  uint32_t bar0 = 0; /* TM: this warp's stage-0 mbarrier (stage s: bar0 + 8 s) */
+  if constexpr (TM) bar0 = pa_ring_bars<S>(&s_bar[warp][0], lane);
   /* block id -> (tile slot, kv head, split), the slot slowest: slots past the real tiles
    * (the grid's upper bound) are dispatched last */
   const int64_t bid = blockIdx.x;
@@ -1038,24 +891,13 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
    * lane % 16, and its element offset in a step's 4 KB run */
   uint32_t fc_s[4];
   int fc_g;
-  T *ring = pa_warp_ring<T, D, S, TM, AL, BK>(pa_smem, warp, lane, fc_s, fc_g);
-  const uint32_t ring_u32 = BK ? attn::smem_u32(ring) : 0u; /* BK: the ring's shared address */
+  T *ring = pa_warp_ring<T, D, S, TM, AL>(pa_smem, warp, lane, fc_s, fc_g);
   /* step t's K and V rows into stage t % S: lane copies chunk lane % CR of rows
    * lane / CR + j * 32 / CR; pid = this lane's page id register for step t. TM: lane 0
    * copies the step's K and V boxes (a whole step is in the page of its first key). */
   auto issue = [&](int t, int pid) {
     const int kb = kl + (t * NW + warp) * kPaStep;
-    T *st = ring + (size_t)(t % S) * kStageEl;
-    if constexpr (BK) { /* every step whole (a partial one's keys past kh masked in pa_step):
-                         * lane 0's pid is the page of the step's first key (the lanes past
-                         * kh hold 0), the same arguments in every lane */
-      const int pid0 = __shfl_sync(0xffffffffu, pid, 0);
-      const int slot = p.bs_shift >= 0 ? kb & (p.bs - 1) : kb % p.bs;
-      const int64_t off = (int64_t)pid0 * page_stride + (int64_t)slot * D;
-      pa_bk_step<BK ? NC : 4>(ring_u32 + (uint32_t)((t % S) * kPaBkStageBytes), kbase + off, vbase + off,
-                 bar0 + 8 * (t % S));
-      return;
-    }
+    T *st = ring + (size_t)(t % S) * 2 * kPaStep * D;
     if constexpr (AL) {
       if (kb + kPaStep <= kh) { /* a whole step: one page (every lane's pid is its id) */
         const int slot = p.bs_shift >= 0 ? kb & (p.bs - 1) : kb % p.bs;
@@ -1112,7 +954,7 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
     }
     if (s < S - 1) {
       if (s < nst) issue(s, pq[s]);
-      if constexpr (!TM && !BK) attn::cp_async_commit();
+      if constexpr (!TM) attn::cp_async_commit();
     }
   }
   int pw[A]; /* page ids of steps t + S - 1 .. t + S - 2 + A */
@@ -1126,8 +968,7 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   const float qk_scale = p.softcap > 0 ? p.scale / p.softcap : p.scale * kLog2e;
   const float cap2 = p.softcap * kLog2e;
   /* AL: the fragment reads' per-lane offsets (pa_lds_offsets, pa_step's LB) */
-  const pa_lds_base lb = BK ? pa_bk_offsets<BK ? NC : 4>(g, tq4)
-                            : AL ? pa_lds_offsets(g, tq4) : pa_lds_base{};
+  const pa_lds_base lb = AL ? pa_lds_offsets(g, tq4) : pa_lds_base{};
 
 #pragma unroll 1
   for (int t = 0; t < nst; t++) {
@@ -1136,11 +977,11 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
      * loaded one step ahead would pace the loop), load those of step t + S - 1 + A, then
      * wait for step t */
     if (t + S - 1 < nst) issue(t + S - 1, pw[0]);
-    if constexpr (!TM && !BK) attn::cp_async_commit();
+    if constexpr (!TM) attn::cp_async_commit();
 #pragma unroll
     for (int i = 0; i < A - 1; i++) pw[i] = pw[i + 1];
     pw[A - 1] = load_pid(t + S - 1 + A);
-    if constexpr (TM || BK) {
+    if constexpr (TM) {
       pa_mbar_wait(bar0 + 8 * (t % S), (uint32_t)(t / S) & 1u);
     } else {
       attn::cp_async_wait<S - 1>();
@@ -1158,11 +999,11 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
         whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
       nomask = __all_sync(0xffffffffu, whole);
     }
-    pa_step<T, D, TM, AL, AL, AL && !BK, NC>(
-        ring + (size_t)(t % S) * kStageEl, qa, kb, kh, r_lo, r_hi, qk_scale, p.softcap,
+    pa_step<T, D, TM, AL, AL, AL>(
+        ring + (size_t)(t % S) * 2 * kPaStep * D, qa, kb, kh, r_lo, r_hi, qk_scale, p.softcap,
         cap2, g, tq4, m_run, l_run, acc, nomask, lb);
   }
-  if constexpr (!TM && !BK) attn::cp_async_wait<0>(); /* (only empty groups can be left) */
+  if constexpr (!TM) attn::cp_async_wait<0>(); /* (only empty groups can be left) */
   PA_TR(0, 4, pa_gtime());
 #ifndef OT_PA_TRACE_EPI
   PA_TR(0, 7, (unsigned long long)nst);
@@ -1186,8 +1027,7 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
    * below writes rows g (8) x features tq4 * 16 + c (4), which with rows D apart fell into
    * 2 banks (16-way conflicts) and with D + 2 into 16 (2-way) */
   constexpr int OS = pa_cfg<D, S>::kOS;
-  static_assert((size_t)NW * S * (BK ? kPaBkStageBytes : pa_cfg<D, S>::kStageBytes) >=
-                    (size_t)NW * 16 * OS * sizeof(float),
+  static_assert((size_t)NW * S * pa_cfg<D, S>::kStageBytes >= (size_t)NW * 16 * OS * sizeof(float),
                 "epilogue fits the ring");
   float *s_o = reinterpret_cast<float *>(pa_smem); /* [warps][16][OS] */
   if (tq4 == 0) {
@@ -1967,8 +1807,7 @@ __global__ void __launch_bounds__(128) pa_simple_kernel(const __grid_constant__ 
 /* Dynamic shared memory of a split-kernel instance: the rings (the TMA ones aligned to
  * 1024 bytes inside it, hence 1 KB more). */
 template <int D, int S, typename P, int NW = kPaWarps> constexpr size_t pa_smem_of() {
-  return (size_t)NW * S * (pa_bk_nc<P>::value ? (size_t)kPaBkStageBytes : pa_cfg<D, S>::kStageBytes) +
-         (pa_is_tm<P>::value ? 1024 : 0);
+  return (size_t)NW * S * pa_cfg<D, S>::kStageBytes + (pa_is_tm<P>::value ? 1024 : 0);
 }
 
 /* The kernel's shared-memory attributes (dynamic size past 48 KB, the largest carveout so
@@ -2066,20 +1905,6 @@ static bool pa_tma_shape_ok(const pa_params &p) {
 }
 
 #endif
-
-/* Whether the bulk-ring instances (OT_PAGED_LOAD=bulk) may run on cs's device: their
- * sm_90 code (ot_bulk_kernel_ok, bulk_copy.cuh: the sm_80 pass's instances trap). Once per
- * device, asked of the 4-warp instance (the 8-warp one is the same file's code). */
-template <typename T>
-static bool pa_bk_kernel_ok(const ot_cuda_state *cs) {
-  static std::atomic<int> cached[16] = {};
-  return ot_per_device(cs, cached, []() {
-           return ot_bulk_kernel_ok(reinterpret_cast<const void *>(
-                      pa_mma_kernel<T, 128, 3, false, pa_params_bk<4>, true>))
-                      ? 1
-                      : -1;
-         }) > 0;
-}
 
 /* Whether the merge kernel may be launched as a programmatic dependent (PDL) of the main
  * kernel on this device (ot_pdl_ok, pdl.cuh: its sm_90 code waits for the partials). */
@@ -2191,9 +2016,6 @@ struct pa_env {
   int merge;        /* OT_PAGED_MERGE: "0" pa_merge_kernel, "2" pa_merge1_kernel with 16
                      * O rows ahead, else 1: pa_merge1_kernel (8 ahead); unset:
                      * OT_PA_MERGE1_DEFAULT */
-  int bulk;         /* OT_PAGED_LOAD: "bulk" 4 (the split kernel's AL instances move K / V
-                     * with four 1 KB bulk copies per 4 KB run, the BK ring, sm_90, where
-                     * they can), "bulk2" 2 (two 2 KB copies), else 0: cp.async */
 };
 
 #ifndef OT_PA_MERGE1_DEFAULT
@@ -2237,8 +2059,6 @@ static pa_env pa_read_env() {
       e.warps = x == 4 || x == 8 ? x : 0;
     } else if (is("OT_PAGED_MERGE")) {
       e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
-    } else if (is("OT_PAGED_LOAD")) {
-      e.bulk = strcmp(val, "bulk") == 0 ? 4 : strcmp(val, "bulk2") == 0 ? 2 : 0;
     }
   });
   return e;
@@ -2265,8 +2085,8 @@ static bool pa_tma_params(const ot_cuda_state *cs, const pa_env &env, const pa_p
  * 1 a programmatic dependent, 4 an early start (paged_kv_ready; 2 is unused: it marked a
  * merge fused into the split kernel, measured and removed), 8 the TMA ring (experiment
  * builds), 16 the aligned-page (AL) instance, 32 8-warp CTAs (64 marked the opt-in
- * OT_PAGED_VARIANT kernels of decode round 9, removed: the AL instances are round 9's "lds"),
- * 128 the bulk ring (OT_PAGED_LOAD=bulk / bulk2; with 16), 256 its two-copy form (bulk2). */
+ * OT_PAGED_VARIANT kernels of decode round 9, removed: the AL instances are round 9's "lds";
+ * 128 / 256 the bulk ring of decode round 11, removed). */
 struct pa_plan_rec {
   int kernel, splits, ctas, flags;
 };
@@ -2390,35 +2210,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
     }
   }
 #endif
-  /* the bulk ring (OT_PAGED_LOAD=bulk / bulk2): the AL instances without early start,
-   * 16-byte aligned page arrays (a step's run is then 256-byte aligned), the sm_90 code,
-   * and the same CTAs per SM as the plan's (8448- instead of 8192-byte stages) */
-  bool bk = false;
-  if constexpr (D == 128) {
-    if (!tm && env.bulk && al && !xt && ((uintptr_t)p.k_pages & 15) == 0 &&
-        ((uintptr_t)p.v_pages & 15) == 0 && pa_bk_kernel_ok<T>(cs)) {
-      bk = w8 ? pa_ctas_per_sm<T, D, S, false, pa_params_bk<4>, true, 8>(cs->device) ==
-                    pa_ctas_per_sm<T, D, S, false, pa_params, true, 8>(cs->device)
-              : pa_ctas_per_sm<T, D, S, false, pa_params_bk<4>, true>(cs->device) == per_sm;
-      if (bk && env.bulk == 2) {
-        bk = w8 ? pa_ctas_per_sm<T, D, S, false, pa_params_bk<2>, true, 8>(cs->device) ==
-                      pa_ctas_per_sm<T, D, S, false, pa_params, true, 8>(cs->device)
-                : pa_ctas_per_sm<T, D, S, false, pa_params_bk<2>, true>(cs->device) == per_sm;
-        if (bk) {
-          pa_params_bk<2> bp;
-          static_cast<pa_params &>(bp) = p;
-          if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params_bk<2>, true, 8>(cs, pdl, ctas, s, bp, op)));
-          else OT_TRY((pa_launch_inst<T, D, S, false, pa_params_bk<2>, true>(cs, pdl, ctas, s, bp, op)));
-        }
-      } else if (bk) {
-        pa_params_bk<4> bp;
-        static_cast<pa_params &>(bp) = p;
-        if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params_bk<4>, true, 8>(cs, pdl, ctas, s, bp, op)));
-        else OT_TRY((pa_launch_inst<T, D, S, false, pa_params_bk<4>, true>(cs, pdl, ctas, s, bp, op)));
-      }
-    }
-  }
-  if (!tm && !bk) {
+  if (!tm) {
     if constexpr (D == 128) {
       if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true, 8>(cs, pdl, ctas, s, p, op)));
       else if (al && xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, true>(cs, pdl, ctas, s, p, op)));
@@ -2431,8 +2223,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   }
   pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
                              (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
-                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0) | (bk ? 128 : 0) |
-                                 (bk && env.bulk == 2 ? 256 : 0)};
+                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
