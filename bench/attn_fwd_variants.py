@@ -54,9 +54,6 @@ XT = {"OT_ATTN_SM90_XT": "1"}
 LATE = {"OT_ATTN_SM90_LATE": "1"}
 PIN = {"OT_ATTN_SM90_PIN": "1"}
 NOPIN = {"OT_ATTN_SM90_PIN": "0"}  # the plain order where kFlPin is the default
-# kFlPinH: half of the step's exponentials pinned before the P V's wait (with kFlPin, which the
-# causal D128 128-key tile does not take by default: PIN=1 forces it there)
-PINH = {"OT_ATTN_SM90_PIN": "1", "OT_ATTN_SM90_PINH": "1"}
 WIDERESC = {**WIDE, **RESC}
 
 
@@ -144,12 +141,6 @@ def _variant_list(d, s, causal):
         v.append(("nopin", NOPIN))
     if causal and d == 64 and s <= 1024:
         v.append(("pinnodiag", {**PIN, **NODIAG}))
-    # kFlPinH (prepared 2026-12-01, not measured): only the first half of the step's
-    # exponentials before the P V's wait, V's stage released right after it; compiled for D128
-    # (176-key tile with and without the narrow step, 128-key with the threshold) and D64's
-    # 3-consumer tile (unmasked calls)
-    if d == 128 or (d == 64 and not causal):
-        v.append(("pinh", PINH))
     # D128 masked calls of > 64 query tiles (S 16k causal: one CTA per tile) on the 176-key
     # tile of the unmasked calls, without / with the rescale threshold
     if d == 128 and causal and s > 8192:
@@ -237,7 +228,7 @@ def checks(S):
                       env={**SNAKE, "OT_ATTN_SM90_GRID": "5"})
         ba.check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=0, env=SNAKE)
     for name, checks in (("skip", skip_checks), ("diag", diag_checks), ("xt", xt_checks),
-                         ("late", late_checks), ("pin", pin_checks), ("pinh", pinh_checks)):
+                         ("late", late_checks), ("pin", pin_checks)):
         if ONLY is None or name in ONLY:
             checks(S, ck)
     if ONLY is None or "wideresc" in ONLY:
@@ -389,39 +380,6 @@ def pin_checks(S, ck):
         ba.check_case(S, ck, 2, sq, sk, 4, 2, 128, wr=wr, scale=1.0, env=PIN)
         _same_as_default(S, ck, 2, sq, sk, 4, 2, 128, -1, wr, {}, var=PIN, name="pin", scale=1.0)
     ba.check_case(S, ck, 2, 1000, 4096, 4, 2, 128, dtype=torch.float16, env=PIN)
-
-
-def pinh_checks(S, ck):
-    """kFlPinH (OT_ATTN_SM90_PIN=1 OT_ATTN_SM90_PINH=1, experiment builds: bf16 D128 176-key
-    tile with and without the 48-key narrow step, 128-key tile with the threshold, D64 with 3
-    consumers): float64 checks and bit-equality with the default (the plain order or kFlPin:
-    the same arithmetic in the same order, each row's sum over its columns in column order
-    across the wait) -- D128 causal and Sk <= 2048 (the 128-key tile; _pipeline_cases' D128
-    shapes: GRID 1 / 3 / 5, Sq != Sk both ways, a window, GQA / MQA), Sk > 2048 unmasked (the
-    176-key tile: Sk 4096 the narrow step, 4097 / 2200 / 6528 without; GRID 3 / 7), unmasked D64
-    on 3 consumers (S 1000 / 4100, rows past Sq in the last 192-row tile, GRID 3 / 7); the
-    scale 1 at D128 (maxima that move by more than 2^8: the threshold's vote and O's rescale
-    with half of the exponentials after the wait); no lse; fp16 (not compiled: the default
-    runs)."""
-    cases = [c for c in _pipeline_cases() if c[0] == 128]
-    for sq, sk, hq, hkv, grid in ((4096, 4096, 2, 1, 0), (1000, 4096, 4, 2, 3),
-                                  (700, 4097, 4, 1, 0), (2200, 2200, 4, 4, 7),
-                                  (300, 4096, 8, 1, 0), (300, 6528, 4, 2, 0)):
-        cases.append((128, sq, sk, hq, hkv, -1, -1,
-                      {"OT_ATTN_SM90_GRID": str(grid)} if grid else {}))
-    for sq, sk, hq, hkv, grid in ((1000, 1000, 4, 2, 3), (4100, 4100, 2, 2, 7),
-                                  (300, 2000, 8, 1, 0)):
-        env = {**WG3, "OT_ATTN_SM90_GRID": str(grid)} if grid else dict(WG3)
-        cases.append((64, sq, sk, hq, hkv, -1, -1, env))
-    _bit_equal_checks(S, ck, cases, PINH, "pinh")
-    ba.check_case(S, ck, 2, 1300, 1100, 4, 2, 128, wr=0, with_lse=False,
-                  env={**PINH, "OT_ATTN_SM90_GRID": "3"})
-    ba.check_case(S, ck, 2, 700, 4097, 4, 2, 128, with_lse=False, env=PINH)
-    for sq, sk, wr in ((2160, 2160, -1), (1000, 4096, -1), (1000, 1000, 0), (2000, 2000, 0)):
-        ba.check_case(S, ck, 2, sq, sk, 4, 2, 128, wr=wr, scale=1.0, env=PINH)
-        _same_as_default(S, ck, 2, sq, sk, 4, 2, 128, -1, wr, {}, var=PINH, name="pinh",
-                         scale=1.0)
-    ba.check_case(S, ck, 2, 1000, 4096, 4, 2, 128, dtype=torch.float16, env=PINH)
 
 
 def _nodiag_cases():

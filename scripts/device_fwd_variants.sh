@@ -78,23 +78,6 @@ if [ "${AB:-}" = pin ]; then
   : "${VENVS:=OT_ATTN_SM90_PIN=1}"
   : "${SAN_FILTERS:=OT_ATTN_SM90_PIN=1@GRID 3 causal S600 D128;OT_ATTN_SM90_PIN=1@Sq300 Sk2159 D128 B2}"
 fi
-# AB=pinh (prepared 2026-12-01, not measured): kFlPinH (OT_ATTN_SM90_PIN=1 OT_ATTN_SM90_PINH=1:
-# only the first half of the pipelined step's exponentials before its P V's wait, V released
-# right after it, then the other half) -- unless set otherwise: D128, S 4k and 16k, causal
-# (128-key tile, threshold: against the default's plain order and the full pin) and full
-# (176-key: against the default, the full pin, and the plain order), 12 balanced rounds of
-# default / pinh / pin (/ nopin) / cuDNN / flash, pinh's float64 and bit-equality checks first
-# (--checks pinh: D128 both tiles, D64 3 consumers, scale 1, no lse, fp16); the C suite's
-# "hopper" cases under PIN=1 PINH=1 (with its own "pinh" cases); memcheck and racecheck under
-# it of "Sq300 Sk2159 D128 B2" (the 176-key tile's narrow step), "pinh causal S1500 D128" (the
-# 128-key tile, the threshold's rescale) and "pinh Sq300 Sk2000 D64" (3 consumers).
-if [ "${AB:-}" = pinh ]; then
-  : "${VSEQS:=4096,16384}" "${VDIMS:=128}" "${VROUNDS:=12}" "${SUITE:=0}" "${VLIM:=200}"
-  : "${DEADLINE:=330}" "${SAN_TOOLS=memcheck racecheck}"
-  : "${VARGS:=--only pinh,pin,nopin --checks pinh --causal both --no-host}"
-  : "${VENVS:=OT_ATTN_SM90_PIN=1 OT_ATTN_SM90_PINH=1}"
-  : "${SAN_FILTERS:=OT_ATTN_SM90_PIN=1 OT_ATTN_SM90_PINH=1@Sq300 Sk2159 D128 B2;OT_ATTN_SM90_PIN=1 OT_ATTN_SM90_PINH=1@pinh causal S1500 D128;OT_ATTN_SM90_PIN=1 OT_ATTN_SM90_PINH=1@pinh Sq300 Sk2000 D64}"
-fi
 if [ "${AB:-}" = skipdiag ]; then
   : "${VSEQS:=1024,4096}" "${VDIMS:=64,128,256}" "${VROUNDS:=10}" "${SUITE:=0}" "${VLIM:=95}"
   : "${DEADLINE:=170}" "${SAN_TOOLS=memcheck racecheck synccheck}"

@@ -399,20 +399,20 @@ static const acase cuda_sm90_late_cases[] = {
     {"cuda hopper-only late GRID 3 S1000 D64 GQA2 fwd", 1, 1000, 1000, 4, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
-/* Shapes for kFlPinH (OT_ATTN_SM90_PIN=1 OT_ATTN_SM90_PINH=1, set by the run: the pipelined
- * step's first half of exponentials before the P V's wait, the other half after it). Compiled
- * only in experiment builds (bf16 D128 176-key with and without the narrow step, 128-key with
- * the threshold, D64 3 consumers); elsewhere the switch is not read and these cases run the
- * default kernels (kFlPin forced where compiled). Sk 4096 unmasked (the 48-key narrow step,
- * then 23 steps of 176 keys), Sk 6528 (no narrow step, 37 steps) under OT_ATTN_SM90_GRID=3,
- * causal D128 with the scale 2 (row maxima past 2^8: the threshold's rescale, its vote before
- * the wait, half of the exponentials after it), unmasked D64 Sk 2000 (3 consumers, rows past
- * Sq in the last 192-row tile). bf16 (the instances' dtype). */
-static const acase cuda_sm90_pinh_cases[] = {
-    {"cuda hopper-only pinh Sq256 Sk4096 D128 GQA2 (narrow step, 23 steps) fwd", 1, 256, 4096, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only pinh GRID 3 Sq300 Sk6528 D128 B2 (37 steps) fwd", 2, 300, 6528, 2, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only pinh causal S1500 D128 GQA2 scale 2 (row max past 2^8) fwd", 1, 1500, 1500, 4, 2, 128, 1, -1, -1, 0, 2.0f, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only pinh Sq300 Sk2000 D64 MQA4 B2 (3 consumers) fwd", 2, 300, 2000, 4, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+/* Shapes for kFlPin (OT_ATTN_SM90_PIN=1, set by the run: the pipelined step's softmax before
+ * its P V's wait; the default of the unmasked ones' tiles, D128 176-key and D64 3 consumers;
+ * at the causal one's D128 128-key tile compiled only in experiment builds, elsewhere the
+ * default kernel runs), then the unmasked ones under OT_ATTN_SM90_PIN=0 (the plain order,
+ * which no default call takes on those tiles since kFlPin became their default, 2148cdb).
+ * Sk 4096 unmasked (the 48-key narrow step, then 23 steps of 176 keys), Sk 6528 (no narrow
+ * step, 37 steps) under OT_ATTN_SM90_GRID=3, causal D128 with the scale 2 (row maxima past
+ * 2^8: the threshold's rescale), unmasked D64 Sk 2000 (3 consumers, rows past Sq in the last
+ * 192-row tile). bf16 (the instances' dtype). */
+static const acase cuda_sm90_pin_cases[] = {
+    {"cuda hopper-only pin Sq256 Sk4096 D128 GQA2 (narrow step, 23 steps) fwd", 1, 256, 4096, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only pin GRID 3 Sq300 Sk6528 D128 B2 (37 steps) fwd", 2, 300, 6528, 2, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only pin causal S1500 D128 GQA2 scale 2 (row max past 2^8) fwd", 1, 1500, 1500, 4, 2, 128, 1, -1, -1, 0, 2.0f, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only pin Sq300 Sk2000 D64 MQA4 B2 (3 consumers) fwd", 2, 300, 2000, 4, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
 /* Shapes where some consumer warpgroup of the Hopper forward has first-visited key tiles in
@@ -1166,24 +1166,20 @@ static void run_sm90_required(test_run *tr) {
     env_restore(&gr);
   }
   {
-    /* the pinh shapes under OT_ATTN_SM90_PIN=1 PINH=1, then the unmasked ones under
-     * OT_ATTN_SM90_PIN=0: the plain order, which no default call takes on those tiles since
-     * kFlPin became their default (2148cdb) */
+    /* the pin shapes under OT_ATTN_SM90_PIN=1, then the unmasked ones under =0 (see there) */
     static const char *const PLAIN[] = {
         "cuda hopper-only pin=0 Sq256 Sk4096 D128 GQA2 (narrow step, 23 steps) fwd",
         "cuda hopper-only pin=0 GRID 3 Sq300 Sk6528 D128 B2 (37 steps) fwd", NULL,
         "cuda hopper-only pin=0 Sq300 Sk2000 D64 MQA4 B2 (3 consumers) fwd"};
     for (int k = 0; k < 2; k++) {
       env_saved pin = env_set("OT_ATTN_SM90_PIN", k ? "0" : "1");
-      env_saved pinh = env_set("OT_ATTN_SM90_PINH", k ? NULL : "1");
-      for (size_t i = 0; i < sizeof cuda_sm90_pinh_cases / sizeof cuda_sm90_pinh_cases[0]; i++) {
-        acase c = cuda_sm90_pinh_cases[i];
+      for (size_t i = 0; i < sizeof cuda_sm90_pin_cases / sizeof cuda_sm90_pin_cases[0]; i++) {
+        acase c = cuda_sm90_pin_cases[i];
         if (k && !(c.name = PLAIN[i])) continue;
         env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c.name, "GRID 3") ? "3" : NULL);
         run_case(tr, &c, DT_BF16);
         env_restore(&gr);
       }
-      env_restore(&pinh);
       env_restore(&pin);
     }
   }

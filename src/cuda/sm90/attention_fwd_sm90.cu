@@ -51,9 +51,7 @@
  * kFlQ2's 2-stage Q ring; D64 causal 0.90-0.95x, unmasked D64 1.01x, docs/ATTENTION.md);
  * OT_ATTN_SM90_LATE=1 (kFlLate: a tile's epilogue under the next tile's first Q K^T;
  * prepared, not measured); kFlPin on the other tiles (D64 2 consumers, D128 128-key, D256:
- * measured, not used); OT_ATTN_SM90_PINH=1 (kFlPinH: with kFlPin, only the first half of
- * the step's exponentials before the P V's wait; prepared 2026-12-01, not measured);
- * OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is
+ * measured, not used); OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is
  * parsed there, but its instances are
  * no longer compiled (add the bits to launch_fl's lists to measure them again).
  *
@@ -119,16 +117,11 @@ enum {
                    * branch on l between them, holding a nanosleep; default for bf16 unmasked
                    * D128 176-key and D64 3-consumer tiles, see the dispatch): ptxas
                    * otherwise hoists the WARPGROUP.DEPBAR of that wait to the top of the
-                   * softmax's block */
-  kFlPinH = 0x10000, /* with kFlPin: only the first half of the step's exponentials pinned
-                      * before the P V's wait (the row max, the rescale factors and the
-                      * exponentials of the first NS / 2 columns with their sums), then the
-                      * wait and V's release, then the other half (experiment builds; see
-                      * the kernel) */
+                   * softmax's block. Pinning only the first half of the exponentials (V
+                   * released after it: kFlPinH, OT_ATTN_SM90_PINH) measured 0.98-1.01x of
+                   * it on 2026-12-01 and was removed (docs/PERFORMANCE.md) */
 };
 constexpr int kFlNarrowW = 0xF00;
-/* softmax_nm's mid-point action where there is none (every call but kFlPinH's) */
-struct no_mid {};
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
 
 /* NC consumer warpgroups of 64 query rows each (2, or 3 at head dim 64 as FA3 does): a
@@ -301,8 +294,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   static_assert(!XT || (Q2 && !NARROW), "kFlXT needs kFlQ2 and no narrow step");
   constexpr bool LATE = (FL & kFlLate) != 0;
   constexpr bool PIN = (FL & kFlPin) != 0;
-  constexpr bool PINH = (FL & kFlPinH) != 0;
-  static_assert(!PINH || (PIN && PF == 0), "kFlPinH: with kFlPin, without kFlPoly*");
   static_assert(!LATE || (!SKIP && !SPLIT && !XT), "kFlLate: not with kFlSkip / kFlSplit / kFlXT");
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -582,14 +573,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       auto issue_qk = [&](int stage) { issue_qk_n(std::integral_constant<int, BC>(), stage); };
       auto issue_pv = [&](int stage) { issue_pv_n(std::integral_constant<int, BC>(), stage); };
       /* Mask, then the online softmax of one S tile: s becomes P (unnormalised, fp32),
-       * alpha the factor that rescales O from the previous row max to the new one. mid
-       * (kFlPinH; else no_mid): called with the row sums so far once the exponentials of
-       * the first NSX / 2 columns are summed, before those of the others (NSX / 2 is a
-       * multiple of 4: each row's sum keeps its order, so the bits do not change). */
-      auto softmax_nm = [&](auto ncols, int n, bool mask, auto mid) {
+       * alpha the factor that rescales O from the previous row max to the new one. */
+      auto softmax_n = [&](auto ncols, int n, bool mask) {
         constexpr int NSX = decltype(ncols)::value;   /* the first NSX of the NS accumulators */
-        constexpr bool MID = !std::is_same<decltype(mid), no_mid>::value;
-        static_assert(!MID || (NSX % 8 == 0 && PF == 0), "softmax_nm: mid needs NSX / 2 % 4 == 0");
         if (mask) {
           const int col0 = n * BC + 2 * q4;
 #pragma unroll
@@ -638,9 +624,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         } else {
 #pragma unroll
           for (int i = 0; i < NSX; i++) {
-            if constexpr (MID) {
-              if (i == NSX / 2) mid(sum);
-            }
             const int h = (i >> 1) & 1;
             s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
             sum[h] += s[i];
@@ -649,7 +632,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
 #pragma unroll
         for (int h = 0; h < 2; h++) l_r[h] = l_r[h] * alpha[h] + sum[h];
       };
-      auto softmax_n = [&](auto ncols, int n, bool mask) { softmax_nm(ncols, n, mask, no_mid()); };
       auto softmax = [&](int n, bool mask) {
         softmax_n(std::integral_constant<int, NS>(), n, mask);
       };
@@ -819,25 +801,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         const int gv = gk - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
         step_gemms(sk_, sv, pv);
-        /* PINH: the pin below at the half of the exponentials (softmax_nm's mid): the row
-         * max, the rescale factors (and kFlResc's vote) and the first NS / 2 exponentials
-         * with their sums before the P V's wait, V's stage released at once after it, the
-         * other NS / 2 after that. With the whole softmax pinned, V's release (and with it
-         * the producer's next V load, which waits for it: a single thread, K and V loads
-         * in turn) comes after the step's last exponential instead of at the P V's
-         * completion, and the 44 / 32 conversions of P after it (sm_90a SASS of the D128
-         * pin instances; docs/ATTENTION.md, 2026-12-01). Same arithmetic, same order. */
-        if constexpr (PINH) {
-          softmax_nm(std::integral_constant<int, NS>(), n, needs_mask(n), [&](const float *sm) {
-            if (fminf(sm[0], sm[1]) < 0.f) asm volatile("nanosleep.u32 0;" ::: "memory");
-            wgmma_wait<0>();
-            reg_fence<NO>(o);
-            reg_fence<NP>(pr);
-            release(bar(BAR_EMPTY_V + sv));
-          });
-          convert_p();
-          continue;
-        }
         softmax(n, needs_mask(n));
         /* PIN: a branch on the softmax's last result (l < 0: never) between it and the
          * wait. Without it ptxas places the WARPGROUP.DEPBAR of wgmma_wait<0> at the top of
@@ -1175,7 +1138,7 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlPinH, kFlPin, kFlLate, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
+  static const int drop[] = {kFlPin, kFlLate, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlPoly4, kFlPoly8,
                              kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
@@ -1198,9 +1161,7 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * consumers with and without kFlDiag, 3) and D128 128 (with the threshold), kFlPin at D64
  * 128 with 2 consumers (with and without kFlDiag) and 3, D128 128 (with the threshold) and
  * 176 (plain: S 16k; with the 48-key narrow step: S 4k -- the unmasked defaults), D256 (with
- * the threshold): prepared 2026-11-30 night, not measured; kFlPinH (with kFlPin, PH) at D128
- * 176 (with and without the narrow step), D128 128 (with the threshold) and D64 with 3
- * consumers: prepared 2026-12-01, not measured. */
+ * the threshold): prepared 2026-11-30 night, not measured. */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -1211,11 +1172,11 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int XT = kFlQ2 | kFlXT, LT = kFlLate, PN = kFlPin, PH = kFlPin | kFlPinH;
+  constexpr int XT = kFlQ2 | kFlXT, LT = kFlLate, PN = kFlPin;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
-                                            PN, narrow_bits(3) | PN, PH, narrow_bits(3) | PH>());
+                                            PN, narrow_bits(3) | PN>());
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4),
@@ -1223,12 +1184,12 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   } else if constexpr (X && D == 128 && BC == 128) {   /* snake, skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | SN, R | SK, R | DG, R | XT, R | LT,
-                                            R | PN, R | PH>());
+                                            R | PN>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, SN, SK, DG, XT, LT, DG | LT, PN, DG | PN>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, LT, PN, PH>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, LT, PN>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG>());
@@ -1515,11 +1476,6 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                               ((a->d == 128 && bc == 176) || (a->d == 64 && nc == 3));
     if (on && !late) pin = kFlPin;
   }
-  /* OT_ATTN_SM90_PINH=1: kFlPinH, where kFlPin is on (by default or forced): only the first
-   * half of the step's exponentials pinned before the P V's wait, V released right after it
-   * (experiment builds: bf16 D128 176-key with and without the narrow step, D128 128-key with
-   * the threshold, D64 3 consumers; prepared 2026-12-01, not measured: docs/ATTENTION.md) */
-  if (pin) pin |= exp_switch(knobs, "OT_ATTN_SM90_PINH", kFlPinH);
   const int fl =
       (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | late | pin;
   *handled = true;
