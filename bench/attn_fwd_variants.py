@@ -54,6 +54,7 @@ XT = {"OT_ATTN_SM90_XT": "1"}
 LATE = {"OT_ATTN_SM90_LATE": "1"}
 PIN = {"OT_ATTN_SM90_PIN": "1"}
 NOPIN = {"OT_ATTN_SM90_PIN": "0"}  # the plain order where kFlPin is the default
+ST16 = {"OT_ATTN_SM90_ST16": "1"}  # kFlSt16: O stored 16 bytes a lane
 WIDERESC = {**WIDE, **RESC}
 
 
@@ -141,6 +142,14 @@ def _variant_list(d, s, causal):
         v.append(("nopin", NOPIN))
     if causal and d == 64 and s <= 1024:
         v.append(("pinnodiag", {**PIN, **NODIAG}))
+    # kFlSt16 (prepared 2026-12-01): O stored 16 bytes a lane after a transpose within each
+    # row quad; compiled on the default tiles of D256, D128 128-key (causal, Sk <= 2048), D128
+    # 176-key with the narrow step and the pin (unmasked S 4k) and D64 with kFlDiag (causal S
+    # <= 1k)
+    if d == 256 or (d == 128 and (causal or s <= 2048)) or (d == 128 and not causal and
+                                                              2048 < s <= 6400) \
+            or (d == 64 and causal and s <= 1024):
+        v.append(("st16", ST16))
     # D128 masked calls of > 64 query tiles (S 16k causal: one CTA per tile) on the 176-key
     # tile of the unmasked calls, without / with the rescale threshold
     if d == 128 and causal and s > 8192:
@@ -228,7 +237,7 @@ def checks(S):
                       env={**SNAKE, "OT_ATTN_SM90_GRID": "5"})
         ba.check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=0, env=SNAKE)
     for name, checks in (("skip", skip_checks), ("diag", diag_checks), ("xt", xt_checks),
-                         ("late", late_checks), ("pin", pin_checks)):
+                         ("late", late_checks), ("pin", pin_checks), ("st16", st16_checks)):
         if ONLY is None or name in ONLY:
             checks(S, ck)
     if ONLY is None or "wideresc" in ONLY:
@@ -380,6 +389,33 @@ def pin_checks(S, ck):
         ba.check_case(S, ck, 2, sq, sk, 4, 2, 128, wr=wr, scale=1.0, env=PIN)
         _same_as_default(S, ck, 2, sq, sk, 4, 2, 128, -1, wr, {}, var=PIN, name="pin", scale=1.0)
     ba.check_case(S, ck, 2, 1000, 4096, 4, 2, 128, dtype=torch.float16, env=PIN)
+
+
+def st16_checks(S, ck):
+    """kFlSt16 (OT_ATTN_SM90_ST16=1, experiment builds: bf16 D256, D128 128-key tile with the
+    threshold, D128 176-key with the narrow step and the pin, D64 with kFlDiag): float64 checks
+    and bit-equality with the switch off (the same values, only the stores' shape changes) --
+    _pipeline_cases' D64 / D128 shapes (GRID 1 / 3 / 5, rows past Sq, Sq != Sk, windows, GQA /
+    MQA: every quad's shuffles run before the row test), D64 causal S <= 1k with kFlDiag (its
+    default), D128 unmasked Sk 4096 (the narrow step and the pin), D256 causal / unmasked / a
+    window with partial tiles; no lse; fp16 (not compiled: the default runs)."""
+    cases = [c for c in _pipeline_cases() if c[0] in (64, 128)]
+    for sq, sk, hq, hkv, grid in ((4096, 4096, 2, 1, 0), (1000, 4096, 4, 2, 3),
+                                  (300, 4096, 8, 1, 0)):
+        cases.append((128, sq, sk, hq, hkv, -1, -1,
+                      {"OT_ATTN_SM90_GRID": str(grid)} if grid else {}))
+    for sq, sk, grid in ((1000, 1000, 3), (700, 1000, 0), (1000, 1000, 0)):
+        cases.append((64, sq, sk, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": str(grid)} if grid else {}))
+    for sq, sk, wl, wr, grid in ((1000, 1000, -1, 0, 3), (1000, 1030, -1, -1, 0),
+                                 (700, 1000, 200, 0, 0), (300, 1041, -1, -1, 3),
+                                 (1024, 1024, -1, 0, 0)):
+        cases.append((256, sq, sk, 4, 2, wl, wr, {"OT_ATTN_SM90_GRID": str(grid)}
+                      if grid else {}))
+    _bit_equal_checks(S, ck, cases, ST16, "st16")
+    for d in (64, 128, 256):
+        ba.check_case(S, ck, 2, 1300, 1100, 4, 2, d, wr=0, with_lse=False,
+                      env={**ST16, "OT_ATTN_SM90_GRID": "3"})
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 256, wr=0, dtype=torch.float16, env=ST16)
 
 
 def _nodiag_cases():

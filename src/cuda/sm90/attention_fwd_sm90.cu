@@ -51,7 +51,8 @@
  * kFlQ2's 2-stage Q ring; D64 causal 0.90-0.95x, unmasked D64 1.01x, docs/ATTENTION.md);
  * OT_ATTN_SM90_LATE=1 (kFlLate: a tile's epilogue under the next tile's first Q K^T;
  * prepared, not measured); kFlPin on the other tiles (D64 2 consumers, D128 128-key, D256:
- * measured, not used); OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is
+ * measured, not used); OT_ATTN_SM90_ST16=1 (kFlSt16: O stored 16 bytes a lane; prepared
+ * 2026-12-01); OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is
  * parsed there, but its instances are
  * no longer compiled (add the bits to launch_fl's lists to measure them again).
  *
@@ -120,6 +121,10 @@ enum {
                    * softmax's block. Pinning only the first half of the exponentials (V
                    * released after it: kFlPinH, OT_ATTN_SM90_PINH) measured 0.98-1.01x of
                    * it on 2026-12-01 and was removed (docs/PERFORMANCE.md) */
+  kFlSt16 = 0x10000, /* the epilogue's O stores 16 bytes a lane: the four lanes of a row
+                      * quad trade their packed pairs (two xor shuffles a 4 x 4 block) so
+                      * that each holds 8 consecutive columns, one STG.128 per 8 columns
+                      * instead of four STG.32 (experiment builds; 16-byte aligned O only) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -189,6 +194,33 @@ __device__ __forceinline__ float ex2_poly(float x) {
   const float p = fmaf(fmaf(fmaf(0.05500898f, f, 0.24221105f), f, 0.69328292f), f, 1.f);
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
+/* kFlSt16: the 4 x 4 transpose of packed pairs within a row quad (lanes 4 g .. 4 g + 3):
+ * lane q holds a_k = its pair of block column k (k = 0..3) and ends with a_m = lane m's
+ * pair of block column q -- the xor-1 step transposes the 2 x 2 sub-blocks, the xor-2 step
+ * swaps the off-diagonal ones. Every lane of the warp must call it (full-mask shuffles). */
+__device__ __forceinline__ void quad_transpose(uint32_t &a0, uint32_t &a1, uint32_t &a2,
+                                               uint32_t &a3, int q) {
+  const bool odd = q & 1, hi = q & 2;
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 1);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? a2 : a3, 1);
+  if (odd) {
+    a0 = r0;
+    a2 = r1;
+  } else {
+    a1 = r0;
+    a3 = r1;
+  }
+  r0 = __shfl_xor_sync(0xffffffffu, hi ? a0 : a2, 2);
+  r1 = __shfl_xor_sync(0xffffffffu, hi ? a1 : a3, 2);
+  if (hi) {
+    a0 = r0;
+    a1 = r1;
+  } else {
+    a2 = r0;
+    a3 = r1;
+  }
+}
+
 /* kFlLate's branch-free epilogue: 1 / x approximated (MUFU.RCP), a store under a predicate */
 __device__ __forceinline__ float rcp_approx(float x) {
   float r;
@@ -935,19 +967,42 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       continue;
     }
     T *out = (T *)p.out + (int64_t)ti.batch * p.o_bs + (int64_t)ti.head * p.o_hs;
+    if constexpr ((FL & kFlSt16) != 0) {
+      static_assert(D % 32 == 0, "kFlSt16: whole 4 x 4 blocks of 8-column groups");
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int r = row0 + 8 * h;
-      if (r >= p.sq) continue;
-      T *orow = out + (int64_t)r * p.o_ts + 2 * q4;
+      for (int h = 0; h < 2; h++) {
+        uint32_t v[D / 8];
 #pragma unroll
-      for (int j = 0; j < D / 8; j++) {
-        const uint32_t v = pack2<F16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
-        *(uint32_t *)(orow + 8 * j) = v;
+        for (int j = 0; j < D / 8; j++)
+          v[j] = pack2<F16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+#pragma unroll
+        for (int j0 = 0; j0 < D / 8; j0 += 4) quad_transpose(v[j0], v[j0 + 1], v[j0 + 2], v[j0 + 3], q4);
+        const int r = row0 + 8 * h;
+        if (r >= p.sq) continue;
+        T *orow = out + (int64_t)r * p.o_ts;
+#pragma unroll
+        for (int j0 = 0; j0 < D / 8; j0 += 4)
+          *(uint4 *)(orow + 8 * (j0 + q4)) = make_uint4(v[j0], v[j0 + 1], v[j0 + 2], v[j0 + 3]);
+        if (p.lse && q4 == 0)
+          p.lse[(int64_t)ti.batch * p.l_bs + (int64_t)ti.head * p.l_hs + (int64_t)r * p.l_ts] =
+              lse[h];
       }
-      if (p.lse && q4 == 0)
-        p.lse[(int64_t)ti.batch * p.l_bs + (int64_t)ti.head * p.l_hs + (int64_t)r * p.l_ts] =
-            lse[h];
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int r = row0 + 8 * h;
+        if (r >= p.sq) continue;
+        T *orow = out + (int64_t)r * p.o_ts + 2 * q4;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+          const uint32_t v =
+              pack2<F16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+          *(uint32_t *)(orow + 8 * j) = v;
+        }
+        if (p.lse && q4 == 0)
+          p.lse[(int64_t)ti.batch * p.l_bs + (int64_t)ti.head * p.l_hs + (int64_t)r * p.l_ts] =
+              lse[h];
+      }
     }
   }
   if constexpr (LATE) late_store();
@@ -1138,7 +1193,7 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlPin, kFlLate, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
+  static const int drop[] = {kFlSt16, kFlPin, kFlLate, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlPoly4, kFlPoly8,
                              kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
@@ -1172,22 +1227,23 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int XT = kFlQ2 | kFlXT, LT = kFlLate, PN = kFlPin;
+  constexpr int XT = kFlQ2 | kFlXT, LT = kFlLate, PN = kFlPin, ST = kFlSt16;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
-                                            PN, narrow_bits(3) | PN>());
+                                            PN, narrow_bits(3) | PN, narrow_bits(3) | PN | ST>());
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4),
-                                            R | SN, R | SK, R | PN>());
+                                            R | SN, R | SK, R | PN, R | ST>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* snake, skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | SN, R | SK, R | DG, R | XT, R | LT,
-                                            R | PN>());
+                                            R | PN, R | ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SN, SK, DG, XT, LT, DG | LT, PN, DG | PN>());
+                                    fl_list<0, SN, SK, DG, XT, LT, DG | LT, PN, DG | PN,
+                                            DG | ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, LT, PN>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
@@ -1476,8 +1532,19 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                               ((a->d == 128 && bc == 176) || (a->d == 64 && nc == 3));
     if (on && !late) pin = kFlPin;
   }
+  /* OT_ATTN_SM90_ST16=1: kFlSt16, O stored 16 bytes a lane (experiment builds: bf16 D256,
+   * D128 128-key with the threshold, D128 176-key with the narrow step and the pin, D64 with
+   * kFlDiag; not with kFlSplit's pieces or kFlLate), where O's base and strides are 16-byte
+   * multiples. Prepared 2026-12-01 from the S1k causal profile (D256: LSU throttling; docs/
+   * PERFORMANCE.md "Attention (CUDA)"), not measured. */
+  int st16 = late ? 0 : exp_switch(knobs, "OT_ATTN_SM90_ST16", kFlSt16);
+  if (st16) {
+    /* 16-bit elements: 8-element multiples */
+    if (((uintptr_t)a->out.data & 15) != 0 || (p.o_ts & 7) || (p.o_hs & 7) || (p.o_bs & 7))
+      st16 = 0;
+  }
   const int fl =
-      (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | late | pin;
+      (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | late | pin | st16;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
