@@ -176,7 +176,8 @@ typedef struct acase {
   int nseq;              /* > 0: varlen with these lengths */
   int lq[MAX_SEQ], lk[MAX_SEQ];
   bool packed;           /* q, k, v (and dq, dk, dv) as slices of one packed buffer */
-  bool strided_out;      /* out / dout with padded token and head strides */
+  int strided_out;       /* out / dout with padded token and head strides: 1 odd (head stride
+                          * D + 3), 2 even but not 16-byte multiples (D + 2) */
   bool bwd;              /* also check the backward */
 } acase;
 
@@ -286,6 +287,17 @@ static const acase cuda_sm90_dqstage_cases[] = {
 
 /* CUDA cases run with OT_ATTN_IMPL=sm90: shapes the Hopper kernels take (forward: bf16 /
  * fp16, D 64 / 128 / 256, no varlen or softcap; backward: D 64 / 128, causal or none). */
+/* The Hopper forward's 16-byte O stores (kFlSt16: the default for bf16 D128 on the 128-key
+ * tile, D256 masked calls and D64's kFlDiag tile), run in bf16: where O's strides are even but
+ * not 16-byte multiples the dispatch keeps the 4-byte stores (the first three); the last, an
+ * aligned D64 causal call of 8 query tiles (kFlDiag), takes them. */
+static const acase cuda_sm90_st16_cases[] = {
+    {"cuda hopper-only causal S1000 D128 GQA2 O strides 8-byte (4-byte stores) fwd", 1, 1000, 1000, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, 2, false},
+    {"cuda hopper-only causal Sq300 Sk400 D256 GQA4 O strides 8-byte (4-byte stores) fwd", 1, 300, 400, 4, 1, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, 2, false},
+    {"cuda hopper-only causal S1000 D64 GQA4 B2 O strides 8-byte (4-byte stores) fwd", 2, 1000, 1000, 8, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, 2, false},
+    {"cuda hopper-only causal S1000 D64 GQA4 B2 (kFlDiag, 16-byte stores) fwd", 2, 1000, 1000, 8, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+};
+
 static const acase cuda_sm90_cases[] = {
     {"cuda hopper-only S128 D128 GQA1", 2, 128, 128, 4, 4, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda hopper-only S1000 D64 GQA8 causal", 1, 1000, 1000, 8, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
@@ -513,10 +525,10 @@ static int op_shape(const prob *P, bool is_q, int64_t *sh) {
 }
 
 /* A padded strided tensor of that shape: token stride H * D + 8, head stride D + 3. */
-static tbuf *new_padded(const backend *be, DLDataType dt, int nd, const int64_t *sh) {
+static tbuf *new_padded(const backend *be, DLDataType dt, int nd, const int64_t *sh, int kind) {
   int64_t st[4];
   st[nd - 1] = 1;
-  st[nd - 2] = sh[nd - 1] + 3;
+  st[nd - 2] = sh[nd - 1] + (kind == 2 ? 2 : 3);
   st[nd - 3] = sh[nd - 2] * st[nd - 2] + 8;
   if (nd == 4) st[0] = sh[1] * st[1];
   return tb_new_strided(be, dt, nd, sh, st);
@@ -586,9 +598,10 @@ static void prob_make(test_run *tr, const acase *c, DLDataType dt, bool with_bwd
       P->dv = tb_new(be, dt, nd, ksh);
     }
   }
-  P->out = c->strided_out ? new_padded(be, dt, nd, qsh) : tb_new(be, dt, nd, qsh);
+  P->out = c->strided_out ? new_padded(be, dt, nd, qsh, c->strided_out) : tb_new(be, dt, nd, qsh);
   if (with_bwd) {
-    P->dout = c->strided_out ? new_padded(be, dt, nd, qsh) : tb_new(be, dt, nd, qsh);
+    P->dout = c->strided_out ? new_padded(be, dt, nd, qsh, c->strided_out)
+                             : tb_new(be, dt, nd, qsh);
     tb_fill_uniform(P->dout, r, -1, 1);
   }
   if (p->varlen) {
@@ -1125,6 +1138,8 @@ static void run_sm90_required(test_run *tr) {
   require_sm90 = true;
   for (size_t i = 0; i < sizeof cuda_sm90_cases / sizeof cuda_sm90_cases[0]; i++)
     run_case(tr, &cuda_sm90_cases[i], i % 2 ? DT_F16 : DT_BF16);
+  for (size_t i = 0; i < sizeof cuda_sm90_st16_cases / sizeof cuda_sm90_st16_cases[0]; i++)
+    run_case(tr, &cuda_sm90_st16_cases[i], DT_BF16);
   {
     env_saved xdq = env_set("OT_ATTN_BWD_SM90_DQ", "red");
     for (size_t i = 0; i < sizeof cuda_sm90_dqred_cases / sizeof cuda_sm90_dqred_cases[0]; i++)

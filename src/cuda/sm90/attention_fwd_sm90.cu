@@ -27,7 +27,8 @@
  * 176 columns of padding-laden work; the pipelined steps then take the whole tiles.
  * TMA reads the 5-D view {64, S, D/64, H, B} of each BSHD operand so that one box fills
  * [D/64][rows][64] with the 128B swizzle; rows past the sequence end read as zero and the
- * mask gives their scores -inf. O is written from registers (rows < Sq only).
+ * mask gives their scores -inf. O is written from registers (rows < Sq only): four bytes a
+ * lane, or (kFlSt16) 16 after a transpose within each row quad.
  *
  * Ring phases (K, V, Q) and the pingpong turns run on across a CTA's tiles; the Q stage is
  * released once a tile's last Q K^T completes, so the next tile's Q and K load during the
@@ -44,15 +45,16 @@
  * consumer warpgroup, 64 keys; default on for bf16 D64 masked calls of <= 8 query tiles,
  * see the dispatch), OT_ATTN_SM90_PIN=0|1 (kFlPin: the step's softmax before its P V's wait;
  * default on for bf16 unmasked calls on D128's 176-key and D64's 3-consumer tiles, see the
- * dispatch). Only in builds with -DOT_ATTN_SM90_EXPERIMENTS (bf16;
+ * dispatch), OT_ATTN_SM90_ST16=0|1 (kFlSt16: O stored 16 bytes a lane; default on for bf16
+ * D128 128-key, D256 masked and D64 kFlDiag tiles, see the dispatch). Only in builds with
+ * -DOT_ATTN_SM90_EXPERIMENTS (bf16;
  * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256,
  * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls); OT_ATTN_SM90_SKIP=1 (kFlSkip;
  * measured slower, docs/ATTENTION.md); kFlDiag at D128; OT_ATTN_SM90_XT=1 (kFlXT on
  * kFlQ2's 2-stage Q ring; D64 causal 0.90-0.95x, unmasked D64 1.01x, docs/ATTENTION.md);
  * OT_ATTN_SM90_LATE=1 (kFlLate: a tile's epilogue under the next tile's first Q K^T;
  * prepared, not measured); kFlPin on the other tiles (D64 2 consumers, D128 128-key, D256:
- * measured, not used); OT_ATTN_SM90_ST16=1 (kFlSt16: O stored 16 bytes a lane; prepared
- * 2026-12-01); OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is
+ * measured, not used); OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is
  * parsed there, but its instances are
  * no longer compiled (add the bits to launch_fl's lists to measure them again).
  *
@@ -124,7 +126,8 @@ enum {
   kFlSt16 = 0x10000, /* the epilogue's O stores 16 bytes a lane: the four lanes of a row
                       * quad trade their packed pairs (two xor shuffles a 4 x 4 block) so
                       * that each holds 8 consecutive columns, one STG.128 per 8 columns
-                      * instead of four STG.32 (experiment builds; 16-byte aligned O only) */
+                      * instead of four STG.32 (16-byte aligned O only; default for bf16
+                      * D128 128-key, D256 masked and D64 kFlDiag tiles, see the dispatch) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -1203,7 +1206,7 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
 /* The instances of each configuration: kFlResc for head dim 256 and the 128-key tile of
  * head dim 128 (where it was measured faster, see the dispatch), kFlNarrow at 48 keys for
  * the bf16 176-key tile of head dim 128, kFlDiag for the bf16 128-key tile of head dim 64
- * with 2 consumers. A build with
+ * with 2 consumers; kFlSt16 with the bf16 ones of the threshold and kFlDiag. A build with
  * -DOT_ATTN_SM90_EXPERIMENTS (never CI) adds the bf16 variants measured against them
  * (bench/attn_fwd_variants.py): at D128 176 the threshold, the split, and the threshold
  * with the narrow step (OT_ATTN_SM90_RESC=1 where the narrow step is on; H200, run 3 of
@@ -1247,8 +1250,9 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, LT, PN>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
-    /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16 */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG>());
+    /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
+     * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0) */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG, DG | ST>());
   } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
     /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16; kFlPin
      * with and without it (the unmasked default, OT_ATTN_SM90_PIN=0 the plain order) */
@@ -1257,6 +1261,10 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   } else if constexpr (D == 64 && BC == 128 && NC == 3 && !is_half<T>::value) {
     /* 192-row tiles (D64 unmasked calls): kFlPin the default, bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, PN>());
+  } else if constexpr ((D == 256 || (D == 128 && BC == 128)) && !is_half<T>::value) {
+    /* the threshold; bf16 with the 16-byte O stores too (D128 128-key and D256 masked
+     * calls: the default) */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | ST>());
   } else if constexpr (D == 256 || (D == 128 && BC == 128)) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R>());
   } else {
@@ -1532,16 +1540,28 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                               ((a->d == 128 && bc == 176) || (a->d == 64 && nc == 3));
     if (on && !late) pin = kFlPin;
   }
-  /* OT_ATTN_SM90_ST16=1: kFlSt16, O stored 16 bytes a lane (experiment builds: bf16 D256,
-   * D128 128-key with the threshold, D128 176-key with the narrow step and the pin, D64 with
-   * kFlDiag; not with kFlSplit's pieces or kFlLate), where O's base and strides are 16-byte
-   * multiples. Prepared 2026-12-01 from the S1k causal profile (D256: LSU throttling; docs/
-   * PERFORMANCE.md "Attention (CUDA)"), not measured. */
-  int st16 = late ? 0 : exp_switch(knobs, "OT_ATTN_SM90_ST16", kFlSt16);
-  if (st16) {
+  /* kFlSt16: O stored 16 bytes a lane (a transpose within each row quad, then STG.128),
+   * where O's pointer and strides are 16-byte multiples; not with kFlLate (its own copy of
+   * the epilogue) nor for kFlSplit's pieces. Default on for bf16 D128 on the 128-key tile
+   * (masked calls, Sk <= 2048), D256 masked calls and D64's kFlDiag tile: H200, 2026-12-01
+   * (attention_fwd_st16.json, 8 balanced rounds in one process, TFLOP/s against the same
+   * kernel without it), D128 S 1k causal 443.5 / 398.1 (1.114x; cuDNN 404.0), full 1.087x,
+   * S 4k causal 1.057x; D256 S 1k causal 1.129x (471.8, cuDNN 438.9), S 4k causal 1.045x; D64
+   * S 1k causal 1.034x; where it was not used: the 176-key tile at S 4k full 1.001x, D256 full
+   * 0.988x (S 1k) / 1.002x (4k). OT_ATTN_SM90_ST16=0|1 forces it off / on (on: where an
+   * instance is compiled -- experiment builds also D128's 176-key tile with the narrow step
+   * and the pin, and D256 unmasked calls). */
+  int st16 = 0;
+  {
+    const char *stv = sm90_knob(knobs, "OT_ATTN_SM90_ST16");
+    const bool on = stv ? stv[0] == '1'
+                        : a->dtype == OT_BF16 && ((a->d == 128 && bc == 128) ||
+                                                  (a->d == 256 && masked_call) ||
+                                                  (a->d == 64 && (narrow & kFlDiag)));
     /* 16-bit elements: 8-element multiples */
-    if (((uintptr_t)a->out.data & 15) != 0 || (p.o_ts & 7) || (p.o_hs & 7) || (p.o_bs & 7))
-      st16 = 0;
+    const bool aligned = ((uintptr_t)a->out.data & 15) == 0 && (p.o_ts & 7) == 0 &&
+                         (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
+    if (on && aligned && !late) st16 = kFlSt16;
   }
   const int fl =
       (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | late | pin | st16;
