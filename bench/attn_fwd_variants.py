@@ -55,6 +55,7 @@ LATE = {"OT_ATTN_SM90_LATE": "1"}
 PIN = {"OT_ATTN_SM90_PIN": "1"}
 NOPIN = {"OT_ATTN_SM90_PIN": "0"}  # the plain order where kFlPin is the default
 ST16 = {"OT_ATTN_SM90_ST16": "1"}  # kFlSt16: O stored 16 bytes a lane
+NOST16 = {"OT_ATTN_SM90_ST16": "0"}  # the 4-byte stores where kFlSt16 is the default
 WIDERESC = {**WIDE, **RESC}
 
 
@@ -142,14 +143,17 @@ def _variant_list(d, s, causal):
         v.append(("nopin", NOPIN))
     if causal and d == 64 and s <= 1024:
         v.append(("pinnodiag", {**PIN, **NODIAG}))
-    # kFlSt16 (prepared 2026-12-01): O stored 16 bytes a lane after a transpose within each
-    # row quad; compiled on the default tiles of D256, D128 128-key (causal, Sk <= 2048), D128
-    # 176-key with the narrow step and the pin (unmasked S 4k) and D64 with kFlDiag (causal S
-    # <= 1k)
-    if d == 256 or (d == 128 and (causal or s <= 2048)) or (d == 128 and not causal and
-                                                              2048 < s <= 6400) \
-            or (d == 64 and causal and s <= 1024):
+    # kFlSt16 (2026-12-01; the default for bf16 D128 128-key, D256 masked and D64 kFlDiag
+    # tiles since): O stored 16 bytes a lane after a transpose within each row quad; compiled
+    # in experiment builds on every default bf16 tile: D256, D128 128-key (causal, Sk <= 2048),
+    # D128 176-key with and without the narrow step (the pin), D64 2 consumers with and without
+    # kFlDiag (causal S <= 8k), D64 3 consumers (the pin; unmasked). Where it is the default,
+    # "nost16" (=0) is the other side
+    if d in (64, 128, 256):
         v.append(("st16", ST16))
+    if d == 256 and causal or (d == 128 and (causal or s <= 2048)) or \
+            (d == 64 and causal and s <= 1024):
+        v.append(("nost16", NOST16))
     # D128 masked calls of > 64 query tiles (S 16k causal: one CTA per tile) on the 176-key
     # tile of the unmasked calls, without / with the rescale threshold
     if d == 128 and causal and s > 8192:
@@ -392,26 +396,29 @@ def pin_checks(S, ck):
 
 
 def st16_checks(S, ck):
-    """kFlSt16 (OT_ATTN_SM90_ST16=1, experiment builds: bf16 D256, D128 128-key tile with the
-    threshold, D128 176-key with the narrow step and the pin, D64 with kFlDiag): float64 checks
-    and bit-equality with the switch off (the same values, only the stores' shape changes) --
-    _pipeline_cases' D64 / D128 shapes (GRID 1 / 3 / 5, rows past Sq, Sq != Sk, windows, GQA /
-    MQA: every quad's shuffles run before the row test), D64 causal S <= 1k with kFlDiag (its
-    default), D128 unmasked Sk 4096 (the narrow step and the pin), D256 causal / unmasked / a
-    window with partial tiles; no lse; fp16 (not compiled: the default runs)."""
+    """kFlSt16 (OT_ATTN_SM90_ST16; the default for bf16 D128 128-key, D256 masked and D64
+    kFlDiag tiles; experiment builds compile it on every default bf16 tile): float64 checks
+    under =1 and bit-equality between =0 and =1 (the same values, only the stores' shape
+    changes) -- _pipeline_cases' D64 / D128 shapes (GRID 1 / 3 / 5, rows past Sq, Sq != Sk,
+    windows, GQA / MQA: every quad's shuffles run before the row test), D64 causal S <= 1k
+    (kFlDiag) and S 2000 (2 consumers without it), D64 unmasked (3 consumers, the pin), D128
+    unmasked Sk 4096 (the narrow step and the pin) and 6528 (the pin alone), D256 causal /
+    unmasked / a window with partial tiles; no lse; fp16 (not compiled: the default runs)."""
     cases = [c for c in _pipeline_cases() if c[0] in (64, 128)]
     for sq, sk, hq, hkv, grid in ((4096, 4096, 2, 1, 0), (1000, 4096, 4, 2, 3),
-                                  (300, 4096, 8, 1, 0)):
+                                  (300, 4096, 8, 1, 0), (300, 6528, 4, 2, 0)):
         cases.append((128, sq, sk, hq, hkv, -1, -1,
                       {"OT_ATTN_SM90_GRID": str(grid)} if grid else {}))
-    for sq, sk, grid in ((1000, 1000, 3), (700, 1000, 0), (1000, 1000, 0)):
-        cases.append((64, sq, sk, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": str(grid)} if grid else {}))
+    for sq, sk, wr, grid in ((1000, 1000, 0, 3), (700, 1000, 0, 0), (1000, 1000, 0, 0),
+                             (2000, 2000, 0, 5), (1000, 1000, -1, 3), (4100, 4100, -1, 0)):
+        cases.append((64, sq, sk, 4, 2, -1, wr, {"OT_ATTN_SM90_GRID": str(grid)} if grid else {}))
     for sq, sk, wl, wr, grid in ((1000, 1000, -1, 0, 3), (1000, 1030, -1, -1, 0),
                                  (700, 1000, 200, 0, 0), (300, 1041, -1, -1, 3),
                                  (1024, 1024, -1, 0, 0)):
         cases.append((256, sq, sk, 4, 2, wl, wr, {"OT_ATTN_SM90_GRID": str(grid)}
                       if grid else {}))
-    _bit_equal_checks(S, ck, cases, ST16, "st16")
+    # the base side with the 4-byte stores forced (where kFlSt16 is the default)
+    _bit_equal_checks(S, ck, [c[:7] + ({**c[7], **NOST16},) for c in cases], ST16, "st16")
     for d in (64, 128, 256):
         ba.check_case(S, ck, 2, 1300, 1100, 4, 2, d, wr=0, with_lse=False,
                       env={**ST16, "OT_ATTN_SM90_GRID": "3"})
