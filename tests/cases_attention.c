@@ -177,7 +177,9 @@ typedef struct acase {
   int lq[MAX_SEQ], lk[MAX_SEQ];
   bool packed;           /* q, k, v (and dq, dk, dv) as slices of one packed buffer */
   int strided_out;       /* out / dout with padded token and head strides: 1 odd (head stride
-                          * D + 3), 2 even but not 16-byte multiples (D + 2) */
+                          * D + 3), 2 even but not 16-byte multiples (D + 2); 3: dq / dk / dv
+                          * instead (D + 2; out / dout dense: the Hopper backward reads dO by
+                          * TMA, which needs 16-byte strides) */
   bool bwd;              /* also check the backward */
 } acase;
 
@@ -283,6 +285,18 @@ static const acase cuda_sm90_dqstage_cases[] = {
     {"cuda hopper-only dqstage causal Sq<Sk 100x1000 D128 GQA4", 1, 100, 1000, 8, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda hopper-only dqstage causal Sq>Sk 700x130 D128 GQA2 B2", 2, 700, 130, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda hopper-only dqstage S1000 D128 GQA1 B2", 2, 1000, 1000, 2, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+};
+
+/* The Hopper backward's kXSt16 (dK / dV stored 16 bytes a lane after a transpose within each
+ * row quad; OT_ATTN_BWD_SM90_ST16=1, read and compiled only in experiment builds: elsewhere
+ * these run the default kernel): run_sm90_required runs the backward cases of
+ * cuda_sm90_cases again under the switch ("bwdst16" in their names), then these: the split
+ * units of a non-causal last wave at D 128 (their dK / dV read back from the fp32 sums, then
+ * stored), and dq / dk / dv with even strides that are not 16-byte multiples (the dispatch
+ * keeps the 4-byte stores; dq the unaligned conversion). */
+static const acase cuda_sm90_bwd_st16_cases[] = {
+    {"cuda hopper-only bwdst16 S1000 D128 GQA1 B2 (split units)", 2, 1000, 1000, 2, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only bwdst16 causal Sq300 Sk1000 D128 GQA2 B2 dq/dk/dv strides 4-byte (4-byte stores)", 2, 300, 1000, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, 3, true},
 };
 
 /* CUDA cases run with OT_ATTN_IMPL=sm90: shapes the Hopper kernels take (forward: bf16 /
@@ -592,16 +606,21 @@ static void prob_make(test_run *tr, const acase *c, DLDataType dt, bool with_bwd
     tb_fill_uniform(P->q, r, -2, 2);
     tb_fill_uniform(P->k, r, -1, 1);
     tb_fill_uniform(P->v, r, -1, 1);
-    if (with_bwd) {
+    if (with_bwd && c->strided_out == 3) {
+      P->dq = new_padded(be, dt, nd, qsh, 2);
+      P->dk = new_padded(be, dt, nd, ksh, 2);
+      P->dv = new_padded(be, dt, nd, ksh, 2);
+    } else if (with_bwd) {
       P->dq = tb_new(be, dt, nd, qsh);
       P->dk = tb_new(be, dt, nd, ksh);
       P->dv = tb_new(be, dt, nd, ksh);
     }
   }
-  P->out = c->strided_out ? new_padded(be, dt, nd, qsh, c->strided_out) : tb_new(be, dt, nd, qsh);
+  /* strided_out 3: dq / dk / dv padded (D + 2), out / dout dense */
+  const int pad_out = c->strided_out == 3 ? 0 : c->strided_out;
+  P->out = pad_out ? new_padded(be, dt, nd, qsh, pad_out) : tb_new(be, dt, nd, qsh);
   if (with_bwd) {
-    P->dout = c->strided_out ? new_padded(be, dt, nd, qsh, c->strided_out)
-                             : tb_new(be, dt, nd, qsh);
+    P->dout = pad_out ? new_padded(be, dt, nd, qsh, pad_out) : tb_new(be, dt, nd, qsh);
     tb_fill_uniform(P->dout, r, -1, 1);
   }
   if (p->varlen) {
@@ -1151,6 +1170,23 @@ static void run_sm90_required(test_run *tr) {
     for (size_t i = 0; i < sizeof cuda_sm90_dqstage_cases / sizeof cuda_sm90_dqstage_cases[0]; i++)
       run_case(tr, &cuda_sm90_dqstage_cases[i], i % 2 ? DT_F16 : DT_BF16);
     env_restore(&xdq);
+  }
+  {
+    /* kXSt16: the backward cases of cuda_sm90_cases again (their dtypes), then its own */
+    env_saved st = env_set("OT_ATTN_BWD_SM90_ST16", "1");
+    static const char pre[] = "cuda hopper-only ";
+    for (size_t i = 0; i < sizeof cuda_sm90_cases / sizeof cuda_sm90_cases[0]; i++) {
+      acase c = cuda_sm90_cases[i];
+      if (!c.bwd) continue;
+      char name[200];
+      const bool has_pre = strncmp(c.name, pre, sizeof pre - 1) == 0;
+      snprintf(name, sizeof name, "%sbwdst16 %s", pre, c.name + (has_pre ? sizeof pre - 1 : 0));
+      c.name = name;
+      run_case(tr, &c, i % 2 ? DT_F16 : DT_BF16);
+    }
+    for (size_t i = 0; i < sizeof cuda_sm90_bwd_st16_cases / sizeof cuda_sm90_bwd_st16_cases[0]; i++)
+      run_case(tr, &cuda_sm90_bwd_st16_cases[i], i % 2 ? DT_F16 : DT_BF16);
+    env_restore(&st);
   }
   for (size_t i = 0; i < sizeof cuda_sm90_round_cases / sizeof cuda_sm90_round_cases[0]; i++)
     run_case(tr, &cuda_sm90_round_cases[i], DT_BF16);

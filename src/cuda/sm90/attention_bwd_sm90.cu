@@ -52,7 +52,9 @@
  * Switches: OT_ATTN_SM90=0 (also turns the Hopper forward off), OT_ATTN_IMPL=portable (the
  * dispatcher in attention_bwd.cu). Experiment builds (-DOT_ATTN_SM90_EXPERIMENTS, never CI)
  * add the other value of the experiment bits below for each head dim (kXDqRed at D = 64,
- * the staged dQ at D = 128), chosen per call by OT_ATTN_BWD_SM90_DQ=red / stage.
+ * the staged dQ at D = 128), chosen per call by OT_ATTN_BWD_SM90_DQ=red / stage, and the
+ * default kernels with kXSt16 (dK / dV stored 16 bytes a lane after a transpose within each
+ * row quad; prepared 2026-12-01, not measured), chosen by OT_ATTN_BWD_SM90_ST16=1.
  */
 #include <cuda.h>
 #include <math.h>
@@ -105,8 +107,9 @@ enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages, BAR_DQF = 1 + 2 * kSta
 static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
 
 /* Experiment bits, the kernel's X. Every build compiles default_x<D> (kXDqRed at D = 128,
- * 0 at D = 64); builds with -DOT_ATTN_SM90_EXPERIMENTS (never CI) also the other value, chosen
- * per call by OT_ATTN_BWD_SM90_DQ (red: kXDqRed, stage: 0):
+ * 0 at D = 64); builds with -DOT_ATTN_SM90_EXPERIMENTS (never CI) also the other dQ form,
+ * chosen per call by OT_ATTN_BWD_SM90_DQ (red: kXDqRed, stage: 0), and default_x<D> | kXSt16,
+ * chosen by OT_ATTN_BWD_SM90_ST16=1 (see launch_x):
  *  kXDqRed: the consumers add their dQ partial into the accumulator straight from the
  *    wgmma's registers with red.global.add.v4.f32 (8 a thread, 512 contiguous bytes a warp
  *    instruction: the accumulator tile is in fragment order), at D = 128 while dK runs;
@@ -114,8 +117,17 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    tile: docs/ATTENTION.md, "Shared-memory bytes per tile"). The summation order of dQ
  *    is no more repeatable than the bulk reduce-adds' (this kernel runs only for
  *    deterministic = 0: the same semantics). docs/ATTENTION.md, runs 15 and 16: +1.3-3.7%
- *    fwd+bwd at D = 128 (the default there since run 16), mixed at D = 64 (not kept). */
-enum { kXDqRed = 1 };   /* an enumerator: no unused-variable warning where no kernel uses it */
+ *    fwd+bwd at D = 128 (the default there since run 16), mixed at D = 64 (not kept).
+ *  kXSt16: the epilogue's dK / dV stores 16 bytes a lane, as the forward's kFlSt16 stores O:
+ *    the four lanes of a row quad trade their packed pairs (sm90_common.cuh's quad_transpose,
+ *    two xor shuffles a 4 x 4 block, before the key-row test: all 32 lanes) so that each holds
+ *    8 consecutive columns, one STG.128 per 8 columns instead of four STG.32 (4 / 16 a thread
+ *    and tensor at D = 64, 8 / 32 at D = 128). The same values and bits; the split units' fp32
+ *    sums unchanged. Only where dK's and dV's pointers and strides are 16-byte multiples
+ *    (checked on the host). Prepared 2026-12-01 from the forward's kFlSt16 (LSU queue
+ *    throttling in its epilogue; docs/ATTENTION.md), not measured. */
+enum { kXDqRed = 1, kXSt16 = 2 };   /* enumerators: no unused-variable warning where no kernel
+                                     * uses them */
 template <int D> struct default_x {
   enum { value = D == 128 ? kXDqRed : 0 };
 };
@@ -188,6 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1)
    * tile loop); D = 64 keeps dV, dK before dQ (the D = 128 order ran 4-5% slower there). */
   constexpr bool DV_EARLY = D == 128;
   constexpr bool RED = (X & kXDqRed) != 0;   /* dQ by red.global from the consumers */
+  constexpr bool ST16 = (X & kXSt16) != 0;   /* dK / dV stored 16 bytes a lane */
   extern __shared__ uint8_t smem_raw[];
   /* Aligned by offsetting smem_raw (not by casting through an integer), so that the
    * compiler still knows every access through smem is to shared memory: LDS / STS with
@@ -533,18 +546,48 @@ __global__ void __launch_bounds__(kThreads, 1)
       dv[4 * j] = y.x, dv[4 * j + 1] = y.y, dv[4 * j + 2] = y.z, dv[4 * j + 3] = y.w;
     }
   }
-  T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + 2 * q4;
-  T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs + 2 * q4;
+  if constexpr (ST16) {
+    /* kXSt16: lane q4 of the row quad ends with columns 8 (j0 + q4) .. + 7 of each block of
+     * four column groups j0 .. j0 + 3 (the transpose before the key test: every lane) */
+    static_assert(D % 32 == 0, "kXSt16: whole 4 x 4 blocks of 8-column groups");
+    T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs;
+    T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs;
 #pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    const int key = key0 + 8 * hh;
-    if (key >= p.sk) continue;
-    T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
+    for (int hh = 0; hh < 2; hh++) {
+      uint32_t wk[D / 8], wv[D / 8];
 #pragma unroll
-    for (int j = 0; j < D / 8; j++) {
-      *(uint32_t *)(kr + 8 * j) =
-          pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
-      *(uint32_t *)(vr + 8 * j) = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+      for (int j = 0; j < D / 8; j++) {
+        wk[j] = pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
+        wv[j] = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+      }
+#pragma unroll
+      for (int j0 = 0; j0 < D / 8; j0 += 4) {
+        quad_transpose(wk[j0], wk[j0 + 1], wk[j0 + 2], wk[j0 + 3], q4);
+        quad_transpose(wv[j0], wv[j0 + 1], wv[j0 + 2], wv[j0 + 3], q4);
+      }
+      const int key = key0 + 8 * hh;
+      if (key >= p.sk) continue;
+      T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
+#pragma unroll
+      for (int j0 = 0; j0 < D / 8; j0 += 4) {
+        *(uint4 *)(kr + 8 * (j0 + q4)) = make_uint4(wk[j0], wk[j0 + 1], wk[j0 + 2], wk[j0 + 3]);
+        *(uint4 *)(vr + 8 * (j0 + q4)) = make_uint4(wv[j0], wv[j0 + 1], wv[j0 + 2], wv[j0 + 3]);
+      }
+    }
+  } else {
+    T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + 2 * q4;
+    T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs + 2 * q4;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int key = key0 + 8 * hh;
+      if (key >= p.sk) continue;
+      T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
+#pragma unroll
+      for (int j = 0; j < D / 8; j++) {
+        *(uint32_t *)(kr + 8 * j) =
+            pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
+        *(uint32_t *)(vr + 8 * j) = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+      }
     }
   }
 }
@@ -748,18 +791,22 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   return OT_OK;
 }
 
-/* The kernel of experiment bits x (see kXDqRed; -1: the head dim's default_x), x other than
- * the default only in builds with -DOT_ATTN_SM90_EXPERIMENTS, which compile the other one. */
+/* The kernel of dQ form dq (kXDqRed or 0; -1: the head dim's default_x) and, with st16,
+ * kXSt16 (the caller checked dK's and dV's alignment). Anything but the default kernel only
+ * in builds with -DOT_ATTN_SM90_EXPERIMENTS, which compile the other dQ form and the default
+ * one with kXSt16 (not the other form with it: st16 is ignored there). */
 template <typename T, int D>
 static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                           const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
-                          int x) {
+                          int dq, bool st16) {
   constexpr int X0 = default_x<D>::value;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
-  if (x >= 0 && x != X0)
+  if (dq >= 0 && dq != X0)
     return launch<T, D, X0 ^ kXDqRed>(ctx, a, maps, p, rows, zero_bytes, grid);
+  if (st16) return launch<T, D, X0 | kXSt16>(ctx, a, maps, p, rows, zero_bytes, grid);
 #else
-  (void)x;
+  (void)dq;
+  (void)st16;
 #endif
   return launch<T, D, X0>(ctx, a, maps, p, rows, zero_bytes, grid);
 }
@@ -861,19 +908,25 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * reduce-add themselves (00d0a38), D = 128 dQ over each consumer's own keys). */
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
-  /* OT_ATTN_BWD_SM90_DQ=red / stage: kXDqRed / the staged dQ at either head dim (experiment
-   * builds only; elsewhere not read: D = 128 runs kXDqRed, D = 64 the staged dQ). */
+  /* OT_ATTN_BWD_SM90_DQ=red / stage: kXDqRed / the staged dQ at either head dim;
+   * OT_ATTN_BWD_SM90_ST16=1: kXSt16 (dK / dV stored 16 bytes a lane) on the default dQ form,
+   * where dK's and dV's pointers and strides are 16-byte multiples (else the 4-byte stores).
+   * Experiment builds only; elsewhere not read: D = 128 runs kXDqRed, D = 64 the staged dQ,
+   * both with the 4-byte stores. */
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = getenv("OT_ATTN_BWD_SM90_DQ");
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
+  const char *xst = getenv("OT_ATTN_BWD_SM90_ST16");
+  const bool st16 = xst && xst[0] == '1' && vec16_ok(&a->dk) && vec16_ok(&a->dv);
 #else
   const int x = -1;
+  const bool st16 = false;
 #endif
   if (a->d == 64)
     return a->dtype == OT_BF16
-               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x)
-               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x);
+               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
+               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
   return a->dtype == OT_BF16
-             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x)
-             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x);
+             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
+             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
 }

@@ -124,10 +124,11 @@ enum {
                    * released after it: kFlPinH, OT_ATTN_SM90_PINH) measured 0.98-1.01x of
                    * it on 2026-12-01 and was removed (docs/PERFORMANCE.md) */
   kFlSt16 = 0x10000, /* the epilogue's O stores 16 bytes a lane: the four lanes of a row
-                      * quad trade their packed pairs (two xor shuffles a 4 x 4 block) so
-                      * that each holds 8 consecutive columns, one STG.128 per 8 columns
-                      * instead of four STG.32 (16-byte aligned O only; default for bf16
-                      * D128 128-key, D256 masked and D64 kFlDiag tiles, see the dispatch) */
+                      * quad trade their packed pairs (two xor shuffles a 4 x 4 block:
+                      * sm90_common.cuh's quad_transpose) so that each holds 8 consecutive
+                      * columns, one STG.128 per 8 columns instead of four STG.32 (16-byte
+                      * aligned O only; default for bf16 D128 128-key, D256 masked and D64
+                      * kFlDiag tiles, see the dispatch) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -197,33 +198,6 @@ __device__ __forceinline__ float ex2_poly(float x) {
   const float p = fmaf(fmaf(fmaf(0.05500898f, f, 0.24221105f), f, 0.69328292f), f, 1.f);
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
-/* kFlSt16: the 4 x 4 transpose of packed pairs within a row quad (lanes 4 g .. 4 g + 3):
- * lane q holds a_k = its pair of block column k (k = 0..3) and ends with a_m = lane m's
- * pair of block column q -- the xor-1 step transposes the 2 x 2 sub-blocks, the xor-2 step
- * swaps the off-diagonal ones. Every lane of the warp must call it (full-mask shuffles). */
-__device__ __forceinline__ void quad_transpose(uint32_t &a0, uint32_t &a1, uint32_t &a2,
-                                               uint32_t &a3, int q) {
-  const bool odd = q & 1, hi = q & 2;
-  uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 1);
-  uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? a2 : a3, 1);
-  if (odd) {
-    a0 = r0;
-    a2 = r1;
-  } else {
-    a1 = r0;
-    a3 = r1;
-  }
-  r0 = __shfl_xor_sync(0xffffffffu, hi ? a0 : a2, 2);
-  r1 = __shfl_xor_sync(0xffffffffu, hi ? a1 : a3, 2);
-  if (hi) {
-    a0 = r0;
-    a1 = r1;
-  } else {
-    a2 = r0;
-    a3 = r1;
-  }
-}
-
 /* kFlLate's branch-free epilogue: 1 / x approximated (MUFU.RCP), a store under a predicate */
 __device__ __forceinline__ float rcp_approx(float x) {
   float r;

@@ -2,7 +2,8 @@
  * sm90_common.cuh -- building blocks shared by the Hopper (sm_90a) attention kernels
  * (attention_fwd_sm90.cu, attention_bwd_sm90.cu): the TMA tensor load (its mbarriers are
  * ../mbarrier.cuh's), wgmma fences / commit / wait, named barriers, the 128B-swizzle
- * shared-memory descriptor, 16-bit packing, and on the host the TMA tensor-map encoding of
+ * shared-memory descriptor, 16-bit packing, the row-quad transpose of packed pairs (16-byte
+ * stores of accumulator rows), and on the host the TMA tensor-map encoding of
  * a BSHD operand.
  * Device helpers exist only in the sm_90a pass (include inside code guarded the same way).
  */
@@ -85,6 +86,33 @@ template <bool F16> __device__ __forceinline__ uint32_t pack2(float lo, float hi
   else
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
+}
+/* The 4 x 4 transpose of packed pairs within a row quad (lanes 4 g .. 4 g + 3), for 16-byte
+ * stores of a wgmma accumulator's rows (the forward's kFlSt16, the backward's kXSt16): lane q
+ * holds a_k = its pair of block column k (k = 0..3) and ends with a_m = lane m's pair of
+ * block column q -- the xor-1 step transposes the 2 x 2 sub-blocks, the xor-2 step swaps the
+ * off-diagonal ones. Every lane of the warp must call it (full-mask shuffles). */
+__device__ __forceinline__ void quad_transpose(uint32_t &a0, uint32_t &a1, uint32_t &a2,
+                                               uint32_t &a3, int q) {
+  const bool odd = q & 1, hi = q & 2;
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 1);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? a2 : a3, 1);
+  if (odd) {
+    a0 = r0;
+    a2 = r1;
+  } else {
+    a1 = r0;
+    a3 = r1;
+  }
+  r0 = __shfl_xor_sync(0xffffffffu, hi ? a0 : a2, 2);
+  r1 = __shfl_xor_sync(0xffffffffu, hi ? a1 : a3, 2);
+  if (hi) {
+    a0 = r0;
+    a1 = r1;
+  } else {
+    a2 = r0;
+    a3 = r1;
+  }
 }
 
 #endif
