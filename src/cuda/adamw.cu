@@ -19,9 +19,9 @@
  * The default (since 2026-12-01's interleaved training A/B, docs/PERFORMANCE.md "Training
  * (CUDA)"): W = 8, eight elements a thread (16-byte loads for 16-bit dtypes, two for
  * float32), each launch a whole number of resident waves (396 blocks on the H200: 2 of 512
- * threads an SM at its 56 registers). AdamW alone over the 1.5 B model's 147 bf16 tensors
- * with float32 moments: 5.87 ms (3.58 TB/s) against W = 4's 7.45 (2.81) and torch's fused
- * 7.77 (2.70). OT_ADAMW_IMPL (read per call; docs/ENVIRONMENT.md): "v4" the previous
+ * threads an SM at its 56 registers). AdamW alone over the 1.5 B model's 147 tensors (bf16
+ * parameters, gradients and moments): 5.87 ms (3.58 TB/s) against W = 4's 7.45 (2.81) and
+ * torch's fused 7.77 (2.70). OT_ADAMW_IMPL (read per call; docs/ENVIRONMENT.md): "v4" the previous
  * default, W = 4 with 448 blocks a launch (the same bits); "fast" W = 8 with sqrt.approx /
  * div.approx and the division by the second bias correction's square root as a product by
  * its reciprocal. sm_90a, bf16 parameters, gradients and moments: v4's aligned loop is 261
@@ -113,27 +113,6 @@ __device__ __forceinline__ void adamw_elem(P *param, const G *grad, S *m, S *v, 
   param[j] = from_f32<P>(w);
 }
 
-/* Eight elements at p (aligned to 8 elements, 16 bytes) as float32, and back: one 16-byte
- * access for 16-bit types, two for float32. */
-template <typename T>
-__device__ __forceinline__ void load8(float *f, const T *p) {
-  if constexpr (sizeof(T) == 4) {
-    load4(f, p);
-    load4(f + 4, p + 4);
-  } else {
-    load_vec(f, p);
-  }
-}
-template <typename T>
-__device__ __forceinline__ void store8(T *p, const float *f) {
-  if constexpr (sizeof(T) == 4) {
-    store4(p, f);
-    store4(p + 4, f + 4);
-  } else {
-    store_vec(p, f);
-  }
-}
-
 /* adamw_update with approximate square root and division (PTX sqrt.approx / div.approx:
  * one MUFU each, no slow path; relative error ~2^-22) and the division by the second
  * bias correction's square root as a product by its reciprocal (inv_bc2). */
@@ -151,6 +130,28 @@ __device__ __forceinline__ void adamw_update_fast(float &w, float &m, float &v, 
   v = vv;
 }
 
+/* W (4 or 8) elements at p (aligned to W elements) as float32, and back: eight 16-bit
+ * elements as one 16-byte vector (common.cuh's load_vec / store_vec), otherwise groups of
+ * four (load4 / store4: 16 bytes of float32, 8 of a 16-bit type). */
+template <int W, typename T>
+__device__ __forceinline__ void load_w(float *f, const T *p) {
+  if constexpr (W == 8 && sizeof(T) == 2) {
+    load_vec(f, p);
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; k += 4) load4(f + k, p + k);
+  }
+}
+template <int W, typename T>
+__device__ __forceinline__ void store_w(T *p, const float *f) {
+  if constexpr (W == 8 && sizeof(T) == 2) {
+    store_vec(p, f);
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; k += 4) store4(p + k, f + k);
+  }
+}
+
 /* One chunk of one tensor a block, W elements a thread a pass with one vector access per
  * tensor when every pointer of the tensor is aligned (tab.aligned); unaligned tensors, and
  * the ragged tail (< W elements, only at a tensor's end: the thread whose group straddles
@@ -158,17 +159,6 @@ __device__ __forceinline__ void adamw_update_fast(float &w, float &m, float &v, 
  * (OT_ADAMW_IMPL unset or "v8"); FAST true: "fast"; W = 4, FAST false: "v4", the same bits
  * as the default. The W = 8 kernels launch a whole number of resident waves at a time
  * (ot_cuda_adamw_step's cap). */
-template <int W, typename T>
-__device__ __forceinline__ void load_w(float *f, const T *p) {
-  if constexpr (W == 4) load4(f, p);
-  else load8(f, p);
-}
-template <int W, typename T>
-__device__ __forceinline__ void store_w(T *p, const float *f) {
-  if constexpr (W == 4) store4(p, f);
-  else store8(p, f);
-}
-
 template <typename P, typename G, typename S, bool MASTER, int W, bool FAST>
 __global__ void __launch_bounds__(kAdamwThreads) adamw_kernel(adamw_table tab, adamw_hyper h) {
   const int t = tab.tensor[blockIdx.x];
