@@ -547,9 +547,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if constexpr (ST16) {
-    /* kXSt16: lane q4 of the row quad ends with columns 8 (j0 + q4) .. + 7 of each block of
-     * four column groups j0 .. j0 + 3 (the transpose before the key test: every lane) */
-    static_assert(D % 32 == 0, "kXSt16: whole 4 x 4 blocks of 8-column groups");
+    /* kXSt16: sm90_common.cuh's quad_transpose_row / store_row16 (the transpose before the
+     * key test: every lane) */
     T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs;
     T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs;
 #pragma unroll
@@ -560,19 +559,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         wk[j] = pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
         wv[j] = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
       }
-#pragma unroll
-      for (int j0 = 0; j0 < D / 8; j0 += 4) {
-        quad_transpose(wk[j0], wk[j0 + 1], wk[j0 + 2], wk[j0 + 3], q4);
-        quad_transpose(wv[j0], wv[j0 + 1], wv[j0 + 2], wv[j0 + 3], q4);
-      }
+      quad_transpose_row(wk, q4);
+      quad_transpose_row(wv, q4);
       const int key = key0 + 8 * hh;
       if (key >= p.sk) continue;
-      T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
-#pragma unroll
-      for (int j0 = 0; j0 < D / 8; j0 += 4) {
-        *(uint4 *)(kr + 8 * (j0 + q4)) = make_uint4(wk[j0], wk[j0 + 1], wk[j0 + 2], wk[j0 + 3]);
-        *(uint4 *)(vr + 8 * (j0 + q4)) = make_uint4(wv[j0], wv[j0 + 1], wv[j0 + 2], wv[j0 + 3]);
-      }
+      store_row16(dkp + (int64_t)key * p.dk_ts, wk, q4);
+      store_row16(dvp + (int64_t)key * p.dv_ts, wv, q4);
     }
   } else {
     T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + 2 * q4;

@@ -945,21 +945,16 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     }
     T *out = (T *)p.out + (int64_t)ti.batch * p.o_bs + (int64_t)ti.head * p.o_hs;
     if constexpr ((FL & kFlSt16) != 0) {
-      static_assert(D % 32 == 0, "kFlSt16: whole 4 x 4 blocks of 8-column groups");
 #pragma unroll
       for (int h = 0; h < 2; h++) {
         uint32_t v[D / 8];
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
           v[j] = pack2<F16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
-#pragma unroll
-        for (int j0 = 0; j0 < D / 8; j0 += 4) quad_transpose(v[j0], v[j0 + 1], v[j0 + 2], v[j0 + 3], q4);
+        quad_transpose_row(v, q4);   /* before the row test: every lane */
         const int r = row0 + 8 * h;
         if (r >= p.sq) continue;
-        T *orow = out + (int64_t)r * p.o_ts;
-#pragma unroll
-        for (int j0 = 0; j0 < D / 8; j0 += 4)
-          *(uint4 *)(orow + 8 * (j0 + q4)) = make_uint4(v[j0], v[j0 + 1], v[j0 + 2], v[j0 + 3]);
+        store_row16(out + (int64_t)r * p.o_ts, v, q4);
         if (p.lse && q4 == 0)
           p.lse[(int64_t)ti.batch * p.l_bs + (int64_t)ti.head * p.l_hs + (int64_t)r * p.l_ts] =
               lse[h];

@@ -114,6 +114,24 @@ __device__ __forceinline__ void quad_transpose(uint32_t &a0, uint32_t &a1, uint3
     a3 = r1;
   }
 }
+/* A row of N packed pairs (lane q of the row's quad holds columns 8 j + 2 q, + 1 in w[j])
+ * transposed block by block, so that lane q holds columns 8 (j0 + q) .. + 7 of each block of
+ * four column groups j0 .. j0 + 3 in w[j0 .. j0 + 3]; then written by store_row16: one
+ * 16-byte store a block to the row of 16-bit elements at `row` (16-byte aligned). */
+template <int N>
+__device__ __forceinline__ void quad_transpose_row(uint32_t (&w)[N], int q) {
+  static_assert(N % 4 == 0, "whole 4 x 4 blocks of 8-column groups");
+#pragma unroll
+  for (int j0 = 0; j0 < N; j0 += 4) quad_transpose(w[j0], w[j0 + 1], w[j0 + 2], w[j0 + 3], q);
+}
+template <typename T, int N>
+__device__ __forceinline__ void store_row16(T *row, const uint32_t (&w)[N], int q) {
+  static_assert(sizeof(T) == 2, "16-bit elements: 8 a 16-byte store");
+#pragma unroll
+  for (int j0 = 0; j0 < N; j0 += 4)
+    *reinterpret_cast<uint4 *>(row + 8 * (j0 + q)) =
+        make_uint4(w[j0], w[j0 + 1], w[j0 + 2], w[j0 + 3]);
+}
 
 #endif
 
