@@ -23,10 +23,10 @@
 #                   build, since ff3dd11 the default there, at D64 only in an experiment
 #                   build), ten at once; SAN_MIN=7: memcheck and racecheck
 #                   of "hopper-only dqred causal Sq<Sk 100x1000 D128" alone, side by side;
-#                   SAN_MIN=8: memcheck, racecheck and synccheck of "hopper-only bwdst16
-#                   causal Sq<Sk 100x1000 D128" (under OT_ATTN_BWD_SM90_ST16=1, set by the test:
-#                   kXSt16's shuffles with keys past Sk in the last block; an experiment build)
-#                   and memcheck of "hopper-only bwdst16 S129 D64" (split units), four at once
+#                   SAN_MIN=8: memcheck, racecheck and synccheck of "hopper-only causal
+#                   Sq<Sk 100x1000 D128" (kXSt16, the default since 2026-12-01: its shuffles
+#                   with keys past Sk in the last block) and memcheck of "hopper-only S129 D64"
+#                   (split units), four at once
 #       ab          bench/ab_attention_bwd.py in one process over the shims of $PRE/NAME.tar.xz
 #                   for NAME in ALTS (default base) and this build ("new"), AB_ARGS (e.g.
 #                   --cases D128S4096 --rounds 6), AB_LIMIT s (120). AB_VARIANTS: more entries of
@@ -71,24 +71,24 @@
 #   Experiment builds (-DOT_ATTN_SM90_EXPERIMENTS for this file only: the backward's experiment
 #     bits, e.g. kXDqRed): scripts/prebuild_bwd_sm90_exp.sh B CARRY makes bin.tar.xz (the
 #     experiment build), base.tar.xz (B as built) and deps.tar.xz from an up-to-date B.
-#   AB=st16 (prepared 2026-12-01, not measured): the A/B of kXSt16 (OT_ATTN_BWD_SM90_ST16=1:
-#     dK / dV stored 16 bytes a lane; experiment builds) -- unless set otherwise: the suite's
-#     "bwdst16" cases on the experiment build's test_ops (PAR=1, TEST_LIMIT 90), SAN_MIN=8
-#     (SAN_LIMIT 60), then one process (AB_EARLY=1, AB_LIMIT 200) timing new (the experiment
-#     build's default kernels) and st16 (the same library with the switch) with cuDNN and
-#     flash, 12 balanced rounds (6 entries: 2 Latin squares) of D128 / D64 at S 1k and 4k,
-#     full and causal, after --check with X as expected (new: 1 at D128, 0 at D64; st16: 3 /
-#     2). ALTS=none: no other build. docs/ATTENTION.md "kXSt16" has the call and keep rule.
+#   AB=st16: the A/B of kXSt16 (dK / dV stored 16 bytes a lane; the default since 2026-12-01,
+#     OT_ATTN_BWD_SM90_ST16=0 the 4-byte stores) -- unless set otherwise: the suite's "bwdst"
+#     cases (bwdst4: the 4-byte stores forced; bwdst16: its own cases) on this build's
+#     test_ops (PAR=1, TEST_LIMIT 90), SAN_MIN=8 (SAN_LIMIT 60), then one process (AB_EARLY=1,
+#     AB_LIMIT 200) timing new (the default, kXSt16) and st4 (the same library with the
+#     switch at 0) with cuDNN and flash, 12 balanced rounds (6 entries: 2 Latin squares) of
+#     D128 / D64 at S 1k and 4k, full and causal, after --check with X as expected (new: 3 at
+#     D128, 2 at D64; st4: 1 / 0). ALTS=none: no other build. docs/ATTENTION.md "kXSt16".
 set -uo pipefail
 COMMIT=${1:-unknown}
 STEPS=${2:-smoke,test,sanitize,bench,timing}
 OUT=${OUT:-/tmp/ot_device_out}
 PRE=${PRE:-.bwd90carry}
 if [ "${AB:-}" = st16 ]; then   # the kXSt16 preset (header)
-  : "${ALTS:=none}" "${PAR:=1}" "${TEST_FILTER:=bwdst16}" "${TEST_LIMIT:=90}" "${SAN_MIN:=8}"
+  : "${ALTS:=none}" "${PAR:=1}" "${TEST_FILTER:=bwdst}" "${TEST_LIMIT:=90}" "${SAN_MIN:=8}"
   : "${SAN_LIMIT:=60}" "${AB_EARLY:=1}" "${AB_LIMIT:=200}" "${AB_CHECK:=1}"
-  : "${AB_VARIANTS:=st16=OT_ATTN_BWD_SM90_ST16=1}"
-  : "${AB_EXPECT:=new=128:1,64:0 st16=128:3,64:2}"
+  : "${AB_VARIANTS:=st4=OT_ATTN_BWD_SM90_ST16=0}"
+  : "${AB_EXPECT:=new=128:3,64:2 st4=128:1,64:0}"
   : "${AB_ARGS:=--cases D128S1024,D64S1024,D128S4096,D64S4096 --rounds 12}"
 fi
 mkdir -p "$OUT"
@@ -205,13 +205,13 @@ if has sanitize; then
     echo "   $1 '$2' rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$one" | tail -1)"
   }
   stamp "compute-sanitizer"
-  if [ "${SAN_MIN:-0}" = 8 ]; then   # kXSt16 (the test sets its switch), four side by side
-    C4="hopper-only bwdst16 causal Sq<Sk 100x1000 D128"
+  if [ "${SAN_MIN:-0}" = 8 ]; then   # kXSt16 (the default), four side by side
+    C4="hopper-only causal Sq<Sk 100x1000 D128"
     rm -f /tmp/ot_san_2[0-3].sum /tmp/ot_san_2[0-3].log
     SAN_TAG=20 san memcheck "$C4" >/tmp/ot_san_20.sum & p1=$!
     SAN_TAG=21 san racecheck "$C4" --racecheck-report all >/tmp/ot_san_21.sum & p2=$!
     SAN_TAG=22 san synccheck "$C4" >/tmp/ot_san_22.sum & p3=$!
-    SAN_TAG=23 san memcheck "hopper-only bwdst16 S129 D64" >/tmp/ot_san_23.sum & p4=$!
+    SAN_TAG=23 san memcheck "hopper-only S129 D64" >/tmp/ot_san_23.sum & p4=$!
     wait $p1 $p2 $p3 $p4
     cat /tmp/ot_san_2[0-3].sum
     cat /tmp/ot_san_2[0-3].log >>"$SAN"

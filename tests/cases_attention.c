@@ -288,12 +288,13 @@ static const acase cuda_sm90_dqstage_cases[] = {
 };
 
 /* The Hopper backward's kXSt16 (dK / dV stored 16 bytes a lane after a transpose within each
- * row quad; OT_ATTN_BWD_SM90_ST16=1, read and compiled only in experiment builds: elsewhere
- * these run the default kernel): run_sm90_required runs the backward cases of
- * cuda_sm90_cases again under the switch ("bwdst16" in their names), then these: the split
- * units of a non-causal last wave at D 128 (their dK / dV read back from the fp32 sums, then
- * stored), and dq / dk / dv with even strides that are not 16-byte multiples (the dispatch
- * keeps the 4-byte stores; dq the unaligned conversion). */
+ * row quad; the default where dK's and dV's pointers and strides are 16-byte multiples, so
+ * cuda_sm90_cases' backward cases run it): run_sm90_required runs those backward cases again
+ * under OT_ATTN_BWD_SM90_ST16=0 (the 4-byte stores; "bwdst4" in their names), then these
+ * under the default: the split units of a non-causal last wave at D 128 (their dK / dV read
+ * back from the fp32 sums, then stored 16 bytes a lane), and dq / dk / dv with even strides
+ * that are not 16-byte multiples (the dispatch keeps the 4-byte stores; dq the unaligned
+ * conversion). */
 static const acase cuda_sm90_bwd_st16_cases[] = {
     {"cuda hopper-only bwdst16 S1000 D128 GQA1 B2 (split units)", 2, 1000, 1000, 2, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda hopper-only bwdst16 causal Sq300 Sk1000 D128 GQA2 B2 dq/dk/dv strides 4-byte (4-byte stores)", 2, 300, 1000, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, 3, true},
@@ -1172,21 +1173,22 @@ static void run_sm90_required(test_run *tr) {
     env_restore(&xdq);
   }
   {
-    /* kXSt16: the backward cases of cuda_sm90_cases again (their dtypes), then its own */
-    env_saved st = env_set("OT_ATTN_BWD_SM90_ST16", "1");
+    /* kXSt16 off: the backward cases of cuda_sm90_cases again (their dtypes) with the
+     * 4-byte dK / dV stores; then kXSt16's own cases under the default */
+    env_saved st = env_set("OT_ATTN_BWD_SM90_ST16", "0");
     static const char pre[] = "cuda hopper-only ";
     for (size_t i = 0; i < sizeof cuda_sm90_cases / sizeof cuda_sm90_cases[0]; i++) {
       acase c = cuda_sm90_cases[i];
       if (!c.bwd) continue;
       char name[200];
       const bool has_pre = strncmp(c.name, pre, sizeof pre - 1) == 0;
-      snprintf(name, sizeof name, "%sbwdst16 %s", pre, c.name + (has_pre ? sizeof pre - 1 : 0));
+      snprintf(name, sizeof name, "%sbwdst4 %s", pre, c.name + (has_pre ? sizeof pre - 1 : 0));
       c.name = name;
       run_case(tr, &c, i % 2 ? DT_F16 : DT_BF16);
     }
+    env_restore(&st);
     for (size_t i = 0; i < sizeof cuda_sm90_bwd_st16_cases / sizeof cuda_sm90_bwd_st16_cases[0]; i++)
       run_case(tr, &cuda_sm90_bwd_st16_cases[i], i % 2 ? DT_F16 : DT_BF16);
-    env_restore(&st);
   }
   for (size_t i = 0; i < sizeof cuda_sm90_round_cases / sizeof cuda_sm90_round_cases[0]; i++)
     run_case(tr, &cuda_sm90_round_cases[i], DT_BF16);

@@ -51,10 +51,10 @@
  * (the portable backward needs a (D + 2)-th of it; unless OT_ATTN_IMPL=sm90: OT_ERR_OOM).
  * Switches: OT_ATTN_SM90=0 (also turns the Hopper forward off), OT_ATTN_IMPL=portable (the
  * dispatcher in attention_bwd.cu). Experiment builds (-DOT_ATTN_SM90_EXPERIMENTS, never CI)
- * add the other value of the experiment bits below for each head dim (kXDqRed at D = 64,
- * the staged dQ at D = 128), chosen per call by OT_ATTN_BWD_SM90_DQ=red / stage, and the
- * default kernels with kXSt16 (dK / dV stored 16 bytes a lane after a transpose within each
- * row quad; prepared 2026-12-01, not measured), chosen by OT_ATTN_BWD_SM90_ST16=1.
+ * add the other value of the dQ bit below for each head dim (kXDqRed at D = 64, the staged
+ * dQ at D = 128), chosen per call by OT_ATTN_BWD_SM90_DQ=red / stage. dK and dV are stored 16
+ * bytes a lane after a transpose within each row quad (kXSt16, the default where their
+ * pointers and strides allow it; OT_ATTN_BWD_SM90_ST16=0 the 4-byte stores).
  */
 #include <cuda.h>
 #include <math.h>
@@ -106,10 +106,11 @@ enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages, BAR_DQF = 1 + 2 * kSta
        BAR_DQE = BAR_DQF + 4, BAR_COUNT = BAR_DQE + 4 };
 static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
 
-/* Experiment bits, the kernel's X. Every build compiles default_x<D> (kXDqRed at D = 128,
- * 0 at D = 64); builds with -DOT_ATTN_SM90_EXPERIMENTS (never CI) also the other dQ form,
- * chosen per call by OT_ATTN_BWD_SM90_DQ (red: kXDqRed, stage: 0), and default_x<D> | kXSt16,
- * chosen by OT_ATTN_BWD_SM90_ST16=1 (see launch_x):
+/* The kernel's X bits. Every build compiles default_x<D> (kXDqRed at D = 128, 0 at D = 64)
+ * with and without kXSt16 (with: the default; without: dK / dV whose pointers or strides
+ * are not 16-byte multiples, and OT_ATTN_BWD_SM90_ST16=0); builds with
+ * -DOT_ATTN_SM90_EXPERIMENTS (never CI) also the other dQ form, without kXSt16, chosen per
+ * call by OT_ATTN_BWD_SM90_DQ (red: kXDqRed, stage: 0) (see launch_x):
  *  kXDqRed: the consumers add their dQ partial into the accumulator straight from the
  *    wgmma's registers with red.global.add.v4.f32 (8 a thread, 512 contiguous bytes a warp
  *    instruction: the accumulator tile is in fragment order), at D = 128 while dK runs;
@@ -124,8 +125,8 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    8 consecutive columns, one STG.128 per 8 columns instead of four STG.32 (4 / 16 a thread
  *    and tensor at D = 64, 8 / 32 at D = 128). The same values and bits; the split units' fp32
  *    sums unchanged. Only where dK's and dV's pointers and strides are 16-byte multiples
- *    (checked on the host). Prepared 2026-12-01 from the forward's kFlSt16 (LSU queue
- *    throttling in its epilogue; docs/ATTENTION.md), not measured. */
+ *    (checked on the host). From the forward's kFlSt16 (LSU queue throttling in its
+ *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
 enum { kXDqRed = 1, kXSt16 = 2 };   /* enumerators: no unused-variable warning where no kernel
                                      * uses them */
 template <int D> struct default_x {
@@ -784,9 +785,10 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
 }
 
 /* The kernel of dQ form dq (kXDqRed or 0; -1: the head dim's default_x) and, with st16,
- * kXSt16 (the caller checked dK's and dV's alignment). Anything but the default kernel only
- * in builds with -DOT_ATTN_SM90_EXPERIMENTS, which compile the other dQ form and the default
- * one with kXSt16 (not the other form with it: st16 is ignored there). */
+ * kXSt16 (the caller checked dK's and dV's alignment). Every build compiles the default dQ
+ * form with and without kXSt16 (the default, and the 4-byte stores for dK / dV whose
+ * pointers or strides are not 16-byte multiples); builds with -DOT_ATTN_SM90_EXPERIMENTS
+ * also the other dQ form, without kXSt16 (st16 is ignored there). */
 template <typename T, int D>
 static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                           const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
@@ -795,11 +797,10 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   if (dq >= 0 && dq != X0)
     return launch<T, D, X0 ^ kXDqRed>(ctx, a, maps, p, rows, zero_bytes, grid);
-  if (st16) return launch<T, D, X0 | kXSt16>(ctx, a, maps, p, rows, zero_bytes, grid);
 #else
   (void)dq;
-  (void)st16;
 #endif
+  if (st16) return launch<T, D, X0 | kXSt16>(ctx, a, maps, p, rows, zero_bytes, grid);
   return launch<T, D, X0>(ctx, a, maps, p, rows, zero_bytes, grid);
 }
 
@@ -900,19 +901,25 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * reduce-add themselves (00d0a38), D = 128 dQ over each consumer's own keys). */
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
-  /* OT_ATTN_BWD_SM90_DQ=red / stage: kXDqRed / the staged dQ at either head dim;
-   * OT_ATTN_BWD_SM90_ST16=1: kXSt16 (dK / dV stored 16 bytes a lane) on the default dQ form,
-   * where dK's and dV's pointers and strides are 16-byte multiples (else the 4-byte stores).
-   * Experiment builds only; elsewhere not read: D = 128 runs kXDqRed, D = 64 the staged dQ,
-   * both with the 4-byte stores. */
+  /* kXSt16 (dK / dV stored 16 bytes a lane) where dK's and dV's pointers and strides are
+   * 16-byte multiples, else the 4-byte stores: the default since 2026-12-01 (H200,
+   * bench/results/attention_bwd_st16.json, 8 balanced rounds, fwd+bwd TFLOP/s against the
+   * same build without it, bf16: D128 S 1k full 1.058x, causal 1.072x, S 4k full 1.008x,
+   * causal 1.030x; D64 S 1k 1.049x / 1.046x, S 4k 1.015x / 1.021x; the backward alone at
+   * S 1k causal 1.076x (D128) and 1.071x (D64); fp16 takes the same store change).
+   * OT_ATTN_BWD_SM90_ST16=0 forces the 4-byte stores. Experiment builds only:
+   * OT_ATTN_BWD_SM90_DQ=red / stage, kXDqRed / the staged dQ at either head dim (the
+   * non-default form without kXSt16); elsewhere not read: D = 128 runs kXDqRed, D = 64 the
+   * staged dQ. The environment is scanned once per call, and read only where some
+   * OT_ATTN_BWD_SM90_ switch is set. */
+  const bool knobs = ot_env_any("OT_ATTN_BWD_SM90_");
+  const char *xst = knobs ? getenv("OT_ATTN_BWD_SM90_ST16") : NULL;
+  const bool st16 = !(xst && xst[0] == '0') && vec16_ok(&a->dk) && vec16_ok(&a->dv);
 #ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *xdq = getenv("OT_ATTN_BWD_SM90_DQ");
+  const char *xdq = knobs ? getenv("OT_ATTN_BWD_SM90_DQ") : NULL;
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
-  const char *xst = getenv("OT_ATTN_BWD_SM90_ST16");
-  const bool st16 = xst && xst[0] == '1' && vec16_ok(&a->dk) && vec16_ok(&a->dv);
 #else
   const int x = -1;
-  const bool st16 = false;
 #endif
   if (a->d == 64)
     return a->dtype == OT_BF16
