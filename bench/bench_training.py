@@ -96,6 +96,11 @@ VARIANTS = {
     "patched_compile_lce8192": "patched + torch.compile, fused loss in 8192-token chunks",
     "patched_compile_levers": "patched + torch.compile + library AdamW (fast kernel), "
                               "fused loss in 8192-token chunks",
+    # the compiled step with the library's attention forced (fused_attention=True) where
+    # 'auto' picks torch's SDPA (cuDNN at both configs' shapes): after the backward's
+    # 16-byte dK / dV stores (2026-12-01) the library's fwd + bwd may beat it
+    "patched_compile_ot_adamw_lib_attn": "patched + torch.compile + library AdamW, "
+                                         "library attention",
 }
 # the environment switches a variant runs under (set by _use_attention before each of its
 # steps; the other variants run with them unset): the library reads them per call
@@ -123,7 +128,8 @@ def _compiled(variant):
     patched_compile_ot_adamw)."""
     return "_compile" in variant
 # config.fused_attention per patched variant: "auto" (the default) unless named here
-FUSED_ATTENTION = {"patched_torch_attn": False, "patched_lib_attn": True}
+FUSED_ATTENTION = {"patched_torch_attn": False, "patched_lib_attn": True,
+                   "patched_compile_ot_adamw_lib_attn": True}
 
 
 def _use_attention(variant):
@@ -236,17 +242,21 @@ def plan(quick):
         # config's parameters, the fused loss alone per chunk (8192 rows: one chunk), then
         # the compiled pair with the library's AdamW (default / v4 / fast kernel), the
         # fused loss in one chunk of 8192 tokens, and both (fast + 8192), interleaved step
-        # by step, 12 rounds of 4 passes (as 11 / 12); 1.5 B first
+        # by step, 12 rounds of 4 passes (as 11 / 12); 1.5 B first. Since 2026-12-01 also
+        # the library's attention forced (patched_compile_ot_adamw_lib_attn) and, in 14,
+        # the attention alone at the models' shapes (library vs each torch backend)
         [dict(b, kind="adamw"), dict(kind="lce", vocab=[128256]),
          dict(b, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
              "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
              "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
-             "patched_compile_lce8192", "patched_compile_levers"])],
-        [dict(a, kind="adamw"),
+             "patched_compile_lce8192", "patched_compile_levers",
+             "patched_compile_ot_adamw_lib_attn"])],
+        [dict(a, kind="adamw"), dict(kind="attention"),
          dict(a, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
              "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
              "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
-             "patched_compile_lce8192", "patched_compile_levers"])],
+             "patched_compile_lce8192", "patched_compile_levers",
+             "patched_compile_ot_adamw_lib_attn"])],
     ]
 
 

@@ -497,10 +497,14 @@ def test_run_ab_levers_set_their_switches_and_optimizer(monkeypatch):
 
 def test_levers_groups_and_ab_variants():
     """Groups 13 (1.5 B) and 14 (0.54 B): the optimizer alone, (13) the fused loss alone,
-    then the interleaved levers A/B; --ab-variants keeps the other kinds of the group."""
+    (14) the attention alone, then the interleaved levers A/B (with the library's attention
+    forced under compile); --ab-variants keeps the other kinds of the group."""
     plan = bt.plan(quick=False)
     assert [c.get("kind") for c in plan[13]] == ["adamw", "lce", "ab"]
-    assert [c.get("kind") for c in plan[14]] == ["adamw", "ab"]
+    assert [c.get("kind") for c in plan[14]] == ["adamw", "attention", "ab"]
+    assert bt.FUSED_ATTENTION["patched_compile_ot_adamw_lib_attn"] is True
+    v = "patched_compile_ot_adamw_lib_attn"
+    assert bt._compiled(v) and bt._library_adamw(v)
     for g, cfg in ((plan[13], "1.5b"), (plan[14], "0.54b")):
         ab = g[-1]
         assert ab["cfg"] == cfg and ab["tag"] == "levers" and ab["interleave"]
