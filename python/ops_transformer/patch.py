@@ -300,8 +300,14 @@ _AUTO = {}
 # bwd, TFLOP/s; docs/PERFORMANCE.md "Training (CUDA)"): D 128 4 x 2048 16 / 16 heads:
 # library 264, flash 233, cuDNN 393, efficient 116; D 128 1 x 16384: 456, flash 299,
 # cuDNN 570; D 128 GQA 32 / 8: 282, flash 245, cuDNN 421; D 64 GQA 32 / 8: 199, flash
-# 211 (flash wins), cuDNN 305. cuDNN beats the library everywhere (torch 2.11 picks it
-# at all of these shapes); efficient / math are slower than flash. "Flash" is torch's
+# 211 (flash wins), cuDNN 305. cuDNN beat the library everywhere then (torch 2.11 picks
+# it at all of these shapes); efficient / math are slower than flash. Re-measured
+# 2026-12-01 with the Hopper backward's 16-byte dK / dV stores (bench_training.py group
+# 14, bench/results/training_issue8.json): D 128 4 x 2048 library 396 vs cuDNN 390, GQA
+# 32 / 8 408 vs 404, 1 x 16384 626 vs 569; D 64 GQA 274 vs 304 -- and the 0.54 B compiled
+# step with the library's attention forced level with cuDNN's (1.127x vs 1.131x HF sdpa +
+# compile), so cuDNN keeps the call (a length-aware rule for D 128 at >= 8k, where the
+# library led by 10%, is not measured on a step). "Flash" is torch's
 # built-in FA2: with another flash implementation activated (FA3 / FA4,
 # torch.nn.attention.activate_flash_attention_impl) the backend is unmeasured and keeps
 # the call (_sdpa_flags()[4]).
