@@ -273,6 +273,17 @@ OT_API ot_status ot_glu_backward(ot_context *ctx, ot_glu_kind kind, const DLTens
                                  const DLTensor *gate, const DLTensor *up, const DLTensor *dgate,
                                  const DLTensor *dup);
 
+/* ot_glu_backward that also writes the forward's output act(gate) * up to `out` (the
+ * values ot_glu_forward writes, bit for bit), from the same reads: for a caller that keeps
+ * gate and up rather than the product and needs the product again in the backward (the
+ * weight gradient of the projection that consumed it), one pass instead of a forward
+ * recompute plus the backward. out has dout's shape and dtype and overlaps no other
+ * argument; the rest as ot_glu_backward (dgate may alias gate, dup may alias up). */
+OT_API ot_status ot_glu_backward_recompute(ot_context *ctx, ot_glu_kind kind,
+                                           const DLTensor *dout, const DLTensor *gate,
+                                           const DLTensor *up, const DLTensor *dgate,
+                                           const DLTensor *dup, const DLTensor *out);
+
 /* ------------------------------------------------------------------------------ */
 /* Softmax and cross-entropy                                                        */
 /* ------------------------------------------------------------------------------ */

@@ -115,12 +115,15 @@ static void case_forward(test_run *tr, ot_glu_kind kind, DLDataType dt, const sh
   tr_end(tr);
 }
 
-/* inplace: dgate is gate and dup is up (same tensors). */
+/* inplace: dgate is gate and dup is up (same tensors). recompute:
+ * ot_glu_backward_recompute, whose out (poisoned first, padded rows) must hold the float64
+ * act(gate) * up and, bit for bit, what ot_glu_forward writes for the same gate and up. */
 static void case_backward(test_run *tr, ot_glu_kind kind, DLDataType dt, const shape_case *s,
-                          bool fused, bool inplace) {
-  if (!tr_begin(tr, "glu bwd %s %s %s%s rows=%lld F=%lld pad=%lld", kind_name(kind),
-                dt_name(dt), fused ? "fused" : "split", inplace ? " inplace" : "",
-                (long long)s->rows, (long long)s->F, (long long)s->pad))
+                          bool fused, bool inplace, bool recompute) {
+  if (!tr_begin(tr, "glu bwd%s %s %s %s%s rows=%lld F=%lld pad=%lld",
+                recompute ? " recompute" : "", kind_name(kind), dt_name(dt),
+                fused ? "fused" : "split", inplace ? " inplace" : "", (long long)s->rows,
+                (long long)s->F, (long long)s->pad))
     return;
   rng r = tr_rng(tr);
   int64_t R = s->rows, F = s->F, gw = fused ? 2 * F : F;
@@ -132,8 +135,9 @@ static void case_backward(test_run *tr, ot_glu_kind kind, DLDataType dt, const s
   tb_fill_uniform(d, &r, -1.0, 1.0);
   tb_fill_uniform(g, &r, -6.0, 6.0);
   if (u) tb_fill_uniform(u, &r, -2.0, 2.0);
-  /* Reference laid out like dgate [R, gw] and dup [R, F]. */
+  /* Reference laid out like dgate [R, gw] and dup [R, F] (and out [R, F]). */
   double *rg = malloc((size_t)(R * gw) * sizeof *rg), *ru = malloc((size_t)(R * F) * sizeof *ru);
+  double *ro = malloc((size_t)(R * F) * sizeof *ro);
   for (int64_t i = 0; i < R; i++)
     for (int64_t f = 0; f < F; f++) {
       double gv = gate_at(g, i, f, gw), dv = tb_get(d, i * F + f), da;
@@ -142,19 +146,49 @@ static void case_backward(test_run *tr, ot_glu_kind kind, DLDataType dt, const s
       rg[i * gw + f] = dv * uv * da;
       if (fused) rg[i * gw + F + f] = dv * a;
       else ru[i * F + f] = dv * a;
+      ro[i * F + f] = a * uv;
     }
-  ot_status st = ot_glu_backward(tr->be->ctx, kind, tb_dl(d), tb_dl(g), u ? tb_dl(u) : NULL,
-                                 tb_dl(dg), du ? tb_dl(du) : NULL);
-  if (tr_ok(tr, st, "ot_glu_backward")) {
+  tbuf *o = NULL, *fo = NULL;
+  bool fwd_ok = false;
+  if (recompute) {
+    o = new2d(tr->be, dt, R, F, s->pad ? s->pad + 3 : 0);
+    tb_poison(o);
+    /* the forward's output first (in place, the backward overwrites gate) */
+    fo = new2d(tr->be, dt, R, F, 0);
+    fwd_ok = tr_ok(tr, ot_glu_forward(tr->be->ctx, kind, tb_dl(g), u ? tb_dl(u) : NULL,
+                                      tb_dl(fo)), "ot_glu_forward");
+    if (fwd_ok) tb_sync(fo);
+  }
+  ot_status st =
+      recompute ? ot_glu_backward_recompute(tr->be->ctx, kind, tb_dl(d), tb_dl(g),
+                                            u ? tb_dl(u) : NULL, tb_dl(dg),
+                                            du ? tb_dl(du) : NULL, tb_dl(o))
+                : ot_glu_backward(tr->be->ctx, kind, tb_dl(d), tb_dl(g), u ? tb_dl(u) : NULL,
+                                  tb_dl(dg), du ? tb_dl(du) : NULL);
+  if (tr_ok(tr, st, recompute ? "ot_glu_backward_recompute" : "ot_glu_backward")) {
     tb_sync(dg);
     check_close(tr, "dgate", dg, rg, tol_for(dt, 2));
     if (du) {
       tb_sync(du);
       check_close(tr, "dup", du, ru, tol_for(dt, 2));
     }
+    if (o) {
+      tb_sync(o);
+      check_close(tr, "out", o, ro, tol_for(dt, 1));
+      int64_t diff = 0, first = -1;
+      for (int64_t i = 0; fwd_ok && i < R * F; i++)
+        if (tb_get(o, i) != tb_get(fo, i) && diff++ == 0) first = i;
+      if (diff)
+        tr_fail(tr, "out: %lld of %lld elements differ from ot_glu_forward's (first at %lld: "
+                    "%.9g vs %.9g)", (long long)diff, (long long)(R * F), (long long)first,
+                tb_get(o, first), tb_get(fo, first));
+    }
   }
   free(rg);
   free(ru);
+  free(ro);
+  tb_free(o);
+  tb_free(fo);
   if (!inplace) {
     tb_free(dg);
     tb_free(du);
@@ -307,6 +341,27 @@ static void case_bad_inputs(test_run *tr) {
   t.byte_offset = 1;
   tr_expect_error(tr, ot_glu_backward(ctx, K, tb_dl(d), tb_dl(g), tb_dl(u), &t, tb_dl(du)), E,
                   B1, "dgate");
+  /* the recompute's out: missing, of another shape or dtype, overlapping an input or an
+   * output; and the backward's own checks still first */
+  const char *B2 = "ot_glu_backward_recompute";
+  tr_expect_error(tr, ot_glu_backward_recompute(ctx, K, tb_dl(d), tb_dl(g), tb_dl(u), tb_dl(dg),
+                                                tb_dl(du), NULL), E, B2, "out");
+  tr_expect_error(tr, ot_glu_backward_recompute(ctx, K, tb_dl(d), tb_dl(g), tb_dl(u), tb_dl(dg),
+                                                tb_dl(du), tb_dl(o5)), E, B2, "out");
+  tr_expect_error(tr, ot_glu_backward_recompute(ctx, K, tb_dl(d), tb_dl(g), tb_dl(u), tb_dl(dg),
+                                                tb_dl(du), tb_dl(u16)), E, B2, "out");
+  tr_expect_error(tr, ot_glu_backward_recompute(ctx, K, tb_dl(d), tb_dl(g), tb_dl(u), tb_dl(dg),
+                                                tb_dl(du), tb_dl(g)), E, B2, "out");
+  tr_expect_error(tr, ot_glu_backward_recompute(ctx, K, tb_dl(d), tb_dl(g), tb_dl(u), tb_dl(dg),
+                                                tb_dl(du), tb_dl(d)), E, B2, "out");
+  tr_expect_error(tr, ot_glu_backward_recompute(ctx, K, tb_dl(d), tb_dl(g), tb_dl(u), tb_dl(dg),
+                                                tb_dl(du), tb_dl(dg)), E, B2, "out");
+  tr_expect_error(tr, ot_glu_backward_recompute(ctx, K, tb_dl(d), tb_dl(g), tb_dl(u), tb_dl(dg),
+                                                tb_dl(du), tb_dl(du)), E, B2, "out");
+  tr_expect_error(tr, ot_glu_backward_recompute(NULL, K, tb_dl(d), tb_dl(g), tb_dl(u), tb_dl(dg),
+                                                tb_dl(du), tb_dl(o)), E, B2, "ctx");
+  tr_expect_error(tr, ot_glu_backward_recompute(ctx, K, tb_dl(d), tb_dl(g), tb_dl(u), tb_dl(dg),
+                                                NULL, tb_dl(o)), E, B2, "dup");
   for (int i = 0; i < 5; i++) {
     if (!tb_unchanged(outs[i], snap[i])) tr_fail(tr, "output %d written by a failing call", i);
     free(snap[i]);
@@ -386,9 +441,12 @@ static void run(test_run *tr) {
       for (size_t i = 0; i < ns; i++)
         for (int fused = 0; fused < 2; fused++) {
           case_forward(tr, kinds[k], *dtypes[t], &shapes[i], fused);
-          case_backward(tr, kinds[k], *dtypes[t], &shapes[i], fused, false);
-          /* in place on a subset of shapes, both layouts */
-          if (i % 2 == 1) case_backward(tr, kinds[k], *dtypes[t], &shapes[i], fused, true);
+          case_backward(tr, kinds[k], *dtypes[t], &shapes[i], fused, false, false);
+          /* in place on a subset of shapes, both layouts; with the recompute on the other
+           * subset, and in place on the last shape */
+          if (i % 2 == 1) case_backward(tr, kinds[k], *dtypes[t], &shapes[i], fused, true, false);
+          else case_backward(tr, kinds[k], *dtypes[t], &shapes[i], fused, false, true);
+          if (i == ns - 1) case_backward(tr, kinds[k], *dtypes[t], &shapes[i], fused, true, true);
         }
   for (int k = 0; k < 3; k++)
     for (int t = 0; t < 3; t++) case_chunk_views(tr, kinds[k], *dtypes[t]);

@@ -486,6 +486,14 @@ static PyObject *py_glu_backward(PyObject *self, PyObject *const *args, Py_ssize
                          TS(c, 4)));
 }
 
+/* (stream, kind, dout, gate, up, dgate, dup, out) */
+static PyObject *py_glu_backward_recompute(PyObject *self, PyObject *const *args,
+                                           Py_ssize_t nargs) {
+  PARSE(c, "glu_backward_recompute", "iTTTTTT");
+  RUN(c, ot_glu_backward_recompute(c.ctx, (ot_glu_kind)c.i[0], TS(c, 0), TS(c, 1), TS(c, 2),
+                                   TS(c, 3), TS(c, 4), TS(c, 5)));
+}
+
 /* (stream, x, out) */
 static PyObject *py_softmax_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   PARSE(c, "softmax_forward", "TT");
@@ -893,6 +901,7 @@ static PyMethodDef methods[] = {
     FAST("rope_backward", py_rope_backward, NULL),
     FAST("glu_forward", py_glu_forward, NULL),
     FAST("glu_backward", py_glu_backward, NULL),
+    FAST("glu_backward_recompute", py_glu_backward_recompute, NULL),
     FAST("softmax_forward", py_softmax_forward, NULL),
     FAST("softmax_backward", py_softmax_backward, NULL),
     FAST("cross_entropy_forward", py_cross_entropy_forward, NULL),

@@ -324,6 +324,32 @@ def _(dout, gate, up, kind):
     return torch.empty_like(gate, memory_format=torch.contiguous_format), dup
 
 
+def _glu_backward_recompute_impl(dout, gate, up, kind):
+    """glu_backward plus the forward's output act(gate) * up (bit for bit glu's), from
+    the same reads: for a backward that needs the product again (the next projection's
+    weight gradient) without having kept it."""
+    dgate = torch.empty_like(gate, memory_format=torch.contiguous_format)
+    dup = torch.empty_like(up, memory_format=torch.contiguous_format) if up is not None \
+        else None
+    out = dout.new_empty(_glu_out_shape(gate, up))
+    _C.glu_backward_recompute(None, kind, dout, gate, up, dgate, dup, out)
+    return dgate, _none0(dup, gate), out
+
+
+@torch.library.custom_op(f"{_LIB}::glu_backward_recompute", mutates_args=())
+def glu_backward_recompute(dout: Tensor, gate: Tensor, up: Optional[Tensor],
+                           kind: int) -> tuple[Tensor, Tensor, Tensor]:
+    return _glu_backward_recompute_impl(dout, gate, up, kind)
+
+
+@glu_backward_recompute.register_fake
+def _(dout, gate, up, kind):
+    dup = torch.empty_like(up, memory_format=torch.contiguous_format) if up is not None \
+        else gate.new_empty(0)
+    return (torch.empty_like(gate, memory_format=torch.contiguous_format), dup,
+            dout.new_empty(_glu_out_shape(gate, up)))
+
+
 def _glu_setup(ctx, inputs, output):
     gate, up, kind = inputs
     ctx.kind = kind

@@ -354,13 +354,20 @@ def geglu(gate, up=None, *, approximate="none", out=None):
     return _glu(GLU_GEGLU if approximate == "none" else GLU_GEGLU_TANH, "geglu", gate, up, out)
 
 
-def glu_backward(dout, gate, up=None, *, kind=GLU_SWIGLU):
+def glu_backward(dout, gate, up=None, *, kind=GLU_SWIGLU, recompute=False):
     """Backward of :func:`swiglu` / :func:`geglu`. Returns ``(dgate, dup)``; with
-    ``up=None`` dgate holds both halves ([..., 2F]) and dup is None."""
+    ``up=None`` dgate holds both halves ([..., 2F]) and dup is None. ``recompute=True``
+    returns ``(dgate, dup, out)``, out the forward's output (bit for bit what the forward
+    returns), made from the same reads of gate and up: for a backward that needs the
+    product again -- the next projection's weight gradient -- without having kept it."""
     dgate = _empty_like(gate)
     dup = _empty_like(up) if up is not None else None
-    _C.glu_backward(None, kind, dout, gate, up, dgate, dup)
-    return dgate, dup
+    if not recompute:
+        _C.glu_backward(None, kind, dout, gate, up, dgate, dup)
+        return dgate, dup
+    out = _empty_like(dout)
+    _C.glu_backward_recompute(None, kind, dout, gate, up, dgate, dup, out)
+    return dgate, dup, out
 
 
 # ---------------------------------------------------------------------------------

@@ -819,16 +819,27 @@ class _SwiGLUDown(torch.autograd.Function):
         glu = _tops._glu_impl if plain else torch.ops.ops_transformer.glu
         glu_backward = _tops._glu_backward_impl if plain \
             else torch.ops.ops_transformer.glu_backward
-        dw = db = None
-        if ctx.needs_input_grad[2]:
-            a = glu(gate, up, _ops.GLU_SWIGLU)
-            dw = dy.reshape(-1, dy.shape[-1]).t().mm(a.reshape(-1, a.shape[-1]))
-        if ctx.has_bias and ctx.needs_input_grad[3]:
-            db = dy.reshape(-1, dy.shape[-1]).sum(0)
+        glu_backward_recompute = _tops._glu_backward_recompute_impl if plain \
+            else torch.ops.ops_transformer.glu_backward_recompute
+        dw = db = a = None
         dg = du = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             da = dy.matmul(weight)
-            dg, du = glu_backward(da, gate, up, _ops.GLU_SWIGLU)
+            if ctx.needs_input_grad[2]:
+                # the product again from the backward's own reads of gate and up (one pass,
+                # not a glu recompute plus the backward; the forward's bits). Under
+                # torch.compile also what keeps the product out of the saved activations:
+                # with a separate glu here the partitioner merged it with the forward's glu
+                # and saved the product (one [tokens, ffn] activation more per layer)
+                dg, du, a = glu_backward_recompute(da, gate, up, _ops.GLU_SWIGLU)
+            else:
+                dg, du = glu_backward(da, gate, up, _ops.GLU_SWIGLU)
+        if ctx.needs_input_grad[2]:
+            if a is None:
+                a = glu(gate, up, _ops.GLU_SWIGLU)
+            dw = dy.reshape(-1, dy.shape[-1]).t().mm(a.reshape(-1, a.shape[-1]))
+        if ctx.has_bias and ctx.needs_input_grad[3]:
+            db = dy.reshape(-1, dy.shape[-1]).sum(0)
         dres = dy if len(ctx.needs_input_grad) > 4 and ctx.needs_input_grad[4] else None
         return dg, du, dw, db, dres
 

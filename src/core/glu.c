@@ -85,10 +85,11 @@ ot_status ot_glu_forward(ot_context *ctx, ot_glu_kind kind, const DLTensor *gate
   return ot_cpu_glu_forward(ctx, &a);
 }
 
-ot_status ot_glu_backward(ot_context *ctx, ot_glu_kind kind, const DLTensor *dout,
-                          const DLTensor *gate, const DLTensor *up, const DLTensor *dgate,
-                          const DLTensor *dup) {
-  static const char op[] = "ot_glu_backward";
+/* ot_glu_backward and, with out (recompute), ot_glu_backward_recompute. */
+static ot_status glu_backward(const char *op, ot_context *ctx, ot_glu_kind kind,
+                              const DLTensor *dout, const DLTensor *gate, const DLTensor *up,
+                              const DLTensor *dgate, const DLTensor *dup, const DLTensor *out,
+                              bool recompute) {
   if (!ctx) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ctx: is NULL");
   OT_TRY(check_kind(op, kind));
   ot_view d, g, u, dg, du;
@@ -130,6 +131,22 @@ ot_status ot_glu_backward(ot_context *ctx, ot_glu_kind kind, const DLTensor *dou
   OT_TRY(ot_check_no_overlap(op, "dup", &du, "dout", &d, false));
   OT_TRY(ot_check_no_overlap(op, "dup", &du, "gate", &g, false));
   OT_TRY(ot_check_no_overlap(op, "dup", &du, "up", &u, true));
+  ot_view o;
+  ot_rows orow;
+  memset(&orow, 0, sizeof orow);
+  o.ndim = -1;
+  if (recompute) {
+    if (!out) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "out: tensor is NULL");
+    OT_TRY(ot_view_of(op, "out", ctx, out, &o));
+    OT_TRY(ot_check_dtype(op, "out", &o, d.dtype, "dout"));
+    OT_TRY(ot_check_same_shape(op, "out", &o, "dout", &d));
+    OT_TRY(ot_as_rows(op, "out", &o, &orow));
+    OT_TRY(ot_check_no_overlap(op, "out", &o, "dout", &d, false));
+    OT_TRY(ot_check_no_overlap(op, "out", &o, "gate", &g, false));
+    OT_TRY(ot_check_no_overlap(op, "out", &o, "up", &u, false));
+    OT_TRY(ot_check_no_overlap(op, "out", &o, "dgate", &dg, false));
+    OT_TRY(ot_check_no_overlap(op, "out", &o, "dup", &du, false));
+  }
 
   ot_glu_backward_args a;
   a.kind = kind;
@@ -153,6 +170,22 @@ ot_status ot_glu_backward(ot_context *ctx, ot_glu_kind kind, const DLTensor *dou
     a.dup = du.data;
     a.dup_stride = dur.row_stride;
   }
+  a.out = recompute ? o.data : NULL;
+  a.out_stride = orow.row_stride;
   if (ot_ctx_is_cuda(ctx)) return OT_CUDA_CALL(op, ot_cuda_glu_backward, ctx, &a);
   return ot_cpu_glu_backward(ctx, &a);
+}
+
+ot_status ot_glu_backward(ot_context *ctx, ot_glu_kind kind, const DLTensor *dout,
+                          const DLTensor *gate, const DLTensor *up, const DLTensor *dgate,
+                          const DLTensor *dup) {
+  return glu_backward("ot_glu_backward", ctx, kind, dout, gate, up, dgate, dup, NULL, false);
+}
+
+ot_status ot_glu_backward_recompute(ot_context *ctx, ot_glu_kind kind, const DLTensor *dout,
+                                    const DLTensor *gate, const DLTensor *up,
+                                    const DLTensor *dgate, const DLTensor *dup,
+                                    const DLTensor *out) {
+  return glu_backward("ot_glu_backward_recompute", ctx, kind, dout, gate, up, dgate, dup, out,
+                      true);
 }

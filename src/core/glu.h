@@ -34,7 +34,8 @@ typedef struct ot_glu_backward_args {
   const void *up;   /* [rows, F] */
   void *dgate;      /* [rows, F]; may be exactly gate */
   void *dup;        /* [rows, F]; may be exactly up */
-  int64_t dout_stride, gate_stride, up_stride, dgate_stride, dup_stride;
+  void *out;        /* [rows, F] or NULL: the forward's act(gate) * up, recomputed */
+  int64_t dout_stride, gate_stride, up_stride, dgate_stride, dup_stride, out_stride;
 } ot_glu_backward_args;
 
 ot_status ot_cpu_glu_forward(ot_context *ctx, const ot_glu_forward_args *a);

@@ -131,16 +131,19 @@ ot_status ot_cpu_glu_backward(ot_context *ctx, const ot_glu_backward_args *a) {
   const int nt = ot_cpu_threads_cap(ctx, a->rows * a->F, tasks);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int64_t t = 0; t < tasks; t++) {
-    float d[OT_GLU_CHUNK], g[OT_GLU_CHUNK], u[OT_GLU_CHUNK], dg[OT_GLU_CHUNK], du[OT_GLU_CHUNK];
+    float d[OT_GLU_CHUNK], g[OT_GLU_CHUNK], u[OT_GLU_CHUNK], dg[OT_GLU_CHUNK], du[OT_GLU_CHUNK],
+        o[OT_GLU_CHUNK];
     int64_t r = t / nch, c = (t % nch) * OT_GLU_CHUNK;
     int n = (int)(a->F - c < OT_GLU_CHUNK ? a->F - c : OT_GLU_CHUNK);
     ot_load_f32(d, row_ptr(a->dout, dt, r, a->dout_stride, c), dt, n);
     ot_load_f32(g, row_ptr(a->gate, dt, r, a->gate_stride, c), dt, n);
     ot_load_f32(u, row_ptr(a->up, dt, r, a->up_stride, c), dt, n);
     glu_backward_chunk(a->kind, d, g, u, dg, du, n);
+    if (a->out) glu_forward_chunk(a->kind, g, u, o, n); /* the forward's values */
     /* Every input of this chunk is in scratch: in-place stores are safe now. */
     ot_store_f32((void *)row_ptr(a->dgate, dt, r, a->dgate_stride, c), dg, dt, n);
     ot_store_f32((void *)row_ptr(a->dup, dt, r, a->dup_stride, c), du, dt, n);
+    if (a->out) ot_store_f32((void *)row_ptr(a->out, dt, r, a->out_stride, c), o, dt, n);
   }
   return OT_OK;
 }

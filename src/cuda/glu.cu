@@ -4,6 +4,7 @@
  *
  *   forward:  out = act(gate) * up
  *   backward: dgate = dout * up * act'(gate),  dup = dout * act(gate)
+ *             (+ out = act(gate) * up, bit for bit the forward's: ot_glu_backward_recompute)
  *
  * A block covers one chunk of TPB x UN 16-byte vectors (TPB threads x UN vectors, all
  * loads issued before the math; the forward 128 x 1, the backward 256 x 2) of one row;
@@ -56,6 +57,8 @@ struct glu_params {
   void *o2;         /* backward: dup */
   int64_t sa, sb, sc, so1, so2;
   int64_t chunks;   /* chunks per row */
+  void *o3;         /* backward with the recompute (ot_glu_backward_recompute): out */
+  int64_t so3;
 };
 
 __device__ __forceinline__ float gelu_erf(float g) {
@@ -97,8 +100,10 @@ template <ot_glu_kind K> __device__ __forceinline__ float2 act_and_grad(float g)
 }
 
 /* The minimum of blocks per SM: 1 for the forward, none (0) for the backward -- the code
- * the run of 2026-11-30 15:44 UTC timed (ptxas schedules the two differently). */
-template <typename T, ot_glu_kind K, bool VEC, bool BACKWARD, int TPB, int UN>
+ * the run of 2026-11-30 15:44 UTC timed (ptxas schedules the two differently). OUT (the
+ * backward only): also out = act(gate) * up, computed as the forward computes it (act<K>,
+ * not act_and_grad's product: the forward's bits). */
+template <typename T, ot_glu_kind K, bool VEC, bool BACKWARD, int TPB, int UN, bool OUT = false>
 __global__ void __launch_bounds__(TPB, BACKWARD ? 0 : 1) glu_kernel(const glu_params p) {
   constexpr int V = vec_width<T>::value;
   const int64_t row = blockIdx.x / p.chunks;
@@ -109,6 +114,7 @@ __global__ void __launch_bounds__(TPB, BACKWARD ? 0 : 1) glu_kernel(const glu_pa
   const T *C = BACKWARD ? static_cast<const T *>(p.c) + row * p.sc : nullptr;
   T *O1 = static_cast<T *>(p.o1) + row * p.so1;
   T *O2 = BACKWARD ? static_cast<T *>(p.o2) + row * p.so2 : nullptr;
+  T *O3 = OUT ? static_cast<T *>(p.o3) + row * p.so3 : nullptr;
 
   float a[UN][V], b[UN][V], c[UN][V];
   int64_t base[UN];
@@ -140,6 +146,12 @@ __global__ void __launch_bounds__(TPB, BACKWARD ? 0 : 1) glu_kernel(const glu_pa
       }
       store_row_vec<T, VEC>(O1, base[u], n, dg);
       store_row_vec<T, VEC>(O2, base[u], n, du);
+      if (OUT) {
+        float o[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) o[j] = act<K>(b[u][j]) * c[u][j];
+        store_row_vec<T, VEC>(O3, base[u], n, o);
+      }
     }
   }
 }
@@ -229,7 +241,7 @@ static cudaError_t glu_launch(glu_params p, ot_glu_kind kind, bool vec, cudaStre
    * model's MLP: chunks of 4096, the second 37% full, 69% of the grid's thread slots
    * busy). Elementwise: the same values. */
   if (vec && p.rows > 1 && p.sa == p.F && p.sb == p.F && p.so1 == p.F &&
-      (!BACKWARD || (p.sc == p.F && p.so2 == p.F))) {
+      (!BACKWARD || (p.sc == p.F && p.so2 == p.F && (!p.o3 || p.so3 == p.F)))) {
     p.F *= p.rows;
     p.rows = 1;
   }
@@ -238,8 +250,11 @@ static cudaError_t glu_launch(glu_params p, ot_glu_kind kind, bool vec, cudaStre
   const int64_t blocks = p.rows * p.chunks;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const dim3 g((unsigned)blocks), b(TPB);
-#define OT_GLU_RUN(K)                                                         \
-  if (vec) glu_kernel<T, K, true, BACKWARD, TPB, UN><<<g, b, 0, stream>>>(p); \
+#define OT_GLU_RUN(K)                                                                   \
+  if (BACKWARD && p.o3) {                                                               \
+    if (vec) glu_kernel<T, K, true, BACKWARD, TPB, UN, BACKWARD><<<g, b, 0, stream>>>(p); \
+    else glu_kernel<T, K, false, BACKWARD, TPB, UN, BACKWARD><<<g, b, 0, stream>>>(p);    \
+  } else if (vec) glu_kernel<T, K, true, BACKWARD, TPB, UN><<<g, b, 0, stream>>>(p);     \
   else glu_kernel<T, K, false, BACKWARD, TPB, UN><<<g, b, 0, stream>>>(p);
   switch (kind) {
     case OT_GLU_SWIGLU: OT_GLU_RUN(OT_GLU_SWIGLU) break;
@@ -259,7 +274,8 @@ static ot_status glu_dispatch(const char *op, ot_context *ctx, ot_dtype dtype, o
              ot_rows_aligned16(p.b, p.sb, es, p.rows) && ot_rows_aligned16(p.o1, p.so1, es, p.rows);
   if (BACKWARD)
     vec = vec && ot_rows_aligned16(p.c, p.sc, es, p.rows) &&
-          ot_rows_aligned16(p.o2, p.so2, es, p.rows);
+          ot_rows_aligned16(p.o2, p.so2, es, p.rows) &&
+          (!p.o3 || ot_rows_aligned16(p.o3, p.so3, es, p.rows));
   cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
   cudaError_t e;
   switch (dtype) {
@@ -306,5 +322,8 @@ extern "C" ot_status ot_cuda_glu_backward(ot_context *ctx, const ot_glu_backward
   p.so1 = a->dgate_stride;
   p.o2 = a->dup;
   p.so2 = a->dup_stride;
-  return ot::glu_dispatch<true>("ot_glu_backward", ctx, a->dtype, a->kind, p);
+  p.o3 = a->out;
+  p.so3 = a->out_stride;
+  return ot::glu_dispatch<true>(a->out ? "ot_glu_backward_recompute" : "ot_glu_backward", ctx,
+                                a->dtype, a->kind, p);
 }

@@ -75,3 +75,52 @@ def test_dynamo_graph_holds_the_custom_ops():
     assert_close(f(x, w), torch.softmax(F.rms_norm(x, (8,), w, 1e-6), -1))
     targets = " ".join(str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function")
     assert "ops_transformer.rms_norm" in targets and "ops_transformer.softmax" in targets
+
+
+def test_compiled_swiglu_down_saves_gate_and_up_not_the_product():
+    """The patched MLP's down(swiglu(gate, up)) under torch.compile: the forward graph that
+    the partitioner (inductor's, min-cut) hands to the backward keeps gate and up, not the
+    product, and the backward makes the product with its dgate / dup in one
+    glu_backward_recompute. (Before: a glu recompute in the backward next to glu_backward;
+    in the 0.54 B model's compiled step the product was kept instead -- 16 glu kernels a
+    step, not 24, 8.2 vs 7.5 GB.) Gradients as eager."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from ops_transformer import patch as ot_patch
+
+    fw, bw = [], []
+
+    def keep(graphs):
+        def compiler(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+        return compiler
+
+    backend = aot_autograd(fw_compiler=keep(fw), bw_compiler=keep(bw),
+                           partition_fn=min_cut_rematerialization_partition)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    gate, up = torch.randn(16, 24, requires_grad=True), torch.randn(16, 24, requires_grad=True)
+    w = torch.randn(8, 24, requires_grad=True)
+
+    def mlp(g, u, w):
+        return ot_patch._SwiGLUDown.apply(g, u, w, None)
+    out = torch.compile(mlp, backend=backend, fullgraph=True)(gate, up, w)
+    dy = torch.randn_like(out)
+    got = torch.autograd.grad(out, (gate, up, w), dy)
+    ref = torch.autograd.grad(mlp(gate, up, w), (gate, up, w), dy)
+    for a, b in zip(got, ref):
+        assert_close(a, b, scale=10)
+    assert fw and bw, "the forward and backward were not compiled"
+
+    def calls(gm):
+        return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    outs = next(n for n in fw[0].graph.nodes if n.op == "output").args[0]
+    saved = [n for n in outs[1:] if isinstance(n, torch.fx.Node)]
+    producers = [str(n.target) for n in saved if n.op == "call_function"]
+    assert not any("ops_transformer.glu" in p for p in producers), producers
+    assert "ops_transformer.glu.default" in calls(fw[0])
+    # the backward: one glu_backward_recompute (dgate, dup and the product), no glu
+    bc = calls(bw[0])
+    assert bc.count("ops_transformer.glu_backward_recompute.default") == 1, bc
+    assert "ops_transformer.glu.default" not in bc, bc

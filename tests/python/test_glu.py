@@ -77,3 +77,36 @@ def test_glu_backward_direct():
     ref_glu(gb, ub, "swiglu").backward(dout)
     assert_close(dg, gb.grad, scale=10)
     assert_close(du, ub.grad, scale=10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fused", [False, True])
+def test_glu_backward_recompute(dtype, kind, fused):
+    """glu_backward(recompute=True): dgate / dup as without it, and out bit for bit the
+    forward's output for the same gate and up (strided rows, odd F)."""
+    kinds = {"swiglu": ot.ops.GLU_SWIGLU, "geglu": ot.ops.GLU_GEGLU,
+             "geglu_tanh": ot.ops.GLU_GEGLU_TANH}
+    F_ = 37
+    gate = (torch.randn(6, 2 * F_ + 3) * 3).to(dtype)[:, :2 * F_ if fused else F_]
+    up = None if fused else torch.randn(6, F_).to(dtype)
+    dout = torch.randn(6, F_).to(dtype)
+    dg, du = ot.glu_backward(dout, gate, up, kind=kinds[kind])
+    dg2, du2, out = ot.glu_backward(dout, gate, up, kind=kinds[kind], recompute=True)
+    assert torch.equal(dg2, dg)
+    assert (du2 is None) if fused else torch.equal(du2, du)
+    assert torch.equal(out, run(kind, gate, up))
+    assert_close(out, ref_glu(gate, up, kind), dtype, scale=4)
+
+
+def test_glu_backward_recompute_custom_op():
+    """The custom op behind the patched MLP's backward: schema and fake implementation
+    (opcheck), and its three outputs against glu / glu_backward."""
+    gate, up, dout = torch.randn(4, 9), torch.randn(4, 9), torch.randn(4, 9)
+    op = torch.ops.ops_transformer.glu_backward_recompute.default
+    torch.library.opcheck(op, (dout, gate, up, 0))
+    torch.library.opcheck(op, (dout, torch.randn(4, 18), None, 0))
+    dg, du, out = op(dout, gate, up, 0)
+    ref_dg, ref_du = torch.ops.ops_transformer.glu_backward(dout, gate, up, 0)
+    assert torch.equal(dg, ref_dg) and torch.equal(du, ref_du)
+    assert torch.equal(out, torch.ops.ops_transformer.glu(gate, up, 0))
