@@ -244,16 +244,17 @@ def plan(quick):
         # fused loss in one chunk of 8192 tokens, and both (fast + 8192), interleaved step
         # by step, 12 rounds of 4 passes (as 11 / 12); 1.5 B first. Since 2026-12-01 also
         # the library's attention forced (patched_compile_ot_adamw_lib_attn) and, in 14,
-        # the attention alone at the models' shapes (library vs each torch backend)
+        # the attention alone at the models' shapes (library vs each torch backend); HF
+        # sdpa eager too (the memory target's base: <= 0.6x its peak)
         [dict(b, kind="adamw"), dict(kind="lce", vocab=[128256]),
          dict(b, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
-             "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
+             "hf_sdpa", "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
              "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
              "patched_compile_lce8192", "patched_compile_levers",
              "patched_compile_ot_adamw_lib_attn"])],
         [dict(a, kind="adamw"), dict(kind="attention"),
          dict(a, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
-             "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
+             "hf_sdpa", "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
              "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
              "patched_compile_lce8192", "patched_compile_levers",
              "patched_compile_ot_adamw_lib_attn"])],
