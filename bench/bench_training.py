@@ -101,6 +101,10 @@ VARIANTS = {
     # 16-byte dK / dV stores (2026-12-01) the library's fwd + bwd may beat it
     "patched_compile_ot_adamw_lib_attn": "patched + torch.compile + library AdamW, "
                                          "library attention",
+    # the MLP backward before 2026-12-01's glu_backward_recompute (glu, then glu_backward;
+    # compiled, the forward's product kept): the A/B of its memory / time trade
+    "patched_compile_ot_adamw_glu2": "patched + torch.compile + library AdamW, MLP backward "
+                                     "by glu + glu_backward",
 }
 # the environment switches a variant runs under (set by _use_attention before each of its
 # steps; the other variants run with them unset): the library reads them per call
@@ -109,6 +113,7 @@ VARIANT_ENV = {
     "patched_compile_ot_adamw_fast": {"OT_ADAMW_IMPL": "fast"},
     "patched_compile_lce8192": {"OT_LCE_CHUNK_ROWS": "8192"},
     "patched_compile_levers": {"OT_ADAMW_IMPL": "fast", "OT_LCE_CHUNK_ROWS": "8192"},
+    "patched_compile_ot_adamw_glu2": {"OT_PATCH_SWIGLU_RECOMPUTE": "0"},
 }
 _VARIANT_ENV_KEYS = sorted({k for e in VARIANT_ENV.values() for k in e})
 
@@ -251,13 +256,13 @@ def plan(quick):
              "hf_sdpa", "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
              "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
              "patched_compile_lce8192", "patched_compile_levers",
-             "patched_compile_ot_adamw_lib_attn"])],
+             "patched_compile_ot_adamw_lib_attn", "patched_compile_ot_adamw_glu2"])],
         [dict(a, kind="adamw"), dict(kind="attention"),
          dict(a, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
              "hf_sdpa", "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
              "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
              "patched_compile_lce8192", "patched_compile_levers",
-             "patched_compile_ot_adamw_lib_attn"])],
+             "patched_compile_ot_adamw_lib_attn", "patched_compile_ot_adamw_glu2"])],
     ]
 
 

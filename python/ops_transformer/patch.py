@@ -783,6 +783,13 @@ def _project(x, linears):
     return tuple(m(x) for m in linears)
 
 
+def _swiglu_recompute_fused():
+    """OT_PATCH_SWIGLU_RECOMPUTE=0: _SwiGLUDown's backward as before 2026-12-01 (glu for
+    the weight gradient, then glu_backward), for A/Bs; otherwise one
+    glu_backward_recompute. Read per backward (under torch.compile: when it is traced)."""
+    return os.environ.get("OT_PATCH_SWIGLU_RECOMPUTE", "1") != "0"
+
+
 class _SwiGLUDown(torch.autograd.Function):
     """down(swiglu(gate, up)) that saves gate and up only: the backward recomputes
     swiglu(gate, up) (one elementwise pass) instead of keeping it from the forward, so
@@ -825,7 +832,7 @@ class _SwiGLUDown(torch.autograd.Function):
         dg = du = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             da = dy.matmul(weight)
-            if ctx.needs_input_grad[2]:
+            if ctx.needs_input_grad[2] and _swiglu_recompute_fused():
                 # the product again from the backward's own reads of gate and up (one pass,
                 # not a glu recompute plus the backward; the forward's bits). Under
                 # torch.compile also what keeps the product out of the saved activations:

@@ -281,6 +281,25 @@ def test_swiglu_down_backward_plain_only_for_plain_tensors(which, monkeypatch):
         torch.testing.assert_close(a.as_subclass(torch.Tensor), b, rtol=1e-5, atol=1e-6)
 
 
+def test_swiglu_down_backward_switch_to_two_passes(monkeypatch):
+    """OT_PATCH_SWIGLU_RECOMPUTE=0: the backward as before (glu, then glu_backward: two
+    plain calls instead of one glu_backward_recompute), the same gradients."""
+    torch.manual_seed(2)
+    gate, up = torch.randn(6, 16, requires_grad=True), torch.randn(6, 16, requires_grad=True)
+    w = torch.randn(8, 16, requires_grad=True)
+    dy = torch.randn(6, 8)
+    got = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("OT_PATCH_SWIGLU_RECOMPUTE", env)
+        counting = _CountingOps()
+        monkeypatch.setattr(ot_patch, "_tops", counting)
+        out = ot_patch._SwiGLUDown.apply(gate, up, w, None)
+        got[env] = torch.autograd.grad(out, (gate, up, w), dy)
+        assert counting.plain == (1 if env == "1" else 2), env
+    for a, b in zip(got["1"], got["0"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("need", ["all", "weight", "inputs"])
 def test_swiglu_down_backward_each_gradient_subset(need):
     """_SwiGLUDown's backward by the gradients asked for: all three through one
