@@ -8,7 +8,8 @@
  *    order): WG0 = producer (one thread issues TMA loads; the WG gives registers back with
  *    setmaxnreg.dec 24), WG1..WGNC = consumers, 64 query rows each. NC = 2 (setmaxnreg.inc
  *    240) everywhere but head dim 64, which uses NC = 3 (160 registers, 128-key tiles;
- *    FA3's 192-row shape) except for masked calls of at most 64 query tiles;
+ *    FA3's 192-row shape) except for masked calls of at most 64 query tiles. Experiment
+ *    builds add NC = 1 at head dim 64 (OT_ATTN_SM90_WG=1, bf16; see below);
  *  - Q (64 * NC rows) once, then K and V tiles of Bc keys into 2-stage shared-memory rings
  *    (separate K and V rings, V one tile behind K), each stage completed on an mbarrier
  *    by the TMA transaction count and released by the consumers through an "empty" mbarrier;
@@ -34,10 +35,29 @@
  * released once a tile's last Q K^T completes, so the next tile's Q and K load during the
  * last P V and the epilogue.
  *
+ * NC = 1 (experiment builds only, OT_ATTN_SM90_WG=1, bf16 D64; prepared 2026-12-01, not
+ * measured): a CTA of 256 threads (producer + one consumer warpgroup) on 64-row tiles of
+ * 128-key steps, __launch_bounds__(256, 2) so that two CTAs share an SM (128 registers a
+ * thread at launch; setmaxnreg 24 / 232 within the CTA's pool; 74880 bytes of shared memory
+ * each), and a persistent grid of 2 CTAs per SM (fewer if the occupancy query finds fewer
+ * resident). With one consumer there is no pingpong partner: the turns are compiled out
+ * (turn_wait / turn_pass), and the other CTA's phases are what the softmax and the per-tile
+ * prologue / epilogue hide under -- cuDNN's D64 kernel (`..._64x128x64_4x1x1`) suggests
+ * that shape. Why: at D64 causal S 1k the 2-consumer kernel issues cuDNN's instruction
+ * count in 1.18x its cycles, the short key walks (~4.5 key tiles a 128-row tile) leaving
+ * the per-tile ramp exposed. The same kFl bits as the 2-consumer tile (kFlDiag where its
+ * rule puts it, kFlSt16 wherever O is 16-byte aligned: instances 0, kFlSt16, kFlDiag,
+ * both); per row the same key tiles (128 keys, every default D64 call's tile but under
+ * OT_ATTN_SM90_TILE=wide) in the same order, the same narrow step, so O and the lse equal
+ * the default's to the bit (a key tile that the 128-row tile visits but a 64-row half does
+ * not is fully masked for that half: it leaves m = -inf, l = 0, O = 0, the initial state).
+ * ptxas: 128 registers at launch, the consumer's code within 159, no spills, no C75xx.
+ *
  * Switches (environment, read per call -- one scan for any OT_ATTN_SM90_* -- except
  * OT_ATTN_SM90, read once; for measurements and tests): OT_ATTN_SM90=0 off,
  * OT_ATTN_SM90_TILE=small|wide, OT_ATTN_SM90_NONPERSISTENT=1, OT_ATTN_SM90_GRID=n (cap on
- * persistent CTAs), OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64),
+ * persistent CTAs), OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64; 1 in
+ * experiment builds for bf16, see above -- elsewhere 1 runs the default),
  * OT_ATTN_SM90_RESC=0|1 (the template bit kFlResc: the row max moves only when it grows by
  * more than 2^8, and O is rescaled only in the steps where a row of the warp moved it;
  * default on at head dim 256 and for head dim 128 on the 128-key tile), OT_ATTN_SM90_NARROW=0|1
