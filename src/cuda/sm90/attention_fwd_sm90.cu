@@ -193,7 +193,7 @@ struct fwd_params {
   int64_t o_bs, o_ts, o_hs;       /* elements */
   int64_t l_bs, l_ts, l_hs;
   int sq, sk, hq, group;          /* group = hq / hkv */
-  int batch, num_m;               /* num_m = ceil(sq / 128) query tiles */
+  int batch, num_m;               /* num_m = ceil(sq / BR) query tiles (64 NC rows) */
   int sect;                       /* > 0: sectioned tile order (see decode_tile) */
   int wl, wr;                     /* -1 unbounded */
   float scale, scale_log2;
