@@ -51,6 +51,9 @@ class Shim:
         L.shim_glu_forward.argtypes = [vp, cint, cint, i64, i64, vp, i64, vp, i64, vp, i64]
         L.shim_glu_backward.argtypes = [vp, cint, cint, i64, i64, vp, i64, vp, i64, vp, i64, vp,
                                         i64, vp, i64]
+        if hasattr(L, "shim_glu_backward_recompute"):   # builds of 2026-12-01 on
+            L.shim_glu_backward_recompute.argtypes = [vp, cint, cint, i64, i64, vp, i64, vp, i64,
+                                                      vp, i64, vp, i64, vp, i64, vp, i64]
         L.shim_ce_forward.argtypes = [vp, cint, i64, i64, vp, i64, vp, i64, cint, i64, f32, cint,
                                       vp, i64, vp, i64]
         L.shim_ce_backward.argtypes = [vp, cint, i64, i64, vp, i64, vp, i64, vp, i64, cint, i64,
@@ -147,6 +150,14 @@ def glu_bwd_call(S, kind, dout, gate, up, dgate, dup):
             RS(up), P(dgate), RS(dgate), P(dup), RS(dup))
     f = S.lib.shim_glu_backward
     return lambda: S.check(f(*args), "glu_backward")
+
+
+def glu_bwd_recompute_call(S, kind, dout, gate, up, dgate, dup, out):
+    rows, Fd = dout.shape
+    args = (stream(), kind, DT[gate.dtype], rows, Fd, P(dout), RS(dout), P(gate), RS(gate), P(up),
+            RS(up), P(dgate), RS(dgate), P(dup), RS(dup), P(out), RS(out))
+    f = S.lib.shim_glu_backward_recompute
+    return lambda: S.check(f(*args), "glu_backward_recompute")
 
 
 def ce_fwd_call(S, z, labels, loss, lse, reduction=0, smoothing=0.0, ignore=-100):
@@ -963,6 +974,20 @@ def bench_glu(S, N, H, case, sets, outs, row, safe, compiled):
         return time_ms(gs)
     row("swiglu_bwd", case, 5 * N * H * E, t_ours, {"torch F.silu(g)*u autograd": safe(swiglu_autograd)},
         glu_bvar)
+    if hasattr(S.lib, "shim_glu_backward_recompute"):
+        # the backward with the forward's product (the patched MLP's backward since
+        # 2026-12-01: one pass, 6 tensors) against the two passes it replaced (glu, then
+        # glu_backward: 8 tensors)
+        po = [torch.empty(N, H, dtype=dtype, device="cuda") for _ in range(2)]
+        rec = [glu_bwd_recompute_call(S, 0, s["dy"], s["x"], s["r"], outs[i], dg[i], po[i])
+               for i, s in enumerate(sets)]
+        pairs = [(glu_fwd_call(S, 0, s["x"], s["r"], po[i]),
+                  glu_bwd_call(S, 0, s["dy"], s["x"], s["r"], outs[i], dg[i]))
+                 for i, s in enumerate(sets)]
+        two = [(lambda f=f, b=b: (f(), b())) for f, b in pairs]
+        row("swiglu_bwd_recompute", case, 6 * N * H * E, time_ms(rec),
+            {"ours: glu + glu_backward (two passes)": safe(lambda: time_ms(two))}, {})
+        del po
     del dg
     torch.cuda.empty_cache()
 

@@ -157,6 +157,35 @@ SHIM_API int shim_glu_backward(void *stream, int kind, int dtype, int64_t rows, 
   return (int)ot_cuda_glu_backward(g_ctx, &a);
 }
 
+/* The backward with the forward's product recomputed (ot_glu_backward_recompute's kernel):
+ * out [rows, F] at stride os besides dgate / dup. */
+SHIM_API int shim_glu_backward_recompute(void *stream, int kind, int dtype, int64_t rows,
+                                         int64_t F, const void *dout, int64_t dos,
+                                         const void *gate, int64_t gs, const void *up, int64_t us,
+                                         void *dgate, int64_t dgs, void *dup, int64_t dus,
+                                         void *out, int64_t os) {
+  ot_glu_backward_args a;
+  memset(&a, 0, sizeof a);
+  a.kind = (ot_glu_kind)kind;
+  a.dtype = (ot_dtype)dtype;
+  a.rows = rows;
+  a.F = F;
+  a.dout = dout;
+  a.dout_stride = dos;
+  a.gate = gate;
+  a.gate_stride = gs;
+  a.up = up;
+  a.up_stride = us;
+  a.dgate = dgate;
+  a.dgate_stride = dgs;
+  a.dup = dup;
+  a.dup_stride = dus;
+  a.out = out;
+  a.out_stride = os;
+  g_ctx->stream = stream;
+  return (int)ot_cuda_glu_backward(g_ctx, &a);
+}
+
 /* Cross-entropy: reduction 0 MEAN, 1 SUM, 2 NONE; loss / dloss stride 0 for MEAN / SUM;
  * lse NULL or [N] at lse_stride. */
 static void ce_fill(ot_cross_entropy_args *a, int dtype, int64_t N, int64_t V, const void *z,
