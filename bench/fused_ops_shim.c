@@ -133,37 +133,12 @@ SHIM_API int shim_glu_forward(void *stream, int kind, int dtype, int64_t rows, i
   return (int)ot_cuda_glu_forward(g_ctx, &a);
 }
 
-SHIM_API int shim_glu_backward(void *stream, int kind, int dtype, int64_t rows, int64_t F,
-                               const void *dout, int64_t dos, const void *gate, int64_t gs,
-                               const void *up, int64_t us, void *dgate, int64_t dgs, void *dup,
-                               int64_t dus) {
-  ot_glu_backward_args a;
-  memset(&a, 0, sizeof a);
-  a.kind = (ot_glu_kind)kind;
-  a.dtype = (ot_dtype)dtype;
-  a.rows = rows;
-  a.F = F;
-  a.dout = dout;
-  a.dout_stride = dos;
-  a.gate = gate;
-  a.gate_stride = gs;
-  a.up = up;
-  a.up_stride = us;
-  a.dgate = dgate;
-  a.dgate_stride = dgs;
-  a.dup = dup;
-  a.dup_stride = dus;
-  g_ctx->stream = stream;
-  return (int)ot_cuda_glu_backward(g_ctx, &a);
-}
-
-/* The backward with the forward's product recomputed (ot_glu_backward_recompute's kernel):
- * out [rows, F] at stride os besides dgate / dup. */
-SHIM_API int shim_glu_backward_recompute(void *stream, int kind, int dtype, int64_t rows,
-                                         int64_t F, const void *dout, int64_t dos,
-                                         const void *gate, int64_t gs, const void *up, int64_t us,
-                                         void *dgate, int64_t dgs, void *dup, int64_t dus,
-                                         void *out, int64_t os) {
+/* ot_glu_backward's kernel and, with out (ot_glu_backward_recompute's), the forward's product
+ * [rows, F] at stride os besides dgate / dup. */
+static int glu_backward_call(void *stream, int kind, int dtype, int64_t rows, int64_t F,
+                             const void *dout, int64_t dos, const void *gate, int64_t gs,
+                             const void *up, int64_t us, void *dgate, int64_t dgs, void *dup,
+                             int64_t dus, void *out, int64_t os) {
   ot_glu_backward_args a;
   memset(&a, 0, sizeof a);
   a.kind = (ot_glu_kind)kind;
@@ -184,6 +159,23 @@ SHIM_API int shim_glu_backward_recompute(void *stream, int kind, int dtype, int6
   a.out_stride = os;
   g_ctx->stream = stream;
   return (int)ot_cuda_glu_backward(g_ctx, &a);
+}
+
+SHIM_API int shim_glu_backward(void *stream, int kind, int dtype, int64_t rows, int64_t F,
+                               const void *dout, int64_t dos, const void *gate, int64_t gs,
+                               const void *up, int64_t us, void *dgate, int64_t dgs, void *dup,
+                               int64_t dus) {
+  return glu_backward_call(stream, kind, dtype, rows, F, dout, dos, gate, gs, up, us, dgate, dgs,
+                           dup, dus, NULL, 0);
+}
+
+SHIM_API int shim_glu_backward_recompute(void *stream, int kind, int dtype, int64_t rows,
+                                         int64_t F, const void *dout, int64_t dos,
+                                         const void *gate, int64_t gs, const void *up, int64_t us,
+                                         void *dgate, int64_t dgs, void *dup, int64_t dus,
+                                         void *out, int64_t os) {
+  return glu_backward_call(stream, kind, dtype, rows, F, dout, dos, gate, gs, up, us, dgate, dgs,
+                           dup, dus, out, os);
 }
 
 /* Cross-entropy: reduction 0 MEAN, 1 SUM, 2 NONE; loss / dloss stride 0 for MEAN / SUM;
