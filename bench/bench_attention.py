@@ -17,8 +17,14 @@ surrounded by NaN guards that must survive; lse too. Configurations the kernel d
 cover must come back handled=false with the output untouched.
 --bench: shared/BENCH.md. bf16, D 64/128/256, S 1k/4k/16k, causal and not, batch*seq = 32k
 tokens, heads*D = 2048. FLOPs 4*B*H*Sq*Sk*D (half for causal), backward 2.5x forward.
-cuBLAS bf16 GEMM 8192^3 measured in the same run is the ceiling. CUDA events, warm-up,
-median of >= 20 timed calls, ours and peers interleaved per case.
+cuBLAS bf16 GEMM 8192^3 measured in the same run is the ceiling. CUDA events, warm-up;
+per case --rounds balanced rounds (default 5): each round times every entry (ours, cuDNN,
+flash; forward, then forward + backward) with --iters calls (median), the entries' order
+rotated from round to round; a figure is the median of its rounds, and each row also keeps
+its rounds and the median of the per-round ratio ours / best peer ("paired_ratio_best_peer":
+the two sides of a round ran seconds apart, so clock drift over the grid cancels). Before
+2026-12-01 one pass per entry (20 calls): a D128 S4k causal fwd + bwd row read 0.946x there
+against 1.046x in a balanced A/B of the same build in the same hour.
 """
 import argparse
 import ctypes
@@ -373,6 +379,23 @@ def variant_envs(d, s, causal):
     return [(n, e) for n, e in v if not broken_variant(e)]
 
 
+def timed_rounds(entries, rounds, iters):
+    """{name: [ms per round]} for entries [(name, fn, ctx)]: each round times every entry
+    (median of `iters` calls after 2 warm-ups, inside ctx() when ctx is not None -- e.g.
+    sdpa_kernel, entered once per block of calls, not per call), starting one entry later
+    each round (a rotation: every entry takes every position once in len(entries) rounds)."""
+    got = {n: [] for n, _, _ in entries}
+    for r in range(rounds):
+        for j in range(len(entries)):
+            n, fn, ctx = entries[(r + j) % len(entries)]
+            if ctx is None:
+                got[n].append(time_ms(fn, iters=iters, warmup=2))
+            else:
+                with ctx():
+                    got[n].append(time_ms(fn, iters=iters, warmup=2))
+    return got
+
+
 def gemm_tflops():
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -402,37 +425,35 @@ def bench(S, args):
                     print(f"{case}: sm90 kernel did not take the call")
                     continue
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-                peers_f, peers_fb = {}, {}
+                # the timed entries: (name, fn, flops, context); forward first, then
+                # forward + backward
+                fwd, fb_entries = [("ours", f_ours, flops, None)], []
                 for name, be in (("torch SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
                                  ("torch SDPA flash", SDPBackend.FLASH_ATTENTION)):
+                    backend = (lambda be=be: sdpa_kernel([be]))
                     try:
-                        with sdpa_kernel([be]):
-                            fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                            peers_f[name] = flops / time_ms(fn) / 1e9
-                            if args.fwd_only:
-                                continue
-                            qg, kg, vg = (x.detach().clone().requires_grad_() for x in (qt, kt, vt))
-                            do = torch.randn_like(qt)
+                        def fn():
+                            F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                        with backend():
+                            fn()
+                        fwd.append((name, fn, flops, backend))
+                        if args.fwd_only:
+                            continue
+                        qg, kg, vg = (x.detach().clone().requires_grad_() for x in (qt, kt, vt))
+                        do = torch.randn_like(qt)
 
-                            # autograd.grad, not .backward(): the gradients come back as new
-                            # tensors, as ours do, with no accumulation into .grad (an extra
-                            # read-add-write of q, k and v per call after the first)
-                            def fb():
-                                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-                                torch.autograd.grad(o, (qg, kg, vg), do)
-                            peers_fb[name] = 3.5 * flops / time_ms(fb) / 1e9
+                        # autograd.grad, not .backward(): the gradients come back as new
+                        # tensors, as ours do, with no accumulation into .grad (an extra
+                        # read-add-write of q, k and v per call after the first)
+                        def fb(qg=qg, kg=kg, vg=vg, do=do):
+                            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                            torch.autograd.grad(o, (qg, kg, vg), do)
+                        with backend():
+                            fb()
+                        fb_entries.append((name, fb, 3.5 * flops, backend))
                     except Exception as e:  # backend unavailable for this shape
                         print(f"{case}: {name} failed: {str(e)[:100]}")
-                ours_f = flops / time_ms(f_ours) / 1e9
-                variants = {}
-                if not args.no_variants:
-                    for vname, env in variant_envs(d, s, causal):
-                        with env_set(env):
-                            variants[vname] = round(flops / time_ms(f_ours) / 1e9, 1)
-                        print(f"  variant {vname:28s} {case}: {variants[vname]:.1f} (default {ours_f:.1f})",
-                              flush=True)
                 # forward + backward through the public API (the dispatcher and fa80's kernels)
-                ours_fb = None
                 if api_bwd is not False and not args.fwd_only:
                     dq, dk, dv, do = (torch.empty_like(x) for x in (q, k, v, q))
                     do.normal_()
@@ -450,19 +471,39 @@ def bench(S, args):
                     try:
                         api_fb()
                         api_bwd = True
-                        ours_fb = 3.5 * flops / time_ms(api_fb) / 1e9
+                        fb_entries.insert(0, ("ours", api_fb, 3.5 * flops, None))
                     except RuntimeError as e:
                         print(f"forward+backward through the API not available: {e}")
                         api_bwd = False
-                for op, ours, peers in (("attention_fwd", ours_f, peers_f),
-                                        ("attention_fwd_bwd", ours_fb, peers_fb)):
-                    if ours is None:
+                results = {}
+                for op, entries in (("attention_fwd", fwd), ("attention_fwd_bwd", fb_entries)):
+                    if not entries or entries[0][0] != "ours":
                         continue
-                    best = max(peers.values()) if peers else None
+                    ms = timed_rounds([(n, f, c) for n, f, _, c in entries], args.rounds,
+                                      args.iters)
+                    tf = {n: [fl / m / 1e9 for m in ms[n]] for n, _, fl, _ in entries}
+                    results[op] = tf
+                ours_f = statistics.median(results["attention_fwd"]["ours"])
+                variants = {}
+                if not args.no_variants:
+                    for vname, env in variant_envs(d, s, causal):
+                        with env_set(env):
+                            variants[vname] = round(flops / time_ms(f_ours) / 1e9, 1)
+                        print(f"  variant {vname:28s} {case}: {variants[vname]:.1f} (default {ours_f:.1f})",
+                              flush=True)
+                for op, tf in results.items():
+                    ours = statistics.median(tf["ours"])
+                    peers = {n: statistics.median(v_) for n, v_ in tf.items() if n != "ours"}
+                    best_name = max(peers, key=peers.get) if peers else None
+                    best = peers[best_name] if peers else None
+                    paired = (statistics.median(o / b for o, b in zip(tf["ours"], tf[best_name]))
+                              if peers else None)
                     rows.append({"op": op, "case": case, "metric": "TFLOP/s",
                                  "ours": round(ours, 1),
                                  "peers": {k_: round(v_, 1) for k_, v_ in peers.items()},
                                  "ratio_best_peer": round(ours / best, 3) if best else None,
+                                 "paired_ratio_best_peer": round(paired, 3) if paired else None,
+                                 "rounds": {k_: [round(x, 1) for x in v_] for k_, v_ in tf.items()},
                                  "fraction_of_ceiling": round(ours / gemm, 3)})
                     if op == "attention_fwd" and variants:
                         rows[-1]["variants"] = variants
@@ -593,6 +634,10 @@ def main():
     ap.add_argument("--dims", default="128,64,256")
     ap.add_argument("--seqs", default="1024,4096,16384")
     ap.add_argument("--no-variants", action="store_true")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="balanced rounds per case (--bench; each times every entry)")
+    ap.add_argument("--iters", type=int, default=10,
+                    help="timed calls per entry and round (their median)")
     ap.add_argument("--fwd-only", action="store_true", help="no forward + backward timings")
     ap.add_argument("--smoke", action="store_true", help="small checks under every variant")
     ap.add_argument("--profile-one", action="store_true", help="one D128 S4k call (for ncu)")

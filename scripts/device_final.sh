@@ -13,7 +13,8 @@
 #   bash scripts/device_final.sh COMMIT                    # on the device; results under $OUT
 # Environment: FINAL_STEPS (comma list of attn,decode,verify; default all three),
 # ATTN_ARGS (bench_attention.py arguments; default the grid: D 128/64/256,
-# S 1k/4k/16k, no variants), ATTN_TIMEOUT (s, 150), DECODE_TIMEOUT (s, 120); the
+# S 1k/4k/16k, no variants; 5 balanced rounds a case since 2026-12-01: ~130-150 s expected),
+# ATTN_TIMEOUT (s, 300), DECODE_TIMEOUT (s, 120); the
 # OT_VERIFY_* variables of device_verify.sh pass through (OT_VERIFY_PARALLEL defaults to 1;
 # the Python tests beside the C suites and sanitizers take ~250 s: OT_VERIFY_PY_TIMEOUT=300).
 # The verdicts are printed last; the verify logs come back as verify_logs.tar.gz.
@@ -60,7 +61,7 @@ RUN="device tool, nvidia-h200, carry [\"$CARRY\"]"
 if has attn; then
   stamp "attention grid (bench_attention.py --bench ${ATTN_ARGS:=--no-variants --dims 128,64,256 --seqs 1024,4096,16384})"
   # shellcheck disable=SC2086
-  timeout "${ATTN_TIMEOUT:-150}" python3 bench/bench_attention.py --shim "$SH/libattention_shim.so" \
+  timeout "${ATTN_TIMEOUT:-300}" python3 bench/bench_attention.py --shim "$SH/libattention_shim.so" \
     --bench $ATTN_ARGS --json "$OUT/attention.json" --plot "$OUT/attention.png" --commit "$COMMIT" \
     --command "FINAL_STEPS=attn ATTN_ARGS='$ATTN_ARGS' bash scripts/device_final.sh $COMMIT ($RUN)" \
     >"$OUT/attention.log" 2>&1
