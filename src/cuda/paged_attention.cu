@@ -110,6 +110,11 @@
  *     with "rescale", CR alone, which lost at 1 x 2k and 64 x 4k): 16 x 4k 70.58 -> 69.92
  *     us, 64 x 4k 248.9 -> 248.2, 1 x 64k 72.99 -> 72.46, 1 x 2k 10.79 -> 10.61, 64 x 1k
  *     (stream kernel) 74.00 -> 73.99; outputs the same bits at each.
+ *   - OT_PAGED_PV=ldsm (the AL instances' opt-in, P = pa_params_ldsm; decode round 12, not yet
+ *     measured): the PV mma's V fragments by ldmatrix.x4.trans (pa_step's LM, see
+ *     pa_ldsm_offsets) instead of 16-byte runs packed by 32 PRMT: 331 -> 300 issued
+ *     instructions per step (stream kernel 467 -> 429), the same bits; output feature chunk j
+ *     is n-tile j there, so its epilogues store by that mapping.
  * Stream kernel (head_dim 128, no left window): a persistent wave of warps, each taking an
  * even share of all 16-key steps and streaming them through the same per-warp ring across
  * unit boundaries; cut units merged by a second (PDL) kernel; its K / V copies carry an L2
