@@ -44,7 +44,8 @@ if [ "${1:-}" = "--pack" ]; then
   cc -O2 -shared -fPIC bench/decode_shim.c "${INC[@]}" "${LIBS[@]}" -o "$B/libdecode_shim.so"
   cc -O2 bench/arena_bench.c "${INC[@]}" "${LIBS[@]}" -o "$B/arena_bench"
   mkdir -p "$CARRY/stage/tests"
-  grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude
+  EXCL=$(git rev-parse --git-path info/exclude)  # (a worktree's .git is a file: the common one)
+  grep -qx "/$CARRY/" "$EXCL" 2>/dev/null || echo "/$CARRY/" >>"$EXCL"
   cp "$B/tests/test_ops" "$CARRY/stage/tests/"
   cp "$B/libdecode_shim.so" "$B/arena_bench" "$CARRY/stage/"
   EXTRA=()
