@@ -963,21 +963,24 @@ static void paged_merge_bits(test_run *tr, const ot_attention_params *prm, tbuf 
   free(so), free(sl);
 }
 
-/* g_ppv_bits (CUDA): out and lse of the call just made (under OT_PAGED_PV=ldsm, the V
- * fragments by ldmatrix.trans) against the same call with OT_PAGED_PV unset: every output
+/* g_ppv_bits (CUDA): out and lse of the call just made (under OT_PAGED_PV=ldsm or ldsm2, the
+ * V fragments by ldmatrix.trans) against the same call with OT_PAGED_PV unset: every output
  * element is the same mma over the same P row and V column in the same key order, so the
  * same bits (outputs poisoned before). */
 static void paged_pv_bits(test_run *tr, const ot_attention_params *prm, tbuf *q, tbuf *cu,
                           const ot_paged_kv *kv, tbuf *out, tbuf *lse) {
   void *so = tb_snapshot(out), *sl = tb_snapshot(lse);
+  const char *mode = getenv("OT_PAGED_PV");
+  char pvm[16];
+  snprintf(pvm, sizeof pvm, "%s", mode ? mode : "");
   env_saved pv = env_set("OT_PAGED_PV", NULL);
   tb_poison(out);
   tb_poison(lse);
   if (tr_ok(tr, ot_paged_attention(tr->be->ctx, prm, tb_dl(q), tb_dl(cu), kv, tb_dl(out),
                                    tb_dl(lse)),
             "OT_PAGED_PV unset")) {
-    if (!tb_unchanged(out, so)) tr_fail(tr, "out differs between OT_PAGED_PV=ldsm and unset");
-    if (!tb_unchanged(lse, sl)) tr_fail(tr, "lse differs between OT_PAGED_PV=ldsm and unset");
+    if (!tb_unchanged(out, so)) tr_fail(tr, "out differs between OT_PAGED_PV=%s and unset", pvm);
+    if (!tb_unchanged(lse, sl)) tr_fail(tr, "lse differs between OT_PAGED_PV=%s and unset", pvm);
   }
   env_restore(&pv);
   free(so), free(sl);
@@ -1928,39 +1931,57 @@ static void paged_merge_cases(test_run *tr) {
   g_pmerge_bits = false;
 }
 
-/* OT_PAGED_PV=ldsm (the aligned instances' V fragments by ldmatrix.trans): the instance
- * blocks' cases (paged_mode_cases: head_dim 128 bf16 / fp16, pages of 16, 48, 64 and 256
- * keys, GQA 1-8, batches 1-6 with contexts that are not multiples of 16 over NaN-poisoned
- * slots, speculative and prefill tiles, windows, softcap, forced and single splits, back
- * to back, kv ready) on the 4-warp and the 8-warp split kernel, then the stream kernel's
- * (whole units to out, cut units to pieces); every paged_case against the float64
- * reference and bit for bit against the same call with OT_PAGED_PV unset (paged_pv_bits),
- * the plan flag 512 checked where the case is aligned. */
+/* OT_PAGED_PV=ldsm (the aligned instances' V fragments by ldmatrix.trans) and ldsm2 (the
+ * same with the 8-value stage swizzle): the instance blocks' cases (paged_mode_cases:
+ * head_dim 128 bf16 / fp16, pages of 16, 48, 64 and 256 keys, GQA 1-8, batches 1-6 with
+ * contexts that are not multiples of 16 over NaN-poisoned slots, speculative and prefill
+ * tiles, windows, softcap, forced and single splits, back to back, kv ready) on the 4-warp
+ * and the 8-warp split kernel, then the stream kernel's (whole units to out, cut units to
+ * pieces); every paged_case against the float64 reference and bit for bit against the same
+ * call with OT_PAGED_PV unset (paged_pv_bits), the plan flags checked where the case is
+ * aligned: 512 for both, 1024 set by ldsm2 and clear under ldsm. Block names "pv ldsm ..."
+ * and "pv ldsm2 ...". */
 static void paged_pv_cases(test_run *tr) {
-  g_ppv_bits = true;
-  env_saved w4 = env_set("OT_PAGED_WARPS", "4");
-  paged_mode_cases(tr, "pv ldsm ", "OT_PAGED_PV", "ldsm", 16 | 512, 32);
-  env_restore(&w4);
-  env_saved pv = env_set("OT_PAGED_PV", "ldsm");
-  paged_mode_cases(tr, "pv ldsm w8 ", "OT_PAGED_WARPS", "8", 16 | 32 | 512, 0);
-  env_saved kern = env_set("OT_PAGED_KERNEL", "stream");
-  g_pmode = "pv ldsm stream ";
-  g_pkernel = 0;
-  g_pflag_set = 16 | 512;
-  for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
-    if (paged_cuda_cases[i].d == 128) paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
-  paged_case(tr, &paged_cuda_long[0], DT_BF16); /* 1 x 65536 pages of 16 */
-  paged_case(tr, &paged_cuda_long[1], DT_F16);  /* 1 x 33000 pages of 256, 2 queries */
-  paged_case(tr, &paged_long[0], DT_BF16);
-  g_pflag_set = 0;
-  g_pkernel = 1;
-  g_pmode = "";
-  env_restore(&kern);
-  paged_stream_case(tr, "pv ldsm stream B70 ragged GQA4 bs16", 70, 300, 3, 8, 2, 16, 0, DT_BF16, 11);
-  paged_stream_case(tr, "pv ldsm stream B100 GQA4 bs64, 3 CTAs", 100, 700, 1, 16, 4, 64, 3, DT_F16, 13);
-  paged_stream_case(tr, "pv ldsm stream B40 spec 2 GQA8 bs16, 1 CTA", 40, 200, 2, 16, 2, 16, 1, DT_BF16, 15);
-  env_restore(&pv);
-  g_ppv_bits = false;
+  static const struct {
+    const char *mode;
+    int set, clear;
+  } pvs[] = {{"ldsm", 512, 1024}, {"ldsm2", 512 | 1024, 0}};
+  char pre[64], name[96];
+  for (size_t v = 0; v < sizeof pvs / sizeof pvs[0]; v++) {
+    const char *md = pvs[v].mode;
+    g_ppv_bits = true;
+    env_saved w4 = env_set("OT_PAGED_WARPS", "4");
+    snprintf(pre, sizeof pre, "pv %s ", md);
+    paged_mode_cases(tr, pre, "OT_PAGED_PV", md, 16 | pvs[v].set, 32 | pvs[v].clear);
+    env_restore(&w4);
+    env_saved pv = env_set("OT_PAGED_PV", md);
+    snprintf(pre, sizeof pre, "pv %s w8 ", md);
+    paged_mode_cases(tr, pre, "OT_PAGED_WARPS", "8", 16 | 32 | pvs[v].set, pvs[v].clear);
+    env_saved kern = env_set("OT_PAGED_KERNEL", "stream");
+    snprintf(pre, sizeof pre, "pv %s stream ", md);
+    g_pmode = pre;
+    g_pkernel = 0;
+    g_pflag_set = 16 | pvs[v].set;
+    g_pflag_clear = pvs[v].clear;
+    for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
+      if (paged_cuda_cases[i].d == 128)
+        paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
+    paged_case(tr, &paged_cuda_long[0], DT_BF16); /* 1 x 65536 pages of 16 */
+    paged_case(tr, &paged_cuda_long[1], DT_F16);  /* 1 x 33000 pages of 256, 2 queries */
+    paged_case(tr, &paged_long[0], DT_BF16);
+    g_pflag_set = g_pflag_clear = 0;
+    g_pkernel = 1;
+    g_pmode = "";
+    env_restore(&kern);
+    snprintf(name, sizeof name, "pv %s stream B70 ragged GQA4 bs16", md);
+    paged_stream_case(tr, name, 70, 300, 3, 8, 2, 16, 0, DT_BF16, 11);
+    snprintf(name, sizeof name, "pv %s stream B100 GQA4 bs64, 3 CTAs", md);
+    paged_stream_case(tr, name, 100, 700, 1, 16, 4, 64, 3, DT_F16, 13);
+    snprintf(name, sizeof name, "pv %s stream B40 spec 2 GQA8 bs16, 1 CTA", md);
+    paged_stream_case(tr, name, 40, 200, 2, 16, 2, 16, 1, DT_BF16, 15);
+    env_restore(&pv);
+    g_ppv_bits = false;
+  }
 }
 
 /* CUDA: the kernels (attention both paths, forced splits, append, OT_DEBUG); the arena,
