@@ -250,6 +250,8 @@ static cudaError_t glu_launch(glu_params p, ot_glu_kind kind, bool vec, cudaStre
   const int64_t blocks = p.rows * p.chunks;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const dim3 g((unsigned)blocks), b(TPB);
+  /* the recompute's instances (OUT) only in the backward: OUT = BACKWARD there, so the
+   * forward instantiates nothing new */
 #define OT_GLU_RUN(K)                                                                   \
   if (BACKWARD && p.o3) {                                                               \
     if (vec) glu_kernel<T, K, true, BACKWARD, TPB, UN, BACKWARD><<<g, b, 0, stream>>>(p); \
