@@ -113,9 +113,18 @@ VARIANT_ENV = {
     "patched_compile_ot_adamw_fast": {"OT_ADAMW_IMPL": "fast"},
     "patched_compile_lce8192": {"OT_LCE_CHUNK_ROWS": "8192"},
     "patched_compile_levers": {"OT_ADAMW_IMPL": "fast", "OT_LCE_CHUNK_ROWS": "8192"},
-    "patched_compile_ot_adamw_glu2": {"OT_PATCH_SWIGLU_RECOMPUTE": "0"},
 }
 _VARIANT_ENV_KEYS = sorted({k for e in VARIANT_ENV.values() for k in e})
+# the patch's module globals a variant runs under (set by _use_attention before each of its
+# steps; the other variants get the defaults of _PATCH_GLOBAL_DEFAULTS). A switch that
+# changes what torch.compile traces must be one of these, not an environment variable read
+# inside a traced backward: dynamo guards on the globals the patched forward reads, so each
+# setting gets its own compiled graph (an environment read at trace time let the first
+# variant's graph serve both -- glu2's first A/B, 2026-12-01, compiled 0 graphs of its own)
+VARIANT_PATCH_GLOBALS = {
+    "patched_compile_ot_adamw_glu2": {"SWIGLU_RECOMPUTE": False},
+}
+_PATCH_GLOBAL_DEFAULTS = {"SWIGLU_RECOMPUTE": True}
 
 
 def _library_adamw(variant):
@@ -138,7 +147,8 @@ FUSED_ATTENTION = {"patched_torch_attn": False, "patched_lib_attn": True,
 
 
 def _use_attention(variant):
-    """ops_transformer.config.fused_attention, patch.FUSE_LAYER_ADDS and the environment
+    """ops_transformer.config.fused_attention, patch.FUSE_LAYER_ADDS, the patch globals of
+    VARIANT_PATCH_GLOBALS (defaults where the variant names none) and the environment
     switches of VARIANT_ENV (set where the variant names them, unset otherwise) for a
     patched variant. All are process-wide and read per call: run_ab sets them again before
     each variant's window or step (its variants share the process; _build left the last
@@ -147,6 +157,8 @@ def _use_attention(variant):
     from ops_transformer import patch as ot_patch
     ot.config.fused_attention = FUSED_ATTENTION.get(variant, "auto")
     ot_patch.FUSE_LAYER_ADDS = variant.endswith("_fused_adds")
+    for k, default in _PATCH_GLOBAL_DEFAULTS.items():
+        setattr(ot_patch, k, VARIANT_PATCH_GLOBALS.get(variant, {}).get(k, default))
     env = VARIANT_ENV.get(variant, {})
     for k in _VARIANT_ENV_KEYS:
         if k in env:
@@ -577,13 +589,15 @@ def _bootstrap_ci(values, n=2000, seed=0):
 def _twins(v):
     """The variants a lever variant is also compared with in _round_ratios: a
     *_fused_adds variant's without the fused adds; the library-AdamW and VARIANT_ENV
-    variants' default compiled step (patched_compile), and the opt-in AdamW kernels' the
-    library's default kernel (patched_compile_ot_adamw)."""
+    variants' default compiled step (patched_compile), and the opt-in AdamW kernels' and
+    the VARIANT_PATCH_GLOBALS variants' the library-AdamW step (patched_compile_ot_adamw)."""
     if v.endswith("_fused_adds"):
         return [v[:-len("_fused_adds")]]
     out = []
     if v == "patched_compile_ot_adamw" or v in VARIANT_ENV:
         out.append("patched_compile")
+    if v in VARIANT_PATCH_GLOBALS:
+        out.append("patched_compile_ot_adamw")
     if VARIANT_ENV.get(v, {}).get("OT_ADAMW_IMPL"):
         out.append("patched_compile_ot_adamw")
     return out
@@ -1659,7 +1673,8 @@ def build_record(runs, curve, ceiling, args, extra=None):
                      if v in vs and vs[v].get("status") == "ok" and "peak_GB" in vs[v]}
         for ours in ("patched", "patched_compile", "patched_torch_attn", "patched_lib_attn",
                      "patched_ot_adamw", "patched_compile_ot_adamw", *COMPILED_OPS,
-                     "patched_fused_adds", "patched_compile_fused_adds", *VARIANT_ENV):
+                     "patched_fused_adds", "patched_compile_fused_adds", *VARIANT_ENV,
+                     *VARIANT_PATCH_GLOBALS):
             r = vs.get(ours)
             if r is None:
                 continue

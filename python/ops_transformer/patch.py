@@ -783,11 +783,13 @@ def _project(x, linears):
     return tuple(m(x) for m in linears)
 
 
-def _swiglu_recompute_fused():
-    """OT_PATCH_SWIGLU_RECOMPUTE=0: _SwiGLUDown's backward as before 2026-12-01 (glu for
-    the weight gradient, then glu_backward), for A/Bs; otherwise one
-    glu_backward_recompute. Read per backward (under torch.compile: when it is traced)."""
-    return os.environ.get("OT_PATCH_SWIGLU_RECOMPUTE", "1") != "0"
+# OT_PATCH_SWIGLU_RECOMPUTE=0: _SwiGLUDown's backward as before 2026-12-01 (glu for the
+# weight gradient, then glu_backward), for A/Bs; otherwise one glu_backward_recompute. Read
+# from the environment when this module is imported; set patch.SWIGLU_RECOMPUTE at run time.
+# The patched MLP reads this global in its forward and hands it to _SwiGLUDown, so that
+# torch.compile guards on it: a flip recompiles (a backward read only at trace time would
+# let two settings share one compiled graph -- what the bench's first A/B of it measured).
+SWIGLU_RECOMPUTE = os.environ.get("OT_PATCH_SWIGLU_RECOMPUTE", "1") != "0"
 
 
 class _SwiGLUDown(torch.autograd.Function):
@@ -800,10 +802,12 @@ class _SwiGLUDown(torch.autograd.Function):
     the output's."""
 
     @staticmethod
-    def forward(ctx, gate, up, weight, bias, residual=None):
+    def forward(ctx, gate, up, weight, bias, residual=None, recompute=None):
         a = _ops.swiglu(gate, up)          # (grad mode is off here: no autograd record)
         ctx.save_for_backward(gate, up, weight)
         ctx.has_bias = bias is not None
+        # (None: the module's SWIGLU_RECOMPUTE now -- direct calls; the MLP passes it)
+        ctx.recompute = SWIGLU_RECOMPUTE if recompute is None else bool(recompute)
         if residual is None:
             return F.linear(a, weight, bias)
         if bias is not None:
@@ -832,7 +836,7 @@ class _SwiGLUDown(torch.autograd.Function):
         dg = du = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             da = dy.matmul(weight)
-            if ctx.needs_input_grad[2] and _swiglu_recompute_fused():
+            if ctx.needs_input_grad[2] and ctx.recompute:
                 # the product again from the backward's own reads of gate and up (one pass,
                 # not a glu recompute plus the backward; the forward's bits). Under
                 # torch.compile also what keeps the product out of the saved activations:
@@ -848,7 +852,7 @@ class _SwiGLUDown(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[3]:
             db = dy.reshape(-1, dy.shape[-1]).sum(0)
         dres = dy if len(ctx.needs_input_grad) > 4 and ctx.needs_input_grad[4] else None
-        return dg, du, dw, db, dres
+        return dg, du, dw, db, dres, None
 
 
 def _mlp_forward(self, x, residual=None):
@@ -871,7 +875,8 @@ def _mlp_forward(self, x, residual=None):
             residual_in = None
         else:
             residual_in = residual
-        out = _SwiGLUDown.apply(g, u, down.weight, down.bias, residual_in)
+        out = _SwiGLUDown.apply(g, u, down.weight, down.bias, residual_in,
+                                 SWIGLU_RECOMPUTE)
         return out if residual_in is not None or residual is None else residual + out
     return plus(down(_ops.swiglu(g, u)))
 

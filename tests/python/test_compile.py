@@ -124,3 +124,64 @@ def test_compiled_swiglu_down_saves_gate_and_up_not_the_product():
     bc = calls(bw[0])
     assert bc.count("ops_transformer.glu_backward_recompute.default") == 1, bc
     assert "ops_transformer.glu.default" not in bc, bc
+
+
+def test_compiled_mlp_recompiles_when_swiglu_recompute_flips(monkeypatch):
+    """The patched MLP under torch.compile with patch.SWIGLU_RECOMPUTE flipped between
+    steps: each setting gets its own compiled backward (one glu_backward_recompute; glu
+    then glu_backward), flipping back reuses the first, and the gradients match eager.
+    (Before: the switch was an environment variable read inside the backward at trace
+    time -- the first setting's graph served both, and an A/B of the two measured one
+    program twice.)"""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from ops_transformer import patch as ot_patch
+
+    class MLP(torch.nn.Module):
+        forward = ot_patch._mlp_forward
+
+        def __init__(self):
+            super().__init__()
+            self.gate_proj = torch.nn.Linear(24, 40, bias=False)
+            self.up_proj = torch.nn.Linear(24, 40, bias=False)
+            self.down_proj = torch.nn.Linear(40, 24, bias=False)
+            self.act_fn = F.silu
+            self._ot_compiled_lib = True
+
+    bw = []
+
+    def keep_bw(gm, example_inputs):
+        bw.append(gm)
+        return gm.forward
+
+    backend = aot_autograd(fw_compiler=lambda gm, ex: gm.forward, bw_compiler=keep_bw,
+                           partition_fn=min_cut_rematerialization_partition)
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    mlp = MLP()
+    compiled = torch.compile(mlp, backend=backend, fullgraph=True)
+    x = torch.randn(2, 5, 24)
+
+    def grads(fn):
+        xs = x.clone().requires_grad_()
+        for p in mlp.parameters():
+            p.grad = None
+        fn(xs).pow(2).sum().backward()
+        return [xs.grad] + [p.grad.clone() for p in mlp.parameters()]
+
+    def calls(gm):
+        return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    seen = []
+    for flag in (True, False, True, False):
+        monkeypatch.setattr(ot_patch, "SWIGLU_RECOMPUTE", flag)
+        ref = grads(mlp)      # (eager first: it fills the patch's op-usable cache, on
+        got = grads(compiled)  # which the first graph would otherwise guard as absent)
+        for a, b in zip(got, ref):
+            assert_close(a, b, scale=10)
+        seen.append(len(bw))
+    assert seen == [1, 2, 2, 2], f"compiled backward graphs after each step: {seen}"
+    on, off = calls(bw[0]), calls(bw[1])
+    assert on.count("ops_transformer.glu_backward_recompute.default") == 1, on
+    assert "ops_transformer.glu_backward.default" not in on, on
+    assert "ops_transformer.glu_backward_recompute.default" not in off, off
+    assert off.count("ops_transformer.glu_backward.default") == 1, off

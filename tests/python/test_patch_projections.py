@@ -282,22 +282,28 @@ def test_swiglu_down_backward_plain_only_for_plain_tensors(which, monkeypatch):
 
 
 def test_swiglu_down_backward_switch_to_two_passes(monkeypatch):
-    """OT_PATCH_SWIGLU_RECOMPUTE=0: the backward as before (glu, then glu_backward: two
-    plain calls instead of one glu_backward_recompute), the same gradients."""
+    """patch.SWIGLU_RECOMPUTE = False (OT_PATCH_SWIGLU_RECOMPUTE=0 at import): the backward
+    as before (glu, then glu_backward: two plain calls instead of one
+    glu_backward_recompute), the same gradients; the global as it was at the forward
+    decides, and an explicit argument overrides it."""
     torch.manual_seed(2)
     gate, up = torch.randn(6, 16, requires_grad=True), torch.randn(6, 16, requires_grad=True)
     w = torch.randn(8, 16, requires_grad=True)
     dy = torch.randn(6, 8)
     got = {}
-    for env in ("1", "0"):
-        monkeypatch.setenv("OT_PATCH_SWIGLU_RECOMPUTE", env)
+    for how, flag, arg in (("global on", True, None), ("global off", False, None),
+                           ("argument off", True, False), ("argument on", False, True)):
+        monkeypatch.setattr(ot_patch, "SWIGLU_RECOMPUTE", flag)
         counting = _CountingOps()
         monkeypatch.setattr(ot_patch, "_tops", counting)
-        out = ot_patch._SwiGLUDown.apply(gate, up, w, None)
-        got[env] = torch.autograd.grad(out, (gate, up, w), dy)
-        assert counting.plain == (1 if env == "1" else 2), env
-    for a, b in zip(got["1"], got["0"]):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        out = ot_patch._SwiGLUDown.apply(gate, up, w, None, None, arg)
+        monkeypatch.setattr(ot_patch, "SWIGLU_RECOMPUTE", not flag)  # (after the forward)
+        got[how] = torch.autograd.grad(out, (gate, up, w), dy)
+        one = flag if arg is None else arg
+        assert counting.plain == (1 if one else 2), how
+    for how in ("global off", "argument off", "argument on"):
+        for a, b in zip(got["global on"], got[how]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("need", ["all", "weight", "inputs"])
