@@ -400,6 +400,12 @@ DECODE_VARIANTS = {
     "fused_gateup": {"OTE_FUSED_GATEUP": "2"},
     "fused_gateup_depth_4": {"OTE_FUSED_GATEUP": "2", "OTE_FUSED_RB_DEPTH": "4"},
     "fused_gateup_merge_2": {"OTE_FUSED_GATEUP": "2", "OT_PAGED_MERGE": "2"},
+    # the paged decode's split count forced (paged_attention.cu plans from the table's size,
+    # max_len: 2080 keys -> 33 splits of 64 keys at batch 1, 264 CTAs + a 33-way merge;
+    # the engine's attention was 14.6 + 11.8 us a layer in the run of 6c654c8 against ~12.6
+    # for a standalone 1 x 2k call): fewer, longer splits
+    "paged_splits_16": {"OT_PAGED_SPLITS": "16"},
+    "paged_splits_8": {"OT_PAGED_SPLITS": "8"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
     "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
     "repeat": {},  # the default again, last: the run's drift
