@@ -85,23 +85,21 @@ class Shim:
         """What the last call launched: (kernel name, splits, CTAs, launched with PDL, an
         early start (paged_kv_ready), the TMA ring (OT_PAGED_TMA, experiment builds), the
         aligned-page instance (OT_PAGED_ALIGNED), 8-warp CTAs (OT_PAGED_WARPS), an opt-in
-        variant (OT_PAGED_VARIANT, builds of decode round 9 only; removed in round 10), the V
-        fragments by ldmatrix.trans (OT_PAGED_PV=ldsm or ldsm2, flag 512), the 8-value stage
-        swizzle (OT_PAGED_PV=ldsm2, flag 1024)). Flag 2,
+        variant (OT_PAGED_VARIANT, builds of decode round 9 only; removed in round 10)). Flag 2,
         round 6's fused split merge (removed), is no longer set, nor are 128 / 256 (round 11's
-        bulk ring, removed)."""
+        bulk ring, removed) and 512 / 1024 (round 12's V fragments by ldmatrix.trans,
+        OT_PAGED_PV=ldsm / ldsm2, removed)."""
         a = (cint * 4)()
         self.lib.shim_paged_last_plan(a)
         return ({1: "split", 2: "stream", 3: "simple"}.get(a[0], "none"), a[1], a[2],
                 bool(a[3] & 1), bool(a[3] & 4), bool(a[3] & 8), bool(a[3] & 16), bool(a[3] & 32),
-                bool(a[3] & 64), bool(a[3] & 512), bool(a[3] & 1024))
+                bool(a[3] & 64))
 
 
 def plan_str(pl):
     extra = (", pdl" if pl[3] else "") + (", early" if pl[4] else "") + \
         (", tma" if len(pl) > 5 and pl[5] else "") + (", aligned" if len(pl) > 6 and pl[6] else "") + \
-        (", 8 warps" if len(pl) > 7 and pl[7] else "") + (", variant" if len(pl) > 8 and pl[8] else "") + \
-        ((", ldsm2" if len(pl) > 10 and pl[10] else ", ldsm") if len(pl) > 9 and pl[9] else "")
+        (", 8 warps" if len(pl) > 7 and pl[7] else "") + (", variant" if len(pl) > 8 and pl[8] else "")
     return f"{pl[0]} x{pl[1]}, {pl[2]} CTAs{extra}"
 
 

@@ -8,9 +8,7 @@
  * shim_paged_last_plan: what the last call launched (ot_cuda_paged_last_plan, an internal
  * hook of src/cuda/paged_attention.cu): kernel (1 split, 2 stream, 3 simple), splits, CTAs
  * of the main kernel, flags (1 a programmatic dependent, 4 an early start, 8 TMA ring, 16
- * aligned-page instance, 32 8-warp CTAs, 512 the V fragments by ldmatrix.trans, 1024 with
- * the 8-value stage swizzle (OT_PAGED_PV=ldsm2);
- * bench_decode.py's Shim.plan).
+ * aligned-page instance, 32 8-warp CTAs; bench_decode.py's Shim.plan).
  * shim_paged_trace: the per-CTA %globaltimer stamps of a -DOT_PA_TRACE build
  * (ot_cuda_paged_trace; -1 in other builds).
  * shim_set_kv_ready: ot_attention_params.paged_kv_ready of the following calls (0 / 1; the

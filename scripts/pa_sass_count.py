@@ -120,10 +120,6 @@ def pretty(name):
 def params(s):
     if "pa_params_tm" in s:
         return "tm"
-    if "pa_params_ldsm2" in s:
-        return "ldsm2"  # OT_PAGED_PV=ldsm2: ldsm with the 8-value stage swizzle
-    if "pa_params_ldsm" in s:
-        return "ldsm"  # OT_PAGED_PV=ldsm: V fragments by ldmatrix.trans
     m = re.search(r"pa_params_vILi(\d+)E", s)
     if m:
         return "var%s" % m.group(1)

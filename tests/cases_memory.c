@@ -899,14 +899,8 @@ static ot_attention_params pcase_params(const pcase *c) {
  * start); the kv-ready calls of those cases must also have set 4 (the early start). */
 static const char *g_pmode = "";
 static int g_pflag_set = 0, g_pflag_clear = 0;
-/* the kernel those calls must have taken: 1 the split kernel (paged_mode_cases force it), 0
- * either (the stream kernel's blocks: a case it cannot take, a left window's, keeps the split
- * kernel) */
-static int g_pkernel = 1;
 /* paged_case_spare runs each case again with both split merges (paged_merge_bits) */
 static bool g_pmerge_bits = false;
-/* ... and again with OT_PAGED_PV unset (paged_pv_bits) */
-static bool g_ppv_bits = false;
 #ifdef OT_TEST_CUDA
 void ot_cuda_paged_last_plan(int out[4]); /* src/cuda/paged_attention.cu */
 #endif
@@ -921,10 +915,10 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
   const char *dbg = getenv("OT_DEBUG");
   const bool early = ready && !(dbg && dbg[0] && strcmp(dbg, "0") != 0);
   const int want = (g_pflag_set & ~(ready ? 32 : 0)) | (early ? 4 : 0);
-  const int kernel = g_pkernel;
+  const int kernel = 1; /* the split kernel (paged_mode_cases force it) */
   int pl[4] = {0, 0, 0, 0};
   ot_cuda_paged_last_plan(pl);
-  if ((kernel && pl[0] != kernel) || (al && (pl[3] & want) != want) || (pl[3] & g_pflag_clear))
+  if (pl[0] != kernel || (al && (pl[3] & want) != want) || (pl[3] & g_pflag_clear))
     tr_fail(tr, "%s: ran kernel %d with plan flags %d (expected kernel %d, flags %d set%s, "
             "%d clear)", call, pl[0], pl[3], kernel, al ? want : 0,
             al ? "" : " (not an aligned case)", g_pflag_clear);
@@ -960,29 +954,6 @@ static void paged_merge_bits(test_run *tr, const ot_attention_params *prm, tbuf 
     }
   }
   env_restore(&m);
-  free(so), free(sl);
-}
-
-/* g_ppv_bits (CUDA): out and lse of the call just made (under OT_PAGED_PV=ldsm or ldsm2, the
- * V fragments by ldmatrix.trans) against the same call with OT_PAGED_PV unset: every output
- * element is the same mma over the same P row and V column in the same key order, so the
- * same bits (outputs poisoned before). */
-static void paged_pv_bits(test_run *tr, const ot_attention_params *prm, tbuf *q, tbuf *cu,
-                          const ot_paged_kv *kv, tbuf *out, tbuf *lse) {
-  void *so = tb_snapshot(out), *sl = tb_snapshot(lse);
-  const char *mode = getenv("OT_PAGED_PV");
-  char pvm[16];
-  snprintf(pvm, sizeof pvm, "%s", mode ? mode : "");
-  env_saved pv = env_set("OT_PAGED_PV", NULL);
-  tb_poison(out);
-  tb_poison(lse);
-  if (tr_ok(tr, ot_paged_attention(tr->be->ctx, prm, tb_dl(q), tb_dl(cu), kv, tb_dl(out),
-                                   tb_dl(lse)),
-            "OT_PAGED_PV unset")) {
-    if (!tb_unchanged(out, so)) tr_fail(tr, "out differs between OT_PAGED_PV=%s and unset", pvm);
-    if (!tb_unchanged(lse, sl)) tr_fail(tr, "lse differs between OT_PAGED_PV=%s and unset", pvm);
-  }
-  env_restore(&pv);
   free(so), free(sl);
 }
 
@@ -1027,7 +998,6 @@ static void paged_case_spare(test_run *tr, const pcase *c, DLDataType dt, int64_
     }
     free(snap);
     if (g_pmerge_bits) paged_merge_bits(tr, &prm, q, cu, &P.kv, out, lse);
-    if (g_ppv_bits) paged_pv_bits(tr, &prm, q, cu, &P.kv, out, lse);
   }
   free(qd), free(ro), free(rl);
   tb_free(q), tb_free(out), tb_free(lse), tb_free(cu);
@@ -1931,59 +1901,6 @@ static void paged_merge_cases(test_run *tr) {
   g_pmerge_bits = false;
 }
 
-/* OT_PAGED_PV=ldsm (the aligned instances' V fragments by ldmatrix.trans) and ldsm2 (the
- * same with the 8-value stage swizzle): the instance blocks' cases (paged_mode_cases:
- * head_dim 128 bf16 / fp16, pages of 16, 48, 64 and 256 keys, GQA 1-8, batches 1-6 with
- * contexts that are not multiples of 16 over NaN-poisoned slots, speculative and prefill
- * tiles, windows, softcap, forced and single splits, back to back, kv ready) on the 4-warp
- * and the 8-warp split kernel, then the stream kernel's (whole units to out, cut units to
- * pieces); every paged_case against the float64 reference and bit for bit against the same
- * call with OT_PAGED_PV unset (paged_pv_bits), the plan flags checked where the case is
- * aligned: 512 for both, 1024 set by ldsm2 and clear under ldsm. Block names "pv ldsm ..."
- * and "pv ldsm2 ...". */
-static void paged_pv_cases(test_run *tr) {
-  static const struct {
-    const char *mode;
-    int set, clear;
-  } pvs[] = {{"ldsm", 512, 1024}, {"ldsm2", 512 | 1024, 0}};
-  char pre[64], name[96];
-  for (size_t v = 0; v < sizeof pvs / sizeof pvs[0]; v++) {
-    const char *md = pvs[v].mode;
-    g_ppv_bits = true;
-    env_saved w4 = env_set("OT_PAGED_WARPS", "4");
-    snprintf(pre, sizeof pre, "pv %s ", md);
-    paged_mode_cases(tr, pre, "OT_PAGED_PV", md, 16 | pvs[v].set, 32 | pvs[v].clear);
-    env_restore(&w4);
-    env_saved pv = env_set("OT_PAGED_PV", md);
-    snprintf(pre, sizeof pre, "pv %s w8 ", md);
-    paged_mode_cases(tr, pre, "OT_PAGED_WARPS", "8", 16 | 32 | pvs[v].set, pvs[v].clear);
-    env_saved kern = env_set("OT_PAGED_KERNEL", "stream");
-    snprintf(pre, sizeof pre, "pv %s stream ", md);
-    g_pmode = pre;
-    g_pkernel = 0;
-    g_pflag_set = 16 | pvs[v].set;
-    g_pflag_clear = pvs[v].clear;
-    for (size_t i = 0; i < sizeof paged_cuda_cases / sizeof paged_cuda_cases[0]; i++)
-      if (paged_cuda_cases[i].d == 128)
-        paged_case(tr, &paged_cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);
-    paged_case(tr, &paged_cuda_long[0], DT_BF16); /* 1 x 65536 pages of 16 */
-    paged_case(tr, &paged_cuda_long[1], DT_F16);  /* 1 x 33000 pages of 256, 2 queries */
-    paged_case(tr, &paged_long[0], DT_BF16);
-    g_pflag_set = g_pflag_clear = 0;
-    g_pkernel = 1;
-    g_pmode = "";
-    env_restore(&kern);
-    snprintf(name, sizeof name, "pv %s stream B70 ragged GQA4 bs16", md);
-    paged_stream_case(tr, name, 70, 300, 3, 8, 2, 16, 0, DT_BF16, 11);
-    snprintf(name, sizeof name, "pv %s stream B100 GQA4 bs64, 3 CTAs", md);
-    paged_stream_case(tr, name, 100, 700, 1, 16, 4, 64, 3, DT_F16, 13);
-    snprintf(name, sizeof name, "pv %s stream B40 spec 2 GQA8 bs16, 1 CTA", md);
-    paged_stream_case(tr, name, 40, 200, 2, 16, 2, 16, 1, DT_BF16, 15);
-    env_restore(&pv);
-    g_ppv_bits = false;
-  }
-}
-
 /* CUDA: the kernels (attention both paths, forced splits, append, OT_DEBUG); the arena,
  * pool and tracker tests write blocks with the host and run on the CPU backend. */
 static void run_memory_cuda(test_run *tr) {
@@ -2070,7 +1987,6 @@ static void run_memory_cuda(test_run *tr) {
   append_case(tr, DT_BF16, 16, 0, true, false, false);
   paged_instance_cases(tr);
   paged_merge_cases(tr);
-  paged_pv_cases(tr);
   paged_debug_case(tr, DT_BF16, 128);
   paged_debug_case(tr, DT_F32, 16);
   env_saved kern2 = env_set("OT_PAGED_KERNEL", "stream");

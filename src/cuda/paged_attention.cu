@@ -110,14 +110,6 @@
  *     with "rescale", CR alone, which lost at 1 x 2k and 64 x 4k): 16 x 4k 70.58 -> 69.92
  *     us, 64 x 4k 248.9 -> 248.2, 1 x 64k 72.99 -> 72.46, 1 x 2k 10.79 -> 10.61, 64 x 1k
  *     (stream kernel) 74.00 -> 73.99; outputs the same bits at each.
- *   - OT_PAGED_PV=ldsm (the AL instances' opt-in, P = pa_params_ldsm; decode round 12, not yet
- *     measured): the PV mma's V fragments by ldmatrix.x4.trans (pa_step's LM, see
- *     pa_ldsm_offsets) instead of 16-byte runs packed by 32 PRMT: 331 -> 300 issued
- *     instructions per step (stream kernel 467 -> 429), the same bits; output feature chunk j
- *     is n-tile j there, so its epilogues store by that mapping. OT_PAGED_PV=ldsm2
- *     (P = pa_params_ldsm2, not yet measured): the same with the stage rows in a swizzle of 8
- *     values over 8 keys (pa_swz_of), the V ldmatrix rows free of bank conflicts (32 shared
- *     wavefronts a step for V where ldsm's take 64); 300 issued per step (stream 432).
  * Stream kernel (head_dim 128, no left window): a persistent wave of warps, each taking an
  * even share of all 16-key steps and streaming them through the same per-warp ring across
  * unit boundaries; cut units merged by a second (PDL) kernel; its K / V copies carry an L2
@@ -133,6 +125,12 @@
  * moved by one lane's 1-D cp.async.bulk copies): slower than the cp.async ring at every
  * shape on the H200 (16 x 4k 71.44 vs 77.66 / 76.41 us, 1 x 64k 74.14 vs 83.62 / 84.17;
  * 2026-12-01, docs/PERFORMANCE.md), removed.
+ * V fragments by ldmatrix.trans (decode round 12, the AL instances' opt-ins OT_PAGED_PV=ldsm
+ * and ldsm2, the latter with an 8-value stage swizzle free of the ldmatrix bank conflicts;
+ * code in 8608a7f / 417d2aa): 331 -> 300 issued instructions per step (stream kernel 467 ->
+ * 429 / 432), the same bits, but level in time on the H200 (same process, 2026-12-01: 16 x
+ * 4k 70.16 vs 70.06 / 69.69 us, 64 x 4k 248.29 vs 248.25 / 247.72), short of the 1.01x
+ * their keep rule asked (docs/MEMORY.md), removed.
  * Masks (causal bottom-right, windows), softcap and empty rows as ot_attention_forward.
  *
  * Fallback kernel (float32, other head dims, misaligned q): one warp per (token, q head),
@@ -254,22 +252,6 @@ __device__ __forceinline__ uint32_t pair_of(const uint4 &a, const uint4 &b, int 
 
 /* The swizzle of a stage row: chunk c of key row k (0..15) sits at chunk c ^ pa_swz(k). */
 __device__ __forceinline__ int pa_swz(int k) { return ((k & 1) << 2) ^ (k & 6); }
-/* W8 (OT_PAGED_PV=ldsm2, the pa_params_ldsm2 instances): a swizzle with 8 values over a
- * matrix's 8 keys, s8(k) = (k & 7) ^ ((k & 1) << 2) (k & 7 = 0..7 -> 0 5 2 7 4 1 6 3, a
- * bijection onto 0..7: the xor term depends only on bit 0, which it keeps), so that
- * ldmatrix.trans's 8 row addresses of a V matrix (8 keys, one chunk) fall on the 8 bank
- * quads. pa_swz is k ^ 5 (k & 1) (values 0 2 4 6 only); s8 is k ^ 4 (k & 1). Like pa_swz,
- * rows 2q and 2q + 1 differ in bit 2 (s8: by 5), so a quarter-warp's K reads (rows g = 2q,
- * 2q + 1 x chunks tq4 = 0..3) stay on 8 bank quads, and the copies (8 lanes: one row, 8
- * chunks) are conflict-free under any xor; rows k and k + 8 share a swizzle, so the K / V
- * read and copy offsets keep their immediates (pa_fc_offsets, pa_lds_offsets,
- * pa_ldsm_offsets). (((k & 1) << 2) | ((k >> 1) & 3), also 8 values and conflict-free for
- * these reads, cost 5 issued instructions a step more in the split kernel and 25 in the
- * stream kernel, the compiler re-deriving its offsets from the lane in every step.) */
-template <bool W8> __device__ __forceinline__ int pa_swz_of(int k) {
-  if constexpr (W8) return (k & 7) ^ ((k & 1) << 2);
-  else return pa_swz(k);
-}
 
 /* Tiles (of 16 rows) of sequence b with cu_seqlens_q[b] = c0, [b + 1] = c1; 0 when
  * cu_seqlens_q fails the debug check. */
@@ -446,7 +428,7 @@ template <bool EF> __device__ __forceinline__ uint64_t pa_copy_policy() {
 /* The cp.async copies of one 16-key step into stage st (16 K rows, then 16 V rows, swizzled):
  * lane copies chunk lane % (D / 8) of rows lane / (D / 8) + j * 32 / (D / 8); off_of(row)
  * is that key row's element offset in both page arrays, or < 0 for a zero-filled row. */
-template <typename T, int D, bool EF, bool W8 = false, typename OffOf>
+template <typename T, int D, bool EF, typename OffOf>
 __device__ __forceinline__ void pa_copy_step(T *st, const T *kp, const T *vp, int lane,
                                              OffOf off_of) {
   constexpr int CR = D / 8;
@@ -458,7 +440,7 @@ __device__ __forceinline__ void pa_copy_step(T *st, const T *kp, const T *vp, in
     const int kr = lane / CR + j * (32 / CR);
     const int64_t off = off_of(kr);
     const int n = off >= 0 ? 16 : 0;
-    const int pc = (c ^ pa_swz_of<W8>(kr)) * 8;
+    const int pc = (c ^ pa_swz(kr)) * 8;
     pa_cp16<EF>(st + kr * D + pc, n ? kp + off + c * 8 : kp, n, pol);
     pa_cp16<EF>(st + (kPaStep + kr) * D + pc, n ? vp + off + c * 8 : vp, n, pol);
   }
@@ -513,9 +495,8 @@ __device__ __forceinline__ void pa_fc_copy(const uint32_t (&sdst)[4], const void
   }
 }
 /* A lane's four stage-0 shared offsets for pa_fc_copy (bytes from the warp's ring) and its
- * element offset in a step's 4 KB run. Row r0 + 2j (r0 = lane / 16) has swizzle
- * (r0 << 2) ^ 2 (j & 3), W8 5 r0 ^ 2 (j & 3) (pa_swz_of): m = j & 3 either way. */
-template <typename T, bool W8 = false>
+ * element offset in a step's 4 KB run. */
+template <typename T>
 __device__ __forceinline__ void pa_fc_offsets(const T *ring, int lane, uint32_t (&fc_s)[4],
                                               int &fc_g) {
   constexpr int D = 128;
@@ -523,7 +504,7 @@ __device__ __forceinline__ void pa_fc_offsets(const T *ring, int lane, uint32_t 
 #pragma unroll
   for (int m = 0; m < 4; m++)
     fc_s[m] = attn::smem_u32(ring) +
-              (uint32_t)(r0 * D + ((c ^ ((W8 ? r0 * 5 : r0 << 2) ^ (2 * m))) * 8)) * (uint32_t)sizeof(T);
+              (uint32_t)(r0 * D + ((c ^ ((r0 << 2) ^ (2 * m))) * 8)) * (uint32_t)sizeof(T);
   fc_g = r0 * D + c * 8;
 }
 
@@ -537,19 +518,13 @@ __device__ __forceinline__ void pa_fc_offsets(const T *ring, int lane, uint32_t 
 struct pa_lds_base {
   uint32_t k[2], v[2]; /* bytes from a stage's start: K of c even / odd, V of e even / odd */
 };
-template <bool W8 = false>
 __device__ __forceinline__ pa_lds_base pa_lds_offsets(int g, int tq4) {
-  const uint32_t x = (uint32_t)(tq4 ^ pa_swz_of<W8>(g)), y = (uint32_t)(g ^ (tq4 * 2));
+  const uint32_t x = (uint32_t)(tq4 ^ pa_swz(g)), y = (uint32_t)(g ^ (tq4 * 2));
   pa_lds_base b;
   b.k[0] = (uint32_t)g * 256u + x * 16u;
   b.k[1] = (uint32_t)g * 256u + (x ^ 4u) * 16u;
-  if constexpr (W8) { /* (the LM instances only: these V offsets are not read) */
-    b.v[0] = 4096u + (uint32_t)tq4 * 512u + (uint32_t)(g ^ pa_swz_of<true>(2 * tq4)) * 16u;
-    b.v[1] = 4096u + (uint32_t)tq4 * 512u + 256u + (uint32_t)(g ^ pa_swz_of<true>(2 * tq4 + 1)) * 16u;
-  } else {
-    b.v[0] = 4096u + (uint32_t)tq4 * 512u + y * 16u;
-    b.v[1] = 4096u + (uint32_t)tq4 * 512u + 256u + (y ^ 4u) * 16u;
-  }
+  b.v[0] = 4096u + (uint32_t)tq4 * 512u + y * 16u;
+  b.v[1] = 4096u + (uint32_t)tq4 * 512u + 256u + (y ^ 4u) * 16u;
   return b;
 }
 template <int IMM> __device__ __forceinline__ uint4 pa_lds128(uint32_t addr) {
@@ -558,51 +533,6 @@ template <int IMM> __device__ __forceinline__ uint4 pa_lds128(uint32_t addr) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "r"(addr), "n"(IMM));
   return v;
-}
-
-/* LM (OT_PAGED_PV=ldsm, the AL instances' opt-in; decode round 12): the PV mma's B
- * fragments (V) loaded by ldmatrix.trans, where pa_step's default reads 16-byte runs of V
- * rows and packs the key pairs with 32 PRMT (pair_of) per step. ldmatrix.x4.trans: lane
- * 8i + r gives the shared address of row r of 8x8 matrix i (16 bytes: 8 features of one
- * key), and lane (g, tq4) receives of each matrix its elements [2 tq4][g], [2 tq4 + 1][g]
- * packed lo / hi: the B fragment {V[k 2tq4][n g], V[k 2tq4 + 1][n g]} of the 8 keys and 8
- * features of that matrix. So n-tile j of the PV mma is feature chunk j (features 8j + n),
- * not the default's (j / 8) * 64 + n * 8 + j % 8 (which no 16-byte row can give: a row's
- * 8 elements are 8 consecutive features), and a thread's accumulators are features
- * 8j + 2 tq4 + {0, 1}: the epilogues store them where they belong (pa_mma_kernel's s_o,
- * ps_kernel's flush). Every output element is the same mma over the same P row and V
- * column in the same key order as the default's, so the same bits.
- * Matrix i of x4 m (m = 0..7, n-tiles 2m and 2m + 1): keys 8 (i & 1) + r, chunk 2m + i / 2,
- * at stage chunk (2m + i / 2) ^ swz(r) = 2 (m ^ swz(r) / 2) + i / 2 (swz(r) is even), so a
- * lane's 8 addresses are its offset of m = 0 with bits 5-6 xor-ed by (m & 3) plus 128 bytes
- * times m / 4: one register, 3 LOP3 and 4 IADD per step (four offsets held in registers
- * were re-derived from the lane in every step by the compiler, ~17 instructions).
- * The layout is the copies' (unchanged): its swizzle takes 4 values over a matrix's 8 keys,
- * so each matrix's 8 rows fall on 4 of the 8 bank quads, 2-way conflicts (8 shared
- * wavefronts per x4, 64 per step where the default's 8 LDS.128 take 32). W8 (OT_PAGED_PV=
- * ldsm2): the stage in the 8-value swizzle s8 (pa_swz_of), a matrix's 8 rows on the 8 bank
- * quads (32 wavefronts a step); chunk (2m + i / 2) ^ s8(r) = 2m ^ (i / 2 ^ s8(r)), so the
- * same one offset, xor-ed by 32 (m & 3), plus 128 (m >> 2). */
-struct pa_ldsm_base {
-  uint32_t v; /* bytes from a stage's start: x4 m's address is (v ^ 32 (m & 3)) + 128 (m >> 2) */
-};
-template <bool W8 = false> __device__ __forceinline__ pa_ldsm_base pa_ldsm_offsets(int lane) {
-  const uint32_t key = (uint32_t)(lane & 15), hi = (uint32_t)(lane >> 4);
-  pa_ldsm_base b;
-  if constexpr (W8) { /* (2m + hi) ^ s8(r) = 2m ^ (hi ^ s8(r)) */
-    b.v = 4096u + key * 256u + (hi ^ (uint32_t)pa_swz_of<true>(lane & 7)) * 16u;
-  } else {
-    const uint32_t sw = (uint32_t)pa_swz(lane & 7) >> 1;
-    b.v = 4096u + key * 256u + (sw * 2u + hi) * 16u;
-  }
-  return b;
-}
-template <int IMM>
-__device__ __forceinline__ void pa_ldsm_t(uint32_t addr, uint32_t &a, uint32_t &b, uint32_t &c,
-                                          uint32_t &d) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4+%5];\n"
-               : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
-               : "r"(addr), "n"(IMM));
 }
 
 /* The online softmax's exp2: FE (the AL instances) ex2.approx.ftz, else exp2f. */
@@ -621,42 +551,27 @@ template <bool FE> __device__ __forceinline__ float pa_exp2(float x) {
  * threshold): where none did, every row's factor is exp2(0) = 1 (or 0 on a row that has seen
  * no key yet, whose O is still 0), so the results are the same bits; the 64 FMULs (head_dim
  * 128) are skipped once the maxima settle. */
-template <typename T, int D, bool TM = false, bool FE = false, bool CR = false, bool LB = false,
-          bool LM = false>
+template <typename T, int D, bool TM = false, bool FE = false, bool CR = false, bool LB = false>
 __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16][4], int kb,
                                         int kh, const int (&r_lo)[2], const int (&r_hi)[2],
                                         float qk_scale, float softcap, float cap2, int g, int tq4,
                                         float (&m_run)[2], float (&l_run)[2],
                                         float (&acc)[D / 8][4], bool nomask = false,
-                                        const pa_lds_base &lb = pa_lds_base{},
-                                        const pa_ldsm_base &lm = pa_ldsm_base{}) {
+                                        const pa_lds_base &lb = pa_lds_base{}) {
   constexpr int KC = D / 32, NT = D / 8, VH = D / 64;
   static_assert(!LB || (D == 128 && !TM), "the LB reads are laid out for head_dim 128");
-  static_assert(!LM || LB, "the ldmatrix V reads (LM) come with the LB reads");
   uint4 kr[2][KC], vr[4][VH];
-  uint32_t vb[LM ? NT : 1][2]; /* LM: n-tile j's B fragment (b0 keys 0-7, b1 keys 8-15) */
   if constexpr (LB) {
     const uint32_t sb = attn::smem_u32(st);
-    const uint32_t k0 = sb + lb.k[0], k1 = sb + lb.k[1];
+    const uint32_t k0 = sb + lb.k[0], k1 = sb + lb.k[1], v0 = sb + lb.v[0], v1 = sb + lb.v[1];
     kr[0][0] = pa_lds128<0>(k0), kr[0][1] = pa_lds128<0>(k1);
     kr[0][2] = pa_lds128<128>(k0), kr[0][3] = pa_lds128<128>(k1);
     kr[1][0] = pa_lds128<2048>(k0), kr[1][1] = pa_lds128<2048>(k1);
     kr[1][2] = pa_lds128<2048 + 128>(k0), kr[1][3] = pa_lds128<2048 + 128>(k1);
-    if constexpr (LM) {
-      const uint32_t v[4] = {sb + lm.v, sb + (lm.v ^ 32u), sb + (lm.v ^ 64u), sb + (lm.v ^ 96u)};
-#pragma unroll
-      for (int m = 0; m < 4; m++) {
-        pa_ldsm_t<0>(v[m], vb[2 * m][0], vb[2 * m][1], vb[2 * m + 1][0], vb[2 * m + 1][1]);
-        pa_ldsm_t<128>(v[m], vb[2 * m + 8][0], vb[2 * m + 8][1], vb[2 * m + 9][0],
-                       vb[2 * m + 9][1]);
-      }
-    } else {
-      const uint32_t v0 = sb + lb.v[0], v1 = sb + lb.v[1];
-      vr[0][0] = pa_lds128<0>(v0), vr[0][1] = pa_lds128<128>(v0);
-      vr[1][0] = pa_lds128<0>(v1), vr[1][1] = pa_lds128<128>(v1);
-      vr[2][0] = pa_lds128<2048>(v0), vr[2][1] = pa_lds128<2048 + 128>(v0);
-      vr[3][0] = pa_lds128<2048>(v1), vr[3][1] = pa_lds128<2048 + 128>(v1);
-    }
+    vr[0][0] = pa_lds128<0>(v0), vr[0][1] = pa_lds128<128>(v0);
+    vr[1][0] = pa_lds128<0>(v1), vr[1][1] = pa_lds128<128>(v1);
+    vr[2][0] = pa_lds128<2048>(v0), vr[2][1] = pa_lds128<2048 + 128>(v0);
+    vr[3][0] = pa_lds128<2048>(v1), vr[3][1] = pa_lds128<2048 + 128>(v1);
   }
 #pragma unroll
   for (int nb = 0; nb < 2 && !LB; nb++) {
@@ -755,14 +670,10 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
   /* O += P V */
 #pragma unroll
   for (int j = 0; j < NT; j++) {
-    if constexpr (LM) {
-      mma_m16n8k16<T>::run(acc[j], pa, vb[j][0], vb[j][1]);
-    } else {
-      const int h = j >> 3, e = j & 7;
-      const uint32_t b0 = pair_of(vr[0][h], vr[1][h], e);
-      const uint32_t b1 = pair_of(vr[2][h], vr[3][h], e);
-      mma_m16n8k16<T>::run(acc[j], pa, b0, b1);
-    }
+    const int h = j >> 3, e = j & 7;
+    const uint32_t b0 = pair_of(vr[0][h], vr[1][h], e);
+    const uint32_t b1 = pair_of(vr[2][h], vr[3][h], e);
+    mma_m16n8k16<T>::run(acc[j], pa, b0, b1);
   }
 }
 
@@ -778,19 +689,6 @@ struct pa_params_tm : pa_params {
 };
 template <typename P> struct pa_is_tm { static constexpr bool value = false; };
 template <> struct pa_is_tm<pa_params_tm> { static constexpr bool value = true; };
-/* P = pa_params_ldsm (AL only; OT_PAGED_PV=ldsm): the PV mma's V fragments by ldmatrix.trans
- * (pa_step's LM; a parameter type of its own so that the default instances keep their names
- * and code) */
-struct pa_params_ldsm : pa_params {};
-template <typename P> struct pa_is_ldsm { static constexpr bool value = false; };
-template <> struct pa_is_ldsm<pa_params_ldsm> { static constexpr bool value = true; };
-/* P = pa_params_ldsm2 (AL only; OT_PAGED_PV=ldsm2): ldsm's V reads with the stage rows in the
- * 8-value swizzle (pa_swz_of<true>, W8): the copies' places and the K / V read offsets follow
- * it, pa_step's code is ldsm's */
-struct pa_params_ldsm2 : pa_params {};
-template <> struct pa_is_ldsm<pa_params_ldsm2> { static constexpr bool value = true; };
-template <typename P> struct pa_is_sw8 { static constexpr bool value = false; };
-template <> struct pa_is_sw8<pa_params_ldsm2> { static constexpr bool value = true; };
 
 
 __device__ __forceinline__ void pa_tma_step(uint32_t dst_k, uint32_t dst_v, const CUtensorMap *tk,
@@ -846,7 +744,7 @@ template <int S> __device__ __forceinline__ uint32_t pa_ring_bars(uint64_t *bars
 
 /* A warp's ring (S stages; TM: from the first 1024-byte boundary of the dynamic shared
  * memory) and, AL, its pa_fc_copy offsets. */
-template <typename T, int D, int S, bool TM, bool AL, bool W8 = false>
+template <typename T, int D, int S, bool TM, bool AL>
 __device__ __forceinline__ T *pa_warp_ring(unsigned char *smem, int warp, int lane,
                                            uint32_t (&fc_s)[4], int &fc_g) {
   unsigned char *base = smem;
@@ -854,7 +752,7 @@ __device__ __forceinline__ T *pa_warp_ring(unsigned char *smem, int warp, int la
   T *ring = reinterpret_cast<T *>(base) + (size_t)warp * S * 2 * kPaStep * D;
   fc_s[0] = fc_s[1] = fc_s[2] = fc_s[3] = 0;
   fc_g = 0;
-  if constexpr (AL) pa_fc_offsets<T, W8>(ring, lane, fc_s, fc_g);
+  if constexpr (AL) pa_fc_offsets(ring, lane, fc_s, fc_g);
   return ring;
 }
 
@@ -872,12 +770,8 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   constexpr int KS = D / 16;   /* k-steps of QK */
   constexpr int NT = D / 8;    /* n-tiles of PV */
   constexpr bool TM = pa_is_tm<P>::value;
-  constexpr bool LM = pa_is_ldsm<P>::value; /* V fragments by ldmatrix.trans (pa_step's LM) */
-  constexpr bool W8 = pa_is_sw8<P>::value;  /* the 8-value stage swizzle (pa_swz_of) */
   static_assert(!TM || D == 128, "the TMA ring is laid out for head_dim 128");
   static_assert(!AL || (D == 128 && !TM), "the aligned copies are laid out for head_dim 128");
-  static_assert(!LM || AL, "the ldmatrix V reads are the AL instances' opt-in");
-  static_assert(!W8 || LM, "the 8-value swizzle comes with the ldmatrix V reads");
   __shared__ float s_m[NW][16], s_l[NW][16], s_wt[NW][16];
   __shared__ int64_t s_off[16];
   __shared__ __align__(8) uint64_t s_bar[TM ? NW : 1][TM ? S : 1];
@@ -1003,7 +897,7 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
    * lane % 16, and its element offset in a step's 4 KB run */
   uint32_t fc_s[4];
   int fc_g;
-  T *ring = pa_warp_ring<T, D, S, TM, AL, W8>(pa_smem, warp, lane, fc_s, fc_g);
+  T *ring = pa_warp_ring<T, D, S, TM, AL>(pa_smem, warp, lane, fc_s, fc_g);
   /* step t's K and V rows into stage t % S: lane copies chunk lane % CR of rows
    * lane / CR + j * 32 / CR; pid = this lane's page id register for step t. TM: lane 0
    * copies the step's K and V boxes (a whole step is in the page of its first key). */
@@ -1029,7 +923,7 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
       }
       return;
     }
-    pa_copy_step<T, D, false, W8>(st, kbase, vbase, lane, [&](int kr) -> int64_t {
+    pa_copy_step<T, D, false>(st, kbase, vbase, lane, [&](int kr) -> int64_t {
       const int pg = __shfl_sync(0xffffffffu, pid, kr);
       const int key = kb + kr;
       const int slot = p.bs_shift >= 0 ? key & (p.bs - 1) : key % p.bs;
@@ -1080,8 +974,7 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   const float qk_scale = p.softcap > 0 ? p.scale / p.softcap : p.scale * kLog2e;
   const float cap2 = p.softcap * kLog2e;
   /* AL: the fragment reads' per-lane offsets (pa_lds_offsets, pa_step's LB) */
-  const pa_lds_base lb = AL ? pa_lds_offsets<W8>(g, tq4) : pa_lds_base{};
-  const pa_ldsm_base lm = LM ? pa_ldsm_offsets<W8>(lane) : pa_ldsm_base{};
+  const pa_lds_base lb = AL ? pa_lds_offsets(g, tq4) : pa_lds_base{};
 
 #pragma unroll 1
   for (int t = 0; t < nst; t++) {
@@ -1112,9 +1005,9 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
         whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
       nomask = __all_sync(0xffffffffu, whole);
     }
-    pa_step<T, D, TM, AL, AL, AL, LM>(
+    pa_step<T, D, TM, AL, AL, AL>(
         ring + (size_t)(t % S) * 2 * kPaStep * D, qa, kb, kh, r_lo, r_hi, qk_scale, p.softcap,
-        cap2, g, tq4, m_run, l_run, acc, nomask, lb, lm);
+        cap2, g, tq4, m_run, l_run, acc, nomask, lb);
   }
   if constexpr (!TM) attn::cp_async_wait<0>(); /* (only empty groups can be left) */
   PA_TR(0, 4, pa_gtime());
@@ -1138,10 +1031,8 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
 #endif
   /* the warps' O through shared memory, rows kOS = D + 2 floats apart: a store instruction
    * below writes rows g (8) x features tq4 * 16 + c (4), which with rows D apart fell into
-   * 2 banks (16-way conflicts) and with D + 2 into 16 (2-way). LM: a thread's pairs of
-   * adjacent features 8j + 2 tq4 as one 8-byte store, rows D + 8 floats apart, so that a
-   * half-warp's 16 stores (rows g, g + 1, g + 2, g + 3 x tq4) cover the 32 banks once */
-  constexpr int OS = LM ? D + 8 : pa_cfg<D, S>::kOS;
+   * 2 banks (16-way conflicts) and with D + 2 into 16 (2-way) */
+  constexpr int OS = pa_cfg<D, S>::kOS;
   static_assert((size_t)NW * S * pa_cfg<D, S>::kStageBytes >= (size_t)NW * 16 * OS * sizeof(float),
                 "epilogue fits the ring");
   float *s_o = reinterpret_cast<float *>(pa_smem); /* [warps][16][OS] */
@@ -1154,13 +1045,6 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   float *ow = s_o + (size_t)warp * 16 * OS;
 #pragma unroll
   for (int j = 0; j < NT; j++) {
-    if constexpr (LM) { /* n-tile j is features 8j .. 8j + 7 (pa_ldsm_offsets) */
-      const int d0 = 8 * j + tq4 * 2;
-      if (r_ok[0]) *reinterpret_cast<float2 *>(ow + g * OS + d0) = make_float2(acc[j][0], acc[j][1]);
-      if (r_ok[1])
-        *reinterpret_cast<float2 *>(ow + (g + 8) * OS + d0) = make_float2(acc[j][2], acc[j][3]);
-      continue;
-    }
     const int d0 = (j >> 3) * 64 + (tq4 * 2) * 8 + (j & 7), d1 = d0 + 8;
     if (r_ok[0]) {
       ow[g * OS + d0] = acc[j][0];
@@ -1512,12 +1396,8 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
   constexpr int KS = D / 16, NT = D / 8, VH = D / 64;
   constexpr int A = kPaPidAhead;
   constexpr bool TM = pa_is_tm<PP>::value;
-  constexpr bool LM = pa_is_ldsm<PP>::value; /* V fragments by ldmatrix.trans (pa_step's LM) */
-  constexpr bool W8 = pa_is_sw8<PP>::value;  /* the 8-value stage swizzle (pa_swz_of) */
   static_assert(!TM || D == 128, "the TMA ring is laid out for head_dim 128");
   static_assert(!AL || (D == 128 && !TM), "the aligned copies are laid out for head_dim 128");
-  static_assert(!LM || AL, "the ldmatrix V reads are the AL instances' opt-in");
-  static_assert(!W8 || LM, "the 8-value swizzle comes with the ldmatrix V reads");
   static_assert(kPsMeta > S - 1 + A, "the metadata ring holds every unit in flight");
   extern __shared__ __align__(16) unsigned char pa_smem[];
   __shared__ int s_meta[kPaWarps][kPsMeta][8];
@@ -1575,7 +1455,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
      * measured build's.) */
     uint32_t fc_s[4] = {0, 0, 0, 0};
     int fc_g = 0;
-    if constexpr (AL) pa_fc_offsets<T, W8>(ring, lane, fc_s, fc_g);
+    if constexpr (AL) pa_fc_offsets(ring, lane, fc_s, fc_g);
     PA_TR(0, 2, pa_gtime());
     int *meta = &s_meta[warp][0][0];
     int lu = 0; /* unit entries written */
@@ -1646,7 +1526,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
         }
         return;
       }
-      pa_copy_step<T, D, true, W8>(ring + (size_t)(t % S) * 2 * kPaStep * D, kp, vp, lane,
+      pa_copy_step<T, D, true>(ring + (size_t)(t % S) * 2 * kPaStep * D, kp, vp, lane,
                          [&](int kr) -> int64_t {
                            const int slab = __shfl_sync(0xffffffffu, e, kr);
                            const int slot = __shfl_sync(0xffffffffu, e, kr + 16);
@@ -1669,8 +1549,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
     const float qk_scale = p.softcap > 0 ? p.scale / p.softcap : p.scale * kLog2e;
     const float cap2 = p.softcap * kLog2e;
     /* AL: the fragment reads' per-lane offsets (pa_lds_offsets, pa_step's LB) */
-    const pa_lds_base lb = AL ? pa_lds_offsets<W8>(g, tq4) : pa_lds_base{};
-    const pa_ldsm_base lm = LM ? pa_ldsm_offsets<W8>(lane) : pa_ldsm_base{};
+    const pa_lds_base lb = AL ? pa_lds_offsets(g, tq4) : pa_lds_base{};
     float acc[NT][4], m_run[2], l_run[2];
     uint32_t qa[KS][4];
     int r_lo[2], r_hi[2];
@@ -1691,23 +1570,7 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
         if (R >= rows) continue;
         const float inv = l > 0.f ? 1.f / l : 0.f;
         const float lse = l > 0.f ? (m_run[rr] + log2f(l)) * kLn2 : -INFINITY;
-        if (LM && whole) { /* features 8j + 2 tq4 + {0, 1} (pa_ldsm_offsets): 4-byte stores */
-          const int64_t tok = u_q0 + R / p.group, head = (int64_t)u_kvh * p.group + R % p.group;
-          T *o = static_cast<T *>(p.out) + tok * p.o_ts + head * p.o_hs + tq4 * 2;
-#pragma unroll
-          for (int j = 0; j < NT; j++)
-            *reinterpret_cast<uint32_t *>(o + 8 * j) =
-                mma_m16n8k16<T>::pack(acc[j][2 * rr] * inv, acc[j][2 * rr + 1] * inv);
-          if (p.lse && tq4 == 0) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
-        } else if (LM) {
-          const int64_t pidx = ((int64_t)wg * 2 + slot) * 16 + row;
-          float *o = p.sp_o + pidx * D + tq4 * 2;
-#pragma unroll
-          for (int j = 0; j < NT; j++)
-            *reinterpret_cast<float2 *>(o + 8 * j) =
-                make_float2(acc[j][2 * rr] * inv, acc[j][2 * rr + 1] * inv);
-          if (tq4 == 0) p.sp_lse[pidx] = lse;
-        } else if (whole) {
+        if (whole) {
           const int64_t tok = u_q0 + R / p.group, head = (int64_t)u_kvh * p.group + R % p.group;
           T *o = static_cast<T *>(p.out) + tok * p.o_ts + head * p.o_hs + tq4 * 16;
 #pragma unroll
@@ -1786,9 +1649,9 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
           whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
         nomask = __all_sync(0xffffffffu, whole);
       }
-      pa_step<T, D, TM, AL, AL, AL, LM>(
+      pa_step<T, D, TM, AL, AL, AL>(
           ring + (size_t)(t % S) * 2 * kPaStep * D, qa, (gs - u_s0) * kPaStep, u_len, r_lo, r_hi,
-          qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc, nomask, lb, lm);
+          qk_scale, p.softcap, cap2, g, tq4, m_run, l_run, acc, nomask, lb);
     }
     if constexpr (!TM) attn::cp_async_wait<0>();
     PA_TR(0, 4, pa_gtime());
@@ -2159,10 +2022,6 @@ struct pa_env {
   int merge;        /* OT_PAGED_MERGE: "0" pa_merge_kernel, "2" pa_merge1_kernel with 16
                      * O rows ahead, else 1: pa_merge1_kernel (8 ahead); unset:
                      * OT_PA_MERGE1_DEFAULT */
-  int pv_ldsm;      /* OT_PAGED_PV: "ldsm" 1, the AL instances with the V fragments by
-                     * ldmatrix.trans (pa_params_ldsm), "ldsm2" 2, the same with the
-                     * 8-value stage swizzle (pa_params_ldsm2); opt-ins, not yet measured;
-                     * else 0 */
 };
 
 #ifndef OT_PA_MERGE1_DEFAULT
@@ -2206,8 +2065,6 @@ static pa_env pa_read_env() {
       e.warps = x == 4 || x == 8 ? x : 0;
     } else if (is("OT_PAGED_MERGE")) {
       e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
-    } else if (is("OT_PAGED_PV")) {
-      e.pv_ldsm = strcmp(val, "ldsm") == 0 ? 1 : strcmp(val, "ldsm2") == 0 ? 2 : 0;
     }
   });
   return e;
@@ -2233,11 +2090,10 @@ static bool pa_tma_params(const ot_cuda_state *cs, const pa_env &env, const pa_p
  * benchmark checks that a forced kernel ran (kernel 1 split, 2 stream, 3 simple); flags:
  * 1 a programmatic dependent, 4 an early start (paged_kv_ready; 2 is unused: it marked a
  * merge fused into the split kernel, measured and removed), 8 the TMA ring (experiment
- * builds), 16 the aligned-page (AL) instance, 32 8-warp CTAs, 512 the AL instance with the
- * V fragments by ldmatrix.trans (OT_PAGED_PV=ldsm or ldsm2), 1024 with it the 8-value stage
- * swizzle (OT_PAGED_PV=ldsm2) (64 marked the opt-in OT_PAGED_VARIANT
- * kernels of decode round 9, removed: the AL instances are round 9's "lds"; 128 / 256 the
- * bulk ring of decode round 11, removed). */
+ * builds), 16 the aligned-page (AL) instance, 32 8-warp CTAs (64 marked the opt-in
+ * OT_PAGED_VARIANT kernels of decode round 9, removed: the AL instances are round 9's "lds";
+ * 128 / 256 the bulk ring of decode round 11, removed; 512 / 1024 the V fragments by
+ * ldmatrix.trans of decode round 12, OT_PAGED_PV=ldsm / ldsm2, removed). */
 struct pa_plan_rec {
   int kernel, splits, ctas, flags;
 };
@@ -2264,18 +2120,6 @@ static ot_status pa_launch_inst(const ot_cuda_state *cs, bool pdl, int64_t ctas,
   OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S, XT, P, AL, NW>, (unsigned)ctas,
                                    smem, s, p, 32 * NW));
   return OT_OK;
-}
-
-/* The AL instances with the V fragments by ldmatrix.trans, LP = pa_params_ldsm (OT_PAGED_PV=
- * ldsm) or pa_params_ldsm2 (ldsm2): 8 warps (w8), else the early-start one (xt), else 4 warps. */
-template <typename T, int D, int S, typename LP>
-static ot_status pa_launch_lm(const ot_cuda_state *cs, bool pdl, int64_t ctas, cudaStream_t s,
-                              const pa_params &p, bool w8, bool xt, const char *op) {
-  LP lp;
-  static_cast<pa_params &>(lp) = p;
-  if (w8) return pa_launch_inst<T, D, S, false, LP, true, 8>(cs, pdl, ctas, s, lp, op);
-  if (xt) return pa_launch_inst<T, D, S, true, LP, true>(cs, pdl, ctas, s, lp, op);
-  return pa_launch_inst<T, D, S, false, LP, true>(cs, pdl, ctas, s, lp, op);
 }
 
 /* Keys within one split must fit int32 (the kernel indexes them relative to the split's
@@ -2373,16 +2217,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
     }
   }
 #endif
-  /* OT_PAGED_PV=ldsm / ldsm2: the AL instances' V fragments by ldmatrix.trans
-   * (pa_params_ldsm; ldsm2 with the 8-value stage swizzle, pa_params_ldsm2) */
-  const bool lm = !tm && al && env.pv_ldsm != 0;
-  if (lm) {
-    if constexpr (D == 128) {
-      if (env.pv_ldsm == 2)
-        OT_TRY((pa_launch_lm<T, D, S, pa_params_ldsm2>(cs, pdl, ctas, s, p, w8, xt, op)));
-      else OT_TRY((pa_launch_lm<T, D, S, pa_params_ldsm>(cs, pdl, ctas, s, p, w8, xt, op)));
-    }
-  } else if (!tm) {
+  if (!tm) {
     if constexpr (D == 128) {
       if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true, 8>(cs, pdl, ctas, s, p, op)));
       else if (al && xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, true>(cs, pdl, ctas, s, p, op)));
@@ -2395,8 +2230,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   }
   pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
                              (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
-                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0) | (lm ? 512 : 0) |
-                                 (lm && env.pv_ldsm == 2 ? 1024 : 0)};
+                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
@@ -2454,31 +2288,13 @@ static ot_status ps_launch(ot_context *ctx, pa_params &p, const pa_env &env, con
    * grid */
   const bool al = !tm && D == 128 && env.aligned && p.bs % kPaStep == 0 &&
                   ps_ctas_per_sm<T, D, S, pa_params, true>(cs->device) == per_sm;
-  /* ... with the V fragments by ldmatrix.trans (OT_PAGED_PV=ldsm, pa_params_ldsm; ldsm2:
-   * with the 8-value stage swizzle, pa_params_ldsm2) */
-  const bool lm2 = al && env.pv_ldsm == 2 &&
-                   ps_ctas_per_sm<T, D, S, pa_params_ldsm2, true>(cs->device) == per_sm;
-  const bool lm = lm2 || (al && env.pv_ldsm == 1 &&
-                          ps_ctas_per_sm<T, D, S, pa_params_ldsm, true>(cs->device) == per_sm);
-  if (lm2) {
-    pa_params_ldsm2 lp;
-    static_cast<pa_params &>(lp) = p;
-    OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params_ldsm2, true>, (unsigned)ctas,
-                                     pa_cfg<D, S>::kSmem, s, lp));
-  } else if (lm) {
-    pa_params_ldsm lp;
-    static_cast<pa_params &>(lp) = p;
-    OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params_ldsm, true>, (unsigned)ctas,
-                                     pa_cfg<D, S>::kSmem, s, lp));
-  } else if (al) {
+  if (al) {
     OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S, pa_params, true>, (unsigned)ctas,
                                      pa_cfg<D, S>::kSmem, s, p));
   } else if (!tm)
     OT_CUDA_CHECK(op, pa_launch_main(pdl, ps_kernel<T, D, S>, (unsigned)ctas, pa_cfg<D, S>::kSmem,
                                      s, p));
-  pa_last_plan =
-      pa_plan_rec{2, 1, ctas, (pdl ? 1 : 0) | (tm ? 8 : 0) | (al ? 16 : 0) | (lm ? 512 : 0) |
-                                  (lm2 ? 1024 : 0)};
+  pa_last_plan = pa_plan_rec{2, 1, ctas, (pdl ? 1 : 0) | (tm ? 8 : 0) | (al ? 16 : 0)};
   static std::atomic<int> pdl_cached[16] = {};
   OT_CUDA_CHECK(op, ot_launch_pdl(ot_pdl_ok(cs, ps_merge_kernel<T, D>, pdl_cached),
                                   ps_merge_kernel<T, D>, dim3((unsigned)wtot), dim3(kPaThreads), s,
@@ -2617,8 +2433,7 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
  * bench/decode_shim.c): out[0] 1 split, 2 stream, 3 simple (0: none yet); out[1] splits;
  * out[2] CTAs of the main kernel; out[3] flags (pa_plan_rec): 1 launched as a programmatic
  * dependent, 4 an early start (paged_kv_ready), 8 the TMA ring (experiment builds), 16 the
- * aligned-page (AL) instance, 32 8-warp CTAs, 512 the AL instance's V fragments by
- * ldmatrix.trans (OT_PAGED_PV=ldsm or ldsm2), 1024 with the 8-value swizzle (ldsm2). */
+ * aligned-page (AL) instance, 32 8-warp CTAs. */
 extern "C" void ot_cuda_paged_last_plan(int out[4]) {
   out[0] = ot::pa_last_plan.kernel;
   out[1] = ot::pa_last_plan.splits;
