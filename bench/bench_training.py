@@ -522,12 +522,14 @@ def _install_fused_spies():
 
     class SwiGLUDown:
         @staticmethod
-        def apply(gate, up, weight, bias, residual=None):
+        def apply(gate, up, weight, bias, residual=None, *rest):
+            # (rest: whatever _SwiGLUDown takes after the residual -- since 47d015b the
+            # recompute switch -- handed on as it came)
             if residual is None:
                 seen.down_plain = True
             else:
                 seen.down_residual = True
-            return down.apply(gate, up, weight, bias, residual)
+            return down.apply(gate, up, weight, bias, residual, *rest)
     _SPIES.update(_keep_input_why=why, _fuse_mlp_ok=mlp_ok, _SwiGLUDown=down)
     ot_patch._keep_input_why = keep_input_why
     ot_patch._fuse_mlp_ok = fuse_mlp_ok
@@ -1423,6 +1425,41 @@ def _profile_key(case):
     return f"{case['variant']}@{case['cfg']}:{case['batch']}x{case['seq']}"
 
 
+# the matrix-product ops whose device time _gemm_by_shape attributes to their input shapes
+# (inductor's extern_kernels.mm / addmm / bmm are these aten ops too; the library's own
+# GEMMs are its custom ops, by name prefix)
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
+            "aten::addbmm")
+GEMM_OP_PREFIXES = ("ops_transformer::linear",)
+
+
+def _gemm_by_shape(prof, steps, cuda, top=40):
+    """The profiled steps' matrix products grouped by (op, input shapes): calls and time per
+    step (the device time of the kernels each launched on CUDA, host time on the CPU),
+    largest first, and their sum -- what tells two models' GEMM time apart shape by shape
+    (the 1.5 B trace of 2026-11-30 had the patched step's GEMMs 1.9 ms above HF's with the
+    kernels alone unable to say which products). Needs record_shapes=True."""
+    rows, total = [], 0.0
+    for e in prof.key_averages(group_by_input_shape=True):
+        if not (e.key in GEMM_OPS or e.key.startswith(GEMM_OP_PREFIXES)):
+            continue
+        if cuda:
+            t = getattr(e, "device_time_total", None)
+            if t is None:
+                t = getattr(e, "cuda_time_total", 0)
+        else:
+            t = e.cpu_time_total
+        if not t:
+            continue
+        shapes = [list(x) for x in (e.input_shapes or []) if isinstance(x, (list, tuple)) and x]
+        rows.append(dict(op=e.key, shapes=shapes, calls=e.count / steps,
+                         ms_per_step=t / 1e3 / steps))
+        total += t / 1e3 / steps
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    return dict(ms_per_step=total, time="device" if cuda else "host", rows=rows[:top],
+                rows_left_out=max(0, len(rows) - top))
+
+
 def _profile(case, args, device, fwd, model, opt, x):
     """Two training steps of a built, warmed-up model under torch.profiler: GPU busy
     fraction (kernel time / wall time), kernel time by kind, the longest kernels, the
@@ -1431,8 +1468,8 @@ def _profile(case, args, device, fwd, model, opt, x):
     "<op>_eager" / "<op>_eagerBackward" outside torch.compile), the GPU's idle gaps
     between kernels (_gpu_gaps), the host calls that wait or allocate and the kernel
     launches (_host_calls), and one more step under torch's sync debug mode
-    (_sync_warnings). With --trace-dir, the chrome trace of the two steps is written
-    there (gzip)."""
+    (_sync_warnings), the matrix products by input shape (_gemm_by_shape). With
+    --trace-dir, the chrome trace of the two steps is written there (gzip)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     out = dict(kind="profile", case=case_name(case["cfg"], case["batch"], case["seq"]),
@@ -1441,7 +1478,7 @@ def _profile(case, args, device, fwd, model, opt, x):
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                          else [])
         steps = 2
-        with profile(activities=acts) as prof:
+        with profile(activities=acts, record_shapes=True) as prof:
             t0 = time.perf_counter()
             for i in range(steps):
                 # (the step's range in the trace: bench/trace_summary.py splits there)
@@ -1476,6 +1513,7 @@ def _profile(case, args, device, fwd, model, opt, x):
                                 for t, n, c in sorted(kernels, reverse=True)[:16]],
                    custom_ops=ops)
         out.update(_host_calls(events, steps), **_gpu_gaps(prof, cpu_keys, steps))
+        out["gemm_by_shape"] = _gemm_by_shape(prof, steps, device.type == "cuda")
         if args.trace_dir:
             import gzip
             import shutil

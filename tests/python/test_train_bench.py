@@ -548,3 +548,25 @@ def test_markdown_prints_the_adamw_rows(tmp_path, capsys):
     md = capsys.readouterr().out
     assert "AdamW step alone (1.5b parameters: 1.50 B in 147 tensors" in md, md
     assert "library fast 5.50 ms (3.80 TB/s)" in md, md
+
+
+def test_gemm_by_shape_groups_products_by_input_shape():
+    """_gemm_by_shape: the profiled steps' matrix products by (op, input shapes), calls per
+    step, largest first, their sum; other ops left out."""
+    from torch.profiler import ProfilerActivity, profile
+    a, b = torch.randn(64, 32), torch.randn(32, 48)
+    c, bias = torch.randn(16, 32), torch.randn(48)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(2):             # two "steps"
+            for _ in range(3):
+                torch.mm(a, b)
+            torch.addmm(bias, c, b)
+            torch.relu(a)
+    got = bt._gemm_by_shape(prof, 2, cuda=False)
+    by = {(r["op"], tuple(map(tuple, r["shapes"]))): r for r in got["rows"]}
+    assert by[("aten::mm", ((64, 32), (32, 48)))]["calls"] == 3
+    assert by[("aten::addmm", ((48,), (16, 32), (32, 48)))]["calls"] == 1
+    assert all(r["op"] in bt.GEMM_OPS for r in got["rows"]), got["rows"]
+    assert got["time"] == "host" and got["rows_left_out"] == 0
+    ms = [r["ms_per_step"] for r in got["rows"]]
+    assert ms == sorted(ms, reverse=True) and got["ms_per_step"] == pytest.approx(sum(ms))
