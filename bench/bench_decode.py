@@ -748,8 +748,9 @@ def ab(args):
             json.dump({"bench": "decode_ab_same_process", "device": torch.cuda.get_device_name(),
                        "date": datetime.date.today().isoformat(), "commit": args.commit,
                        "command": args.command, "builds": args.ab, "rounds": args.rounds,
-                       "read_TBps": round(ceiling, 3),
-                       "read_stream_TBps": round(stream, 3) if isinstance(stream, float) else stream,
+                       "ceilings": {"read_TBps": round(ceiling, 3),
+                                    "read_stream_TBps": round(stream, 3)
+                                    if isinstance(stream, float) else stream},
                        "rows": rows}, f, indent=1)
 
 
