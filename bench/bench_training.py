@@ -116,7 +116,7 @@ VARIANT_ENV = {
 }
 _VARIANT_ENV_KEYS = sorted({k for e in VARIANT_ENV.values() for k in e})
 # the patch's module globals a variant runs under (set by _use_attention before each of its
-# steps; the other variants get the defaults of _PATCH_GLOBAL_DEFAULTS). A switch that
+# steps; the other variants get the patch's own values). A switch that
 # changes what torch.compile traces must be one of these, not an environment variable read
 # inside a traced backward: dynamo guards on the globals the patched forward reads, so each
 # setting gets its own compiled graph (an environment read at trace time let the first
@@ -124,7 +124,7 @@ _VARIANT_ENV_KEYS = sorted({k for e in VARIANT_ENV.values() for k in e})
 VARIANT_PATCH_GLOBALS = {
     "patched_compile_ot_adamw_glu2": {"SWIGLU_RECOMPUTE": False},
 }
-_PATCH_GLOBAL_DEFAULTS = {"SWIGLU_RECOMPUTE": True}
+_PATCH_GLOBAL_DEFAULTS = {}  # the patch's own values of those globals, taken at first use
 
 
 def _library_adamw(variant):
@@ -157,7 +157,8 @@ def _use_attention(variant):
     from ops_transformer import patch as ot_patch
     ot.config.fused_attention = FUSED_ATTENTION.get(variant, "auto")
     ot_patch.FUSE_LAYER_ADDS = variant.endswith("_fused_adds")
-    for k, default in _PATCH_GLOBAL_DEFAULTS.items():
+    for k in sorted({k for g in VARIANT_PATCH_GLOBALS.values() for k in g}):
+        default = _PATCH_GLOBAL_DEFAULTS.setdefault(k, getattr(ot_patch, k))
         setattr(ot_patch, k, VARIANT_PATCH_GLOBALS.get(variant, {}).get(k, default))
     env = VARIANT_ENV.get(variant, {})
     for k in _VARIANT_ENV_KEYS:
@@ -1427,10 +1428,9 @@ def _profile_key(case):
 
 # the matrix-product ops whose device time _gemm_by_shape attributes to their input shapes
 # (inductor's extern_kernels.mm / addmm / bmm are these aten ops too; the library's own
-# GEMMs are its custom ops, by name prefix)
+# GEMMs are its linear custom ops -- not linear_cross_entropy, whose time is also the loss)
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
-            "aten::addbmm")
-GEMM_OP_PREFIXES = ("ops_transformer::linear",)
+            "aten::addbmm", "ops_transformer::linear", "ops_transformer::linear_backward")
 
 
 def _gemm_by_shape(prof, steps, cuda, top=40):
@@ -1441,7 +1441,7 @@ def _gemm_by_shape(prof, steps, cuda, top=40):
     kernels alone unable to say which products). Needs record_shapes=True."""
     rows, total = [], 0.0
     for e in prof.key_averages(group_by_input_shape=True):
-        if not (e.key in GEMM_OPS or e.key.startswith(GEMM_OP_PREFIXES)):
+        if e.key not in GEMM_OPS:
             continue
         if cuda:
             t = getattr(e, "device_time_total", None)

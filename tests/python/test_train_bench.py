@@ -570,3 +570,18 @@ def test_gemm_by_shape_groups_products_by_input_shape():
     assert got["time"] == "host" and got["rows_left_out"] == 0
     ms = [r["ms_per_step"] for r in got["rows"]]
     assert ms == sorted(ms, reverse=True) and got["ms_per_step"] == pytest.approx(sum(ms))
+
+
+def test_use_attention_sets_patch_globals_per_variant(monkeypatch):
+    """_use_attention: a VARIANT_PATCH_GLOBALS variant gets its value of the patch's global
+    (glu2: SWIGLU_RECOMPUTE False), every other variant the patch's own value back."""
+    from ops_transformer import patch as ot_patch
+    import ops_transformer as ot
+    monkeypatch.setattr(ot.config, "fused_attention", ot.config.fused_attention)
+    monkeypatch.setattr(ot_patch, "FUSE_LAYER_ADDS", ot_patch.FUSE_LAYER_ADDS)
+    monkeypatch.setattr(ot_patch, "SWIGLU_RECOMPUTE", True)
+    monkeypatch.setattr(bt, "_PATCH_GLOBAL_DEFAULTS", {})
+    bt._use_attention("patched_compile_ot_adamw_glu2")
+    assert ot_patch.SWIGLU_RECOMPUTE is False
+    bt._use_attention("patched_compile_ot_adamw")
+    assert ot_patch.SWIGLU_RECOMPUTE is True
