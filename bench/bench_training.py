@@ -38,8 +38,8 @@ variant, alternating order; per-round ratios with a bootstrap interval; clocks p
 variant from the NVML samples taken during its steps) and spy on the fused adds: a
 variant whose steps did not take its path is not reported (status path_not_taken).
 Groups 13 / 14 (prepared 2026-12-01) interleave the levers of the
-compiled step the same way -- the library's AdamW (its default kernel, W = 8 since 2026-12-01;
-OT_ADAMW_IMPL=v4 / fast), the fused loss in one 8192-token chunk (OT_LCE_CHUNK_ROWS) and both -- after
+compiled step the same way -- the library's AdamW (its default kernel, "fast" since
+2026-12-01's evening; OT_ADAMW_IMPL=v4 / exact), the fused loss in one 8192-token chunk (OT_LCE_CHUNK_ROWS) and both -- after
 the optimizer step alone (run_adamw) and, at 1.5 B, the fused loss alone per chunk; the
 bench sets or clears those switches before each step of a variant (VARIANT_ENV).
 The later groups measure one variant per case as before
@@ -93,6 +93,7 @@ VARIANTS = {
     # one chunk of 8192 tokens (OT_LCE_CHUNK_ROWS), each alone and together
     "patched_compile_ot_adamw_v4": "patched + torch.compile + library AdamW (v4 kernel)",
     "patched_compile_ot_adamw_fast": "patched + torch.compile + library AdamW (fast kernel)",
+    "patched_compile_ot_adamw_exact": "patched + torch.compile + library AdamW (exact kernel)",
     "patched_compile_lce8192": "patched + torch.compile, fused loss in 8192-token chunks",
     "patched_compile_levers": "patched + torch.compile + library AdamW (fast kernel), "
                               "fused loss in 8192-token chunks",
@@ -111,6 +112,7 @@ VARIANTS = {
 VARIANT_ENV = {
     "patched_compile_ot_adamw_v4": {"OT_ADAMW_IMPL": "v4"},
     "patched_compile_ot_adamw_fast": {"OT_ADAMW_IMPL": "fast"},
+    "patched_compile_ot_adamw_exact": {"OT_ADAMW_IMPL": "exact"},
     "patched_compile_lce8192": {"OT_LCE_CHUNK_ROWS": "8192"},
     "patched_compile_levers": {"OT_ADAMW_IMPL": "fast", "OT_LCE_CHUNK_ROWS": "8192"},
 }
@@ -1214,8 +1216,9 @@ def run_lce(args, device, dtype, case=None):
 def run_adamw(case, args, device, dtype):
     """The optimizer step alone at a config's parameters (LlamaForCausalLM's shapes, untied
     head; bf16 parameters, gradients and moments, _optimizer's hyperparameters): torch's
-    fused AdamW against ops_transformer.optim.AdamW with OT_ADAMW_IMPL unset (W = 8,
-    the default since 2026-12-01), "v4" (the previous default) and "fast", every optimizer updating the same parameters with its own moments. After two
+    fused AdamW against ops_transformer.optim.AdamW with OT_ADAMW_IMPL unset (the default,
+    "fast" since 2026-12-01's evening), "v4" and "exact" (W = 8, IEEE arithmetic, the default
+    before), every optimizer updating the same parameters with its own moments. After two
     untimed steps each, `rounds` rounds of one pass each (the order reversed every other
     round) behind a torch.cuda._sleep that lets the host queue the whole pass: CUDA events
     around each step, so the times are the GPU's (the host's time to issue a step is
@@ -1240,7 +1243,7 @@ def run_adamw(case, args, device, dtype):
     kw = dict(lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95))
     opts = [("torch fused", None, torch.optim.AdamW(params, fused=device.type == "cuda", **kw)),
             ("library", "", OtAdamW(params, **kw)), ("library v4", "v4", OtAdamW(params, **kw)),
-            ("library fast", "fast", OtAdamW(params, **kw))]
+            ("library exact", "exact", OtAdamW(params, **kw))]
     prev = os.environ.get("OT_ADAMW_IMPL")
 
     def step(impl, opt):

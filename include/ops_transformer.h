@@ -560,8 +560,11 @@ OT_API ot_adamw_params ot_adamw_default_params(void);
  *                  of params[i]'s shape (fp32 master weights of low-precision params)
  * Everything is updated in place; grads are only read. No tensor may overlap another
  * one of the call (the same tensor passed twice included).
- * Backends: CPU (OpenMP over chunks of all the tensors) and CUDA (tables of up to 32
- * tensors / 448 chunks of 64k elements passed as kernel parameters: no device memory).
+ * Backends: CPU (OpenMP over chunks of all the tensors; IEEE float32 arithmetic) and CUDA
+ * (tables of up to 32 tensors / 448 chunks of 64k elements passed as kernel parameters: no
+ * device memory). On CUDA the square root and the divisions are the hardware's
+ * approximations by default (relative error ~2^-22: results within a few float32 ulps of
+ * the IEEE update); OT_ADAMW_IMPL=exact selects IEEE arithmetic (docs/ENVIRONMENT.md).
  * Errors: OT_ERR_INVALID_ARGUMENT naming the list and position (e.g. "grads[3]") for a
  * NULL list or entry, a shape, dtype or contiguity mismatch, an overlap, or a params
  * field out of range (lr, eps, weight_decay finite and >= 0, betas in [0, 1),

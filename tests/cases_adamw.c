@@ -269,21 +269,20 @@ static void bad_inputs(test_run *tr) {
 
 /* ---- the other CUDA kernels (OT_ADAMW_IMPL, src/cuda/adamw.cu) -------------------------- */
 
-/* Two sets from the same random stream, stepped three times with the same gradients: one
- * by the default kernel (W = 8), one under OT_ADAMW_IMPL=impl. "v4" (W = 4, the default
- * before 2026-12-01) must give the default's bits in every tensor, tails included (the
- * sizes end inside groups of four and of eight); "fast" (approximate square root and
- * division) the default's results within tol_state's tolerances (one rounding in 16-bit
- * dtypes, a few float32 ulps in float32). */
-static void impl_vs_default_case(test_run *tr, const char *impl, const char *label, int n,
-                                 const int64_t *sizes, DLDataType pd, DLDataType gd,
-                                 DLDataType sd, bool master, int steps) {
+/* Two sets from the same random stream, stepped `steps` times with the same gradients: one
+ * under OT_ADAMW_IMPL=ref, one under OT_ADAMW_IMPL=impl (NULL: unset, the default). "v4"
+ * (W = 4) must give "exact"'s bits (W = 8, IEEE arithmetic) in every tensor, tails included
+ * (the sizes end inside groups of four and of eight), and the default "fast"'s by name;
+ * "fast" (approximate square root and division) "exact"'s results within tol_state's
+ * tolerances (one rounding in 16-bit dtypes, a few float32 ulps in float32). */
+static void impl_pair_case(test_run *tr, const char *ref, const char *impl, bool same_bits,
+                           const char *label, int n, const int64_t *sizes, DLDataType pd,
+                           DLDataType gd, DLDataType sd, bool master, int steps) {
   if (!tr->be->is_cuda) return; /* (the CPU backend reads no OT_ADAMW_IMPL) */
-  if (!tr_begin(tr, "adamw %s (impl=%s): %d tensors params %s grads %s states %s%s: %s", label,
-                impl, n, dt_name(pd), dt_name(gd), dt_name(sd), master ? " + fp32 master" : "",
-                strcmp(impl, "fast") != 0 ? "the default's bits" : "near the default"))
+  if (!tr_begin(tr, "adamw %s (impl=%s vs %s): %d tensors params %s grads %s states %s%s: %s",
+                label, impl ? impl : "default", ref, n, dt_name(pd), dt_name(gd), dt_name(sd),
+                master ? " + fp32 master" : "", same_bits ? "the same bits" : "near"))
     return;
-  const bool exact = strcmp(impl, "fast") != 0;
   rng r0 = tr_rng(tr), r1 = r0;
   aw_set a, b;
   set_new(&a, tr->be, &r0, n, sizes, pd, gd, sd, master);
@@ -299,11 +298,11 @@ static void impl_vs_default_case(test_run *tr, const char *impl, const char *lab
       tb_fill_uniform(a.g[i], &r0, -1, 1);
       tb_fill_uniform(b.g[i], &r1, -1, 1);
     }
-    env_saved e = env_set("OT_ADAMW_IMPL", NULL);
-    bool ok = tr_ok(tr, set_step(&a, tr->be->ctx, &hp), "ot_adamw_step (default)");
+    env_saved e = env_set("OT_ADAMW_IMPL", ref);
+    bool ok = tr_ok(tr, set_step(&a, tr->be->ctx, &hp), "ot_adamw_step (reference impl)");
     env_restore(&e);
     e = env_set("OT_ADAMW_IMPL", impl);
-    ok = ok && tr_ok(tr, set_step(&b, tr->be->ctx, &hp), "ot_adamw_step (opt-in)");
+    ok = ok && tr_ok(tr, set_step(&b, tr->be->ctx, &hp), "ot_adamw_step (impl)");
     env_restore(&e);
     if (!ok) break;
     for (int i = 0; i < n && !tr->case_failed; i++) {
@@ -318,19 +317,19 @@ static void impl_vs_default_case(test_run *tr, const char *impl, const char *lab
         tb_sync(want[k]);
         char what[80];
         snprintf(what, sizeof what, "step %d %s[%d]", step, NAME[k], i);
-        if (exact) {
+        if (same_bits) {
           for (int64_t j = 0; j < sizes[i]; j++) {
             const double x = tb_get(got[k], j), y = tb_get(want[k], j);
             if (!(x == y)) {
-              tr_fail(tr, "%s[%lld] = %.9g, the default's %.9g", what, (long long)j, x, y);
+              tr_fail(tr, "%s[%lld] = %.9g, %s's %.9g", what, (long long)j, x, ref, y);
               break;
             }
           }
         } else {
-          double *ref = tb_to_f64(want[k]);
+          double *want64 = tb_to_f64(want[k]);
           DLDataType dt = k == 0 ? pd : k == 3 ? DT_F32 : sd;
-          check_close(tr, what, got[k], ref, tol_state(dt, ATOL[k]));
-          free(ref);
+          check_close(tr, what, got[k], want64, tol_state(dt, ATOL[k]));
+          free(want64);
         }
       }
     }
@@ -354,22 +353,30 @@ static void impl_cases(test_run *tr) {
              {{kDLFloat, 16, 1}, {kDLFloat, 32, 1}, {kDLFloat, 32, 1}, true},
              {{kDLBfloat, 16, 1}, {kDLFloat, 32, 1}, {kDLBfloat, 16, 1}, false},
              {{kDLFloat, 16, 1}, {kDLFloat, 16, 1}, {kDLFloat, 16, 1}, false}};
-  static const char *const IMPL[2] = {"v4", "fast"};
-  for (int k = 0; k < 2; k++)
+  /* (reference, impl, same bits): "v4" and "v8" are "exact"; the default is "fast";
+   * "fast" is near "exact" */
+  static const struct {
+    const char *ref, *impl;
+    bool same;
+  } PAIR[4] = {{"exact", "v4", true}, {"exact", "v8", true}, {"fast", NULL, true},
+               {"exact", "fast", false}};
+  for (int k = 0; k < 4; k++)
     for (int d = 0; d < 6; d++)
-      impl_vs_default_case(tr, IMPL[k], "sizes8", 8, sizes8, DT[d].p, DT[d].g, DT[d].s,
-                           DT[d].master, 3);
+      impl_pair_case(tr, PAIR[k].ref, PAIR[k].impl, PAIR[k].same, "sizes8", 8, sizes8, DT[d].p,
+                     DT[d].g, DT[d].s, DT[d].master, 3);
   /* more chunks than one launch of the capped table holds (401 > 396 / 264 on the H200) */
   static const int64_t big[2] = {401 * 65536 + 3, 5};
-  for (int k = 0; k < 2; k++)
-    impl_vs_default_case(tr, IMPL[k], "big", 2, big, DT[0].p, DT[0].g, DT[0].s, false, 2);
-  /* the float64 reference of the suite's cases under "fast" and "v4" (the suite's other
-   * cases run the default) */
+  for (int k = 0; k < 4; k++)
+    impl_pair_case(tr, PAIR[k].ref, PAIR[k].impl, PAIR[k].same, "big", 2, big, DT[0].p,
+                   DT[0].g, DT[0].s, false, 2);
+  /* the float64 reference of the suite's cases under "exact" and "v4" (the suite's other
+   * cases run the default, "fast") */
+  static const char *const IMPL[2] = {"exact", "v4"};
   const int64_t mixed[6] = {1, 3, 1000, 65536 + 5, 131072 + 7, 4};
   for (int k = 0; k < 2; k++) {
     env_saved e = env_set("OT_ADAMW_IMPL", IMPL[k]);
     for (int d = 0; d < 6; d++)
-      adamw_case(tr, k ? "mixed (impl=fast)" : "mixed (impl=v4)", 6, mixed, DT[d].p, DT[d].g,
+      adamw_case(tr, k ? "mixed (impl=v4)" : "mixed (impl=exact)", 6, mixed, DT[d].p, DT[d].g,
                  DT[d].s, DT[d].master, 1e-2f);
     env_restore(&e);
   }

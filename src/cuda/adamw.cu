@@ -16,21 +16,24 @@
  * per tensor when every pointer of the tensor is 16-byte aligned; otherwise, and for the
  * tail of a tensor, one at a time with the same arithmetic (the same bits either way).
  *
- * The default (since 2026-12-01's interleaved training A/B, docs/PERFORMANCE.md "Training
- * (CUDA)"): W = 8, eight elements a thread (16-byte loads for 16-bit dtypes, two for
- * float32), each launch a whole number of resident waves (396 blocks on the H200: 2 of 512
- * threads an SM at its 56 registers). AdamW alone over the 1.5 B model's 147 tensors (bf16
- * parameters, gradients and moments): 5.87 ms (3.58 TB/s) against W = 4's 7.45 (2.81) and
- * torch's fused 7.77 (2.70). OT_ADAMW_IMPL (read per call; docs/ENVIRONMENT.md): "v4" the previous
- * default, W = 4 with 448 blocks a launch (the same bits); "fast" W = 8 with sqrt.approx /
- * div.approx and the division by the second bias correction's square root as a product by
- * its reciprocal. sm_90a, bf16 parameters, gradients and moments: v4's aligned loop is 261
- * instructions for four elements (65 an element: each sqrtf and the two IEEE divisions are
- * a MUFU, a Newton step and a test for the slow path), W = 8 501 for eight (63), "fast" 173
- * for eight (22); registers 39 (v4), 56 (W = 8), 40 ("fast": 3 blocks an SM). "fast"'s
- * results are within a few float32 ulps of the exact update (tests/cases_adamw.c: the
- * float64 reference's tolerances); measured +0.5-1% of a compiled training step over W =
- * 8, kept opt-in.
+ * The default (since 2026-12-01 evening, "fast"): W = 8, eight elements a thread (16-byte loads for
+ * 16-bit dtypes, two for float32), each launch a whole number of resident waves (396
+ * blocks on the H200), with PTX sqrt.approx / div.approx (one MUFU each, relative error
+ * ~2^-22) and the division by the second bias correction's square root as a product by its
+ * reciprocal: results within a few float32 ulps of the IEEE update (tests/cases_adamw.c:
+ * the float64 reference's tolerances, and bit for bit against "fast" by name) -- 2^16
+ * times below a bf16 parameter's own rounding. OT_ADAMW_IMPL (read per call;
+ * docs/ENVIRONMENT.md): "exact" (or "v8", the default before) the same W = 8 kernel
+ * with IEEE square root and divisions, torch's fused AdamW's operations; "v4" W = 4 with
+ * 448 blocks a launch (the bits of "exact"). AdamW alone over the 1.5 B model's 147
+ * tensors (bf16 parameters, gradients and moments): "fast" 5.58 ms (3.76 TB/s), "exact"
+ * 5.87 (3.58), "v4" 7.45 (2.81), torch's fused 7.77 (2.70); in the compiled training step
+ * "fast" measured +0.7-1.1% over "exact" at 1.5 B and -0.2 to +0.6% at 0.54 B (three
+ * interleaved calls, docs/PERFORMANCE.md). sm_90a, bf16 parameters, gradients and
+ * moments: v4's aligned loop is 261 instructions for four elements (65 an element: each
+ * sqrtf and the two IEEE divisions are a MUFU, a Newton step and a test for the slow
+ * path), "exact" 501 for eight (63), "fast" 173 for eight (22); registers 39 (v4), 56
+ * ("exact"), 40 ("fast": 3 blocks an SM).
  */
 #include <stdlib.h>
 
@@ -155,10 +158,10 @@ __device__ __forceinline__ void store_w(T *p, const float *f) {
 /* One chunk of one tensor a block, W elements a thread a pass with one vector access per
  * tensor when every pointer of the tensor is aligned (tab.aligned); unaligned tensors, and
  * the ragged tail (< W elements, only at a tensor's end: the thread whose group straddles
- * it), one element at a time with the exact arithmetic. W = 8, FAST false: the default
- * (OT_ADAMW_IMPL unset or "v8"); FAST true: "fast"; W = 4, FAST false: "v4", the same bits
- * as the default. The W = 8 kernels launch a whole number of resident waves at a time
- * (ot_cuda_adamw_step's cap). */
+ * it), one element at a time with the IEEE arithmetic (under "fast" too: a handful of
+ * elements a tensor). W = 8, FAST true: "fast", the default (OT_ADAMW_IMPL unset); W = 8,
+ * FAST false: "exact" / "v8"; W = 4, FAST false: "v4", the same bits as "exact". The W = 8
+ * kernels launch a whole number of resident waves at a time (ot_cuda_adamw_step's cap). */
 template <typename P, typename G, typename S, bool MASTER, int W, bool FAST>
 __global__ void __launch_bounds__(kAdamwThreads) adamw_kernel(adamw_table tab, adamw_hyper h) {
   const int t = tab.tensor[blockIdx.x];
@@ -202,12 +205,14 @@ __global__ void __launch_bounds__(kAdamwThreads) adamw_kernel(adamw_table tab, a
 
 typedef void (*adamw_fn)(adamw_table, adamw_hyper);
 
-/* OT_ADAMW_IMPL: 1 the default (W = 8, exact), 0 "v4", 2 "fast" (other values: the
- * default). */
+/* OT_ADAMW_IMPL: 2 "fast" (the default: unset, empty or any other value), 1 "exact" / "v8"
+ * (W = 8, IEEE arithmetic), 0 "v4" (W = 4, IEEE arithmetic). */
 static int adamw_impl(void) {
   const char *e = getenv("OT_ADAMW_IMPL");
-  if (!e) return 1;
-  return strcmp(e, "v4") == 0 ? 0 : strcmp(e, "fast") == 0 ? 2 : 1;
+  if (!e) return 2;
+  return strcmp(e, "v4") == 0                                  ? 0
+         : strcmp(e, "exact") == 0 || strcmp(e, "v8") == 0 ? 1
+                                                               : 2;
 }
 
 template <typename P, typename G, typename S, bool MASTER>

@@ -115,11 +115,12 @@ def _cuda_params(dtype, seed=0):
 
 
 @pytest.mark.skipif(not _CUDA, reason="needs the CUDA backend")
-@pytest.mark.parametrize("impl", ["", "v4", "v8", "fast"])
+@pytest.mark.parametrize("impl", ["", "v4", "v8", "exact", "fast"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_adamw_impl_cuda_matches_torch_fused(monkeypatch, impl, dtype):
-    """ops_transformer.optim.AdamW on CUDA under OT_ADAMW_IMPL (unset and "v8": the default
-    kernel; "v4": the previous default; "fast": approximate arithmetic, docs/PERFORMANCE.md) against torch's fused AdamW with the
+    """ops_transformer.optim.AdamW on CUDA under OT_ADAMW_IMPL (unset and "fast": the
+    default kernel, approximate square root and division; "exact" / "v8": IEEE arithmetic;
+    "v4": the W = 4 kernel, docs/PERFORMANCE.md) against torch's fused AdamW with the
     training benchmark's hyperparameters: float32 within a few ulps of the update, bf16
     (parameters, gradients, moments) within one bf16 rounding."""
     if impl:
@@ -146,12 +147,12 @@ def test_adamw_impl_cuda_matches_torch_fused(monkeypatch, impl, dtype):
 
 
 @pytest.mark.skipif(not _CUDA, reason="needs the CUDA backend")
-@pytest.mark.parametrize("impl", ["v4", "v8"])
+@pytest.mark.parametrize("ref,impl", [("exact", "v4"), ("exact", "v8"), ("fast", None)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_adamw_impl_cuda_same_bits_as_default(monkeypatch, impl, dtype):
-    """OT_ADAMW_IMPL=v4 (four elements a thread, the default before 2026-12-01) and "v8"
-    (the default's name) keep the default kernel's arithmetic: the same bits, the tensors'
-    ragged tails included (sizes 1, 7, 299, 65549, ...)."""
+def test_adamw_impl_cuda_same_bits(monkeypatch, ref, impl, dtype):
+    """OT_ADAMW_IMPL=v4 (four elements a thread) and "v8" (another name of "exact") keep
+    "exact"'s arithmetic, and the default (OT_ADAMW_IMPL unset) is "fast":
+    the same bits, the tensors' ragged tails included (sizes 1, 7, 299, 65549, ...)."""
     a, b = _cuda_params(dtype, seed=3), _cuda_params(dtype, seed=3)
     kw = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     oa, ob = ops_transformer.optim.AdamW(a, **kw), ops_transformer.optim.AdamW(b, **kw)
@@ -159,9 +160,12 @@ def test_adamw_impl_cuda_same_bits_as_default(monkeypatch, impl, dtype):
         for p, q, g in zip(a, b, _grads(a, step)):
             p.grad = g.to("cuda")
             q.grad = g.to("cuda")
-        monkeypatch.delenv("OT_ADAMW_IMPL", raising=False)
+        monkeypatch.setenv("OT_ADAMW_IMPL", ref)
         oa.step()
-        monkeypatch.setenv("OT_ADAMW_IMPL", impl)
+        if impl is None:
+            monkeypatch.delenv("OT_ADAMW_IMPL", raising=False)
+        else:
+            monkeypatch.setenv("OT_ADAMW_IMPL", impl)
         ob.step()
     for p, q in zip(a, b):
         assert torch.equal(p.detach(), q.detach())
