@@ -260,7 +260,7 @@ def plan(quick):
         # 13, 14: the levers of the compiled step (prepared 2026-12-01, not yet run): the
         # optimizer step alone (torch's fused AdamW, the library's with each kernel) at the
         # config's parameters, the fused loss alone per chunk (8192 rows: one chunk), then
-        # the compiled pair with the library's AdamW (default / v4 / fast kernel), the
+        # the compiled pair with the library's AdamW (default / v4 / fast / exact kernel), the
         # fused loss in one chunk of 8192 tokens, and both (fast + 8192), interleaved step
         # by step, 12 rounds of 4 passes (as 11 / 12); 1.5 B first. Since 2026-12-01 also
         # the library's attention forced (patched_compile_ot_adamw_lib_attn) and, in 14,
@@ -270,13 +270,15 @@ def plan(quick):
          dict(b, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
              "hf_sdpa", "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
              "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
-             "patched_compile_lce8192", "patched_compile_levers",
+             "patched_compile_ot_adamw_exact", "patched_compile_lce8192",
+             "patched_compile_levers",
              "patched_compile_ot_adamw_lib_attn", "patched_compile_ot_adamw_glu2"])],
         [dict(a, kind="adamw"), dict(kind="attention"),
          dict(a, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
              "hf_sdpa", "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
              "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
-             "patched_compile_lce8192", "patched_compile_levers",
+             "patched_compile_ot_adamw_exact", "patched_compile_lce8192",
+             "patched_compile_levers",
              "patched_compile_ot_adamw_lib_attn", "patched_compile_ot_adamw_glu2"])],
     ]
 
