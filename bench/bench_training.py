@@ -92,7 +92,6 @@ VARIANTS = {
     # the library's AdamW with its opt-in kernels (OT_ADAMW_IMPL) and the fused loss in
     # one chunk of 8192 tokens (OT_LCE_CHUNK_ROWS), each alone and together
     "patched_compile_ot_adamw_v4": "patched + torch.compile + library AdamW (v4 kernel)",
-    "patched_compile_ot_adamw_fast": "patched + torch.compile + library AdamW (fast kernel)",
     "patched_compile_ot_adamw_exact": "patched + torch.compile + library AdamW (exact kernel)",
     "patched_compile_lce8192": "patched + torch.compile, fused loss in 8192-token chunks",
     "patched_compile_levers": "patched + torch.compile + library AdamW (fast kernel), "
@@ -111,7 +110,6 @@ VARIANTS = {
 # steps; the other variants run with them unset): the library reads them per call
 VARIANT_ENV = {
     "patched_compile_ot_adamw_v4": {"OT_ADAMW_IMPL": "v4"},
-    "patched_compile_ot_adamw_fast": {"OT_ADAMW_IMPL": "fast"},
     "patched_compile_ot_adamw_exact": {"OT_ADAMW_IMPL": "exact"},
     "patched_compile_lce8192": {"OT_LCE_CHUNK_ROWS": "8192"},
     "patched_compile_levers": {"OT_ADAMW_IMPL": "fast", "OT_LCE_CHUNK_ROWS": "8192"},
@@ -260,7 +258,7 @@ def plan(quick):
         # 13, 14: the levers of the compiled step (prepared 2026-12-01, not yet run): the
         # optimizer step alone (torch's fused AdamW, the library's with each kernel) at the
         # config's parameters, the fused loss alone per chunk (8192 rows: one chunk), then
-        # the compiled pair with the library's AdamW (default / v4 / fast / exact kernel), the
+        # the compiled pair with the library's AdamW (default = fast / v4 / exact kernel), the
         # fused loss in one chunk of 8192 tokens, and both (fast + 8192), interleaved step
         # by step, 12 rounds of 4 passes (as 11 / 12); 1.5 B first. Since 2026-12-01 also
         # the library's attention forced (patched_compile_ot_adamw_lib_attn) and, in 14,
@@ -269,16 +267,14 @@ def plan(quick):
         [dict(b, kind="adamw"), dict(kind="lce", vocab=[128256]),
          dict(b, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
              "hf_sdpa", "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
-             "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
-             "patched_compile_ot_adamw_exact", "patched_compile_lce8192",
-             "patched_compile_levers",
+             "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_exact",
+             "patched_compile_lce8192", "patched_compile_levers",
              "patched_compile_ot_adamw_lib_attn", "patched_compile_ot_adamw_glu2"])],
         [dict(a, kind="adamw"), dict(kind="attention"),
          dict(a, kind="ab", tag="levers", interleave=True, rounds=12, steps=4, variants=[
              "hf_sdpa", "hf_sdpa_compile", "patched_compile", "patched_compile_ot_adamw",
-             "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_fast",
-             "patched_compile_ot_adamw_exact", "patched_compile_lce8192",
-             "patched_compile_levers",
+             "patched_compile_ot_adamw_v4", "patched_compile_ot_adamw_exact",
+             "patched_compile_lce8192", "patched_compile_levers",
              "patched_compile_ot_adamw_lib_attn", "patched_compile_ot_adamw_glu2"])],
     ]
 
