@@ -403,119 +403,137 @@ def gemm_tflops():
     return 2 * 8192 ** 3 / ms / 1e9
 
 
+def bench_cases(args):
+    """(B, H, HKV, S, D) of each benchmark case: --shapes when given (e.g. the engine's
+    Llama-3-8B prefill, 1:32:8:2048:128), else the grid of --dims x --seqs (batch * seq =
+    32k tokens, heads * D = 2048, no GQA)."""
+    if args.shapes:
+        out = []
+        for spec in args.shapes.split(","):
+            f = [int(x) for x in spec.split(":")]
+            if len(f) != 5 or min(f) < 1 or f[1] % f[2]:
+                raise SystemExit(f"--shapes: '{spec}' is not B:HQ:HKV:S:D with HQ a multiple of HKV")
+            out.append(tuple(f))
+        return out
+    return [(32768 // s, 2048 // d, 2048 // d, s, d)
+            for d in (int(x) for x in args.dims.split(","))
+            for s in (int(x) for x in args.seqs.split(","))]
+
+
 def bench(S, args):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     gemm = gemm_tflops()
     print(f"cuBLAS bf16 GEMM 8192^3: {gemm:.0f} TFLOP/s", flush=True)
     rows = []
     api_fwd = api_bwd = None  # probed on the first case
-    dims = [int(x) for x in args.dims.split(",")]
-    seqs = [int(x) for x in args.seqs.split(",")]
-    for d in dims:
-        for s in seqs:
-            for causal in (False, True):
-                B, H = 32768 // s, 2048 // d
-                q, k, v = make_qkv(B, s, s, H, H, d, torch.bfloat16, "bshd")
-                out = torch.empty_like(q)
-                lse = torch.empty(B, H, s, device="cuda")
-                flops = 4 * B * H * s * s * d / (2 if causal else 1)
-                case = f"D{d} S{s} {'causal' if causal else 'full'} bf16 B{B} H{H}"
-                f_ours = sm90_call(S, q, k, v, out, lse, 1 / math.sqrt(d), -1, 0 if causal else -1)
-                if not f_ours():
-                    print(f"{case}: sm90 kernel did not take the call")
-                    continue
-                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-                # the timed entries: (name, fn, flops, context); forward first, then
-                # forward + backward
-                fwd, fb_entries = [("ours", f_ours, flops, None)], []
-                for name, be in (("torch SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
-                                 ("torch SDPA flash", SDPBackend.FLASH_ATTENTION)):
-                    backend = (lambda be=be: sdpa_kernel([be]))
-                    try:
-                        def fn():
-                            F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                        with backend():
-                            fn()
-                        fwd.append((name, fn, flops, backend))
-                        if args.fwd_only:
-                            continue
-                        qg, kg, vg = (x.detach().clone().requires_grad_() for x in (qt, kt, vt))
-                        do = torch.randn_like(qt)
-
-                        # autograd.grad, not .backward(): the gradients come back as new
-                        # tensors, as ours do, with no accumulation into .grad (an extra
-                        # read-add-write of q, k and v per call after the first)
-                        def fb(qg=qg, kg=kg, vg=vg, do=do):
-                            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-                            torch.autograd.grad(o, (qg, kg, vg), do)
-                        with backend():
-                            fb()
-                        fb_entries.append((name, fb, 3.5 * flops, backend))
-                    except Exception as e:  # backend unavailable for this shape
-                        print(f"{case}: {name} failed: {str(e)[:100]}")
-                # forward + backward through the public API (the dispatcher and fa80's kernels)
-                if api_bwd is not False and not args.fwd_only:
-                    dq, dk, dv, do = (torch.empty_like(x) for x in (q, k, v, q))
-                    do.normal_()
-
-                    def api_fb():
-                        st = S.lib.shim_attn_fwd(stream(), 3, B, H, H, d, s, s, int(causal),
-                                                 q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                 out.data_ptr(), lse.data_ptr())
-                        st = st or S.lib.shim_attn_bwd(stream(), 3, B, H, H, d, s, s, int(causal),
-                                                       q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                       out.data_ptr(), do.data_ptr(), lse.data_ptr(),
-                                                       dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
-                        if st != 0:
-                            raise RuntimeError(S.err())
-                    try:
-                        api_fb()
-                        api_bwd = True
-                        fb_entries.insert(0, ("ours", api_fb, 3.5 * flops, None))
-                    except RuntimeError as e:
-                        print(f"forward+backward through the API not available: {e}")
-                        api_bwd = False
-                results = {}
-                for op, entries in (("attention_fwd", fwd), ("attention_fwd_bwd", fb_entries)):
-                    if not entries or entries[0][0] != "ours":
+    for B, H, HKV, s, d in bench_cases(args):
+        for causal in (False, True):
+            gqa = HKV != H
+            q, k, v = make_qkv(B, s, s, H, HKV, d, torch.bfloat16, "bshd")
+            out = torch.empty_like(q)
+            lse = torch.empty(B, H, s, device="cuda")
+            flops = 4 * B * H * s * s * d / (2 if causal else 1)
+            case = (f"D{d} S{s} {'causal' if causal else 'full'} bf16 B{B} H{H}" +
+                    (f" HKV{HKV}" if gqa else ""))
+            f_ours = sm90_call(S, q, k, v, out, lse, 1 / math.sqrt(d), -1, 0 if causal else -1)
+            if not f_ours():
+                print(f"{case}: sm90 kernel did not take the call")
+                continue
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            # the timed entries: (name, fn, flops, context); forward first, then
+            # forward + backward
+            fwd, fb_entries = [("ours", f_ours, flops, None)], []
+            for name, be in (("torch SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
+                             ("torch SDPA flash", SDPBackend.FLASH_ATTENTION)):
+                backend = (lambda be=be: sdpa_kernel([be]))
+                try:
+                    # GQA: SDPA's enable_gqa (the peers read the kv heads as they are)
+                    def fn():
+                        F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                       **({"enable_gqa": True} if gqa else {}))
+                    with backend():
+                        fn()
+                    fwd.append((name, fn, flops, backend))
+                    if args.fwd_only:
                         continue
-                    ms = timed_rounds([(n, f, c) for n, f, _, c in entries], args.rounds,
-                                      args.iters)
-                    tf = {n: [fl / m / 1e9 for m in ms[n]] for n, _, fl, _ in entries}
-                    results[op] = tf
-                ours_f = statistics.median(results["attention_fwd"]["ours"])
-                variants = {}
-                if not args.no_variants:
-                    for vname, env in variant_envs(d, s, causal):
-                        with env_set(env):
-                            variants[vname] = round(flops / time_ms(f_ours) / 1e9, 1)
-                        print(f"  variant {vname:28s} {case}: {variants[vname]:.1f} (default {ours_f:.1f})",
-                              flush=True)
-                for op, tf in results.items():
-                    ours = statistics.median(tf["ours"])
-                    peers = {n: statistics.median(v_) for n, v_ in tf.items() if n != "ours"}
-                    best_name = max(peers, key=peers.get) if peers else None
-                    best = peers[best_name] if peers else None
-                    paired = (statistics.median(o / b for o, b in zip(tf["ours"], tf[best_name]))
-                              if peers else None)
-                    rows.append({"op": op, "case": case, "metric": "TFLOP/s",
-                                 "ours": round(ours, 1),
-                                 "peers": {k_: round(v_, 1) for k_, v_ in peers.items()},
-                                 "ratio_best_peer": round(ours / best, 3) if best else None,
-                                 "paired_ratio_best_peer": round(paired, 3) if paired else None,
-                                 "rounds": {k_: [round(x, 1) for x in v_] for k_, v_ in tf.items()},
-                                 "fraction_of_ceiling": round(ours / gemm, 3)})
-                    if op == "attention_fwd" and variants:
-                        rows[-1]["variants"] = variants
-                    r = rows[-1]
-                    print(f"{op:18s} {case:34s} ours {r['ours']:6.1f}  " +
-                          "  ".join(f"{k_.split()[-1]} {v_:6.1f}" for k_, v_ in r["peers"].items()) +
-                          f"  ratio {r['ratio_best_peer']}  of-gemm {r['fraction_of_ceiling']}",
+                    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (qt, kt, vt))
+                    do = torch.randn_like(qt)
+
+                    # autograd.grad, not .backward(): the gradients come back as new
+                    # tensors, as ours do, with no accumulation into .grad (an extra
+                    # read-add-write of q, k and v per call after the first)
+                    def fb(qg=qg, kg=kg, vg=vg, do=do):
+                        o = F.scaled_dot_product_attention(
+                            qg, kg, vg, is_causal=causal, **({"enable_gqa": True} if gqa else {}))
+                        torch.autograd.grad(o, (qg, kg, vg), do)
+                    with backend():
+                        fb()
+                    fb_entries.append((name, fb, 3.5 * flops, backend))
+                except Exception as e:  # backend unavailable for this shape
+                    print(f"{case}: {name} failed: {str(e)[:100]}")
+            # forward + backward through the public API (the dispatcher and fa80's kernels)
+            if api_bwd is not False and not args.fwd_only:
+                dq, dk, dv, do = (torch.empty_like(x) for x in (q, k, v, q))
+                do.normal_()
+
+                def api_fb():
+                    st = S.lib.shim_attn_fwd(stream(), 3, B, H, HKV, d, s, s, int(causal),
+                                             q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                             out.data_ptr(), lse.data_ptr())
+                    st = st or S.lib.shim_attn_bwd(stream(), 3, B, H, HKV, d, s, s, int(causal),
+                                                   q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                   out.data_ptr(), do.data_ptr(), lse.data_ptr(),
+                                                   dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+                    if st != 0:
+                        raise RuntimeError(S.err())
+                try:
+                    api_fb()
+                    api_bwd = True
+                    fb_entries.insert(0, ("ours", api_fb, 3.5 * flops, None))
+                except RuntimeError as e:
+                    print(f"forward+backward through the API not available: {e}")
+                    api_bwd = False
+            results = {}
+            for op, entries in (("attention_fwd", fwd), ("attention_fwd_bwd", fb_entries)):
+                if not entries or entries[0][0] != "ours":
+                    continue
+                ms = timed_rounds([(n, f, c) for n, f, _, c in entries], args.rounds,
+                                  args.iters)
+                tf = {n: [fl / m / 1e9 for m in ms[n]] for n, _, fl, _ in entries}
+                results[op] = tf
+            ours_f = statistics.median(results["attention_fwd"]["ours"])
+            variants = {}
+            if not args.no_variants:
+                for vname, env in variant_envs(d, s, causal):
+                    with env_set(env):
+                        variants[vname] = round(flops / time_ms(f_ours) / 1e9, 1)
+                    print(f"  variant {vname:28s} {case}: {variants[vname]:.1f} (default {ours_f:.1f})",
                           flush=True)
-                del q, k, v, out, lse
-                torch.cuda.empty_cache()
-                if args.json:  # what is done so far survives a timeout
-                    write_json(args, gemm, rows)
+            for op, tf in results.items():
+                ours = statistics.median(tf["ours"])
+                peers = {n: statistics.median(v_) for n, v_ in tf.items() if n != "ours"}
+                best_name = max(peers, key=peers.get) if peers else None
+                best = peers[best_name] if peers else None
+                paired = (statistics.median(o / b for o, b in zip(tf["ours"], tf[best_name]))
+                          if peers else None)
+                rows.append({"op": op, "case": case, "metric": "TFLOP/s",
+                             "ours": round(ours, 1),
+                             "peers": {k_: round(v_, 1) for k_, v_ in peers.items()},
+                             "ratio_best_peer": round(ours / best, 3) if best else None,
+                             "paired_ratio_best_peer": round(paired, 3) if paired else None,
+                             "rounds": {k_: [round(x, 1) for x in v_] for k_, v_ in tf.items()},
+                             "fraction_of_ceiling": round(ours / gemm, 3)})
+                if op == "attention_fwd" and variants:
+                    rows[-1]["variants"] = variants
+                r = rows[-1]
+                print(f"{op:18s} {case:34s} ours {r['ours']:6.1f}  " +
+                      "  ".join(f"{k_.split()[-1]} {v_:6.1f}" for k_, v_ in r["peers"].items()) +
+                      f"  ratio {r['ratio_best_peer']}  of-gemm {r['fraction_of_ceiling']}",
+                      flush=True)
+            del q, k, v, out, lse
+            torch.cuda.empty_cache()
+            if args.json:  # what is done so far survives a timeout
+                write_json(args, gemm, rows)
     return gemm, rows
 
 
@@ -633,6 +651,8 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--dims", default="128,64,256")
     ap.add_argument("--seqs", default="1024,4096,16384")
+    ap.add_argument("--shapes", default="",
+                    help="explicit cases B:HQ:HKV:S:D[,...] instead of the --dims x --seqs grid")
     ap.add_argument("--no-variants", action="store_true")
     ap.add_argument("--rounds", type=int, default=5,
                     help="balanced rounds per case (--bench; each times every entry)")

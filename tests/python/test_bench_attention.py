@@ -32,3 +32,17 @@ def test_timed_rounds_rotates_the_order_and_enters_each_context_once_per_block(m
     # each entry's per-round figure is its own call's (the fake returns the calls so far)
     assert got["ours"] == [1.0, 6.0, 8.0] and got["cudnn"] == [2.0, 4.0, 9.0]
     assert len(entered) == 3            # cuDNN's context: once per round, around its block
+
+
+def test_bench_cases_parses_shapes_and_rejects_bad_ones():
+    import argparse
+    import pytest
+    ns = argparse.Namespace(shapes="1:32:8:2048:128,8:16:16:4096:64", dims="128", seqs="1024")
+    assert ba.bench_cases(ns) == [(1, 32, 8, 2048, 128), (8, 16, 16, 4096, 64)]
+    # without --shapes: the grid (batch * seq = 32k tokens, heads * D = 2048, no GQA)
+    ns = argparse.Namespace(shapes=None, dims="64,128", seqs="1024,4096")
+    assert ba.bench_cases(ns) == [(32, 32, 32, 1024, 64), (8, 32, 32, 4096, 64),
+                                  (32, 16, 16, 1024, 128), (8, 16, 16, 4096, 128)]
+    for bad in ("1:32:8:2048", "1:32:5:2048:128", "0:32:8:2048:128"):
+        with pytest.raises(SystemExit, match="--shapes"):
+            ba.bench_cases(argparse.Namespace(shapes=bad, dims="128", seqs="1024"))
