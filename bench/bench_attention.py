@@ -420,6 +420,19 @@ def bench_cases(args):
             for s in (int(x) for x in args.seqs.split(","))]
 
 
+def ab_envs(args):
+    """--ab 'NAME=K:V[,K:V];NAME=...' as [(NAME, {K: V})]; a key _causal_only (any value)
+    times the variant in causal cases only."""
+    out = []
+    for spec in filter(None, (args.ab or "").split(";")):
+        name, _, kv = spec.partition("=")
+        env = dict(x.split(":", 1) for x in kv.split(",") if x)
+        if not name or not env:
+            raise SystemExit(f"--ab: '{spec}' is not NAME=KEY:VALUE[,KEY:VALUE]")
+        out.append((name, env))
+    return out
+
+
 def bench(S, args):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     gemm = gemm_tflops()
@@ -443,6 +456,13 @@ def bench(S, args):
             # the timed entries: (name, fn, flops, context); forward first, then
             # forward + backward
             fwd, fb_entries = [("ours", f_ours, flops, None)], []
+            # --ab NAME=ENV[;NAME=ENV]: the same kernel under other OT_ATTN_SM90_* switches,
+            # timed in the same rounds as ours and the peers (entries "ours NAME": not peers)
+            for vname, venv in ab_envs(args):
+                if venv.get("_causal_only") and not causal:
+                    continue
+                e = {k_: v_ for k_, v_ in venv.items() if not k_.startswith("_")}
+                fwd.append((f"ours {vname}", f_ours, flops, lambda e=e: env_set(e)))
             for name, be in (("torch SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
                              ("torch SDPA flash", SDPBackend.FLASH_ATTENTION)):
                 backend = (lambda be=be: sdpa_kernel([be]))
@@ -511,7 +531,12 @@ def bench(S, args):
                           flush=True)
             for op, tf in results.items():
                 ours = statistics.median(tf["ours"])
-                peers = {n: statistics.median(v_) for n, v_ in tf.items() if n != "ours"}
+                peers = {n: statistics.median(v_) for n, v_ in tf.items()
+                         if n != "ours" and not n.startswith("ours ")}
+                ab = {n[5:]: {"median": round(statistics.median(v_), 1),
+                              "paired_ratio_to_ours": round(statistics.median(
+                                  b / o for b, o in zip(v_, tf["ours"])), 3)}
+                      for n, v_ in tf.items() if n.startswith("ours ")}
                 best_name = max(peers, key=peers.get) if peers else None
                 best = peers[best_name] if peers else None
                 paired = (statistics.median(o / b for o, b in zip(tf["ours"], tf[best_name]))
@@ -525,6 +550,11 @@ def bench(S, args):
                              "fraction_of_ceiling": round(ours / gemm, 3)})
                 if op == "attention_fwd" and variants:
                     rows[-1]["variants"] = variants
+                if ab:
+                    rows[-1]["ab"] = ab
+                    for n, a_ in ab.items():
+                        print(f"  ab {n:24s} {case}: {a_['median']:.1f} "
+                              f"({a_['paired_ratio_to_ours']:.3f}x ours, paired)", flush=True)
                 r = rows[-1]
                 print(f"{op:18s} {case:34s} ours {r['ours']:6.1f}  " +
                       "  ".join(f"{k_.split()[-1]} {v_:6.1f}" for k_, v_ in r["peers"].items()) +
@@ -654,6 +684,9 @@ def main():
     ap.add_argument("--shapes", default="",
                     help="explicit cases B:HQ:HKV:S:D[,...] instead of the --dims x --seqs grid")
     ap.add_argument("--no-variants", action="store_true")
+    ap.add_argument("--ab", default="",
+                    help="'NAME=KEY:VALUE[,KEY:VALUE];...': the forward under these switches "
+                         "timed in the same rounds (e.g. 'static=OT_ATTN_SM90_DYN:0,_causal_only:1')")
     ap.add_argument("--rounds", type=int, default=5,
                     help="balanced rounds per case (--bench; each times every entry)")
     ap.add_argument("--iters", type=int, default=10,

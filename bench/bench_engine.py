@@ -417,6 +417,9 @@ PREFILL_VARIANTS = {
     # final norm + lm_head + argmax on the decode's fused kernel (no copies, no separate
     # norm / argmax kernels: ~45 us of the tail in the timeline of fa0fbb6, docs/ENGINE.md)
     "fused_head": {"OTE_PREFILL_FUSED_HEAD": "1"},
+    # the Hopper forward's causal tiles on the static round-robin with L2 sections counted
+    # in query heads (the order before the dynamic schedule, attention_fwd_sm90.cu)
+    "static_attn": {"OT_ATTN_SM90_DYN": "0", "OT_ATTN_SM90_SECT": "mha"},
 }
 PREFILL_AB = []  # --prefill-variants
 

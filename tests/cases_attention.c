@@ -411,6 +411,25 @@ static const acase cuda_sm90_diag_cases[] = {
     {"cuda hopper-only diag GRID 3 causal Sq700 Sk1000 D64 GQA2 B2 fwd", 2, 700, 1000, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
+/* The Hopper forward's dynamic schedule (masked calls on persistent CTAs: each CTA claims
+ * its next tile from a per-context counter that every launch leaves at zero). Causal
+ * shapes with many tiles per CTA: under OT_ATTN_SM90_GRID=3 (the "GRID 3" ones: a few
+ * CTAs claim dozens of tiles each), and above the 132-CTA grid of an H200 (144 tiles: the
+ * first round static, the rest claimed). Sq 1300 / Sk 1100: the query tile of rows
+ * 0..127 of each head sees no key (its id goes to the consumers without a Q load). D64
+ * (no kFlDiag past 8 query tiles), D128 and D256, GQA, B 2; fp16 for the first. Each is
+ * checked against the float64 oracle, then (run_dyn_case) bit for bit against
+ * OT_ATTN_SM90_DYN=0 (the static order: the same arithmetic per tile, whichever CTA runs
+ * it), and twice more in a row with the dynamic schedule (a counter left non-zero would
+ * skip or repeat tiles: poisoned rows would show). */
+static const acase cuda_sm90_dyn_cases[] = {
+    {"cuda hopper-only dyn GRID 3 causal S600 D128 GQA2 B2 fwd", 2, 600, 600, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only dyn GRID 3 causal Sq1300 Sk1100 D64 GQA2 fwd", 1, 1300, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only dyn GRID 3 causal S600 D256 MQA4 fwd", 1, 600, 600, 4, 1, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only dyn causal S1100 D128 GQA4 B2 H8 (144 tiles) fwd", 2, 1100, 1100, 8, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only dyn causal S1100 D64 GQA4 H16 (144 tiles) fwd", 1, 1100, 1100, 16, 4, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+};
+
 /* Shapes for kFlLate (OT_ATTN_SM90_LATE=1: a persistent CTA's tile stores O and the lse under
  * the next tile's first Q K^T). Like kFlSkip it is compiled only in experiment builds, and
  * elsewhere these cases run the default kernel (more shapes for it). All under
@@ -784,6 +803,37 @@ static void run_case_det(test_run *tr, const acase *c, DLDataType dt, bool det) 
 }
 
 static void run_case(test_run *tr, const acase *c, DLDataType dt) { run_case_det(tr, c, dt, false); }
+
+/* cuda_sm90_dyn_cases: the dynamic schedule's outputs bit for bit against the static
+ * order's (OT_ATTN_SM90_DYN=0), then twice more in a row, outputs poisoned before each
+ * call (the oracle comparison is run_case's, before this). */
+static void run_dyn_case(test_run *tr, const acase *c, DLDataType dt) {
+  if (!tr_begin(tr, "attention %s %s dynamic = static, 3 calls", c->name, dt_name(dt))) return;
+  rng r = tr_rng(tr);
+  prob P;
+  prob_make(tr, c, dt, false, &P, &r);
+  void *so = NULL, *sl = NULL;
+  for (int call = 0; call < 4 && !tr->case_failed; call++) {
+    /* call 1: the static order; 0, 2, 3: dynamic */
+    env_saved dy = env_set("OT_ATTN_SM90_DYN", call == 1 ? "0" : NULL);
+    tb_poison(P.out);
+    tb_poison(P.lse);
+    const ot_status st = run_forward(tr, &P);
+    env_restore(&dy);
+    if (!attn_ok(tr, st, "ot_attention_forward")) break;
+    sync_outputs(&P);
+    if (call == 0) {
+      so = tb_snapshot(P.out);
+      sl = tb_snapshot(P.lse);
+    } else if (!tb_unchanged(P.out, so) || !tb_unchanged(P.lse, sl)) {
+      tr_fail(tr, "call %d (%s) differs from the first (dynamic) call", call,
+              call == 1 ? "static order" : "dynamic again");
+    }
+  }
+  free(so), free(sl);
+  prob_free(&P);
+  tr_end(tr);
+}
 
 /* Determinism and the stability of repeated calls: forward and backward twice give
  * bitwise identical results. */
@@ -1228,6 +1278,15 @@ static void run_sm90_required(test_run *tr) {
     } else {
       run_case(tr, &cuda_sm90_diag_cases[i], DT_BF16);
     }
+  }
+  for (size_t i = 0; i < sizeof cuda_sm90_dyn_cases / sizeof cuda_sm90_dyn_cases[0]; i++) {
+    const acase *c = &cuda_sm90_dyn_cases[i];
+    env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c->name, "GRID 3") ? "3" : NULL);
+    for (int k = 0; k < (i == 0 ? 2 : 1); k++) {
+      run_case(tr, c, k ? DT_F16 : DT_BF16);
+      run_dyn_case(tr, c, k ? DT_F16 : DT_BF16);
+    }
+    env_restore(&gr);
   }
   {
     env_saved gr = env_set("OT_ATTN_SM90_GRID", "3");

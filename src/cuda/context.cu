@@ -340,7 +340,7 @@ extern "C" ot_status ot_cuda_context_set_stream(ot_context *ctx, void *stream) {
    * every op): its own order already covers the buffers, nothing to record or query. */
   if (stream == ctx->stream) return OT_OK;
   ot_cuda_state *st = ot_cuda_state_of(ctx);
-  if (st && (st->scratch || st->cublaslt_workspace)) {
+  if (st && (st->scratch || st->cublaslt_workspace || st->tile_ctr)) {
     int prev = -1;
     if (cudaGetDevice(&prev) == cudaSuccess && prev != st->device) (void)cudaSetDevice(st->device);
     /* Not while either stream captures a graph (torch's CUDA graphs): an event recorded
@@ -379,13 +379,38 @@ extern "C" ot_status ot_cuda_context_set_stream(ot_context *ctx, void *stream) {
   return OT_OK;
 }
 
+extern "C" int *ot_cuda_tile_counter(ot_context *ctx) {
+  ot_cuda_state *st = ot_cuda_state_of(ctx);
+  if (st->tile_ctr) return st->tile_ctr;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing((cudaStream_t)ctx->stream, &cs) != cudaSuccess ||
+      cs != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  void *p = NULL;
+  if (cudaMalloc(&p, 256) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  if (cudaMemsetAsync(p, 0, 256, (cudaStream_t)ctx->stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+    cudaFree(p);
+    return NULL;
+  }
+  st->tile_ctr = (int *)p;
+  return st->tile_ctr;
+}
+
 extern "C" void ot_cuda_context_release(ot_context *ctx) {
   ot_cuda_state *st = ot_cuda_state_of(ctx);
   if (!st) return;
   arena_detach(ctx); /* before the arena is gone: the caller destroys it after the context */
   free(st->kept);
-  if (st->scratch || st->cublaslt_workspace) cudaStreamSynchronize((cudaStream_t)ctx->stream);
+  if (st->scratch || st->cublaslt_workspace || st->tile_ctr)
+    cudaStreamSynchronize((cudaStream_t)ctx->stream);
   if (st->scratch) cudaFree(st->scratch);
+  if (st->tile_ctr) cudaFree(st->tile_ctr);
   if (st->cublaslt_workspace) cudaFree(st->cublaslt_workspace);
   if (st->cublaslt) cublasLtDestroy((cublasLtHandle_t)st->cublaslt);
   if (st->switch_event) cudaEventDestroy((cudaEvent_t)st->switch_event);

@@ -66,6 +66,9 @@ typedef struct ot_cuda_state {
    * caller's (when it was another) is restored when the outermost op returns. */
   int op_depth;
   int caller_device; /* -1: nothing to restore */
+  /* ot_cuda_tile_counter's int (256 bytes of cudaMalloc, the context's own: not from its
+   * arena, since it must keep its value from one launch to the next). */
+  int *tile_ctr;
 } ot_cuda_state;
 
 static inline ot_cuda_state *ot_cuda_state_of(const ot_context *ctx) {
@@ -92,6 +95,13 @@ ot_status ot_cuda_scratch_try(ot_context *ctx, size_t bytes, const char *op, voi
 ot_status ot_cuda_temp_alloc(ot_context *ctx, size_t bytes, const char *op, const char *what,
                              void **ptr);
 ot_status ot_cuda_temp_free(ot_context *ctx, void *ptr, const char *op);
+
+/* A device int that is zero between the kernels of this context's stream that use it (a
+ * dynamic tile scheduler's claim counter: each launch leaves it at zero, see
+ * src/cuda/sm90/attention_fwd_sm90.cu), allocated and zeroed (stream-ordered) on the first
+ * call. NULL, with nothing recorded, where it cannot be had -- no device memory, or not
+ * allocated yet while the stream captures a graph: the caller then schedules statically. */
+int *ot_cuda_tile_counter(ot_context *ctx);
 
 #ifdef __cplusplus
 }

@@ -46,3 +46,14 @@ def test_bench_cases_parses_shapes_and_rejects_bad_ones():
     for bad in ("1:32:8:2048", "1:32:5:2048:128", "0:32:8:2048:128"):
         with pytest.raises(SystemExit, match="--shapes"):
             ba.bench_cases(argparse.Namespace(shapes=bad, dims="128", seqs="1024"))
+
+
+def test_ab_envs_parses_variants():
+    import argparse
+    import pytest
+    ns = argparse.Namespace(ab="static=OT_ATTN_SM90_DYN:0,_causal_only:1;long=OT_ATTN_SM90_DYN:long")
+    assert ba.ab_envs(ns) == [("static", {"OT_ATTN_SM90_DYN": "0", "_causal_only": "1"}),
+                              ("long", {"OT_ATTN_SM90_DYN": "long"})]
+    assert ba.ab_envs(argparse.Namespace(ab="")) == []
+    with pytest.raises(SystemExit, match="--ab"):
+        ba.ab_envs(argparse.Namespace(ab="static"))

@@ -154,6 +154,14 @@ enum {
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
 
+/* The instances that carry the dynamic schedule (fwd_params::tile_ctr): 2 consumers, not
+ * with the variants that look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit,
+ * kFlSnake, kFlLate), nor kFlPin (the unmasked defaults' bit: those kernels stay as they
+ * were). */
+constexpr bool dyn_ok(int fl, int nc) {
+  return nc == 2 && (fl & (kFlQ2 | kFlXT | kFlSplit | kFlSnake | kFlLate | kFlPin)) == 0;
+}
+
 /* NC consumer warpgroups of 64 query rows each (2, or 3 at head dim 64 as FA3 does): a
  * CTA of NC + 1 warpgroups covers 64 * NC query rows. NC = 1 (experiment builds, head dim
  * 64): 64-row CTAs of 256 threads, two resident per SM (min_ctas), each with half of the
@@ -197,6 +205,10 @@ struct fwd_params {
   int sect;                       /* > 0: sectioned tile order (see decode_tile) */
   int wl, wr;                     /* -1 unbounded */
   float scale, scale_log2;
+  /* Non-null: the dynamic schedule (persistent launches of dyn_ok instances): CTA i runs
+   * tile i, then each next tile is claimed from this counter (gridDim.x + the claim);
+   * zero before the launch, and zero again after it (the launch's last claim resets it). */
+  int *tile_ctr;
 };
 /* kFlSplit (a kernel argument of its own, so that fwd_params and the code of the other
  * instances stay as they were): tiles t >= split_full are done as `splits` pieces of at
@@ -251,6 +263,11 @@ static_assert(BAR_FULL_K + kStages <= BAR_EMPTY_K && BAR_EMPTY_K + kStages <= BA
                   8 * (BAR_EMPTY_Q1 + 1) <= 128,
               "barrier slots: kStages of each ring, all in fwd_smem's 128 bytes");
 constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of consumer c */
+/* The dynamic schedule's tile slot: an int in the barrier area's 8-byte slot 12 (after
+ * every mbarrier), written by the producer before it arrives on FULL_Q of the tile. */
+constexpr int kTileSlot = 12;
+static_assert(kTileSlot > BAR_EMPTY_Q1 && 8 * (kTileSlot + 1) <= 128, "tile slot");
+
 
 /* Tile t of the launch: m fastest (the CTAs running at once share K/V in L2); with a
  * right-bounded mask (causal) the longest query tiles of a head first. */
@@ -345,6 +362,17 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
   auto empty_q = [&](int n) { return bar(Q2 && (n & 1) ? BAR_EMPTY_Q1 : BAR_EMPTY_Q); };
   auto q_par = [&](int n) { return Q2 ? (n >> 1) & 1 : n & 1; };
   const int n_tiles = SPLIT ? sp.n_items : p.num_m * p.hq * p.batch;
+  /* The dynamic schedule: the producer claims the CTA's next tile once it has issued the
+   * current one's loads (the consumers are then about two key tiles from its end) and hands
+   * each tile to the consumers in the tile slot, with FULL_Q of the tile: the slot is
+   * written after EMPTY_Q of the tile before completed (every consumer warp read that one's
+   * id before it arrived there) and read after FULL_Q completed (the producer's arrive
+   * releases the write). -1 ends the consumers' loop. A tile without keys has no Q load:
+   * the producer arrives on FULL_Q without bytes, the consumers release EMPTY_Q at once.
+   * The last claim of the launch (claims: n_tiles - gridDim.x that get a tile and one that
+   * fails per CTA, n_tiles in all) resets the counter for the next launch. */
+  const bool dyn = dyn_ok(FL, NC) && p.tile_ctr != nullptr;
+  volatile int *tile_slot = (volatile int *)(smem + L::bar_off + 8 * kTileSlot);
   /* SNAKE: the work item of the round-robin's item t (t = k G + i for CTA i in round k):
    * a whole odd round in reverse CTA order (k G + G - 1 - i); the last, partial round in
    * CTA order. */
@@ -389,12 +417,25 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid != 0) return;
     int kv = 0, qn = 0;
-    for (int t0 = blockIdx.x; t0 < n_tiles; t0 += gridDim.x) {
+    auto claim = [&]() {   /* the dynamic schedule's next tile (n_tiles: none left) */
+      const int v = atomicAdd(p.tile_ctr, 1), gs = (int)gridDim.x;
+      if (v == n_tiles - 1) atomicExch(p.tile_ctr, 0);
+      return v < n_tiles - gs ? gs + v : n_tiles;
+    };
+    for (int t0 = blockIdx.x; t0 < n_tiles; t0 = dyn ? claim() : t0 + (int)gridDim.x) {
       const int t = SNAKE ? snake_tile(t0) : t0;
       int piece;
       const tile_info ti = decode_item<BC, BR, SPLIT>(p, sp, t, piece);
       const int n_iters = ti.n_max - ti.n_min;
-      if (n_iters <= 0) continue;
+      if (n_iters <= 0) {
+        if (dyn) {   /* no Q load: the id alone */
+          if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
+          *tile_slot = t0;
+          mbar_arrive(bar(BAR_FULL_Q));
+          qn++;
+        }
+        continue;
+      }
       const int kvh = ti.head / p.group;
       /* Q of query tile n (kFlQ2: ring position n of two stages) */
       auto load_q = [&](const tile_info &tq, int n) {
@@ -404,6 +445,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
       };
       if constexpr (!Q2) {
         if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
+        if (dyn) *tile_slot = t0;
         load_q(ti, qn);
       } else if (qn == 0) {
         load_q(ti, 0);   /* the later tiles' Q: loaded during the tile before (below) */
@@ -437,6 +479,11 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
         }
       }
       kv += n_iters;
+    }
+    if (dyn) {   /* the end, to the consumers */
+      if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
+      *tile_slot = -1;
+      mbar_arrive(bar(BAR_FULL_Q));
     }
     return;
   }
@@ -526,11 +573,22 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
     }
   };
 
-  for (int t0 = blockIdx.x; t0 < n_tiles; t0 += gridDim.x) {
+  for (int t0 = blockIdx.x; dyn || t0 < n_tiles; t0 += gridDim.x) {
+    if (dyn) {   /* the tile the producer claimed (-1: none left) */
+      mbar_wait(full_q(qn), q_par(qn));
+      /* read by lane 0, the warp's releaser (its arrive on EMPTY_Q then orders the read
+       * before the producer's next write for compute-sanitizer's racecheck too) */
+      t0 = __shfl_sync(0xffffffffu, releaser ? *tile_slot : 0, 0);
+      if (t0 < 0) break;
+    }
     const int t = SNAKE ? snake_tile(t0) : t0;
     int piece;
     const tile_info ti = decode_item<BC, BR, SPLIT>(p, sp, t, piece);
     const int n_iters = ti.n_max - ti.n_min, n_max = ti.n_max;
+    if (dyn && n_iters <= 0) {   /* its id came with FULL_Q (no Q): the slot is read */
+      release(empty_q(qn));
+      qn++;
+    }
     const int row0 = ti.m_block * BR + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
     float o[NO];
 #pragma unroll
@@ -1076,6 +1134,12 @@ struct fwd_call {
   fwd_params p;
   int grid_cap;         /* OT_ATTN_SM90_GRID: > 0 caps the persistent CTAs */
   bool nonpersistent;   /* OT_ATTN_SM90_NONPERSISTENT */
+  bool static_order;    /* OT_ATTN_SM90_DYN=0: masked persistent calls keep the static
+                         * round-robin */
+  bool sect_mha;        /* OT_ATTN_SM90_SECT=mha: L2 sections counted in query heads
+                         * (the order before the dynamic schedule) */
+  bool long_persist;    /* OT_ATTN_SM90_DYN=long: masked calls of > 64 query tiles
+                         * persistent too (with the dynamic schedule) */
 };
 
 /* An OT_ATTN_SM90_* switch (measurements and tests): getenv only where `any` (one
@@ -1136,7 +1200,13 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
    * in L2-sized sections of heads, longest tiles first inside a section, so that each
    * round of the round-robin hands out tiles of similar length.
    * OT_ATTN_SM90_NONPERSISTENT=1: one CTA per tile instead (m fastest, longest first per
-   * head, the hardware's block scheduler balancing). */
+   * head, the hardware's block scheduler balancing).
+   * Masked calls on the instances that carry it take the tiles dynamically (dyn_ok,
+   * fwd_params::tile_ctr): a static round-robin of tiles of falling length leaves CTAs
+   * with unequal sums when there are few tiles per CTA -- B 1, 32 heads, S 2k (512 tiles
+   * of 1..16 key tiles on 132 CTAs): the longest CTA's sum 1.40x the mean (the engine's
+   * prefill), against 1.03x with each CTA claiming its next tile when it is near the end
+   * of the current one (a list schedule, longest tiles first). */
   fwd_params q = fc->p;
   const int64_t n_tiles = (int64_t)q.num_m * q.hq * q.batch;
   /* OT_ATTN_SM90_GRID=n: at most n persistent CTAs (tests the multi-tile path on small
@@ -1154,15 +1224,21 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
    * round-robin then balances worse than the hardware's block scheduler (H200, causal
    * S = 16k: D128 543 vs 556 TFLOP/s, D256 460 vs 684), while up to S = 8k persistence
    * wins (S = 4k causal: D128 565 vs 467, D256 624 vs 571; run of 90616f4). */
+  constexpr bool kDyn = dyn_ok(FL, NC);
+  const bool dyn_want = kDyn && masked && !fc->static_order;
   const bool persistent = !fc->nonpersistent && n_tiles > sms &&
-                          (!masked || q.num_m <= 64);
+                          (!masked || q.num_m <= 64 || (dyn_want && fc->long_persist));
   q.sect = 0;
+  q.tile_ctr = nullptr;
   if (persistent && masked) {
+    /* The query heads of a section share the K/V of sect / group heads (GQA: group query
+     * heads a K/V head, adjacent in the order) */
     const int64_t kv_bytes = 2 * (int64_t)q.sk * D * (int64_t)sizeof(T);
     const int64_t budget = (int64_t)24 << 20;   /* of the 50 MB L2 */
-    int64_t sect = budget / (kv_bytes > 0 ? kv_bytes : 1);
+    int64_t sect = budget / (kv_bytes > 0 ? kv_bytes : 1) * (fc->sect_mha ? 1 : q.group);
     const int64_t nhb = (int64_t)q.hq * q.batch;
     q.sect = (int)(sect < 1 ? 1 : sect > nhb ? nhb : sect);
+    if (dyn_want) q.tile_ctr = ot_cuda_tile_counter(ctx);   /* NULL: the static order */
   }
   const unsigned grid = (unsigned)(persistent ? sms : n_tiles);
   /* kFlSplit: the rem = n_tiles % grid tiles of the last round of an unmasked persistent
@@ -1562,6 +1638,17 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const char *gs = sm90_knob(knobs, "OT_ATTN_SM90_GRID");
   call.grid_cap = gs && atoi(gs) > 0 ? atoi(gs) : 0;
   call.nonpersistent = sm90_knob(knobs, "OT_ATTN_SM90_NONPERSISTENT") != NULL;
+  /* OT_ATTN_SM90_DYN=0: masked persistent calls keep the static round-robin (the dynamic
+   * schedule is the default where an instance carries it: launch(), dyn_ok); =long: masked
+   * calls of more than 64 query tiles persistent too. OT_ATTN_SM90_SECT=mha: L2 sections
+   * counted in query heads, as before GQA was taken into account. */
+  {
+    const char *dy = sm90_knob(knobs, "OT_ATTN_SM90_DYN");
+    call.static_order = dy && dy[0] == '0';
+    call.long_persist = dy && !strcmp(dy, "long");
+    const char *se = sm90_knob(knobs, "OT_ATTN_SM90_SECT");
+    call.sect_mha = se && !strcmp(se, "mha");
+  }
   /* OT_ATTN_SM90_XT=1: kFlXT with kFlQ2 (a persistent CTA's tiles in one pipeline; where an
    * instance is compiled: experiment builds, the 128-key tiles of D64 / D128; without the
    * narrow steps) */
