@@ -362,8 +362,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
   auto empty_q = [&](int n) { return bar(Q2 && (n & 1) ? BAR_EMPTY_Q1 : BAR_EMPTY_Q); };
   auto q_par = [&](int n) { return Q2 ? (n >> 1) & 1 : n & 1; };
   const int n_tiles = SPLIT ? sp.n_items : p.num_m * p.hq * p.batch;
-  /* The dynamic schedule: the producer claims the CTA's next tile once it has issued the
-   * current one's loads (the consumers are then about two key tiles from its end) and hands
+  /* The dynamic schedule: the producer claims the CTA's next tile while it issues the
+   * current one's loads (the consumers are then 3-4 key tiles from its end) and hands
    * each tile to the consumers in the tile slot, with FULL_Q of the tile: the slot is
    * written after EMPTY_Q of the tile before completed (every consumer warp read that one's
    * id before it arrived there) and read after FULL_Q completed (the producer's arrive
@@ -417,18 +417,24 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid != 0) return;
     int kv = 0, qn = 0;
-    auto claim = [&]() {   /* the dynamic schedule's next tile (n_tiles: none left) */
-      const int v = atomicAdd(p.tile_ctr, 1), gs = (int)gridDim.x;
-      if (v == n_tiles - 1) atomicExch(p.tile_ctr, 0);
-      return v < n_tiles - gs ? gs + v : n_tiles;
+    /* The dynamic schedule's claim of the next tile: issued during the current tile, once
+     * the K load of its key tile max(n - 2, 0) of n is issued (the consumers then 3-4 key
+     * tiles from its end; the atomic's latency under the loads issued after it), resolved
+     * at its end (n_tiles: none left). */
+    int claimed = 0;
+    auto resolve = [&]() {
+      const int gs = (int)gridDim.x;
+      if (claimed == n_tiles - 1) atomicExch(p.tile_ctr, 0);
+      return claimed < n_tiles - gs ? gs + claimed : n_tiles;
     };
-    for (int t0 = blockIdx.x; t0 < n_tiles; t0 = dyn ? claim() : t0 + (int)gridDim.x) {
+    for (int t0 = blockIdx.x; t0 < n_tiles; t0 = dyn ? resolve() : t0 + (int)gridDim.x) {
       const int t = SNAKE ? snake_tile(t0) : t0;
       int piece;
       const tile_info ti = decode_item<BC, BR, SPLIT>(p, sp, t, piece);
       const int n_iters = ti.n_max - ti.n_min;
       if (n_iters <= 0) {
         if (dyn) {   /* no Q load: the id alone */
+          claimed = atomicAdd(p.tile_ctr, 1);
           if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
           *tile_slot = t0;
           mbar_arrive(bar(BAR_FULL_Q));
@@ -458,6 +464,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
           mbar_expect_tx(bar(BAR_FULL_K + s), (uint32_t)L::kv_bytes);
           tma_load_5d(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s), 0,
                       (ti.n_max - 1 - it) * BC, 0, kvh, ti.batch);
+          if (dyn && it == max(n_iters - 2, 0)) claimed = atomicAdd(p.tile_ctr, 1);
         }
         if constexpr (Q2) {
           /* kFlQ2: the next tile's Q, into the stage that tile qn - 2 released after its
