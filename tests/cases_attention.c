@@ -421,7 +421,8 @@ static const acase cuda_sm90_diag_cases[] = {
  * checked against the float64 oracle, then (run_dyn_case) bit for bit against
  * OT_ATTN_SM90_DYN=0 (the static order: the same arithmetic per tile, whichever CTA runs
  * it), and twice more in a row with the dynamic schedule (a counter left non-zero would
- * skip or repeat tiles: poisoned rows would show). */
+ * skip or repeat tiles: poisoned rows would show). All under OT_ATTN_SM90_DYN=1 (the
+ * schedule at any tile count per CTA: by default only up to 16). */
 static const acase cuda_sm90_dyn_cases[] = {
     {"cuda hopper-only dyn GRID 3 causal S600 D128 GQA2 B2 fwd", 2, 600, 600, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only dyn GRID 3 causal Sq1300 Sk1100 D64 GQA2 fwd", 1, 1300, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
@@ -815,7 +816,7 @@ static void run_dyn_case(test_run *tr, const acase *c, DLDataType dt) {
   void *so = NULL, *sl = NULL;
   for (int call = 0; call < 4 && !tr->case_failed; call++) {
     /* call 1: the static order; 0, 2, 3: dynamic */
-    env_saved dy = env_set("OT_ATTN_SM90_DYN", call == 1 ? "0" : NULL);
+    env_saved dy = env_set("OT_ATTN_SM90_DYN", call == 1 ? "0" : "1");
     tb_poison(P.out);
     tb_poison(P.lse);
     const ot_status st = run_forward(tr, &P);
@@ -1283,7 +1284,9 @@ static void run_sm90_required(test_run *tr) {
     const acase *c = &cuda_sm90_dyn_cases[i];
     env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c->name, "GRID 3") ? "3" : NULL);
     for (int k = 0; k < (i == 0 ? 2 : 1); k++) {
+      env_saved dy = env_set("OT_ATTN_SM90_DYN", "1");   /* at any tile count per CTA */
       run_case(tr, c, k ? DT_F16 : DT_BF16);
+      env_restore(&dy);
       run_dyn_case(tr, c, k ? DT_F16 : DT_BF16);
     }
     env_restore(&gr);

@@ -1147,6 +1147,8 @@ struct fwd_call {
                          * (the order before the dynamic schedule) */
   bool long_persist;    /* OT_ATTN_SM90_DYN=long: masked calls of > 64 query tiles
                          * persistent too (with the dynamic schedule) */
+  bool force_dyn;       /* OT_ATTN_SM90_DYN=1 (or long): the dynamic schedule at any tile
+                         * count per CTA */
 };
 
 /* An OT_ATTN_SM90_* switch (measurements and tests): getenv only where `any` (one
@@ -1245,7 +1247,14 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
     int64_t sect = budget / (kv_bytes > 0 ? kv_bytes : 1) * (fc->sect_mha ? 1 : q.group);
     const int64_t nhb = (int64_t)q.hq * q.batch;
     q.sect = (int)(sect < 1 ? 1 : sect > nhb ? nhb : sect);
-    if (dyn_want) q.tile_ctr = ot_cuda_tile_counter(ctx);   /* NULL: the static order */
+    /* The dynamic schedule where the CTAs get few tiles each (<= 16 on average): there the
+     * static round-robin's unequal sums cost 3-24% (H200, 2026-12-02: B 1 S 2k 1.24x the old
+     * order, B 1 S 8k 1.14x, B 4 S 2k 1.11x, D256 B 32 S 1k causal 1.026x); with more, the
+     * static order is within 1% of balanced and the claims' cost shows (31 - 62 tiles a CTA:
+     * D64 S 1k / 4k and D128 S 1k causal 0.98x the static order; D128 B 8 S 4k 1.00x).
+     * OT_ATTN_SM90_DYN=1 takes it at any count, =0 never. */
+    if (dyn_want && (fc->force_dyn || n_tiles <= 16 * (int64_t)sms))
+      q.tile_ctr = ot_cuda_tile_counter(ctx);   /* NULL: the static order */
   }
   const unsigned grid = (unsigned)(persistent ? sms : n_tiles);
   /* kFlSplit: the rem = n_tiles % grid tiles of the last round of an unmasked persistent
@@ -1653,6 +1662,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     const char *dy = sm90_knob(knobs, "OT_ATTN_SM90_DYN");
     call.static_order = dy && dy[0] == '0';
     call.long_persist = dy && !strcmp(dy, "long");
+    call.force_dyn = dy && (dy[0] == '1' || call.long_persist);
     const char *se = sm90_knob(knobs, "OT_ATTN_SM90_SECT");
     call.sect_mha = se && !strcmp(se, "mha");
   }
