@@ -268,7 +268,6 @@ constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of 
 constexpr int kTileSlot = 12;
 static_assert(kTileSlot > BAR_EMPTY_Q1 && 8 * (kTileSlot + 1) <= 128, "tile slot");
 
-
 /* Tile t of the launch: m fastest (the CTAs running at once share K/V in L2); with a
  * right-bounded mask (causal) the longest query tiles of a head first. */
 struct tile_info {
