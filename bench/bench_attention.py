@@ -426,7 +426,8 @@ def ab_envs(args):
     out = []
     for spec in filter(None, (args.ab or "").split(";")):
         name, _, kv = spec.partition("=")
-        env = dict(x.split(":", 1) for x in kv.split(",") if x)
+        pairs = [x.split(":", 1) for x in kv.split(",") if x]
+        env = dict(pairs) if all(len(x) == 2 for x in pairs) else {}
         if not name or not env:
             raise SystemExit(f"--ab: '{spec}' is not NAME=KEY:VALUE[,KEY:VALUE]")
         out.append((name, env))
@@ -699,6 +700,8 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default=" ".join(sys.argv))
     args = ap.parse_args()
+    ab_envs(args)   # a malformed --ab stops here, before any GPU work
+    bench_cases(args)
     if args.table:
         with open(args.table) as f:
             print(markdown(json.load(f)))

@@ -55,5 +55,6 @@ def test_ab_envs_parses_variants():
     assert ba.ab_envs(ns) == [("static", {"OT_ATTN_SM90_DYN": "0", "_causal_only": "1"}),
                               ("long", {"OT_ATTN_SM90_DYN": "long"})]
     assert ba.ab_envs(argparse.Namespace(ab="")) == []
-    with pytest.raises(SystemExit, match="--ab"):
-        ba.ab_envs(argparse.Namespace(ab="static"))
+    for bad in ("static", "static=OT_ATTN_SM90_DYN", "=OT_ATTN_SM90_DYN:0"):
+        with pytest.raises(SystemExit, match="--ab"):
+            ba.ab_envs(argparse.Namespace(ab=bad))
