@@ -14,7 +14,8 @@
 #      threshold and the wide tile forced.
 # CARRY (default .devcarry-fwd90, git-ignored) holds libattention_shim.so (bench/attention_shim.c
 # linked against an sm_90a libops_transformer.a built with -DOT_ATTN_SM90_EXPERIMENTS for
-# src/cuda/sm90/attention_fwd_sm90.cu), test_ops.xz and deps.tar.gz (OpenBLAS runtime). Made
+# src/cuda/sm90/attention_fwd_sm90.cu), test_ops.xz and deps.tar.gz (OpenBLAS runtime): made by
+# `bash scripts/prebuild_fwd_sm90_exp.sh B` (since 2026-12-02; by hand before, as follows). Made
 # on the build machine: build B (-DOT_CUDA_ARCHS=90a) up to date, compile that file with B's
 # nvcc command (`ninja -C B -t commands ops_transformer_static`) plus -DOT_ATTN_SM90_EXPERIMENTS,
 # `ar r B/libops_transformer.a <that .o>` (same member name attention_fwd_sm90.cu.o), relink

@@ -250,6 +250,12 @@ __device__ __forceinline__ void st_global_if(void *ptr, uint32_t v, bool p) {
   asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q st.global.b32 [%0], %1;\n}\n"
                ::"l"(ptr), "r"(v), "r"((int)p) : "memory");
 }
+__device__ __forceinline__ void st_global_if16(void *ptr, uint32_t a, uint32_t b, uint32_t c,
+                                               uint32_t d, bool p) {
+  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %5, 0;\n"
+               "@q st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n"
+               ::"l"(ptr), "r"(a), "r"(b), "r"(c), "r"(d), "r"((int)p) : "memory");
+}
 __device__ __forceinline__ int floor_div(int a, int b) {
   int q = a / b;
   return (a % b != 0 && (a < 0)) ? q - 1 : q;
@@ -566,11 +572,24 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
           const float lg = logf(live ? l : 1.f), lv = m_k[h] * p.scale + lg;
           const int r = k_row0 + 8 * h;
           const bool ok = r < p.sq;
-          T *orow = out + (int64_t)r * p.o_ts + 2 * q4;
+          if constexpr ((FL & kFlSt16) != 0) {   /* 16 bytes a lane (kFlSt16's transpose) */
+            uint32_t v[D / 8];
 #pragma unroll
-          for (int j = 0; j < D / 8; j++)
-            st_global_if(orow + 8 * j,
-                         pack2<F16>(o_k[4 * j + 2 * h] * inv, o_k[4 * j + 2 * h + 1] * inv), ok);
+            for (int j = 0; j < D / 8; j++)
+              v[j] = pack2<F16>(o_k[4 * j + 2 * h] * inv, o_k[4 * j + 2 * h + 1] * inv);
+            quad_transpose_row(v, q4);
+            T *row = out + (int64_t)r * p.o_ts;
+#pragma unroll
+            for (int j0 = 0; j0 < D / 8; j0 += 4)
+              st_global_if16(row + 8 * (j0 + q4), v[j0], v[j0 + 1], v[j0 + 2], v[j0 + 3], ok);
+          } else {
+            T *orow = out + (int64_t)r * p.o_ts + 2 * q4;
+#pragma unroll
+            for (int j = 0; j < D / 8; j++)
+              st_global_if(orow + 8 * j,
+                           pack2<F16>(o_k[4 * j + 2 * h] * inv, o_k[4 * j + 2 * h + 1] * inv),
+                           ok);
+          }
           st_global_if(lrow + (int64_t)r * p.l_ts, __float_as_uint(live ? lv : -INFINITY),
                        ok && p.lse && q4 == 0);
         }
@@ -1378,8 +1397,8 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                             R | PN, R | ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SN, SK, DG, XT, LT, DG | LT, PN, DG | PN,
-                                            DG | ST, ST>());
+                                    fl_list<0, SN, SK, DG, XT, LT, DG | LT, DG | LT | ST, PN,
+                                            DG | PN, DG | ST, ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, LT, PN, PN | ST>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
@@ -1703,8 +1722,9 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     if (on && !late) pin = kFlPin;
   }
   /* kFlSt16: O stored 16 bytes a lane (a transpose within each row quad, then STG.128),
-   * where O's pointer and strides are 16-byte multiples; not with kFlLate (its own copy of
-   * the epilogue) nor for kFlSplit's pieces. Default on for bf16 D128 on the 128-key tile
+   * where O's pointer and strides are 16-byte multiples; with kFlLate (its own copy of the
+   * epilogue) only in the instance that has both (experiment builds: D64's kFlDiag tile; elsewhere
+   * the bit is dropped), not for kFlSplit's pieces. Default on for bf16 D128 on the 128-key tile
    * (masked calls, Sk <= 2048), D256 masked calls and D64's kFlDiag tile: H200, 2026-12-01
    * (attention_fwd_st16.json, 8 balanced rounds in one process, TFLOP/s against the same
    * kernel without it), D128 S 1k causal 443.5 / 398.1 (1.114x; cuDNN 404.0), full 1.087x,
@@ -1724,7 +1744,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     /* 16-bit elements: 8-element multiples */
     const bool aligned = ((uintptr_t)a->out.data & 15) == 0 && (p.o_ts & 7) == 0 &&
                          (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
-    if (on && aligned && !late) st16 = kFlSt16;
+    if (on && aligned) st16 = kFlSt16;   /* with kFlLate: its instance, else dropped */
   }
   const int fl =
       (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | late | pin | st16;
