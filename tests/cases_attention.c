@@ -454,12 +454,16 @@ static const acase cuda_sm90_late_cases[] = {
  * Sk 4096 unmasked (the 48-key narrow step, then 23 steps of 176 keys), Sk 6528 (no narrow
  * step, 37 steps) under OT_ATTN_SM90_GRID=3, causal D128 with the scale 2 (row maxima past
  * 2^8: the threshold's rescale), unmasked D64 Sk 2000 (3 consumers, rows past Sq in the last
- * 192-row tile). bf16 (the instances' dtype). */
+ * 192-row tile); since 2026-12-02 also D64's masked default on 2 consumers (past 8 query
+ * tiles): causal S 1500 (12 query tiles) and a window (256, 64) over S 2000. bf16 (the
+ * instances' dtype). */
 static const acase cuda_sm90_pin_cases[] = {
     {"cuda hopper-only pin Sq256 Sk4096 D128 GQA2 (narrow step, 23 steps) fwd", 1, 256, 4096, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only pin GRID 3 Sq300 Sk6528 D128 B2 (37 steps) fwd", 2, 300, 6528, 2, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only pin causal S1500 D128 GQA2 scale 2 (row max past 2^8) fwd", 1, 1500, 1500, 4, 2, 128, 1, -1, -1, 0, 2.0f, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only pin Sq300 Sk2000 D64 MQA4 B2 (3 consumers) fwd", 2, 300, 2000, 4, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only pin causal S1500 D64 GQA2 B2 (12 query tiles) fwd", 2, 1500, 1500, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only pin window 256,64 S2000 D64 GQA4 fwd", 1, 2000, 2000, 8, 2, 64, 0, 256, 64, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
 /* Shapes for NC = 1 (OT_ATTN_SM90_WG=1, set by the run: 64-row CTAs of one consumer warpgroup,
@@ -1302,7 +1306,9 @@ static void run_sm90_required(test_run *tr) {
     static const char *const PLAIN[] = {
         "cuda hopper-only pin=0 Sq256 Sk4096 D128 GQA2 (narrow step, 23 steps) fwd",
         "cuda hopper-only pin=0 GRID 3 Sq300 Sk6528 D128 B2 (37 steps) fwd", NULL,
-        "cuda hopper-only pin=0 Sq300 Sk2000 D64 MQA4 B2 (3 consumers) fwd"};
+        "cuda hopper-only pin=0 Sq300 Sk2000 D64 MQA4 B2 (3 consumers) fwd",
+        "cuda hopper-only pin=0 causal S1500 D64 GQA2 B2 (12 query tiles) fwd",
+        "cuda hopper-only pin=0 window 256,64 S2000 D64 GQA4 fwd"};
     for (int k = 0; k < 2; k++) {
       env_saved pin = env_set("OT_ATTN_SM90_PIN", k ? "0" : "1");
       for (size_t i = 0; i < sizeof cuda_sm90_pin_cases / sizeof cuda_sm90_pin_cases[0]; i++) {

@@ -156,10 +156,12 @@ constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
 
 /* The instances that carry the dynamic schedule (fwd_params::tile_ctr): 2 consumers, not
  * with the variants that look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit,
- * kFlSnake, kFlLate), nor kFlPin (the unmasked defaults' bit: those kernels stay as they
- * were). */
-constexpr bool dyn_ok(int fl, int nc) {
-  return nc == 2 && (fl & (kFlQ2 | kFlXT | kFlSplit | kFlSnake | kFlLate | kFlPin)) == 0;
+ * kFlSnake, kFlLate), nor kFlPin at D 128 / 256 (the unmasked defaults' bit there: those
+ * kernels stay as they were); at D 64 kFlPin is the masked calls' default (2 consumers,
+ * no kFlDiag) and carries it. */
+constexpr bool dyn_ok(int fl, int nc, int d) {
+  return nc == 2 && (fl & (kFlQ2 | kFlXT | kFlSplit | kFlSnake | kFlLate)) == 0 &&
+         ((fl & kFlPin) == 0 || d == 64);
 }
 
 /* NC consumer warpgroups of 64 query rows each (2, or 3 at head dim 64 as FA3 does): a
@@ -376,7 +378,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
    * the producer arrives on FULL_Q without bytes, the consumers release EMPTY_Q at once.
    * The last claim of the launch (claims: n_tiles - gridDim.x that get a tile and one that
    * fails per CTA, n_tiles in all) resets the counter for the next launch. */
-  const bool dyn = dyn_ok(FL, NC) && p.tile_ctr != nullptr;
+  const bool dyn = dyn_ok(FL, NC, D) && p.tile_ctr != nullptr;
   volatile int *tile_slot = (volatile int *)(smem + L::bar_off + 8 * kTileSlot);
   /* SNAKE: the work item of the round-robin's item t (t = k G + i for CTA i in round k):
    * a whole odd round in reverse CTA order (k G + G - 1 - i); the last, partial round in
@@ -1251,7 +1253,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
    * round-robin then balances worse than the hardware's block scheduler (H200, causal
    * S = 16k: D128 543 vs 556 TFLOP/s, D256 460 vs 684), while up to S = 8k persistence
    * wins (S = 4k causal: D128 565 vs 467, D256 624 vs 571; run of 90616f4). */
-  constexpr bool kDyn = dyn_ok(FL, NC);
+  constexpr bool kDyn = dyn_ok(FL, NC, D);
   const bool dyn_want = kDyn && masked && !fc->static_order;
   const bool persistent = !fc->nonpersistent && n_tiles > sms &&
                           (!masked || q.num_m <= 64 || (dyn_want && fc->long_persist));
@@ -1403,8 +1405,9 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, LT, PN, PN | ST>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
-     * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0) */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG, DG | ST>());
+     * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
+     * of 9..64 query tiles: the default) */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG, DG | ST, PN>());
   } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
     /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16; kFlPin
      * with and without it (the unmasked default, OT_ATTN_SM90_PIN=0 the plain order) */
@@ -1710,15 +1713,21 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * D128 S 4k full 1.058x / 1.053x the plain order (19 of 26 round pairs ahead), S 16k
    * 1.016x / 1.002x; D64 full S 4k 1.022x, 16k 1.019x (12 / 16 each); D256 full 0.996x /
    * 1.014x and causal D128 0.959x (S 4k) / 0.924x (16k): not used there. Outputs and lse bit-equal to
-   * the plain order's (the same arithmetic). OT_ATTN_SM90_PIN=0|1 forces it off / on (on:
-   * where an instance is compiled -- experiment builds also D64 2 consumers, D128 128-key,
-   * D256; not with kFlLate, whose bit wins). */
+   * the plain order's (the same arithmetic). Also the default of bf16 D64 masked calls on
+   * 2 consumers without kFlDiag (9..64 query tiles: causal S 1k..8k, windows), where it
+   * carries the dynamic schedule: H200, 2026-12-02 (attention_fwd_late.json, 10 balanced
+   * rounds) S 4k causal 1.027x the plain order (407.6 TFLOP/s against cuDNN's 403.9; see
+   * docs/ATTENTION.md for the call that made it the default). OT_ATTN_SM90_PIN=0|1 forces
+   * it off / on (on: where an instance is compiled -- experiment builds also D64 with
+   * kFlDiag, D128 128-key, D256; not with kFlLate, whose bit wins). */
   int pin = 0;
   {
     const char *pnv = sm90_knob(knobs, "OT_ATTN_SM90_PIN");
     const bool on = pnv ? pnv[0] == '1'
-                        : a->dtype == OT_BF16 && !masked_call &&
-                              ((a->d == 128 && bc == 176) || (a->d == 64 && nc == 3));
+                        : a->dtype == OT_BF16 &&
+                              ((!masked_call && ((a->d == 128 && bc == 176) ||
+                                                 (a->d == 64 && nc == 3))) ||
+                               (masked_call && a->d == 64 && nc == 2 && !(narrow & kFlDiag)));
     if (on && !late) pin = kFlPin;
   }
   /* kFlSt16: O stored 16 bytes a lane (a transpose within each row quad, then STG.128),
