@@ -1367,7 +1367,9 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * consumers with and without kFlDiag, 3) and D128 128 (with the threshold), kFlPin at D64
  * 128 with 2 consumers (with and without kFlDiag) and 3, D128 128 (with the threshold) and
  * 176 (plain: S 16k; with the 48-key narrow step: S 4k -- the unmasked defaults), D256 (with
- * the threshold): prepared 2026-11-30 night, not measured. */
+ * the threshold): prepared 2026-11-30 night; kFlLate measured 2026-12-02, slower everywhere
+ * (docs/ATTENTION.md), kFlPin since then the default of D64's masked 2-consumer calls without
+ * kFlDiag (its instance in every build, below). */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -1703,8 +1705,9 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   /* OT_ATTN_SM90_LATE=1: kFlLate, a tile's epilogue under the next tile's first Q K^T
    * (experiment builds: bf16 D64 128-key with 2 consumers, with and without kFlDiag, and 3;
    * D128 128-key with the threshold -- not the D128 176-key tile: S 88 + O 64 + the kept
-   * O 64 registers spilled 352 bytes there. Not with kFlXT. Prepared 2026-11-30 night, not
-   * measured: docs/ATTENTION.md) */
+   * O 64 registers spilled 352 bytes there. Not with kFlXT. Measured 2026-12-02
+   * (attention_fwd_late.json): 0.88-0.98x the default, D64 S 1k causal 0.982x with kFlSt16's
+   * stores; not used, docs/ATTENTION.md) */
   const int late = xt ? 0 : exp_switch(knobs, "OT_ATTN_SM90_LATE", kFlLate);
   /* kFlPin: the pipelined step's softmax pinned before its P V's wait (a never-taken branch
    * on the step's row sums, see the kernel). Default on for bf16 unmasked calls on D128's
