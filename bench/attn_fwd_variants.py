@@ -89,6 +89,7 @@ def _variant_list(d, s, causal):
         v += [("snake", SNAKE), ("nonpers", NONPERS)]  # snake: odd rounds in reverse
     if d == 64 and causal and s <= 8192:              # 2 consumers, 128-key tile
         v += [("wide", WIDE), ("wg3", WG3)]           # wide: the 192-key tile
+        v.append(("wg3pin", {**WG3, **PIN}))          # 3 consumers with kFlPin (2026-12-02)
     # kFlSkip (prepared 2026-11-30, not measured): a consumer warpgroup skips the key tiles
     # in which all of its rows are masked or past Sq. Warpgroup-tiles dropped at S 1k causal:
     # D256 7 of 122, D64 with 3 consumers 24 of 96 (wg3skip, against wg3); D64 / D128 with 2
@@ -141,6 +142,9 @@ def _variant_list(d, s, causal):
     # kFlPin the default (2026-11-30) for bf16 unmasked calls on D128's 176-key tile (S > 2048)
     # and D64's 3-consumer tile: there "pin" is the default and "nopin" the plain order
     if not causal and (d == 64 or (d == 128 and s > 2048)):
+        v.append(("nopin", NOPIN))
+    # since 2026-12-02 also for bf16 D64 masked calls on 2 consumers past kFlDiag's 8 query tiles
+    if causal and d == 64 and 1024 < s <= 8192:
         v.append(("nopin", NOPIN))
     if causal and d == 64 and s <= 1024:
         v.append(("pinnodiag", {**PIN, **NODIAG}))
@@ -250,7 +254,8 @@ def checks(S):
         ba.check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=0, env=SNAKE)
     for name, checks in (("skip", skip_checks), ("diag", diag_checks), ("xt", xt_checks),
                          ("late", late_checks), ("pin", pin_checks), ("st16", st16_checks),
-                         ("wg1", wg1_checks)):
+                         ("wg1", wg1_checks), ("nopin", nopin_checks),
+                         ("wg3pin", wg3pin_checks)):
         if ONLY is None or name in ONLY:
             checks(S, ck)
     if ONLY is None or "wideresc" in ONLY:
@@ -469,6 +474,26 @@ def _nodiag_cases():
     """D64 causal shapes with kFlDiag off (its default there, S <= 1024: on)"""
     return [(64, sq, sk, 4, 2, -1, 0, {**NODIAG, "OT_ATTN_SM90_GRID": str(grid)})
             for sq, sk, grid in ((1000, 1000, 3), (1300, 1100, 3), (600, 600, 5), (700, 1000, 1))]
+
+
+def _d64_masked_cases(extra):
+    """D64 masked shapes past kFlDiag's 8 query tiles: causal S 1500, GRID 3 Sq 1300 / Sk 1100
+    (query tiles without keys), a window (256, 64), Sq < Sk causal; GQA / MQA"""
+    return [(64, 1500, 1500, 4, 2, -1, 0, extra),
+            (64, 1300, 1100, 4, 2, -1, 0, {**extra, "OT_ATTN_SM90_GRID": "3"}),
+            (64, 2000, 2000, 8, 2, 256, 64, extra), (64, 900, 2100, 4, 1, -1, 0, extra)]
+
+
+def nopin_checks(S, ck):
+    """The plain order (OT_ATTN_SM90_PIN=0) where kFlPin is the default since 2026-12-02 (bf16
+    D64 masked calls on 2 consumers, no kFlDiag): float64, and bit-equal to the default"""
+    _bit_equal_checks(S, ck, _d64_masked_cases({}), NOPIN, "nopin")
+
+
+def wg3pin_checks(S, ck):
+    """kFlPin on 3 consumers for D64 masked calls (OT_ATTN_SM90_WG=3 OT_ATTN_SM90_PIN=1): float64,
+    and bit-equal to 3 consumers without it"""
+    _bit_equal_checks(S, ck, _d64_masked_cases(WG3), PIN, "wg3pin")
 
 
 def _bit_equal_checks(S, ck, cases, var, name):

@@ -1402,7 +1402,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, SN, SK, DG, XT, LT, DG | LT, DG | LT | ST, PN,
-                                            DG | PN, DG | ST, ST>());
+                                            DG | PN, DG | PN | ST, DG | ST, ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, LT, PN, PN | ST>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
