@@ -431,6 +431,15 @@ static const acase cuda_sm90_dyn_cases[] = {
     {"cuda hopper-only dyn causal S1100 D64 GQA4 H16 (144 tiles) fwd", 1, 1100, 1100, 16, 4, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
+/* D64 causal calls past 32 query tiles of 128 rows (Sq > 4096) on 3 consumers (192-row
+ * tiles; since 2026-12-02, before only past 64): persistent under OT_ATTN_SM90_GRID=3 (each
+ * CTA runs many tiles of falling length, a last 192-row tile of 84 rows), and Sq > Sk (the
+ * first query tiles see no key), MQA. */
+static const acase cuda_sm90_wg3_cases[] = {
+    {"cuda hopper-only wg3 GRID 3 causal S4500 D64 GQA2 fwd", 1, 4500, 4500, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only wg3 causal Sq4500 Sk3000 D64 MQA4 fwd", 1, 4500, 3000, 4, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+};
+
 /* Shapes for kFlLate (OT_ATTN_SM90_LATE=1: a persistent CTA's tile stores O and the lse under
  * the next tile's first Q K^T). Like kFlSkip it is compiled only in experiment builds, and
  * elsewhere these cases run the default kernel (more shapes for it). All under
@@ -1293,6 +1302,12 @@ static void run_sm90_required(test_run *tr) {
       env_restore(&dy);
       run_dyn_case(tr, c, k ? DT_F16 : DT_BF16);
     }
+    env_restore(&gr);
+  }
+  for (size_t i = 0; i < sizeof cuda_sm90_wg3_cases / sizeof cuda_sm90_wg3_cases[0]; i++) {
+    const acase *c = &cuda_sm90_wg3_cases[i];
+    env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c->name, "GRID 3") ? "3" : NULL);
+    run_case(tr, c, i ? DT_F16 : DT_BF16);
     env_restore(&gr);
   }
   {

@@ -1408,7 +1408,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
-     * of 9..64 query tiles: the default) */
+     * of 9..32 query tiles, windowed ones of 9..64: the default) */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG, DG | ST, PN>());
   } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
     /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16; kFlPin
@@ -1519,14 +1519,20 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const bool small_tile = tile ? tile[0] == 's'
                                : a->window_left >= 0 || a->window_right >= 0 || a->sk <= 2048;
   /* Head dim 64: 3 consumer warpgroups (192 query rows, 128 keys; FA3's shape) except
-   * for masked calls of at most 64 query tiles of 128 (the persistent causal regime, with
-   * sectioned tile order). H200, run of d610a26, TFLOP/s with 3 vs 2: non-causal S = 4k
-   * 504 vs 411, 16k 474 vs 433, causal 16k 478 vs 418; but causal S = 1k / 4k 260 / 354
-   * vs 284 / 397. OT_ATTN_SM90_WG=2|3 forces one. */
+   * for masked calls of at most 64 query tiles of 128 -- 32 where no left window bounds the
+   * keys (causal) -- (the persistent causal regime, with sectioned tile order). H200, run of
+   * d610a26, TFLOP/s with 3 vs 2: non-causal S = 4k 504 vs 411, 16k 474 vs 433, causal 16k
+   * 478 vs 418; but causal S = 1k / 4k 260 / 354 vs 284 / 397. 2026-12-02
+   * (attention_fwd_wg3_sweep.json, 8 balanced rounds, 2 consumers with kFlPin): causal S 4k
+   * 0.890x, but S 5k 1.067x, 6k 1.088x, 7k 1.075x, 8k 1.105x (B 4), 1.024x (B 2), 1.032x (B 1
+   * GQA, against the dynamic schedule). Windowed calls keep 64 (short tiles: unmeasured).
+   * OT_ATTN_SM90_WG=2|3 forces one. */
   const char *wgs = sm90_knob(knobs, "OT_ATTN_SM90_WG");
   const bool masked_call = (a->window_left >= 0 && a->window_left <= a->sq + a->sk) ||
                            (a->window_right >= 0 && a->window_right <= a->sq + a->sk);
-  int nc = a->d == 64 && (!masked_call || (a->sq + kBr - 1) / kBr > 64) ? 3 : 2;
+  const bool left_window = a->window_left >= 0 && a->window_left <= a->sq + a->sk;
+  const int64_t q_tiles = (a->sq + kBr - 1) / kBr;
+  int nc = a->d == 64 && (!masked_call || q_tiles > 64 || (!left_window && q_tiles > 32)) ? 3 : 2;
   if (a->d == 64 && wgs && (wgs[0] == '2' || wgs[0] == '3')) nc = wgs[0] - '0';
   /* OT_ATTN_SM90_WG=1 (experiment builds, bf16; elsewhere the default above): one consumer
    * warpgroup, 64-row tiles of 128 keys, two CTAs per SM (fwd_cfg<1>; docs/ATTENTION.md) --
@@ -1717,7 +1723,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * 1.016x / 1.002x; D64 full S 4k 1.022x, 16k 1.019x (12 / 16 each); D256 full 0.996x /
    * 1.014x and causal D128 0.959x (S 4k) / 0.924x (16k): not used there. Outputs and lse bit-equal to
    * the plain order's (the same arithmetic). Also the default of bf16 D64 masked calls on
-   * 2 consumers without kFlDiag (9..64 query tiles: causal S 1k..8k, windows), where it
+   * 2 consumers without kFlDiag (9..32 query tiles: causal S 1k..4k; windows 9..64), where it
    * carries the dynamic schedule: H200, 2026-12-02 (attention_fwd_late.json, 10 balanced
    * rounds) S 4k causal 1.027x the plain order (407.6 TFLOP/s against cuDNN's 403.9; see
    * docs/ATTENTION.md for the call that made it the default). OT_ATTN_SM90_PIN=0|1 forces
