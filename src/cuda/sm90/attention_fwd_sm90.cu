@@ -154,14 +154,15 @@ enum {
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
 
-/* The instances that carry the dynamic schedule (fwd_params::tile_ctr): 2 consumers, not
- * with the variants that look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit,
- * kFlSnake, kFlLate), nor kFlPin at D 128 / 256 (the unmasked defaults' bit there: those
- * kernels stay as they were); at D 64 kFlPin is the masked calls' default (2 consumers,
- * no kFlDiag) and carries it. */
+/* The instances that carry the dynamic schedule (fwd_params::tile_ctr): 2 or 3 consumers
+ * (3: D64 causal calls past 32 query tiles, since 2026-12-02), not with the variants that
+ * look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit, kFlSnake, kFlLate), nor
+ * kFlPin where it is the unmasked defaults' bit (D 128 / 256, D64 on 3 consumers: those
+ * kernels stay as they were); at D64 on 2 consumers kFlPin is the masked calls' default
+ * (no kFlDiag) and carries it. */
 constexpr bool dyn_ok(int fl, int nc, int d) {
-  return nc == 2 && (fl & (kFlQ2 | kFlXT | kFlSplit | kFlSnake | kFlLate)) == 0 &&
-         ((fl & kFlPin) == 0 || d == 64);
+  return (nc == 2 || nc == 3) && (fl & (kFlQ2 | kFlXT | kFlSplit | kFlSnake | kFlLate)) == 0 &&
+         ((fl & kFlPin) == 0 || (d == 64 && nc == 2));
 }
 
 /* NC consumer warpgroups of 64 query rows each (2, or 3 at head dim 64 as FA3 does): a
