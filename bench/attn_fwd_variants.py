@@ -52,7 +52,6 @@ SKIP = {"OT_ATTN_SM90_SKIP": "1"}
 DIAG = {"OT_ATTN_SM90_DIAG": "1"}
 NODIAG = {"OT_ATTN_SM90_DIAG": "0"}
 XT = {"OT_ATTN_SM90_XT": "1"}
-LATE = {"OT_ATTN_SM90_LATE": "1"}
 PIN = {"OT_ATTN_SM90_PIN": "1"}
 NOPIN = {"OT_ATTN_SM90_PIN": "0"}  # the plain order where kFlPin is the default
 ST16 = {"OT_ATTN_SM90_ST16": "1"}  # kFlSt16: O stored 16 bytes a lane
@@ -125,14 +124,8 @@ def _variant_list(d, s, causal):
     # measured 0.98-1.01x: no longer compiled.)
     if d == 64 or (d == 128 and (causal or s <= 2048)):
         v.append(("xt", XT))
-    # kFlLate (prepared 2026-11-30 night, not measured): a persistent CTA's tile stores O and
-    # the lse under the next tile's first Q K^T instead of between its last P V's turn and
-    # the next prologue's; the same tiles as xt. D64 causal S <= 1024 runs kFlDiag by default:
-    # there also latenodiag (against nodiag)
-    if d == 64 or (d == 128 and (causal or s <= 2048)):
-        v.append(("late", LATE))
-    if causal and d == 64 and s <= 1024:
-        v.append(("latenodiag", {**LATE, **NODIAG}))
+    # (kFlLate, "late" / "latenodiag": measured 0.88-0.98x the default on 2026-12-02 and
+    # removed; bench/results/attention_fwd_late.json)
     # kFlPin (prepared 2026-11-30 night, not measured): the pipelined step's softmax before its
     # P V's wait (in every default kernel ptxas puts all of the step's exponentials after it);
     # compiled for every default bf16 tile (D64 2 consumers with and without kFlDiag, 3; D128
@@ -253,7 +246,7 @@ def checks(S):
                       env={**SNAKE, "OT_ATTN_SM90_GRID": "5"})
         ba.check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=0, env=SNAKE)
     for name, checks in (("skip", skip_checks), ("diag", diag_checks), ("xt", xt_checks),
-                         ("late", late_checks), ("pin", pin_checks), ("st16", st16_checks),
+                         ("pin", pin_checks), ("st16", st16_checks),
                          ("wg1", wg1_checks), ("nopin", nopin_checks),
                          ("wg3pin", wg3pin_checks)):
         if ONLY is None or name in ONLY:
@@ -338,7 +331,7 @@ def xt_checks(S, ck):
 
 
 def _pipeline_cases():
-    """xt_checks' and late_checks' shapes: (d, sq, sk, hq, hkv, wl, wr, env)"""
+    """xt_checks' shapes: (d, sq, sk, hq, hkv, wl, wr, env)"""
     cases = []
     for d in (64, 128):
         for sq, sk, hq, hkv, wl, wr, grid in (
@@ -352,26 +345,6 @@ def _pipeline_cases():
     cases.append((64, 4100, 4100, 2, 2, -1, -1, {"OT_ATTN_SM90_GRID": "7"}))
     cases.append((64, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_WG": "3", "OT_ATTN_SM90_GRID": "3"}))
     return cases
-
-
-def late_checks(S, ck):
-    """kFlLate (OT_ATTN_SM90_LATE=1, experiment builds: bf16 D64 128-key tile with 2 consumers,
-    with and without kFlDiag, and 3; D128 128-key tile with the threshold): float64 checks,
-    and the same inputs with the switch off, which must agree to the bit (the same arithmetic
-    -- its branch-free 1 / l is the default division's own fast path, l >= 1 -- only where
-    the epilogue runs moves). xt_checks' shapes: the persistent multi-tile path (GRID 1 / 3 /
-    5 / 7: a tile's O kept until the next tile's first Q K^T, the CTA's last one stored after
-    its loop), tiles with no visible key after a kept one (Sq > Sk causal, a window: stored
-    at once, the kept one first), one key tile per query tile, GQA / MQA, rows past Sq (the
-    predicated stores), unmasked D64 (3 consumers) and D128 with Sk <= 2048, the default
-    grid; then D64 causal with kFlDiag off (its default there: on, the narrow step's store),
-    no lse (the predicated lse store off), fp16 (not compiled: the default runs)."""
-    _bit_equal_checks(S, ck, _pipeline_cases() + _nodiag_cases(), LATE, "late")
-    for d in (64, 128):
-        ba.check_case(S, ck, 2, 1300, 1100, 4, 2, d, wr=0, with_lse=False,
-                      env={**LATE, "OT_ATTN_SM90_GRID": "3"})
-    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16,
-                  env={**LATE, "OT_ATTN_SM90_GRID": "3"})
 
 
 def pin_checks(S, ck):

@@ -46,25 +46,8 @@
 # call: S 1k and 4k, causal and full, 10 balanced rounds, both variants' checks first; the
 # "hopper" cases under each switch; memcheck, racecheck and synccheck on one case of each.
 # SAN_FILTERS entries may carry their own switches as "ENV@FILTER" (ENV space-separated).
-# AB=late (prepared 2026-11-30 night, not measured): kFlLate (OT_ATTN_SM90_LATE=1: a persistent
-# CTA's tile stores O and the lse under the next tile's first Q K^T, not between its last P V's
-# turn and the next prologue's) and kFlPin (OT_ATTN_SM90_PIN=1: the step's softmax before its
-# P V's wait; D64 2 consumers only then, every default bf16 tile since 18332ae: AB=pin for
-# D128) -- unless set otherwise: D 64 / 128, S 1k and 4k, causal
-# and full, 10 balanced rounds of default / late / pin (/ latenodiag / pinnodiag / nodiag at
-# D64 causal S 1k, where kFlDiag is the default) / cuDNN / flash, both variants' float64 and
-# bit-equality checks first (--checks late,pin); the C suite's "hopper" cases under each
-# switch (late also with kFlDiag off); memcheck and racecheck under the switches of the
-# "GRID 3 causal S600" cases (D64: kFlDiag with the variant, D128: kFlResc | kFlLate) and of
-# the "late GRID 3" ones (tiles without keys after a kept one). The stall reasons against
-# cuDNN and the default are a second call (PROFILE=1, VLIM=0; docs/ATTENTION.md has both).
-if [ "${AB:-}" = late ]; then
-  : "${VSEQS:=1024,4096}" "${VDIMS:=64,128}" "${VROUNDS:=10}" "${SUITE:=0}" "${VLIM:=170}"
-  : "${DEADLINE:=330}" "${SAN_TOOLS=memcheck racecheck}"
-  : "${VARGS:=--only late,latenodiag,pin,pinnodiag,nodiag --checks late,pin --causal both --no-host}"
-  : "${VENVS:=OT_ATTN_SM90_LATE=1;OT_ATTN_SM90_LATE=1 OT_ATTN_SM90_DIAG=0;OT_ATTN_SM90_PIN=1}"
-  : "${SAN_FILTERS:=OT_ATTN_SM90_LATE=1@GRID 3 causal S600;OT_ATTN_SM90_LATE=1@late GRID 3 causal;OT_ATTN_SM90_PIN=1@GRID 3 causal S600 D64}"
-fi
+# (AB=late, kFlLate's A/B, ran on 2026-12-02: slower everywhere, the variant removed;
+# bench/results/attention_fwd_late.json has its command and figures.)
 # AB=pin (prepared 2026-11-30 night, not measured): kFlPin (OT_ATTN_SM90_PIN=1: the pipelined
 # step's softmax before its P V's wait) on the issue's open target -- unless set otherwise:
 # D128, S 4k and 16k, causal (128-key tile, rescale threshold) and full (176-key tile, 48-key

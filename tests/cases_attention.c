@@ -445,19 +445,16 @@ static const acase cuda_sm90_wg3_cases[] = {
     {"cuda hopper-only wg3 causal Sq4500 Sk3000 D64 MQA4 fwd", 1, 4500, 3000, 4, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
-/* Shapes for kFlLate (OT_ATTN_SM90_LATE=1: a persistent CTA's tile stores O and the lse under
- * the next tile's first Q K^T). Like kFlSkip it is compiled only in experiment builds, and
- * elsewhere these cases run the default kernel (more shapes for it). All under
- * OT_ATTN_SM90_GRID=3, so that each CTA runs many tiles: O kept from one tile to the next, the
- * last stored after the CTA's loop. Causal Sq 1300 / Sk 1100 (the query tile of rows 0..127
- * of each head sees no key: stored at once, after the kept one), D64 (2 consumers, 11 query
- * tiles: no kFlDiag) and D128 (the threshold); non-causal D64 S 1000 (3 consumers: 192-row
- * tiles, the last one's rows past Sq, whose stores are predicated off). The "diag GRID 3"
- * cases above cover kFlDiag with it. bf16 (the instances' dtype). */
-static const acase cuda_sm90_late_cases[] = {
-    {"cuda hopper-only late GRID 3 causal Sq1300 Sk1100 D64 GQA2 B2 fwd", 2, 1300, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only late GRID 3 causal Sq1300 Sk1100 D128 GQA2 fwd", 1, 1300, 1100, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only late GRID 3 S1000 D64 GQA2 fwd", 1, 1000, 1000, 4, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+/* Persistent CTAs that run many tiles each (all under OT_ATTN_SM90_GRID=3; written for
+ * kFlLate, a tile's epilogue under the next tile's first Q K^T, which was measured slower and
+ * removed on 2026-12-02 -- the shapes stay for the default kernels): causal Sq 1300 / Sk 1100
+ * (the query tile of rows 0..127 of each head sees no key, between tiles that do), D64 (2
+ * consumers, kFlPin, 11 query tiles: no kFlDiag) and D128 (the threshold); non-causal D64 S
+ * 1000 (3 consumers: 192-row tiles, the last one's rows past Sq). bf16. */
+static const acase cuda_sm90_persist_cases[] = {
+    {"cuda hopper-only persist GRID 3 causal Sq1300 Sk1100 D64 GQA2 B2 fwd", 2, 1300, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only persist GRID 3 causal Sq1300 Sk1100 D128 GQA2 fwd", 1, 1300, 1100, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only persist GRID 3 S1000 D64 GQA2 fwd", 1, 1000, 1000, 4, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
 /* Shapes for kFlPin (OT_ATTN_SM90_PIN=1, set by the run: the pipelined step's softmax before
@@ -1317,8 +1314,8 @@ static void run_sm90_required(test_run *tr) {
   }
   {
     env_saved gr = env_set("OT_ATTN_SM90_GRID", "3");
-    for (size_t i = 0; i < sizeof cuda_sm90_late_cases / sizeof cuda_sm90_late_cases[0]; i++)
-      run_case(tr, &cuda_sm90_late_cases[i], DT_BF16);
+    for (size_t i = 0; i < sizeof cuda_sm90_persist_cases / sizeof cuda_sm90_persist_cases[0]; i++)
+      run_case(tr, &cuda_sm90_persist_cases[i], DT_BF16);
     env_restore(&gr);
   }
   {

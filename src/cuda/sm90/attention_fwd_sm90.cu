@@ -72,8 +72,7 @@
  * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls); OT_ATTN_SM90_SKIP=1 (kFlSkip;
  * measured slower, docs/ATTENTION.md); kFlDiag at D128; OT_ATTN_SM90_XT=1 (kFlXT on
  * kFlQ2's 2-stage Q ring; D64 causal 0.90-0.95x, unmasked D64 1.01x, docs/ATTENTION.md);
- * OT_ATTN_SM90_LATE=1 (kFlLate: a tile's epilogue under the next tile's first Q K^T;
- * prepared, not measured); kFlPin on the other tiles (D64 2 consumers, D128 128-key, D256:
+ * kFlPin on the other tiles (D64 2 consumers, D128 128-key, D256:
  * measured, not used); OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is
  * parsed there, but its instances are
  * no longer compiled (add the bits to launch_fl's lists to measure them again).
@@ -134,9 +133,8 @@ enum {
   kFlXT = 0x2000, /* with kFlQ2: a persistent CTA's tiles in one pipeline: the last P V of a
                    * tile is issued with the next tile's first Q K^T, whose softmax runs
                    * under it (no per-tile prologue / drain; see the kernel) */
-  kFlLate = 0x4000, /* a persistent CTA's tile stores O and the lse only once the next tile's
-                   * first Q K^T is issued, under that GEMM (experiment builds; see the
-                   * kernel): not between the last P V's turn and the next prologue's */
+  /* 0x4000: kFlLate until 2026-12-02 (a tile's epilogue under the next tile's first Q K^T;
+   * measured 0.88-0.98x the default and removed, docs/ATTENTION.md) */
   kFlPin = 0x8000, /* the pipelined step's softmax pinned before its P V's wait (a never-taken
                    * branch on l between them, holding a nanosleep; default for bf16 unmasked
                    * D128 176-key and D64 3-consumer tiles, see the dispatch): ptxas
@@ -156,12 +154,12 @@ constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
 
 /* The instances that carry the dynamic schedule (fwd_params::tile_ctr): 2 or 3 consumers
  * (3: D64 causal calls past 32 query tiles, since 2026-12-02), not with the variants that
- * look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit, kFlSnake, kFlLate), nor
+ * look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit, kFlSnake), nor
  * kFlPin where it is the unmasked defaults' bit (D 128 / 256, D64 on 3 consumers: those
  * kernels stay as they were); at D64 on 2 consumers kFlPin is the masked calls' default
  * (no kFlDiag) and carries it. */
 constexpr bool dyn_ok(int fl, int nc, int d) {
-  return (nc == 2 || nc == 3) && (fl & (kFlQ2 | kFlXT | kFlSplit | kFlSnake | kFlLate)) == 0 &&
+  return (nc == 2 || nc == 3) && (fl & (kFlQ2 | kFlXT | kFlSplit | kFlSnake)) == 0 &&
          ((fl & kFlPin) == 0 || (d == 64 && nc == 2));
 }
 
@@ -242,22 +240,6 @@ __device__ __forceinline__ float ex2_poly(float x) {
   const float f = x - (t - 12582912.f);
   const float p = fmaf(fmaf(fmaf(0.05500898f, f, 0.24221105f), f, 0.69328292f), f, 1.f);
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-/* kFlLate's branch-free epilogue: 1 / x approximated (MUFU.RCP), a store under a predicate */
-__device__ __forceinline__ float rcp_approx(float x) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ void st_global_if(void *ptr, uint32_t v, bool p) {
-  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q st.global.b32 [%0], %1;\n}\n"
-               ::"l"(ptr), "r"(v), "r"((int)p) : "memory");
-}
-__device__ __forceinline__ void st_global_if16(void *ptr, uint32_t a, uint32_t b, uint32_t c,
-                                               uint32_t d, bool p) {
-  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %5, 0;\n"
-               "@q st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n"
-               ::"l"(ptr), "r"(a), "r"(b), "r"(c), "r"(d), "r"((int)p) : "memory");
 }
 __device__ __forceinline__ int floor_div(int a, int b) {
   int q = a / b;
@@ -356,9 +338,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
   static_assert(!Q2 || (!SKIP && !SPLIT), "kFlQ2 is not compiled with kFlSkip / kFlSplit");
   constexpr bool XT = (FL & kFlXT) != 0;
   static_assert(!XT || (Q2 && !NARROW), "kFlXT needs kFlQ2 and no narrow step");
-  constexpr bool LATE = (FL & kFlLate) != 0;
   constexpr bool PIN = (FL & kFlPin) != 0;
-  static_assert(!LATE || (!SKIP && !SPLIT && !XT), "kFlLate: not with kFlSkip / kFlSplit / kFlXT");
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -539,67 +519,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
   float m_n[2] = {-INFINITY, -INFINITY}, l_n[2] = {0.f, 0.f};
   float s[NS];
   uint32_t pr[NP];
-  /* kFlLate: the tile whose epilogue is pending (kept: its O, m and l, copied at its end
-   * where its last P V completed) is stored by late_store, which each tile with keys calls
-   * once its first Q K^T (the narrow step's or the prologue's) is issued and its turn handed
-   * on: the epilogue's instructions and dependent chains (the l shuffles, the reciprocal,
-   * the log, the stores) run while that Q K^T is in flight, where the consumer waits for it
-   * anyway, instead of between its last P V's turn and its next prologue's turn, where only
-   * the other consumer's last P V (256 tensor cycles at D64) covers them. With a wgmma in
-   * flight the code must not branch on per-thread values (ptxas then serializes every wgmma
-   * of the kernel, C7517 / C7518): hence this copy of the epilogue without branches -- 1 / l
-   * by the default division's own fast path (MUFU.RCP and one Newton step: what `1.f / l`
-   * computes for l in [2^-126, 2^126), and l >= 1 wherever l > 0: the row max's own term is
-   * 2^0, or 2^(>= 0) with kFlResc), logf of l or 1 then a select, predicated stores
-   * (st_global_if); the kept O is copied by asm moves (with plain copies ptxas gave the
-   * registers of the last P V's accumulators to the kept O and waited for the Q K^T before
-   * reading them: C7517). O and the lse are those of the default epilogue to the bit. */
-  float o_k[LATE ? NO : 1], m_k[2], l_k[2];
-  int k_batch = 0, k_head = 0, k_row0 = 0;
-  bool kept = false;
-  auto late_store = [&]() {
-    if constexpr (LATE) {
-      if (kept) {
-        T *out = (T *)p.out + (int64_t)k_batch * p.o_bs + (int64_t)k_head * p.o_hs;
-        float *lrow =
-            p.lse ? p.lse + (int64_t)k_batch * p.l_bs + (int64_t)k_head * p.l_hs : p.lse;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          float l = l_k[h];
-          l += __shfl_xor_sync(0xffffffffu, l, 1);
-          l += __shfl_xor_sync(0xffffffffu, l, 2);
-          if (m_k[h] == -INFINITY) l = 0.f;
-          const bool live = l > 0.f;
-          const float rc = rcp_approx(l), rn = fmaf(rc, -fmaf(l, rc, -1.f), rc);
-          const float inv = __int_as_float(__float_as_int(rn) & -(int)live);   /* 0: no key */
-          const float lg = logf(live ? l : 1.f), lv = m_k[h] * p.scale + lg;
-          const int r = k_row0 + 8 * h;
-          const bool ok = r < p.sq;
-          if constexpr ((FL & kFlSt16) != 0) {   /* 16 bytes a lane (kFlSt16's transpose) */
-            uint32_t v[D / 8];
-#pragma unroll
-            for (int j = 0; j < D / 8; j++)
-              v[j] = pack2<F16>(o_k[4 * j + 2 * h] * inv, o_k[4 * j + 2 * h + 1] * inv);
-            quad_transpose_row(v, q4);
-            T *row = out + (int64_t)r * p.o_ts;
-#pragma unroll
-            for (int j0 = 0; j0 < D / 8; j0 += 4)
-              st_global_if16(row + 8 * (j0 + q4), v[j0], v[j0 + 1], v[j0 + 2], v[j0 + 3], ok);
-          } else {
-            T *orow = out + (int64_t)r * p.o_ts + 2 * q4;
-#pragma unroll
-            for (int j = 0; j < D / 8; j++)
-              st_global_if(orow + 8 * j,
-                           pack2<F16>(o_k[4 * j + 2 * h] * inv, o_k[4 * j + 2 * h + 1] * inv),
-                           ok);
-          }
-          st_global_if(lrow + (int64_t)r * p.l_ts, __float_as_uint(live ? lv : -INFINITY),
-                       ok && p.lse && q4 == 0);
-        }
-      }
-      kept = false;
-    }
-  };
 
   for (int t0 = blockIdx.x; dyn || t0 < n_tiles; t0 += gridDim.x) {
     if (dyn) {   /* the tile the producer claimed (-1: none left) */
@@ -797,7 +716,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
           turn_wait();
           issue_qk_n(std::integral_constant<int, NW>(), st);
           turn_pass();
-          if constexpr (LATE) late_store();   /* the tile before's epilogue, under this Q K^T */
           wgmma_wait<0>();
           reg_fence<NS>(s);
           release(bar(BAR_EMPTY_K + st));
@@ -894,7 +812,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
         turn_wait();
         issue_qk(sk_);
         turn_pass();
-        if constexpr (LATE) late_store();   /* (after a narrow step: done there) */
         wgmma_wait<0>();
         reg_fence<NS>(s);
         release(bar(BAR_EMPTY_K + sk_));
@@ -1018,29 +935,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
       }
       kv += n_iters;
       qn++;
-      if constexpr (LATE) {
-        /* kFlLate: O, m and l kept (the last P V completed above) for late_store, under
-         * the next tile's first Q K^T or after the loop. Here, inside the branch that
-         * called late_store, so that o_k is dead between the two to ptxas (a copy after
-         * the branch kept it live through the whole tile: 76-400 bytes of spills) */
-#pragma unroll
-        for (int i = 0; i < NO; i++) asm volatile("mov.b32 %0, %1;" : "=f"(o_k[i]) : "f"(o[i]));
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          m_k[h] = m_r[h];
-          l_k[h] = l_r[h];
-        }
-        k_batch = ti.batch;
-        k_head = ti.head;
-        k_row0 = row0;
-        kept = true;
-      }
-    } else if constexpr (LATE) {
-      late_store();   /* a tile without keys (O = 0, lse -inf): the kept one first */
     }
 
     /* ---------------- epilogue: O / l, lse ---------------- */
-    if (LATE && n_iters > 0) continue;   /* kFlLate: stored by late_store */
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -1100,7 +997,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
       }
     }
   }
-  if constexpr (LATE) late_store();
   /* consumer NC-1 arrived once more on consumer 0's turn barrier (at the start) */
   if (NC > 1 && c == 0) named_sync(kSchedBar, 256);
 }
@@ -1177,20 +1073,6 @@ struct fwd_call {
  * normal use none is, and a call reads the environment once instead of once per switch. */
 static inline const char *sm90_knob(bool any, const char *name) {
   return any ? getenv(name) : NULL;
-}
-
-/* An experiment build's on / off switch: `bit` where NAME is 1 (0 in other builds, which
- * compile no instance of the bit and do not read the switch). */
-static inline int exp_switch(bool any, const char *name, int bit) {
-#ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *v = sm90_knob(any, name);
-  return v && v[0] == '1' ? bit : 0;
-#else
-  (void)any;
-  (void)name;
-  (void)bit;
-  return 0;
-#endif
 }
 
 /* NC = 1: the CTAs of kern resident per SM (at most want), once per process and device
@@ -1345,7 +1227,7 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlSt16, kFlPin, kFlLate, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
+  static const int drop[] = {kFlSt16, kFlPin, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlPoly4, kFlPoly8,
                              kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
@@ -1364,13 +1246,12 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * (2 and 3 consumers), D128 128 and D256; kFlDiag at D128 128; kFlQ2 | kFlXT at D64 128
  * (2 and 3 consumers) and D128 128 (with the threshold): H200, 2026-11-30 night
  * (attention_fwd_q2xt.json), XT D64 causal 0.90x / 0.95x (S 1k / 4k), D64 full 1.01x, not
- * used (kFlQ2 alone, 0.98-1.01x there, is no longer compiled); kFlLate at D64 128 (2
- * consumers with and without kFlDiag, 3) and D128 128 (with the threshold), kFlPin at D64
- * 128 with 2 consumers (with and without kFlDiag) and 3, D128 128 (with the threshold) and
+ * used (kFlQ2 alone, 0.98-1.01x there, is no longer compiled); kFlPin at D64 128 with 2
+ * consumers with kFlDiag (with and without kFlSt16) and 3, D128 128 (with the threshold) and
  * 176 (plain: S 16k; with the 48-key narrow step: S 4k -- the unmasked defaults), D256 (with
- * the threshold): prepared 2026-11-30 night; kFlLate measured 2026-12-02, slower everywhere
- * (docs/ATTENTION.md), kFlPin since then the default of D64's masked 2-consumer calls without
- * kFlDiag (its instance in every build, below). */
+ * the threshold): prepared 2026-11-30 night; since 2026-12-02 the default of D64's masked
+ * 2-consumer calls without kFlDiag (its instance in every build, below). (kFlLate, prepared
+ * with it, measured 0.88-0.98x the default on 2026-12-02 and removed: docs/ATTENTION.md.) */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -1381,7 +1262,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int XT = kFlQ2 | kFlXT, LT = kFlLate, PN = kFlPin, ST = kFlSt16;
+  constexpr int XT = kFlQ2 | kFlXT, PN = kFlPin, ST = kFlSt16;
   if constexpr (X && D == 64 && BC == 128 && NC == 1) {
     /* 64-row CTAs, two per SM (OT_ATTN_SM90_WG=1): the plain kernel and kFlDiag (the
      * narrow step of a 64-row tile that sees at most 64 keys of its first-visited tile),
@@ -1398,14 +1279,14 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                             R | SN, R | SK, R | PN, R | ST>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* snake, skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SN, R | SK, R | DG, R | XT, R | LT,
-                                            R | PN, R | ST>());
+                                    fl_list<0, R, R | SN, R | SK, R | DG, R | XT, R | PN,
+                                            R | ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SN, SK, DG, XT, LT, DG | LT, DG | LT | ST, PN,
-                                            DG | PN, DG | PN | ST, DG | ST, ST>());
+                                    fl_list<0, SN, SK, DG, XT, PN, DG | PN, DG | PN | ST, DG | ST,
+                                            ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, LT, PN, PN | ST>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, PN, PN | ST>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
@@ -1709,13 +1590,6 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
 #else
   const int xt = 0;
 #endif
-  /* OT_ATTN_SM90_LATE=1: kFlLate, a tile's epilogue under the next tile's first Q K^T
-   * (experiment builds: bf16 D64 128-key with 2 consumers, with and without kFlDiag, and 3;
-   * D128 128-key with the threshold -- not the D128 176-key tile: S 88 + O 64 + the kept
-   * O 64 registers spilled 352 bytes there. Not with kFlXT. Measured 2026-12-02
-   * (attention_fwd_late.json): 0.88-0.98x the default, D64 S 1k causal 0.982x with kFlSt16's
-   * stores; not used, docs/ATTENTION.md) */
-  const int late = xt ? 0 : exp_switch(knobs, "OT_ATTN_SM90_LATE", kFlLate);
   /* kFlPin: the pipelined step's softmax pinned before its P V's wait (a never-taken branch
    * on the step's row sums, see the kernel). Default on for bf16 unmasked calls on D128's
    * 176-key tile (with and without the 48-key narrow step) and D64's 3-consumer 128-key tile.
@@ -1726,10 +1600,10 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * the plain order's (the same arithmetic). Also the default of bf16 D64 masked calls on
    * 2 consumers without kFlDiag (9..32 query tiles: causal S 1k..4k; windows 9..64), where it
    * carries the dynamic schedule: H200, 2026-12-02 (attention_fwd_late.json, 10 balanced
-   * rounds) S 4k causal 1.027x the plain order (407.6 TFLOP/s against cuDNN's 403.9; see
-   * docs/ATTENTION.md for the call that made it the default). OT_ATTN_SM90_PIN=0|1 forces
-   * it off / on (on: where an instance is compiled -- experiment builds also D64 with
-   * kFlDiag, D128 128-key, D256; not with kFlLate, whose bit wins). */
+   * rounds) S 4k causal 1.027x the plain order; attention_fwd_pin64.json (8 rounds) 1.025x
+   * -1.044x at S 2k-8k (docs/ATTENTION.md). OT_ATTN_SM90_PIN=0|1 forces it off / on (on:
+   * where an instance is compiled -- experiment builds also D64 with kFlDiag, D128 128-key,
+   * D256). */
   int pin = 0;
   {
     const char *pnv = sm90_knob(knobs, "OT_ATTN_SM90_PIN");
@@ -1738,12 +1612,10 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                               ((!masked_call && ((a->d == 128 && bc == 176) ||
                                                  (a->d == 64 && nc == 3))) ||
                                (masked_call && a->d == 64 && nc == 2 && !(narrow & kFlDiag)));
-    if (on && !late) pin = kFlPin;
+    if (on) pin = kFlPin;
   }
   /* kFlSt16: O stored 16 bytes a lane (a transpose within each row quad, then STG.128),
-   * where O's pointer and strides are 16-byte multiples; with kFlLate (its own copy of the
-   * epilogue) only in the instance that has both (experiment builds: D64's kFlDiag tile; elsewhere
-   * the bit is dropped), not for kFlSplit's pieces. Default on for bf16 D128 on the 128-key tile
+   * where O's pointer and strides are 16-byte multiples; not for kFlSplit's pieces. Default on for bf16 D128 on the 128-key tile
    * (masked calls, Sk <= 2048), D256 masked calls and D64's kFlDiag tile: H200, 2026-12-01
    * (attention_fwd_st16.json, 8 balanced rounds in one process, TFLOP/s against the same
    * kernel without it), D128 S 1k causal 443.5 / 398.1 (1.114x; cuDNN 404.0), full 1.087x,
@@ -1763,10 +1635,10 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     /* 16-bit elements: 8-element multiples */
     const bool aligned = ((uintptr_t)a->out.data & 15) == 0 && (p.o_ts & 7) == 0 &&
                          (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
-    if (on && aligned) st16 = kFlSt16;   /* with kFlLate: its instance, else dropped */
+    if (on && aligned) st16 = kFlSt16;
   }
   const int fl =
-      (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | late | pin | st16;
+      (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | pin | st16;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
