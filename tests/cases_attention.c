@@ -1236,6 +1236,96 @@ static void run_sm90_refusal_case(test_run *tr) {
   tr_end(tr);
 }
 
+#ifdef OT_TEST_CUDA
+/* src/cuda/sm90/attention_fwd_sm90.cu (internal, for tests) */
+void ot_cuda_attn_sm90_last_plan(int out[6]);
+double ot_cuda_attn_sm90_static_balance(int num_m, int nhb, int sect, int sq, int sk, int br,
+                                        int bc, int wl, int wr, int grid);
+
+static int fdiv_floor(int a, int b) { return a / b - (a % b != 0 && a < 0); }
+
+/* The static round-robin's balance tile by tile (tile t on CTA t % grid, decode_tile's
+ * sectioned order), against which the library's O(sections x query tiles) model is checked */
+static double brute_balance(int num_m, int nhb, int sect, int sq, int sk, int br, int bc,
+                            int wl, int wr, int grid) {
+  double *sums = calloc((size_t)grid, sizeof *sums), total = 0, mx = 0;
+  const int per = sect * num_m, n = num_m * nhb, off = sk - sq;
+  for (int t = 0; t < n; t++) {
+    const int sec = t / per, hb0 = sec * sect, cnt = nhb - hb0 < sect ? nhb - hb0 : sect;
+    const int mi = (t - sec * per) / cnt, mb = wr >= 0 ? num_m - 1 - mi : mi;
+    const int row_last = mb * br + br - 1 < sq - 1 ? mb * br + br - 1 : sq - 1;
+    int n_max = (sk + bc - 1) / bc, n_min = 0;
+    if (wr >= 0 && fdiv_floor(row_last + off + wr, bc) + 1 < n_max)
+      n_max = fdiv_floor(row_last + off + wr, bc) + 1;
+    if (wl >= 0 && fdiv_floor(mb * br + off - wl, bc) > 0) n_min = fdiv_floor(mb * br + off - wl, bc);
+    const double cost = n_max > n_min ? n_max - n_min + 0.5 : 0.0;
+    sums[t % grid] += cost;
+    total += cost;
+  }
+  for (int i = 0; i < grid; i++) mx = sums[i] > mx ? sums[i] : mx;
+  free(sums);
+  return mx > 0 ? total / grid / mx : 1.0;
+}
+
+/* The forward's static-order balance model (the OT_ATTN_SM90_DYN=auto gate): equal to the
+ * tile-by-tile sums on causal, windowed, Sq != Sk (query tiles without keys) and unmasked
+ * orders, sections that do not divide the heads, grids of 1 to more than the tiles; and the
+ * resonance it exists for -- D64 causal S 4k B 8 H 32 on 3 consumers, sections of 24 heads x
+ * 22 query tiles = 4 x 132 tiles, every CTA the same positions of each section -- well below
+ * 0.97, S 8k B 4 above it. Host only: runs in CPU-only CUDA builds too. */
+static void run_sm90_balance_model(test_run *tr) {
+  if (!tr_begin(tr, "attention sm90 static-order balance model")) return;
+  static const int cs[][10] = {
+      /* num_m, nhb, sect, sq, sk, br, bc, wl, wr, grid */
+      {22, 256, 24, 4096, 4096, 192, 128, -1, 0, 132}, {43, 128, 12, 8192, 8192, 192, 128, -1, 0, 132},
+      {32, 256, 24, 4096, 4096, 128, 128, -1, 0, 132}, {27, 192, 19, 5120, 5120, 192, 128, -1, 0, 132},
+      {16, 8, 3, 2000, 2000, 128, 128, 256, 64, 5},     {36, 4, 4, 4500, 3000, 128, 128, -1, 0, 7},
+      {24, 4, 3, 4500, 3000, 192, 128, -1, 0, 3},       {10, 10, 3, 1200, 1200, 128, 80, -1, 0, 1},
+      {10, 10, 3, 1200, 1200, 128, 80, -1, 0, 200},     {8, 6, 4, 1000, 1000, 128, 176, -1, -1, 13},
+      {12, 7, 7, 700, 1500, 64, 128, 100, 0, 9},        {64, 32, 5, 8192, 8192, 128, 128, -1, 0, 132},
+  };
+  for (size_t i = 0; i < sizeof cs / sizeof cs[0] && !tr->case_failed; i++) {
+    const int *c = cs[i];
+    const double m = ot_cuda_attn_sm90_static_balance(c[0], c[1], c[2], c[3], c[4], c[5], c[6],
+                                                      c[7], c[8], c[9]);
+    const double b = brute_balance(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9]);
+    if (!(fabs(m - b) < 1e-9) || !(m > 0 && m <= 1))
+      tr_fail(tr, "row %zu: model %.12f, tile by tile %.12f", i, m, b);
+  }
+  const double res = ot_cuda_attn_sm90_static_balance(22, 256, 24, 4096, 4096, 192, 128, -1, 0, 132);
+  const double ok = ot_cuda_attn_sm90_static_balance(43, 128, 12, 8192, 8192, 192, 128, -1, 0, 132);
+  if (!(res > 0.80 && res < 0.86) || !(ok > 0.99))
+    tr_fail(tr, "resonance %.4f (expected 0.80-0.86), S 8k %.4f (expected > 0.99)", res, ok);
+  tr_end(tr);
+}
+
+/* After run_case: the last Hopper forward launched nc consumers on bc-key tiles, with the
+ * variant bits fl_set and the plan flags (1 persistent, 2 dynamic, 4 masked) flags_set */
+static void check_sm90_plan(test_run *tr, const char *name, int nc, int bc, int fl_set,
+                            int flags_set, int flags_clear) {
+  if (!tr_begin(tr, "attention sm90 plan: %s", name)) return;
+  int pl[6] = {0, 0, 0, 0, 0, 0};
+  ot_cuda_attn_sm90_last_plan(pl);
+  if (pl[0] != nc || pl[1] != bc || (pl[3] & fl_set) != fl_set ||
+      (pl[4] & flags_set) != flags_set || (pl[4] & flags_clear))
+    tr_fail(tr, "ran %d consumers, %d-key tile, %d CTAs, bits 0x%x, flags %d (expected %d, %d, "
+            "bits 0x%x set, flags %d set / %d clear)", pl[0], pl[1], pl[2], pl[3], pl[4], nc, bc,
+            fl_set, flags_set, flags_clear);
+  tr_end(tr);
+}
+
+/* OT_ATTN_SM90_DYN=auto: where the tiles per CTA exceed the count gate (16), the modeled
+ * balance decides (dynamic below 0.970); plan[5] holds it */
+static void check_sm90_auto_plan(test_run *tr, const char *name) {
+  if (!tr_begin(tr, "attention sm90 plan (DYN=auto): %s", name)) return;
+  int pl[6] = {0, 0, 0, 0, 0, 0};
+  ot_cuda_attn_sm90_last_plan(pl);
+  if (pl[5] <= 0 || pl[5] > 1000 || ((pl[4] & 2) != 0) != (pl[5] < 970))
+    tr_fail(tr, "balance %d / 1000 with flags %d (dynamic iff below 970)", pl[5], pl[4]);
+  tr_end(tr);
+}
+#endif
+
 static void run_sm90_required(test_run *tr) {
   env_saved impl = env_set("OT_ATTN_IMPL", "sm90");
   require_sm90 = true;
@@ -1302,6 +1392,11 @@ static void run_sm90_required(test_run *tr) {
       env_saved dy = env_set("OT_ATTN_SM90_DYN", "1");   /* at any tile count per CTA */
       run_case(tr, c, k ? DT_F16 : DT_BF16);
       env_restore(&dy);
+#ifdef OT_TEST_CUDA
+      int pl[6];
+      ot_cuda_attn_sm90_last_plan(pl);
+      check_sm90_plan(tr, c->name, pl[0], pl[1], 0, (pl[4] & 1) ? 2 | 4 : 4, 0);
+#endif
       run_dyn_case(tr, c, k ? DT_F16 : DT_BF16);
     }
     env_restore(&gr);
@@ -1310,8 +1405,28 @@ static void run_sm90_required(test_run *tr) {
     const acase *c = &cuda_sm90_wg3_cases[i];
     env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c->name, "GRID 3") ? "3" : NULL);
     run_case(tr, c, i ? DT_F16 : DT_BF16);
+#ifdef OT_TEST_CUDA
+    check_sm90_plan(tr, c->name, 3, 128, 0, 4, 0);   /* 3 consumers past 32 query tiles */
+#endif
     env_restore(&gr);
   }
+#ifdef OT_TEST_CUDA
+  {
+    /* the 2-consumer side of that rule (32 query tiles), kFlPin its default there; then the
+     * balance gate under GRID 2 (54 tiles of 3 consumers: past the count gate's 32) */
+    static const acase c32 = {"cuda hopper-only plan causal S4096 D64 MQA2 (32 query tiles) fwd", 1, 4096, 4096, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
+    run_case(tr, &c32, DT_BF16);
+    check_sm90_plan(tr, c32.name, 2, 128, 0x8000, 4, 0);
+    static const acase ca = {"cuda hopper-only dynauto GRID 2 causal S5120 D64 GQA2 fwd", 1, 5120, 5120, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
+    env_saved gr = env_set("OT_ATTN_SM90_GRID", "2");
+    env_saved dy = env_set("OT_ATTN_SM90_DYN", "auto");
+    run_case(tr, &ca, DT_BF16);
+    check_sm90_plan(tr, ca.name, 3, 128, 0, 1 | 4, 0);
+    check_sm90_auto_plan(tr, ca.name);
+    env_restore(&dy);
+    env_restore(&gr);
+  }
+#endif
   {
     env_saved gr = env_set("OT_ATTN_SM90_GRID", "3");
     for (size_t i = 0; i < sizeof cuda_sm90_persist_cases / sizeof cuda_sm90_persist_cases[0]; i++)
@@ -1374,6 +1489,9 @@ static void run(test_run *tr) {
   for (size_t i = 0; i < sizeof fwd_cases / sizeof fwd_cases[0]; i++)
     for (int d = 0; d < 3; d++) run_case(tr, &fwd_cases[i], *all_dtypes[d]);
   run_repeat_case(tr);
+#ifdef OT_TEST_CUDA
+  if (!tr->be->is_cuda) run_sm90_balance_model(tr);   /* host only */
+#endif
   if (tr->be->is_cuda) {
     for (size_t i = 0; i < sizeof cuda_cases / sizeof cuda_cases[0]; i++)
       run_case(tr, &cuda_cases[i], i % 2 ? DT_F16 : DT_BF16);

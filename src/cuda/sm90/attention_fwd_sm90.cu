@@ -88,8 +88,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
 #include <atomic>
 #include <type_traits>
+#include <vector>
 
 #include "../attention_sm90.h"
 #include "../common.cuh"
@@ -222,6 +224,12 @@ struct split_params {
   float2 *ml;
 };
 
+/* a / b rounded toward -inf (b > 0); also the host's (static_balance) */
+__host__ __device__ __forceinline__ int floor_div(int a, int b) {
+  int q = a / b;
+  return (a % b != 0 && (a < 0)) ? q - 1 : q;
+}
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 /* kFlResc: the threshold (log2 units): P and l stay below 2^8 times their exact-max values. */
@@ -240,10 +248,6 @@ __device__ __forceinline__ float ex2_poly(float x) {
   const float f = x - (t - 12582912.f);
   const float p = fmaf(fmaf(fmaf(0.05500898f, f, 0.24221105f), f, 0.69328292f), f, 1.f);
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-__device__ __forceinline__ int floor_div(int a, int b) {
-  int q = a / b;
-  return (a % b != 0 && (a < 0)) ? q - 1 : q;
 }
 
 /* Barrier slots in shared memory (8 bytes each). */
@@ -1066,7 +1070,63 @@ struct fwd_call {
                          * persistent too (with the dynamic schedule) */
   bool force_dyn;       /* OT_ATTN_SM90_DYN=1 (or long): the dynamic schedule at any tile
                          * count per CTA */
+  bool balance_gate;    /* OT_ATTN_SM90_DYN=auto: also where the static order's modeled
+                         * balance (static_balance) is below 0.97 */
 };
+
+/* The static round-robin's balance for a masked, sectioned persistent launch: the mean of
+ * the CTAs' sums over the largest, each tile costing its key tiles + 0.5 (0 without keys) --
+ * tile t of decode_tile's order runs on CTA t % grid. A model (the cost of a tile's prologue
+ * and epilogue as half a key tile is a guess), not a measurement: H200, 2026-12-02, it put
+ * D64 causal S 4k B 8 on 3 consumers at 0.830 (sections of 24 heads x 22 query tiles = 528
+ * tiles, 4 x 132: every CTA takes the same positions of each section, longest first) where
+ * that call measured 0.89x the 2-consumer kernel whose model is 0.999, and S 5k - 8k at
+ * 0.94-1.00, where 3 consumers measured 1.07-1.11x (docs/ATTENTION.md). Each run of cnt
+ * tiles of one query tile index adds its cost to cnt consecutive CTAs (a difference array):
+ * O(sections x num_m + grid), no per-tile loop. */
+static double static_balance(int num_m, int nhb, int sect, int sq, int sk, int br, int bc,
+                             int wl, int wr, int grid) {
+  if (grid < 1 || num_m < 1 || nhb < 1 || sect < 1) return 1.0;
+  std::vector<double> diff((size_t)grid + 1, 0.0);
+  double base = 0.0, total = 0.0;
+  const int off = sk - sq;
+  int cta = 0;   /* the CTA of the run's first tile */
+  for (int hb0 = 0; hb0 < nhb; hb0 += sect) {
+    const int cnt = std::min(sect, nhb - hb0);
+    for (int mi = 0; mi < num_m; mi++) {
+      const int mb = wr >= 0 ? num_m - 1 - mi : mi;
+      const int row_last = std::min(mb * br + br - 1, sq - 1);
+      int n_max = (sk + bc - 1) / bc, n_min = 0;
+      if (wr >= 0) n_max = std::min(n_max, floor_div(row_last + off + wr, bc) + 1);
+      if (wl >= 0) n_min = std::max(0, floor_div(mb * br + off - wl, bc));
+      const double cost = n_max > n_min ? n_max - n_min + 0.5 : 0.0;
+      total += cost * cnt;
+      base += cost * (cnt / grid);
+      const int rem = cnt % grid, end = cta + rem;
+      diff[cta] += cost;
+      if (end <= grid) {
+        diff[end] -= cost;
+      } else {   /* wraps round to CTA 0 */
+        diff[grid] -= cost;
+        diff[0] += cost;
+        diff[end - grid] -= cost;
+      }
+      cta = end % grid;
+    }
+  }
+  double run = 0.0, mx = 0.0;
+  for (int i = 0; i < grid; i++) mx = std::max(mx, base + (run += diff[i]));
+  return mx > 0.0 ? total / grid / mx : 1.0;
+}
+
+/* What the last Hopper forward launch on this host thread ran (ot_cuda_attn_sm90_last_plan,
+ * for tests and benchmarks): consumer warpgroups, key tile, CTAs, variant bits, flags (1
+ * persistent, 2 the dynamic schedule, 4 masked) and the modeled static balance in
+ * thousandths (0: not computed). */
+struct fwd_plan {
+  int nc, bc, grid, fl, flags, balance;
+};
+static thread_local fwd_plan last_plan;
 
 /* An OT_ATTN_SM90_* switch (measurements and tests): getenv only where `any` (one
  * ot_env_any("OT_ATTN_SM90_") pass over the environment per call) found some set; in
@@ -1142,6 +1202,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
                           (!masked || q.num_m <= 64 || (dyn_want && fc->long_persist));
   q.sect = 0;
   q.tile_ctr = nullptr;
+  int balance = 0;
   if (persistent && masked) {
     /* The query heads of a section share the K/V of sect / group heads (GQA: group query
      * heads a K/V head, adjacent in the order) */
@@ -1156,8 +1217,16 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
      * static order is within 1% of balanced and the claims' cost shows (31 - 62 tiles a CTA:
      * D64 S 1k / 4k and D128 S 1k causal 0.98x the static order; D128 B 8 S 4k 1.00x).
      * OT_ATTN_SM90_DYN=1 takes it at any count, =0 never. */
-    if (dyn_want && (fc->force_dyn || n_tiles <= 16 * (int64_t)sms))
-      q.tile_ctr = ot_cuda_tile_counter(ctx);   /* NULL: the static order */
+    bool take = dyn_want && (fc->force_dyn || n_tiles <= 16 * (int64_t)sms);
+    /* OT_ATTN_SM90_DYN=auto (prepared 2026-12-02, not measured): also where the static
+     * order's modeled balance is below 0.97 (the claims cost ~2% at 31-62 tiles a CTA) */
+    if (dyn_want && !take && fc->balance_gate) {
+      const double b = static_balance(q.num_m, (int)nhb, q.sect, q.sq, q.sk, fwd_cfg<NC>::br,
+                                      BC, q.wl, q.wr, sms);
+      balance = (int)(b * 1000.0 + 0.5);
+      take = b < 0.97;
+    }
+    if (take) q.tile_ctr = ot_cuda_tile_counter(ctx);   /* NULL: the static order */
   }
   const unsigned grid = (unsigned)(persistent ? sms : n_tiles);
   /* kFlSplit: the rem = n_tiles % grid tiles of the last round of an unmasked persistent
@@ -1198,6 +1267,8 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   kern<<<grid, fwd_cfg<NC>::threads, L::bytes, (cudaStream_t)ctx->stream>>>(maps[0], maps[1],
                                                                             maps[2], q, sp);
   OT_CUDA_CHECK_LAUNCH(op);
+  last_plan = {NC, BC, (int)grid, FL,
+               (persistent ? 1 : 0) | (q.tile_ctr ? 2 : 0) | (masked ? 4 : 0), balance};
   if constexpr ((FL & kFlSplit) != 0) {
     if (merge_rows > 0) {
       attn_fwd_sm90_merge<T, D><<<(merge_rows + 3) / 4, 128, 0, (cudaStream_t)ctx->stream>>>(
@@ -1346,6 +1417,20 @@ static int key_tile(int64_t d, bool small_tile, int nc) {
 
 }  // namespace sm90
 }  // namespace ot
+
+/* (tests) out[0..5] of the last Hopper forward launch on this host thread: fwd_plan's nc,
+ * bc, grid, fl, flags, balance; all 0 before the first. */
+extern "C" void ot_cuda_attn_sm90_last_plan(int out[6]) {
+  const ot::sm90::fwd_plan &p = ot::sm90::last_plan;
+  out[0] = p.nc, out[1] = p.bc, out[2] = p.grid, out[3] = p.fl, out[4] = p.flags;
+  out[5] = p.balance;
+}
+/* (tests) static_balance of the forward's dynamic-schedule gate, host only */
+extern "C" double ot_cuda_attn_sm90_static_balance(int num_m, int nhb, int sect, int sq,
+                                                   int sk, int br, int bc, int wl, int wr,
+                                                   int grid) {
+  return ot::sm90::static_balance(num_m, nhb, sect, sq, sk, br, bc, wl, wr, grid);
+}
 
 extern "C" bool ot_cuda_attention_sm90_available(ot_context *ctx) {
   return ot::sm90::sm90_attention_enabled(ctx);
@@ -1574,6 +1659,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     call.static_order = dy && dy[0] == '0';
     call.long_persist = dy && !strcmp(dy, "long");
     call.force_dyn = dy && (dy[0] == '1' || call.long_persist);
+    call.balance_gate = dy && !strcmp(dy, "auto");
     const char *se = sm90_knob(knobs, "OT_ATTN_SM90_SECT");
     call.sect_mha = se && !strcmp(se, "mha");
   }
