@@ -22,44 +22,17 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 CARRY=$(mkdir -p "${2:-.bwdxcarry}" && cd "${2:-.bwdxcarry}" && pwd)
 EXP=${EXP:-/tmp/ot_bwdx_exp}
-CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
-DLPACK_INC=${DLPACK_INC:-/usr/include}
-rm -rf "$EXP" && mkdir -p "$EXP/tests"
-
-# 1. B's own nvcc command for the file, writing EXP's object (no depfile: B stays untouched),
-#    plus the experiments macro and the resource report
-cmd=$(ninja -C "$B" -t commands ops_transformer_static |
-      grep -E 'nvcc .* -c [^ ]*src/cuda/sm90/attention_bwd_sm90\.cu ' | tail -1)
-[ -n "$cmd" ] || { echo "no nvcc command for attention_bwd_sm90.cu in $B" >&2; exit 1; }
-cmd=$(sed -E 's/ -MD -MT [^ ]+ -MF [^ ]+//; s/ -o [^ ]+$//' <<<"$cmd")
-(cd "$B" && eval "$cmd -DOT_ATTN_SM90_EXPERIMENTS -Xptxas -v -o $EXP/attention_bwd_sm90.cu.o") \
-  >"$EXP/ptxas.log" 2>&1 || { cat "$EXP/ptxas.log" >&2; exit 1; }
+# shellcheck source=scripts/sm90_exp_build.sh
+. scripts/sm90_exp_build.sh
+sm90_exp_build "$B" attention_bwd_sm90 "$EXP"   # the object, the library, test_ops
 grep -A3 "Compiling entry function '.*attn_bwd_sm90_kernel" "$EXP/ptxas.log" |
   grep -E "Compiling|spill|registers" | sed -E 's/.*(attn_bwd_sm90_kernelI[^E]*E[^E]*E[^E]*E).*/\1/'
-if grep -E "C75[0-9][0-9]" "$EXP/ptxas.log"; then echo "wgmma serialized (C75xx)" >&2; exit 1; fi
-
-# 2. the experiment library: B's archive with that member replaced (same member name)
-cp "$B/libops_transformer.a" "$EXP/libops_transformer.a"
-ar r "$EXP/libops_transformer.a" "$EXP/attention_bwd_sm90.cu.o"
-
-# 3. test_ops relinked against it (B's link command, library and output redirected)
-link=$(ninja -C "$B" -t commands test_ops | tail -1)
-link=${link//" libops_transformer.a"/" $EXP/libops_transformer.a"}
-link=${link//"-o tests/test_ops"/"-o $EXP/tests/test_ops"}
-grep -qF "$EXP/libops_transformer.a" <<<"$link" || { echo "link command not understood" >&2; exit 1; }
-(cd "$B" && eval "$link")
-
-# 4. the shims (bench/attention_shim.c, as scripts/device_bench_attention.sh links them)
-shim() {   # LIB OUT
-  cc -O2 -shared -fPIC bench/attention_shim.c -Iinclude -Isrc -I"$DLPACK_INC" \
-    -I"$CUDA_HOME/include" "$1" -L"$CUDA_HOME/lib64" -L.carry/deps/lib -lcudart -lcublasLt \
-    -lopenblas -fopenmp -lm -lstdc++ -o "$2"
-}
+shim() { sm90_exp_shim "$@"; }   # LIB OUT
 mkdir -p "$EXP/base"
 shim "$EXP/libops_transformer.a" "$EXP/libattention_shim.so"
 shim "$B/libops_transformer.a" "$EXP/base/libattention_shim.so"
 
-# 5. the carry
+# the carry
 tar cJf "$CARRY/bin.tar.xz" -C "$EXP" tests/test_ops libattention_shim.so
 tar cJf "$CARRY/base.tar.xz" -C "$EXP/base" libattention_shim.so -C "$B" tests/test_ops
 [ -f "$CARRY/deps.tar.xz" ] || tar cJf "$CARRY/deps.tar.xz" -C .carry/deps/lib .
