@@ -136,8 +136,9 @@ def _variant_list(d, s, causal):
     # and D64's 3-consumer tile: there "pin" is the default and "nopin" the plain order
     if not causal and (d == 64 or (d == 128 and s > 2048)):
         v.append(("nopin", NOPIN))
-    # since 2026-12-02 also for bf16 D64 masked calls on 2 consumers past kFlDiag's 8 query tiles
-    if causal and d == 64 and 1024 < s <= 8192:
+    # since 2026-12-02 also for bf16 D64 causal calls on 2 consumers past kFlDiag's 8 query
+    # tiles (up to 32: 3 consumers past that)
+    if causal and d == 64 and 1024 < s <= 4096:
         v.append(("nopin", NOPIN))
     if causal and d == 64 and s <= 1024:
         v.append(("pinnodiag", {**PIN, **NODIAG}))

@@ -224,10 +224,22 @@ struct split_params {
   float2 *ml;
 };
 
-/* a / b rounded toward -inf (b > 0); also the host's (static_balance) */
+/* a / b rounded toward -inf (b > 0) */
 __host__ __device__ __forceinline__ int floor_div(int a, int b) {
   int q = a / b;
   return (a % b != 0 && (a < 0)) ? q - 1 : q;
+}
+/* Key tiles [n_min, n_max) of bc keys that any row of the query tile of rows m_block * br ..
+ * row_last sees (masks bottom-right aligned, wl / wr < 0: unbounded); the kernels' decode_tile
+ * and the host's static_balance */
+__host__ __device__ __forceinline__ void tile_keys(int m_block, int row_last, int br, int bc,
+                                                   int sq, int sk, int wl, int wr, int &n_min,
+                                                   int &n_max) {
+  const int off = sk - sq;
+  n_max = (sk + bc - 1) / bc;
+  if (wr >= 0) n_max = min(n_max, floor_div(row_last + off + wr, bc) + 1);
+  n_min = 0;
+  if (wl >= 0) n_min = max(0, floor_div(m_block * br + off - wl, bc));
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -287,13 +299,8 @@ __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
   ti.m_block = p.wr >= 0 ? p.num_m - 1 - mi : mi;
   ti.head = hb % p.hq;
   ti.batch = hb / p.hq;
-  const int off = p.sk - p.sq;   /* bottom-right alignment of the masks */
-  /* Key tiles [n_min, n_max) that any row of this query tile sees. */
   ti.row_last = min(ti.m_block * BR + BR - 1, p.sq - 1);
-  ti.n_max = (p.sk + BC - 1) / BC;
-  if (p.wr >= 0) ti.n_max = min(ti.n_max, floor_div(ti.row_last + off + p.wr, BC) + 1);
-  ti.n_min = 0;
-  if (p.wl >= 0) ti.n_min = max(0, floor_div(ti.m_block * BR + off - p.wl, BC));
+  tile_keys(ti.m_block, ti.row_last, BR, BC, p.sq, p.sk, p.wl, p.wr, ti.n_min, ti.n_max);
   return ti;
 }
 /* Work item t: a whole tile, or (SPLIT, t >= split_full) piece `piece` of a tail tile, its
@@ -1089,16 +1096,13 @@ static double static_balance(int num_m, int nhb, int sect, int sq, int sk, int b
   if (grid < 1 || num_m < 1 || nhb < 1 || sect < 1) return 1.0;
   std::vector<double> diff((size_t)grid + 1, 0.0);
   double base = 0.0, total = 0.0;
-  const int off = sk - sq;
   int cta = 0;   /* the CTA of the run's first tile */
   for (int hb0 = 0; hb0 < nhb; hb0 += sect) {
     const int cnt = std::min(sect, nhb - hb0);
     for (int mi = 0; mi < num_m; mi++) {
       const int mb = wr >= 0 ? num_m - 1 - mi : mi;
-      const int row_last = std::min(mb * br + br - 1, sq - 1);
-      int n_max = (sk + bc - 1) / bc, n_min = 0;
-      if (wr >= 0) n_max = std::min(n_max, floor_div(row_last + off + wr, bc) + 1);
-      if (wl >= 0) n_min = std::max(0, floor_div(mb * br + off - wl, bc));
+      int n_min, n_max;
+      tile_keys(mb, std::min(mb * br + br - 1, sq - 1), br, bc, sq, sk, wl, wr, n_min, n_max);
       const double cost = n_max > n_min ? n_max - n_min + 0.5 : 0.0;
       total += cost * cnt;
       base += cost * (cnt / grid);
