@@ -137,8 +137,8 @@ def _variant_list(d, s, causal):
     if not causal and (d == 64 or (d == 128 and s > 2048)):
         v.append(("nopin", NOPIN))
     # since 2026-12-02 also for bf16 D64 causal calls on 2 consumers past kFlDiag's 8 query
-    # tiles (up to 32: 3 consumers past that)
-    if causal and d == 64 and 1024 < s <= 4096:
+    # tiles (up to 16 since the balance gate, 2026-12-02: 3 consumers past that)
+    if causal and d == 64 and 1024 < s <= 2048:
         v.append(("nopin", NOPIN))
     if causal and d == 64 and s <= 1024:
         v.append(("pinnodiag", {**PIN, **NODIAG}))

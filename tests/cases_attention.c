@@ -1407,24 +1407,46 @@ static void run_sm90_required(test_run *tr) {
     env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c->name, "GRID 3") ? "3" : NULL);
     run_case(tr, c, i ? DT_F16 : DT_BF16);
 #ifdef OT_TEST_CUDA
-    check_sm90_plan(tr, c->name, 3, 128, 0, 4, 0);   /* 3 consumers past 32 query tiles */
+    check_sm90_plan(tr, c->name, 3, 128, 0, 4, 0);   /* 3 consumers past 16 query tiles */
 #endif
     env_restore(&gr);
   }
 #ifdef OT_TEST_CUDA
   {
-    /* the 2-consumer side of that rule (32 query tiles), kFlPin its default there; then the
-     * balance gate under GRID 2 (54 tiles of 3 consumers: past the count gate's 32) */
-    static const acase c32 = {"cuda hopper-only plan causal S4096 D64 MQA2 (32 query tiles) fwd", 1, 4096, 4096, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
-    run_case(tr, &c32, DT_BF16);
-    check_sm90_plan(tr, c32.name, 2, 128, 0x8000, 4, 0);
+    /* the 2-consumer side of that rule (16 query tiles), kFlPin its default there; 17 query
+     * tiles on 3; then the balance gate (the default, and =auto) under GRID 2 (54 tiles of 3
+     * consumers: past the count gate's 32), and =count, which leaves it off */
+    static const acase c16 = {"cuda hopper-only plan causal S2048 D64 MQA2 (16 query tiles) fwd", 1, 2048, 2048, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
+    run_case(tr, &c16, DT_BF16);
+    check_sm90_plan(tr, c16.name, 2, 128, 0x8000, 4, 0);
+    static const acase c17 = {"cuda hopper-only plan causal S2100 D64 GQA2 (17 query tiles) fwd", 1, 2100, 2100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
+    run_case(tr, &c17, DT_F16);
+    check_sm90_plan(tr, c17.name, 3, 128, 0, 4, 0);
     static const acase ca = {"cuda hopper-only dynauto GRID 2 causal S5120 D64 GQA2 fwd", 1, 5120, 5120, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
     env_saved gr = env_set("OT_ATTN_SM90_GRID", "2");
-    env_saved dy = env_set("OT_ATTN_SM90_DYN", "auto");
     run_case(tr, &ca, DT_BF16);
     check_sm90_plan(tr, ca.name, 3, 128, 0, 1 | 4, 0);
     check_sm90_auto_plan(tr, ca.name);
-    env_restore(&dy);
+    {
+      env_saved dy = env_set("OT_ATTN_SM90_DYN", "auto");
+      static const acase cb = {"cuda hopper-only dynauto=auto GRID 2 causal S5120 D64 GQA2 fwd", 1, 5120, 5120, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
+      run_case(tr, &cb, DT_F16);
+      check_sm90_auto_plan(tr, cb.name);
+      env_restore(&dy);
+    }
+    {
+      env_saved dy = env_set("OT_ATTN_SM90_DYN", "count");
+      static const acase cc = {"cuda hopper-only dynauto=count GRID 2 causal S5120 D64 GQA2 fwd", 1, 5120, 5120, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
+      run_case(tr, &cc, DT_BF16);
+      check_sm90_plan(tr, cc.name, 3, 128, 0, 1 | 4, 2);   /* static: past the count gate */
+      int pl[6];
+      ot_cuda_attn_sm90_last_plan(pl);
+      if (tr_begin(tr, "attention sm90 plan (DYN=count): no balance computed")) {
+        if (pl[5] != 0) tr_fail(tr, "balance %d / 1000 (expected 0: the gate is off)", pl[5]);
+        tr_end(tr);
+      }
+      env_restore(&dy);
+    }
     env_restore(&gr);
   }
 #endif

@@ -155,7 +155,7 @@ constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
 
 /* The instances that carry the dynamic schedule (fwd_params::tile_ctr): 2 or 3 consumers
- * (3: D64 causal calls past 32 query tiles, since 2026-12-02), not with the variants that
+ * (3: D64 causal calls past 16 query tiles, since 2026-12-02), not with the variants that
  * look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit, kFlSnake), nor
  * kFlPin where it is the unmasked defaults' bit (D 128 / 256, D64 on 3 consumers: those
  * kernels stay as they were); at D64 on 2 consumers kFlPin is the masked calls' default
@@ -1077,8 +1077,9 @@ struct fwd_call {
                          * persistent too (with the dynamic schedule) */
   bool force_dyn;       /* OT_ATTN_SM90_DYN=1 (or long): the dynamic schedule at any tile
                          * count per CTA */
-  bool balance_gate;    /* OT_ATTN_SM90_DYN=auto: also where the static order's modeled
-                         * balance (static_balance) is below 0.97 */
+  bool balance_gate;    /* default (OT_ATTN_SM90_DYN unset or auto; off with =count): the
+                         * dynamic schedule also where the static order's modeled balance
+                         * (static_balance) is below 0.97 */
 };
 
 /* The static round-robin's balance for a masked, sectioned persistent launch: the mean of
@@ -1222,8 +1223,12 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
      * D64 S 1k / 4k and D128 S 1k causal 0.98x the static order; D128 B 8 S 4k 1.00x).
      * OT_ATTN_SM90_DYN=1 takes it at any count, =0 never. */
     bool take = dyn_want && (fc->force_dyn || n_tiles <= 16 * (int64_t)sms);
-    /* OT_ATTN_SM90_DYN=auto (prepared 2026-12-02, not measured): also where the static
-     * order's modeled balance is below 0.97 (the claims cost ~2% at 31-62 tiles a CTA) */
+    /* The balance gate (the default; OT_ATTN_SM90_DYN=count turns it off): also where the
+     * static order's modeled balance is below 0.97 (the claims cost ~2% at 31-62 tiles a
+     * CTA). H200, 2026-12-02 (attention_fwd_dynauto.json, 8 balanced rounds, paired against
+     * the count rule): the rows it flags 1.010-1.047x (D64 causal S 5k-7k on 3 consumers,
+     * models 0.935-0.948) and 1.036x / 1.074x (D128 causal S 3k / 6k, 0.953 / 0.951); rows
+     * it leaves alone run the same kernel. */
     if (dyn_want && !take && fc->balance_gate) {
       const double b = static_balance(q.num_m, (int)nhb, q.sect, q.sq, q.sk, fwd_cfg<NC>::br,
                                       BC, q.wl, q.wr, sms);
@@ -1365,7 +1370,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
-     * of 9..32 query tiles, windowed ones of 9..64: the default) */
+     * of 9..16 query tiles, windowed ones of 9..64: the default) */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG, DG | ST, PN>());
   } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
     /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16; kFlPin
@@ -1490,20 +1495,23 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const bool small_tile = tile ? tile[0] == 's'
                                : a->window_left >= 0 || a->window_right >= 0 || a->sk <= 2048;
   /* Head dim 64: 3 consumer warpgroups (192 query rows, 128 keys; FA3's shape) except
-   * for masked calls of at most 64 query tiles of 128 -- 32 where no left window bounds the
+   * for masked calls of at most 64 query tiles of 128 -- 16 where no left window bounds the
    * keys (causal) -- (the persistent causal regime, with sectioned tile order). H200, run of
    * d610a26, TFLOP/s with 3 vs 2: non-causal S = 4k 504 vs 411, 16k 474 vs 433, causal 16k
    * 478 vs 418; but causal S = 1k / 4k 260 / 354 vs 284 / 397. 2026-12-02
    * (attention_fwd_wg3_sweep.json, 8 balanced rounds, 2 consumers with kFlPin): causal S 4k
    * 0.890x, but S 5k 1.067x, 6k 1.088x, 7k 1.075x, 8k 1.105x (B 4), 1.024x (B 2), 1.032x (B 1
-   * GQA, against the dynamic schedule). Windowed calls keep 64 (short tiles: unmeasured).
-   * OT_ATTN_SM90_WG=2|3 forces one. */
+   * GQA, against the dynamic schedule). Causal past 16 query tiles since the balance gate
+   * (launch(): the static order's resonance at S 2k / 4k was the 3 consumers' loss there):
+   * 2026-12-02 (attention_fwd_dynauto.json, 8 rounds, both with the gate) S 3k 1.100x, S 4k
+   * 1.042x, S 2k 1.000x the 2-consumer default. Windowed calls keep 64 (short tiles:
+   * unmeasured). OT_ATTN_SM90_WG=2|3 forces one. */
   const char *wgs = sm90_knob(knobs, "OT_ATTN_SM90_WG");
   const bool masked_call = (a->window_left >= 0 && a->window_left <= a->sq + a->sk) ||
                            (a->window_right >= 0 && a->window_right <= a->sq + a->sk);
   const bool left_window = a->window_left >= 0 && a->window_left <= a->sq + a->sk;
   const int64_t q_tiles = (a->sq + kBr - 1) / kBr;
-  int nc = a->d == 64 && (!masked_call || q_tiles > 64 || (!left_window && q_tiles > 32)) ? 3 : 2;
+  int nc = a->d == 64 && (!masked_call || q_tiles > 64 || (!left_window && q_tiles > 16)) ? 3 : 2;
   if (a->d == 64 && wgs && (wgs[0] == '2' || wgs[0] == '3')) nc = wgs[0] - '0';
   /* OT_ATTN_SM90_WG=1 (experiment builds, bf16; elsewhere the default above): one consumer
    * warpgroup, 64-row tiles of 128 keys, two CTAs per SM (fwd_cfg<1>; docs/ATTENTION.md) --
@@ -1655,15 +1663,17 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   call.grid_cap = gs && atoi(gs) > 0 ? atoi(gs) : 0;
   call.nonpersistent = sm90_knob(knobs, "OT_ATTN_SM90_NONPERSISTENT") != NULL;
   /* OT_ATTN_SM90_DYN=0: masked persistent calls keep the static round-robin (the dynamic
-   * schedule is the default where an instance carries it: launch(), dyn_ok); =long: masked
-   * calls of more than 64 query tiles persistent too. OT_ATTN_SM90_SECT=mha: L2 sections
+   * schedule is the default where an instance carries it: launch(), dyn_ok); =1: the dynamic
+   * schedule at any tile count; =count: by the tile count only (no balance gate); =long:
+   * masked calls of more than 64 query tiles persistent too. OT_ATTN_SM90_SECT=mha: L2 sections
    * counted in query heads, as before GQA was taken into account. */
   {
     const char *dy = sm90_knob(knobs, "OT_ATTN_SM90_DYN");
     call.static_order = dy && dy[0] == '0';
     call.long_persist = dy && !strcmp(dy, "long");
     call.force_dyn = dy && (dy[0] == '1' || call.long_persist);
-    call.balance_gate = dy && !strcmp(dy, "auto");
+    /* the balance gate is the default (unset or =auto); =count: the tile-count rule only */
+    call.balance_gate = !dy || !strcmp(dy, "auto");
     const char *se = sm90_knob(knobs, "OT_ATTN_SM90_SECT");
     call.sect_mha = se && !strcmp(se, "mha");
   }
@@ -1688,7 +1698,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * 1.016x / 1.002x; D64 full S 4k 1.022x, 16k 1.019x (12 / 16 each); D256 full 0.996x /
    * 1.014x and causal D128 0.959x (S 4k) / 0.924x (16k): not used there. Outputs and lse bit-equal to
    * the plain order's (the same arithmetic). Also the default of bf16 D64 masked calls on
-   * 2 consumers without kFlDiag (9..32 query tiles: causal S 1k..4k; windows 9..64), where it
+   * 2 consumers without kFlDiag (9..16 query tiles: causal S 1k..2k; windows 9..64), where it
    * carries the dynamic schedule: H200, 2026-12-02 (attention_fwd_late.json, 10 balanced
    * rounds) S 4k causal 1.027x the plain order; attention_fwd_pin64.json (8 rounds) 1.025x
    * -1.044x at S 2k-8k (docs/ATTENTION.md). OT_ATTN_SM90_PIN=0|1 forces it off / on (on:
