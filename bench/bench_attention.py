@@ -422,7 +422,7 @@ def bench_cases(args):
 
 def ab_envs(args):
     """--ab 'NAME=K:V[,K:V];NAME=...' as [(NAME, {K: V})]; a key _causal_only (any value)
-    times the variant in causal cases only."""
+    times the variant in causal cases only, _full_only in non-causal ones only."""
     out = []
     for spec in filter(None, (args.ab or "").split(";")):
         name, _, kv = spec.partition("=")
@@ -460,7 +460,7 @@ def bench(S, args):
             # --ab NAME=ENV[;NAME=ENV]: the same kernel under other OT_ATTN_SM90_* switches,
             # timed in the same rounds as ours and the peers (entries "ours NAME": not peers)
             for vname, venv in ab_envs(args):
-                if venv.get("_causal_only") and not causal:
+                if (venv.get("_causal_only") and not causal) or (venv.get("_full_only") and causal):
                     continue
                 e = {k_: v_ for k_, v_ in venv.items() if not k_.startswith("_")}
                 fwd.append((f"ours {vname}", f_ours, flops, lambda e=e: env_set(e)))
