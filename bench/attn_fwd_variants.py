@@ -49,6 +49,7 @@ WG2 = {"OT_ATTN_SM90_WG": "2"}
 WG3 = {"OT_ATTN_SM90_WG": "3"}
 WG1 = {"OT_ATTN_SM90_WG": "1"}  # NC = 1: 64-row CTAs, two per SM (experiment builds, bf16 D64)
 SKIP = {"OT_ATTN_SM90_SKIP": "1"}
+NOSKIP = {"OT_ATTN_SM90_SKIP": "0"}  # where kFlSkip is the default (D64 causal, 3 consumers)
 DIAG = {"OT_ATTN_SM90_DIAG": "1"}
 NODIAG = {"OT_ATTN_SM90_DIAG": "0"}
 XT = {"OT_ATTN_SM90_XT": "1"}
@@ -98,6 +99,10 @@ def _variant_list(d, s, causal):
         v.append(("skip", SKIP))
     if d == 64 and causal:
         v += [("wg3", WG3), ("wg3skip", {**WG3, **SKIP})]
+    # since 2026-12-02 (eighteenth session) the default of bf16 D64 causal calls on 3
+    # consumers (16 query tiles of 128 or more): "noskip" the 3-consumer kernel without it
+    if d == 64 and causal and s >= 1921:
+        v.append(("noskip", NOSKIP))
     # kFlDiag (2026-11-30 evening): the narrow step per consumer warpgroup at 64 keys on the
     # 2-consumer 128-key tile: causal Sq = Sk, the first warpgroup of each 128-row tile runs
     # its half-visible diagonal tile over 64 keys (4 of 72 warpgroup-tiles at S 1k, 16 of

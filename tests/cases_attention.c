@@ -436,13 +436,16 @@ static const acase cuda_sm90_dyn_cases[] = {
     {"cuda hopper-only dyn causal Sq4500 Sk3000 D64 MQA8 (3 consumers, 192 tiles) fwd", 1, 4500, 3000, 8, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
-/* D64 causal calls past 32 query tiles of 128 rows (Sq > 4096) on 3 consumers (192-row
- * tiles; since 2026-12-02, before only past 64): persistent under OT_ATTN_SM90_GRID=3 (each
+/* D64 causal calls of 16 query tiles of 128 rows or more (Sq > 1920) on 3 consumers (192-row
+ * tiles; since 2026-12-02, before only past 64; bf16 with kFlSkip): persistent under OT_ATTN_SM90_GRID=3 (each
  * CTA runs many tiles of falling length, a last 192-row tile of 84 rows), and Sq > Sk (the
  * first query tiles see no key), MQA. */
 static const acase cuda_sm90_wg3_cases[] = {
     {"cuda hopper-only wg3 GRID 3 causal S4500 D64 GQA2 fwd", 1, 4500, 4500, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only wg3 causal Sq4500 Sk3000 D64 MQA4 fwd", 1, 4500, 3000, 4, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    /* bf16: kFlSkip (the default there since 2026-12-02) with Sq < Sk and a partial last
+     * query tile (3001 rows: its last 2 warpgroups past Sq), under GRID 3 */
+    {"cuda hopper-only wg3 skip GRID 3 causal Sq3001 Sk4500 D64 GQA2 B2 fwd", 2, 3001, 4500, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
 /* Persistent CTAs that run many tiles each (all under OT_ATTN_SM90_GRID=3; written for
@@ -1405,23 +1408,47 @@ static void run_sm90_required(test_run *tr) {
   for (size_t i = 0; i < sizeof cuda_sm90_wg3_cases / sizeof cuda_sm90_wg3_cases[0]; i++) {
     const acase *c = &cuda_sm90_wg3_cases[i];
     env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c->name, "GRID 3") ? "3" : NULL);
-    run_case(tr, c, i ? DT_F16 : DT_BF16);
+    run_case(tr, c, i % 2 ? DT_F16 : DT_BF16);
 #ifdef OT_TEST_CUDA
-    check_sm90_plan(tr, c->name, 3, 128, 0, 4, 0);   /* 3 consumers past 16 query tiles */
+    /* 3 consumers from 16 query tiles on; bf16 with kFlSkip (64) */
+    check_sm90_plan(tr, c->name, 3, 128, i % 2 ? 0 : 64, 4, 0);
 #endif
     env_restore(&gr);
   }
 #ifdef OT_TEST_CUDA
   {
-    /* the 2-consumer side of that rule (16 query tiles), kFlPin its default there; 17 query
-     * tiles on 3; then the balance gate (the default, and =auto) under GRID 2 (54 tiles of 3
-     * consumers: past the count gate's 32), and =count, which leaves it off */
+    /* the 2-consumer side of that rule (15 query tiles), kFlPin (0x8000) its default there;
+     * 16 query tiles on 3 with kFlSkip (64; bf16), fp16 without it; then the balance gate
+     * (the default, and =auto) under GRID 2 (54 tiles of 3 consumers: past the count gate's
+     * 32), and =count, which leaves it off */
+    static const acase c15 = {"cuda hopper-only plan causal S1920 D64 MQA2 (15 query tiles) fwd", 1, 1920, 1920, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
+    run_case(tr, &c15, DT_BF16);
+    check_sm90_plan(tr, c15.name, 2, 128, 0x8000, 4, 0);
     static const acase c16 = {"cuda hopper-only plan causal S2048 D64 MQA2 (16 query tiles) fwd", 1, 2048, 2048, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
     run_case(tr, &c16, DT_BF16);
-    check_sm90_plan(tr, c16.name, 2, 128, 0x8000, 4, 0);
-    static const acase c17 = {"cuda hopper-only plan causal S2100 D64 GQA2 (17 query tiles) fwd", 1, 2100, 2100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
+    check_sm90_plan(tr, c16.name, 3, 128, 64, 4, 0);
+    static const acase c17 = {"cuda hopper-only plan causal S1930 D64 GQA2 (16 query tiles) fwd", 1, 1930, 1930, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
     run_case(tr, &c17, DT_F16);
     check_sm90_plan(tr, c17.name, 3, 128, 0, 4, 0);
+    if (tr_begin(tr, "attention sm90 plan: fp16 on 3 consumers without kFlSkip")) {
+      int pl[6];
+      ot_cuda_attn_sm90_last_plan(pl);
+      if (pl[3] & 64) tr_fail(tr, "bits 0x%x: kFlSkip has no fp16 instance", pl[3]);
+      tr_end(tr);
+    }
+    {   /* OT_ATTN_SM90_SKIP=0: the same call without it, bf16 */
+      env_saved sk = env_set("OT_ATTN_SM90_SKIP", "0");
+      static const acase c16n = {"cuda hopper-only plan skip=0 causal S2048 D64 MQA2 fwd", 1, 2048, 2048, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
+      run_case(tr, &c16n, DT_BF16);
+      check_sm90_plan(tr, c16n.name, 3, 128, 0, 4, 0);
+      int pl[6];
+      ot_cuda_attn_sm90_last_plan(pl);
+      if (tr_begin(tr, "attention sm90 plan: OT_ATTN_SM90_SKIP=0 leaves kFlSkip off")) {
+        if (pl[3] & 64) tr_fail(tr, "bits 0x%x", pl[3]);
+        tr_end(tr);
+      }
+      env_restore(&sk);
+    }
     static const acase ca = {"cuda hopper-only dynauto GRID 2 causal S5120 D64 GQA2 fwd", 1, 5120, 5120, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
     env_saved gr = env_set("OT_ATTN_SM90_GRID", "2");
     run_case(tr, &ca, DT_BF16);

@@ -155,8 +155,8 @@ constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
 
 /* The instances that carry the dynamic schedule (fwd_params::tile_ctr): 2 or 3 consumers
- * (3: D64 causal calls past 16 query tiles, since 2026-12-02), not with the variants that
- * look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit, kFlSnake), nor
+ * (3: D64 causal calls of 16 query tiles or more, since 2026-12-02, bf16 with kFlSkip),
+ * not with the variants that look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit, kFlSnake), nor
  * kFlPin where it is the unmasked defaults' bit (D 128 / 256, D64 on 3 consumers: those
  * kernels stay as they were); at D64 on 2 consumers kFlPin is the masked calls' default
  * (no kFlDiag) and carries it. */
@@ -1370,7 +1370,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
-     * of 9..16 query tiles, windowed ones of 9..64: the default) */
+     * of 9..15 query tiles, windowed ones of 9..64: the default) */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG, DG | ST, PN>());
   } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
     /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16; kFlPin
@@ -1378,8 +1378,8 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, narrow_bits(3), PN, narrow_bits(3) | PN>());
   } else if constexpr (D == 64 && BC == 128 && NC == 3 && !is_half<T>::value) {
-    /* 192-row tiles (D64 unmasked calls): kFlPin the default, bf16 */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, PN>());
+    /* 192-row tiles: kFlPin the unmasked calls' default, kFlSkip the causal ones', bf16 */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, PN, SK>());
   } else if constexpr ((D == 256 || (D == 128 && BC == 128)) && !is_half<T>::value) {
     /* the threshold; bf16 with the 16-byte O stores too (D128 128-key and D256 masked
      * calls: the default) */
@@ -1495,7 +1495,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const bool small_tile = tile ? tile[0] == 's'
                                : a->window_left >= 0 || a->window_right >= 0 || a->sk <= 2048;
   /* Head dim 64: 3 consumer warpgroups (192 query rows, 128 keys; FA3's shape) except
-   * for masked calls of at most 64 query tiles of 128 -- 16 where no left window bounds the
+   * for masked calls of at most 64 query tiles of 128 -- 15 where no left window bounds the
    * keys (causal) -- (the persistent causal regime, with sectioned tile order). H200, run of
    * d610a26, TFLOP/s with 3 vs 2: non-causal S = 4k 504 vs 411, 16k 474 vs 433, causal 16k
    * 478 vs 418; but causal S = 1k / 4k 260 / 354 vs 284 / 397. 2026-12-02
@@ -1504,14 +1504,15 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * GQA, against the dynamic schedule). Causal past 16 query tiles since the balance gate
    * (launch(): the static order's resonance at S 2k / 4k was the 3 consumers' loss there):
    * 2026-12-02 (attention_fwd_dynauto.json, 8 rounds, both with the gate) S 3k 1.100x, S 4k
-   * 1.042x, S 2k 1.000x the 2-consumer default. Windowed calls keep 64 (short tiles:
+   * 1.042x, S 2k 1.000x the 2-consumer default; with kFlSkip (below) S 2k 1.034x, so causal
+   * from 16 query tiles on (attention_fwd_skip3.json). Windowed calls keep 64 (short tiles:
    * unmeasured). OT_ATTN_SM90_WG=2|3 forces one. */
   const char *wgs = sm90_knob(knobs, "OT_ATTN_SM90_WG");
   const bool masked_call = (a->window_left >= 0 && a->window_left <= a->sq + a->sk) ||
                            (a->window_right >= 0 && a->window_right <= a->sq + a->sk);
   const bool left_window = a->window_left >= 0 && a->window_left <= a->sq + a->sk;
   const int64_t q_tiles = (a->sq + kBr - 1) / kBr;
-  int nc = a->d == 64 && (!masked_call || q_tiles > 64 || (!left_window && q_tiles > 16)) ? 3 : 2;
+  int nc = a->d == 64 && (!masked_call || q_tiles > 64 || (!left_window && q_tiles >= 16)) ? 3 : 2;
   if (a->d == 64 && wgs && (wgs[0] == '2' || wgs[0] == '3')) nc = wgs[0] - '0';
   /* OT_ATTN_SM90_WG=1 (experiment builds, bf16; elsewhere the default above): one consumer
    * warpgroup, 64-row tiles of 128 keys, two CTAs per SM (fwd_cfg<1>; docs/ATTENTION.md) --
@@ -1615,9 +1616,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const int snake = 0;
 #endif
   /* OT_ATTN_SM90_SKIP=1: kFlSkip, a consumer warpgroup skips the first-visited key tiles in
-   * which all of its rows are masked or past Sq (experiment builds only: bf16 D64 128-key
-   * tile with 2 or 3 consumers, D128 128-key tile and D256 with the rescale threshold).
-   * Measured slower (H200, 2026-11-30 evening, attention_fwd_diag.json run 1): 0.954-0.984x
+   * which all of its rows are masked or past Sq (bf16 D64 on 3 consumers; experiment builds
+   * also D64 on 2, the D128 128-key tile and D256 with the rescale threshold). Measured slower (H200, 2026-11-30 evening, attention_fwd_diag.json run 1): 0.954-0.984x
    * where it skips nothing (D64 / D128 causal, 2 consumers), D64 full 0.97-0.98x, D256
    * causal 1.010x / 1.008x at S 1k / 4k (ahead in 5 / 7 of 10 round pairs); with 3
    * consumers at D64 causal 1.107x the 3-consumer kernel at S 1k, but only level with the
@@ -1628,13 +1628,21 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * OT_ATTN_SM90_WG=3 there), 384 of 16896 at 16k (2.3%), full 16 of 144 at 1k (11%,
    * padding: 1152 rows for 1024), 64 of 2112 at 4k; D64 / D128 with 2 consumers on
    * 128-key tiles none (the tiles align: each warpgroup sees part of the diagonal tile;
-   * Sq 1000, Sk 1024: 7 of 86). */
-#ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *skv = sm90_knob(knobs, "OT_ATTN_SM90_SKIP");
-  const int skip = skv && skv[0] == '1' ? kFlSkip : 0;
-#else
-  const int skip = 0;
-#endif
+   * Sq 1000, Sk 1024: 7 of 86).
+   * Since 2026-12-02 (eighteenth session) the default of bf16 D64 causal calls (no left
+   * window) on 3 consumers (below), where it skips a warpgroup's share of the 192-row tile's
+   * diagonal: H200 (attention_fwd_skip3.json, 8 balanced rounds, paired) S 2k 1.034x the
+   * 2-consumer default (8 of 8 round pairs ahead), S 4k 1.023x the 3-consumer kernel without
+   * it (8 of 8), S 3k 1.001x. OT_ATTN_SM90_SKIP=0|1 forces it off / on (on: where an instance
+   * is compiled -- experiment builds also D64 on 2 consumers, D128 128-key, D256). */
+  int skip = 0;
+  {
+    const char *skv = sm90_knob(knobs, "OT_ATTN_SM90_SKIP");
+    const bool on = skv ? skv[0] == '1'
+                        : a->dtype == OT_BF16 && a->d == 64 && nc == 3 && masked_call &&
+                              !left_window;
+    if (on) skip = kFlSkip;
+  }
   /* kFlDiag: the narrow step per consumer warpgroup at 64 keys on the 2-consumer 128-key
    * tile (D64 masked calls, D128 masked calls and Sk <= 2048): with causal Sq = Sk the
    * first warpgroup of each 128-row tile sees only the first 64 keys of its diagonal tile
@@ -1698,7 +1706,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * 1.016x / 1.002x; D64 full S 4k 1.022x, 16k 1.019x (12 / 16 each); D256 full 0.996x /
    * 1.014x and causal D128 0.959x (S 4k) / 0.924x (16k): not used there. Outputs and lse bit-equal to
    * the plain order's (the same arithmetic). Also the default of bf16 D64 masked calls on
-   * 2 consumers without kFlDiag (9..16 query tiles: causal S 1k..2k; windows 9..64), where it
+   * 2 consumers without kFlDiag (9..15 query tiles: causal S 1k..2k; windows 9..64), where it
    * carries the dynamic schedule: H200, 2026-12-02 (attention_fwd_late.json, 10 balanced
    * rounds) S 4k causal 1.027x the plain order; attention_fwd_pin64.json (8 rounds) 1.025x
    * -1.044x at S 2k-8k (docs/ATTENTION.md). OT_ATTN_SM90_PIN=0|1 forces it off / on (on:
