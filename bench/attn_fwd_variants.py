@@ -50,6 +50,7 @@ WG3 = {"OT_ATTN_SM90_WG": "3"}
 WG1 = {"OT_ATTN_SM90_WG": "1"}  # NC = 1: 64-row CTAs, two per SM (experiment builds, bf16 D64)
 SKIP = {"OT_ATTN_SM90_SKIP": "1"}
 NOSKIP = {"OT_ATTN_SM90_SKIP": "0"}  # where kFlSkip is the default (D64 causal, 3 consumers)
+SHIFT = {"OT_ATTN_SM90_ALIGN": "end"}  # kFlShift: query tiles aligned to the rows' end
 DIAG = {"OT_ATTN_SM90_DIAG": "1"}
 NODIAG = {"OT_ATTN_SM90_DIAG": "0"}
 XT = {"OT_ATTN_SM90_XT": "1"}
@@ -103,6 +104,15 @@ def _variant_list(d, s, causal):
     # consumers (16 query tiles of 128 or more): "noskip" the 3-consumer kernel without it
     if d == 64 and causal and s >= 1921:
         v.append(("noskip", NOSKIP))
+    # kFlShift (prepared 2026-12-02, not measured): the 192-row tiles of D64 causal calls
+    # aligned to the rows' end (the partial tile first: the fewest keys); "wg3shift" on 3
+    # consumers where 2 are the default (S <= 1920), "shift" where 3 are, "shiftnoskip"
+    # without kFlSkip (against "noskip")
+    if d == 64 and causal and s % 192:
+        if s <= 1920:
+            v.append(("wg3shift", {**WG3, **SHIFT}))
+        else:
+            v += [("shift", SHIFT), ("shiftnoskip", {**SHIFT, **NOSKIP})]
     # kFlDiag (2026-11-30 evening): the narrow step per consumer warpgroup at 64 keys on the
     # 2-consumer 128-key tile: causal Sq = Sk, the first warpgroup of each 128-row tile runs
     # its half-visible diagonal tile over 64 keys (4 of 72 warpgroup-tiles at S 1k, 16 of
@@ -142,8 +152,8 @@ def _variant_list(d, s, causal):
     if not causal and (d == 64 or (d == 128 and s > 2048)):
         v.append(("nopin", NOPIN))
     # since 2026-12-02 also for bf16 D64 causal calls on 2 consumers past kFlDiag's 8 query
-    # tiles (up to 16 since the balance gate, 2026-12-02: 3 consumers past that)
-    if causal and d == 64 and 1024 < s <= 2048:
+    # tiles (up to 15 since the balance gate and kFlSkip, 2026-12-02: 3 consumers from 16 on)
+    if causal and d == 64 and 1024 < s <= 1920:
         v.append(("nopin", NOPIN))
     if causal and d == 64 and s <= 1024:
         v.append(("pinnodiag", {**PIN, **NODIAG}))
@@ -251,7 +261,8 @@ def checks(S):
         ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16,
                       env={**SNAKE, "OT_ATTN_SM90_GRID": "5"})
         ba.check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=0, env=SNAKE)
-    for name, checks in (("skip", skip_checks), ("diag", diag_checks), ("xt", xt_checks),
+    for name, checks in (("skip", skip_checks), ("shift", shift_checks),
+                         ("diag", diag_checks), ("xt", xt_checks),
                          ("pin", pin_checks), ("st16", st16_checks),
                          ("wg1", wg1_checks), ("nopin", nopin_checks),
                          ("wg3pin", wg3pin_checks)):
@@ -287,6 +298,34 @@ def skip_checks(S, ck):
         ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, wl=wl, wr=wr, env={**extra, **SKIP})
         _same_as_default(S, ck, 2, sq, sk, hq, hkv, d, wl, wr, extra)
     ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16, env=SKIP)
+
+
+def shift_checks(S, ck):
+    """kFlShift (OT_ATTN_SM90_ALIGN=end, experiment builds: bf16 D64 on 3 consumers, with and
+    without kFlSkip): float64 checks, then bit-equality with the default tiling on the same
+    inputs (a row runs the same visible key tiles in the same order either way; tiles it
+    cannot see leave its state as it was, as kFlSkip's argument has it). Causal Sq == Sk (S 1,
+    17, 191, 193, 1000, 1024, 2100, 4097: first tiles of 1..191 rows), Sq != Sk both ways (Sq >
+    Sk: rows that see no key), GQA / MQA, B 2, a causal window 200 / 0, the multi-tile
+    persistent path (GRID 3 / 5) and the dynamic schedule (DYN 1), without the skip; a right
+    window alone (wl -1, wr 64); non-causal and fp16 (not taken / not compiled: the
+    default)."""
+    cases = []
+    for sq, sk, hq, hkv in ((1, 1, 4, 2), (17, 17, 4, 1), (191, 191, 4, 2), (193, 193, 4, 4),
+                            (1000, 1000, 4, 2), (1024, 1024, 8, 2), (2100, 2100, 4, 1),
+                            (4097, 4097, 2, 2), (1000, 1500, 4, 2), (1500, 1000, 4, 2),
+                            (333, 1000, 8, 1), (700, 130, 4, 2)):
+        cases.append((sq, sk, hq, hkv, -1, 0, WG3))
+    cases += [(1000, 1000, 4, 2, 200, 0, {**WG3, "OT_ATTN_SM90_GRID": "5"}),
+              (1300, 1100, 4, 4, -1, 0, {**WG3, "OT_ATTN_SM90_GRID": "3"}),
+              (2100, 2100, 4, 2, -1, 0, {**WG3, "OT_ATTN_SM90_DYN": "1"}),
+              (1000, 1000, 4, 2, -1, 0, {**WG3, **NOSKIP, "OT_ATTN_SM90_GRID": "3"}),
+              (1000, 1000, 4, 2, -1, 64, WG3), (1000, 1000, 4, 2, -1, -1, WG3)]
+    for sq, sk, hq, hkv, wl, wr, extra in cases:
+        ba.check_case(S, ck, 2, sq, sk, hq, hkv, 64, wl=wl, wr=wr, env={**extra, **SHIFT})
+        _same_as_default(S, ck, 2, sq, sk, hq, hkv, 64, wl, wr, extra, var=SHIFT, name="shift")
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 64, wr=0, dtype=torch.float16,
+                  env={**WG3, **SHIFT})
 
 
 def diag_checks(S, ck):

@@ -1371,6 +1371,27 @@ static void run_sm90_required(test_run *tr) {
   for (size_t i = 0; i < sizeof cuda_sm90_skip_cases / sizeof cuda_sm90_skip_cases[0]; i++)
     run_case(tr, &cuda_sm90_skip_cases[i], DT_BF16);
   {
+    /* OT_ATTN_SM90_ALIGN=end (kFlShift: experiment builds, bf16 D64 on 3 consumers; the
+     * default tiling elsewhere): causal S 1000 (a first tile of 40 rows: 2 warpgroups before
+     * row 0), Sq < Sk and Sq > Sk (rows without keys) under GRID 3, a causal window, fp16 */
+    static const acase sh[] = {
+        {"cuda hopper-only shift WG 3 causal S1000 D64 GQA2 B2 fwd", 2, 1000, 1000, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only shift WG 3 GRID 3 causal Sq1000 Sk1500 D64 MQA4 fwd", 1, 1000, 1500, 4, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only shift WG 3 GRID 3 causal Sq1300 Sk1100 D64 GQA2 fwd", 1, 1300, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only shift WG 3 window 200/0 S1100 D64 GQA2 fwd", 1, 1100, 1100, 4, 2, 64, 0, 200, 0, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only shift WG 3 causal S1000 D64 fp16 fwd", 1, 1000, 1000, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    };
+    env_saved al = env_set("OT_ATTN_SM90_ALIGN", "end");
+    env_saved wg = env_set("OT_ATTN_SM90_WG", "3");
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
+      env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(sh[i].name, "GRID 3") ? "3" : NULL);
+      run_case(tr, &sh[i], strstr(sh[i].name, "fp16") ? DT_F16 : DT_BF16);
+      env_restore(&gr);
+    }
+    env_restore(&wg);
+    env_restore(&al);
+  }
+  {
     env_saved wg = env_set("OT_ATTN_SM90_WG", "3");
     acase g3[2] = {cuda_sm90_skip_cases[0], cuda_sm90_skip_cases[1]};
     g3[0].name = "cuda hopper-only skip WG 3 causal Sq1000 Sk1024 D64 GQA4 fwd";

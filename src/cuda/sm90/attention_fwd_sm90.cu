@@ -136,7 +136,15 @@ enum {
                    * tile is issued with the next tile's first Q K^T, whose softmax runs
                    * under it (no per-tile prologue / drain; see the kernel) */
   /* 0x4000: kFlLate until 2026-12-02 (a tile's epilogue under the next tile's first Q K^T;
-   * measured 0.88-0.98x the default and removed, docs/ATTENTION.md) */
+   * measured 0.88-0.98x the default and removed, docs/ATTENTION.md); since 2026-12-02
+   * (eighteenth session) kFlShift: */
+  kFlShift = 0x4000, /* masked calls with a right edge (causal): the query tiles aligned to
+                      * the end of the rows instead of their start -- tile m covers rows
+                      * m BR - pad .. m BR - pad + BR - 1, pad = num_m BR - Sq -- so that
+                      * the partial tile is the first (its rows before 0: Q zero-filled by
+                      * the TMA, never stored), the one with the fewest keys, not the last,
+                      * the one with the most. With kFlSkip the padding warpgroups drop
+                      * out. Experiment builds only (prepared, not measured) */
   kFlPin = 0x8000, /* the pipelined step's softmax pinned before its P V's wait (a never-taken
                    * branch on l between them, holding a nanosleep; default for bf16 unmasked
                    * D128 176-key and D64 3-consumer tiles, see the dispatch): ptxas
@@ -229,17 +237,17 @@ __host__ __device__ __forceinline__ int floor_div(int a, int b) {
   int q = a / b;
   return (a % b != 0 && (a < 0)) ? q - 1 : q;
 }
-/* Key tiles [n_min, n_max) of bc keys that any row of the query tile of rows m_block * br ..
+/* Key tiles [n_min, n_max) of bc keys that any row of the query tile of rows row_first ..
  * row_last sees (masks bottom-right aligned, wl / wr < 0: unbounded); the kernels' decode_tile
  * and the host's static_balance */
-__host__ __device__ __forceinline__ void tile_keys(int m_block, int row_last, int br, int bc,
-                                                   int sq, int sk, int wl, int wr, int &n_min,
+__host__ __device__ __forceinline__ void tile_keys(int row_first, int row_last, int bc, int sq,
+                                                   int sk, int wl, int wr, int &n_min,
                                                    int &n_max) {
   const int off = sk - sq;
   n_max = (sk + bc - 1) / bc;
   if (wr >= 0) n_max = min(n_max, floor_div(row_last + off + wr, bc) + 1);
   n_min = 0;
-  if (wl >= 0) n_min = max(0, floor_div(m_block * br + off - wl, bc));
+  if (wl >= 0) n_min = max(0, floor_div(row_first + off - wl, bc));
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -280,7 +288,11 @@ static_assert(kTileSlot > BAR_EMPTY_Q1 && 8 * (kTileSlot + 1) <= 128, "tile slot
 struct tile_info {
   int m_block, head, batch, n_min, n_max, row_last;
 };
-template <int BC, int BR>
+/* SHIFT (kFlShift): the tiles aligned to the rows' end, the first row of tile m at m BR -
+ * row_pad(p) (< 0 for the first tile where BR does not divide Sq) */
+template <int BR>
+__device__ __forceinline__ int row_pad(const fwd_params &p) { return p.num_m * BR - p.sq; }
+template <int BC, int BR, bool SHIFT = false>
 __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
   tile_info ti;
   int mi, hb;
@@ -299,13 +311,14 @@ __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
   ti.m_block = p.wr >= 0 ? p.num_m - 1 - mi : mi;
   ti.head = hb % p.hq;
   ti.batch = hb / p.hq;
-  ti.row_last = min(ti.m_block * BR + BR - 1, p.sq - 1);
-  tile_keys(ti.m_block, ti.row_last, BR, BC, p.sq, p.sk, p.wl, p.wr, ti.n_min, ti.n_max);
+  const int first = ti.m_block * BR - (SHIFT ? row_pad<BR>(p) : 0);
+  ti.row_last = min(first + BR - 1, p.sq - 1);
+  tile_keys(first, ti.row_last, BC, p.sq, p.sk, p.wl, p.wr, ti.n_min, ti.n_max);
   return ti;
 }
 /* Work item t: a whole tile, or (SPLIT, t >= split_full) piece `piece` of a tail tile, its
  * key tiles [n_max - (s + 1) chunk, n_max - s chunk) of the tile's range (piece -1: whole). */
-template <int BC, int BR, bool SPLIT>
+template <int BC, int BR, bool SPLIT, bool SHIFT = false>
 __device__ __forceinline__ tile_info decode_item(const fwd_params &p, const split_params &sp,
                                                  int t, int &piece) {
   if (SPLIT && t >= sp.split_full) {
@@ -318,7 +331,7 @@ __device__ __forceinline__ tile_info decode_item(const fwd_params &p, const spli
     return ti;
   }
   piece = -1;
-  return decode_tile<BC, BR>(p, t);
+  return decode_tile<BC, BR, SHIFT>(p, t);
 }
 
 template <typename T, int D, int BC, int NC, int FL>
@@ -350,6 +363,11 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
   constexpr bool XT = (FL & kFlXT) != 0;
   static_assert(!XT || (Q2 && !NARROW), "kFlXT needs kFlQ2 and no narrow step");
   constexpr bool PIN = (FL & kFlPin) != 0;
+  constexpr bool SHIFT = (FL & kFlShift) != 0;
+  static_assert(!SHIFT || (!Q2 && !SPLIT && !NARROW),
+                "kFlShift is not compiled with kFlQ2 / kFlXT, kFlSplit or the narrow steps");
+  /* the first row of query tile m: m BR - rpad (kFlShift; 0 elsewhere) */
+  const int rpad = SHIFT ? row_pad<BR>(p) : 0;
   extern __shared__ uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_base = smem_u32(smem);
@@ -384,7 +402,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
   auto next_live = [&](int tn, tile_info &ni) {
     for (; tn < n_tiles; tn += gridDim.x) {
       int pn;
-      ni = decode_item<BC, BR, SPLIT>(p, sp, SNAKE ? snake_tile(tn) : tn, pn);
+      ni = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, SNAKE ? snake_tile(tn) : tn, pn);
       if (ni.n_max - ni.n_min > 0) return true;
     }
     return false;
@@ -429,7 +447,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
     for (int t0 = blockIdx.x; t0 < n_tiles; t0 = dyn ? resolve() : t0 + (int)gridDim.x) {
       const int t = SNAKE ? snake_tile(t0) : t0;
       int piece;
-      const tile_info ti = decode_item<BC, BR, SPLIT>(p, sp, t, piece);
+      const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, t, piece);
       const int n_iters = ti.n_max - ti.n_min;
       if (n_iters <= 0) {
         if (dyn) {   /* no Q load: the id alone */
@@ -446,7 +464,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
       auto load_q = [&](const tile_info &tq, int n) {
         mbar_expect_tx(full_q(n), (uint32_t)L::q_bytes);
         tma_load_5d(s_base + L::q_off + (Q2 ? (uint32_t)(n & 1) * L::q_bytes : 0u), &tm_q,
-                    full_q(n), 0, tq.m_block * BR, 0, tq.head, tq.batch);
+                    full_q(n), 0, tq.m_block * BR - rpad, 0, tq.head, tq.batch);
       };
       if constexpr (!Q2) {
         if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
@@ -541,13 +559,13 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
     }
     const int t = SNAKE ? snake_tile(t0) : t0;
     int piece;
-    const tile_info ti = decode_item<BC, BR, SPLIT>(p, sp, t, piece);
+    const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, t, piece);
     const int n_iters = ti.n_max - ti.n_min, n_max = ti.n_max;
     if (dyn && n_iters <= 0) {   /* its id came with FULL_Q (no Q): the slot is read */
       release(empty_q(qn));
       qn++;
     }
-    const int row0 = ti.m_block * BR + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
+    const int row0 = ti.m_block * BR - rpad + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
     float o[NO];
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
@@ -597,7 +615,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
         hi[h] = p.wr >= 0 ? min(p.sk - 1, r + off + p.wr) : p.sk - 1;
         lo[h] = p.wl >= 0 ? r + off - p.wl : INT32_MIN;
       }
-      const int tile_row_first = ti.m_block * BR, row_last = ti.row_last;
+      const int tile_row_first = ti.m_block * BR - rpad, row_last = ti.row_last;
       /* key tile n of a query tile of rows first..last: needs the element mask */
       auto needs_mask_at = [&](int n, int first, int last) {
         return (n + 1) * BC > p.sk ||
@@ -790,10 +808,11 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
         /* c through a shuffle from lane 0 (tells ptxas that it, hence n_skip and the ring
          * positions below, are warp-uniform): with c straight from threadIdx the
          * 160-register D64 kernel (3 consumers) spilled 40 bytes, with it none. */
-        const int wg_first = ti.m_block * BR + __shfl_sync(0xffffffffu, c, 0) * 64;
+        const int wg_first = ti.m_block * BR - rpad + __shfl_sync(0xffffffffu, c, 0) * 64;
         const int wg_last = min(wg_first + 63, p.sq - 1);
         const int vis = p.wr >= 0 ? min(p.sk - 1, wg_last + off + p.wr) : p.sk - 1;
-        const int n_skip = wg_first >= p.sq
+        /* (kFlShift: a warpgroup of rows before 0 skips all, as one past Sq) */
+        const int n_skip = wg_first >= p.sq || (SHIFT && wg_last < 0)
                                ? n_it_s
                                : min(n_it_s, max(0, n_max_s - (floor_div(vis, BC) + 1)));
 #pragma unroll 1
@@ -984,7 +1003,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
           v[j] = pack2<F16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
         quad_transpose_row(v, q4);   /* before the row test: every lane */
         const int r = row0 + 8 * h;
-        if (r >= p.sq) continue;
+        if (r >= p.sq || (SHIFT && r < 0)) continue;
         store_row16(out + (int64_t)r * p.o_ts, v, q4);
         if (p.lse && q4 == 0)
           p.lse[(int64_t)ti.batch * p.l_bs + (int64_t)ti.head * p.l_hs + (int64_t)r * p.l_ts] =
@@ -994,7 +1013,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
 #pragma unroll
       for (int h = 0; h < 2; h++) {
         const int r = row0 + 8 * h;
-        if (r >= p.sq) continue;
+        if (r >= p.sq || (SHIFT && r < 0)) continue;
         T *orow = out + (int64_t)r * p.o_ts + 2 * q4;
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
@@ -1091,9 +1110,10 @@ struct fwd_call {
  * that call measured 0.89x the 2-consumer kernel whose model is 0.999, and S 5k - 8k at
  * 0.94-1.00, where 3 consumers measured 1.07-1.11x (docs/ATTENTION.md). Each run of cnt
  * tiles of one query tile index adds its cost to cnt consecutive CTAs (a difference array):
- * O(sections x num_m + grid), no per-tile loop. */
+ * O(sections x num_m + grid), no per-tile loop. pad: kFlShift's row offset (the first row of
+ * query tile m is m br - pad). */
 static double static_balance(int num_m, int nhb, int sect, int sq, int sk, int br, int bc,
-                             int wl, int wr, int grid) {
+                             int wl, int wr, int grid, int pad = 0) {
   if (grid < 1 || num_m < 1 || nhb < 1 || sect < 1) return 1.0;
   std::vector<double> diff((size_t)grid + 1, 0.0);
   double base = 0.0, total = 0.0;
@@ -1103,7 +1123,8 @@ static double static_balance(int num_m, int nhb, int sect, int sq, int sk, int b
     for (int mi = 0; mi < num_m; mi++) {
       const int mb = wr >= 0 ? num_m - 1 - mi : mi;
       int n_min, n_max;
-      tile_keys(mb, std::min(mb * br + br - 1, sq - 1), br, bc, sq, sk, wl, wr, n_min, n_max);
+      const int first = mb * br - pad;
+      tile_keys(first, std::min(first + br - 1, sq - 1), bc, sq, sk, wl, wr, n_min, n_max);
       const double cost = n_max > n_min ? n_max - n_min + 0.5 : 0.0;
       total += cost * cnt;
       base += cost * (cnt / grid);
@@ -1230,8 +1251,9 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
      * models 0.935-0.948) and 1.036x / 1.074x (D128 causal S 3k / 6k, 0.953 / 0.951); rows
      * it leaves alone run the same kernel. */
     if (dyn_want && !take && fc->balance_gate) {
-      const double b = static_balance(q.num_m, (int)nhb, q.sect, q.sq, q.sk, fwd_cfg<NC>::br,
-                                      BC, q.wl, q.wr, sms);
+      constexpr int BR = fwd_cfg<NC>::br;
+      const double b = static_balance(q.num_m, (int)nhb, q.sect, q.sq, q.sk, BR, BC, q.wl,
+                                      q.wr, sms, (FL & kFlShift) ? q.num_m * BR - q.sq : 0);
       balance = (int)(b * 1000.0 + 0.5);
       take = b < 0.97;
     }
@@ -1302,12 +1324,13 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
   }
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
- * dropped one by one (the snake order first, the skip, then the narrow step, the tail split, the
+ * dropped one by one (kFlShift first, the 16-byte stores, the pin, the look-ahead, the snake
+ * order, the skip, then the narrow step, the tail split, the
  * polynomial exponentials, the rescale threshold: drop[]'s order) until it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlSt16, kFlPin, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
+  static const int drop[] = {kFlShift, kFlSt16, kFlPin, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlPoly4, kFlPoly8,
                              kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
@@ -1342,7 +1365,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int XT = kFlQ2 | kFlXT, PN = kFlPin, ST = kFlSt16;
+  constexpr int XT = kFlQ2 | kFlXT, PN = kFlPin, ST = kFlSt16, SH = kFlShift;
   if constexpr (X && D == 64 && BC == 128 && NC == 1) {
     /* 64-row CTAs, two per SM (OT_ATTN_SM90_WG=1): the plain kernel and kFlDiag (the
      * narrow step of a 64-row tile that sees at most 64 keys of its first-visited tile),
@@ -1366,7 +1389,9 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                     fl_list<0, SN, SK, DG, XT, PN, DG | PN, DG | PN | ST, DG | ST,
                                             ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, SK, XT, PN, PN | ST>());
+    /* kFlShift (prepared 2026-12-02, not measured): with and without the skip */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, SK, XT, PN, PN | ST, SK | SH, SH>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
@@ -1615,6 +1640,22 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
 #else
   const int snake = 0;
 #endif
+  /* OT_ATTN_SM90_ALIGN=end: kFlShift, the query tiles of a call with a right mask edge
+   * (causal) aligned to the rows' end, so that a partial tile is the first (the fewest keys)
+   * rather than the last (the most). Experiment builds only (bf16 D64 on 3 consumers, with
+   * and without kFlSkip; elsewhere dropped): prepared 2026-12-02, not measured. A model of
+   * the 3-consumer step (a step costs 0.6 + 0.133 per active warpgroup, fitted to kFlSkip's
+   * +10.7% at S 1k) puts it at 1.12x at causal S 1k, 1.03x at 2k and 4k, 1.00x at 1536 /
+   * 3072 (multiples of 192). */
+#ifdef OT_ATTN_SM90_EXPERIMENTS
+  const char *alv = sm90_knob(knobs, "OT_ATTN_SM90_ALIGN");
+  const int shift = alv && !strcmp(alv, "end") && a->window_right >= 0 &&
+                            a->window_right <= a->sq + a->sk && a->sq % br != 0
+                        ? kFlShift
+                        : 0;
+#else
+  const int shift = 0;
+#endif
   /* OT_ATTN_SM90_SKIP=1: kFlSkip, a consumer warpgroup skips the first-visited key tiles in
    * which all of its rows are masked or past Sq (bf16 D64 on 3 consumers; experiment builds
    * also D64 on 2, the D128 128-key tile and D256 with the rescale threshold). Measured slower (H200, 2026-11-30 evening, attention_fwd_diag.json run 1): 0.954-0.984x
@@ -1746,7 +1787,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     if (on && aligned) st16 = kFlSt16;
   }
   const int fl =
-      (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | pin | st16;
+      (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | pin | st16 | shift;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
