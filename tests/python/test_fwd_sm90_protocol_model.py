@@ -1,0 +1,73 @@
+"""scripts/model_fwd_sm90_skip.py: the hand model of the Hopper forward's barrier protocol
+(producer rings, Q stage, pingpong turns; kFlSkip, kFlShift, kFlWgSplit) holds on random CTAs,
+and each of its mutations -- a protocol bug the kernel must not have -- is caught (no GPU)."""
+import importlib.util
+import os
+import random
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_SPEC = importlib.util.spec_from_file_location(
+    "model_fwd_sm90_skip", os.path.join(ROOT, "scripts", "model_fwd_sm90_skip.py"))
+model = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(model)
+
+
+def _cases(n, seed):
+    """n random CTAs as model.main draws them: (NC, BC, BR, sq, sk, wr, wl, tiles)"""
+    rng = random.Random(seed)
+    for _ in range(n):
+        nc, bc = rng.choice([(2, 128), (3, 128), (2, 80), (2, 192), (2, 176)])
+        br = 64 * nc
+        sq = rng.choice([1, 17, 100, 300, 700, 1000, 1024, 1300])
+        sk = rng.choice([1, 17, 100, 300, 700, 1000, 1024, 1100])
+        wr, wl = rng.choice([-1, 0, 0, 0, 5]), rng.choice([-1, -1, 200])
+        num_m = -(-sq // br)
+        yield nc, bc, br, sq, sk, wr, wl, [rng.randrange(num_m) for _ in range(rng.randint(1, 6))]
+
+
+@pytest.fixture
+def bug(monkeypatch):
+    def set_bug(name):
+        monkeypatch.setattr(model, "BUG", name)
+    return set_bug
+
+
+def test_protocol_holds_default_skip_shift_split(bug):
+    bug("")
+    for trial, (nc, bc, br, sq, sk, wr, wl, tiles) in enumerate(_cases(400, 11)):
+        for skip in (False, True):
+            assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, skip, trial)
+        assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, True, trial, shift=True)
+        if nc == 3:
+            num_m = -(-sq // br)
+            assert model.run([num_m - 1] + tiles, nc, bc, br, sq, sk, -1, -1, True, trial,
+                             wsplit=True)
+
+
+def _some_run_fails(kw, causal):
+    """True when the mutated protocol fails (deadlock or hazard) on some random CTA"""
+    for trial, (nc, bc, br, sq, sk, wr, wl, tiles) in enumerate(_cases(300, 5)):
+        if kw.get("wsplit"):
+            if nc != 3 or not 1 <= sq % br <= 64:
+                continue
+            tiles, wr, wl = [-(-sq // br) - 1] + tiles, -1, -1
+        elif causal:
+            wr = 0
+        try:
+            model.run(tiles, nc, bc, br, sq, sk, wr, wl, True, trial, **kw)
+        except AssertionError:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("name,kw,causal", [
+    ("noturn", {}, True),              # the skip loop without its turns
+    ("nolast", {}, True),              # an all-skipping warpgroup without the last P V's turn
+    ("earlyrel", {}, False),           # a V stage released before its use
+    ("notail", {"wsplit": True}, False),   # the split's tail without its turns
+])
+def test_each_mutation_is_caught(bug, name, kw, causal):
+    bug(name)
+    assert _some_run_fails(kw, causal), f"mutation {name} was not caught"
