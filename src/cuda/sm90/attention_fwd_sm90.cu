@@ -1206,7 +1206,15 @@ struct fwd_call {
 static double static_balance(int num_m, int nhb, int sect, int sq, int sk, int br, int bc,
                              int wl, int wr, int grid, int pad = 0) {
   if (grid < 1 || num_m < 1 || nhb < 1 || sect < 1) return 1.0;
-  std::vector<double> diff((size_t)grid + 1, 0.0);
+  /* on the stack up to 1024 CTAs (the call's hot path: no heap allocation), else the heap */
+  double stack_diff[1025];
+  std::vector<double> heap_diff;
+  double *diff = stack_diff;
+  if (grid >= 1025) {
+    heap_diff.resize((size_t)grid + 1);
+    diff = heap_diff.data();
+  }
+  std::fill(diff, diff + grid + 1, 0.0);
   double base = 0.0, total = 0.0;
   int cta = 0;   /* the CTA of the run's first tile */
   for (int hb0 = 0; hb0 < nhb; hb0 += sect) {
