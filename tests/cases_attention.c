@@ -417,7 +417,8 @@ static const acase cuda_sm90_diag_cases[] = {
  * CTAs claim dozens of tiles each), and above the 132-CTA grid of an H200 (144 tiles: the
  * first round static, the rest claimed). Sq 1300 / Sk 1100: the query tile of rows
  * 0..127 of each head sees no key (its id goes to the consumers without a Q load). D64
- * (no kFlDiag past 8 query tiles; 3 consumers past 32), D128 and D256, GQA, B 2; fp16 for
+ * (no kFlDiag past 8 query tiles; 3 consumers from 16, bf16 with kFlSkip), D128 and D256,
+ * GQA, B 2; fp16 for
  * the first. Each is
  * checked against the float64 oracle, then (run_dyn_case) bit for bit against
  * OT_ATTN_SM90_DYN=0 (the static order: the same arithmetic per tile, whichever CTA runs
@@ -430,7 +431,7 @@ static const acase cuda_sm90_dyn_cases[] = {
     {"cuda hopper-only dyn GRID 3 causal S600 D256 MQA4 fwd", 1, 600, 600, 4, 1, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only dyn causal S1100 D128 GQA4 B2 H8 (144 tiles) fwd", 2, 1100, 1100, 8, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only dyn causal S1100 D64 GQA4 H16 (144 tiles) fwd", 1, 1100, 1100, 16, 4, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    /* 3 consumers (D64 causal past 32 query tiles of 128): 192-row tiles, a last one of 84
+    /* 3 consumers (D64 causal from 16 query tiles of 128): 192-row tiles, a last one of 84
      * rows; Sq > Sk: the first 7 query tiles of each head see no key */
     {"cuda hopper-only dyn GRID 3 causal S4500 D64 GQA2 (3 consumers) fwd", 1, 4500, 4500, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only dyn causal Sq4500 Sk3000 D64 MQA8 (3 consumers, 192 tiles) fwd", 1, 4500, 3000, 8, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
