@@ -343,6 +343,14 @@ def check_api(S, ck):
 # ---------------------------------------------------------------------------------------
 # benchmark
 
+# --sleep-us N: a GPU spin of N microseconds queued before each timed call's start event, so
+# that the call's host work (the library's argument checks and tensor-map encodes; torch
+# SDPA's dispatch; the environment scan of an --ab variant's OT_ATTN_SM90_* switches) runs
+# while the GPU is still busy and the events time the kernels alone. 0 (the default, every
+# record so far): the host work between the start event and the launch is in the time.
+SLEEP_US = 0
+
+
 def time_ms(fn, iters=20, warmup=3):
     for _ in range(warmup):
         fn()
@@ -350,6 +358,8 @@ def time_ms(fn, iters=20, warmup=3):
     ts = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if SLEEP_US > 0:
+            torch.cuda._sleep(int(SLEEP_US * 2000))   # ~2 GHz SM clock: cycles
         a.record()
         fn()
         b.record()
@@ -693,6 +703,9 @@ def main():
     ap.add_argument("--iters", type=int, default=10,
                     help="timed calls per entry and round (their median)")
     ap.add_argument("--fwd-only", action="store_true", help="no forward + backward timings")
+    ap.add_argument("--sleep-us", type=float, default=0.0,
+                    help="a GPU spin this long before each timed call (its host work then "
+                         "overlaps it: kernel time alone); 0: host work included")
     ap.add_argument("--smoke", action="store_true", help="small checks under every variant")
     ap.add_argument("--profile-one", action="store_true", help="one D128 S4k call (for ncu)")
     ap.add_argument("--json")
@@ -700,6 +713,8 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default=" ".join(sys.argv))
     args = ap.parse_args()
+    global SLEEP_US
+    SLEEP_US = args.sleep_us
     ab_envs(args)   # a malformed --ab stops here, before any GPU work
     bench_cases(args)
     if args.table:
