@@ -1240,6 +1240,14 @@ static void run_sm90_refusal_case(test_run *tr) {
   tr_end(tr);
 }
 
+/* run_case under OT_ATTN_SM90_GRID=3 where the case's name says "GRID 3" (few persistent
+ * CTAs, many tiles each) */
+static void run_case_grid(test_run *tr, const acase *c, DLDataType dt) {
+  env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c->name, "GRID 3") ? "3" : NULL);
+  run_case(tr, c, dt);
+  env_restore(&gr);
+}
+
 #ifdef OT_TEST_CUDA
 /* src/cuda/sm90/attention_fwd_sm90.cu (internal, for tests) */
 void ot_cuda_attn_sm90_last_plan(int out[6]);
@@ -1305,19 +1313,21 @@ static void run_sm90_balance_model(test_run *tr) {
 }
 
 /* After run_case: the last Hopper forward launched nc consumers on bc-key tiles (0: any), with
- * the variant bits fl_set and the plan flags (1 persistent, 2 dynamic, 4 masked) flags_set */
+ * the variant bits fl_set and none of fl_clear, and the plan flags (1 persistent, 2 dynamic,
+ * 4 masked) flags_set and none of flags_clear */
 static void check_sm90_plan(test_run *tr, const char *name, int nc, int bc, int fl_set,
-                            int flags_set, int flags_clear) {
+                            int fl_clear, int flags_set, int flags_clear) {
   if (!tr_begin(tr, "attention sm90 plan: %s", name)) return;
   int pl[6] = {0, 0, 0, 0, 0, 0};
   ot_cuda_attn_sm90_last_plan(pl);
   if ((nc && pl[0] != nc) || (bc && pl[1] != bc) || (pl[3] & fl_set) != fl_set ||
-      (pl[4] & flags_set) != flags_set || (pl[4] & flags_clear))
+      (pl[3] & fl_clear) || (pl[4] & flags_set) != flags_set || (pl[4] & flags_clear))
     tr_fail(tr, "ran %d consumers, %d-key tile, %d CTAs, bits 0x%x, flags %d (expected %d, %d, "
-            "bits 0x%x set, flags %d set / %d clear)", pl[0], pl[1], pl[2], pl[3], pl[4], nc, bc,
-            fl_set, flags_set, flags_clear);
+            "bits 0x%x set / 0x%x clear, flags %d set / %d clear)", pl[0], pl[1], pl[2], pl[3],
+            pl[4], nc, bc, fl_set, fl_clear, flags_set, flags_clear);
   tr_end(tr);
 }
+
 
 /* OT_ATTN_SM90_DYN=auto: where the tiles per CTA exceed the count gate (16), the modeled
  * balance decides (dynamic below 0.970); plan[5] holds it */
@@ -1385,11 +1395,8 @@ static void run_sm90_required(test_run *tr) {
     };
     env_saved al = env_set("OT_ATTN_SM90_ALIGN", "end");
     env_saved wg = env_set("OT_ATTN_SM90_WG", "3");
-    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
-      env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(sh[i].name, "GRID 3") ? "3" : NULL);
-      run_case(tr, &sh[i], strstr(sh[i].name, "fp16") ? DT_F16 : DT_BF16);
-      env_restore(&gr);
-    }
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++)
+      run_case_grid(tr, &sh[i], strstr(sh[i].name, "fp16") ? DT_F16 : DT_BF16);
     env_restore(&wg);
     env_restore(&al);
   }
@@ -1407,11 +1414,9 @@ static void run_sm90_required(test_run *tr) {
     };
     env_saved wsv = env_set("OT_ATTN_SM90_WSPLIT", "1");
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
-      env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(ws[i].name, "GRID 3") ? "3" : NULL);
       env_saved pn = env_set("OT_ATTN_SM90_PIN", strstr(ws[i].name, "pin=0") ? "0" : NULL);
-      run_case(tr, &ws[i], strstr(ws[i].name, "fp16") ? DT_F16 : DT_BF16);
+      run_case_grid(tr, &ws[i], strstr(ws[i].name, "fp16") ? DT_F16 : DT_BF16);
       env_restore(&pn);
-      env_restore(&gr);
     }
     env_restore(&wsv);
   }
@@ -1423,16 +1428,8 @@ static void run_sm90_required(test_run *tr) {
     for (int i = 0; i < 2; i++) run_case(tr, &g3[i], DT_BF16);
     env_restore(&wg);
   }
-  for (size_t i = 0; i < sizeof cuda_sm90_diag_cases / sizeof cuda_sm90_diag_cases[0]; i++) {
-    /* the "GRID 3" ones under OT_ATTN_SM90_GRID=3 */
-    if (strstr(cuda_sm90_diag_cases[i].name, "GRID 3")) {
-      env_saved gr = env_set("OT_ATTN_SM90_GRID", "3");
-      run_case(tr, &cuda_sm90_diag_cases[i], DT_BF16);
-      env_restore(&gr);
-    } else {
-      run_case(tr, &cuda_sm90_diag_cases[i], DT_BF16);
-    }
-  }
+  for (size_t i = 0; i < sizeof cuda_sm90_diag_cases / sizeof cuda_sm90_diag_cases[0]; i++)
+    run_case_grid(tr, &cuda_sm90_diag_cases[i], DT_BF16);
   for (size_t i = 0; i < sizeof cuda_sm90_dyn_cases / sizeof cuda_sm90_dyn_cases[0]; i++) {
     const acase *c = &cuda_sm90_dyn_cases[i];
     env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c->name, "GRID 3") ? "3" : NULL);
@@ -1444,7 +1441,7 @@ static void run_sm90_required(test_run *tr) {
       /* a persistent launch under DYN=1 took the dynamic schedule */
       int pl[6];
       ot_cuda_attn_sm90_last_plan(pl);
-      check_sm90_plan(tr, c->name, 0, 0, 0, (pl[4] & 1) ? 2 | 4 : 4, 0);
+      check_sm90_plan(tr, c->name, 0, 0, 0, 0, (pl[4] & 1) ? 2 | 4 : 4, 0);
 #endif
       run_dyn_case(tr, c, k ? DT_F16 : DT_BF16);
     }
@@ -1452,13 +1449,11 @@ static void run_sm90_required(test_run *tr) {
   }
   for (size_t i = 0; i < sizeof cuda_sm90_wg3_cases / sizeof cuda_sm90_wg3_cases[0]; i++) {
     const acase *c = &cuda_sm90_wg3_cases[i];
-    env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c->name, "GRID 3") ? "3" : NULL);
-    run_case(tr, c, i % 2 ? DT_F16 : DT_BF16);
+    run_case_grid(tr, c, i % 2 ? DT_F16 : DT_BF16);
 #ifdef OT_TEST_CUDA
-    /* 3 consumers from 16 query tiles on; bf16 with kFlSkip (64) */
-    check_sm90_plan(tr, c->name, 3, 128, i % 2 ? 0 : 64, 4, 0);
+    /* 3 consumers from 16 query tiles on; bf16 with kFlSkip (64), fp16 without */
+    check_sm90_plan(tr, c->name, 3, 128, i % 2 ? 0 : 64, i % 2 ? 64 : 0, 4, 0);
 #endif
-    env_restore(&gr);
   }
 #ifdef OT_TEST_CUDA
   {
@@ -1468,36 +1463,24 @@ static void run_sm90_required(test_run *tr) {
      * 32), and =count, which leaves it off */
     static const acase c15 = {"cuda hopper-only plan causal S1920 D64 MQA2 (15 query tiles) fwd", 1, 1920, 1920, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
     run_case(tr, &c15, DT_BF16);
-    check_sm90_plan(tr, c15.name, 2, 128, 0x8000, 4, 0);
+    check_sm90_plan(tr, c15.name, 2, 128, 0x8000, 0, 4, 0);
     static const acase c16 = {"cuda hopper-only plan causal S2048 D64 MQA2 (16 query tiles) fwd", 1, 2048, 2048, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
     run_case(tr, &c16, DT_BF16);
-    check_sm90_plan(tr, c16.name, 3, 128, 64, 4, 0);
+    check_sm90_plan(tr, c16.name, 3, 128, 64, 0, 4, 0);
     static const acase c17 = {"cuda hopper-only plan causal S1930 D64 GQA2 (16 query tiles) fwd", 1, 1930, 1930, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
     run_case(tr, &c17, DT_F16);
-    check_sm90_plan(tr, c17.name, 3, 128, 0, 4, 0);
-    if (tr_begin(tr, "attention sm90 plan: fp16 on 3 consumers without kFlSkip")) {
-      int pl[6];
-      ot_cuda_attn_sm90_last_plan(pl);
-      if (pl[3] & 64) tr_fail(tr, "bits 0x%x: kFlSkip has no fp16 instance", pl[3]);
-      tr_end(tr);
-    }
+    check_sm90_plan(tr, c17.name, 3, 128, 0, 64, 4, 0);   /* fp16: no kFlSkip instance */
     {   /* OT_ATTN_SM90_SKIP=0: the same call without it, bf16 */
       env_saved sk = env_set("OT_ATTN_SM90_SKIP", "0");
       static const acase c16n = {"cuda hopper-only plan skip=0 causal S2048 D64 MQA2 fwd", 1, 2048, 2048, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
       run_case(tr, &c16n, DT_BF16);
-      check_sm90_plan(tr, c16n.name, 3, 128, 0, 4, 0);
-      int pl[6];
-      ot_cuda_attn_sm90_last_plan(pl);
-      if (tr_begin(tr, "attention sm90 plan: OT_ATTN_SM90_SKIP=0 leaves kFlSkip off")) {
-        if (pl[3] & 64) tr_fail(tr, "bits 0x%x", pl[3]);
-        tr_end(tr);
-      }
+      check_sm90_plan(tr, c16n.name, 3, 128, 0, 64, 4, 0);
       env_restore(&sk);
     }
     static const acase ca = {"cuda hopper-only dynauto GRID 2 causal S5120 D64 GQA2 fwd", 1, 5120, 5120, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
     env_saved gr = env_set("OT_ATTN_SM90_GRID", "2");
     run_case(tr, &ca, DT_BF16);
-    check_sm90_plan(tr, ca.name, 3, 128, 0, 1 | 4, 0);
+    check_sm90_plan(tr, ca.name, 3, 128, 0, 0, 1 | 4, 0);
     check_sm90_auto_plan(tr, ca.name);
     {
       env_saved dy = env_set("OT_ATTN_SM90_DYN", "auto");
@@ -1510,7 +1493,7 @@ static void run_sm90_required(test_run *tr) {
       env_saved dy = env_set("OT_ATTN_SM90_DYN", "count");
       static const acase cc = {"cuda hopper-only dynauto=count GRID 2 causal S5120 D64 GQA2 fwd", 1, 5120, 5120, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
       run_case(tr, &cc, DT_BF16);
-      check_sm90_plan(tr, cc.name, 3, 128, 0, 1 | 4, 2);   /* static: past the count gate */
+      check_sm90_plan(tr, cc.name, 3, 128, 0, 0, 1 | 4, 2);   /* static: past the count gate */
       int pl[6];
       ot_cuda_attn_sm90_last_plan(pl);
       if (tr_begin(tr, "attention sm90 plan (DYN=count): no balance computed")) {
@@ -1541,9 +1524,7 @@ static void run_sm90_required(test_run *tr) {
       for (size_t i = 0; i < sizeof cuda_sm90_pin_cases / sizeof cuda_sm90_pin_cases[0]; i++) {
         acase c = cuda_sm90_pin_cases[i];
         if (k && !(c.name = PLAIN[i])) continue;
-        env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c.name, "GRID 3") ? "3" : NULL);
-        run_case(tr, &c, DT_BF16);
-        env_restore(&gr);
+        run_case_grid(tr, &c, DT_BF16);
       }
       env_restore(&pin);
     }
@@ -1553,10 +1534,7 @@ static void run_sm90_required(test_run *tr) {
     for (int k = 0; k < 2; k++) {
       for (size_t i = 0; i < sizeof cuda_sm90_wg1_cases / sizeof cuda_sm90_wg1_cases[0]; i++) {
         if (k && i >= 2) break;   /* fp16: the first two (the default kernel runs them) */
-        const acase *c = &cuda_sm90_wg1_cases[i];
-        env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c->name, "GRID 3") ? "3" : NULL);
-        run_case(tr, c, k ? DT_F16 : DT_BF16);
-        env_restore(&gr);
+        run_case_grid(tr, &cuda_sm90_wg1_cases[i], k ? DT_F16 : DT_BF16);
       }
     }
     env_restore(&wg);
