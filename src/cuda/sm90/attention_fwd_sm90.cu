@@ -582,12 +582,13 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
       release(empty_q(qn));
       qn++;
     }
-    const int row0 = ti.m_block * BR - rpad + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
+    const int tile_first = ti.m_block * BR - rpad;   /* the tile's first row (kFlShift: < 0) */
+    const int row0 = tile_first + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
     /* kFlWgSplit: an unmasked tile of at most 64 rows (consumer 0's) split along its keys:
      * every consumer runs Q rows 0..63 of the stage over its third of the key tiles (row0
      * stays: consumers 1 and 2 store nothing, their rows being past Sq) */
     const bool wsplit = WSPLIT && p.wl < 0 && p.wr < 0 && n_iters > 0 &&
-                        ti.row_last - (ti.m_block * BR - rpad) < 64;
+                        ti.row_last - tile_first < 64;
     float o[NO];
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
@@ -637,14 +638,14 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
         hi[h] = p.wr >= 0 ? min(p.sk - 1, r + off + p.wr) : p.sk - 1;
         lo[h] = p.wl >= 0 ? r + off - p.wl : INT32_MIN;
       }
-      const int tile_row_first = ti.m_block * BR - rpad, row_last = ti.row_last;
+      const int row_last = ti.row_last;
       /* key tile n of a query tile of rows first..last: needs the element mask */
       auto needs_mask_at = [&](int n, int first, int last) {
         return (n + 1) * BC > p.sk ||
                (p.wr >= 0 && (n + 1) * BC - 1 > first + off + p.wr) ||
                (p.wl >= 0 && n * BC < last + off - p.wl);
       };
-      auto needs_mask = [&](int n) { return needs_mask_at(n, tile_row_first, row_last); };
+      auto needs_mask = [&](int n) { return needs_mask_at(n, tile_first, row_last); };
       uint64_t q_desc =
           make_desc(s_base + L::q_off + (Q2 ? (uint32_t)(qn & 1) * L::q_bytes : 0u) +
                         (wsplit ? 0 : c) * 64 * 128, 16, 1024);
@@ -844,7 +845,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
         /* c through a shuffle from lane 0 (tells ptxas that it, hence n_skip and the ring
          * positions below, are warp-uniform): with c straight from threadIdx the
          * 160-register D64 kernel (3 consumers) spilled 40 bytes, with it none. */
-        const int wg_first = ti.m_block * BR - rpad + __shfl_sync(0xffffffffu, c, 0) * 64;
+        const int wg_first = tile_first + __shfl_sync(0xffffffffu, c, 0) * 64;
         const int wg_last = min(wg_first + 63, p.sq - 1);
         const int vis = p.wr >= 0 ? min(p.sk - 1, wg_last + off + p.wr) : p.sk - 1;
         /* (kFlShift: a warpgroup of rows before 0 skips all, as one past Sq) */
