@@ -1457,25 +1457,34 @@ static void run_sm90_required(test_run *tr) {
   }
 #ifdef OT_TEST_CUDA
   {
-    /* the 2-consumer side of that rule (15 query tiles), kFlPin (0x8000) its default there;
-     * 16 query tiles on 3 with kFlSkip (64; bf16), fp16 without it; then the balance gate
-     * (the default, and =auto) under GRID 2 (54 tiles of 3 consumers: past the count gate's
-     * 32), and =count, which leaves it off */
-    static const acase c15 = {"cuda hopper-only plan causal S1920 D64 MQA2 (15 query tiles) fwd", 1, 1920, 1920, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
-    run_case(tr, &c15, DT_BF16);
-    check_sm90_plan(tr, c15.name, 2, 128, 0x8000, 0, 4, 0);
-    static const acase c16 = {"cuda hopper-only plan causal S2048 D64 MQA2 (16 query tiles) fwd", 1, 2048, 2048, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
-    run_case(tr, &c16, DT_BF16);
-    check_sm90_plan(tr, c16.name, 3, 128, 64, 0, 4, 0);
-    static const acase c17 = {"cuda hopper-only plan causal S1930 D64 GQA2 (16 query tiles) fwd", 1, 1930, 1930, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
-    run_case(tr, &c17, DT_F16);
-    check_sm90_plan(tr, c17.name, 3, 128, 0, 64, 4, 0);   /* fp16: no kFlSkip instance */
-    {   /* OT_ATTN_SM90_SKIP=0: the same call without it, bf16 */
-      env_saved sk = env_set("OT_ATTN_SM90_SKIP", "0");
-      static const acase c16n = {"cuda hopper-only plan skip=0 causal S2048 D64 MQA2 fwd", 1, 2048, 2048, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
-      run_case(tr, &c16n, DT_BF16);
-      check_sm90_plan(tr, c16n.name, 3, 128, 0, 64, 4, 0);
-      env_restore(&sk);
+    /* the consumer rule of D64 causal calls: bf16 on 3 from 9 query tiles with kFlSkip (64)
+     * and, where 192 does not divide Sq, kFlShift (0x4000); 8 tiles on 2 (kFlDiag, 128);
+     * fp16 on 2 up to 15 tiles, on 3 from 16 without either; a left window on 2 with kFlPin
+     * (0x8000); OT_ATTN_SM90_ALIGN=start and OT_ATTN_SM90_SKIP=0 drop the shift. Then the
+     * balance gate (the default, and =auto) under GRID 2 (54 tiles of 3 consumers: past the
+     * count gate's 32), and =count, which leaves it off */
+    static const struct {
+      acase c;
+      bool f16;
+      int nc, fl_set, fl_clear;
+      const char *env, *val;
+    } pc[] = {
+        {{"cuda hopper-only plan causal S1024 D64 MQA2 (8 query tiles) fwd", 1, 1024, 1024, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false}, false, 2, 128, 0x4000 | 64, NULL, NULL},
+        {{"cuda hopper-only plan causal S1100 D64 GQA2 (9 query tiles) fwd", 1, 1100, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false}, false, 3, 64 | 0x4000, 0, NULL, NULL},
+        {{"cuda hopper-only plan causal S1100 D64 GQA2 (9 query tiles) fp16 fwd", 1, 1100, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false}, true, 2, 0, 0x4000 | 64, NULL, NULL},
+        {{"cuda hopper-only plan causal S1920 D64 MQA2 (15 query tiles, 10 x 192) fwd", 1, 1920, 1920, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false}, false, 3, 64, 0x4000, NULL, NULL},
+        {{"cuda hopper-only plan causal Sq1300 Sk1500 D64 GQA2 (11 query tiles) fwd", 2, 1300, 1500, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false}, false, 3, 64 | 0x4000, 0, NULL, NULL},
+        {{"cuda hopper-only plan window 200/0 S1500 D64 GQA2 (12 query tiles) fwd", 1, 1500, 1500, 4, 2, 64, 0, 200, 0, 0, 0, 0, {0}, {0}, false, false, false}, false, 2, 0x8000, 0x4000 | 64, NULL, NULL},
+        {{"cuda hopper-only plan align=start causal S1100 D64 GQA2 fwd", 1, 1100, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false}, false, 3, 64, 0x4000, "OT_ATTN_SM90_ALIGN", "start"},
+        {{"cuda hopper-only plan causal S2048 D64 MQA2 (16 query tiles) fwd", 1, 2048, 2048, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false}, false, 3, 64 | 0x4000, 0, NULL, NULL},
+        {{"cuda hopper-only plan causal S1930 D64 GQA2 (16 query tiles) fp16 fwd", 1, 1930, 1930, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false}, true, 3, 0, 64 | 0x4000, NULL, NULL},
+        {{"cuda hopper-only plan skip=0 causal S2048 D64 MQA2 fwd", 1, 2048, 2048, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false}, false, 3, 0, 64 | 0x4000, "OT_ATTN_SM90_SKIP", "0"},
+    };
+    for (size_t i = 0; i < sizeof pc / sizeof pc[0]; i++) {
+      env_saved e = env_set(pc[i].env ? pc[i].env : "OT_ATTN_SM90_ALIGN", pc[i].env ? pc[i].val : NULL);
+      run_case(tr, &pc[i].c, pc[i].f16 ? DT_F16 : DT_BF16);
+      check_sm90_plan(tr, pc[i].c.name, pc[i].nc, 128, pc[i].fl_set, pc[i].fl_clear, 4, 0);
+      env_restore(&e);
     }
     static const acase ca = {"cuda hopper-only dynauto GRID 2 causal S5120 D64 GQA2 fwd", 1, 5120, 5120, 2, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
     env_saved gr = env_set("OT_ATTN_SM90_GRID", "2");

@@ -1498,7 +1498,8 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
-     * of 9..15 query tiles, windowed ones of 9..64: the default) */
+     * with a left window of 9..64 query tiles: the default; causal ones of 9..15 until
+     * 2026-12-02, now on 3 consumers) */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG, DG | ST, PN>());
   } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
     /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16; kFlPin
@@ -1506,8 +1507,9 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, narrow_bits(3), PN, narrow_bits(3) | PN>());
   } else if constexpr (D == 64 && BC == 128 && NC == 3 && !is_half<T>::value) {
-    /* 192-row tiles: kFlPin the unmasked calls' default, kFlSkip the causal ones', bf16 */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, PN, SK>());
+    /* 192-row tiles: kFlPin the unmasked calls' default, kFlSkip with kFlShift the causal
+     * ones' (kFlSkip alone where 192 divides Sq), bf16 */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, PN, SK, SK | kFlShift>());
   } else if constexpr ((D == 256 || (D == 128 && BC == 128)) && !is_half<T>::value) {
     /* the threshold; bf16 with the 16-byte O stores too (D128 128-key and D256 masked
      * calls: the default) */
@@ -1633,14 +1635,21 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * (launch(): the static order's resonance at S 2k / 4k was the 3 consumers' loss there):
    * 2026-12-02 (attention_fwd_dynauto.json, 8 rounds, both with the gate) S 3k 1.100x, S 4k
    * 1.042x, S 2k 1.000x the 2-consumer default; with kFlSkip (below) S 2k 1.034x, so causal
-   * from 16 query tiles on (attention_fwd_skip3.json). Windowed calls keep 64 (short tiles:
-   * unmeasured). OT_ATTN_SM90_WG=2|3 forces one. */
+   * from 16 query tiles on (attention_fwd_skip3.json); bf16 causal from 9 query tiles on
+   * since 2026-12-02 (nineteenth session) with kFlSkip and kFlShift (below): S 1152 (a
+   * multiple of 192, no shift) 1.055x, S 1280 / 1408 / 1792 1.069x / 1.070x / 1.072x the
+   * 2-consumer default (attention_fwd_shift.json, 10 of 10 round pairs each); S 1k (8 tiles)
+   * 1.004x, kept on 2. Windowed calls keep 64 (short tiles: unmeasured). OT_ATTN_SM90_WG=2|3
+   * forces one. */
   const char *wgs = sm90_knob(knobs, "OT_ATTN_SM90_WG");
   const bool masked_call = (a->window_left >= 0 && a->window_left <= a->sq + a->sk) ||
                            (a->window_right >= 0 && a->window_right <= a->sq + a->sk);
   const bool left_window = a->window_left >= 0 && a->window_left <= a->sq + a->sk;
   const int64_t q_tiles = (a->sq + kBr - 1) / kBr;
-  int nc = a->d == 64 && (!masked_call || q_tiles > 64 || (!left_window && q_tiles >= 16)) ? 3 : 2;
+  /* (bf16 causal from 9 query tiles: 3 consumers with kFlSkip and kFlShift, below; fp16 has
+   * neither and keeps 2 up to 15) */
+  const bool wg3_causal = !left_window && (q_tiles >= 16 || (q_tiles >= 9 && a->dtype == OT_BF16));
+  int nc = a->d == 64 && (!masked_call || q_tiles > 64 || wg3_causal) ? 3 : 2;
   if (a->d == 64 && wgs && (wgs[0] == '2' || wgs[0] == '3')) nc = wgs[0] - '0';
   /* OT_ATTN_SM90_WG=1 (experiment builds, bf16; elsewhere the default above): one consumer
    * warpgroup, 64-row tiles of 128 keys, two CTAs per SM (fwd_cfg<1>; docs/ATTENTION.md) --
@@ -1743,22 +1752,6 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
 #else
   const int snake = 0;
 #endif
-  /* OT_ATTN_SM90_ALIGN=end: kFlShift, the query tiles of a call with a right mask edge
-   * (causal) aligned to the rows' end, so that a partial tile is the first (the fewest keys)
-   * rather than the last (the most). Experiment builds only (bf16 D64 on 3 consumers, with
-   * and without kFlSkip; elsewhere dropped): prepared 2026-12-02, not measured. A model of
-   * the 3-consumer step (a step costs 0.6 + 0.133 per active warpgroup, fitted to kFlSkip's
-   * +10.7% at S 1k) puts it at 1.12x at causal S 1k, 1.03x at 2k and 4k, 1.00x at 1536 /
-   * 3072 (multiples of 192). */
-#ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *alv = sm90_knob(knobs, "OT_ATTN_SM90_ALIGN");
-  const int shift = alv && !strcmp(alv, "end") && a->window_right >= 0 &&
-                            a->window_right <= a->sq + a->sk && a->sq % br != 0
-                        ? kFlShift
-                        : 0;
-#else
-  const int shift = 0;
-#endif
   /* OT_ATTN_SM90_WSPLIT=1: kFlWgSplit (with kFlSkip), the partial last query tile of an
    * unmasked D64 call on 3 consumers split along its keys over the three (192 rows: S 1k's
    * last tile holds 64 rows and took as long as a full one). Experiment builds only (bf16;
@@ -1800,6 +1793,28 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                         : a->dtype == OT_BF16 && a->d == 64 && nc == 3 && masked_call &&
                               !left_window;
     if (on) skip = kFlSkip;
+  }
+  /* kFlShift: the query tiles of a call with a right mask edge (causal) aligned to the rows'
+   * end, so that a partial tile is the first (the fewest keys) rather than the last (the
+   * most); with kFlSkip its rows before 0 are skipped whole. Output and lse bit-equal to the
+   * start-aligned tiles' where no left window bounds the keys (each row runs the same key
+   * tiles in the same order; with a left window the tile's first key tile moves and lse may
+   * differ in the last bit). Default on for bf16 D64 causal calls on 3 consumers with
+   * kFlSkip (no left window) where 192 does not divide Sq: H200, 2026-12-02 (nineteenth
+   * session, attention_fwd_shift.json, 8 + 10 balanced rounds in two calls, against the
+   * start-aligned default) S 2k 1.008x / 1.042x (6 of 8 / 10 of 10 round pairs ahead), 4k
+   * 1.025x / 1.017x (7 / 9), 8k 1.028x (8 of 10); with 3 consumers where 2 were the default
+   * (9..15 query tiles, now the default above) S 1280 1.072x / 1.069x, 1408 1.070x, 1792
+   * 1.072x (all pairs ahead), S 1k (8 tiles, 2 consumers kept) 1.004x.
+   * OT_ATTN_SM90_ALIGN=start|end forces it off / on (on: masked calls with a right edge, where
+   * an instance is compiled -- experiment builds also without kFlSkip). */
+  int shift = 0;
+  {
+    const char *alv = sm90_knob(knobs, "OT_ATTN_SM90_ALIGN");
+    const bool right_edge = a->window_right >= 0 && a->window_right <= a->sq + a->sk;
+    const bool on = alv ? !strcmp(alv, "end")
+                        : a->dtype == OT_BF16 && a->d == 64 && nc == 3 && skip && !left_window;
+    if (on && right_edge && a->sq % br != 0) shift = kFlShift;
   }
   /* kFlDiag: the narrow step per consumer warpgroup at 64 keys on the 2-consumer 128-key
    * tile (D64 masked calls, D128 masked calls and Sk <= 2048): with causal Sq = Sk the
@@ -1864,7 +1879,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * 1.016x / 1.002x; D64 full S 4k 1.022x, 16k 1.019x (12 / 16 each); D256 full 0.996x /
    * 1.014x and causal D128 0.959x (S 4k) / 0.924x (16k): not used there. Outputs and lse bit-equal to
    * the plain order's (the same arithmetic). Also the default of bf16 D64 masked calls on
-   * 2 consumers without kFlDiag (9..15 query tiles: causal S 1k..2k; windows 9..64), where it
+   * 2 consumers without kFlDiag (left windows of 9..64 query tiles; causal ones of 9..15 until
+   * 2026-12-02, now on 3 consumers), where it
    * carries the dynamic schedule: H200, 2026-12-02 (attention_fwd_late.json, 10 balanced
    * rounds) S 4k causal 1.027x the plain order; attention_fwd_pin64.json (8 rounds) 1.025x
    * -1.044x at S 2k-8k (docs/ATTENTION.md). OT_ATTN_SM90_PIN=0|1 forces it off / on (on:
