@@ -52,7 +52,6 @@ SKIP = {"OT_ATTN_SM90_SKIP": "1"}
 NOSKIP = {"OT_ATTN_SM90_SKIP": "0"}  # where kFlSkip is the default (D64 causal, 3 consumers)
 SHIFT = {"OT_ATTN_SM90_ALIGN": "end"}  # kFlShift: query tiles aligned to the rows' end
 NOSHIFT = {"OT_ATTN_SM90_ALIGN": "start"}  # the tiles aligned to the rows' start
-WSPLIT = {"OT_ATTN_SM90_WSPLIT": "1"}  # kFlWgSplit: a partial tile's keys over 3 consumers
 DIAG = {"OT_ATTN_SM90_DIAG": "1"}
 NODIAG = {"OT_ATTN_SM90_DIAG": "0"}
 XT = {"OT_ATTN_SM90_XT": "1"}
@@ -117,10 +116,6 @@ def _variant_list(d, s, causal):
             v.append(("wg3shift", {**WG3, **SHIFT}))
         else:
             v += [("noshift", NOSHIFT), ("shiftnoskip", {**SHIFT, **NOSKIP})]
-    # kFlWgSplit (prepared 2026-12-02, not measured): unmasked D64 on 3 consumers, a last
-    # query tile of 1..64 rows (S 1k, 4k) split along its keys over the three consumers
-    if d == 64 and not causal and 1 <= s % 192 <= 64:
-        v += [("wsplit", WSPLIT), ("wsplitnopin", {**WSPLIT, **NOPIN})]
     # kFlDiag (2026-11-30 evening): the narrow step per consumer warpgroup at 64 keys on the
     # 2-consumer 128-key tile: causal Sq = Sk, the first warpgroup of each 128-row tile runs
     # its half-visible diagonal tile over 64 keys (4 of 72 warpgroup-tiles at S 1k, 16 of
@@ -270,7 +265,6 @@ def checks(S):
                       env={**SNAKE, "OT_ATTN_SM90_GRID": "5"})
         ba.check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=0, env=SNAKE)
     for name, checks in (("skip", skip_checks), ("shift", shift_checks),
-                         ("wsplit", wsplit_checks),
                          ("diag", diag_checks), ("xt", xt_checks),
                          ("pin", pin_checks), ("st16", st16_checks),
                          ("wg1", wg1_checks), ("nopin", nopin_checks),
@@ -339,26 +333,6 @@ def shift_checks(S, ck):
                          lse_ulps=2 if wl >= 0 else 0)
     ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 64, wr=0, dtype=torch.float16,
                   env={**WG3, **SHIFT})
-
-
-def wsplit_checks(S, ck):
-    """kFlWgSplit (OT_ATTN_SM90_WSPLIT=1, experiment builds: bf16 D64 unmasked on 3
-    consumers, where Sq mod 192 is 1..64): float64 checks (not bit-equal to the default: the
-    partial tile's keys are summed in three parts). Sq 1, 17, 64, 193, 1000, 1024, 4096 (the
-    split tile of 1..64 rows; a tile of n = 1 or 2 key tiles leaves consumers without keys:
-    Sk 1, 17, 129, 200), Sk up to 4097 (a partial last key tile in some consumer's third),
-    GQA / MQA, B 2, the multi-tile persistent path (GRID 3 / 7), without kFlPin; Sq 65 and
-    causal (not taken) and fp16 (not compiled: the default)."""
-    for sq, sk, hq, hkv, extra in (
-            (1, 1, 4, 2, {}), (17, 17, 4, 1, {}), (64, 129, 4, 2, {}), (193, 200, 4, 4, {}),
-            (1000, 1000, 4, 2, {}), (1024, 1024, 8, 2, {}), (1000, 4097, 4, 1, {}),
-            (4096, 300, 2, 2, {}), (17, 4097, 4, 2, {}), (65, 1000, 4, 2, {}),
-            (1000, 1000, 4, 2, {"OT_ATTN_SM90_GRID": "3"}),
-            (1024, 700, 4, 4, {"OT_ATTN_SM90_GRID": "7"}),
-            (1000, 1300, 4, 2, NOPIN)):
-        ba.check_case(S, ck, 2, sq, sk, hq, hkv, 64, env={**extra, **WSPLIT})
-    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 64, wr=0, env=WSPLIT)
-    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 64, dtype=torch.float16, env=WSPLIT)
 
 
 def diag_checks(S, ck):

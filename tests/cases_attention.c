@@ -1401,26 +1401,6 @@ static void run_sm90_required(test_run *tr) {
     env_restore(&al);
   }
   {
-    /* OT_ATTN_SM90_WSPLIT=1 (kFlWgSplit: experiment builds, bf16 D64 unmasked on 3 consumers,
-     * Sq mod 192 in 1..64; the default elsewhere): the last query tile's keys split over the
-     * consumers -- 40 rows over 8 key tiles (B 2), 1 row over 1 key tile (two consumers
-     * without keys), 64 rows over a partial last key tile under GRID 3, without kFlPin, fp16 */
-    static const acase ws[] = {
-        {"cuda hopper-only wsplit S1000 D64 GQA2 B2 fwd", 2, 1000, 1000, 4, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-        {"cuda hopper-only wsplit Sq193 Sk17 D64 MQA4 fwd", 1, 193, 17, 4, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-        {"cuda hopper-only wsplit GRID 3 Sq1024 Sk1100 D64 GQA2 fwd", 1, 1024, 1100, 4, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-        {"cuda hopper-only wsplit pin=0 Sq1000 Sk700 D64 fwd", 1, 1000, 700, 2, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-        {"cuda hopper-only wsplit S1000 D64 fp16 fwd", 1, 1000, 1000, 2, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    };
-    env_saved wsv = env_set("OT_ATTN_SM90_WSPLIT", "1");
-    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
-      env_saved pn = env_set("OT_ATTN_SM90_PIN", strstr(ws[i].name, "pin=0") ? "0" : NULL);
-      run_case_grid(tr, &ws[i], strstr(ws[i].name, "fp16") ? DT_F16 : DT_BF16);
-      env_restore(&pn);
-    }
-    env_restore(&wsv);
-  }
-  {
     env_saved wg = env_set("OT_ATTN_SM90_WG", "3");
     acase g3[2] = {cuda_sm90_skip_cases[0], cuda_sm90_skip_cases[1]};
     g3[0].name = "cuda hopper-only skip WG 3 causal Sq1000 Sk1024 D64 GQA4 fwd";

@@ -1,5 +1,5 @@
 """scripts/model_fwd_sm90_skip.py: the hand model of the Hopper forward's barrier protocol
-(producer rings, Q stage, pingpong turns; kFlSkip, kFlShift, kFlWgSplit) holds on random CTAs,
+(producer rings, Q stage, pingpong turns; kFlSkip, kFlShift) holds on random CTAs,
 and each of its mutations -- a protocol bug the kernel must not have -- is caught (no GPU)."""
 import importlib.util
 import os
@@ -34,26 +34,18 @@ def bug(monkeypatch):
     return set_bug
 
 
-def test_protocol_holds_default_skip_shift_split(bug):
+def test_protocol_holds_default_skip_shift(bug):
     bug("")
     for trial, (nc, bc, br, sq, sk, wr, wl, tiles) in enumerate(_cases(400, 11)):
         for skip in (False, True):
             assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, skip, trial)
         assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, True, trial, shift=True)
-        if nc == 3:
-            num_m = -(-sq // br)
-            assert model.run([num_m - 1] + tiles, nc, bc, br, sq, sk, -1, -1, True, trial,
-                             wsplit=True)
 
 
 def _some_run_fails(kw, causal):
     """True when the mutated protocol fails (deadlock or hazard) on some random CTA"""
     for trial, (nc, bc, br, sq, sk, wr, wl, tiles) in enumerate(_cases(300, 5)):
-        if kw.get("wsplit"):
-            if nc != 3 or not 1 <= sq % br <= 64:
-                continue
-            tiles, wr, wl = [-(-sq // br) - 1] + tiles, -1, -1
-        elif causal:
+        if causal:
             wr = 0
         try:
             model.run(tiles, nc, bc, br, sq, sk, wr, wl, True, trial, **kw)
@@ -66,7 +58,6 @@ def _some_run_fails(kw, causal):
     ("noturn", {}, True),              # the skip loop without its turns
     ("nolast", {}, True),              # an all-skipping warpgroup without the last P V's turn
     ("earlyrel", {}, False),           # a V stage released before its use
-    ("notail", {"wsplit": True}, False),   # the split's tail without its turns
 ])
 def test_each_mutation_is_caught(bug, name, kw, causal):
     bug(name)

@@ -158,13 +158,7 @@ enum {
                       * columns, one STG.128 per 8 columns instead of four STG.32 (16-byte
                       * aligned O only; default for bf16 D128 128-key, D256 masked and D64
                       * kFlDiag tiles, see the dispatch) */
-  kFlWgSplit = 0x20000, /* with kFlSkip, 3 consumers, unmasked calls: a query tile of at most
-                         * 64 rows (the partial last one where 192 does not divide Sq: S 1k,
-                         * 4k) is split along its keys instead -- every consumer runs the same
-                         * 64 rows over a third of the key tiles (the others skipped, as
-                         * kFlSkip skips), and consumer 0 merges the three (O, m, l) through
-                         * shared memory before the epilogue. Experiment builds only
-                         * (prepared 2026-12-02, not measured) */
+  /* 0x20000: kFlWgSplit until 2026-12-02 (measured 0.982x at D64 full S1k, removed; git cd26b0a) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -200,20 +194,14 @@ template <int NC> struct fwd_cfg {
                 "setmaxnreg: the consumer takes exactly what the producer gives back");
 };
 
-/* kFlWgSplit's merge area: consumers 1 and 2 each leave their O accumulators, row maxima
- * and row sums (D / 2 + 4 floats a thread), element-major (conflict-free) */
-constexpr int wsplit_bytes(int fl, int d) {
-  return (fl & kFlWgSplit) ? 2 * 128 * (d / 2 + 4) * 4 : 0;
-}
-template <int D, int BC, int NC, int QS = 1, int XS = 0> struct fwd_smem {
+template <int D, int BC, int NC, int QS = 1> struct fwd_smem {
   static constexpr int q_bytes = fwd_cfg<NC>::br * D * 2;  /* one Q stage (QS of them) */
   static constexpr int kv_bytes = BC * D * 2;              /* one K or V stage */
   static constexpr int q_off = 0;
   static constexpr int k_off = QS * q_bytes;
   static constexpr int v_off = k_off + kStages * kv_bytes;
   static constexpr int bar_off = v_off + kStages * kv_bytes;
-  static constexpr int x_off = bar_off + 128;              /* XS bytes (kFlWgSplit's merge) */
-  static constexpr int bytes = x_off + XS + 1024;          /* barriers + alignment slack */
+  static constexpr int bytes = bar_off + 128 + 1024;       /* barriers + alignment slack */
   static_assert(BC % 16 == 0 && BC <= 256, "key tile");
   static_assert(q_bytes % 1024 == 0 && kv_bytes % 1024 == 0, "swizzle atoms are 1024 B");
   static_assert(bytes <= kSmemOptin, "shared memory opt-in limit");
@@ -291,7 +279,6 @@ static_assert(BAR_FULL_K + kStages <= BAR_EMPTY_K && BAR_EMPTY_K + kStages <= BA
                   8 * (BAR_EMPTY_Q1 + 1) <= 128,
               "barrier slots: kStages of each ring, all in fwd_smem's 128 bytes");
 constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of consumer c */
-constexpr int kMergeBar = 12;         /* named barrier of kFlWgSplit's merge (all consumers) */
 /* The dynamic schedule's tile slot: an int in the barrier area's 8-byte slot 12 (after
  * every mbarrier), written by the producer before it arrives on FULL_Q of the tile. */
 constexpr int kTileSlot = 12;
@@ -355,7 +342,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
                          const __grid_constant__ CUtensorMap tm_v, const fwd_params p,
                          const split_params sp) {
   constexpr bool Q2 = (FL & kFlQ2) != 0;
-  using L = fwd_smem<D, BC, NC, Q2 ? 2 : 1, wsplit_bytes(FL, D)>;
+  using L = fwd_smem<D, BC, NC, Q2 ? 2 : 1>;
   constexpr int BR = fwd_cfg<NC>::br;
   constexpr int kEmptyCount = 4 * NC;   /* lane 0 of each consumer warp releases a stage */
   constexpr bool F16 = is_half<T>::value;
@@ -378,9 +365,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
   static_assert(!XT || (Q2 && !NARROW), "kFlXT needs kFlQ2 and no narrow step");
   constexpr bool PIN = (FL & kFlPin) != 0;
   constexpr bool SHIFT = (FL & kFlShift) != 0;
-  constexpr bool WSPLIT = (FL & kFlWgSplit) != 0;
-  static_assert(!WSPLIT || (SKIP && NC == 3 && !SHIFT && !SPLIT && !XT),
-                "kFlWgSplit needs kFlSkip and 3 consumers");
   static_assert(!SHIFT || (!Q2 && !SPLIT && !NARROW),
                 "kFlShift is not compiled with kFlQ2 / kFlXT, kFlSplit or the narrow steps");
   /* the first row of query tile m: m BR - rpad (kFlShift; 0 elsewhere) */
@@ -584,11 +568,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
     }
     const int tile_first = ti.m_block * BR - rpad;   /* the tile's first row (kFlShift: < 0) */
     const int row0 = tile_first + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
-    /* kFlWgSplit: an unmasked tile of at most 64 rows (consumer 0's) split along its keys:
-     * every consumer runs Q rows 0..63 of the stage over its third of the key tiles (row0
-     * stays: consumers 1 and 2 store nothing, their rows being past Sq) */
-    const bool wsplit = WSPLIT && p.wl < 0 && p.wr < 0 && n_iters > 0 &&
-                        ti.row_last - tile_first < 64;
     float o[NO];
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
@@ -648,7 +627,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
       auto needs_mask = [&](int n) { return needs_mask_at(n, tile_first, row_last); };
       uint64_t q_desc =
           make_desc(s_base + L::q_off + (Q2 ? (uint32_t)(qn & 1) * L::q_bytes : 0u) +
-                        (wsplit ? 0 : c) * 64 * 128, 16, 1024);
+                        c * 64 * 128, 16, 1024);
       /* S = Q K^T over the tile's first N keys (N < BC: NARROW's step). */
       auto issue_qk_n = [&](auto ncol, int stage) {
         constexpr int N = decltype(ncol)::value;
@@ -827,8 +806,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
        * The skip loop holds no wgmma, so no wgmma is in flight across its branches (ptxas
        * would serialize them: C7511 / C7518); the prologue and the last P V are
        * conditional as in NARROW's kernels. */
-      /* kFlSkip / kFlWgSplit: the key tiles at ring positions g0 .. g0 + count - 1 taken
-       * without work (the argument above) */
+      /* kFlSkip: the key tiles at ring positions g0 .. g0 + count - 1 taken without work
+       * (the argument above) */
       auto skip_tiles = [&](int g0, int count) {
 #pragma unroll 1
         for (int i = 0; i < count; i++) {
@@ -849,23 +828,12 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
         const int wg_last = min(wg_first + 63, p.sq - 1);
         const int vis = p.wr >= 0 ? min(p.sk - 1, wg_last + off + p.wr) : p.sk - 1;
         /* (kFlShift: a warpgroup of rows before 0 skips all, as one past Sq) */
-        int n_skip = wg_first >= p.sq || (SHIFT && wg_last < 0)
-                         ? n_it_s
-                         : min(n_it_s, max(0, n_max_s - (floor_div(vis, BC) + 1)));
-        /* kFlWgSplit: consumer c runs key tiles [c n / 3, (c + 1) n / 3) of the loop order,
-         * skipping those before it here and those after it past its last P V (below): the
-         * same n + 1 turns and one arrival per ring position as any consumer of the tile */
-        int n_tail = 0;   /* (recomputed past the last P V: not held through the loop) */
-        if constexpr (WSPLIT) {
-          if (wsplit) {
-            const int cu = __shfl_sync(0xffffffffu, c, 0);
-            n_skip = cu * n_it_s / 3;
-            n_tail = n_it_s - (cu + 1) * n_it_s / 3;
-          }
-        }
+        const int n_skip = wg_first >= p.sq || (SHIFT && wg_last < 0)
+                               ? n_it_s
+                               : min(n_it_s, max(0, n_max_s - (floor_div(vis, BC) + 1)));
         skip_tiles(kv_s, n_skip);
         n_max_s -= n_skip;
-        n_it_s -= n_skip + n_tail;
+        n_it_s -= n_skip;
         kv_s += n_skip;
         if (n_it_s == 0) {   /* every tile skipped: the last P V's turn; Q as said above */
           mbar_wait(full_q(qn), q_par(qn));
@@ -1001,59 +969,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
         reg_fence<NO>(o);
         reg_fence<NP>(pr);
         release(bar(BAR_EMPTY_V + sv));
-      }
-      if constexpr (WSPLIT) {
-        /* the key tiles after this consumer's third, skipped as the prefix was (the same
-         * waits, turns and arrivals; the argument at SKIP) */
-        const int cu_t = __shfl_sync(0xffffffffu, c, 0);
-        const int n_tail = wsplit ? n_iters - (cu_t + 1) * n_iters / 3 : 0;
-        skip_tiles(kv + (cu_t + 1) * n_iters / 3, n_tail);   /* from its first position */
-        /* the merge: consumers 1 and 2 leave (O, m, l) per thread -- every consumer's
-         * thread t holds the same rows and columns of the same 64 rows -- and consumer 0
-         * combines: M = max m_c, O = sum 2^((m_c - M) c) O_c, l likewise (a consumer
-         * without key tiles: m = -inf, factor 0). Named barrier kMergeBar over the 384
-         * consumer threads, twice: the slots written before they are read, and read
-         * before the next split tile writes them again. */
-        if (wsplit) {
-          float *xs = (float *)(smem + L::x_off);
-          const int cu = __shfl_sync(0xffffffffu, c, 0);
-          if (cu > 0) {
-            float *dst = xs + (cu - 1) * (NO + 4) * 128 + t128;
-#pragma unroll
-            for (int i = 0; i < NO; i++) dst[i * 128] = o[i];
-            dst[(NO + 0) * 128] = m_r[0];
-            dst[(NO + 1) * 128] = m_r[1];
-            dst[(NO + 2) * 128] = l_r[0];
-            dst[(NO + 3) * 128] = l_r[1];
-          }
-          named_sync(kMergeBar, 128 * NC);
-          if (cu == 0) {
-            float f[3][2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-              const float m1 = xs[(NO + h) * 128 + t128];
-              const float m2 = xs[(NO + 4 + NO + h) * 128 + t128];
-              const float mx = fmaxf(m_r[h], fmaxf(m1, m2));
-              const float ms[3] = {m_r[h], m1, m2};
-#pragma unroll
-              for (int k = 0; k < 3; k++)
-                f[k][h] = ms[k] == -INFINITY ? 0.f : exp2f((ms[k] - mx) * cl2);
-              l_r[h] = l_r[h] * f[0][h] + xs[(NO + 2 + h) * 128 + t128] * f[1][h] +
-                       xs[(NO + 4 + NO + 2 + h) * 128 + t128] * f[2][h];
-              m_r[h] = mx;
-            }
-#pragma unroll
-            for (int i = 0; i < NO; i++) o[i] *= f[0][(i >> 1) & 1];   /* o[4 j + 2 h + e]: row h */
-#pragma unroll 1
-            for (int k = 1; k < 3; k++) {   /* one partial at a time (registers) */
-              const float *src = xs + (k - 1) * (NO + 4) * 128 + t128;
-              const float fk[2] = {k == 1 ? f[1][0] : f[2][0], k == 1 ? f[1][1] : f[2][1]};
-#pragma unroll
-              for (int i = 0; i < NO; i++) o[i] += src[i * 128] * fk[(i >> 1) & 1];
-            }
-          }
-          named_sync(kMergeBar, 128 * NC);
-        }
       }
       kv += n_iters;
       qn++;
@@ -1288,7 +1203,7 @@ template <typename T, int D, int BC, int NC, int FL>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                         const fwd_call *fc) {
   static const char *op = "attention_forward";
-  using L = fwd_smem<D, BC, NC, (FL & kFlQ2) ? 2 : 1, wsplit_bytes(FL, D)>;
+  using L = fwd_smem<D, BC, NC, (FL & kFlQ2) ? 2 : 1>;
   auto kern = attn_fwd_sm90_kernel<T, D, BC, NC, FL>;
   static std::atomic<uint64_t> attr_done{0};   /* sm90_common.cuh's smem_attr_once */
   OT_TRY(smem_attr_once(kern, L::bytes, ctx, attr_done, op));
@@ -1424,14 +1339,13 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
   }
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
- * dropped one by one (kFlShift first, kFlWgSplit, the 16-byte stores, the pin, the look-ahead, the snake
+ * dropped one by one (kFlShift first, the 16-byte stores, the pin, the look-ahead, the snake
  * order, the skip, then the narrow step, the tail split, the
  * polynomial exponentials, the rescale threshold: drop[]'s order) until it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlShift, kFlWgSplit, kFlSt16, kFlPin, kFlQ2 | kFlXT, kFlSnake,
-                             kFlSkip,
+  static const int drop[] = {kFlShift, kFlSt16, kFlPin, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlPoly4, kFlPoly8,
                              kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
@@ -1466,7 +1380,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int XT = kFlQ2 | kFlXT, PN = kFlPin, ST = kFlSt16, SH = kFlShift, WS = kFlWgSplit;
+  constexpr int XT = kFlQ2 | kFlXT, PN = kFlPin, ST = kFlSt16, SH = kFlShift;
   if constexpr (X && D == 64 && BC == 128 && NC == 1) {
     /* 64-row CTAs, two per SM (OT_ATTN_SM90_WG=1): the plain kernel and kFlDiag (the
      * narrow step of a 64-row tile that sees at most 64 keys of its first-visited tile),
@@ -1490,11 +1404,9 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                     fl_list<0, SN, SK, DG, XT, PN, DG | PN, DG | PN | ST, DG | ST,
                                             ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
-    /* kFlShift (prepared 2026-12-02, not measured): with and without the skip; kFlWgSplit
-     * (likewise) on the unmasked calls' kFlPin and without it */
+    /* kFlShift (prepared 2026-12-02, not measured): with and without the skip */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SK, XT, PN, PN | ST, SK | SH, SH, PN | SK | WS,
-                                            SK | WS>());
+                                    fl_list<0, SK, XT, PN, PN | ST, SK | SH, SH>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
@@ -1752,20 +1664,6 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
 #else
   const int snake = 0;
 #endif
-  /* OT_ATTN_SM90_WSPLIT=1: kFlWgSplit (with kFlSkip), the partial last query tile of an
-   * unmasked D64 call on 3 consumers split along its keys over the three (192 rows: S 1k's
-   * last tile holds 64 rows and took as long as a full one). Experiment builds only (bf16;
-   * where Sq mod 192 is 1..64): prepared 2026-12-02, not measured. Expected at D64 full S 1k
-   * ~1.1x (the partial tile is 1 of 6 a head, its time cut to ~a third), S 4k ~1.02x. */
-#ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *wsv = sm90_knob(knobs, "OT_ATTN_SM90_WSPLIT");
-  const int wsplit = wsv && wsv[0] == '1' && a->d == 64 && nc == 3 && !masked_call &&
-                             a->sq % 192 >= 1 && a->sq % 192 <= 64
-                         ? kFlWgSplit | kFlSkip
-                         : 0;
-#else
-  const int wsplit = 0;
-#endif
   /* OT_ATTN_SM90_SKIP=1: kFlSkip, a consumer warpgroup skips the first-visited key tiles in
    * which all of its rows are masked or past Sq (bf16 D64 on 3 consumers; experiment builds
    * also D64 on 2, the D128 128-key tile and D256 with the rescale threshold). Measured slower (H200, 2026-11-30 evening, attention_fwd_diag.json run 1): 0.954-0.984x
@@ -1920,8 +1818,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     if (on && aligned) st16 = kFlSt16;
   }
   const int fl =
-      (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | pin | st16 | shift |
-      wsplit;
+      (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | pin | st16 | shift;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
