@@ -108,21 +108,24 @@ if [ "${AB:-}" = skip ]; then
   : "${SAN_ENV:=OT_ATTN_SM90_SKIP=1 OT_ATTN_SM90_WG=3}"
   : "${SAN_FILTERS:=skip causal Sq>Sk 1300x1100 D64;skip S1000 D64 GQA2 B2}"
 fi
-# AB=shift (prepared 2026-12-02, eighteenth session, not measured): kFlShift
+# AB=shift (prepared 2026-12-02, eighteenth session; run twice on 2026-12-02, nineteenth, and
+# made the default: attention_fwd_shift.json, attention_fwd_shift2.json): kFlShift
 # (OT_ATTN_SM90_ALIGN=end: D64 causal 192-row tiles aligned to the rows' end, the partial tile
-# first) -- unless set otherwise: D64 S 1k / 1280 / 2k / 4k, causal (S 1k, 1280: wg3shift
-# against wg3skip, 3 consumers where 2 are the default; 2k, 4k: shift, and shiftnoskip against
-# noskip) and full (the default and cuDNN only), 8 balanced rounds (no flash), shift's checks
-# first; the "hopper" C cases under the switch (and with WG 3); memcheck / racecheck /
-# synccheck on the shift cases.
+# first) -- unless set otherwise (as since the default changed): D64 S 1k / 1280 / 2k / 4k,
+# causal (S 1k: wg3shift, 3 consumers where 2 are the default; from 1280: noshift, the
+# start-aligned tiles, and shiftnoskip against noskip), 8 balanced rounds (no flash), the
+# shift's checks first; the "hopper" C cases with the shift off (ALIGN=start) and forced on 3
+# consumers (150 s each: 143 cases took over 40 s); memcheck / racecheck / synccheck on the
+# shift cases. (The runs of 2026-12-02 had shift / wg3shift before the default changed, and
+# the full direction.)
 # kFlWgSplit (OT_ATTN_SM90_WSPLIT=1, an unmasked D64 call's partial last tile split along its
 # keys over the 3 consumers) ran in this A/B on 2026-12-02 and lost (D64 full S 1k 0.982x, 4k
 # 0.991x: bench/results/attention_fwd_shift.json): variant, switch, checks and cases removed.
 if [ "${AB:-}" = shift ]; then
-  : "${VSEQS:=1024,1280,2048,4096}" "${VDIMS:=64}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=260}"
-  : "${DEADLINE:=440}" "${SAN_TOOLS=memcheck racecheck synccheck}" "${HLIM:=40}"
-  : "${VARGS:=--only wg3shift,wg3skip,shift,shiftnoskip,noskip --checks shift --causal both --no-host --no-flash}"
-  : "${VENVS:=OT_ATTN_SM90_ALIGN=end;OT_ATTN_SM90_ALIGN=end OT_ATTN_SM90_WG=3}"
+  : "${VSEQS:=1024,1280,2048,4096}" "${VDIMS:=64}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=200}"
+  : "${DEADLINE:=400}" "${SAN_TOOLS=memcheck racecheck synccheck}" "${HLIM:=150}"
+  : "${VARGS:=--only wg3shift,wg3skip,noshift,shiftnoskip,noskip --checks shift --causal causal --no-host --no-flash}"
+  : "${VENVS:=OT_ATTN_SM90_ALIGN=start;OT_ATTN_SM90_ALIGN=end OT_ATTN_SM90_WG=3}"
   : "${SAN_ENV:=OT_ATTN_SM90_ALIGN=end}"
   : "${SAN_FILTERS:=shift WG 3 GRID 3 causal Sq1300;shift WG 3 causal S1000 D64 GQA2 B2}"
 fi

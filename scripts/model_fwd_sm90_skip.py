@@ -13,12 +13,14 @@ barrier, or a ring stage (K, V, Q) read or released while it holds another posit
 one the consumer waited for. A model, not the kernel: it does not replace the device's
 racecheck / synccheck. BUG=noturn | nolast | earlyrel (mutations: the skip loop without its
 turns, an all-skipping warpgroup without the last P V's turn, a V stage released before its
-use) must fail -- they do (deadlock, deadlock, stage hazard); BUG=nowait | noqwait (the skip
-loop without its FULL waits) pass: the pingpong order alone already keeps those arrivals in
-their phases for every shape the kernel can meet (the waits make it independent of that).
+use) must fail -- they do (deadlock, deadlock, stage hazard); BUG=noqwait (the skip loop
+without its Q wait) passes, and BUG=nowait (without its FULL waits) passes without the shift:
+the pingpong order alone keeps those arrivals in their phases there.
 Since 2026-12-02 (eighteenth session) also kFlShift (the query tiles aligned to the rows' end:
 tile m's first row m BR - pad, rows before 0 skipped whole): each random CTA also runs with
-the shift. (kFlWgSplit -- a partial tile's keys split over the consumers, its tail skips and
+the shift -- and under it BUG=nowait fails (a stage hazard: a warpgroup that skips a whole
+tile would release a V stage before the producer filled it), so the kernel's FULL waits in
+the skip loop are needed since the shift. (kFlWgSplit -- a partial tile's keys split over the consumers, its tail skips and
 merge barrier, BUG=notail -- was modelled here too until it was removed from the kernel on
 2026-12-02 after its A/B lost; git history.)"""
 import os

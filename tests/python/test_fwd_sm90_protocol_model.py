@@ -58,6 +58,10 @@ def _some_run_fails(kw, causal):
     ("noturn", {}, True),              # the skip loop without its turns
     ("nolast", {}, True),              # an all-skipping warpgroup without the last P V's turn
     ("earlyrel", {}, False),           # a V stage released before its use
+    # the skip loop without its FULL waits: under kFlShift a warpgroup of rows before 0 skips
+    # a whole tile and would release a stage the producer has not filled (without the shift
+    # the pingpong order alone keeps it safe: BUG=nowait passes there)
+    ("nowait", {"shift": True}, True),
 ])
 def test_each_mutation_is_caught(bug, name, kw, causal):
     bug(name)

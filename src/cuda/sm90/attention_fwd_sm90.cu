@@ -144,7 +144,8 @@ enum {
                       * the partial tile is the first (its rows before 0: Q zero-filled by
                       * the TMA, never stored), the one with the fewest keys, not the last,
                       * the one with the most. With kFlSkip the padding warpgroups drop
-                      * out. Experiment builds only (prepared, not measured) */
+                      * out. Default of bf16 D64 causal calls on 3 consumers with kFlSkip
+                      * since 2026-12-02 (nineteenth session; see the dispatch) */
   kFlPin = 0x8000, /* the pipelined step's softmax pinned before its P V's wait (a never-taken
                    * branch on l between them, holding a nanosleep; default for bf16 unmasked
                    * D128 176-key and D64 3-consumer tiles, see the dispatch): ptxas
@@ -1404,7 +1405,8 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                     fl_list<0, SN, SK, DG, XT, PN, DG | PN, DG | PN | ST, DG | ST,
                                             ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
-    /* kFlShift (prepared 2026-12-02, not measured): with and without the skip */
+    /* kFlShift (with the skip the default, below; measured 2026-12-02): with and without
+     * the skip */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, SK, XT, PN, PN | ST, SK | SH, SH>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
