@@ -15,6 +15,14 @@
 # "tool|filter;tool|filter" (40 s each; default: none; with OT_VERIFY_PARALLEL=1 they run
 # after the C suites, beside the Python tests; test_memory_workload.py then runs alone after
 # them, unless OT_VERIFY_PYTESTS is set: its arguments all run beside the C job).
+# OT_VERIFY_SHARDS=N (N > 1; implies OT_VERIFY_PARALLEL): every test_ops suite in a process of
+# its own, all at once, and tests/python split by file into N pytest processes (greedy by
+# the files' last durations in OT_VERIFY_DURATIONS -- a pytest.log of an earlier run, its
+# "slowest durations" section summed per file -- else by size), each process with 2 OpenMP /
+# OpenBLAS threads; logs per process (test_ops_cuda.SUITE.log, pytest.K.log), concatenated into
+# test_ops_cuda.log / pytest.log. Why: on 2026-12-02 (7def3aa) the two halves side by side hit
+# 290 s / 430 s at ~92% / ~75% of their tests: the regression no longer fit one 600 s call.
+# For a regression only, never for timings (the processes share the GPU).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -77,6 +85,22 @@ else
   done
 fi
 }
+# OT_VERIFY_SHARDS: each suite in a process of its own, all at once (see the header)
+c_suites_sharded() {
+  stamp "test_ops --backend cuda: every suite in a process of its own"
+  local suites
+  suites=$("$M/test_ops" --list 2>/dev/null) || suites=""
+  if [ -z "$suites" ]; then stamp "test_ops --list failed: one process"; c_suites; return; fi
+  rm -f "$OUT"/test_ops_cuda.*.log
+  for s in $suites; do
+    ( OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 timeout "${OT_VERIFY_C_TIMEOUT:-320}" \
+        "$M/test_ops" --backend cuda --suite "$s" >"$OUT/test_ops_cuda.$s.log" 2>&1
+      echo "rc $? (suite $s)" >>"$OUT/test_ops_cuda.$s.log"
+      stamp "suite $s done" ) &
+  done
+  wait
+  for s in $suites; do cat "$OUT/test_ops_cuda.$s.log"; done >"$OUT/test_ops_cuda.log"
+}
 c_summary() {
 grep -E "^FAIL" "$OUT/test_ops_cuda.log" | head -20
 grep -E "passed,|^rc " "$OUT/test_ops_cuda.log" | tail -12
@@ -92,7 +116,12 @@ for item in "${SANS[@]}"; do
 done
 }
 CPID=""
-if [ -n "${OT_VERIFY_PARALLEL:-}" ]; then
+SHARDS=${OT_VERIFY_SHARDS:-1}
+[ "$SHARDS" -gt 1 ] 2>/dev/null && OT_VERIFY_PARALLEL=1 || SHARDS=1
+if [ "$SHARDS" -gt 1 ]; then
+  { c_suites_sharded; san_runs; } >"$OUT/c_suites.stamps" 2>&1 &
+  CPID=$!
+elif [ -n "${OT_VERIFY_PARALLEL:-}" ]; then
   { c_suites; san_runs; } >"$OUT/c_suites.stamps" 2>&1 &
   CPID=$!
 else
@@ -124,11 +153,30 @@ fi
 SERIAL_PY=tests/python/test_memory_workload.py
 DESELECT=""
 if [ -n "$CPID" ] && [ -z "${OT_VERIFY_PYTESTS:-}" ]; then DESELECT="--ignore=$SERIAL_PY"; fi
+if [ "$SHARDS" -gt 1 ] && [ -z "${OT_VERIFY_PYTESTS:-}" ]; then
+  # the files (the serial one aside) in SHARDS bins, greedy, longest first
+  mapfile -t BINS < <("$PY" scripts/pytest_shards.py "$SHARDS" tests/python "$SERIAL_PY" \
+                        "${OT_VERIFY_DURATIONS:-}")
+  stamp "pytest in ${#BINS[@]} processes"
+  PPIDS=()
+  for k in "${!BINS[@]}"; do
+    # shellcheck disable=SC2086
+    ( PYTHONPATH="$M/pkg" OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 \
+        timeout "${OT_VERIFY_PY_TIMEOUT:-540}" "$PY" -m pytest -q -p no:cacheprovider -rs \
+        --durations=0 --durations-min=1.0 ${BINS[$k]} >"$OUT/pytest.$k.log" 2>&1
+      echo "rc $? (shard $k: ${BINS[$k]})" >>"$OUT/pytest.$k.log" ) &
+    PPIDS+=($!)
+  done
+  wait "${PPIDS[@]}"
+  for k in "${!BINS[@]}"; do cat "$OUT/pytest.$k.log"; done >"$OUT/pytest.log"
+  for k in "${!BINS[@]}"; do tail -2 "$OUT/pytest.$k.log"; done
+else
 stamp "pytest ${OT_VERIFY_PYTESTS:-tests/python} $DESELECT"
 # shellcheck disable=SC2086
 PYTHONPATH="$M/pkg" timeout "${OT_VERIFY_PY_TIMEOUT:-540}" "$PY" -m pytest -q -p no:cacheprovider \
-  -rs ${OT_VERIFY_PYTESTS:-tests/python} $DESELECT >"$OUT/pytest.log" 2>&1
+  -rs --durations=0 --durations-min=1.0 ${OT_VERIFY_PYTESTS:-tests/python} $DESELECT >"$OUT/pytest.log" 2>&1
 echo "rc $?" >>"$OUT/pytest.log"
+fi
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 tail -3 "$OUT/pytest.log"
 if [ -n "$CPID" ]; then

@@ -33,10 +33,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--suite") && i + 1 < argc) only_suite = argv[++i];
     else if (!strcmp(argv[i], "--backend") && i + 1 < argc) only_backend = argv[++i];
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc) base.seed = strtoull(argv[++i], NULL, 0);
-    else {
+    else if (!strcmp(argv[i], "--list")) {   /* the suites' names, one a line (for scripts) */
+      for (size_t s = 0; s < sizeof suites / sizeof suites[0]; s++) printf("%s\n", suites[s]->name);
+      return 0;
+    } else {
       fprintf(stderr,
               "usage: %s [--grad] [--filter TEXT] [--suite NAME] [--backend cpu|cuda] "
-              "[--seed N] [-v]\n",
+              "[--seed N] [-v] | --list\n",
               argv[0]);
       return 2;
     }
