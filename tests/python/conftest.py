@@ -7,6 +7,9 @@ with torch autograd of a float32 reference instead of torch.autograd.gradcheck
 (which needs float64 to be meaningful).
 """
 
+import importlib.util
+import os
+
 import pytest
 import torch
 
@@ -37,3 +40,12 @@ def _seed():
 
 def leaf(t, requires_grad=True):
     return t.detach().clone().requires_grad_(requires_grad)
+
+
+def load_script(name):
+    """scripts/NAME.py of the repository as a module (the scripts are not a package)"""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "scripts", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -1,17 +1,13 @@
 """scripts/model_fwd_sm90_skip.py: the hand model of the Hopper forward's barrier protocol
 (producer rings, Q stage, pingpong turns; kFlSkip, kFlShift) holds on random CTAs,
 and each of its mutations -- a protocol bug the kernel must not have -- is caught (no GPU)."""
-import importlib.util
-import os
 import random
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_SPEC = importlib.util.spec_from_file_location(
-    "model_fwd_sm90_skip", os.path.join(ROOT, "scripts", "model_fwd_sm90_skip.py"))
-model = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(model)
+from conftest import load_script
+
+model = load_script("model_fwd_sm90_skip")
 
 
 def _cases(n, seed):

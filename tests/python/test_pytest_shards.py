@@ -1,14 +1,11 @@
 """scripts/pytest_shards.py: the regression's pytest bins (device_verify.sh OT_VERIFY_SHARDS):
 every file in exactly one bin, the excluded one in none, bins balanced by the durations of a
 pytest log when there is one (no GPU)."""
-import importlib.util
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_SPEC = importlib.util.spec_from_file_location(
-    "pytest_shards", os.path.join(ROOT, "scripts", "pytest_shards.py"))
-ps = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(ps)
+from conftest import load_script
+
+ps = load_script("pytest_shards")
 
 
 def _tree(tmp_path, sizes):
