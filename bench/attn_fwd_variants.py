@@ -75,8 +75,9 @@ def _variant_list(d, s, causal):
     # since the narrow step (c463491) the experiment build carries kFlNarrow (D128 176-key
     # tile at 48 keys, S 4k's last tile; D256 at 16 / 64), the split (D128 176) and the
     # rescale threshold; the polynomial exponentials (measured slower, docs/ATTENTION.md) are
-    # no longer compiled there. (The build measured on 2026-11-30 ~13:27 / ~13:29 UTC also
-    # had a D128 16-key instance, which ran S 16k's narrow column.)
+    # gone (no instances since c463491, the switch and code since 2026-12-02). (The build
+    # measured on 2026-11-30 ~13:27 / ~13:29 UTC also had a D128 16-key instance, which ran
+    # S 16k's narrow column.)
     v = []
     if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
         v += [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),

@@ -274,8 +274,6 @@ def run_checks(S, small=False):
     for d in (64, 128, 256):
         check_case(S, ck, 2, 333, 517, 4, 2, d, wr=0, env={"OT_ATTN_SM90_GRID": "3"})
         check_case(S, ck, 2, 517, 333, 4, 2, d, env={"OT_ATTN_SM90_GRID": "5"})
-    # (OT_ATTN_SM90_EXP's polynomial exponentials exist only in a build with
-    # -DOT_ATTN_SM90_EXPERIMENTS since b3ee4d5: bench/attn_fwd_variants.py checks them there)
     for d in (64, 128):
         check_case(S, ck, 4, 1000, 900, 8, 2, d, wr=0, env={"OT_ATTN_SM90_NONPERSISTENT": "1"})
         check_case(S, ck, 4, 1000, 900, 8, 2, d, env={"OT_ATTN_SM90_TILE": "small"})

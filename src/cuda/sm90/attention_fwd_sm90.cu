@@ -73,9 +73,7 @@
  * measured slower, docs/ATTENTION.md); kFlDiag at D128; OT_ATTN_SM90_XT=1 (kFlXT on
  * kFlQ2's 2-stage Q ring; D64 causal 0.90-0.95x, unmasked D64 1.01x, docs/ATTENTION.md);
  * kFlPin on the other tiles (D64 2 consumers, D128 128-key, D256:
- * measured, not used); OT_ATTN_SM90_EXP=poly8|poly (kFlPoly8 / kFlPoly4) is
- * parsed there, but its instances are
- * no longer compiled (add the bits to launch_fl's lists to measure them again).
+ * measured, not used).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -110,8 +108,7 @@ constexpr int kStages = 2;
 enum {
   kFlResc = 1,    /* the row max moves only when it grows by more than 2^kRescThr (log2 units):
                    * O is rescaled only in the steps where some row of the warp moved */
-  kFlPoly8 = 2,   /* in unmasked tiles 1 of every 8 exponentials by ex2_poly (FMA pipe) */
-  kFlPoly4 = 4,   /* in unmasked tiles 2 of every 8 exponentials by ex2_poly */
+  /* 2, 4: kFlPoly8 / kFlPoly4 until 2026-12-02 (poly8 0.87x at D128 S4k, removed; git 8f769c9) */
   kFlSplit = 8,   /* the tiles of the last, partial round of the persistent CTAs split along
                    * the keys (p.splits pieces each, fp32 partials merged by attn_fwd_sm90_merge) */
   kFlNarrow = 16, /* with the width w in bits 8..11 (kFlNarrowW): a first-visited key tile
@@ -257,21 +254,6 @@ __host__ __device__ __forceinline__ void tile_keys(int row_first, int row_last, 
 /* kFlResc: the threshold (log2 units): P and l stay below 2^8 times their exact-max values. */
 constexpr float kRescThr = 8.f;
 
-/* 2^x on the FMA pipe, for a share of the softmax's exponentials (the MUFU unit does 16
- * per SM and clock, and at head dim 64 it is as busy as the tensor cores): x = j + f with
- * j = round(x) (the 1.5 * 2^23 trick), 2^f on [-0.5, 0.5] by a cubic fitted for relative
- * error (1.0e-4, far below the bf16 / fp16 rounding of P), j added to the exponent field.
- * x <= 0 here (<= 8 with kFlResc). x = -inf (a masked score) gives 2^-126 rather than 0:
- * negligible next to the row max's 1, and a row with no visible key is recognised by its
- * max instead. */
-__device__ __forceinline__ float ex2_poly(float x) {
-  x = fmaxf(x, -126.f);
-  const float t = x + 12582912.f;
-  const float f = x - (t - 12582912.f);
-  const float p = fmaf(fmaf(fmaf(0.05500898f, f, 0.24221105f), f, 0.69328292f), f, 1.f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 /* Barrier slots in shared memory (8 bytes each). */
 enum { BAR_FULL_Q = 0, BAR_EMPTY_Q = 1, BAR_FULL_K = 2, BAR_EMPTY_K = 4, BAR_FULL_V = 6,
        BAR_EMPTY_V = 8, BAR_FULL_Q1 = 10, BAR_EMPTY_Q1 = 11 /* kFlQ2's second Q stage */ };
@@ -351,8 +333,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
   constexpr int NP = BC / 4;    /* P registers (2 x 16-bit) */
   constexpr int NO = D / 2;     /* O accumulators */
   constexpr bool RESC = (FL & kFlResc) != 0;
-  /* kFlPoly8 / kFlPoly4: exponentials i with (i & 7) >= 8 - PF go to ex2_poly */
-  constexpr int PF = (FL & kFlPoly4) ? 2 : (FL & kFlPoly8) ? 1 : 0;
   constexpr bool SPLIT = (FL & kFlSplit) != 0;
   constexpr bool NARROW = (FL & kFlNarrow) != 0;
   constexpr int NW = ((FL & kFlNarrowW) >> 8) * 16;   /* NARROW's key width */
@@ -696,21 +676,11 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
           }
         }
         if (RESC) resc = __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);
-        if (PF > 0 && !mask) {   /* PF of every 8 exponentials on the FMA pipe */
 #pragma unroll
-          for (int i = 0; i < NSX; i++) {
-            const int h = (i >> 1) & 1;
-            const float x = fmaf(s[i], cl2, -ms[h]);
-            s[i] = (i & 7) >= 8 - PF ? ex2_poly(x) : ex2(x);
-            sum[h] += s[i];
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < NSX; i++) {
-            const int h = (i >> 1) & 1;
-            s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
-            sum[h] += s[i];
-          }
+        for (int i = 0; i < NSX; i++) {
+          const int h = (i >> 1) & 1;
+          s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
+          sum[h] += s[i];
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) l_r[h] = l_r[h] * alpha[h] + sum[h];
@@ -982,7 +952,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
       float l = l_r[h];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      if (m_r[h] == -INFINITY) l = 0.f;   /* no visible key (ex2_poly(-inf) is not 0) */
+      if (m_r[h] == -INFINITY) l = 0.f;   /* no visible key (kFlPoly's guard, kept) */
       inv[h] = l > 0.f ? 1.f / l : 0.f;
       lse[h] = l > 0.f ? m_r[h] * p.scale + logf(l) : -INFINITY;
       if (SPLIT) l_r[h] = l;
@@ -1341,14 +1311,13 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
  * dropped one by one (kFlShift first, the 16-byte stores, the pin, the look-ahead, the snake
- * order, the skip, then the narrow step, the tail split, the
- * polynomial exponentials, the rescale threshold: drop[]'s order) until it is. */
+ * order, the skip, then the narrow step, the tail split, the rescale threshold: drop[]'s
+ * order) until it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
   static const int drop[] = {kFlShift, kFlSt16, kFlPin, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
-                             kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlPoly4, kFlPoly8,
-                             kFlResc};
+                             kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
 }
@@ -1602,17 +1571,6 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   p.wr = a->window_right > a->sq + a->sk ? -1 : (int)a->window_right;
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
-  /* OT_ATTN_SM90_EXP=poly|poly8: a quarter / an eighth of the exponentials of unmasked tiles
-   * by ex2_poly (experiment builds only). Off: H200, runs of b3ee4d5, poly8 D128 S = 4k 546
-   * vs 628 TFLOP/s (0.87x), 16k 0.91x, D64 0.95-1.01x, D256 0.99-1.01x; poly D128 0.89x
-   * (as in the run of 90616f4 with a runtime branch: 545 vs 651). Other builds have no
-   * polynomial kernel (launch_sel would drop the bits): the switch is not read there. */
-#ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *ex = sm90_knob(knobs, "OT_ATTN_SM90_EXP");
-  const int poly = ex && !strcmp(ex, "poly") ? kFlPoly4 : ex && !strcmp(ex, "poly8") ? kFlPoly8 : 0;
-#else
-  const int poly = 0;
-#endif
   /* The row max moves only when it grows by more than 2^8 (O rescaled only in the steps
    * where a row of the warp moved it; exact): at head dim 256 and wherever head dim 128 runs
    * the 128-key tile (masked calls, Sk <= 2048). H200, run of a41fb34, interleaved A/B
@@ -1819,8 +1777,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                          (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
     if (on && aligned) st16 = kFlSt16;
   }
-  const int fl =
-      (resc ? kFlResc : 0) | poly | split | narrow | snake | skip | xt | pin | st16 | shift;
+  const int fl = (resc ? kFlResc : 0) | split | narrow | snake | skip | xt | pin | st16 | shift;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
