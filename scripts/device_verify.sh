@@ -103,7 +103,9 @@ c_suites_sharded() {
 }
 c_summary() {
 grep -E "^FAIL" "$OUT/test_ops_cuda.log" | head -20
-grep -E "passed,|^rc " "$OUT/test_ops_cuda.log" | tail -12
+grep -E "passed,|^rc " "$OUT/test_ops_cuda.log" | tail -30
+awk '/^test_ops: /{p+=$2; f+=$4; s+=$6} END{if (NR) printf "test_ops total: %d passed, %d failed, %d skipped\n", p, f, s}' \
+  "$OUT/test_ops_cuda.log"
 }
 san_runs() {
 IFS=';' read -ra SANS <<<"${OT_VERIFY_SAN:-}"
