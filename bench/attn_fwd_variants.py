@@ -43,7 +43,6 @@ SPLIT = {"OT_ATTN_SM90_SPLIT": "1"}
 SMALL = {"OT_ATTN_SM90_TILE": "small"}
 NONPERS = {"OT_ATTN_SM90_NONPERSISTENT": "1"}
 NARROW = {"OT_ATTN_SM90_NARROW": "1"}
-SNAKE = {"OT_ATTN_SM90_ORDER": "snake"}
 GRID128 = {"OT_ATTN_SM90_GRID": "128"}
 WG2 = {"OT_ATTN_SM90_WG": "2"}
 WG3 = {"OT_ATTN_SM90_WG": "3"}
@@ -89,7 +88,7 @@ def _variant_list(d, s, causal):
     if d in (128, 256) and not causal:
         v.append(("grid128", GRID128))
     if causal and s <= 8192:                          # persistent, sectioned, falling lengths
-        v += [("snake", SNAKE), ("nonpers", NONPERS)]  # snake: odd rounds in reverse
+        v.append(("nonpers", NONPERS))                # (kFlSnake, "snake": lost, removed)
     if d == 64 and causal and s <= 8192:              # 2 consumers, 128-key tile
         v += [("wide", WIDE), ("wg3", WG3)]           # wide: the 192-key tile
         v.append(("wg3pin", {**WG3, **PIN}))          # 3 consumers with kFlPin (2026-12-02)
@@ -250,21 +249,6 @@ def checks(S):
                           env={**SPLIT, **extra, "OT_ATTN_SM90_GRID": str(grid)})
         ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, dtype=torch.float16,
                       env={**SPLIT, "OT_ATTN_SM90_GRID": "3"})
-    if ONLY is None or "snake" in ONLY:
-        # kFlSnake: odd rounds in reverse CTA order (GRID n: many rounds, a partial last one
-        # odd or even), causal and windowed calls, Sq != Sk both ways, GQA, lse; D64 / D128
-        # (128-key tile) / D256; fp16 and unmasked calls (not compiled / not taken: default)
-        for d, sq, sk, hq, hkv, wl, wr, grid in (
-                (128, 1000, 1000, 4, 2, -1, 0, 3), (128, 700, 1300, 8, 2, -1, 0, 5),
-                (128, 1300, 700, 4, 4, -1, 0, 7), (128, 1000, 1000, 4, 1, 100, 0, 6),
-                (64, 1000, 1000, 8, 2, -1, 0, 5), (64, 900, 1200, 4, 4, -1, 0, 3),
-                (256, 1000, 1000, 4, 2, -1, 0, 3), (256, 600, 900, 4, 1, -1, 0, 7),
-                (128, 1000, 1000, 4, 2, -1, -1, 5)):
-            ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, wl=wl, wr=wr,
-                          env={**SNAKE, "OT_ATTN_SM90_GRID": str(grid)})
-        ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16,
-                      env={**SNAKE, "OT_ATTN_SM90_GRID": "5"})
-        ba.check_case(S, ck, 4, 1000, 1000, 8, 2, 128, wr=0, env=SNAKE)
     for name, checks in (("skip", skip_checks), ("shift", shift_checks),
                          ("diag", diag_checks), ("xt", xt_checks),
                          ("pin", pin_checks), ("st16", st16_checks),

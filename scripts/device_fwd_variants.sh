@@ -217,7 +217,7 @@ for tool in ${SAN_TOOLS-racecheck synccheck}; do
   done
 done
 # NCU_QUICK: '|'-separated argument lists of bench/profile_attention_fwd.py (e.g. "--d 256
-# --s 4096 --causal --env OT_ATTN_SM90_ORDER=snake"): elapsed / SM-active cycles and duration
+# --s 4096 --causal --env OT_ATTN_SM90_RESC=0"): elapsed / SM-active cycles and duration
 # of each launch (ours, cuDNN, ours under each --env set), no sections (a few passes each);
 # since 2026-11-30 night also the tensor pipe's busy share and the warp instructions
 # (NCU_QUICK_METRICS replaces those two).

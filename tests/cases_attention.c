@@ -375,10 +375,9 @@ static const acase cuda_sm90_wide_cases[] = {
 
 /* The Hopper forward's persistent schedule (132 CTAs on an H200) at tile counts just
  * above and below multiples of the grid: 262 tiles (a partial second round of 130), 266
- * (a full second round -- odd, so the one that OT_ATTN_SM90_ORDER=snake hands out in
- * reverse; a partial round always goes in CTA order -- then a third of 2), 134 (a second
- * round of 2, D64's 192-row tiles), 130 (below one round: one CTA per tile); causal
- * (sectioned order, tiles of falling length) and not. bf16 (the snake instances' dtype). */
+ * (a full second round, then a third of 2), 134 (a second round of 2, D64's 192-row
+ * tiles), 130 (below one round: one CTA per tile); causal (sectioned order, tiles of
+ * falling length) and not. bf16. */
 static const acase cuda_sm90_round_cases[] = {
     {"cuda hopper-only rounds causal S256 D128 MQA131 (262 tiles) fwd", 1, 256, 256, 131, 1, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only rounds causal S256 D64 B7 H19 (266 tiles) fwd", 7, 256, 256, 19, 19, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},

@@ -68,8 +68,8 @@
  * dispatch), OT_ATTN_SM90_ST16=0|1 (kFlSt16: O stored 16 bytes a lane; default on for bf16
  * D128 128-key, D256 masked and D64 kFlDiag tiles, see the dispatch). Only in builds with
  * -DOT_ATTN_SM90_EXPERIMENTS (bf16;
- * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256,
- * OT_ATTN_SM90_ORDER=snake (kFlSnake, masked calls); OT_ATTN_SM90_SKIP=1 (kFlSkip;
+ * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256;
+ * OT_ATTN_SM90_SKIP=1 (kFlSkip;
  * measured slower, docs/ATTENTION.md); kFlDiag at D128; OT_ATTN_SM90_XT=1 (kFlXT on
  * kFlQ2's 2-stage Q ring; D64 causal 0.90-0.95x, unmasked D64 1.01x, docs/ATTENTION.md);
  * kFlPin on the other tiles (D64 2 consumers, D128 128-key, D256:
@@ -114,9 +114,7 @@ enum {
   kFlNarrow = 16, /* with the width w in bits 8..11 (kFlNarrowW): a first-visited key tile
                    * of which no row sees more than 16 w keys (the partial one at the key
                    * end) runs as a step of its own, Q K^T with N and P V with K = 16 w */
-  kFlSnake = 32,  /* persistent CTAs take the odd full rounds of the round-robin in
-                   * reverse (round k: CTA i runs tile k G + G - 1 - i), so that with tiles
-                   * in falling length (masked calls) a CTA's long and short tiles pair up */
+  /* 32: kFlSnake until 2026-12-02 (0.91x / 0.92x at D256 causal S1k / 4k, removed; git 81f64b8) */
   kFlSkip = 64,   /* a consumer warpgroup skips the wgmmas and the softmax of the
                    * first-visited key tiles in which all of its 64 rows are masked (or
                    * past Sq), keeping every barrier arrival (see the kernel) */
@@ -163,12 +161,12 @@ constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
 
 /* The instances that carry the dynamic schedule (fwd_params::tile_ctr): 2 or 3 consumers
  * (3: D64 causal calls of 16 query tiles or more, since 2026-12-02, bf16 with kFlSkip),
- * not with the variants that look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit, kFlSnake), nor
+ * not with the variants that look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit), nor
  * kFlPin where it is the unmasked defaults' bit (D 128 / 256, D64 on 3 consumers: those
  * kernels stay as they were); at D64 on 2 consumers kFlPin is the masked calls' default
  * (no kFlDiag) and carries it. */
 constexpr bool dyn_ok(int fl, int nc, int d) {
-  return (nc == 2 || nc == 3) && (fl & (kFlQ2 | kFlXT | kFlSplit | kFlSnake)) == 0 &&
+  return (nc == 2 || nc == 3) && (fl & (kFlQ2 | kFlXT | kFlSplit)) == 0 &&
          ((fl & kFlPin) == 0 || (d == 64 && nc == 2));
 }
 
@@ -372,19 +370,11 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
    * fails per CTA, n_tiles in all) resets the counter for the next launch. */
   const bool dyn = dyn_ok(FL, NC, D) && p.tile_ctr != nullptr;
   volatile int *tile_slot = (volatile int *)(smem + L::bar_off + 8 * kTileSlot);
-  /* SNAKE: the work item of the round-robin's item t (t = k G + i for CTA i in round k):
-   * a whole odd round in reverse CTA order (k G + G - 1 - i); the last, partial round in
-   * CTA order. */
-  constexpr bool SNAKE = (FL & kFlSnake) != 0;
-  auto snake_tile = [&](int t) {
-    const int i = blockIdx.x, g = gridDim.x, r0 = t - i;
-    return ((r0 / g) & 1) && r0 + g <= n_tiles ? r0 + g - 1 - i : t;
-  };
   /* kFlQ2 / kFlXT: the CTA's next tile with keys from round-robin item tn on (false: none) */
   auto next_live = [&](int tn, tile_info &ni) {
     for (; tn < n_tiles; tn += gridDim.x) {
       int pn;
-      ni = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, SNAKE ? snake_tile(tn) : tn, pn);
+      ni = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, tn, pn);
       if (ni.n_max - ni.n_min > 0) return true;
     }
     return false;
@@ -427,9 +417,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
       return claimed < n_tiles - gs ? gs + claimed : n_tiles;
     };
     for (int t0 = blockIdx.x; t0 < n_tiles; t0 = dyn ? resolve() : t0 + (int)gridDim.x) {
-      const int t = SNAKE ? snake_tile(t0) : t0;
       int piece;
-      const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, t, piece);
+      const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, t0, piece);
       const int n_iters = ti.n_max - ti.n_min;
       if (n_iters <= 0) {
         if (dyn) {   /* no Q load: the id alone */
@@ -539,9 +528,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
       t0 = __shfl_sync(0xffffffffu, releaser ? *tile_slot : 0, 0);
       if (t0 < 0) break;
     }
-    const int t = SNAKE ? snake_tile(t0) : t0;
     int piece;
-    const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, t, piece);
+    const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, t0, piece);
     const int n_iters = ti.n_max - ti.n_min, n_max = ti.n_max;
     if (dyn && n_iters <= 0) {   /* its id came with FULL_Q (no Q): the slot is read */
       release(empty_q(qn));
@@ -1310,13 +1298,12 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
   }
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
- * dropped one by one (kFlShift first, the 16-byte stores, the pin, the look-ahead, the snake
- * order, the skip, then the narrow step, the tail split, the rescale threshold: drop[]'s
- * order) until it is. */
+ * dropped one by one (kFlShift first, the 16-byte stores, the pin, the look-ahead, the skip,
+ * then the narrow step, the tail split, the rescale threshold: drop[]'s order) until it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlShift, kFlSt16, kFlPin, kFlQ2 | kFlXT, kFlSnake, kFlSkip,
+  static const int drop[] = {kFlShift, kFlSt16, kFlPin, kFlQ2 | kFlXT, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
@@ -1330,9 +1317,9 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * (bench/attn_fwd_variants.py): at D128 176 the threshold, the split, and the threshold
  * with the narrow step (OT_ATTN_SM90_RESC=1 where the narrow step is on; H200, run 3 of
  * attention_fwd.json: S 4k 0.971x, 16k 1.022x the default, within noise, not used);
- * the snake order at D64 NC 2 / D128 128 / D256; the narrow step at D256; kFlSkip at D64
- * (2 and 3 consumers), D128 128 and D256; kFlDiag at D128 128; kFlQ2 | kFlXT at D64 128
- * (2 and 3 consumers) and D128 128 (with the threshold): H200, 2026-11-30 night
+ * the narrow step at D256; kFlSkip at D64 (2 and 3 consumers), D128 128 and D256; kFlDiag
+ * at D128 128; kFlQ2 | kFlXT at D64 128 (2 and 3 consumers) and D128 128 (with the
+ * threshold): H200, 2026-11-30 night
  * (attention_fwd_q2xt.json), XT D64 causal 0.90x / 0.95x (S 1k / 4k), D64 full 1.01x, not
  * used (kFlQ2 alone, 0.98-1.01x there, is no longer compiled); kFlPin at D64 128 with 2
  * consumers with kFlDiag (with and without kFlSt16) and 3, D128 128 (with the threshold) and
@@ -1348,7 +1335,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #else
   constexpr bool X = false;
 #endif
-  constexpr int R = kFlResc, SP = kFlSplit, SN = kFlSnake, SK = kFlSkip;
+  constexpr int R = kFlResc, SP = kFlSplit, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
   constexpr int XT = kFlQ2 | kFlXT, PN = kFlPin, ST = kFlSt16, SH = kFlShift;
   if constexpr (X && D == 64 && BC == 128 && NC == 1) {
@@ -1364,14 +1351,14 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4),
-                                            R | SN, R | SK, R | PN, R | ST>());
-  } else if constexpr (X && D == 128 && BC == 128) {   /* snake, skip: the masked calls' tile */
+                                            R | SK, R | PN, R | ST>());
+  } else if constexpr (X && D == 128 && BC == 128) {   /* skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SN, R | SK, R | DG, R | XT, R | PN,
+                                    fl_list<0, R, R | SK, R | DG, R | XT, R | PN,
                                             R | ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SN, SK, DG, XT, PN, DG | PN, DG | PN | ST, DG | ST,
+                                    fl_list<0, SK, DG, XT, PN, DG | PN, DG | PN | ST, DG | ST,
                                             ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
     /* kFlShift (with the skip the default, below; measured 2026-12-02): with and without
@@ -1615,15 +1602,6 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     const bool on = nw ? nw[0] == '1' : a->dtype == OT_BF16 && a->sk <= 6400;
     if (on && !masked_call && w16 > 0) narrow = narrow_bits(w16);
   }
-  /* OT_ATTN_SM90_ORDER=snake: the persistent CTAs take the odd rounds in reverse order
-   * (kFlSnake; masked calls, whose tiles go in falling length inside a section;
-   * experiment builds only for now). */
-#ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *od = sm90_knob(knobs, "OT_ATTN_SM90_ORDER");
-  const int snake = od && !strcmp(od, "snake") && masked_call ? kFlSnake : 0;
-#else
-  const int snake = 0;
-#endif
   /* OT_ATTN_SM90_SKIP=1: kFlSkip, a consumer warpgroup skips the first-visited key tiles in
    * which all of its rows are masked or past Sq (bf16 D64 on 3 consumers; experiment builds
    * also D64 on 2, the D128 128-key tile and D256 with the rescale threshold). Measured slower (H200, 2026-11-30 evening, attention_fwd_diag.json run 1): 0.954-0.984x
@@ -1777,7 +1755,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                          (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
     if (on && aligned) st16 = kFlSt16;
   }
-  const int fl = (resc ? kFlResc : 0) | split | narrow | snake | skip | xt | pin | st16 | shift;
+  const int fl = (resc ? kFlResc : 0) | split | narrow | skip | xt | pin | st16 | shift;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
