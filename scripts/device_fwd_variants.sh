@@ -78,21 +78,8 @@ if [ "${AB:-}" = st16 ]; then
   : "${VENVS:=OT_ATTN_SM90_ST16=1}"
   : "${SAN_FILTERS:=OT_ATTN_SM90_ST16=1@Sq300 Sk2159 D128 B2;OT_ATTN_SM90_ST16=1@hopper-only S129 D64 MQA8 B2}"
 fi
-# AB=wg1 (prepared 2026-12-01, not measured): NC = 1 (OT_ATTN_SM90_WG=1: 64-row CTAs of one
-# consumer warpgroup, two per SM, bf16 D64; experiment builds, CARRY=.devcarry-wg1) -- unless
-# set otherwise: D64, S 1k and 4k, causal and full, 8 balanced rounds of default / wg1 /
-# wg1nonpers (one CTA per tile) / wg1nodiag and nodiag (S 1k causal, where kFlDiag is on for
-# both) / cuDNN / flash, wg1's float64 and bit-equality checks first (--checks wg1); the C
-# suite's "hopper" cases under OT_ATTN_SM90_WG=1 (its own "wg1" cases set it too); memcheck and
-# racecheck under it of "wg1 GRID 3 causal Sq1300 Sk1100 D64" (3 persistent CTAs of many tiles,
-# tiles without keys). Keep rule: docs/ATTENTION.md, "NC = 1".
-if [ "${AB:-}" = wg1 ]; then
-  : "${VSEQS:=1024,4096}" "${VDIMS:=64}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=200}"
-  : "${DEADLINE:=330}" "${SAN_TOOLS=memcheck racecheck}" "${HLIM:=60}" "${CARRY:=.devcarry-wg1}"
-  : "${VARGS:=--only wg1,wg1nonpers,wg1nodiag,nodiag --checks wg1 --causal both --no-host}"
-  : "${VENVS:=OT_ATTN_SM90_WG=1}"
-  : "${SAN_FILTERS:=OT_ATTN_SM90_WG=1@wg1 GRID 3 causal Sq1300 Sk1100 D64;OT_ATTN_SM90_WG=1@hopper-only wg1 S129 D64 MQA8 B2}"
-fi
+# (AB=wg1, the A/B of NC = 1 -- OT_ATTN_SM90_WG=1, 64-row CTAs two per SM -- ran on 2026-12-01:
+# not kept, the variant removed; bench/results/attention_fwd_wg1.json has its command and figures.)
 if [ "${AB:-}" = skipdiag ]; then
   : "${VSEQS:=1024,4096}" "${VDIMS:=64,128,256}" "${VROUNDS:=10}" "${SUITE:=0}" "${VLIM:=95}"
   : "${DEADLINE:=170}" "${SAN_TOOLS=memcheck racecheck synccheck}"

@@ -480,23 +480,6 @@ static const acase cuda_sm90_pin_cases[] = {
     {"cuda hopper-only pin window 256,64 S2000 D64 GQA4 fwd", 1, 2000, 2000, 8, 2, 64, 0, 256, 64, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
-/* Shapes for NC = 1 (OT_ATTN_SM90_WG=1, set by the run: 64-row CTAs of one consumer warpgroup,
- * two per SM; compiled only in experiment builds and only for bf16 D64 -- elsewhere, and for
- * the fp16 runs, the switch runs the default kernel: still right). Causal S 1000 GQA (8 query
- * tiles of 128: kFlDiag, a partial last 64-row tile), non-causal S 129 MQA (3 64-row tiles),
- * causal Sq < Sk and Sq > Sk (rows without keys), B 2; the "GRID 3" ones under
- * OT_ATTN_SM90_GRID=3 (3 persistent CTAs: each runs many tiles, ring phases running on, tiles
- * without keys between live ones) -- at these sizes the default grid of 2 CTAs per SM has
- * more CTAs than tiles (one tile each). bf16 each, then fp16 for the first two. */
-static const acase cuda_sm90_wg1_cases[] = {
-    {"cuda hopper-only wg1 causal S1000 D64 GQA4 fwd", 1, 1000, 1000, 8, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only wg1 S129 D64 MQA8 B2 fwd", 2, 129, 129, 8, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only wg1 causal Sq<Sk 300x1000 D64 GQA2 B2 fwd", 2, 300, 1000, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only wg1 causal Sq>Sk 1000x300 D64 GQA2 B2 fwd", 2, 1000, 300, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only wg1 GRID 3 causal Sq1300 Sk1100 D64 GQA2 B2 fwd", 2, 1300, 1100, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-    {"cuda hopper-only wg1 GRID 3 S1000 D64 GQA2 fwd", 1, 1000, 1000, 4, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
-};
-
 /* Shapes where some consumer warpgroup of the Hopper forward has first-visited key tiles in
  * which all of its rows are masked, or all of its rows past Sq: what kFlSkip
  * (OT_ATTN_SM90_SKIP=1) skips. The skip is compiled only in experiment builds
@@ -1516,16 +1499,6 @@ static void run_sm90_required(test_run *tr) {
       }
       env_restore(&pin);
     }
-  }
-  {
-    env_saved wg = env_set("OT_ATTN_SM90_WG", "1");
-    for (int k = 0; k < 2; k++) {
-      for (size_t i = 0; i < sizeof cuda_sm90_wg1_cases / sizeof cuda_sm90_wg1_cases[0]; i++) {
-        if (k && i >= 2) break;   /* fp16: the first two (the default kernel runs them) */
-        run_case_grid(tr, &cuda_sm90_wg1_cases[i], k ? DT_F16 : DT_BF16);
-      }
-    }
-    env_restore(&wg);
   }
   env_saved tile = env_set("OT_ATTN_SM90_TILE", "wide");
   for (size_t i = 0; i < sizeof cuda_sm90_wide_cases / sizeof cuda_sm90_wide_cases[0]; i++)

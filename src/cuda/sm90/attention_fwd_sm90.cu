@@ -8,8 +8,7 @@
  *    order): WG0 = producer (one thread issues TMA loads; the WG gives registers back with
  *    setmaxnreg.dec 24), WG1..WGNC = consumers, 64 query rows each. NC = 2 (setmaxnreg.inc
  *    240) everywhere but head dim 64, which uses NC = 3 (160 registers, 128-key tiles;
- *    FA3's 192-row shape) except for masked calls of at most 64 query tiles. Experiment
- *    builds add NC = 1 at head dim 64 (OT_ATTN_SM90_WG=1, bf16; see below);
+ *    FA3's 192-row shape) except for masked calls of at most 64 query tiles;
  *  - Q (64 * NC rows) once, then K and V tiles of Bc keys into 2-stage shared-memory rings
  *    (separate K and V rings, V one tile behind K), each stage completed on an mbarrier
  *    by the TMA transaction count and released by the consumers through an "empty" mbarrier;
@@ -35,29 +34,14 @@
  * released once a tile's last Q K^T completes, so the next tile's Q and K load during the
  * last P V and the epilogue.
  *
- * NC = 1 (experiment builds only, OT_ATTN_SM90_WG=1, bf16 D64; prepared 2026-12-01, not
- * measured): a CTA of 256 threads (producer + one consumer warpgroup) on 64-row tiles of
- * 128-key steps, __launch_bounds__(256, 2) so that two CTAs share an SM (128 registers a
- * thread at launch; setmaxnreg 24 / 232 within the CTA's pool; 74880 bytes of shared memory
- * each), and a persistent grid of 2 CTAs per SM (fewer if the occupancy query finds fewer
- * resident). With one consumer there is no pingpong partner: the turns are compiled out
- * (turn_wait / turn_pass), and the other CTA's phases are what the softmax and the per-tile
- * prologue / epilogue hide under -- cuDNN's D64 kernel (`..._64x128x64_4x1x1`) suggests
- * that shape. Why: at D64 causal S 1k the 2-consumer kernel issues cuDNN's instruction
- * count in 1.18x its cycles, the short key walks (~4.5 key tiles a 128-row tile) leaving
- * the per-tile ramp exposed. The same kFl bits as the 2-consumer tile (kFlDiag where its
- * rule puts it, kFlSt16 wherever O is 16-byte aligned: instances 0, kFlSt16, kFlDiag,
- * both); per row the same key tiles (128 keys, every default D64 call's tile but under
- * OT_ATTN_SM90_TILE=wide) in the same order, the same narrow step, so O and the lse equal
- * the default's to the bit (a key tile that the 128-row tile visits but a 64-row half does
- * not is fully masked for that half: it leaves m = -inf, l = 0, O = 0, the initial state).
- * ptxas: 128 registers at launch, the consumer's code within 159, no spills, no C75xx.
+ * (NC = 1, 64-row CTAs two per SM, OT_ATTN_SM90_WG=1 in experiment builds: lost 2026-12-01,
+ * D64 S1k causal 0.986x, full 0.961x, S4k full 0.903x (attention_fwd_wg1.json); removed, code
+ * in 617e339.)
  *
  * Switches (environment, read per call -- one scan for any OT_ATTN_SM90_* -- except
  * OT_ATTN_SM90, read once; for measurements and tests): OT_ATTN_SM90=0 off,
  * OT_ATTN_SM90_TILE=small|wide, OT_ATTN_SM90_NONPERSISTENT=1, OT_ATTN_SM90_GRID=n (cap on
- * persistent CTAs), OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64; 1 in
- * experiment builds for bf16, see above -- elsewhere 1 runs the default),
+ * persistent CTAs), OT_ATTN_SM90_WG=2|3 (consumer warpgroups at head dim 64),
  * OT_ATTN_SM90_RESC=0|1 (the template bit kFlResc: the row max moves only when it grows by
  * more than 2^8, and O is rescaled only in the steps where a row of the warp moved it;
  * default on at head dim 256 and for head dim 128 on the 128-key tile), OT_ATTN_SM90_NARROW=0|1
@@ -100,8 +84,7 @@
 namespace ot {
 namespace sm90 {
 
-constexpr int kBr = 128;          /* the default builds' smallest query tile (bound on the tile
-                                   * count; the experiment NC = 1's 64-row tiles: their own) */
+constexpr int kBr = 128;          /* the smallest query tile (bound on the tile count) */
 constexpr int kStages = 2;
 
 /* Compile-time variants of the kernel (the FL template argument). */
@@ -171,23 +154,14 @@ constexpr bool dyn_ok(int fl, int nc, int d) {
 }
 
 /* NC consumer warpgroups of 64 query rows each (2, or 3 at head dim 64 as FA3 does): a
- * CTA of NC + 1 warpgroups covers 64 * NC query rows. NC = 1 (experiment builds, head dim
- * 64): 64-row CTAs of 256 threads, two resident per SM (min_ctas), each with half of the
- * register file: 128 registers a thread at launch (__launch_bounds__(256, 2)), then the
- * producer gives 104 of them back (setmaxnreg.dec 24) and the consumer takes them
- * (setmaxnreg.inc 232; the pool setmaxnreg draws from is the CTA's own: 24 + 232 = 2 x 128). */
+ * CTA of NC + 1 warpgroups covers 64 * NC query rows. */
 template <int NC> struct fwd_cfg {
   static constexpr int br = 64 * NC;
   static constexpr int threads = 128 * (NC + 1);
-  static constexpr int min_ctas = NC == 1 ? 2 : 1;   /* resident CTAs per SM */
-  /* setmaxnreg: the producer keeps 24, the consumers share the rest of the CTA's share of
-   * the 64K file (a multiple of 8 in [24, 256]). */
-  static constexpr int cons_regs = NC == 1 ? 232 : NC == 2 ? 240 : 160;
-  static_assert(NC >= 1 && NC <= 3, "1, 2 or 3 consumer warpgroups");
-  static_assert((24 * 128 + cons_regs * 128 * NC) * min_ctas <= 65536, "register file");
-  static_assert(cons_regs % 8 == 0 && cons_regs <= 256 &&
-                    (NC != 1 || 24 + cons_regs == 2 * (65536 / (threads * min_ctas))),
-                "setmaxnreg: the consumer takes exactly what the producer gives back");
+  /* setmaxnreg: the producer keeps 24, the consumers share the rest of the 64K file. */
+  static constexpr int cons_regs = NC == 2 ? 240 : 160;
+  static_assert(NC == 2 || NC == 3, "2 or 3 consumer warpgroups");
+  static_assert(24 * 128 + cons_regs * 128 * NC <= 65536, "register file");
 };
 
 template <int D, int BC, int NC, int QS = 1> struct fwd_smem {
@@ -317,7 +291,7 @@ __device__ __forceinline__ tile_info decode_item(const fwd_params &p, const spli
 }
 
 template <typename T, int D, int BC, int NC, int FL>
-__global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
+__global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fwd_params p,
@@ -501,17 +475,12 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
   const int off = p.sk - p.sq;
   /* The pingpong turn passes round the consumers 0 -> 1 (-> 2) -> 0: each waits for its
    * turn (barrier 8 + c: its 128 threads and the 128 of the consumer before it) and hands
-   * it on once its GEMMs are issued. NC = 1 has no partner: no turns (turn_wait and
-   * turn_pass are empty; the other CTA on the SM takes the partner's place). */
+   * it on once its GEMMs are issued. */
   const int my_bar = kSchedBar + c,
             other_bar = NC == 2 ? kSchedBar + 1 - c : kSchedBar + (c + 1) % NC;
-  auto turn_wait = [&]() {
-    if constexpr (NC > 1) named_sync(my_bar, 256);
-  };
-  auto turn_pass = [&]() {
-    if constexpr (NC > 1) named_arrive(other_bar, 256);
-  };
-  if (NC > 1 && c == NC - 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
+  auto turn_wait = [&]() { named_sync(my_bar, 256); };
+  auto turn_pass = [&]() { named_arrive(other_bar, 256); };
+  if (c == NC - 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
   int kv = 0, qn = 0;
   /* XT: the tile's prologue (S_0, its softmax, P_0) was done in the tile before's last step;
    * m_n / l_n: the row max and sum it left for this tile */
@@ -994,7 +963,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, fwd_cfg<NC>::min_ctas)
     }
   }
   /* consumer NC-1 arrived once more on consumer 0's turn barrier (at the start) */
-  if (NC > 1 && c == 0) named_sync(kSchedBar, 256);
+  if (c == 0) named_sync(kSchedBar, 256);
 }
 #else
 template <typename T, int D, int BC, int NC, int FL>
@@ -1135,29 +1104,6 @@ static inline const char *sm90_knob(bool any, const char *name) {
   return any ? getenv(name) : NULL;
 }
 
-/* NC = 1: the CTAs of kern resident per SM (at most want), once per process and device
- * (cache[device]; 0: not asked yet): the shared-memory carveout set to its maximum (a hint;
- * two 64-row CTAs need 2 x 75 KB), then the occupancy query. */
-template <typename K>
-static ot_status resident_ctas(K kern, int threads, int bytes, int want, const ot_context *ctx,
-                               std::atomic<int> *cache, int *n, const char *op) {
-  const int dev = ot_cuda_state_of(ctx)->device;
-  const bool cached = dev >= 0 && dev < 64;
-  if (cached && (*n = cache[dev].load(std::memory_order_acquire)) > 0) return OT_OK;
-  int got = 0;
-  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       (int)cudaSharedmemCarveoutMaxShared);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&got, kern, threads, bytes);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return ot_error(OT_ERR_BACKEND, op, "occupancy of the Hopper forward: %s",
-                    cudaGetErrorString(e));
-  }
-  *n = got < 1 ? 1 : got > want ? want : got;
-  if (cached) cache[dev].store(*n, std::memory_order_release);
-  return OT_OK;
-}
-
 template <typename T, int D, int BC, int NC, int FL>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                         const fwd_call *fc) {
@@ -1182,15 +1128,8 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   fwd_params q = fc->p;
   const int64_t n_tiles = (int64_t)q.num_m * q.hq * q.batch;
   /* OT_ATTN_SM90_GRID=n: at most n persistent CTAs (tests the multi-tile path on small
-   * shapes, e.g. under compute-sanitizer). NC = 1: min_ctas (2) persistent CTAs per SM,
-   * as many as the occupancy query finds resident (resident_ctas). */
-  int per_sm = 1;
-  if constexpr (fwd_cfg<NC>::min_ctas > 1) {
-    static std::atomic<int> occ[64];
-    OT_TRY(resident_ctas(kern, fwd_cfg<NC>::threads, L::bytes, fwd_cfg<NC>::min_ctas, ctx, occ,
-                         &per_sm, op));
-  }
-  const int sms = fc->grid_cap > 0 ? fc->grid_cap : ot_cuda_state_of(ctx)->sm_count * per_sm;
+   * shapes, e.g. under compute-sanitizer). */
+  const int sms = fc->grid_cap > 0 ? fc->grid_cap : ot_cuda_state_of(ctx)->sm_count;
   const bool masked = q.wl >= 0 || q.wr >= 0;
   /* Masked tiles with long sequences (> 64 query tiles) go one CTA per tile: the static
    * round-robin then balances worse than the hardware's block scheduler (H200, causal
@@ -1338,12 +1277,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   constexpr int R = kFlResc, SP = kFlSplit, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
   constexpr int XT = kFlQ2 | kFlXT, PN = kFlPin, ST = kFlSt16, SH = kFlShift;
-  if constexpr (X && D == 64 && BC == 128 && NC == 1) {
-    /* 64-row CTAs, two per SM (OT_ATTN_SM90_WG=1): the plain kernel and kFlDiag (the
-     * narrow step of a 64-row tile that sees at most 64 keys of its first-visited tile),
-     * each with and without the 16-byte O stores */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, ST, DG, DG | ST>());
-  } else if constexpr (X && D == 128 && BC == 176) {
+  if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
                                             PN, narrow_bits(3) | PN, narrow_bits(3) | PN | ST,
@@ -1399,12 +1333,6 @@ static ot_status dispatch(ot_context *ctx, const ot_attention_args *a, const CUt
   switch (a->d) {
     case 64:
       if (nc == 3) return launch_fl<T, 64, 128, 3>(ctx, a, maps, p, fl);
-#ifdef OT_ATTN_SM90_EXPERIMENTS
-      /* (the front end picks nc = 1 only for bf16 in these builds) */
-      if constexpr (!is_half<T>::value) {
-        if (nc == 1) return launch_fl<T, 64, 128, 1>(ctx, a, maps, p, fl);
-      }
-#endif
       return small_tile ? launch_fl<T, 64, 128, 2>(ctx, a, maps, p, fl)
                         : launch_fl<T, 64, 192, 2>(ctx, a, maps, p, fl);
     case 128:
@@ -1420,7 +1348,7 @@ static ot_status dispatch(ot_context *ctx, const ot_attention_args *a, const CUt
  * an 80-key tile fits, 40 + 20 + 64: measured 558 vs 644 TFLOP/s at S = 4k, H200, run of
  * d610a26, so D128 keeps 2 consumers.) */
 static int key_tile(int64_t d, bool small_tile, int nc) {
-  if (nc == 3 || nc == 1) return 128;   /* nc = 1: experiment builds, D64 */
+  if (nc == 3) return 128;
   return d == 64 ? (small_tile ? 128 : 192) : d == 128 ? (small_tile ? 128 : 176) : 80;
 }
 
@@ -1521,14 +1449,6 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const bool wg3_causal = !left_window && (q_tiles >= 16 || (q_tiles >= 9 && a->dtype == OT_BF16));
   int nc = a->d == 64 && (!masked_call || q_tiles > 64 || wg3_causal) ? 3 : 2;
   if (a->d == 64 && wgs && (wgs[0] == '2' || wgs[0] == '3')) nc = wgs[0] - '0';
-  /* OT_ATTN_SM90_WG=1 (experiment builds, bf16; elsewhere the default above): one consumer
-   * warpgroup, 64-row tiles of 128 keys, two CTAs per SM (fwd_cfg<1>; docs/ATTENTION.md) --
-   * where the tile count of 64 rows stays below 2^31 (the kernel's int arithmetic). */
-#ifdef OT_ATTN_SM90_EXPERIMENTS
-  if (a->d == 64 && wgs && wgs[0] == '1' && a->dtype == OT_BF16 &&
-      (a->sq + 63) / 64 * a->hq * a->batch < ((int64_t)1 << 31))
-    nc = 1;
-#endif
   const int br = 64 * nc;
   const int bc = key_tile(a->d, small_tile, nc);
   CUtensorMap maps[3];
@@ -1666,12 +1586,10 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * OT_ATTN_SM90_DIAG=0|1 forces it off / on (on: where an instance is compiled). */
   {
     const char *dgv = sm90_knob(knobs, "OT_ATTN_SM90_DIAG");
-    /* (<= 8 query tiles of 128 rows also for nc = 1's 64-row tiles: the same choice as the
-     * 2-consumer default, so that the two run the same arithmetic) */
     const bool on = dgv ? dgv[0] == '1'
                         : a->dtype == OT_BF16 && a->d == 64 && masked_call &&
                               (a->sq + kBr - 1) / kBr <= 8;
-    if (on && (nc == 2 || nc == 1) && bc == 128 && (a->d == 64 || a->d == 128))
+    if (on && nc == 2 && bc == 128 && (a->d == 64 || a->d == 128))
       narrow = kFlDiag | narrow_bits(4);
   }
   /* Read here for launch(): OT_ATTN_SM90_GRID=n (n > 0: at most n persistent CTAs) and
@@ -1748,8 +1666,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     const bool on = stv ? stv[0] == '1'
                         : a->dtype == OT_BF16 && ((a->d == 128 && bc == 128) ||
                                                   (a->d == 256 && masked_call) ||
-                                                  (a->d == 64 && (narrow & kFlDiag)) ||
-                                                  nc == 1);
+                                                  (a->d == 64 && (narrow & kFlDiag)));
     /* 16-bit elements: 8-element multiples */
     const bool aligned = ((uintptr_t)a->out.data & 15) == 0 && (p.o_ts & 7) == 0 &&
                          (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
