@@ -52,7 +52,6 @@ SHIFT = {"OT_ATTN_SM90_ALIGN": "end"}  # kFlShift: query tiles aligned to the ro
 NOSHIFT = {"OT_ATTN_SM90_ALIGN": "start"}  # the tiles aligned to the rows' start
 DIAG = {"OT_ATTN_SM90_DIAG": "1"}
 NODIAG = {"OT_ATTN_SM90_DIAG": "0"}
-XT = {"OT_ATTN_SM90_XT": "1"}
 PIN = {"OT_ATTN_SM90_PIN": "1"}
 NOPIN = {"OT_ATTN_SM90_PIN": "0"}  # the plain order where kFlPin is the default
 ST16 = {"OT_ATTN_SM90_ST16": "1"}  # kFlSt16: O stored 16 bytes a lane
@@ -133,14 +132,8 @@ def _variant_list(d, s, causal):
         v.append(("noresc", NORESC))
     if d == 256 and not causal and s % 80:            # 80-key tile, rescale threshold on
         v.append(("narrow", NARROW))
-    # kFlXT (2026-11-30 night, on kFlQ2's 2-stage Q ring, the next tile's Q loaded while the
-    # current one starts): a persistent CTA's tiles in one pipeline, the last P V of a tile
-    # with the next tile's first Q K^T (no narrow step: against the default's kFlDiag at D64
-    # S 1k causal); the 128-key tiles of D64 (2 and 3 consumers) and D128 (masked calls, Sk <=
-    # 2048); it matters only where a persistent CTA runs several tiles. (kFlQ2 alone, "q2",
-    # measured 0.98-1.01x: no longer compiled.)
-    if d == 64 or (d == 128 and (causal or s <= 2048)):
-        v.append(("xt", XT))
+    # (kFlXT on kFlQ2's Q ring, "xt": D64 causal 0.90x / 0.95x at S 1k / 4k on 2026-11-30
+    # night, removed 2026-12-02; bench/results/attention_fwd_q2xt.json)
     # (kFlLate, "late" / "latenodiag": measured 0.88-0.98x the default on 2026-12-02 and
     # removed; bench/results/attention_fwd_late.json)
     # kFlPin (prepared 2026-11-30 night, not measured): the pipelined step's softmax before its
@@ -243,10 +236,8 @@ def checks(S):
                           env={**SPLIT, **extra, "OT_ATTN_SM90_GRID": str(grid)})
         ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, dtype=torch.float16,
                       env={**SPLIT, "OT_ATTN_SM90_GRID": "3"})
-    for name, checks in (("skip", skip_checks), ("shift", shift_checks),
-                         ("diag", diag_checks), ("xt", xt_checks),
-                         ("pin", pin_checks), ("st16", st16_checks),
-                         ("nopin", nopin_checks),
+    for name, checks in (("skip", skip_checks), ("shift", shift_checks), ("diag", diag_checks),
+                         ("pin", pin_checks), ("st16", st16_checks), ("nopin", nopin_checks),
                          ("wg3pin", wg3pin_checks)):
         if ONLY is None or name in ONLY:
             checks(S, ck)
@@ -347,22 +338,10 @@ def diag_checks(S, ck):
     ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16, env=DIAG)
 
 
-def xt_checks(S, ck):
-    """kFlXT on kFlQ2's Q ring (OT_ATTN_SM90_XT=1, experiment builds: bf16 D64 128-key tile
-    with 2 and 3 consumers, D128 128-key tile): float64 checks, and the same inputs with the
-    switch off, which must agree to the bit (the same operations per tile, in the same order).
-    The persistent multi-tile path (GRID 1 / 3 / 5: the Q ring's two stages and phases over
-    many tiles), tiles with no visible key between live ones (Sq > Sk causal, a window: the
-    search for the next tile with keys), one key tile per query tile, GQA / MQA, lse,
-    unmasked D64 (3 consumers) and D128 with Sk <= 2048, the default grid; fp16 (not
-    compiled: the default runs). (Until review these cases also ran kFlQ2 alone, "q2".)"""
-    _bit_equal_checks(S, ck, _pipeline_cases(), XT, "xt")
-    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 128, wr=0, dtype=torch.float16,
-                  env={**XT, "OT_ATTN_SM90_GRID": "3"})
-
-
 def _pipeline_cases():
-    """xt_checks' shapes: (d, sq, sk, hq, hkv, wl, wr, env)"""
+    """pin_checks' and st16_checks' D64 / D128 shapes (once kFlXT's): (d, sq, sk, hq, hkv, wl,
+    wr, env) -- the persistent multi-tile path (GRID 1 / 3 / 5 / 7), tiles with no visible key
+    between live ones, one key tile per query tile, windows, unmasked D64 and D128 (Sk <= 2048)"""
     cases = []
     for d in (64, 128):
         for sq, sk, hq, hkv, wl, wr, grid in (

@@ -51,13 +51,10 @@
  * default on for bf16 unmasked calls on D128's 176-key and D64's 3-consumer tiles, see the
  * dispatch), OT_ATTN_SM90_ST16=0|1 (kFlSt16: O stored 16 bytes a lane; default on for bf16
  * D128 128-key, D256 masked and D64 kFlDiag tiles, see the dispatch). Only in builds with
- * -DOT_ATTN_SM90_EXPERIMENTS (bf16;
- * measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1 (kFlSplit), kFlNarrow at D256;
- * OT_ATTN_SM90_SKIP=1 (kFlSkip;
- * measured slower, docs/ATTENTION.md); kFlDiag at D128; OT_ATTN_SM90_XT=1 (kFlXT on
- * kFlQ2's 2-stage Q ring; D64 causal 0.90-0.95x, unmasked D64 1.01x, docs/ATTENTION.md);
- * kFlPin on the other tiles (D64 2 consumers, D128 128-key, D256:
- * measured, not used).
+ * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1
+ * (kFlSplit), kFlNarrow at D256; OT_ATTN_SM90_SKIP=1 (kFlSkip; measured slower,
+ * docs/ATTENTION.md); kFlDiag at D128; kFlPin on the other tiles (D64 2 consumers, D128
+ * 128-key, D256: measured, not used).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -105,14 +102,7 @@ enum {
                    * keys of the first-visited tile that its own rows see), so that on a
                    * causal diagonal tile the first warpgroup of a 128-row tile runs Q K^T,
                    * softmax and P V over the 64 keys it can see (see the kernel) */
-  kFlQ2 = 0x1000, /* a 2-stage Q ring: the producer loads the next tile's Q while the
-                   * current one starts (after its second K tile), not after its last
-                   * Q K^T (persistent CTAs; where the smem fits: the 128-key tiles).
-                   * Compiled only under kFlXT, which needs it: alone it measured
-                   * 0.98-1.01x (662a0a5; its instances and OT_ATTN_SM90_Q2 removed) */
-  kFlXT = 0x2000, /* with kFlQ2: a persistent CTA's tiles in one pipeline: the last P V of a
-                   * tile is issued with the next tile's first Q K^T, whose softmax runs
-                   * under it (no per-tile prologue / drain; see the kernel) */
+  /* 0x1000, 0x2000: kFlQ2 / kFlXT until 2026-12-02 (D64 S1k causal 0.899x, removed; git 71f9d4b) */
   /* 0x4000: kFlLate until 2026-12-02 (a tile's epilogue under the next tile's first Q K^T;
    * measured 0.88-0.98x the default and removed, docs/ATTENTION.md); since 2026-12-02
    * (eighteenth session) kFlShift: */
@@ -144,12 +134,12 @@ constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
 
 /* The instances that carry the dynamic schedule (fwd_params::tile_ctr): 2 or 3 consumers
  * (3: D64 causal calls of 16 query tiles or more, since 2026-12-02, bf16 with kFlSkip),
- * not with the variants that look ahead along the static round-robin (kFlQ2 / kFlXT, kFlSplit), nor
+ * not with kFlSplit (its work items look ahead along the static round-robin), nor
  * kFlPin where it is the unmasked defaults' bit (D 128 / 256, D64 on 3 consumers: those
  * kernels stay as they were); at D64 on 2 consumers kFlPin is the masked calls' default
  * (no kFlDiag) and carries it. */
 constexpr bool dyn_ok(int fl, int nc, int d) {
-  return (nc == 2 || nc == 3) && (fl & (kFlQ2 | kFlXT | kFlSplit)) == 0 &&
+  return (nc == 2 || nc == 3) && (fl & kFlSplit) == 0 &&
          ((fl & kFlPin) == 0 || (d == 64 && nc == 2));
 }
 
@@ -164,11 +154,11 @@ template <int NC> struct fwd_cfg {
   static_assert(24 * 128 + cons_regs * 128 * NC <= 65536, "register file");
 };
 
-template <int D, int BC, int NC, int QS = 1> struct fwd_smem {
-  static constexpr int q_bytes = fwd_cfg<NC>::br * D * 2;  /* one Q stage (QS of them) */
+template <int D, int BC, int NC> struct fwd_smem {
+  static constexpr int q_bytes = fwd_cfg<NC>::br * D * 2;
   static constexpr int kv_bytes = BC * D * 2;              /* one K or V stage */
   static constexpr int q_off = 0;
-  static constexpr int k_off = QS * q_bytes;
+  static constexpr int k_off = q_bytes;
   static constexpr int v_off = k_off + kStages * kv_bytes;
   static constexpr int bar_off = v_off + kStages * kv_bytes;
   static constexpr int bytes = bar_off + 128 + 1024;       /* barriers + alignment slack */
@@ -228,16 +218,15 @@ constexpr float kRescThr = 8.f;
 
 /* Barrier slots in shared memory (8 bytes each). */
 enum { BAR_FULL_Q = 0, BAR_EMPTY_Q = 1, BAR_FULL_K = 2, BAR_EMPTY_K = 4, BAR_FULL_V = 6,
-       BAR_EMPTY_V = 8, BAR_FULL_Q1 = 10, BAR_EMPTY_Q1 = 11 /* kFlQ2's second Q stage */ };
+       BAR_EMPTY_V = 8 /* 10, 11: kFlQ2's second Q stage until 2026-12-02 */ };
 static_assert(BAR_FULL_K + kStages <= BAR_EMPTY_K && BAR_EMPTY_K + kStages <= BAR_FULL_V &&
-                  BAR_FULL_V + kStages <= BAR_EMPTY_V && BAR_EMPTY_V + kStages <= BAR_FULL_Q1 &&
-                  8 * (BAR_EMPTY_Q1 + 1) <= 128,
+                  BAR_FULL_V + kStages <= BAR_EMPTY_V && 8 * (BAR_EMPTY_V + kStages) <= 128,
               "barrier slots: kStages of each ring, all in fwd_smem's 128 bytes");
 constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of consumer c */
 /* The dynamic schedule's tile slot: an int in the barrier area's 8-byte slot 12 (after
  * every mbarrier), written by the producer before it arrives on FULL_Q of the tile. */
 constexpr int kTileSlot = 12;
-static_assert(kTileSlot > BAR_EMPTY_Q1 && 8 * (kTileSlot + 1) <= 128, "tile slot");
+static_assert(kTileSlot >= BAR_EMPTY_V + kStages && 8 * (kTileSlot + 1) <= 128, "tile slot");
 
 /* Tile t of the launch: m fastest (the CTAs running at once share K/V in L2); with a
  * right-bounded mask (causal) the longest query tiles of a head first. */
@@ -296,8 +285,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
                          const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fwd_params p,
                          const split_params sp) {
-  constexpr bool Q2 = (FL & kFlQ2) != 0;
-  using L = fwd_smem<D, BC, NC, Q2 ? 2 : 1>;
+  using L = fwd_smem<D, BC, NC>;
   constexpr int BR = fwd_cfg<NC>::br;
   constexpr int kEmptyCount = 4 * NC;   /* lane 0 of each consumer warp releases a stage */
   constexpr bool F16 = is_half<T>::value;
@@ -313,13 +301,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   static_assert(!(SKIP && NARROW), "kFlSkip and kFlNarrow are not compiled together");
   constexpr bool DIAG = (FL & kFlDiag) != 0;
   static_assert(!DIAG || NARROW, "kFlDiag needs kFlNarrow's width");
-  static_assert(!Q2 || (!SKIP && !SPLIT), "kFlQ2 is not compiled with kFlSkip / kFlSplit");
-  constexpr bool XT = (FL & kFlXT) != 0;
-  static_assert(!XT || (Q2 && !NARROW), "kFlXT needs kFlQ2 and no narrow step");
   constexpr bool PIN = (FL & kFlPin) != 0;
   constexpr bool SHIFT = (FL & kFlShift) != 0;
-  static_assert(!SHIFT || (!Q2 && !SPLIT && !NARROW),
-                "kFlShift is not compiled with kFlQ2 / kFlXT, kFlSplit or the narrow steps");
+  static_assert(!SHIFT || (!SPLIT && !NARROW),
+                "kFlShift is not compiled with kFlSplit or the narrow steps");
   /* the first row of query tile m: m BR - rpad (kFlShift; 0 elsewhere) */
   const int rpad = SHIFT ? row_pad<BR>(p) : 0;
   extern __shared__ uint8_t smem_raw[];
@@ -327,11 +312,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   const uint32_t s_base = smem_u32(smem);
   const uint32_t s_bar = s_base + L::bar_off;
   auto bar = [&](int i) { return s_bar + 8u * (uint32_t)i; };
-  /* Query tile n (the CTA's n-th tile with keys): its Q stage's FULL / EMPTY barrier, the
-   * phase parity and the stage's offset (one stage, or kFlQ2's two) */
-  auto full_q = [&](int n) { return bar(Q2 && (n & 1) ? BAR_FULL_Q1 : BAR_FULL_Q); };
-  auto empty_q = [&](int n) { return bar(Q2 && (n & 1) ? BAR_EMPTY_Q1 : BAR_EMPTY_Q); };
-  auto q_par = [&](int n) { return Q2 ? (n >> 1) & 1 : n & 1; };
   const int n_tiles = SPLIT ? sp.n_items : p.num_m * p.hq * p.batch;
   /* The dynamic schedule: the producer claims the CTA's next tile while it issues the
    * current one's loads (the consumers are then 3-4 key tiles from its end) and hands
@@ -344,25 +324,12 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
    * fails per CTA, n_tiles in all) resets the counter for the next launch. */
   const bool dyn = dyn_ok(FL, NC, D) && p.tile_ctr != nullptr;
   volatile int *tile_slot = (volatile int *)(smem + L::bar_off + 8 * kTileSlot);
-  /* kFlQ2 / kFlXT: the CTA's next tile with keys from round-robin item tn on (false: none) */
-  auto next_live = [&](int tn, tile_info &ni) {
-    for (; tn < n_tiles; tn += gridDim.x) {
-      int pn;
-      ni = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, tn, pn);
-      if (ni.n_max - ni.n_min > 0) return true;
-    }
-    return false;
-  };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   if (tid == 0) {
     mbar_init(bar(BAR_FULL_Q), 1);
     mbar_init(bar(BAR_EMPTY_Q), kEmptyCount);
-    if (Q2) {
-      mbar_init(bar(BAR_FULL_Q1), 1);
-      mbar_init(bar(BAR_EMPTY_Q1), kEmptyCount);
-    }
     for (int s = 0; s < kStages; s++) {
       mbar_init(bar(BAR_FULL_K + s), 1);
       mbar_init(bar(BAR_FULL_V + s), 1);
@@ -405,19 +372,11 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         continue;
       }
       const int kvh = ti.head / p.group;
-      /* Q of query tile n (kFlQ2: ring position n of two stages) */
-      auto load_q = [&](const tile_info &tq, int n) {
-        mbar_expect_tx(full_q(n), (uint32_t)L::q_bytes);
-        tma_load_5d(s_base + L::q_off + (Q2 ? (uint32_t)(n & 1) * L::q_bytes : 0u), &tm_q,
-                    full_q(n), 0, tq.m_block * BR - rpad, 0, tq.head, tq.batch);
-      };
-      if constexpr (!Q2) {
-        if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
-        if (dyn) *tile_slot = t0;
-        load_q(ti, qn);
-      } else if (qn == 0) {
-        load_q(ti, 0);   /* the later tiles' Q: loaded during the tile before (below) */
-      }
+      if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
+      if (dyn) *tile_slot = t0;
+      mbar_expect_tx(bar(BAR_FULL_Q), (uint32_t)L::q_bytes);
+      tma_load_5d(s_base + L::q_off, &tm_q, bar(BAR_FULL_Q), 0, ti.m_block * BR - rpad, 0,
+                  ti.head, ti.batch);
       qn++;
       for (int it = 0; it <= n_iters; it++) {
         if (it < n_iters) {
@@ -427,17 +386,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           tma_load_5d(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s), 0,
                       (ti.n_max - 1 - it) * BC, 0, kvh, ti.batch);
           if (dyn && it == max(n_iters - 2, 0)) claimed = atomicAdd(p.tile_ctr, 1);
-        }
-        if constexpr (Q2) {
-          /* kFlQ2: the next tile's Q, into the stage that tile qn - 2 released after its
-           * last Q K^T (an EMPTY wait of parity ((qn / 2) & 1) ^ 1, as the K / V rings do:
-           * none for qn = 1), once this tile's second K tile is issued (by then the tile
-           * before is at its last step: that K load waited for its last K stage) */
-          tile_info ni;
-          if (it == 1 && next_live(t0 + (int)gridDim.x, ni)) {
-            mbar_wait(empty_q(qn), ((qn >> 1) & 1) ^ 1);
-            load_q(ni, qn);
-          }
         }
         if (it > 0) {
           const int g = kv + it - 1, s = g % kStages;
@@ -482,16 +430,12 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   auto turn_pass = [&]() { named_arrive(other_bar, 256); };
   if (c == NC - 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
   int kv = 0, qn = 0;
-  /* XT: the tile's prologue (S_0, its softmax, P_0) was done in the tile before's last step;
-   * m_n / l_n: the row max and sum it left for this tile */
-  bool have_pro = false;
-  float m_n[2] = {-INFINITY, -INFINITY}, l_n[2] = {0.f, 0.f};
-  float s[NS];
+  float s[NS];   /* (here since kFlXT: inside the tile's block the default PTX differs) */
   uint32_t pr[NP];
 
   for (int t0 = blockIdx.x; dyn || t0 < n_tiles; t0 += gridDim.x) {
     if (dyn) {   /* the tile the producer claimed (-1: none left) */
-      mbar_wait(full_q(qn), q_par(qn));
+      mbar_wait(bar(BAR_FULL_Q), qn & 1);
       /* read by lane 0, the warp's releaser (its arrive on EMPTY_Q then orders the read
        * before the producer's next write for compute-sanitizer's racecheck too) */
       t0 = __shfl_sync(0xffffffffu, releaser ? *tile_slot : 0, 0);
@@ -501,7 +445,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, t0, piece);
     const int n_iters = ti.n_max - ti.n_min, n_max = ti.n_max;
     if (dyn && n_iters <= 0) {   /* its id came with FULL_Q (no Q): the slot is read */
-      release(empty_q(qn));
+      release(bar(BAR_EMPTY_Q));
       qn++;
     }
     const int tile_first = ti.m_block * BR - rpad;   /* the tile's first row (kFlShift: < 0) */
@@ -510,15 +454,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
-    if constexpr (XT) {
-      if (have_pro && n_iters > 0) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          m_r[h] = m_n[h];
-          l_r[h] = l_n[h];
-        }
-      }
-    }
 
     if (n_iters > 0) {
       /* NARROW: the keys of the first-visited tile n_max - 1 that a row of the CTA tile
@@ -556,16 +491,13 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         lo[h] = p.wl >= 0 ? r + off - p.wl : INT32_MIN;
       }
       const int row_last = ti.row_last;
-      /* key tile n of a query tile of rows first..last: needs the element mask */
-      auto needs_mask_at = [&](int n, int first, int last) {
+      /* key tile n: needs the element mask */
+      auto needs_mask = [&](int n) {
         return (n + 1) * BC > p.sk ||
-               (p.wr >= 0 && (n + 1) * BC - 1 > first + off + p.wr) ||
-               (p.wl >= 0 && n * BC < last + off - p.wl);
+               (p.wr >= 0 && (n + 1) * BC - 1 > tile_first + off + p.wr) ||
+               (p.wl >= 0 && n * BC < row_last + off - p.wl);
       };
-      auto needs_mask = [&](int n) { return needs_mask_at(n, tile_first, row_last); };
-      uint64_t q_desc =
-          make_desc(s_base + L::q_off + (Q2 ? (uint32_t)(qn & 1) * L::q_bytes : 0u) +
-                        c * 64 * 128, 16, 1024);
+      const uint64_t q_desc = make_desc(s_base + L::q_off + c * 64 * 128, 16, 1024);
       /* S = Q K^T over the tile's first N keys (N < BC: NARROW's step). */
       auto issue_qk_n = [&](auto ncol, int stage) {
         constexpr int N = decltype(ncol)::value;
@@ -670,7 +602,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
            * as it left them. DIAG: only the consumers whose own rows see at most NW keys
            * of the tile take it (the others an empty turn instead, after their prologue). */
           const int st = kv % kStages, ph = (kv / kStages) & 1;
-          mbar_wait(full_q(qn), q_par(qn));
+          mbar_wait(bar(BAR_FULL_Q), qn & 1);
           mbar_wait(bar(BAR_FULL_K + st), ph);
           turn_wait();
           issue_qk_n(std::integral_constant<int, NW>(), st);
@@ -764,15 +696,15 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         n_it_s -= n_skip;
         kv_s += n_skip;
         if (n_it_s == 0) {   /* every tile skipped: the last P V's turn; Q as said above */
-          mbar_wait(full_q(qn), q_par(qn));
+          mbar_wait(bar(BAR_FULL_Q), qn & 1);
           turn_wait();
           turn_pass();
         }
       }
-      /* prologue: S_0, softmax -> P_0 (XT: done by the tile before, have_pro) */
-      if (((!NARROW && !SKIP) || n_it_s > 0) && !(XT && have_pro)) {
+      /* prologue: S_0, softmax -> P_0 */
+      if ((!NARROW && !SKIP) || n_it_s > 0) {
         const int sk_ = kv_s % kStages, pk = (kv_s / kStages) & 1;
-        mbar_wait(full_q(qn), q_par(qn));
+        mbar_wait(bar(BAR_FULL_Q), qn & 1);
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
         turn_wait();
         issue_qk(sk_);
@@ -837,56 +769,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         release(bar(BAR_EMPTY_V + sv));
         convert_p();
       }
-      if constexpr (XT) have_pro = false;
       /* Every Q K^T of this tile has completed: the producer may load the next Q. */
-      release(empty_q(qn));
-      /* XT: the CTA's next tile with keys (ni; its Q is in the other stage since this
-       * tile's second K load, its first K tile at ring position kv_s + n_it_s): one step
-       * issues its S_0 = Q K_0^T and this tile's last P V, runs its softmax (its rows'
-       * key bounds, a fresh m / l, kept in m_n / l_n) under that P V, then converts P_0;
-       * the epilogue below stores this tile's O, and the next tile starts at its step 1.
-       * Each consumer takes one turn for the step (the default: one for the last P V and
-       * one for the next prologue), the same count in every consumer, so the order of the
-       * turns is kept. */
-      bool merged = false;
-      if constexpr (XT) {
-        tile_info ni;
-        if (next_live(t0 + (int)gridDim.x, ni)) {
-          merged = true;
-          const int gk = kv_s + n_it_s, sk_ = gk % kStages, pk = (gk / kStages) & 1;
-          const int gv = gk - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
-          mbar_wait(full_q(qn + 1), q_par(qn + 1));
-          mbar_wait(bar(BAR_FULL_K + sk_), pk);
-          q_desc = make_desc(s_base + L::q_off + (uint32_t)((qn + 1) & 1) * L::q_bytes +
-                                 c * 64 * 128, 16, 1024);
-          step_gemms(sk_, sv, pv);
-          const float mc[2] = {m_r[0], m_r[1]}, lc[2] = {l_r[0], l_r[1]};
-          const int row0n = ni.m_block * BR + c * 64 + warp * 16 + g;
-#pragma unroll
-          for (int h = 0; h < 2; h++) {
-            m_r[h] = -INFINITY;
-            l_r[h] = 0.f;
-            const int r = row0n + 8 * h;
-            hi[h] = p.wr >= 0 ? min(p.sk - 1, r + off + p.wr) : p.sk - 1;
-            lo[h] = p.wl >= 0 ? r + off - p.wl : INT32_MIN;
-          }
-          softmax(ni.n_max - 1, needs_mask_at(ni.n_max - 1, ni.m_block * BR, ni.row_last));
-#pragma unroll
-          for (int h = 0; h < 2; h++) {
-            m_n[h] = m_r[h];
-            l_n[h] = l_r[h];
-            m_r[h] = mc[h];
-            l_r[h] = lc[h];
-          }
-          wgmma_wait<0>();
-          reg_fence<NO>(o);
-          reg_fence<NP>(pr);
-          release(bar(BAR_EMPTY_V + sv));
-          convert_p();
-          have_pro = true;
-        }
-      }
-      if (!merged && ((!NARROW && !SKIP) || n_it_s > 0)) {
+      release(bar(BAR_EMPTY_Q));
+      if ((!NARROW && !SKIP) || n_it_s > 0) {
         const int gv = kv_s + n_it_s - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_V + sv), pv);
         turn_wait();
@@ -1108,7 +993,7 @@ template <typename T, int D, int BC, int NC, int FL>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                         const fwd_call *fc) {
   static const char *op = "attention_forward";
-  using L = fwd_smem<D, BC, NC, (FL & kFlQ2) ? 2 : 1>;
+  using L = fwd_smem<D, BC, NC>;
   auto kern = attn_fwd_sm90_kernel<T, D, BC, NC, FL>;
   static std::atomic<uint64_t> attr_done{0};   /* sm90_common.cuh's smem_attr_once */
   OT_TRY(smem_attr_once(kern, L::bytes, ctx, attr_done, op));
@@ -1237,12 +1122,12 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
   }
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
- * dropped one by one (kFlShift first, the 16-byte stores, the pin, the look-ahead, the skip,
- * then the narrow step, the tail split, the rescale threshold: drop[]'s order) until it is. */
+ * dropped one by one (kFlShift first, the 16-byte stores, the pin, the skip, then the
+ * narrow step, the tail split, the rescale threshold: drop[]'s order) until it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlShift, kFlSt16, kFlPin, kFlQ2 | kFlXT, kFlSkip,
+  static const int drop[] = {kFlShift, kFlSt16, kFlPin, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
@@ -1257,15 +1142,12 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * with the narrow step (OT_ATTN_SM90_RESC=1 where the narrow step is on; H200, run 3 of
  * attention_fwd.json: S 4k 0.971x, 16k 1.022x the default, within noise, not used);
  * the narrow step at D256; kFlSkip at D64 (2 and 3 consumers), D128 128 and D256; kFlDiag
- * at D128 128; kFlQ2 | kFlXT at D64 128 (2 and 3 consumers) and D128 128 (with the
- * threshold): H200, 2026-11-30 night
- * (attention_fwd_q2xt.json), XT D64 causal 0.90x / 0.95x (S 1k / 4k), D64 full 1.01x, not
- * used (kFlQ2 alone, 0.98-1.01x there, is no longer compiled); kFlPin at D64 128 with 2
- * consumers with kFlDiag (with and without kFlSt16) and 3, D128 128 (with the threshold) and
- * 176 (plain: S 16k; with the 48-key narrow step: S 4k -- the unmasked defaults), D256 (with
- * the threshold): prepared 2026-11-30 night; since 2026-12-02 the default of D64's masked
- * 2-consumer calls without kFlDiag (its instance in every build, below). (kFlLate, prepared
- * with it, measured 0.88-0.98x the default on 2026-12-02 and removed: docs/ATTENTION.md.) */
+ * at D128 128; kFlPin at D64 128 with 2 consumers with kFlDiag (with and without kFlSt16)
+ * and 3, D128 128 (with the threshold) and 176 (plain: S 16k; with the 48-key narrow step:
+ * S 4k -- the unmasked defaults), D256 (with the threshold): prepared 2026-11-30 night;
+ * since 2026-12-02 the default of D64's masked 2-consumer calls without kFlDiag (its
+ * instance in every build, below). (kFlLate, prepared with it, measured 0.88-0.98x the
+ * default on 2026-12-02 and removed: docs/ATTENTION.md.) */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -1276,7 +1158,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int XT = kFlQ2 | kFlXT, PN = kFlPin, ST = kFlSt16, SH = kFlShift;
+  constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
@@ -1288,17 +1170,15 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                             R | SK, R | PN, R | ST>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SK, R | DG, R | XT, R | PN,
-                                            R | ST>());
+                                    fl_list<0, R, R | SK, R | DG, R | PN, R | ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SK, DG, XT, PN, DG | PN, DG | PN | ST, DG | ST,
-                                            ST>());
+                                    fl_list<0, SK, DG, PN, DG | PN, DG | PN | ST, DG | ST, ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
     /* kFlShift (with the skip the default, below; measured 2026-12-02): with and without
      * the skip */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SK, XT, PN, PN | ST, SK | SH, SH>());
+                                    fl_list<0, SK, PN, PN | ST, SK | SH, SH>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
@@ -1612,19 +1492,6 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     const char *se = sm90_knob(knobs, "OT_ATTN_SM90_SECT");
     call.sect_mha = se && !strcmp(se, "mha");
   }
-  /* OT_ATTN_SM90_XT=1: kFlXT with kFlQ2 (a persistent CTA's tiles in one pipeline; where an
-   * instance is compiled: experiment builds, the 128-key tiles of D64 / D128; without the
-   * narrow steps) */
-#ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *xtv = sm90_knob(knobs, "OT_ATTN_SM90_XT");
-  int xt = 0;
-  if (xtv && xtv[0] == '1') {
-    xt = kFlQ2 | kFlXT;
-    narrow = 0;
-  }
-#else
-  const int xt = 0;
-#endif
   /* kFlPin: the pipelined step's softmax pinned before its P V's wait (a never-taken branch
    * on the step's row sums, see the kernel). Default on for bf16 unmasked calls on D128's
    * 176-key tile (with and without the 48-key narrow step) and D64's 3-consumer 128-key tile.
@@ -1672,7 +1539,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                          (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
     if (on && aligned) st16 = kFlSt16;
   }
-  const int fl = (resc ? kFlResc : 0) | split | narrow | skip | xt | pin | st16 | shift;
+  const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
