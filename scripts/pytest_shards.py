@@ -49,8 +49,8 @@ def main(argv):
     files = [f for f in files if os.path.normpath(f) != exclude]
     dur = durations(argv[4] if len(argv) > 4 else "")
     size = {f: os.path.getsize(f) for f in files}
-    known = [f for f in files if os.path.normpath(f) in {os.path.normpath(k) for k in dur}]
     by_norm = {os.path.normpath(k): v for k, v in dur.items()}
+    known = [f for f in files if os.path.normpath(f) in by_norm]
     rate = (sum(by_norm[os.path.normpath(f)] for f in known) / max(1, sum(size[f] for f in known))
             if known else 1.0)
     weight = {f: by_norm.get(os.path.normpath(f), size[f] * rate) for f in files}

@@ -1365,9 +1365,11 @@ static void run_sm90_required(test_run *tr) {
   for (size_t i = 0; i < sizeof cuda_sm90_skip_cases / sizeof cuda_sm90_skip_cases[0]; i++)
     run_case(tr, &cuda_sm90_skip_cases[i], DT_BF16);
   {
-    /* OT_ATTN_SM90_ALIGN=end (kFlShift: experiment builds, bf16 D64 on 3 consumers; the
-     * default tiling elsewhere): causal S 1000 (a first tile of 40 rows: 2 warpgroups before
-     * row 0), Sq < Sk and Sq > Sk (rows without keys) under GRID 3, a causal window, fp16 */
+    /* OT_ATTN_SM90_ALIGN=end forced on 3 consumers (kFlShift: bf16 D64 with kFlSkip in
+     * every build, without it in experiment builds; the start-aligned tiles elsewhere): causal
+     * S 1000 (8 query tiles: 2 consumers by default; a first tile of 40 rows, 2 warpgroups
+     * before row 0), Sq < Sk and Sq > Sk (rows without keys) under GRID 3, a causal window
+     * (no skip by default: the plain kernel in default builds), fp16 (no instance) */
     static const acase sh[] = {
         {"cuda hopper-only shift WG 3 causal S1000 D64 GQA2 B2 fwd", 2, 1000, 1000, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
         {"cuda hopper-only shift WG 3 GRID 3 causal Sq1000 Sk1500 D64 MQA4 fwd", 1, 1000, 1500, 4, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
