@@ -108,6 +108,19 @@ fi
 # kFlWgSplit (OT_ATTN_SM90_WSPLIT=1, an unmasked D64 call's partial last tile split along its
 # keys over the 3 consumers) ran in this A/B on 2026-12-02 and lost (D64 full S 1k 0.982x, 4k
 # 0.991x: bench/results/attention_fwd_shift.json): variant, switch, checks and cases removed.
+# AB=tree (prepared 2026-12-02, twentieth session): kFlTree (OT_ATTN_SM90_TREE=1: the softmax's
+# row max and sum over 4 chains a row, on each default's bits) at D64 / D128 / D256, S 1k,
+# 1280, 4k, causal and full, 8 balanced rounds of default / tree / cuDNN, the float64 checks
+# first (--checks tree); the C suite's "hopper" cases under the switch; memcheck and racecheck
+# under it on a D64 2-consumer and a 3-consumer causal case.
+if [ "${AB:-}" = tree ]; then
+  : "${VSEQS:=1024,1280,4096}" "${VDIMS:=64,128,256}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=260}"
+  : "${DEADLINE:=420}" "${SAN_TOOLS=memcheck racecheck}" "${HLIM:=120}"
+  : "${VARGS:=--only tree --checks tree --no-host --no-flash}"
+  : "${VENVS:=OT_ATTN_SM90_TREE=1}"
+  : "${SAN_ENV:=OT_ATTN_SM90_TREE=1}"
+  : "${SAN_FILTERS:=causal S1000 D64 GQA4 B2 (kFlDiag;shift WG 3 causal S1000 D64 GQA2 B2}"
+fi
 if [ "${AB:-}" = shift ]; then
   : "${VSEQS:=1024,1280,2048,4096}" "${VDIMS:=64}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=200}"
   : "${DEADLINE:=400}" "${SAN_TOOLS=memcheck racecheck synccheck}" "${HLIM:=150}"
@@ -138,6 +151,21 @@ nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,no
 t=$(lim "${PLIM:-60}")   # PLIM: the ncu step's limit (more --env sets take longer)
 if [ "${PROFILE:-0}" != 0 ] && [ "$t" = 0 ]; then
   echo "skipped: ncu (PROFILE)"
+elif [ "${PROFILE:-0}" = src ]; then
+  # PROFILE=src (2026-12-02): the warp-state samples of every SASS instruction of our kernel
+  # and cuDNN's (SourceCounters; ncu's source page as CSV -> $OUT/sass_ours.csv, sass_cudnn.csv)
+  # and the stall reasons summed per instruction class (bench/sass_stalls.py -> the table)
+  stamp "ncu source counters (limit $t s)"
+  rm -f /tmp/prof_src.ncu-rep
+  timeout "$t" ncu --profile-from-start off --clock-control none --section SourceCounters \
+    --section WarpStateStats -f -o /tmp/prof_src python3 bench/profile_attention_fwd.py \
+    "$CARRY/libattention_shim.so" ${PROF_ARGS:---d 128 --s 4096} >"$OUT/ncu_src.txt" 2>&1
+  echo "ncu rc=$?"
+  ncu --import /tmp/prof_src.ncu-rep -k regex:attn_fwd_sm90 --page source --csv \
+    --print-source sass >"$OUT/sass_ours.csv" 2>&1
+  ncu --import /tmp/prof_src.ncu-rep -k regex:cudnn --page source --csv \
+    --print-source sass >"$OUT/sass_cudnn.csv" 2>&1
+  python3 bench/sass_stalls.py "$OUT/sass_ours.csv" "$OUT/sass_cudnn.csv" | tee "$OUT/sass_stalls.txt"
 elif [ "${PROFILE:-0}" != 0 ]; then
   stamp "ncu (limit $t s)"
   mets=sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg,gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,launch__occupancy_limit_registers
