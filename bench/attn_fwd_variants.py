@@ -56,7 +56,6 @@ PIN = {"OT_ATTN_SM90_PIN": "1"}
 NOPIN = {"OT_ATTN_SM90_PIN": "0"}  # the plain order where kFlPin is the default
 ST16 = {"OT_ATTN_SM90_ST16": "1"}  # kFlSt16: O stored 16 bytes a lane
 NOST16 = {"OT_ATTN_SM90_ST16": "0"}  # the 4-byte stores where kFlSt16 is the default
-TREE = {"OT_ATTN_SM90_TREE": "1"}  # kFlTree: the softmax's row max / sum over 4 chains a row
 WIDERESC = {**WIDE, **RESC}
 
 
@@ -76,9 +75,7 @@ def _variant_list(d, s, causal):
     # gone (no instances since c463491, the switch and code since 2026-12-02). (The build
     # measured on 2026-11-30 ~13:27 / ~13:29 UTC also had a D128 16-key instance, which ran
     # S 16k's narrow column.)
-    # kFlTree (prepared 2026-12-02, twentieth session): every default's bits plus the tree
-    # reduction of the softmax's row max and sum (D64 2 / 3 consumers, D128 both tiles, D256)
-    v = [("tree", TREE)]
+    v = []
     if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
         v += [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),
               ("nonpers", NONPERS)]
@@ -241,7 +238,7 @@ def checks(S):
                       env={**SPLIT, "OT_ATTN_SM90_GRID": "3"})
     for name, checks in (("skip", skip_checks), ("shift", shift_checks), ("diag", diag_checks),
                          ("pin", pin_checks), ("st16", st16_checks), ("nopin", nopin_checks),
-                         ("wg3pin", wg3pin_checks), ("tree", tree_checks)):
+                         ("wg3pin", wg3pin_checks)):
         if ONLY is None or name in ONLY:
             checks(S, ck)
     if ONLY is None or "wideresc" in ONLY:
@@ -449,28 +446,6 @@ def wg3pin_checks(S, ck):
     """kFlPin on 3 consumers for D64 masked calls (OT_ATTN_SM90_WG=3 OT_ATTN_SM90_PIN=1): float64,
     and bit-equal to 3 consumers without it"""
     _bit_equal_checks(S, ck, _d64_masked_cases(WG3), PIN, "wg3pin")
-
-
-def tree_checks(S, ck):
-    """kFlTree (OT_ATTN_SM90_TREE=1, experiment builds: with the default bits of D64 on 2
-    consumers (kFlDiag, S <= 1024 causal) and 3 (causal with skip and shift, 192 | Sq with the
-    skip alone, full with the pin), D128 on the 176-key tile (pin, with the 48-key narrow step)
-    and the 128-key tile, D256 full and masked): float64 checks on the shapes that select each
-    instance, with GQA / MQA, partial tiles, Sq != Sk, a window and the persistent path; then
-    the largest difference from the default on the same inputs (reported: the row sum's
-    additions run in another order, so equal bits are not expected)"""
-    cases = [(64, 1000, 1000, 4, 2, -1, 0, {}), (64, 17, 17, 4, 1, -1, 0, {}),
-             (64, 1300, 1300, 4, 2, -1, 0, {}), (64, 1152, 1152, 4, 4, -1, 0, {}),
-             (64, 1000, 1000, 4, 2, -1, -1, {}), (64, 2100, 1500, 8, 2, -1, 0, {}),
-             (64, 2000, 2000, 8, 2, 256, 64, {}),
-             (64, 1300, 1100, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}),
-             (128, 4097, 4097, 2, 1, -1, -1, {}), (128, 300, 2159, 4, 2, -1, -1, {}),
-             (128, 1000, 1000, 4, 2, -1, 0, {}), (128, 1000, 1050, 4, 4, -1, -1, {}),
-             (256, 1000, 1000, 4, 2, -1, -1, {}), (256, 1000, 1000, 4, 2, -1, 0, {})]
-    for d, sq, sk, hq, hkv, wl, wr, extra in cases:
-        ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, wl=wl, wr=wr, env={**extra, **TREE})
-        _diff_from_default(S, 2, sq, sk, hq, hkv, d, wl, wr, extra, TREE)
-    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 64, wr=0, dtype=torch.float16, env=TREE)
 
 
 def _bit_equal_checks(S, ck, cases, var, name):

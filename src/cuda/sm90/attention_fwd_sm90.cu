@@ -128,13 +128,8 @@ enum {
                       * aligned O only; default for bf16 D128 128-key, D256 masked and D64
                       * kFlDiag tiles, see the dispatch) */
   /* 0x20000: kFlWgSplit until 2026-12-02 (measured 0.982x at D64 full S1k, removed; git cd26b0a);
-   * since 2026-12-02 (twentieth session) kFlTree: */
-  kFlTree = 0x20000, /* the softmax's row max and row sum over 4 partial chains per row (a
-                      * thread's NS / 2 values of a row in 4 interleaved runs, combined at
-                      * the end) instead of one chain of NS / 2 dependent FMNMX / FADD: ncu at
-                      * D64 S1k causal (2026-12-02) showed 1.55 "wait" stalls per issue
-                      * against cuDNN's 0.87. The max is exact either way; the sum's
-                      * rounding differs (the order of the additions) */
+   * then kFlTree (the softmax's row max and sum over 4 chains a row: 1.000x at D64 S1k causal,
+   * within +-3% elsewhere, removed; git d141e27, attention_fwd_tree.json) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -310,7 +305,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   static_assert(!DIAG || NARROW, "kFlDiag needs kFlNarrow's width");
   constexpr bool PIN = (FL & kFlPin) != 0;
   constexpr bool SHIFT = (FL & kFlShift) != 0;
-  constexpr bool TREE = (FL & kFlTree) != 0;
   static_assert(!SHIFT || (!SPLIT && !NARROW),
                 "kFlShift is not compiled with kFlSplit or the narrow steps");
   /* the first row of query tile m: m BR - rpad (kFlShift; 0 elsewhere) */
@@ -545,26 +539,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
             if (col > hi[h] || col < lo[h]) s[i] = -INFINITY;
           }
         }
-        /* value i is row (i >> 1) & 1's; TREE: its chain (i & 1) | ((i >> 1) & 2) of 4 */
-        constexpr int NCH = TREE && NSX >= 16 ? 4 : 1;
-        auto chain = [](int i) { return NCH == 4 ? (i & 1) | ((i >> 1) & 2) : 0; };
         float mx[2] = {m_r[0], m_r[1]};
-        if constexpr (NCH == 4) {
-          float mp[2][4];
 #pragma unroll
-          for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) mp[h][c] = m_r[h];
-#pragma unroll
-          for (int i = 0; i < NSX; i++)
-            mp[(i >> 1) & 1][chain(i)] = fmaxf(mp[(i >> 1) & 1][chain(i)], s[i]);
-#pragma unroll
-          for (int h = 0; h < 2; h++)
-            mx[h] = fmaxf(fmaxf(mp[h][0], mp[h][1]), fmaxf(mp[h][2], mp[h][3]));
-        } else {
-#pragma unroll
-          for (int i = 0; i < NSX; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-        }
+        for (int i = 0; i < NSX; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
         float sum[2] = {0.f, 0.f}, ms[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -590,16 +567,12 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           }
         }
         if (RESC) resc = __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);
-        float sp[2][NCH] = {};
 #pragma unroll
         for (int i = 0; i < NSX; i++) {
           const int h = (i >> 1) & 1;
           s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
-          sp[h][chain(i)] += s[i];
+          sum[h] += s[i];
         }
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-          sum[h] = NCH == 4 ? (sp[h][0] + sp[h][1]) + (sp[h][2 % NCH] + sp[h][3 % NCH]) : sp[h][0];
 #pragma unroll
         for (int h = 0; h < 2; h++) l_r[h] = l_r[h] * alpha[h] + sum[h];
       };
@@ -1156,7 +1129,7 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlTree, kFlShift, kFlSt16, kFlPin, kFlSkip,
+  static const int drop[] = {kFlShift, kFlSt16, kFlPin, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
@@ -1187,31 +1160,27 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift, TR = kFlTree;
-  /* (TR, kFlTree: with each default's bits, prepared 2026-12-02, twentieth session) */
+  constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
                                             PN, narrow_bits(3) | PN, narrow_bits(3) | PN | ST,
-                                            PN | ST, narrow_bits(3) | PN | TR, PN | TR>());
+                                            PN | ST>());
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4),
-                                            R | SK, R | PN, R | ST, R | TR, R | ST | TR>());
+                                            R | SK, R | PN, R | ST>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SK, R | DG, R | PN, R | ST,
-                                            R | ST | TR>());
+                                    fl_list<0, R, R | SK, R | DG, R | PN, R | ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SK, DG, PN, DG | PN, DG | PN | ST, DG | ST, ST,
-                                            DG | ST | TR, PN | TR>());
+                                    fl_list<0, SK, DG, PN, DG | PN, DG | PN | ST, DG | ST, ST>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
     /* kFlShift (with the skip the default, below; measured 2026-12-02): with and without
      * the skip */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SK, PN, PN | ST, SK | SH, SH, SK | SH | TR,
-                                            SK | TR, PN | TR>());
+                                    fl_list<0, SK, PN, PN | ST, SK | SH, SH>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
@@ -1572,15 +1541,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                          (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
     if (on && aligned) st16 = kFlSt16;
   }
-  /* kFlTree: the softmax's row max and sum over 4 chains a row (experiment builds only,
-   * prepared 2026-12-02): OT_ATTN_SM90_TREE=1 adds it to the call's bits (dropped first
-   * where no instance carries them) */
-  int tree = 0;
-  {
-    const char *trv = sm90_knob(knobs, "OT_ATTN_SM90_TREE");
-    if (trv && trv[0] == '1') tree = kFlTree;
-  }
-  const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | tree;
+  const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
