@@ -103,7 +103,7 @@ c_suites_sharded() {
 }
 c_summary() {
 grep -E "^FAIL" "$OUT/test_ops_cuda.log" | head -20
-grep -E "passed,|^rc " "$OUT/test_ops_cuda.log" | tail -30
+grep -E "passed,|^rc " "$OUT/test_ops_cuda.log" | tail -n 60
 awk '/^test_ops: /{p+=$2; f+=$4; s+=$6} END{if (NR) printf "test_ops total: %d passed, %d failed, %d skipped\n", p, f, s}' \
   "$OUT/test_ops_cuda.log"
 }

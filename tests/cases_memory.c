@@ -899,6 +899,9 @@ static ot_attention_params pcase_params(const pcase *c) {
  * start); the kv-ready calls of those cases must also have set 4 (the early start). */
 static const char *g_pmode = "";
 static int g_pflag_set = 0, g_pflag_clear = 0;
+/* the kernel each call must have run (1 split, 2 stream: paged_auto_plan_case); 0: the
+ * instance blocks' split kernel, checked only where they set flags */
+static int g_pkernel = 0;
 /* paged_case_spare runs each case again with both split merges (paged_merge_bits) */
 static bool g_pmerge_bits = false;
 #ifdef OT_TEST_CUDA
@@ -907,7 +910,7 @@ void ot_cuda_paged_last_plan(int out[4]); /* src/cuda/paged_attention.cu */
 static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool ready,
                              const char *call) {
 #ifdef OT_TEST_CUDA
-  if (!g_pflag_set && !g_pflag_clear) return;
+  if (!g_pflag_set && !g_pflag_clear && !g_pkernel) return;
   const bool al = dt.bits == 16 && c->d == 128 && c->bs % 16 == 0;
   /* with the early start (ready): no 8-warp CTAs, and its flag 4 (the XT instances; every
    * aligned case is head_dim 128, where the split kernel takes paged_kv_ready unless
@@ -915,7 +918,8 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
   const char *dbg = getenv("OT_DEBUG");
   const bool early = ready && !(dbg && dbg[0] && strcmp(dbg, "0") != 0);
   const int want = (g_pflag_set & ~(ready ? 32 : 0)) | (early ? 4 : 0);
-  const int kernel = 1; /* the split kernel (paged_mode_cases force it) */
+  /* the split kernel (paged_mode_cases force it), or the default's (g_pkernel) */
+  const int kernel = g_pkernel ? g_pkernel : 1;
   int pl[4] = {0, 0, 0, 0};
   ot_cuda_paged_last_plan(pl);
   if (pl[0] != kernel || (al && (pl[3] & want) != want) || (pl[3] & g_pflag_clear))
@@ -1238,6 +1242,25 @@ static void paged_stream_case(test_run *tr, const char *name, int b, int maxlen,
   env_saved grid = env_set("OT_PAGED_STREAM_CTAS", ctas > 0 ? cs : NULL);
   paged_case(tr, &c, dt);
   env_restore(&grid);
+  env_restore(&kern);
+}
+
+/* CUDA: the kernel that the default (no OT_PAGED_KERNEL) picks for a decode of b
+ * sequences of len keys (Hq 32 / Hkv 8, D 128, pages of 16, bf16): the stream kernel only
+ * past two waves of the split kernel's 4-warp CTAs (ps_auto; 132 SMs x 2 CTAs: 528 units);
+ * want 1 split, 2 stream. The result is checked against float64 too. */
+static void paged_auto_plan_case(test_run *tr, const char *name, int b, int len, int want) {
+  pcase c;
+  memset(&c, 0, sizeof c);
+  c.name = name, c.b = b, c.hq = 32, c.hkv = 8, c.d = 128, c.bs = 16;
+  c.causal = 1, c.wl = -1, c.wr = -1;
+  for (int i = 0; i < b; i++) c.len[i] = len, c.sq[i] = 1;
+  env_saved kern = env_set("OT_PAGED_KERNEL", NULL);
+  env_saved splits = env_set("OT_PAGED_SPLITS", NULL);
+  g_pkernel = want;
+  paged_case(tr, &c, DT_BF16);
+  g_pkernel = 0;
+  env_restore(&splits);
   env_restore(&kern);
 }
 
@@ -1983,6 +2006,11 @@ static void run_memory_cuda(test_run *tr) {
     paged_case(tr, &paged_stream_masks[i], i % 2 ? DT_F16 : DT_BF16);
   env_restore(&grid3);
   env_restore(&kern3);
+  /* the default's choice: 16 x 512 (128 units) and 64 x 64 (512, under two waves of 264
+   * CTAs) the split kernel, 160 x 64 (1280 units) the stream kernel */
+  paged_auto_plan_case(tr, "cuda plan B16 x 512 Hq32 Hkv8 D128 bs16: split kernel", 16, 512, 1);
+  paged_auto_plan_case(tr, "cuda plan B64 x 64 Hq32 Hkv8 D128 bs16: split kernel", 64, 64, 1);
+  paged_auto_plan_case(tr, "cuda plan B160 x 64 Hq32 Hkv8 D128 bs16: stream kernel", 160, 64, 2);
   append_cases(tr);
   append_case(tr, DT_BF16, 16, 0, true, false, false);
   paged_instance_cases(tr);

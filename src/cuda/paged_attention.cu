@@ -2327,12 +2327,19 @@ static ot_status pa_launch_simple(ot_context *ctx, pa_params &p, bool debug, con
 }
 
 /* Whether it should (no OT_PAGED_KERNEL): at most 8 queries per sequence, short contexts
- * (<= 1024 keys per sequence, estimated from the table's size) cut into <= 8 pieces per unit. There it saves the split
- * kernel's per-CTA start and waves of short CTAs (H200, same run: 64 x 1k 3.21 vs 3.02
- * TB/s; tiny decodes 15-25% less time per call); with longer contexts the split kernel was
- * 1-5% faster (16 x 4k, 64 x 4k), and with few units (1 x 64k: 132 pieces each) much
- * faster; at batch 1 too once its splits could be 64 keys (below). OT_PAGED_SPLITS (a
- * forced split count) keeps the split kernel. */
+ * (<= 1024 keys per sequence, estimated from the table's size) cut into <= 8 pieces per
+ * unit, and more units than two waves of the split kernel's 4-warp CTAs. There it saves the
+ * split kernel's waves of short CTAs. H200, 2026-12-02 (twentieth session; bench_decode.py
+ * --ab, 10 rounds, us per call, stream / split): 128 x 256 43.25 / 57.60, 256 x 512 144.46 /
+ * 153.19, 128 x 1k 140.93 / 141.68 (3.9-7.8 waves); but at two waves or fewer the split
+ * kernel: 64 x 16 16.70 / 13.18, 64 x 128 18.96 / 17.24, 16 x 128 14.21 / 8.16, 16 x 512
+ * 19.13 / 12.32, 32 x 512 28.61 / 23.46, 32 x 1k 44.55 / 39.53, 64 x 512 and 64 x 1k level
+ * (44.92 / 44.87, 74.56 / 74.30). (Until then the stream kernel took every short batch: it
+ * was chosen in 2026-11-30's run, 64 x 1k 3.21 vs 3.02 TB/s, before the split kernel's
+ * aligned-page step and 8-warp CTAs.) With longer contexts the split kernel was 1-5% faster
+ * (16 x 4k, 64 x 4k), and with few units (1 x 64k: 132 pieces each) much faster; at batch 1
+ * too once its splits could be 64 keys (below). OT_PAGED_SPLITS (a forced split count)
+ * keeps the split kernel. */
 static bool ps_auto(const ot_cuda_state *cs, const pa_params &p, const pa_env &env, int per_sm) {
   if (env.splits_set) return false;
   const int64_t qps = (p.tq + p.batch - 1) / p.batch;
@@ -2348,6 +2355,9 @@ static bool ps_auto(const ot_cuda_state *cs, const pa_params &p, const pa_env &e
   const int64_t est_len = p.num_indices * p.bs / p.batch;
   if (est_len > 1024 || units < 1) return false;
   const int64_t unit_steps = est_len > 0 ? (est_len + kPaStep - 1) / kPaStep : 1;
+  /* two waves of the split kernel's one-split 4-warp CTAs (a unit each; per_sm is the
+   * stream kernel's CTAs per SM, the same 4-warp size) */
+  if (units <= 2 * (int64_t)cs->sm_count * per_sm) return false;
   const int64_t wtot = (int64_t)cs->sm_count * per_sm * kPaWarps;
   int64_t P = (units * unit_steps + wtot - 1) / wtot;
   if (P < kPsMinSteps) P = kPsMinSteps;
