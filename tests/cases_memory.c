@@ -1248,8 +1248,10 @@ static void paged_stream_case(test_run *tr, const char *name, int b, int maxlen,
 /* CUDA: the kernel that the default (no OT_PAGED_KERNEL) picks for a decode of b
  * sequences of len keys (Hq 32 / Hkv 8, D 128, pages of 16, bf16): the stream kernel only
  * past two waves of the split kernel's 4-warp CTAs (ps_auto; 132 SMs x 2 CTAs: 528 units);
- * want 1 split, 2 stream. The result is checked against float64 too. */
-static void paged_auto_plan_case(test_run *tr, const char *name, int b, int len, int want) {
+ * want 1 split, 2 stream; the split kernel's plan flags set / clear (32: 8-warp CTAs, taken
+ * only where they leave one split). The result is checked against float64 too. */
+static void paged_auto_plan_case(test_run *tr, const char *name, int b, int len, int want,
+                                 int flags_set, int flags_clear) {
   pcase c;
   memset(&c, 0, sizeof c);
   c.name = name, c.b = b, c.hq = 32, c.hkv = 8, c.d = 128, c.bs = 16;
@@ -1258,8 +1260,10 @@ static void paged_auto_plan_case(test_run *tr, const char *name, int b, int len,
   env_saved kern = env_set("OT_PAGED_KERNEL", NULL);
   env_saved splits = env_set("OT_PAGED_SPLITS", NULL);
   g_pkernel = want;
+  g_pflag_set = flags_set, g_pflag_clear = flags_clear;
   paged_case(tr, &c, DT_BF16);
   g_pkernel = 0;
+  g_pflag_set = g_pflag_clear = 0;
   env_restore(&splits);
   env_restore(&kern);
 }
@@ -2006,11 +2010,18 @@ static void run_memory_cuda(test_run *tr) {
     paged_case(tr, &paged_stream_masks[i], i % 2 ? DT_F16 : DT_BF16);
   env_restore(&grid3);
   env_restore(&kern3);
-  /* the default's choice: 16 x 512 (128 units) and 64 x 64 (512, under two waves of 264
-   * CTAs) the split kernel, 160 x 64 (1280 units) the stream kernel */
-  paged_auto_plan_case(tr, "cuda plan B16 x 512 Hq32 Hkv8 D128 bs16: split kernel", 16, 512, 1);
-  paged_auto_plan_case(tr, "cuda plan B64 x 64 Hq32 Hkv8 D128 bs16: split kernel", 64, 64, 1);
-  paged_auto_plan_case(tr, "cuda plan B160 x 64 Hq32 Hkv8 D128 bs16: stream kernel", 160, 64, 2);
+  /* the default's choice: 16 x 512 (128 units: one 8-warp split each) and 64 x 64 (512,
+   * under two waves of 264 CTAs) the split kernel, 160 x 64 (1280 units) the stream kernel;
+   * 1 x 2k and 4 x 2k (both plans merge splits) 4-warp CTAs */
+  paged_auto_plan_case(tr, "cuda plan B16 x 512 Hq32 Hkv8 D128 bs16: split kernel, 8 warps", 16,
+                       512, 1, 32, 0);
+  paged_auto_plan_case(tr, "cuda plan B64 x 64 Hq32 Hkv8 D128 bs16: split kernel", 64, 64, 1, 0, 0);
+  paged_auto_plan_case(tr, "cuda plan B160 x 64 Hq32 Hkv8 D128 bs16: stream kernel", 160, 64, 2,
+                       0, 0);
+  paged_auto_plan_case(tr, "cuda plan B1 x 2048 Hq32 Hkv8 D128 bs16: split kernel, 4 warps", 1,
+                       2048, 1, 0, 32);
+  paged_auto_plan_case(tr, "cuda plan B4 x 2048 Hq32 Hkv8 D128 bs16: split kernel, 4 warps", 4,
+                       2048, 1, 0, 32);
   append_cases(tr);
   append_case(tr, DT_BF16, 16, 0, true, false, false);
   paged_instance_cases(tr);

@@ -2168,8 +2168,12 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   /* 8-warp CTAs (AL, no early start; OT_PAGED_WARPS=8 / 4 forces them / the 4-warp ones):
    * one CTA per SM with the same 8 warps, so a launch that the 4-warp plan splits only to
    * fill the GPU takes half the splits: taken where the 8-warp plan is one wave filling at
-   * least 90% of the SMs and the 4-warp plan has splits to merge (16 x 4k: one split, no
-   * merge; 1 x 64k: 16 of 4096 keys; H200, decode round 7) */
+   * least 90% of the SMs with one split (no merge) and the 4-warp plan has splits to merge
+   * (16 x 4k: 3.80 vs 3.66 TB/s, decode round 7; 16 x 512 12.25 vs 15.04 us). Until
+   * 2026-12-02 (twentieth session) also where both plans merge splits; measured then (H200,
+   * 12 rounds, bench/results/decode_warps_ab.json, us, 8 / 4 warps): 1 x 2k 10.53 / 10.28,
+   * 4 x 2k 15.15 / 14.87, 1 x 8k 14.28 / 14.34, 1 x 64k 73.78 / 73.77, 2 x 4k 14.94 / 14.94:
+   * the 4-warp plan there. */
   bool w8 = false;
   if constexpr (D == 128) {
     if (al && !xt && env.warps != 4) {
@@ -2178,7 +2182,8 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
         const int64_t slots8 = (int64_t)cs->sm_count * per8;
         const int s8 = pa_plan_splits(tiles_est * p.hkv, est_len, slots8, 8 * kPaStep);
         const int64_t ctas8 = tiles_upper * p.hkv * s8;
-        w8 = env.warps == 8 || (splits > 1 && ctas8 <= slots8 && ctas8 * 10 >= slots8 * 9);
+        w8 = env.warps == 8 ||
+             (splits > 1 && s8 == 1 && ctas8 <= slots8 && ctas8 * 10 >= slots8 * 9);
         if (w8) splits = s8;
       }
     }
