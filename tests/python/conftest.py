@@ -42,10 +42,11 @@ def leaf(t, requires_grad=True):
     return t.detach().clone().requires_grad_(requires_grad)
 
 
-def load_script(name):
-    """scripts/NAME.py of the repository as a module (the scripts are not a package)"""
+def load_script(name, folder="scripts"):
+    """FOLDER/NAME.py of the repository (scripts/ or bench/) as a module (neither is a
+    package)"""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "scripts", name + ".py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, folder, name + ".py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
