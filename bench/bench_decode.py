@@ -737,7 +737,8 @@ def ab(args):
         pct_s = {n: round(t / stream, 3) for n, t in tbps.items()} if isinstance(stream, float) else None
         print(f"ab B{b} x ctx {ctx}: median us {med} TB/s {tbps} of torch.sum read {pct} of "
               f"streaming read {pct_s} plans {plans} max|out - {names[0]}| {diff}", flush=True)
-        rows.append({"case": f"B{b} x ctx {ctx} page 16 bf16 Hq{HQ} Hkv{HKV} D{D}",
+        rows.append({**ab_bench_fields(names, tbps, pct),
+                     "case": f"B{b} x ctx {ctx} page 16 bf16 Hq{HQ} Hkv{HKV} D{D}",
                      "batch": b, "ctx": ctx, "median_us": med, "TBps": tbps,
                      "fraction_of_read": pct, "fraction_of_stream_read": pct_s, "rounds_us": us,
                      "plans": plans, "max_abs_diff_vs_first": diff})
@@ -752,6 +753,21 @@ def ab(args):
                                     "read_stream_TBps": round(stream, 3)
                                     if isinstance(stream, float) else stream},
                        "rows": rows}, f, indent=1)
+
+
+AB_PEERS = {"cudnn": "torch SDPA cuDNN (contiguous)", "flash": "torch SDPA flash (contiguous)"}
+
+
+def ab_bench_fields(names, tbps, pct):
+    """shared/BENCH.md's fields of an --ab row: the first build is "ours", the others its
+    variants, cuDNN / flash SDPA on a contiguous cache the peers (TB/s; fraction of torch.sum's
+    read)"""
+    peers = {AB_PEERS[n]: tbps[n] for n in AB_PEERS if n in tbps}
+    ours = tbps[names[0]]
+    return {"op": "paged_attention_decode", "metric": "TB/s", "ours": ours, "peers": peers,
+            "ratio_best_peer": round(ours / max(peers.values()), 4) if peers else None,
+            "fraction_of_ceiling": pct[names[0]],
+            "variants": {n: tbps[n] for n in names[1:]}}
 
 
 def main():
