@@ -20,7 +20,8 @@
 # the files' last durations in OT_VERIFY_DURATIONS -- a pytest.log of an earlier run, its
 # "slowest durations" section summed per file -- else by size), each process with 2 OpenMP /
 # OpenBLAS threads; logs per process (test_ops_cuda.SUITE.log, pytest.K.log), concatenated into
-# test_ops_cuda.log / pytest.log. Why: on 2026-12-02 (7def3aa) the two halves side by side hit
+# test_ops_cuda.log / pytest.log and then packed into test_ops_parts.tar.gz / pytest_parts.tar.gz
+# (a device call returns at most 8 files). Why: on 2026-12-02 (7def3aa) the two halves side by side hit
 # 290 s / 430 s at ~92% / ~75% of their tests: the regression no longer fit one 600 s call.
 # For a regression only, never for timings (the processes share the GPU).
 set -uo pipefail
@@ -100,6 +101,14 @@ c_suites_sharded() {
   done
   wait
   for s in $suites; do cat "$OUT/test_ops_cuda.$s.log"; done >"$OUT/test_ops_cuda.log"
+  pack_parts test_ops_parts "$OUT"/test_ops_cuda.*.log
+}
+# At most 8 files come back from a device call (on 2026-12-02 the 11 suite logs crowded out
+# test_ops_cuda.log): the per-process logs, once concatenated, go into one tar.gz
+pack_parts() {
+  local name=$1; shift
+  [ $# -gt 0 ] && [ -e "$1" ] || return 0
+  tar czf "$OUT/$name.tar.gz" -C "$OUT" "${@##*/}" && rm -f "$@"
 }
 c_summary() {
 grep -E "^FAIL" "$OUT/test_ops_cuda.log" | head -20
@@ -172,6 +181,7 @@ if [ "$SHARDS" -gt 1 ] && [ -z "${OT_VERIFY_PYTESTS:-}" ]; then
   wait "${PPIDS[@]}"
   for k in "${!BINS[@]}"; do cat "$OUT/pytest.$k.log"; done >"$OUT/pytest.log"
   for k in "${!BINS[@]}"; do tail -2 "$OUT/pytest.$k.log"; done
+  pack_parts pytest_parts "$OUT"/pytest.[0-9]*.log
 else
 stamp "pytest ${OT_VERIFY_PYTESTS:-tests/python} $DESELECT"
 # shellcheck disable=SC2086
