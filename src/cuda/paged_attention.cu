@@ -99,9 +99,10 @@
  *     64 x 4k 259.2 -> 248.7, 64 x 1k (stream kernel) 79.9 -> 74.4, 1 x 8k 18.0 -> 15.6.
  *   - 8-warp CTAs (AL, no early start; OT_PAGED_WARPS=4 / 8 forces a size): one CTA of 8
  *     warps per SM, the same 8 warps and ring bytes per SM as 2 x 4, used where the 8-warp
- *     plan is one wave over at least 90% of the SMs and the 4-warp plan splits the keys to
- *     fill the GPU: 16 x 4k then runs one split (no merge kernel, no partials): 3.80 vs 3.66
- *     TB/s with 4 warps; 1 x 2k / 1 x 8k 16 splits of 128 / 512 keys.
+ *     plan is one wave over at least 90% of the SMs with one split per unit and the 4-warp
+ *     plan splits the keys to fill the GPU: 16 x 4k then runs one split (no merge kernel, no
+ *     partials): 3.80 vs 3.66 TB/s with 4 warps. (Where both plans merge splits -- 1 x 2k,
+ *     1 x 8k, 1 x 64k -- 4 warps since 2026-12-02: pa_launch_mma.)
  *   - The AL instances' step (pa_step's CR and LB; decode round 9, default since round
  *     10): O rescaled only in steps where a row of the warp raised its max, and the
  *     fragment reads from four per-lane offsets plus immediates; issued instructions per
