@@ -9,7 +9,8 @@ file: the columns found, the opcodes (predicate and modifiers dropped: `@P0 FMNM
 FMNMX) by their share of the sampled warp states, with the executed instruction count, and the
 30 single instructions with the most samples. Column names differ between ncu versions, so
 they are matched by substring ("Sampling (All", "Sampling (Not", "Instructions Executed");
-every other numeric column whose name has "stall" in it is summed per opcode as well.
+every other numeric column whose name has "stall" in it (but not its "(Not Issued)" twin) is
+summed per opcode as well.
 """
 import csv
 import io
@@ -57,7 +58,9 @@ def report(path):
     c_all = find("Sampling (All")
     c_not = find("Sampling (Not")
     c_exe = find("Instructions Executed")
-    stall_cols = [c for c in cols if "stall" in c.lower() and c not in (c_all, c_not)]
+    # the all-samples reasons only (ncu also gives each a "(Not Issued)" twin)
+    stall_cols = [c for c in cols if "stall" in c.lower() and "not issued" not in c.lower()
+                  and c not in (c_all, c_not)]
     print(f"   columns: {cols}")
     if c_all is None:
         print("   no 'Warp Stall Sampling (All Samples)' column")
@@ -85,7 +88,7 @@ def report(path):
     if stall_cols:
         print("   stall columns by opcode (top 12 opcodes, nonzero columns):")
         for op, d in sorted(by.items(), key=lambda kv: -kv[1]["all"])[:12]:
-            parts = [f"{c.split('(')[0].strip()[-28:]}={d[c]:.0f}" for c in stall_cols if d[c]]
+            parts = [f"{c.strip()[-28:]}={d[c]:.0f}" for c in stall_cols if d[c]]
             print(f"   {op:12s} " + ", ".join(parts[:8]))
     print("   top instructions:")
     top = sorted(rows, key=lambda r: -(_num(r.get(c_all)) or 0.0))[:30]

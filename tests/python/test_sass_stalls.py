@@ -7,13 +7,13 @@ ss = load_script("sass_stalls", "bench")
 
 HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)",'
           '"Warp Stall Sampling (Not-issued Samples)","Instructions Executed",'
-          '"stall_wait","stall_mio"')
+          '"stall_wait","stall_mio","stall_wait (Not Issued)"')
 ROWS = [
-    ('0x10', 'MUFU.EX2 R24, R24', '1,200', '600', '200,704', '500', '100'),
-    ('0x20', '@P2   MUFU.EX2 R21, R17', '300', '150', '200,704', '70', '80'),
-    ('0x30', '@!P0  BRA 0x7f7a6b7af930', '400', '10', '3,118,795', '0', '0'),
-    ('0x40', 'FMNMX R22, R24, R17, !PT', '90', '30', '200,704', '40', '0'),
-    ('0x50', '@!UPT UISETP.GT.OR UP2, UPT, UR7, UR16, !UP3', '10', '0', '65,536', '5', '0'),
+    ('0x10', 'MUFU.EX2 R24, R24', '1,200', '600', '200,704', '500', '100', '300'),
+    ('0x20', '@P2   MUFU.EX2 R21, R17', '300', '150', '200,704', '70', '80', '40'),
+    ('0x30', '@!P0  BRA 0x7f7a6b7af930', '400', '10', '3,118,795', '0', '0', '0'),
+    ('0x40', 'FMNMX R22, R24, R17, !PT', '90', '30', '200,704', '40', '0', '20'),
+    ('0x50', '@!UPT UISETP.GT.OR UP2, UPT, UR7, UR16, !UP3', '10', '0', '65,536', '5', '0', '1'),
 ]
 
 
@@ -49,6 +49,10 @@ def test_report_sums_by_opcode(tmp_path, capsys):
     mufu = next(line for line in out.splitlines() if line.split()[:1] == ["MUFU"])
     assert mufu.split()[1] == "75.0%" and mufu.split()[3] == "2" and mufu.split()[4] == "401408"
     assert "stall_wait=570" in out and "stall_mio=180" in out
+    # the "(Not Issued)" twin is not summed beside it
+    stalls = out.split("stall columns by opcode")[1].split("top instructions:")[0]
+    mufu_stalls = next(line for line in stalls.splitlines() if line.split()[:1] == ["MUFU"])
+    assert mufu_stalls.count("stall_wait") == 1 and "Not Issued" not in stalls
     # the top instruction first
     top = out.split("top instructions:")[1].splitlines()[1]
     assert "MUFU.EX2 R24, R24" in top and "60.00%" in top
