@@ -56,6 +56,7 @@ PIN = {"OT_ATTN_SM90_PIN": "1"}
 NOPIN = {"OT_ATTN_SM90_PIN": "0"}  # the plain order where kFlPin is the default
 ST16 = {"OT_ATTN_SM90_ST16": "1"}  # kFlSt16: O stored 16 bytes a lane
 NOST16 = {"OT_ATTN_SM90_ST16": "0"}  # the 4-byte stores where kFlSt16 is the default
+STAG = {"OT_ATTN_SM90_STAG": "1"}  # kFlStag: the consumers' exponentials in a turn of their own
 WIDERESC = {**WIDE, **RESC}
 
 
@@ -76,6 +77,13 @@ def _variant_list(d, s, causal):
     # measured on 2026-11-30 ~13:27 / ~13:29 UTC also had a D128 16-key instance, which ran
     # S 16k's narrow column.)
     v = []
+    # kFlStag (prepared 2026-12-02, twentieth session): on each default's bits where no kFlSkip
+    # is among them (D64 2 consumers, D64 full on 3, D128 both tiles); "stagnoskip" for D64
+    # causal on 3 consumers (S > 1024), against "noskip"
+    if d in (64, 128):
+        v.append(("stag", STAG))
+    if d == 64 and causal and s > 1024:
+        v.append(("stagnoskip", {**STAG, **NOSKIP}))
     if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
         v += [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),
               ("nonpers", NONPERS)]
@@ -238,7 +246,7 @@ def checks(S):
                       env={**SPLIT, "OT_ATTN_SM90_GRID": "3"})
     for name, checks in (("skip", skip_checks), ("shift", shift_checks), ("diag", diag_checks),
                          ("pin", pin_checks), ("st16", st16_checks), ("nopin", nopin_checks),
-                         ("wg3pin", wg3pin_checks)):
+                         ("wg3pin", wg3pin_checks), ("stag", stag_checks)):
         if ONLY is None or name in ONLY:
             checks(S, ck)
     if ONLY is None or "wideresc" in ONLY:
@@ -446,6 +454,27 @@ def wg3pin_checks(S, ck):
     """kFlPin on 3 consumers for D64 masked calls (OT_ATTN_SM90_WG=3 OT_ATTN_SM90_PIN=1): float64,
     and bit-equal to 3 consumers without it"""
     _bit_equal_checks(S, ck, _d64_masked_cases(WG3), PIN, "wg3pin")
+
+
+def stag_checks(S, ck):
+    """kFlStag (OT_ATTN_SM90_STAG=1, experiment builds: the default bits of D64 on 2 consumers
+    -- kFlDiag up to 8 query tiles, kFlPin past them -- and on 3 unmasked, D64 causal on 3
+    without the skip, D128 on both tiles): float64, and bit-equal to the default (the turn
+    moves no arithmetic). Causal Sq = Sk with the diagonal step (S 17, 1000, 1024), Sq != Sk
+    both ways, GQA / MQA, a window, the persistent path (GRID 3) and the dynamic schedule (DYN
+    1), D64 full on 3 consumers (padding warpgroups in the last tile), D64 causal S 1300 on 3
+    without the skip, D128 full S 4097 (176-key tile with the 48-key narrow step) and Sk 1050
+    (128-key tile), D128 causal."""
+    cases = [(64, 17, 17, 4, 1, -1, 0, {}), (64, 1000, 1000, 4, 2, -1, 0, {}),
+             (64, 1024, 1024, 8, 2, -1, 0, {}), (64, 700, 1000, 4, 2, -1, 0, {}),
+             (64, 1000, 700, 4, 2, -1, 0, {}), (64, 1500, 1500, 4, 2, -1, 0, {}),
+             (64, 2000, 2000, 8, 2, 256, 64, {}),
+             (64, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}),
+             (64, 2100, 2100, 4, 2, -1, 0, {"OT_ATTN_SM90_DYN": "1"}),
+             (64, 1000, 1000, 4, 2, -1, -1, {}), (64, 1300, 1300, 4, 2, -1, 0, NOSKIP),
+             (128, 4097, 4097, 2, 1, -1, -1, {}), (128, 1000, 1050, 4, 4, -1, -1, {}),
+             (128, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"})]
+    _bit_equal_checks(S, ck, cases, STAG, "stag")
 
 
 def _bit_equal_checks(S, ck, cases, var, name):

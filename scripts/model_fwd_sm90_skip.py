@@ -22,7 +22,12 @@ the shift -- and under it BUG=nowait fails (a stage hazard: a warpgroup that ski
 tile would release a V stage before the producer filled it), so the kernel's FULL waits in
 the skip loop are needed since the shift. (kFlWgSplit -- a partial tile's keys split over the consumers, its tail skips and
 merge barrier, BUG=notail -- was modelled here too until it was removed from the kernel on
-2026-12-02 after its A/B lost; git history.)"""
+2026-12-02 after its A/B lost; git history.)
+Since 2026-12-02 (twentieth session) also kFlStag (stag=True, without the skip: the kernel
+compiles it only there): a second turn round the consumers around each softmax's
+exponentials (named barriers kExpBar + c, here NC + c), taken in the prologue and in every
+pipelined step, consumer 0 clearing the extra arrival at the end. BUG=stagskip (one consumer
+takes no exponential turn in its tile prologue) must fail, and does (deadlock)."""
 import os
 import random
 import sys
@@ -45,12 +50,13 @@ class NB:
         s.arr.append(who)
         if len(s.arr) == 2: s.arr = []; s.gen += 1
 
-def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False):
+def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False, stag=False):
+    assert not (stag and skip), "kFlStag is not compiled with kFlSkip"
     rnd = random.Random(seed)
     pad = (-(-sq // BR)) * BR - sq if shift else 0
     FQ, EQ = MB(1), MB(NC)
     FK, EK, FV, EV = [MB(1), MB(1)], [MB(NC), MB(NC)], [MB(1), MB(1)], [MB(NC), MB(NC)]
-    NBs = {c: NB() for c in range(NC)}
+    NBs = {c: NB() for c in range(2 * NC)}   # NC .. 2 NC - 1: kFlStag's exponential turns
     kst, vst, qst = [None, None], [None, None], [None]
     off = sk - sq
     def tinfo(m):
@@ -90,7 +96,14 @@ def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False):
             while nb.gen <= g0: yield
         def use(st, g, what):
             if st[g % 2] != g: raise AssertionError(f"wg {c}: {what} stage holds {st[g % 2]}, wanted {g}")
+        def exp_turn(step):
+            # kFlStag: the softmax's exponentials inside a turn of their own
+            if not stag or (BUG == "stagskip" and c == 1 and step == 0): return
+            yield from named_sync(NC + my)
+            for _ in range(rnd.randint(0, 4)): yield   # the exponentials
+            NBs[NC + other].arrive(c)
         if c == NC - 1: NBs[0].arrive(c)
+        if stag and c == NC - 1: NBs[NC].arrive(c)
         kv = qn = 0
         for m in tiles:
             n_min, n_max = tinfo(m); n_iters = n_max - n_min
@@ -123,6 +136,7 @@ def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False):
                 use(kst, kv_s, "K"); NBs[other].arrive(c)
                 yield
                 use(kst, kv_s, "K at release"); EK[kv_s % 2].arrive()
+                yield from exp_turn(0)
             for it in range(1, n_it_s):
                 gk = kv_s + it; gv = gk - 1
                 yield from wait_full(FK[gk % 2], (gk // 2) & 1)
@@ -135,6 +149,7 @@ def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False):
                 yield
                 use(kst, gk, "K at release"); EK[gk % 2].arrive()
                 for _ in range(rnd.randint(0, 8)): yield   # the softmax
+                yield from exp_turn(it)
                 use(vst, gv, "V at release")
                 if BUG != "earlyrel": EV[gv % 2].arrive()
             if n_it_s > 0 and qst[0] != qn: raise AssertionError("Q at release")
@@ -148,6 +163,7 @@ def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False):
             kv += n_iters; qn += 1
         if c == 0:
             yield from named_sync(0)
+            if stag: yield from named_sync(NC)
     ths = [producer()] + [consumer(c) for c in range(NC)]
     alive = list(range(len(ths)))
     stuck = 0
@@ -176,8 +192,9 @@ def main():
         num_m = -(-sq // BR)
         run([rng.randrange(num_m) for _ in range(rng.randint(1, 6))], NC, BC, BR, sq, sk, wr, wl,
             True, trial, shift=True)
+        run(tiles, NC, BC, BR, sq, sk, wr, wl, False, trial, stag=True)
         n += 1
-    print(f"{n} random CTAs x 3 (default, skip, shift with skip): no deadlock, "
+    print(f"{n} random CTAs x 4 (default, skip, shift with skip, stag): no deadlock, "
           "no double arrival, no stage hazard")
 
 if __name__ == "__main__":

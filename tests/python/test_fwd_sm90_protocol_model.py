@@ -36,15 +36,20 @@ def test_protocol_holds_default_skip_shift(bug):
         for skip in (False, True):
             assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, skip, trial)
         assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, True, trial, shift=True)
+        # kFlStag (its exponential turns; compiled without kFlSkip only)
+        assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, False, trial, stag=True)
 
 
 def _some_run_fails(kw, causal):
-    """True when the mutated protocol fails (deadlock or hazard) on some random CTA"""
+    """True when the mutated protocol fails (deadlock or hazard) on some random CTA (with the
+    skip unless kw says skip=False)"""
+    kw = dict(kw)
+    skip = kw.pop("skip", True)
     for trial, (nc, bc, br, sq, sk, wr, wl, tiles) in enumerate(_cases(300, 5)):
         if causal:
             wr = 0
         try:
-            model.run(tiles, nc, bc, br, sq, sk, wr, wl, True, trial, **kw)
+            model.run(tiles, nc, bc, br, sq, sk, wr, wl, skip, trial, **kw)
         except AssertionError:
             return True
     return False
@@ -58,6 +63,8 @@ def _some_run_fails(kw, causal):
     # a whole tile and would release a stage the producer has not filled (without the shift
     # the pingpong order alone keeps it safe: BUG=nowait passes there)
     ("nowait", {"shift": True}, True),
+    # kFlStag: a consumer without its exponential turn in a tile prologue
+    ("stagskip", {"stag": True, "skip": False}, True),
 ])
 def test_each_mutation_is_caught(bug, name, kw, causal):
     bug(name)

@@ -54,7 +54,8 @@
  * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1
  * (kFlSplit), kFlNarrow at D256; OT_ATTN_SM90_SKIP=1 (kFlSkip; measured slower,
  * docs/ATTENTION.md); kFlDiag at D128; kFlPin on the other tiles (D64 2 consumers, D128
- * 128-key, D256: measured, not used).
+ * 128-key, D256: measured, not used); OT_ATTN_SM90_STAG=1 (kFlStag: the consumers'
+ * exponentials in a turn of their own; prepared 2026-12-02, not yet measured).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -130,6 +131,13 @@ enum {
   /* 0x20000: kFlWgSplit until 2026-12-02 (measured 0.982x at D64 full S1k, removed; git cd26b0a);
    * then kFlTree (the softmax's row max and sum over 4 chains a row: 1.000x at D64 S1k causal,
    * within +-3% elsewhere, removed; git d141e27, attention_fwd_tree.json) */
+  kFlStag = 0x40000, /* (experiment builds, prepared 2026-12-02, twentieth session, not yet
+                      * measured) a second turn round the consumers around each softmax's
+                      * exponentials (named barriers kExpBar + c), so that the consumers' MUFU
+                      * phases follow one another instead of sharing the MUFU: ncu at D64
+                      * S1k causal showed our MUFU.EX2 with 19.5% of the stall samples (MIO
+                      * throttle, waits) against cuDNN's 6.2%. Every consumer runs the same
+                      * number of softmaxes per tile where it is compiled (no kFlSkip) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -225,6 +233,7 @@ static_assert(BAR_FULL_K + kStages <= BAR_EMPTY_K && BAR_EMPTY_K + kStages <= BA
                   BAR_FULL_V + kStages <= BAR_EMPTY_V && 8 * (BAR_EMPTY_V + kStages) <= 128,
               "barrier slots: kStages of each ring, all in fwd_smem's 128 bytes");
 constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of consumer c */
+constexpr int kExpBar = 12;           /* named barriers 12 + c: kFlStag's exponential turn */
 /* The dynamic schedule's tile slot: an int in the barrier area's 8-byte slot 12 (after
  * every mbarrier), written by the producer before it arrives on FULL_Q of the tile. */
 constexpr int kTileSlot = 12;
@@ -305,6 +314,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   static_assert(!DIAG || NARROW, "kFlDiag needs kFlNarrow's width");
   constexpr bool PIN = (FL & kFlPin) != 0;
   constexpr bool SHIFT = (FL & kFlShift) != 0;
+  constexpr bool STAG = (FL & kFlStag) != 0;
+  static_assert(!STAG || (!SKIP && !SPLIT),
+                "kFlStag needs every consumer to run every softmax of a tile (no kFlSkip)");
   static_assert(!SHIFT || (!SPLIT && !NARROW),
                 "kFlShift is not compiled with kFlSplit or the narrow steps");
   /* the first row of query tile m: m BR - rpad (kFlShift; 0 elsewhere) */
@@ -431,6 +443,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   auto turn_wait = [&]() { named_sync(my_bar, 256); };
   auto turn_pass = [&]() { named_arrive(other_bar, 256); };
   if (c == NC - 1) named_arrive(kSchedBar, 256);   /* consumer 0 goes first */
+  /* STAG: the exponential turn, passed round the consumers in the same order */
+  const int my_ebar = kExpBar + c,
+            other_ebar = NC == 2 ? kExpBar + 1 - c : kExpBar + (c + 1) % NC;
+  if (STAG && c == NC - 1) named_arrive(kExpBar, 256);
   int kv = 0, qn = 0;
   float s[NS];   /* (here since kFlXT: inside the tile's block the default PTX differs) */
   uint32_t pr[NP];
@@ -567,12 +583,14 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           }
         }
         if (RESC) resc = __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);
+        if constexpr (STAG) named_sync(my_ebar, 256);
 #pragma unroll
         for (int i = 0; i < NSX; i++) {
           const int h = (i >> 1) & 1;
           s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
           sum[h] += s[i];
         }
+        if constexpr (STAG) named_arrive(other_ebar, 256);
 #pragma unroll
         for (int h = 0; h < 2; h++) l_r[h] = l_r[h] * alpha[h] + sum[h];
       };
@@ -849,8 +867,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       }
     }
   }
-  /* consumer NC-1 arrived once more on consumer 0's turn barrier (at the start) */
+  /* consumer NC-1 arrived once more on consumer 0's turn barrier (at the start); STAG: and
+   * on its exponential turn's */
   if (c == 0) named_sync(kSchedBar, 256);
+  if (STAG && c == 0) named_sync(kExpBar, 256);
 }
 #else
 template <typename T, int D, int BC, int NC, int FL>
@@ -1129,7 +1149,7 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlShift, kFlSt16, kFlPin, kFlSkip,
+  static const int drop[] = {kFlStag, kFlShift, kFlSt16, kFlPin, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
@@ -1149,7 +1169,10 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * S 4k -- the unmasked defaults), D256 (with the threshold): prepared 2026-11-30 night;
  * since 2026-12-02 the default of D64's masked 2-consumer calls without kFlDiag (its
  * instance in every build, below). (kFlLate, prepared with it, measured 0.88-0.98x the
- * default on 2026-12-02 and removed: docs/ATTENTION.md.) */
+ * default on 2026-12-02 and removed: docs/ATTENTION.md.) kFlStag (SG) with each default's bits
+ * where kFlSkip is not among them (D64 NC 2 with kFlDiag and kFlSt16 / with kFlPin, NC 3 with
+ * kFlPin and alone, D128 176 with the pin, with and without the narrow step, D128 128 with
+ * the threshold and kFlSt16): prepared 2026-12-02 (twentieth session), not yet measured. */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -1160,27 +1183,28 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift;
+  constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift, SG = kFlStag;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
                                             PN, narrow_bits(3) | PN, narrow_bits(3) | PN | ST,
-                                            PN | ST>());
+                                            PN | ST, narrow_bits(3) | PN | SG, PN | SG>());
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4),
                                             R | SK, R | PN, R | ST>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SK, R | DG, R | PN, R | ST>());
+                                    fl_list<0, R, R | SK, R | DG, R | PN, R | ST, R | ST | SG>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SK, DG, PN, DG | PN, DG | PN | ST, DG | ST, ST>());
+                                    fl_list<0, SK, DG, PN, DG | PN, DG | PN | ST, DG | ST, ST,
+                                            DG | ST | SG, PN | SG>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
     /* kFlShift (with the skip the default, below; measured 2026-12-02): with and without
      * the skip */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SK, PN, PN | ST, SK | SH, SH>());
+                                    fl_list<0, SK, PN, PN | ST, SK | SH, SH, PN | SG, SG>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
@@ -1541,7 +1565,15 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                          (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
     if (on && aligned) st16 = kFlSt16;
   }
-  const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift;
+  /* kFlStag (experiment builds; prepared 2026-12-02, not measured): OT_ATTN_SM90_STAG=1
+   * adds it to the call's bits; it is dropped first where no instance carries them (with
+   * kFlSkip, e.g. D64 causal on 3 consumers: OT_ATTN_SM90_SKIP=0 there) */
+  int stag = 0;
+  {
+    const char *sgv = sm90_knob(knobs, "OT_ATTN_SM90_STAG");
+    if (sgv && sgv[0] == '1') stag = kFlStag;
+  }
+  const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
