@@ -79,8 +79,8 @@ def _variant_list(d, s, causal):
     v = []
     # kFlStag (prepared 2026-12-02, twentieth session): on each default's bits where no kFlSkip
     # is among them (D64 2 consumers, D64 full on 3, D128 both tiles); "stagnoskip" for D64
-    # causal on 3 consumers (S > 1024), against "noskip"
-    if d in (64, 128):
+    # causal on 3 consumers (S > 1024, whose default has the skip), against "noskip"
+    if d == 128 or (d == 64 and (not causal or s <= 1024)):
         v.append(("stag", STAG))
     if d == 64 and causal and s > 1024:
         v.append(("stagnoskip", {**STAG, **NOSKIP}))
@@ -464,13 +464,15 @@ def stag_checks(S, ck):
     both ways, GQA / MQA, a window, the persistent path (GRID 3) and the dynamic schedule (DYN
     1), D64 full on 3 consumers (padding warpgroups in the last tile), D64 causal S 1300 on 3
     without the skip, D128 full S 4097 (176-key tile with the 48-key narrow step) and Sk 1050
-    (128-key tile), D128 causal."""
+    (128-key tile), D128 causal. D64 causal past 8 query tiles runs 3 consumers with kFlSkip
+    by default, where the bit is not compiled: those cases turn the skip off, so that every
+    case runs a kFlStag instance."""
     cases = [(64, 17, 17, 4, 1, -1, 0, {}), (64, 1000, 1000, 4, 2, -1, 0, {}),
              (64, 1024, 1024, 8, 2, -1, 0, {}), (64, 700, 1000, 4, 2, -1, 0, {}),
-             (64, 1000, 700, 4, 2, -1, 0, {}), (64, 1500, 1500, 4, 2, -1, 0, {}),
+             (64, 1000, 700, 4, 2, -1, 0, {}), (64, 1500, 1500, 4, 2, -1, 0, NOSKIP),
              (64, 2000, 2000, 8, 2, 256, 64, {}),
              (64, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}),
-             (64, 2100, 2100, 4, 2, -1, 0, {"OT_ATTN_SM90_DYN": "1"}),
+             (64, 2100, 2100, 4, 2, -1, 0, {**NOSKIP, "OT_ATTN_SM90_DYN": "1"}),
              (64, 1000, 1000, 4, 2, -1, -1, {}), (64, 1300, 1300, 4, 2, -1, 0, NOSKIP),
              (128, 4097, 4097, 2, 1, -1, -1, {}), (128, 1000, 1050, 4, 4, -1, -1, {}),
              (128, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"})]
