@@ -57,6 +57,7 @@ NOPIN = {"OT_ATTN_SM90_PIN": "0"}  # the plain order where kFlPin is the default
 ST16 = {"OT_ATTN_SM90_ST16": "1"}  # kFlSt16: O stored 16 bytes a lane
 NOST16 = {"OT_ATTN_SM90_ST16": "0"}  # the 4-byte stores where kFlSt16 is the default
 STAG = {"OT_ATTN_SM90_STAG": "1"}  # kFlStag: the consumers' exponentials in a turn of their own
+NOSTAG = {"OT_ATTN_SM90_STAG": "0"}  # without it where it is the default (D64 kFlDiag tiles)
 WIDERESC = {**WIDE, **RESC}
 
 
@@ -84,6 +85,10 @@ def _variant_list(d, s, causal):
         v.append(("stag", STAG))
     if d == 64 and causal and s > 1024:
         v.append(("stagnoskip", {**STAG, **NOSKIP}))
+    # since 2026-12-02 (twenty-first session) the default of bf16 D64 kFlDiag calls (masked,
+    # at most 8 query tiles): "nostag" that kernel without it
+    if d == 64 and causal and s <= 1024:
+        v.append(("nostag", NOSTAG))
     if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
         v += [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),
               ("nonpers", NONPERS)]
@@ -246,7 +251,8 @@ def checks(S):
                       env={**SPLIT, "OT_ATTN_SM90_GRID": "3"})
     for name, checks in (("skip", skip_checks), ("shift", shift_checks), ("diag", diag_checks),
                          ("pin", pin_checks), ("st16", st16_checks), ("nopin", nopin_checks),
-                         ("wg3pin", wg3pin_checks), ("stag", stag_checks)):
+                         ("wg3pin", wg3pin_checks), ("stag", stag_checks),
+                         ("nostag", nostag_checks)):
         if ONLY is None or name in ONLY:
             checks(S, ck)
     if ONLY is None or "wideresc" in ONLY:
@@ -457,8 +463,9 @@ def wg3pin_checks(S, ck):
 
 
 def stag_checks(S, ck):
-    """kFlStag (OT_ATTN_SM90_STAG=1, experiment builds: the default bits of D64 on 2 consumers
-    -- kFlDiag up to 8 query tiles, kFlPin past them -- and on 3 unmasked, D64 causal on 3
+    """kFlStag (OT_ATTN_SM90_STAG=1; since 2026-12-02 the default of D64's kFlDiag tile, so its
+    cases there compare the default with itself; experiment builds: the default bits of D64 on
+    2 consumers -- kFlDiag up to 8 query tiles, kFlPin past them -- and on 3 unmasked, D64 causal on 3
     without the skip, D128 on both tiles): float64, and bit-equal to the default (the turn
     moves no arithmetic). Causal Sq = Sk with the diagonal step (S 17, 1000, 1024), Sq != Sk
     both ways, GQA / MQA, a window, the persistent path (GRID 3) and the dynamic schedule (DYN
@@ -477,6 +484,21 @@ def stag_checks(S, ck):
              (128, 4097, 4097, 2, 1, -1, -1, {}), (128, 1000, 1050, 4, 4, -1, -1, {}),
              (128, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"})]
     _bit_equal_checks(S, ck, cases, STAG, "stag")
+
+
+def nostag_checks(S, ck):
+    """Without kFlStag (OT_ATTN_SM90_STAG=0) where it is the default since 2026-12-02 (bf16 D64
+    kFlDiag calls: masked, at most 8 query tiles): float64, and bit-equal to the default.
+    Causal S 17 / 1000 / 1024, Sq != Sk both ways, a left window within 8 query tiles, GQA /
+    MQA, the persistent path (GRID 3), the dynamic schedule (DYN 1); and fp16 (no kFlStag
+    instance: the bit is dropped) against float64."""
+    cases = [(64, 17, 17, 4, 1, -1, 0, {}), (64, 1000, 1000, 4, 2, -1, 0, {}),
+             (64, 1024, 1024, 8, 2, -1, 0, {}), (64, 700, 1000, 4, 2, -1, 0, {}),
+             (64, 1000, 700, 4, 2, -1, 0, {}), (64, 1000, 1000, 8, 1, 300, 0, {}),
+             (64, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}),
+             (64, 900, 900, 4, 2, -1, 0, {"OT_ATTN_SM90_DYN": "1"})]
+    _bit_equal_checks(S, ck, cases, NOSTAG, "nostag")
+    ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 64, wr=0, dtype=torch.float16)
 
 
 def _bit_equal_checks(S, ck, cases, var, name):

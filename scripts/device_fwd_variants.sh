@@ -110,13 +110,15 @@ fi
 # 0.991x: bench/results/attention_fwd_shift.json): variant, switch, checks and cases removed.
 # (AB=tree, kFlTree's A/B, ran on 2026-12-02: 1.000x at D64 S1k causal, within +-3% elsewhere;
 # the variant removed; bench/results/attention_fwd_tree.json has its command and figures.)
-# AB=stag (prepared 2026-12-02, twentieth session, not yet run): kFlStag (OT_ATTN_SM90_STAG=1:
+# AB=stag (prepared 2026-12-02, twentieth session; run 2026-12-02, twenty-first session:
+# attention_fwd_stag.json, kept on D64's kFlDiag tile only): kFlStag (OT_ATTN_SM90_STAG=1:
 # the consumers' exponentials in a turn of their own) on each default's bits -- D64 S 1k
 # causal (2 consumers, kFlDiag), 1280 / 2k / 4k causal on 3 consumers without the skip
 # ("stagnoskip" against "noskip"), full on 3; D128 both tiles -- 8 balanced rounds, its float64
 # and bit-equality checks first; the C suite's "hopper" cases under it; racecheck and
 # synccheck under it on the diagonal-step case and a D64 unmasked one (3 consumers). The protocol model
-# (scripts/model_fwd_sm90_skip.py) covers its turns without kFlDiag's narrow step.
+# (scripts/model_fwd_sm90_skip.py) covers its turns, with kFlDiag's narrow step since the
+# twenty-first session.
 if [ "${AB:-}" = stag ]; then
   : "${VSEQS:=1024,1280,2048,4096}" "${VDIMS:=64,128}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=260}"
   : "${DEADLINE:=450}" "${SAN_TOOLS=racecheck synccheck}" "${HLIM:=120}"

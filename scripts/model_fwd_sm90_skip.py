@@ -27,7 +27,13 @@ Since 2026-12-02 (twentieth session) also kFlStag (stag=True, without the skip: 
 compiles it only there): a second turn round the consumers around each softmax's
 exponentials (named barriers kExpBar + c, here NC + c), taken in the prologue and in every
 pipelined step, consumer 0 clearing the extra arrival at the end. BUG=stagskip (one consumer
-takes no exponential turn in its tile prologue) must fail, and does (deadlock)."""
+takes no exponential turn in its tile prologue) must fail, and does (deadlock).
+Since 2026-12-02 (twenty-first session) also kFlDiag (diag=True: 2 consumers, 128-key tiles, the
+narrow step of 64 keys per consumer warpgroup whose own rows see at most 64 keys of the
+first-visited tile -- its Q K^T turn, softmax, P V turn -- and the empty turn of a consumer that
+took none while the other did, after its prologue), with and without kFlStag: kFlStag's
+default since then is on kFlDiag's tile. BUG=diagnoempty (no empty turn) must fail, and does
+(deadlock); BUG=diagstagskip (no exponential turn in the narrow step) too."""
 import os
 import random
 import sys
@@ -50,8 +56,11 @@ class NB:
         s.arr.append(who)
         if len(s.arr) == 2: s.arr = []; s.gen += 1
 
-def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False, stag=False):
+def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False, stag=False, diag=False):
     assert not (stag and skip), "kFlStag is not compiled with kFlSkip"
+    assert not diag or (NC == 2 and BC == 128 and not skip and not shift), \
+        "kFlDiag: 2 consumers, the 128-key tile, no kFlSkip / kFlShift"
+    NW = 64   # kFlDiag's narrow step: 64 keys
     rnd = random.Random(seed)
     pad = (-(-sq // BR)) * BR - sq if shift else 0
     FQ, EQ = MB(1), MB(NC)
@@ -110,6 +119,29 @@ def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False, stag=False):
             if n_iters <= 0: continue
             n_max_s, n_it_s, kv_s = n_max, n_iters, kv
             first = m * BR - pad
+            narrow = other_narrow = False
+            if diag:   # per warpgroup: the keys of tile n_max - 1 that its own rows see
+                for w in range(NC):
+                    wf = m * BR + w * 64; wl_ = min(wf + 63, sq - 1)
+                    end = min(sk, wl_ + off + wr + 1) if wr >= 0 else sk
+                    nw = wf >= sq or end - (n_max - 1) * BC <= NW
+                    if w == c: narrow = nw
+                    else: other_narrow |= nw
+            if narrow:   # the narrow step: Q K^T turn, softmax, P V turn, each waited for
+                g = kv_s
+                yield from wait_full(FQ, qn & 1)
+                yield from wait_full(FK[g % 2], (g // 2) & 1)
+                yield from named_sync(my)
+                if qst[0] != qn: raise AssertionError("Q")
+                use(kst, g, "K"); NBs[other].arrive(c)
+                yield
+                use(kst, g, "K at release"); EK[g % 2].arrive()
+                if BUG != "diagstagskip": yield from exp_turn(0)
+                yield from wait_full(FV[g % 2], (g // 2) & 1)
+                yield from named_sync(my); use(vst, g, "V"); NBs[other].arrive(c)
+                yield
+                use(vst, g, "V at release"); EV[g % 2].arrive()
+                n_max_s -= 1; n_it_s -= 1; kv_s += 1
             if skip:
                 wg_first = first + c * 64
                 wg_last = min(wg_first + 63, sq - 1)
@@ -137,6 +169,9 @@ def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False, stag=False):
                 yield
                 use(kst, kv_s, "K at release"); EK[kv_s % 2].arrive()
                 yield from exp_turn(0)
+                if diag and not narrow and other_narrow and n_iters >= 2 and \
+                        BUG != "diagnoempty":
+                    yield from named_sync(my); NBs[other].arrive(c)   # the empty turn
             for it in range(1, n_it_s):
                 gk = kv_s + it; gv = gk - 1
                 yield from wait_full(FK[gk % 2], (gk // 2) & 1)
@@ -193,9 +228,13 @@ def main():
         run([rng.randrange(num_m) for _ in range(rng.randint(1, 6))], NC, BC, BR, sq, sk, wr, wl,
             True, trial, shift=True)
         run(tiles, NC, BC, BR, sq, sk, wr, wl, False, trial, stag=True)
+        if NC == 2 and BC == 128:
+            for stag in (False, True):
+                run(tiles, NC, BC, BR, sq, sk, wr, wl, False, trial, stag=stag, diag=True)
         n += 1
-    print(f"{n} random CTAs x 4 (default, skip, shift with skip, stag): no deadlock, "
-          "no double arrival, no stage hazard")
+    print(f"{n} random CTAs x 4 (default, skip, shift with skip, stag; on the 2-consumer "
+          "128-key tile also diag, diag with stag): no deadlock, no double arrival, no stage "
+          "hazard")
 
 if __name__ == "__main__":
     main()

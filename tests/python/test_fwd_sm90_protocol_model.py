@@ -1,5 +1,5 @@
 """scripts/model_fwd_sm90_skip.py: the hand model of the Hopper forward's barrier protocol
-(producer rings, Q stage, pingpong turns; kFlSkip, kFlShift) holds on random CTAs,
+(producer rings, Q stage, pingpong turns; kFlSkip, kFlShift, kFlStag, kFlDiag) holds on random CTAs,
 and each of its mutations -- a protocol bug the kernel must not have -- is caught (no GPU)."""
 import random
 
@@ -38,6 +38,12 @@ def test_protocol_holds_default_skip_shift(bug):
         assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, True, trial, shift=True)
         # kFlStag (its exponential turns; compiled without kFlSkip only)
         assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, False, trial, stag=True)
+        # kFlDiag (2 consumers, 128-key tile), alone and with kFlStag (its default since
+        # 2026-12-02)
+        if nc == 2 and bc == 128:
+            for stag in (False, True):
+                assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, False, trial, stag=stag,
+                                 diag=True)
 
 
 def _some_run_fails(kw, causal):
@@ -46,6 +52,8 @@ def _some_run_fails(kw, causal):
     kw = dict(kw)
     skip = kw.pop("skip", True)
     for trial, (nc, bc, br, sq, sk, wr, wl, tiles) in enumerate(_cases(300, 5)):
+        if kw.get("diag") and (nc, bc) != (2, 128):
+            continue
         if causal:
             wr = 0
         try:
@@ -65,6 +73,10 @@ def _some_run_fails(kw, causal):
     ("nowait", {"shift": True}, True),
     # kFlStag: a consumer without its exponential turn in a tile prologue
     ("stagskip", {"stag": True, "skip": False}, True),
+    # kFlDiag: a consumer that took no narrow step while the other did, without its empty turn
+    ("diagnoempty", {"diag": True, "skip": False}, True),
+    # kFlDiag with kFlStag: the narrow step's softmax without its exponential turn
+    ("diagstagskip", {"diag": True, "stag": True, "skip": False}, True),
 ])
 def test_each_mutation_is_caught(bug, name, kw, causal):
     bug(name)

@@ -50,12 +50,14 @@
  * see the dispatch), OT_ATTN_SM90_PIN=0|1 (kFlPin: the step's softmax before its P V's wait;
  * default on for bf16 unmasked calls on D128's 176-key and D64's 3-consumer tiles, see the
  * dispatch), OT_ATTN_SM90_ST16=0|1 (kFlSt16: O stored 16 bytes a lane; default on for bf16
- * D128 128-key, D256 masked and D64 kFlDiag tiles, see the dispatch). Only in builds with
+ * D128 128-key, D256 masked and D64 kFlDiag tiles, see the dispatch), OT_ATTN_SM90_STAG=0|1
+ * (kFlStag: the consumers' exponentials in a turn of their own; default on for bf16 D64
+ * kFlDiag tiles with kFlSt16, see the dispatch). Only in builds with
  * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1
  * (kFlSplit), kFlNarrow at D256; OT_ATTN_SM90_SKIP=1 (kFlSkip; measured slower,
  * docs/ATTENTION.md); kFlDiag at D128; kFlPin on the other tiles (D64 2 consumers, D128
- * 128-key, D256: measured, not used); OT_ATTN_SM90_STAG=1 (kFlStag: the consumers'
- * exponentials in a turn of their own; prepared 2026-12-02, not yet measured).
+ * 128-key, D256: measured, not used); kFlStag on the other defaults without kFlSkip
+ * (measured 0.96-0.99x there, 2026-12-02).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -131,13 +133,15 @@ enum {
   /* 0x20000: kFlWgSplit until 2026-12-02 (measured 0.982x at D64 full S1k, removed; git cd26b0a);
    * then kFlTree (the softmax's row max and sum over 4 chains a row: 1.000x at D64 S1k causal,
    * within +-3% elsewhere, removed; git d141e27, attention_fwd_tree.json) */
-  kFlStag = 0x40000, /* (experiment builds, prepared 2026-12-02, twentieth session, not yet
-                      * measured) a second turn round the consumers around each softmax's
+  kFlStag = 0x40000, /* a second turn round the consumers around each softmax's
                       * exponentials (named barriers kExpBar + c), so that the consumers' MUFU
                       * phases follow one another instead of sharing the MUFU: ncu at D64
                       * S1k causal showed our MUFU.EX2 with 19.5% of the stall samples (MIO
                       * throttle, waits) against cuDNN's 6.2%. Every consumer runs the same
-                      * number of softmaxes per tile where it is compiled (no kFlSkip) */
+                      * number of softmaxes per tile where it is compiled (no kFlSkip).
+                      * Default for bf16 D64 kFlDiag tiles with kFlSt16 since 2026-12-02
+                      * (twenty-first session; see the dispatch); elsewhere experiment
+                      * builds only (measured slower) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -1170,9 +1174,10 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * since 2026-12-02 the default of D64's masked 2-consumer calls without kFlDiag (its
  * instance in every build, below). (kFlLate, prepared with it, measured 0.88-0.98x the
  * default on 2026-12-02 and removed: docs/ATTENTION.md.) kFlStag (SG) with each default's bits
- * where kFlSkip is not among them (D64 NC 2 with kFlDiag and kFlSt16 / with kFlPin, NC 3 with
- * kFlPin and alone, D128 176 with the pin, with and without the narrow step, D128 128 with
- * the threshold and kFlSt16): prepared 2026-12-02 (twentieth session), not yet measured. */
+ * where kFlSkip is not among them (D64 NC 2 with kFlPin, NC 3 with kFlPin and alone, D128 176
+ * with the pin, with and without the narrow step, D128 128 with the threshold and kFlSt16):
+ * measured 0.96-0.99x on 2026-12-02, not used; with kFlDiag and kFlSt16 (D64 NC 2) the
+ * default since then (its instance in every build, below). */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -1207,10 +1212,12 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                     fl_list<0, SK, PN, PN | ST, SK | SH, SH, PN | SG, SG>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
-     * 16-byte O stores (its default) and without (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
+     * 16-byte O stores and kFlStag (its default), with the stores alone (OT_ATTN_SM90_STAG=0)
+     * and without them (OT_ATTN_SM90_ST16=0); kFlPin (masked calls
      * with a left window of 9..64 query tiles: the default; causal ones of 9..15 until
      * 2026-12-02, now on 3 consumers) */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, DG, DG | ST, PN>());
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, DG, DG | ST, DG | ST | SG, PN>());
   } else if constexpr (D == 128 && BC == 176 && !is_half<T>::value) {
     /* the narrow step at 48 keys (a last key tile of 1..48 keys, e.g. S 4k), bf16; kFlPin
      * with and without it (the unmasked default, OT_ATTN_SM90_PIN=0 the plain order) */
@@ -1565,13 +1572,26 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                          (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
     if (on && aligned) st16 = kFlSt16;
   }
-  /* kFlStag (experiment builds; prepared 2026-12-02, not measured): OT_ATTN_SM90_STAG=1
-   * adds it to the call's bits; it is dropped first where no instance carries them (with
-   * kFlSkip, e.g. D64 causal on 3 consumers: OT_ATTN_SM90_SKIP=0 there) */
+  /* kFlStag: the consumers' exponentials in a turn of their own. Default on for bf16 D64
+   * kFlDiag calls (masked, at most 8 query tiles, 2 consumers), whose instance carries it
+   * with kFlSt16 (without the 16-byte stores it is dropped). H200, 2026-12-02 (twenty-first
+   * session; attention_fwd_stag.json, 8 balanced rounds in one process, TFLOP/s against the
+   * same kernel without it): D64 causal S 1k 297.6 / 291.3 (1.021x, 8 of 8 round pairs
+   * ahead) in the experiment build; in the default build (attention_fwd_stag_default.json,
+   * 10 rounds, against OT_ATTN_SM90_STAG=0) S 256 1.018x, 512 1.025x, 768 1.042x, 1k 1.047x
+   * (39 of 40 round pairs ahead); where it was not used: D64 full S 1k-4k 0.977-0.996x, D128 both tiles
+   * 0.960-0.989x, D64 causal S 1280-4k on 3 consumers without kFlSkip 1.003-1.006x over
+   * that kernel, which the skip's default beats by 5-9%. OT_ATTN_SM90_STAG=0|1 forces it
+   * off / on (on: where an instance is compiled -- experiment builds also the other defaults
+   * without kFlSkip; it is dropped first where none carries the call's bits, e.g. D64 causal
+   * on 3 consumers: OT_ATTN_SM90_SKIP=0 there) */
   int stag = 0;
   {
     const char *sgv = sm90_knob(knobs, "OT_ATTN_SM90_STAG");
-    if (sgv && sgv[0] == '1') stag = kFlStag;
+    const bool on = sgv ? sgv[0] == '1'
+                        : a->dtype == OT_BF16 && a->d == 64 && nc == 2 && bc == 128 &&
+                              (narrow & kFlDiag);
+    if (on) stag = kFlStag;
   }
   const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag;
   *handled = true;
