@@ -57,7 +57,6 @@ NOPIN = {"OT_ATTN_SM90_PIN": "0"}  # the plain order where kFlPin is the default
 ST16 = {"OT_ATTN_SM90_ST16": "1"}  # kFlSt16: O stored 16 bytes a lane
 NOST16 = {"OT_ATTN_SM90_ST16": "0"}  # the 4-byte stores where kFlSt16 is the default
 STAG = {"OT_ATTN_SM90_STAG": "1"}  # kFlStag: the consumers' exponentials in a turn of their own
-STAGT = {"OT_ATTN_SM90_STAG": "2"}  # kFlStagT: kFlStag's turn pinned in the SASS (experiment builds)
 NOSTAG = {"OT_ATTN_SM90_STAG": "0"}  # without it where it is the default (D64 kFlDiag tiles)
 WIDERESC = {**WIDE, **RESC}
 
@@ -90,11 +89,6 @@ def _variant_list(d, s, causal):
     # at most 8 query tiles): "nostag" that kernel without it
     if d == 64 and causal and s <= 1024:
         v.append(("nostag", NOSTAG))
-    # kFlStagT (prepared 2026-12-02, twenty-first session): kFlStag with every exponential held
-    # inside the turn by data dependencies (the default's loose turn lets ptxas move them
-    # out), on the same bits as "stag"
-    if d == 128 or (d == 64 and (not causal or s <= 1024)):
-        v.append(("stagt", STAGT))
     if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
         v += [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),
               ("nonpers", NONPERS)]
@@ -258,7 +252,7 @@ def checks(S):
     for name, checks in (("skip", skip_checks), ("shift", shift_checks), ("diag", diag_checks),
                          ("pin", pin_checks), ("st16", st16_checks), ("nopin", nopin_checks),
                          ("wg3pin", wg3pin_checks), ("stag", stag_checks),
-                         ("nostag", nostag_checks), ("stagt", stagt_checks)):
+                         ("nostag", nostag_checks)):
         if ONLY is None or name in ONLY:
             checks(S, ck)
     if ONLY is None or "wideresc" in ONLY:
@@ -490,20 +484,6 @@ def stag_checks(S, ck):
              (128, 4097, 4097, 2, 1, -1, -1, {}), (128, 1000, 1050, 4, 4, -1, -1, {}),
              (128, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"})]
     _bit_equal_checks(S, ck, cases, STAG, "stag")
-
-
-def stagt_checks(S, ck):
-    """kFlStagT (OT_ATTN_SM90_STAG=2, experiment builds): stag_checks' cases, float64 and bit-equal
-    to the default (the turn's data dependencies add +0 to the row max and read the sums'
-    sign bit: no value moves)"""
-    cases = [(64, 17, 17, 4, 1, -1, 0, {}), (64, 1000, 1000, 4, 2, -1, 0, {}),
-             (64, 1024, 1024, 8, 2, -1, 0, {}), (64, 700, 1000, 4, 2, -1, 0, {}),
-             (64, 1000, 700, 4, 2, -1, 0, {}), (64, 2000, 2000, 8, 2, 256, 64, {}),
-             (64, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}),
-             (64, 1000, 1000, 4, 2, -1, -1, {}), (64, 1300, 1300, 4, 2, -1, 0, NOSKIP),
-             (128, 4097, 4097, 2, 1, -1, -1, {}), (128, 1000, 1050, 4, 4, -1, -1, {}),
-             (128, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"})]
-    _bit_equal_checks(S, ck, cases, STAGT, "stagt")
 
 
 def nostag_checks(S, ck):

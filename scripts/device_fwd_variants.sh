@@ -127,20 +127,6 @@ if [ "${AB:-}" = stag ]; then
   : "${SAN_ENV:=OT_ATTN_SM90_STAG=1}"
   : "${SAN_FILTERS:=causal S1000 D64 GQA4 B2 (kFlDiag;hopper-only S129 D64 MQA8 B2}"
 fi
-# AB=stagt (prepared 2026-12-02, twenty-first session): kFlStagT (OT_ATTN_SM90_STAG=2: kFlStag
-# with every exponential held inside the turn by data dependencies; the loose turn of the
-# default lets ptxas move them out) against each default -- D64 S 512 / 1k causal (whose
-# default has the loose turn) and full S 512 / 1k / 4k (3 consumers), D128 both tiles -- 8
-# balanced rounds, its float64 and bit-equality checks first; the "hopper" C cases under it;
-# racecheck and synccheck under it on the kFlDiag case and a D64 unmasked one.
-if [ "${AB:-}" = stagt ]; then
-  : "${VSEQS:=512,1024,4096}" "${VDIMS:=64,128}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=260}"
-  : "${DEADLINE:=450}" "${SAN_TOOLS=racecheck synccheck}" "${HLIM:=120}"
-  : "${VARGS:=--only stagt --checks stagt --no-host --no-flash}"
-  : "${VENVS:=OT_ATTN_SM90_STAG=2}"
-  : "${SAN_ENV:=OT_ATTN_SM90_STAG=2}"
-  : "${SAN_FILTERS:=causal S1000 D64 GQA4 B2 (kFlDiag;hopper-only S129 D64 MQA8 B2}"
-fi
 if [ "${AB:-}" = shift ]; then
   : "${VSEQS:=1024,1280,2048,4096}" "${VDIMS:=64}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=200}"
   : "${DEADLINE:=400}" "${SAN_TOOLS=memcheck racecheck synccheck}" "${HLIM:=150}"

@@ -51,7 +51,7 @@
  * default on for bf16 unmasked calls on D128's 176-key and D64's 3-consumer tiles, see the
  * dispatch), OT_ATTN_SM90_ST16=0|1 (kFlSt16: O stored 16 bytes a lane; default on for bf16
  * D128 128-key, D256 masked and D64 kFlDiag tiles, see the dispatch), OT_ATTN_SM90_STAG=0|1
- * (kFlStag: the consumers' exponentials in a turn of their own; default on for bf16 D64
+ * (kFlStag: a turn round the consumers at each softmax, see the enum; default on for bf16 D64
  * kFlDiag tiles with kFlSt16, see the dispatch). Only in builds with
  * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1
  * (kFlSplit), kFlNarrow at D256; OT_ATTN_SM90_SKIP=1 (kFlSkip; measured slower,
@@ -133,26 +133,22 @@ enum {
   /* 0x20000: kFlWgSplit until 2026-12-02 (measured 0.982x at D64 full S1k, removed; git cd26b0a);
    * then kFlTree (the softmax's row max and sum over 4 chains a row: 1.000x at D64 S1k causal,
    * within +-3% elsewhere, removed; git d141e27, attention_fwd_tree.json) */
-  kFlStag = 0x40000, /* a second turn round the consumers around each softmax's
-                      * exponentials (named barriers kExpBar + c), so that the consumers' MUFU
-                      * phases follow one another instead of sharing the MUFU: ncu at D64
-                      * S1k causal showed our MUFU.EX2 with 19.5% of the stall samples (MIO
-                      * throttle, waits) against cuDNN's 6.2%. Every consumer runs the same
+  kFlStag = 0x40000, /* a second turn round the consumers at each softmax (named barriers
+                      * kExpBar + c), written around the exponentials so that the consumers'
+                      * MUFU phases would follow one another (ncu at D64 S1k causal: our
+                      * MUFU.EX2 with 19.5% of the stall samples against cuDNN's 6.2%). As
+                      * compiled it does something weaker: the barriers order only memory,
+                      * and ptxas places the turn's BAR.SYNC and BAR.ARV next to each other
+                      * amid the row max with every MUFU.EX2 after them (sm_90a, nvcc 13), so
+                      * a consumer enters its softmax only once the other has entered its
+                      * previous one -- a rhythm of softmax starts. Holding the exponentials
+                      * inside the turn by data dependencies (kFlStagT, 2026-12-02) lost
+                      * 4-12% everywhere (attention_fwd_stagt.json; removed): the gain is
+                      * the rhythm's, not the serialization's. Every consumer runs the same
                       * number of softmaxes per tile where it is compiled (no kFlSkip).
                       * Default for bf16 D64 kFlDiag tiles with kFlSt16 since 2026-12-02
                       * (twenty-first session; see the dispatch); elsewhere experiment
                       * builds only (measured slower) */
-  kFlStagT = 0x80000, /* (experiment builds, with kFlStag; prepared 2026-12-02, twenty-first
-                       * session) the exponential turn pinned in the SASS: kFlStag's
-                       * bar.sync / bar.arrive are ordered only against memory, and ptxas
-                       * moves the register work across them -- in the default's D64 kFlDiag
-                       * kernel all 66 MUFU.EX2 of the pipelined step follow the turn's
-                       * BAR.ARV and part of the max's FMNMX follows its BAR.SYNC (sm_90a
-                       * SASS), so the turn orders the consumers' softmax starts, not their
-                       * exponential phases. Here data dependencies keep every exponential
-                       * inside the turn (softmax_n: a shared-memory zero loaded after the
-                       * sync feeds the row max they use; the arrive's barrier id is taken
-                       * through their sums): the design kFlStag describes */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -252,8 +248,6 @@ constexpr int kExpBar = 12;           /* named barriers 12 + c: kFlStag's expone
 /* The dynamic schedule's tile slot: an int in the barrier area's 8-byte slot 12 (after
  * every mbarrier), written by the producer before it arrives on FULL_Q of the tile. */
 constexpr int kTileSlot = 12;
-constexpr int kZeroSlot = 14;   /* kFlStagT's zero (experiment builds) */
-static_assert(8 * (kZeroSlot + 1) <= 128 && kZeroSlot != kTileSlot, "zero slot");
 static_assert(kTileSlot >= BAR_EMPTY_V + kStages && 8 * (kTileSlot + 1) <= 128, "tile slot");
 
 /* Tile t of the launch: m fastest (the CTAs running at once share K/V in L2); with a
@@ -332,8 +326,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr bool PIN = (FL & kFlPin) != 0;
   constexpr bool SHIFT = (FL & kFlShift) != 0;
   constexpr bool STAG = (FL & kFlStag) != 0;
-  constexpr bool STAGT = (FL & kFlStagT) != 0;
-  static_assert(!STAGT || STAG, "kFlStagT pins kFlStag's turn");
   static_assert(!STAG || (!SKIP && !SPLIT),
                 "kFlStag needs every consumer to run every softmax of a tile (no kFlSkip)");
   static_assert(!SHIFT || (!SPLIT && !NARROW),
@@ -357,8 +349,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
    * fails per CTA, n_tiles in all) resets the counter for the next launch. */
   const bool dyn = dyn_ok(FL, NC, D) && p.tile_ctr != nullptr;
   volatile int *tile_slot = (volatile int *)(smem + L::bar_off + 8 * kTileSlot);
-  /* kFlStagT: a float 0 that the consumers load after their exponential turn's sync */
-  const uint32_t zero_addr = s_base + L::bar_off + 8 * kZeroSlot;
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -372,7 +362,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       mbar_init(bar(BAR_EMPTY_V + s), kEmptyCount);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    if (STAGT) *(volatile float *)(smem + L::bar_off + 8 * kZeroSlot) = 0.f;
   }
   __syncthreads();
 
@@ -605,36 +594,15 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           }
         }
         if (RESC) resc = __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);
-        /* STAGT: data dependencies that ptxas cannot move across (a barrier orders only
-         * memory): after the sync a shared-memory load of a zero (kZeroSlot, written at
-         * the start) added to the row's max, so that no exponential starts before the
-         * turn; before the arrive its barrier id taken through the row sums (+ the sign bit
-         * of their sum: 0, a sum of exponentials from +0 is +0, positive or a canonical
-         * NaN), so that it waits for every exponential. (Branches and volatile ex2 asms did
-         * not hold them: ptxas hoisted all 66 MUFU.EX2 above the sync; a compare of the sum
-         * with 0 it folded, knowing the exponentials non-negative.) */
+        /* STAG: the turn (what ptxas makes of it: the enum's comment) */
         if constexpr (STAG) named_sync(my_ebar, 256);
-        if constexpr (STAGT) {
-          float z;
-          asm volatile("ld.shared.f32 %0, [%1];" : "=f"(z) : "r"(zero_addr) : "memory");
-          ms[0] += z;
-          ms[1] += z;
-        }
 #pragma unroll
         for (int i = 0; i < NSX; i++) {
           const int h = (i >> 1) & 1;
           s[i] = ex2(fmaf(s[i], cl2, -ms[h]));
           sum[h] += s[i];
         }
-        if constexpr (STAGT) {
-          asm volatile("{\n\t.reg .u32 t;\n\t"
-                       "shr.u32 t, %2, 31;\n\t"
-                       "add.u32 t, t, %0;\n\tbar.arrive t, %1;\n\t}"
-                       ::"r"(other_ebar), "r"(256), "r"(__float_as_uint(sum[0] + sum[1]))
-                       : "memory");
-        } else if constexpr (STAG) {
-          named_arrive(other_ebar, 256);
-        }
+        if constexpr (STAG) named_arrive(other_ebar, 256);
 #pragma unroll
         for (int h = 0; h < 2; h++) l_r[h] = l_r[h] * alpha[h] + sum[h];
       };
@@ -1193,7 +1161,7 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlStagT, kFlStag, kFlShift, kFlSt16, kFlPin, kFlSkip,
+  static const int drop[] = {kFlStag, kFlShift, kFlSt16, kFlPin, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
@@ -1228,31 +1196,28 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift, SG = kFlStag, SGT = kFlStag | kFlStagT;
+  constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift, SG = kFlStag;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
                                             PN, narrow_bits(3) | PN, narrow_bits(3) | PN | ST,
-                                            PN | ST, narrow_bits(3) | PN | SG, PN | SG,
-                                            narrow_bits(3) | PN | SGT, PN | SGT>());
+                                            PN | ST, narrow_bits(3) | PN | SG, PN | SG>());
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4),
                                             R | SK, R | PN, R | ST>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SK, R | DG, R | PN, R | ST, R | ST | SG,
-                                            R | ST | SGT>());
+                                    fl_list<0, R, R | SK, R | DG, R | PN, R | ST, R | ST | SG>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, SK, DG, PN, DG | PN, DG | PN | ST, DG | ST, ST,
-                                            DG | ST | SG, PN | SG, DG | ST | SGT, PN | SGT>());
+                                            DG | ST | SG, PN | SG>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 3) {   /* skip: 192-row tiles */
     /* kFlShift (with the skip the default, below; measured 2026-12-02): with and without
      * the skip */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SK, PN, PN | ST, SK | SH, SH, PN | SG, SG,
-                                            PN | SGT, SGT>());
+                                    fl_list<0, SK, PN, PN | ST, SK | SH, SH, PN | SG, SG>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores and kFlStag (its default), with the stores alone (OT_ATTN_SM90_STAG=0)
@@ -1615,7 +1580,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                          (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
     if (on && aligned) st16 = kFlSt16;
   }
-  /* kFlStag: the consumers' exponentials in a turn of their own. Default on for bf16 D64
+  /* kFlStag: a turn round the consumers at each softmax (see the enum for what it compiles
+   * to). Default on for bf16 D64
    * kFlDiag calls (masked, at most 8 query tiles, 2 consumers), whose instance carries it
    * with kFlSt16 (without the 16-byte stores it is dropped). H200, 2026-12-02 (twenty-first
    * session; attention_fwd_stag.json, 8 balanced rounds in one process, TFLOP/s against the
@@ -1624,19 +1590,17 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * 10 rounds, against OT_ATTN_SM90_STAG=0) S 256 1.018x, 512 1.025x, 768 1.042x, 1k 1.047x
    * (39 of 40 round pairs ahead); where it was not used: D64 full S 1k-4k 0.977-0.996x, D128 both tiles
    * 0.960-0.989x, D64 causal S 1280-4k on 3 consumers without kFlSkip 1.003-1.006x over
-   * that kernel, which the skip's default beats by 5-9%. OT_ATTN_SM90_STAG=0|1|2 forces it
+   * that kernel, which the skip's default beats by 5-9%. OT_ATTN_SM90_STAG=0|1 forces it
    * off / on (on: where an instance is compiled -- experiment builds also the other defaults
    * without kFlSkip; it is dropped first where none carries the call's bits, e.g. D64 causal
    * on 3 consumers: OT_ATTN_SM90_SKIP=0 there) */
   int stag = 0;
   {
     const char *sgv = sm90_knob(knobs, "OT_ATTN_SM90_STAG");
-    const bool on = sgv ? sgv[0] == '1' || sgv[0] == '2'
+    const bool on = sgv ? sgv[0] == '1'
                         : a->dtype == OT_BF16 && a->d == 64 && nc == 2 && bc == 128 &&
                               (narrow & kFlDiag);
     if (on) stag = kFlStag;
-    /* =2 (experiment builds): kFlStagT too, the turn pinned in the SASS */
-    if (sgv && sgv[0] == '2') stag |= kFlStagT;
   }
   const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag;
   *handled = true;
