@@ -81,7 +81,9 @@ def _variant_list(d, s, causal):
     # kFlStag (prepared 2026-12-02, twentieth session): on each default's bits where no kFlSkip
     # is among them (D64 2 consumers, D64 full on 3, D128 both tiles); "stagnoskip" for D64
     # causal on 3 consumers (S > 1024, whose default has the skip), against "noskip"
-    if d == 128 or (d == 64 and (not causal or s <= 1024)):
+    # (since 2026-12-02, twenty-first session, also with kFlSkip: D64 causal on 3 consumers,
+    # the skipped tiles taking an empty turn)
+    if d in (64, 128):
         v.append(("stag", STAG))
     if d == 64 and causal and s > 1024:
         v.append(("stagnoskip", {**STAG, **NOSKIP}))
@@ -482,7 +484,13 @@ def stag_checks(S, ck):
              (64, 2100, 2100, 4, 2, -1, 0, {**NOSKIP, "OT_ATTN_SM90_DYN": "1"}),
              (64, 1000, 1000, 4, 2, -1, -1, {}), (64, 1300, 1300, 4, 2, -1, 0, NOSKIP),
              (128, 4097, 4097, 2, 1, -1, -1, {}), (128, 1000, 1050, 4, 4, -1, -1, {}),
-             (128, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"})]
+             (128, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}),
+             # with kFlSkip (3 consumers, experiment builds): kFlShift's partial first tile,
+             # query tiles without keys (Sq > Sk, GRID 3), the dynamic schedule, GQA / MQA
+             (64, 1500, 1500, 4, 2, -1, 0, {}), (64, 2000, 2000, 8, 1, -1, 0, {}),
+             (64, 1300, 1100, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}),
+             (64, 2100, 2100, 4, 2, -1, 0, {"OT_ATTN_SM90_DYN": "1"}),
+             (64, 4500, 4500, 2, 1, -1, 0, {})]
     _bit_equal_checks(S, ck, cases, STAG, "stag")
 
 

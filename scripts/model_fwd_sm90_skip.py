@@ -33,7 +33,9 @@ narrow step of 64 keys per consumer warpgroup whose own rows see at most 64 keys
 first-visited tile -- its Q K^T turn, softmax, P V turn -- and the empty turn of a consumer that
 took none while the other did, after its prologue), with and without kFlStag: kFlStag's
 default since then is on kFlDiag's tile. BUG=diagnoempty (no empty turn) must fail, and does
-(deadlock); BUG=diagstagskip (no exponential turn in the narrow step) too."""
+(deadlock); BUG=diagstagskip (no exponential turn in the narrow step) too. Also kFlStag with
+kFlSkip (and kFlShift; experiment builds): each skipped tile takes an empty exponential turn
+after its pingpong turn; BUG=stagskiploop (without it) must fail, and does (deadlock)."""
 import os
 import random
 import sys
@@ -57,7 +59,6 @@ class NB:
         if len(s.arr) == 2: s.arr = []; s.gen += 1
 
 def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False, stag=False, diag=False):
-    assert not (stag and skip), "kFlStag is not compiled with kFlSkip"
     assert not diag or (NC == 2 and BC == 128 and not skip and not shift), \
         "kFlDiag: 2 consumers, the 128-key tile, no kFlSkip / kFlShift"
     NW = 64   # kFlDiag's narrow step: 64 keys
@@ -154,6 +155,8 @@ def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False, stag=False, 
                     if BUG != "noturn":
                         yield from named_sync(my); NBs[other].arrive(c)
                     EK[g % 2].arrive(); yield
+                    # kFlStag with the skip: the skipped tile's softmax turn, empty
+                    if BUG != "stagskiploop": yield from exp_turn(-1)
                     if BUG != "nowait": yield from wait_full(FV[g % 2], (g // 2) & 1)
                     EV[g % 2].arrive(); yield
                 n_max_s -= n_skip; n_it_s -= n_skip; kv_s += n_skip
@@ -228,11 +231,14 @@ def main():
         run([rng.randrange(num_m) for _ in range(rng.randint(1, 6))], NC, BC, BR, sq, sk, wr, wl,
             True, trial, shift=True)
         run(tiles, NC, BC, BR, sq, sk, wr, wl, False, trial, stag=True)
+        run(tiles, NC, BC, BR, sq, sk, wr, wl, True, trial, stag=True)
+        run(tiles, NC, BC, BR, sq, sk, wr, wl, True, trial, shift=True, stag=True)
         if NC == 2 and BC == 128:
             for stag in (False, True):
                 run(tiles, NC, BC, BR, sq, sk, wr, wl, False, trial, stag=stag, diag=True)
         n += 1
-    print(f"{n} random CTAs x 4 (default, skip, shift with skip, stag; on the 2-consumer "
+    print(f"{n} random CTAs x 6 (default, skip, shift with skip, stag, stag with skip, stag with "
+          "skip and shift; on the 2-consumer "
           "128-key tile also diag, diag with stag): no deadlock, no double arrival, no stage "
           "hazard")
 

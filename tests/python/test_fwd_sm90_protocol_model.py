@@ -36,8 +36,10 @@ def test_protocol_holds_default_skip_shift(bug):
         for skip in (False, True):
             assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, skip, trial)
         assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, True, trial, shift=True)
-        # kFlStag (its exponential turns; compiled without kFlSkip only)
+        # kFlStag (its exponential turns), alone, with kFlSkip and with kFlSkip and kFlShift
         assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, False, trial, stag=True)
+        assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, True, trial, stag=True)
+        assert model.run(tiles, nc, bc, br, sq, sk, wr, wl, True, trial, shift=True, stag=True)
         # kFlDiag (2 consumers, 128-key tile), alone and with kFlStag (its default since
         # 2026-12-02)
         if nc == 2 and bc == 128:
@@ -73,6 +75,8 @@ def _some_run_fails(kw, causal):
     ("nowait", {"shift": True}, True),
     # kFlStag: a consumer without its exponential turn in a tile prologue
     ("stagskip", {"stag": True, "skip": False}, True),
+    # kFlStag with kFlSkip: a skipped tile without its (empty) exponential turn
+    ("stagskiploop", {"stag": True}, True),
     # kFlDiag: a consumer that took no narrow step while the other did, without its empty turn
     ("diagnoempty", {"diag": True, "skip": False}, True),
     # kFlDiag with kFlStag: the narrow step's softmax without its exponential turn

@@ -326,8 +326,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr bool PIN = (FL & kFlPin) != 0;
   constexpr bool SHIFT = (FL & kFlShift) != 0;
   constexpr bool STAG = (FL & kFlStag) != 0;
-  static_assert(!STAG || (!SKIP && !SPLIT),
-                "kFlStag needs every consumer to run every softmax of a tile (no kFlSkip)");
+  static_assert(!STAG || !SPLIT, "kFlStag is not compiled with kFlSplit");
   static_assert(!SHIFT || (!SPLIT && !NARROW),
                 "kFlShift is not compiled with kFlSplit or the narrow steps");
   /* the first row of query tile m: m BR - rpad (kFlShift; 0 elsewhere) */
@@ -708,6 +707,12 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           turn_wait();
           turn_pass();
           release(bar(BAR_EMPTY_K + st));
+          /* STAG (with SKIP: experiment builds): the skipped tile's softmax turn, empty, so
+           * that every consumer takes n of them on a tile of n key tiles */
+          if constexpr (STAG) {
+            named_sync(my_ebar, 256);
+            named_arrive(other_ebar, 256);
+          }
           mbar_wait(bar(BAR_FULL_V + st), ph);
           release(bar(BAR_EMPTY_V + st));
         }
@@ -1217,7 +1222,8 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
     /* kFlShift (with the skip the default, below; measured 2026-12-02): with and without
      * the skip */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, SK, PN, PN | ST, SK | SH, SH, PN | SG, SG>());
+                                    fl_list<0, SK, PN, PN | ST, SK | SH, SH, PN | SG, SG,
+                                            SK | SH | SG, SK | SG>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores and kFlStag (its default), with the stores alone (OT_ATTN_SM90_STAG=0)
