@@ -52,12 +52,13 @@
  * dispatch), OT_ATTN_SM90_ST16=0|1 (kFlSt16: O stored 16 bytes a lane; default on for bf16
  * D128 128-key, D256 masked and D64 kFlDiag tiles, see the dispatch), OT_ATTN_SM90_STAG=0|1
  * (kFlStag: a turn round the consumers at each softmax, see the enum; default on for bf16 D64
+ * causal 3-consumer tiles with kFlShift and
  * kFlDiag tiles with kFlSt16, see the dispatch). Only in builds with
  * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1
  * (kFlSplit), kFlNarrow at D256; OT_ATTN_SM90_SKIP=1 (kFlSkip; measured slower,
  * docs/ATTENTION.md); kFlDiag at D128; kFlPin on the other tiles (D64 2 consumers, D128
- * 128-key, D256: measured, not used); kFlStag on the other defaults without kFlSkip
- * (measured 0.96-0.99x there, 2026-12-02).
+ * 128-key, D256: measured, not used); kFlStag on the other defaults (measured 0.96-0.99x
+ * there, 2026-12-02; D64 causal with kFlSkip alone 0.99x).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -144,9 +145,10 @@ enum {
                       * previous one -- a rhythm of softmax starts. Holding the exponentials
                       * inside the turn by data dependencies (kFlStagT, 2026-12-02) lost
                       * 4-12% everywhere (attention_fwd_stagt.json; removed): the gain is
-                      * the rhythm's, not the serialization's. Every consumer runs the same
-                      * number of softmaxes per tile where it is compiled (no kFlSkip).
-                      * Default for bf16 D64 kFlDiag tiles with kFlSt16 since 2026-12-02
+                      * the rhythm's, not the serialization's. Every consumer takes one turn
+                      * per key tile of a query tile (with kFlSkip a skipped tile takes an
+                      * empty one). Default for bf16 D64 kFlDiag tiles with kFlSt16 and D64
+                      * causal 3-consumer tiles with kFlSkip | kFlShift since 2026-12-02
                       * (twenty-first session; see the dispatch); elsewhere experiment
                       * builds only (measured slower) */
 };
@@ -1238,9 +1240,11 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, narrow_bits(3), PN, narrow_bits(3) | PN>());
   } else if constexpr (D == 64 && BC == 128 && NC == 3 && !is_half<T>::value) {
-    /* 192-row tiles: kFlPin the unmasked calls' default, kFlSkip with kFlShift the causal
-     * ones' (kFlSkip alone where 192 divides Sq), bf16 */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, PN, SK, SK | kFlShift>());
+    /* 192-row tiles: kFlPin the unmasked calls' default, kFlSkip with kFlShift and kFlStag
+     * the causal ones' (kFlSkip alone where 192 divides Sq; kFlSkip | kFlShift under
+     * OT_ATTN_SM90_STAG=0), bf16 */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, PN, SK, SK | SH, SK | SH | SG>());
   } else if constexpr ((D == 256 || (D == 128 && BC == 128)) && !is_half<T>::value) {
     /* the threshold; bf16 with the 16-byte O stores too (D128 128-key and D256 masked
      * calls: the default) */
@@ -1597,15 +1601,20 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * (39 of 40 round pairs ahead); where it was not used: D64 full S 1k-4k 0.977-0.996x, D128 both tiles
    * 0.960-0.989x, D64 causal S 1280-4k on 3 consumers without kFlSkip 1.003-1.006x over
    * that kernel, which the skip's default beats by 5-9%. OT_ATTN_SM90_STAG=0|1 forces it
-   * off / on (on: where an instance is compiled -- experiment builds also the other defaults
-   * without kFlSkip; it is dropped first where none carries the call's bits, e.g. D64 causal
-   * on 3 consumers: OT_ATTN_SM90_SKIP=0 there) */
+   * off / on (on: where an instance is compiled -- experiment builds also the other defaults;
+   * it is dropped first where none carries the call's bits).
+   * Also the default of bf16 D64 causal calls on 3 consumers with kFlSkip and kFlShift (Sq >
+   * 1024 not a multiple of 192; a skipped tile takes an empty turn): H200, 2026-12-02
+   * (twenty-first session; attention_fwd_stagskip.json, experiment build, 8 balanced rounds
+   * against that default) S 1280 1.017x (8 of 8 round pairs ahead), 2048 1.005x (6 / 8), 2560
+   * 1.023x (8 / 8), 4096 1.026x (8 / 8), 8192 1.016x (6 / 8); not with kFlSkip alone (Sq a
+   * multiple of 192: S 1152 0.994x, 1536 0.987x / 0.992x, 3072 0.995x). */
   int stag = 0;
   {
     const char *sgv = sm90_knob(knobs, "OT_ATTN_SM90_STAG");
     const bool on = sgv ? sgv[0] == '1'
-                        : a->dtype == OT_BF16 && a->d == 64 && nc == 2 && bc == 128 &&
-                              (narrow & kFlDiag);
+                        : a->dtype == OT_BF16 && a->d == 64 && bc == 128 &&
+                              ((nc == 2 && (narrow & kFlDiag)) || (nc == 3 && skip && shift));
     if (on) stag = kFlStag;
   }
   const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag;
