@@ -112,6 +112,16 @@ def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False, stag=False, 
             yield from named_sync(NC + my)
             for _ in range(rnd.randint(0, 4)): yield   # the exponentials
             NBs[NC + other].arrive(c)
+        def first_qk(g):
+            # a tile's first Q K^T (the prologue's, or kFlDiag's narrow step's): Q and K of
+            # ring position g waited for, issued in a pingpong turn, K released after it
+            yield from wait_full(FQ, qn & 1)
+            yield from wait_full(FK[g % 2], (g // 2) & 1)
+            yield from named_sync(my)
+            if qst[0] != qn: raise AssertionError("Q")
+            use(kst, g, "K"); NBs[other].arrive(c)
+            yield
+            use(kst, g, "K at release"); EK[g % 2].arrive()
         if c == NC - 1: NBs[0].arrive(c)
         if stag and c == NC - 1: NBs[NC].arrive(c)
         kv = qn = 0
@@ -130,13 +140,7 @@ def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False, stag=False, 
                     else: other_narrow |= nw
             if narrow:   # the narrow step: Q K^T turn, softmax, P V turn, each waited for
                 g = kv_s
-                yield from wait_full(FQ, qn & 1)
-                yield from wait_full(FK[g % 2], (g // 2) & 1)
-                yield from named_sync(my)
-                if qst[0] != qn: raise AssertionError("Q")
-                use(kst, g, "K"); NBs[other].arrive(c)
-                yield
-                use(kst, g, "K at release"); EK[g % 2].arrive()
+                yield from first_qk(g)
                 if BUG != "diagstagskip": yield from exp_turn(0)
                 yield from wait_full(FV[g % 2], (g // 2) & 1)
                 yield from named_sync(my); use(vst, g, "V"); NBs[other].arrive(c)
@@ -163,14 +167,8 @@ def run(tiles, NC, BC, BR, sq, sk, wr, wl, skip, seed, shift=False, stag=False, 
                 if n_it_s == 0 and BUG != "nolast":
                     if BUG != "noqwait": yield from wait_full(FQ, qn & 1)
                     yield from named_sync(my); NBs[other].arrive(c)
-            if n_it_s > 0:
-                yield from wait_full(FQ, qn & 1)
-                yield from wait_full(FK[kv_s % 2], (kv_s // 2) & 1)
-                yield from named_sync(my)
-                if qst[0] != qn: raise AssertionError("Q")
-                use(kst, kv_s, "K"); NBs[other].arrive(c)
-                yield
-                use(kst, kv_s, "K at release"); EK[kv_s % 2].arrive()
+            if n_it_s > 0:   # the prologue: S_0 = Q K^T, its softmax
+                yield from first_qk(kv_s)
                 yield from exp_turn(0)
                 if diag and not narrow and other_narrow and n_iters >= 2 and \
                         BUG != "diagnoempty":
