@@ -56,8 +56,8 @@ PIN = {"OT_ATTN_SM90_PIN": "1"}
 NOPIN = {"OT_ATTN_SM90_PIN": "0"}  # the plain order where kFlPin is the default
 ST16 = {"OT_ATTN_SM90_ST16": "1"}  # kFlSt16: O stored 16 bytes a lane
 NOST16 = {"OT_ATTN_SM90_ST16": "0"}  # the 4-byte stores where kFlSt16 is the default
-STAG = {"OT_ATTN_SM90_STAG": "1"}  # kFlStag: the consumers' exponentials in a turn of their own
-NOSTAG = {"OT_ATTN_SM90_STAG": "0"}  # without it where it is the default (D64 kFlDiag tiles)
+STAG = {"OT_ATTN_SM90_STAG": "1"}  # kFlStag: a turn round the consumers at each softmax
+NOSTAG = {"OT_ATTN_SM90_STAG": "0"}  # without it where it is the default (D64 causal)
 WIDERESC = {**WIDE, **RESC}
 
 
@@ -88,8 +88,9 @@ def _variant_list(d, s, causal):
     if d == 64 and causal and s > 1024:
         v.append(("stagnoskip", {**STAG, **NOSKIP}))
     # since 2026-12-02 (twenty-first session) the default of bf16 D64 kFlDiag calls (masked,
-    # at most 8 query tiles): "nostag" that kernel without it
-    if d == 64 and causal and s <= 1024:
+    # at most 8 query tiles) and of D64 causal 3-consumer calls with kFlShift (S > 1024 not a
+    # multiple of 192; where it is one, "nostag" runs the default twice): "nostag" without it
+    if d == 64 and causal:
         v.append(("nostag", NOSTAG))
     if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
         v += [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),
@@ -496,15 +497,18 @@ def stag_checks(S, ck):
 
 def nostag_checks(S, ck):
     """Without kFlStag (OT_ATTN_SM90_STAG=0) where it is the default since 2026-12-02 (bf16 D64
-    kFlDiag calls: masked, at most 8 query tiles): float64, and bit-equal to the default.
-    Causal S 17 / 1000 / 1024, Sq != Sk both ways, a left window within 8 query tiles, GQA /
-    MQA, the persistent path (GRID 3), the dynamic schedule (DYN 1); and fp16 (no kFlStag
-    instance: the bit is dropped) against float64."""
+    kFlDiag calls: masked, at most 8 query tiles; D64 causal on 3 consumers with kFlShift):
+    float64, and bit-equal to the default. Causal S 17 / 1000 / 1024, Sq != Sk both ways, a
+    left window within 8 query tiles, GQA / MQA, the persistent path (GRID 3), the dynamic
+    schedule (DYN 1); 3 consumers at S 1500 / 4500 and Sq 1300 > Sk 1100 (query tiles without
+    keys); and fp16 (no kFlStag instance: the bit is dropped) against float64."""
     cases = [(64, 17, 17, 4, 1, -1, 0, {}), (64, 1000, 1000, 4, 2, -1, 0, {}),
              (64, 1024, 1024, 8, 2, -1, 0, {}), (64, 700, 1000, 4, 2, -1, 0, {}),
              (64, 1000, 700, 4, 2, -1, 0, {}), (64, 1000, 1000, 8, 1, 300, 0, {}),
              (64, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}),
-             (64, 900, 900, 4, 2, -1, 0, {"OT_ATTN_SM90_DYN": "1"})]
+             (64, 900, 900, 4, 2, -1, 0, {"OT_ATTN_SM90_DYN": "1"}),
+             (64, 1500, 1500, 4, 2, -1, 0, {}), (64, 4500, 4500, 2, 1, -1, 0, {}),
+             (64, 1300, 1100, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"})]
     _bit_equal_checks(S, ck, cases, NOSTAG, "nostag")
     ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 64, wr=0, dtype=torch.float16)
 
