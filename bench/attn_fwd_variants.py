@@ -474,9 +474,9 @@ def stag_checks(S, ck):
     both ways, GQA / MQA, a window, the persistent path (GRID 3) and the dynamic schedule (DYN
     1), D64 full on 3 consumers (padding warpgroups in the last tile), D64 causal S 1300 on 3
     without the skip, D128 full S 4097 (176-key tile with the 48-key narrow step) and Sk 1050
-    (128-key tile), D128 causal. D64 causal past 8 query tiles runs 3 consumers with kFlSkip
-    by default, where the bit is not compiled: those cases turn the skip off, so that every
-    case runs a kFlStag instance."""
+    (128-key tile), D128 causal. D64 causal past 8 query tiles runs 3 consumers with kFlSkip,
+    and kFlStag is the default there where kFlShift is: the NOSKIP cases run the kernel without
+    the skip; kFlStag with the skip against the kernel without it is nostag_checks'."""
     cases = [(64, 17, 17, 4, 1, -1, 0, {}), (64, 1000, 1000, 4, 2, -1, 0, {}),
              (64, 1024, 1024, 8, 2, -1, 0, {}), (64, 700, 1000, 4, 2, -1, 0, {}),
              (64, 1000, 700, 4, 2, -1, 0, {}), (64, 1500, 1500, 4, 2, -1, 0, NOSKIP),
@@ -485,13 +485,7 @@ def stag_checks(S, ck):
              (64, 2100, 2100, 4, 2, -1, 0, {**NOSKIP, "OT_ATTN_SM90_DYN": "1"}),
              (64, 1000, 1000, 4, 2, -1, -1, {}), (64, 1300, 1300, 4, 2, -1, 0, NOSKIP),
              (128, 4097, 4097, 2, 1, -1, -1, {}), (128, 1000, 1050, 4, 4, -1, -1, {}),
-             (128, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}),
-             # with kFlSkip (3 consumers, experiment builds): kFlShift's partial first tile,
-             # query tiles without keys (Sq > Sk, GRID 3), the dynamic schedule, GQA / MQA
-             (64, 1500, 1500, 4, 2, -1, 0, {}), (64, 2000, 2000, 8, 1, -1, 0, {}),
-             (64, 1300, 1100, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}),
-             (64, 2100, 2100, 4, 2, -1, 0, {"OT_ATTN_SM90_DYN": "1"}),
-             (64, 4500, 4500, 2, 1, -1, 0, {})]
+             (128, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"})]
     _bit_equal_checks(S, ck, cases, STAG, "stag")
 
 
@@ -500,14 +494,18 @@ def nostag_checks(S, ck):
     kFlDiag calls: masked, at most 8 query tiles; D64 causal on 3 consumers with kFlShift):
     float64, and bit-equal to the default. Causal S 17 / 1000 / 1024, Sq != Sk both ways, a
     left window within 8 query tiles, GQA / MQA, the persistent path (GRID 3), the dynamic
-    schedule (DYN 1); 3 consumers at S 1500 / 4500 and Sq 1300 > Sk 1100 (query tiles without
-    keys); and fp16 (no kFlStag instance: the bit is dropped) against float64."""
+    schedule (DYN 1); 3 consumers with kFlSkip and kFlShift at S 1500 / 4500, MQA at S 2000,
+    the dynamic schedule at S 2100 and Sq 1300 > Sk 1100 under GRID 3 (query tiles without
+    keys: whole tiles skipped); and fp16 (no kFlStag instance: the bit is dropped) against
+    float64."""
     cases = [(64, 17, 17, 4, 1, -1, 0, {}), (64, 1000, 1000, 4, 2, -1, 0, {}),
              (64, 1024, 1024, 8, 2, -1, 0, {}), (64, 700, 1000, 4, 2, -1, 0, {}),
              (64, 1000, 700, 4, 2, -1, 0, {}), (64, 1000, 1000, 8, 1, 300, 0, {}),
              (64, 1000, 1000, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"}),
              (64, 900, 900, 4, 2, -1, 0, {"OT_ATTN_SM90_DYN": "1"}),
              (64, 1500, 1500, 4, 2, -1, 0, {}), (64, 4500, 4500, 2, 1, -1, 0, {}),
+             (64, 2000, 2000, 8, 1, -1, 0, {}),
+             (64, 2100, 2100, 4, 2, -1, 0, {"OT_ATTN_SM90_DYN": "1"}),
              (64, 1300, 1100, 4, 2, -1, 0, {"OT_ATTN_SM90_GRID": "3"})]
     _bit_equal_checks(S, ck, cases, NOSTAG, "nostag")
     ba.check_case(S, ck, 2, 1000, 1000, 4, 2, 64, wr=0, dtype=torch.float16)

@@ -129,12 +129,13 @@ if [ "${AB:-}" = stag ]; then
 fi
 # AB=stagskip (prepared 2026-12-02, twenty-first session): kFlStag with kFlSkip (and kFlShift)
 # on D64 causal's 3 consumers (S > 1024; each skipped tile takes an empty turn) against that
-# default, 8 balanced rounds; its checks (stag: with and without the skip); the "hopper" C
-# cases under it; racecheck and synccheck on two 3-consumer skip cases.
+# default, 8 balanced rounds; its checks (stag and nostag: without and with the skip); the "hopper" C
+# cases under it; racecheck and synccheck on two 3-consumer skip cases. (Since it became the
+# default with kFlShift, `--only nostag --checks nostag` is the A/B of that default.)
 if [ "${AB:-}" = stagskip ]; then
   : "${VSEQS:=1280,1536,2048,4096}" "${VDIMS:=64}" "${VROUNDS:=8}" "${SUITE:=0}" "${VLIM:=220}"
   : "${DEADLINE:=420}" "${SAN_TOOLS=racecheck synccheck}" "${HLIM:=120}"
-  : "${VARGS:=--only stag --checks stag --causal causal --no-host --no-flash}"
+  : "${VARGS:=--only stag --checks stag,nostag --causal causal --no-host --no-flash}"
   : "${VENVS:=OT_ATTN_SM90_STAG=1}"
   : "${SAN_ENV:=OT_ATTN_SM90_STAG=1}"
   : "${SAN_FILTERS:=causal Sq1300 Sk1100 D64 GQA2;dyn GRID 3 causal S4500 D64 GQA2 (3 consumers)}"

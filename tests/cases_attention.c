@@ -390,7 +390,7 @@ static const acase cuda_sm90_round_cases[] = {
 /* Shapes for kFlDiag: a consumer warpgroup whose own rows see at most 64 keys of the
  * first-visited key tile runs it as a narrow step of its own (64 keys), the other takes an
  * empty pingpong turn. Default for bf16 D64 masked calls of <= 8 query tiles (2 consumers,
- * 128-key tile; since 2026-12-02 with kFlStag's exponential turns, OT_ATTN_SM90_STAG=0
+ * 128-key tile; since 2026-12-02 with kFlStag's softmax turns, OT_ATTN_SM90_STAG=0
  * without): the D64 cases run it in every build, OT_ATTN_SM90_DIAG=0 turns it off; the
  * D128 ones only in experiment builds under OT_ATTN_SM90_DIAG=1 (elsewhere the default
  * kernel). Causal Sq = Sk (the first warpgroup of every 128-row tile narrow, the second

@@ -51,9 +51,9 @@
  * default on for bf16 unmasked calls on D128's 176-key and D64's 3-consumer tiles, see the
  * dispatch), OT_ATTN_SM90_ST16=0|1 (kFlSt16: O stored 16 bytes a lane; default on for bf16
  * D128 128-key, D256 masked and D64 kFlDiag tiles, see the dispatch), OT_ATTN_SM90_STAG=0|1
- * (kFlStag: a turn round the consumers at each softmax, see the enum; default on for bf16 D64
- * causal 3-consumer tiles with kFlShift and
- * kFlDiag tiles with kFlSt16, see the dispatch). Only in builds with
+ * (kFlStag: a turn round the consumers at each softmax, see the enum; default on for bf16
+ * D64 kFlDiag tiles with kFlSt16 and D64 causal 3-consumer tiles with kFlSkip | kFlShift, see
+ * the dispatch). Only in builds with
  * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1
  * (kFlSplit), kFlNarrow at D256; OT_ATTN_SM90_SKIP=1 (kFlSkip; measured slower,
  * docs/ATTENTION.md); kFlDiag at D128; kFlPin on the other tiles (D64 2 consumers, D128
@@ -709,8 +709,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           turn_wait();
           turn_pass();
           release(bar(BAR_EMPTY_K + st));
-          /* STAG (with SKIP: experiment builds): the skipped tile's softmax turn, empty, so
-           * that every consumer takes n of them on a tile of n key tiles */
+          /* STAG: the skipped tile's softmax turn, empty, so that every consumer takes n of
+           * them on a tile of n key tiles (scripts/model_fwd_sm90_skip.py checks the count) */
           if constexpr (STAG) {
             named_sync(my_ebar, 256);
             named_arrive(other_ebar, 256);
@@ -1188,11 +1188,12 @@ static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const C
  * S 4k -- the unmasked defaults), D256 (with the threshold): prepared 2026-11-30 night;
  * since 2026-12-02 the default of D64's masked 2-consumer calls without kFlDiag (its
  * instance in every build, below). (kFlLate, prepared with it, measured 0.88-0.98x the
- * default on 2026-12-02 and removed: docs/ATTENTION.md.) kFlStag (SG) with each default's bits
- * where kFlSkip is not among them (D64 NC 2 with kFlPin, NC 3 with kFlPin and alone, D128 176
- * with the pin, with and without the narrow step, D128 128 with the threshold and kFlSt16):
- * measured 0.96-0.99x on 2026-12-02, not used; with kFlDiag and kFlSt16 (D64 NC 2) the
- * default since then (its instance in every build, below). */
+ * default on 2026-12-02 and removed: docs/ATTENTION.md.) kFlStag (SG) with the other
+ * defaults' bits (D64 NC 2 with kFlPin, NC 3 with kFlPin and alone, NC 3 with kFlSkip alone,
+ * D128 176 with the pin, with and without the narrow step, D128 128 with the threshold and
+ * kFlSt16): measured 0.96-0.99x on 2026-12-02, not used; with kFlDiag and kFlSt16 (D64 NC 2)
+ * and with kFlSkip and kFlShift (D64 NC 3) the default since then (those instances in every
+ * build, below). */
 template <typename T, int D, int BC, int NC>
 static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                            const fwd_call *p, int fl) {
@@ -1591,9 +1592,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     if (on && aligned) st16 = kFlSt16;
   }
   /* kFlStag: a turn round the consumers at each softmax (see the enum for what it compiles
-   * to). Default on for bf16 D64
-   * kFlDiag calls (masked, at most 8 query tiles, 2 consumers), whose instance carries it
-   * with kFlSt16 (without the 16-byte stores it is dropped). H200, 2026-12-02 (twenty-first
+   * to). Default on for bf16 D64 kFlDiag calls (masked, at most 8 query tiles, 2 consumers),
+   * whose instance carries it with kFlSt16 (without the 16-byte stores it is dropped). H200, 2026-12-02 (twenty-first
    * session; attention_fwd_stag.json, 8 balanced rounds in one process, TFLOP/s against the
    * same kernel without it): D64 causal S 1k 297.6 / 291.3 (1.021x, 8 of 8 round pairs
    * ahead) in the experiment build; in the default build (attention_fwd_stag_default.json,
