@@ -300,6 +300,24 @@ static const acase cuda_sm90_bwd_st16_cases[] = {
     {"cuda hopper-only bwdst16 causal Sq300 Sk1000 D128 GQA2 B2 dq/dk/dv strides 4-byte (4-byte stores)", 2, 300, 1000, 4, 2, 128, 1, -1, -1, 0, 0, 0, {0}, {0}, false, 3, true},
 };
 
+/* The Hopper backward at D 256 (kHalf: 64-key CTAs whose two consumers share the keys and
+ * split dK's / dV's columns, 128 each; both compute the whole S^T and dP^T and write half of
+ * dS^T's queries; dQ in two 64-column chunks a consumer, added by red.global): run in bf16
+ * and fp16, the first three also with the 4-byte dK / dV stores (OT_ATTN_BWD_SM90_ST16=0).
+ * The split units of a non-causal last wave (B2 S1000: 64 units, 2 parts each; S129 MQA8:
+ * 6 units of a 24-tile GQA walk, 6 parts each), a key tail of 1 (129) and of 40 (1000),
+ * causal Sq < Sk and Sq > Sk (8 whole keyless query tiles), the causal head-then-tail work
+ * order (S1000 GQA4: 16 key blocks x 2 heads), and dq / dk / dv with strides that are not
+ * 16-byte multiples (4-byte stores, dq's unaligned conversion). */
+static const acase cuda_sm90_bwd256_cases[] = {
+    {"cuda hopper-only bwd256 S1000 D256 GQA1 B2 (split units)", 2, 1000, 1000, 2, 2, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only bwd256 causal Sq<Sk 100x1000 D256 GQA4", 1, 100, 1000, 8, 2, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only bwd256 S129 D256 MQA8 B2 (split units)", 2, 129, 129, 8, 1, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only bwd256 causal Sq>Sk 700x130 D256 GQA2 B2", 2, 700, 130, 4, 2, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only bwd256 causal S1000 D256 GQA4", 1, 1000, 1000, 8, 2, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only bwd256 causal Sq300 Sk1000 D256 GQA2 B2 dq/dk/dv strides 4-byte (4-byte stores)", 2, 300, 1000, 4, 2, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, 3, true},
+};
+
 /* CUDA cases run with OT_ATTN_IMPL=sm90: shapes the Hopper kernels take (forward: bf16 /
  * fp16, D 64 / 128 / 256, no varlen or softcap; backward: D 64 / 128, causal or none). */
 /* The Hopper forward's 16-byte O stores (kFlSt16: the default for bf16 D128 on the 128-key
@@ -1357,9 +1375,20 @@ static void run_sm90_required(test_run *tr) {
       c.name = name;
       run_case(tr, &c, i % 2 ? DT_F16 : DT_BF16);
     }
+    for (size_t i = 0; i < 3; i++) {
+      acase c = cuda_sm90_bwd256_cases[i];
+      char name[200];
+      snprintf(name, sizeof name, "%sbwdst4 %s", pre, c.name + sizeof pre - 1);
+      c.name = name;
+      run_case(tr, &c, i % 2 ? DT_F16 : DT_BF16);
+    }
     env_restore(&st);
     for (size_t i = 0; i < sizeof cuda_sm90_bwd_st16_cases / sizeof cuda_sm90_bwd_st16_cases[0]; i++)
       run_case(tr, &cuda_sm90_bwd_st16_cases[i], i % 2 ? DT_F16 : DT_BF16);
+  }
+  for (size_t i = 0; i < sizeof cuda_sm90_bwd256_cases / sizeof cuda_sm90_bwd256_cases[0]; i++) {
+    run_case(tr, &cuda_sm90_bwd256_cases[i], DT_BF16);
+    run_case(tr, &cuda_sm90_bwd256_cases[i], DT_F16);
   }
   for (size_t i = 0; i < sizeof cuda_sm90_round_cases / sizeof cuda_sm90_round_cases[0]; i++)
     run_case(tr, &cuda_sm90_round_cases[i], DT_BF16);

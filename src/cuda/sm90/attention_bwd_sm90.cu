@@ -73,13 +73,19 @@ namespace ot {
 namespace sm90 {
 namespace bwd {
 
-constexpr int kBk = 128;        /* keys per CTA (2 consumer WGs x 64) */
+/* Keys per CTA: D = 64 / 128, 2 consumer WGs x 64 keys; D = 256 (kHalf), 64 keys that
+ * both consumers share, each accumulating half of dK's and dV's columns. */
+template <int D> struct bwd_tile {
+  static constexpr int bk = D == 256 ? 64 : 128;
+  static constexpr bool half = D == 256;
+};
 constexpr int kBq = 64;         /* queries per tile */
 constexpr int kThreads = 384;   /* producer WG + 2 consumer WGs */
 constexpr int kStages = 2;
 constexpr int kDqTile = 64 * 64;  /* floats of one consumer's dQ partial (64 queries x 64) */
 
 template <int D> struct bwd_smem {
+  static constexpr int kBk = bwd_tile<D>::bk;
   static constexpr int kv_bytes = kBk * D * 2;   /* K or V of the block */
   static constexpr int q_bytes = kBq * D * 2;    /* one Q or dO stage */
   static constexpr int ds_bytes = kBk * kBq * 2; /* one dS^T buffer */
@@ -90,14 +96,15 @@ template <int D> struct bwd_smem {
   static constexpr int ds_off = do_off + kStages * q_bytes;
   /* dQ staging: [consumer][buffer] tiles of kDqTile floats (64 KB; X = 0 only: kXDqRed,
    * the D = 128 default, leaves it allocated and unused -- one CTA an SM by registers either
-   * way, docs/ATTENTION.md "Next lever") */
+   * way, docs/ATTENTION.md "Next lever"; D = 256 runs only kXDqRed and has no room for it) */
   static constexpr int dqs_off = ds_off + 2 * ds_bytes;
-  static constexpr int lse_off = dqs_off + 4 * kDqTile * 4;
+  static constexpr int lse_off = dqs_off + (D == 256 ? 0 : 4 * kDqTile * 4);
   static constexpr int dsum_off = lse_off + kStages * kBq * 4;
   static constexpr int bar_off = dsum_off + kStages * kBq * 4;
   static constexpr int bytes = bar_off + 128 + 1024; /* barriers + alignment slack */
   static_assert(kv_bytes % 1024 == 0 && q_bytes % 1024 == 0, "swizzle atoms are 1024 B");
-  static_assert(bytes <= kSmemOptin, "shared memory opt-in limit"); /* D128: 231552 B */
+  static_assert(bytes <= kSmemOptin, "shared memory opt-in limit"); /* D128: 231552 B,
+                                                                      * D256: 215168 B */
 };
 
 /* Barrier slots (8 bytes each): the K / V load, the Q / dO ring, and per consumer c and
@@ -130,7 +137,7 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
 enum { kXDqRed = 1, kXSt16 = 2 };   /* enumerators: no unused-variable warning where no kernel
                                      * uses them */
 template <int D> struct default_x {
-  enum { value = D == 128 ? kXDqRed : 0 };
+  enum { value = D >= 128 ? kXDqRed : 0 };
 };
 
 struct bwd_params {
@@ -193,14 +200,24 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap tm_v,
                          const __grid_constant__ CUtensorMap tm_do, const bwd_params p) {
   using L = bwd_smem<D>;
+  constexpr int kBk = L::kBk;
   constexpr bool F16 = is_half<T>::value;
-  constexpr int NA = D / 2;   /* dK, dV accumulators per thread */
+  /* HALF (D = 256): the two consumers share the CTA's 64 keys; each computes the whole S^T
+   * and dP^T (the same values: 2 of the tile's 7 GEMMs are this duplication) and keeps dK
+   * and dV of its half of the columns (DW = 128), the largest accumulators that fit its 240
+   * registers beside P^T / dS^T (2 x 64 against 2 x 128 for all columns of 64 keys). */
+  constexpr bool HALF = bwd_tile<D>::half;
+  constexpr int DW = HALF ? D / 2 : D;   /* dK / dV columns of a consumer */
+  constexpr int NA = DW / 2;  /* dK, dV accumulators per thread */
   constexpr bool OWN = D == 64;   /* dQ over the consumer's own keys */
-  constexpr int NQ = 64;          /* dQ columns of a consumer: all (D = 64) or half (D = 128) */
-  /* D = 128: dV issued under dP^T, dQ before dK, the dQ partial's stores under dK (see the
+  constexpr int NQ = 64;          /* dQ columns of a chunk: all (D = 64) or a consumer's half
+                                   * (D = 128); D = 256: two chunks, a consumer's 128 */
+  constexpr int NCH = HALF ? 2 : 1;
+  /* D >= 128: dV issued under dP^T, dQ before dK, the dQ partial's stores under dK (see the
    * tile loop); D = 64 keeps dV, dK before dQ (the D = 128 order ran 4-5% slower there). */
-  constexpr bool DV_EARLY = D == 128;
+  constexpr bool DV_EARLY = D >= 128;
   constexpr bool RED = (X & kXDqRed) != 0;   /* dQ by red.global from the consumers */
+  static_assert(RED || !HALF, "D = 256: no room for the dQ staging tiles");
   constexpr bool ST16 = (X & kXSt16) != 0;   /* dK / dV stored 16 bytes a lane */
   extern __shared__ uint8_t smem_raw[];
   /* Aligned by offsetting smem_raw (not by casting through an integer), so that the
@@ -315,11 +332,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   /* ---------------- consumers ---------------- */
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-  const int c = wg - 1;               /* consumer 0 / 1: keys kb + 64 c .. + 63 */
+  const int c = wg - 1;   /* consumer 0 / 1: keys kb + 64 c .. + 63 (HALF: columns 128 c ..) */
   const int t128 = tid % 128;
   const int warp = t128 / 32, lane = t128 % 32, g = lane / 4, q4 = lane % 4;
   const float cl2 = p.scale_log2;
-  const int key0 = kb + c * 64 + warp * 16 + g;   /* this thread's keys: key0, key0 + 8 */
+  const int key0 = kb + (HALF ? 0 : c * 64) + warp * 16 + g;   /* keys key0, key0 + 8 */
   float dk[NA], dv[NA];
 #pragma unroll
   for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
@@ -327,8 +344,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (n_loc > 0) mbar_wait(bar(BAR_KV), 0);
   const uint32_t k_base = s_base + L::k_off, v_base = s_base + L::v_off;
   /* This WG's 64 rows of K / V as the K-major A operand of S^T / dP^T. */
-  const uint64_t ka_desc = make_desc(k_base + c * 64 * 128, 16, 1024);
-  const uint64_t va_desc = make_desc(v_base + c * 64 * 128, 16, 1024);
+  const uint32_t krow = HALF ? 0u : (uint32_t)c * 64 * 128;
+  const uint64_t ka_desc = make_desc(k_base + krow, 16, 1024);
+  const uint64_t va_desc = make_desc(v_base + krow, 16, 1024);
+  /* HALF: the consumer's columns of dO / Q (B of dV / dK): 64-column blocks 2c, 2c + 1 */
+  const uint32_t bcol = HALF ? (uint32_t)c * (DW / 64) * (kBq * 128) : 0u;
 
   for (int t = 0; t < n_loc; t++) {
     const int s = t % kStages;
@@ -374,17 +394,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     uint32_t pp[16], pds[16];
     /* dO as the MN-major B of dV += P^T dO, Q as that of dK += dS^T Q ([64 queries][D]). */
-    const uint64_t dob = make_desc(do_base, kBq * 128, 1024);
-    const uint64_t qb = make_desc(q_base, kBq * 128, 1024);
+    const uint64_t dob = make_desc(do_base + bcol, kBq * 128, 1024);
+    const uint64_t qb = make_desc(q_base + bcol, kBq * 128, 1024);
     auto issue_dv = [&] {
 #pragma unroll
       for (int kk = 0; kk < kBq / 16; kk++)
-        wgmma_rs<D, F16>::run(dv, &pp[4 * kk], dob + ((kk * 2048) >> 4), 1);
+        wgmma_rs<DW, F16>::run(dv, &pp[4 * kk], dob + ((kk * 2048) >> 4), 1);
     };
     auto issue_dk = [&] {
 #pragma unroll
       for (int kk = 0; kk < kBq / 16; kk++)
-        wgmma_rs<D, F16>::run(dk, &pds[4 * kk], qb + ((kk * 2048) >> 4), 1);
+        wgmma_rs<DW, F16>::run(dk, &pds[4 * kk], qb + ((kk * 2048) >> 4), 1);
     };
     if (DV_EARLY) {
       /* dV += P^T dO issued as soon as P^T is packed, under dP^T: the tensor pipe runs it
@@ -413,15 +433,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!DV_EARLY) pp[i] = pack2<F16>(st[2 * i], st[2 * i + 1]);
       pds[i] = pack2<F16>(dpt[2 * i], dpt[2 * i + 1]);
     }
-    /* dS^T into buffer it & 1: [128 keys][64 queries], 128 B rows, 128B swizzle (16-byte
-     * chunk j of row r at chunk j ^ (r & 7)). pds[2 j + hh]: key row 8 hh, queries 8 j + 2 q4. */
+    /* dS^T into buffer it & 1: [kBk keys][64 queries], 128 B rows, 128B swizzle (16-byte
+     * chunk j of row r at chunk j ^ (r & 7)). pds[2 j + hh]: key row 8 hh, queries 8 j + 2 q4.
+     * HALF: both consumers hold the whole dS^T; each writes its 32 queries (j / 4 == c). */
     {
       uint8_t *dsb = smem + L::ds_off + (t & 1) * L::ds_bytes;
 #pragma unroll
       for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-          const int r = c * 64 + warp * 16 + g + 8 * hh;
+          if (HALF && (j >> 2) != c) continue;
+          const int r = (HALF ? 0 : c * 64) + warp * 16 + g + 8 * hh;
           *(uint32_t *)(dsb + r * 128 + ((j ^ (r & 7)) << 4) + 4 * q4) = pds[2 * j + hh];
         }
     }
@@ -439,68 +461,80 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg_sync(c);
     }
     /* dQ_part [64 queries x NQ columns] = dS K: A = dS^T buffer (MN-major), B = K (MN-major):
-     * the WG's 64 columns over all 128 keys, or (OWN) all columns over its 64 keys. */
+     * the WG's 64 columns over all 128 keys, or (OWN) all columns over its 64 keys, or
+     * (HALF) its 128 columns over the 64 keys in two chunks of 64 (the second after dK: the
+     * first chunk's registers are free by then; 192 live accumulators at most). */
     /* The dQ staging buffer of this tile is free once the writer has read its previous
      * contents (waited for here, before dq is live: fewer registers across the wait). */
     if constexpr (!RED) mbar_wait(bar(BAR_DQE + 2 * c + (t & 1)), ((t >> 1) & 1) ^ 1);
-    float dq[NQ / 2];
-    {
-      const uint32_t ds_base = s_base + L::ds_off + (t & 1) * L::ds_bytes;
-      constexpr int NK = OWN ? 64 / 16 : kBk / 16;
-      const int k16_0 = OWN ? c * 4 : 0;
-      const uint32_t kcol = OWN ? 0 : c * (kBk * 128);
-      wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < NK; kk++) {
-        const uint32_t o = (uint32_t)(k16_0 + kk) * 2048;
-        wgmma_ss_t<NQ, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
-                                 make_desc(k_base + kcol + o, kBk * 128, 1024), kk > 0);
+    for (int ch = 0; ch < NCH; ch++) {
+      /* the 64-column block of dQ this chunk adds to */
+      const int cb = HALF ? 2 * c + ch : OWN ? 0 : c;
+      float dq[NQ / 2];
+      {
+        const uint32_t ds_base = s_base + L::ds_off + (t & 1) * L::ds_bytes;
+        constexpr int NK = OWN ? 64 / 16 : kBk / 16;
+        const int k16_0 = OWN ? c * 4 : 0;
+        const uint32_t kcol = OWN ? 0u : (uint32_t)cb * (kBk * 128);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+          const uint32_t o = (uint32_t)(k16_0 + kk) * 2048;
+          wgmma_ss_t<NQ, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
+                                   make_desc(k_base + kcol + o, kBk * 128, 1024), kk > 0);
+        }
+        wgmma_commit();
       }
-      wgmma_commit();
-    }
-    if (DV_EARLY) {
-      /* dK += dS^T Q after dQ: the dQ partial's stores (or reductions) below run under it. */
-      issue_dk();
-      wgmma_commit();
-      wgmma_wait<1>();   /* dV and dQ (dK may still run) */
-      reg_fence<NQ / 2>(dq);
-    } else {
-      wgmma_wait<0>();
-      reg_fence<NA>(dk);
-      reg_fence<NA>(dv);
-      reg_fence<NQ / 2>(dq);
-      reg_fence<16>(pp);
-      reg_fence<16>(pds);
-      /* Release the stage (Q, dO, lse2, Dsum; D = 128: after dK, below): every consumer
-       * thread arrives, since an arrive releases only the executing thread's own prior
-       * accesses (its lse2 / Dsum reads of the stage) to the producer's next bulk copy. Lane
-       * 0 of each warp arriving after a __syncwarp, or thread 0 of each warpgroup after its
-       * named barrier, left compute-sanitizer racecheck reporting WAR hazards between those
-       * reads and the bulk copy (run of 2026-11-30). */
-      mbar_arrive(bar(BAR_EMPTY + s));
-    }
-    /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) into
-     * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy
-     * writes visible to the bulk reduce-add (async proxy). */
-    if constexpr (RED) {
-      /* kXDqRed: the same fragment order straight into the accumulator's tile (as the dQ
-       * writer's, see there): float4 j of thread t128 at float 512 j + 4 t128. */
-      const int h = kvh * p.group + (it0 + t) / nm;
-      float *acc = p.dq_acc +
-                   ((((int64_t)b * p.hq + h) * m_hi + i0 / kBq) * (D / 64) + (D == 128 ? c : 0)) *
-                       kDqTile +
-                   4 * t128;
+      if (DV_EARLY) {
+        if (ch == 0) {
+          /* dK += dS^T Q after dQ: the dQ partial's stores (or reductions) below run under
+           * it. */
+          issue_dk();
+          wgmma_commit();
+          wgmma_wait<1>();   /* dV and dQ (dK may still run) */
+        } else {
+          wgmma_wait<0>();   /* HALF's second chunk (and dK) */
+        }
+        reg_fence<NQ / 2>(dq);
+      } else {
+        wgmma_wait<0>();
+        reg_fence<NA>(dk);
+        reg_fence<NA>(dv);
+        reg_fence<NQ / 2>(dq);
+        reg_fence<16>(pp);
+        reg_fence<16>(pds);
+        /* Release the stage (Q, dO, lse2, Dsum; D >= 128: after dK, below): every consumer
+         * thread arrives, since an arrive releases only the executing thread's own prior
+         * accesses (its lse2 / Dsum reads of the stage) to the producer's next bulk copy.
+         * Lane 0 of each warp arriving after a __syncwarp, or thread 0 of each warpgroup
+         * after its named barrier, left compute-sanitizer racecheck reporting WAR hazards
+         * between those reads and the bulk copy (run of 2026-11-30). */
+        mbar_arrive(bar(BAR_EMPTY + s));
+      }
+      /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) into
+       * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy
+       * writes visible to the bulk reduce-add (async proxy). */
+      if constexpr (RED) {
+        /* kXDqRed: the same fragment order straight into the accumulator's tile (as the dQ
+         * writer's, see there): float4 j of thread t128 at float 512 j + 4 t128. */
+        const int h = kvh * p.group + (it0 + t) / nm;
+        float *acc =
+            p.dq_acc +
+            ((((int64_t)b * p.hq + h) * m_hi + i0 / kBq) * (D / 64) + cb) * kDqTile + 4 * t128;
 #pragma unroll
-      for (int j = 0; j < 8; j++)
-        red_add_v4(acc + 512 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-    } else {
-      const int u = 2 * c + (t & 1);
-      float4 *stg = (float4 *)(smem + L::dqs_off + u * kDqTile * 4);
+        for (int j = 0; j < 8; j++)
+          red_add_v4(acc + 512 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      } else {
+        const int u = 2 * c + (t & 1);
+        float4 *stg = (float4 *)(smem + L::dqs_off + u * kDqTile * 4);
 #pragma unroll
-      for (int j = 0; j < 8; j++)
-        stg[j * 128 + t128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-      fence_proxy_async();
-      mbar_arrive(bar(BAR_DQF + u));
+        for (int j = 0; j < 8; j++)
+          stg[j * 128 + t128] =
+              make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+        fence_proxy_async();
+        mbar_arrive(bar(BAR_DQF + u));
+      }
     }
     if (DV_EARLY) {
       wgmma_wait<0>();
@@ -550,13 +584,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (ST16) {
     /* kXSt16: sm90_common.cuh's quad_transpose_row / store_row16 (the transpose before the
      * key test: every lane) */
-    T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs;
-    T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs;
+    const int col0 = HALF ? c * DW : 0;   /* the consumer's first column */
+    T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + col0;
+    T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs + col0;
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
-      uint32_t wk[D / 8], wv[D / 8];
+      uint32_t wk[DW / 8], wv[DW / 8];
 #pragma unroll
-      for (int j = 0; j < D / 8; j++) {
+      for (int j = 0; j < DW / 8; j++) {
         wk[j] = pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
         wv[j] = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
       }
@@ -568,15 +603,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_row16(dvp + (int64_t)key * p.dv_ts, wv, q4);
     }
   } else {
-    T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + 2 * q4;
-    T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs + 2 * q4;
+    const int col0 = (HALF ? c * DW : 0) + 2 * q4;
+    T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + col0;
+    T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs + col0;
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       const int key = key0 + 8 * hh;
       if (key >= p.sk) continue;
       T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
 #pragma unroll
-      for (int j = 0; j < D / 8; j++) {
+      for (int j = 0; j < DW / 8; j++) {
         *(uint32_t *)(kr + 8 * j) =
             pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
         *(uint32_t *)(vr + 8 * j) = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
@@ -795,8 +831,10 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
                           int dq, bool st16) {
   constexpr int X0 = default_x<D>::value;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
-  if (dq >= 0 && dq != X0)
-    return launch<T, D, X0 ^ kXDqRed>(ctx, a, maps, p, rows, zero_bytes, grid);
+  if constexpr (D != 256) {   /* D = 256: kXDqRed only (no room for the staging tiles) */
+    if (dq >= 0 && dq != X0)
+      return launch<T, D, X0 ^ kXDqRed>(ctx, a, maps, p, rows, zero_bytes, grid);
+  }
 #else
   (void)dq;
 #endif
@@ -822,7 +860,7 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   *handled = false;
   if (!sm90_attention_enabled(ctx) || a->deterministic) return OT_OK;
   if (a->dtype != OT_BF16 && a->dtype != OT_F16) return OT_OK;
-  if (a->d != 64 && a->d != 128) return OT_OK;
+  if (a->d != 64 && a->d != 128 && a->d != 256) return OT_OK;
   if (a->cu_q || a->cu_k || a->softcap != 0.f) return OT_OK;
   /* No window, or causal (window_right 0, window_left unbounded). */
   if (a->window_left >= 0 || a->window_right > 0) return OT_OK;
@@ -837,6 +875,7 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   if (!words_ok(&a->dq) || !words_ok(&a->dk) || !words_ok(&a->dv)) return OT_OK;
   const int64_t sq_pad = (a->sq + kBq - 1) / kBq * kBq;
   const int64_t rows = a->batch * a->hq * sq_pad;
+  const int kBk = a->d == 256 ? bwd_tile<256>::bk : bwd_tile<128>::bk; /* keys per CTA */
   const int64_t nkb = (a->sk + kBk - 1) / kBk;
   if (nkb * a->hkv * a->batch > (1 << 30)) return OT_OK; /* the 1-D grid's units (int) */
   CUtensorMap maps[4];
@@ -925,6 +964,10 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
     return a->dtype == OT_BF16
                ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
                : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
+  if (a->d == 256)
+    return a->dtype == OT_BF16
+               ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
+               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
   return a->dtype == OT_BF16
              ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
              : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
