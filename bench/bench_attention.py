@@ -430,7 +430,8 @@ def bench_cases(args):
 
 def ab_envs(args):
     """--ab 'NAME=K:V[,K:V];NAME=...' as [(NAME, {K: V})]; a key _causal_only (any value)
-    times the variant in causal cases only, _full_only in non-causal ones only."""
+    times the variant in causal cases only, _full_only in non-causal ones only; _fb times
+    it in forward + backward (through the API, as ours there) instead of the forward."""
     out = []
     for spec in filter(None, (args.ab or "").split(";")):
         name, _, kv = spec.partition("=")
@@ -470,6 +471,8 @@ def bench(S, args):
             for vname, venv in ab_envs(args):
                 if (venv.get("_causal_only") and not causal) or (venv.get("_full_only") and causal):
                     continue
+                if venv.get("_fb"):
+                    continue    # forward + backward: added with ours there, below
                 e = {k_: v_ for k_, v_ in venv.items() if not k_.startswith("_")}
                 fwd.append((f"ours {vname}", f_ours, flops, lambda e=e: env_set(e)))
             for name, be in (("torch SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
@@ -519,6 +522,13 @@ def bench(S, args):
                     api_fb()
                     api_bwd = True
                     fb_entries.insert(0, ("ours", api_fb, 3.5 * flops, None))
+                    for vname, venv in ab_envs(args):
+                        if (not venv.get("_fb") or (venv.get("_causal_only") and not causal)
+                                or (venv.get("_full_only") and causal)):
+                            continue
+                        e = {k_: v_ for k_, v_ in venv.items() if not k_.startswith("_")}
+                        fb_entries.append((f"ours {vname}", api_fb, 3.5 * flops,
+                                           lambda e=e: env_set(e)))
                 except RuntimeError as e:
                     print(f"forward+backward through the API not available: {e}")
                     api_bwd = False

@@ -1,6 +1,6 @@
 /*
  * attention_bwd_sm90.cu -- Hopper (sm_90a) flash attention backward, dense BSHD, bf16/fp16,
- * head dim 64 / 128, non-causal or causal (bottom-right), GQA / MQA, any Sq / Sk.
+ * head dim 64 / 128 / 256, non-causal or causal (bottom-right), GQA / MQA, any Sq / Sk.
  *
  * The FlashAttention-3 backward's structure, written from the PTX ISA with the forward's
  * building blocks (sm90_common.cuh):
@@ -39,6 +39,13 @@
  *    barrier dQ before dK, so that dS^T's math runs under dV and the dQ reductions under
  *    dK; at D = 64 dV and dK before the barrier, then dQ (the D = 128 order was 4-5% slower
  *    there);
+ *    D = 256 (HALF): dK and dV of 128 keys x 256 columns would need 256 accumulators a
+ *    thread, so a CTA holds 64 keys, which both consumers share: each computes the whole
+ *    S^T and dP^T (the same values; 7 GEMMs of the tile's size where 5 are needed) and keeps
+ *    dK / dV of its 128 columns (64 + 64 registers), writes the whole dS^T into shared
+ *    buffers of its own (no barrier between the consumers: DSOWN) and adds dQ's 128 columns
+ *    in two chunks of 64 by red.global (the second after dK), the D = 128 issue order;
+ *    2 x 32 KB K / V, 2 stages of 2 x 32 KB Q / dO, 4 x 8 KB dS^T: 226 KB of shared memory;
  *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype (one block per
  *    accumulator tile, 64-byte reads, 16-byte stores).
  * The reduce-adds make dQ's summation order vary between runs (not bitwise repeatable), and
@@ -46,7 +53,7 @@
  * wave): params.deterministic = 1 routes to the portable backward instead (attention_bwd.cu).
  *
  * Not covered here (handled = false; the portable kernel runs): windows other than causal,
- * softcap, varlen, head dims other than 64 / 128, fp32, strides TMA cannot express,
+ * softcap, varlen, head dims other than 64 / 128 / 256, fp32, strides TMA cannot express,
  * devices other than cc 9.0, deterministic = 1, and calls whose scratch cannot be had
  * (the portable backward needs a (D + 2)-th of it; unless OT_ATTN_IMPL=sm90: OT_ERR_OOM).
  * Switches: OT_ATTN_SM90=0 (also turns the Hopper forward off), OT_ATTN_IMPL=portable (the
@@ -97,14 +104,14 @@ template <int D> struct bwd_smem {
   /* dQ staging: [consumer][buffer] tiles of kDqTile floats (64 KB; X = 0 only: kXDqRed,
    * the D = 128 default, leaves it allocated and unused -- one CTA an SM by registers either
    * way, docs/ATTENTION.md "Next lever"; D = 256 runs only kXDqRed and has no room for it) */
-  static constexpr int dqs_off = ds_off + 2 * ds_bytes;
+  static constexpr int dqs_off = ds_off + (D == 256 ? 4 : 2) * ds_bytes; /* D256: 2 a consumer */
   static constexpr int lse_off = dqs_off + (D == 256 ? 0 : 4 * kDqTile * 4);
   static constexpr int dsum_off = lse_off + kStages * kBq * 4;
   static constexpr int bar_off = dsum_off + kStages * kBq * 4;
   static constexpr int bytes = bar_off + 128 + 1024; /* barriers + alignment slack */
   static_assert(kv_bytes % 1024 == 0 && q_bytes % 1024 == 0, "swizzle atoms are 1024 B");
   static_assert(bytes <= kSmemOptin, "shared memory opt-in limit"); /* D128: 231552 B,
-                                                                      * D256: 215168 B */
+                                                                      * D256: the same */
 };
 
 /* Barrier slots (8 bytes each): the K / V load, the Q / dO ring, and per consumer c and
@@ -219,6 +226,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool RED = (X & kXDqRed) != 0;   /* dQ by red.global from the consumers */
   static_assert(RED || !HALF, "D = 256: no room for the dQ staging tiles");
   constexpr bool ST16 = (X & kXSt16) != 0;   /* dK / dV stored 16 bytes a lane */
+  /* DSOWN (= HALF): each consumer writes the whole dS^T (it holds all of it) into two buffers
+   * of its own and reads only those, so that the two consumers meet at no barrier of the
+   * tile, only through the Q / dO ring. Measured on the H200 (2026-12-03, fwd+bwd, against
+   * each writing half of one shared dS^T and both waiting for the other's half at a named
+   * barrier): 1.19x S 1k, 1.11x S 1k causal, 1.11x / 1.16x S 4k, 1.04x / 1.08x S 16k;
+   * consumers taking turns to issue S^T / dP^T on top of it (named-barrier pingpong) lost
+   * 2-10% against it (bench/results/attention_bwd256_dsown.json). */
+  constexpr bool DSOWN = HALF;
   extern __shared__ uint8_t smem_raw[];
   /* Aligned by offsetting smem_raw (not by casting through an integer), so that the
    * compiler still knows every access through smem is to shared memory: LDS / STS with
@@ -435,14 +450,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     /* dS^T into buffer it & 1: [kBk keys][64 queries], 128 B rows, 128B swizzle (16-byte
      * chunk j of row r at chunk j ^ (r & 7)). pds[2 j + hh]: key row 8 hh, queries 8 j + 2 q4.
-     * HALF: both consumers hold the whole dS^T; each writes its 32 queries (j / 4 == c). */
+     * DSOWN: into the consumer's own pair of buffers (2 c + (it & 1)). */
     {
-      uint8_t *dsb = smem + L::ds_off + (t & 1) * L::ds_bytes;
+      uint8_t *dsb = smem + L::ds_off + ((DSOWN ? 2 * c : 0) + (t & 1)) * L::ds_bytes;
 #pragma unroll
       for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-          if (HALF && (j >> 2) != c) continue;
           const int r = (HALF ? 0 : c * 64) + warp * 16 + g + 8 * hh;
           *(uint32_t *)(dsb + r * 128 + ((j ^ (r & 7)) << 4) + 4 * q4) = pds[2 * j + hh];
         }
@@ -455,9 +469,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
     }
     fence_proxy_async();
-    if (!OWN) {
+    if (!OWN && !DSOWN) {
       named_sync(kDsBar, 256);
-    } else {   /* only this WG's rows of dS^T are read (by this WG) */
+    } else {   /* only this WG's rows (OWN) or copy (DSOWN) of dS^T are read, by this WG */
       wg_sync(c);
     }
     /* dQ_part [64 queries x NQ columns] = dS K: A = dS^T buffer (MN-major), B = K (MN-major):
@@ -473,7 +487,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int cb = HALF ? 2 * c + ch : OWN ? 0 : c;
       float dq[NQ / 2];
       {
-        const uint32_t ds_base = s_base + L::ds_off + (t & 1) * L::ds_bytes;
+        const uint32_t ds_base =
+            s_base + L::ds_off + ((DSOWN ? 2 * c : 0) + (t & 1)) * L::ds_bytes;
         constexpr int NK = OWN ? 64 / 16 : kBk / 16;
         const int k16_0 = OWN ? c * 4 : 0;
         const uint32_t kcol = OWN ? 0u : (uint32_t)cb * (kBk * 128);
