@@ -867,7 +867,7 @@ def auto_on_cpu(monkeypatch):
                         and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
     monkeypatch.setattr(ot_patch, "_hopper_backward_applies",
                         lambda q, window, cu: window is None and cu is None
-                        and q.shape[-1] in (64, 128))
+                        and q.shape[-1] in (64, 128, 256))
     decided, backend = [], ["FLASH_ATTENTION"]
 
     def pick(q, k, v, causal, scale):
@@ -893,11 +893,13 @@ def auto_llama(D=64, **kw):
 @pytest.mark.parametrize("backend,D,library", [("FLASH_ATTENTION", 128, True),
                                                ("FLASH_ATTENTION", 64, False),
                                                ("EFFICIENT_ATTENTION", 64, True),
-                                               ("CUDNN_ATTENTION", 128, False)])
+                                               ("CUDNN_ATTENTION", 128, False),
+                                               ("FLASH_ATTENTION", 256, True),
+                                               ("CUDNN_ATTENTION", 256, False)])
 def test_auto_attention_picks_the_faster_kernels_once_per_shape(ids, calls, auto_on_cpu,
                                                                 backend, D, library):
     """The measured table (_AUTO_LIBRARY_BEATS): the library's kernels over flash at D 128
-    (not at D 64), over efficient at D 64, never over cuDNN."""
+    and 256 (not at D 64), over efficient at D 64, never over cuDNN."""
     decided, pick = auto_on_cpu
     pick[0] = backend
     model = auto_llama(D)                   # 4 / 2 heads
