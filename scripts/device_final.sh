@@ -51,8 +51,9 @@ stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 SH=/tmp/ot_final_shims
 M=/tmp/ot_final_lib
 rm -rf "$SH" "$M" && mkdir -p "$SH" "$M"
-tar xzf "$CARRY/shims.tar.gz" -C "$SH" && tar xzf "$CARRY/verify.tar.gz" -C "$M" ||
-  { echo "no $CARRY/shims.tar.gz or verify.tar.gz (see --pack)"; exit 1; }
+VPACK=$(ls "$CARRY"/verify.tar.xz "$CARRY"/verify.tar.gz 2>/dev/null | head -1)
+tar xzf "$CARRY/shims.tar.gz" -C "$SH" && [ -n "$VPACK" ] && tar xf "$VPACK" -C "$M" ||
+  { echo "no $CARRY/shims.tar.gz or verify.tar.xz (see --pack)"; exit 1; }
 export LD_LIBRARY_PATH="$M/lib:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
 echo "shims built from $(cat "$SH/commit.txt"), library from $(cat "$M/commit.txt"); tree $COMMIT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader

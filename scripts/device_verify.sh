@@ -49,14 +49,11 @@ if [ "${1:-}" = "--pack" ]; then
   if [ -f /usr/include/dlpack/dlpack.h ]; then cp -r /usr/include/dlpack "$S/include/"
   else cp -r "$DEPS/include/dlpack" "$S/include/"; fi
   git rev-parse HEAD >"$S/commit.txt"
-  # debug sections stripped (test_ops 45 -> ~20 MB): the pack and a 14 MB attention shim
-  # then fit one call's 64 MiB carry together
-  if command -v strip >/dev/null 2>&1; then
-    for f in "$S/test_ops" "$S/ot-run" "$S"/lib/libops_transformer.so.* "$S/lib/libot_engine.so"; do
-      [ -f "$f" ] && [ ! -L "$f" ] && strip --strip-unneeded "$f"
-    done
-  fi
-  tar czf "$CARRY/verify.tar.gz" -C "$S" .
+  # xz, not gzip: 30 MB against 47.5 (2026-12-03; the kernels' fatbins, twice: in test_ops
+  # and in the library), so that the pack and the 14 MB attention shim fit one call's 64 MiB
+  # carry together; ~45 s here on 2 cores, a few seconds to unpack there
+  rm -f "$CARRY/verify.tar.gz"
+  tar cJf "$CARRY/verify.tar.xz" -C "$S" .
   rm -rf "$S"
   ls -la "$CARRY"
   exit 0
@@ -66,7 +63,9 @@ mkdir -p "$OUT"
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 M=/tmp/ot_verify
-rm -rf "$M" && mkdir -p "$M" && tar xzf "$CARRY/verify.tar.gz" -C "$M" || { echo "no $CARRY/verify.tar.gz"; exit 1; }
+PACK=$(ls "$CARRY"/verify.tar.xz "$CARRY"/verify.tar.gz 2>/dev/null | head -1)
+rm -rf "$M" && mkdir -p "$M" && [ -n "$PACK" ] && tar xf "$PACK" -C "$M" ||
+  { echo "no $CARRY/verify.tar.xz (or .gz)"; exit 1; }
 export LD_LIBRARY_PATH="$M/lib:${LD_LIBRARY_PATH:-}"
 # test_engine.py looks for libot_engine.so at <ot-run>/../src/engine unless OT_ENGINE_LIB
 # names it (the closing call of cebbfe1's first try skipped 13 engine tests for that)
