@@ -1387,22 +1387,6 @@ static void run_sm90_required(test_run *tr) {
     for (size_t i = 0; i < sizeof cuda_sm90_bwd_st16_cases / sizeof cuda_sm90_bwd_st16_cases[0]; i++)
       run_case(tr, &cuda_sm90_bwd_st16_cases[i], i % 2 ? DT_F16 : DT_BF16);
   }
-  {
-    /* kXOwnK (an experiment switch, OT_ATTN_BWD_SM90_OWNK=1; D 128 only, the others run their
-     * default): dQ over each consumer's own keys in two 64-column chunks; the dqred cases'
-     * shapes (GQA / MQA walks, Sq != Sk, keyless query tiles, split units), "ownk" named */
-    env_saved ok = env_set("OT_ATTN_BWD_SM90_OWNK", "1");
-    static const char pre[] = "cuda hopper-only ";
-    for (size_t i = 0; i < sizeof cuda_sm90_dqred_cases / sizeof cuda_sm90_dqred_cases[0]; i++) {
-      acase c = cuda_sm90_dqred_cases[i];
-      if (c.d != 128) continue;
-      char name[200];
-      snprintf(name, sizeof name, "%sownk %s", pre, c.name + sizeof pre - 1);
-      c.name = name;
-      run_case(tr, &c, i % 2 ? DT_F16 : DT_BF16);
-    }
-    env_restore(&ok);
-  }
   for (size_t i = 0; i < sizeof cuda_sm90_bwd256_cases / sizeof cuda_sm90_bwd256_cases[0]; i++) {
     run_case(tr, &cuda_sm90_bwd256_cases[i], DT_BF16);
     run_case(tr, &cuda_sm90_bwd256_cases[i], DT_F16);

@@ -141,7 +141,7 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    sums unchanged. Only where dK's and dV's pointers and strides are 16-byte multiples
  *    (checked on the host). From the forward's kFlSt16 (LSU queue throttling in its
  *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
-enum { kXDqRed = 1, kXSt16 = 2, kXOwnK = 4 };   /* enumerators: no unused-variable warning where no kernel
+enum { kXDqRed = 1, kXSt16 = 2 };   /* enumerators: no unused-variable warning where no kernel
                                      * uses them */
 template <int D> struct default_x {
   enum { value = D >= 128 ? kXDqRed : 0 };
@@ -216,20 +216,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool HALF = bwd_tile<D>::half;
   constexpr int DW = HALF ? D / 2 : D;   /* dK / dV columns of a consumer */
   constexpr int NA = DW / 2;  /* dK, dV accumulators per thread */
-  /* kXOwnK (D = 128, with kXDqRed; an experiment, OT_ATTN_BWD_SM90_OWNK=1): dQ over the
-   * consumer's own 64 keys, all 128 columns in two chunks (D = 256's), so that the consumers
-   * meet at no dS^T barrier, for twice the dQ reductions */
-  constexpr bool OWNK = D == 128 && (X & kXOwnK) != 0;
-  constexpr bool OWN = D == 64 || OWNK;   /* dQ over the consumer's own keys */
+  /* dQ over the consumer's own keys (D = 64). At D = 128 the same in two 64-column chunks
+   * (no dS^T barrier between the consumers, twice the dQ reductions; kXOwnK, 2026-12-03)
+   * lost 3.6-7.6% fwd+bwd (bench/results/attention_grid_bwd256.json, "ownk"): removed. */
+  constexpr bool OWN = D == 64;
   constexpr int NQ = 64;          /* dQ columns of a chunk: all (D = 64) or a consumer's half
                                    * (D = 128); D = 256: two chunks, a consumer's 128 */
-  constexpr int NCH = HALF || OWNK ? 2 : 1;
+  constexpr int NCH = HALF ? 2 : 1;
   /* D >= 128: dV issued under dP^T, dQ before dK, the dQ partial's stores under dK (see the
    * tile loop); D = 64 keeps dV, dK before dQ (the D = 128 order ran 4-5% slower there). */
   constexpr bool DV_EARLY = D >= 128;
   constexpr bool RED = (X & kXDqRed) != 0;   /* dQ by red.global from the consumers */
   static_assert(RED || !HALF, "D = 256: no room for the dQ staging tiles");
-  static_assert(RED || !OWNK, "kXOwnK: dQ by red.global only");
   constexpr bool ST16 = (X & kXSt16) != 0;   /* dK / dV stored 16 bytes a lane */
   /* DSOWN (= HALF): each consumer writes the whole dS^T (it holds all of it) into two buffers
    * of its own and reads only those, so that the two consumers meet at no barrier of the
@@ -489,7 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
       /* the 64-column block of dQ this chunk adds to */
-      const int cb = HALF ? 2 * c + ch : OWNK ? ch : OWN ? 0 : c;
+      const int cb = HALF ? 2 * c + ch : OWN ? 0 : c;
       float dq[NQ / 2];
       {
         const uint32_t ds_base =
@@ -848,8 +846,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
 template <typename T, int D>
 static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                           const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
-                          int dq, bool st16, bool ownk) {
-  (void)ownk;
+                          int dq, bool st16) {
   constexpr int X0 = default_x<D>::value;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   if constexpr (D != 256) {   /* D = 256: kXDqRed only (no room for the staging tiles) */
@@ -859,10 +856,6 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
 #else
   (void)dq;
 #endif
-  if constexpr (D == 128) {
-    if (ownk && st16)
-      return launch<T, D, X0 | kXSt16 | kXOwnK>(ctx, a, maps, p, rows, zero_bytes, grid);
-  }
   if (st16) return launch<T, D, X0 | kXSt16>(ctx, a, maps, p, rows, zero_bytes, grid);
   return launch<T, D, X0>(ctx, a, maps, p, rows, zero_bytes, grid);
 }
@@ -979,8 +972,6 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   const bool knobs = ot_env_any("OT_ATTN_BWD_SM90_");
   const char *xst = knobs ? getenv("OT_ATTN_BWD_SM90_ST16") : NULL;
   const bool st16 = !(xst && xst[0] == '0') && vec16_ok(&a->dk) && vec16_ok(&a->dv);
-  const char *xok = knobs ? getenv("OT_ATTN_BWD_SM90_OWNK") : NULL;
-  const bool ownk = xok && xok[0] == '1';
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = knobs ? getenv("OT_ATTN_BWD_SM90_DQ") : NULL;
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
@@ -989,13 +980,13 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
 #endif
   if (a->d == 64)
     return a->dtype == OT_BF16
-               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, ownk)
-               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, ownk);
+               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
+               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
   if (a->d == 256)
     return a->dtype == OT_BF16
-               ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, ownk)
-               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, ownk);
+               ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
+               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
   return a->dtype == OT_BF16
-             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, ownk)
-             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, ownk);
+             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
+             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
 }
