@@ -80,8 +80,8 @@ namespace ot {
 namespace sm90 {
 namespace bwd {
 
-/* Keys per CTA: D = 64 / 128, 2 consumer WGs x 64 keys; D = 256 (kHalf), 64 keys that
- * both consumers share, each accumulating half of dK's and dV's columns. */
+/* Keys per CTA: D = 64 / 128, 2 consumer WGs x 64 keys; D = 256 (HALF in the kernel), 64
+ * keys that both consumers share, each accumulating half of dK's and dV's columns. */
 template <int D> struct bwd_tile {
   static constexpr int bk = D == 256 ? 64 : 128;
   static constexpr bool half = D == 256;
@@ -120,10 +120,11 @@ enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages, BAR_DQF = 1 + 2 * kSta
        BAR_DQE = BAR_DQF + 4, BAR_COUNT = BAR_DQE + 4 };
 static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
 
-/* The kernel's X bits. Every build compiles default_x<D> (kXDqRed at D = 128, 0 at D = 64)
- * with and without kXSt16 (with: the default; without: dK / dV whose pointers or strides
- * are not 16-byte multiples, and OT_ATTN_BWD_SM90_ST16=0); builds with
- * -DOT_ATTN_SM90_EXPERIMENTS (never CI) also the other dQ form, without kXSt16, chosen per
+/* The kernel's X bits. Every build compiles default_x<D> (kXDqRed at D = 128 and 256, 0 at
+ * D = 64) with and without kXSt16 (with: the default; without: dK / dV whose pointers or
+ * strides are not 16-byte multiples, and OT_ATTN_BWD_SM90_ST16=0); builds with
+ * -DOT_ATTN_SM90_EXPERIMENTS (never CI) also the other dQ form (not at D = 256: no room for
+ * the staging tiles), without kXSt16, chosen per
  * call by OT_ATTN_BWD_SM90_DQ (red: kXDqRed, stage: 0) (see launch_x):
  *  kXDqRed: the consumers add their dQ partial into the accumulator straight from the
  *    wgmma's registers with red.global.add.v4.f32 (8 a thread, 512 contiguous bytes a warp
