@@ -1387,23 +1387,6 @@ static void run_sm90_required(test_run *tr) {
     for (size_t i = 0; i < sizeof cuda_sm90_bwd_st16_cases / sizeof cuda_sm90_bwd_st16_cases[0]; i++)
       run_case(tr, &cuda_sm90_bwd_st16_cases[i], i % 2 ? DT_F16 : DT_BF16);
   }
-  {
-    /* kXStage4 (an experiment switch, OT_ATTN_BWD_SM90_STAGES=4; D 64 only, the others run
-     * their default): the Hopper backward's Q / dO ring in 4 stages; cuda_sm90_cases' D 64
-     * backward cases (GQA 8 causal S1000 -- 16 tiles a head, the ring wrapping 4 times --,
-     * MQA 8 split units, the causal head-then-tail order), "stage4" named */
-    env_saved st4 = env_set("OT_ATTN_BWD_SM90_STAGES", "4");
-    static const char pre[] = "cuda hopper-only ";
-    for (size_t i = 0; i < sizeof cuda_sm90_cases / sizeof cuda_sm90_cases[0]; i++) {
-      acase c = cuda_sm90_cases[i];
-      if (c.d != 64 || !c.bwd) continue;
-      char name[200];
-      snprintf(name, sizeof name, "%sstage4 %s", pre, c.name + sizeof pre - 1);
-      c.name = name;
-      run_case(tr, &c, i % 2 ? DT_F16 : DT_BF16);
-    }
-    env_restore(&st4);
-  }
   for (size_t i = 0; i < sizeof cuda_sm90_bwd256_cases / sizeof cuda_sm90_bwd256_cases[0]; i++) {
     run_case(tr, &cuda_sm90_bwd256_cases[i], DT_BF16);
     run_case(tr, &cuda_sm90_bwd256_cases[i], DT_F16);

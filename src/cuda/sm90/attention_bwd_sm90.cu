@@ -88,10 +88,10 @@ template <int D> struct bwd_tile {
 };
 constexpr int kBq = 64;         /* queries per tile */
 constexpr int kThreads = 384;   /* producer WG + 2 consumer WGs */
-constexpr int kStages = 2;      /* Q / dO ring stages (kXStage4: 4, D = 64 only) */
+constexpr int kStages = 2;
 constexpr int kDqTile = 64 * 64;  /* floats of one consumer's dQ partial (64 queries x 64) */
 
-template <int D, int NS = kStages> struct bwd_smem {
+template <int D> struct bwd_smem {
   static constexpr int kBk = bwd_tile<D>::bk;
   static constexpr int kv_bytes = kBk * D * 2;   /* K or V of the block */
   static constexpr int q_bytes = kBq * D * 2;    /* one Q or dO stage */
@@ -99,29 +99,26 @@ template <int D, int NS = kStages> struct bwd_smem {
   static constexpr int k_off = 0;
   static constexpr int v_off = kv_bytes;
   static constexpr int q_off = 2 * kv_bytes;
-  static constexpr int do_off = q_off + NS * q_bytes;
-  static constexpr int ds_off = do_off + NS * q_bytes;
+  static constexpr int do_off = q_off + kStages * q_bytes;
+  static constexpr int ds_off = do_off + kStages * q_bytes;
   /* dQ staging: [consumer][buffer] tiles of kDqTile floats (64 KB; X = 0 only: kXDqRed,
    * the D = 128 default, leaves it allocated and unused -- one CTA an SM by registers either
    * way, docs/ATTENTION.md "Next lever"; D = 256 runs only kXDqRed and has no room for it) */
   static constexpr int dqs_off = ds_off + (D == 256 ? 4 : 2) * ds_bytes; /* D256: 2 a consumer */
   static constexpr int lse_off = dqs_off + (D == 256 ? 0 : 4 * kDqTile * 4);
-  static constexpr int dsum_off = lse_off + NS * kBq * 4;
-  static constexpr int bar_off = dsum_off + NS * kBq * 4;
-  /* Barrier slots (8 bytes each): the K / V load (0), the Q / dO ring's full (1 + s) and
-   * empty (1 + NS + s), and per consumer c and buffer u the dQ staging's full
-   * (dqf + 2 c + u) and empty (dqe + 2 c + u); the split flag in the area's last 8 bytes. */
-  static constexpr int full = 1, empty = 1 + NS, dqf = 1 + 2 * NS, dqe = dqf + 4;
-  static constexpr int bar_bytes = NS == 2 ? 128 : 256;
-  static constexpr int flag_off = bar_off + bar_bytes - 8;
-  static_assert((dqe + 4) * 8 <= bar_bytes - 8, "barrier area");
-  static constexpr int bytes = bar_off + bar_bytes + 1024; /* barriers + alignment slack */
+  static constexpr int dsum_off = lse_off + kStages * kBq * 4;
+  static constexpr int bar_off = dsum_off + kStages * kBq * 4;
+  static constexpr int bytes = bar_off + 128 + 1024; /* barriers + alignment slack */
   static_assert(kv_bytes % 1024 == 0 && q_bytes % 1024 == 0, "swizzle atoms are 1024 B");
   static_assert(bytes <= kSmemOptin, "shared memory opt-in limit"); /* D128: 231552 B,
                                                                       * D256: the same */
 };
 
-enum { BAR_KV = 0 };   /* the other slots: bwd_smem's full / empty / dqf / dqe */
+/* Barrier slots (8 bytes each): the K / V load, the Q / dO ring, and per consumer c and
+ * buffer u the dQ staging's full (BAR_DQF + 2 c + u) and empty (BAR_DQE + 2 c + u). */
+enum { BAR_KV = 0, BAR_FULL = 1, BAR_EMPTY = 1 + kStages, BAR_DQF = 1 + 2 * kStages,
+       BAR_DQE = BAR_DQF + 4, BAR_COUNT = BAR_DQE + 4 };
+static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
 
 /* The kernel's X bits. Every build compiles default_x<D> (kXDqRed at D = 128 and 256, 0 at
  * D = 64) with and without kXSt16 (with: the default; without: dK / dV whose pointers or
@@ -145,7 +142,7 @@ enum { BAR_KV = 0 };   /* the other slots: bwd_smem's full / empty / dqf / dqe *
  *    sums unchanged. Only where dK's and dV's pointers and strides are 16-byte multiples
  *    (checked on the host). From the forward's kFlSt16 (LSU queue throttling in its
  *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
-enum { kXDqRed = 1, kXSt16 = 2, kXStage4 = 4 };   /* enumerators: no unused-variable warning where no kernel
+enum { kXDqRed = 1, kXSt16 = 2 };   /* enumerators: no unused-variable warning where no kernel
                                      * uses them */
 template <int D> struct default_x {
   enum { value = D >= 128 ? kXDqRed : 0 };
@@ -210,12 +207,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v,
                          const __grid_constant__ CUtensorMap tm_do, const bwd_params p) {
-  /* kXStage4 (D = 64): a 4-stage Q / dO ring (16 KB a stage there) */
-  constexpr int NS = (X & kXStage4) ? 4 : kStages;
-  static_assert(NS == kStages || D == 64, "kXStage4: D = 64 only (shared memory)");
-  using L = bwd_smem<D, NS>;
+  using L = bwd_smem<D>;
   constexpr int kBk = L::kBk;
-  constexpr int BAR_FULL = L::full, BAR_EMPTY = L::empty, BAR_DQF = L::dqf, BAR_DQE = L::dqe;
   constexpr bool F16 = is_half<T>::value;
   /* HALF (D = 256): the two consumers share the CTA's 64 keys; each computes the whole S^T
    * and dP^T (the same values: 2 of the tile's 7 GEMMs are this duplication) and keeps dK
@@ -298,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = tid / 128;
   if (tid == 0) {
     mbar_init(bar(BAR_KV), 1);
-    for (int s = 0; s < NS; s++) {
+    for (int s = 0; s < kStages; s++) {
       mbar_init(bar(BAR_FULL + s), 1);
       mbar_init(bar(BAR_EMPTY + s), kEmptyCount);
     }
@@ -341,8 +334,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_load_5d(s_base + L::k_off, &tm_k, bar(BAR_KV), 0, kb, 0, kvh, b);
     tma_load_5d(s_base + L::v_off, &tm_v, bar(BAR_KV), 0, kb, 0, kvh, b);
     for (int t = 0; t < n_loc; t++) {
-      const int it = it0 + t, s = t % NS;
-      mbar_wait(bar(BAR_EMPTY + s), ((t / NS) & 1) ^ 1);
+      const int it = it0 + t, s = t % kStages;
+      mbar_wait(bar(BAR_EMPTY + s), ((t / kStages) & 1) ^ 1);
       const int h = kvh * p.group + it / nm, m = tile_of(it);
       mbar_expect_tx(bar(BAR_FULL + s), 2u * L::q_bytes + 2u * kBq * 4);
       tma_load_5d(s_base + L::q_off + s * L::q_bytes, &tm_q, bar(BAR_FULL + s), 0, m * kBq, 0, h,
@@ -377,11 +370,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t bcol = HALF ? (uint32_t)c * (DW / 64) * (kBq * 128) : 0u;
 
   for (int t = 0; t < n_loc; t++) {
-    const int s = t % NS;
+    const int s = t % kStages;
     const int i0 = tile_of(it0 + t) * kBq;   /* the query head (it / nm) matters only to the loads */
     const uint32_t q_base = s_base + L::q_off + s * L::q_bytes;
     const uint32_t do_base = s_base + L::do_off + s * L::q_bytes;
-    mbar_wait(bar(BAR_FULL + s), (t / NS) & 1);
+    mbar_wait(bar(BAR_FULL + s), (t / kStages) & 1);
 
     /* S^T = K Q^T and dP^T = V dO^T: [64 keys x 64 queries], K-major operands. */
     float st[32], dpt[32];
@@ -591,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       atomicAdd(av + j * 128, make_float4(dv[4 * j], dv[4 * j + 1], dv[4 * j + 2], dv[4 * j + 3]));
     }
     named_sync(kDsBar, 256);
-    volatile int *last = (volatile int *)(smem + L::flag_off);
+    volatile int *last = (volatile int *)(smem + L::bar_off + 120);
     if (t128 == 0 && c == 0) {
       __threadfence();
       const int before = atomicAdd(p.split_cnt + (unit - p.n_full), 1);
@@ -814,7 +807,7 @@ template <typename T, int D, int X>
 static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                         const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid) {
   static const char *op = "ot_attention_backward";
-  using L = bwd_smem<D, (X & kXStage4) ? 4 : kStages>;
+  using L = bwd_smem<D>;
   cudaStream_t stream = (cudaStream_t)ctx->stream;
   /* Host-side and not stream-ordered: first, so that a failure enqueues nothing. Once per
    * device and instance (sm90_common.cuh's smem_attr_once, as the forward). */
@@ -854,8 +847,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
 template <typename T, int D>
 static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                           const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
-                          int dq, bool st16, bool stage4) {
-  (void)stage4;
+                          int dq, bool st16) {
   constexpr int X0 = default_x<D>::value;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   if constexpr (D != 256) {   /* D = 256: kXDqRed only (no room for the staging tiles) */
@@ -865,10 +857,6 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
 #else
   (void)dq;
 #endif
-  if constexpr (D == 64) {
-    if (stage4 && st16)
-      return launch<T, D, X0 | kXSt16 | kXStage4>(ctx, a, maps, p, rows, zero_bytes, grid);
-  }
   if (st16) return launch<T, D, X0 | kXSt16>(ctx, a, maps, p, rows, zero_bytes, grid);
   return launch<T, D, X0>(ctx, a, maps, p, rows, zero_bytes, grid);
 }
@@ -985,9 +973,6 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   const bool knobs = ot_env_any("OT_ATTN_BWD_SM90_");
   const char *xst = knobs ? getenv("OT_ATTN_BWD_SM90_ST16") : NULL;
   const bool st16 = !(xst && xst[0] == '0') && vec16_ok(&a->dk) && vec16_ok(&a->dv);
-  /* an experiment while it is measured (2026-12-03): a 4-stage Q / dO ring at D = 64 */
-  const char *xs4 = knobs ? getenv("OT_ATTN_BWD_SM90_STAGES") : NULL;
-  const bool stage4 = xs4 && xs4[0] == '4';
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = knobs ? getenv("OT_ATTN_BWD_SM90_DQ") : NULL;
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
@@ -996,13 +981,13 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
 #endif
   if (a->d == 64)
     return a->dtype == OT_BF16
-               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, stage4)
-               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, stage4);
+               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
+               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
   if (a->d == 256)
     return a->dtype == OT_BF16
-               ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, stage4)
-               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, stage4);
+               ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
+               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
   return a->dtype == OT_BF16
-             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, stage4)
-             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, stage4);
+             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
+             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
 }
