@@ -319,6 +319,22 @@ static const acase cuda_sm90_bwd256_cases[] = {
     {"cuda hopper-only bwd256 causal Sq300 Sk1000 D256 GQA2 B2 dq/dk/dv strides 4-byte (4-byte stores)", 2, 300, 1000, 4, 2, 256, 1, -1, -1, 0, 0, 0, {0}, {0}, false, 3, true},
 };
 
+/* The Hopper backward at D 96 (kXPad: the D 128 tile on Q, K, V, dO loaded by a 4-D map
+ * twice per operand, columns 96..127 zero-filled by TMA; dK / dV / dQ stored below column
+ * 96): the forward runs the portable kernel (no Hopper forward at D 96: fwd_any_impl), the
+ * backward under OT_ATTN_IMPL=sm90, bf16 and fp16, the first two also with the 4-byte dK /
+ * dV stores. Split units (B2 S1000), a key tail of 1 with an MQA walk in parts (S129),
+ * causal Sq < Sk and Sq > Sk (keyless query tiles), dq / dk / dv strides that are not
+ * 16-byte multiples, packed qkv (a token stride of 3 x 4 x 96). */
+static const acase cuda_sm90_bwd96_cases[] = {
+    {"cuda hopper-only bwd96 S1000 D96 GQA1 B2 (split units)", 2, 1000, 1000, 2, 2, 96, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only bwd96 S129 D96 MQA8 B2 (split units)", 2, 129, 129, 8, 1, 96, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only bwd96 causal Sq<Sk 100x1000 D96 GQA4", 1, 100, 1000, 8, 2, 96, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only bwd96 causal Sq>Sk 700x130 D96 GQA2 B2", 2, 700, 130, 4, 2, 96, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only bwd96 causal Sq300 Sk1000 D96 GQA2 B2 dq/dk/dv strides 4-byte (4-byte stores)", 2, 300, 1000, 4, 2, 96, 1, -1, -1, 0, 0, 0, {0}, {0}, false, 3, true},
+    {"cuda hopper-only bwd96 packed qkv causal S300 D96 GQA1 B2", 2, 300, 300, 4, 4, 96, 1, -1, -1, 0, 0, 0, {0}, {0}, true, false, true},
+};
+
 /* CUDA cases run with OT_ATTN_IMPL=sm90: shapes the Hopper kernels take (forward: bf16 /
  * fp16, D 64 / 128 / 256, no varlen or softcap; backward: D 64 / 128, causal or none). */
 /* The Hopper forward's 16-byte O stores (kFlSt16: the default for bf16 D128 on the 128-key
@@ -742,6 +758,11 @@ static const DLDataType *all_dtypes[] = {&DT_F32, &DT_F16, &DT_BF16};
  * whose results would pass the same checks. */
 static bool require_sm90;
 
+/* While set (with require_sm90), the forward of run_case_det runs with OT_ATTN_IMPL unset
+ * (the portable forward where no Hopper one exists, D 96), the backward under the caller's
+ * OT_ATTN_IMPL=sm90. */
+static bool fwd_any_impl;
+
 /* While nonzero, the backward of run_case_det runs with an arena attached to the context
  * whose room beyond the cuBLASLt workspace is this many bytes. */
 static size_t bwd_arena_room;
@@ -792,7 +813,15 @@ static void run_case_det(test_run *tr, const acase *c, DLDataType dt, bool det) 
   int64_t nq = p->tq * p->hq * p->d, nk = p->tk * p->hkv * p->d;
   double *q = tb_to_f64(P.q), *k = tb_to_f64(P.k), *v = tb_to_f64(P.v);
   double *out = malloc((nq + 1) * sizeof *out), *lse = malloc((p->tq * p->hq + 1) * sizeof *lse);
-  if (attn_ok(tr, run_forward(tr, &P), "ot_attention_forward")) {
+  ot_status fst;
+  if (fwd_any_impl) {
+    env_saved im = env_set("OT_ATTN_IMPL", NULL);
+    fst = run_forward(tr, &P);
+    env_restore(&im);
+  } else {
+    fst = run_forward(tr, &P);
+  }
+  if (attn_ok(tr, fst, "ot_attention_forward")) {
     sync_outputs(&P);
     ref_forward(p, q, k, v, out, lse); /* after the call: no reference for skipped cases */
     check_close(tr, "out", P.out, out, out_tol(dt));
@@ -1387,6 +1416,24 @@ static void run_sm90_required(test_run *tr) {
     for (size_t i = 0; i < sizeof cuda_sm90_bwd_st16_cases / sizeof cuda_sm90_bwd_st16_cases[0]; i++)
       run_case(tr, &cuda_sm90_bwd_st16_cases[i], i % 2 ? DT_F16 : DT_BF16);
   }
+  fwd_any_impl = true;
+  for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
+    run_case(tr, &cuda_sm90_bwd96_cases[i], DT_BF16);
+    run_case(tr, &cuda_sm90_bwd96_cases[i], DT_F16);
+  }
+  {
+    env_saved st = env_set("OT_ATTN_BWD_SM90_ST16", "0");
+    static const char pre[] = "cuda hopper-only ";
+    for (size_t i = 0; i < 2; i++) {
+      acase c = cuda_sm90_bwd96_cases[i];
+      char name[200];
+      snprintf(name, sizeof name, "%sbwdst4 %s", pre, c.name + sizeof pre - 1);
+      c.name = name;
+      run_case(tr, &c, DT_BF16);
+    }
+    env_restore(&st);
+  }
+  fwd_any_impl = false;
   for (size_t i = 0; i < sizeof cuda_sm90_bwd256_cases / sizeof cuda_sm90_bwd256_cases[0]; i++) {
     run_case(tr, &cuda_sm90_bwd256_cases[i], DT_BF16);
     run_case(tr, &cuda_sm90_bwd256_cases[i], DT_F16);

@@ -142,7 +142,7 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    sums unchanged. Only where dK's and dV's pointers and strides are 16-byte multiples
  *    (checked on the host). From the forward's kFlSt16 (LSU queue throttling in its
  *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
-enum { kXDqRed = 1, kXSt16 = 2 };   /* enumerators: no unused-variable warning where no kernel
+enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4 };   /* enumerators: no unused-variable warning where no kernel
                                      * uses them */
 template <int D> struct default_x {
   enum { value = D >= 128 ? kXDqRed : 0 };
@@ -230,6 +230,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool RED = (X & kXDqRed) != 0;   /* dQ by red.global from the consumers */
   static_assert(RED || !HALF, "D = 256: no room for the dQ staging tiles");
   constexpr bool ST16 = (X & kXSt16) != 0;   /* dK / dV stored 16 bytes a lane */
+  /* kXPad (D = 128 running a head dim of 96): Q, K, V, dO loaded by a 4-D map twice per
+   * operand (columns 0 and 64), the columns from 96 on zero-filled by TMA; the kernel runs
+   * the D = 128 tile unchanged (the zero columns add nothing to S^T or dP^T, and their dQ /
+   * dK / dV come out zero); only columns < 96 of dK / dV are stored */
+  constexpr bool PAD = (X & kXPad) != 0;
+  static_assert(!PAD || D == 128, "kXPad: a head dim of 96 on the D = 128 tile");
+  constexpr int DST = PAD ? 96 : D;   /* the stored columns */
   /* DSOWN (= HALF): each consumer writes the whole dS^T (it holds all of it) into two buffers
    * of its own and reads only those, so that the two consumers meet at no barrier of the
    * tile, only through the Q / dO ring. Measured on the H200 (2026-12-03, fwd+bwd, against
@@ -330,18 +337,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
       return;
     }
+    /* a tile [rows] of an operand: one 5-D box, or (PAD) two 4-D boxes of 64 columns */
+    auto load_tile = [&](uint32_t dst, const CUtensorMap *map, uint32_t br, int row, int rows,
+                         int h) {
+      if constexpr (PAD) {
+        tma_load_4d(dst, map, br, 0, row, h, b);
+        tma_load_4d(dst + (uint32_t)rows * 128, map, br, 64, row, h, b);
+      } else {
+        tma_load_5d(dst, map, br, 0, row, 0, h, b);
+      }
+    };
     mbar_expect_tx(bar(BAR_KV), 2u * L::kv_bytes);
-    tma_load_5d(s_base + L::k_off, &tm_k, bar(BAR_KV), 0, kb, 0, kvh, b);
-    tma_load_5d(s_base + L::v_off, &tm_v, bar(BAR_KV), 0, kb, 0, kvh, b);
+    load_tile(s_base + L::k_off, &tm_k, bar(BAR_KV), kb, kBk, kvh);
+    load_tile(s_base + L::v_off, &tm_v, bar(BAR_KV), kb, kBk, kvh);
     for (int t = 0; t < n_loc; t++) {
       const int it = it0 + t, s = t % kStages;
       mbar_wait(bar(BAR_EMPTY + s), ((t / kStages) & 1) ^ 1);
       const int h = kvh * p.group + it / nm, m = tile_of(it);
       mbar_expect_tx(bar(BAR_FULL + s), 2u * L::q_bytes + 2u * kBq * 4);
-      tma_load_5d(s_base + L::q_off + s * L::q_bytes, &tm_q, bar(BAR_FULL + s), 0, m * kBq, 0, h,
-                  b);
-      tma_load_5d(s_base + L::do_off + s * L::q_bytes, &tm_do, bar(BAR_FULL + s), 0, m * kBq, 0,
-                  h, b);
+      load_tile(s_base + L::q_off + s * L::q_bytes, &tm_q, bar(BAR_FULL + s), m * kBq, kBq, h);
+      load_tile(s_base + L::do_off + s * L::q_bytes, &tm_do, bar(BAR_FULL + s), m * kBq, kBq, h);
       const int64_t row = ((int64_t)b * p.hq + h) * p.sq_pad + (int64_t)m * kBq;
       bulk_load_sh(s_base + L::lse_off + s * kBq * 4, p.lse2 + row, kBq * 4, bar(BAR_FULL + s));
       bulk_load_sh(s_base + L::dsum_off + s * kBq * 4, p.dsum + row, kBq * 4, bar(BAR_FULL + s));
@@ -618,8 +633,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       quad_transpose_row(wv, q4);
       const int key = key0 + 8 * hh;
       if (key >= p.sk) continue;
-      store_row16(dkp + (int64_t)key * p.dk_ts, wk, q4);
-      store_row16(dvp + (int64_t)key * p.dv_ts, wv, q4);
+      if constexpr (PAD) {
+        /* 8-column groups j0 + q4 of each block of 4: the blocks below column 96 */
+        T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
+#pragma unroll
+        for (int j0 = 0; j0 < DST / 8; j0 += 4) {
+          *reinterpret_cast<uint4 *>(kr + 8 * (j0 + q4)) =
+              make_uint4(wk[j0], wk[j0 + 1], wk[j0 + 2], wk[j0 + 3]);
+          *reinterpret_cast<uint4 *>(vr + 8 * (j0 + q4)) =
+              make_uint4(wv[j0], wv[j0 + 1], wv[j0 + 2], wv[j0 + 3]);
+        }
+      } else {
+        store_row16(dkp + (int64_t)key * p.dk_ts, wk, q4);
+        store_row16(dvp + (int64_t)key * p.dv_ts, wv, q4);
+      }
     }
   } else {
     const int col0 = (HALF ? c * DW : 0) + 2 * q4;
@@ -631,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (key >= p.sk) continue;
       T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
 #pragma unroll
-      for (int j = 0; j < DW / 8; j++) {
+      for (int j = 0; j < (PAD ? DST : DW) / 8; j++) {
         *(uint32_t *)(kr + 8 * j) =
             pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
         *(uint32_t *)(vr + 8 * j) = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
@@ -726,7 +753,7 @@ __global__ void bwd_prep_vec_kernel(const ot_attn_operand o, const ot_attn_opera
  * columns together). V16: dq's rows are 16-byte aligned (one 16-byte store a row). */
 template <typename T, bool V16>
 __global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int sq_pad, int hq,
-                              int d, float scale, int64_t tiles) {
+                              int d, int cols, float scale, int64_t tiles) {
   const int j = threadIdx.x % 8, grp = threadIdx.x / 8;
   const int r0 = 16 * (grp / 8) + grp % 8;
   const int ct_n = d / 64, mt_n = sq_pad / 64;
@@ -745,7 +772,7 @@ __global__ void bwd_dq_kernel(const float *acc, ot_attn_operand dq, int sq, int 
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       const int i = m * 64 + r0 + 8 * hh;
-      if (i >= sq) continue;
+      if (i >= sq || 64 * ct + 8 * j >= cols) continue;   /* cols < d: kXPad's padding */
       float f[8];
 #pragma unroll
       for (int q = 0; q < 4; q++) {
@@ -816,13 +843,14 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   OT_TRY(smem_attr_once(kern, L::bytes, ctx, attr_done, op));
   /* The dQ accumulator, the split sums and their counters (contiguous) */
   OT_CUDA_CHECK(op, cudaMemsetAsync(p.dq_acc, 0, zero_bytes, stream));
-  if (vec16_ok(&a->out) && vec16_ok(&a->dout)) {
+  if (vec16_ok(&a->out) && vec16_ok(&a->dout) && a->d == D) {
     const int64_t threads = rows * (D / 8); /* rows: a multiple of 64, so of 256 / (D / 8) */
     bwd_prep_vec_kernel<T, D><<<(unsigned)(threads / 256), 256, 0, stream>>>(
         a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, rows);
   } else {
     bwd_prep_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
-        a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq, D, rows);
+        a->out, a->dout, a->lse, (float *)p.lse2, (float *)p.dsum, p.sq, p.sq_pad, p.hq,
+        (int)a->d, rows);
   }
   OT_CUDA_CHECK_LAUNCH(op);
   kern<<<grid, kThreads, L::bytes, stream>>>(maps[0], maps[1], maps[2], maps[3], p);
@@ -831,10 +859,10 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   const unsigned blocks = (unsigned)(tiles < (1 << 20) ? tiles : (1 << 20));
   if (vec16_ok(&a->dq))
     bwd_dq_kernel<T, true><<<blocks, 256, 0, stream>>>(p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D,
-                                                       p.scale, tiles);
+                                                       (int)a->d, p.scale, tiles);
   else
     bwd_dq_kernel<T, false><<<blocks, 256, 0, stream>>>(p.dq_acc, a->dq, p.sq, p.sq_pad, p.hq, D,
-                                                        p.scale, tiles);
+                                                        (int)a->d, p.scale, tiles);
   OT_CUDA_CHECK_LAUNCH(op);
   return OT_OK;
 }
@@ -851,12 +879,17 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
   constexpr int X0 = default_x<D>::value;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   if constexpr (D != 256) {   /* D = 256: kXDqRed only (no room for the staging tiles) */
-    if (dq >= 0 && dq != X0)
+    if (dq >= 0 && dq != X0 && a->d == D)   /* not with kXPad (D = 96) */
       return launch<T, D, X0 ^ kXDqRed>(ctx, a, maps, p, rows, zero_bytes, grid);
   }
 #else
   (void)dq;
 #endif
+  if constexpr (D == 128) {
+    if (a->d == 96)
+      return st16 ? launch<T, D, X0 | kXSt16 | kXPad>(ctx, a, maps, p, rows, zero_bytes, grid)
+                  : launch<T, D, X0 | kXPad>(ctx, a, maps, p, rows, zero_bytes, grid);
+  }
   if (st16) return launch<T, D, X0 | kXSt16>(ctx, a, maps, p, rows, zero_bytes, grid);
   return launch<T, D, X0>(ctx, a, maps, p, rows, zero_bytes, grid);
 }
@@ -879,7 +912,9 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   *handled = false;
   if (!sm90_attention_enabled(ctx) || a->deterministic) return OT_OK;
   if (a->dtype != OT_BF16 && a->dtype != OT_F16) return OT_OK;
-  if (a->d != 64 && a->d != 128 && a->d != 256) return OT_OK;
+  /* D = 96 runs the D = 128 tile on zero-padded columns (kXPad) */
+  if (a->d != 64 && a->d != 96 && a->d != 128 && a->d != 256) return OT_OK;
+  const int dk_ = a->d == 96 ? 128 : (int)a->d;   /* the kernel's head dim */
   if (a->cu_q || a->cu_k || a->softcap != 0.f) return OT_OK;
   /* No window, or causal (window_right 0, window_left unbounded). */
   if (a->window_left >= 0 || a->window_right > 0) return OT_OK;
@@ -894,14 +929,15 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   if (!words_ok(&a->dq) || !words_ok(&a->dk) || !words_ok(&a->dv)) return OT_OK;
   const int64_t sq_pad = (a->sq + kBq - 1) / kBq * kBq;
   const int64_t rows = a->batch * a->hq * sq_pad;
-  const int kBk = a->d == 256 ? bwd_tile<256>::bk : bwd_tile<128>::bk; /* keys per CTA */
+  const int kBk = dk_ == 256 ? bwd_tile<256>::bk : bwd_tile<128>::bk; /* keys per CTA */
   const int64_t nkb = (a->sk + kBk - 1) / kBk;
   if (nkb * a->hkv * a->batch > (1 << 30)) return OT_OK; /* the 1-D grid's units (int) */
   CUtensorMap maps[4];
-  if (!encode_map(&maps[0], &a->q, a->dtype, a->batch, a->sq, a->hq, a->d, kBq) ||
-      !encode_map(&maps[1], &a->k, a->dtype, a->batch, a->sk, a->hkv, a->d, kBk) ||
-      !encode_map(&maps[2], &a->v, a->dtype, a->batch, a->sk, a->hkv, a->d, kBk) ||
-      !encode_map(&maps[3], &a->dout, a->dtype, a->batch, a->sq, a->hq, a->d, kBq))
+  auto enc = a->d == 96 ? encode_map_pad : encode_map;
+  if (!enc(&maps[0], &a->q, a->dtype, a->batch, a->sq, a->hq, a->d, kBq) ||
+      !enc(&maps[1], &a->k, a->dtype, a->batch, a->sk, a->hkv, a->d, kBk) ||
+      !enc(&maps[2], &a->v, a->dtype, a->batch, a->sk, a->hkv, a->d, kBk) ||
+      !enc(&maps[3], &a->dout, a->dtype, a->batch, a->sq, a->hq, a->d, kBq))
     return OT_OK;
   bwd_params p;
   memset(&p, 0, sizeof p);
@@ -914,15 +950,15 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   p.nkb = (int)nkb;
   p.hkv = (int)a->hkv;
   p.nhb = (int)(a->hkv * a->batch);
-  bwd_order(&p, ot_cuda_state_of(ctx)->sm_count, ot_cuda_state_of(ctx)->l2_bytes, (int)a->d);
+  bwd_order(&p, ot_cuda_state_of(ctx)->sm_count, ot_cuda_state_of(ctx)->l2_bytes, dk_);
   const int n_units = p.nkb * p.nhb, n_split = n_units - p.n_full;
   const unsigned grid = (unsigned)(p.n_full + n_split * p.nsplit);
   /* Scratch: the dQ accumulator, the split units' dK / dV sums and counters (zeroed with
    * it), then lse2 and Dsum (each a multiple of 256 bytes). Where it cannot be had, the
    * portable backward runs: it needs 4 bytes a query row and head against 4 (D + 2) here
    * (OT_ATTN_IMPL=sm90 asks for this kernel: the OOM stands). */
-  const size_t acc_bytes = (size_t)rows * a->d * sizeof(float);
-  const size_t split_bytes = (size_t)n_split * 2 * kBk * a->d * sizeof(float);
+  const size_t acc_bytes = (size_t)rows * dk_ * sizeof(float);   /* D = 96: 128 columns */
+  const size_t split_bytes = (size_t)n_split * 2 * kBk * dk_ * sizeof(float);
   const size_t cnt_bytes = ((size_t)n_split * sizeof(int) + 255) / 256 * 256;
   const size_t zero_bytes = acc_bytes + split_bytes + cnt_bytes;
   const size_t vec_bytes = (size_t)rows * sizeof(float);
