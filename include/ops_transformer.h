@@ -408,7 +408,7 @@ OT_API ot_attention_params ot_attention_default_params(void);
  * skipped -- nothing is read or written for it -- instead of raising an error. Scratch
  * for split-KV partials comes from the context (ot_context's device scratch, grown on
  * demand). CUDA backward: on a 9.0 device (build with sm_90a) a TMA / wgmma kernel for
- * head_dim 64 / 128 / 256, dense, causal or no window, no softcap, which adds dq up with fp32
+ * head_dim 64 / 96 / 128 / 256, dense, causal or no window, no softcap, which adds dq up with fp32
  * atomics (not bitwise repeatable; nor are dk / dv of the key blocks that a non-causal
  * call's last partial wave splits into parts); params.deterministic = 1 runs the
  * portable backward instead (fixed summation order for dq and for the GQA sums of

@@ -315,7 +315,9 @@ _AUTO = {}
 # fwd + bwd bf16 through the API, B 32 / 8 / 2 at S 1k / 4k / 16k, 8 heads): library 393 /
 # 421 / 426, causal 306 / 419 / 432 against torch's flash 228 / 268 / 277, causal 182 /
 # 242 / 269 (1.5-1.7x); cuDNN 336 / 426 / 406, causal 264 / 381 / 413 (0.99-1.17x): cuDNN
-# keeps the call there as at D 128 until a training step measures it.
+# keeps the call there as at D 128 until a training step measures it. Head dim 96 (the Hopper
+# backward since 2026-12-03, with the portable forward; attention_bwd96.json): fwd + bwd 0.64-
+# 0.68x cuDNN and 0.92-0.98x flash: in no entry.
 _AUTO_LIBRARY_BEATS = {"FLASH_ATTENTION": (128, 256), "EFFICIENT_ATTENTION": (64, 128, 256),
                        "MATH": (64, 128, 256)}
 _SDP_PRIORITY = getattr(torch._C, "_get_sdp_priority_order", lambda: ())
@@ -355,12 +357,12 @@ def _hopper_backward_off():
 
 def _hopper_backward_applies(q, window, cu_seqlens):
     """Whether the library's Hopper attention backward (sm90/attention_bwd_sm90.cu)
-    takes this call: a 9.0 device, bf16 / fp16, head dim 64, 128 or 256, dense, no window
+    takes this call: a 9.0 device, bf16 / fp16, head dim 64, 96, 128 or 256, dense, no window
     (causal or not), non-deterministic (the patch never asks for determinism), Hopper
     kernels not switched off by OT_ATTN_SM90=0 / OT_ATTN_IMPL=portable. (A library
     built without sm_90a runs the portable backward there: not detectable from here.)"""
     return (not _hopper_backward_off() and q.dtype in (torch.bfloat16, torch.float16)
-            and q.shape[-1] in (64, 128, 256) and window is None and cu_seqlens is None
+            and q.shape[-1] in (64, 96, 128, 256) and window is None and cu_seqlens is None
             and q.dim() == 4 and torch.cuda.get_device_capability(q.device) == (9, 0))
 
 

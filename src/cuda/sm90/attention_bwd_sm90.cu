@@ -1,6 +1,6 @@
 /*
  * attention_bwd_sm90.cu -- Hopper (sm_90a) flash attention backward, dense BSHD, bf16/fp16,
- * head dim 64 / 128 / 256, non-causal or causal (bottom-right), GQA / MQA, any Sq / Sk.
+ * head dim 64 / 96 / 128 / 256, non-causal or causal (bottom-right), GQA / MQA, any Sq / Sk.
  *
  * The FlashAttention-3 backward's structure, written from the PTX ISA with the forward's
  * building blocks (sm90_common.cuh):
@@ -46,6 +46,8 @@
  *    buffers of its own (no barrier between the consumers: DSOWN) and adds dQ's 128 columns
  *    in two chunks of 64 by red.global (the second after dK), the D = 128 issue order;
  *    2 x 32 KB K / V, 2 stages of 2 x 32 KB Q / dO, 4 x 8 KB dS^T: 226 KB of shared memory;
+ *    D = 96 (kXPad): the D = 128 kernel on columns 96..127 zero-filled by TMA (a 4-D map,
+ *    two boxes of 64 columns per operand tile), storing columns < 96;
  *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype (one block per
  *    accumulator tile, 64-byte reads, 16-byte stores).
  * The reduce-adds make dQ's summation order vary between runs (not bitwise repeatable), and
@@ -53,7 +55,7 @@
  * wave): params.deterministic = 1 routes to the portable backward instead (attention_bwd.cu).
  *
  * Not covered here (handled = false; the portable kernel runs): windows other than causal,
- * softcap, varlen, head dims other than 64 / 128 / 256, fp32, strides TMA cannot express,
+ * softcap, varlen, head dims other than 64 / 96 / 128 / 256, fp32, strides TMA cannot express,
  * devices other than cc 9.0, deterministic = 1, and calls whose scratch cannot be had
  * (the portable backward needs a (D + 2)-th of it; unless OT_ATTN_IMPL=sm90: OT_ERR_OOM).
  * Switches: OT_ATTN_SM90=0 (also turns the Hopper forward off), OT_ATTN_IMPL=portable (the

@@ -218,26 +218,35 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
 }
 
 /* The 5-D view {64, S, D/64, H, B} of a BSHD operand, box {64, rows, D/64, 1, 1}. */
-static inline bool encode_map(CUtensorMap *map, const ot_attn_operand *x, ot_dtype dt, int64_t batch,
-                       int64_t s, int64_t h, int64_t d, int rows) {
+/* The tiled, 128B-swizzled map of a bf16 / fp16 BSHD operand with the given view: rank 4 or
+ * 5, dims / box innermost first, strides (bytes) of dims 1.. */
+static inline bool encode_view(CUtensorMap *map, const ot_attn_operand *x, ot_dtype dt, int rank,
+                               const cuuint64_t *dims, const cuuint64_t *strides,
+                               const cuuint32_t *box) {
   PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
   if (!fn) return false;
-  const int64_t es = 2;
-  cuuint64_t dims[5] = {64, (cuuint64_t)s, (cuuint64_t)(d / 64), (cuuint64_t)h,
-                        (cuuint64_t)batch};
-  /* A size-1 dimension's stride is never used; give it a legal value. */
-  int64_t hs = h > 1 ? x->head_stride * es : 16;
-  int64_t bs = batch > 1 ? x->batch_stride * es : 16;
-  cuuint64_t strides[4] = {(cuuint64_t)(x->tok_stride * es), 128, (cuuint64_t)hs,
-                           (cuuint64_t)bs};
-  cuuint32_t box[5] = {64, (cuuint32_t)rows, (cuuint32_t)(d / 64), 1, 1};
-  cuuint32_t estr[5] = {1, 1, 1, 1, 1};
+  const cuuint32_t estr[5] = {1, 1, 1, 1, 1};
   CUresult r = fn(map, dt == OT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                  5, x->data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                  (cuuint32_t)rank, x->data, dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
+}
+
+/* The 5-D view {64, S, D/64, H, B} of a BSHD operand, box {64, rows, D/64, 1, 1}. */
+static inline bool encode_map(CUtensorMap *map, const ot_attn_operand *x, ot_dtype dt, int64_t batch,
+                       int64_t s, int64_t h, int64_t d, int rows) {
+  const int64_t es = 2;
+  const cuuint64_t dims[5] = {64, (cuuint64_t)s, (cuuint64_t)(d / 64), (cuuint64_t)h,
+                              (cuuint64_t)batch};
+  /* A size-1 dimension's stride is never used; give it a legal value. */
+  const int64_t hs = h > 1 ? x->head_stride * es : 16;
+  const int64_t bs = batch > 1 ? x->batch_stride * es : 16;
+  const cuuint64_t strides[4] = {(cuuint64_t)(x->tok_stride * es), 128, (cuuint64_t)hs,
+                                 (cuuint64_t)bs};
+  const cuuint32_t box[5] = {64, (cuuint32_t)rows, (cuuint32_t)(d / 64), 1, 1};
+  return encode_view(map, x, dt, 5, dims, strides, box);
 }
 
 /* The 4-D view {D, S, H, B} of a BSHD operand whose D is not a multiple of 64 (D = 96),
@@ -246,21 +255,14 @@ static inline bool encode_map(CUtensorMap *map, const ot_attn_operand *x, ot_dty
  * in the transaction bytes, as in bounds). */
 static inline bool encode_map_pad(CUtensorMap *map, const ot_attn_operand *x, ot_dtype dt,
                                   int64_t batch, int64_t s, int64_t h, int64_t d, int rows) {
-  PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
-  if (!fn) return false;
   const int64_t es = 2;
-  cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)s, (cuuint64_t)h, (cuuint64_t)batch};
-  int64_t hs = h > 1 ? x->head_stride * es : 16;
-  int64_t bs = batch > 1 ? x->batch_stride * es : 16;
-  cuuint64_t strides[3] = {(cuuint64_t)(x->tok_stride * es), (cuuint64_t)hs, (cuuint64_t)bs};
-  cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1};
-  cuuint32_t estr[4] = {1, 1, 1, 1};
-  CUresult r = fn(map, dt == OT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                  4, x->data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
+  const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)s, (cuuint64_t)h, (cuuint64_t)batch};
+  const int64_t hs = h > 1 ? x->head_stride * es : 16;
+  const int64_t bs = batch > 1 ? x->batch_stride * es : 16;
+  const cuuint64_t strides[3] = {(cuuint64_t)(x->tok_stride * es), (cuuint64_t)hs,
+                                 (cuuint64_t)bs};
+  const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1};
+  return encode_view(map, x, dt, 4, dims, strides, box);
 }
 
 static inline bool tma_ok(const ot_attn_operand *x, int64_t batch, int64_t h) {
