@@ -335,6 +335,14 @@ static const acase cuda_sm90_bwd96_cases[] = {
     {"cuda hopper-only bwd96 packed qkv causal S300 D96 GQA1 B2", 2, 300, 300, 4, 4, 96, 1, -1, -1, 0, 0, 0, {0}, {0}, true, false, true},
 };
 
+/* The Hopper forward at D 96 (kFlPad, prepared 2026-12-03 and not yet run on a GPU: the
+ * D 128 kernel on Q, K, V loaded twice per tile by a 4-D map, columns 96..127 zero-filled by
+ * TMA, O stored below column 96) runs cuda_sm90_bwd96_cases again ("pad96" named) under
+ * OT_ATTN_SM90_PAD96=1 with the forward also under OT_ATTN_IMPL=sm90 (a decline fails), and
+ * this one: O with 4-byte strides (the 4-byte stores). bf16 and fp16. */
+static const acase cuda_sm90_pad96_st4_case =
+    {"cuda hopper-only pad96 causal S1000 D96 GQA2 O strides 8-byte (4-byte stores) fwd", 1, 1000, 1000, 4, 2, 96, 1, -1, -1, 0, 0, 0, {0}, {0}, false, 2, false};
+
 /* CUDA cases run with OT_ATTN_IMPL=sm90: shapes the Hopper kernels take (forward: bf16 /
  * fp16, D 64 / 128 / 256, no varlen or softcap; backward: D 64 / 128, causal or none). */
 /* The Hopper forward's 16-byte O stores (kFlSt16: the default for bf16 D128 on the 128-key
@@ -1434,6 +1442,21 @@ static void run_sm90_required(test_run *tr) {
     env_restore(&st);
   }
   fwd_any_impl = false;
+  {
+    env_saved pd = env_set("OT_ATTN_SM90_PAD96", "1");
+    static const char pre[] = "cuda hopper-only ";
+    for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
+      acase c = cuda_sm90_bwd96_cases[i];
+      char name[200];
+      snprintf(name, sizeof name, "%spad96 %s", pre, c.name + sizeof pre - 1);
+      c.name = name;
+      run_case(tr, &c, DT_BF16);
+      run_case(tr, &c, DT_F16);
+    }
+    run_case(tr, &cuda_sm90_pad96_st4_case, DT_BF16);
+    run_case(tr, &cuda_sm90_pad96_st4_case, DT_F16);
+    env_restore(&pd);
+  }
   for (size_t i = 0; i < sizeof cuda_sm90_bwd256_cases / sizeof cuda_sm90_bwd256_cases[0]; i++) {
     run_case(tr, &cuda_sm90_bwd256_cases[i], DT_BF16);
     run_case(tr, &cuda_sm90_bwd256_cases[i], DT_F16);

@@ -151,6 +151,10 @@ enum {
                       * causal 3-consumer tiles with kFlSkip | kFlShift since 2026-12-02
                       * (twenty-first session; see the dispatch); elsewhere experiment
                       * builds only (measured slower) */
+  kFlPad = 0x80000,  /* head dim 96 on the D = 128 tile (OT_ATTN_SM90_PAD96=1; prepared
+                      * 2026-12-03, not yet run on a GPU): Q, K, V loaded by a 4-D map twice
+                      * per tile (columns 0 and 64), columns 96..127 zero-filled by TMA (out
+                      * of the map's bounds); O stored below column 96 */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -328,6 +332,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr bool PIN = (FL & kFlPin) != 0;
   constexpr bool SHIFT = (FL & kFlShift) != 0;
   constexpr bool STAG = (FL & kFlStag) != 0;
+  constexpr bool PAD = (FL & kFlPad) != 0;
+  static_assert(!PAD || (D == 128 && !SPLIT), "kFlPad: head dim 96 on the D = 128 tile");
+  constexpr int DST = PAD ? 96 : D;   /* O's stored columns */
   static_assert(!STAG || !SPLIT, "kFlStag is not compiled with kFlSplit");
   static_assert(!SHIFT || (!SPLIT && !NARROW),
                 "kFlShift is not compiled with kFlSplit or the narrow steps");
@@ -373,6 +380,16 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid != 0) return;
     int kv = 0, qn = 0;
+    /* a tile [rows] of an operand: one 5-D box, or (PAD) two 4-D boxes of 64 columns */
+    auto load_tile = [&](uint32_t dst, const CUtensorMap *map, uint32_t br, int row, int rows,
+                         int h, int bt) {
+      if constexpr (PAD) {
+        tma_load_4d(dst, map, br, 0, row, h, bt);
+        tma_load_4d(dst + (uint32_t)rows * 128, map, br, 64, row, h, bt);
+      } else {
+        tma_load_5d(dst, map, br, 0, row, 0, h, bt);
+      }
+    };
     /* The dynamic schedule's claim of the next tile: issued during the current tile, once
      * the K load of its key tile max(n - 2, 0) of n is issued (the consumers then 3-4 key
      * tiles from its end; the atomic's latency under the loads issued after it), resolved
@@ -401,24 +418,24 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
       if (dyn) *tile_slot = t0;
       mbar_expect_tx(bar(BAR_FULL_Q), (uint32_t)L::q_bytes);
-      tma_load_5d(s_base + L::q_off, &tm_q, bar(BAR_FULL_Q), 0, ti.m_block * BR - rpad, 0,
-                  ti.head, ti.batch);
+      load_tile(s_base + L::q_off, &tm_q, bar(BAR_FULL_Q), ti.m_block * BR - rpad, BR, ti.head,
+                ti.batch);
       qn++;
       for (int it = 0; it <= n_iters; it++) {
         if (it < n_iters) {
           const int g = kv + it, s = g % kStages;
           mbar_wait(bar(BAR_EMPTY_K + s), ((g / kStages) & 1) ^ 1);
           mbar_expect_tx(bar(BAR_FULL_K + s), (uint32_t)L::kv_bytes);
-          tma_load_5d(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s), 0,
-                      (ti.n_max - 1 - it) * BC, 0, kvh, ti.batch);
+          load_tile(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s),
+                    (ti.n_max - 1 - it) * BC, BC, kvh, ti.batch);
           if (dyn && it == max(n_iters - 2, 0)) claimed = atomicAdd(p.tile_ctr, 1);
         }
         if (it > 0) {
           const int g = kv + it - 1, s = g % kStages;
           mbar_wait(bar(BAR_EMPTY_V + s), ((g / kStages) & 1) ^ 1);
           mbar_expect_tx(bar(BAR_FULL_V + s), (uint32_t)L::kv_bytes);
-          tma_load_5d(s_base + L::v_off + s * L::kv_bytes, &tm_v, bar(BAR_FULL_V + s), 0,
-                      (ti.n_max - it) * BC, 0, kvh, ti.batch);
+          load_tile(s_base + L::v_off + s * L::kv_bytes, &tm_v, bar(BAR_FULL_V + s),
+                    (ti.n_max - it) * BC, BC, kvh, ti.batch);
         }
       }
       kv += n_iters;
@@ -863,7 +880,15 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         quad_transpose_row(v, q4);   /* before the row test: every lane */
         const int r = row0 + 8 * h;
         if (r >= p.sq || (SHIFT && r < 0)) continue;
-        store_row16(out + (int64_t)r * p.o_ts, v, q4);
+        if constexpr (PAD) {   /* the 4-group blocks below column 96 */
+          T *orow = out + (int64_t)r * p.o_ts;
+#pragma unroll
+          for (int j0 = 0; j0 < DST / 8; j0 += 4)
+            *reinterpret_cast<uint4 *>(orow + 8 * (j0 + q4)) =
+                make_uint4(v[j0], v[j0 + 1], v[j0 + 2], v[j0 + 3]);
+        } else {
+          store_row16(out + (int64_t)r * p.o_ts, v, q4);
+        }
         if (p.lse && q4 == 0)
           p.lse[(int64_t)ti.batch * p.l_bs + (int64_t)ti.head * p.l_hs + (int64_t)r * p.l_ts] =
               lse[h];
@@ -875,7 +900,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         if (r >= p.sq || (SHIFT && r < 0)) continue;
         T *orow = out + (int64_t)r * p.o_ts + 2 * q4;
 #pragma unroll
-        for (int j = 0; j < D / 8; j++) {
+        for (int j = 0; j < DST / 8; j++) {
           const uint32_t v =
               pack2<F16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
           *(uint32_t *)(orow + 8 * j) = v;
@@ -1204,7 +1229,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
 #endif
   constexpr int R = kFlResc, SP = kFlSplit, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
-  constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift, SG = kFlStag;
+  constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift, SG = kFlStag, PD = kFlPad;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
@@ -1216,7 +1241,8 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                             R | SK, R | PN, R | ST>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | SK, R | DG, R | PN, R | ST, R | ST | SG>());
+                                    fl_list<0, R, R | SK, R | DG, R | PN, R | ST, R | ST | SG,
+                                            R | PD, R | ST | PD>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, SK, DG, PN, DG | PN, DG | PN | ST, DG | ST, ST,
@@ -1246,11 +1272,17 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
      * OT_ATTN_SM90_STAG=0), bf16 */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, PN, SK, SK | SH, SK | SH | SG>());
-  } else if constexpr ((D == 256 || (D == 128 && BC == 128)) && !is_half<T>::value) {
+  } else if constexpr (D == 128 && BC == 128 && !is_half<T>::value) {
+    /* the threshold, with the 16-byte O stores; each also for head dim 96 (kFlPad) */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, R, R | ST, R | PD, R | ST | PD>());
+  } else if constexpr (D == 128 && BC == 128) {
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | PD>());
+  } else if constexpr (D == 256 && !is_half<T>::value) {
     /* the threshold; bf16 with the 16-byte O stores too (D128 128-key and D256 masked
      * calls: the default) */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | ST>());
-  } else if constexpr (D == 256 || (D == 128 && BC == 128)) {
+  } else if constexpr (D == 256) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R>());
   } else {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0>());
@@ -1329,6 +1361,18 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   /* A build with sm_90a, OT_ATTN_SM90 not 0, a 9.0 device (sm90_common.cuh). */
   if (!sm90_attention_enabled(ctx)) return OT_OK;
   if (a->dtype != OT_BF16 && a->dtype != OT_F16) return OT_OK;
+  /* Head dim 96 on the D = 128 tile (kFlPad), prepared 2026-12-03 and not yet run on a GPU:
+   * only under OT_ATTN_SM90_PAD96=1 (read per call); the rest of the dispatch sees D = 128
+   * (the 128-key tile, no narrow step), the maps and the stores 96 columns. */
+  const char *p96 = a->d == 96 ? getenv("OT_ATTN_SM90_PAD96") : NULL;
+  const bool pad96 = p96 && p96[0] == '1';
+  const int64_t d_call = a->d;
+  ot_attention_args a128;
+  if (pad96) {
+    a128 = *a;
+    a128.d = 128;
+    a = &a128;
+  }
   if (a->d != 64 && a->d != 128 && a->d != 256) return OT_OK;
   if (a->cu_q || a->cu_k || a->softcap != 0.f) return OT_OK;
   /* The row max is taken over the unscaled scores (the max of s * scale only for scale > 0);
@@ -1352,8 +1396,9 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * OT_ATTN_SM90_TILE=small|wide forces one for every call. */
   const bool knobs = ot_env_any("OT_ATTN_SM90_");   /* the switches read below */
   const char *tile = sm90_knob(knobs, "OT_ATTN_SM90_TILE");
-  const bool small_tile = tile ? tile[0] == 's'
-                               : a->window_left >= 0 || a->window_right >= 0 || a->sk <= 2048;
+  const bool small_tile = pad96 || (tile ? tile[0] == 's'
+                                         : a->window_left >= 0 || a->window_right >= 0 ||
+                                               a->sk <= 2048);
   /* Head dim 64: 3 consumer warpgroups (192 query rows, 128 keys; FA3's shape) except
    * for masked calls of at most 64 query tiles of 128 -- 15 where no left window bounds the
    * keys (causal) -- (the persistent causal regime, with sectioned tile order). H200, run of
@@ -1384,9 +1429,10 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   const int br = 64 * nc;
   const int bc = key_tile(a->d, small_tile, nc);
   CUtensorMap maps[3];
-  if (!encode_map(&maps[0], &a->q, a->dtype, a->batch, a->sq, a->hq, a->d, br) ||
-      !encode_map(&maps[1], &a->k, a->dtype, a->batch, a->sk, a->hkv, a->d, bc) ||
-      !encode_map(&maps[2], &a->v, a->dtype, a->batch, a->sk, a->hkv, a->d, bc))
+  auto enc = pad96 ? encode_map_pad : encode_map;
+  if (!enc(&maps[0], &a->q, a->dtype, a->batch, a->sq, a->hq, d_call, br) ||
+      !enc(&maps[1], &a->k, a->dtype, a->batch, a->sk, a->hkv, d_call, bc) ||
+      !enc(&maps[2], &a->v, a->dtype, a->batch, a->sk, a->hkv, d_call, bc))
     return OT_OK;
   fwd_call call;
   memset(&call, 0, sizeof call);
@@ -1617,7 +1663,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                               ((nc == 2 && (narrow & kFlDiag)) || (nc == 3 && skip && shift));
     if (on) stag = kFlStag;
   }
-  const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag;
+  const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag |
+                 (pad96 ? kFlPad : 0);
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
