@@ -303,8 +303,8 @@ static const acase cuda_sm90_bwd_st16_cases[] = {
 /* The Hopper backward at D 256 (HALF: 64-key CTAs whose two consumers share the keys and
  * split dK's / dV's columns, 128 each; both compute the whole S^T and dP^T, and each writes
  * all of dS^T to buffers of its own; dQ in two 64-column chunks a consumer, added by
- * red.global): run in bf16
- * and fp16, the first three also with the 4-byte dK / dV stores (OT_ATTN_BWD_SM90_ST16=0).
+ * red.global): run in bf16 and fp16, the first three also with the 4-byte dK / dV stores
+ * (OT_ATTN_BWD_SM90_ST16=0).
  * The split units of a non-causal last wave (B2 S1000: 64 units, 2 parts each; S129 MQA8:
  * 6 units of a 24-tile GQA walk, 6 parts each), a key tail of 1 (129) and of 40 (1000),
  * causal Sq < Sk and Sq > Sk (8 whole keyless query tiles), the causal head-then-tail work
