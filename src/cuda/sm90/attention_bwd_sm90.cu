@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
    * dK / dV come out zero); only columns < 96 of dK / dV are stored */
   constexpr bool PAD = (X & kXPad) != 0;
   static_assert(!PAD || D == 128, "kXPad: a head dim of 96 on the D = 128 tile");
-  constexpr int DST = PAD ? 96 : D;   /* the stored columns */
+  constexpr int DST = PAD ? 96 : DW;   /* the columns a consumer stores */
   /* DSOWN (= HALF): each consumer writes the whole dS^T (it holds all of it) into two buffers
    * of its own and reads only those, so that the two consumers meet at no barrier of the
    * tile, only through the Q / dO ring. Measured on the H200 (2026-12-03, fwd+bwd, against
@@ -339,16 +339,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
       return;
     }
-    /* a tile [rows] of an operand: one 5-D box, or (PAD) two 4-D boxes of 64 columns */
     auto load_tile = [&](uint32_t dst, const CUtensorMap *map, uint32_t br, int row, int rows,
-                         int h) {
-      if constexpr (PAD) {
-        tma_load_4d(dst, map, br, 0, row, h, b);
-        tma_load_4d(dst + (uint32_t)rows * 128, map, br, 64, row, h, b);
-      } else {
-        tma_load_5d(dst, map, br, 0, row, 0, h, b);
-      }
-    };
+                         int h) { tma_load_tile<PAD>(dst, map, br, row, rows, h, b); };
     mbar_expect_tx(bar(BAR_KV), 2u * L::kv_bytes);
     load_tile(s_base + L::k_off, &tm_k, bar(BAR_KV), kb, kBk, kvh);
     load_tile(s_base + L::v_off, &tm_v, bar(BAR_KV), kb, kBk, kvh);
@@ -635,20 +627,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       quad_transpose_row(wv, q4);
       const int key = key0 + 8 * hh;
       if (key >= p.sk) continue;
-      if constexpr (PAD) {
-        /* 8-column groups j0 + q4 of each block of 4: the blocks below column 96 */
-        T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
-#pragma unroll
-        for (int j0 = 0; j0 < DST / 8; j0 += 4) {
-          *reinterpret_cast<uint4 *>(kr + 8 * (j0 + q4)) =
-              make_uint4(wk[j0], wk[j0 + 1], wk[j0 + 2], wk[j0 + 3]);
-          *reinterpret_cast<uint4 *>(vr + 8 * (j0 + q4)) =
-              make_uint4(wv[j0], wv[j0 + 1], wv[j0 + 2], wv[j0 + 3]);
-        }
-      } else {
-        store_row16(dkp + (int64_t)key * p.dk_ts, wk, q4);
-        store_row16(dvp + (int64_t)key * p.dv_ts, wv, q4);
-      }
+      store_row16<DST>(dkp + (int64_t)key * p.dk_ts, wk, q4);
+      store_row16<DST>(dvp + (int64_t)key * p.dv_ts, wv, q4);
     }
   } else {
     const int col0 = (HALF ? c * DW : 0) + 2 * q4;
@@ -660,7 +640,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (key >= p.sk) continue;
       T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
 #pragma unroll
-      for (int j = 0; j < (PAD ? DST : DW) / 8; j++) {
+      for (int j = 0; j < DST / 8; j++) {
         *(uint32_t *)(kr + 8 * j) =
             pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
         *(uint32_t *)(vr + 8 * j) = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);

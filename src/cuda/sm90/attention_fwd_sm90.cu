@@ -380,16 +380,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid != 0) return;
     int kv = 0, qn = 0;
-    /* a tile [rows] of an operand: one 5-D box, or (PAD) two 4-D boxes of 64 columns */
-    auto load_tile = [&](uint32_t dst, const CUtensorMap *map, uint32_t br, int row, int rows,
-                         int h, int bt) {
-      if constexpr (PAD) {
-        tma_load_4d(dst, map, br, 0, row, h, bt);
-        tma_load_4d(dst + (uint32_t)rows * 128, map, br, 64, row, h, bt);
-      } else {
-        tma_load_5d(dst, map, br, 0, row, 0, h, bt);
-      }
-    };
     /* The dynamic schedule's claim of the next tile: issued during the current tile, once
      * the K load of its key tile max(n - 2, 0) of n is issued (the consumers then 3-4 key
      * tiles from its end; the atomic's latency under the loads issued after it), resolved
@@ -418,24 +408,24 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
       if (dyn) *tile_slot = t0;
       mbar_expect_tx(bar(BAR_FULL_Q), (uint32_t)L::q_bytes);
-      load_tile(s_base + L::q_off, &tm_q, bar(BAR_FULL_Q), ti.m_block * BR - rpad, BR, ti.head,
-                ti.batch);
+      tma_load_tile<PAD>(s_base + L::q_off, &tm_q, bar(BAR_FULL_Q), ti.m_block * BR - rpad, BR,
+                         ti.head, ti.batch);
       qn++;
       for (int it = 0; it <= n_iters; it++) {
         if (it < n_iters) {
           const int g = kv + it, s = g % kStages;
           mbar_wait(bar(BAR_EMPTY_K + s), ((g / kStages) & 1) ^ 1);
           mbar_expect_tx(bar(BAR_FULL_K + s), (uint32_t)L::kv_bytes);
-          load_tile(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s),
-                    (ti.n_max - 1 - it) * BC, BC, kvh, ti.batch);
+          tma_load_tile<PAD>(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s),
+                             (ti.n_max - 1 - it) * BC, BC, kvh, ti.batch);
           if (dyn && it == max(n_iters - 2, 0)) claimed = atomicAdd(p.tile_ctr, 1);
         }
         if (it > 0) {
           const int g = kv + it - 1, s = g % kStages;
           mbar_wait(bar(BAR_EMPTY_V + s), ((g / kStages) & 1) ^ 1);
           mbar_expect_tx(bar(BAR_FULL_V + s), (uint32_t)L::kv_bytes);
-          load_tile(s_base + L::v_off + s * L::kv_bytes, &tm_v, bar(BAR_FULL_V + s),
-                    (ti.n_max - it) * BC, BC, kvh, ti.batch);
+          tma_load_tile<PAD>(s_base + L::v_off + s * L::kv_bytes, &tm_v, bar(BAR_FULL_V + s),
+                             (ti.n_max - it) * BC, BC, kvh, ti.batch);
         }
       }
       kv += n_iters;
@@ -880,15 +870,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         quad_transpose_row(v, q4);   /* before the row test: every lane */
         const int r = row0 + 8 * h;
         if (r >= p.sq || (SHIFT && r < 0)) continue;
-        if constexpr (PAD) {   /* the 4-group blocks below column 96 */
-          T *orow = out + (int64_t)r * p.o_ts;
-#pragma unroll
-          for (int j0 = 0; j0 < DST / 8; j0 += 4)
-            *reinterpret_cast<uint4 *>(orow + 8 * (j0 + q4)) =
-                make_uint4(v[j0], v[j0 + 1], v[j0 + 2], v[j0 + 3]);
-        } else {
-          store_row16(out + (int64_t)r * p.o_ts, v, q4);
-        }
+        store_row16<DST>(out + (int64_t)r * p.o_ts, v, q4);
         if (p.lse && q4 == 0)
           p.lse[(int64_t)ti.batch * p.l_bs + (int64_t)ti.head * p.l_hs + (int64_t)r * p.l_ts] =
               lse[h];

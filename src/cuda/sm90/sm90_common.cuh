@@ -51,6 +51,19 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map
       "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
+/* A tile [rows] of a Q / K / V / dO operand into the [D / 64][rows][64] layout: one box of
+ * the 5-D map (encode_map), or (PAD: head dim 96 on the 128-column layout) two 64-column
+ * boxes of the 4-D map (encode_map_pad), the columns past 96 zero-filled by TMA. */
+template <bool PAD>
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                              int row, int rows, int h, int b) {
+  if constexpr (PAD) {
+    tma_load_4d(dst, map, bar, 0, row, h, b);
+    tma_load_4d(dst + (uint32_t)rows * 128, map, bar, 64, row, h, b);
+  } else {
+    tma_load_5d(dst, map, bar, 0, row, 0, h, b);
+  }
+}
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -132,11 +145,15 @@ __device__ __forceinline__ void quad_transpose_row(uint32_t (&w)[N], int q) {
 #pragma unroll
   for (int j0 = 0; j0 < N; j0 += 4) quad_transpose(w[j0], w[j0 + 1], w[j0 + 2], w[j0 + 3], q);
 }
-template <typename T, int N>
+/* COLS: the columns stored (the first COLS / 8 groups; a multiple of 32, default all: the
+ * head dim 96 kernels run 128-column rows and store 96) */
+template <int COLS = 0, typename T, int N>
 __device__ __forceinline__ void store_row16(T *row, const uint32_t (&w)[N], int q) {
   static_assert(sizeof(T) == 2, "16-bit elements: 8 a 16-byte store");
+  constexpr int NG = COLS > 0 ? COLS / 8 : N;
+  static_assert(NG % 4 == 0 && NG <= N, "whole blocks of four 8-column groups");
 #pragma unroll
-  for (int j0 = 0; j0 < N; j0 += 4)
+  for (int j0 = 0; j0 < NG; j0 += 4)
     *reinterpret_cast<uint4 *>(row + 8 * (j0 + q)) =
         make_uint4(w[j0], w[j0 + 1], w[j0 + 2], w[j0 + 3]);
 }
