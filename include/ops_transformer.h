@@ -402,7 +402,7 @@ OT_API ot_attention_params ot_attention_default_params(void);
  * capability 8.0 or newer, heads and batch <= 65535, fewer than 2^30 tokens per
  * sequence (dense) or in total (varlen); beyond these OT_ERR_UNSUPPORTED and nothing is
  * written. Tensor-core kernels (mma.sync on sm_80+, and on a 9.0 device a TMA / wgmma
- * forward for head_dim 64 / 128 / 256 without softcap or varlen, when the build includes
+ * forward for head_dim 64 / 96 / 128 / 256 without softcap or varlen, when the build includes
  * sm_90a). Varlen cu_seqlens stay on the device and are not read by the host: a
  * sequence whose offsets are out of range (negative, decreasing, past Tq / Tk) is
  * skipped -- nothing is read or written for it -- instead of raising an error. Scratch

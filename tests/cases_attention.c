@@ -321,8 +321,8 @@ static const acase cuda_sm90_bwd256_cases[] = {
 
 /* The Hopper backward at D 96 (kXPad: the D 128 tile on Q, K, V, dO loaded by a 4-D map
  * twice per operand, columns 96..127 zero-filled by TMA; dK / dV / dQ stored below column
- * 96): the forward runs the portable kernel (no Hopper forward at D 96: fwd_any_impl), the
- * backward under OT_ATTN_IMPL=sm90, bf16 and fp16, the first two also with the 4-byte dK /
+ * 96): the forward runs the portable kernel (OT_ATTN_SM90_PAD96=0 and fwd_any_impl: the
+ * backward after a portable forward's lse), the backward under OT_ATTN_IMPL=sm90, bf16 and fp16, the first two also with the 4-byte dK /
  * dV stores. Split units (B2 S1000), a key tail of 1 with an MQA walk in parts (S129),
  * causal Sq < Sk and Sq > Sk (keyless query tiles), dq / dk / dv strides that are not
  * 16-byte multiples, packed qkv (a token stride of 3 x 4 x 96). */
@@ -335,10 +335,10 @@ static const acase cuda_sm90_bwd96_cases[] = {
     {"cuda hopper-only bwd96 packed qkv causal S300 D96 GQA1 B2", 2, 300, 300, 4, 4, 96, 1, -1, -1, 0, 0, 0, {0}, {0}, true, false, true},
 };
 
-/* The Hopper forward at D 96 (kFlPad, prepared 2026-12-03 and not yet run on a GPU: the
- * D 128 kernel on Q, K, V loaded twice per tile by a 4-D map, columns 96..127 zero-filled by
- * TMA, O stored below column 96) runs cuda_sm90_bwd96_cases again ("pad96" named) under
- * OT_ATTN_SM90_PAD96=1 with the forward also under OT_ATTN_IMPL=sm90 (a decline fails), and
+/* The Hopper forward at D 96 (kFlPad, the default since 2026-12-03: the D 128 kernel on
+ * Q, K, V loaded twice per tile by a 4-D map, columns 96..127 zero-filled by TMA, O stored
+ * below column 96) runs cuda_sm90_bwd96_cases again ("pad96" named) with
+ * OT_ATTN_SM90_PAD96 unset and the forward also under OT_ATTN_IMPL=sm90 (a decline fails), and
  * this one: O with 4-byte strides (the 4-byte stores). bf16 and fp16. */
 static const acase cuda_sm90_pad96_st4_case =
     {"cuda hopper-only pad96 causal S1000 D96 GQA2 O strides 8-byte (4-byte stores) fwd", 1, 1000, 1000, 4, 2, 96, 1, -1, -1, 0, 0, 0, {0}, {0}, false, 2, false};
@@ -767,7 +767,7 @@ static const DLDataType *all_dtypes[] = {&DT_F32, &DT_F16, &DT_BF16};
 static bool require_sm90;
 
 /* While set (with require_sm90), the forward of run_case_det runs with OT_ATTN_IMPL unset
- * (the portable forward where no Hopper one exists, D 96), the backward under the caller's
+ * (the portable forward where the Hopper one declines: D 96 under OT_ATTN_SM90_PAD96=0), the backward under the caller's
  * OT_ATTN_IMPL=sm90. */
 static bool fwd_any_impl;
 
@@ -1425,6 +1425,7 @@ static void run_sm90_required(test_run *tr) {
       run_case(tr, &cuda_sm90_bwd_st16_cases[i], i % 2 ? DT_F16 : DT_BF16);
   }
   fwd_any_impl = true;
+  env_saved p96off = env_set("OT_ATTN_SM90_PAD96", "0");
   for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
     run_case(tr, &cuda_sm90_bwd96_cases[i], DT_BF16);
     run_case(tr, &cuda_sm90_bwd96_cases[i], DT_F16);
@@ -1441,9 +1442,10 @@ static void run_sm90_required(test_run *tr) {
     }
     env_restore(&st);
   }
+  env_restore(&p96off);
   fwd_any_impl = false;
   {
-    env_saved pd = env_set("OT_ATTN_SM90_PAD96", "1");
+    env_saved pd = env_set("OT_ATTN_SM90_PAD96", NULL); /* the default: on */
     static const char pre[] = "cuda hopper-only ";
     for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
       acase c = cuda_sm90_bwd96_cases[i];

@@ -157,12 +157,13 @@ def test_attention_backward_direct():
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and ot.has_cuda()), reason="needs CUDA")
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_grad_cuda_bf16(D, causal):
     """bf16 on the GPU through autograd, GQA 4 / 2, S 300 (a partial last tile of every
-    kernel's): on a 9.0 device the Hopper backward at all three head dims (D 256's since
-    2026-12-03), elsewhere the portable one; against float32 SDPA on the same rounded
+    kernel's): on a 9.0 device the Hopper forward and backward at all four head dims (D
+    256's backward and D 96's both since 2026-12-03: the D 128 kernels on zero-filled
+    columns), elsewhere the portable ones; against float32 SDPA on the same rounded
     inputs. A wrong key block or column half moves the relative error to O(1)."""
     B, S, Hq, Hkv = 2, 300, 4, 2
     q, k, v = (torch.randn(B, S, h, D, device="cuda").to(torch.bfloat16)

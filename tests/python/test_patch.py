@@ -867,7 +867,7 @@ def auto_on_cpu(monkeypatch):
                         and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
     monkeypatch.setattr(ot_patch, "_hopper_backward_applies",
                         lambda q, window, cu: window is None and cu is None
-                        and q.shape[-1] in (64, 128, 256))
+                        and q.shape[-1] in (64, 96, 128, 256))
     decided, backend = [], ["FLASH_ATTENTION"]
 
     def pick(q, k, v, causal, scale):
@@ -895,11 +895,13 @@ def auto_llama(D=64, **kw):
                                                ("EFFICIENT_ATTENTION", 64, True),
                                                ("CUDNN_ATTENTION", 128, False),
                                                ("FLASH_ATTENTION", 256, True),
-                                               ("CUDNN_ATTENTION", 256, False)])
+                                               ("CUDNN_ATTENTION", 256, False),
+                                               ("FLASH_ATTENTION", 96, True),
+                                               ("CUDNN_ATTENTION", 96, False)])
 def test_auto_attention_picks_the_faster_kernels_once_per_shape(ids, calls, auto_on_cpu,
                                                                 backend, D, library):
-    """The measured table (_AUTO_LIBRARY_BEATS): the library's kernels over flash at D 128
-    and 256 (not at D 64), over efficient at D 64, never over cuDNN."""
+    """The measured table (_AUTO_LIBRARY_BEATS): the library's kernels over flash at D 96,
+    128 and 256 (not at D 64), over efficient at D 64, never over cuDNN."""
     decided, pick = auto_on_cpu
     pick[0] = backend
     model = auto_llama(D)                   # 4 / 2 heads
@@ -945,7 +947,7 @@ def test_auto_attention_decides_again_when_sdpa_backends_change(auto_on_cpu):
     assert not ot_patch._auto_library(q, k, k, True, 0.1, None, torch.tensor([0, 8]))
     assert not ot_patch._auto_library(q[:, :4], k, k, True, 0.1, None, None)   # Sq != Sk
     assert len(ot_patch._AUTO) == n
-    assert not ot_patch._auto_library(q[..., :96], k[..., :96], k[..., :96], True, 0.1,
+    assert not ot_patch._auto_library(q[..., :80], k[..., :80], k[..., :80], True, 0.1,
                                       None, None)
     assert len(ot_patch._AUTO) == n + 1 and len(decided) == 2
     # OT_ATTN_IMPL=portable: no Hopper backward, whatever was decided

@@ -151,8 +151,8 @@ enum {
                       * causal 3-consumer tiles with kFlSkip | kFlShift since 2026-12-02
                       * (twenty-first session; see the dispatch); elsewhere experiment
                       * builds only (measured slower) */
-  kFlPad = 0x80000,  /* head dim 96 on the D = 128 tile (OT_ATTN_SM90_PAD96=1; prepared
-                      * 2026-12-03, not yet run on a GPU): Q, K, V loaded by a 4-D map twice
+  kFlPad = 0x80000,  /* head dim 96 on the D = 128 tile (default since 2026-12-03;
+                      * OT_ATTN_SM90_PAD96=0 declines): Q, K, V loaded by a 4-D map twice
                       * per tile (columns 0 and 64), columns 96..127 zero-filled by TMA (out
                       * of the map's bounds); O stored below column 96 */
 };
@@ -1343,11 +1343,12 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   /* A build with sm_90a, OT_ATTN_SM90 not 0, a 9.0 device (sm90_common.cuh). */
   if (!sm90_attention_enabled(ctx)) return OT_OK;
   if (a->dtype != OT_BF16 && a->dtype != OT_F16) return OT_OK;
-  /* Head dim 96 on the D = 128 tile (kFlPad), prepared 2026-12-03 and not yet run on a GPU:
-   * only under OT_ATTN_SM90_PAD96=1 (read per call); the rest of the dispatch sees D = 128
-   * (the 128-key tile, no narrow step), the maps and the stores 96 columns. */
+  /* Head dim 96 on the D = 128 tile (kFlPad; the default since 2026-12-03: 1.04-1.16x
+   * cuDNN's forward, bench/results/attention_fwd96.json; OT_ATTN_SM90_PAD96=0, read per
+   * call, runs the portable forward instead): the rest of the dispatch sees D = 128 (the
+   * 128-key tile, no narrow step), the maps and the stores 96 columns. */
   const char *p96 = a->d == 96 ? getenv("OT_ATTN_SM90_PAD96") : NULL;
-  const bool pad96 = p96 && p96[0] == '1';
+  const bool pad96 = a->d == 96 && !(p96 && p96[0] == '0');
   const int64_t d_call = a->d;
   ot_attention_args a128;
   if (pad96) {
