@@ -57,12 +57,13 @@ def test_cuda_temporaries_from_the_arena():
     dev = torch.cuda.current_device()
     g = torch.Generator(device="cuda").manual_seed(0)
     # ops that need temporaries: cross-entropy (row losses), attention that splits the
-    # keys (1 sequence, 2 heads, 4096 keys, head_dim 96: the portable kernel), a linear
+    # keys (1 sequence, 2 heads, 4096 keys, head_dim 80: the portable kernel; the Hopper
+    # one takes 64 / 96 / 128 / 256 and does not split), a linear
     logits = torch.randn(4096, 64, device="cuda", generator=g)
     labels = torch.randint(0, 64, (4096,), device="cuda", generator=g)
-    q = torch.randn(1, 16, 2, 96, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(1, 4096, 2, 96, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(1, 4096, 2, 96, device="cuda", dtype=torch.bfloat16, generator=g)
+    q = torch.randn(1, 16, 2, 80, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, 4080, 2, 80, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, 4080, 2, 80, device="cuda", dtype=torch.bfloat16, generator=g)
     x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, generator=g)
     w = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16, generator=g)
 
