@@ -316,10 +316,10 @@ _AUTO = {}
 # 421 / 426, causal 306 / 419 / 432 against torch's flash 228 / 268 / 277, causal 182 /
 # 242 / 269 (1.5-1.7x); cuDNN 336 / 426 / 406, causal 264 / 381 / 413 (0.99-1.17x): cuDNN
 # keeps the call there as at D 128 until a training step measures it. Head dim 96 (the Hopper
-# forward and backward since 2026-12-03; bench/results/attention_fwd96.json, fwd + bwd bf16,
-# B 32 / 8 / 4 at S 1k / 4k / 16k, 32 heads): library 366 / 422 / 446, causal 265 / 378 /
-# 432 against flash 262 / 308 / 317, causal 195 / 261 / 287 (1.36-1.51x); cuDNN 361 / 423
-# / 441, causal 272 / 377 / 421 (0.97-1.03x): cuDNN keeps the call.
+# forward and backward since 2026-12-03; bench/results/attention_d96_kstep.json, fwd + bwd
+# bf16, B 32 / 8 / 4 at S 1k / 4k / 16k, 32 heads): library 370 / 429 / 461, causal 273 /
+# 394 / 446 against flash 255 / 306 / 316, causal 194 / 260 / 288 (1.41-1.55x); cuDNN 359 /
+# 420 / 435, causal 265 / 372 / 421 (1.02-1.06x): cuDNN keeps the call, as at D 128 and 256.
 _AUTO_LIBRARY_BEATS = {"FLASH_ATTENTION": (96, 128, 256),
                        "EFFICIENT_ATTENTION": (64, 96, 128, 256), "MATH": (64, 96, 128, 256)}
 _SDP_PRIORITY = getattr(torch._C, "_get_sdp_priority_order", lambda: ())

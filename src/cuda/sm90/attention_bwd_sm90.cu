@@ -239,6 +239,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool PAD = (X & kXPad) != 0;
   static_assert(!PAD || D == 128, "kXPad: a head dim of 96 on the D = 128 tile");
   constexpr int DST = PAD ? 96 : DW;   /* the columns a consumer stores */
+  /* S^T's and dP^T's k-steps: with kXPad the last two (columns 96..127 of K / V and Q / dO,
+   * zeros) are not issued -- their products are exact zeros */
+  constexpr int KST = PAD ? 96 / 16 : D / 16;
   /* DSOWN (= HALF): each consumer writes the whole dS^T (it holds all of it) into two buffers
    * of its own and reads only those, so that the two consumers meet at no barrier of the
    * tile, only through the Q / dO ring. Measured on the H200 (2026-12-03, fwd+bwd, against
@@ -391,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto gemm_kmajor = [&](float *acc, uint64_t a_desc, uint32_t b_base) {
       const uint64_t b_desc = make_desc(b_base, 16, 1024);
 #pragma unroll
-      for (int kk = 0; kk < D / 16; kk++) {
+      for (int kk = 0; kk < KST; kk++) {
         const uint32_t oa = (kk / 4) * (kBk * 128) + (kk % 4) * 32;
         const uint32_t ob = (kk / 4) * (kBq * 128) + (kk % 4) * 32;
         wgmma_ss<64, F16>::run(acc, a_desc + (oa >> 4), b_desc + (ob >> 4), kk > 0);

@@ -335,6 +335,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr bool PAD = (FL & kFlPad) != 0;
   static_assert(!PAD || (D == 128 && !SPLIT), "kFlPad: head dim 96 on the D = 128 tile");
   constexpr int DST = PAD ? 96 : D;   /* O's stored columns */
+  /* Q K^T's k-steps: with kFlPad the last two (columns 96..127 of Q and K, zeros) are not
+   * issued -- the products are exact zeros, so the scores do not change */
+  constexpr int KQK = PAD ? 96 / 16 : D / 16;
   static_assert(!STAG || !SPLIT, "kFlStag is not compiled with kFlSplit");
   static_assert(!SHIFT || (!SPLIT && !NARROW),
                 "kFlShift is not compiled with kFlSplit or the narrow steps");
@@ -541,7 +544,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         const uint64_t k_desc = make_desc(s_base + L::k_off + stage * L::kv_bytes, 16, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
+        for (int kk = 0; kk < KQK; kk++) {
           const uint32_t oq = (kk / 4) * (BR * 128) + (kk % 4) * 32;
           const uint32_t ok = (kk / 4) * (BC * 128) + (kk % 4) * 32;
           wgmma_ss<N, F16>::run(s, q_desc + (oq >> 4), k_desc + (ok >> 4), kk > 0);
@@ -1343,8 +1346,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   /* A build with sm_90a, OT_ATTN_SM90 not 0, a 9.0 device (sm90_common.cuh). */
   if (!sm90_attention_enabled(ctx)) return OT_OK;
   if (a->dtype != OT_BF16 && a->dtype != OT_F16) return OT_OK;
-  /* Head dim 96 on the D = 128 tile (kFlPad; the default since 2026-12-03: 1.04-1.16x
-   * cuDNN's forward, bench/results/attention_fwd96.json; OT_ATTN_SM90_PAD96=0, read per
+  /* Head dim 96 on the D = 128 tile (kFlPad; the default since 2026-12-03: 1.11-1.23x
+   * cuDNN's forward, bench/results/attention_d96_kstep.json; OT_ATTN_SM90_PAD96=0, read per
    * call, runs the portable forward instead): the rest of the dispatch sees D = 128 (the
    * 128-key tile, no narrow step), the maps and the stores 96 columns. */
   const char *p96 = a->d == 96 ? getenv("OT_ATTN_SM90_PAD96") : NULL;
