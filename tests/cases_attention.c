@@ -1457,6 +1457,18 @@ static void run_sm90_required(test_run *tr) {
     }
     run_case(tr, &cuda_sm90_pad96_st4_case, DT_BF16);
     run_case(tr, &cuda_sm90_pad96_st4_case, DT_F16);
+    /* kFlN96 (OT_ATTN_SM90_N96=1, experimental: P V with N = 96, bf16 with the 16-byte O
+     * stores), the same cases in bf16 ("pad96 n96" named; the 4-byte-store case drops the
+     * bit and runs the plain kFlPad kernel) */
+    env_saved n96 = env_set("OT_ATTN_SM90_N96", "1");
+    for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
+      acase c = cuda_sm90_bwd96_cases[i];
+      char name[200];
+      snprintf(name, sizeof name, "%spad96 n96 %s", pre, c.name + sizeof pre - 1);
+      c.name = name;
+      run_case(tr, &c, DT_BF16);
+    }
+    env_restore(&n96);
     env_restore(&pd);
   }
   for (size_t i = 0; i < sizeof cuda_sm90_bwd256_cases / sizeof cuda_sm90_bwd256_cases[0]; i++) {

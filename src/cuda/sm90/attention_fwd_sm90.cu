@@ -155,6 +155,10 @@ enum {
                       * OT_ATTN_SM90_PAD96=0 declines): Q, K, V loaded by a 4-D map twice
                       * per tile (columns 0 and 64), columns 96..127 zero-filled by TMA (out
                       * of the map's bounds); O stored below column 96 */
+  kFlN96 = 0x100000, /* with kFlPad: P V over V's first 96 columns only (wgmma N = 96: O's
+                      * accumulators 48 a thread instead of 64; the B operand ends inside
+                      * the second 64-column swizzle atom). Experimental, OT_ATTN_SM90_N96=1
+                      * (bf16 with kFlSt16 only; 2026-12-03) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -319,7 +323,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr bool F16 = is_half<T>::value;
   constexpr int NS = BC / 2;    /* S accumulators per thread */
   constexpr int NP = BC / 4;    /* P registers (2 x 16-bit) */
-  constexpr int NO = D / 2;     /* O accumulators */
+  constexpr bool N96 = (FL & kFlN96) != 0;
+  constexpr int NPV = N96 ? 96 : D;   /* P V's N: O's columns held */
+  constexpr int NO = NPV / 2;   /* O accumulators */
   constexpr bool RESC = (FL & kFlResc) != 0;
   constexpr bool SPLIT = (FL & kFlSplit) != 0;
   constexpr bool NARROW = (FL & kFlNarrow) != 0;
@@ -334,6 +340,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr bool STAG = (FL & kFlStag) != 0;
   constexpr bool PAD = (FL & kFlPad) != 0;
   static_assert(!PAD || (D == 128 && !SPLIT), "kFlPad: head dim 96 on the D = 128 tile");
+  static_assert(!N96 || PAD, "kFlN96: with kFlPad only");
   constexpr int DST = PAD ? 96 : D;   /* O's stored columns */
   /* Q K^T's k-steps: with kFlPad the last two (columns 96..127 of Q and K, zeros) are not
    * issued -- the products are exact zeros, so the scores do not change */
@@ -559,7 +566,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KN / 16; kk++)
-          wgmma_rs<D, F16>::run(o, &pr[4 * kk], v_desc + ((kk * 2048) >> 4), 1);
+          wgmma_rs<NPV, F16>::run(o, &pr[4 * kk], v_desc + ((kk * 2048) >> 4), 1);
         wgmma_commit();
       };
       auto issue_qk = [&](int stage) { issue_qk_n(std::integral_constant<int, BC>(), stage); };
@@ -857,7 +864,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         float *prow = sp.part + ((int64_t)piece * BR + rl) * D + 2 * q4;
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
-          *(float2 *)(prow + 8 * j) = make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]);
+          *(float2 *)(prow + 8 * j) =   /* (never N96: no split with kFlPad) */
+              make_float2(o[(4 * j + 2 * h) % NO], o[(4 * j + 2 * h + 1) % NO]);
         if (q4 == 0) sp.ml[(int64_t)piece * BR + rl] = make_float2(m_r[h], l_r[h]);
       }
       continue;
@@ -868,8 +876,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       for (int h = 0; h < 2; h++) {
         uint32_t v[D / 8];
 #pragma unroll
-        for (int j = 0; j < D / 8; j++)
-          v[j] = pack2<F16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+        for (int j = 0; j < D / 8; j++) {   /* (N96: the groups past O's 96 columns are 0) */
+          const int i = (4 * j + 2 * h) % NO;
+          v[j] = 4 * j < NO ? pack2<F16>(o[i] * inv[h], o[i + 1] * inv[h]) : 0u;
+        }
         quad_transpose_row(v, q4);   /* before the row test: every lane */
         const int r = row0 + 8 * h;
         if (r >= p.sq || (SHIFT && r < 0)) continue;
@@ -1174,11 +1184,12 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
  * dropped one by one (kFlShift first, the 16-byte stores, the pin, the skip, then the
- * narrow step, the tail split, the rescale threshold: drop[]'s order) until it is. */
+ * narrow step, the tail split, the rescale threshold: drop[]'s order; kFlN96 before all) until
+ * it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlStag, kFlShift, kFlSt16, kFlPin, kFlSkip,
+  static const int drop[] = {kFlN96, kFlStag, kFlShift, kFlSt16, kFlPin, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
@@ -1215,6 +1226,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   constexpr int R = kFlResc, SP = kFlSplit, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
   constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift, SG = kFlStag, PD = kFlPad;
+  constexpr int N96 = kFlN96;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
@@ -1258,9 +1270,11 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, PN, SK, SK | SH, SK | SH | SG>());
   } else if constexpr (D == 128 && BC == 128 && !is_half<T>::value) {
-    /* the threshold, with the 16-byte O stores; each also for head dim 96 (kFlPad) */
+    /* the threshold, with the 16-byte O stores; each also for head dim 96 (kFlPad), the
+     * 16-byte one also with P V at N = 96 (kFlN96, OT_ATTN_SM90_N96=1) */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, R, R | ST, R | PD, R | ST | PD>());
+                                    fl_list<0, R, R | ST, R | PD, R | ST | PD,
+                                            R | ST | PD | N96>());
   } else if constexpr (D == 128 && BC == 128) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | PD>());
   } else if constexpr (D == 256 && !is_half<T>::value) {
@@ -1649,8 +1663,12 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                               ((nc == 2 && (narrow & kFlDiag)) || (nc == 3 && skip && shift));
     if (on) stag = kFlStag;
   }
+  /* kFlN96 (head dim 96: P V with N = 96, experimental; bf16 with the 16-byte stores only,
+   * elsewhere launch_sel drops it) */
+  const char *n96v = pad96 ? sm90_knob(knobs, "OT_ATTN_SM90_N96") : NULL;
+  const int n96 = n96v && n96v[0] == '1' ? kFlN96 : 0;
   const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag |
-                 (pad96 ? kFlPad : 0);
+                 (pad96 ? kFlPad : 0) | n96;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
