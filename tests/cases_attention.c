@@ -1380,6 +1380,18 @@ static void check_sm90_auto_plan(test_run *tr, const char *name) {
 }
 #endif
 
+/* run_case on a copy of *c named "cuda hopper-only TAG REST", REST being c's name after
+ * that prefix (all of it where it has none): the same case again under another switch. */
+static void run_tagged(test_run *tr, const acase *c, const char *tag, DLDataType dt) {
+  static const char pre[] = "cuda hopper-only ";
+  acase t = *c;
+  char name[200];
+  const bool has_pre = strncmp(c->name, pre, sizeof pre - 1) == 0;
+  snprintf(name, sizeof name, "%s%s %s", pre, tag, c->name + (has_pre ? sizeof pre - 1 : 0));
+  t.name = name;
+  run_case(tr, &t, dt);
+}
+
 static void run_sm90_required(test_run *tr) {
   env_saved impl = env_set("OT_ATTN_IMPL", "sm90");
   require_sm90 = true;
@@ -1403,23 +1415,11 @@ static void run_sm90_required(test_run *tr) {
     /* kXSt16 off: the backward cases of cuda_sm90_cases again (their dtypes) with the
      * 4-byte dK / dV stores; then kXSt16's own cases under the default */
     env_saved st = env_set("OT_ATTN_BWD_SM90_ST16", "0");
-    static const char pre[] = "cuda hopper-only ";
-    for (size_t i = 0; i < sizeof cuda_sm90_cases / sizeof cuda_sm90_cases[0]; i++) {
-      acase c = cuda_sm90_cases[i];
-      if (!c.bwd) continue;
-      char name[200];
-      const bool has_pre = strncmp(c.name, pre, sizeof pre - 1) == 0;
-      snprintf(name, sizeof name, "%sbwdst4 %s", pre, c.name + (has_pre ? sizeof pre - 1 : 0));
-      c.name = name;
-      run_case(tr, &c, i % 2 ? DT_F16 : DT_BF16);
-    }
-    for (size_t i = 0; i < 3; i++) {
-      acase c = cuda_sm90_bwd256_cases[i];
-      char name[200];
-      snprintf(name, sizeof name, "%sbwdst4 %s", pre, c.name + sizeof pre - 1);
-      c.name = name;
-      run_case(tr, &c, i % 2 ? DT_F16 : DT_BF16);
-    }
+    for (size_t i = 0; i < sizeof cuda_sm90_cases / sizeof cuda_sm90_cases[0]; i++)
+      if (cuda_sm90_cases[i].bwd)
+        run_tagged(tr, &cuda_sm90_cases[i], "bwdst4", i % 2 ? DT_F16 : DT_BF16);
+    for (size_t i = 0; i < 3; i++)
+      run_tagged(tr, &cuda_sm90_bwd256_cases[i], "bwdst4", i % 2 ? DT_F16 : DT_BF16);
     env_restore(&st);
     for (size_t i = 0; i < sizeof cuda_sm90_bwd_st16_cases / sizeof cuda_sm90_bwd_st16_cases[0]; i++)
       run_case(tr, &cuda_sm90_bwd_st16_cases[i], i % 2 ? DT_F16 : DT_BF16);
@@ -1432,28 +1432,16 @@ static void run_sm90_required(test_run *tr) {
   }
   {
     env_saved st = env_set("OT_ATTN_BWD_SM90_ST16", "0");
-    static const char pre[] = "cuda hopper-only ";
-    for (size_t i = 0; i < 2; i++) {
-      acase c = cuda_sm90_bwd96_cases[i];
-      char name[200];
-      snprintf(name, sizeof name, "%sbwdst4 %s", pre, c.name + sizeof pre - 1);
-      c.name = name;
-      run_case(tr, &c, DT_BF16);
-    }
+    for (size_t i = 0; i < 2; i++) run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdst4", DT_BF16);
     env_restore(&st);
   }
   env_restore(&p96off);
   fwd_any_impl = false;
   {
     env_saved pd = env_set("OT_ATTN_SM90_PAD96", NULL); /* the default: on */
-    static const char pre[] = "cuda hopper-only ";
     for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
-      acase c = cuda_sm90_bwd96_cases[i];
-      char name[200];
-      snprintf(name, sizeof name, "%spad96 %s", pre, c.name + sizeof pre - 1);
-      c.name = name;
-      run_case(tr, &c, DT_BF16);
-      run_case(tr, &c, DT_F16);
+      run_tagged(tr, &cuda_sm90_bwd96_cases[i], "pad96", DT_BF16);
+      run_tagged(tr, &cuda_sm90_bwd96_cases[i], "pad96", DT_F16);
     }
     run_case(tr, &cuda_sm90_pad96_st4_case, DT_BF16);
     run_case(tr, &cuda_sm90_pad96_st4_case, DT_F16);
@@ -1461,13 +1449,8 @@ static void run_sm90_required(test_run *tr) {
      * stores), the same cases in bf16 ("pad96 n96" named; the 4-byte-store case drops the
      * bit and runs the plain kFlPad kernel) */
     env_saved n96 = env_set("OT_ATTN_SM90_N96", "1");
-    for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
-      acase c = cuda_sm90_bwd96_cases[i];
-      char name[200];
-      snprintf(name, sizeof name, "%spad96 n96 %s", pre, c.name + sizeof pre - 1);
-      c.name = name;
-      run_case(tr, &c, DT_BF16);
-    }
+    for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++)
+      run_tagged(tr, &cuda_sm90_bwd96_cases[i], "pad96 n96", DT_BF16);
     env_restore(&n96);
     env_restore(&pd);
   }
