@@ -1439,16 +1439,17 @@ static void run_sm90_required(test_run *tr) {
   fwd_any_impl = false;
   {
     env_saved pd = env_set("OT_ATTN_SM90_PAD96", NULL); /* the default: on */
+    env_saved n128 = env_set("OT_ATTN_SM90_N96", "0");   /* P V at N = 128 (kFlN96 below) */
     for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
       run_tagged(tr, &cuda_sm90_bwd96_cases[i], "pad96", DT_BF16);
       run_tagged(tr, &cuda_sm90_bwd96_cases[i], "pad96", DT_F16);
     }
     run_case(tr, &cuda_sm90_pad96_st4_case, DT_BF16);
     run_case(tr, &cuda_sm90_pad96_st4_case, DT_F16);
-    /* kFlN96 (OT_ATTN_SM90_N96=1, experimental: P V with N = 96, bf16 with the 16-byte O
-     * stores), the same cases in bf16 ("pad96 n96" named; the 4-byte-store case drops the
-     * bit and runs the plain kFlPad kernel) */
-    env_saved n96 = env_set("OT_ATTN_SM90_N96", "1");
+    /* kFlN96 (the default since 2026-12-03: P V with N = 96, bf16 with the 16-byte O
+     * stores), the same cases in bf16 ("pad96 n96" named) with OT_ATTN_SM90_N96 unset */
+    env_restore(&n128);
+    env_saved n96 = env_set("OT_ATTN_SM90_N96", NULL);
     for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++)
       run_tagged(tr, &cuda_sm90_bwd96_cases[i], "pad96 n96", DT_BF16);
     env_restore(&n96);

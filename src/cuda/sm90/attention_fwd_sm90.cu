@@ -157,8 +157,9 @@ enum {
                       * of the map's bounds); O stored below column 96 */
   kFlN96 = 0x100000, /* with kFlPad: P V over V's first 96 columns only (wgmma N = 96: O's
                       * accumulators 48 a thread instead of 64; the B operand ends inside
-                      * the second 64-column swizzle atom). Experimental, OT_ATTN_SM90_N96=1
-                      * (bf16 with kFlSt16 only; 2026-12-03) */
+                      * the second 64-column swizzle atom). The default for bf16 with kFlSt16
+                      * since 2026-12-03 (1.00-1.05x the N = 128 kernel; tests 'pad96 n96'
+                      * exact); OT_ATTN_SM90_N96=0 turns it off */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -1663,10 +1664,12 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
                               ((nc == 2 && (narrow & kFlDiag)) || (nc == 3 && skip && shift));
     if (on) stag = kFlStag;
   }
-  /* kFlN96 (head dim 96: P V with N = 96, experimental; bf16 with the 16-byte stores only,
-   * elsewhere launch_sel drops it) */
+  /* kFlN96 (head dim 96: P V with N = 96; bf16 with the 16-byte stores only, elsewhere
+   * launch_sel drops it): on unless OT_ATTN_SM90_N96=0. H200, 2026-12-03
+   * (bench/results/attention_d96_n96.json, paired with N = 128 in one process, 8 rounds):
+   * S 1k 1.029x, causal 1.029x; S 4k 0.998x, causal 1.015x; S 16k 1.023x, causal 1.049x. */
   const char *n96v = pad96 ? sm90_knob(knobs, "OT_ATTN_SM90_N96") : NULL;
-  const int n96 = n96v && n96v[0] == '1' ? kFlN96 : 0;
+  const int n96 = pad96 && !(n96v && n96v[0] == '0') ? kFlN96 : 0;
   const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag |
                  (pad96 ? kFlPad : 0) | n96;
   *handled = true;
