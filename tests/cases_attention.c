@@ -1452,6 +1452,15 @@ static void run_sm90_required(test_run *tr) {
     env_saved n96 = env_set("OT_ATTN_SM90_N96", NULL);
     for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++)
       run_tagged(tr, &cuda_sm90_bwd96_cases[i], "pad96 n96", DT_BF16);
+    /* kXN96 (prepared 2026-12-03, not yet run on a GPU: the backward's dK += dS^T Q and dV
+     * += P^T dO at wgmma N = 96, OT_ATTN_BWD_SM90_N96=1, where dK / dV take the 16-byte
+     * stores -- the 4-byte-strides case runs N = 128), bf16 and fp16 ("bwdn96" named) */
+    env_saved bn = env_set("OT_ATTN_BWD_SM90_N96", "1");
+    for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
+      run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn96", DT_BF16);
+      run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn96", DT_F16);
+    }
+    env_restore(&bn);
     env_restore(&n96);
     env_restore(&pd);
   }

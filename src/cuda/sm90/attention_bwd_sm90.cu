@@ -144,7 +144,7 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    sums unchanged. Only where dK's and dV's pointers and strides are 16-byte multiples
  *    (checked on the host). From the forward's kFlSt16 (LSU queue throttling in its
  *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
-enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4 };   /* enumerators: no unused-variable warning where no kernel
+enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8 };   /* enumerators: no unused-variable warning where no kernel
                                      * uses them */
 template <int D> struct default_x {
   enum { value = D >= 128 ? kXDqRed : 0 };
@@ -218,7 +218,13 @@ __global__ void __launch_bounds__(kThreads, 1)
    * registers beside P^T / dS^T (2 x 64 against 2 x 128 for all columns of 64 keys). */
   constexpr bool HALF = bwd_tile<D>::half;
   constexpr int DW = HALF ? D / 2 : D;   /* dK / dV columns of a consumer */
-  constexpr int NA = DW / 2;  /* dK, dV accumulators per thread */
+  /* kXN96 (with kXPad, kXSt16): dV += P^T dO and dK += dS^T Q over the first 96 columns of
+   * dO and Q only (wgmma N = 96, as the forward's kFlN96: the B operand ends inside its
+   * second 64-column swizzle atom), 48 accumulators each instead of 64. Prepared 2026-12-03,
+   * not yet run on a GPU: OT_ATTN_BWD_SM90_N96=1 */
+  constexpr bool N96 = (X & kXN96) != 0;
+  constexpr int NKV = N96 ? 96 : DW;   /* dK / dV columns accumulated */
+  constexpr int NA = NKV / 2;  /* dK, dV accumulators per thread */
   /* dQ over the consumer's own keys (D = 64). At D = 128 the same in two 64-column chunks
    * (no dS^T barrier between the consumers, twice the dQ reductions; kXOwnK, 2026-12-03)
    * lost 3.6-7.6% fwd+bwd (bench/results/attention_grid_bwd256.json, "ownk"): removed. */
@@ -238,6 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1)
    * dK / dV come out zero); only columns < 96 of dK / dV are stored */
   constexpr bool PAD = (X & kXPad) != 0;
   static_assert(!PAD || D == 128, "kXPad: a head dim of 96 on the D = 128 tile");
+  static_assert(!N96 || (PAD && ST16), "kXN96: with kXPad and kXSt16");
   constexpr int DST = PAD ? 96 : DW;   /* the columns a consumer stores */
   /* S^T's and dP^T's k-steps: with kXPad the last two (columns 96..127 of K / V and Q / dO,
    * zeros) are not issued -- their products are exact zeros */
@@ -430,12 +437,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto issue_dv = [&] {
 #pragma unroll
       for (int kk = 0; kk < kBq / 16; kk++)
-        wgmma_rs<DW, F16>::run(dv, &pp[4 * kk], dob + ((kk * 2048) >> 4), 1);
+        wgmma_rs<NKV, F16>::run(dv, &pp[4 * kk], dob + ((kk * 2048) >> 4), 1);
     };
     auto issue_dk = [&] {
 #pragma unroll
       for (int kk = 0; kk < kBq / 16; kk++)
-        wgmma_rs<DW, F16>::run(dk, &pds[4 * kk], qb + ((kk * 2048) >> 4), 1);
+        wgmma_rs<NKV, F16>::run(dk, &pds[4 * kk], qb + ((kk * 2048) >> 4), 1);
     };
     if (DV_EARLY) {
       /* dV += P^T dO issued as soon as P^T is packed, under dP^T: the tensor pipe runs it
@@ -622,9 +629,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int hh = 0; hh < 2; hh++) {
       uint32_t wk[DW / 8], wv[DW / 8];
 #pragma unroll
-      for (int j = 0; j < DW / 8; j++) {
-        wk[j] = pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
-        wv[j] = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+      for (int j = 0; j < DW / 8; j++) {   /* (N96: the groups past 96 columns are 0) */
+        const int i = (4 * j + 2 * hh) % NA;
+        wk[j] = 4 * j < NA ? pack2<F16>(dk[i] * p.scale, dk[i + 1] * p.scale) : 0u;
+        wv[j] = 4 * j < NA ? pack2<F16>(dv[i], dv[i + 1]) : 0u;
       }
       quad_transpose_row(wk, q4);
       quad_transpose_row(wv, q4);
@@ -856,12 +864,14 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
  * kXSt16 (the caller checked dK's and dV's alignment). Every build compiles the default dQ
  * form with and without kXSt16 (the default, and the 4-byte stores for dK / dV whose
  * pointers or strides are not 16-byte multiples); builds with -DOT_ATTN_SM90_EXPERIMENTS
- * also the other dQ form, without kXSt16 (st16 is ignored there). */
+ * also the other dQ form, without kXSt16 (st16 is ignored there). Head dim 96 (kXPad): with
+ * n96 and st16 the kXN96 instance (dK / dV at N = 96). */
 template <typename T, int D>
 static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                           const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
-                          int dq, bool st16) {
+                          int dq, bool st16, bool n96) {
   constexpr int X0 = default_x<D>::value;
+  (void)n96;   /* D = 128 only */
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   if constexpr (D != 256) {   /* D = 256: kXDqRed only (no room for the staging tiles) */
     if (dq >= 0 && dq != X0 && a->d == D)   /* not with kXPad (D = 96) */
@@ -871,9 +881,12 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
   (void)dq;
 #endif
   if constexpr (D == 128) {
-    if (a->d == 96)
+    if (a->d == 96) {
+      if (st16 && n96)
+        return launch<T, D, X0 | kXSt16 | kXPad | kXN96>(ctx, a, maps, p, rows, zero_bytes, grid);
       return st16 ? launch<T, D, X0 | kXSt16 | kXPad>(ctx, a, maps, p, rows, zero_bytes, grid)
                   : launch<T, D, X0 | kXPad>(ctx, a, maps, p, rows, zero_bytes, grid);
+    }
   }
   if (st16) return launch<T, D, X0 | kXSt16>(ctx, a, maps, p, rows, zero_bytes, grid);
   return launch<T, D, X0>(ctx, a, maps, p, rows, zero_bytes, grid);
@@ -994,6 +1007,10 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   const bool knobs = ot_env_any("OT_ATTN_BWD_SM90_");
   const char *xst = knobs ? getenv("OT_ATTN_BWD_SM90_ST16") : NULL;
   const bool st16 = !(xst && xst[0] == '0') && vec16_ok(&a->dk) && vec16_ok(&a->dv);
+  /* kXN96 (head dim 96, with kXSt16: dK / dV accumulated over 96 columns, wgmma N = 96;
+   * prepared 2026-12-03, not yet run on a GPU): OT_ATTN_BWD_SM90_N96=1 */
+  const char *xn96 = knobs && a->d == 96 ? getenv("OT_ATTN_BWD_SM90_N96") : NULL;
+  const bool n96 = xn96 && xn96[0] == '1';
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = knobs ? getenv("OT_ATTN_BWD_SM90_DQ") : NULL;
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
@@ -1002,13 +1019,13 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
 #endif
   if (a->d == 64)
     return a->dtype == OT_BF16
-               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
-               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
+               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96)
+               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96);
   if (a->d == 256)
     return a->dtype == OT_BF16
-               ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
-               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
+               ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96)
+               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96);
   return a->dtype == OT_BF16
-             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16)
-             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16);
+             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96)
+             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96);
 }
