@@ -1272,7 +1272,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                     fl_list<0, PN, SK, SK | SH, SK | SH | SG>());
   } else if constexpr (D == 128 && BC == 128 && !is_half<T>::value) {
     /* the threshold, with the 16-byte O stores; each also for head dim 96 (kFlPad), the
-     * 16-byte one also with P V at N = 96 (kFlN96, OT_ATTN_SM90_N96=1) */
+     * 16-byte one also with P V at N = 96 (kFlN96: its default; OT_ATTN_SM90_N96=0 off) */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | ST, R | PD, R | ST | PD,
                                             R | ST | PD | N96>());
