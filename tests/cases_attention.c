@@ -322,8 +322,8 @@ static const acase cuda_sm90_bwd256_cases[] = {
 /* The Hopper backward at D 96 (kXPad: the D 128 tile on Q, K, V, dO loaded by a 4-D map
  * twice per operand, columns 96..127 zero-filled by TMA; dK / dV / dQ stored below column
  * 96): the forward runs the portable kernel (OT_ATTN_SM90_PAD96=0 and fwd_any_impl: the
- * backward after a portable forward's lse), the backward under OT_ATTN_IMPL=sm90, bf16 and fp16, the first two also with the 4-byte dK /
- * dV stores. Split units (B2 S1000), a key tail of 1 with an MQA walk in parts (S129),
+ * backward after a portable forward's lse), the backward under OT_ATTN_IMPL=sm90, bf16 and
+ * fp16, the first two also with the 4-byte dK / dV stores. Split units (B2 S1000), a key tail of 1 with an MQA walk in parts (S129),
  * causal Sq < Sk and Sq > Sk (keyless query tiles), dq / dk / dv strides that are not
  * 16-byte multiples, packed qkv (a token stride of 3 x 4 x 96). */
 static const acase cuda_sm90_bwd96_cases[] = {
@@ -767,8 +767,8 @@ static const DLDataType *all_dtypes[] = {&DT_F32, &DT_F16, &DT_BF16};
 static bool require_sm90;
 
 /* While set (with require_sm90), the forward of run_case_det runs with OT_ATTN_IMPL unset
- * (the portable forward where the Hopper one declines: D 96 under OT_ATTN_SM90_PAD96=0), the backward under the caller's
- * OT_ATTN_IMPL=sm90. */
+ * (the portable forward where the Hopper one declines: D 96 under OT_ATTN_SM90_PAD96=0),
+ * the backward under the caller's OT_ATTN_IMPL=sm90. */
 static bool fwd_any_impl;
 
 /* While nonzero, the backward of run_case_det runs with an arena attached to the context
