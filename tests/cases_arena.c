@@ -585,7 +585,8 @@ static void context_arena_cuda(test_run *tr) {
   tb_fill_uniform(lg, &r, -3, 3);
   for (int64_t i = 0; i < N; i++) tb_set(lb, i, (double)rng_int(&r, 0, V - 1));
   /* attention: 1 sequence, 2 heads, 16 queries, 4096 keys: too few blocks, so split-KV */
-  const int64_t Sq = 16, Sk = 4096, H = 2, D = 80; /* 80: the portable kernel (the Hopper one takes 64 / 96 / 128 / 256) */
+  /* D 80: the portable kernel (the Hopper one takes 64 / 96 / 128 / 256 and does not split) */
+  const int64_t Sq = 16, Sk = 4096, H = 2, D = 80;
   q = tb_new(tr->be, DT_BF16, 4, (int64_t[]){1, Sq, H, D});
   k = tb_new(tr->be, DT_BF16, 4, (int64_t[]){1, Sk, H, D});
   v = tb_new(tr->be, DT_BF16, 4, (int64_t[]){1, Sk, H, D});

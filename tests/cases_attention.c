@@ -323,9 +323,10 @@ static const acase cuda_sm90_bwd256_cases[] = {
  * twice per operand, columns 96..127 zero-filled by TMA; dK / dV / dQ stored below column
  * 96): the forward runs the portable kernel (OT_ATTN_SM90_PAD96=0 and fwd_any_impl: the
  * backward after a portable forward's lse), the backward under OT_ATTN_IMPL=sm90, bf16 and
- * fp16, the first two also with the 4-byte dK / dV stores. Split units (B2 S1000), a key tail of 1 with an MQA walk in parts (S129),
- * causal Sq < Sk and Sq > Sk (keyless query tiles), dq / dk / dv strides that are not
- * 16-byte multiples, packed qkv (a token stride of 3 x 4 x 96). */
+ * fp16, the first two also with the 4-byte dK / dV stores. Split units (B2 S1000), a key
+ * tail of 1 with an MQA walk in parts (S129), causal Sq < Sk and Sq > Sk (keyless query
+ * tiles), dq / dk / dv strides that are not 16-byte multiples, packed qkv (a token stride of
+ * 3 x 4 x 96). */
 static const acase cuda_sm90_bwd96_cases[] = {
     {"cuda hopper-only bwd96 S1000 D96 GQA1 B2 (split units)", 2, 1000, 1000, 2, 2, 96, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda hopper-only bwd96 S129 D96 MQA8 B2 (split units)", 2, 129, 129, 8, 1, 96, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},

@@ -50,9 +50,9 @@ Options (the first value listed is the default):
     differentiate on a CUDA device: there the library's kernels run only where its Hopper
     backward takes the call (sm_90, bf16 / fp16, head dim 64 / 96 / 128 / 256, dense, no
     window) and torch's SDPA would run a backend the library beats (flash at head dim 96,
-    128 and 256, efficient and math at 64 / 96 / 128 / 256); otherwise torch's SDPA. Decided once per (device, dtype, head dim,
-    heads, kv heads, causal, length bucket: the sequence length's power of two) from
-    ``torch._fused_sdp_choice`` (host-side, no device
+    128 and 256, efficient and math at 64 / 96 / 128 / 256); otherwise torch's SDPA.
+    Decided once per (device, dtype, head dim, heads, kv heads, causal, length bucket: the
+    sequence length's power of two) from ``torch._fused_sdp_choice`` (host-side, no device
     work; again when torch's SDPA flags change: enabled backends, priority order, flash
     implementation -- with FA3 / FA4 activated, flash is not the FA2 measured below and
     keeps the call); ``patch_model`` decides for the model's shape eagerly at the

@@ -144,8 +144,8 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    sums unchanged. Only where dK's and dV's pointers and strides are 16-byte multiples
  *    (checked on the host). From the forward's kFlSt16 (LSU queue throttling in its
  *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
-enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8 };   /* enumerators: no unused-variable warning where no kernel
-                                     * uses them */
+/* enumerators: no unused-variable warning where no kernel uses them */
+enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8 };
 template <int D> struct default_x {
   enum { value = D >= 128 ? kXDqRed : 0 };
 };
