@@ -10,7 +10,7 @@ operand, so one wrapper per (N, operand form, dtype) is spelled out here instead
 # 16 and 64 at head dim 256 in experiment builds).
 SS_N = [16, 48, 64, 80, 128, 176, 192]
 RS_N = [64, 96, 128, 256]          # O += P V:  N = D (head dim; 96: kFlN96)
-SST_N = [64]                       # backward dQ = dS K: A and B MN-major (N = dQ columns)
+SST_N = [32, 64]                   # backward dQ = dS K: A and B MN-major (N = dQ columns)
 TYPES = [("bf16", False), ("f16", True)]
 
 

@@ -1461,6 +1461,14 @@ static void run_sm90_required(test_run *tr) {
       run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn96", DT_BF16);
       run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn96", DT_F16);
     }
+    /* kXDq32 beside it (prepared 2026-12-03: consumer 1's dQ chunk at wgmma N = 32 over
+     * columns 64..95, OT_ATTN_BWD_SM90_DQ32=1), bf16 and fp16 ("bwdn96 dq32" named) */
+    env_saved d32 = env_set("OT_ATTN_BWD_SM90_DQ32", "1");
+    for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
+      run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn96 dq32", DT_BF16);
+      run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn96 dq32", DT_F16);
+    }
+    env_restore(&d32);
     env_restore(&bn);
     env_restore(&n96);
     env_restore(&pd);

@@ -71,6 +71,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "../attention_sm90.h"
 #include "../bulk_copy.cuh"
 #include "../common.cuh"
@@ -145,7 +147,7 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    (checked on the host). From the forward's kFlSt16 (LSU queue throttling in its
  *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
 /* enumerators: no unused-variable warning where no kernel uses them */
-enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8 };
+enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8, kXDq32 = 16 };
 template <int D> struct default_x {
   enum { value = D >= 128 ? kXDqRed : 0 };
 };
@@ -223,6 +225,12 @@ __global__ void __launch_bounds__(kThreads, 1)
    * second 64-column swizzle atom), 48 accumulators each instead of 64. Prepared 2026-12-03,
    * not yet run on a GPU: OT_ATTN_BWD_SM90_N96=1 */
   constexpr bool N96 = (X & kXN96) != 0;
+  /* kXDq32 (with kXN96, kXDqRed): consumer 1's dQ chunk -- columns 64..127, of which 96..127
+   * are K's zero columns -- runs wgmma N = 32 over columns 64..95 and adds 4 float4 a thread
+   * instead of 8 (a quarter of the tile's dQ reductions and an eighth of its dQ MACs fewer).
+   * Prepared 2026-12-03: OT_ATTN_BWD_SM90_DQ32=1 with OT_ATTN_BWD_SM90_N96=1 */
+  constexpr bool DQ32 = (X & kXDq32) != 0;
+  static_assert(!DQ32 || (N96 && (X & kXDqRed)), "kXDq32: with kXN96 and kXDqRed");
   constexpr int NKV = N96 ? 96 : DW;   /* dK / dV columns accumulated */
   constexpr int NA = NKV / 2;  /* dK, dV accumulators per thread */
   /* dQ over the consumer's own keys (D = 64). At D = 128 the same in two 64-column chunks
@@ -504,11 +512,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* The dQ staging buffer of this tile is free once the writer has read its previous
      * contents (waited for here, before dq is live: fewer registers across the wait). */
     if constexpr (!RED) mbar_wait(bar(BAR_DQE + 2 * c + (t & 1)), ((t >> 1) & 1) ^ 1);
-#pragma unroll
-    for (int ch = 0; ch < NCH; ch++) {
+    /* One chunk of dQ at NQC columns (kXDq32: consumer 1's is 32, see the enum). */
+    auto dq_chunk = [&](const int ch, auto nqc) {
+      constexpr int NQC = decltype(nqc)::value;
       /* the 64-column block of dQ this chunk adds to */
       const int cb = HALF ? 2 * c + ch : OWN ? 0 : c;
-      float dq[NQ / 2];
+      float dq[NQC / 2];
       {
         const uint32_t ds_base =
             s_base + L::ds_off + ((DSOWN ? 2 * c : 0) + (t & 1)) * L::ds_bytes;
@@ -519,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < NK; kk++) {
           const uint32_t o = (uint32_t)(k16_0 + kk) * 2048;
-          wgmma_ss_t<NQ, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
+          wgmma_ss_t<NQC, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
                                    make_desc(k_base + kcol + o, kBk * 128, 1024), kk > 0);
         }
         wgmma_commit();
@@ -534,12 +543,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else {
           wgmma_wait<0>();   /* HALF's second chunk (and dK) */
         }
-        reg_fence<NQ / 2>(dq);
+        reg_fence<NQC / 2>(dq);
       } else {
         wgmma_wait<0>();
         reg_fence<NA>(dk);
         reg_fence<NA>(dv);
-        reg_fence<NQ / 2>(dq);
+        reg_fence<NQC / 2>(dq);
         reg_fence<16>(pp);
         reg_fence<16>(pds);
         /* Release the stage (Q, dO, lse2, Dsum; D >= 128: after dK, below): every consumer
@@ -561,7 +570,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             p.dq_acc +
             ((((int64_t)b * p.hq + h) * m_hi + i0 / kBq) * (D / 64) + cb) * kDqTile + 4 * t128;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < NQC / 8; j++)
           red_add_v4(acc + 512 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       } else {
         const int u = 2 * c + (t & 1);
@@ -572,6 +581,17 @@ __global__ void __launch_bounds__(kThreads, 1)
               make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
         fence_proxy_async();
         mbar_arrive(bar(BAR_DQF + u));
+      }
+    };
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+      if constexpr (DQ32) {
+        if (c == 1)
+          dq_chunk(ch, std::integral_constant<int, 32>{});
+        else
+          dq_chunk(ch, std::integral_constant<int, NQ>{});
+      } else {
+        dq_chunk(ch, std::integral_constant<int, NQ>{});
       }
     }
     if (DV_EARLY) {
@@ -865,11 +885,11 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
  * form with and without kXSt16 (the default, and the 4-byte stores for dK / dV whose
  * pointers or strides are not 16-byte multiples); builds with -DOT_ATTN_SM90_EXPERIMENTS
  * also the other dQ form, without kXSt16 (st16 is ignored there). Head dim 96 (kXPad): with
- * n96 and st16 the kXN96 instance (dK / dV at N = 96). */
+ * n96 and st16 the kXN96 instance (dK / dV at N = 96); n96 == 2: kXN96 | kXDq32. */
 template <typename T, int D>
 static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                           const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
-                          int dq, bool st16, bool n96) {
+                          int dq, bool st16, int n96) {
   constexpr int X0 = default_x<D>::value;
   (void)n96;   /* D = 128 only */
 #ifdef OT_ATTN_SM90_EXPERIMENTS
@@ -882,6 +902,9 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
 #endif
   if constexpr (D == 128) {
     if (a->d == 96) {
+      if (st16 && n96 == 2)
+        return launch<T, D, X0 | kXSt16 | kXPad | kXN96 | kXDq32>(ctx, a, maps, p, rows,
+                                                                  zero_bytes, grid);
       if (st16 && n96)
         return launch<T, D, X0 | kXSt16 | kXPad | kXN96>(ctx, a, maps, p, rows, zero_bytes, grid);
       return st16 ? launch<T, D, X0 | kXSt16 | kXPad>(ctx, a, maps, p, rows, zero_bytes, grid)
@@ -1010,7 +1033,10 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   /* kXN96 (head dim 96, with kXSt16: dK / dV accumulated over 96 columns, wgmma N = 96;
    * prepared 2026-12-03, not yet run on a GPU): OT_ATTN_BWD_SM90_N96=1 */
   const char *xn96 = knobs && a->d == 96 ? getenv("OT_ATTN_BWD_SM90_N96") : NULL;
-  const bool n96 = xn96 && xn96[0] == '1';
+  const char *xdq32 = xn96 ? getenv("OT_ATTN_BWD_SM90_DQ32") : NULL;
+  /* 0: N = 128; 1: kXN96; 2: kXN96 with kXDq32 (consumer 1's dQ at N = 32; prepared
+   * 2026-12-03, OT_ATTN_BWD_SM90_DQ32=1 beside N96=1) */
+  const int n96 = !(xn96 && xn96[0] == '1') ? 0 : xdq32 && xdq32[0] == '1' ? 2 : 1;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = knobs ? getenv("OT_ATTN_BWD_SM90_DQ") : NULL;
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
