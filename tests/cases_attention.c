@@ -1453,22 +1453,22 @@ static void run_sm90_required(test_run *tr) {
     env_saved n96 = env_set("OT_ATTN_SM90_N96", NULL);
     for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++)
       run_tagged(tr, &cuda_sm90_bwd96_cases[i], "pad96 n96", DT_BF16);
-    /* kXN96 (prepared 2026-12-03, not yet run on a GPU: the backward's dK += dS^T Q and dV
-     * += P^T dO at wgmma N = 96, OT_ATTN_BWD_SM90_N96=1, where dK / dV take the 16-byte
-     * stores -- the 4-byte-strides case runs N = 128), bf16 and fp16 ("bwdn96" named) */
-    env_saved bn = env_set("OT_ATTN_BWD_SM90_N96", "1");
+    /* The backward's dK / dV at wgmma N = 96 with consumer 1's dQ at N = 32 (kXN96 |
+     * kXDq32) is the D 96 default since 2026-12-03: the bwd96 and pad96 cases above run it
+     * (the 4-byte-strides case runs N = 128). Here the other two forms, bf16 and fp16:
+     * kXN96 alone ("bwdn96" named, OT_ATTN_BWD_SM90_DQ32=0) and the N = 128 kernel
+     * ("bwdn128", OT_ATTN_BWD_SM90_N96=0). */
+    env_saved d32 = env_set("OT_ATTN_BWD_SM90_DQ32", "0");
     for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
       run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn96", DT_BF16);
       run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn96", DT_F16);
     }
-    /* kXDq32 beside it (prepared 2026-12-03: consumer 1's dQ chunk at wgmma N = 32 over
-     * columns 64..95, OT_ATTN_BWD_SM90_DQ32=1), bf16 and fp16 ("bwdn96 dq32" named) */
-    env_saved d32 = env_set("OT_ATTN_BWD_SM90_DQ32", "1");
-    for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
-      run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn96 dq32", DT_BF16);
-      run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn96 dq32", DT_F16);
-    }
     env_restore(&d32);
+    env_saved bn = env_set("OT_ATTN_BWD_SM90_N96", "0");
+    for (size_t i = 0; i < sizeof cuda_sm90_bwd96_cases / sizeof cuda_sm90_bwd96_cases[0]; i++) {
+      run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn128", DT_BF16);
+      run_tagged(tr, &cuda_sm90_bwd96_cases[i], "bwdn128", DT_F16);
+    }
     env_restore(&bn);
     env_restore(&n96);
     env_restore(&pd);

@@ -222,13 +222,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int DW = HALF ? D / 2 : D;   /* dK / dV columns of a consumer */
   /* kXN96 (with kXPad, kXSt16): dV += P^T dO and dK += dS^T Q over the first 96 columns of
    * dO and Q only (wgmma N = 96, as the forward's kFlN96: the B operand ends inside its
-   * second 64-column swizzle atom), 48 accumulators each instead of 64. Prepared 2026-12-03,
-   * not yet run on a GPU: OT_ATTN_BWD_SM90_N96=1 */
+   * second 64-column swizzle atom), 48 accumulators each instead of 64. With kXDq32 the
+   * default for head dim 96 with the 16-byte stores since 2026-12-03 (see the dispatch;
+   * OT_ATTN_BWD_SM90_N96=0 off) */
   constexpr bool N96 = (X & kXN96) != 0;
   /* kXDq32 (with kXN96, kXDqRed): consumer 1's dQ chunk -- columns 64..127, of which 96..127
    * are K's zero columns -- runs wgmma N = 32 over columns 64..95 and adds 4 float4 a thread
    * instead of 8 (a quarter of the tile's dQ reductions and an eighth of its dQ MACs fewer).
-   * Prepared 2026-12-03: OT_ATTN_BWD_SM90_DQ32=1 with OT_ATTN_BWD_SM90_N96=1 */
+   * The default with kXN96 since 2026-12-03 (OT_ATTN_BWD_SM90_DQ32=0 off) */
   constexpr bool DQ32 = (X & kXDq32) != 0;
   static_assert(!DQ32 || (N96 && (X & kXDqRed)), "kXDq32: with kXN96 and kXDqRed");
   constexpr int NKV = N96 ? 96 : DW;   /* dK / dV columns accumulated */
@@ -1030,13 +1031,17 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   const bool knobs = ot_env_any("OT_ATTN_BWD_SM90_");
   const char *xst = knobs ? getenv("OT_ATTN_BWD_SM90_ST16") : NULL;
   const bool st16 = !(xst && xst[0] == '0') && vec16_ok(&a->dk) && vec16_ok(&a->dv);
-  /* kXN96 (head dim 96, with kXSt16: dK / dV accumulated over 96 columns, wgmma N = 96;
-   * prepared 2026-12-03, not yet run on a GPU): OT_ATTN_BWD_SM90_N96=1 */
+  /* kXN96 (head dim 96, with kXSt16: dK / dV accumulated over 96 columns, wgmma N = 96)
+   * and kXDq32 (consumer 1's dQ over columns 64..95 at N = 32) */
   const char *xn96 = knobs && a->d == 96 ? getenv("OT_ATTN_BWD_SM90_N96") : NULL;
-  const char *xdq32 = xn96 ? getenv("OT_ATTN_BWD_SM90_DQ32") : NULL;
-  /* 0: N = 128; 1: kXN96; 2: kXN96 with kXDq32 (consumer 1's dQ at N = 32; prepared
-   * 2026-12-03, OT_ATTN_BWD_SM90_DQ32=1 beside N96=1) */
-  const int n96 = !(xn96 && xn96[0] == '1') ? 0 : xdq32 && xdq32[0] == '1' ? 2 : 1;
+  const char *xdq32 = knobs && a->d == 96 ? getenv("OT_ATTN_BWD_SM90_DQ32") : NULL;
+  /* 0: N = 128; 1: kXN96; 2: kXN96 with kXDq32 (consumer 1's dQ at N = 32): the default
+   * since 2026-12-03 (H200, fwd+bwd paired with the N = 128 backward in one process, 8
+   * rounds, bench/results/attention_d96_bwd_n96_dq32.json: S 1k 1.036x / causal 1.059x, S 4k
+   * 1.038x / 1.043x, S 16k 1.036x / 1.041x; kXN96 alone 1.046x / 1.067x, 0.995x / 0.994x,
+   * 1.008x / 1.008x). OT_ATTN_BWD_SM90_N96=0 the N = 128 kernel, OT_ATTN_BWD_SM90_DQ32=0
+   * kXN96 alone. */
+  const int n96 = xn96 && xn96[0] == '0' ? 0 : xdq32 && xdq32[0] == '0' ? 1 : 2;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = knobs ? getenv("OT_ATTN_BWD_SM90_DQ") : NULL;
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
