@@ -47,7 +47,8 @@
  *    in two chunks of 64 by red.global (the second after dK), the D = 128 issue order;
  *    2 x 32 KB K / V, 2 stages of 2 x 32 KB Q / dO, 4 x 8 KB dS^T: 226 KB of shared memory;
  *    D = 96 (kXPad): the D = 128 kernel on columns 96..127 zero-filled by TMA (a 4-D map,
- *    two boxes of 64 columns per operand tile), storing columns < 96;
+ *    two boxes of 64 columns per operand tile), storing columns < 96; S^T / dP^T skip the
+ *    zero k-steps, dK / dV accumulate 96 columns (kXN96), consumer 1's dQ 32 (kXDq32);
  *  - dq kernel: dQ = scale * accumulator, converted to the storage dtype (one block per
  *    accumulator tile, 64-byte reads, 16-byte stores).
  * The reduce-adds make dQ's summation order vary between runs (not bitwise repeatable), and
