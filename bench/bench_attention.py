@@ -452,11 +452,12 @@ def bench(S, args):
     for B, H, HKV, s, d in bench_cases(args):
         for causal in (False, True):
             gqa = HKV != H
-            q, k, v = make_qkv(B, s, s, H, HKV, d, torch.bfloat16, "bshd")
+            dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+            q, k, v = make_qkv(B, s, s, H, HKV, d, dt, "bshd")
             out = torch.empty_like(q)
             lse = torch.empty(B, H, s, device="cuda")
             flops = 4 * B * H * s * s * d / (2 if causal else 1)
-            case = (f"D{d} S{s} {'causal' if causal else 'full'} bf16 B{B} H{H}" +
+            case = (f"D{d} S{s} {'causal' if causal else 'full'} {args.dtype} B{B} H{H}" +
                     (f" HKV{HKV}" if gqa else ""))
             f_ours = sm90_call(S, q, k, v, out, lse, 1 / math.sqrt(d), -1, 0 if causal else -1)
             f_ok = f_ours()
@@ -511,10 +512,11 @@ def bench(S, args):
                 do.normal_()
 
                 def api_fb():
-                    st = S.lib.shim_attn_fwd(stream(), 3, B, H, HKV, d, s, s, int(causal),
+                    st = S.lib.shim_attn_fwd(stream(), DT[dt], B, H, HKV, d, s, s, int(causal),
                                              q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                              out.data_ptr(), lse.data_ptr())
-                    st = st or S.lib.shim_attn_bwd(stream(), 3, B, H, HKV, d, s, s, int(causal),
+                    st = st or S.lib.shim_attn_bwd(stream(), DT[dt], B, H, HKV, d, s, s,
+                                                   int(causal),
                                                    q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                                    out.data_ptr(), do.data_ptr(), lse.data_ptr(),
                                                    dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
@@ -711,6 +713,8 @@ def main():
                          "timed in the same rounds (e.g. 'static=OT_ATTN_SM90_DYN:0,_causal_only:1')")
     ap.add_argument("--rounds", type=int, default=5,
                     help="balanced rounds per case (--bench; each times every entry)")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                    help="--bench: the storage type of q, k, v (ours and the peers alike)")
     ap.add_argument("--iters", type=int, default=10,
                     help="timed calls per entry and round (their median)")
     ap.add_argument("--fwd-only", action="store_true", help="no forward + backward timings")
