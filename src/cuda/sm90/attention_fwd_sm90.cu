@@ -157,9 +157,10 @@ enum {
                       * of the map's bounds); O stored below column 96 */
   kFlN96 = 0x100000, /* with kFlPad: P V over V's first 96 columns only (wgmma N = 96: O's
                       * accumulators 48 a thread instead of 64; the B operand ends inside
-                      * the second 64-column swizzle atom). The default with kFlSt16 since
-                      * 2026-12-03 (bf16: 1.00-1.05x the N = 128 kernel; fp16 later that
-                      * day; tests 'pad96 n96' exact); OT_ATTN_SM90_N96=0 turns it off */
+                      * the second 64-column swizzle atom). The default for bf16 with kFlSt16
+                      * since 2026-12-03 (1.00-1.05x the N = 128 kernel; tests 'pad96 n96'
+                      * exact; fp16's instance prepared, taken under OT_ATTN_SM90_ST16=1);
+                      * OT_ATTN_SM90_N96=0 turns it off */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -1278,7 +1279,8 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                             R | ST | PD | N96>());
   } else if constexpr (D == 128 && BC == 128) {
     /* fp16: head dim 96 also with P V at N = 96 and the 16-byte stores (kFlN96's
-     * instance; with OT_ATTN_SM90_N96=0 launch_sel drops both bits: R | PD) */
+     * instance; prepared 2026-12-03, not yet run on a GPU: taken under OT_ATTN_SM90_ST16=1,
+     * the default keeps R | PD, as does OT_ATTN_SM90_N96=0) */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | PD, R | ST | PD | N96>());
   } else if constexpr (D == 256 && !is_half<T>::value) {
@@ -1633,7 +1635,7 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   {
     const char *stv = sm90_knob(knobs, "OT_ATTN_SM90_ST16");
     const bool on = stv ? stv[0] == '1'
-                        : (a->dtype == OT_BF16 || pad96) && ((a->d == 128 && bc == 128) ||
+                        : a->dtype == OT_BF16 && ((a->d == 128 && bc == 128) ||
                                                   (a->d == 256 && masked_call) ||
                                                   (a->d == 64 && (narrow & kFlDiag)));
     /* 16-bit elements: 8-element multiples */
@@ -1668,8 +1670,9 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     if (on) stag = kFlStag;
   }
   /* kFlN96 (head dim 96: P V with N = 96; with the 16-byte stores only, elsewhere
-   * launch_sel drops it; fp16 since 2026-12-03, twenty-fourth session, where head dim 96
-   * also turns the 16-byte stores on): on unless OT_ATTN_SM90_N96=0. H200, 2026-12-03
+   * launch_sel drops it -- fp16 has the instance, prepared 2026-12-03 and not yet run on a
+   * GPU, but not the stores by default: OT_ATTN_SM90_ST16=1 takes it): on unless
+   * OT_ATTN_SM90_N96=0. H200, 2026-12-03
    * (bench/results/attention_d96_n96.json, paired with N = 128 in one process, 8 rounds):
    * S 1k 1.029x, causal 1.029x; S 4k 0.998x, causal 1.015x; S 16k 1.023x, causal 1.049x. */
   const char *n96v = pad96 ? sm90_knob(knobs, "OT_ATTN_SM90_N96") : NULL;
