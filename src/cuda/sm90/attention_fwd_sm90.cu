@@ -159,7 +159,7 @@ enum {
                       * accumulators 48 a thread instead of 64; the B operand ends inside
                       * the second 64-column swizzle atom). The default for bf16 with kFlSt16
                       * since 2026-12-03 (1.00-1.05x the N = 128 kernel; tests 'pad96 n96'
-                      * exact; fp16's instance prepared, taken under OT_ATTN_SM90_ST16=1);
+                      * exact); fp16's instance the default too (1.04-1.18x R | PD);
                       * OT_ATTN_SM90_N96=0 turns it off */
 };
 constexpr int kFlNarrowW = 0xF00;
@@ -1279,8 +1279,8 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                             R | ST | PD | N96>());
   } else if constexpr (D == 128 && BC == 128) {
     /* fp16: head dim 96 also with P V at N = 96 and the 16-byte stores (kFlN96's
-     * instance; prepared 2026-12-03, not yet run on a GPU: taken under OT_ATTN_SM90_ST16=1,
-     * the default keeps R | PD, as does OT_ATTN_SM90_N96=0) */
+     * instance, the default since 2026-12-03's twenty-fifth session: 1.04-1.18x R | PD;
+     * OT_ATTN_SM90_ST16=0 or OT_ATTN_SM90_N96=0 keep R | PD) */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | PD, R | ST | PD | N96>());
   } else if constexpr (D == 256 && !is_half<T>::value) {
@@ -1628,16 +1628,20 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * kernel without it), D128 S 1k causal 443.5 / 398.1 (1.114x; cuDNN 404.0), full 1.087x,
    * S 4k causal 1.057x; D256 S 1k causal 1.129x (471.8, cuDNN 438.9), S 4k causal 1.045x; D64
    * S 1k causal 1.034x; where it was not used: the 176-key tile at S 4k full 1.001x, D256 full
-   * 0.988x (S 1k) / 1.002x (4k). OT_ATTN_SM90_ST16=0|1 forces it off / on (on: where an
+   * 0.988x (S 1k) / 1.002x (4k). Head dim 96 in both dtypes (with kFlN96, whose fp16
+   * instance was measured 2026-12-03, twenty-fifth session, attention_d96_fp16_fwd.json,
+   * 8 rounds, paired against fp16's R | PD: S 1k 1.133x, causal 1.175x; S 4k 1.039x /
+   * 1.082x; S 16k 1.037x / 1.053x). OT_ATTN_SM90_ST16=0|1 forces it off / on (on: where an
    * instance is compiled -- experiment builds also D128's 176-key tile with the narrow step
    * and the pin, and D256 unmasked calls). */
   int st16 = 0;
   {
     const char *stv = sm90_knob(knobs, "OT_ATTN_SM90_ST16");
     const bool on = stv ? stv[0] == '1'
-                        : a->dtype == OT_BF16 && ((a->d == 128 && bc == 128) ||
-                                                  (a->d == 256 && masked_call) ||
-                                                  (a->d == 64 && (narrow & kFlDiag)));
+                        : (a->dtype == OT_BF16 &&
+                           ((a->d == 128 && bc == 128) || (a->d == 256 && masked_call) ||
+                            (a->d == 64 && (narrow & kFlDiag)))) ||
+                              pad96; /* fp16 too at head dim 96: its kFlN96 instance */
     /* 16-bit elements: 8-element multiples */
     const bool aligned = ((uintptr_t)a->out.data & 15) == 0 && (p.o_ts & 7) == 0 &&
                          (p.o_hs & 7) == 0 && (p.o_bs & 7) == 0;
@@ -1670,9 +1674,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     if (on) stag = kFlStag;
   }
   /* kFlN96 (head dim 96: P V with N = 96; with the 16-byte stores only, elsewhere
-   * launch_sel drops it -- fp16 has the instance, prepared 2026-12-03 and not yet run on a
-   * GPU, but not the stores by default: OT_ATTN_SM90_ST16=1 takes it): on unless
-   * OT_ATTN_SM90_N96=0. H200, 2026-12-03
+   * launch_sel drops it; fp16's instance the default since the twenty-fifth session, see
+   * kFlSt16 above): on unless OT_ATTN_SM90_N96=0. H200, 2026-12-03, bf16
    * (bench/results/attention_d96_n96.json, paired with N = 128 in one process, 8 rounds):
    * S 1k 1.029x, causal 1.029x; S 4k 0.998x, causal 1.015x; S 16k 1.023x, causal 1.049x. */
   const char *n96v = pad96 ? sm90_knob(knobs, "OT_ATTN_SM90_N96") : NULL;
