@@ -11,6 +11,8 @@ operand, so one wrapper per (N, operand form, dtype) is spelled out here instead
 SS_N = [16, 48, 64, 80, 128, 176, 192]
 RS_N = [64, 96, 128, 256]          # O += P V:  N = D (head dim; 96: kFlN96)
 SST_N = [32, 64]                   # backward dQ = dS K: A and B MN-major (N = dQ columns)
+RSK_N = [64]                       # backward S^T = K Q^T, dP^T = V dO^T at head dim 64 with K /
+                                   # V as register A operands (kXKvRs): B K-major
 TYPES = [("bf16", False), ("f16", True)]
 
 
@@ -36,16 +38,16 @@ def ss(n, t, f16, trans=False):
     return "\n".join(lines)
 
 
-def rs(n, t, f16):
+def rs(n, t, f16, kmajor=False):
     na = n // 2
     lines = []
-    lines.append("template <> struct wgmma_rs<%d, %s> {" % (n, "true" if f16 else "false"))
+    lines.append("template <> struct wgmma_rs%s<%d, %s> {" % ("_k" if kmajor else "", n, "true" if f16 else "false"))
     lines.append("  static __device__ __forceinline__ void run(float *d, uint32_t *a, uint64_t db, int scale_d) {")
     lines.append("    asm volatile(")
     lines.append('        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % (na + 5))
     lines.append('        "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s "' % (n, t, t))
     lines.append('        "{%s}, "' % regs(na, 0))
-    lines.append('        "{%s}, %%%d, p, 1, 1, 1;\\n}\\n"' % (regs(4, na), na + 4))
+    lines.append('        "{%s}, %%%d, p, 1, 1, %d;\\n}\\n"' % (regs(4, na), na + 4, 0 if kmajor else 1))
     outs = ", ".join('"+f"(d[%d])' % i for i in range(na))
     # The A registers are read-write operands so that the compiler keeps them alive (and
     # unmodified) until the caller's fence after wgmma.wait_group: the tensor core reads
@@ -64,6 +66,8 @@ print(" * wgmma_ss<N, F16>::run(d, desc_a, desc_b, scale_d): D[64 x N] (+)= A[64
 print(" *   A and B in shared memory (K-major, no transpose), f32 accumulators d[N/2].")
 print(" * wgmma_rs<N, F16>::run(d, a, desc_b, scale_d): same with A in four b32 registers and B")
 print(" *   MN-major (imm-trans-b = 1). scale_d == 0 overwrites d (D = A B).")
+print(" * wgmma_rs_k<N, F16>::run(d, a, desc_b, scale_d): as wgmma_rs with B K-major")
+print(" *   (imm-trans-b = 0).")
 print(" * wgmma_ss_t<N, F16>::run(d, desc_a, desc_b, scale_d): as wgmma_ss with A and B both")
 print(" *   MN-major (imm-trans-a = imm-trans-b = 1).")
 print(" * F16: false = bf16 inputs, true = fp16 inputs. Only valid on sm_90a. */")
@@ -74,6 +78,7 @@ print("namespace ot {")
 print("namespace sm90 {")
 print("template <int N, bool F16> struct wgmma_ss;")
 print("template <int N, bool F16> struct wgmma_rs;")
+print("template <int N, bool F16> struct wgmma_rs_k;")
 print("template <int N, bool F16> struct wgmma_ss_t;")
 print("#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)")
 for t, f16 in TYPES:
@@ -81,6 +86,8 @@ for t, f16 in TYPES:
         print(ss(n, t, f16))
     for n in RS_N:
         print(rs(n, t, f16))
+    for n in RSK_N:
+        print(rs(n, t, f16, kmajor=True))
     for n in SST_N:
         print(ss(n, t, f16, trans=True))
 print("#endif")

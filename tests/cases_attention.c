@@ -278,6 +278,21 @@ static const acase cuda_sm90_dqred_cases[] = {
     {"cuda hopper-only dqred causal S1000 D64 GQA4", 1, 1000, 1000, 8, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
 };
 
+/* kXKvRs (head dim 64: K and V as register A operands of S^T / dP^T, loaded by ldmatrix
+ * from the swizzled tiles), run under OT_ATTN_BWD_SM90_KVRS=1 (the staged dQ) and =red
+ * (kXDqRed): both consumers' key rows (S 1000: 8 key blocks), split units (B 2 S 1000
+ * non-causal, S 129 MQA 8), key tails (Sk 130, 17), causal Sq > Sk (keyless query tiles) and
+ * Sq < Sk, the head-then-tail order, GQA 1 / 4 / 8 / MQA; bf16 and fp16. */
+static const acase cuda_sm90_kvrs_cases[] = {
+    {"cuda hopper-only kvrs S1000 D64 GQA1 B2 (split units)", 2, 1000, 1000, 2, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only kvrs S129 D64 MQA8 B2", 2, 129, 129, 8, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only kvrs causal S1000 D64 GQA4", 1, 1000, 1000, 8, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only kvrs causal Sq>Sk 700x130 D64 GQA2 B2", 2, 700, 130, 4, 2, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only kvrs causal Sq<Sk 100x1000 D64 GQA8", 1, 100, 1000, 8, 1, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only kvrs causal Sq64 Sk2048 D64 B2 H9 (head order, then tail)", 2, 64, 2048, 9, 9, 64, 1, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+    {"cuda hopper-only kvrs S17 D64 GQA4 B3", 3, 17, 17, 8, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
+};
+
 /* The D 128 ones again under OT_ATTN_BWD_SM90_DQ=stage: the staged dQ (shared staging tile,
  * the dQ writer's bulk reduce-add; the D 128 default until run 16) in experiment builds;
  * elsewhere the switch is not read and kXDqRed runs them. */
@@ -1411,6 +1426,18 @@ static void run_sm90_required(test_run *tr) {
     for (size_t i = 0; i < sizeof cuda_sm90_dqstage_cases / sizeof cuda_sm90_dqstage_cases[0]; i++)
       run_case(tr, &cuda_sm90_dqstage_cases[i], i % 2 ? DT_F16 : DT_BF16);
     env_restore(&xdq);
+  }
+  {
+    env_saved kv = env_set("OT_ATTN_BWD_SM90_KVRS", "1");
+    for (size_t i = 0; i < sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0]; i++) {
+      run_case(tr, &cuda_sm90_kvrs_cases[i], DT_BF16);
+      run_case(tr, &cuda_sm90_kvrs_cases[i], DT_F16);
+    }
+    env_restore(&kv);
+    kv = env_set("OT_ATTN_BWD_SM90_KVRS", "red");
+    for (size_t i = 0; i < sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0]; i++)
+      run_tagged(tr, &cuda_sm90_kvrs_cases[i], "red", i % 2 ? DT_F16 : DT_BF16);
+    env_restore(&kv);
   }
   {
     /* kXSt16 off: the backward cases of cuda_sm90_cases again (their dtypes) with the

@@ -148,7 +148,7 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    (checked on the host). From the forward's kFlSt16 (LSU queue throttling in its
  *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
 /* enumerators: no unused-variable warning where no kernel uses them */
-enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8, kXDq32 = 16 };
+enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8, kXDq32 = 16, kXKvRs = 32 };
 template <int D> struct default_x {
   enum { value = D >= 128 ? kXDqRed : 0 };
 };
@@ -267,6 +267,13 @@ __global__ void __launch_bounds__(kThreads, 1)
    * consumers taking turns to issue S^T / dP^T on top of it (named-barrier pingpong) lost
    * 2-10% against it (bench/results/attention_bwd256_dsown.json). */
   constexpr bool DSOWN = HALF;
+  /* kXKvRs (D = 64): S^T = K Q^T and dP^T = V dO^T take K and V from registers (wgmma RS
+   * with a K-major B), loaded once per CTA by ldmatrix from the swizzled K / V tiles: 16
+   * registers each a thread. Their 4 KB a k-step (16 KB of the tile's shared-memory operand
+   * reads per consumer and tile, a seventh of its shared-memory bytes: docs/ATTENTION.md,
+   * "Shared-memory bytes per tile") are not read again per tile. */
+  constexpr bool KVRS = (X & kXKvRs) != 0;
+  static_assert(!KVRS || D == 64, "kXKvRs: head dim 64 (the registers of larger D are taken)");
   extern __shared__ uint8_t smem_raw[];
   /* Aligned by offsetting smem_raw (not by casting through an integer), so that the
    * compiler still knows every access through smem is to shared memory: LDS / STS with
@@ -395,6 +402,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t krow = HALF ? 0u : (uint32_t)c * 64 * 128;
   const uint64_t ka_desc = make_desc(k_base + krow, 16, 1024);
   const uint64_t va_desc = make_desc(v_base + krow, 16, 1024);
+  /* kXKvRs: the A fragments of this warp's 16 keys (rows krow / 128 + 16 warp ..) over the 4
+   * k-steps of 16 columns, kf[4 kk + r] as the m16n8k16 A fragment (r: rows + 8 (r & 1),
+   * columns + 8 (r >> 1)); ldmatrix.x4 lane l addresses row l % 8 + 8 ((l >> 3) & 1) of
+   * the warp's 16 and 16-byte chunk 2 kk + (l >> 4), stored at chunk ^ (row & 7) (128B
+   * swizzle; the tile is 1024-byte aligned) */
+  uint32_t kf[KVRS ? 16 : 1], vf[KVRS ? 16 : 1];
+  if constexpr (KVRS) {
+    if (n_loc > 0) {
+      const uint32_t r = krow / 128 + warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++) {
+        const uint32_t o = r * 128 + (((2 * kk + (lane >> 4)) ^ (r & 7)) << 4);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(kf[4 * kk]), "=r"(kf[4 * kk + 1]), "=r"(kf[4 * kk + 2]),
+                       "=r"(kf[4 * kk + 3])
+                     : "r"(k_base + o));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(vf[4 * kk]), "=r"(vf[4 * kk + 1]), "=r"(vf[4 * kk + 2]),
+                       "=r"(vf[4 * kk + 3])
+                     : "r"(v_base + o));
+      }
+    }
+  }
   /* HALF: the consumer's columns of dO / Q (B of dV / dK): 64-column blocks 2c, 2c + 1 */
   const uint32_t bcol = HALF ? (uint32_t)c * (DW / 64) * (kBq * 128) : 0u;
 
@@ -408,19 +438,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* S^T = K Q^T and dP^T = V dO^T: [64 keys x 64 queries], K-major operands. */
     float st[32], dpt[32];
     /* acc [64 x 64] = A B^T over D, A this WG's 64 rows of K or V, B a [64][D] stage. */
-    auto gemm_kmajor = [&](float *acc, uint64_t a_desc, uint32_t b_base) {
+    auto gemm_kmajor = [&](float *acc, uint64_t a_desc, uint32_t *af, uint32_t b_base) {
       const uint64_t b_desc = make_desc(b_base, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < KST; kk++) {
         const uint32_t oa = (kk / 4) * (kBk * 128) + (kk % 4) * 32;
         const uint32_t ob = (kk / 4) * (kBq * 128) + (kk % 4) * 32;
-        wgmma_ss<64, F16>::run(acc, a_desc + (oa >> 4), b_desc + (ob >> 4), kk > 0);
+        if constexpr (KVRS)
+          wgmma_rs_k<64, F16>::run(acc, &af[4 * kk], b_desc + (ob >> 4), kk > 0);
+        else
+          wgmma_ss<64, F16>::run(acc, a_desc + (oa >> 4), b_desc + (ob >> 4), kk > 0);
       }
       wgmma_commit();
     };
     wgmma_fence();
-    gemm_kmajor(st, ka_desc, q_base);
-    gemm_kmajor(dpt, va_desc, do_base);
+    gemm_kmajor(st, ka_desc, kf, q_base);
+    gemm_kmajor(dpt, va_desc, vf, do_base);
     /* Accumulator element i: key key0 + 8 ((i >> 1) & 1), query i0 + 8 (i >> 2) + 2 q4 + (i & 1). */
     const float *lse_s = (const float *)(smem + L::lse_off + s * kBq * 4);
     const float *dsum_s = (const float *)(smem + L::dsum_off + s * kBq * 4);
@@ -467,6 +500,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
     }
     reg_fence<32>(dpt);
+    if constexpr (KVRS) {   /* S^T's and dP^T's register operands read by now */
+      reg_fence<16>(kf);
+      reg_fence<16>(vf);
+    }
 #pragma unroll
     for (int j = 0; j < 8; j++) {
       const float2 dd = *(const float2 *)(dsum_s + 8 * j + 2 * q4);
@@ -891,9 +928,17 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
 template <typename T, int D>
 static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                           const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
-                          int dq, bool st16, int n96) {
+                          int dq, bool st16, int n96, int kvrs) {
   constexpr int X0 = default_x<D>::value;
   (void)n96;   /* D = 128 only */
+  (void)kvrs;  /* D = 64 only */
+  if constexpr (D == 64) {
+    /* kXKvRs with the 16-byte stores: 1 with the staged dQ, 2 with kXDqRed */
+    if (st16 && kvrs == 1)
+      return launch<T, D, X0 | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
+    if (st16 && kvrs == 2)
+      return launch<T, D, kXDqRed | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
+  }
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   if constexpr (D != 256) {   /* D = 256: kXDqRed only (no room for the staging tiles) */
     if (dq >= 0 && dq != X0 && a->d == D)   /* not with kXPad (D = 96) */
@@ -1043,6 +1088,11 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * 1.008x / 1.008x). OT_ATTN_BWD_SM90_N96=0 the N = 128 kernel, OT_ATTN_BWD_SM90_DQ32=0
    * kXN96 alone. */
   const int n96 = xn96 && xn96[0] == '0' ? 0 : xdq32 && xdq32[0] == '0' ? 1 : 2;
+  /* kXKvRs (head dim 64, with kXSt16: K and V as register A operands of S^T / dP^T):
+   * OT_ATTN_BWD_SM90_KVRS=1 with the staged dQ, =red with kXDqRed; prepared 2026-12-03
+   * (twenty-fifth session), off until measured */
+  const char *xkv = knobs && a->d == 64 ? getenv("OT_ATTN_BWD_SM90_KVRS") : NULL;
+  const int kvrs = !xkv ? 0 : xkv[0] == '1' ? 1 : !strcmp(xkv, "red") ? 2 : 0;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = knobs ? getenv("OT_ATTN_BWD_SM90_DQ") : NULL;
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
@@ -1051,13 +1101,13 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
 #endif
   if (a->d == 64)
     return a->dtype == OT_BF16
-               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96)
-               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96);
+               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, kvrs)
+               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, kvrs);
   if (a->d == 256)
     return a->dtype == OT_BF16
-               ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96)
-               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96);
+               ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0)
+               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0);
   return a->dtype == OT_BF16
-             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96)
-             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96);
+             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0)
+             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0);
 }
