@@ -18,7 +18,8 @@
  *    every query head of the GQA group (the group sum is in registers: deterministic,
  *    except in split units, whose parts add their fp32 sums with atomics);
  *    per query tile:
- *        S^T = K Q^T, dP^T = V dO^T               (wgmma SS, both K-major)
+ *        S^T = K Q^T, dP^T = V dO^T               (wgmma SS, both K-major; D = 64: RS, K / V
+ *                                                 as register A operands, kXKvRs)
  *        P^T = exp2(S^T scale log2e - lse2),  dS^T = P^T (dP^T - Dsum)
  *        dV += P^T dO,  dK += dS^T Q              (wgmma RS: P^T / dS^T from registers,
  *                                                 dO / Q MN-major through the descriptor)
@@ -29,12 +30,14 @@
  *                                                 default there since run 16) each consumer
  *                                                 adds its fp32 partial into the accumulator
  *                                                 with red.global.add.v4.f32 straight from
- *                                                 the registers; at D = 64 the partial goes
- *                                                 to a double-buffered shared staging tile,
- *                                                 and the dQ writer adds it into the
- *                                                 accumulator with one bulk reduce-add
- *                                                 (cp.reduce.async.bulk.add.f32), off the
- *                                                 consumers' path;
+ *                                                 the registers, and at D = 64 too since
+ *                                                 2026-12-03 (with kXKvRs); before, and
+ *                                                 under OT_ATTN_BWD_SM90_KVRS=0 / 1, the
+ *                                                 D = 64 partial goes to a double-buffered
+ *                                                 shared staging tile, and the dQ writer adds
+ *                                                 it into the accumulator with one bulk
+ *                                                 reduce-add (cp.reduce.async.bulk.add.f32),
+ *                                                 off the consumers' path;
  *    issue order at D = 128: dV as soon as P^T is packed (under dP^T), then after the dS^T
  *    barrier dQ before dK, so that dS^T's math runs under dV and the dQ reductions under
  *    dK; at D = 64 dV and dK before the barrier, then dQ (the D = 128 order was 4-5% slower
@@ -138,7 +141,8 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    tile: docs/ATTENTION.md, "Shared-memory bytes per tile"). The summation order of dQ
  *    is no more repeatable than the bulk reduce-adds' (this kernel runs only for
  *    deterministic = 0: the same semantics). docs/ATTENTION.md, runs 15 and 16: +1.3-3.7%
- *    fwd+bwd at D = 128 (the default there since run 16), mixed at D = 64 (not kept).
+ *    fwd+bwd at D = 128 (the default there since run 16), mixed at D = 64 (not kept then;
+ *    the D = 64 default with kXKvRs since 2026-12-03, see the dispatch).
  *  kXSt16: the epilogue's dK / dV stores 16 bytes a lane, as the forward's kFlSt16 stores O:
  *    the four lanes of a row quad trade their packed pairs (sm90_common.cuh's quad_transpose,
  *    two xor shuffles a 4 x 4 block, before the key-row test: all 32 lanes) so that each holds
@@ -1057,8 +1061,9 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   p.split_cnt = (int *)(ws + acc_bytes + split_bytes);
   p.lse2 = (const float *)(ws + zero_bytes);
   p.dsum = (const float *)(ws + zero_bytes + vec_bytes);
-  /* dQ partials: D = 128 by red.global.add.v4.f32 from the consumers (kXDqRed), D = 64 by
-   * bulk reduce-adds from a dedicated writer thread (docs/ATTENTION.md has the measured
+  /* dQ partials: D = 128 by red.global.add.v4.f32 from the consumers (kXDqRed), D = 64 too
+   * with kXKvRs (the default; with OT_ATTN_BWD_SM90_KVRS=0 / 1 and with the 4-byte dK / dV
+   * stores by bulk reduce-adds from a dedicated writer thread; docs/ATTENTION.md has the measured
    * alternatives: float2 atomics from the consumers, the consumers issuing the bulk
    * reduce-add themselves (00d0a38), D = 128 dQ over each consumer's own keys). */
   p.scale = a->scale;
@@ -1088,11 +1093,15 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * 1.008x / 1.008x). OT_ATTN_BWD_SM90_N96=0 the N = 128 kernel, OT_ATTN_BWD_SM90_DQ32=0
    * kXN96 alone. */
   const int n96 = xn96 && xn96[0] == '0' ? 0 : xdq32 && xdq32[0] == '0' ? 1 : 2;
-  /* kXKvRs (head dim 64, with kXSt16: K and V as register A operands of S^T / dP^T):
-   * OT_ATTN_BWD_SM90_KVRS=1 with the staged dQ, =red with kXDqRed; prepared 2026-12-03
-   * (twenty-fifth session), off until measured */
+  /* kXKvRs (head dim 64, with kXSt16: K and V as register A operands of S^T / dP^T), with
+   * kXDqRed (dQ by red.global from the consumers): the D = 64 default since 2026-12-03
+   * (twenty-fifth session; H200, fwd+bwd paired with the SS kernel and its staged dQ in one
+   * process, 6 rounds, bench/results/attention_bwd64_kvrs.json: S 1k 1.074x, causal 1.046x;
+   * S 4k 1.057x / 1.032x; S 16k 1.027x / 1.041x; with the staged dQ 1.085x / 1.021x, 1.072x /
+   * 1.033x, 1.007x / 1.030x). OT_ATTN_BWD_SM90_KVRS=0 the SS kernel with the staged dQ, =1
+   * kXKvRs with the staged dQ, =red the default. */
   const char *xkv = knobs && a->d == 64 ? getenv("OT_ATTN_BWD_SM90_KVRS") : NULL;
-  const int kvrs = !xkv ? 0 : xkv[0] == '1' ? 1 : !strcmp(xkv, "red") ? 2 : 0;
+  const int kvrs = !xkv ? 2 : xkv[0] == '0' ? 0 : xkv[0] == '1' ? 1 : 2;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = knobs ? getenv("OT_ATTN_BWD_SM90_DQ") : NULL;
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
