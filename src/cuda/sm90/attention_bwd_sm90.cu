@@ -152,7 +152,7 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    (checked on the host). From the forward's kFlSt16 (LSU queue throttling in its
  *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
 /* enumerators: no unused-variable warning where no kernel uses them */
-enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8, kXDq32 = 16, kXKvRs = 32, kXEarly = 64 };
+enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8, kXDq32 = 16, kXKvRs = 32 };
 template <int D> struct default_x {
   enum { value = D >= 128 ? kXDqRed : 0 };
 };
@@ -248,12 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int NCH = HALF ? 2 : 1;
   /* D >= 128: dV issued under dP^T, dQ before dK, the dQ partial's stores under dK (see the
    * tile loop); D = 64 keeps dV, dK before dQ (the D = 128 order ran 4-5% slower there). */
-  /* kXEarly (D = 64 with kXKvRs | kXDqRed, OT_ATTN_BWD_SM90_KVRS=early; prepared 2026-12-03,
-   * twenty-fifth session, being measured): the D >= 128 order at D = 64, now that the tile's
-   * shared-memory traffic no longer bounds it (the 4-5% loss was the SS kernel's) */
-  constexpr bool DV_EARLY = D >= 128 || (X & kXEarly) != 0;
-  static_assert(!(X & kXEarly) || (D == 64 && (X & kXKvRs) && (X & kXDqRed)),
-                "kXEarly: D = 64 with kXKvRs and kXDqRed");
+  constexpr bool DV_EARLY = D >= 128;
   constexpr bool RED = (X & kXDqRed) != 0;   /* dQ by red.global from the consumers */
   static_assert(RED || !HALF, "D = 256: no room for the dQ staging tiles");
   constexpr bool ST16 = (X & kXSt16) != 0;   /* dK / dV stored 16 bytes a lane */
@@ -947,9 +942,6 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
       return launch<T, D, X0 | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
     if (st16 && kvrs == 2)
       return launch<T, D, kXDqRed | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
-    if (st16 && kvrs == 3)
-      return launch<T, D, kXDqRed | kXSt16 | kXKvRs | kXEarly>(ctx, a, maps, p, rows, zero_bytes,
-                                                               grid);
   }
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   if constexpr (D != 256) {   /* D = 256: kXDqRed only (no room for the staging tiles) */
@@ -1107,14 +1099,9 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * process, 6 rounds, bench/results/attention_bwd64_kvrs.json: S 1k 1.074x, causal 1.046x;
    * S 4k 1.057x / 1.032x; S 16k 1.027x / 1.041x; with the staged dQ 1.085x / 1.021x, 1.072x /
    * 1.033x, 1.007x / 1.030x). OT_ATTN_BWD_SM90_KVRS=0 the SS kernel with the staged dQ, =1
-   * kXKvRs with the staged dQ, =red the default, =early the default with the D >= 128 issue
-   * order (kXEarly). */
+   * kXKvRs with the staged dQ, =red the default. */
   const char *xkv = knobs && a->d == 64 ? getenv("OT_ATTN_BWD_SM90_KVRS") : NULL;
-  const int kvrs = !xkv                      ? 2
-                   : xkv[0] == '0'           ? 0
-                   : xkv[0] == '1'           ? 1
-                   : !strcmp(xkv, "early")   ? 3
-                                             : 2;
+  const int kvrs = !xkv ? 2 : xkv[0] == '0' ? 0 : xkv[0] == '1' ? 1 : 2;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = knobs ? getenv("OT_ATTN_BWD_SM90_DQ") : NULL;
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
