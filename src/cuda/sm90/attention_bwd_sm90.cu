@@ -936,13 +936,6 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
   constexpr int X0 = default_x<D>::value;
   (void)n96;   /* D = 128 only */
   (void)kvrs;  /* D = 64 only */
-  if constexpr (D == 64) {
-    /* kXKvRs with the 16-byte stores: 1 with the staged dQ, 2 with kXDqRed */
-    if (st16 && kvrs == 1)
-      return launch<T, D, X0 | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
-    if (st16 && kvrs == 2)
-      return launch<T, D, kXDqRed | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
-  }
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   if constexpr (D != 256) {   /* D = 256: kXDqRed only (no room for the staging tiles) */
     if (dq >= 0 && dq != X0 && a->d == D)   /* not with kXPad (D = 96) */
@@ -951,6 +944,13 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
 #else
   (void)dq;
 #endif
+  if constexpr (D == 64) {
+    /* kXKvRs with the 16-byte stores: 1 with the staged dQ, 2 with kXDqRed (the default) */
+    if (st16 && kvrs == 1)
+      return launch<T, D, X0 | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
+    if (st16 && kvrs == 2)
+      return launch<T, D, kXDqRed | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
+  }
   if constexpr (D == 128) {
     if (a->d == 96) {
       if (st16 && n96 == 2)
@@ -1062,9 +1062,9 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   p.lse2 = (const float *)(ws + zero_bytes);
   p.dsum = (const float *)(ws + zero_bytes + vec_bytes);
   /* dQ partials: D = 128 by red.global.add.v4.f32 from the consumers (kXDqRed), D = 64 too
-   * with kXKvRs (the default; with OT_ATTN_BWD_SM90_KVRS=0 / 1 and with the 4-byte dK / dV
-   * stores by bulk reduce-adds from a dedicated writer thread; docs/ATTENTION.md has the measured
-   * alternatives: float2 atomics from the consumers, the consumers issuing the bulk
+   * with kXKvRs (the default; under OT_ATTN_BWD_SM90_KVRS=0 / 1 and with the 4-byte dK / dV
+   * stores by bulk reduce-adds from a dedicated writer thread; docs/ATTENTION.md has the
+   * measured alternatives: float2 atomics from the consumers, the consumers issuing the bulk
    * reduce-add themselves (00d0a38), D = 128 dQ over each consumer's own keys). */
   p.scale = a->scale;
   p.scale_log2 = a->scale * 1.4426950408889634f;
@@ -1108,15 +1108,15 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
 #else
   const int x = -1;
 #endif
+  const bool bf = a->dtype == OT_BF16;
   if (a->d == 64)
-    return a->dtype == OT_BF16
-               ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, kvrs)
-               : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, kvrs);
+    return bf ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96,
+                                            kvrs)
+              : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, kvrs);
   if (a->d == 256)
-    return a->dtype == OT_BF16
-               ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0)
-               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0);
-  return a->dtype == OT_BF16
-             ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0)
-             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0);
+    return bf ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96,
+                                             0)
+              : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0);
+  return bf ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0)
+            : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0);
 }
