@@ -280,8 +280,9 @@ static const acase cuda_sm90_dqred_cases[] = {
 
 /* kXKvRs (head dim 64: K and V as register A operands of S^T / dP^T, loaded by ldmatrix
  * from the swizzled tiles), with kXDqRed the D 64 default since 2026-12-03: run as they are
- * (OT_ATTN_BWD_SM90_KVRS unset), and tagged "stage" under =1 (kXKvRs with the staged dQ) and
- * "ss" under =0 (the SS kernel with the staged dQ, the default before): both consumers' key rows (S 1000: 8 key blocks), split units (B 2 S 1000
+ * (OT_ATTN_BWD_SM90_KVRS unset), and tagged "stage" under =1 (kXKvRs with the staged dQ),
+ * "half" under =half (kXDqHalf) and "ss" under =0 (the SS kernel with the staged dQ, the
+ * default before): both consumers' key rows (S 1000: 8 key blocks), split units (B 2 S 1000
  * non-causal, S 129 MQA 8), key tails (Sk 130, 17), causal Sq > Sk (keyless query tiles) and
  * Sq < Sk, the head-then-tail order, GQA 1 / 4 / 8 / MQA; bf16 and fp16. */
 static const acase cuda_sm90_kvrs_cases[] = {
@@ -1438,6 +1439,14 @@ static void run_sm90_required(test_run *tr) {
     kv = env_set("OT_ATTN_BWD_SM90_KVRS", "1");
     for (size_t i = 0; i < sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0]; i++)
       run_tagged(tr, &cuda_sm90_kvrs_cases[i], "stage", i % 2 ? DT_F16 : DT_BF16);
+    env_restore(&kv);
+    /* kXDqHalf (prepared 2026-12-03, not yet run on a GPU): dQ split by columns between the
+     * consumers, the B operand of consumer 1 starting mid-atom */
+    kv = env_set("OT_ATTN_BWD_SM90_KVRS", "half");
+    for (size_t i = 0; i < sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0]; i++) {
+      run_tagged(tr, &cuda_sm90_kvrs_cases[i], "half", DT_BF16);
+      run_tagged(tr, &cuda_sm90_kvrs_cases[i], "half", DT_F16);
+    }
     env_restore(&kv);
     kv = env_set("OT_ATTN_BWD_SM90_KVRS", "0");
     for (size_t i = 0; i < sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0]; i++)

@@ -152,7 +152,7 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    (checked on the host). From the forward's kFlSt16 (LSU queue throttling in its
  *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
 /* enumerators: no unused-variable warning where no kernel uses them */
-enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8, kXDq32 = 16, kXKvRs = 32 };
+enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8, kXDq32 = 16, kXKvRs = 32, kXDqHalf = 64 };
 template <int D> struct default_x {
   enum { value = D >= 128 ? kXDqRed : 0 };
 };
@@ -242,9 +242,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   /* dQ over the consumer's own keys (D = 64). At D = 128 the same in two 64-column chunks
    * (no dS^T barrier between the consumers, twice the dQ reductions; kXOwnK, 2026-12-03)
    * lost 3.6-7.6% fwd+bwd (bench/results/attention_grid_bwd256.json, "ownk"): removed. */
-  constexpr bool OWN = D == 64;
-  constexpr int NQ = 64;          /* dQ columns of a chunk: all (D = 64) or a consumer's half
-                                   * (D = 128); D = 256: two chunks, a consumer's 128 */
+  /* kXDqHalf (D = 64 with kXKvRs | kXDqRed; experiment, OT_ATTN_BWD_SM90_KVRS=half,
+   * prepared 2026-12-03, twenty-fifth session, not yet run on a GPU): dQ as at D = 128 --
+   * consumer c adds columns 32 c .. 32 c + 31 over all 128 keys of the CTA (wgmma N = 32, the
+   * B operand starting mid-atom at byte 64 c of K's 128-byte rows), after the 256-thread dS^T
+   * barrier -- instead of all 64 columns over its own 64 keys: half the red.global bytes a
+   * tile (16 KB instead of 32). Why: at S 4k the D = 64 default adds ~2.4 TB/s of fp32
+   * reductions into L2 (16.8 GB in ~7 ms of backward), 1.5x D = 128's rate for the same
+   * kernel shape; if that rate is the L2's reduction ceiling, halving it is the lever
+   * (docs/ATTENTION.md, "Head dim 64: K and V as register operands"). */
+  constexpr bool DQH = (X & kXDqHalf) != 0;
+  static_assert(!DQH || (D == 64 && (X & kXKvRs) && (X & kXDqRed)),
+                "kXDqHalf: D = 64 with kXKvRs and kXDqRed");
+  constexpr bool OWN = D == 64 && !DQH;
+  constexpr int NQ = DQH ? 32 : 64;  /* dQ columns of a chunk: all (D = 64), a consumer's half
+                                      * (D = 128, kXDqHalf); D = 256: two chunks, a
+                                      * consumer's 128 */
   constexpr int NCH = HALF ? 2 : 1;
   /* D >= 128: dV issued under dP^T, dQ before dK, the dQ partial's stores under dK (see the
    * tile loop); D = 64 keeps dV, dK before dQ (the D = 128 order ran 4-5% slower there). */
@@ -559,14 +572,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto dq_chunk = [&](const int ch, auto nqc) {
       constexpr int NQC = decltype(nqc)::value;
       /* the 64-column block of dQ this chunk adds to */
-      const int cb = HALF ? 2 * c + ch : OWN ? 0 : c;
+      const int cb = HALF ? 2 * c + ch : (OWN || DQH) ? 0 : c;
       float dq[NQC / 2];
       {
         const uint32_t ds_base =
             s_base + L::ds_off + ((DSOWN ? 2 * c : 0) + (t & 1)) * L::ds_bytes;
         constexpr int NK = OWN ? 64 / 16 : kBk / 16;
         const int k16_0 = OWN ? c * 4 : 0;
-        const uint32_t kcol = (uint32_t)cb * (kBk * 128);
+        /* (kXDqHalf: consumer c's 32 columns start 64 c bytes into the 128-byte rows) */
+        const uint32_t kcol = (uint32_t)cb * (kBk * 128) + (DQH ? (uint32_t)c * 64u : 0u);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < NK; kk++) {
@@ -614,7 +628,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             ((((int64_t)b * p.hq + h) * m_hi + i0 / kBq) * (D / 64) + cb) * kDqTile + 4 * t128;
 #pragma unroll
         for (int j = 0; j < NQC / 8; j++)
-          red_add_v4(acc + 512 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+          /* (kXDqHalf: consumer c's columns 32 c .. are float4 chunks 4 c .. of the tile) */
+          red_add_v4(acc + 512 * (j + (DQH ? 4 * c : 0)), dq[4 * j], dq[4 * j + 1], dq[4 * j + 2],
+                     dq[4 * j + 3]);
       } else {
         const int u = 2 * c + (t & 1);
         float4 *stg = (float4 *)(smem + L::dqs_off + u * kDqTile * 4);
@@ -950,6 +966,9 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
       return launch<T, D, X0 | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
     if (st16 && kvrs == 2)
       return launch<T, D, kXDqRed | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
+    if (st16 && kvrs == 3)
+      return launch<T, D, kXDqRed | kXSt16 | kXKvRs | kXDqHalf>(ctx, a, maps, p, rows,
+                                                                zero_bytes, grid);
   }
   if constexpr (D == 128) {
     if (a->d == 96) {
@@ -1099,9 +1118,14 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * process, 6 rounds, bench/results/attention_bwd64_kvrs.json: S 1k 1.074x, causal 1.046x;
    * S 4k 1.057x / 1.032x; S 16k 1.027x / 1.041x; with the staged dQ 1.085x / 1.021x, 1.072x /
    * 1.033x, 1.007x / 1.030x). OT_ATTN_BWD_SM90_KVRS=0 the SS kernel with the staged dQ, =1
-   * kXKvRs with the staged dQ, =red the default. */
+   * kXKvRs with the staged dQ, =red the default, =half the default with kXDqHalf (prepared,
+   * not yet measured). */
   const char *xkv = knobs && a->d == 64 ? getenv("OT_ATTN_BWD_SM90_KVRS") : NULL;
-  const int kvrs = !xkv ? 2 : xkv[0] == '0' ? 0 : xkv[0] == '1' ? 1 : 2;
+  const int kvrs = !xkv                   ? 2
+                   : xkv[0] == '0'        ? 0
+                   : xkv[0] == '1'        ? 1
+                   : !strcmp(xkv, "half") ? 3
+                                          : 2;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = knobs ? getenv("OT_ATTN_BWD_SM90_DQ") : NULL;
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
