@@ -1410,6 +1410,24 @@ static void run_tagged(test_run *tr, const acase *c, const char *tag, DLDataType
   run_case(tr, &t, dt);
 }
 
+/* cuda_sm90_kvrs_cases under OT_ATTN_BWD_SM90_KVRS=value (NULL: unset), named with tag
+ * ("": as they are); dtypes 2: bf16 and fp16 each; 0 / 1: one a case, alternating, the
+ * first case bf16 (0) or fp16 (1). */
+static void run_kvrs_cases(test_run *tr, const char *value, const char *tag, int dtypes) {
+  env_saved kv = env_set("OT_ATTN_BWD_SM90_KVRS", value);
+  const size_t n = sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0];
+  for (size_t i = 0; i < n; i++) {
+    const acase *c = &cuda_sm90_kvrs_cases[i];
+    for (int k = 0; k < (dtypes == 2 ? 2 : 1); k++) {
+      const bool f16 = dtypes == 2 ? k == 1 : ((i + (size_t)dtypes) % 2) == 1;
+      const DLDataType dt = f16 ? DT_F16 : DT_BF16;
+      if (tag[0]) run_tagged(tr, c, tag, dt);
+      else run_case(tr, c, dt);
+    }
+  }
+  env_restore(&kv);
+}
+
 static void run_sm90_required(test_run *tr) {
   env_saved impl = env_set("OT_ATTN_IMPL", "sm90");
   require_sm90 = true;
@@ -1429,30 +1447,13 @@ static void run_sm90_required(test_run *tr) {
       run_case(tr, &cuda_sm90_dqstage_cases[i], i % 2 ? DT_F16 : DT_BF16);
     env_restore(&xdq);
   }
-  {
-    env_saved kv = env_set("OT_ATTN_BWD_SM90_KVRS", NULL);
-    for (size_t i = 0; i < sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0]; i++) {
-      run_case(tr, &cuda_sm90_kvrs_cases[i], DT_BF16);
-      run_case(tr, &cuda_sm90_kvrs_cases[i], DT_F16);
-    }
-    env_restore(&kv);
-    kv = env_set("OT_ATTN_BWD_SM90_KVRS", "1");
-    for (size_t i = 0; i < sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0]; i++)
-      run_tagged(tr, &cuda_sm90_kvrs_cases[i], "stage", i % 2 ? DT_F16 : DT_BF16);
-    env_restore(&kv);
-    /* kXDqHalf (prepared 2026-12-03, not yet run on a GPU): dQ split by columns between the
-     * consumers, the B operand of consumer 1 starting mid-atom */
-    kv = env_set("OT_ATTN_BWD_SM90_KVRS", "half");
-    for (size_t i = 0; i < sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0]; i++) {
-      run_tagged(tr, &cuda_sm90_kvrs_cases[i], "half", DT_BF16);
-      run_tagged(tr, &cuda_sm90_kvrs_cases[i], "half", DT_F16);
-    }
-    env_restore(&kv);
-    kv = env_set("OT_ATTN_BWD_SM90_KVRS", "0");
-    for (size_t i = 0; i < sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0]; i++)
-      run_tagged(tr, &cuda_sm90_kvrs_cases[i], "ss", i % 2 ? DT_BF16 : DT_F16);
-    env_restore(&kv);
-  }
+  /* the default (both dtypes); =1; kXDqHalf (prepared 2026-12-03, not yet run on a GPU: dQ
+   * split by columns between the consumers, consumer 1's B operand starting mid-atom; both
+   * dtypes); =0 */
+  run_kvrs_cases(tr, NULL, "", 2);
+  run_kvrs_cases(tr, "1", "stage", 0);
+  run_kvrs_cases(tr, "half", "half", 2);
+  run_kvrs_cases(tr, "0", "ss", 1);
   {
     /* kXSt16 off: the backward cases of cuda_sm90_cases again (their dtypes) with the
      * 4-byte dK / dV stores; then kXSt16's own cases under the default */

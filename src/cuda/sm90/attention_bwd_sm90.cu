@@ -431,14 +431,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 4; kk++) {
         const uint32_t o = r * 128 + (((2 * kk + (lane >> 4)) ^ (r & 7)) << 4);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(kf[4 * kk]), "=r"(kf[4 * kk + 1]), "=r"(kf[4 * kk + 2]),
-                       "=r"(kf[4 * kk + 3])
-                     : "r"(k_base + o));
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(vf[4 * kk]), "=r"(vf[4 * kk + 1]), "=r"(vf[4 * kk + 2]),
-                       "=r"(vf[4 * kk + 3])
-                     : "r"(v_base + o));
+        ldsm_x4(&kf[4 * kk], k_base + o);
+        ldsm_x4(&vf[4 * kk], v_base + o);
       }
     }
   }

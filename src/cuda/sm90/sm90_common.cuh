@@ -90,6 +90,15 @@ __device__ __forceinline__ void named_sync(int id, int n) {
 __device__ __forceinline__ void named_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
+/* ldmatrix.x4 (four 8 x 8 b16 matrices) from a 32-bit shared-memory address, as the rest of
+ * the sm_90 code addresses shared memory (attention.cuh's ldsm_x4 is the portable kernels'
+ * form, from a generic pointer): r[j] holds matrix j, the address of lane l is row l % 8 of
+ * matrix l / 8. */
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
