@@ -279,10 +279,10 @@ static const acase cuda_sm90_dqred_cases[] = {
 };
 
 /* kXKvRs (head dim 64: K and V as register A operands of S^T / dP^T, loaded by ldmatrix
- * from the swizzled tiles), with kXDqRed the D 64 default since 2026-12-03: run as they are
- * (OT_ATTN_BWD_SM90_KVRS unset), and tagged "stage" under =1 (kXKvRs with the staged dQ),
- * "half" under =half (kXDqHalf) and "ss" under =0 (the SS kernel with the staged dQ, the
- * default before): both consumers' key rows (S 1000: 8 key blocks), split units (B 2 S 1000
+ * from the swizzled tiles), with kXDqRed and kXDqHalf the D 64 default since 2026-12-03: run
+ * as they are (OT_ATTN_BWD_SM90_KVRS unset), and tagged "red" under =red (kXDqRed without
+ * kXDqHalf, the default before), "stage" under =1 (kXKvRs with the staged dQ) and "ss" under
+ * =0 (the SS kernel with the staged dQ): both consumers' key rows (S 1000: 8 key blocks), split units (B 2 S 1000
  * non-causal, S 129 MQA 8), key tails (Sk 130, 17), causal Sq > Sk (keyless query tiles) and
  * Sq < Sk, the head-then-tail order, GQA 1 / 4 / 8 / MQA; bf16 and fp16. */
 static const acase cuda_sm90_kvrs_cases[] = {
@@ -1447,12 +1447,12 @@ static void run_sm90_required(test_run *tr) {
       run_case(tr, &cuda_sm90_dqstage_cases[i], i % 2 ? DT_F16 : DT_BF16);
     env_restore(&xdq);
   }
-  /* the default (both dtypes); =1; kXDqHalf (prepared 2026-12-03, not yet run on a GPU: dQ
-   * split by columns between the consumers, consumer 1's B operand starting mid-atom; both
-   * dtypes); =0 */
+  /* the default (kXKvRs | kXDqRed | kXDqHalf: dQ split by columns between the consumers,
+   * consumer 1's B operand starting mid-atom; both dtypes); =red (dQ over each consumer's own
+   * keys, the default before; both dtypes); =1; =0 */
   run_kvrs_cases(tr, NULL, "", 2);
+  run_kvrs_cases(tr, "red", "red", 2);
   run_kvrs_cases(tr, "1", "stage", 0);
-  run_kvrs_cases(tr, "half", "half", 2);
   run_kvrs_cases(tr, "0", "ss", 1);
   {
     /* kXSt16 off: the backward cases of cuda_sm90_cases again (their dtypes) with the

@@ -25,8 +25,9 @@
  *                                                 dO / Q MN-major through the descriptor)
  *        dS^T -> shared memory (bf16/fp16, 128B swizzle, double-buffered), then
  *        dQ_part = dS K                           (wgmma SS, A and B MN-major): D = 128 splits
- *                                                 the 128 columns between the two WGs, D = 64
- *                                                 the 128 keys; at D = 128 (kXDqRed, the
+ *                                                 the 128 columns between the two WGs, and
+ *                                                 D = 64 too since 2026-12-03 (kXDqHalf; the
+ *                                                 128 keys before); at D = 128 (kXDqRed, the
  *                                                 default there since run 16) each consumer
  *                                                 adds its fp32 partial into the accumulator
  *                                                 with red.global.add.v4.f32 straight from
@@ -242,8 +243,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   /* dQ over the consumer's own keys (D = 64). At D = 128 the same in two 64-column chunks
    * (no dS^T barrier between the consumers, twice the dQ reductions; kXOwnK, 2026-12-03)
    * lost 3.6-7.6% fwd+bwd (bench/results/attention_grid_bwd256.json, "ownk"): removed. */
-  /* kXDqHalf (D = 64 with kXKvRs | kXDqRed; experiment, OT_ATTN_BWD_SM90_KVRS=half,
-   * prepared 2026-12-03, twenty-fifth session, not yet run on a GPU): dQ as at D = 128 --
+  /* kXDqHalf (D = 64 with kXKvRs | kXDqRed; the D = 64 default since 2026-12-03, twenty-sixth
+   * session, 1.00-1.03x fwd+bwd over the form without it): dQ as at D = 128 --
    * consumer c adds columns 32 c .. 32 c + 31 over all 128 keys of the CTA (wgmma N = 32, the
    * B operand starting mid-atom at byte 64 c of K's 128-byte rows), after the 256-thread dS^T
    * barrier -- instead of all 64 columns over its own 64 keys: half the red.global bytes a
@@ -955,7 +956,8 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
   (void)dq;
 #endif
   if constexpr (D == 64) {
-    /* kXKvRs with the 16-byte stores: 1 with the staged dQ, 2 with kXDqRed (the default) */
+    /* kXKvRs with the 16-byte stores: 1 with the staged dQ, 2 with kXDqRed, 3 with kXDqRed and
+     * kXDqHalf (the default) */
     if (st16 && kvrs == 1)
       return launch<T, D, X0 | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
     if (st16 && kvrs == 2)
@@ -1107,19 +1109,21 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * kXN96 alone. */
   const int n96 = xn96 && xn96[0] == '0' ? 0 : xdq32 && xdq32[0] == '0' ? 1 : 2;
   /* kXKvRs (head dim 64, with kXSt16: K and V as register A operands of S^T / dP^T), with
-   * kXDqRed (dQ by red.global from the consumers): the D = 64 default since 2026-12-03
-   * (twenty-fifth session; H200, fwd+bwd paired with the SS kernel and its staged dQ in one
-   * process, 6 rounds, bench/results/attention_bwd64_kvrs.json: S 1k 1.074x, causal 1.046x;
-   * S 4k 1.057x / 1.032x; S 16k 1.027x / 1.041x; with the staged dQ 1.085x / 1.021x, 1.072x /
-   * 1.033x, 1.007x / 1.030x). OT_ATTN_BWD_SM90_KVRS=0 the SS kernel with the staged dQ, =1
-   * kXKvRs with the staged dQ, =red the default, =half the default with kXDqHalf (prepared,
-   * not yet measured). */
+   * kXDqRed (dQ by red.global from the consumers) and kXDqHalf (dQ split by columns between
+   * the consumers, half the red.global bytes): the D = 64 default since 2026-12-03
+   * (twenty-sixth session; H200, fwd+bwd paired with kXKvRs | kXDqRed in one process, 8
+   * rounds, bench/results/attention_bwd64_half.json: S 1k 1.009x, causal 0.999x; S 4k 1.014x
+   * / 1.021x; S 16k 1.027x / 1.016x). kXKvRs | kXDqRed, the default before it, had gained
+   * 1.074x / 1.046x, 1.057x / 1.032x, 1.027x / 1.041x over the SS kernel
+   * (bench/results/attention_bwd64_kvrs.json). OT_ATTN_BWD_SM90_KVRS=0 the SS kernel with the
+   * staged dQ, =1 kXKvRs with the staged dQ, =red kXKvRs | kXDqRed (dQ over each consumer's
+   * own keys), unset or anything else the default. */
   const char *xkv = knobs && a->d == 64 ? getenv("OT_ATTN_BWD_SM90_KVRS") : NULL;
-  const int kvrs = !xkv                   ? 2
+  const int kvrs = !xkv                   ? 3
                    : xkv[0] == '0'        ? 0
                    : xkv[0] == '1'        ? 1
-                   : !strcmp(xkv, "half") ? 3
-                                          : 2;
+                   : !strcmp(xkv, "red")  ? 2
+                                          : 3;
 #ifdef OT_ATTN_SM90_EXPERIMENTS
   const char *xdq = knobs ? getenv("OT_ATTN_BWD_SM90_DQ") : NULL;
   const int x = !xdq ? -1 : !strcmp(xdq, "red") ? kXDqRed : !strcmp(xdq, "stage") ? 0 : -1;
