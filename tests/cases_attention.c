@@ -1455,6 +1455,26 @@ static void run_sm90_required(test_run *tr) {
   run_kvrs_cases(tr, "1", "stage", 0);
   run_kvrs_cases(tr, "0", "ss", 1);
   {
+    /* kXPers (OT_ATTN_BWD_SM90_PERS; the persistent walk, K / V double-buffered): the kvrs
+     * shapes (D 64) and the dqred ones (D 128 and 64) on a grid of 3 CTAs (=3: ~10 units a
+     * CTA, so both K / V buffers many times, the ring's and the dS^T buffers' phases across
+     * units, split units inside a walk), then on one CTA an SM (=1) */
+    const size_t nkv = sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0];
+    const size_t ndq = sizeof cuda_sm90_dqred_cases / sizeof cuda_sm90_dqred_cases[0];
+    static const char *const grids[2] = {"3", "1"};
+    static const char *const tags[2] = {"pers3", "pers"};
+    for (int gi = 0; gi < 2; gi++) {
+      env_saved ps = env_set("OT_ATTN_BWD_SM90_PERS", grids[gi]);
+      for (size_t i = 0; i < nkv; i++)
+        for (int k = 0; k < (gi == 0 ? 2 : 1); k++)
+          run_tagged(tr, &cuda_sm90_kvrs_cases[i], tags[gi],
+                     (gi == 0 ? k == 1 : i % 2 == 1) ? DT_F16 : DT_BF16);
+      for (size_t i = 0; i < ndq; i++)
+        run_tagged(tr, &cuda_sm90_dqred_cases[i], tags[gi], i % 2 ? DT_F16 : DT_BF16);
+      env_restore(&ps);
+    }
+  }
+  {
     /* kXSt16 off: the backward cases of cuda_sm90_cases again (their dtypes) with the
      * 4-byte dK / dV stores; then kXSt16's own cases under the default */
     env_saved st = env_set("OT_ATTN_BWD_SM90_ST16", "0");

@@ -153,7 +153,8 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    (checked on the host). From the forward's kFlSt16 (LSU queue throttling in its
  *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
 /* enumerators: no unused-variable warning where no kernel uses them */
-enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8, kXDq32 = 16, kXKvRs = 32, kXDqHalf = 64 };
+enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8, kXDq32 = 16, kXKvRs = 32, kXDqHalf = 64,
+       kXPers = 128 };
 template <int D> struct default_x {
   enum { value = D >= 128 ? kXDqRed : 0 };
 };
@@ -174,6 +175,12 @@ struct bwd_params {
   int nkb, hkv, nhb, tail_heads, n_full, nsplit;
   float *split_acc;
   int *split_cnt;
+  /* kXPers: the CTAs of the order above (n_ctas: n_full + the split units' parts) walked
+   * by a grid of at most one CTA an SM, CTA i taking i first, then the next by an atomic
+   * add on *work_ctr (zeroed with the split counters); pers_grid: the grid's size
+   * where > 0 (tests: long walks on a small grid), else the SMs (host only) */
+  int n_ctas, pers_grid;
+  int *work_ctr;
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -204,6 +211,56 @@ __device__ __forceinline__ void wg_sync(int c) {
 /* Generic-proxy shared-memory writes (dS^T) made visible to the async proxy (wgmma). */
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/* One CTA's work (bwd_params' order): unit w of the grid -- for a split unit, its part --
+ * as key block kb of kv head kvh of batch b, the query walk [it0, it0 + n_loc) over query
+ * tiles m_lo .. m_hi - 1 (nm of them) x the group's heads, rotated by rot. */
+struct bwd_unit {
+  int unit, part, kvh, b, kbi, kb, m_lo, m_hi, nm, it0, n_loc, rot;
+  bool split;
+  /* The key blocks of a head start their query-tile walk at different tiles, so that the
+   * CTAs running together add into different rows of the dQ accumulator. */
+  __device__ __forceinline__ int tile_of(int it) const {
+    const int r = it % nm + rot;
+    return m_lo + (r >= nm ? r - nm : r);
+  }
+};
+__device__ __forceinline__ bwd_unit bwd_decode(const bwd_params &p, int w, int kBk) {
+  bwd_unit u;
+  u.unit = w;
+  u.part = 0;
+  u.split = w >= p.n_full;
+  if (u.split) {
+    u.part = (w - p.n_full) % p.nsplit;
+    u.unit = p.n_full + (w - p.n_full) / p.nsplit;
+  }
+  int hb;
+  const int n_head_major = (p.nhb - p.tail_heads) * p.nkb;
+  if (u.unit < n_head_major) {
+    hb = u.unit / p.nkb;
+    u.kbi = u.unit % p.nkb;
+  } else {
+    u.kbi = (u.unit - n_head_major) / p.tail_heads;
+    hb = p.nhb - p.tail_heads + (u.unit - n_head_major) % p.tail_heads;
+  }
+  u.kvh = hb % p.hkv;
+  u.b = hb / p.hkv;
+  u.kb = u.kbi * kBk;
+  const int off = p.sk - p.sq;        /* bottom-right alignment of the causal mask */
+  u.m_hi = p.sq_pad / kBq;
+  u.m_lo = 0;
+  if (p.causal) {                     /* queries i < kb - off see no key of the block */
+    const int imin = u.kb - off;
+    u.m_lo = imin <= 0 ? 0 : min(imin / kBq, u.m_hi);
+  }
+  u.nm = u.m_hi - u.m_lo;
+  const int n_it = u.nm * p.group;    /* query tiles x query heads of the group */
+  /* This CTA's part of the walk: [it0, it0 + n_loc) (all of it unless split). */
+  u.it0 = u.split ? (int)((int64_t)u.part * n_it / p.nsplit) : 0;
+  u.n_loc = u.split ? (int)((int64_t)(u.part + 1) * n_it / p.nsplit) - u.it0 : n_it;
+  u.rot = u.nm > 0 ? u.kbi % u.nm : 0;
+  return u;
 }
 
 /* dQ partials: at D = 128 the 64 columns of a consumer over all 128 keys, after a barrier of
@@ -303,43 +360,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t s_bar = s_base + L::bar_off;
   auto bar = [&](int i) { return s_bar + 8u * (uint32_t)i; };
 
-  /* The unit of this CTA and, for a split unit, its part (see bwd_params). */
-  int unit = (int)blockIdx.x, part = 0;
-  const bool split = unit >= p.n_full;
-  if (split) {
-    part = (unit - p.n_full) % p.nsplit;
-    unit = p.n_full + (unit - p.n_full) / p.nsplit;
-  }
-  int hb, kbi;
-  const int n_head_major = (p.nhb - p.tail_heads) * p.nkb;
-  if (unit < n_head_major) {
-    hb = unit / p.nkb;
-    kbi = unit % p.nkb;
-  } else {
-    kbi = (unit - n_head_major) / p.tail_heads;
-    hb = p.nhb - p.tail_heads + (unit - n_head_major) % p.tail_heads;
-  }
-  const int kvh = hb % p.hkv, b = hb / p.hkv;
-  const int kb = kbi * kBk;
+  /* kXPers (D = 64 / 128 with kXDqRed): a persistent grid of at most one CTA an SM, each
+   * walking CTAs of the order (bwd_unit) one after another -- its first blockIdx.x, the
+   * next claimed by the producer with an atomic add while the consumers run the one
+   * before -- with two K / V buffers (the second in the dQ staging tiles, unused with
+   * kXDqRed): the producer loads unit j's K / V while the consumers run unit j - 1, the
+   * Q / dO ring and the dS^T buffers run on across units, and the consumers' start of a
+   * unit (barrier set-up, K / V latency, the CTA launch) leaves the tensor pipe idle no
+   * more. The unit's number goes to the consumers in a shared slot per buffer, published by
+   * the K / V barrier's arrival; -1 ends the walk. Barriers: BAR_KV / BAR_DQF the K / V of
+   * buffer 0 / 1, BAR_DQF + 1 + u their release (every consumer thread arrives once its
+   * unit's last wgmma is done). */
+  constexpr bool PERS = (X & kXPers) != 0;
+  static_assert(!PERS || (RED && !HALF), "kXPers: D = 64 / 128 with kXDqRed");
+  volatile int *unit_slot = (volatile int *)(smem + L::bar_off + 104);
+  auto kv_full = [&](int u) { return bar(u ? BAR_DQF : BAR_KV); };
+  auto kv_free = [&](int u) { return bar(BAR_DQF + 1 + u); };
+  auto kv_base = [&](int u) { return s_base + (u ? (uint32_t)L::dqs_off : (uint32_t)L::k_off); };
   const int off = p.sk - p.sq;        /* bottom-right alignment of the causal mask */
-  const int m_hi = p.sq_pad / kBq;
-  int m_lo = 0;
-  if (p.causal) {                     /* queries i < kb - off see no key of the block */
-    const int imin = kb - off;
-    m_lo = imin <= 0 ? 0 : min(imin / kBq, m_hi);
-  }
-  const int nm = m_hi - m_lo;
-  const int n_it = nm * p.group;      /* query tiles x query heads of the group */
-  /* This CTA's part of the walk: [it0, it0 + n_loc) (all of it unless split). */
-  const int it0 = split ? (int)((int64_t)part * n_it / p.nsplit) : 0;
-  const int n_loc = split ? (int)((int64_t)(part + 1) * n_it / p.nsplit) - it0 : n_it;
-  /* The key blocks of a head start their query-tile walk at different tiles, so that the
-   * CTAs running together add into different rows of the dQ accumulator. */
-  const int rot = nm > 0 ? kbi % nm : 0;
-  auto tile_of = [&](int it) {
-    const int r = it % nm + rot;
-    return m_lo + (r >= nm ? r - nm : r);
-  };
+  /* The CTA's (first) unit, decoded before the producer gives up its registers */
+  const bwd_unit U0 = bwd_decode(p, (int)blockIdx.x, kBk);
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -349,9 +389,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(bar(BAR_FULL + s), 1);
       mbar_init(bar(BAR_EMPTY + s), kEmptyCount);
     }
-    for (int u = 0; u < 4; u++) {
-      mbar_init(bar(BAR_DQF + u), 128);   /* every thread of the consumer arrives */
-      mbar_init(bar(BAR_DQE + u), 1);
+    if constexpr (PERS) {
+      mbar_init(kv_full(1), 1);
+      mbar_init(kv_free(0), 256);
+      mbar_init(kv_free(1), 256);
+    } else {
+      for (int u = 0; u < 4; u++) {
+        mbar_init(bar(BAR_DQF + u), 128);   /* every thread of the consumer arrives */
+        mbar_init(bar(BAR_DQE + u), 1);
+      }
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -360,21 +406,64 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     /* ---------------- producer ---------------- */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (n_loc == 0 || (tid != 0 && tid != 32)) return;
-    if constexpr (RED) {
-      if (tid == 32) return;   /* no dQ writer: the consumers add dQ themselves */
+    if (tid != 0 && (PERS || RED || tid != 32)) return;   /* RED: no dQ writer */
+    /* unit U's K / V into the buffer at kv_dst (barrier kv_bar), then its Q / dO / lse2 /
+     * Dsum stages, tile t of it the tb + t-th of this CTA's walk */
+    auto load_unit = [&](const bwd_unit &U, uint32_t kv_bar, uint32_t kv_dst, int tb) {
+      auto load_tile = [&](uint32_t dst, const CUtensorMap *map, uint32_t br, int row, int rows,
+                           int h) { tma_load_tile<PAD>(dst, map, br, row, rows, h, U.b); };
+      mbar_expect_tx(kv_bar, 2u * L::kv_bytes);
+      load_tile(kv_dst, &tm_k, kv_bar, U.kb, kBk, U.kvh);
+      load_tile(kv_dst + L::kv_bytes, &tm_v, kv_bar, U.kb, kBk, U.kvh);
+      for (int t = 0; t < U.n_loc; t++) {
+        const int it = U.it0 + t, tt = tb + t, s = tt % kStages;
+        mbar_wait(bar(BAR_EMPTY + s), ((tt / kStages) & 1) ^ 1);
+        const int h = U.kvh * p.group + it / U.nm, m = U.tile_of(it);
+        mbar_expect_tx(bar(BAR_FULL + s), 2u * L::q_bytes + 2u * kBq * 4);
+        load_tile(s_base + L::q_off + s * L::q_bytes, &tm_q, bar(BAR_FULL + s), m * kBq, kBq, h);
+        load_tile(s_base + L::do_off + s * L::q_bytes, &tm_do, bar(BAR_FULL + s), m * kBq, kBq,
+                  h);
+        const int64_t row = ((int64_t)U.b * p.hq + h) * p.sq_pad + (int64_t)m * kBq;
+        bulk_load_sh(s_base + L::lse_off + s * kBq * 4, p.lse2 + row, kBq * 4,
+                     bar(BAR_FULL + s));
+        bulk_load_sh(s_base + L::dsum_off + s * kBq * 4, p.dsum + row, kBq * 4,
+                     bar(BAR_FULL + s));
+      }
+    };
+    if constexpr (PERS) {
+      int w = (int)blockIdx.x, tb = 0;
+      for (int j = 0;; j++) {
+        const int u = j & 1;
+        if (j >= 2) mbar_wait(kv_free(u), ((j >> 1) - 1) & 1);   /* unit j - 2 is done */
+        if (j > 0) w = (int)gridDim.x + atomicAdd(p.work_ctr, 1);
+        unit_slot[u] = w < p.n_ctas ? w : -1;   /* published by the arrival below */
+        if (w >= p.n_ctas) {
+          mbar_arrive(kv_full(u));
+          break;
+        }
+        const bwd_unit U = bwd_decode(p, w, kBk);
+        if (U.n_loc == 0) {
+          mbar_arrive(kv_full(u));
+          continue;
+        }
+        load_unit(U, kv_full(u), kv_base(u), tb);
+        tb += U.n_loc;
+      }
+      return;
     }
+    const bwd_unit &U = U0;
+    if (U.n_loc == 0) return;
     if (tid == 32) {
       /* ---- dQ writer: consumer c's partial of query tile it, buffer it & 1, into the
        * accumulator's tile [b][h][m][D / 64] in fragment order (see bwd_dq_kernel) ---- */
-      for (int t = 0; t < n_loc; t++) {
-        const int it = it0 + t;
-        const int h = kvh * p.group + it / nm, m = tile_of(it), u = t & 1;
+      for (int t = 0; t < U.n_loc; t++) {
+        const int it = U.it0 + t;
+        const int h = U.kvh * p.group + it / U.nm, m = U.tile_of(it), u = t & 1;
 #pragma unroll
         for (int c = 0; c < 2; c++) {
           mbar_wait(bar(BAR_DQF + 2 * c + u), (t >> 1) & 1);
           const int64_t tile =
-              (((int64_t)b * p.hq + h) * m_hi + m) * (D / 64) + (D == 128 ? c : 0);
+              (((int64_t)U.b * p.hq + h) * U.m_hi + m) * (D / 64) + (D == 128 ? c : 0);
           bulk_reduce_add(p.dq_acc + tile * kDqTile,
                           s_base + L::dqs_off + (2 * c + u) * kDqTile * 4, kDqTile * 4);
           asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -384,22 +473,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
       return;
     }
-    auto load_tile = [&](uint32_t dst, const CUtensorMap *map, uint32_t br, int row, int rows,
-                         int h) { tma_load_tile<PAD>(dst, map, br, row, rows, h, b); };
-    mbar_expect_tx(bar(BAR_KV), 2u * L::kv_bytes);
-    load_tile(s_base + L::k_off, &tm_k, bar(BAR_KV), kb, kBk, kvh);
-    load_tile(s_base + L::v_off, &tm_v, bar(BAR_KV), kb, kBk, kvh);
-    for (int t = 0; t < n_loc; t++) {
-      const int it = it0 + t, s = t % kStages;
-      mbar_wait(bar(BAR_EMPTY + s), ((t / kStages) & 1) ^ 1);
-      const int h = kvh * p.group + it / nm, m = tile_of(it);
-      mbar_expect_tx(bar(BAR_FULL + s), 2u * L::q_bytes + 2u * kBq * 4);
-      load_tile(s_base + L::q_off + s * L::q_bytes, &tm_q, bar(BAR_FULL + s), m * kBq, kBq, h);
-      load_tile(s_base + L::do_off + s * L::q_bytes, &tm_do, bar(BAR_FULL + s), m * kBq, kBq, h);
-      const int64_t row = ((int64_t)b * p.hq + h) * p.sq_pad + (int64_t)m * kBq;
-      bulk_load_sh(s_base + L::lse_off + s * kBq * 4, p.lse2 + row, kBq * 4, bar(BAR_FULL + s));
-      bulk_load_sh(s_base + L::dsum_off + s * kBq * 4, p.dsum + row, kBq * 4, bar(BAR_FULL + s));
-    }
+    load_unit(U, bar(BAR_KV), kv_base(0), 0);
     return;
   }
 
@@ -409,326 +483,352 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int t128 = tid % 128;
   const int warp = t128 / 32, lane = t128 % 32, g = lane / 4, q4 = lane % 4;
   const float cl2 = p.scale_log2;
-  const int key0 = kb + (HALF ? 0 : c * 64) + warp * 16 + g;   /* keys key0, key0 + 8 */
-  float dk[NA], dv[NA];
-#pragma unroll
-  for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
-
-  if (n_loc > 0) mbar_wait(bar(BAR_KV), 0);
-  const uint32_t k_base = s_base + L::k_off, v_base = s_base + L::v_off;
-  /* This WG's 64 rows of K / V as the K-major A operand of S^T / dP^T. */
-  const uint32_t krow = HALF ? 0u : (uint32_t)c * 64 * 128;
-  const uint64_t ka_desc = make_desc(k_base + krow, 16, 1024);
-  const uint64_t va_desc = make_desc(v_base + krow, 16, 1024);
-  /* kXKvRs: the A fragments of this warp's 16 keys (rows krow / 128 + 16 warp ..) over the 4
-   * k-steps of 16 columns, kf[4 kk + r] as the m16n8k16 A fragment (r: rows + 8 (r & 1),
-   * columns + 8 (r >> 1)); ldmatrix.x4 lane l addresses row l % 8 + 8 ((l >> 3) & 1) of
-   * the warp's 16 and 16-byte chunk 2 kk + (l >> 4), stored at chunk ^ (row & 7) (128B
-   * swizzle; the tile is 1024-byte aligned) */
-  uint32_t kf[KVRS ? 16 : 1], vf[KVRS ? 16 : 1];
-  if constexpr (KVRS) {
-    if (n_loc > 0) {
-      const uint32_t r = krow / 128 + warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
-#pragma unroll
-      for (int kk = 0; kk < 4; kk++) {
-        const uint32_t o = r * 128 + (((2 * kk + (lane >> 4)) ^ (r & 7)) << 4);
-        ldsm_x4(&kf[4 * kk], k_base + o);
-        ldsm_x4(&vf[4 * kk], v_base + o);
-      }
+  int tb = 0;   /* tiles of the CTA's walk before this unit (kXPers; else 0) */
+  for (int j = 0; PERS || j == 0; j++) {   /* kXPers: unit after unit; else once */
+    const int ub = PERS ? (j & 1) : 0;   /* the unit's K / V buffer */
+    int w = (int)blockIdx.x;
+    if constexpr (PERS) {
+      mbar_wait(kv_full(ub), (j >> 1) & 1);
+      w = unit_slot[ub];
+      if (w < 0) break;
     }
-  }
-  /* HALF: the consumer's columns of dO / Q (B of dV / dK): 64-column blocks 2c, 2c + 1 */
-  const uint32_t bcol = HALF ? (uint32_t)c * (DW / 64) * (kBq * 128) : 0u;
-
-  for (int t = 0; t < n_loc; t++) {
-    const int s = t % kStages;
-    const int i0 = tile_of(it0 + t) * kBq;   /* the query head (it / nm) matters only to the loads */
-    const uint32_t q_base = s_base + L::q_off + s * L::q_bytes;
-    const uint32_t do_base = s_base + L::do_off + s * L::q_bytes;
-    mbar_wait(bar(BAR_FULL + s), (t / kStages) & 1);
-
-    /* S^T = K Q^T and dP^T = V dO^T: [64 keys x 64 queries], K-major operands. */
-    float st[32], dpt[32];
-    /* acc [64 x 64] = A B^T over D, A this WG's 64 rows of K or V, B a [64][D] stage. */
-    auto gemm_kmajor = [&](float *acc, uint64_t a_desc, uint32_t *af, uint32_t b_base) {
-      const uint64_t b_desc = make_desc(b_base, 16, 1024);
-#pragma unroll
-      for (int kk = 0; kk < KST; kk++) {
-        const uint32_t oa = (kk / 4) * (kBk * 128) + (kk % 4) * 32;
-        const uint32_t ob = (kk / 4) * (kBq * 128) + (kk % 4) * 32;
-        if constexpr (KVRS)
-          wgmma_rs_k<64, F16>::run(acc, &af[4 * kk], b_desc + (ob >> 4), kk > 0);
-        else
-          wgmma_ss<64, F16>::run(acc, a_desc + (oa >> 4), b_desc + (ob >> 4), kk > 0);
-      }
-      wgmma_commit();
+    const bwd_unit U = PERS ? bwd_decode(p, w, kBk) : U0;
+    const int unit = U.unit, kvh = U.kvh, b = U.b, kb = U.kb, m_hi = U.m_hi, nm = U.nm;
+    const int it0 = U.it0, n_loc = U.n_loc;
+    const bool split = U.split;
+    const int m_lo = U.m_lo, rot = U.rot;
+    auto tile_of = [&](int it) {
+      const int r = it % nm + rot;
+      return m_lo + (r >= nm ? r - nm : r);
     };
-    wgmma_fence();
-    gemm_kmajor(st, ka_desc, kf, q_base);
-    gemm_kmajor(dpt, va_desc, vf, do_base);
-    /* Accumulator element i: key key0 + 8 ((i >> 1) & 1), query i0 + 8 (i >> 2) + 2 q4 + (i & 1). */
-    const float *lse_s = (const float *)(smem + L::lse_off + s * kBq * 4);
-    const float *dsum_s = (const float *)(smem + L::dsum_off + s * kBq * 4);
-    const bool mask = (p.causal && kb + kBk - 1 > i0 + off) || kb + kBk > p.sk;
-    wgmma_wait<1>();
-    reg_fence<32>(st);
+    (void)m_hi;
+    const int key0 = kb + (HALF ? 0 : c * 64) + warp * 16 + g;   /* keys key0, key0 + 8 */
+    float dk[NA], dv[NA];
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const float2 l = *(const float2 *)(lse_s + 8 * j + 2 * q4);
+    for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
+
+    if (!PERS && n_loc > 0) mbar_wait(bar(BAR_KV), 0);   /* kXPers: waited for above */
+    const uint32_t k_base = kv_base(ub), v_base = k_base + L::kv_bytes;
+    /* This WG's 64 rows of K / V as the K-major A operand of S^T / dP^T. */
+    const uint32_t krow = HALF ? 0u : (uint32_t)c * 64 * 128;
+    const uint64_t ka_desc = make_desc(k_base + krow, 16, 1024);
+    const uint64_t va_desc = make_desc(v_base + krow, 16, 1024);
+    /* kXKvRs: the A fragments of this warp's 16 keys (rows krow / 128 + 16 warp ..) over the 4
+     * k-steps of 16 columns, kf[4 kk + r] as the m16n8k16 A fragment (r: rows + 8 (r & 1),
+     * columns + 8 (r >> 1)); ldmatrix.x4 lane l addresses row l % 8 + 8 ((l >> 3) & 1) of
+     * the warp's 16 and 16-byte chunk 2 kk + (l >> 4), stored at chunk ^ (row & 7) (128B
+     * swizzle; the tile is 1024-byte aligned) */
+    uint32_t kf[KVRS ? 16 : 1], vf[KVRS ? 16 : 1];
+    if constexpr (KVRS) {
+      if (n_loc > 0) {
+        const uint32_t r = krow / 128 + warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int i = 4 * j + e;
-        st[i] = ex2(fmaf(st[i], cl2, -((e & 1) ? l.y : l.x)));
-        if (mask) {
-          const int key = key0 + 8 * (e >> 1), q = i0 + 8 * j + 2 * q4 + (e & 1);
-          if (key >= p.sk || (p.causal && key > q + off)) st[i] = 0.f;
+        for (int kk = 0; kk < 4; kk++) {
+          const uint32_t o = r * 128 + (((2 * kk + (lane >> 4)) ^ (r & 7)) << 4);
+          ldsm_x4(&kf[4 * kk], k_base + o);
+          ldsm_x4(&vf[4 * kk], v_base + o);
         }
       }
     }
-    uint32_t pp[16], pds[16];
-    /* dO as the MN-major B of dV += P^T dO, Q as that of dK += dS^T Q ([64 queries][D]). */
-    const uint64_t dob = make_desc(do_base + bcol, kBq * 128, 1024);
-    const uint64_t qb = make_desc(q_base + bcol, kBq * 128, 1024);
-    auto issue_dv = [&] {
+    /* HALF: the consumer's columns of dO / Q (B of dV / dK): 64-column blocks 2c, 2c + 1 */
+    const uint32_t bcol = HALF ? (uint32_t)c * (DW / 64) * (kBq * 128) : 0u;
+
+    for (int t = 0; t < n_loc; t++) {
+      const int tt = (PERS ? tb : 0) + t, s = tt % kStages;   /* the CTA's tt-th tile */
+      const int i0 = tile_of(it0 + t) * kBq;   /* the query head (it / nm) matters only to the loads */
+      const uint32_t q_base = s_base + L::q_off + s * L::q_bytes;
+      const uint32_t do_base = s_base + L::do_off + s * L::q_bytes;
+      mbar_wait(bar(BAR_FULL + s), (tt / kStages) & 1);
+
+      /* S^T = K Q^T and dP^T = V dO^T: [64 keys x 64 queries], K-major operands. */
+      float st[32], dpt[32];
+      /* acc [64 x 64] = A B^T over D, A this WG's 64 rows of K or V, B a [64][D] stage. */
+      auto gemm_kmajor = [&](float *acc, uint64_t a_desc, uint32_t *af, uint32_t b_base) {
+        const uint64_t b_desc = make_desc(b_base, 16, 1024);
 #pragma unroll
-      for (int kk = 0; kk < kBq / 16; kk++)
-        wgmma_rs<NKV, F16>::run(dv, &pp[4 * kk], dob + ((kk * 2048) >> 4), 1);
-    };
-    auto issue_dk = [&] {
-#pragma unroll
-      for (int kk = 0; kk < kBq / 16; kk++)
-        wgmma_rs<NKV, F16>::run(dk, &pds[4 * kk], qb + ((kk * 2048) >> 4), 1);
-    };
-    if (DV_EARLY) {
-      /* dV += P^T dO issued as soon as P^T is packed, under dP^T: the tensor pipe runs it
-       * while this thread waits for dP^T and computes dS^T. */
-#pragma unroll
-      for (int i = 0; i < 16; i++) pp[i] = pack2<F16>(st[2 * i], st[2 * i + 1]);
-      wgmma_fence();
-      issue_dv();
-      wgmma_commit();
-      wgmma_wait<1>();   /* dP^T (dV may still run) */
-    } else {
-      wgmma_wait<0>();
-    }
-    reg_fence<32>(dpt);
-    if constexpr (KVRS) {   /* S^T's and dP^T's register operands read by now */
-      reg_fence<16>(kf);
-      reg_fence<16>(vf);
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const float2 dd = *(const float2 *)(dsum_s + 8 * j + 2 * q4);
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int i = 4 * j + e;
-        dpt[i] = st[i] * (dpt[i] - ((e & 1) ? dd.y : dd.x));
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-      if (!DV_EARLY) pp[i] = pack2<F16>(st[2 * i], st[2 * i + 1]);
-      pds[i] = pack2<F16>(dpt[2 * i], dpt[2 * i + 1]);
-    }
-    /* dS^T into buffer it & 1: [kBk keys][64 queries], 128 B rows, 128B swizzle (16-byte
-     * chunk j of row r at chunk j ^ (r & 7)). pds[2 j + hh]: key row 8 hh, queries 8 j + 2 q4.
-     * DSOWN: into the consumer's own pair of buffers (2 c + (it & 1)). */
-    {
-      uint8_t *dsb = smem + L::ds_off + ((DSOWN ? 2 * c : 0) + (t & 1)) * L::ds_bytes;
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-          const int r = (HALF ? 0 : c * 64) + warp * 16 + g + 8 * hh;
-          *(uint32_t *)(dsb + r * 128 + ((j ^ (r & 7)) << 4) + 4 * q4) = pds[2 * j + hh];
-        }
-    }
-    if (!DV_EARLY) {
-      /* dV += P^T dO, dK += dS^T Q: B = dO / Q [64 queries][D], MN-major. */
-      wgmma_fence();
-      issue_dv();
-      issue_dk();
-      wgmma_commit();
-    }
-    fence_proxy_async();
-    if (!OWN && !DSOWN) {
-      named_sync(kDsBar, 256);
-    } else {   /* only this WG's rows (OWN) or copy (DSOWN) of dS^T are read, by this WG */
-      wg_sync(c);
-    }
-    /* dQ_part [64 queries x NQ columns] = dS K: A = dS^T buffer (MN-major), B = K (MN-major):
-     * the WG's 64 columns over all 128 keys, or (OWN) all columns over its 64 keys, or
-     * (HALF) its 128 columns over the 64 keys in two chunks of 64 (the second after dK: the
-     * first chunk's registers are free by then; 192 live accumulators at most). */
-    /* The dQ staging buffer of this tile is free once the writer has read its previous
-     * contents (waited for here, before dq is live: fewer registers across the wait). */
-    if constexpr (!RED) mbar_wait(bar(BAR_DQE + 2 * c + (t & 1)), ((t >> 1) & 1) ^ 1);
-    /* One chunk of dQ at NQC columns (kXDq32: consumer 1's is 32, see the enum). */
-    auto dq_chunk = [&](const int ch, auto nqc) {
-      constexpr int NQC = decltype(nqc)::value;
-      /* the 64-column block of dQ this chunk adds to */
-      const int cb = HALF ? 2 * c + ch : (OWN || DQH) ? 0 : c;
-      float dq[NQC / 2];
-      {
-        const uint32_t ds_base =
-            s_base + L::ds_off + ((DSOWN ? 2 * c : 0) + (t & 1)) * L::ds_bytes;
-        constexpr int NK = OWN ? 64 / 16 : kBk / 16;
-        const int k16_0 = OWN ? c * 4 : 0;
-        /* (kXDqHalf: consumer c's 32 columns start 64 c bytes into the 128-byte rows) */
-        const uint32_t kcol = (uint32_t)cb * (kBk * 128) + (DQH ? (uint32_t)c * 64u : 0u);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < NK; kk++) {
-          const uint32_t o = (uint32_t)(k16_0 + kk) * 2048;
-          wgmma_ss_t<NQC, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
-                                   make_desc(k_base + kcol + o, kBk * 128, 1024), kk > 0);
+        for (int kk = 0; kk < KST; kk++) {
+          const uint32_t oa = (kk / 4) * (kBk * 128) + (kk % 4) * 32;
+          const uint32_t ob = (kk / 4) * (kBq * 128) + (kk % 4) * 32;
+          if constexpr (KVRS)
+            wgmma_rs_k<64, F16>::run(acc, &af[4 * kk], b_desc + (ob >> 4), kk > 0);
+          else
+            wgmma_ss<64, F16>::run(acc, a_desc + (oa >> 4), b_desc + (ob >> 4), kk > 0);
         }
         wgmma_commit();
+      };
+      wgmma_fence();
+      gemm_kmajor(st, ka_desc, kf, q_base);
+      gemm_kmajor(dpt, va_desc, vf, do_base);
+      /* Accumulator element i: key key0 + 8 ((i >> 1) & 1), query i0 + 8 (i >> 2) + 2 q4 + (i & 1). */
+      const float *lse_s = (const float *)(smem + L::lse_off + s * kBq * 4);
+      const float *dsum_s = (const float *)(smem + L::dsum_off + s * kBq * 4);
+      const bool mask = (p.causal && kb + kBk - 1 > i0 + off) || kb + kBk > p.sk;
+      wgmma_wait<1>();
+      reg_fence<32>(st);
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const float2 l = *(const float2 *)(lse_s + 8 * j + 2 * q4);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int i = 4 * j + e;
+          st[i] = ex2(fmaf(st[i], cl2, -((e & 1) ? l.y : l.x)));
+          if (mask) {
+            const int key = key0 + 8 * (e >> 1), q = i0 + 8 * j + 2 * q4 + (e & 1);
+            if (key >= p.sk || (p.causal && key > q + off)) st[i] = 0.f;
+          }
+        }
+      }
+      uint32_t pp[16], pds[16];
+      /* dO as the MN-major B of dV += P^T dO, Q as that of dK += dS^T Q ([64 queries][D]). */
+      const uint64_t dob = make_desc(do_base + bcol, kBq * 128, 1024);
+      const uint64_t qb = make_desc(q_base + bcol, kBq * 128, 1024);
+      auto issue_dv = [&] {
+#pragma unroll
+        for (int kk = 0; kk < kBq / 16; kk++)
+          wgmma_rs<NKV, F16>::run(dv, &pp[4 * kk], dob + ((kk * 2048) >> 4), 1);
+      };
+      auto issue_dk = [&] {
+#pragma unroll
+        for (int kk = 0; kk < kBq / 16; kk++)
+          wgmma_rs<NKV, F16>::run(dk, &pds[4 * kk], qb + ((kk * 2048) >> 4), 1);
+      };
+      if (DV_EARLY) {
+        /* dV += P^T dO issued as soon as P^T is packed, under dP^T: the tensor pipe runs it
+         * while this thread waits for dP^T and computes dS^T. */
+#pragma unroll
+        for (int i = 0; i < 16; i++) pp[i] = pack2<F16>(st[2 * i], st[2 * i + 1]);
+        wgmma_fence();
+        issue_dv();
+        wgmma_commit();
+        wgmma_wait<1>();   /* dP^T (dV may still run) */
+      } else {
+        wgmma_wait<0>();
+      }
+      reg_fence<32>(dpt);
+      if constexpr (KVRS) {   /* S^T's and dP^T's register operands read by now */
+        reg_fence<16>(kf);
+        reg_fence<16>(vf);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const float2 dd = *(const float2 *)(dsum_s + 8 * j + 2 * q4);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int i = 4 * j + e;
+          dpt[i] = st[i] * (dpt[i] - ((e & 1) ? dd.y : dd.x));
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 16; i++) {
+        if (!DV_EARLY) pp[i] = pack2<F16>(st[2 * i], st[2 * i + 1]);
+        pds[i] = pack2<F16>(dpt[2 * i], dpt[2 * i + 1]);
+      }
+      /* dS^T into buffer it & 1: [kBk keys][64 queries], 128 B rows, 128B swizzle (16-byte
+       * chunk j of row r at chunk j ^ (r & 7)). pds[2 j + hh]: key row 8 hh, queries 8 j + 2 q4.
+       * DSOWN: into the consumer's own pair of buffers (2 c + (it & 1)). */
+      {
+        uint8_t *dsb = smem + L::ds_off + ((DSOWN ? 2 * c : 0) + (tt & 1)) * L::ds_bytes;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+          for (int hh = 0; hh < 2; hh++) {
+            const int r = (HALF ? 0 : c * 64) + warp * 16 + g + 8 * hh;
+            *(uint32_t *)(dsb + r * 128 + ((j ^ (r & 7)) << 4) + 4 * q4) = pds[2 * j + hh];
+          }
+      }
+      if (!DV_EARLY) {
+        /* dV += P^T dO, dK += dS^T Q: B = dO / Q [64 queries][D], MN-major. */
+        wgmma_fence();
+        issue_dv();
+        issue_dk();
+        wgmma_commit();
+      }
+      fence_proxy_async();
+      if (!OWN && !DSOWN) {
+        named_sync(kDsBar, 256);
+      } else {   /* only this WG's rows (OWN) or copy (DSOWN) of dS^T are read, by this WG */
+        wg_sync(c);
+      }
+      /* dQ_part [64 queries x NQ columns] = dS K: A = dS^T buffer (MN-major), B = K (MN-major):
+       * the WG's 64 columns over all 128 keys, or (OWN) all columns over its 64 keys, or
+       * (HALF) its 128 columns over the 64 keys in two chunks of 64 (the second after dK: the
+       * first chunk's registers are free by then; 192 live accumulators at most). */
+      /* The dQ staging buffer of this tile is free once the writer has read its previous
+       * contents (waited for here, before dq is live: fewer registers across the wait). */
+      if constexpr (!RED) mbar_wait(bar(BAR_DQE + 2 * c + (t & 1)), ((t >> 1) & 1) ^ 1);
+      /* One chunk of dQ at NQC columns (kXDq32: consumer 1's is 32, see the enum). */
+      auto dq_chunk = [&](const int ch, auto nqc) {
+        constexpr int NQC = decltype(nqc)::value;
+        /* the 64-column block of dQ this chunk adds to */
+        const int cb = HALF ? 2 * c + ch : (OWN || DQH) ? 0 : c;
+        float dq[NQC / 2];
+        {
+          const uint32_t ds_base =
+              s_base + L::ds_off + ((DSOWN ? 2 * c : 0) + (tt & 1)) * L::ds_bytes;
+          constexpr int NK = OWN ? 64 / 16 : kBk / 16;
+          const int k16_0 = OWN ? c * 4 : 0;
+          /* (kXDqHalf: consumer c's 32 columns start 64 c bytes into the 128-byte rows) */
+          const uint32_t kcol = (uint32_t)cb * (kBk * 128) + (DQH ? (uint32_t)c * 64u : 0u);
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < NK; kk++) {
+            const uint32_t o = (uint32_t)(k16_0 + kk) * 2048;
+            wgmma_ss_t<NQC, F16>::run(dq, make_desc(ds_base + o, kBk * 128, 1024),
+                                     make_desc(k_base + kcol + o, kBk * 128, 1024), kk > 0);
+          }
+          wgmma_commit();
+        }
+        if (DV_EARLY) {
+          if (ch == 0) {
+            /* dK += dS^T Q after dQ: the dQ partial's stores (or reductions) below run under
+             * it. */
+            issue_dk();
+            wgmma_commit();
+            wgmma_wait<1>();   /* dV and dQ (dK may still run) */
+          } else {
+            wgmma_wait<0>();   /* HALF's second chunk (and dK) */
+          }
+          reg_fence<NQC / 2>(dq);
+        } else {
+          wgmma_wait<0>();
+          reg_fence<NA>(dk);
+          reg_fence<NA>(dv);
+          reg_fence<NQC / 2>(dq);
+          reg_fence<16>(pp);
+          reg_fence<16>(pds);
+          /* Release the stage (Q, dO, lse2, Dsum; D >= 128: after dK, below): every consumer
+           * thread arrives, since an arrive releases only the executing thread's own prior
+           * accesses (its lse2 / Dsum reads of the stage) to the producer's next bulk copy.
+           * Lane 0 of each warp arriving after a __syncwarp, or thread 0 of each warpgroup
+           * after its named barrier, left compute-sanitizer racecheck reporting WAR hazards
+           * between those reads and the bulk copy (run of 2026-11-30). */
+          mbar_arrive(bar(BAR_EMPTY + s));
+        }
+        /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) into
+         * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy
+         * writes visible to the bulk reduce-add (async proxy). */
+        if constexpr (RED) {
+          /* kXDqRed: the same fragment order straight into the accumulator's tile (as the dQ
+           * writer's, see there): float4 j of thread t128 at float 512 j + 4 t128. */
+          const int h = kvh * p.group + (it0 + t) / nm;
+          float *acc =
+              p.dq_acc +
+              ((((int64_t)b * p.hq + h) * m_hi + i0 / kBq) * (D / 64) + cb) * kDqTile + 4 * t128;
+#pragma unroll
+          for (int j = 0; j < NQC / 8; j++)
+            /* (kXDqHalf: consumer c's columns 32 c .. are float4 chunks 4 c .. of the tile) */
+            red_add_v4(acc + 512 * (j + (DQH ? 4 * c : 0)), dq[4 * j], dq[4 * j + 1], dq[4 * j + 2],
+                       dq[4 * j + 3]);
+        } else {
+          const int u = 2 * c + (t & 1);
+          float4 *stg = (float4 *)(smem + L::dqs_off + u * kDqTile * 4);
+#pragma unroll
+          for (int j = 0; j < 8; j++)
+            stg[j * 128 + t128] =
+                make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+          fence_proxy_async();
+          mbar_arrive(bar(BAR_DQF + u));
+        }
+      };
+#pragma unroll
+      for (int ch = 0; ch < NCH; ch++) {
+        if constexpr (DQ32) {
+          if (c == 1)
+            dq_chunk(ch, std::integral_constant<int, 32>{});
+          else
+            dq_chunk(ch, std::integral_constant<int, NQ>{});
+        } else {
+          dq_chunk(ch, std::integral_constant<int, NQ>{});
+        }
       }
       if (DV_EARLY) {
-        if (ch == 0) {
-          /* dK += dS^T Q after dQ: the dQ partial's stores (or reductions) below run under
-           * it. */
-          issue_dk();
-          wgmma_commit();
-          wgmma_wait<1>();   /* dV and dQ (dK may still run) */
-        } else {
-          wgmma_wait<0>();   /* HALF's second chunk (and dK) */
-        }
-        reg_fence<NQC / 2>(dq);
-      } else {
         wgmma_wait<0>();
         reg_fence<NA>(dk);
         reg_fence<NA>(dv);
-        reg_fence<NQC / 2>(dq);
         reg_fence<16>(pp);
         reg_fence<16>(pds);
-        /* Release the stage (Q, dO, lse2, Dsum; D >= 128: after dK, below): every consumer
-         * thread arrives, since an arrive releases only the executing thread's own prior
-         * accesses (its lse2 / Dsum reads of the stage) to the producer's next bulk copy.
-         * Lane 0 of each warp arriving after a __syncwarp, or thread 0 of each warpgroup
-         * after its named barrier, left compute-sanitizer racecheck reporting WAR hazards
-         * between those reads and the bulk copy (run of 2026-11-30). */
-        mbar_arrive(bar(BAR_EMPTY + s));
-      }
-      /* The partial in fragment order (float4 j of thread t at [j][t]: conflict-free) into
-       * staging buffer it & 1 (free: waited for above); the fence makes the generic-proxy
-       * writes visible to the bulk reduce-add (async proxy). */
-      if constexpr (RED) {
-        /* kXDqRed: the same fragment order straight into the accumulator's tile (as the dQ
-         * writer's, see there): float4 j of thread t128 at float 512 j + 4 t128. */
-        const int h = kvh * p.group + (it0 + t) / nm;
-        float *acc =
-            p.dq_acc +
-            ((((int64_t)b * p.hq + h) * m_hi + i0 / kBq) * (D / 64) + cb) * kDqTile + 4 * t128;
-#pragma unroll
-        for (int j = 0; j < NQC / 8; j++)
-          /* (kXDqHalf: consumer c's columns 32 c .. are float4 chunks 4 c .. of the tile) */
-          red_add_v4(acc + 512 * (j + (DQH ? 4 * c : 0)), dq[4 * j], dq[4 * j + 1], dq[4 * j + 2],
-                     dq[4 * j + 3]);
-      } else {
-        const int u = 2 * c + (t & 1);
-        float4 *stg = (float4 *)(smem + L::dqs_off + u * kDqTile * 4);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-          stg[j * 128 + t128] =
-              make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-        fence_proxy_async();
-        mbar_arrive(bar(BAR_DQF + u));
-      }
-    };
-#pragma unroll
-    for (int ch = 0; ch < NCH; ch++) {
-      if constexpr (DQ32) {
-        if (c == 1)
-          dq_chunk(ch, std::integral_constant<int, 32>{});
-        else
-          dq_chunk(ch, std::integral_constant<int, NQ>{});
-      } else {
-        dq_chunk(ch, std::integral_constant<int, NQ>{});
+        mbar_arrive(bar(BAR_EMPTY + s));   /* as in the D = 64 branch above */
       }
     }
-    if (DV_EARLY) {
-      wgmma_wait<0>();
-      reg_fence<NA>(dk);
-      reg_fence<NA>(dv);
-      reg_fence<16>(pp);
-      reg_fence<16>(pds);
-      mbar_arrive(bar(BAR_EMPTY + s));   /* as in the D = 64 branch above */
-    }
-  }
 
-  /* ---------------- epilogue: dK = scale dS^T Q, dV ---------------- */
-  if (split) {
-    /* Add this part's dK / dV into the unit's fp32 sums ([dk | dv][c][NA / 4][128] float4,
-     * coalesced), count the part; the last part to arrive reads the sums back and stores.
-     * Ordering (PTX memory model, as CUTLASS's semaphore): the barrier orders every
-     * consumer's adds before the counting thread's fence, and that fence with the counter
-     * add is a release, cumulative over them; the counter add with the fence after it is
-     * the acquire, which the second barrier orders before every consumer's reads (a fence
-     * in each thread instead makes no release / acquire pattern with another thread's
-     * counter add). Sums and counters: zeroed by the accumulator's memset before every
-     * call (graph replays included). */
-    float4 *acc = (float4 *)(p.split_acc + (int64_t)(unit - p.n_full) * (2 * kBk * D));
-    float4 *ak = acc + c * (NA / 4) * 128 + t128, *av = ak + kBk * D / 4;
-#pragma unroll
-    for (int j = 0; j < NA / 4; j++) {
-      atomicAdd(ak + j * 128, make_float4(dk[4 * j], dk[4 * j + 1], dk[4 * j + 2], dk[4 * j + 3]));
-      atomicAdd(av + j * 128, make_float4(dv[4 * j], dv[4 * j + 1], dv[4 * j + 2], dv[4 * j + 3]));
+    /* kXPers: this unit's K / V buffer is free (every wgmma reading it is done) */
+    if constexpr (PERS) {
+      mbar_arrive(kv_free(ub));
+      tb += n_loc;
     }
-    named_sync(kDsBar, 256);
-    volatile int *last = (volatile int *)(smem + L::bar_off + 120);
-    if (t128 == 0 && c == 0) {
-      __threadfence();
-      const int before = atomicAdd(p.split_cnt + (unit - p.n_full), 1);
-      __threadfence();
-      *last = before == p.nsplit - 1;
-    }
-    named_sync(kDsBar, 256);
-    if (!*last) return;
+
+    /* ---------------- epilogue: dK = scale dS^T Q, dV ---------------- */
+    if (split) {
+      /* Add this part's dK / dV into the unit's fp32 sums ([dk | dv][c][NA / 4][128] float4,
+       * coalesced), count the part; the last part to arrive reads the sums back and stores.
+       * Ordering (PTX memory model, as CUTLASS's semaphore): the barrier orders every
+       * consumer's adds before the counting thread's fence, and that fence with the counter
+       * add is a release, cumulative over them; the counter add with the fence after it is
+       * the acquire, which the second barrier orders before every consumer's reads (a fence
+       * in each thread instead makes no release / acquire pattern with another thread's
+       * counter add). Sums and counters: zeroed by the accumulator's memset before every
+       * call (graph replays included). */
+      float4 *acc = (float4 *)(p.split_acc + (int64_t)(unit - p.n_full) * (2 * kBk * D));
+      float4 *ak = acc + c * (NA / 4) * 128 + t128, *av = ak + kBk * D / 4;
 #pragma unroll
-    for (int j = 0; j < NA / 4; j++) {
-      const float4 x = __ldcg(ak + j * 128), y = __ldcg(av + j * 128);
-      dk[4 * j] = x.x, dk[4 * j + 1] = x.y, dk[4 * j + 2] = x.z, dk[4 * j + 3] = x.w;
-      dv[4 * j] = y.x, dv[4 * j + 1] = y.y, dv[4 * j + 2] = y.z, dv[4 * j + 3] = y.w;
-    }
-  }
-  if constexpr (ST16) {
-    /* kXSt16: sm90_common.cuh's quad_transpose_row / store_row16 (the transpose before the
-     * key test: every lane) */
-    const int col0 = HALF ? c * DW : 0;   /* the consumer's first column */
-    T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + col0;
-    T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs + col0;
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      uint32_t wk[DW / 8], wv[DW / 8];
-#pragma unroll
-      for (int j = 0; j < DW / 8; j++) {   /* (N96: the groups past 96 columns are 0) */
-        const int i = (4 * j + 2 * hh) % NA;
-        wk[j] = 4 * j < NA ? pack2<F16>(dk[i] * p.scale, dk[i + 1] * p.scale) : 0u;
-        wv[j] = 4 * j < NA ? pack2<F16>(dv[i], dv[i + 1]) : 0u;
+      for (int j = 0; j < NA / 4; j++) {
+        atomicAdd(ak + j * 128, make_float4(dk[4 * j], dk[4 * j + 1], dk[4 * j + 2], dk[4 * j + 3]));
+        atomicAdd(av + j * 128, make_float4(dv[4 * j], dv[4 * j + 1], dv[4 * j + 2], dv[4 * j + 3]));
       }
-      quad_transpose_row(wk, q4);
-      quad_transpose_row(wv, q4);
-      const int key = key0 + 8 * hh;
-      if (key >= p.sk) continue;
-      store_row16<DST>(dkp + (int64_t)key * p.dk_ts, wk, q4);
-      store_row16<DST>(dvp + (int64_t)key * p.dv_ts, wv, q4);
+      named_sync(kDsBar, 256);
+      volatile int *last = (volatile int *)(smem + L::bar_off + 120);
+      if (t128 == 0 && c == 0) {
+        __threadfence();
+        const int before = atomicAdd(p.split_cnt + (unit - p.n_full), 1);
+        __threadfence();
+        *last = before == p.nsplit - 1;
+      }
+      named_sync(kDsBar, 256);
+      if (!*last) continue;
+#pragma unroll
+      for (int j = 0; j < NA / 4; j++) {
+        const float4 x = __ldcg(ak + j * 128), y = __ldcg(av + j * 128);
+        dk[4 * j] = x.x, dk[4 * j + 1] = x.y, dk[4 * j + 2] = x.z, dk[4 * j + 3] = x.w;
+        dv[4 * j] = y.x, dv[4 * j + 1] = y.y, dv[4 * j + 2] = y.z, dv[4 * j + 3] = y.w;
+      }
     }
-  } else {
-    const int col0 = (HALF ? c * DW : 0) + 2 * q4;
-    T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + col0;
-    T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs + col0;
+    if constexpr (ST16) {
+      /* kXSt16: sm90_common.cuh's quad_transpose_row / store_row16 (the transpose before the
+       * key test: every lane) */
+      const int col0 = HALF ? c * DW : 0;   /* the consumer's first column */
+      T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + col0;
+      T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs + col0;
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int key = key0 + 8 * hh;
-      if (key >= p.sk) continue;
-      T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
+      for (int hh = 0; hh < 2; hh++) {
+        uint32_t wk[DW / 8], wv[DW / 8];
 #pragma unroll
-      for (int j = 0; j < DST / 8; j++) {
-        *(uint32_t *)(kr + 8 * j) =
-            pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
-        *(uint32_t *)(vr + 8 * j) = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+        for (int j = 0; j < DW / 8; j++) {   /* (N96: the groups past 96 columns are 0) */
+          const int i = (4 * j + 2 * hh) % NA;
+          wk[j] = 4 * j < NA ? pack2<F16>(dk[i] * p.scale, dk[i + 1] * p.scale) : 0u;
+          wv[j] = 4 * j < NA ? pack2<F16>(dv[i], dv[i + 1]) : 0u;
+        }
+        quad_transpose_row(wk, q4);
+        quad_transpose_row(wv, q4);
+        const int key = key0 + 8 * hh;
+        if (key >= p.sk) continue;
+        store_row16<DST>(dkp + (int64_t)key * p.dk_ts, wk, q4);
+        store_row16<DST>(dvp + (int64_t)key * p.dv_ts, wv, q4);
+      }
+    } else {
+      const int col0 = (HALF ? c * DW : 0) + 2 * q4;
+      T *dkp = (T *)p.dk + (int64_t)b * p.dk_bs + (int64_t)kvh * p.dk_hs + col0;
+      T *dvp = (T *)p.dv + (int64_t)b * p.dv_bs + (int64_t)kvh * p.dv_hs + col0;
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const int key = key0 + 8 * hh;
+        if (key >= p.sk) continue;
+        T *kr = dkp + (int64_t)key * p.dk_ts, *vr = dvp + (int64_t)key * p.dv_ts;
+#pragma unroll
+        for (int j = 0; j < DST / 8; j++) {
+          *(uint32_t *)(kr + 8 * j) =
+              pack2<F16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
+          *(uint32_t *)(vr + 8 * j) = pack2<F16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+        }
       }
     }
   }
@@ -920,7 +1020,17 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
         (int)a->d, rows);
   }
   OT_CUDA_CHECK_LAUNCH(op);
-  kern<<<grid, kThreads, L::bytes, stream>>>(maps[0], maps[1], maps[2], maps[3], p);
+  if constexpr ((X & kXPers) != 0) {
+    /* kXPers: the grid's CTAs walked by at most one CTA an SM (bwd_params.n_ctas) */
+    bwd_params pp = p;
+    pp.n_ctas = (int)grid;
+    const unsigned sms =
+        p.pers_grid > 0 ? (unsigned)p.pers_grid : (unsigned)ot_cuda_state_of(ctx)->sm_count;
+    kern<<<grid < sms ? grid : sms, kThreads, L::bytes, stream>>>(maps[0], maps[1], maps[2],
+                                                                  maps[3], pp);
+  } else {
+    kern<<<grid, kThreads, L::bytes, stream>>>(maps[0], maps[1], maps[2], maps[3], p);
+  }
   OT_CUDA_CHECK_LAUNCH(op);
   const int64_t tiles = rows / 64 * (D / 64);
   const unsigned blocks = (unsigned)(tiles < (1 << 20) ? tiles : (1 << 20));
@@ -943,8 +1053,9 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
 template <typename T, int D>
 static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                           const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
-                          int dq, bool st16, int n96, int kvrs) {
+                          int dq, bool st16, int n96, int kvrs, bool pers) {
   constexpr int X0 = default_x<D>::value;
+  (void)pers;  /* D = 64 / 128 */
   (void)n96;   /* D = 128 only */
   (void)kvrs;  /* D = 64 only */
 #ifdef OT_ATTN_SM90_EXPERIMENTS
@@ -962,6 +1073,9 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
       return launch<T, D, X0 | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
     if (st16 && kvrs == 2)
       return launch<T, D, kXDqRed | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
+    if (st16 && kvrs == 3 && pers)
+      return launch<T, D, kXDqRed | kXSt16 | kXKvRs | kXDqHalf | kXPers>(ctx, a, maps, p, rows,
+                                                                         zero_bytes, grid);
     if (st16 && kvrs == 3)
       return launch<T, D, kXDqRed | kXSt16 | kXKvRs | kXDqHalf>(ctx, a, maps, p, rows,
                                                                 zero_bytes, grid);
@@ -976,6 +1090,10 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
       return st16 ? launch<T, D, X0 | kXSt16 | kXPad>(ctx, a, maps, p, rows, zero_bytes, grid)
                   : launch<T, D, X0 | kXPad>(ctx, a, maps, p, rows, zero_bytes, grid);
     }
+  }
+  if constexpr (D == 128) {
+    if (st16 && pers)
+      return launch<T, D, X0 | kXSt16 | kXPers>(ctx, a, maps, p, rows, zero_bytes, grid);
   }
   if (st16) return launch<T, D, X0 | kXSt16>(ctx, a, maps, p, rows, zero_bytes, grid);
   return launch<T, D, X0>(ctx, a, maps, p, rows, zero_bytes, grid);
@@ -1046,7 +1164,8 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * (OT_ATTN_IMPL=sm90 asks for this kernel: the OOM stands). */
   const size_t acc_bytes = (size_t)rows * dk_ * sizeof(float);   /* D = 96: 128 columns */
   const size_t split_bytes = (size_t)n_split * 2 * kBk * dk_ * sizeof(float);
-  const size_t cnt_bytes = ((size_t)n_split * sizeof(int) + 255) / 256 * 256;
+  /* (+1: kXPers's work counter) */
+  const size_t cnt_bytes = ((size_t)(n_split + 1) * sizeof(int) + 255) / 256 * 256;
   const size_t zero_bytes = acc_bytes + split_bytes + cnt_bytes;
   const size_t vec_bytes = (size_t)rows * sizeof(float);
   void *wsp = NULL;
@@ -1074,6 +1193,7 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
   p.dq_acc = (float *)ws;
   p.split_acc = (float *)(ws + acc_bytes);
   p.split_cnt = (int *)(ws + acc_bytes + split_bytes);
+  p.work_ctr = p.split_cnt + n_split;
   p.lse2 = (const float *)(ws + zero_bytes);
   p.dsum = (const float *)(ws + zero_bytes + vec_bytes);
   /* dQ partials: D = 128 by red.global.add.v4.f32 from the consumers (kXDqRed), D = 64 too
@@ -1130,15 +1250,27 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
 #else
   const int x = -1;
 #endif
+  /* kXPers (head dims 64 and 128 with the 16-byte stores; experiment, prepared 2026-12-03,
+   * twenty-sixth session, not yet measured): OT_ATTN_BWD_SM90_PERS=1 walks the units with a
+   * persistent grid of one CTA an SM, K / V double-buffered (see the kernel); =N (N >= 2) on
+   * a grid of at most N CTAs (tests: many units a CTA) */
+  const char *xpers = knobs ? getenv("OT_ATTN_BWD_SM90_PERS") : NULL;
+  const int npers = xpers ? atoi(xpers) : 0;
+  const bool pers = npers >= 1;
+  p.pers_grid = npers >= 2 ? npers : 0;
   const bool bf = a->dtype == OT_BF16;
   if (a->d == 64)
     return bf ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96,
-                                            kvrs)
-              : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, kvrs);
+                                            kvrs, pers)
+              : launch_x<__half, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, kvrs,
+                                     pers);
   if (a->d == 256)
     return bf ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96,
-                                             0)
-              : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0);
-  return bf ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0)
-            : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0);
+                                             0, false)
+              : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0,
+                                      false);
+  return bf ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0,
+                                           pers)
+            : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0,
+                                    pers);
 }
