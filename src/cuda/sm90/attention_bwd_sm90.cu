@@ -360,7 +360,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t s_bar = s_base + L::bar_off;
   auto bar = [&](int i) { return s_bar + 8u * (uint32_t)i; };
 
-  /* kXPers (D = 64 / 128 with kXDqRed): a persistent grid of at most one CTA an SM, each
+  /* kXPers (D = 64 / 128 with kXDqRed; the D = 64 default since 2026-12-03, 1.03-1.08x
+   * fwd+bwd, a loss of 2-7% at D = 128): a persistent grid of at most one CTA an SM, each
    * walking CTAs of the order (bwd_unit) one after another -- its first blockIdx.x, the
    * next claimed by the producer with an atomic add while the consumers run the one
    * before -- with two K / V buffers (the second in the dQ staging tiles, unused with
@@ -1250,12 +1251,15 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
 #else
   const int x = -1;
 #endif
-  /* kXPers (head dims 64 and 128 with the 16-byte stores; experiment, prepared 2026-12-03,
-   * twenty-sixth session, not yet measured): OT_ATTN_BWD_SM90_PERS=1 walks the units with a
-   * persistent grid of one CTA an SM, K / V double-buffered (see the kernel); =N (N >= 2) on
-   * a grid of at most N CTAs (tests: many units a CTA) */
+  /* kXPers (the persistent walk, K / V double-buffered; see the kernel): the head dim 64
+   * default (with kXKvRs | kXDqRed | kXDqHalf and the 16-byte stores) since 2026-12-03
+   * (twenty-sixth session; H200, fwd+bwd paired with one CTA a unit in one process, 8
+   * rounds, bench/results/attention_bwd_pers.json: S 1k 1.069x / causal 1.079x, S 4k 1.041x /
+   * 1.064x, S 16k 1.048x / 1.032x). At D 128 (kXDqRed | kXSt16) only under
+   * OT_ATTN_BWD_SM90_PERS=1: it lost there (0.932-0.981x, the same call). =0: one CTA a unit;
+   * =N (N >= 2): on a grid of at most N CTAs (tests: many units a CTA). */
   const char *xpers = knobs ? getenv("OT_ATTN_BWD_SM90_PERS") : NULL;
-  const int npers = xpers ? atoi(xpers) : 0;
+  const int npers = xpers ? atoi(xpers) : a->d == 64 ? 1 : 0;
   const bool pers = npers >= 1;
   p.pers_grid = npers >= 2 ? npers : 0;
   const bool bf = a->dtype == OT_BF16;
