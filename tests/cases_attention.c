@@ -1459,18 +1459,19 @@ static void run_sm90_required(test_run *tr) {
      * default, so the kvrs cases above run it): the kvrs shapes (D 64) and the dqred ones (D
      * 128 and 64) on a grid of 3 CTAs (=3: ~10 units a CTA, so both K / V buffers many
      * times, the ring's and the dS^T buffers' phases across units, split units inside a
-     * walk), on one CTA an SM (=1: D 128's instance), and with one CTA a unit (=0: D 64's
+     * walk), the same with the static walk (=s3: kXPersSt, CTA i taking units i, i + 3,
+     * ...), on one CTA an SM (=1: D 128's instance), and with one CTA a unit (=0: D 64's
      * default kernel before kXPers) */
     const size_t nkv = sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0];
     const size_t ndq = sizeof cuda_sm90_dqred_cases / sizeof cuda_sm90_dqred_cases[0];
-    static const char *const grids[3] = {"3", "1", "0"};
-    static const char *const tags[3] = {"pers3", "pers", "nopers"};
-    for (int gi = 0; gi < 3; gi++) {
+    static const char *const grids[4] = {"3", "s3", "1", "0"};
+    static const char *const tags[4] = {"pers3", "pers3s", "pers", "nopers"};
+    for (int gi = 0; gi < 4; gi++) {
       env_saved ps = env_set("OT_ATTN_BWD_SM90_PERS", grids[gi]);
       for (size_t i = 0; i < nkv; i++)
-        for (int k = 0; k < (gi == 0 ? 2 : 1); k++)
+        for (int k = 0; k < (gi < 2 ? 2 : 1); k++)
           run_tagged(tr, &cuda_sm90_kvrs_cases[i], tags[gi],
-                     (gi == 0 ? k == 1 : i % 2 == 1) ? DT_F16 : DT_BF16);
+                     (gi < 2 ? k == 1 : i % 2 == 1) ? DT_F16 : DT_BF16);
       for (size_t i = 0; i < ndq; i++)
         run_tagged(tr, &cuda_sm90_dqred_cases[i], tags[gi], i % 2 ? DT_F16 : DT_BF16);
       env_restore(&ps);

@@ -154,7 +154,7 @@ static_assert(BAR_COUNT * 8 <= 120, "barrier area (byte 120: the split flag)");
  *    epilogue); the default since 2026-12-01: +1.5-7% fwd+bwd (docs/ATTENTION.md "kXSt16"). */
 /* enumerators: no unused-variable warning where no kernel uses them */
 enum { kXDqRed = 1, kXSt16 = 2, kXPad = 4, kXN96 = 8, kXDq32 = 16, kXKvRs = 32, kXDqHalf = 64,
-       kXPers = 128 };
+       kXPers = 128, kXPersSt = 256 };
 template <int D> struct default_x {
   enum { value = D >= 128 ? kXDqRed : 0 };
 };
@@ -374,6 +374,12 @@ __global__ void __launch_bounds__(kThreads, 1)
    * unit's last wgmma is done). */
   constexpr bool PERS = (X & kXPers) != 0;
   static_assert(!PERS || (RED && !HALF), "kXPers: D = 64 / 128 with kXDqRed");
+  /* kXPersSt (with kXPers; experiment, OT_ATTN_BWD_SM90_PERS=s): CTA i walks units i,
+   * i + grid, i + 2 grid, ... (no counter): every unit value then derives from blockIdx and
+   * the loop count, which the compiler keeps in uniform registers, where the slot's value
+   * is a per-thread register */
+  constexpr bool PST = (X & kXPersSt) != 0;
+  static_assert(!PST || PERS, "kXPersSt: with kXPers");
   volatile int *unit_slot = (volatile int *)(smem + L::bar_off + 104);
   auto kv_full = [&](int u) { return bar(u ? BAR_DQF : BAR_KV); };
   auto kv_free = [&](int u) { return bar(BAR_DQF + 1 + u); };
@@ -436,7 +442,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = 0;; j++) {
         const int u = j & 1;
         if (j >= 2) mbar_wait(kv_free(u), ((j >> 1) - 1) & 1);   /* unit j - 2 is done */
-        if (j > 0) w = (int)gridDim.x + atomicAdd(p.work_ctr, 1);
+        if (j > 0)
+          w = PST ? (int)blockIdx.x + j * (int)gridDim.x : (int)gridDim.x + atomicAdd(p.work_ctr, 1);
         unit_slot[u] = w < p.n_ctas ? w : -1;   /* published by the arrival below */
         if (w >= p.n_ctas) {
           mbar_arrive(kv_full(u));
@@ -488,7 +495,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 0; PERS || j == 0; j++) {   /* kXPers: unit after unit; else once */
     const int ub = PERS ? (j & 1) : 0;   /* the unit's K / V buffer */
     int w = (int)blockIdx.x;
-    if constexpr (PERS) {
+    if constexpr (PST) {
+      w = (int)blockIdx.x + j * (int)gridDim.x;
+      if (w >= p.n_ctas) break;
+      mbar_wait(kv_full(ub), (j >> 1) & 1);
+    } else if constexpr (PERS) {
       mbar_wait(kv_full(ub), (j >> 1) & 1);
       w = unit_slot[ub];
       if (w < 0) break;
@@ -1054,7 +1065,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
 template <typename T, int D>
 static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                           const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
-                          int dq, bool st16, int n96, int kvrs, bool pers) {
+                          int dq, bool st16, int n96, int kvrs, int pers) {
   constexpr int X0 = default_x<D>::value;
   (void)pers;  /* D = 64 / 128 */
   (void)n96;   /* D = 128 only */
@@ -1074,6 +1085,9 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
       return launch<T, D, X0 | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
     if (st16 && kvrs == 2)
       return launch<T, D, kXDqRed | kXSt16 | kXKvRs>(ctx, a, maps, p, rows, zero_bytes, grid);
+    if (st16 && kvrs == 3 && pers == 2)
+      return launch<T, D, kXDqRed | kXSt16 | kXKvRs | kXDqHalf | kXPers | kXPersSt>(
+          ctx, a, maps, p, rows, zero_bytes, grid);
     if (st16 && kvrs == 3 && pers)
       return launch<T, D, kXDqRed | kXSt16 | kXKvRs | kXDqHalf | kXPers>(ctx, a, maps, p, rows,
                                                                          zero_bytes, grid);
@@ -1093,6 +1107,9 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
     }
   }
   if constexpr (D == 128) {
+    if (st16 && pers == 2)
+      return launch<T, D, X0 | kXSt16 | kXPers | kXPersSt>(ctx, a, maps, p, rows, zero_bytes,
+                                                          grid);
     if (st16 && pers)
       return launch<T, D, X0 | kXSt16 | kXPers>(ctx, a, maps, p, rows, zero_bytes, grid);
   }
@@ -1257,10 +1274,14 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * rounds, bench/results/attention_bwd_pers.json: S 1k 1.069x / causal 1.079x, S 4k 1.041x /
    * 1.064x, S 16k 1.048x / 1.032x). At D 128 (kXDqRed | kXSt16) only under
    * OT_ATTN_BWD_SM90_PERS=1: it lost there (0.932-0.981x, the same call). =0: one CTA a unit;
-   * =N (N >= 2): on a grid of at most N CTAs (tests: many units a CTA). */
+   * =N (N >= 2): on a grid of at most N CTAs (tests: many units a CTA). =s / =sN: kXPersSt,
+   * the static walk (experiment, 2026-12-03: CTA i takes units i, i + grid, ...). pers: 0
+   * off, 1 kXPers, 2 kXPersSt. */
   const char *xpers = knobs ? getenv("OT_ATTN_BWD_SM90_PERS") : NULL;
-  const int npers = xpers ? atoi(xpers) : a->d == 64 ? 1 : 0;
-  const bool pers = npers >= 1;
+  const bool pst = xpers && xpers[0] == 's';
+  const int npers = !xpers ? (a->d == 64 ? 1 : 0) : pst ? (xpers[1] ? atoi(xpers + 1) : 1)
+                                                      : atoi(xpers);
+  const int pers = npers >= 1 ? (pst ? 2 : 1) : 0;
   p.pers_grid = npers >= 2 ? npers : 0;
   const bool bf = a->dtype == OT_BF16;
   if (a->d == 64)
@@ -1270,9 +1291,9 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
                                      pers);
   if (a->d == 256)
     return bf ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96,
-                                             0, false)
+                                             0, 0)
               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0,
-                                      false);
+                                      0);
   return bf ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0,
                                            pers)
             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0,
