@@ -379,6 +379,10 @@ __global__ void __launch_bounds__(kThreads, 1)
    * the loop count, which the compiler keeps in uniform registers, where the slot's value
    * is a per-thread register */
   constexpr bool PST = (X & kXPersSt) != 0;
+  /* kXPers at D = 64: the producer keeps 40 registers (the consumers 232, of which D = 64
+   * needs far fewer): with 24 it spilled its unit decode, and the claimed unit's register
+   * with it right after the atomic, which made the claim wait for the atomic's round trip
+   * there instead of under the current unit's loads */
   static_assert(!PST || PERS, "kXPersSt: with kXPers");
   volatile int *unit_slot = (volatile int *)(smem + L::bar_off + 104);
   auto kv_full = [&](int u) { return bar(u ? BAR_DQF : BAR_KV); };
@@ -412,7 +416,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     /* ---------------- producer ---------------- */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if constexpr (PERS && D == 64)   /* see kPersRegs */
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    else
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid != 0 && (PERS || RED || tid != 32)) return;   /* RED: no dQ writer */
     /* unit U's K / V into the buffer at kv_dst (barrier kv_bar), then its Q / dO / lse2 /
      * Dsum stages, tile t of it the tb + t-th of this CTA's walk */
@@ -438,12 +445,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     if constexpr (PERS) {
-      int w = (int)blockIdx.x, tb = 0;
+      /* The unit after the current one is claimed as the current one starts (its atomic's
+       * round trip runs under the current unit's loads; claimed as each unit ended, it sat
+       * in front of the next unit's K / V: the static walk was 1.06x faster at S 1k
+       * non-causal, bench/results/attention_bwd_pers_static.json) */
+      auto claim = [&](int jn) {   /* the static walk's unit, or the counter's value */
+        return PST ? (int)blockIdx.x + jn * (int)gridDim.x : atomicAdd(p.work_ctr, 1);
+      };
+      int w = (int)blockIdx.x, wn = claim(1), tb = 0;
       for (int j = 0;; j++) {
         const int u = j & 1;
         if (j >= 2) mbar_wait(kv_free(u), ((j >> 1) - 1) & 1);   /* unit j - 2 is done */
-        if (j > 0)
-          w = PST ? (int)blockIdx.x + j * (int)gridDim.x : (int)gridDim.x + atomicAdd(p.work_ctr, 1);
+        if (j > 0) {
+          /* the claim's first use, here (volatile: not moved up to the atomic, whose
+           * round trip it would then wait for) */
+          if constexpr (PST)
+            w = wn;
+          else
+            asm volatile("add.s32 %0, %1, %2;" : "=r"(w) : "r"(wn), "r"((int)gridDim.x));
+          if (w < p.n_ctas) wn = claim(j + 1);
+        }
         unit_slot[u] = w < p.n_ctas ? w : -1;   /* published by the arrival below */
         if (w >= p.n_ctas) {
           mbar_arrive(kv_full(u));
@@ -486,7 +507,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   /* ---------------- consumers ---------------- */
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  if constexpr (PERS && D == 64)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  else
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
   const int c = wg - 1;   /* consumer 0 / 1: keys kb + 64 c .. + 63 (HALF: columns 128 c ..) */
   const int t128 = tid % 128;
   const int warp = t128 / 32, lane = t128 % 32, g = lane / 4, q4 = lane % 4;
