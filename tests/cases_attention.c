@@ -1456,12 +1456,13 @@ static void run_sm90_required(test_run *tr) {
   run_kvrs_cases(tr, "0", "ss", 1);
   {
     /* kXPers (OT_ATTN_BWD_SM90_PERS; the persistent walk, K / V double-buffered; the D 64
-     * default, so the kvrs cases above run it): the kvrs shapes (D 64) and the dqred ones (D
-     * 128 and 64) on a grid of 3 CTAs (=3: ~10 units a CTA, so both K / V buffers many
-     * times, the ring's and the dS^T buffers' phases across units, split units inside a
-     * walk), the same with the static walk (=s3: kXPersSt, CTA i taking units i, i + 3,
-     * ...), on one CTA an SM (=1: D 128's instance), and with one CTA a unit (=0: D 64's
-     * default kernel before kXPers) */
+     * default, the static walk on non-causal calls and the atomic one on causal calls, so
+     * the kvrs cases above run both): the kvrs shapes (D 64) and the dqred ones (D 128 and
+     * 64) on a grid of 3 CTAs with the atomic walk (=3: ~10 units a CTA, so both K / V
+     * buffers many times, the ring's and the dS^T buffers' phases across units, split
+     * units inside a walk), the same with the static walk (=s3: kXPersSt, CTA i taking
+     * units i, i + 3, ...), the atomic walk on one CTA an SM (=1: non-causal D 64 too, and
+     * D 128's instance), and one CTA a unit (=0: D 64's default kernel before kXPers) */
     const size_t nkv = sizeof cuda_sm90_kvrs_cases / sizeof cuda_sm90_kvrs_cases[0];
     const size_t ndq = sizeof cuda_sm90_dqred_cases / sizeof cuda_sm90_dqred_cases[0];
     static const char *const grids[4] = {"3", "s3", "1", "0"};

@@ -374,10 +374,12 @@ __global__ void __launch_bounds__(kThreads, 1)
    * unit's last wgmma is done). */
   constexpr bool PERS = (X & kXPers) != 0;
   static_assert(!PERS || (RED && !HALF), "kXPers: D = 64 / 128 with kXDqRed");
-  /* kXPersSt (with kXPers; experiment, OT_ATTN_BWD_SM90_PERS=s): CTA i walks units i,
-   * i + grid, i + 2 grid, ... (no counter): every unit value then derives from blockIdx and
-   * the loop count, which the compiler keeps in uniform registers, where the slot's value
-   * is a per-thread register */
+  /* kXPersSt (with kXPers; the D = 64 default of non-causal calls, OT_ATTN_BWD_SM90_PERS=s
+   * elsewhere): CTA i walks units i, i + grid, i + 2 grid, ... (no counter; every unit value
+   * derives from blockIdx and the loop count, uniform registers where the slot's value is a
+   * per-thread one). 1.01-1.07x the atomic walk on non-causal calls, also with the claim
+   * made a unit ahead (so not the atomic's latency; why, not known); on causal ones the
+   * heaviest-first order dealt round-robin leaves SMs idle (0.86-0.97x). */
   constexpr bool PST = (X & kXPersSt) != 0;
   /* kXPers at D = 64: the producer keeps 40 registers (the consumers 232, of which D = 64
    * needs far fewer): with 24 it spilled its unit decode, and the claimed unit's register
@@ -1296,16 +1298,18 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * default (with kXKvRs | kXDqRed | kXDqHalf and the 16-byte stores) since 2026-12-03
    * (twenty-sixth session; H200, fwd+bwd paired with one CTA a unit in one process, 8
    * rounds, bench/results/attention_bwd_pers.json: S 1k 1.069x / causal 1.079x, S 4k 1.041x /
-   * 1.064x, S 16k 1.048x / 1.032x). At D 128 (kXDqRed | kXSt16) only under
-   * OT_ATTN_BWD_SM90_PERS=1: it lost there (0.932-0.981x, the same call). =0: one CTA a unit;
-   * =N (N >= 2): on a grid of at most N CTAs (tests: many units a CTA). =s / =sN: kXPersSt,
-   * the static walk (experiment, 2026-12-03: CTA i takes units i, i + grid, ...). pers: 0
-   * off, 1 kXPers, 2 kXPersSt. */
+   * 1.064x, S 16k 1.048x / 1.032x); non-causal calls take the static walk (kXPersSt: 1.065x /
+   * 1.028x / 1.013x the atomic one at S 1k / 4k / 16k, bench/results/attention_bwd_pers_ahead.json),
+   * causal ones the atomic walk (the static one leaves SMs idle there: 0.86-0.97x). At D 128
+   * (kXDqRed | kXSt16) only on request: both walks lost there (0.93-0.98x at S 4k / 16k).
+   * OT_ATTN_BWD_SM90_PERS=0: one CTA a unit; =1 the atomic walk, =s the static one; =N / =sN
+   * (N >= 2): on a grid of at most N CTAs (tests: many units a CTA). pers: 0 off, 1 kXPers,
+   * 2 kXPersSt. */
   const char *xpers = knobs ? getenv("OT_ATTN_BWD_SM90_PERS") : NULL;
   const bool pst = xpers && xpers[0] == 's';
   const int npers = !xpers ? (a->d == 64 ? 1 : 0) : pst ? (xpers[1] ? atoi(xpers + 1) : 1)
                                                       : atoi(xpers);
-  const int pers = npers >= 1 ? (pst ? 2 : 1) : 0;
+  const int pers = npers < 1 ? 0 : (xpers ? pst : !p.causal) ? 2 : 1;
   p.pers_grid = npers >= 2 ? npers : 0;
   const bool bf = a->dtype == OT_BF16;
   if (a->d == 64)
