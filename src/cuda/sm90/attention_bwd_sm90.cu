@@ -381,11 +381,13 @@ __global__ void __launch_bounds__(kThreads, 1)
    * made a unit ahead (so not the atomic's latency; why, not known); on causal ones the
    * heaviest-first order dealt round-robin leaves SMs idle (0.86-0.97x). */
   constexpr bool PST = (X & kXPersSt) != 0;
+  static_assert(!PST || PERS, "kXPersSt: with kXPers");
   /* kXPers at D = 64: the producer keeps 40 registers (the consumers 232, of which D = 64
    * needs far fewer): with 24 it spilled its unit decode, and the claimed unit's register
    * with it right after the atomic, which made the claim wait for the atomic's round trip
    * there instead of under the current unit's loads */
-  static_assert(!PST || PERS, "kXPersSt: with kXPers");
+  /* the two units' slots: bytes 104 .. 111 of the barrier area (the split flag at 120) */
+  static_assert(BAR_COUNT * 8 <= 104, "barrier area: the kXPers unit slots at byte 104");
   volatile int *unit_slot = (volatile int *)(smem + L::bar_off + 104);
   auto kv_full = [&](int u) { return bar(u ? BAR_DQF : BAR_KV); };
   auto kv_free = [&](int u) { return bar(BAR_DQF + 1 + u); };
@@ -418,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     /* ---------------- producer ---------------- */
-    if constexpr (PERS && D == 64)   /* see kPersRegs */
+    if constexpr (PERS && D == 64)   /* 40 / 232: see PST's comment at the kernel's top */
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     else
       asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
