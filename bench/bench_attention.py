@@ -25,8 +25,14 @@ its rounds and the median of the per-round ratio ours / best peer ("paired_ratio
 the two sides of a round ran seconds apart, so clock drift over the grid cancels). Before
 2026-12-01 one pass per entry (20 calls): a D128 S4k causal fwd + bwd row read 0.946x there
 against 1.046x in a balanced A/B of the same build in the same hour.
+--clocks (with --bench): nvidia-smi samples the SM clock and board power every --clocks-ms
+while the rounds run (benchutil.GpuSampler); each row gets "clocks", per entry the means of
+the samples taken while that entry's blocks of calls ran: whether a faster or slower entry
+ran at another clock (the H200 caps its board power), e.g. the Hopper backward's persistent
+walk at head dim 128 (docs/ATTENTION.md).
 """
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
@@ -171,7 +177,7 @@ def broken_variant(env):
     return None
 
 
-from benchutil import env_set  # noqa: E402  (the OT_ATTN_SM90_* switches, read per call)
+from benchutil import GpuSampler, env_set  # noqa: E402  (env_set: the OT_ATTN_SM90_* switches, read per call)
 
 
 def check_case(S, ck, B, sq, sk, hq, hkv, d, dtype=None, wl=-1, wr=-1, scale=None,
@@ -387,20 +393,19 @@ def variant_envs(d, s, causal):
     return [(n, e) for n, e in v if not broken_variant(e)]
 
 
-def timed_rounds(entries, rounds, iters):
+def timed_rounds(entries, rounds, iters, sampler=None):
     """{name: [ms per round]} for entries [(name, fn, ctx)]: each round times every entry
     (median of `iters` calls after 2 warm-ups, inside ctx() when ctx is not None -- e.g.
     sdpa_kernel, entered once per block of calls, not per call), starting one entry later
-    each round (a rotation: every entry takes every position once in len(entries) rounds)."""
+    each round (a rotation: every entry takes every position once in len(entries) rounds).
+    sampler (benchutil.GpuSampler): each block of calls is a span of the entry's name."""
     got = {n: [] for n, _, _ in entries}
     for r in range(rounds):
         for j in range(len(entries)):
             n, fn, ctx = entries[(r + j) % len(entries)]
-            if ctx is None:
+            with (ctx() if ctx is not None else contextlib.nullcontext()), \
+                    (sampler.span(n) if sampler is not None else contextlib.nullcontext()):
                 got[n].append(time_ms(fn, iters=iters, warmup=2))
-            else:
-                with ctx():
-                    got[n].append(time_ms(fn, iters=iters, warmup=2))
     return got
 
 
@@ -448,6 +453,15 @@ def bench(S, args):
     gemm = gemm_tflops()
     print(f"cuBLAS bf16 GEMM 8192^3: {gemm:.0f} TFLOP/s", flush=True)
     rows = []
+    sampler = GpuSampler(period_ms=args.clocks_ms) if args.clocks else None
+    try:
+        return _bench_cases(S, args, gemm, rows, sampler, SDPBackend, sdpa_kernel)
+    finally:
+        if sampler is not None:
+            sampler.close()
+
+
+def _bench_cases(S, args, gemm, rows, sampler, SDPBackend, sdpa_kernel):
     api_fwd = api_bwd = None  # probed on the first case
     for B, H, HKV, s, d in bench_cases(args):
         for causal in (False, True):
@@ -536,12 +550,16 @@ def bench(S, args):
                 except RuntimeError as e:
                     print(f"forward+backward through the API not available: {e}")
                     api_bwd = False
-            results = {}
+            results, clocks = {}, {}
             for op, entries in (("attention_fwd", fwd), ("attention_fwd_bwd", fb_entries)):
                 if not entries or entries[0][0] != "ours":
                     continue
+                if sampler is not None:
+                    sampler.reset()
                 ms = timed_rounds([(n, f, c) for n, f, _, c in entries], args.rounds,
-                                  args.iters)
+                                  args.iters, sampler)
+                if sampler is not None:
+                    clocks[op] = sampler.summary()
                 tf = {n: [fl / m / 1e9 for m in ms[n]] for n, _, fl, _ in entries}
                 results[op] = tf
             ours_f = (statistics.median(results["attention_fwd"]["ours"])
@@ -574,6 +592,11 @@ def bench(S, args):
                              "fraction_of_ceiling": round(ours / gemm, 3)})
                 if op == "attention_fwd" and variants:
                     rows[-1]["variants"] = variants
+                if op in clocks:
+                    rows[-1]["clocks"] = clocks[op]
+                    print(f"  clocks {case}: " + "  ".join(
+                        f"{k_}: {c_['sm_mhz']:.0f} MHz {c_['power_w']:.0f} W"
+                        for k_, c_ in clocks[op].items()), flush=True)
                 if ab:
                     rows[-1]["ab"] = ab
                     for n, a_ in ab.items():
@@ -711,6 +734,11 @@ def main():
     ap.add_argument("--ab", default="",
                     help="'NAME=KEY:VALUE[,KEY:VALUE];...': the forward under these switches "
                          "timed in the same rounds (e.g. 'static=OT_ATTN_SM90_DYN:0,_causal_only:1')")
+    ap.add_argument("--clocks", action="store_true",
+                    help="--bench: sample the SM clock and board power (nvidia-smi) while each "
+                         "entry is timed; each row gets their means per entry ('clocks')")
+    ap.add_argument("--clocks-ms", type=int, default=20,
+                    help="--clocks: the sampling period (ms)")
     ap.add_argument("--rounds", type=int, default=5,
                     help="balanced rounds per case (--bench; each times every entry)")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",

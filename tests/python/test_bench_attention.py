@@ -58,3 +58,54 @@ def test_ab_envs_parses_variants():
     for bad in ("static", "static=OT_ATTN_SM90_DYN", "=OT_ATTN_SM90_DYN:0"):
         with pytest.raises(SystemExit, match="--ab"):
             ba.ab_envs(argparse.Namespace(ab=bad))
+
+
+def test_timed_rounds_wraps_each_block_in_a_sampler_span(monkeypatch):
+    spans = []
+
+    class FakeSampler:
+        @contextlib.contextmanager
+        def span(self, name):
+            spans.append(("begin", name))
+            yield
+            spans.append(("end", name))
+
+    monkeypatch.setattr(ba, "time_ms", lambda fn, iters, warmup: 1.0)
+    entries = [("ours", lambda: None, None), ("cudnn", lambda: None, contextlib.nullcontext)]
+    ba.timed_rounds(entries, rounds=2, iters=3, sampler=FakeSampler())
+    assert spans == [("begin", "ours"), ("end", "ours"), ("begin", "cudnn"), ("end", "cudnn"),
+                     ("begin", "cudnn"), ("end", "cudnn"), ("begin", "ours"), ("end", "ours")]
+
+
+def test_gpu_sampler_parses_samples_and_skips_bad_lines():
+    import benchutil
+    code = "print('1980, 650.5'); print('[N/A], 3'); print('oops'); print('1755, 700')"
+    s = benchutil.GpuSampler(cmd=[sys.executable, "-c", code])
+    s._thread.join(timeout=60)
+    s.close()
+    assert [x[1:] for x in s.samples] == [(1980.0, 650.5), (1755.0, 700.0)]
+
+
+def test_gpu_sampler_summary_attributes_samples_to_their_spans():
+    import benchutil
+    s = benchutil.GpuSampler(cmd=[sys.executable, "-c", "pass"])
+    s._thread.join(timeout=60)
+    s.close()
+    s.samples = [(1.0, 1000.0, 500.0), (2.0, 1100.0, 600.0), (3.0, 1200.0, 700.0),
+                 (5.0, 900.0, 300.0), (8.0, 1.0, 1.0)]
+    s.spans = [("a", 0.5, 2.5), ("b", 2.5, 3.5), ("a", 4.5, 5.5), ("c", 6.0, 7.0)]
+    # a: the samples at 1, 2 and 5 (both of its spans); c: none, so left out
+    assert s.summary() == {"a": {"sm_mhz": 1000.0, "power_w": 466.7, "samples": 3},
+                           "b": {"sm_mhz": 1200.0, "power_w": 700.0, "samples": 1}}
+    assert s.summary(names={"b"}) == {"b": {"sm_mhz": 1200.0, "power_w": 700.0, "samples": 1}}
+    s.reset()
+    assert s.summary() == {}
+
+
+def test_gpu_sampler_without_nvidia_smi_reports_nothing():
+    import benchutil
+    s = benchutil.GpuSampler(cmd=["/nonexistent/nvidia-smi"])
+    with s.span("ours"):
+        pass
+    s.close()
+    assert s.summary() == {}

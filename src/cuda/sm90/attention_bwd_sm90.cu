@@ -373,7 +373,12 @@ __global__ void __launch_bounds__(kThreads, 1)
    * buffer 0 / 1, BAR_DQF + 1 + u their release (every consumer thread arrives once its
    * unit's last wgmma is done). */
   constexpr bool PERS = (X & kXPers) != 0;
-  static_assert(!PERS || (RED && !HALF), "kXPers: D = 64 / 128 with kXDqRed");
+  static_assert(!PERS || RED, "kXPers: with kXDqRed");
+  /* K / V buffers of the walk: D = 256 (HALF) has no room for a second one (no staging
+   * tiles), so there the producer loads unit j's K / V once the consumers are done with unit
+   * j - 1 -- their dK / dV stores then run under that load -- after issuing unit j's first
+   * Q / dO stages (experiment, prepared 2026-12-03, not yet measured) */
+  constexpr int NKVB = HALF ? 1 : 2;
   /* kXPersSt (with kXPers; the D = 64 default of non-causal calls, OT_ATTN_BWD_SM90_PERS=s
    * elsewhere): CTA i walks units i, i + grid, i + 2 grid, ... (no counter; every unit value
    * derives from blockIdx and the loop count, uniform registers where the slot's value is a
@@ -391,7 +396,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   volatile int *unit_slot = (volatile int *)(smem + L::bar_off + 104);
   auto kv_full = [&](int u) { return bar(u ? BAR_DQF : BAR_KV); };
   auto kv_free = [&](int u) { return bar(BAR_DQF + 1 + u); };
-  auto kv_base = [&](int u) { return s_base + (u ? (uint32_t)L::dqs_off : (uint32_t)L::k_off); };
+  auto kv_base = [&](int u) {
+    return s_base + (NKVB == 2 && u ? (uint32_t)L::dqs_off : (uint32_t)L::k_off);
+  };
   const int off = p.sk - p.sq;        /* bottom-right alignment of the causal mask */
   /* The CTA's (first) unit, decoded before the producer gives up its registers */
   const bwd_unit U0 = bwd_decode(p, (int)blockIdx.x, kBk);
@@ -425,15 +432,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     else
       asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid != 0 && (PERS || RED || tid != 32)) return;   /* RED: no dQ writer */
-    /* unit U's K / V into the buffer at kv_dst (barrier kv_bar), then its Q / dO / lse2 /
-     * Dsum stages, tile t of it the tb + t-th of this CTA's walk */
-    auto load_unit = [&](const bwd_unit &U, uint32_t kv_bar, uint32_t kv_dst, int tb) {
+    /* unit U's K / V into the buffer at kv_dst (barrier kv_bar); its Q / dO / lse2 / Dsum
+     * stages t0 .. t1 - 1, tile t of it the tb + t-th of this CTA's walk */
+    auto load_kv = [&](const bwd_unit &U, uint32_t kv_bar, uint32_t kv_dst) {
+      mbar_expect_tx(kv_bar, 2u * L::kv_bytes);
+      tma_load_tile<PAD>(kv_dst, &tm_k, kv_bar, U.kb, kBk, U.kvh, U.b);
+      tma_load_tile<PAD>(kv_dst + L::kv_bytes, &tm_v, kv_bar, U.kb, kBk, U.kvh, U.b);
+    };
+    auto load_tiles = [&](const bwd_unit &U, int tb, int t0, int t1) {
       auto load_tile = [&](uint32_t dst, const CUtensorMap *map, uint32_t br, int row, int rows,
                            int h) { tma_load_tile<PAD>(dst, map, br, row, rows, h, U.b); };
-      mbar_expect_tx(kv_bar, 2u * L::kv_bytes);
-      load_tile(kv_dst, &tm_k, kv_bar, U.kb, kBk, U.kvh);
-      load_tile(kv_dst + L::kv_bytes, &tm_v, kv_bar, U.kb, kBk, U.kvh);
-      for (int t = 0; t < U.n_loc; t++) {
+      for (int t = t0; t < t1; t++) {
         const int it = U.it0 + t, tt = tb + t, s = tt % kStages;
         mbar_wait(bar(BAR_EMPTY + s), ((tt / kStages) & 1) ^ 1);
         const int h = U.kvh * p.group + it / U.nm, m = U.tile_of(it);
@@ -448,6 +457,45 @@ __global__ void __launch_bounds__(kThreads, 1)
                      bar(BAR_FULL + s));
       }
     };
+    auto load_unit = [&](const bwd_unit &U, uint32_t kv_bar, uint32_t kv_dst, int tb) {
+      load_kv(U, kv_bar, kv_dst);
+      load_tiles(U, tb, 0, U.n_loc);
+    };
+    if constexpr (PERS && NKVB == 1) {
+      /* one K / V buffer (D = 256): unit j's first stages, then its K / V once unit j - 1
+       * released the buffer */
+      auto claim = [&](int jn) {
+        return PST ? (int)blockIdx.x + jn * (int)gridDim.x : atomicAdd(p.work_ctr, 1);
+      };
+      int w = (int)blockIdx.x, wn = claim(1), tb = 0;
+      for (int j = 0;; j++) {
+        if (j > 0) {
+          if constexpr (PST)
+            w = wn;
+          else
+            asm volatile("add.s32 %0, %1, %2;" : "=r"(w) : "r"(wn), "r"((int)gridDim.x));
+          if (w < p.n_ctas) wn = claim(j + 1);
+        }
+        const bool last = w >= p.n_ctas;
+        const bwd_unit U = bwd_decode(p, last ? 0 : w, kBk);
+        const int npre = last ? 0 : min(kStages, U.n_loc);
+        load_tiles(U, tb, 0, npre);
+        if (j >= 1) mbar_wait(kv_free(0), (j - 1) & 1);   /* unit j - 1 is done */
+        unit_slot[0] = last ? -1 : w;   /* published by the arrival below */
+        if (last) {
+          mbar_arrive(kv_full(0));
+          break;
+        }
+        if (U.n_loc == 0) {
+          mbar_arrive(kv_full(0));
+          continue;
+        }
+        load_kv(U, kv_full(0), kv_base(0));
+        load_tiles(U, tb, npre, U.n_loc);
+        tb += U.n_loc;
+      }
+      return;
+    }
     if constexpr (PERS) {
       /* The unit after the current one is claimed as the current one starts (its atomic's
        * round trip runs under the current unit's loads; claimed as each unit ended, it sat
@@ -521,14 +569,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float cl2 = p.scale_log2;
   int tb = 0;   /* tiles of the CTA's walk before this unit (kXPers; else 0) */
   for (int j = 0; PERS || j == 0; j++) {   /* kXPers: unit after unit; else once */
-    const int ub = PERS ? (j & 1) : 0;   /* the unit's K / V buffer */
+    const int ub = PERS && NKVB == 2 ? (j & 1) : 0;   /* the unit's K / V buffer */
+    const int kvph = ((NKVB == 2 ? j >> 1 : j)) & 1;  /* its barrier's phase */
     int w = (int)blockIdx.x;
     if constexpr (PST) {
       w = (int)blockIdx.x + j * (int)gridDim.x;
       if (w >= p.n_ctas) break;
-      mbar_wait(kv_full(ub), (j >> 1) & 1);
+      mbar_wait(kv_full(ub), kvph);
     } else if constexpr (PERS) {
-      mbar_wait(kv_full(ub), (j >> 1) & 1);
+      mbar_wait(kv_full(ub), kvph);
       w = unit_slot[ub];
       if (w < 0) break;
     }
@@ -1095,7 +1144,7 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
                           const bwd_params &p, int64_t rows, size_t zero_bytes, unsigned grid,
                           int dq, bool st16, int n96, int kvrs, int pers) {
   constexpr int X0 = default_x<D>::value;
-  (void)pers;  /* D = 64 / 128 */
+  (void)pers;  /* D = 64 / 128 / 256 */
   (void)n96;   /* D = 128 only */
   (void)kvrs;  /* D = 64 only */
 #ifdef OT_ATTN_SM90_EXPERIMENTS
@@ -1133,6 +1182,13 @@ static ot_status launch_x(ot_context *ctx, const ot_attention_args *a, const CUt
       return st16 ? launch<T, D, X0 | kXSt16 | kXPad>(ctx, a, maps, p, rows, zero_bytes, grid)
                   : launch<T, D, X0 | kXPad>(ctx, a, maps, p, rows, zero_bytes, grid);
     }
+  }
+  if constexpr (D == 256) {   /* experiment: one K / V buffer */
+    if (st16 && pers == 2)
+      return launch<T, D, X0 | kXSt16 | kXPers | kXPersSt>(ctx, a, maps, p, rows, zero_bytes,
+                                                          grid);
+    if (st16 && pers)
+      return launch<T, D, X0 | kXSt16 | kXPers>(ctx, a, maps, p, rows, zero_bytes, grid);
   }
   if constexpr (D == 128) {
     if (st16 && pers == 2)
@@ -1321,9 +1377,9 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
                                      pers);
   if (a->d == 256)
     return bf ? launch_x<__nv_bfloat16, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96,
-                                             0, 0)
+                                             0, pers)
               : launch_x<__half, 256>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0,
-                                      0);
+                                      pers);
   return bf ? launch_x<__nv_bfloat16, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0,
                                            pers)
             : launch_x<__half, 128>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96, 0,
