@@ -461,21 +461,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_kv(U, kv_bar, kv_dst);
       load_tiles(U, tb, 0, U.n_loc);
     };
+    /* The unit after the current one is claimed as the current one starts (its atomic's
+     * round trip runs under the current unit's loads; claimed as each unit ended, it sat in
+     * front of the next unit's K / V: the static walk was 1.06x faster at S 1k non-causal,
+     * bench/results/attention_bwd_pers_static.json). claim: the static walk's unit, or the
+     * counter's value; next: unit j's number (w) from the claim made at unit j - 1 (wn),
+     * and the claim of unit j + 1 -- the claim's first use held here (volatile: not moved
+     * up to the atomic, whose round trip it would then wait for) */
+    auto claim = [&](int jn) {
+      return PST ? (int)blockIdx.x + jn * (int)gridDim.x : atomicAdd(p.work_ctr, 1);
+    };
+    auto next = [&](int j, int &w, int &wn) {
+      if constexpr (PST)
+        w = wn;
+      else
+        asm volatile("add.s32 %0, %1, %2;" : "=r"(w) : "r"(wn), "r"((int)gridDim.x));
+      if (w < p.n_ctas) wn = claim(j + 1);
+    };
     if constexpr (PERS && NKVB == 1) {
       /* one K / V buffer (D = 256): unit j's first stages, then its K / V once unit j - 1
        * released the buffer */
-      auto claim = [&](int jn) {
-        return PST ? (int)blockIdx.x + jn * (int)gridDim.x : atomicAdd(p.work_ctr, 1);
-      };
       int w = (int)blockIdx.x, wn = claim(1), tb = 0;
       for (int j = 0;; j++) {
-        if (j > 0) {
-          if constexpr (PST)
-            w = wn;
-          else
-            asm volatile("add.s32 %0, %1, %2;" : "=r"(w) : "r"(wn), "r"((int)gridDim.x));
-          if (w < p.n_ctas) wn = claim(j + 1);
-        }
+        if (j > 0) next(j, w, wn);
         const bool last = w >= p.n_ctas;
         const bwd_unit U = bwd_decode(p, last ? 0 : w, kBk);
         const int npre = last ? 0 : min(kStages, U.n_loc);
@@ -497,26 +505,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       return;
     }
     if constexpr (PERS) {
-      /* The unit after the current one is claimed as the current one starts (its atomic's
-       * round trip runs under the current unit's loads; claimed as each unit ended, it sat
-       * in front of the next unit's K / V: the static walk was 1.06x faster at S 1k
-       * non-causal, bench/results/attention_bwd_pers_static.json) */
-      auto claim = [&](int jn) {   /* the static walk's unit, or the counter's value */
-        return PST ? (int)blockIdx.x + jn * (int)gridDim.x : atomicAdd(p.work_ctr, 1);
-      };
       int w = (int)blockIdx.x, wn = claim(1), tb = 0;
       for (int j = 0;; j++) {
         const int u = j & 1;
         if (j >= 2) mbar_wait(kv_free(u), ((j >> 1) - 1) & 1);   /* unit j - 2 is done */
-        if (j > 0) {
-          /* the claim's first use, here (volatile: not moved up to the atomic, whose
-           * round trip it would then wait for) */
-          if constexpr (PST)
-            w = wn;
-          else
-            asm volatile("add.s32 %0, %1, %2;" : "=r"(w) : "r"(wn), "r"((int)gridDim.x));
-          if (w < p.n_ctas) wn = claim(j + 1);
-        }
+        if (j > 0) next(j, w, wn);
         unit_slot[u] = w < p.n_ctas ? w : -1;   /* published by the arrival below */
         if (w >= p.n_ctas) {
           mbar_arrive(kv_full(u));
