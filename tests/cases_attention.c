@@ -282,9 +282,10 @@ static const acase cuda_sm90_dqred_cases[] = {
  * from the swizzled tiles), with kXDqRed and kXDqHalf the D 64 default since 2026-12-03: run
  * as they are (OT_ATTN_BWD_SM90_KVRS unset), and tagged "red" under =red (kXDqRed without
  * kXDqHalf, the default before), "stage" under =1 (kXKvRs with the staged dQ) and "ss" under
- * =0 (the SS kernel with the staged dQ): both consumers' key rows (S 1000: 8 key blocks), split units (B 2 S 1000
- * non-causal, S 129 MQA 8), key tails (Sk 130, 17), causal Sq > Sk (keyless query tiles) and
- * Sq < Sk, the head-then-tail order, GQA 1 / 4 / 8 / MQA; bf16 and fp16. */
+ * =0 (the SS kernel with the staged dQ): both consumers' key rows (S 1000: 8 key blocks),
+ * split units (B 2 S 1000 non-causal, S 129 MQA 8), key tails (Sk 130, 17), causal Sq > Sk
+ * (keyless query tiles) and Sq < Sk, the head-then-tail order, GQA 1 / 4 / 8 / MQA; bf16
+ * and fp16. */
 static const acase cuda_sm90_kvrs_cases[] = {
     {"cuda hopper-only kvrs S1000 D64 GQA1 B2 (split units)", 2, 1000, 1000, 2, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
     {"cuda hopper-only kvrs S129 D64 MQA8 B2", 2, 129, 129, 8, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, true},
