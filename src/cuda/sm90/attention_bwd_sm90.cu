@@ -561,12 +561,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t128 / 32, lane = t128 % 32, g = lane / 4, q4 = lane % 4;
   const float cl2 = p.scale_log2;
   int tb = 0;   /* tiles of the CTA's walk before this unit (kXPers; else 0) */
-  for (int j = 0; PERS || j == 0; j++) {   /* kXPers: unit after unit; else once */
-    const int ub = PERS && NKVB == 2 ? (j & 1) : 0;   /* the unit's K / V buffer */
-    const int kvph = ((NKVB == 2 ? j >> 1 : j)) & 1;  /* its barrier's phase */
+  for (int ju = 0; PERS || ju == 0; ju++) {   /* kXPers: unit after unit; else once */
+    const int ub = PERS && NKVB == 2 ? (ju & 1) : 0;   /* the unit's K / V buffer */
+    const int kvph = (NKVB == 2 ? ju >> 1 : ju) & 1;   /* its barrier's phase */
     int w = (int)blockIdx.x;
     if constexpr (PST) {
-      w = (int)blockIdx.x + j * (int)gridDim.x;
+      w = (int)blockIdx.x + ju * (int)gridDim.x;
       if (w >= p.n_ctas) break;
       mbar_wait(kv_full(ub), kvph);
     } else if constexpr (PERS) {
