@@ -578,11 +578,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int unit = U.unit, kvh = U.kvh, b = U.b, kb = U.kb, m_hi = U.m_hi, nm = U.nm;
     const int it0 = U.it0, n_loc = U.n_loc;
     const bool split = U.split;
-    const int m_lo = U.m_lo, rot = U.rot;
-    auto tile_of = [&](int it) {
-      const int r = it % nm + rot;
-      return m_lo + (r >= nm ? r - nm : r);
-    };
+    auto tile_of = [&](int it) { return U.tile_of(it); };
     (void)m_hi;
     const int key0 = kb + (HALF ? 0 : c * 64) + warp * 16 + g;   /* keys key0, key0 + 8 */
     float dk[NA], dv[NA];
