@@ -40,6 +40,7 @@ import math
 import os
 import statistics
 import sys
+import time
 
 try:
     import torch
@@ -177,7 +178,7 @@ def broken_variant(env):
     return None
 
 
-from benchutil import GpuSampler, env_set  # noqa: E402  (env_set: the OT_ATTN_SM90_* switches, read per call)
+from benchutil import GpuSampler, env_set, round_order  # noqa: E402  (env_set: the OT_ATTN_SM90_* switches, read per call)
 
 
 def check_case(S, ck, B, sq, sk, hq, hkv, d, dtype=None, wl=-1, wr=-1, scale=None,
@@ -353,12 +354,23 @@ def check_api(S, ck):
 # while the GPU is still busy and the events time the kernels alone. 0 (the default, every
 # record so far): the host work between the start event and the launch is in the time.
 SLEEP_US = 0
+WARM_MS_DEFAULT = 0.0
 
 
-def time_ms(fn, iters=20, warmup=3):
+def time_ms(fn, iters=20, warmup=3, warm_ms=0.0):
+    """Median ms of `iters` calls of fn (CUDA events, each call synchronized), after `warmup`
+    calls and then, where warm_ms > 0, more calls until warm_ms of wall time has passed: the
+    chip's clock under its power cap then is this entry's own steady state, not what the
+    entry run before left (a block of ~10 ms right after a low-power peer ran up to ~10%
+    fast on the H200: bench_attention.py's docstring, --warm-ms)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    if warm_ms > 0:
+        t0 = time.perf_counter()
+        while (time.perf_counter() - t0) * 1e3 < warm_ms:
+            fn()
+            torch.cuda.synchronize()
     ts = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -393,19 +405,29 @@ def variant_envs(d, s, causal):
     return [(n, e) for n, e in v if not broken_variant(e)]
 
 
-def timed_rounds(entries, rounds, iters, sampler=None):
+def timed_rounds(entries, rounds, iters, sampler=None, order="balanced", warm_ms=0.0):
     """{name: [ms per round]} for entries [(name, fn, ctx)]: each round times every entry
-    (median of `iters` calls after 2 warm-ups, inside ctx() when ctx is not None -- e.g.
-    sdpa_kernel, entered once per block of calls, not per call), starting one entry later
-    each round (a rotation: every entry takes every position once in len(entries) rounds).
+    (median of `iters` calls after 2 warm-ups and warm_ms of more calls, inside ctx() when
+    ctx is not None -- e.g. sdpa_kernel, entered once per block of calls, not per call).
+    order "balanced": round r runs the entries in row r of a Williams Latin square
+    (benchutil.round_order): over len(entries) rounds (2x for an odd count) every entry takes
+    every position and runs right after every other entry equally often. order "rotate" (the
+    order before 2026-12-03's twenty-seventh session): round r starts one entry later, a cyclic
+    rotation that keeps each entry's predecessor -- with 3 entries ours always ran right
+    after flash, an --ab variant right after flash or the variant before it, and the entry
+    after the low-power flash peer ran up to ~10% fast (bench/results/attention_order_ab.json).
     sampler (benchutil.GpuSampler): each block of calls is a span of the entry's name."""
+    if order not in ("balanced", "rotate"):
+        raise ValueError(f"order: '{order}' is not balanced or rotate")
     got = {n: [] for n, _, _ in entries}
     for r in range(rounds):
-        for j in range(len(entries)):
-            n, fn, ctx = entries[(r + j) % len(entries)]
+        idx = (round_order(len(entries), r) if order == "balanced"
+               else [(r + j) % len(entries) for j in range(len(entries))])
+        for i in idx:
+            n, fn, ctx = entries[i]
             with (ctx() if ctx is not None else contextlib.nullcontext()), \
                     (sampler.span(n) if sampler is not None else contextlib.nullcontext()):
-                got[n].append(time_ms(fn, iters=iters, warmup=2))
+                got[n].append(time_ms(fn, iters=iters, warmup=2, warm_ms=warm_ms))
     return got
 
 
@@ -557,7 +579,7 @@ def _bench_cases(S, args, gemm, rows, sampler, SDPBackend, sdpa_kernel):
                 if sampler is not None:
                     sampler.reset()
                 ms = timed_rounds([(n, f, c) for n, f, _, c in entries], args.rounds,
-                                  args.iters, sampler)
+                                  args.iters, sampler, order=args.order, warm_ms=args.warm_ms)
                 if sampler is not None:
                     clocks[op] = sampler.summary()
                 tf = {n: [fl / m / 1e9 for m in ms[n]] for n, _, fl, _ in entries}
@@ -618,6 +640,8 @@ def write_json(args, gemm, rows):
     doc = {"bench": "attention", "device": torch.cuda.get_device_name(),
            "date": datetime.date.today().isoformat(), "commit": args.commit,
            "command": args.command, "ceilings": {"gemm_bf16_TFLOPs": round(gemm, 1)},
+           "timing": {"order": args.order, "warm_ms": args.warm_ms, "rounds": args.rounds,
+                      "iters": args.iters},
            "rows": rows}
     with open(args.json, "w") as f:
         json.dump(doc, f, indent=1)
@@ -743,6 +767,14 @@ def main():
                     help="balanced rounds per case (--bench; each times every entry)")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
                     help="--bench: the storage type of q, k, v (ours and the peers alike)")
+    ap.add_argument("--order", choices=("balanced", "rotate"), default="balanced",
+                    help="--bench: each round's order of the entries: rows of a Williams Latin "
+                         "square (every entry right after every other equally often over "
+                         "len(entries) rounds, 2x for an odd count) or the cyclic rotation used "
+                         "before 2026-12-03 (each entry's predecessor fixed)")
+    ap.add_argument("--warm-ms", type=float, default=WARM_MS_DEFAULT,
+                    help="--bench: wall ms of untimed calls before each entry's timed calls in "
+                         "each round (the clock settles under the power cap to the entry's own)")
     ap.add_argument("--iters", type=int, default=10,
                     help="timed calls per entry and round (their median)")
     ap.add_argument("--fwd-only", action="store_true", help="no forward + backward timings")

@@ -8,23 +8,25 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_attention as ba  # noqa: E402
 
 
-def test_timed_rounds_rotates_the_order_and_enters_each_context_once_per_block(monkeypatch):
-    order, entered = [], []
-
-    def fake_time_ms(fn, iters, warmup):
-        fn()
-        return float(len(order))
-
+def _three_entries(order, entered):
     @contextlib.contextmanager
     def ctx():
         entered.append(order[-1] if order else None)
         yield
+    return [("ours", lambda: order.append("ours"), None),
+            ("cudnn", lambda: order.append("cudnn"), ctx),
+            ("flash", lambda: order.append("flash"), None)]
+
+
+def test_timed_rounds_rotates_the_order_and_enters_each_context_once_per_block(monkeypatch):
+    order, entered = [], []
+
+    def fake_time_ms(fn, iters, warmup, warm_ms):
+        fn()
+        return float(len(order))
 
     monkeypatch.setattr(ba, "time_ms", fake_time_ms)
-    entries = [("ours", lambda: order.append("ours"), None),
-               ("cudnn", lambda: order.append("cudnn"), ctx),
-               ("flash", lambda: order.append("flash"), None)]
-    got = ba.timed_rounds(entries, rounds=3, iters=7)
+    got = ba.timed_rounds(_three_entries(order, entered), rounds=3, iters=7, order="rotate")
     # round r starts at entry r: every entry takes every position once in 3 rounds
     assert order == ["ours", "cudnn", "flash", "cudnn", "flash", "ours",
                      "flash", "ours", "cudnn"]
@@ -32,6 +34,34 @@ def test_timed_rounds_rotates_the_order_and_enters_each_context_once_per_block(m
     # each entry's per-round figure is its own call's (the fake returns the calls so far)
     assert got["ours"] == [1.0, 6.0, 8.0] and got["cudnn"] == [2.0, 4.0, 9.0]
     assert len(entered) == 3            # cuDNN's context: once per round, around its block
+
+
+def test_timed_rounds_balanced_order_varies_each_entrys_predecessor(monkeypatch):
+    """The default order: over 2n rounds (n = 3, odd) every entry takes every position
+    equally often and follows every other entry equally often (the rotation kept ours right
+    after flash in every round); warm_ms reaches time_ms."""
+    order, entered, warms = [], [], []
+
+    def fake_time_ms(fn, iters, warmup, warm_ms):
+        warms.append(warm_ms)
+        fn()
+        return 1.0
+
+    monkeypatch.setattr(ba, "time_ms", fake_time_ms)
+    ba.timed_rounds(_three_entries(order, entered), rounds=6, iters=7, warm_ms=25.0)
+    assert warms == [25.0] * 18
+    rounds = [order[3 * r:3 * r + 3] for r in range(6)]
+    assert all(sorted(r) == ["cudnn", "flash", "ours"] for r in rounds)
+    for name in ("ours", "cudnn", "flash"):
+        assert sorted(r.index(name) for r in rounds) == [0, 0, 1, 1, 2, 2]
+    pred = {}
+    for r in rounds:
+        for a, b in zip(r, r[1:]):
+            pred[(a, b)] = pred.get((a, b), 0) + 1
+    assert len(pred) == 6 and set(pred.values()) == {2}   # every ordered pair twice
+    import pytest
+    with pytest.raises(ValueError, match="order"):
+        ba.timed_rounds(_three_entries([], []), rounds=1, iters=1, order="random")
 
 
 def test_bench_cases_parses_shapes_and_rejects_bad_ones():
@@ -70,9 +100,9 @@ def test_timed_rounds_wraps_each_block_in_a_sampler_span(monkeypatch):
             yield
             spans.append(("end", name))
 
-    monkeypatch.setattr(ba, "time_ms", lambda fn, iters, warmup: 1.0)
+    monkeypatch.setattr(ba, "time_ms", lambda fn, iters, warmup, warm_ms: 1.0)
     entries = [("ours", lambda: None, None), ("cudnn", lambda: None, contextlib.nullcontext)]
-    ba.timed_rounds(entries, rounds=2, iters=3, sampler=FakeSampler())
+    ba.timed_rounds(entries, rounds=2, iters=3, sampler=FakeSampler(), order="rotate")
     assert spans == [("begin", "ours"), ("end", "ours"), ("begin", "cudnn"), ("end", "cudnn"),
                      ("begin", "cudnn"), ("end", "cudnn"), ("begin", "ours"), ("end", "ours")]
 
