@@ -354,7 +354,7 @@ def check_api(S, ck):
 # while the GPU is still busy and the events time the kernels alone. 0 (the default, every
 # record so far): the host work between the start event and the launch is in the time.
 SLEEP_US = 0
-WARM_MS_DEFAULT = 0.0
+WARM_MS_DEFAULT = 100.0
 
 
 def time_ms(fn, iters=20, warmup=3, warm_ms=0.0):

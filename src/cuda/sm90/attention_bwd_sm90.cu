@@ -1347,18 +1347,20 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * rounds, bench/results/attention_bwd_pers.json: S 1k 1.069x / causal 1.079x, S 4k 1.041x /
    * 1.064x, S 16k 1.048x / 1.032x); non-causal calls take the static walk (kXPersSt: 1.065x /
    * 1.028x / 1.013x the atomic one at S 1k / 4k / 16k, bench/results/attention_bwd_pers_ahead.json),
-   * causal ones the atomic walk (the static one leaves SMs idle there: 0.86-0.97x). At D 256
-   * (one K / V buffer) the static walk is the non-causal default since the twenty-seventh
-   * session (1.081x / 1.032x one CTA a unit at S 1k / 4k, bench/results/attention_bwd_pers_d256.json);
-   * causal D 256 calls keep one CTA a unit (the atomic walk 1.000x / 0.998x, the static
-   * 0.72-0.79x). At D 128 (kXDqRed | kXSt16) only on request: both walks lost there (0.92-0.98x
-   * at S 1k / 4k, at a higher SM clock than one CTA a unit: not the power limit).
+   * causal ones the atomic walk (the static one leaves SMs idle there: 0.86-0.97x). Timed
+   * again in the twenty-seventh session in a balanced order with 100 ms of warm-up per block
+   * (bench/results/attention_order_ab.json): one CTA a unit 0.944x / 0.964x / 0.969x the
+   * default at S 1k / 4k / 16k full, 0.999x / 1.003x / 0.979x causal. At D 128 (kXDqRed |
+   * kXSt16) and D 256 (one K / V buffer) only on request: D 128 loses under both walks
+   * (0.935x / 0.940x at S 4k full, the dQ red.global queue throttled ~10x as often: ncu),
+   * D 256 is level (one CTA a unit 0.979x / 1.005x the static walk at S 1k / 4k full, inside
+   * that call's A/A spread).
    * OT_ATTN_BWD_SM90_PERS=0: one CTA a unit; =1 the atomic walk, =s the static one; =N / =sN
    * (N >= 2): on a grid of at most N CTAs (tests: many units a CTA). pers: 0 off, 1 kXPers,
    * 2 kXPersSt. */
   const char *xpers = knobs ? getenv("OT_ATTN_BWD_SM90_PERS") : NULL;
   const bool pst = xpers && xpers[0] == 's';
-  const int npers = !xpers ? (a->d == 64 || (a->d == 256 && !p.causal) ? 1 : 0) : pst ? (xpers[1] ? atoi(xpers + 1) : 1)
+  const int npers = !xpers ? (a->d == 64 ? 1 : 0) : pst ? (xpers[1] ? atoi(xpers + 1) : 1)
                                                       : atoi(xpers);
   const int pers = npers < 1 ? 0 : (xpers ? pst : !p.causal) ? 2 : 1;
   p.pers_grid = npers >= 2 ? npers : 0;
