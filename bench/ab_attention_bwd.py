@@ -5,9 +5,9 @@ Each --shim NAME=PATH is a bench/attention_shim.c library of one build (its own 
 of the library, loaded with RTLD_LOCAL). Per case (bf16, BSHD, batch * seq = 32k tokens,
 heads * D = 2048, as bench_attention.py): forward + backward through the public API of each
 build and of torch SDPA's cuDNN and flash backends, and each build's backward alone, in
-ROUNDS rounds; CUDA events, median of 20 calls (10 above S 4k) after 3 warm-ups per entry and
-round; reported: the median over rounds. The order is balanced (benchutil.round_order,
-rows of a Williams Latin square): over len(entries) rounds (2x for an odd count) each entry
+ROUNDS rounds; CUDA events, median of 20 calls (10 above S 4k) after 3 warm-ups and --warm-ms
+(100; since 2026-12-03) of more calls per entry and round; reported: the median over rounds.
+The order is balanced (benchutil.round_order, rows of a Williams Latin square): over len(entries) rounds (2x for an odd count) each entry
 takes every position and runs right after every other entry equally often, so that clock
 drift and the entry run just before hit every entry alike. ROUNDS defaults to the entry count
 (2 per build + 2 peers, always even: 6 for two builds), the fewest rounds that balance it.
@@ -187,10 +187,14 @@ def main():
                     help="NAME=X or NAME=D:X[,D:X] (per head dim, e.g. new=128:1,64:0): the "
                          "shim's checks must run attn_bwd_sm90_kernel<T, D, X>")
     ap.add_argument("--wait-for", help="FILE: wait until it exists before timing")
+    ap.add_argument("--warm-ms", type=float, default=ba.WARM_MS_DEFAULT,
+                    help="wall ms of untimed calls before each entry's timed calls in each round "
+                         "(bench_attention.time_ms; 0: none, as before 2026-12-03)")
     ap.add_argument("--json")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default=" ".join(sys.argv))
     args = ap.parse_args()
+    ba.WARM_MS_DEFAULT = args.warm_ms
     shims, envs, loaded = [], {}, {}
     for s in args.shim:
         name, path, env = parse_shim(s)

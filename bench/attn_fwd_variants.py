@@ -6,7 +6,8 @@ a build with -DOT_ATTN_SM90_EXPERIMENTS carries the bf16 ones) against float64 r
 in interleaved rounds in a balanced order (round_order: clock drift, the position in a round
 and the side run just before hit every side alike; until 2026-11-30 ~11:45 the order was
 fixed, default first; then a cyclic rotation, which kept the default right after flash
-whenever flash was not last), over the benchmark grid of bench_attention.py (bf16,
+whenever flash was not last; since 2026-12-03 each block after --warm-ms, 100, of untimed
+calls of the same side, so that it runs at its own steady clock under the power cap), over the benchmark grid of bench_attention.py (bf16,
 batch*seq = 32k tokens, heads*D = 2048), (3) measures the host time of one call at a small
 shape.
 
@@ -686,6 +687,9 @@ def main():
     ap.add_argument("shim")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warm-ms", type=float, default=ba.WARM_MS_DEFAULT,
+                    help="wall ms of untimed calls before each entry's timed calls in each round "
+                         "(bench_attention.time_ms; 0: none, as before 2026-12-03)")
     ap.add_argument("--dims", default="128,64,256")
     ap.add_argument("--seqs", default="1024,4096,16384")
     ap.add_argument("--json")
@@ -698,6 +702,7 @@ def main():
     ap.add_argument("--no-flash", action="store_true", help="no torch SDPA flash side")
     ap.add_argument("--host-only", action="store_true", help="the host cost only (no checks)")
     args = ap.parse_args()
+    ba.WARM_MS_DEFAULT = args.warm_ms
     global ONLY, CHECK_ONLY
     ONLY = set(args.only.split(",")) if args.only else None
     CHECK_ONLY = set(args.checks.split(",")) if args.checks else ONLY

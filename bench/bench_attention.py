@@ -365,12 +365,16 @@ SLEEP_US = 0
 WARM_MS_DEFAULT = 100.0
 
 
-def time_ms(fn, iters=20, warmup=3, warm_ms=0.0):
+def time_ms(fn, iters=20, warmup=3, warm_ms=None):
     """Median ms of `iters` calls of fn (CUDA events, each call synchronized), after `warmup`
     calls and then, where warm_ms > 0, more calls until warm_ms of wall time has passed: the
     chip's clock under its power cap then is this entry's own steady state, not what the
     entry run before left (a block of ~10 ms right after a low-power peer ran up to ~10%
-    fast on the H200: bench_attention.py's docstring, --warm-ms)."""
+    fast on the H200: bench_attention.py's docstring, --warm-ms). warm_ms None:
+    WARM_MS_DEFAULT (what attn_fwd_variants.py and ab_attention_bwd.py get; their --warm-ms
+    sets it)."""
+    if warm_ms is None:
+        warm_ms = WARM_MS_DEFAULT
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
