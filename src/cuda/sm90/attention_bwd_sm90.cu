@@ -181,10 +181,6 @@ struct bwd_params {
    * where > 0 (tests: long walks on a small grid), else the SMs (host only) */
   int n_ctas, pers_grid;
   int *work_ctr;
-  /* kXPers: CTA i's producer sleeps (i % 8) * pers_stagger_ns before its first load, so
-   * that the CTAs' tile loops run in 8 phases instead of in step (OT_ATTN_BWD_SM90_STAGGER;
-   * 0: none) */
-  int pers_stagger_ns;
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -482,9 +478,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         asm volatile("add.s32 %0, %1, %2;" : "=r"(w) : "r"(wn), "r"((int)gridDim.x));
       if (w < p.n_ctas) wn = claim(j + 1);
     };
-    if constexpr (PERS) {
-      if (p.pers_stagger_ns > 0) __nanosleep((blockIdx.x % 8u) * (unsigned)p.pers_stagger_ns);
-    }
     if constexpr (PERS && NKVB == 1) {
       /* one K / V buffer (D = 256): unit j's first stages, then its K / V once unit j - 1
        * released the buffer */
@@ -1371,10 +1364,6 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
                                                       : atoi(xpers);
   const int pers = npers < 1 ? 0 : (xpers ? pst : !p.causal) ? 2 : 1;
   p.pers_grid = npers >= 2 ? npers : 0;
-  /* OT_ATTN_BWD_SM90_STAGGER=NS (experiment, kXPers only): the walk's CTAs start in 8
-   * phases NS apart (see bwd_params) */
-  const char *xstag = knobs ? getenv("OT_ATTN_BWD_SM90_STAGGER") : NULL;
-  p.pers_stagger_ns = xstag ? atoi(xstag) : 0;
   const bool bf = a->dtype == OT_BF16;
   if (a->d == 64)
     return bf ? launch_x<__nv_bfloat16, 64>(ctx, a, maps, p, rows, zero_bytes, grid, x, st16, n96,
