@@ -433,6 +433,7 @@ static const acase cuda_sm90_wide_cases[] = {
     {"cuda hopper-only wide Sq130 Sk40 D128 GQA2 B2 (one tile of 40) fwd", 2, 130, 40, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only wide Sq300 Sk224 D128 (rem 48) fwd", 1, 300, 224, 2, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     {"cuda hopper-only wide Sq200 Sk529 D128 GQA2 B2 (rem 1) fwd", 2, 200, 529, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    {"cuda hopper-only wide Sq100 Sk2287 D128 GQA4 (rem 175: no narrow step) fwd", 1, 100, 2287, 4, 1, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
 };
 
 /* The Hopper forward's persistent schedule (132 CTAs on an H200) at tile counts just
@@ -1692,11 +1693,31 @@ static void run_sm90_required(test_run *tr) {
       for (size_t i = 0; i < sizeof cuda_sm90_pin_cases / sizeof cuda_sm90_pin_cases[0]; i++) {
         acase c = cuda_sm90_pin_cases[i];
         if (k && !(c.name = PLAIN[i])) continue;
+        /* the two unmasked D128 shapes on the 176-key tile (kFlPin's and kFlNarrow's), which
+         * only OT_ATTN_SM90_TILE=wide reaches since the twenty-seventh session */
+        env_saved tw = env_set("OT_ATTN_SM90_TILE", i < 2 ? "wide" : NULL);
         run_case_grid(tr, &c, DT_BF16);
+        env_restore(&tw);
       }
       env_restore(&pin);
     }
   }
+#ifdef OT_TEST_CUDA
+  {
+    /* unmasked D128 past Sk 2048: the 128-key tile by default since the twenty-seventh
+     * session (steady-state A/B: 1.039x / 1.055x / 1.013x the 176-key tile at Sk 4k / 8k /
+     * 16k, bench/results/attention_fwd_tile128.json); the 176-key tile under =wide */
+    static const acase c = {"cuda hopper-only plan Sq200 Sk4100 D128 GQA2 (128-key tile) fwd", 1, 200, 4100, 4, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false};
+    run_case(tr, &c, DT_BF16);
+    check_sm90_plan(tr, c.name, 2, 128, 0, 0, 0, 4);
+    env_saved tw = env_set("OT_ATTN_SM90_TILE", "wide");
+    acase w = c;
+    w.name = "cuda hopper-only plan wide Sq200 Sk4100 D128 GQA2 (176-key tile) fwd";
+    run_case(tr, &w, DT_BF16);
+    check_sm90_plan(tr, w.name, 2, 176, 0, 0, 0, 4);
+    env_restore(&tw);
+  }
+#endif
   env_saved tile = env_set("OT_ATTN_SM90_TILE", "wide");
   for (size_t i = 0; i < sizeof cuda_sm90_wide_cases / sizeof cuda_sm90_wide_cases[0]; i++)
     run_case(tr, &cuda_sm90_wide_cases[i], DT_BF16);

@@ -1398,13 +1398,20 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     return OT_OK;
   /* The tile choice only: the smaller key tile (that of masked calls) also for short key
    * sequences, where the wide tile's extra per-tile cost is not amortised (S = 1k: D64 369
-   * vs 348 TFLOP/s, D128 503 vs 492; at S = 4k the wide tile wins, D128 650 vs 584).
+   * vs 348 TFLOP/s, D128 503 vs 492; at S = 4k the wide tile won, D128 650 vs 584, in
+   * blocks of calls with no warm-up). At D = 128 the 128-key tile for every call since the
+   * twenty-seventh session (2026-12-03): timed in the steady state (balanced order, 100 ms of
+   * warm-up a block, where the chip runs at its power cap) it is 1.039x / 1.055x / 1.013x
+   * the 176-key tile (with kFlPin and kFlNarrow) at unmasked Sk 4k / 8k / 16k in bf16, 1.017x
+   * at 4k in fp16, against A/A controls of 0.994x / 1.014x / 0.992x / 1.000x
+   * (bench/results/attention_fwd_tile128.json); the wide tile only under =wide. (D = 64's
+   * unmasked calls run 3 consumers, whose tile is 128 keys either way; D = 256's is 80.)
    * OT_ATTN_SM90_TILE=small|wide forces one for every call. */
   const bool knobs = ot_env_any("OT_ATTN_SM90_");   /* the switches read below */
   const char *tile = sm90_knob(knobs, "OT_ATTN_SM90_TILE");
   const bool small_tile = pad96 || (tile ? tile[0] == 's'
                                          : a->window_left >= 0 || a->window_right >= 0 ||
-                                               a->sk <= 2048);
+                                               a->sk <= 2048 || a->d == 128);
   /* Head dim 64: 3 consumer warpgroups (192 query rows, 128 keys; FA3's shape) except
    * for masked calls of at most 64 query tiles of 128 -- 15 where no left window bounds the
    * keys (causal) -- (the persistent causal regime, with sectioned tile order). H200, run of
@@ -1489,7 +1496,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   /* kFlNarrow: an unmasked call whose last key tile is partial runs that tile as a step of
    * its own over the compiled width at or above its keys (D128 176-key tile: 48; D256, in
    * experiment builds: 16 / 64), instead of a whole tile of Q K^T and P V. Default on for
-   * bf16 D128 with the 176-key tile where the last tile has at most 48 keys and Sk <= 6400,
+   * bf16 D128 with the 176-key tile (only under OT_ATTN_SM90_TILE=wide since the
+   * twenty-seventh session) where the last tile has at most 48 keys and Sk <= 6400,
    * i.e. where the padding it saves is >= 2% of the key work: H200, two runs in one process
    * with cuDNN (docs/ATTENTION.md), S 4k (3.0% padding) 1.019x / 1.013x the plain kernel,
    * S 16k (1.0%) 1.004x / 0.991x; D256 (1.5%, 0.1%) 0.97-1.02x, not used.
@@ -1598,7 +1606,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   }
   /* kFlPin: the pipelined step's softmax pinned before its P V's wait (a never-taken branch
    * on the step's row sums, see the kernel). Default on for bf16 unmasked calls on D128's
-   * 176-key tile (with and without the 48-key narrow step) and D64's 3-consumer 128-key tile.
+   * 176-key tile (with and without the 48-key narrow step; that tile only under
+   * OT_ATTN_SM90_TILE=wide since the twenty-seventh session) and D64's 3-consumer 128-key tile.
    * H200, 2026-11-30 (attention_fwd_pin.json, runs 1-2, balanced rounds in one process):
    * D128 S 4k full 1.058x / 1.053x the plain order (19 of 26 round pairs ahead), S 16k
    * 1.016x / 1.002x; D64 full S 4k 1.022x, 16k 1.019x (12 / 16 each); D256 full 0.996x /
