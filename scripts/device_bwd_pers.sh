@@ -18,18 +18,8 @@
 # ROUNDS (6) balanced rounds. Environment: SHAPES, AB, ROUNDS, BENCH_LIMIT (s, 300).
 # Logs and the JSON under $OUT.
 set -uo pipefail
-C=${1:-?}
-OUT=${OUT:-/tmp/ot_bwd_pers_out}
-mkdir -p "$OUT"
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-M=/tmp/ot_bwd_pers
-rm -rf "$M" && mkdir -p "$M" && tar xf .devcarry-verify/verify.tar.xz -C "$M" ||
-  { echo "no .devcarry-verify/verify.tar.xz"; exit 1; }
-export LD_LIBRARY_PATH="$M/lib:${LD_LIBRARY_PATH:-}"
-SHIM=${SHIM:-.devcarry-shim/libattention_shim.so}
-echo "library $(cat "$M/commit.txt"), tree $C"
-T="$M/test_ops --backend cuda --suite attention"
+source "$(dirname "$0")/device_verify_env.sh"
+ot_verify_env bwd_pers "${1:-}"
 stamp smoke
 timeout 30 $T --filter "pers3 bwd256 S129" -v >"$OUT/smoke.log" 2>&1
 rc=$?; tail -2 "$OUT/smoke.log"

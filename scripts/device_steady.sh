@@ -16,22 +16,13 @@
 #   bash scripts/device_verify.sh --pack build-verify; the shim as scripts/device_bwd_pers.sh.
 # ~5 min. Environment: RUNS (the names below, default all), ROUNDS (8), TEST=0 (no suite).
 set -uo pipefail
-C=${1:-?}
-OUT=${OUT:-/tmp/ot_steady_out}
-mkdir -p "$OUT"
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-M=/tmp/ot_steady
-rm -rf "$M" && mkdir -p "$M" && tar xf .devcarry-verify/verify.tar.xz -C "$M" ||
-  { echo "no .devcarry-verify/verify.tar.xz"; exit 1; }
-export LD_LIBRARY_PATH="$M/lib:${LD_LIBRARY_PATH:-}"
-SHIM=${SHIM:-.devcarry-shim/libattention_shim.so}
-echo "library $(cat "$M/commit.txt"), tree $C"
-T="$M/test_ops --backend cuda --suite attention"
+source "$(dirname "$0")/device_verify_env.sh"
+ot_verify_env steady "${1:-}"
 if [ "${TEST:-1}" != 0 ]; then
   stamp "smoke"
   timeout 30 $T --filter "plan Sq200 Sk4100 D128" -v >"$OUT/smoke.log" 2>&1
   rc=$?; tail -2 "$OUT/smoke.log"
+  grep -qE "test_ops: [1-9][0-9]* passed, 0 failed" "$OUT/smoke.log" || rc=${rc/#0/1}   # none ran: no GPU
   [ $rc -eq 0 ] || { echo "smoke rc $rc: stopping"; exit 1; }
   stamp "attention suite: the forward-only cases and the plan checks"
   for f in fwd plan; do
