@@ -41,7 +41,6 @@ RESC = {"OT_ATTN_SM90_RESC": "1"}
 NORESC = {"OT_ATTN_SM90_RESC": "0"}
 WIDE = {"OT_ATTN_SM90_TILE": "wide"}
 SPLIT = {"OT_ATTN_SM90_SPLIT": "1"}
-SMALL = {"OT_ATTN_SM90_TILE": "small"}
 NONPERS = {"OT_ATTN_SM90_NONPERSISTENT": "1"}
 NARROW = {"OT_ATTN_SM90_NARROW": "1"}
 GRID128 = {"OT_ATTN_SM90_GRID": "128"}
@@ -93,11 +92,15 @@ def _variant_list(d, s, causal):
     # multiple of 192; where it is one, "nostag" runs the default twice): "nostag" without it
     if d == 64 and causal:
         v.append(("nostag", NOSTAG))
-    if d == 128 and not causal and s > 2048:          # 176-key tile (small: the 128-key one)
-        v += [("narrow", NARROW), ("split", SPLIT), ("resc", RESC), ("small", SMALL),
-              ("nonpers", NONPERS)]
+    # since the twenty-seventh session (2026-12-03) D128 runs the 128-key tile for every call
+    # (the steady state: 1.04x / 1.06x / 1.01x the 176-key tile at Sk 4k / 8k / 16k); the
+    # 176-key tile's variants ("wide" is that tile with its defaults: kFlPin, and kFlNarrow
+    # where the last tile has at most 48 keys and Sk <= 6400) on top of OT_ATTN_SM90_TILE=wide
+    if d == 128 and not causal and s > 2048:
+        v += [("wide", WIDE), ("widenarrow", {**WIDE, **NARROW}), ("widesplit", {**WIDE, **SPLIT}),
+              ("wideresc", WIDERESC), ("nonpers", NONPERS)]
     if d == 128 and not causal and s > 6400:          # narrow off by default (S 16k): resc is
-        v.append(("rescnarrow", {**RESC, **NARROW}))  # the threshold alone, this both
+        v.append(("widerescnarrow", {**WIDERESC, **NARROW}))  # the threshold alone, this both
     # 4096 (D128) / 2048 (D256) equal tiles: 32 / 16 rounds of 128 CTAs instead of 31 / 15
     # full rounds of 132 and a last one of 4 / 68 (the same number of rounds)
     if d in (128, 256) and not causal:
@@ -214,33 +217,34 @@ def checks(S):
     if ONLY is None or "narrow" in ONLY:
         # kFlNarrow: the partial last key tile as a step of its own at the compiled widths
         # (D128 176-key tile: Sk mod 176 = 1, 8, 16, 33, 47, 48, and Sk = 40, the step alone;
-        # D256: Sk mod 80 = 1, 16, 49, 64), Sq != Sk both ways, GQA, lse, B 2, the multi-tile
+        # D256: Sk mod 80 = 1, 16, 49, 64; the D128 ones on the 176-key tile, which only
+        # OT_ATTN_SM90_TILE=wide reaches since 2026-12-03), Sq != Sk both ways, GQA, lse, B 2, the multi-tile
         # path (GRID 3); widths without an instance (Sk mod 176 = 175, 64), causal calls
         # (declined: the default runs) and fp16 still right
         for d, sq, sk, hq, hkv, grid, extra in (
                 (128, 300, 40, 4, 2, 0, wide), (128, 300, 177, 4, 2, 0, wide),
                 (128, 1000, 360, 4, 1, 0, wide),
-                (128, 200, 2128, 4, 2, 0, {}), (128, 1000, 1089, 4, 4, 3, wide),
-                (128, 500, 2159, 2, 1, 0, {}), (128, 2160, 2160, 2, 1, 3, {}),
-                (128, 300, 2287, 4, 2, 0, {}), (128, 300, 2176, 4, 2, 0, {}),
+                (128, 200, 2128, 4, 2, 0, wide), (128, 1000, 1089, 4, 4, 3, wide),
+                (128, 500, 2159, 2, 1, 0, wide), (128, 2160, 2160, 2, 1, 3, wide),
+                (128, 300, 2287, 4, 2, 0, wide), (128, 300, 2176, 4, 2, 0, wide),
                 (256, 300, 1041, 4, 2, 0, {}), (256, 1000, 1056, 2, 2, 3, {}),
                 (256, 700, 289, 4, 1, 0, {}), (256, 150, 1024, 4, 2, 0, {})):
             env = {**NARROW, **extra}
             if grid:
                 env["OT_ATTN_SM90_GRID"] = str(grid)
             ba.check_case(S, ck, 2, sq, sk, hq, hkv, d, env=env)
-        ba.check_case(S, ck, 2, 700, 2159, 4, 2, 128, wr=0, env=NARROW)
+        ba.check_case(S, ck, 2, 700, 2159, 4, 2, 128, wr=0, env={**NARROW, **wide})
     if ONLY is None or "resc" in ONLY:
         # the rescale threshold with the narrow step (experiment builds: R | narrow at D128
         # 176-key, 48 keys): a last tile of 1 / 47 / 48 keys, GQA, the multi-tile path, scale 1
         # (row maxima that grow by more than 2^8)
         for sq, sk, hq, hkv, grid, scale in ((300, 2113, 4, 2, 0, None), (500, 2159, 2, 1, 3, None),
                                              (2160, 2160, 2, 1, 0, 1.0)):
-            env = {**NARROW, **RESC}
+            env = {**NARROW, **RESC, **wide}   # the 176-key tile: =wide since 2026-12-03
             if grid:
                 env["OT_ATTN_SM90_GRID"] = str(grid)
             ba.check_case(S, ck, 2, sq, sk, hq, hkv, 128, scale=scale, env=env)
-        ba.check_case(S, ck, 2, 300, 2159, 4, 2, 128, dtype=torch.float16, env=NARROW)
+        ba.check_case(S, ck, 2, 300, 2159, 4, 2, 128, dtype=torch.float16, env={**NARROW, **wide})
     if ONLY is None or "split" in ONLY:
         # kFlSplit: the last round's tiles in pieces (GRID n: n_tiles % n tail tiles), every
         # head dim and tile, partial last key tile, GQA, lse; fp16 (not compiled: default)
