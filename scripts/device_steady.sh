@@ -14,7 +14,8 @@
 # min; the whole suite is scripts/device_verify.sh's.)
 # Here, before the call (no GPU): build-verify's ops_transformer_static test_ops ops_transformer,
 #   bash scripts/device_verify.sh --pack build-verify; the shim as scripts/device_bwd_pers.sh.
-# ~5 min. Environment: RUNS (the names below, default all), ROUNDS (8), TEST=0 (no suite).
+# ~6 min. Environment: RUNS (the names below, default all; bwd64: the backward's kXDqHalf
+# default against its predecessor, fwd+bwd), ROUNDS (8), TEST=0 (no suite).
 set -uo pipefail
 source "$(dirname "$0")/device_verify_env.sh"
 ot_verify_env steady "${1:-}"
@@ -39,10 +40,12 @@ if [ "${TEST:-1}" != 0 ]; then
 fi
 AA="aa=OT_ATTN_SM90_NOTHING:1"
 B="python3 bench/bench_attention.py --shim $SHIM --bench --no-variants --fwd-only --commit $C --rounds ${ROUNDS:-8}"
-run() {  # name shapes ab
-  case " ${RUNS:-d64full d64causal d128short d128causal d256} " in *" $1 "*) ;; *) return ;; esac
+run() {  # name shapes ab [fb: forward + backward, the variants' switches the backward's]
+  case " ${RUNS:-d64full d64causal d128short d128causal d256 bwd64} " in *" $1 "*) ;; *) return ;; esac
   stamp "$1"
-  timeout 200 $B --shapes "$2" --ab "$AA;$3" --json "$OUT/$1.json" >"$OUT/$1.log" 2>&1
+  local b=$B aa=$AA
+  [ "${4:-}" = fb ] && b=${B/--fwd-only/} aa="aa=OT_ATTN_BWD_SM90_NOTHING:1,_fb:1"
+  timeout 200 $b --shapes "$2" --ab "$aa;$3" --json "$OUT/$1.json" >"$OUT/$1.log" 2>&1
   echo "rc $?"; grep -E "^attention_|ab |rror" "$OUT/$1.log" | cut -c1-150
 }
 run d64full 8:32:32:4096:64,2:32:32:16384:64 \
@@ -55,5 +58,8 @@ run d128causal 8:16:16:4096:128,2:16:16:16384:128 \
   "noresc=OT_ATTN_SM90_RESC:0,_causal_only:1;st4=OT_ATTN_SM90_ST16:0,_causal_only:1;dyn0=OT_ATTN_SM90_DYN:0,_causal_only:1"
 run d256 8:8:8:4096:256,2:8:8:16384:256 \
   "resc0=OT_ATTN_SM90_RESC:0;st4=OT_ATTN_SM90_ST16:0,_causal_only:1;np=OT_ATTN_SM90_NONPERSISTENT:1,_full_only:1"
+# the backward's D64 defaults of the twenty-sixth session, chosen in bench_attention.py's old
+# cyclic order (the variant right after flash): kXDqHalf against kXKvRs | kXDqRed
+run bwd64 32:32:32:1024:64,8:32:32:4096:64 "red=OT_ATTN_BWD_SM90_KVRS:red,_fb:1" fb
 (cd "$OUT" && ls san_*.log >/dev/null 2>&1 && tar czf logs.tar.gz san_*.log smoke.log && rm -f san_*.log smoke.log)
 stamp done
