@@ -18,7 +18,7 @@ cover must come back handled=false with the output untouched.
 --bench: shared/BENCH.md. bf16, D 64/128/256, S 1k/4k/16k, causal and not, batch*seq = 32k
 tokens, heads*D = 2048. FLOPs 4*B*H*Sq*Sk*D (half for causal), backward 2.5x forward.
 cuBLAS bf16 GEMM 8192^3 measured in the same run is the ceiling. CUDA events, warm-up;
-per case --rounds rounds (default 5): each round times every entry (ours, cuDNN, flash;
+per case --rounds rounds (default 6: a balanced set for 3 entries): each round times every entry (ours, cuDNN, flash;
 forward, then forward + backward) with --iters calls (median) after --warm-ms (100) of
 untimed calls of the same entry, in a balanced order (--order balanced: rows of a Williams
 Latin square, so each entry follows every other equally often over len(entries) rounds, 2x
@@ -775,8 +775,8 @@ def main():
                          "entry is timed; each row gets their means per entry ('clocks')")
     ap.add_argument("--clocks-ms", type=int, default=20,
                     help="--clocks: the sampling period (ms)")
-    ap.add_argument("--rounds", type=int, default=5,
-                    help="balanced rounds per case (--bench; each times every entry)")
+    ap.add_argument("--rounds", type=int, default=6,
+                    help="rounds per case (--bench; each times every entry; the order balances over len(entries) rounds, 2x for an odd count)")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
                     help="--bench: the storage type of q, k, v (ours and the peers alike)")
     ap.add_argument("--order", choices=("balanced", "rotate"), default="balanced",
