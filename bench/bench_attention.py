@@ -20,8 +20,8 @@ tokens, heads*D = 2048. FLOPs 4*B*H*Sq*Sk*D (half for causal), backward 2.5x for
 cuBLAS bf16 GEMM 8192^3 measured in the same run is the ceiling. CUDA events, warm-up;
 per case --rounds rounds (default 6: a balanced set for 3 entries): each round times every
 entry (ours, cuDNN, flash; forward, then forward + backward) with --iters calls (median) after
---warm-ms (100) of
-untimed calls of the same entry, in a balanced order (--order balanced: rows of a Williams
+--warm-ms (100) of untimed calls of the same entry, in a balanced order (--order balanced:
+rows of a Williams
 Latin square, so each entry follows every other equally often over len(entries) rounds, 2x
 for an odd count; 3 entries: 6 rounds). Until 2026-12-03 (twenty-seventh session) the order
 was a cyclic rotation with no warm-up (--order rotate --warm-ms 0): ours always ran right
