@@ -21,19 +21,19 @@ cuBLAS bf16 GEMM 8192^3 measured in the same run is the ceiling. CUDA events, wa
 per case --rounds rounds (default 6: a balanced set for 3 entries): each round times every
 entry (ours, cuDNN, flash; forward, then forward + backward) with --iters calls (median) after
 --warm-ms (100) of untimed calls of the same entry, in a balanced order (--order balanced:
-rows of a Williams
-Latin square, so each entry follows every other equally often over len(entries) rounds, 2x
-for an odd count; 3 entries: 6 rounds). Until 2026-12-03 (twenty-seventh session) the order
-was a cyclic rotation with no warm-up (--order rotate --warm-ms 0): ours always ran right
-after flash, an --ab variant right after flash or the variant before it, and a 10-call block
-right after a low-power entry ran before the power cap pulled the clock back, up to ~10%
-fast (bench/results/attention_order_ab.json); figures recorded before then read ours high
-by up to ~5-9% against cuDNN at some shapes. The JSON's "timing" records the order, the
-warm-up, rounds and iters. A figure is the median of its rounds, and each row also keeps
-its rounds and the median of the per-round ratio ours / best peer ("paired_ratio_best_peer":
-the two sides of a round ran seconds apart, so clock drift over the grid cancels). Before
-2026-12-01 one pass per entry (20 calls): a D128 S4k causal fwd + bwd row read 0.946x there
-against 1.046x in a balanced A/B of the same build in the same hour.
+rows of a Williams Latin square, so each entry follows every other equally often over
+len(entries) rounds, 2x for an odd count; 3 entries: 6 rounds). Until 2026-12-03
+(twenty-seventh session) the order was a cyclic rotation with no warm-up (--order rotate
+--warm-ms 0): ours always ran right after flash, an --ab variant right after flash or the
+variant before it, and a 10-call block right after a low-power entry ran before the power cap
+pulled the clock back, up to ~10% fast (bench/results/attention_order_ab.json); figures
+recorded before then read ours high by up to ~5-9% against cuDNN at some shapes. The JSON's
+"timing" records the order, the warm-up, rounds and iters. A figure is the median of its
+rounds, and each row also keeps its rounds and the median of the per-round ratio ours / best
+peer ("paired_ratio_best_peer": the two sides of a round ran seconds apart, so clock drift
+over the grid cancels). Before 2026-12-01 one pass per entry (20 calls): a D128 S4k causal fwd
++ bwd row read 0.946x there against 1.046x in a balanced A/B of the same build in the same
+hour.
 --clocks (with --bench): nvidia-smi samples the SM clock and board power every --clocks-ms
 while the rounds run (benchutil.GpuSampler); each row gets "clocks", per entry the means of
 the samples taken while that entry's blocks of calls ran: whether a faster or slower entry
