@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
 """ab_attention_bwd.py -- same-process A/B of attention backward builds against torch SDPA.
 
-Each --shim NAME=PATH is a bench/attention_shim.c library of one build (its own static copy
-of the library, loaded with RTLD_LOCAL). Per case (bf16, BSHD, batch * seq = 32k tokens,
-heads * D = 2048, as bench_attention.py): forward + backward through the public API of each
-build and of torch SDPA's cuDNN and flash backends, and each build's backward alone, in
-ROUNDS rounds; CUDA events, median of 20 calls (10 above S 4k) after 3 warm-ups and --warm-ms
-(100; since 2026-12-03) of more calls per entry and round; reported: the median over rounds.
-The order is balanced (benchutil.round_order, rows of a Williams Latin square): over len(entries) rounds (2x for an odd count) each entry
-takes every position and runs right after every other entry equally often, so that clock
-drift and the entry run just before hit every entry alike. ROUNDS defaults to the entry count
-(2 per build + 2 peers, always even: 6 for two builds), the fewest rounds that balance it.
-Until 2026-11-30 ~12:00 UTC the order was a cyclic rotation, which kept every entry's
-predecessor (runs 4-7 of attention_bwd_sm90_ab.json).
-FLOPs: 4 B H S^2 D (half for causal) forward, 2.5x that backward (bench_attention.py).
+Each --shim NAME=PATH is a bench/attention_shim.c library of one build (its own static copy of
+the library, loaded with RTLD_LOCAL). Per case (bf16, BSHD, batch * seq = 32k tokens, heads *
+D = 2048, as bench_attention.py): forward + backward through the public API of each build and
+of torch SDPA's cuDNN and flash backends, and each build's backward alone, in ROUNDS rounds;
+CUDA events, median of 20 calls (10 above S 4k) after 3 warm-ups and --warm-ms (100; since
+2026-12-03) of more calls per entry and round; reported: the median over rounds. The order is
+balanced (benchutil.round_order, rows of a Williams Latin square): over len(entries) rounds
+(2x for an odd count) each entry takes every position and runs right after every other entry
+equally often, so that clock drift and the entry run just before hit every entry alike. ROUNDS
+defaults to the entry count (2 per build + 2 peers, always even: 6 for two builds), the fewest
+rounds that balance it. Until 2026-11-30 ~12:00 UTC the order was a cyclic rotation, which
+kept every entry's predecessor (runs 4-7 of attention_bwd_sm90_ab.json). FLOPs: 4 B H S^2 D
+(half for causal) forward, 2.5x that backward (bench_attention.py).
 
 A shim may carry environment settings, NAME=PATH@VAR=VAL[,VAR=VAL...]: set around each of its
 calls (checks and timed entries), so that one experiment build can be timed with and without a

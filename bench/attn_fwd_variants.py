@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """attn_fwd_variants.py -- one process that (1) checks the Hopper forward's compiled variants
-(template bits of src/cuda/sm90/attention_fwd_sm90.cu, selected by OT_ATTN_SM90_* switches;
-a build with -DOT_ATTN_SM90_EXPERIMENTS carries the bf16 ones) against float64 references,
-(2) times every variant against the default and torch SDPA cuDNN / flash on the same inputs
-in interleaved rounds in a balanced order (round_order: clock drift, the position in a round
-and the side run just before hit every side alike; until 2026-11-30 ~11:45 the order was
-fixed, default first; then a cyclic rotation, which kept the default right after flash
-whenever flash was not last; since 2026-12-03 each block after --warm-ms, 100, of untimed
-calls of the same side, so that it runs at its own steady clock under the power cap), over the benchmark grid of bench_attention.py (bf16,
-batch*seq = 32k tokens, heads*D = 2048), (3) measures the host time of one call at a small
-shape.
+(template bits of src/cuda/sm90/attention_fwd_sm90.cu, selected by OT_ATTN_SM90_* switches; a
+build with -DOT_ATTN_SM90_EXPERIMENTS carries the bf16 ones) against float64 references, (2)
+times every variant against the default and torch SDPA cuDNN / flash on the same inputs in
+interleaved rounds in a balanced order (round_order: clock drift, the position in a round and
+the side run just before hit every side alike; until 2026-11-30 ~11:45 the order was fixed,
+default first; then a cyclic rotation, which kept the default right after flash whenever flash
+was not last; since 2026-12-03 each block after --warm-ms, 100, of untimed calls of the same
+side, so that it runs at its own steady clock under the power cap), over the benchmark grid of
+bench_attention.py (bf16, batch*seq = 32k tokens, heads*D = 2048), (3) measures the host time
+of one call at a small shape.
 
   python3 bench/attn_fwd_variants.py SHIM [--rounds 3] [--dims 128,64,256]
       [--seqs 1024,4096,16384] [--json OUT] [--no-check] [--no-host] [--only a,b]

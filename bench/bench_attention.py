@@ -418,10 +418,11 @@ def variant_envs(d, s, causal):
     return [(n, e) for n, e in v if not broken_variant(e)]
 
 
-def timed_rounds(entries, rounds, iters, sampler=None, order="balanced", warm_ms=0.0):
+def timed_rounds(entries, rounds, iters, sampler=None, order="balanced", warm_ms=None):
     """{name: [ms per round]} for entries [(name, fn, ctx)]: each round times every entry
-    (median of `iters` calls after 2 warm-ups and warm_ms of more calls, inside ctx() when
-    ctx is not None -- e.g. sdpa_kernel, entered once per block of calls, not per call).
+    (median of `iters` calls after 2 warm-ups and warm_ms (None: WARM_MS_DEFAULT) of more
+    calls, inside ctx() when ctx is not None -- e.g. sdpa_kernel, entered once per block of
+    calls, not per call).
     order "balanced": round r runs the entries in row r of a Williams Latin square
     (benchutil.round_order): over len(entries) rounds (2x for an odd count) every entry takes
     every position and runs right after every other entry equally often. order "rotate" (the
@@ -777,7 +778,8 @@ def main():
     ap.add_argument("--clocks-ms", type=int, default=20,
                     help="--clocks: the sampling period (ms)")
     ap.add_argument("--rounds", type=int, default=6,
-                    help="rounds per case (--bench; each times every entry; the order balances over len(entries) rounds, 2x for an odd count)")
+                    help="rounds per case (--bench; each times every entry; the order balances "
+                         "over len(entries) rounds, 2x for an odd count)")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
                     help="--bench: the storage type of q, k, v (ours and the peers alike)")
     ap.add_argument("--order", choices=("balanced", "rotate"), default="balanced",
