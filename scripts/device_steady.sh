@@ -23,7 +23,8 @@ if [ "${TEST:-1}" != 0 ]; then
   stamp "smoke"
   timeout 30 $T --filter "plan Sq200 Sk4100 D128" -v >"$OUT/smoke.log" 2>&1
   rc=$?; tail -2 "$OUT/smoke.log"
-  grep -qE "test_ops: [1-9][0-9]* passed, 0 failed" "$OUT/smoke.log" || rc=${rc/#0/1}   # none ran: no GPU
+  # rc 0 with no case run (no GPU, or the filter matched nothing) is a failure too
+  grep -qE "test_ops: [1-9][0-9]* passed, 0 failed" "$OUT/smoke.log" || { [ $rc -eq 0 ] && rc=1; }
   [ $rc -eq 0 ] || { echo "smoke rc $rc: stopping"; exit 1; }
   stamp "attention suite: the forward-only cases and the plan checks"
   for f in fwd plan; do
