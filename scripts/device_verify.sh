@@ -31,7 +31,8 @@ CARRY=.devcarry-verify
 if [ "${1:-}" = "--pack" ]; then
   set -e
   B=${2:?usage: device_verify.sh --pack BUILD_DIR}
-  grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude
+  X=$(git rev-parse --git-common-dir)/info/exclude   # (a worktree's .git is a file)
+  grep -qx "/$CARRY/" "$X" 2>/dev/null || echo "/$CARRY/" >>"$X"
   S=$(mktemp -d)
   mkdir -p "$S/lib" "$S/include" "$CARRY"
   cp -a "$B"/libops_transformer.so* "$S/lib/"
@@ -48,7 +49,9 @@ if [ "${1:-}" = "--pack" ]; then
   cp -a "$DEPS"/lib/libopenblas.so* "$DEPS"/lib/libgfortran.so.5 "$DEPS"/lib/libquadmath.so.0 "$S/lib/"
   if [ -f /usr/include/dlpack/dlpack.h ]; then cp -r /usr/include/dlpack "$S/include/"
   else cp -r "$DEPS/include/dlpack" "$S/include/"; fi
-  git rev-parse HEAD >"$S/commit.txt"
+  # OT_PACK_COMMIT: the commit the build was made from, where that is not this tree's HEAD
+  # (a build dir of another worktree)
+  echo "${OT_PACK_COMMIT:-$(git rev-parse HEAD)}" >"$S/commit.txt"
   # xz, not gzip: 30 MB against 47.5 (2026-12-03; the kernels' fatbins, twice: in test_ops
   # and in the library), so that the pack and the 14 MB attention shim fit one call's 64 MiB
   # carry together; ~45 s here on 2 cores, a few seconds to unpack there
