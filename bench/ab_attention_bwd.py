@@ -174,7 +174,7 @@ def check_bwd(name, S, env, expect_x=None):
     return fails, n, seen
 
 
-def main():
+def parse_args(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shim", action="append", required=True, help="NAME=PATH[@VAR=VAL,...]")
     ap.add_argument("--cases", default="D128S4096,D128S16384,D64S4096")
@@ -193,7 +193,15 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default=" ".join(sys.argv))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    # what bench_attention.write_json records under "timing" (its own options there): the
+    # order here is always balanced, 20 calls a block (10 above S 4k)
+    args.order, args.iters = "balanced", "20 (10 above S 4096)"
+    return args
+
+
+def main():
+    args = parse_args()
     ba.WARM_MS_DEFAULT = args.warm_ms
     shims, envs, loaded = [], {}, {}
     for s in args.shim:

@@ -6,13 +6,15 @@
 #   .devcarry-ab/base.so.xz      the attention shim (bench/attention_shim.c) of the build before
 #   .devcarry-ab/new.so.xz       the attention shim of the new build (xz: two 19 MB shims and the
 #                                31 MB pack would not fit one call's 64 MiB carry)
-# Steps: a 30 s smoke of one backward case; the whole CUDA attention suite beside
-# compute-sanitizer memcheck / racecheck / synccheck on SAN_CASES; then bench/ab_attention_bwd.py
-# --check (float64 checks of both shims first) in the steady state (balanced order, 100 ms of
-# warm-up a block): base against new at CASES, then both under OT_ATTN_BWD_SM90_PERS=s (the
-# persistent walk, D128 / D256's non-default) at WALK_CASES. Every log goes into one
+# Steps: a 30 s smoke of one backward case; bench/ab_attention_bwd.py --check (float64 checks
+# of both shims first) in the steady state (balanced order, 100 ms of warm-up a block): base
+# against new at CASES, then both under OT_ATTN_BWD_SM90_PERS=s (the persistent walk, D128 /
+# D256's non-default) at WALK_CASES; then the whole CUDA attention suite (-v, SUITE_LIMIT s)
+# beside compute-sanitizer memcheck / racecheck / synccheck on SAN_CASES ("": none). Every log goes into one
 # logs.tar.gz (a call returns at most 8 files); the summary is printed last.
-# Environment: CASES, WALK_CASES (empty: skip), ROUNDS (6), SAN_CASES ("a;b"), TEST=0.
+# Environment: CASES, WALK_CASES (empty: skip), ROUNDS (6), SAN_CASES ("a;b"), SUITE_LIMIT
+# (300), TEST=0 (no suite, no sanitizers). The suite runs line-buffered (stdbuf): a run cut by
+# its limit still shows every case it finished.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .devcarry-verify && cp .devcarry-ab/verify.tar.xz .devcarry-verify/verify.tar.xz || exit 1
@@ -22,28 +24,11 @@ for s in base new; do xz -dc ".devcarry-ab/$s.so.xz" >"/tmp/shim_$s.so" || exit 
 SUM=$OUT/summary.txt
 : >"$SUM"
 say() { echo "$*" | tee -a "$SUM"; }
-if [ "${TEST:-1}" != 0 ]; then
-  stamp smoke
-  timeout 30 $T --filter "${SMOKE:-pers3 bwd256 S129}" -v >"$OUT/smoke.log" 2>&1
-  rc=$?; tail -1 "$OUT/smoke.log"
-  grep -qE "test_ops: [1-9][0-9]* passed, 0 failed" "$OUT/smoke.log" || { [ $rc -eq 0 ] && rc=1; }
-  [ $rc -eq 0 ] || { say "smoke rc $rc: stopping"; (cd "$OUT" && tar czf logs.tar.gz *.log); exit 1; }
-  stamp "attention suite + sanitizers"
-  (timeout 300 $T >"$OUT/suite.log" 2>&1; echo "rc $?" >>"$OUT/suite.log") &
-  i=0
-  IFS=';' read -ra SC <<<"${SAN_CASES:-pers3 bwd256 S129;pers3s bwd256 causal Sq>Sk}"
-  for c in "${SC[@]}"; do
-    for t in memcheck racecheck synccheck; do
-      i=$((i + 1))
-      (timeout 240 compute-sanitizer --tool $t --error-exitcode 9 $T --filter "$c" \
-         >"$OUT/san_$i.log" 2>&1; echo "rc $? ($t | $c)" >>"$OUT/san_$i.log") &
-    done
-  done
-  wait
-  say "suite: $(grep -E 'passed,' "$OUT/suite.log" | tail -1) $(tail -1 "$OUT/suite.log")"
-  grep -E "^FAIL" "$OUT/suite.log" | head -5 | tee -a "$SUM"
-  for k in $(seq 1 $i); do say "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^rc" "$OUT/san_$k.log" | tail -2 | tr '\n' ' ')"; done
-fi
+stamp smoke
+timeout 30 $T --filter "${SMOKE:-pers3 bwd256 S129}" -v >"$OUT/smoke.log" 2>&1
+rc=$?; tail -1 "$OUT/smoke.log"
+grep -qE "test_ops: [1-9][0-9]* passed, 0 failed" "$OUT/smoke.log" || { [ $rc -eq 0 ] && rc=1; }
+[ $rc -eq 0 ] || { say "smoke rc $rc: stopping"; (cd "$OUT" && tar czf logs.tar.gz *.log); exit 1; }
 ab() {  # name cases base-shim-spec new-shim-spec
   [ -n "$2" ] || return
   stamp "bench $1"
@@ -55,6 +40,23 @@ ab() {  # name cases base-shim-spec new-shim-spec
 ab ab_default "${CASES-D64S1024,D64S4096,D128S4096,D128S16384,D256S1024,D256S4096}" base=/tmp/shim_base.so new=/tmp/shim_new.so
 ab ab_walk "${WALK_CASES-D128S4096,D256S1024,D256S4096}" \
   base_s=/tmp/shim_base.so@OT_ATTN_BWD_SM90_PERS=s new_s=/tmp/shim_new.so@OT_ATTN_BWD_SM90_PERS=s
+if [ "${TEST:-1}" != 0 ]; then
+  stamp "attention suite + sanitizers"
+  (timeout "${SUITE_LIMIT:-300}" stdbuf -oL $T -v >"$OUT/suite.log" 2>&1; echo "rc $?" >>"$OUT/suite.log") &
+  i=0
+  IFS=';' read -ra SC <<<"${SAN_CASES-pers3 bwd256 S129;pers3s bwd256 causal Sq>Sk}"
+  for c in "${SC[@]}"; do
+    for t in memcheck racecheck synccheck; do
+      i=$((i + 1))
+      (timeout 240 compute-sanitizer --tool $t --error-exitcode 9 $T --filter "$c" \
+         >"$OUT/san_$i.log" 2>&1; echo "rc $? ($t | $c)" >>"$OUT/san_$i.log") &
+    done
+  done
+  wait
+  say "suite: $(grep -E 'passed,' "$OUT/suite.log" | tail -1) $(tail -1 "$OUT/suite.log"), $(grep -c '^ok' "$OUT/suite.log") cases ok"
+  grep -E "^FAIL" "$OUT/suite.log" | head -5 | tee -a "$SUM"
+  for k in $(seq 1 $i); do say "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^rc" "$OUT/san_$k.log" | tail -2 | tr '\n' ' ')"; done
+fi
 (cd "$OUT" && tar czf logs.tar.gz *.log && rm -f *.log)
 stamp done
 echo "==== summary"; cat "$SUM"

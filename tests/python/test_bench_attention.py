@@ -139,3 +139,18 @@ def test_gpu_sampler_without_nvidia_smi_reports_nothing():
         pass
     s.close()
     assert s.summary() == {}
+
+
+def test_ab_attention_bwd_args_carry_what_write_json_records(monkeypatch, tmp_path):
+    # ab_attention_bwd.py passes its own options to bench_attention.write_json, which reads
+    # the timing fields of bench_attention's parser too (a missing one failed the device run
+    # of 2026-12-03 21:30 after its first case)
+    import json
+    import ab_attention_bwd as ab
+    out = tmp_path / "ab.json"
+    args = ab.parse_args(["--shim", "a=x.so", "--json", str(out), "--rounds", "4"])
+    monkeypatch.setattr(ba.torch.cuda, "get_device_name", lambda *a: "test device")
+    ba.write_json(args, 700.0, [{"op": "attention_fwd_bwd"}])
+    doc = json.loads(out.read_text())
+    assert doc["timing"]["order"] == "balanced" and doc["timing"]["rounds"] == 4
+    assert doc["timing"]["warm_ms"] == ba.WARM_MS_DEFAULT and doc["rows"]
