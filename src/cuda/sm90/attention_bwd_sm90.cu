@@ -578,7 +578,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int unit = U.unit, kvh = U.kvh, b = U.b, kb = U.kb, m_hi = U.m_hi, nm = U.nm;
     const int it0 = U.it0, n_loc = U.n_loc;
     const bool split = U.split;
-    auto tile_of = [&](int it) { return U.tile_of(it); };
     (void)m_hi;
     const int key0 = kb + (HALF ? 0 : c * 64) + warp * 16 + g;   /* keys key0, key0 + 8 */
     float dk[NA], dv[NA];
@@ -611,9 +610,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* HALF: the consumer's columns of dO / Q (B of dV / dK): 64-column blocks 2c, 2c + 1 */
     const uint32_t bcol = HALF ? (uint32_t)c * (DW / 64) * (kBq * 128) : 0u;
 
+    /* The walk's position it0 + t as (it % nm, it / nm), advanced by one a tile rather than
+     * divided by nm twice a tile (per thread under kXPers, whose unit values are not
+     * uniform; prepared 2026-12-03, twenty-seventh session, not yet measured) */
+    int wr = nm > 0 ? it0 % nm : 0, wq = nm > 0 ? it0 / nm : 0;
     for (int t = 0; t < n_loc; t++) {
       const int tt = (PERS ? tb : 0) + t, s = tt % kStages;   /* the CTA's tt-th tile */
-      const int i0 = tile_of(it0 + t) * kBq;   /* the query head (it / nm) matters only to the loads */
+      const int rr = wr + U.rot;   /* = U.tile_of(it0 + t) - m_lo, before the wrap */
+      const int i0 = (U.m_lo + (rr >= nm ? rr - nm : rr)) * kBq;
+      const int hoff = wq;         /* (it0 + t) / nm: the query head within the group */
+      (void)hoff;                  /* (read by kXDqRed's reductions only) */
+      if (++wr == nm) {
+        wr = 0;
+        wq++;
+      }
       const uint32_t q_base = s_base + L::q_off + s * L::q_bytes;
       const uint32_t do_base = s_base + L::do_off + s * L::q_bytes;
       mbar_wait(bar(BAR_FULL + s), (tt / kStages) & 1);
@@ -788,7 +798,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (RED) {
           /* kXDqRed: the same fragment order straight into the accumulator's tile (as the dQ
            * writer's, see there): float4 j of thread t128 at float 512 j + 4 t128. */
-          const int h = kvh * p.group + (it0 + t) / nm;
+          const int h = kvh * p.group + hoff;
           float *acc =
               p.dq_acc +
               ((((int64_t)b * p.hq + h) * m_hi + i0 / kBq) * (D / 64) + cb) * kDqTile + 4 * t128;
