@@ -377,7 +377,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   /* K / V buffers of the walk: D = 256 (HALF) has no room for a second one (no staging
    * tiles), so there the producer loads unit j's K / V once the consumers are done with unit
    * j - 1 -- their dK / dV stores then run under that load -- after issuing unit j's first
-   * Q / dO stages (experiment, prepared 2026-12-03, not yet measured) */
+   * Q / dO stages (2026-12-03: the D256 walk with it is level with one CTA a unit in the
+   * steady state, 0.98-1.00x; docs/ATTENTION.md) */
   constexpr int NKVB = HALF ? 1 : 2;
   /* kXPersSt (with kXPers; the D = 64 default of non-causal calls, OT_ATTN_BWD_SM90_PERS=s
    * elsewhere): CTA i walks units i, i + grid, i + 2 grid, ... (no counter; every unit value
@@ -612,7 +613,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     /* The walk's position it0 + t as (it % nm, it / nm), advanced by one a tile rather than
      * divided by nm twice a tile (per thread under kXPers, whose unit values are not
-     * uniform; prepared 2026-12-03, twenty-seventh session, not yet measured) */
+     * uniform): 4.8-7.2% fewer instructions in the tile loop; fwd+bwd 1.045x at D64 causal,
+     * 1.013-1.021x at D128 S4k, 0.99x at D256 S4k; the D128 walk 1.075x
+     * (bench/results/attention_bwd_incr_tile.json, 2026-12-03) */
     int wr = nm > 0 ? it0 % nm : 0, wq = nm > 0 ? it0 / nm : 0;
     for (int t = 0; t < n_loc; t++) {
       const int tt = (PERS ? tb : 0) + t, s = tt % kStages;   /* the CTA's tt-th tile */
