@@ -47,19 +47,10 @@ ab ab_walk "${WALK_CASES-D128S4096,D256S1024,D256S4096}" \
 if [ "${TEST:-1}" != 0 ]; then
   stamp "attention suite + sanitizers"
   (timeout "${SUITE_LIMIT:-300}" stdbuf -oL $T -v >"$OUT/suite.log" 2>&1; echo "rc $?" >>"$OUT/suite.log") &
-  i=0
-  IFS=';' read -ra SC <<<"${SAN_CASES-pers3 bwd256 S129;pers3s bwd256 causal Sq>Sk}"
-  for c in "${SC[@]}"; do
-    for t in memcheck racecheck synccheck; do
-      i=$((i + 1))
-      (timeout 240 compute-sanitizer --tool $t --error-exitcode 9 $T --filter "$c" \
-         >"$OUT/san_$i.log" 2>&1; echo "rc $? ($t | $c)" >>"$OUT/san_$i.log") &
-    done
-  done
+  [ -n "${SAN_CASES-x}" ] && ot_sanitize 240 "${SAN_CASES-pers3 bwd256 S129;pers3s bwd256 causal Sq>Sk}" | tee -a "$SUM"
   wait
   say "suite: $(grep -E 'passed,' "$OUT/suite.log" | tail -1) $(tail -1 "$OUT/suite.log"), $(grep -c '^ok' "$OUT/suite.log") cases ok"
   grep -E "^FAIL" "$OUT/suite.log" | head -5 | tee -a "$SUM"
-  for k in $(seq 1 $i); do say "$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^rc" "$OUT/san_$k.log" | tail -2 | tr '\n' ' ')"; done
 fi
 (cd "$OUT" && tar czf logs.tar.gz *.log && rm -f *.log)
 stamp done

@@ -28,16 +28,7 @@ stamp "tests: pers"
 timeout 180 $T --filter pers -v >"$OUT/tests.log" 2>&1; echo "rc $?" >>"$OUT/tests.log"
 grep -E "^FAIL|passed,|^rc" "$OUT/tests.log" | tail -4
 stamp sanitizers
-i=0
-for c in "pers3 bwd256 S129" "pers3s bwd256 causal Sq>Sk"; do
-  for t in memcheck racecheck synccheck; do
-    i=$((i + 1))
-    (timeout 120 compute-sanitizer --tool $t --error-exitcode 9 $T --filter "$c" \
-       >"$OUT/san_$i.log" 2>&1; echo "rc $? ($t | $c)" >>"$OUT/san_$i.log") &
-  done
-done
-wait
-for k in $(seq 1 $i); do grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^rc" "$OUT/san_$k.log" | tail -2 | tr '\n' ' '; echo; done
+ot_sanitize 120 "pers3 bwd256 S129;pers3s bwd256 causal Sq>Sk"
 stamp bench
 timeout "${BENCH_LIMIT:-300}" python3 bench/bench_attention.py --shim "$SHIM" --bench --no-variants --clocks \
   --rounds "${ROUNDS:-6}" --shapes "${SHAPES:-32:16:16:1024:128,8:16:16:4096:128,32:8:8:1024:256,8:8:8:4096:256}" \

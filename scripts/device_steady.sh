@@ -32,12 +32,7 @@ if [ "${TEST:-1}" != 0 ]; then
     grep -E "^FAIL|passed,|^rc" "$OUT/tests_$f.log" | tail -3
   done
   stamp sanitizers
-  for t in memcheck racecheck synccheck; do
-    (timeout 120 compute-sanitizer --tool $t --error-exitcode 9 $T --filter "plan Sq200 Sk4100 D128 GQA2 (128" \
-       >"$OUT/san_$t.log" 2>&1; echo "rc $? ($t)" >>"$OUT/san_$t.log") &
-  done
-  wait
-  for t in memcheck racecheck synccheck; do grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^rc" "$OUT/san_$t.log" | tail -2 | tr '\n' ' '; echo; done
+  ot_sanitize 120 "plan Sq200 Sk4100 D128 GQA2 (128"
 fi
 AA="aa=OT_ATTN_SM90_NOTHING:1"
 B="python3 bench/bench_attention.py --shim $SHIM --bench --no-variants --fwd-only --commit $C --rounds ${ROUNDS:-8}"
