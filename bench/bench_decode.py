@@ -39,7 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fused_ops import time_ms as _time_ms  # noqa: E402
-from benchutil import env_set  # noqa: E402
+from benchutil import env_set, round_order  # noqa: E402
 
 C = ctypes
 i64, vp, cint = C.c_int64, C.c_void_p, C.c_int
@@ -120,10 +120,10 @@ def run_env(env, fn, shim=None):
             shim.lib.shim_set_kv_ready(0)
 
 
-def time_ms(fn, iters=25, inner=5, warmup=3):
+def time_ms(fn, iters=25, inner=5, warmup=3, warm_ms=0.0):
     """bench_fused_ops.time_ms (a ~1 ms torch.cuda._sleep, then events around `inner`
     calls; median of `iters`) for one function."""
-    return _time_ms([fn], iters=iters, inner=inner, warmup=warmup)
+    return _time_ms([fn], iters=iters, inner=inner, warmup=warmup, warm_ms=warm_ms)
 
 
 def read_ceiling():
@@ -671,10 +671,23 @@ def arena_rows(binary):
     }]
 
 
+def ab_round(entries, r, order):
+    """Round r's order of the --ab entries (builds, then the peers). "balanced" (the default
+    since 2026-12-03): a row of a Williams Latin square (benchutil.round_order), so that over
+    len(entries) rounds (2x for an odd count) each entry runs right after every other equally
+    often. "legacy": the order before, the builds forward in even rounds and reversed in odd
+    ones, then cuDNN, then flash every round (cuDNN always right after a build, the first
+    build right after flash)."""
+    if order == "legacy":
+        b = [n for n in entries if n not in AB_PEERS]
+        return (b if r % 2 == 0 else b[::-1]) + [n for n in entries if n in AB_PEERS]
+    return [entries[i] for i in round_order(len(entries), r)]
+
+
 def ab(args):
     """--ab: builds (one shim each, loaded in this process) and SDPA cuDNN / flash timed round
-    by round at each page-16 shape, the builds' order reversed every other round (a drift
-    of the GPU's state over a row then weighs on each build alike). Also the largest
+    by round at each page-16 shape, in the order ab_round gives (--order), each entry's block
+    after --warm-ms of its own untimed calls. Also the largest
     |difference| of each build's output from the first's (same inputs; 0.0 only when the
     bits are the same). A build NAME=SHIM@VAR=VALUE@... is SHIM with those variables (and
     the key kv_ready, run_env) set around its calls; --ab-shapes picks the shapes."""
@@ -713,14 +726,17 @@ def ab(args):
             except RuntimeError as e:
                 print(f"ab {name} unavailable: {str(e).splitlines()[0][:80]}", flush=True)
         names = [n for n, _ in builds]
-        us = {n: [] for n in names + list(peers)}
+        entries = names + list(peers)
+        us = {n: [] for n in entries}
+        wm = args.warm_ms
         for r in range(args.rounds):
-            order = names if r % 2 == 0 else names[::-1]
-            for n in order:
-                us[n].append(round(calls[n](fn=lambda: time_ms(raw[n])) * 1e3, 2))
-            for n, be in peers.items():
-                with sdpa_kernel([be]):
-                    us[n].append(round(time_ms(lambda: sdpa_grouped(c["q"], kc, vc)) * 1e3, 2))
+            for n in ab_round(entries, r, args.order):
+                if n in peers:
+                    with sdpa_kernel([peers[n]]):
+                        us[n].append(round(time_ms(lambda: sdpa_grouped(c["q"], kc, vc),
+                                                   warm_ms=wm) * 1e3, 2))
+                else:
+                    us[n].append(round(calls[n](fn=lambda: time_ms(raw[n], warm_ms=wm)) * 1e3, 2))
         plans, diff = {}, {}
         for n, S in builds:
             calls[n]()
@@ -749,6 +765,8 @@ def ab(args):
             json.dump({"bench": "decode_ab_same_process", "device": torch.cuda.get_device_name(),
                        "date": datetime.date.today().isoformat(), "commit": args.commit,
                        "command": args.command, "builds": args.ab, "rounds": args.rounds,
+                       "timing": {"order": args.order, "warm_ms": args.warm_ms,
+                                  "iters": "25 blocks of 5 calls a round, median"},
                        "ceilings": {"read_TBps": round(ceiling, 3),
                                     "read_stream_TBps": round(stream, 3)
                                     if isinstance(stream, float) else stream},
@@ -790,6 +808,11 @@ def main():
                     "cuDNN / flash on the same cache made contiguous, the order of the builds "
                     "alternating by round; medians and every round's us per call (-> --json), and exit")
     ap.add_argument("--rounds", type=int, default=6, help="with --ab: rounds per shape")
+    ap.add_argument("--order", choices=("balanced", "legacy"), default="balanced",
+                    help="with --ab: the entries' order each round (ab_round)")
+    ap.add_argument("--warm-ms", type=float, default=0.0,
+                    help="with --ab: ms of untimed calls of each entry before its timed block "
+                         "(bench_fused_ops.time_ms; 0: none, as before 2026-12-03)")
     ap.add_argument("--ab-shapes", metavar="BxCTX,...", help="with --ab: these page-16 shapes "
                     "instead of SHAPES + ENGINE_SHAPES")
     ap.add_argument("--shapes", metavar="BxCTX,...", help="the grid at these shapes (pages 16 "

@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -558,12 +559,23 @@ def sanitize_once(S, all_families):
 SLEEP_CYCLES = 2_000_000 if hasattr(torch.cuda, "_sleep") else 0  # ~1 ms at 1.98 GHz
 
 
-def time_ms(fns, iters=25, inner=5, warmup=3):
-    """median over `iters` of (events around `inner` calls) / inner; fns alternate."""
+def time_ms(fns, iters=25, inner=5, warmup=3, warm_ms=0.0):
+    """median over `iters` of (events around `inner` calls) / inner; fns alternate.
+    warm_ms > 0: after the `warmup` calls, more calls until warm_ms of wall time has passed,
+    so that the H200's clock under its power cap is this entry's own, not what the entry
+    timed before it left (bench_attention.time_ms, whose blocks read up to ~10% fast right
+    after a low-power peer). 0 (the default): as before 2026-12-03; bench_decode.py --ab
+    passes its --warm-ms."""
     n = len(fns)
     for i in range(warmup * n):
         fns[i % n]()
     torch.cuda.synchronize()
+    if warm_ms > 0:
+        t0, i = time.perf_counter(), 0
+        while (time.perf_counter() - t0) * 1e3 < warm_ms:
+            fns[i % n]()
+            i += 1
+            torch.cuda.synchronize()
     ts = []
     k = 0
     for _ in range(iters):

@@ -22,3 +22,58 @@ def test_ab_fields_first_build_is_ours_the_rest_variants():
 def test_ab_fields_without_peers():
     f = bd.ab_bench_fields(["a", "b"], {"a": 1.0, "b": 2.0}, {"a": 0.2, "b": 0.4})
     assert f["peers"] == {} and f["ratio_best_peer"] is None and f["variants"] == {"b": 2.0}
+
+
+def test_ab_round_balanced_gives_every_entry_every_predecessor():
+    entries = ["default", "new", "cudnn", "flash"]
+    pairs = {}
+    for r in range(len(entries)):
+        row = bd.ab_round(entries, r, "balanced")
+        assert sorted(row) == sorted(entries)
+        for a, b in zip(row, row[1:]):
+            pairs[(a, b)] = pairs.get((a, b), 0) + 1
+    # 4 rounds x 3 adjacent pairs = 12 = every ordered pair of distinct entries once
+    assert len(pairs) == 12 and set(pairs.values()) == {1}
+
+
+def test_ab_round_legacy_keeps_the_old_order():
+    entries = ["a", "b", "cudnn", "flash"]
+    assert bd.ab_round(entries, 0, "legacy") == ["a", "b", "cudnn", "flash"]
+    assert bd.ab_round(entries, 1, "legacy") == ["b", "a", "cudnn", "flash"]
+
+
+def test_time_ms_warm_up_runs_the_calls_for_warm_ms_before_timing(monkeypatch):
+    import bench_fused_ops as bf
+
+    class Ev:
+        def __init__(self, **kw):
+            self.t = 0.0
+
+        def record(self):
+            self.t = len(calls)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return float(other.t - self.t)
+
+    class Clock:
+        now = 0.0
+
+    calls = []
+
+    def fn():
+        calls.append(Clock.now)
+        Clock.now += 0.001   # each call 1 ms of wall time
+
+    monkeypatch.setattr(bf.torch.cuda, "Event", Ev)
+    monkeypatch.setattr(bf.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bf.time, "perf_counter", lambda: Clock.now)
+    monkeypatch.setattr(bf, "SLEEP_CYCLES", 0)
+    ms = bf.time_ms([fn], iters=4, inner=5, warmup=3, warm_ms=20.0)
+    # 3 warm-up calls, then 20 more (20 ms at 1 ms a call), then 4 x 5 timed calls
+    assert len(calls) == 3 + 20 + 20 and ms == 1.0
+    calls.clear()
+    bf.time_ms([fn], iters=4, inner=5, warmup=3)
+    assert len(calls) == 3 + 20   # no warm-up by default
