@@ -1364,10 +1364,13 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * again in the twenty-seventh session in a balanced order with 100 ms of warm-up per block
    * (bench/results/attention_order_ab.json): one CTA a unit 0.944x / 0.964x / 0.969x the
    * default at S 1k / 4k / 16k full, 0.999x / 1.003x / 0.979x causal. At D 128 (kXDqRed |
-   * kXSt16) and D 256 (one K / V buffer) only on request: D 128 loses under both walks
-   * (0.935x / 0.940x at S 4k full, the dQ red.global queue throttled ~10x as often: ncu),
-   * D 256 is level (one CTA a unit 0.979x / 1.005x the static walk at S 1k / 4k full, inside
-   * that call's A/A spread).
+   * kXSt16) and D 256 (one K / V buffer) only on request: D 128 lost under both walks
+   * (0.935x / 0.940x at S 4k full, the dQ red.global queue throttled ~10x as often: ncu)
+   * until the tile loop lost its divisions (twenty-eighth session): since then its static
+   * walk reads 1.026x one CTA a unit at S 4k full, 0.885x causal (one run, 8 rounds,
+   * bench/results/attention_bwd_incr_tile.json) -- the non-causal default once a second
+   * call confirms it; D 256 is level (one CTA a unit 0.979x / 1.005x the static walk at S 1k
+   * / 4k full, inside that call's A/A spread; 0.970x the walk after the change).
    * OT_ATTN_BWD_SM90_PERS=0: one CTA a unit; =1 the atomic walk, =s the static one; =N / =sN
    * (N >= 2): on a grid of at most N CTAs (tests: many units a CTA). pers: 0 off, 1 kXPers,
    * 2 kXPersSt. */
