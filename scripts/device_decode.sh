@@ -22,7 +22,8 @@
 # build), ABX="name ..." (the builds in ONE process, bench_decode.py --ab, AB_ROUNDS rounds
 # with cuDNN / flash -> $OUT/ab.json; on failure AB falls back to them; an entry
 # NAME=BUILD@VAR=VALUE@... is packed build BUILD with those variables set around its calls,
-# e.g. merge0=default@OT_PAGED_MERGE=0, old=old@kv_ready=1; AB_SHAPES="16x4096,..." the shapes), MEM=1 (the memory
+# e.g. merge0=default@OT_PAGED_MERGE=0, old=old@kv_ready=1; AB_SHAPES="16x4096,..." the shapes;
+# AB_ARGS: more bench_decode.py arguments, e.g. "--order legacy --warm-ms 100"), MEM=1 (the memory
 # suite, MEM_FILTER its filter), SAN_FILTERS / RACE_FILTERS / SYNC_FILTERS (as
 # below), then the traces, NCU_CASES (ncu of ours and cuDNN).
 set -uo pipefail
@@ -141,7 +142,7 @@ if [ "$MODE" = probe ]; then
     done
     stamp "ab (one process): $ABX"
     timeout "${ABX_TIMEOUT:-60}" python3 bench/bench_decode.py --shim none --ab "$spec" --rounds "${AB_ROUNDS:-6}" \
-      ${AB_SHAPES:+--ab-shapes "$AB_SHAPES"} --json "$OUT/ab.json" --commit "$COMMIT" >"$LOGS/ab.log" 2>&1
+      ${AB_SHAPES:+--ab-shapes "$AB_SHAPES"} ${AB_ARGS:-} --json "$OUT/ab.json" --commit "$COMMIT" >"$LOGS/ab.log" 2>&1
     rc=$?; echo "ab rc=$rc"; grep '^ab' "$LOGS/ab.log" | tee -a "$OUT/probe.log"
     if [ $rc != 0 ]; then tail -5 "$LOGS/ab.log"; [ -n "${AB:-}" ] || AB=$ABX; fi  # then one process per build
   fi
