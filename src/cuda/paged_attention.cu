@@ -766,7 +766,7 @@ __device__ __forceinline__ T *pa_warp_ring(unsigned char *smem, int warp, int la
  * ex2.approx.ftz. */
 template <typename T, int D, int S, bool XT, typename P = pa_params, bool AL = false,
           int NW = kPaWarps>
-__global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
+__global__ void __launch_bounds__(32 * NW, (S <= 3 && NW == 4) || (S == 2 && NW == 6) ? 2 : 1)
     pa_mma_kernel(const __grid_constant__ P p) {
   constexpr int KS = D / 16;   /* k-steps of QK */
   constexpr int NT = D / 8;    /* n-tiles of PV */
@@ -1956,10 +1956,11 @@ static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots,
    * (4- and 8-warp CTAs) is kept per host thread. The scan (up to 2 x 1024 chunks since s
    * reaches ceil(len / 64), three 64-bit divisions each) took 18-32 us of host time per
    * call at 128 x 32k / 1 x 64k. */
-  static thread_local int64_t last_args[2][3] = {{-1, -1, -1}, {-1, -1, -1}};
+  static thread_local int64_t last_args[2][4] = {{-1, -1, -1, -1}, {-1, -1, -1, -1}};
   static thread_local int last_splits[2] = {1, 1};
   const int ci = min_chunk == kPaMinChunk ? 0 : 1;
-  if (base == last_args[ci][0] && est_len == last_args[ci][1] && slots == last_args[ci][2])
+  if (base == last_args[ci][0] && est_len == last_args[ci][1] && slots == last_args[ci][2] &&
+      min_chunk == last_args[ci][3])
     return last_splits[ci];
   /* rounded up: a table of 2080 keys (the engine's, sized for max_len) may take 33 chunks of
    * 64, which rounding down ruled out (17 of 128 instead) */
@@ -1979,6 +1980,7 @@ static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots,
       break;
     }
   last_args[ci][0] = base, last_args[ci][1] = est_len, last_args[ci][2] = slots;
+  last_args[ci][3] = min_chunk;
   last_splits[ci] = splits;
   return splits;
 }
@@ -2063,7 +2065,11 @@ static pa_env pa_read_env() {
       e.aligned = !ot_env_is_zero(val);
     } else if (is("OT_PAGED_WARPS")) {
       const int x = atoi(val);
+#ifdef OT_PA_WX
+      e.warps = x == 4 || x == 8 || x == 6 || x == 9 || x == 10 || x == 12 || x == 14 ? x : 0;
+#else
       e.warps = x == 4 || x == 8 ? x : 0;
+#endif
     } else if (is("OT_PAGED_MERGE")) {
       e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
     }
@@ -2189,7 +2195,34 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
       }
     }
   }
+#ifdef OT_PA_WX
+  /* Experiment builds (-DOT_PA_WX): OT_PAGED_WARPS=6 / 9 / 10 / 12 / 14 forces an AL CTA
+   * of that many warps, with 2-stage rings (6: 96 KB, 2 CTAs an SM; 10 / 12 / 14: 160 / 192
+   * / 224 KB, one) or 3 (9: 216 KB, one): more warps a scheduler (2.25-3.5 against 2) for
+   * fewer stages in flight a warp -- the key loop measured bound by its issue latency
+   * (decode round 7's ncu) */
+  int wx = 0;
+  if constexpr (D == 128) {
+    if (al && !xt && env.warps != 4 && env.warps != 8 && env.warps != 0) {
+      const int dv = cs->device;
+      const int perx = env.warps == 6    ? pa_ctas_per_sm<T, D, 2, false, pa_params, true, 6>(dv)
+                       : env.warps == 9  ? pa_ctas_per_sm<T, D, 3, false, pa_params, true, 9>(dv)
+                       : env.warps == 10 ? pa_ctas_per_sm<T, D, 2, false, pa_params, true, 10>(dv)
+                       : env.warps == 12 ? pa_ctas_per_sm<T, D, 2, false, pa_params, true, 12>(dv)
+                                         : pa_ctas_per_sm<T, D, 2, false, pa_params, true, 14>(dv);
+      if (perx >= 1) {
+        wx = env.warps;
+        w8 = false;
+        splits = pa_plan_splits(tiles_est * p.hkv, est_len, (int64_t)cs->sm_count * perx,
+                                (int64_t)wx * kPaStep);
+      }
+    }
+  }
+  const int64_t min_chunk = wx ? wx * kPaStep : w8 ? 8 * kPaStep : kPaMinChunk;
+#else
+  const int wx = 0;
   const int64_t min_chunk = w8 ? 8 * kPaStep : kPaMinChunk;
+#endif
   if (splits > 65535) splits = 65535;
   if (env.splits > 0) splits = env.splits; /* benchmarking / tests: force a count */
   const int min_splits = pa_min_splits(p);
@@ -2225,6 +2258,14 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
 #endif
   if (!tm) {
     if constexpr (D == 128) {
+#ifdef OT_PA_WX
+      if (wx == 6) OT_TRY((pa_launch_inst<T, D, 2, false, pa_params, true, 6>(cs, pdl, ctas, s, p, op)));
+      else if (wx == 9) OT_TRY((pa_launch_inst<T, D, 3, false, pa_params, true, 9>(cs, pdl, ctas, s, p, op)));
+      else if (wx == 10) OT_TRY((pa_launch_inst<T, D, 2, false, pa_params, true, 10>(cs, pdl, ctas, s, p, op)));
+      else if (wx == 12) OT_TRY((pa_launch_inst<T, D, 2, false, pa_params, true, 12>(cs, pdl, ctas, s, p, op)));
+      else if (wx == 14) OT_TRY((pa_launch_inst<T, D, 2, false, pa_params, true, 14>(cs, pdl, ctas, s, p, op)));
+      else
+#endif
       if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true, 8>(cs, pdl, ctas, s, p, op)));
       else if (al && xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, true>(cs, pdl, ctas, s, p, op)));
       else if (al) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true>(cs, pdl, ctas, s, p, op)));
@@ -2236,7 +2277,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   }
   pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
                              (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
-                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0)};
+                                 (al && !tm ? 16 : 0) | ((w8 || wx) && !tm ? 32 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
