@@ -766,7 +766,7 @@ __device__ __forceinline__ T *pa_warp_ring(unsigned char *smem, int warp, int la
  * ex2.approx.ftz. */
 template <typename T, int D, int S, bool XT, typename P = pa_params, bool AL = false,
           int NW = kPaWarps>
-__global__ void __launch_bounds__(32 * NW, (S <= 3 && NW == 4) || (S == 2 && NW == 6) ? 2 : 1)
+__global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
     pa_mma_kernel(const __grid_constant__ P p) {
   constexpr int KS = D / 16;   /* k-steps of QK */
   constexpr int NT = D / 8;    /* n-tiles of PV */
@@ -2065,11 +2065,7 @@ static pa_env pa_read_env() {
       e.aligned = !ot_env_is_zero(val);
     } else if (is("OT_PAGED_WARPS")) {
       const int x = atoi(val);
-#ifdef OT_PA_WX
-      e.warps = x == 4 || x == 8 || x == 6 || x == 9 || x == 10 || x == 12 || x == 14 ? x : 0;
-#else
       e.warps = x == 4 || x == 8 ? x : 0;
-#endif
     } else if (is("OT_PAGED_MERGE")) {
       e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
     }
@@ -2180,7 +2176,11 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
    * 2026-12-02 (twentieth session) also where both plans merge splits; measured then (H200,
    * 12 rounds, bench/results/decode_warps_ab.json, us, 8 / 4 warps): 1 x 2k 10.53 / 10.28,
    * 4 x 2k 15.15 / 14.87, 1 x 8k 14.28 / 14.34, 1 x 64k 73.78 / 73.77, 2 x 4k 14.94 / 14.94:
-   * the 4-warp plan there. */
+   * the 4-warp plan there. More warps an SM (twenty-ninth session, 2026-12-04; experiment
+   * commit 8d40302, bench/results/decode_warps_wx.json): 6-warp CTAs with 2-stage rings two
+   * an SM, 9 warps with 3 stages, 10 / 12 with 2, one an SM -- past 8 warps an SM a
+   * scheduler holds 3 of them and ptxas gives 168 registers, spilling 88-96 bytes -- lost
+   * at every shape (16 x 4k 0.80-0.98x, 64 x 1k 0.77-0.95x, 64 x 4k 0.80-0.96x): removed. */
   bool w8 = false;
   if constexpr (D == 128) {
     if (al && !xt && env.warps != 4) {
@@ -2195,34 +2195,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
       }
     }
   }
-#ifdef OT_PA_WX
-  /* Experiment builds (-DOT_PA_WX): OT_PAGED_WARPS=6 / 9 / 10 / 12 / 14 forces an AL CTA
-   * of that many warps, with 2-stage rings (6: 96 KB, 2 CTAs an SM; 10 / 12 / 14: 160 / 192
-   * / 224 KB, one) or 3 (9: 216 KB, one): more warps a scheduler (2.25-3.5 against 2) for
-   * fewer stages in flight a warp -- the key loop measured bound by its issue latency
-   * (decode round 7's ncu) */
-  int wx = 0;
-  if constexpr (D == 128) {
-    if (al && !xt && env.warps != 4 && env.warps != 8 && env.warps != 0) {
-      const int dv = cs->device;
-      const int perx = env.warps == 6    ? pa_ctas_per_sm<T, D, 2, false, pa_params, true, 6>(dv)
-                       : env.warps == 9  ? pa_ctas_per_sm<T, D, 3, false, pa_params, true, 9>(dv)
-                       : env.warps == 10 ? pa_ctas_per_sm<T, D, 2, false, pa_params, true, 10>(dv)
-                       : env.warps == 12 ? pa_ctas_per_sm<T, D, 2, false, pa_params, true, 12>(dv)
-                                         : pa_ctas_per_sm<T, D, 2, false, pa_params, true, 14>(dv);
-      if (perx >= 1) {
-        wx = env.warps;
-        w8 = false;
-        splits = pa_plan_splits(tiles_est * p.hkv, est_len, (int64_t)cs->sm_count * perx,
-                                (int64_t)wx * kPaStep);
-      }
-    }
-  }
-  const int64_t min_chunk = wx ? wx * kPaStep : w8 ? 8 * kPaStep : kPaMinChunk;
-#else
-  const int wx = 0;
   const int64_t min_chunk = w8 ? 8 * kPaStep : kPaMinChunk;
-#endif
   if (splits > 65535) splits = 65535;
   if (env.splits > 0) splits = env.splits; /* benchmarking / tests: force a count */
   const int min_splits = pa_min_splits(p);
@@ -2258,14 +2231,6 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
 #endif
   if (!tm) {
     if constexpr (D == 128) {
-#ifdef OT_PA_WX
-      if (wx == 6) OT_TRY((pa_launch_inst<T, D, 2, false, pa_params, true, 6>(cs, pdl, ctas, s, p, op)));
-      else if (wx == 9) OT_TRY((pa_launch_inst<T, D, 3, false, pa_params, true, 9>(cs, pdl, ctas, s, p, op)));
-      else if (wx == 10) OT_TRY((pa_launch_inst<T, D, 2, false, pa_params, true, 10>(cs, pdl, ctas, s, p, op)));
-      else if (wx == 12) OT_TRY((pa_launch_inst<T, D, 2, false, pa_params, true, 12>(cs, pdl, ctas, s, p, op)));
-      else if (wx == 14) OT_TRY((pa_launch_inst<T, D, 2, false, pa_params, true, 14>(cs, pdl, ctas, s, p, op)));
-      else
-#endif
       if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true, 8>(cs, pdl, ctas, s, p, op)));
       else if (al && xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, true>(cs, pdl, ctas, s, p, op)));
       else if (al) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true>(cs, pdl, ctas, s, p, op)));
@@ -2277,7 +2242,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   }
   pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
                              (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
-                                 (al && !tm ? 16 : 0) | ((w8 || wx) && !tm ? 32 : 0)};
+                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
