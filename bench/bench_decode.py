@@ -28,6 +28,7 @@ import ctypes
 import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -190,13 +191,19 @@ def fmt_tbps(v):
     return f"{v:.3f} TB/s" if isinstance(v, float) else str(v)
 
 
-def make_case(b, ctx, bs, dtype=torch.bfloat16, seed=0):
+def make_case(b, ctx, bs, dtype=torch.bfloat16, seed=0, in_order=False):
+    """A paged cache of b sequences of ctx keys in pages of bs: the sequences' pages a random
+    permutation of the pool, or (in_order) pages 0, 1, 2, ... in sequence order -- each kv
+    head's keys then still come in runs of bs x 256 bytes (the pool is [pages, Hkv, bs, D]),
+    but one page after the other in memory."""
     g = torch.Generator(device=DEV).manual_seed(seed)
     npb = (ctx + bs - 1) // bs
     P = b * npb + 3
     kp = torch.randn(P, HKV, bs, D, device=DEV, dtype=dtype, generator=g)
     vp_ = torch.randn(P, HKV, bs, D, device=DEV, dtype=dtype, generator=g)
     perm = torch.randperm(P, device=DEV, generator=g)[: b * npb].to(torch.int32)
+    if in_order:
+        perm = torch.arange(b * npb, device=DEV, dtype=torch.int32)
     indptr = torch.arange(0, b * npb + 1, npb, device=DEV, dtype=torch.int32)
     lpl = torch.full((b,), ctx - (npb - 1) * bs, device=DEV, dtype=torch.int32)
     q = torch.randn(b, HQ, D, device=DEV, dtype=dtype, generator=g)
@@ -684,6 +691,22 @@ def ab_round(entries, r, order):
     return [entries[i] for i in round_order(len(entries), r)]
 
 
+def parse_ab_shapes(text):
+    """--ab-shapes: "BxCTX[pPAGE][o],...": batch x context, the page size (default 16), "o"
+    for the pages in order (make_case's in_order) instead of a random permutation of the pool.
+    Returns [(b, ctx, page, in_order)]."""
+    out = []
+    for x in text.split(","):
+        m = re.fullmatch(r"(\d+)x(\d+)(?:p(\d+))?(o?)", x.strip())
+        if not m:
+            raise SystemExit(f"--ab-shapes: {x!r} is not BxCTX[pPAGE][o] (e.g. 16x4096, 16x4096p64o)")
+        b, ctx, page = int(m.group(1)), int(m.group(2)), int(m.group(3) or 16)
+        if b < 1 or ctx < 1 or page < 1:
+            raise SystemExit(f"--ab-shapes: {x!r}: batch, context and page must be >= 1")
+        out.append((b, ctx, page, m.group(4) == "o"))
+    return out
+
+
 def ab(args):
     """--ab: builds (one shim each, loaded in this process) and SDPA cuDNN / flash timed round
     by round at each page-16 shape, in the order ab_round gives (--order), each entry's block
@@ -699,16 +722,16 @@ def ab(args):
             shims[pth] = Shim(pth)
         builds.append((n, shims[pth]))
         envs[n] = dict(e.split("=", 1) for e in kv)
-    shapes = SHAPES + ENGINE_SHAPES
+    shapes = [(b, ctx, 16, False) for b, ctx in SHAPES + ENGINE_SHAPES]
     if args.ab_shapes:
-        shapes = [tuple(int(v) for v in x.split("x")) for x in args.ab_shapes.split(",")]
+        shapes = parse_ab_shapes(args.ab_shapes)
     ceiling = read_ceiling()
     stream = read_stream_ceiling()
     print(f"ab read ceiling (torch.sum 4 GiB bf16): {ceiling:.3f} TB/s; streaming read (ours, "
           f"Triton): {fmt_tbps(stream)}", flush=True)
     rows = []
-    for (b, ctx) in shapes:
-        c = make_case(b, ctx, 16, seed=3)
+    for (b, ctx, bs, in_order) in shapes:
+        c = make_case(b, ctx, bs, seed=3, in_order=in_order)
         nbytes = 2 * b * ctx * HKV * D * 2 + 2 * b * HQ * D * 2
         outs = {n: torch.empty_like(c["q"]) for n, _ in builds}
         raw = {n: (lambda S=S, o=outs[n]: S.paged(c["q"], c["cu"], c["kp"], c["vp"], c["indptr"],
@@ -716,7 +739,7 @@ def ab(args):
                for n, S in builds}
         # each build's environment (and kv_ready) set around its whole timing
         calls = {n: (lambda S=S, n=n, fn=None: run_env(envs[n], fn or raw[n], S)) for n, S in builds}
-        kc, vc = (t.contiguous() for t in gather(c, b, ctx, 16))
+        kc, vc = (t.contiguous() for t in gather(c, b, ctx, bs))
         peers = {}  # timed inside their backend's context, as --quick
         for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
             try:
@@ -751,11 +774,13 @@ def ab(args):
         tbps = {n: round(nbytes / (m * 1e-6) / 1e12, 3) for n, m in med.items()}
         pct = {n: round(t / ceiling, 3) for n, t in tbps.items()}
         pct_s = {n: round(t / stream, 3) for n, t in tbps.items()} if isinstance(stream, float) else None
-        print(f"ab B{b} x ctx {ctx}: median us {med} TB/s {tbps} of torch.sum read {pct} of "
+        lay = f" page {bs}{' in order' if in_order else ''}" if (bs, in_order) != (16, False) else ""
+        print(f"ab B{b} x ctx {ctx}{lay}: median us {med} TB/s {tbps} of torch.sum read {pct} of "
               f"streaming read {pct_s} plans {plans} max|out - {names[0]}| {diff}", flush=True)
         rows.append({**ab_bench_fields(names, tbps, pct),
-                     "case": f"B{b} x ctx {ctx} page 16 bf16 Hq{HQ} Hkv{HKV} D{D}",
-                     "batch": b, "ctx": ctx, "median_us": med, "TBps": tbps,
+                     "case": f"B{b} x ctx {ctx} page {bs}{' (pages in order)' if in_order else ''} "
+                             f"bf16 Hq{HQ} Hkv{HKV} D{D}",
+                     "batch": b, "ctx": ctx, "page": bs, "pages_in_order": in_order, "median_us": med, "TBps": tbps,
                      "fraction_of_read": pct, "fraction_of_stream_read": pct_s, "rounds_us": us,
                      "plans": plans, "max_abs_diff_vs_first": diff})
         del c, kc, vc, outs
@@ -813,8 +838,9 @@ def main():
     ap.add_argument("--warm-ms", type=float, default=0.0,
                     help="with --ab: ms of untimed calls of each entry before its timed block "
                          "(bench_fused_ops.time_ms; 0: none, as before 2026-12-03)")
-    ap.add_argument("--ab-shapes", metavar="BxCTX,...", help="with --ab: these page-16 shapes "
-                    "instead of SHAPES + ENGINE_SHAPES")
+    ap.add_argument("--ab-shapes", metavar="BxCTX[pPAGE][o],...", help="with --ab: these shapes "
+                    "(page 16 unless pPAGE; o: the pages in order, not a random permutation) "
+                    "instead of SHAPES + ENGINE_SHAPES at page 16")
     ap.add_argument("--shapes", metavar="BxCTX,...", help="the grid at these shapes (pages 16 "
                     "and 64) instead of SHAPES + ENGINE_SHAPES")
     ap.add_argument("--lean", action="store_true", help="no probe, and of a row's forced runs "

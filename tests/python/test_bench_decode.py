@@ -77,3 +77,17 @@ def test_time_ms_warm_up_runs_the_calls_for_warm_ms_before_timing(monkeypatch):
     calls.clear()
     bf.time_ms([fn], iters=4, inner=5, warmup=3)
     assert len(calls) == 3 + 20   # no warm-up by default
+
+
+def test_parse_ab_shapes_page_and_order():
+    assert bd.parse_ab_shapes("16x4096") == [(16, 4096, 16, False)]
+    assert bd.parse_ab_shapes("16x4096p64, 64x1024p256o,1x8o") == [
+        (16, 4096, 64, False), (64, 1024, 256, True), (1, 8, 16, True)]
+
+
+def test_parse_ab_shapes_rejects_bad_text():
+    import pytest
+    for bad in ("16x", "16x4096p", "16x4096q", "0x4096", "16x4096p0", "x4096"):
+        with pytest.raises(SystemExit) as e:
+            bd.parse_ab_shapes(bad)
+        assert "--ab-shapes" in str(e.value)
