@@ -709,7 +709,7 @@ def parse_ab_shapes(text):
 
 def ab(args):
     """--ab: builds (one shim each, loaded in this process) and SDPA cuDNN / flash timed round
-    by round at each page-16 shape, in the order ab_round gives (--order), each entry's block
+    by round at each shape (page 16 unless --ab-shapes says otherwise), in the order ab_round gives (--order), each entry's block
     after --warm-ms of its own untimed calls. Also the largest
     |difference| of each build's output from the first's (same inputs; 0.0 only when the
     bits are the same). A build NAME=SHIM@VAR=VALUE@... is SHIM with those variables (and
@@ -828,7 +828,7 @@ def main():
     ap.add_argument("--ab", metavar="NAME=SHIM[@VAR=VALUE...],...",
                     help="same-process A/B of builds (--shim is not loaded; a build may be a shim "
                     "with environment variables, or kv_ready=1, set around its calls, e.g. "
-                    "new=lib.so@OT_PAGED_MERGE=1): at the page-16 shapes "
+                    "new=lib.so@OT_PAGED_MERGE=1): at the shapes of --ab-shapes (default: the page-16 ones) "
                     "(SHAPES + ENGINE_SHAPES), --rounds rounds of each build's default call and SDPA "
                     "cuDNN / flash on the same cache made contiguous, the order of the builds "
                     "alternating by round; medians and every round's us per call (-> --json), and exit")

@@ -22,7 +22,7 @@
 # build), ABX="name ..." (the builds in ONE process, bench_decode.py --ab, AB_ROUNDS rounds
 # with cuDNN / flash -> $OUT/ab.json; on failure AB falls back to them; an entry
 # NAME=BUILD@VAR=VALUE@... is packed build BUILD with those variables set around its calls,
-# e.g. merge0=default@OT_PAGED_MERGE=0, old=old@kv_ready=1; AB_SHAPES="16x4096,..." the shapes;
+# e.g. merge0=default@OT_PAGED_MERGE=0, old=old@kv_ready=1; AB_SHAPES="16x4096,16x4096p64o,..." the shapes (bench_decode.py --ab-shapes);
 # AB_ARGS: more bench_decode.py arguments, e.g. "--order legacy --warm-ms 100"), MEM=1 (the memory
 # suite, MEM_FILTER its filter), SAN_FILTERS / RACE_FILTERS / SYNC_FILTERS (as
 # below), then the traces, NCU_CASES (ncu of ours and cuDNN).
