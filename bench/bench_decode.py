@@ -202,7 +202,7 @@ def make_case(b, ctx, bs, dtype=torch.bfloat16, seed=0, in_order=False):
     kp = torch.randn(P, HKV, bs, D, device=DEV, dtype=dtype, generator=g)
     vp_ = torch.randn(P, HKV, bs, D, device=DEV, dtype=dtype, generator=g)
     perm = torch.randperm(P, device=DEV, generator=g)[: b * npb].to(torch.int32)
-    if in_order:
+    if in_order:  # (the permutation is drawn anyway: q below stays the same values)
         perm = torch.arange(b * npb, device=DEV, dtype=torch.int32)
     indptr = torch.arange(0, b * npb + 1, npb, device=DEV, dtype=torch.int32)
     lpl = torch.full((b,), ctx - (npb - 1) * bs, device=DEV, dtype=torch.int32)
@@ -709,8 +709,8 @@ def parse_ab_shapes(text):
 
 def ab(args):
     """--ab: builds (one shim each, loaded in this process) and SDPA cuDNN / flash timed round
-    by round at each shape (page 16 unless --ab-shapes says otherwise), in the order ab_round gives (--order), each entry's block
-    after --warm-ms of its own untimed calls. Also the largest
+    by round at each shape (page 16 unless --ab-shapes says otherwise), in the order ab_round
+    gives (--order), each entry's block after --warm-ms of its own untimed calls. Also the largest
     |difference| of each build's output from the first's (same inputs; 0.0 only when the
     bits are the same). A build NAME=SHIM@VAR=VALUE@... is SHIM with those variables (and
     the key kv_ready, run_env) set around its calls; --ab-shapes picks the shapes."""
@@ -780,7 +780,8 @@ def ab(args):
         rows.append({**ab_bench_fields(names, tbps, pct),
                      "case": f"B{b} x ctx {ctx} page {bs}{' (pages in order)' if in_order else ''} "
                              f"bf16 Hq{HQ} Hkv{HKV} D{D}",
-                     "batch": b, "ctx": ctx, "page": bs, "pages_in_order": in_order, "median_us": med, "TBps": tbps,
+                     "batch": b, "ctx": ctx, "page": bs, "pages_in_order": in_order,
+                     "median_us": med, "TBps": tbps,
                      "fraction_of_read": pct, "fraction_of_stream_read": pct_s, "rounds_us": us,
                      "plans": plans, "max_abs_diff_vs_first": diff})
         del c, kc, vc, outs
