@@ -1956,11 +1956,10 @@ static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots,
    * (4- and 8-warp CTAs) is kept per host thread. The scan (up to 2 x 1024 chunks since s
    * reaches ceil(len / 64), three 64-bit divisions each) took 18-32 us of host time per
    * call at 128 x 32k / 1 x 64k. */
-  static thread_local int64_t last_args[2][4] = {{-1, -1, -1, -1}, {-1, -1, -1, -1}};
+  static thread_local int64_t last_args[2][3] = {{-1, -1, -1}, {-1, -1, -1}};
   static thread_local int last_splits[2] = {1, 1};
   const int ci = min_chunk == kPaMinChunk ? 0 : 1;
-  if (base == last_args[ci][0] && est_len == last_args[ci][1] && slots == last_args[ci][2] &&
-      min_chunk == last_args[ci][3])
+  if (base == last_args[ci][0] && est_len == last_args[ci][1] && slots == last_args[ci][2])
     return last_splits[ci];
   /* rounded up: a table of 2080 keys (the engine's, sized for max_len) may take 33 chunks of
    * 64, which rounding down ruled out (17 of 128 instead) */
@@ -1980,7 +1979,6 @@ static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots,
       break;
     }
   last_args[ci][0] = base, last_args[ci][1] = est_len, last_args[ci][2] = slots;
-  last_args[ci][3] = min_chunk;
   last_splits[ci] = splits;
   return splits;
 }

@@ -2,6 +2,8 @@
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_decode as bd  # noqa: E402
@@ -86,7 +88,6 @@ def test_parse_ab_shapes_page_and_order():
 
 
 def test_parse_ab_shapes_rejects_bad_text():
-    import pytest
     for bad in ("16x", "16x4096p", "16x4096q", "0x4096", "16x4096p0", "x4096"):
         with pytest.raises(SystemExit) as e:
             bd.parse_ab_shapes(bad)

@@ -1371,8 +1371,9 @@ extern "C" ot_status ot_cuda_attention_backward_sm90(ot_context *ctx, const ot_a
    * bench/results/attention_bwd_incr_tile.json), not confirmed by a second call (twenty-ninth
    * session, 8 rounds, A/A of the walk beside it: the backward alone 1.000x / 1.003x the
    * default at S 4k full, 0.999x-1.005x at S 1k, 0.987x-1.004x at S 16k; fwd+bwd 1.02x at S 4k
-   * only; bench/results/attention_bwd_walk_d128.json), so one CTA a unit stays; D 256 is level (one CTA a unit 0.979x / 1.005x the static walk at S 1k
-   * / 4k full, inside that call's A/A spread; 0.970x the walk after the change).
+   * only; bench/results/attention_bwd_walk_d128.json), so one CTA a unit stays; D 256 is
+   * level (one CTA a unit 0.979x / 1.005x the static walk at S 1k / 4k full, inside that
+   * call's A/A spread; 0.970x the walk after the change).
    * OT_ATTN_BWD_SM90_PERS=0: one CTA a unit; =1 the atomic walk, =s the static one; =N / =sN
    * (N >= 2): on a grid of at most N CTAs (tests: many units a CTA). pers: 0 off, 1 kXPers,
    * 2 kXPersSt. */
