@@ -559,13 +559,19 @@ def sanitize_once(S, all_families):
 SLEEP_CYCLES = 2_000_000 if hasattr(torch.cuda, "_sleep") else 0  # ~1 ms at 1.98 GHz
 
 
-def time_ms(fns, iters=25, inner=5, warmup=3, warm_ms=0.0):
+WARM_MS = [0.0]  # --warm-ms: time_ms's default warm-up
+
+
+def time_ms(fns, iters=25, inner=5, warmup=3, warm_ms=None):
     """median over `iters` of (events around `inner` calls) / inner; fns alternate.
     warm_ms > 0: after the `warmup` calls, more calls until warm_ms of wall time has passed,
     so that the H200's clock under its power cap is this entry's own, not what the entry
     timed before it left (bench_attention.time_ms, whose blocks read up to ~10% fast right
     after a low-power peer). 0 (the default): as before 2026-12-03; bench_decode.py --ab
-    passes its --warm-ms."""
+    passes its --warm-ms; here --warm-ms sets the default of every entry, the copy ceiling's
+    included."""
+    if warm_ms is None:
+        warm_ms = WARM_MS[0]
     n = len(fns)
     for i in range(warmup * n):
         fns[i % n]()
@@ -1259,7 +1265,9 @@ def write_doc(args, copy_tbps, rows):
         "torch": torch.__version__,
         "ceilings": {"copy_TBps": round(copy_tbps, 3)},
         "timing": ("CUDA events around 5 calls after a ~1 ms torch.cuda._sleep (host launch "
-                   "latency hidden), median of 25, two input sets alternating"),
+                   "latency hidden), median of 25, two input sets alternating"
+                   + (f"; {args.warm_ms:g} ms of calls before each entry's batches"
+                      if args.warm_ms > 0 else "")),
         "rows": rows,
     }
     with open(args.json, "w") as f:
@@ -1406,6 +1414,9 @@ def main():
                          "--ab-rounds' balanced rounds with ours")
     ap.add_argument("--rope-tail", action="store_true",
                     help="--bench: the RoPE forward also at whole rounds of its warp slots")
+    ap.add_argument("--warm-ms", type=float, default=0.0,
+                    help="--bench: before each entry's timed batches, calls until this many ms "
+                         "have passed (the steady state under the power cap; 0: none)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--command", default=None)
@@ -1413,6 +1424,7 @@ def main():
     torch.manual_seed(1234)
     S = Shim(args.shim)
     AB_ROUNDS[0] = args.ab_rounds
+    WARM_MS[0] = args.warm_ms
     ENV_ROUNDS[0] = args.cut_ab
     for spec in args.ab_shim:
         name, path = spec.split("=", 1)
