@@ -778,20 +778,6 @@ def bench_all(S, args):
         FWD_VARIANTS = {"plain": {"OT_NORM_RMS_FWD_CUT": "0"}, "cut56": {"OT_NORM_RMS_FWD_CUT": "2"}}
         LN_FWD_VARIANTS = BWD_VARIANTS = LN_BWD_VARIANTS = {}
         ROPE_VARIANTS = {"w4": {"OT_ROPE_IMPL": "w4"}}
-    if args.fwd_ab:
-        # the norm forward's row shape (2026-12-04): 2 vectors a thread in row groups of up to
-        # 512 threads held to 32 registers (full occupancy; OT_NORM_FWD_MAXNV=2: 8192 at 512 x
-        # 2, 4096 at 256 x 2, 2048 at 128 x 2; the default 8192 at 128 x 8, 4096 at 64 x 8), x
-        # and the residual by plain loads instead of ld.global.cs (OT_NORM_FWD_LD=plain) at the
-        # default shapes and at 2 vectors, against the default in --ab-rounds' balanced rounds
-        # (plain out stores, OT_NORM_FWD_CS=0, lost: 2026-12-04), and RMSNorm's two-pass
-        # forward (OT_NORM_FWD_IMPL=2p); the backward and RoPE rows
-        # without variants. (Its first form, 36 registers at 512 x 2 and a 4-vector shape, and
-        # RMSNorm's instruction cut at 8192 lost or tied: docs/PERFORMANCE.md.)
-        LN_FWD_VARIANTS = {"nv2": {"OT_NORM_FWD_MAXNV": "2"},
-                           "ld": {"OT_NORM_FWD_LD": "plain"}}
-        FWD_VARIANTS = dict(LN_FWD_VARIANTS, **{"2p": {"OT_NORM_FWD_IMPL": "2p"}})
-        BWD_VARIANTS = LN_BWD_VARIANTS = ROPE_VARIANTS = {}
     only = set(args.only.split(","))
 
     def row(op, case, nbytes, ours_ms, peers_ms, var_ms=None):
@@ -1331,13 +1317,12 @@ def ncu_run(S, train=False, torch_too=True):
 
 
 def ncu_rms_wide(S, H=8192):
-    """For ncu with --profile-from-start off (2026-12-04: why torch.compile's RMSNorm forward
-    runs ahead of ours at 16k x 8192 and behind at 4096): torch.compile of hf_rms compiled
-    and run first (its autotuning outside the profiled range), then inside
-    cudaProfilerStart / Stop each once: torch.neg (the copy-like kernel), our RMSNorm
-    forward (the default, OT_NORM_FWD_MAXNV=2, that with OT_NORM_FWD_LD=plain, the default
-    shape with OT_NORM_FWD_LD=plain, OT_NORM_FWD_IMPL=2p), inductor's kernel. Run it with
-    TORCH_LOGS=output_code to see inductor's kernel source."""
+    """For ncu with --profile-from-start off: torch.compile of hf_rms compiled and run first
+    (its autotuning outside the profiled range), then inside cudaProfilerStart / Stop each
+    once at 16k x H bf16: torch.neg (the copy-like kernel), our RMSNorm forward, inductor's
+    kernel. Run it with TORCH_LOGS=output_code to see inductor's source. (2026-12-04 at 8192:
+    inductor's looped two-pass reduction 122-123 us, DRAM 86-87% busy; ours 130-134 us,
+    80-82%, under every row shape, occupancy and load hint tried; docs/PERFORMANCE.md.)"""
     N, dt = 16384, torch.bfloat16
     x, w = rnd(N, H, dtype=dt), rnd(H, dtype=dt, lo=0.5, hi=1.5)
     out, rstd = torch.empty_like(x), torch.empty(N, device="cuda")
@@ -1351,16 +1336,6 @@ def ncu_rms_wide(S, H=8192):
     torch.cuda.profiler.start()
     torch.neg(x, out=out)
     call()
-    os.environ["OT_NORM_FWD_MAXNV"] = "2"
-    call()
-    os.environ["OT_NORM_FWD_LD"] = "plain"
-    call()
-    os.environ.pop("OT_NORM_FWD_MAXNV")
-    call()
-    os.environ.pop("OT_NORM_FWD_LD")
-    os.environ["OT_NORM_FWD_IMPL"] = "2p"
-    call()
-    os.environ.pop("OT_NORM_FWD_IMPL")
     y = c(x, w, 1e-6)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
@@ -1467,9 +1442,6 @@ def main():
                     help="--bench: the variants are the opt-ins of 2026-11-30 night (RMSNorm "
                          "forward OT_NORM_RMS_FWD_CUT=1 / 2, RoPE OT_ROPE_IMPL=w4), timed in "
                          "--ab-rounds' balanced rounds with ours")
-    ap.add_argument("--fwd-ab", action="store_true",
-                    help="--bench: the norm forward's row-shape experiment (OT_NORM_FWD_MAXNV=2, "
-                         "OT_NORM_FWD_CS=0) against the default in --ab-rounds' balanced rounds")
     ap.add_argument("--rope-tail", action="store_true",
                     help="--bench: the RoPE forward also at whole rounds of its warp slots")
     ap.add_argument("--warm-ms", type=float, default=0.0,
@@ -1483,7 +1455,7 @@ def main():
     S = Shim(args.shim)
     AB_ROUNDS[0] = args.ab_rounds
     WARM_MS[0] = args.warm_ms
-    ENV_ROUNDS[0] = args.cut_ab or args.fwd_ab
+    ENV_ROUNDS[0] = args.cut_ab
     for spec in args.ab_shim:
         name, path = spec.split("=", 1)
         AB_SHIMS.append((name, Shim(path)))

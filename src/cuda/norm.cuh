@@ -110,23 +110,20 @@ constexpr int kNormFwdCut = 8;
  * (rows of 128 threads) held to 56 registers -- 9 blocks per SM as the default's 56; ptxas
  * gives the cut 58 (64 allocated: 8 blocks). OT_NORM_RMS_FWD_CUT=2. */
 constexpr int kNormFwdHold56 = 16;
-/* kNormFwdFull: held to 32 registers, i.e. 2048 threads (64 warps) per SM -- the instances
- * at 2 vectors a thread (OT_NORM_FWD_MAXNV=2, an experiment of 2026-12-04: torch.compile's
- * RMSNorm forward at 16k x 8192 bf16, a looped two-pass reduction in blocks of 512 threads at
- * 32 registers, ran 122.7 us under ncu, DRAM 86.5% busy, at 92% achieved occupancy; ours
- * 133.1 us, 79.9%, 52%). */
-constexpr int kNormFwdFull = 32;
-/* kNormFwdLdPlain: x and the residual loaded without the streaming hint (plain ld.global,
- * not ld.global.cs; OT_NORM_FWD_LD=plain, an experiment of 2026-12-04: inductor's kernel
- * loads x with evict_last). */
+/* kNormFwdLdPlain: x and the residual loaded by plain ld.global, not ld.global.cs (the
+ * evict-first hint): LayerNorm's 8-vector instances at 64 and 128 threads (16-bit rows of
+ * 2056-8192 elements). Measured (H200, 2026-12-04, two calls of balanced same-process rounds
+ * against the hint, bench_fused_ops.py --fwd-ab of 6c83613; TB/s, the second call): 16k x
+ * 4096 3.92 vs 3.85, with the residual 4.02 vs 3.96; 16k x 8192 4.01 vs 3.97, 4.09 vs 3.96 (the
+ * first call the same within 0.01). RMSNorm (not taken): +0.5% with the residual, -1% without
+ * at 8192 (and without the cut at 4096: docs/PERFORMANCE.md). The same values: the same bits. */
 constexpr int kNormFwdLdPlain = 64;
 
 /* __launch_bounds__ of forward v2: the block (TPR threads, or 128 as row groups of
  * TPR < 128), and with kNormFwdRegs the blocks per SM that hold the registers to 64. */
 constexpr int norm_fwd_v2_block(int tpr) { return tpr >= 128 ? tpr : 128; }
 constexpr int norm_fwd_v2_min_blocks(int tpr, int f) {
-  return (f & kNormFwdFull) ? 2048 / norm_fwd_v2_block(tpr)
-         : (f & kNormFwdRegs) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 8)
+  return (f & kNormFwdRegs) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 8)
          : (f & kNormFwdHold56) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 9) : 1;
 }
 
@@ -959,80 +956,6 @@ __global__ void __launch_bounds__(norm_fwd_v2_block(TPR), norm_fwd_v2_min_blocks
   norm_fwd_row<T, LAYER, NV, RES, TPR, F>(p, xr, rr, r, valid, scr);
 }
 
-/* ---- forward, two passes over the row (RMSNorm, 16-bit; OT_NORM_FWD_IMPL=2p) ----------
- * An experiment of 2026-12-04, after torch.compile's RMSNorm forward at 16k x 8192 bf16 (a
- * looped two-pass reduction: blocks of 512 threads at 32 registers, x loaded with
- * evict_last in the first pass and again with evict_first in the second) ran 122.7 us under
- * ncu at 86.5% of DRAM against ours 130-134 us at 80-82% whatever the row shape, occupancy
- * or load hint of forward v2 (docs/PERFORMANCE.md). One row per block of TPR threads; pass 1
- * loads the row's 16-byte vectors (thread t: t, t + TPR, ...) with L1::evict_last (with the
- * residual: adds it, stores h to residual_out) and sums the squares; pass 2 loads the same
- * vectors again (h from residual_out: the thread's own stores) with L1::evict_first and
- * writes out. The sum is taken in the order of forward v2 at TPR threads x 2 vectors
- * (thread t's vectors in index order, then the row group's sum). */
-__device__ __forceinline__ uint4 ld_l1_last(const void *p) {
-  uint4 v;
-  asm volatile("ld.global.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint4 ld_l1_first(const void *p) {
-  uint4 v;
-  asm volatile("ld.global.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-template <typename T, bool RES, int TPR>
-__global__ void __launch_bounds__(TPR, 2048 / TPR) norm_fwd_2p_kernel(norm_fwd_params p) {
-  constexpr int V = vec_width<T>::value;
-  static_assert(V == 8, "16-bit types");
-  __shared__ float scratch[32];
-  const int n = (int)p.cols;
-  const int64_t r = blockIdx.x;
-  const T *x = static_cast<const T *>(p.x) + r * p.x_stride;
-  const T *res = RES ? static_cast<const T *>(p.residual) + r * p.residual_stride : nullptr;
-  T *rout = RES ? static_cast<T *>(p.residual_out) + r * p.residual_out_stride : nullptr;
-  ot_pdl_wait();
-  ot_pdl_launch_dependents();
-  float s = 0.0f;
-  for (int base = (int)threadIdx.x * V; base < n; base += TPR * V) {
-    raw16 xv;
-    xv.u = ld_l1_last(x + base);
-    float hv[V];
-    unpack<T>(hv, xv);
-    if (RES) {
-      raw16 rv;
-      rv.u = __ldcs(reinterpret_cast<const uint4 *>(res + base));
-      float fv[V];
-      unpack<T>(fv, rv);
-#pragma unroll
-      for (int j = 0; j < V; j++) hv[j] += fv[j];
-      pack<T>(xv, hv); /* h rounded to storage: what residual_out holds */
-      *reinterpret_cast<uint4 *>(rout + base) = xv.u;
-      unpack<T>(hv, xv);
-    }
-#pragma unroll
-    for (int j = 0; j < V; j++) s += hv[j] * hv[j];
-  }
-  const float rs = rsqrtf(row_group_sum(s, scratch) / (float)n + p.eps);
-  if (p.out) {
-    const T *h = RES ? rout : x;
-    const T *w = static_cast<const T *>(p.weight);
-    T *out = static_cast<T *>(p.out) + r * p.out_stride;
-    for (int base = (int)threadIdx.x * V; base < n; base += TPR * V) {
-      raw16 hr;
-      hr.u = ld_l1_first(h + base);
-      float hv[V], wv[V], bv[V], o[V];
-      unpack<T>(hv, hr);
-      if (w) load_vec(wv, w + base);
-      norm_fwd_out<false, V>(hv, wv, bv, w != nullptr, false, rs, 0.0f, o);
-      if (RES) store_vec(out + base, o);
-      else store_vec_cs(out + base, o);
-    }
-  }
-  if (threadIdx.x == 0 && p.rstd) p.rstd[r] = rs;
-}
-
 /* ---- cp.async rings (sm_80+) ------------------------------------------------------------
  * v3 kernels stage rows in shared memory with cp.async (16 bytes per thread, L2 only):
  * the bytes in flight per SM are then bounded by shared memory (up to 227 KB on the
@@ -1609,10 +1532,6 @@ struct norm_launch {
   int nv;       /* vectors per thread: 1, 2, 4, 8; 0 = looping kernel */
   int threads;  /* blockDim.x, a multiple of 32 */
   int rows;     /* blockDim.y */
-  int plain_st; /* forward v2 at 2 vectors a thread (OT_NORM_FWD_MAXNV=2): out stored without
-                 * the evict-first hint (OT_NORM_FWD_CS=0) */
-  int ld_plain; /* forward v2, 16-bit, 8 vectors at 64 / 128 threads or 2 vectors: x and the
-                 * residual by plain loads (OT_NORM_FWD_LD=plain) */
 };
 
 /* Pick NV (registers per row) so a row group has at most `target` threads; NV above
@@ -1654,16 +1573,14 @@ static inline norm_launch norm_pick_launch(int64_t cols, int vec, int target, in
  * OT_NORM_RMS_FWD_CUT=1 (RMSNorm forward v2 with kNormFwdCut for 16-bit rows of <= 4096
  * elements, the default; =0 the plain row work; =2: its 8-vector instances without the
  * residual also held to 56 registers, kNormFwdHold56). */
-enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma, kNormImpl2p };
+enum { kNormImplDefault = 0, kNormImplOld, kNormImplV2, kNormImplV3, kNormImplTma };
 struct norm_cfg {
   ot_context *ctx;    /* the call's context: its temporaries (norm_temp_alloc) */
   const char *op;     /* the API function, for the temporaries' errors */
   ot_status *temp_st; /* where norm_temp_alloc / norm_temp_free leave a failure's status */
   const ot_cuda_state *cs;
   int fwd_impl;       /* kNormImplDefault (v2), Old or V3 */
-  int fwd_maxnv;      /* 8 (default), 16, or 2 (16-bit types; rows of up to 512 threads) */
-  bool fwd_plain_st;  /* OT_NORM_FWD_CS=0: at fwd_maxnv 2, out without the evict-first hint */
-  bool fwd_ld_plain;  /* OT_NORM_FWD_LD=plain: x and the residual without ld.global.cs */
+  int fwd_maxnv;      /* 8 or 16 */
   int fwd_stages;     /* v3 ring depth, 0 automatic */
   bool pdl;
   int bwd_impl;       /* kNormImpl*: Default, Old, V2, Tma; any other value V3 */
@@ -1694,13 +1611,8 @@ static inline norm_cfg norm_cfg_of(ot_context *ctx, const char *op, ot_status *t
   const char *f = env("OT_NORM_FWD_IMPL");
   c.fwd_impl = !f ? kNormImplDefault
                : strcmp(f, "old") == 0 ? kNormImplOld
-               : strcmp(f, "v3") == 0 ? kNormImplV3
-               : strcmp(f, "2p") == 0 ? kNormImpl2p : kNormImplDefault;
-  c.fwd_maxnv = env_int("OT_NORM_FWD_MAXNV", 8);
-  if (c.fwd_maxnv != 16 && c.fwd_maxnv != 2) c.fwd_maxnv = 8;
-  c.fwd_plain_st = env_int("OT_NORM_FWD_CS", 1) == 0;
-  const char *ld = env("OT_NORM_FWD_LD");
-  c.fwd_ld_plain = ld && strcmp(ld, "plain") == 0;
+               : strcmp(f, "v3") == 0 ? kNormImplV3 : kNormImplDefault;
+  c.fwd_maxnv = env_int("OT_NORM_FWD_MAXNV", 8) == 16 ? 16 : 8;
   c.fwd_stages = env_int("OT_NORM_FWD_STAGES", 0);
   c.pdl = env_int("OT_NORM_PDL", 1) != 0;
   const char *b = env("OT_NORM_BWD_IMPL");
@@ -1767,16 +1679,9 @@ static inline norm_launch norm_pick_fwd_v2(const norm_cfg &c, int64_t cols, int 
   /* Measured (H200, 16k rows bf16, f607cff): budget 8 beats 16 everywhere, most for
    * LayerNorm (4096: 3.60 vs 2.95 TB/s; 8192: 3.81 vs 3.08): the smaller register
    * footprint gives more warps per SM to cover the reductions' latency. */
-  /* OT_NORM_FWD_MAXNV=2 (an experiment, 2026-12-04): 2 vectors a thread in rows of up to
-   * 512 threads at full occupancy (kNormFwdFull) -- 16-bit types and the default
-   * implementation only */
-  int budget = c.fwd_maxnv;
-  if (budget < 8 && (vec != 8 || c.fwd_impl != kNormImplDefault)) budget = 8;
-  const int max_tpr = budget == 2 ? 512 : 256; /* the instances norm_fwd_v2_pick has */
-  L.plain_st = budget == 2 && c.fwd_plain_st;
-  L.ld_plain = c.fwd_ld_plain && vec == 8 && c.fwd_impl == kNormImplDefault;
+  const int budget = c.fwd_maxnv;
   const int64_t nvec = cols / vec;
-  for (int tpr = 32; tpr <= max_tpr; tpr *= 2) {
+  for (int tpr = 32; tpr <= 256; tpr *= 2) {
     const int64_t need = (nvec + tpr - 1) / tpr;
     int nv = 1;
     while (nv < need) nv *= 2;
@@ -1792,26 +1697,12 @@ static inline norm_launch norm_pick_fwd_v2(const norm_cfg &c, int64_t cols, int 
 }
 
 /* The forward v2 instance of shape L (nv, threads) and options F, or NULL; LayerNorm's
- * instances without the residual at 8 vectors a thread with kNormFwdRegs. */
+ * instances without the residual at 8 vectors a thread with kNormFwdRegs, and its 16-bit ones
+ * at 8 vectors and 64 / 128 threads with kNormFwdLdPlain. */
 template <typename T, bool LAYER, bool RES, int F>
 static inline void (*norm_fwd_v2_pick(const norm_launch &L))(norm_fwd_params) {
   constexpr int F8 = LAYER && !RES ? (F | kNormFwdRegs) : F;
-  if constexpr (sizeof(T) == 2) { /* OT_NORM_FWD_LD=plain (an experiment of 2026-12-04) */
-    if (L.ld_plain) {
-      constexpr int FL = F8 | kNormFwdLdPlain, F2 = F | kNormFwdLdPlain | kNormFwdFull;
-      if (L.nv == 8 && L.threads == 64) return norm_fwd_v2_kernel<T, LAYER, 8, RES, 64, FL>;
-      if (L.nv == 8 && L.threads == 128) return norm_fwd_v2_kernel<T, LAYER, 8, RES, 128, FL>;
-      if (L.nv == 2 && !L.plain_st) {
-        switch (L.threads) {
-          case 64: return norm_fwd_v2_kernel<T, LAYER, 2, RES, 64, F2>;
-          case 128: return norm_fwd_v2_kernel<T, LAYER, 2, RES, 128, F2>;
-          case 256: return norm_fwd_v2_kernel<T, LAYER, 2, RES, 256, F2>;
-          case 512: return norm_fwd_v2_kernel<T, LAYER, 2, RES, 512, F2>;
-          default: break;
-        }
-      }
-    }
-  }
+  constexpr int F8L = LAYER && sizeof(T) == 2 ? (F8 | kNormFwdLdPlain) : F8;
   if (L.threads <= 32) {
     switch (L.nv) {
       case 1: return norm_fwd_v2_kernel<T, LAYER, 1, RES, 32, F>;
@@ -1823,24 +1714,11 @@ static inline void (*norm_fwd_v2_pick(const norm_launch &L))(norm_fwd_params) {
     }
   }
   /* wider groups only when a warp's budget is not enough: NV is then the budget */
-  if (L.nv == 2 && L.threads > 32) {
-    if constexpr (sizeof(T) == 2) { /* OT_NORM_FWD_MAXNV=2 (OT_NORM_FWD_CS=0: plain stores) */
-      constexpr int FF = F | kNormFwdFull, FP = (F & ~kNormFwdCs) | kNormFwdFull;
-      switch (L.threads) {
-        case 64: return L.plain_st ? norm_fwd_v2_kernel<T, LAYER, 2, RES, 64, FP> : norm_fwd_v2_kernel<T, LAYER, 2, RES, 64, FF>;
-        case 128: return L.plain_st ? norm_fwd_v2_kernel<T, LAYER, 2, RES, 128, FP> : norm_fwd_v2_kernel<T, LAYER, 2, RES, 128, FF>;
-        case 256: return L.plain_st ? norm_fwd_v2_kernel<T, LAYER, 2, RES, 256, FP> : norm_fwd_v2_kernel<T, LAYER, 2, RES, 256, FF>;
-        case 512: return L.plain_st ? norm_fwd_v2_kernel<T, LAYER, 2, RES, 512, FP> : norm_fwd_v2_kernel<T, LAYER, 2, RES, 512, FF>;
-        default: return nullptr;
-      }
-    }
-    return nullptr;
-  }
   if (L.nv != 8 && L.nv != 16) return nullptr;
   const bool n16 = L.nv == 16;
   switch (L.threads) {
-    case 64: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 64, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 64, F8>;
-    case 128: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 128, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 128, F8>;
+    case 64: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 64, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 64, F8L>;
+    case 128: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 128, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 128, F8L>;
     default: return n16 ? norm_fwd_v2_kernel<T, LAYER, 16, RES, 256, F> : norm_fwd_v2_kernel<T, LAYER, 8, RES, 256, F8>;
   }
 }
@@ -1895,7 +1773,7 @@ cudaError_t norm_fwd_v2_launch(const norm_cfg &c, const norm_fwd_params &p, cons
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   void (*kernel)(norm_fwd_params) = norm_fwd_v2_select<T, LAYER>(p.residual != nullptr, L);
   if constexpr (!LAYER) {
-    if (c.rms_fwd_cut && !L.ld_plain) {
+    if (c.rms_fwd_cut) {
       void (*cut)(norm_fwd_params) =
           norm_fwd_v2_cut_pick<T>(p.residual != nullptr, c.rms_fwd_cut == 2, p.cols, L);
       if (cut) kernel = cut;
@@ -2103,18 +1981,6 @@ cudaError_t norm_fwd_v3_launch(const norm_cfg &c, const norm_fwd_params &p, cons
 template <typename T, bool LAYER>
 cudaError_t norm_fwd_fast_launch(const norm_cfg &c, const norm_fwd_params &p, const norm_launch &L,
                                  cudaStream_t stream) {
-  if constexpr (!LAYER && sizeof(T) == 2) { /* OT_NORM_FWD_IMPL=2p (RMSNorm, 16-bit rows) */
-    if (c.fwd_impl == kNormImpl2p && p.cols <= (1 << 24) && p.rows <= 0x7fffffff) {
-      const int64_t nvec = p.cols / 8;
-      const bool res = p.residual != nullptr;
-      void (*k)(norm_fwd_params) =
-          nvec >= 1024 ? (res ? norm_fwd_2p_kernel<T, true, 512> : norm_fwd_2p_kernel<T, false, 512>)
-          : nvec >= 512 ? (res ? norm_fwd_2p_kernel<T, true, 256> : norm_fwd_2p_kernel<T, false, 256>)
-                        : (res ? norm_fwd_2p_kernel<T, true, 128> : norm_fwd_2p_kernel<T, false, 128>);
-      const int threads = nvec >= 1024 ? 512 : nvec >= 512 ? 256 : 128;
-      return norm_launch_ex(c, k, dim3((unsigned)p.rows), dim3(threads), stream, p);
-    }
-  }
   if (c.fwd_impl == kNormImplV3) {
     const cudaError_t e = norm_fwd_v3_launch<T, LAYER>(c, p, L, stream);
     if (e != cudaErrorNotSupported) return e;
