@@ -114,8 +114,8 @@ constexpr int kNormFwdHold56 = 16;
  * evict-first hint): LayerNorm's 8-vector instances at 64 and 128 threads (16-bit rows of
  * 2056-8192 elements). Measured (H200, 2026-12-04, two calls of balanced same-process rounds
  * against the hint, bench_fused_ops.py --fwd-ab of 6c83613; TB/s, the second call): 16k x
- * 4096 3.92 vs 3.85, with the residual 4.02 vs 3.96; 16k x 8192 4.01 vs 3.97, 4.09 vs 3.96 (the
- * first call the same within 0.01). RMSNorm (not taken): +0.5% with the residual, -1% without
+ * 4096 3.917 vs 3.852, with the residual 4.016 vs 3.965; 16k x 8192 4.006 vs 3.973, 4.092 vs
+ * 3.965 (the first call the same within 0.01; bench/results/fused_ops_norm_fwd_ab*.json). RMSNorm (not taken): +0.5% with the residual, -1% without
  * at 8192 (and without the cut at 4096: docs/PERFORMANCE.md). The same values: the same bits. */
 constexpr int kNormFwdLdPlain = 64;
 
