@@ -114,29 +114,16 @@ constexpr int kNormFwdHold56 = 16;
  * evict-first hint): LayerNorm's 8-vector instances at 64 and 128 threads (16-bit rows of
  * 2056-8192 elements). Measured (H200, 2026-12-04, two calls of balanced same-process rounds
  * against the hint, bench_fused_ops.py --fwd-ab of 6c83613; TB/s, the second call): 16k x
- * 4096 3.917 vs 3.852, with the residual 4.016 vs 3.965; 16k x 8192 4.006 vs 3.973, 4.092 vs
- * 3.965 (the first call the same within 0.01; bench/results/fused_ops_norm_fwd_ab*.json). RMSNorm (not taken): +0.5% with the residual, -1% without
+ * 4096 3.92 vs 3.85, with the residual 4.02 vs 3.96; 16k x 8192 4.01 vs 3.97, 4.09 vs 3.96 (the
+ * first call the same within 0.01). RMSNorm (not taken): +0.5% with the residual, -1% without
  * at 8192 (and without the cut at 4096: docs/PERFORMANCE.md). The same values: the same bits. */
 constexpr int kNormFwdLdPlain = 64;
-/* RMSNorm's forward in pairs (16-bit rows whose default shape has 4 or 8 vectors a thread and
- * a 2-vector shape of at most 512 threads, i.e. 257-8192 elements; the default implementation
- * at the default budget): without the residual, rows of TPR * NV / 2 threads at 2 vectors,
- * held to 32 registers (kNormFwdFull: 2048 threads per SM) -- measured (H200, 2026-12-04, two
- * calls of balanced same-process rounds, bench/results/fused_ops_norm_fwd_ab*.json) +1.0% at
- * 16k x 4096, +1.5-2.5% at 8192, +6-10% at 8k x 2048 against the default shape; with the
- * residual, where that shape lost 3-18%, the default shape with kNormFwdPairs: the squares
- * summed in the 2-vector shape's order (thread t's vectors k and k + NV / 2 in one chain, each
- * chain's warp sum standing for one warp of the wider row group, the cross-warp sum in that
- * group's order: norm_pairs_sum), so that the fused forward, the unfused one over residual_out
- * and the backward's recomputed statistics keep the same bits. */
-constexpr int kNormFwdFull = 32, kNormFwdPairs = 128;
 
 /* __launch_bounds__ of forward v2: the block (TPR threads, or 128 as row groups of
  * TPR < 128), and with kNormFwdRegs the blocks per SM that hold the registers to 64. */
 constexpr int norm_fwd_v2_block(int tpr) { return tpr >= 128 ? tpr : 128; }
 constexpr int norm_fwd_v2_min_blocks(int tpr, int f) {
-  return (f & kNormFwdFull) ? 2048 / norm_fwd_v2_block(tpr)
-         : (f & kNormFwdRegs) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 8)
+  return (f & kNormFwdRegs) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 8)
          : (f & kNormFwdHold56) ? (norm_fwd_v2_block(tpr) >= 256 ? 4 : 9) : 1;
 }
 
@@ -829,36 +816,6 @@ __device__ __forceinline__ void norm_fwd_out_pass(raw16 (&xr)[NV], const T *w, c
   }
 }
 
-/* The row group's sum of RMSNorm's squares in the order of the row group of TPR * M threads
- * at 2 vectors (kNormFwdPairs): pj[j] is the chain of that group's thread t + TPR * j (its
- * vectors t + TPR j and t + TPR (j + M)), whose warp is warp + (TPR / 32) j with the same lane;
- * its row_group_sum takes the warp sums' butterflies, then (with more than one warp) the
- * butterfly of lane w's value = warp w's sum, w below its warp count. */
-template <int M, int TPR>
-__device__ __forceinline__ float norm_pairs_sum(const float (&pj)[M], float *scratch) {
-  float ws[M];
-#pragma unroll
-  for (int j = 0; j < M; j++) ws[j] = warp_sum(pj[j]);
-  const int lane = threadIdx.x & 31;
-  if (TPR == 32) { /* one warp: warp j's sum in lane j */
-    float r = 0.0f;
-#pragma unroll
-    for (int j = 0; j < M; j++) r = lane == j ? ws[j] : r;
-    return warp_sum(r);
-  }
-  constexpr int W = TPR / 32, NW2 = W * M;
-  float *sm = scratch + 32 * threadIdx.y;
-  const int warp = threadIdx.x >> 5;
-  __syncthreads(); /* scratch may still be read by a previous call */
-  if (lane == 0) {
-#pragma unroll
-    for (int j = 0; j < M; j++) sm[warp + W * j] = ws[j];
-  }
-  __syncthreads();
-  const float r = lane < NW2 ? sm[lane] : 0.0f;
-  return warp_sum(r);
-}
-
 /* The per-row work of forward v2 / v3 once the thread's NV vectors of x (and of the
  * residual) are in registers: residual add and store, the statistics, out. Both
  * kernels call it with the same thread-to-vector map (vector x + i * TPR), so they
@@ -899,36 +856,16 @@ __device__ __forceinline__ void norm_fwd_row(const norm_fwd_params &p, raw16 (&x
       if (valid && base < n) *reinterpret_cast<uint4 *>(rout + base) = xr[i].u;
     }
   }
-  constexpr bool PAIRS = !LAYER && (F & kNormFwdPairs) != 0 && NV >= 4;
-  constexpr int M = PAIRS ? NV / 2 : 1;
-  float pj[M];
-  if (PAIRS) {
 #pragma unroll
-    for (int k = 0; k < M; k++) {
-      float a = 0.0f;
+  for (int i = 0; i < NV; i++) {
+    float hv[V];
+    norm_unpack<T, FAST>(hv, xr[i]);
 #pragma unroll
-      for (int h = 0; h < 2; h++) {
-        float hv[V];
-        norm_unpack<T, FAST>(hv, xr[k + h * M]);
-#pragma unroll
-        for (int j = 0; j < V; j++) a += hv[j] * hv[j];
-      }
-      pj[k] = a;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < NV; i++) {
-      float hv[V];
-      norm_unpack<T, FAST>(hv, xr[i]);
-#pragma unroll
-      for (int j = 0; j < V; j++) s += LAYER ? hv[j] : hv[j] * hv[j];
-    }
+    for (int j = 0; j < V; j++) s += LAYER ? hv[j] : hv[j] * hv[j];
   }
   /* Out-of-range vectors are 0, so they add nothing to the sums. */
   float mu = 0.0f, rs;
-  if (PAIRS) {
-    rs = rsqrtf(norm_pairs_sum<M, TPR>(pj, scr) / (float)n + p.eps);
-  } else if (LAYER) {
+  if (LAYER) {
     mu = row_group_sum(s, scr) / (float)n;
     const float v = norm_sq_dev<T, NV, TPR>(xr, mu, (int)n);
     rs = rsqrtf(row_group_sum(v, scr) / (float)n + p.eps);
@@ -1840,35 +1777,6 @@ cudaError_t norm_fwd_v2_launch(const norm_cfg &c, const norm_fwd_params &p, cons
       void (*cut)(norm_fwd_params) =
           norm_fwd_v2_cut_pick<T>(p.residual != nullptr, c.rms_fwd_cut == 2, p.cols, L);
       if (cut) kernel = cut;
-    }
-  }
-  if constexpr (!LAYER && sizeof(T) == 2) { /* RMSNorm in pairs (kNormFwdPairs) */
-    if (c.fwd_impl == kNormImplDefault && c.fwd_maxnv == 8 && (L.nv == 4 || L.nv == 8) &&
-        L.threads * L.nv / 2 <= 512) {
-      constexpr int P = kNormFwdPairs, CP = kNormFwdCut | kNormFwdPairs;
-      if (!p.residual) { /* rows of TPR * NV / 2 threads at 2 vectors, 32 registers */
-        constexpr int F2 = kNormFwdCs | kNormFwdFull;
-        const int t2 = L.threads * L.nv / 2, rows2 = t2 >= 128 ? 1 : 128 / t2;
-        void (*k2)(norm_fwd_params) =
-            t2 == 64 ? norm_fwd_v2_kernel<T, false, 2, false, 64, F2>
-            : t2 == 128 ? norm_fwd_v2_kernel<T, false, 2, false, 128, F2>
-            : t2 == 256 ? norm_fwd_v2_kernel<T, false, 2, false, 256, F2>
-                        : norm_fwd_v2_kernel<T, false, 2, false, 512, F2>;
-        const int64_t blocks2 = (p.rows + rows2 - 1) / rows2;
-        if (blocks2 > 0x7fffffff) return cudaErrorInvalidConfiguration;
-        return norm_launch_ex(c, k2, dim3((unsigned)blocks2), dim3(t2, rows2), stream, p);
-      }
-      /* the residual: the default shape (and the cut where norm_fwd_v2_cut_pick takes it,
-       * rows of <= 4096: 32 x 4, 32 x 8, 64 x 8), the squares in pairs */
-      const bool cut = c.rms_fwd_cut != 0;
-      if (L.threads == 32 && L.nv == 4)
-        kernel = cut ? norm_fwd_v2_kernel<T, false, 4, true, 32, CP> : norm_fwd_v2_kernel<T, false, 4, true, 32, P>;
-      else if (L.threads == 32)
-        kernel = cut ? norm_fwd_v2_kernel<T, false, 8, true, 32, CP> : norm_fwd_v2_kernel<T, false, 8, true, 32, P>;
-      else if (L.threads == 64)
-        kernel = cut ? norm_fwd_v2_kernel<T, false, 8, true, 64, CP> : norm_fwd_v2_kernel<T, false, 8, true, 64, P>;
-      else
-        kernel = norm_fwd_v2_kernel<T, false, 8, true, 128, P>;
     }
   }
   if (!kernel) return cudaErrorInvalidConfiguration;
