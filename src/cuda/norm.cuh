@@ -111,12 +111,13 @@ constexpr int kNormFwdCut = 8;
  * gives the cut 58 (64 allocated: 8 blocks). OT_NORM_RMS_FWD_CUT=2. */
 constexpr int kNormFwdHold56 = 16;
 /* kNormFwdLdPlain: x and the residual loaded by plain ld.global, not ld.global.cs (the
- * evict-first hint): LayerNorm's 8-vector instances at 64 and 128 threads (16-bit rows of
- * 2056-8192 elements). Measured (H200, 2026-12-04, two calls of balanced same-process rounds
- * against the hint, bench_fused_ops.py --fwd-ab of 6c83613; TB/s, the second call): 16k x
- * 4096 3.92 vs 3.85, with the residual 4.02 vs 3.96; 16k x 8192 4.01 vs 3.97, 4.09 vs 3.96 (the
- * first call the same within 0.01). RMSNorm (not taken): +0.5% with the residual, -1% without
- * at 8192 (and without the cut at 4096: docs/PERFORMANCE.md). The same values: the same bits. */
+ * evict-first hint): LayerNorm's 8-vector instances with the residual at 64 and 128 threads
+ * (16-bit rows of 2056-8192 elements). Measured on the H200, 2026-12-04: a build A/B in one
+ * process (8 balanced rounds, bench/results/fused_ops_norm_fwd_build_ab.json) 16k x 4096 4.00
+ * vs 3.94 TB/s, 16k x 8192 4.08 vs 3.93; without the residual the same build read +0.3% at
+ * 4096 and -1.0% at 8192 (the run-time switch's A/B had said +1.7% / +0.8%), so those keep the
+ * hint. RMSNorm (not taken): +0.5% with the residual, -1% without at 8192 through the switch
+ * (docs/PERFORMANCE.md). The same values: the same bits. */
 constexpr int kNormFwdLdPlain = 64;
 
 /* __launch_bounds__ of forward v2: the block (TPR threads, or 128 as row groups of
@@ -1698,11 +1699,11 @@ static inline norm_launch norm_pick_fwd_v2(const norm_cfg &c, int64_t cols, int 
 
 /* The forward v2 instance of shape L (nv, threads) and options F, or NULL; LayerNorm's
  * instances without the residual at 8 vectors a thread with kNormFwdRegs, and its 16-bit ones
- * at 8 vectors and 64 / 128 threads with kNormFwdLdPlain. */
+ * with the residual at 8 vectors and 64 / 128 threads with kNormFwdLdPlain. */
 template <typename T, bool LAYER, bool RES, int F>
 static inline void (*norm_fwd_v2_pick(const norm_launch &L))(norm_fwd_params) {
   constexpr int F8 = LAYER && !RES ? (F | kNormFwdRegs) : F;
-  constexpr int F8L = LAYER && sizeof(T) == 2 ? (F8 | kNormFwdLdPlain) : F8;
+  constexpr int F8L = LAYER && RES && sizeof(T) == 2 ? (F8 | kNormFwdLdPlain) : F8;
   if (L.threads <= 32) {
     switch (L.nv) {
       case 1: return norm_fwd_v2_kernel<T, LAYER, 1, RES, 32, F>;
