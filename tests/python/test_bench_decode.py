@@ -79,6 +79,13 @@ def test_time_ms_warm_up_runs_the_calls_for_warm_ms_before_timing(monkeypatch):
     calls.clear()
     bf.time_ms([fn], iters=4, inner=5, warmup=3)
     assert len(calls) == 3 + 20   # no warm-up by default
+    calls.clear()
+    monkeypatch.setattr(bf, "WARM_MS", [20.0])   # bench_fused_ops.py --warm-ms 20
+    bf.time_ms([fn], iters=4, inner=5, warmup=3)
+    assert len(calls) == 3 + 20 + 20
+    calls.clear()
+    bf.time_ms([fn], iters=4, inner=5, warmup=3, warm_ms=0.0)   # an explicit 0 wins
+    assert len(calls) == 3 + 20
 
 
 def test_parse_ab_shapes_page_and_order():
