@@ -12,7 +12,7 @@
 #       on the C suite's "hopper-only" cases, Hopper forward and backward);
 #       logs and results under $OUT.
 #
-# CARRY (default .devcarry-fwd90, git-ignored through .git/info/exclude; pass it in
+# CARRY (default .devcarry-fwd90, git-ignored by .gitignore's /.devcarry*/; pass it in
 # `run`'s carry) holds what was built on the build machine with the device's nvcc major
 # version: libattention_shim.so (bench/attention_shim.c linked against an sm_90a
 # libops_transformer.a, as the fallback below links it), test_ops.xz (tests/test_ops of

@@ -45,8 +45,7 @@ if [ "${1:-}" = "--pack" ]; then
   cc -O2 -shared -fPIC bench/decode_shim.c "${INC[@]}" "${LIBS[@]}" -o "$B/libdecode_shim.so"
   cc -O2 bench/arena_bench.c "${INC[@]}" "${LIBS[@]}" -o "$B/arena_bench"
   mkdir -p "$CARRY/stage/tests"
-  EXCL=$(git rev-parse --git-path info/exclude)  # (a worktree's .git is a file: the common one)
-  grep -qx "/$CARRY/" "$EXCL" 2>/dev/null || echo "/$CARRY/" >>"$EXCL"
+  git check-ignore -q "$CARRY/" || { echo "$0: $CARRY is not git-ignored (.gitignore: /.devcarry*/): name the pack .devcarry-*" >&2; exit 1; }
   cp "$B/tests/test_ops" "$CARRY/stage/tests/"
   cp "$B/libdecode_shim.so" "$B/arena_bench" "$CARRY/stage/"
   EXTRA=()

@@ -49,9 +49,7 @@ if [ "$MODE" = pack ]; then
   set -e
   BUILD=${1:?usage: device_engine.sh pack BUILD_DIR}
   CARRY=$ROOT/.devcarry-engine
-  mkdir -p "$ROOT/.git/info"
-  grep -qx '/.devcarry-engine/' "$ROOT/.git/info/exclude" 2>/dev/null ||
-    echo '/.devcarry-engine/' >>"$ROOT/.git/info/exclude"
+  git check-ignore -q "$CARRY/" || { echo "$0: $CARRY is not git-ignored (.gitignore: /.devcarry*/): name the pack .devcarry-*" >&2; exit 1; }
   cmake --build "$BUILD" -j "$(nproc)" --target ot-run ot_engine_shared
   rm -rf "$CARRY/stage" && mkdir -p "$CARRY/stage/lib"
   cp "$BUILD/tools/ot-run" "$CARRY/stage/"

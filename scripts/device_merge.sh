@@ -30,7 +30,7 @@ if [ "${1:-}" = "--pack" ]; then
     "$B/libops_transformer.a" -L"$CUDA_HOME/lib64" -L.carry/deps/lib -lcudart -lcublasLt -lopenblas \
     -fopenmp -lm -lstdc++ -o "$B/libdecode_shim.so"
   mkdir -p "$CARRY/stage"
-  grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude
+  git check-ignore -q "$CARRY/" || { echo "$0: $CARRY is not git-ignored (.gitignore: /.devcarry*/): name the pack .devcarry-*" >&2; exit 1; }
   cp "$B/tests/test_ops" "$B/libdecode_shim.so" "$CARRY/stage/"
   tar czf "$CARRY/prebuilt.tar.gz" -C "$CARRY/stage" test_ops libdecode_shim.so
   rm -rf "$CARRY/stage"

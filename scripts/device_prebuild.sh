@@ -5,7 +5,8 @@
 #
 #   BUILD_DIR  configured with -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a (Release); the targets
 #              ops_transformer_static and test_ops are built in it here
-#   CARRY_DIR  default .devcarry (git-ignored through .git/info/exclude); gets
+#   CARRY_DIR  default .devcarry (git-ignored by .gitignore's /.devcarry*/: other names are
+#              refused, so that a pack is never committed); gets
 #              prebuilt.tar.gz (tests/test_ops, libfused_ops_shim.so) and deps.tar.gz
 #              (the runtime libraries of .carry/deps/lib: OpenBLAS and its Fortran
 #              runtime, 12 MB compressed against 39 MB as they are)
@@ -18,7 +19,7 @@ BUILD=${1:?usage: device_prebuild.sh BUILD_DIR [CARRY_DIR]}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=${2:-$ROOT/.devcarry}
 cd "$ROOT"
-grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >>.git/info/exclude
+git check-ignore -q "$CARRY/" || { echo "$0: $CARRY is not git-ignored (.gitignore: /.devcarry*/): name the pack .devcarry-*" >&2; exit 1; }
 cmake --build "$BUILD" -j "$(nproc)" --target ops_transformer_static test_ops
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 DLPACK_INC=/usr/include

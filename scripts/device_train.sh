@@ -35,7 +35,7 @@ if [ "${1:-}" = "--pack" ]; then
   C=${3:-.devcarry-train}
   cmake --build "$B" -j "$(nproc)" --target ops_transformer
   mkdir -p "$C"
-  grep -qx "/$C/" .git/info/exclude 2>/dev/null || echo "/$C/" >>.git/info/exclude
+  git check-ignore -q "$C/" || { echo "$0: $C is not git-ignored (.gitignore: /.devcarry*/): name the pack .devcarry-*" >&2; exit 1; }
   tar czf "$C/libops.tar.gz" -C "$B" $(cd "$B" && ls libops_transformer.so*)
   git rev-parse --short HEAD >"$C/commit.txt"
   ls -la "$C"

@@ -31,8 +31,7 @@ CARRY=.devcarry-verify
 if [ "${1:-}" = "--pack" ]; then
   set -e
   B=${2:?usage: device_verify.sh --pack BUILD_DIR}
-  X=$(git rev-parse --git-common-dir)/info/exclude   # (a worktree's .git is a file)
-  grep -qx "/$CARRY/" "$X" 2>/dev/null || echo "/$CARRY/" >>"$X"
+  git check-ignore -q "$CARRY/" || { echo "$0: $CARRY is not git-ignored (.gitignore: /.devcarry*/): name the pack .devcarry-*" >&2; exit 1; }
   S=$(mktemp -d)
   mkdir -p "$S/lib" "$S/include" "$CARRY"
   cp -a "$B"/libops_transformer.so* "$S/lib/"

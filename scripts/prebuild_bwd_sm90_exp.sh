@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/prebuild_bwd_sm90_exp.sh B [CARRY] -- on the build machine (no GPU): the carried
 # binaries of the Hopper backward's experiment A/B, for scripts/device_attention_bwd_sm90.sh
-# with PRE=CARRY (default .bwdxcarry; add it to .git/info/exclude):
+# with PRE=CARRY (default .bwdxcarry; git-ignored by .gitignore's /.bwdxcarry*/):
 #   CARRY/base.tar.xz  libattention_shim.so of B's library as built (the default kernels) and
 #                      B's tests/test_ops (device_attention_bwd_sm90.sh SUITE_BUILD=base: the
 #                      suite on the default build)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/prebuild_fwd_sm90_exp.sh B [CARRY] -- on the build machine (no GPU): the carried
 # binaries of the Hopper forward's experiment A/B, for scripts/device_fwd_variants.sh (its
-# CARRY, default .devcarry-fwd90; git-ignored through .git/info/exclude's /.devcarry-*/):
+# CARRY, default .devcarry-fwd90; git-ignored by .gitignore's /.devcarry*/):
 #   CARRY/libattention_shim.so  bench/attention_shim.c linked against B's library with
 #                               src/cuda/sm90/attention_fwd_sm90.cu recompiled with
 #                               -DOT_ATTN_SM90_EXPERIMENTS in place of its member

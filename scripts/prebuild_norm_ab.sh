@@ -25,6 +25,7 @@ shim() { # shim ARCHIVE OUT
     "$1" -L"$CUDA_HOME/lib64" -lcudart -lcublasLt -lopenblas -fopenmp -lm -lstdc++ -o "$2"
 }
 mkdir -p "$STAGE/tests" "$CARRY"
+git check-ignore -q "$CARRY/" || { echo "$0: $CARRY is not git-ignored (.gitignore: /.devcarry*/): name the pack .devcarry-*" >&2; exit 1; }
 cp "$BUILD/tests/test_ops" "$STAGE/tests/test_ops"
 shim "$BUILD/libops_transformer.a" "$STAGE/libfused_ops_shim.so"
 FILES=(tests/test_ops libfused_ops_shim.so)

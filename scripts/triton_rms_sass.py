@@ -14,7 +14,6 @@ Needs only the triton wheel (its bundled ptxas / nvdisasm / cuobjdump); sm_90a t
 length a constant, the first loop is unrolled: every load of the row is issued first.
 """
 import argparse
-import glob
 import os
 import re
 import subprocess
@@ -26,12 +25,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.language.extra import libdevice
 
-N_COLS = 8192
-
 
 @triton.jit
 def rms_two_loops(x_ptr, w_ptr, out_ptr, n_rows, n_cols, R0_BLOCK: tl.constexpr):
-    n_cols = 8192  # a constant, as inductor's kernels have it (static shapes)
+    n_cols = 8192  # a constant, as inductor's kernels have it (static shapes); n_rows unused
     row = tl.program_id(0)
     cols = tl.arange(0, R0_BLOCK)
     acc = tl.zeros([R0_BLOCK], dtype=tl.float32)
