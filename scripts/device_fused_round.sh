@@ -23,7 +23,7 @@
 #      backward at the training shapes (inductor's kernels with ours; OT_NCU_AB=1: the A/B
 #      builds' kernels first).
 # Environment:
-#   OT_PREBUILT=DIR (default .devcarry-p5): prebuilt.tar.gz (tests/test_ops,
+#   OT_PREBUILT=DIR (default .devcarry-p5): prebuilt.tar.gz or .tar.xz (tests/test_ops,
 #     libfused_ops_shim.so and the other builds' libfused_ops_shim_X.so, sm_90a, packed
 #     here as scripts/device_prebuild.sh does) and deps.tar.gz; carry DIR.
 #   OT_AB="NAME=FILE ..." (files in build-dev; default "parent=libfused_ops_shim_A.so"; ""
@@ -39,7 +39,11 @@
 #   OT_SAN="BIN:SUITE:FILTER|..." ("" skips 3).
 P=${OT_PREBUILT:-.devcarry-p5}; OUT=${OUT:-/tmp/ot_device_out}; mkdir -p "$OUT"
 T0=$(date +%s); st() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-mkdir -p build-dev/deps && tar xzf $P/prebuilt.tar.gz -C build-dev && tar xzf $P/deps.tar.gz -C build-dev/deps || exit 1
+PK=$P/prebuilt.tar.gz; [ -f $P/prebuilt.tar.xz ] && PK=$P/prebuilt.tar.xz # prebuild_norm_ab.sh's: xz
+mkdir -p build-dev/deps
+{ tar xf $PK -C build-dev 2>/dev/null || # no xz program: Python's lzma
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' $PK build-dev; } &&
+  tar xzf $P/deps.tar.gz -C build-dev/deps || exit 1
 export LD_LIBRARY_PATH=$PWD/build-dev/deps:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
 T=build-dev/tests/test_ops; SHIM=build-dev/libfused_ops_shim.so
 ABARGS=(); for a in ${OT_AB-parent=libfused_ops_shim_A.so}; do ABARGS+=(--ab-shim "${a%%=*}=build-dev/${a#*=}"); done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/prebuild_norm_ab.sh BUILD_DIR CARRY_DIR [NAME=OBJ[,OBJ...] ...] -- pack for
-# scripts/device_fused_round.sh (OT_PREBUILT=CARRY_DIR) the build's tests/test_ops and fused-ops
+# scripts/device_fused_round.sh (OT_PREBUILT=CARRY_DIR; prebuilt.tar.xz) the build's tests/test_ops and fused-ops
 # shim ("ours") and, per NAME, a shim libfused_ops_shim_NAME.so linked from a copy of the build's
 # archive whose members are replaced by the objects OBJ (each named as its member, e.g.
 # /tmp/ln0/layernorm.cu.o; compile them with the build's command and e.g.
@@ -43,7 +43,10 @@ for spec in "$@"; do
   rm "$STAGE/lib_$name.a"
   FILES+=("libfused_ops_shim_$name.so")
 done
-tar czf "$CARRY/prebuilt.tar.gz" -C "$STAGE" "${FILES[@]}"
+# one xz stream with a 64 MB dictionary: the shims differ by a few objects, so each after the
+# first costs little (7 shims + test_ops: 19 MB, against 86 MB as gzip; carry's limit is 64 MiB)
+rm -f "$CARRY/prebuilt.tar.gz" "$CARRY/prebuilt.tar.xz"
+tar cf - -C "$STAGE" "${FILES[@]}" | xz -9 -T1 >"$CARRY/prebuilt.tar.xz"
 tar czf "$CARRY/deps.tar.gz" -C "$ROOT/.carry/deps/lib" libopenblas.so.0 libopenblas.so \
   libgfortran.so.5 libquadmath.so.0
 git -C "$ROOT" rev-parse HEAD >"$CARRY/commit.txt" 2>/dev/null || true

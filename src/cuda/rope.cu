@@ -286,7 +286,24 @@ __device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, in
  * (computed); the new shape without that reorder: cache 3.44 / 3.71 vs 3.51 / 3.63 (the
  * cache reads queued behind 20 head loads); the reorder in the old shape (over its 128
  * registers): 3.49 / 3.58 (cache), 3.51 / 3.58 (computed). */
-constexpr int kRopeWarpU = 10, kRopeWarpThreads = 128;
+#ifndef OT_ROPE_EXP_THREADS /* experiment builds only: the warp kernel's block size */
+#define OT_ROPE_EXP_THREADS 128
+#endif
+constexpr int kRopeWarpU = 10, kRopeWarpThreads = OT_ROPE_EXP_THREADS;
+/* The warp kernel's head loads: evict-first (ld.global.cs); experiment builds only,
+ * -DOT_ROPE_EXP_L2PF: with the 256-byte L2 prefetch hint as well (a head row of 128 bf16 is
+ * 256 bytes; NeoX's two loads of a lane are its two halves). */
+__device__ __forceinline__ uint4 rope_ld_head(const void *p) {
+#ifdef OT_ROPE_EXP_L2PF
+  uint4 v;
+  asm("ld.global.cs.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+#else
+  return __ldcs(reinterpret_cast<const uint4 *>(p));
+#endif
+}
 
 /* ---- token-parallel kernel: a warp per token -------------------------------------------
  * For 16-byte-aligned rows whose rotated part has IPH = (NeoX: half, GPT-J: rd) / VEC
@@ -368,8 +385,8 @@ __global__ void __launch_bounds__(kRopeWarpThreads, 1)
           const T *in;
           T *out;
           head(h, &in, &out);
-          x1[u].u = __ldcs(reinterpret_cast<const uint4 *>(in));
-          if (MODE == OT_ROPE_NEOX) x2[u].u = __ldcs(reinterpret_cast<const uint4 *>(in + half));
+          x1[u].u = rope_ld_head(in);
+          if (MODE == OT_ROPE_NEOX) x2[u].u = rope_ld_head(in + half);
         }
       }
       if (bi == 0) {

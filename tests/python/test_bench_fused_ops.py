@@ -48,3 +48,32 @@ def test_time_ms_warm_up_runs_the_calls_for_warm_ms_before_timing(monkeypatch):
     calls.clear()
     bf.time_ms([fn], iters=4, inner=5, warmup=3, warm_ms=0.0)   # an explicit 0 wins
     assert len(calls) == 3 + 20
+
+
+def test_peer_rounds_retime_ours_and_peers_in_balanced_rounds(monkeypatch):
+    # what time_ms recorded in a row: ours and one peer (another peer failed: None)
+    ours_calls, peer_calls = ["ours"], ["peer"]
+    ours_ms, peer_ms = float("1.5"), float("3.0")
+    monkeypatch.setattr(bf, "PEER_ROUNDS", [4])
+    monkeypatch.setattr(bf, "_TIMED", [(ours_calls, ours_ms), (peer_calls, peer_ms)])
+    order, times = [], {"ours": iter([1.0, 1.2, 1.1, 5.0]), "peer": iter([2.0, 2.2, 2.4, 2.6])}
+
+    def fake_time_ms(fns, record=True):
+        assert record is False   # the rounds are not recorded again
+        order.append(fns[0])
+        return next(times[fns[0]])
+
+    monkeypatch.setattr(bf, "time_ms", fake_time_ms)
+    o, peers, single = bf.rounds_retime(ours_ms, {"peer": peer_ms, "broken": None})
+    assert order == ["ours", "peer", "peer", "ours", "ours", "peer", "peer", "ours"]   # ABBA
+    assert o == 1.15 and peers == {"peer": 2.3, "broken": None}   # the medians of 4 rounds
+    assert single == {"ours": 1.5, "peer": 3.0}
+    assert bf._TIMED == []   # cleared for the next row
+    # one round (the default): nothing timed again, the row's values unchanged
+    monkeypatch.setattr(bf, "PEER_ROUNDS", [1])
+    bf._TIMED.append((ours_calls, ours_ms))
+    assert bf.rounds_retime(ours_ms, {"peer": peer_ms}) == (ours_ms, {"peer": peer_ms}, None)
+    # ours not timed by time_ms (e.g. a sum of two timings): nothing timed again
+    monkeypatch.setattr(bf, "PEER_ROUNDS", [4])
+    bf._TIMED.append((peer_calls, peer_ms))
+    assert bf.rounds_retime(2.5, {"peer": peer_ms}) == (2.5, {"peer": peer_ms}, None)
