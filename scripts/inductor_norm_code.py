@@ -47,7 +47,11 @@ def main():
     import gc
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     for o in gc.get_objects():
-        if isinstance(o, CachingAutotuner):
+        try:
+            tuner = isinstance(o, CachingAutotuner)
+        except ReferenceError:  # a weak proxy whose object is gone
+            continue
+        if tuner:
             for ln in getattr(o, "launchers", []):
                 print(f"chosen: {getattr(o.fn, '__name__', o.fn)} {getattr(ln, 'config', '?')} "
                       f"registers {getattr(ln, 'n_regs', '?')} spills {getattr(ln, 'n_spills', '?')}")
