@@ -117,13 +117,13 @@ constexpr int kNormFwdHold56 = 16;
  * vs 3.94 TB/s, 16k x 8192 4.08 vs 3.93; without the residual the same build read +0.3% at
  * 4096 and -1.0% at 8192 (the run-time switch's A/B had said +1.7% / +0.8%), so those keep the
  * hint. RMSNorm (not taken): +0.5% with the residual, -1% without at 8192 through the switch
- * (docs/PERFORMANCE.md). The same values: the same bits. */
+ * (docs/PERFORMANCE.md). The same values: the same bits. Build A/Bs of 2026-12-04 (f7754b0's
+ * hooks, not kept), RMSNorm 16k x 8192 without the residual: x loaded L1::evict_last (inductor's
+ * first-pass hint) with plain or evict-first stores -1%; inductor's two-pass form (the row loaded
+ * twice, the second time from L1; 512 threads x 2 vectors, 30 registers) +1% (4.11-4.12 vs
+ * 4.07-4.08 TB/s; torch.compile 4.21), not enough to change the statistics' code, which the
+ * backward's recompute and the fused forward share bit for bit (docs/PERFORMANCE.md). */
 constexpr int kNormFwdLdPlain = 64;
-/* kNormFwdLdEL (experiment builds only, -DOT_NORM_EXP_EL=1 | 2): x loaded with the L1
- * evict-last hint (ld.global.L1::evict_last, inductor's first-pass load of the row) in
- * RMSNorm's 8-vector instances without the residual; =1 with plain out stores, =2 keeping
- * the evict-first ones. */
-constexpr int kNormFwdLdEL = 128;
 
 /* __launch_bounds__ of forward v2: the block (TPR threads, or 128 as row groups of
  * TPR < 128), and with kNormFwdRegs the blocks per SM that hold the registers to 64. */
@@ -950,15 +950,7 @@ __global__ void __launch_bounds__(norm_fwd_v2_block(TPR), norm_fwd_v2_min_blocks
 #pragma unroll
   for (int i = 0; i < NV; i++) {
     const int base = ((int)threadIdx.x + i * TPR) * V;
-    if (F & kNormFwdLdEL) {
-      xr[i].u = make_uint4(0u, 0u, 0u, 0u);
-      if (valid && base < n)
-        asm("ld.global.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
-            : "=r"(xr[i].u.x), "=r"(xr[i].u.y), "=r"(xr[i].u.z), "=r"(xr[i].u.w)
-            : "l"(x + base));
-    } else {
-      load_raw<T, true, STREAM>(xr[i], x, base, n, valid && base < n);
-    }
+    load_raw<T, true, STREAM>(xr[i], x, base, n, valid && base < n);
   }
   if (RES) {
 #pragma unroll
@@ -969,79 +961,6 @@ __global__ void __launch_bounds__(norm_fwd_v2_block(TPR), norm_fwd_v2_min_blocks
   }
   norm_fwd_row<T, LAYER, NV, RES, TPR, F>(p, xr, rr, r, valid, scr);
 }
-
-#ifdef OT_NORM_EXP_2P
-/* ---- experiment builds only (-DOT_NORM_EXP_2P=TPR): RMSNorm forward in inductor's two-pass
- * form -- one row per block of TPR threads, the thread's NV vectors loaded with the L1
- * evict-last hint for the sum of squares (not held in registers across the reduction),
- * then loaded again (L1 evict-first: hits in L1) with the weight for the output, plain
- * stores. 16-bit rows of exactly TPR * NV * 8 elements without the residual. */
-#ifndef OT_NORM_EXP_2PF /* bits: 1 no PDL, 2 second x load plain, 4 first x load plain,
-                         * 8 weight loaded L1::evict_last */
-#define OT_NORM_EXP_2PF 0
-#endif
-template <typename T, int NV, int TPR>
-__global__ void __launch_bounds__(TPR) rms_fwd_2p_kernel(norm_fwd_params p) {
-  constexpr int V = vec_width<T>::value;
-  constexpr int XF = OT_NORM_EXP_2PF;
-  __shared__ float scratch[32];
-  const int64_t r = blockIdx.x;
-  const T *x = static_cast<const T *>(p.x) + r * p.x_stride;
-  ot_pdl_wait();
-  ot_pdl_launch_dependents();
-  raw16 xr[NV];
-#pragma unroll
-  for (int i = 0; i < NV; i++) {
-    if (XF & 4)
-      asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(xr[i].u.x), "=r"(xr[i].u.y), "=r"(xr[i].u.z), "=r"(xr[i].u.w)
-                   : "l"(x + ((int)threadIdx.x + i * TPR) * V));
-    else
-      asm volatile("ld.global.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(xr[i].u.x), "=r"(xr[i].u.y), "=r"(xr[i].u.z), "=r"(xr[i].u.w)
-                   : "l"(x + ((int)threadIdx.x + i * TPR) * V));
-  }
-  float sq = 0.0f;
-#pragma unroll
-  for (int i = 0; i < NV; i++) {
-    float hv[V];
-    unpack<T>(hv, xr[i]);
-#pragma unroll
-    for (int j = 0; j < V; j++) sq += hv[j] * hv[j];
-  }
-  const float rs = rsqrtf(row_group_sum(sq, scratch) / (float)p.cols + p.eps);
-  const T *w = static_cast<const T *>(p.weight);
-  T *out = static_cast<T *>(p.out) + r * p.out_stride;
-#pragma unroll
-  for (int i = 0; i < NV; i++) {
-    const int base = ((int)threadIdx.x + i * TPR) * V;
-    raw16 t;
-    if (XF & 2)
-      asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(t.u.x), "=r"(t.u.y), "=r"(t.u.z), "=r"(t.u.w)
-                   : "l"(x + base));
-    else
-      asm volatile("ld.global.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(t.u.x), "=r"(t.u.y), "=r"(t.u.z), "=r"(t.u.w)
-                   : "l"(x + base));
-    float hv[V], wv[V], o[V];
-    unpack<T>(hv, t);
-    if (w && (XF & 8)) {
-      raw16 wr;
-      asm volatile("ld.global.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(wr.u.x), "=r"(wr.u.y), "=r"(wr.u.z), "=r"(wr.u.w)
-                   : "l"(w + base));
-      unpack<T>(wv, wr);
-    } else if (w) {
-      load_vec(wv, w + base);
-    }
-#pragma unroll
-    for (int j = 0; j < V; j++) o[j] = w ? hv[j] * rs * wv[j] : hv[j] * rs;
-    store_vec(out + base, o);
-  }
-  if (threadIdx.x == 0 && p.rstd) p.rstd[r] = rs;
-}
-#endif
 
 /* ---- cp.async rings (sm_80+) ------------------------------------------------------------
  * v3 kernels stage rows in shared memory with cp.async (16 bytes per thread, L2 only):
@@ -1789,15 +1708,7 @@ static inline norm_launch norm_pick_fwd_v2(const norm_cfg &c, int64_t cols, int 
 template <typename T, bool LAYER, bool RES, int F>
 static inline void (*norm_fwd_v2_pick(const norm_launch &L))(norm_fwd_params) {
   constexpr int F8 = LAYER && !RES ? (F | kNormFwdRegs) : F;
-#if defined(OT_NORM_EXP_EL) && OT_NORM_EXP_EL == 1
-  constexpr int F8L = LAYER && RES && sizeof(T) == 2 ? (F8 | kNormFwdLdPlain)
-                      : !LAYER && !RES && sizeof(T) == 2 ? ((F8 & ~kNormFwdCs) | kNormFwdLdEL) : F8;
-#elif defined(OT_NORM_EXP_EL) && OT_NORM_EXP_EL == 2
-  constexpr int F8L = LAYER && RES && sizeof(T) == 2 ? (F8 | kNormFwdLdPlain)
-                      : !LAYER && !RES && sizeof(T) == 2 ? (F8 | kNormFwdLdEL) : F8;
-#else
   constexpr int F8L = LAYER && RES && sizeof(T) == 2 ? (F8 | kNormFwdLdPlain) : F8;
-#endif
   if (L.threads <= 32) {
     switch (L.nv) {
       case 1: return norm_fwd_v2_kernel<T, LAYER, 1, RES, 32, F>;
@@ -1867,16 +1778,6 @@ cudaError_t norm_fwd_v2_launch(const norm_cfg &c, const norm_fwd_params &p, cons
   const int64_t blocks = (p.rows + L.rows - 1) / L.rows;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   void (*kernel)(norm_fwd_params) = norm_fwd_v2_select<T, LAYER>(p.residual != nullptr, L);
-#ifdef OT_NORM_EXP_2P
-  if constexpr (!LAYER && sizeof(T) == 2) {
-    constexpr int TPR2 = OT_NORM_EXP_2P, NV2 = 8192 / (TPR2 * 8);
-    norm_cfg c2 = c;
-    if (OT_NORM_EXP_2PF & 1) c2.pdl = false;
-    if (!p.residual && p.out && p.cols == 8192 && p.rows <= 0x7fffffff)
-      return norm_launch_ex(c2, rms_fwd_2p_kernel<T, NV2, TPR2>, dim3((unsigned)p.rows), dim3(TPR2),
-                            stream, p);
-  }
-#endif
   if constexpr (!LAYER) {
     if (c.rms_fwd_cut) {
       void (*cut)(norm_fwd_params) =

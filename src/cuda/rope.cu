@@ -29,7 +29,9 @@
  * next same-process A/B; measured in the run of a092c77: not the default). A cross-token
  * software pipeline of w4's work on a persistent grid (OT_ROPE_IMPL=pipe | pipe6) was measured
  * on 2026-12-01 (run of ac70494) 5-7% behind the default at every shape: removed
- * (docs/PERFORMANCE.md).
+ * (docs/PERFORMANCE.md). Build A/Bs of 2026-12-04 (f7754b0's hooks, not kept): blocks of 32
+ * or 64 threads instead of 128 (+0.5-1% with computed cos / sin at 32 + 8 heads, level with the
+ * cache and at 64 + 8), the head loads with the L2::256B prefetch hint (-0.5 to -1%).
  *
  * A position outside the cache (not validated on the host for device tensors)
  * yields NaN outputs rather than an out-of-bounds read.
@@ -286,24 +288,7 @@ __device__ __forceinline__ void rope_warp_item(const float *cs, int64_t half, in
  * (computed); the new shape without that reorder: cache 3.44 / 3.71 vs 3.51 / 3.63 (the
  * cache reads queued behind 20 head loads); the reorder in the old shape (over its 128
  * registers): 3.49 / 3.58 (cache), 3.51 / 3.58 (computed). */
-#ifndef OT_ROPE_EXP_THREADS /* experiment builds only: the warp kernel's block size */
-#define OT_ROPE_EXP_THREADS 128
-#endif
-constexpr int kRopeWarpU = 10, kRopeWarpThreads = OT_ROPE_EXP_THREADS;
-/* The warp kernel's head loads: evict-first (ld.global.cs); experiment builds only,
- * -DOT_ROPE_EXP_L2PF: with the 256-byte L2 prefetch hint as well (a head row of 128 bf16 is
- * 256 bytes; NeoX's two loads of a lane are its two halves). */
-__device__ __forceinline__ uint4 rope_ld_head(const void *p) {
-#ifdef OT_ROPE_EXP_L2PF
-  uint4 v;
-  asm("ld.global.cs.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-#else
-  return __ldcs(reinterpret_cast<const uint4 *>(p));
-#endif
-}
+constexpr int kRopeWarpU = 10, kRopeWarpThreads = 128;
 
 /* ---- token-parallel kernel: a warp per token -------------------------------------------
  * For 16-byte-aligned rows whose rotated part has IPH = (NeoX: half, GPT-J: rd) / VEC
@@ -385,8 +370,8 @@ __global__ void __launch_bounds__(kRopeWarpThreads, 1)
           const T *in;
           T *out;
           head(h, &in, &out);
-          x1[u].u = rope_ld_head(in);
-          if (MODE == OT_ROPE_NEOX) x2[u].u = rope_ld_head(in + half);
+          x1[u].u = __ldcs(reinterpret_cast<const uint4 *>(in));
+          if (MODE == OT_ROPE_NEOX) x2[u].u = __ldcs(reinterpret_cast<const uint4 *>(in + half));
         }
       }
       if (bi == 0) {
