@@ -560,6 +560,25 @@ SLEEP_CYCLES = 2_000_000 if hasattr(torch.cuda, "_sleep") else 0  # ~1 ms at 1.9
 
 
 WARM_MS = [0.0]  # --warm-ms: time_ms's default warm-up
+# --l2-scrub-mb M: after the warm-up, before the timed batches, read M MB of an unrelated buffer
+# with plain loads, so that no line of the entry's inputs left by an earlier entry is in L2.
+# Why: a kernel whose loads carry the evict-first hint (ld.global.cs) picks evict-first lines
+# as victims, so normal-priority lines of its input that an earlier entry left in L2 (a peer's
+# or another build's plain loads of the same tensors) stay there through its whole timing and
+# serve it from L2: on the H200 our RMSNorm forward 16k x 8192 read 3.94 TB/s alone and 4.09
+# after torch.compile's kernel had run on the same inputs (scripts/fused_order_probe.py,
+# 2026-12-04). 0: no scrub (as before).
+L2_SCRUB_MB = [0]
+_SCRUB = []
+
+
+def l2_scrub():
+    if L2_SCRUB_MB[0] <= 0:
+        return
+    if not _SCRUB:
+        _SCRUB.append(torch.empty(L2_SCRUB_MB[0] * 1024 * 1024 // 2, dtype=torch.bfloat16,
+                                  device="cuda").uniform_())
+    _SCRUB[0].sum(dtype=torch.float32)
 
 
 def time_ms(fns, iters=25, inner=5, warmup=3, warm_ms=None, record=True):
@@ -582,6 +601,7 @@ def time_ms(fns, iters=25, inner=5, warmup=3, warm_ms=None, record=True):
             fns[i % n]()
             i += 1
             torch.cuda.synchronize()
+    l2_scrub()
     ts = []
     k = 0
     for _ in range(iters):
@@ -1318,7 +1338,11 @@ def write_doc(args, copy_tbps, rows):
         "timing": ("CUDA events around 5 calls after a ~1 ms torch.cuda._sleep (host launch "
                    "latency hidden), median of 25, two input sets alternating"
                    + (f"; {args.warm_ms:g} ms of calls before each entry's batches"
-                      if args.warm_ms > 0 else "")),
+                      if args.warm_ms > 0 else "")
+                   + (f"; then {args.l2_scrub_mb} MB of another buffer read (L2 scrub)"
+                      if args.l2_scrub_mb > 0 else "")
+                   + (f"; ours and the peers again in {args.peer_rounds} balanced rounds, medians"
+                      if args.peer_rounds > 1 else "")),
         "rows": rows,
     }
     with open(args.json, "w") as f:
@@ -1499,6 +1523,10 @@ def main():
                     help="--bench: each row's ours and peers timed again in R balanced rounds "
                          "(order reversed every other round) and reported as the medians; the "
                          "first timings kept in the row as single_pass_TBps")
+    ap.add_argument("--l2-scrub-mb", type=int, default=0,
+                    help="--bench: before each entry's timed batches (after its warm-up), read this "
+                         "many MB of another buffer with plain loads, so that no L2 line an earlier "
+                         "entry left serves the entry (0: none; 256 covers the H200's 50 MB L2)")
     ap.add_argument("--no-env-variants", action="store_true",
                     help="--bench: no run-time-switch variants (OT_NORM_* / OT_ROPE_IMPL rows), "
                          "so that a build A/B (--ab-shim) times only ours and the builds")
@@ -1515,6 +1543,7 @@ def main():
     S = Shim(args.shim)
     AB_ROUNDS[0] = args.ab_rounds
     PEER_ROUNDS[0] = args.peer_rounds
+    L2_SCRUB_MB[0] = args.l2_scrub_mb
     WARM_MS[0] = args.warm_ms
     ENV_ROUNDS[0] = args.cut_ab
     for spec in args.ab_shim:

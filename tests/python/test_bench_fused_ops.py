@@ -77,3 +77,26 @@ def test_peer_rounds_retime_ours_and_peers_in_balanced_rounds(monkeypatch):
     monkeypatch.setattr(bf, "PEER_ROUNDS", [4])
     bf._TIMED.append((peer_calls, peer_ms))
     assert bf.rounds_retime(2.5, {"peer": peer_ms}) == (2.5, {"peer": peer_ms}, None)
+
+
+def test_l2_scrub_runs_after_the_warm_up_and_before_the_timed_batches(monkeypatch):
+    class Ev:
+        def __init__(self, **kw):
+            self.t = 0.0
+
+        def record(self):
+            self.t = len(log)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return float(other.t - self.t)
+
+    log = []
+    monkeypatch.setattr(bf.torch.cuda, "Event", Ev)
+    monkeypatch.setattr(bf.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bf, "SLEEP_CYCLES", 0)
+    monkeypatch.setattr(bf, "l2_scrub", lambda: log.append("scrub"))
+    bf.time_ms([lambda: log.append("call")], iters=2, inner=3, warmup=2, warm_ms=0.0)
+    assert log == ["call"] * 2 + ["scrub"] + ["call"] * 6
