@@ -8,20 +8,24 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_fused_ops as bf  # noqa: E402
 
 
-def test_time_ms_warm_up_runs_the_calls_for_warm_ms_before_timing(monkeypatch):
+def fake_event(log):
+    """A torch.cuda.Event stand-in whose clock is the number of entries in `log`."""
     class Ev:
         def __init__(self, **kw):
             self.t = 0.0
 
         def record(self):
-            self.t = len(calls)
+            self.t = len(log)
 
         def synchronize(self):
             pass
 
         def elapsed_time(self, other):
             return float(other.t - self.t)
+    return Ev
 
+
+def test_time_ms_warm_up_runs_the_calls_for_warm_ms_before_timing(monkeypatch):
     class Clock:
         now = 0.0
 
@@ -31,7 +35,7 @@ def test_time_ms_warm_up_runs_the_calls_for_warm_ms_before_timing(monkeypatch):
         calls.append(Clock.now)
         Clock.now += 0.001   # each call 1 ms of wall time
 
-    monkeypatch.setattr(bf.torch.cuda, "Event", Ev)
+    monkeypatch.setattr(bf.torch.cuda, "Event", fake_event(calls))
     monkeypatch.setattr(bf.torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(bf.time, "perf_counter", lambda: Clock.now)
     monkeypatch.setattr(bf, "SLEEP_CYCLES", 0)
@@ -80,21 +84,8 @@ def test_peer_rounds_retime_ours_and_peers_in_balanced_rounds(monkeypatch):
 
 
 def test_l2_scrub_runs_after_the_warm_up_and_before_the_timed_batches(monkeypatch):
-    class Ev:
-        def __init__(self, **kw):
-            self.t = 0.0
-
-        def record(self):
-            self.t = len(log)
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return float(other.t - self.t)
-
     log = []
-    monkeypatch.setattr(bf.torch.cuda, "Event", Ev)
+    monkeypatch.setattr(bf.torch.cuda, "Event", fake_event(log))
     monkeypatch.setattr(bf.torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(bf, "SLEEP_CYCLES", 0)
     monkeypatch.setattr(bf, "l2_scrub", lambda: log.append("scrub"))
