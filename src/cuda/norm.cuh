@@ -111,7 +111,8 @@ constexpr int kNormFwdCut = 8;
  * gives the cut 58 (64 allocated: 8 blocks). OT_NORM_RMS_FWD_CUT=2. */
 constexpr int kNormFwdHold56 = 16;
 /* kNormFwdLdPlain: x and the residual loaded by plain ld.global, not ld.global.cs (the
- * evict-first hint): LayerNorm's 8-vector instances with the residual at 64 and 128 threads
+ * evict-first hint): every instance without the residual (norm_fwd_v2_select, 2026-12-04
+ * evening, measured under an L2 scrub), and LayerNorm's 8-vector instances with the residual at 64 and 128 threads
  * (16-bit rows of 2056-8192 elements). Measured on the H200, 2026-12-04: a build A/B in one
  * process (8 balanced rounds, bench/results/fused_ops_norm_fwd_build_ab.json) 16k x 4096 4.00
  * vs 3.94 TB/s, 16k x 8192 4.08 vs 3.93; without the residual the same build read +0.3% at
@@ -1729,14 +1730,21 @@ static inline void (*norm_fwd_v2_pick(const norm_launch &L))(norm_fwd_params) {
   }
 }
 
-/* The instance a call takes: evict-first out stores without the residual (measured, run
- * of 718ecab, 16k rows bf16: +2-5% there, -1-2% with the residual, whose h the next layer
- * reads again; the plain-store instances were removed). The choice depends on the shape
- * only, so a fused forward, an unfused one over its residual_out and the backward's
- * recomputed statistics take the same statistics code (the same bits). */
+/* The instance a call takes. Without the residual: plain loads and stores (kNormFwdLdPlain,
+ * no evict-first hints) since 2026-12-04 evening. The evict-first out stores and loads kept
+ * since the run of 718ecab (+2-5% then) had been measured against builds whose plain loads
+ * left lines of the same x in L2, which evict-first misses do not displace; measured with an
+ * L2 scrub before each entry (bench_fused_ops.py --l2-scrub-mb 256, H200, 16k rows bf16, 6
+ * balanced rounds, bench/results/fused_ops_norm_nores_hints_ab.json): LayerNorm 4096 3.92 vs
+ * 3.79 TB/s, 8192 4.03 vs 3.87, RMSNorm 8192 4.06 vs 3.91 (its rows of <= 4096 take the cut
+ * instances, unchanged); plain stores with evict-first loads 3.76 / 3.86 / 3.85. The same
+ * values: the same bits. The choice depends on the shape only, so a fused forward, an
+ * unfused one over its residual_out and the backward's recomputed statistics take the same
+ * statistics code (the same bits). */
 template <typename T, bool LAYER>
 static inline void (*norm_fwd_v2_select(bool res, const norm_launch &L))(norm_fwd_params) {
-  return res ? norm_fwd_v2_pick<T, LAYER, true, 0>(L) : norm_fwd_v2_pick<T, LAYER, false, kNormFwdCs>(L);
+  return res ? norm_fwd_v2_pick<T, LAYER, true, 0>(L)
+             : norm_fwd_v2_pick<T, LAYER, false, kNormFwdLdPlain>(L);
 }
 
 /* RMSNorm's forward v2 instance with kNormFwdCut (OT_NORM_RMS_FWD_CUT=1; hold, =2: with
