@@ -562,13 +562,14 @@ SLEEP_CYCLES = 2_000_000 if hasattr(torch.cuda, "_sleep") else 0  # ~1 ms at 1.9
 WARM_MS = [0.0]  # --warm-ms: time_ms's default warm-up
 # --l2-scrub-mb M: after the warm-up, before the timed batches, read M MB of an unrelated buffer
 # with plain loads, so that no line of the entry's inputs left by an earlier entry is in L2.
-# Why (inferred, not proven): a kernel whose loads carry the evict-first hint (ld.global.cs) picks evict-first lines
-# as victims, so normal-priority lines of its input that an earlier entry left in L2 (a peer's
-# or another build's plain loads of the same tensors) stay there through its whole timing and
-# serve it from L2: on the H200 our RMSNorm forward 16k x 8192 (then evict-first) read 4.07 TB/s
-# in build A/B rounds with builds loading x plainly, 3.94 with the scrub (2026-12-04). The scrub
-# does not remove a jump seen right after torch.compile's kernel (3.95 -> 4.11, cause unknown;
-# scripts/fused_order_probe.py). 0: no scrub (as before).
+# Why (inferred, not proven): a kernel whose loads carry the evict-first hint (ld.global.cs)
+# picks evict-first lines as victims, so normal-priority lines of its input that an earlier
+# entry left in L2 (a peer's or another build's plain loads of the same tensors) stay there
+# through its whole timing and serve it from L2: on the H200 our RMSNorm forward 16k x 8192
+# (then evict-first) read 4.07 TB/s in build A/B rounds with builds loading x plainly, 3.94
+# with the scrub (2026-12-04). The scrub does not remove a jump seen right after
+# torch.compile's kernel (3.95 -> 4.11, cause unknown; scripts/fused_order_probe.py).
+# 0: no scrub (as before).
 L2_SCRUB_MB = [0]
 _SCRUB = []
 
