@@ -651,7 +651,8 @@ def rounds_retime(ours_ms, peers_ms, rounds=None):
     of = find(ours_ms)
     if of is None:
         return ours_ms, peers_ms, None
-    entries = [(None, of)] + [(k, find(v)) for k, v in peers_ms.items() if v is not None and find(v) is not None]
+    found = {k: find(v) for k, v in peers_ms.items() if v is not None}
+    entries = [(None, of)] + [(k, f) for k, f in found.items() if f is not None]
     ts = {k: [] for k, _ in entries}
     for r in range(rounds):
         for k, f in (entries if r % 2 == 0 else entries[::-1]):
@@ -659,7 +660,9 @@ def rounds_retime(ours_ms, peers_ms, rounds=None):
                 continue
             try:
                 ts[k].append(time_ms(f, record=False))
-            except Exception as e:  # a peer failing must not stop the benchmark
+            except Exception as e:  # a peer failing must not stop the benchmark (ours must not fail)
+                if k is None:
+                    raise
                 print("  peer failed in a round:", k, type(e).__name__, str(e)[:200], flush=True)
                 ts[k] = None
     single = {"ours": ours_ms, **{k: v for k, v in peers_ms.items() if v is not None}}
