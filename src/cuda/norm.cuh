@@ -1516,7 +1516,11 @@ __global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, in
         unpack<T>(dr, t);
       }
       norm_bwd_dx<LAYER, V>(hv, gv, wf[i], w != nullptr, p.dres != nullptr, dr, rs, nmr, k1, k0, o);
+#ifdef OT_NORM_EXP_BWD_STPL /* experiment hook (build A/B): plain dx stores */
+      store_vec(dxp + (int64_t)idx * V, o);
+#else
       store_vec_cs(dxp + (int64_t)idx * V, o); /* evict-first (the kernel's comment) */
+#endif
     }
     if (++s == S) s = 0, ph ^= 1u;
   }

@@ -36,6 +36,12 @@
  * A position outside the cache (not validated on the host for device tensors)
  * yields NaN outputs rather than an out-of-bounds read.
  */
+/* experiment hook (build A/B): OT_ROPE_EXP_LDPL loads x plainly */
+#ifdef OT_ROPE_EXP_LDPL
+#define OT_ROPE_LD(p) (*(p))
+#else
+#define OT_ROPE_LD(p) __ldcs(p)
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -217,7 +223,11 @@ template <typename T>
 __device__ __forceinline__ void rope_store_cs(T *p, const float *f) {
   raw16 r;
   pack<T>(r, f);
+#ifdef OT_ROPE_EXP_STPL /* experiment hook (build A/B): plain stores */
+  *reinterpret_cast<uint4 *>(p) = r.u;
+#else
   __stcs(reinterpret_cast<uint4 *>(p), r.u);
+#endif
 }
 
 /* The lane's NP cos / sin of pairs i0.. from the warp's cs ([cos 0..half) [sin 0..half)). */
@@ -370,8 +380,8 @@ __global__ void __launch_bounds__(kRopeWarpThreads, 1)
           const T *in;
           T *out;
           head(h, &in, &out);
-          x1[u].u = __ldcs(reinterpret_cast<const uint4 *>(in));
-          if (MODE == OT_ROPE_NEOX) x2[u].u = __ldcs(reinterpret_cast<const uint4 *>(in + half));
+          x1[u].u = OT_ROPE_LD(reinterpret_cast<const uint4 *>(in));
+          if (MODE == OT_ROPE_NEOX) x2[u].u = OT_ROPE_LD(reinterpret_cast<const uint4 *>(in + half));
         }
       }
       if (bi == 0) {
@@ -509,8 +519,8 @@ __global__ void __launch_bounds__(kRopeWarpThreads, MINB)
           const bool isk = h >= hq;
           const int hh = isk ? h - hq : h;
           const T *in = (isk ? ki : qi) + (int64_t)hh * (isk ? kis : qis);
-          x1[u].u = __ldcs(reinterpret_cast<const uint4 *>(in));
-          if (MODE == OT_ROPE_NEOX) x2[u].u = __ldcs(reinterpret_cast<const uint4 *>(in + HALF));
+          x1[u].u = OT_ROPE_LD(reinterpret_cast<const uint4 *>(in));
+          if (MODE == OT_ROPE_NEOX) x2[u].u = OT_ROPE_LD(reinterpret_cast<const uint4 *>(in + HALF));
         }
       }
       if (bi == 0) {
