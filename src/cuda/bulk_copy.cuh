@@ -26,31 +26,25 @@
 namespace ot {
 
 #ifdef OT_BULK_COPY_DEVICE
-/* bytes from global src to shared dst, counted on bar. Streamed data: an L2 evict-first
- * policy, so the rows read once do not push out what the kernel reuses. */
-__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes,
-                                          uint64_t *bar) {
-  uint64_t pol;
-#ifdef OT_BULK_EXP_NORMAL /* experiment hook (build A/B): an evict-normal policy */
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
-#else
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-#endif
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
-      "l"((uint64_t)src), "r"(bytes), "r"(smem_u32(bar)), "l"(pol)
-      : "memory");
-}
-/* The same copy by shared-memory (state space) addresses and without a cache hint, for
- * kernels that address their stages as such (the Hopper attention backward's producer,
- * sm90/attention_bwd_sm90.cu: a tile's lse and Dsum rows per stage). */
+/* bytes from global src to shared dst (shared-memory state space addresses), counted on
+ * bar, the L2's default policy: for kernels that address their stages as such (the Hopper
+ * attention backward's producer, sm90/attention_bwd_sm90.cu: a tile's lse and Dsum rows
+ * per stage) and, by generic addresses, bulk_load below. */
 __device__ __forceinline__ void bulk_load_sh(uint32_t dst, const void *src, uint32_t bytes,
                                              uint32_t bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
       ::"r"(dst), "l"((uint64_t)src), "r"(bytes), "r"(bar)
       : "memory");
+}
+/* bytes from global src to shared dst, counted on bar; the L2's default (evict-normal)
+ * policy. An evict-first policy on these loads (the default until 2026-12-05) made the
+ * LayerNorm backward at 16k x 4096 / 8192 bf16 10-12% slower on the H200 (3.38 / 3.60
+ * TB/s against 3.79 / 3.94 with evict-normal; build A/B in one process, 4 balanced
+ * rounds, docs/PERFORMANCE.md 2026-12-05). */
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes,
+                                          uint64_t *bar) {
+  bulk_load_sh(smem_u32(dst), src, bytes, smem_u32(bar));
 }
 #endif
 

@@ -1431,14 +1431,13 @@ __device__ __forceinline__ void norm_bwd_slot_vec(const uint4 *hs, const uint4 *
  * SM throughput 62%, DRAM 65%), and the weight's load + unpack in both passes of every row
  * was a good part of its instructions: LayerNorm backward 3.38 / 3.63 TB/s against 3.08 /
  * 3.22 at 4096 / 8192 (99 registers instead of 88: still 2 / 1 blocks per SM; run of
- * ef875c3). */
+ * ef875c3). Build A/B of 2026-12-05 (16k x 4096 / 8192 bf16, 3.38 / 3.60 TB/s with the
+ * bulk loads evict-first): the rows' bulk loads with the L2's default policy instead of
+ * evict-first 3.79 / 3.94, the default since (bulk_copy.cuh); plain dx stores 3.38 / 3.60
+ * (level); the weight loaded per row instead of held (82 registers) 3.09 / 3.27, and with a
+ * cap of 80 registers on top (3 blocks per SM at 4096) 2.98 / 3.31: not kept. */
 template <typename T, bool LAYER, int NV>
-#ifdef OT_NORM_EXP_TMA_MAXNREG /* experiment hook (build A/B): a register cap, more blocks an SM */
-__global__ void __maxnreg__(OT_NORM_EXP_TMA_MAXNREG)
-#else
-__global__ void __launch_bounds__(512)
-#endif
-norm_bwd_tma_kernel(norm_bwd_params p, int S) {
+__global__ void __launch_bounds__(512) norm_bwd_tma_kernel(norm_bwd_params p, int S) {
   ot_pdl_launch_dependents(); /* the partials' sum may be scheduled (OT_NORM_PDL) */
 #ifdef OT_BULK_COPY_DEVICE
   constexpr int V = vec_width<T>::value;
@@ -1471,9 +1470,7 @@ norm_bwd_tma_kernel(norm_bwd_params p, int S) {
   for (int i = 0; i < NV; i++) {
 #pragma unroll
     for (int j = 0; j < V; j++) dw[i][j] = 0.0f, db[i][j] = 0.0f;
-#ifndef OT_NORM_EXP_TMA_WLD
     if (w && tid + i * tpr < nvec) load_vec(wf[i], w + (int64_t)(tid + i * tpr) * V);
-#endif
   }
   __syncthreads(); /* the barriers are initialized */
   if (tid == 0)
@@ -1498,13 +1495,7 @@ norm_bwd_tma_kernel(norm_bwd_params p, int S) {
       if (idx >= nvec) continue;
       float hv[V], gv[V];
       norm_bwd_slot_vec<T>(hs, gs, idx, hv, gv);
-#ifdef OT_NORM_EXP_TMA_WLD /* experiment hook (build A/B): the weight loaded each row (L1) */
-      float wl[V];
-      if (w) load_vec(wl, w + (int64_t)idx * V);
-      norm_bwd_terms<LAYER, V>(hv, gv, wl, w != nullptr, rs, nmr, dw[i], db[i], sg, sgx);
-#else
       norm_bwd_terms<LAYER, V>(hv, gv, wf[i], w != nullptr, rs, nmr, dw[i], db[i], sg, sgx);
-#endif
     }
     float a, c;
     norm_bwd_row_sums<LAYER>(sg, sgx, scr, inv_n, a, c);
@@ -1528,18 +1519,8 @@ norm_bwd_tma_kernel(norm_bwd_params p, int S) {
         t.u = ds[idx];
         unpack<T>(dr, t);
       }
-#ifdef OT_NORM_EXP_TMA_WLD
-      float wl[V];
-      if (w) load_vec(wl, w + (int64_t)idx * V);
-      norm_bwd_dx<LAYER, V>(hv, gv, wl, w != nullptr, p.dres != nullptr, dr, rs, nmr, k1, k0, o);
-#else
       norm_bwd_dx<LAYER, V>(hv, gv, wf[i], w != nullptr, p.dres != nullptr, dr, rs, nmr, k1, k0, o);
-#endif
-#ifdef OT_NORM_EXP_BWD_STPL /* experiment hook (build A/B): plain dx stores */
-      store_vec(dxp + (int64_t)idx * V, o);
-#else
       store_vec_cs(dxp + (int64_t)idx * V, o); /* evict-first (the kernel's comment) */
-#endif
     }
     if (++s == S) s = 0, ph ^= 1u;
   }

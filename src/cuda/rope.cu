@@ -50,6 +50,21 @@
 #include "rope.cuh"
 #include "unpack_fast.cuh"
 
+/* experiment hook (build A/B): OT_ROPE_EXP_CEL reads the cos / sin cache with an L2
+ * evict-last policy (the warp kernel) */
+#ifdef OT_ROPE_EXP_CEL
+__device__ __forceinline__ float rope_ld_keep(const float *p) {
+  uint64_t pol;
+  float v;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  asm("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(p), "l"(pol));
+  return v;
+}
+#define OT_ROPE_CLD(p) rope_ld_keep(p)
+#else
+#define OT_ROPE_CLD(p) (*(p))
+#endif
+
 namespace ot {
 
 struct rope_heads_dev {
@@ -358,7 +373,7 @@ __global__ void __launch_bounds__(kRopeWarpThreads, 1)
       for (int j = 0; j < CPL; j++) {
         const int i = lane + 32 * j;
         cpre[j] = spre[j] = __int_as_float(0x7fc00000);
-        if (okp && i < IPH * NP) cpre[j] = crow[i], spre[j] = crow[IPH * NP + i];
+        if (okp && i < IPH * NP) cpre[j] = OT_ROPE_CLD(crow + i), spre[j] = OT_ROPE_CLD(crow + IPH * NP + i);
       }
     }
     auto head = [&](int64_t h, const T **in, T **out) {
