@@ -32,16 +32,13 @@
  * (docs/PERFORMANCE.md). Build A/Bs of 2026-12-04 (f7754b0's hooks, not kept): blocks of 32
  * or 64 threads instead of 128 (+0.5-1% with computed cos / sin at 32 + 8 heads, level with the
  * cache and at 64 + 8), the head loads with the L2::256B prefetch hint (-0.5 to -1%).
+ * Build A/Bs of 2026-12-05: the head loads plain instead of evict-first (__ldcs) with the
+ * cache read evict-last (rope_cache_ld), the default since: +1.3% / +2.6% at 32 + 8 / 64 + 8
+ * heads; plain stores instead of evict-first (__stcs): -1 to -3%, not kept.
  *
  * A position outside the cache (not validated on the host for device tensors)
  * yields NaN outputs rather than an out-of-bounds read.
  */
-/* experiment hook (build A/B): OT_ROPE_EXP_LDPL loads x plainly */
-#ifdef OT_ROPE_EXP_LDPL
-#define OT_ROPE_LD(p) (*(p))
-#else
-#define OT_ROPE_LD(p) __ldcs(p)
-#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,22 +47,23 @@
 #include "rope.cuh"
 #include "unpack_fast.cuh"
 
-/* experiment hook (build A/B): OT_ROPE_EXP_CEL reads the cos / sin cache with an L2
- * evict-last policy (the warp kernel) */
-#ifdef OT_ROPE_EXP_CEL
-__device__ __forceinline__ float rope_ld_keep(const float *p) {
+namespace ot {
+
+/* A cos / sin cache value, read with an L2 evict-last policy: the cache (positions x
+ * rotary_dim fp32, 4 MB for 8192 positions x 128) is read again by every token at the same
+ * position, while the head rows stream past it with the L2's default policy. Measured with
+ * the head loads plain (H200, 16k x (32 + 8 | 64 + 8) x 128 bf16, build A/B of 2026-12-05,
+ * docs/PERFORMANCE.md): plain head loads 3.86 / 3.91 TB/s with the cache against 3.81 / 3.82
+ * for the evict-first loads (__ldcs) before; with the cache read evict-last on top 3.86 /
+ * 3.93 (in an earlier call of the same day the plain loads alone read 3.75 at 32 + 8 heads:
+ * the cache pushed out of the L2 by the streamed rows is the suspect this guards against). */
+__device__ __forceinline__ float rope_cache_ld(const float *p) {
   uint64_t pol;
   float v;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
   asm("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(p), "l"(pol));
   return v;
 }
-#define OT_ROPE_CLD(p) rope_ld_keep(p)
-#else
-#define OT_ROPE_CLD(p) (*(p))
-#endif
-
-namespace ot {
 
 struct rope_heads_dev {
   void *in;
@@ -238,11 +236,7 @@ template <typename T>
 __device__ __forceinline__ void rope_store_cs(T *p, const float *f) {
   raw16 r;
   pack<T>(r, f);
-#ifdef OT_ROPE_EXP_STPL /* experiment hook (build A/B): plain stores */
-  *reinterpret_cast<uint4 *>(p) = r.u;
-#else
   __stcs(reinterpret_cast<uint4 *>(p), r.u);
-#endif
 }
 
 /* The lane's NP cos / sin of pairs i0.. from the warp's cs ([cos 0..half) [sin 0..half)). */
@@ -373,7 +367,8 @@ __global__ void __launch_bounds__(kRopeWarpThreads, 1)
       for (int j = 0; j < CPL; j++) {
         const int i = lane + 32 * j;
         cpre[j] = spre[j] = __int_as_float(0x7fc00000);
-        if (okp && i < IPH * NP) cpre[j] = OT_ROPE_CLD(crow + i), spre[j] = OT_ROPE_CLD(crow + IPH * NP + i);
+        if (okp && i < IPH * NP)
+          cpre[j] = rope_cache_ld(crow + i), spre[j] = rope_cache_ld(crow + IPH * NP + i);
       }
     }
     auto head = [&](int64_t h, const T **in, T **out) {
@@ -395,8 +390,8 @@ __global__ void __launch_bounds__(kRopeWarpThreads, 1)
           const T *in;
           T *out;
           head(h, &in, &out);
-          x1[u].u = OT_ROPE_LD(reinterpret_cast<const uint4 *>(in));
-          if (MODE == OT_ROPE_NEOX) x2[u].u = OT_ROPE_LD(reinterpret_cast<const uint4 *>(in + half));
+          x1[u].u = *reinterpret_cast<const uint4 *>(in);
+          if (MODE == OT_ROPE_NEOX) x2[u].u = *reinterpret_cast<const uint4 *>(in + half);
         }
       }
       if (bi == 0) {
@@ -534,8 +529,8 @@ __global__ void __launch_bounds__(kRopeWarpThreads, MINB)
           const bool isk = h >= hq;
           const int hh = isk ? h - hq : h;
           const T *in = (isk ? ki : qi) + (int64_t)hh * (isk ? kis : qis);
-          x1[u].u = OT_ROPE_LD(reinterpret_cast<const uint4 *>(in));
-          if (MODE == OT_ROPE_NEOX) x2[u].u = OT_ROPE_LD(reinterpret_cast<const uint4 *>(in + HALF));
+          x1[u].u = *reinterpret_cast<const uint4 *>(in);
+          if (MODE == OT_ROPE_NEOX) x2[u].u = *reinterpret_cast<const uint4 *>(in + HALF);
         }
       }
       if (bi == 0) {
