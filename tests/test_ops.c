@@ -5,7 +5,9 @@
  *
  * Inputs are fresh random numbers each run unless --seed (or OT_TEST_SEED) fixes them;
  * the seed is printed first so a failure can be replayed. The last line is the summary
- * CTest reads; the exit status is non-zero on any failure.
+ * CTest reads; the exit status is non-zero on any failure, and when nothing ran: an unknown
+ * --suite or --backend, --backend cuda without a usable CUDA device, or a --filter that
+ * matches no case (so a sanitizer or CI run over zero cases cannot read as clean).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +46,20 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  /* A name that selects nothing is an error, not an empty pass: a sanitizer or CI run over
+   * zero cases must not read as clean. */
+  if (only_backend && strcmp(only_backend, "cpu") && strcmp(only_backend, "cuda")) {
+    fprintf(stderr, "test_ops: --backend %s: no such backend (cpu, cuda)\n", only_backend);
+    return 2;
+  }
+  if (only_suite) {
+    size_t s = 0;
+    while (s < sizeof suites / sizeof suites[0] && strcmp(only_suite, suites[s]->name)) s++;
+    if (s == sizeof suites / sizeof suites[0]) {
+      fprintf(stderr, "test_ops: --suite %s: no such suite (--list names them)\n", only_suite);
+      return 2;
+    }
+  }
   printf("ops_transformer %s test_ops: seed %llu%s\n", ot_version_string(),
          (unsigned long long)base.seed, base.grad ? " (gradient mode)" : "");
 
@@ -57,6 +73,7 @@ int main(int argc, char **argv) {
     }
     backends[nb++] = (backend){"cpu", ctx, false};
   }
+  char cuda_why[512] = "the library was built without -DOT_CUDA=ON";
 #ifdef OT_TEST_CUDA
   {
     ot_context_options o = ot_context_default_options();
@@ -64,9 +81,17 @@ int main(int argc, char **argv) {
     ot_context *ctx = NULL;
     ot_status st = ot_context_create(&o, &ctx);
     if (st == OT_OK) backends[nb++] = (backend){"cuda", ctx, true};
-    else printf("cuda backend not run: %s\n", ot_last_error());
+    else {
+      snprintf(cuda_why, sizeof cuda_why, "%s", ot_last_error());
+      printf("cuda backend not run: %s\n", cuda_why);
+    }
   }
 #endif
+  if (only_backend && !strcmp(only_backend, "cuda") && (nb < 2 || !backends[1].is_cuda)) {
+    fprintf(stderr, "test_ops: --backend cuda: the CUDA backend is not available: %s\n", cuda_why);
+    for (int b = 0; b < nb; b++) ot_context_destroy(backends[b].ctx);
+    return 1;
+  }
 
   int passed = 0, failed = 0, skipped = 0;
   for (int b = 0; b < nb; b++) {
@@ -86,5 +111,11 @@ int main(int argc, char **argv) {
   for (int b = 0; b < nb; b++) ot_context_destroy(backends[b].ctx);
   printf("test_ops: %d passed, %d failed, %d skipped (seed %llu)\n", passed, failed, skipped,
          (unsigned long long)base.seed);
+  if (passed + failed + skipped == 0) {
+    fprintf(stderr, "test_ops: no case ran (--filter \"%s\", --suite %s, --backend %s)\n",
+            base.filter ? base.filter : "", only_suite ? only_suite : "all",
+            only_backend ? only_backend : "all");
+    return 1;
+  }
   return failed ? 1 : 0;
 }
