@@ -408,6 +408,22 @@ DECODE_VARIANTS = {
     "paged_splits_8": {"OT_PAGED_SPLITS": "8"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
     "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
+    # the staged o_proj prefetches to L2, during the attention (when the DRAM is mostly
+    # idle), MB of the same layer's gate_up weight (its first features' gate and up rows)
+    # and of the next layer's qkv (fused_kernels.cu l2_prefetch_share, OTE_L2_PF_*);
+    # "last": with the evict-last policy
+    "l2pf_gu_16": {"OTE_L2_PF_GATEUP": "16"},
+    "l2pf_gu_24": {"OTE_L2_PF_GATEUP": "24"},
+    "l2pf_gu_32": {"OTE_L2_PF_GATEUP": "32"},
+    "l2pf_gu_16_last": {"OTE_L2_PF_GATEUP": "16", "OTE_L2_PF_LAST": "1"},
+    "l2pf_gu_24_last": {"OTE_L2_PF_GATEUP": "24", "OTE_L2_PF_LAST": "1"},
+    "l2pf_gu_32_last": {"OTE_L2_PF_GATEUP": "32", "OTE_L2_PF_LAST": "1"},
+    "l2pf_gu_40_last": {"OTE_L2_PF_GATEUP": "40", "OTE_L2_PF_LAST": "1"},
+    "l2pf_gu_16_qkv_16_last": {"OTE_L2_PF_GATEUP": "16", "OTE_L2_PF_QKV": "16",
+                               "OTE_L2_PF_LAST": "1"},
+    "l2pf_gu_24_qkv_8_last": {"OTE_L2_PF_GATEUP": "24", "OTE_L2_PF_QKV": "8",
+                              "OTE_L2_PF_LAST": "1"},
+    "l2pf_qkv_16_last": {"OTE_L2_PF_QKV": "16", "OTE_L2_PF_LAST": "1"},
     "repeat": {},  # the default again, last: the run's drift
 }
 AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]

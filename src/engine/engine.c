@@ -393,6 +393,11 @@ typedef struct fused_opts {
   int rb_depth;   /* OTE_FUSED_RB_DEPTH: their rows in flight a thread, 4 (else 8) */
   int down_depth; /* OTE_FUSED_DOWN_DEPTH: the rowblock down_proj's, 2 (else 4) */
   int down_must;  /* OTE_FUSED_DOWN=2 (FUSE_DOWN: on with 1 or 2) */
+  /* the staged o_proj's L2 prefetch (attention_block; fused_kernels.h l2_pf), in MB:
+   * OTE_L2_PF_GATEUP the first features' gate and up rows of the same layer's gate_up
+   * (the rows its fused kernel reads first), OTE_L2_PF_QKV the first rows of the next
+   * layer's qkv; OTE_L2_PF_LAST=1: kept with the evict-last policy */
+  int pf_gateup, pf_qkv, pf_last;
 } fused_opts;
 
 /* A non-negative integer from the environment, or def when unset / not a number. */
@@ -487,6 +492,31 @@ void ote_engine_profile_report(const ote_engine *e, char *buf, size_t len) {
  * staged (not NULL: fused_body's FUSE_OPROJ): o_proj on the staged kernel, at most
  * staged->blocks CTAs, where its shape fits (staged->oproj_must: else an error, a test's
  * proof that it ran) */
+/* The staged o_proj's L2 prefetch ranges (fused_opts pf_*, fused_kernels.h l2_pf): the
+ * first f features' gate rows [0, f) and up rows [F, F + f) of layer l's gate_up (its fused
+ * kernel's first tasks), and the first rows of layer l + 1's qkv; each clamped to its
+ * weight. */
+static void staged_prefetch(const ote_engine *e, int l, const ote_layer_weights *w,
+                            const fused_opts *fo, ote_fused_gemv_args *a) {
+  const ote_config *c = &e->cfg;
+  const int64_t row = (int64_t)c->hidden * (int64_t)ote_dtype_size(e->opt.dtype);
+  const int64_t F = c->ffn, cols = (int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim;
+  int64_t f = ((int64_t)fo->pf_gateup << 20) / 2 / row;
+  if (f > F) f = F;
+  if (f > 0) {
+    a->l2_pf[0] = w->gate_up;
+    a->l2_pf[1] = (const char *)w->gate_up + F * row;
+    a->l2_pf_bytes[0] = a->l2_pf_bytes[1] = f * row;
+  }
+  int64_t q = ((int64_t)fo->pf_qkv << 20) / row;
+  if (q > cols) q = cols;
+  if (q > 0 && l + 1 < c->layers) {
+    a->l2_pf[2] = e->w.layer[l + 1].qkv;
+    a->l2_pf_bytes[2] = q * row;
+  }
+  a->l2_pf_last = fo->pf_last;
+}
+
 static ot_status attention_block(ote_engine *e, const batch *b, int l,
                                  const ote_layer_weights *w, int appended,
                                  const fused_opts *staged) {
@@ -562,6 +592,7 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
     a.x = e->attn;
     a.y = e->delta;
     a.max_blocks = staged->blocks;
+    staged_prefetch(e, l, w, staged, &a);
     int done = 0;
     ENG(ote_dev_staged_gemv(&e->dev, &a, e->opt.dtype, &done), "o_proj", l);
     if (done) {
@@ -783,7 +814,10 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
                          (int)env_ll("OTE_FUSED_GATEUP", 0),
                          (int)env_ll("OTE_FUSED_RB_DEPTH", 8),
                          (int)env_ll("OTE_FUSED_DOWN_DEPTH", 4),
-                         env_ll("OTE_FUSED_DOWN", 0) == 2};
+                         env_ll("OTE_FUSED_DOWN", 0) == 2,
+                         (int)env_ll("OTE_L2_PF_GATEUP", 0),
+                         (int)env_ll("OTE_L2_PF_QKV", 0),
+                         env_ll("OTE_L2_PF_LAST", 0) == 1};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   /* the rowblock down_proj (reads the SwiGLU row of gate_up's epilogue) */
@@ -943,7 +977,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     last_res = (char *)e->x_res + r * H * es;
     if (prefill_fused_head(e, last_delta, last_res)) {
       const fused_opts fo = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
-                             0, 0, 0, 8, 4, 0};
+                             0, 0, 0, 8, 4, 0, 0, 0, 0};
       OTE_TRY(fused_norm_linear(e, last_delta, last_res, NULL, e->w.final_norm, e->w.lm_head,
                                 NULL, c->vocab, e->logits, argmax ? e->argmax_dev : NULL, NULL,
                                 -1, env_ll("OTE_FUSED_PAIR", 1) != 0, &fo, c->layers,

@@ -452,6 +452,42 @@ __device__ __forceinline__ void stage_scatter32(float (&p)[kStageRows], int lane
   stage_scatter<1>(p, lane);
 }
 
+/* The CTA's share of a.l2_pf's ranges (fused_kernels.h) prefetched to L2 by bulk
+ * prefetches (cp.async.bulk.prefetch.L2: the TMA unit fetches the lines, no register or
+ * shared memory holds them), CTA b taking 16-byte units [b U / G, (b + 1) U / G) of each
+ * range, in chunks of at most kL2PfChunk bytes. Called by one thread. */
+constexpr uint32_t kL2PfChunk = 1u << 20;
+
+__device__ __forceinline__ void l2_prefetch_share(const ote_fused_gemv_args &a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned long long pol = 0;
+  if (a.l2_pf_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  const int64_t G = gridDim.x, b = blockIdx.x;
+#pragma unroll 1
+  for (int i = 0; i < OTE_L2_PF_RANGES; i++) {
+    const int64_t units = a.l2_pf_bytes[i] >> 4;
+    if (!a.l2_pf[i] || units <= 0) continue;
+    const char *p = static_cast<const char *>(a.l2_pf[i]);
+    int64_t off = b * units / G * 16;
+    const int64_t end = (b + 1) * units / G * 16;
+    while (off < end) {
+      const int64_t left = end - off;
+      const uint32_t n = left < (int64_t)kL2PfChunk ? (uint32_t)left : kL2PfChunk;
+      if (a.l2_pf_last)
+        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p + off),
+                     "r"(n), "l"(pol)
+                     : "memory");
+      else
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n)
+                     : "memory");
+      off += n;
+    }
+  }
+#else
+  (void)a;
+#endif
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused_gemv_args a) {
   static_assert(vec_width<T>::value == 8, "16-bit types");
@@ -472,6 +508,7 @@ __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused
   /* the shared-memory rows */
   if (kin)
     for (int r = kStageRegRows; r < nr; r++) stage_cp16(ws + (r - kStageRegRows) * kv + t, W + r * K);
+  if (t == 0) l2_prefetch_share(a); /* a later kernel's weights (OTE_L2_PF_*), after ours */
   ot_pdl_wait(); /* x (the attention's output) is ours now */
   float xf[8];
   {
