@@ -411,7 +411,8 @@ DECODE_VARIANTS = {
     # the staged o_proj prefetches to L2, during the attention (when the DRAM is mostly
     # idle), MB of the same layer's gate_up weight (its first features' gate and up rows)
     # and of the next layer's qkv (fused_kernels.cu l2_prefetch_share, OTE_L2_PF_*);
-    # "last": with the evict-last policy
+    # "last": with the evict-last policy; "o": the fused qkv kernel prefetches the same
+    # layer's whole o_proj weight at its end (OTE_L2_PF_OPROJ), for the staged o_proj
     "l2pf_gu_16": {"OTE_L2_PF_GATEUP": "16"},
     "l2pf_gu_24": {"OTE_L2_PF_GATEUP": "24"},
     "l2pf_gu_32": {"OTE_L2_PF_GATEUP": "32"},
@@ -424,6 +425,9 @@ DECODE_VARIANTS = {
     "l2pf_gu_24_qkv_8_last": {"OTE_L2_PF_GATEUP": "24", "OTE_L2_PF_QKV": "8",
                               "OTE_L2_PF_LAST": "1"},
     "l2pf_qkv_16_last": {"OTE_L2_PF_QKV": "16", "OTE_L2_PF_LAST": "1"},
+    "l2pf_o": {"OTE_L2_PF_OPROJ": "1"},
+    "l2pf_o_gu_16": {"OTE_L2_PF_OPROJ": "1", "OTE_L2_PF_GATEUP": "16"},
+    "l2pf_o_gu_24": {"OTE_L2_PF_OPROJ": "1", "OTE_L2_PF_GATEUP": "24"},
     "repeat": {},  # the default again, last: the run's drift
 }
 AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]

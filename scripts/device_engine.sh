@@ -246,11 +246,12 @@ if [ "${ENGINE_MEMCHECK_DECODE:-1}" = 1 ] && command -v compute-sanitizer >/dev/
   # at the tiny config's 256, 14 of them in shared memory
   san_bg "memcheck ot-run batch-1 decode (staged o_proj, 12 CTAs)" memcheck_decode_b1_oproj \
     memcheck OTE_FUSED_OPROJ=2 OTE_FUSED_BLOCKS=12 -- --max-new-tokens 5
-  # the staged kernel's L2 prefetch of gate_up and the next qkv (OTE_L2_PF_*), asked for
-  # more than the weights hold (clamped to them), evict-last, with 12 CTAs
+  # the staged kernel's L2 prefetch of gate_up and the next qkv, and the qkv kernel's of
+  # o_proj (OTE_L2_PF_*), asked for more than the weights hold (clamped to them), evict-last,
+  # with 12 CTAs
   san_bg "memcheck ot-run batch-1 decode (staged o_proj + L2 prefetch, 12 CTAs)" memcheck_decode_b1_l2pf \
     memcheck OTE_FUSED_OPROJ=2 OTE_FUSED_BLOCKS=12 OTE_L2_PF_GATEUP=4096 OTE_L2_PF_QKV=4096 \
-    OTE_L2_PF_LAST=1 -- --max-new-tokens 5
+    OTE_L2_PF_LAST=1 OTE_L2_PF_OPROJ=1 -- --max-new-tokens 5
   # down_proj on the rowblock kernel (OTE_FUSED_DOWN=2: it must run): its default grid (2
   # rows a CTA at the tiny config's 256) and 3 CTAs (85-86 rows: three passes); ffn 704: 88
   # vectors a row over 32 threads x 4, the last 40 masked

@@ -396,8 +396,11 @@ typedef struct fused_opts {
   /* the staged o_proj's L2 prefetch (attention_block; fused_kernels.h l2_pf), in MB:
    * OTE_L2_PF_GATEUP the first features' gate and up rows of the same layer's gate_up
    * (the rows its fused kernel reads first), OTE_L2_PF_QKV the first rows of the next
-   * layer's qkv; OTE_L2_PF_LAST=1: kept with the evict-last policy */
-  int pf_gateup, pf_qkv, pf_last;
+   * layer's qkv; OTE_L2_PF_LAST=1: kept with the evict-last policy. OTE_L2_PF_OPROJ=1:
+   * the fused qkv kernel prefetches the same layer's whole o_proj weight at its end, with
+   * the default policy (the staged kernel's CTAs all load at once: a part would speed none
+   * of them up) */
+  int pf_gateup, pf_qkv, pf_last, pf_oproj;
 } fused_opts;
 
 /* A non-negative integer from the environment, or def when unset / not a number. */
@@ -760,6 +763,11 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
     a.l3_high = rp.llama3_high_freq_factor;
     a.l3_orig = rp.llama3_original_max_position;
   }
+  if (fo->pf_oproj && layer >= 0 && layer < e->cfg.layers && w == e->w.layer[layer].qkv) {
+    a.l2_pf[0] = e->w.layer[layer].o; /* OTE_L2_PF_OPROJ: this layer's o_proj, whole */
+    a.l2_pf_bytes[0] = (int64_t)e->cfg.hidden * e->cfg.heads * e->cfg.head_dim *
+                       (int64_t)ote_dtype_size(e->opt.dtype);
+  }
   /* qkv (rope) or gate_up (glu_out) on the rowblock kernel (fused_kernels.cu) where asked
    * (OTE_FUSED_QKV / OTE_FUSED_GATEUP: 1 where it fits, 2 must run) */
   const int rb = rope_layer >= 0 ? fo->qkv : glu_out ? fo->gateup : 0;
@@ -817,7 +825,8 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
                          env_ll("OTE_FUSED_DOWN", 0) == 2,
                          (int)env_ll("OTE_L2_PF_GATEUP", 0),
                          (int)env_ll("OTE_L2_PF_QKV", 0),
-                         env_ll("OTE_L2_PF_LAST", 0) == 1};
+                         env_ll("OTE_L2_PF_LAST", 0) == 1,
+                         env_ll("OTE_L2_PF_OPROJ", 0) == 1};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   /* the rowblock down_proj (reads the SwiGLU row of gate_up's epilogue) */
@@ -977,7 +986,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     last_res = (char *)e->x_res + r * H * es;
     if (prefill_fused_head(e, last_delta, last_res)) {
       const fused_opts fo = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
-                             0, 0, 0, 8, 4, 0, 0, 0, 0};
+                             0, 0, 0, 8, 4, 0, 0, 0, 0, 0};
       OTE_TRY(fused_norm_linear(e, last_delta, last_res, NULL, e->w.final_norm, e->w.lm_head,
                                 NULL, c->vocab, e->logits, argmax ? e->argmax_dev : NULL, NULL,
                                 -1, env_ll("OTE_FUSED_PAIR", 1) != 0, &fo, c->layers,

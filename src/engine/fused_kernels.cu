@@ -335,6 +335,61 @@ __device__ __forceinline__ int64_t task_count(const ote_fused_gemv_args &a) {
   return PAIRS != kRows ? a.N / 2 : (a.N + R - 1) / R;
 }
 
+/* The CTA's share of a.l2_pf's ranges (fused_kernels.h) prefetched to L2 by bulk
+ * prefetches (cp.async.bulk.prefetch.L2: the TMA unit fetches the lines, no register or
+ * shared memory holds them), CTA b taking 16-byte units [b U / G, (b + 1) U / G) of each
+ * range, in chunks of at most kL2PfChunk bytes. Called by one thread. */
+constexpr uint32_t kL2PfChunk = 1u << 20;
+
+__device__ __forceinline__ void l2_prefetch_share(const ote_fused_gemv_args &a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned long long pol = 0;
+  if (a.l2_pf_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  const int64_t G = gridDim.x, b = blockIdx.x;
+#pragma unroll 1
+  for (int i = 0; i < OTE_L2_PF_RANGES; i++) {
+    const int64_t units = a.l2_pf_bytes[i] >> 4;
+    if (!a.l2_pf[i] || units <= 0) continue;
+    const char *p = static_cast<const char *>(a.l2_pf[i]);
+    int64_t off = b * units / G * 16;
+    const int64_t end = (b + 1) * units / G * 16;
+    while (off < end) {
+      const int64_t left = end - off;
+      const uint32_t n = left < (int64_t)kL2PfChunk ? (uint32_t)left : kL2PfChunk;
+      if (a.l2_pf_last)
+        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p + off),
+                     "r"(n), "l"(pol)
+                     : "memory");
+      else
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n)
+                     : "memory");
+      off += n;
+    }
+  }
+#else
+  (void)a;
+#endif
+}
+
+/* The fused kernel's: range 0 only, the default policy, 32-bit unit counts (ranges under
+ * 64 GB; the whole share a bulk prefetch or two) -- the fewest registers at its end (the
+ * general form above spilled in its RoPE instance). */
+__device__ __forceinline__ void l2_prefetch_first(const ote_fused_gemv_args &a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t units = (uint32_t)(a.l2_pf_bytes[0] >> 4), G = gridDim.x, b = blockIdx.x;
+  const char *p = static_cast<const char *>(a.l2_pf[0]);
+  uint64_t off = (uint64_t)((uint64_t)b * units / G) * 16;
+  const uint64_t end = (uint64_t)((uint64_t)(b + 1) * units / G) * 16;
+  for (; off < end; off += kL2PfChunk) {
+    const uint64_t left = end - off;
+    const uint32_t n = left < kL2PfChunk ? (uint32_t)left : kL2PfChunk;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n) : "memory");
+  }
+#else
+  (void)a;
+#endif
+}
+
 /* The kernel. Each block forms the input row once, into shared memory, after its warps
  * have issued their first weight vectors and passed the PDL wait; then its warps take
  * tasks (grid-stride), each task's K in rounds of kUnroll / R vectors a row: the round's
@@ -388,6 +443,9 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
     if (task + warps >= tasks) ot_pdl_launch_dependents(); /* this warp's last loads are issued */
     task_out<T, R, PAIRS>(a, task, half, n, nv, acc, scale, lane, &best, &best_n);
   }
+  /* a later kernel's weights (OTE_L2_PF_OPROJ: the o_proj's, from qkv) once warp 0's
+   * loads are done: the DRAM's tail of this kernel and the decode attention */
+  if (threadIdx.x == 0 && a.l2_pf[0]) l2_prefetch_first(a);
   if (a.argmax_out) grid_argmax(a, best, best_n, lane, warp);
 }
 
@@ -450,42 +508,6 @@ __device__ __forceinline__ void stage_scatter32(float (&p)[kStageRows], int lane
   stage_scatter<4>(p, lane);
   stage_scatter<2>(p, lane);
   stage_scatter<1>(p, lane);
-}
-
-/* The CTA's share of a.l2_pf's ranges (fused_kernels.h) prefetched to L2 by bulk
- * prefetches (cp.async.bulk.prefetch.L2: the TMA unit fetches the lines, no register or
- * shared memory holds them), CTA b taking 16-byte units [b U / G, (b + 1) U / G) of each
- * range, in chunks of at most kL2PfChunk bytes. Called by one thread. */
-constexpr uint32_t kL2PfChunk = 1u << 20;
-
-__device__ __forceinline__ void l2_prefetch_share(const ote_fused_gemv_args &a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned long long pol = 0;
-  if (a.l2_pf_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
-  const int64_t G = gridDim.x, b = blockIdx.x;
-#pragma unroll 1
-  for (int i = 0; i < OTE_L2_PF_RANGES; i++) {
-    const int64_t units = a.l2_pf_bytes[i] >> 4;
-    if (!a.l2_pf[i] || units <= 0) continue;
-    const char *p = static_cast<const char *>(a.l2_pf[i]);
-    int64_t off = b * units / G * 16;
-    const int64_t end = (b + 1) * units / G * 16;
-    while (off < end) {
-      const int64_t left = end - off;
-      const uint32_t n = left < (int64_t)kL2PfChunk ? (uint32_t)left : kL2PfChunk;
-      if (a.l2_pf_last)
-        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p + off),
-                     "r"(n), "l"(pol)
-                     : "memory");
-      else
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n)
-                     : "memory");
-      off += n;
-    }
-  }
-#else
-  (void)a;
-#endif
 }
 
 template <typename T>

@@ -57,12 +57,13 @@ typedef struct ote_fused_gemv_args {
    * be y; NULL: no residual), and the rows of W in flight a thread (2, else 4); with rope or
    * glu_out (the norm-fed qkv / gate_up on the rowblock scheme) 4, else 8 */
   int depth;
-  /* the staged kernel: an L2 prefetch of up to OTE_L2_PF_RANGES byte ranges (a later
-   * kernel's weights; never read by this kernel), each CTA issuing its share by one thread
-   * after its own loads, before its PDL wait -- while the decode attention runs and the DRAM
-   * is mostly idle. l2_pf[i] 16-byte aligned (NULL or 0 bytes: none); l2_pf_bytes[i] is
+  /* the staged and the fused kernel: an L2 prefetch of up to OTE_L2_PF_RANGES byte ranges
+   * (a later kernel's weights; never read by this kernel), each CTA issuing its share by one
+   * thread after its own loads -- the staged kernel before its PDL wait, the fused kernel
+   * when its warp 0 is done -- while the decode attention runs and the DRAM is mostly idle. l2_pf[i] 16-byte aligned (NULL or 0 bytes: none); l2_pf_bytes[i] is
    * rounded down to a multiple of 16; l2_pf_last: the lines kept with the evict-last
-   * policy (else the default's). A hint only: sm_90 and later, ignored before. */
+   * policy (else the default's). The fused kernel takes range 0 only, with the default
+   * policy. A hint only: sm_90 and later, ignored before. */
   const void *l2_pf[3];
   int64_t l2_pf_bytes[3];
   int l2_pf_last;
