@@ -426,6 +426,9 @@ DECODE_VARIANTS = {
                               "OTE_L2_PF_LAST": "1"},
     "l2pf_qkv_16_last": {"OTE_L2_PF_QKV": "16", "OTE_L2_PF_LAST": "1"},
     "l2pf_o": {"OTE_L2_PF_OPROJ": "1"},
+    "l2pf_o_last": {"OTE_L2_PF_OPROJ": "1", "OTE_L2_PF_LAST": "1"},
+    "l2pf_o_early": {"OTE_L2_PF_OPROJ": "2"},
+    "l2pf_o_early_last": {"OTE_L2_PF_OPROJ": "2", "OTE_L2_PF_LAST": "1"},
     "l2pf_o_gu_16": {"OTE_L2_PF_OPROJ": "1", "OTE_L2_PF_GATEUP": "16"},
     "l2pf_o_gu_24": {"OTE_L2_PF_OPROJ": "1", "OTE_L2_PF_GATEUP": "24"},
     "repeat": {},  # the default again, last: the run's drift

@@ -2463,8 +2463,9 @@ extern "C" void ot_cuda_paged_last_plan(int out[4]) {
 
 #ifdef OT_PA_TRACE
 /* OT_PA_TRACE builds: clear (clear != 0) the stamps of both kernels, or copy kernel k's
- * [4096][8] stamps to dst (bench_decode.py --trace). 0 on success. */
-extern "C" int ot_cuda_paged_trace(unsigned long long *dst, int k, int clear) {
+ * [4096][8] stamps to dst (bench_decode.py --trace; exported from the shared library too,
+ * for bench/engine_pa_trace.py). 0 on success. */
+extern "C" __attribute__((visibility("default"))) int ot_cuda_paged_trace(unsigned long long *dst, int k, int clear) {
   void *a = nullptr;
   if (cudaGetSymbolAddress(&a, ot::pa_tr_buf) != cudaSuccess) return -1;
   const size_t per = sizeof(ot::pa_tr_buf) / 2;

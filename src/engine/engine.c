@@ -396,10 +396,10 @@ typedef struct fused_opts {
   /* the staged o_proj's L2 prefetch (attention_block; fused_kernels.h l2_pf), in MB:
    * OTE_L2_PF_GATEUP the first features' gate and up rows of the same layer's gate_up
    * (the rows its fused kernel reads first), OTE_L2_PF_QKV the first rows of the next
-   * layer's qkv; OTE_L2_PF_LAST=1: kept with the evict-last policy. OTE_L2_PF_OPROJ=1:
-   * the fused qkv kernel prefetches the same layer's whole o_proj weight at its end, with
-   * the default policy (the staged kernel's CTAs all load at once: a part would speed none
-   * of them up) */
+   * layer's qkv; OTE_L2_PF_LAST=1: kept with the evict-last policy. OTE_L2_PF_OPROJ=1 / 2:
+   * the fused qkv kernel prefetches the same layer's whole o_proj weight at its end / at
+   * its start (the staged kernel's CTAs all load at once: a part would speed none of them
+   * up) */
   int pf_gateup, pf_qkv, pf_last, pf_oproj;
 } fused_opts;
 
@@ -767,6 +767,8 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
     a.l2_pf[0] = e->w.layer[layer].o; /* OTE_L2_PF_OPROJ: this layer's o_proj, whole */
     a.l2_pf_bytes[0] = (int64_t)e->cfg.hidden * e->cfg.heads * e->cfg.head_dim *
                        (int64_t)ote_dtype_size(e->opt.dtype);
+    a.l2_pf_last = fo->pf_last;
+    a.l2_pf_early = fo->pf_oproj == 2;
   }
   /* qkv (rope) or gate_up (glu_out) on the rowblock kernel (fused_kernels.cu) where asked
    * (OTE_FUSED_QKV / OTE_FUSED_GATEUP: 1 where it fits, 2 must run) */
@@ -826,7 +828,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
                          (int)env_ll("OTE_L2_PF_GATEUP", 0),
                          (int)env_ll("OTE_L2_PF_QKV", 0),
                          env_ll("OTE_L2_PF_LAST", 0) == 1,
-                         env_ll("OTE_L2_PF_OPROJ", 0) == 1};
+                         (int)env_ll("OTE_L2_PF_OPROJ", 0)};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   /* the rowblock down_proj (reads the SwiGLU row of gate_up's epilogue) */

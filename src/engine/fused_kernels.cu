@@ -371,11 +371,13 @@ __device__ __forceinline__ void l2_prefetch_share(const ote_fused_gemv_args &a) 
 #endif
 }
 
-/* The fused kernel's: range 0 only, the default policy, 32-bit unit counts (ranges under
- * 64 GB; the whole share a bulk prefetch or two) -- the fewest registers at its end (the
- * general form above spilled in its RoPE instance). */
+/* The fused kernel's: range 0 only, 32-bit unit counts (ranges under 64 GB; the whole
+ * share a bulk prefetch or two) -- the fewest registers (the general form above spilled in
+ * its RoPE instance); l2_pf_last: evict-last. */
 __device__ __forceinline__ void l2_prefetch_first(const ote_fused_gemv_args &a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned long long pol = 0;
+  if (a.l2_pf_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
   const uint32_t units = (uint32_t)(a.l2_pf_bytes[0] >> 4), G = gridDim.x, b = blockIdx.x;
   const char *p = static_cast<const char *>(a.l2_pf[0]);
   uint64_t off = (uint64_t)((uint64_t)b * units / G) * 16;
@@ -383,7 +385,12 @@ __device__ __forceinline__ void l2_prefetch_first(const ote_fused_gemv_args &a) 
   for (; off < end; off += kL2PfChunk) {
     const uint64_t left = end - off;
     const uint32_t n = left < kL2PfChunk ? (uint32_t)left : kL2PfChunk;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n) : "memory");
+    if (a.l2_pf_last)
+      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p + off),
+                   "r"(n), "l"(pol)
+                   : "memory");
+    else
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n) : "memory");
   }
 #else
   (void)a;
@@ -423,6 +430,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
   };
   task_rows<R, PAIRS>(task, tasks, N, half, n, nv);
   load_w((int64_t)lane * V); /* the first weight vectors: before the wait */
+  if (a.l2_pf_early && threadIdx.x == 0 && a.l2_pf[0]) l2_prefetch_first(a);
   ot_pdl_wait(); /* the previous kernel's outputs (delta, res, gate_up) are ours now */
   const float scale = form_row<T, MODE>(a, xs, ss_part, lane, warp);
 
@@ -445,7 +453,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) fused_gemv_kernel(ote_fused_ge
   }
   /* a later kernel's weights (OTE_L2_PF_OPROJ: the o_proj's, from qkv) once warp 0's
    * loads are done: the DRAM's tail of this kernel and the decode attention */
-  if (threadIdx.x == 0 && a.l2_pf[0]) l2_prefetch_first(a);
+  if (!a.l2_pf_early && threadIdx.x == 0 && a.l2_pf[0]) l2_prefetch_first(a);
   if (a.argmax_out) grid_argmax(a, best, best_n, lane, warp);
 }
 

@@ -62,11 +62,13 @@ typedef struct ote_fused_gemv_args {
    * thread after its own loads -- the staged kernel before its PDL wait, the fused kernel
    * when its warp 0 is done -- while the decode attention runs and the DRAM is mostly idle. l2_pf[i] 16-byte aligned (NULL or 0 bytes: none); l2_pf_bytes[i] is
    * rounded down to a multiple of 16; l2_pf_last: the lines kept with the evict-last
-   * policy (else the default's). The fused kernel takes range 0 only, with the default
-   * policy. A hint only: sm_90 and later, ignored before. */
+   * policy (else the default's). The fused kernel takes range 0 only. A hint only: sm_90 and later, ignored before. */
   const void *l2_pf[3];
   int64_t l2_pf_bytes[3];
   int l2_pf_last;
+  /* the fused kernel: its prefetch right after its first weight loads (before its PDL
+   * wait), not at its end */
+  int l2_pf_early;
 } ote_fused_gemv_args;
 
 #define OTE_L2_PF_RANGES 3

@@ -419,7 +419,7 @@ def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
     run = _fused_runner(tmp_path, case, dtype)
     base_tok, base = run(OPROJ, dump=tmp_path / "b.bin")
     pf_all = {"OTE_L2_PF_GATEUP": "4096", "OTE_L2_PF_QKV": "4096", "OTE_L2_PF_LAST": "1",
-              "OTE_L2_PF_OPROJ": "1"}
+              "OTE_L2_PF_OPROJ": "2"}
     pf_1mb = {"OTE_L2_PF_GATEUP": "1", "OTE_L2_PF_QKV": "1", "OTE_L2_PF_OPROJ": "1"}
     _assert_bit_equal(run, tmp_path, base_tok, base, (
         {"OTE_FUSED_BLOCKS": "3"}, {"OTE_FUSED_BLOCKS": "1"}, {**OPROJ, "OTE_FUSED_BLOCKS": "40"},

@@ -1,0 +1,140 @@
+"""Where the batch-1 decode's attention window goes inside the engine: the paged attention's
+per-CTA %globaltimer stamps (a library built with -DOT_PA_TRACE, paged_attention.cu's
+PA_TR) from one decode step of a named configuration with random weights, under the
+environment variants given.
+
+The stamps are per CTA and overwritten by each layer's launch, so one step leaves the last
+layer's: the main kernel's (kernel 0: 0 entry, 1 after the PDL wait, 2 tables read, 3 first
+stage landed, 4 key loop done, 5 end) and the merge kernel's (kernel 1: 0 entry, 1 after the
+PDL wait, 5 end), printed as min / median / max over the CTAs that ran, in microseconds
+from the main kernel's first entry. What they answer: how long after the main kernel's last
+CTA ends the merge's PDL wait returns, and how long its few loads then take -- against the
+nsys timeline's kernel spans (bench_engine.py --timeline-variants), which show the merge
+ending ~13 us after the main kernel in the engine and ~2-3 us in a standalone call.
+
+    OT_ENGINE_LIB=<trace build>/src/engine/libot_engine.so \\
+      python3 bench/engine_pa_trace.py --config llama3-8b --variants default,OTE_FUSED_OPROJ=0
+A variant is "default" or NAME=VALUE[+NAME=VALUE...]. Output: a table per variant, and
+--json FILE with the raw summaries.
+"""
+import argparse
+import ctypes
+import importlib.util
+import json
+import os
+import pathlib
+import random
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STAMPS = {0: (0, 1, 2, 3, 4, 5), 1: (0, 1, 5)}
+NAMES = {0: "entry", 1: "after PDL wait", 2: "tables read", 3: "first stage", 4: "key loop done",
+         5: "end"}
+
+
+def engine_module():
+    spec = importlib.util.spec_from_file_location(
+        "ot_engine_py", ROOT / "python" / "ops_transformer" / "engine.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["ot_engine_py"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def parse_variant(v):
+    if v == "default":
+        return {}
+    env = {}
+    for kv in v.split("+"):
+        k, _, val = kv.partition("=")
+        if not k or not _:
+            raise SystemExit(f"--variants: '{kv}' is not NAME=VALUE")
+        env[k] = val
+    return env
+
+
+def read_stamps(lib, k):
+    buf = (ctypes.c_uint64 * (4096 * 8))()
+    if lib.ot_cuda_paged_trace(buf, k, 0) != 0:
+        raise SystemExit("ot_cuda_paged_trace failed: is the library an -DOT_PA_TRACE build?")
+    rows = [list(buf[i * 8:(i + 1) * 8]) for i in range(4096)]
+    return [r for r in rows if r[0] != 0]  # the CTAs that ran (stamps cleared before the step)
+
+
+def summary(rows, t0, k):
+    out = {"ctas": len(rows)}
+    for i in STAMPS[k]:
+        v = sorted((r[i] - t0) / 1e3 for r in rows if r[i] != 0)
+        if v:
+            out[NAMES[i]] = [round(v[0], 2), round(statistics.median(v), 2), round(v[-1], 2)]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="llama3-8b")
+    ap.add_argument("--prompt-len", type=int, default=2048)
+    ap.add_argument("--variants", default="default")
+    ap.add_argument("--steps", type=int, default=5, help="traced steps a variant (the median)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    E = engine_module()
+    eng = E.Engine.random(args.config, seed=1, dtype="bf16", device="cuda", max_seqs=1,
+                          max_len=args.prompt_len + 64)
+    # the library the engine loaded (the same instance: dlopen by soname)
+    lib = ctypes.CDLL("libops_transformer.so.0")
+    lib.ot_cuda_paged_trace.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    vocab = 32000
+    prompt = [random.Random(2).randrange(vocab) for _ in range(args.prompt_len)]
+    results = {}
+    for v in args.variants.split(","):
+        env = parse_variant(v)
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            nxt = eng.prefill([prompt], greedy=True)
+            for _ in range(4):  # warm: the graph captured, clocks up
+                nxt = eng.decode(nxt, greedy=True)
+            per = []
+            for _ in range(args.steps):
+                lib.ot_cuda_paged_trace(None, 0, 1)
+                nxt = eng.decode(nxt, greedy=True)
+                k0, k1 = read_stamps(lib, 0), read_stamps(lib, 1)
+                t0 = min(r[0] for r in k0)
+                per.append({"main": summary(k0, t0, 0), "merge": summary(k1, t0, 1) if k1 else None,
+                            "gpu_ms": eng.last_timing()["gpu"]})
+            eng.free(0)
+        finally:
+            for k, val in old.items():
+                if val is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = val
+        # the step whose main-kernel end is the median
+        per.sort(key=lambda s: s["main"]["end"][2])
+        pick = per[len(per) // 2]
+        results[v] = {"picked": pick, "all_main_end_max": [s["main"]["end"][2] for s in per],
+                      "all_merge_end_max": [s["merge"]["end"][2] if s["merge"] else None
+                                            for s in per]}
+        print(f"\n== {v}: step gpu {pick['gpu_ms']:.3f} ms; last layer's stamps, us from the "
+              f"main kernel's first entry (min / median / max over CTAs)")
+        for kern in ("main", "merge"):
+            s = pick[kern]
+            if not s:
+                print(f"  {kern}: no CTAs (one split: no merge kernel)")
+                continue
+            print(f"  {kern} ({s['ctas']} CTAs)")
+            for i in STAMPS[0 if kern == "main" else 1]:
+                if NAMES[i] in s:
+                    a, m, b = s[NAMES[i]]
+                    print(f"    {NAMES[i]:<16} {a:8.2f} {m:8.2f} {b:8.2f}")
+        print(f"  main end max over the steps: {results[v]['all_main_end_max']}; merge end max: "
+              f"{results[v]['all_merge_end_max']}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+    eng.close()
+
+
+if __name__ == "__main__":
+    main()
