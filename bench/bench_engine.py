@@ -404,6 +404,8 @@ DECODE_VARIANTS = {
     # max_len: 2080 keys -> 33 splits of 64 keys at batch 1, 264 CTAs + a 33-way merge;
     # the engine's attention was 14.6 + 11.8 us a layer in the run of 6c654c8 against ~12.6
     # for a standalone 1 x 2k call): fewer, longer splits
+    "paged_splits_32": {"OT_PAGED_SPLITS": "32"},  # one merge round (the plan takes 33)
+    "paged_splits_24": {"OT_PAGED_SPLITS": "24"},
     "paged_splits_16": {"OT_PAGED_SPLITS": "16"},
     "paged_splits_8": {"OT_PAGED_SPLITS": "8"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
