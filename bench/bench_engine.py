@@ -406,6 +406,10 @@ DECODE_VARIANTS = {
     # for a standalone 1 x 2k call): fewer, longer splits
     "paged_splits_32": {"OT_PAGED_SPLITS": "32"},  # one merge round (the plan takes 33)
     "paged_splits_24": {"OT_PAGED_SPLITS": "24"},
+    # with the merge in one round, o_proj's weight from L2 (prefetched by the qkv kernel)
+    "paged_splits_32_l2pf_o": {"OT_PAGED_SPLITS": "32", "OTE_L2_PF_OPROJ": "1"},
+    "paged_splits_32_l2pf_o_early": {"OT_PAGED_SPLITS": "32", "OTE_L2_PF_OPROJ": "2"},
+    "paged_merge_2_l2pf_o": {"OT_PAGED_MERGE": "2", "OTE_L2_PF_OPROJ": "1"},
     "paged_splits_16": {"OT_PAGED_SPLITS": "16"},
     "paged_splits_8": {"OT_PAGED_SPLITS": "8"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
