@@ -7,7 +7,8 @@
 #
 # CUDA on, sm_90a only (the H200), Release, Ninja when present, -j$(nproc). Machines
 # without libdlpack-dev / OpenBLAS (the lent ones have no package registry) use the
-# headers and libraries carried in .carry/deps (pass carry [".carry"] to `run`); their
+# headers and libraries carried in .carry/deps (scripts/carry_deps.sh fills it here; pass
+# carry [".carry"] to `run`); their
 # lib folder is added to LD_LIBRARY_PATH / LIBRARY_PATH for the programs run afterwards.
 # Logs: <build-dir>/logs/{cmake,build}.log (the error lines are printed on failure).
 # Returns non-zero when configure or build fails.
