@@ -42,7 +42,6 @@ Rows are written after each measurement (a run cut short keeps what it measured)
 import argparse
 import datetime
 import gc
-import importlib.util
 import json
 import os
 import pathlib
@@ -53,7 +52,7 @@ import time
 
 import torch
 
-from benchutil import env_set  # bench/ is on sys.path (python3 bench/NAME.py)
+from benchutil import engine_module, env_set  # bench/ is on sys.path (python3 bench/NAME.py)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEV = "cuda"  # --device cpu: a dry run of the script on a small shape (no GPU)
@@ -82,15 +81,6 @@ def timed_ms(fn, reps, inner=1):
                 fn()
             ts.append((time.perf_counter() - t) * 1e3 / inner)
     return statistics.median(ts)
-
-
-def engine_module():
-    spec = importlib.util.spec_from_file_location(
-        "ot_engine_py", ROOT / "python" / "ops_transformer" / "engine.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["ot_engine_py"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 E = engine_module()

@@ -1,7 +1,22 @@
 """benchutil.py -- small helpers shared by the bench/*.py scripts (they run as
 `python3 bench/NAME.py`, so bench/ is on sys.path and `from benchutil import ...` works)."""
 import contextlib
+import importlib.util
 import os
+import pathlib
+import sys
+
+
+def engine_module():
+    """python/ops_transformer/engine.py loaded from the source tree (no package install):
+    the engine's ctypes binding (it finds libot_engine.so by $OT_ENGINE_LIB or the build
+    folders)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "python" / "ops_transformer" / "engine.py"
+    spec = importlib.util.spec_from_file_location("ot_engine_py", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["ot_engine_py"] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @contextlib.contextmanager

@@ -19,27 +19,19 @@ A variant is "default" or NAME=VALUE[+NAME=VALUE...]. Output: a table per varian
 """
 import argparse
 import ctypes
-import importlib.util
+import datetime
 import json
-import os
 import pathlib
 import random
 import statistics
-import sys
+import subprocess
+
+from benchutil import engine_module, env_set  # bench/ is on sys.path (python3 bench/NAME.py)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAMPS = {0: (0, 1, 2, 3, 4, 5), 1: (0, 1, 5)}
 NAMES = {0: "entry", 1: "after PDL wait", 2: "tables read", 3: "first stage", 4: "key loop done",
          5: "end"}
-
-
-def engine_module():
-    spec = importlib.util.spec_from_file_location(
-        "ot_engine_py", ROOT / "python" / "ops_transformer" / "engine.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["ot_engine_py"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def parse_variant(v):
@@ -71,6 +63,31 @@ def summary(rows, t0, k):
     return out
 
 
+def gpu_name():
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip().split("\n")[0]
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def record(args, results):
+    """../shared/BENCH.md's layout: a row per variant, the picked step's stamps in it"""
+    rows = []
+    for v, r in results.items():
+        p = r["picked"]
+        rows.append({"op": "engine_decode_pa_trace", "case": f"{args.config} bf16, batch 1, "
+                     f"context {args.prompt_len}, variant {v}", "metric": "us from the main "
+                     "kernel's first CTA entry, last layer (min / median / max over CTAs)",
+                     "ours": p["main"]["end"][2], "peers": {}, "ratio_best_peer": None,
+                     "step_gpu_ms": p["gpu_ms"], "main": p["main"], "merge": p["merge"],
+                     "all_main_end_max": r["all_main_end_max"],
+                     "all_merge_end_max": r["all_merge_end_max"]})
+    return {"bench": "engine_pa_trace", "device": gpu_name(),
+            "date": datetime.date.today().isoformat(), "commit": args.commit,
+            "command": args.command, "ceilings": {}, "rows": rows}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="llama3-8b")
@@ -78,6 +95,8 @@ def main():
     ap.add_argument("--variants", default="default")
     ap.add_argument("--steps", type=int, default=5, help="traced steps a variant (the median)")
     ap.add_argument("--json")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--command", default="")
     args = ap.parse_args()
     E = engine_module()
     eng = E.Engine.random(args.config, seed=1, dtype="bf16", device="cuda", max_seqs=1,
@@ -90,9 +109,7 @@ def main():
     results = {}
     for v in args.variants.split(","):
         env = parse_variant(v)
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with env_set(env):
             nxt = eng.prefill([prompt], greedy=True)
             for _ in range(4):  # warm: the graph captured, clocks up
                 nxt = eng.decode(nxt, greedy=True)
@@ -105,12 +122,6 @@ def main():
                 per.append({"main": summary(k0, t0, 0), "merge": summary(k1, t0, 1) if k1 else None,
                             "gpu_ms": eng.last_timing()["gpu"]})
             eng.free(0)
-        finally:
-            for k, val in old.items():
-                if val is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = val
         # the step whose main-kernel end is the median
         per.sort(key=lambda s: s["main"]["end"][2])
         pick = per[len(per) // 2]
@@ -132,7 +143,7 @@ def main():
         print(f"  main end max over the steps: {results[v]['all_main_end_max']}; merge end max: "
               f"{results[v]['all_merge_end_max']}")
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+        pathlib.Path(args.json).write_text(json.dumps(record(args, results), indent=1))
     eng.close()
 
 
