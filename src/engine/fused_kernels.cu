@@ -341,6 +341,20 @@ __device__ __forceinline__ int64_t task_count(const ote_fused_gemv_args &a) {
  * range, in chunks of at most kL2PfChunk bytes. Called by one thread. */
 constexpr uint32_t kL2PfChunk = 1u << 20;
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* one bulk prefetch of n bytes at p (16-byte aligned, n a multiple of 16); last: with the
+ * policy pol (createpolicy's evict-last), else the default's */
+__device__ __forceinline__ void l2_pf_bulk(const char *p, uint32_t n, bool last,
+                                           unsigned long long pol) {
+  if (last)
+    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p), "r"(n),
+                 "l"(pol)
+                 : "memory");
+  else
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
+}
+#endif
+
 __device__ __forceinline__ void l2_prefetch_share(const ote_fused_gemv_args &a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   unsigned long long pol = 0;
@@ -356,13 +370,7 @@ __device__ __forceinline__ void l2_prefetch_share(const ote_fused_gemv_args &a) 
     while (off < end) {
       const int64_t left = end - off;
       const uint32_t n = left < (int64_t)kL2PfChunk ? (uint32_t)left : kL2PfChunk;
-      if (a.l2_pf_last)
-        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p + off),
-                     "r"(n), "l"(pol)
-                     : "memory");
-      else
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n)
-                     : "memory");
+      l2_pf_bulk(p + off, n, a.l2_pf_last, pol);
       off += n;
     }
   }
@@ -385,12 +393,7 @@ __device__ __forceinline__ void l2_prefetch_first(const ote_fused_gemv_args &a) 
   for (; off < end; off += kL2PfChunk) {
     const uint64_t left = end - off;
     const uint32_t n = left < kL2PfChunk ? (uint32_t)left : kL2PfChunk;
-    if (a.l2_pf_last)
-      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p + off),
-                   "r"(n), "l"(pol)
-                   : "memory");
-    else
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n) : "memory");
+    l2_pf_bulk(p + off, n, a.l2_pf_last, pol);
   }
 #else
   (void)a;
