@@ -89,18 +89,20 @@ class Shim:
         variant (OT_PAGED_VARIANT, builds of decode round 9 only; removed in round 10)). Flag 2,
         round 6's fused split merge (removed), is no longer set, nor are 128 / 256 (round 11's
         bulk ring, removed) and 512 / 1024 (round 12's V fragments by ldmatrix.trans,
-        OT_PAGED_PV=ldsm / ldsm2, removed)."""
+        OT_PAGED_PV=ldsm / ldsm2, removed). Last: the page-id guess (flag 2048, the split
+        kernel at batch 1 and at batch > 1 with equal table shares)."""
         a = (cint * 4)()
         self.lib.shim_paged_last_plan(a)
         return ({1: "split", 2: "stream", 3: "simple"}.get(a[0], "none"), a[1], a[2],
                 bool(a[3] & 1), bool(a[3] & 4), bool(a[3] & 8), bool(a[3] & 16), bool(a[3] & 32),
-                bool(a[3] & 64))
+                bool(a[3] & 64), bool(a[3] & 2048))
 
 
 def plan_str(pl):
     extra = (", pdl" if pl[3] else "") + (", early" if pl[4] else "") + \
         (", tma" if len(pl) > 5 and pl[5] else "") + (", aligned" if len(pl) > 6 and pl[6] else "") + \
-        (", 8 warps" if len(pl) > 7 and pl[7] else "") + (", variant" if len(pl) > 8 and pl[8] else "")
+        (", 8 warps" if len(pl) > 7 and pl[7] else "") + (", variant" if len(pl) > 8 and pl[8] else "") + \
+        (", guess" if len(pl) > 9 and pl[9] else "")
     return f"{pl[0]} x{pl[1]}, {pl[2]} CTAs{extra}"
 
 

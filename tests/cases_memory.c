@@ -907,8 +907,20 @@ static bool g_pmerge_bits = false;
 #ifdef OT_TEST_CUDA
 void ot_cuda_paged_last_plan(int out[4]); /* src/cuda/paged_attention.cu */
 #endif
+/* Whether the split kernel's call of case c with `spare` extra entries in kv.indices gets
+ * the page-id guess (plan flag 2048, pa_params.chunk1): pages of 2^k keys, the entries and
+ * the queries divided evenly among the sequences, no OT_DEBUG (its checks read every id). */
+static bool paged_guess_expected(const pcase *c, int64_t spare) {
+  int64_t entries = spare, tq = 0;
+  for (int b = 0; b < c->b; b++) entries += (c->len[b] + c->bs - 1) / c->bs, tq += c->sq[b];
+  const char *dbg = getenv("OT_DEBUG");
+  const bool debug = dbg && dbg[0] && strcmp(dbg, "0") != 0;
+  return c->b > 0 && (c->bs & (c->bs - 1)) == 0 && entries > 0 && entries % c->b == 0 &&
+         tq % c->b == 0 && !debug;
+}
+
 static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool ready,
-                             const char *call) {
+                             const char *call, int64_t spare) {
 #ifdef OT_TEST_CUDA
   if (!g_pflag_set && !g_pflag_clear && !g_pkernel) return;
   const bool al = dt.bits == 16 && c->d == 128 && c->bs % 16 == 0;
@@ -926,8 +938,13 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
     tr_fail(tr, "%s: ran kernel %d with plan flags %d (expected kernel %d, flags %d set%s, "
             "%d clear)", call, pl[0], pl[3], kernel, al ? want : 0,
             al ? "" : " (not an aligned case)", g_pflag_clear);
+  /* the tensor-core split kernel (16-bit types): the guess exactly where the tables allow */
+  if (pl[0] == 1 && dt.bits == 16 && (c->d == 64 || c->d == 128) &&
+      ((pl[3] & 2048) != 0) != paged_guess_expected(c, spare))
+    tr_fail(tr, "%s: plan flags %d: the page-id guess (2048) %s", call, pl[3],
+            paged_guess_expected(c, spare) ? "expected, not taken" : "taken, not expected");
 #else
-  (void)tr, (void)c, (void)dt, (void)ready, (void)call;
+  (void)tr, (void)c, (void)dt, (void)ready, (void)call, (void)spare;
 #endif
 }
 
@@ -986,7 +1003,7 @@ static void paged_case_spare(test_run *tr, const pcase *c, DLDataType dt, int64_
   if (tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, tb_dl(q), tb_dl(cu), &P.kv, tb_dl(out),
                                    tb_dl(lse)),
             "ot_paged_attention")) {
-    paged_check_plan(tr, c, dt, false, "the call");
+    paged_check_plan(tr, c, dt, false, "the call", spare);
     tb_sync(out);
     tb_sync(lse);
     check_close(tr, "out", out, ro, tol_for(dt, dt.bits == 32 ? 4 : 1));
@@ -1113,7 +1130,7 @@ static void paged_pair_run(test_run *tr, const pcase *c, DLDataType dt, bool rea
             "first call") &&
       tr_ok(tr, ot_paged_attention(tr->be->ctx, &prm, dq[1], dcu, &P.kv, dout[1], dlse[1]),
             "second call")) {
-    paged_check_plan(tr, c, dt, ready, "the second call");
+    paged_check_plan(tr, c, dt, ready, "the second call", 0);
     paged_two_check(tr, dt, out, lse, ro, rl);
   }
   paged_two_free(q, out, lse, ro, rl);
@@ -1178,6 +1195,18 @@ static const pcase paged_cuda_cases[] = {
      * tile; then a left window (a split start rounded down to 16 keys inside a 48-key page) */
     {"cuda decode B3 bs48 GQA4 D128 (pages of 3 x 16)", 3, {47, 48, 1500}, {1, 2, 1}, 16, 4, 128, 48, 1, -1, -1, 0, 0},
     {"cuda window 200 bs48 GQA4 D128", 2, {1000, 60}, {1, 3}, 16, 4, 128, 48, 1, 200, -1, 0, 0},
+    /* batches whose tables divide evenly (the page-id guess at batch > 1, plan flag 2048):
+     * equal lengths (every guess holds); equal page counts with ragged last pages (the
+     * guessed split starts miss where forced splits cut the shorter ones: 3 splits of
+     * 1024 keys are 384, of 769 320); shares of 10 / 30 / 20 / 20 pages (sequence 1's
+     * first entry guessed 20, not 10; 2 and 3 guessed right); 2 / 2 / 2 queries of group 8
+     * (a tile each, guessed right) and 3 / 1 / 2 (4 tiles: slots 1-3 guess the wrong
+     * sequence) */
+    {"cuda guess B4 equal ctx 1000 Hq32 Hkv8 D128 bs16", 4, {1000, 1000, 1000, 1000}, {1, 1, 1, 1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda guess B3 bs256 equal pages ragged ends", 3, {1024, 769, 900}, {1, 1, 1}, 16, 4, 128, 256, 1, -1, -1, 0, 0},
+    {"cuda guess B4 bs16 shares 10/30/20/20 pages", 4, {160, 480, 313, 320}, {1, 1, 1, 1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda guess B3 GQA8 2/2/2 queries D64", 3, {500, 500, 500}, {2, 2, 2}, 16, 2, 64, 16, 1, -1, -1, 0, 0},
+    {"cuda guess B3 GQA8 3/1/2 queries D128", 3, {500, 500, 500}, {3, 1, 2}, 16, 2, 128, 16, 1, -1, -1, 0, 0},
 };
 static const pcase paged_cuda_long[] = {
     {"cuda decode B1 ctx 65536 Hq32 Hkv8 D128 bs16", 1, {65536}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
@@ -1879,8 +1908,10 @@ static void paged_mode_cases(test_run *tr, const char *prefix, const char *name,
   static const size_t ready[] = {0, 1, 2, 3, 5, 7};
   for (size_t i = 0; i < sizeof ready / sizeof ready[0]; i++)
     paged_ready_case(tr, &paged_cuda_ready[ready[i]], i % 2 ? DT_F16 : DT_BF16);
+  paged_ready_case(tr, &paged_cuda_cases[16], DT_F16); /* guess B4 equal */
   env_saved splits = env_set("OT_PAGED_SPLITS", "7");
   paged_case(tr, &paged_cuda_cases[6], DT_BF16);  /* speculative 3 queries */
+  for (size_t i = 16; i < 21; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16); /* guesses */
   paged_case(tr, &paged_cuda_cases[8], DT_F16);   /* chunked prefill 100 of 612 */
   paged_case(tr, &paged_cuda_cases[10], DT_BF16); /* window 50, softcap */
   setenv("OT_PAGED_SPLITS", "1", 1);

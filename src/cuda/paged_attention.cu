@@ -192,10 +192,13 @@ struct pa_params {
   float scale, softcap;
   int64_t wl, wr;
   int splits;
-  /* batch 1: the chunk of `splits` at num_indices x block_size keys (the length of a
-   * sequence that fills kv.indices: the kernel's chunk when the table is not
-   * over-provisioned), which the kernel's page-id speculation assumes; 0 otherwise */
-  int64_t chunk1;
+  /* The page-id guess (pa_mma_kernel's `spec`), where the host can make one (0: none):
+   * every sequence taken to hold spec_pps entries of kv.indices (num_indices / batch, a
+   * whole number) and spec_tps tiles (T_q / batch queries each), so tile slot x is
+   * sequence x / spec_tps, its first entry (x / spec_tps) * spec_pps, and split s starts
+   * at key s * chunk1, chunk1 the chunk of `splits` at spec_pps x block_size keys
+   * (pa_chunk). Batch 1: spec_pps = num_indices, the table's own rule indptr[0] = 0. */
+  int64_t chunk1, spec_pps, spec_tps;
   /* the XT kernel (pa_mma_kernel<..., true>) only: the caller's promise that the tables
    * and every key / value but each sequence's last n_b (its query tokens') are complete
    * when the previous kernel may start its dependents (ot_attention_params.paged_kv_ready) */
@@ -798,21 +801,24 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   if (!early) ot_pdl_wait();
   PA_TR(0, 1, pa_gtime());
 
-  /* Batch 1 (chunk1 > 0, no OT_DEBUG): guess this split's first key, split * chunk1 (the
-   * chunk when the sequence fills kv.indices), and the sequence's first page entry
-   * (indptr[0] = 0, the CSR table's rule), and load the page ids of the first S - 1 + A
-   * steps from there in the same round as the table entries, instead of one dependent
-   * round after them (entries past kv.indices read as 0; ids of keys past the split are
-   * never used). Taken below when the tables agree (first entry 0, the split starting at
-   * the guessed key: the same table, not over-provisioned, no left window), else the ids
-   * are loaded again. The ids depend only on the split's first key. */
+  /* The page-id guess (chunk1 > 0, no OT_DEBUG; the host's, pa_params): guess this
+   * CTA's sequence first entry, (slot / spec_tps) * spec_pps -- 0 at batch 1 (indptr[0] =
+   * 0, the CSR table's rule), the sequence's when every sequence has as many entries and
+   * queries -- and this split's first key, split * chunk1 (the chunk when the sequence
+   * fills its entries), and load the page ids of the first S - 1 + A steps from there in
+   * the same round as the table entries, instead of one dependent round after them
+   * (entries past kv.indices read as 0; ids of keys past the split are never used). Taken
+   * below when the tables agree (that first entry, the split starting at the guessed key),
+   * else the ids are loaded again: the ids depend only on those two. */
   constexpr int A = kPaPidAhead;
   int pq[S - 1 + A];
   const bool spec = p.chunk1 > 0 && !p.err && p.bs_shift >= 0; /* pages of 2^k keys */
   const int64_t spec_k0 = (int64_t)split * p.chunk1;
+  const int64_t spec_ip0 =
+      !spec ? 0 : (p.spec_tps == 1 ? slot_x : slot_x / p.spec_tps) * p.spec_pps;
   if (spec) {
-    const int64_t sp = spec_k0 >> p.bs_shift;
-    const int rel0 = (int)(spec_k0 - (sp << p.bs_shift));
+    const int64_t sp = spec_ip0 + (spec_k0 >> p.bs_shift);
+    const int rel0 = (int)(spec_k0 - ((spec_k0 >> p.bs_shift) << p.bs_shift));
 #pragma unroll
     for (int s = 0; s < S - 1 + A; s++) {
       const int key = rel0 + (s * NW + warp) * kPaStep + (lane & 15);
@@ -934,7 +940,7 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
 
   /* start the ring: page ids of steps 0 .. S-2+A (independent loads; A = kPaPidAhead),
    * unless loaded above with the tables, copies of steps 0 .. S-2 */
-  if (!(spec && sq.ip0 == 0 && k_lo == spec_k0)) {
+  if (!(spec && sq.ip0 == spec_ip0 && k_lo == spec_k0)) {
 #pragma unroll
     for (int s = 0; s < S - 1 + A; s++) pq[s] = load_pid(s);
   }
@@ -2199,9 +2205,16 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   const int min_splits = pa_min_splits(p);
   if (splits < min_splits) splits = min_splits;
   p.splits = splits;
-  if (p.batch == 1) { /* the kernel's chunk at num_indices x block_size keys (pa_chunk) */
+  /* The kernel's page-id guess (pa_params.chunk1): at batch 1, and at batch > 1 where
+   * kv.indices and the queries divide evenly among the sequences (a batch of equal
+   * lengths: the benchmarks', the engine's batched decode). A wrong guess costs the
+   * CTA its guessed loads (S - 1 + A per lane) and nothing else. */
+  if (p.num_indices % p.batch == 0 && p.tq % p.batch == 0 && p.num_indices > 0) {
     int64_t ne;
-    p.chunk1 = pa_chunk(p.num_indices * p.bs, splits, &ne, min_chunk);
+    p.spec_pps = p.num_indices / p.batch;
+    p.spec_tps = (p.tq / p.batch * p.group + 15) / 16;
+    if (p.spec_tps < 1) p.spec_tps = 1;
+    p.chunk1 = pa_chunk(p.spec_pps * p.bs, splits, &ne, min_chunk);
   }
   const size_t partial = splits > 1 ? (size_t)splits * p.tq * p.hq * (D + 1) * sizeof(float) : 0;
   const double ctas_d = (double)tiles_upper * p.hkv * splits;
@@ -2240,7 +2253,8 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   }
   pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
                              (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
-                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0)};
+                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0) |
+                                 (p.chunk1 > 0 && !p.err && p.bs_shift >= 0 ? 2048 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
@@ -2453,7 +2467,8 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
  * bench/decode_shim.c): out[0] 1 split, 2 stream, 3 simple (0: none yet); out[1] splits;
  * out[2] CTAs of the main kernel; out[3] flags (pa_plan_rec): 1 launched as a programmatic
  * dependent, 4 an early start (paged_kv_ready), 8 the TMA ring (experiment builds), 16 the
- * aligned-page (AL) instance, 32 8-warp CTAs. */
+ * aligned-page (AL) instance, 32 8-warp CTAs, 2048 the page-id guess (pa_params.chunk1; the
+ * kernel takes it where the tables agree). */
 extern "C" void ot_cuda_paged_last_plan(int out[4]) {
   out[0] = ot::pa_last_plan.kernel;
   out[1] = ot::pa_last_plan.splits;
