@@ -913,8 +913,9 @@ void ot_cuda_paged_last_plan(int out[4]); /* src/cuda/paged_attention.cu */
 static bool paged_guess_expected(const pcase *c, int64_t spare) {
   int64_t entries = spare, tq = 0;
   for (int b = 0; b < c->b; b++) entries += (c->len[b] + c->bs - 1) / c->bs, tq += c->sq[b];
-  const char *dbg = getenv("OT_DEBUG");
+  const char *dbg = getenv("OT_DEBUG"), *gs = getenv("OT_PAGED_GUESS");
   const bool debug = dbg && dbg[0] && strcmp(dbg, "0") != 0;
+  if (gs && (strcmp(gs, "0") == 0 || (strcmp(gs, "b1") == 0 && c->b != 1))) return false;
   return c->b > 0 && (c->bs & (c->bs - 1)) == 0 && entries > 0 && entries % c->b == 0 &&
          tq % c->b == 0 && !debug;
 }
@@ -1909,6 +1910,12 @@ static void paged_mode_cases(test_run *tr, const char *prefix, const char *name,
   for (size_t i = 0; i < sizeof ready / sizeof ready[0]; i++)
     paged_ready_case(tr, &paged_cuda_ready[ready[i]], i % 2 ? DT_F16 : DT_BF16);
   paged_ready_case(tr, &paged_cuda_cases[16], DT_F16); /* guess B4 equal */
+  env_saved guess = env_set("OT_PAGED_GUESS", "0"); /* the switch: no guess, batch 1 only */
+  paged_case(tr, &paged_cuda_cases[16], DT_BF16);
+  setenv("OT_PAGED_GUESS", "b1", 1);
+  paged_case(tr, &paged_cuda_cases[16], DT_BF16);
+  paged_case(tr, &paged_cuda_long[5], DT_F16); /* batch 1: guessed */
+  env_restore(&guess);
   env_saved splits = env_set("OT_PAGED_SPLITS", "7");
   paged_case(tr, &paged_cuda_cases[6], DT_BF16);  /* speculative 3 queries */
   for (size_t i = 16; i < 21; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16); /* guesses */

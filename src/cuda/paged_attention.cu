@@ -80,8 +80,10 @@
  *     and >= 256 in more, launching only the splits that chunk leaves non-empty). Batch 1 x
  *     64k with 8 kv heads gets 32 splits of 2048 keys on 132 SMs x 2 CTAs, 1 x 2k 32 of 64.
  *     The grid's tile slots are at most (T_q group + 15 batch) / 16 and T_q ceil(group /
- *     16): none past the tiles of a decode or of a batch-1 call. At batch 1 a CTA loads
- *     its first page ids with the tables (a guessed first key, checked; see pa_mma_kernel).
+ *     16): none past the tiles of a decode or of a batch-1 call. At batch 1, and at batch
+ *     > 1 where kv.indices and the queries divide evenly among the sequences, a CTA loads
+ *     its first page ids with the tables (a guessed first entry and first key, checked;
+ *     see pa_mma_kernel and pa_params.chunk1).
  *   - Ring depth: 3 stages at D 128 (2 CTAs per SM), 5 at D 64. A 7-stage ring at D 128
  *     (224 KB, 1 CTA per SM: 192 KB in flight per SM instead of 128) measured slower at
  *     every shape (docs/PERFORMANCE.md) and was removed.
@@ -2029,6 +2031,9 @@ struct pa_env {
   int merge;        /* OT_PAGED_MERGE: "0" pa_merge_kernel, "2" pa_merge1_kernel with 16
                      * O rows ahead, else 1: pa_merge1_kernel (8 ahead); unset:
                      * OT_PA_MERGE1_DEFAULT */
+  int guess;        /* OT_PAGED_GUESS: "0" no page-id guess (pa_params.chunk1), "b1" at
+                     * batch 1 only (the rule before 2026-12-05), else 2: at batch 1 and
+                     * at batch > 1 with even shares */
 };
 
 #ifndef OT_PA_MERGE1_DEFAULT
@@ -2046,6 +2051,7 @@ static pa_env pa_read_env() {
   e.tma = OT_PA_TMA_DEFAULT != 0;
   e.aligned = true;
   e.merge = OT_PA_MERGE1_DEFAULT != 0 ? 1 : 0;
+  e.guess = 2;
   ot_env_scan("OT_", [&](const char *name, size_t n, const char *val) {
     const auto is = [&](const char *full) { return ot_env_name_is(name, n, full); };
     if (is("OT_DEBUG")) {
@@ -2072,6 +2078,8 @@ static pa_env pa_read_env() {
       e.warps = x == 4 || x == 8 ? x : 0;
     } else if (is("OT_PAGED_MERGE")) {
       e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
+    } else if (is("OT_PAGED_GUESS")) {
+      e.guess = ot_env_is_zero(val) ? 0 : strcmp(val, "b1") == 0 ? 1 : 2;
     }
   });
   return e;
@@ -2209,7 +2217,8 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
    * kv.indices and the queries divide evenly among the sequences (a batch of equal
    * lengths: the benchmarks', the engine's batched decode). A wrong guess costs the
    * CTA its guessed loads (S - 1 + A per lane) and nothing else. */
-  if (p.num_indices % p.batch == 0 && p.tq % p.batch == 0 && p.num_indices > 0) {
+  if (p.num_indices % p.batch == 0 && p.tq % p.batch == 0 && p.num_indices > 0 &&
+      (env.guess == 2 || (env.guess == 1 && p.batch == 1))) {
     int64_t ne;
     p.spec_pps = p.num_indices / p.batch;
     p.spec_tps = (p.tq / p.batch * p.group + 15) / 16;
