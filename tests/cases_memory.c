@@ -1910,12 +1910,18 @@ static void paged_mode_cases(test_run *tr, const char *prefix, const char *name,
   for (size_t i = 0; i < sizeof ready / sizeof ready[0]; i++)
     paged_ready_case(tr, &paged_cuda_ready[ready[i]], i % 2 ? DT_F16 : DT_BF16);
   paged_ready_case(tr, &paged_cuda_cases[16], DT_F16); /* guess B4 equal */
-  env_saved guess = env_set("OT_PAGED_GUESS", "0"); /* the switch: no guess, batch 1 only */
+  /* the switch: no guess, batch 1 only (named apart: "<prefix>guess=0 ...") */
+  char gmode[64];
+  env_saved guess = env_set("OT_PAGED_GUESS", "0");
+  snprintf(gmode, sizeof gmode, "%sguess=0 ", prefix);
+  g_pmode = gmode;
   paged_case(tr, &paged_cuda_cases[16], DT_BF16);
   setenv("OT_PAGED_GUESS", "b1", 1);
+  snprintf(gmode, sizeof gmode, "%sguess=b1 ", prefix);
   paged_case(tr, &paged_cuda_cases[16], DT_BF16);
   paged_case(tr, &paged_cuda_long[5], DT_F16); /* batch 1: guessed */
   env_restore(&guess);
+  g_pmode = prefix;
   env_saved splits = env_set("OT_PAGED_SPLITS", "7");
   paged_case(tr, &paged_cuda_cases[6], DT_BF16);  /* speculative 3 queries */
   for (size_t i = 16; i < 21; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16); /* guesses */
