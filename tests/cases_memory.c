@@ -2048,7 +2048,7 @@ static void run_memory_cuda(test_run *tr) {
   paged_stream_case(tr, "stream B150 short GQA8 bs1, 1 CTA", 150, 20, 2, 8, 1, 1, 1, DT_F16, 12);
   paged_stream_case(tr, "stream B100 GQA4 bs64, 3 CTAs", 100, 700, 1, 16, 4, 64, 3, DT_BF16, 13);
   paged_stream_case(tr, "stream B33 spec 5 GQA2 bs7, 2 CTAs", 33, 90, 5, 4, 2, 7, 2, DT_BF16, 14);
-  /* batch 33..64: the first window from the prefix round's loads (shuffles, ps_kernel) */
+  /* batch 33..64 (two sequences a lane in ps_kernel's prefix sums) */
   paged_stream_case(tr, "stream B64 spec 2 GQA4 bs16", 64, 400, 2, 8, 2, 16, 0, DT_BF16, 15);
   paged_stream_case(tr, "stream B48 GQA8 bs32, 5 CTAs", 48, 300, 1, 8, 1, 32, 5, DT_F16, 16);
   paged_stream_case(tr, "stream B63 GQA4 bs16, 40 CTAs", 63, 200, 1, 8, 2, 16, 40, DT_BF16, 17);

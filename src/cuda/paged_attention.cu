@@ -1429,52 +1429,19 @@ __global__ void __launch_bounds__(kPaThreads, 2) ps_kernel(const __grid_constant
     ps_win_load(p, W, 0, 0);
     N = W.end;
   } else {
-    /* lane l sums the work of sequences [l per, (l + 1) per); at batch 33..64 (per 2) it
-     * keeps what a window needs, so the window at 2L (lane j: sequence 2L + j, held by
-     * lane L + j / 2) comes from shuffles, not from a second dependent round of loads */
     const int64_t b0 = lane * per, b1 = b0 + per < p.batch ? b0 + per : p.batch;
     int mine = 0, ln, nq;
-    int a[2][5] = {{0, 0, 0, 0, 0}, {0, 0, 0, 0, 0}}; /* per 2: work, len, nq, q0, page0 */
-    if (per == 2) {
-#pragma unroll
-      for (int j = 0; j < 2; j++)
-        if (b0 + j < b1) {
-          const int64_t b = b0 + j;
-          a[j][3] = p.cu_q[b], a[j][4] = p.indptr[b];
-          a[j][0] = ps_work(p, b, a[j][3], p.cu_q[b + 1], a[j][4], p.indptr[b + 1], p.lpl[b],
-                            &a[j][1], &a[j][2]);
-        }
-      mine = a[0][0] + a[1][0];
-    } else {
-      for (int64_t b = b0; b < b1; b++)
-        mine += ps_work(p, b, p.cu_q[b], p.cu_q[b + 1], p.indptr[b], p.indptr[b + 1], p.lpl[b],
-                        &ln, &nq);
-    }
+    for (int64_t b = b0; b < b1; b++)
+      mine += ps_work(p, b, p.cu_q[b], p.cu_q[b + 1], p.indptr[b], p.indptr[b + 1], p.lpl[b],
+                      &ln, &nq);
     const int incl = ps_scan(mine, lane);
     N = __shfl_sync(0xffffffffu, incl, 31);
-    W.base = 0, W.end = 0, W.incl = 0; /* set below */
+    W.base = 0, W.end = 0, W.incl = 0; /* loaded below */
     const int P0 = (N + wtot - 1) / wtot;
     const int64_t r0 = (int64_t)wg * (P0 > kPsMinSteps ? P0 : kPsMinSteps);
     if (r0 < N) {
       const int L = __ffs(__ballot_sync(0xffffffffu, (int)r0 < incl)) - 1;
-      const int excl0 = __shfl_sync(0xffffffffu, incl - mine, L);
-      if (per == 2) {
-        const int src = (L + (lane >> 1)) & 31;
-        const bool in = 2 * L + lane < p.batch; /* (src wraps only past the batch) */
-        int v[5];
-#pragma unroll
-        for (int k = 0; k < 5; k++) {
-          const int x0 = __shfl_sync(0xffffffffu, a[0][k], src);
-          const int x1 = __shfl_sync(0xffffffffu, a[1][k], src);
-          v[k] = in ? (lane & 1 ? x1 : x0) : 0;
-        }
-        W.incl = excl0 + ps_scan(v[0], lane);
-        W.len = v[1], W.nq = v[2], W.q0 = v[3], W.page0 = v[4];
-        W.base = 2 * L;
-        W.end = __shfl_sync(0xffffffffu, W.incl, 31);
-      } else {
-        ps_win_load(p, W, L * per, excl0);
-      }
+      ps_win_load(p, W, L * per, __shfl_sync(0xffffffffu, incl - mine, L));
     }
   }
   int P = (N + wtot - 1) / wtot;
