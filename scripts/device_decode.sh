@@ -22,7 +22,8 @@
 # build), ABX="name ..." (the builds in ONE process, bench_decode.py --ab, AB_ROUNDS rounds
 # with cuDNN / flash -> $OUT/ab.json; on failure AB falls back to them; an entry
 # NAME=BUILD@VAR=VALUE@... is packed build BUILD with those variables set around its calls,
-# e.g. merge0=default@OT_PAGED_MERGE=0, old=old@kv_ready=1; AB_SHAPES="16x4096,16x4096p64o,..." the shapes (bench_decode.py --ab-shapes);
+# e.g. merge0=default@OT_PAGED_MERGE=0, old=old@kv_ready=1; "aa" unpacked: a copy of the
+# default library, an A/A control; AB_SHAPES="16x4096,16x4096p64o,..." the shapes (bench_decode.py --ab-shapes);
 # AB_ARGS: more bench_decode.py arguments, e.g. "--order legacy --warm-ms 100"), MEM=1 (the memory
 # suite, MEM_FILTER its filter), SAN_FILTERS / RACE_FILTERS / SYNC_FILTERS (as
 # below), then the traces, NCU_CASES (ncu of ours and cuDNN).
@@ -132,6 +133,11 @@ MODE=${DECODE_MODE:-all}
 if [ "$MODE" = probe ]; then
   shim_of() { [ "$1" = default ] && echo build-dec/libdecode_shim.so || echo "build-dec/libdecode_shim_$1.so"; }
   if [ -n "${ABX:-}" ]; then  # "name ...": one process (bench_decode.py --ab), rounds alternating
+    # "aa" without a packed variant of that name: the default library loaded a second time
+    # from a copy (an A/A control of the cross-library noise; nothing more to carry)
+    case " $ABX " in
+      *" aa "*) [ -f build-dec/libdecode_shim_aa.so ] || cp build-dec/libdecode_shim.so build-dec/libdecode_shim_aa.so ;;
+    esac
     spec=
     for v in $ABX; do
       case $v in
