@@ -916,8 +916,10 @@ static bool paged_guess_expected(const pcase *c, int64_t spare) {
   const char *dbg = getenv("OT_DEBUG"), *gs = getenv("OT_PAGED_GUESS");
   const bool debug = dbg && dbg[0] && strcmp(dbg, "0") != 0;
   if (gs && (strcmp(gs, "0") == 0 || (strcmp(gs, "b1") == 0 && c->b != 1))) return false;
+  /* at batch > 1 each sequence's tiles (of 16 query rows) a power of two */
+  const int64_t tps = c->b > 0 ? (tq / c->b * (c->hq / c->hkv) + 15) / 16 : 0;
   return c->b > 0 && (c->bs & (c->bs - 1)) == 0 && entries > 0 && entries % c->b == 0 &&
-         tq % c->b == 0 && !debug;
+         tq % c->b == 0 && (c->b == 1 || (tps > 0 && (tps & (tps - 1)) == 0)) && !debug;
 }
 
 static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool ready,
@@ -1208,6 +1210,10 @@ static const pcase paged_cuda_cases[] = {
     {"cuda guess B4 bs16 shares 10/30/20/20 pages", 4, {160, 480, 313, 320}, {1, 1, 1, 1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
     {"cuda guess B3 GQA8 2/2/2 queries D64", 3, {500, 500, 500}, {2, 2, 2}, 16, 2, 64, 16, 1, -1, -1, 0, 0},
     {"cuda guess B3 GQA8 3/1/2 queries D128", 3, {500, 500, 500}, {3, 1, 2}, 16, 2, 128, 16, 1, -1, -1, 0, 0},
+    /* 4 queries of group 8: 2 tiles a sequence (slot >> 1, guessed right); 5 of group 8:
+     * 3 tiles, not a power of two (no guess at batch > 1) */
+    {"cuda guess B3 GQA8 4/4/4 queries D128 (2 tiles each)", 3, {700, 700, 700}, {4, 4, 4}, 16, 2, 128, 16, 1, -1, -1, 0, 0},
+    {"cuda guess B2 GQA8 5/5 queries D128 (3 tiles each)", 2, {600, 600}, {5, 5}, 16, 2, 128, 16, 1, -1, -1, 0, 0},
 };
 static const pcase paged_cuda_long[] = {
     {"cuda decode B1 ctx 65536 Hq32 Hkv8 D128 bs16", 1, {65536}, {1}, 32, 8, 128, 16, 1, -1, -1, 0, 0},
@@ -1924,7 +1930,7 @@ static void paged_mode_cases(test_run *tr, const char *prefix, const char *name,
   g_pmode = prefix;
   env_saved splits = env_set("OT_PAGED_SPLITS", "7");
   paged_case(tr, &paged_cuda_cases[6], DT_BF16);  /* speculative 3 queries */
-  for (size_t i = 16; i < 21; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16); /* guesses */
+  for (size_t i = 16; i < 23; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16); /* guesses */
   paged_case(tr, &paged_cuda_cases[8], DT_F16);   /* chunked prefill 100 of 612 */
   paged_case(tr, &paged_cuda_cases[10], DT_BF16); /* window 50, softcap */
   setenv("OT_PAGED_SPLITS", "1", 1);
