@@ -201,8 +201,9 @@ struct pa_params {
    * starts at key s * chunk1, chunk1 the chunk of `splits` at num_indices / batch x
    * block_size keys (pa_chunk). Batch 1: spec_pps = 0, spec_tshift = 0 (the first entry
    * 0, the CSR table's rule indptr[0] = 0, for every tile). A shift and a multiply, no
-   * division: at 1 x 2k (all prologue) a 64-bit division's branch in front of the guessed
-   * loads cost 1.8% (H100, 2026-12-06). */
+   * 64-bit division and its branch in front of the guessed loads (48 SASS instructions
+   * more there); the two forms measured level within the libraries' placement noise
+   * (H100, 2026-12-06: 1 x 2k 10.83 against 11.18 us, an A/A copy 2.6% apart at 1 x 8k). */
   int64_t chunk1, spec_pps;
   int spec_tshift;
   /* the XT kernel (pa_mma_kernel<..., true>) only: the caller's promise that the tables
