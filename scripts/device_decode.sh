@@ -146,8 +146,9 @@ if [ "$MODE" = probe ]; then
       esac
     done
     stamp "ab (one process): $ABX"
+    abcmd="DECODE_MODE=${DECODE_MODE:-} ABX=\"$ABX\" AB_ROUNDS=${AB_ROUNDS:-6}${AB_SHAPES:+ AB_SHAPES=$AB_SHAPES}${AB_ARGS:+ AB_ARGS=\"$AB_ARGS\"} bash scripts/device_decode.sh"
     timeout "${ABX_TIMEOUT:-60}" python3 bench/bench_decode.py --shim none --ab "$spec" --rounds "${AB_ROUNDS:-6}" \
-      ${AB_SHAPES:+--ab-shapes "$AB_SHAPES"} ${AB_ARGS:-} --json "$OUT/ab.json" --commit "$COMMIT" >"$LOGS/ab.log" 2>&1
+      ${AB_SHAPES:+--ab-shapes "$AB_SHAPES"} ${AB_ARGS:-} --json "$OUT/ab.json" --commit "$COMMIT" --command "$abcmd" >"$LOGS/ab.log" 2>&1
     rc=$?; echo "ab rc=$rc"; grep '^ab' "$LOGS/ab.log" | tee -a "$OUT/probe.log"
     if [ $rc != 0 ]; then tail -5 "$LOGS/ab.log"; [ -n "${AB:-}" ] || AB=$ABX; fi  # then one process per build
   fi
