@@ -202,8 +202,8 @@ struct pa_params {
    * block_size keys (pa_chunk). Batch 1: spec_pps = 0, spec_tshift = 0 (the first entry
    * 0, the CSR table's rule indptr[0] = 0, for every tile). A shift and a multiply, no
    * 64-bit division and its branch in front of the guessed loads (48 SASS instructions
-   * more there); the two forms measured level within the libraries' placement noise
-   * (H100, 2026-12-06: 1 x 2k 10.83 against 11.18 us, an A/A copy 2.6% apart at 1 x 8k). */
+   * more there); the two forms time the same (H200, 2026-12-06, decode_guess_confirm.json:
+   * within 0.1% at 16 x 4k / 64 x 1k / 32 x 2k, the guess itself worth 1.0-1.6% there). */
   int64_t chunk1, spec_pps;
   int spec_tshift;
   /* the XT kernel (pa_mma_kernel<..., true>) only: the caller's promise that the tables
@@ -219,6 +219,13 @@ struct pa_params {
   int4 *desc;         /* [warps][2] */
   int *err;           /* OT_DEBUG flag or NULL */
 };
+
+/* Whether pa_mma_kernel takes the page-id guess: the host made one (chunk1 > 0), no OT_DEBUG
+ * error flag, and pages of 2^k keys (the shifts of the guessed entries). One test for the
+ * kernel and the host's plan record (pa_plan_rec flag 2048). */
+__host__ __device__ __forceinline__ bool pa_guess_on(const pa_params &p) {
+  return p.chunk1 > 0 && !p.err && p.bs_shift >= 0;
+}
 
 /* ---- OT_PA_TRACE (a diagnostic build, -DOT_PA_TRACE): per CTA %globaltimer stamps of the
  * main kernels (kernel 0) and the merge kernels (kernel 1), thread 0 (warp 0), CTAs < 4096:
@@ -819,7 +826,7 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
    * else the ids are loaded again: the ids depend only on those two. */
   constexpr int A = kPaPidAhead;
   int pq[S - 1 + A];
-  const bool spec = p.chunk1 > 0 && !p.err && p.bs_shift >= 0; /* pages of 2^k keys */
+  const bool spec = pa_guess_on(p);
   const int64_t spec_k0 = (int64_t)split * p.chunk1;
   const int64_t spec_ip0 = (slot_x >> p.spec_tshift) * p.spec_pps;
   if (spec) {
@@ -2273,7 +2280,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
                              (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
                                  (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0) |
-                                 (p.chunk1 > 0 && !p.err && p.bs_shift >= 0 ? 2048 : 0)};
+                                 (pa_guess_on(p) ? 2048 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
