@@ -222,10 +222,11 @@ struct pa_params {
 
 /* Whether pa_mma_kernel takes the page-id guess: the host made one (chunk1 > 0), no OT_DEBUG
  * error flag, and pages of 2^k keys (the shifts of the guessed entries). One test for the
- * kernel and the host's plan record (pa_plan_rec flag 2048). */
-__host__ __device__ __forceinline__ bool pa_guess_on(const pa_params &p) {
-  return p.chunk1 > 0 && !p.err && p.bs_shift >= 0;
-}
+ * kernel and the host's plan record (pa_plan_rec flag 2048). A macro, not a function: as a
+ * __forceinline__ function (by reference or by value) it changed the kernels' SASS (register
+ * and predicate allocation, up to 8 instructions more or less; checked with
+ * scripts/sass_same.py), the macro leaves them as the inline test had them. */
+#define PA_GUESS_ON(p) ((p).chunk1 > 0 && !(p).err && (p).bs_shift >= 0)
 
 /* ---- OT_PA_TRACE (a diagnostic build, -DOT_PA_TRACE): per CTA %globaltimer stamps of the
  * main kernels (kernel 0) and the merge kernels (kernel 1), thread 0 (warp 0), CTAs < 4096:
@@ -826,7 +827,7 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
    * else the ids are loaded again: the ids depend only on those two. */
   constexpr int A = kPaPidAhead;
   int pq[S - 1 + A];
-  const bool spec = pa_guess_on(p);
+  const bool spec = PA_GUESS_ON(p);
   const int64_t spec_k0 = (int64_t)split * p.chunk1;
   const int64_t spec_ip0 = (slot_x >> p.spec_tshift) * p.spec_pps;
   if (spec) {
@@ -2280,7 +2281,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
                              (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
                                  (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0) |
-                                 (pa_guess_on(p) ? 2048 : 0)};
+                                 (PA_GUESS_ON(p) ? 2048 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
