@@ -77,7 +77,13 @@ def read_sass(path):
         here = os.path.dirname(os.path.abspath(__file__))
         tool = os.path.join(here, "..", ".venv-test", "lib", "python3.11", "site-packages", "triton",
                             "backends", "nvidia", "bin", "cuobjdump")
-    return subprocess.run([tool, "-sass", path], check=True, capture_output=True, text=True).stdout
+    if not os.path.exists(tool):
+        sys.exit("no cuobjdump: set CUOBJDUMP (e.g. from `pip download --no-deps nvidia-cuda-cuobjdump "
+                 "nvidia-cuda-nvdisasm`, the wheels unpacked; NVDISASM_PATH to the nvdisasm folder)")
+    r = subprocess.run([tool, "-sass", path], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{tool} -sass {path}: {r.stderr.strip()}")
+    return r.stdout
 
 
 def functions(text, with_arch=False):
