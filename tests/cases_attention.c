@@ -1702,6 +1702,48 @@ static void run_sm90_required(test_run *tr) {
       env_restore(&pin);
     }
   }
+  {
+    /* kFlKsplit (0x200000, with kFlPin 0x8000; bf16 D64 unmasked calls on 3 consumers whose
+     * last query tile of a head holds at most 64 rows, the default): that tile on all three
+     * consumers, each over every third key tile of the same 64 rows, merged in shared memory
+     * by consumer 0, the heads' tiles rotated by round. S 1k (6 tiles, the last of 64 rows),
+     * Sq < Sk with 40 rows left, Sq 17 over 33 key tiles (the last of one key: the mask),
+     * consumers 1 and 2 without a key tile (Sk 1) or consumer 2 alone without (Sk 256: two),
+     * and persistent CTAs that take several such tiles (the merge buffer's reuse, GRID 3)
+     * and tiles rotated across rounds (GRID 5, 8 heads of 6 tiles); then the switch off
+     * (the plain kernel) and fp16 (no instance) on the first shape */
+    static const acase ks[] = {
+        {"cuda hopper-only ksplit S1024 D64 B2 (6 query tiles, the last of 64 rows) fwd", 2, 1024, 1024, 4, 4, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only ksplit Sq1000 Sk1024 D64 GQA4 (40 rows left) fwd", 1, 1000, 1024, 8, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only ksplit Sq17 Sk4097 D64 MQA2 (33 key tiles) fwd", 1, 17, 4097, 2, 1, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only ksplit Sq64 Sk1 D64 B3 (consumers 1, 2 without keys) fwd", 3, 64, 1, 2, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only ksplit Sq1 Sk256 D64 (consumer 2 without keys) scale 2 fwd", 1, 1, 256, 4, 4, 64, 0, -1, -1, 0, 2.0f, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only ksplit GRID 3 Sq200 Sk700 D64 GQA2 B2 (merge buffer reused) fwd", 2, 200, 700, 4, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only ksplit GRID 5 S1024 D64 H8 (tiles rotated by round) fwd", 1, 1024, 1024, 8, 8, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    };
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+      env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(ks[i].name, "GRID 5") ? "5" : NULL);
+      run_case_grid(tr, &ks[i], DT_BF16);
+#ifdef OT_TEST_CUDA
+      check_sm90_plan(tr, ks[i].name, 3, 128, 0x200000 | 0x8000, 0, 0, 0);
+#endif
+      env_restore(&gr);
+    }
+    env_saved off = env_set("OT_ATTN_SM90_KSPLIT", "0");
+    acase k0 = ks[0];
+    k0.name = "cuda hopper-only ksplit=0 S1024 D64 B2 (the plain kernel) fwd";
+    run_case(tr, &k0, DT_BF16);
+#ifdef OT_TEST_CUDA
+    check_sm90_plan(tr, k0.name, 3, 128, 0x8000, 0x200000, 0, 0);
+#endif
+    env_restore(&off);
+    acase kh = ks[0];
+    kh.name = "cuda hopper-only ksplit S1024 D64 B2 fp16 (no instance) fwd";
+    run_case(tr, &kh, DT_F16);
+#ifdef OT_TEST_CUDA
+    check_sm90_plan(tr, kh.name, 3, 128, 0, 0x200000, 0, 0);
+#endif
+  }
 #ifdef OT_TEST_CUDA
   {
     /* unmasked D128 past Sk 2048: the 128-key tile by default since the twenty-seventh

@@ -161,6 +161,14 @@ enum {
                       * since 2026-12-03 (1.00-1.05x the N = 128 kernel; tests 'pad96 n96'
                       * exact); fp16's instance the default too (1.04-1.18x R | PD);
                       * OT_ATTN_SM90_N96=0 turns it off */
+  kFlKsplit = 0x200000, /* 3 consumers, unmasked: a query tile with at most 64 rows before Sq
+                         * (the last of a head where 192 does not divide Sq by more than
+                         * 128 rows: S 1k / 4k / 16k leave 64) runs on all three consumer
+                         * warpgroups, each over every third key tile for the same 64 rows
+                         * (no pingpong turns in it), merged through shared memory by
+                         * consumer 0; the tiles of a head rotated by the round that takes
+                         * it (decode_tile's rot), so that every persistent CTA gets its
+                         * share of those cheaper tiles (see the kernel and the dispatch) */
 };
 constexpr int kFlNarrowW = 0xF00;
 constexpr int narrow_bits(int w16) { return kFlNarrow | (w16 << 8); }
@@ -257,6 +265,8 @@ static_assert(BAR_FULL_K + kStages <= BAR_EMPTY_K && BAR_EMPTY_K + kStages <= BA
               "barrier slots: kStages of each ring, all in fwd_smem's 128 bytes");
 constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of consumer c */
 constexpr int kExpBar = 12;           /* named barriers 12 + c: kFlStag's exponential turn */
+constexpr int kMergeFull = 4;         /* kFlKsplit: consumers 1, 2 -> 0, partials written */
+constexpr int kMergeFree = 5;         /* kFlKsplit: consumer 0 -> 1, 2, partials read */
 /* The dynamic schedule's tile slot: an int in the barrier area's 8-byte slot 12 (after
  * every mbarrier), written by the producer before it arrives on FULL_Q of the tile. */
 constexpr int kTileSlot = 12;
@@ -271,7 +281,13 @@ struct tile_info {
  * row_pad(p) (< 0 for the first tile where BR does not divide Sq) */
 template <int BR>
 __device__ __forceinline__ int row_pad(const fwd_params &p) { return p.num_m * BR - p.sq; }
-template <int BC, int BR, bool SHIFT = false>
+/* ROT (kFlKsplit): the tiles of head hb rotated by rot = hb num_m / gridDim.x (mod num_m),
+ * the round-robin round in which the head's tiles start, so that the head's last query tile
+ * (the short one kFlKsplit runs cheaply) falls to a different CTA round by round: with 6
+ * tiles a head on 132 CTAs (S 1k) the plain order gives every last tile to the same 22 CTAs
+ * (132 is a multiple of 6), and those cheaper tiles would shorten nobody's sum. A rotation
+ * within each head: still a bijection, the tiles of a head still in one round (K/V in L2). */
+template <int BC, int BR, bool SHIFT = false, bool ROT = false>
 __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
   tile_info ti;
   int mi, hb;
@@ -286,6 +302,7 @@ __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
   } else {
     mi = t % p.num_m;
     hb = t / p.num_m;
+    if (ROT) mi = (mi + (int)((int64_t)hb * p.num_m / (int)gridDim.x % p.num_m)) % p.num_m;
   }
   ti.m_block = p.wr >= 0 ? p.num_m - 1 - mi : mi;
   ti.head = hb % p.hq;
@@ -297,7 +314,7 @@ __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
 }
 /* Work item t: a whole tile, or (SPLIT, t >= split_full) piece `piece` of a tail tile, its
  * key tiles [n_max - (s + 1) chunk, n_max - s chunk) of the tile's range (piece -1: whole). */
-template <int BC, int BR, bool SPLIT, bool SHIFT = false>
+template <int BC, int BR, bool SPLIT, bool SHIFT = false, bool ROT = false>
 __device__ __forceinline__ tile_info decode_item(const fwd_params &p, const split_params &sp,
                                                  int t, int &piece) {
   if (SPLIT && t >= sp.split_full) {
@@ -310,7 +327,7 @@ __device__ __forceinline__ tile_info decode_item(const fwd_params &p, const spli
     return ti;
   }
   piece = -1;
-  return decode_tile<BC, BR, SHIFT>(p, t);
+  return decode_tile<BC, BR, SHIFT, ROT>(p, t);
 }
 
 template <typename T, int D, int BC, int NC, int FL>
@@ -340,6 +357,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr bool PIN = (FL & kFlPin) != 0;
   constexpr bool SHIFT = (FL & kFlShift) != 0;
   constexpr bool STAG = (FL & kFlStag) != 0;
+  constexpr bool KSPLIT = (FL & kFlKsplit) != 0;
+  static_assert(!KSPLIT || (NC == 3 && !SPLIT && !NARROW && !SKIP && !SHIFT && !STAG &&
+                            (FL & kFlPad) == 0),
+                "kFlKsplit: 3 consumers, not with the split, narrow, skip, shift, stag, pad bits");
   constexpr bool PAD = (FL & kFlPad) != 0;
   static_assert(!PAD || (D == 128 && !SPLIT), "kFlPad: head dim 96 on the D = 128 tile");
   static_assert(!N96 || PAD, "kFlN96: with kFlPad only");
@@ -404,7 +425,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     };
     for (int t0 = blockIdx.x; t0 < n_tiles; t0 = dyn ? resolve() : t0 + (int)gridDim.x) {
       int piece;
-      const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, t0, piece);
+      const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT, KSPLIT>(p, sp, t0, piece);
       const int n_iters = ti.n_max - ti.n_min;
       if (n_iters <= 0) {
         if (dyn) {   /* no Q load: the id alone */
@@ -478,6 +499,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   const int my_ebar = kExpBar + c,
             other_ebar = NC == 2 ? kExpBar + 1 - c : kExpBar + (c + 1) % NC;
   if (STAG && c == NC - 1) named_arrive(kExpBar, 256);
+  /* KSPLIT: the merge buffer is free (consumer 0 read the last one) -- once ahead */
+  if (KSPLIT && c == 0) named_arrive(kMergeFree, 128 * NC);
   int kv = 0, qn = 0;
   float s[NS];   /* (here since kFlXT: inside the tile's block the default PTX differs) */
   uint32_t pr[NP];
@@ -491,14 +514,18 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       if (t0 < 0) break;
     }
     int piece;
-    const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT>(p, sp, t0, piece);
+    const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT, KSPLIT>(p, sp, t0, piece);
     const int n_iters = ti.n_max - ti.n_min, n_max = ti.n_max;
     if (dyn && n_iters <= 0) {   /* its id came with FULL_Q (no Q): the slot is read */
       release(bar(BAR_EMPTY_Q));
       qn++;
     }
     const int tile_first = ti.m_block * BR - rpad;   /* the tile's first row (kFlShift: < 0) */
-    const int row0 = tile_first + c * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
+    /* KSPLIT: a tile of at most 64 rows before Sq (consumer 0's) runs split over the keys,
+     * every consumer on those 64 rows (below) */
+    const bool ks = KSPLIT && p.sq - tile_first <= 64;
+    const int cq = KSPLIT && ks ? 0 : c;   /* the consumer whose 64 query rows this one runs */
+    const int row0 = tile_first + cq * 64 + warp * 16 + g;   /* rows row0, row0 + 8 */
     float o[NO];
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
@@ -546,7 +573,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
                (p.wr >= 0 && (n + 1) * BC - 1 > tile_first + off + p.wr) ||
                (p.wl >= 0 && n * BC < row_last + off - p.wl);
       };
-      const uint64_t q_desc = make_desc(s_base + L::q_off + c * 64 * 128, 16, 1024);
+      const uint64_t q_desc = make_desc(s_base + L::q_off + cq * 64 * 128, 16, 1024);
       /* S = Q K^T over the tile's first N keys (N < BC: NARROW's step). */
       auto issue_qk_n = [&](auto ncol, int stage) {
         constexpr int N = decltype(ncol)::value;
@@ -643,6 +670,48 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       /* The key tiles of the pipelined steps below: n_max_s - 1 down, n_it_s of them, ring
        * positions from kv_s (NARROW's step takes the first one). */
       int n_max_s = n_max, n_it_s = n_iters, kv_s = kv;
+      /* KSPLIT's tile: consumer c takes the key tiles at ring positions kv + c, kv + c + NC,
+       * ... (Q K^T, softmax, P V, each waited for: nothing in flight across the branches),
+       * and for the others only waits for each stage and releases it, so that every
+       * position still gets its 4 NC arrivals on EMPTY_K and EMPTY_V after its FULL wait
+       * (kFlSkip's argument; FULL_Q waited for first, as there). No pingpong turn is taken
+       * in the tile: every consumer takes none, so the turn order of the tiles after it
+       * stays as in the default (equal counts per tile). No deadlock: each consumer walks
+       * the positions in order, and FULL_V of position g needs only EMPTY_K of g - 1 and
+       * EMPTY_V of g - 2, released by every consumer before it waits on anything of g.
+       * The pipelined steps below then have nothing to run (n_it_s = 0); the partial
+       * (O, m, l) of the three consumers are merged after them. */
+      if constexpr (KSPLIT) {
+        if (ks) {
+          mbar_wait(bar(BAR_FULL_Q), qn & 1);
+          const int cu = __shfl_sync(0xffffffffu, c, 0);   /* warp-uniform to ptxas */
+#pragma unroll 1
+          for (int it = 0; it < n_iters; it++) {
+            const int gk = kv + it, st = gk % kStages, ph = (gk / kStages) & 1;
+            mbar_wait(bar(BAR_FULL_K + st), ph);
+            if (it % NC == cu) {
+              const int n = n_max - 1 - it;
+              issue_qk(st);
+              wgmma_wait<0>();
+              reg_fence<NS>(s);
+              release(bar(BAR_EMPTY_K + st));
+              softmax(n, needs_mask(n));
+              convert_p();
+              mbar_wait(bar(BAR_FULL_V + st), ph);
+              rescale_o();
+              issue_pv(st);
+              wgmma_wait<0>();
+              reg_fence<NO>(o);
+              reg_fence<NP>(pr);
+            } else {
+              release(bar(BAR_EMPTY_K + st));
+              mbar_wait(bar(BAR_FULL_V + st), ph);
+            }
+            release(bar(BAR_EMPTY_V + st));
+          }
+          n_it_s = 0;
+        }
+      }
       if constexpr (NARROW) {
         if (narrow_step) {
           /* NARROW's step: S_0 = Q K_0^T over NW keys, its softmax, O = P_0 V_0 over the
@@ -760,7 +829,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         }
       }
       /* prologue: S_0, softmax -> P_0 */
-      if ((!NARROW && !SKIP) || n_it_s > 0) {
+      if ((!NARROW && !SKIP && !KSPLIT) || n_it_s > 0) {
         const int sk_ = kv_s % kStages, pk = (kv_s / kStages) & 1;
         mbar_wait(bar(BAR_FULL_Q), qn & 1);
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
@@ -829,7 +898,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       }
       /* Every Q K^T of this tile has completed: the producer may load the next Q. */
       release(bar(BAR_EMPTY_Q));
-      if ((!NARROW && !SKIP) || n_it_s > 0) {
+      if ((!NARROW && !SKIP && !KSPLIT) || n_it_s > 0) {
         const int gv = kv_s + n_it_s - 1, sv = gv % kStages, pv = (gv / kStages) & 1;
         mbar_wait(bar(BAR_FULL_V + sv), pv);
         turn_wait();
@@ -843,6 +912,51 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       }
       kv += n_iters;
       qn++;
+      /* KSPLIT's merge: consumers 1 and 2 leave their (O, m, l) in shared memory, thread by
+       * thread (the accumulator layout is the same in every warpgroup: thread t128 holds the
+       * same rows and columns), and skip the epilogue; consumer 0 rescales the three to the
+       * largest row max and stores. Named barriers kMergeFull (1, 2 -> 0) and kMergeFree
+       * (0 -> 1, 2: the buffer read, so that the next such tile may write it). */
+      if constexpr (KSPLIT) {
+        if (ks) {
+          float *mb = reinterpret_cast<float *>(smem + L::bar_off + 128);
+          const int cu = __shfl_sync(0xffffffffu, c, 0);
+          if (cu > 0) {
+            named_sync(kMergeFree, 128 * NC);
+            float *w = mb + (cu - 1) * (NO + 4) * 128 + t128;
+#pragma unroll
+            for (int i = 0; i < NO; i++) w[i * 128] = o[i];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+              w[(NO + h) * 128] = m_r[h];
+              w[(NO + 2 + h) * 128] = l_r[h];
+            }
+            named_arrive(kMergeFull, 128 * NC);
+            continue;
+          }
+          named_sync(kMergeFull, 128 * NC);
+          const float *w1 = mb + t128, *w2 = mb + (NO + 4) * 128 + t128;
+          float a0[2], a1[2], a2[2];
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            const float m1 = w1[(NO + h) * 128], m2 = w2[(NO + h) * 128];
+            const float mt = fmaxf(m_r[h], fmaxf(m1, m2));
+            /* a row max of -inf (no visible key in that share) weighs 0 */
+            a0[h] = m_r[h] == -INFINITY ? 0.f : ex2((m_r[h] - mt) * cl2);
+            a1[h] = m1 == -INFINITY ? 0.f : ex2((m1 - mt) * cl2);
+            a2[h] = m2 == -INFINITY ? 0.f : ex2((m2 - mt) * cl2);
+            l_r[h] = a0[h] * l_r[h] + a1[h] * w1[(NO + 2 + h) * 128] +
+                     a2[h] * w2[(NO + 2 + h) * 128];
+            m_r[h] = mt;
+          }
+#pragma unroll
+          for (int i = 0; i < NO; i++) {
+            const int h = (i >> 1) & 1;
+            o[i] = a0[h] * o[i] + a1[h] * w1[i * 128] + a2[h] * w2[i * 128];
+          }
+          named_arrive(kMergeFree, 128 * NC);
+        }
+      }
     }
 
     /* ---------------- epilogue: O / l, lse ---------------- */
@@ -912,6 +1026,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
    * on its exponential turn's */
   if (c == 0) named_sync(kSchedBar, 256);
   if (STAG && c == 0) named_sync(kExpBar, 256);
+  /* KSPLIT: consumer 0's last arrival on kMergeFree */
+  if (KSPLIT && c > 0) named_sync(kMergeFree, 128 * NC);
 }
 #else
 template <typename T, int D, int BC, int NC, int FL>
@@ -1058,8 +1174,12 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   static const char *op = "attention_forward";
   using L = fwd_smem<D, BC, NC>;
   auto kern = attn_fwd_sm90_kernel<T, D, BC, NC, FL>;
+  /* kFlKsplit's merge buffer after the barriers: consumers 1 and 2's O, m and l, a float
+   * per thread each ((D / 2 + 4) x 128 floats a consumer; 36 KB at head dim 64) */
+  constexpr int kBytes = L::bytes + ((FL & kFlKsplit) ? 2 * (D / 2 + 4) * 128 * 4 : 0);
+  static_assert(kBytes <= kSmemOptin, "shared memory opt-in limit");
   static std::atomic<uint64_t> attr_done{0};   /* sm90_common.cuh's smem_attr_once */
-  OT_TRY(smem_attr_once(kern, L::bytes, ctx, attr_done, op));
+  OT_TRY(smem_attr_once(kern, kBytes, ctx, attr_done, op));
   /* One persistent CTA per SM walks the tiles round-robin, its epilogue overlapping the
    * loads of its next tile. Unmasked tiles all cost the same and go m-fastest (the CTAs
    * running together share one head's K/V in L2). Masked (causal) tiles differ: they go
@@ -1156,7 +1276,7 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
       }
     }
   }
-  kern<<<grid, fwd_cfg<NC>::threads, L::bytes, (cudaStream_t)ctx->stream>>>(maps[0], maps[1],
+  kern<<<grid, fwd_cfg<NC>::threads, kBytes, (cudaStream_t)ctx->stream>>>(maps[0], maps[1],
                                                                             maps[2], q, sp);
   OT_CUDA_CHECK_LAUNCH(op);
   last_plan = {NC, BC, (int)grid, FL,
@@ -1186,12 +1306,12 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
  * dropped one by one (kFlShift first, the 16-byte stores, the pin, the skip, then the
- * narrow step, the tail split, the rescale threshold: drop[]'s order; kFlN96 before all) until
- * it is. */
+ * narrow step, the tail split, the rescale threshold: drop[]'s order; kFlKsplit and kFlN96
+ * before all) until it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlN96, kFlStag, kFlShift, kFlSt16, kFlPin, kFlSkip,
+  static const int drop[] = {kFlKsplit, kFlN96, kFlStag, kFlShift, kFlSt16, kFlPin, kFlSkip,
                              kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
@@ -1228,7 +1348,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   constexpr int R = kFlResc, SP = kFlSplit, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
   constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift, SG = kFlStag, PD = kFlPad;
-  constexpr int N96 = kFlN96;
+  constexpr int N96 = kFlN96, KS = kFlKsplit;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
@@ -1251,7 +1371,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
      * the skip */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, SK, PN, PN | ST, SK | SH, SH, PN | SG, SG,
-                                            SK | SH | SG, SK | SG>());
+                                            SK | SH | SG, SK | SG, PN | KS>());
   } else if constexpr (D == 64 && BC == 128 && NC == 2 && !is_half<T>::value) {
     /* the per-warpgroup narrow step (masked calls of at most 8 query tiles), bf16, with the
      * 16-byte O stores and kFlStag (its default), with the stores alone (OT_ATTN_SM90_STAG=0)
@@ -1268,9 +1388,10 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   } else if constexpr (D == 64 && BC == 128 && NC == 3 && !is_half<T>::value) {
     /* 192-row tiles: kFlPin the unmasked calls' default, kFlSkip with kFlShift and kFlStag
      * the causal ones' (kFlSkip alone where 192 divides Sq; kFlSkip | kFlShift under
-     * OT_ATTN_SM90_STAG=0), bf16 */
+     * OT_ATTN_SM90_STAG=0), bf16; kFlKsplit with kFlPin (unmasked calls whose last query
+     * tile has at most 64 rows, see the dispatch) */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
-                                    fl_list<0, PN, SK, SK | SH, SK | SH | SG>());
+                                    fl_list<0, PN, SK, SK | SH, SK | SH | SG, PN | KS>());
   } else if constexpr (D == 128 && BC == 128 && !is_half<T>::value) {
     /* the threshold, with the 16-byte O stores; each also for head dim 96 (kFlPad), the
      * 16-byte one also with P V at N = 96 (kFlN96: its default; OT_ATTN_SM90_N96=0 off) */
@@ -1689,8 +1810,22 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * S 1k 1.029x, causal 1.029x; S 4k 0.998x, causal 1.015x; S 16k 1.023x, causal 1.049x. */
   const char *n96v = pad96 ? sm90_knob(knobs, "OT_ATTN_SM90_N96") : NULL;
   const int n96 = pad96 && !(n96v && n96v[0] == '0') ? kFlN96 : 0;
+  /* kFlKsplit: an unmasked call on 3 consumers whose last query tile of each head holds at
+   * most 64 rows (Sq mod 192 in 1..64: S 1k, 4k and 16k leave 64) runs that tile on all
+   * three consumers, each over a third of the key tiles, merged in shared memory, instead
+   * of two warpgroups of padding rows beside one of work; the heads' tiles rotated so that
+   * every persistent CTA gets its share of them (the kernel). At S 1k that tile is 1 of 6
+   * a head: the default does 18 warpgroup-tiles of work for 16 of rows. OT_ATTN_SM90_KSPLIT=0|1
+   * forces it off / on (on: where an instance is compiled -- bf16 D64 with kFlPin). */
+  int ksplit = 0;
+  {
+    const char *ksv = sm90_knob(knobs, "OT_ATTN_SM90_KSPLIT");
+    const int64_t tail = a->sq % br;
+    const bool on = ksv ? ksv[0] == '1' : a->dtype == OT_BF16 && a->d == 64;
+    if (on && nc == 3 && !masked_call && !split && tail > 0 && tail <= 64) ksplit = kFlKsplit;
+  }
   const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag |
-                 (pad96 ? kFlPad : 0) | n96;
+                 (pad96 ? kFlPad : 0) | n96 | ksplit;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);
