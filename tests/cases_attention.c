@@ -1721,6 +1721,7 @@ static void run_sm90_required(test_run *tr) {
         {"cuda hopper-only ksplit GRID 3 Sq200 Sk700 D64 GQA2 B2 (merge buffer reused) fwd", 2, 200, 700, 4, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
         {"cuda hopper-only ksplit GRID 5 S1024 D64 H8 (tiles rotated by round) fwd", 1, 1024, 1024, 8, 8, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     };
+    env_saved on = env_set("OT_ATTN_SM90_KSPLIT", "1");   /* off by default for now */
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
       env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(ks[i].name, "GRID 5") ? "5" : NULL);
       run_case_grid(tr, &ks[i], DT_BF16);
@@ -1743,6 +1744,7 @@ static void run_sm90_required(test_run *tr) {
 #ifdef OT_TEST_CUDA
     check_sm90_plan(tr, kh.name, 3, 128, 0, 0x200000, 0, 0);
 #endif
+    env_restore(&on);
   }
 #ifdef OT_TEST_CUDA
   {
