@@ -1301,8 +1301,12 @@ static void run_sm90_refusal_case(test_run *tr) {
 
 /* run_case under OT_ATTN_SM90_GRID=3 where the case's name says "GRID 3" (few persistent
  * CTAs, many tiles each) */
+/* run_case under OT_ATTN_SM90_GRID=n where the case's name says "GRID n" (else unset) */
 static void run_case_grid(test_run *tr, const acase *c, DLDataType dt) {
-  env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(c->name, "GRID 3") ? "3" : NULL);
+  const char *g = strstr(c->name, "GRID ");
+  char n[12] = {0};
+  if (g) sscanf(g + 5, "%11[0-9]", n);
+  env_saved gr = env_set("OT_ATTN_SM90_GRID", n[0] ? n : NULL);
   run_case(tr, c, dt);
   env_restore(&gr);
 }
@@ -1704,7 +1708,7 @@ static void run_sm90_required(test_run *tr) {
   }
   {
     /* kFlKsplit (0x200000, with kFlPin 0x8000; bf16 D64 unmasked calls on 3 consumers whose
-     * last query tile of a head holds at most 64 rows, the default): that tile on all three
+     * last query tile of a head holds at most 64 rows; opt-in, OT_ATTN_SM90_KSPLIT=1): that tile on all three
      * consumers, each over every third key tile of the same 64 rows, merged in shared memory
      * by consumer 0, the heads' tiles rotated by round. S 1k (6 tiles, the last of 64 rows),
      * Sq < Sk with 40 rows left, Sq 17 over 33 key tiles (the last of one key: the mask),
@@ -1723,12 +1727,10 @@ static void run_sm90_required(test_run *tr) {
     };
     env_saved on = env_set("OT_ATTN_SM90_KSPLIT", "1");   /* off by default for now */
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
-      env_saved gr = env_set("OT_ATTN_SM90_GRID", strstr(ks[i].name, "GRID 5") ? "5" : NULL);
       run_case_grid(tr, &ks[i], DT_BF16);
 #ifdef OT_TEST_CUDA
       check_sm90_plan(tr, ks[i].name, 3, 128, 0x200000 | 0x8000, 0, 0, 0);
 #endif
-      env_restore(&gr);
     }
     env_saved off = env_set("OT_ATTN_SM90_KSPLIT", "0");
     acase k0 = ks[0];

@@ -265,8 +265,8 @@ static_assert(BAR_FULL_K + kStages <= BAR_EMPTY_K && BAR_EMPTY_K + kStages <= BA
               "barrier slots: kStages of each ring, all in fwd_smem's 128 bytes");
 constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of consumer c */
 constexpr int kExpBar = 12;           /* named barriers 12 + c: kFlStag's exponential turn */
-constexpr int kMergeFull = 4;         /* kFlKsplit: consumers 1, 2 -> 0, partials written */
-constexpr int kMergeFree = 5;         /* kFlKsplit: consumer 0 -> 1, 2, partials read */
+constexpr int kMergeFull = 4;         /* kFlKsplit: the partials written (all consumers) */
+constexpr int kMergeFree = 5;         /* kFlKsplit: the partials read (all consumers) */
 /* The dynamic schedule's tile slot: an int in the barrier area's 8-byte slot 12 (after
  * every mbarrier), written by the producer before it arrives on FULL_Q of the tile. */
 constexpr int kTileSlot = 12;
@@ -499,8 +499,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   const int my_ebar = kExpBar + c,
             other_ebar = NC == 2 ? kExpBar + 1 - c : kExpBar + (c + 1) % NC;
   if (STAG && c == NC - 1) named_arrive(kExpBar, 256);
-  /* KSPLIT: the merge buffer is free (consumer 0 read the last one) -- once ahead */
-  if (KSPLIT && c == 0) named_arrive(kMergeFree, 128 * NC);
   int kv = 0, qn = 0;
   float s[NS];   /* (here since kFlXT: inside the tile's block the default PTX differs) */
   uint32_t pr[NP];
@@ -915,14 +913,15 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       /* KSPLIT's merge: consumers 1 and 2 leave their (O, m, l) in shared memory, thread by
        * thread (the accumulator layout is the same in every warpgroup: thread t128 holds the
        * same rows and columns), and skip the epilogue; consumer 0 rescales the three to the
-       * largest row max and stores. Named barriers kMergeFull (1, 2 -> 0) and kMergeFree
-       * (0 -> 1, 2: the buffer read, so that the next such tile may write it). */
+       * largest row max and stores. Two full barriers of the three consumers (bar.sync on
+       * every side, which racecheck follows; with bar.arrive on the writers' and the
+       * reader's side it reported 252 hazards): kMergeFull after the writes, kMergeFree
+       * after consumer 0's reads, so that no later tile writes the buffer before. */
       if constexpr (KSPLIT) {
         if (ks) {
           float *mb = reinterpret_cast<float *>(smem + L::bar_off + 128);
           const int cu = __shfl_sync(0xffffffffu, c, 0);
           if (cu > 0) {
-            named_sync(kMergeFree, 128 * NC);
             float *w = mb + (cu - 1) * (NO + 4) * 128 + t128;
 #pragma unroll
             for (int i = 0; i < NO; i++) w[i * 128] = o[i];
@@ -931,7 +930,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
               w[(NO + h) * 128] = m_r[h];
               w[(NO + 2 + h) * 128] = l_r[h];
             }
-            named_arrive(kMergeFull, 128 * NC);
+            named_sync(kMergeFull, 128 * NC);
+            named_sync(kMergeFree, 128 * NC);
             continue;
           }
           named_sync(kMergeFull, 128 * NC);
@@ -954,7 +954,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
             const int h = (i >> 1) & 1;
             o[i] = a0[h] * o[i] + a1[h] * w1[i * 128] + a2[h] * w2[i * 128];
           }
-          named_arrive(kMergeFree, 128 * NC);
+          named_sync(kMergeFree, 128 * NC);
         }
       }
     }
@@ -1026,8 +1026,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
    * on its exponential turn's */
   if (c == 0) named_sync(kSchedBar, 256);
   if (STAG && c == 0) named_sync(kExpBar, 256);
-  /* KSPLIT: consumer 0's last arrival on kMergeFree */
-  if (KSPLIT && c > 0) named_sync(kMergeFree, 128 * NC);
 }
 #else
 template <typename T, int D, int BC, int NC, int FL>
