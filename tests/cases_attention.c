@@ -1748,6 +1748,47 @@ static void run_sm90_required(test_run *tr) {
 #endif
     env_restore(&on);
   }
+  {
+    /* kFlSplit (0x8; OT_ATTN_SM90_SPLIT=1, bf16 D256 and D128's 128-key tile, unmasked
+     * persistent calls whose tiles leave a partial last round): the last round's tiles cut
+     * into equal shares of every CTA's key tiles, the pieces of a tile merged in the kernel
+     * by the one that finishes it last, through counters that each launch leaves at zero (so
+     * every case after the first also checks the previous one's reset). Shares that cross a
+     * tile boundary (GRID 10: 64 tiles, 4 left, 13 key tiles each over 10 CTAs, 6 a CTA;
+     * GRID 7 at D128: 6 left of 8 key tiles, 7 a CTA), Sq < Sk with a partial key tile and
+     * MQA (GRID 5), one key tile a tile (GRID 20: whole tiles as pieces, 12 CTAs without
+     * one), the whole chip at D256 (192 tiles), then the switch off (no bit) and fp16 (no
+     * instance: the plain kernel) */
+    static const acase sp[] = {
+        {"cuda hopper-only split GRID 10 S1000 D256 GQA2 B2 (shares across tiles) fwd", 2, 1000, 1000, 4, 2, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only split GRID 7 S1000 D128 H3 B2 (128-key tile) fwd", 2, 1000, 1000, 3, 3, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only split GRID 5 Sq300 Sk1111 D256 MQA4 (partial key tile) scale 0.5 fwd", 1, 300, 1111, 4, 1, 256, 0, -1, -1, 0, 0.5f, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only split GRID 20 Sq200 Sk100 D128 GQA4 B3 (one key tile a tile) fwd", 3, 200, 100, 8, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only split S1024 D256 H8 B3 (192 tiles on every SM) fwd", 3, 1024, 1024, 8, 8, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    };
+    env_saved on = env_set("OT_ATTN_SM90_SPLIT", "1");
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) {
+      run_case_grid(tr, &sp[i], DT_BF16);
+#ifdef OT_TEST_CUDA
+      check_sm90_plan(tr, sp[i].name, 2, 0, 0x8, 0, 1 | 8, 0);
+#endif
+    }
+    env_saved off = env_set("OT_ATTN_SM90_SPLIT", "0");
+    acase s0 = sp[0];
+    s0.name = "cuda hopper-only split=0 GRID 10 S1000 D256 GQA2 B2 (the plain kernel) fwd";
+    run_case_grid(tr, &s0, DT_BF16);
+#ifdef OT_TEST_CUDA
+    check_sm90_plan(tr, s0.name, 2, 0, 0, 0x8, 1, 8);
+#endif
+    env_restore(&off);
+    acase sh = sp[0];
+    sh.name = "cuda hopper-only split GRID 10 S1000 D256 GQA2 B2 fp16 (no instance) fwd";
+    run_case_grid(tr, &sh, DT_F16);
+#ifdef OT_TEST_CUDA
+    check_sm90_plan(tr, sh.name, 2, 0, 0, 0x8, 1, 8);
+#endif
+    env_restore(&on);
+  }
 #ifdef OT_TEST_CUDA
   {
     /* unmasked D128 past Sk 2048: the 128-key tile by default since the twenty-seventh

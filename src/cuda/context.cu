@@ -389,17 +389,24 @@ extern "C" int *ot_cuda_tile_counter(ot_context *ctx) {
     return NULL;
   }
   void *p = NULL;
-  if (cudaMalloc(&p, 256) != cudaSuccess) {
+  if (cudaMalloc(&p, OT_CUDA_COUNTERS * sizeof(int)) != cudaSuccess) {
     (void)cudaGetLastError();
     return NULL;
   }
-  if (cudaMemsetAsync(p, 0, 256, (cudaStream_t)ctx->stream) != cudaSuccess) {
+  if (cudaMemsetAsync(p, 0, OT_CUDA_COUNTERS * sizeof(int), (cudaStream_t)ctx->stream) !=
+      cudaSuccess) {
     (void)cudaGetLastError();
     cudaFree(p);
     return NULL;
   }
   st->tile_ctr = (int *)p;
   return st->tile_ctr;
+}
+
+extern "C" int *ot_cuda_split_counters(ot_context *ctx, int n) {
+  if (n <= 0 || n > OT_CUDA_COUNTERS - 32) return NULL;
+  int *c = ot_cuda_tile_counter(ctx);
+  return c ? c + 32 : NULL;
 }
 
 extern "C" void ot_cuda_context_release(ot_context *ctx) {

@@ -66,8 +66,9 @@ typedef struct ot_cuda_state {
    * caller's (when it was another) is restored when the outermost op returns. */
   int op_depth;
   int caller_device; /* -1: nothing to restore */
-  /* ot_cuda_tile_counter's int (256 bytes of cudaMalloc, the context's own: not from its
-   * arena, since it must keep its value from one launch to the next). */
+  /* ot_cuda_tile_counter's int and ot_cuda_split_counters' (OT_CUDA_COUNTERS ints of
+   * cudaMalloc, the context's own: not from its arena, since they must keep their values
+   * from one launch to the next): [0] the tile counter, from [32] the split counters. */
   int *tile_ctr;
 } ot_cuda_state;
 
@@ -102,6 +103,11 @@ ot_status ot_cuda_temp_free(ot_context *ctx, void *ptr, const char *op);
  * call. NULL, with nothing recorded, where it cannot be had -- no device memory, or not
  * allocated yet while the stream captures a graph: the caller then schedules statically. */
 int *ot_cuda_tile_counter(ot_context *ctx);
+/* n device ints, zero between the kernels of this context's stream that use them (kernels
+ * that leave them at zero: the Hopper forward's tail split), from the same allocation;
+ * NULL where it cannot be had (as above) or n > OT_CUDA_COUNTERS - 32. */
+int *ot_cuda_split_counters(ot_context *ctx, int n);
+#define OT_CUDA_COUNTERS 1024
 
 #ifdef __cplusplus
 }

@@ -93,8 +93,9 @@ enum {
   kFlResc = 1,    /* the row max moves only when it grows by more than 2^kRescThr (log2 units):
                    * O is rescaled only in the steps where some row of the warp moved */
   /* 2, 4: kFlPoly8 / kFlPoly4 until 2026-12-02 (poly8 0.87x at D128 S4k, removed; git 8f769c9) */
-  kFlSplit = 8,   /* the tiles of the last, partial round of the persistent CTAs split along
-                   * the keys (p.splits pieces each, fp32 partials merged by attn_fwd_sm90_merge) */
+  kFlSplit = 8,   /* unmasked persistent launches: the tiles of the last, partial round cut
+                   * along the keys into equal shares of every CTA, the pieces of a tile
+                   * merged by the one that finishes it last (split_params, the kernel) */
   kFlNarrow = 16, /* with the width w in bits 8..11 (kFlNarrowW): a first-visited key tile
                    * of which no row sees more than 16 w keys (the partial one at the key
                    * end) runs as a step of its own, Q K^T with N and P V with K = 16 w */
@@ -224,14 +225,24 @@ struct fwd_params {
   int *tile_ctr;
 };
 /* kFlSplit (a kernel argument of its own, so that fwd_params and the code of the other
- * instances stay as they were): tiles t >= split_full are done as `splits` pieces of at
- * most `chunk` key tiles (work items split_full + (t - split_full) * splits + piece, n_items
- * in all); each piece writes its unnormalised O (fp32, [piece][BR][D]) and (row max, row
- * sum) ([piece][BR]) to part / ml. */
+ * instances stay as they were). The rem = n_tiles - split_full tiles of an unmasked
+ * persistent launch's last, partial round hold units = rem * n_it key tiles; CTA b takes
+ * the units [b len, min((b + 1) len, units)) of them in order (len >= units / grid, and at
+ * least n_it / 4 so that no tile has more than 5 pieces), which is at most two pieces
+ * (len <= n_it): work item split_full + b, the piece in the tile of its first unit, and
+ * split_full + grid + b, the next tile's if its share reaches there (else empty); n_items =
+ * split_full + 2 grid. The pieces of tail tile r meet per consumer warpgroup c at
+ * cnt[2 (r NC + c)] (key tiles finished) and cnt[2 (r NC + c) + 1] (key tiles published):
+ * a piece that does not finish the tile leaves its unnormalised O (fp32) and (row max, row
+ * sum) in part / ml at slot r pmax + (b - the tile's first CTA), then publishes; the one that
+ * finishes it waits for the others' to be published (they are running: no CTA waits for one
+ * that has not started), merges them into its registers, stores the tile as usual and
+ * zeroes both counters for the next launch. */
 struct split_params {
-  int split_full, splits, chunk, n_items;
-  float *part;
-  float2 *ml;
+  int split_full, n_items, n_it, len, units, pmax;
+  float *part;    /* [rem pmax][BR][D] */
+  float2 *ml;     /* [rem pmax][BR] */
+  int *cnt;       /* [rem NC][2], zero between launches */
 };
 
 /* a / b rounded toward -inf (b > 0) */
@@ -267,6 +278,7 @@ constexpr int kSchedBar = 8;          /* named barriers 8 + c: pingpong turn of 
 constexpr int kExpBar = 12;           /* named barriers 12 + c: kFlStag's exponential turn */
 constexpr int kMergeFull = 4;         /* kFlKsplit: the partials written (all consumers) */
 constexpr int kMergeFree = 5;         /* kFlKsplit: the partials read (all consumers) */
+constexpr int kSplitBar = 1;          /* named barriers 1 + c: kFlSplit's meeting of consumer c */
 /* The dynamic schedule's tile slot: an int in the barrier area's 8-byte slot 12 (after
  * every mbarrier), written by the producer before it arrives on FULL_Q of the tile. */
 constexpr int kTileSlot = 12;
@@ -312,18 +324,26 @@ __device__ __forceinline__ tile_info decode_tile(const fwd_params &p, int t) {
   tile_keys(first, ti.row_last, BC, p.sq, p.sk, p.wl, p.wr, ti.n_min, ti.n_max);
   return ti;
 }
-/* Work item t: a whole tile, or (SPLIT, t >= split_full) piece `piece` of a tail tile, its
- * key tiles [n_max - (s + 1) chunk, n_max - s chunk) of the tile's range (piece -1: whole). */
+/* Work item t: a whole tile (piece -1), or (SPLIT, t >= split_full) this CTA's piece of
+ * tail tile `piece`: the key tiles [n_min, n_max) of its share (split_params; an empty share:
+ * n_max <= n_min). */
 template <int BC, int BR, bool SPLIT, bool SHIFT = false, bool ROT = false>
 __device__ __forceinline__ tile_info decode_item(const fwd_params &p, const split_params &sp,
                                                  int t, int &piece) {
   if (SPLIT && t >= sp.split_full) {
-    const int u = t - sp.split_full, s = u % sp.splits;
-    tile_info ti = decode_tile<BC, BR>(p, sp.split_full + u / sp.splits);
-    const int hi = ti.n_max - s * sp.chunk;
-    ti.n_min = max(ti.n_min, hi - sp.chunk);
-    ti.n_max = hi;
-    piece = u;
+    const int u = t - sp.split_full, g = (int)gridDim.x;
+    const int lo = (u % g) * sp.len, hi = min(lo + sp.len, sp.units);
+    int r = lo / sp.n_it, k0 = lo - r * sp.n_it, k1 = min(hi - r * sp.n_it, sp.n_it);
+    if (u >= g) {   /* the next tile's piece */
+      r++;
+      k0 = 0;
+      k1 = hi - r * sp.n_it;
+    }
+    if (lo >= hi || k1 <= k0) r = k0 = k1 = 0;
+    tile_info ti = decode_tile<BC, BR>(p, sp.split_full + r);
+    ti.n_min = k0;
+    ti.n_max = k1;
+    piece = r;
     return ti;
   }
   piece = -1;
@@ -959,6 +979,70 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       }
     }
 
+    /* kFlSplit: a piece of a tail tile meets the tile's other pieces (split_params): all
+     * but the last to finish leave their partial and go on; the last merges them. */
+    if (SPLIT && piece >= 0) {
+      if (n_iters <= 0) continue;   /* an empty share (every consumer) */
+      float lq[2];                  /* the rows' sums over the quad */
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        lq[h] = l_r[h];
+        lq[h] += __shfl_xor_sync(0xffffffffu, lq[h], 1);
+        lq[h] += __shfl_xor_sync(0xffffffffu, lq[h], 2);
+      }
+      const int r = piece, b0 = r * sp.n_it / sp.len, b1 = ((r + 1) * sp.n_it - 1) / sp.len;
+      int *cnt = sp.cnt + 2 * (r * NC + c);
+      const bool last = named_sync_or(
+          kSplitBar + c, 128, t128 == 0 && atomicAdd(cnt, n_iters) + n_iters == sp.n_it);
+      if (!last) {
+        const int64_t slot = (int64_t)r * sp.pmax + ((int)blockIdx.x - b0);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const int rl = c * 64 + warp * 16 + g + 8 * h;   /* row in the tile */
+          float *prow = sp.part + (slot * BR + rl) * D + 2 * q4;
+#pragma unroll
+          for (int j = 0; j < D / 8; j++)   /* (never N96: no split with kFlPad) */
+            __stcg((float2 *)(prow + 8 * j),
+                   make_float2(o[(4 * j + 2 * h) % NO], o[(4 * j + 2 * h + 1) % NO]));
+          if (q4 == 0) __stcg(sp.ml + slot * BR + rl, make_float2(m_r[h], lq[h]));
+        }
+        __threadfence();
+        named_sync(kSplitBar + c, 128);
+        if (t128 == 0) atomicAdd(cnt + 1, n_iters);
+        continue;
+      }
+      if (t128 == 0) {   /* the others have finished: their partials are on the way */
+        while (ld_acquire_gpu(cnt + 1) != sp.n_it - n_iters) __nanosleep(32);
+        cnt[0] = 0;
+        cnt[1] = 0;
+      }
+      named_sync(kSplitBar + c, 128);
+      for (int b = b0; b <= b1; b++) {
+        if (b == (int)blockIdx.x) continue;
+        const int64_t slot = (int64_t)r * sp.pmax + (b - b0);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const int rl = c * 64 + warp * 16 + g + 8 * h;
+          const float2 ml = __ldcg(sp.ml + slot * BR + rl);
+          const float mn = fmaxf(m_r[h], ml.x);
+          const float a0 = m_r[h] == -INFINITY ? 0.f : exp2f((m_r[h] - mn) * cl2);
+          const float a1 = ml.x == -INFINITY ? 0.f : exp2f((ml.x - mn) * cl2);
+          m_r[h] = mn;
+          lq[h] = lq[h] * a0 + ml.y * a1;
+          const float *prow = sp.part + (slot * BR + rl) * D + 2 * q4;
+#pragma unroll
+          for (int j = 0; j < D / 8; j++) {
+            const float2 v = __ldcg((const float2 *)(prow + 8 * j));
+            const int i = (4 * j + 2 * h) % NO;
+            o[i] = o[i] * a0 + v.x * a1;
+            o[i + 1] = o[i + 1] * a0 + v.y * a1;
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; h++) l_r[h] = q4 == 0 ? lq[h] : 0.f;   /* the quad sum below */
+    }
+
     /* ---------------- epilogue: O / l, lse ---------------- */
     float inv[2], lse[2];
 #pragma unroll
@@ -969,22 +1053,6 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       if (m_r[h] == -INFINITY) l = 0.f;   /* no visible key (kFlPoly's guard, kept) */
       inv[h] = l > 0.f ? 1.f / l : 0.f;
       lse[h] = l > 0.f ? m_r[h] * p.scale + logf(l) : -INFINITY;
-      if (SPLIT) l_r[h] = l;
-    }
-    if (SPLIT && piece >= 0) {
-      /* A piece of a tail tile: O unnormalised, relative to the row max m_r (any reference
-       * max that P and l share: also the stale one of kFlResc), for the merge kernel. */
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int rl = c * 64 + warp * 16 + g + 8 * h;   /* row in the tile */
-        float *prow = sp.part + ((int64_t)piece * BR + rl) * D + 2 * q4;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-          *(float2 *)(prow + 8 * j) =   /* (never N96: no split with kFlPad) */
-              make_float2(o[(4 * j + 2 * h) % NO], o[(4 * j + 2 * h + 1) % NO]);
-        if (q4 == 0) sp.ml[(int64_t)piece * BR + rl] = make_float2(m_r[h], l_r[h]);
-      }
-      continue;
     }
     T *out = (T *)p.out + (int64_t)ti.batch * p.o_bs + (int64_t)ti.head * p.o_hs;
     if constexpr ((FL & kFlSt16) != 0) {
@@ -1034,48 +1102,6 @@ __global__ void attn_fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q,
                                      const __grid_constant__ CUtensorMap tm_v,
                                      const fwd_params p, const split_params sp) {}
 #endif
-
-/* kFlSplit: combines the pieces of each tail tile (unmasked calls only: the tile order is m
- * fastest, t = (batch * hq + head) * num_m + m). One warp per query row:
- * O = sum_s 2^((m_s - M) c) O_s / L, L = sum_s 2^((m_s - M) c) l_s, M = max_s m_s. */
-template <typename T, int D>
-__global__ void __launch_bounds__(128) attn_fwd_sm90_merge(const fwd_params p,
-                                                           const split_params sp, int br) {
-  constexpr int CW = D / 32;   /* columns per lane */
-  const int row_id = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n_tail = (sp.n_items - sp.split_full) / sp.splits;
-  if (row_id >= n_tail * br) return;
-  const int rt = row_id / br, i = row_id % br, tile = sp.split_full + rt;
-  const int m_block = tile % p.num_m, hb = tile / p.num_m, head = hb % p.hq, batch = hb / p.hq;
-  const int row = m_block * br + i;
-  if (row >= p.sq) return;
-  const float2 *ml = sp.ml + (int64_t)rt * sp.splits * br + i;
-  float mx = -INFINITY;
-  for (int s = lane; s < sp.splits; s += 32) mx = fmaxf(mx, ml[(int64_t)s * br].x);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  const float c = p.scale_log2;
-  float acc[CW], l = 0.f;
-#pragma unroll
-  for (int j = 0; j < CW; j++) acc[j] = 0.f;
-  for (int s = 0; s < sp.splits; s++) {
-    const float2 v = ml[(int64_t)s * br];
-    if (v.x == -INFINITY) continue;   /* a piece that saw no key of this row */
-    const float w = exp2f((v.x - mx) * c);
-    l += w * v.y;
-    const float *src = sp.part + ((int64_t)(rt * sp.splits + s) * br + i) * D + lane * CW;
-#pragma unroll
-    for (int j = 0; j < CW; j++) acc[j] += w * src[j];
-  }
-  const float inv = l > 0.f ? 1.f / l : 0.f;
-  T *dst = (T *)p.out + (int64_t)batch * p.o_bs + (int64_t)head * p.o_hs + (int64_t)row * p.o_ts +
-           lane * CW;
-#pragma unroll
-  for (int j = 0; j < CW; j++) dst[j] = from_f32<T>(acc[j] * inv);
-  if (p.lse && lane == 0)
-    p.lse[(int64_t)batch * p.l_bs + (int64_t)head * p.l_hs + (int64_t)row * p.l_ts] =
-        l > 0.f ? mx * p.scale + logf(l) : -INFINITY;
-}
 
 /* ---------------- host ---------------- */
 
@@ -1240,37 +1266,38 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
   }
   const unsigned grid = (unsigned)(persistent ? sms : n_tiles);
   /* kFlSplit: the rem = n_tiles % grid tiles of the last round of an unmasked persistent
-   * launch (all tiles cost the same) would run on rem SMs while the others idle; each is
-   * split instead into up to grid / rem pieces of whole key tiles, so that the last round
-   * takes every SM, and a merge kernel combines the pieces. */
+   * launch (all tiles cost the same) would run on rem SMs while the others idle; their key
+   * tiles are cut instead into equal shares of every CTA (split_params), the pieces of a
+   * tile merged in the kernel by the one that finishes it last. Needs the context's
+   * zeroed counters and scratch for the partials (none: no split). */
   split_params sp;
   memset(&sp, 0, sizeof sp);
   sp.split_full = sp.n_items = (int)n_tiles;
-  sp.splits = 1;
-  sp.chunk = 1 << 30;
-  int merge_rows = 0;
-  (void)merge_rows;
-  if constexpr ((FL & kFlSplit) != 0) {   /* (compiled only in experiment builds) */
+  if constexpr ((FL & kFlSplit) != 0) {
     constexpr int BR = fwd_cfg<NC>::br;
     const int rem = (int)(n_tiles % sms), n_it = (q.sk + BC - 1) / BC;
-    if (persistent && !masked && rem > 0) {
-      const int chunk = (n_it + sms / rem - 1) / (sms / rem);
-      const int splits = (n_it + chunk - 1) / chunk;
-      const size_t part_bytes = (size_t)rem * splits * BR * D * sizeof(float);
-      void *scr = NULL;   /* no scratch (OOM, nothing recorded): no split */
-      if (splits >= 2) {
+    if (persistent && !masked && rem > 0 && (int64_t)rem * n_it < (1 << 30)) {
+      const int units = rem * n_it;
+      const int len = max((units + sms - 1) / sms, (n_it + 3) / 4);
+      const int pmax = (n_it - 1) / len + 2;   /* the most CTAs that share a tile */
+      int *cnt = ot_cuda_split_counters(ctx, 2 * rem * NC);
+      const size_t part_bytes = (size_t)rem * pmax * BR * D * sizeof(float);
+      void *scr = NULL;
+      if (cnt) {
         const ot_status st = ot_cuda_scratch_try(
-            ctx, part_bytes + (size_t)rem * splits * BR * sizeof(float2), op, &scr);
+            ctx, part_bytes + (size_t)rem * pmax * BR * sizeof(float2), op, &scr);
         if (st != OT_OK) return st;
       }
-      if (scr) {
+      if (scr) {   /* (none, or out of memory with nothing recorded: no split) */
         sp.part = (float *)scr;
         sp.ml = (float2 *)((char *)scr + part_bytes);
+        sp.cnt = cnt;
         sp.split_full = (int)n_tiles - rem;
-        sp.splits = splits;
-        sp.chunk = chunk;
-        sp.n_items = sp.split_full + rem * splits;
-        merge_rows = rem * BR;
+        sp.n_items = sp.split_full + 2 * sms;
+        sp.n_it = n_it;
+        sp.len = len;
+        sp.units = units;
+        sp.pmax = pmax;
       }
     }
   }
@@ -1278,14 +1305,9 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
                                                                             maps[2], q, sp);
   OT_CUDA_CHECK_LAUNCH(op);
   last_plan = {NC, BC, (int)grid, FL,
-               (persistent ? 1 : 0) | (q.tile_ctr ? 2 : 0) | (masked ? 4 : 0), balance};
-  if constexpr ((FL & kFlSplit) != 0) {
-    if (merge_rows > 0) {
-      attn_fwd_sm90_merge<T, D><<<(merge_rows + 3) / 4, 128, 0, (cudaStream_t)ctx->stream>>>(
-          q, sp, fwd_cfg<NC>::br);
-      OT_CUDA_CHECK_LAUNCH(op);
-    }
-  }
+               (persistent ? 1 : 0) | (q.tile_ctr ? 2 : 0) | (masked ? 4 : 0) |
+                   (sp.cnt ? 8 : 0),
+               balance};
   return OT_OK;
 }
 
@@ -1304,13 +1326,13 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
  * dropped one by one (kFlShift first, the 16-byte stores, the pin, the skip, then the
- * narrow step, the tail split, the rescale threshold: drop[]'s order; kFlKsplit and kFlN96
+ * narrow step, the rescale threshold: drop[]'s order; kFlKsplit, the tail split and kFlN96
  * before all) until it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlKsplit, kFlN96, kFlStag, kFlShift, kFlSt16, kFlPin, kFlSkip,
-                             kFlNarrow | kFlNarrowW | kFlDiag, kFlSplit, kFlResc};
+  static const int drop[] = {kFlKsplit, kFlSplit, kFlN96, kFlStag, kFlShift, kFlSt16, kFlPin,
+                             kFlSkip, kFlNarrow | kFlNarrowW | kFlDiag, kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
 }
@@ -1355,11 +1377,11 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   } else if constexpr (X && D == 256) {         /* narrow: S 4k; 1k and 16k */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | narrow_bits(1), R | narrow_bits(4),
-                                            R | SK, R | PN, R | ST>());
+                                            R | SK, R | PN, R | ST, R | SP>());
   } else if constexpr (X && D == 128 && BC == 128) {   /* skip: the masked calls' tile */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | SK, R | DG, R | PN, R | ST, R | ST | SG,
-                                            R | PD, R | ST | PD>());
+                                            R | PD, R | ST | PD, R | ST | SP>());
   } else if constexpr (X && D == 64 && BC == 128 && NC == 2) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, SK, DG, PN, DG | PN, DG | PN | ST, DG | ST, ST,
@@ -1395,7 +1417,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
      * 16-byte one also with P V at N = 96 (kFlN96: its default; OT_ATTN_SM90_N96=0 off) */
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, R | ST, R | PD, R | ST | PD,
-                                            R | ST | PD | N96>());
+                                            R | ST | PD | N96, R | ST | SP>());
   } else if constexpr (D == 128 && BC == 128) {
     /* fp16: head dim 96 also with P V at N = 96 and the 16-byte stores (kFlN96's
      * instance, the default since 2026-12-03's twenty-fifth session: 1.04-1.18x R | PD;
@@ -1404,8 +1426,8 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                     fl_list<0, R, R | PD, R | ST | PD | N96>());
   } else if constexpr (D == 256 && !is_half<T>::value) {
     /* the threshold; bf16 with the 16-byte O stores too (D128 128-key and D256 masked
-     * calls: the default) */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | ST>());
+     * calls: the default), and with the tail split (unmasked calls) */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | ST, R | SP>());
   } else if constexpr (D == 256) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R>());
   } else {
@@ -1604,14 +1626,15 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   /* The partial first-visited key tile on a narrower key range (kFlTail, b3ee4d5's
    * OT_ATTN_SM90_TAIL=1) lost: D128 S = 4k 0.90x, 16k 0.95x, D256 S = 4k 1.01x, 16k 0.87x
    * (its kernels twice the size; cause not established); removed (code in b3ee4d5). */
-  /* OT_ATTN_SM90_SPLIT=1: split the tiles of the persistent launch's last, partial round
-   * along the keys (kFlSplit; unmasked calls; experiment builds only for now). */
-#ifdef OT_ATTN_SM90_EXPERIMENTS
-  const char *sp = sm90_knob(knobs, "OT_ATTN_SM90_SPLIT");
-  const int split = sp && sp[0] == '1' && !masked_call ? kFlSplit : 0;
-#else
-  const int split = 0;
-#endif
+  /* kFlSplit: the tiles of an unmasked persistent launch's last, partial round cut along
+   * the keys into equal shares of every CTA (launch(), split_params): D256 S 1k's 2048 tiles
+   * are 15 rounds of 132 and one of 68, D128's 4096 31 of 132 and one of 4. Compiled for
+   * bf16 D256 and D128's 128-key tile (with the threshold, and the 16-byte stores at
+   * D128; the 176-key tile in experiment builds). OT_ATTN_SM90_SPLIT=0|1 forces it off /
+   * on (on: unmasked calls where an instance is compiled). */
+  const char *spv = sm90_knob(knobs, "OT_ATTN_SM90_SPLIT");
+  const bool split_on = spv ? spv[0] == '1' : false;
+  const int split = split_on && !masked_call ? kFlSplit : 0;
   /* kFlNarrow: an unmasked call whose last key tile is partial runs that tile as a step of
    * its own over the compiled width at or above its keys (D128 176-key tile: 48; D256, in
    * experiment builds: 16 / 64), instead of a whole tile of Q K^T and P V. Default on for

@@ -90,6 +90,24 @@ __device__ __forceinline__ void named_sync(int id, int n) {
 __device__ __forceinline__ void named_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
+/* bar.red.or over the n threads of named barrier id: syncs them and returns whether any
+ * passed pred true */
+__device__ __forceinline__ bool named_sync_or(int id, int n, bool pred) {
+  uint32_t r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n"
+      " selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(r)
+      : "r"((uint32_t)pred), "r"(id), "r"(n)
+      : "memory");
+  return r != 0;
+}
+/* a GPU-scope acquire load (a counter another CTA releases) */
+__device__ __forceinline__ int ld_acquire_gpu(const int *p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 /* ldmatrix.x4 (four 8 x 8 b16 matrices) from a 32-bit shared-memory address, as the rest of
  * the sm_90 code addresses shared memory (attention.cuh's ldsm_x4 is the portable kernels'
  * form, from a generic pointer): r[j] holds matrix j, the address of lane l is row l % 8 of
