@@ -1757,14 +1757,16 @@ static void run_sm90_required(test_run *tr) {
      * tile boundary (GRID 10: 64 tiles, 4 left, 13 key tiles each over 10 CTAs, 6 a CTA;
      * GRID 7 at D128: 6 left of 8 key tiles, 7 a CTA), Sq < Sk with a partial key tile and
      * MQA (GRID 5), one key tile a tile (GRID 20: whole tiles as pieces, 12 CTAs without
-     * one), the whole chip at D256 (192 tiles), then the switch off (no bit) and fp16 (no
-     * instance: the plain kernel) */
+     * one), the whole chip at D256 (192 tiles), shares of sqrt(n_it / 2) key tiles (GRID 43:
+     * one tile left of 32 key tiles, 8 pieces of 4 merged by the last), then the switch off
+     * (no bit) and fp16 (no instance: the plain kernel) */
     static const acase sp[] = {
         {"cuda hopper-only split GRID 10 S1000 D256 GQA2 B2 (shares across tiles) fwd", 2, 1000, 1000, 4, 2, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
         {"cuda hopper-only split GRID 7 S1000 D128 H3 B2 (128-key tile) fwd", 2, 1000, 1000, 3, 3, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
         {"cuda hopper-only split GRID 5 Sq300 Sk1111 D256 MQA4 (partial key tile) scale 0.5 fwd", 1, 300, 1111, 4, 1, 256, 0, -1, -1, 0, 0.5f, 0, {0}, {0}, false, false, false},
         {"cuda hopper-only split GRID 20 Sq200 Sk100 D128 GQA4 B3 (one key tile a tile) fwd", 3, 200, 100, 8, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
         {"cuda hopper-only split S1024 D256 H8 B3 (192 tiles on every SM) fwd", 3, 1024, 1024, 8, 8, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only split GRID 43 Sq129 Sk4096 D128 H2 B11 (8 pieces a tile) fwd", 11, 129, 4096, 2, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     };
     env_saved on = env_set("OT_ATTN_SM90_SPLIT", "1");
     for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) {

@@ -227,8 +227,8 @@ struct fwd_params {
 /* kFlSplit (a kernel argument of its own, so that fwd_params and the code of the other
  * instances stay as they were). The rem = n_tiles - split_full tiles of an unmasked
  * persistent launch's last, partial round hold units = rem * n_it key tiles; CTA b takes
- * the units [b len, min((b + 1) len, units)) of them in order (len >= units / grid, and at
- * least n_it / 4 so that no tile has more than 5 pieces), which is at most two pieces
+ * the units [b len, min((b + 1) len, units)) of them in order (len >= units / grid, and
+ * at least sqrt(n_it / 2): see launch()), which is at most two pieces
  * (len <= n_it): work item split_full + b, the piece in the tile of its first unit, and
  * split_full + grid + b, the next tile's if its share reaches there (else empty); n_items =
  * split_full + 2 grid. The pieces of tail tile r meet per consumer warpgroup c at
@@ -1277,8 +1277,12 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
     constexpr int BR = fwd_cfg<NC>::br;
     const int rem = (int)(n_tiles % sms), n_it = (q.sk + BC - 1) / BC;
     if (persistent && !masked && rem > 0 && (int64_t)rem * n_it < (1 << 30)) {
+      /* len: every CTA's share, but no shorter than sqrt(n_it / 2) key tiles: the piece
+       * that finishes a tile reads the others' partials one after the other, each (64-128
+       * KB of fp32 from L2) costing about half a key tile's compute, so that a tile of n_it
+       * key tiles cut into n_it / len pieces ends after about len + n_it / (2 len) key tiles */
       const int units = rem * n_it;
-      const int len = max((units + sms - 1) / sms, (n_it + 3) / 4);
+      const int len = max((units + sms - 1) / sms, (int)ceil(sqrt(0.5 * n_it)));
       const int pmax = (n_it - 1) / len + 2;   /* the most CTAs that share a tile */
       int *cnt = ot_cuda_split_counters(ctx, 2 * rem * NC);
       const size_t part_bytes = (size_t)rem * pmax * BR * D * sizeof(float);
