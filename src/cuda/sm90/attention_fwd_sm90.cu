@@ -992,8 +992,14 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       }
       const int r = piece, b0 = r * sp.n_it / sp.len, b1 = ((r + 1) * sp.n_it - 1) / sp.len;
       int *cnt = sp.cnt + 2 * (r * NC + c);
-      const bool last = named_sync_or(
-          kSplitBar + c, 128, t128 == 0 && atomicAdd(cnt, n_iters) + n_iters == sp.n_it);
+      /* the same in every thread; through lane 0 so that ptxas sees it warp-uniform (a
+       * divergent continue here would cost the whole loop its uniform datapath) */
+      const bool last = __shfl_sync(0xffffffffu,
+                                    (int)named_sync_or(kSplitBar + c, 128,
+                                                       t128 == 0 && atomicAdd(cnt, n_iters) +
+                                                                            n_iters ==
+                                                                        sp.n_it),
+                                    0) != 0;
       if (!last) {
         const int64_t slot = (int64_t)r * sp.pmax + ((int)blockIdx.x - b0);
 #pragma unroll
