@@ -1375,6 +1375,70 @@ static void run_sm90_balance_model(test_run *tr) {
   tr_end(tr);
 }
 
+/* kFlSplit's shares, host only (the functions the kernel and launch() use): every key tile of
+ * every tail tile in exactly one piece, at most two pieces and len key tiles a CTA, the last
+ * round's longest share at most max(ceil(units / grid), ceil(sqrt(n_it / 2))) key tiles, and
+ * the CTAs split_ctas names for a tile exactly those holding a piece of it, within pmax slots */
+void ot_cuda_attn_sm90_split_shares(int n_tiles, int grid, int n_it, int *out);
+
+static void run_sm90_split_shares(test_run *tr) {
+  if (!tr_begin(tr, "attention sm90 tail split shares")) return;
+  static const int cs[][3] = {
+      /* n_tiles, grid, n_it: D256 S 1k / 4k, D128 S 1k / 4k / 16k on 132 CTAs, the C cases'
+       * GRID 10 / 7 / 5 / 20 / 43, one tile left, rem = grid - 1, one key tile, long keys */
+      {2048, 132, 13}, {2048, 132, 52}, {4096, 132, 8}, {4096, 132, 32}, {4096, 132, 128},
+      {64, 10, 13},    {48, 7, 8},      {12, 5, 14},    {48, 20, 1},     {44, 43, 32},
+      {133, 132, 7},   {263, 132, 9},   {300, 100, 1},  {40, 3, 1000},   {1000, 999, 3},
+  };
+  for (size_t i = 0; i < sizeof cs / sizeof cs[0] && !tr->case_failed; i++) {
+    const int nt = cs[i][0], g = cs[i][1], n_it = cs[i][2], rem = nt % g;
+    int *o = malloc(sizeof(int) * (size_t)(6 + 8 * g));
+    int *cover = calloc((size_t)(rem * n_it + 1), sizeof(int));
+    int *lo_b = malloc(sizeof(int) * (size_t)(rem + 1)), *hi_b = malloc(sizeof(int) * (size_t)(rem + 1));
+    if (!o || !cover || !lo_b || !hi_b) {
+      tr_fail(tr, "out of memory");
+    } else {
+      ot_cuda_attn_sm90_split_shares(nt, g, n_it, o);
+      const int len = o[3], pmax = o[5];
+      int want_len = (rem * n_it + g - 1) / g, s = 1;
+      while (s * s * 2 < n_it) s++;   /* ceil(sqrt(n_it / 2)) */
+      if (s > want_len) want_len = s;
+      if (o[0] != nt - rem || o[1] != nt - rem + 2 * g || o[2] != n_it || o[4] != rem * n_it ||
+          len != want_len)
+        tr_fail(tr, "row %zu: plan %d %d %d %d %d %d", i, o[0], o[1], o[2], o[3], o[4], o[5]);
+      for (int r = 0; r < rem; r++) lo_b[r] = g, hi_b[r] = -1;
+      for (int b = 0; b < g && !tr->case_failed; b++) {
+        int mine = 0;
+        for (int sl = 0; sl < 2; sl++) {
+          const int *p = o + 6 + 3 * (sl * g + b);
+          if (p[2] <= p[1]) continue;
+          if (p[0] < 0 || p[0] >= rem || p[1] < 0 || p[2] > n_it) {
+            tr_fail(tr, "row %zu: CTA %d slot %d: tile %d keys %d..%d", i, b, sl, p[0], p[1], p[2]);
+            break;
+          }
+          mine += p[2] - p[1];
+          for (int k = p[1]; k < p[2]; k++) cover[p[0] * n_it + k]++;
+          if (b < lo_b[p[0]]) lo_b[p[0]] = b;
+          if (b > hi_b[p[0]]) hi_b[p[0]] = b;
+        }
+        if (mine > len) tr_fail(tr, "row %zu: CTA %d holds %d key tiles (len %d)", i, b, mine, len);
+      }
+      for (int u = 0; u < rem * n_it && !tr->case_failed; u++)
+        if (cover[u] != 1) tr_fail(tr, "row %zu: key tile %d of tile %d in %d pieces", i, u % n_it, u / n_it, cover[u]);
+      for (int r = 0; r < rem && !tr->case_failed; r++) {
+        const int *c = o + 6 + 6 * g + 2 * r;
+        if (c[0] != lo_b[r] || c[1] != hi_b[r] || c[1] - c[0] + 1 > pmax)
+          tr_fail(tr, "row %zu: tile %d on CTAs %d..%d (holders %d..%d, pmax %d)", i, r, c[0], c[1], lo_b[r], hi_b[r], pmax);
+      }
+    }
+    free(o);
+    free(cover);
+    free(lo_b);
+    free(hi_b);
+  }
+  tr_end(tr);
+}
+
 /* After run_case: the last Hopper forward launched nc consumers on bc-key tiles (0: any), with
  * the variant bits fl_set and none of fl_clear, and the plan flags (1 persistent, 2 dynamic,
  * 4 masked) flags_set and none of flags_clear */
@@ -1832,6 +1896,7 @@ static void run(test_run *tr) {
   run_repeat_case(tr);
 #ifdef OT_TEST_CUDA
   if (!tr->be->is_cuda) run_sm90_balance_model(tr);   /* host only */
+  if (!tr->be->is_cuda) run_sm90_split_shares(tr);    /* host only */
 #endif
   if (tr->be->is_cuda) {
     for (size_t i = 0; i < sizeof cuda_cases / sizeof cuda_cases[0]; i++)

@@ -244,6 +244,42 @@ struct split_params {
   float2 *ml;     /* [rem pmax][BR] */
   int *cnt;       /* [rem NC][2], zero between launches */
 };
+/* launch()'s shares of the tail (n_tiles > grid): split_full, n_items, n_it, len, units and
+ * pmax of sp (the pointers left alone). len: every CTA's share, but no shorter than
+ * sqrt(n_it / 2) key tiles: the piece that finishes a tile reads the others' partials one
+ * after the other, each (64-128 KB of fp32 from L2) costing about half a key tile's compute,
+ * so that a tile of n_it key tiles cut into n_it / len pieces ends after about
+ * len + n_it / (2 len) key tiles. */
+static inline void split_plan(split_params &sp, int n_tiles, int grid, int n_it) {
+  const int rem = n_tiles % grid, units = rem * n_it;
+  sp.split_full = n_tiles - rem;
+  sp.n_items = sp.split_full + 2 * grid;
+  sp.n_it = n_it;
+  sp.units = units;
+  sp.len = max((units + grid - 1) / grid, (int)ceil(sqrt(0.5 * n_it)));
+  sp.pmax = (n_it - 1) / sp.len + 2;   /* the most CTAs that share a tile */
+}
+/* The piece of work item split_full + u (u < 2 grid): tail tile r, key tiles [k0, k1); an
+ * empty share: r = k0 = k1 = 0 */
+__host__ __device__ __forceinline__ void split_share(const split_params &sp, int u, int grid,
+                                                    int &r, int &k0, int &k1) {
+  const int lo = (u % grid) * sp.len, hi = min(lo + sp.len, sp.units);
+  r = lo / sp.n_it;
+  k0 = lo - r * sp.n_it;
+  k1 = min(hi - r * sp.n_it, sp.n_it);
+  if (u >= grid) {   /* the next tile's piece */
+    r++;
+    k0 = 0;
+    k1 = hi - r * sp.n_it;
+  }
+  if (lo >= hi || k1 <= k0) r = k0 = k1 = 0;
+}
+/* The CTAs b0 .. b1 that hold a piece of tail tile r (its partial slots r pmax + b - b0) */
+__host__ __device__ __forceinline__ void split_ctas(const split_params &sp, int r, int &b0,
+                                                   int &b1) {
+  b0 = r * sp.n_it / sp.len;
+  b1 = ((r + 1) * sp.n_it - 1) / sp.len;
+}
 
 /* a / b rounded toward -inf (b > 0) */
 __host__ __device__ __forceinline__ int floor_div(int a, int b) {
@@ -331,15 +367,8 @@ template <int BC, int BR, bool SPLIT, bool SHIFT = false, bool ROT = false>
 __device__ __forceinline__ tile_info decode_item(const fwd_params &p, const split_params &sp,
                                                  int t, int &piece) {
   if (SPLIT && t >= sp.split_full) {
-    const int u = t - sp.split_full, g = (int)gridDim.x;
-    const int lo = (u % g) * sp.len, hi = min(lo + sp.len, sp.units);
-    int r = lo / sp.n_it, k0 = lo - r * sp.n_it, k1 = min(hi - r * sp.n_it, sp.n_it);
-    if (u >= g) {   /* the next tile's piece */
-      r++;
-      k0 = 0;
-      k1 = hi - r * sp.n_it;
-    }
-    if (lo >= hi || k1 <= k0) r = k0 = k1 = 0;
+    int r, k0, k1;
+    split_share(sp, t - sp.split_full, (int)gridDim.x, r, k0, k1);
     tile_info ti = decode_tile<BC, BR>(p, sp.split_full + r);
     ti.n_min = k0;
     ti.n_max = k1;
@@ -990,7 +1019,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         lq[h] += __shfl_xor_sync(0xffffffffu, lq[h], 1);
         lq[h] += __shfl_xor_sync(0xffffffffu, lq[h], 2);
       }
-      const int r = piece, b0 = r * sp.n_it / sp.len, b1 = ((r + 1) * sp.n_it - 1) / sp.len;
+      const int r = piece;
+      int b0, b1;
+      split_ctas(sp, r, b0, b1);
       int *cnt = sp.cnt + 2 * (r * NC + c);
       /* the same in every thread; through lane 0 so that ptxas sees it warp-uniform (a
        * divergent continue here would cost the whole loop its uniform datapath) */
@@ -1283,13 +1314,10 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
     constexpr int BR = fwd_cfg<NC>::br;
     const int rem = (int)(n_tiles % sms), n_it = (q.sk + BC - 1) / BC;
     if (persistent && !masked && rem > 0 && (int64_t)rem * n_it < (1 << 30)) {
-      /* len: every CTA's share, but no shorter than sqrt(n_it / 2) key tiles: the piece
-       * that finishes a tile reads the others' partials one after the other, each (64-128
-       * KB of fp32 from L2) costing about half a key tile's compute, so that a tile of n_it
-       * key tiles cut into n_it / len pieces ends after about len + n_it / (2 len) key tiles */
-      const int units = rem * n_it;
-      const int len = max((units + sms - 1) / sms, (int)ceil(sqrt(0.5 * n_it)));
-      const int pmax = (n_it - 1) / len + 2;   /* the most CTAs that share a tile */
+      split_params plan;
+      memset(&plan, 0, sizeof plan);
+      split_plan(plan, (int)n_tiles, sms, n_it);
+      const int pmax = plan.pmax;
       int *cnt = ot_cuda_split_counters(ctx, 2 * rem * NC);
       const size_t part_bytes = (size_t)rem * pmax * BR * D * sizeof(float);
       void *scr = NULL;
@@ -1299,15 +1327,10 @@ static ot_status launch(ot_context *ctx, const ot_attention_args *a, const CUten
         if (st != OT_OK) return st;
       }
       if (scr) {   /* (none, or out of memory with nothing recorded: no split) */
+        sp = plan;
         sp.part = (float *)scr;
         sp.ml = (float2 *)((char *)scr + part_bytes);
         sp.cnt = cnt;
-        sp.split_full = (int)n_tiles - rem;
-        sp.n_items = sp.split_full + 2 * sms;
-        sp.n_it = n_it;
-        sp.len = len;
-        sp.units = units;
-        sp.pmax = pmax;
       }
     }
   }
@@ -1487,6 +1510,21 @@ extern "C" double ot_cuda_attn_sm90_static_balance(int num_m, int nhb, int sect,
                                                    int sk, int br, int bc, int wl, int wr,
                                                    int grid) {
   return ot::sm90::static_balance(num_m, nhb, sect, sq, sk, br, bc, wl, wr, grid);
+}
+
+/* (tests) kFlSplit's shares, host only: for n_tiles tiles of n_it key tiles on grid
+ * persistent CTAs, out[0..5] = split_full, n_items, n_it, len, units, pmax of launch()'s
+ * plan, then for each u < 2 grid (r, k0, k1) of split_share (3 ints each), then for each
+ * tail tile r < n_tiles % grid (b0, b1) of split_ctas; out holds 6 + 6 grid + 2 grid ints */
+extern "C" void ot_cuda_attn_sm90_split_shares(int n_tiles, int grid, int n_it, int *out) {
+  ot::sm90::split_params sp;
+  memset(&sp, 0, sizeof sp);
+  ot::sm90::split_plan(sp, n_tiles, grid, n_it);
+  const int v[6] = {sp.split_full, sp.n_items, sp.n_it, sp.len, sp.units, sp.pmax};
+  for (int i = 0; i < 6; i++) out[i] = v[i];
+  int *o = out + 6;
+  for (int u = 0; u < 2 * grid; u++, o += 3) ot::sm90::split_share(sp, u, grid, o[0], o[1], o[2]);
+  for (int r = 0; r < n_tiles % grid; r++, o += 2) ot::sm90::split_ctas(sp, r, o[0], o[1]);
 }
 
 extern "C" bool ot_cuda_attention_sm90_available(ot_context *ctx) {
