@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# scripts/device_split_quick.sh COMMIT -- the shortest device call for kFlSplit / kFlKsplit
+# (carry [".devcarry-ks"], packed as scripts/device_ksplit.sh says): their C cases, racecheck
+# on a kFlKsplit case and memcheck on a kFlSplit one, and a 2-round A/B at D64 / D256 S1k
+# full with cuDNN and flash in the same process. For a device budget of ~3 minutes; the full
+# call is scripts/device_ksplit.sh.
+set -uo pipefail
+COMMIT=${1:-unknown}
+OUT=${OUT:-/tmp/ot_split_out}
+mkdir -p "$OUT" /tmp/ks
+cd "$(dirname "$0")/.."
+tar xJf .devcarry-ks/ks.tar.xz -C /tmp/ks || exit 1
+export LD_LIBRARY_PATH=/tmp/ks/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+T=/tmp/ks/test_ops
+nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
+for f in "hopper-only split" "hopper-only ksplit"; do
+  timeout 45 $T --backend cuda --suite attention --filter "$f" >"$OUT/cases_${f##* }.log" 2>&1
+  echo "$f rc=$? $(tail -1 "$OUT/cases_${f##* }.log")"
+  grep -A3 "^FAIL" "$OUT/cases_${f##* }.log" | head -12
+done
+timeout 35 compute-sanitizer --tool racecheck --print-limit 5 $T --backend cuda --suite attention \
+  --filter "hopper-only ksplit S1024 D64 B2 (6" >"$OUT/race_ksplit.log" 2>&1
+echo "racecheck ksplit rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/race_ksplit.log" | tail -1)"
+timeout 35 compute-sanitizer --tool memcheck --print-limit 5 $T --backend cuda --suite attention \
+  --filter "hopper-only split GRID 10" >"$OUT/mem_split.log" 2>&1
+echo "memcheck split rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/mem_split.log" | tail -1)"
+A="--fwd-only --no-variants --rounds ${ROUNDS:-2} --shapes 32:32:32:1024:64,32:8:8:1024:256"
+AB="ks=OT_ATTN_SM90_KSPLIT:1,_full_only:1;sp=OT_ATTN_SM90_SPLIT:1,_full_only:1"
+# shellcheck disable=SC2086
+timeout "${ATTN_TIMEOUT:-60}" python3 bench/bench_attention.py --shim /tmp/ks/libattention_shim.so \
+  --bench $A --ab "$AB" --json "$OUT/attention_split_quick.json" --commit "$COMMIT" \
+  --command "scripts/device_split_quick.sh $COMMIT: bench_attention.py --bench $A --ab '$AB'" \
+  >"$OUT/bench.log" 2>&1
+echo "bench rc=$?"
+grep -E "^attention_fwd|^  ab" "$OUT/bench.log" | cut -c1-150
