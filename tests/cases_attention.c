@@ -1772,7 +1772,7 @@ static void run_sm90_required(test_run *tr) {
   }
   {
     /* kFlKsplit (0x200000, with kFlPin 0x8000; bf16 D64 unmasked calls on 3 consumers whose
-     * last query tile of a head holds at most 64 rows; opt-in, OT_ATTN_SM90_KSPLIT=1): that tile on all three
+     * last query tile of a head holds at most 64 rows; the default, OT_ATTN_SM90_KSPLIT unset): that tile on all three
      * consumers, each over every third key tile of the same 64 rows, merged in shared memory
      * by consumer 0, the heads' tiles rotated by round. S 1k (6 tiles, the last of 64 rows),
      * Sq < Sk with 40 rows left, Sq 17 over 33 key tiles (the last of one key: the mask),
@@ -1789,7 +1789,7 @@ static void run_sm90_required(test_run *tr) {
         {"cuda hopper-only ksplit GRID 3 Sq200 Sk700 D64 GQA2 B2 (merge buffer reused) fwd", 2, 200, 700, 4, 2, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
         {"cuda hopper-only ksplit GRID 5 S1024 D64 H8 (tiles rotated by round) fwd", 1, 1024, 1024, 8, 8, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     };
-    env_saved on = env_set("OT_ATTN_SM90_KSPLIT", "1");   /* off by default for now */
+    env_saved on = env_set("OT_ATTN_SM90_KSPLIT", NULL);   /* the default: on for bf16 D64 */
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
       run_case_grid(tr, &ks[i], DT_BF16);
 #ifdef OT_TEST_CUDA

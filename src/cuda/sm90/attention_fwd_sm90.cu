@@ -53,9 +53,11 @@
  * D128 128-key, D256 masked and D64 kFlDiag tiles, see the dispatch), OT_ATTN_SM90_STAG=0|1
  * (kFlStag: a turn round the consumers at each softmax, see the enum; default on for bf16
  * D64 kFlDiag tiles with kFlSt16 and D64 causal 3-consumer tiles with kFlSkip | kFlShift, see
- * the dispatch). Only in builds with
- * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md): OT_ATTN_SM90_SPLIT=1
- * (kFlSplit), kFlNarrow at D256; OT_ATTN_SM90_SKIP=1 (kFlSkip; measured slower,
+ * the dispatch), OT_ATTN_SM90_KSPLIT=0|1 (kFlKsplit: the last, short query tile of a head
+ * on all three consumers; default on for bf16 D64 unmasked 3-consumer calls, see the
+ * dispatch), OT_ATTN_SM90_SPLIT=1 (kFlSplit: the last round's tiles cut over every CTA; bf16
+ * D256 and D128 128-key, opt-in: measured mixed, see the dispatch). Only in builds with
+ * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md): kFlNarrow at D256; OT_ATTN_SM90_SKIP=1 (kFlSkip; measured slower,
  * docs/ATTENTION.md); kFlDiag at D128; kFlPin on the other tiles (D64 2 consumers, D128
  * 128-key, D256: measured, not used); kFlStag on the other defaults (measured 0.96-0.99x
  * there, 2026-12-02; D64 causal with kFlSkip alone 0.99x).
@@ -979,11 +981,11 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
               w[(NO + h) * 128] = m_r[h];
               w[(NO + 2 + h) * 128] = l_r[h];
             }
-            named_sync(kMergeFull, 128 * NC);
-            named_sync(kMergeFree, 128 * NC);
+            named_sync_div(kMergeFull, 128 * NC);
+            named_sync_div(kMergeFree, 128 * NC);
             continue;
           }
-          named_sync(kMergeFull, 128 * NC);
+          named_sync_div(kMergeFull, 128 * NC);
           const float *w1 = mb + t128, *w2 = mb + (NO + 4) * 128 + t128;
           float a0[2], a1[2], a2[2];
 #pragma unroll
@@ -1003,7 +1005,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
             const int h = (i >> 1) & 1;
             o[i] = a0[h] * o[i] + a1[h] * w1[i * 128] + a2[h] * w2[i * 128];
           }
-          named_sync(kMergeFree, 128 * NC);
+          named_sync_div(kMergeFree, 128 * NC);
         }
       }
     }
@@ -1044,7 +1046,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           if (q4 == 0) __stcg(sp.ml + slot * BR + rl, make_float2(m_r[h], lq[h]));
         }
         __threadfence();
-        named_sync(kSplitBar + c, 128);
+        named_sync_div(kSplitBar + c, 128);
         if (t128 == 0) atomicAdd(cnt + 1, n_iters);
         continue;
       }
@@ -1053,7 +1055,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         cnt[0] = 0;
         cnt[1] = 0;
       }
-      named_sync(kSplitBar + c, 128);
+      named_sync_div(kSplitBar + c, 128);
       for (int b = b0; b <= b1; b++) {
         if (b == (int)blockIdx.x) continue;
         const int64_t slot = (int64_t)r * sp.pmax + (b - b0);
@@ -1679,10 +1681,15 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
    * are 15 rounds of 132 and one of 68, D128's 4096 31 of 132 and one of 4. Compiled for
    * bf16 D256 and D128's 128-key tile (with the threshold, and the 16-byte stores at
    * D128; the 176-key tile in experiment builds). OT_ATTN_SM90_SPLIT=0|1 forces it off /
-   * on (on: unmasked calls where an instance is compiled). */
+   * on (on: unmasked calls where an instance is compiled). Off by default: measured on the
+   * H200 (2026-12-06, bench/results/attention_split_ksplit_ab.json) D256 S1k 0.973x / S4k
+   * 1.026x, D128 S1k 0.965x / S4k 1.006x the plain kernel, paired; on an H100
+   * (attention_split_default_h100.json) D256 S4k 0.966x, S16k 0.971x, D128 S4k 0.968x: the
+   * tile count's 2-3% is not there (cause not yet profiled). */
   const char *spv = sm90_knob(knobs, "OT_ATTN_SM90_SPLIT");
   const bool split_on = spv ? spv[0] == '1' : false;
-  const int split = split_on && !masked_call ? kFlSplit : 0;
+  /* (never at D64, which has no instance: there it would only turn kFlKsplit off) */
+  const int split = split_on && !masked_call && a->d != 64 ? kFlSplit : 0;
   /* kFlNarrow: an unmasked call whose last key tile is partial runs that tile as a step of
    * its own over the compiled width at or above its keys (D128 176-key tile: 48; D256, in
    * experiment builds: 16 / 64), instead of a whole tile of Q K^T and P V. Default on for
@@ -1890,11 +1897,12 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   {
     const char *ksv = sm90_knob(knobs, "OT_ATTN_SM90_KSPLIT");
     const int64_t tail = a->sq % br;
-    /* off by default: H100, 2026-12-06 (bench/results/attention_ksplit_h100.json) D64 S1k
-     * full 1.052x the plain kernel paired, but racecheck reports hazards between the merge
-     * buffer's writes (consumers 1, 2) and consumer 0's reads across the named barriers:
-     * not yet resolved */
-    const bool on = ksv ? ksv[0] == '1' : false;
+    /* on by default for bf16 D64 since the forty-second session: H200, paired against the
+     * plain kernel, D64 S1k full 1.066x and 1.067x in two calls, S4k 1.018x, S16k 1.002x
+     * (bench/results/attention_split_ksplit_ab.json, attention_ksplit_h200.json); H100 with
+     * it the default, OT_ATTN_SM90_KSPLIT=0 0.961x (attention_split_default_h100.json);
+     * memcheck, racecheck and synccheck clean (the merge's barriers non-aligned) */
+    const bool on = ksv ? ksv[0] == '1' : a->dtype == OT_BF16 && a->d == 64;
     if (on && nc == 3 && !masked_call && !split && tail > 0 && tail <= 64) ksplit = kFlKsplit;
   }
   const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag |

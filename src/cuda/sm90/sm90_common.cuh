@@ -87,6 +87,14 @@ template <int N> __device__ __forceinline__ void reg_fence(uint32_t *r) {
 __device__ __forceinline__ void named_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
+/* barrier.sync without .aligned: the same barrier for threads that may reach it with their
+ * warp diverged (after a branch on the lane, whose reconvergence ptxas may place past the
+ * barrier). bar.sync is barrier.sync.aligned, which requires every thread of the warp at
+ * the same instruction: compute-sanitizer synccheck reports "Divergent thread(s) in block"
+ * where a warp reaches it split (kFlKsplit's merge, 2026-12-06). */
+__device__ __forceinline__ void named_sync_div(int id, int n) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
 __device__ __forceinline__ void named_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
