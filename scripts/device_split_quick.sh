@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/device_split_quick.sh COMMIT -- the shortest device call for kFlSplit / kFlKsplit
 # (carry [".devcarry-ks"], packed as scripts/device_ksplit.sh says): their C cases, racecheck
-# on a kFlKsplit case and memcheck on a kFlSplit one, and a 2-round A/B at D64 / D256 S1k
+# on a kFlKsplit case and memcheck on a kFlSplit one, and a 2-round A/B at D64 / D256 / D128 S1k
 # full with cuDNN and flash in the same process. For a device budget of ~3 minutes; the full
 # call is scripts/device_ksplit.sh.
 set -uo pipefail
@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1
 T=/tmp/ks/test_ops
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
 for f in "hopper-only split" "hopper-only ksplit"; do
-  timeout 45 $T --backend cuda --suite attention --filter "$f" >"$OUT/cases_${f##* }.log" 2>&1
+  timeout 60 stdbuf -oL $T --backend cuda --suite attention --filter "$f" >"$OUT/cases_${f##* }.log" 2>&1
   echo "$f rc=$? $(tail -1 "$OUT/cases_${f##* }.log")"
   grep -A3 "^FAIL" "$OUT/cases_${f##* }.log" | head -12
 done
@@ -25,8 +25,11 @@ echo "racecheck ksplit rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/r
 timeout 35 compute-sanitizer --tool memcheck --print-limit 5 $T --backend cuda --suite attention \
   --filter "hopper-only split GRID 10" >"$OUT/mem_split.log" 2>&1
 echo "memcheck split rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/mem_split.log" | tail -1)"
-A="--fwd-only --no-variants --rounds ${ROUNDS:-2} --shapes 32:32:32:1024:64,32:8:8:1024:256"
-AB="ks=OT_ATTN_SM90_KSPLIT:1,_full_only:1;sp=OT_ATTN_SM90_SPLIT:1,_full_only:1"
+# kFlKsplit is the D64 default since be07c2d (ks0: off); kFlSplit opt-in (sp). --clocks:
+# the SM clock and board power of each entry (is the split's loss the power cap's? see
+# docs/ATTENTION.md "kFlSplit measured")
+A="--fwd-only --no-variants --clocks --rounds ${ROUNDS:-2} --shapes 32:32:32:1024:64,32:8:8:1024:256,32:16:16:1024:128"
+AB="ks0=OT_ATTN_SM90_KSPLIT:0,_full_only:1;sp=OT_ATTN_SM90_SPLIT:1,_full_only:1"
 # shellcheck disable=SC2086
 timeout "${ATTN_TIMEOUT:-60}" python3 bench/bench_attention.py --shim /tmp/ks/libattention_shim.so \
   --bench $A --ab "$AB" --json "$OUT/attention_split_quick.json" --commit "$COMMIT" \
