@@ -22,6 +22,9 @@ static const test_suite *const suites[] = {
 };
 
 int main(int argc, char **argv) {
+  /* line-buffered even into a file: a run cut by a time limit (the device scripts' timeout)
+   * still shows every FAIL line printed before the cut */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   test_run base;
   memset(&base, 0, sizeof base);
   const char *only_backend = NULL;
