@@ -10,6 +10,8 @@
  *   cc -O2 -shared -fPIC bench/attention_shim.c -Iinclude -Isrc -I<dlpack> \
  *      build/libops_transformer.a -lcudart -lcublasLt -lopenblas -lgomp -lm -lstdc++ \
  *      -o libattention_shim.so
+ *   shim_attn_fwd_trace: the Hopper forward's per-CTA, per-tile %globaltimer stamps of a
+ *     -DOT_FWD_TRACE build (ot_cuda_attn_fwd_trace; -1 in other builds).
  * dtype codes are the core's ot_dtype: 2 float16, 3 bfloat16.
  */
 #include <stdbool.h>
@@ -19,6 +21,16 @@
 #include "cuda/attention_sm90.h"
 
 #include "shim_common.h"
+
+/* only in a library built with -DOT_FWD_TRACE. Weak and hidden, as in decode_shim.c:
+ * resolved from the static library this shim is linked against, NULL where it has none. */
+int ot_cuda_attn_fwd_trace(unsigned long long *dst, int clear)
+    __attribute__((weak, visibility("hidden")));
+
+/* dst: 1024 x 64 x 4 x 4 u64 (or NULL); -1 when the library has no trace (a normal build) */
+SHIM_API int shim_attn_fwd_trace(void *dst, int clear) {
+  return ot_cuda_attn_fwd_trace ? ot_cuda_attn_fwd_trace((unsigned long long *)dst, clear) : -1;
+}
 
 static ot_attn_operand operand(void *p, const int64_t *st) {
   ot_attn_operand x;

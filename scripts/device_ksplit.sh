@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/device_ksplit.sh COMMIT -- one device call for the Hopper forward's kFlKsplit
-# (carry [".devcarry-ks"]: ks.tar.xz = test_ops of an sm_90a Release build, the attention
+# (carry [".devcarry-ks"], made by scripts/pack_ks.sh: ks.tar.xz = test_ops of an sm_90a Release build, the attention
 # shim bench/attention_shim.c linked against its libops_transformer.a, OpenBLAS and its
 # runtime libraries; made here:
 #   cmake -S . -B build-s -DCMAKE_BUILD_TYPE=Release -DOT_CUDA=ON -DOT_CUDA_ARCHS=90a

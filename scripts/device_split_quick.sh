@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/device_split_quick.sh COMMIT -- the shortest device call for kFlSplit / kFlKsplit
-# (carry [".devcarry-ks"], packed as scripts/device_ksplit.sh says): their C cases, racecheck
+# (carry [".devcarry-ks"], made by scripts/pack_ks.sh): their C cases, racecheck
 # on a kFlKsplit case and memcheck on a kFlSplit one, and a 2-round A/B at D64 / D256 / D128 S1k
 # full with cuDNN and flash in the same process. For a device budget of ~3 minutes; the full
 # call is scripts/device_ksplit.sh.
@@ -37,3 +37,12 @@ timeout "${ATTN_TIMEOUT:-60}" python3 bench/bench_attention.py --shim /tmp/ks/li
   >"$OUT/bench.log" 2>&1
 echo "bench rc=$?"
 grep -E "^attention_fwd|^  ab" "$OUT/bench.log" | cut -c1-150
+# the Hopper forward's per-tile stamps (scripts/pack_ks.sh's trace shim): where a tile's time
+# goes at D256 S1k against S4k (the same 2048 tiles), with the split beside the default
+if [ "${TRACE:-1}" = 1 ] && [ -f /tmp/ks/libattention_shim_trace.so ]; then
+  timeout "${TRACE_TIMEOUT:-90}" python3 bench/attn_fwd_trace.py \
+    --shim /tmp/ks/libattention_shim_trace.so --shapes 32:8:8:1024:256,8:8:8:4096:256,32:16:16:1024:128 \
+    --variants "sp=OT_ATTN_SM90_SPLIT:1" --json "$OUT/attn_fwd_trace.json" >"$OUT/trace.log" 2>&1
+  echo "trace rc=$?"
+  cut -c1-220 "$OUT/trace.log" | tail -8
+fi

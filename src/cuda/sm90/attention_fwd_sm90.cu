@@ -301,6 +301,11 @@ __host__ __device__ __forceinline__ void tile_keys(int row_first, int row_last, 
   if (wl >= 0) n_min = max(0, floor_div(row_first + off - wl, bc));
 }
 
+#ifdef OT_FWD_TRACE   /* (the stamps: OT_FWD_TRACE's comment above the kernel) */
+constexpr int kFwdTrCtas = 1024, kFwdTrItems = 64;
+__device__ unsigned long long fwd_tr_buf[kFwdTrCtas][kFwdTrItems][4][4];
+#endif
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 /* kFlResc: the threshold (log2 units): P and l stay below 2^8 times their exact-max values. */
@@ -380,6 +385,30 @@ __device__ __forceinline__ tile_info decode_item(const fwd_params &p, const spli
   piece = -1;
   return decode_tile<BC, BR, SHIFT, ROT>(p, t);
 }
+
+/* ---- OT_FWD_TRACE (a diagnostic build, -DOT_FWD_TRACE; other builds: no code): %globaltimer
+ * stamps of the forward kernel per CTA (< kFwdTrCtas) and work item (the CTA's i-th, <
+ * kFwdTrItems), in fwd_tr_buf[cta][item][w][k]: w = 0 the producer (k 0: EMPTY_Q passed, Q's
+ * load issued; 1: the first K load issued; 2: the last V load issued), w = 1 + c consumer c,
+ * its thread 0 (k 0: the item's top; 1: Q and the first K tile landed, before the prologue's
+ * turn; 2: the last P V completed, before the epilogue; 3: the epilogue's stores issued).
+ * 0 where not reached (kFlNarrow / kFlSkip / kFlKsplit tiles stamp k 1 only on the plain
+ * prologue). Read back with ot_cuda_attn_fwd_trace (bench/attn_fwd_trace.py). */
+#ifdef OT_FWD_TRACE
+__device__ __forceinline__ void fwd_tr(int item, int w, int k) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  if (blockIdx.x < kFwdTrCtas && item < kFwdTrItems) fwd_tr_buf[blockIdx.x][item][w][k] = t;
+}
+#define FWD_TR(cond, item, w, k) \
+  do {                            \
+    if (cond) fwd_tr(item, w, k); \
+  } while (0)
+#else
+#define FWD_TR(cond, item, w, k) \
+  do {                            \
+  } while (0)
+#endif
 
 template <typename T, int D, int BC, int NC, int FL>
 __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
@@ -474,10 +503,16 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       if (claimed == n_tiles - 1) atomicExch(p.tile_ctr, 0);
       return claimed < n_tiles - gs ? gs + claimed : n_tiles;
     };
+#ifdef OT_FWD_TRACE
+    int tr_i = -1;
+#endif
     for (int t0 = blockIdx.x; t0 < n_tiles; t0 = dyn ? resolve() : t0 + (int)gridDim.x) {
       int piece;
       const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT, KSPLIT>(p, sp, t0, piece);
       const int n_iters = ti.n_max - ti.n_min;
+#ifdef OT_FWD_TRACE
+      tr_i++;
+#endif
       if (n_iters <= 0) {
         if (dyn) {   /* no Q load: the id alone */
           claimed = atomicAdd(p.tile_ctr, 1);
@@ -491,6 +526,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
       const int kvh = ti.head / p.group;
       if (qn > 0) mbar_wait(bar(BAR_EMPTY_Q), (qn - 1) & 1);
       if (dyn) *tile_slot = t0;
+      FWD_TR(true, tr_i, 0, 0);
       mbar_expect_tx(bar(BAR_FULL_Q), (uint32_t)L::q_bytes);
       tma_load_tile<PAD>(s_base + L::q_off, &tm_q, bar(BAR_FULL_Q), ti.m_block * BR - rpad, BR,
                          ti.head, ti.batch);
@@ -502,6 +538,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           mbar_expect_tx(bar(BAR_FULL_K + s), (uint32_t)L::kv_bytes);
           tma_load_tile<PAD>(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s),
                              (ti.n_max - 1 - it) * BC, BC, kvh, ti.batch);
+          FWD_TR(it == 0, tr_i, 0, 1);
           if (dyn && it == max(n_iters - 2, 0)) claimed = atomicAdd(p.tile_ctr, 1);
         }
         if (it > 0) {
@@ -510,6 +547,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           mbar_expect_tx(bar(BAR_FULL_V + s), (uint32_t)L::kv_bytes);
           tma_load_tile<PAD>(s_base + L::v_off + s * L::kv_bytes, &tm_v, bar(BAR_FULL_V + s),
                              (ti.n_max - it) * BC, BC, kvh, ti.batch);
+          FWD_TR(it == n_iters, tr_i, 0, 2);
         }
       }
       kv += n_iters;
@@ -554,6 +592,9 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   float s[NS];   /* (here since kFlXT: inside the tile's block the default PTX differs) */
   uint32_t pr[NP];
 
+#ifdef OT_FWD_TRACE
+  int tr_i = -1;
+#endif
   for (int t0 = blockIdx.x; dyn || t0 < n_tiles; t0 += gridDim.x) {
     if (dyn) {   /* the tile the producer claimed (-1: none left) */
       mbar_wait(bar(BAR_FULL_Q), qn & 1);
@@ -565,6 +606,10 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     int piece;
     const tile_info ti = decode_item<BC, BR, SPLIT, SHIFT, KSPLIT>(p, sp, t0, piece);
     const int n_iters = ti.n_max - ti.n_min, n_max = ti.n_max;
+#ifdef OT_FWD_TRACE
+    tr_i++;
+#endif
+    FWD_TR(t128 == 0, tr_i, 1 + c, 0);
     if (dyn && n_iters <= 0) {   /* its id came with FULL_Q (no Q): the slot is read */
       release(bar(BAR_EMPTY_Q));
       qn++;
@@ -882,6 +927,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
         const int sk_ = kv_s % kStages, pk = (kv_s / kStages) & 1;
         mbar_wait(bar(BAR_FULL_Q), qn & 1);
         mbar_wait(bar(BAR_FULL_K + sk_), pk);
+        FWD_TR(t128 == 0, tr_i, 1 + c, 1);
         turn_wait();
         issue_qk(sk_);
         turn_pass();
@@ -1083,6 +1129,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
     }
 
     /* ---------------- epilogue: O / l, lse ---------------- */
+    FWD_TR(t128 == 0, tr_i, 1 + c, 2);
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -1128,6 +1175,7 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
               lse[h];
       }
     }
+    FWD_TR(t128 == 0, tr_i, 1 + c, 3);
   }
   /* consumer NC-1 arrived once more on consumer 0's turn barrier (at the start); STAG: and
    * on its exponential turn's */
@@ -1518,6 +1566,26 @@ extern "C" double ot_cuda_attn_sm90_static_balance(int num_m, int nhb, int sect,
  * persistent CTAs, out[0..5] = split_full, n_items, n_it, len, units, pmax of launch()'s
  * plan, then for each u < 2 grid (r, k0, k1) of split_share (3 ints each), then for each
  * tail tile r < n_tiles % grid (b0, b1) of split_ctas; out holds 6 + 6 grid + 2 grid ints */
+#ifdef OT_FWD_TRACE
+/* (OT_FWD_TRACE builds) the stamps of the launches since the last clear (OT_FWD_TRACE's
+ * comment above the kernel): dst (kFwdTrCtas x kFwdTrItems x 4 x 4 u64) or NULL; clear != 0
+ * zeroes them after the copy. Synchronizes the device. 0 on success. */
+extern "C" int ot_cuda_attn_fwd_trace(unsigned long long *dst, int clear) {
+  if (cudaDeviceSynchronize() != cudaSuccess) return -1;
+  if (dst && cudaMemcpyFromSymbol(dst, ot::sm90::fwd_tr_buf, sizeof ot::sm90::fwd_tr_buf) !=
+                 cudaSuccess)
+    return -1;
+  if (clear) {
+    void *a = NULL;
+    if (cudaGetSymbolAddress(&a, ot::sm90::fwd_tr_buf) != cudaSuccess ||
+        cudaMemset(a, 0, sizeof ot::sm90::fwd_tr_buf) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess)
+      return -1;
+  }
+  return 0;
+}
+#endif
+
 extern "C" void ot_cuda_attn_sm90_split_shares(int n_tiles, int grid, int n_it, int *out) {
   ot::sm90::split_params sp;
   memset(&sp, 0, sizeof sp);
