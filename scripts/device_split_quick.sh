@@ -14,7 +14,7 @@ export LD_LIBRARY_PATH=/tmp/ks/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 T=/tmp/ks/test_ops
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
-for f in "hopper-only split" "hopper-only ksplit"; do
+for f in "hopper-only split" "hopper-only ksplit" "hopper-only qpf"; do
   timeout 60 stdbuf -oL $T --backend cuda --suite attention --filter "$f" >"$OUT/cases_${f##* }.log" 2>&1
   echo "$f rc=$? $(tail -1 "$OUT/cases_${f##* }.log")"
   grep -A3 "^FAIL" "$OUT/cases_${f##* }.log" | head -12
@@ -28,10 +28,10 @@ echo "memcheck split rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/mem_split.log" | tail
 # kFlKsplit is the D64 default since be07c2d (ks0: off); kFlSplit opt-in (sp). --clocks:
 # the SM clock and board power of each entry (is the split's loss the power cap's? see
 # docs/ATTENTION.md "kFlSplit measured")
-A="--fwd-only --no-variants --clocks --rounds ${ROUNDS:-2} --shapes 32:32:32:1024:64,32:8:8:1024:256,32:16:16:1024:128"
-AB="ks0=OT_ATTN_SM90_KSPLIT:0,_full_only:1;sp=OT_ATTN_SM90_SPLIT:1,_full_only:1"
+A="--fwd-only --no-variants --clocks --rounds ${ROUNDS:-2} --shapes 32:32:32:1024:64,32:8:8:1024:256,32:16:16:1024:128,8:8:8:4096:256"
+AB="ks0=OT_ATTN_SM90_KSPLIT:0,_full_only:1;sp=OT_ATTN_SM90_SPLIT:1,_full_only:1;qp=OT_ATTN_SM90_QPF:1,_full_only:1"
 # shellcheck disable=SC2086
-timeout "${ATTN_TIMEOUT:-60}" python3 bench/bench_attention.py --shim /tmp/ks/libattention_shim.so \
+timeout "${ATTN_TIMEOUT:-100}" python3 bench/bench_attention.py --shim /tmp/ks/libattention_shim.so \
   --bench $A --ab "$AB" --json "$OUT/attention_split_quick.json" --commit "$COMMIT" \
   --command "scripts/device_split_quick.sh $COMMIT: bench_attention.py --bench $A --ab '$AB'" \
   >"$OUT/bench.log" 2>&1
@@ -42,7 +42,7 @@ grep -E "^attention_fwd|^  ab" "$OUT/bench.log" | cut -c1-150
 if [ "${TRACE:-1}" = 1 ] && [ -f /tmp/ks/libattention_shim_trace.so ]; then
   timeout "${TRACE_TIMEOUT:-90}" python3 bench/attn_fwd_trace.py \
     --shim /tmp/ks/libattention_shim_trace.so --shapes 32:8:8:1024:256,8:8:8:4096:256,32:16:16:1024:128 \
-    --variants "sp=OT_ATTN_SM90_SPLIT:1" --json "$OUT/attn_fwd_trace.json" >"$OUT/trace.log" 2>&1
+    --variants "sp=OT_ATTN_SM90_SPLIT:1;qp=OT_ATTN_SM90_QPF:1" --json "$OUT/attn_fwd_trace.json" >"$OUT/trace.log" 2>&1
   echo "trace rc=$?"
   cut -c1-220 "$OUT/trace.log" | tail -8
 fi

@@ -1855,6 +1855,39 @@ static void run_sm90_required(test_run *tr) {
 #endif
     env_restore(&on);
   }
+  {
+    /* kFlQpf (0x400000; OT_ATTN_SM90_QPF=1, bf16 D256 unmasked persistent calls): the
+     * producer prefetches the CTA's next tile's Q to L2 during the current one (a hint: the
+     * output is the plain kernel's). Several tiles a CTA with the last one's "next" past the
+     * tiles (GRID 5: 64 tiles), Sq < Sk with a partial key tile, the whole chip; then a
+     * causal call (masked: no bit) and fp16 (no instance) */
+    static const acase qp[] = {
+        {"cuda hopper-only qpf GRID 5 S1000 D256 GQA2 B2 (next tile's Q prefetched) fwd", 2, 1000, 1000, 4, 2, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only qpf GRID 3 Sq300 Sk1111 D256 MQA4 (partial key tile) fwd", 1, 300, 1111, 4, 1, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+        {"cuda hopper-only qpf S1024 D256 H8 B3 (192 tiles on every SM) fwd", 3, 1024, 1024, 8, 8, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
+    };
+    env_saved on = env_set("OT_ATTN_SM90_QPF", "1");
+    for (size_t i = 0; i < sizeof qp / sizeof qp[0]; i++) {
+      run_case_grid(tr, &qp[i], DT_BF16);
+#ifdef OT_TEST_CUDA
+      check_sm90_plan(tr, qp[i].name, 2, 0, 0x400000, 0, 1, 0);
+#endif
+    }
+    acase qc = qp[0];
+    qc.name = "cuda hopper-only qpf GRID 5 S1000 D256 GQA2 B2 causal (masked: no bit) fwd";
+    qc.causal = true;
+    run_case_grid(tr, &qc, DT_BF16);
+#ifdef OT_TEST_CUDA
+    check_sm90_plan(tr, qc.name, 2, 0, 0, 0x400000, 1, 0);
+#endif
+    acase qh = qp[0];
+    qh.name = "cuda hopper-only qpf GRID 5 S1000 D256 GQA2 B2 fp16 (no instance) fwd";
+    run_case_grid(tr, &qh, DT_F16);
+#ifdef OT_TEST_CUDA
+    check_sm90_plan(tr, qh.name, 2, 0, 0, 0x400000, 1, 0);
+#endif
+    env_restore(&on);
+  }
 #ifdef OT_TEST_CUDA
   {
     /* unmasked D128 past Sk 2048: the 128-key tile by default since the twenty-seventh

@@ -164,6 +164,13 @@ enum {
                       * since 2026-12-03 (1.00-1.05x the N = 128 kernel; tests 'pad96 n96'
                       * exact); fp16's instance the default too (1.04-1.18x R | PD);
                       * OT_ATTN_SM90_N96=0 turns it off */
+  kFlQpf = 0x400000, /* static persistent launches: the producer prefetches the CTA's next
+                      * tile's Q to L2 (cp.async.bulk.prefetch.tensor) once the current
+                      * tile's first K load is issued, so that the Q load at the tile
+                      * boundary, issued only after both consumers' last Q K^T and by every
+                      * CTA at once in a static round, reads L2 instead of HBM (D256 S 1k's
+                      * per-tile cost, docs/ATTENTION.md; opt-in OT_ATTN_SM90_QPF=1, bf16
+                      * D256 only, not measured yet) */
   kFlKsplit = 0x200000, /* 3 consumers, unmasked: a query tile with at most 64 rows before Sq
                          * (the last of a head where 192 does not divide Sq by more than
                          * 128 rows: S 1k / 4k / 16k leave 64) runs on all three consumer
@@ -438,6 +445,8 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
   constexpr bool SHIFT = (FL & kFlShift) != 0;
   constexpr bool STAG = (FL & kFlStag) != 0;
   constexpr bool KSPLIT = (FL & kFlKsplit) != 0;
+  constexpr bool QPF = (FL & kFlQpf) != 0;
+  static_assert(!QPF || !SPLIT, "kFlQpf is not compiled with kFlSplit");
   static_assert(!KSPLIT || (NC == 3 && !SPLIT && !NARROW && !SKIP && !SHIFT && !STAG &&
                             (FL & kFlPad) == 0),
                 "kFlKsplit: 3 consumers, not with the split, narrow, skip, shift, stag, pad bits");
@@ -539,6 +548,15 @@ __global__ void __launch_bounds__(fwd_cfg<NC>::threads, 1)
           tma_load_tile<PAD>(s_base + L::k_off + s * L::kv_bytes, &tm_k, bar(BAR_FULL_K + s),
                              (ti.n_max - 1 - it) * BC, BC, kvh, ti.batch);
           FWD_TR(it == 0, tr_i, 0, 1);
+          if constexpr (QPF) {   /* the next tile's Q to L2 (static round-robin only) */
+            if (it == 0 && !dyn && t0 + (int)gridDim.x < n_tiles) {
+              int pn;
+              const tile_info tn =
+                  decode_item<BC, BR, SPLIT, SHIFT, KSPLIT>(p, sp, t0 + (int)gridDim.x, pn);
+              if (tn.n_max > tn.n_min)
+                tma_prefetch_tile<PAD>(&tm_q, tn.m_block * BR - rpad, tn.head, tn.batch);
+            }
+          }
           if (dyn && it == max(n_iters - 2, 0)) claimed = atomicAdd(p.tile_ctr, 1);
         }
         if (it > 0) {
@@ -1409,12 +1427,12 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 }
 /* Runs the instance with the bits fl, or, where that one is not compiled, with fl's bits
  * dropped one by one (kFlShift first, the 16-byte stores, the pin, the skip, then the
- * narrow step, the rescale threshold: drop[]'s order; kFlKsplit, the tail split and kFlN96
- * before all) until it is. */
+ * narrow step, the rescale threshold: drop[]'s order; the Q prefetch, kFlKsplit, the tail
+ * split and kFlN96 before all) until it is. */
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlKsplit, kFlSplit, kFlN96, kFlStag, kFlShift, kFlSt16, kFlPin,
+  static const int drop[] = {kFlQpf, kFlKsplit, kFlSplit, kFlN96, kFlStag, kFlShift, kFlSt16, kFlPin,
                              kFlSkip, kFlNarrow | kFlNarrowW | kFlDiag, kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
@@ -1451,7 +1469,7 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
   constexpr int R = kFlResc, SP = kFlSplit, SK = kFlSkip;
   constexpr int DG = kFlDiag | narrow_bits(4);   /* per-warpgroup narrow step, 64 keys */
   constexpr int PN = kFlPin, ST = kFlSt16, SH = kFlShift, SG = kFlStag, PD = kFlPad;
-  constexpr int N96 = kFlN96, KS = kFlKsplit;
+  constexpr int N96 = kFlN96, KS = kFlKsplit, QP = kFlQpf;
   if constexpr (X && D == 128 && BC == 176) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
                                     fl_list<0, R, SP, narrow_bits(3), R | narrow_bits(3),
@@ -1509,8 +1527,10 @@ static ot_status launch_fl(ot_context *ctx, const ot_attention_args *a, const CU
                                     fl_list<0, R, R | PD, R | ST | PD | N96>());
   } else if constexpr (D == 256 && !is_half<T>::value) {
     /* the threshold; bf16 with the 16-byte O stores too (D128 128-key and D256 masked
-     * calls: the default), and with the tail split (unmasked calls) */
-    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R, R | ST, R | SP>());
+     * calls: the default), with the tail split (unmasked calls), and with the next tile's Q
+     * prefetched to L2 (unmasked calls, OT_ATTN_SM90_QPF=1) */
+    return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl,
+                                    fl_list<0, R, R | ST, R | SP, R | QP>());
   } else if constexpr (D == 256) {
     return launch_sel<T, D, BC, NC>(ctx, a, maps, p, fl, fl_list<0, R>());
   } else {
@@ -1973,8 +1993,14 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
     const bool on = ksv ? ksv[0] == '1' : a->dtype == OT_BF16 && a->d == 64;
     if (on && nc == 3 && !masked_call && !split && tail > 0 && tail <= 64) ksplit = kFlKsplit;
   }
+  /* kFlQpf: the producer prefetches the CTA's next tile's Q to L2 during the current tile
+   * (static persistent launches: unmasked calls). Compiled for bf16 D256 with the threshold
+   * (R | QPF); opt-in, OT_ATTN_SM90_QPF=1, until measured (the per-tile cost of D256 S 1k,
+   * docs/ATTENTION.md). */
+  const char *qpv = sm90_knob(knobs, "OT_ATTN_SM90_QPF");
+  const int qpf = qpv && qpv[0] == '1' && !masked_call && !split ? kFlQpf : 0;
   const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag |
-                 (pad96 ? kFlPad : 0) | n96 | ksplit;
+                 (pad96 ? kFlPad : 0) | n96 | ksplit | qpf;
   *handled = true;
   return a->dtype == OT_BF16 ? dispatch<__nv_bfloat16>(ctx, a, maps, &call, small_tile, nc, fl)
                              : dispatch<__half>(ctx, a, maps, &call, small_tile, nc, fl);

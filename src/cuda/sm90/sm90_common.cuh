@@ -64,6 +64,31 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap *m
     tma_load_5d(dst, map, bar, 0, row, 0, h, b);
   }
 }
+/* An L2 prefetch of the tile tma_load_tile(.., row, rows, h, b) would load (no shared
+ * memory, no barrier: cp.async.bulk.prefetch.tensor, a hint the TMA unit carries out) */
+__device__ __forceinline__ void tma_prefetch_5d(const CUtensorMap *map, int c0, int c1, int c2,
+                                                int c3, int c4) {
+  asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];" ::"l"(
+                   (uint64_t)map),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+               : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap *map, int c0, int c1, int c2,
+                                                int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(
+                   (uint64_t)map),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+template <bool PAD>
+__device__ __forceinline__ void tma_prefetch_tile(const CUtensorMap *map, int row, int h, int b) {
+  if constexpr (PAD) {
+    tma_prefetch_4d(map, 0, row, h, b);
+    tma_prefetch_4d(map, 64, row, h, b);
+  } else {
+    tma_prefetch_5d(map, 0, row, 0, h, b);
+  }
+}
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
