@@ -57,10 +57,12 @@
  * on all three consumers; default on for bf16 D64 unmasked 3-consumer calls, see the
  * dispatch), OT_ATTN_SM90_SPLIT=1 (kFlSplit: the last round's tiles cut over every CTA; bf16
  * D256 and D128 128-key, opt-in: measured mixed, see the dispatch). Only in builds with
- * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md): kFlNarrow at D256; OT_ATTN_SM90_SKIP=1 (kFlSkip; measured slower,
- * docs/ATTENTION.md); kFlDiag at D128; kFlPin on the other tiles (D64 2 consumers, D128
- * 128-key, D256: measured, not used); kFlStag on the other defaults (measured 0.96-0.99x
- * there, 2026-12-02; D64 causal with kFlSkip alone 0.99x).
+ * -DOT_ATTN_SM90_EXPERIMENTS (bf16; measured slower, docs/ATTENTION.md): kFlNarrow at D256;
+ * OT_ATTN_SM90_SKIP=1 (kFlSkip; measured slower, docs/ATTENTION.md); kFlDiag at D128;
+ * kFlPin on the other tiles (D64 2 consumers, D128 128-key, D256: measured, not used);
+ * kFlStag on the other defaults (measured 0.96-0.99x there, 2026-12-02; D64 causal with
+ * kFlSkip alone 0.99x). OT_ATTN_SM90_QPF=1 (kFlQpf: the next tile's Q prefetched to L2;
+ * bf16 D256, opt-in, see the dispatch).
  *
  * Not covered here (handled = false; the portable kernel runs): varlen, softcap, head dims
  * other than 64/128/256, fp32, strides TMA cannot express (16-byte multiples), devices
@@ -1432,8 +1434,9 @@ static ot_status launch_in(ot_context *ctx, const ot_attention_args *a, const CU
 template <typename T, int D, int BC, int NC, int... F>
 static ot_status launch_sel(ot_context *ctx, const ot_attention_args *a, const CUtensorMap *maps,
                             const fwd_call *p, int fl, fl_list<F...> l) {
-  static const int drop[] = {kFlQpf, kFlKsplit, kFlSplit, kFlN96, kFlStag, kFlShift, kFlSt16, kFlPin,
-                             kFlSkip, kFlNarrow | kFlNarrowW | kFlDiag, kFlResc};
+  static const int drop[] = {kFlQpf,   kFlKsplit, kFlSplit, kFlN96,
+                             kFlStag,  kFlShift,  kFlSt16,  kFlPin,
+                             kFlSkip,  kFlNarrow | kFlNarrowW | kFlDiag, kFlResc};
   for (int i = 0; i < (int)(sizeof drop / sizeof drop[0]) && !fl_has(fl, l); i++) fl &= ~drop[i];
   return launch_in<T, D, BC, NC>(ctx, a, maps, p, fl, l);
 }
