@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# scripts/device_split_quick.sh COMMIT -- the shortest device call for kFlSplit / kFlKsplit
-# (carry [".devcarry-ks"], made by scripts/pack_ks.sh): their C cases, racecheck
-# on a kFlKsplit case and memcheck on a kFlSplit one, and a 2-round A/B at D64 / D256 / D128 S1k
-# full with cuDNN and flash in the same process. For a device budget of ~3 minutes; the full
+# scripts/device_split_quick.sh COMMIT -- the shortest device call for kFlSplit / kFlKsplit /
+# kFlQpf (carry [".devcarry-ks"], made by scripts/pack_ks.sh): their C cases, racecheck on a
+# kFlKsplit case and memcheck on a kFlSplit one, a 2-round A/B at D64 / D256 / D128 S1k and
+# D256 S4k full with cuDNN and flash in the same process and the clocks of each entry, and
+# the per-tile trace (bench/attn_fwd_trace.py). For a device budget of ~4 minutes; the full
 # call is scripts/device_ksplit.sh.
 set -uo pipefail
 COMMIT=${1:-unknown}
@@ -25,9 +26,9 @@ echo "racecheck ksplit rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/r
 timeout 35 compute-sanitizer --tool memcheck --print-limit 5 $T --backend cuda --suite attention \
   --filter "hopper-only split GRID 10" >"$OUT/mem_split.log" 2>&1
 echo "memcheck split rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/mem_split.log" | tail -1)"
-# kFlKsplit is the D64 default since be07c2d (ks0: off); kFlSplit opt-in (sp). --clocks:
-# the SM clock and board power of each entry (is the split's loss the power cap's? see
-# docs/ATTENTION.md "kFlSplit measured")
+# kFlKsplit is the D64 default since be07c2d (ks0: off); kFlSplit (sp) and kFlQpf (qp)
+# opt-in. --clocks: the SM clock and board power of each entry (per-clock rates, as in
+# docs/ATTENTION.md "What the same record says about D256 S 1k")
 A="--fwd-only --no-variants --clocks --rounds ${ROUNDS:-2} --shapes 32:32:32:1024:64,32:8:8:1024:256,32:16:16:1024:128,8:8:8:4096:256"
 AB="ks0=OT_ATTN_SM90_KSPLIT:0,_full_only:1;sp=OT_ATTN_SM90_SPLIT:1,_full_only:1;qp=OT_ATTN_SM90_QPF:1,_full_only:1"
 # shellcheck disable=SC2086
