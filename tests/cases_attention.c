@@ -1468,6 +1468,18 @@ static void check_sm90_auto_plan(test_run *tr, const char *name) {
 }
 #endif
 
+/* run_case_grid, then (CUDA builds) check_sm90_plan of the launch it made, with the masks
+ * given: nc / bc (0: any), variant bits set / clear, plan flags set / clear */
+static void run_case_plan(test_run *tr, const acase *c, DLDataType dt, int nc, int bc,
+                          int fl_set, int fl_clear, int flags_set, int flags_clear) {
+  run_case_grid(tr, c, dt);
+#ifdef OT_TEST_CUDA
+  check_sm90_plan(tr, c->name, nc, bc, fl_set, fl_clear, flags_set, flags_clear);
+#else
+  (void)nc, (void)bc, (void)fl_set, (void)fl_clear, (void)flags_set, (void)flags_clear;
+#endif
+}
+
 /* run_case on a copy of *c named "cuda hopper-only TAG REST", REST being c's name after
  * that prefix (all of it where it has none): the same case again under another switch. */
 static void run_tagged(test_run *tr, const acase *c, const char *tag, DLDataType dt) {
@@ -1790,26 +1802,16 @@ static void run_sm90_required(test_run *tr) {
         {"cuda hopper-only ksplit GRID 5 S1024 D64 H8 (tiles rotated by round) fwd", 1, 1024, 1024, 8, 8, 64, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     };
     env_saved on = env_set("OT_ATTN_SM90_KSPLIT", NULL);   /* the default: on for bf16 D64 */
-    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
-      run_case_grid(tr, &ks[i], DT_BF16);
-#ifdef OT_TEST_CUDA
-      check_sm90_plan(tr, ks[i].name, 3, 128, 0x200000 | 0x8000, 0, 0, 0);
-#endif
-    }
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+      run_case_plan(tr, &ks[i], DT_BF16, 3, 128, 0x200000 | 0x8000, 0, 0, 0);
     env_saved off = env_set("OT_ATTN_SM90_KSPLIT", "0");
     acase k0 = ks[0];
     k0.name = "cuda hopper-only ksplit=0 S1024 D64 B2 (the plain kernel) fwd";
-    run_case(tr, &k0, DT_BF16);
-#ifdef OT_TEST_CUDA
-    check_sm90_plan(tr, k0.name, 3, 128, 0x8000, 0x200000, 0, 0);
-#endif
+    run_case_plan(tr, &k0, DT_BF16, 3, 128, 0x8000, 0x200000, 0, 0);
     env_restore(&off);
     acase kh = ks[0];
     kh.name = "cuda hopper-only ksplit S1024 D64 B2 fp16 (no instance) fwd";
-    run_case(tr, &kh, DT_F16);
-#ifdef OT_TEST_CUDA
-    check_sm90_plan(tr, kh.name, 3, 128, 0, 0x200000, 0, 0);
-#endif
+    run_case_plan(tr, &kh, DT_F16, 3, 128, 0, 0x200000, 0, 0);
     env_restore(&on);
   }
   {
@@ -1833,26 +1835,16 @@ static void run_sm90_required(test_run *tr) {
         {"cuda hopper-only split GRID 43 Sq129 Sk4096 D128 H2 B11 (8 pieces a tile) fwd", 11, 129, 4096, 2, 2, 128, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     };
     env_saved on = env_set("OT_ATTN_SM90_SPLIT", "1");
-    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) {
-      run_case_grid(tr, &sp[i], DT_BF16);
-#ifdef OT_TEST_CUDA
-      check_sm90_plan(tr, sp[i].name, 2, 0, 0x8, 0, 1 | 8, 0);
-#endif
-    }
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++)
+      run_case_plan(tr, &sp[i], DT_BF16, 2, 0, 0x8, 0, 1 | 8, 0);
     env_saved off = env_set("OT_ATTN_SM90_SPLIT", "0");
     acase s0 = sp[0];
     s0.name = "cuda hopper-only split=0 GRID 10 S1000 D256 GQA2 B2 (the plain kernel) fwd";
-    run_case_grid(tr, &s0, DT_BF16);
-#ifdef OT_TEST_CUDA
-    check_sm90_plan(tr, s0.name, 2, 0, 0, 0x8, 1, 8);
-#endif
+    run_case_plan(tr, &s0, DT_BF16, 2, 0, 0, 0x8, 1, 8);
     env_restore(&off);
     acase sh = sp[0];
     sh.name = "cuda hopper-only split GRID 10 S1000 D256 GQA2 B2 fp16 (no instance) fwd";
-    run_case_grid(tr, &sh, DT_F16);
-#ifdef OT_TEST_CUDA
-    check_sm90_plan(tr, sh.name, 2, 0, 0, 0x8, 1, 8);
-#endif
+    run_case_plan(tr, &sh, DT_F16, 2, 0, 0, 0x8, 1, 8);
     env_restore(&on);
   }
   {
@@ -1867,25 +1859,15 @@ static void run_sm90_required(test_run *tr) {
         {"cuda hopper-only qpf S1024 D256 H8 B3 (192 tiles on every SM) fwd", 3, 1024, 1024, 8, 8, 256, 0, -1, -1, 0, 0, 0, {0}, {0}, false, false, false},
     };
     env_saved on = env_set("OT_ATTN_SM90_QPF", "1");
-    for (size_t i = 0; i < sizeof qp / sizeof qp[0]; i++) {
-      run_case_grid(tr, &qp[i], DT_BF16);
-#ifdef OT_TEST_CUDA
-      check_sm90_plan(tr, qp[i].name, 2, 0, 0x400000, 0, 1, 0);
-#endif
-    }
+    for (size_t i = 0; i < sizeof qp / sizeof qp[0]; i++)
+      run_case_plan(tr, &qp[i], DT_BF16, 2, 0, 0x400000, 0, 1, 0);
     acase qc = qp[0];
     qc.name = "cuda hopper-only qpf GRID 5 S1000 D256 GQA2 B2 causal (masked: no bit) fwd";
     qc.causal = true;
-    run_case_grid(tr, &qc, DT_BF16);
-#ifdef OT_TEST_CUDA
-    check_sm90_plan(tr, qc.name, 2, 0, 0, 0x400000, 1, 0);
-#endif
+    run_case_plan(tr, &qc, DT_BF16, 2, 0, 0, 0x400000, 1, 0);
     acase qh = qp[0];
     qh.name = "cuda hopper-only qpf GRID 5 S1000 D256 GQA2 B2 fp16 (no instance) fwd";
-    run_case_grid(tr, &qh, DT_F16);
-#ifdef OT_TEST_CUDA
-    check_sm90_plan(tr, qh.name, 2, 0, 0, 0x400000, 1, 0);
-#endif
+    run_case_plan(tr, &qh, DT_F16, 2, 0, 0, 0x400000, 1, 0);
     env_restore(&on);
   }
 #ifdef OT_TEST_CUDA
