@@ -825,6 +825,22 @@ OT_API ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv,
                               const DLTensor *q_out);
 
 /*
+ * The prefill form of ot_kv_append: RoPE on q and k and the scatter of k and v into
+ * their pages in one call, with the rotated k ALSO written to k_out (which may be k_new
+ * itself, in place), for an attention that reads the prompt's keys from the dense
+ * buffer rather than from the pages. rope is required; every other argument is
+ * ot_kv_append's. k_out: [T_new, heads_kv, head_dim] in the pages' dtype, rows may be
+ * strided; k_new itself (the same view) or sharing no memory with any other argument;
+ * NULL: exactly ot_kv_append. Bit for bit: the pages' k and k_out hold what
+ * ot_rope_forward gives, q_out likewise. On CUDA one kernel reads q, k and v once.
+ */
+OT_API ot_status ot_rope_kv_append(ot_context *ctx, const ot_rope_params *rope,
+                                   const ot_paged_kv *kv, const DLTensor *cu_seqlens_new,
+                                   const DLTensor *k_new, const DLTensor *v_new,
+                                   const DLTensor *positions, const DLTensor *q,
+                                   const DLTensor *q_out, const DLTensor *k_out);
+
+/*
  * Attention of new query tokens over the keys and values in the page table: decode
  * (1 or a few query tokens per sequence, e.g. speculative decoding) and chunked prefill
  * (a chunk of new tokens, already appended, attending to the cached context and to

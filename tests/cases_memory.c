@@ -1375,16 +1375,19 @@ static void paged_splits(test_run *tr) {
 /* ot_kv_append: the new tokens' slots hold k (rotated when asked, bit for bit what
  * ot_rope_forward gives) and v; every other element of the pages is unchanged. Head dim
  * d, rotary dim rd; with_q 1: q rotated into q_out, 2: in place; strided 1: k / v rows
- * of d + 5 (off 16 bytes: CUDA's scalar kernel), 2: of d + 8 (aligned, not contiguous). */
-static void append_case_d(test_run *tr, DLDataType dt, int bs, int rope_mode, int with_q,
-                          bool explicit_pos, int strided, int d, int rd) {
+ * of d + 5 (off 16 bytes: CUDA's scalar kernel), 2: of d + 8 (aligned, not contiguous).
+ * kout (with rope): ot_rope_kv_append, the rotated k also into 1: a contiguous k_out
+ * (poisoned first), 2: k_new itself, in place (the pages must hold k rotated once). */
+static void append_case_k(test_run *tr, DLDataType dt, int bs, int rope_mode, int with_q,
+                          bool explicit_pos, int strided, int d, int rd, int kout) {
   char dims[32] = "";
   if (d != 16 || rd != 12) snprintf(dims, sizeof dims, " D%d rd%d", d, rd);
-  if (!tr_begin(tr, "kv append %s bs%d rope %s%s%s%s%s", dt_name(dt), bs,
+  if (!tr_begin(tr, "kv append %s bs%d rope %s%s%s%s%s%s", dt_name(dt), bs,
                 rope_mode < 0 ? "off" : rope_mode == 0 ? "neox" : "gptj",
                 with_q == 2 ? " +q in place" : with_q ? " +q" : "",
                 explicit_pos ? " positions" : "",
-                strided == 2 ? " padded k/v" : strided ? " strided k/v" : "", dims))
+                strided == 2 ? " padded k/v" : strided ? " strided k/v" : "", dims,
+                kout == 2 ? " k_out in place" : kout ? " k_out" : ""))
     return;
   rng r = tr_rng(tr);
   enum { B = 4 };
@@ -1409,6 +1412,8 @@ static void append_case_d(test_run *tr, DLDataType dt, int bs, int rope_mode, in
   tbuf *cu = tb_new(tr->be, DT_I32, 1, csh), *pos = tb_new(tr->be, DT_I32, 1, psh);
   tbuf *q = tb_new(tr->be, dt, 3, qsh), *qo = tb_new(tr->be, dt, 3, qsh);
   tbuf *kexp = tb_new(tr->be, dt, 3, ksh), *qexp = tb_new(tr->be, dt, 3, qsh);
+  tbuf *ko = kout == 1 ? tb_new(tr->be, dt, 3, ksh) : NULL;
+  if (ko) tb_poison(ko);
   tb_fill_uniform(kn, &r, -1, 1);
   tb_fill_uniform(vn, &r, -1, 1);
   tb_fill_uniform(q, &r, -1, 1);
@@ -1432,13 +1437,18 @@ static void append_case_d(test_run *tr, DLDataType dt, int bs, int rope_mode, in
     for (int64_t i = 0; i < kn->numel; i++) tb_set(kexp, i, tb_get(kn, i));
   }
   void *ks = tb_snapshot(P.kp), *vs = tb_snapshot(P.vp);
-  ot_status st = ot_kv_append(tr->be->ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn),
-                              rope_mode >= 0 ? &rp : NULL, explicit_pos ? tb_dl(pos) : NULL,
-                              with_q ? tb_dl(q) : NULL,
-                              with_q == 2 ? tb_dl(q) : with_q ? tb_dl(qo) : NULL);
+  const DLTensor *qa = with_q ? tb_dl(q) : NULL;
+  const DLTensor *qoa = with_q == 2 ? tb_dl(q) : with_q ? tb_dl(qo) : NULL;
+  const DLTensor *pa = explicit_pos ? tb_dl(pos) : NULL;
+  ot_status st = kout ? ot_rope_kv_append(tr->be->ctx, &rp, &P.kv, tb_dl(cu), tb_dl(kn),
+                                          tb_dl(vn), pa, qa, qoa, tb_dl(kout == 2 ? kn : ko))
+                      : ot_kv_append(tr->be->ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn),
+                                     rope_mode >= 0 ? &rp : NULL, pa, qa, qoa);
   tbuf *qres = with_q == 2 ? q : qo; /* where the rotated q is */
-  if (tr_ok(tr, st, "ot_kv_append")) {
+  tbuf *kres = kout == 2 ? kn : ko;  /* where the rotated k rows are (kout) */
+  if (tr_ok(tr, st, kout ? "ot_rope_kv_append" : "ot_kv_append")) {
     tb_sync(P.kp), tb_sync(P.vp), tb_sync(qres);
+    if (kres) tb_sync(kres);
     char *is_new = calloc((size_t)P.kp->numel, 1);
     for (int b = 0; b < B; b++) {
       int64_t base = (int64_t)tb_get(P.indptr, b);
@@ -1471,14 +1481,27 @@ static void append_case_d(test_run *tr, DLDataType dt, int bs, int rope_mode, in
                   tb_get(qexp, i));
           break;
         }
+    if (kres && !tr->case_failed)
+      for (int64_t i = 0; i < kres->numel; i++)
+        if (tb_get(kres, i) != tb_get(kexp, i)) {
+          tr_fail(tr, "k_out[%lld] = %g, rope gives %g", (long long)i, tb_get(kres, i),
+                  tb_get(kexp, i));
+          break;
+        }
     free(is_new);
   }
   free(ks), free(vs);
 out:
   tb_free(kn), tb_free(vn), tb_free(cu), tb_free(pos), tb_free(q), tb_free(qo);
   tb_free(kexp), tb_free(qexp);
+  if (ko) tb_free(ko);
   paged_free(&P);
   tr_end(tr);
+}
+
+static void append_case_d(test_run *tr, DLDataType dt, int bs, int rope_mode, int with_q,
+                          bool explicit_pos, int strided, int d, int rd) {
+  append_case_k(tr, dt, bs, rope_mode, with_q, explicit_pos, strided, d, rd, 0);
 }
 
 static void append_case(test_run *tr, DLDataType dt, int bs, int rope_mode, bool with_q,
@@ -1551,6 +1574,27 @@ static void paged_bad_args(test_run *tr) {
                   OT_ERR_INVALID_ARGUMENT, "ot_kv_append: positions", "T_new");
   tr_expect_error(tr, ot_kv_append(ctx, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), &bad_rp, NULL, NULL, NULL),
                   OT_ERR_INVALID_ARGUMENT, "ot_kv_append: rope: ot_rope_forward: params.theta", NULL);
+  /* ot_rope_kv_append: rope required; k_out k_new itself or apart, of k_new's shape */
+  tr_expect_error(tr, ot_rope_kv_append(ctx, NULL, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, tb_dl(kn)),
+                  OT_ERR_INVALID_ARGUMENT, "ot_rope_kv_append: rope: is NULL", NULL);
+  tr_expect_error(tr, ot_rope_kv_append(ctx, &rp, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, tb_dl(k3)),
+                  OT_ERR_INVALID_ARGUMENT, "ot_rope_kv_append: k_out: shape [3, 4, 8] does not match k_new", NULL);
+  tr_expect_error(tr, ot_rope_kv_append(ctx, &rp, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, tb_dl(vn)),
+                  OT_ERR_INVALID_ARGUMENT, "ot_rope_kv_append: k_out: must not overlap v_new", NULL);
+  tr_expect_error(tr, ot_rope_kv_append(ctx, &rp, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, tb_dl(vh)),
+                  OT_ERR_INVALID_ARGUMENT, "ot_rope_kv_append: k_out", "float16");
+  tr_expect_error(tr, ot_rope_kv_append(ctx, &bad_rp, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, tb_dl(kn)),
+                  OT_ERR_INVALID_ARGUMENT, "ot_rope_kv_append: rope: ot_rope_forward: params.theta", NULL);
+  {
+    DLTensor shifted = *tb_dl(kn);
+    shifted.byte_offset += 8 * sizeof(float); /* k_new's rows moved by one head */
+    tr_expect_error(tr, ot_rope_kv_append(ctx, &rp, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, &shifted),
+                    OT_ERR_INVALID_ARGUMENT, "ot_rope_kv_append: k_out: overlaps k_new", NULL);
+    DLTensor in_pages = *tb_dl(kn);
+    in_pages.data = P.vp->dev;
+    tr_expect_error(tr, ot_rope_kv_append(ctx, &rp, &P.kv, tb_dl(cu), tb_dl(kn), tb_dl(vn), NULL, NULL, NULL, &in_pages),
+                    OT_ERR_INVALID_ARGUMENT, "ot_rope_kv_append: kv.v_pages", "k_out");
+  }
   {
     /* k_new that lives inside the pages */
     DLTensor inside = *tb_dl(kn);
@@ -1887,6 +1931,13 @@ static void append_cases(test_run *tr) {
   append_case_d(tr, DT_BF16, 256, 0, 1, false, 0, 128, 40);
   append_case_d(tr, DT_BF16, 5, 0, 1, true, 0, 20, 20);
   append_case_d(tr, DT_F16, 16, 1, 2, false, 0, 32, 12);
+  /* ot_rope_kv_append: k_out apart and in place, both kernels (strided 1: scalar) */
+  append_case_k(tr, DT_BF16, 16, 0, 2, false, 2, 128, 128, 2);
+  append_case_k(tr, DT_BF16, 16, 0, 1, true, 0, 128, 64, 1);
+  append_case_k(tr, DT_F16, 7, 1, 2, false, 1, 64, 32, 2);
+  append_case_k(tr, DT_F32, 4, 0, 0, true, 1, 20, 12, 1);
+  append_case_k(tr, DT_BF16, 1, 1, 1, false, 2, 96, 96, 1);
+  append_case_k(tr, DT_F32, 3, 0, 2, false, 0, 36, 8, 2);
 }
 
 /* CUDA: one instance of the split kernel forced (OT_PAGED_KERNEL=split and `name`=`value`;

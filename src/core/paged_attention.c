@@ -146,7 +146,7 @@ static void append_args_init(ot_kv_append_args *a, ot_dtype dt, const ot_paged_t
   a->v_head_stride = vn->stride[1];
 }
 
-/* ot_rope_forward's failure re-reported under ot_kv_append ("ot_kv_append: rope: ..."). */
+/* ot_rope_forward's failure re-reported under the calling op ("ot_kv_append: rope: ..."). */
 static ot_status rope_failed(ot_status st, const char *op) {
   char msg[512];
   snprintf(msg, sizeof msg, "%s", ot_last_error());
@@ -156,11 +156,11 @@ static ot_status rope_failed(ot_status st, const char *op) {
 /* The CUDA path: RoPE and the scatter in one kernel. The rope parameters are validated
  * by ot_rope_forward itself on zero-token views of the same tensors (its checks, its
  * messages), then handed to the kernel as an ot_rope_args. */
-static ot_status kv_append_cuda(ot_context *ctx, const ot_paged_kv *kv, const ot_paged_table *t,
-                                ot_dtype dt, const int32_t *cu, const ot_view *kn,
-                                const ot_view *vn, const ot_rope_params *rope,
-                                const ot_view *pv, const ot_view *qv, const ot_view *qo) {
-  static const char *op = "ot_kv_append";
+static ot_status kv_append_cuda(const char *op, ot_context *ctx, const ot_paged_kv *kv,
+                                const ot_paged_table *t, ot_dtype dt, const int32_t *cu,
+                                const ot_view *kn, const ot_view *vn, const ot_rope_params *rope,
+                                const ot_view *pv, const ot_view *qv, const ot_view *qo,
+                                const ot_view *ko) {
   ot_kv_append_args a;
   append_args_init(&a, dt, t, cu, kn, vn);
   ot_rope_args ra;
@@ -170,12 +170,12 @@ static ot_status kv_append_cuda(ot_context *ctx, const ot_paged_kv *kv, const ot
     int64_t ksh[3] = {0, t->hkv, t->d}, qsh[3] = {0, ot_view_present(qv) ? qv->shape[1] : 1, t->d};
     int64_t psh[1] = {0};
     DLTensor k0 = {kn->data, ctx->device, 3, edt, ksh, NULL, 0};
-    DLTensor ko = {t->k_pages, ctx->device, 3, edt, ksh, NULL, 0};
+    DLTensor kr0 = {t->k_pages, ctx->device, 3, edt, ksh, NULL, 0};
     DLTensor q0 = {ot_view_present(qv) ? qv->data : NULL, ctx->device, 3, edt, qsh, NULL, 0};
     DLTensor qo0 = {ot_view_present(qo) ? qo->data : NULL, ctx->device, 3, edt, qsh, NULL, 0};
     DLTensor p0 = {kn->data, ctx->device, 1, {kDLInt, 64, 1}, psh, NULL, 0};
-    ot_status st = ot_view_present(qv) ? ot_rope_forward(ctx, rope, &q0, &k0, &p0, NULL, &qo0, &ko)
-                                       : ot_rope_forward(ctx, rope, &k0, NULL, &p0, NULL, &ko, NULL);
+    ot_status st = ot_view_present(qv) ? ot_rope_forward(ctx, rope, &q0, &k0, &p0, NULL, &qo0, &kr0)
+                                       : ot_rope_forward(ctx, rope, &k0, NULL, &p0, NULL, &kr0, NULL);
     if (st != OT_OK) return rope_failed(st, op);
     ra.op = op;
     ra.dtype = dt;
@@ -202,17 +202,24 @@ static ot_status kv_append_cuda(ot_context *ctx, const ot_paged_kv *kv, const ot
       a.pos_dtype = pv->dtype;
       a.pos_stride = pv->stride[0];
     }
+    if (ot_view_present(ko)) {
+      a.k_out = ko->data;
+      a.ko_tok_stride = ko->stride[0];
+      a.ko_head_stride = ko->stride[1];
+    }
   }
   if (a.tokens == 0) return OT_OK;
   return OT_CUDA_CALL(op, ot_cuda_kv_append, ctx, &a);
 }
 
-ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv, const DLTensor *cu_seqlens_new,
-                       const DLTensor *k_new, const DLTensor *v_new, const ot_rope_params *rope,
-                       const DLTensor *positions, const DLTensor *q, const DLTensor *q_out) {
-  static const char *op = "ot_kv_append";
+/* ot_kv_append and ot_rope_kv_append (k_out; op names the caller in every message). */
+static ot_status kv_append_impl(const char *op, ot_context *ctx, const ot_paged_kv *kv,
+                                const DLTensor *cu_seqlens_new, const DLTensor *k_new,
+                                const DLTensor *v_new, const ot_rope_params *rope,
+                                const DLTensor *positions, const DLTensor *q,
+                                const DLTensor *q_out, const DLTensor *k_out) {
   if (!ctx) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "ctx: is NULL");
-  ot_view kp, vp, cu, kn, vn, pv, qv, qo;
+  ot_view kp, vp, cu, kn, vn, pv, qv, qo, ko;
   ot_paged_table t;
   OT_TRY(check_paged(op, ctx, kv, &kp, &vp, &t));
   OT_TRY(check_tokens(op, "k_new", ctx, k_new, kp.dtype, t.d, &kn));
@@ -236,9 +243,11 @@ ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv, const DLTensor *c
   OT_TRY(ot_view_of_optional(op, "positions", ctx, positions, &pv));
   OT_TRY(ot_view_of_optional(op, "q", ctx, q, &qv));
   OT_TRY(ot_view_of_optional(op, "q_out", ctx, q_out, &qo));
+  OT_TRY(ot_view_of_optional(op, "k_out", ctx, k_out, &ko));
   if (!rope) {
     const char *extra = ot_view_present(&pv) ? "positions" : ot_view_present(&qv) ? "q"
-                        : ot_view_present(&qo)                  ? "q_out" : NULL;
+                        : ot_view_present(&qo)                  ? "q_out"
+                        : ot_view_present(&ko)                  ? "k_out" : NULL;
     if (extra)
       return ot_error(OT_ERR_INVALID_ARGUMENT, op, "%s: is given but rope is NULL", extra);
   }
@@ -257,31 +266,42 @@ ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv, const DLTensor *c
     const ot_view *ov[] = {&kn, &vn, &cu, &pv};
     for (int i = 0; i < 4; i++) OT_TRY(ot_check_no_overlap(op, "q_out", &qo, others[i], ov[i], false));
   }
+  if (ot_view_present(&ko)) {
+    /* the rotated k rows, written through k_out's own strides: k_new itself or apart */
+    OT_TRY(check_tokens(op, "k_out", ctx, k_out, kp.dtype, t.d, &ko));
+    OT_TRY(ot_check_same_shape(op, "k_out", &ko, "k_new", &kn));
+    OT_TRY(ot_check_no_overlap(op, "k_out", &ko, "k_new", &kn, true));
+    const char *others[] = {"v_new", "cu_seqlens_new", "positions", "q", "q_out"};
+    const ot_view *ov[] = {&vn, &cu, &pv, &qv, &qo};
+    for (int i = 0; i < 5; i++) OT_TRY(ot_check_no_overlap(op, "k_out", &ko, others[i], ov[i], false));
+  }
   if (ot_view_present(&pv)) {
     OT_TRY(ot_check_index_dtype(op, "positions", &pv));
     OT_TRY(ot_check_ndim(op, "positions", &pv, 1, 1));
     OT_TRY(ot_check_dim(op, "positions", &pv, 0, tokens, "T_new, the tokens of k_new"));
   }
   /* The pages are the outputs: they must not share memory with any input. */
-  const char *in_names[] = {"k_new", "v_new", "cu_seqlens_new", "positions", "q", "q_out"};
-  const ot_view *ins[] = {&kn, &vn, &cu, &pv, &qv, &qo};
-  for (int i = 0; i < 6; i++) {
+  const char *in_names[] = {"k_new", "v_new", "cu_seqlens_new", "positions", "q", "q_out", "k_out"};
+  const ot_view *ins[] = {&kn, &vn, &cu, &pv, &qv, &qo, &ko};
+  for (int i = 0; i < 7; i++) {
     OT_TRY(ot_check_no_overlap(op, "kv.k_pages", &kp, in_names[i], ins[i], false));
     OT_TRY(ot_check_no_overlap(op, "kv.v_pages", &vp, in_names[i], ins[i], false));
   }
-  if (ot_ctx_is_cuda(ctx)) return kv_append_cuda(ctx, kv, &t, kp.dtype, c, &kn, &vn, rope, &pv,
-                                                 &qv, &qo);
+  if (ot_ctx_is_cuda(ctx))
+    return kv_append_cuda(op, ctx, kv, &t, kp.dtype, c, &kn, &vn, rope, &pv, &qv, &qo, &ko);
 
   ot_kv_append_args a;
   append_args_init(&a, kp.dtype, &t, c, &kn, &vn);
   if (!rope || tokens == 0) return ot_cpu_kv_append(ctx, &a);
 
   /* RoPE through ot_rope_forward itself (its validation, its kernel): k_new is rotated
-   * into a contiguous scratch [T_new, hkv, d] that is then scattered; q into q_out. */
+   * into k_out or else a contiguous scratch [T_new, hkv, d], which is then scattered; q
+   * into q_out. */
   size_t esz = ot_dtype_size(kp.dtype);
-  void *k_rot = malloc((size_t)(tokens * t.hkv * t.d) * esz);
+  const bool has_ko = ot_view_present(&ko);
+  void *k_rot = has_ko ? NULL : malloc((size_t)(tokens * t.hkv * t.d) * esz);
   int64_t *pos = ot_view_present(&pv) ? NULL : (int64_t *)malloc((size_t)tokens * sizeof *pos);
-  if (!k_rot || (!ot_view_present(&pv) && !pos)) {
+  if ((!has_ko && !k_rot) || (!ot_view_present(&pv) && !pos)) {
     free(k_rot), free(pos);
     return ot_error(OT_ERR_OOM, op, "cannot allocate %" PRId64 " rotated key rows", tokens);
   }
@@ -293,19 +313,36 @@ ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv, const DLTensor *c
   int64_t rot_shape[3] = {tokens, t.hkv, t.d}, pos_shape[1] = {tokens};
   DLTensor rot_t = {k_rot, ctx->device, 3, kv->k_pages->dtype, rot_shape, NULL, 0};
   DLTensor pos_t = {pos, ctx->device, 1, {kDLInt, 64, 1}, pos_shape, NULL, 0};
-  const DLTensor *pos_arg = pos ? &pos_t : positions;
-  ot_status st = q ? ot_rope_forward(ctx, rope, q, k_new, pos_arg, NULL, q_out, &rot_t)
-                   : ot_rope_forward(ctx, rope, k_new, NULL, pos_arg, NULL, &rot_t, NULL);
+  const DLTensor *pos_arg = pos ? &pos_t : positions, *rot = has_ko ? k_out : &rot_t;
+  ot_status st = q ? ot_rope_forward(ctx, rope, q, k_new, pos_arg, NULL, q_out, rot)
+                   : ot_rope_forward(ctx, rope, k_new, NULL, pos_arg, NULL, rot, NULL);
   if (st != OT_OK) {
     free(k_rot), free(pos);
     return rope_failed(st, op);
   }
-  a.k_new = k_rot;
-  a.k_tok_stride = t.hkv * t.d;
-  a.k_head_stride = t.d;
+  a.k_new = has_ko ? ko.data : k_rot;
+  a.k_tok_stride = has_ko ? ko.stride[0] : t.hkv * t.d;
+  a.k_head_stride = has_ko ? ko.stride[1] : t.d;
   st = ot_cpu_kv_append(ctx, &a);
   free(k_rot), free(pos);
   return st;
+}
+
+ot_status ot_kv_append(ot_context *ctx, const ot_paged_kv *kv, const DLTensor *cu_seqlens_new,
+                       const DLTensor *k_new, const DLTensor *v_new, const ot_rope_params *rope,
+                       const DLTensor *positions, const DLTensor *q, const DLTensor *q_out) {
+  return kv_append_impl("ot_kv_append", ctx, kv, cu_seqlens_new, k_new, v_new, rope, positions,
+                        q, q_out, NULL);
+}
+
+ot_status ot_rope_kv_append(ot_context *ctx, const ot_rope_params *rope, const ot_paged_kv *kv,
+                            const DLTensor *cu_seqlens_new, const DLTensor *k_new,
+                            const DLTensor *v_new, const DLTensor *positions, const DLTensor *q,
+                            const DLTensor *q_out, const DLTensor *k_out) {
+  static const char *op = "ot_rope_kv_append";
+  if (!rope) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "rope: is NULL (without RoPE: ot_kv_append)");
+  return kv_append_impl(op, ctx, kv, cu_seqlens_new, k_new, v_new, rope, positions, q, q_out,
+                        k_out);
 }
 
 /* ---- ot_paged_attention ------------------------------------------------------------------ */

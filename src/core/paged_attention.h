@@ -59,6 +59,10 @@ typedef struct ot_kv_append_args {
   const void *positions;         /* [T_new] or NULL: index in the sequence */
   ot_dtype pos_dtype;
   int64_t pos_stride;
+  /* CUDA only, with rope (ot_rope_kv_append): the rotated k rows also stored here
+   * (k_new itself when in place); NULL: not */
+  void *k_out;
+  int64_t ko_tok_stride, ko_head_stride;
 } ot_kv_append_args;
 
 typedef struct ot_paged_attention_args {

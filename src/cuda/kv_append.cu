@@ -41,6 +41,8 @@ struct append_params {
   const void *positions;
   int pos_i64;
   int64_t pos_stride;
+  void *k_out; /* ot_rope_kv_append: rotated k rows also stored here (k_new itself: in place) */
+  int64_t ko_ts, ko_hs;
   int *err; /* OT_DEBUG flag or NULL */
   /* RoPE (has_rope == 0: plain copy); field names as rope.cuh expects */
   int has_rope, gptj;
@@ -49,12 +51,14 @@ struct append_params {
   double inv_freq[kRopeMaxHalfByValue];
 };
 
-/* The source, destination and position of row (tok, y); false: nothing to do for it
- * (a bad table entry, flagged under OT_DEBUG). */
+/* The source, destination(s) and position of row (tok, y); false: nothing to do for it
+ * (a bad table entry, flagged under OT_DEBUG). dst2: k_out's row for a k row of
+ * ot_rope_kv_append, else nullptr. */
 template <typename T>
 __device__ __forceinline__ bool append_row_of(const append_params &p, int64_t tok, int y,
-                                              const T **src, T **dst, int64_t *pos,
+                                              const T **src, T **dst, T **dst2, int64_t *pos,
                                               bool *rotate) {
+  *dst2 = nullptr;
   const int64_t b = paged_seq_of(p.cu, p.batch, tok);
   if (!paged_cu_ok(p.cu, b, p.batch, p.tokens, p.err)) return false;
   const int64_t len = paged_seq_len(p.indptr, p.lpl, b, p.bs, p.num_indices, p.err);
@@ -87,6 +91,7 @@ __device__ __forceinline__ bool append_row_of(const append_params &p, int64_t to
   if (is_k) {
     *src = static_cast<const T *>(p.k_new) + tok * p.k_ts + h * p.k_hs;
     *dst = static_cast<T *>(p.k_pages) + off;
+    if (p.k_out) *dst2 = static_cast<T *>(p.k_out) + tok * p.ko_ts + h * p.ko_hs;
     *rotate = p.has_rope != 0;
   } else {
     *src = static_cast<const T *>(p.v_new) + tok * p.v_ts + h * p.v_hs;
@@ -96,9 +101,10 @@ __device__ __forceinline__ bool append_row_of(const append_params &p, int64_t to
   return true;
 }
 
-/* One row of D features: rotated (rope) or copied from src to dst. */
+/* One row of D features: rotated (rope) or copied from src to dst (and dst2 when given:
+ * each thread writes only the elements it has read, so dst2 may be src). */
 template <typename T>
-__device__ void append_row(const append_params &p, const T *src, T *dst, int64_t pos,
+__device__ void append_row(const append_params &p, const T *src, T *dst, T *dst2, int64_t pos,
                            bool rotate) {
   const int64_t D = p.d;
   int64_t first_copy = 0;
@@ -112,10 +118,15 @@ __device__ void append_row(const append_params &p, const T *src, T *dst, int64_t
       rope_rotate(to_f32(src[e1]), to_f32(src[e2]), c, sn, &y1, &y2);
       dst[e1] = from_f32<T>(y1);
       dst[e2] = from_f32<T>(y2);
+      if (dst2) dst2[e1] = from_f32<T>(y1), dst2[e2] = from_f32<T>(y2);
     }
     first_copy = p.rotary_dim;
   }
-  for (int64_t e = first_copy + threadIdx.x; e < D; e += blockDim.x) dst[e] = src[e];
+  for (int64_t e = first_copy + threadIdx.x; e < D; e += blockDim.x) {
+    const T x = src[e];
+    dst[e] = x;
+    if (dst2 && dst2 != src) dst2[e] = x;
+  }
 }
 
 /* The scalar form: grid (token, head slot), 64 threads per row. */
@@ -124,11 +135,11 @@ __global__ void __launch_bounds__(64) kv_append_kernel(const __grid_constant__ a
   const int y = blockIdx.y;
   for (int64_t tok = blockIdx.x; tok < p.tokens; tok += gridDim.x) {
     const T *src;
-    T *dst;
+    T *dst, *dst2;
     int64_t pos;
     bool rotate;
-    if (!append_row_of<T>(p, tok, y, &src, &dst, &pos, &rotate)) return;
-    append_row<T>(p, src, dst, pos, rotate);
+    if (!append_row_of<T>(p, tok, y, &src, &dst, &dst2, &pos, &rotate)) return;
+    append_row<T>(p, src, dst, dst2, pos, rotate);
   }
 }
 
@@ -153,11 +164,14 @@ __global__ void __launch_bounds__(kAppendVecThreads)
     const int64_t tok = r / slots;
     const int y = (int)(r - tok * slots);
     const T *src;
-    T *dst;
+    T *dst, *dst2;
     int64_t pos;
     bool rotate;
-    if (!append_row_of<T>(p, tok, y, &src, &dst, &pos, &rotate)) continue;
+    if (!append_row_of<T>(p, tok, y, &src, &dst, &dst2, &pos, &rotate)) continue;
     rotate = ROPE && rotate;
+    if (!ROPE) dst2 = nullptr;
+    /* k_out's copied vectors: not stored in place (they are there already) */
+    T *const dst2c = dst2 == src ? nullptr : dst2;
     /* items [0, nrot) rotate, [nrot, items) copy one vector each from feature rd on */
     const int64_t rd = rotate ? p.rotary_dim : 0;
     const int64_t nrot = rotate ? (p.gptj ? rd / V : half / V) : 0;
@@ -165,7 +179,9 @@ __global__ void __launch_bounds__(kAppendVecThreads)
     for (int64_t it = sub; it < items; it += tpr) {
       if (!ROPE || it >= nrot) {
         const int64_t e = rd + (it - nrot) * V;
-        *reinterpret_cast<uint4 *>(dst + e) = *reinterpret_cast<const uint4 *>(src + e);
+        const uint4 x = *reinterpret_cast<const uint4 *>(src + e);
+        *reinterpret_cast<uint4 *>(dst + e) = x;
+        if (dst2c) *reinterpret_cast<uint4 *>(dst2c + e) = x;
       } else if (p.gptj) { /* pairs (e + 2u, e + 2u + 1): pair index e / 2 + u */
         const int64_t e = it * V;
         raw16 a;
@@ -182,6 +198,7 @@ __global__ void __launch_bounds__(kAppendVecThreads)
         }
         pack<T>(a, f);
         *reinterpret_cast<uint4 *>(dst + e) = a.u;
+        if (dst2) *reinterpret_cast<uint4 *>(dst2 + e) = a.u;
       } else { /* NeoX: pairs (e + u, half + e + u): pair index e + u */
         const int64_t e = it * V;
         raw16 a, b;
@@ -202,6 +219,10 @@ __global__ void __launch_bounds__(kAppendVecThreads)
         pack<T>(b, f2);
         *reinterpret_cast<uint4 *>(dst + e) = a.u;
         *reinterpret_cast<uint4 *>(dst + half + e) = b.u;
+        if (dst2) {
+          *reinterpret_cast<uint4 *>(dst2 + e) = a.u;
+          *reinterpret_cast<uint4 *>(dst2 + half + e) = b.u;
+        }
       }
     }
   }
@@ -219,6 +240,7 @@ static bool append_vec_ok(const append_params &p, int64_t V) {
     return false;
   if (!p.has_rope) return true;
   if (p.gptj ? p.rotary_dim % V != 0 : p.half % V != 0) return false;
+  if (p.k_out && !vec_ok(p.k_out, p.tokens, p.ko_ts, p.hkv, p.ko_hs, V)) return false;
   return p.hq == 0 || (vec_ok(p.q, p.tokens, p.q_ts, p.hq, p.q_hs, V) &&
                        vec_ok(p.q_out, p.tokens, p.qo_ts, p.hq, p.qo_hs, V));
 }
@@ -281,6 +303,9 @@ extern "C" ot_status ot_cuda_kv_append(ot_context *ctx, const ot_kv_append_args 
     p.positions = a->positions;
     p.pos_i64 = a->pos_dtype == OT_I64;
     p.pos_stride = a->pos_stride;
+    p.k_out = a->k_out;
+    p.ko_ts = a->ko_tok_stride;
+    p.ko_hs = a->ko_head_stride;
   }
   cudaStream_t s = (cudaStream_t)ctx->stream;
   const bool debug = ot_paged_debug();
