@@ -439,9 +439,9 @@ PREFILL_VARIANTS = {
     # the Hopper forward's causal tiles on the static round-robin with L2 sections counted
     # in query heads (the order before the dynamic schedule, attention_fwd_sm90.cu)
     "static_attn": {"OT_ATTN_SM90_DYN": "0", "OT_ATTN_SM90_SECT": "mha"},
-    # RoPE and the KV append as the two ops of before 2026-12-07 (ot_rope_forward, then
-    # ot_kv_append) instead of ot_rope_kv_append's one kernel
-    "rope_kv_split": {"OTE_PREFILL_ROPE_KV": "0"},
+    # RoPE and the KV append in one kernel (ot_rope_kv_append) instead of ot_rope_forward
+    # and then ot_kv_append (opt-in until timed, 2026-12-07)
+    "rope_kv_fused": {"OTE_PREFILL_ROPE_KV": "1"},
 }
 PREFILL_AB = []  # --prefill-variants
 

@@ -4,7 +4,7 @@
 # scripts/device_engine.sh pack build-s`): ot_rope_kv_append's CUDA cases and a memcheck of
 # them, kFlQpf's cases, the Hopper forward's A/B (kFlKsplit off, kFlSplit, kFlQpf) with
 # clocks, the per-tile trace, and the engine's one-prompt TTFT alternated with the
-# two-op RoPE + append (--prefill-variants rope_kv_split; before the attention parts, whose
+# one-kernel RoPE + append (--prefill-variants rope_kv_fused; before the attention parts, whose
 # results matter less if the call is cut). ~5 minutes.
 set -u
 COMMIT=${1:-unknown}
@@ -25,7 +25,7 @@ echo "qpf cases rc=$? $(tail -1 "$OUT/cases_qpf.log")"
 ENGINE_BENCH_FIRST=1 ENGINE_SHAPES=llama3-8b ENGINE_OFFLOAD_BIG=0 ENGINE_LINEAR_TESTS=0 \
 ENGINE_LINEAR_BENCH=0 ENGINE_PYTESTS=0 ENGINE_MEMCHECK_DECODE=0 ENGINE_SMI=0 ENGINE_SKIP_CHECK=1 \
 ENGINE_BENCH_TIMEOUT=100 ENGINE_BENCH_ARGS="--batches 1 --no-ttft-diag --no-timeline \
---decode-variants= --prefill-variants rope_kv_split" timeout 150 bash scripts/device_engine.sh \
+--decode-variants= --prefill-variants rope_kv_fused" timeout 150 bash scripts/device_engine.sh \
   run "$COMMIT" >"$OUT/engine_run.log" 2>&1
 echo "engine rc=$?"; grep -iE "ttft|rope_kv|FAIL|tok/s" "$OUT/engine_run.log" | tail -12
 A="--fwd-only --no-variants --clocks --rounds 2 --shapes 32:32:32:1024:64,32:8:8:1024:256,32:16:16:1024:128,8:8:8:4096:256"
