@@ -1372,6 +1372,13 @@ static void paged_splits(test_run *tr) {
   tr_end(tr);
 }
 
+/* got (an output of the append) equal to exp (ot_rope_forward's) element for element. */
+static void append_same_as_rope(test_run *tr, const char *name, const tbuf *got, const tbuf *exp) {
+  for (int64_t i = 0; i < got->numel && !tr->case_failed; i++)
+    if (tb_get(got, i) != tb_get(exp, i))
+      tr_fail(tr, "%s[%lld] = %g, rope gives %g", name, (long long)i, tb_get(got, i), tb_get(exp, i));
+}
+
 /* ot_kv_append: the new tokens' slots hold k (rotated when asked, bit for bit what
  * ot_rope_forward gives) and v; every other element of the pages is unchanged. Head dim
  * d, rotary dim rd; with_q 1: q rotated into q_out, 2: in place; strided 1: k / v rows
@@ -1474,20 +1481,8 @@ static void append_case_k(test_run *tr, DLDataType dt, int bs, int rope_mode, in
       if (!is_new[e] && (memcmp((char *)P.kp->host + e * es, (char *)ks + e * es, es) ||
                          memcmp((char *)P.vp->host + e * es, (char *)vs + e * es, es)))
         tr_fail(tr, "page element %lld that is no new token's slot changed", (long long)e);
-    if (with_q && !tr->case_failed)
-      for (int64_t i = 0; i < qres->numel; i++)
-        if (tb_get(qres, i) != tb_get(qexp, i)) {
-          tr_fail(tr, "q_out[%lld] = %g, rope gives %g", (long long)i, tb_get(qres, i),
-                  tb_get(qexp, i));
-          break;
-        }
-    if (kres && !tr->case_failed)
-      for (int64_t i = 0; i < kres->numel; i++)
-        if (tb_get(kres, i) != tb_get(kexp, i)) {
-          tr_fail(tr, "k_out[%lld] = %g, rope gives %g", (long long)i, tb_get(kres, i),
-                  tb_get(kexp, i));
-          break;
-        }
+    if (with_q) append_same_as_rope(tr, "q_out", qres, qexp);
+    if (kres) append_same_as_rope(tr, "k_out", kres, kexp);
     free(is_new);
   }
   free(ks), free(vs);
