@@ -442,6 +442,9 @@ PREFILL_VARIANTS = {
     # RoPE and the KV append in one kernel (ot_rope_kv_append) instead of ot_rope_forward
     # and then ot_kv_append (opt-in until timed, 2026-12-07)
     "rope_kv_fused": {"OTE_PREFILL_ROPE_KV": "1"},
+    # the same op on the append's vector kernel (a thread group per head row, cos / sin made
+    # for each row) instead of its warp kernel (a warp per token, cos / sin once a token)
+    "rope_kv_fused_vec": {"OTE_PREFILL_ROPE_KV": "1", "OT_KV_APPEND_WARP": "0"},
 }
 PREFILL_AB = []  # --prefill-variants
 

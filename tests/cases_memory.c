@@ -1385,20 +1385,23 @@ static void append_same_as_rope(test_run *tr, const char *name, const tbuf *got,
  * of d + 5 (off 16 bytes: CUDA's scalar kernel), 2: of d + 8 (aligned, not contiguous).
  * kout (with rope): ot_rope_kv_append, the rotated k also into 1: a contiguous k_out
  * (poisoned first), 2: k_new itself, in place (the pages must hold k rotated once). */
+static const char *g_append_tag = ""; /* appended to the case names (append_warp_cases) */
+static int g_append_n1 = 37;          /* new tokens of sequence 1 (of 4) */
+
 static void append_case_k(test_run *tr, DLDataType dt, int bs, int rope_mode, int with_q,
                           bool explicit_pos, int strided, int d, int rd, int kout) {
   char dims[32] = "";
   if (d != 16 || rd != 12) snprintf(dims, sizeof dims, " D%d rd%d", d, rd);
-  if (!tr_begin(tr, "kv append %s bs%d rope %s%s%s%s%s%s", dt_name(dt), bs,
+  if (!tr_begin(tr, "kv append %s bs%d rope %s%s%s%s%s%s%s", dt_name(dt), bs,
                 rope_mode < 0 ? "off" : rope_mode == 0 ? "neox" : "gptj",
                 with_q == 2 ? " +q in place" : with_q ? " +q" : "",
                 explicit_pos ? " positions" : "",
                 strided == 2 ? " padded k/v" : strided ? " strided k/v" : "", dims,
-                kout == 2 ? " k_out in place" : kout ? " k_out" : ""))
+                kout == 2 ? " k_out in place" : kout ? " k_out" : "", g_append_tag))
     return;
   rng r = tr_rng(tr);
   enum { B = 4 };
-  int len[B] = {1, 37, 5 * bs + 1, 2 * bs}, nnew[B] = {1, 37, 3, 0};
+  int len[B] = {1, g_append_n1, 5 * bs + 1, 2 * bs}, nnew[B] = {1, g_append_n1, 3, 0};
   const int hkv = 2, hq = 4;
   paged P;
   paged_make(tr, &P, dt, B, len, hkv, d, bs, &r);
@@ -1935,6 +1938,33 @@ static void append_cases(test_run *tr) {
   append_case_k(tr, DT_F32, 3, 0, 2, false, 0, 36, 8, 2);
 }
 
+/* CUDA's warp kernel (a warp per token, for RoPE appends of many tokens) forced with
+ * OT_KV_APPEND_WARP=1 on the shapes it takes -- 16-bit types, rotary_dim == head_dim,
+ * (NeoX: D / 2, GPT-J: D) / 8 items a row of 4 .. 32 -- and one it must leave to the
+ * vector kernel (partial rotary); names end in "(warp kernel)". Then two cases of 304
+ * tokens with the variable unset (the default choice takes the warp kernel from 256). */
+static void append_warp_cases(test_run *tr) {
+  env_saved w = env_set("OT_KV_APPEND_WARP", "1");
+  g_append_tag = " (warp kernel)";
+  append_case_k(tr, DT_BF16, 16, 0, 2, false, 2, 128, 128, 2); /* the engine's prefill */
+  append_case_k(tr, DT_BF16, 1, 0, 1, true, 0, 64, 64, 1);     /* IPH 4 */
+  append_case_k(tr, DT_F16, 16, 1, 1, true, 2, 128, 128, 1);   /* GPT-J IPH 16 */
+  append_case_k(tr, DT_BF16, 7, 0, 0, false, 0, 256, 256, 2);  /* IPH 16, no q */
+  append_case_d(tr, DT_F16, 1, 1, 2, false, 2, 256, 256);      /* GPT-J IPH 32 */
+  append_case_d(tr, DT_BF16, 64, 0, 0, false, 0, 128, 128);    /* ot_kv_append, no q */
+  append_case_d(tr, DT_BF16, 16, 0, 1, true, 0, 128, 64);      /* partial: vector kernel */
+  /* the default choice (the variable unset) with 304 tokens: the warp kernel */
+  env_restore(&w);
+  w = env_set("OT_KV_APPEND_WARP", NULL);
+  g_append_tag = " (304 tokens)";
+  g_append_n1 = 300;
+  append_case_k(tr, DT_BF16, 16, 0, 2, true, 2, 128, 128, 2);
+  append_case_k(tr, DT_F16, 64, 1, 1, false, 0, 64, 64, 1);
+  g_append_n1 = 37;
+  g_append_tag = "";
+  env_restore(&w);
+}
+
 /* CUDA: one instance of the split kernel forced (OT_PAGED_KERNEL=split and `name`=`value`;
  * case names prefixed by `prefix`), each call checked against the plan flags (set / clear,
  * paged_check_plan): the head_dim-128 cases (ragged lengths: partial last steps over
@@ -2123,6 +2153,7 @@ static void run_memory_cuda(test_run *tr) {
   paged_auto_plan_case(tr, "cuda plan B4 x 2048 Hq32 Hkv8 D128 bs16: split kernel, 4 warps", 4,
                        2048, 1, 0, 32);
   append_cases(tr);
+  append_warp_cases(tr);
   append_case(tr, DT_BF16, 16, 0, true, false, false);
   paged_instance_cases(tr);
   paged_merge_cases(tr);
@@ -2167,6 +2198,7 @@ static void run_memory(test_run *tr) {
   paged_ready_case(tr, &paged_cuda_ready[3], DT_F16);
   paged_bad_args(tr);
   append_cases(tr);
+  append_warp_cases(tr); /* the CPU ignores the variable: the same checks of its op */
   e2e_case(tr, DT_F32, 16);
   e2e_case(tr, DT_BF16, 1);
   e2e_case(tr, DT_F16, 4);

@@ -228,6 +228,144 @@ __global__ void __launch_bounds__(kAppendVecThreads)
   }
 }
 
+/* The warp form, for RoPE appends of many tokens (a prompt): a warp per token, as
+ * ot_rope_forward's warp kernel (rope.cu). The token's sequence, slot, position and page are
+ * found once per warp, its rd / 2 cos / sin made once per warp into the warp's slice of
+ * shared memory (the vector kernel makes them again for each of a token's hq + hkv rotated
+ * rows: 40 times at 32 + 8 heads, ~50 instructions a pair), then the warp walks the token's
+ * rows (q heads, k heads, v heads, one list): lane = hl * IPH + item owns item `item` of
+ * every HPW = 32 / IPH-th row. An item is what a rotated row's lane moves: NeoX the
+ * vectors at e and half + e, GPT-J the one vector at e of V / 2 pairs; a v row's items
+ * are the same vectors, copied. Needs rd == D (no pass-through part), IPH = (NeoX: half,
+ * GPT-J: rd) / V a power of two 4..32, and append_vec_ok. A batch of up to U rows' loads
+ * is issued before any of their stores (rows of one token never overlap: in place, a lane
+ * writes only what it has read). Same cos / sin and rotation as the other kernels: the
+ * same bits. */
+constexpr int kAppendWarpThreads = 128, kAppendWarpU = 8;
+
+template <typename T, bool GPTJ, int IPH>
+__global__ void __launch_bounds__(kAppendWarpThreads)
+    kv_append_warp_kernel(const __grid_constant__ append_params p) {
+  constexpr int V = vec_width<T>::value, HPW = 32 / IPH, U = kAppendWarpU;
+  constexpr int NP = GPTJ ? V / 2 : V; /* pairs per item */
+  const int lane = threadIdx.x & 31, item = lane % IPH, hl = lane / IPH;
+  const int64_t half = p.half, e0 = (int64_t)item * V;
+  const int i0 = item * NP;
+  const int wpb = blockDim.x >> 5;
+  extern __shared__ float kv_append_cs[]; /* [warps][cos half | sin half] */
+  float *cs = kv_append_cs + (threadIdx.x >> 5) * 2 * half;
+  const int rows = p.hq + 2 * p.hkv;
+  const int passes = (rows + HPW - 1) / HPW;
+  const int nb = (passes + U - 1) / U, ub = (passes + nb - 1) / nb;
+  const int64_t rstride = (int64_t)p.bs * p.d; /* one kv head of a page */
+  for (int64_t tok = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); tok < p.tokens;
+       tok += (int64_t)gridDim.x * wpb) {
+    /* the token (warp-uniform: every lane reads the same table entries) */
+    const int64_t b = paged_seq_of(p.cu, p.batch, tok);
+    if (!paged_cu_ok(p.cu, b, p.batch, p.tokens, p.err)) continue;
+    const int64_t len = paged_seq_len(p.indptr, p.lpl, b, p.bs, p.num_indices, p.err);
+    if (len < 0) continue;
+    const int64_t n = (int64_t)p.cu[b + 1] - p.cu[b];
+    if (n > len) {
+      if (p.err && lane == 0) paged_flag(p.err, kPagedTooManyNew, b, b, n);
+      continue;
+    }
+    const int64_t t = len - n + (tok - p.cu[b]);
+    int64_t pos = t;
+    if (p.positions)
+      pos = p.pos_i64 ? static_cast<const int64_t *>(p.positions)[tok * p.pos_stride]
+                      : (int64_t) static_cast<const int32_t *>(p.positions)[tok * p.pos_stride];
+    const int64_t pidx = (int64_t)p.indptr[b] + t / p.bs;
+    const int32_t page = p.indices[pidx];
+    bool kv_ok = true; /* a bad page id (OT_DEBUG): the q rows only */
+    if (p.err && (page < 0 || page >= p.num_pages)) {
+      if (lane == 0) paged_flag(p.err, kPagedBadIndex, b, pidx, page);
+      kv_ok = false;
+    }
+    const int64_t slot = ((int64_t)page * p.hkv * p.bs + t % p.bs) * p.d + e0;
+    __syncwarp(); /* the previous token's readers of cs are done */
+    for (int64_t i = lane; i < half; i += 32) {
+      float c, sn;
+      rope_cos_sin(p, pos, i, &c, &sn);
+      cs[i] = c;
+      cs[half + i] = sn;
+    }
+    __syncwarp();
+    float cv[NP], sv[NP];
+#pragma unroll
+    for (int u = 0; u < NP; u++) cv[u] = cs[i0 + u], sv[u] = cs[half + i0 + u];
+    /* row r: its source (+ e0) and destinations; kind 0 q, 1 k, 2 v */
+    auto row = [&](int r, const T **src, T **dst, T **dst2) -> int {
+      if (r < p.hq) {
+        *src = static_cast<const T *>(p.q) + tok * p.q_ts + r * p.q_hs + e0;
+        *dst = static_cast<T *>(p.q_out) + tok * p.qo_ts + r * p.qo_hs + e0;
+        *dst2 = nullptr;
+        return 0;
+      }
+      if (r < p.hq + p.hkv) {
+        const int h = r - p.hq;
+        *src = static_cast<const T *>(p.k_new) + tok * p.k_ts + h * p.k_hs + e0;
+        *dst = static_cast<T *>(p.k_pages) + slot + h * rstride;
+        *dst2 = p.k_out ? static_cast<T *>(p.k_out) + tok * p.ko_ts + h * p.ko_hs + e0 : nullptr;
+        return 1;
+      }
+      const int h = r - p.hq - p.hkv;
+      *src = static_cast<const T *>(p.v_new) + tok * p.v_ts + h * p.v_hs + e0;
+      *dst = static_cast<T *>(p.v_pages) + slot + h * rstride;
+      *dst2 = nullptr;
+      return 2;
+    };
+    for (int bi = 0; bi < nb; bi++) {
+      const int rb = hl + bi * ub * HPW; /* this lane's first row of the batch */
+      const int cnt = ub < passes - bi * ub ? ub : passes - bi * ub;
+      raw16 x1[U], x2[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int r = rb + u * HPW;
+        if (u < cnt && r < rows) {
+          const T *src;
+          T *dst, *dst2;
+          const int kind = row(r, &src, &dst, &dst2);
+          if (kind == 0 || kv_ok) {
+            x1[u].u = *reinterpret_cast<const uint4 *>(src);
+            if (!GPTJ) x2[u].u = *reinterpret_cast<const uint4 *>(src + half);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int r = rb + u * HPW;
+        if (u >= cnt || r >= rows) break;
+        const T *src;
+        T *dst, *dst2;
+        const int kind = row(r, &src, &dst, &dst2);
+        if (kind != 0 && !kv_ok) continue;
+        if (kind != 2) {
+          float f1[V], f2[V];
+          unpack<T>(f1, x1[u]);
+          if (GPTJ) {
+#pragma unroll
+            for (int j = 0; j < NP; j++)
+              rope_rotate(f1[2 * j], f1[2 * j + 1], cv[j], sv[j], &f1[2 * j], &f1[2 * j + 1]);
+          } else {
+            unpack<T>(f2, x2[u]);
+#pragma unroll
+            for (int j = 0; j < NP; j++) rope_rotate(f1[j], f2[j], cv[j], sv[j], &f1[j], &f2[j]);
+            pack<T>(x2[u], f2);
+          }
+          pack<T>(x1[u], f1);
+        }
+        *reinterpret_cast<uint4 *>(dst) = x1[u].u;
+        if (!GPTJ) *reinterpret_cast<uint4 *>(dst + half) = x2[u].u;
+        if (dst2) {
+          *reinterpret_cast<uint4 *>(dst2) = x1[u].u;
+          if (!GPTJ) *reinterpret_cast<uint4 *>(dst2 + half) = x2[u].u;
+        }
+      }
+    }
+  }
+}
+
 static bool vec_ok(const void *ptr, int64_t n1, int64_t s1, int64_t n2, int64_t s2, int64_t V) {
   return ((uintptr_t)ptr & 15u) == 0 && (n1 <= 1 || s1 % V == 0) && (n2 <= 1 || s2 % V == 0);
 }
@@ -245,12 +383,51 @@ static bool append_vec_ok(const append_params &p, int64_t V) {
                        vec_ok(p.q_out, p.tokens, p.qo_ts, p.hq, p.qo_hs, V));
 }
 
+/* The warp kernel's items per row (0: it does not take these arguments). Used for RoPE
+ * appends of at least kAppendWarpMinTokens tokens (below, the vector kernel's many threads
+ * per token start sooner); OT_KV_APPEND_WARP=0 never, 1 whenever it takes the arguments
+ * (tests, A/Bs; read at each launch). */
+constexpr int64_t kAppendWarpMinTokens = 256;
+
+template <typename T>
+static int append_warp_iph(const append_params &p) {
+  constexpr int V = vec_width<T>::value;
+  if (sizeof(T) != 2 || !p.has_rope || p.rotary_dim != p.d) return 0;
+  const int64_t iph = p.gptj ? p.rotary_dim / V : p.half / V;
+  if (iph != 4 && iph != 8 && iph != 16 && iph != 32) return 0;
+  const char *env = getenv("OT_KV_APPEND_WARP");
+  if (env && env[0]) return ot_env_is_zero(env) ? 0 : (int)iph;
+  return p.tokens >= kAppendWarpMinTokens ? (int)iph : 0;
+}
+
+template <typename T, bool GPTJ>
+static void append_warp_launch(const append_params &p, int iph, cudaStream_t s) {
+  const int wpb = kAppendWarpThreads / 32;
+  int64_t blocks = (p.tokens + wpb - 1) / wpb;
+  if (blocks > 0x7fffffff) blocks = 0x7fffffff;
+  const size_t smem = (size_t)wpb * 2 * (size_t)p.half * sizeof(float);
+  const unsigned g = (unsigned)blocks;
+  switch (iph) {
+    case 4: kv_append_warp_kernel<T, GPTJ, 4><<<g, kAppendWarpThreads, smem, s>>>(p); break;
+    case 8: kv_append_warp_kernel<T, GPTJ, 8><<<g, kAppendWarpThreads, smem, s>>>(p); break;
+    case 16: kv_append_warp_kernel<T, GPTJ, 16><<<g, kAppendWarpThreads, smem, s>>>(p); break;
+    default: kv_append_warp_kernel<T, GPTJ, 32><<<g, kAppendWarpThreads, smem, s>>>(p); break;
+  }
+}
+
 template <typename T>
 static void append_launch(const append_params &p, const dim3 &scalar_grid, cudaStream_t s) {
   constexpr int V = vec_width<T>::value;
   if (!append_vec_ok(p, V)) {
     kv_append_kernel<T><<<scalar_grid, 64, 0, s>>>(p);
     return;
+  }
+  if constexpr (sizeof(T) == 2) {
+    if (const int iph = append_warp_iph<T>(p)) {
+      if (p.gptj) append_warp_launch<T, true>(p, iph, s);
+      else append_warp_launch<T, false>(p, iph, s);
+      return;
+    }
   }
   int tpr_log2 = 0;
   while (tpr_log2 < 5 && ((int64_t)1 << tpr_log2) < p.d / V) tpr_log2++;
