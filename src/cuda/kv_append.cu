@@ -10,7 +10,11 @@
  * as ot_rope_forward, so the cached keys are bit for bit the op's; features [rd, D) are
  * copied bit for bit.
  *
- * Two kernels. kv_append_vec_kernel (every row 16-byte aligned, D and the rotary split a
+ * Three kernels. kv_append_warp_kernel (RoPE appends of >= 256 tokens, full rotary, 16-bit
+ * types, rows as the vector kernel needs them): a warp per token, the token's table lookups
+ * and cos / sin made once and reused for all its q, k and v rows -- a prompt's form
+ * (ot_rope_kv_append in the engine's prefill); described above the kernel.
+ * kv_append_vec_kernel (every row 16-byte aligned, D and the rotary split a
  * whole number of 16-byte vectors): a group of TPR threads (a power of two <= 32 that
  * covers D / VEC vectors) per row, 256 / TPR rows per block; a thread moves whole
  * vectors: a rotated NeoX item is the vectors at x[j..j+VEC) and x[half+j..half+j+VEC),
