@@ -29,7 +29,7 @@ echo "qpf cases rc=$? $(tail -1 "$OUT/cases_qpf.log")"
 ENGINE_BENCH_FIRST=1 ENGINE_SHAPES=llama3-8b ENGINE_OFFLOAD_BIG=0 ENGINE_LINEAR_TESTS=0 \
 ENGINE_LINEAR_BENCH=0 ENGINE_PYTESTS=0 ENGINE_MEMCHECK_DECODE=0 ENGINE_SMI=0 ENGINE_SKIP_CHECK=1 \
 ENGINE_BENCH_TIMEOUT=140 ENGINE_BENCH_ARGS="--batches 1 --no-ttft-diag \
---decode-variants= --prefill-variants rope_kv_fused,rope_kv_fused_vec" timeout 190 bash \
+--decode-variants= --prefill-variants rope_kv_fused,rope_kv_fused_vec,fused_head" timeout 190 bash \
   scripts/device_engine.sh run "$COMMIT" >"$OUT/engine_run.log" 2>&1
 echo "engine rc=$?"; grep -iE "ttft|FAIL|tok/s" "$OUT/engine_run.log" | cut -c1-300 | tail -8
 grep -E "^timeline prefill" "$OUT/engine_run.log" | python3 -c '
