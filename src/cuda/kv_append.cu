@@ -28,6 +28,7 @@
 #include "common.cuh"
 #include "cuda_state.h"
 #include "paged_common.cuh"
+#include "pdl.cuh"
 #include "rope.cuh"
 
 namespace ot {
@@ -244,7 +245,9 @@ __global__ void __launch_bounds__(kAppendVecThreads)
  * GPT-J: rd) / V a power of two 4..32, and append_vec_ok. A batch of up to U rows' loads
  * is issued before any of their stores (rows of one token never overlap: in place, a lane
  * writes only what it has read). Same cos / sin and rotation as the other kernels: the
- * same bits. */
+ * same bits. Launched as a programmatic dependent (PDL) of the kernel before it, which
+ * wrote q, k and v (the prompt's qkv GEMM): its blocks start during that kernel's tail and
+ * wait for its writes (ot_pdl_wait); it does not signal its own dependents. */
 constexpr int kAppendWarpThreads = 128, kAppendWarpU = 8;
 
 template <typename T, bool GPTJ, int IPH>
@@ -262,6 +265,7 @@ __global__ void __launch_bounds__(kAppendWarpThreads)
   const int passes = (rows + HPW - 1) / HPW;
   const int nb = (passes + U - 1) / U, ub = (passes + nb - 1) / nb;
   const int64_t rstride = (int64_t)p.bs * p.d; /* one kv head of a page */
+  ot_pdl_wait(); /* launched as a programmatic dependent: q, k, v are the previous kernel's */
   for (int64_t tok = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); tok < p.tokens;
        tok += (int64_t)gridDim.x * wpb) {
     /* the token (warp-uniform: every lane reads the same table entries) */
@@ -404,23 +408,33 @@ static int append_warp_iph(const append_params &p) {
   return p.tokens >= kAppendWarpMinTokens ? (int)iph : 0;
 }
 
-template <typename T, bool GPTJ>
-static void append_warp_launch(const append_params &p, int iph, cudaStream_t s) {
+template <typename T, bool GPTJ, int IPH>
+static void append_warp_launch_iph(const ot_cuda_state *cs, const append_params &p,
+                                   cudaStream_t s) {
+  static std::atomic<int> cached[16] = {}; /* PDL on this device: 1 yes, -1 no */
   const int wpb = kAppendWarpThreads / 32;
   int64_t blocks = (p.tokens + wpb - 1) / wpb;
   if (blocks > 0x7fffffff) blocks = 0x7fffffff;
   const size_t smem = (size_t)wpb * 2 * (size_t)p.half * sizeof(float);
-  const unsigned g = (unsigned)blocks;
+  auto *f = kv_append_warp_kernel<T, GPTJ, IPH>;
+  (void)ot_launch_pdl_smem(ot_pdl_ok(cs, f, cached), f, dim3((unsigned)blocks),
+                           dim3(kAppendWarpThreads), smem, s, p);
+}
+
+template <typename T, bool GPTJ>
+static void append_warp_launch(const ot_cuda_state *cs, const append_params &p, int iph,
+                               cudaStream_t s) {
   switch (iph) {
-    case 4: kv_append_warp_kernel<T, GPTJ, 4><<<g, kAppendWarpThreads, smem, s>>>(p); break;
-    case 8: kv_append_warp_kernel<T, GPTJ, 8><<<g, kAppendWarpThreads, smem, s>>>(p); break;
-    case 16: kv_append_warp_kernel<T, GPTJ, 16><<<g, kAppendWarpThreads, smem, s>>>(p); break;
-    default: kv_append_warp_kernel<T, GPTJ, 32><<<g, kAppendWarpThreads, smem, s>>>(p); break;
+    case 4: append_warp_launch_iph<T, GPTJ, 4>(cs, p, s); break;
+    case 8: append_warp_launch_iph<T, GPTJ, 8>(cs, p, s); break;
+    case 16: append_warp_launch_iph<T, GPTJ, 16>(cs, p, s); break;
+    default: append_warp_launch_iph<T, GPTJ, 32>(cs, p, s); break;
   }
 }
 
 template <typename T>
-static void append_launch(const append_params &p, const dim3 &scalar_grid, cudaStream_t s) {
+static void append_launch(const ot_cuda_state *cs, const append_params &p,
+                          const dim3 &scalar_grid, cudaStream_t s) {
   constexpr int V = vec_width<T>::value;
   if (!append_vec_ok(p, V)) {
     kv_append_kernel<T><<<scalar_grid, 64, 0, s>>>(p);
@@ -428,8 +442,8 @@ static void append_launch(const append_params &p, const dim3 &scalar_grid, cudaS
   }
   if constexpr (sizeof(T) == 2) {
     if (const int iph = append_warp_iph<T>(p)) {
-      if (p.gptj) append_warp_launch<T, true>(p, iph, s);
-      else append_warp_launch<T, false>(p, iph, s);
+      if (p.gptj) append_warp_launch<T, true>(cs, p, iph, s);
+      else append_warp_launch<T, false>(cs, p, iph, s);
       return;
     }
   }
@@ -489,6 +503,7 @@ extern "C" ot_status ot_cuda_kv_append(ot_context *ctx, const ot_kv_append_args 
     p.ko_hs = a->ko_head_stride;
   }
   cudaStream_t s = (cudaStream_t)ctx->stream;
+  const ot_cuda_state *cs = ot_cuda_state_of(ctx);
   const bool debug = ot_paged_debug();
   if (debug) {
     p.err = (int *)ot_cuda_scratch(ctx, 256, op);
@@ -501,9 +516,9 @@ extern "C" ot_status ot_cuda_kv_append(ot_context *ctx, const ot_kv_append_args 
                     "the CUDA kernel handles up to 65535", (long long)slots);
   const dim3 grid((unsigned)(a->tokens < 0x7fffffff ? a->tokens : 0x7fffffff), (unsigned)slots);
   switch (a->dtype) {
-    case OT_F32: ot::append_launch<float>(p, grid, s); break;
-    case OT_F16: ot::append_launch<__half>(p, grid, s); break;
-    case OT_BF16: ot::append_launch<__nv_bfloat16>(p, grid, s); break;
+    case OT_F32: ot::append_launch<float>(cs, p, grid, s); break;
+    case OT_F16: ot::append_launch<__half>(cs, p, grid, s); break;
+    case OT_BF16: ot::append_launch<__nv_bfloat16>(cs, p, grid, s); break;
     default: return ot_error(OT_ERR_INTERNAL, op, "unexpected dtype %d", (int)a->dtype);
   }
   OT_CUDA_CHECK_LAUNCH(op);
