@@ -878,6 +878,380 @@ static PyObject *py_context_arena(PyObject *self, PyObject *arg) {
   return Py_NewRef(cuda_context_arenas[d]);
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* Paged KV cache (ot_kv_cache_*), ot_kv_append / ot_rope_kv_append, paged attention  */
+/* ---------------------------------------------------------------------------------- */
+
+/* The cache object: a capsule owning the ot_kv_cache, with references to what the cache
+ * needs alive -- this module (whose contexts the cache uses; module_free destroys them)
+ * and the arena its pages come from, if any. Tensors exported from it (layer views)
+ * hold a reference to the capsule, so the pages outlive the Python KVCache object. */
+#define KV_CACHE_CAPSULE "ops_transformer.kv_cache"
+
+typedef struct kv_cache_handle {
+  ot_kv_cache *cache;
+  DLDevice device;
+  PyObject *module;
+  PyObject *arena; /* the arena capsule, or NULL */
+} kv_cache_handle;
+
+static void kv_cache_capsule_free(PyObject *cap) {
+  kv_cache_handle *h = (kv_cache_handle *)PyCapsule_GetPointer(cap, KV_CACHE_CAPSULE);
+  if (!h) {
+    PyErr_Clear();
+    return;
+  }
+  ot_kv_cache_destroy(h->cache); /* before the arena and the contexts go */
+  Py_XDECREF(h->arena);
+  Py_XDECREF(h->module);
+  PyMem_Free(h);
+}
+
+static kv_cache_handle *kv_handle(PyObject *cap) {
+  return (kv_cache_handle *)PyCapsule_GetPointer(cap, KV_CACHE_CAPSULE);
+}
+
+/* An int argument (PyLong_AsInt is public only from Python 3.13). */
+static int int_arg(PyObject *o, int *out) {
+  long v = PyLong_AsLong(o);
+  if (v == -1 && PyErr_Occurred()) return -1;
+  if (v < INT32_MIN || v > INT32_MAX) {
+    PyErr_SetString(PyExc_OverflowError, "int argument out of range");
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+/* A DLManagedTensor this module exports: a view of memory `owner` keeps alive (the
+ * cache capsule: a reference is held until the consumer calls the deleter), or, with
+ * owner NULL, of `bytes` of host memory allocated with the record and freed with it. */
+typedef struct exported_tensor {
+  DLManagedTensor m;
+  int64_t shape[MAX_DIMS];
+  PyObject *owner;
+} exported_tensor;
+
+static void exported_tensor_delete(DLManagedTensor *m) {
+  exported_tensor *e = (exported_tensor *)m->manager_ctx;
+  if (e->owner) {
+    /* consumers may call the deleter from any thread */
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_DECREF(e->owner);
+    PyGILState_Release(g);
+  }
+  free(e);
+}
+
+/* The capsule's own destructor: a capsule never consumed (still named "dltensor")
+ * deletes its tensor; a consumer renames it "used_dltensor" and owns the tensor. */
+static void dltensor_capsule_free(PyObject *cap) {
+  if (!PyCapsule_IsValid(cap, "dltensor")) return;
+  DLManagedTensor *m = (DLManagedTensor *)PyCapsule_GetPointer(cap, "dltensor");
+  if (m && m->deleter) m->deleter(m);
+}
+
+/* A "dltensor" capsule of a contiguous tensor: data (owned by `owner`) or, with data
+ * NULL, `bytes` of new host memory (returned in *host, uninitialized). */
+static PyObject *export_tensor(void *data, DLDevice device, DLDataType dtype, int ndim,
+                               const int64_t *shape, PyObject *owner, size_t bytes,
+                               void **host) {
+  exported_tensor *e = (exported_tensor *)malloc(sizeof *e + (data ? 0 : bytes));
+  if (!e) return PyErr_NoMemory();
+  memset(e, 0, sizeof *e);
+  for (int d = 0; d < ndim; d++) e->shape[d] = shape[d];
+  if (!data) {
+    data = e + 1; /* sizeof *e is a multiple of 8 */
+    *host = data;
+  }
+  e->m.dl_tensor = (DLTensor){data, device, ndim, dtype, e->shape, NULL, 0};
+  e->m.manager_ctx = e;
+  e->m.deleter = exported_tensor_delete;
+  e->owner = owner;
+  Py_XINCREF(owner);
+  PyObject *cap = PyCapsule_New(&e->m, "dltensor", dltensor_capsule_free);
+  if (!cap) exported_tensor_delete(&e->m);
+  return cap;
+}
+
+/* kv_cache_create(num_layers, num_pages, block_size, heads_kv, head_dim, dtype_code,
+ *                 dtype_bits, device, arena) -> cache
+ * device: -1 the host, else the CUDA ordinal; arena: an arena capsule or None. */
+static PyObject *py_kv_cache_create(PyObject *self, PyObject *args) {
+  int num_layers, block_size, heads_kv, head_dim, code, bits, device;
+  long long num_pages;
+  PyObject *arena_cap;
+  if (!PyArg_ParseTuple(args, "iLiiiiiiO", &num_layers, &num_pages, &block_size, &heads_kv,
+                        &head_dim, &code, &bits, &device, &arena_cap))
+    return NULL;
+  ot_arena *arena = NULL;
+  if (arena_cap != Py_None && !(arena = (ot_arena *)PyCapsule_GetPointer(arena_cap,
+                                                                         ARENA_CAPSULE)))
+    return NULL;
+  DLDevice dev = {device < 0 ? kDLCPU : kDLCUDA, device < 0 ? 0 : device};
+  ot_context *ctx = context_for("kv_cache_create", dev, Py_None);
+  if (!ctx) return NULL;
+  ot_kv_cache_params p = {num_layers, (int64_t)num_pages, block_size, heads_kv, head_dim,
+                          {(uint8_t)code, (uint8_t)bits, 1}};
+  kv_cache_handle *h = (kv_cache_handle *)PyMem_Calloc(1, sizeof *h);
+  if (!h) return PyErr_NoMemory();
+  ot_status st = ot_kv_cache_create(ctx, &p, arena, &h->cache);
+  if (st != OT_OK) {
+    PyMem_Free(h);
+    return raise_status(st);
+  }
+  h->device = dev;
+  h->module = Py_NewRef(self);
+  if (arena) h->arena = Py_NewRef(arena_cap);
+  PyObject *cap = PyCapsule_New(h, KV_CACHE_CAPSULE, kv_cache_capsule_free);
+  if (!cap) {
+    ot_kv_cache_destroy(h->cache);
+    Py_XDECREF(h->arena);
+    Py_DECREF(h->module);
+    PyMem_Free(h);
+  }
+  return cap;
+}
+
+/* kv_cache_layer(cache, layer) -> (k_pages, v_pages): "dltensor" capsules viewing the
+ * pages [num_pages, heads_kv, block_size, head_dim]; each keeps the cache alive. */
+static PyObject *py_kv_cache_layer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_Format(PyExc_TypeError, "kv_cache_layer() takes 2 arguments (%zd given)", nargs);
+    return NULL;
+  }
+  kv_cache_handle *h = kv_handle(args[0]);
+  if (!h) return NULL;
+  int layer;
+  if (int_arg(args[1], &layer) < 0) return NULL;
+  DLTensor k, v;
+  ot_status st = ot_kv_cache_layer(h->cache, layer, &k, &v);
+  if (st != OT_OK) return raise_status(st);
+  PyObject *kc = export_tensor(k.data, k.device, k.dtype, k.ndim, k.shape, args[0], 0, NULL);
+  if (!kc) return NULL;
+  PyObject *vc = export_tensor(v.data, v.device, v.dtype, v.ndim, v.shape, args[0], 0, NULL);
+  if (!vc) {
+    Py_DECREF(kc);
+    return NULL;
+  }
+  PyObject *out = PyTuple_Pack(2, kc, vc);
+  Py_DECREF(kc);
+  Py_DECREF(vc);
+  return out;
+}
+
+/* Sequence ids (and token counts) from Python sequences of ints: `buf` when n <= cap,
+ * else PyMem (the caller frees *out when it differs from buf). */
+static int int64_list(const char *op, const char *name, PyObject *seq, int64_t *buf,
+                      Py_ssize_t cap, int64_t **out, Py_ssize_t *n) {
+  PyObject *fast = PySequence_Fast(seq, "expected a sequence of ints");
+  if (!fast) return -1;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+  if (len > INT32_MAX) {
+    Py_DECREF(fast);
+    char what[96];
+    snprintf(what, sizeof what, "%s: more than 2^31 - 1 entries", name);
+    return arg_error(op, 1, what);
+  }
+  int64_t *p = len <= cap ? buf : (int64_t *)PyMem_Malloc((size_t)len * sizeof *p);
+  if (!p) {
+    Py_DECREF(fast);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < len; i++) {
+    p[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+    if (p[i] == -1 && PyErr_Occurred()) {
+      if (p != buf) PyMem_Free(p);
+      Py_DECREF(fast);
+      return -1;
+    }
+  }
+  Py_DECREF(fast);
+  *out = p;
+  *n = len;
+  return 0;
+}
+
+#define KV_STACK_IDS 64
+
+/* kv_cache_reserve(stream, cache, seq_ids, num_tokens): the stream orders the
+ * copy-on-write copies on CUDA. */
+static PyObject *py_kv_cache_reserve(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  static const char op[] = "kv_cache_reserve";
+  if (nargs != 4) {
+    PyErr_Format(PyExc_TypeError, "%s() takes 4 arguments (%zd given)", op, nargs);
+    return NULL;
+  }
+  kv_cache_handle *h = kv_handle(args[1]);
+  if (!h) return NULL;
+  int64_t ids_buf[KV_STACK_IDS], tok_buf[KV_STACK_IDS], *ids = NULL, *tok = NULL;
+  Py_ssize_t n = 0, nt = 0;
+  PyObject *result = NULL;
+  if (int64_list(op, "seq_ids", args[2], ids_buf, KV_STACK_IDS, &ids, &n) < 0) return NULL;
+  if (int64_list(op, "num_tokens", args[3], tok_buf, KV_STACK_IDS, &tok, &nt) < 0) goto done;
+  if (nt != n) {
+    char what[128];
+    snprintf(what, sizeof what, "num_tokens: %zd entries, seq_ids has %zd", nt, n);
+    arg_error(op, 3, what);
+    goto done;
+  }
+  if (!context_for(op, h->device, args[0])) goto done;
+  ot_status st = ot_kv_cache_reserve(h->cache, (int)n, ids, tok);
+  if (st != OT_OK) {
+    raise_status(st);
+    goto done;
+  }
+  result = Py_NewRef(Py_None);
+done:
+  if (ids && ids != ids_buf) PyMem_Free(ids);
+  if (tok && tok != tok_buf) PyMem_Free(tok);
+  return result;
+}
+
+/* kv_cache_page_table(cache, seq_ids) -> (indptr, indices, last_page_len): "dltensor"
+ * capsules of new int32 host arrays [n + 1], [pages of the batch], [n]. */
+static PyObject *py_kv_cache_page_table(PyObject *self, PyObject *const *args,
+                                        Py_ssize_t nargs) {
+  static const char op[] = "kv_cache_page_table";
+  if (nargs != 2) {
+    PyErr_Format(PyExc_TypeError, "%s() takes 2 arguments (%zd given)", op, nargs);
+    return NULL;
+  }
+  kv_cache_handle *h = kv_handle(args[0]);
+  if (!h) return NULL;
+  int64_t ids_buf[KV_STACK_IDS], *ids = NULL;
+  Py_ssize_t n = 0;
+  if (int64_list(op, "seq_ids", args[1], ids_buf, KV_STACK_IDS, &ids, &n) < 0) return NULL;
+  PyObject *caps[3] = {NULL, NULL, NULL}, *result = NULL;
+  /* the batch's pages first, so that indices is allocated at its size */
+  int64_t total = 0;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    int64_t pages = 0;
+    ot_status st = ot_kv_cache_seq_length(h->cache, ids[i], NULL, &pages);
+    if (st != OT_OK) {
+      raise_status(st);
+      goto done;
+    }
+    total += pages;
+  }
+  const DLDevice host = {kDLCPU, 0};
+  const DLDataType i32 = {kDLInt, 32, 1};
+  const int64_t shapes[3] = {n + 1, total, n};
+  int32_t *arrays[3];
+  for (int k = 0; k < 3; k++) {
+    caps[k] = export_tensor(NULL, host, i32, 1, &shapes[k], NULL,
+                            (size_t)shapes[k] * sizeof(int32_t), (void **)&arrays[k]);
+    if (!caps[k]) goto done;
+  }
+  ot_status st = ot_kv_cache_page_table(h->cache, (int)n, ids, arrays[0], arrays[1], total,
+                                        arrays[2]);
+  if (st != OT_OK) {
+    raise_status(st);
+    goto done;
+  }
+  result = PyTuple_Pack(3, caps[0], caps[1], caps[2]);
+done:
+  for (int k = 0; k < 3; k++) Py_XDECREF(caps[k]);
+  if (ids && ids != ids_buf) PyMem_Free(ids);
+  return result;
+}
+
+/* kv_cache_seq(cache, what, seq_id) -> int or tuple; `what`: 0 add_sequence (seq_id
+ * ignored) -> new id, 1 free_sequence -> None, 2 fork -> new id, 3 seq_length ->
+ * (tokens, pages). The bookkeeping calls, which do no device work. */
+static PyObject *py_kv_cache_seq(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "kv_cache_seq() takes 3 arguments (%zd given)", nargs);
+    return NULL;
+  }
+  kv_cache_handle *h = kv_handle(args[0]);
+  if (!h) return NULL;
+  int what;
+  if (int_arg(args[1], &what) < 0) return NULL;
+  int64_t id = 0, a = 0, b = 0;
+  if (what != 0) {
+    id = PyLong_AsLongLong(args[2]);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+  }
+  ot_status st;
+  switch (what) {
+    case 0: st = ot_kv_cache_add_sequence(h->cache, &a); break;
+    case 1: st = ot_kv_cache_free_sequence(h->cache, id); break;
+    case 2: st = ot_kv_cache_fork(h->cache, id, &a); break;
+    case 3: st = ot_kv_cache_seq_length(h->cache, id, &a, &b); break;
+    default: PyErr_SetString(PyExc_ValueError, "kv_cache_seq: what: 0 .. 3"); return NULL;
+  }
+  if (st != OT_OK) return raise_status(st);
+  if (what == 1) Py_RETURN_NONE;
+  if (what == 3) return Py_BuildValue("(LL)", (long long)a, (long long)b);
+  return PyLong_FromLongLong(a);
+}
+
+/* kv_cache_info(cache) -> dict of ot_kv_cache_info, plus the dtype and device. */
+static PyObject *py_kv_cache_info(PyObject *self, PyObject *cap) {
+  kv_cache_handle *h = kv_handle(cap);
+  if (!h) return NULL;
+  ot_kv_cache_info i;
+  ot_status st = ot_kv_cache_get_info(h->cache, &i);
+  if (st != OT_OK) return raise_status(st);
+  return Py_BuildValue("{sisisisisLsLsLsLsK}", "num_layers", i.num_layers, "block_size",
+                       i.block_size, "heads_kv", i.heads_kv, "head_dim", i.head_dim,
+                       "num_pages", (long long)i.num_pages, "free_pages",
+                       (long long)i.free_pages, "shared_pages", (long long)i.shared_pages,
+                       "num_sequences", (long long)i.num_sequences, "bytes",
+                       (unsigned long long)i.bytes);
+}
+
+static ot_paged_kv paged_kv(const call *c, int first) {
+  ot_paged_kv kv = {TS(*c, first), TS(*c, first + 1), TS(*c, first + 2), TS(*c, first + 3),
+                    TS(*c, first + 4)};
+  return kv;
+}
+
+/* (stream, rope, k_pages, v_pages, indptr, indices, last_page_len, cu_seqlens_new,
+ *  k_new, v_new, positions, q, q_out, k_out): rope is None or the tuple of rope_forward's
+ * parameters (mode, rotary_dim, theta, l3_factor, l3_low, l3_high, l3_orig_max).
+ * ot_rope_kv_append when k_out is not None, else ot_kv_append. */
+static PyObject *py_kv_append(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  static const char op[] = "kv_append";
+  if (nargs != 14) {
+    PyErr_Format(PyExc_TypeError, "%s() takes 14 arguments (%zd given)", op, nargs);
+    return NULL;
+  }
+  call r; /* only the rope parameters, in the slots rope_params reads */
+  int has_rope = args[1] != Py_None;
+  if (has_rope && !PyArg_ParseTuple(args[1], "LLddddL;kv_append: rope: expected (mode, "
+                                    "rotary_dim, theta, factor, low, high, original_max)",
+                                    &r.i[0], &r.i[1], &r.f[0], &r.f[1], &r.f[2], &r.f[3],
+                                    &r.i[2]))
+    return NULL;
+  ot_rope_params p = has_rope ? rope_params(&r) : ot_rope_default_params();
+  PyObject *rest[13]; /* the stream and the tensors, for parse() */
+  rest[0] = args[0];
+  for (int k = 1; k < 13; k++) rest[k] = args[k + 1];
+  call c;
+  if (parse(&c, op, "TTTTTTTTTTTT", rest, 13) < 0) {
+    call_release(&c);
+    return NULL;
+  }
+  ot_paged_kv kv = paged_kv(&c, 0);
+  if (TS(c, 11))
+    RUN(c, ot_rope_kv_append(c.ctx, has_rope ? &p : NULL, &kv, TS(c, 5), TS(c, 6), TS(c, 7),
+                             TS(c, 8), TS(c, 9), TS(c, 10), TS(c, 11)));
+  RUN(c, ot_kv_append(c.ctx, &kv, TS(c, 5), TS(c, 6), TS(c, 7), has_rope ? &p : NULL,
+                      TS(c, 8), TS(c, 9), TS(c, 10)));
+}
+
+/* (stream, scale, causal, window_left, window_right, softcap, deterministic,
+ *  q, cu_seqlens_q, k_pages, v_pages, indptr, indices, last_page_len, out, lse) */
+static PyObject *py_paged_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  PARSE(c, "paged_attention", "fiiifiTTTTTTTTT");
+  ot_attention_params p = attn_params(&c);
+  ot_paged_kv kv = paged_kv(&c, 2);
+  RUN(c, ot_paged_attention(c.ctx, &p, TS(c, 0), TS(c, 1), &kv, TS(c, 7), TS(c, 8)));
+}
+
 static PyObject *py_last_error(PyObject *self, PyObject *unused) {
   return PyUnicode_FromString(ot_last_error());
 }
@@ -914,6 +1288,8 @@ static PyMethodDef methods[] = {
     {"linear_cross_entropy_workspace_size", py_linear_cross_entropy_workspace_size, METH_VARARGS,
      "Bytes of workspace of ot_linear_cross_entropy (T, H, V, dtype code, bits, chunk)."},
     FAST("adamw_step", py_adamw_step, NULL),
+    FAST("kv_append", py_kv_append, NULL),
+    FAST("paged_attention", py_paged_attention, NULL),
     {"_register_torch", py_register_torch, METH_VARARGS,
      "_register_torch(torch.Tensor, {dtype: (dlpack_code, bits)}, stream_of): enable the\n"
      "torch fast path; stream_of(ordinal) returns torch's current CUDA stream as an int;\n"
@@ -936,6 +1312,19 @@ static PyMethodDef methods[] = {
      "`bytes` (ot_context_set_arena), created on next use; 0: none."},
     {"context_arena", py_context_arena, METH_O,
      "context_arena(device) -> the arena of that CUDA device's context, or None."},
+    {"kv_cache_create", py_kv_cache_create, METH_VARARGS,
+     "kv_cache_create(num_layers, num_pages, block_size, heads_kv, head_dim, dtype_code,\n"
+     "dtype_bits, device, arena) -> cache (device -1: host, else CUDA ordinal; arena or None)."},
+    FAST("kv_cache_layer", py_kv_cache_layer,
+         "kv_cache_layer(cache, layer) -> (k_pages, v_pages) DLPack capsules (views)."),
+    FAST("kv_cache_reserve", py_kv_cache_reserve,
+         "kv_cache_reserve(stream, cache, seq_ids, num_tokens)."),
+    FAST("kv_cache_page_table", py_kv_cache_page_table,
+         "kv_cache_page_table(cache, seq_ids) -> (indptr, indices, last_page_len) int32\n"
+         "host DLPack capsules."),
+    FAST("kv_cache_seq", py_kv_cache_seq,
+         "kv_cache_seq(cache, what, seq_id): 0 add, 1 free, 2 fork, 3 (tokens, pages)."),
+    {"kv_cache_info", py_kv_cache_info, METH_O, "ot_kv_cache_get_info as a dict."},
     {"last_error", py_last_error, METH_NOARGS, "ot_last_error() of this thread."},
     {"has_cuda", py_has_cuda, METH_NOARGS, "Whether the library was built with CUDA."},
     {"version", py_version, METH_NOARGS, "The linked library's version string."},
