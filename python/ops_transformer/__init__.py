@@ -8,6 +8,8 @@ Functions (see each docstring for shapes): rms_norm, layer_norm (both with a fus
 residual add), rope, swiglu, geglu, softmax, cross_entropy, attention (dense BSHD and
 packed varlen), linear, linear_cross_entropy (the LM head's loss without the
 logits), adamw_step, and the plain bindings of their backward ops (``*_backward``).
+The paged KV cache: ``KVCache`` with ``kv_append``, ``rope_kv_append`` and
+``paged_attention`` (``ops_transformer.kv_cache``).
 With torch installed each op is also ``torch.ops.ops_transformer.<name>``, with fake
 implementations (torch.compile) and autograd through the library's backward ops.
 
@@ -25,6 +27,7 @@ from ._C import Error
 from .config import config
 from .ops import *  # noqa: F401,F403
 from .ops import __all__ as _ops_all
+from .kv_cache import KVCache, kv_append, paged_attention, rope_kv_append  # noqa: F401
 
 try:
     import torch as _torch  # noqa: F401
@@ -50,5 +53,6 @@ def last_error():
 
 
 __all__ = ["Error", "config", "has_cuda", "last_error", "__version__"] + list(_ops_all)
+__all__ += ["KVCache", "kv_append", "rope_kv_append", "paged_attention"]
 if _torch is not None:
     __all__ += ["patch_llama", "patch_model", "unpatch", "custom_op", "sdpa", "Unsupported"]
