@@ -923,17 +923,32 @@ static int int_arg(PyObject *o, int *out) {
   return 0;
 }
 
-/* A DLManagedTensor this module exports: a view of memory `owner` keeps alive (the
- * cache capsule: a reference is held until the consumer calls the deleter), or, with
- * owner NULL, of `bytes` of host memory allocated with the record and freed with it. */
+/* DLPack 1.0's versioned managed tensor, declared here because the dlpack.h this builds
+ * with is 0.6 (the layout is DLPack's ABI). NumPy makes arrays from the legacy
+ * (unversioned) capsule read-only; from this one, without the read-only flag, writable. */
+typedef struct dl_version {
+  uint32_t major, minor;
+} dl_version;
+
+typedef struct dl_managed_versioned {
+  dl_version version;
+  void *manager_ctx;
+  void (*deleter)(struct dl_managed_versioned *self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+} dl_managed_versioned;
+
+/* A tensor this module exports, as either capsule kind: a view of memory `owner` keeps
+ * alive (the cache capsule: a reference is held until the consumer calls the deleter),
+ * or, with owner NULL, of host memory allocated with the record and freed with it. */
 typedef struct exported_tensor {
-  DLManagedTensor m;
+  DLManagedTensor legacy;
+  dl_managed_versioned versioned;
   int64_t shape[MAX_DIMS];
   PyObject *owner;
 } exported_tensor;
 
-static void exported_tensor_delete(DLManagedTensor *m) {
-  exported_tensor *e = (exported_tensor *)m->manager_ctx;
+static void exported_tensor_free(exported_tensor *e) {
   if (e->owner) {
     /* consumers may call the deleter from any thread */
     PyGILState_STATE g = PyGILState_Ensure();
@@ -943,19 +958,36 @@ static void exported_tensor_delete(DLManagedTensor *m) {
   free(e);
 }
 
-/* The capsule's own destructor: a capsule never consumed (still named "dltensor")
- * deletes its tensor; a consumer renames it "used_dltensor" and owns the tensor. */
+static void exported_legacy_delete(DLManagedTensor *m) {
+  exported_tensor_free((exported_tensor *)m->manager_ctx);
+}
+
+static void exported_versioned_delete(dl_managed_versioned *m) {
+  exported_tensor_free((exported_tensor *)m->manager_ctx);
+}
+
+/* The capsules' own destructors: a capsule never consumed (still named "dltensor" /
+ * "dltensor_versioned") deletes its tensor; a consumer renames it "used_..." and owns
+ * the tensor. */
 static void dltensor_capsule_free(PyObject *cap) {
   if (!PyCapsule_IsValid(cap, "dltensor")) return;
   DLManagedTensor *m = (DLManagedTensor *)PyCapsule_GetPointer(cap, "dltensor");
   if (m && m->deleter) m->deleter(m);
 }
 
-/* A "dltensor" capsule of a contiguous tensor: data (owned by `owner`) or, with data
- * NULL, `bytes` of new host memory (returned in *host, uninitialized). */
+static void dltensor_versioned_capsule_free(PyObject *cap) {
+  if (!PyCapsule_IsValid(cap, "dltensor_versioned")) return;
+  dl_managed_versioned *m =
+      (dl_managed_versioned *)PyCapsule_GetPointer(cap, "dltensor_versioned");
+  if (m && m->deleter) m->deleter(m);
+}
+
+/* A DLPack capsule ("dltensor_versioned" when `versioned`, else "dltensor") of a
+ * contiguous tensor: data (owned by `owner`) or, with data NULL, `bytes` of new host
+ * memory (returned in *host, uninitialized). */
 static PyObject *export_tensor(void *data, DLDevice device, DLDataType dtype, int ndim,
                                const int64_t *shape, PyObject *owner, size_t bytes,
-                               void **host) {
+                               void **host, int versioned) {
   exported_tensor *e = (exported_tensor *)malloc(sizeof *e + (data ? 0 : bytes));
   if (!e) return PyErr_NoMemory();
   memset(e, 0, sizeof *e);
@@ -964,13 +996,18 @@ static PyObject *export_tensor(void *data, DLDevice device, DLDataType dtype, in
     data = e + 1; /* sizeof *e is a multiple of 8 */
     *host = data;
   }
-  e->m.dl_tensor = (DLTensor){data, device, ndim, dtype, e->shape, NULL, 0};
-  e->m.manager_ctx = e;
-  e->m.deleter = exported_tensor_delete;
+  const DLTensor t = {data, device, ndim, dtype, e->shape, NULL, 0};
   e->owner = owner;
   Py_XINCREF(owner);
-  PyObject *cap = PyCapsule_New(&e->m, "dltensor", dltensor_capsule_free);
-  if (!cap) exported_tensor_delete(&e->m);
+  PyObject *cap;
+  if (versioned) {
+    e->versioned = (dl_managed_versioned){{1, 0}, e, exported_versioned_delete, 0, t};
+    cap = PyCapsule_New(&e->versioned, "dltensor_versioned", dltensor_versioned_capsule_free);
+  } else {
+    e->legacy = (DLManagedTensor){t, e, exported_legacy_delete};
+    cap = PyCapsule_New(&e->legacy, "dltensor", dltensor_capsule_free);
+  }
+  if (!cap) exported_tensor_free(e);
   return cap;
 }
 
@@ -1013,23 +1050,26 @@ static PyObject *py_kv_cache_create(PyObject *self, PyObject *args) {
   return cap;
 }
 
-/* kv_cache_layer(cache, layer) -> (k_pages, v_pages): "dltensor" capsules viewing the
- * pages [num_pages, heads_kv, block_size, head_dim]; each keeps the cache alive. */
+/* kv_cache_layer(cache, layer, versioned) -> (k_pages, v_pages): DLPack capsules
+ * (versioned: DLPack 1.0's) viewing the pages [num_pages, heads_kv, block_size,
+ * head_dim]; each keeps the cache alive. */
 static PyObject *py_kv_cache_layer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 2) {
-    PyErr_Format(PyExc_TypeError, "kv_cache_layer() takes 2 arguments (%zd given)", nargs);
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "kv_cache_layer() takes 3 arguments (%zd given)", nargs);
     return NULL;
   }
   kv_cache_handle *h = kv_handle(args[0]);
   if (!h) return NULL;
-  int layer;
-  if (int_arg(args[1], &layer) < 0) return NULL;
+  int layer, versioned = PyObject_IsTrue(args[2]);
+  if (versioned < 0 || int_arg(args[1], &layer) < 0) return NULL;
   DLTensor k, v;
   ot_status st = ot_kv_cache_layer(h->cache, layer, &k, &v);
   if (st != OT_OK) return raise_status(st);
-  PyObject *kc = export_tensor(k.data, k.device, k.dtype, k.ndim, k.shape, args[0], 0, NULL);
+  PyObject *kc =
+      export_tensor(k.data, k.device, k.dtype, k.ndim, k.shape, args[0], 0, NULL, versioned);
   if (!kc) return NULL;
-  PyObject *vc = export_tensor(v.data, v.device, v.dtype, v.ndim, v.shape, args[0], 0, NULL);
+  PyObject *vc =
+      export_tensor(v.data, v.device, v.dtype, v.ndim, v.shape, args[0], 0, NULL, versioned);
   if (!vc) {
     Py_DECREF(kc);
     return NULL;
@@ -1109,17 +1149,18 @@ done:
   return result;
 }
 
-/* kv_cache_page_table(cache, seq_ids) -> (indptr, indices, last_page_len): "dltensor"
- * capsules of new int32 host arrays [n + 1], [pages of the batch], [n]. */
+/* kv_cache_page_table(cache, seq_ids, versioned) -> (indptr, indices, last_page_len):
+ * DLPack capsules of new int32 host arrays [n + 1], [pages of the batch], [n]. */
 static PyObject *py_kv_cache_page_table(PyObject *self, PyObject *const *args,
                                         Py_ssize_t nargs) {
   static const char op[] = "kv_cache_page_table";
-  if (nargs != 2) {
-    PyErr_Format(PyExc_TypeError, "%s() takes 2 arguments (%zd given)", op, nargs);
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "%s() takes 3 arguments (%zd given)", op, nargs);
     return NULL;
   }
   kv_cache_handle *h = kv_handle(args[0]);
-  if (!h) return NULL;
+  int versioned = PyObject_IsTrue(args[2]);
+  if (!h || versioned < 0) return NULL;
   int64_t ids_buf[KV_STACK_IDS], *ids = NULL;
   Py_ssize_t n = 0;
   if (int64_list(op, "seq_ids", args[1], ids_buf, KV_STACK_IDS, &ids, &n) < 0) return NULL;
@@ -1141,7 +1182,8 @@ static PyObject *py_kv_cache_page_table(PyObject *self, PyObject *const *args,
   int32_t *arrays[3];
   for (int k = 0; k < 3; k++) {
     caps[k] = export_tensor(NULL, host, i32, 1, &shapes[k], NULL,
-                            (size_t)shapes[k] * sizeof(int32_t), (void **)&arrays[k]);
+                            (size_t)shapes[k] * sizeof(int32_t), (void **)&arrays[k],
+                            versioned);
     if (!caps[k]) goto done;
   }
   ot_status st = ot_kv_cache_page_table(h->cache, (int)n, ids, arrays[0], arrays[1], total,
@@ -1316,12 +1358,13 @@ static PyMethodDef methods[] = {
      "kv_cache_create(num_layers, num_pages, block_size, heads_kv, head_dim, dtype_code,\n"
      "dtype_bits, device, arena) -> cache (device -1: host, else CUDA ordinal; arena or None)."},
     FAST("kv_cache_layer", py_kv_cache_layer,
-         "kv_cache_layer(cache, layer) -> (k_pages, v_pages) DLPack capsules (views)."),
+         "kv_cache_layer(cache, layer, versioned) -> (k_pages, v_pages) DLPack capsules\n"
+         "(views; versioned: DLPack 1.0 capsules)."),
     FAST("kv_cache_reserve", py_kv_cache_reserve,
          "kv_cache_reserve(stream, cache, seq_ids, num_tokens)."),
     FAST("kv_cache_page_table", py_kv_cache_page_table,
-         "kv_cache_page_table(cache, seq_ids) -> (indptr, indices, last_page_len) int32\n"
-         "host DLPack capsules."),
+         "kv_cache_page_table(cache, seq_ids, versioned) -> (indptr, indices, last_page_len)\n"
+         "int32 host DLPack capsules."),
     FAST("kv_cache_seq", py_kv_cache_seq,
          "kv_cache_seq(cache, what, seq_id): 0 add, 1 free, 2 fork, 3 (tokens, pages)."),
     {"kv_cache_info", py_kv_cache_info, METH_O, "ot_kv_cache_get_info as a dict."},

@@ -36,6 +36,8 @@ except ImportError:  # NumPy-only use
 __all__ = ["KVCache", "kv_append", "rope_kv_append", "paged_attention"]
 
 _kDLCPU, _kDLCUDA = 1, 2
+# NumPy >= 2 takes DLPack 1.0 capsules, and only from those makes writable arrays.
+_NUMPY_VERSIONED = int(_np.__version__.split(".")[0]) >= 2
 _NUMPY_CODES = {_np.dtype(_np.float32): (2, 32), _np.dtype(_np.float16): (2, 16)}
 _INT = (int, _np.integer)
 _NAMES = {"float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16)}
@@ -141,6 +143,7 @@ class KVCache:
                                          int(heads_kv), int(head_dim), code, bits,
                                          self._ordinal, None if arena is None else arena._a)
         self._layers = {}
+        self._versioned = not self._as_torch and _NUMPY_VERSIONED
         self.num_layers = int(num_layers)
         self.block_size = int(block_size)
 
@@ -189,7 +192,7 @@ class KVCache:
         sequences whose table has page p). They keep the pool alive."""
         pages = self._layers.get(layer)
         if pages is None:
-            k, v = _C.kv_cache_layer(self._cache, layer)
+            k, v = _C.kv_cache_layer(self._cache, layer, self._versioned)
             pages = (_import(k, self._ordinal, self._as_torch),
                      _import(v, self._ordinal, self._as_torch))
             self._layers[layer] = pages
@@ -204,7 +207,7 @@ class KVCache:
         do not change it."""
         if isinstance(seq_ids, _INT):
             seq_ids = (seq_ids,)
-        caps = _C.kv_cache_page_table(self._cache, seq_ids)
+        caps = _C.kv_cache_page_table(self._cache, seq_ids, self._versioned)
         table = tuple(_import(c, -1, self._as_torch) for c in caps)
         target = self.device if device is None else device
         if self._as_torch and str(target) != "cpu":
