@@ -911,6 +911,16 @@ static kv_cache_handle *kv_handle(PyObject *cap) {
   return (kv_cache_handle *)PyCapsule_GetPointer(cap, KV_CACHE_CAPSULE);
 }
 
+/* The cache args[at] of a fastcall binding that takes `want` arguments. */
+static kv_cache_handle *kv_args(const char *op, PyObject *const *args, Py_ssize_t nargs,
+                                Py_ssize_t want, int at) {
+  if (nargs != want) {
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", op, want, nargs);
+    return NULL;
+  }
+  return kv_handle(args[at]);
+}
+
 /* An int argument (PyLong_AsInt is public only from Python 3.13). */
 static int int_arg(PyObject *o, int *out) {
   long v = PyLong_AsLong(o);
@@ -1054,11 +1064,7 @@ static PyObject *py_kv_cache_create(PyObject *self, PyObject *args) {
  * (versioned: DLPack 1.0's) viewing the pages [num_pages, heads_kv, block_size,
  * head_dim]; each keeps the cache alive. */
 static PyObject *py_kv_cache_layer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 3) {
-    PyErr_Format(PyExc_TypeError, "kv_cache_layer() takes 3 arguments (%zd given)", nargs);
-    return NULL;
-  }
-  kv_cache_handle *h = kv_handle(args[0]);
+  kv_cache_handle *h = kv_args("kv_cache_layer", args, nargs, 3, 0);
   if (!h) return NULL;
   int layer, versioned = PyObject_IsTrue(args[2]);
   if (versioned < 0 || int_arg(args[1], &layer) < 0) return NULL;
@@ -1119,11 +1125,7 @@ static int int64_list(const char *op, const char *name, PyObject *seq, int64_t *
  * copy-on-write copies on CUDA. */
 static PyObject *py_kv_cache_reserve(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   static const char op[] = "kv_cache_reserve";
-  if (nargs != 4) {
-    PyErr_Format(PyExc_TypeError, "%s() takes 4 arguments (%zd given)", op, nargs);
-    return NULL;
-  }
-  kv_cache_handle *h = kv_handle(args[1]);
+  kv_cache_handle *h = kv_args(op, args, nargs, 4, 1);
   if (!h) return NULL;
   int64_t ids_buf[KV_STACK_IDS], tok_buf[KV_STACK_IDS], *ids = NULL, *tok = NULL;
   Py_ssize_t n = 0, nt = 0;
@@ -1154,13 +1156,10 @@ done:
 static PyObject *py_kv_cache_page_table(PyObject *self, PyObject *const *args,
                                         Py_ssize_t nargs) {
   static const char op[] = "kv_cache_page_table";
-  if (nargs != 3) {
-    PyErr_Format(PyExc_TypeError, "%s() takes 3 arguments (%zd given)", op, nargs);
-    return NULL;
-  }
-  kv_cache_handle *h = kv_handle(args[0]);
+  kv_cache_handle *h = kv_args(op, args, nargs, 3, 0);
+  if (!h) return NULL;
   int versioned = PyObject_IsTrue(args[2]);
-  if (!h || versioned < 0) return NULL;
+  if (versioned < 0) return NULL;
   int64_t ids_buf[KV_STACK_IDS], *ids = NULL;
   Py_ssize_t n = 0;
   if (int64_list(op, "seq_ids", args[1], ids_buf, KV_STACK_IDS, &ids, &n) < 0) return NULL;
@@ -1203,11 +1202,7 @@ done:
  * ignored) -> new id, 1 free_sequence -> None, 2 fork -> new id, 3 seq_length ->
  * (tokens, pages). The bookkeeping calls, which do no device work. */
 static PyObject *py_kv_cache_seq(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 3) {
-    PyErr_Format(PyExc_TypeError, "kv_cache_seq() takes 3 arguments (%zd given)", nargs);
-    return NULL;
-  }
-  kv_cache_handle *h = kv_handle(args[0]);
+  kv_cache_handle *h = kv_args("kv_cache_seq", args, nargs, 3, 0);
   if (!h) return NULL;
   int what;
   if (int_arg(args[1], &what) < 0) return NULL;
