@@ -760,7 +760,10 @@ OT_API void ot_kv_cache_destroy(ot_kv_cache *cache);
 OT_API ot_status ot_kv_cache_layer(ot_kv_cache *cache, int layer, DLTensor *k_pages,
                                    DLTensor *v_pages);
 
-/* A new empty sequence (no page yet). */
+/* A new empty sequence (no page yet). Its id is never given to a later sequence (a freed
+ * sequence's slot is reused under a new id), so a stale id is refused with "not a live
+ * sequence" rather than taken for another sequence. Ids are >= 0; 0, 1, 2, ... while no
+ * sequence has been freed. */
 OT_API ot_status ot_kv_cache_add_sequence(ot_kv_cache *cache, int64_t *seq_id);
 
 /* Grow sequence seq_ids[i] by num_tokens[i] >= 0 token slots, for i < n, allocating

@@ -430,6 +430,24 @@ static void kv_bad_args(test_run *tr) {
   tr_ok(tr, ot_kv_cache_free_sequence(c, s1), "free");
   tr_expect_error(tr, ot_kv_cache_free_sequence(c, s1), OT_ERR_INVALID_ARGUMENT,
                   "ot_kv_cache_free_sequence: seq_id", "not a live sequence");
+  /* s1's slot is reused under a new id: the stale id is refused everywhere */
+  int64_t s2 = -1, n2 = -1;
+  tr_ok(tr, ot_kv_cache_add_sequence(c, &s2), "add after free");
+  if (s2 == s1 || s2 < 0) tr_fail(tr, "a freed id came back: %lld", (long long)s2);
+  int64_t stale[1] = {s1}, five[1] = {5};
+  tr_expect_error(tr, ot_kv_cache_reserve(c, 1, stale, five), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_reserve: seq_ids[0]", "not a live sequence");
+  tr_expect_error(tr, ot_kv_cache_seq_length(c, s1, &n2, NULL), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_seq_length: seq_id", "not a live sequence");
+  tr_expect_error(tr, ot_kv_cache_fork(c, s1, &junk), OT_ERR_INVALID_ARGUMENT,
+                  "ot_kv_cache_fork: src_seq", "not a live sequence");
+  tr_expect_error(tr, ot_kv_cache_page_table(c, 1, stale, indptr, indices, 1, lpl),
+                  OT_ERR_INVALID_ARGUMENT, "ot_kv_cache_page_table: seq_ids[0]", "not a live");
+  tr_ok(tr, ot_kv_cache_reserve(c, 1, &s2, five), "reserve the new id");
+  if (!tr_ok(tr, ot_kv_cache_seq_length(c, s2, &n2, NULL), "length") || n2 != 5 || junk != 77)
+    tr_fail(tr, "the new sequence: length %lld (5 expected), new_seq %lld", (long long)n2,
+            (long long)junk);
+  tr_ok(tr, ot_kv_cache_free_sequence(c, s2), "free the new id");
 out:
   ot_kv_cache_destroy(c);
   ot_arena_destroy(a);
@@ -444,10 +462,30 @@ static float kv_value(int64_t t, int l, int kv, int h, int x) {
 
 typedef struct shadow_seq {
   bool live;
+  bool used;    /* the slot has held a sequence */
+  int64_t id;   /* the cache's id of the (last) sequence in this slot: its low 32 bits */
   int64_t len;
   int64_t *tags; /* the tag of each token */
   int64_t cap;
 } shadow_seq;
+
+/* The slot of a sequence id (the cache's ids: the slot in the low 32 bits, a generation
+ * above, so that a freed id never comes back). */
+static int64_t kv_slot(int64_t id) { return id & 0xffffffff; }
+
+/* A new id from add / fork: in the shadow's range of slots, the slot not live, and not the
+ * id of the slot's previous (freed) sequence. Records it. */
+static bool kv_new_id_ok(test_run *tr, shadow_seq *sh, int nsh, int64_t id, const char *what) {
+  const int64_t slot = kv_slot(id);
+  if (id < 0 || slot >= nsh || sh[slot].live || (sh[slot].used && id == sh[slot].id)) {
+    tr_fail(tr, "%s returned id %lld (live, reused or out of the expected range)", what,
+            (long long)id);
+    return false;
+  }
+  sh[slot].id = id;
+  sh[slot].used = true;
+  return true;
+}
 
 /* Every token of every live sequence, read through the exported page table, holds the
  * values written for it; the cache's own invariants hold; info agrees. */
@@ -461,7 +499,7 @@ static bool kv_verify(test_run *tr, ot_kv_cache *c, const ot_kv_cache_params *p,
   int64_t ids[64];
   int n = 0;
   for (int i = 0; i < nsh; i++)
-    if (sh[i].live) ids[n++] = i;
+    if (sh[i].live) ids[n++] = sh[i].id;
   int32_t indptr[65], lpl[64];
   int32_t *indices = malloc((size_t)p->num_pages * 64 * sizeof *indices);
   bool ok = tr_ok(tr, ot_kv_cache_page_table(c, n, ids, indptr, indices, p->num_pages * 64, lpl),
@@ -471,7 +509,7 @@ static bool kv_verify(test_run *tr, ot_kv_cache *c, const ot_kv_cache_params *p,
   char *seen = calloc((size_t)p->num_pages, 1);
   int64_t distinct = 0;
   for (int b = 0; ok && b < n; b++) {
-    const shadow_seq *s = &sh[ids[b]];
+    const shadow_seq *s = &sh[kv_slot(ids[b])];
     int64_t np = indptr[b + 1] - indptr[b];
     int64_t len = np ? (np - 1) * p->block_size + lpl[b] : 0;
     if (len != s->len || (np && (lpl[b] < 1 || lpl[b] > p->block_size)) || (!np && lpl[b])) {
@@ -540,16 +578,14 @@ static void kv_property(test_run *tr, int bs, int64_t pages, int ops) {
     int nlive = 0;
     int64_t live_ids[MAXS];
     for (int i = 0; i < MAXS; i++)
-      if (sh[i].live) live_ids[nlive++] = i;
+      if (sh[i].live) live_ids[nlive++] = sh[i].id;
     int kind = (int)rng_int(&r, 0, 9);
     char when[96];
     if (nlive == 0 || (kind == 0 && nlive < MAXS - 1)) {
       int64_t id;
       if (!tr_ok(tr, ot_kv_cache_add_sequence(c, &id), "add")) break;
-      if (id < 0 || id >= MAXS || sh[id].live) {
-        tr_fail(tr, "add returned id %lld (live or out of the expected range)", (long long)id);
-        break;
-      }
+      if (!kv_new_id_ok(tr, sh, MAXS, id, "add")) break;
+      id = kv_slot(id);
       sh[id].live = true;
       sh[id].len = 0;
       counts[0]++;
@@ -579,7 +615,7 @@ static void kv_property(test_run *tr, int bs, int64_t pages, int ops) {
         if (!tr_ok(tr, st, "reserve")) break;
         counts[1]++;
         for (int i = 0; i < n; i++) {
-          shadow_seq *s = &sh[ids[i]];
+          shadow_seq *s = &sh[kv_slot(ids[i])];
           if (s->len + toks[i] > s->cap) {
             s->cap = (s->len + toks[i]) * 2 + 8;
             s->tags = realloc(s->tags, (size_t)s->cap * sizeof *s->tags);
@@ -611,10 +647,9 @@ static void kv_property(test_run *tr, int bs, int64_t pages, int ops) {
     } else if (kind <= 7 && nlive < MAXS - 1) {
       int64_t src = live_ids[rng_int(&r, 0, nlive - 1)], id;
       if (!tr_ok(tr, ot_kv_cache_fork(c, src, &id), "fork")) break;
-      if (id < 0 || id >= MAXS || sh[id].live) {
-        tr_fail(tr, "fork returned id %lld", (long long)id);
-        break;
-      }
+      if (!kv_new_id_ok(tr, sh, MAXS, id, "fork")) break;
+      snprintf(when, sizeof when, "op %d fork %lld -> %lld", op, (long long)src, (long long)id);
+      src = kv_slot(src), id = kv_slot(id);
       sh[id].live = true;
       sh[id].len = sh[src].len;
       if (sh[id].cap < sh[src].len + 1) {
@@ -623,13 +658,17 @@ static void kv_property(test_run *tr, int bs, int64_t pages, int ops) {
       }
       if (sh[src].len) memcpy(sh[id].tags, sh[src].tags, (size_t)sh[src].len * sizeof *sh[id].tags);
       counts[2]++;
-      snprintf(when, sizeof when, "op %d fork %lld -> %lld", op, (long long)src, (long long)id);
     } else {
       int64_t id = live_ids[rng_int(&r, 0, nlive - 1)];
       if (!tr_ok(tr, ot_kv_cache_free_sequence(c, id), "free")) break;
-      sh[id].live = false;
+      sh[kv_slot(id)].live = false;
       counts[3]++;
       snprintf(when, sizeof when, "op %d free %lld", op, (long long)id);
+      /* the freed id is dead for good, also once its slot holds another sequence */
+      if (ot_kv_cache_seq_length(c, id, NULL, NULL) == OT_OK) {
+        tr_fail(tr, "%s: the freed id still answers", when);
+        break;
+      }
     }
     if (next_tag > (1 << 16)) next_tag = 1; /* keep values exact; old tags may repeat, harmless */
     if (!kv_verify(tr, c, &p, sh, MAXS, when)) break;
@@ -639,7 +678,7 @@ static void kv_property(test_run *tr, int bs, int64_t pages, int ops) {
            counts[0], counts[1], counts[2], counts[3], counts[4]);
   if (counts[4] == 0 && ops >= 500) tr_fail(tr, "no reserve ever exhausted the pool");
   for (int i = 0; i < MAXS; i++) {
-    if (sh[i].live) tr_ok(tr, ot_kv_cache_free_sequence(c, i), "final free");
+    if (sh[i].live) tr_ok(tr, ot_kv_cache_free_sequence(c, sh[i].id), "final free");
     free(sh[i].tags);
   }
   ot_kv_cache_info info;

@@ -15,6 +15,7 @@
 
 typedef struct kv_seq {
   bool live;
+  uint32_t gen;     /* the slot's generation: bumped when its sequence is freed */
   int64_t len;      /* tokens */
   int64_t npages;   /* = ceil(len / block_size) */
   int64_t cap;      /* capacity of pages */
@@ -36,17 +37,27 @@ struct ot_kv_cache {
   kv_seq *seqs;
   int64_t nseqs;         /* slots in seqs */
   int64_t nlive;
-  int64_t *free_ids;     /* dead slots, reusable */
+  int64_t *free_ids;     /* dead slots, reusable (a new id: the slot's next generation) */
   int64_t nfree_ids;
   uint32_t *mark;        /* [nseqs] scratch for duplicate detection */
   uint32_t epoch;        /* the mark of the current ot_kv_cache_reserve call */
   size_t bytes;          /* of the page storage (what the tracker counts) */
 };
 
+/* A sequence id is its slot in seqs (low 32 bits) and the slot's generation (bits 32-62):
+ * a slot is reused after a free, its id is not, so a stale id is refused rather than taken
+ * for the slot's next sequence. The first sequence of each slot has generation 0: ids 0, 1,
+ * 2, ... while nothing was freed. */
+#define KV_GEN_MASK 0x7fffffffu
+static inline int64_t seq_slot(int64_t id) { return id & 0xffffffff; }
+static inline int64_t seq_id_of(int64_t slot, uint32_t gen) { return slot | ((int64_t)gen << 32); }
+
 static ot_status check_seq(const char *op, const char *name, const ot_kv_cache *c, int64_t id) {
-  if (id < 0 || id >= c->nseqs || !c->seqs[id].live)
-    return ot_error(OT_ERR_INVALID_ARGUMENT, op, "%s: %" PRId64 " is not a live sequence", name,
-                    id);
+  const int64_t slot = seq_slot(id);
+  if (id < 0 || slot >= c->nseqs || !c->seqs[slot].live ||
+      c->seqs[slot].gen != (uint32_t)(id >> 32))
+    return ot_error(OT_ERR_INVALID_ARGUMENT, op,
+                    "%s: %" PRId64 " is not a live sequence (never added, or freed)", name, id);
   return OT_OK;
 }
 
@@ -203,7 +214,7 @@ ot_status ot_kv_cache_add_sequence(ot_kv_cache *c, int64_t *seq_id) {
   s->len = 0;
   s->npages = 0;
   c->nlive++;
-  *seq_id = id;
+  *seq_id = seq_id_of(id, s->gen);
   return OT_OK;
 }
 
@@ -220,11 +231,12 @@ ot_status ot_kv_cache_free_sequence(ot_kv_cache *c, int64_t seq_id) {
   static const char *op = "ot_kv_cache_free_sequence";
   if (!c) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "cache: is NULL");
   OT_TRY(check_seq(op, "seq_id", c, seq_id));
-  kv_seq *s = &c->seqs[seq_id];
+  kv_seq *s = &c->seqs[seq_slot(seq_id)];
   release_pages(c, s);
   s->live = false;
+  s->gen = (s->gen + 1) & KV_GEN_MASK;
   c->nlive--;
-  c->free_ids[c->nfree_ids++] = seq_id;
+  c->free_ids[c->nfree_ids++] = seq_slot(seq_id);
   return OT_OK;
 }
 
@@ -246,7 +258,7 @@ ot_status ot_kv_cache_fork(ot_kv_cache *c, int64_t src_seq, int64_t *new_seq) {
   if (!new_seq) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "new_seq: is NULL");
   int64_t id;
   OT_TRY(ot_kv_cache_add_sequence(c, &id));
-  kv_seq *src = &c->seqs[src_seq], *dst = &c->seqs[id];
+  kv_seq *src = &c->seqs[seq_slot(src_seq)], *dst = &c->seqs[seq_slot(id)];
   ot_status st = ensure_cap(op, dst, src->npages);
   if (st != OT_OK) {
     (void)ot_kv_cache_free_sequence(c, id);
@@ -290,12 +302,12 @@ ot_status ot_kv_cache_reserve(ot_kv_cache *c, int n, const int64_t *seq_ids,
     char name[48];
     snprintf(name, sizeof name, "seq_ids[%d]", i);
     OT_TRY(check_seq(op, name, c, seq_ids[i]));
-    if (c->mark[seq_ids[i]] == epoch)
+    if (c->mark[seq_slot(seq_ids[i])] == epoch)
       return ot_error(OT_ERR_INVALID_ARGUMENT, op,
                       "seq_ids[%d]: %" PRId64 " appears twice (ids must be distinct)", i,
                       seq_ids[i]);
-    c->mark[seq_ids[i]] = epoch;
-    const kv_seq *s = &c->seqs[seq_ids[i]];
+    c->mark[seq_slot(seq_ids[i])] = epoch;
+    const kv_seq *s = &c->seqs[seq_slot(seq_ids[i])];
     if (num_tokens[i] < 0 || num_tokens[i] > ((int64_t)1 << 40))
       return ot_error(OT_ERR_INVALID_ARGUMENT, op,
                       "num_tokens[%d]: %" PRId64 ", expected 0 .. 2^40", i, num_tokens[i]);
@@ -312,11 +324,11 @@ ot_status ot_kv_cache_reserve(ot_kv_cache *c, int n, const int64_t *seq_ids,
                     need + cow, need, cow, c->nfree, c->p.num_pages);
   /* Grow the block tables first: the only step that can fail. */
   for (int i = 0; i < n; i++) {
-    kv_seq *s = &c->seqs[seq_ids[i]];
+    kv_seq *s = &c->seqs[seq_slot(seq_ids[i])];
     OT_TRY(ensure_cap(op, s, (s->len + num_tokens[i] + bs - 1) / bs));
   }
   for (int i = 0; i < n; i++) {
-    kv_seq *s = &c->seqs[seq_ids[i]];
+    kv_seq *s = &c->seqs[seq_slot(seq_ids[i])];
     if (num_tokens[i] == 0) continue;
     if (s->len % bs != 0) {
       int32_t *last = &s->pages[s->npages - 1];
@@ -344,8 +356,8 @@ ot_status ot_kv_cache_seq_length(const ot_kv_cache *c, int64_t seq_id, int64_t *
   static const char *op = "ot_kv_cache_seq_length";
   if (!c) return ot_error(OT_ERR_INVALID_ARGUMENT, op, "cache: is NULL");
   OT_TRY(check_seq(op, "seq_id", c, seq_id));
-  if (num_tokens) *num_tokens = c->seqs[seq_id].len;
-  if (num_pages) *num_pages = c->seqs[seq_id].npages;
+  if (num_tokens) *num_tokens = c->seqs[seq_slot(seq_id)].len;
+  if (num_pages) *num_pages = c->seqs[seq_slot(seq_id)].npages;
   return OT_OK;
 }
 
@@ -364,7 +376,7 @@ ot_status ot_kv_cache_page_table(const ot_kv_cache *c, int n, const int64_t *seq
     char name[48];
     snprintf(name, sizeof name, "seq_ids[%d]", i);
     OT_TRY(check_seq(op, name, c, seq_ids[i]));
-    total += c->seqs[seq_ids[i]].npages;
+    total += c->seqs[seq_slot(seq_ids[i])].npages;
   }
   if (total > INT32_MAX)
     return ot_error(OT_ERR_INVALID_ARGUMENT, op,
@@ -378,7 +390,7 @@ ot_status ot_kv_cache_page_table(const ot_kv_cache *c, int n, const int64_t *seq
   int64_t at = 0;
   indptr[0] = 0;
   for (int i = 0; i < n; i++) {
-    const kv_seq *s = &c->seqs[seq_ids[i]];
+    const kv_seq *s = &c->seqs[seq_slot(seq_ids[i])];
     if (s->npages) memcpy(indices + at, s->pages, (size_t)s->npages * sizeof *indices);
     at += s->npages;
     indptr[i + 1] = (int32_t)at;
