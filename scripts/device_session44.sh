@@ -11,7 +11,9 @@
 #   qpf      kFlQpf's cases
 #   bench    the Hopper forward's A/B (kFlKsplit off, kFlSplit, kFlQpf) with clocks
 #   trace    the forward's per-tile trace
-# PARTS (default all, ~6 min): e.g. PARTS="append memwarp engine" for a short call.
+#   suite    (not by default) the whole CUDA attention suite of test_ops (TEST_TIMEOUT, 380 s)
+# PARTS (default: all but suite, ~6 min): e.g. PARTS="append memwarp engine" for a short call;
+# BENCH_SHAPES, BENCH_AB: the bench part's shapes and A/B variants (defaults below).
 set -u
 COMMIT=${1:-unknown}
 PARTS=${PARTS:-append memwarp engine memkout qpf bench trace}
@@ -62,8 +64,8 @@ if on qpf; then
   echo "qpf cases rc=$? $(tail -1 "$OUT/cases_qpf.log")"
 fi
 if on bench; then
-  A="--fwd-only --no-variants --clocks --rounds 2 --shapes 32:32:32:1024:64,32:8:8:1024:256,32:16:16:1024:128,8:8:8:4096:256"
-  AB="ks0=OT_ATTN_SM90_KSPLIT:0,_full_only:1;sp=OT_ATTN_SM90_SPLIT:1,_full_only:1;qp=OT_ATTN_SM90_QPF:1,_full_only:1"
+  A="--fwd-only --no-variants --clocks --rounds 2 --shapes ${BENCH_SHAPES:-32:32:32:1024:64,32:8:8:1024:256,32:16:16:1024:128,8:8:8:4096:256}"
+  AB=${BENCH_AB:-"ks0=OT_ATTN_SM90_KSPLIT:0,_full_only:1;sp=OT_ATTN_SM90_SPLIT:1,_full_only:1;qp=OT_ATTN_SM90_QPF:1,_full_only:1"}
   # shellcheck disable=SC2086
   timeout 110 python3 bench/bench_attention.py --shim /tmp/ks/libattention_shim.so --bench $A \
     --ab "$AB" --json "$OUT/attention_qpf_ab.json" --commit "$COMMIT" \
@@ -76,4 +78,10 @@ if on trace; then
     --shapes 32:8:8:1024:256,8:8:8:4096:256,32:16:16:1024:128 \
     --variants "qp=OT_ATTN_SM90_QPF:1" --json "$OUT/attn_fwd_trace.json" >"$OUT/trace.log" 2>&1
   echo "trace rc=$?"; cut -c1-220 "$OUT/trace.log" | tail -10
+fi
+if on suite; then
+  timeout "${TEST_TIMEOUT:-380}" stdbuf -oL $T --backend cuda --suite attention --filter cuda \
+    >"$OUT/attn_suite.log" 2>&1
+  echo "attention suite rc=$? $(tail -1 "$OUT/attn_suite.log")"
+  grep -A3 "^FAIL" "$OUT/attn_suite.log" | head -20
 fi
