@@ -207,7 +207,6 @@ static ot_status engine_create(const ote_config *cfg, const ote_engine_options *
   if (!e) return ote_error(OT_ERR_OOM, "engine: out of memory");
   e->cfg = *cfg;
   e->opt = o;
-  e->rope_kv_split = env_ll("OTE_PREFILL_ROPE_KV", 0) == 0;
   e->dev.dev.device_type = o.device_type;
   e->dev.dev.device_id = o.device_id;
   e->graph = calloc((size_t)o.max_seqs + 1, sizeof *e->graph);
@@ -1144,6 +1143,9 @@ static ot_status prefill(ote_engine *e, int n, const int *seq, const int32_t *to
   const double t0 = ote_now_ms();
   if (!e || !seq || !tokens || !cu || (!logits && !next))
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: NULL argument");
+  /* read at each prefill (one getenv), so that a benchmark can alternate the two forms in
+   * one engine (bench_engine.py --prefill-variants rope_kv_fused) */
+  e->rope_kv_split = env_ll("OTE_PREFILL_ROPE_KV", 0) == 0;
   if (n <= 0 || n > e->opt.max_seqs || cu[0] != 0)
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: bad batch (n %d, cu_seqlens[0] %d)", n,
                      n > 0 ? cu[0] : 0);

@@ -290,7 +290,7 @@ struct ote_engine {
   double tm[6];
   void *tm_ev[2];
   /* the prefill rotates q, k by ot_rope_forward and appends k, v by ot_kv_append, two
-   * kernels; OTE_PREFILL_ROPE_KV=1 (read at creation): ot_rope_kv_append's one instead */
+   * kernels; OTE_PREFILL_ROPE_KV=1 (read at each prefill): ot_rope_kv_append's one instead */
   int rope_kv_split;
 };
 
