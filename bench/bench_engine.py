@@ -687,23 +687,38 @@ def timeline_of(ks, name, s, L, tokens, rbw, gemm):
     return t
 
 
-def ttft_ab(eng, prompt, env, name, n=5):
-    """TTFT under env against the default, alternating the two so the GPU's clock drift
-    (power cap) falls on both alike (env's first call untimed: OT_GEMM_AUTOTUNE tunes the
-    prefill's GEMMs there)."""
+def ttft_ab(eng, prompt, env, name, n=6):
+    """TTFT under env against the default, alternated in ABBA order (default, env, env,
+    default, ...) so that the GPU's clock drift (power cap) falls on both alike, to first
+    order even within a pair; env's first call untimed (OT_GEMM_AUTOTUNE tunes the prefill's
+    GEMMs there). Besides the medians, the median of the n paired differences (env minus
+    default, each pair adjacent in time): the figure to read for a lever smaller than the
+    drift between rounds (2026-12-07, H100: 1 ms between the medians of two arms of the same
+    code)."""
     with env_set(env):
         eng.prefill([prompt], greedy=True)
     a, b, ga, gb = [], [], [], []
-    for _ in range(n):
+
+    def run_default():
         a.append(wall(lambda: eng.prefill([prompt], greedy=True)))
         ga.append(eng.last_timing()["gpu"])
+
+    def run_env():
         with env_set(env):
             b.append(wall(lambda: eng.prefill([prompt], greedy=True)))
             gb.append(eng.last_timing()["gpu"])
+
+    for i in range(n):
+        for f in ((run_default, run_env) if i % 2 == 0 else (run_env, run_default)):
+            f()
     r = {"ttft_ms_default": round(statistics.median(a), 3),
          f"ttft_ms_{name}": round(statistics.median(b), 3),
          "gpu_ms_default": round(statistics.median(ga), 3),
-         f"gpu_ms_{name}": round(statistics.median(gb), 3)}
+         f"gpu_ms_{name}": round(statistics.median(gb), 3),
+         f"ttft_ms_{name}_minus_default_paired": round(
+             statistics.median(y - x for x, y in zip(a, b)), 3),
+         f"gpu_ms_{name}_minus_default_paired": round(
+             statistics.median(y - x for x, y in zip(ga, gb)), 3)}
     print(f"TTFT default / {name} ({env}), alternating: {r}", flush=True)
     return r
 
