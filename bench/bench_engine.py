@@ -644,12 +644,33 @@ def timelines(eng, s, prompt, rbw, gemm):
         with env_set(PREFILL_VARIANTS[v]):
             eng.prefill([prompt], greedy=True)  # (a first call: its lazy setup untimed)
             one(f"prefill_{v}", lambda: eng.prefill([prompt], greedy=True), len(prompt))
+        same = same_kernels(out["prefill"], out[f"prefill_{v}"])
+        out[f"prefill_{v}"]["same_kernels_as_default"] = same
+        if same:  # (2026-12-07: a switch read at engine creation made such an "A/B")
+            print(f"WARNING: prefill variant {v} ({PREFILL_VARIANTS[v]}) ran the default's "
+                  "kernels: its A/B compares the default with itself", flush=True)
     for v in TIMELINE_VARIANTS:  # --timeline-variants: the decode step under a variant's env
         with env_set(DECODE_VARIANTS[v]):
             start()  # (the graph is captured under the variant's env)
             one(f"decode_b1_{v}", dec, 1)
     eng.free(0)
     return out
+
+
+def kernel_names(t):
+    """The kernel names of a timelines() table, in order (None: the table has an error)."""
+    if "error" in t:
+        return None
+    rows = t.get("head", []) + t.get("layer", []) + t.get("tail", [])
+    if "kernels" in t:
+        return [k[2] for k in t["kernels"]]
+    return [r["kernel"] for r in rows]
+
+
+def same_kernels(a, b):
+    """Whether two timelines() tables ran the same kernels (None when either failed)."""
+    na, nb = kernel_names(a), kernel_names(b)
+    return None if na is None or nb is None else na == nb
 
 
 def timeline_of(ks, name, s, L, tokens, rbw, gemm):
