@@ -694,6 +694,89 @@ linear_cross_entropy.register_autograd(_lce_bwd, setup_context=_lce_setup)
 
 
 # ---------------------------------------------------------------------------------
+# Paged KV cache ops (inference: no autograd). kv_cache.py calls these only while
+# torch.compile traces; otherwise it calls _C directly (less host time a call). (No
+# argument is named `mode`: functionalizing a mutating op passes a `mode` of its own.) The
+# appends write the pages and rotate q (and, for rope_kv_append, k_new) in place: the
+# out-of-place forms are a copy into the output and the in-place op on it.
+# ---------------------------------------------------------------------------------
+
+def _kv_rope_params(rope, rope_mode, rotary_dim, theta, llama3_factor, llama3_low, llama3_high,
+                    llama3_original_max_position):
+    if not rope:
+        return None
+    return (rope_mode, rotary_dim, theta, llama3_factor, llama3_low, llama3_high,
+            llama3_original_max_position)
+
+
+@torch.library.custom_op(f"{_LIB}::kv_append", mutates_args=("k_pages", "v_pages", "q"))
+def kv_append(k_pages: Tensor, v_pages: Tensor, k_new: Tensor, v_new: Tensor, indptr: Tensor,
+              indices: Tensor, last_page_len: Tensor, cu_seqlens_new: Tensor,
+              positions: Optional[Tensor], q: Optional[Tensor], rope: bool, rope_mode: int,
+              rotary_dim: int, theta: float, llama3_factor: float, llama3_low: float,
+              llama3_high: float, llama3_original_max_position: int) -> None:
+    """Writes k_new, v_new into their pages; with rope, k (as written) and q (in place)
+    rotated first."""
+    _C.kv_append(None, _kv_rope_params(rope, rope_mode, rotary_dim, theta, llama3_factor,
+                                       llama3_low, llama3_high, llama3_original_max_position),
+                 k_pages, v_pages, indptr, indices, last_page_len, cu_seqlens_new, k_new,
+                 v_new, positions, q, q, None)
+
+
+@kv_append.register_fake
+def _(k_pages, v_pages, k_new, v_new, indptr, indices, last_page_len, cu_seqlens_new,
+      positions, q, *params):
+    return None
+
+
+@torch.library.custom_op(f"{_LIB}::rope_kv_append",
+                         mutates_args=("k_pages", "v_pages", "q", "k_new"))
+def rope_kv_append(k_pages: Tensor, v_pages: Tensor, q: Optional[Tensor], k_new: Tensor,
+                   v_new: Tensor, indptr: Tensor, indices: Tensor, last_page_len: Tensor,
+                   cu_seqlens_new: Tensor, positions: Optional[Tensor], rope_mode: int,
+                   rotary_dim: int, theta: float, llama3_factor: float, llama3_low: float,
+                   llama3_high: float, llama3_original_max_position: int) -> None:
+    """Rotates q and k_new in place and writes the rotated k_new and v_new into their
+    pages."""
+    _C.kv_append(None, (rope_mode, rotary_dim, theta, llama3_factor, llama3_low,
+                        llama3_high, llama3_original_max_position),
+                 k_pages, v_pages, indptr, indices, last_page_len, cu_seqlens_new, k_new,
+                 v_new, positions, q, q, k_new)
+
+
+@rope_kv_append.register_fake
+def _(k_pages, v_pages, q, k_new, v_new, indptr, indices, last_page_len, cu_seqlens_new,
+      positions, *params):
+    return None
+
+
+def _paged_lse_shape(q):
+    return (q.shape[1], q.shape[0]) if q.dim() == 3 else (0,)
+
+
+@torch.library.custom_op(f"{_LIB}::paged_attention", mutates_args=())
+def paged_attention(q: Tensor, k_pages: Tensor, v_pages: Tensor, indptr: Tensor,
+                    indices: Tensor, last_page_len: Tensor, cu_seqlens_q: Tensor,
+                    softmax_scale: float, causal: int, window_left: int, window_right: int,
+                    softcap: float, return_lse: bool) -> tuple[Tensor, Tensor]:
+    """(out, lse); lse is an empty [0] tensor unless return_lse."""
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = q.new_empty(_paged_lse_shape(q) if return_lse else (0,), dtype=torch.float32)
+    _C.paged_attention(None, softmax_scale, causal, window_left, window_right, softcap, 0,
+                       q, cu_seqlens_q, k_pages, v_pages, indptr, indices, last_page_len,
+                       out, lse if return_lse else None)
+    return out, lse
+
+
+@paged_attention.register_fake
+def _(q, k_pages, v_pages, indptr, indices, last_page_len, cu_seqlens_q, softmax_scale,
+      causal, window_left, window_right, softcap, return_lse):
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = q.new_empty(_paged_lse_shape(q) if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------------
 # The eager path: the same ops through torch.autograd.Function
 # ---------------------------------------------------------------------------------
 # A call of a custom op above goes through torch's dispatcher and torch.library's Python

@@ -17,7 +17,10 @@ A decode step per layer::
     q = ot.rope_kv_append(q, k, v, k_pages, v_pages, *table, cu)[0]   # or kv_append
     out = ot.paged_attention(q, k_pages, v_pages, *table, cu, causal=True)
 
-These are inference ops: no autograd, no ``torch.library`` custom op.
+These are inference ops: no autograd. While torch.compile traces they go through the
+``torch.ops.ops_transformer`` custom ops (``kv_append``, ``rope_kv_append``,
+``paged_attention``: fake implementations, the pages -- and q / k when rotated in place --
+declared as mutated); otherwise they call the C library directly (less host time a call).
 """
 
 from __future__ import annotations
@@ -30,8 +33,12 @@ from .ops import _arr, _attn_args, _empty, _empty_like, _rope_args
 
 try:
     import torch as _torch
+    _is_compiling = _torch.compiler.is_compiling
 except ImportError:  # NumPy-only use
     _torch = None
+
+    def _is_compiling():
+        return False
 
 __all__ = ["KVCache", "kv_append", "rope_kv_append", "paged_attention"]
 
@@ -231,6 +238,14 @@ def _opt_rope(rope, rotary_dim, theta, interleaved, llama3_scaling):
     return _rope_args(interleaved, rotary_dim, theta, llama3_scaling) if rope else None
 
 
+def _inplace_target(t, out):
+    """What a custom op that rotates in place gets for input t and output out (compile
+    path): t itself when out is t, else a copy of t (in out, or a new tensor)."""
+    if t is None or out is t:
+        return t
+    return t.clone(memory_format=_torch.contiguous_format) if out is None else out.copy_(t)
+
+
 def kv_append(k_new, v_new, k_pages, v_pages, indptr, indices, last_page_len,
               cu_seqlens_new, *, positions=None, rope=False, q=None, q_out=None,
               rotary_dim=0, theta=10000.0, interleaved=False, llama3_scaling=None):
@@ -262,6 +277,14 @@ def kv_append(k_new, v_new, k_pages, v_pages, indptr, indices, last_page_len,
     None, or ``q_out`` when q is given.
     """
     q = _arr(q, "q")
+    if _is_compiling():
+        # The custom op rotates q in place: rotate a copy of q (in q_out, or a new one).
+        q_out = _inplace_target(q, q_out)
+        _torch.ops.ops_transformer.kv_append(
+            k_pages, v_pages, _arr(k_new, "k_new"), _arr(v_new, "v_new"), indptr, indices,
+            last_page_len, cu_seqlens_new, positions, q_out, bool(rope),
+            *_rope_args(interleaved, rotary_dim, theta, llama3_scaling))
+        return q_out
     if q is not None and q_out is None:
         q_out = _empty_like(q)
     _C.kv_append(None, _opt_rope(rope, rotary_dim, theta, interleaved, llama3_scaling),
@@ -298,6 +321,15 @@ def rope_kv_append(q, k_new, v_new, k_pages, v_pages, indptr, indices, last_page
     k_new = _arr(k_new, "k_new")
     if inplace:
         q_out, k_out = q, k_new
+    if _is_compiling():
+        # The custom op rotates q and k_new in place: rotate copies unless in place.
+        q_out = _inplace_target(q, q_out)
+        k_out = _inplace_target(k_new, k_out)
+        _torch.ops.ops_transformer.rope_kv_append(
+            k_pages, v_pages, q_out, k_out, _arr(v_new, "v_new"), indptr, indices,
+            last_page_len, cu_seqlens_new, positions,
+            *_rope_args(interleaved, rotary_dim, theta, llama3_scaling))
+        return (q_out, k_out) if q is not None else k_out
     if q is not None and q_out is None:
         q_out = _empty_like(q)
     if k_out is None:
@@ -334,6 +366,13 @@ def paged_attention(q, k_pages, v_pages, indptr, indices, last_page_len, cu_seql
     out, or ``(out, lse)``. Rows that see no key give out = 0, lse = -inf.
     """
     q = _arr(q, "q")
+    if _is_compiling():
+        o, lse = _torch.ops.ops_transformer.paged_attention(
+            q, k_pages, v_pages, indptr, indices, last_page_len, cu_seqlens_q,
+            *_attn_args(softmax_scale, causal, window, softcap, False)[:5], bool(return_lse))
+        if out is not None:
+            o = out.copy_(o)
+        return (o, lse) if return_lse else o
     if out is None:
         out = _empty_like(q)
     lse = None

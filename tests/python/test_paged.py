@@ -412,3 +412,114 @@ def test_cache_bad_arguments():
     with pytest.raises(ot.Error):
         cache.reserve([a, a], [1, 1])      # ids must be distinct
     assert cache.length(a) == 2
+
+
+# ---------------------------------------------------------------------------------
+# torch.compile: the ops go through torch.ops.ops_transformer while dynamo traces
+# ---------------------------------------------------------------------------------
+
+def _decode_setup(fill=float("nan")):
+    """A cache of 2 sequences with a prefill appended (eager), one more slot reserved per
+    sequence, and a decode step's q, k, v. The same every call (seeded); the pages' other
+    slots hold `fill`."""
+    gen = torch.Generator().manual_seed(0)
+    Hkv, Hq, layers = 2, 4, 2
+    cache = ot.KVCache(layers, 8, 4, Hkv, D, torch.float32)
+    for layer in range(layers):
+        for p in cache.layer(layer):
+            p.fill_(fill)
+    ids = [cache.add_sequence(), cache.add_sequence()]
+    lens = [5, 3]
+    cache.reserve(ids, lens)
+    table = cache.page_table(ids)
+    cu = torch.tensor([0, 5, 8], dtype=torch.int32)
+    for layer in range(layers):
+        k, v = (torch.randn(8, Hkv, D, generator=gen) for _ in range(2))
+        ot.kv_append(k, v, *cache.layer(layer), *table, cu)
+    cache.reserve(ids, 1)
+    step = [torch.randn(2, h, D, generator=gen) for h in (Hq, Hkv, Hkv)]
+    return cache, ids, step
+
+
+def decode_step(q, k, v, k_pages, v_pages, indptr, indices, last_page_len, cu, mode):
+    if mode == "rope_kv":
+        q, k = ot.rope_kv_append(q, k, v, k_pages, v_pages, indptr, indices, last_page_len,
+                                 cu, theta=THETA)
+    elif mode == "rope_kv_inplace":
+        ot.rope_kv_append(q, k, v, k_pages, v_pages, indptr, indices, last_page_len, cu,
+                          theta=THETA, inplace=True)
+    elif mode == "rope_inplace":     # kv_append rotating q in place (docs/PYTHON.md)
+        ot.kv_append(k, v, k_pages, v_pages, indptr, indices, last_page_len, cu, rope=True,
+                     q=q, q_out=q, theta=THETA)
+    elif mode == "rope":
+        q = ot.kv_append(k, v, k_pages, v_pages, indptr, indices, last_page_len, cu,
+                         rope=True, q=q, theta=THETA)
+    else:
+        assert ot.kv_append(k, v, k_pages, v_pages, indptr, indices, last_page_len,
+                            cu) is None
+    out, lse = ot.paged_attention(q, k_pages, v_pages, indptr, indices, last_page_len, cu,
+                                  causal=True, return_lse=True)
+    return q, k, out, lse
+
+
+@pytest.mark.parametrize("mode", ["plain", "rope", "rope_inplace", "rope_kv",
+                                  "rope_kv_inplace"])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_decode_step_matches_eager(mode, backend):
+    torch._dynamo.reset()
+    results = []
+    for fn in (decode_step, torch.compile(decode_step, fullgraph=True, backend=backend)):
+        cache, ids, (q, k, v) = _decode_setup()
+        table = cache.page_table(ids)
+        cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+        r = [fn(q, k, v, *cache.layer(layer), *table, cu, mode) + (q, k)
+             for layer in range(cache.num_layers)]
+        results.append((r, [p.clone() for layer in range(cache.num_layers)
+                            for p in cache.layer(layer)]))
+    (eager, eager_pages), (comp, comp_pages) = results
+    for a, b in zip(eager, comp):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+    for x, y in zip(eager_pages, comp_pages):
+        assert _unchanged(x, y)     # the appended slots, and the NaN of the others
+    # the step wrote the new slots: every page slot of the batch holds a number
+    assert not eager[0][2].isnan().any()
+
+
+def test_compiled_graph_holds_the_paged_ops():
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    cache, ids, (q, k, v) = _decode_setup()
+    table = cache.page_table(ids)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    torch.compile(decode_step, fullgraph=True, backend=backend)(
+        q, k, v, *cache.layer(0), *table, cu, "rope_kv")
+    targets = " ".join(str(n.target) for n in graphs[0].graph.nodes
+                       if n.op == "call_function")
+    assert "ops_transformer.rope_kv_append" in targets
+    assert "ops_transformer.paged_attention" in targets
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="no torch.library.opcheck")
+def test_paged_custom_ops_opcheck():
+    ops = torch.ops.ops_transformer
+    cache, ids, (q, k, v) = _decode_setup(0.0)    # (opcheck compares the pages: no NaN)
+    table = cache.page_table(ids)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    kp, vp = cache.layer(0)
+    rope = (0, 0, THETA, 0.0, 0.0, 0.0, 0)
+    torch.library.opcheck(ops.kv_append.default,
+                          (kp, vp, k, v, *table, cu, None, None, False) + rope)
+    torch.library.opcheck(ops.kv_append.default,
+                          (kp, vp, k, v, *table, cu, None, q.clone(), True) + rope)
+    torch.library.opcheck(ops.rope_kv_append.default,
+                          (kp, vp, q.clone(), k.clone(), v, *table, cu,
+                           torch.tensor([7, 9], dtype=torch.int32)) + rope)
+    for return_lse in (False, True):
+        torch.library.opcheck(ops.paged_attention.default,
+                              (q, kp, vp, *table, cu, 0.0, 1, -1, -1, 0.0, return_lse))
