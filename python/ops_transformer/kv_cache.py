@@ -116,6 +116,23 @@ def _import(capsule, ordinal, as_torch):
     return _np.from_dlpack(_Capsule(capsule, dev))
 
 
+def _to_device_one_copy(arrays, device):
+    """int32 CPU tensors -> views of one `device` tensor, filled by one non-blocking copy
+    from a pinned staging buffer (torch's caching host allocator keeps the staging block
+    until the copy has run). Each view starts at a multiple of 4 elements (16 bytes)."""
+    offs, total = [], 0
+    for a in arrays:
+        offs.append(total)
+        total += (a.numel() + 3) // 4 * 4
+    if device.type != "cuda":
+        return tuple(a.to(device) for a in arrays)
+    host = _torch.empty(max(total, 4), dtype=_torch.int32, pin_memory=True)
+    for a, o in zip(arrays, offs):
+        host[o:o + a.numel()].copy_(a)
+    dev = host.to(device, non_blocking=True)
+    return tuple(dev[o:o + a.numel()] for a, o in zip(arrays, offs))
+
+
 class KVCache:
     """A paged KV cache: a pool of ``num_pages`` pages of ``block_size`` tokens, each page
     holding every layer's keys and values (``ot_kv_cache``).
@@ -211,14 +228,19 @@ class KVCache:
         NumPy cache), on ``device`` (default: the cache's device -- copied there for
         CUDA). Sequence b's pages are ``indices[indptr[b]:indptr[b + 1]]``; its length is
         ``(pages - 1) * block_size + last_page_len[b]``. A snapshot: reserve / fork / free
-        do not change it."""
+        do not change it.
+
+        For a CUDA target the three arrays travel in one copy from pinned host memory,
+        asynchronous on torch's current stream (no host synchronization, so a decode
+        loop's host side can run ahead of the GPU): they are views of one device buffer,
+        each starting on a 16-byte boundary."""
         if isinstance(seq_ids, _INT):
             seq_ids = (seq_ids,)
         caps = _C.kv_cache_page_table(self._cache, seq_ids, self._versioned)
         table = tuple(_import(c, -1, self._as_torch) for c in caps)
         target = self.device if device is None else device
-        if self._as_torch and str(target) != "cpu":
-            table = tuple(t.to(target) for t in table)
+        if self._as_torch and _torch.device(target).type != "cpu":
+            table = _to_device_one_copy(table, _torch.device(target))
         return table
 
     def info(self):

@@ -163,6 +163,28 @@ def check_attention(cache, shadow, ids, n_q, dtype, Hq):
         assert torch.equal(ot.paged_attention(q, kp, vp, *table, cu, causal=True), o)
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA build or device")
+def test_page_table_cuda_one_copy():
+    """A CUDA table is one pinned, asynchronous copy: the three tensors are views of one
+    device buffer at 16-byte-aligned offsets, equal to the CPU table, and a snapshot even
+    though reserve rewrites the host table right after the (asynchronous) copy."""
+    cache = ot.KVCache(1, 64, 4, 1, 8, torch.float16, device="cuda")
+    ids = [cache.add_sequence() for _ in range(5)]
+    cache.reserve(ids, [9, 1, 0, 13, 4])
+    ref = [t.tolist() for t in cache.page_table(ids, device="cpu")]
+    torch.cuda._sleep(50_000_000)       # the copy queues behind ~tens of ms of GPU work
+    table = cache.page_table(ids)
+    cache.reserve(ids, [7, 7, 7, 7, 7])  # host bookkeeping changes while the copy waits
+    assert all(t.device.type == "cuda" and t.dtype == torch.int32 for t in table)
+    base = table[0].untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == base for t in table)
+    assert all(t.data_ptr() % 16 == 0 for t in table)
+    assert [t.tolist() for t in table] == ref
+    assert [t.numel() for t in table] == [len(r) for r in ref] and len(ref[0]) == 6
+    empty = cache.page_table([])
+    assert empty[0].tolist() == [0] and empty[1].numel() == 0 and empty[2].numel() == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("group", [1, 4])
