@@ -13,7 +13,9 @@
 #   trace    the forward's per-tile trace
 #   suite    (not by default) the whole CUDA attention suite of test_ops (TEST_TIMEOUT, 380 s)
 # PARTS (default: all but suite, ~6 min): e.g. PARTS="append memwarp engine" for a short call;
-# BENCH_SHAPES, BENCH_AB: the bench part's shapes and A/B variants (defaults below).
+# BENCH_SHAPES, BENCH_AB: the bench part's shapes and A/B variants (defaults below);
+# ENGINE_DECODE_VARIANTS / ENGINE_TIMELINE_VARIANTS: bench_engine.py's decode variants (step
+# times alternated with the default) and decode timelines under a variant (default none).
 set -u
 COMMIT=${1:-unknown}
 PARTS=${PARTS:-append memwarp engine memkout qpf bench trace}
@@ -38,7 +40,8 @@ fi
 if on engine; then
   ENGINE_BENCH_FIRST=1 ENGINE_SHAPES=llama3-8b ENGINE_OFFLOAD_BIG=0 ENGINE_LINEAR_TESTS=0 \
   ENGINE_LINEAR_BENCH=0 ENGINE_PYTESTS=0 ENGINE_MEMCHECK_DECODE=0 ENGINE_SMI=0 ENGINE_SKIP_CHECK=1 \
-  ENGINE_BENCH_TIMEOUT=140 ENGINE_BENCH_ARGS="--batches 1 --no-ttft-diag --decode-variants= \
+  ENGINE_BENCH_TIMEOUT=140 ENGINE_BENCH_ARGS="--batches 1 --no-ttft-diag \
+--decode-variants=${ENGINE_DECODE_VARIANTS:-} --timeline-variants=${ENGINE_TIMELINE_VARIANTS:-} \
 --prefill-variants $VARIANTS" timeout 160 bash scripts/device_engine.sh run "$COMMIT" \
     >"$OUT/engine_run.log" 2>&1
   echo "engine rc=$?"; grep -iE "ttft|FAIL|tok/s" "$OUT/engine_run.log" | cut -c1-300 | tail -8
