@@ -402,10 +402,6 @@ DECODE_VARIANTS = {
     "paged_merge_2_l2pf_o": {"OT_PAGED_MERGE": "2", "OTE_L2_PF_OPROJ": "1"},
     "paged_splits_16": {"OT_PAGED_SPLITS": "16"},
     "paged_splits_8": {"OT_PAGED_SPLITS": "8"},
-    # the splits of a kv head as one thread-block cluster merged through DSMEM (no merge
-    # kernel; OT_PAGED_CLUSTER, 2026-12-07): 16 (the largest, non-portable) and 8 splits
-    "paged_cluster_16": {"OT_PAGED_CLUSTER": "16"},
-    "paged_cluster_8": {"OT_PAGED_CLUSTER": "8"},
     # the decode attention's early start (ot_attention_params.paged_kv_ready) off
     "kv_ready_off": {"OTE_PAGED_KV_READY": "0"},
     # the staged o_proj prefetches to L2, during the attention (when the DRAM is mostly

@@ -16,10 +16,6 @@
 
 #include "harness.h"
 
-#ifdef OT_TEST_CUDA
-#include <cuda_runtime.h>
-#endif
-
 /* Private helpers of the library (src/core/arena.h, src/core/kv_cache.h), reachable
  * because the tests link the static library. */
 void ot_arena_set_stream_ordered(ot_arena *arena, bool on);
@@ -947,10 +943,6 @@ static int g_pflag_set = 0, g_pflag_clear = 0;
 static int g_pkernel = 0;
 /* paged_case_spare runs each case again with both split merges (paged_merge_bits) */
 static bool g_pmerge_bits = false;
-/* the cluster block (paged_cluster_cases): OT_PAGED_CLUSTER's size; each call of an aligned
- * case with more than one split must have taken the cluster merge (plan flag 4096) with at
- * most this many splits on an sm_90+ GPU (elsewhere never), and no call with one split */
-static int g_pcluster = 0;
 #ifdef OT_TEST_CUDA
 void ot_cuda_paged_last_plan(int out[4]); /* src/cuda/paged_attention.cu */
 #endif
@@ -972,7 +964,7 @@ static bool paged_guess_expected(const pcase *c, int64_t spare) {
 static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool ready,
                              const char *call, int64_t spare) {
 #ifdef OT_TEST_CUDA
-  if (!g_pflag_set && !g_pflag_clear && !g_pkernel && !g_pcluster) return;
+  if (!g_pflag_set && !g_pflag_clear && !g_pkernel) return;
   const bool al = dt.bits == 16 && c->d == 128 && c->bs % 16 == 0;
   /* with the early start (ready): no 8-warp CTAs, and its flag 4 (the XT instances; every
    * aligned case is head_dim 128, where the split kernel takes paged_kv_ready unless
@@ -988,16 +980,6 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
     tr_fail(tr, "%s: ran kernel %d with plan flags %d (expected kernel %d, flags %d set%s, "
             "%d clear)", call, pl[0], pl[3], kernel, al ? want : 0,
             al ? "" : " (not an aligned case)", g_pflag_clear);
-  if (g_pcluster && pl[0] == 1 && !(dbg && dbg[0] && strcmp(dbg, "0") != 0)) {
-    int dev = 0, major = 0;
-    (void)cudaGetDevice(&dev);
-    (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    const bool want_cm = al && major >= 9 && pl[1] > 1 && !(pl[3] & 32);
-    if (((pl[3] & 4096) != 0) != want_cm || (want_cm && pl[1] > g_pcluster))
-      tr_fail(tr, "%s: %d splits with plan flags %d: the cluster merge (4096) of at most %d "
-              "splits %s", call, pl[1], pl[3], g_pcluster,
-              want_cm ? "expected" : "not expected (one split, or not an aligned case)");
-  }
   /* the tensor-core split kernel (16-bit types): the guess exactly where the tables allow */
   if (pl[0] == 1 && dt.bits == 16 && (c->d == 64 || c->d == 128) &&
       ((pl[3] & 2048) != 0) != paged_guess_expected(c, spare))
@@ -2084,44 +2066,6 @@ static void paged_instance_cases(test_run *tr) {
   paged_mode_cases(tr, "w8 ", "OT_PAGED_WARPS", "8", 16 | 32, 0);
 }
 
-/* The cluster merge (OT_PAGED_CLUSTER, the CM instance: a unit's splits are one cluster
- * and merge through distributed shared memory) on the instance blocks' cases (forced 7
- * splits: a cluster of 7; the plan's splits capped at 16; batch 1 at the engine's heads;
- * kv ready: the early-start instance), then clusters of 4 below the plan's splits, and of
- * 2 on a speculative / chunked-prefill tile set; paged_check_plan checks that each call
- * with splits took it. */
-static void paged_cluster_cases(test_run *tr) {
-  g_pcluster = 16;
-  paged_mode_cases(tr, "cluster ", "OT_PAGED_CLUSTER", "16", 16, 0);
-  env_saved c = env_set("OT_PAGED_CLUSTER", "4");
-  env_saved split = env_set("OT_PAGED_KERNEL", "split");
-  g_pcluster = 4;
-  g_pmode = "cluster4 ";
-  g_pflag_set = 16;
-  static const size_t longs[] = {0, 2, 5, 6};
-  for (size_t i = 0; i < sizeof longs / sizeof longs[0]; i++)
-    paged_case(tr, &paged_cuda_long[longs[i]], i % 2 ? DT_F16 : DT_BF16);
-  for (size_t i = 16; i < 23; i++) paged_case(tr, &paged_cuda_cases[i], DT_BF16);
-  static const size_t ready[] = {0, 1, 2, 3, 5, 7};
-  for (size_t i = 0; i < sizeof ready / sizeof ready[0]; i++)
-    paged_ready_case(tr, &paged_cuda_ready[ready[i]], i % 2 ? DT_BF16 : DT_F16);
-  setenv("OT_PAGED_CLUSTER", "2", 1);
-  g_pcluster = 2;
-  g_pmode = "cluster2 ";
-  env_saved splits = env_set("OT_PAGED_SPLITS", "5");
-  paged_case(tr, &paged_cuda_cases[6], DT_BF16); /* speculative 3 queries */
-  paged_case(tr, &paged_cuda_cases[8], DT_F16);  /* chunked prefill 100 of 612 */
-  paged_case(tr, &paged_cuda_cases[10], DT_BF16); /* window 50, softcap */
-  paged_case(tr, &paged_cuda_cases[12], DT_BF16); /* empty sequences: rows of lse -inf */
-  paged_case(tr, &paged_cuda_cases[13], DT_F16);  /* causal sq > len: empty rows */
-  env_restore(&splits);
-  g_pmode = "";
-  g_pflag_set = 0;
-  g_pcluster = 0;
-  env_restore(&split);
-  env_restore(&c);
-}
-
 /* The split kernel's one-round merge (OT_PAGED_MERGE=1, pa_merge1_kernel) on the instance
  * blocks' cases (paged_mode_cases: forced splits, batch 1 at the engine's heads, back to
  * back, kv ready) and on more splits than one round of 128 (D 128 pages of 16, D 64 pages
@@ -2251,7 +2195,6 @@ static void run_memory_cuda(test_run *tr) {
   append_warp_cases(tr);
   append_case(tr, DT_BF16, 16, 0, true, false, false);
   paged_instance_cases(tr);
-  paged_cluster_cases(tr);
   paged_merge_cases(tr);
   paged_debug_case(tr, DT_BF16, 128);
   paged_debug_case(tr, DT_F32, 16);

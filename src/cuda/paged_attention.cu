@@ -55,7 +55,15 @@
  *     (16 x 4k 2.92 vs 3.39 TB/s), and where it ran it added ~3-12 us per call. Tried
  *     again (decode round 6: per-context counters that the last CTA resets, no memset, in
  *     a kernel instance of its own, a warp per row): 1 x 2k 18.96 vs 12.60 us, 1 x 64k
- *     92.9 vs 76.2, 16 x 4k 86.5 vs 75.6; removed again.
+ *     92.9 vs 76.2, 16 x 4k 86.5 vs 75.6; removed again. A third form (2026-12-07, commit
+ *     c145db7, OT_PAGED_CLUSTER): a unit's splits as one thread-block cluster, merged
+ *     through distributed shared memory after a cluster barrier, in an instance of its own
+ *     (the other instances' SASS unchanged); correct (69 cases, memcheck / racecheck clean)
+ *     but slower at every shape, same process on an H100 (bench/results/
+ *     decode_cluster_ab_h100.json, us, default / clusters of 16 / of 8): 1 x 2k 10.84 /
+ *     14.23 / 12.92, 1 x 8k 15.64 / 22.53 / 23.55, 1 x 64k 101.1 / 123.2 / 122.7, 4 x 2k
+ *     (8 splits either way) 15.61 / 26.14 / 26.12 -- the cluster's co-scheduling and
+ *     barrier cost more than the merge kernel that PDL overlaps; removed.
  *   - The main kernels (this and the stream kernel) are launched as programmatic dependents
  *     of whatever precedes them on the stream (OT_PAGED_PDL=0: not): their CTAs may become
  *     resident while that kernel drains and wait (griddepcontrol.wait) before their first
@@ -782,101 +790,8 @@ __device__ __forceinline__ T *pa_warp_ring(unsigned char *smem, int warp, int la
  * AL (D 128, cp.async ring; pages of 16 x m keys, pa_al_ok): whole steps copied by
  * pa_fc_copy, the masks skipped in steps that every row of the tile sees whole, exp2 as
  * ex2.approx.ftz. */
-/* ---- the cluster merge (CM instances; OT_PAGED_CLUSTER) -------------------------------- *
- * The splits of one unit (tile, kv head) are the CTAs of one thread-block cluster (the
- * grid's split index is the fastest, so a cluster of `splits` consecutive CTAs is a unit):
- * each CTA leaves its normalized O rows (fp32, [16][D]) and their lse in its own shared
- * memory, and after a cluster barrier CTA rank c combines elements [c E / n, (c + 1) E / n)
- * of the tile's E = rows x D outputs from all n CTAs' shared memory (DSMEM): O = sum_s
- * exp(lse_s - lse) O_s, lse = log sum_s exp(lse_s), the merge kernel's formula, without its
- * launch, its partials in global memory and its dependent round trips. A second barrier
- * keeps every CTA's shared memory alive until the others have read it. sm_90 code only
- * (the host launches these instances on 9.0+ GPUs). */
-__device__ __forceinline__ void pa_cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ uint32_t pa_cluster_rank() {
-  uint32_t r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-  return r;
-}
-__device__ __forceinline__ uint32_t pa_cluster_size() {
-  uint32_t r = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
-#endif
-  return r;
-}
-/* the float at shared address `addr` (this CTA's layout) of cluster CTA `rank` */
-__device__ __forceinline__ float pa_ld_cluster(uint32_t addr, uint32_t rank) {
-  float v = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t ra;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(addr), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(ra) : "memory");
-#else
-  (void)addr, (void)rank;
-#endif
-  return v;
-}
-
-/* The CM epilogue's shared memory, in the ring's space past the warps' O (s_o): the CTA's
- * normalized rows, their lse, the cluster weights [cluster CTA][row] and each row's output
- * and lse offsets (-1: no row). */
-template <int D> struct pa_cm_smem {
-  int64_t off[16], loff[16];
-  float lse[16];
-  float w[16][16];
-  float o[16][D];
-};
-
-/* The merge across the cluster (every thread of the CTA; after the CTA's rows and lse are
- * in cm). tile_rows: the tile's rows. */
-template <typename T, int D>
-__device__ __forceinline__ void pa_cluster_merge(const pa_params &p, pa_cm_smem<D> *cm,
-                                                 int tile_rows) {
-  pa_cluster_sync(); /* every CTA's rows and lse are written */
-  const uint32_t n = pa_cluster_size(), rank = pa_cluster_rank();
-  if (threadIdx.x < 16) {
-    const int r = threadIdx.x;
-    const uint32_t la = attn::smem_u32(&cm->lse[r]);
-    float M = -INFINITY;
-    for (uint32_t c = 0; c < n; c++) M = fmaxf(M, pa_ld_cluster(la, c));
-    float L = 0.f;
-    if (M != -INFINITY)
-      for (uint32_t c = 0; c < n; c++) {
-        const float x = pa_ld_cluster(la, c);
-        if (x != -INFINITY) L += expf(x - M);
-      }
-    const float lse = M != -INFINITY ? M + logf(L) : -INFINITY;
-    for (uint32_t c = 0; c < n; c++) {
-      const float x = M != -INFINITY ? pa_ld_cluster(la, c) : -INFINITY;
-      cm->w[c][r] = x != -INFINITY ? expf(x - lse) : 0.f;
-    }
-    if (rank == 0 && cm->loff[r] >= 0) p.lse[cm->loff[r]] = lse;
-  }
-  __syncthreads();
-  const int E = tile_rows * D;
-  const int e0 = (int)((int64_t)rank * E / n), e1 = (int)((int64_t)(rank + 1) * E / n);
-  const uint32_t ob = attn::smem_u32(&cm->o[0][0]);
-  for (int e = e0 + (int)threadIdx.x; e < e1; e += blockDim.x) {
-    const int r = e / D, dd = e - r * D;
-    const int64_t off = cm->off[r];
-    if (off < 0) continue;
-    float o = 0.f;
-    for (uint32_t c = 0; c < n; c++) o += cm->w[c][r] * pa_ld_cluster(ob + 4u * e, c);
-    static_cast<T *>(p.out)[off + dd] = from_f32<T>(o);
-  }
-  pa_cluster_sync(); /* no CTA leaves while another reads its shared memory */
-}
-
 template <typename T, int D, int S, bool XT, typename P = pa_params, bool AL = false,
-          int NW = kPaWarps, bool CM = false>
+          int NW = kPaWarps>
 __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
     pa_mma_kernel(const __grid_constant__ P p) {
   constexpr int KS = D / 16;   /* k-steps of QK */
@@ -1150,10 +1065,6 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   static_assert((size_t)NW * S * pa_cfg<D, S>::kStageBytes >= (size_t)NW * 16 * OS * sizeof(float),
                 "epilogue fits the ring");
   float *s_o = reinterpret_cast<float *>(pa_smem); /* [warps][16][OS] */
-  static_assert(!CM || (size_t)NW * S * pa_cfg<D, S>::kStageBytes >=
-                           (size_t)NW * 16 * OS * sizeof(float) + sizeof(pa_cm_smem<D>),
-                "the cluster merge's rows fit the ring past s_o");
-  pa_cm_smem<D> *cm = reinterpret_cast<pa_cm_smem<D> *>(pa_smem + (size_t)NW * 16 * OS * sizeof(float));
   if (tq4 == 0) {
     s_m[warp][g] = m_run[0], s_m[warp][g + 8] = m_run[1];
     s_l[warp][g] = l_run[0], s_l[warp][g + 8] = l_run[1];
@@ -1199,11 +1110,7 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
       for (int w = 0; w < NW; w++) s_wt[w][r] = f[w] * inv;
       const float lse = L > 0.f ? (M + log2f(L)) * kLn2 : -INFINITY;
       const int64_t tok = q0 + R / p.group, head = (int64_t)kvh * p.group + R % p.group;
-      if constexpr (CM) {
-        off = tok * p.o_ts + head * p.o_hs;
-        cm->lse[r] = lse;
-        cm->loff[r] = p.lse ? head * p.lse_hs + tok * p.lse_ts : -1;
-      } else if (p.splits == 1) {
+      if (p.splits == 1) {
         off = tok * p.o_ts + head * p.o_hs;
         if (p.lse) p.lse[head * p.lse_hs + tok * p.lse_ts] = lse;
       } else {
@@ -1213,10 +1120,6 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
       }
     }
     s_off[r] = off;
-    if constexpr (CM) {
-      cm->off[r] = off;
-      if (off < 0) cm->lse[r] = -INFINITY, cm->loff[r] = -1;
-    }
   }
   __syncthreads();
   const int tile_rows = rows - tile * 16 < 16 ? (int)(rows - tile * 16) : 16;
@@ -1227,11 +1130,9 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
     float o = 0.f;
 #pragma unroll
     for (int w = 0; w < NW; w++) o += s_o[((size_t)w * 16 + r) * OS + dd] * s_wt[w][r];
-    if constexpr (CM) cm->o[r][dd] = o;
-    else if (p.splits == 1) static_cast<T *>(p.out)[off + dd] = from_f32<T>(o);
+    if (p.splits == 1) static_cast<T *>(p.out)[off + dd] = from_f32<T>(o);
     else p.part_o[off + dd] = o;
   }
-  if constexpr (CM) pa_cluster_merge<T, D>(p, cm, tile_rows);
   PA_TR(0, 5, pa_gtime());
 #ifndef OT_PA_TRACE_EPI
   PA_TR(0, 6, (unsigned long long)pa_smid());
@@ -1974,12 +1875,12 @@ static int pa_kernel_ctas_per_sm(K kernel, size_t smem, int dev, std::atomic<int
   return n;
 }
 template <typename T, int D, int S, bool XT, typename P = pa_params, bool AL = false,
-          int NW = kPaWarps, bool CM = false>
+          int NW = kPaWarps>
 static int pa_ctas_per_sm(int dev) {
   /* > 0: CTAs per SM; -1: the shared memory is not available ("= {}": see pdl.cuh) */
   static std::atomic<int> cached[16] = {};
-  return pa_kernel_ctas_per_sm(pa_mma_kernel<T, D, S, XT, P, AL, NW, CM>,
-                               pa_smem_of<D, S, P, NW>(), dev, cached, 32 * NW);
+  return pa_kernel_ctas_per_sm(pa_mma_kernel<T, D, S, XT, P, AL, NW>, pa_smem_of<D, S, P, NW>(),
+                               dev, cached, 32 * NW);
 }
 template <typename T, int D, int S, typename P = pa_params, bool AL = false>
 static int ps_ctas_per_sm(int dev) {
@@ -2153,9 +2054,6 @@ struct pa_env {
   int guess;        /* OT_PAGED_GUESS: "0" no page-id guess (pa_params.chunk1), "b1" at
                      * batch 1 only (the rule before 2026-12-05), else 2: at batch 1 and
                      * at batch > 1 with even shares */
-  int cluster;      /* OT_PAGED_CLUSTER=N (2..16): the split kernel's splits (at most N)
-                     * merged inside a thread-block cluster (the CM instance) where it can
-                     * run; 0 (unset, "0", "1"): the merge kernel */
 };
 
 #ifndef OT_PA_MERGE1_DEFAULT
@@ -2202,9 +2100,6 @@ static pa_env pa_read_env() {
       e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
     } else if (is("OT_PAGED_GUESS")) {
       e.guess = ot_env_is_zero(val) ? 0 : strcmp(val, "b1") == 0 ? 1 : 2;
-    } else if (is("OT_PAGED_CLUSTER")) {
-      const int x = atoi(val);
-      e.cluster = x >= 2 ? (x < 16 ? x : 16) : 0;
     }
   });
   return e;
@@ -2259,75 +2154,6 @@ static ot_status pa_launch_inst(const ot_cuda_state *cs, bool pdl, int64_t ctas,
                     smem);
   OT_CUDA_CHECK(op, pa_launch_main(pdl, pa_mma_kernel<T, D, S, XT, P, AL, NW>, (unsigned)ctas,
                                    smem, s, p, 32 * NW));
-  return OT_OK;
-}
-
-/* The CM instance (AL, 4 warps, early start or not) in clusters of n CTAs (2..16, the
- * splits of a unit): whether it can run on cs's device -- sm_90+, its shared memory, and
- * at least one active cluster of n (cudaOccupancyMaxActiveClusters; sizes past 8 need the
- * non-portable attribute) -- cached per device and size. */
-template <typename T, int D, int S, bool XT>
-static bool pa_cluster_ok(const ot_cuda_state *cs, int n) {
-  static std::atomic<int> cached[16][17] = {};
-  if (cs->cc_major < 9 || n < 2 || n > 16) return false;
-  if (pa_ctas_per_sm<T, D, S, XT, pa_params, true, kPaWarps, true>(cs->device) < 1) return false;
-  auto f = pa_mma_kernel<T, D, S, XT, pa_params, true, kPaWarps, true>;
-  const int dev = cs->device;
-  const auto ask = [&]() -> int {
-    if (n > 8 && cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-                     cudaSuccess) {
-      (void)cudaGetLastError();
-      return -1;
-    }
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3((unsigned)n);
-    cfg.blockDim = dim3(kPaThreads);
-    cfg.dynamicSmemBytes = pa_smem_of<D, S, pa_params>();
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)n;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, f, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return -1;
-    }
-    return clusters >= 1 ? 1 : -1;
-  };
-  if (dev < 0 || dev >= 16) return ask() > 0;
-  int c = cached[dev][n].load(std::memory_order_acquire);
-  if (c == 0) {
-    c = ask();
-    cached[dev][n].store(c, std::memory_order_release);
-  }
-  return c > 0;
-}
-
-/* The CM instance: ctas CTAs in clusters of p.splits, as a programmatic dependent when pdl
- * (pa_cluster_ok said yes). */
-template <typename T, int D, int S, bool XT>
-static ot_status pa_launch_cluster(bool pdl, int64_t ctas, cudaStream_t st, const pa_params &p,
-                                   const char *op) {
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = dim3((unsigned)ctas);
-  cfg.blockDim = dim3(kPaThreads);
-  cfg.dynamicSmemBytes = pa_smem_of<D, S, pa_params>();
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)p.splits;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 2 : 1;
-  OT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, pa_mma_kernel<T, D, S, XT, pa_params, true, kPaWarps, true>, p));
   return OT_OK;
 }
 
@@ -2406,21 +2232,6 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   if (env.splits > 0) splits = env.splits; /* benchmarking / tests: force a count */
   const int min_splits = pa_min_splits(p);
   if (splits < min_splits) splits = min_splits;
-  /* The cluster merge (OT_PAGED_CLUSTER=N; the AL instance with 4 warps): a unit's splits,
-   * at most N, are one cluster and merge through DSMEM (pa_cluster_merge), no merge kernel
-   * and no partials in global memory. Not where the plan has one split, nor under
-   * OT_DEBUG, nor where the device cannot hold a cluster of that size. */
-  bool cm = false;
-  if constexpr (D == 128) {
-    if (env.cluster >= 2 && al && !w8 && !env.debug && !env.tma && splits > 1) {
-      const int n = splits < env.cluster ? splits : env.cluster;
-      if (n >= min_splits &&
-          (xt ? pa_cluster_ok<T, D, S, true>(cs, n) : pa_cluster_ok<T, D, S, false>(cs, n))) {
-        cm = true;
-        splits = n;
-      }
-    }
-  }
   p.splits = splits;
   /* The kernel's page-id guess (pa_params.chunk1): at batch 1, and at batch > 1 where
    * kv.indices and the queries divide evenly among the sequences (a batch of equal
@@ -2440,8 +2251,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
       p.chunk1 = pa_chunk(pps * p.bs, splits, &ne, min_chunk);
     }
   }
-  const size_t partial =
-      splits > 1 && !cm ? (size_t)splits * p.tq * p.hq * (D + 1) * sizeof(float) : 0;
+  const size_t partial = splits > 1 ? (size_t)splits * p.tq * p.hq * (D + 1) * sizeof(float) : 0;
   const double ctas_d = (double)tiles_upper * p.hkv * splits;
   const int64_t ctas = ctas_d <= 0x7fffffff ? tiles_upper * p.hkv * splits : 0;
   if (ctas_d > 0x7fffffff)
@@ -2467,9 +2277,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
 #endif
   if (!tm) {
     if constexpr (D == 128) {
-      if (cm && xt) OT_TRY((pa_launch_cluster<T, D, S, true>(pdl, ctas, s, p, op)));
-      else if (cm) OT_TRY((pa_launch_cluster<T, D, S, false>(pdl, ctas, s, p, op)));
-      else if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true, 8>(cs, pdl, ctas, s, p, op)));
+      if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true, 8>(cs, pdl, ctas, s, p, op)));
       else if (al && xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, true>(cs, pdl, ctas, s, p, op)));
       else if (al) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true>(cs, pdl, ctas, s, p, op)));
       else if (xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, false>(cs, pdl, ctas, s, p, op)));
@@ -2481,8 +2289,8 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
                              (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
                                  (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0) |
-                                 (PA_GUESS_ON(p) ? 2048 : 0) | (cm ? 4096 : 0)};
-  if (splits > 1 && !cm) {
+                                 (PA_GUESS_ON(p) ? 2048 : 0)};
+  if (splits > 1) {
     const int64_t rows = p.tq * p.hq;
     if (rows > 0x7fffffff)
       return ot_error(OT_ERR_UNSUPPORTED, op, "merge grid too large (%lld rows)", (long long)rows);
