@@ -934,9 +934,8 @@ static ot_attention_params pcase_params(const pcase *c) {
 /* The CUDA split-kernel instance blocks (paged_mode_cases): a prefix of the case names,
  * and the plan flag (ot_cuda_paged_last_plan's out[3]) each call of a case the instance
  * can take must have set (g_pflag_set) or cleared (g_pflag_clear): 16 the aligned-page
- * instance (16-bit, head_dim 128, pages of 16 x m keys), 32 its 8-warp CTAs, 64 its 2-warp
- * ones (both without the early start); the kv-ready calls of those cases must also have set
- * 4 (the early start). */
+ * instance (16-bit, head_dim 128, pages of 16 x m keys), 32 its 8-warp CTAs (and no early
+ * start); the kv-ready calls of those cases must also have set 4 (the early start). */
 static const char *g_pmode = "";
 static int g_pflag_set = 0, g_pflag_clear = 0;
 /* the kernel each call must have run (1 split, 2 stream: paged_auto_plan_case); 0: the
@@ -972,7 +971,7 @@ static void paged_check_plan(test_run *tr, const pcase *c, DLDataType dt, bool r
    * OT_DEBUG is on) */
   const char *dbg = getenv("OT_DEBUG");
   const bool early = ready && !(dbg && dbg[0] && strcmp(dbg, "0") != 0);
-  const int want = (g_pflag_set & ~(ready ? 32 | 64 : 0)) | (early ? 4 : 0);
+  const int want = (g_pflag_set & ~(ready ? 32 : 0)) | (early ? 4 : 0);
   /* the split kernel (paged_mode_cases force it), or the default's (g_pkernel) */
   const int kernel = g_pkernel ? g_pkernel : 1;
   int pl[4] = {0, 0, 0, 0};
@@ -2061,12 +2060,10 @@ static void paged_mode_cases(test_run *tr, const char *prefix, const char *name,
 
 /* The aligned-page instance is the default where it can run (4 or 8 warps by the plan), so
  * the suite's other cases take it; these blocks add the general instance on the same pages
- * (OT_PAGED_ALIGNED=0), the 8-warp CTAs forced (OT_PAGED_WARPS=8) and the 2-warp ones
- * (OT_PAGED_WARPS=2, an experiment). */
+ * (OT_PAGED_ALIGNED=0) and the 8-warp CTAs forced (OT_PAGED_WARPS=8). */
 static void paged_instance_cases(test_run *tr) {
   paged_mode_cases(tr, "general ", "OT_PAGED_ALIGNED", "0", 0, 16 | 32);
   paged_mode_cases(tr, "w8 ", "OT_PAGED_WARPS", "8", 16 | 32, 0);
-  paged_mode_cases(tr, "w2 ", "OT_PAGED_WARPS", "2", 16 | 64, 32);
 }
 
 /* The split kernel's one-round merge (OT_PAGED_MERGE=1, pa_merge1_kernel) on the instance

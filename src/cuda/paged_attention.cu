@@ -792,7 +792,7 @@ __device__ __forceinline__ T *pa_warp_ring(unsigned char *smem, int warp, int la
  * ex2.approx.ftz. */
 template <typename T, int D, int S, bool XT, typename P = pa_params, bool AL = false,
           int NW = kPaWarps>
-__global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : NW == 2 ? 4 : 1)
+__global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
     pa_mma_kernel(const __grid_constant__ P p) {
   constexpr int KS = D / 16;   /* k-steps of QK */
   constexpr int NT = D / 8;    /* n-tiles of PV */
@@ -1981,12 +1981,12 @@ static int pa_plan_splits(int64_t base, int64_t est_len, int64_t slots,
                           int64_t min_chunk = kPaMinChunk) {
   /* the plan depends on these four only, and they repeat from call to call (every layer
    * of a decode step; every step until the table grows): the last one per minimum chunk
-   * (4-, 8- and 2-warp CTAs) is kept per host thread. The scan (up to 2 x 1024 chunks since s
+   * (4- and 8-warp CTAs) is kept per host thread. The scan (up to 2 x 1024 chunks since s
    * reaches ceil(len / 64), three 64-bit divisions each) took 18-32 us of host time per
    * call at 128 x 32k / 1 x 64k. */
-  static thread_local int64_t last_args[3][3] = {{-1, -1, -1}, {-1, -1, -1}, {-1, -1, -1}};
-  static thread_local int last_splits[3] = {1, 1, 1};
-  const int ci = min_chunk == kPaMinChunk ? 0 : min_chunk == 8 * kPaStep ? 1 : 2;
+  static thread_local int64_t last_args[2][3] = {{-1, -1, -1}, {-1, -1, -1}};
+  static thread_local int last_splits[2] = {1, 1};
+  const int ci = min_chunk == kPaMinChunk ? 0 : 1;
   if (base == last_args[ci][0] && est_len == last_args[ci][1] && slots == last_args[ci][2])
     return last_splits[ci];
   /* rounded up: a table of 2080 keys (the engine's, sized for max_len) may take 33 chunks of
@@ -2095,7 +2095,7 @@ static pa_env pa_read_env() {
       e.aligned = !ot_env_is_zero(val);
     } else if (is("OT_PAGED_WARPS")) {
       const int x = atoi(val);
-      e.warps = x == 2 || x == 4 || x == 8 ? x : 0;
+      e.warps = x == 4 || x == 8 ? x : 0;
     } else if (is("OT_PAGED_MERGE")) {
       e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
     } else if (is("OT_PAGED_GUESS")) {
@@ -2212,22 +2212,16 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
    * commit 8d40302, bench/results/decode_warps_wx.json): 6-warp CTAs with 2-stage rings two
    * an SM, 9 warps with 3 stages, 10 / 12 with 2, one an SM -- past 8 warps an SM a
    * scheduler holds 3 of them and ptxas gives 168 registers, spilling 88-96 bytes -- lost
-   * at every shape (16 x 4k 0.80-0.98x, 64 x 1k 0.77-0.95x, 64 x 4k 0.80-0.96x): removed. */
-  bool w8 = false, w2 = false;
+   * at every shape (16 x 4k 0.80-0.98x, 64 x 1k 0.77-0.95x, 64 x 4k 0.80-0.96x): removed.
+   * Fewer warps a CTA (forty-fifth session, 2026-12-07; experiment commit 752a564, H100,
+   * bench/results/decode_w2_ab_h100.json): 2-warp CTAs four an SM, so that 64 x 1k's 512
+   * units run one split each in one wave (the 4-warp plan's 512 CTAs are 1.94 waves):
+   * 64 x 1k 98.95 vs 99.37 us, 64 x 2k 186.66 vs 185.95 (A/A 99.40 / 185.96) -- the second
+   * wave costs nothing in a memory-bound launch -- and 32 x 2k / 16 x 4k 6% / 4% slower
+   * (its plan split them): removed. */
+  bool w8 = false;
   if constexpr (D == 128) {
-    /* 2-warp CTAs (AL, no early start; OT_PAGED_WARPS=2, an experiment): four an SM with
-     * the same 8 warps and ring bytes per SM as 2 x 4, so a batch of ~4 x SMs units (64 x
-     * 1k: 512 (sequence, kv head) units on 132 x 4 slots) runs one split per unit in one
-     * wave, without the stream kernel's cut units and their merge kernel */
-    if (al && !xt && env.warps == 2) {
-      const int per2 = pa_ctas_per_sm<T, D, S, false, pa_params, true, 2>(cs->device);
-      if (per2 >= 1) {
-        w2 = true;
-        splits = pa_plan_splits(tiles_est * p.hkv, est_len, (int64_t)cs->sm_count * per2,
-                                2 * kPaStep);
-      }
-    }
-    if (al && !xt && !w2 && env.warps != 4) {
+    if (al && !xt && env.warps != 4) {
       const int per8 = pa_ctas_per_sm<T, D, S, false, pa_params, true, 8>(cs->device);
       if (per8 >= 1) {
         const int64_t slots8 = (int64_t)cs->sm_count * per8;
@@ -2239,7 +2233,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
       }
     }
   }
-  const int64_t min_chunk = w8 ? 8 * kPaStep : w2 ? 2 * kPaStep : kPaMinChunk;
+  const int64_t min_chunk = w8 ? 8 * kPaStep : kPaMinChunk;
   if (splits > 65535) splits = 65535;
   if (env.splits > 0) splits = env.splits; /* benchmarking / tests: force a count */
   const int min_splits = pa_min_splits(p);
@@ -2290,7 +2284,6 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   if (!tm) {
     if constexpr (D == 128) {
       if (w8) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true, 8>(cs, pdl, ctas, s, p, op)));
-      else if (w2) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true, 2>(cs, pdl, ctas, s, p, op)));
       else if (al && xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, true>(cs, pdl, ctas, s, p, op)));
       else if (al) OT_TRY((pa_launch_inst<T, D, S, false, pa_params, true>(cs, pdl, ctas, s, p, op)));
       else if (xt) OT_TRY((pa_launch_inst<T, D, S, true, pa_params, false>(cs, pdl, ctas, s, p, op)));
@@ -2301,7 +2294,7 @@ static ot_status pa_launch_mma(ot_context *ctx, pa_params &p, const pa_env &env,
   }
   pa_last_plan = pa_plan_rec{1, splits, (int)ctas,
                              (pdl ? 1 : 0) | (p.early ? 4 : 0) | (tm ? 8 : 0) |
-                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0) | (w2 && !tm ? 64 : 0) |
+                                 (al && !tm ? 16 : 0) | (w8 && !tm ? 32 : 0) |
                                  (PA_GUESS_ON(p) ? 2048 : 0)};
   if (splits > 1) {
     const int64_t rows = p.tq * p.hq;

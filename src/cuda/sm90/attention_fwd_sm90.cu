@@ -172,7 +172,7 @@ enum {
                       * boundary, issued only after both consumers' last Q K^T and by every
                       * CTA at once in a static round, reads L2 instead of HBM (D256 S 1k's
                       * per-tile cost, docs/ATTENTION.md; opt-in OT_ATTN_SM90_QPF=1, bf16
-                      * D256 only, not measured yet) */
+                      * D256 only; H100 2026-12-07: 0.936x the plain kernel at D256 S1k) */
   kFlKsplit = 0x200000, /* 3 consumers, unmasked: a query tile with at most 64 rows before Sq
                          * (the last of a head where 192 does not divide Sq by more than
                          * 128 rows: S 1k / 4k / 16k leave 64) runs on all three consumer
@@ -1998,8 +1998,8 @@ extern "C" ot_status ot_cuda_attention_forward_sm90(ot_context *ctx, const ot_at
   }
   /* kFlQpf: the producer prefetches the CTA's next tile's Q to L2 during the current tile
    * (static persistent launches: unmasked calls). Compiled for bf16 D256 with the threshold
-   * (R | QPF); opt-in, OT_ATTN_SM90_QPF=1, until measured (the per-tile cost of D256 S 1k,
-   * docs/ATTENTION.md). */
+   * (R | QPF); opt-in, OT_ATTN_SM90_QPF=1: measured slower (H100, D256 S1k full 0.936x
+   * paired, docs/ATTENTION.md). */
   const char *qpv = sm90_knob(knobs, "OT_ATTN_SM90_QPF");
   const int qpf = qpv && qpv[0] == '1' && !masked_call && !split ? kFlQpf : 0;
   const int fl = (resc ? kFlResc : 0) | split | narrow | skip | pin | st16 | shift | stag |
