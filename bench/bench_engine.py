@@ -439,9 +439,10 @@ PREFILL_VARIANTS = {
     # the Hopper forward's causal tiles on the static round-robin with L2 sections counted
     # in query heads (the order before the dynamic schedule, attention_fwd_sm90.cu)
     "static_attn": {"OT_ATTN_SM90_DYN": "0", "OT_ATTN_SM90_SECT": "mha"},
-    # RoPE and the KV append in one kernel (ot_rope_kv_append) instead of ot_rope_forward
-    # and then ot_kv_append (opt-in until timed, 2026-12-07)
+    # RoPE and the KV append in one kernel (ot_rope_kv_append; the default since 2026-12-07,
+    # so this variant runs the default's kernels) / as ot_rope_forward and then ot_kv_append
     "rope_kv_fused": {"OTE_PREFILL_ROPE_KV": "1"},
+    "rope_kv_split": {"OTE_PREFILL_ROPE_KV": "0"},
     # the same op on the append's vector kernel (a thread group per head row, cos / sin made
     # for each row) instead of its warp kernel (a warp per token, cos / sin once a token)
     "rope_kv_fused_vec": {"OTE_PREFILL_ROPE_KV": "1", "OT_KV_APPEND_WARP": "0"},

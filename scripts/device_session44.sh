@@ -6,7 +6,7 @@
 #   append   the append's CUDA cases (its warp kernel forced and by default, k_out)
 #   memwarp  memcheck of the warp kernel's cases
 #   engine   the engine's one-prompt TTFT alternated with each of ENGINE_VARIANTS (default
-#            rope_kv_fused,rope_kv_fused_vec,fused_head) and the prefill timelines under each
+#            rope_kv_split,rope_kv_fused_vec,fused_head) and the prefill timelines under each
 #   memkout  memcheck of ot_rope_kv_append's k_out cases
 #   qpf      kFlQpf's cases
 #   bench    the Hopper forward's A/B (kFlKsplit off, kFlSplit, kFlQpf) with clocks
@@ -19,7 +19,7 @@
 set -u
 COMMIT=${1:-unknown}
 PARTS=${PARTS:-append memwarp engine memkout qpf bench trace}
-VARIANTS=${ENGINE_VARIANTS:-rope_kv_fused,rope_kv_fused_vec,fused_head}
+VARIANTS=${ENGINE_VARIANTS:-rope_kv_split,rope_kv_fused_vec,fused_head}
 cd "$(dirname "$0")/.."
 mkdir -p /tmp/ks "$OUT" && tar xJf .devcarry-ks/ks.tar.xz -C /tmp/ks || exit 1
 export LD_LIBRARY_PATH=/tmp/ks/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}

@@ -5,9 +5,10 @@
  * sub-block's output, added to x_res by the next norm's fused residual path):
  *   normed, x_res = rmsnorm(delta + x_res)            (layer 0: rmsnorm(x_res))
  *   qkv    = normed Wqkv^T (+ b)                     [T, (Hq + 2 Hkv) D], one GEMM
- *   prefill: q, k = rope(q, k) in place on strided views of qkv (ot_rope_forward); K/V
- *            -> the paged cache (ot_kv_append); OTE_PREFILL_ROPE_KV=1: both in one kernel
- *            (ot_rope_kv_append); attn = ot_attention_forward(q, k, v) causal, packed varlen
+ *   prefill: q, k = rope(q, k) in place on strided views of qkv and K/V -> the paged cache,
+ *            one kernel (ot_rope_kv_append; OTE_PREFILL_ROPE_KV=0: the two ops,
+ *            ot_rope_forward then ot_kv_append); attn = ot_attention_forward(q, k, v)
+ *            causal, packed varlen
  *   decode:  ot_kv_append rotates k into its page and q in place (RoPE fused, positions
  *            from the page table); attn = ot_paged_attention(q, pages) for the batch
  *   delta  = attn Wo^T
@@ -550,14 +551,15 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
     /* fresh sequences: rotate q and k in place, store k and v in their pages, and attend
      * over each prompt's own tokens, packed */
     ote_view_set(&vpos, &e->dev, e->positions_dev, OTE_I32, 1, ps, NULL);
-    if (e->rope_kv_split) { /* the two ops (the default until ot_rope_kv_append is timed) */
+    if (e->rope_kv_split) { /* OTE_PREFILL_ROPE_KV=0: the two ops */
       OP(ot_rope_forward(e->ctx, &rp, &vq.t, &vk.t, &vpos.t, NULL, &vq.t, &vk.t), "rope", l);
       prof_mark(e, OTE_PROF_ROPE_KV); /* here the profile's "rope+kv_append" is RoPE alone */
       OP(ot_kv_append(e->ctx, &kv, &vcu.t, &vk.t, &vv.t, NULL, NULL, NULL, NULL), "kv append", l);
       prof_mark(e, OTE_PROF_KV_PREFILL);
     } else {
-      /* OTE_PREFILL_ROPE_KV=1: q and k rotated in place (the attention below reads them
-       * there) and k, v stored in their pages, one kernel: q, k and v read once */
+      /* the default: q and k rotated in place (the attention below reads them there) and
+       * k, v stored in their pages, one kernel: q, k and v read once (H100, 2026-12-07: TTFT
+       * -0.44 ms paired against the two ops, docs/PERFORMANCE.md) */
       OP(ot_rope_kv_append(e->ctx, &rp, &kv, &vcu.t, &vk.t, &vv.t, &vpos.t, &vq.t, &vq.t, &vk.t),
          "rope + kv append", l);
       prof_mark(e, OTE_PROF_ROPE_KV);
@@ -1145,7 +1147,7 @@ static ot_status prefill(ote_engine *e, int n, const int *seq, const int32_t *to
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: NULL argument");
   /* read at each prefill (one getenv), so that a benchmark can alternate the two forms in
    * one engine (bench_engine.py --prefill-variants rope_kv_fused) */
-  e->rope_kv_split = env_ll("OTE_PREFILL_ROPE_KV", 0) == 0;
+  e->rope_kv_split = env_ll("OTE_PREFILL_ROPE_KV", 1) == 0;
   if (n <= 0 || n > e->opt.max_seqs || cu[0] != 0)
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: bad batch (n %d, cu_seqlens[0] %d)", n,
                      n > 0 ? cu[0] : 0);

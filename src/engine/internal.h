@@ -289,8 +289,9 @@ struct ote_engine {
    * the profile on), the whole call; tm[5] 0 prefill, 1 decode */
   double tm[6];
   void *tm_ev[2];
-  /* the prefill rotates q, k by ot_rope_forward and appends k, v by ot_kv_append, two
-   * kernels; OTE_PREFILL_ROPE_KV=1 (read at each prefill): ot_rope_kv_append's one instead */
+  /* OTE_PREFILL_ROPE_KV=0 (read at each prefill): the prefill rotates q, k by
+   * ot_rope_forward and appends k, v by ot_kv_append, two kernels; else (the default)
+   * ot_rope_kv_append's one */
   int rope_kv_split;
 };
 

@@ -810,6 +810,50 @@ def test_python_engine_matches_ot_run_and_hf(tmp_path):
         assert mem["weights"] > 0 and mem["kv_cache"] > 0 and mem["activations"] > 0
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_prefill_rope_kv_forms_bit_equal(tmp_path, device, monkeypatch):
+    """The prefill's RoPE + KV append as one op (ot_rope_kv_append, the default since
+    2026-12-07) and as ot_rope_forward then ot_kv_append (OTE_PREFILL_ROPE_KV=0): the same
+    logits bit for bit at the prefill and in the decode steps that read the pages it wrote,
+    for one prompt (the dense attention path) and for two (varlen); on the GPU (bf16, head
+    dim 64) with a 300-token prompt, which takes the append's warp kernel."""
+    eng_mod = _engine_module()
+    if device == "cuda":
+        _need_cuda_ot_run()
+        model = fused_model(**FUSED_CASES["llama-gqa"], max_position_embeddings=512)
+        model = model.to(torch.bfloat16)
+        kw = dict(dtype="bf16", device="cuda")
+    else:
+        model = make_model(max_position_embeddings=512)
+        kw = dict(threads=1)
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    vocab = model.config.vocab_size
+    long = [int(t) for t in np.random.default_rng(7).integers(1, vocab, 300)]
+    for k in [k for k in os.environ if k.startswith(("OTE_FUSED_", "OTE_PREFILL_"))]:
+        monkeypatch.delenv(k)
+    got = {}
+    for mode in ("0", "1", None):
+        if mode is None:
+            monkeypatch.delenv("OTE_PREFILL_ROPE_KV")  # the default: the one op
+        else:
+            monkeypatch.setenv("OTE_PREFILL_ROPE_KV", mode)
+        with eng_mod.Engine.from_pretrained(tmp_path / "m", max_seqs=3, max_len=320,
+                                            **kw) as eng:
+            one = eng.prefill([long], seqs=[0])
+            two = eng.prefill([PROMPTS[0], PROMPTS[1]], seqs=[1, 2])
+            outs = [one, two]
+            toks = [int(one[0].argmax()), int(two[0].argmax()), int(two[1].argmax())]
+            for _ in range(3):
+                lg = eng.decode(toks, seqs=[0, 1, 2])
+                outs.append(lg)
+                toks = [int(r.argmax()) for r in lg]
+        assert all(np.isfinite(o).all() for o in outs)
+        got[mode] = outs
+    for mode in ("1", None):
+        for i, (a, b) in enumerate(zip(got["0"], got[mode])):
+            assert np.array_equal(a, b), f"OTE_PREFILL_ROPE_KV={mode}: output {i} differs"
+
+
 def test_python_engine_random_and_sampling():
     eng_mod = _engine_module()
     assert "llama-13b" in eng_mod.config_names() and "llama3-8b" in eng_mod.config_names()
