@@ -120,12 +120,12 @@ def _to_device_one_copy(arrays, device):
     """int32 CPU tensors -> views of one `device` tensor, filled by one non-blocking copy
     from a pinned staging buffer (torch's caching host allocator keeps the staging block
     until the copy has run). Each view starts at a multiple of 4 elements (16 bytes)."""
+    if device.type != "cuda":
+        return tuple(a.to(device) for a in arrays)
     offs, total = [], 0
     for a in arrays:
         offs.append(total)
         total += (a.numel() + 3) // 4 * 4
-    if device.type != "cuda":
-        return tuple(a.to(device) for a in arrays)
     host = _torch.empty(max(total, 4), dtype=_torch.int32, pin_memory=True)
     for a, o in zip(arrays, offs):
         host[o:o + a.numel()].copy_(a)

@@ -1146,7 +1146,7 @@ static ot_status prefill(ote_engine *e, int n, const int *seq, const int32_t *to
   if (!e || !seq || !tokens || !cu || (!logits && !next))
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: NULL argument");
   /* read at each prefill (one getenv), so that a benchmark can alternate the two forms in
-   * one engine (bench_engine.py --prefill-variants rope_kv_fused) */
+   * one engine (bench_engine.py --prefill-variants rope_kv_split) */
   e->rope_kv_split = env_ll("OTE_PREFILL_ROPE_KV", 1) == 0;
   if (n <= 0 || n > e->opt.max_seqs || cu[0] != 0)
     return ote_error(OT_ERR_INVALID_ARGUMENT, "ote_prefill: bad batch (n %d, cu_seqlens[0] %d)", n,
