@@ -427,6 +427,11 @@ DECODE_VARIANTS = {
     "l2pf_o_early_last": {"OTE_L2_PF_OPROJ": "2", "OTE_L2_PF_LAST": "1"},
     "l2pf_o_gu_16": {"OTE_L2_PF_OPROJ": "1", "OTE_L2_PF_GATEUP": "16"},
     "l2pf_o_gu_24": {"OTE_L2_PF_OPROJ": "1", "OTE_L2_PF_GATEUP": "24"},
+    # the batch-1 decode's attention, merge and o_proj as one kernel (fused_kernels.cu
+    # attn_oproj_kernel; =2: it must run), and its key ranges a kv head capped
+    "attn_oproj": {"OTE_FUSED_ATTN_OPROJ": "2"},
+    "attn_oproj_splits_8": {"OTE_FUSED_ATTN_OPROJ": "2", "OTE_ATTN_OPROJ_SPLITS": "8"},
+    "attn_oproj_splits_4": {"OTE_FUSED_ATTN_OPROJ": "2", "OTE_ATTN_OPROJ_SPLITS": "4"},
     "repeat": {},  # the default again, last: the run's drift
 }
 AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]

@@ -271,6 +271,19 @@ if [ "${ENGINE_MEMCHECK_DECODE:-1}" = 1 ] && command -v compute-sanitizer >/dev/
   done
   san_bg "racecheck ot-run batch-1 decode (rowblock qkv + gate_up, 3 CTAs)" racecheck_decode_b1_rbnorm \
     racecheck OTE_FUSED_QKV=2 OTE_FUSED_GATEUP=2 OTE_FUSED_BLOCKS=3 -- --max-new-tokens 3
+  # the attention + o_proj kernel (OTE_FUSED_ATTN_OPROJ=2: it must run; the tiny config:
+  # head_dim 32, 8 query heads on 4 kv heads): its default grid (33 16-key ranges a kv head,
+  # most empty), and 128 CTAs with one range a kv head (the prompt's 5 + 5 keys) and 1 row of
+  # W a CTA in shared memory, the other in registers; racecheck / synccheck of each
+  san_bg "memcheck ot-run batch-1 decode (attention + o_proj)" memcheck_decode_b1_ao \
+    memcheck OTE_FUSED_ATTN_OPROJ=2 -- --max-new-tokens 5
+  san_bg "memcheck ot-run batch-1 decode (attention + o_proj, 1 range, rows in registers)" \
+    memcheck_decode_b1_ao_regs memcheck OTE_FUSED_ATTN_OPROJ=2 OTE_ATTN_OPROJ_BLOCKS=128 \
+    OTE_ATTN_OPROJ_SPLITS=1 OTE_ATTN_OPROJ_SMEM_ROWS=1 -- --max-new-tokens 5
+  for t in racecheck synccheck; do
+    san_bg "$t ot-run batch-1 decode (attention + o_proj)" "${t}_decode_b1_ao" \
+      "$t" OTE_FUSED_ATTN_OPROJ=2 -- --max-new-tokens 3
+  done
   # the one-prompt prefill's final norm + lm_head + argmax on the fused kernel (its input
   # rows: the prompt's last row of delta / x_res, not the copies), then 2 decode steps
   san_bg "memcheck ot-run prefill (fused final norm + lm_head)" memcheck_prefill_fused_head \

@@ -33,6 +33,8 @@ int ote_cuda_staged_gemv(const ote_fused_gemv_args *a, int dtype_code, int pdl, 
                          int *done);
 int ote_cuda_rowblock_gemv(const ote_fused_gemv_args *a, int dtype_code, int pdl, void *stream,
                            int *done);
+int ote_cuda_attn_oproj(const ote_attn_oproj_args *a, int dtype_code, void *stream, int *done);
+size_t ote_cuda_attn_oproj_scratch(int hq, int hkv, int head_dim);
 #else
 static ot_status no_cuda(const char *what) {
   return ote_error(OT_ERR_NO_DEVICE, "engine: %s: built without the CUDA backend", what);
@@ -271,6 +273,33 @@ ot_status ote_dev_staged_gemv(const ote_device *d, const ote_fused_gemv_args *a,
 ot_status ote_dev_rowblock_gemv(const ote_device *d, const ote_fused_gemv_args *a, DLDataType dt,
                                 int *done) {
   return optional_gemv(d, a, dt, done, 1);
+}
+
+ot_status ote_dev_attn_oproj(const ote_device *d, const ote_attn_oproj_args *a, DLDataType dt,
+                             int *done) {
+  *done = 0;
+  if (on_cpu(d) || dt.bits != 16) return OT_OK;
+#ifdef OT_HAVE_CUDA
+  return cuda_check((cudaError_t)ote_cuda_attn_oproj(a, dt.code, d->stream, done),
+                    "attention + o_proj");
+#else
+  (void)a;
+  return OT_OK;
+#endif
+}
+
+size_t ote_dev_attn_oproj_scratch(const ote_device *d, int hq, int hkv, int head_dim) {
+  if (on_cpu(d)) return 0;
+#ifdef OT_HAVE_CUDA
+  if (cudaSetDevice(d->dev.device_id) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return ote_cuda_attn_oproj_scratch(hq, hkv, head_dim);
+#else
+  (void)hq, (void)hkv, (void)head_dim;
+  return 0;
+#endif
 }
 
 ot_status ote_graph_begin(const ote_device *d) {

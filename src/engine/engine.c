@@ -25,6 +25,7 @@
  * the graph begins with the one copy of that block into device memory of fixed address and
  * ends with the copy of the argmax ids into pinned memory, so a step is one graph launch
  * and one stream synchronization. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,7 @@ void ote_engine_destroy(ote_engine *e) {
   ote_dev_free(&e->dev, e->cu_dec_dev);
   ote_dev_host_free(&e->dev, e->next_h);
   ote_dev_free(&e->dev, e->argmax_state);
+  ote_dev_free(&e->dev, e->ao_scratch);
   ote_weights_free(e);
   ote_offload_free(e);
   ot_context_destroy(e->ctx);
@@ -267,6 +269,17 @@ static ot_status engine_finish(ote_engine *e) {
     static const uint64_t zero[2] = {0, 0};
     st = ote_dev_alloc(&e->dev, sizeof zero, &e->argmax_state);
     if (st == OT_OK) st = ote_dev_upload(&e->dev, e->argmax_state, zero, sizeof zero);
+  }
+  if (st == OT_OK && e->dev.dev.device_type != kDLCPU) {
+    /* the attention + o_proj kernel's scratch: its grid barrier's state (the first 256
+     * bytes) zero */
+    size_t n = ote_dev_attn_oproj_scratch(&e->dev, c->heads, c->kv_heads, c->head_dim);
+    if (n) {
+      static const unsigned char zero[256] = {0};
+      st = ote_dev_alloc(&e->dev, n, &e->ao_scratch);
+      if (st == OT_OK) st = ote_dev_upload(&e->dev, e->ao_scratch, zero, sizeof zero);
+      if (st == OT_OK) e->ao_scratch_bytes = n;
+    }
   }
   return st;
 }
@@ -405,6 +418,11 @@ typedef struct fused_opts {
    * its start (the staged kernel's CTAs all load at once: a part would speed none of them
    * up) */
   int pf_gateup, pf_qkv, pf_last, pf_oproj;
+  /* the attention + o_proj kernel (attention_block, FUSE_AO): OTE_FUSED_ATTN_OPROJ=2 it
+   * must run; OTE_ATTN_OPROJ_BLOCKS at most that many CTAs, OTE_ATTN_OPROJ_SMEM_ROWS at
+   * most that many rows of o_proj's weight a CTA in shared memory (tests),
+   * OTE_ATTN_OPROJ_SPLITS at most that many key ranges a kv head */
+  int ao_must, ao_blocks, ao_smem_rows, ao_splits;
 } fused_opts;
 
 /* A non-negative integer from the environment, or def when unset / not a number. */
@@ -524,9 +542,52 @@ static void staged_prefetch(const ote_engine *e, int l, const ote_layer_weights 
   a->l2_pf_last = fo->pf_last;
 }
 
+/* The batch-1 decode's attention and o_proj by one kernel (ote_dev_attn_oproj): OT_OK with
+ * *done 0 where it does not fit (a model or a device it does not take; an error when
+ * ao->ao_must) */
+static ot_status attn_oproj(ote_engine *e, int l, const ote_layer_weights *w,
+                            const ot_attention_params *ap, int kv_ready, const fused_opts *ao,
+                            int *done) {
+  const ote_config *c = &e->cfg;
+  *done = 0;
+  ot_paged_kv kv;
+  ote_kv_paged(&e->kv, l, &kv);
+  ote_attn_oproj_args a;
+  memset(&a, 0, sizeof a);
+  a.q = e->qkv;
+  a.k_pages = (char *)kv.k_pages->data + kv.k_pages->byte_offset;
+  a.v_pages = (char *)kv.v_pages->data + kv.v_pages->byte_offset;
+  a.indptr = (const int32_t *)((char *)kv.indptr->data + kv.indptr->byte_offset);
+  a.indices = (const int32_t *)((char *)kv.indices->data + kv.indices->byte_offset);
+  a.last_page_len = (const int32_t *)((char *)kv.last_page_len->data + kv.last_page_len->byte_offset);
+  a.hq = c->heads;
+  a.hkv = c->kv_heads;
+  a.head_dim = c->head_dim;
+  a.block_size = (int)kv.k_pages->shape[2];
+  a.scale = ap->softmax_scale > 0 ? ap->softmax_scale : 1.0f / sqrtf((float)c->head_dim);
+  a.window_left = ap->window_left;
+  a.kv_ready = kv_ready;
+  a.attn = e->attn;
+  a.w = w->o;
+  a.bias = w->o_bias;
+  a.y = e->delta;
+  a.N = c->hidden;
+  a.scratch = e->ao_scratch;
+  a.scratch_bytes = e->ao_scratch_bytes;
+  a.max_blocks = ao->ao_blocks;
+  a.smem_rows_cap = ao->ao_smem_rows;
+  a.max_splits = ao->ao_splits;
+  if (e->ao_scratch && ap->softcap == 0.0f)
+    ENG(ote_dev_attn_oproj(&e->dev, &a, e->opt.dtype, done), "attention + o_proj", l);
+  if (!*done && ao->ao_must)
+    return ote_error(OT_ERR_UNSUPPORTED, "engine: layer %d: OTE_FUSED_ATTN_OPROJ=2 and the "
+                     "attention + o_proj kernel does not take this model or device", l);
+  return OT_OK;
+}
+
 static ot_status attention_block(ote_engine *e, const batch *b, int l,
                                  const ote_layer_weights *w, int appended,
-                                 const fused_opts *staged) {
+                                 const fused_opts *staged, const fused_opts *ao) {
   const ote_config *c = &e->cfg;
   size_t es = ote_dtype_size(e->opt.dtype);
   int64_t D = c->head_dim, Hq = c->heads, Hkv = c->kv_heads, cols = (Hq + 2 * Hkv) * D;
@@ -595,6 +656,15 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
      * (the fused qkv, or ot_kv_append, which never signals) starts its dependents only
      * after its own griddepcontrol.wait. OTE_PAGED_KV_READY=0: off (b->kv_ready). */
     ap.paged_kv_ready = b->kv_ready;
+    if (ao && b->n == 1) { /* FUSE_AO: the attention, its merge and o_proj in one kernel */
+      int done = 0;
+      OTE_TRY(attn_oproj(e, l, w, &ap, b->kv_ready, ao, &done));
+      if (done) {
+        prof_mark(e, OTE_PROF_ATTN);
+        prof_mark(e, OTE_PROF_O);
+        return OT_OK;
+      }
+    }
     OP(ot_paged_attention(e->ctx, &ap, &vq.t, &vcu.t, &kv, &vo.t, NULL), "paged attention", l);
     prof_mark(e, OTE_PROF_ATTN);
   }
@@ -641,7 +711,7 @@ static ot_status swiglu_down(ote_engine *e, const batch *b, int l, const ote_lay
 
 enum {
   FUSE_NORM = 1, FUSE_SWIGLU = 2, FUSE_ROPE = 4, FUSE_PAIR = 8, FUSE_GLU = 16, FUSE_OPROJ = 32,
-  FUSE_DOWN = 64
+  FUSE_DOWN = 64, FUSE_AO = 128
 };
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -680,7 +750,8 @@ static int fuse_mode(const ote_engine *e, const batch *b) {
           (env_ll("OTE_FUSED_ROPE", 1) && c->head_dim % 2 == 0 ? FUSE_ROPE : 0) |
           (env_ll("OTE_FUSED_PAIR", 1) ? FUSE_PAIR : 0) |
           (env_ll("OTE_FUSED_OPROJ", 1) ? FUSE_OPROJ : 0) |
-          (env_ll("OTE_FUSED_DOWN", 0) ? FUSE_DOWN : 0);
+          (env_ll("OTE_FUSED_DOWN", 0) ? FUSE_DOWN : 0) |
+          (env_ll("OTE_FUSED_ATTN_OPROJ", 0) ? FUSE_AO : 0);
   int ok = aligned16(e->w.final_norm) && aligned16(e->w.lm_head);
   for (int l = 0; ok && l < c->layers; l++) {
     const ote_layer_weights *w = &e->w.layer[l];
@@ -841,7 +912,11 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
                          (int)env_ll("OTE_L2_PF_GATEUP", 0),
                          (int)env_ll("OTE_L2_PF_QKV", 0),
                          env_ll("OTE_L2_PF_LAST", 0) == 1,
-                         (int)env_ll("OTE_L2_PF_OPROJ", 0)};
+                         (int)env_ll("OTE_L2_PF_OPROJ", 0),
+                         env_ll("OTE_FUSED_ATTN_OPROJ", 0) == 2,
+                         (int)env_ll("OTE_ATTN_OPROJ_BLOCKS", 0),
+                         (int)env_ll("OTE_ATTN_OPROJ_SMEM_ROWS", 0),
+                         (int)env_ll("OTE_ATTN_OPROJ_SPLITS", 0)};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   /* the rowblock down_proj (reads the SwiGLU row of gate_up's epilogue) */
@@ -867,7 +942,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
     }
     prof_mark(e, OTE_PROF_QKV);
     OTE_TRY(attention_block(e, b, l, w, (fuse & FUSE_NORM) && (fuse & FUSE_ROPE),
-                            (fuse & FUSE_OPROJ) ? &fo : NULL));
+                            (fuse & FUSE_OPROJ) ? &fo : NULL, (fuse & FUSE_AO) ? &fo : NULL));
     if (fuse & FUSE_NORM) {
       OTE_TRY(fused_norm_linear(e, e->delta, res, res2, w->mlp_norm, w->gate_up, NULL, 2 * F,
                                 e->gate_up, NULL, glu ? e->mlp : NULL, -1, pair, &fo, l,
@@ -978,7 +1053,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     prof_mark(e, OTE_PROF_NORM);
     OTE_TRY(linear(e, e->normed, b->T, (int64_t)H, w->qkv, w->qkv_bias, cols, e->qkv, l, "qkv_proj"));
     prof_mark(e, OTE_PROF_QKV);
-    OTE_TRY(attention_block(e, b, l, w, 0, NULL));
+    OTE_TRY(attention_block(e, b, l, w, 0, NULL, NULL));
     OTE_TRY(rmsnorm(e, e->delta, e->x_res, w->mlp_norm, e->normed, b->T, l,
                     "post_attention_layernorm"));
     prof_mark(e, OTE_PROF_NORM);
@@ -1001,7 +1076,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     last_res = (char *)e->x_res + r * H * es;
     if (prefill_fused_head(e, last_delta, last_res)) {
       const fused_opts fo = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
-                             0, 0, 0, 8, 4, 0, 0, 0, 0, 0};
+                             0, 0, 0, 8, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0};
       OTE_TRY(fused_norm_linear(e, last_delta, last_res, NULL, e->w.final_norm, e->w.lm_head,
                                 NULL, c->vocab, e->logits, argmax ? e->argmax_dev : NULL, NULL,
                                 -1, env_ll("OTE_FUSED_PAIR", 1) != 0, &fo, c->layers,

@@ -40,6 +40,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "../cuda/bulk_copy.cuh"
 #include "../cuda/common.cuh"
 #include "../cuda/pdl.cuh"
 #include "../cuda/rope.cuh"
@@ -1099,6 +1100,452 @@ cudaError_t launch_any(const ote_fused_gemv_args &a, int mode, cudaStream_t st, 
                      : launch<T, kNorm, 1, kRows>(a, st, pdl);
 }
 
+/* ---- ATTN_OPROJ: the batch-1 decode's attention, its merge and o_proj in one kernel ------ *
+ * Between the fused qkv kernel and gate_up, the decode step otherwise runs three latency-
+ * bound kernels back to back: the paged attention's split kernel, its merge, and the staged
+ * o_proj, whose 33.5 MB of weight (the 8B shape) cannot start streaming before the split
+ * kernel's CTAs leave the SMs (it needs an SM's shared memory), while the DRAM reads only
+ * the 8.4 MB of K / V (docs/PERFORMANCE.md, 2026-12-05: the window takes ~25-29 us for
+ * ~42 MB). Here one CTA per SM (G CTAs, all resident) does all of it:
+ *   1. before the PDL wait: thread 0 issues bulk copies (the TMA unit: no registers) of the
+ *      CTA's rows of W past its first `late` ones into shared memory; with kv_ready the
+ *      CTA reads the page table and issues its first step of K / V loads (every cached row
+ *      but the new token's, which the qkv kernel is writing), ahead of the weight bytes;
+ *   2. CTA c < hkv * nsplit takes kv head c / nsplit and the c % nsplit-th of nsplit equal
+ *      ranges of the keys (multiples of 16 keys): each warp runs steps of 16 keys -- a lane
+ *      holds 8 elements of a row of K and of V, D / 8 lanes one row (head_dim 32, 64 or
+ *      128) -- with the GQ query heads of the group in registers, an online
+ *      softmax in base 2, then the warps' partials combine in shared memory (fixed order)
+ *      into the range's (m, l, o) in float32, stored to scratch;
+ *   3. the CTA's first `late` rows of W (what shared memory cannot hold) are loaded into
+ *      registers, then a grid barrier;
+ *   4. CTA c merges query heads c, c + G, ...: attn = sum_s 2^(m_s - M) o_s / sum_s
+ *      2^(m_s - M) l_s over the ranges in order, rounded to T; a second grid barrier;
+ *   5. the CTA's rows of y = attn W^T (+ b): thread t the 16-byte vectors t and t + 256 of
+ *      each row, the warp's sums by stage_scatter32, the warps' through shared memory in
+ *      order (the staged kernel's scheme: a row's value depends on K alone, not on G).
+ * The grid barriers need every CTA resident at once: G <= the SMs, one CTA per SM by its
+ * shared memory, and no dependent launched before the second barrier (the dependents are
+ * released after it). The barrier's state (a count and a generation) lives in scratch and
+ * is left at count 0 by every barrier. sm_90 code only (the bulk copies): the body is empty
+ * in the sm_80 pass and the host launches it only where ot_bulk_kernel_ok says so. */
+constexpr int kAoThreads = 256;
+constexpr int kAoWarps = kAoThreads / 32;
+constexpr int kAoVJ = 2;     /* 16-byte vectors of a row of W a thread: K <= 8 * 256 * 2 */
+constexpr int kAoLate = 8;   /* rows of W a CTA in registers at most */
+constexpr int kAoKeys = 16;  /* keys a warp step */
+constexpr size_t kAoBarBytes = 256; /* the grid barrier's state at the scratch's start */
+
+template <int D> struct ao_shape {
+  static constexpr int LPR = D / 8;         /* lanes a row */
+  static constexpr int RPL = 32 / LPR;      /* rows a warp load */
+  static constexpr int NL = kAoKeys / RPL;  /* loads of K (and of V) a lane a step */
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned ao_ld_acquire(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+/* All G CTAs of the grid meet: their writes before it are visible to all after it. */
+__device__ __forceinline__ void ao_grid_sync(unsigned *bar, unsigned G) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned *count = bar, *gen = bar + 1;
+    const unsigned g0 = ao_ld_acquire(gen); /* (this barrier's generation: ours to end) */
+    __threadfence();
+    if (atomicAdd(count, 1u) == G - 1) {
+      atomicExch(count, 0u);
+      __threadfence();
+      atomicAdd(gen, 1u);
+    } else {
+      while (ao_ld_acquire(gen) == g0) __nanosleep(32);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+#endif
+
+/* The page-table facts of sequence 0 a CTA needs: its length L and its range of keys. */
+struct ao_range {
+  const int32_t *pages;
+  int L, kb, ke, lo; /* keys [kb, ke) of the CTA's range, and the window's first key lo */
+};
+
+__device__ __forceinline__ ao_range ao_table(const ote_attn_oproj_args &a, int s, int nsplit) {
+  ao_range r;
+  const int i0 = a.indptr[0], np = a.indptr[1] - i0;
+  r.pages = a.indices + i0;
+  r.L = np > 0 ? (np - 1) * a.block_size + a.last_page_len[0] : 0;
+  const int per = ((r.L + nsplit - 1) / nsplit + kAoKeys - 1) / kAoKeys * kAoKeys;
+  r.kb = s * per;
+  r.ke = min(r.L, r.kb + per);
+  r.lo = a.window_left >= 0 ? max(0, r.L - 1 - a.window_left) : 0;
+  return r;
+}
+
+/* Lane's loads of one warp step (keys base + p RPL + row): K and V rows of kv head h,
+ * elements d0 .. d0 + 8; keys at or past `upto` (or before lo) are not loaded (zeros). */
+template <typename T, int D>
+__device__ __forceinline__ void ao_load_step(const ote_attn_oproj_args &a, const ao_range &r,
+                                             int h, int base, int row, int d0, int upto,
+                                             raw16 (&kr)[ao_shape<D>::NL],
+                                             raw16 (&vr)[ao_shape<D>::NL]) {
+  using S = ao_shape<D>;
+  const int bs = a.block_size;
+#pragma unroll
+  for (int p = 0; p < S::NL; p++) {
+    const int key = base + p * S::RPL + row;
+    const bool in = key < upto && key >= r.lo;
+    int64_t off = 0;
+    if (in) {
+      const int page = __ldg(r.pages + key / bs);
+      off = (((int64_t)page * a.hkv + h) * bs + key % bs) * D + d0;
+    }
+    ot::load_raw<T, true, false>(kr[p], static_cast<const T *>(a.k_pages) + off, 0, 8, in);
+    ot::load_raw<T, true, false>(vr[p], static_cast<const T *>(a.v_pages) + off, 0, 8, in);
+  }
+}
+
+template <typename T, int D, int GQ>
+__global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_constant__ ote_attn_oproj_args a,
+                                                                   int nsplit, int late_max) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using S = ao_shape<D>;
+  static_assert(vec_width<T>::value == 8, "16-bit types");
+  extern __shared__ __align__(128) unsigned char ao_smem[]; /* rows of W, then s_o */
+  __shared__ __align__(8) uint64_t wbar;
+  __shared__ float red[kAoWarps][kStageRows];
+  __shared__ float s_ml[kAoWarps][GQ][2];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int G = (int)gridDim.x;
+  const int64_t K = (int64_t)a.hq * D, N = a.N, kv = K / 8;
+  const int64_t r0 = (int64_t)blockIdx.x * N / G, r1 = ((int64_t)blockIdx.x + 1) * N / G;
+  const int nr = (int)(r1 - r0);
+  const int late = nr < late_max ? nr : late_max; /* rows r0 .. r0 + late in registers */
+  const T *__restrict__ W = static_cast<const T *>(a.w) + r0 * K;
+  const int64_t max_rows = (N + G - 1) / G;
+  float *s_o = reinterpret_cast<float *>(ao_smem + (size_t)(max_rows - late_max) * K * 2);
+  unsigned *gbar = static_cast<unsigned *>(a.scratch);
+  float *part = reinterpret_cast<float *>(static_cast<char *>(a.scratch) + kAoBarBytes);
+
+  /* 1. the weight rows past the late ones: bulk copies into shared memory */
+  const uint32_t bar = ot::smem_u32(&wbar);
+  if (t == 0) {
+    ot::mbar_init(bar, 1);
+    ot::mbar_init_fence();
+  }
+  __syncthreads();
+  const int srows = nr - late;
+  if (t == 0 && srows > 0) {
+    ot::mbar_expect_tx(bar, (uint32_t)(srows * K * 2));
+    for (int r = 0; r < srows; r++)
+      ot::bulk_load_sh(ot::smem_u32(ao_smem) + (uint32_t)(r * K * 2), W + (late + r) * K,
+                       (uint32_t)(K * 2), bar);
+  }
+
+  /* 2. the attention of the CTA's key range */
+  const int item = blockIdx.x, h = item / nsplit, s = item % nsplit;
+  const bool att = item < a.hkv * nsplit;
+  const int row = lane / S::LPR, d0 = (lane % S::LPR) * 8;
+  raw16 kr[S::NL], vr[S::NL];
+  ao_range rg{};
+  if (att && a.kv_ready) { /* the cached rows: all but the new token's */
+    rg = ao_table(a, s, nsplit);
+    ao_load_step<T, D>(a, rg, h, rg.kb + warp * kAoKeys, row, d0, min(rg.ke, rg.L - 1), kr, vr);
+  }
+  ot_pdl_wait(); /* q, and the new token's K / V in its page */
+  if (att) {
+    int base = rg.kb + warp * kAoKeys;
+    if (!a.kv_ready) {
+      rg = ao_table(a, s, nsplit);
+      base = rg.kb + warp * kAoKeys;
+      ao_load_step<T, D>(a, rg, h, base, row, d0, rg.ke, kr, vr);
+    } else if (rg.L - 1 >= base && rg.L - 1 < base + kAoKeys && rg.L - 1 < rg.ke) {
+      /* the new token's row, in this warp's first step */
+      const int p = (rg.L - 1 - base) / S::RPL;
+      if ((rg.L - 1 - base) % S::RPL == row) {
+        const int key = rg.L - 1, page = __ldg(rg.pages + key / a.block_size);
+        const int64_t off = (((int64_t)page * a.hkv + h) * a.block_size + key % a.block_size) * D + d0;
+#pragma unroll
+        for (int i = 0; i < S::NL; i++)
+          if (i == p) {
+            ot::load_raw<T, true, false>(kr[i], static_cast<const T *>(a.k_pages) + off, 0, 8, true);
+            ot::load_raw<T, true, false>(vr[i], static_cast<const T *>(a.v_pages) + off, 0, 8, true);
+          }
+      }
+    }
+    const float qs = a.scale * 1.4426950408889634f; /* scores in base 2 */
+    float qf[GQ][8];
+#pragma unroll
+    for (int g = 0; g < GQ; g++) {
+      raw16 qv;
+      ot::load_raw<T, true, false>(qv, static_cast<const T *>(a.q) + (int64_t)(h * GQ + g) * D + d0,
+                                   0, 8, true);
+      unpack<T>(qf[g], qv);
+#pragma unroll
+      for (int i = 0; i < 8; i++) qf[g][i] *= qs;
+    }
+    float m[GQ], l[GQ], o[GQ][8];
+#pragma unroll
+    for (int g = 0; g < GQ; g++) {
+      m[g] = -INFINITY;
+      l[g] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; i++) o[g][i] = 0.0f;
+    }
+    for (; base < rg.ke; base += kAoWarps * kAoKeys) {
+      if (base != rg.kb + warp * kAoKeys) ao_load_step<T, D>(a, rg, h, base, row, d0, rg.ke, kr, vr);
+      float sc[GQ][S::NL];
+#pragma unroll
+      for (int p = 0; p < S::NL; p++) {
+        float kf[8];
+        unpack<T>(kf, kr[p]);
+#pragma unroll
+        for (int g = 0; g < GQ; g++) {
+          float d = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 8; i++) d = fmaf(qf[g][i], kf[i], d);
+#pragma unroll
+          for (int off = S::LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+          const int key = base + p * S::RPL + row;
+          sc[g][p] = key < rg.ke && key >= rg.lo ? d : -INFINITY;
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < GQ; g++) {
+        float mx = sc[g][0];
+#pragma unroll
+        for (int p = 1; p < S::NL; p++) mx = fmaxf(mx, sc[g][p]);
+#pragma unroll
+        for (int off = S::LPR; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        const float mn = fmaxf(m[g], mx);
+        if (mn == -INFINITY) continue; /* no key of the step in the window */
+        const float al = exp2f(m[g] - mn);
+        m[g] = mn;
+        l[g] *= al;
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[g][i] *= al;
+#pragma unroll
+        for (int p = 0; p < S::NL; p++) {
+          const float pr = exp2f(sc[g][p] - mn);
+          float vf[8];
+          unpack<T>(vf, vr[p]);
+          l[g] += pr;
+#pragma unroll
+          for (int i = 0; i < 8; i++) o[g][i] = fmaf(pr, vf[i], o[g][i]);
+        }
+      }
+    }
+    /* the warp's rows groups summed (each has the warp's m) */
+#pragma unroll
+    for (int g = 0; g < GQ; g++)
+#pragma unroll
+      for (int off = S::LPR; off < 32; off <<= 1) {
+        l[g] += __shfl_xor_sync(0xffffffffu, l[g], off);
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[g][i] += __shfl_xor_sync(0xffffffffu, o[g][i], off);
+      }
+    if (lane < S::LPR)
+#pragma unroll
+      for (int g = 0; g < GQ; g++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) s_o[(warp * GQ + g) * D + d0 + i] = o[g][i];
+    if (lane == 0)
+#pragma unroll
+      for (int g = 0; g < GQ; g++) s_ml[warp][g][0] = m[g], s_ml[warp][g][1] = l[g];
+  }
+  __syncthreads();
+  if (att) { /* the warps' partials in order: the range's (o, m, l) */
+    float *pp = part + (int64_t)item * GQ * (D + 2);
+    for (int idx = t; idx < GQ * D; idx += kAoThreads) {
+      const int g = idx / D, d = idx % D;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kAoWarps; w++) M = fmaxf(M, s_ml[w][g][0]);
+      float acc = 0.0f, ls = 0.0f;
+      if (M != -INFINITY)
+#pragma unroll
+        for (int w = 0; w < kAoWarps; w++) {
+          const float e = exp2f(s_ml[w][g][0] - M);
+          acc = fmaf(e, s_o[(w * GQ + g) * D + d], acc);
+          ls = fmaf(e, s_ml[w][g][1], ls);
+        }
+      pp[g * (D + 2) + d] = acc;
+      if (d == 0) pp[g * (D + 2) + D] = M, pp[g * (D + 2) + D + 1] = ls;
+    }
+  }
+
+  /* 3. the late rows of W into registers, then every range's partial is stored */
+  raw16 wl[kAoLate][kAoVJ];
+#pragma unroll
+  for (int r = 0; r < kAoLate; r++)
+#pragma unroll
+    for (int j = 0; j < kAoVJ; j++)
+      ot::load_raw<T, true, true>(wl[r][j], W + r * K + (int64_t)(t + j * kAoThreads) * 8, 0, 8,
+                                  r < late && t + j * kAoThreads < kv);
+  ao_grid_sync(gbar, (unsigned)G);
+
+  /* 4. the merge of the ranges: query heads blockIdx.x, + G, ... */
+  for (int hq = blockIdx.x; hq < a.hq; hq += G) {
+    const int hh = hq / GQ, g = hq % GQ;
+    if (t < D) {
+      const float *pb = part + ((int64_t)hh * nsplit * GQ + g) * (D + 2);
+      const int64_t ss = (int64_t)GQ * (D + 2); /* between ranges */
+      float M = -INFINITY;
+      for (int i = 0; i < nsplit; i++) M = fmaxf(M, __ldcg(pb + i * ss + D));
+      float acc = 0.0f, ls = 0.0f;
+      for (int i = 0; i < nsplit; i++) {
+        const float mi = __ldcg(pb + i * ss + D);
+        if (mi == -INFINITY) continue;
+        const float e = exp2f(mi - M);
+        acc = fmaf(e, __ldcg(pb + i * ss + t), acc);
+        ls = fmaf(e, __ldcg(pb + i * ss + D + 1), ls);
+      }
+      static_cast<T *>(a.attn)[(int64_t)hq * D + t] = from_f32<T>(acc / ls);
+    }
+  }
+  ao_grid_sync(gbar, (unsigned)G);
+  ot_pdl_launch_dependents(); /* every CTA is resident: gate_up may take the free SMs */
+
+  /* 5. y = attn W^T (+ b) for the CTA's rows */
+  float xf[kAoVJ][8];
+#pragma unroll
+  for (int j = 0; j < kAoVJ; j++) {
+    const int64_t v = t + (int64_t)j * kAoThreads;
+    raw16 xv;
+    xv.u = make_uint4(0u, 0u, 0u, 0u);
+    if (v < kv) xv.u = __ldcg(reinterpret_cast<const uint4 *>(static_cast<const T *>(a.attn) + v * 8));
+    unpack<T>(xf[j], xv);
+  }
+  if (srows > 0) ot::mbar_wait(bar, 0);
+  float p[kStageRows];
+#pragma unroll
+  for (int r = 0; r < kStageRows; r++) {
+    p[r] = 0.0f;
+    if (r < nr) {
+#pragma unroll
+      for (int j = 0; j < kAoVJ; j++) {
+        const int64_t v = t + (int64_t)j * kAoThreads;
+        if (v >= kv) continue;
+        raw16 w;
+        if (r < kAoLate && r < late) w = wl[r < kAoLate ? r : 0][j];
+        else w.u = reinterpret_cast<const uint4 *>(ao_smem + (size_t)(r - late) * K * 2)[v];
+        p[r] += dot8<T>(w, xf[j]);
+      }
+    }
+  }
+  stage_scatter32(p, lane);
+  red[warp][lane] = p[0];
+  __syncthreads();
+  if (warp == 0 && lane < nr) {
+    float v = 0.0f;
+    for (int w = 0; w < kAoWarps; w++) v += red[w][lane];
+    if (a.bias) v += to_f32(static_cast<const T *>(a.bias)[r0 + lane]);
+    static_cast<T *>(a.y)[r0 + lane] = from_f32<T>(v);
+  }
+#endif
+}
+
+/* The plan of the kernel for a: grid G, ranges a kv head nsplit, late rows, dynamic shared
+ * memory; false when a does not fit it. */
+struct ao_plan {
+  int G, nsplit, late;
+  size_t smem;
+};
+
+bool ao_plan_for(const ote_attn_oproj_args &a, int dev, ao_plan *pl) {
+  static std::atomic<int> optin[16] = {};
+  const int D = a.head_dim;
+  if ((D != 32 && D != 64 && D != 128) || a.hkv <= 0 || a.hq % a.hkv || a.N <= 0 || a.block_size <= 0)
+    return false;
+  const int GQ = a.hq / a.hkv;
+  if (!(GQ == 1 || GQ == 2 || GQ == 4 || (GQ == 8 && D <= 64))) return false;
+  const int64_t K = (int64_t)a.hq * D;
+  if (K > 8 * kAoThreads * kAoVJ) return false;
+  if (((uintptr_t)a.w | (uintptr_t)a.q | (uintptr_t)a.attn | (uintptr_t)a.k_pages |
+       (uintptr_t)a.v_pages) & 15)
+    return false;
+  int64_t G = sm_count(dev < 0 ? 0 : dev);
+  if (a.max_blocks > 0 && a.max_blocks < G) G = a.max_blocks;
+  if (G > a.N) G = a.N;
+  if (G < a.hkv) return false;
+  const int64_t rows = (a.N + G - 1) / G;
+  if (rows > kStageRows) return false;
+  const long long limit = dev_attr(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin, optin, 48 << 10);
+  const size_t so = (size_t)kAoWarps * GQ * D * sizeof(float);
+  const size_t stat = sizeof(float) * kAoWarps * (kStageRows + 2 * GQ) + 64;
+  const long long room = limit - (long long)(so + stat);
+  int64_t fit = room > 0 ? room / (K * 2) : 0;
+  if (a.smem_rows_cap > 0 && fit > a.smem_rows_cap) fit = a.smem_rows_cap;
+  if (fit > rows) fit = rows;
+  const int64_t late = rows - fit;
+  if (late > kAoLate) return false;
+  int nsplit = (int)(G / a.hkv);
+  if (a.max_splits > 0 && nsplit > a.max_splits) nsplit = a.max_splits;
+  if (a.scratch_bytes < kAoBarBytes + (size_t)a.hq * nsplit * (D + 2) * sizeof(float)) return false;
+  pl->G = (int)G;
+  pl->nsplit = nsplit;
+  pl->late = (int)late;
+  pl->smem = (size_t)fit * K * 2 + so;
+  return true;
+}
+
+template <typename T, int D, int GQ>
+cudaError_t launch_ao_t(const ote_attn_oproj_args &a, const ao_plan &pl, int dev, cudaStream_t st,
+                        int *done) {
+  static std::atomic<long long> smem_set[16] = {};
+  static std::atomic<int> pdl_cache[16] = {};
+  static std::atomic<int> bulk_ok{0}; /* 1 yes, -1 no */
+  auto f = attn_oproj_kernel<T, D, GQ>;
+  int ok = bulk_ok.load(std::memory_order_relaxed);
+  if (ok == 0) {
+    ok = ot_bulk_kernel_ok((const void *)f) ? 1 : -1;
+    bulk_ok.store(ok, std::memory_order_relaxed);
+  }
+  if (ok < 0) return cudaSuccess; /* no sm_90 code: declined */
+  cudaError_t e = smem_opt_in(f, pl.smem, dev, smem_set);
+  if (e != cudaSuccess) return e;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, kAoThreads, pl.smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cudaSuccess;
+  }
+  /* the grid barriers: every CTA resident at once */
+  if (per_sm < 1 || (int64_t)per_sm * sm_count(dev < 0 ? 0 : dev) < pl.G) return cudaSuccess;
+  e = ot_launch_pdl_smem(pdl_ok(f, dev, pdl_cache), f, dim3((unsigned)pl.G), dim3(kAoThreads),
+                         pl.smem, st, a, pl.nsplit, pl.late);
+  *done = e == cudaSuccess;
+  return e;
+}
+
+template <typename T>
+cudaError_t launch_ao(const ote_attn_oproj_args &a, cudaStream_t st, int *done) {
+  const int dev = current_device();
+  ao_plan pl;
+  *done = 0;
+  if (!ao_plan_for(a, dev, &pl)) return cudaSuccess;
+  const int GQ = a.hq / a.hkv;
+  if (a.head_dim == 32) {
+    if (GQ == 1) return launch_ao_t<T, 32, 1>(a, pl, dev, st, done);
+    if (GQ == 2) return launch_ao_t<T, 32, 2>(a, pl, dev, st, done);
+    if (GQ == 4) return launch_ao_t<T, 32, 4>(a, pl, dev, st, done);
+    return launch_ao_t<T, 32, 8>(a, pl, dev, st, done);
+  }
+  if (a.head_dim == 64) {
+    if (GQ == 1) return launch_ao_t<T, 64, 1>(a, pl, dev, st, done);
+    if (GQ == 2) return launch_ao_t<T, 64, 2>(a, pl, dev, st, done);
+    if (GQ == 4) return launch_ao_t<T, 64, 4>(a, pl, dev, st, done);
+    return launch_ao_t<T, 64, 8>(a, pl, dev, st, done);
+  }
+  if (GQ == 1) return launch_ao_t<T, 128, 1>(a, pl, dev, st, done);
+  if (GQ == 2) return launch_ao_t<T, 128, 2>(a, pl, dev, st, done);
+  return launch_ao_t<T, 128, 4>(a, pl, dev, st, done);
+}
+
 } /* namespace */
 
 extern "C" int ote_cuda_fused_gemv(const ote_fused_gemv_args *a, int dtype_code, int mode,
@@ -1150,4 +1597,25 @@ extern "C" int ote_cuda_rowblock_gemv(const ote_fused_gemv_args *a, int dtype_co
                                : launch_rowblock<__nv_bfloat16, 4>(*a, st, pdl, done));
   return (int)(a->depth == 2 ? launch_rowblock<__half, 2>(*a, st, pdl, done)
                              : launch_rowblock<__half, 4>(*a, st, pdl, done));
+}
+
+/* The scratch bytes ote_cuda_attn_oproj needs for hq query heads on hkv kv heads of
+ * head_dim on the current device (its grid barrier and its ranges' partials) */
+extern "C" size_t ote_cuda_attn_oproj_scratch(int hq, int hkv, int head_dim) {
+  if (hq <= 0 || hkv <= 0 || head_dim <= 0) return 0;
+  const int dev = current_device();
+  int64_t ns = sm_count(dev < 0 ? 0 : dev) / hkv;
+  if (ns < 1) ns = 1;
+  return kAoBarBytes + (size_t)hq * (size_t)ns * (size_t)(head_dim + 2) * sizeof(float);
+}
+
+/* The batch-1 decode's attention + o_proj by attn_oproj_kernel (fused_kernels.h): *done 0
+ * when a does not fit it (nothing launched; the caller runs the paged attention and
+ * o_proj apart) */
+extern "C" int ote_cuda_attn_oproj(const ote_attn_oproj_args *a, int dtype_code, void *stream,
+                                   int *done) {
+  cudaStream_t st = (cudaStream_t)stream;
+  *done = 0;
+  if (dtype_code == 4 /* kDLBfloat */) return (int)launch_ao<__nv_bfloat16>(*a, st, done);
+  return (int)launch_ao<__half>(*a, st, done);
 }

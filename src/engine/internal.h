@@ -83,6 +83,13 @@ ot_status ote_dev_staged_gemv(const ote_device *d, const struct ote_fused_gemv_a
  * (rowblock_norm_kernel); *done 0 when the shape does not fit it (nothing launched). */
 ot_status ote_dev_rowblock_gemv(const ote_device *d, const struct ote_fused_gemv_args *a,
                                 DLDataType dt, int *done);
+/* CUDA, bf16 / fp16: the batch-1 decode's attention + o_proj in one kernel
+ * (fused_kernels.cu attn_oproj_kernel); *done 0 when it does not fit (nothing launched).
+ * ote_dev_attn_oproj_scratch: the scratch bytes it needs (0 on the CPU / without CUDA). */
+struct ote_attn_oproj_args;
+ot_status ote_dev_attn_oproj(const ote_device *d, const struct ote_attn_oproj_args *a,
+                             DLDataType dt, int *done);
+size_t ote_dev_attn_oproj_scratch(const ote_device *d, int hq, int hkv, int head_dim);
 /* CUDA: weights.c's random values computed on the device (a = std * sqrt(3); a == 0 fills
  * `constant`), equal to the host's. */
 ot_status ote_dev_fill_random(const ote_device *d, void *dst, size_t n, DLDataType dt,
@@ -263,6 +270,10 @@ struct ote_engine {
   /* CUDA: the fused lm_head argmax's state (a 64-bit key, a 32-bit block counter: zero
    * between steps; fused_kernels.h) */
   void *argmax_state;
+  /* CUDA: the fused attention + o_proj's scratch (its grid barrier, zero at creation, and
+   * its key ranges' partials; fused_kernels.h ote_attn_oproj_args), 0 bytes when none */
+  void *ao_scratch;
+  size_t ao_scratch_bytes;
   float *logits_host;   /* [max_seqs, V] float32 */
   void *logits_stage;   /* host copy of logits in the storage dtype */
   int32_t *positions_host, *cu_host;

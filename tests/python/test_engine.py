@@ -404,6 +404,89 @@ def _assert_bit_equal(run, tmp_path, base_tok, base, envs):
             f"{env}: logits differ (max {np.abs(lg - base).max()})"
 
 
+# The batch-1 decode's attention + o_proj kernel (OTE_FUSED_ATTN_OPROJ, fused_kernels.cu
+# attn_oproj_kernel; =2: it must run, else ot-run fails): head_dim 64 at group sizes 2 and
+# 8 (MQA), head_dim 128 at 1 and 4; a Mistral sliding window shorter than the context. Its
+# forms: the default grid (one CTA per SM: 16-key ranges at these lengths, most warps
+# idle); one key range a kv head (OTE_ATTN_OPROJ_SPLITS=1: 300-332 keys, three rounds of
+# the 8 warps' 16-key steps); 128 CTAs, 3 ranges a kv head, with one row of W a CTA in
+# shared memory and the rest (up to 7) in registers.
+AO_CASES = {
+    "llama-gqa": dict(FUSED_CASES["llama-gqa"]),
+    "llama-mqa8-d64": dict(hidden_size=512, num_attention_heads=8, kv_heads=1,
+                           intermediate_size=1024, vocab_size=1001),
+    "qwen2-mha-d128": dict(FUSED_CASES["qwen2-mha-d128"]),
+    "llama-gqa4-d128-bias": dict(hidden_size=1024, num_attention_heads=8, kv_heads=2,
+                                 intermediate_size=1536, vocab_size=1001, bias=True),
+    "mistral-window": dict(kind="mistral", sliding_window=96, hidden_size=256,
+                           num_attention_heads=4, kv_heads=2, intermediate_size=512,
+                           vocab_size=1001),
+}
+AO = {"OTE_FUSED_ATTN_OPROJ": "2"}
+AO_FORMS = {"default": AO, "one_range": {**AO, "OTE_ATTN_OPROJ_SPLITS": "1"},
+            "128_ctas_rows_in_registers": {**AO, "OTE_ATTN_OPROJ_BLOCKS": "128",
+                                           "OTE_ATTN_OPROJ_SPLITS": "3",
+                                           "OTE_ATTN_OPROJ_SMEM_ROWS": "1"}}
+
+
+@pytest.mark.parametrize("kv_block", [16, 7])
+@pytest.mark.parametrize("form", list(AO_FORMS))
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("case", list(AO_CASES))
+def test_cuda_attn_oproj_matches_unfused(tmp_path, case, dtype, form, kv_block):
+    """The attention + o_proj kernel in the batch-1 decode against the same engine with
+    OTE_FUSED_*=0 (the library's paged attention and linear) over a 300-token prompt and
+    33 steps (contexts 300-332: ranges of several 16-key steps, a partial last page,
+    pages of 16 and of 7 tokens): logits within the dtype's tolerance while the greedy
+    tokens agree; eager steps give the graph replays' tokens and logits bit for bit (the
+    kernel's sums have a fixed order); and the kernel's logits differ from the staged
+    o_proj's default form (so it ran)."""
+    _need_cuda_ot_run()
+    shape = dict(AO_CASES[case], max_position_embeddings=512)
+    model = fused_model(**shape)
+    model = model.to(torch.bfloat16) if dtype == "bf16" else model.half()
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    V = model.config.vocab_size
+    prompt = [int(t) for t in np.random.default_rng(11).integers(1, V, 300)]
+
+    def run(env_over, *extra, dump):
+        env = {k: v for k, v in ENV.items() if not k.startswith(("OTE_FUSED_", "OTE_ATTN_"))}
+        env.update(env_over)
+        cmd = [OT_RUN, "--model", str(tmp_path / "m"), "--dtype", dtype, "--ignore-eos",
+               "--max-new-tokens", str(NEW_TOKENS), "--prompt-ids", ",".join(map(str, prompt)),
+               "--device", "cuda", "--kv-block", str(kv_block), "--dump-logits", str(dump),
+               *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, f"{env_over} {extra}: {r.stderr}"
+        toks = parse_tokens(r.stdout)
+        assert len(toks) == 1 and len(toks[0]) == NEW_TOKENS
+        lg = np.fromfile(dump, dtype=np.float32).reshape(NEW_TOKENS, V)
+        assert np.isfinite(lg).all()
+        return toks[0], lg
+
+    fe = AO_FORMS[form]
+    ao_tok, ao = run(fe, dump=tmp_path / "a.bin")
+    eager_tok, eager = run(fe, "--no-cuda-graph", dump=tmp_path / "e.bin")
+    assert eager_tok == ao_tok and np.array_equal(eager, ao), "eager steps != graph replays"
+    _, staged = run({}, dump=tmp_path / "s.bin")
+    assert not np.array_equal(ao[1:], staged[1:]), "attention + o_proj logits == the default's"
+    unf_tok, unf = run(UNFUSED, dump=tmp_path / "u.bin")
+    _assert_near_unfused(ao_tok, ao, unf_tok, unf, dtype)
+
+
+def test_cuda_attn_oproj_declines(tmp_path):
+    """Where the kernel does not fit (18 query heads on 3 kv heads: a group of 6), the
+    default (OTE_FUSED_ATTN_OPROJ=1) runs the paged attention and the staged o_proj instead
+    (the logits equal that form's bit for bit), and =2 fails with a message naming it."""
+    _need_cuda_ot_run()
+    run = _fused_runner(tmp_path, "llama-gqa6-bias-tied-llama3", "bf16")
+    base_tok, base = run({}, dump=tmp_path / "b.bin")
+    tok, lg = run({"OTE_FUSED_ATTN_OPROJ": "1"}, dump=tmp_path / "o.bin")
+    assert tok == base_tok and np.array_equal(lg, base)
+    r = run(AO, check=False)
+    assert r.returncode != 0 and "OTE_FUSED_ATTN_OPROJ=2" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("case", list(FUSED_CASES))
 def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
