@@ -1232,7 +1232,6 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
   unsigned *gbar = static_cast<unsigned *>(a.scratch);
   float *part = reinterpret_cast<float *>(static_cast<char *>(a.scratch) + kAoBarBytes);
 
-  /* 1. the weight rows past the late ones: bulk copies into shared memory */
   const uint32_t bar = ot::smem_u32(&wbar);
   if (t == 0) {
     ot::mbar_init(bar, 1);
@@ -1240,24 +1239,27 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
   }
   __syncthreads();
   const int srows = nr - late;
+  const int item = blockIdx.x, h = item / nsplit, s = item % nsplit;
+  const bool att = item < a.hkv * nsplit;
+  const int row = lane / S::LPR, d0 = (lane % S::LPR) * 8;
+  raw16 kr[S::NL], vr[S::NL];
+  ao_range rg{};
+  /* 1. the first step's K / V loads (kv_ready: the cached rows, all but the new token's),
+   * then the weight rows past the late ones by bulk copies into shared memory: the few
+   * attention loads ahead of the CTA's ~200 KB of weight in the memory system's queues */
+  if (att && a.kv_ready) {
+    rg = ao_table(a, s, nsplit);
+    ao_load_step<T, D>(a, rg, h, rg.kb + warp * kAoKeys, row, d0, min(rg.ke, rg.L - 1), kr, vr);
+  }
   if (t == 0 && srows > 0) {
     ot::mbar_expect_tx(bar, (uint32_t)(srows * K * 2));
     for (int r = 0; r < srows; r++)
       ot::bulk_load_sh(ot::smem_u32(ao_smem) + (uint32_t)(r * K * 2), W + (late + r) * K,
                        (uint32_t)(K * 2), bar);
   }
+  ot_pdl_wait(); /* q, and the new token's K / V in its page */
 
   /* 2. the attention of the CTA's key range */
-  const int item = blockIdx.x, h = item / nsplit, s = item % nsplit;
-  const bool att = item < a.hkv * nsplit;
-  const int row = lane / S::LPR, d0 = (lane % S::LPR) * 8;
-  raw16 kr[S::NL], vr[S::NL];
-  ao_range rg{};
-  if (att && a.kv_ready) { /* the cached rows: all but the new token's */
-    rg = ao_table(a, s, nsplit);
-    ao_load_step<T, D>(a, rg, h, rg.kb + warp * kAoKeys, row, d0, min(rg.ke, rg.L - 1), kr, vr);
-  }
-  ot_pdl_wait(); /* q, and the new token's K / V in its page */
   if (att) {
     int base = rg.kb + warp * kAoKeys;
     if (!a.kv_ready) {
