@@ -1391,21 +1391,38 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
                                   r < late && t + j * kAoThreads < kv);
   ao_grid_sync(gbar, (unsigned)G);
 
-  /* 4. the merge of the ranges: query heads blockIdx.x, + G, ... */
+  /* 4. the merge of the ranges: query heads blockIdx.x, + G, ...; the ranges' m and l
+   * through shared memory (one L2 round trip), then each element's o in batches of 8
+   * independent loads (a dependent round trip a range cost ~1 us each under the weight
+   * stream: H100, 2026-12-07) */
   for (int hq = blockIdx.x; hq < a.hq; hq += G) {
     const int hh = hq / GQ, g = hq % GQ;
+    const float *pb = part + ((int64_t)hh * nsplit * GQ + g) * (D + 2);
+    const int64_t ss = (int64_t)GQ * (D + 2); /* between ranges */
+    float *s_m = s_o, *s_w = s_o + nsplit; /* (s_o's warps' partials are consumed) */
+    __syncthreads();
+    for (int i = t; i < nsplit; i += kAoThreads) {
+      s_m[i] = __ldcg(pb + i * ss + D);
+      s_w[i] = __ldcg(pb + i * ss + D + 1);
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int i = 0; i < nsplit; i++) M = fmaxf(M, s_m[i]);
     if (t < D) {
-      const float *pb = part + ((int64_t)hh * nsplit * GQ + g) * (D + 2);
-      const int64_t ss = (int64_t)GQ * (D + 2); /* between ranges */
-      float M = -INFINITY;
-      for (int i = 0; i < nsplit; i++) M = fmaxf(M, __ldcg(pb + i * ss + D));
       float acc = 0.0f, ls = 0.0f;
-      for (int i = 0; i < nsplit; i++) {
-        const float mi = __ldcg(pb + i * ss + D);
-        if (mi == -INFINITY) continue;
-        const float e = exp2f(mi - M);
-        acc = fmaf(e, __ldcg(pb + i * ss + t), acc);
-        ls = fmaf(e, __ldcg(pb + i * ss + D + 1), ls);
+      for (int i0 = 0; i0 < nsplit; i0 += 8) {
+        float ov[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) ov[i] = i0 + i < nsplit ? __ldcg(pb + (i0 + i) * ss + t) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+          if (i0 + i >= nsplit) break;
+          const float mi = s_m[i0 + i];
+          if (mi == -INFINITY) continue;
+          const float e = exp2f(mi - M);
+          acc = fmaf(e, ov[i], acc);
+          ls = fmaf(e, s_w[i0 + i], ls);
+        }
       }
       static_cast<T *>(a.attn)[(int64_t)hq * D + t] = from_f32<T>(acc / ls);
     }
@@ -1478,7 +1495,12 @@ bool ao_plan_for(const ote_attn_oproj_args &a, int dev, ao_plan *pl) {
   const int64_t rows = (a.N + G - 1) / G;
   if (rows > kStageRows) return false;
   const long long limit = dev_attr(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin, optin, 48 << 10);
-  const size_t so = (size_t)kAoWarps * GQ * D * sizeof(float);
+  int nsplit = (int)(G / a.hkv);
+  if (a.max_splits > 0 && nsplit > a.max_splits) nsplit = a.max_splits;
+  /* the warps' partials, then the merge's m and l of the ranges */
+  size_t so = (size_t)kAoWarps * GQ * D;
+  if (so < 2 * (size_t)nsplit) so = 2 * (size_t)nsplit;
+  so *= sizeof(float);
   const size_t stat = sizeof(float) * kAoWarps * (kStageRows + 2 * GQ) + 64;
   const long long room = limit - (long long)(so + stat);
   int64_t fit = room > 0 ? room / (K * 2) : 0;
@@ -1486,8 +1508,6 @@ bool ao_plan_for(const ote_attn_oproj_args &a, int dev, ao_plan *pl) {
   if (fit > rows) fit = rows;
   const int64_t late = rows - fit;
   if (late > kAoLate) return false;
-  int nsplit = (int)(G / a.hkv);
-  if (a.max_splits > 0 && nsplit > a.max_splits) nsplit = a.max_splits;
   if (a.scratch_bytes < kAoBarBytes + (size_t)a.hq * nsplit * (D + 2) * sizeof(float)) return false;
   pl->G = (int)G;
   pl->nsplit = nsplit;
