@@ -1128,7 +1128,10 @@ cudaError_t launch_any(const ote_fused_gemv_args &a, int mode, cudaStream_t st, 
  * shared memory, and no dependent launched before the second barrier (the dependents are
  * released after it). The barrier's state (a count and a generation) lives in scratch and
  * is left at count 0 by every barrier. sm_90 code only (the bulk copies): the body is empty
- * in the sm_80 pass and the host launches it only where ot_bulk_kernel_ok says so. */
+ * in the sm_80 pass and the host launches it only where ot_bulk_kernel_ok says so.
+ * Opt-in (OTE_FUSED_ATTN_OPROJ): its first form measured slower than the three kernels on an
+ * H100 (46.7 us a layer against the window's 28.7; 6.46 against 5.98 ms a step; its merge's
+ * ~32 dependent L2 round trips, now parallel loads, not yet timed: docs/PERFORMANCE.md). */
 constexpr int kAoThreads = 256;
 constexpr int kAoWarps = kAoThreads / 32;
 constexpr int kAoVJ = 2;     /* 16-byte vectors of a row of W a thread: K <= 8 * 256 * 2 */
