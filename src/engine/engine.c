@@ -542,28 +542,29 @@ static void staged_prefetch(const ote_engine *e, int l, const ote_layer_weights 
   a->l2_pf_last = fo->pf_last;
 }
 
+/* A DLTensor's first element (data + byte_offset), for the kernels' raw pointers */
+static void *dl_data(const DLTensor *t) { return (char *)t->data + t->byte_offset; }
+
 /* The batch-1 decode's attention and o_proj by one kernel (ote_dev_attn_oproj): OT_OK with
  * *done 0 where it does not fit (a model or a device it does not take; an error when
  * ao->ao_must) */
 static ot_status attn_oproj(ote_engine *e, int l, const ote_layer_weights *w,
-                            const ot_attention_params *ap, int kv_ready, const fused_opts *ao,
-                            int *done) {
+                            const ot_paged_kv *kv, const ot_attention_params *ap, int kv_ready,
+                            const fused_opts *ao, int *done) {
   const ote_config *c = &e->cfg;
   *done = 0;
-  ot_paged_kv kv;
-  ote_kv_paged(&e->kv, l, &kv);
   ote_attn_oproj_args a;
   memset(&a, 0, sizeof a);
   a.q = e->qkv;
-  a.k_pages = (char *)kv.k_pages->data + kv.k_pages->byte_offset;
-  a.v_pages = (char *)kv.v_pages->data + kv.v_pages->byte_offset;
-  a.indptr = (const int32_t *)((char *)kv.indptr->data + kv.indptr->byte_offset);
-  a.indices = (const int32_t *)((char *)kv.indices->data + kv.indices->byte_offset);
-  a.last_page_len = (const int32_t *)((char *)kv.last_page_len->data + kv.last_page_len->byte_offset);
+  a.k_pages = dl_data(kv->k_pages);
+  a.v_pages = dl_data(kv->v_pages);
+  a.indptr = dl_data(kv->indptr);
+  a.indices = dl_data(kv->indices);
+  a.last_page_len = dl_data(kv->last_page_len);
   a.hq = c->heads;
   a.hkv = c->kv_heads;
   a.head_dim = c->head_dim;
-  a.block_size = (int)kv.k_pages->shape[2];
+  a.block_size = (int)kv->k_pages->shape[2];
   a.scale = ap->softmax_scale > 0 ? ap->softmax_scale : 1.0f / sqrtf((float)c->head_dim);
   a.window_left = ap->window_left;
   a.kv_ready = kv_ready;
@@ -658,7 +659,7 @@ static ot_status attention_block(ote_engine *e, const batch *b, int l,
     ap.paged_kv_ready = b->kv_ready;
     if (ao && b->n == 1) { /* FUSE_AO: the attention, its merge and o_proj in one kernel */
       int done = 0;
-      OTE_TRY(attn_oproj(e, l, w, &ap, b->kv_ready, ao, &done));
+      OTE_TRY(attn_oproj(e, l, w, &kv, &ap, b->kv_ready, ao, &done));
       if (done) {
         prof_mark(e, OTE_PROF_ATTN);
         prof_mark(e, OTE_PROF_O);
@@ -835,12 +836,11 @@ static ot_status fused_norm_linear(ote_engine *e, const void *delta, const void 
     a.hkv = c->kv_heads;
     a.head_dim = c->head_dim;
     a.block_size = (int)kv.k_pages->shape[2];
-    a.k_pages = (char *)kv.k_pages->data + kv.k_pages->byte_offset;
-    a.v_pages = (char *)kv.v_pages->data + kv.v_pages->byte_offset;
-    a.indptr = (const int32_t *)((char *)kv.indptr->data + kv.indptr->byte_offset);
-    a.indices = (const int32_t *)((char *)kv.indices->data + kv.indices->byte_offset);
-    a.last_page_len =
-        (const int32_t *)((char *)kv.last_page_len->data + kv.last_page_len->byte_offset);
+    a.k_pages = dl_data(kv.k_pages);
+    a.v_pages = dl_data(kv.v_pages);
+    a.indptr = dl_data(kv.indptr);
+    a.indices = dl_data(kv.indices);
+    a.last_page_len = dl_data(kv.last_page_len);
     a.theta = rp.theta;
     a.l3_factor = rp.llama3_factor > 0 ? rp.llama3_factor : 0;
     a.l3_low = rp.llama3_low_freq_factor;

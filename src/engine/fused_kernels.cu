@@ -1190,6 +1190,14 @@ __device__ __forceinline__ ao_range ao_table(const ote_attn_oproj_args &a, int s
   return r;
 }
 
+/* The element offset of key `key`'s row of kv head h in the pages, at element d0. */
+template <int D>
+__device__ __forceinline__ int64_t ao_row(const ote_attn_oproj_args &a, const ao_range &r, int h,
+                                          int key, int d0) {
+  const int bs = a.block_size, page = __ldg(r.pages + key / bs);
+  return (((int64_t)page * a.hkv + h) * bs + key % bs) * D + d0;
+}
+
 /* Lane's loads of one warp step (keys base + p RPL + row): K and V rows of kv head h,
  * elements d0 .. d0 + 8; keys at or past `upto` (or before lo) are not loaded (zeros). */
 template <typename T, int D>
@@ -1198,16 +1206,11 @@ __device__ __forceinline__ void ao_load_step(const ote_attn_oproj_args &a, const
                                              raw16 (&kr)[ao_shape<D>::NL],
                                              raw16 (&vr)[ao_shape<D>::NL]) {
   using S = ao_shape<D>;
-  const int bs = a.block_size;
 #pragma unroll
   for (int p = 0; p < S::NL; p++) {
     const int key = base + p * S::RPL + row;
     const bool in = key < upto && key >= r.lo;
-    int64_t off = 0;
-    if (in) {
-      const int page = __ldg(r.pages + key / bs);
-      off = (((int64_t)page * a.hkv + h) * bs + key % bs) * D + d0;
-    }
+    const int64_t off = in ? ao_row<D>(a, r, h, key, d0) : 0;
     ot::load_raw<T, true, false>(kr[p], static_cast<const T *>(a.k_pages) + off, 0, 8, in);
     ot::load_raw<T, true, false>(vr[p], static_cast<const T *>(a.v_pages) + off, 0, 8, in);
   }
@@ -1273,8 +1276,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
       /* the new token's row, in this warp's first step */
       const int p = (rg.L - 1 - base) / S::RPL;
       if ((rg.L - 1 - base) % S::RPL == row) {
-        const int key = rg.L - 1, page = __ldg(rg.pages + key / a.block_size);
-        const int64_t off = (((int64_t)page * a.hkv + h) * a.block_size + key % a.block_size) * D + d0;
+        const int64_t off = ao_row<D>(a, rg, h, rg.L - 1, d0);
 #pragma unroll
         for (int i = 0; i < S::NL; i++)
           if (i == p) {
