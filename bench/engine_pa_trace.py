@@ -16,6 +16,13 @@ ending ~13 us after the main kernel in the engine and ~2-3 us in a standalone ca
       python3 bench/engine_pa_trace.py --config llama3-8b --variants default,OTE_FUSED_OPROJ=0
 A variant is "default" or NAME=VALUE[+NAME=VALUE...]. Output: a table per variant, and
 --json FILE with the raw summaries.
+
+--kernel attn_oproj: the batch-1 decode's attention + o_proj kernel instead (every variant
+under OTE_FUSED_ATTN_OPROJ=2), from an engine built with -DOT_ENGINE_AO_TRACE=ON
+(OT_ENGINE_LIB=<build>/src/engine/libot_engine_ao_trace.so): its per-CTA stamps (0 entry,
+1 after the PDL wait, 2 the range's partial stored, 3 after the first grid barrier, 4 the
+merge done, 5 after the second barrier, 6 the weight rows landed, 7 end), in microseconds
+from its first CTA's entry.
 """
 import argparse
 import ctypes
@@ -32,6 +39,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAMPS = {0: (0, 1, 2, 3, 4, 5), 1: (0, 1, 5)}
 NAMES = {0: "entry", 1: "after PDL wait", 2: "tables read", 3: "first stage", 4: "key loop done",
          5: "end"}
+AO_NAMES = {0: "entry", 1: "after PDL wait", 2: "partial stored", 3: "barrier 1 passed",
+            4: "merge done", 5: "barrier 2 passed", 6: "weights landed", 7: "end"}
 
 
 def parse_variant(v):
@@ -54,13 +63,63 @@ def read_stamps(lib, k):
     return [r for r in rows if r[0] != 0]  # the CTAs that ran (stamps cleared before the step)
 
 
-def summary(rows, t0, k):
+def read_ao_stamps(lib):
+    buf = (ctypes.c_uint64 * (1024 * 8))()
+    if lib.ote_ao_trace(buf, 0) != 0:
+        raise SystemExit("ote_ao_trace failed")
+    rows = [list(buf[i * 8:(i + 1) * 8]) for i in range(1024)]
+    return [r for r in rows if r[0] != 0]
+
+
+def summary(rows, t0, k, names=NAMES):
     out = {"ctas": len(rows)}
-    for i in STAMPS[k]:
+    for i in (STAMPS[k] if names is NAMES else sorted(names)):
         v = sorted((r[i] - t0) / 1e3 for r in rows if r[i] != 0)
         if v:
-            out[NAMES[i]] = [round(v[0], 2), round(statistics.median(v), 2), round(v[-1], 2)]
+            out[names[i]] = [round(v[0], 2), round(statistics.median(v), 2), round(v[-1], 2)]
     return out
+
+
+def print_summary(title, s, names):
+    print(f"  {title} ({s['ctas']} CTAs)")
+    for i in sorted(names):
+        if names[i] in s:
+            a, m, b = s[names[i]]
+            print(f"    {names[i]:<18} {a:8.2f} {m:8.2f} {b:8.2f}")
+
+
+def trace_ao(args, eng, E, prompt):
+    """--kernel attn_oproj: the fused kernel's stamps, a variant at a time"""
+    lib = E._load()
+    if not hasattr(lib, "ote_ao_trace"):
+        raise SystemExit("the engine library has no ote_ao_trace: set OT_ENGINE_LIB to a "
+                         "libot_engine_ao_trace.so (cmake -DOT_ENGINE_AO_TRACE=ON)")
+    lib.ote_ao_trace.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    results = {}
+    for v in args.variants.split(","):
+        env = {"OTE_FUSED_ATTN_OPROJ": "2", **parse_variant(v)}
+        with env_set(env):
+            nxt = eng.prefill([prompt], greedy=True)
+            for _ in range(4):
+                nxt = eng.decode(nxt, greedy=True)
+            per = []
+            for _ in range(args.steps):
+                lib.ote_ao_trace(None, 1)
+                nxt = eng.decode(nxt, greedy=True)
+                rows = read_ao_stamps(lib)
+                if not rows:
+                    raise SystemExit(f"{v}: no stamps: the kernel did not run")
+                t0 = min(r[0] for r in rows)
+                per.append({"ao": summary(rows, t0, 0, AO_NAMES), "gpu_ms": eng.last_timing()["gpu"]})
+            eng.free(0)
+        per.sort(key=lambda p: p["ao"]["end"][2])
+        pick = per[len(per) // 2]
+        results[v] = {"picked": pick, "all_end_max": [p["ao"]["end"][2] for p in per]}
+        print(f"\n== attn_oproj {v}: step gpu {pick['gpu_ms']:.3f} ms; last layer's stamps, us "
+              f"from the first CTA's entry (min / median / max over CTAs)")
+        print_summary("attn_oproj", pick["ao"], AO_NAMES)
+        print(f"  end max over the steps: {results[v]['all_end_max']}")
+    return results
 
 
 def gpu_name():
@@ -74,7 +133,16 @@ def gpu_name():
 def record(args, results):
     """../shared/BENCH.md's layout: a row per variant, the picked step's stamps in it"""
     rows = []
-    for v, r in results.items():
+    if args.kernel == "attn_oproj":
+        for v, r in results.items():
+            p = r["picked"]
+            rows.append({"op": "engine_decode_ao_trace", "case": f"{args.config} bf16, batch 1, "
+                         f"context {args.prompt_len}, OTE_FUSED_ATTN_OPROJ=2, variant {v}",
+                         "metric": "us from the kernel's first CTA entry, last layer (min / "
+                         "median / max over CTAs)", "ours": p["ao"]["end"][2], "peers": {},
+                         "ratio_best_peer": None, "step_gpu_ms": p["gpu_ms"], "ao": p["ao"],
+                         "all_end_max": r["all_end_max"]})
+    for v, r in (results.items() if args.kernel == "paged" else ()):
         p = r["picked"]
         rows.append({"op": "engine_decode_pa_trace", "case": f"{args.config} bf16, batch 1, "
                      f"context {args.prompt_len}, variant {v}", "metric": "us from the main "
@@ -83,7 +151,7 @@ def record(args, results):
                      "step_gpu_ms": p["gpu_ms"], "main": p["main"], "merge": p["merge"],
                      "all_main_end_max": r["all_main_end_max"],
                      "all_merge_end_max": r["all_merge_end_max"]})
-    return {"bench": "engine_pa_trace", "device": gpu_name(),
+    return {"bench": f"engine_{'pa' if args.kernel == 'paged' else 'ao'}_trace", "device": gpu_name(),
             "date": datetime.date.today().isoformat(), "commit": args.commit,
             "command": args.command, "ceilings": {}, "rows": rows}
 
@@ -94,6 +162,9 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=2048)
     ap.add_argument("--variants", default="default")
     ap.add_argument("--steps", type=int, default=5, help="traced steps a variant (the median)")
+    ap.add_argument("--kernel", choices=("paged", "attn_oproj"), default="paged",
+                    help="the library's paged attention (an OT_PA_TRACE library) or the "
+                         "engine's attention + o_proj kernel (an OT_ENGINE_AO_TRACE engine)")
     ap.add_argument("--json")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--command", default="")
@@ -101,11 +172,17 @@ def main():
     E = engine_module()
     eng = E.Engine.random(args.config, seed=1, dtype="bf16", device="cuda", max_seqs=1,
                           max_len=args.prompt_len + 64)
+    vocab = 32000
+    prompt = [random.Random(2).randrange(vocab) for _ in range(args.prompt_len)]
+    if args.kernel == "attn_oproj":
+        results = trace_ao(args, eng, E, prompt)
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(record(args, results), indent=1))
+        eng.close()
+        return
     # the library the engine loaded (the same instance: dlopen by soname)
     lib = ctypes.CDLL("libops_transformer.so.0")
     lib.ot_cuda_paged_trace.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    vocab = 32000
-    prompt = [random.Random(2).randrange(vocab) for _ in range(args.prompt_len)]
     results = {}
     for v in args.variants.split(","):
         env = parse_variant(v)
@@ -135,11 +212,7 @@ def main():
             if not s:
                 print(f"  {kern}: no CTAs (one split: no merge kernel)")
                 continue
-            print(f"  {kern} ({s['ctas']} CTAs)")
-            for i in STAMPS[0 if kern == "main" else 1]:
-                if NAMES[i] in s:
-                    a, m, b = s[NAMES[i]]
-                    print(f"    {NAMES[i]:<16} {a:8.2f} {m:8.2f} {b:8.2f}")
+            print_summary(kern, s, {i: NAMES[i] for i in STAMPS[0 if kern == "main" else 1]})
         print(f"  main end max over the steps: {results[v]['all_main_end_max']}; merge end max: "
               f"{results[v]['all_merge_end_max']}")
     if args.json:

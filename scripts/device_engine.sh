@@ -39,6 +39,9 @@
 # ENGINE_MEMCHECK_FILTER (default "bf16 x[1": the bf16 cases whose x has 1.. rows),
 # ENGINE_MEMCHECK=0 / ENGINE_LINEAR_BENCH=0 skip the memcheck / the small-M benchmark; time
 # limits in seconds: ENGINE_TEST_TIMEOUT, ENGINE_MEMCHECK_TIMEOUT (60), ENGINE_BENCH_TIMEOUT (900).
+# ENGINE_AO_TRACE=1 (a pack from a build with -DOT_ENGINE_AO_TRACE=ON): the attention +
+# o_proj kernel's per-CTA phase stamps (step 1b), ENGINE_AO_TRACE_VARIANTS (e.g.
+# default,OTE_ATTN_OPROJ_SPLITS=8).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -61,6 +64,12 @@ if [ "$MODE" = pack ]; then
   cc -O2 -std=c11 bench/engine_linear_bench.c -Iinclude -I"$CUDA_HOME/include" -L"$BUILD" \
     -lops_transformer -L"$CUDA_HOME/lib64" -lcudart -o "$CARRY/stage/engine_linear_bench"
   cp -a "$BUILD"/libops_transformer.so* "$BUILD/src/engine/libot_engine.so" "$CARRY/stage/lib/"
+  # the attention + o_proj kernel's stamped engine (a build configured with
+  # -DOT_ENGINE_AO_TRACE=ON): ENGINE_AO_TRACE=1 runs bench/engine_pa_trace.py on it
+  if grep -q "OT_ENGINE_AO_TRACE:BOOL=ON" "$BUILD/CMakeCache.txt"; then
+    cmake --build "$BUILD" -j "$(nproc)" --target ot_engine_ao_trace
+    cp "$BUILD/src/engine/libot_engine_ao_trace.so" "$CARRY/stage/lib/"
+  fi
   cp -a .carry/deps/lib/libopenblas.so.0 .carry/deps/lib/libgfortran.so.5 \
     .carry/deps/lib/libquadmath.so.0 .carry/cjson/lib/libcjson.so.1* "$CARRY/stage/lib/"
   tar czf "$CARRY/engine.tar.gz" -C "$CARRY/stage" .
@@ -175,6 +184,23 @@ if [ "$PREBUILT" = 1 ] && [ "${ENGINE_LINEAR_BENCH:-1}" = 1 ] && [ -x "$BIN/pack
 fi
 
 [ "${ENGINE_BENCH_FIRST:-0}" = 1 ] && bench_step
+
+# ---- 1b. the attention + o_proj kernel's phase stamps (ENGINE_AO_TRACE=1; a pack with
+# libot_engine_ao_trace.so): bench/engine_pa_trace.py --kernel attn_oproj over
+# ENGINE_AO_TRACE_VARIANTS (default "default") -> $OUTD/engine_ao_trace.json
+if [ "${ENGINE_AO_TRACE:-0}" = 1 ]; then
+  if [ -f "$BIN/pack/lib/libot_engine_ao_trace.so" ]; then
+    OT_ENGINE_LIB=$BIN/pack/lib/libot_engine_ao_trace.so timeout 240 python3 bench/engine_pa_trace.py \
+      --kernel attn_oproj --variants "${ENGINE_AO_TRACE_VARIANTS:-default}" --json "$OUTD/engine_ao_trace.json" \
+      --commit "$COMMIT" --command "ENGINE_AO_TRACE=1 bash scripts/device_engine.sh run $COMMIT" \
+      >"$OUTD/engine_ao_trace.txt" 2>&1
+    SUMMARY+=("attn_oproj stamps (rc $?): $OUTD/engine_ao_trace.txt")
+    cat "$OUTD/engine_ao_trace.txt" | grep -vE "Warning|warn\(" | tail -40
+  else
+    SUMMARY+=("attn_oproj stamps: the pack has no libot_engine_ao_trace.so")
+  fi
+  stamp "attn_oproj stamps done"
+fi
 
 # ---- 2. ot-run on the GPU ----------------------------------------------------------------
 if "$OT_RUN" --config tiny --random-weights --device cuda --dtype bf16 --batch 4 \

@@ -1139,6 +1139,28 @@ constexpr int kAoLate = 8;   /* rows of W a CTA in registers at most */
 constexpr int kAoKeys = 16;  /* keys a warp step */
 constexpr size_t kAoBarBytes = 256; /* the grid barrier's state at the scratch's start */
 
+/* OTE_AO_TRACE (a diagnostic build: cmake -DOT_ENGINE_AO_TRACE=ON builds it beside the
+ * normal engine as libot_engine_ao_trace.so): per CTA %globaltimer stamps of the kernel's
+ * phases, thread 0, CTAs < kAoTrCtas: 0 entry, 1 after the PDL wait, 2 the range's partial
+ * stored, 3 after the first grid barrier, 4 the merge done, 5 after the second barrier,
+ * 6 the weight rows landed in shared memory, 7 end. Overwritten by each launch (a decode
+ * step leaves its last layer's). Read back with ote_ao_trace (bench/engine_pa_trace.py
+ * --kernel attn_oproj). Other builds: no code. */
+#ifdef OTE_AO_TRACE
+constexpr int kAoTrCtas = 1024;
+__device__ unsigned long long ao_tr_buf[kAoTrCtas][8];
+#define AO_TR(i)                                                                        \
+  do {                                                                                  \
+    if (threadIdx.x == 0 && blockIdx.x < kAoTrCtas) {                                   \
+      unsigned long long t_;                                                            \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                            \
+      ao_tr_buf[blockIdx.x][i] = t_;                                                    \
+    }                                                                                   \
+  } while (0)
+#else
+#define AO_TR(i) ((void)0)
+#endif
+
 template <int D> struct ao_shape {
   static constexpr int LPR = D / 8;         /* lanes a row */
   static constexpr int RPL = 32 / LPR;      /* rows a warp load */
@@ -1238,6 +1260,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
   unsigned *gbar = static_cast<unsigned *>(a.scratch);
   float *part = reinterpret_cast<float *>(static_cast<char *>(a.scratch) + kAoBarBytes);
 
+  AO_TR(0);
   const uint32_t bar = ot::smem_u32(&wbar);
   if (t == 0) {
     ot::mbar_init(bar, 1);
@@ -1265,6 +1288,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
   }
   ot_pdl_wait(); /* q, and the new token's K / V in its page */
 
+  AO_TR(1);
   /* 2. the attention of the CTA's key range */
   if (att) {
     int base = rg.kb + warp * kAoKeys;
@@ -1385,6 +1409,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
       if (d == 0) pp[g * (D + 2) + D] = M, pp[g * (D + 2) + D + 1] = ls;
     }
   }
+  AO_TR(2);
 
   /* 3. the late rows of W into registers, then every range's partial is stored */
   raw16 wl[kAoLate][kAoVJ];
@@ -1395,6 +1420,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
       ot::load_raw<T, true, true>(wl[r][j], W + r * K + (int64_t)(t + j * kAoThreads) * 8, 0, 8,
                                   r < late && t + j * kAoThreads < kv);
   ao_grid_sync(gbar, (unsigned)G);
+  AO_TR(3);
 
   /* 4. the merge of the ranges: query heads blockIdx.x, + G, ...; the ranges' m and l
    * through shared memory (one L2 round trip), then each element's o in batches of 8
@@ -1432,7 +1458,9 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
       static_cast<T *>(a.attn)[(int64_t)hq * D + t] = from_f32<T>(acc / ls);
     }
   }
+  AO_TR(4);
   ao_grid_sync(gbar, (unsigned)G);
+  AO_TR(5);
   ot_pdl_launch_dependents(); /* every CTA is resident: gate_up may take the free SMs */
 
   /* 5. y = attn W^T (+ b) for the CTA's rows */
@@ -1446,6 +1474,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
     unpack<T>(xf[j], xv);
   }
   if (srows > 0) ot::mbar_wait(bar, 0);
+  AO_TR(6);
   float p[kStageRows];
 #pragma unroll
   for (int r = 0; r < kStageRows; r++) {
@@ -1471,6 +1500,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
     if (a.bias) v += to_f32(static_cast<const T *>(a.bias)[r0 + lane]);
     static_cast<T *>(a.y)[r0 + lane] = from_f32<T>(v);
   }
+  AO_TR(7);
 #endif
 }
 
@@ -1646,3 +1676,15 @@ extern "C" int ote_cuda_attn_oproj(const ote_attn_oproj_args *a, int dtype_code,
   if (dtype_code == 4 /* kDLBfloat */) return (int)launch_ao<__nv_bfloat16>(*a, st, done);
   return (int)launch_ao<__half>(*a, st, done);
 }
+
+#ifdef OTE_AO_TRACE
+/* OTE_AO_TRACE builds (libot_engine_ao_trace.so): clear (clear != 0) the attention +
+ * o_proj kernel's stamps, or copy its [1024][8] stamps to dst (bench/engine_pa_trace.py
+ * --kernel attn_oproj). 0 on success. */
+extern "C" int ote_ao_trace(unsigned long long *dst, int clear) {
+  void *p = nullptr;
+  if (cudaGetSymbolAddress(&p, ao_tr_buf) != cudaSuccess) return -1;
+  if (clear) return cudaMemset(p, 0, sizeof(ao_tr_buf)) == cudaSuccess ? 0 : -1;
+  return cudaMemcpy(dst, p, sizeof(ao_tr_buf), cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+}
+#endif
