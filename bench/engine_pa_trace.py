@@ -21,7 +21,8 @@ A variant is "default" or NAME=VALUE[+NAME=VALUE...]. Output: a table per varian
 under OTE_FUSED_ATTN_OPROJ=2), from an engine built with -DOT_ENGINE_AO_TRACE=ON
 (OT_ENGINE_LIB=<build>/src/engine/libot_engine_ao_trace.so): its per-CTA stamps (0 entry,
 1 after the PDL wait, 2 the range's partial stored, 3 after the first grid barrier, 4 the
-merge done, 5 after the second barrier, 6 the weight rows landed, 7 end), in microseconds
+merge done, 5 after the second barrier, 6 the weight rows landed, 7 end; attention CTAs:
+8 q landed, 9 the key loop done, 10 the first K row landed), in microseconds
 from its first CTA's entry.
 """
 import argparse
@@ -39,8 +40,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAMPS = {0: (0, 1, 2, 3, 4, 5), 1: (0, 1, 5)}
 NAMES = {0: "entry", 1: "after PDL wait", 2: "tables read", 3: "first stage", 4: "key loop done",
          5: "end"}
-AO_NAMES = {0: "entry", 1: "after PDL wait", 2: "partial stored", 3: "barrier 1 passed",
-            4: "merge done", 5: "barrier 2 passed", 6: "weights landed", 7: "end"}
+AO_NAMES = {0: "entry", 1: "after PDL wait", 10: "first K row landed", 8: "q landed",
+            9: "key loop done", 2: "partial stored", 3: "barrier 1 passed", 4: "merge done",
+            5: "barrier 2 passed", 6: "weights landed", 7: "end"}  # (in the kernel's order)
 
 
 def parse_variant(v):
@@ -64,10 +66,10 @@ def read_stamps(lib, k):
 
 
 def read_ao_stamps(lib):
-    buf = (ctypes.c_uint64 * (1024 * 8))()
+    buf = (ctypes.c_uint64 * (1024 * 16))()
     if lib.ote_ao_trace(buf, 0) != 0:
         raise SystemExit("ote_ao_trace failed")
-    rows = [list(buf[i * 8:(i + 1) * 8]) for i in range(1024)]
+    rows = [list(buf[i * 16:(i + 1) * 16]) for i in range(1024)]
     return [r for r in rows if r[0] != 0]
 
 
@@ -82,7 +84,7 @@ def summary(rows, t0, k, names=NAMES):
 
 def print_summary(title, s, names):
     print(f"  {title} ({s['ctas']} CTAs)")
-    for i in sorted(names):
+    for i in names:
         if names[i] in s:
             a, m, b = s[names[i]]
             print(f"    {names[i]:<18} {a:8.2f} {m:8.2f} {b:8.2f}")

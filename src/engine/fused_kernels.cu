@@ -1143,12 +1143,14 @@ constexpr size_t kAoBarBytes = 256; /* the grid barrier's state at the scratch's
  * normal engine as libot_engine_ao_trace.so): per CTA %globaltimer stamps of the kernel's
  * phases, thread 0, CTAs < kAoTrCtas: 0 entry, 1 after the PDL wait, 2 the range's partial
  * stored, 3 after the first grid barrier, 4 the merge done, 5 after the second barrier,
- * 6 the weight rows landed in shared memory, 7 end. Overwritten by each launch (a decode
+ * 6 the weight rows landed in shared memory, 7 end; 8 q landed, 9 the range's key loop
+ * done (attention CTAs), 10 the first row of K landed. Overwritten by each launch (a decode
  * step leaves its last layer's). Read back with ote_ao_trace (bench/engine_pa_trace.py
  * --kernel attn_oproj). Other builds: no code. */
 #ifdef OTE_AO_TRACE
 constexpr int kAoTrCtas = 1024;
-__device__ unsigned long long ao_tr_buf[kAoTrCtas][8];
+constexpr int kAoTrSlots = 16;
+__device__ unsigned long long ao_tr_buf[kAoTrCtas][kAoTrSlots];
 #define AO_TR(i)                                                                        \
   do {                                                                                  \
     if (threadIdx.x == 0 && blockIdx.x < kAoTrCtas) {                                   \
@@ -1157,8 +1159,15 @@ __device__ unsigned long long ao_tr_buf[kAoTrCtas][8];
       ao_tr_buf[blockIdx.x][i] = t_;                                                    \
     }                                                                                   \
   } while (0)
+/* a stamp after the value v exists (its load landed, its arithmetic done) */
+#define AO_TR_AFTER(i, v)                  \
+  do {                                     \
+    asm volatile("" ::"f"(v) : "memory"); \
+    AO_TR(i);                              \
+  } while (0)
 #else
 #define AO_TR(i) ((void)0)
+#define AO_TR_AFTER(i, v) ((void)0)
 #endif
 
 template <int D> struct ao_shape {
@@ -1193,6 +1202,22 @@ __device__ __forceinline__ void ao_grid_sync(unsigned *bar, unsigned G) {
   __syncthreads();
 }
 #endif
+
+/* The warp's sums of 8 rows' partials p[0, 8): lane i ends with row (i & 7)'s at p[0]
+ * (stage_scatter's halving over 8 rows, then the lanes 8 and 16 apart added). */
+__device__ __forceinline__ void ao_scatter8(float (&p)[8], int lane) {
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) {
+    const bool up = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < o; i++) {
+      const float send = up ? p[i] : p[i + o], keep = up ? p[i + o] : p[i];
+      p[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+  }
+  p[0] += __shfl_xor_sync(0xffffffffu, p[0], 8);
+  p[0] += __shfl_xor_sync(0xffffffffu, p[0], 16);
+}
 
 /* The page-table facts of sequence 0 a CTA needs: its length L and its range of keys. */
 struct ao_range {
@@ -1320,6 +1345,8 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
 #pragma unroll
       for (int i = 0; i < 8; i++) qf[g][i] *= qs;
     }
+    AO_TR_AFTER(8, qf[0][0]);
+    AO_TR_AFTER(10, __uint_as_float(kr[0].u.x));
     float m[GQ], l[GQ], o[GQ][8];
 #pragma unroll
     for (int g = 0; g < GQ; g++) {
@@ -1328,13 +1355,19 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
 #pragma unroll
       for (int i = 0; i < 8; i++) o[g][i] = 0.0f;
     }
+    /* a rolled loop over the step's NL row loads (each the warp's RPL keys), with the
+     * registers shifted down after each: the kernel runs once, and its time went to
+     * fetching straight-line code (2026-12-07, H100 stamps: the unrolled step and products,
+     * ~135 KB of SASS, took ~25 us with the DRAM idle) */
     for (; base < rg.ke; base += kAoWarps * kAoKeys) {
       if (base != rg.kb + warp * kAoKeys) ao_load_step<T, D>(a, rg, h, base, row, d0, rg.ke, kr, vr);
-      float sc[GQ][S::NL];
-#pragma unroll
+#pragma unroll 1
       for (int p = 0; p < S::NL; p++) {
-        float kf[8];
-        unpack<T>(kf, kr[p]);
+        const int key = base + p * S::RPL + row;
+        const bool kin = key < rg.ke && key >= rg.lo;
+        float kf[8], vf[8];
+        unpack<T>(kf, kr[0]);
+        unpack<T>(vf, vr[0]);
 #pragma unroll
         for (int g = 0; g < GQ; g++) {
           float d = 0.0f;
@@ -1342,35 +1375,26 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
           for (int i = 0; i < 8; i++) d = fmaf(qf[g][i], kf[i], d);
 #pragma unroll
           for (int off = S::LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-          const int key = base + p * S::RPL + row;
-          sc[g][p] = key < rg.ke && key >= rg.lo ? d : -INFINITY;
+          const float sc = kin ? d : -INFINITY;
+          float mx = sc;
+#pragma unroll
+          for (int off = S::LPR; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+          const float mn = fmaxf(m[g], mx);
+          if (mn == -INFINITY) continue; /* no key of the load in the window (warp-uniform) */
+          const float al = exp2f(m[g] - mn), pr = exp2f(sc - mn);
+          m[g] = mn;
+          l[g] = fmaf(l[g], al, pr);
+#pragma unroll
+          for (int i = 0; i < 8; i++) o[g][i] = fmaf(pr, vf[i], o[g][i] * al);
         }
-      }
 #pragma unroll
-      for (int g = 0; g < GQ; g++) {
-        float mx = sc[g][0];
-#pragma unroll
-        for (int p = 1; p < S::NL; p++) mx = fmaxf(mx, sc[g][p]);
-#pragma unroll
-        for (int off = S::LPR; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        const float mn = fmaxf(m[g], mx);
-        if (mn == -INFINITY) continue; /* no key of the step in the window */
-        const float al = exp2f(m[g] - mn);
-        m[g] = mn;
-        l[g] *= al;
-#pragma unroll
-        for (int i = 0; i < 8; i++) o[g][i] *= al;
-#pragma unroll
-        for (int p = 0; p < S::NL; p++) {
-          const float pr = exp2f(sc[g][p] - mn);
-          float vf[8];
-          unpack<T>(vf, vr[p]);
-          l[g] += pr;
-#pragma unroll
-          for (int i = 0; i < 8; i++) o[g][i] = fmaf(pr, vf[i], o[g][i]);
+        for (int i = 0; i + 1 < S::NL; i++) {
+          kr[i] = kr[i + 1];
+          vr[i] = vr[i + 1];
         }
       }
     }
+    AO_TR_AFTER(9, o[0][0]);
     /* the warp's rows groups summed (each has the warp's m) */
 #pragma unroll
     for (int g = 0; g < GQ; g++)
@@ -1475,24 +1499,30 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
   }
   if (srows > 0) ot::mbar_wait(bar, 0);
   AO_TR(6);
-  float p[kStageRows];
+  /* rows in chunks of 8 by a rolled loop (compact code, see step 2): a thread's partials
+   * of the chunk's rows, reduce-scattered over the warp (lane i & 7 ends with row c + i's
+   * warp sum), into red[warp][row]; a row's value depends on K alone (not on G or late) */
+#pragma unroll 1
+  for (int c = 0; c < nr; c += 8) {
+    float p[8];
 #pragma unroll
-  for (int r = 0; r < kStageRows; r++) {
-    p[r] = 0.0f;
-    if (r < nr) {
+    for (int i = 0; i < 8; i++) {
+      const int r = c + i;
+      p[i] = 0.0f;
+      if (r >= nr) continue;
 #pragma unroll
       for (int j = 0; j < kAoVJ; j++) {
         const int64_t v = t + (int64_t)j * kAoThreads;
         if (v >= kv) continue;
         raw16 w;
-        if (r < kAoLate && r < late) w = wl[r < kAoLate ? r : 0][j];
+        if (r < late) w = wl[i][j]; /* (c is 0 then: late <= kAoLate = 8) */
         else w.u = reinterpret_cast<const uint4 *>(ao_smem + (size_t)(r - late) * K * 2)[v];
-        p[r] += dot8<T>(w, xf[j]);
+        p[i] += dot8<T>(w, xf[j]);
       }
     }
+    ao_scatter8(p, lane);
+    if (lane < 8 && c + lane < nr) red[warp][c + lane] = p[0];
   }
-  stage_scatter32(p, lane);
-  red[warp][lane] = p[0];
   __syncthreads();
   if (warp == 0 && lane < nr) {
     float v = 0.0f;
@@ -1679,7 +1709,7 @@ extern "C" int ote_cuda_attn_oproj(const ote_attn_oproj_args *a, int dtype_code,
 
 #ifdef OTE_AO_TRACE
 /* OTE_AO_TRACE builds (libot_engine_ao_trace.so): clear (clear != 0) the attention +
- * o_proj kernel's stamps, or copy its [1024][8] stamps to dst (bench/engine_pa_trace.py
+ * o_proj kernel's stamps, or copy its [1024][16] stamps to dst (bench/engine_pa_trace.py
  * --kernel attn_oproj). 0 on success. */
 extern "C" int ote_ao_trace(unsigned long long *dst, int clear) {
   void *p = nullptr;
