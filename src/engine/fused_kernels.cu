@@ -522,6 +522,25 @@ __device__ __forceinline__ void stage_scatter32(float (&p)[kStageRows], int lane
   stage_scatter<1>(p, lane);
 }
 
+/* The warp's sums of 8 rows' partials p[0, 8): lane i ends with row (i & 7)'s at p[0]
+ * (stage_scatter's halving over 8 rows, then the lanes 8 and 16 apart added). The
+ * products' loops take rows 8 at a time through it: the kernels that use it run once a
+ * layer, and their unrolled straight-line code cost more in instruction fetches than its
+ * arithmetic (2026-12-07, H100 stamps of attn_oproj_kernel). */
+__device__ __forceinline__ void stage_scatter8(float (&p)[8], int lane) {
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) {
+    const bool up = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < o; i++) {
+      const float send = up ? p[i] : p[i + o], keep = up ? p[i + o] : p[i];
+      p[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+  }
+  p[0] += __shfl_xor_sync(0xffffffffu, p[0], 8);
+  p[0] += __shfl_xor_sync(0xffffffffu, p[0], 16);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kStageThreads, 1) staged_gemv_kernel(ote_fused_gemv_args a) {
   static_assert(vec_width<T>::value == 8, "16-bit types");
@@ -1203,22 +1222,6 @@ __device__ __forceinline__ void ao_grid_sync(unsigned *bar, unsigned G) {
 }
 #endif
 
-/* The warp's sums of 8 rows' partials p[0, 8): lane i ends with row (i & 7)'s at p[0]
- * (stage_scatter's halving over 8 rows, then the lanes 8 and 16 apart added). */
-__device__ __forceinline__ void ao_scatter8(float (&p)[8], int lane) {
-#pragma unroll
-  for (int o = 4; o > 0; o >>= 1) {
-    const bool up = (lane & o) != 0;
-#pragma unroll
-    for (int i = 0; i < o; i++) {
-      const float send = up ? p[i] : p[i + o], keep = up ? p[i + o] : p[i];
-      p[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-    }
-  }
-  p[0] += __shfl_xor_sync(0xffffffffu, p[0], 8);
-  p[0] += __shfl_xor_sync(0xffffffffu, p[0], 16);
-}
-
 /* The page-table facts of sequence 0 a CTA needs: its length L and its range of keys. */
 struct ao_range {
   const int32_t *pages;
@@ -1317,10 +1320,10 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
   /* 2. the attention of the CTA's key range */
   if (att) {
     int base = rg.kb + warp * kAoKeys;
+    bool have = a.kv_ready; /* the first step's rows in kr / vr (but the new token's) */
     if (!a.kv_ready) {
       rg = ao_table(a, s, nsplit);
       base = rg.kb + warp * kAoKeys;
-      ao_load_step<T, D>(a, rg, h, base, row, d0, rg.ke, kr, vr);
     } else if (rg.L - 1 >= base && rg.L - 1 < base + kAoKeys && rg.L - 1 < rg.ke) {
       /* the new token's row, in this warp's first step */
       const int p = (rg.L - 1 - base) / S::RPL;
@@ -1360,7 +1363,8 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
      * fetching straight-line code (2026-12-07, H100 stamps: the unrolled step and products,
      * ~135 KB of SASS, took ~25 us with the DRAM idle) */
     for (; base < rg.ke; base += kAoWarps * kAoKeys) {
-      if (base != rg.kb + warp * kAoKeys) ao_load_step<T, D>(a, rg, h, base, row, d0, rg.ke, kr, vr);
+      if (!have) ao_load_step<T, D>(a, rg, h, base, row, d0, rg.ke, kr, vr); /* (one call site) */
+      have = false;
 #pragma unroll 1
       for (int p = 0; p < S::NL; p++) {
         const int key = base + p * S::RPL + row;
@@ -1520,7 +1524,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
         p[i] += dot8<T>(w, xf[j]);
       }
     }
-    ao_scatter8(p, lane);
+    stage_scatter8(p, lane);
     if (lane < 8 && c + lane < nr) red[warp][c + lane] = p[0];
   }
   __syncthreads();
