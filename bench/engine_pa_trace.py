@@ -20,8 +20,9 @@ A variant is "default" or NAME=VALUE[+NAME=VALUE...]. Output: a table per varian
 --kernel attn_oproj: the batch-1 decode's attention + o_proj kernel instead (every variant
 under OTE_FUSED_ATTN_OPROJ=2), from an engine built with -DOT_ENGINE_AO_TRACE=ON
 (OT_ENGINE_LIB=<build>/src/engine/libot_engine_ao_trace.so): its per-CTA stamps (0 entry,
-1 after the PDL wait, 2 the range's partial stored, 3 after the first grid barrier, 4 the
-merge done, 5 after the second barrier, 6 the weight rows landed, 7 end; attention CTAs:
+1 after the PDL wait, 2 the range's partial stored, 3 arrived at its kv head's counter,
+4 its head merged (the last range's CTA), 5 the barrier open, 6 the weight rows landed,
+7 end; attention CTAs:
 8 q landed, 9 the key loop done, 10 the first K row landed), in microseconds
 from its first CTA's entry.
 """
@@ -41,8 +42,8 @@ STAMPS = {0: (0, 1, 2, 3, 4, 5), 1: (0, 1, 5)}
 NAMES = {0: "entry", 1: "after PDL wait", 2: "tables read", 3: "first stage", 4: "key loop done",
          5: "end"}
 AO_NAMES = {0: "entry", 1: "after PDL wait", 10: "first K row landed", 8: "q landed",
-            9: "key loop done", 2: "partial stored", 3: "barrier 1 passed", 4: "merge done",
-            5: "barrier 2 passed", 6: "weights landed", 7: "end"}  # (in the kernel's order)
+            9: "key loop done", 2: "partial stored", 3: "range arrived", 4: "head merged",
+            5: "barrier open", 6: "weights landed", 7: "end"}  # (in the kernel's order)
 
 
 def parse_variant(v):

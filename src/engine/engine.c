@@ -271,11 +271,11 @@ static ot_status engine_finish(ote_engine *e) {
     if (st == OT_OK) st = ote_dev_upload(&e->dev, e->argmax_state, zero, sizeof zero);
   }
   if (st == OT_OK && e->dev.dev.device_type != kDLCPU) {
-    /* the attention + o_proj kernel's scratch: its grid barrier's state (the first 256
-     * bytes) zero */
+    /* the attention + o_proj kernel's scratch: its grid barrier's counters (the first
+     * OTE_AO_STATE_BYTES) zero */
     size_t n = ote_dev_attn_oproj_scratch(&e->dev, c->heads, c->kv_heads, c->head_dim);
     if (n) {
-      static const unsigned char zero[256] = {0};
+      static const unsigned char zero[OTE_AO_STATE_BYTES] = {0};
       st = ote_dev_alloc(&e->dev, n, &e->ao_scratch);
       if (st == OT_OK) st = ote_dev_upload(&e->dev, e->ao_scratch, zero, sizeof zero);
       if (st == OT_OK) e->ao_scratch_bytes = n;

@@ -1126,42 +1126,49 @@ cudaError_t launch_any(const ote_fused_gemv_args &a, int mode, cudaStream_t st, 
  * kernel's CTAs leave the SMs (it needs an SM's shared memory), while the DRAM reads only
  * the 8.4 MB of K / V (docs/PERFORMANCE.md, 2026-12-05: the window takes ~25-29 us for
  * ~42 MB). Here one CTA per SM (G CTAs, all resident) does all of it:
- *   1. before the PDL wait: thread 0 issues bulk copies (the TMA unit: no registers) of the
- *      CTA's rows of W past its first `late` ones into shared memory; with kv_ready the
- *      CTA reads the page table and issues its first step of K / V loads (every cached row
- *      but the new token's, which the qkv kernel is writing), ahead of the weight bytes;
+ *   1. before the PDL wait: with kv_ready the CTA reads the page table and issues its first
+ *      step of K / V loads (every cached row but the new token's, which the qkv kernel is
+ *      writing); after a CTA barrier (every warp's loads issued: an L2 miss issued after
+ *      the weight's queues behind it), thread 0 issues bulk copies (the TMA unit: no
+ *      registers) of the CTA's rows of W past its first `late` ones into shared memory;
  *   2. CTA c < hkv * nsplit takes kv head c / nsplit and the c % nsplit-th of nsplit equal
  *      ranges of the keys (multiples of 16 keys): each warp runs steps of 16 keys -- a lane
  *      holds 8 elements of a row of K and of V, D / 8 lanes one row (head_dim 32, 64 or
- *      128) -- with the GQ query heads of the group in registers, an online
- *      softmax in base 2, then the warps' partials combine in shared memory (fixed order)
- *      into the range's (m, l, o) in float32, stored to scratch;
+ *      128) -- with the GQ query heads of the group in registers, an online softmax in
+ *      base 2 over the step's row loads one at a time (a rolled loop), then the warps'
+ *      partials combine in shared memory (fixed order) into the range's (m, l, o) in
+ *      float32, stored to scratch;
  *   3. the CTA's first `late` rows of W (what shared memory cannot hold) are loaded into
- *      registers, then a grid barrier;
- *   4. CTA c merges query heads c, c + G, ...: attn = sum_s 2^(m_s - M) o_s / sum_s
- *      2^(m_s - M) l_s over the ranges in order, rounded to T; a second grid barrier;
+ *      registers;
+ *   4. the ranges of a kv head meet at its counter; the last to arrive merges the head's
+ *      query heads (attn = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the ranges in
+ *      order, rounded to T) and arrives at the top counter with the CTAs that have no
+ *      range; the last of those opens the barrier (a generation word) for all;
  *   5. the CTA's rows of y = attn W^T (+ b): thread t the 16-byte vectors t and t + 256 of
- *      each row, the warp's sums by stage_scatter32, the warps' through shared memory in
- *      order (the staged kernel's scheme: a row's value depends on K alone, not on G).
- * The grid barriers need every CTA resident at once: G <= the SMs, one CTA per SM by its
- * shared memory, and no dependent launched before the second barrier (the dependents are
- * released after it). The barrier's state (a count and a generation) lives in scratch and
- * is left at count 0 by every barrier. sm_90 code only (the bulk copies): the body is empty
- * in the sm_80 pass and the host launches it only where ot_bulk_kernel_ok says so.
- * Opt-in (OTE_FUSED_ATTN_OPROJ): its first form measured slower than the three kernels on an
- * H100 (46.7 us a layer against the window's 28.7; 6.46 against 5.98 ms a step; its merge's
- * ~32 dependent L2 round trips, now parallel loads, not yet timed: docs/PERFORMANCE.md). */
+ *      each row, 8 rows at a time by a rolled loop, the warp's sums by stage_scatter8, the
+ *      warps' through shared memory in order (a row's value depends on K alone, not on G).
+ * The code is kept compact (rolled loops where the work allows): the kernel runs once a
+ * layer, and its first form's straight-line code (135 KB of SASS at head_dim 128, group 4)
+ * cost ~25 us a call in instruction fetches (2026-12-07, H100 stamps; OTE_AO_TRACE below).
+ * The barrier needs every CTA resident at once: G <= the SMs, one CTA per SM by its shared
+ * memory, and no dependent launched before it opens (the dependents are released after
+ * it). Its counters (OTE_AO_STATE_BYTES at the scratch's start) are back at 0 after each
+ * call. sm_90 code only (the bulk copies): the body is empty in the sm_80 pass and the host
+ * launches it only where ot_bulk_kernel_ok says so.
+ * Opt-in (OTE_FUSED_ATTN_OPROJ): its first forms measured slower than the three kernels on
+ * an H100 (docs/PERFORMANCE.md, 2026-12-07). */
 constexpr int kAoThreads = 256;
 constexpr int kAoWarps = kAoThreads / 32;
 constexpr int kAoVJ = 2;     /* 16-byte vectors of a row of W a thread: K <= 8 * 256 * 2 */
 constexpr int kAoLate = 8;   /* rows of W a CTA in registers at most */
 constexpr int kAoKeys = 16;  /* keys a warp step */
-constexpr size_t kAoBarBytes = 256; /* the grid barrier's state at the scratch's start */
+constexpr size_t kAoBarBytes = OTE_AO_STATE_BYTES; /* the barrier's counters: generation, top, a kv head's */
 
 /* OTE_AO_TRACE (a diagnostic build: cmake -DOT_ENGINE_AO_TRACE=ON builds it beside the
  * normal engine as libot_engine_ao_trace.so): per CTA %globaltimer stamps of the kernel's
  * phases, thread 0, CTAs < kAoTrCtas: 0 entry, 1 after the PDL wait, 2 the range's partial
- * stored, 3 after the first grid barrier, 4 the merge done, 5 after the second barrier,
+ * stored, 3 arrived at its kv head's counter, 4 its head merged (the last range's CTA),
+ * 5 the barrier open,
  * 6 the weight rows landed in shared memory, 7 end; 8 q landed, 9 the range's key loop
  * done (attention CTAs), 10 the first row of K landed. Overwritten by each launch (a decode
  * step leaves its last layer's). Read back with ote_ao_trace (bench/engine_pa_trace.py
@@ -1200,25 +1207,6 @@ __device__ __forceinline__ unsigned ao_ld_acquire(const unsigned *p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
-}
-
-/* All G CTAs of the grid meet: their writes before it are visible to all after it. */
-__device__ __forceinline__ void ao_grid_sync(unsigned *bar, unsigned G) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned *count = bar, *gen = bar + 1;
-    const unsigned g0 = ao_ld_acquire(gen); /* (this barrier's generation: ours to end) */
-    __threadfence();
-    if (atomicAdd(count, 1u) == G - 1) {
-      atomicExch(count, 0u);
-      __threadfence();
-      atomicAdd(gen, 1u);
-    } else {
-      while (ao_ld_acquire(gen) == g0) __nanosleep(32);
-    }
-    __threadfence();
-  }
-  __syncthreads();
 }
 #endif
 
@@ -1308,6 +1296,9 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
     rg = ao_table(a, s, nsplit);
     ao_load_step<T, D>(a, rg, h, rg.kb + warp * kAoKeys, row, d0, min(rg.ke, rg.L - 1), kr, vr);
   }
+  /* every warp's K / V loads issued before the first bulk copy: an L2 miss issued after the
+   * weight's queues behind it (2026-12-07 H100 stamps: the key loop then waited ~12 us) */
+  if (a.kv_ready) __syncthreads();
   if (t == 0 && srows > 0) {
     ot::mbar_expect_tx(bar, (uint32_t)(srows * K * 2));
     for (int r = 0; r < srows; r++)
@@ -1447,47 +1438,81 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
     for (int j = 0; j < kAoVJ; j++)
       ot::load_raw<T, true, true>(wl[r][j], W + r * K + (int64_t)(t + j * kAoThreads) * 8, 0, 8,
                                   r < late && t + j * kAoThreads < kv);
-  ao_grid_sync(gbar, (unsigned)G);
+  /* 4. the ranges meet: a CTA's thread 0 arrives at its kv head's counter (16-way at the
+   * 8B shape, not 132-way as one grid counter: a full grid barrier cost ~2-3 us, 2026-12-07
+   * H100 stamps); the last of a head's ranges merges the head's GQ query heads and then
+   * arrives at the top counter with the CTAs that have no range; the last of those opens
+   * the barrier by its generation. Every counter is back at 0 after the call. */
+  __shared__ unsigned s_gen0, s_last;
+  unsigned *gen = gbar, *top = gbar + 1, *grp = gbar + 2;
+  __syncthreads(); /* the CTA's partial stored */
+  if (t == 0) {
+    s_gen0 = ao_ld_acquire(gen); /* (it cannot move before this CTA's arrival) */
+    unsigned last = 0;
+    if (att) {
+      __threadfence();
+      if (atomicAdd(grp + h, 1u) == (unsigned)nsplit - 1) {
+        atomicExch(grp + h, 0u);
+        __threadfence();
+        last = 1;
+      }
+    }
+    s_last = last;
+  }
+  __syncthreads();
   AO_TR(3);
-
-  /* 4. the merge of the ranges: query heads blockIdx.x, + G, ...; the ranges' m and l
-   * through shared memory (one L2 round trip), then each element's o in batches of 8
-   * independent loads (a dependent round trip a range cost ~1 us each under the weight
-   * stream: H100, 2026-12-07) */
-  for (int hq = blockIdx.x; hq < a.hq; hq += G) {
-    const int hh = hq / GQ, g = hq % GQ;
-    const float *pb = part + ((int64_t)hh * nsplit * GQ + g) * (D + 2);
+  if (s_last) {
+    /* the merge of kv head h's query heads: their ranges' m and l through shared memory (one
+     * L2 round trip), then each element's o in batches of 8 independent loads (a dependent
+     * round trip a range cost ~1 us under the weight stream: H100, 2026-12-07) */
+    const float *pb0 = part + (int64_t)h * nsplit * GQ * (D + 2);
     const int64_t ss = (int64_t)GQ * (D + 2); /* between ranges */
-    float *s_m = s_o, *s_w = s_o + nsplit; /* (s_o's warps' partials are consumed) */
-    __syncthreads();
-    for (int i = t; i < nsplit; i += kAoThreads) {
-      s_m[i] = __ldcg(pb + i * ss + D);
-      s_w[i] = __ldcg(pb + i * ss + D + 1);
+    float *s_m = s_o, *s_w = s_o + GQ * nsplit; /* (s_o's warps' partials are consumed) */
+    for (int i = t; i < GQ * nsplit; i += kAoThreads) {
+      const int g = i / nsplit, sp = i % nsplit;
+      s_m[i] = __ldcg(pb0 + sp * ss + g * (D + 2) + D);
+      s_w[i] = __ldcg(pb0 + sp * ss + g * (D + 2) + D + 1);
     }
     __syncthreads();
-    float M = -INFINITY;
-    for (int i = 0; i < nsplit; i++) M = fmaxf(M, s_m[i]);
-    if (t < D) {
+    for (int idx = t; idx < GQ * D; idx += kAoThreads) {
+      const int g = idx / D, d = idx % D;
+      const float *pb = pb0 + g * (D + 2) + d, *sm = s_m + g * nsplit, *sw = s_w + g * nsplit;
+      float M = -INFINITY;
+      for (int i = 0; i < nsplit; i++) M = fmaxf(M, sm[i]);
       float acc = 0.0f, ls = 0.0f;
       for (int i0 = 0; i0 < nsplit; i0 += 8) {
         float ov[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) ov[i] = i0 + i < nsplit ? __ldcg(pb + (i0 + i) * ss + t) : 0.0f;
+        for (int i = 0; i < 8; i++) ov[i] = i0 + i < nsplit ? __ldcg(pb + (i0 + i) * ss) : 0.0f;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
           if (i0 + i >= nsplit) break;
-          const float mi = s_m[i0 + i];
+          const float mi = sm[i0 + i];
           if (mi == -INFINITY) continue;
           const float e = exp2f(mi - M);
           acc = fmaf(e, ov[i], acc);
-          ls = fmaf(e, s_w[i0 + i], ls);
+          ls = fmaf(e, sw[i0 + i], ls);
         }
       }
-      static_cast<T *>(a.attn)[(int64_t)hq * D + t] = from_f32<T>(acc / ls);
+      static_cast<T *>(a.attn)[(int64_t)(h * GQ + g) * D + d] = from_f32<T>(acc / ls);
     }
+    __syncthreads(); /* the head's attn stored */
   }
   AO_TR(4);
-  ao_grid_sync(gbar, (unsigned)G);
+  if (t == 0) {
+    if (s_last || !att) {
+      const unsigned top_n = (unsigned)(a.hkv + (G - a.hkv * nsplit)); /* mergers + idle */
+      __threadfence();
+      if (atomicAdd(top, 1u) == top_n - 1) {
+        atomicExch(top, 0u);
+        __threadfence();
+        atomicAdd(gen, 1u);
+      }
+    }
+    while (ao_ld_acquire(gen) == s_gen0) __nanosleep(32);
+    __threadfence();
+  }
+  __syncthreads();
   AO_TR(5);
   ot_pdl_launch_dependents(); /* every CTA is resident: gate_up may take the free SMs */
 
@@ -1548,7 +1573,8 @@ struct ao_plan {
 bool ao_plan_for(const ote_attn_oproj_args &a, int dev, ao_plan *pl) {
   static std::atomic<int> optin[16] = {};
   const int D = a.head_dim;
-  if ((D != 32 && D != 64 && D != 128) || a.hkv <= 0 || a.hq % a.hkv || a.N <= 0 || a.block_size <= 0)
+  if ((D != 32 && D != 64 && D != 128) || a.hkv <= 0 || a.hq % a.hkv || a.N <= 0 || a.block_size <= 0 ||
+      (size_t)(2 + a.hkv) * sizeof(unsigned) > kAoBarBytes)
     return false;
   const int GQ = a.hq / a.hkv;
   if (!(GQ == 1 || GQ == 2 || GQ == 4 || (GQ == 8 && D <= 64))) return false;
@@ -1566,9 +1592,9 @@ bool ao_plan_for(const ote_attn_oproj_args &a, int dev, ao_plan *pl) {
   const long long limit = dev_attr(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin, optin, 48 << 10);
   int nsplit = (int)(G / a.hkv);
   if (a.max_splits > 0 && nsplit > a.max_splits) nsplit = a.max_splits;
-  /* the warps' partials, then the merge's m and l of the ranges */
+  /* the warps' partials, then the merge's m and l of a kv head's ranges */
   size_t so = (size_t)kAoWarps * GQ * D;
-  if (so < 2 * (size_t)nsplit) so = 2 * (size_t)nsplit;
+  if (so < 2 * (size_t)GQ * nsplit) so = 2 * (size_t)GQ * nsplit;
   so *= sizeof(float);
   const size_t stat = sizeof(float) * kAoWarps * (kStageRows + 2 * GQ) + 64;
   const long long room = limit - (long long)(so + stat);

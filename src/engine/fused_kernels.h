@@ -78,14 +78,15 @@ typedef struct ote_fused_gemv_args {
  * the query, already appended to the pages), attn [hq head_dim] = the attention of q over
  * the sequence's cached keys and values (causal: all of them; window_left >= 0: only the
  * last window_left + 1), rounded to the dtype, and y [N] = attn W^T (+ bias), W [N, hq
- * head_dim]. scratch: ote_cuda_attn_oproj_scratch bytes, zero before the first call (its
- * first 256 bytes are a grid barrier's state, left reusable by every call); the rest holds
- * the key splits' partial results. head_dim 32, 64 or 128, hq / hkv 1, 2, 4 (or 8 at
+ * head_dim]. scratch: ote_cuda_attn_oproj_scratch bytes, its first OTE_AO_STATE_BYTES
+ * zero before the first call (the counters of its grid barrier, left reusable by every
+ * call); the rest holds the key splits' partial results. head_dim 32, 64 or 128, hq / hkv 1, 2, 4 (or 8 at
  * head_dim <= 64), hq head_dim <= 4096, N <= 32 CTAs' worth of rows (else declined). kv_ready: the page table and every cached row but the
  * last may be read before the PDL wait (the engine's paged_kv_ready). max_blocks > 0: at
  * most that many CTAs (tests); smem_rows_cap > 0: at most that many rows of W a CTA in
  * shared memory, the rest in registers (tests); max_splits > 0: at most that many key
  * ranges a kv head. */
+#define OTE_AO_STATE_BYTES 1024
 typedef struct ote_attn_oproj_args {
   const void *q; /* [hq head_dim], the rotated query row (may be a strided row's start) */
   const void *k_pages, *v_pages; /* [num_pages, hkv, block_size, head_dim] */
