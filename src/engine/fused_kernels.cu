@@ -1299,11 +1299,12 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
   /* every warp's K / V loads issued before the first bulk copy: an L2 miss issued after the
    * weight's queues behind it (2026-12-07 H100 stamps: the key loop then waited ~12 us) */
   if (a.kv_ready) __syncthreads();
-  if (t == 0 && srows > 0) {
+  if (t == 0 && srows > 0) { /* (the rows are contiguous: 8 a copy, few instructions for
+                              * thread 0 -- its warp's attention waits on their issue) */
     ot::mbar_expect_tx(bar, (uint32_t)(srows * K * 2));
-    for (int r = 0; r < srows; r++)
+    for (int r = 0; r < srows; r += 8)
       ot::bulk_load_sh(ot::smem_u32(ao_smem) + (uint32_t)(r * K * 2), W + (late + r) * K,
-                       (uint32_t)(K * 2), bar);
+                       (uint32_t)(min(8, srows - r) * K * 2), bar);
   }
   ot_pdl_wait(); /* q, and the new token's K / V in its page */
 
