@@ -23,7 +23,9 @@ under OTE_FUSED_ATTN_OPROJ=2), from an engine built with -DOT_ENGINE_AO_TRACE=ON
 1 after the PDL wait, 2 the range's partial stored, 3 arrived at its kv head's counter,
 4 its head merged (the last range's CTA), 5 the barrier open, 6 the weight rows landed,
 7 end; attention CTAs:
-8 q landed, 9 the key loop done, 10 the first K row landed), in microseconds
+8 q landed, 9 the key loop done, 10 the first K row landed, 11 (a CTA with no range) its
+weight rows landed, 12 the key loop's first row load done, 13 the step's last V row
+landed), in microseconds
 from its first CTA's entry.
 """
 import argparse
@@ -41,8 +43,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAMPS = {0: (0, 1, 2, 3, 4, 5), 1: (0, 1, 5)}
 NAMES = {0: "entry", 1: "after PDL wait", 2: "tables read", 3: "first stage", 4: "key loop done",
          5: "end"}
-AO_NAMES = {0: "entry", 1: "after PDL wait", 10: "first K row landed", 8: "q landed",
-            9: "key loop done", 2: "partial stored", 3: "range arrived", 4: "head merged",
+AO_NAMES = {0: "entry", 1: "after PDL wait", 11: "(no range) weights landed",
+            10: "first K row landed", 8: "q landed", 13: "last V row landed",
+            12: "first load done", 9: "key loop done", 2: "partial stored", 3: "range arrived", 4: "head merged",
             5: "barrier open", 6: "weights landed", 7: "end"}  # (in the kernel's order)
 
 

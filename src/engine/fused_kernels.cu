@@ -1168,7 +1168,8 @@ constexpr size_t kAoBarBytes = OTE_AO_STATE_BYTES; /* the barrier's counters: ge
  * normal engine as libot_engine_ao_trace.so): per CTA %globaltimer stamps of the kernel's
  * phases, thread 0, CTAs < kAoTrCtas: 0 entry, 1 after the PDL wait, 2 the range's partial
  * stored, 3 arrived at its kv head's counter, 4 its head merged (the last range's CTA),
- * 5 the barrier open,
+ * 5 the barrier open, 11 (a CTA with no range) its weight rows landed, 12 the key loop's
+ * first row load done, 13 the step's last V row landed,
  * 6 the weight rows landed in shared memory, 7 end; 8 q landed, 9 the range's key loop
  * done (attention CTAs), 10 the first row of K landed. Overwritten by each launch (a decode
  * step leaves its last layer's). Read back with ote_ao_trace (bench/engine_pa_trace.py
@@ -1299,16 +1300,26 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
   /* every warp's K / V loads issued before the first bulk copy: an L2 miss issued after the
    * weight's queues behind it (2026-12-07 H100 stamps: the key loop then waited ~12 us) */
   if (a.kv_ready) __syncthreads();
-  if (t == 0 && srows > 0) { /* (the rows are contiguous: 8 a copy, few instructions for
-                              * thread 0 -- its warp's attention waits on their issue) */
-    ot::mbar_expect_tx(bar, (uint32_t)(srows * K * 2));
-    for (int r = 0; r < srows; r += 8)
-      ot::bulk_load_sh(ot::smem_u32(ao_smem) + (uint32_t)(r * K * 2), W + (late + r) * K,
-                       (uint32_t)(min(8, srows - r) * K * 2), bar);
-  }
+  /* (the rows are contiguous: 8 a copy, few instructions for thread 0 -- its warp's
+   * attention waits on their issue) */
+  auto issue_bulk = [&]() {
+    if (t == 0 && srows > 0) {
+      ot::mbar_expect_tx(bar, (uint32_t)(srows * K * 2));
+      for (int r = 0; r < srows; r += 8)
+        ot::bulk_load_sh(ot::smem_u32(ao_smem) + (uint32_t)(r * K * 2), W + (late + r) * K,
+                         (uint32_t)(min(8, srows - r) * K * 2), bar);
+    }
+  };
+  if (!a.bulk_late) issue_bulk();
   ot_pdl_wait(); /* q, and the new token's K / V in its page */
 
   AO_TR(1);
+#ifdef OTE_AO_TRACE
+  if (!att && srows > 0 && t == 0 && !a.bulk_late) { /* (a CTA with no range: its rows' landing) */
+    ot::mbar_wait(bar, 0);
+    AO_TR(11);
+  }
+#endif
   /* 2. the attention of the CTA's key range */
   if (att) {
     int base = rg.kb + warp * kAoKeys;
@@ -1342,6 +1353,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
     }
     AO_TR_AFTER(8, qf[0][0]);
     AO_TR_AFTER(10, __uint_as_float(kr[0].u.x));
+    AO_TR_AFTER(13, __uint_as_float(vr[S::NL - 1].u.x));
     float m[GQ], l[GQ], o[GQ][8];
 #pragma unroll
     for (int g = 0; g < GQ; g++) {
@@ -1388,6 +1400,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
           kr[i] = kr[i + 1];
           vr[i] = vr[i + 1];
         }
+        if (p == 0) AO_TR_AFTER(12, o[0][0]);
       }
     }
     AO_TR_AFTER(9, o[0][0]);
@@ -1410,6 +1423,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
       for (int g = 0; g < GQ; g++) s_ml[warp][g][0] = m[g], s_ml[warp][g][1] = l[g];
   }
   __syncthreads();
+  if (a.bulk_late) issue_bulk(); /* OTE_ATTN_OPROJ_BULK_LATE: after every warp's key loop */
   if (att) { /* the warps' partials in order: the range's (o, m, l) */
     float *pp = part + (int64_t)item * GQ * (D + 2);
     for (int idx = t; idx < GQ * D; idx += kAoThreads) {

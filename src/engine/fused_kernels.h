@@ -103,6 +103,7 @@ typedef struct ote_attn_oproj_args {
   size_t scratch_bytes;
   int max_blocks, smem_rows_cap;
   int max_splits; /* > 0: at most that many key ranges a kv head (else the CTAs / hkv) */
+  int bulk_late;  /* 1: the weight's bulk copies after the key loop (else before the PDL wait) */
 } ote_attn_oproj_args;
 
 #ifdef __cplusplus
