@@ -433,6 +433,7 @@ DECODE_VARIANTS = {
     "attn_oproj_splits_8": {"OTE_FUSED_ATTN_OPROJ": "2", "OTE_ATTN_OPROJ_SPLITS": "8"},
     "attn_oproj_splits_4": {"OTE_FUSED_ATTN_OPROJ": "2", "OTE_ATTN_OPROJ_SPLITS": "4"},
     "attn_oproj_bulk_late": {"OTE_FUSED_ATTN_OPROJ": "2", "OTE_ATTN_OPROJ_BULK_LATE": "1"},
+    "attn_oproj_bulk_after": {"OTE_FUSED_ATTN_OPROJ": "2", "OTE_ATTN_OPROJ_BULK_LATE": "2"},
     "repeat": {},  # the default again, last: the run's drift
 }
 AUTOTUNE_ENV = DECODE_VARIANTS["gemm_autotune"]

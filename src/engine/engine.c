@@ -421,8 +421,8 @@ typedef struct fused_opts {
   /* the attention + o_proj kernel (attention_block, FUSE_AO): OTE_FUSED_ATTN_OPROJ=2 it
    * must run; OTE_ATTN_OPROJ_BLOCKS at most that many CTAs, OTE_ATTN_OPROJ_SMEM_ROWS at
    * most that many rows of o_proj's weight a CTA in shared memory (tests),
-   * OTE_ATTN_OPROJ_SPLITS at most that many key ranges a kv head, OTE_ATTN_OPROJ_BULK_LATE=1
-   * the weight's bulk copies after the key loop instead of before the PDL wait */
+   * OTE_ATTN_OPROJ_SPLITS at most that many key ranges a kv head, OTE_ATTN_OPROJ_BULK_LATE
+   * 1 / 2: the weight's bulk copies after the key loop / the barrier, not before the wait */
   int ao_must, ao_blocks, ao_smem_rows, ao_splits, ao_bulk_late;
 } fused_opts;
 
@@ -919,7 +919,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
                          (int)env_ll("OTE_ATTN_OPROJ_BLOCKS", 0),
                          (int)env_ll("OTE_ATTN_OPROJ_SMEM_ROWS", 0),
                          (int)env_ll("OTE_ATTN_OPROJ_SPLITS", 0),
-                         env_ll("OTE_ATTN_OPROJ_BULK_LATE", 0) == 1};
+                         (int)env_ll("OTE_ATTN_OPROJ_BULK_LATE", 0)};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   /* the rowblock down_proj (reads the SwiGLU row of gate_up's epilogue) */

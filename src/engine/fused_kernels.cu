@@ -1423,7 +1423,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
       for (int g = 0; g < GQ; g++) s_ml[warp][g][0] = m[g], s_ml[warp][g][1] = l[g];
   }
   __syncthreads();
-  if (a.bulk_late) issue_bulk(); /* OTE_ATTN_OPROJ_BULK_LATE: after every warp's key loop */
+  if (a.bulk_late == 1) issue_bulk(); /* OTE_ATTN_OPROJ_BULK_LATE=1: after the key loops */
   if (att) { /* the warps' partials in order: the range's (o, m, l) */
     float *pp = part + (int64_t)item * GQ * (D + 2);
     for (int idx = t; idx < GQ * D; idx += kAoThreads) {
@@ -1529,6 +1529,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
   }
   __syncthreads();
   AO_TR(5);
+  if (a.bulk_late == 2) issue_bulk(); /* OTE_ATTN_OPROJ_BULK_LATE=2: after the barrier */
   ot_pdl_launch_dependents(); /* every CTA is resident: gate_up may take the free SMs */
 
   /* 5. y = attn W^T (+ b) for the CTA's rows */
