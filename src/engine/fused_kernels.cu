@@ -1304,10 +1304,20 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
    * attention waits on their issue) */
   auto issue_bulk = [&]() {
     if (t == 0 && srows > 0) {
+      /* evict-first in the L2, as the other weight streams of the step that this library
+       * writes (ld.global.cs): the weights read once should not push out the lines read
+       * again -- the kernels' code among them (the stamps: code run once a launch fetched
+       * at DRAM latency) */
+      uint64_t pol;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
       ot::mbar_expect_tx(bar, (uint32_t)(srows * K * 2));
       for (int r = 0; r < srows; r += 8)
-        ot::bulk_load_sh(ot::smem_u32(ao_smem) + (uint32_t)(r * K * 2), W + (late + r) * K,
-                         (uint32_t)(min(8, srows - r) * K * 2), bar);
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+            " [%0], [%1], %2, [%3], %4;" ::"r"(ot::smem_u32(ao_smem) + (uint32_t)(r * K * 2)),
+            "l"((uint64_t)(W + (late + r) * K)), "r"((uint32_t)(min(8, srows - r) * K * 2)),
+            "r"(bar), "l"(pol)
+            : "memory");
     }
   };
   if (!a.bulk_late) issue_bulk();
