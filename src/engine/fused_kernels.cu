@@ -1464,10 +1464,12 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
       ot::load_raw<T, true, true>(wl[r][j], W + r * K + (int64_t)(t + j * kAoThreads) * 8, 0, 8,
                                   r < late && t + j * kAoThreads < kv);
   /* 4. the ranges meet: a CTA's thread 0 arrives at its kv head's counter (16-way at the
-   * 8B shape, not 132-way as one grid counter: a full grid barrier cost ~2-3 us, 2026-12-07
-   * H100 stamps); the last of a head's ranges merges the head's GQ query heads and then
-   * arrives at the top counter with the CTAs that have no range; the last of those opens
-   * the barrier by its generation. Every counter is back at 0 after the call. */
+   * 8B shape, not 132-way as one grid counter: each of the first form's two grid barriers
+   * took ~2-3 us, 2026-12-07 H100 stamps); the last of a head's ranges merges the head's GQ
+   * query heads and then arrives at the top counter with the CTAs that have no range; the
+   * last of those opens the barrier by its generation. Every counter is back at 0 after
+   * the call. (Measured no faster as a whole: the 8 merging CTAs then took ~4.6 us, their
+   * code's first pass -- see the kernel's comment.) */
   __shared__ unsigned s_gen0, s_last;
   unsigned *gen = gbar, *top = gbar + 1, *grp = gbar + 2;
   __syncthreads(); /* the CTA's partial stored */
