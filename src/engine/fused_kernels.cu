@@ -1150,13 +1150,17 @@ cudaError_t launch_any(const ote_fused_gemv_args &a, int mode, cudaStream_t st, 
  * The code is kept compact (rolled loops where the work allows): the kernel runs once a
  * layer, and its first form's straight-line code (135 KB of SASS at head_dim 128, group 4)
  * cost ~25 us a call in instruction fetches (2026-12-07, H100 stamps; OTE_AO_TRACE below).
+ * Even so the first pass through each phase is slow -- the key loop's first iteration ~8
+ * us with every K / V row landed and nothing streaming, the other seven ~0.5 us each: the
+ * step's weight streams push the code out of the L2 every layer, so code run once a launch
+ * is fetched at DRAM latency (docs/PERFORMANCE.md, forty-seventh session). Hence still
+ * opt-in: 40 us a layer where the three kernels take 29 (H100).
  * The barrier needs every CTA resident at once: G <= the SMs, one CTA per SM by its shared
  * memory, and no dependent launched before it opens (the dependents are released after
  * it). Its counters (OTE_AO_STATE_BYTES at the scratch's start) are back at 0 after each
  * call. sm_90 code only (the bulk copies): the body is empty in the sm_80 pass and the host
  * launches it only where ot_bulk_kernel_ok says so.
- * Opt-in (OTE_FUSED_ATTN_OPROJ): its first forms measured slower than the three kernels on
- * an H100 (docs/PERFORMANCE.md, 2026-12-07). */
+ * Opt-in (OTE_FUSED_ATTN_OPROJ). */
 constexpr int kAoThreads = 256;
 constexpr int kAoWarps = kAoThreads / 32;
 constexpr int kAoVJ = 2;     /* 16-byte vectors of a row of W a thread: K <= 8 * 256 * 2 */
