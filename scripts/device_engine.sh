@@ -39,6 +39,8 @@
 # ENGINE_MEMCHECK_FILTER (default "bf16 x[1": the bf16 cases whose x has 1.. rows),
 # ENGINE_MEMCHECK=0 / ENGINE_LINEAR_BENCH=0 skip the memcheck / the small-M benchmark; time
 # limits in seconds: ENGINE_TEST_TIMEOUT, ENGINE_MEMCHECK_TIMEOUT (60), ENGINE_BENCH_TIMEOUT (900).
+# ENGINE_CODE_PROBE=1: bench/code_fetch_probe.cu (built here with nvcc) first -- a kernel's
+# cold-code cost after an L2-flushing stream -> $OUT/code_fetch_probe.json.
 # ENGINE_AO_TRACE=1 (a pack from a build with -DOT_ENGINE_AO_TRACE=ON): the attention +
 # o_proj kernel's per-CTA phase stamps (step 1b), ENGINE_AO_TRACE_VARIANTS (e.g.
 # default,OTE_ATTN_OPROJ_SPLITS=8).
@@ -181,6 +183,19 @@ if [ "$PREBUILT" = 1 ] && [ "${ENGINE_LINEAR_BENCH:-1}" = 1 ] && [ -x "$BIN/pack
   SUMMARY+=("small-M linear bench rc $?: $OUTD/linear_small_m.txt")
   cat "$OUTD/linear_small_m.txt"
   stamp "linear bench done"
+fi
+
+# ---- 0b. the cold-code probe (ENGINE_CODE_PROBE=1)
+if [ "${ENGINE_CODE_PROBE:-0}" = 1 ]; then
+  if nvcc -O3 -std=c++17 -arch=sm_90a bench/code_fetch_probe.cu -o "$BIN/code_fetch_probe" \
+      >"$OUTD/code_fetch_probe_build.log" 2>&1 &&
+      timeout 120 "$BIN/code_fetch_probe" --json "$OUTD/code_fetch_probe.json" >"$OUTD/code_fetch_probe.txt" 2>&1; then
+    SUMMARY+=("code fetch probe: $OUTD/code_fetch_probe.txt")
+  else
+    SUMMARY+=("code fetch probe FAILED: $(tail -2 "$OUTD/code_fetch_probe_build.log" "$OUTD/code_fetch_probe.txt" 2>/dev/null | tr '\n' ' ')")
+  fi
+  cat "$OUTD/code_fetch_probe.txt" 2>/dev/null
+  stamp "code fetch probe done"
 fi
 
 [ "${ENGINE_BENCH_FIRST:-0}" = 1 ] && bench_step
