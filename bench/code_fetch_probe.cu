@@ -14,10 +14,11 @@
  *   /tmp/code_fetch_probe [--json FILE]
  *
  * Prints, per code size, the median of 21 launches (CUDA events around the probe alone)
- * in each mode, and L2-cold - warm and evict-first - warm: the cost of the fetches. The SASS sizes of the instances
- * (readelf -S of `nvcc -cubin -arch=sm_90a`, nvcc 13.0): 4 blocks 8.4 KB, 16 blocks 31.0
- * KB, 32 blocks 61.2 KB, 64 blocks 121.3 KB, 128 blocks 241.9 KB (~1.9 KB a block of 64
- * FFMA: the second immediate of each takes a move); the table prints that estimate.
+ * in each mode, and L2-cold - warm and evict-first - warm: the cost of the fetches. The
+ * SASS sizes of the instances (readelf -S of `nvcc -cubin -arch=sm_90a`, nvcc 13.0): 4
+ * blocks 8.4 KB, 16 blocks 31.0 KB, 32 blocks 61.2 KB, 64 blocks 121.3 KB, 128 blocks
+ * 241.9 KB (~1.9 KB a block of 64 FFMA: the second immediate of each takes a move); the
+ * table prints that estimate.
  */
 #include <algorithm>
 #include <cstdio>
