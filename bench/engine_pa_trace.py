@@ -19,14 +19,9 @@ A variant is "default" or NAME=VALUE[+NAME=VALUE...]. Output: a table per varian
 
 --kernel attn_oproj: the batch-1 decode's attention + o_proj kernel instead (every variant
 under OTE_FUSED_ATTN_OPROJ=2), from an engine built with -DOT_ENGINE_AO_TRACE=ON
-(OT_ENGINE_LIB=<build>/src/engine/libot_engine_ao_trace.so): its per-CTA stamps (0 entry,
-1 after the PDL wait, 2 the range's partial stored, 3 arrived at its kv head's counter,
-4 its head merged (the last range's CTA), 5 the barrier open, 6 the weight rows landed,
-7 end; attention CTAs:
-8 q landed, 9 the key loop done, 10 the first K row landed, 11 (a CTA with no range) its
-weight rows landed, 12 the key loop's first row load done, 13 the step's last V row
-landed), in microseconds
-from its first CTA's entry.
+(OT_ENGINE_LIB=<build>/src/engine/libot_engine_ao_trace.so): its per-CTA stamps (AO_NAMES;
+fused_kernels.cu's OTE_AO_TRACE comment says where each is taken), in microseconds from
+its first CTA's entry.
 """
 import argparse
 import ctypes
@@ -43,10 +38,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAMPS = {0: (0, 1, 2, 3, 4, 5), 1: (0, 1, 5)}
 NAMES = {0: "entry", 1: "after PDL wait", 2: "tables read", 3: "first stage", 4: "key loop done",
          5: "end"}
+# the attention + o_proj kernel's stamps, in the kernel's order
 AO_NAMES = {0: "entry", 1: "after PDL wait", 11: "(no range) weights landed",
             10: "first K row landed", 8: "q landed", 13: "last V row landed",
-            12: "first load done", 9: "key loop done", 2: "partial stored", 3: "range arrived", 4: "head merged",
-            5: "barrier open", 6: "weights landed", 7: "end"}  # (in the kernel's order)
+            12: "first load done", 9: "key loop done", 2: "partial stored",
+            3: "range arrived", 4: "head merged", 5: "barrier open", 6: "weights landed",
+            7: "end"}
 
 
 def parse_variant(v):
@@ -77,9 +74,10 @@ def read_ao_stamps(lib):
     return [r for r in rows if r[0] != 0]
 
 
-def summary(rows, t0, k, names=NAMES):
+def summary(rows, t0, stamps, names):
+    """min / median / max over the CTAs of each stamp in `stamps` (named by `names`)"""
     out = {"ctas": len(rows)}
-    for i in (STAMPS[k] if names is NAMES else sorted(names)):
+    for i in stamps:
         v = sorted((r[i] - t0) / 1e3 for r in rows if r[i] != 0)
         if v:
             out[names[i]] = [round(v[0], 2), round(statistics.median(v), 2), round(v[-1], 2)]
@@ -91,7 +89,7 @@ def print_summary(title, s, names):
     for i in names:
         if names[i] in s:
             a, m, b = s[names[i]]
-            print(f"    {names[i]:<18} {a:8.2f} {m:8.2f} {b:8.2f}")
+            print(f"    {names[i]:<26} {a:8.2f} {m:8.2f} {b:8.2f}")
 
 
 def trace_ao(args, eng, E, prompt):
@@ -116,7 +114,8 @@ def trace_ao(args, eng, E, prompt):
                 if not rows:
                     raise SystemExit(f"{v}: no stamps: the kernel did not run")
                 t0 = min(r[0] for r in rows)
-                per.append({"ao": summary(rows, t0, 0, AO_NAMES), "gpu_ms": eng.last_timing()["gpu"]})
+                per.append({"ao": summary(rows, t0, AO_NAMES, AO_NAMES),
+                            "gpu_ms": eng.last_timing()["gpu"]})
             eng.free(0)
         per.sort(key=lambda p: p["ao"]["end"][2])
         pick = per[len(per) // 2]
@@ -148,18 +147,23 @@ def record(args, results):
                          "median / max over CTAs)", "ours": p["ao"]["end"][2], "peers": {},
                          "ratio_best_peer": None, "step_gpu_ms": p["gpu_ms"], "ao": p["ao"],
                          "all_end_max": r["all_end_max"]})
-    for v, r in (results.items() if args.kernel == "paged" else ()):
-        p = r["picked"]
-        rows.append({"op": "engine_decode_pa_trace", "case": f"{args.config} bf16, batch 1, "
-                     f"context {args.prompt_len}, variant {v}", "metric": "us from the main "
-                     "kernel's first CTA entry, last layer (min / median / max over CTAs)",
-                     "ours": p["main"]["end"][2], "peers": {}, "ratio_best_peer": None,
-                     "step_gpu_ms": p["gpu_ms"], "main": p["main"], "merge": p["merge"],
-                     "all_main_end_max": r["all_main_end_max"],
-                     "all_merge_end_max": r["all_merge_end_max"]})
-    return {"bench": f"engine_{'pa' if args.kernel == 'paged' else 'ao'}_trace", "device": gpu_name(),
-            "date": datetime.date.today().isoformat(), "commit": args.commit,
-            "command": args.command, "ceilings": {}, "rows": rows}
+    else:
+        rows += [paged_row(args, v, r) for v, r in results.items()]
+    return {"bench": f"engine_{'pa' if args.kernel == 'paged' else 'ao'}_trace",
+            "device": gpu_name(), "date": datetime.date.today().isoformat(),
+            "commit": args.commit, "command": args.command, "ceilings": {}, "rows": rows}
+
+
+def paged_row(args, v, r):
+    """record's row of one variant of the paged attention's stamps"""
+    p = r["picked"]
+    return {"op": "engine_decode_pa_trace", "case": f"{args.config} bf16, batch 1, "
+            f"context {args.prompt_len}, variant {v}", "metric": "us from the main "
+            "kernel's first CTA entry, last layer (min / median / max over CTAs)",
+            "ours": p["main"]["end"][2], "peers": {}, "ratio_best_peer": None,
+            "step_gpu_ms": p["gpu_ms"], "main": p["main"], "merge": p["merge"],
+            "all_main_end_max": r["all_main_end_max"],
+            "all_merge_end_max": r["all_merge_end_max"]}
 
 
 def main():
@@ -202,7 +206,8 @@ def main():
                 nxt = eng.decode(nxt, greedy=True)
                 k0, k1 = read_stamps(lib, 0), read_stamps(lib, 1)
                 t0 = min(r[0] for r in k0)
-                per.append({"main": summary(k0, t0, 0), "merge": summary(k1, t0, 1) if k1 else None,
+                per.append({"main": summary(k0, t0, STAMPS[0], NAMES),
+                            "merge": summary(k1, t0, STAMPS[1], NAMES) if k1 else None,
                             "gpu_ms": eng.last_timing()["gpu"]})
             eng.free(0)
         # the step whose main-kernel end is the median

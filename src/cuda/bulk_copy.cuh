@@ -37,6 +37,15 @@ __device__ __forceinline__ void bulk_load_sh(uint32_t dst, const void *src, uint
       ::"r"(dst), "l"((uint64_t)src), "r"(bytes), "r"(bar)
       : "memory");
 }
+/* bulk_load_sh with an L2 cache policy pol (createpolicy's; evict-first for weights read
+ * once: the engine's attention + o_proj kernel, src/engine/fused_kernels.cu). */
+__device__ __forceinline__ void bulk_load_sh_policy(uint32_t dst, const void *src,
+                                                    uint32_t bytes, uint32_t bar, uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1], %2, [%3], %4;" ::"r"(dst), "l"((uint64_t)src), "r"(bytes), "r"(bar), "l"(pol)
+      : "memory");
+}
 /* bytes from global src to shared dst, counted on bar; the L2's default (evict-normal)
  * policy. An evict-first policy on these loads (the default until 2026-12-05) made the
  * LayerNorm backward at 16k x 4096 / 8192 bf16 10-12% slower on the H200 (3.38 / 3.60

@@ -1166,16 +1166,17 @@ constexpr int kAoWarps = kAoThreads / 32;
 constexpr int kAoVJ = 2;     /* 16-byte vectors of a row of W a thread: K <= 8 * 256 * 2 */
 constexpr int kAoLate = 8;   /* rows of W a CTA in registers at most */
 constexpr int kAoKeys = 16;  /* keys a warp step */
-constexpr size_t kAoBarBytes = OTE_AO_STATE_BYTES; /* the barrier's counters: generation, top, a kv head's */
+/* the barrier's counters at the scratch's start: generation, top, one a kv head */
+constexpr size_t kAoBarBytes = OTE_AO_STATE_BYTES;
 
 /* OTE_AO_TRACE (a diagnostic build: cmake -DOT_ENGINE_AO_TRACE=ON builds it beside the
  * normal engine as libot_engine_ao_trace.so): per CTA %globaltimer stamps of the kernel's
  * phases, thread 0, CTAs < kAoTrCtas: 0 entry, 1 after the PDL wait, 2 the range's partial
  * stored, 3 arrived at its kv head's counter, 4 its head merged (the last range's CTA),
- * 5 the barrier open, 11 (a CTA with no range) its weight rows landed, 12 the key loop's
- * first row load done, 13 the step's last V row landed,
- * 6 the weight rows landed in shared memory, 7 end; 8 q landed, 9 the range's key loop
- * done (attention CTAs), 10 the first row of K landed. Overwritten by each launch (a decode
+ * 5 the barrier open, 6 the weight rows landed in shared memory, 7 end; attention CTAs: 8 q
+ * landed, 9 the key loop done, 10 the first row of K landed, 12 the key loop's first row
+ * load done, 13 the step's last V row landed; 11 (a CTA with no range) its weight rows
+ * landed. Overwritten by each launch (a decode
  * step leaves its last layer's). Read back with ote_ao_trace (bench/engine_pa_trace.py
  * --kernel attn_oproj). Other builds: no code. */
 #ifdef OTE_AO_TRACE
@@ -1301,8 +1302,9 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
     rg = ao_table(a, s, nsplit);
     ao_load_step<T, D>(a, rg, h, rg.kb + warp * kAoKeys, row, d0, min(rg.ke, rg.L - 1), kr, vr);
   }
-  /* every warp's K / V loads issued before the first bulk copy: an L2 miss issued after the
-   * weight's queues behind it (2026-12-07 H100 stamps: the key loop then waited ~12 us) */
+  /* every warp's K / V loads issued before the first bulk copy (meant to keep the attention's
+   * misses ahead of the weight's; measured no different on the H100, 8c6534b: the key loop's
+   * time was its code's first pass, not its loads) */
   if (a.kv_ready) __syncthreads();
   /* (the rows are contiguous: 8 a copy, few instructions for thread 0 -- its warp's
    * attention waits on their issue) */
@@ -1316,12 +1318,8 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
       ot::mbar_expect_tx(bar, (uint32_t)(srows * K * 2));
       for (int r = 0; r < srows; r += 8)
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-            " [%0], [%1], %2, [%3], %4;" ::"r"(ot::smem_u32(ao_smem) + (uint32_t)(r * K * 2)),
-            "l"((uint64_t)(W + (late + r) * K)), "r"((uint32_t)(min(8, srows - r) * K * 2)),
-            "r"(bar), "l"(pol)
-            : "memory");
+        ot::bulk_load_sh_policy(ot::smem_u32(ao_smem) + (uint32_t)(r * K * 2), W + (late + r) * K,
+                                (uint32_t)(min(8, srows - r) * K * 2), bar, pol);
     }
   };
   if (!a.bulk_late) issue_bulk();
@@ -1377,9 +1375,8 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
       for (int i = 0; i < 8; i++) o[g][i] = 0.0f;
     }
     /* a rolled loop over the step's NL row loads (each the warp's RPL keys), with the
-     * registers shifted down after each: the kernel runs once, and its time went to
-     * fetching straight-line code (2026-12-07, H100 stamps: the unrolled step and products,
-     * ~135 KB of SASS, took ~25 us with the DRAM idle) */
+     * registers shifted down after each: the kernel runs once a layer, and its unrolled
+     * first form (~135 KB of SASS) spent its time fetching code (2026-12-07 H100 stamps) */
     for (; base < rg.ke; base += kAoWarps * kAoKeys) {
       if (!have) ao_load_step<T, D>(a, rg, h, base, row, d0, rg.ke, kr, vr); /* (one call site) */
       have = false;
@@ -1459,7 +1456,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
   }
   AO_TR(2);
 
-  /* 3. the late rows of W into registers, then every range's partial is stored */
+  /* 3. the late rows of W into registers (used in step 5) */
   raw16 wl[kAoLate][kAoVJ];
 #pragma unroll
   for (int r = 0; r < kAoLate; r++)
