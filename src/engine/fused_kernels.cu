@@ -1151,10 +1151,11 @@ cudaError_t launch_any(const ote_fused_gemv_args &a, int mode, cudaStream_t st, 
  * layer, and its first form's straight-line code (135 KB of SASS at head_dim 128, group 4)
  * cost ~25 us a call in instruction fetches (2026-12-07, H100 stamps; OTE_AO_TRACE below).
  * Even so the first pass through each phase is slow -- the key loop's first iteration ~8
- * us with every K / V row landed and nothing streaming, the other seven ~0.5 us each: the
- * step's weight streams push the code out of the L2 every layer, so code run once a launch
- * is fetched at DRAM latency (docs/PERFORMANCE.md, forty-seventh session). Hence still
- * opt-in: 40 us a layer where the three kernels take 29 (H100).
+ * us with every K / V row landed and nothing streaming, the other seven ~0.5 us each. Not
+ * code fetched from DRAM: with every weight stream of the step evict-first (the code then
+ * stays in the L2, bench/code_fetch_probe.cu) the stamps did not move (docs/PERFORMANCE.md,
+ * forty-eighth session); the cause is open. Hence still opt-in: 40 us a layer where the
+ * three kernels take 29 (H100).
  * The barrier needs every CTA resident at once: G <= the SMs, one CTA per SM by its shared
  * memory, and no dependent launched before it opens (the dependents are released after
  * it). Its counters (OTE_AO_STATE_BYTES at the scratch's start) are back at 0 after each
@@ -1312,8 +1313,7 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
     if (t == 0 && srows > 0) {
       /* evict-first in the L2, as the other weight streams of the step that this library
        * writes (ld.global.cs): the weights read once should not push out the lines read
-       * again -- the kernels' code among them (the stamps: code run once a launch fetched
-       * at DRAM latency) */
+       * again (measured no different on the H100: docs/PERFORMANCE.md, 48th session) */
       uint64_t pol;
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
       ot::mbar_expect_tx(bar, (uint32_t)(srows * K * 2));
