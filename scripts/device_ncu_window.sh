@@ -30,7 +30,7 @@ PROMPT=$(seq -s, 1 2000)
 RUN=("$P/ot-run" --config llama3-8b --random-weights --device cuda --dtype bf16
      --prompt-ids "$PROMPT" --max-new-tokens 4 --ignore-eos)
 NCU=(ncu --clock-control none --section SourceCounters --section WarpStateStats
-     --section SpeedOfLight --section LaunchStats --sampling-interval 0 -f)
+     --section SpeedOfLight --section LaunchStats --warp-sampling-interval 0 -f)
 T=${ENGINE_NCU_TIMEOUT:-240}
 
 # the default window: per layer fused_gemv (qkv), pa_mma, pa_merge1, staged_gemv (o_proj),
