@@ -71,5 +71,8 @@ done
 for f in "$OUTD"/stalls_*.txt; do
   [ -f "$f" ] || continue
   echo "--- $(basename "$f" .txt)"
-  head -30 "$f"
+  head -34 "$f"
 done
+# (few files come back from the device: the per-instruction CSVs and tables in one archive)
+tar czf "$OUTD/ncu_src.tgz" -C "$OUTD" $(cd "$OUTD" && ls src_*.csv stalls_*.txt 2>/dev/null) &&
+  rm -f "$OUTD"/src_*.csv "$OUTD"/stalls_*.txt
