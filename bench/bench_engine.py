@@ -395,9 +395,6 @@ DECODE_VARIANTS = {
     # the engine's attention was 14.6 + 11.8 us a layer in the run of 6c654c8 against ~12.6
     # for a standalone 1 x 2k call): fewer, longer splits
     "paged_splits_32": {"OT_PAGED_SPLITS": "32"},  # one merge round (the plan takes 33)
-    # the split kernel's dry key step (its loop's code fetched before the first stage lands)
-    "paged_dry": {"OT_PAGED_DRY": "1"},
-    "paged_dry_splits_32": {"OT_PAGED_DRY": "1", "OT_PAGED_SPLITS": "32"},
     "paged_splits_24": {"OT_PAGED_SPLITS": "24"},
     # with the merge in one round, o_proj's weight from L2 (prefetched by the qkv kernel)
     "paged_splits_32_l2pf_o": {"OT_PAGED_SPLITS": "32", "OTE_L2_PF_OPROJ": "1"},

@@ -41,8 +41,6 @@
 # limits in seconds: ENGINE_TEST_TIMEOUT, ENGINE_MEMCHECK_TIMEOUT (60), ENGINE_BENCH_TIMEOUT (900).
 # ENGINE_CODE_PROBE=1: bench/code_fetch_probe.cu (built here with nvcc) first -- a kernel's
 # cold-code cost after an L2-flushing stream -> $OUT/code_fetch_probe.json.
-# ENGINE_PAGED_DRY_TESTS=1 (a pack with test_ops): the paged attention cases with the split
-# kernel's dry key step (OT_PAGED_DRY=1), and memcheck / racecheck of them (step 0c).
 # ENGINE_AO_TRACE=1 (a pack from a build with -DOT_ENGINE_AO_TRACE=ON): the attention +
 # o_proj kernel's per-CTA phase stamps (step 1b), ENGINE_AO_TRACE_VARIANTS (e.g.
 # default,OTE_ATTN_OPROJ_SPLITS=8).
@@ -185,26 +183,6 @@ if [ "$PREBUILT" = 1 ] && [ "${ENGINE_LINEAR_BENCH:-1}" = 1 ] && [ -x "$BIN/pack
   SUMMARY+=("small-M linear bench rc $?: $OUTD/linear_small_m.txt")
   cat "$OUTD/linear_small_m.txt"
   stamp "linear bench done"
-fi
-
-# ---- 0c. the split kernel's dry key step (ENGINE_PAGED_DRY_TESTS=1; a pack with test_ops):
-# the memory suite's paged attention cases with OT_PAGED_DRY=1 (head_dim 64 / 128 take
-# pa_mma_kernel), and compute-sanitizer memcheck and racecheck of them in the background
-# (ENGINE_PAGED_SAN_FILTER, default "paged attention"; their lines join the summary at the end)
-DRY_PIDS=()
-if [ "$PREBUILT" = 1 ] && [ -x "$BIN/pack/test_ops" ] && [ "${ENGINE_PAGED_DRY_TESTS:-0}" = 1 ]; then
-  OT_PAGED_DRY=1 timeout 120 "$BIN/pack/test_ops" --backend cuda --suite memory \
-    --filter "paged attention" >"$OUTD/test_paged_dry.log" 2>&1
-  SUMMARY+=("test_ops memory 'paged attention' (cuda, OT_PAGED_DRY=1) rc $?: $(tail -1 "$OUTD/test_paged_dry.log")")
-  for tool in memcheck racecheck; do
-    (OT_PAGED_DRY=1 timeout "${ENGINE_SAN_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-      "$BIN/pack/test_ops" --backend cuda --suite memory --filter "${ENGINE_PAGED_SAN_FILTER:-paged attention}" \
-      >"$OUTD/${tool}_paged_dry.log" 2>&1
-     echo "rc $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTD/${tool}_paged_dry.log" | tail -1); $(grep -E '^test_ops|passed' "$OUTD/${tool}_paged_dry.log" | tail -1)" \
-      >"$OUTD/${tool}_paged_dry.line") &
-    DRY_PIDS+=($!)
-  done
-  stamp "paged dry-step tests done (sanitizers in the background)"
 fi
 
 # ---- 0b. the cold-code probe (ENGINE_CODE_PROBE=1)
@@ -408,13 +386,6 @@ if [ "${ENGINE_OFFLOAD_BIG:-1}" = 1 ]; then
 fi
 
 [ "${ENGINE_BENCH_FIRST:-0}" = 1 ] || bench_step
-
-if [ ${#DRY_PIDS[@]} -gt 0 ]; then
-  for p in "${DRY_PIDS[@]}"; do wait "$p"; done
-  for tool in memcheck racecheck; do
-    SUMMARY+=("$tool test_ops 'paged attention' (OT_PAGED_DRY=1) $(cat "$OUTD/${tool}_paged_dry.line" 2>/dev/null || echo 'no result')")
-  done
-fi
 
 echo
 echo "=== summary"

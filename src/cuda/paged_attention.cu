@@ -218,12 +218,6 @@ struct pa_params {
    * and every key / value but each sequence's last n_b (its query tokens') are complete
    * when the previous kernel may start its dependents (ot_attention_params.paged_kv_ready) */
   int early;
-  /* OT_PAGED_DRY (an experiment, 2026-12-07): pa_mma_kernel runs one key step on zeros
-   * before q is loaded, through the key loop's own code, and throws its result away, so
-   * that the loop's once-run code is in the SM's instruction cache when the first stage
-   * lands (ncu: 34% of the batch-1 decode's split-kernel warp samples wait on instruction
-   * fetch, most in that step) */
-  int dry;
   float *part_o;      /* [splits][tq * hq][d] */
   float *part_lse;    /* [splits][tq * hq] */
   /* stream kernel: per warp w, pieces (w, slot 0 / 1) of 16 rows: normalized O, lse; and
@@ -986,16 +980,12 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
     for (int s = S - 2; s >= 0; s--)
       if (s < nst && kl + (s * NW + warp) * kPaStep + kPaStep > new_rel) s_wait = s;
   }
-  /* dry (OT_PAGED_DRY, not TM): the key loop starts at t = -1, a step on qa = 0 over stage S
-   * - 1 (no copy lands there before the loop issues step S - 1), its result thrown away;
-   * q is loaded after it (qa, zeros until then, is no load's destination during it) */
-  const bool dry = !TM && p.dry && nst > 0;
-  uint32_t qa[KS][4] = {};
+  uint32_t qa[KS][4];
 #pragma unroll
   for (int s = 0; s < S; s++) {
     if (s == s_wait) {
       if (early) ot_pdl_wait();
-      if (!dry) pa_load_q<T, D>(p, q0, tile, kvh, g, tq4, r_ok, qa);
+      pa_load_q<T, D>(p, q0, tile, kvh, g, tq4, r_ok, qa);
     }
     if (s < S - 1) {
       if (s < nst) issue(s, pq[s]);
@@ -1016,23 +1006,21 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
   const pa_lds_base lb = AL ? pa_lds_offsets(g, tq4) : pa_lds_base{};
 
 #pragma unroll 1
-  for (int t = dry ? -1 : 0; t < nst; t++) {
+  for (int t = 0; t < nst; t++) {
     /* keep S - 1 steps in flight: issue step t + S - 1 (its page ids were loaded A steps
      * ago: under a saturated memory system a load takes microseconds, so a page id
      * loaded one step ahead would pace the loop), load those of step t + S - 1 + A, then
      * wait for step t */
-    if (t >= 0) {
-      if (t + S - 1 < nst) issue(t + S - 1, pw[0]);
-      if constexpr (!TM) attn::cp_async_commit();
+    if (t + S - 1 < nst) issue(t + S - 1, pw[0]);
+    if constexpr (!TM) attn::cp_async_commit();
 #pragma unroll
-      for (int i = 0; i < A - 1; i++) pw[i] = pw[i + 1];
-      pw[A - 1] = load_pid(t + S - 1 + A);
-      if constexpr (TM) {
-        pa_mbar_wait(bar0 + 8 * (t % S), (uint32_t)(t / S) & 1u);
-      } else {
-        attn::cp_async_wait<S - 1>();
-        __syncwarp();
-      }
+    for (int i = 0; i < A - 1; i++) pw[i] = pw[i + 1];
+    pw[A - 1] = load_pid(t + S - 1 + A);
+    if constexpr (TM) {
+      pa_mbar_wait(bar0 + 8 * (t % S), (uint32_t)(t / S) & 1u);
+    } else {
+      attn::cp_async_wait<S - 1>();
+      __syncwarp();
     }
 #ifdef OT_PA_TRACE
     if (t == 0) PA_TR(0, 3, pa_gtime());
@@ -1047,15 +1035,8 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
       nomask = __all_sync(0xffffffffu, whole);
     }
     pa_step<T, D, TM, AL, AL, AL>(
-        ring + (size_t)((t + S) % S) * 2 * kPaStep * D, qa, kb, kh, r_lo, r_hi, qk_scale,
-        p.softcap, cap2, g, tq4, m_run, l_run, acc, nomask, lb);
-    if (t < 0) { /* the dry step's: its result away, then q */
-#pragma unroll
-      for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-      m_run[0] = m_run[1] = -INFINITY;
-      l_run[0] = l_run[1] = 0.f;
-      pa_load_q<T, D>(p, q0, tile, kvh, g, tq4, r_ok, qa);
-    }
+        ring + (size_t)(t % S) * 2 * kPaStep * D, qa, kb, kh, r_lo, r_hi, qk_scale, p.softcap,
+        cap2, g, tq4, m_run, l_run, acc, nomask, lb);
   }
   if constexpr (!TM) attn::cp_async_wait<0>(); /* (only empty groups can be left) */
   PA_TR(0, 4, pa_gtime());
@@ -2070,7 +2051,6 @@ struct pa_env {
   int merge;        /* OT_PAGED_MERGE: "0" pa_merge_kernel, "2" pa_merge1_kernel with 16
                      * O rows ahead, else 1: pa_merge1_kernel (8 ahead); unset:
                      * OT_PA_MERGE1_DEFAULT */
-  bool dry;         /* OT_PAGED_DRY not "0": pa_params.dry (an experiment) */
   int guess;        /* OT_PAGED_GUESS: "0" no page-id guess (pa_params.chunk1), "b1" at
                      * batch 1 only (the rule before 2026-12-05), else 2: at batch 1 and
                      * at batch > 1 with even shares */
@@ -2118,8 +2098,6 @@ static pa_env pa_read_env() {
       e.warps = x == 4 || x == 8 ? x : 0;
     } else if (is("OT_PAGED_MERGE")) {
       e.merge = ot_env_is_zero(val) ? 0 : strcmp(val, "2") == 0 ? 2 : 1;
-    } else if (is("OT_PAGED_DRY")) {
-      e.dry = !ot_env_is_zero(val);
     } else if (is("OT_PAGED_GUESS")) {
       e.guess = ot_env_is_zero(val) ? 0 : strcmp(val, "b1") == 0 ? 1 : 2;
     }
@@ -2505,7 +2483,6 @@ extern "C" ot_status ot_cuda_paged_attention(ot_context *ctx, const ot_paged_att
   p.splits = 1;
   p.early = a->kv_ready ? 1 : 0;
   const ot::pa_env env = ot::pa_read_env();
-  p.dry = env.dry ? 1 : 0;
   const bool debug = env.debug;
   /* the tensor-core path: 16-bit types, head_dim 64 / 128, 16-byte aligned q rows and
    * pages (the pages are contiguous, so their base decides) */

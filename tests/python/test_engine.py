@@ -497,8 +497,7 @@ def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
     memory); and so does the staged kernel's L2 prefetch of gate_up and the next qkv, and
     the fused qkv kernel's of o_proj (OTE_L2_PF_*: a hint that changes no value), asked for far more than the weights hold
     (clamped to them: a prefetch past a weight's end would read another allocation's lines
-    or fault) and for 1 MB split over 40 CTAs, with either L2 policy; and so does the paged
-    split kernel's dry key step (OT_PAGED_DRY=1: a step on zeros, thrown away, before q)."""
+    or fault) and for 1 MB split over 40 CTAs, with either L2 policy."""
     _need_cuda_ot_run()
     run = _fused_runner(tmp_path, case, dtype)
     base_tok, base = run(OPROJ, dump=tmp_path / "b.bin")
@@ -507,8 +506,7 @@ def test_cuda_fused_forms_bit_equal(tmp_path, case, dtype):
     pf_1mb = {"OTE_L2_PF_GATEUP": "1", "OTE_L2_PF_QKV": "1", "OTE_L2_PF_OPROJ": "1"}
     _assert_bit_equal(run, tmp_path, base_tok, base, (
         {"OTE_FUSED_BLOCKS": "3"}, {"OTE_FUSED_BLOCKS": "1"}, {**OPROJ, "OTE_FUSED_BLOCKS": "40"},
-        {**OPROJ, **pf_all}, {**OPROJ, "OTE_FUSED_BLOCKS": "40", **pf_1mb},
-        {"OT_PAGED_DRY": "1"}))
+        {**OPROJ, **pf_all}, {**OPROJ, "OTE_FUSED_BLOCKS": "40", **pf_1mb}))
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
