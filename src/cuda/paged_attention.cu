@@ -641,16 +641,25 @@ __device__ __forceinline__ void pa_step(const T *st, const uint32_t (&qa)[D / 16
   uint32_t pa[4];
   float sv[2][4];
   bool grow = true; /* CR: some row of the warp raises its max in this step */
+  /* one test of softcap for the 8 scores, the tanh path out of line: tested per score, the
+   * common path jumped over each score's tanhf code -- 8 taken branches, each a fetch
+   * redirect in code that a batch-1 decode runs once a warp (ncu, H100: ~1% of the split
+   * kernel's warp samples at each of their targets, 2026-12-07) */
+  if (__builtin_expect(softcap > 0, 0)) {
 #pragma unroll
-  for (int rr = 0; rr < 2; rr++)
+    for (int rr = 0; rr < 2; rr++)
 #pragma unroll
-    for (int nb = 0; nb < 2; nb++)
+      for (int nb = 0; nb < 2; nb++)
 #pragma unroll
-      for (int e = 0; e < 2; e++) {
-        float x = s[nb][2 * rr + e] * qk_scale;
-        if (softcap > 0) x = cap2 * tanhf(x);
-        sv[rr][nb * 2 + e] = x;
-      }
+        for (int e = 0; e < 2; e++) sv[rr][nb * 2 + e] = cap2 * tanhf(s[nb][2 * rr + e] * qk_scale);
+  } else {
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++)
+#pragma unroll
+      for (int nb = 0; nb < 2; nb++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) sv[rr][nb * 2 + e] = s[nb][2 * rr + e] * qk_scale;
+  }
   if (!nomask) {
 #pragma unroll
     for (int rr = 0; rr < 2; rr++)
@@ -1028,10 +1037,11 @@ __global__ void __launch_bounds__(32 * NW, S <= 3 && NW == 4 ? 2 : 1)
     const int kb = kl + (t * NW + warp) * kPaStep;
     bool nomask = false;
     if constexpr (AL) { /* every (real) row of the tile sees the whole step */
+      /* (bitwise, not short-circuit: no branches in code a batch-1 decode runs once) */
       bool whole = kb + kPaStep <= kh;
 #pragma unroll
       for (int rr = 0; rr < 2; rr++)
-        whole = whole && (!r_ok[rr] || (kb >= r_lo[rr] && kb + kPaStep - 1 <= r_hi[rr]));
+        whole = whole & (!r_ok[rr] | ((kb >= r_lo[rr]) & (kb + kPaStep - 1 <= r_hi[rr])));
       nomask = __all_sync(0xffffffffu, whole);
     }
     pa_step<T, D, TM, AL, AL, AL>(
