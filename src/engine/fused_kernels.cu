@@ -1151,11 +1151,13 @@ cudaError_t launch_any(const ote_fused_gemv_args &a, int mode, cudaStream_t st, 
  * layer, and its first form's straight-line code (135 KB of SASS at head_dim 128, group 4)
  * cost ~25 us a call in instruction fetches (2026-12-07, H100 stamps; OTE_AO_TRACE below).
  * Even so the first pass through each phase is slow -- the key loop's first iteration ~8
- * us with every K / V row landed and nothing streaming, the other seven ~0.5 us each. Not
- * code fetched from DRAM: with every weight stream of the step evict-first (the code then
- * stays in the L2, bench/code_fetch_probe.cu) the stamps did not move (docs/PERFORMANCE.md,
- * forty-eighth session); the cause is open. Hence still opt-in: 40 us a layer where the
- * three kernels take 29 (H100).
+ * us after thread 0's K / V rows landed (the stamps see its lane only; the pass needs every
+ * lane's), the other seven ~0.5 us each. Not instruction fetch: with every weight stream
+ * of the step evict-first (the code then stays in the L2, bench/code_fetch_probe.cu) the
+ * stamps did not move, and under ncu (isolated, caches flushed) 1.7% of its warp samples
+ * wait for an instruction, 22% on loads (the first pass's K / V) and 34% at barriers
+ * (docs/PERFORMANCE.md, forty-eighth session). Hence still opt-in: 40 us a layer where
+ * the three kernels take 29 (H100).
  * The barrier needs every CTA resident at once: G <= the SMs, one CTA per SM by its shared
  * memory, and no dependent launched before it opens (the dependents are released after
  * it). Its counters (OTE_AO_STATE_BYTES at the scratch's start) are back at 0 after each
