@@ -25,7 +25,8 @@
 # e.g. merge0=default@OT_PAGED_MERGE=0, old=old@kv_ready=1; "aa" unpacked: a copy of the
 # default library, an A/A control; AB_SHAPES="16x4096,16x4096p64o,..." the shapes (bench_decode.py --ab-shapes);
 # AB_ARGS: more bench_decode.py arguments, e.g. "--order legacy --warm-ms 100"), MEM=1 (the memory
-# suite, MEM_FILTER its filter), SAN_FILTERS / RACE_FILTERS / SYNC_FILTERS (as
+# suite, MEM_FILTER its filter, MEM_TIMEOUT s (180: the "paged attention" cases take ~120 s;
+# under compute-sanitizer far more than SAN_TIMEOUT's default)), SAN_FILTERS / RACE_FILTERS / SYNC_FILTERS (as
 # below), then the traces, NCU_CASES (ncu of ours and cuDNN).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -166,7 +167,7 @@ if [ "$MODE" = probe ]; then
   fi
   if [ "${MEM:-0}" = 1 ]; then
     stamp "memory suite [${MEM_FILTER:-all}]"
-    timeout "${MEM_TIMEOUT:-60}" build-dec/tests/test_ops --backend cuda --suite memory ${MEM_FILTER:+--filter "$MEM_FILTER"} >"$OUT/test.log" 2>&1
+    timeout "${MEM_TIMEOUT:-180}" build-dec/tests/test_ops --backend cuda --suite memory ${MEM_FILTER:+--filter "$MEM_FILTER"} >"$OUT/test.log" 2>&1
     echo "memory rc=$?"; grep -E '^cuda ' "$OUT/test.log"; grep -E 'FAIL' "$OUT/test.log" | head -10
   fi
   [ -n "${SAN_FILTERS:-}" ] && run_san
