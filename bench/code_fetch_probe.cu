@@ -11,7 +11,7 @@
  * this measures it without the engine.
  *
  *   nvcc -O3 -std=c++17 -arch=sm_90a bench/code_fetch_probe.cu -o /tmp/code_fetch_probe
- *   /tmp/code_fetch_probe [--json FILE]
+ *   /tmp/code_fetch_probe [--json FILE [--commit SHA] [--command TEXT]]
  *
  * Prints, per code size, the median of 21 launches (CUDA events around the probe alone)
  * in each mode, and L2-cold - warm and evict-first - warm: the cost of the fetches. The
@@ -21,19 +21,9 @@
  * table prints that estimate.
  */
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
 #include <vector>
-#include <cuda_runtime.h>
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                        \
-    }                                                                                  \
-  } while (0)
+#include "probe_common.cuh"
 
 /* 64 FFMA a block (8 chains x 8), each with its own immediates: ~1.9 KB of SASS a block
  * (SALT: another kernel's code of the same shape) */
@@ -62,16 +52,6 @@ __global__ void __launch_bounds__(32, 1) probe(float *out, float seed) {
 #pragma unroll
   for (int c = 0; c < 8; c++) s += x[c];
   if (s == 12345.678f) out[blockIdx.x] = s; /* (never: keeps the chains live) */
-}
-
-/* the L2 flush: read n floats, default policy (cs = 0) or evict-first (cs = 1) */
-__global__ void stream_read(const float4 *p, size_t n4, float *sink, int cs) {
-  float a = 0.0f;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
-    const float4 v = cs ? __ldcs(p + i) : p[i];
-    a += v.x + v.y + v.z + v.w;
-  }
-  if (a == 12345.678f) sink[0] = a;
 }
 
 template <int B>
@@ -115,9 +95,8 @@ static int measure(int sms, float *out, const float4 *buf, size_t n4, float *sin
 }
 
 int main(int argc, char **argv) {
-  const char *jpath = nullptr;
-  for (int i = 1; i < argc; i++)
-    if (!strcmp(argv[i], "--json") && i + 1 < argc) jpath = argv[++i];
+  probe_args pa;
+  probe_args_parse(argc, argv, &pa);
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -130,8 +109,8 @@ int main(int argc, char **argv) {
   CK(cudaMemset(buf, 0, bytes));
   CK(cudaMalloc(&out, sizeof(float) * 4096));
   CK(cudaMalloc(&sink, sizeof(float)));
-  FILE *json = jpath ? fopen(jpath, "w") : nullptr;
-  if (json) fprintf(json, "{\"bench\": \"code_fetch_probe\", \"device\": \"%s\", \"rows\": [\n", prop.name);
+  FILE *json = pa.json ? fopen(pa.json, "w") : nullptr;
+  if (json) probe_json_head(json, "code_fetch_probe", prop.name, pa, nullptr);
   printf("%s, %d SMs, one 32-thread CTA an SM; us, median of 21\n", prop.name, sms);
   printf("blocks (code)   |   warm   | SM cold  | L2 cold  | after EF | L2c-warm | EF-warm\n");
   bool first = true;

@@ -27,23 +27,12 @@
  * Median of 15 of each. Prints ns per load.
  *
  *   nvcc -O3 -std=c++17 -arch=sm_90a bench/tlb_probe.cu -o /tmp/tlb_probe
- *   /tmp/tlb_probe [--big-gb 16] [--json FILE]
+ *   /tmp/tlb_probe [--big-gb 16] [--json FILE [--commit SHA] [--command TEXT]]
  */
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
-#include <cuda_runtime.h>
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                         \
-    }                                                                                  \
-  } while (0)
+#include "probe_common.cuh"
 
 enum { kNodes = 32 };
 
@@ -81,23 +70,12 @@ __global__ void touch(const unsigned *T, const unsigned *offs, int ld, unsigned 
   }
 }
 
-/* the stream: n float4 read, default policy (cs = 0) or evict-first (cs = 1) */
-__global__ void stream_read(const float4 *p, size_t n4, float *sink, int cs) {
-  float a = 0.0f;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
-    const float4 v = cs ? __ldcs(p + i) : p[i];
-    a += v.x + v.y + v.z + v.w;
-  }
-  if (a == 12345.678f) sink[0] = a;
-}
-
 int main(int argc, char **argv) {
-  const char *jpath = nullptr;
+  probe_args pa;
+  probe_args_parse(argc, argv, &pa);
   double big_gb = 16.0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--json") && i + 1 < argc) jpath = argv[++i];
-    else if (!strcmp(argv[i], "--big-gb") && i + 1 < argc) big_gb = atof(argv[++i]);
-  }
+  for (int i = 1; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--big-gb")) big_gb = atof(argv[++i]);
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -116,10 +94,12 @@ int main(int argc, char **argv) {
   CK(cudaMalloc(&sink, sizeof(unsigned)));
   CK(cudaMalloc(&out, 2 * sizeof(unsigned long long)));
 
-  FILE *json = jpath ? fopen(jpath, "w") : nullptr;
-  if (json)
-    fprintf(json, "{\"bench\": \"tlb_probe\", \"device\": \"%s\", \"big_stream_gb\": %.1f, \"nodes\": %d, \"rows\": [\n",
-            prop.name, big_gb, kNodes);
+  FILE *json = pa.json ? fopen(pa.json, "w") : nullptr;
+  if (json) {
+    char extra[96];
+    snprintf(extra, sizeof extra, "\"big_stream_gb\": %.1f, \"nodes\": %d, ", big_gb, kNodes);
+    probe_json_head(json, "tlb_probe", prop.name, pa, extra);
+  }
   printf("%s, %d SMs; %d dependent ld.global.cg, ns per load (median of 15); big stream %.1f GB\n",
          prop.name, sms, kNodes, big_gb);
   const char *modes[] = {"warm", "s256", "s256_ef", "big", "big_ef", "big_ef_pf", "big_ef_ld", "big_pf"};

@@ -189,7 +189,8 @@ fi
 if [ "${ENGINE_CODE_PROBE:-0}" = 1 ]; then
   if nvcc -O3 -std=c++17 -arch=sm_90a bench/code_fetch_probe.cu -o "$BIN/code_fetch_probe" \
       >"$OUTD/code_fetch_probe_build.log" 2>&1 &&
-      timeout 120 "$BIN/code_fetch_probe" --json "$OUTD/code_fetch_probe.json" >"$OUTD/code_fetch_probe.txt" 2>&1; then
+      timeout 120 "$BIN/code_fetch_probe" --json "$OUTD/code_fetch_probe.json" --commit "$COMMIT" \
+        --command "ENGINE_CODE_PROBE=1 bash scripts/device_engine.sh run $COMMIT" >"$OUTD/code_fetch_probe.txt" 2>&1; then
     SUMMARY+=("code fetch probe: $OUTD/code_fetch_probe.txt")
   else
     SUMMARY+=("code fetch probe FAILED: $(tail -2 "$OUTD/code_fetch_probe_build.log" "$OUTD/code_fetch_probe.txt" 2>/dev/null | tr '\n' ' ')")
