@@ -432,8 +432,6 @@ DECODE_VARIANTS = {
     "attn_oproj": {"OTE_FUSED_ATTN_OPROJ": "2"},
     "attn_oproj_splits_8": {"OTE_FUSED_ATTN_OPROJ": "2", "OTE_ATTN_OPROJ_SPLITS": "8"},
     "attn_oproj_splits_4": {"OTE_FUSED_ATTN_OPROJ": "2", "OTE_ATTN_OPROJ_SPLITS": "4"},
-    "attn_oproj_bulk_late": {"OTE_FUSED_ATTN_OPROJ": "2", "OTE_ATTN_OPROJ_BULK_LATE": "1"},
-    "attn_oproj_bulk_after": {"OTE_FUSED_ATTN_OPROJ": "2", "OTE_ATTN_OPROJ_BULK_LATE": "2"},
     # with the rowblock down_proj (ld.global.cs) in place of cuBLASLt's: every weight stream
     # of the step evict-first in the L2 (does the kernels' code then stay in it?)
     "attn_oproj_fused_down": {"OTE_FUSED_ATTN_OPROJ": "2", "OTE_FUSED_DOWN": "2"},

@@ -421,9 +421,8 @@ typedef struct fused_opts {
   /* the attention + o_proj kernel (attention_block, FUSE_AO): OTE_FUSED_ATTN_OPROJ=2 it
    * must run; OTE_ATTN_OPROJ_BLOCKS at most that many CTAs, OTE_ATTN_OPROJ_SMEM_ROWS at
    * most that many rows of o_proj's weight a CTA in shared memory (tests),
-   * OTE_ATTN_OPROJ_SPLITS at most that many key ranges a kv head, OTE_ATTN_OPROJ_BULK_LATE
-   * 1 / 2: the weight's bulk copies after the key loop / the barrier, not before the wait */
-  int ao_must, ao_blocks, ao_smem_rows, ao_splits, ao_bulk_late;
+   * OTE_ATTN_OPROJ_SPLITS at most that many key ranges a kv head */
+  int ao_must, ao_blocks, ao_smem_rows, ao_splits;
 } fused_opts;
 
 /* A non-negative integer from the environment, or def when unset / not a number. */
@@ -579,7 +578,6 @@ static ot_status attn_oproj(ote_engine *e, int l, const ote_layer_weights *w,
   a.max_blocks = ao->ao_blocks;
   a.smem_rows_cap = ao->ao_smem_rows;
   a.max_splits = ao->ao_splits;
-  a.bulk_late = ao->ao_bulk_late;
   if (e->ao_scratch && ap->softcap == 0.0f)
     ENG(ote_dev_attn_oproj(&e->dev, &a, e->opt.dtype, done), "attention + o_proj", l);
   if (!*done && ao->ao_must)
@@ -918,8 +916,7 @@ static ot_status fused_body(ote_engine *e, const batch *b, int fuse, int argmax)
                          env_ll("OTE_FUSED_ATTN_OPROJ", 0) == 2,
                          (int)env_ll("OTE_ATTN_OPROJ_BLOCKS", 0),
                          (int)env_ll("OTE_ATTN_OPROJ_SMEM_ROWS", 0),
-                         (int)env_ll("OTE_ATTN_OPROJ_SPLITS", 0),
-                         (int)env_ll("OTE_ATTN_OPROJ_BULK_LATE", 0)};
+                         (int)env_ll("OTE_ATTN_OPROJ_SPLITS", 0)};
   /* the SwiGLU in gate_up's epilogue (not with the fused down_proj, which takes gate_up) */
   const int glu = (fuse & FUSE_NORM) && (fuse & FUSE_GLU) && !(fuse & FUSE_SWIGLU);
   /* the rowblock down_proj (reads the SwiGLU row of gate_up's epilogue) */
@@ -1079,7 +1076,7 @@ static ot_status forward_body(ote_engine *e, const batch *b, int argmax) {
     last_res = (char *)e->x_res + r * H * es;
     if (prefill_fused_head(e, last_delta, last_res)) {
       const fused_opts fo = {(int)env_ll("OTE_FUSED_WAVES", 2), (int)env_ll("OTE_FUSED_BLOCKS", 0),
-                             0, 0, 0, 8, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                             0, 0, 0, 8, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0};
       OTE_TRY(fused_norm_linear(e, last_delta, last_res, NULL, e->w.final_norm, e->w.lm_head,
                                 NULL, c->vocab, e->logits, argmax ? e->argmax_dev : NULL, NULL,
                                 -1, env_ll("OTE_FUSED_PAIR", 1) != 0, &fo, c->layers,

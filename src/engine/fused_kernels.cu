@@ -1310,26 +1310,24 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
    * time was its code's first pass, not its loads) */
   if (a.kv_ready) __syncthreads();
   /* (the rows are contiguous: 8 a copy, few instructions for thread 0 -- its warp's
-   * attention waits on their issue) */
-  auto issue_bulk = [&]() {
-    if (t == 0 && srows > 0) {
-      /* evict-first in the L2, as the other weight streams of the step that this library
-       * writes (ld.global.cs): the weights read once should not push out the lines read
-       * again (measured no different on the H100: docs/PERFORMANCE.md, 48th session) */
-      uint64_t pol;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-      ot::mbar_expect_tx(bar, (uint32_t)(srows * K * 2));
-      for (int r = 0; r < srows; r += 8)
-        ot::bulk_load_sh_policy(ot::smem_u32(ao_smem) + (uint32_t)(r * K * 2), W + (late + r) * K,
-                                (uint32_t)(min(8, srows - r) * K * 2), bar, pol);
-    }
-  };
-  if (!a.bulk_late) issue_bulk();
+   * attention waits on their issue; issued after the key loop or after the barrier
+   * instead, the kernel was no faster: H100, 2026-12-07, docs/PERFORMANCE.md) */
+  if (t == 0 && srows > 0) {
+    /* evict-first in the L2, as the other weight streams of the step that this library
+     * writes (ld.global.cs): the weights read once should not push out the lines read
+     * again (measured no different on the H100: docs/PERFORMANCE.md, 48th session) */
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    ot::mbar_expect_tx(bar, (uint32_t)(srows * K * 2));
+    for (int r = 0; r < srows; r += 8)
+      ot::bulk_load_sh_policy(ot::smem_u32(ao_smem) + (uint32_t)(r * K * 2), W + (late + r) * K,
+                              (uint32_t)(min(8, srows - r) * K * 2), bar, pol);
+  }
   ot_pdl_wait(); /* q, and the new token's K / V in its page */
 
   AO_TR(1);
 #ifdef OTE_AO_TRACE
-  if (!att && srows > 0 && t == 0 && !a.bulk_late) { /* (a CTA with no range: its rows' landing) */
+  if (!att && srows > 0 && t == 0) { /* (a CTA with no range: its rows' landing) */
     ot::mbar_wait(bar, 0);
     AO_TR(11);
   }
@@ -1436,7 +1434,6 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
       for (int g = 0; g < GQ; g++) s_ml[warp][g][0] = m[g], s_ml[warp][g][1] = l[g];
   }
   __syncthreads();
-  if (a.bulk_late == 1) issue_bulk(); /* OTE_ATTN_OPROJ_BULK_LATE=1: after the key loops */
   if (att) { /* the warps' partials in order: the range's (o, m, l) */
     float *pp = part + (int64_t)item * GQ * (D + 2);
     for (int idx = t; idx < GQ * D; idx += kAoThreads) {
@@ -1544,7 +1541,6 @@ __global__ void __launch_bounds__(kAoThreads, 1) attn_oproj_kernel(const __grid_
   }
   __syncthreads();
   AO_TR(5);
-  if (a.bulk_late == 2) issue_bulk(); /* OTE_ATTN_OPROJ_BULK_LATE=2: after the barrier */
   ot_pdl_launch_dependents(); /* every CTA is resident: gate_up may take the free SMs */
 
   /* 5. y = attn W^T (+ b) for the CTA's rows */

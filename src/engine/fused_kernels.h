@@ -103,8 +103,6 @@ typedef struct ote_attn_oproj_args {
   size_t scratch_bytes;
   int max_blocks, smem_rows_cap;
   int max_splits; /* > 0: at most that many key ranges a kv head (else the CTAs / hkv) */
-  int bulk_late;  /* the weight's bulk copies: 0 before the PDL wait, 1 after the key loop, 2
-                   * after the barrier (the attention's loads with the DRAM to themselves) */
 } ote_attn_oproj_args;
 
 #ifdef __cplusplus
